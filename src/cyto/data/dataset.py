@@ -1,0 +1,387 @@
+"""Cell-patch datasets: a folder of class sub-folders, or a manifest (CSV / Parquet).
+
+Every image is decoded once per run, into memory or into a uint8 ``.npy`` cache that later runs
+memory-map, so training epochs never decode a JPEG twice. Unreadable files are reported with their
+path: by default the load fails; with ``skip_unreadable=True`` they are skipped and counted, never
+dropped silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cyto.data.images import IMAGE_SUFFIXES, decode_image, resize_rgb
+from cyto.errors import DatasetError, InputPathError, UnreadableImageError
+
+log = logging.getLogger(__name__)
+
+MANIFEST_SUFFIXES = (".csv", ".parquet", ".pq")
+_PATH_COLUMNS = ("path", "file", "filename", "image")
+_LABEL_COLUMNS = ("label", "class", "cell_type")
+_BAG_COLUMNS = ("bag", "bag_id", "slide_id", "slide")
+_BAG_LABEL_COLUMNS = ("bag_label", "slide_label")
+
+
+@dataclass(frozen=True)
+class PatchRecord:
+    """One cell image: where it is, its class name and, optionally, its bag (slide)."""
+
+    path: Path
+    cls: str
+    bag: str | None = None
+    bag_label: int | None = None
+
+
+def scan_folder(root: Path) -> list[PatchRecord]:
+    """Records of a folder whose sub-folders are classes (``root/LYT/LYT_00001.jpg``)."""
+    root = Path(root)
+    records = []
+    for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for f in sorted(sub.iterdir()):
+            if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES:
+                records.append(PatchRecord(path=f, cls=sub.name))
+    if not records:
+        raise InputPathError(
+            f"no images found in {root}: expected class sub-folders holding "
+            f"{'/'.join(IMAGE_SUFFIXES)} files (e.g. {root}/LYT/LYT_00001.jpg), or a manifest file"
+        )
+    return records
+
+
+def _pick(columns: Sequence[str], options: Sequence[str]) -> str | None:
+    lower = {c.lower(): c for c in columns}
+    for o in options:
+        if o in lower:
+            return lower[o]
+    return None
+
+
+def read_manifest(path: Path) -> list[PatchRecord]:
+    """Records of a CSV or Parquet manifest.
+
+    Columns: ``path`` and ``label`` (required), ``bag`` (or ``slide_id``) and ``bag_label``
+    (optional). Relative paths are resolved against the manifest's folder.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    try:
+        if path.suffix.lower() == ".csv":
+            table = pacsv.read_csv(
+                path, convert_options=pacsv.ConvertOptions(strings_can_be_null=True)
+            )
+        else:
+            table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DatasetError(f"cannot read manifest {path}: {exc}") from exc
+    cols = table.column_names
+    pcol, lcol = _pick(cols, _PATH_COLUMNS), _pick(cols, _LABEL_COLUMNS)
+    if pcol is None or lcol is None:
+        raise DatasetError(
+            f"manifest {path} has columns {cols}; it needs a path column (one of "
+            f"{', '.join(_PATH_COLUMNS)}) and a label column (one of {', '.join(_LABEL_COLUMNS)})"
+        )
+    bcol, blcol = _pick(cols, _BAG_COLUMNS), _pick(cols, _BAG_LABEL_COLUMNS)
+    data = table.to_pydict()
+    records = []
+    for i, (p, lab) in enumerate(zip(data[pcol], data[lcol])):
+        if p is None or lab is None:
+            raise DatasetError(f"manifest {path}, row {i + 2}: empty path or label")
+        f = Path(str(p))
+        if not f.is_absolute():
+            f = path.parent / f
+        bag = data[bcol][i] if bcol else None
+        bag_label = data[blcol][i] if blcol else None
+        if bag_label is not None:
+            try:
+                bag_label = int(bag_label)
+            except (TypeError, ValueError) as exc:
+                raise DatasetError(
+                    f"manifest {path}, row {i + 2}: bag_label must be 0 or 1, got {bag_label!r}"
+                ) from exc
+            if bag_label not in (0, 1):
+                raise DatasetError(
+                    f"manifest {path}, row {i + 2}: bag_label must be 0 or 1, got {bag_label}"
+                )
+        records.append(
+            PatchRecord(
+                path=f, cls=str(lab), bag=None if bag is None else str(bag), bag_label=bag_label
+            )
+        )
+    if not records:
+        raise DatasetError(f"manifest {path} has no rows")
+    return records
+
+
+def load_records(source: Path) -> list[PatchRecord]:
+    """Records of a class folder or a manifest file, with a clear error for anything else."""
+    source = Path(source)
+    if not source.exists():
+        raise InputPathError(f"{source} does not exist: give a folder of class sub-folders or a "
+                             "manifest (.csv/.parquet)")  # fmt: skip
+    if source.is_dir():
+        if not any(source.iterdir()):
+            raise InputPathError(f"{source} is an empty folder: expected class sub-folders")
+        return scan_folder(source)
+    if source.suffix.lower() in MANIFEST_SUFFIXES:
+        return read_manifest(source)
+    raise InputPathError(
+        f"{source} is neither a folder nor a manifest: expected a folder of class sub-folders or a "
+        f"file ending in {', '.join(MANIFEST_SUFFIXES)}"
+    )
+
+
+def parse_classes(text: str | Iterable[str] | None) -> tuple[str, ...] | None:
+    """``"BLA,PMO"`` or ``["BLA", "PMO"]`` to a tuple; ``None`` stays ``None``."""
+    if text is None:
+        return None
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out = tuple(s.strip() for s in items if s.strip())
+    return out or None
+
+
+@dataclass
+class PatchDataset:
+    """Decoded cell images with binary labels (1 = abnormal, 0 = normal).
+
+    Build it with :meth:`from_path`. ``images`` is a ``(N, S, S, 3)`` uint8 array when every image
+    has the same size (or a ``size`` was asked for), else a list of arrays.
+    """
+
+    records: list[PatchRecord]
+    labels: np.ndarray
+    images: np.ndarray | list[np.ndarray]
+    normal: tuple[str, ...]
+    abnormal: tuple[str, ...]
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    excluded: int = 0
+    fingerprint: str = ""
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        return self.images[i], int(self.labels[i])
+
+    @property
+    def classes(self) -> list[str]:
+        return [r.cls for r in self.records]
+
+    @property
+    def bags(self) -> list[str | None]:
+        return [r.bag for r in self.records]
+
+    @property
+    def bag_labels(self) -> list[int | None]:
+        return [r.bag_label for r in self.records]
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> PatchDataset:
+        idx = np.asarray(indices, dtype=np.int64)
+        if isinstance(self.images, np.ndarray):
+            images: np.ndarray | list[np.ndarray] = self.images[idx]
+        else:
+            images = [self.images[i] for i in idx]
+        return PatchDataset(
+            records=[self.records[i] for i in idx],
+            labels=self.labels[idx],
+            images=images,
+            normal=self.normal,
+            abnormal=self.abnormal,
+            fingerprint=_fingerprint_of(self.fingerprint, idx),
+        )
+
+    @classmethod
+    def from_path(
+        cls,
+        source: Path | str,
+        normal: str | Sequence[str],
+        abnormal: str | Sequence[str] | None = None,
+        size: int | None = None,
+        skip_unreadable: bool = False,
+        cache_dir: Path | None = None,
+        workers: int | None = None,
+    ) -> PatchDataset:
+        """Load a class folder or manifest.
+
+        Args:
+            source: folder of class sub-folders, or a CSV/Parquet manifest.
+            normal: class name(s) that are normal (e.g. ``"LYT"``).
+            abnormal: class names that are abnormal; ``None`` means every other class. Classes
+                in neither list are left out and counted in ``excluded``.
+            size: resize every image to ``size x size`` at load time.
+            skip_unreadable: skip (and count) unreadable files instead of failing.
+            cache_dir: keep the decoded array as a ``.npy`` there and memory-map it next time.
+            workers: decoding threads (default: the number of CPUs).
+        """
+        records = load_records(Path(source))
+        normal_t = parse_classes(normal)
+        if not normal_t:
+            raise DatasetError("no normal class given: pass --normal CLASS[,CLASS...]")
+        abnormal_t = parse_classes(abnormal)
+        known = sorted({r.cls for r in records})
+        unknown = [c for c in (*normal_t, *(abnormal_t or ())) if c not in known]
+        if unknown:
+            raise DatasetError(
+                f"unknown class name(s) {', '.join(unknown)} in {source}; classes there: "
+                f"{', '.join(known)}"
+            )
+        both = set(normal_t) & set(abnormal_t or ())
+        if both:
+            raise DatasetError(f"class(es) {', '.join(sorted(both))} given as normal and abnormal")
+        if abnormal_t is None:
+            abnormal_t = tuple(c for c in known if c not in normal_t)
+        chosen = [r for r in records if r.cls in normal_t or r.cls in abnormal_t]
+        excluded = len(records) - len(chosen)
+
+        images, keep, skipped, digests = _decode_all(chosen, size, skip_unreadable, workers)
+        chosen = [chosen[i] for i in keep]
+        labels = np.array([0 if r.cls in normal_t else 1 for r in chosen], dtype=np.int8)
+        if not (labels == 0).any():
+            raise DatasetError(f"no readable image of the normal class(es) {', '.join(normal_t)}")
+        fp = _dataset_fingerprint(chosen, digests, normal_t, abnormal_t, size)
+        stacked = _stack(images, size)
+        if cache_dir is not None and isinstance(stacked, np.ndarray):
+            stacked = _through_cache(Path(cache_dir), fp, stacked)
+        if skipped:
+            log.warning("skipped %d unreadable file(s): %s", len(skipped),
+                        "; ".join(f"{p} ({why})" for p, why in skipped[:5]))  # fmt: skip
+        return cls(
+            records=chosen,
+            labels=labels,
+            images=stacked,
+            normal=normal_t,
+            abnormal=abnormal_t,
+            skipped=skipped,
+            excluded=excluded,
+            fingerprint=fp,
+        )
+
+
+def _decode_one(record: PatchRecord, size: int | None) -> tuple[np.ndarray, str]:
+    try:
+        data = record.path.read_bytes()
+    except OSError as exc:
+        raise UnreadableImageError(record.path, exc.strerror or str(exc)) from exc
+    img = decode_image(data, record.path)
+    if size is not None:
+        img = resize_rgb(img, size)
+    return img, hashlib.sha256(data).hexdigest()
+
+
+def _decode_all(
+    records: list[PatchRecord], size: int | None, skip: bool, workers: int | None
+) -> tuple[list[np.ndarray], list[int], list[tuple[Path, str]], list[str]]:
+    def job(r: PatchRecord):
+        try:
+            return _decode_one(r, size)
+        except UnreadableImageError as exc:
+            return exc
+
+    n_workers = workers or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=n_workers) as pool:
+        results = list(pool.map(job, records))
+    images, keep, skipped, digests = [], [], [], []
+    for i, res in enumerate(results):
+        if isinstance(res, UnreadableImageError):
+            if not skip:
+                raise res
+            skipped.append((res.path, res.reason))
+            continue
+        images.append(res[0])
+        digests.append(res[1])
+        keep.append(i)
+    return images, keep, skipped, digests
+
+
+def _stack(images: list[np.ndarray], size: int | None) -> np.ndarray | list[np.ndarray]:
+    if images and (size is not None or len({im.shape for im in images}) == 1):
+        return np.stack(images)
+    return images
+
+
+def _dataset_fingerprint(records, digests, normal, abnormal, size) -> str:
+    h = hashlib.sha256()
+    h.update(repr((normal, abnormal, size)).encode())
+    for r, d in zip(records, digests):
+        h.update(f"{r.cls}\t{r.bag}\t{r.bag_label}\t{d}\n".encode())
+    return h.hexdigest()
+
+
+def _fingerprint_of(parent: str, idx: np.ndarray) -> str:
+    return hashlib.sha256(parent.encode() + idx.tobytes()).hexdigest()
+
+
+def _through_cache(cache_dir: Path, fp: str, arr: np.ndarray) -> np.ndarray:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    f = cache_dir / f"patches-{fp[:16]}.npy"
+    if not f.exists():
+        tmp = f.with_suffix(".partial.npy")
+        np.save(tmp, arr)
+        os.replace(tmp, f)
+    cached = np.load(f, mmap_mode="r")
+    if cached.shape != arr.shape:
+        raise DatasetError(f"decoded-image cache {f} does not match the data: delete it")
+    return cached
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What ``cyto data info`` reports about a patch folder or manifest."""
+
+    source: Path
+    n_files: int
+    classes: dict[str, int]
+    sizes: dict[str, int]  # "WxH" -> count
+    modes: dict[str, int]
+    unreadable: list[tuple[Path, str]]
+    bags: int
+
+
+def data_info(source: Path | str, workers: int | None = None) -> DataInfo:
+    """Classes, counts, image sizes and modes, and every unreadable file with its reason."""
+    from PIL import Image
+
+    records = load_records(Path(source))
+
+    def probe(r: PatchRecord):
+        try:
+            with Image.open(r.path) as im:
+                mode, size = im.mode, im.size
+                im.load()
+            return mode, size
+        except Exception as exc:  # noqa: BLE001 - each unreadable file is reported by name
+            return exc
+
+    with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
+        results = list(pool.map(probe, records))
+    classes: Counter[str] = Counter()
+    sizes: Counter[str] = Counter()
+    modes: Counter[str] = Counter()
+    unreadable = []
+    for r, res in zip(records, results):
+        classes[r.cls] += 1
+        if isinstance(res, Exception):
+            unreadable.append((r.path, str(res) or type(res).__name__))
+            continue
+        modes[res[0]] += 1
+        sizes[f"{res[1][0]}x{res[1][1]}"] += 1
+    return DataInfo(
+        source=Path(source),
+        n_files=len(records),
+        classes=dict(sorted(classes.items())),
+        sizes=dict(sizes.most_common()),
+        modes=dict(modes.most_common()),
+        unreadable=unreadable,
+        bags=len({r.bag for r in records if r.bag is not None}),
+    )

@@ -1,0 +1,403 @@
+"""Synthetic whole-slide images with planted abnormal cells and a ground-truth table.
+
+The slide is drawn in blocks of 512 x 512 px, one row of blocks at a time, and each row is pushed
+through the pyramid writers straight away, so a 40,000 x 40,000 px slide with 10^5 cells is made in
+memory that depends on its width only. Optional focal planes (a z-stack) draw every cell with a blur
+that grows with its distance from the cell's own plane of best focus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from cyto import __version__
+from cyto.data.synth.cells import ABNORMAL_CLASSES, CELL_CLASSES, NORMAL_CLASS, StainStyle, od_to_rgb
+from cyto.data.synth.scene import (
+    KIND_DEBRIS,
+    KIND_RBC,
+    Scene,
+    WindowCache,
+    background_objects,
+    cell_objects,
+    render_od,
+)
+from cyto.data.synth.tiffio import (
+    ASCII,
+    FLOAT,
+    LONG,
+    NDPI_FORMAT_FLAG,
+    NDPI_SOURCELENS,
+    NDPI_XOFFSET,
+    NDPI_YOFFSET,
+    NDPI_ZOFFSET,
+    RATIONAL,
+    SHORT,
+    SLONG,
+    NdpiLevel,
+    Page,
+    Tag,
+    TiledLevel,
+    assemble,
+)
+from cyto.errors import ConfigError, InputPathError
+from cyto.progress import progress
+
+BLOCK = 512
+FORMATS = {".tif": "tiff", ".tiff": "tiff", ".ndpi": "ndpi"}
+
+
+@dataclass(frozen=True)
+class SlideSynthConfig:
+    """What ``cyto synth slide`` draws.
+
+    Attributes:
+        width, height: level-0 size in px, rounded up to a multiple of 512.
+        n_cells: nucleated cells; default: one per 140 x 140 px of smear.
+        abnormal_fraction: share of abnormal cells (the witness rate), planted exactly.
+        abnormal_classes: which abnormal classes to plant.
+        planes: focal planes in um (e.g. ``(-1.0, 0.0, 1.0)``); 0 is the main plane.
+        tile: tile size of the TIFF pyramid, and restart-interval width of NDPI levels.
+        quality: JPEG quality.
+        seed: the same seed gives the same bytes.
+        scale: length scale of cells, as for synthetic patches.
+        mpp: microns per pixel written in the metadata.
+        objective: objective magnification written in the metadata.
+    """
+
+    width: int = 8192
+    height: int = 8192
+    n_cells: int | None = None
+    abnormal_fraction: float = 0.01
+    abnormal_classes: tuple[str, ...] = ABNORMAL_CLASSES
+    planes: tuple[float, ...] = (0.0,)
+    tile: int = 256
+    quality: int = 85
+    seed: int = 0
+    scale: float = 1.0
+    mpp: float = 0.18
+    objective: float = 60.0
+    rbc_per_cell: float = 2.0
+    debris_per_cell: float = 0.6
+
+    def __post_init__(self) -> None:
+        if self.width < BLOCK or self.height < BLOCK:
+            raise ConfigError(f"slide must be at least {BLOCK}x{BLOCK} px, got "
+                              f"{self.width}x{self.height}")  # fmt: skip
+        if not 0.0 <= self.abnormal_fraction <= 1.0:
+            raise ConfigError(f"abnormal fraction must be in [0, 1], got {self.abnormal_fraction}")
+        if self.n_cells is not None and self.n_cells < 0:
+            raise ConfigError(f"n_cells must be >= 0, got {self.n_cells}")
+        if self.tile % 16 or not 64 <= self.tile <= BLOCK:
+            raise ConfigError(f"tile must be a multiple of 16 in [64, {BLOCK}], got {self.tile}")
+        if 0.0 not in self.planes or len(set(self.planes)) != len(self.planes):
+            raise ConfigError(f"planes must be distinct and include 0.0, got {self.planes}")
+        unknown = [c for c in self.abnormal_classes if c not in ABNORMAL_CLASSES]
+        if unknown or not self.abnormal_classes:
+            raise ConfigError(f"abnormal classes must be among {', '.join(ABNORMAL_CLASSES)}, "
+                              f"got {', '.join(self.abnormal_classes) or 'none'}")  # fmt: skip
+        if self.mpp <= 0 or self.objective <= 0:
+            raise ConfigError("mpp and objective must be positive")
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """The level-0 size actually written (rounded up to whole blocks)."""
+        return (-(-self.width // BLOCK) * BLOCK, -(-self.height // BLOCK) * BLOCK)
+
+
+@dataclass(frozen=True)
+class SlideLayout:
+    """Where every object is: cells (with class) and the background clutter."""
+
+    scene: Scene
+    cell_x: np.ndarray
+    cell_y: np.ndarray
+    cell_class: np.ndarray  # index into CELL_CLASSES
+    style: StainStyle
+
+
+def smear_mask(x: np.ndarray, y: np.ndarray, w: int, h: int) -> np.ndarray:
+    """Inside the smear: an ellipse leaving empty glass at the edges and corners."""
+    return ((x - w / 2) / (0.46 * w)) ** 2 + ((y - h / 2) / (0.46 * h)) ** 2 <= 1.0
+
+
+def layout(config: SlideSynthConfig) -> SlideLayout:
+    """Place cells on a jittered grid inside the smear, plant abnormal cells, scatter clutter."""
+    rng = np.random.default_rng(np.random.SeedSequence([config.seed, 7]))
+    w, h = config.size
+    area = np.pi * (0.46 * w) * (0.46 * h)
+    n = config.n_cells if config.n_cells is not None else int(area / 140.0**2)
+    margin = 40 * config.scale
+    xs = ys = np.empty(0)
+    spacing = np.sqrt(area / max(n, 1))
+    for _ in range(60):
+        gx = np.arange(spacing / 2, w, spacing)
+        gy = np.arange(spacing / 2, h, spacing)
+        X, Y = np.meshgrid(gx, gy)
+        X = X.ravel() + rng.uniform(-0.3, 0.3, X.size) * spacing
+        Y = Y.ravel() + rng.uniform(-0.3, 0.3, Y.size) * spacing
+        ok = smear_mask(X, Y, w, h) & (X > margin) & (X < w - margin)
+        ok &= (Y > margin) & (Y < h - margin)
+        xs, ys = X[ok], Y[ok]
+        if len(xs) >= n:
+            break
+        spacing *= 0.95
+    if len(xs) < n:
+        raise ConfigError(f"{n} cells do not fit on a {w}x{h} slide; ask for fewer cells")
+    pick = np.sort(rng.choice(len(xs), size=n, replace=False))
+    xs, ys = xs[pick], ys[pick]
+    # row-major order (top to bottom, then left to right) gives stable, readable cell ids
+    order = np.lexsort((xs, np.floor(ys / BLOCK)))
+    xs, ys = xs[order], ys[order]
+
+    n_abn = int(round(n * config.abnormal_fraction))
+    cls = np.full(n, CELL_CLASSES.index(NORMAL_CLASS), dtype=np.int8)
+    if n_abn:
+        where = rng.choice(n, size=n_abn, replace=False)
+        kinds = np.resize([CELL_CLASSES.index(c) for c in config.abnormal_classes], n_abn)
+        cls[where] = rng.permutation(kinds)
+    cells = cell_objects(xs, ys, cls, rng)
+
+    def scatter(count: int) -> tuple[np.ndarray, np.ndarray]:
+        px = rng.uniform(0, w, size=int(count * 1.4) + 8)
+        py = rng.uniform(0, h, size=px.size)
+        ok = smear_mask(px, py, w, h)
+        return px[ok][:count], py[ok][:count]
+
+    rx, ry = scatter(int(n * config.rbc_per_cell))
+    dx, dy = scatter(int(n * config.debris_per_cell))
+    scene = Scene.concat(
+        [
+            cells,
+            background_objects(rx, ry, KIND_RBC, rng, config.scale),
+            background_objects(dx, dy, KIND_DEBRIS, rng, config.scale),
+        ],
+        scale=config.scale,
+    )
+    scene.build_index(BLOCK)
+    return SlideLayout(scene=scene, cell_x=xs, cell_y=ys, cell_class=cls,
+                       style=StainStyle.sample(rng))  # fmt: skip
+
+
+def _illumination(x0: int, y0: int, w: int, h: int, fov: int = 1024) -> np.ndarray:
+    """Shading of each scanner field of view (fields are stitched into the slide)."""
+    yy, xx = np.mgrid[y0 : y0 + h, x0 : x0 + w].astype(np.float32)
+    u = (xx % fov) / fov - 0.5
+    v = (yy % fov) / fov - 0.5
+    return (1.0 - 0.06 * (u * u + v * v)).astype(np.float32)
+
+
+def _downsample(strip: np.ndarray) -> np.ndarray:
+    h, w = strip.shape[0] // 2 * 2, strip.shape[1] // 2 * 2
+    s = strip[:h, :w].astype(np.float32)
+    s = s.reshape(h // 2, 2, w // 2, 2, 3).mean(axis=(1, 3))
+    return np.rint(s).astype(np.uint8)
+
+
+def _level_sizes(config: SlideSynthConfig, fmt: str) -> list[tuple[int, int]]:
+    """Pyramid levels, halving until the long side is under 1024 px.
+
+    A block row must give whole strips at every level (and, for NDPI, whole 8-row JPEG MCU rows
+    and widths that are whole restart intervals).
+    """
+    w, h = config.size
+    sizes = [(w, h)]
+    while True:
+        w2, h2 = w // 2, h // 2
+        if max(w2, h2) < 512 or BLOCK >> len(sizes) < 8 or w % 2 or h % 2:
+            break
+        if fmt == "ndpi" and (w2 % config.tile or h2 % 8):
+            break
+        sizes.append((w2, h2))
+        w, h = w2, h2
+    return sizes
+
+
+def ground_truth_table(lay: SlideLayout, slide_id: str):
+    import pyarrow as pa
+
+    names = np.array(CELL_CLASSES, dtype=object)
+    return pa.table(
+        {
+            "slide_id": pa.array([slide_id] * len(lay.cell_x), pa.string()),
+            "cell_id": pa.array(np.arange(len(lay.cell_x), dtype=np.int64)),
+            "x": pa.array(lay.cell_x.astype(np.float64)),
+            "y": pa.array(lay.cell_y.astype(np.float64)),
+            "label": pa.array((lay.cell_class != CELL_CLASSES.index(NORMAL_CLASS)).astype(np.int8)),
+            "class": pa.array(names[lay.cell_class.astype(np.int64)], pa.string()),
+        }
+    )
+
+
+def plane_path(out: Path, z: float) -> Path:
+    """Where a TIFF z-stack writes plane ``z`` (plane 0 is ``out`` itself)."""
+    if z == 0.0:
+        return out
+    return out.with_name(f"{out.stem}_z{z:+.2f}um{out.suffix}")
+
+
+def ground_truth_path(out: Path) -> Path:
+    return out.with_name(f"{out.stem}.cells.parquet")
+
+
+@dataclass(frozen=True)
+class SlideResult:
+    paths: list[Path]
+    ground_truth: Path
+    size: tuple[int, int]
+    n_cells: int
+    n_abnormal: int
+    levels: list[tuple[int, int]]
+
+
+def write_slide(
+    out: Path, config: SlideSynthConfig, fmt: str | None = None, overwrite: bool = False
+) -> SlideResult:
+    """Draw a synthetic slide into ``out`` (``.tif``/``.tiff`` or ``.ndpi``) plus ground truth.
+
+    Files appear under their final names only when complete (atomic rename).
+    """
+    import pyarrow.parquet as pq
+
+    out = Path(out)
+    fmt = fmt or FORMATS.get(out.suffix.lower())
+    if fmt not in ("tiff", "ndpi"):
+        raise InputPathError(
+            f"cannot tell the slide format from {out.name!r}: end the name in .tif, .tiff or .ndpi"
+        )
+    targets = [out] if fmt == "ndpi" else [plane_path(out, z) for z in config.planes]
+    targets.append(ground_truth_path(out))
+    existing = [p for p in targets if p.exists()]
+    if existing and not overwrite:
+        raise InputPathError(f"{existing[0]} exists (pass --overwrite to replace it)")
+    if not out.parent.exists():
+        raise InputPathError(f"output folder {out.parent} does not exist")
+
+    lay = layout(config)
+    w, h = config.size
+    sizes = _level_sizes(config, fmt)
+    planes = sorted(config.planes, key=lambda z: (z != 0.0, z))
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    spools: dict[tuple[int, int], tuple[Path, BinaryIO]] = {}
+    levels: dict[tuple[int, int], TiledLevel | NdpiLevel] = {}
+    try:
+        for p, z in enumerate(planes):
+            for li, (lw, lh) in enumerate(sizes):
+                path = tmpdir / f"p{p}_l{li}.spool"
+                spools[p, li] = (path, open(path, "wb"))
+                cls = NdpiLevel if fmt == "ndpi" else TiledLevel
+                levels[p, li] = cls(lw, lh, config.tile, config.quality, spools[p, li][1])
+        cache = WindowCache()
+        rows = h // BLOCK
+        with progress(f"synth slide {out.name}", total=rows * len(planes), unit="rows") as bar:
+            for by in range(rows):
+                cache.evict_before(by)
+                for p, z in enumerate(planes):
+                    strip = np.empty((BLOCK, w, 3), dtype=np.uint8)
+                    for bx in range(w // BLOCK):
+                        x0, y0 = bx * BLOCK, by * BLOCK
+                        od = render_od(lay.scene, x0, y0, BLOCK, BLOCK, lay.style, z, cache, by)
+                        noise = np.random.default_rng([config.seed, p, by, bx])
+                        strip[:, x0 : x0 + BLOCK] = od_to_rgb(
+                            od, lay.style, noise, _illumination(x0, y0, BLOCK, BLOCK)
+                        )
+                    s = strip
+                    for li in range(len(sizes)):
+                        if li:
+                            s = _downsample(s)
+                        levels[p, li].push(s)
+                    bar.advance()
+        for key, level in levels.items():
+            level.finish()
+            spools[key][1].close()
+
+        results = []
+        slide_id = out.stem
+        describe = {
+            "cyto_synthetic": __version__, "seed": config.seed, "mpp": config.mpp,
+            "objective": config.objective, "n_cells": len(lay.cell_x),
+            "config": {k: v for k, v in asdict(config).items()},
+        }  # fmt: skip
+        if fmt == "ndpi":
+            pages = []
+            for p, z in enumerate(planes):
+                for li, (lw, lh) in enumerate(sizes):
+                    tags = _common_tags(lw, lh, config, li, describe | {"z_um": z}, ndpi=True)
+                    tags += [
+                        Tag(NDPI_FORMAT_FLAG, LONG, (1,)),
+                        Tag(NDPI_SOURCELENS, FLOAT, (config.objective / 2**li,)),
+                        Tag(NDPI_XOFFSET, SLONG, (0,)),
+                        Tag(NDPI_YOFFSET, SLONG, (0,)),
+                        Tag(NDPI_ZOFFSET, SLONG, (int(round(z * 1000)),)),
+                        Tag(271, ASCII, "Hamamatsu"),
+                        Tag(272, ASCII, "cyto synthetic NanoZoomer-like"),
+                    ]
+                    pages.append(Page(levels[p, li], spools[p, li][0], tags))
+            partial = tmpdir / "slide.partial"
+            assemble(partial, pages, ndpi=True)
+            os.replace(partial, out)
+            results.append(out)
+        else:
+            for p, z in enumerate(planes):
+                pages = [
+                    Page(
+                        levels[p, li], spools[p, li][0],
+                        _common_tags(lw, lh, config, li, describe | {"z_um": z}, ndpi=False),
+                    )  # fmt: skip
+                    for li, (lw, lh) in enumerate(sizes)
+                ]
+                partial = tmpdir / f"plane{p}.partial"
+                assemble(partial, pages, ndpi=False)
+                target = plane_path(out, z)
+                os.replace(partial, target)
+                results.append(target)
+        gt = ground_truth_path(out)
+        table = ground_truth_table(lay, slide_id)
+        table = table.replace_schema_metadata(
+            {b"cyto.synthetic": json.dumps(describe).encode(), b"cyto.slide": out.name.encode()}
+        )
+        pq.write_table(table, tmpdir / "gt.parquet")
+        os.replace(tmpdir / "gt.parquet", gt)
+    finally:
+        for _, fh in spools.values():
+            fh.close()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return SlideResult(
+        paths=results,
+        ground_truth=gt,
+        size=(w, h),
+        n_cells=len(lay.cell_x),
+        n_abnormal=int((lay.cell_class != CELL_CLASSES.index(NORMAL_CLASS)).sum()),
+        levels=sizes,
+    )
+
+
+def _common_tags(w: int, h: int, config: SlideSynthConfig, level: int, describe: dict,
+                 ndpi: bool) -> list[Tag]:  # fmt: skip
+    px_per_cm = 10000.0 / (config.mpp * 2**level)
+    tags = [
+        Tag(254, LONG, (0 if level == 0 else 1,)),
+        Tag(256, LONG, (w,)),
+        Tag(257, LONG, (h,)),
+        Tag(258, SHORT, (8, 8, 8)),
+        Tag(259, SHORT, (7,)),  # JPEG
+        Tag(262, SHORT, (6,)),  # YCbCr
+        Tag(270, ASCII, json.dumps(describe | {"level": level})),
+        Tag(277, SHORT, (3,)),
+        Tag(282, RATIONAL, ((int(round(px_per_cm * 1000)), 1000),)),
+        Tag(283, RATIONAL, ((int(round(px_per_cm * 1000)), 1000),)),
+        Tag(284, SHORT, (1,)),
+        Tag(296, SHORT, (3,)),  # centimetre
+        Tag(305, ASCII, f"cyto {__version__}"),
+        Tag(530, SHORT, (1, 1)),  # 4:4:4
+    ]
+    if not ndpi:
+        tags.append(Tag(532, RATIONAL, ((0, 1), (255, 1), (128, 1), (255, 1), (128, 1), (255, 1))))
+    return tags

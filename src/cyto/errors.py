@@ -1,0 +1,60 @@
+"""Typed errors raised by the cyto library.
+
+Every message names the input, what was expected and how to fix it. The CLI turns any
+:class:`CytoError` into one line on stderr and a non-zero exit code (``CYTO_DEBUG=1`` shows the
+traceback).
+"""
+
+from __future__ import annotations
+
+
+class CytoError(Exception):
+    """Base class of every error cyto raises on purpose."""
+
+    exit_code = 1
+
+
+class InputPathError(CytoError):
+    """A path given by the user is missing, of the wrong kind, or empty."""
+
+    exit_code = 2
+
+
+class DatasetError(CytoError):
+    """A patch dataset or manifest cannot be used as asked (classes, columns, labels)."""
+
+    exit_code = 2
+
+
+class UnreadableImageError(DatasetError):
+    """An image file cannot be decoded."""
+
+    def __init__(self, path: object, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(
+            f"cannot read image {path}: {reason} "
+            "(fix or remove the file, or pass --skip-unreadable to skip and count such files)"
+        )
+
+
+class ConfigError(CytoError):
+    """A configuration value is outside what is allowed."""
+
+    exit_code = 2
+
+
+class UnsupportedSlideError(CytoError):
+    """A file is not a whole-slide image cyto can read."""
+
+
+class SlideWriteError(CytoError):
+    """A synthetic slide cannot be written as requested."""
+
+
+class MissingDependencyError(CytoError):
+    """An optional dependency needed for the requested feature is not installed."""
+
+    def __init__(self, package: str, feature: str, install: str) -> None:
+        self.package = package
+        super().__init__(f"{feature} needs {package}, which is not available: {install}")
