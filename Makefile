@@ -14,8 +14,7 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 # libvips from Debian/Ubuntu gives pyvips its openslideload (NDPI, SVS, MRXS). Without apt or root,
-# cyto still reads slides through openslide-python + openslide-bin and tiled TIFFs through tifffile-free
-# pure-Python paths; say so instead of failing.
+# cyto still reads slides through openslide-python + openslide-bin (pip); say so instead of failing.
 system-deps:
 	@if python3 -c "import ctypes.util,sys; sys.exit(0 if ctypes.util.find_library('vips') else 1)"; then \
 	  echo "system-deps: libvips present"; \

@@ -83,9 +83,7 @@ def strong_transforms(size: int = 224, input_size: int = 250) -> dict[str, A.Bas
         "center_crop": A.Sequential(
             [A.CenterCrop(height=side, width=side, p=1.0), A.Resize(size, size, p=1.0)], p=1.0
         ),
-        "color_jitter": A.ColorJitter(
-            brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1, p=1.0
-        ),
+        "color_jitter": A.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1, p=1.0),
         "grid_distortion": A.GridDistortion(num_steps=5, distort_limit=0.3, p=1.0),
         "elastic": A.ElasticTransform(alpha=40, sigma=6, p=1.0),
     }
@@ -102,9 +100,7 @@ def pseudo_abnormal_view(
         raise ValueError(f"mode must be 'one' or 'all', got {mode!r}")
     members = list(strong_transforms(size, input_size).values())
     core = A.OneOf(members, p=1.0) if mode == "one" else A.Sequential(members, p=1.0)
-    return _Pipeline(
-        A.Compose([core, A.Resize(size, size, p=1.0), _normalize()], seed=seed)
-    )
+    return _Pipeline(A.Compose([core, A.Resize(size, size, p=1.0), _normalize()], seed=seed))
 
 
 def eval_view(size: int = 224) -> View:

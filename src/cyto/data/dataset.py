@@ -95,7 +95,7 @@ def read_manifest(path: Path) -> list[PatchRecord]:
     bcol, blcol = _pick(cols, _BAG_COLUMNS), _pick(cols, _BAG_LABEL_COLUMNS)
     data = table.to_pydict()
     records = []
-    for i, (p, lab) in enumerate(zip(data[pcol], data[lcol])):
+    for i, (p, lab) in enumerate(zip(data[pcol], data[lcol], strict=True)):
         if p is None or lab is None:
             raise DatasetError(f"manifest {path}, row {i + 2}: empty path or label")
         f = Path(str(p))
@@ -128,8 +128,10 @@ def load_records(source: Path) -> list[PatchRecord]:
     """Records of a class folder or a manifest file, with a clear error for anything else."""
     source = Path(source)
     if not source.exists():
-        raise InputPathError(f"{source} does not exist: give a folder of class sub-folders or a "
-                             "manifest (.csv/.parquet)")  # fmt: skip
+        raise InputPathError(
+            f"{source} does not exist: give a folder of class sub-folders or a "
+            "manifest (.csv/.parquet)"
+        )
     if source.is_dir():
         if not any(source.iterdir()):
             raise InputPathError(f"{source} is an empty folder: expected class sub-folders")
@@ -225,22 +227,7 @@ class PatchDataset:
             workers: decoding threads (default: the number of CPUs).
         """
         records = load_records(Path(source))
-        normal_t = parse_classes(normal)
-        if not normal_t:
-            raise DatasetError("no normal class given: pass --normal CLASS[,CLASS...]")
-        abnormal_t = parse_classes(abnormal)
-        known = sorted({r.cls for r in records})
-        unknown = [c for c in (*normal_t, *(abnormal_t or ())) if c not in known]
-        if unknown:
-            raise DatasetError(
-                f"unknown class name(s) {', '.join(unknown)} in {source}; classes there: "
-                f"{', '.join(known)}"
-            )
-        both = set(normal_t) & set(abnormal_t or ())
-        if both:
-            raise DatasetError(f"class(es) {', '.join(sorted(both))} given as normal and abnormal")
-        if abnormal_t is None:
-            abnormal_t = tuple(c for c in known if c not in normal_t)
+        normal_t, abnormal_t = resolve_classes({r.cls for r in records}, normal, abnormal, source)
         chosen = [r for r in records if r.cls in normal_t or r.cls in abnormal_t]
         excluded = len(records) - len(chosen)
 
@@ -254,8 +241,11 @@ class PatchDataset:
         if cache_dir is not None and isinstance(stacked, np.ndarray):
             stacked = _through_cache(Path(cache_dir), fp, stacked)
         if skipped:
-            log.warning("skipped %d unreadable file(s): %s", len(skipped),
-                        "; ".join(f"{p} ({why})" for p, why in skipped[:5]))  # fmt: skip
+            log.warning(
+                "skipped %d unreadable file(s): %s",
+                len(skipped),
+                "; ".join(f"{p} ({why})" for p, why in skipped[:5]),
+            )
         return cls(
             records=chosen,
             labels=labels,
@@ -266,6 +256,48 @@ class PatchDataset:
             excluded=excluded,
             fingerprint=fp,
         )
+
+
+def resolve_classes(
+    known: Iterable[str],
+    normal: str | Sequence[str] | None,
+    abnormal: str | Sequence[str] | None,
+    source: object = "the data",
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Check the user's class choice against the classes present; ``abnormal=None``: the rest."""
+    known_s = sorted(set(known))
+    normal_t = parse_classes(normal)
+    if not normal_t:
+        raise DatasetError("no normal class given: pass --normal CLASS[,CLASS...]")
+    abnormal_t = parse_classes(abnormal)
+    unknown = [c for c in (*normal_t, *(abnormal_t or ())) if c not in known_s]
+    if unknown:
+        raise DatasetError(
+            f"unknown class name(s) {', '.join(unknown)} in {source}; classes there: "
+            f"{', '.join(known_s)}"
+        )
+    both = set(normal_t) & set(abnormal_t or ())
+    if both:
+        raise DatasetError(f"class(es) {', '.join(sorted(both))} given as normal and abnormal")
+    if abnormal_t is None:
+        abnormal_t = tuple(c for c in known_s if c not in normal_t)
+    return normal_t, abnormal_t
+
+
+def one_class_split(
+    counts: dict[str, int], normal: str | None, abnormal: str | None, source: object = "the data"
+) -> dict[str, object]:
+    """How many images a ``--normal/--abnormal`` choice makes normal, abnormal and left out."""
+    normal_t, abnormal_t = resolve_classes(counts, normal, abnormal, source)
+    n = sum(counts[c] for c in normal_t)
+    a = sum(counts[c] for c in abnormal_t)
+    return {
+        "normal_classes": list(normal_t),
+        "abnormal_classes": list(abnormal_t),
+        "normal": n,
+        "abnormal": a,
+        "excluded": sum(counts.values()) - n - a,
+    }
 
 
 def _decode_one(record: PatchRecord, size: int | None) -> tuple[np.ndarray, str]:
@@ -313,7 +345,7 @@ def _stack(images: list[np.ndarray], size: int | None) -> np.ndarray | list[np.n
 def _dataset_fingerprint(records, digests, normal, abnormal, size) -> str:
     h = hashlib.sha256()
     h.update(repr((normal, abnormal, size)).encode())
-    for r, d in zip(records, digests):
+    for r, d in zip(records, digests, strict=True):
         h.update(f"{r.cls}\t{r.bag}\t{r.bag_label}\t{d}\n".encode())
     return h.hexdigest()
 
@@ -369,7 +401,7 @@ def data_info(source: Path | str, workers: int | None = None) -> DataInfo:
     sizes: Counter[str] = Counter()
     modes: Counter[str] = Counter()
     unreadable = []
-    for r, res in zip(records, results):
+    for r, res in zip(records, results, strict=True):
         classes[r.cls] += 1
         if isinstance(res, Exception):
             unreadable.append((r.path, str(res) or type(res).__name__))

@@ -211,7 +211,9 @@ def render_cell_od(
     return od.astype(np.float32), half
 
 
-def render_rbc_od(radius: float, seed: int, blur: float, gain: float = 1.0) -> tuple[np.ndarray, int]:
+def render_rbc_od(
+    radius: float, seed: int, blur: float, gain: float = 1.0
+) -> tuple[np.ndarray, int]:
     """A red blood cell: a pink disc with a paler centre (biconcave)."""
     rng = np.random.default_rng(seed)
     half = int(np.ceil(radius + 3 * blur + 3))
@@ -284,4 +286,3 @@ def od_to_rgb(
         img *= illumination[..., None]
     img += rng.normal(0.0, style.noise, size=img.shape).astype(np.float32)
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
-

@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from cyto.data.synth.cells import ABNORMAL_CLASSES, CELL_CLASSES, NORMAL_CLASS, StainStyle, od_to_rgb
+from cyto.data.synth.cells import (
+    ABNORMAL_CLASSES,
+    CELL_CLASSES,
+    NORMAL_CLASS,
+    StainStyle,
+    od_to_rgb,
+)
 from cyto.data.synth.scene import (
     KIND_DEBRIS,
     KIND_RBC,
@@ -112,11 +118,10 @@ def write_patches(out: Path, config: PatchSynthConfig, overwrite: bool = False) 
     never leaves a dataset that looks finished.
     """
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise InputPathError(
-                f"output folder {out} exists and is not empty (pass --overwrite to replace it)"
-            )
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise InputPathError(
+            f"output folder {out} exists and is not empty (pass --overwrite to replace it)"
+        )
     tmp = out.with_name(f".{out.name}.partial")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -140,4 +145,3 @@ def write_patches(out: Path, config: PatchSynthConfig, overwrite: bool = False) 
         shutil.rmtree(out)
     tmp.rename(out)
     return counts
-

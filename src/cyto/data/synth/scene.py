@@ -48,9 +48,15 @@ class Scene:
             return np.concatenate([getattr(p, name) for p in parts])
 
         return Scene(
-            x=cat("x"), y=cat("y"), kind=cat("kind"), cls=cat("cls"), seed=cat("seed"),
-            size=cat("size"), focus_z=cat("focus_z"), scale=scale,
-        )  # fmt: skip
+            x=cat("x"),
+            y=cat("y"),
+            kind=cat("kind"),
+            cls=cat("cls"),
+            seed=cat("seed"),
+            size=cat("size"),
+            focus_z=cat("focus_z"),
+            scale=scale,
+        )
 
     def build_index(self, grid_cell: int = 512) -> None:
         """Bucket objects by grid cell so a region finds its objects without a full scan."""
@@ -66,7 +72,8 @@ class Scene:
         starts = np.concatenate([[0], change])
         ends = np.concatenate([change, [len(order)]])
         self._grid = {
-            (int(keys[s, 0]), int(keys[s, 1])): order[s:e] for s, e in zip(starts, ends)
+            (int(keys[s, 0]), int(keys[s, 1])): order[s:e]
+            for s, e in zip(starts, ends, strict=True)
         }
 
     def objects_near(self, x0: int, y0: int, w: int, h: int) -> np.ndarray:
@@ -74,9 +81,11 @@ class Scene:
         reach = int(np.ceil(MAX_REACH * self.scale))
         if not self._grid:
             sel = (
-                (self.x > x0 - reach) & (self.x < x0 + w + reach)
-                & (self.y > y0 - reach) & (self.y < y0 + h + reach)
-            )  # fmt: skip
+                (self.x > x0 - reach)
+                & (self.x < x0 + w + reach)
+                & (self.y > y0 - reach)
+                & (self.y < y0 + h + reach)
+            )
             return np.flatnonzero(sel)
         g = self._grid_cell
         found = []
@@ -147,9 +156,11 @@ def _render_object(scene: Scene, i: int, style: StainStyle, z: float) -> tuple[n
             CELL_CLASSES[int(scene.cls[i])], np.random.default_rng(seed), scale=scene.scale
         )
         return render_cell_od(
-            spec, defocus=z - spec.focus_z, nucleus_gain=style.nucleus_gain,
+            spec,
+            defocus=z - spec.focus_z,
+            nucleus_gain=style.nucleus_gain,
             cyto_gain=style.cyto_gain,
-        )  # fmt: skip
+        )
     if kind == KIND_RBC:
         defocus = z - float(scene.focus_z[i])
         blur = float(np.hypot(0.7 * scene.scale, 2.2 * abs(defocus)))

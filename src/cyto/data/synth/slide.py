@@ -19,7 +19,15 @@ from typing import BinaryIO
 import numpy as np
 
 from cyto import __version__
-from cyto.data.synth.cells import ABNORMAL_CLASSES, CELL_CLASSES, NORMAL_CLASS, StainStyle, od_to_rgb
+from cyto.data.synth.cells import (
+    ABNORMAL_CLASSES,
+    CELL_CLASSES,
+    NORMAL_CLASS,
+    StainStyle,
+    od_to_rgb,
+    sample_cell,
+)
+from cyto.data.synth.formats import SUFFIX_FORMATS, SlideFormat
 from cyto.data.synth.scene import (
     KIND_DEBRIS,
     KIND_RBC,
@@ -51,7 +59,6 @@ from cyto.errors import ConfigError, InputPathError
 from cyto.progress import progress
 
 BLOCK = 512
-FORMATS = {".tif": "tiff", ".tiff": "tiff", ".ndpi": "ndpi"}
 
 
 @dataclass(frozen=True)
@@ -89,8 +96,9 @@ class SlideSynthConfig:
 
     def __post_init__(self) -> None:
         if self.width < BLOCK or self.height < BLOCK:
-            raise ConfigError(f"slide must be at least {BLOCK}x{BLOCK} px, got "
-                              f"{self.width}x{self.height}")  # fmt: skip
+            raise ConfigError(
+                f"slide must be at least {BLOCK}x{BLOCK} px, got {self.width}x{self.height}"
+            )
         if not 0.0 <= self.abnormal_fraction <= 1.0:
             raise ConfigError(f"abnormal fraction must be in [0, 1], got {self.abnormal_fraction}")
         if self.n_cells is not None and self.n_cells < 0:
@@ -101,8 +109,10 @@ class SlideSynthConfig:
             raise ConfigError(f"planes must be distinct and include 0.0, got {self.planes}")
         unknown = [c for c in self.abnormal_classes if c not in ABNORMAL_CLASSES]
         if unknown or not self.abnormal_classes:
-            raise ConfigError(f"abnormal classes must be among {', '.join(ABNORMAL_CLASSES)}, "
-                              f"got {', '.join(self.abnormal_classes) or 'none'}")  # fmt: skip
+            raise ConfigError(
+                f"abnormal classes must be among {', '.join(ABNORMAL_CLASSES)}, "
+                f"got {', '.join(self.abnormal_classes) or 'none'}"
+            )
         if self.mpp <= 0 or self.objective <= 0:
             raise ConfigError("mpp and objective must be positive")
 
@@ -137,14 +147,15 @@ def layout(config: SlideSynthConfig) -> SlideLayout:
     margin = 40 * config.scale
     xs = ys = np.empty(0)
     spacing = np.sqrt(area / max(n, 1))
-    for _ in range(60):
+    min_spacing = 30.0 * config.scale  # closer than this, cells would pile on each other
+    while spacing >= min_spacing:
         gx = np.arange(spacing / 2, w, spacing)
         gy = np.arange(spacing / 2, h, spacing)
         X, Y = np.meshgrid(gx, gy)
         X = X.ravel() + rng.uniform(-0.3, 0.3, X.size) * spacing
         Y = Y.ravel() + rng.uniform(-0.3, 0.3, Y.size) * spacing
-        ok = smear_mask(X, Y, w, h) & (X > margin) & (X < w - margin)
-        ok &= (Y > margin) & (Y < h - margin)
+        ok = smear_mask(X, Y, w, h) & (margin < X) & (w - margin > X)
+        ok &= (margin < Y) & (h - margin > Y)
         xs, ys = X[ok], Y[ok]
         if len(xs) >= n:
             break
@@ -182,8 +193,9 @@ def layout(config: SlideSynthConfig) -> SlideLayout:
         scale=config.scale,
     )
     scene.build_index(BLOCK)
-    return SlideLayout(scene=scene, cell_x=xs, cell_y=ys, cell_class=cls,
-                       style=StainStyle.sample(rng))  # fmt: skip
+    return SlideLayout(
+        scene=scene, cell_x=xs, cell_y=ys, cell_class=cls, style=StainStyle.sample(rng)
+    )
 
 
 def _illumination(x0: int, y0: int, w: int, h: int, fov: int = 1024) -> np.ndarray:
@@ -224,6 +236,16 @@ def ground_truth_table(lay: SlideLayout, slide_id: str):
     import pyarrow as pa
 
     names = np.array(CELL_CLASSES, dtype=object)
+    n = len(lay.cell_x)
+    radius = np.empty(n, dtype=np.float32)
+    focus = np.empty(n, dtype=np.float32)
+    for i in range(n):  # cells come first in the scene, in cell-id order
+        spec = sample_cell(
+            CELL_CLASSES[int(lay.cell_class[i])],
+            np.random.default_rng(int(lay.scene.seed[i])),
+            lay.scene.scale,
+        )
+        radius[i], focus[i] = spec.cell_radius, spec.focus_z
     return pa.table(
         {
             "slide_id": pa.array([slide_id] * len(lay.cell_x), pa.string()),
@@ -232,6 +254,8 @@ def ground_truth_table(lay: SlideLayout, slide_id: str):
             "y": pa.array(lay.cell_y.astype(np.float64)),
             "label": pa.array((lay.cell_class != CELL_CLASSES.index(NORMAL_CLASS)).astype(np.int8)),
             "class": pa.array(names[lay.cell_class.astype(np.int64)], pa.string()),
+            "cell_radius": pa.array(radius),
+            "focus_z": pa.array(focus),
         }
     )
 
@@ -258,7 +282,10 @@ class SlideResult:
 
 
 def write_slide(
-    out: Path, config: SlideSynthConfig, fmt: str | None = None, overwrite: bool = False
+    out: Path,
+    config: SlideSynthConfig,
+    fmt: SlideFormat | str | None = None,
+    overwrite: bool = False,
 ) -> SlideResult:
     """Draw a synthetic slide into ``out`` (``.tif``/``.tiff`` or ``.ndpi``) plus ground truth.
 
@@ -267,11 +294,17 @@ def write_slide(
     import pyarrow.parquet as pq
 
     out = Path(out)
-    fmt = fmt or FORMATS.get(out.suffix.lower())
-    if fmt not in ("tiff", "ndpi"):
-        raise InputPathError(
-            f"cannot tell the slide format from {out.name!r}: end the name in .tif, .tiff or .ndpi"
-        )
+    if fmt is None:
+        fmt = SUFFIX_FORMATS.get(out.suffix.lower())
+        if fmt is None:
+            raise InputPathError(
+                f"cannot tell the slide format from {out.name!r}: end the name "
+                "in .tif, .tiff or .ndpi, or pass --format"
+            )
+    try:
+        fmt = SlideFormat(fmt).value
+    except ValueError as exc:
+        raise ConfigError(f"unknown slide format {fmt!r}; known: tiff, ndpi") from exc
     targets = [out] if fmt == "ndpi" else [plane_path(out, z) for z in config.planes]
     targets.append(ground_truth_path(out))
     existing = [p for p in targets if p.exists()]
@@ -288,10 +321,10 @@ def write_slide(
     spools: dict[tuple[int, int], tuple[Path, BinaryIO]] = {}
     levels: dict[tuple[int, int], TiledLevel | NdpiLevel] = {}
     try:
-        for p, z in enumerate(planes):
+        for p in range(len(planes)):
             for li, (lw, lh) in enumerate(sizes):
                 path = tmpdir / f"p{p}_l{li}.spool"
-                spools[p, li] = (path, open(path, "wb"))
+                spools[p, li] = (path, open(path, "wb"))  # noqa: SIM115 - closed in finally
                 cls = NdpiLevel if fmt == "ndpi" else TiledLevel
                 levels[p, li] = cls(lw, lh, config.tile, config.quality, spools[p, li][1])
         cache = WindowCache()
@@ -321,10 +354,13 @@ def write_slide(
         results = []
         slide_id = out.stem
         describe = {
-            "cyto_synthetic": __version__, "seed": config.seed, "mpp": config.mpp,
-            "objective": config.objective, "n_cells": len(lay.cell_x),
+            "cyto_synthetic": __version__,
+            "seed": config.seed,
+            "mpp": config.mpp,
+            "objective": config.objective,
+            "n_cells": len(lay.cell_x),
             "config": {k: v for k, v in asdict(config).items()},
-        }  # fmt: skip
+        }
         if fmt == "ndpi":
             pages = []
             for p, z in enumerate(planes):
@@ -348,9 +384,10 @@ def write_slide(
             for p, z in enumerate(planes):
                 pages = [
                     Page(
-                        levels[p, li], spools[p, li][0],
+                        levels[p, li],
+                        spools[p, li][0],
                         _common_tags(lw, lh, config, li, describe | {"z_um": z}, ndpi=False),
-                    )  # fmt: skip
+                    )
                     for li, (lw, lh) in enumerate(sizes)
                 ]
                 partial = tmpdir / f"plane{p}.partial"
@@ -379,8 +416,9 @@ def write_slide(
     )
 
 
-def _common_tags(w: int, h: int, config: SlideSynthConfig, level: int, describe: dict,
-                 ndpi: bool) -> list[Tag]:  # fmt: skip
+def _common_tags(
+    w: int, h: int, config: SlideSynthConfig, level: int, describe: dict, ndpi: bool
+) -> list[Tag]:
     px_per_cm = 10000.0 / (config.mpp * 2**level)
     tags = [
         Tag(254, LONG, (0 if level == 0 else 1,)),

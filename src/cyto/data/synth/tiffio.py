@@ -55,7 +55,9 @@ class Tag:
     def payload(self) -> tuple[int, bytes]:
         """``(count, little-endian bytes)`` of the value."""
         if self.type == ASCII:
-            raw = (self.value if isinstance(self.value, bytes) else str(self.value).encode()) + b"\0"
+            raw = (
+                self.value if isinstance(self.value, bytes) else str(self.value).encode()
+            ) + b"\0"
             # OpenSlide 4.0.1 assumes ASCII values live out of line: keep them >= 5 bytes.
             raw = raw.ljust(5, b"\0")
             return len(raw), raw
@@ -165,8 +167,10 @@ class TiledLevel:
             self._rows, self._buffered = [], 0
         expected = -(-self.height // self.tile)
         if self._emitted != expected:
-            raise SlideWriteError(f"level {self.width}x{self.height}: {self._emitted} tile rows "
-                                  f"written, {expected} expected")  # fmt: skip
+            raise SlideWriteError(
+                f"level {self.width}x{self.height}: {self._emitted} tile rows "
+                f"written, {expected} expected"
+            )
 
     def _emit(self, rows: np.ndarray) -> None:
         t = self.tile
@@ -223,8 +227,9 @@ class NdpiLevel:
         parts = _RST.split(entropy)
         expected = (self.width // self.tile) * (strip.shape[0] // 8)
         if len(parts) != expected:
-            raise SlideWriteError(f"JPEG strip has {len(parts)} restart intervals, {expected} "
-                                  "expected")  # fmt: skip
+            raise SlideWriteError(
+                f"JPEG strip has {len(parts)} restart intervals, {expected} expected"
+            )
         for part in parts:
             if self._segments:
                 self.spool.write(bytes((0xFF, 0xD0 + (self._segments - 1) % 8)))
@@ -302,4 +307,3 @@ def _copy(src: BinaryIO, dst: BinaryIO, n: int, chunk: int = 8 << 20) -> None:
             raise SlideWriteError("spool file ended early")
         dst.write(buf)
         n -= len(buf)
-

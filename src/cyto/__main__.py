@@ -1,0 +1,3 @@
+from cyto.cli import main
+
+main()

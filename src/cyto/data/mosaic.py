@@ -1,0 +1,62 @@
+"""Sample mosaics of a patch dataset: one labelled row per class."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from cyto.data.dataset import PatchRecord, load_records
+from cyto.data.images import read_image, resize_rgb
+from cyto.errors import ConfigError
+
+
+def class_rows(
+    records: list[PatchRecord], per_class: int, tile: int, seed: int
+) -> list[tuple[str, np.ndarray]]:
+    """``[(class, (tile, per_class*tile, 3) uint8 row)]`` with images picked by ``seed``."""
+    rng = np.random.default_rng(seed)
+    by_class: dict[str, list[PatchRecord]] = {}
+    for r in records:
+        by_class.setdefault(r.cls, []).append(r)
+    rows = []
+    for cls in sorted(by_class):
+        items = by_class[cls]
+        pick = rng.choice(len(items), size=min(per_class, len(items)), replace=False)
+        row = np.full((tile, per_class * tile, 3), 255, dtype=np.uint8)
+        for j, i in enumerate(sorted(pick)):
+            row[:, j * tile : (j + 1) * tile] = resize_rgb(read_image(items[i].path), tile)
+        rows.append((cls, row))
+    return rows
+
+
+def render_rows(
+    rows: list[tuple[str, np.ndarray]], label_width: int = 130, title: str | None = None
+) -> Image.Image:
+    """Stack labelled rows into one image (class names on the left)."""
+    if not rows:
+        raise ConfigError("nothing to draw: the dataset has no classes")
+    tile_h = rows[0][1].shape[0]
+    width = label_width + max(r.shape[1] for _, r in rows)
+    top = 24 if title else 0
+    canvas = Image.new("RGB", (width, top + tile_h * len(rows)), "white")
+    draw = ImageDraw.Draw(canvas)
+    if title:
+        draw.text((6, 6), title, fill="black")
+    for k, (cls, row) in enumerate(rows):
+        y = top + k * tile_h
+        canvas.paste(Image.fromarray(row), (label_width, y))
+        draw.text((6, y + tile_h // 2 - 6), cls, fill="black")
+    return canvas
+
+
+def class_mosaic(
+    source: Path, out: Path, per_class: int = 8, tile: int = 128, seed: int = 0
+) -> Path:
+    """Write a PNG with ``per_class`` sample images of every class in ``source``."""
+    if per_class < 1 or tile < 16:
+        raise ConfigError(f"per_class must be >= 1 and tile >= 16, got {per_class} and {tile}")
+    rows = class_rows(load_records(Path(source)), per_class, tile, seed)
+    render_rows(rows, title=str(source)).save(out)
+    return Path(out)

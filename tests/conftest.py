@@ -1,0 +1,78 @@
+"""Shared fixtures. Real data is reached at ../shared/data (or $CYTO_SHARED_DATA) and tests that
+need it skip with the reason when it is absent; capability markers skip on what the installed
+libraries can do, never on guesses."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+# openslide-python must load its own libopenslide before pyvips loads the system one (libvips42
+# links OpenSlide 3.4); the other order leaves openslide-python bound to the older library.
+if importlib.util.find_spec("openslide") is not None:
+    import openslide  # noqa: F401
+
+os.environ.setdefault("CYTO_PROGRESS", "0")
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("CYTO_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def _has_openslide() -> bool:
+    try:
+        import openslide
+
+        return bool(openslide.__library_version__)
+    except (ImportError, OSError):
+        return False
+
+
+def _pyvips_loaders() -> set[str]:
+    try:
+        import pyvips
+    except (ImportError, OSError):
+        return set()
+    return {name for name in ("tiffload", "openslideload") if pyvips.type_find("VipsForeign", name)}
+
+
+HAS_OPENSLIDE = _has_openslide()
+PYVIPS_LOADERS = _pyvips_loaders()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_os = pytest.mark.skip(reason="openslide-python with a working libopenslide not installed")
+    skip_vips = pytest.mark.skip(reason="pyvips cannot load libvips (install libvips42)")
+    for item in items:
+        if "openslide" in item.keywords and not HAS_OPENSLIDE:
+            item.add_marker(skip_os)
+        if "pyvips" in item.keywords and not PYVIPS_LOADERS:
+            item.add_marker(skip_vips)
+
+
+@pytest.fixture(scope="session")
+def bone_marrow() -> Path:
+    path = SHARED_DATA / "bone_marrow"
+    if not (path / "LYT").is_dir():
+        pytest.skip(f"real bone-marrow data not found at {path} (set CYTO_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def wsi_dir() -> Path:
+    path = SHARED_DATA / "wsi"
+    if not path.is_dir():
+        pytest.skip(f"real slide files not found at {path} (set CYTO_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def synth_patches(tmp_path_factory) -> Path:
+    """A small synthetic class-folder dataset, drawn once per test session."""
+    from cyto.data.synth.patches import PatchSynthConfig, write_patches
+
+    out = tmp_path_factory.mktemp("synth") / "patches"
+    write_patches(out, PatchSynthConfig(n_normal=120, n_abnormal=12, seed=3))
+    return out

@@ -1,0 +1,232 @@
+"""Synthetic whole slides: bytes, ground truth, readers, focal planes and bounded memory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.data.synth.slide import SlideSynthConfig, ground_truth_path, plane_path, write_slide
+from cyto.errors import ConfigError, InputPathError
+
+SMALL = dict(width=1536, height=1024, abnormal_fraction=0.1, seed=4)
+
+
+@pytest.fixture(scope="module")
+def ndpi(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ndpi") / "s.ndpi"
+    res = write_slide(out, SlideSynthConfig(**SMALL, planes=(0.0, 1.5)))
+    return out, res
+
+
+@pytest.fixture(scope="module")
+def tiff(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiff") / "s.tif"
+    res = write_slide(out, SlideSynthConfig(**SMALL, planes=(-1.5, 0.0, 1.5)))
+    return out, res
+
+
+def sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_same_seed_same_bytes(tmp_path, ndpi):
+    out, _ = ndpi
+    again = write_slide(tmp_path / "s.ndpi", SlideSynthConfig(**SMALL, planes=(0.0, 1.5)))
+    assert sha(again.paths[0]) == sha(out)
+    assert sha(again.ground_truth) == sha(ground_truth_path(out))
+    other = write_slide(tmp_path / "o.ndpi", SlideSynthConfig(**{**SMALL, "seed": 5}))
+    assert sha(other.paths[0]) != sha(out)
+
+
+def test_ground_truth_table(ndpi):
+    out, res = ndpi
+    gt = pq.read_table(res.ground_truth)
+    cols = gt.column_names
+    assert cols[:6] == ["slide_id", "cell_id", "x", "y", "label", "class"]
+    labels = np.asarray(gt["label"])
+    assert len(labels) == res.n_cells > 20
+    assert int(labels.sum()) == res.n_abnormal == round(res.n_cells * 0.1)
+    classes = np.asarray(gt["class"]).astype(str)
+    assert set(classes[labels == 0]) == {"normal"}
+    assert "normal" not in set(classes[labels == 1])
+    meta = json.loads(gt.schema.metadata[b"cyto.synthetic"])
+    assert meta["seed"] == 4
+
+
+def _cells(res):
+    t = pq.read_table(res.ground_truth)
+    return np.asarray(t["x"]), np.asarray(t["y"]), np.asarray(t["focus_z"])
+
+
+def _dark_at(region, cx, cy, r=6):
+    yy, xx = np.mgrid[: region.shape[0], : region.shape[1]]
+    return region[(xx - cx) ** 2 + (yy - cy) ** 2 <= r * r].mean()
+
+
+@pytest.mark.openslide
+def test_every_cell_has_a_dark_nucleus_at_its_position(ndpi):
+    import openslide
+
+    out, res = ndpi
+    xs, ys, _ = _cells(res)
+    with openslide.OpenSlide(str(out)) as slide:
+        assert slide.properties["openslide.vendor"] == "hamamatsu"
+        w, h = slide.dimensions
+        whole = np.asarray(slide.read_region((0, 0), 0, (w, h)).convert("L"), dtype=np.float32)
+    background = np.median(whole)
+    for x, y in zip(xs, ys, strict=True):
+        x0, y0 = int(x) - 20, int(y) - 20
+        patch = whole[max(y0, 0) : y0 + 41, max(x0, 0) : x0 + 41]
+        assert _dark_at(patch, x - max(x0, 0), y - max(y0, 0), r=8) < background - 40, (x, y)
+    # and empty glass away from cells is bright
+    assert whole[:40, :40].mean() > background - 10
+
+
+@pytest.mark.openslide
+def test_ndpi_opens_in_openslide_with_levels_and_mpp(ndpi):
+    import openslide
+
+    out, res = ndpi
+    with openslide.OpenSlide(str(out)) as slide:
+        assert slide.dimensions == res.size == (1536, 1024)
+        assert slide.level_dimensions[1] == (768, 512)
+        assert float(slide.properties["openslide.mpp-x"]) == pytest.approx(0.18, rel=1e-6)
+        assert float(slide.properties["openslide.objective-power"]) == 60
+        # a region read at level 1 is the downsampled level 0
+        lo = np.asarray(slide.read_region((512, 256), 1, (64, 64)).convert("RGB"), np.float32)
+        hi = np.asarray(slide.read_region((512, 256), 0, (128, 128)).convert("RGB"), np.float32)
+        small = hi.reshape(64, 2, 64, 2, 3).mean(axis=(1, 3))
+        assert np.abs(lo - small).mean() < 6
+
+
+@pytest.mark.pyvips
+def test_ndpi_and_tiff_open_in_pyvips(ndpi, tiff):
+    import pyvips
+
+    t = pyvips.Image.new_from_file(str(tiff[0]))
+    assert (t.width, t.height) == (1536, 1024)
+    assert t.get("vips-loader") == "tiffload"
+    assert t.get_n_pages() == len(tiff[1].levels)
+    assert t.xres == pytest.approx(1000 / 0.18, rel=1e-4)  # pixels per mm
+    if pyvips.type_find("VipsForeign", "openslideload"):
+        n = pyvips.Image.new_from_file(str(ndpi[0]))
+        assert n.get("openslide.vendor") == "hamamatsu"
+        a = n.crop(0, 0, 1536, 1024).numpy()[..., :3]
+        b = t.crop(0, 0, 1536, 1024).numpy()
+        # same scene, two JPEG containers: nearly the same pixels
+        assert np.abs(a.astype(int) - b).mean() < 2
+
+
+@pytest.mark.openslide
+def test_tiff_opens_in_openslide(tiff):
+    import openslide
+
+    out, res = tiff
+    with openslide.OpenSlide(str(out)) as slide:
+        assert slide.properties["openslide.vendor"] == "generic-tiff"
+        assert slide.level_dimensions == tuple(res.levels)
+
+
+def _ndpi_z_offsets(path):
+    """Z offset (nm) of every directory, read with a tiny independent TIFF walker."""
+    data = path.read_bytes()
+    off = struct.unpack("<I", data[4:8])[0]
+    zs = []
+    while off:
+        n = struct.unpack("<H", data[off : off + 2])[0]
+        tags = {}
+        for i in range(n):
+            code, typ, count, val = struct.unpack(
+                "<HHII", data[off + 2 + 12 * i : off + 14 + 12 * i]
+            )
+            tags[code] = val
+        zs.append(struct.unpack("<i", struct.pack("<I", tags[65424]))[0])
+        off = struct.unpack("<Q", data[off + 2 + 12 * n : off + 10 + 12 * n])[0]
+    return zs
+
+
+def test_ndpi_holds_every_focal_plane(ndpi):
+    out, res = ndpi
+    zs = _ndpi_z_offsets(out)
+    assert zs == [0] * len(res.levels) + [1500] * len(res.levels)
+
+
+@pytest.mark.pyvips
+def test_cells_are_sharpest_near_their_focal_plane(tiff):
+    import pyvips
+    from scipy import ndimage
+
+    out, res = tiff
+    xs, ys, fz = _cells(res)
+    planes = {}
+    for z in (-1.5, 1.5):
+        im = pyvips.Image.new_from_file(str(plane_path(out, z)))
+        planes[z] = im.numpy().mean(axis=2)
+    assert plane_path(out, 1.5).name == "s_z+1.50um.tif"
+    wins = total = 0
+    for x, y, f in zip(xs, ys, fz, strict=True):
+        if abs(f) < 0.4:
+            continue
+        sharp = {}
+        for z, img in planes.items():
+            crop = img[max(int(y) - 24, 0) : int(y) + 24, max(int(x) - 24, 0) : int(x) + 24]
+            sharp[z] = ndimage.laplace(crop).var()
+        wins += (sharp[1.5] > sharp[-1.5]) == (f > 0)
+        total += 1
+    assert total >= 10
+    assert wins / total > 0.85
+
+
+def test_errors(tmp_path, ndpi):
+    with pytest.raises(InputPathError, match="exists"):
+        write_slide(ndpi[0], SlideSynthConfig(**SMALL))
+    with pytest.raises(InputPathError, match="cannot tell the slide format"):
+        write_slide(tmp_path / "x.svs", SlideSynthConfig(**SMALL))
+    with pytest.raises(ConfigError, match="do not fit"):
+        write_slide(tmp_path / "x.tif", SlideSynthConfig(width=512, height=512, n_cells=5000))
+    with pytest.raises(ConfigError, match="at least"):
+        SlideSynthConfig(width=100, height=100)
+    assert list(tmp_path.iterdir()) == []  # nothing half-written left behind
+
+
+def test_zero_abnormal_fraction(tmp_path):
+    res = write_slide(
+        tmp_path / "n.tif", SlideSynthConfig(width=1024, height=1024, abnormal_fraction=0.0)
+    )
+    assert res.n_abnormal == 0 and res.n_cells > 0
+
+
+PEAK = """
+import resource, sys
+from pathlib import Path
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+w, h = int(sys.argv[1]), int(sys.argv[2])
+write_slide(Path(sys.argv[3]), SlideSynthConfig(width=w, height=h, seed=1))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+@pytest.mark.slow
+def test_memory_does_not_grow_with_slide_height(tmp_path):
+    """Peak RSS for a 4x taller slide stays within a few MB of the short one."""
+
+    def peak(h):
+        proc = subprocess.run(
+            [sys.executable, "-c", PEAK, "1536", str(h), str(tmp_path / f"m{h}.ndpi")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={"CYTO_PROGRESS": "0", "PATH": "/usr/bin:/bin"},
+        )
+        assert proc.returncode == 0, proc.stderr
+        return int(proc.stdout.strip().splitlines()[-1])
+
+    short, tall = peak(1024), peak(4096)
+    assert tall - short < 40, (short, tall)

@@ -1,0 +1,151 @@
+"""The CLI edge: one clear line for library errors, a traceback only with CYTO_DEBUG=1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run_cyto(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "CYTO_PROGRESS": "0", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "cyto", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=300,
+    )
+
+
+def test_missing_path_is_one_line_and_exit_2(tmp_path):
+    proc = run_cyto("data", "info", str(tmp_path / "nope"))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "does not exist" in lines[0] and "nope" in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_empty_folder_error(tmp_path):
+    proc = run_cyto("data", "info", str(tmp_path))
+    assert proc.returncode == 2
+    assert "empty folder" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_folder_without_images_error(tmp_path):
+    (tmp_path / "LYT").mkdir()
+    (tmp_path / "LYT" / "notes.txt").write_text("no images here")
+    proc = run_cyto("data", "info", str(tmp_path))
+    assert proc.returncode == 2
+    assert "no images found" in proc.stderr
+
+
+def test_unknown_class_name_lists_known_ones(synth_patches):
+    proc = run_cyto("data", "info", str(synth_patches), "--normal", "normal", "--abnormal", "blast")
+    assert proc.returncode == 2
+    assert "unknown class name(s) blast" in proc.stderr
+    assert "enlarged" in proc.stderr and "normal" in proc.stderr
+
+
+def test_debug_shows_traceback(tmp_path):
+    proc = run_cyto("data", "info", str(tmp_path / "nope"), env={"CYTO_DEBUG": "1"})
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr
+    assert "InputPathError" in proc.stderr
+
+
+@pytest.mark.realdata
+def test_data_info_on_real_bone_marrow(bone_marrow):
+    proc = run_cyto(
+        "data",
+        "info",
+        str(bone_marrow),
+        "--normal",
+        "LYT",
+        "--abnormal",
+        "BLA,PMO,EOS,MON",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["files"] == 800
+    assert info["classes"] == {"BLA": 100, "EOS": 20, "LYT": 600, "MON": 20, "PMO": 60}
+    assert info["sizes"] == {"250x250": 800}
+    assert info["unreadable"] == []
+    assert info["split"]["normal"] == 600 and info["split"]["abnormal"] == 200
+
+
+@pytest.mark.realdata
+def test_data_info_table_on_real_bone_marrow(bone_marrow):
+    proc = run_cyto("data", "info", str(bone_marrow))
+    assert proc.returncode == 0
+    assert "800 files, 5 classes" in proc.stdout
+    assert "LYT" in proc.stdout and "600" in proc.stdout
+
+
+def test_data_info_lists_unreadable_file(tmp_path, synth_patches):
+    import shutil
+
+    data = tmp_path / "d"
+    shutil.copytree(synth_patches / "normal", data / "normal")
+    bad = data / "normal" / "broken.jpg"
+    bad.write_bytes(b"not a jpeg at all")
+    proc = run_cyto("data", "info", str(data), "--json")
+    assert proc.returncode == 0
+    info = json.loads(proc.stdout)
+    assert [Path(u["path"]).name for u in info["unreadable"]] == ["broken.jpg"]
+
+
+def test_synth_patches_cli(tmp_path):
+    out = tmp_path / "p"
+    proc = run_cyto(
+        "synth",
+        "patches",
+        str(out),
+        "--n-normal",
+        "3",
+        "--n-abnormal",
+        "1",
+        "--classes",
+        "enlarged,coarse",
+        "--size",
+        "64",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["coarse", "enlarged", "normal"]
+    again = run_cyto("synth", "patches", str(out), "--n-normal", "3")
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+def test_synth_patches_rejects_unknown_class(tmp_path):
+    proc = run_cyto("synth", "patches", str(tmp_path / "p"), "--classes", "blast")
+    assert proc.returncode == 2
+    assert "unknown abnormal class(es) blast" in proc.stderr
+
+
+def test_synth_slide_cli_errors(tmp_path):
+    proc = run_cyto("synth", "slide", str(tmp_path / "slide.png"))
+    assert proc.returncode == 2 and ".ndpi" in proc.stderr
+    proc = run_cyto("synth", "slide", str(tmp_path / "s.tif"), "--abnormal-fraction", "2")
+    assert proc.returncode == 2 and "abnormal fraction" in proc.stderr
+    proc = run_cyto("synth", "slide", str(tmp_path / "s.tif"), "--planes", "1,2")
+    assert proc.returncode == 2 and "include 0.0" in proc.stderr
+
+
+def test_data_mosaic_cli(tmp_path, synth_patches):
+    out = tmp_path / "m.png"
+    proc = run_cyto(
+        "data", "mosaic", str(synth_patches), "--out", str(out), "--per-class", "3", "--tile", "32"
+    )
+    assert proc.returncode == 0, proc.stderr
+    from PIL import Image
+
+    with Image.open(out) as im:
+        assert im.width == 130 + 3 * 32
+        assert im.height == 24 + 7 * 32  # title + one row per class

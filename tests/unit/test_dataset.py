@@ -1,0 +1,199 @@
+"""Patch datasets: folders, manifests, conversions, unreadable files, decode-once cache."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from cyto.data.dataset import PatchDataset, data_info, load_records
+from cyto.data.images import decode_image, read_image
+from cyto.errors import DatasetError, InputPathError, UnreadableImageError
+
+
+@pytest.mark.realdata
+def test_real_bone_marrow_one_class_split(bone_marrow):
+    ds = PatchDataset.from_path(bone_marrow, normal="LYT", abnormal="BLA,PMO,EOS,MON")
+    assert len(ds) == 800
+    assert ds.images.shape == (800, 250, 250, 3) and ds.images.dtype == np.uint8
+    assert int((ds.labels == 0).sum()) == 600 and int(ds.labels.sum()) == 200
+    assert set(ds.abnormal) == {"BLA", "PMO", "EOS", "MON"}
+    # the arrays are the decoded JPEGs, not something else
+    first = ds.records[0]
+    np.testing.assert_array_equal(ds.images[0], read_image(first.path))
+
+
+@pytest.mark.realdata
+def test_real_data_subset_of_classes_and_resize(bone_marrow):
+    ds = PatchDataset.from_path(bone_marrow, normal=["LYT"], abnormal=["BLA"], size=64)
+    assert ds.images.shape == (700, 64, 64, 3)
+    assert ds.excluded == 100  # PMO, EOS and MON left out and counted
+    assert ds.normal == ("LYT",) and ds.abnormal == ("BLA",)
+
+
+def test_default_abnormal_is_every_other_class(synth_patches):
+    ds = PatchDataset.from_path(synth_patches, normal="normal")
+    assert set(ds.abnormal) == {
+        "enlarged",
+        "irregular",
+        "nucleolar",
+        "coarse",
+        "multinucleated",
+        "hyperchromatic",
+    }
+    assert int((ds.labels == 0).sum()) == 120 and int(ds.labels.sum()) == 72
+
+
+def _copy_dataset(src, dst, per_class=5):
+    for cls_dir in sorted(p for p in src.iterdir() if p.is_dir()):
+        (dst / cls_dir.name).mkdir(parents=True)
+        for f in sorted(cls_dir.iterdir())[:per_class]:
+            shutil.copy(f, dst / cls_dir.name / f.name)
+
+
+def test_corrupt_files_fail_by_default_and_are_counted_when_skipped(tmp_path, synth_patches):
+    data = tmp_path / "d"
+    _copy_dataset(synth_patches, data)
+    truncated = data / "normal" / "truncated.jpg"
+    good = next((data / "normal").glob("normal_*.jpg")).read_bytes()
+    truncated.write_bytes(good[: len(good) // 3])
+    (data / "coarse" / "text.png").write_text("hello")
+
+    with pytest.raises(UnreadableImageError) as err:
+        PatchDataset.from_path(data, normal="normal")
+    assert "truncated.jpg" in str(err.value) or "text.png" in str(err.value)
+    assert "--skip-unreadable" in str(err.value)
+
+    ds = PatchDataset.from_path(data, normal="normal", skip_unreadable=True)
+    assert sorted(p.name for p, _ in ds.skipped) == ["text.png", "truncated.jpg"]
+    assert len(ds) == 7 * 5
+    info = data_info(data)
+    assert sorted(p.name for p, _ in info.unreadable) == ["text.png", "truncated.jpg"]
+    assert info.n_files == 7 * 5 + 2
+
+
+def test_manifest_with_bags_csv_and_parquet(tmp_path, synth_patches):
+    recs = load_records(synth_patches)
+    normals = [r for r in recs if r.cls == "normal"][:6]
+    abns = [r for r in recs if r.cls == "enlarged"][:2]
+    rows = []
+    for i, r in enumerate(normals):
+        rows.append((str(r.path), r.cls, f"slide{i % 3}", 0 if i % 3 else 1))
+    for r in abns:
+        rows.append((str(r.path.relative_to(synth_patches)), r.cls, "slide0", 1))
+    table = pa.table(
+        {
+            "path": [r[0] for r in rows],
+            "label": [r[1] for r in rows],
+            "slide_id": [r[2] for r in rows],
+            "bag_label": [r[3] for r in rows],
+        }
+    )
+    # relative paths resolve against the manifest's folder
+    pq.write_table(table, synth_patches / "manifest.parquet")
+    csv = synth_patches / "manifest.csv"
+    csv.write_text(
+        "path,label,slide_id,bag_label\n" + "".join(f"{a},{b},{c},{d}\n" for a, b, c, d in rows)
+    )
+    try:
+        for manifest in (synth_patches / "manifest.parquet", csv):
+            ds = PatchDataset.from_path(manifest, normal="normal")
+            assert len(ds) == 8
+            assert ds.bags[:3] == ["slide0", "slide1", "slide2"]
+            assert ds.bag_labels[:3] == [1, 0, 0]
+            assert int(ds.labels.sum()) == 2
+            assert data_info(manifest).bags == 3
+    finally:
+        (synth_patches / "manifest.parquet").unlink()
+        csv.unlink()
+
+
+def test_manifest_errors(tmp_path):
+    bad = tmp_path / "m.csv"
+    bad.write_text("file_name,kind\na.jpg,LYT\n")
+    with pytest.raises(DatasetError, match="needs a path column"):
+        load_records(bad)
+    lab = tmp_path / "l.csv"
+    lab.write_text("path,label,bag_label\na.jpg,LYT,7\n")
+    with pytest.raises(DatasetError, match="bag_label must be 0 or 1"):
+        load_records(lab)
+    with pytest.raises(InputPathError, match="neither a folder nor a manifest"):
+        load_records(tmp_path / "m.txt" if (tmp_path / "m.txt").write_text("x") else None)
+
+
+def test_class_choice_errors(synth_patches):
+    with pytest.raises(DatasetError, match="unknown class name"):
+        PatchDataset.from_path(synth_patches, normal="LYT")
+    with pytest.raises(DatasetError, match="normal and abnormal"):
+        PatchDataset.from_path(synth_patches, normal="normal", abnormal="normal,coarse")
+    with pytest.raises(DatasetError, match="no normal class"):
+        PatchDataset.from_path(synth_patches, normal="")
+
+
+def test_grayscale_rgba_and_16bit_are_converted(tmp_path):
+    gray = np.tile(np.arange(0, 256, 16, dtype=np.uint8), (16, 1))
+    Image.fromarray(gray, "L").save(tmp_path / "g.png")
+    rgba = np.zeros((8, 8, 4), dtype=np.uint8)
+    rgba[..., 0] = 200
+    rgba[..., 3] = 0
+    rgba[:4, :, 3] = 255
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "a.png")
+    sixteen = np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000
+    Image.fromarray(sixteen).save(tmp_path / "s.tif")
+
+    g = read_image(tmp_path / "g.png")
+    assert g.shape == (16, 16, 3) and (g[..., 0] == g[..., 2]).all()
+    a = read_image(tmp_path / "a.png")
+    assert a.shape == (8, 8, 3)
+    assert tuple(a[0, 0]) == (200, 0, 0)  # opaque pixels keep their colour
+    assert tuple(a[7, 0]) == (255, 255, 255)  # transparent pixels become white glass
+    s = read_image(tmp_path / "s.tif")
+    assert s.dtype == np.uint8 and s.shape == (8, 8, 3)
+    assert s[7, 7, 0] == round(63000 * 255 / 65535)
+
+
+def test_decode_image_rejects_garbage():
+    with pytest.raises(UnreadableImageError, match="cannot read image"):
+        decode_image(b"\x89PNG\r\n\x1a\n garbage", "x.png")
+
+
+def test_decode_once_cache_is_memory_mapped_and_identical(tmp_path, synth_patches):
+    first = PatchDataset.from_path(synth_patches, normal="normal", size=48, cache_dir=tmp_path)
+    cached = list(tmp_path.glob("patches-*.npy"))
+    assert len(cached) == 1
+    second = PatchDataset.from_path(synth_patches, normal="normal", size=48, cache_dir=tmp_path)
+    assert isinstance(second.images, np.memmap)
+    np.testing.assert_array_equal(np.asarray(first.images), np.asarray(second.images))
+    assert first.fingerprint == second.fingerprint
+
+
+def test_fingerprint_follows_content_and_choice(tmp_path, synth_patches):
+    data = tmp_path / "d"
+    _copy_dataset(synth_patches, data, per_class=3)
+    a = PatchDataset.from_path(data, normal="normal").fingerprint
+    assert PatchDataset.from_path(data, normal="normal").fingerprint == a
+    assert PatchDataset.from_path(data, normal="normal", abnormal="coarse").fingerprint != a
+    victim = next((data / "normal").glob("*.jpg"))
+    img = np.asarray(Image.open(victim)).copy()
+    img[0, 0] = 0
+    Image.fromarray(img).save(victim, quality=95)
+    assert PatchDataset.from_path(data, normal="normal").fingerprint != a
+
+
+def test_mixed_sizes_stay_a_list_unless_resized(tmp_path):
+    for cls, side in (("A", 20), ("B", 30)):
+        (tmp_path / cls).mkdir()
+        Image.fromarray(np.full((side, side, 3), 100, np.uint8)).save(tmp_path / cls / "x.png")
+    ds = PatchDataset.from_path(tmp_path, normal="A")
+    assert isinstance(ds.images, list) and [im.shape for im in ds.images] == [
+        (20, 20, 3),
+        (30, 30, 3),
+    ]
+    ds = PatchDataset.from_path(tmp_path, normal="A", size=24)
+    assert ds.images.shape == (2, 24, 24, 3)
+    sub = ds.subset([1])
+    assert len(sub) == 1 and sub.labels.tolist() == [1]
