@@ -73,10 +73,10 @@ def test_morphology_differs_by_class():
 
 def test_patch_is_centred_on_a_dark_nucleus():
     for cls in CELL_CLASSES:
-        img = render_patch(cls, np.random.default_rng(5), size=96).astype(np.float32)
-        centre = img[44:52, 44:52].mean()
-        border = np.median(img)
-        assert centre < border - 40, cls
+        img = render_patch(cls, np.random.default_rng(5), size=192).astype(np.float32)
+        centre = img[92:100, 92:100].mean()
+        glass = np.percentile(img, 95)
+        assert centre < glass - 60, cls
 
 
 def test_abnormal_is_not_separable_by_colour(synth_patches):

@@ -35,6 +35,11 @@ ABNORMAL_CLASSES = (
 )
 CELL_CLASSES = (NORMAL_CLASS, *ABNORMAL_CLASSES)
 
+# Length scale of the default look: a lymphocyte nucleus of about 28 px radius, i.e. 0.12 um/px, the
+# sampling of a 100x oil-immersion field (how bone-marrow smears are read).
+DEFAULT_SCALE = 1.5
+MPP_AT_SCALE_1 = 0.18
+
 
 @dataclass(frozen=True)
 class CellSpec:
@@ -65,11 +70,11 @@ def _nucleus_shape(rng: np.random.Generator, irregular: bool) -> tuple[tuple[flo
     return tuple(harmonics)
 
 
-def sample_cell(cls: str, rng: np.random.Generator, scale: float = 1.0) -> CellSpec:
+def sample_cell(cls: str, rng: np.random.Generator, scale: float = DEFAULT_SCALE) -> CellSpec:
     """Draw the parameters of one cell of class ``cls``.
 
-    ``scale`` multiplies every length (1.0: a lymphocyte nucleus radius of about 20 px, i.e. the
-    look of a 60x scan at about 0.2 um/px). Class shifts overlap the normal class's spread on
+    ``scale`` multiplies every length (1.0: a lymphocyte nucleus radius of about 19 px, i.e.
+    0.18 um/px). Class shifts overlap the normal class's spread on
     purpose: colour alone must not separate the classes, morphology must.
     """
     if cls not in CELL_CLASSES:
@@ -267,10 +272,10 @@ class StainStyle:
     @staticmethod
     def sample(rng: np.random.Generator) -> StainStyle:
         return StainStyle(
-            nucleus_gain=float(rng.uniform(0.7, 1.35)),
+            nucleus_gain=float(rng.uniform(0.75, 1.6)),
             cyto_gain=float(rng.uniform(0.7, 1.3)),
             rbc_gain=float(rng.uniform(0.7, 1.3)),
-            tint=tuple(float(v) for v in rng.uniform(0.0, 0.07, size=3)),
+            tint=tuple(float(v) for v in rng.uniform(0.0, 0.12, size=3)),
             brightness=float(rng.uniform(0.86, 1.0)),
             noise=float(rng.uniform(1.5, 4.0)),
         )

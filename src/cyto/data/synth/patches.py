@@ -12,6 +12,7 @@ from PIL import Image
 from cyto.data.synth.cells import (
     ABNORMAL_CLASSES,
     CELL_CLASSES,
+    DEFAULT_SCALE,
     NORMAL_CLASS,
     StainStyle,
     od_to_rgb,
@@ -38,7 +39,7 @@ class PatchSynthConfig:
         abnormal_classes: which abnormal classes to draw (default: all).
         size: patch side in pixels.
         seed: the same seed gives the same bytes.
-        scale: length scale of cells (1.0: lymphocyte nucleus radius about 19 px).
+        scale: length scale of cells (1.0: lymphocyte nucleus radius about 19 px; default 1.5).
         quality: JPEG quality (4:4:4 chroma).
     """
 
@@ -47,7 +48,7 @@ class PatchSynthConfig:
     abnormal_classes: tuple[str, ...] = ABNORMAL_CLASSES
     size: int = 192
     seed: int = 0
-    scale: float = 1.0
+    scale: float = DEFAULT_SCALE
     quality: int = 95
 
     def __post_init__(self) -> None:
@@ -68,7 +69,9 @@ class PatchSynthConfig:
             raise ConfigError(f"JPEG quality must be in 1..100, got {self.quality}")
 
 
-def render_patch(cls: str, rng: np.random.Generator, size: int = 192, scale: float = 1.0):
+def render_patch(
+    cls: str, rng: np.random.Generator, size: int = 192, scale: float = DEFAULT_SCALE
+) -> np.ndarray:
     """One patch centred on a cell of class ``cls``, with neighbours, red cells and debris."""
     style = StainStyle.sample(rng)
     cx, cy = size / 2 + rng.normal(0, 1.5 * scale, size=2)

@@ -185,7 +185,7 @@ def cell_objects(
 
 
 def background_objects(
-    x: np.ndarray, y: np.ndarray, kind: int, rng: np.random.Generator, scale: float = 1.0
+    x: np.ndarray, y: np.ndarray, kind: int, rng: np.random.Generator, scale: float
 ) -> Scene:
     """Red cells (radius about 17 px) or debris (about 4 px) at the given positions."""
     n = len(x)

@@ -22,6 +22,8 @@ from cyto import __version__
 from cyto.data.synth.cells import (
     ABNORMAL_CLASSES,
     CELL_CLASSES,
+    DEFAULT_SCALE,
+    MPP_AT_SCALE_1,
     NORMAL_CLASS,
     StainStyle,
     od_to_rgb,
@@ -67,7 +69,8 @@ class SlideSynthConfig:
 
     Attributes:
         width, height: level-0 size in px, rounded up to a multiple of 512.
-        n_cells: nucleated cells; default: one per 140 x 140 px of smear.
+        n_cells: nucleated cells; default: one per (69 x scale)^2 px of smear (about 10^5 on a
+            40,000 x 40,000 px slide at the default scale).
         abnormal_fraction: share of abnormal cells (the witness rate), planted exactly.
         abnormal_classes: which abnormal classes to plant.
         planes: focal planes in um (e.g. ``(-1.0, 0.0, 1.0)``); 0 is the main plane.
@@ -75,7 +78,7 @@ class SlideSynthConfig:
         quality: JPEG quality.
         seed: the same seed gives the same bytes.
         scale: length scale of cells, as for synthetic patches.
-        mpp: microns per pixel written in the metadata.
+        mpp: microns per pixel written in the metadata; default: 0.18 / scale.
         objective: objective magnification written in the metadata.
     """
 
@@ -88,8 +91,8 @@ class SlideSynthConfig:
     tile: int = 256
     quality: int = 85
     seed: int = 0
-    scale: float = 1.0
-    mpp: float = 0.18
+    scale: float = DEFAULT_SCALE
+    mpp: float | None = None
     objective: float = 60.0
     rbc_per_cell: float = 2.0
     debris_per_cell: float = 0.6
@@ -113,8 +116,12 @@ class SlideSynthConfig:
                 f"abnormal classes must be among {', '.join(ABNORMAL_CLASSES)}, "
                 f"got {', '.join(self.abnormal_classes) or 'none'}"
             )
-        if self.mpp <= 0 or self.objective <= 0:
-            raise ConfigError("mpp and objective must be positive")
+        if (self.mpp is not None and self.mpp <= 0) or self.objective <= 0 or self.scale <= 0:
+            raise ConfigError("mpp, objective and scale must be positive")
+
+    @property
+    def microns_per_px(self) -> float:
+        return self.mpp if self.mpp is not None else MPP_AT_SCALE_1 / self.scale
 
     @property
     def size(self) -> tuple[int, int]:
@@ -143,8 +150,8 @@ def layout(config: SlideSynthConfig) -> SlideLayout:
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, 7]))
     w, h = config.size
     area = np.pi * (0.46 * w) * (0.46 * h)
-    n = config.n_cells if config.n_cells is not None else int(area / 140.0**2)
-    margin = 40 * config.scale
+    n = config.n_cells if config.n_cells is not None else int(area / (69.0 * config.scale) ** 2)
+    margin = 30 * config.scale
     xs = ys = np.empty(0)
     spacing = np.sqrt(area / max(n, 1))
     min_spacing = 30.0 * config.scale  # closer than this, cells would pile on each other
@@ -356,7 +363,7 @@ def write_slide(
         describe = {
             "cyto_synthetic": __version__,
             "seed": config.seed,
-            "mpp": config.mpp,
+            "mpp": config.microns_per_px,
             "objective": config.objective,
             "n_cells": len(lay.cell_x),
             "config": {k: v for k, v in asdict(config).items()},
@@ -419,7 +426,7 @@ def write_slide(
 def _common_tags(
     w: int, h: int, config: SlideSynthConfig, level: int, describe: dict, ndpi: bool
 ) -> list[Tag]:
-    px_per_cm = 10000.0 / (config.mpp * 2**level)
+    px_per_cm = 10000.0 / (config.microns_per_px * 2**level)
     tags = [
         Tag(254, LONG, (0 if level == 0 else 1,)),
         Tag(256, LONG, (w,)),
