@@ -121,6 +121,9 @@ def synth_slide(
     quality: Annotated[int, typer.Option(help="JPEG quality.")] = 85,
     scale: Annotated[float, typer.Option(help="Cell size (1.5: 100x oil look, 0.12 um/px).")] = 1.5,
     seed: Annotated[int, typer.Option(help="Same seed, same bytes.")] = 0,
+    workers: Annotated[
+        int | None, typer.Option(help="Drawing processes (default: one per CPU, at most 4).")
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
 ) -> None:
     """Draw a whole slide with planted abnormal cells, plus NAME.cells.parquet (ground truth)."""
@@ -144,7 +147,7 @@ def synth_slide(
         scale=scale,
         seed=seed,
     )
-    res = write_slide(out, config, fmt=fmt, overwrite=overwrite)
+    res = write_slide(out, config, fmt=fmt, overwrite=overwrite, workers=workers)
     w, h = res.size
     typer.echo(
         f"wrote {', '.join(map(str, res.paths))} ({w}x{h} px, {len(res.levels)} levels, "

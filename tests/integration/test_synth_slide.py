@@ -45,6 +45,13 @@ def test_same_seed_same_bytes(tmp_path, ndpi):
     assert sha(other.paths[0]) != sha(out)
 
 
+def test_bytes_do_not_depend_on_worker_processes(tmp_path):
+    cfg = SlideSynthConfig(width=1024, height=2048, abnormal_fraction=0.05, seed=2)
+    one = write_slide(tmp_path / "a.tif", cfg, workers=0)
+    two = write_slide(tmp_path / "b.tif", cfg, workers=2)
+    assert sha(one.paths[0]) == sha(two.paths[0])
+
+
 def test_ground_truth_table(ndpi):
     out, res = ndpi
     gt = pq.read_table(res.ground_truth)

@@ -213,6 +213,68 @@ def _illumination(x0: int, y0: int, w: int, h: int, fov: int = 1024) -> np.ndarr
     return (1.0 - 0.06 * (u * u + v * v)).astype(np.float32)
 
 
+class RowRenderer:
+    """Draws one row of blocks (all focal planes) of a slide; picklable for worker processes."""
+
+    def __init__(self, lay: SlideLayout, seed: int, planes: tuple[float, ...], width: int) -> None:
+        self.lay, self.seed, self.planes, self.width = lay, seed, planes, width
+        self.cache = WindowCache()
+
+    def __call__(self, by: int) -> list[np.ndarray]:
+        # windows used in the row above may reach into this one; older ones never will
+        self.cache.evict_before(by - 1)
+        strips = []
+        for p, z in enumerate(self.planes):
+            strip = np.empty((BLOCK, self.width, 3), dtype=np.uint8)
+            for bx in range(self.width // BLOCK):
+                x0, y0 = bx * BLOCK, by * BLOCK
+                od = render_od(self.lay.scene, x0, y0, BLOCK, BLOCK, self.lay.style, z,
+                               self.cache, by)  # fmt: skip
+                noise = np.random.default_rng([self.seed, p, by, bx])
+                strip[:, x0 : x0 + BLOCK] = od_to_rgb(
+                    od, self.lay.style, noise, _illumination(x0, y0, BLOCK, BLOCK)
+                )
+            strips.append(strip)
+        return strips
+
+
+_WORKER_RENDERER: RowRenderer | None = None
+
+
+def _init_worker(renderer: RowRenderer) -> None:
+    global _WORKER_RENDERER
+    _WORKER_RENDERER = renderer
+
+
+def _render_in_worker(by: int) -> list[np.ndarray]:
+    if _WORKER_RENDERER is None:
+        raise RuntimeError("slide worker started without its renderer")
+    return _WORKER_RENDERER(by)
+
+
+def _rendered_rows(renderer: RowRenderer, rows: int, workers: int | None):
+    """Rendered rows in order; at most ``2 x workers`` rows are in flight, so memory stays flat."""
+    n = min(os.cpu_count() or 1, 4) if workers is None else workers
+    if n <= 1 or rows < 4:
+        for by in range(rows):
+            yield renderer(by)
+        return
+    import multiprocessing as mp
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = mp.get_context("spawn")  # no fork of a process that may hold threads
+    with ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
+                             initargs=(renderer,)) as pool:  # fmt: skip
+        pending: deque = deque()
+        nxt = 0
+        while nxt < rows or pending:
+            while nxt < rows and len(pending) < 2 * n:
+                pending.append(pool.submit(_render_in_worker, nxt))
+                nxt += 1
+            yield pending.popleft().result()
+
+
 def _downsample(strip: np.ndarray) -> np.ndarray:
     h, w = strip.shape[0] // 2 * 2, strip.shape[1] // 2 * 2
     s = strip[:h, :w].astype(np.float32)
@@ -293,10 +355,13 @@ def write_slide(
     config: SlideSynthConfig,
     fmt: SlideFormat | str | None = None,
     overwrite: bool = False,
+    workers: int | None = None,
 ) -> SlideResult:
     """Draw a synthetic slide into ``out`` (``.tif``/``.tiff`` or ``.ndpi``) plus ground truth.
 
-    Files appear under their final names only when complete (atomic rename).
+    Rows of blocks are drawn by ``workers`` processes (default: one per CPU, at most 4; 0 draws in
+    this process) and written in order; the bytes do not depend on the number of workers. Files
+    appear under their final names only when complete (atomic rename).
     """
     import pyarrow.parquet as pq
 
@@ -334,26 +399,17 @@ def write_slide(
                 spools[p, li] = (path, open(path, "wb"))  # noqa: SIM115 - closed in finally
                 cls = NdpiLevel if fmt == "ndpi" else TiledLevel
                 levels[p, li] = cls(lw, lh, config.tile, config.quality, spools[p, li][1])
-        cache = WindowCache()
+        renderer = RowRenderer(lay, config.seed, tuple(planes), w)
         rows = h // BLOCK
-        with progress(f"synth slide {out.name}", total=rows * len(planes), unit="rows") as bar:
-            for by in range(rows):
-                cache.evict_before(by)
-                for p, z in enumerate(planes):
-                    strip = np.empty((BLOCK, w, 3), dtype=np.uint8)
-                    for bx in range(w // BLOCK):
-                        x0, y0 = bx * BLOCK, by * BLOCK
-                        od = render_od(lay.scene, x0, y0, BLOCK, BLOCK, lay.style, z, cache, by)
-                        noise = np.random.default_rng([config.seed, p, by, bx])
-                        strip[:, x0 : x0 + BLOCK] = od_to_rgb(
-                            od, lay.style, noise, _illumination(x0, y0, BLOCK, BLOCK)
-                        )
+        with progress(f"synth slide {out.name}", total=rows, unit="rows") as bar:
+            for strips in _rendered_rows(renderer, rows, workers):
+                for p, strip in enumerate(strips):
                     s = strip
                     for li in range(len(sizes)):
                         if li:
                             s = _downsample(s)
                         levels[p, li].push(s)
-                    bar.advance()
+                bar.advance()
         for key, level in levels.items():
             level.finish()
             spools[key][1].close()
