@@ -52,6 +52,20 @@ class SlideWriteError(CytoError):
     """A synthetic slide cannot be written as requested."""
 
 
+class BundleError(CytoError):
+    """A model bundle is missing, incomplete, tampered with, or from an incompatible version."""
+
+
+class TrainingError(CytoError):
+    """Training cannot go on (NaN loss, collapsed scores, unusable data for the method)."""
+
+
+class DeviceError(CytoError):
+    """The requested device is not available (e.g. CUDA on a machine without a GPU)."""
+
+    exit_code = 2
+
+
 class MissingDependencyError(CytoError):
     """An optional dependency needed for the requested feature is not installed."""
 

@@ -228,8 +228,9 @@ class RowRenderer:
             strip = np.empty((BLOCK, self.width, 3), dtype=np.uint8)
             for bx in range(self.width // BLOCK):
                 x0, y0 = bx * BLOCK, by * BLOCK
-                od = render_od(self.lay.scene, x0, y0, BLOCK, BLOCK, self.lay.style, z,
-                               self.cache, by)  # fmt: skip
+                od = render_od(
+                    self.lay.scene, x0, y0, BLOCK, BLOCK, self.lay.style, z, self.cache, by
+                )
                 noise = np.random.default_rng([self.seed, p, by, bx])
                 strip[:, x0 : x0 + BLOCK] = od_to_rgb(
                     od, self.lay.style, noise, _illumination(x0, y0, BLOCK, BLOCK)
@@ -264,8 +265,9 @@ def _rendered_rows(renderer: RowRenderer, rows: int, workers: int | None):
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = mp.get_context("spawn")  # no fork of a process that may hold threads
-    with ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
-                             initargs=(renderer,)) as pool:  # fmt: skip
+    with ProcessPoolExecutor(
+        n, mp_context=ctx, initializer=_init_worker, initargs=(renderer,)
+    ) as pool:
         pending: deque = deque()
         nxt = 0
         while nxt < rows or pending:

@@ -1,0 +1,208 @@
+"""The model bundle: the contract between train, export and infer.
+
+A directory (e.g. ``dsvdd.cyto/``) holding ``manifest.json``, one ``weights-*.safetensors`` per
+seed/network, ``scorer.npz`` (centres, or support vectors...) and, after export, ``encoder.onnx``
+and TensorRT engines. The manifest lists the sha256 of every other file; loading verifies each one
+and refuses anything that does not match. Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cyto import __version__
+from cyto.errors import BundleError
+
+FORMAT = "cyto-bundle"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"cyto": __version__, "python": platform.python_version()}
+    for pkg in ("torch", "torchvision", "numpy", "scikit-learn", "onnx", "onnxruntime"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            continue
+    return out
+
+
+@dataclass
+class Bundle:
+    """A loaded (verified) bundle: its manifest, tensors per weights file, and scorer arrays."""
+
+    path: Path
+    manifest: dict[str, Any]
+    weights: dict[str, dict[str, Any]] = field(default_factory=dict)
+    scorer: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def method(self) -> str:
+        return str(self.manifest["method"])
+
+    @property
+    def manifest_hash(self) -> str:
+        return hashlib.sha256((self.path / MANIFEST).read_bytes()).hexdigest()
+
+
+def save_bundle(
+    out: Path,
+    manifest: dict[str, Any],
+    weights: dict[str, dict[str, Any]],
+    scorer: dict[str, np.ndarray],
+    overwrite: bool = False,
+) -> Path:
+    """Write a bundle atomically: built in a temporary folder, then renamed into place.
+
+    Args:
+        out: the bundle folder (``NAME.cyto``).
+        manifest: method-specific fields; format, checksums and versions are added here.
+        weights: ``{"encoder-seed0": state_dict, ...}``, each written as safetensors.
+        scorer: arrays for ``scorer.npz``.
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise BundleError(f"{out} exists (pass --overwrite to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        files = {}
+        for name, state in weights.items():
+            fname = f"weights-{name}.safetensors"
+            tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+            save_file(tensors, str(tmp / fname), metadata={"cyto": __version__})
+            files[fname] = sha256_file(tmp / fname)
+        if scorer:
+            np.savez(tmp / "scorer.npz", **{k: np.asarray(v) for k, v in scorer.items()})
+            files["scorer.npz"] = sha256_file(tmp / "scorer.npz")
+        full = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            **manifest,
+            "score_direction": "higher = more abnormal",
+            "libraries": library_versions(),
+            "files": files,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True, default=_json))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _json(obj: Any) -> Any:
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_dir():
+        raise BundleError(
+            f"{path} is not a model bundle folder (expected NAME.cyto/ with "
+            f"{MANIFEST}); train one with 'cyto train'"
+        )
+    mf = path / MANIFEST
+    if not mf.is_file():
+        raise BundleError(f"{path} has no {MANIFEST}: not a cyto model bundle")
+    try:
+        manifest = json.loads(mf.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{mf} is not valid JSON: {exc}") from exc
+    if manifest.get("format") != FORMAT:
+        raise BundleError(f"{path} is not a cyto bundle (format {manifest.get('format')!r})")
+    if int(manifest.get("format_version", -1)) > FORMAT_VERSION:
+        raise BundleError(
+            f"{path} uses bundle format {manifest['format_version']}, newer than this cyto "
+            f"({__version__}) reads ({FORMAT_VERSION}); upgrade cyto"
+        )
+    return manifest
+
+
+def verify_bundle(path: Path) -> dict[str, Any]:
+    """Check every listed file's sha256; returns the manifest."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    files = manifest.get("files", {})
+    for name, digest in files.items():
+        f = path / name
+        if Path(name).name != name:
+            raise BundleError(f"{path}: manifest lists a file outside the bundle: {name!r}")
+        if not f.is_file():
+            raise BundleError(f"{path}: {name} is missing (the bundle is incomplete)")
+        actual = sha256_file(f)
+        if actual != digest:
+            raise BundleError(
+                f"{path}: {name} does not match its checksum (expected {digest[:12]}..., got "
+                f"{actual[:12]}...): the file was changed or corrupted; re-export or retrain"
+            )
+    return manifest
+
+
+def load_bundle(path: Path) -> Bundle:
+    """Verify and load a bundle: tensors as torch tensors (safetensors), arrays without pickle."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    manifest = verify_bundle(path)
+    bundle = Bundle(path=path, manifest=manifest)
+    for name in manifest["files"]:
+        if name.startswith("weights-") and name.endswith(".safetensors"):
+            try:
+                bundle.weights[name[len("weights-") : -len(".safetensors")]] = load_file(
+                    str(path / name)
+                )
+            except SafetensorError as exc:
+                raise BundleError(f"{path / name} is not a valid safetensors file: {exc}") from exc
+    if "scorer.npz" in manifest["files"]:
+        try:
+            with np.load(path / "scorer.npz", allow_pickle=False) as z:
+                bundle.scorer = {k: z[k] for k in z.files}
+        except ValueError as exc:
+            raise BundleError(f"{path / 'scorer.npz'} cannot be read without pickle") from exc
+    return bundle
+
+
+def add_files(path: Path, new: dict[str, Path]) -> dict[str, Any]:
+    """Add (or replace) files in an existing bundle and update the manifest's checksums."""
+    manifest = verify_bundle(path)
+    for name, src in new.items():
+        if Path(src).resolve() != (Path(path) / name).resolve():
+            shutil.copyfile(src, Path(path) / name)
+        manifest["files"][name] = sha256_file(Path(path) / name)
+    tmp = Path(path) / f".{MANIFEST}.partial"
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=_json))
+    os.replace(tmp, Path(path) / MANIFEST)
+    return manifest

@@ -1,0 +1,78 @@
+"""``cyto predict``: score a patch folder or manifest with a bundle, in PyTorch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from cyto.data.dataset import PatchDataset, load_records
+from cyto.data.images import read_image, resize_rgb
+from cyto.errors import InputPathError
+
+
+def predict(
+    model: Path,
+    data: Path,
+    out: Path,
+    normal: str | None = None,
+    abnormal: str | None = None,
+    device: str = "cpu",
+    batch_size: int = 128,
+) -> dict[str, object]:
+    """Write ``out`` (Parquet): path, class, [label], score, rank (1 = most abnormal)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cyto.models.from_bundle import load_scorer
+    from cyto.train.loop import resolve_device
+
+    scorer = load_scorer(model, resolve_device(device))
+    size = scorer.bundle.manifest["config"].get("load_size")
+    records = load_records(Path(data))
+    labels = None
+    if normal:
+        ds = PatchDataset.from_path(data, normal=normal, abnormal=abnormal, size=size)
+        records, images, labels = ds.records, np.asarray(ds.images), ds.labels
+    else:
+        imgs = [read_image(r.path) for r in records]
+        if size is None and len({im.shape for im in imgs}) > 1:
+            size = scorer.bundle.manifest["input_size"]
+        images = np.stack([resize_rgb(im, size) if size else im for im in imgs])
+    if len(images) == 0:
+        raise InputPathError(f"no images to score in {data}")
+    scores = scorer.score(images, batch_size)
+    order = np.argsort(-scores, kind="stable")
+    rank = np.empty(len(scores), dtype=np.int64)
+    rank[order] = np.arange(1, len(scores) + 1)
+    cols = {
+        "path": [str(r.path) for r in records],
+        "class": [r.cls for r in records],
+        "score": scores,
+        "rank": rank,
+    }
+    if labels is not None:
+        cols["label"] = labels.astype(np.int8)
+    if any(r.bag is not None for r in records):
+        cols["bag"] = [r.bag for r in records]
+    table = pa.table(cols).replace_schema_metadata(
+        {
+            "cyto.model": str(model),
+            "cyto.manifest_sha256": scorer.bundle.manifest_hash,
+            "cyto.method": scorer.bundle.method,
+        }
+    )
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.partial")
+    pq.write_table(table, tmp)
+    os.replace(tmp, out)
+    summary: dict[str, object] = {"n": len(scores), "out": out}
+    if labels is not None and 0 < labels.sum() < len(labels):
+        from sklearn.metrics import roc_auc_score
+
+        k = int(labels.sum())
+        summary["auroc"] = float(roc_auc_score(labels, scores))
+        summary["recall_at_k"] = float(labels[order[:k]].mean())
+        summary["k"] = k
+    return summary

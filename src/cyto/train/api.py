@@ -1,0 +1,85 @@
+"""``cyto train`` as a library call: data, config, fit, bundle."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cyto.bundle import save_bundle
+from cyto.data.dataset import PatchDataset
+from cyto.errors import BundleError
+from cyto.train.config import TrainConfig, resolve_config
+from cyto.train.data import TrainData
+from cyto.train.loop import resolve_device
+from cyto.train.registry import get_method
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    bundle: Path
+    method: str
+    config: TrainConfig
+    seconds: float
+    n_images: int
+    history: dict[str, list[float]]
+
+
+def checkpoint_dir(out: Path) -> Path:
+    """Where an interrupted run keeps its per-epoch state (next to the bundle)."""
+    return Path(out).with_name(Path(out).name + ".train-state")
+
+
+def train(
+    method: str,
+    data: Path,
+    out: Path,
+    normal: str | None = None,
+    abnormal: str | None = None,
+    preset: str | None = None,
+    config_file: Path | None = None,
+    overrides: list[str] | dict[str, Any] | None = None,
+    device: str = "auto",
+    resume: bool = False,
+    weights: Path | None = None,
+    skip_unreadable: bool = False,
+    overwrite: bool = False,
+) -> TrainResult:
+    """Train ``method`` on a patch folder or manifest and write the bundle ``out``."""
+    cls = get_method(method)
+    cfg = resolve_config(cls.Config, preset, config_file, overrides)
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise BundleError(f"{out} exists (pass --overwrite to replace it)")
+    ckpt = checkpoint_dir(out)
+    if resume and not ckpt.is_dir():
+        raise BundleError(f"--resume: no interrupted run to continue at {ckpt}")
+    dev = resolve_device(device)
+    ds = PatchDataset.from_path(
+        data, normal=normal, abnormal=abnormal, size=cfg.load_size, skip_unreadable=skip_unreadable
+    )
+    train_data = TrainData.from_dataset(ds)
+    t0 = time.perf_counter()
+    model = cls(cfg).fit(train_data, device=dev, ckpt_dir=ckpt, resume=resume, weights=weights)
+    seconds = time.perf_counter() - t0
+    manifest = model.base_manifest(train_data)
+    extra, tensors, scorer = model.export_state()
+    manifest.update(extra)
+    manifest["training_data"].update(
+        {
+            "source": str(data),
+            "normal": list(ds.normal),
+            "abnormal": list(ds.abnormal),
+            "skipped_unreadable": len(ds.skipped),
+            "load_size": cfg.load_size,
+        }
+    )
+    manifest["training_seconds"] = round(seconds, 2)
+    manifest["device"] = str(dev)
+    if weights is not None:
+        manifest["initial_weights"] = str(weights)
+    save_bundle(out, manifest, tensors, scorer, overwrite=overwrite)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return TrainResult(out, method, cfg, seconds, len(train_data), model.history_)

@@ -1,0 +1,94 @@
+"""The method contract (scikit-learn style): ``__init__`` stores the config, ``fit`` returns
+``self``, learned state ends in ``_``, and ``embed``/``score`` on an unfitted method raise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from cyto.errors import CytoError
+from cyto.models.scoring import run_batched
+from cyto.train.config import TrainConfig
+from cyto.train.data import TrainData
+
+
+class NotFittedError(CytoError):
+    """A method was asked to embed or score before ``fit``."""
+
+
+class Method:
+    """Base of the five methods. Subclasses set ``Config`` and ``scorer_kind``."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[TrainConfig]] = TrainConfig
+    scorer_kind: ClassVar[str] = ""
+
+    def __init__(self, config: TrainConfig | None = None) -> None:
+        self.config = config if config is not None else self.Config()
+        if not isinstance(self.config, self.Config):
+            raise TypeError(f"{self.name} expects a {self.Config.__name__}")
+        self.history_: dict[str, list[float]] = {}
+        self.device_ = torch.device("cpu")
+
+    # --- to implement -------------------------------------------------------------------------
+    def _fit(
+        self, data: TrainData, ckpt_dir: Path | None, resume: bool, weights: Path | None
+    ) -> None:
+        raise NotImplementedError
+
+    def _scorer(self) -> nn.Module:
+        """uint8 NHWC -> score module (fitted)."""
+        raise NotImplementedError
+
+    def _embedder(self) -> nn.Module:
+        raise NotImplementedError
+
+    def export_state(self) -> tuple[dict[str, Any], dict[str, dict], dict[str, np.ndarray]]:
+        """``(manifest fields, weights per file, scorer arrays)`` for the bundle."""
+        raise NotImplementedError
+
+    # --- shared -------------------------------------------------------------------------------
+    def fit(
+        self,
+        data: TrainData,
+        device: torch.device | str = "cpu",
+        ckpt_dir: Path | None = None,
+        resume: bool = False,
+        weights: Path | None = None,
+    ) -> Method:
+        self.device_ = torch.device(device)
+        self._fit(data, ckpt_dir, resume, weights)
+        self.fitted_ = True
+        return self
+
+    def _check_fitted(self) -> None:
+        if not getattr(self, "fitted_", False):
+            raise NotFittedError(f"{self.name} is not fitted yet: call fit() first")
+
+    def score(self, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
+        """Abnormality of each uint8 (N, H, W, 3) image; higher = more abnormal."""
+        self._check_fitted()
+        return run_batched(self._scorer(), images, batch_size, self.device_).astype(np.float64)
+
+    def embed(self, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
+        self._check_fitted()
+        return run_batched(self._embedder(), images, batch_size, self.device_)
+
+    def base_manifest(self, data: TrainData) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "method": self.name,
+            "scorer_kind": self.scorer_kind,
+            "backbone": cfg.backbone,
+            "input_size": cfg.input_size,
+            "input": "uint8 NHWC RGB, any size (resized inside the model)",
+            "normalization": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+            "resize": "bilinear, align_corners=False",
+            "config": cfg.to_dict(),
+            "training_data": {"fingerprint": data.fingerprint, "n_images": len(data)},
+            "history": self.history_,
+        }

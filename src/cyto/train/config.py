@@ -1,0 +1,167 @@
+"""Method configs: frozen dataclasses whose defaults are the paper's recipe.
+
+A named preset only overrides fields. A TOML file maps one to one onto the dataclass (the same
+keys), and ``--set key=value`` overrides win over both; the resolved config is printed and saved
+in the bundle, so there is one source of truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from types import UnionType
+from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
+
+from cyto.errors import ConfigError
+from cyto.models.backbones import BACKBONES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Fields every method has."""
+
+    backbone: str = "resnet18"
+    input_size: int = 224
+    load_size: int | None = None  # resize patches once at load time (None: keep their size)
+    epochs: int = 100
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+    amp: bool = True  # mixed precision on CUDA (ignored on CPU)
+
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def __post_init__(self) -> None:
+        if self.backbone not in BACKBONES:
+            raise ConfigError(
+                f"backbone must be one of {', '.join(BACKBONES)}, got {self.backbone!r}"
+            )
+        for name in ("input_size", "epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.input_size < 16:
+            raise ConfigError(f"input_size must be >= 16, got {self.input_size}")
+        if self.lr <= 0 or self.weight_decay < 0:
+            raise ConfigError(
+                f"lr must be > 0 and weight_decay >= 0, got {self.lr}, {self.weight_decay}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _coerce(name: str, typ: Any, value: Any) -> Any:
+    """Turn a TOML value or a ``--set`` string into the field's type."""
+    args = [a for a in get_args(typ) if a is not type(None)]
+    optional = type(None) in get_args(typ)
+    base = typ
+    if get_origin(typ) in (Union, UnionType) and len(args) == 1:
+        base = args[0]
+    try:
+        if optional and (value is None or (isinstance(value, str) and value.lower() == "none")):
+            return None
+        if get_origin(base) is tuple:
+            inner = get_args(base)[0] if get_args(base) else str
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(
+                inner(v.strip() if isinstance(v, str) else v)
+                for v in items
+                if not (isinstance(v, str) and not v.strip())
+            )
+        if base is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if base is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(value)
+        if base is float:
+            return float(value)
+        if base is str:
+            return str(value)
+        return value
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"{name}={value!r} is not a valid {getattr(base, '__name__', base)}"
+        ) from exc
+
+
+def resolve_config(
+    cls: type[TrainConfig],
+    preset: str | None = None,
+    config_file: Path | None = None,
+    overrides: list[str] | dict[str, Any] | None = None,
+) -> TrainConfig:
+    """Defaults, then the preset, then the TOML file, then ``key=value`` overrides."""
+    hints = get_type_hints(cls)
+    known = [f.name for f in fields(cls)]
+    values: dict[str, Any] = {}
+
+    def apply(source: str, items: dict[str, Any]) -> None:
+        for key, value in items.items():
+            if key not in known:
+                raise ConfigError(f"{source}: unknown setting {key!r}; known: {', '.join(known)}")
+            values[key] = _coerce(key, hints[key], value)
+
+    if preset is not None:
+        if preset not in cls.presets:
+            raise ConfigError(
+                f"unknown preset {preset!r}; known: {', '.join(sorted(cls.presets)) or 'none'}"
+            )
+        apply(f"preset {preset}", cls.presets[preset])
+    if config_file is not None:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+        apply(str(path), data)
+    if overrides:
+        if isinstance(overrides, dict):
+            apply("overrides", overrides)
+        else:
+            pairs = {}
+            for item in overrides:
+                if "=" not in item:
+                    raise ConfigError(f"--set expects key=value, got {item!r}")
+                k, v = item.split("=", 1)
+                pairs[k.strip()] = v.strip()
+            apply("--set", pairs)
+    return cls(**values)
+
+
+def to_toml(config: TrainConfig) -> str:
+    """The config as TOML, readable back by :func:`resolve_config`."""
+    lines = []
+    for key, value in config.to_dict().items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value)
+        elif isinstance(value, (tuple, list)):
+            text = (
+                "["
+                + ", ".join(repr(v) if not isinstance(v, str) else f'"{v}"' for v in value)
+                + "]"
+            )
+        else:
+            text = f'"{value}"'
+        lines.append(f"{key} = {text}")
+    return "\n".join(lines) + "\n"

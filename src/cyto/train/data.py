@@ -1,0 +1,89 @@
+"""Training data as the methods see it, and seeded batch iterators over it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from cyto.data.dataset import PatchDataset
+from cyto.errors import DatasetError
+
+
+@dataclass
+class TrainData:
+    """uint8 images with whatever supervision the method may use.
+
+    ``labels`` are instance labels (1 = abnormal) and may be ``None``: weakly supervised methods
+    never read them. ``bags`` and ``bag_labels`` come from a manifest.
+    """
+
+    images: np.ndarray  # (N, H, W, 3) uint8
+    labels: np.ndarray | None = None
+    bags: np.ndarray | None = None  # (N,) object/str
+    bag_labels: np.ndarray | None = None  # (N,) int8
+    fingerprint: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.images, np.ndarray) or self.images.ndim != 4:
+            raise DatasetError(
+                "training images must share one size: pass a load size "
+                "(e.g. --set load_size=96) for datasets of mixed sizes"
+            )
+        if len(self.images) == 0:
+            raise DatasetError("no training images")
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    @classmethod
+    def from_dataset(cls, ds: PatchDataset) -> TrainData:
+        bags = bag_labels = None
+        if any(b is not None for b in ds.bags):
+            if any(b is None for b in ds.bags) or any(b is None for b in ds.bag_labels):
+                raise DatasetError(
+                    "some rows have a bag but no bag_label (or none): give every row both, or none"
+                )
+            bags = np.asarray(ds.bags, dtype=object)
+            bag_labels = np.asarray(ds.bag_labels, dtype=np.int8)
+        return cls(
+            images=np.asarray(ds.images),
+            labels=np.asarray(ds.labels, dtype=np.int8),
+            bags=bags,
+            bag_labels=bag_labels,
+            fingerprint=ds.fingerprint,
+        )
+
+    def subset(self, idx: np.ndarray) -> TrainData:
+        pick = lambda a: None if a is None else a[idx]  # noqa: E731
+        return TrainData(
+            self.images[idx],
+            pick(self.labels),
+            pick(self.bags),
+            pick(self.bag_labels),
+            self.fingerprint,
+        )
+
+    def require_normals(self) -> np.ndarray:
+        if self.labels is None:
+            raise DatasetError("this method trains on normal cells and needs instance labels")
+        idx = np.flatnonzero(self.labels == 0)
+        if len(idx) == 0:
+            raise DatasetError("no normal images to train on: check --normal")
+        return idx
+
+
+def epoch_batches(
+    n: int, batch_size: int, seed: int, epoch: int, drop_last: bool = False
+) -> Iterator[np.ndarray]:
+    """Shuffled index batches; the order depends only on (seed, epoch), so resume is exact."""
+    order = np.random.default_rng([seed, epoch, 17]).permutation(n)
+    stop = n - (n % batch_size) if drop_last and n >= batch_size else n
+    for i in range(0, stop, batch_size):
+        yield order[i : i + batch_size]
+
+
+def apply_view(view: Callable[[np.ndarray], np.ndarray], images: np.ndarray) -> np.ndarray:
+    """One augmented (3, S, S) float32 view per image, stacked."""
+    return np.stack([view(np.asarray(im)) for im in images])

@@ -1,0 +1,196 @@
+"""DROC: contrastive representation learning with distribution-augmented pseudo-abnormal
+negatives, then a one-class SVM (Sohn et al., *Learning and Evaluating Representations for Deep
+One-Class Classification*, ICLR 2021), with the recipe of *Needle in a Haystack* (Chatterjee et
+al., 2024): ResNet18 encoder, 2-layer projection head of dimension 256, temperature 2, Adam lr
+1e-3, batch 64, 100 epochs, weak views RGBShift + RandomResizedCrop 224, the strong set as the
+pseudo-abnormal distribution D(x), and an RBF OneClassSVM(nu=0.1, gamma='auto') on the normal
+training embeddings. Score = -decision_function.
+
+The loss, for a batch of N images with projections z (two weak views, 2N unit vectors) and a
+(one pseudo-abnormal view each, N unit vectors), similarity s = cosine / temperature:
+
+    L_clr = mean_i -log( e^{s(i, p(i))} / sum_{k != i} e^{s(i, k)} )          (k over the 2N views)
+    L_DA  = mean_i -log( e^{s(i, p(i))} / ( e^{s(i, p(i))} + sum_j e^{s(i, a_j)} ) )
+    L     = L_clr + alpha * L_DA
+
+so the pseudo-abnormal views enter the denominator as extra negatives of every anchor. Departure:
+the OC-SVM sees L2-normalized encoder embeddings (the head is dropped), as in Sohn et al.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cyto.data.augment import pseudo_abnormal_view, weak_view
+from cyto.errors import ConfigError
+from cyto.models.backbones import build_backbone
+from cyto.models.scoring import EmbeddingModel, ocsvm_decision, run_batched
+from cyto.train.base import Method
+from cyto.train.config import TrainConfig
+from cyto.train.data import TrainData, apply_view, epoch_batches
+from cyto.train.loop import run_phase
+from cyto.train.registry import register
+
+
+@dataclass(frozen=True)
+class DROCConfig(TrainConfig):
+    embedding_dim: int = 512
+    proj_dim: int = 256
+    temperature: float = 2.0
+    alpha: float = 1.0
+    lr: float = 1e-3
+    epochs: int = 100
+    nu: float = 0.1
+    strong_mode: str = "one"  # one member of the strong set per view, or "all" in sequence
+
+    presets = {
+        "fast": {
+            "backbone": "smallcnn",
+            "input_size": 64,
+            "load_size": 80,
+            "embedding_dim": 128,
+            "proj_dim": 64,
+            "epochs": 10,
+            "temperature": 0.5,
+        },
+    }
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.temperature <= 0 or self.alpha < 0:
+            raise ConfigError("temperature must be > 0 and alpha >= 0")
+        if not 0 < self.nu <= 1:
+            raise ConfigError(f"nu must be in (0, 1], got {self.nu}")
+        if self.strong_mode not in ("one", "all"):
+            raise ConfigError(f"strong_mode must be 'one' or 'all', got {self.strong_mode!r}")
+
+
+def droc_loss(
+    z1: torch.Tensor, z2: torch.Tensor, a: torch.Tensor, temperature: float, alpha: float
+) -> torch.Tensor:
+    """L_clr + alpha * L_DA on unnormalized projections (see the module docstring)."""
+    z = F.normalize(torch.cat([z1, z2]), dim=1)
+    a = F.normalize(a, dim=1)
+    n = z1.shape[0]
+    sim = z @ z.T / temperature
+    eye = torch.eye(2 * n, dtype=torch.bool, device=z.device)
+    sim = sim.masked_fill(eye, float("-inf"))
+    pos_idx = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
+    pos = sim[torch.arange(2 * n, device=z.device), pos_idx]
+    l_clr = (torch.logsumexp(sim, dim=1) - pos).mean()
+    neg_a = z @ a.T / temperature  # (2N, N)
+    l_da = (torch.logsumexp(torch.cat([pos[:, None], neg_a], dim=1), dim=1) - pos).mean()
+    return l_clr + alpha * l_da
+
+
+class ProjectionHead(nn.Module):
+    def __init__(self, dim: int, out: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(inplace=True), nn.Linear(dim, out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@register("droc")
+class DROC(Method):
+    """Distribution-augmented contrastive learning + RBF one-class SVM."""
+
+    Config = DROCConfig
+    scorer_kind = "ocsvm"
+
+    def _fit(
+        self, data: TrainData, ckpt_dir: Path | None, resume: bool, weights: Path | None
+    ) -> None:
+        from sklearn.svm import OneClassSVM
+
+        cfg: DROCConfig = self.config  # type: ignore[assignment]
+        normals = data.images[data.require_normals()]
+        if len(normals) < 2:
+            raise ConfigError("DROC needs at least 2 normal images per batch to contrast")
+        torch.manual_seed(cfg.seed)
+        enc = build_backbone(cfg.backbone, cfg.embedding_dim, weights=weights).to(self.device_)
+        head = ProjectionHead(cfg.embedding_dim, cfg.proj_dim).to(self.device_)
+        opt = torch.optim.Adam(
+            [*enc.parameters(), *head.parameters()], lr=cfg.lr, weight_decay=cfg.weight_decay
+        )
+        in_size = normals.shape[1]
+
+        def batches(epoch: int):
+            s = cfg.seed * 7919 + epoch
+            v1, v2 = weak_view(cfg.input_size, seed=s), weak_view(cfg.input_size, seed=s + 1)
+            da = pseudo_abnormal_view(cfg.input_size, in_size, seed=s + 2, mode=cfg.strong_mode)
+            for idx in epoch_batches(len(normals), cfg.batch_size, cfg.seed, epoch, drop_last=True):
+                imgs = normals[idx]
+                yield tuple(torch.from_numpy(apply_view(v, imgs)) for v in (v1, v2, da))
+
+        def loss(x1, x2, xa):
+            return droc_loss(
+                head(enc(x1)), head(enc(x2)), head(enc(xa)), cfg.temperature, cfg.alpha
+            )
+
+        n_batches = max(len(normals) // cfg.batch_size, 1)
+        self.history_["contrastive"] = run_phase(
+            "contrastive",
+            {"encoder": enc, "head": head},
+            opt,
+            cfg.epochs,
+            batches,
+            loss,
+            n_batches,
+            self.device_,
+            cfg.seed,
+            ckpt_dir=ckpt_dir,
+            resume=resume,
+            amp=cfg.amp,
+        )
+        self.encoder_ = enc.eval()
+        feats = run_batched(self._embedder(), normals, 256, self.device_).astype(np.float64)
+        svm = OneClassSVM(kernel="rbf", nu=cfg.nu, gamma="auto").fit(feats)
+        self.svm_ = svm
+        self.support_vectors_ = svm.support_vectors_.astype(np.float64)
+        self.dual_coef_ = svm.dual_coef_.ravel().astype(np.float64)
+        self.gamma_ = float(svm._gamma)
+        self.rho_ = float(-svm.intercept_[0])
+
+    def _embedder(self) -> nn.Module:
+        return EmbeddingModel(self.encoder_, self.config.input_size, normalize=True).to(
+            self.device_
+        )
+
+    def score(self, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
+        self._check_fitted()
+        feats = self.embed(images, batch_size).astype(np.float64)
+        return -ocsvm_decision(
+            feats, self.support_vectors_, self.dual_coef_, self.gamma_, self.rho_
+        )
+
+    def _scorer(self) -> nn.Module:
+        return self._embedder()
+
+    def export_state(self, data: TrainData | None = None) -> tuple[dict[str, Any], dict, dict]:
+        manifest = {
+            "embedding_dim": self.config.embedding_dim,
+            "bias": True,
+            "embedding_normalized": True,
+            "ocsvm": {
+                "kernel": "rbf",
+                "nu": self.config.nu,
+                "gamma": self.gamma_,
+                "rho": self.rho_,
+            },
+        }
+        scorer = {
+            "support_vectors": self.support_vectors_,
+            "dual_coef": self.dual_coef_,
+            "gamma": np.float64(self.gamma_),
+            "rho": np.float64(self.rho_),
+        }
+        return manifest, {"encoder": self.encoder_.state_dict()}, scorer

@@ -1,0 +1,28 @@
+"""WS-SIL: the FS-SIL network trained on labels inherited from the bag (slide) label.
+
+Every instance of a positive bag is labelled abnormal, every instance of a negative bag normal. It
+never reads instance labels: :meth:`WSSIL.training_labels` looks at ``bag_labels`` only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cyto.errors import DatasetError
+from cyto.train.data import TrainData
+from cyto.train.fssil import FSSIL, SILConfig
+from cyto.train.registry import register
+
+
+@register("ws-sil")
+class WSSIL(FSSIL):
+    """Weakly supervised single-instance learning (slide-label inheritance)."""
+
+    Config = SILConfig
+
+    def training_labels(self, data: TrainData) -> np.ndarray:
+        if data.bag_labels is None:
+            raise DatasetError(
+                "WS-SIL needs bags: give a manifest with bag (slide_id) and bag_label columns"
+            )
+        return data.bag_labels.astype(np.int64)
