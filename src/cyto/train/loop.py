@@ -73,7 +73,6 @@ def run_phase(
     resume: bool = False,
     amp: bool = True,
     on_epoch_end: Callable[[int], None] | None = None,
-    stop_after: int | None = None,
 ) -> list[float]:
     """Train ``modules`` for ``epochs``; returns the mean loss of every epoch.
 
@@ -83,7 +82,6 @@ def run_phase(
         batches: ``batches(epoch)`` yields tuples of CPU tensors, seeded by the epoch.
         loss_fn: ``loss_fn(*batch_on_device)`` returns a scalar loss.
         n_batches: batches per epoch (for the progress bar).
-        stop_after: end after this many epochs of this call (used by tests to simulate a crash).
         on_epoch_end: called after each epoch, before its checkpoint (e.g. refit a
             pseudo-labeller); state it changes must live in ``modules`` to survive a resume.
     """
@@ -109,7 +107,6 @@ def run_phase(
         for mod in modules.values():
             mod.to(memory_format=torch.channels_last)
 
-    done = 0
     with progress(phase, total=(epochs - start) * n_batches, unit="batches") as bar:
         for epoch in range(start, epochs):
             seed_everything(seed * 100003 + epoch)
@@ -154,9 +151,6 @@ def run_phase(
                 on_epoch_end(epoch)
             if ckpt is not None:
                 save_checkpoint(ckpt, modules, optimizer, scheduler, epoch, history)
-            done += 1
-            if stop_after is not None and done >= stop_after and epoch + 1 < epochs:
-                raise KeyboardInterrupt(f"{phase}: stopped after {done} epoch(s) as asked")
     return history
 
 

@@ -100,25 +100,32 @@ class Scene:
 
 
 class WindowCache:
-    """Rendered object windows, kept while neighbouring regions may still need them."""
+    """Rendered object windows of the current row of blocks.
+
+    Blocks are drawn left to right; a window is dropped as soon as no later block of the row can
+    touch it, so memory holds about one column of objects, whatever the slide size.
+    """
 
     def __init__(self) -> None:
-        self._store: dict[tuple[int, float], tuple[np.ndarray, int]] = {}
-        self._last_row: dict[tuple[int, float], int] = {}
+        self._store: dict[tuple[int, float], tuple[np.ndarray, int, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._store)
 
     def get(self, key: tuple[int, float]) -> tuple[np.ndarray, int] | None:
-        return self._store.get(key)
+        hit = self._store.get(key)
+        return None if hit is None else (hit[0], hit[1])
 
-    def put(self, key: tuple[int, float], value: tuple[np.ndarray, int], row: int) -> None:
-        self._store[key] = value
-        self._last_row[key] = row
+    def put(self, key: tuple[int, float], value: tuple[np.ndarray, int], right: float) -> None:
+        self._store[key] = (value[0], value[1], right)
 
-    def evict_before(self, row: int) -> None:
-        """Forget windows last used above ``row`` (regions are drawn top to bottom)."""
-        stale = [k for k, r in self._last_row.items() if r < row]
-        for k in stale:
+    def drop_left_of(self, x: float) -> None:
+        """Forget windows whose right edge is left of ``x``."""
+        for k in [k for k, v in self._store.items() if v[2] < x]:
             del self._store[k]
-            del self._last_row[k]
+
+    def clear(self) -> None:
+        self._store.clear()
 
 
 def render_od(
@@ -130,7 +137,6 @@ def render_od(
     style: StainStyle,
     z: float = 0.0,
     cache: WindowCache | None = None,
-    row: int = 0,
 ) -> np.ndarray:
     """Optical density of the region ``[x0, x0+w) x [y0, y0+h)`` at focal plane ``z`` (um)."""
     od = np.zeros((h, w, 3), dtype=np.float32)
@@ -140,9 +146,7 @@ def render_od(
         if hit is None:
             hit = _render_object(scene, int(i), style, z)
             if cache is not None:
-                cache.put(key, hit, row)
-        elif cache is not None:
-            cache.put(key, hit, row)
+                cache.put(key, hit, float(scene.x[i]) + hit[1])
         window, half = hit
         add_window(od, window, scene.x[i] - x0, scene.y[i] - y0, half)
     return od

@@ -221,21 +221,20 @@ class RowRenderer:
         self.cache = WindowCache()
 
     def __call__(self, by: int) -> list[np.ndarray]:
-        # windows used in the row above may reach into this one; older ones never will
-        self.cache.evict_before(by - 1)
         strips = []
         for p, z in enumerate(self.planes):
+            self.cache.clear()
             strip = np.empty((BLOCK, self.width, 3), dtype=np.uint8)
             for bx in range(self.width // BLOCK):
                 x0, y0 = bx * BLOCK, by * BLOCK
-                od = render_od(
-                    self.lay.scene, x0, y0, BLOCK, BLOCK, self.lay.style, z, self.cache, by
-                )
+                self.cache.drop_left_of(x0)
+                od = render_od(self.lay.scene, x0, y0, BLOCK, BLOCK, self.lay.style, z, self.cache)
                 noise = np.random.default_rng([self.seed, p, by, bx])
                 strip[:, x0 : x0 + BLOCK] = od_to_rgb(
                     od, self.lay.style, noise, _illumination(x0, y0, BLOCK, BLOCK)
                 )
             strips.append(strip)
+        self.cache.clear()
         return strips
 
 
@@ -254,7 +253,7 @@ def _render_in_worker(by: int) -> list[np.ndarray]:
 
 
 def _rendered_rows(renderer: RowRenderer, rows: int, workers: int | None):
-    """Rendered rows in order; at most ``2 x workers`` rows are in flight, so memory stays flat."""
+    """Rendered rows in order; at most ``workers + 1`` rows are in flight, so memory stays flat."""
     n = min(os.cpu_count() or 1, 4) if workers is None else workers
     if n <= 1 or rows < 4:
         for by in range(rows):
@@ -271,7 +270,7 @@ def _rendered_rows(renderer: RowRenderer, rows: int, workers: int | None):
         pending: deque = deque()
         nxt = 0
         while nxt < rows or pending:
-            while nxt < rows and len(pending) < 2 * n:
+            while nxt < rows and len(pending) < n + 1:
                 pending.append(pool.submit(_render_in_worker, nxt))
                 nxt += 1
             yield pending.popleft().result()
@@ -282,6 +281,18 @@ def _downsample(strip: np.ndarray) -> np.ndarray:
     s = strip[:h, :w].astype(np.float32)
     s = s.reshape(h // 2, 2, w // 2, 2, 3).mean(axis=(1, 3))
     return np.rint(s).astype(np.uint8)
+
+
+def ndpi_tile(width: int, tile: int) -> int | None:
+    """Restart-interval width (px) for an NDPI level: the widest multiple of 8 up to ``tile``
+    that divides ``width``, at least 32 px (OpenSlide needs whole intervals per MCU row)."""
+    if width % 8:
+        return None
+    mcus = width // 8
+    for n in range(tile // 8, 3, -1):
+        if mcus % n == 0:
+            return n * 8
+    return None
 
 
 def _level_sizes(config: SlideSynthConfig, fmt: str) -> list[tuple[int, int]]:
@@ -296,7 +307,7 @@ def _level_sizes(config: SlideSynthConfig, fmt: str) -> list[tuple[int, int]]:
         w2, h2 = w // 2, h // 2
         if max(w2, h2) < 512 or BLOCK >> len(sizes) < 8 or w % 2 or h % 2:
             break
-        if fmt == "ndpi" and (w2 % config.tile or h2 % 8):
+        if fmt == "ndpi" and (ndpi_tile(w2, config.tile) is None or h2 % 8):
             break
         sizes.append((w2, h2))
         w, h = w2, h2
@@ -399,8 +410,13 @@ def write_slide(
             for li, (lw, lh) in enumerate(sizes):
                 path = tmpdir / f"p{p}_l{li}.spool"
                 spools[p, li] = (path, open(path, "wb"))  # noqa: SIM115 - closed in finally
-                cls = NdpiLevel if fmt == "ndpi" else TiledLevel
-                levels[p, li] = cls(lw, lh, config.tile, config.quality, spools[p, li][1])
+                if fmt == "ndpi":
+                    tile = ndpi_tile(lw, config.tile)
+                    levels[p, li] = NdpiLevel(lw, lh, tile, config.quality, spools[p, li][1])
+                else:
+                    levels[p, li] = TiledLevel(
+                        lw, lh, config.tile, config.quality, spools[p, li][1]
+                    )
         renderer = RowRenderer(lay, config.seed, tuple(planes), w)
         rows = h // BLOCK
         with progress(f"synth slide {out.name}", total=rows, unit="rows") as bar:
