@@ -76,3 +76,32 @@ def synth_patches(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("synth") / "patches"
     write_patches(out, PatchSynthConfig(n_normal=120, n_abnormal=12, seed=3))
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """48 normal + 24 abnormal cells at 40 px, in 6 bags (3 negative, 3 positive)."""
+    import numpy as np
+
+    from cyto.data.dataset import PatchDataset
+    from cyto.data.synth.patches import PatchSynthConfig, write_patches
+    from cyto.train.data import TrainData
+
+    root = tmp_path_factory.mktemp("tiny") / "p"
+    write_patches(
+        root,
+        PatchSynthConfig(
+            n_normal=48,
+            n_abnormal=12,
+            size=96,
+            seed=3,
+            abnormal_classes=("enlarged", "multinucleated"),
+        ),
+    )
+    ds = PatchDataset.from_path(root, normal="normal", size=40)
+    y = ds.labels
+    bags = np.array([f"b{i % 6}" for i in range(len(y))], dtype=object)
+    abn = np.flatnonzero(y == 1)
+    bags[abn] = [f"b{3 + i % 3}" for i in range(len(abn))]
+    bag_labels = np.array([1 if int(b[1]) >= 3 else 0 for b in bags], dtype=np.int8)
+    return TrainData(np.asarray(ds.images), y, bags, bag_labels, ds.fingerprint)

@@ -8,7 +8,6 @@ lets the network map every input to the centre).
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -43,12 +42,28 @@ class SmallCNN(nn.Module):
         return self.fc(torch.flatten(self.pool(self.features(x)), 1))
 
 
+def _without_affine(module: nn.Module) -> None:
+    """Replace every BatchNorm by one without learnable scale and shift, in place."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d):
+            setattr(
+                module,
+                name,
+                nn.BatchNorm2d(
+                    child.num_features, eps=child.eps, momentum=child.momentum, affine=False
+                ),
+            )
+        else:
+            _without_affine(child)
+
+
 def _resnet18(out_dim: int, bias: bool) -> nn.Module:
     from torchvision.models import resnet18
 
-    norm = nn.BatchNorm2d if bias else partial(nn.BatchNorm2d, affine=False)
-    model = resnet18(weights=None, num_classes=out_dim, norm_layer=norm)
+    model = resnet18(weights=None, num_classes=out_dim)
     model.fc = nn.Linear(512, out_dim, bias=bias)
+    if not bias:
+        _without_affine(model)
     model.feature_dim = 512
     model.out_dim = out_dim
     return model

@@ -1,0 +1,212 @@
+"""Method specifics: Deep SVDD centre, blend and ensemble; DROC loss and OC-SVM; configs;
+bad input; bundles that were tampered with."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from cyto.bundle import load_bundle, save_bundle, verify_bundle
+from cyto.errors import BundleError, ConfigError, DatasetError, DeviceError, TrainingError
+from cyto.models.backbones import build_backbone
+from cyto.models.scoring import ocsvm_decision, tta_blend
+from cyto.train.config import resolve_config, to_toml
+from cyto.train.data import TrainData
+from cyto.train.droc import DROCConfig, droc_loss
+from cyto.train.dsvdd import DeepSVDD, DSVDDConfig, clamp_centre
+from cyto.train.fssil import FSSIL, SILConfig
+from cyto.train.loop import resolve_device
+from cyto.train.registry import get_method
+from tests.train_helpers import make
+
+
+def test_centre_clamp_including_exact_zeros():
+    c = torch.tensor([0.0, 0.05, -0.05, 0.2, -0.3, -0.0, 0.1])
+    out = clamp_centre(c, 0.1)
+    assert torch.allclose(out, torch.tensor([0.1, 0.1, -0.1, 0.2, -0.3, 0.1, 0.1]))
+    assert (out.abs() >= 0.1).all()
+
+
+def test_tta_blend_matches_hand_computation():
+    d = torch.tensor([[1.0, 4.0], [3.0, 2.0], [2.0, 5.0]])  # views x N, original first
+    # cell 0: 1 + 0.35 * (3 - 1) = 1.7 ; cell 1: 4 + 0.35 * (5 - 4) = 4.35
+    assert torch.allclose(tta_blend(d, 0.35), torch.tensor([1.7, 4.35]))
+
+
+@pytest.fixture(scope="module")
+def dsvdd(request):
+    tiny = request.getfixturevalue("tiny")
+    return make("dsvdd", epochs=3, ae_epochs=1, n_seeds=3).fit(tiny), tiny
+
+
+def test_dsvdd_score_is_the_mean_over_seeds_of_the_blend(dsvdd):
+    model, tiny = dsvdd
+    d = model.distances(tiny.images[:10])  # seeds x views x N
+    assert d.shape == (3, 4, 10)
+    lam = model.config.tta_lambda
+    per_seed = d[:, 0] + lam * (d.max(axis=1) - d[:, 0])
+    np.testing.assert_allclose(model.score(tiny.images[:10]), per_seed.mean(0), rtol=1e-5)
+    assert not np.allclose(d[0], d[1])  # seeds really are different networks
+
+
+def test_dsvdd_has_no_bias_or_batchnorm_shift_in_the_embedding_path(dsvdd):
+    model, _ = dsvdd
+    for enc in model.encoders_:
+        names = [n for n, _ in enc.named_parameters()]
+        assert not any(n.endswith("bias") for n in names), names
+        for m in enc.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                assert not m.affine
+    for name in ("resnet18", "smallcnn"):
+        net = build_backbone(name, 8, bias=False)
+        assert not any(n.endswith("bias") for n, _ in net.named_parameters())
+
+
+def test_dsvdd_centres_are_clamped(dsvdd):
+    model, _ = dsvdd
+    assert (model.centres_.abs() >= model.config.eps - 1e-7).all()
+
+
+def test_dsvdd_collapse_is_caught():
+    flat = np.full((24, 40, 40, 3), 128, dtype=np.uint8)
+    data = TrainData(flat, np.zeros(24, dtype=np.int8))
+    with pytest.raises(TrainingError, match="collapsed"):
+        make("dsvdd", epochs=1, ae_epochs=1, n_seeds=1).fit(data)
+
+
+def _droc_loss_by_hand(z1, z2, a, t, alpha):
+    z = torch.nn.functional.normalize(torch.cat([z1, z2]), dim=1).double()
+    a = torch.nn.functional.normalize(a, dim=1).double()
+    n = z1.shape[0]
+    clr = da = 0.0
+    for i in range(2 * n):
+        p = (i + n) % (2 * n)
+        pos = torch.exp(z[i] @ z[p] / t)
+        others = sum(torch.exp(z[i] @ z[k] / t) for k in range(2 * n) if k != i)
+        extra = sum(torch.exp(z[i] @ a[j] / t) for j in range(n))
+        clr += -torch.log(pos / others)
+        da += -torch.log(pos / (pos + extra))
+    return (clr + alpha * da) / (2 * n)
+
+
+@pytest.mark.parametrize("t,alpha", [(2.0, 1.0), (0.5, 0.3), (0.1, 2.0)])
+def test_droc_loss_matches_an_independent_implementation(t, alpha):
+    g = torch.Generator().manual_seed(0)
+    z1, z2, a = (torch.randn(5, 7, generator=g) for _ in range(3))
+    got = droc_loss(z1, z2, a, t, alpha)
+    assert torch.allclose(got.double(), _droc_loss_by_hand(z1, z2, a, t, alpha), rtol=1e-5)
+
+
+def test_pseudo_abnormal_negatives_raise_the_loss_when_close():
+    g = torch.Generator().manual_seed(1)
+    z1 = torch.randn(4, 8, generator=g)
+    z2 = z1 + 0.01 * torch.randn(4, 8, generator=g)
+    far, near = -z1, z1.clone()
+    assert droc_loss(z1, z2, near, 0.5, 1.0) > droc_loss(z1, z2, far, 0.5, 1.0)
+
+
+def test_droc_ocsvm_scores_equal_sklearn(request):
+    tiny = request.getfixturevalue("tiny")
+    model = make("droc", epochs=1).fit(tiny)
+    feats = model.embed(tiny.images).astype(np.float64)
+    ref = -model.svm_.decision_function(feats)
+    np.testing.assert_allclose(model.score(tiny.images), ref, rtol=1e-7, atol=1e-9)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(50, 6))
+    from sklearn.svm import OneClassSVM
+
+    svm = OneClassSVM(kernel="rbf", nu=0.1, gamma="auto").fit(x)
+    q = rng.normal(size=(30, 6))
+    mine = ocsvm_decision(
+        q, svm.support_vectors_, svm.dual_coef_.ravel(), svm._gamma, -svm.intercept_[0], chunk=7
+    )
+    np.testing.assert_allclose(mine, svm.decision_function(q), rtol=1e-9, atol=1e-12)
+
+
+def test_config_precedence_preset_file_set(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('epochs = 7\nlr = 0.5\ntta_views = ["orig", "hflip"]\n')
+    cfg = resolve_config(DSVDDConfig, "fast", f, ["lr=0.25", "n_seeds=3"])
+    assert cfg.backbone == "smallcnn"  # from the preset
+    assert cfg.epochs == 7  # the file beats the preset
+    assert cfg.lr == 0.25 and cfg.n_seeds == 3  # --set beats the file
+    assert cfg.tta_views == ("orig", "hflip")
+    back = tmp_path / "back.toml"
+    back.write_text(to_toml(cfg))
+    assert resolve_config(DSVDDConfig, config_file=back) == cfg  # one-to-one round trip
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown setting 'epoch'"):
+        resolve_config(DSVDDConfig, overrides=["epoch=3"])
+    with pytest.raises(ConfigError, match="unknown preset"):
+        resolve_config(DSVDDConfig, "turbo")
+    with pytest.raises(ConfigError, match="not a valid int"):
+        resolve_config(DSVDDConfig, overrides=["epochs=many"])
+    with pytest.raises(ConfigError, match="backbone"):
+        resolve_config(SILConfig, overrides={"backbone": "vgg"})
+    with pytest.raises(ConfigError, match="tta_views must start"):
+        DSVDDConfig(tta_views=("hflip",))
+    with pytest.raises(ConfigError, match="unknown method 'svdd'"):
+        get_method("svdd")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("epochs = = 3")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        resolve_config(DROCConfig, config_file=bad)
+
+
+def test_bad_training_data(tiny):
+    only_abnormal = TrainData(tiny.images[tiny.labels == 1], tiny.labels[tiny.labels == 1])
+    with pytest.raises(DatasetError, match="no normal images"):
+        DeepSVDD(DSVDDConfig(epochs=1, ae_epochs=0, n_seeds=1)).fit(only_abnormal)
+    one_class = TrainData(tiny.images[tiny.labels == 0], tiny.labels[tiny.labels == 0])
+    with pytest.raises(DatasetError, match="both classes"):
+        FSSIL(resolve_config(SILConfig, "fast")).fit(one_class)
+    with pytest.raises(DatasetError, match="needs bags"):
+        make("ws-sil").fit(TrainData(tiny.images, tiny.labels))
+    with pytest.raises(DatasetError, match="no training images"):
+        TrainData(np.zeros((0, 8, 8, 3), np.uint8))
+
+
+def test_nan_loss_is_stopped(tiny):
+    with pytest.raises(TrainingError, match="loss became"):
+        make("fs-sil", lr=1e12, epochs=3).fit(tiny)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_asked_on_a_cpu_machine_is_an_error():
+    with pytest.raises(DeviceError, match="CUDA is not available"):
+        resolve_device("cuda")
+    assert resolve_device("auto").type == "cpu"
+
+
+def test_tampered_or_foreign_bundles_are_refused(tmp_path, request):
+    tiny = request.getfixturevalue("tiny")
+    model = make("fs-sil", epochs=1).fit(tiny)
+    manifest = model.base_manifest(tiny)
+    extra, weights, scorer = model.export_state()
+    manifest.update(extra)
+    path = save_bundle(tmp_path / "m.cyto", manifest, weights, scorer)
+    assert load_bundle(path).method == "fs-sil"
+    wfile = path / "weights-net.safetensors"
+    raw = bytearray(wfile.read_bytes())
+    raw[-1] ^= 0xFF
+    wfile.write_bytes(bytes(raw))
+    with pytest.raises(BundleError, match="does not match its checksum"):
+        load_bundle(path)
+    raw[-1] ^= 0xFF
+    wfile.write_bytes(bytes(raw))
+    verify_bundle(path)
+    (path / "manifest.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(BundleError, match="not a cyto bundle"):
+        load_bundle(path)
+    with pytest.raises(BundleError, match="not a model bundle folder"):
+        load_bundle(tmp_path / "nothing.cyto")
+    pickled = tmp_path / "p.cyto"
+    pickled.mkdir()
+    (pickled / "manifest.json").write_text("not json")
+    with pytest.raises(BundleError, match="not valid JSON"):
+        load_bundle(pickled)

@@ -1,0 +1,106 @@
+"""One contract suite over every registered method: trains on tiny data, no NaNs, loss falls,
+scores vary with the documented direction, bundle round trip, exact resume, and the weakly
+supervised methods never need instance labels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from cyto.bundle import save_bundle
+from cyto.models.from_bundle import load_scorer
+from cyto.train import loop as loop_mod
+from cyto.train.data import TrainData
+from cyto.train.registry import method_names
+from tests.train_helpers import make
+
+WEAK = ("ws-sil", "its2clr")
+
+
+def test_registry_has_the_five_methods():
+    assert method_names() == ["droc", "dsvdd", "fs-sil", "its2clr", "ws-sil"]
+
+
+@pytest.fixture(scope="module")
+def fitted(tiny):
+    return {name: make(name).fit(tiny) for name in method_names()}
+
+
+@pytest.mark.parametrize("name", ["droc", "dsvdd", "fs-sil", "its2clr", "ws-sil"])
+def test_loss_falls_and_is_finite(fitted, name):
+    for phase, hist in fitted[name].history_.items():
+        assert np.isfinite(hist).all(), phase
+    main = list(fitted[name].history_.values())[-1]
+    assert main[-1] < main[0], fitted[name].history_
+
+
+@pytest.mark.parametrize("name", ["droc", "dsvdd", "fs-sil", "its2clr", "ws-sil"])
+def test_scores_vary_and_higher_is_abnormal(fitted, tiny, name):
+    scores = fitted[name].score(tiny.images)
+    assert scores.shape == (len(tiny),) and np.isfinite(scores).all()
+    assert scores.std() > 1e-6
+    assert roc_auc_score(tiny.labels, scores) > 0.65
+
+
+@pytest.mark.parametrize("name", ["droc", "dsvdd", "fs-sil", "its2clr", "ws-sil"])
+def test_bundle_round_trip_gives_identical_scores(fitted, tiny, tmp_path, name):
+    model = fitted[name]
+    manifest = model.base_manifest(tiny)
+    extra, weights, scorer = model.export_state()
+    manifest.update(extra)
+    path = save_bundle(tmp_path / f"{name}.cyto", manifest, weights, scorer)
+    loaded = load_scorer(path)
+    np.testing.assert_allclose(
+        loaded.score(tiny.images), model.score(tiny.images), rtol=1e-6, atol=1e-9
+    )
+    assert loaded.embed(tiny.images[:3]).shape[0] == 3
+
+
+@pytest.mark.parametrize("name", ["droc", "dsvdd", "fs-sil", "its2clr", "ws-sil"])
+def test_resume_after_a_crash_continues_exactly(tiny, tmp_path, monkeypatch, name):
+    extra = {"epochs": 4, "ae_epochs": 1} if name == "dsvdd" else {"epochs": 4}
+    if name == "its2clr":
+        extra["agg_epochs"] = 10
+    reference = make(name, **extra).fit(tiny).score(tiny.images)
+
+    real_save = loop_mod.save_checkpoint
+    calls = {"n": 0}
+
+    def crash_after_two(*args, **kwargs):
+        real_save(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("simulated crash after the 2nd checkpoint")
+
+    monkeypatch.setattr(loop_mod, "save_checkpoint", crash_after_two)
+    ckpt = tmp_path / "state"
+    with pytest.raises(KeyboardInterrupt):
+        make(name, **extra).fit(tiny, ckpt_dir=ckpt)
+    monkeypatch.setattr(loop_mod, "save_checkpoint", real_save)
+    resumed = make(name, **extra).fit(tiny, ckpt_dir=ckpt, resume=True).score(tiny.images)
+    np.testing.assert_allclose(resumed, reference, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", WEAK)
+def test_weak_methods_train_without_instance_labels(tiny, name):
+    blind = TrainData(tiny.images, None, tiny.bags, tiny.bag_labels, tiny.fingerprint)
+    model = make(name, epochs=2, **({"agg_epochs": 5} if name == "its2clr" else {})).fit(blind)
+    assert np.isfinite(model.score(blind.images)).all()
+
+
+@pytest.mark.parametrize("name", ["dsvdd", "droc"])
+def test_one_class_methods_train_on_normals_only(tiny, name, monkeypatch):
+    seen = []
+    from cyto.train import data as data_mod
+
+    real = data_mod.apply_view
+
+    def spy(view, images):
+        seen.append(images.copy())
+        return real(view, images)
+
+    monkeypatch.setattr(f"cyto.train.{name}.apply_view", spy)
+    make(name, epochs=1, **({"ae_epochs": 1, "n_seeds": 1} if name == "dsvdd" else {})).fit(tiny)
+    normals = {im.tobytes() for im in tiny.images[tiny.labels == 0]}
+    assert seen and all(im.tobytes() in normals for batch in seen for im in batch)
