@@ -1,6 +1,8 @@
 """Figure: synthetic cells (cyto synth patches) next to real bone-marrow cells.
 
-Usage: python docs/synthetic_vs_real.py --real ../shared/data/bone_marrow --out docs/synthetic_vs_real.png
+Usage:
+    python docs/synthetic_vs_real.py --real ../shared/data/bone_marrow \
+        --out docs/synthetic_vs_real.png
 """
 
 from __future__ import annotations
@@ -29,8 +31,15 @@ def main() -> None:
         write_patches(synth, PatchSynthConfig(n_normal=args.per_class, n_abnormal=args.per_class))
         srows = class_rows(load_records(synth), args.per_class, args.tile, seed=0)
     rrows = class_rows(load_records(args.real), args.per_class, args.tile, seed=0)
-    order = ["normal", "enlarged", "irregular", "nucleolar", "coarse", "multinucleated",
-             "hyperchromatic"]
+    order = [
+        "normal",
+        "enlarged",
+        "irregular",
+        "nucleolar",
+        "coarse",
+        "multinucleated",
+        "hyperchromatic",
+    ]
     srows = sorted(srows, key=lambda r: order.index(r[0]))
     rrows = sorted(rrows, key=lambda r: (r[0] != "LYT", r[0]))
     left = render_rows([(f"synth {c}", r) for c, r in srows], title="cyto synth patches")

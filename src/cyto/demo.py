@@ -1,8 +1,8 @@
 """``make demo``: the main job on built-in synthetic data, end to end, on 2 CPU cores.
 
-Today it draws a synthetic patch dataset and a synthetic whole slide with planted abnormal cells,
-checks both (dataset summary, slide opened by OpenSlide), and writes pictures to look at. Each step
-is a library call that a user can run alone through the CLI.
+It draws a synthetic patch dataset, trains Deep SVDD (fast preset) on normal cells only, ranks
+held-out normal and abnormal cells with the trained bundle, and draws a synthetic whole slide with
+planted abnormal cells. Each step is a library call that a user can run alone through the CLI.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 
 def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> dict[str, object]:
     """Run every demo step into ``out``; returns what was made."""
@@ -18,13 +20,15 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     from cyto.data.mosaic import class_mosaic
     from cyto.data.synth.patches import PatchSynthConfig, write_patches
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
+    from cyto.predict import predict
+    from cyto.train.api import train
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     made: dict[str, object] = {}
     t0 = time.perf_counter()
 
-    echo("[1/4] synthetic cell patches (normal lymphocyte-like + six abnormal morphologies)")
+    echo("[1/5] synthetic cell patches (normal lymphocyte-like + six abnormal morphologies)")
     patches = out / "patches"
     counts = write_patches(
         patches, PatchSynthConfig(n_normal=300, n_abnormal=20, seed=seed), overwrite=True
@@ -37,19 +41,47 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     made["patches"] = patches
     made["counts"] = counts
 
-    echo("[2/4] load them as a one-class dataset (normal vs everything else), decoded once")
+    echo("[2/5] split: train on normal cells only, hold out normal + abnormal cells")
     ds = PatchDataset.from_path(patches, normal="normal")
+    rng = np.random.default_rng(seed)
+    normals = rng.permutation(np.flatnonzero(ds.labels == 0))
+    train_idx, test_idx = (
+        normals[:200],
+        np.concatenate([normals[200:], np.flatnonzero(ds.labels == 1)]),
+    )
+    for name, idx in (("train", train_idx), ("test", test_idx)):
+        rows = "".join(f"{ds.records[i].path.relative_to(out)},{ds.records[i].cls}\n" for i in idx)
+        (out / f"{name}.csv").write_text("path,label\n" + rows)
     echo(
-        f"      {len(ds)} images {tuple(ds.images.shape[1:])}, {int(ds.labels.sum())} abnormal, "
-        f"fingerprint {ds.fingerprint[:12]}"
+        f"      {out / 'train.csv'}: {len(train_idx)} normal; {out / 'test.csv'}: "
+        f"{len(test_idx)} cells, {int(ds.labels[test_idx].sum())} abnormal"
     )
 
-    echo("[3/4] mosaic of every class")
+    echo("[3/5] train Deep SVDD (fast preset) -> model bundle")
+    res = train(
+        "dsvdd",
+        out / "train.csv",
+        out / "dsvdd.cyto",
+        normal="normal",
+        preset="fast",
+        overrides={"seed": seed},
+        device="cpu",
+        overwrite=True,
+    )
+    echo(f"      {res.bundle} in {res.seconds:.0f} s")
+    made["bundle"] = res.bundle
+
+    echo("[4/5] rank the held-out cells (higher = more abnormal)")
+    summary = predict(res.bundle, out / "test.csv", out / "test_scores.parquet", normal="normal")
+    echo(
+        f"      AUROC {summary['auroc']:.3f}, Recall@{summary['k']} {summary['recall_at_k']:.3f}"
+        f" (chance {summary['k'] / summary['n']:.3f}); scores in {summary['out']}"
+    )
+    made["auroc"] = summary["auroc"]
     mosaic = class_mosaic(patches, out / "patches_mosaic.png", per_class=8, seed=seed)
-    echo(f"      {mosaic}")
     made["mosaic"] = mosaic
 
-    echo("[4/4] synthetic whole slide (NDPI) with planted abnormal cells and ground truth")
+    echo("[5/5] synthetic whole slide (NDPI) with planted abnormal cells and ground truth")
     res = write_slide(
         out / "slide.ndpi",
         SlideSynthConfig(width=4096, height=4096, abnormal_fraction=0.02, seed=seed),
