@@ -210,3 +210,44 @@ def test_tampered_or_foreign_bundles_are_refused(tmp_path, request):
     (pickled / "manifest.json").write_text("not json")
     with pytest.raises(BundleError, match="not valid JSON"):
         load_bundle(pickled)
+
+
+def test_float_or_nan_images_are_refused():
+    bad = np.full((4, 16, 16, 3), np.nan, dtype=np.float32)
+    with pytest.raises(DatasetError, match="uint8"):
+        TrainData(bad, np.zeros(4, dtype=np.int8))
+
+
+@pytest.mark.parametrize("name", ["smallcnn", "resnet18"])
+@pytest.mark.parametrize("size", [33, 64, 100])
+def test_backbones_take_any_input_size(name, size):
+    net = build_backbone(name, 12).eval()
+    with torch.no_grad():
+        assert net(torch.zeros(2, 3, size, size)).shape == (2, 12)
+
+
+def test_local_weights_file(tmp_path):
+    from safetensors.torch import save_file
+
+    from cyto.models.backbones import load_backbone_weights
+
+    src = build_backbone("smallcnn", 8)
+    torch.save(src.state_dict(), tmp_path / "w.pt")
+    save_file(
+        {k: v.contiguous() for k, v in src.state_dict().items()}, str(tmp_path / "w.safetensors")
+    )
+    for f in ("w.pt", "w.safetensors"):
+        dst = build_backbone("smallcnn", 8, weights=tmp_path / f)
+        for k, v in src.state_dict().items():
+            assert torch.equal(dst.state_dict()[k], v), k
+    # a classifier head of another size is skipped, the rest still loads
+    other = build_backbone("smallcnn", 3)
+    loaded = load_backbone_weights(other, tmp_path / "w.pt")
+    assert "fc.weight" not in loaded and "features.0.weight" in loaded
+    with pytest.raises(ConfigError, match="no tensor that fits"):
+        load_backbone_weights(build_backbone("resnet18", 8), tmp_path / "w.pt")
+    with pytest.raises(ConfigError, match="does not exist"):
+        build_backbone("smallcnn", 8, weights=tmp_path / "missing.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="cannot read weights"):
+        build_backbone("smallcnn", 8, weights=tmp_path / "junk.pt")

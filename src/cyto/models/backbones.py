@@ -87,8 +87,8 @@ def build_backbone(
 def load_backbone_weights(model: nn.Module, path: Path) -> list[str]:
     """Load matching tensors from a local file; returns the names loaded.
 
-    Layers whose shape differs (e.g. an ImageNet classifier) are left as they are. A file that
-    matches nothing is an error, not a silent start from scratch.
+    Layers whose shape differs (e.g. an ImageNet classifier) are left as they are. A file of which
+    less than half fits is an error, not a silent start from scratch.
     """
     path = Path(path)
     if not path.is_file():
@@ -109,10 +109,11 @@ def load_backbone_weights(model: nn.Module, path: Path) -> list[str]:
     state = {k.removeprefix("module.").removeprefix("encoder."): v for k, v in state.items()}
     own = model.state_dict()
     usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-    if not usable:
+    if len(usable) < max(1, len(state) // 2):
         raise ConfigError(
-            f"weights file {path} has no tensor that fits this backbone "
-            f"(e.g. expected keys like {next(iter(own))!r})"
+            f"weights file {path} has no tensor that fits this backbone: only {len(usable)} of "
+            f"its {len(state)} tensors match by name and shape (expected keys like "
+            f"{next(iter(own))!r}); is it for another backbone?"
         )
     model.load_state_dict(usable, strict=False)
     return sorted(usable)

@@ -33,6 +33,12 @@ class TrainData:
             )
         if len(self.images) == 0:
             raise DatasetError("no training images")
+        if self.images.dtype != np.uint8 or self.images.shape[-1] != 3:
+            raise DatasetError(
+                f"training images must be uint8 RGB (N, H, W, 3), got {self.images.dtype} "
+                f"{self.images.shape}: decode them with cyto.data (NaN or float pixels are not "
+                "images)"
+            )
 
     def __len__(self) -> int:
         return len(self.images)
