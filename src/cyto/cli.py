@@ -31,6 +31,8 @@ synth_app = typer.Typer(
 data_app = typer.Typer(help="Inspect cell-patch datasets.", no_args_is_help=True)
 app.add_typer(synth_app, name="synth")
 app.add_typer(data_app, name="data")
+eval_app = typer.Typer(help="Evaluate rankings: top-K metrics.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
 
 
 def _version(value: bool) -> None:
@@ -356,6 +358,42 @@ def predict_cmd(
     if "auroc" in res:
         line += f"; AUROC {res['auroc']:.3f}, Recall@{res['k']} {res['recall_at_k']:.3f}"
     typer.echo(line)
+
+
+@eval_app.command("scores")
+def eval_scores_cmd(
+    table: Annotated[Path, typer.Argument(help="Score table (Parquet or CSV), one row per cell.")],
+    k: Annotated[list[int] | None, typer.Option("--k", help="K (repeat for several).")] = None,
+    score_column: Annotated[str, typer.Option(help="Column with scores (higher = abnormal).")] = (
+        "score"
+    ),
+    label_column: Annotated[str, typer.Option(help="Column with 0/1 labels (1 = abnormal).")] = (
+        "label"
+    ),
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """TP@K, Recall@K, Precision@K, nDCG@K, AUTK@K, normalized AUFROC@K and AUROC."""
+    from cyto.eval.scores import evaluate_table
+
+    rows = evaluate_table(table, k or [400], score_column, label_column)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    first = rows[0]
+    typer.echo(
+        f"{table}: {first['n']} cells, {first['positives']} abnormal, AUROC {first['auroc']:.4f}"
+    )
+    typer.echo(
+        f"{'K':>6} {'TP@K':>6} {'Recall':>8} {'Prec':>8} {'nDCG':>8} {'AUTK':>9} {'AUFROC':>8}"
+    )
+    for r in rows:
+        typer.echo(
+            f"{r['k']:>6} {r['tp_at_k']:>6} {r['recall_at_k']:>8.4f} "
+            f"{r['precision_at_k']:>8.4f} {r['ndcg_at_k']:>8.4f} {r['autk_at_k']:>9.3f} "
+            f"{r['aufroc_at_k']:>8.4f}"
+        )
 
 
 @app.command("demo")

@@ -1,0 +1,39 @@
+"""``cyto eval scores``: every metric for any score table (cyto's own or a user's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cyto.errors import InputPathError
+from cyto.eval.metrics import MetricError, all_metrics
+
+
+def read_score_table(path: Path, score_column: str, label_column: str):
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputPathError(f"score table {path} does not exist")
+    try:
+        table = pacsv.read_csv(path) if path.suffix.lower() == ".csv" else pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputPathError(f"cannot read {path} as Parquet or CSV: {exc}") from exc
+    for col in (score_column, label_column):
+        if col not in table.column_names:
+            raise MetricError(
+                f"{path} has no column {col!r}; columns: {', '.join(table.column_names)}"
+            )
+    scores = np.asarray(table[score_column].to_numpy(zero_copy_only=False), dtype=np.float64)
+    labels = np.asarray(table[label_column].to_numpy(zero_copy_only=False))
+    return scores, labels
+
+
+def evaluate_table(
+    path: Path, k: list[int], score_column: str = "score", label_column: str = "label"
+) -> list[dict[str, float]]:
+    scores, labels = read_score_table(path, score_column, label_column)
+    return [all_metrics(scores, labels, kk) for kk in k]
