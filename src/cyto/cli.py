@@ -360,6 +360,61 @@ def predict_cmd(
     typer.echo(line)
 
 
+@eval_app.command("sweep")
+def eval_sweep_cmd(
+    data: Annotated[Path, typer.Option(help="Folder of class sub-folders, or a manifest.")],
+    normal: Annotated[str, typer.Option(help="Normal class(es), comma-separated.")],
+    out: Annotated[Path, typer.Option(help="Folder for results, tables, plots and models.")],
+    abnormal: Annotated[
+        str | None, typer.Option(help="Abnormal classes (default: every other class).")
+    ] = None,
+    methods: Annotated[str, typer.Option(help="Comma-separated methods.")] = (
+        "dsvdd,droc,fs-sil,ws-sil,its2clr"
+    ),
+    wr: Annotated[str, typer.Option(help="Witness rates in percent, comma-separated.")] = (
+        "9,5,1,0.5,0.1,0.05"
+    ),
+    trials: Annotated[int, typer.Option(help="Trials per WR (test-pool resamples).")] = 10,
+    k: Annotated[int, typer.Option(help="K of the top-K metrics.")] = 400,
+    preset: Annotated[str | None, typer.Option(help="Training preset for every method.")] = "fast",
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a setting of every method.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the split, bags and trials.")] = 0,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+) -> None:
+    """The paper's witness-rate sweep: train, rank held-out cells, tables and log-log plots.
+
+    Interrupt and rerun the same command to continue from the finished (method, WR) cells.
+    """
+    from cyto.errors import ConfigError
+    from cyto.eval.report import plots, tp_table
+    from cyto.eval.sweep import SweepSpec, run_sweep
+
+    try:
+        wrs = tuple(float(w) for w in wr.split(",") if w.strip())
+    except ValueError as exc:
+        raise ConfigError(f"--wr must be numbers separated by commas, got {wr!r}") from exc
+    spec = SweepSpec(
+        data=data,
+        normal=normal,
+        abnormal=abnormal,
+        methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+        wrs=wrs,
+        trials=trials,
+        k=k,
+        preset=preset,
+        seed=seed,
+        device=device,
+        overrides=tuple(set_ or ()),
+    )
+    results = run_sweep(spec, out, echo=typer.echo)
+    md, tex = tp_table(results, out, k)
+    figs = plots(results, out, k)
+    typer.echo(md.read_text())
+    typer.echo(f"results {results}; tables {md}, {tex}; plots {len(figs)} files in {out}")
+
+
 @eval_app.command("scores")
 def eval_scores_cmd(
     table: Annotated[Path, typer.Argument(help="Score table (Parquet or CSV), one row per cell.")],

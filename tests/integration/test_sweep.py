@@ -1,0 +1,91 @@
+"""A miniature witness-rate sweep (two methods, two WRs, two trials, tiny data), and its resume."""
+
+from __future__ import annotations
+
+import csv
+
+from tests.unit.test_cli import run_cyto
+
+TINY = [
+    "--set",
+    "epochs=2",
+    "--set",
+    "input_size=32",
+    "--set",
+    "load_size=40",
+    "--set",
+    "batch_size=16",
+]
+
+
+def test_miniature_sweep_and_resume(tmp_path, synth_patches):
+    out = tmp_path / "sweep"
+    args = [
+        "eval",
+        "sweep",
+        "--data",
+        str(synth_patches),
+        "--normal",
+        "normal",
+        "--abnormal",
+        "enlarged,multinucleated",
+        "--methods",
+        "fs-sil,ws-sil",
+        "--wr",
+        "9,5",
+        "--trials",
+        "2",
+        "--k",
+        "20",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        *TINY,
+    ]
+    proc = run_cyto(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert "WR 9%" in proc.stdout and "fs-sil (upper bound)" in proc.stdout
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    cells = {(r["method"], r["wr"], r["trial"]) for r in rows}
+    assert len(cells) == 2 * 2 * 2
+    assert {r["metric"] for r in rows} >= {
+        "tp_at_k",
+        "recall_at_k",
+        "ndcg_at_k",
+        "autk_at_k",
+        "aufroc_at_k",
+        "auroc",
+    }
+    for name in (
+        "tp_at_k.md",
+        "tp_at_k.tex",
+        "recall_at_k.png",
+        "recall_at_k.svg",
+        "ndcg_at_k.png",
+        "autk_at_k.svg",
+        "aufroc_at_k.png",
+    ):
+        assert (out / name).stat().st_size > 0, name
+    assert sorted(p.name for p in (out / "models").iterdir()) == [
+        "fs-sil-wr5.cyto",
+        "fs-sil-wr9.cyto",
+        "ws-sil-wr5.cyto",
+        "ws-sil-wr9.cyto",
+    ]
+
+    # interrupted after some cells: drop the last cell and rerun; nothing else is recomputed
+    with open(out / "results.csv", newline="") as f:
+        lines = f.readlines()
+    keep = [ln for ln in lines if not ln.startswith("ws-sil,5.0")]
+    (out / "results.csv").write_text("".join(keep))
+    stamp = (out / "models" / "fs-sil-wr9.cyto" / "manifest.json").stat().st_mtime
+    again = run_cyto(*args)
+    assert again.returncode == 0, again.stderr
+    with open(out / "results.csv", newline="") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    assert (out / "models" / "fs-sil-wr9.cyto" / "manifest.json").stat().st_mtime == stamp
+
+    other = run_cyto(*[a if a != "20" else "30" for a in args])
+    assert other.returncode != 0 and "other settings" in other.stderr
