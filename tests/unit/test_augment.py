@@ -9,6 +9,7 @@ from cyto.data.augment import (
     STRONG_NAMES,
     eval_view,
     pseudo_abnormal_view,
+    size_preserving_view,
     strong_transforms,
     weak_view,
 )
@@ -29,6 +30,7 @@ def image():
         lambda: pseudo_abnormal_view(224, 250, seed=5),
         lambda: pseudo_abnormal_view(224, 250, seed=5, mode="all"),
         lambda: eval_view(224),
+        lambda: size_preserving_view(224, seed=5),
     ],
 )
 def test_shapes_and_dtypes(make, image):
@@ -89,3 +91,14 @@ def test_rejects_wrong_input(image):
         weak_view()(image.astype(np.float32))
     with pytest.raises(ValueError, match="mode"):
         pseudo_abnormal_view(mode="some")
+
+
+def test_size_preserving_views_are_seeded_and_never_zoom():
+    img = np.zeros((100, 100, 3), np.uint8)
+    img[40:60, 40:60] = 200  # a square "nucleus" of 20x20 px in the middle
+    a, b = size_preserving_view(100, seed=4), size_preserving_view(100, seed=4)
+    for _ in range(5):
+        va, vb = a(img), b(img)
+        np.testing.assert_array_equal(va, vb)
+        bright = (va.mean(axis=0) > 1.0).sum()
+        assert 300 <= bright <= 500  # about 20x20 px whatever the view: no crop, no zoom

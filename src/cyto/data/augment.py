@@ -6,6 +6,7 @@
   180 then resize, ColorJitter, GridDistortion and ElasticTransform, each applied with p=1. A
   pseudo-abnormal view applies one member of the set, chosen at random (``mode="one"``), or all of
   them in sequence (``mode="all"``).
+* Size-preserving views for Deep SVDD (RGBShift, flip, small rotations; no crop).
 * The evaluation view: a deterministic resize and normalization.
 
 Every pipeline takes a seed: the same seed and the same calls give the same views. Pipelines return
@@ -64,6 +65,27 @@ def weak_view(
             [
                 A.RGBShift(r_shift_limit=15, g_shift_limit=15, b_shift_limit=15, p=0.8),
                 A.RandomResizedCrop(size=(size, size), scale=crop_scale, p=1.0),
+                _normalize(),
+            ],
+            seed=seed,
+        )
+    )
+
+
+def size_preserving_view(size: int = 224, seed: int | None = 0, max_rotation: float = 10.0) -> View:
+    """RGBShift, horizontal flip and small rotations, then resize: no crop, no zoom.
+
+    For one-class training (Deep SVDD): an enlarged nucleus is the abnormality the model must
+    notice, so its training views must not teach it that cell size does not matter. The views are
+    the family of Deep SVDD's test-time views.
+    """
+    return _Pipeline(
+        A.Compose(
+            [
+                A.RGBShift(r_shift_limit=15, g_shift_limit=15, b_shift_limit=15, p=0.8),
+                A.HorizontalFlip(p=0.5),
+                A.Rotate(limit=max_rotation, border_mode=4, p=0.5),  # cv2.BORDER_REFLECT_101
+                A.Resize(size, size, p=1.0),
                 _normalize(),
             ],
             seed=seed,

@@ -11,7 +11,10 @@ al., Prop. 2), and training fails loudly if scores collapse to a constant. Each 
 its own network; at test time each seed scores d0 + lambda * (max_k d_k - d0) over the views
 (original, horizontal flip, +-10 degree rotations) with lambda = 0.35; the seeds are averaged.
 
-Departures: the embedding size (128) and the rotation angles are not given in the paper.
+Departures: the embedding size (128) and the rotation angles are not given in the paper. The
+training views are RGBShift, flips and small rotations without cropping: a random-resized crop
+would teach the network that cell size does not matter, and an enlarged nucleus is exactly what it
+must flag.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cyto.data.augment import weak_view
+from cyto.data.augment import size_preserving_view
 from cyto.errors import ConfigError, TrainingError
 from cyto.models.backbones import build_backbone
 from cyto.models.scoring import TTA_VIEWS, DSVDDScorer, EmbeddingModel, run_batched
@@ -213,7 +216,7 @@ class DeepSVDD(Method):
         cfg = self.config
 
         def gen(epoch: int):
-            view = weak_view(cfg.input_size, seed=seed * 7919 + epoch)
+            view = size_preserving_view(cfg.input_size, seed=seed * 7919 + epoch)
             for idx in epoch_batches(len(images), cfg.batch_size, seed, epoch):
                 yield (torch.from_numpy(apply_view(view, images[idx])),)
 
