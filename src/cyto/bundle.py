@@ -195,9 +195,12 @@ def load_bundle(path: Path) -> Bundle:
     return bundle
 
 
-def add_files(path: Path, new: dict[str, Path]) -> dict[str, Any]:
-    """Add (or replace) files in an existing bundle and update the manifest's checksums."""
+def add_files(
+    path: Path, new: dict[str, Path], manifest_update: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Add (or replace) files in a bundle, update the manifest's checksums and fields."""
     manifest = verify_bundle(path)
+    manifest.update(manifest_update or {})
     for name, src in new.items():
         if Path(src).resolve() != (Path(path) / name).resolve():
             shutil.copyfile(src, Path(path) / name)

@@ -330,8 +330,57 @@ def info_cmd(
     for name in sorted(m["files"]):
         size = (model / name).stat().st_size
         typer.echo(f"    {name}  {size / 1e6:.2f} MB  sha256 {m['files'][name][:12]}")
-    typer.echo("  backends: torch (this install); ONNX Runtime and TensorRT after 'cyto export'")
+    typer.echo("  backends:")
+    typer.echo("    torch: ready (needs torch, CPU or CUDA)")
+    if "onnx" in m:
+        o = m["onnx"]
+        typer.echo(
+            f"    onnxruntime: ready ({o['file']}, opset {o['opset']}, "
+            f"{o['input']['dtype']} {o['input']['layout']} in; needs 'cyto[cpu]' or "
+            "'cyto[gpu]' for CUDA)"
+        )
+    else:
+        typer.echo(f"    onnxruntime: run 'cyto export {model}' first")
+    engines = m.get("engines", [])
+    for e in engines:
+        typer.echo(
+            f"    tensorrt: {e['file']} (batch {e['batch']}; runs only on that GPU and "
+            "TensorRT version; needs 'cyto[gpu]')"
+        )
+    if not engines:
+        typer.echo(
+            f"    tensorrt: run 'cyto export {model} --trt' on an NVIDIA GPU (needs 'cyto[gpu]')"
+        )
     typer.echo("  libraries: " + ", ".join(f"{k} {v}" for k, v in m.get("libraries", {}).items()))
+
+
+@app.command("export")
+def export_cmd(
+    model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
+    onnx: Annotated[bool, typer.Option(help="Export encoder.onnx (uint8 NHWC in).")] = True,
+    trt: Annotated[bool, typer.Option(help="Also build a TensorRT engine (NVIDIA GPU).")] = False,
+    fp16: Annotated[bool, typer.Option(help="TensorRT: allow FP16 kernels.")] = True,
+    int8: Annotated[bool, typer.Option(help="TensorRT: INT8 with entropy calibration.")] = False,
+    calib: Annotated[
+        Path | None, typer.Option(help="Cell patches for calibration and the parity check.")
+    ] = None,
+    batch: Annotated[str, typer.Option(help="TensorRT batch profile min,opt,max.")] = "1,64,256",
+    opset: Annotated[int, typer.Option(help="ONNX opset.")] = 18,
+) -> None:
+    """Export a bundle for inference: ONNX (+ TensorRT), with a parity check against PyTorch."""
+    from cyto.export.api import export_bundle
+
+    export_bundle(
+        model,
+        onnx=onnx,
+        trt=trt,
+        fp16=fp16,
+        int8=int8,
+        calib=calib,
+        batch=batch,
+        opset=opset,
+        echo=typer.echo,
+    )
 
 
 @app.command("predict")

@@ -25,6 +25,6 @@ class Preprocess(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.permute(0, 3, 1, 2).float() / 255.0
-        if x.shape[-1] != self.size or x.shape[-2] != self.size:
-            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
+        # always resize (an identity at the same size): no shape-dependent branch in the graph
+        x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
         return (x - self.mean) / self.std

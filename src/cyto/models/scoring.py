@@ -20,25 +20,21 @@ from cyto.models.preprocess import Preprocess
 TTA_VIEWS = ("orig", "hflip", "rot+10", "rot-10")
 
 
-def rotate(x: torch.Tensor, degrees: float) -> torch.Tensor:
-    """Rotate a float NCHW batch about its centre (bilinear, border padding)."""
+def rotation_grid(size: int, degrees: float) -> torch.Tensor:
+    """Sampling grid (1, size, size, 2) that rotates a square image about its centre."""
     a = math.radians(degrees)
     theta = torch.tensor(
-        [[math.cos(a), -math.sin(a), 0.0], [math.sin(a), math.cos(a), 0.0]],
-        dtype=x.dtype,
-        device=x.device,
-    ).expand(x.shape[0], 2, 3)
-    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+        [[[math.cos(a), -math.sin(a), 0.0], [math.sin(a), math.cos(a), 0.0]]], dtype=torch.float32
+    )
+    return F.affine_grid(theta, [1, 3, size, size], align_corners=False)
 
 
-def make_view(x: torch.Tensor, view: str) -> torch.Tensor:
-    if view == "orig":
-        return x
-    if view == "hflip":
-        return torch.flip(x, dims=[3])
+def view_degrees(view: str) -> float | None:
+    """Rotation angle of a view name (``rot+10`` -> 10.0), None for the others."""
+    if view in ("orig", "hflip"):
+        return None
     if view.startswith("rot"):
-        return rotate(x, float(view[3:]))
+        return float(view[3:])
     raise ValueError(f"unknown test-time view {view!r}; known: {', '.join(TTA_VIEWS)}")
 
 
@@ -49,7 +45,11 @@ def tta_blend(d: torch.Tensor, lam: float) -> torch.Tensor:
 
 
 class DSVDDScorer(nn.Module):
-    """Deep SVDD: squared distance to each seed's fixed centre, TTA blend, mean over seeds."""
+    """Deep SVDD: squared distance to each seed's fixed centre, TTA blend, mean over seeds.
+
+    Views are made in the graph: a flip, and rotations by fixed sampling grids (precomputed for
+    the input size), so the exported ONNX graph makes them too.
+    """
 
     def __init__(
         self,
@@ -65,20 +65,45 @@ class DSVDDScorer(nn.Module):
         self.register_buffer("centres", centres.float())
         self.views = tuple(views)
         self.lam = float(lam)
+        for i, v in enumerate(self.views):
+            deg = view_degrees(v)
+            if deg is not None:
+                self.register_buffer(f"grid{i}", rotation_grid(input_size, deg))
+
+    def _view(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        v = self.views[i]
+        if v == "orig":
+            return x
+        if v == "hflip":
+            return torch.flip(x, dims=[3])
+        grid = getattr(self, f"grid{i}").expand(x.shape[0], -1, -1, -1)
+        return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+    def embeddings(self, x: torch.Tensor) -> torch.Tensor:
+        """(seeds, views, N, d) embeddings for uint8 NHWC input."""
+        x = self.pre(x)
+        viewed = [self._view(x, i) for i in range(len(self.views))]
+        return torch.stack([torch.stack([enc(v) for v in viewed]) for enc in self.encoders])
 
     def distances(self, x: torch.Tensor) -> torch.Tensor:
-        """(seeds, views, N) squared distances for uint8 NHWC input."""
-        x = self.pre(x)
-        viewed = [make_view(x, v) for v in self.views]
-        out = []
-        for s, enc in enumerate(self.encoders):
-            per_view = [((enc(v) - self.centres[s]) ** 2).sum(dim=1) for v in viewed]
-            out.append(torch.stack(per_view))
-        return torch.stack(out)
+        """(seeds, views, N) squared distances to each seed's centre."""
+        e = self.embeddings(x)
+        return ((e - self.centres[:, None, None, :]) ** 2).sum(dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = self.distances(x)
         return torch.stack([tta_blend(d[s], self.lam) for s in range(d.shape[0])]).mean(dim=0)
+
+
+class DSVDDEmbeddings(nn.Module):
+    """What the exported graph computes for Deep SVDD: (seeds, views, N, d) embeddings."""
+
+    def __init__(self, scorer: DSVDDScorer) -> None:
+        super().__init__()
+        self.scorer = scorer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scorer.embeddings(x)
 
 
 class ClassifierScorer(nn.Module):

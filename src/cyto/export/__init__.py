@@ -1,0 +1,1 @@
+"""Export: ONNX graphs, TensorRT engines and numba scoring kernels (no training code)."""
