@@ -17,8 +17,7 @@ if importlib.util.find_spec("openslide") is not None:
 
 os.environ.setdefault("CYTO_PROGRESS", "0")
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("CYTO_SHARED_DATA", ROOT.parent / "shared" / "data"))
+from tests.conftest_paths import SHARED_DATA  # noqa: E402 - after the openslide import above
 
 
 def _has_openslide() -> bool:
