@@ -22,6 +22,8 @@ PER_METHOD = {
         "warmup_epochs": 1,
         "refit_every": 2,
         "agg_epochs": 60,
+        "agg_lr": 0.002,
+        "pretrain_epochs": 2,
         "lr": 0.05,
         "temperature": 0.1,
     },

@@ -76,7 +76,9 @@ def _classifier(b: Bundle, dev: torch.device) -> TorchScorer:
 
 def _ocsvm(b: Bundle, dev: torch.device) -> TorchScorer:
     m = b.manifest
-    emb = EmbeddingModel(_net(m, b.weights["encoder"]), m["input_size"], normalize=True).to(dev)
+    emb = EmbeddingModel(
+        _net(m, b.weights["encoder"]), m["input_size"], normalize=bool(m["embedding_normalized"])
+    ).to(dev)
     s = b.scorer
 
     def post(feats: np.ndarray) -> np.ndarray:

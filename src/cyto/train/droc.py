@@ -13,8 +13,10 @@ The loss, for a batch of N images with projections z (two weak views, 2N unit ve
     L_DA  = mean_i -log( e^{s(i, p(i))} / ( e^{s(i, p(i))} + sum_j e^{s(i, a_j)} ) )
     L     = L_clr + alpha * L_DA
 
-so the pseudo-abnormal views enter the denominator as extra negatives of every anchor. Departure:
-the OC-SVM sees L2-normalized encoder embeddings (the head is dropped), as in Sohn et al.
+so the pseudo-abnormal views enter the denominator as extra negatives of every anchor. The OC-SVM
+sees the encoder's raw embeddings (the head is dropped): with gamma='auto' (1 / dimension) the RBF
+kernel of unit vectors would be nearly constant. ``normalize_embeddings=True`` feeds unit vectors,
+as Sohn et al. do with a tuned gamma.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class DROCConfig(TrainConfig):
     epochs: int = 100
     nu: float = 0.1
     strong_mode: str = "one"  # one member of the strong set per view, or "all" in sequence
+    normalize_embeddings: bool = False  # unit vectors into the OC-SVM (Sohn et al.) or raw
+    crop_min: float = 0.5  # RandomResizedCrop keeps at least this share of the area
 
     presets = {
         "fast": {
@@ -72,12 +76,16 @@ class DROCConfig(TrainConfig):
             raise ConfigError(f"strong_mode must be 'one' or 'all', got {self.strong_mode!r}")
 
 
+def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
+    """SimCLR's NT-Xent loss (L_clr) over two views."""
+    return droc_loss(z1, z2, None, temperature, 0.0)
+
+
 def droc_loss(
-    z1: torch.Tensor, z2: torch.Tensor, a: torch.Tensor, temperature: float, alpha: float
+    z1: torch.Tensor, z2: torch.Tensor, a: torch.Tensor | None, temperature: float, alpha: float
 ) -> torch.Tensor:
     """L_clr + alpha * L_DA on unnormalized projections (see the module docstring)."""
     z = F.normalize(torch.cat([z1, z2]), dim=1)
-    a = F.normalize(a, dim=1)
     n = z1.shape[0]
     sim = z @ z.T / temperature
     eye = torch.eye(2 * n, dtype=torch.bool, device=z.device)
@@ -85,7 +93,9 @@ def droc_loss(
     pos_idx = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
     pos = sim[torch.arange(2 * n, device=z.device), pos_idx]
     l_clr = (torch.logsumexp(sim, dim=1) - pos).mean()
-    neg_a = z @ a.T / temperature  # (2N, N)
+    if a is None or alpha == 0:
+        return l_clr
+    neg_a = z @ F.normalize(a, dim=1).T / temperature  # (2N, N)
     l_da = (torch.logsumexp(torch.cat([pos[:, None], neg_a], dim=1), dim=1) - pos).mean()
     return l_clr + alpha * l_da
 
@@ -125,7 +135,10 @@ class DROC(Method):
 
         def batches(epoch: int):
             s = cfg.seed * 7919 + epoch
-            v1, v2 = weak_view(cfg.input_size, seed=s), weak_view(cfg.input_size, seed=s + 1)
+            v1, v2 = (
+                weak_view(cfg.input_size, seed=s, crop_scale=(cfg.crop_min, 1.0)),
+                weak_view(cfg.input_size, seed=s + 1, crop_scale=(cfg.crop_min, 1.0)),
+            )
             da = pseudo_abnormal_view(cfg.input_size, in_size, seed=s + 2, mode=cfg.strong_mode)
             for idx in epoch_batches(len(normals), cfg.batch_size, cfg.seed, epoch, drop_last=True):
                 imgs = normals[idx]
@@ -161,9 +174,9 @@ class DROC(Method):
         self.rho_ = float(-svm.intercept_[0])
 
     def _embedder(self) -> nn.Module:
-        return EmbeddingModel(self.encoder_, self.config.input_size, normalize=True).to(
-            self.device_
-        )
+        return EmbeddingModel(
+            self.encoder_, self.config.input_size, normalize=self.config.normalize_embeddings
+        ).to(self.device_)
 
     def score(self, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
         self._check_fitted()
@@ -179,7 +192,7 @@ class DROC(Method):
         manifest = {
             "embedding_dim": self.config.embedding_dim,
             "bias": True,
-            "embedding_normalized": True,
+            "embedding_normalized": self.config.normalize_embeddings,
             "ocsvm": {
                 "kernel": "rbf",
                 "nu": self.config.nu,

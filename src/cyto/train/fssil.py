@@ -35,6 +35,7 @@ class SILConfig(TrainConfig):
     momentum: float = 0.9
     weight_decay: float = 1e-4
     class_weights: str = "balanced"  # "balanced" or "none"
+    crop_min: float = 0.5  # RandomResizedCrop keeps at least this share of the area
 
     presets = {
         "fast": {
@@ -87,7 +88,9 @@ class FSSIL(Method):
         images = data.images
 
         def batches(epoch: int):
-            view = weak_view(cfg.input_size, seed=cfg.seed * 7919 + epoch)
+            view = weak_view(
+                cfg.input_size, seed=cfg.seed * 7919 + epoch, crop_scale=(cfg.crop_min, 1.0)
+            )
             for idx in epoch_batches(len(images), cfg.batch_size, cfg.seed, epoch):
                 yield torch.from_numpy(apply_view(view, images[idx])), torch.from_numpy(y[idx])
 

@@ -18,6 +18,9 @@ embeddings (Adam 2e-4, weight decay 1e-4, up to 200 epochs) every 10 epochs and 
 end. Score = the instance logit c_i (higher = more abnormal).
 
 Departures: the paper does not give r's schedule; r grows from 5 % to 30 % here, applied per bag.
+Liu et al. start the encoder from SimCLR; ``pretrain_epochs`` does that, but it is off by default:
+on cell patches the crop invariance SimCLR learns erases cell size, the strongest cue of abnormal
+cells (measured on synthetic cells: AUROC 0.45 with a short SimCLR start, 0.97 without).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from cyto.models.backbones import build_backbone
 from cyto.models.scoring import EmbeddingModel, InstanceMILScorer, run_batched
 from cyto.train.base import Method
 from cyto.train.config import TrainConfig
-from cyto.train.data import TrainData, apply_view
+from cyto.train.data import TrainData, apply_view, epoch_batches
+from cyto.train.droc import ProjectionHead, nt_xent
 from cyto.train.loop import run_phase
 from cyto.train.registry import register
 
@@ -59,6 +63,9 @@ class ItS2CLRConfig(TrainConfig):
     agg_lr: float = 2e-4
     agg_weight_decay: float = 1e-4
     agg_epochs: int = 200
+    pretrain_epochs: int = 0  # SimCLR warm start of the encoder (Liu et al. start from SimCLR)
+    pretrain_lr: float = 1e-3
+    crop_min: float = 0.5  # RandomResizedCrop keeps at least this share of the area
 
     presets = {
         "fast": {
@@ -70,7 +77,8 @@ class ItS2CLRConfig(TrainConfig):
             "warmup_epochs": 3,
             "refit_every": 3,
             "batch_size": 64,
-            "agg_epochs": 40,
+            "agg_epochs": 100,
+            "agg_lr": 2e-3,
             "lr": 0.05,
             "temperature": 0.1,
         },
@@ -82,6 +90,8 @@ class ItS2CLRConfig(TrainConfig):
             raise ConfigError("need 0 < r_start <= r_end < 0.5")
         if self.refit_every < 1 or self.warmup_epochs < 0 or self.agg_epochs < 1:
             raise ConfigError("refit_every and agg_epochs must be >= 1, warmup_epochs >= 0")
+        if self.pretrain_epochs < 0:
+            raise ConfigError("pretrain_epochs must be >= 0")
 
 
 def supcon_loss(
@@ -167,6 +177,8 @@ class ItS2CLR(Method):
         images = data.images
         torch.manual_seed(cfg.seed)
         enc = build_backbone(cfg.backbone, cfg.embedding_dim, weights=weights).to(self.device_)
+        if cfg.pretrain_epochs:
+            self._pretrain(enc, images, ckpt_dir, resume)
         pseudo = _PseudoLabels(len(images)).to(self.device_)
         opt = torch.optim.SGD(
             enc.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
@@ -207,7 +219,10 @@ class ItS2CLR(Method):
             labelled = np.flatnonzero(pseudo.y.cpu().numpy() >= 0)
             order = np.random.default_rng([cfg.seed, epoch, 5]).permutation(labelled)
             s = cfg.seed * 7919 + epoch
-            v1, v2 = weak_view(cfg.input_size, seed=s), weak_view(cfg.input_size, seed=s + 1)
+            v1, v2 = (
+                weak_view(cfg.input_size, seed=s, crop_scale=(cfg.crop_min, 1.0)),
+                weak_view(cfg.input_size, seed=s + 1, crop_scale=(cfg.crop_min, 1.0)),
+            )
             y = pseudo.y.cpu()
             for i in range(0, len(order) - 1, cfg.batch_size):
                 idx = order[i : i + cfg.batch_size]
@@ -243,6 +258,43 @@ class ItS2CLR(Method):
         )
         self.aggregator_ = fit_aggregator(feats, bag_index, bag_y, cfg, cfg.seed * 31 + cfg.epochs)
         self.pseudo_labels_ = pseudo.y.cpu().numpy()
+
+    def _pretrain(
+        self, enc: nn.Module, images: np.ndarray, ckpt_dir: Path | None, resume: bool
+    ) -> None:
+        """SimCLR on all instances (no labels), the starting point of ItS2CLR."""
+        cfg: ItS2CLRConfig = self.config  # type: ignore[assignment]
+        head = ProjectionHead(cfg.embedding_dim, cfg.embedding_dim).to(self.device_)
+        opt = torch.optim.Adam([*enc.parameters(), *head.parameters()], lr=cfg.pretrain_lr)
+
+        def batches(epoch: int):
+            s = cfg.seed * 7919 + 10_000 + epoch
+            v1, v2 = (
+                weak_view(cfg.input_size, seed=s, crop_scale=(cfg.crop_min, 1.0)),
+                weak_view(cfg.input_size, seed=s + 1, crop_scale=(cfg.crop_min, 1.0)),
+            )
+            for idx in epoch_batches(
+                len(images), cfg.batch_size, cfg.seed + 1, epoch, drop_last=True
+            ):
+                yield (
+                    torch.from_numpy(apply_view(v1, images[idx])),
+                    torch.from_numpy(apply_view(v2, images[idx])),
+                )
+
+        self.history_["simclr"] = run_phase(
+            "simclr",
+            {"encoder": enc, "head": head},
+            opt,
+            cfg.pretrain_epochs,
+            batches,
+            lambda a, b: nt_xent(head(enc(a)), head(enc(b)), 0.5),
+            max(len(images) // cfg.batch_size, 1),
+            self.device_,
+            cfg.seed + 1,
+            ckpt_dir=ckpt_dir,
+            resume=resume,
+            amp=cfg.amp,
+        )
 
     def _scorer(self) -> nn.Module:
         return InstanceMILScorer(
