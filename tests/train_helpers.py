@@ -23,7 +23,6 @@ PER_METHOD = {
         "refit_every": 2,
         "agg_epochs": 60,
         "agg_lr": 0.002,
-        "pretrain_epochs": 2,
         "lr": 0.05,
         "temperature": 0.1,
     },

@@ -251,3 +251,9 @@ def test_local_weights_file(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError, match="cannot read weights"):
         build_backbone("smallcnn", 8, weights=tmp_path / "junk.pt")
+
+
+def test_its2clr_optional_simclr_start(tiny):
+    model = make("its2clr", epochs=2, agg_epochs=5, pretrain_epochs=2).fit(tiny)
+    assert len(model.history_["simclr"]) == 2
+    assert np.isfinite(model.score(tiny.images)).all()
