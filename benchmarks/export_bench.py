@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import socket
 import statistics
+import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _results import machine, write  # noqa: E402
 
 
 def timed(fn, repeats: int) -> float:
@@ -134,18 +134,10 @@ def main() -> None:
     rows.append(row)
     print(json.dumps(row), flush=True)
 
-    meta = {
-        "command": "python benchmarks/export_bench.py "
-        + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "out"),
-        "host": socket.gethostname(),
-        "cpu_count": os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"export_{socket.gethostname()}_{date.today()}"
-    (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    cmd = "python benchmarks/export_bench.py " + " ".join(
+        f"--{k} {v}" for k, v in vars(args).items() if k != "out"
+    )
+    meta = machine(cmd)
     lines = [
         f"# Exported path vs training path ({meta['cpu_count']} CPUs, {meta['host']})",
         "",
@@ -174,8 +166,7 @@ def main() -> None:
         f"numba / sklearn = {o['ratio_numba_over_sklearn']}x; max |difference| "
         f"{o['max_abs_diff_vs_sklearn']:.2e}.",
     ]
-    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out / stem}.json and .md")
+    write(args.out, "export", meta, rows, lines)
 
 
 if __name__ == "__main__":

@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import socket
+import sys
 import time
-from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +27,9 @@ from cyto.data.dataset import PatchDataset
 from cyto.train.config import resolve_config
 from cyto.train.data import TrainData
 from cyto.train.registry import get_method, method_names
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _results import machine, write  # noqa: E402
 
 
 def split(ds: PatchDataset, seed: int):
@@ -107,22 +107,14 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"train_{args.data.name}_{args.preset}_{socket.gethostname()}_{date.today()}"
-    meta = {
-        "command": "python benchmarks/train_bone_marrow.py "
-        + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "out"),
-        "host": socket.gethostname(),
-        "cpu_count": os.cpu_count(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "chance_recall_at_k": round(k / len(test), 4),
-    }
-    (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    cmd = "python benchmarks/train_bone_marrow.py " + " ".join(
+        f"--{k} {v}" for k, v in vars(args).items() if k != "out"
+    )
+    meta = machine(cmd) | {"chance_recall_at_k": round(k / len(test), 4)}
     lines = [
         f"# {args.data.name}: one-class ranking of held-out cells ({args.preset} preset)",
         "",
-        f"`{meta['command']}` on {meta['host']} ({meta['cpu_count']} CPUs)",
+        f"`{cmd}` on {meta['host']} ({meta['cpu_count']} CPUs, {meta['processor']})",
         "",
         f"Test pool: {len(test)} cells, {k} abnormal (chance Recall@{k} = "
         f"{meta['chance_recall_at_k']}).",
@@ -135,8 +127,7 @@ def main() -> None:
         f"{r['tp_at_k']} | {r['fit_seconds']:.0f} |"
         for r in rows
     ]
-    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out / stem}.json and .md")
+    write(args.out, f"train_{args.data.name}_{args.preset}", meta, rows, lines)
 
 
 if __name__ == "__main__":

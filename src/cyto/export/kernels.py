@@ -46,13 +46,13 @@ def dsvdd_scores_ref(emb: np.ndarray, centres: np.ndarray, lam: float) -> np.nda
     return per_seed.mean(axis=0)
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _ocsvm_chunk(xb, sv, sv_sq, coef, gamma, rho):
     x_sq = (xb * xb).sum(axis=1)
     d2 = -2.0 * (xb @ sv.T)
     n, m = d2.shape
     out = np.empty(n, dtype=np.float64)
-    for i in range(n):
+    for i in prange(n):
         acc = 0.0
         for j in range(m):
             v = d2[i, j] + x_sq[i] + sv_sq[j]
