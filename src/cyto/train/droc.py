@@ -50,6 +50,7 @@ class DROCConfig(TrainConfig):
     lr: float = 1e-3
     epochs: int = 100
     nu: float = 0.1
+    gamma: str = "auto"  # OC-SVM RBF width: "auto" (1/d), "scale" (1/(d var)) or a number
     strong_mode: str = "one"  # one member of the strong set per view, or "all" in sequence
     normalize_embeddings: bool = False  # unit vectors into the OC-SVM (Sohn et al.) or raw
     crop_min: float = 0.5  # RandomResizedCrop keeps at least this share of the area
@@ -72,6 +73,14 @@ class DROCConfig(TrainConfig):
             raise ConfigError("temperature must be > 0 and alpha >= 0")
         if not 0 < self.nu <= 1:
             raise ConfigError(f"nu must be in (0, 1], got {self.nu}")
+        if self.gamma not in ("auto", "scale"):
+            try:
+                if float(self.gamma) <= 0:
+                    raise ValueError
+            except ValueError as exc:
+                raise ConfigError(
+                    f"gamma must be 'auto', 'scale' or a positive number, got {self.gamma!r}"
+                ) from exc
         if self.strong_mode not in ("one", "all"):
             raise ConfigError(f"strong_mode must be 'one' or 'all', got {self.strong_mode!r}")
 
@@ -166,7 +175,8 @@ class DROC(Method):
         )
         self.encoder_ = enc.eval()
         feats = run_batched(self._embedder(), normals, 256, self.device_).astype(np.float64)
-        svm = OneClassSVM(kernel="rbf", nu=cfg.nu, gamma="auto").fit(feats)
+        gamma = cfg.gamma if cfg.gamma in ("auto", "scale") else float(cfg.gamma)
+        svm = OneClassSVM(kernel="rbf", nu=cfg.nu, gamma=gamma).fit(feats)
         self.svm_ = svm
         self.support_vectors_ = svm.support_vectors_.astype(np.float64)
         self.dual_coef_ = svm.dual_coef_.ravel().astype(np.float64)

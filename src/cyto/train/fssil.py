@@ -44,6 +44,7 @@ class SILConfig(TrainConfig):
             "load_size": 80,
             "epochs": 12,
             "lr": 0.01,
+            "crop_min": 0.85,
         },
     }
 
