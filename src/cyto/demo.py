@@ -1,8 +1,9 @@
 """``make demo``: the main job on built-in synthetic data, end to end, on 2 CPU cores.
 
 It draws a synthetic patch dataset, trains Deep SVDD (fast preset) on normal cells only, ranks
-held-out normal and abnormal cells with the trained bundle, and draws a synthetic whole slide with
-planted abnormal cells. Each step is a library call that a user can run alone through the CLI.
+held-out normal and abnormal cells with the trained bundle, exports it to ONNX (checking that ONNX
+Runtime gives PyTorch's scores), and draws a synthetic whole slide with planted abnormal cells.
+Each step is a library call that a user can run alone through the CLI.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     from cyto.data.mosaic import class_mosaic
     from cyto.data.synth.patches import PatchSynthConfig, write_patches
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
+    from cyto.export.api import export_bundle
     from cyto.predict import predict
     from cyto.train.api import train
 
@@ -28,7 +30,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     made: dict[str, object] = {}
     t0 = time.perf_counter()
 
-    echo("[1/5] synthetic cell patches (normal lymphocyte-like + six abnormal morphologies)")
+    echo("[1/6] synthetic cell patches (normal lymphocyte-like + six abnormal morphologies)")
     patches = out / "patches"
     counts = write_patches(
         patches, PatchSynthConfig(n_normal=300, n_abnormal=20, seed=seed), overwrite=True
@@ -41,7 +43,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     made["patches"] = patches
     made["counts"] = counts
 
-    echo("[2/5] split: train on normal cells only, hold out normal + abnormal cells")
+    echo("[2/6] split: train on normal cells only, hold out normal + abnormal cells")
     ds = PatchDataset.from_path(patches, normal="normal")
     rng = np.random.default_rng(seed)
     normals = rng.permutation(np.flatnonzero(ds.labels == 0))
@@ -57,7 +59,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
         f"{len(test_idx)} cells, {int(ds.labels[test_idx].sum())} abnormal"
     )
 
-    echo("[3/5] train Deep SVDD (fast preset) -> model bundle")
+    echo("[3/6] train Deep SVDD (fast preset) -> model bundle")
     res = train(
         "dsvdd",
         out / "train.csv",
@@ -71,7 +73,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     echo(f"      {res.bundle} in {res.seconds:.0f} s")
     made["bundle"] = res.bundle
 
-    echo("[4/5] rank the held-out cells (higher = more abnormal)")
+    echo("[4/6] rank the held-out cells (higher = more abnormal)")
     summary = predict(res.bundle, out / "test.csv", out / "test_scores.parquet", normal="normal")
     echo(
         f"      AUROC {summary['auroc']:.3f}, Recall@{summary['k']} {summary['recall_at_k']:.3f}"
@@ -81,7 +83,11 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     mosaic = class_mosaic(patches, out / "patches_mosaic.png", per_class=8, seed=seed)
     made["mosaic"] = mosaic
 
-    echo("[5/5] synthetic whole slide (NDPI) with planted abnormal cells and ground truth")
+    echo("[5/6] export to ONNX (uint8 patches in) and check ONNX Runtime against PyTorch")
+    report = export_bundle(res.bundle, echo=lambda line: echo(f"      {line}"))
+    made["onnx_parity_max_rel"] = report["onnx_parity_max_rel"]
+
+    echo("[6/6] synthetic whole slide (NDPI) with planted abnormal cells and ground truth")
     res = write_slide(
         out / "slide.ndpi",
         SlideSynthConfig(width=4096, height=4096, abnormal_fraction=0.02, seed=seed),
