@@ -46,6 +46,11 @@ def export_bundle(
     bundle = load_bundle(path)
     if not onnx and ONNX_FILE not in bundle.manifest["files"] and trt:
         raise ConfigError("TensorRT builds from the ONNX graph: export it first (--onnx)")
+    if trt:  # fail before the slow ONNX export when TensorRT cannot run here
+        from cyto.export.trt import require_cuda, require_tensorrt
+
+        require_tensorrt()
+        require_cuda()
     size = bundle.manifest["config"].get("load_size") or bundle.manifest["input_size"]
     report: dict = {}
     if onnx:
