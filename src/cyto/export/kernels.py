@@ -46,18 +46,23 @@ def dsvdd_scores_ref(emb: np.ndarray, centres: np.ndarray, lam: float) -> np.nda
     return per_seed.mean(axis=0)
 
 
-@njit(cache=True, parallel=True)
-def _ocsvm_chunk(xb, sv, sv_sq, coef, gamma, rho):
-    x_sq = (xb * xb).sum(axis=1)
-    d2 = -2.0 * (xb @ sv.T)
-    n, m = d2.shape
+@njit(cache=True, parallel=True, fastmath=True)
+def _rbf_finish(
+    cross: np.ndarray,
+    x_sq: np.ndarray,
+    sv_sq: np.ndarray,
+    coef: np.ndarray,
+    gamma: float,
+    rho: float,
+) -> np.ndarray:
+    """-(sum_j a_j exp(-gamma (|x|^2 + |sv_j|^2 - 2 x.sv_j)) - rho) from the GEMM's x.sv."""
+    n, m = cross.shape
     out = np.empty(n, dtype=np.float64)
     for i in prange(n):
         acc = 0.0
         for j in range(m):
-            v = d2[i, j] + x_sq[i] + sv_sq[j]
-            if v < 0.0:
-                v = 0.0
+            v = x_sq[i] + sv_sq[j] - 2.0 * cross[i, j]
+            v = max(v, 0.0)
             acc += coef[j] * np.exp(-gamma * v)
         out[i] = -(acc - rho)
     return out
@@ -66,15 +71,20 @@ def _ocsvm_chunk(xb, sv, sv_sq, coef, gamma, rho):
 def ocsvm_scores(
     x: np.ndarray, sv: np.ndarray, coef: np.ndarray, gamma: float, rho: float, chunk: int = 2048
 ) -> np.ndarray:
-    """-decision_function of an RBF one-class SVM (higher = more abnormal), float64 throughout."""
+    """-decision_function of an RBF one-class SVM (higher = more abnormal), float64 throughout.
+
+    Each chunk of queries is one BLAS GEMM (x . sv) followed by a parallel numba pass for the
+    exponentials and the weighted sum.
+    """
     x = np.ascontiguousarray(x, dtype=np.float64)
     sv = np.ascontiguousarray(sv, dtype=np.float64)
     coef = np.ascontiguousarray(np.ravel(coef), dtype=np.float64)
     sv_sq = (sv * sv).sum(axis=1)
     out = np.empty(len(x), dtype=np.float64)
     for i in range(0, len(x), chunk):
-        out[i : i + chunk] = _ocsvm_chunk(
-            x[i : i + chunk], sv, sv_sq, coef, float(gamma), float(rho)
+        xb = x[i : i + chunk]
+        out[i : i + chunk] = _rbf_finish(
+            xb @ sv.T, (xb * xb).sum(axis=1), sv_sq, coef, float(gamma), float(rho)
         )
     return out
 
