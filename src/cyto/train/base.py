@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,7 +21,7 @@ class NotFittedError(CytoError):
     """A method was asked to embed or score before ``fit``."""
 
 
-class Method:
+class Method(ABC):
     """Base of the five methods. Subclasses set ``Config`` and ``scorer_kind``."""
 
     name: ClassVar[str] = ""
@@ -34,22 +35,24 @@ class Method:
         self.history_: dict[str, list[float]] = {}
         self.device_ = torch.device("cpu")
 
-    # --- to implement -------------------------------------------------------------------------
+    # --- each method implements these ----------------------------------------------------------
+    @abstractmethod
     def _fit(
         self, data: TrainData, ckpt_dir: Path | None, resume: bool, weights: Path | None
     ) -> None:
-        raise NotImplementedError
+        """Learn from ``data``; set the fitted state (attributes ending in ``_``)."""
 
+    @abstractmethod
     def _scorer(self) -> nn.Module:
         """uint8 NHWC -> score module (fitted)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _embedder(self) -> nn.Module:
-        raise NotImplementedError
+        """uint8 NHWC -> embedding module (fitted)."""
 
+    @abstractmethod
     def export_state(self) -> tuple[dict[str, Any], dict[str, dict], dict[str, np.ndarray]]:
         """``(manifest fields, weights per file, scorer arrays)`` for the bundle."""
-        raise NotImplementedError
 
     # --- shared -------------------------------------------------------------------------------
     def fit(

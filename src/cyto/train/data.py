@@ -90,6 +90,16 @@ def epoch_batches(
         yield order[i : i + batch_size]
 
 
+def weak_pair(size: int, seed: int, crop_min: float):
+    """Two independently seeded weak views (the positive pair of contrastive learning)."""
+    from cyto.data.augment import weak_view
+
+    crop = (crop_min, 1.0)
+    return weak_view(size, seed=seed, crop_scale=crop), weak_view(
+        size, seed=seed + 1, crop_scale=crop
+    )
+
+
 def apply_view(view: Callable[[np.ndarray], np.ndarray], images: np.ndarray) -> np.ndarray:
     """One augmented (3, S, S) float32 view per image, stacked."""
     return np.stack([view(np.asarray(im)) for im in images])

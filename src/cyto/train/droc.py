@@ -30,13 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cyto.data.augment import pseudo_abnormal_view, weak_view
+from cyto.data.augment import pseudo_abnormal_view
 from cyto.errors import ConfigError
 from cyto.models.backbones import build_backbone
 from cyto.models.scoring import EmbeddingModel, ocsvm_decision, run_batched
 from cyto.train.base import Method
 from cyto.train.config import TrainConfig
-from cyto.train.data import TrainData, apply_view, epoch_batches
+from cyto.train.data import TrainData, apply_view, epoch_batches, weak_pair
 from cyto.train.loop import run_phase
 from cyto.train.registry import register
 
@@ -144,10 +144,7 @@ class DROC(Method):
 
         def batches(epoch: int):
             s = cfg.seed * 7919 + epoch
-            v1, v2 = (
-                weak_view(cfg.input_size, seed=s, crop_scale=(cfg.crop_min, 1.0)),
-                weak_view(cfg.input_size, seed=s + 1, crop_scale=(cfg.crop_min, 1.0)),
-            )
+            v1, v2 = weak_pair(cfg.input_size, s, cfg.crop_min)
             da = pseudo_abnormal_view(cfg.input_size, in_size, seed=s + 2, mode=cfg.strong_mode)
             for idx in epoch_batches(len(normals), cfg.batch_size, cfg.seed, epoch, drop_last=True):
                 imgs = normals[idx]

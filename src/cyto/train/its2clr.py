@@ -34,13 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cyto.data.augment import weak_view
 from cyto.errors import ConfigError, DatasetError
 from cyto.models.backbones import build_backbone
 from cyto.models.scoring import EmbeddingModel, InstanceMILScorer, run_batched
 from cyto.train.base import Method
 from cyto.train.config import TrainConfig
-from cyto.train.data import TrainData, apply_view, epoch_batches
+from cyto.train.data import TrainData, apply_view, epoch_batches, weak_pair
 from cyto.train.droc import ProjectionHead, nt_xent
 from cyto.train.loop import run_phase
 from cyto.train.registry import register
@@ -219,10 +218,7 @@ class ItS2CLR(Method):
             labelled = np.flatnonzero(pseudo.y.cpu().numpy() >= 0)
             order = np.random.default_rng([cfg.seed, epoch, 5]).permutation(labelled)
             s = cfg.seed * 7919 + epoch
-            v1, v2 = (
-                weak_view(cfg.input_size, seed=s, crop_scale=(cfg.crop_min, 1.0)),
-                weak_view(cfg.input_size, seed=s + 1, crop_scale=(cfg.crop_min, 1.0)),
-            )
+            v1, v2 = weak_pair(cfg.input_size, s, cfg.crop_min)
             y = pseudo.y.cpu()
             for i in range(0, len(order) - 1, cfg.batch_size):
                 idx = order[i : i + cfg.batch_size]
@@ -269,10 +265,7 @@ class ItS2CLR(Method):
 
         def batches(epoch: int):
             s = cfg.seed * 7919 + 10_000 + epoch
-            v1, v2 = (
-                weak_view(cfg.input_size, seed=s, crop_scale=(cfg.crop_min, 1.0)),
-                weak_view(cfg.input_size, seed=s + 1, crop_scale=(cfg.crop_min, 1.0)),
-            )
+            v1, v2 = weak_pair(cfg.input_size, s, cfg.crop_min)
             for idx in epoch_batches(
                 len(images), cfg.batch_size, cfg.seed + 1, epoch, drop_last=True
             ):
