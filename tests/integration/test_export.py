@@ -166,3 +166,38 @@ def test_tensorrt_engine_matches_onnx_runtime(bundles, patches):  # pragma: no c
 
     rep = export_bundle(bundles["fs-sil"], onnx=False, trt=True, batch="1,8,32")
     assert rep["trt"]["spearman"] > 0.99
+
+
+def test_export_cli_and_info(bundles, tmp_path):
+    import shutil
+
+    from tests.unit.test_cli import run_cyto
+
+    copy = tmp_path / "w.cyto"
+    shutil.copytree(bundles["ws-sil"], copy)
+    proc = run_cyto("export", str(copy))
+    assert proc.returncode == 0, proc.stderr
+    assert "opset 18" in proc.stdout and "max relative difference" in proc.stdout
+    rel = float(proc.stdout.split("max relative difference")[1].split()[0])
+    assert rel < 1e-4
+    info = run_cyto("info", str(copy))
+    assert "onnxruntime: ready" in info.stdout and "encoder.onnx" in info.stdout
+
+
+def test_predict_without_labels(bundles, tiny, tmp_path):
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from tests.unit.test_cli import run_cyto
+
+    folder = tmp_path / "cells" / "unknown"
+    folder.mkdir(parents=True)
+    for i in range(5):
+        Image.fromarray(tiny.images[i]).save(folder / f"c{i}.png")
+    out = tmp_path / "s.parquet"
+    proc = run_cyto(
+        "predict", str(bundles["dsvdd"]), "--data", str(tmp_path / "cells"), "--out", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr
+    table = pq.read_table(out)
+    assert table.num_rows == 5 and "label" not in table.column_names
