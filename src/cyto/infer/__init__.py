@@ -1,0 +1,1 @@
+"""Inference on whole slides: readers, nuclei, patches, engines, writers (no training code)."""
