@@ -1,0 +1,89 @@
+"""Nucleus detection against the synthetic ground truth, seams, blank glass, nuclei files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.errors import InputPathError
+from cyto.infer.nuclei import detect_in_region, detect_nuclei, match, read_nuclei_file
+from cyto.infer.slide import open_slide
+
+
+@pytest.fixture(scope="module")
+def slide(tmp_path_factory):
+    out = tmp_path_factory.mktemp("nuc") / "s.ndpi"
+    res = write_slide(
+        out, SlideSynthConfig(width=2048, height=2048, seed=8, abnormal_fraction=0.05)
+    )
+    gt = pq.read_table(res.ground_truth)
+    truth = np.stack([np.asarray(gt["x"]), np.asarray(gt["y"])], axis=1)
+    return open_slide(out), truth
+
+
+def _tiles(reader, tile=512, margin=64, ox=0, oy=0):
+    parts = [
+        detect_in_region(reader, x, y, tile, tile, margin)
+        for y in range(oy, reader.info.height, tile)
+        for x in range(ox, reader.info.width, tile)
+    ]
+    return np.concatenate(parts)
+
+
+def test_detection_recall_and_precision(slide):
+    reader, truth = slide
+    found = _tiles(reader)
+    recall, precision = match(found, truth, radius=20)
+    assert recall >= 0.9, recall
+    assert precision >= 0.85, precision
+
+
+def test_a_nucleus_on_a_tile_seam_is_found_once(slide):
+    reader, truth = slide
+    cx, cy = truth[len(truth) // 2]
+    ox, oy = int(round(cx)) % 512, int(round(cy)) % 512  # tile edges run through the centre
+    found = _tiles(reader, ox=ox - 512 if ox else 0, oy=oy - 512 if oy else 0)
+    near = np.hypot(found[:, 0] - cx, found[:, 1] - cy) < 15
+    assert near.sum() == 1
+
+
+def test_blank_glass_has_no_nuclei():
+    glass = np.full((256, 256, 3), 236, dtype=np.uint8)
+    glass += np.random.default_rng(0).integers(0, 4, glass.shape, dtype=np.uint8)
+    assert len(detect_nuclei(glass)) == 0
+
+
+def test_nuclei_files(tmp_path):
+    pts = [(10.5, 20.0), (100.0, 40.0)]
+    (tmp_path / "n.csv").write_text("x,y\n" + "".join(f"{x},{y}\n" for x, y in pts))
+    pq.write_table(
+        pa.table({"X": [p[0] for p in pts], "Y": [p[1] for p in pts]}), tmp_path / "n.parquet"
+    )
+    qupath = {
+        "type": "FeatureCollection",
+        "features": [
+            {"type": "Feature", "geometry": {"type": "Point", "coordinates": [10.5, 20.0]}},
+            {
+                "type": "Feature",
+                "geometry": {
+                    "type": "Polygon",
+                    "coordinates": [[[90, 30], [110, 30], [110, 50], [90, 50], [90, 30]]],
+                },
+            },
+        ],
+    }
+    (tmp_path / "n.geojson").write_text(json.dumps(qupath))
+    for name in ("n.csv", "n.parquet", "n.geojson"):
+        np.testing.assert_allclose(read_nuclei_file(tmp_path / name, 200, 200), pts)
+    with pytest.raises(InputPathError, match="1 point\\(s\\) outside the 50x200 slide"):
+        read_nuclei_file(tmp_path / "n.csv", 50, 200)
+    (tmp_path / "bad.csv").write_text("col,row\n1,2\n")
+    with pytest.raises(InputPathError, match="needs x and y"):
+        read_nuclei_file(tmp_path / "bad.csv", 10, 10)
+    with pytest.raises(InputPathError, match="does not exist"):
+        read_nuclei_file(tmp_path / "none.csv", 10, 10)
