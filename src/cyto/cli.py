@@ -500,6 +500,67 @@ def eval_scores_cmd(
         )
 
 
+@app.command("score")
+def score_cmd(
+    slides: Annotated[list[Path], typer.Argument(help="Whole-slide images (NDPI, SVS, TIFF...).")],
+    model: Annotated[Path, typer.Option(help="Model bundle (exported: cyto export).")],
+    out: Annotated[Path, typer.Option(help="Output folder; one sub-folder per slide.")],
+    backend: Annotated[str, typer.Option(help="onnx (exported graph) or torch.")] = "onnx",
+    batch_size: Annotated[int, typer.Option(help="Cells per engine batch.")] = 64,
+    nuclei: Annotated[
+        Path | None,
+        typer.Option(
+            help="Nucleus centres (CSV/Parquet x,y or GeoJSON) instead "
+            "of detection; level-0 pixels."
+        ),
+    ] = None,
+    patch_size: Annotated[int, typer.Option(help="Cell crop size, level-0 px.")] = 192,
+    top_k: Annotated[int, typer.Option(help="Cells in topk.parquet.")] = 400,
+    mosaic: Annotated[int, typer.Option(help="Cells in the review mosaic (0: none).")] = 100,
+    truth: Annotated[
+        Path | None, typer.Option(help="Ground-truth cells (x, y, label) to report Recall@K.")
+    ] = None,
+) -> None:
+    """Score every cell of each slide: scores.parquet, topk.parquet, mosaic and summary.json.
+
+    Slides are scored one after another with one model load; a slide that fails is reported and
+    the next one goes on.
+    """
+    from cyto.errors import CytoError
+    from cyto.infer.pipeline import ScoreOptions, score_slide
+
+    opts = ScoreOptions(
+        patch_size=patch_size,
+        batch_size=batch_size,
+        top_k=top_k,
+        mosaic=mosaic,
+        backend=backend,
+        nuclei=nuclei,
+        truth=truth,
+    )
+    failed = []
+    for slide in slides:
+        try:
+            s = score_slide(slide, model, out / slide.stem, opts, echo=typer.echo)
+        except CytoError as exc:
+            typer.secho(f"error: {slide}: {exc}", err=True, fg=typer.colors.RED)
+            failed.append(slide)
+            continue
+        line = (
+            f"{slide.name}: {s['cells_scored']} cells in {s['seconds']} s "
+            f"({s['cells_per_s']} cells/s) -> {out / slide.stem}"
+        )
+        if "truth" in s:
+            t = s["truth"]
+            line += (
+                f"; planted abnormal found in the top {t['k']}: "
+                f"{t['planted_found_in_top_k']}/{t['planted_abnormal']}"
+            )
+        typer.echo(line)
+    if failed:
+        raise typer.Exit(1)
+
+
 @app.command("demo")
 def demo_cmd(
     out: Annotated[Path, typer.Option(help="Folder for everything the demo makes.")] = Path(

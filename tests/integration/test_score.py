@@ -1,0 +1,150 @@
+"""`cyto score`: tables, ranks, top-K, mosaic and summary on synthetic slides; exact crops;
+empty slides; slides smaller than a patch; bad nuclei files; a cohort with one bad slide."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.bundle import save_bundle
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.export.onnx import export_onnx
+from cyto.infer.patches import crop_cells
+from cyto.infer.slide import open_slide
+from tests.train_helpers import make
+from tests.unit.test_cli import run_cyto
+
+
+@pytest.fixture(scope="module")
+def model(tiny, tmp_path_factory):
+    m = make("dsvdd", epochs=2, ae_epochs=1, n_seeds=1).fit(tiny)
+    manifest = m.base_manifest(tiny)
+    extra, weights, arrays = m.export_state()
+    manifest.update(extra)
+    path = save_bundle(tmp_path_factory.mktemp("m") / "d.cyto", manifest, weights, arrays)
+    export_onnx(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def slide(tmp_path_factory):
+    res = write_slide(
+        tmp_path_factory.mktemp("s") / "s.ndpi",
+        SlideSynthConfig(width=1536, height=1024, seed=2, abnormal_fraction=0.1),
+    )
+    return res
+
+
+def test_score_end_to_end(model, slide, tmp_path):
+    out = tmp_path / "out"
+    proc = run_cyto(
+        "score",
+        str(slide.paths[0]),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--top-k",
+        "20",
+        "--mosaic",
+        "20",
+        "--truth",
+        str(slide.ground_truth),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "planted abnormal found in the top 20" in proc.stdout
+    folder = out / "s"
+    table = pq.read_table(folder / "scores.parquet")
+    assert table.column_names[:6] == ["slide_id", "cell_id", "x", "y", "nucleus_area", "score"]
+    assert {"rank", "label", "tile"} <= set(table.column_names)
+    n = table.num_rows
+    assert abs(n - slide.n_cells) <= 0.25 * slide.n_cells  # about one detection per cell
+    assert sorted(table["rank"].to_pylist()) == list(range(1, n + 1))
+    scores = np.asarray(table["score"])
+    best = scores[np.asarray(table["rank"]) == 1][0]
+    assert best == scores.max()
+    meta = table.schema.metadata
+    assert meta[b"cyto.method"] == b"dsvdd" and meta[b"cyto.backend"] == b"onnx"
+    assert len(meta[b"cyto.slide_sha256"]) == 64
+    top = pq.read_table(folder / "topk.parquet")
+    assert top.num_rows == 20 and top["rank"].to_pylist() == list(range(1, 21))
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["cells_scored"] == n and summary["cells_per_s"] > 0
+    assert set(summary["timings_s"]) == {"read", "detect", "crop", "score", "write"}
+    assert summary["truth"]["planted_abnormal"] == slide.n_abnormal
+    assert (folder / "topk_mosaic.png").stat().st_size > 0
+    assert not list(folder.glob(".*partial*"))
+
+
+def test_torch_backend_gives_the_same_ranking(model, slide, tmp_path):
+    from cyto.infer.pipeline import ScoreOptions, score_slide
+
+    a = score_slide(slide.paths[0], model, tmp_path / "a", ScoreOptions(mosaic=0))
+    b = score_slide(slide.paths[0], model, tmp_path / "b", ScoreOptions(mosaic=0, backend="torch"))
+    sa = np.asarray(pq.read_table(tmp_path / "a" / "scores.parquet")["score"])
+    sb = np.asarray(pq.read_table(tmp_path / "b" / "scores.parquet")["score"])
+    assert a["cells_scored"] == b["cells_scored"]
+    np.testing.assert_allclose(sa, sb, rtol=1e-4, atol=1e-6)
+
+
+def test_crops_are_exact(slide):
+    reader = open_slide(slide.paths[0])
+    tile = reader.read_region(200, 100, 600, 500)
+    centres = np.array([[400.0, 300.0], [297.0, 197.0], [650.0, 450.0]])
+    crops = crop_cells(tile, 200, 100, centres, 64)
+    for (x, y), crop in zip(centres, crops, strict=True):
+        np.testing.assert_array_equal(crop, reader.read_region(int(x) - 32, int(y) - 32, 64, 64))
+    with pytest.raises(ValueError, match="margin"):
+        crop_cells(tile, 200, 100, np.array([[205.0, 105.0]]), 64)
+
+
+def test_empty_slide_small_slide_and_bad_inputs(model, tmp_path):
+    blank = write_slide(
+        tmp_path / "blank.tif",
+        SlideSynthConfig(width=512, height=512, n_cells=0, rbc_per_cell=0, debris_per_cell=0),
+    ).paths[0]
+    proc = run_cyto("score", str(blank), "--model", str(model), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr
+    assert "no cells found" in proc.stdout
+    assert pq.read_table(tmp_path / "o" / "blank" / "scores.parquet").num_rows == 0
+
+    small = write_slide(
+        tmp_path / "small.tif", SlideSynthConfig(width=512, height=512, n_cells=4)
+    ).paths[0]
+    proc = run_cyto(
+        "score",
+        str(small),
+        "--model",
+        str(model),
+        "--out",
+        str(tmp_path / "o"),
+        "--patch-size",
+        "640",
+    )  # bigger than the slide: crops are padded
+    assert proc.returncode == 0, proc.stderr
+
+    pts = tmp_path / "n.csv"
+    pts.write_text("x,y\n10,10\n5000,10\n")
+    proc = run_cyto(
+        "score",
+        str(small),
+        "--model",
+        str(model),
+        "--out",
+        str(tmp_path / "o"),
+        "--nuclei",
+        str(pts),
+    )
+    assert proc.returncode == 1 and "outside the 512x512 slide" in proc.stderr
+
+    fake = tmp_path / "fake.ndpi"
+    fake.write_text("not a slide at all, only text\n" * 4)
+    proc = run_cyto(
+        "score", str(fake), str(small), "--model", str(model), "--out", str(tmp_path / "c")
+    )
+    assert proc.returncode == 1
+    assert "fake.ndpi" in proc.stderr and "not a whole-slide image" in proc.stderr
+    assert (tmp_path / "c" / "small" / "scores.parquet").exists()  # the next slide went on
