@@ -76,6 +76,19 @@ def test_score_end_to_end(model, slide, tmp_path):
     assert set(summary["timings_s"]) == {"read", "detect", "crop", "score", "write"}
     assert summary["truth"]["planted_abnormal"] == slide.n_abnormal
     assert (folder / "topk_mosaic.png").stat().st_size > 0
+    assert (folder / "topk_mosaic_blinded.png").stat().st_size > 0
+    key = json.loads((folder / "topk_mosaic_blinded_key.json").read_text())
+    assert sorted(k["rank"] for k in key) == list(range(1, 21))
+    top_ids = top["cell_id"].to_pylist()
+    assert all(top_ids[k["rank"] - 1] == k["cell_id"] for k in key)
+    geo = json.loads((folder / "topk.geojson").read_text())
+    assert len(geo["features"]) == 20
+    first = geo["features"][0]
+    assert first["geometry"]["type"] == "Point" and first["properties"]["measurements"]["rank"] == 1
+    from cyto.infer.nuclei import read_nuclei_file
+
+    pts = read_nuclei_file(folder / "topk.geojson", 1536, 1024)  # QuPath-style points read back
+    np.testing.assert_allclose(pts[:, 0], top["x"].to_pylist())
     assert not list(folder.glob(".*partial*"))
 
 

@@ -4,7 +4,8 @@ This first version runs in one process: tiles are read in row-major order with a
 without tissue (by a low-resolution mask) are skipped, nuclei are detected (or taken from a file),
 cells are cut from the decoded tile, batched through the exported ONNX graph (or PyTorch) and the
 numba kernel, and streamed to a Parquet file in row groups. The final files appear by atomic
-rename. Not yet: worker processes, resume, focal-plane choice, blinded mosaics, GeoJSON.
+rename. Outputs: scores.parquet, topk.parquet, topk.geojson (QuPath points), ranked and blinded
+mosaics with a key, summary.json. Not yet: worker processes, resume, focal-plane choice.
 """
 
 from __future__ import annotations
@@ -221,6 +222,7 @@ def _finish(partial, out_dir, slide, model, scorer, opts, n_cells, timings, t_st
     k = min(opts.top_k, n_cells)
     top = table.take(pa.array(order[:k])) if k else table.slice(0, 0)
     pq.write_table(top, out_dir / "topk.parquet")
+    write_geojson(table, order, k, out_dir / "topk.geojson")
     summary = {
         "slide": str(slide),
         "model": str(model),
@@ -276,29 +278,78 @@ def _labels_from_truth(table, truth: Path, radius: float) -> tuple[np.ndarray, n
 
 
 def _mosaic(slide, table, order, labels, opts, out_dir: Path) -> Path:
-    """The top cells in ranked order, 10 per row; true abnormal cells boxed with an x."""
+    """Review mosaics of the top cells, 10 per row.
+
+    ``topk_mosaic.png`` is in ranked order, with true abnormal cells (when ground truth is given)
+    boxed with an x. ``topk_mosaic_blinded.png`` shows the same cells in a random order without
+    marks, for blinded review as in the paper; ``topk_mosaic_blinded_key.json`` maps each grid
+    position to its cell and rank.
+    """
     from PIL import Image, ImageDraw
 
     n = min(opts.mosaic, len(order))
     side, cols = 96, 10
     rows = -(-n // cols)
-    canvas = Image.new("RGB", (cols * side, rows * side), "white")
-    draw = ImageDraw.Draw(canvas)
     reader = open_slide(slide)
     xs, ys = np.asarray(table["x"]), np.asarray(table["y"])
+    ids = np.asarray(table["cell_id"])
     half = opts.patch_size // 2
-    for pos, i in enumerate(order[:n]):
+    tiles = []
+    for i in order[:n]:
         crop = reader.read_region(
             int(round(xs[i])) - half, int(round(ys[i])) - half, opts.patch_size, opts.patch_size
         )
-        img = Image.fromarray(crop).resize((side, side), Image.Resampling.BILINEAR)
-        cx, cy = (pos % cols) * side, (pos // cols) * side
-        canvas.paste(img, (cx, cy))
-        if labels is not None and labels[i] == 1:
-            draw.rectangle([cx + 1, cy + 1, cx + side - 2, cy + side - 2], outline="white", width=3)
-            draw.line([cx + 6, cy + 6, cx + 20, cy + 20], fill="white", width=3)
-            draw.line([cx + 20, cy + 6, cx + 6, cy + 20], fill="white", width=3)
+        tiles.append(Image.fromarray(crop).resize((side, side), Image.Resampling.BILINEAR))
     reader.close()
+
+    def grid(sequence: list[int], marks: bool) -> Image.Image:
+        canvas = Image.new("RGB", (cols * side, rows * side), "white")
+        draw = ImageDraw.Draw(canvas)
+        for pos, k in enumerate(sequence):
+            cx, cy = (pos % cols) * side, (pos // cols) * side
+            canvas.paste(tiles[k], (cx, cy))
+            if marks and labels is not None and labels[order[k]] == 1:
+                draw.rectangle(
+                    [cx + 1, cy + 1, cx + side - 2, cy + side - 2], outline="white", width=3
+                )
+                draw.line([cx + 6, cy + 6, cx + 20, cy + 20], fill="white", width=3)
+                draw.line([cx + 20, cy + 6, cx + 6, cy + 20], fill="white", width=3)
+        return canvas
+
     path = out_dir / "topk_mosaic.png"
-    canvas.save(path)
+    grid(list(range(n)), marks=True).save(path)
+    shuffled = [int(k) for k in np.random.default_rng(0).permutation(n)]
+    grid(shuffled, marks=False).save(out_dir / "topk_mosaic_blinded.png")
+    key = [
+        {
+            "position": pos,
+            "row": pos // cols,
+            "col": pos % cols,
+            "cell_id": int(ids[order[k]]),
+            "rank": k + 1,
+        }
+        for pos, k in enumerate(shuffled)
+    ]
+    (out_dir / "topk_mosaic_blinded_key.json").write_text(json.dumps(key, indent=1))
+    return path
+
+
+def write_geojson(table, order, k: int, path: Path) -> Path:
+    """The top-K cells as GeoJSON points (level-0 pixels) that QuPath imports as detections."""
+    xs, ys = np.asarray(table["x"]), np.asarray(table["y"])
+    scores, ids = np.asarray(table["score"]), np.asarray(table["cell_id"])
+    features = [
+        {
+            "type": "Feature",
+            "geometry": {"type": "Point", "coordinates": [float(xs[i]), float(ys[i])]},
+            "properties": {
+                "objectType": "detection",
+                "name": f"rank {r + 1}",
+                "classification": {"name": "cyto top-K"},
+                "measurements": {"score": float(scores[i]), "rank": r + 1, "cell_id": int(ids[i])},
+            },
+        }
+        for r, i in enumerate(order[:k])
+    ]
+    path.write_text(json.dumps({"type": "FeatureCollection", "features": features}))
     return path
