@@ -161,3 +161,21 @@ def test_empty_slide_small_slide_and_bad_inputs(model, tmp_path):
     assert proc.returncode == 1
     assert "fake.ndpi" in proc.stderr and "not a whole-slide image" in proc.stderr
     assert (tmp_path / "c" / "small" / "scores.parquet").exists()  # the next slide went on
+
+
+def test_nuclei_from_a_file_are_each_scored_once(model, slide, tmp_path):
+    from cyto.infer.pipeline import ScoreOptions, score_slide
+
+    gt = pq.read_table(slide.ground_truth)
+    pts = tmp_path / "cells.csv"
+    pts.write_text(
+        "x,y\n"
+        + "".join(
+            f"{x},{y}\n" for x, y in zip(gt["x"].to_pylist(), gt["y"].to_pylist(), strict=True)
+        )
+    )
+    summary = score_slide(slide.paths[0], model, tmp_path / "o", ScoreOptions(mosaic=0, nuclei=pts))
+    table = pq.read_table(tmp_path / "o" / "scores.parquet")
+    assert summary["cells_scored"] == gt.num_rows == table.num_rows
+    got = sorted(zip(table["x"].to_pylist(), table["y"].to_pylist(), strict=True))
+    assert got == sorted(zip(gt["x"].to_pylist(), gt["y"].to_pylist(), strict=True))

@@ -112,6 +112,15 @@ def score_slide(
         (x, y) for y in range(0, info.height, opts.tile) for x in range(0, info.width, opts.tile)
     ]
     pending: list[tuple[np.ndarray, np.ndarray, int]] = []
+    given_by_tile: dict[int, np.ndarray] = {}
+    if given is not None:  # bucket the file's points by tile once, not once per tile
+        cols = -(-info.width // opts.tile)
+        tile_of = (given[:, 1] // opts.tile).astype(np.int64) * cols + (
+            given[:, 0] // opts.tile
+        ).astype(np.int64)
+        pts = np.column_stack([given, np.zeros(len(given))])
+        for t in np.unique(tile_of):
+            given_by_tile[int(t)] = pts[tile_of == t]
 
     def flush() -> None:
         nonlocal n_cells
@@ -164,7 +173,7 @@ def score_slide(
                 found[:, 0] += x0 - margin
                 found[:, 1] += y0 - margin
             else:
-                found = np.column_stack([given, np.zeros(len(given))])
+                found = given_by_tile.get(t_index, np.empty((0, 3)))
             inside = (
                 (found[:, 0] >= x0)
                 & (found[:, 0] < x0 + opts.tile)

@@ -8,6 +8,7 @@ that grows with its distance from the cell's own plane of best focus.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -206,11 +207,22 @@ def layout(config: SlideSynthConfig) -> SlideLayout:
 
 
 def _illumination(x0: int, y0: int, w: int, h: int, fov: int = 1024) -> np.ndarray:
-    """Shading of each scanner field of view (fields are stitched into the slide)."""
+    """Shading of each scanner field of view (fields are stitched into the slide).
+
+    It depends on the block's position within a field only, so the few distinct patterns are
+    computed once and reused (read-only) for every block of the slide.
+    """
+    return _field_shading(x0 % fov, y0 % fov, w, h, fov)
+
+
+@functools.lru_cache(maxsize=64)
+def _field_shading(x0: int, y0: int, w: int, h: int, fov: int) -> np.ndarray:
     yy, xx = np.mgrid[y0 : y0 + h, x0 : x0 + w].astype(np.float32)
     u = (xx % fov) / fov - 0.5
     v = (yy % fov) / fov - 0.5
-    return (1.0 - 0.06 * (u * u + v * v)).astype(np.float32)
+    shading = (1.0 - 0.06 * (u * u + v * v)).astype(np.float32)
+    shading.flags.writeable = False
+    return shading
 
 
 class RowRenderer:
