@@ -505,7 +505,11 @@ def score_cmd(
     slides: Annotated[list[Path], typer.Argument(help="Whole-slide images (NDPI, SVS, TIFF...).")],
     model: Annotated[Path, typer.Option(help="Model bundle (exported: cyto export).")],
     out: Annotated[Path, typer.Option(help="Output folder; one sub-folder per slide.")],
-    backend: Annotated[str, typer.Option(help="onnx (exported graph) or torch.")] = "onnx",
+    backend: Annotated[
+        str,
+        typer.Option(help="auto (TensorRT, else ONNX Runtime, else PyTorch), onnx, trt or torch."),
+    ] = "auto",
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
     batch_size: Annotated[int, typer.Option(help="Cells per engine batch.")] = 64,
     nuclei: Annotated[
         Path | None,
@@ -515,41 +519,65 @@ def score_cmd(
         ),
     ] = None,
     patch_size: Annotated[int, typer.Option(help="Cell crop size, level-0 px.")] = 192,
+    tile: Annotated[int, typer.Option(help="Tile size read and decoded at once, px.")] = 1024,
     top_k: Annotated[int, typer.Option(help="Cells in topk.parquet.")] = 400,
     mosaic: Annotated[int, typer.Option(help="Cells in the review mosaic (0: none).")] = 100,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Decode/detect/crop processes (0: in the main process). Default: "
+            "one per spare core, at most 4."
+        ),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(help="Continue an interrupted run (skips finished tiles and slides)."),
+    ] = False,
+    planes: Annotated[
+        str,
+        typer.Option(
+            help="Focal planes: auto (sibling files NAME_z+1.00um.ext), none, or "
+            "comma-separated files. The sharpest plane is chosen per cell."
+        ),
+    ] = "auto",
+    rescale: Annotated[
+        bool, typer.Option(help="Resample crops when the slide's mpp differs from the model's.")
+    ] = False,
     truth: Annotated[
         Path | None, typer.Option(help="Ground-truth cells (x, y, label) to report Recall@K.")
     ] = None,
 ) -> None:
-    """Score every cell of each slide: scores.parquet, topk.parquet, mosaic and summary.json.
+    """Score every cell of each slide: scores.parquet, topk.parquet, mosaics and summary.json.
 
-    Slides are scored one after another with one model load; a slide that fails is reported and
-    the next one goes on.
+    The model is loaded once; slides are scored one after another, and a slide that fails is
+    reported while the next one goes on. Ctrl-C keeps the finished part: rerun with --resume.
     """
-    from cyto.errors import CytoError
-    from cyto.infer.pipeline import ScoreOptions, score_slide
+    from cyto.infer.pipeline import ScoreOptions, score_cohort
 
     opts = ScoreOptions(
         patch_size=patch_size,
+        tile=tile,
         batch_size=batch_size,
         top_k=top_k,
         mosaic=mosaic,
         backend=backend,
+        device=device,
+        workers=workers,
         nuclei=nuclei,
         truth=truth,
+        planes=planes,
+        rescale=rescale,
+        resume=resume,
     )
-    failed = []
-    for slide in slides:
-        try:
-            s = score_slide(slide, model, out / slide.stem, opts, echo=typer.echo)
-        except CytoError as exc:
-            typer.secho(f"error: {slide}: {exc}", err=True, fg=typer.colors.RED)
-            failed.append(slide)
-            continue
+    done, failed = score_cohort(slides, model, out, opts, echo=typer.echo)
+    for s in done:
         line = (
-            f"{slide.name}: {s['cells_scored']} cells in {s['seconds']} s "
-            f"({s['cells_per_s']} cells/s) -> {out / slide.stem}"
+            f"{Path(s['slide']).name}: {s['cells_scored']} cells in {s['seconds']} s "
+            f"({s['cells_per_s']} cells/s, engine {s.get('engine_cells_per_s')} cells/s) "
+            f"-> {out / Path(s['slide']).stem}"
         )
+        if s.get("burden"):
+            line += f"; cells above the normal 99th percentile: {s['burden']['cells_above']}"
         if "truth" in s:
             t = s["truth"]
             line += (
@@ -557,6 +585,8 @@ def score_cmd(
                 f"{t['planted_found_in_top_k']}/{t['planted_abnormal']}"
             )
         typer.echo(line)
+    for slide, reason in failed:
+        typer.secho(f"failed: {slide}: {reason}", err=True, fg=typer.colors.RED)
     if failed:
         raise typer.Exit(1)
 

@@ -52,6 +52,24 @@ def test_a_nucleus_on_a_tile_seam_is_found_once(slide):
     assert near.sum() == 1
 
 
+def _disc_image(centres, radii, shape=(300, 400)):
+    yy, xx = np.mgrid[: shape[0], : shape[1]]
+    img = np.full((*shape, 3), 235, dtype=np.uint8)
+    for (cx, cy), (rx, ry) in zip(centres, radii, strict=True):
+        inside = ((xx - cx) / rx) ** 2 + ((yy - cy) / ry) ** 2 <= 1
+        img[inside] = (95, 40, 130)  # MGG-violet nucleus
+    return img
+
+
+def test_a_large_irregular_nucleus_is_found_once_touching_nuclei_twice():
+    # one big elongated (blast-like) nucleus: a ridge in the distance transform
+    big = detect_nuclei(_disc_image([(200, 150)], [(110, 40)]))
+    assert len(big) == 1, big
+    # two touching round nuclei of the same size stay two cells
+    pair = detect_nuclei(_disc_image([(150, 150), (226, 150)], [(40, 40), (40, 40)]))
+    assert len(pair) == 2, pair
+
+
 def test_blank_glass_has_no_nuclei():
     glass = np.full((256, 256, 3), 236, dtype=np.uint8)
     glass += np.random.default_rng(0).integers(0, 4, glass.shape, dtype=np.uint8)

@@ -73,7 +73,18 @@ def test_score_end_to_end(model, slide, tmp_path):
     assert top.num_rows == 20 and top["rank"].to_pylist() == list(range(1, 21))
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["cells_scored"] == n and summary["cells_per_s"] > 0
-    assert set(summary["timings_s"]) == {"read", "detect", "crop", "score", "write"}
+    assert set(summary["timings_s"]) == {
+        "mask",
+        "read",
+        "detect",
+        "crop",
+        "engine",
+        "write",
+        "wait",
+        "finish",
+    }
+    assert 0 < summary["pipeline_efficiency"] <= 1.0
+    assert summary["backend"] == "onnx" and summary["device"] == "cpu"
     assert summary["truth"]["planted_abnormal"] == slide.n_abnormal
     assert (folder / "topk_mosaic.png").stat().st_size > 0
     assert (folder / "topk_mosaic_blinded.png").stat().st_size > 0
@@ -179,3 +190,114 @@ def test_nuclei_from_a_file_are_each_scored_once(model, slide, tmp_path):
     assert summary["cells_scored"] == gt.num_rows == table.num_rows
     got = sorted(zip(table["x"].to_pylist(), table["y"].to_pylist(), strict=True))
     assert got == sorted(zip(gt["x"].to_pylist(), gt["y"].to_pylist(), strict=True))
+
+
+def _table(folder):
+    t = pq.read_table(folder / "scores.parquet")
+    return t.replace_schema_metadata(None)
+
+
+def test_workers_and_resume_give_the_uninterrupted_table(model, slide, tmp_path):
+    from cyto.infer.engine import load_engine
+    from cyto.infer.pipeline import PARTIAL, ScoreOptions, score_slide
+
+    opts = ScoreOptions(mosaic=0, tile=512, chunk_cells=8, workers=0, batch_size=8)
+    engine = load_engine(model, "onnx", "cpu")
+    score_slide(slide.paths[0], engine, tmp_path / "ref", opts)
+    ref = _table(tmp_path / "ref")
+    assert ref.num_rows > 16
+
+    # two worker processes, bounded queue: the same rows in the same order
+    score_slide(
+        slide.paths[0],
+        engine,
+        tmp_path / "w2",
+        ScoreOptions(**{**opts.__dict__, "workers": 2, "queue": 2}),
+    )
+    assert _table(tmp_path / "w2").equals(ref)
+
+    # interrupted after a few engine calls (Ctrl-C): finished chunks stay, no final table
+    calls = {"n": 0}
+    real = engine.scorer.score
+
+    def flaky(images, batch_size):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(images, batch_size)
+
+    engine.scorer.score = flaky
+    with pytest.raises(KeyboardInterrupt):
+        score_slide(slide.paths[0], engine, tmp_path / "r", opts)
+    engine.scorer.score = real
+    assert not (tmp_path / "r" / "scores.parquet").exists()
+    chunks = list((tmp_path / "r" / PARTIAL).glob("chunk-*.parquet"))
+    assert chunks, "finished chunks must survive the interruption"
+    messages = []
+    summary = score_slide(
+        slide.paths[0],
+        engine,
+        tmp_path / "r",
+        ScoreOptions(**{**opts.__dict__, "resume": True}),
+        echo=messages.append,
+    )
+    assert any("resuming" in m for m in messages)
+    assert summary["tiles"]["resumed_from"] > 0
+    assert _table(tmp_path / "r").equals(ref)
+    assert not (tmp_path / "r" / PARTIAL).exists()
+
+
+def test_focal_plane_choice_follows_the_sharpest_plane(model, tmp_path):
+    from cyto.infer.pipeline import ScoreOptions, score_slide
+
+    res = write_slide(
+        tmp_path / "z.tif",
+        SlideSynthConfig(width=1024, height=1024, seed=5, planes=(-1.0, 0.0, 1.0)),
+    )
+    assert len(res.paths) == 3
+    summary = score_slide(res.paths[0], model, tmp_path / "o", ScoreOptions(mosaic=0))
+    assert summary["focal_planes_um"] == [0.0, -1.0, 1.0]
+    table = pq.read_table(tmp_path / "o" / "scores.parquet")
+    gt = pq.read_table(res.ground_truth)
+    from scipy.spatial import cKDTree
+
+    pts = np.stack([np.asarray(table["x"]), np.asarray(table["y"])], 1)
+    d, idx = cKDTree(np.stack([np.asarray(gt["x"]), np.asarray(gt["y"])], 1)).query(pts)
+    near = d < 20
+    true_z = np.asarray(gt["focus_z"])[idx[near]]
+    chosen = np.asarray(table["focal_plane_um"])[near]
+    nearest_plane = np.array([-1.0, 0.0, 1.0])[
+        np.argmin(np.abs(true_z[:, None] - np.array([-1.0, 0.0, 1.0])), axis=1)
+    ]
+    agree = float(np.mean(chosen == nearest_plane))
+    assert near.sum() > 10 and agree > 0.6, agree  # chance is about 1/3
+    none = score_slide(res.paths[0], model, tmp_path / "n", ScoreOptions(mosaic=0, planes="none"))
+    assert none["focal_planes_um"] == [0.0]
+
+
+def test_burden_and_resolution_checks(model, slide, tmp_path):
+    from cyto.bundle import load_bundle
+    from cyto.infer.engine import load_engine
+    from cyto.infer.pipeline import ScoreOptions, burden, score_slide
+
+    calib = {"source": "test", "quantiles": {"0.99": 1.0}}
+    b = burden(np.array([0.5] * 98 + [2.0, 3.0, 4.0, 5.0]), calib)
+    assert b["cells_above"] == 4 and b["expected_from_normal_cells"] == 1.0
+    assert b["excess_cells"] == 3.0
+    assert burden(np.array([1.0]), None) is None
+
+    engine = load_engine(model, "onnx", "cpu")
+    slide_mpp = open_slide(slide.paths[0]).info.mpp
+    assert slide_mpp is not None
+    bundle = load_bundle(model)
+    bundle.manifest["config"]["mpp"] = slide_mpp * 2  # trained on coarser pixels
+    engine.bundle = bundle
+    msgs = []
+    s = score_slide(slide.paths[0], engine, tmp_path / "w", ScoreOptions(mosaic=0), msgs.append)
+    assert any("--rescale" in m for m in msgs) and s["resolution"]["mpp_ratio"] == 2.0
+    msgs.clear()
+    s = score_slide(
+        slide.paths[0], engine, tmp_path / "r", ScoreOptions(mosaic=0, rescale=True), msgs.append
+    )
+    assert s["resolution"]["crop_px_level0"] == 384
+    assert any("resampling" in m for m in msgs)

@@ -3,7 +3,8 @@
 Detection: the haematoxylin channel of a colour deconvolution (Ruifrok & Johnston; skimage's
 ``rgb2hed``), which also responds to the azure-eosin purple of MGG-stained nuclei, is smoothed and
 thresholded (Otsu, with a floor so blank glass yields nothing); touching nuclei are split by peaks
-of the distance transform at least ``min_distance`` apart; components outside the area range are
+of the distance transform at least ``min_distance`` apart (a secondary peak on the ridge of one
+large nucleus is dropped, so a big blast is found once); components outside the area range are
 dropped. Tiles are read with a margin and a nucleus is kept only by the tile whose core holds its
 centre, so a nucleus on a seam is found once.
 
@@ -66,12 +67,39 @@ def detect_nuclei(rgb: np.ndarray, params: NucleusParams = NucleusParams()) -> n
     peaks = peak_local_max(
         dist, min_distance=params.min_distance, labels=labels, exclude_border=False
     )
+    peaks = _one_peak_per_nucleus(peaks, dist, labels)
     out = []
     for r, c in peaks:
         area = areas[labels[r, c] - 1]
         if params.min_area <= area <= params.max_area:
             out.append((float(c), float(r), float(area)))
     return np.array(out, dtype=np.float64).reshape(-1, 3)
+
+
+def _one_peak_per_nucleus(peaks: np.ndarray, dist: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Drop secondary peaks of one nucleus, keep one peak per touching nucleus.
+
+    A large or irregular nucleus has a ridge in its distance transform, and peak detection can
+    find two maxima on it. Peaks are visited from the deepest; a peak is dropped when it lies in
+    the same component as a kept one, closer than 1.5x the kept peak's depth (its inscribed
+    radius r): two touching round nuclei have their centres about 2r apart and both stay.
+    """
+    if len(peaks) < 2:
+        return peaks
+    depth = dist[peaks[:, 0], peaks[:, 1]]
+    comp = labels[peaks[:, 0], peaks[:, 1]]
+    kept: list[int] = []
+    for i in np.argsort(-depth, kind="stable"):
+        close = False
+        for j in kept:
+            if comp[j] == comp[i]:
+                gap = float(np.hypot(*(peaks[i] - peaks[j]).astype(np.float64)))
+                if gap < 1.5 * depth[j]:
+                    close = True
+                    break
+        if not close:
+            kept.append(int(i))
+    return peaks[sorted(kept)]
 
 
 def detect_in_region(

@@ -30,6 +30,7 @@ class TrainConfig:
     backbone: str = "resnet18"
     input_size: int = 224
     load_size: int | None = None  # resize patches once at load time (None: keep their size)
+    mpp: float | None = None  # um/px of the training patches; cyto score warns or rescales
     epochs: int = 100
     batch_size: int = 64
     lr: float = 1e-3
@@ -49,6 +50,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.input_size < 16:
             raise ConfigError(f"input_size must be >= 16, got {self.input_size}")
+        if self.mpp is not None and self.mpp <= 0:
+            raise ConfigError(f"mpp must be > 0 (um per pixel), got {self.mpp}")
         if self.lr <= 0 or self.weight_decay < 0:
             raise ConfigError(
                 f"lr must be > 0 and weight_decay >= 0, got {self.lr}, {self.weight_decay}"
