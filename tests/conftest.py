@@ -104,3 +104,19 @@ def tiny(tmp_path_factory):
     bags[abn] = [f"b{3 + i % 3}" for i in range(len(abn))]
     bag_labels = np.array([1 if int(b[1]) >= 3 else 0 for b in bags], dtype=np.int8)
     return TrainData(np.asarray(ds.images), y, bags, bag_labels, ds.fingerprint)
+
+
+@pytest.fixture(scope="session")
+def exported_dsvdd(tiny, tmp_path_factory) -> Path:
+    """A small Deep SVDD bundle (1 seed) trained on ``tiny`` and exported to ONNX."""
+    from cyto.bundle import save_bundle
+    from cyto.export.onnx import export_onnx
+    from tests.train_helpers import make
+
+    m = make("dsvdd", epochs=2, ae_epochs=1, n_seeds=1).fit(tiny)
+    manifest = m.base_manifest(tiny)
+    extra, weights, arrays = m.export_state()
+    manifest.update(extra)
+    path = save_bundle(tmp_path_factory.mktemp("m") / "d.cyto", manifest, weights, arrays)
+    export_onnx(path)
+    return path

@@ -16,7 +16,7 @@ import typer
 
 from cyto import __version__
 from cyto.data.synth.formats import SlideFormat
-from cyto.errors import CytoError
+from cyto.errors import ConfigError, CytoError
 
 app = typer.Typer(
     name="cyto",
@@ -33,6 +33,11 @@ app.add_typer(synth_app, name="synth")
 app.add_typer(data_app, name="data")
 eval_app = typer.Typer(help="Evaluate rankings: top-K metrics.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
+bench_app = typer.Typer(
+    help="Measure throughput: engine backends, scoring kernels, whole-slide scoring.",
+    no_args_is_help=True,
+)
+app.add_typer(bench_app, name="bench")
 
 
 def _version(value: bool) -> None:
@@ -49,6 +54,21 @@ def _root(
     ] = False,
 ) -> None:
     """cyto: one-class models rank every cell of a slide by how abnormal it looks."""
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise ConfigError(f"{what} expects comma-separated integers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise ConfigError(f"{what} expects positive integers, got {text!r}")
+    return values
+
+
+ResultsOpt = Annotated[
+    Path, typer.Option(help="Folder for the result files (<kind>_<host>_<date>.json and .md).")
+]
 
 
 def _csv(text: str | None) -> tuple[str, ...] | None:
@@ -589,6 +609,251 @@ def score_cmd(
         typer.secho(f"failed: {slide}: {reason}", err=True, fg=typer.colors.RED)
     if failed:
         raise typer.Exit(1)
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    model: Annotated[Path, typer.Argument(help="Model bundle to calibrate.")],
+    tables: Annotated[
+        list[Path], typer.Argument(help="scores.parquet of slide-negative (healthy) slides.")
+    ],
+) -> None:
+    """Store normal-score quantiles from slides known to be negative in the bundle.
+
+    cyto score then counts the cells above the 99th percentile of normal cells and reports the
+    excess over the 1% that normal cells alone give (the abnormal-burden estimate).
+    """
+    from cyto.infer.calibrate import calibrate_from_tables
+
+    cal = calibrate_from_tables(model, tables)
+    q = cal["quantiles"]
+    typer.echo(
+        f"calibrated {model} on {cal['source']}: median {q['0.5']:.4g}, 99th percentile "
+        f"{q['0.99']:.4g}"
+    )
+
+
+@bench_app.command("engine")
+def bench_engine_cmd(
+    model: Annotated[Path, typer.Option(help="Model bundle (exported, for ONNX/TensorRT).")],
+    devices: Annotated[str, typer.Option(help="Comma-separated: cpu, cuda, or auto.")] = "auto",
+    backends: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated among torch-eager, torch-channels-last, "
+            "torch-compile, onnxruntime, tensorrt."
+        ),
+    ] = "torch-eager,torch-channels-last,torch-compile,onnxruntime,tensorrt",
+    precisions: Annotated[str, typer.Option(help="Comma-separated: fp32, fp16, int8.")] = (
+        "fp32,fp16,int8"
+    ),
+    batches: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1,8,32,128",
+    sizes: Annotated[
+        str | None, typer.Option(help="Patch sides in px (default: the model's input size).")
+    ] = None,
+    repeats: Annotated[int, typer.Option(help="Timed calls per configuration (median).")] = 10,
+    budget: Annotated[float, typer.Option(help="Seconds per configuration at most.")] = 5.0,
+    results: ResultsOpt = Path("bench-results"),
+) -> None:
+    """Patches/s and p50/p99 batch latency of every backend, precision and batch size."""
+    from cyto.bench.device import machine
+    from cyto.bench.engine import BACKENDS, PRECISIONS, bench_engine, ratios
+    from cyto.bench.results import header, markdown_table, write_results
+
+    chosen = list(_csv(backends) or ())
+    bad = [b for b in chosen if b not in BACKENDS]
+    if bad:
+        raise ConfigError(f"unknown backend(s) {', '.join(bad)}; known: {', '.join(BACKENDS)}")
+    precs = list(_csv(precisions) or ())
+    if any(p not in PRECISIONS for p in precs):
+        raise ConfigError(f"precisions must be among {', '.join(PRECISIONS)}, got {precisions!r}")
+    devs = list(_csv(devices) or ())
+    if devs == ["auto"]:
+        import torch
+
+        devs = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    rows = ratios(
+        bench_engine(
+            model,
+            devs,
+            chosen,
+            precs,
+            _ints(batches, "--batches"),
+            _ints(sizes, "--sizes") if sizes else None,
+            repeats=repeats,
+            budget=budget,
+            echo=typer.echo,
+        )
+    )
+    meta = machine(" ".join(["cyto bench engine", *sys.argv[3:]]))
+    meta["model"] = str(model)
+    ok = [r for r in rows if r.get("available")]
+    missing = [r for r in rows if not r.get("available")]
+    lines = header("cyto bench engine", meta)
+    lines += markdown_table(
+        ok,
+        [
+            ("device", "device"),
+            ("backend", "backend"),
+            ("precision", "precision"),
+            ("size", "px"),
+            ("batch", "batch"),
+            ("patches_per_s", "patches/s"),
+            ("p50_ms", "p50 ms"),
+            ("p99_ms", "p99 ms"),
+            ("vs_torch_eager_fp32", "vs eager fp32"),
+            ("gpu_peak_mb", "GPU peak MB"),
+            ("host_rss_mb", "host RSS MB"),
+        ],
+    )
+    if missing:
+        lines += ["", "Not measured here:", ""]
+        lines += markdown_table(
+            missing,
+            [
+                ("device", "device"),
+                ("backend", "backend"),
+                ("precision", "precision"),
+                ("batch", "batch"),
+                ("reason", "reason"),
+            ],
+        )
+    path = write_results(results, "engine", meta, rows, lines)
+    typer.echo(f"wrote {path} and {path.with_suffix('.md')}")
+
+
+@bench_app.command("scorer")
+def bench_scorer_cmd(
+    queries: Annotated[str, typer.Option(help="Query counts, comma-separated.")] = (
+        "1000,10000,100000"
+    ),
+    support_vectors: Annotated[
+        str, typer.Option(help="OC-SVM support-vector counts, comma-separated.")
+    ] = "100,1000,2000",
+    dims: Annotated[int, typer.Option(help="Embedding dimension.")] = 512,
+    repeats: Annotated[int, typer.Option(help="Timed calls of the numba kernels (median).")] = 3,
+    results: ResultsOpt = Path("bench-results"),
+) -> None:
+    """The numba scoring kernels vs sklearn vs a plain numpy reference."""
+    from cyto.bench.device import machine
+    from cyto.bench.results import header, markdown_table, write_results
+    from cyto.bench.scorer import bench_scorer
+
+    rows = bench_scorer(
+        _ints(queries, "--queries"),
+        _ints(support_vectors, "--support-vectors"),
+        dims=dims,
+        repeats=repeats,
+        echo=typer.echo,
+    )
+    meta = machine(" ".join(["cyto bench scorer", *sys.argv[3:]]))
+    lines = header("cyto bench scorer", meta) + ["OC-SVM (RBF) decision function:", ""]
+    lines += markdown_table(
+        [r for r in rows if r["scorer"] == "ocsvm"],
+        [
+            ("queries", "queries"),
+            ("support_vectors", "SVs"),
+            ("numba_per_s", "numba /s"),
+            ("sklearn_per_s", "sklearn /s"),
+            ("numpy_ref_per_s", "numpy /s"),
+            ("numba_vs_sklearn", "numba vs sklearn"),
+            ("max_abs_diff_vs_sklearn", "max diff"),
+        ],
+    )
+    lines += ["", "Deep SVDD (5 seeds x 4 TTA views, blend + ensemble mean):", ""]
+    lines += markdown_table(
+        [r for r in rows if r["scorer"] == "dsvdd"],
+        [
+            ("queries", "queries"),
+            ("numba_per_s", "numba /s"),
+            ("numpy_ref_per_s", "numpy /s"),
+            ("numba_vs_numpy_ref", "numba vs numpy"),
+            ("max_abs_diff_vs_ref", "max diff"),
+        ],
+    )
+    path = write_results(results, "scorer", meta, rows, lines)
+    typer.echo(f"wrote {path} and {path.with_suffix('.md')}")
+
+
+@bench_app.command("slide")
+def bench_slide_cmd(
+    slide: Annotated[Path, typer.Argument(help="Whole-slide image to score.")],
+    model: Annotated[Path, typer.Option(help="Model bundle (exported).")],
+    backend: Annotated[str, typer.Option(help="auto, onnx, trt or torch.")] = "auto",
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
+    workers: Annotated[int | None, typer.Option(help="Decode/detect/crop processes.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Cells per engine batch.")] = 64,
+    patch_size: Annotated[int, typer.Option(help="Cell crop size, level-0 px.")] = 192,
+    naive_cells: Annotated[
+        int, typer.Option(help="Cells for the naive baseline (0: skip it).")
+    ] = 2000,
+    truth: Annotated[
+        Path | None, typer.Option(help="Ground-truth cells, to report Recall@K too.")
+    ] = None,
+    work: Annotated[
+        Path | None, typer.Option(help="Where the score outputs go (default: a temp folder).")
+    ] = None,
+    results: ResultsOpt = Path("bench-results"),
+) -> None:
+    """End-to-end scoring of one slide: stages, pipeline efficiency, naive baseline."""
+    import tempfile
+
+    from cyto.bench.device import machine
+    from cyto.bench.results import header, write_results
+    from cyto.bench.slide import bench_slide
+    from cyto.infer.pipeline import ScoreOptions
+
+    opts = ScoreOptions(
+        patch_size=patch_size,
+        batch_size=batch_size,
+        backend=backend,
+        device=device,
+        workers=workers,
+        truth=truth,
+        top_k=400,
+        mosaic=0,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        row = bench_slide(slide, model, work or Path(tmp) / "out", opts, naive_cells, typer.echo)
+    meta = machine(" ".join(["cyto bench slide", *sys.argv[3:]]))
+    meta["model"] = str(model)
+    lines = header("cyto bench slide", meta) + slide_markdown([row])
+    path = write_results(results, "slide", meta, [row], lines)
+    typer.echo(f"wrote {path} and {path.with_suffix('.md')}")
+
+
+def slide_markdown(rows: list[dict]) -> list[str]:
+    lines = [
+        "| slide | cells | backend | workers | cells/s | engine-only cells/s | efficiency | "
+        "naive cells/s | pipeline vs naive | peak RSS MB (main / workers) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        naive = r.get("naive") or {}
+        lines.append(
+            f"| {Path(r['slide']).name} | {r['cells']:,} | {r['backend']} on {r['device']} | "
+            f"{r['workers']} | {r['cells_per_s']} | {r['engine_cells_per_s']} | "
+            f"{r['pipeline_efficiency']} | {naive.get('cells_per_s', '-')} | "
+            f"{r.get('pipeline_vs_naive', '-')} | {r['peak_rss_mb']} / {r['peak_rss_workers_mb']} |"
+        )
+    lines += ["", "Time share of each stage (CPU seconds summed over processes):", ""]
+    stages = list(rows[0]["stage_share"]) if rows else []
+    lines += ["| slide | " + " | ".join(stages) + " |", "|---|" + "---|" * len(stages)]
+    for r in rows:
+        lines.append(
+            f"| {Path(r['slide']).name} | "
+            + " | ".join(f"{100 * r['stage_share'][s]:.1f}%" for s in stages)
+            + " |"
+        )
+    for r in rows:
+        if "truth" in r:
+            t = r["truth"]
+            lines.append(
+                f"\n{Path(r['slide']).name}: planted abnormal cells in the top {t['k']}: "
+                f"{t['planted_found_in_top_k']}/{t['planted_abnormal']} "
+                f"(Recall@{t['k']} {t['planted_recall_at_k']:.3f})"
+            )
+    return lines
 
 
 @app.command("demo")

@@ -3,7 +3,9 @@
 It draws a synthetic patch dataset, trains Deep SVDD (fast preset) on normal cells only, ranks
 held-out normal and abnormal cells with the trained bundle, exports it to ONNX (checking that ONNX
 Runtime gives PyTorch's scores), draws a synthetic whole slide with planted abnormal cells, scores
-every cell of it and reports how many planted cells reach the top of the ranking.
+every cell of it and reports how many planted cells reach the top of the ranking. Before that it
+scores a slide-negative slide to calibrate the normal-score threshold, so the scored slide also
+gets an abnormal-burden estimate to compare with the planted share.
 Each step is a library call that a user can run alone through the CLI.
 """
 
@@ -23,6 +25,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     from cyto.data.synth.patches import PatchSynthConfig, write_patches
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
     from cyto.export.api import export_bundle
+    from cyto.infer.calibrate import calibrate_from_tables
     from cyto.infer.pipeline import ScoreOptions, score_slide
     from cyto.predict import predict
     from cyto.train.api import train
@@ -32,7 +35,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     made: dict[str, object] = {}
     t0 = time.perf_counter()
 
-    echo("[1/7] synthetic cell patches (normal lymphocyte-like + six abnormal morphologies)")
+    echo("[1/8] synthetic cell patches (normal lymphocyte-like + six abnormal morphologies)")
     patches = out / "patches"
     counts = write_patches(
         patches, PatchSynthConfig(n_normal=300, n_abnormal=20, seed=seed), overwrite=True
@@ -45,7 +48,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     made["patches"] = patches
     made["counts"] = counts
 
-    echo("[2/7] split: train on normal cells only, hold out normal + abnormal cells")
+    echo("[2/8] split: train on normal cells only, hold out normal + abnormal cells")
     ds = PatchDataset.from_path(patches, normal="normal")
     rng = np.random.default_rng(seed)
     normals = rng.permutation(np.flatnonzero(ds.labels == 0))
@@ -61,7 +64,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
         f"{len(test_idx)} cells, {int(ds.labels[test_idx].sum())} abnormal"
     )
 
-    echo("[3/7] train Deep SVDD (fast preset) -> model bundle")
+    echo("[3/8] train Deep SVDD (fast preset) -> model bundle")
     res = train(
         "dsvdd",
         out / "train.csv",
@@ -75,7 +78,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     echo(f"      {res.bundle} in {res.seconds:.0f} s")
     made["bundle"] = res.bundle
 
-    echo("[4/7] rank the held-out cells (higher = more abnormal)")
+    echo("[4/8] rank the held-out cells (higher = more abnormal)")
     summary = predict(res.bundle, out / "test.csv", out / "test_scores.parquet", normal="normal")
     echo(
         f"      AUROC {summary['auroc']:.3f}, Recall@{summary['k']} {summary['recall_at_k']:.3f}"
@@ -85,11 +88,11 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     mosaic = class_mosaic(patches, out / "patches_mosaic.png", per_class=8, seed=seed)
     made["mosaic"] = mosaic
 
-    echo("[5/7] export to ONNX (uint8 patches in) and check ONNX Runtime against PyTorch")
+    echo("[5/8] export to ONNX (uint8 patches in) and check ONNX Runtime against PyTorch")
     report = export_bundle(res.bundle, echo=lambda line: echo(f"      {line}"))
     made["onnx_parity_max_rel"] = report["onnx_parity_max_rel"]
 
-    echo("[6/7] synthetic whole slide (NDPI) with planted abnormal cells and ground truth")
+    echo("[6/8] synthetic whole slide (NDPI) with planted abnormal cells and ground truth")
     res = write_slide(
         out / "slide.ndpi",
         SlideSynthConfig(width=4096, height=4096, abnormal_fraction=0.02, seed=seed),
@@ -101,7 +104,16 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     )
     made["slide"] = res.paths[0]
     made["ground_truth"] = res.ground_truth
-    echo("[7/7] score every cell of the slide (ONNX Runtime) and rank the planted cells")
+    echo("[7/8] a slide-negative (healthy) slide: score it and calibrate the normal threshold")
+    neg = write_slide(
+        out / "negative.ndpi",
+        SlideSynthConfig(width=2048, height=2048, abnormal_fraction=0.0, seed=seed + 1),
+        overwrite=True,
+    )
+    score_slide(neg.paths[0], made["bundle"], out / "negative_scores", ScoreOptions(mosaic=0))
+    cal = calibrate_from_tables(made["bundle"], [out / "negative_scores" / "scores.parquet"])
+    echo(f"      {cal['source']}: 99th percentile of normal scores {cal['quantiles']['0.99']:.4g}")
+    echo("[8/8] score every cell of the slide (ONNX Runtime) and rank the planted cells")
     summary = score_slide(
         res.paths[0],
         made["bundle"],
@@ -115,6 +127,13 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
         f"abnormal cells found in the top {t['k']}: {t['planted_found_in_top_k']}/"
         f"{t['planted_abnormal']} (Recall@{t['k']} {t['planted_recall_at_k']:.2f}, chance "
         f"{t['k'] / max(summary['cells_scored'], 1):.2f}); review mosaic {summary['mosaic']}"
+    )
+    b = summary["burden"]
+    echo(
+        f"      abnormal burden: {b['cells_above']} cells above the normal 99th percentile, "
+        f"{b['expected_from_normal_cells']} expected from normal cells -> estimated "
+        f"{100 * b['excess_fraction']:.1f}% abnormal (planted: "
+        f"{100 * t['planted_abnormal'] / max(res.n_cells, 1):.1f}%)"
     )
     made["scores"] = out / "scores"
     echo(f"done in {time.perf_counter() - t0:.1f} s; everything is in {out}/")

@@ -9,24 +9,15 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from cyto.bundle import save_bundle
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
-from cyto.export.onnx import export_onnx
 from cyto.infer.patches import crop_cells
 from cyto.infer.slide import open_slide
-from tests.train_helpers import make
 from tests.unit.test_cli import run_cyto
 
 
 @pytest.fixture(scope="module")
-def model(tiny, tmp_path_factory):
-    m = make("dsvdd", epochs=2, ae_epochs=1, n_seeds=1).fit(tiny)
-    manifest = m.base_manifest(tiny)
-    extra, weights, arrays = m.export_state()
-    manifest.update(extra)
-    path = save_bundle(tmp_path_factory.mktemp("m") / "d.cyto", manifest, weights, arrays)
-    export_onnx(path)
-    return path
+def model(exported_dsvdd):
+    return exported_dsvdd
 
 
 @pytest.fixture(scope="module")

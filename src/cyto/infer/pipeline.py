@@ -225,6 +225,7 @@ def run_tile(job: tuple[int, int, int, np.ndarray | None]) -> dict:
         "crops": crops,
         "meta": meta.reshape(-1, 4),
         "times": {"read": t1 - t0, "detect": t2 - t1, "crop": t3 - t2},
+        "rss_mb": peak_rss_mb(),
     }
 
 
@@ -305,10 +306,16 @@ def _slide_key(slide: Path, planes: list[tuple[float, Path]]) -> dict:
     return {str(f): [f.stat().st_size, int(f.stat().st_mtime)] for f in files}
 
 
-def _peak_rss_mb() -> tuple[float, float]:
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return round(own, 1), round(children, 1)
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: VmHWM, which starts afresh in a spawned
+    worker (``ru_maxrss`` would carry over the parent's peak across exec on Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def score_slide(
@@ -458,6 +465,7 @@ def score_slide(
             inflight.append(pool.submit(run_tile, job) if pool else job)
 
     t_loop = time.perf_counter()
+    worker_rss = 0.0
     try:
         for _ in range(queue):
             submit()
@@ -470,6 +478,7 @@ def score_slide(
                 res = item.result() if pool else run_tile(item)
                 timings["wait"] += time.perf_counter() - t0 if pool else 0.0
                 submit()
+                worker_rss = max(worker_rss, res["rss_mb"])
                 for k2, v in res["times"].items():
                     timings[k2] += v
                 if len(res["meta"]):
@@ -500,6 +509,7 @@ def score_slide(
         table, out_dir, slide, engine, opts, timings, t_start, echo, loop_seconds, notes
     )
     summary["workers"] = workers
+    summary["peak_rss_workers_mb"] = round(worker_rss, 1) if pool is not None else None
     summary["focal_planes_um"] = list(ctx.plane_z)
     summary["tiles"] = {"total": len(jobs), "resumed_from": done_tiles}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -643,7 +653,6 @@ def _finish(table, out_dir, slide, engine, opts, timings, t_start, echo, loop_se
     seconds = time.perf_counter() - t_start
     stage_total = sum(v for k2, v in timings.items() if k2 != "wait") or 1e-9
     engine_rate = n_cells / timings["engine"] if timings["engine"] > 0 else None
-    own, children = _peak_rss_mb()
     summary.update(
         {
             "seconds": round(seconds, 2),
@@ -657,8 +666,7 @@ def _finish(table, out_dir, slide, engine, opts, timings, t_start, echo, loop_se
             "stage_share": {
                 k2: round(v / stage_total, 3) for k2, v in timings.items() if k2 != "wait"
             },
-            "peak_rss_mb": own,
-            "peak_rss_workers_mb": children,
+            "peak_rss_mb": peak_rss_mb(),
             "options": {
                 k2: (str(v) if isinstance(v, Path) else v) for k2, v in asdict(opts).items()
             },

@@ -38,6 +38,8 @@ def _load_libraries() -> tuple[object | None, object | None]:
         import pyvips as _pv
 
         pyvips = _pv
+        # every region is read once: libvips' operation cache only holds memory here
+        pyvips.cache_set_max(0)
     except (ImportError, OSError):
         pyvips = None
     return openslide, pyvips

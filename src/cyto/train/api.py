@@ -8,11 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from cyto.bundle import save_bundle
 from cyto.data.dataset import PatchDataset
 from cyto.errors import BundleError
+from cyto.train.calibration import normal_calibration
 from cyto.train.config import TrainConfig, resolve_config
 from cyto.train.data import TrainData
 from cyto.train.loop import resolve_device
@@ -32,36 +31,6 @@ class TrainResult:
 def checkpoint_dir(out: Path) -> Path:
     """Where an interrupted run keeps its per-epoch state (next to the bundle)."""
     return Path(out).with_name(Path(out).name + ".train-state")
-
-
-CALIBRATION_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
-
-
-def normal_calibration(model, data: TrainData) -> dict[str, Any] | None:
-    """Quantiles of the trained model's scores on the normal training cells (instance label 0,
-    or every cell of a negative bag for the weakly supervised methods).
-
-    ``cyto score`` counts the cells of a slide above the 0.99 quantile and reports the excess over
-    the 1% that normal cells alone would give: the abnormal-burden estimate the paper's
-    Discussion proposes. The scores are in-sample, so they run a little low; the estimate is a
-    screening aid, not a count.
-    """
-    if data.labels is not None:
-        idx = np.flatnonzero(data.labels == 0)
-        source = "training cells with instance label normal (in-sample)"
-    elif data.bag_labels is not None:
-        idx = np.flatnonzero(np.asarray(data.bag_labels) == 0)
-        source = "training cells of negative bags (in-sample)"
-    else:
-        return None
-    if len(idx) < 20:
-        return None
-    scores = np.asarray(model.score(data.images[idx]), dtype=np.float64)
-    return {
-        "source": source,
-        "n": int(len(idx)),
-        "quantiles": {str(q): float(np.quantile(scores, q)) for q in CALIBRATION_QUANTILES},
-    }
 
 
 def train(

@@ -1,0 +1,107 @@
+"""What machine a benchmark ran on: CPU model and cores, GPU, driver, CUDA and library versions."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+from datetime import date
+from pathlib import Path
+
+LIBRARIES = (
+    "cyto",
+    "torch",
+    "torchvision",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "tensorrt",
+    "numba",
+    "numpy",
+    "scikit-learn",
+    "pyvips",
+    "openslide-python",
+    "pyarrow",
+)
+
+
+def cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    m = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return m.group(1).strip() if m else platform.machine()
+
+
+def _nvidia_smi() -> dict[str, str]:
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    parts = [p.strip() for p in out.splitlines()[0].split(",")] if out else []
+    return dict(zip(("name", "driver", "memory"), parts, strict=False))
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def machine(command: str = "") -> dict[str, object]:
+    """Facts recorded with every benchmark result."""
+    info: dict[str, object] = {
+        "command": command,
+        "host": socket.gethostname(),
+        "date": str(date.today()),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "libraries": versions(),
+        "gpu": None,
+    }
+    try:
+        import torch
+
+        info["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            smi = _nvidia_smi()
+            info["gpu"] = {
+                "name": props.name,
+                "memory_gib": round(props.total_memory / 2**30, 1),
+                "capability": f"{props.major}.{props.minor}",
+                "multiprocessors": props.multi_processor_count,
+                "driver": smi.get("driver"),
+                "cuda_runtime": torch.version.cuda,
+                "cudnn": torch.backends.cudnn.version(),
+            }
+    except ImportError:
+        pass
+    return info
+
+
+def machine_label(meta: dict) -> str:
+    """A short name for tables: the GPU when there is one, else the CPU and its core count."""
+    gpu = meta.get("gpu")
+    if gpu:
+        return f"{gpu['name']} ({meta['host']})"
+    return f"{meta['cpu']} x{meta['cpu_count']} ({meta['host']})"

@@ -1,0 +1,150 @@
+"""`cyto bench` engine / scorer / slide end to end on tiny inputs: result files with the expected
+structure, the machine recorded, unavailable backends listed with their reason. No speed is
+asserted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from tests.unit.test_cli import run_cyto
+
+
+def _result(folder, kind):
+    files = list(folder.glob(f"{kind}_*.json"))
+    assert len(files) == 1, files
+    assert files[0].with_suffix(".md").read_text().startswith(f"# cyto bench {kind}")
+    data = json.loads(files[0].read_text())
+    meta = data["meta"]
+    assert meta["cpu_count"] >= 1 and meta["cpu"] and meta["host"]
+    assert "torch" in meta["libraries"] and "cyto" in meta["libraries"]
+    return data
+
+
+def test_bench_engine(exported_dsvdd, tmp_path):
+    proc = run_cyto(
+        "bench",
+        "engine",
+        "--model",
+        str(exported_dsvdd),
+        "--devices",
+        "cpu",
+        "--batches",
+        "1,4",
+        "--repeats",
+        "3",
+        "--budget",
+        "1",
+        "--backends",
+        "torch-eager,onnxruntime,tensorrt",
+        "--results",
+        str(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = _result(tmp_path, "engine")["results"]
+    ok = [r for r in rows if r["available"]]
+    assert {(r["backend"], r["batch"]) for r in ok} == {
+        ("torch-eager", 1),
+        ("torch-eager", 4),
+        ("onnxruntime", 1),
+        ("onnxruntime", 4),
+    }
+    for r in ok:
+        assert r["patches_per_s"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0
+        assert r["repeats"] >= 3 and r["precision"] == "fp32"
+        assert r["vs_torch_eager_fp32"] > 0
+    missing = {(r["backend"], r["precision"]): r["reason"] for r in rows if not r["available"]}
+    assert "TensorRT" in missing[("onnxruntime", "int8")]
+    assert ("tensorrt", "fp16") in missing and missing[("tensorrt", "fp16")]
+    assert "fp16" in missing[("torch-eager", "fp16")]
+
+    bad = run_cyto("bench", "engine", "--model", str(exported_dsvdd), "--backends", "tpu")
+    assert bad.returncode != 0 and "unknown backend" in bad.stderr
+
+
+def test_bench_scorer(tmp_path):
+    proc = run_cyto(
+        "bench",
+        "scorer",
+        "--queries",
+        "200,400",
+        "--support-vectors",
+        "20",
+        "--dims",
+        "16",
+        "--repeats",
+        "2",
+        "--results",
+        str(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = _result(tmp_path, "scorer")["results"]
+    oc = [r for r in rows if r["scorer"] == "ocsvm"]
+    assert [r["queries"] for r in oc] == [200, 400]
+    for r in oc:
+        assert r["max_abs_diff_vs_sklearn"] < 1e-8
+        assert r["numba_per_s"] > 0 and r["sklearn_per_s"] > 0 and r["numpy_ref_per_s"] > 0
+    sv = [r for r in rows if r["scorer"] == "dsvdd"]
+    assert len(sv) == 2 and all(r["max_abs_diff_vs_ref"] < 1e-6 for r in sv)
+
+
+@pytest.mark.slow
+def test_bench_slide_and_calibrate(exported_dsvdd, tmp_path):
+    res = write_slide(
+        tmp_path / "s.ndpi",
+        SlideSynthConfig(width=1536, height=1536, seed=4, abnormal_fraction=0.1),
+    )
+    proc = run_cyto(
+        "bench",
+        "slide",
+        str(res.paths[0]),
+        "--model",
+        str(exported_dsvdd),
+        "--workers",
+        "1",
+        "--naive-cells",
+        "30",
+        "--truth",
+        str(res.ground_truth),
+        "--work",
+        str(tmp_path / "w"),
+        "--results",
+        str(tmp_path / "r"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    row = _result(tmp_path / "r", "slide")["results"][0]
+    assert row["cells"] > 30 and row["workers"] == 1
+    assert 0 < row["pipeline_efficiency"] <= 1
+    assert abs(sum(row["stage_share"].values()) - 1) < 0.01
+    assert row["naive"]["cells"] == 30 and row["naive"]["cells_per_s"] > 0
+    assert row["naive"]["spearman_vs_pipeline"] > 0.99  # the same cells score the same
+    assert row["pipeline_vs_naive"] > 0 and "truth" in row
+
+    # calibrate a copy of the model on this slide's table, as if it were slide-negative
+    model = tmp_path / "m.cyto"
+    shutil.copytree(exported_dsvdd, model)
+    table = tmp_path / "w" / "scores.parquet"
+    proc = run_cyto("calibrate", str(model), str(table))
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cyto(
+        "score",
+        str(res.paths[0]),
+        "--model",
+        str(model),
+        "--out",
+        str(tmp_path / "o"),
+        "--mosaic",
+        "0",
+    )
+    assert proc.returncode == 0, proc.stderr  # the bundle still verifies after calibration
+    summary = json.loads((tmp_path / "o" / "s" / "summary.json").read_text())
+    b = summary["burden"]
+    n = pq.read_table(table).num_rows
+    assert b["calibration"].startswith(f"{n} cells of 1")
+    assert b["cells_above"] <= 0.02 * n + 1  # its own 99th percentile
+    bad = run_cyto("calibrate", str(model), str(tmp_path / "missing.parquet"))
+    assert bad.returncode != 0 and "does not exist" in bad.stderr
