@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _results import machine, write  # noqa: E402
@@ -39,35 +38,9 @@ def timed(fn, repeats: int) -> float:
 
 
 def make_bundle(tmp: Path, input_size: int) -> Path:
-    from cyto.bundle import save_bundle
-    from cyto.export.onnx import export_onnx
-    from cyto.models.backbones import build_backbone
+    from cyto.bench.models import architecture_bundle
 
-    torch.manual_seed(0)
-    enc = build_backbone("resnet18", 128, bias=False).eval()
-    cfg = {"backbone": "resnet18", "input_size": input_size, "load_size": None}
-    manifest = {
-        "method": "dsvdd",
-        "scorer_kind": "dsvdd",
-        "backbone": "resnet18",
-        "input_size": input_size,
-        "embedding_dim": 128,
-        "bias": False,
-        "seeds": [0],
-        "tta_views": ["orig"],
-        "tta_lambda": 0.35,
-        "config": cfg,
-        "training_data": {},
-    }
-    centres = np.full((1, 128), 0.1, dtype=np.float32)
-    path = save_bundle(
-        tmp / f"r18-{input_size}.cyto",
-        manifest,
-        {"encoder-seed0": enc.state_dict()},
-        {"centres": centres},
-    )
-    export_onnx(path, example_size=input_size)
-    return path
+    return architecture_bundle(tmp / f"r18-{input_size}.cyto", "resnet18", input_size)
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     """Run every demo step into ``out``; returns what was made."""
     from cyto.data.dataset import PatchDataset, data_info
     from cyto.data.mosaic import class_mosaic
+    from cyto.data.synth.cells import DEFAULT_SCALE, MPP_AT_SCALE_1
     from cyto.data.synth.patches import PatchSynthConfig, write_patches
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
     from cyto.export.api import export_bundle
@@ -65,13 +66,14 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     )
 
     echo("[3/8] train Deep SVDD (fast preset) -> model bundle")
+    synth_mpp = round(MPP_AT_SCALE_1 / DEFAULT_SCALE, 4)
     res = train(
         "dsvdd",
         out / "train.csv",
         out / "dsvdd.cyto",
         normal="normal",
         preset="fast",
-        overrides={"seed": seed},
+        overrides={"seed": seed, "mpp": synth_mpp},  # the patches' resolution, for cyto score
         device="cpu",
         overwrite=True,
     )

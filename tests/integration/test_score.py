@@ -292,3 +292,21 @@ def test_burden_and_resolution_checks(model, slide, tmp_path):
     )
     assert s["resolution"]["crop_px_level0"] == 384
     assert any("resampling" in m for m in msgs)
+
+
+@pytest.mark.realdata
+@pytest.mark.openslide
+def test_real_slides_score_with_cell_sized_detection(model, wsi_dir, tmp_path):
+    from cyto.infer.pipeline import ScoreOptions, score_slide
+
+    slides = sorted(p for p in wsi_dir.iterdir() if p.suffix in (".svs", ".ndpi"))
+    assert slides
+    for path in slides:
+        s = score_slide(path, model, tmp_path / path.stem, ScoreOptions(mosaic=16, top_k=16))
+        folder = tmp_path / path.stem
+        table = pq.read_table(folder / "scores.parquet")
+        assert table.num_rows == s["cells_scored"]
+        if s["resolution"]["slide_mpp"]:  # nuclei sized for 0.5 um/px: many cells, not blobs
+            assert s["cells_scored"] > 500, (path.name, s["cells_scored"])
+        if s["cells_scored"]:
+            assert (folder / "topk_mosaic.png").stat().st_size > 0

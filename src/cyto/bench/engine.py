@@ -62,7 +62,7 @@ def _torch_runner(bundle: Bundle, device: str, precision: str, variant: str) -> 
     if variant == "compile":
         if not hasattr(torch, "compile"):
             raise Unavailable("this PyTorch has no torch.compile")
-        module = torch.compile(module, dynamic=False)
+        module = torch.compile(module)  # dynamic after the first new shape: few recompiles
     dev = torch.device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 

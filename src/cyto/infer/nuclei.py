@@ -33,10 +33,28 @@ class NucleusParams:
     min_area: int = 300
     max_area: int = 40_000
     min_threshold: float = 0.08  # haematoxylin OD below this is never nucleus
+    mpp: float = 0.12  # the resolution (um/px) the sizes above are given at
 
     def __post_init__(self) -> None:
         if self.min_distance < 1 or self.min_area < 1 or self.max_area <= self.min_area:
             raise ConfigError("need min_distance >= 1 and 1 <= min_area < max_area")
+        if self.mpp <= 0:
+            raise ConfigError(f"mpp must be > 0, got {self.mpp}")
+
+    def at(self, mpp: float | None) -> NucleusParams:
+        """The same physical sizes in the pixels of a slide at ``mpp`` um/px (unchanged when the
+        slide's resolution is unknown)."""
+        if not mpp or abs(mpp / self.mpp - 1.0) < 0.02:
+            return self
+        r = self.mpp / mpp
+        return NucleusParams(
+            sigma=max(0.5, self.sigma * r),
+            min_distance=max(1, int(round(self.min_distance * r))),
+            min_area=max(1, int(round(self.min_area * r * r))),
+            max_area=max(2, int(round(self.max_area * r * r))),
+            min_threshold=self.min_threshold,
+            mpp=mpp,
+        )
 
 
 _HED_LOG = np.log(np.maximum(np.arange(256) / 255.0, 1e-6)) / np.log(1e-6)

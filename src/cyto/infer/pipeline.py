@@ -388,7 +388,7 @@ def score_slide(
         margin=src_patch // 2 + 32,
         src_patch=src_patch,
         out_size=engine.input_size,
-        detection=opts.detection,
+        detection=opts.detection.at(info.mpp),  # nuclei have a physical size
     )
     key = {
         "model": engine.bundle.manifest_hash,
@@ -648,7 +648,8 @@ def _finish(table, out_dir, slide, engine, opts, timings, t_start, echo, loop_se
         summary["truth"]["planted_found_in_top_k"] = len(hit_cells)
         summary["truth"]["planted_recall_at_k"] = len(hit_cells) / planted if planted else None
     if opts.mosaic and n_cells:
-        summary["mosaic"] = str(_mosaic(slide, table, order, labels, opts, out_dir))
+        crop = int(notes.get("crop_px_level0") or opts.patch_size)
+        summary["mosaic"] = str(_mosaic(slide, table, order, labels, opts, out_dir, crop))
     timings["finish"] = time.perf_counter() - t_fin
     seconds = time.perf_counter() - t_start
     stage_total = sum(v for k2, v in timings.items() if k2 != "wait") or 1e-9
@@ -717,7 +718,7 @@ def _labels_from_truth(table, truth: Path, radius: float) -> tuple[np.ndarray, n
     return labels, np.where(hit, idx, -1), int(truth_labels.sum())
 
 
-def _mosaic(slide, table, order, labels, opts, out_dir: Path) -> Path:
+def _mosaic(slide, table, order, labels, opts, out_dir: Path, crop: int) -> Path:
     """Review mosaics of the top cells, 10 per row.
 
     ``topk_mosaic.png`` is in ranked order, with true abnormal cells (when ground truth is given)
@@ -733,13 +734,11 @@ def _mosaic(slide, table, order, labels, opts, out_dir: Path) -> Path:
     reader = open_slide(slide)
     xs, ys = np.asarray(table["x"]), np.asarray(table["y"])
     ids = np.asarray(table["cell_id"])
-    half = opts.patch_size // 2
+    half = crop // 2  # the level-0 size the model saw (after any --rescale)
     tiles = []
     for i in order[:n]:
-        crop = reader.read_region(
-            int(round(xs[i])) - half, int(round(ys[i])) - half, opts.patch_size, opts.patch_size
-        )
-        tiles.append(Image.fromarray(crop).resize((side, side), Image.Resampling.BILINEAR))
+        cell = reader.read_region(int(round(xs[i])) - half, int(round(ys[i])) - half, crop, crop)
+        tiles.append(Image.fromarray(cell).resize((side, side), Image.Resampling.BILINEAR))
     reader.close()
 
     def grid(sequence: list[int], marks: bool) -> Image.Image:
