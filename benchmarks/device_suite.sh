@@ -1,27 +1,42 @@
 #!/usr/bin/env bash
 # The GPU run of the benchmark suite, as run on a lent GPU machine (see benchmarks/README.md).
-# Usage: benchmarks/device_suite.sh FAST_MODEL RESULTS_DIR [SLIDE_SIDE_PX]
-# Steps are time-boxed and results are packed after each one, so a cut-off run keeps what it made.
+# Usage: benchmarks/device_suite.sh PART FAST_MODEL RESULTS_DIR
+#   PART: checks (gpu_checks.py), engine (cyto bench engine on CUDA and the host CPU), slide
+#   (synthesize a slide, cyto bench slide on the GPU); several with commas.
+# Each step is time-boxed and the results are packed after it ($OUT/gpu_results.tgz), so a run
+# that is cut off keeps what it made.
 set -u
-model=$1; res=$2; side=${3:-24000}
+parts=$1; model=$2; res=$3; side=${SLIDE_SIDE:-24000}
 export PYTHONUNBUFFERED=1 CYTO_PROGRESS=0
 mkdir -p "$res" /tmp/cyto-slide
 pack() { tar czf "${OUT:-$res/..}/gpu_results.tgz" -C "$res" . ; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$res/nvidia-smi.csv"
-echo "== gpu checks"
-timeout 200 python3 benchmarks/gpu_checks.py --model "$model" --out "$res/gpu_checks" \
-    --work /tmp/cyto-gpu-work 2>&1 | grep -v Warning | tail -12
-pack
-echo "== engine benches"
-timeout 240 python3 benchmarks/run_suite.py --out "$res" --work /tmp/cyto-suite \
-    --fast-model "$model" --devices cuda --batches 1,8,32,128,512 --budget 1 --skip scorer,slide \
-    2>&1 | grep -E "patches/s|unavailable|suite|Error" | tail -80
-pack
-echo "== slide: synthesize ${side}^2 and score it on the GPU"
-python3 -m cyto synth slide /tmp/cyto-slide/slide.ndpi --width "$side" --height "$side" \
-    --abnormal-fraction 0.005 --workers "$(($(nproc) - 1))" --overwrite 2>&1 | tail -2
-timeout 200 python3 benchmarks/run_suite.py --out "$res" --work /tmp/cyto-suite \
-    --fast-model "$model" --skip engine,scorer --slide /tmp/cyto-slide/slide.ndpi \
-    --workers "$(($(nproc) - 2))" --naive-cells 1000 2>&1 | tail -8
-pack
+if [[ $parts == *checks* ]]; then
+    echo "== gpu checks"
+    timeout "${T_CHECKS:-210}" python3 benchmarks/gpu_checks.py --model "$model" \
+        --out "$res/gpu_checks" --work /tmp/cyto-gpu-work 2>&1 | grep -v Warning | tail -12
+    pack
+fi
+if [[ $parts == *engine* ]]; then
+    echo "== engine benches"
+    timeout "${T_ENGINE:-210}" python3 benchmarks/run_suite.py --out "$res" --work /tmp/cyto-suite \
+        --fast-model "$model" --devices cuda --batches "${BATCHES:-1,8,32,128,512}" \
+        --budget 0.5 --skip scorer,slide 2>&1 | grep -E "patches/s|suite|Error" | tail -80
+    pack
+    echo "== the host CPU of this machine, paper-size model, for comparison"
+    timeout 90 python3 -m cyto bench engine --model /tmp/cyto-suite/paper-resnet18-224.cyto \
+        --devices cpu --backends torch-eager,onnxruntime --precisions fp32 --batches 32,128 \
+        --budget 0.5 --results "$res/engine-paper-host-cpu" 2>&1 | grep -E "patches/s" | tail
+    pack
+fi
+if [[ $parts == *slide* ]]; then
+    echo "== slide: synthesize ${side}^2 and score it on the GPU"
+    timeout 120 python3 -m cyto synth slide /tmp/cyto-slide/slide.ndpi --width "$side" \
+        --height "$side" --abnormal-fraction 0.005 --workers "$(($(nproc) - 1))" --overwrite \
+        2>&1 | tail -2
+    timeout "${T_SLIDE:-200}" python3 benchmarks/run_suite.py --out "$res" --work /tmp/cyto-suite \
+        --fast-model "$model" --skip engine,scorer --slide /tmp/cyto-slide/slide.ndpi \
+        --workers "$(($(nproc) - 2))" --naive-cells 1000 2>&1 | tail -8
+    pack
+fi
 ls -R "$res"

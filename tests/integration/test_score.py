@@ -310,3 +310,32 @@ def test_real_slides_score_with_cell_sized_detection(model, wsi_dir, tmp_path):
             assert s["cells_scored"] > 500, (path.name, s["cells_scored"])
         if s["cells_scored"]:
             assert (folder / "topk_mosaic.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_peak_memory_does_not_grow_with_slide_size(model, tmp_path):
+    """Scoring a 4x larger slide keeps the same peak RSS (main process and workers), within a
+    margin for allocator noise: tiles stream through a bounded queue, rows go to disk in chunks."""
+    peaks = {}
+    for name, height in (("short", 1024), ("tall", 4096)):
+        res = write_slide(
+            tmp_path / f"{name}.tif", SlideSynthConfig(width=2048, height=height, seed=6)
+        )
+        proc = run_cyto(
+            "score",
+            str(res.paths[0]),
+            "--model",
+            str(model),
+            "--out",
+            str(tmp_path / "o"),
+            "--workers",
+            "1",
+            "--mosaic",
+            "0",
+        )
+        assert proc.returncode == 0, proc.stderr
+        s = json.loads((tmp_path / "o" / name / "summary.json").read_text())
+        peaks[name] = (s["peak_rss_mb"], s["peak_rss_workers_mb"], s["cells_scored"])
+    assert peaks["tall"][2] > 3 * peaks["short"][2]
+    assert peaks["tall"][0] - peaks["short"][0] < 60, peaks
+    assert peaks["tall"][1] - peaks["short"][1] < 60, peaks
