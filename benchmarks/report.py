@@ -15,6 +15,10 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from cyto.bench.device import machine_label as label
+from cyto.bench.results import markdown_table
+from cyto.bench.slide import SLIDE_COLUMNS, flat_row
+
 
 def load(results: Path) -> dict[str, list[dict]]:
     found: dict[str, list[dict]] = defaultdict(list)
@@ -27,13 +31,6 @@ def load(results: Path) -> dict[str, list[dict]]:
             data["file"] = str(f.relative_to(results))
             found[data["kind"]].append(data)
     return found
-
-
-def label(meta: dict) -> str:
-    gpu = meta.get("gpu")
-    if gpu:
-        return f"{gpu['name']} + {meta['cpu_count']} CPUs"
-    return f"{meta['cpu']} ({meta['cpu_count']} CPUs)"
 
 
 def engine_table(runs: list[dict]) -> tuple[list[str], dict]:
@@ -61,41 +58,29 @@ def engine_table(runs: list[dict]) -> tuple[list[str], dict]:
 
 
 def scorer_table(runs: list[dict]) -> list[str]:
-    lines = [
-        "| machine | scorer | queries | SVs | numba /s | sklearn /s | numpy /s "
-        "| numba vs sklearn |",
-        "|---|---|---|---|---|---|---|---|",
+    rows = [
+        {**r, "machine": label(run["meta"]), "support_vectors": r.get("support_vectors", "-")}
+        for run in runs
+        for r in run["results"]
     ]
-    for run in runs:
-        for r in run["results"]:
-            lines.append(
-                f"| {label(run['meta'])} | {r['scorer']} | {r['queries']:,} | "
-                f"{r.get('support_vectors', '-')} | {r['numba_per_s']:,.0f} | "
-                f"{r.get('sklearn_per_s', '-')} | {r['numpy_ref_per_s']:,.0f} | "
-                f"{r.get('numba_vs_sklearn', '-')} |"
-            )
-    return lines
+    return markdown_table(
+        rows,
+        [
+            ("machine", "machine"),
+            ("scorer", "scorer"),
+            ("queries", "queries"),
+            ("support_vectors", "SVs"),
+            ("numba_per_s", "numba /s"),
+            ("sklearn_per_s", "sklearn /s"),
+            ("numpy_ref_per_s", "numpy /s"),
+            ("numba_vs_sklearn", "numba vs sklearn"),
+        ],
+    )
 
 
 def slide_table(runs: list[dict]) -> list[str]:
-    lines = [
-        "| machine | slide | cells | backend | cells/s | engine-only cells/s | efficiency | naive "
-        "cells/s | pipeline vs naive | peak RSS MB | Recall@400 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for run in runs:
-        for r in run["results"]:
-            naive = r.get("naive") or {}
-            truth = r.get("truth") or {}
-            rec = truth.get("planted_recall_at_k")
-            lines.append(
-                f"| {label(run['meta'])} | {Path(r['slide']).name} | {r['cells']:,} | "
-                f"{r['backend']} on {r['device']} | {r['cells_per_s']} | "
-                f"{r['engine_cells_per_s']} | {r['pipeline_efficiency']} | "
-                f"{naive.get('cells_per_s', '-')} | {r.get('pipeline_vs_naive', '-')} | "
-                f"{r['peak_rss_mb']} | {f'{rec:.3f}' if rec is not None else '-'} |"
-            )
-    return lines
+    rows = [flat_row(r, label(run["meta"])) for run in runs for r in run["results"]]
+    return markdown_table(rows, [("machine", "machine"), *SLIDE_COLUMNS])
 
 
 def plot(best: dict, path: Path) -> None:

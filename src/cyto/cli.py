@@ -800,7 +800,7 @@ def bench_slide_cmd(
 
     from cyto.bench.device import machine
     from cyto.bench.results import header, write_results
-    from cyto.bench.slide import bench_slide
+    from cyto.bench.slide import bench_slide, slide_markdown
     from cyto.infer.pipeline import ScoreOptions
 
     opts = ScoreOptions(
@@ -820,40 +820,6 @@ def bench_slide_cmd(
     lines = header("cyto bench slide", meta) + slide_markdown([row])
     path = write_results(results, "slide", meta, [row], lines)
     typer.echo(f"wrote {path} and {path.with_suffix('.md')}")
-
-
-def slide_markdown(rows: list[dict]) -> list[str]:
-    lines = [
-        "| slide | cells | backend | workers | cells/s | engine-only cells/s | efficiency | "
-        "naive cells/s | pipeline vs naive | peak RSS MB (main / workers) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        naive = r.get("naive") or {}
-        lines.append(
-            f"| {Path(r['slide']).name} | {r['cells']:,} | {r['backend']} on {r['device']} | "
-            f"{r['workers']} | {r['cells_per_s']} | {r['engine_cells_per_s']} | "
-            f"{r['pipeline_efficiency']} | {naive.get('cells_per_s', '-')} | "
-            f"{r.get('pipeline_vs_naive', '-')} | {r['peak_rss_mb']} / {r['peak_rss_workers_mb']} |"
-        )
-    lines += ["", "Time share of each stage (CPU seconds summed over processes):", ""]
-    stages = list(rows[0]["stage_share"]) if rows else []
-    lines += ["| slide | " + " | ".join(stages) + " |", "|---|" + "---|" * len(stages)]
-    for r in rows:
-        lines.append(
-            f"| {Path(r['slide']).name} | "
-            + " | ".join(f"{100 * r['stage_share'][s]:.1f}%" for s in stages)
-            + " |"
-        )
-    for r in rows:
-        if "truth" in r:
-            t = r["truth"]
-            lines.append(
-                f"\n{Path(r['slide']).name}: planted abnormal cells in the top {t['k']}: "
-                f"{t['planted_found_in_top_k']}/{t['planted_abnormal']} "
-                f"(Recall@{t['k']} {t['planted_recall_at_k']:.3f})"
-            )
-    return lines
 
 
 @app.command("demo")

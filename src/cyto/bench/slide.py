@@ -114,3 +114,55 @@ def bench_slide(
             f"{summary['cells_per_s']} cells/s ({row['pipeline_vs_naive']}x)"
         )
     return row
+
+
+def flat_row(r: dict, machine: str | None = None) -> dict:
+    """One `bench slide` result as a flat table row."""
+    naive = r.get("naive") or {}
+    truth = r.get("truth") or {}
+    recall = truth.get("planted_recall_at_k")
+    return {
+        "machine": machine,
+        "slide": Path(r["slide"]).name,
+        "cells": f"{r['cells']:,}",
+        "backend": f"{r['backend']} on {r['device']}",
+        "workers": r["workers"],
+        "cells_per_s": r["cells_per_s"],
+        "engine_cells_per_s": r["engine_cells_per_s"],
+        "pipeline_efficiency": r["pipeline_efficiency"],
+        "naive_cells_per_s": naive.get("cells_per_s"),
+        "pipeline_vs_naive": r.get("pipeline_vs_naive"),
+        "peak_rss": f"{r['peak_rss_mb']} / {r['peak_rss_workers_mb']}",
+        "recall": f"{recall:.3f} ({truth['planted_found_in_top_k']}/{truth['planted_abnormal']})"
+        if recall is not None
+        else None,
+    }
+
+
+SLIDE_COLUMNS = [
+    ("slide", "slide"),
+    ("cells", "cells"),
+    ("backend", "backend"),
+    ("workers", "workers"),
+    ("cells_per_s", "cells/s"),
+    ("engine_cells_per_s", "engine-only cells/s"),
+    ("pipeline_efficiency", "efficiency"),
+    ("naive_cells_per_s", "naive cells/s"),
+    ("pipeline_vs_naive", "pipeline vs naive"),
+    ("peak_rss", "peak RSS MB (main / worker)"),
+    ("recall", "Recall@400 of planted cells"),
+]
+
+
+def slide_markdown(rows: list[dict]) -> list[str]:
+    """The result table and the time share of each stage."""
+    from cyto.bench.results import markdown_table
+
+    lines = markdown_table([flat_row(r) for r in rows], SLIDE_COLUMNS)
+    stages = list(rows[0]["stage_share"]) if rows else []
+    shares = [
+        {"slide": Path(r["slide"]).name} | {s: f"{100 * r['stage_share'][s]:.1f}%" for s in stages}
+        for r in rows
+    ]
+    lines += ["", "Time share of each stage (seconds summed over processes):", ""]
+    return lines + markdown_table(shares, [("slide", "slide")] + [(s, s) for s in stages])
