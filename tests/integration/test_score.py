@@ -238,14 +238,16 @@ def test_workers_and_resume_give_the_uninterrupted_table(model, slide, tmp_path)
     assert not (tmp_path / "r" / PARTIAL).exists()
 
 
-def test_focal_plane_choice_follows_the_sharpest_plane(model, tmp_path):
+@pytest.mark.parametrize("suffix", [".tif", ".ndpi"])
+def test_focal_plane_choice_follows_the_sharpest_plane(model, tmp_path, suffix):
+    """TIFF z-stacks come as one file per plane, NDPI z-stacks as z-offset pages of one file."""
     from cyto.infer.pipeline import ScoreOptions, score_slide
 
     res = write_slide(
-        tmp_path / "z.tif",
+        tmp_path / f"z{suffix}",
         SlideSynthConfig(width=1024, height=1024, seed=5, planes=(-1.0, 0.0, 1.0)),
     )
-    assert len(res.paths) == 3
+    assert len(res.paths) == (3 if suffix == ".tif" else 1)
     summary = score_slide(res.paths[0], model, tmp_path / "o", ScoreOptions(mosaic=0))
     assert summary["focal_planes_um"] == [0.0, -1.0, 1.0]
     table = pq.read_table(tmp_path / "o" / "scores.parquet")

@@ -72,6 +72,23 @@ def test_synthetic_slides_and_edge_padding(synth_slides):
     )
 
 
+@pytest.mark.openslide
+def test_ndpi_plane_reader_decodes_exactly_what_openslide_does(synth_slides):
+    from cyto.infer.slide import NdpiPlaneReader, ndpi_planes, open_plane
+
+    _, ndpi = synth_slides
+    reference = open_slide(ndpi)
+    plane0 = NdpiPlaneReader(ndpi, 0)  # the main plane, which OpenSlide reads too
+    for x, y, w, h in [(0, 0, 300, 200), (517, 203, 333, 301), (900, 950, 300, 300)]:
+        np.testing.assert_array_equal(
+            plane0.read_region(x, y, w, h), reference.read_region(x, y, w, h)
+        )
+    assert ndpi_planes(ndpi) == []  # a single-plane file has no extra planes
+    assert open_plane(f"{ndpi}#page=0").info.backend == "ndpi-plane"
+    with pytest.raises(UnsupportedSlideError, match="page 99"):
+        NdpiPlaneReader(ndpi, 99)
+
+
 def test_bad_inputs(tmp_path, wsi_dir):
     with pytest.raises(InputPathError, match="does not exist"):
         open_slide(tmp_path / "missing.ndpi")

@@ -39,7 +39,7 @@ from cyto.data.images import resize_rgb
 from cyto.errors import ConfigError, CytoError
 from cyto.infer.nuclei import NucleusParams, detect_nuclei, read_nuclei_file
 from cyto.infer.patches import crop_cells
-from cyto.infer.slide import open_slide
+from cyto.infer.slide import PLANE_SEP, ndpi_planes, open_plane, open_slide
 from cyto.progress import progress
 
 PARTIAL = ".partial"
@@ -115,20 +115,22 @@ def _tissue_mask(reader) -> tuple[np.ndarray | None, float]:
 _PLANE_RE = re.compile(r"_z([+-]\d+(?:\.\d+)?)um$")
 
 
-def find_planes(slide: Path, spec: str) -> list[tuple[float, Path]]:
-    """Extra focal planes of ``slide`` as (z in um, file): ``auto`` finds sibling files named
-    ``NAME_z+1.00um.ext`` (what ``cyto synth slide --planes`` writes for TIFF), ``none`` uses
-    the main plane only, and a comma-separated list names the files (z from their names, else
-    their order)."""
+def find_planes(slide: Path, spec: str) -> list[tuple[float, str]]:
+    """Extra focal planes of ``slide`` as (z in um, plane): ``auto`` takes the z-offset pages of
+    an NDPI file, or sibling files named ``NAME_z+1.00um.ext`` (what ``cyto synth slide
+    --planes`` writes for TIFF); ``none`` uses the main plane only; a comma-separated list names
+    the files (z from their names, else their order)."""
     slide = Path(slide)
     if spec == "none":
         return []
+    if spec == "auto" and slide.suffix.lower() == ".ndpi":
+        return ndpi_planes(slide)
     if spec == "auto":
         found = []
         for f in sorted(slide.parent.glob(f"{slide.stem}_z*um{slide.suffix}")):
             m = _PLANE_RE.search(f.stem)
             if m and f != slide:
-                found.append((float(m.group(1)), f))
+                found.append((float(m.group(1)), str(f)))
         return sorted(found)
     out = []
     for i, name in enumerate(p for p in spec.split(",") if p.strip()):
@@ -136,7 +138,7 @@ def find_planes(slide: Path, spec: str) -> list[tuple[float, Path]]:
         if not f.is_file():
             raise ConfigError(f"focal plane file {f} does not exist")
         m = _PLANE_RE.search(f.stem)
-        out.append((float(m.group(1)) if m else float(i + 1), f))
+        out.append((float(m.group(1)) if m else float(i + 1), str(f)))
     return out
 
 
@@ -186,7 +188,7 @@ def run_tile(job: tuple[int, int, int, np.ndarray | None]) -> dict:
     global _READERS
     ctx = _CTX
     if _READERS is None:
-        _READERS = [open_slide(ctx.slide)] + [open_slide(p) for p in ctx.planes]
+        _READERS = [open_slide(ctx.slide)] + [open_plane(p) for p in ctx.planes]
     t_index, x0, y0, given = job
     m, size = ctx.margin, ctx.tile
     t0 = time.perf_counter()
@@ -301,8 +303,8 @@ class ChunkStore:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _slide_key(slide: Path, planes: list[tuple[float, Path]]) -> dict:
-    files = [slide] + [p for _, p in planes]
+def _slide_key(slide: Path, planes: list[tuple[float, str]]) -> dict:
+    files = [slide] + [Path(p.split(PLANE_SEP)[0]) for _, p in planes]
     return {str(f): [f.stat().st_size, int(f.stat().st_mtime)] for f in files}
 
 
@@ -342,7 +344,7 @@ def score_slide(
     info = reader.info
     planes = find_planes(slide, opts.planes)
     for _z, f in planes:
-        pr = open_slide(f)
+        pr = open_plane(f)
         if (pr.info.width, pr.info.height) != (info.width, info.height):
             raise ConfigError(
                 f"focal plane {f} is {pr.info.width}x{pr.info.height}, the slide "
