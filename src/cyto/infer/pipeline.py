@@ -29,6 +29,7 @@ import shutil
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -500,6 +501,11 @@ def score_slide(
             f"interrupted: finished chunks are kept in {store.dir}; rerun with --resume to continue"
         )
         raise
+    except BrokenProcessPool as exc:
+        raise CytoError(
+            f"{slide}: a worker process stopped ({exc or 'killed, out of memory?'}); finished "
+            f"chunks are kept in {store.dir}: rerun with --resume (and fewer --workers)"
+        ) from exc
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
