@@ -170,16 +170,20 @@ def verify_bundle(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def load_bundle(path: Path) -> Bundle:
-    """Verify and load a bundle: tensors as torch tensors (safetensors), arrays without pickle."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def load_bundle(path: Path, weights: bool = True) -> Bundle:
+    """Verify and load a bundle: tensors as torch tensors (safetensors), arrays without pickle.
 
+    ``weights=False`` verifies every checksum but leaves the tensors out (and torch unimported):
+    the exported ONNX path needs only the manifest and the scorer arrays.
+    """
     path = Path(path)
     manifest = verify_bundle(path)
     bundle = Bundle(path=path, manifest=manifest)
-    for name in manifest["files"]:
+    for name in manifest["files"] if weights else ():
         if name.startswith("weights-") and name.endswith(".safetensors"):
+            from safetensors import SafetensorError
+            from safetensors.torch import load_file
+
             try:
                 bundle.weights[name[len("weights-") : -len(".safetensors")]] = load_file(
                     str(path / name)

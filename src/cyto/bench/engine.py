@@ -85,7 +85,7 @@ def _onnx_runner(bundle: Bundle, device: str, precision: str) -> Runner:
     if precision != "fp32":
         raise Unavailable("the exported ONNX graph is fp32; fp16/int8 run through TensorRT")
     from cyto.errors import DeviceError
-    from cyto.export.onnx import OnnxScorer
+    from cyto.export.runtime import OnnxScorer
 
     try:
         scorer = OnnxScorer.open(bundle, device=device)

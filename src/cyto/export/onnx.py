@@ -12,18 +12,20 @@ from __future__ import annotations
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from cyto.bundle import Bundle, add_files, load_bundle
-from cyto.errors import BundleError, DeviceError, MissingDependencyError
-from cyto.export.graphs import GRAPHS, OUTPUTS, concat_outputs, finish
+from cyto.bundle import add_files, load_bundle
+from cyto.export.graphs import GRAPHS
+from cyto.export.runtime import (  # noqa: F401 - OnnxScorer is re-exported
+    ONNX_FILE,
+    OUTPUTS,
+    OnnxScorer,
+    available_providers,
+)
 from cyto.models.from_bundle import load_scorer
 
-ONNX_FILE = "encoder.onnx"
 OPSET = 18
 
 
@@ -80,64 +82,3 @@ def export_onnx(path: Path, opset: int = OPSET, example_size: int | None = None)
         }
         add_files(bundle.path, {ONNX_FILE: target}, {"onnx": entry})
     return entry
-
-
-def available_providers() -> list[str]:
-    try:
-        import onnxruntime as ort
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "onnxruntime", "ONNX Runtime scoring", "pip install 'cyto[cpu]' (or 'cyto[gpu]')"
-        ) from exc
-    return list(ort.get_available_providers())
-
-
-@dataclass
-class OnnxScorer:
-    """The exported path: ONNX Runtime on uint8 patches, then the numba kernel."""
-
-    bundle: Bundle
-    session: object
-    kind: str
-
-    @classmethod
-    def open(
-        cls, path: Path | Bundle, device: str = "cpu", threads: int | None = None
-    ) -> OnnxScorer:
-        import onnxruntime as ort
-
-        bundle = path if isinstance(path, Bundle) else load_bundle(Path(path))
-        if ONNX_FILE not in bundle.manifest["files"]:
-            raise BundleError(
-                f"{bundle.path} has no {ONNX_FILE}: run 'cyto export {bundle.path} --onnx' first"
-            )
-        providers = ["CPUExecutionProvider"]
-        if device.startswith("cuda"):
-            if "CUDAExecutionProvider" not in available_providers():
-                raise DeviceError(
-                    "ONNX Runtime here has no CUDA provider: install "
-                    "'cyto[gpu]' (onnxruntime-gpu, never next to onnxruntime)"
-                )
-            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-        opts = ort.SessionOptions()
-        if threads:
-            opts.intra_op_num_threads = threads
-        session = ort.InferenceSession(str(bundle.path / ONNX_FILE), opts, providers=providers)
-        if device.startswith("cuda") and session.get_providers()[0] != "CUDAExecutionProvider":
-            raise DeviceError(
-                "ONNX Runtime could not start its CUDA provider (CUDA or cuDNN "
-                "libraries missing?); refusing to fall back to the CPU silently"
-            )
-        return cls(bundle, session, bundle.manifest["scorer_kind"])
-
-    def raw(self, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
-        parts = []
-        for i in range(0, len(images), batch_size):
-            x = np.ascontiguousarray(images[i : i + batch_size], dtype=np.uint8)
-            parts.append(self.session.run(None, {"patches": x})[0])
-        return concat_outputs(self.kind, parts)
-
-    def score(self, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
-        return finish(
-            self.kind, self.raw(images, batch_size), self.bundle.manifest, self.bundle.scorer
-        )

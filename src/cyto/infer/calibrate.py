@@ -21,7 +21,7 @@ from cyto.train.calibration import CALIBRATION_QUANTILES
 def calibrate_from_tables(model: Path, tables: list[Path], min_cells: int = 100) -> dict:
     import pyarrow.parquet as pq
 
-    bundle = load_bundle(Path(model))
+    bundle = load_bundle(Path(model), weights=False)
     scores = []
     for t in tables:
         if not Path(t).is_file():

@@ -65,14 +65,14 @@ class TrtScorer:
         self.max_batch = int(entry["batch"][2])
 
     def raw(self, images: np.ndarray, batch_size: int = 64) -> np.ndarray:
-        from cyto.export.graphs import concat_outputs
+        from cyto.export.runtime import concat_outputs
 
         step = min(batch_size, self.max_batch)
         parts = [self.runner.run(images[i : i + step]) for i in range(0, len(images), step)]
         return concat_outputs(self.kind, parts)
 
     def score(self, images: np.ndarray, batch_size: int = 64) -> np.ndarray:
-        from cyto.export.graphs import finish
+        from cyto.export.runtime import finish
 
         m = self.bundle
         return finish(self.kind, self.raw(images, batch_size), m.manifest, m.scorer)
@@ -116,7 +116,7 @@ def load_engine(
         raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
         raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {device!r}")
-    bundle = model if isinstance(model, Bundle) else load_bundle(Path(model))
+    bundle = model if isinstance(model, Bundle) else load_bundle(Path(model), weights=False)
     if device == "auto":
         device = "cuda" if _cuda_ok() else "cpu"
     elif device.startswith("cuda") and not _cuda_ok():
@@ -129,14 +129,14 @@ def load_engine(
         elif has_onnx and has_ort:
             backend = "onnx"
             if device.startswith("cuda"):
-                from cyto.export.onnx import available_providers
+                from cyto.export.runtime import available_providers
 
                 if "CUDAExecutionProvider" not in available_providers():
                     backend = "torch"  # onnxruntime is CPU-only here: PyTorch uses the GPU
         else:
             backend = "torch"
     if backend == "onnx":
-        from cyto.export.onnx import OnnxScorer
+        from cyto.export.runtime import OnnxScorer
 
         scorer = OnnxScorer.open(bundle, device=device, threads=threads)
     elif backend == "trt":
@@ -156,6 +156,8 @@ def load_engine(
     else:
         from cyto.models.from_bundle import load_scorer
 
+        if not bundle.weights:
+            bundle = load_bundle(bundle.path)
         if threads:
             import torch
 
