@@ -17,6 +17,7 @@ from pathlib import Path
 
 from cyto.bench.device import machine_label as label
 from cyto.bench.results import markdown_table
+from cyto.bench.scorer import OCSVM_COLUMNS
 from cyto.bench.slide import SLIDE_COLUMNS, flat_row
 
 
@@ -63,19 +64,7 @@ def scorer_table(runs: list[dict]) -> list[str]:
         for run in runs
         for r in run["results"]
     ]
-    return markdown_table(
-        rows,
-        [
-            ("machine", "machine"),
-            ("scorer", "scorer"),
-            ("queries", "queries"),
-            ("support_vectors", "SVs"),
-            ("numba_per_s", "numba /s"),
-            ("sklearn_per_s", "sklearn /s"),
-            ("numpy_ref_per_s", "numpy /s"),
-            ("numba_vs_sklearn", "numba vs sklearn"),
-        ],
-    )
+    return markdown_table(rows, [("machine", "machine"), ("scorer", "scorer"), *OCSVM_COLUMNS])
 
 
 def slide_table(runs: list[dict]) -> list[str]:

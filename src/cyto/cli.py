@@ -737,7 +737,7 @@ def bench_scorer_cmd(
     """The numba scoring kernels vs sklearn vs a plain numpy reference."""
     from cyto.bench.device import machine
     from cyto.bench.results import header, markdown_table, write_results
-    from cyto.bench.scorer import bench_scorer
+    from cyto.bench.scorer import OCSVM_COLUMNS, bench_scorer
 
     rows = bench_scorer(
         _ints(queries, "--queries"),
@@ -750,15 +750,7 @@ def bench_scorer_cmd(
     lines = header("cyto bench scorer", meta) + ["OC-SVM (RBF) decision function:", ""]
     lines += markdown_table(
         [r for r in rows if r["scorer"] == "ocsvm"],
-        [
-            ("queries", "queries"),
-            ("support_vectors", "SVs"),
-            ("numba_per_s", "numba /s"),
-            ("sklearn_per_s", "sklearn /s"),
-            ("numpy_ref_per_s", "numpy /s"),
-            ("numba_vs_sklearn", "numba vs sklearn"),
-            ("max_abs_diff_vs_sklearn", "max diff"),
-        ],
+        [*OCSVM_COLUMNS, ("max_abs_diff_vs_sklearn", "max diff")],
     )
     lines += ["", "Deep SVDD (5 seeds x 4 TTA views, blend + ensemble mean):", ""]
     lines += markdown_table(

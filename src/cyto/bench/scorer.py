@@ -17,6 +17,15 @@ import numpy as np
 
 from cyto.bench.engine import time_calls
 
+OCSVM_COLUMNS = [
+    ("queries", "queries"),
+    ("support_vectors", "SVs"),
+    ("numba_per_s", "numba /s"),
+    ("sklearn_per_s", "sklearn /s"),
+    ("numpy_ref_per_s", "numpy /s"),
+    ("numba_vs_sklearn", "numba vs sklearn"),
+]
+
 
 def _rate(n: int, times: list[float]) -> float:
     return round(n / float(np.median(times)), 1)

@@ -303,11 +303,17 @@ class NdpiPlaneReader:
 
 def ndpi_planes(path: Path) -> list[tuple[float, str]]:
     """The extra focal planes of an NDPI file as (z in um, plane spec for :func:`open_plane`)."""
+    import logging
+
     import tifffile
 
+    # tifffile logs files it cannot fully parse (64-bit NDPI offsets); those have no extra planes
+    logging.getLogger("tifffile").setLevel(logging.ERROR)
     try:
         with tifffile.TiffFile(path) as tf:
             pages = list(tf.pages)
+            if not pages:  # e.g. 64-bit NDPI offsets that tifffile cannot follow
+                return []
             base = pages[0]
             z0 = base.tags[65424].value if 65424 in base.tags else 0
             found = []
@@ -317,7 +323,7 @@ def ndpi_planes(path: Path) -> list[tuple[float, str]]:
                 z = p.tags[65424].value
                 if z != z0:
                     found.append(((z - z0) / 1000.0, f"{path}{PLANE_SEP}{i}"))
-    except (OSError, ValueError, tifffile.TiffFileError):
+    except (OSError, ValueError, IndexError, tifffile.TiffFileError):
         return []
     return sorted(found)
 
