@@ -44,5 +44,8 @@ def test_nucleus_sizes_scale_with_the_slide_resolution():
     assert coarse.min_distance == 6 and coarse.min_area == round(300 / 16)
     assert coarse.max_area == 2500 and coarse.sigma == pytest.approx(0.5)
     assert p.at(None) is p and p.at(0.1201) is p
+    # detection runs on a 2x-reduced tile while nuclei stay >= 40 px there, else at full size
+    assert p.reduction() == 2 and coarse.reduction() == 1
+    assert NucleusParams(downsample=1).reduction() == 1
     with pytest.raises(ConfigError):
         NucleusParams(mpp=0)
