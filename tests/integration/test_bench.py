@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from tests.integration.test_score import score_cli
 from tests.unit.test_cli import run_cyto
 
 
@@ -130,16 +131,7 @@ def test_bench_slide_and_calibrate(exported_dsvdd, tmp_path):
     table = tmp_path / "w" / "scores.parquet"
     proc = run_cyto("calibrate", str(model), str(table))
     assert proc.returncode == 0, proc.stderr
-    proc = run_cyto(
-        "score",
-        str(res.paths[0]),
-        "--model",
-        str(model),
-        "--out",
-        str(tmp_path / "o"),
-        "--mosaic",
-        "0",
-    )
+    proc = score_cli(res.paths[0], model, tmp_path / "o", "--mosaic", "0")
     assert proc.returncode == 0, proc.stderr  # the bundle still verifies after calibration
     summary = json.loads((tmp_path / "o" / "s" / "summary.json").read_text())
     b = summary["burden"]

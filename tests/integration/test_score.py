@@ -15,6 +15,11 @@ from cyto.infer.slide import open_slide
 from tests.unit.test_cli import run_cyto
 
 
+def score_cli(slide, model, out, *extra: str):
+    """``cyto score SLIDE --model MODEL --out OUT [extra...]`` in a subprocess."""
+    return run_cyto("score", str(slide), "--model", str(model), "--out", str(out), *extra)
+
+
 @pytest.fixture(scope="module")
 def model(exported_dsvdd):
     return exported_dsvdd
@@ -121,7 +126,7 @@ def test_empty_slide_small_slide_and_bad_inputs(model, tmp_path):
         tmp_path / "blank.tif",
         SlideSynthConfig(width=512, height=512, n_cells=0, rbc_per_cell=0, debris_per_cell=0),
     ).paths[0]
-    proc = run_cyto("score", str(blank), "--model", str(model), "--out", str(tmp_path / "o"))
+    proc = score_cli(blank, model, tmp_path / "o")
     assert proc.returncode == 0, proc.stderr
     assert "no cells found" in proc.stdout
     assert pq.read_table(tmp_path / "o" / "blank" / "scores.parquet").num_rows == 0
@@ -129,30 +134,13 @@ def test_empty_slide_small_slide_and_bad_inputs(model, tmp_path):
     small = write_slide(
         tmp_path / "small.tif", SlideSynthConfig(width=512, height=512, n_cells=4)
     ).paths[0]
-    proc = run_cyto(
-        "score",
-        str(small),
-        "--model",
-        str(model),
-        "--out",
-        str(tmp_path / "o"),
-        "--patch-size",
-        "640",
-    )  # bigger than the slide: crops are padded
+    proc = score_cli(small, model, tmp_path / "o", "--patch-size", "640")
+    # bigger than the slide: crops are padded
     assert proc.returncode == 0, proc.stderr
 
     pts = tmp_path / "n.csv"
     pts.write_text("x,y\n10,10\n5000,10\n")
-    proc = run_cyto(
-        "score",
-        str(small),
-        "--model",
-        str(model),
-        "--out",
-        str(tmp_path / "o"),
-        "--nuclei",
-        str(pts),
-    )
+    proc = score_cli(small, model, tmp_path / "o", "--nuclei", str(pts))
     assert proc.returncode == 1 and "outside the 512x512 slide" in proc.stderr
 
     fake = tmp_path / "fake.ndpi"
@@ -323,18 +311,7 @@ def test_peak_memory_does_not_grow_with_slide_size(model, tmp_path):
         res = write_slide(
             tmp_path / f"{name}.tif", SlideSynthConfig(width=2048, height=height, seed=6)
         )
-        proc = run_cyto(
-            "score",
-            str(res.paths[0]),
-            "--model",
-            str(model),
-            "--out",
-            str(tmp_path / "o"),
-            "--workers",
-            "1",
-            "--mosaic",
-            "0",
-        )
+        proc = score_cli(res.paths[0], model, tmp_path / "o", "--workers", "1", "--mosaic", "0")
         assert proc.returncode == 0, proc.stderr
         s = json.loads((tmp_path / "o" / name / "summary.json").read_text())
         peaks[name] = (s["peak_rss_mb"], s["peak_rss_workers_mb"], s["cells_scored"])

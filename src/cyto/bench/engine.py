@@ -36,13 +36,9 @@ class Unavailable(Exception):
 
 
 def host_rss_mb() -> float | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
+    from cyto.infer.pipeline import proc_status_mb
+
+    return proc_status_mb("VmRSS")
 
 
 def _torch_runner(bundle: Bundle, device: str, precision: str, variant: str) -> Runner:
@@ -99,23 +95,21 @@ def _trt_runner(bundle: Bundle, device: str, precision: str) -> Runner:
         raise Unavailable("tensorrt is not installed (pip install 'cyto[gpu]' on a CUDA machine)")
     if not device.startswith("cuda"):
         raise Unavailable("TensorRT runs on CUDA only")
-    import tensorrt as trt
     import torch
 
     if not torch.cuda.is_available():
         raise Unavailable("no CUDA GPU here")
-    from cyto.export.trt import TrtRunner, _slug
+    from cyto.export.trt import TrtRunner
+    from cyto.infer.engine import trt_engine_entry
 
-    tag = f"engine-{_slug(torch.cuda.get_device_name(0))}-"
-    for e in bundle.manifest.get("engines") or []:
-        name = e["file"]
-        if name.startswith(tag) and f"-trt{trt.__version__}-{precision}-" in name:
-            runner = TrtRunner(bundle.path / name, bundle.manifest["onnx"])
-            return Runner(runner.run, torch.cuda.synchronize)
-    raise Unavailable(
-        f"no {precision} engine for this GPU and TensorRT {trt.__version__} in the bundle "
-        f"(cyto export MODEL --trt{' --int8' if precision == 'int8' else ''})"
-    )
+    entry = trt_engine_entry(bundle, precision)
+    if entry is None:
+        raise Unavailable(
+            f"no {precision} engine for this GPU and TensorRT version in the bundle "
+            f"(cyto export MODEL --trt{' --int8' if precision == 'int8' else ''})"
+        )
+    runner = TrtRunner(bundle.path / entry["file"], bundle.manifest["onnx"])
+    return Runner(runner.run, torch.cuda.synchronize)
 
 
 def make_runner(bundle: Bundle, backend: str, device: str, precision: str) -> Runner:

@@ -78,8 +78,9 @@ class TrtScorer:
         return finish(self.kind, self.raw(images, batch_size), m.manifest, m.scorer)
 
 
-def _trt_entry(bundle: Bundle) -> dict | None:
-    """The bundle's engine built for this GPU and TensorRT version, if any."""
+def trt_engine_entry(bundle: Bundle, precision: str | None = None) -> dict | None:
+    """The bundle's engine built for this GPU and TensorRT version (of ``precision`` when
+    given), or None when there is none or TensorRT / CUDA is missing."""
     engines = bundle.manifest.get("engines") or []
     if not engines or importlib.util.find_spec("tensorrt") is None:
         return None
@@ -90,12 +91,12 @@ def _trt_entry(bundle: Bundle) -> dict | None:
         return None
     if not torch.cuda.is_available():
         return None
-    gpu = torch.cuda.get_device_name(0)
     from cyto.export.trt import _slug
 
-    tag = f"engine-{_slug(gpu)}-"
+    tag = f"engine-{_slug(torch.cuda.get_device_name(0))}-"
+    want = f"-trt{trt.__version__}-" + (f"{precision}-" if precision else "")
     for e in engines:
-        if e["file"].startswith(tag) and f"-trt{trt.__version__}-" in e["file"]:
+        if e["file"].startswith(tag) and want in e["file"]:
             return e
     return None
 
@@ -130,7 +131,7 @@ def load_engine(
     has_onnx = "onnx" in bundle.manifest
     has_ort = importlib.util.find_spec("onnxruntime") is not None
     if backend == "auto":
-        if device.startswith("cuda") and _trt_entry(bundle) is not None:
+        if device.startswith("cuda") and trt_engine_entry(bundle) is not None:
             backend = "trt"
         elif has_onnx and has_ort:
             backend = "onnx"
@@ -152,7 +153,7 @@ def load_engine(
 
         require_tensorrt()
         require_cuda()
-        entry = _trt_entry(bundle)
+        entry = trt_engine_entry(bundle)
         if entry is None:
             raise ConfigError(
                 f"{bundle.path} has no TensorRT engine for this GPU and TensorRT version: "

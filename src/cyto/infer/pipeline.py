@@ -309,15 +309,23 @@ def _slide_key(slide: Path, planes: list[tuple[float, str]]) -> dict:
     return {str(f): [f.stat().st_size, int(f.stat().st_mtime)] for f in files}
 
 
+def proc_status_mb(field: str) -> float | None:
+    """A memory field of /proc/self/status (``VmRSS``, ``VmHWM``) in MB; None off Linux."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident memory in MB: VmHWM, which starts afresh in a spawned
     worker (``ru_maxrss`` would carry over the parent's peak across exec on Linux)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
+    hwm = proc_status_mb("VmHWM")
+    if hwm is not None:
+        return hwm
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
@@ -647,11 +655,8 @@ def _finish(table, out_dir, slide, engine, opts, timings, t_start, echo, loop_se
         from cyto.eval.metrics import all_metrics
 
         summary["truth"] = all_metrics(scores, labels, k)
-        hit_cells = {
-            int(j)
-            for j in truth_idx[order[:k]]
-            if j >= 0 and labels[np.flatnonzero(truth_idx == j)[0]] == 1
-        }
+        top = order[:k]  # a detection's label is its matched truth cell's label
+        hit_cells = set(truth_idx[top][(truth_idx[top] >= 0) & (labels[top] == 1)].tolist())
         summary["truth"]["planted_abnormal"] = planted
         summary["truth"]["planted_found_in_top_k"] = len(hit_cells)
         summary["truth"]["planted_recall_at_k"] = len(hit_cells) / planted if planted else None
