@@ -15,7 +15,7 @@ PER_METHOD = {
         "lr": 1e-3,
         "ae_lr": 1e-3,
     },
-    "droc": {"embedding_dim": 32, "proj_dim": 16, "temperature": 0.5},
+    "droc": {"embedding_dim": 32, "proj_dim": 16, "temperature": 0.5, "whiten": True},
     "its2clr": {
         "epochs": 12,
         "embedding_dim": 16,

@@ -15,7 +15,7 @@ from cyto.models.backbones import build_backbone
 from cyto.models.scoring import ocsvm_decision, tta_blend
 from cyto.train.config import resolve_config, to_toml
 from cyto.train.data import TrainData
-from cyto.train.droc import DROCConfig, droc_loss
+from cyto.train.droc import DROCConfig, droc_loss, fold_whitening
 from cyto.train.dsvdd import DeepSVDD, DSVDDConfig, clamp_centre
 from cyto.train.fssil import FSSIL, SILConfig
 from cyto.train.loop import resolve_device
@@ -124,6 +124,83 @@ def test_droc_ocsvm_scores_equal_sklearn(request):
         q, svm.support_vectors_, svm.dual_coef_.ravel(), svm._gamma, -svm.intercept_[0], chunk=7
     )
     np.testing.assert_allclose(mine, svm.decision_function(q), rtol=1e-9, atol=1e-12)
+
+
+class _LinearEncoder(torch.nn.Module):
+    """An encoder that is only its last layer, ``fc``, as every backbone ends."""
+
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(d_in, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def test_whitening_folded_into_the_encoder_equals_ledoit_wolf_whitening():
+    from sklearn.covariance import LedoitWolf
+
+    rng = np.random.default_rng(3)
+    enc = _LinearEncoder(5, 4)
+    h = rng.normal(size=(200, 5)) * [5.0, 1.0, 0.2, 3.0, 0.5]
+    with torch.no_grad():
+        f = enc(torch.as_tensor(h, dtype=torch.float32)).double().numpy()
+    info = fold_whitening(enc, f)
+    with torch.no_grad():
+        e = enc(torch.as_tensor(h, dtype=torch.float32)).double().numpy()
+    lw = LedoitWolf().fit(f)
+    evals, evecs = np.linalg.eigh(lw.covariance_)
+    ref = (f - lw.location_) @ evecs @ np.diag(evals**-0.5) @ evecs.T
+    np.testing.assert_allclose(e, ref, atol=1e-4)
+    assert np.abs(e.mean(0)).max() < 1e-4
+    # the sample covariance S, shrunk to C = (1 - a) S + a m I, comes out with the variances
+    # s / ((1 - a) s + a m): 1 for a = 0, and never above 1 / (1 - a)
+    s_eig = np.linalg.eigvalsh(np.cov(f.T, bias=True))
+    a, m = info["shrinkage"], s_eig.mean()
+    np.testing.assert_allclose(
+        np.linalg.eigvalsh(np.cov(e.T, bias=True)),
+        np.sort(s_eig / ((1 - a) * s_eig + a * m)),
+        rtol=1e-3,
+    )
+
+
+def test_whitening_lets_the_ocsvm_see_a_low_variance_abnormality():
+    """What whitening is for: abnormal cells that differ in a direction of little normal variance,
+    hidden under large nuisance variance (background, neighbours), are found only after it."""
+    from sklearn.metrics import roc_auc_score
+    from sklearn.svm import OneClassSVM
+
+    rng = np.random.default_rng(0)
+    scale = np.array([10.0, 10.0, 10.0, 10.0, 1.0])
+    normal = rng.normal(size=(300, 5)) * scale
+    abnormal = rng.normal(size=(100, 5)) * scale
+    abnormal[:, 4] += 4.0  # four normal standard deviations, in the quiet direction
+    test = np.vstack([rng.normal(size=(100, 5)) * scale, abnormal])
+    y = np.r_[np.zeros(100), np.ones(100)]
+    enc = _LinearEncoder(5, 5)
+    with torch.no_grad():
+        enc.fc.weight.copy_(torch.eye(5))
+        enc.fc.bias.zero_()
+
+    def auroc():
+        with torch.no_grad():
+            tr, te = (
+                enc(torch.as_tensor(a, dtype=torch.float32)).double().numpy()
+                for a in (normal, test)
+            )
+        svm = OneClassSVM(kernel="rbf", nu=0.1, gamma="auto").fit(tr)
+        return roc_auc_score(y, -svm.decision_function(te))
+
+    raw = auroc()
+    with torch.no_grad():
+        f = enc(torch.as_tensor(normal, dtype=torch.float32)).double().numpy()
+    fold_whitening(enc, f)
+    assert raw < 0.7 < 0.85 < auroc()
+
+
+def test_whitening_needs_raw_embeddings():
+    with pytest.raises(ConfigError, match="whiten and normalize_embeddings"):
+        DROCConfig(whiten=True, normalize_embeddings=True)
 
 
 def test_config_precedence_preset_file_set(tmp_path):
