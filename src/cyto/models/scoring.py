@@ -182,8 +182,8 @@ def ocsvm_decision(
 def run_batched(
     module: nn.Module, images: np.ndarray, batch_size: int = 64, device: torch.device | str = "cpu"
 ) -> np.ndarray:
-    """Apply a uint8-input module in batches; returns a numpy array (float32)."""
-    module.eval()
+    """Apply a uint8-input module in batches on ``device``; returns a numpy array (float32)."""
+    module.to(device).eval()
     outs = []
     for i in range(0, len(images), batch_size):
         x = torch.from_numpy(np.ascontiguousarray(images[i : i + batch_size])).to(device)
