@@ -13,3 +13,13 @@ def write(out: Path, name: str, meta: dict, rows: list[dict], markdown: list[str
     path = write_results(out, name, meta, rows, markdown)
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return path
+
+
+def where(command: str, meta: dict, device: object) -> str:
+    """The Markdown line that says what ran where: the command, the host, its CPU and GPU."""
+    gpu = meta.get("gpu") or {}
+    on = f"{gpu['name']}, " if gpu and str(device).startswith("cuda") else ""
+    return (
+        f"`{command}` on {meta['host']} ({on}{meta['cpu_count']} CPUs, {meta['cpu']}), "
+        f"device {device}"
+    )

@@ -2,7 +2,10 @@
 # The GPU run of the benchmark suite, as run on a lent GPU machine (see benchmarks/README.md).
 # Usage: benchmarks/device_suite.sh PART FAST_MODEL RESULTS_DIR
 #   PART: checks (gpu_checks.py), engine (cyto bench engine on CUDA and the host CPU), slide
-#   (synthesize a slide, cyto bench slide on the GPU); several with commas.
+#   (synthesize a slide, cyto bench slide on the GPU), train (the paper's recipes on the bone-marrow
+#   cells: DROC raw vs whitened, FS-SIL, WS-SIL, ItS2CLR, then Deep SVDD with one seed; needs
+#   BONE_MARROW=path; TRAIN_STEPS=droc,sup,dsvdd picks steps, SUP_METHODS the supervised ones);
+#   several with commas.
 # Each step is time-boxed and the results are packed after it ($OUT/gpu_results.tgz), so a run
 # that is cut off keeps what it made.
 set -u
@@ -37,6 +40,26 @@ if [[ $parts == *slide* ]]; then
     timeout "${T_SLIDE:-200}" python3 benchmarks/run_suite.py --out "$res" --work /tmp/cyto-suite \
         --fast-model "$model" --skip engine,scorer --slide /tmp/cyto-slide/slide.ndpi \
         --workers "$(($(nproc) - 2))" --naive-cells 1000 2>&1 | tail -8
+    pack
+fi
+if [[ $parts == *train* ]]; then
+    bm=${BONE_MARROW:?set BONE_MARROW to the bone-marrow patch folder}
+    mkdir -p "$res/train"
+    cls=(--data "$bm" --normal LYT --abnormal BLA,PMO,EOS,MON --preset paper --device cuda)
+    steps=${TRAIN_STEPS:-droc,sup,dsvdd}
+    [[ $steps == *droc* ]] && echo "== train: DROC paper recipe, OC-SVM on raw vs whitened embeddings" &&
+    timeout "${T_DROC:-200}" python3 benchmarks/droc_whitening.py "${cls[@]}" --seeds 0 \
+        --out "$res/train" --jsonl "$res/train/droc_whitening.jsonl" 2>&1 | grep -v Warn | tail -4
+    pack
+    [[ $steps == *sup* ]] && echo "== train: FS-SIL, WS-SIL, ItS2CLR paper recipes" &&
+    timeout "${T_SIL:-220}" python3 benchmarks/train_bone_marrow.py "${cls[@]}" --seeds 0 \
+        --methods "${SUP_METHODS:-fs-sil,ws-sil,its2clr}" --out "$res/train" --jsonl "$res/train/paper.jsonl" \
+        2>&1 | grep -v Warn | tail -5
+    pack
+    [[ $steps == *dsvdd* ]] && echo "== train: Deep SVDD paper recipe, one seed of the ensemble" &&
+    timeout "${T_DSVDD:-130}" python3 benchmarks/train_bone_marrow.py "${cls[@]}" --seeds 0 \
+        --methods dsvdd --set n_seeds=1 --out "$res/train" --jsonl "$res/train/paper.jsonl" \
+        2>&1 | grep -v Warn | tail -3
     pack
 fi
 ls -R "$res"
