@@ -264,7 +264,8 @@ def train_cmd(
         str | None, typer.Option(help="Named preset, e.g. 'fast' (CPU, minutes).")
     ] = None,
     config: Annotated[
-        Path | None, typer.Option(help="TOML file with the same keys as the config.")
+        Path | None,
+        typer.Option(help="TOML or YAML (.yaml, .yml) file with the same keys as the config."),
     ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override one setting: key=value.")

@@ -216,6 +216,28 @@ def test_config_precedence_preset_file_set(tmp_path):
     assert resolve_config(DSVDDConfig, config_file=back) == cfg  # one-to-one round trip
 
 
+def test_yaml_config_maps_onto_the_dataclass_like_toml(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("epochs: 7\nlr: 0.5\ntta_views: [orig, hflip]\nweight_decay: 1.0e-5\n")
+    t = tmp_path / "c.toml"
+    t.write_text('epochs = 7\nlr = 0.5\ntta_views = ["orig", "hflip"]\nweight_decay = 1.0e-5\n')
+    from_yaml = resolve_config(DSVDDConfig, "fast", y, ["n_seeds=3"])
+    assert from_yaml == resolve_config(DSVDDConfig, "fast", t, ["n_seeds=3"])
+    assert from_yaml.epochs == 7 and from_yaml.tta_views == ("orig", "hflip")
+    bad = tmp_path / "bad.yml"
+    bad.write_text("epochs: [3\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        resolve_config(DSVDDConfig, config_file=bad)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- epochs\n- 3\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        resolve_config(DSVDDConfig, config_file=listy)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("epoch: 3\n")
+    with pytest.raises(ConfigError, match="unknown setting 'epoch'"):
+        resolve_config(DSVDDConfig, config_file=typo)
+
+
 def test_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="unknown setting 'epoch'"):
         resolve_config(DSVDDConfig, overrides=["epoch=3"])

@@ -1,8 +1,9 @@
 """Method configs: frozen dataclasses whose defaults are the paper's recipe.
 
-A named preset only overrides fields. A TOML file maps one to one onto the dataclass (the same
-keys), and ``--set key=value`` overrides win over both; the resolved config is printed and saved
-in the bundle, so there is one source of truth.
+A named preset only overrides fields. A TOML or YAML file (``.yaml``/``.yml`` is YAML, any other
+suffix TOML) maps one to one onto the dataclass (the same keys), and ``--set key=value`` overrides
+win over both; the resolved config is printed and saved in the bundle, so there is one source of
+truth.
 """
 
 from __future__ import annotations
@@ -102,13 +103,37 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
         ) from exc
 
 
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The key/value table of a TOML file, or of a YAML file (``.yaml``, ``.yml``)."""
+    text = path.read_text()
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"config file {path} must be a mapping of settings (key: value), not a "
+                f"{type(data).__name__}"
+            )
+        return data
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
 def resolve_config(
     cls: type[TrainConfig],
     preset: str | None = None,
     config_file: Path | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
 ) -> TrainConfig:
-    """Defaults, then the preset, then the TOML file, then ``key=value`` overrides."""
+    """Defaults, then the preset, then the TOML/YAML file, then ``key=value`` overrides."""
     hints = get_type_hints(cls)
     known = [f.name for f in fields(cls)]
     values: dict[str, Any] = {}
@@ -129,11 +154,7 @@ def resolve_config(
         path = Path(config_file)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-        apply(str(path), data)
+        apply(str(path), read_config_file(path))
     if overrides:
         if isinstance(overrides, dict):
             apply("overrides", overrides)
