@@ -310,9 +310,15 @@ def train_cmd(
     )
     last = {k: round(v[-1], 4) for k, v in res.history.items() if v}
     typer.echo(
-        f"trained {res.method} on {res.n_images} images in {res.seconds:.1f} s; "
+        f"trained {res.method} on {_used(res.n_used, res.n_images)} in {res.seconds:.1f} s; "
         f"final losses {last}; wrote {res.bundle}"
     )
+
+
+def _used(n_used: int | None, n_images: int | None) -> str:
+    if n_used is None or n_used == n_images:
+        return f"{n_images} images"
+    return f"{n_used} normal images (of {n_images})"
 
 
 @app.command("info")
@@ -335,6 +341,13 @@ def info_cmd(
         f"input {m['input_size']} px, embedding {m.get('embedding_dim')}"
     )
     typer.echo(f"  score: {m['score_direction']}")
+    if m["method"] == "droc":
+        oc, wh = m.get("ocsvm", {}), m.get("embedding_whitened")
+        typer.echo(
+            f"  OC-SVM rbf nu {oc.get('nu')}, gamma {oc.get('gamma'):.4g}; embeddings "
+            + (f"whitened (Ledoit-Wolf shrinkage {wh['shrinkage']:.3g})" if wh else "raw")
+            + (", unit length" if m.get("embedding_normalized") else "")
+        )
     if m["method"] == "dsvdd":
         typer.echo(
             f"  seeds {m['seeds']}, test-time views {m['tta_views']}, "
@@ -342,7 +355,8 @@ def info_cmd(
         )
     td = m.get("training_data", {})
     typer.echo(
-        f"  trained on {td.get('n_images')} images from {td.get('source')} "
+        f"  trained on {_used(td.get('n_used', td.get('n_images')), td.get('n_images'))} from "
+        f"{td.get('source')} "
         f"(normal {td.get('normal')}, fingerprint {str(td.get('fingerprint'))[:12]}) "
         f"in {m.get('training_seconds')} s on {m.get('device')}"
     )

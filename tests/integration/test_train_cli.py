@@ -37,6 +37,8 @@ def test_train_info_predict(tmp_path, synth_patches):
     )
     assert proc.returncode == 0, proc.stderr
     assert "trained dsvdd" in proc.stdout
+    n_normal = sum(1 for f in (synth_patches / "normal").iterdir() if f.is_file())
+    assert f"on {n_normal} normal images (of " in proc.stdout  # one-class: normals only
     assert not (tmp_path / "dsvdd.cyto.train-state").exists()  # cleaned after success
 
     info = run_cyto("info", str(out))
@@ -46,6 +48,7 @@ def test_train_info_predict(tmp_path, synth_patches):
     manifest = json.loads(run_cyto("info", str(out), "--json").stdout)
     assert manifest["config"]["epochs"] == 2 and manifest["config"]["backbone"] == "smallcnn"
     assert manifest["training_data"]["normal"] == ["normal"]
+    assert manifest["training_data"]["n_used"] == n_normal < manifest["training_data"]["n_images"]
     assert set(manifest["files"]) == {"weights-encoder-seed0.safetensors", "scorer.npz"}
 
     scores = tmp_path / "s.parquet"

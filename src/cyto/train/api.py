@@ -25,6 +25,7 @@ class TrainResult:
     config: TrainConfig
     seconds: float
     n_images: int
+    n_used: int  # the images the method learned from (the normal ones for one-class methods)
     history: dict[str, list[float]]
 
 
@@ -84,4 +85,5 @@ def train(
         manifest["initial_weights"] = str(weights)
     save_bundle(out, manifest, tensors, scorer, overwrite=overwrite)
     shutil.rmtree(ckpt, ignore_errors=True)
-    return TrainResult(out, method, cfg, seconds, len(train_data), model.history_)
+    n_used = manifest["training_data"]["n_used"]
+    return TrainResult(out, method, cfg, seconds, len(train_data), n_used, model.history_)

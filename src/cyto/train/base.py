@@ -27,6 +27,7 @@ class Method(ABC):
     name: ClassVar[str] = ""
     Config: ClassVar[type[TrainConfig]] = TrainConfig
     scorer_kind: ClassVar[str] = ""
+    one_class: ClassVar[bool] = False  # learns from the normal images only
 
     def __init__(self, config: TrainConfig | None = None) -> None:
         self.config = config if config is not None else self.Config()
@@ -81,6 +82,10 @@ class Method(ABC):
         self._check_fitted()
         return run_batched(self._embedder(), images, batch_size, self.device_)
 
+    def n_used(self, data: TrainData) -> int:
+        """How many of ``data``'s images the method learns from."""
+        return len(data.require_normals()) if self.one_class else len(data)
+
     def base_manifest(self, data: TrainData) -> dict[str, Any]:
         cfg = self.config
         return {
@@ -92,6 +97,11 @@ class Method(ABC):
             "normalization": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
             "resize": "bilinear, align_corners=False",
             "config": cfg.to_dict(),
-            "training_data": {"fingerprint": data.fingerprint, "n_images": len(data)},
+            "training_data": {
+                "fingerprint": data.fingerprint,
+                "n_images": len(data),
+                "n_used": self.n_used(data),
+                "used": "normal images only" if self.one_class else "all images",
+            },
             "history": self.history_,
         }

@@ -166,6 +166,7 @@ class DROC(Method):
 
     Config = DROCConfig
     scorer_kind = "ocsvm"
+    one_class = True
 
     def _fit(
         self, data: TrainData, ckpt_dir: Path | None, resume: bool, weights: Path | None

@@ -140,6 +140,7 @@ class DeepSVDD(Method):
 
     Config = DSVDDConfig
     scorer_kind = "dsvdd"
+    one_class = True
 
     def _fit(
         self, data: TrainData, ckpt_dir: Path | None, resume: bool, weights: Path | None
