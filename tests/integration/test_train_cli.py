@@ -144,3 +144,44 @@ def test_print_config_and_errors(tmp_path, synth_patches):
     assert resume.returncode != 0 and "no interrupted run" in resume.stderr
     info = run_cyto("info", str(tmp_path))
     assert info.returncode != 0 and "manifest.json" in info.stderr
+
+
+def test_weakly_supervised_training_never_sees_instance_labels(
+    tmp_path, synth_patches, monkeypatch
+):
+    """WS-SIL learns from bag labels only: `cyto train` hands it no instance labels, and its
+    normal-score calibration comes from the negative bags, not from the cells labelled normal."""
+    from cyto.train.api import train
+    from cyto.train.wssil import WSSIL
+
+    files = sorted(p for p in synth_patches.rglob("*.jpg"))
+    assert files, "the synthetic patches are JPEG files in class folders"
+    rows = ["path,label,bag,bag_label"]
+    normals = [f for f in files if f.parent.name == "normal"]
+    abnormals = [f for f in files if f.parent.name != "normal"]
+    for i, f in enumerate(normals):
+        bag = i % 6  # bags 0-2 negative; 3-5 positive, with every abnormal cell
+        rows.append(f"{f},{f.parent.name},b{bag},{int(bag >= 3)}")
+    for i, f in enumerate(abnormals):
+        rows.append(f"{f},{f.parent.name},b{3 + i % 3},1")
+    manifest = tmp_path / "bags.csv"
+    manifest.write_text("\n".join(rows) + "\n")
+
+    seen = []
+    fit = WSSIL._fit
+
+    def spy(self, data, *args):
+        seen.append(data.labels)
+        return fit(self, data, *args)
+
+    monkeypatch.setattr(WSSIL, "_fit", spy)
+    out = tmp_path / "ws.cyto"
+    overrides = ["epochs=1", "load_size=40", "input_size=32", "batch_size=32"]
+    train(
+        "ws-sil", manifest, out, normal="normal", preset="fast", overrides=overrides, device="cpu"
+    )
+    assert seen == [None]
+    cal = json.loads((out / "manifest.json").read_text())["calibration"]
+    n_negative_bag_cells = sum(1 for i in range(len(normals)) if i % 6 < 3)
+    assert cal["source"].startswith("training cells of negative bags")
+    assert cal["n"] == n_negative_bag_cells

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from dataclasses import dataclass
@@ -63,6 +64,9 @@ def train(
         data, normal=normal, abnormal=abnormal, size=cfg.load_size, skip_unreadable=skip_unreadable
     )
     train_data = TrainData.from_dataset(ds)
+    if not cls.instance_labels:
+        # weakly supervised: the method, its calibration and its manifest never see them
+        train_data = dataclasses.replace(train_data, labels=None)
     t0 = time.perf_counter()
     model = cls(cfg).fit(train_data, device=dev, ckpt_dir=ckpt, resume=resume, weights=weights)
     seconds = time.perf_counter() - t0

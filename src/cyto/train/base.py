@@ -28,6 +28,7 @@ class Method(ABC):
     Config: ClassVar[type[TrainConfig]] = TrainConfig
     scorer_kind: ClassVar[str] = ""
     one_class: ClassVar[bool] = False  # learns from the normal images only
+    instance_labels: ClassVar[bool] = True  # False: bag labels only; `cyto train` strips the rest
 
     def __init__(self, config: TrainConfig | None = None) -> None:
         self.config = config if config is not None else self.Config()

@@ -20,7 +20,7 @@ def normal_calibration(model, data: TrainData) -> dict[str, Any] | None:
     Discussion proposes. The scores are in-sample, so they run a little low; the estimate is a
     screening aid, not a count.
     """
-    if data.labels is not None:
+    if data.labels is not None and getattr(model, "instance_labels", True):
         idx = np.flatnonzero(data.labels == 0)
         source = "training cells with instance label normal (in-sample)"
     elif data.bag_labels is not None:

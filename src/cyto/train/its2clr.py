@@ -157,6 +157,8 @@ class _PseudoLabels(nn.Module):
 class ItS2CLR(Method):
     """Self-paced pseudo-labels from a MIL aggregator + supervised contrastive learning."""
 
+    instance_labels = False
+
     Config = ItS2CLRConfig
     scorer_kind = "mil"
 

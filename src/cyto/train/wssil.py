@@ -16,6 +16,7 @@ from cyto.train.registry import register
 
 @register("ws-sil")
 class WSSIL(FSSIL):
+    instance_labels = False
     """Weakly supervised single-instance learning (slide-label inheritance)."""
 
     Config = SILConfig
