@@ -2,8 +2,9 @@
 
 A directory (e.g. ``dsvdd.cyto/``) holding ``manifest.json``, one ``weights-*.safetensors`` per
 seed/network, ``scorer.npz`` (centres, or support vectors...) and, after export, ``encoder.onnx``
-and TensorRT engines. The manifest lists the sha256 of every other file; loading verifies each one
-and refuses anything that does not match. Nothing is ever unpickled.
+and TensorRT engines. The manifest lists the sha256 of every other file and carries its own
+(``manifest_sha256``, over its canonical JSON without that field); loading verifies each one and
+refuses anything that does not match. Nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ from cyto.errors import BundleError
 FORMAT = "cyto-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+SEAL = "manifest_sha256"
+# the scorer arrays each kind of model cannot score without
+SCORER_ARRAYS = {
+    "dsvdd": ("centres",),
+    "ocsvm": ("support_vectors", "dual_coef", "gamma", "rho"),
+}
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -106,7 +113,7 @@ def save_bundle(
             "libraries": library_versions(),
             "files": files,
         }
-        (tmp / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True, default=_json))
+        (tmp / MANIFEST).write_text(_manifest_text(full))
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -114,6 +121,20 @@ def save_bundle(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _canonical_sha256(manifest: dict[str, Any]) -> str:
+    body = {k: v for k, v in manifest.items() if k != SEAL}
+    text = json.dumps(
+        json.loads(json.dumps(body, default=_json)), sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _manifest_text(manifest: dict[str, Any]) -> str:
+    """The manifest as written: sealed with the checksum of its canonical form."""
+    sealed = {**manifest, SEAL: _canonical_sha256(manifest)}
+    return json.dumps(sealed, indent=2, sort_keys=True, default=_json)
 
 
 def _json(obj: Any) -> Any:
@@ -146,6 +167,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise BundleError(
             f"{path} uses bundle format {manifest['format_version']}, newer than this cyto "
             f"({__version__}) reads ({FORMAT_VERSION}); upgrade cyto"
+        )
+    if SEAL in manifest and manifest[SEAL] != _canonical_sha256(manifest):
+        raise BundleError(
+            f"{mf} does not match its own checksum ({SEAL}): the manifest was edited or "
+            "corrupted after it was written; retrain or re-export instead of editing it"
         )
     return manifest
 
@@ -196,6 +222,14 @@ def load_bundle(path: Path, weights: bool = True) -> Bundle:
                 bundle.scorer = {k: z[k] for k in z.files}
         except ValueError as exc:
             raise BundleError(f"{path / 'scorer.npz'} cannot be read without pickle") from exc
+    missing = [
+        k for k in SCORER_ARRAYS.get(manifest.get("scorer_kind"), ()) if k not in bundle.scorer
+    ]
+    if missing:
+        raise BundleError(
+            f"{path}: a {manifest.get('scorer_kind')} model needs the scorer arrays "
+            f"{', '.join(missing)} in scorer.npz, which the bundle lacks (incomplete bundle)"
+        )
     return bundle
 
 
@@ -210,6 +244,6 @@ def add_files(
             shutil.copyfile(src, Path(path) / name)
         manifest["files"][name] = sha256_file(Path(path) / name)
     tmp = Path(path) / f".{MANIFEST}.partial"
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=_json))
+    tmp.write_text(_manifest_text(manifest))
     os.replace(tmp, Path(path) / MANIFEST)
     return manifest

@@ -261,6 +261,8 @@ def test_bad_training_data(tiny):
     only_abnormal = TrainData(tiny.images[tiny.labels == 1], tiny.labels[tiny.labels == 1])
     with pytest.raises(DatasetError, match="no normal images"):
         DeepSVDD(DSVDDConfig(epochs=1, ae_epochs=0, n_seeds=1)).fit(only_abnormal)
+    with pytest.raises(DatasetError, match="no normal images"):
+        make("droc", epochs=1).fit(only_abnormal)
     one_class = TrainData(tiny.images[tiny.labels == 0], tiny.labels[tiny.labels == 0])
     with pytest.raises(DatasetError, match="both classes"):
         FSSIL(resolve_config(SILConfig, "fast")).fit(one_class)
@@ -309,6 +311,32 @@ def test_tampered_or_foreign_bundles_are_refused(tmp_path, request):
     (pickled / "manifest.json").write_text("not json")
     with pytest.raises(BundleError, match="not valid JSON"):
         load_bundle(pickled)
+
+
+def test_an_edited_manifest_or_missing_scorer_arrays_are_refused(tmp_path, request):
+    from cyto.bundle import add_files
+
+    tiny = request.getfixturevalue("tiny")
+    model = make("droc", epochs=1).fit(tiny)
+    manifest = model.base_manifest(tiny)
+    extra, weights, scorer = model.export_state()
+    manifest.update(extra)
+    path = save_bundle(tmp_path / "d.cyto", manifest, weights, scorer)
+    mf = path / "manifest.json"
+    good = mf.read_text()
+    edited = json.loads(good)
+    edited["ocsvm"]["gamma"] = 10.0  # a hand edit that would silently change every score
+    mf.write_text(json.dumps(edited, indent=2, sort_keys=True))
+    with pytest.raises(BundleError, match="does not match its own checksum"):
+        load_bundle(path)
+    mf.write_text(good)
+    assert load_bundle(path).method == "droc"
+    # a scorer.npz without the support vectors, checksummed by the bundle's own writer
+    partial = tmp_path / "scorer.npz"
+    np.savez(partial, **{k: v for k, v in scorer.items() if k != "support_vectors"})
+    add_files(path, {"scorer.npz": partial})
+    with pytest.raises(BundleError, match="needs the scorer arrays support_vectors"):
+        load_bundle(path)
 
 
 def test_float_or_nan_images_are_refused():
