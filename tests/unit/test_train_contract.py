@@ -4,6 +4,8 @@ supervised methods never need instance labels."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
@@ -27,7 +29,7 @@ def fitted(tiny):
     return {name: make(name).fit(tiny) for name in method_names()}
 
 
-@pytest.mark.parametrize("name", ["droc", "dsvdd", "fs-sil", "its2clr", "ws-sil"])
+@pytest.mark.parametrize("name", method_names())
 def test_loss_falls_and_is_finite(fitted, name):
     for phase, hist in fitted[name].history_.items():
         assert np.isfinite(hist).all(), phase
@@ -35,7 +37,7 @@ def test_loss_falls_and_is_finite(fitted, name):
     assert main[-1] < main[0], fitted[name].history_
 
 
-@pytest.mark.parametrize("name", ["droc", "dsvdd", "fs-sil", "its2clr", "ws-sil"])
+@pytest.mark.parametrize("name", method_names())
 def test_scores_vary_and_higher_is_abnormal(fitted, tiny, name):
     scores = fitted[name].score(tiny.images)
     assert scores.shape == (len(tiny),) and np.isfinite(scores).all()
@@ -43,7 +45,7 @@ def test_scores_vary_and_higher_is_abnormal(fitted, tiny, name):
     assert roc_auc_score(tiny.labels, scores) > 0.65
 
 
-@pytest.mark.parametrize("name", ["droc", "dsvdd", "fs-sil", "its2clr", "ws-sil"])
+@pytest.mark.parametrize("name", method_names())
 def test_bundle_round_trip_gives_identical_scores(fitted, tiny, tmp_path, name):
     model = fitted[name]
     manifest = model.base_manifest(tiny)
@@ -57,27 +59,44 @@ def test_bundle_round_trip_gives_identical_scores(fitted, tiny, tmp_path, name):
     assert loaded.embed(tiny.images[:3]).shape[0] == 3
 
 
-@pytest.mark.parametrize("name", ["droc", "dsvdd", "fs-sil", "its2clr", "ws-sil"])
+@pytest.mark.parametrize("name", method_names())
 def test_resume_after_a_crash_continues_exactly(tiny, tmp_path, monkeypatch, name):
+    """A crash in the middle of an epoch (after a batch's optimizer step, before the epoch's
+    checkpoint), then --resume, gives exactly the uninterrupted model."""
     extra = {"epochs": 4, "ae_epochs": 1} if name == "dsvdd" else {"epochs": 4}
     if name == "its2clr":
         extra["agg_epochs"] = 10
     reference = make(name, **extra).fit(tiny).score(tiny.images)
 
-    real_save = loop_mod.save_checkpoint
-    calls = {"n": 0}
+    real_save, real_progress = loop_mod.save_checkpoint, loop_mod.progress
+    state = {"saved": 0, "batches_after": 0}
 
-    def crash_after_two(*args, **kwargs):
+    def counting_save(*args, **kwargs):
         real_save(*args, **kwargs)
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt("simulated crash after the 2nd checkpoint")
+        state["saved"] += 1
 
-    monkeypatch.setattr(loop_mod, "save_checkpoint", crash_after_two)
+    @contextmanager
+    def crashing_progress(*args, **kwargs):
+        with real_progress(*args, **kwargs) as bar:
+            advance = bar.advance
+
+            def advance_then_crash(n=1):
+                advance(n)
+                if state["saved"] >= 2:
+                    state["batches_after"] += 1
+                    raise KeyboardInterrupt("simulated crash inside the epoch after checkpoint 2")
+
+            bar.advance = advance_then_crash
+            yield bar
+
+    monkeypatch.setattr(loop_mod, "save_checkpoint", counting_save)
+    monkeypatch.setattr(loop_mod, "progress", crashing_progress)
     ckpt = tmp_path / "state"
     with pytest.raises(KeyboardInterrupt):
         make(name, **extra).fit(tiny, ckpt_dir=ckpt)
+    assert state == {"saved": 2, "batches_after": 1}  # one step into the next epoch, then died
     monkeypatch.setattr(loop_mod, "save_checkpoint", real_save)
+    monkeypatch.setattr(loop_mod, "progress", real_progress)
     resumed = make(name, **extra).fit(tiny, ckpt_dir=ckpt, resume=True).score(tiny.images)
     np.testing.assert_allclose(resumed, reference, rtol=1e-5, atol=1e-7)
 
