@@ -22,6 +22,9 @@ WEAK = ("ws-sil", "its2clr")
 
 def test_registry_has_the_five_methods():
     assert method_names() == ["droc", "dsvdd", "fs-sil", "its2clr", "ws-sil"]
+    from cyto.cli import METHOD_NAMES  # the CLI's help lists them without importing torch
+
+    assert sorted(METHOD_NAMES) == method_names()
 
 
 @pytest.fixture(scope="module")
