@@ -114,9 +114,6 @@ def exported_dsvdd(tiny, tmp_path_factory) -> Path:
     from tests.train_helpers import make
 
     m = make("dsvdd", epochs=2, ae_epochs=1, n_seeds=1).fit(tiny)
-    manifest = m.base_manifest(tiny)
-    extra, weights, arrays = m.export_state()
-    manifest.update(extra)
-    path = save_bundle(tmp_path_factory.mktemp("m") / "d.cyto", manifest, weights, arrays)
+    path = save_bundle(tmp_path_factory.mktemp("m") / "d.cyto", *m.bundle_parts(tiny))
     export_onnx(path)
     return path

@@ -31,10 +31,7 @@ def bundles(tiny, tmp_path_factory):
         if name == "its2clr":
             extra.update(agg_epochs=10)
         model = make(name, **extra).fit(tiny)
-        manifest = model.base_manifest(tiny)
-        more, weights, arrays = model.export_state()
-        manifest.update(more)
-        out[name] = save_bundle(root / f"{name}.cyto", manifest, weights, arrays)
+        out[name] = save_bundle(root / f"{name}.cyto", *model.bundle_parts(tiny))
         export_onnx(out[name])
     return out
 

@@ -287,10 +287,7 @@ def test_cuda_asked_on_a_cpu_machine_is_an_error():
 def test_tampered_or_foreign_bundles_are_refused(tmp_path, request):
     tiny = request.getfixturevalue("tiny")
     model = make("fs-sil", epochs=1).fit(tiny)
-    manifest = model.base_manifest(tiny)
-    extra, weights, scorer = model.export_state()
-    manifest.update(extra)
-    path = save_bundle(tmp_path / "m.cyto", manifest, weights, scorer)
+    path = save_bundle(tmp_path / "m.cyto", *model.bundle_parts(tiny))
     assert load_bundle(path).method == "fs-sil"
     wfile = path / "weights-net.safetensors"
     raw = bytearray(wfile.read_bytes())
@@ -318,9 +315,7 @@ def test_an_edited_manifest_or_missing_scorer_arrays_are_refused(tmp_path, reque
 
     tiny = request.getfixturevalue("tiny")
     model = make("droc", epochs=1).fit(tiny)
-    manifest = model.base_manifest(tiny)
-    extra, weights, scorer = model.export_state()
-    manifest.update(extra)
+    manifest, weights, scorer = model.bundle_parts(tiny)
     path = save_bundle(tmp_path / "d.cyto", manifest, weights, scorer)
     mf = path / "manifest.json"
     good = mf.read_text()

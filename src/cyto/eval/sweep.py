@@ -21,7 +21,6 @@ from cyto.eval.metrics import all_metrics
 from cyto.eval.protocol import PAPER_WRS, WRProtocol
 from cyto.progress import progress
 
-ONE_CLASS = ("dsvdd", "droc")
 METRIC_COLUMNS = (
     "tp_at_k",
     "recall_at_k",
@@ -73,12 +72,14 @@ def _finished(results: Path) -> set[tuple[str, float]]:
 
 def _train_data(method: str, trial, images: np.ndarray, labels: np.ndarray, fp: str):
     from cyto.train.data import TrainData
+    from cyto.train.registry import get_method
 
-    if method in ONE_CLASS:
+    cls = get_method(method)
+    if cls.one_class:
         idx = trial.normal_bags
         return TrainData(images[idx], labels[idx], fingerprint=fp)
     idx, bag, bag_label = trial.all_bag_cells
-    if method == "fs-sil":
+    if cls.instance_labels:
         return TrainData(images[idx], labels[idx], fingerprint=fp)
     return TrainData(
         images[idx],
@@ -140,16 +141,13 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
                 continue
             ds = datasets[configs[method].load_size]
             images = np.asarray(ds.images)
-            name = method if method in ONE_CLASS else f"{method}-wr{wr:g}"
+            name = method if get_method(method).one_class else f"{method}-wr{wr:g}"
             bundle = out / "models" / f"{name}.cyto"
             if not bundle.exists():
                 trial0 = protocol.trial(wr, 0)
                 data = _train_data(method, trial0, images, labels, ds.fingerprint)
                 model = get_method(method)(configs[method]).fit(data, device=dev)
-                manifest = model.base_manifest(data)
-                extra, tensors, arrays = model.export_state()
-                manifest.update(extra)
-                save_bundle(bundle, manifest, tensors, arrays, overwrite=True)
+                save_bundle(bundle, *model.bundle_parts(data), overwrite=True)
             scorer = load_scorer(bundle, dev)
             score_of = dict(zip(held_out.tolist(), scorer.score(images[held_out]), strict=True))
             rows = []

@@ -70,9 +70,7 @@ def train(
     t0 = time.perf_counter()
     model = cls(cfg).fit(train_data, device=dev, ckpt_dir=ckpt, resume=resume, weights=weights)
     seconds = time.perf_counter() - t0
-    manifest = model.base_manifest(train_data)
-    extra, tensors, scorer = model.export_state()
-    manifest.update(extra)
+    manifest, tensors, scorer = model.bundle_parts(train_data)
     manifest["training_data"].update(
         {
             "source": str(data),

@@ -87,6 +87,15 @@ class Method(ABC):
         """How many of ``data``'s images the method learns from."""
         return len(data.require_normals()) if self.one_class else len(data)
 
+    def bundle_parts(
+        self, data: TrainData
+    ) -> tuple[dict[str, Any], dict[str, dict], dict[str, np.ndarray]]:
+        """``(manifest, weights, scorer arrays)``, ready for :func:`cyto.bundle.save_bundle`."""
+        manifest = self.base_manifest(data)
+        extra, tensors, scorer = self.export_state()
+        manifest.update(extra)
+        return manifest, tensors, scorer
+
     def base_manifest(self, data: TrainData) -> dict[str, Any]:
         cfg = self.config
         return {
