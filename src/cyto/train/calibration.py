@@ -13,14 +13,15 @@ CALIBRATION_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 
 def normal_calibration(model, data: TrainData) -> dict[str, Any] | None:
     """Quantiles of the trained model's scores on the normal training cells (instance label 0,
-    or every cell of a negative bag for the weakly supervised methods).
+    or, where ``data`` has no instance labels, every cell of a negative bag: `cyto train` removes
+    them for the weakly supervised methods).
 
     ``cyto score`` counts the cells of a slide above the 0.99 quantile and reports the excess over
     the 1% that normal cells alone would give: the abnormal-burden estimate the paper's
     Discussion proposes. The scores are in-sample, so they run a little low; the estimate is a
     screening aid, not a count.
     """
-    if data.labels is not None and getattr(model, "instance_labels", True):
+    if data.labels is not None:
         idx = np.flatnonzero(data.labels == 0)
         source = "training cells with instance label normal (in-sample)"
     elif data.bag_labels is not None:
