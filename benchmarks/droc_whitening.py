@@ -13,9 +13,7 @@ Ledoit-Wolf-whitened ones, and both rank the same held-out cells. Usage:
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import statistics
 import sys
 import time
@@ -28,36 +26,28 @@ from cyto.data.dataset import PatchDataset
 from cyto.train.config import resolve_config
 from cyto.train.data import TrainData
 from cyto.train.droc import DROC, DROCConfig
-from cyto.train.loop import resolve_device
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _results import machine, where, write  # noqa: E402
-from train_bone_marrow import split  # noqa: E402
+from train_bone_marrow import (  # noqa: E402
+    append_row,
+    command_line,
+    common_parser,
+    common_settings,
+    split,
+)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True)
-    ap.add_argument("--normal", default="LYT")
-    ap.add_argument("--abnormal", default=None)
-    ap.add_argument("--preset", default="fast", help="a preset name, or 'paper' for none")
-    ap.add_argument("--seeds", default="0")
-    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--jsonl", type=Path, default=None, help="append each row here when done")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = ap.parse_args()
-
-    device = resolve_device(args.device)
-    preset = None if args.preset == "paper" else args.preset
-    overrides = dict(kv.split("=", 1) for kv in args.set)
+    args = common_parser(__doc__).parse_args()
+    device, preset, seeds, overrides = common_settings(args)
     load_size = resolve_config(DROCConfig, preset, overrides=overrides).load_size
     ds = PatchDataset.from_path(
         args.data, normal=args.normal, abnormal=args.abnormal, size=load_size
     )
     images = np.asarray(ds.images)
     rows = []
-    for seed in (int(x) for x in args.seeds.split(",") if x.strip()):
+    for seed in seeds:
         tr_n, _, test = split(ds, seed)
         y = ds.labels[test].astype(int)
         k = int(y.sum())
@@ -75,16 +65,9 @@ def main() -> None:
             row[f"recall_at_k_{name}"] = round(float(y[top].mean()), 4)
         row["shrinkage"] = round(white.whitening_["shrinkage"], 4)
         rows.append(row)
-        print(json.dumps(row), flush=True)
-        if args.jsonl is not None:
-            args.jsonl.parent.mkdir(parents=True, exist_ok=True)
-            with open(args.jsonl, "a") as fh:
-                fh.write(json.dumps(row) + "\n")
+        append_row(args.jsonl, row)
 
-    cmd = "python benchmarks/droc_whitening.py " + " ".join(
-        f"--{k} {v}" for k, v in vars(args).items() if k not in ("out", "jsonl", "set")
-    )
-    cmd += "".join(f" --set {kv}" for kv in args.set)
+    cmd = command_line("droc_whitening.py", args)
     meta = machine(cmd) | {"device_used": str(device)}
 
     def ms(key: str) -> str:

@@ -56,13 +56,13 @@ def bags_for(tr_n: np.ndarray, tr_a: np.ndarray, seed: int, n_bags: int = 10):
     return idx, bag, bag_label
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def common_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every training benchmark takes (data, classes, preset, seeds, device...)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--normal", default="LYT")
     ap.add_argument("--abnormal", default=None)
     ap.add_argument("--preset", default="fast", help="a preset name, or 'paper' for none")
-    ap.add_argument("--methods", default=",".join(method_names()))
     ap.add_argument("--seeds", default="0", help="comma-separated; each draws split and init")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     ap.add_argument(
@@ -70,15 +70,43 @@ def main() -> None:
     )
     ap.add_argument("--jsonl", type=Path, default=None, help="append each row here when done")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = ap.parse_args()
+    return ap
 
+
+def common_settings(args: argparse.Namespace):
+    """``(device, preset or None, seeds, overrides)`` from the common options."""
     from cyto.train.loop import resolve_device
 
-    device = resolve_device(args.device)
     preset = None if args.preset == "paper" else args.preset
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    return resolve_device(args.device), preset, seeds, dict(kv.split("=", 1) for kv in args.set)
+
+
+def command_line(script: str, args: argparse.Namespace) -> str:
+    """The command that reproduces this run (without where its files went)."""
+    opts = " ".join(f"--{k} {v}" for k, v in vars(args).items() if k not in ("out", "jsonl", "set"))
+    return f"python benchmarks/{script} {opts}" + "".join(f" --set {kv}" for kv in args.set)
+
+
+def append_row(jsonl: Path | None, row: dict) -> None:
+    """Print a finished row and append it to ``jsonl``: a run cut off keeps what it made."""
+    print(json.dumps(row), flush=True)
+    if jsonl is not None:
+        jsonl.parent.mkdir(parents=True, exist_ok=True)
+        with open(jsonl, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+def main() -> None:
+    ap = common_parser(__doc__)
+    ap.add_argument("--methods", default=",".join(method_names()))
+    args = ap.parse_args()
+
+    device, preset, seeds, overrides = common_settings(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    load_size = {resolve_config(get_method(m).Config, preset).load_size for m in methods}
+    load_size = {
+        resolve_config(get_method(m).Config, preset, overrides=overrides).load_size for m in methods
+    }
     if len(load_size) != 1:
         raise SystemExit(f"methods disagree on load_size: {load_size}")
     ds = PatchDataset.from_path(
@@ -87,14 +115,10 @@ def main() -> None:
     images = np.asarray(ds.images)
     rows = []
     for seed in seeds:
-        rows += run_seed(ds, images, methods, preset, seed, device, args.set, args.jsonl)
+        rows += run_seed(ds, images, methods, preset, seed, device, overrides, args.jsonl)
     k, n_test = rows[0]["k"], rows[0]["n_test"]
 
-    cmd = (
-        "python benchmarks/train_bone_marrow.py "
-        + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k not in ("out", "jsonl", "set"))
-        + "".join(f" --set {kv}" for kv in args.set)
-    )
+    cmd = command_line("train_bone_marrow.py", args)
     meta = machine(cmd) | {"chance_recall_at_k": round(k / n_test, 4), "seeds": seeds}
     lines = [
         f"# {args.data.name}: one-class ranking of held-out cells ({args.preset} preset)",
@@ -138,11 +162,10 @@ def run_seed(ds, images, methods, preset, seed, device, overrides, jsonl) -> lis
     rows = []
     for name in methods:
         cls = get_method(name)
-        extra = dict(kv.split("=", 1) for kv in overrides)
-        cfg = resolve_config(cls.Config, preset, overrides={**extra, "seed": seed})
-        if name in ("dsvdd", "droc"):
+        cfg = resolve_config(cls.Config, preset, overrides={**overrides, "seed": seed})
+        if cls.one_class:
             data = TrainData(images[tr_n], ds.labels[tr_n], fingerprint=ds.fingerprint)
-        elif name == "fs-sil":
+        elif cls.instance_labels:
             idx = np.concatenate([tr_n, tr_a])
             data = TrainData(images[idx], ds.labels[idx], fingerprint=ds.fingerprint)
         else:
@@ -169,11 +192,7 @@ def run_seed(ds, images, methods, preset, seed, device, overrides, jsonl) -> lis
             "score_seconds": round(score_s, 2),
         }
         rows.append(row)
-        print(json.dumps(row), flush=True)
-        if jsonl is not None:
-            jsonl.parent.mkdir(parents=True, exist_ok=True)
-            with open(jsonl, "a") as fh:
-                fh.write(json.dumps(row) + "\n")
+        append_row(jsonl, row)
     return rows
 
 

@@ -14,14 +14,16 @@ from cyto.bundle import save_bundle
 from cyto.models.from_bundle import load_scorer
 from cyto.train import loop as loop_mod
 from cyto.train.data import TrainData
-from cyto.train.registry import method_names
+from cyto.train.registry import get_method, method_names
 from tests.train_helpers import make
 
-WEAK = ("ws-sil", "its2clr")
+WEAK = [n for n in method_names() if not get_method(n).instance_labels]  # ws-sil, its2clr
+ONE_CLASS = [n for n in method_names() if get_method(n).one_class]  # droc, dsvdd
 
 
 def test_registry_has_the_five_methods():
     assert method_names() == ["droc", "dsvdd", "fs-sil", "its2clr", "ws-sil"]
+    assert (WEAK, ONE_CLASS) == (["its2clr", "ws-sil"], ["droc", "dsvdd"])
     from cyto.cli import METHOD_NAMES  # the CLI's help lists them without importing torch
 
     assert sorted(METHOD_NAMES) == method_names()
@@ -51,10 +53,7 @@ def test_scores_vary_and_higher_is_abnormal(fitted, tiny, name):
 @pytest.mark.parametrize("name", method_names())
 def test_bundle_round_trip_gives_identical_scores(fitted, tiny, tmp_path, name):
     model = fitted[name]
-    manifest = model.base_manifest(tiny)
-    extra, weights, scorer = model.export_state()
-    manifest.update(extra)
-    path = save_bundle(tmp_path / f"{name}.cyto", manifest, weights, scorer)
+    path = save_bundle(tmp_path / f"{name}.cyto", *model.bundle_parts(tiny))
     loaded = load_scorer(path)
     np.testing.assert_allclose(
         loaded.score(tiny.images), model.score(tiny.images), rtol=1e-6, atol=1e-9
@@ -111,7 +110,7 @@ def test_weak_methods_train_without_instance_labels(tiny, name):
     assert np.isfinite(model.score(blind.images)).all()
 
 
-@pytest.mark.parametrize("name", ["dsvdd", "droc"])
+@pytest.mark.parametrize("name", ONE_CLASS)
 def test_one_class_methods_train_on_normals_only(tiny, name, monkeypatch):
     seen = []
     from cyto.train import data as data_mod
