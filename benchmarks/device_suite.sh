@@ -28,7 +28,7 @@ if [[ $parts == *engine* ]]; then
     pack
     echo "== the host CPU of this machine, paper-size model, for comparison"
     timeout 90 python3 -m cyto bench engine --model /tmp/cyto-suite/paper-resnet18-224.cyto \
-        --devices cpu --backends torch-eager,onnxruntime --precisions fp32 --batches 32,128 \
+        --devices cpu --backends torch,onnx --precisions fp32 --batches 32,128 \
         --budget 0.5 --results "$res/engine-paper-host-cpu" 2>&1 | grep -E "patches/s" | tail
     pack
 fi

@@ -50,17 +50,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
 
-    from cyto.export import kernels
-    from cyto.export.onnx import OnnxScorer
-    from cyto.models.from_bundle import load_scorer
+    from cyto.runtime import load_scorer
+    from cyto.runtime.heads import ocsvm
 
     rows = []
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         for size in (192, 224):
             path = make_bundle(Path(tmp), size)
-            torch_scorer = load_scorer(path)
-            ort_scorer = OnnxScorer.open(path)
+            torch_scorer = load_scorer(path, "torch", "cpu")
+            ort_scorer = load_scorer(path, "onnx", "cpu")
             for batch in (64, 256):
                 x = rng.integers(0, 256, size=(batch, size, size, 3), dtype=np.uint8)
                 t_torch = timed(lambda x=x, b=batch, s=torch_scorer: s.score(x, b), args.repeats)
@@ -84,13 +83,13 @@ def main() -> None:
     q = rng.normal(size=(args.queries, 512)) / np.sqrt(512)
     sv, coef = svm.support_vectors_, svm.dual_coef_.ravel()
     gamma, rho = float(svm._gamma), float(-svm.intercept_[0])
-    t_nb = timed(lambda: kernels.ocsvm_scores(q, sv, coef, gamma, rho), args.repeats)
+    t_nb = timed(lambda: ocsvm.ocsvm_scores(q, sv, coef, gamma, rho), args.repeats)
     t_sk = timed(lambda: svm.decision_function(q), 1)
     sub = q[:2000]
-    t_ref = timed(lambda: kernels.ocsvm_scores_ref(sub, sv, coef, gamma, rho), 1) * len(q) / 2000
+    t_ref = timed(lambda: ocsvm.ocsvm_scores_ref(sub, sv, coef, gamma, rho), 1) * len(q) / 2000
     diff = float(
         np.abs(
-            kernels.ocsvm_scores(q[:5000], sv, coef, gamma, rho) + svm.decision_function(q[:5000])
+            ocsvm.ocsvm_scores(q[:5000], sv, coef, gamma, rho) + svm.decision_function(q[:5000])
         ).max()
     )
     row = {

@@ -40,12 +40,14 @@ def agreement(ref: np.ndarray, got: np.ndarray) -> dict:
 
 
 def device_scores(bundle: Path, patches: np.ndarray, fp16: bool, device: str) -> np.ndarray:
-    from cyto.models.from_bundle import load_scorer
+    """PyTorch on ``device`` (fp16 by autocast when asked), then the bundle's head."""
+    from cyto.runtime import load_scorer
 
-    scorer = load_scorer(bundle, device)
+    scorer = load_scorer(bundle, "torch", device)
+    module = scorer.backend.module
     with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=fp16):
-        out = scorer.module(torch.from_numpy(patches).to(device)).float().cpu().numpy()
-    return scorer.post(out) if scorer.post is not None else out.astype(np.float64)
+        out = module(torch.from_numpy(patches).to(device)).float().cpu().numpy()
+    return scorer.head.finish(out)
 
 
 def main() -> None:
@@ -65,7 +67,7 @@ def main() -> None:
     from sklearn.metrics import roc_auc_score
 
     from cyto.data.synth.patches import PatchSynthConfig, write_patches
-    from cyto.models.from_bundle import load_scorer
+    from cyto.runtime import load_scorer
     from cyto.train.api import train
 
     data = args.work / "patches"
@@ -86,7 +88,7 @@ def main() -> None:
     from cyto.data.dataset import PatchDataset
 
     ds = PatchDataset.from_path(held, normal="normal", size=res.config.load_size)
-    scores = load_scorer(res.bundle, dev).score(np.asarray(ds.images))
+    scores = load_scorer(res.bundle, "torch", dev).score(np.asarray(ds.images))
     rows.append(
         {
             "check": f"train dsvdd fast on {dev} (AMP and channels_last on CUDA)",
@@ -100,12 +102,12 @@ def main() -> None:
     # 2. inference parity: CUDA fp32 / fp16 vs the exported CPU path
     from cyto.bench.models import architecture_bundle
     from cyto.export.api import parity_patches
-    from cyto.export.onnx import OnnxScorer
+    from cyto.runtime import load_scorer
 
     paper = architecture_bundle(args.work / "paper.cyto", "resnet18", 224)
     for name, bundle in (("fast dsvdd (trained)", args.model), ("resnet18-224 (random)", paper)):
-        b = OnnxScorer.open(bundle)
-        size = int(b.bundle.manifest["config"].get("load_size") or b.bundle.manifest["input_size"])
+        b = load_scorer(bundle, "onnx", "cpu")
+        size = b.spec.crop_size
         patches = parity_patches(None, size, n=512, seed=3)
         ref = b.score(patches, 128)
         for fp16 in (False, True) if dev == "cuda" else (False,):

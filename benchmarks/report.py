@@ -16,6 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from cyto.bench.device import machine_label as label
+from cyto.bench.engine import canonical_backend
 from cyto.bench.results import markdown_table
 from cyto.bench.scorer import OCSVM_COLUMNS
 from cyto.bench.slide import SLIDE_COLUMNS, flat_row
@@ -41,7 +42,8 @@ def engine_table(runs: list[dict]) -> tuple[list[str], dict]:
         for r in run["results"]:
             if not r.get("available"):
                 continue
-            key = (model, label(run["meta"]), r["device"], r["backend"], r["precision"])
+            backend = canonical_backend(r["backend"])  # earlier results used other names
+            key = (model, label(run["meta"]), r["device"], backend, r["precision"])
             if key not in best or r["patches_per_s"] > best[key]["patches_per_s"]:
                 best[key] = r
     lines = [

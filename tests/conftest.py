@@ -117,3 +117,25 @@ def exported_dsvdd(tiny, tmp_path_factory) -> Path:
     path = save_bundle(tmp_path_factory.mktemp("m") / "d.cyto", *m.bundle_parts(tiny))
     export_onnx(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def exported_bundles(tiny, tmp_path_factory) -> dict[str, Path]:
+    """One small bundle per registered method, trained on ``tiny`` and exported to ONNX."""
+    from cyto.bundle import save_bundle
+    from cyto.export.onnx import export_onnx
+    from cyto.train.registry import method_names
+    from tests.train_helpers import make
+
+    root = tmp_path_factory.mktemp("bundles")
+    out = {}
+    for name in method_names():
+        extra = {"epochs": 2}
+        if name == "dsvdd":
+            extra.update(ae_epochs=1, n_seeds=2)
+        if name == "its2clr":
+            extra.update(agg_epochs=10)
+        model = make(name, **extra).fit(tiny)
+        out[name] = save_bundle(root / f"{name}.cyto", *model.bundle_parts(tiny))
+        export_onnx(out[name])
+    return out

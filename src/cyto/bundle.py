@@ -28,11 +28,10 @@ FORMAT = "cyto-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SEAL = "manifest_sha256"
-# the scorer arrays each kind of model cannot score without
-SCORER_ARRAYS = {
-    "dsvdd": ("centres",),
-    "ocsvm": ("support_vectors", "dual_coef", "gamma", "rho"),
-}
+ONNX_FILE = "encoder.onnx"
+PRECISIONS = ("fp32", "fp16", "int8")
+# the normal-score quantiles a bundle's ``calibration`` records (train and cyto calibrate)
+CALIBRATION_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -55,6 +54,96 @@ def library_versions() -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True)
+class GraphSpec:
+    """One exported ONNX graph of the bundle: uint8 NHWC ``input`` in, ``output`` out."""
+
+    file: str
+    sha256: str
+    precision: str
+    input: str
+    output: str
+    opset: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What scoring needs to know about a model, read from the manifest once.
+
+    ``input_size`` is the network's own input (the graph resizes to it); ``crop_size`` is the
+    patch size the model was trained on (``load_size``, else ``input_size``), which is what the
+    slide pipeline cuts. ``head`` names the scorer head (:mod:`cyto.runtime.heads`).
+    """
+
+    method: str
+    head: str
+    backbone: str
+    embedding_dim: int
+    bias: bool
+    input_size: int
+    crop_size: int
+    mpp: float | None
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    n_seeds: int
+    tta_views: tuple[str, ...]
+    tta_lambda: float
+    embedding_normalized: bool
+    graphs: dict[str, GraphSpec]
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any], where: object = "bundle") -> ModelSpec:
+        try:
+            cfg = manifest.get("config", {})
+            norm = manifest.get("normalization") or {}
+            size = int(manifest["input_size"])
+            graphs = {}
+            for precision, entry in _graph_entries(manifest).items():
+                graphs[precision] = GraphSpec(
+                    file=entry["file"],
+                    sha256=manifest["files"][entry["file"]],
+                    precision=precision,
+                    input=entry["input"]["name"],
+                    output=entry["output"]["name"],
+                    opset=int(entry["opset"]),
+                )
+            return cls(
+                method=str(manifest["method"]),
+                head=str(manifest["scorer_kind"]),
+                backbone=str(manifest["backbone"]),
+                embedding_dim=int(manifest["embedding_dim"]),
+                bias=bool(manifest.get("bias", True)),
+                input_size=size,
+                crop_size=int(cfg.get("load_size") or size),
+                mpp=float(cfg["mpp"]) if cfg.get("mpp") else None,
+                mean=tuple(norm.get("mean", (0.485, 0.456, 0.406))),
+                std=tuple(norm.get("std", (0.229, 0.224, 0.225))),
+                n_seeds=len(manifest.get("seeds") or [0]),
+                tta_views=tuple(manifest.get("tta_views") or ("orig",)),
+                tta_lambda=float(manifest.get("tta_lambda", 0.0)),
+                embedding_normalized=bool(manifest.get("embedding_normalized", False)),
+                graphs=graphs,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BundleError(
+                f"{where}: the manifest lacks or garbles {exc}: not a model bundle this cyto "
+                "can score with (retrain, or upgrade cyto)"
+            ) from exc
+
+    def graph(self, precision: str = "fp32") -> GraphSpec | None:
+        return self.graphs.get(precision)
+
+
+def _graph_entries(manifest: dict[str, Any]) -> dict[str, dict]:
+    """The exported graphs by precision: ``onnx`` is the fp32 graph, ``onnx_variants`` the rest."""
+    out = {}
+    if manifest.get("onnx"):
+        out["fp32"] = manifest["onnx"]
+    for precision, entry in (manifest.get("onnx_variants") or {}).items():
+        out[precision] = entry
+    return out
+
+
 @dataclass
 class Bundle:
     """A loaded (verified) bundle: its manifest, tensors per weights file, and scorer arrays."""
@@ -63,10 +152,17 @@ class Bundle:
     manifest: dict[str, Any]
     weights: dict[str, dict[str, Any]] = field(default_factory=dict)
     scorer: dict[str, np.ndarray] = field(default_factory=dict)
+    _spec: ModelSpec | None = field(default=None, repr=False, compare=False)
 
     @property
     def method(self) -> str:
         return str(self.manifest["method"])
+
+    @property
+    def spec(self) -> ModelSpec:
+        if self._spec is None:
+            self._spec = ModelSpec.from_manifest(self.manifest, self.path)
+        return self._spec
 
     @property
     def manifest_hash(self) -> str:
@@ -222,14 +318,6 @@ def load_bundle(path: Path, weights: bool = True) -> Bundle:
                 bundle.scorer = {k: z[k] for k in z.files}
         except ValueError as exc:
             raise BundleError(f"{path / 'scorer.npz'} cannot be read without pickle") from exc
-    missing = [
-        k for k in SCORER_ARRAYS.get(manifest.get("scorer_kind"), ()) if k not in bundle.scorer
-    ]
-    if missing:
-        raise BundleError(
-            f"{path}: a {manifest.get('scorer_kind')} model needs the scorer arrays "
-            f"{', '.join(missing)} in scorer.npz, which the bundle lacks (incomplete bundle)"
-        )
     return bundle
 
 

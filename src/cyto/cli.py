@@ -374,13 +374,23 @@ def info_cmd(
             f"{o['input']['dtype']} {o['input']['layout']} in; needs 'cyto[cpu]' or "
             "'cyto[gpu]' for CUDA)"
         )
+        conf = o.get("tensorrt_conformance")
+        if conf is not None:
+            typer.echo(
+                f"    graph vs TensorRT import rules ({conf['targets']}): "
+                + ("conforms" if conf["ok"] else "; ".join(conf["problems"][:3]))
+            )
     else:
         typer.echo(f"    onnxruntime: run 'cyto export {model}' first")
-    engines = m.get("engines", [])
+    from cyto.runtime.engines import EngineIndex
+
+    engines = EngineIndex(model).entries()
     for e in engines:
+        k = e.key
         typer.echo(
-            f"    tensorrt: {e['file']} (batch {e['batch']}; runs only on that GPU and "
-            "TensorRT version; needs 'cyto[gpu]')"
+            f"    tensorrt: engines/{e.file} ({k.precision}, batch {k.profile.as_list()}, "
+            f"{k.input_hw[0]} px; only on a {k.gpu} (sm{k.capability[0]}{k.capability[1]}) with "
+            f"TensorRT {k.tensorrt}; needs 'cyto[gpu]')"
         )
     if not engines:
         typer.echo(
@@ -393,26 +403,44 @@ def info_cmd(
 def export_cmd(
     model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
     onnx: Annotated[bool, typer.Option(help="Export encoder.onnx (uint8 NHWC in).")] = True,
-    trt: Annotated[bool, typer.Option(help="Also build a TensorRT engine (NVIDIA GPU).")] = False,
-    fp16: Annotated[bool, typer.Option(help="TensorRT: allow FP16 kernels.")] = True,
-    int8: Annotated[bool, typer.Option(help="TensorRT: INT8 with entropy calibration.")] = False,
-    calib: Annotated[
-        Path | None, typer.Option(help="Cell patches for calibration and the parity check.")
+    trt: Annotated[
+        bool, typer.Option(help="Also build a TensorRT engine (NVIDIA GPU, TensorRT 10 or 11).")
+    ] = False,
+    precision: Annotated[
+        str,
+        typer.Option(
+            help="The graph the TensorRT engine is built from: fp32 (encoder.onnx), or an fp16 / "
+            "int8 Q/DQ graph of the bundle. TensorRT takes its precision from the graph."
+        ),
+    ] = "fp32",
+    cells: Annotated[
+        Path | None,
+        typer.Option(
+            "--cells",
+            "--calib",
+            help="Cell patches (folder or manifest) to compare backends on; default: random "
+            "patches.",
+        ),
     ] = None,
     batch: Annotated[str, typer.Option(help="TensorRT batch profile min,opt,max.")] = "1,64,256",
+    device: Annotated[str, typer.Option(help="TensorRT: the GPU, cuda or cuda:N.")] = "cuda",
     opset: Annotated[int, typer.Option(help="ONNX opset.")] = 18,
 ) -> None:
-    """Export a bundle for inference: ONNX (+ TensorRT), with a parity check against PyTorch."""
+    """Export a bundle for inference: ONNX (+ TensorRT), with a parity check against PyTorch.
+
+    TensorRT engines go to MODEL/engines/, outside the bundle's sealed files: building or
+    deleting one never invalidates the bundle.
+    """
     from cyto.export.api import export_bundle
 
     export_bundle(
         model,
         onnx=onnx,
         trt=trt,
-        fp16=fp16,
-        int8=int8,
-        calib=calib,
+        precision=precision,
+        cells=cells,
         batch=batch,
+        device=device,
         opset=opset,
         echo=typer.echo,
     )
@@ -429,14 +457,24 @@ def predict_cmd(
         str | None, typer.Option(help="Normal class(es): adds labels, AUROC and Recall@K.")
     ] = None,
     abnormal: Annotated[str | None, typer.Option(help="Abnormal classes.")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "cpu",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "cpu",
     batch_size: Annotated[int, typer.Option(help="Patches per batch.")] = 128,
+    backend: Annotated[
+        str, typer.Option(help="torch (the trained network), onnx, onnx-trt, trt or auto.")
+    ] = "torch",
 ) -> None:
-    """Score every patch of a folder or manifest with a bundle (PyTorch)."""
+    """Score every patch of a folder or manifest with a bundle (PyTorch by default)."""
     from cyto.predict import predict
 
     res = predict(
-        model, data, out, normal=normal, abnormal=abnormal, device=device, batch_size=batch_size
+        model,
+        data,
+        out,
+        normal=normal,
+        abnormal=abnormal,
+        device=device,
+        batch_size=batch_size,
+        backend=backend,
     )
     line = f"scored {res['n']} patches -> {res['out']}"
     if "auroc" in res:
@@ -542,9 +580,15 @@ def score_cmd(
     out: Annotated[Path, typer.Option(help="Output folder; one sub-folder per slide.")],
     backend: Annotated[
         str,
-        typer.Option(help="auto (TensorRT, else ONNX Runtime, else PyTorch), onnx, trt or torch."),
+        typer.Option(
+            help="auto (a TensorRT engine for this GPU, else ONNX Runtime, else PyTorch), onnx, "
+            "onnx-trt (ONNX Runtime's TensorRT provider), trt or torch."
+        ),
     ] = "auto",
-    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "auto",
+    precision: Annotated[
+        str, typer.Option(help="The exported graph to run: fp32, or an fp16 / int8 variant.")
+    ] = "fp32",
     batch_size: Annotated[int, typer.Option(help="Cells per engine batch.")] = 64,
     nuclei: Annotated[
         Path | None,
@@ -597,6 +641,7 @@ def score_cmd(
         mosaic=mosaic,
         backend=backend,
         device=device,
+        precision=precision,
         workers=workers,
         nuclei=nuclei,
         truth=truth,
@@ -604,7 +649,10 @@ def score_cmd(
         rescale=rescale,
         resume=resume,
     )
-    done, failed = score_cohort(slides, model, out, opts, echo=typer.echo)
+    metrics = None
+    if truth is not None:
+        from cyto.eval.metrics import all_metrics as metrics
+    done, failed = score_cohort(slides, model, out, opts, echo=typer.echo, metrics=metrics)
     for s in done:
         line = (
             f"{Path(s['slide']).name}: {s['cells_scored']} cells in {s['seconds']} s "
@@ -655,10 +703,10 @@ def bench_engine_cmd(
     backends: Annotated[
         str,
         typer.Option(
-            help="Comma-separated among torch-eager, torch-channels-last, "
-            "torch-compile, onnxruntime, tensorrt."
+            help="Comma-separated among torch, torch-channels-last, torch-compile, onnx, "
+            "onnx-trt (ONNX Runtime's TensorRT provider) and trt (cyto's TensorRT engines)."
         ),
-    ] = "torch-eager,torch-channels-last,torch-compile,onnxruntime,tensorrt",
+    ] = "torch,torch-channels-last,torch-compile,onnx,onnx-trt,trt",
     precisions: Annotated[str, typer.Option(help="Comma-separated: fp32, fp16, int8.")] = (
         "fp32,fp16,int8"
     ),
@@ -672,10 +720,10 @@ def bench_engine_cmd(
 ) -> None:
     """Patches/s and p50/p99 batch latency of every backend, precision and batch size."""
     from cyto.bench.device import machine
-    from cyto.bench.engine import BACKENDS, PRECISIONS, bench_engine, ratios
+    from cyto.bench.engine import BACKENDS, PRECISIONS, bench_engine, canonical_backend, ratios
     from cyto.bench.results import header, markdown_table, write_results
 
-    chosen = list(_csv(backends) or ())
+    chosen = [canonical_backend(b) for b in _csv(backends) or ()]
     bad = [b for b in chosen if b not in BACKENDS]
     if bad:
         raise ConfigError(f"unknown backend(s) {', '.join(bad)}; known: {', '.join(BACKENDS)}")
@@ -684,9 +732,9 @@ def bench_engine_cmd(
         raise ConfigError(f"precisions must be among {', '.join(PRECISIONS)}, got {precisions!r}")
     devs = list(_csv(devices) or ())
     if devs == ["auto"]:
-        import torch
+        from cyto.runtime.devices import cuda_available
 
-        devs = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+        devs = ["cpu", "cuda"] if cuda_available() else ["cpu"]
     rows = ratios(
         bench_engine(
             model,
@@ -717,7 +765,8 @@ def bench_engine_cmd(
             ("p50_ms", "p50 ms"),
             ("p99_ms", "p99 ms"),
             ("vs_torch_eager_fp32", "vs eager fp32"),
-            ("gpu_peak_mb", "GPU peak MB"),
+            ("gpu_used_mb", "GPU MB held"),
+            ("gpu_peak_mb", "torch peak MB"),
             ("host_rss_mb", "host RSS MB"),
         ],
     )
@@ -786,8 +835,13 @@ def bench_scorer_cmd(
 def bench_slide_cmd(
     slide: Annotated[Path, typer.Argument(help="Whole-slide image to score.")],
     model: Annotated[Path, typer.Option(help="Model bundle (exported).")],
-    backend: Annotated[str, typer.Option(help="auto, onnx, trt or torch.")] = "auto",
-    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
+    backend: Annotated[
+        str, typer.Option(help="auto, onnx, onnx-trt, trt or torch (as for cyto score).")
+    ] = "auto",
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "auto",
+    precision: Annotated[str, typer.Option(help="The exported graph: fp32, fp16 or int8.")] = (
+        "fp32"
+    ),
     workers: Annotated[int | None, typer.Option(help="Decode/detect/crop processes.")] = None,
     batch_size: Annotated[int, typer.Option(help="Cells per engine batch.")] = 64,
     patch_size: Annotated[int, typer.Option(help="Cell crop size, level-0 px.")] = 192,
@@ -815,6 +869,7 @@ def bench_slide_cmd(
         batch_size=batch_size,
         backend=backend,
         device=device,
+        precision=precision,
         workers=workers,
         truth=truth,
         top_k=400,

@@ -25,6 +25,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     from cyto.data.synth.cells import DEFAULT_SCALE, MPP_AT_SCALE_1
     from cyto.data.synth.patches import PatchSynthConfig, write_patches
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
+    from cyto.eval.metrics import all_metrics
     from cyto.export.api import export_bundle
     from cyto.infer.calibrate import calibrate_from_tables
     from cyto.infer.pipeline import ScoreOptions, score_slide
@@ -122,6 +123,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
         out / "scores",
         ScoreOptions(top_k=100, mosaic=100, truth=res.ground_truth),
         echo=echo,
+        metrics=all_metrics,
     )
     t = summary["truth"]
     echo(

@@ -1,4 +1,4 @@
-"""``cyto predict``: score a patch folder or manifest with a bundle, in PyTorch."""
+"""``cyto predict``: score a patch folder or manifest with a bundle (PyTorch by default)."""
 
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ def predict(
     abnormal: str | None = None,
     device: str = "cpu",
     batch_size: int = 128,
+    backend: str = "torch",
 ) -> dict[str, object]:
     """Write ``out`` (Parquet): path, class, [label], score, rank (1 = most abnormal)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from cyto.models.from_bundle import load_scorer
-    from cyto.train.loop import resolve_device
+    from cyto.runtime import load_scorer
 
-    scorer = load_scorer(model, resolve_device(device))
+    scorer = load_scorer(model, backend, device)
     size = scorer.bundle.manifest["config"].get("load_size")
     records = load_records(Path(data))
     labels = None
@@ -38,7 +38,7 @@ def predict(
     else:
         imgs = [read_image(r.path) for r in records]
         if size is None and len({im.shape for im in imgs}) > 1:
-            size = scorer.bundle.manifest["input_size"]
+            size = scorer.spec.input_size
         images = np.stack([resize_rgb(im, size) if size else im for im in imgs])
     if len(images) == 0:
         raise InputPathError(f"no images to score in {data}")

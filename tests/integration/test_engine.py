@@ -1,5 +1,5 @@
-"""The inference engine: backend choice, clear errors for what this machine cannot run, the same
-scores from every backend; detection sizes follow the slide's resolution."""
+"""The scorer: backend choice, clear errors for what this machine cannot run, the same scores
+from every backend; detection sizes follow the slide's resolution."""
 
 from __future__ import annotations
 
@@ -7,19 +7,21 @@ import numpy as np
 import pytest
 
 from cyto.errors import ConfigError, CytoError
-from cyto.infer.engine import load_engine
 from cyto.infer.nuclei import NucleusParams
 from cyto.infer.pipeline import ScoreOptions
+from cyto.runtime import load_scorer
 
 
 def test_auto_picks_onnx_for_an_exported_bundle_and_backends_agree(exported_dsvdd):
-    auto = load_engine(exported_dsvdd, "auto", "cpu")
-    assert auto.backend == "onnx" and auto.device == "cpu"
-    torch_engine = load_engine(exported_dsvdd, "torch", "cpu")
-    x = np.random.default_rng(0).integers(0, 256, (9, auto.input_size, auto.input_size, 3))
-    x = x.astype(np.uint8)
+    auto = load_scorer(exported_dsvdd, "auto", "cpu")
+    assert auto.backend.name == "onnx" and auto.device == "cpu"
+    torch_engine = load_scorer(exported_dsvdd, "torch", "cpu")
+    size = auto.spec.crop_size
+    x = np.random.default_rng(0).integers(0, 256, (9, size, size, 3)).astype(np.uint8)
     np.testing.assert_allclose(auto.score(x, 4), torch_engine.score(x, 4), rtol=1e-4, atol=1e-6)
     assert auto.score(x[:0]).shape == (0,)
+    with pytest.raises(ConfigError, match="uint8"):
+        auto.score(x.astype(np.float32))
 
 
 @pytest.mark.skipif(
@@ -27,11 +29,21 @@ def test_auto_picks_onnx_for_an_exported_bundle_and_backends_agree(exported_dsvd
 )
 def test_what_cannot_run_here_fails_clearly(exported_dsvdd):
     with pytest.raises(CytoError, match="no CUDA GPU"):
-        load_engine(exported_dsvdd, "onnx", "cuda")
+        load_scorer(exported_dsvdd, "onnx", "cuda")
+    with pytest.raises(CytoError, match="no CUDA GPU"):
+        load_scorer(exported_dsvdd, "torch", "cuda:1")
     with pytest.raises(CytoError, match="CUDA only"):
-        load_engine(exported_dsvdd, "trt", "cpu")
+        load_scorer(exported_dsvdd, "trt", "cpu")
+    with pytest.raises(CytoError, match="CUDA only"):
+        load_scorer(exported_dsvdd, "onnx-trt", "cpu")
     with pytest.raises(ConfigError, match="unknown backend"):
-        load_engine(exported_dsvdd, "tpu", "cpu")
+        load_scorer(exported_dsvdd, "tpu", "cpu")
+    with pytest.raises(ConfigError, match="device must be"):
+        load_scorer(exported_dsvdd, "onnx", "gpu0")
+    with pytest.raises(ConfigError, match="precision"):
+        load_scorer(exported_dsvdd, "onnx", "cpu", precision="int4")
+    with pytest.raises(CytoError, match="no int8 graph"):
+        load_scorer(exported_dsvdd, "onnx", "cpu", precision="int8")
     with pytest.raises(ConfigError, match="backend must be one of"):
         ScoreOptions(backend="tpu")
     with pytest.raises(ConfigError, match="workers"):
@@ -49,3 +61,26 @@ def test_nucleus_sizes_scale_with_the_slide_resolution():
     assert NucleusParams(downsample=1).reduction() == 1
     with pytest.raises(ConfigError):
         NucleusParams(mpp=0)
+
+
+def test_onnx_runtime_scoring_never_imports_torch(exported_dsvdd):
+    """The runtime is importable and runs its ONNX path without PyTorch (~0.4 GB per process)."""
+    import json
+    import subprocess
+    import sys
+
+    probe = f"""
+import json, sys
+import numpy as np
+from cyto.runtime import load_scorer
+s = load_scorer({str(exported_dsvdd)!r}, "auto", "cpu")
+n = s.spec.crop_size
+x = np.random.default_rng(0).integers(0, 256, (3, n, n, 3), dtype=np.uint8)
+print("@@" + json.dumps([s.backend.name, s.device, len(s.score(x)), "torch" in sys.modules]))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = [x for x in proc.stdout.splitlines() if x.startswith("@@")][-1]
+    assert json.loads(line[2:]) == ["onnx", "cpu", 3, False]

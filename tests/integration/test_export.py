@@ -8,32 +8,18 @@ import importlib.util
 import numpy as np
 import pytest
 
-from cyto.bundle import load_bundle, save_bundle
-from cyto.errors import ConfigError, MissingDependencyError
-from cyto.export import kernels
-from cyto.export.onnx import OnnxScorer, export_onnx
-from cyto.export.trt import BatchProfile, calibration_batches, engine_name, require_tensorrt
-from cyto.models.from_bundle import load_scorer
-from cyto.train.registry import method_names
-from tests.train_helpers import make
+from cyto.bundle import load_bundle
+from cyto.errors import MissingDependencyError
+from cyto.runtime import load_scorer
+from cyto.runtime.backends.tensorrt import require_tensorrt
+from cyto.runtime.heads import dsvdd, ocsvm, softmax
 
 HAS_TRT = importlib.util.find_spec("tensorrt") is not None
 
 
 @pytest.fixture(scope="module")
-def bundles(tiny, tmp_path_factory):
-    root = tmp_path_factory.mktemp("bundles")
-    out = {}
-    for name in method_names():
-        extra = {"epochs": 2}
-        if name == "dsvdd":
-            extra.update(ae_epochs=1, n_seeds=2)
-        if name == "its2clr":
-            extra.update(agg_epochs=10)
-        model = make(name, **extra).fit(tiny)
-        out[name] = save_bundle(root / f"{name}.cyto", *model.bundle_parts(tiny))
-        export_onnx(out[name])
-    return out
+def bundles(exported_bundles):
+    return exported_bundles
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +38,8 @@ def patches(request):
 
 @pytest.mark.parametrize("name", ["droc", "dsvdd", "fs-sil", "its2clr", "ws-sil"])
 def test_onnx_runtime_equals_pytorch(bundles, patches, name):
-    torch_scores = load_scorer(bundles[name]).score(patches)
-    ort_scores = OnnxScorer.open(bundles[name]).score(patches, batch_size=7)
+    torch_scores = load_scorer(bundles[name], "torch", "cpu").score(patches)
+    ort_scores = load_scorer(bundles[name], "onnx", "cpu").score(patches, batch_size=7)
     np.testing.assert_allclose(ort_scores, torch_scores, rtol=1e-4, atol=1e-5)
     assert np.std(ort_scores) > 0
 
@@ -81,21 +67,24 @@ def test_changed_onnx_byte_is_refused(bundles, tmp_path):
     raw[len(raw) // 2] ^= 1
     (copy / "encoder.onnx").write_bytes(bytes(raw))
     with pytest.raises(BundleError, match="encoder.onnx does not match"):
-        OnnxScorer.open(copy)
+        load_scorer(copy, "onnx", "cpu")
 
 
 def test_dsvdd_kernel_equals_the_pytorch_scorer(bundles, patches):
     import torch
 
-    scorer = load_scorer(bundles["dsvdd"])
+    from cyto.models.graphs import ScoreModule
+
+    scorer = load_scorer(bundles["dsvdd"], "torch", "cpu")
     with torch.no_grad():
-        emb = scorer.module.embeddings(torch.from_numpy(patches)).numpy()
-        ref = scorer.module(torch.from_numpy(patches)).double().numpy()
+        x = torch.from_numpy(patches)
+        emb = scorer.backend.module(x).numpy()
+        ref = ScoreModule(scorer.backend.module, scorer.head)(x).double().numpy()
     b = load_bundle(bundles["dsvdd"])
-    got = kernels.dsvdd_scores(emb, b.scorer["centres"], b.manifest["tta_lambda"])
+    got = dsvdd.dsvdd_scores(emb, b.scorer["centres"], b.manifest["tta_lambda"])
     np.testing.assert_allclose(got, ref, rtol=1e-5)
     np.testing.assert_allclose(
-        got, kernels.dsvdd_scores_ref(emb, b.scorer["centres"], b.manifest["tta_lambda"]), rtol=1e-9
+        got, dsvdd.dsvdd_scores_ref(emb, b.scorer["centres"], b.manifest["tta_lambda"]), rtol=1e-9
     )
 
 
@@ -106,42 +95,21 @@ def test_kernels_equal_their_references_and_sklearn():
     emb = rng.normal(size=(3, 4, 50, 16)).astype(np.float32)
     centres = rng.normal(size=(3, 16)).astype(np.float32)
     np.testing.assert_allclose(
-        kernels.dsvdd_scores(emb, centres, 0.35),
-        kernels.dsvdd_scores_ref(emb, centres, 0.35),
+        dsvdd.dsvdd_scores(emb, centres, 0.35),
+        dsvdd.dsvdd_scores_ref(emb, centres, 0.35),
         rtol=1e-10,
     )
     train = rng.normal(size=(300, 32))
     svm = OneClassSVM(kernel="rbf", nu=0.1, gamma="auto").fit(train)
     q = rng.normal(size=(257, 32))
     args = (svm.support_vectors_, svm.dual_coef_.ravel(), svm._gamma, -svm.intercept_[0])
-    got = kernels.ocsvm_scores(q, *args, chunk=64)
+    got = ocsvm.ocsvm_scores(q, *args, chunk=64)
     np.testing.assert_allclose(got, -svm.decision_function(q), rtol=1e-9, atol=1e-10)
-    np.testing.assert_allclose(got, kernels.ocsvm_scores_ref(q, *args), rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(got, ocsvm.ocsvm_scores_ref(q, *args), rtol=1e-9, atol=1e-10)
     logits = rng.normal(size=(40, 2)).astype(np.float32) * 30
     np.testing.assert_allclose(
-        kernels.softmax_abnormal(logits), kernels.softmax_abnormal_ref(logits), rtol=1e-12
+        softmax.softmax_abnormal(logits), softmax.softmax_abnormal_ref(logits), rtol=1e-12
     )
-
-
-def test_batch_profile_and_engine_names():
-    p = BatchProfile.parse("1,64,256")
-    assert (p.min, p.opt, p.max) == (1, 64, 256)
-    for bad in ("64,1,256", "0,1,2", "1,2", "a,b,c"):
-        with pytest.raises(ConfigError):
-            BatchProfile.parse(bad)
-    name = engine_name("NVIDIA H100 80GB HBM3", (9, 0), "10.7.0", "fp16", p, (192, 192))
-    assert name == "engine-nvidia-h100-80gb-hbm3-sm90-trt10.7.0-fp16-b1-64-256-192x192.plan"
-    assert engine_name("NVIDIA H100 80GB HBM3", (9, 0), "10.7.0", "int8", p, (192, 192)) != name
-    with pytest.raises(ConfigError, match="precision"):
-        engine_name("x", (8, 0), "10", "bf8", p, (1, 1))
-
-
-def test_calibration_batches():
-    imgs = np.zeros((70, 8, 8, 3), np.uint8)
-    batches = calibration_batches(imgs, 32)
-    assert [b.shape[0] for b in batches] == [32, 32]
-    with pytest.raises(ConfigError, match="at least 32"):
-        calibration_batches(imgs[:10], 32)
 
 
 @pytest.mark.skipif(HAS_TRT, reason="tensorrt is installed here")
@@ -161,7 +129,7 @@ def test_missing_tensorrt_is_one_clear_error(bundles):
 def test_tensorrt_engine_matches_onnx_runtime(bundles, patches):  # pragma: no cover - GPU only
     from cyto.export.api import export_bundle
 
-    rep = export_bundle(bundles["fs-sil"], onnx=False, trt=True, batch="1,8,32")
+    rep = export_bundle(bundles["fs-sil"], onnx=False, trt=True, batch="1,8,32", cells=None)
     assert rep["trt"]["spearman"] > 0.99
 
 
@@ -175,6 +143,7 @@ def test_export_cli_and_info(bundles, tmp_path):
     proc = run_cyto("export", str(copy))
     assert proc.returncode == 0, proc.stderr
     assert "opset 18" in proc.stdout and "max relative difference" in proc.stdout
+    assert "TensorRT import rules (TensorRT 10.0 to 11.x): the graph conforms" in proc.stdout
     rel = float(proc.stdout.split("max relative difference")[1].split()[0])
     assert rel < 1e-4
     info = run_cyto("info", str(copy))

@@ -177,11 +177,11 @@ def _table(folder):
 
 
 def test_workers_and_resume_give_the_uninterrupted_table(model, slide, tmp_path):
-    from cyto.infer.engine import load_engine
     from cyto.infer.pipeline import PARTIAL, ScoreOptions, score_slide
+    from cyto.runtime import load_scorer
 
     opts = ScoreOptions(mosaic=0, tile=512, chunk_cells=8, workers=0, batch_size=8)
-    engine = load_engine(model, "onnx", "cpu")
+    engine = load_scorer(model, "onnx", "cpu")
     score_slide(slide.paths[0], engine, tmp_path / "ref", opts)
     ref = _table(tmp_path / "ref")
     assert ref.num_rows > 16
@@ -197,7 +197,7 @@ def test_workers_and_resume_give_the_uninterrupted_table(model, slide, tmp_path)
 
     # interrupted after a few engine calls (Ctrl-C): finished chunks stay, no final table
     calls = {"n": 0}
-    real = engine.scorer.score
+    real = engine.score
 
     def flaky(images, batch_size):
         calls["n"] += 1
@@ -205,10 +205,10 @@ def test_workers_and_resume_give_the_uninterrupted_table(model, slide, tmp_path)
             raise KeyboardInterrupt
         return real(images, batch_size)
 
-    engine.scorer.score = flaky
+    engine.score = flaky
     with pytest.raises(KeyboardInterrupt):
         score_slide(slide.paths[0], engine, tmp_path / "r", opts)
-    engine.scorer.score = real
+    engine.score = real
     assert not (tmp_path / "r" / "scores.parquet").exists()
     chunks = list((tmp_path / "r" / PARTIAL).glob("chunk-*.parquet"))
     assert chunks, "finished chunks must survive the interruption"
@@ -258,8 +258,9 @@ def test_focal_plane_choice_follows_the_sharpest_plane(model, tmp_path, suffix):
 
 def test_burden_and_resolution_checks(model, slide, tmp_path):
     from cyto.bundle import load_bundle
-    from cyto.infer.engine import load_engine
-    from cyto.infer.pipeline import ScoreOptions, burden, score_slide
+    from cyto.infer.calibrate import burden
+    from cyto.infer.pipeline import ScoreOptions, score_slide
+    from cyto.runtime import load_scorer
 
     calib = {"source": "test", "quantiles": {"0.99": 1.0}}
     b = burden(np.array([0.5] * 98 + [2.0, 3.0, 4.0, 5.0]), calib)
@@ -267,7 +268,7 @@ def test_burden_and_resolution_checks(model, slide, tmp_path):
     assert b["excess_cells"] == 3.0
     assert burden(np.array([1.0]), None) is None
 
-    engine = load_engine(model, "onnx", "cpu")
+    engine = load_scorer(model, "onnx", "cpu")
     slide_mpp = open_slide(slide.paths[0]).info.mpp
     assert slide_mpp is not None
     bundle = load_bundle(model)

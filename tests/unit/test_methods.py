@@ -12,7 +12,9 @@ import torch
 from cyto.bundle import load_bundle, save_bundle, verify_bundle
 from cyto.errors import BundleError, ConfigError, DatasetError, DeviceError, TrainingError
 from cyto.models.backbones import build_backbone
-from cyto.models.scoring import ocsvm_decision, tta_blend
+from cyto.runtime import load_scorer
+from cyto.runtime.heads.dsvdd import tta_blend
+from cyto.runtime.heads.ocsvm import ocsvm_scores
 from cyto.train.config import resolve_config, to_toml
 from cyto.train.data import TrainData
 from cyto.train.droc import DROCConfig, droc_loss, fold_whitening
@@ -120,10 +122,10 @@ def test_droc_ocsvm_scores_equal_sklearn(request):
 
     svm = OneClassSVM(kernel="rbf", nu=0.1, gamma="auto").fit(x)
     q = rng.normal(size=(30, 6))
-    mine = ocsvm_decision(
+    mine = ocsvm_scores(
         q, svm.support_vectors_, svm.dual_coef_.ravel(), svm._gamma, -svm.intercept_[0], chunk=7
     )
-    np.testing.assert_allclose(mine, svm.decision_function(q), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(mine, -svm.decision_function(q), rtol=1e-9, atol=1e-12)
 
 
 class _LinearEncoder(torch.nn.Module):
@@ -331,7 +333,7 @@ def test_an_edited_manifest_or_missing_scorer_arrays_are_refused(tmp_path, reque
     np.savez(partial, **{k: v for k, v in scorer.items() if k != "support_vectors"})
     add_files(path, {"scorer.npz": partial})
     with pytest.raises(BundleError, match="needs the scorer arrays support_vectors"):
-        load_bundle(path)
+        load_scorer(path, "torch", "cpu")
 
 
 def test_float_or_nan_images_are_refused():

@@ -8,10 +8,11 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+import torch
 from sklearn.metrics import roc_auc_score
 
 from cyto.bundle import save_bundle
-from cyto.models.from_bundle import load_scorer
+from cyto.runtime import load_scorer
 from cyto.train import loop as loop_mod
 from cyto.train.data import TrainData
 from cyto.train.registry import get_method, method_names
@@ -54,11 +55,24 @@ def test_scores_vary_and_higher_is_abnormal(fitted, tiny, name):
 def test_bundle_round_trip_gives_identical_scores(fitted, tiny, tmp_path, name):
     model = fitted[name]
     path = save_bundle(tmp_path / f"{name}.cyto", *model.bundle_parts(tiny))
-    loaded = load_scorer(path)
+    loaded = load_scorer(path, "torch", "cpu")
     np.testing.assert_allclose(
-        loaded.score(tiny.images), model.score(tiny.images), rtol=1e-6, atol=1e-9
+        loaded.score(tiny.images, 128), model.score(tiny.images, 128), rtol=1e-5, atol=1e-7
     )
-    assert loaded.embed(tiny.images[:3]).shape[0] == 3
+
+
+@pytest.mark.parametrize("name", method_names())
+def test_head_finishes_agree(fitted, tiny, tmp_path, name):
+    """The numba finish every backend ends in, its numpy reference and the torch form that
+    training evaluates give the same scores from the same graph output."""
+    path = save_bundle(tmp_path / f"{name}.cyto", *fitted[name].bundle_parts(tiny))
+    scorer = load_scorer(path, "torch", "cpu")
+    raw = scorer.raw(tiny.images, batch_size=len(tiny.images))[0]
+    got = scorer.head.finish(raw)
+    np.testing.assert_allclose(got, scorer.head.reference(raw), rtol=1e-9, atol=1e-12)
+    t = scorer.head.torch_finish(torch.from_numpy(raw)).double().numpy()
+    np.testing.assert_allclose(t, got, rtol=1e-5, atol=1e-6)
+    assert got.shape == (len(tiny.images),)
 
 
 @pytest.mark.parametrize("name", method_names())

@@ -9,7 +9,6 @@ batch that cannot run here is listed with the reason instead of a number.
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import time
 from collections.abc import Callable
@@ -20,8 +19,15 @@ import numpy as np
 
 from cyto.bundle import Bundle, load_bundle
 
-BACKENDS = ("torch-eager", "torch-channels-last", "torch-compile", "onnxruntime", "tensorrt")
+# the runtime's backends (cyto.runtime.backends) and two PyTorch variants only benchmarked here
+BACKENDS = ("torch", "torch-channels-last", "torch-compile", "onnx", "onnx-trt", "trt")
 PRECISIONS = ("fp32", "fp16", "int8")
+# names used by results written before the runtime had one vocabulary
+ALIASES = {"torch-eager": "torch", "onnxruntime": "onnx", "tensorrt": "trt"}
+
+
+def canonical_backend(name: str) -> str:
+    return ALIASES.get(name, name)
 
 
 @dataclass
@@ -36,23 +42,29 @@ class Unavailable(Exception):
 
 
 def host_rss_mb() -> float | None:
-    from cyto.infer.pipeline import proc_status_mb
+    from cyto.infer.memory import proc_status_mb
 
     return proc_status_mb("VmRSS")
+
+
+def _cuda_sync(device: str) -> Callable[[], None]:
+    if not device.startswith("cuda"):
+        return lambda: None
+    import torch
+
+    return lambda: torch.cuda.synchronize(torch.device(device))
 
 
 def _torch_runner(bundle: Bundle, device: str, precision: str, variant: str) -> Runner:
     import torch
 
-    from cyto.models.from_bundle import load_scorer
+    from cyto.runtime.backends.torch import TorchBackend
 
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise Unavailable("no CUDA GPU here")
     if precision == "int8":
-        raise Unavailable("int8 runs through TensorRT only (cyto export --trt --int8)")
+        raise Unavailable("int8 runs from a Q/DQ graph in ONNX Runtime or TensorRT, not PyTorch")
     if precision == "fp16" and not device.startswith("cuda"):
         raise Unavailable("fp16 autocast is benchmarked on CUDA only (slow or unsupported on CPU)")
-    module = load_scorer(bundle, device).module.eval()
+    module = TorchBackend(bundle, device).module
     if variant == "channels-last":
         module = module.to(memory_format=torch.channels_last)
     if variant == "compile":
@@ -60,7 +72,6 @@ def _torch_runner(bundle: Bundle, device: str, precision: str, variant: str) -> 
             raise Unavailable("this PyTorch has no torch.compile")
         module = torch.compile(module)  # dynamic after the first new shape: few recompiles
     dev = torch.device(device)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def run(x: np.ndarray):
         with torch.inference_mode():
@@ -70,59 +81,46 @@ def _torch_runner(bundle: Bundle, device: str, precision: str, variant: str) -> 
                     return module(t).float().cpu()
             return module(t).float().cpu()
 
-    return Runner(run, sync)
+    return Runner(run, _cuda_sync(device))
 
 
-def _onnx_runner(bundle: Bundle, device: str, precision: str) -> Runner:
-    if importlib.util.find_spec("onnxruntime") is None:
-        raise Unavailable("onnxruntime is not installed (pip install 'cyto[cpu]')")
-    if "onnx" not in bundle.manifest:
-        raise Unavailable("the bundle has no encoder.onnx (cyto export MODEL --onnx)")
-    if precision != "fp32":
-        raise Unavailable("the exported ONNX graph is fp32; fp16/int8 run through TensorRT")
-    from cyto.errors import DeviceError
-    from cyto.export.runtime import OnnxScorer
+def _runtime_runner(bundle: Bundle, backend: str, device: str, precision: str) -> Runner:
+    """A backend of the runtime exactly as ``cyto score`` runs it (no head: the network only)."""
+    from cyto.errors import CytoError
+    from cyto.runtime.scorer import make_backend
 
-    try:
-        scorer = OnnxScorer.open(bundle, device=device)
-    except DeviceError as exc:
-        raise Unavailable(str(exc)) from exc
-    return Runner(lambda x: scorer.raw(x, len(x)), lambda: None)
-
-
-def _trt_runner(bundle: Bundle, device: str, precision: str) -> Runner:
-    if importlib.util.find_spec("tensorrt") is None:
-        raise Unavailable("tensorrt is not installed (pip install 'cyto[gpu]' on a CUDA machine)")
-    if not device.startswith("cuda"):
-        raise Unavailable("TensorRT runs on CUDA only")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise Unavailable("no CUDA GPU here")
-    from cyto.export.trt import TrtRunner
-    from cyto.infer.engine import trt_engine_entry
-
-    entry = trt_engine_entry(bundle, precision)
-    if entry is None:
+    if backend != "onnx" and not device.startswith("cuda"):
+        raise Unavailable(f"{backend} runs on CUDA only")
+    if bundle.spec.graph(precision) is None:
         raise Unavailable(
-            f"no {precision} engine for this GPU and TensorRT version in the bundle "
-            f"(cyto export MODEL --trt{' --int8' if precision == 'int8' else ''})"
+            f"the bundle has no {precision} ONNX graph"
+            + (" (cyto export MODEL)" if precision == "fp32" else "")
         )
-    runner = TrtRunner(bundle.path / entry["file"], bundle.manifest["onnx"])
-    return Runner(runner.run, torch.cuda.synchronize)
+    try:
+        be = make_backend(backend, bundle, device, precision, None)
+    except CytoError as exc:
+        raise Unavailable(str(exc)) from exc
+    return Runner(be.run, _cuda_sync(device), be.close)
 
 
 def make_runner(bundle: Bundle, backend: str, device: str, precision: str) -> Runner:
-    if backend == "torch-eager":
+    backend = canonical_backend(backend)
+    if device.startswith("cuda"):
+        from cyto.errors import CytoError
+        from cyto.runtime.devices import resolve_device
+
+        try:
+            device = resolve_device(device)
+        except CytoError as exc:
+            raise Unavailable(str(exc)) from exc
+    if backend == "torch":
         return _torch_runner(bundle, device, precision, "eager")
     if backend == "torch-channels-last":
         return _torch_runner(bundle, device, precision, "channels-last")
     if backend == "torch-compile":
         return _torch_runner(bundle, device, precision, "compile")
-    if backend == "onnxruntime":
-        return _onnx_runner(bundle, device, precision)
-    if backend == "tensorrt":
-        return _trt_runner(bundle, device, precision)
+    if backend in ("onnx", "onnx-trt", "trt"):
+        return _runtime_runner(bundle, backend, device, precision)
     raise Unavailable(f"unknown backend {backend!r}")
 
 
@@ -158,14 +156,15 @@ def bench_engine(
 ) -> list[dict]:
     """One row per (device, backend, precision, size, batch); unavailable ones carry a reason."""
     bundle = load_bundle(Path(model))
-    cfg = bundle.manifest["config"]
-    sizes = sizes or [int(cfg.get("load_size") or bundle.manifest["input_size"])]
+    sizes = sizes or [bundle.spec.crop_size]
     rng = np.random.default_rng(0)
     rows = []
     for device in devices:
         for backend in backends:
             for precision in precisions:
                 base = {"device": device, "backend": backend, "precision": precision}
+                if device.startswith("cuda") and _cuda_ok(device):
+                    base["gpu_used_before_mb"] = round(device_used_mb(device), 1)
                 try:
                     runner = make_runner(bundle, backend, device, precision)
                 except Unavailable as exc:
@@ -178,6 +177,15 @@ def bench_engine(
                         rows.append(_measure(runner, x, base, warmup, repeats, budget, echo))
                 runner.cleanup()
     return rows
+
+
+def device_used_mb(device: str) -> float:
+    """Memory in use on the whole GPU (cudaMemGetInfo): sees TensorRT's and ONNX Runtime's
+    allocations, which PyTorch's allocator statistics do not."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return (total - free) / 2**20
 
 
 def _measure(runner: Runner, x: np.ndarray, base: dict, warmup, repeats, budget, echo) -> dict:
@@ -209,7 +217,12 @@ def _measure(runner: Runner, x: np.ndarray, base: dict, warmup, repeats, budget,
     if gpu:
         import torch
 
-        row["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        row["gpu_used_mb"] = round(device_used_mb(base["device"]) - base["gpu_used_before_mb"], 1)
+        row["gpu_used_method"] = (
+            "device-wide cudaMemGetInfo, less what was in use before the runner"
+        )
+        if base["backend"].startswith("torch"):
+            row["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     echo(
         f"{base['device']:5s} {base['backend']:20s} {base['precision']} {size}px b{batch:<4d} "
         f"{row['patches_per_s']:>9.1f} patches/s  p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms"
@@ -217,12 +230,20 @@ def _measure(runner: Runner, x: np.ndarray, base: dict, warmup, repeats, budget,
     return row
 
 
+def _cuda_ok(device: str) -> bool:
+    from cyto.runtime.devices import cuda_available
+
+    return cuda_available()
+
+
 def ratios(rows: list[dict]) -> list[dict]:
     """Speed-up of every available row over PyTorch eager fp32 on the same device, size, batch."""
     base = {
         (r["device"], r["size"], r["batch"]): r["patches_per_s"]
         for r in rows
-        if r.get("available") and r["backend"] == "torch-eager" and r["precision"] == "fp32"
+        if r.get("available")
+        and canonical_backend(r["backend"]) == "torch"
+        and r["precision"] == "fp32"
     }
     out = []
     for r in rows:

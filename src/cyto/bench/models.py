@@ -19,8 +19,9 @@ def architecture_bundle(
     embedding_dim: int = 128,
     seeds: int = 1,
     export: bool = True,
+    views: tuple[str, ...] = ("orig",),
 ) -> Path:
-    """A Deep SVDD bundle (bias-free encoder, ``seeds`` seeds, original view only) with random
+    """A Deep SVDD bundle (bias-free encoder, ``seeds`` seeds, test-time ``views``) with random
     weights, exported to ONNX when ``export``."""
     import torch
 
@@ -41,7 +42,7 @@ def architecture_bundle(
         "embedding_dim": embedding_dim,
         "bias": False,
         "seeds": list(range(seeds)),
-        "tta_views": ["orig"],
+        "tta_views": list(views),
         "tta_lambda": 0.35,
         "config": {"backbone": backbone, "input_size": input_size, "load_size": None},
         "training_data": {"note": "random weights: a throughput benchmark model"},

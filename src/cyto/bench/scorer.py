@@ -32,7 +32,7 @@ def _rate(n: int, times: list[float]) -> float:
 
 
 def _ocsvm_row(svm, q: np.ndarray, repeats: int, budget: float, max_slow: int) -> dict:
-    from cyto.export import kernels
+    from cyto.runtime.heads import ocsvm
 
     sv, coef = svm.support_vectors_, svm.dual_coef_.ravel()
     gamma, rho = float(svm._gamma), float(-svm.intercept_[0])
@@ -40,20 +40,18 @@ def _ocsvm_row(svm, q: np.ndarray, repeats: int, budget: float, max_slow: int) -
     slow = q[: min(n, max_slow)]
 
     def numba_call():
-        return kernels.ocsvm_scores(q, sv, coef, gamma, rho)
+        return ocsvm.ocsvm_scores(q, sv, coef, gamma, rho)
 
     t_nb = time_calls(numba_call, lambda: None, 1, repeats, budget)
     t_sk = time_calls(lambda: svm.decision_function(slow), lambda: None, 0, 1, 0)
     # the reference broadcasts (queries, SVs, dims) in float64: keep that under ~400 MB
     ref_q = slow[: max(1, min(len(slow), int(5e7 // (len(sv) * dims))))]
     t_ref = time_calls(
-        lambda: kernels.ocsvm_scores_ref(ref_q, sv, coef, gamma, rho), lambda: None, 0, 1, 0
+        lambda: ocsvm.ocsvm_scores_ref(ref_q, sv, coef, gamma, rho), lambda: None, 0, 1, 0
     )
     check = slow[:2000]
     diff = float(
-        np.abs(
-            kernels.ocsvm_scores(check, sv, coef, gamma, rho) + svm.decision_function(check)
-        ).max()
+        np.abs(ocsvm.ocsvm_scores(check, sv, coef, gamma, rho) + svm.decision_function(check)).max()
     )
     row = {
         "scorer": "ocsvm",
@@ -82,7 +80,7 @@ def bench_scorer(
 ) -> list[dict]:
     from sklearn.svm import OneClassSVM
 
-    from cyto.export import kernels
+    from cyto.runtime.heads import dsvdd
 
     rng = np.random.default_rng(seed)
     rows = []
@@ -105,10 +103,10 @@ def bench_scorer(
     for n in sorted({min(q, 10_000) for q in queries}):
         emb = rng.normal(size=(seeds, views, n, dims)).astype(np.float32)
         t_nb = time_calls(
-            lambda e=emb: kernels.dsvdd_scores(e, centres, 0.35), lambda: None, 1, repeats, budget
+            lambda e=emb: dsvdd.dsvdd_scores(e, centres, 0.35), lambda: None, 1, repeats, budget
         )
         t_ref = time_calls(
-            lambda e=emb: kernels.dsvdd_scores_ref(e, centres, 0.35),
+            lambda e=emb: dsvdd.dsvdd_scores_ref(e, centres, 0.35),
             lambda: None,
             0,
             repeats,
@@ -124,8 +122,8 @@ def bench_scorer(
             "numpy_ref_per_s": _rate(n, t_ref),
             "max_abs_diff_vs_ref": float(
                 np.abs(
-                    kernels.dsvdd_scores(emb, centres, 0.35)
-                    - kernels.dsvdd_scores_ref(emb, centres, 0.35)
+                    dsvdd.dsvdd_scores(emb, centres, 0.35)
+                    - dsvdd.dsvdd_scores_ref(emb, centres, 0.35)
                 ).max()
             ),
         }

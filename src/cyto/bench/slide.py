@@ -24,16 +24,12 @@ def naive_baseline(
     slide: Path, model: Path, xs: np.ndarray, ys: np.ndarray, patch: int, batch: int = 64
 ) -> tuple[np.ndarray, float]:
     """(scores, seconds): one read per cell, PyTorch eager fp32 on the CPU, a Python loop."""
-    import torch
-
     from cyto.infer.slide import open_slide
-    from cyto.models.from_bundle import load_scorer
+    from cyto.runtime import load_scorer
 
     t0 = time.perf_counter()
-    scorer = load_scorer(Path(model), "cpu")
-    size = int(
-        scorer.bundle.manifest["config"].get("load_size") or scorer.bundle.manifest["input_size"]
-    )
+    scorer = load_scorer(Path(model), "torch", "cpu")
+    size = scorer.spec.crop_size
     reader = open_slide(slide)
     half = patch // 2
     scores, buf = [], []
@@ -41,12 +37,10 @@ def naive_baseline(
         crop = reader.read_region(int(round(x)) - half, int(round(y)) - half, patch, patch)
         buf.append(resize_rgb(crop, size))
         if len(buf) == batch:
-            with torch.no_grad():
-                scores.append(scorer.score(np.stack(buf), batch))
+            scores.append(scorer.score(np.stack(buf), batch))
             buf = []
     if buf:
-        with torch.no_grad():
-            scores.append(scorer.score(np.stack(buf), batch))
+        scores.append(scorer.score(np.stack(buf), batch))
     reader.close()
     out = np.concatenate(scores) if scores else np.empty(0)
     return out, time.perf_counter() - t0
@@ -58,14 +52,15 @@ def bench_slide(
     import pyarrow.parquet as pq
     from scipy.stats import spearmanr
 
-    from cyto.infer.engine import load_engine
+    from cyto.eval.metrics import all_metrics
     from cyto.infer.pipeline import score_slide
+    from cyto.runtime import load_scorer
 
     t0 = time.perf_counter()
-    engine = load_engine(model, opts.backend, opts.device)
+    engine = load_scorer(model, opts.backend, opts.device)
     load_s = time.perf_counter() - t0
     opts = replace(opts, resume=False)
-    summary = score_slide(Path(slide), engine, Path(work), opts, echo=echo)
+    summary = score_slide(Path(slide), engine, Path(work), opts, echo=echo, metrics=all_metrics)
     table = pq.read_table(Path(work) / "scores.parquet")
     n = table.num_rows
     row = {

@@ -93,7 +93,7 @@ def _train_data(method: str, trial, images: np.ndarray, labels: np.ndarray, fp: 
 def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
     """Run (or continue) a sweep into ``out``; returns the results table path."""
     from cyto.bundle import save_bundle
-    from cyto.models.from_bundle import load_scorer
+    from cyto.runtime import load_scorer
     from cyto.train.config import resolve_config
     from cyto.train.loop import resolve_device
     from cyto.train.registry import get_method
@@ -148,7 +148,7 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
                 data = _train_data(method, trial0, images, labels, ds.fingerprint)
                 model = get_method(method)(configs[method]).fit(data, device=dev)
                 save_bundle(bundle, *model.bundle_parts(data), overwrite=True)
-            scorer = load_scorer(bundle, dev)
+            scorer = load_scorer(bundle, "torch", str(dev))
             score_of = dict(zip(held_out.tolist(), scorer.score(images[held_out]), strict=True))
             rows = []
             for t in range(spec.trials):

@@ -1,10 +1,10 @@
-"""Export a bundle's network to ONNX (preprocessing inside the graph) and run it with ONNX Runtime.
+"""Export a bundle's network to ONNX, preprocessing inside the graph.
 
 The graph takes raw uint8 cell patches, NHWC (``patches``: N x H x W x 3, any N, H and W), and
-casts, resizes (bilinear) and normalizes inside, so a caller sends 4x fewer bytes than float32. The
-graph ends where the numba kernel takes over (see :mod:`cyto.export.graphs`). Exported with the
-dynamo exporter at opset 18 into one file; ``onnx.checker`` validates it and the exporter's
-optimizer folds constants.
+casts, resizes (bilinear) and normalizes inside, so a caller sends 4x fewer bytes than float32.
+The graph ends where the scorer head (:mod:`cyto.runtime.heads`) takes over. Exported with the
+dynamo exporter at opset 18 into one file; ``onnx.checker`` validates it, the exporter's optimizer
+folds constants, and the TensorRT import rules are checked (:mod:`cyto.export.conformance`).
 """
 
 from __future__ import annotations
@@ -14,32 +14,58 @@ import time
 import warnings
 from pathlib import Path
 
-import torch
-
-from cyto.bundle import add_files, load_bundle
-from cyto.export.graphs import GRAPHS
-from cyto.export.runtime import (  # noqa: F401 - OnnxScorer is re-exported
-    ONNX_FILE,
-    OUTPUTS,
-    OnnxScorer,
-    available_providers,
-)
-from cyto.models.from_bundle import load_scorer
+from cyto.bundle import ONNX_FILE, add_files, load_bundle
 
 OPSET = 18
+INPUT = "patches"
+
+
+def cast_uint8_first(model) -> int:
+    """Let every Shape node that reads a uint8 graph input read that input's Cast instead.
+
+    The dynamo exporter takes a symbolic batch size from the first tensor that carries it, the
+    uint8 input, even when the graph only uses it after the Cast. TensorRT accepts a uint8
+    network input only into a Cast; the Cast keeps the shape, so the rewired graph computes the
+    same. Casts of the input are moved to the front so the graph stays topologically sorted.
+    Returns how many Shape nodes were rewired.
+    """
+    import onnx
+
+    g = model.graph
+    uint8 = {i.name for i in g.input if i.type.tensor_type.elem_type == onnx.TensorProto.UINT8}
+    cast_of: dict[str, str] = {}
+    first: list[int] = []
+    for idx, node in enumerate(g.node):
+        if node.op_type == "Cast" and node.input[0] in uint8 and node.input[0] not in cast_of:
+            cast_of[node.input[0]] = node.output[0]
+            first.append(idx)
+    rewired = 0
+    for node in g.node:
+        if node.op_type == "Shape" and node.input[0] in cast_of:
+            node.input[0] = cast_of[node.input[0]]
+            rewired += 1
+    if rewired:
+        nodes = [g.node[i] for i in first] + [n for i, n in enumerate(g.node) if i not in first]
+        nodes = [type(n).FromString(n.SerializeToString()) for n in nodes]
+        del g.node[:]
+        g.node.extend(nodes)
+    return rewired
 
 
 def export_onnx(path: Path, opset: int = OPSET, example_size: int | None = None) -> dict:
     """Write ``encoder.onnx`` into the bundle and record it in the manifest; returns its entry."""
     import onnx
+    import torch
+
+    from cyto.export.conformance import TARGETS, check_model
+    from cyto.models.from_bundle import build_graph
+    from cyto.runtime.heads import head_class
 
     bundle = load_bundle(Path(path))
-    kind = bundle.manifest["scorer_kind"]
-    scorer = load_scorer(bundle, "cpu")
-    module = GRAPHS[kind](scorer).eval()
-    size = (
-        example_size or bundle.manifest["config"].get("load_size") or bundle.manifest["input_size"]
-    )
+    kind = bundle.spec.head
+    output = head_class(kind, bundle.path).output
+    module = build_graph(bundle)
+    size = example_size or bundle.spec.crop_size
     x = torch.zeros((2, size, size, 3), dtype=torch.uint8)
     dims = {
         0: torch.export.Dim("batch", min=1, max=65536),
@@ -57,27 +83,33 @@ def export_onnx(path: Path, opset: int = OPSET, example_size: int | None = None)
                 dynamo=True,
                 external_data=False,
                 opset_version=opset,
-                input_names=["patches"],
-                output_names=[OUTPUTS[kind]],
+                input_names=[INPUT],
+                output_names=[output],
                 dynamic_shapes=(dims,),
                 optimize=True,
                 verbose=False,
             )
         program.save(str(target))
         model = onnx.load(str(target))
+        if cast_uint8_first(model):
+            onnx.save(model, str(target))
         onnx.checker.check_model(model, full_check=True)
+        problems = check_model(model, profile_inputs={INPUT})
         entry = {
             "file": ONNX_FILE,
             "opset": opset,
+            "precision": "fp32",
             "exporter": f"torch.onnx dynamo {torch.__version__}",
             "input": {
-                "name": "patches",
+                "name": INPUT,
                 "dtype": "uint8",
                 "layout": "NHWC",
                 "shape": ["N", "H", "W", 3],
             },
-            "output": {"name": OUTPUTS[kind], "kind": kind},
+            "output": {"name": output, "kind": kind},
             "nodes": len(model.graph.node),
+            "ops": sorted({n.op_type for n in model.graph.node}),
+            "tensorrt_conformance": {"targets": TARGETS, "ok": not problems, "problems": problems},
             "export_seconds": round(time.perf_counter() - t0, 1),
         }
         add_files(bundle.path, {ONNX_FILE: target}, {"onnx": entry})

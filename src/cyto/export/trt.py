@@ -1,244 +1,133 @@
-"""TensorRT engines from the exported ONNX graph (TensorRT 10 Python API).
+"""TensorRT engines from the bundle's exported ONNX graphs (TensorRT 10.x and 11.x).
 
-TensorRT is optional (``pip install 'cyto[gpu]'``) and imported lazily: without it, or without an
-NVIDIA GPU, every entry point raises one clear error. An engine only runs on the GPU model and
-TensorRT version it was built with, so its file name says both, with the precision and the batch
-profile: ``engine-<gpu>-sm<cc>-trt<version>-<precision>-b<min>-<opt>-<max>-<H>x<W>.plan``. A timing
-cache is kept next to the bundle's engines so rebuilds are fast.
+Every engine is built as a strongly typed network: its precision is the graph's (fp32
+``encoder.onnx``, or an fp16 / int8 Q/DQ variant). No precision builder flag and no implicit INT8
+calibrator is used (both deprecated in 10.x and removed in 11.0), so the same code builds on
+TensorRT 10.0 through 11.x. Before TensorRT sees a graph, cyto checks it against TensorRT's ONNX
+import rules (:mod:`cyto.export.conformance`), so an unparseable graph fails with the rule it
+breaks rather than a parser trace.
+
+Each call below was checked against NVIDIA/TensorRT's Python bindings and docstrings at v10.0.0,
+v10.16 and v11.1 (``python/src/infer/pyCore.cpp``, ``pyCoreDoc.h``, ``parsers/pyOnnx.cpp``) and
+against Polygraphy's loader: ``create_network`` with the ``STRONGLY_TYPED`` flag (required on
+10.x, accepted and ignored on 11.x); ``OnnxParser.parse`` returns a bool, errors through
+``num_errors`` / ``get_error(i).desc()``; ``set_timing_cache(cache, ignore_mismatch)`` returns a
+bool; ``get_timing_cache()`` may return None; ``add_optimization_profile`` returns -1 on a bad
+profile; ``build_serialized_network`` returns None on failure. The GPU is chosen by making
+``cuda:N`` current before the builder is created (TensorRT has no device argument).
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+import time
 from pathlib import Path
 
-import numpy as np
-
-from cyto.errors import ConfigError, DeviceError, MissingDependencyError
-
-INSTALL = "pip install 'cyto[gpu]' on a machine with an NVIDIA GPU and driver"
-TIMING_CACHE = "trt-timing.cache"
-
-
-def require_tensorrt():
-    """Import tensorrt, or raise the one error a user needs to see."""
-    try:
-        import tensorrt as trt
-    except ImportError as exc:
-        raise MissingDependencyError("tensorrt", "TensorRT engines", INSTALL) from exc
-    return trt
+from cyto.bundle import load_bundle
+from cyto.errors import ConfigError, DeviceError
+from cyto.runtime import devices
+from cyto.runtime.backends.tensorrt import require_tensorrt
+from cyto.runtime.engines import BatchProfile, EngineEntry, EngineIndex, EngineKey, atomic_write
 
 
-def require_cuda() -> dict[str, object]:
-    """Name and compute capability of the current GPU; an error when there is none."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise DeviceError(
-            f"TensorRT needs an NVIDIA GPU with CUDA, and none is visible here; {INSTALL}"
-        )
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return {"name": props.name, "capability": (props.major, props.minor)}
-
-
-@dataclass(frozen=True)
-class BatchProfile:
-    """The optimization profile of the batch dimension."""
-
-    min: int
-    opt: int
-    max: int
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min <= self.opt <= self.max:
-            raise ConfigError(
-                f"batch profile must satisfy 1 <= min <= opt <= max, got "
-                f"{self.min},{self.opt},{self.max}"
-            )
-
-    @classmethod
-    def parse(cls, text: str) -> BatchProfile:
+def parser_errors(parser) -> list[str]:
+    out = []
+    for i in range(parser.num_errors):
+        err = parser.get_error(i)
         try:
-            parts = [int(p) for p in text.split(",")]
-        except ValueError as exc:
-            raise ConfigError(f"--batch expects min,opt,max (e.g. 1,64,256), got {text!r}") from exc
-        if len(parts) != 3:
-            raise ConfigError(f"--batch expects three numbers min,opt,max, got {text!r}")
-        return cls(*parts)
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def engine_name(
-    gpu: str,
-    capability: tuple[int, int],
-    trt_version: str,
-    precision: str,
-    profile: BatchProfile,
-    hw: tuple[int, int],
-) -> str:
-    if precision not in ("fp32", "fp16", "int8"):
-        raise ConfigError(f"precision must be fp32, fp16 or int8, got {precision!r}")
-    return (
-        f"engine-{_slug(gpu)}-sm{capability[0]}{capability[1]}-trt{trt_version}-"
-        f"{precision}-b{profile.min}-{profile.opt}-{profile.max}-{hw[0]}x{hw[1]}.plan"
-    )
-
-
-def calibration_batches(images: np.ndarray, batch: int) -> list[np.ndarray]:
-    """Full batches of uint8 patches for INT8 calibration (the last partial batch is dropped)."""
-    if images.dtype != np.uint8 or images.ndim != 4:
-        raise ConfigError("calibration patches must be uint8 (N, H, W, 3)")
-    n = len(images) // batch
-    if n == 0:
-        raise ConfigError(f"INT8 calibration needs at least {batch} patches, got {len(images)}")
-    return [np.ascontiguousarray(images[i * batch : (i + 1) * batch]) for i in range(n)]
-
-
-def build_engine(
-    onnx_path: Path,
-    out_dir: Path,
-    profile: BatchProfile,
-    hw: tuple[int, int],
-    fp16: bool = True,
-    int8: bool = False,
-    calib: np.ndarray | None = None,
-    workspace_gb: float = 4.0,
-) -> Path:
-    """Build and serialize an engine; returns its path (named by GPU, version and profile)."""
-    trt = require_tensorrt()
-    gpu = require_cuda()
-    import torch
-
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)  # explicit batch is the only mode in TensorRT 10
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse(Path(onnx_path).read_bytes()):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise ConfigError(f"TensorRT cannot parse {onnx_path}: {errors}")
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
-    cache_path = Path(out_dir) / TIMING_CACHE
-    cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.exists() else b"")
-    config.set_timing_cache(cache, ignore_mismatch=False)
-    opt_profile = builder.create_optimization_profile()
-    h, w = hw
-    opt_profile.set_shape(
-        "patches", (profile.min, h, w, 3), (profile.opt, h, w, 3), (profile.max, h, w, 3)
-    )
-    config.add_optimization_profile(opt_profile)
-    precision = "fp32"
-    if fp16:
-        config.set_flag(trt.BuilderFlag.FP16)
-        precision = "fp16"
-    if int8:
-        if calib is None:
-            raise ConfigError("INT8 needs calibration patches: pass --calib DIR")
-        config.set_flag(trt.BuilderFlag.INT8)
-        config.int8_calibrator = _entropy_calibrator(
-            trt,
-            torch,
-            calibration_batches(calib, profile.opt),
-            Path(out_dir) / "int8-calibration.cache",
-        )
-        config.set_calibration_profile(opt_profile)
-        precision = "int8"
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise ConfigError(f"TensorRT failed to build an engine from {onnx_path} (see its log)")
-    name = engine_name(gpu["name"], gpu["capability"], trt.__version__, precision, profile, hw)
-    out = Path(out_dir) / name
-    out.write_bytes(bytes(serialized))
-    cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+            out.append(f"{err.desc()} (node {err.node()})")
+        except AttributeError:  # an older binding: its str() is the formatted message
+            out.append(str(err))
     return out
 
 
-def _entropy_calibrator(trt, torch, batches: list[np.ndarray], cache_file: Path):
-    class EntropyCalibrator(trt.IInt8EntropyCalibrator2):
-        def __init__(self) -> None:
-            super().__init__()
-            self.batches = batches
-            self.index = 0
-            self.device = None
+def build_engine(
+    bundle_path: Path,
+    precision: str = "fp32",
+    profile: BatchProfile = BatchProfile(1, 64, 256),
+    device: str = "cuda",
+    workspace_gb: float = 4.0,
+    echo=print,
+) -> EngineEntry:
+    """Build (or rebuild) the engine of the bundle's ``precision`` graph for the GPU ``device``
+    names, store it in ``BUNDLE/engines/`` and return its index entry. The sealed bundle files
+    are never touched."""
+    from cyto.export.conformance import check_graph_file
 
-        def get_batch_size(self) -> int:
-            return int(self.batches[0].shape[0])
-
-        def get_batch(self, names):
-            if self.index >= len(self.batches):
-                return None
-            self.device = torch.from_numpy(self.batches[self.index]).cuda()
-            self.index += 1
-            return [int(self.device.data_ptr())]
-
-        def read_calibration_cache(self):
-            return cache_file.read_bytes() if cache_file.exists() else None
-
-        def write_calibration_cache(self, cache) -> None:
-            cache_file.write_bytes(bytes(cache))
-
-    return EntropyCalibrator()
-
-
-class TrtRunner:
-    """Runs an engine on CUDA memory with an async stream; checks its I/O against the manifest."""
-
-    def __init__(self, engine_path: Path, onnx_entry: dict) -> None:
-        trt = require_tensorrt()
-        require_cuda()
-        import torch
-
-        self.torch = torch
+    trt = require_tensorrt()
+    bundle = load_bundle(Path(bundle_path), weights=False)
+    graph = bundle.spec.graph(precision)
+    if graph is None:
+        raise ConfigError(
+            f"{bundle.path} has no {precision} ONNX graph to build a TensorRT engine from "
+            f"(exported: {', '.join(sorted(bundle.spec.graphs)) or 'none'}); the engine's "
+            "precision is the graph's"
+        )
+    onnx_path = bundle.path / graph.file
+    problems = check_graph_file(onnx_path, profile_inputs={graph.input})
+    if problems:
+        raise ConfigError(
+            f"{onnx_path} breaks TensorRT's ONNX import rules: " + "; ".join(problems[:5])
+        )
+    device = devices.resolve_device(device)
+    gpu = devices.gpu_identity(device)
+    size = bundle.spec.crop_size
+    key = EngineKey(
+        graph.sha256, gpu.name, gpu.capability, trt.__version__, precision, profile, (size, size)
+    )
+    index = EngineIndex(bundle.path)
+    cache_path = index.timing_cache_path(gpu.name, gpu.capability, trt.__version__)
+    t0 = time.perf_counter()
+    with devices.on_device(device):
         logger = trt.Logger(trt.Logger.WARNING)
-        self.engine = trt.Runtime(logger).deserialize_cuda_engine(Path(engine_path).read_bytes())
-        if self.engine is None:
-            raise DeviceError(
-                f"{engine_path} does not load here: engines only run on the GPU "
-                "and TensorRT version they were built with; rebuild it"
+        builder = trt.Builder(logger)
+        network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+        if network is None:
+            raise DeviceError("TensorRT could not create a network definition")
+        parser = trt.OnnxParser(network, logger)
+        if not parser.parse(onnx_path.read_bytes(), path=str(onnx_path)):
+            raise ConfigError(
+                f"TensorRT cannot parse {onnx_path}: {'; '.join(parser_errors(parser))}"
             )
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        want_in, want_out = onnx_entry["input"]["name"], onnx_entry["output"]["name"]
-        if names != [want_in, want_out]:
-            raise DeviceError(
-                f"{engine_path}: tensors {names} do not match the bundle "
-                f"({want_in} -> {want_out}); rebuild the engine"
-            )
-        if self.engine.get_tensor_dtype(want_in) != trt.DataType.UINT8:
-            raise DeviceError(f"{engine_path}: input is not uint8; rebuild the engine")
-        self.input, self.output = want_in, want_out
-        self.context = self.engine.create_execution_context()
-        self.stream = torch.cuda.Stream()
-
-    def run(self, images: np.ndarray) -> np.ndarray:
-        torch = self.torch
-        with torch.cuda.stream(self.stream):
-            x = torch.from_numpy(np.ascontiguousarray(images, dtype=np.uint8)).cuda(
-                non_blocking=True
-            )
-            self.context.set_input_shape(self.input, tuple(x.shape))
-            shape = tuple(self.context.get_tensor_shape(self.output))
-            y = torch.empty(shape, dtype=torch.float32, device="cuda")
-            self.context.set_tensor_address(self.input, x.data_ptr())
-            self.context.set_tensor_address(self.output, y.data_ptr())
-            if not self.context.execute_async_v3(self.stream.cuda_stream):
-                raise DeviceError("TensorRT execution failed")
-            out = y.cpu()
-        self.stream.synchronize()
-        return out.numpy()
-
-
-def parity_report(
-    reference: np.ndarray, candidate: np.ndarray, ref_scores: np.ndarray, cand_scores: np.ndarray
-) -> dict[str, float]:
-    """Max abs difference of raw outputs and Spearman rank correlation of final scores."""
-    from scipy.stats import spearmanr
-
-    return {
-        "max_abs_diff": float(np.abs(reference.astype(np.float64) - candidate).max()),
-        "spearman": float(spearmanr(ref_scores, cand_scores).statistic),
-        "n": int(len(ref_scores)),
-    }
+        config = builder.create_builder_config()
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
+        old = cache_path.read_bytes() if cache_path.is_file() else b""
+        cache = config.create_timing_cache(old)
+        if not config.set_timing_cache(cache, ignore_mismatch=False):
+            echo(f"note: {cache_path.name} does not fit this GPU; timing from scratch")
+            cache = config.create_timing_cache(b"")
+            if not config.set_timing_cache(cache, ignore_mismatch=False):
+                raise DeviceError("TensorRT refused a fresh timing cache")
+        opt = builder.create_optimization_profile()
+        opt.set_shape(
+            graph.input,
+            (profile.min, size, size, 3),
+            (profile.opt, size, size, 3),
+            (profile.max, size, size, 3),
+        )
+        if config.add_optimization_profile(opt) < 0:
+            raise ConfigError(f"TensorRT refused the batch profile {profile.as_list()}")
+        serialized = builder.build_serialized_network(network, config)
+        if serialized is None:
+            raise DeviceError(f"TensorRT failed to build an engine from {onnx_path} (see its log)")
+        plan = bytes(serialized)
+        timing = config.get_timing_cache()
+        seconds = round(time.perf_counter() - t0, 1)
+        with index.locked():  # another build may have added timings meanwhile: keep both
+            if timing is not None:
+                if cache_path.is_file():
+                    timing.combine(
+                        config.create_timing_cache(cache_path.read_bytes()), ignore_mismatch=False
+                    )
+                atomic_write(cache_path, bytes(timing.serialize()))
+    entry = index.add(
+        key,
+        plan,
+        {
+            "build_seconds": seconds,
+            "workspace_gb": workspace_gb,
+            "strongly_typed": True,
+            "graph": graph.file,
+        },
+    )
+    echo(f"built {index.plan_path(entry)} in {seconds} s ({gpu.name}, {gpu.sm}, {precision})")
+    return entry

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.bundle import add_files, load_bundle
+from cyto.bundle import CALIBRATION_QUANTILES, add_files, load_bundle
 from cyto.errors import ConfigError, InputPathError
-from cyto.train.calibration import CALIBRATION_QUANTILES
 
 
 def calibrate_from_tables(model: Path, tables: list[Path], min_cells: int = 100) -> dict:
@@ -48,3 +47,23 @@ def calibrate_from_tables(model: Path, tables: list[Path], min_cells: int = 100)
     }
     add_files(bundle.path, {}, {"calibration": calibration})
     return calibration
+
+
+def burden(scores: np.ndarray, calibration: dict | None, q: str = "0.99") -> dict | None:
+    """Abnormal-burden estimate: cells above the model's normal-cell quantile ``q``, less the
+    share that normal cells alone put there (1 - q), as the paper's Discussion proposes."""
+    if not calibration or q not in calibration.get("quantiles", {}) or len(scores) == 0:
+        return None
+    thr = float(calibration["quantiles"][q])
+    above = int((scores > thr).sum())
+    expected = (1.0 - float(q)) * len(scores)
+    excess = max(0.0, above - expected)
+    return {
+        "threshold": thr,
+        "threshold_quantile_of_normals": float(q),
+        "cells_above": above,
+        "expected_from_normal_cells": round(expected, 1),
+        "excess_cells": round(excess, 1),
+        "excess_fraction": round(excess / len(scores), 5),
+        "calibration": calibration.get("source"),
+    }

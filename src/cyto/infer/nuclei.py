@@ -159,6 +159,35 @@ def _one_peak_per_nucleus(peaks: np.ndarray, dist: np.ndarray, labels: np.ndarra
     return peaks[sorted(kept)]
 
 
+def in_core(points: np.ndarray, x0: int, y0: int, w: int, h: int) -> np.ndarray:
+    """The rows of ``points`` (x, y first) whose centre lies in ``[x0, x0+w) x [y0, y0+h)``."""
+    keep = (
+        (points[:, 0] >= x0)
+        & (points[:, 0] < x0 + w)
+        & (points[:, 1] >= y0)
+        & (points[:, 1] < y0 + h)
+    )
+    return points[keep]
+
+
+def detect_in_tile(
+    tile: np.ndarray,
+    tile_x: int,
+    tile_y: int,
+    core: tuple[int, int, int, int],
+    params: NucleusParams = NucleusParams(),
+) -> np.ndarray:
+    """Nuclei of a decoded tile whose top-left pixel is at level-0 (``tile_x``, ``tile_y``),
+    kept only when their centre lies in the ``core`` box (x0, y0, w, h) it was read around, so a
+    nucleus on a seam between two tiles is found once. Returns (N, 3): x, y (level 0), area."""
+    found = detect_nuclei(tile, params)
+    if len(found) == 0:
+        return found
+    found[:, 0] += tile_x
+    found[:, 1] += tile_y
+    return in_core(found, *core)
+
+
 def detect_in_region(
     reader, x0: int, y0: int, w: int, h: int, margin: int, params: NucleusParams = NucleusParams()
 ) -> np.ndarray:
@@ -167,15 +196,7 @@ def detect_in_region(
     Returns (N, 3): x, y (level-0 pixels) and area.
     """
     tile = reader.read_region(x0 - margin, y0 - margin, w + 2 * margin, h + 2 * margin)
-    found = detect_nuclei(tile, params)
-    if len(found) == 0:
-        return found
-    found[:, 0] += x0 - margin
-    found[:, 1] += y0 - margin
-    keep = (
-        (found[:, 0] >= x0) & (found[:, 0] < x0 + w) & (found[:, 1] >= y0) & (found[:, 1] < y0 + h)
-    )
-    return found[keep]
+    return detect_in_tile(tile, x0 - margin, y0 - margin, (x0, y0, w, h), params)
 
 
 def match(detected: np.ndarray, truth: np.ndarray, radius: float) -> tuple[float, float]:

@@ -1,105 +1,65 @@
-"""Rebuild a PyTorch scorer from a verified bundle (no training code needed).
+"""Rebuild a bundle's network graph in PyTorch (no training code needed).
 
-Scorer kinds are looked up in a table, so adding a method means adding one builder.
+The module returned is the one ``cyto export`` writes to ONNX and the PyTorch backend runs:
+uint8 NHWC in, the graph output its scorer head expects out (see :mod:`cyto.models.graphs`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
-import torch
 from torch import nn
 
-from cyto.bundle import Bundle, load_bundle
+from cyto.bundle import Bundle, ModelSpec
 from cyto.errors import BundleError
 from cyto.models.backbones import build_backbone
-from cyto.models.scoring import (
-    ClassifierFeatures,
-    ClassifierScorer,
-    DSVDDScorer,
-    EmbeddingModel,
-    InstanceMILScorer,
-    ocsvm_decision,
-    run_batched,
-)
+from cyto.models.graphs import ClassifierLogits, DSVDDEmbeddings, EmbeddingModel, InstanceLogit
 
 
-@dataclass
-class TorchScorer:
-    """``score(images)`` for uint8 (N, H, W, 3) patches; higher = more abnormal."""
-
-    bundle: Bundle
-    module: nn.Module  # uint8 -> score, or uint8 -> embedding for "ocsvm"
-    embedder: nn.Module
-    device: torch.device
-    post: Callable[[np.ndarray], np.ndarray] | None = None
-
-    def score(self, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
-        out = run_batched(self.module, images, batch_size, self.device).astype(np.float64)
-        return self.post(out) if self.post is not None else out
-
-    def embed(self, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
-        return run_batched(self.embedder, images, batch_size, self.device)
-
-
-def _net(manifest: dict, state: dict, out_dim: int | None = None) -> nn.Module:
-    net = build_backbone(
-        manifest["backbone"],
-        out_dim or int(manifest["embedding_dim"]),
-        bias=bool(manifest.get("bias", True)),
-    )
+def _net(spec: ModelSpec, state: dict, out_dim: int | None = None) -> nn.Module:
+    net = build_backbone(spec.backbone, out_dim or spec.embedding_dim, bias=spec.bias)
     try:
         net.load_state_dict(state)
     except RuntimeError as exc:
-        raise BundleError(f"weights do not fit a {manifest['backbone']} backbone: {exc}") from exc
+        raise BundleError(f"weights do not fit a {spec.backbone} backbone: {exc}") from exc
     return net.eval()
 
 
-def _dsvdd(b: Bundle, dev: torch.device) -> TorchScorer:
-    m = b.manifest
-    encoders = [_net(m, b.weights[f"encoder-seed{s}"]) for s in range(len(m["seeds"]))]
-    centres = torch.from_numpy(b.scorer["centres"])
-    mod = DSVDDScorer(encoders, centres, m["input_size"], m["tta_views"], m["tta_lambda"])
-    return TorchScorer(b, mod.to(dev), EmbeddingModel(encoders[0], m["input_size"]).to(dev), dev)
-
-
-def _classifier(b: Bundle, dev: torch.device) -> TorchScorer:
-    net = _net(b.manifest, b.weights["net"], out_dim=2)
-    size = b.manifest["input_size"]
-    return TorchScorer(
-        b, ClassifierScorer(net, size).to(dev), ClassifierFeatures(net, size).to(dev), dev
-    )
-
-
-def _ocsvm(b: Bundle, dev: torch.device) -> TorchScorer:
-    m = b.manifest
-    emb = EmbeddingModel(
-        _net(m, b.weights["encoder"]), m["input_size"], normalize=bool(m["embedding_normalized"])
-    ).to(dev)
-    s = b.scorer
-
-    def post(feats: np.ndarray) -> np.ndarray:
-        return -ocsvm_decision(
-            feats, s["support_vectors"], s["dual_coef"], float(s["gamma"]), float(s["rho"])
+def _weights(b: Bundle, name: str) -> dict:
+    if name not in b.weights:
+        raise BundleError(
+            f"{b.path}: weights-{name}.safetensors is missing from the loaded bundle "
+            "(load it with weights=True, or the bundle is incomplete)"
         )
+    return b.weights[name]
 
-    return TorchScorer(b, emb, emb, dev, post)
+
+def _dsvdd(b: Bundle) -> nn.Module:
+    s = b.spec
+    encoders = [_net(s, _weights(b, f"encoder-seed{i}")) for i in range(s.n_seeds)]
+    return DSVDDEmbeddings(encoders, s.input_size, s.tta_views, s.mean, s.std)
 
 
-def _mil(b: Bundle, dev: torch.device) -> TorchScorer:
-    m = b.manifest
-    enc = _net(m, b.weights["encoder"])
-    head = nn.Linear(int(m["embedding_dim"]), 1)
-    agg = b.weights["aggregator"]
+def _classifier(b: Bundle) -> nn.Module:
+    s = b.spec
+    return ClassifierLogits(_net(s, _weights(b, "net"), out_dim=2), s.input_size, s.mean, s.std)
+
+
+def _ocsvm(b: Bundle) -> nn.Module:
+    s = b.spec
+    enc = _net(s, _weights(b, "encoder"))
+    return EmbeddingModel(enc, s.input_size, s.embedding_normalized, s.mean, s.std)
+
+
+def _mil(b: Bundle) -> nn.Module:
+    s = b.spec
+    head = nn.Linear(s.embedding_dim, 1)
+    agg = _weights(b, "aggregator")
     head.load_state_dict({"weight": agg["instance.weight"], "bias": agg["instance.bias"]})
-    mod = InstanceMILScorer(enc, head, m["input_size"]).to(dev)
-    return TorchScorer(b, mod, mod.embed, dev)
+    return InstanceLogit(_net(s, _weights(b, "encoder")), head, s.input_size, s.mean, s.std)
 
 
-BUILDERS: dict[str, Callable[[Bundle, torch.device], TorchScorer]] = {
+GRAPHS: dict[str, Callable[[Bundle], nn.Module]] = {
     "dsvdd": _dsvdd,
     "classifier": _classifier,
     "ocsvm": _ocsvm,
@@ -107,12 +67,12 @@ BUILDERS: dict[str, Callable[[Bundle, torch.device], TorchScorer]] = {
 }
 
 
-def load_scorer(path: Path | Bundle, device: torch.device | str = "cpu") -> TorchScorer:
-    bundle = path if isinstance(path, Bundle) else load_bundle(Path(path))
-    kind = bundle.manifest.get("scorer_kind")
-    if kind not in BUILDERS:
+def build_graph(bundle: Bundle) -> nn.Module:
+    """The bundle's network, in eval mode on the CPU: uint8 NHWC in, graph output out."""
+    kind = bundle.spec.head
+    if kind not in GRAPHS:
         raise BundleError(
             f"{bundle.path}: unknown scorer kind {kind!r}; this cyto knows "
-            f"{', '.join(BUILDERS)} (upgrade cyto?)"
+            f"{', '.join(GRAPHS)} (upgrade cyto?)"
         )
-    return BUILDERS[kind](bundle, torch.device(device))
+    return GRAPHS[kind](bundle).eval()

@@ -1,7 +1,9 @@
 """Preprocessing as a module: raw uint8 NHWC patches in, normalized float NCHW out.
 
 Training, scoring and the exported ONNX graph all use this one module, so the exported artifact
-gives the answer training gave.
+gives the answer training gave. The uint8 input is cast before anything else touches it:
+TensorRT's ONNX parser accepts a UINT8 tensor only as a network input that feeds a Cast, so a
+transpose (or any other op) on the uint8 tensor would make every graph unparseable there.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class Preprocess(nn.Module):
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.permute(0, 3, 1, 2).float() / 255.0
+        x = x.float().permute(0, 3, 1, 2) / 255.0  # cast first: see the module docstring
         # always resize (an identity at the same size): no shape-dependent branch in the graph
         x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
         return (x - self.mean) / self.std

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from cyto.errors import CytoError
-from cyto.models.scoring import run_batched
+from cyto.models.graphs import run_batched
 from cyto.train.config import TrainConfig
 from cyto.train.data import TrainData
 

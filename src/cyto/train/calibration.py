@@ -6,9 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from cyto.bundle import CALIBRATION_QUANTILES
 from cyto.train.data import TrainData
-
-CALIBRATION_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 
 
 def normal_calibration(model, data: TrainData) -> dict[str, Any] | None:

@@ -45,7 +45,8 @@ from torch import nn
 from cyto.data.augment import pseudo_abnormal_view
 from cyto.errors import ConfigError
 from cyto.models.backbones import build_backbone
-from cyto.models.scoring import EmbeddingModel, ocsvm_decision, run_batched
+from cyto.models.graphs import EmbeddingModel, ScoreModule, run_batched
+from cyto.runtime.heads.ocsvm import OCSVMHead
 from cyto.train.base import Method
 from cyto.train.config import TrainConfig
 from cyto.train.data import TrainData, apply_view, epoch_batches, weak_pair
@@ -239,15 +240,16 @@ class DROC(Method):
             self.encoder_, self.config.input_size, normalize=self.config.normalize_embeddings
         ).to(self.device_)
 
+    def _head(self) -> OCSVMHead:
+        return OCSVMHead(self.support_vectors_, self.dual_coef_, self.gamma_, self.rho_)
+
     def score(self, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
+        """The OC-SVM's float64 numba finish on the embeddings (what every backend runs)."""
         self._check_fitted()
-        feats = self.embed(images, batch_size).astype(np.float64)
-        return -ocsvm_decision(
-            feats, self.support_vectors_, self.dual_coef_, self.gamma_, self.rho_
-        )
+        return self._head().finish(self.embed(images, batch_size))
 
     def _scorer(self) -> nn.Module:
-        return self._embedder()
+        return ScoreModule(self._embedder(), self._head()).to(self.device_)
 
     def export_state(self, data: TrainData | None = None) -> tuple[dict[str, Any], dict, dict]:
         manifest = {

@@ -31,7 +31,8 @@ from torch import nn
 from cyto.data.augment import size_preserving_view
 from cyto.errors import ConfigError, TrainingError
 from cyto.models.backbones import build_backbone
-from cyto.models.scoring import TTA_VIEWS, DSVDDScorer, EmbeddingModel, run_batched
+from cyto.models.graphs import TTA_VIEWS, DSVDDEmbeddings, EmbeddingModel, ScoreModule, run_batched
+from cyto.runtime.heads.dsvdd import DSVDDHead
 from cyto.train.base import Method
 from cyto.train.config import TrainConfig
 from cyto.train.data import TrainData, apply_view, epoch_batches
@@ -232,9 +233,9 @@ class DeepSVDD(Method):
 
     def _scorer(self) -> nn.Module:
         cfg: DSVDDConfig = self.config  # type: ignore[assignment]
-        return DSVDDScorer(
-            self.encoders_, self.centres_, cfg.input_size, cfg.tta_views, cfg.tta_lambda
-        ).to(self.device_)
+        graph = DSVDDEmbeddings(self.encoders_, cfg.input_size, cfg.tta_views)
+        head = DSVDDHead(self.centres_.cpu().numpy(), cfg.tta_lambda)
+        return ScoreModule(graph, head).to(self.device_)
 
     def _embedder(self) -> nn.Module:
         return EmbeddingModel(self.encoders_[0], self.config.input_size).to(self.device_)
@@ -244,7 +245,8 @@ class DeepSVDD(Method):
         self._check_fitted()
         scorer = self._scorer().eval()
         with torch.no_grad():
-            return scorer.distances(torch.from_numpy(np.ascontiguousarray(images))).numpy()
+            x = torch.from_numpy(np.ascontiguousarray(images)).to(self.device_)
+            return scorer.head.distances(scorer.graph(x)).cpu().numpy()
 
     def export_state(self, data: TrainData | None = None) -> tuple[dict[str, Any], dict, dict]:
         cfg: DSVDDConfig = self.config  # type: ignore[assignment]

@@ -20,7 +20,8 @@ from torch import nn
 from cyto.data.augment import weak_view
 from cyto.errors import ConfigError, DatasetError
 from cyto.models.backbones import build_backbone
-from cyto.models.scoring import ClassifierFeatures, ClassifierScorer
+from cyto.models.graphs import ClassifierFeatures, ClassifierLogits, ScoreModule
+from cyto.runtime.heads.softmax import SoftmaxHead
 from cyto.train.base import Method
 from cyto.train.config import TrainConfig
 from cyto.train.data import TrainData, apply_view, epoch_batches
@@ -112,7 +113,8 @@ class FSSIL(Method):
         self.net_ = net
 
     def _scorer(self) -> nn.Module:
-        return ClassifierScorer(self.net_, self.config.input_size).to(self.device_)
+        graph = ClassifierLogits(self.net_, self.config.input_size)
+        return ScoreModule(graph, SoftmaxHead()).to(self.device_)
 
     def _embedder(self) -> nn.Module:
         return ClassifierFeatures(self.net_, self.config.input_size).to(self.device_)

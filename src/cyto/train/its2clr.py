@@ -36,7 +36,8 @@ from torch import nn
 
 from cyto.errors import ConfigError, DatasetError
 from cyto.models.backbones import build_backbone
-from cyto.models.scoring import EmbeddingModel, InstanceMILScorer, run_batched
+from cyto.models.graphs import EmbeddingModel, InstanceLogit, ScoreModule, run_batched
+from cyto.runtime.heads.logit import LogitHead
 from cyto.train.base import Method
 from cyto.train.config import TrainConfig
 from cyto.train.data import TrainData, apply_view, epoch_batches, weak_pair
@@ -292,9 +293,8 @@ class ItS2CLR(Method):
         )
 
     def _scorer(self) -> nn.Module:
-        return InstanceMILScorer(
-            self.encoder_, self.aggregator_.instance, self.config.input_size
-        ).to(self.device_)
+        graph = InstanceLogit(self.encoder_, self.aggregator_.instance, self.config.input_size)
+        return ScoreModule(graph, LogitHead()).to(self.device_)
 
     def _embedder(self) -> nn.Module:
         return EmbeddingModel(self.encoder_, self.config.input_size, normalize=True).to(

@@ -1,7 +1,15 @@
-"""Scoring networks rebuilt from a bundle: uint8 patches in, one score per patch out.
+"""The networks that exported graphs compute: uint8 NHWC patches in, the graph output out.
 
-These modules are what training evaluates, what ``cyto predict`` runs in PyTorch and what export
-traces, so every backend starts from one definition. Higher scores are always more abnormal.
+Each module here is what ``cyto export`` writes to ONNX, what the PyTorch backend runs and what
+training evaluates, so every backend starts from one definition. The graph ends where the scorer
+head (:mod:`cyto.runtime.heads`) takes over:
+
+| head       | module            | graph output                       |
+|------------|-------------------|------------------------------------|
+| dsvdd      | DSVDDEmbeddings   | embeddings (seeds, views, N, d)    |
+| ocsvm      | EmbeddingModel    | embeddings (N, d)                  |
+| classifier | ClassifierLogits  | logits (N, 2)                      |
+| mil        | InstanceLogit     | instance logits (N,)               |
 """
 
 from __future__ import annotations
@@ -14,8 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cyto.models.backbones import build_backbone
-from cyto.models.preprocess import Preprocess
+from cyto.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 TTA_VIEWS = ("orig", "hflip", "rot+10", "rot-10")
 
@@ -38,14 +45,8 @@ def view_degrees(view: str) -> float | None:
     raise ValueError(f"unknown test-time view {view!r}; known: {', '.join(TTA_VIEWS)}")
 
 
-def tta_blend(d: torch.Tensor, lam: float) -> torch.Tensor:
-    """``d``: (views, N) distances with the original view first -> d0 + lam * (max_k d_k - d0)."""
-    d0 = d[0]
-    return d0 + lam * (d.max(dim=0).values - d0)
-
-
-class DSVDDScorer(nn.Module):
-    """Deep SVDD: squared distance to each seed's fixed centre, TTA blend, mean over seeds.
+class DSVDDEmbeddings(nn.Module):
+    """Deep SVDD: every seed's encoder on every test-time view -> (seeds, views, N, d).
 
     Views are made in the graph: a flip, and rotations by fixed sampling grids (precomputed for
     the input size), so the exported ONNX graph makes them too.
@@ -54,17 +55,15 @@ class DSVDDScorer(nn.Module):
     def __init__(
         self,
         encoders: Sequence[nn.Module],
-        centres: torch.Tensor,
         input_size: int,
         views: Sequence[str] = ("orig",),
-        lam: float = 0.35,
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
     ) -> None:
         super().__init__()
-        self.pre = Preprocess(input_size)
+        self.pre = Preprocess(input_size, mean, std)
         self.encoders = nn.ModuleList(encoders)
-        self.register_buffer("centres", centres.float())
         self.views = tuple(views)
-        self.lam = float(lam)
         for i, v in enumerate(self.views):
             deg = view_degrees(v)
             if deg is not None:
@@ -79,43 +78,22 @@ class DSVDDScorer(nn.Module):
         grid = getattr(self, f"grid{i}").expand(x.shape[0], -1, -1, -1)
         return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
-    def embeddings(self, x: torch.Tensor) -> torch.Tensor:
-        """(seeds, views, N, d) embeddings for uint8 NHWC input."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pre(x)
         viewed = [self._view(x, i) for i in range(len(self.views))]
         return torch.stack([torch.stack([enc(v) for v in viewed]) for enc in self.encoders])
 
-    def distances(self, x: torch.Tensor) -> torch.Tensor:
-        """(seeds, views, N) squared distances to each seed's centre."""
-        e = self.embeddings(x)
-        return ((e - self.centres[:, None, None, :]) ** 2).sum(dim=-1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        d = self.distances(x)
-        return torch.stack([tta_blend(d[s], self.lam) for s in range(d.shape[0])]).mean(dim=0)
+class ClassifierLogits(nn.Module):
+    """FS-SIL / WS-SIL: the classifier's two logits (normal, abnormal)."""
 
-
-class DSVDDEmbeddings(nn.Module):
-    """What the exported graph computes for Deep SVDD: (seeds, views, N, d) embeddings."""
-
-    def __init__(self, scorer: DSVDDScorer) -> None:
+    def __init__(self, net: nn.Module, input_size: int, mean=IMAGENET_MEAN, std=IMAGENET_STD):
         super().__init__()
-        self.scorer = scorer
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scorer.embeddings(x)
-
-
-class ClassifierScorer(nn.Module):
-    """FS-SIL / WS-SIL: softmax probability of the abnormal class."""
-
-    def __init__(self, net: nn.Module, input_size: int) -> None:
-        super().__init__()
-        self.pre = Preprocess(input_size)
+        self.pre = Preprocess(input_size, mean, std)
         self.net = net
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.net(self.pre(x)), dim=1)[:, 1]
+        return self.net(self.pre(x))
 
 
 class ClassifierFeatures(nn.Module):
@@ -139,9 +117,16 @@ class ClassifierFeatures(nn.Module):
 class EmbeddingModel(nn.Module):
     """Preprocess + encoder; optionally L2-normalized (DROC feeds unit vectors to the OC-SVM)."""
 
-    def __init__(self, encoder: nn.Module, input_size: int, normalize: bool = False) -> None:
+    def __init__(
+        self,
+        encoder: nn.Module,
+        input_size: int,
+        normalize: bool = False,
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+    ) -> None:
         super().__init__()
-        self.pre = Preprocess(input_size)
+        self.pre = Preprocess(input_size, mean, std)
         self.encoder = encoder
         self.normalize = normalize
 
@@ -150,32 +135,31 @@ class EmbeddingModel(nn.Module):
         return F.normalize(z, dim=1) if self.normalize else z
 
 
-class InstanceMILScorer(nn.Module):
-    """ItS2CLR: the MIL aggregator's instance logit on the encoder's embedding."""
+class InstanceLogit(nn.Module):
+    """ItS2CLR: the MIL aggregator's instance logit on the encoder's unit-normalized embedding."""
 
-    def __init__(self, encoder: nn.Module, head: nn.Linear, input_size: int) -> None:
+    def __init__(
+        self, encoder: nn.Module, head: nn.Linear, input_size: int, mean=IMAGENET_MEAN, std=None
+    ) -> None:
         super().__init__()
-        self.embed = EmbeddingModel(encoder, input_size, normalize=True)
+        self.embed = EmbeddingModel(encoder, input_size, True, mean, std or IMAGENET_STD)
         self.head = head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.embed(x)).squeeze(1)
 
 
-def ocsvm_decision(
-    x: np.ndarray, sv: np.ndarray, coef: np.ndarray, gamma: float, rho: float, chunk: int = 4096
-) -> np.ndarray:
-    """``sum_i a_i exp(-gamma ||x - sv_i||^2) - rho`` in float64, via the GEMM expansion."""
-    x = np.asarray(x, dtype=np.float64)
-    sv = np.asarray(sv, dtype=np.float64)
-    sv_sq = (sv**2).sum(1)
-    out = np.empty(len(x))
-    for i in range(0, len(x), chunk):
-        xb = x[i : i + chunk]
-        d2 = (xb**2).sum(1)[:, None] + sv_sq[None, :] - 2.0 * xb @ sv.T
-        np.maximum(d2, 0.0, out=d2)
-        out[i : i + chunk] = np.exp(-gamma * d2) @ np.asarray(coef, np.float64).ravel() - rho
-    return out
+class ScoreModule(nn.Module):
+    """A graph followed by a scorer head's torch form (:mod:`cyto.runtime.heads`): uint8 NHWC in,
+    one score per cell out, on whatever device the module is on. Training evaluates this."""
+
+    def __init__(self, graph: nn.Module, head) -> None:
+        super().__init__()
+        self.graph = graph
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head.torch_finish(self.graph(x))
 
 
 @torch.no_grad()
@@ -191,13 +175,3 @@ def run_batched(
     if not outs:
         return np.empty((0,), dtype=np.float32)
     return np.concatenate(outs)
-
-
-def encoder_from_state(manifest: dict, state: dict[str, torch.Tensor], prefix: str) -> nn.Module:
-    """Rebuild a backbone from the manifest and load the tensors under ``prefix``."""
-    net = build_backbone(
-        manifest["backbone"], int(manifest["embedding_dim"]), bias=bool(manifest.get("bias", True))
-    )
-    sub = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-    net.load_state_dict(sub)
-    return net

@@ -1,0 +1,75 @@
+"""The options of ``cyto score`` (one frozen, self-validating dataclass)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from cyto.bundle import PRECISIONS
+from cyto.errors import ConfigError
+from cyto.infer.nuclei import NucleusParams
+from cyto.runtime.backends import CHOICES
+
+STAGES = ("mask", "read", "detect", "crop", "engine", "write", "wait", "finish")
+
+
+def default_workers() -> int:
+    """One decode/detect process per spare core (the engine keeps the main process busy)."""
+    return max(1, min(4, (os.cpu_count() or 2) - 1))
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    patch_size: int = 192
+    tile: int = 1024
+    batch_size: int = 64
+    top_k: int = 400
+    mosaic: int = 100
+    backend: str = "auto"  # auto | onnx | onnx-trt | trt | torch
+    device: str = "auto"
+    precision: str = "fp32"  # the exported graph to run: fp32, fp16 or int8
+    workers: int | None = None  # None: default_workers(); 0: all in the main process
+    queue: int | None = None  # tiles in flight (None: 2 per worker, at least 2)
+    nuclei: Path | None = None
+    truth: Path | None = None  # ground-truth cells (x, y, label) to report Recall@K
+    truth_radius: float = 20.0
+    detection: NucleusParams = field(default_factory=NucleusParams)
+    planes: str = "auto"  # auto (sibling files NAME_z+1.00um.ext) | none | comma-separated files
+    rescale: bool = False  # resample crops to the model's training mpp when the slide differs
+    resume: bool = False
+    chunk_cells: int = 4096  # rows per resumable chunk (a crash loses at most these)
+
+    def __post_init__(self) -> None:
+        if self.patch_size < 16 or self.tile < self.patch_size or self.batch_size < 1:
+            raise ConfigError("need patch_size >= 16, tile >= patch_size and batch_size >= 1")
+        if self.backend not in CHOICES:
+            raise ConfigError(f"backend must be one of {', '.join(CHOICES)}, got {self.backend!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
+        if self.top_k < 1 or self.mosaic < 0:
+            raise ConfigError("top_k must be >= 1 and mosaic >= 0")
+        if self.workers is not None and self.workers < 0:
+            raise ConfigError(f"workers must be >= 0, got {self.workers}")
+        if self.chunk_cells < 1 or (self.queue is not None and self.queue < 1):
+            raise ConfigError("chunk_cells and queue must be >= 1")
+
+    def n_workers(self) -> int:
+        return default_workers() if self.workers is None else self.workers
+
+    def result_key(self) -> dict:
+        """The options that change the score table (a resumed run must match them)."""
+        return {
+            "patch_size": self.patch_size,
+            "tile": self.tile,
+            "nuclei": str(self.nuclei) if self.nuclei else None,
+            "detection": asdict(self.detection),
+            "planes": self.planes,
+            "rescale": self.rescale,
+            "precision": self.precision,
+        }
+
+    def as_json(self) -> dict:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}

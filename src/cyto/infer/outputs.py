@@ -1,0 +1,181 @@
+"""What a scored slide leaves behind: the ranked score table, the top-K table and GeoJSON, the
+review mosaics with their key, and the ground-truth labels of the cells when truth is given.
+
+``scores.parquet`` appears by atomic rename; its file metadata names the model, the slide and its
+checksum, the backend, device and precision, and the stage timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from cyto import __version__
+from cyto.infer.slide import open_slide
+
+MOSAIC_SIDE, MOSAIC_COLS = 96, 10
+
+
+def ranks(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, rank): cells from most to least abnormal (stable), and each cell's 1-based rank."""
+    order = np.argsort(-scores, kind="stable")
+    rank = np.empty(len(scores), dtype=np.int64)
+    rank[order] = np.arange(1, len(scores) + 1)
+    return order, rank
+
+
+def labels_from_truth(table, truth: Path, radius: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """Label each detected cell by the nearest ground-truth cell, if within ``radius`` (or 0.8
+    of that cell's radius, when the truth table gives it).
+
+    Returns (label per detection, matched truth index or -1, number of planted abnormal cells).
+    """
+    import pyarrow.parquet as pq
+    from scipy.spatial import cKDTree
+
+    gt = pq.read_table(truth)
+    pts = np.stack([np.asarray(gt["x"]), np.asarray(gt["y"])], axis=1)
+    dist, idx = cKDTree(pts).query(np.stack([np.asarray(table["x"]), np.asarray(table["y"])], 1))
+    truth_labels = np.asarray(gt["label"])
+    reach = np.full(len(pts), radius)
+    if "cell_radius" in gt.column_names:  # a big cell's nucleus may be found off its centre
+        reach = np.maximum(reach, 0.8 * np.asarray(gt["cell_radius"], dtype=np.float64))
+    hit = dist <= reach[idx]
+    labels = np.where(hit, truth_labels[idx], 0).astype(np.int64)
+    return labels, np.where(hit, idx, -1), int(truth_labels.sum())
+
+
+def truth_report(
+    scores: np.ndarray,
+    order: np.ndarray,
+    labels: np.ndarray,
+    truth_idx: np.ndarray,
+    planted: int,
+    k: int,
+    metrics: Callable[[np.ndarray, np.ndarray, int], dict] | None = None,
+) -> dict:
+    """How many planted abnormal cells the top ``k`` holds (a detection counts for the truth cell
+    it matched, once), plus ``metrics(scores, labels, k)`` when given (the @K metrics of
+    :mod:`cyto.eval.metrics`, which the caller passes in)."""
+    out = dict(metrics(scores, labels, k)) if metrics is not None else {"k": k}
+    top = order[:k]
+    hit_cells = set(truth_idx[top][(truth_idx[top] >= 0) & (labels[top] == 1)].tolist())
+    out["planted_abnormal"] = planted
+    out["planted_found_in_top_k"] = len(hit_cells)
+    out["planted_recall_at_k"] = len(hit_cells) / planted if planted else None
+    return out
+
+
+def write_score_table(table, out_dir: Path, meta: dict[str, str]) -> None:
+    import pyarrow.parquet as pq
+
+    partial = out_dir / ".scores.parquet.tmp"
+    pq.write_table(table.replace_schema_metadata(meta), partial, row_group_size=8192)
+    os.replace(partial, out_dir / "scores.parquet")
+
+
+def table_metadata(scorer, slide: Path, slide_sha256: str, timings: dict) -> dict[str, str]:
+    bundle = scorer.bundle
+    return {
+        "cyto.version": __version__,
+        "cyto.model": str(bundle.path),
+        "cyto.manifest_sha256": bundle.manifest_hash,
+        "cyto.method": bundle.method,
+        "cyto.slide": str(slide),
+        "cyto.slide_sha256": slide_sha256,
+        "cyto.backend": scorer.backend.name,
+        "cyto.device": scorer.device,
+        "cyto.precision": scorer.precision,
+        "cyto.timings": json.dumps(timings),
+    }
+
+
+def write_top_k(table, order: np.ndarray, k: int, out_dir: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    top = table.take(pa.array(order[:k])) if k else table.slice(0, 0)
+    pq.write_table(top, out_dir / "topk.parquet")
+    write_geojson(table, order, k, out_dir / "topk.geojson")
+
+
+def write_geojson(table, order, k: int, path: Path) -> Path:
+    """The top-K cells as GeoJSON points (level-0 pixels) that QuPath imports as detections."""
+    xs, ys = np.asarray(table["x"]), np.asarray(table["y"])
+    scores, ids = np.asarray(table["score"]), np.asarray(table["cell_id"])
+    features = [
+        {
+            "type": "Feature",
+            "geometry": {"type": "Point", "coordinates": [float(xs[i]), float(ys[i])]},
+            "properties": {
+                "objectType": "detection",
+                "name": f"rank {r + 1}",
+                "classification": {"name": "cyto top-K"},
+                "measurements": {"score": float(scores[i]), "rank": r + 1, "cell_id": int(ids[i])},
+            },
+        }
+        for r, i in enumerate(order[:k])
+    ]
+    path.write_text(json.dumps({"type": "FeatureCollection", "features": features}))
+    return path
+
+
+def write_mosaics(
+    slide: Path, table, order: np.ndarray, labels, n_cells: int, out_dir: Path, crop: int
+) -> Path:
+    """Review mosaics of the top cells, 10 per row.
+
+    ``topk_mosaic.png`` is in ranked order, with true abnormal cells (when ground truth is given)
+    boxed with an x. ``topk_mosaic_blinded.png`` shows the same cells in a random order without
+    marks, for blinded review as in the paper; ``topk_mosaic_blinded_key.json`` maps each grid
+    position to its cell and rank. ``crop`` is the level-0 size the model saw.
+    """
+    from PIL import Image, ImageDraw
+
+    n = min(n_cells, len(order))
+    side, cols = MOSAIC_SIDE, MOSAIC_COLS
+    rows = -(-n // cols)
+    reader = open_slide(slide)
+    xs, ys = np.asarray(table["x"]), np.asarray(table["y"])
+    ids = np.asarray(table["cell_id"])
+    half = crop // 2
+    tiles = []
+    for i in order[:n]:
+        cell = reader.read_region(int(round(xs[i])) - half, int(round(ys[i])) - half, crop, crop)
+        tiles.append(Image.fromarray(cell).resize((side, side), Image.Resampling.BILINEAR))
+    reader.close()
+
+    def grid(sequence: list[int], marks: bool) -> Image.Image:
+        canvas = Image.new("RGB", (cols * side, rows * side), "white")
+        draw = ImageDraw.Draw(canvas)
+        for pos, k in enumerate(sequence):
+            cx, cy = (pos % cols) * side, (pos // cols) * side
+            canvas.paste(tiles[k], (cx, cy))
+            if marks and labels is not None and labels[order[k]] == 1:
+                draw.rectangle(
+                    [cx + 1, cy + 1, cx + side - 2, cy + side - 2], outline="white", width=3
+                )
+                draw.line([cx + 6, cy + 6, cx + 20, cy + 20], fill="white", width=3)
+                draw.line([cx + 20, cy + 6, cx + 6, cy + 20], fill="white", width=3)
+        return canvas
+
+    path = out_dir / "topk_mosaic.png"
+    grid(list(range(n)), marks=True).save(path)
+    shuffled = [int(k) for k in np.random.default_rng(0).permutation(n)]
+    grid(shuffled, marks=False).save(out_dir / "topk_mosaic_blinded.png")
+    key = [
+        {
+            "position": pos,
+            "row": pos // cols,
+            "col": pos % cols,
+            "cell_id": int(ids[order[k]]),
+            "rank": k + 1,
+        }
+        for pos, k in enumerate(shuffled)
+    ]
+    (out_dir / "topk_mosaic_blinded_key.json").write_text(json.dumps(key, indent=1))
+    return path

@@ -1,0 +1,250 @@
+"""Tiles: which tiles hold tissue, how a tile becomes crops, and the workers that do it.
+
+The main process lists the tiles with tissue (a low-resolution mask) and feeds them to worker
+processes (``spawn``) through a bounded queue; results come back in tile order, so memory stays
+flat and cell ids are the same whatever the worker count. A worker opens the slide once, and per
+tile decodes it once with a margin, finds the nuclei whose centre lies in the tile's core (or
+takes them from a file), picks the sharpest focal plane per nucleus and cuts every crop at the
+size the model takes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+import numpy as np
+
+from cyto.data.images import resize_rgb
+from cyto.errors import CytoError
+from cyto.infer.memory import peak_rss_mb
+from cyto.infer.nuclei import NucleusParams, detect_in_tile, in_core, read_nuclei_file
+from cyto.infer.patches import crop_cells
+from cyto.infer.planes import sharpest
+from cyto.infer.slide import open_plane, open_slide
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The slide's and the model's resolution, and the crop size that follows at level 0."""
+
+    slide_mpp: float | None
+    model_mpp: float | None
+    objective: float | None
+    crop_px_level0: int
+    mpp_ratio: float | None = None
+
+    def as_json(self) -> dict:
+        out = {
+            "slide_mpp": self.slide_mpp,
+            "model_mpp": self.model_mpp,
+            "objective": self.objective,
+            "crop_px_level0": self.crop_px_level0,
+        }
+        if self.mpp_ratio is not None:
+            out["mpp_ratio"] = self.mpp_ratio
+        return out
+
+
+def resolution(info, model_mpp: float | None, patch: int, rescale: bool, echo) -> Resolution:
+    """The level-0 crop size, after comparing the slide's mpp with the model's training mpp."""
+    slide_mpp = info.mpp
+    src, ratio = patch, None
+    if model_mpp and slide_mpp:
+        ratio = round(model_mpp / slide_mpp, 4)
+        if abs(ratio - 1.0) > 0.1:
+            if rescale:
+                src = max(16, int(round(patch * ratio)))
+                echo(
+                    f"note: slide at {slide_mpp:.3g} um/px, model trained at {model_mpp:.3g}: "
+                    f"cutting {src} px crops and resampling them to {patch}"
+                )
+            else:
+                echo(
+                    f"warning: slide at {slide_mpp:.3g} um/px but the model was trained at "
+                    f"{model_mpp:.3g} um/px ({ratio:.2f}x); cells will look "
+                    f"{'larger' if ratio > 1 else 'smaller'} than in training. Pass --rescale "
+                    "to resample the crops"
+                )
+    elif rescale:
+        echo(
+            "warning: --rescale needs the mpp of both the slide and the model "
+            f"(slide: {slide_mpp}, model: {model_mpp}); crops are not resampled"
+        )
+    return Resolution(slide_mpp, model_mpp, info.objective, src, ratio)
+
+
+def tissue_mask(reader) -> tuple[np.ndarray | None, float]:
+    """Boolean mask at the lowest level (True = not blank glass) and its downsample, or None
+    when the slide has no level small enough to read whole (every tile is then visited)."""
+    from scipy import ndimage
+
+    level = len(reader.info.level_dims) - 1
+    w, h = reader.info.level_dims[level]
+    if w * h > 4096 * 4096:
+        return None, 1.0
+    low = reader.read_region(0, 0, w, h, level=level).astype(np.float32)
+    od = -np.log((low + 1.0) / 256.0).sum(axis=2)
+    mask = ndimage.binary_dilation(od > 0.25, iterations=3)
+    return mask, reader.info.level_downsamples[level]
+
+
+Job = tuple[int, int, int, "np.ndarray | None"]  # tile index, x0, y0, given nuclei or None
+
+
+def tile_jobs(info, tile: int, mask, mask_ds: float, nuclei_file=None) -> list[Job]:
+    """The tiles to visit, in order: those with tissue, or those holding a given nucleus."""
+    cols = -(-info.width // tile)
+    given_by_tile: dict[int, np.ndarray] = {}
+    if nuclei_file is not None:  # bucket the file's points by tile once, not once per tile
+        given = read_nuclei_file(nuclei_file, info.width, info.height)
+        tile_of = (given[:, 1] // tile).astype(np.int64) * cols + (given[:, 0] // tile).astype(
+            np.int64
+        )
+        pts = np.column_stack([given, np.zeros(len(given))])
+        for t in np.unique(tile_of):
+            given_by_tile[int(t)] = pts[tile_of == t]
+    jobs: list[Job] = []
+    for y0 in range(0, info.height, tile):
+        for x0 in range(0, info.width, tile):
+            t_index = (y0 // tile) * cols + x0 // tile
+            if nuclei_file is not None:
+                if t_index not in given_by_tile:
+                    continue
+            elif mask is not None:
+                mx0, my0 = int(x0 / mask_ds), int(y0 / mask_ds)
+                mx1, my1 = int((x0 + tile) / mask_ds) + 1, int((y0 + tile) / mask_ds) + 1
+                if not mask[my0:my1, mx0:mx1].any():
+                    continue
+            jobs.append((t_index, x0, y0, given_by_tile.get(t_index)))
+    return jobs
+
+
+@dataclass(frozen=True)
+class TileContext:
+    """What a worker needs to turn a tile into crops (picklable)."""
+
+    slide: str
+    planes: tuple[str, ...]
+    plane_z: tuple[float, ...]  # z of the main plane (0.0) then of each extra plane
+    tile: int
+    margin: int
+    src_patch: int  # crop size at level 0
+    out_size: int  # crop size the engine takes
+    detection: NucleusParams
+
+
+_CTX: TileContext | None = None
+_READERS: list | None = None
+
+
+def _init_worker(ctx: TileContext) -> None:
+    global _CTX, _READERS
+    _CTX, _READERS = ctx, None
+
+
+def _close_readers() -> None:
+    global _READERS
+    for r in _READERS or []:
+        r.close()
+    _READERS = None
+
+
+def run_tile(job: Job) -> dict:
+    """Decode one tile (plus margin) once, find its nuclei and cut every crop from it."""
+    global _READERS
+    ctx = _CTX
+    if _READERS is None:
+        _READERS = [open_slide(ctx.slide)] + [open_plane(p) for p in ctx.planes]
+    t_index, x0, y0, given = job
+    m, size = ctx.margin, ctx.tile
+    t0 = time.perf_counter()
+    tiles = [r.read_region(x0 - m, y0 - m, size + 2 * m, size + 2 * m) for r in _READERS]
+    t1 = time.perf_counter()
+    core = (x0, y0, size, size)
+    if given is None:
+        found = detect_in_tile(tiles[0], x0 - m, y0 - m, core, ctx.detection)
+    else:
+        found = in_core(given, *core)
+    t2 = time.perf_counter()
+    plane = np.zeros(len(found), dtype=np.int64)
+    crops = np.empty((0, ctx.out_size, ctx.out_size, 3), dtype=np.uint8)
+    if len(found):
+        stack = [crop_cells(t, x0 - m, y0 - m, found, ctx.src_patch) for t in tiles]
+        chosen, plane = sharpest(stack)
+        if ctx.src_patch != ctx.out_size:
+            chosen = np.stack([resize_rgb(c, ctx.out_size) for c in chosen])
+        crops = np.ascontiguousarray(chosen)
+    t3 = time.perf_counter()
+    meta = np.column_stack([found[:, :2], found[:, 2], np.asarray(ctx.plane_z)[plane]])
+    return {
+        "tile": t_index,
+        "crops": crops,
+        "meta": meta.reshape(-1, 4),
+        "times": {"read": t1 - t0, "detect": t2 - t1, "crop": t3 - t2},
+        "rss_mb": peak_rss_mb(),
+    }
+
+
+class TileFeed:
+    """Tile results in tile order, with at most ``queue`` tiles in flight.
+
+    ``workers`` processes do the work (0: the calling process). ``wait`` adds up the seconds the
+    caller spent waiting for a result; ``worker_rss_mb`` the workers' peak resident memory.
+    """
+
+    def __init__(self, ctx: TileContext, jobs: list[Job], workers: int, queue: int) -> None:
+        self.ctx, self.jobs, self.queue = ctx, jobs, max(1, queue)
+        self.wait = 0.0
+        self.worker_rss_mb = 0.0
+        self.pool = None
+        if workers > 0 and jobs:
+            self.pool = ProcessPoolExecutor(
+                workers,
+                mp_context=mp.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(ctx,),
+            )
+        else:
+            _init_worker(ctx)
+
+    def __iter__(self) -> Iterator[dict]:
+        todo = iter(self.jobs)
+        inflight: deque = deque()
+
+        def submit() -> None:
+            job = next(todo, None)
+            if job is not None:
+                inflight.append(self.pool.submit(run_tile, job) if self.pool else job)
+
+        for _ in range(self.queue):
+            submit()
+        while inflight:
+            item = inflight.popleft()
+            if self.pool is not None:
+                t0 = time.perf_counter()
+                res = item.result()
+                self.wait += time.perf_counter() - t0
+            else:
+                res = run_tile(item)
+            submit()
+            self.worker_rss_mb = max(self.worker_rss_mb, res["rss_mb"])
+            yield res
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        else:
+            _close_readers()
+
+
+def broken_worker_error(slide, store_dir, exc: BrokenProcessPool) -> CytoError:
+    return CytoError(
+        f"{slide}: a worker process stopped ({exc or 'killed, out of memory?'}); finished "
+        f"chunks are kept in {store_dir}: rerun with --resume (and fewer --workers)"
+    )

@@ -1,0 +1,134 @@
+"""ONNX Runtime backend: the bundle's ONNX graph on the CPU, or on a GPU through the CUDA or
+TensorRT execution provider.
+
+On a GPU nothing may run on the CPU unnoticed: ONNX Runtime quietly drops to its CPU provider
+when the CUDA libraries are missing, and places single nodes there when its GPU provider lacks
+a kernel. So GPU sessions are created with ``session.disable_cpu_ep_fallback`` (and without the
+CPU provider in the list, which ONNX Runtime requires with that setting), on the device index of
+``cuda:N``, and the providers the session really got are checked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from cyto.bundle import Bundle, GraphSpec
+from cyto.errors import BundleError, DeviceError, MissingDependencyError
+
+CPU, CUDA, TRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
+INSTALL_CPU = "pip install 'cyto[cpu]'"
+INSTALL_GPU = "pip install 'cyto[gpu]' (onnxruntime-gpu, never next to onnxruntime)"
+
+
+def require_onnxruntime():
+    if importlib.util.find_spec("onnxruntime") is None:
+        raise MissingDependencyError(
+            "onnxruntime", "ONNX Runtime scoring", f"{INSTALL_CPU} (or {INSTALL_GPU})"
+        )
+    import onnxruntime as ort
+
+    return ort
+
+
+def available_providers() -> list[str]:
+    return list(require_onnxruntime().get_available_providers())
+
+
+def session_plan(
+    device: str, provider: str, cache_dir: Path | None = None
+) -> tuple[list, dict[str, str]]:
+    """(providers with their options, session config entries) for ``device`` (``cpu`` or a
+    resolved ``cuda:N``) and ``provider`` (``cuda`` or ``tensorrt``)."""
+    if device == "cpu":
+        return [CPU], {}
+    index = int(device.split(":")[1]) if ":" in device else 0
+    cuda = (CUDA, {"device_id": str(index)})
+    strict = {"session.disable_cpu_ep_fallback": "1"}
+    if provider == "cuda":
+        return [cuda], strict
+    trt_opts = {"device_id": str(index)}
+    if cache_dir is not None:
+        trt_opts.update(
+            trt_engine_cache_enable="True",
+            trt_engine_cache_path=str(cache_dir),
+            trt_timing_cache_enable="True",
+            trt_timing_cache_path=str(cache_dir),
+        )
+    return [(TRT, trt_opts), cuda], strict
+
+
+class OnnxRuntimeBackend:
+    """``encoder.onnx`` (or a quantized variant) in an ONNX Runtime session."""
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        device: str = "cpu",
+        precision: str = "fp32",
+        threads: int | None = None,
+        provider: str = "cuda",
+    ) -> None:
+        ort = require_onnxruntime()
+        graph = bundle.spec.graph(precision)
+        if graph is None:
+            raise BundleError(_no_graph(bundle, precision))
+        self.graph: GraphSpec = graph
+        self.device = device
+        self.precision = precision
+        self.name = "onnx-trt" if provider == "tensorrt" and device != "cpu" else "onnx"
+        if device != "cpu":
+            want = TRT if provider == "tensorrt" else CUDA
+            if want not in available_providers():
+                raise DeviceError(
+                    f"ONNX Runtime here has no {want}: install {INSTALL_GPU}"
+                    + (" with TensorRT's libraries" if want == TRT else "")
+                )
+        cache = bundle.path / "engines" / "ort-tensorrt" if provider == "tensorrt" else None
+        if cache is not None:
+            cache.mkdir(parents=True, exist_ok=True)
+        providers, entries = session_plan(device, provider, cache)
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = threads
+        for k, v in entries.items():
+            opts.add_session_config_entry(k, v)
+        try:
+            self.session = ort.InferenceSession(
+                str(bundle.path / graph.file), opts, providers=providers
+            )
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped errors
+            if "fallback to CPU EP has been explicitly disabled" in str(exc):
+                raise DeviceError(
+                    f"ONNX Runtime's {want} cannot run every node of {graph.file} on {device} "
+                    "(some would silently run on the CPU); use --backend trt or --backend torch "
+                    "on this GPU"
+                ) from exc
+            raise DeviceError(f"ONNX Runtime cannot open {graph.file} on {device}: {exc}") from exc
+        got = self.session.get_providers()
+        first = providers[0] if isinstance(providers[0], str) else providers[0][0]
+        if device != "cpu" and got[0] != first:
+            raise DeviceError(
+                f"ONNX Runtime could not start its GPU provider on {device} (got {got}; CUDA or "
+                "cuDNN libraries missing?); refusing to fall back to the CPU silently"
+            )
+        self.providers = got
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(batch, dtype=np.uint8)
+        return self.session.run([self.graph.output], {self.graph.input: x})[0]
+
+    def close(self) -> None:
+        self.session = None
+
+
+def _no_graph(bundle: Bundle, precision: str) -> str:
+    have = ", ".join(sorted(bundle.spec.graphs)) or "none"
+    if precision == "fp32":
+        return (
+            f"{bundle.path} has no encoder.onnx: run 'cyto export {bundle.path}' first "
+            f"(exported graphs: {have})"
+        )
+    return f"{bundle.path} has no {precision} graph (exported graphs: {have})"
