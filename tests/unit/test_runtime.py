@@ -1,0 +1,69 @@
+"""The runtime's small decisions: device names, ONNX Runtime's provider plan (no silent CPU
+fallback on a GPU, the GPU's ordinal honoured), the head registry, the model spec."""
+
+from __future__ import annotations
+
+import pytest
+
+from cyto.bundle import ModelSpec
+from cyto.errors import BundleError, ConfigError
+from cyto.runtime.backends.onnxruntime import CPU, CUDA, TRT, session_plan
+from cyto.runtime.devices import parse_device, resolve_device
+from cyto.runtime.heads import HEADS, head_class
+
+
+def test_device_names():
+    assert parse_device("cuda:2") == ("cuda", 2)
+    assert parse_device("CUDA") == ("cuda", None)
+    assert parse_device("cpu") == ("cpu", None)
+    assert resolve_device("cpu") == "cpu"
+    for bad in ("gpu", "cpu:1", "cuda:x", "cuda:-1", ""):
+        with pytest.raises(ConfigError, match="device must be"):
+            parse_device(bad)
+
+
+def test_onnx_runtime_on_a_gpu_never_falls_back_to_the_cpu(tmp_path):
+    providers, entries = session_plan("cuda:3", "cuda")
+    assert providers == [(CUDA, {"device_id": "3"})]  # CPU is not in the list at all
+    assert entries == {"session.disable_cpu_ep_fallback": "1"}
+    providers, entries = session_plan("cuda:1", "tensorrt", tmp_path)
+    assert [p[0] for p in providers] == [TRT, CUDA]
+    assert providers[0][1]["device_id"] == "1" and providers[1][1]["device_id"] == "1"
+    assert providers[0][1]["trt_engine_cache_path"] == str(tmp_path)
+    assert entries == {"session.disable_cpu_ep_fallback": "1"}
+    assert session_plan("cpu", "cuda") == ([CPU], {})
+
+
+def test_heads_are_registered_once_with_what_the_graph_emits():
+    assert set(HEADS) == {"dsvdd", "ocsvm", "classifier", "mil"}
+    assert head_class("dsvdd").batch_axis == 2 and head_class("dsvdd").output == "embeddings"
+    assert head_class("classifier").output == "logits" and head_class("mil").output == "scores"
+    with pytest.raises(BundleError, match="unknown scorer head 'knn'.*classifier, dsvdd"):
+        head_class("knn")
+
+
+def test_the_model_spec_is_read_once_and_refuses_a_garbled_manifest():
+    manifest = {
+        "method": "dsvdd",
+        "scorer_kind": "dsvdd",
+        "backbone": "smallcnn",
+        "embedding_dim": 8,
+        "input_size": 64,
+        "config": {"load_size": 80, "mpp": 0.12},
+        "seeds": [0, 1],
+        "tta_views": ["orig", "hflip"],
+        "tta_lambda": 0.35,
+        "files": {"encoder.onnx": "ab" * 32},
+        "onnx": {
+            "file": "encoder.onnx",
+            "opset": 18,
+            "input": {"name": "patches"},
+            "output": {"name": "embeddings"},
+        },
+    }
+    spec = ModelSpec.from_manifest(manifest)
+    assert (spec.input_size, spec.crop_size, spec.mpp, spec.n_seeds) == (64, 80, 0.12, 2)
+    assert spec.graph("fp32").sha256 == "ab" * 32 and spec.graph("int8") is None
+    del manifest["backbone"]
+    with pytest.raises(BundleError, match="backbone"):
+        ModelSpec.from_manifest(manifest)
