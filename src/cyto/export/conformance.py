@@ -184,6 +184,16 @@ SUPPORTED_OPS = frozenset(
     ]
 )
 
+REDUCE_OPS = (
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceL2",
+    "ReduceL1",
+    "ReduceSumSquare",
+    "ReduceProd",
+)
 # ONNX TensorProto data types by name (onnx.TensorProto.DataType)
 _F = {"FLOAT", "FLOAT16", "BFLOAT16"}
 _NUM = _F | {"INT32", "INT64"}
@@ -247,14 +257,7 @@ INPUT_TYPES: dict[str, set[str]] = {
             "Less",
             "GreaterOrEqual",
             "LessOrEqual",
-            "ReduceMean",
-            "ReduceSum",
-            "ReduceMax",
-            "ReduceMin",
-            "ReduceL2",
-            "ReduceL1",
-            "ReduceSumSquare",
-            "ReduceProd",
+            *REDUCE_OPS,
         ],
         _NUM,
     ),
@@ -290,14 +293,7 @@ RESIZE_COORDS = {
 CONSTANT_INPUTS = {
     **dict.fromkeys(
         [
-            "ReduceMean",
-            "ReduceSum",
-            "ReduceMax",
-            "ReduceMin",
-            "ReduceL2",
-            "ReduceL1",
-            "ReduceSumSquare",
-            "ReduceProd",
+            *REDUCE_OPS,
             "ReduceLogSum",
             "ReduceLogSumExp",
         ],
