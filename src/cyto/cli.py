@@ -668,10 +668,10 @@ def score_cmd(
                 f"{t['planted_found_in_top_k']}/{t['planted_abnormal']}"
             )
         typer.echo(line)
-    for slide, reason in failed:
-        typer.secho(f"failed: {slide}: {reason}", err=True, fg=typer.colors.RED)
-    if failed:
-        raise typer.Exit(1)
+    for slide, exc in failed:
+        typer.secho(f"failed: {slide}: {exc}", err=True, fg=typer.colors.RED)
+    if failed:  # the most serious failure's code: 2 for bad input, 3 for a busy folder, else 1
+        raise typer.Exit(max(exc.exit_code for _, exc in failed))
 
 
 @app.command("calibrate")

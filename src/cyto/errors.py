@@ -60,6 +60,12 @@ class TrainingError(CytoError):
     """Training cannot go on (NaN loss, collapsed scores, unusable data for the method)."""
 
 
+class OutputBusyError(CytoError):
+    """Another process is writing the same output folder (one writer per folder)."""
+
+    exit_code = 3
+
+
 class DeviceError(CytoError):
     """The requested device is not available (e.g. CUDA on a machine without a GPU)."""
 

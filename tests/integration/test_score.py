@@ -64,7 +64,7 @@ def test_score_end_to_end(model, slide, tmp_path):
     assert best == scores.max()
     meta = table.schema.metadata
     assert meta[b"cyto.method"] == b"dsvdd" and meta[b"cyto.backend"] == b"onnx"
-    assert len(meta[b"cyto.slide_sha256"]) == 64
+    assert len(meta[b"cyto.slide_identity"]) == 64
     top = pq.read_table(folder / "topk.parquet")
     assert top.num_rows == 20 and top["rank"].to_pylist() == list(range(1, 21))
     summary = json.loads((folder / "summary.json").read_text())

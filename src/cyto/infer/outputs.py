@@ -78,7 +78,7 @@ def write_score_table(table, out_dir: Path, meta: dict[str, str]) -> None:
     os.replace(partial, out_dir / "scores.parquet")
 
 
-def table_metadata(scorer, slide: Path, slide_sha256: str, timings: dict) -> dict[str, str]:
+def table_metadata(scorer, slide: Path, identity: str, timings: dict) -> dict[str, str]:
     bundle = scorer.bundle
     return {
         "cyto.version": __version__,
@@ -86,7 +86,8 @@ def table_metadata(scorer, slide: Path, slide_sha256: str, timings: dict) -> dic
         "cyto.manifest_sha256": bundle.manifest_hash,
         "cyto.method": bundle.method,
         "cyto.slide": str(slide),
-        "cyto.slide_sha256": slide_sha256,
+        "cyto.slide_identity": identity,
+        "cyto.slide_bytes": str(Path(slide).stat().st_size),
         "cyto.backend": scorer.backend.name,
         "cyto.device": scorer.device,
         "cyto.precision": scorer.precision,

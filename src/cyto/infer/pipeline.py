@@ -38,7 +38,7 @@ from cyto.infer.outputs import (
 )
 from cyto.infer.planes import check_plane_geometry, find_planes
 from cyto.infer.slide import open_slide
-from cyto.infer.store import PARTIAL, ChunkStore, schema, slide_key
+from cyto.infer.store import PARTIAL, ChunkStore, OutputLock, schema, slide_identity, slide_key
 from cyto.infer.tiling import (
     Resolution,
     TileContext,
@@ -58,9 +58,12 @@ class CellBatcher:
     """Tile results in, scored rows out: crops go through the scorer in batches of at least
     ``4 * batch_size`` cells, rows go to the store in chunks of whole tiles."""
 
-    def __init__(self, scorer: Scorer, store: ChunkStore, slide_id: str, opts, first_id: int):
+    def __init__(
+        self, scorer: Scorer, store: ChunkStore, slide_id: str, opts, first_id: int, first_tile: int
+    ):
         self.scorer, self.store, self.slide_id, self.opts = scorer, store, slide_id, opts
         self.n_cells = first_id  # cell ids continue where a resumed run stopped
+        self.first_tile = first_tile  # the first tile not yet in a chunk
         self.pending: list[dict] = []
         self.rows: list = []
         self.n_rows = 0
@@ -109,12 +112,16 @@ class CellBatcher:
         self.pending.clear()
 
     def flush(self, tiles_done: int) -> None:
+        """Write the rows of every tile before ``tiles_done`` not yet in a chunk."""
         import pyarrow as pa
 
         self.score_pending()
+        if tiles_done <= self.first_tile:
+            return
         t0 = time.perf_counter()
         table = pa.concat_tables(self.rows) if self.rows else schema().empty_table()
-        self.store.write(table, tiles_done)
+        self.store.write(table, self.first_tile, tiles_done)
+        self.first_tile = tiles_done
         self.rows.clear()
         self.n_rows = 0
         self.write_s += time.perf_counter() - t0
@@ -141,17 +148,32 @@ def score_slide(
     )
     slide, out_dir = Path(slide), Path(out_dir)
     t_start = time.perf_counter()
-    timings = dict.fromkeys(STAGES, 0.0)
-    reader = open_slide(slide)
-    info = reader.info
+    reader = open_slide(slide)  # a bad slide fails here, before any output folder exists
     planes = find_planes(slide, opts.planes)
-    check_plane_geometry(planes, info.width, info.height)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_plane_geometry(planes, reader.info.width, reader.info.height)
+    made = not out_dir.exists()
+    try:
+        with OutputLock(out_dir):
+            return _score_locked(
+                slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start
+            )
+    except BaseException:
+        # a run that failed before writing anything leaves no empty folder behind
+        if made and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
+    finally:
+        reader.close()
+
+
+def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start) -> dict:
+    """:func:`score_slide` once the output folder is ours."""
+    timings = dict.fromkeys(STAGES, 0.0)
+    info = reader.info
     res = resolution(info, scorer.spec.mpp, opts.patch_size, opts.rescale, echo)
     t0 = time.perf_counter()
     mask, mask_ds = tissue_mask(reader)
     timings["mask"] = time.perf_counter() - t0
-    reader.close()
     jobs = tile_jobs(info, opts.tile, mask, mask_ds, opts.nuclei)
     ctx = TileContext(
         slide=str(slide),
@@ -175,7 +197,7 @@ def score_slide(
     done_tiles, n_done = store.start(opts.resume, echo)
     workers = opts.n_workers()
     feed = TileFeed(ctx, jobs[done_tiles:], workers, opts.queue or max(2, 2 * workers))
-    cells = CellBatcher(scorer, store, slide.stem, opts, n_done)
+    cells = CellBatcher(scorer, store, slide.stem, opts, n_done, done_tiles)
     t_loop = time.perf_counter()
     position = done_tiles
     try:
@@ -189,8 +211,7 @@ def score_slide(
                 bar.advance()
                 rate = (cells.n_cells - n_done) / max(time.perf_counter() - t_loop, 1e-9)
                 bar.set_postfix(f"{cells.n_cells} cells, {rate:.0f} cells/s")
-            if position > done_tiles or not store.has_chunks():
-                cells.flush(position)
+            cells.flush(position)
     except KeyboardInterrupt:
         echo(
             f"interrupted: finished chunks are kept in {store.dir}; rerun with --resume to continue"
@@ -202,9 +223,10 @@ def score_slide(
         feed.close()
     timings.update(engine=cells.engine_s, write=cells.write_s, wait=feed.wait)
     loop_seconds = time.perf_counter() - t_loop
-    summary = _finish(
-        store.read_all(), _Run(slide, out_dir, scorer, opts, timings, t_start, res, echo, metrics)
-    )
+    run = _Run(slide, out_dir, scorer, opts, timings, t_start, res, echo, metrics)
+    run.identity = store.key["slide"][str(slide)]
+    run.resumed_cells = n_done
+    summary = _finish(store.read_all(), run)
     summary.update(
         {
             "loop_seconds": round(loop_seconds, 2),
@@ -232,13 +254,13 @@ class _Run:
         self.res: Resolution = res
         self.echo = echo
         self.metrics: Metrics | None = metrics
+        self.identity: str = ""
+        self.resumed_cells: int = 0
 
 
 def _finish(table, run: _Run) -> dict:
     """Rank the cells and write every output; returns the summary."""
     import pyarrow as pa
-
-    from cyto.bundle import sha256_file
 
     opts, bundle, timings = run.opts, run.scorer.bundle, run.timings
     t_fin = time.perf_counter()
@@ -253,13 +275,14 @@ def _finish(table, run: _Run) -> dict:
         labels, truth_idx, planted = labels_from_truth(table, opts.truth, opts.truth_radius)
         table = table.append_column("label", pa.array(labels.astype(np.int8)))
         truth = truth_report(scores, order, labels, truth_idx, planted, k, run.metrics)
-    meta = table_metadata(run.scorer, run.slide, sha256_file(run.slide), timings)
+    meta = table_metadata(run.scorer, run.slide, run.identity, timings)
     write_score_table(table, run.out_dir, meta)
     write_top_k(table, order, k, run.out_dir)
     if n_cells == 0:
         run.echo(f"warning: no cells found in {run.slide}; wrote an empty score table")
     summary = {
         "slide": str(run.slide),
+        "slide_identity": run.identity,
         "model": str(bundle.path),
         "model_sha256": bundle.manifest_hash,
         "method": bundle.method,
@@ -282,14 +305,18 @@ def _finish(table, run: _Run) -> dict:
     timings["finish"] = time.perf_counter() - t_fin
     seconds = time.perf_counter() - run.t_start
     stage_total = sum(v for k2, v in timings.items() if k2 != "wait") or 1e-9
-    engine_rate = n_cells / timings["engine"] if timings["engine"] > 0 else None
+    # rates of this run only: a resumed run scored just the cells after the resume point
+    new_cells = n_cells - run.resumed_cells
+    engine_rate = new_cells / timings["engine"] if timings["engine"] > 0 else None
     summary.update(
         {
             "seconds": round(seconds, 2),
-            "cells_per_s": round(n_cells / max(seconds, 1e-9), 1),
+            "cells_this_run": int(new_cells),
+            "cells_resumed": int(run.resumed_cells),
+            "cells_per_s": round(new_cells / max(seconds, 1e-9), 1),
             "engine_cells_per_s": round(engine_rate, 1) if engine_rate else None,
             "pipeline_efficiency": (
-                round(n_cells / max(seconds, 1e-9) / engine_rate, 3) if engine_rate else None
+                round(new_cells / max(seconds, 1e-9) / engine_rate, 3) if engine_rate else None
             ),
             "timings_s": {k2: round(v, 2) for k2, v in timings.items()},
             "stage_share": {
@@ -303,15 +330,43 @@ def _finish(table, run: _Run) -> dict:
     return summary
 
 
-def _finished_summary(target: Path, scorer: Scorer) -> dict | None:
-    """The summary of a finished run of this model in ``target``, if there is one."""
+def _finished_summary(target: Path, scorer: Scorer, slide: Path, echo) -> dict | None:
+    """The summary of a finished run of this model on this very slide in ``target``, if any."""
     summary = target / "summary.json"
     if not summary.is_file() or not (target / "scores.parquet").is_file():
         return None
     if (target / PARTIAL).exists():
         return None
-    data = json.loads(summary.read_text())
-    return data if data.get("model_sha256") == scorer.bundle.manifest_hash else None
+    try:
+        data = json.loads(summary.read_text())
+    except json.JSONDecodeError:
+        return None
+    if data.get("model_sha256") != scorer.bundle.manifest_hash:
+        return None
+    if data.get("slide_identity") != slide_identity(slide):
+        echo(f"{slide.name}: the slide file changed since {target} was scored; scoring it again")
+        return None
+    return data
+
+
+def output_folders(slides: list[Path], out: Path) -> list[tuple[Path, Path]]:
+    """(slide, its output folder): ``OUT/STEM``, or ``OUT/STEM-<hash of the path>`` for slides
+    whose names collide in the cohort (``a/slide.ndpi`` and ``b/slide.ndpi``), so no slide's
+    result can overwrite another's. The same slide listed twice is scored once."""
+    import hashlib
+
+    unique = list(dict.fromkeys(Path(s).resolve() for s in slides))
+    stems: dict[str, int] = {}
+    for s in unique:
+        stems[s.stem] = stems.get(s.stem, 0) + 1
+    out = Path(out)
+    pairs = []
+    for s in unique:
+        name = s.stem
+        if stems[s.stem] > 1:
+            name = f"{s.stem}-{hashlib.sha1(str(s).encode()).hexdigest()[:8]}"
+        pairs.append((s, out / name))
+    return pairs
 
 
 def score_cohort(
@@ -321,24 +376,31 @@ def score_cohort(
     opts: ScoreOptions,
     echo=print,
     metrics: Metrics | None = None,
-) -> tuple[list[dict], list[tuple[Path, str]]]:
+) -> tuple[list[dict], list[tuple[Path, CytoError]]]:
     """Score several slides with one model load; a slide that fails is reported, the next goes
-    on. Returns (summaries, failures as (slide, reason))."""
+    on. Returns (summaries, failures as (slide, error))."""
     scorer = load_scorer(model, opts.backend, opts.device, opts.precision)
     echo(f"model {model} ({scorer.bundle.method}) on {scorer.describe()}")
     for note in scorer.notes:
         echo(f"  backend choice: {note}")
     done, failed = [], []
-    for slide in slides:
-        target = Path(out) / Path(slide).stem
-        previous = _finished_summary(target, scorer)
-        if opts.resume and previous is not None:
-            echo(f"{Path(slide).name}: already scored in {target}; skipping")
-            done.append(previous)
-            continue
+    pairs = output_folders(slides, out)
+    if len(pairs) < len(slides):
+        echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
+    for slide, target in pairs:
+        if target.name != slide.stem:
+            echo(
+                f"note: another slide of this cohort is also named {slide.name}: "
+                f"{slide} -> {target}"
+            )
         try:
+            if slide.is_file():
+                previous = _finished_summary(target, scorer, slide, echo)
+                if opts.resume and previous is not None:
+                    echo(f"{slide.name}: already scored in {target}; skipping")
+                    done.append(previous)
+                    continue
             done.append(score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics))
         except CytoError as exc:
-            failed.append((Path(slide), str(exc)))
-            echo(f"error: {slide}: {exc}")
+            failed.append((slide, exc))
     return done, failed

@@ -1,21 +1,108 @@
-"""The score table's rows on their way to disk: resumable chunks in ``OUT/SLIDE/.partial``.
+"""The score table's rows on their way to disk: resumable chunks in ``OUT/SLIDE/.partial``, and
+the lock that keeps one writer per output folder.
 
-Each chunk holds whole tiles, is written under a temporary name and renamed, and records how many
-tiles of the run's tile list are done; a state file records what the rows depend on (model,
-slide, options). A resumed run with the same state continues after the last chunk; any other
-state starts over.
+Each chunk holds whole tiles and is named by the range of tiles it holds
+(``chunk-<first>-<last>.parquet``, positions in the run's tile list), written under a temporary
+name and renamed; a state file records what the rows depend on (model, slide identity,
+options). A resumed run with the same state continues after the last chunk; any other state
+starts over. Chunks never overlap and never leave a gap, or the store says so.
+
+:class:`OutputLock` holds an exclusive ``flock`` on ``OUT/SLIDE/.lock`` for the whole run, so a
+second ``cyto score`` on the same folder (a double-click, an overlapping cron job) is refused
+with the first one's PID, host and start time. The kernel drops the lock when its process dies,
+so a lock left by a killed run is stale and taken over.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
+import socket
+import time
 from pathlib import Path
 
+from cyto.errors import CytoError, OutputBusyError
 from cyto.infer.slide import PLANE_SEP
 
 PARTIAL = ".partial"
+LOCK = ".lock"
+_CHUNK = re.compile(r"^chunk-(\d+)-(\d+)\.parquet$")
+
+
+class OutputLock:
+    """One writer per output folder (see the module docstring)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK
+        self._fh = None
+
+    def acquire(self) -> OutputLock:
+        import fcntl
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+")  # noqa: SIM115 - held open for the whole run
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            try:
+                holder = json.loads(fh.read() or "{}")
+            except json.JSONDecodeError:
+                holder = {}
+            fh.close()
+            raise OutputBusyError(
+                f"{self.folder} is being written by another cyto score (pid "
+                f"{holder.get('pid', '?')} on {holder.get('host', '?')}, since "
+                f"{holder.get('started', '?')}); wait for it to finish, or give another --out"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+                }
+            )
+        )
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def release(self) -> None:
+        if self._fh is not None:
+            self.path.unlink(missing_ok=True)
+            self._fh.close()  # closing drops the flock
+            self._fh = None
+
+    def __enter__(self) -> OutputLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def slide_identity(path: Path, block: int = 1 << 16, samples: int = 32) -> str:
+    """A content hash of a file that is fast on 10 GB slides: its size, its first and last MiB,
+    and ``samples`` blocks spread evenly between them (about 3 MiB read in all). A slide replaced
+    by another, or truncated, gets another identity; an unchanged one copied elsewhere keeps it."""
+    path = Path(path)
+    size = path.stat().st_size
+    h = hashlib.sha256(f"cyto-slide-identity-v1:{size}".encode())
+    with open(path, "rb") as fh:
+        edge = 1 << 20
+        h.update(fh.read(edge))
+        for i in range(samples):
+            fh.seek(edge + (max(size - 2 * edge, 0) * i) // samples)
+            h.update(fh.read(block))
+        fh.seek(max(size - edge, 0))
+        h.update(fh.read(edge))
+    return h.hexdigest()
 
 
 def schema():
@@ -36,9 +123,9 @@ def schema():
 
 
 def slide_key(slide: Path, planes: list[tuple[float, str]]) -> dict:
-    """Size and mtime of the slide and its plane files (what a resumed run must find again)."""
-    files = [Path(slide)] + [Path(p.split(PLANE_SEP)[0]) for _, p in planes]
-    return {str(f): [f.stat().st_size, int(f.stat().st_mtime)] for f in files}
+    """The identity of the slide and of its plane files (what a resumed run must find again)."""
+    files = [Path(slide)] + sorted({Path(p.split(PLANE_SEP)[0]) for _, p in planes})
+    return {str(f): slide_identity(f) for f in files}
 
 
 class ChunkStore:
@@ -54,18 +141,26 @@ class ChunkStore:
 
         state = self.dir / "state.json"
         if resume and state.is_file():
-            old = json.loads(state.read_text())
+            try:
+                old = json.loads(state.read_text())
+            except json.JSONDecodeError:
+                old = None
             if old == self.key:
-                done_tiles = done_cells = 0
-                for f in sorted(self.dir.glob("chunk-*.parquet")):
-                    meta = pq.read_schema(f).metadata or {}
-                    done_tiles = max(done_tiles, int(meta.get(b"cyto.tiles_done", b"0")))
-                    done_cells += pq.read_metadata(f).num_rows
                 for f in self.dir.glob("*.tmp"):
                     f.unlink()
+                done_tiles = self._ranges()[-1][1] + 1 if self._ranges() else 0
+                done_cells = sum(pq.read_metadata(f).num_rows for f in self._files())
                 echo(f"resuming: {done_tiles} tiles and {done_cells} cells already scored")
                 return done_tiles, done_cells
-            echo("resume: the earlier run used another model, slide or options; starting over")
+            what = [
+                k
+                for k in ("model", "slide", "options", "tiles")
+                if (old or {}).get(k) != self.key.get(k)
+            ]
+            echo(
+                f"resume: the earlier run had another {' and '.join(what) or 'state'} "
+                "(a changed slide file, model or options); starting over"
+            )
         elif resume:
             echo("resume: no unfinished run here; starting from the beginning")
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -73,23 +168,46 @@ class ChunkStore:
         state.write_text(json.dumps(self.key, indent=1))
         return 0, 0
 
-    def has_chunks(self) -> bool:
-        return any(self.dir.glob("chunk-*.parquet"))
+    def _files(self) -> list[Path]:
+        return sorted(f for f in self.dir.glob("chunk-*.parquet") if _CHUNK.match(f.name))
 
-    def write(self, table, tiles_done: int) -> None:
+    def _ranges(self) -> list[tuple[int, int]]:
+        """The tile ranges of the chunks, in order; they must follow each other without overlap
+        or gap (one writer per folder guarantees it; anything else is a damaged store)."""
+        ranges = []
+        for f in self._files():
+            m = _CHUNK.match(f.name)
+            ranges.append((int(m.group(1)), int(m.group(2))))
+        ranges.sort()
+        expect = 0
+        for a, b in ranges:
+            if a != expect or b < a:
+                raise CytoError(
+                    f"{self.dir}: chunk files overlap or leave a gap at tile {expect} "
+                    f"(found {a}-{b}); delete {self.dir} and score the slide again"
+                )
+            expect = b + 1
+        return ranges
+
+    def write(self, table, first_tile: int, tiles_done: int) -> None:
+        """Rows of the tiles ``first_tile`` .. ``tiles_done - 1`` (positions in the tile list)."""
         import pyarrow.parquet as pq
 
-        n = len(list(self.dir.glob("chunk-*.parquet")))
-        table = table.replace_schema_metadata({"cyto.tiles_done": str(tiles_done)})
-        tmp = self.dir / f"chunk-{n:06d}.parquet.tmp"
+        if tiles_done <= first_tile:
+            raise ValueError(f"a chunk holds at least one tile, got {first_tile}..{tiles_done}")
+        name = f"chunk-{first_tile:07d}-{tiles_done - 1:07d}.parquet"
+        if (self.dir / name).exists():
+            raise CytoError(f"{self.dir / name} exists: another writer is in this folder")
+        tmp = self.dir / f"{name}.tmp"
         pq.write_table(table, tmp)
-        os.replace(tmp, self.dir / f"chunk-{n:06d}.parquet")
+        os.replace(tmp, self.dir / name)
 
     def read_all(self):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        files = sorted(self.dir.glob("chunk-*.parquet"))
+        self._ranges()  # refuses overlapping or missing chunks
+        files = self._files()
         if not files:
             return schema().empty_table()
         return pa.concat_tables([pq.read_table(f).replace_schema_metadata(None) for f in files])

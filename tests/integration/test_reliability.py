@@ -1,0 +1,189 @@
+"""Never a wrong table: one writer per output folder, output folders that cannot collide in a
+cohort, a replaced slide is rescored, honest rates after a resume, no empty folders after a
+failure, exit codes that follow the error."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.errors import OutputBusyError
+from cyto.infer.pipeline import ScoreOptions, score_cohort, score_slide
+from cyto.infer.store import OutputLock, slide_identity
+from tests.integration.test_score import score_cli
+
+OPTS = ScoreOptions(mosaic=0, workers=0, tile=512)
+
+
+@pytest.fixture(scope="module")
+def slides(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rel")
+    (root / "a").mkdir()
+    (root / "b").mkdir()
+    a = write_slide(root / "a" / "s.tif", SlideSynthConfig(width=1024, height=768, seed=4))
+    b = write_slide(root / "b" / "s.tif", SlideSynthConfig(width=768, height=1024, seed=5))
+    return a, b
+
+
+def _hold(folder: str, ready, stop) -> None:
+    with OutputLock(folder):
+        ready.set()
+        stop.wait(60)
+
+
+def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(
+    exported_dsvdd, slides, tmp_path
+):
+    out = tmp_path / "o" / "s"
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold, args=(str(out), ready, stop))
+    holder.start()
+    assert ready.wait(60)
+    with pytest.raises(OutputBusyError, match=f"pid {holder.pid} on "):
+        score_slide(slides[0].paths[0], exported_dsvdd, out, OPTS)
+    assert not (out / "scores.parquet").exists()
+    holder.kill()  # killed: its lock file stays, but the kernel dropped the lock
+    holder.join()
+    assert (out / ".lock").exists()
+    summary = score_slide(slides[0].paths[0], exported_dsvdd, out, OPTS)
+    assert summary["cells_scored"] > 0 and not (out / ".lock").exists()
+
+
+def test_two_runs_on_one_folder_never_write_a_cell_twice(exported_dsvdd, slides, tmp_path):
+    """Two `cyto score` at once on the same --out (a double-click): one is refused with exit
+    code 3 or both finish one after the other; the table holds every cell once."""
+    out = tmp_path / "twice"
+    cmd = [
+        sys.executable,
+        "-m",
+        "cyto",
+        "score",
+        str(slides[0].paths[0]),
+        "--model",
+        str(exported_dsvdd),
+        "--out",
+        str(out),
+        "--mosaic",
+        "0",
+        "--workers",
+        "0",
+    ]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = [(p.wait(300), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes in ([0, 0], [0, 3]), results
+    if codes == [0, 3]:
+        assert any("being written by another cyto score" in err for _, err in results)
+    table = pq.read_table(out / "s" / "scores.parquet")
+    ids = np.asarray(table["cell_id"])
+    assert len(np.unique(ids)) == len(ids) == table.num_rows
+    xy = set(zip(table["x"].to_pylist(), table["y"].to_pylist(), strict=True))
+    assert len(xy) == table.num_rows
+    summary = json.loads((out / "s" / "summary.json").read_text())
+    assert summary["cells_scored"] == table.num_rows
+
+
+def test_slides_with_the_same_name_get_their_own_folders(exported_dsvdd, slides, tmp_path):
+    a, b = (s.paths[0] for s in slides)
+    msgs = []
+    done, failed = score_cohort([a, b, a], exported_dsvdd, tmp_path / "c", OPTS, msgs.append)
+    assert not failed and len(done) == 2
+    folders = sorted(p for p in (tmp_path / "c").iterdir() if p.is_dir())
+    assert len(folders) == 2 and all(f.name.startswith("s-") for f in folders)
+    seen = {pq.read_schema(f / "scores.parquet").metadata[b"cyto.slide"].decode() for f in folders}
+    assert seen == {str(a.resolve()), str(b.resolve())}
+    assert any("listed twice" in m for m in msgs) and any("also named s.tif" in m for m in msgs)
+    # resuming the cohort finds each slide's own result
+    msgs.clear()
+    again = ScoreOptions(**{**OPTS.__dict__, "resume": True})
+    done, _ = score_cohort([a, b], exported_dsvdd, tmp_path / "c", again, msgs.append)
+    assert sum("already scored" in m for m in msgs) == 2
+    assert {d["slide"] for d in done} == {str(a.resolve()), str(b.resolve())}
+
+
+def test_a_replaced_slide_is_scored_again(exported_dsvdd, slides, tmp_path):
+    slide = tmp_path / "x" / "s.tif"
+    slide.parent.mkdir()
+    shutil.copy(slides[0].paths[0], slide)
+    first, _ = score_cohort([slide], exported_dsvdd, tmp_path / "o", OPTS, lambda m: None)
+    shutil.copy(slides[1].paths[0], slide)  # another slide under the same path
+    assert slide_identity(slide) != first[0]["slide_identity"]
+    msgs = []
+    resume = ScoreOptions(**{**OPTS.__dict__, "resume": True})
+    done, _ = score_cohort([slide], exported_dsvdd, tmp_path / "o", resume, msgs.append)
+    assert any("changed since" in m for m in msgs), msgs
+    assert done[0]["slide_identity"] == slide_identity(slides[1].paths[0])
+    ref = score_slide(slides[1].paths[0], exported_dsvdd, tmp_path / "ref", OPTS)
+    assert done[0]["cells_scored"] == ref["cells_scored"]
+
+
+def test_rates_after_a_resume_count_this_run_only(exported_dsvdd, slides, tmp_path, monkeypatch):
+    from cyto.runtime import load_scorer
+
+    opts = ScoreOptions(mosaic=0, workers=0, tile=256, chunk_cells=8, batch_size=8)
+    scorer = load_scorer(exported_dsvdd, "onnx", "cpu")
+    real, calls = scorer.score, {"n": 0}
+
+    def flaky(images, batch_size):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(images, batch_size)
+
+    scorer.score = flaky
+    with pytest.raises(KeyboardInterrupt):
+        score_slide(slides[0].paths[0], scorer, tmp_path / "r", opts)
+    scorer.score = real
+    s = score_slide(
+        slides[0].paths[0],
+        scorer,
+        tmp_path / "r",
+        ScoreOptions(**{**opts.__dict__, "resume": True}),
+    )
+    assert s["cells_resumed"] > 0 and s["cells_this_run"] > 0
+    assert s["cells_resumed"] + s["cells_this_run"] == s["cells_scored"]
+    assert s["cells_per_s"] == pytest.approx(s["cells_this_run"] / s["seconds"], rel=0.02)
+
+
+def test_a_failed_slide_leaves_no_folder_and_exits_with_its_code(exported_dsvdd, tmp_path):
+    junk = tmp_path / "junk.svs"
+    junk.write_bytes(b"not a slide at all, just text" * 10)
+    proc = score_cli(tmp_path / "missing.ndpi", exported_dsvdd, tmp_path / "o")
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    assert proc.stderr.count("does not exist") == 1  # printed once
+    proc = score_cli(junk, exported_dsvdd, tmp_path / "o")
+    assert proc.returncode == 1 and "not a whole-slide image" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o" / "missing").exists() and not (tmp_path / "o" / "junk").exists()
+
+
+def test_the_slide_identity_is_fast_and_content_based(tmp_path):
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as fh:  # a sparse 4 GiB file: cheap on disk
+        fh.seek(4 * 2**30 - 1)
+        fh.write(b"\0")
+    t0 = time.perf_counter()
+    ident = slide_identity(big)
+    assert time.perf_counter() - t0 < 5
+    copy = tmp_path / "copy.bin"
+    with open(copy, "wb") as fh:
+        fh.seek(4 * 2**30 - 1)
+        fh.write(b"\0")
+    assert slide_identity(copy) == ident
+    with open(copy, "r+b") as fh:  # one changed byte inside a sampled block
+        fh.seek(2**20 + (4 * 2**30 - 2 * 2**20) // 32 * 5 + 100)
+        fh.write(b"x")
+    assert slide_identity(copy) != ident
