@@ -25,7 +25,10 @@ from cyto import __version__
 from cyto.errors import BundleError
 
 FORMAT = "cyto-bundle"
-FORMAT_VERSION = 1
+# 2: the manifest must carry its seal; TensorRT engines live in engines/, outside the seal.
+# 1 (older cyto): the seal was optional, so a version-1 manifest without one cannot be checked.
+FORMAT_VERSION = 2
+UNSEALED_VERSIONS = (1,)
 MANIFEST = "manifest.json"
 SEAL = "manifest_sha256"
 ONNX_FILE = "encoder.onnx"
@@ -210,6 +213,7 @@ def save_bundle(
             "files": files,
         }
         (tmp / MANIFEST).write_text(_manifest_text(full))
+        _readable_by_all(tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -217,6 +221,18 @@ def save_bundle(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _readable_by_all(folder: Path) -> None:
+    """The modes a plain ``mkdir`` and ``open`` would give under the user's umask: mkdtemp makes
+    the folder 0700 and safetensors writes 0600, which other users of a shared workstation
+    cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for f in folder.iterdir():
+        if f.is_file():
+            f.chmod(0o666 & ~umask)
 
 
 def _canonical_sha256(manifest: dict[str, Any]) -> str:
@@ -227,10 +243,12 @@ def _canonical_sha256(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _manifest_text(manifest: dict[str, Any]) -> str:
+def _manifest_text(manifest: dict[str, Any], seal: bool = True) -> str:
     """The manifest as written: sealed with the checksum of its canonical form."""
-    sealed = {**manifest, SEAL: _canonical_sha256(manifest)}
-    return json.dumps(sealed, indent=2, sort_keys=True, default=_json)
+    body = {k: v for k, v in manifest.items() if k != SEAL}
+    if seal:
+        body[SEAL] = _canonical_sha256(body)
+    return json.dumps(body, indent=2, sort_keys=True, default=_json)
 
 
 def _json(obj: Any) -> Any:
@@ -257,12 +275,25 @@ def read_manifest(path: Path) -> dict[str, Any]:
         manifest = json.loads(mf.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"{mf} is not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{mf} is not a JSON object: not a cyto bundle manifest")
     if manifest.get("format") != FORMAT:
         raise BundleError(f"{path} is not a cyto bundle (format {manifest.get('format')!r})")
-    if int(manifest.get("format_version", -1)) > FORMAT_VERSION:
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise BundleError(
-            f"{path} uses bundle format {manifest['format_version']}, newer than this cyto "
+            f"{mf}: format_version must be a positive whole number, got {version!r} "
+            "(the manifest is damaged)"
+        )
+    if version > FORMAT_VERSION:
+        raise BundleError(
+            f"{path} uses bundle format {version}, newer than this cyto "
             f"({__version__}) reads ({FORMAT_VERSION}); upgrade cyto"
+        )
+    if SEAL not in manifest and version not in UNSEALED_VERSIONS:
+        raise BundleError(
+            f"{mf} has no {SEAL}: a format-{version} manifest is always sealed, so this one was "
+            "edited by hand; retrain or re-export instead of editing it"
         )
     if SEAL in manifest and manifest[SEAL] != _canonical_sha256(manifest):
         raise BundleError(
@@ -324,14 +355,18 @@ def load_bundle(path: Path, weights: bool = True) -> Bundle:
 def add_files(
     path: Path, new: dict[str, Path], manifest_update: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Add (or replace) files in a bundle, update the manifest's checksums and fields."""
+    """Add (or replace) files in a bundle, update the manifest's checksums and fields.
+
+    An unsealed (format 1) bundle stays format 1: sealing it now would vouch for edits made
+    before."""
     manifest = verify_bundle(path)
+    sealed = SEAL in manifest
     manifest.update(manifest_update or {})
     for name, src in new.items():
         if Path(src).resolve() != (Path(path) / name).resolve():
             shutil.copyfile(src, Path(path) / name)
         manifest["files"][name] = sha256_file(Path(path) / name)
     tmp = Path(path) / f".{MANIFEST}.partial"
-    tmp.write_text(_manifest_text(manifest))
+    tmp.write_text(_manifest_text(manifest, seal=sealed))
     os.replace(tmp, Path(path) / MANIFEST)
     return manifest

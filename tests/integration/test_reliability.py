@@ -187,3 +187,51 @@ def test_the_slide_identity_is_fast_and_content_based(tmp_path):
         fh.seek(2**20 + (4 * 2**30 - 2 * 2**20) // 32 * 5 + 100)
         fh.write(b"x")
     assert slide_identity(copy) != ident
+
+
+@pytest.mark.parametrize("suffix", [".tif", ".ndpi"])
+def test_truncated_slides_are_refused_at_any_offset(tmp_path, suffix):
+    from cyto.errors import UnsupportedSlideError
+    from cyto.infer.slide import open_slide
+
+    res = write_slide(tmp_path / f"s{suffix}", SlideSynthConfig(width=1024, height=1024, seed=1))
+    data = res.paths[0].read_bytes()
+    for frac in (0.05, 0.3, 0.6, 0.9, 0.99):
+        cut = tmp_path / f"cut{suffix}"
+        cut.write_bytes(data[: int(len(data) * frac)])
+        with pytest.raises(UnsupportedSlideError, match="damaged or truncated|truncated"):
+            open_slide(cut)
+
+
+@pytest.mark.realdata
+@pytest.mark.openslide
+def test_a_truncated_svs_is_not_read_as_a_plain_tiff(wsi_dir, exported_dsvdd, tmp_path):
+    svs = wsi_dir / "cmu1_small_region.svs"
+    data = svs.read_bytes()
+    cut = tmp_path / "cut.svs"
+    cut.write_bytes(data[: int(len(data) * 0.9)])
+    proc = score_cli(cut, exported_dsvdd, tmp_path / "o")
+    assert proc.returncode == 1, proc.stdout
+    assert "says it is an Aperio SVS, but OpenSlide cannot open it" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "o" / "cut").exists()
+
+
+def test_the_format_sniff_reads_a_few_bytes_not_the_file(tmp_path, monkeypatch):
+    """A 4 GiB file must not be read whole to learn it is a TIFF (8: 4.7 GB peak before)."""
+    from pathlib import Path
+
+    from cyto.errors import UnsupportedSlideError
+    from cyto.infer.slide import open_slide
+
+    big = tmp_path / "big.tif"
+    with open(big, "wb") as fh:  # a TIFF header, 4 GiB sparse
+        fh.write(b"II*\0" + (0xFFFFFF00).to_bytes(4, "little"))  # a directory of zeros
+        fh.seek(4 * 2**30 - 1)
+        fh.write(b"\0")
+
+    def whole_file(self):  # pragma: no cover - the test fails if it is called
+        raise AssertionError(f"{self} read whole")
+
+    monkeypatch.setattr(Path, "read_bytes", whole_file)
+    with pytest.raises(UnsupportedSlideError, match="damaged or truncated"):
+        open_slide(big)

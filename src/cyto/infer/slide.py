@@ -21,6 +21,9 @@ from cyto.errors import InputPathError, MissingDependencyError, UnsupportedSlide
 
 BACKENDS = ("auto", "pyvips", "openslide")
 PAD = 255
+TIFF_MAGIC = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")
+NDPI_MARKER_TAG = 65420  # Hamamatsu's "NDPI format" tag, in every NDPI directory
+DESCRIPTION_TAG = 270
 
 
 def _load_libraries() -> tuple[object | None, object | None]:
@@ -328,6 +331,115 @@ def ndpi_planes(path: Path) -> list[tuple[float, str]]:
     return sorted(found)
 
 
+def _first_directory(path: Path, size: int) -> tuple[set[int], str]:
+    """(tag ids, ImageDescription start) of a TIFF's first directory, read without a library
+    (tifffile cannot follow the 64-bit offsets of large NDPI files)."""
+    import struct
+
+    with open(path, "rb") as fh:
+        head = fh.read(16)
+        order = "<" if head[:2] == b"II" else ">"
+        big = head[2:4] in (b"+\0", b"\0+")
+        offset = struct.unpack(order + ("Q" if big else "I"), head[8:16] if big else head[4:8])[0]
+        if not 8 <= offset < size:
+            raise UnsupportedSlideError(
+                f"{path}: damaged or truncated TIFF: its first directory is at byte {offset:,} "
+                f"of a {size:,}-byte file"
+            )
+        fh.seek(offset)
+        n_size, entry = (8, 20) if big else (2, 12)
+        raw = fh.read(n_size)
+        count = struct.unpack(order + ("Q" if big else "H"), raw)[0] if len(raw) == n_size else 0
+        entries = fh.read(count * entry)
+        if count == 0 or len(entries) < count * entry:
+            raise UnsupportedSlideError(f"{path}: damaged or truncated TIFF: no first directory")
+        tags: set[int] = set()
+        description = ""
+        for i in range(count):
+            e = entries[i * entry : (i + 1) * entry]
+            tag, typ = struct.unpack(order + "HH", e[:4])
+            tags.add(tag)
+            if tag == DESCRIPTION_TAG and typ == 2:
+                n = struct.unpack(order + ("Q" if big else "I"), e[4:12] if big else e[4:8])[0]
+                inline = 8 if big else 4
+                value = e[-inline:]
+                if n > inline:
+                    where = struct.unpack(order + ("Q" if big else "I"), value)[0]
+                    fh.seek(where)
+                    value = fh.read(min(n, 256))
+                description = value[: min(n, 256)].decode("latin-1", "replace")
+    return tags, description
+
+
+def check_structure(path: Path, vendor: str | None, openslide_present: bool) -> None:
+    """Refuse a TIFF-based slide that is damaged or truncated, before anything is scored.
+
+    - A file whose first directory names a vendor format (Aperio's description, Hamamatsu's NDPI
+      tag) that OpenSlide does not recognize is damaged: read as a plain TIFF it would lose its
+      resolution and, where image data is missing, its cells.
+    - Every directory tifffile can follow must lie inside the file, and every tile or strip of
+      image data must end before the end of the file.
+    """
+    import logging
+
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head not in TIFF_MAGIC:
+        return
+    tags, description = _first_directory(path, size)
+    expected = None
+    if description.startswith("Aperio"):
+        expected, what = "aperio", "an Aperio SVS"
+    elif NDPI_MARKER_TAG in tags:
+        expected, what = "hamamatsu", "a Hamamatsu NDPI"
+    if openslide_present and expected and vendor != expected:
+        raise UnsupportedSlideError(
+            f"{path}: its first directory says it is {what}, but OpenSlide cannot open it as one: "
+            f"the file is damaged or truncated ({size:,} bytes); read as a plain TIFF it would "
+            "lose its resolution and cells"
+        )
+    if expected == "hamamatsu":
+        return  # tifffile cannot follow NDPI's 64-bit offsets; OpenSlide checked this one
+    import tifffile
+
+    problems: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            problems.append(record.getMessage())
+
+    log = logging.getLogger("tifffile")
+    handler = _Collect(logging.WARNING)
+    log.addHandler(handler)
+    try:
+        with tifffile.TiffFile(path) as tf:
+            for i, page in enumerate(tf.pages):
+                pairs = zip(page.dataoffsets, page.databytecounts, strict=False)
+                ends = [o + c for o, c in pairs if c]
+                if ends and max(ends) > size:
+                    raise UnsupportedSlideError(
+                        f"{path}: truncated: the image data of directory {i} ends at byte "
+                        f"{max(ends):,} but the file has {size:,} bytes"
+                    )
+    except (tifffile.TiffFileError, ValueError, IndexError, struct_error()) as exc:
+        raise UnsupportedSlideError(f"{path}: damaged TIFF structure ({exc})") from exc
+    finally:
+        log.removeHandler(handler)
+    bad = [p for p in problems if "invalid" in p.lower() or "corrupt" in p.lower()]
+    if bad:
+        raise UnsupportedSlideError(
+            f"{path}: damaged or truncated TIFF ({bad[0]}; {size:,} bytes): refusing to score "
+            "what is left of it"
+        )
+
+
+def struct_error() -> type[Exception]:
+    import struct
+
+    return struct.error
+
+
 def open_plane(spec: str | Path) -> SlideReader:
     """A focal plane: another slide file, or ``FILE.ndpi#page=N`` for an NDPI z-offset page."""
     text = str(spec)
@@ -367,11 +479,13 @@ def open_slide(path: Path | str, backend: str = "auto") -> SlideReader:
             vendor = None
     if vendor == "generic-tiff":
         vendor = None
-    head = path.read_bytes()[:4]
-    if vendor is None and head not in (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+"):
+    with open(path, "rb") as fh:  # 4 bytes: never the whole file (slides reach tens of GB)
+        head = fh.read(4)
+    if vendor is None and head not in TIFF_MAGIC:
         raise UnsupportedSlideError(
             f"{path}: not a whole-slide image (neither a TIFF nor a format OpenSlide recognizes)"
         )
+    check_structure(path, vendor, openslide is not None)
     vips_openslide = pyvips is not None and bool(pyvips.type_find("VipsForeign", "openslideload"))
     if backend == "openslide" or (backend == "auto" and vendor and not vips_openslide):
         if openslide is None:

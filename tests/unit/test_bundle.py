@@ -1,0 +1,73 @@
+"""The bundle's seal: a sealed format cannot be unsealed by deleting the seal, damaged
+manifests are one clear error, older unsealed bundles still load, and a bundle is readable by
+the other users of a shared workstation."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import numpy as np
+import pytest
+
+from cyto.bundle import FORMAT_VERSION, SEAL, add_files, load_bundle, save_bundle
+from cyto.errors import BundleError
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    import torch
+
+    manifest = {"method": "dsvdd", "scorer_kind": "dsvdd", "calibration": {"q": 1.0}}
+    weights = {"encoder-seed0": {"w": torch.ones(2, 2)}}
+    return save_bundle(tmp_path / "b.cyto", manifest, weights, {"centres": np.ones((1, 2))})
+
+
+def _edit(path, **changes):
+    mf = path / "manifest.json"
+    data = json.loads(mf.read_text())
+    for k, v in changes.items():
+        if v is None:
+            data.pop(k, None)
+        else:
+            data[k] = v
+    mf.write_text(json.dumps(data))
+
+
+def test_deleting_the_seal_does_not_make_an_edit_load(bundle):
+    assert json.loads((bundle / "manifest.json").read_text())["format_version"] == FORMAT_VERSION
+    _edit(bundle, calibration={"q": 99.0}, **{SEAL: None})
+    with pytest.raises(BundleError, match="has no manifest_sha256.*edited by hand"):
+        load_bundle(bundle)
+
+
+def test_an_older_unsealed_bundle_still_loads_and_stays_unsealed(bundle, tmp_path):
+    _edit(bundle, format_version=1, **{SEAL: None})
+    assert load_bundle(bundle).method == "dsvdd"
+    extra = tmp_path / "note.txt"
+    extra.write_text("x")
+    add_files(bundle, {"note.txt": extra})
+    assert SEAL not in json.loads((bundle / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("version", ["abc", None, 0, 2.5, True])
+def test_a_garbled_format_version_is_one_clear_error(bundle, version):
+    _edit(bundle, format_version=version if version is not None else "")
+    with pytest.raises(BundleError, match="format_version must be a positive whole number"):
+        load_bundle(bundle)
+
+
+def test_a_manifest_that_is_not_an_object(bundle):
+    (bundle / "manifest.json").write_text("[1, 2, 3]")
+    with pytest.raises(BundleError, match="not a JSON object"):
+        load_bundle(bundle)
+
+
+def test_a_bundle_is_readable_by_other_users(bundle):
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(bundle.stat().st_mode) == 0o777 & ~umask
+    for f in bundle.iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~umask, f.name
