@@ -60,6 +60,10 @@ class TrainingError(CytoError):
     """Training cannot go on (NaN loss, collapsed scores, unusable data for the method)."""
 
 
+class OutputWriteError(CytoError):
+    """An output cannot be written (disk full, read-only, no permission); finished work is kept."""
+
+
 class OutputBusyError(CytoError):
     """Another process is writing the same output folder (one writer per folder)."""
 

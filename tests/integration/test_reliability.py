@@ -235,3 +235,118 @@ def test_the_format_sniff_reads_a_few_bytes_not_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_bytes", whole_file)
     with pytest.raises(UnsupportedSlideError, match="damaged or truncated"):
         open_slide(big)
+
+
+def test_a_full_disk_keeps_the_chunks_and_resume_finishes(
+    exported_dsvdd, slides, tmp_path, monkeypatch
+):
+    """A disk that fills while the final table is written: one clear error that says the chunks
+    are kept, and --resume then finishes with the uninterrupted table."""
+    import errno
+
+    import pyarrow.parquet as pq_mod
+
+    opts = ScoreOptions(mosaic=0, workers=0, tile=256, chunk_cells=16)
+    ref = score_slide(slides[0].paths[0], exported_dsvdd, tmp_path / "ref", opts)
+    real = pq_mod.write_table
+
+    def full(table, where, *a, **k):
+        if "scores.parquet" in str(where):
+            raise OSError(errno.ENOSPC, "No space left on device", str(where))
+        return real(table, where, *a, **k)
+
+    monkeypatch.setattr(pq_mod, "write_table", full)
+    from cyto.errors import OutputWriteError
+
+    with pytest.raises(OutputWriteError, match="the disk is full; the finished chunks are kept"):
+        score_slide(slides[0].paths[0], exported_dsvdd, tmp_path / "o" / "s", opts)
+    monkeypatch.setattr(pq_mod, "write_table", real)
+    s = score_slide(
+        slides[0].paths[0],
+        exported_dsvdd,
+        tmp_path / "o" / "s",
+        ScoreOptions(**{**opts.__dict__, "resume": True}),
+    )
+    assert s["cells_scored"] == ref["cells_scored"] and s["cells_this_run"] == 0
+    a = pq.read_table(tmp_path / "o" / "s" / "scores.parquet").replace_schema_metadata(None)
+    b = pq.read_table(tmp_path / "ref" / "scores.parquet").replace_schema_metadata(None)
+    assert a.equals(b)
+
+
+def test_bad_output_folders_are_one_line(exported_dsvdd, slides, tmp_path):
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    proc = score_cli(slides[0].paths[0], exported_dsvdd, a_file)
+    assert proc.returncode == 2 and "is a file; give a folder" in proc.stderr
+    proc = score_cli(slides[0].paths[0], exported_dsvdd, a_file / "below")
+    assert proc.returncode == 1 and "cannot write" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_ctrl_c_to_the_process_group_prints_no_worker_traceback(exported_dsvdd, tmp_path):
+    import os
+    import signal
+
+    big = write_slide(tmp_path / "big.tif", SlideSynthConfig(width=4096, height=4096, seed=7))
+    cmd = [
+        sys.executable,
+        "-m",
+        "cyto",
+        "score",
+        str(big.paths[0]),
+        "--model",
+        str(exported_dsvdd),
+        "--out",
+        str(tmp_path / "o"),
+        "--workers",
+        "2",
+        "--tile",
+        "512",
+        "--mosaic",
+        "0",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # as in a terminal: SIGINT not ignored (children of a background job inherit SIG_IGN)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.time() + 120
+    state = tmp_path / "o" / "big" / ".partial" / "state.json"
+    while time.time() < deadline and not state.exists():  # the tile loop is starting
+        time.sleep(0.1)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "Traceback" not in err, err
+    assert "rerun with --resume" in out + err
+
+
+def test_workers_ignore_ctrl_c_and_leave_it_to_the_main_process():
+    """An idle worker that gets the terminal's SIGINT stays alive and prints nothing (before, it
+    died with a KeyboardInterrupt traceback and broke the pool)."""
+    import os
+    import signal
+    from concurrent.futures import ProcessPoolExecutor
+
+    from cyto.infer.nuclei import NucleusParams
+    from cyto.infer.tiling import TileContext, _init_worker
+
+    ctx = TileContext("s.tif", (), (0.0,), 512, 32, 64, 64, NucleusParams())
+    # children of a shell's background job start with SIGINT ignored; a terminal's do not
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    pool = ProcessPoolExecutor(
+        1, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(ctx, True)
+    )
+    signal.signal(signal.SIGINT, before)
+    try:
+        pid = pool.submit(os.getpid).result(timeout=60)
+        os.kill(pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert pool.submit(os.getpid).result(timeout=60) == pid
+    finally:
+        pool.shutdown()

@@ -121,6 +121,21 @@ def read_manifest(path: Path) -> list[PatchRecord]:
         )
     if not records:
         raise DatasetError(f"manifest {path} has no rows")
+    first_row: dict[Path, int] = {}
+    repeats = []
+    for i, r in enumerate(records):
+        key = Path(os.path.normpath(r.path))
+        if key in first_row:
+            repeats.append((i + 2, first_row[key] + 2, r.path))
+        else:
+            first_row[key] = i
+    if repeats:
+        row, first, f = repeats[0]
+        raise DatasetError(
+            f"manifest {path} lists {len(repeats)} image(s) more than once (row {row} repeats "
+            f"row {first}: {f}); each image would count twice in training and in the metrics: "
+            "remove the repeated rows"
+        )
     return records
 
 

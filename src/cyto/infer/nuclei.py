@@ -226,25 +226,41 @@ def read_nuclei_file(path: Path, width: int, height: int) -> np.ndarray:
     if suffix in (".geojson", ".json"):
         pts = _geojson_points(path)
     elif suffix in (".csv", ".parquet", ".pq"):
+        import pyarrow as pa
         import pyarrow.csv as pacsv
         import pyarrow.parquet as pq
 
-        table = pacsv.read_csv(path) if suffix == ".csv" else pq.read_table(path)
+        try:
+            table = pacsv.read_csv(path) if suffix == ".csv" else pq.read_table(path)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputPathError(f"nuclei file {path} cannot be read as a table: {exc}") from exc
         cols = {c.lower(): c for c in table.column_names}
         if "x" not in cols or "y" not in cols:
             raise InputPathError(
                 f"nuclei file {path} needs x and y columns (level-0 pixels); "
                 f"it has {', '.join(table.column_names)}"
             )
-        pts = np.stack(
-            [
-                np.asarray(table[cols["x"]], dtype=np.float64),
-                np.asarray(table[cols["y"]], dtype=np.float64),
-            ],
-            axis=1,
-        )
+        try:
+            pts = np.stack(
+                [
+                    np.asarray(table[cols["x"]].to_pylist(), dtype=np.float64),
+                    np.asarray(table[cols["y"]].to_pylist(), dtype=np.float64),
+                ],
+                axis=1,
+            )
+        except (TypeError, ValueError) as exc:
+            raise InputPathError(
+                f"nuclei file {path}: x and y must be numbers (level-0 pixels): {exc}"
+            ) from exc
     else:
         raise InputPathError(f"nuclei file {path}: expected .csv, .parquet or .geojson")
+    missing = ~np.isfinite(pts).all(axis=1)
+    if missing.any():
+        row = int(np.flatnonzero(missing)[0])
+        raise InputPathError(
+            f"nuclei file {path}: {int(missing.sum())} point(s) without a numeric x and y "
+            f"(first: point {row + 1})"
+        )
     bad = (
         ~np.isfinite(pts).all(axis=1)
         | (pts[:, 0] < 0)
@@ -266,18 +282,36 @@ def _geojson_points(path: Path) -> np.ndarray:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputPathError(f"nuclei file {path} is not valid GeoJSON: {exc}") from exc
+    if not isinstance(data, (list, dict)):
+        raise InputPathError(f"nuclei file {path} is not a GeoJSON FeatureCollection or feature")
     features = data if isinstance(data, list) else data.get("features", [data])
+    if not isinstance(features, list):
+        raise InputPathError(f"nuclei file {path}: its 'features' is not a list")
     pts = []
-    for f in features:
+    for i, f in enumerate(features):
+        if not isinstance(f, dict):
+            raise InputPathError(f"nuclei file {path}: feature {i + 1} is not a GeoJSON object")
         geom = f.get("geometry") or {}
         kind, coords = geom.get("type"), geom.get("coordinates")
-        if kind == "Point":
-            pts.append(coords[:2])
-        elif kind == "MultiPoint":
-            pts.extend(c[:2] for c in coords)
-        elif kind == "Polygon":
-            ring = np.asarray(coords[0], dtype=np.float64)
-            pts.append(ring[:-1, :2].mean(axis=0) if len(ring) > 1 else ring[0, :2])
+        try:
+            if kind == "Point":
+                pts.append(_xy(coords))
+            elif kind == "MultiPoint":
+                pts.extend(_xy(c) for c in coords)
+            elif kind == "Polygon":
+                ring = np.asarray([_xy(c) for c in coords[0]], dtype=np.float64)
+                pts.append(ring[:-1].mean(axis=0) if len(ring) > 1 else ring[0])
+        except (TypeError, ValueError, IndexError) as exc:
+            raise InputPathError(
+                f"nuclei file {path}: feature {i + 1} ({kind}) has no valid x, y coordinates"
+            ) from exc
     if not pts:
         raise InputPathError(f"nuclei file {path} holds no Point or Polygon features")
     return np.asarray(pts, dtype=np.float64).reshape(-1, 2)
+
+
+def _xy(coords) -> tuple[float, float]:
+    """The x, y of a GeoJSON position (a third coordinate is ignored)."""
+    if len(coords) < 2:
+        raise ValueError(f"a position needs x and y, got {coords!r}")
+    return float(coords[0]), float(coords[1])

@@ -15,6 +15,7 @@ score and the burden estimate.
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.errors import CytoError
+from cyto.errors import CytoError, InputPathError, OutputWriteError
 from cyto.infer.calibrate import burden
 from cyto.infer.memory import peak_rss_mb
 from cyto.infer.options import STAGES, ScoreOptions
@@ -157,6 +158,8 @@ def score_slide(
             return _score_locked(
                 slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start
             )
+    except OSError as exc:
+        raise _write_error(slide, out_dir, exc) from exc
     except BaseException:
         # a run that failed before writing anything leaves no empty folder behind
         if made and out_dir.is_dir() and not any(out_dir.iterdir()):
@@ -164,6 +167,26 @@ def score_slide(
         raise
     finally:
         reader.close()
+
+
+def _write_error(slide: Path, out_dir: Path, exc: OSError) -> OutputWriteError:
+    why = {
+        errno.ENOSPC: "the disk is full",
+        errno.EDQUOT: "the disk quota is used up",
+        errno.EROFS: "the file system is read-only",
+        errno.EACCES: "no permission to write there",
+        errno.EPERM: "no permission to write there",
+    }.get(exc.errno, exc.strerror or str(exc))
+    kept = out_dir / PARTIAL
+    tail = (
+        f"; the finished chunks are kept in {kept}: fix that and rerun with --resume"
+        if kept.is_dir() and any(kept.glob("chunk-*"))
+        else ""
+    )
+    where = Path(exc.filename) if exc.filename else out_dir
+    if out_dir.resolve() not in (where.resolve(), *where.resolve().parents):
+        return OutputWriteError(f"{slide}: input/output error on {where}: {why}")
+    return OutputWriteError(f"{slide}: cannot write {where}: {why}{tail}")
 
 
 def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start) -> dict:
@@ -383,6 +406,8 @@ def score_cohort(
     echo(f"model {model} ({scorer.bundle.method}) on {scorer.describe()}")
     for note in scorer.notes:
         echo(f"  backend choice: {note}")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise InputPathError(f"--out {out} is a file; give a folder (it is created if missing)")
     done, failed = [], []
     pairs = output_folders(slides, out)
     if len(pairs) < len(slides):

@@ -143,9 +143,13 @@ _CTX: TileContext | None = None
 _READERS: list | None = None
 
 
-def _init_worker(ctx: TileContext) -> None:
+def _init_worker(ctx: TileContext, worker: bool = False) -> None:
     global _CTX, _READERS
     _CTX, _READERS = ctx, None
+    if worker:  # Ctrl-C reaches the whole process group: the main process alone handles it
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _close_readers() -> None:
@@ -208,7 +212,7 @@ class TileFeed:
                 workers,
                 mp_context=mp.get_context("spawn"),
                 initializer=_init_worker,
-                initargs=(ctx,),
+                initargs=(ctx, True),
             )
         else:
             _init_worker(ctx)

@@ -9,6 +9,7 @@ truth.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -93,14 +94,16 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
                 raise ValueError(value)
             return int(value)
         if base is float:
-            return float(value)
+            number = float(value)
+            if not math.isfinite(number):  # nan passes every `<= 0` check and wrecks training
+                raise ValueError(value)
+            return number
         if base is str:
             return str(value)
         return value
     except (TypeError, ValueError) as exc:
-        raise ConfigError(
-            f"{name}={value!r} is not a valid {getattr(base, '__name__', base)}"
-        ) from exc
+        what = "finite number" if base is float else getattr(base, "__name__", base)
+        raise ConfigError(f"{name}={value!r} is not a valid {what}") from exc
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -24,12 +24,16 @@ INSTALL_GPU = "pip install 'cyto[gpu]' (onnxruntime-gpu, never next to onnxrunti
 
 
 def require_onnxruntime():
+    """Import onnxruntime (either build), or raise the one error naming the extra to install."""
+    missing = MissingDependencyError(
+        "onnxruntime", "ONNX Runtime scoring", f"{INSTALL_CPU} (or {INSTALL_GPU})"
+    )
     if importlib.util.find_spec("onnxruntime") is None:
-        raise MissingDependencyError(
-            "onnxruntime", "ONNX Runtime scoring", f"{INSTALL_CPU} (or {INSTALL_GPU})"
-        )
-    import onnxruntime as ort
-
+        raise missing
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:  # a broken install, or both builds on top of each other
+        raise missing from exc
     return ort
 
 

@@ -1,0 +1,96 @@
+"""Bad input, as a hostile but realistic user gives it: every case is one line on stderr, names
+the file, exits non-zero, and never a traceback. The corpus is made here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cyto.errors import ConfigError, DatasetError, InputPathError
+from cyto.infer.nuclei import read_nuclei_file
+from tests.unit.test_cli import run_cyto
+
+NUCLEI = {
+    "empty.csv": b"",
+    "text.csv": b"x,y\nabc,3\n",
+    "hole.csv": b"x,y\n1,\n",
+    "list.geojson": b"[1, 2, 3]",
+    "one.geojson": json.dumps(
+        {"type": "Feature", "geometry": {"type": "Point", "coordinates": [5]}}
+    ).encode(),
+    "ring.geojson": json.dumps(
+        {"type": "Feature", "geometry": {"type": "Polygon", "coordinates": []}}
+    ).encode(),
+    "scalar.geojson": b"7",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NUCLEI))
+def test_bad_nuclei_files_are_one_clear_error(tmp_path, name):
+    f = tmp_path / name
+    f.write_bytes(NUCLEI[name])
+    with pytest.raises(InputPathError, match=f"nuclei file {f}"):
+        read_nuclei_file(f, 100, 100)
+
+
+def test_a_bad_nuclei_file_through_the_cli(exported_dsvdd, tmp_path):
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+
+    slide = write_slide(tmp_path / "s.tif", SlideSynthConfig(width=512, height=512)).paths[0]
+    f = tmp_path / "text.csv"
+    f.write_bytes(NUCLEI["text.csv"])
+    proc = run_cyto(
+        "score",
+        str(slide),
+        "--model",
+        str(exported_dsvdd),
+        "--out",
+        str(tmp_path / "o"),
+        "--nuclei",
+        str(f),
+    )
+    assert proc.returncode == 2 and "x and y must be numbers" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_repeated_rows_of_a_manifest_are_refused(tmp_path):
+    from PIL import Image
+
+    from cyto.data.dataset import read_manifest
+
+    rows = ["path,label"]
+    for i in range(4):
+        Image.new("RGB", (8, 8)).save(tmp_path / f"c{i}.png")
+        rows.append(f"c{i}.png,normal")
+    rows += ["c1.png,normal", "./c2.png,normal"]  # the same images again
+    (tmp_path / "m.csv").write_text("\n".join(rows) + "\n")
+    with pytest.raises(DatasetError, match=r"2 image\(s\) more than once \(row 6 repeats row 3"):
+        read_manifest(tmp_path / "m.csv")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_non_finite_setting_is_refused_before_any_data_is_read(value):
+    from cyto.train.config import resolve_config
+    from cyto.train.dsvdd import DSVDDConfig
+
+    with pytest.raises(ConfigError, match=f"lr='{value}' is not a valid finite number"):
+        resolve_config(DSVDDConfig, "fast", overrides=[f"lr={value}"])
+
+
+def test_a_missing_onnxruntime_is_one_line_naming_the_extras(exported_dsvdd, tmp_path):
+    """`pip install cyto` without an extra, then `cyto export`: the runtime names cyto[cpu] /
+    cyto[gpu] (a broken import is treated the same)."""
+    import shutil
+
+    copy = tmp_path / "m.cyto"
+    shutil.copytree(exported_dsvdd, copy)
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "onnxruntime.py").write_text("raise ImportError('no onnxruntime here')\n")
+    proc = run_cyto("export", str(copy), env={"PYTHONPATH": str(blocker)})
+    assert proc.returncode != 0
+    assert (
+        "onnxruntime" in proc.stderr and "cyto[cpu]" in proc.stderr and "cyto[gpu]" in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
