@@ -622,6 +622,14 @@ def score_cmd(
     rescale: Annotated[
         bool, typer.Option(help="Resample crops when the slide's mpp differs from the model's.")
     ] = False,
+    mpp: Annotated[
+        float | None,
+        typer.Option(help="The slides' um/px, when their metadata lacks or misstates it."),
+    ] = None,
+    model_mpp: Annotated[
+        float | None,
+        typer.Option(help="The training patches' um/px, for a bundle trained without --set mpp."),
+    ] = None,
     truth: Annotated[
         Path | None, typer.Option(help="Ground-truth cells (x, y, label) to report Recall@K.")
     ] = None,
@@ -647,6 +655,8 @@ def score_cmd(
         truth=truth,
         planes=planes,
         rescale=rescale,
+        slide_mpp=mpp,
+        model_mpp=model_mpp,
         resume=resume,
     )
     metrics = None

@@ -350,3 +350,49 @@ def test_workers_ignore_ctrl_c_and_leave_it_to_the_main_process():
         assert pool.submit(os.getpid).result(timeout=60) == pid
     finally:
         pool.shutdown()
+
+
+def test_missing_resolutions_warn_and_the_flags_fix_them(exported_dsvdd, slides, tmp_path):
+    import tifffile
+
+    from cyto.bundle import load_bundle
+
+    assert load_bundle(exported_dsvdd, weights=False).spec.mpp is None  # trained without mpp
+    plain = tmp_path / "plain.tif"  # no resolution tags at all
+    img = np.full((768, 768, 3), 235, np.uint8)
+    img[300:340, 300:340] = (90, 60, 150)
+    tifffile.imwrite(plain, img, tile=(256, 256))
+    msgs: list[str] = []
+    s = score_slide(plain, exported_dsvdd, tmp_path / "a", OPTS, msgs.append)
+    assert any("records no resolution (mpp)" in m and "--mpp" in m for m in msgs), msgs
+    assert any("--model-mpp" in m for m in msgs)
+    assert s["resolution"]["slide_mpp"] is None
+    msgs.clear()
+    opts = ScoreOptions(**{**OPTS.__dict__, "slide_mpp": 0.24, "model_mpp": 0.12})
+    s = score_slide(plain, exported_dsvdd, tmp_path / "b", opts, msgs.append)
+    assert not any("records no" in m for m in msgs), msgs
+    assert s["resolution"]["slide_mpp"] == 0.24 and s["resolution"]["mpp_ratio"] == 0.5
+    assert any("--rescale" in m for m in msgs)  # now the scales can be compared, and differ
+
+
+def test_crowded_detections_are_reported(exported_dsvdd, slides, tmp_path):
+    from cyto.infer.nuclei import crowding
+
+    grid = np.stack(np.meshgrid(np.arange(0, 2000, 20), np.arange(0, 2000, 20)), -1)
+    dense = crowding(grid.reshape(-1, 2), 192, 0.5)  # a nucleus every 20 px: ~100 per crop
+    assert dense["median_others_per_crop"] > 50 and dense["median_nn"] == 10.0
+    sparse = crowding(grid.reshape(-1, 2) * 10, 192, 0.5)
+    assert sparse["median_others_per_crop"] == 0
+    s = score_slide(slides[0].paths[0], exported_dsvdd, tmp_path / "s", OPTS)
+    assert s["detection_crowding"]["median_others_per_crop"] <= 2  # a synthetic smear
+
+
+@pytest.mark.realdata
+def test_a_tissue_section_at_half_a_micron_warns_about_crowding(wsi_dir, exported_dsvdd, tmp_path):
+    msgs: list[str] = []
+    s = score_slide(
+        wsi_dir / "cmu1_small_region.svs", exported_dsvdd, tmp_path / "t", OPTS, msgs.append
+    )
+    crowd = s["detection_crowding"]
+    assert crowd["median_others_per_crop"] > 6 and crowd["nn_unit"] == "um"
+    assert any("detections are crowded" in m for m in msgs), msgs

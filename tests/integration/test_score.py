@@ -141,7 +141,7 @@ def test_empty_slide_small_slide_and_bad_inputs(model, tmp_path):
     pts = tmp_path / "n.csv"
     pts.write_text("x,y\n10,10\n5000,10\n")
     proc = score_cli(small, model, tmp_path / "o", "--nuclei", str(pts))
-    assert proc.returncode == 1 and "outside the 512x512 slide" in proc.stderr
+    assert proc.returncode == 2 and "outside the 512x512 slide" in proc.stderr  # bad input
 
     fake = tmp_path / "fake.ndpi"
     fake.write_text("not a slide at all, only text\n" * 4)

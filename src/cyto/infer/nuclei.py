@@ -199,6 +199,31 @@ def detect_in_region(
     return detect_in_tile(tile, x0 - margin, y0 - margin, (x0, y0, w, h), params)
 
 
+def crowding(xy: np.ndarray, crop_px: int, mpp: float | None) -> dict:
+    """How crowded detections are: the median number of other detections inside a crop centred
+    on each one, and the median nearest-neighbour distance (um when ``mpp`` is known, else px).
+
+    A cytology smear at the model's scale shows about one cell per crop; dozens mean a tissue
+    section, or a slide at another scale than the crops were made for.
+    """
+    from scipy.spatial import cKDTree
+
+    xy = np.asarray(xy, dtype=np.float64)[:, :2]
+    if len(xy) < 2:
+        return {"cells": int(len(xy)), "median_others_per_crop": 0.0, "median_nn": None}
+    tree = cKDTree(xy)
+    dist, _ = tree.query(xy, k=2)
+    half = crop_px / 2.0
+    others = [len(n) - 1 for n in tree.query_ball_point(xy, half, p=np.inf)]
+    nn = float(np.median(dist[:, 1])) * (mpp or 1.0)
+    return {
+        "cells": int(len(xy)),
+        "median_others_per_crop": float(np.median(others)),
+        "median_nn": round(nn, 2),
+        "nn_unit": "um" if mpp else "px",
+    }
+
+
 def match(detected: np.ndarray, truth: np.ndarray, radius: float) -> tuple[float, float]:
     """(recall, precision) of detections within ``radius`` of true centres (greedy, one-to-one)."""
     from scipy.spatial import cKDTree

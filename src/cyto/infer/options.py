@@ -37,6 +37,8 @@ class ScoreOptions:
     detection: NucleusParams = field(default_factory=NucleusParams)
     planes: str = "auto"  # auto (sibling files NAME_z+1.00um.ext) | none | comma-separated files
     rescale: bool = False  # resample crops to the model's training mpp when the slide differs
+    slide_mpp: float | None = None  # um/px of the slide, when its metadata lacks or misstates it
+    model_mpp: float | None = None  # um/px of the training patches, when the bundle lacks it
     resume: bool = False
     chunk_cells: int = 4096  # rows per resumable chunk (a crash loses at most these)
 
@@ -55,6 +57,10 @@ class ScoreOptions:
             raise ConfigError(f"workers must be >= 0, got {self.workers}")
         if self.chunk_cells < 1 or (self.queue is not None and self.queue < 1):
             raise ConfigError("chunk_cells and queue must be >= 1")
+        for name in ("slide_mpp", "model_mpp"):
+            value = getattr(self, name)
+            if value is not None and not 0.01 <= value <= 100:
+                raise ConfigError(f"{name} must be in um per pixel (0.01 to 100), got {value}")
 
     def n_workers(self) -> int:
         return default_workers() if self.workers is None else self.workers
@@ -69,6 +75,8 @@ class ScoreOptions:
             "planes": self.planes,
             "rescale": self.rescale,
             "precision": self.precision,
+            "slide_mpp": self.slide_mpp,
+            "model_mpp": self.model_mpp,
         }
 
     def as_json(self) -> dict:

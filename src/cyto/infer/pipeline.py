@@ -193,7 +193,21 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
     """:func:`score_slide` once the output folder is ours."""
     timings = dict.fromkeys(STAGES, 0.0)
     info = reader.info
-    res = resolution(info, scorer.spec.mpp, opts.patch_size, opts.rescale, echo)
+    slide_mpp = opts.slide_mpp or info.mpp
+    model_mpp = opts.model_mpp or scorer.spec.mpp
+    if slide_mpp is None:
+        echo(
+            f"warning: {slide.name} records no resolution (mpp): nucleus sizes assume "
+            f"{opts.detection.mpp} um/px and its scale cannot be checked against the model's; "
+            "pass --mpp UM_PER_PX"
+        )
+    if model_mpp is None:
+        echo(
+            "warning: the model records no training resolution (mpp), so the slide's scale "
+            "cannot be checked against it; pass --model-mpp UM_PER_PX (that of the training "
+            "patches)"
+        )
+    res = resolution(slide_mpp, info.objective, model_mpp, opts.patch_size, opts.rescale, echo)
     t0 = time.perf_counter()
     mask, mask_ds = tissue_mask(reader)
     timings["mask"] = time.perf_counter() - t0
@@ -206,7 +220,7 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
         margin=res.crop_px_level0 // 2 + 32,
         src_patch=res.crop_px_level0,
         out_size=scorer.spec.crop_size,
-        detection=opts.detection.at(info.mpp),  # nuclei have a physical size
+        detection=opts.detection.at(slide_mpp),  # nuclei have a physical size
     )
     store = ChunkStore(
         out_dir,
@@ -223,6 +237,8 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
     cells = CellBatcher(scorer, store, slide.stem, opts, n_done, done_tiles)
     t_loop = time.perf_counter()
     position = done_tiles
+    first_xy: list[np.ndarray] = []  # detections of the first tiles, for the crowding check
+    crowd = None
     try:
         with progress(f"score {slide.name}", total=len(jobs), unit="tiles") as bar:
             bar.advance(done_tiles)
@@ -230,11 +246,16 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
                 for stage, seconds in tile["times"].items():
                     timings[stage] += seconds
                 position += 1
+                if crowd is None:
+                    first_xy.append(tile["meta"][:, :2])
+                    crowd = _check_crowding(first_xy, res, slide_mpp, opts, echo)
                 cells.add(tile, position)
                 bar.advance()
                 rate = (cells.n_cells - n_done) / max(time.perf_counter() - t_loop, 1e-9)
                 bar.set_postfix(f"{cells.n_cells} cells, {rate:.0f} cells/s")
             cells.flush(position)
+            if crowd is None:
+                crowd = _check_crowding(first_xy, res, slide_mpp, opts, echo, last=True)
     except KeyboardInterrupt:
         echo(
             f"interrupted: finished chunks are kept in {store.dir}; rerun with --resume to continue"
@@ -256,12 +277,39 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
             "workers": workers,
             "peak_rss_workers_mb": round(feed.worker_rss_mb, 1) if feed.pool is not None else None,
             "focal_planes_um": list(ctx.plane_z),
+            "detection_crowding": crowd,
             "tiles": {"total": len(jobs), "resumed_from": done_tiles},
         }
     )
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     store.remove()
     return summary
+
+
+CROWDED = 6  # other detections per crop, median: far more than a smear at the model's scale
+
+
+def _check_crowding(
+    first_xy: list[np.ndarray], res: Resolution, mpp, opts, echo, last: bool = False
+) -> dict | None:
+    """After the first tiles with 100 detections (or 16 tiles with 20, or all tiles of a small
+    slide), say when crops are crowded."""
+    from cyto.infer.nuclei import crowding
+
+    xy = np.concatenate(first_xy) if first_xy else np.empty((0, 2))
+    enough = len(xy) >= 100 or (len(first_xy) >= 16 and len(xy) >= 20)
+    if not (enough or last):
+        return None
+    report = crowding(xy, res.crop_px_level0, mpp)
+    if report["median_others_per_crop"] > CROWDED:
+        echo(
+            f"warning: detections are crowded: a {res.crop_px_level0} px crop holds a median of "
+            f"{report['median_others_per_crop']:.0f} other detections (nearest neighbours "
+            f"{report['median_nn']} {report['nn_unit']} apart), where a cytology smear at the "
+            "model's scale shows about one cell per crop. Is this a tissue section, or is the "
+            "slide's resolution wrong? Check --mpp and --rescale, or give the nuclei with --nuclei"
+        )
+    return report
 
 
 class _Run:

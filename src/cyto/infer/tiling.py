@@ -51,9 +51,15 @@ class Resolution:
         return out
 
 
-def resolution(info, model_mpp: float | None, patch: int, rescale: bool, echo) -> Resolution:
+def resolution(
+    slide_mpp: float | None,
+    objective: float | None,
+    model_mpp: float | None,
+    patch: int,
+    rescale: bool,
+    echo,
+) -> Resolution:
     """The level-0 crop size, after comparing the slide's mpp with the model's training mpp."""
-    slide_mpp = info.mpp
     src, ratio = patch, None
     if model_mpp and slide_mpp:
         ratio = round(model_mpp / slide_mpp, 4)
@@ -76,7 +82,7 @@ def resolution(info, model_mpp: float | None, patch: int, rescale: bool, echo) -
             "warning: --rescale needs the mpp of both the slide and the model "
             f"(slide: {slide_mpp}, model: {model_mpp}); crops are not resampled"
         )
-    return Resolution(slide_mpp, model_mpp, info.objective, src, ratio)
+    return Resolution(slide_mpp, model_mpp, objective, src, ratio)
 
 
 def tissue_mask(reader) -> tuple[np.ndarray | None, float]:
