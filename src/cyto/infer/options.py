@@ -41,6 +41,7 @@ class ScoreOptions:
     model_mpp: float | None = None  # um/px of the training patches, when the bundle lacks it
     resume: bool = False
     chunk_cells: int = 4096  # rows per resumable chunk (a crash loses at most these)
+    max_cells: int | None = None  # crops per tile result (None: what bounds memory in flight)
 
     def __post_init__(self) -> None:
         if self.patch_size < 16 or self.tile < self.patch_size or self.batch_size < 1:
@@ -57,6 +58,8 @@ class ScoreOptions:
             raise ConfigError(f"workers must be >= 0, got {self.workers}")
         if self.chunk_cells < 1 or (self.queue is not None and self.queue < 1):
             raise ConfigError("chunk_cells and queue must be >= 1")
+        if self.max_cells is not None and self.max_cells < 1:
+            raise ConfigError(f"max_cells must be >= 1, got {self.max_cells}")
         for name in ("slide_mpp", "model_mpp"):
             value = getattr(self, name)
             if value is not None and not 0.01 <= value <= 100:

@@ -45,6 +45,7 @@ from cyto.infer.tiling import (
     TileContext,
     TileFeed,
     broken_worker_error,
+    max_cells_per_result,
     resolution,
     tile_jobs,
     tissue_mask,
@@ -74,11 +75,13 @@ class CellBatcher:
         return sum(len(p["meta"]) for p in self.pending)
 
     def add(self, res: dict, tiles_done: int) -> None:
+        """Take a tile result; ``tiles_done`` counts the tiles complete so far (a chunk ends
+        only where a tile ends, so a part of a dense tile never goes out alone)."""
         if len(res["meta"]):
             self.pending.append(res)
         if self._pending_cells() >= 4 * self.opts.batch_size:
             self.score_pending()
-        if self.n_rows + self._pending_cells() >= self.opts.chunk_cells:
+        if res["final"] and self.n_rows + self._pending_cells() >= self.opts.chunk_cells:
             self.flush(tiles_done)
 
     def score_pending(self) -> None:
@@ -212,6 +215,8 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
     mask, mask_ds = tissue_mask(reader)
     timings["mask"] = time.perf_counter() - t0
     jobs = tile_jobs(info, opts.tile, mask, mask_ds, opts.nuclei)
+    workers = opts.n_workers()
+    queue = opts.queue or max(2, 2 * workers)
     ctx = TileContext(
         slide=str(slide),
         planes=tuple(str(f) for _, f in planes),
@@ -221,6 +226,8 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
         src_patch=res.crop_px_level0,
         out_size=scorer.spec.crop_size,
         detection=opts.detection.at(slide_mpp),  # nuclei have a physical size
+        max_cells=opts.max_cells
+        or max_cells_per_result(scorer.spec.crop_size, len(planes) + 1, queue),
     )
     store = ChunkStore(
         out_dir,
@@ -232,8 +239,7 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
         },
     )
     done_tiles, n_done = store.start(opts.resume, echo)
-    workers = opts.n_workers()
-    feed = TileFeed(ctx, jobs[done_tiles:], workers, opts.queue or max(2, 2 * workers))
+    feed = TileFeed(ctx, jobs[done_tiles:], workers, queue)
     cells = CellBatcher(scorer, store, slide.stem, opts, n_done, done_tiles)
     t_loop = time.perf_counter()
     position = done_tiles
@@ -245,12 +251,12 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
             for tile in feed:
                 for stage, seconds in tile["times"].items():
                     timings[stage] += seconds
-                position += 1
+                position += tile["final"]
                 if crowd is None:
                     first_xy.append(tile["meta"][:, :2])
                     crowd = _check_crowding(first_xy, res, slide_mpp, opts, echo)
                 cells.add(tile, position)
-                bar.advance()
+                bar.advance(int(tile["final"]))
                 rate = (cells.n_cells - n_done) / max(time.perf_counter() - t_loop, 1e-9)
                 bar.set_postfix(f"{cells.n_cells} cells, {rate:.0f} cells/s")
             cells.flush(position)

@@ -100,7 +100,18 @@ def tissue_mask(reader) -> tuple[np.ndarray | None, float]:
     return mask, reader.info.level_downsamples[level]
 
 
-Job = tuple[int, int, int, "np.ndarray | None"]  # tile index, x0, y0, given nuclei or None
+# tile index, x0, y0, given nuclei (N, 3) or None, and (k, parts) when this job cuts the k-th
+# part of a dense tile's crops (its nuclei already found)
+Job = tuple[int, int, int, "np.ndarray | None", "tuple[int, int] | None"]
+IN_FLIGHT_BYTES = 256 << 20  # crops held in tile results not yet consumed, at most
+
+
+def max_cells_per_result(crop: int, planes: int, queue: int) -> int:
+    """Crops per tile result, so that ``queue`` results in flight (and a worker's crops of every
+    focal plane) stay within :data:`IN_FLIGHT_BYTES`: 2,800 at 80 px with 4 in flight, 120 at
+    224 px with 28 in flight."""
+    per_cell = crop * crop * 3 * max(1, planes)
+    return max(32, IN_FLIGHT_BYTES // (max(1, queue) * per_cell))
 
 
 def tile_jobs(info, tile: int, mask, mask_ds: float, nuclei_file=None) -> list[Job]:
@@ -127,7 +138,7 @@ def tile_jobs(info, tile: int, mask, mask_ds: float, nuclei_file=None) -> list[J
                 mx1, my1 = int((x0 + tile) / mask_ds) + 1, int((y0 + tile) / mask_ds) + 1
                 if not mask[my0:my1, mx0:mx1].any():
                     continue
-            jobs.append((t_index, x0, y0, given_by_tile.get(t_index)))
+            jobs.append((t_index, x0, y0, given_by_tile.get(t_index), None))
     return jobs
 
 
@@ -143,6 +154,7 @@ class TileContext:
     src_patch: int  # crop size at level 0
     out_size: int  # crop size the engine takes
     detection: NucleusParams
+    max_cells: int = 1 << 30  # crops per result: a denser tile comes back in parts
 
 
 _CTX: TileContext | None = None
@@ -166,26 +178,40 @@ def _close_readers() -> None:
 
 
 def run_tile(job: Job) -> dict:
-    """Decode one tile (plus margin) once, find its nuclei and cut every crop from it."""
+    """Decode one tile (plus margin) once, find its nuclei and cut their crops from it.
+
+    At most ``max_cells`` crops come back; the nuclei of a denser tile beyond those come back as
+    ``rest``, for part jobs that read just the region around them and cut their crops."""
     global _READERS
     ctx = _CTX
     if _READERS is None:
         _READERS = [open_slide(ctx.slide)] + [open_plane(p) for p in ctx.planes]
-    t_index, x0, y0, given = job
+    t_index, x0, y0, given, part = job
     m, size = ctx.margin, ctx.tile
     t0 = time.perf_counter()
-    tiles = [r.read_region(x0 - m, y0 - m, size + 2 * m, size + 2 * m) for r in _READERS]
+    if part is None:
+        ox, oy, w, h = x0 - m, y0 - m, size + 2 * m, size + 2 * m
+    else:  # a part of a dense tile: the region around its nuclei
+        half = ctx.src_patch // 2 + 2
+        ox, oy = int(given[:, 0].min()) - half, int(given[:, 1].min()) - half
+        w, h = int(given[:, 0].max()) + half - ox + 1, int(given[:, 1].max()) + half - oy + 1
+    tiles = [r.read_region(ox, oy, w, h) for r in _READERS]
     t1 = time.perf_counter()
     core = (x0, y0, size, size)
-    if given is None:
-        found = detect_in_tile(tiles[0], x0 - m, y0 - m, core, ctx.detection)
+    if part is not None:
+        found = given
+    elif given is None:
+        found = detect_in_tile(tiles[0], ox, oy, core, ctx.detection)
     else:
         found = in_core(given, *core)
+    rest = None
+    if part is None and len(found) > ctx.max_cells:
+        found, rest = found[: ctx.max_cells], found[ctx.max_cells :]
     t2 = time.perf_counter()
     plane = np.zeros(len(found), dtype=np.int64)
     crops = np.empty((0, ctx.out_size, ctx.out_size, 3), dtype=np.uint8)
     if len(found):
-        stack = [crop_cells(t, x0 - m, y0 - m, found, ctx.src_patch) for t in tiles]
+        stack = [crop_cells(t, ox, oy, found, ctx.src_patch) for t in tiles]
         chosen, plane = sharpest(stack)
         if ctx.src_patch != ctx.out_size:
             chosen = np.stack([resize_rgb(c, ctx.out_size) for c in chosen])
@@ -194,6 +220,10 @@ def run_tile(job: Job) -> dict:
     meta = np.column_stack([found[:, :2], found[:, 2], np.asarray(ctx.plane_z)[plane]])
     return {
         "tile": t_index,
+        "x0": x0,
+        "y0": y0,
+        "part": part,
+        "rest": rest,
         "crops": crops,
         "meta": meta.reshape(-1, 4),
         "times": {"read": t1 - t0, "detect": t2 - t1, "crop": t3 - t2},
@@ -202,10 +232,14 @@ def run_tile(job: Job) -> dict:
 
 
 class TileFeed:
-    """Tile results in tile order, with at most ``queue`` tiles in flight.
+    """Tile results in tile order, with at most ``queue`` jobs in flight.
 
-    ``workers`` processes do the work (0: the calling process). ``wait`` adds up the seconds the
-    caller spent waiting for a result; ``worker_rss_mb`` the workers' peak resident memory.
+    ``workers`` processes do the work (0: the calling process). A result holds at most
+    ``ctx.max_cells`` crops: the rest of a dense tile's cells follow in part jobs, yielded right
+    after it and before the next tile, so what is held in flight is bounded by crops, not by
+    tiles. Each result says whether it completes its tile (``final``). ``wait`` adds up the
+    seconds the caller spent waiting for a result; ``worker_rss_mb`` the workers' peak resident
+    memory.
     """
 
     def __init__(self, ctx: TileContext, jobs: list[Job], workers: int, queue: int) -> None:
@@ -224,25 +258,42 @@ class TileFeed:
             _init_worker(ctx)
 
     def __iter__(self) -> Iterator[dict]:
-        todo = iter(self.jobs)
-        inflight: deque = deque()
+        todo: deque = deque(self.jobs)
+        parts: deque = deque()  # part jobs of the dense tile being consumed
+        inflight: deque = deque()  # in the order results are yielded
+        front = 0  # part jobs at the front of inflight (they come before the next tiles)
 
         def submit() -> None:
-            job = next(todo, None)
-            if job is not None:
+            nonlocal front
+            if parts:
+                job = parts.popleft()
+                inflight.insert(front, self.pool.submit(run_tile, job) if self.pool else job)
+                front += 1
+            elif todo:
+                job = todo.popleft()
                 inflight.append(self.pool.submit(run_tile, job) if self.pool else job)
 
-        for _ in range(self.queue):
+        while len(inflight) < self.queue and todo:
             submit()
         while inflight:
             item = inflight.popleft()
+            front = max(front - 1, 0)
             if self.pool is not None:
                 t0 = time.perf_counter()
                 res = item.result()
                 self.wait += time.perf_counter() - t0
             else:
                 res = run_tile(item)
-            submit()
+            rest, part = res.pop("rest"), res["part"]
+            if rest is not None:
+                step = self.ctx.max_cells
+                n = -(-len(rest) // step)
+                for k in range(n):
+                    chunk = rest[k * step : (k + 1) * step]
+                    parts.append((res["tile"], res["x0"], res["y0"], chunk, (k, n)))
+            res["final"] = rest is None and (part is None or part[0] == part[1] - 1)
+            while len(inflight) < self.queue and (parts or todo):
+                submit()
             self.worker_rss_mb = max(self.worker_rss_mb, res["rss_mb"])
             yield res
 
