@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -60,7 +62,6 @@ def main() -> None:
 
     from cyto.bench.models import architecture_bundle
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
-    from cyto.infer.pipeline import ScoreOptions, score_slide
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,13 +72,31 @@ def main() -> None:
         ).paths[0]
         dense = dense_slide(args.dense_from, args.side, work / "dense.tif")
         for name, slide in (("sparse synthetic smear", sparse), ("dense real H&E", dense)):
-            s = score_slide(
-                slide,
-                model,
-                work / name.split()[0],
-                ScoreOptions(mosaic=0, workers=args.workers),
-                lambda m: None,
+            # a process of its own: its peak memory is the scoring's alone
+            out = work / name.split()[0]
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "cyto",
+                    "score",
+                    str(slide),
+                    "--model",
+                    str(model),
+                    "--out",
+                    str(out),
+                    "--mosaic",
+                    "0",
+                    "--workers",
+                    str(args.workers),
+                ],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "CYTO_PROGRESS": "0"},
             )
+            if proc.returncode:
+                raise SystemExit(proc.stderr)
+            s = json.loads((out / slide.stem / "summary.json").read_text())
             row = {
                 "slide": f"{name}, {args.side}x{args.side}",
                 "cells": s["cells_scored"],

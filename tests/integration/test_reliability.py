@@ -450,3 +450,23 @@ def test_dense_tiles_come_in_parts_and_give_the_same_table(exported_dsvdd, slide
     assert a.equals(
         pq_mod.read_table(tmp_path / "ref" / "scores.parquet").replace_schema_metadata(None)
     )
+
+
+def test_a_4_gib_file_scores_in_the_memory_of_a_small_one(exported_dsvdd, slides, tmp_path):
+    """The same slide followed by a 4 GiB hole (a sparse file: nothing is written): no step
+    reads the whole file, so the peak memory of `cyto score` does not move."""
+    small = tmp_path / "small.tif"
+    shutil.copy(slides[0].paths[0], small)
+    big = tmp_path / "big.tif"
+    shutil.copy(slides[0].paths[0], big)
+    with open(big, "r+b") as fh:
+        fh.truncate(4 * 2**30 + 12345)
+    peaks = {}
+    for path in (small, big):
+        proc = score_cli(path, exported_dsvdd, tmp_path / "o", "--workers", "0", "--mosaic", "0")
+        assert proc.returncode == 0, proc.stderr
+        summary = json.loads((tmp_path / "o" / path.stem / "summary.json").read_text())
+        peaks[path.stem] = summary["peak_rss_mb"]
+        cells = summary["cells_scored"]
+    assert cells > 0
+    assert peaks["big"] < peaks["small"] + 100, peaks

@@ -103,12 +103,12 @@ def tissue_mask(reader) -> tuple[np.ndarray | None, float]:
 # tile index, x0, y0, given nuclei (N, 3) or None, and (k, parts) when this job cuts the k-th
 # part of a dense tile's crops (its nuclei already found)
 Job = tuple[int, int, int, "np.ndarray | None", "tuple[int, int] | None"]
-IN_FLIGHT_BYTES = 256 << 20  # crops held in tile results not yet consumed, at most
+IN_FLIGHT_BYTES = 128 << 20  # crops held in tile results not yet consumed, at most
 
 
 def max_cells_per_result(crop: int, planes: int, queue: int) -> int:
     """Crops per tile result, so that ``queue`` results in flight (and a worker's crops of every
-    focal plane) stay within :data:`IN_FLIGHT_BYTES`: 2,800 at 80 px with 4 in flight, 120 at
+    focal plane) stay within :data:`IN_FLIGHT_BYTES`: 1,400 at 80 px with 4 in flight, 60 at
     224 px with 28 in flight."""
     per_cell = crop * crop * 3 * max(1, planes)
     return max(32, IN_FLIGHT_BYTES // (max(1, queue) * per_cell))

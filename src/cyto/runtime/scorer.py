@@ -58,9 +58,10 @@ class Scorer:
             )
         if len(images) == 0:
             return np.empty(0, dtype=np.float64)
+        step = min(batch_size, self.backend.max_batch or batch_size)
         parts = [
-            self.head.finish(self.backend.run(images[i : i + batch_size]))
-            for i in range(0, len(images), batch_size)
+            self.head.finish(self.backend.run(images[i : i + step]))
+            for i in range(0, len(images), step)
         ]
         return np.concatenate(parts).astype(np.float64, copy=False)
 

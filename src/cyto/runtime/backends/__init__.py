@@ -28,6 +28,8 @@ class Backend(Protocol):
     name: str
     device: str
     precision: str
+    #: the most cells per call worth sending (None: whatever the caller sends)
+    max_batch: int | None
 
     def run(self, batch: np.ndarray) -> np.ndarray: ...
 

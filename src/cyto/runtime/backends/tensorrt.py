@@ -232,6 +232,7 @@ class TensorRTBackend:
     """The bundle's engine for this GPU (see :mod:`cyto.runtime.engines` for the keys)."""
 
     name = "trt"
+    max_batch = None  # the runner splits by the engine's profile
 
     def __init__(self, bundle: Bundle, device: str, precision: str = "fp32") -> None:
         from cyto.runtime.heads import head_class

@@ -13,6 +13,7 @@ from cyto.bundle import Bundle, load_bundle
 
 class TorchBackend:
     name = "torch"
+    max_batch = None
 
     def __init__(
         self,
