@@ -67,6 +67,7 @@ class GraphSpec:
     input: str
     output: str
     opset: int
+    parity_passed: bool = True  # a quantized graph that kept the ranking (fp32: always)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class ModelSpec:
                     input=entry["input"]["name"],
                     output=entry["output"]["name"],
                     opset=int(entry["opset"]),
+                    parity_passed=bool((entry.get("gate") or {}).get("passed", True)),
                 )
             return cls(
                 method=str(manifest["method"]),

@@ -380,6 +380,15 @@ def info_cmd(
                 f"    graph vs TensorRT import rules ({conf['targets']}): "
                 + ("conforms" if conf["ok"] else "; ".join(conf["problems"][:3]))
             )
+        for p, v in sorted((m.get("onnx_variants") or {}).items()):
+            par, gate = v["parity_vs_fp32"], v["gate"]
+            verdict = "passed" if gate["passed"] else "BELOW the gate, accepted by the user"
+            q = v.get("quantization", {})
+            how = f", {q['method']} calibration on {q['cells']} cells" if "cells" in q else ""
+            typer.echo(
+                f"    {p}: {v['file']}{how}; vs fp32 on {par['cells']} held-out cells: Spearman "
+                f"{par['spearman']:.4f}, top-10% overlap {par['top10_overlap']:.2f} ({verdict})"
+            )
     else:
         typer.echo(f"    onnxruntime: run 'cyto export {model}' first")
     from cyto.runtime.engines import EngineIndex
@@ -403,33 +412,58 @@ def info_cmd(
 def export_cmd(
     model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
     onnx: Annotated[bool, typer.Option(help="Export encoder.onnx (uint8 NHWC in).")] = True,
-    trt: Annotated[
-        bool, typer.Option(help="Also build a TensorRT engine (NVIDIA GPU, TensorRT 10 or 11).")
-    ] = False,
     precision: Annotated[
         str,
         typer.Option(
-            help="The graph the TensorRT engine is built from: fp32 (encoder.onnx), or an fp16 / "
-            "int8 Q/DQ graph of the bundle. TensorRT takes its precision from the graph."
+            help="Comma-separated graphs to make: fp32 (encoder.onnx), fp16, int8 (Q/DQ, "
+            "calibrated on --calib). With --trt, one engine per precision, from its graph."
         ),
     ] = "fp32",
-    cells: Annotated[
+    calib: Annotated[
         Path | None,
         typer.Option(
-            "--cells",
-            "--calib",
-            help="Cell patches (folder or manifest) to compare backends on; default: random "
-            "patches.",
+            help="int8: real cells to calibrate on (folder of class folders or manifest)."
         ),
+    ] = None,
+    calib_class: Annotated[
+        str | None,
+        typer.Option(help="int8: calibrate on these classes only (e.g. the normal one, LYT)."),
+    ] = None,
+    calib_method: Annotated[
+        str, typer.Option(help="int8 activation ranges: percentile, entropy or minmax.")
+    ] = "percentile",
+    parity_cells: Annotated[
+        Path | None,
+        typer.Option(
+            help="Held-out cells to measure fp16/int8 ranking parity on (default: a quarter of "
+            "--calib that calibration does not use)."
+        ),
+    ] = None,
+    parity_normal: Annotated[
+        str | None,
+        typer.Option(help="Normal class(es) of --parity-cells: adds AUROC and Recall@K deltas."),
+    ] = None,
+    accept_parity_loss: Annotated[
+        bool,
+        typer.Option(help="Keep a quantized graph below the parity gate (recorded in the bundle)."),
+    ] = False,
+    trt: Annotated[
+        bool, typer.Option(help="Also build TensorRT engines (NVIDIA GPU, TensorRT 10 or 11).")
+    ] = False,
+    cells: Annotated[
+        Path | None,
+        typer.Option(help="Cells to compare ONNX Runtime with PyTorch on (default: random)."),
     ] = None,
     batch: Annotated[str, typer.Option(help="TensorRT batch profile min,opt,max.")] = "1,64,256",
     device: Annotated[str, typer.Option(help="TensorRT: the GPU, cuda or cuda:N.")] = "cuda",
     opset: Annotated[int, typer.Option(help="ONNX opset.")] = 18,
 ) -> None:
-    """Export a bundle for inference: ONNX (+ TensorRT), with a parity check against PyTorch.
+    """Export a bundle for inference: ONNX (+ fp16 / int8 graphs, + TensorRT), each checked.
 
-    TensorRT engines go to MODEL/engines/, outside the bundle's sealed files: building or
-    deleting one never invalidates the bundle.
+    ONNX Runtime must match PyTorch; a quantized graph must keep the fp32 ranking on held-out
+    cells (Spearman >= 0.99, top-10% overlap >= 0.90) or it is not added. TensorRT engines go to
+    MODEL/engines/, outside the bundle's sealed files: building or deleting one never
+    invalidates the bundle.
     """
     from cyto.export.api import export_bundle
 
@@ -437,8 +471,14 @@ def export_cmd(
         model,
         onnx=onnx,
         trt=trt,
-        precision=precision,
+        precisions=tuple(_csv(precision) or ("fp32",)),
         cells=cells,
+        calib=calib,
+        calib_class=calib_class,
+        calib_method=calib_method,
+        parity_cells=parity_cells,
+        parity_normal=parity_normal,
+        accept_parity_loss=accept_parity_loss,
         batch=batch,
         device=device,
         opset=opset,
@@ -462,6 +502,9 @@ def predict_cmd(
     backend: Annotated[
         str, typer.Option(help="torch (the trained network), onnx, onnx-trt, trt or auto.")
     ] = "torch",
+    precision: Annotated[
+        str, typer.Option(help="The exported graph (onnx/trt): fp32, fp16, int8 or auto.")
+    ] = "fp32",
 ) -> None:
     """Score every patch of a folder or manifest with a bundle (PyTorch by default)."""
     from cyto.predict import predict
@@ -475,6 +518,7 @@ def predict_cmd(
         device=device,
         batch_size=batch_size,
         backend=backend,
+        precision=precision,
     )
     line = f"scored {res['n']} patches -> {res['out']}"
     if "auroc" in res:
@@ -587,7 +631,11 @@ def score_cmd(
     ] = "auto",
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "auto",
     precision: Annotated[
-        str, typer.Option(help="The exported graph to run: fp32, or an fp16 / int8 variant.")
+        str,
+        typer.Option(
+            help="The exported graph to run: fp32, fp16, int8, or auto (a quantized graph only "
+            "when its recorded parity passed)."
+        ),
     ] = "fp32",
     batch_size: Annotated[int, typer.Option(help="Cells per engine batch.")] = 64,
     nuclei: Annotated[

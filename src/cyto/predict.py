@@ -21,6 +21,7 @@ def predict(
     device: str = "cpu",
     batch_size: int = 128,
     backend: str = "torch",
+    precision: str = "fp32",
 ) -> dict[str, object]:
     """Write ``out`` (Parquet): path, class, [label], score, rank (1 = most abnormal)."""
     import pyarrow as pa
@@ -28,7 +29,7 @@ def predict(
 
     from cyto.runtime import load_scorer
 
-    scorer = load_scorer(model, backend, device)
+    scorer = load_scorer(model, backend, device, precision)
     size = scorer.bundle.manifest["config"].get("load_size")
     records = load_records(Path(data))
     labels = None
@@ -61,6 +62,8 @@ def predict(
             "cyto.model": str(model),
             "cyto.manifest_sha256": scorer.bundle.manifest_hash,
             "cyto.method": scorer.bundle.method,
+            "cyto.backend": scorer.backend.name,
+            "cyto.precision": scorer.precision,
         }
     )
     out = Path(out)

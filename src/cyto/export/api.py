@@ -47,23 +47,43 @@ def export_bundle(
     path: Path,
     onnx: bool = True,
     trt: bool = False,
-    precision: str = "fp32",
+    precisions: tuple[str, ...] = ("fp32",),
     cells: Path | None = None,
+    calib: Path | None = None,
+    calib_class: str | None = None,
+    calib_method: str = "percentile",
+    calib_limit: int = 512,
+    parity_cells: Path | None = None,
+    parity_normal: str | None = None,
+    accept_parity_loss: bool = False,
     batch: str = "1,64,256",
     device: str = "cuda",
     opset: int = OPSET,
     echo=print,
 ) -> dict:
-    """Export ``path`` for inference and check every artifact against PyTorch / ONNX Runtime."""
+    """Export ``path`` for inference and check every artifact against PyTorch / fp32.
+
+    ``precisions`` lists the graphs to make beyond ``encoder.onnx`` (fp16, int8: see
+    :mod:`cyto.export.quantize`) and, with ``trt``, the TensorRT engines to build (one per
+    precision, from that precision's graph)."""
+    from cyto.bundle import PRECISIONS
     from cyto.runtime import load_scorer
     from cyto.runtime.engines import BatchProfile
 
     path = Path(path)
+    bad = [p for p in precisions if p not in PRECISIONS]
+    if bad or not precisions:
+        raise ConfigError(f"--precision takes {', '.join(PRECISIONS)} (comma-separated), got {bad}")
     bundle = load_bundle(path, weights=False)
-    if trt and not onnx and ONNX_FILE not in bundle.manifest["files"]:
-        raise ConfigError("TensorRT builds from the ONNX graph: export it first (--onnx)")
+    if not onnx and ONNX_FILE not in bundle.manifest["files"]:
+        raise ConfigError(f"{path} has no {ONNX_FILE}: export it first (--onnx)")
+    if "int8" in precisions and calib is None:
+        raise ConfigError(
+            "--precision int8 needs --calib: real cells of the kind the model scores (e.g. "
+            "--calib cells/ --calib-class LYT); int8 is never calibrated on made-up cells"
+        )
     profile = BatchProfile.parse(batch) if trt else None
-    if trt:  # fail before the slow ONNX export when TensorRT cannot run here
+    if trt:  # fail before the slow exports when TensorRT cannot run here
         from cyto.runtime.backends.tensorrt import require_tensorrt
         from cyto.runtime.devices import gpu_identity
 
@@ -90,30 +110,55 @@ def export_bundle(
     patches = parity_patches(cells, size)
     what = f"{len(patches)} {'cells' if cells else 'random patches'}"
     ref = load_scorer(path, "torch", "cpu")
-    ort = load_scorer(path, "onnx", "cpu", precision)
+    ort = load_scorer(path, "onnx", "cpu")
     rep = parity(ref.raw(patches), ort.raw(patches), ref.score(patches), ort.score(patches))
     echo(
         f"parity ONNX Runtime vs PyTorch on {what}: max relative difference "
         f"{rep['max_rel_diff_scores']:.2e}"
     )
     report["onnx_parity_max_rel"] = rep["max_rel_diff_scores"]
+    quantized = [p for p in precisions if p != "fp32"]
+    if quantized:
+        from cyto.export.quantize import export_variant, load_cells
+
+        calib_cells = (
+            load_cells(calib, size, classes=calib_class, limit=calib_limit)
+            if calib is not None
+            else None
+        )
+        held = load_cells(parity_cells, size, normal=parity_normal) if parity_cells else None
+        for p in quantized:
+            entry = export_variant(
+                path,
+                p,
+                calib_cells if p == "int8" else None,
+                held if held is not None else (None if p == "int8" else calib_cells),
+                calib_method,
+                accept_parity_loss,
+                echo=echo,
+            )
+            echo(f"wrote {path / entry['file']} ({entry['nodes']} nodes)")
+            report[p] = entry
     if trt:
         from cyto.export.trt import build_engine
         from cyto.runtime.engines import EngineIndex
 
-        entry = build_engine(path, precision, profile, device, echo=echo)
-        engine = load_scorer(path, "trt", device, precision)
-        n = min(len(patches), profile.max)
-        rep = parity(
-            ort.raw(patches[:n]),
-            engine.raw(patches[:n]),
-            ort.score(patches[:n]),
-            engine.score(patches[:n]),
-        )
-        EngineIndex(path).update_info(entry.key, {"parity_vs_onnxruntime": rep})
-        echo(
-            f"TensorRT vs ONNX Runtime on {n} patches: max abs diff "
-            f"{rep['max_abs_diff_raw']:.3g}, Spearman of scores {rep['spearman']}"
-        )
-        report["trt"] = rep
+        report["trt"] = {}
+        for p in precisions:
+            entry = build_engine(path, p, profile, device, echo=echo)
+            engine = load_scorer(path, "trt", device, p)
+            ref_p = load_scorer(path, "onnx", "cpu", p)
+            n = min(len(patches), profile.max)
+            rep = parity(
+                ref_p.raw(patches[:n]),
+                engine.raw(patches[:n]),
+                ref_p.score(patches[:n]),
+                engine.score(patches[:n]),
+            )
+            EngineIndex(path).update_info(entry.key, {"parity_vs_onnxruntime": rep})
+            echo(
+                f"TensorRT {p} vs ONNX Runtime on {n} patches: max abs diff "
+                f"{rep['max_abs_diff_raw']:.3g}, Spearman of scores {rep['spearman']}"
+            )
+            report["trt"][p] = rep
     return report

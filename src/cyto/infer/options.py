@@ -48,9 +48,9 @@ class ScoreOptions:
             raise ConfigError("need patch_size >= 16, tile >= patch_size and batch_size >= 1")
         if self.backend not in CHOICES:
             raise ConfigError(f"backend must be one of {', '.join(CHOICES)}, got {self.backend!r}")
-        if self.precision not in PRECISIONS:
+        if self.precision not in (*PRECISIONS, "auto"):
             raise ConfigError(
-                f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+                f"precision must be one of {', '.join(PRECISIONS)} or auto, got {self.precision!r}"
             )
         if self.top_k < 1 or self.mosaic < 0:
             raise ConfigError("top_k must be >= 1 and mosaic >= 0")

@@ -234,7 +234,7 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
         {
             "model": scorer.bundle.manifest_hash,
             "slide": slide_key(slide, planes),
-            "options": opts.result_key(),
+            "options": {**opts.result_key(), "precision": scorer.precision},
             "tiles": len(jobs),
         },
     )

@@ -137,6 +137,18 @@ def _auto(
     return make_backend("torch", bundle, device, precision, threads)
 
 
+def auto_precision(spec: ModelSpec, backend: str, device: str) -> str:
+    """The graph ``auto`` runs: a quantized one only when its recorded parity passed the gate
+    (int8 on a CPU, fp16 then int8 on a GPU), and never for the PyTorch backend."""
+    if backend == "torch":
+        return "fp32"
+    for p in ("int8",) if device == "cpu" else ("fp16", "int8"):
+        g = spec.graph(p)
+        if g is not None and g.parity_passed:
+            return p
+    return "fp32"
+
+
 def load_scorer(
     model: Path | str | Bundle,
     backend: str = "auto",
@@ -146,14 +158,19 @@ def load_scorer(
 ) -> Scorer:
     """Load the whole model for ``backend`` on ``device`` (cpu, cuda, cuda:N or auto).
 
-    ``precision`` picks the exported graph (fp32 ``encoder.onnx``, or an fp16 / int8 variant).
+    ``precision`` picks the exported graph (fp32 ``encoder.onnx``, or an fp16 / int8 variant);
+    ``auto`` picks a quantized graph only when its parity passed (:func:`auto_precision`).
     """
     if backend not in CHOICES:
         raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(CHOICES)}")
-    if precision not in PRECISIONS:
-        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision not in (*PRECISIONS, "auto"):
+        raise ConfigError(
+            f"precision must be one of {', '.join(PRECISIONS)} or auto, got {precision!r}"
+        )
     bundle = model if isinstance(model, Bundle) else load_bundle(Path(model), weights=False)
     device = resolve_device(device)
+    if precision == "auto":
+        precision = auto_precision(bundle.spec, backend, device)
     head = head_for(bundle)
     notes: list[str] = []
     if backend == "auto":

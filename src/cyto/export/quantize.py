@@ -1,0 +1,333 @@
+"""Reduced-precision graphs of a bundle, with their ranking parity measured, stored and enforced.
+
+- ``fp16``: every float tensor of ``encoder.onnx`` in half precision; the uint8 input is cast
+  straight to fp16 and the output is cast back to float32, so callers see the same interface.
+- ``int8``: explicit quantization, the form ONNX Runtime runs on CPUs and TensorRT 10/11 consumes:
+  QuantizeLinear/DequantizeLinear pairs (symmetric, zero points 0, as TensorRT requires) around
+  the convolutions and linear layers, per-channel weights, activation ranges calibrated on cells
+  the user names (never on synthetic ones). The calibration method is a choice (entropy,
+  percentile or minmax), recorded. Preprocessing stays in float inside the graph.
+
+Parity: on held-out cells (``parity_cells``, or the part of the calibration cells calibration did
+not use) the quantized graph and ``encoder.onnx`` are compared through the full score, head
+included: Spearman correlation, overlap of the top 1% and 10%, the largest score difference, and
+AUROC and Recall@K with labels. A graph below the gate (Spearman 0.99, top-10% overlap 0.90) is
+refused, unless the user accepts the loss, which is recorded with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cyto.bundle import Bundle, add_files, load_bundle
+from cyto.errors import ConfigError, DatasetError
+
+CALIB_METHODS = ("entropy", "percentile", "minmax")
+QUANTIZED = ("fp16", "int8")
+GATE = {"spearman": 0.99, "top10_overlap": 0.90}
+QUANTIZED_OPS = ("Conv", "Gemm", "MatMul")
+
+
+def variant_file(precision: str) -> str:
+    return f"encoder-{precision}.onnx"
+
+
+@dataclass
+class Cells:
+    """Cell patches resized to the model's crop size, with labels when classes were named."""
+
+    images: np.ndarray
+    labels: np.ndarray | None
+    source: str
+    fingerprint: str
+
+    def split(self, held_out: float, seed: int = 0) -> tuple[Cells, Cells]:
+        """(calibration part, held-out part), both non-empty."""
+        n = len(self.images)
+        order = np.random.default_rng(seed).permutation(n)
+        k = min(n - 1, max(1, int(round(n * held_out))))
+        a, b = np.sort(order[k:]), np.sort(order[:k])
+        lab = self.labels
+        return (
+            Cells(self.images[a], None if lab is None else lab[a], self.source, self.fingerprint),
+            Cells(self.images[b], None if lab is None else lab[b], self.source, self.fingerprint),
+        )
+
+
+def load_cells(
+    path: Path,
+    size: int,
+    classes: str | None = None,
+    normal: str | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+) -> Cells:
+    """Cells of a folder of class sub-folders or a manifest, resized to ``size``: only the
+    ``classes`` named (comma-separated), or all. With ``normal`` every other class is labelled
+    abnormal. ``limit`` draws that many at random (seeded)."""
+    from cyto.data.dataset import load_records, parse_classes
+    from cyto.data.images import read_image, resize_rgb
+
+    path = Path(path)
+    records = load_records(path)
+    keep = parse_classes(classes)
+    if keep:
+        missing = set(keep) - {r.cls for r in records}
+        if missing:
+            raise DatasetError(f"{path} has no class {', '.join(sorted(missing))}")
+        records = [r for r in records if r.cls in keep]
+    if limit is not None and len(records) > limit:
+        pick = np.sort(np.random.default_rng(seed).permutation(len(records))[:limit])
+        records = [records[i] for i in pick]
+    if len(records) < 8:
+        raise DatasetError(f"{path}: {len(records)} cells; quantization needs at least 8")
+    images = np.stack([resize_rgb(read_image(r.path), size) for r in records])
+    labels = None
+    normals = parse_classes(normal)
+    if normals:
+        labels = np.array([0 if r.cls in normals else 1 for r in records], dtype=np.int8)
+    fingerprint = hashlib.sha256("\n".join(str(r.path) for r in records).encode()).hexdigest()
+    return Cells(images, labels, f"{path}" + (f" ({', '.join(keep)})" if keep else ""), fingerprint)
+
+
+def fp16_graph(src: Path, dst: Path) -> dict:
+    """``src`` with every float tensor in fp16, the uint8 input and float32 output kept."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
+    onnx.save(model, str(dst))
+    return {"method": "onnxruntime.transformers.float16, float32 outputs kept"}
+
+
+def int8_graph(
+    src: Path,
+    dst: Path,
+    calib: np.ndarray,
+    method: str = "percentile",
+    input_name: str = "patches",
+    exclude: tuple[str, ...] = (),
+    batch: int = 16,
+) -> dict:
+    """A Q/DQ graph of ``src`` calibrated on ``calib`` (uint8 NHWC cells); returns its record."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    if method not in CALIB_METHODS:
+        raise ConfigError(f"calibration method must be one of {', '.join(CALIB_METHODS)}")
+    # equal batches: ONNX Runtime's histogram calibrators stack them
+    batch = min(batch, len(calib))
+    batches = [calib[i : i + batch] for i in range(0, len(calib) - batch + 1, batch)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it = iter(batches)
+
+        def get_next(self):
+            x = next(self._it, None)
+            return None if x is None else {input_name: np.ascontiguousarray(x)}
+
+    algo = {
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+        "minmax": CalibrationMethod.MinMax,
+    }[method]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+        pre = Path(tmp) / "pre.onnx"  # (the calibrators print their settings: kept quiet)
+        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+        quantize_static(
+            str(pre),
+            str(dst),
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=list(QUANTIZED_OPS),
+            nodes_to_exclude=list(exclude),
+            calibrate_method=algo,
+            # TensorRT's explicit quantization is symmetric (every zero point 0), and its
+            # DequantizeLinear takes int8, not the int32 biases ONNX Runtime would make
+            extra_options={
+                "ActivationSymmetric": True,
+                "WeightSymmetric": True,
+                "QuantizeBias": False,
+            },
+        )
+    return {
+        "format": "QDQ, symmetric int8 activations, per-channel int8 weights, float biases",
+        "method": method,
+        "quantized_ops": list(QUANTIZED_OPS),
+        "excluded_nodes": list(exclude),
+        "calibration_seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def _topk_overlap(a: np.ndarray, b: np.ndarray, frac: float) -> float:
+    k = max(1, int(round(len(a) * frac)))
+    top_a = set(np.argsort(-a, kind="stable")[:k].tolist())
+    top_b = set(np.argsort(-b, kind="stable")[:k].tolist())
+    return len(top_a & top_b) / k
+
+
+def ranking_parity(ref: np.ndarray, got: np.ndarray, labels: np.ndarray | None = None) -> dict:
+    """How far a quantized graph's scores are from the fp32 ones, as a ranking."""
+    from scipy.stats import spearmanr
+    from sklearn.metrics import roc_auc_score
+
+    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+    out = {
+        "cells": int(len(ref)),
+        "spearman": float(spearmanr(ref, got).statistic),
+        "top1_overlap": _topk_overlap(ref, got, 0.01),
+        "top10_overlap": _topk_overlap(ref, got, 0.10),
+        "max_abs_diff": float(np.abs(ref - got).max()),
+        "max_rel_diff": float((np.abs(ref - got) / (np.abs(ref) + 1e-6)).max()),
+    }
+    if labels is not None and 0 < int(labels.sum()) < len(labels):
+        k = int(labels.sum())
+        for name, s in (("fp32", ref), ("quantized", got)):
+            out[f"auroc_{name}"] = float(roc_auc_score(labels, s))
+            out[f"recall_at_k_{name}"] = float(labels[np.argsort(-s, kind="stable")[:k]].mean())
+        out["auroc_delta"] = out["auroc_quantized"] - out["auroc_fp32"]
+        out["recall_at_k_delta"] = out["recall_at_k_quantized"] - out["recall_at_k_fp32"]
+        out["k"] = k
+    return out
+
+
+def passes(parity: dict) -> bool:
+    return (
+        parity["spearman"] >= GATE["spearman"] and parity["top10_overlap"] >= GATE["top10_overlap"]
+    )
+
+
+def _scores(bundle: Bundle, graph: Path, images: np.ndarray, batch: int = 16) -> np.ndarray:
+    """Scores of ``images`` through ``graph`` in ONNX Runtime (CPU) and the bundle's head."""
+    from cyto.runtime.backends.onnxruntime import require_onnxruntime
+    from cyto.runtime.heads import head_for
+
+    ort = require_onnxruntime()
+    opts = ort.SessionOptions()
+    opts.enable_cpu_mem_arena = False
+    session = ort.InferenceSession(str(graph), opts, providers=["CPUExecutionProvider"])
+    head = head_for(bundle)
+    spec = bundle.spec.graph("fp32")
+    return np.concatenate(
+        [
+            head.finish(session.run([spec.output], {spec.input: images[i : i + batch]})[0])
+            for i in range(0, len(images), batch)
+        ]
+    )
+
+
+def export_variant(
+    path: Path,
+    precision: str,
+    calib: Cells | None,
+    parity_cells: Cells | None = None,
+    method: str = "percentile",
+    accept_loss: bool = False,
+    exclude: tuple[str, ...] = (),
+    echo=print,
+) -> dict:
+    """Build the ``precision`` graph of the bundle at ``path``, measure its parity against
+    ``encoder.onnx``, and add it to the bundle when it passes the gate (or the loss is
+    accepted). Returns its manifest entry; a refused graph raises :class:`ConfigError` with the
+    numbers and leaves the bundle as it was."""
+    import onnx
+
+    from cyto.export.conformance import TARGETS, check_model
+
+    if precision not in QUANTIZED:
+        raise ConfigError(f"quantized precisions are {', '.join(QUANTIZED)}, got {precision!r}")
+    bundle = load_bundle(Path(path), weights=False)
+    fp32 = bundle.spec.graph("fp32")
+    if fp32 is None:
+        raise ConfigError(f"{bundle.path} has no encoder.onnx: export it first")
+    if precision == "int8" and calib is None:
+        raise ConfigError(
+            "int8 needs calibration cells: pass --calib with real cells of the kind the model "
+            "scores (its normal class, e.g. --calib cells/ --calib-class LYT)"
+        )
+    held = parity_cells
+    if calib is not None and held is None:
+        calib, held = calib.split(0.25)
+    if held is None:
+        raise ConfigError(
+            f"{precision}: parity needs held-out cells: pass --parity-cells (or --calib)"
+        )
+    src = bundle.path / fp32.file
+    with tempfile.TemporaryDirectory(dir=bundle.path.parent) as tmp:
+        target = Path(tmp) / variant_file(precision)
+        if precision == "fp16":
+            record = fp16_graph(src, target)
+        else:
+            record = int8_graph(src, target, calib.images, method, fp32.input, exclude)
+            record.update(
+                {
+                    "cells": int(len(calib.images)),
+                    "source": calib.source,
+                    "fingerprint": calib.fingerprint,
+                }
+            )
+        model = onnx.load(str(target))
+        onnx.checker.check_model(model)
+        problems = check_model(model, profile_inputs={fp32.input})
+        ref = _scores(bundle, src, held.images)
+        got = _scores(bundle, target, held.images)
+        parity = ranking_parity(ref, got, held.labels)
+        parity["cells_source"] = held.source
+        ok = passes(parity)
+        line = (
+            f"{precision} vs fp32 on {parity['cells']} held-out cells: Spearman "
+            f"{parity['spearman']:.4f}, top-10% overlap {parity['top10_overlap']:.2f}, top-1% "
+            f"{parity['top1_overlap']:.2f}, max score difference {parity['max_abs_diff']:.3g}"
+        )
+        if "auroc_delta" in parity:
+            line += (
+                f", AUROC {parity['auroc_fp32']:.3f} -> {parity['auroc_quantized']:.3f}, "
+                f"Recall@{parity['k']} {parity['recall_at_k_fp32']:.3f} -> "
+                f"{parity['recall_at_k_quantized']:.3f}"
+            )
+        echo(line)
+        if not ok and not accept_loss:
+            raise ConfigError(
+                f"the {precision} graph does not keep the ranking ({line}; the gate is Spearman "
+                f">= {GATE['spearman']} and top-10% overlap >= {GATE['top10_overlap']}): not "
+                "added. Try another --calib-method or more calibration cells, or pass "
+                "--accept-parity-loss to keep it anyway (recorded)"
+            )
+        entry = {
+            "file": variant_file(precision),
+            "opset": int(
+                next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+            ),
+            "precision": precision,
+            "input": bundle.manifest["onnx"]["input"],
+            "output": bundle.manifest["onnx"]["output"],
+            "nodes": len(model.graph.node),
+            "ops": sorted({n.op_type for n in model.graph.node}),
+            "quantization": record,
+            "parity_vs_fp32": parity,
+            "gate": {**GATE, "passed": ok, "accepted_loss": bool(accept_loss and not ok)},
+            "tensorrt_conformance": {"targets": TARGETS, "ok": not problems, "problems": problems},
+        }
+        variants = dict(bundle.manifest.get("onnx_variants") or {})
+        variants[precision] = entry
+        add_files(bundle.path, {entry["file"]: target}, {"onnx_variants": variants})
+    return entry

@@ -1,0 +1,106 @@
+"""fp16 and int8 (Q/DQ) graphs: they conform to TensorRT's import rules, their ranking parity
+against fp32 is measured on held-out cells and stored, the gate refuses a graph that loses the
+ranking (a deliberately broken calibration), and `auto` only runs a graph that passed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from cyto.bundle import load_bundle, verify_bundle
+from cyto.errors import ConfigError
+from cyto.export.quantize import export_variant, load_cells
+from cyto.runtime import load_scorer
+from tests.unit.test_cli import run_cyto
+
+
+@pytest.fixture
+def bundle(exported_bundles, tmp_path):
+    copy = tmp_path / "f.cyto"
+    shutil.copytree(exported_bundles["fs-sil"], copy)
+    return copy
+
+
+@pytest.mark.parametrize("name", ["fs-sil", "dsvdd"])
+def test_int8_and_fp16_graphs_keep_the_ranking(exported_bundles, synth_patches, tmp_path, name):
+    path = tmp_path / f"{name}.cyto"
+    shutil.copytree(exported_bundles[name], path)
+    size = load_bundle(path, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal", limit=64)
+    held = load_cells(synth_patches, size, normal="normal")
+    for precision in ("int8", "fp16"):
+        entry = export_variant(path, precision, calib, held, "percentile", echo=lambda m: None)
+        assert entry["gate"]["passed"] and entry["tensorrt_conformance"]["ok"], entry
+        par = entry["parity_vs_fp32"]
+        assert par["spearman"] >= 0.99 and par["cells"] == len(held.images)
+        assert {"auroc_delta", "recall_at_k_delta"} <= set(par)
+    verify_bundle(path)
+    b = load_bundle(path, weights=False)
+    q = b.manifest["onnx_variants"]["int8"]["quantization"]
+    assert q["method"] == "percentile" and q["cells"] == 64 and "(normal)" in q["source"]
+    x = held.images[:20]
+    ref = load_scorer(path, "onnx", "cpu").score(x)
+    for precision in ("int8", "fp16"):
+        s = load_scorer(path, "onnx", "cpu", precision)
+        assert s.precision == precision
+        np.testing.assert_allclose(s.score(x), ref, rtol=0.2, atol=0.05)
+    assert load_scorer(path, "auto", "cpu", "auto").precision == "int8"
+    assert load_scorer(path, "torch", "cpu", "auto").precision == "fp32"
+
+
+def test_a_broken_calibration_is_refused_with_the_numbers(bundle, synth_patches, tmp_path):
+    """Activation ranges calibrated on black squares cannot hold real cells: the gate refuses
+    the graph and the bundle is left as it was; accepting the loss keeps it, recorded, and
+    `auto` never runs it."""
+    from PIL import Image
+
+    black = tmp_path / "black" / "normal"
+    black.mkdir(parents=True)
+    for i in range(16):
+        Image.new("RGB", (40, 40), (i % 3, 0, 0)).save(black / f"b{i}.png")
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    calib = load_cells(black.parent, size)
+    held = load_cells(synth_patches, size, normal="normal")
+    manifest = (bundle / "manifest.json").read_bytes()
+    with pytest.raises(ConfigError, match=r"does not keep the ranking .*Spearman"):
+        export_variant(bundle, "int8", calib, held, "minmax", echo=lambda m: None)
+    assert (bundle / "manifest.json").read_bytes() == manifest
+    assert not (bundle / "encoder-int8.onnx").exists()
+    entry = export_variant(
+        bundle, "int8", calib, held, "minmax", accept_loss=True, echo=lambda m: None
+    )
+    assert entry["gate"] == {**entry["gate"], "passed": False, "accepted_loss": True}
+    assert load_scorer(bundle, "onnx", "cpu", "auto").precision == "fp32"
+    assert load_scorer(bundle, "onnx", "cpu", "int8").precision == "int8"  # asked for: runs
+
+
+def test_int8_needs_real_cells_named_by_the_user(bundle):
+    proc = run_cyto("export", str(bundle), "--no-onnx", "--precision", "int8")
+    assert proc.returncode == 2 and "--precision int8 needs --calib" in proc.stderr
+    with pytest.raises(ConfigError, match="int8 needs calibration cells"):
+        export_variant(bundle, "int8", None, None, echo=lambda m: None)
+
+
+def test_the_export_cli_and_info(bundle, synth_patches):
+    proc = run_cyto(
+        "export",
+        str(bundle),
+        "--no-onnx",
+        "--precision",
+        "fp32,int8",
+        "--calib",
+        str(synth_patches),
+        "--calib-class",
+        "normal",
+        "--calib-method",
+        "minmax",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "int8 vs fp32 on" in proc.stdout and "Number of histogram" not in proc.stdout
+    info = run_cyto("info", str(bundle))
+    assert "int8: encoder-int8.onnx, minmax calibration on" in info.stdout
+    m = json.loads((bundle / "manifest.json").read_text())
+    assert m["onnx_variants"]["int8"]["gate"]["passed"]
