@@ -102,11 +102,11 @@ class ModelSpec:
             norm = manifest.get("normalization") or {}
             size = int(manifest["input_size"])
             graphs = {}
-            for precision, entry in _graph_entries(manifest).items():
-                graphs[precision] = GraphSpec(
+            for key, entry in _graph_entries(manifest).items():
+                graphs[key] = GraphSpec(
                     file=entry["file"],
                     sha256=manifest["files"][entry["file"]],
-                    precision=precision,
+                    precision=str(entry.get("precision", key)),
                     input=entry["input"]["name"],
                     output=entry["output"]["name"],
                     opset=int(entry["opset"]),
@@ -135,7 +135,12 @@ class ModelSpec:
                 "can score with (retrain, or upgrade cyto)"
             ) from exc
 
-    def graph(self, precision: str = "fp32") -> GraphSpec | None:
+    def graph(self, precision: str = "fp32", device: str | None = None) -> GraphSpec | None:
+        """The graph of ``precision`` for ``device``: on a CPU, int8 is the ``int8-cpu`` form
+        (uint8 activations, ONNX Runtime's fast x86 kernels) when the bundle has it; elsewhere
+        the TensorRT form (symmetric int8)."""
+        if precision == "int8" and device == "cpu" and "int8-cpu" in self.graphs:
+            return self.graphs["int8-cpu"]
         return self.graphs.get(precision)
 
 

@@ -91,7 +91,7 @@ def _runtime_runner(bundle: Bundle, backend: str, device: str, precision: str) -
 
     if backend != "onnx" and not device.startswith("cuda"):
         raise Unavailable(f"{backend} runs on CUDA only")
-    if bundle.spec.graph(precision) is None:
+    if bundle.spec.graph(precision, device) is None:
         raise Unavailable(
             f"the bundle has no {precision} ONNX graph"
             + (" (cyto export MODEL)" if precision == "fp32" else "")

@@ -52,3 +52,31 @@ def architecture_bundle(
     if export:
         export_onnx(path, example_size=input_size)
     return path
+
+
+def classifier_bundle(
+    out: Path, backbone: str = "resnet18", input_size: int = 224, export: bool = True
+) -> Path:
+    """An FS-SIL-shaped bundle (a two-class classifier, softmax head) with random weights."""
+    import torch
+
+    from cyto.bundle import save_bundle
+    from cyto.export.onnx import export_onnx
+    from cyto.models.backbones import build_backbone
+
+    torch.manual_seed(0)
+    net = build_backbone(backbone, 2, bias=True).eval()
+    manifest = {
+        "method": "fs-sil",
+        "scorer_kind": "classifier",
+        "backbone": backbone,
+        "input_size": input_size,
+        "embedding_dim": 2,
+        "bias": True,
+        "config": {"backbone": backbone, "input_size": input_size, "load_size": None},
+        "training_data": {"note": "random weights: a throughput benchmark model"},
+    }
+    path = save_bundle(Path(out), manifest, {"net": net.state_dict()}, {}, overwrite=True)
+    if export:
+        export_onnx(path, example_size=input_size)
+    return path

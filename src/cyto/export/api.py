@@ -127,18 +127,20 @@ def export_bundle(
             else None
         )
         held = load_cells(parity_cells, size, normal=parity_normal) if parity_cells else None
-        for p in quantized:
+        # int8 in two forms: TensorRT's (symmetric) and ONNX Runtime's on x86 CPUs (uint8)
+        keys = [k for p in quantized for k in (("int8", "int8-cpu") if p == "int8" else (p,))]
+        for key in keys:
             entry = export_variant(
                 path,
-                p,
-                calib_cells if p == "int8" else None,
-                held if held is not None else (None if p == "int8" else calib_cells),
+                key,
+                calib_cells if key.startswith("int8") else None,
+                held if held is not None else (None if key.startswith("int8") else calib_cells),
                 calib_method,
                 accept_parity_loss,
                 echo=echo,
             )
             echo(f"wrote {path / entry['file']} ({entry['nodes']} nodes)")
-            report[p] = entry
+            report[key] = entry
     if trt:
         from cyto.export.trt import build_engine
         from cyto.runtime.engines import EngineIndex

@@ -109,7 +109,7 @@ def make_backend(
 def _auto(
     bundle: Bundle, device: str, precision: str, threads: int | None, notes: list[str]
 ) -> Backend:
-    has_graph = bundle.spec.graph(precision) is not None
+    has_graph = bundle.spec.graph(precision, device) is not None
     if device != "cpu":
         from cyto.runtime.backends.tensorrt import find_engine_for
 
@@ -143,7 +143,7 @@ def auto_precision(spec: ModelSpec, backend: str, device: str) -> str:
     if backend == "torch":
         return "fp32"
     for p in ("int8",) if device == "cpu" else ("fp16", "int8"):
-        g = spec.graph(p)
+        g = spec.graph(p, device)
         if g is not None and g.parity_passed:
             return p
     return "fp32"

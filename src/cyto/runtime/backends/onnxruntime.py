@@ -79,7 +79,7 @@ class OnnxRuntimeBackend:
         provider: str = "cuda",
     ) -> None:
         ort = require_onnxruntime()
-        graph = bundle.spec.graph(precision)
+        graph = bundle.spec.graph(precision, device)
         if graph is None:
             raise BundleError(_no_graph(bundle, precision))
         self.graph: GraphSpec = graph
