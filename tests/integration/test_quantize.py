@@ -114,3 +114,21 @@ def test_the_export_cli_and_info(bundle, synth_patches):
     m = json.loads((bundle / "manifest.json").read_text())
     assert m["onnx_variants"]["int8"]["gate"]["passed"]
     assert m["onnx_variants"]["int8-cpu"]["quantization"]["form"] == "ONNX Runtime on x86 CPUs"
+
+
+def test_score_says_which_graph_scored(bundle, synth_patches, tmp_path):
+    import pyarrow.parquet as pq
+
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+    from cyto.infer.pipeline import ScoreOptions, score_slide
+
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal", limit=48)
+    held = load_cells(synth_patches, size, normal="normal")
+    export_variant(bundle, "int8-cpu", calib, held, "minmax", echo=lambda m: None)
+    slide = write_slide(tmp_path / "s.tif", SlideSynthConfig(width=768, height=768)).paths[0]
+    opts = ScoreOptions(mosaic=0, workers=0, precision="auto", backend="onnx", device="cpu")
+    s = score_slide(slide, bundle, tmp_path / "o", opts, lambda m: None)
+    assert (s["precision"], s["graph"]) == ("int8", "encoder-int8-cpu.onnx")
+    meta = pq.read_schema(tmp_path / "o" / "scores.parquet").metadata
+    assert meta[b"cyto.precision"] == b"int8" and meta[b"cyto.graph"] == b"encoder-int8-cpu.onnx"

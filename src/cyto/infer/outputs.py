@@ -91,6 +91,7 @@ def table_metadata(scorer, slide: Path, identity: str, timings: dict) -> dict[st
         "cyto.backend": scorer.backend.name,
         "cyto.device": scorer.device,
         "cyto.precision": scorer.precision,
+        "cyto.graph": scorer.graph_file or "pytorch",
         "cyto.timings": json.dumps(timings),
     }
 

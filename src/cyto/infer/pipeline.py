@@ -366,6 +366,7 @@ def _finish(table, run: _Run) -> dict:
         "backend": run.scorer.backend.name,
         "device": run.scorer.device,
         "precision": run.scorer.precision,
+        "graph": run.scorer.graph_file,
         "cells_scored": int(n_cells),
         "slide_score_mean_top_k": float(scores[order[:k]].mean()) if k else None,
         "burden": burden(scores, bundle.manifest.get("calibration")),

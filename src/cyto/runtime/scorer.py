@@ -47,6 +47,12 @@ class Scorer:
     def precision(self) -> str:
         return self.backend.precision
 
+    @property
+    def graph_file(self) -> str | None:
+        """The exported graph that scores (None for the PyTorch network)."""
+        graph = getattr(self.backend, "graph", None)
+        return graph.file if graph is not None else None
+
     def score(self, images: np.ndarray, batch_size: int = 64) -> np.ndarray:
         """(N,) float64 scores of uint8 (N, H, W, 3) patches, ``batch_size`` per network call."""
         if batch_size < 1:

@@ -256,6 +256,7 @@ class TensorRTBackend:
                 f"'cyto export {bundle.path} --trt --device {device}' here"
             )
         self.entry = entry
+        self.graph = graph
         self.device = device
         self.precision = precision
         self.runner = EngineRunner(
