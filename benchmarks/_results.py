@@ -23,3 +23,35 @@ def where(command: str, meta: dict, device: object) -> str:
         f"`{command}` on {meta['host']} ({on}{meta['cpu_count']} CPUs, {meta['cpu']}), "
         f"device {device}"
     )
+
+
+def score_summary(slide: Path, model: Path, out: Path, *extra: str) -> dict:
+    """``cyto score`` in a process of its own (its peak memory is the scoring's alone); returns
+    the slide's summary.json."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cyto",
+            "score",
+            str(slide),
+            "--model",
+            str(model),
+            "--out",
+            str(out),
+            "--mosaic",
+            "0",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CYTO_PROGRESS": "0"},
+    )
+    if proc.returncode:
+        raise SystemExit(proc.stderr)
+    return json.loads((Path(out) / Path(slide).stem / "summary.json").read_text())

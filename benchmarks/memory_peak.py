@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, where, write  # noqa: E402
+from _results import machine, score_summary, where, write  # noqa: E402
 
 
 def dense_slide(src: Path, side: int, out: Path) -> Path:
@@ -72,31 +70,7 @@ def main() -> None:
         ).paths[0]
         dense = dense_slide(args.dense_from, args.side, work / "dense.tif")
         for name, slide in (("sparse synthetic smear", sparse), ("dense real H&E", dense)):
-            # a process of its own: its peak memory is the scoring's alone
-            out = work / name.split()[0]
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "cyto",
-                    "score",
-                    str(slide),
-                    "--model",
-                    str(model),
-                    "--out",
-                    str(out),
-                    "--mosaic",
-                    "0",
-                    "--workers",
-                    str(args.workers),
-                ],
-                capture_output=True,
-                text=True,
-                env={**os.environ, "CYTO_PROGRESS": "0"},
-            )
-            if proc.returncode:
-                raise SystemExit(proc.stderr)
-            s = json.loads((out / slide.stem / "summary.json").read_text())
+            s = score_summary(slide, model, work / name.split()[0], "--workers", str(args.workers))
             row = {
                 "slide": f"{name}, {args.side}x{args.side}",
                 "cells": s["cells_scored"],

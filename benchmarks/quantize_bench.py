@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, where, write  # noqa: E402
-from train_bone_marrow import append_row, bags_for, split  # noqa: E402
+from _results import machine, score_summary, where, write  # noqa: E402
+from train_bone_marrow import append_row, split, train_data  # noqa: E402
 
 
 def speed(args) -> tuple[list[dict], list[str]]:
@@ -93,8 +93,6 @@ def speed(args) -> tuple[list[dict], list[str]]:
 def pipeline(args) -> tuple[list[dict], list[str]]:
     """`cyto score` end to end, fp32 vs int8: a 224 px grid of cells on a tiled real H&E slide."""
     import json
-    import os
-    import subprocess
 
     from memory_peak import dense_slide
 
@@ -115,40 +113,23 @@ def pipeline(args) -> tuple[list[dict], list[str]]:
         nuclei = work / "grid.csv"
         nuclei.write_text("x,y\n" + "".join(f"{x:g},{y:g}\n" for x, y in grid))
         for precision in ("fp32", "int8"):
-            out = work / precision
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "cyto",
-                    "score",
-                    str(slide),
-                    "--model",
-                    str(model),
-                    "--out",
-                    str(out),
-                    "--nuclei",
-                    str(nuclei),
-                    "--patch-size",
-                    "224",
-                    "--mosaic",
-                    "0",
-                    "--workers",
-                    str(args.workers),
-                    "--precision",
-                    precision,
-                    "--backend",
-                    "onnx",
-                    "--device",
-                    "cpu",
-                ],
-                capture_output=True,
-                text=True,
-                env={**os.environ, "CYTO_PROGRESS": "0"},
+            s = score_summary(
+                slide,
+                model,
+                work / precision,
+                "--nuclei",
+                str(nuclei),
+                "--patch-size",
+                "224",
+                "--workers",
+                str(args.workers),
+                "--precision",
+                precision,
+                "--backend",
+                "onnx",
+                "--device",
+                "cpu",
             )
-            if proc.returncode:
-                raise SystemExit(proc.stderr)
-            s = json.loads((out / "slide" / "summary.json").read_text())
             row = {
                 "precision": precision,
                 "cells": s["cells_scored"],
@@ -185,7 +166,6 @@ def parity(args) -> tuple[list[dict], list[str]]:
     from cyto.export.onnx import export_onnx
     from cyto.export.quantize import Cells, export_variant
     from cyto.train.config import resolve_config
-    from cyto.train.data import TrainData
     from cyto.train.registry import get_method, method_names
 
     methods = [m for m in args.methods.split(",") if m] or method_names()
@@ -203,14 +183,7 @@ def parity(args) -> tuple[list[dict], list[str]]:
             for name in methods:
                 cls = get_method(name)
                 cfg = resolve_config(cls.Config, preset, overrides={"seed": seed})
-                if cls.one_class:
-                    data = TrainData(images[tr_n], ds.labels[tr_n], fingerprint=ds.fingerprint)
-                elif cls.instance_labels:
-                    idx = np.concatenate([tr_n, tr_a])
-                    data = TrainData(images[idx], ds.labels[idx], fingerprint=ds.fingerprint)
-                else:
-                    idx, bag, bl = bags_for(tr_n, tr_a, seed)
-                    data = TrainData(images[idx], None, bag, bl, fingerprint=ds.fingerprint)
+                data = train_data(cls, ds, images, tr_n, tr_a, seed)
                 model = cls(cfg).fit(data)
                 path = save_bundle(
                     Path(tmp) / f"{name}-{seed}.cyto", *model.bundle_parts(data), overwrite=True

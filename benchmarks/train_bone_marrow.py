@@ -56,6 +56,18 @@ def bags_for(tr_n: np.ndarray, tr_a: np.ndarray, seed: int, n_bags: int = 10):
     return idx, bag, bag_label
 
 
+def train_data(cls, ds: PatchDataset, images, tr_n, tr_a, seed: int) -> TrainData:
+    """What a method learns from on a split: the training normals (one-class), normals and
+    abnormals with labels (FS-SIL), or 10 bags with bag labels only (WS-SIL, ItS2CLR)."""
+    if cls.one_class:
+        return TrainData(images[tr_n], ds.labels[tr_n], fingerprint=ds.fingerprint)
+    if cls.instance_labels:
+        idx = np.concatenate([tr_n, tr_a])
+        return TrainData(images[idx], ds.labels[idx], fingerprint=ds.fingerprint)
+    idx, bag, bag_label = bags_for(tr_n, tr_a, seed)
+    return TrainData(images[idx], None, bag, bag_label, fingerprint=ds.fingerprint)
+
+
 def common_parser(doc: str) -> argparse.ArgumentParser:
     """The options every training benchmark takes (data, classes, preset, seeds, device...)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
@@ -163,14 +175,7 @@ def run_seed(ds, images, methods, preset, seed, device, overrides, jsonl) -> lis
     for name in methods:
         cls = get_method(name)
         cfg = resolve_config(cls.Config, preset, overrides={**overrides, "seed": seed})
-        if cls.one_class:
-            data = TrainData(images[tr_n], ds.labels[tr_n], fingerprint=ds.fingerprint)
-        elif cls.instance_labels:
-            idx = np.concatenate([tr_n, tr_a])
-            data = TrainData(images[idx], ds.labels[idx], fingerprint=ds.fingerprint)
-        else:
-            idx, bag, bag_label = bags_for(tr_n, tr_a, seed)
-            data = TrainData(images[idx], None, bag, bag_label, fingerprint=ds.fingerprint)
+        data = train_data(cls, ds, images, tr_n, tr_a, seed)
         t0 = time.perf_counter()
         model = cls(cfg).fit(data, device=device)
         fit_s = time.perf_counter() - t0
