@@ -189,7 +189,11 @@ def parity(args) -> tuple[list[dict], list[str]]:
                     Path(tmp) / f"{name}-{seed}.cyto", *model.bundle_parts(data), overwrite=True
                 )
                 export_onnx(path)
-                graphs = [("fp16", None)] + [("int8", m) for m in args.methods_calib.split(",")]
+                graphs = [
+                    (g, m if g.startswith("int8") else None)
+                    for g in args.graphs.split(",")
+                    for m in (args.methods_calib.split(",") if g.startswith("int8") else [None])
+                ]
                 for precision, method in graphs:
                     t0 = time.perf_counter()
                     entry = export_variant(
@@ -258,6 +262,7 @@ def main() -> None:
     ap.add_argument("--calib-cells", type=int, default=256)
     ap.add_argument("--calib-method", default="percentile")
     ap.add_argument("--methods-calib", default="percentile,entropy,minmax")
+    ap.add_argument("--graphs", default="fp16,int8,int8-cpu", help="parity: graphs to measure")
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--budget", type=float, default=20.0)
