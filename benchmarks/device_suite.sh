@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU run of the benchmark suite, as run on a lent GPU machine (see benchmarks/README.md).
 # Usage: benchmarks/device_suite.sh PART FAST_MODEL RESULTS_DIR
-#   PART: checks (gpu_checks.py), engine (cyto bench engine on CUDA and the host CPU), slide
+#   PART: tests (the CUDA tests: tests/integration/test_gpu.py and the runtime's unit tests),
+#   checks (gpu_checks.py), parity (gpu_parity.py: every method's GPU paths against ONNX Runtime
+#   fp32 on the real bone-marrow cells; needs BONE_MARROW=path), engine (cyto bench engine on CUDA and the host CPU), slide
 #   (synthesize a slide, cyto bench slide on the GPU), train (the paper's recipes on the bone-marrow
 #   cells: DROC raw vs whitened, FS-SIL, WS-SIL, ItS2CLR, then Deep SVDD with one seed; needs
 #   BONE_MARROW=path; TRAIN_STEPS=droc,sup,dsvdd picks steps, SUP_METHODS the supervised ones);
@@ -14,6 +16,19 @@ export PYTHONUNBUFFERED=1 CYTO_PROGRESS=0
 mkdir -p "$res" /tmp/cyto-slide
 pack() { tar czf "${OUT:-$res/..}/gpu_results.tgz" -C "$res" . ; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$res/nvidia-smi.csv"
+if [[ $parts == *tests* ]]; then
+    echo "== CUDA tests"
+    timeout "${T_TESTS:-240}" python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu.py \
+        tests/unit/test_runtime.py tests/integration/test_tensorrt.py 2>&1 | tee "$res/pytest.log" | tail -25
+    pack
+fi
+if [[ $parts == *parity* ]]; then
+    echo "== GPU paths vs ONNX Runtime fp32 on real cells"
+    timeout "${T_PARITY:-260}" python3 benchmarks/gpu_parity.py --data "${BONE_MARROW:?set BONE_MARROW}" \
+        --normal LYT --abnormal BLA,PMO,EOS,MON --seeds 0,1 --device cuda --out "$res/gpu_parity" \
+        2>&1 | grep -v batches/s | tail -40
+    pack
+fi
 if [[ $parts == *checks* ]]; then
     echo "== gpu checks"
     timeout "${T_CHECKS:-210}" python3 benchmarks/gpu_checks.py --model "$model" \

@@ -43,11 +43,7 @@ def device_scores(bundle: Path, patches: np.ndarray, fp16: bool, device: str) ->
     """PyTorch on ``device`` (fp16 by autocast when asked), then the bundle's head."""
     from cyto.runtime import load_scorer
 
-    scorer = load_scorer(bundle, "torch", device)
-    module = scorer.backend.module
-    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=fp16):
-        out = module(torch.from_numpy(patches).to(device)).float().cpu().numpy()
-    return scorer.head.finish(out)
+    return load_scorer(bundle, "torch", device, "fp16" if fp16 else "fp32").score(patches)
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ top-10% overlap, and the AUROC / Recall@K each graph gives. Seeds draw their own
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -173,7 +174,13 @@ def parity(args) -> tuple[list[dict], list[str]]:
     size = resolve_config(get_method(methods[0]).Config, preset).load_size
     ds = PatchDataset.from_path(args.data, normal=args.normal, abnormal=args.abnormal, size=size)
     images = np.asarray(ds.images)
+    # rows a cut-off run appended to --jsonl are kept, and their (method, seed) not trained again
     rows = []
+    if args.jsonl is not None and args.jsonl.exists():
+        rows = [json.loads(line) for line in args.jsonl.read_text().splitlines() if line.strip()]
+        seeds = {int(s) for s in args.seeds.split(",")}
+        rows = [r for r in rows if r["method"] in methods and r["seed"] in seeds]
+    done = {(r["method"], r["seed"], r["graph"], r["calibration"]) for r in rows}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in [int(s) for s in args.seeds.split(",")]:
             tr_n, tr_a, test = split(ds, seed)
@@ -181,6 +188,14 @@ def parity(args) -> tuple[list[dict], list[str]]:
             held = Cells(images[test], y, f"{args.data.name} held-out half", ds.fingerprint)
             calib = Cells(images[tr_n], None, f"{args.data.name} training normals", ds.fingerprint)
             for name in methods:
+                graphs = [
+                    (g, m if g.startswith("int8") else None)
+                    for g in args.graphs.split(",")
+                    for m in (args.methods_calib.split(",") if g.startswith("int8") else [None])
+                ]
+                graphs = [g for g in graphs if (name, seed, *g) not in done]
+                if not graphs:
+                    continue
                 cls = get_method(name)
                 cfg = resolve_config(cls.Config, preset, overrides={"seed": seed})
                 data = train_data(cls, ds, images, tr_n, tr_a, seed)
@@ -189,11 +204,6 @@ def parity(args) -> tuple[list[dict], list[str]]:
                     Path(tmp) / f"{name}-{seed}.cyto", *model.bundle_parts(data), overwrite=True
                 )
                 export_onnx(path)
-                graphs = [
-                    (g, m if g.startswith("int8") else None)
-                    for g in args.graphs.split(",")
-                    for m in (args.methods_calib.split(",") if g.startswith("int8") else [None])
-                ]
                 for precision, method in graphs:
                     t0 = time.perf_counter()
                     entry = export_variant(

@@ -164,6 +164,7 @@ def bench_engine(
             for precision in precisions:
                 base = {"device": device, "backend": backend, "precision": precision}
                 if device.startswith("cuda") and _cuda_ok(device):
+                    _release_gpu()  # the last runner's memory is not this one's
                     base["gpu_used_before_mb"] = round(device_used_mb(device), 1)
                 try:
                     runner = make_runner(bundle, backend, device, precision)
@@ -176,7 +177,18 @@ def bench_engine(
                         x = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
                         rows.append(_measure(runner, x, base, warmup, repeats, budget, echo))
                 runner.cleanup()
+                del runner
     return rows
+
+
+def _release_gpu() -> None:
+    """Give back what finished runners left in PyTorch's caching allocator."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def device_used_mb(device: str) -> float:

@@ -2,9 +2,16 @@
 
 It runs the same graph module that ``cyto export`` writes to ONNX and returns its output; the
 scorer head's numba finish turns that into scores, exactly as for ONNX Runtime and TensorRT.
+
+fp32 is fp32 on a GPU too: cuDNN's and cuBLAS's TF32 modes (on by default for convolutions on
+Ampere and later, 10 mantissa bits) are turned off, so the GPU's scores equal the CPU's. fp16 is
+autocast on CUDA only, asked for explicitly: ``auto`` never picks it, since no parity of it is
+recorded in the bundle (the exported fp16 graph's parity belongs to that graph).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -27,10 +34,11 @@ class TorchBackend:
         from cyto.errors import ConfigError
         from cyto.models.from_bundle import build_graph
 
-        if precision != "fp32":
+        gpu = str(device).startswith("cuda")
+        if precision not in ("fp32", "fp16") or (precision == "fp16" and not gpu):
             raise ConfigError(
-                f"the PyTorch backend runs the fp32 network; {precision} runs through ONNX Runtime "
-                "or TensorRT"
+                f"the PyTorch backend runs fp32{' (and fp16 on CUDA)' if not gpu else ''}; "
+                f"{precision} on {device} runs through ONNX Runtime or TensorRT"
             )
         if not bundle.weights:
             bundle = load_bundle(bundle.path)
@@ -40,11 +48,18 @@ class TorchBackend:
         self.device = device
         self.precision = precision
         self.dev = torch.device(device)
+        if gpu and precision == "fp32":
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
         self.module = build_graph(bundle).to(self.dev).eval()
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         torch = self.torch
-        with torch.inference_mode():
+        half = self.precision == "fp16"
+        with (
+            torch.inference_mode(),
+            torch.autocast("cuda", dtype=torch.float16) if half else contextlib.nullcontext(),
+        ):
             x = torch.from_numpy(np.ascontiguousarray(batch, dtype=np.uint8)).to(self.dev)
             return self.module(x).float().cpu().numpy()
 
