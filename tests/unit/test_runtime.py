@@ -67,3 +67,31 @@ def test_the_model_spec_is_read_once_and_refuses_a_garbled_manifest():
     del manifest["backbone"]
     with pytest.raises(BundleError, match="backbone"):
         ModelSpec.from_manifest(manifest)
+
+
+def test_numba_kernels_are_cached_in_the_user_cache_not_the_source_tree(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import cyto
+
+    code = (
+        "import numpy as np, numba\n"
+        "from cyto.runtime.heads import dsvdd\n"
+        "f = dsvdd.dsvdd_scores\n"
+        "print(f._cache._cache_path)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME")}
+    env.update(HOME=str(tmp_path), CYTO_CACHE_DIR="")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out.startswith(str(tmp_path / ".cache" / "cyto" / "numba")), out
+    assert not out.startswith(os.path.dirname(cyto.__file__))
+    # a cache folder the user named wins
+    env["NUMBA_CACHE_DIR"] = str(tmp_path / "mine")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out.startswith(str(tmp_path / "mine")), out
