@@ -5,10 +5,12 @@ Two slides of the same size: a synthetic cytology smear (sparse: about one cell 
 real H&E region (``--dense-from``, e.g. ../shared/data/wsi/cmu1_small_region.svs) tiled to that
 size, where a 192 px crop holds about 20 detections. Both are scored in one run with a 224 px
 model (random weights: memory and speed do not depend on them) and one worker; each row gives the
-main process's and the worker's peak resident memory (VmHWM), the cells and cells/s.
+main process's and the worker's peak resident memory (VmHWM), the cells and cells/s. With
+``--big-gib N`` a third row scores the sparse slide's file followed by an N GiB hole (a sparse
+file: N GiB on the file system, nothing on disk), which must cost no more memory than the slide.
 
     python benchmarks/memory_peak.py --dense-from ../shared/data/wsi/cmu1_small_region.svs \\
-        --side 8192 [--backbone smallcnn] [--out benchmarks/results]
+        --side 8192 [--big-gib 4] [--backbone smallcnn] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def main() -> None:
     ap.add_argument("--side", type=int, default=8192)
     ap.add_argument("--backbone", default="smallcnn")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--big-gib", type=float, default=0, help="add a row: the sparse slide + a hole")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
 
@@ -69,8 +72,17 @@ def main() -> None:
             work / "sparse.tif", SlideSynthConfig(width=args.side, height=args.side, seed=3)
         ).paths[0]
         dense = dense_slide(args.dense_from, args.side, work / "dense.tif")
-        for name, slide in (("sparse synthetic smear", sparse), ("dense real H&E", dense)):
-            s = score_summary(slide, model, work / name.split()[0], "--workers", str(args.workers))
+        slides = [("sparse synthetic smear", sparse), ("dense real H&E", dense)]
+        if args.big_gib:
+            big = work / "big.tif"
+            big.write_bytes(sparse.read_bytes())
+            with open(big, "r+b") as fh:
+                fh.truncate(big.stat().st_size + int(args.big_gib * 2**30))
+            size = big.stat().st_size / 2**30
+            slides.append((f"big file: the sparse smear + a hole, {size:.2f} GiB", big))
+        for name, slide in slides:
+            out = work / name.split()[0].strip(":")
+            s = score_summary(slide, model, out, "--workers", str(args.workers))
             row = {
                 "slide": f"{name}, {args.side}x{args.side}",
                 "cells": s["cells_scored"],

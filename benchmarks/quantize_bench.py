@@ -181,6 +181,10 @@ def parity(args) -> tuple[list[dict], list[str]]:
         seeds = {int(s) for s in args.seeds.split(",")}
         rows = [r for r in rows if r["method"] in methods and r["seed"] in seeds]
     done = {(r["method"], r["seed"], r["graph"], r["calibration"]) for r in rows}
+
+    def label(graph: str) -> str:  # int8 graphs with float nodes are other graphs
+        return f"{graph} keep {args.keep_float}" if args.keep_float and "int8" in graph else graph
+
     with tempfile.TemporaryDirectory() as tmp:
         for seed in [int(s) for s in args.seeds.split(",")]:
             tr_n, tr_a, test = split(ds, seed)
@@ -193,7 +197,7 @@ def parity(args) -> tuple[list[dict], list[str]]:
                     for g in args.graphs.split(",")
                     for m in (args.methods_calib.split(",") if g.startswith("int8") else [None])
                 ]
-                graphs = [g for g in graphs if (name, seed, *g) not in done]
+                graphs = [g for g in graphs if (name, seed, label(g[0]), g[1]) not in done]
                 if not graphs:
                     continue
                 cls = get_method(name)
@@ -213,13 +217,14 @@ def parity(args) -> tuple[list[dict], list[str]]:
                         held,
                         method or "percentile",
                         accept_loss=True,
+                        exclude=tuple(e for e in args.keep_float.split(",") if e),
                         echo=lambda m: None,
                     )
                     p = entry["parity_vs_fp32"]
                     row = {
                         "method": name,
                         "seed": seed,
-                        "graph": precision,
+                        "graph": label(precision),
                         "calibration": method,
                         "cells": p["cells"],
                         "spearman": round(p["spearman"], 5),
@@ -272,6 +277,7 @@ def main() -> None:
     ap.add_argument("--calib-cells", type=int, default=256)
     ap.add_argument("--calib-method", default="percentile")
     ap.add_argument("--methods-calib", default="percentile,entropy,minmax")
+    ap.add_argument("--keep-float", default="", help="parity: int8 nodes or op types kept float")
     ap.add_argument("--graphs", default="fp16,int8,int8-cpu", help="parity: graphs to measure")
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--repeats", type=int, default=5)

@@ -132,3 +132,25 @@ def test_score_says_which_graph_scored(bundle, synth_patches, tmp_path):
     assert (s["precision"], s["graph"]) == ("int8", "encoder-int8-cpu.onnx")
     meta = pq.read_schema(tmp_path / "o" / "scores.parquet").metadata
     assert meta[b"cyto.precision"] == b"int8" and meta[b"cyto.graph"] == b"encoder-int8-cpu.onnx"
+
+
+def test_layers_kept_in_float_by_op_type(exported_bundles, synth_patches, tmp_path):
+    """``exclude`` names op types (or nodes) that stay float: no Gemm of the graph reads a
+    DequantizeLinear output, and a name that matches nothing is an error, not a silent no-op."""
+    import onnx
+
+    path = tmp_path / "d.cyto"
+    shutil.copytree(exported_bundles["dsvdd"], path)
+    size = load_bundle(path, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal", limit=32)
+    held = load_cells(synth_patches, size, normal="normal")
+    with pytest.raises(ConfigError, match="no node or op type Gemmm"):
+        export_variant(path, "int8", calib, held, exclude=("Gemmm",), echo=lambda m: None)
+    entry = export_variant(path, "int8", calib, held, exclude=("Gemm",), echo=lambda m: None)
+    assert entry["quantization"]["kept_float"] == ["Gemm"]
+    assert entry["quantization"]["excluded_nodes"]
+    g = onnx.load(str(path / entry["file"])).graph
+    made_by = {o: n.op_type for n in g.node for o in n.output}
+    gemms = [n for n in g.node if n.op_type == "Gemm"]
+    assert gemms and all(made_by.get(i) != "DequantizeLinear" for n in gemms for i in n.input)
+    assert any(n.op_type == "QuantizeLinear" for n in g.node)  # the convolutions still are int8

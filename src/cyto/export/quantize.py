@@ -123,7 +123,8 @@ def int8_graph(
     form: str = "int8",
 ) -> dict:
     """A Q/DQ graph of ``src`` calibrated on ``calib`` (uint8 NHWC cells), in the TensorRT form
-    (``int8``) or ONNX Runtime's x86 form (``int8-cpu``); returns its record."""
+    (``int8``) or ONNX Runtime's x86 form (``int8-cpu``); returns its record. ``exclude`` keeps
+    nodes in float: node names, or op types (``Gemm``: every Gemm node)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,
@@ -168,6 +169,7 @@ def int8_graph(
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
         pre = Path(tmp) / "pre.onnx"  # (the calibrators print their settings: kept quiet)
         quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+        kept = _nodes_named(pre, exclude)
         quantize_static(
             str(pre),
             str(dst),
@@ -177,7 +179,7 @@ def int8_graph(
             activation_type=QuantType.QInt8 if trt else QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             op_types_to_quantize=list(QUANTIZED_OPS) if trt else None,
-            nodes_to_exclude=list(exclude),
+            nodes_to_exclude=kept,
             calibrate_method=algo,
             # TensorRT's explicit quantization is symmetric (every zero point 0), and its
             # DequantizeLinear takes int8, not the int32 biases ONNX Runtime would make
@@ -199,9 +201,26 @@ def int8_graph(
         ),
         "method": method,
         "quantized_ops": list(QUANTIZED_OPS) if trt else "every op ONNX Runtime quantizes",
-        "excluded_nodes": list(exclude),
+        "kept_float": list(exclude),
+        "excluded_nodes": kept,
         "calibration_seconds": round(time.perf_counter() - t0, 1),
     }
+
+
+def _nodes_named(model_path: Path, exclude: tuple[str, ...]) -> list[str]:
+    """The graph's node names that ``exclude`` names, by name or by op type; a name that matches
+    nothing is an error (a typo would silently quantize everything)."""
+    import onnx
+
+    if not exclude:
+        return []
+    nodes = onnx.load(str(model_path), load_external_data=False).graph.node
+    out = [n.name for n in nodes if n.name in exclude or n.op_type in exclude]
+    found = {n.name for n in nodes} | {n.op_type for n in nodes}
+    missing = [e for e in exclude if e not in found]
+    if missing:
+        raise ConfigError(f"no node or op type {', '.join(missing)} in the graph to keep in float")
+    return out
 
 
 def _topk_overlap(a: np.ndarray, b: np.ndarray, frac: float) -> float:
