@@ -140,6 +140,7 @@ def pipeline(args) -> tuple[list[dict], list[str]]:
                 "pipeline_efficiency": s["pipeline_efficiency"],
                 "main_peak_mb": s["peak_rss_mb"],
                 "worker_peak_mb": s["peak_rss_workers_mb"],
+                "timings_s": s["timings_s"],
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -148,13 +149,16 @@ def pipeline(args) -> tuple[list[dict], list[str]]:
         f"({rows[0]['cells']} cells), FS-SIL-shaped ResNet18 at 224 px, ONNX Runtime on the CPU, "
         f"{args.workers} worker(s):",
         "",
-        "| graph | cells/s end to end | engine cells/s | pipeline efficiency | main / worker MB |",
-        "|---|---|---|---|---|",
+        "| graph | cells/s end to end | engine cells/s | pipeline efficiency | main / worker MB "
+        "| engine s | waiting for tiles s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        t = r["timings_s"]
         lines.append(
             f"| {r['precision']} | {r['cells_per_s']} | {r['engine_cells_per_s']} | "
-            f"{r['pipeline_efficiency']} | {r['main_peak_mb']} / {r['worker_peak_mb']} |"
+            f"{r['pipeline_efficiency']} | {r['main_peak_mb']} / {r['worker_peak_mb']} | "
+            f"{t.get('engine', 0):.1f} | {t.get('wait', 0):.1f} |"
         )
     return rows, lines
 

@@ -470,3 +470,27 @@ def test_a_4_gib_file_scores_in_the_memory_of_a_small_one(exported_dsvdd, slides
         cells = summary["cells_scored"]
     assert cells > 0
     assert peaks["big"] < peaks["small"] + 100, peaks
+
+
+def test_workers_read_ahead_within_the_crop_budget(exported_dsvdd, slides, tmp_path):
+    """The engine scores 4 * batch_size cells at a time; with 2 tiles in flight it waited for
+    every read of a sparse slide. Now at least QUEUE_MIN tiles are in flight, and the crops they
+    can hold stay within IN_FLIGHT_BYTES."""
+    from cyto.infer import tiling
+
+    seen = {}
+    real_init = tiling.TileFeed.__init__
+
+    def spy(self, ctx, jobs, workers, queue):
+        seen.update(queue=queue, max_cells=ctx.max_cells, out=ctx.out_size)
+        real_init(self, ctx, jobs, workers, queue)
+
+    tiling.TileFeed.__init__ = spy
+    try:
+        opts = ScoreOptions(**{**OPTS.__dict__, "workers": 1})
+        score_slide(slides[0].paths[0], exported_dsvdd, tmp_path / "o", opts)
+    finally:
+        tiling.TileFeed.__init__ = real_init
+    assert seen["queue"] >= tiling.QUEUE_MIN >= 8
+    crop_bytes = seen["out"] ** 2 * 3
+    assert seen["queue"] * seen["max_cells"] * crop_bytes <= tiling.IN_FLIGHT_BYTES

@@ -41,6 +41,7 @@ from cyto.infer.planes import check_plane_geometry, find_planes
 from cyto.infer.slide import open_slide
 from cyto.infer.store import PARTIAL, ChunkStore, OutputLock, schema, slide_identity, slide_key
 from cyto.infer.tiling import (
+    QUEUE_MIN,
     Resolution,
     TileContext,
     TileFeed,
@@ -216,7 +217,10 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
     timings["mask"] = time.perf_counter() - t0
     jobs = tile_jobs(info, opts.tile, mask, mask_ds, opts.nuclei)
     workers = opts.n_workers()
-    queue = opts.queue or max(2, 2 * workers)
+    # tiles in flight: enough that the workers read ahead while the engine scores a batch of
+    # 4 * batch_size cells (a sparse tile holds ~20 cells); the crops they hold stay within
+    # IN_FLIGHT_BYTES whatever the depth (max_cells below shrinks as the queue grows)
+    queue = opts.queue or max(QUEUE_MIN, 2 * workers)
     ctx = TileContext(
         slide=str(slide),
         planes=tuple(str(f) for _, f in planes),
