@@ -385,6 +385,8 @@ def info_cmd(
             verdict = "passed" if gate["passed"] else "BELOW the gate, accepted by the user"
             q = v.get("quantization", {})
             how = f", {q['method']} calibration on {q['cells']} cells" if "cells" in q else ""
+            if q.get("kept_float"):
+                how += f", {'/'.join(q['kept_float'])} kept in float"
             typer.echo(
                 f"    {p}: {v['file']}{how}; vs fp32 on {par['cells']} held-out cells: Spearman "
                 f"{par['spearman']:.4f}, top-10% overlap {par['top10_overlap']:.2f} ({verdict})"
@@ -447,6 +449,14 @@ def export_cmd(
         bool,
         typer.Option(help="Keep a quantized graph below the parity gate (recorded in the bundle)."),
     ] = False,
+    int8_keep_float: Annotated[
+        str | None,
+        typer.Option(
+            help="int8: op types or node names kept in float, comma-separated (default: Gemm for "
+            "Deep SVDD, whose distance moves with every embedding coordinate; none otherwise; "
+            "'' quantizes everything)."
+        ),
+    ] = None,
     trt: Annotated[
         bool, typer.Option(help="Also build TensorRT engines (NVIDIA GPU, TensorRT 10 or 11).")
     ] = False,
@@ -479,6 +489,7 @@ def export_cmd(
         parity_cells=parity_cells,
         parity_normal=parity_normal,
         accept_parity_loss=accept_parity_loss,
+        int8_keep_float=_csv(int8_keep_float),
         batch=batch,
         device=device,
         opset=opset,

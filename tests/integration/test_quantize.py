@@ -104,6 +104,8 @@ def test_the_export_cli_and_info(bundle, synth_patches):
         str(synth_patches),
         "--parity-normal",
         "normal",
+        "--int8-keep-float",
+        "Gemm",
     )
     assert proc.returncode == 0, proc.stderr
     assert "int8 vs fp32 on" in proc.stdout and "int8-cpu vs fp32 on" in proc.stdout
@@ -111,9 +113,11 @@ def test_the_export_cli_and_info(bundle, synth_patches):
     info = run_cyto("info", str(bundle))
     assert "int8: encoder-int8.onnx, minmax calibration on" in info.stdout
     assert "int8-cpu: encoder-int8-cpu.onnx" in info.stdout
+    assert "Gemm kept in float" in info.stdout
     m = json.loads((bundle / "manifest.json").read_text())
     assert m["onnx_variants"]["int8"]["gate"]["passed"]
     assert m["onnx_variants"]["int8-cpu"]["quantization"]["form"] == "ONNX Runtime on x86 CPUs"
+    assert m["onnx_variants"]["int8"]["quantization"]["kept_float"] == ["Gemm"]
 
 
 def test_score_says_which_graph_scored(bundle, synth_patches, tmp_path):
@@ -154,3 +158,23 @@ def test_layers_kept_in_float_by_op_type(exported_bundles, synth_patches, tmp_pa
     gemms = [n for n in g.node if n.op_type == "Gemm"]
     assert gemms and all(made_by.get(i) != "DequantizeLinear" for n in gemms for i in n.input)
     assert any(n.op_type == "QuantizeLinear" for n in g.node)  # the convolutions still are int8
+
+
+def test_deep_svdd_keeps_its_embedding_in_float_by_default(
+    exported_bundles, synth_patches, tmp_path
+):
+    from cyto.export.api import export_bundle
+
+    path = tmp_path / "d.cyto"
+    shutil.copytree(exported_bundles["dsvdd"], path)
+    report = export_bundle(
+        path,
+        onnx=False,
+        precisions=("int8",),
+        calib=synth_patches,
+        calib_class="normal",
+        calib_limit=32,
+        echo=lambda m: None,
+    )
+    assert report["int8"]["quantization"]["kept_float"] == ["Gemm"]
+    assert report["int8-cpu"]["quantization"]["kept_float"] == ["Gemm"]
