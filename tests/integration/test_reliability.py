@@ -491,6 +491,6 @@ def test_workers_read_ahead_within_the_crop_budget(exported_dsvdd, slides, tmp_p
         score_slide(slides[0].paths[0], exported_dsvdd, tmp_path / "o", opts)
     finally:
         tiling.TileFeed.__init__ = real_init
-    assert seen["queue"] >= tiling.QUEUE_MIN >= 8
+    assert seen["queue"] >= tiling.QUEUE_MIN >= 16
     crop_bytes = seen["out"] ** 2 * 3
     assert seen["queue"] * seen["max_cells"] * crop_bytes <= tiling.IN_FLIGHT_BYTES

@@ -30,7 +30,7 @@ class ScoreOptions:
     device: str = "auto"
     precision: str = "fp32"  # the exported graph to run: fp32, fp16 or int8
     workers: int | None = None  # None: default_workers(); 0: all in the main process
-    queue: int | None = None  # tiles in flight (None: 2 per worker, at least 8)
+    queue: int | None = None  # tiles in flight (None: 2 per worker, at least 16)
     nuclei: Path | None = None
     truth: Path | None = None  # ground-truth cells (x, y, label) to report Recall@K
     truth_radius: float = 20.0

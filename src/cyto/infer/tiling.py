@@ -104,15 +104,16 @@ def tissue_mask(reader) -> tuple[np.ndarray | None, float]:
 # part of a dense tile's crops (its nuclei already found)
 Job = tuple[int, int, int, "np.ndarray | None", "tuple[int, int] | None"]
 IN_FLIGHT_BYTES = 128 << 20  # crops held in tile results not yet consumed, at most
-# tile jobs in flight at least: with 2 the engine waited for every read of a sparse slide (it
-# scores 4 * batch_size cells at a time, ~12 tiles of a 224 px grid): 118 -> 142 cells/s int8
-QUEUE_MIN = 8
+# tile jobs in flight at least: the engine scores 4 * batch_size cells at a time (~13 tiles of a
+# 224 px grid); with 2 in flight it waited for every read (efficiency 0.81 int8 on 2 cores), with
+# 8 for a third of them (0.89), with 16 for none (0.95; benchmarks/results/vm-2core/quantize)
+QUEUE_MIN = 16
 
 
 def max_cells_per_result(crop: int, planes: int, queue: int) -> int:
     """Crops per tile result, so that ``queue`` results in flight (and a worker's crops of every
-    focal plane) stay within :data:`IN_FLIGHT_BYTES`: 873 at 80 px with 8 in flight, 111 at
-    224 px with 8 in flight, 32 at 224 px with 28 in flight."""
+    focal plane) stay within :data:`IN_FLIGHT_BYTES`: 436 at 80 px and 55 at 224 px with 16 in
+    flight, 32 at 224 px with 28 in flight."""
     per_cell = crop * crop * 3 * max(1, planes)
     return max(32, IN_FLIGHT_BYTES // (max(1, queue) * per_cell))
 
