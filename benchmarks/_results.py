@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from cyto.bench.device import machine  # noqa: F401 - re-exported for the scripts
@@ -55,3 +56,10 @@ def score_summary(slide: Path, model: Path, out: Path, *extra: str) -> dict:
     if proc.returncode:
         raise SystemExit(proc.stderr)
     return json.loads((Path(out) / Path(slide).stem / "summary.json").read_text())
+
+
+def mean_sd(values, fmt: str = "{:.4f}") -> str:
+    """``mean ± sd`` of a benchmark column over seeds (the mean alone for one value)."""
+    v = list(values)
+    sd = f" ± {fmt.format(statistics.stdev(v))}" if len(v) > 1 else ""
+    return fmt.format(statistics.mean(v)) + sd

@@ -14,7 +14,6 @@ Ledoit-Wolf-whitened ones, and both rank the same held-out cells. Usage:
 from __future__ import annotations
 
 import copy
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from cyto.train.data import TrainData
 from cyto.train.droc import DROC, DROCConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, where, write  # noqa: E402
+from _results import machine, mean_sd, where, write  # noqa: E402
 from train_bone_marrow import (  # noqa: E402
     append_row,
     command_line,
@@ -71,8 +70,7 @@ def main() -> None:
     meta = machine(cmd) | {"device_used": str(device)}
 
     def ms(key: str) -> str:
-        v = [r[key] for r in rows]
-        return f"{statistics.mean(v):.3f}" + (f" ± {statistics.stdev(v):.3f}" if len(v) > 1 else "")
+        return mean_sd((r[key] for r in rows), "{:.3f}")
 
     k = rows[0]["k"]
     lines = [

@@ -18,8 +18,6 @@ reference, AUROC of both, and cells/s of the scoring call (after one warm-up cal
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -28,8 +26,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, where, write  # noqa: E402
-from train_bone_marrow import append_row, split, train_data  # noqa: E402
+from _results import machine, mean_sd, where, write  # noqa: E402
+from train_bone_marrow import (  # noqa: E402
+    append_row,
+    command_line,
+    common_parser,
+    common_settings,
+    split,
+    train_data,
+)
 
 
 def paths_for(device: str) -> list[tuple[str, str, str, str]]:
@@ -53,25 +58,24 @@ def run(args) -> tuple[list[dict], list[str]]:
     from cyto.data.dataset import PatchDataset
     from cyto.export.onnx import export_onnx
     from cyto.export.quantize import Cells, export_variant, ranking_parity
-    from cyto.runtime.devices import resolve_device
     from cyto.runtime.scorer import load_scorer
     from cyto.train.config import resolve_config
     from cyto.train.registry import get_method, method_names
 
-    device = resolve_device(args.device)
+    dev, preset, seeds, overrides = common_settings(args)
+    device = str(dev)
     methods = [m for m in args.methods.split(",") if m] or method_names()
-    preset = None if args.preset == "paper" else args.preset
-    size = resolve_config(get_method(methods[0]).Config, preset).load_size
+    size = resolve_config(get_method(methods[0]).Config, preset, overrides=overrides).load_size
     ds = PatchDataset.from_path(args.data, normal=args.normal, abnormal=args.abnormal, size=size)
     images = np.asarray(ds.images)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in [int(s) for s in args.seeds.split(",")]:
+        for seed in seeds:
             tr_n, tr_a, test = split(ds, seed)
             y = ds.labels[test].astype(np.int8)
             for name in methods:
                 cls = get_method(name)
-                cfg = resolve_config(cls.Config, preset, overrides={"seed": seed})
+                cfg = resolve_config(cls.Config, preset, overrides={**overrides, "seed": seed})
                 data = train_data(cls, ds, images, tr_n, tr_a, seed)
                 t0 = time.perf_counter()
                 model = cls(cfg).fit(data, device=device)
@@ -115,42 +119,29 @@ def run(args) -> tuple[list[dict], list[str]]:
         "|---|---|---|---|---|---|---|---|",
     ]
 
-    def ms(v, f="{:.4f}"):
-        return f.format(statistics.mean(v)) + (
-            " ± " + f.format(statistics.stdev(v)) if len(v) > 1 else ""
-        )
-
     for name in methods:
         for label in dict.fromkeys(r["path"] for r in rows):
             got = [r for r in rows if r["method"] == name and r["path"] == label]
             if not got:
                 continue
             lines.append(
-                f"| {name} | {label} | {ms([r['spearman'] for r in got], '{:.5f}')} | "
-                f"{ms([r['top1_overlap'] for r in got], '{:.3f}')} | "
-                f"{ms([r['top10_overlap'] for r in got], '{:.3f}')} | "
+                f"| {name} | {label} | {mean_sd((r['spearman'] for r in got), '{:.5f}')} | "
+                f"{mean_sd((r['top1_overlap'] for r in got), '{:.3f}')} | "
+                f"{mean_sd((r['top10_overlap'] for r in got), '{:.3f}')} | "
                 f"{max(r['max_rel_diff'] for r in got):.2g} | "
-                f"{ms([r['auroc_ref'] for r in got])} -> {ms([r['auroc'] for r in got])} | "
-                f"{ms([r['cells_per_s'] for r in got], '{:.0f}')} |"
+                f"{mean_sd(r['auroc_ref'] for r in got)} -> {mean_sd(r['auroc'] for r in got)} | "
+                f"{mean_sd((r['cells_per_s'] for r in got), '{:.0f}')} |"
             )
     return rows, lines
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True)
-    ap.add_argument("--normal", default="LYT")
-    ap.add_argument("--abnormal", default=None)
+    ap = common_parser(__doc__)
     ap.add_argument("--methods", default="")
-    ap.add_argument("--preset", default="fast")
-    ap.add_argument("--seeds", default="0")
-    ap.add_argument("--device", default="auto")
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--jsonl", type=Path, default=None)
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
     rows, table = run(args)
-    cmd = "python benchmarks/gpu_parity.py " + " ".join(sys.argv[1:])
+    cmd = command_line("gpu_parity.py", args)
     meta = machine(cmd)
     lines = ["# GPU paths: ranking parity on real cells", "", where(cmd, meta, args.device), ""]
     write(args.out, "gpu_parity", meta, rows, [*lines, *table])

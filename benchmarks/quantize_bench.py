@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import machine, score_summary, where, write  # noqa: E402
+from _results import machine, mean_sd, score_summary, where, write  # noqa: E402
 from train_bone_marrow import append_row, split, train_data  # noqa: E402
 
 
@@ -185,6 +184,11 @@ def parity(args) -> tuple[list[dict], list[str]]:
         seeds = {int(s) for s in args.seeds.split(",")}
         rows = [r for r in rows if r["method"] in methods and r["seed"] in seeds]
     done = {(r["method"], r["seed"], r["graph"], r["calibration"]) for r in rows}
+    every_graph = [
+        (g, m if g.startswith("int8") else None)
+        for g in args.graphs.split(",")
+        for m in (args.methods_calib.split(",") if g.startswith("int8") else [None])
+    ]
 
     def label(graph: str) -> str:  # int8 graphs with float nodes are other graphs
         return f"{graph} keep {args.keep_float}" if args.keep_float and "int8" in graph else graph
@@ -196,12 +200,7 @@ def parity(args) -> tuple[list[dict], list[str]]:
             held = Cells(images[test], y, f"{args.data.name} held-out half", ds.fingerprint)
             calib = Cells(images[tr_n], None, f"{args.data.name} training normals", ds.fingerprint)
             for name in methods:
-                graphs = [
-                    (g, m if g.startswith("int8") else None)
-                    for g in args.graphs.split(",")
-                    for m in (args.methods_calib.split(",") if g.startswith("int8") else [None])
-                ]
-                graphs = [g for g in graphs if (name, seed, label(g[0]), g[1]) not in done]
+                graphs = [g for g in every_graph if (name, seed, label(g[0]), g[1]) not in done]
                 if not graphs:
                     continue
                 cls = get_method(name)
@@ -250,16 +249,13 @@ def parity(args) -> tuple[list[dict], list[str]]:
         "|---|---|---|---|---|---|---|---|",
     ]
 
-    def ms(v):
-        return f"{statistics.mean(v):.4f}" + (f" ± {statistics.stdev(v):.4f}" if len(v) > 1 else "")
-
     for name in methods:
         for g in dict.fromkeys((r["graph"], r["calibration"]) for r in rows):
             got = [r for r in rows if r["method"] == name and (r["graph"], r["calibration"]) == g]
             if not got:
                 continue
             label = g[0] + (f" ({g[1]})" if g[1] else "")
-            col = {k: ms([r[k] for r in got]) for k in got[0] if isinstance(got[0][k], float)}
+            col = {k: mean_sd(r[k] for r in got) for k in got[0] if isinstance(got[0][k], float)}
             lines.append(
                 f"| {name} | {label} | {col['spearman']} | {col['top1_overlap']} | "
                 f"{col['top10_overlap']} | {col['auroc_fp32']} -> {col['auroc_quantized']} | "

@@ -58,13 +58,13 @@ def _cuda_sync(device: str) -> Callable[[], None]:
 def _torch_runner(bundle: Bundle, device: str, precision: str, variant: str) -> Runner:
     import torch
 
+    from cyto.errors import ConfigError
     from cyto.runtime.backends.torch import TorchBackend
 
-    if precision == "int8":
-        raise Unavailable("int8 runs from a Q/DQ graph in ONNX Runtime or TensorRT, not PyTorch")
-    if precision == "fp16" and not device.startswith("cuda"):
-        raise Unavailable("fp16 autocast is benchmarked on CUDA only (slow or unsupported on CPU)")
-    module = TorchBackend(bundle, device).module
+    try:  # the precisions PyTorch runs are the runtime backend's: fp32, and fp16 on CUDA
+        module = TorchBackend(bundle, device, precision).module
+    except ConfigError as exc:
+        raise Unavailable(str(exc)) from exc
     if variant == "channels-last":
         module = module.to(memory_format=torch.channels_last)
     if variant == "compile":

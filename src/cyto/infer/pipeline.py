@@ -217,9 +217,7 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
     timings["mask"] = time.perf_counter() - t0
     jobs = tile_jobs(info, opts.tile, mask, mask_ds, opts.nuclei)
     workers = opts.n_workers()
-    # tiles in flight: enough that the workers read ahead while the engine scores a batch of
-    # 4 * batch_size cells (a sparse tile holds ~20 cells); the crops they hold stay within
-    # IN_FLIGHT_BYTES whatever the depth (max_cells below shrinks as the queue grows)
+    # tiles in flight (why 16: tiling.QUEUE_MIN); max_cells below shrinks as the queue grows
     queue = opts.queue or max(QUEUE_MIN, 2 * workers)
     ctx = TileContext(
         slide=str(slide),
