@@ -45,7 +45,7 @@ def require_tensorrt():
         raise MissingDependencyError("tensorrt", "TensorRT engines", INSTALL)
     try:
         import tensorrt as trt
-    except ImportError as exc:  # the pip placeholder wheels fail here
+    except ImportError as exc:  # a tensorrt wheel installed without its libraries fails here
         raise MissingDependencyError("tensorrt", "TensorRT engines", INSTALL) from exc
     version = trt_version(getattr(trt, "__version__", ""))
     if not version or version[0] not in SUPPORTED_MAJORS:
