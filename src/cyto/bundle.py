@@ -35,6 +35,8 @@ ONNX_FILE = "encoder.onnx"
 PRECISIONS = ("fp32", "fp16", "int8")
 # the normal-score quantiles a bundle's ``calibration`` records (train and cyto calibrate)
 CALIBRATION_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
+# the sorted normal-slide scores of ``cyto calibrate`` (the conformal calibration set)
+CALIBRATION_FILE = "calibration.npz"
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -177,6 +179,16 @@ class Bundle:
     @property
     def manifest_hash(self) -> str:
         return hashlib.sha256((self.path / MANIFEST).read_bytes()).hexdigest()
+
+    @property
+    def scoring_id(self) -> str:
+        """What a cell's score depends on: the method and the trained arrays (weights,
+        scorer.npz). Unlike :attr:`manifest_hash` it stays the same when the bundle is calibrated
+        or exported, so score tables of one model can be recognised across those steps."""
+        files = self.manifest.get("files", {})
+        trained = {k: v for k, v in files.items() if k.startswith("weights-") or k == "scorer.npz"}
+        text = json.dumps({"method": self.method, "files": trained}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 def save_bundle(

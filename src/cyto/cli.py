@@ -407,6 +407,18 @@ def info_cmd(
         typer.echo(
             f"    tensorrt: run 'cyto export {model} --trt' on an NVIDIA GPU (needs 'cyto[gpu]')"
         )
+    cal = m.get("calibration") or {}
+    if cal.get("kind") == "slides":
+        v = cal.get("valid_for", {})
+        typer.echo(
+            f"  calibration: {cal['source']}, {cal['normalization']} normalization, scored with "
+            f"{v.get('graph')} ({v.get('precision')}): p-values, FDR flags and burden in cyto score"
+        )
+    else:
+        typer.echo(
+            f"  calibration: none on slide-negative slides (cyto calibrate {model} "
+            "NEGATIVE/scores.parquet ...); no p-values or burden"
+        )
     typer.echo("  libraries: " + ", ".join(f"{k} {v}" for k, v in m.get("libraries", {}).items()))
 
 
@@ -692,11 +704,30 @@ def score_cmd(
     truth: Annotated[
         Path | None, typer.Option(help="Ground-truth cells (x, y, label) to report Recall@K.")
     ] = None,
+    fdr: Annotated[
+        float,
+        typer.Option(
+            help="Calibrated bundles: flag cells at this false discovery rate (Benjamini-Hochberg "
+            "on conformal p-values against the slide-negative slides)."
+        ),
+    ] = 0.1,
+    triage_level: Annotated[
+        float,
+        typer.Option(
+            help="Calibrated bundles: a slide whose test 'more high-scoring cells than normal "
+            "slides' has p at or below this is triaged 'excess'."
+        ),
+    ] = 0.05,
 ) -> None:
     """Score every cell of each slide: scores.parquet, topk.parquet, mosaics and summary.json.
 
     The model is loaded once; slides are scored one after another, and a slide that fails is
-    reported while the next one goes on. Ctrl-C keeps the finished part: rerun with --resume.
+    reported while the next one goes on; OUT/cohort.csv holds one row per slide. Ctrl-C keeps
+    the finished part: rerun with --resume.
+
+    With a bundle calibrated on slide-negative slides (cyto calibrate), every cell gets a
+    conformal p-value, cells are flagged at the --fdr rate, and each slide gets an abnormal
+    burden with a 95% interval and a triage label.
     """
     from cyto.infer.pipeline import ScoreOptions, score_cohort
 
@@ -717,6 +748,8 @@ def score_cmd(
         slide_mpp=mpp,
         model_mpp=model_mpp,
         resume=resume,
+        fdr_alpha=fdr,
+        triage_level=triage_level,
     )
     metrics = None
     if truth is not None:
@@ -728,8 +761,7 @@ def score_cmd(
             f"({s['cells_per_s']} cells/s, engine {s.get('engine_cells_per_s')} cells/s) "
             f"-> {out / Path(s['slide']).stem}"
         )
-        if s.get("burden"):
-            line += f"; cells above the normal 99th percentile: {s['burden']['cells_above']}"
+        line += burden_words(s.get("burden"))
         if "truth" in s:
             t = s["truth"]
             line += (
@@ -743,26 +775,60 @@ def score_cmd(
         raise typer.Exit(max(exc.exit_code for _, exc in failed))
 
 
+def burden_words(b: dict | None) -> str:
+    """The burden block of a summary as a clause of the one-line report."""
+    if not b:
+        return ""
+    if b.get("status") != "ok":
+        return f"; burden: {b.get('status')}"
+    lo, hi = b["abnormal_fraction_interval"]
+    return (
+        f"; abnormal burden {100 * b['abnormal_fraction']:.2f}% (95% CI {100 * lo:.2f}-"
+        f"{100 * hi:.2f}%), {b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}, slide "
+        f"p={b['slide_p_value']:.2g} ({b['triage']})"
+    )
+
+
 @app.command("calibrate")
 def calibrate_cmd(
     model: Annotated[Path, typer.Argument(help="Model bundle to calibrate.")],
     tables: Annotated[
-        list[Path], typer.Argument(help="scores.parquet of slide-negative (healthy) slides.")
+        list[Path],
+        typer.Argument(help="scores.parquet of slide-negative (healthy) slides, one per slide."),
     ],
+    normalize: Annotated[
+        str,
+        typer.Option(
+            help="slide: centre each slide's scores on its median and scale by its IQR "
+            "(absorbs stain shifts between slides); none: raw scores."
+        ),
+    ] = "slide",
 ) -> None:
-    """Store normal-score quantiles from slides known to be negative in the bundle.
+    """Calibrate a model on slides known to be negative, for p-values, FDR flags and burden.
 
-    cyto score then counts the cells above the 99th percentile of normal cells and reports the
-    excess over the 1% that normal cells alone give (the abnormal-burden estimate).
+    Keeps every score of those slides in the bundle (calibration.npz) and records the model,
+    graph and scoring options they were made with. cyto score then gives each cell a conformal
+    p-value, flags cells at a false discovery rate, and reports the abnormal burden with an
+    interval and a slide-level test. Give several slides: the spread between normal slides is
+    part of the interval, and each slide is checked against the others (leave one out).
     """
     from cyto.infer.calibrate import calibrate_from_tables
 
-    cal = calibrate_from_tables(model, tables)
+    cal = calibrate_from_tables(model, tables, normalization=normalize)
     q = cal["quantiles"]
     typer.echo(
-        f"calibrated {model} on {cal['source']}: median {q['0.5']:.4g}, 99th percentile "
-        f"{q['0.99']:.4g}"
+        f"calibrated {model} on {cal['source']} ({cal['normalization']} normalization): median "
+        f"{q['0.5']:.4g}, 99th percentile {q['0.99']:.4g}"
     )
+    loso = cal.get("leave_one_slide_out")
+    if loso:
+        typer.echo(
+            f"leave one slide out: BH at {loso['alpha']} flagged cells on "
+            f"{loso['slides_with_false_flags']}/{loso['slides']} normal slides (all flags false; "
+            f"expected at most {loso['alpha']:.0%} of slides), burden interval held 0 on "
+            f"{loso['burden_interval_holds_zero']}/{loso['slides']}"
+        )
+    typer.echo(f"assumes: {cal['assumes']}")
 
 
 @bench_app.command("engine")

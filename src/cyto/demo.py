@@ -4,8 +4,9 @@ It draws a synthetic patch dataset, trains Deep SVDD (fast preset) on normal cel
 held-out normal and abnormal cells with the trained bundle, exports it to ONNX (checking that ONNX
 Runtime gives PyTorch's scores), draws a synthetic whole slide with planted abnormal cells, scores
 every cell of it and reports how many planted cells reach the top of the ranking. Before that it
-scores a slide-negative slide to calibrate the normal-score threshold, so the scored slide also
-gets an abnormal-burden estimate to compare with the planted share.
+scores three slide-negative slides and calibrates the bundle on them, so the scored slide also
+gets conformal p-values, cells flagged at a false discovery rate and an abnormal-burden estimate
+with its interval, to compare with the planted cells.
 Each step is a library call that a user can run alone through the CLI.
 """
 
@@ -107,15 +108,26 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     )
     made["slide"] = res.paths[0]
     made["ground_truth"] = res.ground_truth
-    echo("[7/8] a slide-negative (healthy) slide: score it and calibrate the normal threshold")
-    neg = write_slide(
-        out / "negative.ndpi",
-        SlideSynthConfig(width=2048, height=2048, abnormal_fraction=0.0, seed=seed + 1),
-        overwrite=True,
+    echo("[7/8] slide-negative (healthy) slides: score them and calibrate on them")
+    negatives = [
+        write_slide(
+            out / f"negative{i}.ndpi",
+            SlideSynthConfig(width=2048, height=2048, abnormal_fraction=0.0, seed=seed + 1 + i),
+            overwrite=True,
+        ).paths[0]
+        for i in range(3)
+    ]
+    tables = []
+    for neg in negatives:
+        folder = out / "negative_scores" / neg.stem
+        score_slide(neg, made["bundle"], folder, ScoreOptions(mosaic=0), echo=lambda _: None)
+        tables.append(folder / "scores.parquet")
+    cal = calibrate_from_tables(made["bundle"], tables)
+    loso = cal["leave_one_slide_out"]
+    echo(
+        f"      {cal['source']}; each slide against the other two: cells flagged at FDR "
+        f"{loso['alpha']} on {loso['slides_with_false_flags']}/{loso['slides']} (all normal)"
     )
-    score_slide(neg.paths[0], made["bundle"], out / "negative_scores", ScoreOptions(mosaic=0))
-    cal = calibrate_from_tables(made["bundle"], [out / "negative_scores" / "scores.parquet"])
-    echo(f"      {cal['source']}: 99th percentile of normal scores {cal['quantiles']['0.99']:.4g}")
     echo("[8/8] score every cell of the slide (ONNX Runtime) and rank the planted cells")
     summary = score_slide(
         res.paths[0],
@@ -133,12 +145,22 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
         f"{t['k'] / max(summary['cells_scored'], 1):.2f}); review mosaic {summary['mosaic']}"
     )
     b = summary["burden"]
-    echo(
-        f"      abnormal burden: {b['cells_above']} cells above the normal 99th percentile, "
-        f"{b['expected_from_normal_cells']} expected from normal cells -> estimated "
-        f"{100 * b['excess_fraction']:.1f}% abnormal (planted: "
-        f"{100 * t['planted_abnormal'] / max(res.n_cells, 1):.1f}%)"
-    )
+    if b["status"] == "ok":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(out / "scores" / "scores.parquet", columns=["flagged_bh", "label"])
+        flagged = np.asarray(table["flagged_bh"])
+        true_flags = int(np.sum(flagged & (np.asarray(table["label"]) == 1)))
+        lo, hi = b["abnormal_fraction_interval"]
+        echo(
+            f"      abnormal burden {100 * b['abnormal_fraction']:.1f}% (95% CI {100 * lo:.1f}-"
+            f"{100 * hi:.1f}%; planted {100 * t['planted_abnormal'] / max(res.n_cells, 1):.1f}%); "
+            f"{b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}, {true_flags} of them "
+            f"planted abnormal; slide p={b['slide_p_value']:.2g}: {b['triage']}"
+        )
+    else:
+        echo(f"      abnormal burden: {b['status']}: {b.get('reason', '')}")
+    made["burden"] = b
     made["scores"] = out / "scores"
     echo(f"done in {time.perf_counter() - t0:.1f} s; everything is in {out}/")
     return made

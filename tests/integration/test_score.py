@@ -256,17 +256,10 @@ def test_focal_plane_choice_follows_the_sharpest_plane(model, tmp_path, suffix):
     assert none["focal_planes_um"] == [0.0]
 
 
-def test_burden_and_resolution_checks(model, slide, tmp_path):
+def test_resolution_checks(model, slide, tmp_path):
     from cyto.bundle import load_bundle
-    from cyto.infer.calibrate import burden
     from cyto.infer.pipeline import ScoreOptions, score_slide
     from cyto.runtime import load_scorer
-
-    calib = {"source": "test", "quantiles": {"0.99": 1.0}}
-    b = burden(np.array([0.5] * 98 + [2.0, 3.0, 4.0, 5.0]), calib)
-    assert b["cells_above"] == 4 and b["expected_from_normal_cells"] == 1.0
-    assert b["excess_cells"] == 3.0
-    assert burden(np.array([1.0]), None) is None
 
     engine = load_scorer(model, "onnx", "cpu")
     slide_mpp = open_slide(slide.paths[0]).info.mpp

@@ -1,69 +1,311 @@
-"""Calibrate a model's normal-score quantiles on slide-negative score tables.
+"""Calibrate a model on slide-negative slides, and apply that calibration to a scored slide.
 
-``cyto train`` stores quantiles of the scores of its normal training patches, but cells cut from
-a slide by the pipeline can score differently (other cropping, staining, scanner). The abnormal
-burden is better calibrated on what the pipeline produced for known-negative slides:
-``cyto calibrate MODEL neg1/scores.parquet neg2/scores.parquet`` writes those quantiles into the
-bundle, and ``cyto score`` uses them from then on.
+``cyto calibrate MODEL neg1/scores.parquet neg2/scores.parquet ...`` stores every score of those
+slides, sorted, with the slide each came from (``calibration.npz`` in the bundle), and records in
+the manifest what they are valid for: the model (:attr:`Bundle.scoring_id`), the graph and
+precision that scored them, and the scoring options (crop size, detection, planes, mpp). It also
+runs the procedures leave-one-slide-out on the calibration slides themselves: each slide against
+the others, where every flag is a false one.
+
+``cyto score`` then gives every cell a conformal p-value, flags cells at a false discovery rate,
+estimates the abnormal burden with an interval, tests the slide against normal slides and checks
+that the bulk of its scores looks like the calibration's (see :mod:`cyto.infer.conformal`).
+
+The scores ``cyto train`` records for its own training cells are in-sample (lower than a new
+slide's normal cells); they give quantiles for ``cyto info`` but no p-values or burden.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
-from cyto.bundle import CALIBRATION_QUANTILES, add_files, load_bundle
+from cyto.bundle import CALIBRATION_FILE, CALIBRATION_QUANTILES, add_files, load_bundle
 from cyto.errors import ConfigError, InputPathError
+from cyto.infer import conformal
+
+FDR_ALPHA = 0.1  # default target false discovery rate of the flagged cells
+TRIAGE_LEVEL = 0.05  # default level of the slide test
+TRIAGE_EXCESS, TRIAGE_NONE = "excess", "no excess"  # slide test at the triage level
+BURDEN_QUANTILE = 0.99  # the burden counts cells above this quantile of the normal scores
+# scoring options that change scores; a calibration holds only for the same values
+_META_KEYS = ("cyto.scoring_id", "cyto.precision", "cyto.graph", "cyto.result_key")
 
 
-def calibrate_from_tables(model: Path, tables: list[Path], min_cells: int = 100) -> dict:
+class Calibration:
+    """A bundle's slide-negative calibration: each calibration slide's scores, how they are
+    normalized, and what they hold for."""
+
+    def __init__(self, parts: list[np.ndarray], info: dict):
+        self.parts, self.info = parts, info
+        self.normalization = str(info.get("normalization", "none"))
+        normalized = [conformal.normalize(p, self.normalization)[0] for p in parts]
+        values = np.concatenate(normalized) if normalized else np.empty(0)
+        slide = np.concatenate([np.full(len(p), i) for i, p in enumerate(normalized)])
+        order = np.argsort(values, kind="stable")
+        self.reference, self.reference_slide = values[order], slide[order]
+
+    @classmethod
+    def of(cls, bundle) -> Calibration | None:
+        info = bundle.manifest.get("calibration") or {}
+        if info.get("kind") != "slides" or CALIBRATION_FILE not in bundle.manifest["files"]:
+            return None
+        with np.load(bundle.path / CALIBRATION_FILE, allow_pickle=False) as z:
+            scores, slide = z["scores"], z["slide"]
+        return cls([scores[slide == j] for j in range(len(info.get("slides", [])))], info)
+
+    def rate(self, quantile: float = BURDEN_QUANTILE) -> conformal.NormalRate:
+        return conformal.normal_rate(self.reference, self.reference_slide, quantile)
+
+    def differences(self, scorer, result_key: dict) -> list[str]:
+        """How this run differs from the runs the calibration slides were scored with."""
+        valid = self.info.get("valid_for", {})
+        now = {
+            "model": scorer.bundle.scoring_id,
+            "precision": scorer.precision,
+            "graph": scorer.graph_file or "pytorch",
+        }
+        out = [
+            f"{k} {valid[k]!r} there, {now[k]!r} here"
+            for k in now
+            if k in valid and valid[k] != now[k]
+        ]
+        calibrated = valid.get("options") or {}
+        for k, v in json.loads(json.dumps(result_key, default=str)).items():
+            if k in calibrated and calibrated[k] != v and k != "precision":
+                out.append(f"{k} {calibrated[k]!r} there, {v!r} here")
+        return out
+
+
+def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str]:
     import pyarrow.parquet as pq
 
+    if not Path(path).is_file():
+        raise InputPathError(f"score table {path} does not exist")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+        raise ConfigError(f"{path} is not a readable Parquet score table ({exc})") from exc
+    if "score" not in table.column_names:
+        raise ConfigError(f"{path} has no 'score' column: pass scores.parquet from cyto score")
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    method = meta.get("cyto.method", "")
+    if method and method != bundle.method:
+        raise ConfigError(
+            f"{path} was scored by a {method} model, not this {bundle.method} bundle: scores "
+            "of different models cannot calibrate each other"
+        )
+    if meta.get("cyto.scoring_id", bundle.scoring_id) != bundle.scoring_id:
+        raise ConfigError(
+            f"{path} was scored by another model (other weights) than {bundle.path}: "
+            "score the slide-negative slides with this bundle first"
+        )
+    slide = meta.get("cyto.slide_identity") or meta.get("cyto.slide") or str(path)
+    return np.asarray(table["score"], dtype=np.float64), meta, slide
+
+
+def calibrate_from_tables(
+    model: Path,
+    tables: list[Path],
+    min_cells: int = 100,
+    alpha: float = FDR_ALPHA,
+    normalization: str = "slide",
+) -> dict:
+    """Store the slide-negative calibration of ``tables`` in the bundle; returns its record."""
+    if normalization not in conformal.NORMALIZATIONS:
+        raise ConfigError(
+            f"normalization must be one of {', '.join(conformal.NORMALIZATIONS)}, "
+            f"got {normalization!r}"
+        )
     bundle = load_bundle(Path(model), weights=False)
-    scores = []
+    if not tables:
+        raise ConfigError("give at least one scores.parquet of a slide-negative slide")
+    parts, metas, names, seen = [], [], [], {}
     for t in tables:
-        if not Path(t).is_file():
-            raise InputPathError(f"score table {t} does not exist")
-        table = pq.read_table(t)
-        if "score" not in table.column_names:
-            raise ConfigError(f"{t} has no 'score' column: pass scores.parquet from cyto score")
-        meta = table.schema.metadata or {}
-        method = meta.get(b"cyto.method", b"").decode()
-        if method and method != bundle.method:
+        scores, meta, identity = _read_table(Path(t), bundle)
+        if identity in seen:
+            raise ConfigError(f"{t} and {seen[identity]} score the same slide: give it once")
+        seen[identity] = t
+        parts.append(scores)
+        metas.append(meta)
+        names.append(meta.get("cyto.slide", str(t)))
+    for key in _META_KEYS:
+        values = {m.get(key) for m in metas}
+        if len(values) > 1:
             raise ConfigError(
-                f"{t} was scored by a {method} model, not this {bundle.method} bundle: scores "
-                "of different models cannot calibrate each other"
+                f"the calibration tables differ in {key.removeprefix('cyto.')} "
+                f"({', '.join(sorted(str(v) for v in values))}): score every slide-negative "
+                "slide the same way"
             )
-        scores.append(np.asarray(table["score"], dtype=np.float64))
-    allv = np.concatenate(scores) if scores else np.empty(0)
-    if len(allv) < min_cells:
-        raise ConfigError(f"need at least {min_cells} scored cells to calibrate, got {len(allv)}")
-    calibration = {
-        "source": f"{len(allv)} cells of {len(tables)} slide-negative score table(s)",
-        "tables": [str(t) for t in tables],
-        "n": int(len(allv)),
+    n = sum(len(p) for p in parts)
+    if n < min_cells:
+        raise ConfigError(f"need at least {min_cells} scored cells to calibrate, got {n}")
+    allv = np.concatenate(parts)
+    slide = np.concatenate([np.full(len(p), i, dtype=np.int32) for i, p in enumerate(parts)])
+    order = np.argsort(allv, kind="stable")
+    first = metas[0]
+    record = {
+        "kind": "slides",
+        "file": CALIBRATION_FILE,
+        "source": f"{n} cells of {len(tables)} slide-negative slide(s)",
+        "n": int(n),
+        "normalization": normalization,
+        "slides": [
+            {
+                "slide": names[i],
+                "table": str(tables[i]),
+                "cells": int(len(p)),
+                "median": conformal.location_scale(p)[0],
+                "iqr": conformal.location_scale(p)[1],
+            }
+            for i, p in enumerate(parts)
+        ],
         "quantiles": {str(q): float(np.quantile(allv, q)) for q in CALIBRATION_QUANTILES},
+        "ties": conformal.TIES,
+        "valid_for": {
+            "model": bundle.scoring_id,
+            "precision": first.get("cyto.precision"),
+            "graph": first.get("cyto.graph"),
+            "options": json.loads(first["cyto.result_key"]) if "cyto.result_key" in first else None,
+        },
     }
-    add_files(bundle.path, {}, {"calibration": calibration})
-    return calibration
+    record.update(leave_one_slide_out(parts, normalization, alpha))
+    tmp = bundle.path / f".{CALIBRATION_FILE}.partial"
+    with open(tmp, "wb") as fh:  # np.savez would append .npz to a name without it
+        np.savez(fh, scores=allv[order], slide=slide[order])
+    add_files(bundle.path, {CALIBRATION_FILE: tmp}, {"calibration": record})
+    tmp.unlink()
+    return record
 
 
-def burden(scores: np.ndarray, calibration: dict | None, q: str = "0.99") -> dict | None:
-    """Abnormal-burden estimate: cells above the model's normal-cell quantile ``q``, less the
-    share that normal cells alone put there (1 - q), as the paper's Discussion proposes."""
-    if not calibration or q not in calibration.get("quantiles", {}) or len(scores) == 0:
-        return None
-    thr = float(calibration["quantiles"][q])
-    above = int((scores > thr).sum())
-    expected = (1.0 - float(q)) * len(scores)
-    excess = max(0.0, above - expected)
+def _against(scores: np.ndarray, cal: Calibration, alpha: float, interval: float) -> dict:
+    """Everything one slide's scores give against a calibration."""
+    x, loc, scale = conformal.normalize(scores, cal.normalization)
+    rate = cal.rate()
+    p = conformal.p_values(x, cal.reference)
     return {
-        "threshold": thr,
-        "threshold_quantile_of_normals": float(q),
-        "cells_above": above,
-        "expected_from_normal_cells": round(expected, 1),
-        "excess_cells": round(excess, 1),
-        "excess_fraction": round(excess / len(scores), 5),
-        "calibration": calibration.get("source"),
+        "p": p,
+        "rate": rate,
+        "raw_threshold": loc + rate.threshold * scale,
+        "burden": conformal.burden(x, rate, interval),
+        "slide_p": conformal.slide_p_value(x, rate),
+        "flagged": conformal.bh(p, alpha),
+        "bulk": conformal.bulk_deviations(scores, cal.parts, cal.normalization),
+    }
+
+
+def leave_one_slide_out(
+    parts: list[np.ndarray], normalization: str = "slide", alpha: float = FDR_ALPHA
+) -> dict:
+    """Each calibration slide scored as a new slide against the others (needs two or more):
+    all its cells are normal, so every flag is false. Records how often BH flagged anything
+    (FDR of an all-normal slide = P(any flag) <= alpha if slides are exchangeable), whether the
+    burden interval held 0, the slide p-values, and the spread of the bulk check that sets its
+    tolerance."""
+    if len(parts) < 2:
+        return {
+            "leave_one_slide_out": None,
+            "bulk_tolerance": {},
+            "assumes": (
+                "one calibration slide: the spread between normal slides is unknown and taken "
+                "as none; p-values, FDR and burden hold only if this slide's normal cells score "
+                "like the calibration slide's. Calibrate on several slide-negative slides."
+            ),
+        }
+    rows = []
+    for j, own in enumerate(parts):
+        others = Calibration(
+            [p for i, p in enumerate(parts) if i != j], {"normalization": normalization}
+        )
+        c = _against(own, others, alpha, 0.95)
+        rows.append(
+            {
+                "cells": int(len(own)),
+                "flagged_bh": int(c["flagged"].sum()),
+                "burden_interval": c["burden"]["abnormal_cells_interval"],
+                "slide_p_value": c["slide_p"],
+                "bulk": c["bulk"],
+            }
+        )
+    return {
+        "leave_one_slide_out": {
+            "alpha": alpha,
+            "slides": len(rows),
+            "slides_with_false_flags": sum(r["flagged_bh"] > 0 for r in rows),
+            "burden_interval_holds_zero": sum(r["burden_interval"][0] == 0 for r in rows),
+            "slide_p_values": [round(r["slide_p_value"], 4) for r in rows],
+            "per_slide": rows,
+        },
+        "bulk_tolerance": conformal.bulk_tolerance([r["bulk"] for r in rows]),
+        "assumes": (
+            "the normal cells of a scored slide, after the slide's own normalization "
+            f"({normalization}), are exchangeable with the calibration cells (same model, scoring "
+            "options and preparation); the FDR of flagged cells holds under that. The burden "
+            f"interval and slide test also allow for the spread between the {len(parts)} "
+            "calibration slides."
+        ),
+    }
+
+
+def apply(
+    scores: np.ndarray,
+    calibration: Calibration,
+    alpha: float = FDR_ALPHA,
+    triage_level: float = TRIAGE_LEVEL,
+    interval: float = 0.95,
+) -> dict:
+    """``{"columns": {name: per-cell array}, "burden": summary block}`` for one slide: columns
+    ``p_value``, ``flagged_bh``, ``flagged_adaptive``. On a bulk mismatch the flags are None
+    and the block gives the reason instead of a burden."""
+    c = _against(scores, calibration, alpha, interval)
+    tol = calibration.info.get("bulk_tolerance") or {}
+    mismatch = conformal.bulk_mismatch(c["bulk"], tol)
+    out = {
+        "calibration": calibration.info.get("source"),
+        "normalization": calibration.normalization,
+        "bulk_deviation": {k: round(v, 4) for k, v in c["bulk"].items()},
+        "bulk_tolerance": {k: round(v, 4) for k, v in tol.items()},
+        "assumes": calibration.info.get("assumes"),
+    }
+    if mismatch:
+        said = ", ".join(
+            f"{k} {c['bulk'][k]:+.2f} (normal slides: within {tol.get(k, 0):.2f})" for k in mismatch
+        )
+        out["status"] = "calibration mismatch"
+        out["reason"] = (
+            f"this slide's scores do not look like the calibration slides' ({said}): another "
+            "stain, scanner or preparation? No burden or FDR flags are reported; calibrate on "
+            "slide-negative slides like this one"
+        )
+        return {
+            "columns": {"p_value": c["p"], "flagged_bh": None, "flagged_adaptive": None},
+            "burden": out,
+        }
+    flagged_adaptive, pi0 = conformal.adaptive_bh(c["p"], alpha)
+    b = c["burden"]
+    b["threshold_normalized"] = b.pop("threshold")
+    out.update(
+        {
+            "status": "ok",
+            **b,
+            "threshold": c["raw_threshold"],
+            "fdr_alpha": alpha,
+            "flagged_bh": int(c["flagged"].sum()),
+            "flagged_adaptive": int(flagged_adaptive.sum()),
+            "null_share_storey": round(pi0, 4),
+            "slide_p_value": c["slide_p"],
+            "triage_level": triage_level,
+            "triage": TRIAGE_EXCESS if c["slide_p"] <= triage_level else TRIAGE_NONE,
+            "normal_rate_between_slides_sd": round(float(np.sqrt(c["rate"].tau2)), 6),
+        }
+    )
+    return {
+        "columns": {
+            "p_value": c["p"],
+            "flagged_bh": c["flagged"],
+            "flagged_adaptive": flagged_adaptive,
+        },
+        "burden": out,
     }

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from cyto.bundle import PRECISIONS
 from cyto.errors import ConfigError
+from cyto.infer.calibrate import FDR_ALPHA, TRIAGE_LEVEL
 from cyto.infer.nuclei import NucleusParams
 from cyto.runtime.backends import CHOICES
 
@@ -42,6 +43,8 @@ class ScoreOptions:
     resume: bool = False
     chunk_cells: int = 4096  # rows per resumable chunk (a crash loses at most these)
     max_cells: int | None = None  # crops per tile result (None: what bounds memory in flight)
+    fdr_alpha: float = FDR_ALPHA  # target false discovery rate of flagged cells (when calibrated)
+    triage_level: float = TRIAGE_LEVEL  # level of the slide test "more high-scoring cells"
 
     def __post_init__(self) -> None:
         if self.patch_size < 16 or self.tile < self.patch_size or self.batch_size < 1:
@@ -60,6 +63,9 @@ class ScoreOptions:
             raise ConfigError("chunk_cells and queue must be >= 1")
         if self.max_cells is not None and self.max_cells < 1:
             raise ConfigError(f"max_cells must be >= 1, got {self.max_cells}")
+        for name in ("fdr_alpha", "triage_level"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
         for name in ("slide_mpp", "model_mpp"):
             value = getattr(self, name)
             if value is not None and not 0.01 <= value <= 100:

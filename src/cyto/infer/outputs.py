@@ -78,13 +78,19 @@ def write_score_table(table, out_dir: Path, meta: dict[str, str]) -> None:
     os.replace(partial, out_dir / "scores.parquet")
 
 
-def table_metadata(scorer, slide: Path, identity: str, timings: dict) -> dict[str, str]:
+def table_metadata(
+    scorer, slide: Path, identity: str, timings: dict, result_key: dict
+) -> dict[str, str]:
+    """The score table's file metadata; ``result_key``: the scoring options that change scores
+    (what ``cyto calibrate`` records its calibration as valid for)."""
     bundle = scorer.bundle
     return {
         "cyto.version": __version__,
         "cyto.model": str(bundle.path),
         "cyto.manifest_sha256": bundle.manifest_hash,
         "cyto.method": bundle.method,
+        "cyto.scoring_id": bundle.scoring_id,
+        "cyto.result_key": json.dumps(result_key, default=str, sort_keys=True),
         "cyto.slide": str(slide),
         "cyto.slide_identity": identity,
         "cyto.slide_bytes": str(Path(slide).stat().st_size),
@@ -180,4 +186,84 @@ def write_mosaics(
         for pos, k in enumerate(shuffled)
     ]
     (out_dir / "topk_mosaic_blinded_key.json").write_text(json.dumps(key, indent=1))
+    return path
+
+
+COHORT_COLUMNS = (
+    "slide",
+    "output",
+    "status",
+    "cells",
+    "seconds",
+    "cells_per_s",
+    "slide_score_mean_top_k",
+    "calibration",
+    "abnormal_cells",
+    "abnormal_cells_low",
+    "abnormal_cells_high",
+    "abnormal_fraction",
+    "flagged_bh",
+    "flagged_adaptive",
+    "slide_p_value",
+    "triage",
+    "error",
+)
+
+
+def cohort_row(slide: Path, output: Path, summary: dict | None, error: str = "") -> dict:
+    """One slide's line of ``cohort.csv``: what it holds, or why it failed."""
+    row = dict.fromkeys(COHORT_COLUMNS, "")
+    row.update({"slide": str(slide), "output": str(output), "status": "failed", "error": error})
+    if summary is None:
+        return row
+    b = summary.get("burden") or {}
+    row.update(
+        {
+            "status": "scored",
+            "cells": summary.get("cells_scored"),
+            "seconds": summary.get("seconds"),
+            "cells_per_s": summary.get("cells_per_s"),
+            "slide_score_mean_top_k": summary.get("slide_score_mean_top_k"),
+            "calibration": b.get("status", ""),
+        }
+    )
+    if b.get("status") == "ok":
+        lo, hi = b["abnormal_cells_interval"]
+        row.update(
+            {
+                "abnormal_cells": b["abnormal_cells"],
+                "abnormal_cells_low": lo,
+                "abnormal_cells_high": hi,
+                "abnormal_fraction": b["abnormal_fraction"],
+                "flagged_bh": b["flagged_bh"],
+                "flagged_adaptive": b["flagged_adaptive"],
+                "slide_p_value": b["slide_p_value"],
+                "triage": b["triage"],
+            }
+        )
+    return row
+
+
+def write_cohort_table(rows: list[dict], path: Path) -> Path:
+    """Merge ``rows`` into ``cohort.csv`` (a row per output folder; a slide scored again
+    replaces its row, rows of other runs into the same folder stay), under a lock so that two
+    runs never lose each other's rows; written by atomic rename."""
+    import csv
+    import fcntl
+
+    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        merged: dict[str, dict] = {}
+        if path.is_file():
+            with open(path, newline="") as fh:
+                for old in csv.DictReader(fh):
+                    merged[old.get("output", "")] = {k: old.get(k, "") for k in COHORT_COLUMNS}
+        for row in rows:
+            merged[str(row["output"])] = row
+        partial = path.with_name(f".{path.name}.partial")
+        with open(partial, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=COHORT_COLUMNS)
+            writer.writeheader()
+            writer.writerows(merged.values())
+        os.replace(partial, path)
     return path

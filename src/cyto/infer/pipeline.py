@@ -7,10 +7,11 @@
 - :mod:`cyto.runtime`: the scorer (backend + head), loaded once per cohort;
 - :mod:`cyto.infer.store`: resumable row chunks (``resume=True`` continues an interrupted run);
 - :mod:`cyto.infer.outputs`: scores.parquet, topk.parquet, topk.geojson, mosaics, truth labels;
-- :mod:`cyto.infer.calibrate`: the abnormal-burden estimate.
+- :mod:`cyto.infer.calibrate`: p-values against slide-negative slides, cells flagged at a false
+  discovery rate, the abnormal burden with its interval, the slide test.
 
 ``summary.json`` records timings per stage, cells/s, pipeline efficiency, peak memory, the slide
-score and the burden estimate.
+score and the burden estimate; ``score_cohort`` keeps ``cohort.csv``, one row per slide.
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import CytoError, InputPathError, OutputWriteError
-from cyto.infer.calibrate import burden
+from cyto.infer import calibrate
 from cyto.infer.memory import peak_rss_mb
 from cyto.infer.options import STAGES, ScoreOptions
 from cyto.infer.outputs import (
+    cohort_row,
     labels_from_truth,
     ranks,
     table_metadata,
     truth_report,
+    write_cohort_table,
     write_mosaics,
     write_score_table,
     write_top_k,
@@ -320,6 +323,44 @@ def _check_crowding(
     return report
 
 
+_COLUMN_TYPES = {"p_value": "float64", "flagged_bh": "bool", "flagged_adaptive": "bool"}
+
+
+def _calibrated(scores: np.ndarray, run: _Run) -> dict:
+    """The calibration's columns and burden block (:func:`cyto.infer.calibrate.apply`), or why
+    there are none; says out loud when the run differs from the calibration's."""
+    bundle = run.scorer.bundle
+    cal = calibrate.Calibration.of(bundle)
+    if cal is None:
+        return {
+            "burden": {
+                "status": "not calibrated",
+                "reason": "no slide-negative calibration in this bundle: run cyto calibrate "
+                f"{bundle.path} NEGATIVE/scores.parquet ... for p-values, FDR flags and burden",
+            }
+        }
+    differs = cal.differences(run.scorer, run.opts.result_key())
+    if any(d.startswith("model ") for d in differs):
+        return {
+            "burden": {
+                "status": "calibration mismatch",
+                "reason": "the calibration was made with another model: calibrate again",
+            }
+        }
+    out = calibrate.apply(scores, cal, alpha=run.opts.fdr_alpha, triage_level=run.opts.triage_level)
+    if differs:
+        run.echo(
+            f"warning: {run.slide.name}: scored unlike the calibration slides ("
+            + "; ".join(differs)
+            + "): p-values, FDR flags and burden assume the same scoring; calibrate again on "
+            "slide-negative slides scored this way"
+        )
+        out["burden"]["scored_unlike_calibration"] = differs
+    if out["burden"]["status"] != "ok":
+        run.echo(f"warning: {run.slide.name}: {out['burden']['reason']}")
+    return out
+
+
 class _Run:
     """What the finishing step of one slide needs to know about its run."""
 
@@ -348,13 +389,18 @@ def _finish(table, run: _Run) -> dict:
     order, rank = ranks(scores)
     table = table.append_column("rank", pa.array(rank))
     k = min(opts.top_k, n_cells)
+    calibrated = _calibrated(scores, run)
+    for name, column in calibrated.get("columns", {}).items():  # None: the flags are withheld
+        values = [None] * n_cells if column is None else column
+        table = table.append_column(name, pa.array(values, type=_COLUMN_TYPES[name]))
+    burden = calibrated["burden"]
     labels = None
     truth = None
     if opts.truth is not None and n_cells:
         labels, truth_idx, planted = labels_from_truth(table, opts.truth, opts.truth_radius)
         table = table.append_column("label", pa.array(labels.astype(np.int8)))
         truth = truth_report(scores, order, labels, truth_idx, planted, k, run.metrics)
-    meta = table_metadata(run.scorer, run.slide, run.identity, timings)
+    meta = table_metadata(run.scorer, run.slide, run.identity, timings, opts.result_key())
     write_score_table(table, run.out_dir, meta)
     write_top_k(table, order, k, run.out_dir)
     if n_cells == 0:
@@ -371,7 +417,7 @@ def _finish(table, run: _Run) -> dict:
         "graph": run.scorer.graph_file,
         "cells_scored": int(n_cells),
         "slide_score_mean_top_k": float(scores[order[:k]].mean()) if k else None,
-        "burden": burden(scores, bundle.manifest.get("calibration")),
+        "burden": burden,
         "resolution": run.res.as_json(),
     }
     if truth is not None:
@@ -465,7 +511,7 @@ def score_cohort(
         echo(f"  backend choice: {note}")
     if Path(out).exists() and not Path(out).is_dir():
         raise InputPathError(f"--out {out} is a file; give a folder (it is created if missing)")
-    done, failed = [], []
+    done, failed, rows = [], [], []
     pairs = output_folders(slides, out)
     if len(pairs) < len(slides):
         echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
@@ -476,13 +522,19 @@ def score_cohort(
                 f"{slide} -> {target}"
             )
         try:
-            if slide.is_file():
+            previous = None
+            if slide.is_file() and opts.resume:
                 previous = _finished_summary(target, scorer, slide, echo)
-                if opts.resume and previous is not None:
+                if previous is not None:
                     echo(f"{slide.name}: already scored in {target}; skipping")
-                    done.append(previous)
-                    continue
-            done.append(score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics))
+            summary = previous or score_slide(
+                slide, scorer, target, opts, echo=echo, metrics=metrics
+            )
+            done.append(summary)
+            rows.append(cohort_row(slide, target, summary))
         except CytoError as exc:
             failed.append((slide, exc))
+            rows.append(cohort_row(slide, target, None, str(exc)))
+        if Path(out).is_dir():
+            write_cohort_table(rows, Path(out) / "cohort.csv")
     return done, failed

@@ -1,0 +1,193 @@
+"""`cyto calibrate` on slide-negative slides, then `cyto score` with p-values, FDR flags, burden,
+slide triage and the cohort table; what the calibration refuses and what it warns about."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.infer import conformal
+from tests.unit.test_cli import run_cyto
+
+
+@pytest.fixture(scope="module")
+def cohort(exported_dsvdd, tmp_path_factory):
+    """A copy of the model, three negative slides scored with it, and a slide with 20%
+    abnormal cells."""
+    root = tmp_path_factory.mktemp("cal")
+    model = root / "m.cyto"
+    shutil.copytree(exported_dsvdd, model)
+    negs = [
+        write_slide(
+            root / f"neg{i}.ndpi",
+            SlideSynthConfig(width=1024, height=1024, n_cells=120, abnormal_fraction=0.0, seed=i),
+        ).paths[0]
+        for i in range(3)
+    ]
+    pos = write_slide(
+        root / "pos.ndpi",
+        SlideSynthConfig(width=1024, height=1024, n_cells=120, abnormal_fraction=0.2, seed=9),
+    )
+    proc = run_cyto(
+        "score",
+        *map(str, negs),
+        "--model",
+        str(model),
+        "--out",
+        str(root / "negs"),
+        "--mosaic",
+        "0",
+    )
+    assert proc.returncode == 0, proc.stderr
+    return {"root": root, "model": model, "negs": negs, "pos": pos}
+
+
+def _csv(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_uncalibrated_runs_say_so_and_keep_a_cohort_table(cohort):
+    rows = _csv(cohort["root"] / "negs" / "cohort.csv")
+    assert [r["slide"].rsplit("/", 1)[-1] for r in rows] == ["neg0.ndpi", "neg1.ndpi", "neg2.ndpi"]
+    assert {r["status"] for r in rows} == {"scored"} and {r["calibration"] for r in rows} == {
+        "not calibrated"
+    }
+    # a second run into the same folder adds its row and keeps the others
+    from cyto.infer.outputs import cohort_row, write_cohort_table
+
+    write_cohort_table(
+        [cohort_row(cohort["root"] / "x.ndpi", cohort["root"] / "negs" / "x", None, "bad file")],
+        cohort["root"] / "negs" / "cohort.csv",
+    )
+    rows = _csv(cohort["root"] / "negs" / "cohort.csv")
+    assert len(rows) == 4 and rows[-1]["status"] == "failed" and rows[-1]["error"] == "bad file"
+    summary = json.loads((cohort["root"] / "negs" / "neg0" / "summary.json").read_text())
+    assert "cyto calibrate" in summary["burden"]["reason"]
+    assert (
+        "p_value"
+        not in pq.read_table(cohort["root"] / "negs" / "neg0" / "scores.parquet").column_names
+    )
+
+
+def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
+    root, model = cohort["root"], cohort["model"]
+    tables = [root / "negs" / f"neg{i}" / "scores.parquet" for i in range(3)]
+    proc = run_cyto("calibrate", str(model), *map(str, tables))
+    assert proc.returncode == 0, proc.stderr
+    assert "leave one slide out: BH at 0.1 flagged cells on" in proc.stdout
+    manifest = json.loads((model / "manifest.json").read_text())
+    cal = manifest["calibration"]
+    assert cal["kind"] == "slides" and cal["normalization"] == "slide"
+    assert [s["cells"] for s in cal["slides"]] == [pq.read_table(t).num_rows for t in tables]
+    assert cal["leave_one_slide_out"]["slides"] == 3 and "calibration.npz" in manifest["files"]
+    assert cal["valid_for"]["options"]["patch_size"] == 192
+    info = run_cyto("info", str(model))
+    assert (
+        "calibration: " in info.stdout
+        and "3 slide-negative slide(s), slide normalization" in info.stdout
+    )
+
+    out = tmp_path / "o"
+    proc = run_cyto(
+        "score",
+        str(cohort["pos"].paths[0]),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--mosaic",
+        "0",
+        "--fdr",
+        "0.2",
+        "--truth",
+        str(cohort["pos"].ground_truth),
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "pos" / "summary.json").read_text())
+    b = summary["burden"]
+    table = pq.read_table(out / "pos" / "scores.parquet")
+    assert b["status"] == "ok", b
+    assert "abnormal burden" in proc.stdout and "flagged at FDR 0.2" in proc.stdout
+
+    # the p-values are the rank rule against the slide-normalized calibration scores
+    parts = [np.asarray(pq.read_table(t)["score"]) for t in tables]
+    ref = np.sort(np.concatenate([conformal.normalize(p, "slide")[0] for p in parts]))
+    scores = np.asarray(table["score"])
+    x = conformal.normalize(scores, "slide")[0]
+    want = np.array([(1 + np.sum(ref >= v)) / (len(ref) + 1) for v in x])
+    np.testing.assert_allclose(np.asarray(table["p_value"]), want)
+    flags = np.asarray(table["flagged_bh"])
+    np.testing.assert_array_equal(flags, conformal.bh(want, 0.2))
+    assert b["flagged_bh"] == int(flags.sum()) and b["fdr_alpha"] == 0.2
+    assert b["flagged_adaptive"] == int(np.asarray(table["flagged_adaptive"]).sum())
+    lo, hi = b["abnormal_cells_interval"]
+    assert 0 <= lo <= b["abnormal_cells"] <= hi <= table.num_rows
+    assert b["cells_above"] == int(np.sum(scores > b["threshold"]))
+    assert 0 < b["slide_p_value"] <= 1 and b["triage"] in ("excess", "no excess")
+    row = _csv(out / "cohort.csv")[0]
+    assert row["calibration"] == "ok" and int(row["flagged_bh"]) == b["flagged_bh"]
+    assert float(row["abnormal_cells_low"]) == lo
+
+    # scored with other options than the calibration slides: said out loud, recorded
+    proc = run_cyto(
+        "score",
+        str(cohort["pos"].paths[0]),
+        "--model",
+        str(model),
+        "--out",
+        str(tmp_path / "p"),
+        "--mosaic",
+        "0",
+        "--patch-size",
+        "160",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "scored unlike the calibration slides (patch_size 192 there, 160 here" in proc.stdout
+    s2 = json.loads((tmp_path / "p" / "pos" / "summary.json").read_text())
+    assert any("patch_size" in d for d in s2["burden"]["scored_unlike_calibration"])
+
+
+def test_calibrate_refuses_what_cannot_calibrate(cohort, tmp_path):
+    root, model = cohort["root"], cohort["model"]
+    t0 = root / "negs" / "neg0" / "scores.parquet"
+    same = run_cyto("calibrate", str(model), str(t0), str(t0))
+    assert same.returncode == 2 and "score the same slide" in same.stderr
+    table = pq.read_table(t0)
+    meta = dict(table.schema.metadata)
+    meta[b"cyto.scoring_id"] = b"another-model"
+    other = tmp_path / "other.parquet"
+    pq.write_table(table.replace_schema_metadata(meta), other)
+    proc = run_cyto("calibrate", str(model), str(other))
+    assert proc.returncode == 2 and "another model" in proc.stderr
+    meta = dict(table.schema.metadata)
+    meta[b"cyto.precision"] = b"int8"
+    mixed = tmp_path / "mixed.parquet"
+    pq.write_table(table.replace_schema_metadata(meta), mixed)
+    t1 = root / "negs" / "neg1" / "scores.parquet"
+    proc = run_cyto("calibrate", str(model), str(mixed), str(t1))
+    assert proc.returncode == 2 and "differ in precision" in proc.stderr
+    bad = run_cyto("calibrate", str(model), str(t1), "--normalize", "zscore")
+    assert bad.returncode == 2 and "normalization must be one of" in bad.stderr
+    small = tmp_path / "small.parquet"
+    pq.write_table(pa.table({"score": [1.0, 2.0]}), small)
+    proc = run_cyto("calibrate", str(model), str(small))
+    assert proc.returncode == 2 and "at least 100 scored cells" in proc.stderr
+    fdr = run_cyto(
+        "score",
+        str(cohort["negs"][0]),
+        "--model",
+        str(model),
+        "--out",
+        str(tmp_path / "x"),
+        "--fdr",
+        "1.5",
+    )
+    assert fdr.returncode == 2 and "fdr_alpha must be between 0 and 1" in fdr.stderr

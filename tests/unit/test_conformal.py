@@ -1,0 +1,141 @@
+"""Conformal p-values, Benjamini-Hochberg, Storey, the burden interval and the slide test:
+hand cases, an independent implementation (scipy), and Monte-Carlo checks of the guarantees on
+exchangeable simulated scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import false_discovery_control
+
+from cyto.infer import conformal
+
+
+def test_p_values_by_hand_with_ties_counted_against_the_cell():
+    cal = np.sort(np.array([1.0, 2.0, 2.0, 3.0]))
+    p = conformal.p_values(np.array([0.0, 2.0, 2.5, 3.0, 9.0]), cal)
+    # (1 + #{cal >= s}) / (n + 1): 5/5, 4/5 (both 2.0 tie), 2/5, 2/5 (3.0 ties), 1/5
+    np.testing.assert_allclose(p, [1.0, 0.8, 0.4, 0.4, 0.2])
+
+
+def test_p_values_match_a_loop():
+    rng = np.random.default_rng(0)
+    cal = np.sort(rng.integers(0, 20, 300).astype(float))  # many ties
+    s = rng.integers(0, 25, 200).astype(float)
+    loop = np.array([(1 + np.sum(cal >= v)) / (len(cal) + 1) for v in s])
+    np.testing.assert_allclose(conformal.p_values(s, cal), loop)
+
+
+def test_bh_by_hand_and_against_scipy():
+    p = np.array([0.01, 0.04, 0.03, 0.2, 0.5])
+    # sorted 0.01 0.03 0.04 0.2 0.5 vs 0.1 * k / 5 = 0.02 0.04 0.06 0.08 0.1: the largest k is 3
+    np.testing.assert_array_equal(conformal.bh(p, 0.1), [True, True, True, False, False])
+    assert not conformal.bh(np.array([0.5, 0.9]), 0.1).any()
+    assert conformal.bh(np.empty(0), 0.1).shape == (0,)
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        q = np.concatenate([rng.uniform(size=80), rng.uniform(0, 0.01, size=rng.integers(0, 20))])
+        for alpha in (0.05, 0.1, 0.2):
+            np.testing.assert_array_equal(
+                conformal.bh(q, alpha), false_discovery_control(q, method="bh") <= alpha
+            )
+
+
+def test_storey_by_hand_and_adaptive_bh_rejects_at_least_as_much():
+    p = np.array([0.001, 0.002, 0.3, 0.6, 0.7, 0.8, 0.9, 0.95])
+    # (1 + #{p > 0.5}) / (8 * 0.5) = (1 + 5) / 4 -> capped at 1
+    assert conformal.storey_pi0(p) == 1.0
+    p2 = np.concatenate([np.full(60, 1e-4), np.linspace(0.01, 1, 40)])
+    pi0 = conformal.storey_pi0(p2)
+    assert pi0 == pytest.approx((1 + np.sum(p2 > 0.5)) / (100 * 0.5))
+    mask, got = conformal.adaptive_bh(p2, 0.1)
+    assert got == pi0 and mask.sum() >= conformal.bh(p2, 0.1).sum()
+
+
+def test_normal_rate_between_slide_variance_by_hand():
+    # two slides of 100 cells: 0 and 10 above a threshold between them
+    c = np.concatenate([np.zeros(100), np.r_[np.zeros(90), np.ones(10)]])
+    slide = np.repeat([0, 1], 100)
+    order = np.argsort(c, kind="stable")
+    r = conformal.normal_rate(c[order], slide[order], 0.94)
+    assert r.rate == pytest.approx(0.05)
+    # Q = 100 * 0.05^2 * 2 = 0.5; E[Q] under no spread = 0.0475; N - sum n^2 / N = 100
+    assert r.tau2 == pytest.approx((0.5 - 0.0475) / 100)
+    assert r.rate_var == pytest.approx(0.0475 / 200 + r.tau2 * 0.5)
+    single = conformal.normal_rate(np.sort(c), np.zeros(200, int), 0.94)
+    assert single.tau2 == 0.0 and single.slides == 1
+
+
+def _cohort(rng, n_slides, cells, shift_sd=0.0):
+    """Exchangeable normal slides (N(0,1) cells, optional per-slide location shift)."""
+    parts = [rng.normal(rng.normal(0, shift_sd), 1.0, cells) for _ in range(n_slides)]
+    slide = np.concatenate([np.full(cells, i) for i in range(n_slides)])
+    c = np.concatenate(parts)
+    order = np.argsort(c, kind="stable")
+    return c[order], slide[order]
+
+
+def test_fdr_and_burden_coverage_hold_on_exchangeable_slides():
+    """200 simulated slides of 2,000 cells, 3% abnormal (scores shifted by 3 sd): BH keeps the
+    false discovery proportion at alpha on average, the 95% burden interval covers the number of
+    abnormal cells above the threshold in about 95% of slides, and normal slides reject the
+    slide test at about its level."""
+    rng = np.random.default_rng(7)
+    alpha, fdp, covered, null_reject = 0.1, [], [], []
+    for _ in range(200):
+        cal, idx = _cohort(rng, 10, 1000)
+        rate = conformal.normal_rate(cal, idx, 0.99)
+        n_abn = 60
+        normal = rng.normal(0, 1, 2000 - n_abn)
+        abnormal = rng.normal(3.0, 1, n_abn)
+        s = np.concatenate([normal, abnormal])
+        flags = conformal.bh(conformal.p_values(s, cal), alpha)
+        fdp.append(flags[: len(normal)].sum() / max(flags.sum(), 1))
+        b = conformal.burden(s, rate)
+        truth = np.sum(abnormal > rate.threshold)
+        lo, hi = b["abnormal_cells_interval"]
+        covered.append(lo <= truth <= hi)
+        null_reject.append(conformal.slide_p_value(rng.normal(0, 1, 2000), rate) <= 0.05)
+    fdr, se = np.mean(fdp), np.std(fdp) / np.sqrt(len(fdp))
+    assert fdr <= alpha + 3 * se, (fdr, se)
+    assert 0.88 <= np.mean(covered) <= 1.0, np.mean(covered)
+    assert np.mean(null_reject) <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 200)
+
+
+def test_slide_normalization_absorbs_a_stain_shift_that_raw_scores_do_not():
+    """Normal slides whose scores all move by a slide-level shift (stain): raw p-values flag
+    normal cells on a shifted slide; after per-slide normalization they do not."""
+    rng = np.random.default_rng(3)
+    parts = [rng.normal(rng.normal(0, 0.3), 1.0, 1500) for _ in range(8)]
+    shifted = rng.normal(2.5, 1.0, 2000)  # a normal slide stained darker
+
+    def flagged(how):
+        ref = np.sort(np.concatenate([conformal.normalize(p, how)[0] for p in parts]))
+        x = conformal.normalize(shifted, how)[0]
+        return conformal.bh(conformal.p_values(x, ref), 0.1).sum()
+
+    assert flagged("none") > 20
+    assert flagged("slide") == 0
+
+
+def test_bulk_check_flags_another_stain_and_not_a_normal_slide():
+    rng = np.random.default_rng(4)
+    parts = [rng.normal(rng.normal(0, 0.1), 1.0, 1000) for _ in range(6)]
+    loso = [
+        conformal.bulk_deviations(p, [q for j, q in enumerate(parts) if j != i], how)
+        for how in ("slide",)
+        for i, p in enumerate(parts)
+    ]
+    tol = conformal.bulk_tolerance(loso)
+    normal = rng.normal(0, 1.0, 1000)
+    other_lab = rng.normal(4.0, 2.5, 1000)
+    assert conformal.bulk_mismatch(conformal.bulk_deviations(normal, parts, "slide"), tol) == []
+    assert set(conformal.bulk_mismatch(conformal.bulk_deviations(other_lab, parts, "slide"), tol))
+    raw_tol = conformal.bulk_tolerance(
+        [
+            conformal.bulk_deviations(p, [q for j, q in enumerate(parts) if j != i], "none")
+            for i, p in enumerate(parts)
+        ]
+    )
+    assert conformal.bulk_mismatch(conformal.bulk_deviations(normal, parts, "none"), raw_tol) == []
+    assert conformal.bulk_mismatch(conformal.bulk_deviations(other_lab, parts, "none"), raw_tol)
