@@ -799,10 +799,10 @@ def calibrate_cmd(
     normalize: Annotated[
         str,
         typer.Option(
-            help="slide: centre each slide's scores on its median and scale by its IQR "
-            "(absorbs stain shifts between slides); none: raw scores."
+            help="median: centre each slide's scores on its own median (absorbs stain shifts "
+            "between slides); median-iqr: also divide by its IQR; none: raw scores."
         ),
-    ] = "slide",
+    ] = "median",
 ) -> None:
     """Calibrate a model on slides known to be negative, for p-values, FDR flags and burden.
 

@@ -85,14 +85,14 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
     assert "leave one slide out: BH at 0.1 flagged cells on" in proc.stdout
     manifest = json.loads((model / "manifest.json").read_text())
     cal = manifest["calibration"]
-    assert cal["kind"] == "slides" and cal["normalization"] == "slide"
+    assert cal["kind"] == "slides" and cal["normalization"] == "median"
     assert [s["cells"] for s in cal["slides"]] == [pq.read_table(t).num_rows for t in tables]
     assert cal["leave_one_slide_out"]["slides"] == 3 and "calibration.npz" in manifest["files"]
     assert cal["valid_for"]["options"]["patch_size"] == 192
     info = run_cyto("info", str(model))
     assert (
         "calibration: " in info.stdout
-        and "3 slide-negative slide(s), slide normalization" in info.stdout
+        and "3 slide-negative slide(s), median normalization" in info.stdout
     )
 
     out = tmp_path / "o"
@@ -119,9 +119,9 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
 
     # the p-values are the rank rule against the slide-normalized calibration scores
     parts = [np.asarray(pq.read_table(t)["score"]) for t in tables]
-    ref = np.sort(np.concatenate([conformal.normalize(p, "slide")[0] for p in parts]))
+    ref = np.sort(np.concatenate([conformal.normalize(p, "median")[0] for p in parts]))
     scores = np.asarray(table["score"])
-    x = conformal.normalize(scores, "slide")[0]
+    x = conformal.normalize(scores, "median")[0]
     want = np.array([(1 + np.sum(ref >= v)) / (len(ref) + 1) for v in x])
     np.testing.assert_allclose(np.asarray(table["p_value"]), want)
     flags = np.asarray(table["flagged_bh"])

@@ -111,7 +111,7 @@ def calibrate_from_tables(
     tables: list[Path],
     min_cells: int = 100,
     alpha: float = FDR_ALPHA,
-    normalization: str = "slide",
+    normalization: str = conformal.DEFAULT_NORMALIZATION,
 ) -> dict:
     """Store the slide-negative calibration of ``tables`` in the bundle; returns its record."""
     if normalization not in conformal.NORMALIZATIONS:
@@ -197,7 +197,9 @@ def _against(scores: np.ndarray, cal: Calibration, alpha: float, interval: float
 
 
 def leave_one_slide_out(
-    parts: list[np.ndarray], normalization: str = "slide", alpha: float = FDR_ALPHA
+    parts: list[np.ndarray],
+    normalization: str = conformal.DEFAULT_NORMALIZATION,
+    alpha: float = FDR_ALPHA,
 ) -> dict:
     """Each calibration slide scored as a new slide against the others (needs two or more):
     all its cells are normal, so every flag is false. Records how often BH flagged anything
