@@ -191,3 +191,31 @@ def test_calibrate_refuses_what_cannot_calibrate(cohort, tmp_path):
         "1.5",
     )
     assert fdr.returncode == 2 and "fdr_alpha must be between 0 and 1" in fdr.stderr
+
+
+def test_a_slide_unlike_the_calibration_slides_gets_no_burden(cohort, tmp_path):
+    """Calibration slides whose scores all sit 10 IQRs higher (as another stain would put
+    them): a slide of this lab is called a mismatch, with no burden and no flags, and the console
+    says why."""
+    root = cohort["root"]
+    model = tmp_path / "m.cyto"
+    shutil.copytree(cohort["model"], model)
+    shifted = []
+    for i in range(3):
+        table = pq.read_table(root / "negs" / f"neg{i}" / "scores.parquet")
+        s = np.asarray(table["score"])
+        iqr = np.subtract(*np.percentile(s, [75, 25]))
+        moved = table.set_column(table.column_names.index("score"), "score", pa.array(s + 10 * iqr))
+        shifted.append(tmp_path / f"shifted{i}.parquet")
+        pq.write_table(moved.replace_schema_metadata(table.schema.metadata), shifted[-1])
+    assert run_cyto("calibrate", str(model), *map(str, shifted)).returncode == 0
+    slide = cohort["negs"][0]
+    out = tmp_path / "o"
+    proc = run_cyto("score", str(slide), "--model", str(model), "--out", str(out), "--mosaic", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert "do not look like the calibration slides' (median_shift_iqr -" in proc.stdout
+    b = json.loads((out / slide.stem / "summary.json").read_text())["burden"]
+    assert b["status"] == "calibration mismatch" and "abnormal_cells" not in b
+    table = pq.read_table(out / slide.stem / "scores.parquet")
+    assert table["flagged_bh"].null_count == table.num_rows
+    assert _csv(out / "cohort.csv")[0]["calibration"] == "calibration mismatch"
