@@ -139,3 +139,26 @@ def test_bulk_check_flags_another_stain_and_not_a_normal_slide():
     )
     assert conformal.bulk_mismatch(conformal.bulk_deviations(normal, parts, "none"), raw_tol) == []
     assert conformal.bulk_mismatch(conformal.bulk_deviations(other_lab, parts, "none"), raw_tol)
+
+
+def test_burden_interval_by_hand():
+    from scipy.stats import binom
+
+    rate = conformal.NormalRate(
+        threshold=1.0, quantile=0.99, rate=0.01, tau2=0.0, rate_var=0.0, slides=1
+    )
+    s = np.r_[np.zeros(970), np.full(30, 2.0)]  # 30 of 1,000 cells above the threshold
+    b = conformal.burden(s, rate)
+    lo = (30 - binom.ppf(0.975, 1000, 0.01)) / 0.99
+    hi = (30 - binom.ppf(0.025, 1000, 0.01)) / 0.99
+    assert b["cells_above"] == 30 and b["abnormal_cells"] == pytest.approx(20 / 0.99, abs=0.01)
+    assert b["abnormal_cells_interval"] == [round(lo, 2), round(hi, 2)]
+    normal = conformal.burden(s, rate, interval="normal")
+    assert normal["abnormal_cells_interval"][0] == pytest.approx(
+        (20 - 1.96 * np.sqrt(1000 * 0.01 * 0.99)) / 0.99, abs=0.01
+    )
+    # a spread between slides widens the interval and raises the slide test's p-value
+    spread = conformal.NormalRate(1.0, 0.99, 0.01, tau2=1e-4, rate_var=1e-5, slides=10)
+    wide = conformal.burden(s, spread)["abnormal_cells_interval"]
+    assert wide[0] < b["abnormal_cells_interval"][0] and wide[1] > b["abnormal_cells_interval"][1]
+    assert conformal.slide_p_value(s, spread) > conformal.slide_p_value(s, rate)

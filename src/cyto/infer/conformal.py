@@ -152,8 +152,31 @@ def normal_rate(
     return NormalRate(t, quantile, rate, tau2, rate_var, j)
 
 
-def burden(scores: np.ndarray, rate: NormalRate, level: float = 0.95) -> dict:
-    """Abnormal cells scoring above ``rate.threshold``: estimate and ``level`` interval."""
+INTERVALS = ("beta-binomial", "normal")
+
+
+def normal_count(n: int, rate: NormalRate):
+    """The distribution of how many of ``n`` normal cells score above the threshold on a new
+    slide: beta-binomial (binomial when the rate has no spread), the beta centred on the normal
+    rate with the variance between slides plus the estimation error (a frozen scipy law)."""
+    from scipy.stats import betabinom, binom
+
+    r = min(max(rate.rate, 0.5 / (n + 1)), 1.0 - 1e-9)
+    v = rate.total_var
+    if v <= 0 or v >= r * (1 - r):
+        return binom(n, r)
+    k = r * (1.0 - r) / v - 1.0  # a + b of the beta with mean r and variance v
+    return betabinom(n, r * k, (1.0 - r) * k)
+
+
+def burden(
+    scores: np.ndarray, rate: NormalRate, level: float = 0.95, interval: str = "beta-binomial"
+) -> dict:
+    """Abnormal cells scoring above ``rate.threshold``: estimate and ``level`` interval.
+
+    ``beta-binomial``: the interval's ends are the cells above the threshold less the upper and
+    lower ``level`` quantiles of :func:`normal_count` (skewed, as counts of a few cells are);
+    ``normal``: estimate +- z standard errors."""
     from scipy.stats import norm
 
     s = np.asarray(scores, dtype=np.float64)
@@ -162,10 +185,17 @@ def burden(scores: np.ndarray, rate: NormalRate, level: float = 0.95) -> dict:
     r = rate.rate
     expected = n * r
     est = (above - expected) / (1.0 - r)
-    var_normal = n * r * (1.0 - r) + n**2 * rate.total_var
-    se = float(np.sqrt(var_normal)) / (1.0 - r)
-    z = float(norm.ppf(0.5 + level / 2.0))
-    lo, hi = max(0.0, est - z * se), min(float(n), max(0.0, est + z * se))
+    tail = (1.0 - level) / 2.0
+    if interval == "normal" or n == 0:
+        var_normal = n * r * (1.0 - r) + n**2 * rate.total_var
+        se = float(np.sqrt(var_normal)) / (1.0 - r)
+        z = float(norm.ppf(1.0 - tail))
+        lo, hi = est - z * se, est + z * se
+    else:
+        law = normal_count(n, rate)
+        lo = (above - float(law.ppf(1.0 - tail))) / (1.0 - r)
+        hi = (above - float(law.ppf(tail))) / (1.0 - r)
+    lo, hi = max(0.0, lo), min(float(n), max(0.0, hi))
     est_c = min(float(n), max(0.0, est))
     return {
         "cells": n,
@@ -178,26 +208,18 @@ def burden(scores: np.ndarray, rate: NormalRate, level: float = 0.95) -> dict:
         "abnormal_fraction": est_c / n if n else None,
         "abnormal_fraction_interval": [lo / n, hi / n] if n else None,
         "level": level,
+        "interval": interval,
     }
 
 
 def slide_p_value(scores: np.ndarray, rate: NormalRate) -> float:
-    """P(a normal slide of this many cells has at least as many cells above the threshold):
-    beta-binomial, the beta centred on the normal rate with the variance between slides plus
-    the estimation error (binomial when that variance is 0)."""
-    from scipy.stats import betabinom, binom
-
+    """P(a normal slide of this many cells has at least as many cells above the threshold),
+    under :func:`normal_count`."""
     s = np.asarray(scores, dtype=np.float64)
-    n = len(s)
-    if n == 0:
+    if len(s) == 0:
         return 1.0
     above = int(np.sum(s > rate.threshold))
-    r = min(max(rate.rate, 0.5 / (n + 1)), 1.0 - 1e-9)
-    v = rate.total_var
-    if v <= 0 or v >= r * (1 - r):
-        return float(binom.sf(above - 1, n, r))
-    k = r * (1.0 - r) / v - 1.0  # a + b of the beta with mean r and variance v
-    return float(betabinom.sf(above - 1, n, r * k, (1.0 - r) * k))
+    return float(normal_count(len(s), rate).sf(above - 1))
 
 
 BULK_FLOORS = {"median_shift_iqr": 1.0, "iqr_log_ratio": float(np.log(1.5))}

@@ -81,6 +81,9 @@ class SlideSynthConfig:
         scale: length scale of cells, as for synthetic patches.
         mpp: microns per pixel written in the metadata; default: 0.18 / scale.
         objective: objective magnification written in the metadata.
+        stain_seed: draw the staining and illumination style from this seed instead of from
+            ``seed``: slides with one ``stain_seed`` come from one staining batch (their normal
+            cells are exchangeable); by default every slide has its own style.
     """
 
     width: int = 8192
@@ -97,6 +100,7 @@ class SlideSynthConfig:
     objective: float = 60.0
     rbc_per_cell: float = 2.0
     debris_per_cell: float = 0.6
+    stain_seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.width < BLOCK or self.height < BLOCK:
@@ -202,8 +206,17 @@ def layout(config: SlideSynthConfig) -> SlideLayout:
     )
     scene.build_index(BLOCK)
     return SlideLayout(
-        scene=scene, cell_x=xs, cell_y=ys, cell_class=cls, style=StainStyle.sample(rng)
+        scene=scene, cell_x=xs, cell_y=ys, cell_class=cls, style=_style(rng, config.stain_seed)
     )
+
+
+def _style(rng: np.random.Generator, stain_seed: int | None) -> StainStyle:
+    """The slide's own style (drawn from its layout's generator, as always), or the one of the
+    staining batch ``stain_seed``; the layout generator advances the same either way."""
+    own = StainStyle.sample(rng)
+    if stain_seed is None:
+        return own
+    return StainStyle.sample(np.random.default_rng(np.random.SeedSequence([stain_seed, 11])))
 
 
 def _illumination(x0: int, y0: int, w: int, h: int, fov: int = 1024) -> np.ndarray:
