@@ -116,6 +116,8 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
     table = pq.read_table(out / "pos" / "scores.parquet")
     assert b["status"] == "ok", b
     assert "abnormal burden" in proc.stdout and "flagged at FDR 0.2" in proc.stdout
+    # about 360 calibration cells cannot give a p-value small enough for BH on about 120 cells
+    assert "no cell can be flagged. Calibrate on at least" in proc.stdout and "note" in b
 
     # the p-values are the rank rule against the slide-normalized calibration scores
     parts = [np.asarray(pq.read_table(t)["score"]) for t in tables]

@@ -237,3 +237,16 @@ def test_memory_does_not_grow_with_slide_height(tmp_path):
 
     short, tall = peak(1024), peak(4096)
     assert tall - short < 40, (short, tall)
+
+
+def test_a_staining_batch_shares_one_style_and_keeps_each_layout():
+    from cyto.data.synth.slide import layout
+
+    a, b = (layout(SlideSynthConfig(width=1024, height=1024, seed=s)) for s in (1, 2))
+    assert a.style != b.style  # by default every slide has its own stain
+    a2, b2 = (
+        layout(SlideSynthConfig(width=1024, height=1024, seed=s, stain_seed=7)) for s in (1, 2)
+    )
+    assert a2.style == b2.style != a.style
+    np.testing.assert_array_equal(a2.cell_x, a.cell_x)  # the cells stay where they were
+    np.testing.assert_array_equal(a2.cell_class, a.cell_class)

@@ -162,3 +162,12 @@ def test_burden_interval_by_hand():
     wide = conformal.burden(s, spread)["abnormal_cells_interval"]
     assert wide[0] < b["abnormal_cells_interval"][0] and wide[1] > b["abnormal_cells_interval"][1]
     assert conformal.slide_p_value(s, spread) > conformal.slide_p_value(s, rate)
+
+
+def test_a_calibration_too_small_to_flag_anything_is_named():
+    from cyto.infer.calibrate import too_few_to_flag
+
+    # 1,000 cells at FDR 0.1: BH's first step is 1e-4, so 9,999 calibration cells are needed
+    assert too_few_to_flag(1000, 5000, 0.1) == 9999
+    assert too_few_to_flag(1000, 9999, 0.1) == 0
+    assert too_few_to_flag(0, 10, 0.1) == 0

@@ -251,6 +251,15 @@ def leave_one_slide_out(
     }
 
 
+def too_few_to_flag(cells: int, calibration_cells: int, alpha: float) -> int:
+    """The calibration size needed when ``calibration_cells`` cannot flag a single cell of a
+    slide of ``cells`` at FDR ``alpha`` (the smallest conformal p-value, 1 / (n + 1), above BH's
+    first step, alpha / cells); 0 when it can."""
+    if cells == 0 or 1.0 / (calibration_cells + 1) <= alpha / cells:
+        return 0
+    return int(np.ceil(cells / alpha)) - 1
+
+
 def apply(
     scores: np.ndarray,
     calibration: Calibration,
@@ -303,6 +312,14 @@ def apply(
             "normal_rate_between_slides_sd": round(float(np.sqrt(c["rate"].tau2)), 6),
         }
     )
+    needed = too_few_to_flag(len(scores), len(calibration.reference), alpha)
+    if needed:
+        out["note"] = (
+            f"BH on {len(scores)} cells at FDR {alpha} needs a p-value of {alpha / len(scores):.2g}"
+            f" for its first flag, and {len(calibration.reference)} calibration cells cannot give"
+            f" one below {1 / (len(calibration.reference) + 1):.2g}: no cell can be flagged. "
+            f"Calibrate on at least {needed} cells (more slide-negative slides)"
+        )
     return {
         "columns": {
             "p_value": c["p"],

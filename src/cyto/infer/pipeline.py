@@ -358,6 +358,8 @@ def _calibrated(scores: np.ndarray, run: _Run) -> dict:
         out["burden"]["scored_unlike_calibration"] = differs
     if out["burden"]["status"] != "ok":
         run.echo(f"warning: {run.slide.name}: {out['burden']['reason']}")
+    elif "note" in out["burden"]:
+        run.echo(f"note: {run.slide.name}: {out['burden']['note']}")
     return out
 
 
