@@ -158,8 +158,6 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
             f"{b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}, {true_flags} of them "
             f"planted abnormal; slide p={b['slide_p_value']:.2g}: {b['triage']}"
         )
-        if "note" in b:
-            echo(f"      note: {b['note']}")
     else:
         echo(f"      abnormal burden: {b['status']}: {b.get('reason', '')}")
     made["burden"] = b
