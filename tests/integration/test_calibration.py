@@ -14,6 +14,7 @@ import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.infer import conformal
+from tests.integration.test_score import score_cli
 from tests.unit.test_cli import run_cyto
 
 
@@ -96,13 +97,10 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
     )
 
     out = tmp_path / "o"
-    proc = run_cyto(
-        "score",
-        str(cohort["pos"].paths[0]),
-        "--model",
-        str(model),
-        "--out",
-        str(out),
+    proc = score_cli(
+        cohort["pos"].paths[0],
+        model,
+        out,
         "--mosaic",
         "0",
         "--fdr",
@@ -139,13 +137,10 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
     assert float(row["abnormal_cells_low"]) == lo
 
     # scored with other options than the calibration slides: said out loud, recorded
-    proc = run_cyto(
-        "score",
-        str(cohort["pos"].paths[0]),
-        "--model",
-        str(model),
-        "--out",
-        str(tmp_path / "p"),
+    proc = score_cli(
+        cohort["pos"].paths[0],
+        model,
+        tmp_path / "p",
         "--mosaic",
         "0",
         "--patch-size",
@@ -182,16 +177,7 @@ def test_calibrate_refuses_what_cannot_calibrate(cohort, tmp_path):
     pq.write_table(pa.table({"score": [1.0, 2.0]}), small)
     proc = run_cyto("calibrate", str(model), str(small))
     assert proc.returncode == 2 and "at least 100 scored cells" in proc.stderr
-    fdr = run_cyto(
-        "score",
-        str(cohort["negs"][0]),
-        "--model",
-        str(model),
-        "--out",
-        str(tmp_path / "x"),
-        "--fdr",
-        "1.5",
-    )
+    fdr = score_cli(cohort["negs"][0], model, tmp_path / "x", "--fdr", "1.5")
     assert fdr.returncode == 2 and "fdr_alpha must be between 0 and 1" in fdr.stderr
 
 
@@ -213,7 +199,7 @@ def test_a_slide_unlike_the_calibration_slides_gets_no_burden(cohort, tmp_path):
     assert run_cyto("calibrate", str(model), *map(str, shifted)).returncode == 0
     slide = cohort["negs"][0]
     out = tmp_path / "o"
-    proc = run_cyto("score", str(slide), "--model", str(model), "--out", str(out), "--mosaic", "0")
+    proc = score_cli(slide, model, out, "--mosaic", "0")
     assert proc.returncode == 0, proc.stderr
     assert "do not look like the calibration slides' (median_shift_iqr -" in proc.stdout
     b = json.loads((out / slide.stem / "summary.json").read_text())["burden"]

@@ -34,6 +34,16 @@ BURDEN_QUANTILE = 0.99  # the burden counts cells above this quantile of the nor
 _META_KEYS = ("cyto.scoring_id", "cyto.precision", "cyto.graph", "cyto.result_key")
 
 
+def _pooled(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The scores of all slides, sorted (stable), and the slide (index in ``parts``) of each."""
+    if not parts:
+        return np.empty(0), np.empty(0, dtype=np.int32)
+    values = np.concatenate(parts)
+    slide = np.concatenate([np.full(len(p), i, dtype=np.int32) for i, p in enumerate(parts)])
+    order = np.argsort(values, kind="stable")
+    return values[order], slide[order]
+
+
 class Calibration:
     """A bundle's slide-negative calibration: each calibration slide's scores, how they are
     normalized, and what they hold for."""
@@ -41,11 +51,9 @@ class Calibration:
     def __init__(self, parts: list[np.ndarray], info: dict):
         self.parts, self.info = parts, info
         self.normalization = str(info.get("normalization", "none"))
-        normalized = [conformal.normalize(p, self.normalization)[0] for p in parts]
-        values = np.concatenate(normalized) if normalized else np.empty(0)
-        slide = np.concatenate([np.full(len(p), i) for i, p in enumerate(normalized)])
-        order = np.argsort(values, kind="stable")
-        self.reference, self.reference_slide = values[order], slide[order]
+        self.reference, self.reference_slide = _pooled(
+            [conformal.normalize(p, self.normalization)[0] for p in parts]
+        )
 
     @classmethod
     def of(cls, bundle) -> Calibration | None:
@@ -142,9 +150,8 @@ def calibrate_from_tables(
     n = sum(len(p) for p in parts)
     if n < min_cells:
         raise ConfigError(f"need at least {min_cells} scored cells to calibrate, got {n}")
-    allv = np.concatenate(parts)
-    slide = np.concatenate([np.full(len(p), i, dtype=np.int32) for i, p in enumerate(parts)])
-    order = np.argsort(allv, kind="stable")
+    allv, slide = _pooled(parts)
+    spread = [conformal.location_scale(p) for p in parts]
     first = metas[0]
     record = {
         "kind": "slides",
@@ -157,8 +164,8 @@ def calibrate_from_tables(
                 "slide": names[i],
                 "table": str(tables[i]),
                 "cells": int(len(p)),
-                "median": conformal.location_scale(p)[0],
-                "iqr": conformal.location_scale(p)[1],
+                "median": spread[i][0],
+                "iqr": spread[i][1],
             }
             for i, p in enumerate(parts)
         ],
@@ -174,7 +181,7 @@ def calibrate_from_tables(
     record.update(leave_one_slide_out(parts, normalization, alpha))
     tmp = bundle.path / f".{CALIBRATION_FILE}.partial"
     with open(tmp, "wb") as fh:  # np.savez would append .npz to a name without it
-        np.savez(fh, scores=allv[order], slide=slide[order])
+        np.savez(fh, scores=allv, slide=slide)
     add_files(bundle.path, {CALIBRATION_FILE: tmp}, {"calibration": record})
     tmp.unlink()
     return record

@@ -134,10 +134,10 @@ def normal_rate(
     t = float(np.quantile(c, quantile))
     above = c > t
     rate = float(above.mean())
-    slides = np.unique(slide_index)
-    j = len(slides)
-    sizes = np.array([np.sum(slide_index == s) for s in slides], dtype=np.float64)
-    rates = np.array([above[slide_index == s].mean() for s in slides])
+    _, per_slide = np.unique(slide_index, return_inverse=True)
+    sizes = np.bincount(per_slide).astype(np.float64)
+    rates = np.bincount(per_slide, weights=above) / sizes
+    j = len(sizes)
     total = float(np.sum(sizes))
     if j >= 2:
         # moments (DerSimonian-Laird): E[Q] = (J - 1) r (1 - r) + tau^2 (N - sum n_j^2 / N)
@@ -179,6 +179,8 @@ def burden(
     ``normal``: estimate +- z standard errors."""
     from scipy.stats import norm
 
+    if interval not in INTERVALS:
+        raise ValueError(f"interval must be one of {', '.join(INTERVALS)}, got {interval!r}")
     s = np.asarray(scores, dtype=np.float64)
     n = len(s)
     above = int(np.sum(s > rate.threshold))
