@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_OUT ?= demo_out
 
-.PHONY: demo test system-deps
+.PHONY: demo test system-deps browser-deps
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,19 @@ system-deps:
 	  echo "system-deps: no apt/root here; continuing with the pip-only slide readers (openslide-bin). pyvips needs libvips (e.g. 'apt install libvips42' or 'brew install vips')."; \
 	fi
 
+# The review page's browser tests drive the system Chromium through playwright (nothing is
+# downloaded at run time). Without apt or root they skip, saying why.
+browser-deps:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
+	  echo "browser-deps: chromium present"; \
+	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "browser-deps: installing chromium with apt (for the review page's browser tests)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	    || echo "browser-deps: apt-get failed; the browser tests will skip"; \
+	else \
+	  echo "browser-deps: no chromium and no apt/root; the browser tests will skip (apt install chromium)"; \
+	fi
+
 $(VENV)/.installed-cpu: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[cpu]'
 	touch $@
@@ -37,6 +50,6 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 demo: system-deps $(VENV)/.installed-cpu
 	$(VENV)/bin/cyto demo --out $(DEMO_OUT)
 
-test: system-deps $(VENV)/.installed-test
+test: system-deps browser-deps $(VENV)/.installed-test
 	@set +e; $(PY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi; exit $$rc

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -37,18 +38,37 @@ def _pyvips_loaders() -> set[str]:
     return {name for name in ("tiffload", "openslideload") if pyvips.type_find("VipsForeign", name)}
 
 
+def _chromium() -> str | None:
+    """The system Chromium that Playwright drives (never a downloaded browser)."""
+    if importlib.util.find_spec("playwright") is None:
+        return None
+    if os.environ.get("CYTO_CHROMIUM"):
+        return os.environ["CYTO_CHROMIUM"]
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
 HAS_OPENSLIDE = _has_openslide()
 PYVIPS_LOADERS = _pyvips_loaders()
+CHROMIUM = _chromium()
 
 
 def pytest_collection_modifyitems(config, items):
     skip_os = pytest.mark.skip(reason="openslide-python with a working libopenslide not installed")
     skip_vips = pytest.mark.skip(reason="pyvips cannot load libvips (install libvips42)")
+    skip_browser = pytest.mark.skip(
+        reason="no Chromium with playwright (apt install chromium; pip install playwright), "
+        "or set CYTO_CHROMIUM to a Chromium executable"
+    )
     for item in items:
         if "openslide" in item.keywords and not HAS_OPENSLIDE:
             item.add_marker(skip_os)
         if "pyvips" in item.keywords and not PYVIPS_LOADERS:
             item.add_marker(skip_vips)
+        if "browser" in item.keywords and not CHROMIUM:
+            item.add_marker(skip_browser)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from cyto import __version__
 from cyto.data.synth.formats import SlideFormat
@@ -829,6 +830,117 @@ def calibrate_cmd(
             f"{loso['burden_interval_holds_zero']}/{loso['slides']}"
         )
     typer.echo(f"assumes: {cal['assumes']}")
+
+
+class _ReviewGroup(TyperGroup):
+    """``cyto review SCORED_DIR...`` is short for ``cyto review serve SCORED_DIR...``."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["serve", *args]
+        return super().parse_args(ctx, args)
+
+
+review_app = typer.Typer(
+    cls=_ReviewGroup,
+    help="Blinded expert review of the top-K cells in the browser, and its report. "
+    "'cyto review SCORED_DIR... --reviewer NAME' is short for 'cyto review serve ...'.",
+    no_args_is_help=True,
+)
+app.add_typer(review_app, name="review")
+
+
+@review_app.command("serve")
+def review_serve_cmd(
+    scored: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Output folders of cyto score (a slide's folder or a cohort's), or a review "
+            "folder made before."
+        ),
+    ],
+    reviewer: Annotated[
+        str, typer.Option(help="Your name or initials; marks are kept per reviewer.")
+    ],
+    session: Annotated[
+        Path | None,
+        typer.Option(
+            help="The review folder (cases, crops, key, marks). Default: SCORED_DIR/review "
+            "(with several folders: review/ in their common parent)."
+        ),
+    ] = None,
+    k: Annotated[int, typer.Option("--k", help="Top cells of each model shown per slide.")] = 100,
+    seed: Annotated[int, typer.Option(help="Seed of the case ids and cell order.")] = 0,
+    merge_um: Annotated[
+        float,
+        typer.Option(help="Cells of several models closer than this (um) are shown once."),
+    ] = 4.0,
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; the default keeps it on this computer.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: any free one).")] = 8765,
+) -> None:
+    """Serve the review page: each slide's top-K cells, shuffled, as a 10x10 grid to mark.
+
+    Slides appear in a random order under anonymized case ids; several models' top-K of the same
+    slide are pooled and deduplicated, so nobody can tell which model surfaced a cell. Every mark
+    is written at once to REVIEW/marks.sqlite; stop and restart at any time. Each reviewer runs
+    their own page (another --reviewer and --port) and sees only their own marks.
+    """
+    from cyto.review.server import check_reviewer, serve
+    from cyto.review.session import KEY_FILE, build_session, open_session
+
+    check_reviewer(reviewer)
+    if session is None and len(scored) == 1 and (scored[0] / KEY_FILE).is_file():
+        opened = open_session(scored[0])
+    else:
+        if session is None:
+            common = Path(os.path.commonpath([p.resolve() for p in scored]))
+            session = common / "review"
+        opened = build_session(scored, session, k=k, seed=seed, merge_um=merge_um, echo=typer.echo)
+    serve(opened, reviewer, host=host, port=port, echo=typer.echo)
+
+
+@review_app.command("report")
+def review_report_cmd(
+    review: Annotated[Path, typer.Argument(help="The review folder (cases, key and marks).")],
+    out: Annotated[
+        Path | None, typer.Option(help="Where to write the report. Default: REVIEW/report.")
+    ] = None,
+    reviewers: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated reviewers, in the table's order. Default: all, by name."
+        ),
+    ] = None,
+) -> None:
+    """Unblind the marks: the expert table, Cohen's kappa and the review figures.
+
+    Writes REVIEW/report/: expert_table.csv and .md (marks per slide and model, per reviewer,
+    both and either), report.json (with kappa and, where the slides were scored with ground
+    truth, the precision and recall of the marks) and figures/CASE.png (one stroke per reviewer
+    on each cell they marked).
+    """
+    from cyto.review.report import write_report
+
+    rep = write_report(review, out, list(_csv(reviewers)) if reviewers else None)
+    for t in rep["totals"]:
+        typer.echo(
+            f"{t['model']}: {t['cells_shown']} cells shown over {t['slide']}, marks "
+            f"{t['marks']}, both {t['both']}, either {t['either']}"
+        )
+    for kp in rep["kappa"]:
+        v = "undefined" if kp["kappa"] is None else f"{kp['kappa']:.3f}"
+        typer.echo(f"Cohen's kappa {kp['reviewers'][0]} vs {kp['reviewers'][1]}: {v}")
+    if rep["truth"] and rep["truth"]["overall"]:
+        for who, pr in rep["truth"]["overall"].items():
+            p = "n/a" if pr["precision"] is None else f"{pr['precision']:.2f}"
+            r = "n/a" if pr["recall_of_shown"] is None else f"{pr['recall_of_shown']:.2f}"
+            typer.echo(
+                f"marks of {who}: {pr['true_abnormal_marked']}/{pr['marked']} truly abnormal "
+                f"(precision {p}), recall of abnormal cells shown {r}"
+            )
+    typer.echo(f"-> {rep['files']['expert_table_md']}, {len(rep['figures'])} figure(s)")
 
 
 @bench_app.command("engine")

@@ -163,4 +163,8 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     made["burden"] = b
     made["scores"] = out / "scores"
     echo(f"done in {time.perf_counter() - t0:.1f} s; everything is in {out}/")
+    echo(
+        f"next: review the top cells blinded in your browser: cyto review {out / 'scores'} "
+        "--reviewer YOUR_NAME"
+    )
     return made

@@ -1,0 +1,300 @@
+"""``cyto review report``: unblind the marks with the key.
+
+Writes, into ``REVIEW_DIR/report/``:
+
+- ``expert_table.csv`` / ``.md``: the paper's Table 4: per slide and model, the cells of that
+  model's top-K that were shown, the marks of each reviewer on them as a tuple, marked by all
+  (both) and by any (either) reviewer; a pooled row per slide (every cell shown) and totals per
+  model;
+- ``report.json``: the same, Cohen's kappa between each pair of reviewers (over every cell
+  shown), each reviewer's progress, and, where the slides were scored with ground truth, the
+  precision and recall of each reviewer's marks (and of both/either);
+- ``figures/CASE.png``: the paper's review figure: the grid as the reviewers saw it, one stroke
+  per reviewer on the cells they marked (``/`` for the first, ``\\`` for the second: a cross where
+  both marked), and a green frame on truly abnormal cells when truth is known.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+
+from cyto.errors import ConfigError
+from cyto.review.session import CROPS, Session, open_session
+from cyto.review.store import MarkStore
+
+POOLED = "pooled"
+STROKE_COLOURS = ((215, 38, 61), (27, 118, 209), (255, 160, 0), (140, 60, 200))
+
+
+def cohen_kappa(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Cohen's kappa of two binary raters; None when chance agreement is 1 (both constant)."""
+    a, b = np.asarray(a, bool), np.asarray(b, bool)
+    if len(a) == 0:
+        return None
+    po = float(np.mean(a == b))
+    pa, pb = float(a.mean()), float(b.mean())
+    pe = pa * pb + (1 - pa) * (1 - pb)
+    if pe >= 1.0:
+        return None
+    return (po - pe) / (1 - pe)
+
+
+def _marked(session: Session, store: MarkStore, reviewers: list[str]) -> dict[str, dict]:
+    """``{case: {reviewer: bool array over grid positions}}``."""
+    marks = store.marks()
+    out = {}
+    for c in session.cases:
+        case, n = c["case"], int(c["n"])
+        out[case] = {}
+        for r in reviewers:
+            m = np.zeros(n, bool)
+            for (who, cs, pos), _ in marks.items():
+                if who == r and cs == case and 0 <= pos < n:
+                    m[pos] = True
+            out[case][r] = m
+    return out
+
+
+def _pr(marked: np.ndarray, labels: np.ndarray, planted: int | None) -> dict:
+    tp = int(np.sum(marked & (labels == 1)))
+    shown = int(np.sum(labels == 1))
+    out = {
+        "marked": int(marked.sum()),
+        "true_abnormal_marked": tp,
+        "abnormal_shown": shown,
+        "precision": tp / int(marked.sum()) if marked.any() else None,
+        "recall_of_shown": tp / shown if shown else None,
+    }
+    if planted:
+        out["recall_of_planted"] = tp / planted
+    return out
+
+
+def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
+    """Everything the report writes, as a dict (no files)."""
+    session = open_session(root)
+    store = MarkStore(session.root)
+    try:
+        known = store.reviewers()
+        if reviewers is None:
+            reviewers = known
+        unknown = [r for r in reviewers if r not in known]
+        if unknown:
+            raise ConfigError(
+                f"no marks from {', '.join(unknown)} in {root}; reviewers with marks: "
+                f"{', '.join(known) or 'none'}"
+            )
+        if not reviewers:
+            raise ConfigError(f"{root} holds no marks yet; review first (cyto review ...)")
+        marked = _marked(session, store, reviewers)
+        done = store.done()
+    finally:
+        store.close()
+
+    rows, truth_rows = [], []
+    all_labels, all_marks = [], {r: [] for r in reviewers}
+    for c in session.cases:
+        case = c["case"]
+        info = session.key["cases"][case]
+        cells = info["cells"]
+        labels = np.array(
+            [-1 if x["label"] is None else int(x["label"]) for x in cells], dtype=np.int64
+        )
+        has_truth = len(cells) > 0 and bool(np.all(labels >= 0))
+        models = [m["model"] for m in info["models"]]
+        for model in [*models, POOLED]:
+            sel = np.array([model == POOLED or model in x["sources"] for x in cells], bool)
+            per = [int(marked[case][r][sel].sum()) for r in reviewers]
+            stack = np.array([marked[case][r] for r in reviewers])[:, sel]
+            row = {
+                "case": case,
+                "slide": Path(info["slide"]).name,
+                "model": model,
+                "cells_shown": int(sel.sum()),
+                "marks": "(" + ", ".join(map(str, per)) + ")",
+                **{f"marks_{r}": v for r, v in zip(reviewers, per, strict=True)},
+                "both": int(stack.all(axis=0).sum()),
+                "either": int(stack.any(axis=0).sum()),
+            }
+            if has_truth:
+                row["abnormal_shown"] = int(np.sum(labels[sel] == 1))
+            rows.append(row)
+        if has_truth:
+            planted = info.get("planted_abnormal")
+            entry = {"case": case, "slide": Path(info["slide"]).name}
+            for r in reviewers:
+                entry[r] = _pr(marked[case][r], labels, planted)
+            stack = np.array([marked[case][r] for r in reviewers])
+            entry["both"] = _pr(stack.all(axis=0), labels, planted)
+            entry["either"] = _pr(stack.any(axis=0), labels, planted)
+            truth_rows.append(entry)
+        all_labels.append(labels)
+        for r in reviewers:
+            all_marks[r].append(marked[case][r])
+
+    totals = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        sub = [r for r in rows if r["model"] == model]
+        per = [sum(r[f"marks_{x}"] for r in sub) for x in reviewers]
+        tot = {
+            "case": "total",
+            "slide": f"{len(sub)} slide(s)",
+            "model": model,
+            "cells_shown": sum(r["cells_shown"] for r in sub),
+            "marks": "(" + ", ".join(map(str, per)) + ")",
+            **{f"marks_{x}": v for x, v in zip(reviewers, per, strict=True)},
+            "both": sum(r["both"] for r in sub),
+            "either": sum(r["either"] for r in sub),
+        }
+        if all("abnormal_shown" in r for r in sub):
+            tot["abnormal_shown"] = sum(r["abnormal_shown"] for r in sub)
+        totals.append(tot)
+
+    flat = {
+        r: np.concatenate(all_marks[r]) if all_marks[r] else np.zeros(0, bool) for r in reviewers
+    }
+    kappa = [
+        {"reviewers": [a, b], "kappa": cohen_kappa(flat[a], flat[b]), "cells": len(flat[a])}
+        for a, b in combinations(reviewers, 2)
+    ]
+    labels = np.concatenate(all_labels) if all_labels else np.zeros(0, np.int64)
+    overall = None
+    if len(truth_rows) == len(session.cases) and len(labels):
+        stack = np.array([flat[r] for r in reviewers])
+        overall = {r: _pr(flat[r], labels, None) for r in reviewers}
+        overall["both"] = _pr(stack.all(axis=0), labels, None)
+        overall["either"] = _pr(stack.any(axis=0), labels, None)
+    return {
+        "review": str(session.root),
+        "reviewers": reviewers,
+        "progress": {
+            r: {
+                "cases_done": sum((r, c["case"]) in done for c in session.cases),
+                "cases": len(session.cases),
+                "cells_marked": int(flat[r].sum()),
+            }
+            for r in reviewers
+        },
+        "expert_table": rows,
+        "totals": totals,
+        "kappa": kappa,
+        "truth": {"per_slide": truth_rows, "overall": overall} if truth_rows else None,
+        "_marked": marked,
+    }
+
+
+def write_report(root: Path, out: Path | None = None, reviewers: list[str] | None = None) -> dict:
+    """Unblind ``root`` and write the report files; returns the report (paths included)."""
+    root = Path(root)
+    report = build_report(root, reviewers)
+    marked = report.pop("_marked")
+    out = Path(out) if out is not None else root / "report"
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    table = report["expert_table"] + report["totals"]
+    fields = list(dict.fromkeys(k for r in table for k in r))
+    with open(out / "expert_table.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(table)
+    (out / "expert_table.md").write_text(_markdown(report, fields))
+    session = open_session(root)
+    figures = []
+    for c in session.cases:
+        path = out / "figures" / f"{c['case']}.png"
+        review_figure(
+            session, c["case"], {r: marked[c["case"]][r] for r in report["reviewers"]}
+        ).save(path)
+        figures.append(str(path))
+    report["figures"] = figures
+    report["files"] = {
+        "expert_table_csv": str(out / "expert_table.csv"),
+        "expert_table_md": str(out / "expert_table.md"),
+        "report_json": str(out / "report.json"),
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def _markdown(report: dict, fields: list[str]) -> str:
+    names = report["reviewers"]
+    head = ["case", "slide", "model", "cells_shown", "marks", "both", "either"]
+    if "abnormal_shown" in fields:
+        head.append("abnormal_shown")
+    lines = [
+        f"# Expert review: {len(names)} reviewer(s): " + ", ".join(names),
+        "",
+        f"marks = ({', '.join(names)}); both = marked by all; either = by any.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for r in report["expert_table"] + report["totals"]:
+        lines.append("| " + " | ".join(str(r.get(h, "")) for h in head) + " |")
+    lines.append("")
+    for k in report["kappa"]:
+        v = (
+            "undefined (a reviewer marked all or none)"
+            if k["kappa"] is None
+            else f"{k['kappa']:.3f}"
+        )
+        lines.append(
+            f"Cohen's kappa {k['reviewers'][0]} vs {k['reviewers'][1]}: {v} over {k['cells']} cells"
+        )
+    if report["truth"] and report["truth"]["overall"]:
+        lines += [
+            "",
+            "| marks of | marked | true abnormal marked | precision | recall (of shown) |",
+            "|---|---|---|---|---|",
+        ]
+        for who, pr in report["truth"]["overall"].items():
+            p = "" if pr["precision"] is None else f"{pr['precision']:.3f}"
+            rc = "" if pr["recall_of_shown"] is None else f"{pr['recall_of_shown']:.3f}"
+            lines.append(f"| {who} | {pr['marked']} | {pr['true_abnormal_marked']} | {p} | {rc} |")
+    return "\n".join(lines) + "\n"
+
+
+def review_figure(session: Session, case: str, marks: dict[str, np.ndarray], side: int = 96):
+    """The case's grid as reviewed: one stroke per reviewer on each cell they marked."""
+    from PIL import Image, ImageDraw
+
+    info = session.key["cases"][case]
+    n, cols = len(info["cells"]), session.cols
+    rows = max(1, -(-n // cols))
+    top = 44
+    canvas = Image.new("RGB", (cols * side, top + rows * side), "white")
+    draw = ImageDraw.Draw(canvas)
+    draw.text((6, 4), f"{case}: {Path(info['slide']).name}", fill="black")
+    x = 6
+    strokes = ("/", "\\", "-", "|")
+    for i, r in enumerate(marks):
+        label = f"{strokes[i % 4]} {r}"
+        draw.text((x, 22), label, fill=STROKE_COLOURS[i % len(STROKE_COLOURS)])
+        x += 12 + 7 * len(label)
+    if any(c["label"] is not None for c in info["cells"]):
+        draw.text((x + 8, 22), "green frame: abnormal (truth)", fill=(46, 125, 50))
+    for pos, cell in enumerate(info["cells"]):
+        cx, cy = (pos % cols) * side, top + (pos // cols) * side
+        crop = session.root / CROPS / case / f"{pos:03d}.png"
+        canvas.paste(Image.open(crop).convert("RGB").resize((side, side)), (cx, cy))
+        if cell["label"] == 1:
+            draw.rectangle(
+                [cx + 1, cy + 1, cx + side - 2, cy + side - 2], outline=(46, 125, 50), width=3
+            )
+        m = 10
+        for i, r in enumerate(marks):
+            if not marks[r][pos]:
+                continue
+            colour = STROKE_COLOURS[i % len(STROKE_COLOURS)]
+            line = (
+                [cx + m, cy + side - m, cx + side - m, cy + m],  # /
+                [cx + m, cy + m, cx + side - m, cy + side - m],  # \
+                [cx + m, cy + side // 2, cx + side - m, cy + side // 2],
+                [cx + side // 2, cy + m, cx + side // 2, cy + side - m],
+            )[i % 4]
+            draw.line(line, fill=colour, width=4)
+    return canvas

@@ -1,0 +1,277 @@
+"""The review web page: a local Starlette app served by uvicorn, one server per reviewer.
+
+What it serves, and nothing else: its own page and assets (shipped in ``cyto/review/static``, no
+CDN), the blinded case list, the crops of the review folder by case id and grid position, a larger
+context view read from the slide on demand, and this reviewer's marks. File paths never come from
+the request, so nothing outside the review folder can be reached. Writes (marks, "done") need the
+token the page was served with, a JSON body and, when the browser sends one, an ``Origin`` equal to
+the server's own: a page from another origin can neither read the token nor send such a request
+without a CORS preflight, which this server never grants. The ``Host`` header must name the address
+the server listens on (no DNS rebinding), and the page may not be framed by another site.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import io
+import os
+import re
+import secrets
+import socket
+from pathlib import Path
+
+from cyto.errors import ConfigError
+from cyto.review.session import DETAILS, Session
+from cyto.review.store import MarkStore
+
+STATIC = Path(__file__).parent / "static"
+REVIEWER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
+MAX_BODY = 64 * 1024  # a mark is a few dozen bytes
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+class _SecurityHeaders:
+    """Pure ASGI middleware adding :data:`SECURITY_HEADERS` to every response."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def with_headers(message):
+            if message["type"] == "http.response.start":
+                have = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [
+                    (k.lower().encode(), v.encode())
+                    for k, v in SECURITY_HEADERS.items()
+                    if k.lower().encode() not in have
+                ]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def check_reviewer(name: str) -> str:
+    if not REVIEWER_RE.match(name or ""):
+        raise ConfigError(
+            f"reviewer name {name!r}: use 1-64 letters, digits, spaces, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def make_app(session: Session, reviewer: str, token: str, hosts: tuple[str, ...] = LOCAL_HOSTS):
+    """The Starlette app of one reviewer's review of ``session``."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+    from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+
+    check_reviewer(reviewer)
+    store = MarkStore(session.root)
+    order = session.order_for(reviewer)
+    page = (STATIC / "index.html").read_text()
+    page = page.replace("{{token}}", html.escape(token)).replace(
+        "{{reviewer}}", html.escape(reviewer)
+    )
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status)
+
+    def case_state(case: str) -> dict:
+        marks = store.marks(reviewer)
+        cells = {
+            str(pos): {"marked": True, "detail": detail}
+            for (_, c, pos), (_, detail) in marks.items()
+            if c == case
+        }
+        return {
+            "case": case,
+            "n": session.n_cells(case),
+            "cols": session.cols,
+            "marks": cells,
+            "done": (reviewer, case) in store.done(reviewer),
+        }
+
+    async def index(request):
+        return HTMLResponse(page)
+
+    async def session_info(request):
+        marks, done = store.marks(reviewer), store.done(reviewer)
+        per_case = {}
+        for _, c, _ in marks:
+            per_case[c] = per_case.get(c, 0) + 1
+        return JSONResponse(
+            {
+                "reviewer": reviewer,
+                "details": list(DETAILS),
+                "cols": session.cols,
+                "cases": [
+                    {
+                        "case": c,
+                        "n": session.n_cells(c),
+                        "marked": per_case.get(c, 0),
+                        "done": (reviewer, c) in done,
+                    }
+                    for c in order
+                ],
+            }
+        )
+
+    async def case_info(request):
+        case = request.path_params["case"]
+        if session.n_cells(case) is None:
+            return error(404, f"no case {case}")
+        return JSONResponse(case_state(case))
+
+    async def crop(request):
+        path = session.crop_path(request.path_params["case"], request.path_params["pos"])
+        if path is None or not path.is_file():
+            return error(404, "no such cell")
+        return FileResponse(path, media_type="image/png")
+
+    async def context(request):
+        from starlette.concurrency import run_in_threadpool
+
+        from cyto.errors import CytoError
+        from cyto.review.session import context_image
+
+        case, pos = request.path_params["case"], request.path_params["pos"]
+        if session.crop_path(case, pos) is None:
+            return error(404, "no such cell")
+        cached = session.root / "context" / case / f"{pos:03d}.png"
+        if not cached.is_file():
+            try:
+                img = await run_in_threadpool(context_image, session, case, pos)
+            except CytoError as exc:
+                return error(404, f"the slide cannot be read for a context view: {exc}")
+            buf = io.BytesIO()
+            img.save(buf, format="PNG")
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(buf.getvalue())
+            os.replace(tmp, cached)
+        return FileResponse(cached, media_type="image/png")
+
+    async def write_guard(request) -> tuple[dict | None, Response | None]:
+        """The JSON body of a write from this reviewer's own page, or the refusal."""
+        if not secrets.compare_digest(request.headers.get("x-cyto-token", ""), token):
+            return None, error(403, "missing or wrong review token: reload the page")
+        origin = request.headers.get("origin")
+        if origin is not None and origin != f"{request.url.scheme}://{request.headers['host']}":
+            return None, error(403, f"writes from another origin ({origin}) are refused")
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            return None, error(415, "send JSON")
+        try:
+            body = await request.json()
+        except ValueError:
+            return None, error(400, "the body is not JSON")
+        if not isinstance(body, dict) or session.n_cells(str(body.get("case"))) is None:
+            return None, error(400, "unknown case")
+        return body, None
+
+    async def mark(request):
+        body, refused = await write_guard(request)
+        if refused:
+            return refused
+        case, pos = str(body["case"]), body.get("position")
+        if (
+            not isinstance(pos, int)
+            or isinstance(pos, bool)
+            or session.crop_path(case, pos) is None
+        ):
+            return error(400, "unknown cell position")
+        detail = body.get("detail") or ""
+        if detail and detail not in DETAILS:
+            return error(400, f"unknown label {detail!r}; one of {', '.join(DETAILS)}")
+        store.mark(reviewer, case, pos, bool(body.get("marked")), detail)
+        return JSONResponse(case_state(case))
+
+    async def done(request):
+        body, refused = await write_guard(request)
+        if refused:
+            return refused
+        store.set_done(reviewer, str(body["case"]), bool(body.get("done")))
+        return JSONResponse(case_state(str(body["case"])))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        store.close()
+
+    app = Starlette(
+        routes=[
+            Route("/", index),
+            Route("/api/session", session_info),
+            Route("/api/cases/{case}", case_info),
+            Route("/api/mark", mark, methods=["POST"]),
+            Route("/api/done", done, methods=["POST"]),
+            Route("/crops/{case}/{pos:int}.png", crop),
+            Route("/context/{case}/{pos:int}.png", context),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ],
+        middleware=[
+            Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts)),
+            Middleware(_SecurityHeaders),
+        ],
+        lifespan=lifespan,
+        max_body_size=MAX_BODY,
+    )
+    return app
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket, or a one-line error naming the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({exc.strerror}); "
+            "pass another --port (0: any free one)"
+        ) from exc
+    sock.listen(64)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(session: Session, reviewer: str, host: str = "127.0.0.1", port: int = 8765, echo=print):
+    """Serve the review page until Ctrl-C; prints the address first."""
+    import uvicorn
+
+    check_reviewer(reviewer)
+    sock = bind(host, port)
+    port = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    hosts = LOCAL_HOSTS if host in LOCAL_HOSTS else ("*",)  # a chosen interface: any name
+    token = secrets.token_urlsafe(24)
+    app = make_app(session, reviewer, token, hosts=tuple({*hosts, host, shown}))
+    if host not in LOCAL_HOSTS:
+        echo(
+            f"warning: listening on {host}: anyone who can reach this address can see the cells; "
+            "marks still need the page's token"
+        )
+    n = sum(c["n"] for c in session.cases)
+    echo(
+        f"review of {len(session.cases)} case(s), {n} cells, as {reviewer!r}; marks go to "
+        f"{session.root / 'marks.sqlite'}"
+    )
+    echo(f"open http://{shown}:{port}/  (Ctrl-C stops; marks are already saved)")
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])

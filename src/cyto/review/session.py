@@ -1,0 +1,352 @@
+"""A review folder: the blinded cases a reviewer sees, and the key that unblinds them.
+
+Built once from scored slide folders (``cyto score`` output: ``scores.parquet`` + ``summary.json``)
+and reused by every reviewer and by the report:
+
+- ``cases.json`` (what the page may know): anonymized case ids, the number of cells in each grid,
+  the grid width, the labels a reviewer can give.
+- ``key.json`` (never served): for every case, the slide, the models that scored it, and for each
+  grid position the cell's level-0 centre, the rank and score each model gave it, and its
+  ground-truth label when the slide was scored with ``--truth``.
+- ``crops/CASE/POS.png``: the cell at full resolution (level-0 pixels, the area the model saw).
+
+As in the paper's evaluation, each slide's top-K cells are shown in a seeded random order, slides
+are anonymized and their order is randomized per reviewer. Several models' top-K of one slide are
+pooled and deduplicated (detections closer than a merge radius are one cell), so the reviewer cannot
+tell which model surfaced a cell. The folder is written to a temporary name and renamed into place,
+so a half-built folder is never used, and two reviewers starting at once get the same folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from cyto.errors import ConfigError, InputPathError
+
+CASES_FILE, KEY_FILE, CROPS = "cases.json", "key.json", "crops"
+FORMAT = "cyto-review/1"
+DEFAULT_K, COLS = 100, 10
+DEFAULT_MERGE_UM = 4.0  # about half a lymphocyte nucleus: two detections this close are one cell
+# the second-level labels a suspicious cell can get; a mark without one is just "suspicious"
+DETAILS = ("malignant", "atypical", "artifact")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One scored slide folder: a model's ranking of one slide."""
+
+    folder: Path
+    model: str  # the bundle's name, e.g. "dsvdd" for dsvdd.cyto: how the report names it
+    method: str
+    slide: str
+    identity: str
+    crop_px: int
+    mpp: float | None
+    planted: int | None  # planted abnormal cells when the slide was scored with --truth
+
+
+@dataclass
+class Session:
+    """An opened review folder."""
+
+    root: Path
+    cases: list[dict]  # public: [{"case", "n"}], in the built (not the shown) order
+    seed: int
+    cols: int
+    key: dict = field(repr=False)
+
+    def case_ids(self) -> list[str]:
+        return [c["case"] for c in self.cases]
+
+    def order_for(self, reviewer: str) -> list[str]:
+        """The case order this reviewer sees: random, different per reviewer, stable."""
+        digest = hashlib.sha256(f"{self.seed}:{reviewer}".encode()).digest()
+        rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+        ids = self.case_ids()
+        return [ids[i] for i in rng.permutation(len(ids))]
+
+    def n_cells(self, case: str) -> int | None:
+        for c in self.cases:
+            if c["case"] == case:
+                return int(c["n"])
+        return None
+
+    def crop_path(self, case: str, position: int) -> Path | None:
+        """The crop file of a grid cell, or None when the case or position does not exist."""
+        n = self.n_cells(case)
+        if n is None or not 0 <= position < n:
+            return None
+        return self.root / CROPS / case / f"{position:03d}.png"
+
+
+def find_scored(folders: list[Path]) -> list[Path]:
+    """Scored slide folders among ``folders``: each folder itself when it holds a finished
+    ``scores.parquet`` and ``summary.json``, else its direct sub-folders that do (a cohort run)."""
+    found: list[Path] = []
+    for folder in folders:
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise InputPathError(f"{folder} is not a folder (give the output folder of cyto score)")
+        if _is_scored(folder):
+            found.append(folder.resolve())
+            continue
+        subs = sorted(p.resolve() for p in folder.iterdir() if p.is_dir() and _is_scored(p))
+        if not subs:
+            raise InputPathError(
+                f"{folder} holds no scored slide (no scores.parquet with summary.json in it or in "
+                "its sub-folders); run cyto score first"
+            )
+        found += subs
+    if len(set(found)) != len(found):
+        raise ConfigError("a scored folder was given twice")
+    return found
+
+
+def _is_scored(folder: Path) -> bool:
+    return (folder / "scores.parquet").is_file() and (folder / "summary.json").is_file()
+
+
+def read_source(folder: Path) -> Source:
+    try:
+        s = json.loads((folder / "summary.json").read_text())
+        model = Path(s["model"]).name
+        return Source(
+            folder=folder,
+            model=model[: -len(".cyto")] if model.endswith(".cyto") else model,
+            method=str(s["method"]),
+            slide=str(s["slide"]),
+            identity=str(s["slide_identity"]),
+            crop_px=int(s["resolution"]["crop_px_level0"]),
+            mpp=s["resolution"].get("slide_mpp"),
+            planted=(s.get("truth") or {}).get("planted_abnormal"),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputPathError(
+            f"{folder / 'summary.json'} is not a cyto score summary ({exc}); rerun cyto score"
+        ) from exc
+
+
+def _top_cells(src: Source, k: int) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    path = src.folder / "scores.parquet"
+    names = pq.read_schema(path).names
+    cols = ["cell_id", "x", "y", "score", "rank"] + (["label"] if "label" in names else [])
+    t = pq.read_table(path, columns=cols, filters=[("rank", "<=", k)]).to_pydict()
+    cells = [
+        {
+            "model": src.model,
+            "cell_id": int(t["cell_id"][i]),
+            "x": float(t["x"][i]),
+            "y": float(t["y"][i]),
+            "rank": int(t["rank"][i]),
+            "score": float(t["score"][i]),
+            "label": None if "label" not in t else int(t["label"][i]),
+        }
+        for i in range(len(t["rank"]))
+    ]
+    return sorted(cells, key=lambda c: c["rank"])
+
+
+def pool(cells: list[dict], radius_px: float) -> list[dict]:
+    """Merge detections of several models within ``radius_px`` into one reviewed cell each.
+
+    Cells are taken best rank first; a cell joins the first pooled cell within the radius that
+    this model has not already filled, else starts a new one (so one model never merges two of
+    its own cells).
+    """
+    pooled: list[dict] = []
+    centres = np.empty((0, 2))
+    for c in sorted(cells, key=lambda c: (c["rank"], c["model"])):
+        target = None
+        if len(pooled):
+            d = np.hypot(centres[:, 0] - c["x"], centres[:, 1] - c["y"])
+            for j in np.flatnonzero(d <= radius_px)[np.argsort(d[d <= radius_px], kind="stable")]:
+                if c["model"] not in pooled[j]["sources"]:
+                    target = int(j)
+                    break
+        src = {"cell_id": c["cell_id"], "rank": c["rank"], "score": c["score"]}
+        if target is None:
+            pooled.append({"x": c["x"], "y": c["y"], "label": c["label"], "sources": {}})
+            centres = np.vstack([centres, [c["x"], c["y"]]])
+            target = len(pooled) - 1
+        cell = pooled[target]
+        cell["sources"][c["model"]] = src
+        if c["label"] is not None:
+            cell["label"] = max(cell["label"] or 0, c["label"])
+    return pooled
+
+
+def _group(sources: list[Source]) -> list[list[Source]]:
+    """Sources of the same slide (by content identity), each slide's models named apart."""
+    by_slide: dict[str, list[Source]] = {}
+    for s in sources:
+        by_slide.setdefault(s.identity, []).append(s)
+    for group in by_slide.values():
+        names = [s.model for s in group]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            folders = ", ".join(str(s.folder) for s in group if s.model in dup)
+            raise ConfigError(
+                f"slide {group[0].slide} was scored more than once by model {sorted(dup)[0]} "
+                f"({folders}); give one folder per model and slide"
+            )
+    return list(by_slide.values())
+
+
+def build_session(
+    scored: list[Path],
+    root: Path,
+    k: int = DEFAULT_K,
+    seed: int = 0,
+    merge_um: float = DEFAULT_MERGE_UM,
+    echo=print,
+) -> Session:
+    """Build the review folder ``root`` from scored folders (or open it when it was already built
+    from the same folders)."""
+    if k < 1:
+        raise ConfigError(f"--k must be at least 1, got {k}")
+    if not merge_um >= 0:
+        raise ConfigError(f"--merge-um must be >= 0, got {merge_um}")
+    folders = find_scored(scored)
+    root = Path(root)
+    if (root / KEY_FILE).is_file():
+        session = open_session(root)
+        if sorted(session.key["scored"]) != sorted(map(str, folders)):
+            raise ConfigError(
+                f"{root} is a review of other scored folders ({', '.join(session.key['scored'])});"
+                " give those, or another --session folder for a new review"
+            )
+        return session
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise InputPathError(f"{root} exists and is not a review folder; choose another --session")
+    groups = _group([read_source(f) for f in folders])
+    rng = np.random.default_rng(seed)
+    groups = [groups[i] for i in rng.permutation(len(groups))]  # case numbers say nothing
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=root.parent))
+    try:
+        public, key_cases = [], {}
+        for n, group in enumerate(groups, start=1):
+            case = f"case-{n:03d}"
+            cells = pool([c for s in group for c in _top_cells(s, k)], _radius_px(group, merge_um))
+            cells = [cells[i] for i in rng.permutation(len(cells))]
+            crop = max(s.crop_px for s in group)
+            echo(f"{case}: {len(cells)} cells from {', '.join(s.model for s in group)}")
+            _write_crops(group[0].slide, cells, crop, tmp / CROPS / case)
+            key_cases[case] = {
+                "slide": group[0].slide,
+                "slide_identity": group[0].identity,
+                "slide_mpp": group[0].mpp,
+                "crop_px": crop,
+                "planted_abnormal": group[0].planted,
+                "models": [
+                    {"model": s.model, "method": s.method, "folder": str(s.folder)} for s in group
+                ],
+                "cells": [{"position": p, **c} for p, c in enumerate(cells)],
+            }
+            public.append({"case": case, "n": len(cells)})
+        meta = {"format": FORMAT, "seed": seed, "cols": COLS, "k": k, "merge_um": merge_um}
+        (tmp / KEY_FILE).write_text(
+            json.dumps(
+                {
+                    **meta,
+                    "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "scored": sorted(map(str, folders)),
+                    "cases": key_cases,
+                },
+                indent=1,
+            )
+        )
+        (tmp / CASES_FILE).write_text(
+            json.dumps({**meta, "details": list(DETAILS), "cases": public}, indent=1)
+        )
+        try:
+            if root.is_dir():
+                root.rmdir()  # empty (checked above); a non-empty one means another build won
+            os.rename(tmp, root)
+        except OSError:
+            if not (root / KEY_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return open_session(root)
+
+
+def _radius_px(group: list[Source], merge_um: float) -> float:
+    mpp = group[0].mpp
+    if mpp:
+        return merge_um / mpp
+    return max(s.crop_px for s in group) / 8  # no scale known: an eighth of the model's view
+
+
+def _write_crops(slide: str, cells: list[dict], crop: int, folder: Path) -> None:
+    from PIL import Image
+
+    from cyto.infer.slide import open_slide
+
+    folder.mkdir(parents=True)
+    reader = open_slide(slide)
+    try:
+        half = crop // 2
+        for p, c in enumerate(cells):
+            x, y = int(round(c["x"])) - half, int(round(c["y"])) - half
+            Image.fromarray(reader.read_region(x, y, crop, crop)).save(folder / f"{p:03d}.png")
+    finally:
+        reader.close()
+
+
+def open_session(root: Path) -> Session:
+    """Open a built review folder."""
+    root = Path(root)
+    try:
+        public = json.loads((root / CASES_FILE).read_text())
+        key = json.loads((root / KEY_FILE).read_text())
+    except FileNotFoundError as exc:
+        raise InputPathError(
+            f"{root} is not a review folder (no {exc.filename and Path(exc.filename).name}); "
+            "start one with cyto review SCORED_DIR..."
+        ) from exc
+    except ValueError as exc:
+        raise InputPathError(f"{root}: a review file is damaged ({exc})") from exc
+    if public.get("format") != FORMAT:
+        raise InputPathError(f"{root}: unknown review format {public.get('format')!r}")
+    return Session(
+        root=root,
+        cases=public["cases"],
+        seed=int(public["seed"]),
+        cols=int(public["cols"]),
+        key=key,
+    )
+
+
+def context_image(session: Session, case: str, position: int, scale: int = 4, side: int = 512):
+    """A larger view around one cell, read from the slide, with the cell boxed (PIL image)."""
+    from PIL import Image, ImageDraw
+
+    from cyto.infer.slide import open_slide
+
+    info = session.key["cases"][case]
+    cell = info["cells"][position]
+    crop = int(info["crop_px"])
+    size = crop * scale
+    x0, y0 = int(round(cell["x"])) - size // 2, int(round(cell["y"])) - size // 2
+    reader = open_slide(info["slide"])
+    try:
+        img = Image.fromarray(reader.read_region(x0, y0, size, size))
+    finally:
+        reader.close()
+    f = side / size
+    img = img.resize((side, side), Image.Resampling.BILINEAR)
+    lo, hi = (size - crop) / 2 * f, (size + crop) / 2 * f
+    ImageDraw.Draw(img).rectangle([lo, lo, hi, hi], outline=(255, 255, 0), width=2)
+    return img

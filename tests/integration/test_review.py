@@ -1,0 +1,498 @@
+"""`cyto review`: the review folder (pooled, blinded), the server's rules, the marks store and the
+report against hand-made marks. The browser itself is driven in test_review_browser.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.errors import ConfigError, InputPathError
+from cyto.infer.pipeline import ScoreOptions, score_slide
+from cyto.review.session import build_session, open_session
+from cyto.review.store import MarkStore
+from tests.unit.test_cli import run_cyto
+
+K = 30
+
+
+@pytest.fixture(scope="module")
+def scored(exported_dsvdd, exported_bundles, tmp_path_factory):
+    """Two slides with planted abnormal cells, each scored by two models (Deep SVDD and FS-SIL)
+    with ground truth: OUT_model/SLIDE/ as cyto score writes a cohort."""
+    root = tmp_path_factory.mktemp("review")
+    slides = [
+        write_slide(
+            root / f"slide{i}.ndpi",
+            SlideSynthConfig(width=1024, height=1024, n_cells=110, abnormal_fraction=0.1, seed=i),
+        )
+        for i in range(2)
+    ]
+    outs = {}
+    for name, model in (("dsvdd", exported_dsvdd), ("fs-sil", exported_bundles["fs-sil"])):
+        outs[name] = root / f"out_{name}"
+        for s in slides:
+            score_slide(
+                s.paths[0],
+                model,
+                outs[name] / s.paths[0].stem,
+                ScoreOptions(mosaic=0, workers=0, top_k=K, truth=s.ground_truth),
+                echo=lambda _: None,
+            )
+    names = {"dsvdd": exported_dsvdd.stem, "fs-sil": exported_bundles["fs-sil"].stem}
+    return {"root": root, "slides": slides, "outs": outs, "names": names}
+
+
+@pytest.fixture(scope="module")
+def session(scored):
+    return build_session(
+        [scored["outs"]["dsvdd"], scored["outs"]["fs-sil"]],
+        scored["root"] / "review",
+        k=K,
+        echo=lambda _: None,
+    )
+
+
+def _top(folder, k):
+    t = pq.read_table(folder / "scores.parquet", columns=["cell_id", "rank"]).to_pydict()
+    return {c for c, r in zip(t["cell_id"], t["rank"], strict=True) if r <= k}
+
+
+def test_pooled_cases_are_the_union_of_each_models_top_k_shown_once(scored, session):
+    assert len(session.cases) == 2
+    by_slide = {v["slide"]: (case, v) for case, v in session.key["cases"].items()}
+    for s in scored["slides"]:
+        case, info = by_slide[str(s.paths[0])]
+        tops = {
+            scored["names"][m]: _top(scored["outs"][m] / s.paths[0].stem, K)
+            for m in ("dsvdd", "fs-sil")
+        }
+        for m in tops:  # every top-K cell of each model is shown, once
+            shown = [c["sources"][m]["cell_id"] for c in info["cells"] if m in c["sources"]]
+            assert sorted(shown) == sorted(tops[m])
+        # both models ran the same detector: a cell in both top-Ks is one grid cell
+        a, b = tops.values()
+        union = a | b
+        assert len(info["cells"]) == len(union) == session.n_cells(case)
+        assert len(union) < 2 * K  # the models agree on some cells, so pooling merged them
+        both = [c for c in info["cells"] if len(c["sources"]) == 2]
+        first = scored["names"]["dsvdd"]
+        assert {c["sources"][first]["cell_id"] for c in both} == a & b
+        # shuffled: the grid is not in either model's rank order
+        ranks = [c["sources"][first]["rank"] for c in info["cells"] if first in c["sources"]]
+        assert ranks != sorted(ranks)
+        assert all(c["label"] in (0, 1) for c in info["cells"])
+        assert (session.root / "crops" / case / f"{len(union) - 1:03d}.png").is_file()
+
+
+def test_what_the_page_may_know_names_no_slide_and_no_model(scored, session):
+    public = (session.root / "cases.json").read_text()
+    for word in ("slide0", "slide1", "out_dsvdd", "fs-sil", "rank", "score"):
+        assert word not in public
+    orders = {session.order_for(r)[0] for r in ("ann", "bob", "cy", "dee", "eve", "fay")}
+    assert len(orders) == 2  # each reviewer gets a random slide order
+    assert session.order_for("ann") == session.order_for("ann")
+
+
+def test_the_folder_is_reused_and_refuses_other_scored_folders(scored, session):
+    again = build_session(
+        [scored["outs"]["fs-sil"], scored["outs"]["dsvdd"]],
+        session.root,
+        k=K,
+        echo=lambda _: None,
+    )
+    assert again.key["created"] == session.key["created"]
+    with pytest.raises(ConfigError, match="review of other scored folders"):
+        build_session([scored["outs"]["dsvdd"]], session.root, echo=lambda _: None)
+    with pytest.raises(InputPathError, match="no scored slide"):
+        build_session([scored["root"] / "review"], scored["root"] / "r2", echo=lambda _: None)
+    # one model's ranking of the same slide given twice: which one to show is ambiguous
+    dup = scored["root"] / "dup"
+    shutil.copytree(scored["outs"]["dsvdd"], dup)
+    with pytest.raises(ConfigError, match="scored more than once by model"):
+        build_session([scored["outs"]["dsvdd"], dup], scored["root"] / "r3", echo=lambda _: None)
+    assert not (scored["root"] / "r3").exists()
+
+
+def test_the_marks_log_is_append_only(tmp_path):
+    store = MarkStore(tmp_path)
+    store.mark("ann", "case-001", 3, True, "malignant")
+    store.mark("ann", "case-001", 3, False)
+    store.mark("ann", "case-001", 4, True)
+    assert store.marks("ann") == {("ann", "case-001", 4): (True, "")}
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        store._db.execute("UPDATE events SET value = 1")
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        store._db.execute("DELETE FROM events")
+    store.close()
+    rows = sqlite3.connect(tmp_path / "marks.sqlite").execute("SELECT COUNT(*) FROM events")
+    assert rows.fetchone()[0] == 3
+
+
+# --- the server, in process -------------------------------------------------------------------
+
+
+def _client(session, reviewer, token="t0k"):
+    from starlette.testclient import TestClient
+
+    from cyto.review.server import make_app
+
+    return TestClient(make_app(session, reviewer, token), base_url="http://127.0.0.1:8765")
+
+
+def _mark(client, case, pos, marked=True, detail="", **headers):
+    h = {"X-Cyto-Token": "t0k", "Origin": "http://127.0.0.1:8765", **headers}
+    return client.post(
+        "/api/mark",
+        json={"case": case, "position": pos, "marked": marked, "detail": detail},
+        headers=h,
+    )
+
+
+def test_server_serves_only_the_review_and_refuses_foreign_writes(tmp_path, session):
+    s = build_session(
+        [session.root.parent / "out_dsvdd"], tmp_path / "rv", k=K, echo=lambda _: None
+    )
+    case = s.order_for("ann")[0]
+    with _client(s, "ann") as c:
+        page = c.get("/")
+        assert page.status_code == 200 and 'content="t0k"' in page.text
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+        assert c.get("/static/review.js").status_code == 200
+        img = c.get(f"/crops/{case}/0.png")
+        assert img.status_code == 200 and img.content[:4] == b"\x89PNG"
+        assert c.get(f"/crops/{case}/{s.n_cells(case)}.png").status_code == 404
+        assert c.get("/crops/case-999/0.png").status_code == 404
+        for path in (
+            "/key.json",
+            "/cases.json",
+            "/marks.sqlite",
+            "/static/../key.json",
+            "/static/%2e%2e/session.py",
+            "/static/..%2f..%2fkey.json",
+            f"/crops/{case}/..%2f..%2fkey.json",
+            "/crops/..%2fkey.json/0.png",
+            "/static//etc/passwd",
+        ):
+            r = c.get(path)
+            assert r.status_code == 404, path
+            assert b'"slide"' not in r.content
+        assert c.get("/api/session").json()["cases"][0]["case"] == case
+        # writes: the token, JSON and this origin are all needed
+        assert _mark(c, case, 0, **{"X-Cyto-Token": "nope"}).status_code == 403
+        assert _mark(c, case, 0, Origin="http://evil.example").status_code == 403
+        form = c.post(
+            "/api/mark",
+            content="case=x",
+            headers={"X-Cyto-Token": "t0k", "Content-Type": "application/x-www-form-urlencoded"},
+        )
+        assert form.status_code == 415
+        assert _mark(c, case, 10_000).status_code == 400
+        assert _mark(c, "case-999", 0).status_code == 400
+        assert _mark(c, case, 0, detail="<script>").status_code == 400
+        assert c.get("/api/session", headers={"Host": "evil.example"}).status_code == 400
+        assert MarkStore(s.root).marks() == {}
+        ok = _mark(c, case, 2, detail="atypical")
+        assert ok.status_code == 200 and ok.json()["marks"] == {
+            "2": {"marked": True, "detail": "atypical"}
+        }
+        assert c.post(
+            "/api/done", json={"case": case, "done": True}, headers={"X-Cyto-Token": "t0k"}
+        ).json()["done"]
+    # a new server (a restart) shows ann's marks to ann and nothing to bob
+    with _client(s, "ann") as c:
+        assert c.get(f"/api/cases/{case}").json()["marks"] == {
+            "2": {"marked": True, "detail": "atypical"}
+        }
+        info = {x["case"]: x for x in c.get("/api/session").json()["cases"]}
+        assert info[case]["marked"] == 1 and info[case]["done"]
+    with _client(s, "bob") as c:
+        assert c.get(f"/api/cases/{case}").json()["marks"] == {}
+        assert all(
+            x["marked"] == 0 and not x["done"] for x in c.get("/api/session").json()["cases"]
+        )
+
+
+def test_context_view_reads_the_slide(session):
+    case = session.case_ids()[0]
+    with _client(session, "ctx") as c:
+        r = c.get(f"/context/{case}/1.png")
+        assert r.status_code == 200 and r.content[:4] == b"\x89PNG"
+        assert (session.root / "context" / case / "001.png").is_file()
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def test_report_against_hand_made_marks(tmp_path, session):
+    from sklearn.metrics import cohen_kappa_score
+
+    from cyto.review.report import write_report
+
+    rv = tmp_path / "rv"
+    shutil.copytree(session.root, rv, ignore=shutil.ignore_patterns("marks.sqlite*"))
+    s = open_session(rv)
+    c1, c2 = s.case_ids()
+    ann, bob = {c1: {0, 1, 2, 3}, c2: {5}}, {c1: {2, 3, 4}, c2: set()}
+    store = MarkStore(rv)
+    for who, marks in (("ann", ann), ("bob", bob)):
+        for case, positions in marks.items():
+            for p in positions:
+                store.mark(who, case, p, True)
+    store.mark("bob", c1, 9, True)
+    store.mark("bob", c1, 9, False)  # cleared again: not a mark
+    store.set_done("ann", c1, True)
+    store.close()
+
+    rep = write_report(rv)
+    table = {(r["case"], r["model"]): r for r in rep["expert_table"]}
+    pooled = table[(c1, "pooled")]
+    assert pooled["marks"] == "(4, 3)" and pooled["both"] == 2 and pooled["either"] == 5
+    assert table[(c2, "pooled")]["marks"] == "(1, 0)"
+    cells = s.key["cases"][c1]["cells"]
+    for model in s.key["cases"][c1]["models"]:
+        model = model["model"]
+        mine = {p for p in range(len(cells)) if model in cells[p]["sources"]}
+        row = table[(c1, model)]
+        assert row["cells_shown"] == len(mine)
+        assert (row["marks_ann"], row["marks_bob"]) == (len(ann[c1] & mine), len(bob[c1] & mine))
+        assert row["both"] == len(ann[c1] & bob[c1] & mine)
+    totals = {t["model"]: t for t in rep["totals"]}
+    assert totals["pooled"]["marks"] == "(5, 3)"
+    # kappa over every cell shown, against scikit-learn's
+    flat = [[p in m[c] for c in (c1, c2) for p in range(s.n_cells(c))] for m in (ann, bob)]
+    (k,) = rep["kappa"]
+    assert k["kappa"] == pytest.approx(cohen_kappa_score(*flat))
+    assert k["cells"] == s.n_cells(c1) + s.n_cells(c2)
+    assert rep["progress"]["ann"]["cases_done"] == 1 and rep["progress"]["bob"]["cases_done"] == 0
+    # precision and recall against the planted truth
+    labels = np.array([c["label"] for c in cells])
+    pr = {e["case"]: e for e in rep["truth"]["per_slide"]}[c1]["ann"]
+    tp = int(sum(labels[p] == 1 for p in ann[c1]))
+    assert pr["true_abnormal_marked"] == tp
+    assert pr["precision"] == pytest.approx(tp / 4)
+    if labels.sum():
+        assert pr["recall_of_shown"] == pytest.approx(tp / labels.sum())
+    out = rv / "report"
+    assert (out / "expert_table.csv").is_file() and (out / "figures" / f"{c1}.png").is_file()
+    assert json.loads((out / "report.json").read_text())["kappa"][0]["kappa"] == k["kappa"]
+
+
+def test_report_cli_and_its_errors(tmp_path, session):
+    proc = run_cyto("review", "report", str(tmp_path / "nope"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    empty = tmp_path / "empty"
+    shutil.copytree(session.root, empty, ignore=shutil.ignore_patterns("marks.sqlite*"))
+    proc = run_cyto("review", "report", str(empty))
+    assert proc.returncode == 2 and "no marks yet" in proc.stderr
+    proc = run_cyto("review", str(session.root), "--reviewer", "../../etc")
+    assert proc.returncode == 2 and "reviewer name" in proc.stderr
+    proc = run_cyto("review", str(tmp_path / "missing"), "--reviewer", "ann")
+    assert proc.returncode == 2 and "is not a folder" in proc.stderr
+
+
+# --- a real browser against real servers --------------------------------------------------------
+
+
+class Server:
+    """``cyto review REVIEW --reviewer NAME --port 0`` in a subprocess; ``url`` once it listens."""
+
+    def __init__(self, review, reviewer):
+        import os
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cyto",
+                "review",
+                str(review),
+                "--reviewer",
+                reviewer,
+                "--port",
+                "0",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "CYTO_PROGRESS": "0"},
+        )
+        self.url = self._address()
+
+    def _address(self, timeout=60.0):
+        import queue
+        import threading
+
+        lines: queue.Queue = queue.Queue()
+
+        def pump():  # also keeps the pipe drained while the server runs
+            for line in self.proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        seen = []
+        while True:
+            try:
+                line = lines.get(timeout=timeout)
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.proc.kill()
+                raise AssertionError("the review server did not start: " + "".join(seen))
+            seen.append(line)
+            if line.startswith("open http://"):
+                return line.split()[1]
+
+    def kill(self):
+        self.proc.kill()  # SIGKILL: no shutdown handler runs
+        self.proc.wait()
+
+
+def _raw_get(url, path):
+    """A GET with the path sent exactly as written (no client-side normalization)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return int(data.split(b" ", 2)[1]), data
+
+
+@pytest.mark.browser
+def test_review_in_a_real_browser(session, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.conftest import CHROMIUM
+
+    rv = tmp_path / "rv"
+    shutil.copytree(session.root, rv, ignore=shutil.ignore_patterns("marks.sqlite*", "context"))
+    s = open_session(rv)
+    first, second = s.order_for("ann")
+    servers = [Server(rv, "ann")]
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(servers[0].url)
+            cells = page.locator("#grid .cell")
+            expect(cells).to_have_count(s.n_cells(first))
+            expect(page.locator("#case-title")).to_contain_text(first)
+            # by click, then by keyboard
+            cells.nth(0).click()
+            expect(page.locator("#saved")).to_have_text("saved")
+            page.keyboard.press("ArrowRight")
+            page.keyboard.press("Space")
+            page.keyboard.press("ArrowDown")
+            page.keyboard.press("1")  # malignant
+            marked = page.locator("#grid .cell.marked")
+            expect(marked).to_have_count(3)
+            expect(cells.nth(11).locator(".detail")).to_have_text("M")
+            page.keyboard.press("Space")  # toggles cell 11 off again
+            expect(marked).to_have_count(2)
+            page.keyboard.press("1")
+            expect(marked).to_have_count(3)
+            # the context view from the slide
+            page.keyboard.press("c")
+            expect(page.locator("#context")).to_be_visible()
+            img = page.locator("#context-img")
+            for _ in range(200):  # the page's CSP forbids wait_for_function's eval
+                if img.evaluate("i => i.complete && i.naturalWidth") > 0:
+                    break
+                page.wait_for_timeout(100)
+            assert img.evaluate("i => i.naturalWidth") > 0
+            page.keyboard.press("Escape")
+            expect(page.locator("#context")).to_be_hidden()
+            page.keyboard.press("d")
+            expect(page.locator("#done")).to_have_class("is-done")
+            page.keyboard.press("n")
+            expect(page.locator("#case-title")).to_contain_text(second)
+            cells.nth(5).click()
+            expect(marked).to_have_count(1)
+            expect(page.locator("#overall-progress")).to_have_text("1/2 cases done")
+
+            # reload: the reviewer continues at the first case not done, marks kept
+            page.reload()
+            expect(page.locator("#case-title")).to_contain_text(second)
+            expect(marked).to_have_count(1)
+            page.keyboard.press("p")
+            expect(page.locator("#case-title")).to_contain_text(first)
+            expect(marked).to_have_count(3)
+
+            # kill the server mid-review (SIGKILL), start it again: the marks are intact
+            servers[0].kill()
+            servers[0] = Server(rv, "ann")
+            page.goto(servers[0].url)
+            expect(page.locator("#case-title")).to_contain_text(second)
+            expect(marked).to_have_count(1)
+            page.keyboard.press("p")
+            expect(marked).to_have_count(3)
+            expect(page.locator("#done")).to_have_class("is-done")
+
+            # a second reviewer, at the same time, sees none of ann's marks, and ann none of bob's
+            servers.append(Server(rv, "bob"))
+            bob = browser.new_page()
+            bob.goto(servers[1].url)
+            expect(bob.locator("#grid .cell")).to_have_count(s.n_cells(s.order_for("bob")[0]))
+            expect(bob.locator("#grid .cell.marked")).to_have_count(0)
+            expect(bob.locator("#overall-progress")).to_have_text("0/2 cases done")
+            bob.locator("#grid .cell").nth(7).click()
+            expect(bob.locator("#grid .cell.marked")).to_have_count(1)
+            page.reload()
+            expect(marked).to_have_count(1)  # ann's second case: still only her mark
+
+            # a page from another origin can neither write with JSON (no CORS) nor without token
+            evil = browser.new_page()
+            evil.route(
+                "http://evil.test/", lambda r: r.fulfill(body="<p>hi</p>", content_type="text/html")
+            )
+            evil.goto("http://evil.test/")
+            target = servers[0].url + "api/mark"
+            body = json.dumps({"case": first, "position": 20, "marked": True})
+            err = evil.evaluate(
+                """async ([url, body]) => {
+                    try {
+                        await fetch(url, {method: "POST", body,
+                            headers: {"Content-Type": "application/json", "X-Cyto-Token": "x"}});
+                        return "sent";
+                    } catch (e) { return "blocked"; }
+                }""",
+                [target, body],
+            )
+            assert err == "blocked"
+            evil.evaluate(
+                """async ([url, body]) => {  // refused by the server, or by Chromium's
+                    try {                      // private-network rules before it gets there
+                        await fetch(url, {method: "POST", mode: "no-cors", body,
+                                          headers: {"Content-Type": "text/plain"}});
+                    } catch (e) {}
+                }""",
+                [target, body],
+            )
+            browser.close()
+        # traversal with the path sent as written, against the real server
+        for path in ("/static/../key.json", "/static/..%2f..%2fkey.json", "/crops/../key.json"):
+            status, data = _raw_get(servers[0].url, path)
+            assert status == 404 and b"slide_identity" not in data, path
+    finally:
+        for srv in servers:
+            srv.kill()
+    store = MarkStore(rv)
+    ann = store.marks("ann")
+    assert sorted(pos for (_, c, pos) in ann if c == first) == [0, 1, 11]
+    assert ann[("ann", first, 11)] == (True, "malignant")
+    assert sorted(pos for (_, c, pos) in ann if c == second) == [5]
+    assert list(store.marks("bob")) == [("bob", s.order_for("bob")[0], 7)]
+    assert store.done() == {("ann", first)}
+    store.close()
