@@ -13,31 +13,32 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
+# $(call apt_dep,TARGET,CHECK,PACKAGE,WITHOUT): when the shell command CHECK fails, install the
+# Debian/Ubuntu PACKAGE with apt if this is root with apt; otherwise (or when apt fails) go on and
+# print WITHOUT: what works without it.
+define apt_dep
+	@if $(2); then \
+	  echo "$(1): $(3) present"; \
+	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "$(1): installing $(3) with apt"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(3) >/dev/null) \
+	    || echo "$(1): apt-get failed; $(4)"; \
+	else \
+	  echo "$(1): no $(3) and no apt/root here (apt install $(3)); $(4)"; \
+	fi
+endef
+HAS_VIPS := python3 -c "import ctypes.util,sys; sys.exit(0 if ctypes.util.find_library('vips') else 1)"
+HAS_CHROMIUM := command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1
+
 # libvips from Debian/Ubuntu gives pyvips its openslideload (NDPI, SVS, MRXS). Without apt or root,
 # cyto still reads slides through openslide-python + openslide-bin (pip); say so instead of failing.
 system-deps:
-	@if python3 -c "import ctypes.util,sys; sys.exit(0 if ctypes.util.find_library('vips') else 1)"; then \
-	  echo "system-deps: libvips present"; \
-	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "system-deps: installing libvips42 with apt"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libvips42 >/dev/null) \
-	    || echo "system-deps: apt-get failed; continuing with the pip-only slide readers (openslide-bin)"; \
-	else \
-	  echo "system-deps: no apt/root here; continuing with the pip-only slide readers (openslide-bin). pyvips needs libvips (e.g. 'apt install libvips42' or 'brew install vips')."; \
-	fi
+	$(call apt_dep,system-deps,$(HAS_VIPS),libvips42,continuing with the pip-only slide readers (openslide-bin))
 
 # The review page's browser tests drive the system Chromium through playwright (nothing is
 # downloaded at run time). Without apt or root they skip, saying why.
 browser-deps:
-	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
-	  echo "browser-deps: chromium present"; \
-	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "browser-deps: installing chromium with apt (for the review page's browser tests)"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-	    || echo "browser-deps: apt-get failed; the browser tests will skip"; \
-	else \
-	  echo "browser-deps: no chromium and no apt/root; the browser tests will skip (apt install chromium)"; \
-	fi
+	$(call apt_dep,browser-deps,$(HAS_CHROMIUM),chromium,the browser tests will skip)
 
 $(VENV)/.installed-cpu: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[cpu]'

@@ -943,6 +943,60 @@ def review_report_cmd(
     typer.echo(f"-> {rep['files']['expert_table_md']}, {len(rep['figures'])} figure(s)")
 
 
+@app.command("refine")
+def refine_cmd(
+    model: Annotated[Path, typer.Argument(help="The bundle whose top cells were reviewed.")],
+    marks: Annotated[Path, typer.Option(help="The review folder (cyto review).")],
+    data: Annotated[Path, typer.Option(help="The model's training data (folder or manifest).")],
+    out: Annotated[Path, typer.Option(help="The new bundle to write, e.g. dsvdd-r1.cyto.")],
+    normal: Annotated[
+        str | None, typer.Option(help="Normal class(es) of DATA. Default: the bundle's.")
+    ] = None,
+    abnormal: Annotated[
+        str | None, typer.Option(help="Abnormal classes of DATA (default: every other class).")
+    ] = None,
+    agree: Annotated[
+        str,
+        typer.Option(help="A cell is known abnormal when marked by any (or all) reviewers."),
+    ] = "any",
+    eta: Annotated[
+        float, typer.Option(help="Deep SVDD: Deep SAD weight of the known abnormal cells.")
+    ] = 1.0,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override one setting of the bundle's config: key=value."),
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing bundle.")] = False,
+) -> None:
+    """Retrain a model with the expert marks: reviewed cells nobody marked become hard normals,
+    marked cells known abnormal ones (Deep SVDD learns them as Deep SAD, FS-SIL as labels).
+
+    Only cases marked done count. The new bundle records what it learned from (refined_from).
+    """
+    from cyto.review.refine import refine
+
+    res = refine(
+        model,
+        marks,
+        data,
+        out,
+        normal=normal,
+        abnormal=abnormal,
+        agree=agree,
+        eta=eta,
+        overrides=set_,
+        device=device,
+        overwrite=overwrite,
+        echo=typer.echo,
+    )
+    typer.echo(
+        f"wrote {res['bundle']} in {res['seconds']:.0f} s: +{res['hard_normals']} hard normal, "
+        f"+{res['known_abnormal']} known abnormal cell(s); export it before cyto score "
+        f"(cyto export {res['bundle']})"
+    )
+
+
 @bench_app.command("engine")
 def bench_engine_cmd(
     model: Annotated[Path, typer.Option(help="Model bundle (exported, for ONNX/TensorRT).")],

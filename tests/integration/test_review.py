@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -117,6 +118,14 @@ def test_the_folder_is_reused_and_refuses_other_scored_folders(scored, session):
     with pytest.raises(ConfigError, match="scored more than once by model"):
         build_session([scored["outs"]["dsvdd"], dup], scored["root"] / "r3", echo=lambda _: None)
     assert not (scored["root"] / "r3").exists()
+    # scored again after the review was built: its cells may differ from the key's
+    again_root = scored["root"] / "again"
+    shutil.copytree(scored["outs"]["dsvdd"], again_root)
+    build_session([again_root], scored["root"] / "r4", k=K, echo=lambda _: None)
+    summary = again_root / "slide0" / "summary.json"
+    summary.write_text(summary.read_text().replace('"seconds"', '"seconds" ', 1))
+    with pytest.raises(ConfigError, match="scored again"):
+        build_session([again_root], scored["root"] / "r4", k=K, echo=lambda _: None)
 
 
 def test_the_marks_log_is_append_only(tmp_path):
@@ -496,3 +505,63 @@ def test_review_in_a_real_browser(session, tmp_path):
     assert list(store.marks("bob")) == [("bob", s.order_for("bob")[0], 7)]
     assert store.done() == {("ann", first)}
     store.close()
+
+
+# --- cyto refine ------------------------------------------------------------------------------
+
+
+def test_refine_learns_from_finished_cases_only(session, synth_patches, exported_bundles, tmp_path):
+    from cyto.bundle import load_bundle
+    from cyto.review.refine import refine
+
+    rv = tmp_path / "rv"
+    shutil.copytree(session.root, rv, ignore=shutil.ignore_patterns("marks.sqlite*", "context"))
+    s = open_session(rv)
+    model = s.key["cases"][s.case_ids()[0]]["models"][0]["folder"]
+    model = json.loads((Path(model) / "summary.json").read_text())["model"]
+    c1, c2 = s.case_ids()
+    store = MarkStore(rv)
+    store.mark("ann", c2, 0, True)
+    store.close()
+    args = dict(normal="normal", device="cpu", echo=lambda _: None)
+    with pytest.raises(ConfigError, match="no case is marked done"):
+        refine(model, rv, synth_patches, tmp_path / "r0.cyto", **args)
+    store = MarkStore(rv)
+    for p in (0, 1):
+        store.mark("ann", c1, p, True, "malignant" if p else "")
+    store.mark("bob", c1, 1, True)
+    store.mark("bob", c1, 2, True, "artifact")  # an artifact is neither normal nor abnormal
+    store.set_done("ann", c1, True)
+    store.set_done("bob", c1, True)
+    store.close()
+    res = refine(model, rv, synth_patches, tmp_path / "r1.cyto", **args)
+    n1 = s.n_cells(c1)
+    assert (res["hard_normals"], res["known_abnormal"], res["excluded"]) == (n1 - 3, 2, 1)
+    assert [c["case"] for c in res["cases"]] == [c1]  # c2's mark: the case is not finished
+    b = load_bundle(tmp_path / "r1.cyto", weights=False)
+    assert b.manifest["refined_from"]["known_abnormal"] == 2
+    assert b.manifest["config"]["known_abnormal_eta"] == 1.0
+    n_normal = sum(1 for _ in (synth_patches / "normal").iterdir())
+    # a one-class model keeps to DATA's normal class: its abnormal classes are not taken up now
+    assert b.manifest["training_data"]["n_images"] == n_normal + n1 - 3 + 2
+    rows = (tmp_path / "r1.cyto.refine" / "train.csv").read_text().splitlines()
+    assert len(rows) == 1 + n_normal + n1 - 3 + 2
+    assert sum(r.endswith(",review-marked") for r in rows) == 2
+    # --agree all: only the cell both finished reviewers marked
+    res = refine(model, rv, synth_patches, tmp_path / "r2.cyto", agree="all", **args)
+    assert (res["known_abnormal"], res["excluded"]) == (1, 2)
+    with pytest.raises(ConfigError, match="bag labels"):
+        refine(exported_bundles["ws-sil"], rv, synth_patches, tmp_path / "r3.cyto", **args)
+    proc = run_cyto(
+        "refine",
+        str(model),
+        "--marks",
+        str(rv),
+        "--data",
+        str(synth_patches),
+        "--out",
+        str(tmp_path / "r1.cyto"),
+        "--normal",
+        "normal",
+    )
+    assert proc.returncode == 2 and "exists" in proc.stderr

@@ -381,3 +381,24 @@ def test_its2clr_optional_simclr_start(tiny):
     model = make("its2clr", epochs=2, agg_epochs=5, pretrain_epochs=2).fit(tiny)
     assert len(model.history_["simclr"]) == 2
     assert np.isfinite(model.score(tiny.images)).all()
+
+
+def test_deep_sad_pushes_known_abnormal_cells_away(tiny):
+    """known_abnormal_eta > 0 (what cyto refine sets): the labelled abnormal cells end up farther
+    from the centre, relative to the normal ones, than plain Deep SVDD puts them."""
+    from sklearn.metrics import roc_auc_score
+
+    def fit(eta):
+        return make("dsvdd", epochs=4, ae_epochs=1, n_seeds=1, known_abnormal_eta=eta).fit(tiny)
+
+    plain, sad = fit(0.0), fit(1.0)
+    auc = {
+        k: roc_auc_score(tiny.labels, m.score(tiny.images))
+        for k, m in (("svdd", plain), ("sad", sad))
+    }
+    assert auc["sad"] > auc["svdd"] and auc["sad"] > 0.9
+    n_abn = int(tiny.labels.sum())
+    assert sad.n_used(tiny) == len(tiny) and plain.n_used(tiny) == len(tiny) - n_abn
+    assert "Deep SAD" in sad.used_words(tiny) and plain.used_words(tiny) == "normal images only"
+    with pytest.raises(ConfigError, match="known_abnormal_eta"):
+        DSVDDConfig(known_abnormal_eta=-1.0)

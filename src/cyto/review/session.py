@@ -226,6 +226,15 @@ def build_session(
                 f"{root} is a review of other scored folders ({', '.join(session.key['scored'])});"
                 " give those, or another --session folder for a new review"
             )
+        changed = [
+            f for f in folders if session.key.get("fingerprints", {}).get(str(f)) != _fingerprint(f)
+        ]
+        if changed:
+            raise ConfigError(
+                f"{changed[0]} was scored again after the review in {root} was built: its cells "
+                "may differ. Start a new review with --session NEW_FOLDER (the old one keeps its "
+                "marks and its key)"
+            )
         return session
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise InputPathError(f"{root} exists and is not a review folder; choose another --session")
@@ -262,6 +271,7 @@ def build_session(
                     **meta,
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "scored": sorted(map(str, folders)),
+                    "fingerprints": {str(f): _fingerprint(f) for f in folders},
                     "cases": key_cases,
                 },
                 indent=1,
@@ -280,6 +290,11 @@ def build_session(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return open_session(root)
+
+
+def _fingerprint(folder: Path) -> str:
+    """Identity of a scoring run: its summary (timings included) changes whenever it is rerun."""
+    return hashlib.sha256((folder / "summary.json").read_bytes()).hexdigest()
 
 
 def _radius_px(group: list[Source], merge_um: float) -> float:

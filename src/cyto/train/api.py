@@ -49,8 +49,10 @@ def train(
     weights: Path | None = None,
     skip_unreadable: bool = False,
     overwrite: bool = False,
+    extra_manifest: dict[str, Any] | None = None,
 ) -> TrainResult:
-    """Train ``method`` on a patch folder or manifest and write the bundle ``out``."""
+    """Train ``method`` on a patch folder or manifest and write the bundle ``out``;
+    ``extra_manifest``: more top-level manifest fields (e.g. ``refined_from``)."""
     cls = get_method(method)
     cfg = resolve_config(cls.Config, preset, config_file, overrides)
     out = Path(out)
@@ -85,6 +87,7 @@ def train(
     manifest["device"] = str(dev)
     if weights is not None:
         manifest["initial_weights"] = str(weights)
+    manifest.update(extra_manifest or {})
     save_bundle(out, manifest, tensors, scorer, overwrite=overwrite)
     shutil.rmtree(ckpt, ignore_errors=True)
     n_used = manifest["training_data"]["n_used"]

@@ -87,6 +87,10 @@ class Method(ABC):
         """How many of ``data``'s images the method learns from."""
         return len(data.require_normals()) if self.one_class else len(data)
 
+    def used_words(self, data: TrainData) -> str:
+        """What the method learned from, in words, for the manifest."""
+        return "normal images only" if self.one_class else "all images"
+
     def bundle_parts(
         self, data: TrainData
     ) -> tuple[dict[str, Any], dict[str, dict], dict[str, np.ndarray]]:
@@ -111,7 +115,7 @@ class Method(ABC):
                 "fingerprint": data.fingerprint,
                 "n_images": len(data),
                 "n_used": self.n_used(data),
-                "used": "normal images only" if self.one_class else "all images",
+                "used": self.used_words(data),
             },
             "history": self.history_,
         }

@@ -11,6 +11,11 @@ al., Prop. 2), and training fails loudly if scores collapse to a constant. Each 
 its own network; at test time each seed scores d0 + lambda * (max_k d_k - d0) over the views
 (original, horizontal flip, +-10 degree rotations) with lambda = 0.35; the seeds are averaged.
 
+Known abnormal cells (``known_abnormal_eta > 0``, what ``cyto refine`` sets from expert marks):
+the Deep SAD loss (Ruff et al., *Deep Semi-Supervised Anomaly Detection*, ICLR 2020): normal cells
+are pulled to the centre as before, labelled abnormal cells are pushed away with
+``eta / (d^2 + 1e-6)``; the autoencoder and the centre still see normal cells only.
+
 Departures: the embedding size (128) and the rotation angles are not given in the paper. The
 training views are RGBShift, flips and small rotations without cropping: a random-resized crop
 would teach the network that cell size does not matter, and an enlarged nucleus is exactly what it
@@ -53,6 +58,7 @@ class DSVDDConfig(TrainConfig):
     tta_views: tuple[str, ...] = TTA_VIEWS
     tta_lambda: float = 0.35
     deterministic: bool = False
+    known_abnormal_eta: float = 0.0  # Deep SAD weight of labelled abnormal cells; 0: Deep SVDD
 
     presets = {
         "fast": {
@@ -90,6 +96,8 @@ class DSVDDConfig(TrainConfig):
         ]
         if unknown:
             raise ConfigError(f"unknown tta view(s) {unknown}; e.g. {', '.join(TTA_VIEWS)}")
+        if not self.known_abnormal_eta >= 0:
+            raise ConfigError(f"known_abnormal_eta must be >= 0, got {self.known_abnormal_eta}")
         if not 0.0 <= self.tta_lambda <= 1.0:
             raise ConfigError(f"tta_lambda must be in [0, 1], got {self.tta_lambda}")
 
@@ -150,6 +158,7 @@ class DeepSVDD(Method):
         if cfg.deterministic:
             set_deterministic(True)
         normals = data.images[data.require_normals()]
+        known = self._known_abnormal(data)
         dev = self.device_
         self.encoders_: list[nn.Module] = []
         centres = []
@@ -182,14 +191,28 @@ class DeepSVDD(Method):
             c = self.centre(enc, normals)
             holder = _Centre(c).to(dev)
             opt = torch.optim.Adam(enc.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+            if len(known):  # Deep SAD: normal cells in, labelled abnormal cells out
+                images = np.concatenate([normals, known])
+                y = np.r_[np.zeros(len(normals)), np.ones(len(known))].astype(np.float32)
+                batches = self._batches(images, seed + 500, y)
+
+                def loss(x, y, enc=enc, holder=holder):
+                    d2 = ((enc(x) - holder.c) ** 2).sum(1)
+                    return torch.where(y > 0, cfg.known_abnormal_eta / (d2 + 1e-6), d2).mean()
+            else:
+                images, batches = normals, self._batches(normals, seed + 500)
+
+                def loss(x, enc=enc, holder=holder):
+                    return ((enc(x) - holder.c) ** 2).sum(1).mean()
+
             self.history_[f"dsvdd-seed{s}"] = run_phase(
                 f"dsvdd-seed{s}",
                 {"encoder": enc, "centre": holder},
                 opt,
                 cfg.epochs,
-                self._batches(normals, seed + 500),
-                lambda x, enc=enc, holder=holder: ((enc(x) - holder.c) ** 2).sum(1).mean(),
-                self._n_batches(len(normals)),
+                batches,
+                loss,
+                self._n_batches(len(images)),
                 dev,
                 seed + 500,
                 ckpt_dir=ckpt_dir,
@@ -211,16 +234,32 @@ class DeepSVDD(Method):
             centres.append(holder.c.detach().cpu())
         self.centres_ = torch.stack(centres)
 
+    def _known_abnormal(self, data: TrainData) -> np.ndarray:
+        """The labelled abnormal images Deep SAD pushes out (none for plain Deep SVDD)."""
+        if self.config.known_abnormal_eta <= 0 or data.labels is None:
+            return data.images[:0]
+        return data.images[np.flatnonzero(data.labels == 1)]
+
+    def n_used(self, data: TrainData) -> int:
+        return len(data.require_normals()) + len(self._known_abnormal(data))
+
+    def used_words(self, data: TrainData) -> str:
+        n = len(self._known_abnormal(data))
+        if not n:
+            return super().used_words(data)
+        return f"normal images, and {n} labelled abnormal images pushed away (Deep SAD)"
+
     def _n_batches(self, n: int) -> int:
         return -(-n // self.config.batch_size)
 
-    def _batches(self, images: np.ndarray, seed: int):
+    def _batches(self, images: np.ndarray, seed: int, labels: np.ndarray | None = None):
         cfg = self.config
 
         def gen(epoch: int):
             view = size_preserving_view(cfg.input_size, seed=seed * 7919 + epoch)
             for idx in epoch_batches(len(images), cfg.batch_size, seed, epoch):
-                yield (torch.from_numpy(apply_view(view, images[idx])),)
+                x = torch.from_numpy(apply_view(view, images[idx]))
+                yield (x,) if labels is None else (x, torch.from_numpy(labels[idx]))
 
         return gen
 

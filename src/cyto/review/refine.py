@@ -1,0 +1,193 @@
+"""``cyto refine``: the expert in the loop. Retrain a model with what the reviewers said.
+
+The paper names it as the next step: cells the experts confirmed, and the hard normals among the
+top-ranked cells, fed back into the model. From the finished cases of a review:
+
+- a cell no reviewer marked is a *hard normal*: the model ranked it among the most abnormal cells
+  of the slide and an expert looked at it and found it normal; it joins the normal training cells;
+- a cell marked suspicious (``--agree any``: by any reviewer who finished the case; ``all``: by
+  all of them) is a *known abnormal* cell, used where the method allows it: Deep SVDD becomes Deep
+  SAD (labelled abnormal cells pushed away from the centre), FS-SIL learns it as abnormal; DROC is
+  one-class only and takes the hard normals alone. A cell marked only as ``artifact`` is neither;
+- cases no reviewer marked "done" are left out: an unmarked cell there may just not have been
+  looked at.
+
+The same method is retrained from scratch with the bundle's own recorded config (``--set``
+overrides it) on the original training data plus these cells, whose crops are copied next to the
+new bundle (``NEW.cyto.refine/``) with the manifest used, so the new bundle's training data stays
+on disk. The new manifest's ``refined_from`` records the model, the review, the cases, the
+reviewers, the rule and the counts.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+from cyto.errors import ConfigError
+from cyto.review.session import CROPS, open_session
+from cyto.review.store import MarkStore
+
+REVIEW_ABNORMAL = "review-marked"
+AGREE = ("any", "all")
+BAG_METHODS = ("ws-sil", "its2clr")  # bag labels only: a reviewed cell has no bag to join
+
+
+def review_examples(review: Path, agree: str = "any") -> dict:
+    """Hard normals and known abnormal cells from the finished cases of a review."""
+    if agree not in AGREE:
+        raise ConfigError(f"--agree must be one of {', '.join(AGREE)}, got {agree!r}")
+    session = open_session(review)
+    store = MarkStore(session.root)
+    try:
+        marks, done = store.marks(), store.done()
+    finally:
+        store.close()
+    normals, abnormal, excluded, cases = [], [], 0, []
+    for c in session.cases:
+        case = c["case"]
+        finished = sorted(r for r, cs in done if cs == case)
+        if not finished:
+            continue
+        cases.append({"case": case, "reviewers": finished})
+        for pos in range(int(c["n"])):
+            said = [marks.get((r, case, pos)) for r in finished]
+            marked = [m for m in said if m is not None]
+            crop = session.root / CROPS / case / f"{pos:03d}.png"
+            if not marked:
+                normals.append((case, pos, crop))
+            elif all(d == "artifact" for _, d in marked):
+                excluded += 1
+            elif agree == "any" or len(marked) == len(finished):
+                abnormal.append((case, pos, crop))
+            else:
+                excluded += 1  # the reviewers disagree and --agree all asks for all
+    if not cases:
+        raise ConfigError(
+            f"{review}: no case is marked done yet; refine uses finished cases only "
+            "(press d on a case when its review is complete)"
+        )
+    return {
+        "session": session,
+        "hard_normals": normals,
+        "known_abnormal": abnormal,
+        "excluded": excluded,
+        "cases": cases,
+    }
+
+
+def refine(
+    model: Path,
+    review: Path,
+    data: Path,
+    out: Path,
+    normal: str | None = None,
+    abnormal: str | None = None,
+    agree: str = "any",
+    eta: float = 1.0,
+    overrides: list[str] | None = None,
+    device: str = "auto",
+    overwrite: bool = False,
+    echo=print,
+) -> dict:
+    """Retrain ``model``'s method on ``data`` plus the review's cells; writes the bundle ``out``."""
+    from cyto.bundle import load_bundle
+    from cyto.data.dataset import load_records
+    from cyto.train.api import train
+    from cyto.train.registry import get_method
+
+    bundle = load_bundle(model, weights=False)
+    method = bundle.method
+    if method in BAG_METHODS:
+        raise ConfigError(
+            f"{model} is {method}, trained from bag labels: reviewed cells carry cell labels "
+            "and no bag; refine a dsvdd, droc or fs-sil model"
+        )
+    ex = review_examples(review, agree)
+    known = ex["known_abnormal"] if method != "droc" else []
+    if method == "droc" and ex["known_abnormal"]:
+        echo(
+            f"note: droc learns from normal cells only: {len(ex['known_abnormal'])} marked "
+            "cell(s) are not used, the hard normals are"
+        )
+    td = bundle.manifest.get("training_data", {})
+    normal_cls = [c for c in (normal.split(",") if normal else td.get("normal", [])) if c]
+    if not normal_cls:
+        raise ConfigError(f"{model} does not record its normal class: pass --normal")
+    abnormal_cls = [c for c in abnormal.split(",") if c] if abnormal else None
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise ConfigError(f"{out} exists (pass --overwrite to replace it)")
+    work = out.with_name(out.name + ".refine")
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "cells").mkdir(parents=True)
+    one_class = get_method(method).one_class
+    # a one-class model never learned from DATA's abnormal classes; refining must not start now
+    rows = [
+        (str(r.path.resolve()), r.cls)
+        for r in load_records(data)
+        if not one_class or r.cls in normal_cls
+    ]
+    if not rows:
+        raise ConfigError(f"{data} holds no image of the normal class(es) {', '.join(normal_cls)}")
+    for label, cells in ((normal_cls[0], ex["hard_normals"]), (REVIEW_ABNORMAL, known)):
+        for case, pos, crop in cells:
+            dest = work / "cells" / f"{case}_{pos:03d}.png"
+            shutil.copyfile(crop, dest)
+            rows.append((str(dest.resolve()), label))
+    manifest = work / "train.csv"
+    with open(manifest, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["path", "label"])
+        w.writerows(rows)
+
+    config = dict(bundle.manifest.get("config", {}))
+    if config.get("load_size") is None and rows:
+        # the crops' size is the slide's, not the training patches': load all at the latter
+        from PIL import Image
+
+        with Image.open(rows[0][0]) as first:
+            config["load_size"] = int(first.size[0])
+    if method == "dsvdd" and known:
+        config["known_abnormal_eta"] = eta
+    if overrides:  # --set on top of the recorded config
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"--set expects key=value, got {item!r}")
+            k, v = item.split("=", 1)
+            config[k.strip()] = v.strip()
+    provenance = {
+        "model": str(Path(bundle.path).resolve()),
+        "model_manifest_sha256": bundle.manifest_hash,
+        "review": str(ex["session"].root.resolve()),
+        "cases": ex["cases"],
+        "agree": agree,
+        "hard_normals": len(ex["hard_normals"]),
+        "known_abnormal": len(known),
+        "marked_not_used": len(ex["known_abnormal"]) - len(known),
+        "excluded": ex["excluded"],
+        "original_data": str(Path(data).resolve()),
+        "training_manifest": str(manifest),
+    }
+    echo(
+        f"refine {method}: {len(ex['cases'])} finished case(s): {len(ex['hard_normals'])} hard "
+        f"normal(s), {len(known)} known abnormal cell(s), {ex['excluded']} left out"
+    )
+    res = train(
+        method,
+        manifest,
+        out,
+        normal=",".join(normal_cls),
+        abnormal=None
+        if abnormal_cls is None
+        else ",".join([*abnormal_cls, REVIEW_ABNORMAL] if known else abnormal_cls),
+        overrides=config,
+        device=device,
+        overwrite=overwrite,
+        extra_manifest={"refined_from": provenance},
+    )
+    (work / "refined_from.json").write_text(json.dumps(provenance, indent=1))
+    return {**provenance, "bundle": str(res.bundle), "seconds": res.seconds}
