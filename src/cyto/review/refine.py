@@ -17,6 +17,9 @@ overrides it) on the original training data plus these cells, whose crops are co
 new bundle (``NEW.cyto.refine/``) with the manifest used, so the new bundle's training data stays
 on disk. The new manifest's ``refined_from`` records the model, the review, the cases, the
 reviewers, the rule and the counts.
+
+Measured (benchmarks/refine_loop.py, 5 seeds, simulated reviewer): one round did not raise
+Recall@100 on held-out synthetic slides (+0.006 ± 0.094); the hard normals alone lowered it.
 """
 
 from __future__ import annotations
