@@ -362,6 +362,13 @@ def info_cmd(
         f"in {m.get('training_seconds')} s on {m.get('device')}"
     )
     typer.echo(f"  epochs {cfg.get('epochs')}, batch {cfg.get('batch_size')}, lr {cfg.get('lr')}")
+    ref = m.get("refined_from")
+    if ref:
+        typer.echo(
+            f"  refined from {ref['model']} with the review {ref['review']}: "
+            f"{len(ref['cases'])} finished case(s), +{ref['hard_normals']} hard normal, "
+            f"+{ref['known_abnormal']} known abnormal cell(s) (--agree {ref['agree']})"
+        )
     typer.echo("  files (checksums verified):")
     for name in sorted(m["files"]):
         size = (model / name).stat().st_size

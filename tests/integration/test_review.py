@@ -541,6 +541,8 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
     b = load_bundle(tmp_path / "r1.cyto", weights=False)
     assert b.manifest["refined_from"]["known_abnormal"] == 2
     assert b.manifest["config"]["known_abnormal_eta"] == 1.0
+    info = run_cyto("info", str(tmp_path / "r1.cyto"))
+    assert f"+{n1 - 3} hard normal, +2 known abnormal" in info.stdout
     n_normal = sum(1 for _ in (synth_patches / "normal").iterdir())
     # a one-class model keeps to DATA's normal class: its abnormal classes are not taken up now
     assert b.manifest["training_data"]["n_images"] == n_normal + n1 - 3 + 2
