@@ -99,6 +99,7 @@ def refine(
     from cyto.bundle import load_bundle
     from cyto.data.dataset import load_records
     from cyto.train.api import train
+    from cyto.train.config import parse_overrides
     from cyto.train.registry import get_method
 
     bundle = load_bundle(model, weights=False)
@@ -156,12 +157,7 @@ def refine(
             config["load_size"] = int(first.size[0])
     if method == "dsvdd" and known:
         config["known_abnormal_eta"] = eta
-    if overrides:  # --set on top of the recorded config
-        for item in overrides:
-            if "=" not in item:
-                raise ConfigError(f"--set expects key=value, got {item!r}")
-            k, v = item.split("=", 1)
-            config[k.strip()] = v.strip()
+    config.update(parse_overrides(overrides or []))  # --set on top of the recorded config
     provenance = {
         "model": str(Path(bundle.path).resolve()),
         "model_manifest_sha256": bundle.manifest_hash,

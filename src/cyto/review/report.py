@@ -46,17 +46,11 @@ def cohen_kappa(a: np.ndarray, b: np.ndarray) -> float | None:
 
 def _marked(session: Session, store: MarkStore, reviewers: list[str]) -> dict[str, dict]:
     """``{case: {reviewer: bool array over grid positions}}``."""
-    marks = store.marks()
-    out = {}
-    for c in session.cases:
-        case, n = c["case"], int(c["n"])
-        out[case] = {}
-        for r in reviewers:
-            m = np.zeros(n, bool)
-            for (who, cs, pos), _ in marks.items():
-                if who == r and cs == case and 0 <= pos < n:
-                    m[pos] = True
-            out[case][r] = m
+    out = {c["case"]: {r: np.zeros(int(c["n"]), bool) for r in reviewers} for c in session.cases}
+    for who, case, pos in store.marks():
+        m = out.get(case, {}).get(who)
+        if m is not None and 0 <= pos < len(m):
+            m[pos] = True
     return out
 
 
@@ -185,6 +179,7 @@ def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
         "kappa": kappa,
         "truth": {"per_slide": truth_rows, "overall": overall} if truth_rows else None,
         "_marked": marked,
+        "_session": session,
     }
 
 
@@ -192,7 +187,7 @@ def write_report(root: Path, out: Path | None = None, reviewers: list[str] | Non
     """Unblind ``root`` and write the report files; returns the report (paths included)."""
     root = Path(root)
     report = build_report(root, reviewers)
-    marked = report.pop("_marked")
+    marked, session = report.pop("_marked"), report.pop("_session")
     out = Path(out) if out is not None else root / "report"
     (out / "figures").mkdir(parents=True, exist_ok=True)
     table = report["expert_table"] + report["totals"]
@@ -202,7 +197,6 @@ def write_report(root: Path, out: Path | None = None, reviewers: list[str] | Non
         w.writeheader()
         w.writerows(table)
     (out / "expert_table.md").write_text(_markdown(report, fields))
-    session = open_session(root)
     figures = []
     for c in session.cases:
         path = out / "figures" / f"{c['case']}.png"

@@ -92,11 +92,9 @@ def make_app(session: Session, reviewer: str, token: str, hosts: tuple[str, ...]
         return JSONResponse({"error": message}, status_code=status)
 
     def case_state(case: str) -> dict:
-        marks = store.marks(reviewer)
         cells = {
             str(pos): {"marked": True, "detail": detail}
-            for (_, c, pos), (_, detail) in marks.items()
-            if c == case
+            for (_, _, pos), (_, detail) in store.marks(reviewer, case).items()
         }
         return {
             "case": case,

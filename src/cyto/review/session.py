@@ -74,11 +74,11 @@ class Session:
         ids = self.case_ids()
         return [ids[i] for i in rng.permutation(len(ids))]
 
+    def __post_init__(self) -> None:
+        self._sizes = {c["case"]: int(c["n"]) for c in self.cases}
+
     def n_cells(self, case: str) -> int | None:
-        for c in self.cases:
-            if c["case"] == case:
-                return int(c["n"])
-        return None
+        return self._sizes.get(case)
 
     def crop_path(self, case: str, position: int) -> Path | None:
         """The crop file of a grid cell, or None when the case or position does not exist."""

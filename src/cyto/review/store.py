@@ -61,13 +61,16 @@ class MarkStore:
     def set_done(self, reviewer: str, case: str, done: bool) -> None:
         self._append(reviewer, "done", case, None, done, "")
 
-    def marks(self, reviewer: str | None = None) -> dict[tuple[str, str, int], tuple[bool, str]]:
+    def marks(
+        self, reviewer: str | None = None, case: str | None = None
+    ) -> dict[tuple[str, str, int], tuple[bool, str]]:
         """Current marks, ``{(reviewer, case, position): (marked, detail)}`` (latest row wins);
-        cells whose latest row clears them are left out."""
+        cells whose latest row clears them are left out. ``None`` filters: everyone, every case."""
         rows = self._db.execute(
             "SELECT reviewer, case_id, position, value, detail FROM events "
-            "WHERE kind = 'mark' AND (? IS NULL OR reviewer = ?) ORDER BY seq",
-            (reviewer, reviewer),
+            "WHERE kind = 'mark' AND (? IS NULL OR reviewer = ?) AND (? IS NULL OR case_id = ?) "
+            "ORDER BY seq",
+            (reviewer, reviewer, case, case),
         ).fetchall()
         state: dict[tuple[str, str, int], tuple[bool, str]] = {}
         for who, case, pos, value, detail in rows:

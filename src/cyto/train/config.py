@@ -130,6 +130,17 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
 
 
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    """``--set key=value`` items as a dict (values still text; the config coerces them)."""
+    pairs = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        pairs[k.strip()] = v.strip()
+    return pairs
+
+
 def resolve_config(
     cls: type[TrainConfig],
     preset: str | None = None,
@@ -162,13 +173,7 @@ def resolve_config(
         if isinstance(overrides, dict):
             apply("overrides", overrides)
         else:
-            pairs = {}
-            for item in overrides:
-                if "=" not in item:
-                    raise ConfigError(f"--set expects key=value, got {item!r}")
-                k, v = item.split("=", 1)
-                pairs[k.strip()] = v.strip()
-            apply("--set", pairs)
+            apply("--set", parse_overrides(overrides))
     return cls(**values)
 
 
