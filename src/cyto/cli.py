@@ -726,12 +726,28 @@ def score_cmd(
             "slides' has p at or below this is triaged 'excess'."
         ),
     ] = 0.05,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            help="Score the cohort on a Ray cluster (pip install 'cyto[ray]'): auto (the running "
+            "cluster, else a local one), local, or a cluster address HOST:PORT. One engine per "
+            "GPU (or per node without one); slides and --out must be on a path every node sees.",
+        ),
+    ] = None,
+    ray_part_tiles: Annotated[
+        int,
+        typer.Option(
+            help="With --ray: a slide with more tiles than this is scored in parts of this many "
+            "tiles by several engines at once (0: whole slides only).",
+        ),
+    ] = 256,
 ) -> None:
     """Score every cell of each slide: scores.parquet, topk.parquet, mosaics and summary.json.
 
     The model is loaded once; slides are scored one after another, and a slide that fails is
     reported while the next one goes on; OUT/cohort.csv holds one row per slide. Ctrl-C keeps
-    the finished part: rerun with --resume.
+    the finished part: rerun with --resume. With --ray, slides are scored in parallel on a Ray
+    cluster into the same files; a slide whose worker dies is resumed by another.
 
     With a bundle calibrated on slide-negative slides (cyto calibrate), every cell gets a
     conformal p-value, cells are flagged at the --fdr rate, and each slide gets an abnormal
@@ -762,7 +778,16 @@ def score_cmd(
     metrics = None
     if truth is not None:
         from cyto.eval.metrics import all_metrics as metrics
-    done, failed = score_cohort(slides, model, out, opts, echo=typer.echo, metrics=metrics)
+    if ray is None:
+        done, failed = score_cohort(slides, model, out, opts, echo=typer.echo, metrics=metrics)
+    else:
+        from cyto.infer.cluster import score_cohort_ray
+
+        if ray_part_tiles < 0:
+            raise ConfigError(f"--ray-part-tiles must be >= 0, got {ray_part_tiles}")
+        done, failed = score_cohort_ray(
+            slides, model, out, opts, ray, typer.echo, metrics, ray_part_tiles or None
+        )
     for s in done:
         line = (
             f"{Path(s['slide']).name}: {s['cells_scored']} cells in {s['seconds']} s "

@@ -206,14 +206,35 @@ COHORT_COLUMNS = (
     "flagged_adaptive",
     "slide_p_value",
     "triage",
+    "node",
+    "attempts",
     "error",
 )
 
 
-def cohort_row(slide: Path, output: Path, summary: dict | None, error: str = "") -> dict:
-    """One slide's line of ``cohort.csv``: what it holds, or why it failed."""
+def cohort_row(
+    slide: Path,
+    output: Path,
+    summary: dict | None,
+    error: str = "",
+    node: str | None = None,
+    attempts: int = 1,
+) -> dict:
+    """One slide's line of ``cohort.csv``: what it holds, or why it failed; ``node`` is the
+    machine that scored it (this one unless said), ``attempts`` how many workers it took."""
+    import socket
+
     row = dict.fromkeys(COHORT_COLUMNS, "")
-    row.update({"slide": str(slide), "output": str(output), "status": "failed", "error": error})
+    row.update(
+        {
+            "slide": str(slide),
+            "output": str(output),
+            "status": "failed",
+            "error": error,
+            "node": node or socket.gethostname(),
+            "attempts": attempts,
+        }
+    )
     if summary is None:
         return row
     b = summary.get("burden") or {}

@@ -166,7 +166,7 @@ def score_slide(
                 slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start
             )
     except OSError as exc:
-        raise _write_error(slide, out_dir, exc) from exc
+        raise write_error(slide, out_dir, exc) from exc
     except BaseException:
         # a run that failed before writing anything leaves no empty folder behind
         if made and out_dir.is_dir() and not any(out_dir.iterdir()):
@@ -176,7 +176,7 @@ def score_slide(
         reader.close()
 
 
-def _write_error(slide: Path, out_dir: Path, exc: OSError) -> OutputWriteError:
+def write_error(slide: Path, out_dir: Path, exc: OSError) -> OutputWriteError:
     why = {
         errno.ENOSPC: "the disk is full",
         errno.EDQUOT: "the disk quota is used up",
@@ -196,55 +196,90 @@ def _write_error(slide: Path, out_dir: Path, exc: OSError) -> OutputWriteError:
     return OutputWriteError(f"{slide}: cannot write {where}: {why}{tail}")
 
 
-def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start) -> dict:
-    """:func:`score_slide` once the output folder is ours."""
-    timings = dict.fromkeys(STAGES, 0.0)
-    info = reader.info
-    slide_mpp = opts.slide_mpp or info.mpp
-    model_mpp = opts.model_mpp or scorer.spec.mpp
-    if slide_mpp is None:
-        echo(
-            f"warning: {slide.name} records no resolution (mpp): nucleus sizes assume "
-            f"{opts.detection.mpp} um/px and its scale cannot be checked against the model's; "
-            "pass --mpp UM_PER_PX"
+class SlidePlan:
+    """What every run over a slide's tiles shares: the resolution, the worker context and the
+    tile list (all tiles of a slide, in order; a part of a slide is a range of it)."""
+
+    def __init__(self, slide: Path, reader, planes, scorer: Scorer, opts: ScoreOptions, echo):
+        info = reader.info
+        slide_mpp = opts.slide_mpp or info.mpp
+        model_mpp = opts.model_mpp or scorer.spec.mpp
+        if slide_mpp is None:
+            echo(
+                f"warning: {slide.name} records no resolution (mpp): nucleus sizes assume "
+                f"{opts.detection.mpp} um/px and its scale cannot be checked against the "
+                "model's; pass --mpp UM_PER_PX"
+            )
+        if model_mpp is None:
+            echo(
+                "warning: the model records no training resolution (mpp), so the slide's scale "
+                "cannot be checked against it; pass --model-mpp UM_PER_PX (that of the training "
+                "patches)"
+            )
+        self.slide, self.planes, self.slide_mpp = slide, planes, slide_mpp
+        self.res = resolution(
+            slide_mpp, info.objective, model_mpp, opts.patch_size, opts.rescale, echo
         )
-    if model_mpp is None:
-        echo(
-            "warning: the model records no training resolution (mpp), so the slide's scale "
-            "cannot be checked against it; pass --model-mpp UM_PER_PX (that of the training "
-            "patches)"
+        t0 = time.perf_counter()
+        mask, mask_ds = tissue_mask(reader)
+        self.mask_s = time.perf_counter() - t0
+        self.jobs = tile_jobs(info, opts.tile, mask, mask_ds, opts.nuclei)
+        self.workers = opts.n_workers()
+        # tiles in flight (why 16: tiling.QUEUE_MIN); max_cells below shrinks as the queue grows
+        self.queue = opts.queue or max(QUEUE_MIN, 2 * self.workers)
+        self.ctx = TileContext(
+            slide=str(slide),
+            planes=tuple(str(f) for _, f in planes),
+            plane_z=(0.0, *(z for z, _ in planes)),
+            tile=opts.tile,
+            margin=self.res.crop_px_level0 // 2 + 32,
+            src_patch=self.res.crop_px_level0,
+            out_size=scorer.spec.crop_size,
+            detection=opts.detection.at(slide_mpp),  # nuclei have a physical size
+            max_cells=opts.max_cells
+            or max_cells_per_result(scorer.spec.crop_size, len(planes) + 1, self.queue),
         )
-    res = resolution(slide_mpp, info.objective, model_mpp, opts.patch_size, opts.rescale, echo)
-    t0 = time.perf_counter()
-    mask, mask_ds = tissue_mask(reader)
-    timings["mask"] = time.perf_counter() - t0
-    jobs = tile_jobs(info, opts.tile, mask, mask_ds, opts.nuclei)
-    workers = opts.n_workers()
-    # tiles in flight (why 16: tiling.QUEUE_MIN); max_cells below shrinks as the queue grows
-    queue = opts.queue or max(QUEUE_MIN, 2 * workers)
-    ctx = TileContext(
-        slide=str(slide),
-        planes=tuple(str(f) for _, f in planes),
-        plane_z=(0.0, *(z for z, _ in planes)),
-        tile=opts.tile,
-        margin=res.crop_px_level0 // 2 + 32,
-        src_patch=res.crop_px_level0,
-        out_size=scorer.spec.crop_size,
-        detection=opts.detection.at(slide_mpp),  # nuclei have a physical size
-        max_cells=opts.max_cells
-        or max_cells_per_result(scorer.spec.crop_size, len(planes) + 1, queue),
-    )
-    store = ChunkStore(
-        out_dir,
-        {
+        self.identity = ""  # the slide's identity, once a store has read it
+
+    def store_key(self, scorer: Scorer, opts: ScoreOptions, jobs: int) -> dict:
+        return {
             "model": scorer.bundle.manifest_hash,
-            "slide": slide_key(slide, planes),
+            "slide": slide_key(self.slide, self.planes),
             "options": {**opts.result_key(), "precision": scorer.precision},
-            "tiles": len(jobs),
-        },
-    )
+            "tiles": jobs,
+        }
+
+
+class TileRun:
+    """The outcome of scoring a run of tiles into a chunk store."""
+
+    def __init__(self) -> None:
+        self.timings = dict.fromkeys(STAGES, 0.0)
+        self.resumed_cells = 0
+        self.resumed_tiles = 0
+        self.crowd: dict | None = None
+        self.loop_seconds = 0.0
+        self.worker_rss_mb: float | None = None
+
+    def as_json(self) -> dict:
+        return dict(vars(self))
+
+    @classmethod
+    def from_json(cls, data: dict) -> TileRun:
+        run = cls()
+        for name in vars(run):
+            setattr(run, name, data[name])
+        return run
+
+
+def score_tiles(plan: SlidePlan, jobs: list, store: ChunkStore, scorer, opts, echo) -> TileRun:
+    """Score ``jobs`` (the slide's tiles, or a range of them) into ``store``, continuing what it
+    holds when ``opts.resume``; the detections of the first tiles are checked for crowding."""
+    slide = plan.slide
+    out = TileRun()
     done_tiles, n_done = store.start(opts.resume, echo)
-    feed = TileFeed(ctx, jobs[done_tiles:], workers, queue)
+    out.resumed_tiles, out.resumed_cells = done_tiles, n_done
+    feed = TileFeed(plan.ctx, jobs[done_tiles:], plan.workers, plan.queue)
     cells = CellBatcher(scorer, store, slide.stem, opts, n_done, done_tiles)
     t_loop = time.perf_counter()
     position = done_tiles
@@ -255,18 +290,18 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
             bar.advance(done_tiles)
             for tile in feed:
                 for stage, seconds in tile["times"].items():
-                    timings[stage] += seconds
+                    out.timings[stage] += seconds
                 position += tile["final"]
                 if crowd is None:
                     first_xy.append(tile["meta"][:, :2])
-                    crowd = _check_crowding(first_xy, res, slide_mpp, opts, echo)
+                    crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo)
                 cells.add(tile, position)
                 bar.advance(int(tile["final"]))
                 rate = (cells.n_cells - n_done) / max(time.perf_counter() - t_loop, 1e-9)
                 bar.set_postfix(f"{cells.n_cells} cells, {rate:.0f} cells/s")
             cells.flush(position)
             if crowd is None:
-                crowd = _check_crowding(first_xy, res, slide_mpp, opts, echo, last=True)
+                crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo, last=True)
     except KeyboardInterrupt:
         echo(
             f"interrupted: finished chunks are kept in {store.dir}; rerun with --resume to continue"
@@ -276,24 +311,53 @@ def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t
         raise broken_worker_error(slide, store.dir, exc) from exc
     finally:
         feed.close()
-    timings.update(engine=cells.engine_s, write=cells.write_s, wait=feed.wait)
-    loop_seconds = time.perf_counter() - t_loop
-    run = _Run(slide, out_dir, scorer, opts, timings, t_start, res, echo, metrics)
-    run.identity = store.key["slide"][str(slide)]
-    run.resumed_cells = n_done
-    summary = _finish(store.read_all(), run)
+    out.timings.update(engine=cells.engine_s, write=cells.write_s, wait=feed.wait)
+    out.loop_seconds = time.perf_counter() - t_loop
+    out.crowd = crowd
+    out.worker_rss_mb = feed.worker_rss_mb if feed.pool is not None else None
+    plan.identity = store.key["slide"][str(slide)]
+    return out
+
+
+def _score_locked(slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start) -> dict:
+    """:func:`score_slide` once the output folder is ours."""
+    plan = SlidePlan(slide, reader, planes, scorer, opts, echo)
+    store = ChunkStore(out_dir, plan.store_key(scorer, opts, len(plan.jobs)))
+    tiles = score_tiles(plan, plan.jobs, store, scorer, opts, echo)
+    tiles.timings["mask"] = plan.mask_s
+    summary = finish_slide(
+        store.read_all(), plan, [tiles], out_dir, scorer, opts, echo, metrics, t_start
+    )
+    store.remove()
+    return summary
+
+
+def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_start) -> dict:
+    """Rank and write every output of a slide scored by ``runs`` (one, or one per range of
+    tiles); writes and returns the summary."""
+    timings = dict.fromkeys(STAGES, 0.0)
+    for r in runs:
+        for stage, seconds in r.timings.items():
+            timings[stage] += seconds
+    run = _Run(plan.slide, out_dir, scorer, opts, timings, t_start, plan.res, echo, metrics)
+    run.identity = plan.identity
+    run.resumed_cells = sum(r.resumed_cells for r in runs)
+    summary = _finish(table, run)
+    rss = [r.worker_rss_mb for r in runs if r.worker_rss_mb is not None]
     summary.update(
         {
-            "loop_seconds": round(loop_seconds, 2),
-            "workers": workers,
-            "peak_rss_workers_mb": round(feed.worker_rss_mb, 1) if feed.pool is not None else None,
-            "focal_planes_um": list(ctx.plane_z),
-            "detection_crowding": crowd,
-            "tiles": {"total": len(jobs), "resumed_from": done_tiles},
+            "loop_seconds": round(sum(r.loop_seconds for r in runs), 2),
+            "workers": plan.workers,
+            "peak_rss_workers_mb": round(max(rss), 1) if rss else None,
+            "focal_planes_um": list(plan.ctx.plane_z),
+            "detection_crowding": runs[0].crowd,
+            "tiles": {"total": len(plan.jobs), "resumed_from": runs[0].resumed_tiles},
         }
     )
+    if len(runs) > 1:
+        summary["tiles"]["parts"] = len(runs)
+        summary["tiles"]["resumed"] = sum(r.resumed_tiles for r in runs)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    store.remove()
     return summary
 
 
@@ -458,7 +522,7 @@ def _finish(table, run: _Run) -> dict:
     return summary
 
 
-def _finished_summary(target: Path, scorer: Scorer, slide: Path, echo) -> dict | None:
+def finished_summary(target: Path, scorer: Scorer, slide: Path, echo) -> dict | None:
     """The summary of a finished run of this model on this very slide in ``target``, if any."""
     summary = target / "summary.json"
     if not summary.is_file() or not (target / "scores.parquet").is_file():
@@ -475,6 +539,22 @@ def _finished_summary(target: Path, scorer: Scorer, slide: Path, echo) -> dict |
         echo(f"{slide.name}: the slide file changed since {target} was scored; scoring it again")
         return None
     return data
+
+
+def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, echo, metrics) -> dict:
+    """One slide of a cohort into ``target``: with ``opts.resume``, a finished run of this model
+    on this very slide is reused, an interrupted one continued."""
+    if slide.is_file() and opts.resume:
+        previous = finished_summary(target, scorer, slide, echo)
+        if previous is not None:
+            echo(f"{slide.name}: already scored in {target}; skipping")
+            return previous
+    return score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics)
+
+
+def check_out_folder(out: Path) -> None:
+    if Path(out).exists() and not Path(out).is_dir():
+        raise InputPathError(f"--out {out} is a file; give a folder (it is created if missing)")
 
 
 def output_folders(slides: list[Path], out: Path) -> list[tuple[Path, Path]]:
@@ -511,8 +591,7 @@ def score_cohort(
     echo(f"model {model} ({scorer.bundle.method}) on {scorer.describe()}")
     for note in scorer.notes:
         echo(f"  backend choice: {note}")
-    if Path(out).exists() and not Path(out).is_dir():
-        raise InputPathError(f"--out {out} is a file; give a folder (it is created if missing)")
+    check_out_folder(out)
     done, failed, rows = [], [], []
     pairs = output_folders(slides, out)
     if len(pairs) < len(slides):
@@ -524,14 +603,7 @@ def score_cohort(
                 f"{slide} -> {target}"
             )
         try:
-            previous = None
-            if slide.is_file() and opts.resume:
-                previous = _finished_summary(target, scorer, slide, echo)
-                if previous is not None:
-                    echo(f"{slide.name}: already scored in {target}; skipping")
-            summary = previous or score_slide(
-                slide, scorer, target, opts, echo=echo, metrics=metrics
-            )
+            summary = score_one(slide, target, scorer, opts, echo, metrics)
             done.append(summary)
             rows.append(cohort_row(slide, target, summary))
         except CytoError as exc:

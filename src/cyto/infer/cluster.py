@@ -1,0 +1,422 @@
+"""Cohorts on a Ray cluster: ``cyto score SLIDES... --ray [auto|local|ADDRESS]``.
+
+The unit of work is a slide. Each engine is a Ray actor that loads the model once and scores
+whole slides with the very code of a single-machine run (:func:`cyto.infer.pipeline.score_one`:
+decode, detect and crop in worker processes on the actor's node, where the slide is read; the
+engine in the actor). One actor per GPU of the cluster, or one per node where there is no GPU
+(or ``--device cpu``); slides go to whichever actor is free.
+
+Outputs are the files of a single-machine run (``OUT/SLIDE/scores.parquet``, ...), so slides and
+output folder must be on a path every node sees (a shared file system). ``OUT/cohort.csv`` is
+rewritten as each slide finishes, one row per slide with the node that scored it.
+
+When an actor dies mid-slide (its process killed, its node lost), the driver starts a replacement
+and gives the slide to the next free actor with ``resume``: the finished chunks in
+``OUT/SLIDE/.partial`` are kept and only the rest is scored, so no cell is lost or written twice
+(the chunk store's lock and tile ranges guarantee it). A slide whose workers die
+``MAX_ATTEMPTS`` times, or that fails with an error, is reported; the others go on.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from cyto.errors import ConfigError, CytoError, MissingDependencyError
+from cyto.infer.options import ScoreOptions
+from cyto.infer.outputs import cohort_row, write_cohort_table
+from cyto.infer.parts import tile_ranges
+from cyto.progress import progress
+
+SPLIT_TILES = 256  # a slide with more tiles (1024 px: 256 Mpx of tissue) is scored in parts
+MAX_ATTEMPTS = 3  # workers that may die on one slide before it is reported as failed
+NEEDS_RAY = "--ray needs Ray on every node: pip install 'cyto[ray]'"
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependencyError(NEEDS_RAY) from None
+    return ray
+
+
+def connect(address: str, num_cpus: int | None = None) -> str:
+    """Join (or start) a Ray cluster; returns what was joined, in words.
+
+    ``auto``: the cluster in ``RAY_ADDRESS`` or the one ``ray start`` left on this machine, else a
+    new local one; ``local``: always a new local one (``num_cpus`` of this machine's cores);
+    anything else is a cluster address (``HOST:PORT`` or ``ray://HOST:10001``)."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return "the Ray cluster this process already joined"
+    kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    # the driver's environment goes to the actors; CYTO_PROGRESS=0 keeps per-tile bars out of logs
+    kwargs["runtime_env"] = {"env_vars": {"CYTO_PROGRESS": "0"}}
+    if address in ("auto", "local"):
+        target = None if address == "auto" else "local"
+        if num_cpus is not None:
+            kwargs["num_cpus"] = num_cpus
+    else:
+        target = address
+        _check_reachable(address)
+    try:
+        ctx = ray.init(address=target, **kwargs)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"--ray {address}: cannot join a Ray cluster there ({first}); start one with "
+            "`ray start --head`, or use --ray local"
+        ) from None
+    where = getattr(ctx, "address_info", {}).get("gcs_address") or address
+    return f"Ray cluster at {where}"
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail in seconds, not minutes (Ray retries a dead address for over a minute)."""
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(
+            f"--ray {address}: give auto, local, or a cluster address HOST:PORT "
+            "(e.g. 10.0.0.5:6379, or ray://10.0.0.5:10001)"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"--ray {address}: nothing answers there ({exc.strerror or exc}); is the cluster "
+            "started (`ray start --head` on that machine) and the port open?"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one engine actor goes: a node, and whether it holds a GPU there."""
+
+    node_id: str
+    node_ip: str
+    gpu: bool
+
+
+def engine_places(nodes: list[dict], device: str) -> list[Place]:
+    """One actor per GPU of every live node, or one per node without GPUs (or when the engine is
+    asked to run on the CPU). ``nodes`` is what ``ray.nodes()`` returns."""
+    places = []
+    for n in nodes:
+        if not n.get("Alive"):
+            continue
+        gpus = int(n.get("Resources", {}).get("GPU", 0)) if device != "cpu" else 0
+        for _ in range(max(gpus, 1)):
+            places.append(Place(n["NodeID"], n.get("NodeManagerAddress", "?"), gpus > 0))
+    return places
+
+
+class SlideWorker:
+    """The engine actor: loads the model once, then scores slides or ranges of their tiles
+    (wrapped by ``ray.remote`` in :func:`_actor_class`, so this module imports without Ray).
+    Every call returns a dict: the result, the messages the run printed, the node and PID, or
+    the error as one line with the exit code it maps to."""
+
+    def __init__(self, model: str, opts: ScoreOptions) -> None:
+        import ray
+
+        from cyto.runtime import load_scorer
+
+        os.environ["CYTO_PROGRESS"] = "0"
+        self.opts = opts
+        # the host, and the Ray node on it (several nodes may share a host)
+        self.node = f"{socket.gethostname()}:{ray.get_runtime_context().get_node_id()[:8]}"
+        self.scorer, self.error = None, None
+        try:
+            self.scorer = load_scorer(Path(model), opts.backend, opts.device, opts.precision)
+        except CytoError as exc:  # kept for where(): a dead actor's error is a traceback
+            self.error = exc
+
+    def where(self) -> dict:
+        """Where this engine runs and on what, or why it could not load the model."""
+        out = {"node": self.node, "pid": os.getpid()}
+        if self.error is not None:
+            return {**out, "error": str(self.error), "exit_code": self.error.exit_code}
+        return {**out, "engine": self.scorer.describe()}
+
+    def _call(self, fn, resume: bool) -> dict:
+        messages: list[str] = []
+        out = {"node": self.node, "pid": os.getpid(), "messages": messages}
+        try:
+            out["result"] = fn(replace(self.opts, resume=resume), messages.append)
+        except CytoError as exc:
+            out.update(error=str(exc), exit_code=exc.exit_code)
+        return out
+
+    def score(self, slide: str, target: str, resume: bool, metrics, split: int | None) -> dict:
+        """The slide's summary; or, when it has more than ``split`` tiles, ``{"tiles": n}``
+        (the driver then sends its tiles out in parts)."""
+        from cyto.infer.parts import count_tiles
+        from cyto.infer.pipeline import finished_summary, score_one
+
+        slide_p, target_p = Path(slide), Path(target)
+
+        def run(opts, echo):
+            if split:
+                previous = opts.resume and finished_summary(target_p, self.scorer, slide_p, echo)
+                if previous:
+                    echo(f"{slide_p.name}: already scored in {target}; skipping")
+                    return {"summary": previous}
+                n = count_tiles(slide_p, self.scorer, opts)
+                if n > split:
+                    return {"tiles": n}
+            return {"summary": score_one(slide_p, target_p, self.scorer, opts, echo, metrics)}
+
+        return self._call(run, resume)
+
+    def part(self, slide: str, target: str, resume: bool, start: int, stop: int) -> dict:
+        from cyto.infer.parts import score_part
+
+        return self._call(
+            lambda opts, echo: score_part(
+                Path(slide), self.scorer, Path(target), opts, start, stop, echo
+            ),
+            resume,
+        )
+
+    def merge(self, slide: str, target: str, ranges: list, metrics, started: float) -> dict:
+        from cyto.infer.parts import merge_parts
+
+        return self._call(
+            lambda opts, echo: {
+                "summary": merge_parts(
+                    Path(slide), self.scorer, Path(target), opts, ranges, echo, metrics, started
+                )
+            },
+            True,
+        )
+
+
+def _actor_class(ray):
+    return ray.remote(max_restarts=0, max_task_retries=0)(SlideWorker)
+
+
+class _Engines:
+    """The pool of engine actors; a dead one is replaced at its place (or anywhere, if its node
+    is gone)."""
+
+    def __init__(self, ray, model: Path, opts: ScoreOptions) -> None:
+        self.ray, self.model, self.opts = ray, str(model), opts
+        self.cls = _actor_class(ray)
+        self.places = engine_places(ray.nodes(), opts.device)
+        if not self.places:
+            raise ConfigError("the Ray cluster has no live node")
+        self.idle = deque(self._start(p) for p in self.places)
+
+    def _start(self, place: Place):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options = {
+            # soft: a replacement may go elsewhere when the node is gone
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(place.node_id, soft=True),
+            "num_cpus": 0,  # decode workers are processes of the actor's own; nothing to reserve
+            "num_gpus": 1 if place.gpu else 0,
+        }
+        return (self.cls.options(**options).remote(self.model, self.opts), place)
+
+    def replace(self, place: Place) -> None:
+        self.idle.append(self._start(place))
+
+    def release(self, actor) -> None:
+        self.idle.append(actor)
+
+    def __len__(self) -> int:
+        return len(self.places)
+
+    def shutdown(self) -> None:
+        for actor, _ in self.idle:
+            self.ray.kill(actor)
+
+
+def score_cohort_ray(
+    slides: list[Path],
+    model: Path,
+    out: Path,
+    opts: ScoreOptions,
+    address: str = "auto",
+    echo=print,
+    metrics=None,
+    split_tiles: int | None = SPLIT_TILES,
+    num_cpus: int | None = None,
+) -> tuple[list[dict], list[tuple[Path, CytoError]]]:
+    """:func:`cyto.infer.pipeline.score_cohort` on a Ray cluster (see the module docstring):
+    the same outputs, (summaries, failures as (slide, error)). A slide with more than
+    ``split_tiles`` tiles is scored in parts of that many tiles by several actors at once
+    (None: never)."""
+    from cyto.bundle import verify_bundle
+    from cyto.infer.pipeline import check_out_folder, output_folders
+
+    check_out_folder(out)
+    if split_tiles is not None and split_tiles < 1:
+        raise ConfigError(f"split_tiles must be >= 1, got {split_tiles}")
+    verify_bundle(Path(model))  # a bad bundle fails here in one line, not in every actor
+    ray = import_ray()
+    echo(f"joined the {connect(address, num_cpus)}")
+    pairs = output_folders(slides, out)
+    if len(pairs) < len(slides):
+        echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
+    engines = _Engines(ray, model, opts)
+    try:
+        cohort = _Cohort(ray, engines, Path(out), opts, echo, metrics, split_tiles)
+        return cohort.run(pairs)
+    finally:
+        engines.shutdown()
+
+
+@dataclass
+class _Slide:
+    """A slide's way through the cluster."""
+
+    slide: Path
+    target: Path
+    started: float = 0.0
+    ranges: list = field(default_factory=list)
+    parts_left: set = field(default_factory=set)
+    attempts: int = 1
+    nodes: set = field(default_factory=set)
+    failed: bool = False
+
+
+@dataclass
+class _Task:
+    kind: str  # score | part | merge
+    item: _Slide
+    resume: bool
+    attempt: int = 1
+    part: tuple[int, int] | None = None
+
+
+class _Cohort:
+    """The driver: hands tasks to free actors, follows each slide to its end, writes its row
+    of cohort.csv as it finishes, and reruns (resuming) what a dead actor was doing."""
+
+    def __init__(self, ray, engines: _Engines, out: Path, opts, echo, metrics, split) -> None:
+        self.ray, self.engines, self.out, self.opts = ray, engines, out, opts
+        self.echo, self.metrics, self.split = echo, metrics, split
+        self.todo: deque[_Task] = deque()
+        self.running: dict = {}  # object ref -> (actor, place, task)
+        self.done: list[dict] = []
+        self.failed: list[tuple[Path, CytoError]] = []
+
+    def run(self, pairs) -> tuple[list[dict], list[tuple[Path, CytoError]]]:
+        first = self.ray.get(self.engines.idle[0][0].where.remote())
+        if "error" in first:
+            err = CytoError(f"the engine on {first['node']} cannot start: {first['error']}")
+            err.exit_code = first["exit_code"]
+            raise err
+        self.echo(
+            f"{len(self.engines)} engine actor(s), the first on {first['node']}: {first['engine']}"
+        )
+        self.todo.extend(_Task("score", _Slide(s, t), self.opts.resume) for s, t in pairs)
+        self.out.mkdir(parents=True, exist_ok=True)
+        with progress(f"cohort of {len(pairs)} slides", total=len(pairs), unit="slides") as bar:
+            self.bar = bar
+            while self.todo or self.running:
+                self._dispatch()
+                ready, _ = self.ray.wait(list(self.running), num_returns=1)
+                self._collect(ready[0])
+        return self.done, self.failed
+
+    def _dispatch(self) -> None:
+        while self.todo and self.engines.idle:
+            task = self.todo.popleft()
+            if task.item.failed:
+                continue  # another part of this slide failed: the rest is not worth scoring
+            actor, place = self.engines.idle.popleft()
+            s, t = str(task.item.slide), str(task.item.target)
+            if task.kind == "score":
+                task.item.started = task.item.started or time.time()
+                ref = actor.score.remote(s, t, task.resume, self.metrics, self.split)
+            elif task.kind == "part":
+                ref = actor.part.remote(s, t, task.resume, *task.part)
+            else:
+                ranges = task.item.ranges
+                ref = actor.merge.remote(s, t, ranges, self.metrics, task.item.started)
+            self.running[ref] = (actor, place, task)
+
+    def _collect(self, ref) -> None:
+        from ray.exceptions import RayActorError, RayTaskError
+
+        actor, place, task = self.running.pop(ref)
+        item = task.item
+        item.attempts = max(item.attempts, task.attempt)
+        try:
+            res = self.ray.get(ref)
+        except RayActorError as exc:
+            self.engines.replace(place)
+            why = _first_line(exc)
+            what = f"tiles {task.part[0]}..{task.part[1] - 1} of " if task.part else ""
+            if task.attempt < MAX_ATTEMPTS:
+                self.echo(
+                    f"{what}{item.slide.name}: its worker on {place.node_ip} died ({why}); "
+                    f"another worker resumes from the finished chunks (attempt "
+                    f"{task.attempt + 1} of {MAX_ATTEMPTS})"
+                )
+                task.attempt += 1
+                task.resume = True
+                self.todo.appendleft(task)
+                return
+            msg = f"{item.slide}: {MAX_ATTEMPTS} workers died on {what}this slide ({why})"
+            res = {"error": msg, "exit_code": 1, "node": place.node_ip}
+        except RayTaskError as exc:  # a bug, not a bad input: say it in one line, go on
+            self.engines.release((actor, place))
+            res = {"error": f"{item.slide}: {_first_line(exc)}", "exit_code": 1, "node": "?"}
+        else:
+            self.engines.release((actor, place))
+        item.nodes.add(res["node"])
+        for line in res.get("messages", []):
+            self.echo(f"[{item.slide.name} on {res['node']}] {line}")
+        if "error" in res:
+            if not item.failed:
+                item.failed = True
+                self._finish(item, None, res["error"], res["exit_code"])
+            return
+        result = res["result"]
+        if task.kind == "part":
+            item.parts_left.discard(task.part)
+            if not item.parts_left and not item.failed:
+                self.todo.appendleft(_Task("merge", item, True))
+        elif "tiles" in result:
+            item.ranges = tile_ranges(result["tiles"], self.split)
+            item.parts_left = set(item.ranges)
+            self.echo(
+                f"{item.slide.name}: {result['tiles']} tiles, scored in {len(item.ranges)} "
+                f"parts of up to {self.split} tiles"
+            )
+            for r in reversed(item.ranges):  # a started slide goes first: less left half-done
+                self.todo.appendleft(_Task("part", item, task.resume, part=r))
+        else:
+            self._finish(item, result["summary"])
+
+    def _finish(self, item: _Slide, summary, error: str = "", exit_code: int = 1) -> None:
+        node = " ".join(sorted(item.nodes))
+        if summary is not None:
+            self.done.append(summary)
+            row = cohort_row(item.slide, item.target, summary, node=node, attempts=item.attempts)
+        else:
+            err = CytoError(error)
+            err.exit_code = exit_code
+            self.failed.append((item.slide, err))
+            row = cohort_row(item.slide, item.target, None, error, node, item.attempts)
+        write_cohort_table([row], self.out / "cohort.csv")
+        self.bar.advance(1)
+        self.bar.set_postfix(f"{len(self.running)} running, {len(self.failed)} failed")
+
+
+def _first_line(exc: BaseException) -> str:
+    """The cause of a Ray error in one line (Ray's own text is a multi-line traceback)."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}".splitlines()[0]
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
