@@ -1217,6 +1217,64 @@ def bench_slide_cmd(
     typer.echo(f"wrote {path} and {path.with_suffix('.md')}")
 
 
+@bench_app.command("cohort")
+def bench_cohort_cmd(
+    slides: Annotated[
+        list[Path] | None, typer.Argument(help="Slides to score (or --synthetic N).")
+    ] = None,
+    model: Annotated[Path, typer.Option(help="Model bundle (exported).")] = Path("model.cyto"),
+    ray: Annotated[
+        str, typer.Option(help="The Ray cluster: auto, local or HOST:PORT (as for cyto score).")
+    ] = "local",
+    synthetic: Annotated[
+        int, typer.Option(help="Score N synthetic slides made here instead of SLIDES.")
+    ] = 0,
+    size: Annotated[int, typer.Option(help="Side of each synthetic slide, px.")] = 4096,
+    workers: Annotated[int | None, typer.Option(help="Decode/detect/crop processes.")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "auto",
+    tile: Annotated[int, typer.Option(help="Tile size, px.")] = 1024,
+    ray_part_tiles: Annotated[
+        int, typer.Option(help="Parts of this many tiles for larger slides (0: never).")
+    ] = 256,
+    work: Annotated[
+        Path | None, typer.Option(help="Where the score outputs go (default: a temp folder).")
+    ] = None,
+    results: ResultsOpt = Path("bench-results"),
+) -> None:
+    """A cohort scored by one process, then on a Ray cluster: cells/s, slides/h, speed-up, and
+    whether the tables are identical."""
+    import tempfile
+
+    from cyto.bench.cohort import bench_cohort, cohort_markdown
+    from cyto.bench.device import machine
+    from cyto.bench.results import header, write_results
+    from cyto.infer.pipeline import ScoreOptions
+
+    if bool(slides) == bool(synthetic):
+        raise ConfigError("give SLIDES or --synthetic N (one of the two)")
+    opts = ScoreOptions(mosaic=0, workers=workers, device=device, tile=tile)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = work or Path(tmp)
+        if synthetic:
+            from cyto.data.synth.slide import SlideSynthConfig, write_slide
+
+            (root / "slides").mkdir(parents=True, exist_ok=True)
+            slides = [
+                write_slide(
+                    root / "slides" / f"synth{i:03d}.tif",
+                    SlideSynthConfig(width=size, height=size, seed=i),
+                ).paths[0]
+                for i in range(synthetic)
+            ]
+        rows = bench_cohort(slides, model, root, opts, ray, ray_part_tiles or None, echo=typer.echo)
+    meta = machine(" ".join(["cyto bench cohort", *sys.argv[3:]]))
+    meta["model"] = str(model)
+    lines = header("cyto bench cohort", meta) + cohort_markdown(rows)
+    path = write_results(results, "cohort", meta, rows, lines)
+    typer.echo("\n".join(cohort_markdown(rows)))
+    typer.echo(f"wrote {path} and {path.with_suffix('.md')}")
+
+
 @app.command("demo")
 def demo_cmd(
     out: Annotated[Path, typer.Option(help="Folder for everything the demo makes.")] = Path(

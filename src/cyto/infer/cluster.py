@@ -38,6 +38,11 @@ NEEDS_RAY = "--ray needs Ray on every node: pip install 'cyto[ray]'"
 
 
 def import_ray():
+    """Ray, imported after :func:`_send_token_if_any` (Ray reads the auth mode at import)."""
+    import sys
+
+    if "ray" not in sys.modules:
+        _send_token_if_any()
     try:
         import ray
     except ImportError:
@@ -74,6 +79,18 @@ def connect(address: str, num_cpus: int | None = None) -> str:
         ) from None
     where = getattr(ctx, "address_info", {}).get("gcs_address") or address
     return f"Ray cluster at {where}"
+
+
+def _send_token_if_any() -> None:
+    """A cluster started with ``ray start`` asks for the token it saved (``~/.ray/auth_token``),
+    but Ray's client sends one only with ``RAY_AUTH_MODE=token`` set before Ray is imported: set
+    it when a token is at hand and the user has not chosen a mode (a new local cluster uses a
+    token anyway)."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token"
+    if os.environ.get("RAY_AUTH_TOKEN") or Path(path).is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:

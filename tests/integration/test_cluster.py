@@ -1,0 +1,304 @@
+"""`cyto score --ray`: a cohort scored on a Ray cluster gives the tables of a plain run; a worker
+killed by PID mid-slide is replaced and the slide resumed from its finished chunks; a bad slide
+is reported while the others go on.
+
+Two clusters: one started by the driver (``ray.init`` with 2 CPUs), and a head plus a second
+node started with ``ray start`` on this machine (two Ray nodes, one engine each)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.infer.pipeline import ScoreOptions, score_cohort
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+OPTS = ScoreOptions(mosaic=0, workers=0, tile=512)
+
+
+@pytest.fixture(scope="module")
+def cohort(tmp_path_factory):
+    """Three small synthetic slides (16, 4 and 6 tiles) and a file that is no slide."""
+    root = tmp_path_factory.mktemp("cohort")
+    sizes = [(2048, 2048), (1024, 1024), (1536, 1024)]
+    slides = [
+        write_slide(root / f"s{i}.tif", SlideSynthConfig(width=w, height=h, seed=10 + i)).paths[0]
+        for i, (w, h) in enumerate(sizes)
+    ]
+    bad = root / "broken.tif"
+    bad.write_bytes(b"II*\x00 this is not a slide")
+    return slides, bad
+
+
+@pytest.fixture(scope="module")
+def plain(exported_dsvdd, cohort, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("plain")
+    done, failed = score_cohort(cohort[0], exported_dsvdd, out, OPTS, echo=lambda m: None)
+    assert len(done) == 3 and not failed
+    return out
+
+
+def _same_tables(a: Path, b: Path, names) -> None:
+    for name in names:
+        for table in ("scores.parquet", "topk.parquet"):
+            left, right = pq.read_table(a / name / table), pq.read_table(b / name / table)
+            assert left.num_rows > 0
+            assert left.equals(right), f"{name}/{table} differs from the plain run"
+
+
+def _rows(out: Path) -> dict[str, dict]:
+    with open(out / "cohort.csv", newline="") as fh:
+        return {Path(r["slide"]).stem: r for r in csv.DictReader(fh)}
+
+
+@pytest.fixture
+def shutdown_ray():
+    yield
+    ray.shutdown()
+
+
+def test_a_local_ray_cohort_equals_the_plain_run(
+    exported_dsvdd, cohort, plain, tmp_path, shutdown_ray
+):
+    from cyto.infer.cluster import score_cohort_ray
+
+    slides, bad = cohort
+    out = tmp_path / "ray"
+    said: list[str] = []
+    done, failed = score_cohort_ray(
+        [*slides, bad], exported_dsvdd, out, OPTS, "local", said.append, split_tiles=8, num_cpus=2
+    )
+    assert len(done) == 3
+    _, [(_, expected)] = score_cohort([bad], exported_dsvdd, tmp_path / "p", OPTS, lambda m: None)
+    assert [(s, str(e), e.exit_code) for s, e in failed] == [
+        (bad, str(expected), expected.exit_code)
+    ]  # the error of a plain run, in one line
+    _same_tables(plain, out, ["s0", "s1", "s2"])  # same cells, same ids, same scores
+    by_slide = {Path(s["slide"]).stem: s for s in done}
+    assert by_slide["s0"]["tiles"]["parts"] == 2  # 16 tiles in parts of 8, merged
+    assert "parts" not in by_slide["s1"]["tiles"]
+    assert not (out / "s0" / ".parts").exists()
+    assert any("16 tiles, scored in 2 parts" in m for m in said)
+    rows = _rows(out)
+    assert {k: r["status"] for k, r in rows.items()} == {
+        "s0": "scored",
+        "s1": "scored",
+        "s2": "scored",
+        "broken": "failed",
+    }
+    assert rows["s1"]["cells"] == str(by_slide["s1"]["cells_scored"])
+    assert rows["s1"]["node"].startswith(socket.gethostname() + ":")
+    assert "broken.tif" in rows["broken"]["error"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """A Ray head and a second node on this machine, one CPU each, started with `ray start`."""
+    port = _free_port()
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    common = ["--num-cpus", "1", "--block", "--disable-usage-stats"]
+    # joining a cluster needs the token mode said (Ray 2.60 sends no token otherwise)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
+    logs = tmp_path_factory.mktemp("raylogs")
+    procs = []
+
+    def start(args, name):
+        log = open(logs / name, "w")  # noqa: SIM115 - closed with the process
+        procs.append(
+            (
+                subprocess.Popen(
+                    [ray_bin, "start", *args, *common],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                ),
+                log,
+            )
+        )
+
+    address = f"127.0.0.1:{port}"
+    start(
+        [
+            "--head",
+            "--port",
+            str(port),
+            "--node-ip-address",
+            "127.0.0.1",
+            "--include-dashboard",
+            "false",
+        ],
+        "head.log",
+    )
+    try:
+        _wait_for_nodes(address, 1, logs)
+        start(["--address", address, "--node-ip-address", "127.0.0.1"], "node.log")
+        _wait_for_nodes(address, 2, logs)
+        yield address
+    finally:
+        for p, log in reversed(procs):
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            log.close()
+
+
+def _wait_for_nodes(address: str, n: int, logs: Path) -> None:
+    code = (
+        "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+        "print(sum(x['Alive'] for x in ray.nodes()))"
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            got = (
+                subprocess.run(
+                    [sys.executable, "-c", code, address],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    env={**os.environ, "RAY_AUTH_MODE": "token"},
+                )
+                .stdout.strip()
+                .splitlines()
+            )
+        except subprocess.TimeoutExpired:
+            got = []
+        if got and got[-1].isdigit() and int(got[-1]) >= n:
+            return
+        time.sleep(1)
+    text = "\n".join(f.read_text()[-2000:] for f in sorted(logs.iterdir()))
+    raise AssertionError(f"the Ray cluster did not reach {n} nodes:\n{text}")
+
+
+class _Killer(threading.Thread):
+    """Kills (SIGKILL) the process that holds a folder's lock once a chunk has been written
+    there: a worker dying mid-slide, with part of the slide already on disk."""
+
+    def __init__(self, folder: Path, chunks_glob: str) -> None:
+        super().__init__(daemon=True)
+        self.folder, self.glob, self.killed = folder, chunks_glob, None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for chunk in self.folder.glob(self.glob):
+                lock = chunk.parent.parent / ".lock"
+                try:
+                    pid = json.loads(lock.read_text())["pid"]
+                except (OSError, ValueError, KeyError):
+                    continue
+                os.kill(pid, signal.SIGKILL)
+                self.killed = pid
+                return
+            time.sleep(0.01)
+
+
+def test_a_worker_killed_mid_slide_is_replaced_and_the_slide_resumed(
+    exported_dsvdd, cohort, plain, two_nodes, tmp_path, shutdown_ray
+):
+    from dataclasses import replace
+
+    from cyto.infer.cluster import score_cohort_ray
+
+    slides, _ = cohort
+    out = tmp_path / "killed"
+    opts = replace(OPTS, chunk_cells=4)  # a chunk per tile: kills land mid-slide
+    # s0 is scored in parts of 8 tiles (.parts/*/.partial), s2 whole (its .partial)
+    killers = [
+        _Killer(out / "s0", ".parts/*/.partial/chunk-*"),
+        _Killer(out / "s2", ".partial/chunk-*"),
+    ]
+    for k in killers:
+        k.start()
+    said: list[str] = []
+    try:
+        done, failed = score_cohort_ray(
+            [slides[0], slides[2], slides[1]],
+            exported_dsvdd,
+            out,
+            opts,
+            two_nodes,
+            said.append,
+            split_tiles=8,
+        )
+    finally:
+        for k in killers:
+            k.stop.set()
+    assert [k.folder.name for k in killers if not k.killed] == [], said
+    assert not failed
+    _same_tables(plain, out, ["s0", "s1", "s2"])  # nothing lost, nothing scored twice
+    by_slide = {Path(s["slide"]).stem: s for s in done}
+    assert by_slide["s2"]["cells_resumed"] > 0  # the replacement went on from the chunks
+    assert by_slide["s0"]["tiles"]["parts"] == 2 and by_slide["s0"]["cells_resumed"] > 0
+    assert sum("died" in m and "resumes from the finished chunks" in m for m in said) == 2
+    rows = _rows(out)
+    assert rows["s0"]["attempts"] == "2" and rows["s2"]["attempts"] == "2"
+    assert rows["s1"]["attempts"] == "1"
+    nodes = {n for r in rows.values() for n in r["node"].split()}
+    assert len(nodes) >= 2  # both Ray nodes scored
+    for k in killers:  # the killed processes are gone
+        with pytest.raises(ProcessLookupError):
+            os.kill(k.killed, 0)
+
+
+def test_cli_on_a_cluster_reports_a_bad_slide_and_scores_the_rest(
+    exported_dsvdd, cohort, plain, two_nodes, tmp_path
+):
+    slides, bad = cohort
+    out = tmp_path / "cli"
+    cmd = [
+        sys.executable,
+        "-m",
+        "cyto",
+        "score",
+        str(slides[1]),
+        str(bad),
+        "--model",
+        str(exported_dsvdd),
+        "--out",
+        str(out),
+        "--mosaic",
+        "0",
+        "--workers",
+        "0",
+        "--tile",
+        "512",
+    ]
+    # a fresh driver, as a user's shell starts it (no auth mode set by an earlier ray.init)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    run = subprocess.run(
+        [*cmd, "--ray", two_nodes], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert run.returncode == 1, run.stderr  # an unreadable slide, as in a plain run
+    assert "failed:" in run.stderr and "broken.tif" in run.stderr and "Traceback" not in run.stderr
+    _same_tables(plain, out, ["s1"])
+    assert _rows(out)["broken"]["status"] == "failed"
+    run = subprocess.run(
+        [*cmd, "--ray", "127.0.0.1:1"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 2 and "nothing answers there" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1

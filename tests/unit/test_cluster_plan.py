@@ -1,0 +1,81 @@
+"""The pieces of `cyto score --ray` that need no cluster: where engines go, how a large slide is
+cut into ranges of tiles, and addresses that are refused at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from cyto.errors import ConfigError
+from cyto.infer.cluster import Place, _check_reachable, engine_places
+from cyto.infer.outputs import COHORT_COLUMNS, cohort_row
+from cyto.infer.parts import tile_ranges
+
+NODES = [
+    {
+        "Alive": True,
+        "NodeID": "a" * 56,
+        "NodeManagerAddress": "10.0.0.1",
+        "Resources": {"CPU": 16.0, "GPU": 2.0},
+    },
+    {
+        "Alive": True,
+        "NodeID": "b" * 56,
+        "NodeManagerAddress": "10.0.0.2",
+        "Resources": {"CPU": 8.0},
+    },
+    {
+        "Alive": False,
+        "NodeID": "c" * 56,
+        "NodeManagerAddress": "10.0.0.3",
+        "Resources": {"CPU": 8.0, "GPU": 8.0},
+    },
+]
+
+
+def test_one_engine_per_gpu_or_per_node_without_one_and_none_on_dead_nodes():
+    assert engine_places(NODES, "auto") == [
+        Place("a" * 56, "10.0.0.1", True),
+        Place("a" * 56, "10.0.0.1", True),
+        Place("b" * 56, "10.0.0.2", False),
+    ]
+    # the engine asked to run on the CPU: one per node, GPUs or not
+    assert engine_places(NODES, "cpu") == [
+        Place("a" * 56, "10.0.0.1", False),
+        Place("b" * 56, "10.0.0.2", False),
+    ]
+
+
+@pytest.mark.parametrize("n,size", [(1, 1), (7, 3), (9, 3), (256, 256), (1000, 256)])
+def test_tile_ranges_cover_every_tile_once_in_order(n, size):
+    ranges = tile_ranges(n, size)
+    tiles = [t for a, b in ranges for t in range(a, b)]
+    assert tiles == list(range(n))
+    assert all(0 < b - a <= size for a, b in ranges)
+
+
+def test_tile_ranges_of_an_empty_slide_and_a_bad_size():
+    assert tile_ranges(0, 8) == []
+    with pytest.raises(ValueError):
+        tile_ranges(5, 0)
+
+
+@pytest.mark.parametrize("address", ["banana", "10.0.0.1", "host:port", ":6379"])
+def test_a_malformed_address_is_one_line(address):
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        _check_reachable(address)
+
+
+def test_nothing_listening_is_said_in_seconds():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: refused
+        with pytest.raises(ConfigError, match="nothing answers there"):
+            _check_reachable(f"127.0.0.1:{port}", timeout=2)
+
+
+def test_cohort_rows_say_where_and_in_how_many_attempts():
+    row = cohort_row("s.ndpi", "out/s", None, "boom", node="gpu7:abcd1234", attempts=2)
+    assert set(row) == set(COHORT_COLUMNS)
+    assert (row["node"], row["attempts"], row["status"]) == ("gpu7:abcd1234", 2, "failed")
