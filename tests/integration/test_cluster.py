@@ -196,7 +196,8 @@ def _wait_for_nodes(address: str, n: int, logs: Path) -> None:
 
 class _Killer(threading.Thread):
     """Kills (SIGKILL) the process that holds a folder's lock once a chunk has been written
-    there: a worker dying mid-slide, with part of the slide already on disk."""
+    there (renamed into place, not a .tmp): a worker dying mid-slide, with part of the slide
+    already on disk."""
 
     def __init__(self, folder: Path, chunks_glob: str) -> None:
         super().__init__(daemon=True)
@@ -229,8 +230,8 @@ def test_a_worker_killed_mid_slide_is_replaced_and_the_slide_resumed(
     opts = replace(OPTS, chunk_cells=4)  # a chunk per tile: kills land mid-slide
     # s0 is scored in parts of 8 tiles (.parts/*/.partial), s2 whole (its .partial)
     killers = [
-        _Killer(out / "s0", ".parts/*/.partial/chunk-*"),
-        _Killer(out / "s2", ".partial/chunk-*"),
+        _Killer(out / "s0", ".parts/*/.partial/chunk-*.parquet"),
+        _Killer(out / "s2", ".partial/chunk-*.parquet"),
     ]
     for k in killers:
         k.start()

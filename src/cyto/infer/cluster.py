@@ -38,11 +38,6 @@ NEEDS_RAY = "--ray needs Ray on every node: pip install 'cyto[ray]'"
 
 
 def import_ray():
-    """Ray, imported after :func:`_send_token_if_any` (Ray reads the auth mode at import)."""
-    import sys
-
-    if "ray" not in sys.modules:
-        _send_token_if_any()
     try:
         import ray
     except ImportError:
@@ -57,6 +52,7 @@ def connect(address: str, num_cpus: int | None = None) -> str:
     new local one; ``local``: always a new local one (``num_cpus`` of this machine's cores);
     anything else is a cluster address (``HOST:PORT`` or ``ray://HOST:10001``)."""
     ray = import_ray()
+    _send_token_if_any()
     if ray.is_initialized():
         return "the Ray cluster this process already joined"
     kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
@@ -91,6 +87,15 @@ def _send_token_if_any() -> None:
     path = os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token"
     if os.environ.get("RAY_AUTH_TOKEN") or Path(path).is_file():
         os.environ["RAY_AUTH_MODE"] = "token"
+        import sys
+
+        if "ray" in sys.modules:  # imported already: its cached config must read the mode again
+            try:
+                from ray._raylet import Config
+
+                Config.initialize("")
+            except (ImportError, AttributeError):
+                pass
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
