@@ -224,8 +224,11 @@ def _actor_class(ray):
 
 
 class _Engines:
-    """The pool of engine actors; a dead one is replaced at its place (or anywhere, if its node
-    is gone)."""
+    """The pool of engine actors. An engine gets work only once it has started (so a
+    replacement that cannot start never holds a slide); a dead one is replaced on its node, or
+    anywhere there is room if its node is gone, up to ``MAX_STARTS`` times per place."""
+
+    MAX_STARTS = 4
 
     def __init__(self, ray, model: Path, opts: ScoreOptions) -> None:
         self.ray, self.model, self.opts = ray, str(model), opts
@@ -233,30 +236,62 @@ class _Engines:
         self.places = engine_places(ray.nodes(), opts.device)
         if not self.places:
             raise ConfigError("the Ray cluster has no live node")
-        self.idle = deque(self._start(p) for p in self.places)
+        self.idle: deque = deque()
+        self.starting: dict = {}  # where() ref -> (actor, place, starts so far)
+        self.lost: list[str] = []  # why engines that could not be replaced are gone
+        for place in self.places:
+            self._start(place, 1)
 
-    def _start(self, place: Place):
+    def _start(self, place: Place, n: int) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         options = {
-            # soft: a replacement may go elsewhere when the node is gone
-            "scheduling_strategy": NodeAffinitySchedulingStrategy(place.node_id, soft=True),
             "num_cpus": 0,  # decode workers are processes of the actor's own; nothing to reserve
             "num_gpus": 1 if place.gpu else 0,
         }
-        return (self.cls.options(**options).remote(self.model, self.opts), place)
+        alive = {node["NodeID"] for node in self.ray.nodes() if node.get("Alive")}
+        if place.node_id in alive:  # on its node (Ray 2.60 does not keep a soft affinity)
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                place.node_id, soft=False
+            )
+        actor = self.cls.options(**options).remote(self.model, self.opts)
+        self.starting[actor.where.remote()] = (actor, place, n)
+
+    def started(self, ref) -> dict | None:
+        """Take the answer of a starting engine: its where() when it is up (then it is idle),
+        or None when it died starting (then it is started again, a few times)."""
+        from ray.exceptions import RayActorError
+
+        actor, place, n = self.starting.pop(ref)
+        try:
+            info = self.ray.get(ref)
+        except RayActorError as exc:
+            if n < self.MAX_STARTS:
+                self._start(place, n + 1)
+            else:
+                self.lost.append(f"{place.node_ip}: {_first_line(exc)}")
+            return None
+        if "error" in info:  # the model cannot load there: no use starting it again
+            self.lost.append(f"{info['node']}: {info['error']}")
+            err = CytoError(f"the engine on {info['node']} cannot start: {info['error']}")
+            err.exit_code = info["exit_code"]
+            raise err
+        self.idle.append((actor, place))
+        return info
 
     def replace(self, place: Place) -> None:
-        self.idle.append(self._start(place))
+        self._start(place, 1)
 
-    def release(self, actor) -> None:
-        self.idle.append(actor)
+    def release(self, engine) -> None:
+        self.idle.append(engine)
 
     def __len__(self) -> int:
         return len(self.places)
 
     def shutdown(self) -> None:
         for actor, _ in self.idle:
+            self.ray.kill(actor)
+        for actor, _, _ in self.starting.values():
             self.ray.kill(actor)
 
 
@@ -331,11 +366,12 @@ class _Cohort:
         self.failed: list[tuple[Path, CytoError]] = []
 
     def run(self, pairs) -> tuple[list[dict], list[tuple[Path, CytoError]]]:
-        first = self.ray.get(self.engines.idle[0][0].where.remote())
-        if "error" in first:
-            err = CytoError(f"the engine on {first['node']} cannot start: {first['error']}")
-            err.exit_code = first["exit_code"]
-            raise err
+        first = None
+        while first is None and self.engines.starting:
+            ready, _ = self.ray.wait(list(self.engines.starting), num_returns=1)
+            first = self.engines.started(ready[0])
+        if first is None:
+            raise CytoError(f"no engine could start: {'; '.join(self.engines.lost)}")
         self.echo(
             f"{len(self.engines)} engine actor(s), the first on {first['node']}: {first['engine']}"
         )
@@ -345,9 +381,24 @@ class _Cohort:
             self.bar = bar
             while self.todo or self.running:
                 self._dispatch()
-                ready, _ = self.ray.wait(list(self.running), num_returns=1)
-                self._collect(ready[0])
+                waiting = list(self.running) + list(self.engines.starting)
+                if not waiting:  # work left, and no engine running, idle or starting
+                    self._give_up()
+                    break
+                ready, _ = self.ray.wait(waiting, num_returns=1)
+                if ready[0] in self.engines.starting:
+                    self.engines.started(ready[0])
+                else:
+                    self._collect(ready[0])
         return self.done, self.failed
+
+    def _give_up(self) -> None:
+        why = "; ".join(self.engines.lost) or "every engine died"
+        for task in self.todo:
+            if not task.item.failed:
+                task.item.failed = True
+                self._finish(task.item, None, f"{task.item.slide}: no engine left ({why})")
+        self.todo.clear()
 
     def _dispatch(self) -> None:
         while self.todo and self.engines.idle:
