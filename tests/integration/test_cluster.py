@@ -298,6 +298,18 @@ def test_cli_on_a_cluster_reports_a_bad_slide_and_scores_the_rest(
     assert "failed:" in run.stderr and "broken.tif" in run.stderr and "Traceback" not in run.stderr
     _same_tables(plain, out, ["s1"])
     assert _rows(out)["broken"]["status"] == "failed"
+    from cyto.runtime.devices import cuda_available
+
+    if not cuda_available():  # an engine that cannot load the model: one line, exit 2
+        run = subprocess.run(
+            [*cmd, "--ray", two_nodes, "--device", "cuda"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert run.returncode == 2 and "cannot start" in run.stderr and "CUDA" in run.stderr
+        assert "Traceback" not in run.stderr
     run = subprocess.run(
         [*cmd, "--ray", "127.0.0.1:1"], capture_output=True, text=True, timeout=120
     )
