@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cyto.errors import ConfigError
-from cyto.infer.cluster import Place, _check_reachable, engine_places
+from cyto.infer.cluster import Place, _check_reachable, engine_device, engine_places
 from cyto.infer.outputs import COHORT_COLUMNS, cohort_row
 from cyto.infer.parts import tile_ranges
 
@@ -79,3 +79,11 @@ def test_cohort_rows_say_where_and_in_how_many_attempts():
     row = cohort_row("s.ndpi", "out/s", None, "boom", node="gpu7:abcd1234", attempts=2)
     assert set(row) == set(COHORT_COLUMNS)
     assert (row["node"], row["attempts"], row["status"]) == ("gpu7:abcd1234", 2, "failed")
+
+
+def test_an_engine_on_a_gpu_uses_the_one_ray_gave_it():
+    # Ray sets CUDA_VISIBLE_DEVICES to the actor's GPU: --device cuda:3 means that one, cuda:0
+    assert engine_device("cuda:3", [3]) == "cuda"
+    assert engine_device("auto", [1]) == "auto"
+    assert engine_device("cuda:1", []) == "cuda:1"  # no GPU given: the user's choice stands
+    assert engine_device("cpu", []) == "cpu"

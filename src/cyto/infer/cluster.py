@@ -138,6 +138,14 @@ def engine_places(nodes: list[dict], device: str) -> list[Place]:
     return places
 
 
+def engine_device(device: str, gpu_ids: list) -> str:
+    """The device an engine asks for inside its actor: Ray shows an actor only the GPU it was
+    given (as ``cuda:0``), so ``cuda:N`` there means that GPU."""
+    if gpu_ids and device.startswith("cuda:"):
+        return "cuda"
+    return device
+
+
 class SlideWorker:
     """The engine actor: loads the model once, then scores slides or ranges of their tiles
     (wrapped by ``ray.remote`` in :func:`_actor_class`, so this module imports without Ray).
@@ -150,10 +158,10 @@ class SlideWorker:
         from cyto.runtime import load_scorer
 
         os.environ["CYTO_PROGRESS"] = "0"
-        self.opts = opts
         # the host, and the Ray node on it (several nodes may share a host)
         self.node = f"{socket.gethostname()}:{ray.get_runtime_context().get_node_id()[:8]}"
         self.scorer, self.error = None, None
+        opts = self.opts = replace(opts, device=engine_device(opts.device, ray.get_gpu_ids()))
         try:
             self.scorer = load_scorer(Path(model), opts.backend, opts.device, opts.precision)
         except CytoError as exc:  # kept for where(): a dead actor's error is a traceback
