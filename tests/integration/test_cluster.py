@@ -269,49 +269,28 @@ def test_a_worker_killed_mid_slide_is_replaced_and_the_slide_resumed(
 def test_cli_on_a_cluster_reports_a_bad_slide_and_scores_the_rest(
     exported_dsvdd, cohort, plain, two_nodes, tmp_path
 ):
+    from cyto.runtime.devices import cuda_available
+    from tests.unit.test_cli import run_cyto
+
     slides, bad = cohort
     out = tmp_path / "cli"
-    cmd = [
-        sys.executable,
-        "-m",
-        "cyto",
+    args = [
         "score",
         str(slides[1]),
         str(bad),
-        "--model",
-        str(exported_dsvdd),
-        "--out",
-        str(out),
-        "--mosaic",
-        "0",
-        "--workers",
-        "0",
-        "--tile",
-        "512",
+        *("--model", str(exported_dsvdd), "--out", str(out)),
+        *("--mosaic", "0", "--workers", "0", "--tile", "512"),
     ]
     # a fresh driver, as a user's shell starts it (no auth mode set by an earlier ray.init)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
-    run = subprocess.run(
-        [*cmd, "--ray", two_nodes], capture_output=True, text=True, timeout=300, env=env
-    )
+    run = run_cyto(*args, "--ray", two_nodes, unset=("RAY_AUTH_MODE",))
     assert run.returncode == 1, run.stderr  # an unreadable slide, as in a plain run
     assert "failed:" in run.stderr and "broken.tif" in run.stderr and "Traceback" not in run.stderr
     _same_tables(plain, out, ["s1"])
     assert _rows(out)["broken"]["status"] == "failed"
-    from cyto.runtime.devices import cuda_available
-
     if not cuda_available():  # an engine that cannot load the model: one line, exit 2
-        run = subprocess.run(
-            [*cmd, "--ray", two_nodes, "--device", "cuda"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
+        run = run_cyto(*args, "--ray", two_nodes, "--device", "cuda", unset=("RAY_AUTH_MODE",))
         assert run.returncode == 2 and "cannot start" in run.stderr and "CUDA" in run.stderr
         assert "Traceback" not in run.stderr
-    run = subprocess.run(
-        [*cmd, "--ray", "127.0.0.1:1"], capture_output=True, text=True, timeout=120
-    )
+    run = run_cyto(*args, "--ray", "127.0.0.1:1")
     assert run.returncode == 2 and "nothing answers there" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1

@@ -11,8 +11,13 @@ from pathlib import Path
 import pytest
 
 
-def run_cyto(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cyto(
+    *args: str, env: dict | None = None, unset: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    """``cyto ARGS`` in a subprocess, with ``env`` added to this environment less ``unset``."""
     full_env = {**os.environ, "CYTO_PROGRESS": "0", **(env or {})}
+    for name in unset:
+        full_env.pop(name, None)
     return subprocess.run(
         [sys.executable, "-m", "cyto", *args],
         capture_output=True,

@@ -186,19 +186,18 @@ class SlideWorker:
     def score(self, slide: str, target: str, resume: bool, metrics, split: int | None) -> dict:
         """The slide's summary; or, when it has more than ``split`` tiles, ``{"tiles": n}``
         (the driver then sends its tiles out in parts)."""
-        from cyto.infer.parts import count_tiles
+        from cyto.infer.parts import tiles_beyond
         from cyto.infer.pipeline import finished_summary, score_one
 
         slide_p, target_p = Path(slide), Path(target)
 
         def run(opts, echo):
-            if split:
-                previous = opts.resume and finished_summary(target_p, self.scorer, slide_p, echo)
-                if previous:
-                    echo(f"{slide_p.name}: already scored in {target}; skipping")
-                    return {"summary": previous}
-                n = count_tiles(slide_p, self.scorer, opts)
-                if n > split:
+            # a finished slide is reused by score_one, however many tiles it has
+            if split and not (
+                opts.resume and finished_summary(target_p, self.scorer, slide_p, echo)
+            ):
+                n = tiles_beyond(slide_p, self.scorer, opts, split)
+                if n is not None:
                     return {"tiles": n}
             return {"summary": score_one(slide_p, target_p, self.scorer, opts, echo, metrics)}
 

@@ -49,10 +49,20 @@ def _planned(slide: Path, scorer: Scorer, opts: ScoreOptions, echo):
         reader.close()
 
 
-def count_tiles(slide: Path, scorer: Scorer, opts: ScoreOptions, echo=print) -> int:
-    """How many tiles a run over ``slide`` visits (those with tissue, or with given nuclei)."""
+def tiles_beyond(slide: Path, scorer: Scorer, opts: ScoreOptions, limit: int) -> int | None:
+    """How many tiles a run over ``slide`` visits (those with tissue, or with given nuclei) when
+    that is more than ``limit``, else None. A slide whose whole grid of tiles is within the
+    limit is not planned at all (no tissue mask computed only to be computed again)."""
+    reader = open_slide(Path(slide))
+    try:
+        info = reader.info
+        grid = -(-info.width // opts.tile) * -(-info.height // opts.tile)
+    finally:
+        reader.close()
+    if grid <= limit:
+        return None
     with _planned(Path(slide), scorer, opts, lambda _m: None) as plan:
-        return len(plan.jobs)
+        return len(plan.jobs) if len(plan.jobs) > limit else None
 
 
 def _part_dir(out_dir: Path, start: int, stop: int) -> Path:
@@ -73,10 +83,10 @@ def _finished(folder: Path, key: dict) -> TileRun | None:
 
 def score_part(
     slide: Path, scorer: Scorer, out_dir: Path, opts: ScoreOptions, start: int, stop: int, echo
-) -> dict:
+) -> TileRun:
     """Score tiles ``start .. stop - 1`` of ``slide`` into their part folder of ``out_dir``;
     with ``opts.resume`` a finished part is kept and an interrupted one continued. Returns
-    ``{"cells": n, "resumed_cells": m}``."""
+    what the run did (its timings, cells resumed, crowding)."""
     slide, out_dir = Path(slide), Path(out_dir)
     folder = _part_dir(out_dir, start, stop)
     try:
@@ -95,10 +105,9 @@ def score_part(
                     tmp = folder / f".{DONE}.tmp"
                     tmp.write_text(json.dumps({"key": key, "run": run.as_json()}))
                     os.replace(tmp, folder / DONE)
-                cells = ChunkStore(folder, key).count_rows()
     except OSError as exc:
         raise write_error(slide, out_dir, exc) from exc
-    return {"cells": cells, "resumed_cells": run.resumed_cells}
+    return run
 
 
 def merge_parts(

@@ -137,6 +137,7 @@ class ChunkStore:
 
     def start(self, resume: bool, echo) -> tuple[int, int]:
         """(tiles done, cells done): what an earlier run left, when resuming a matching run."""
+        import pyarrow.parquet as pq
 
         state = self.dir / "state.json"
         if resume and state.is_file():
@@ -148,7 +149,7 @@ class ChunkStore:
                 for f in self.dir.glob("*.tmp"):
                     f.unlink()
                 done_tiles = self._ranges()[-1][1] + 1 if self._ranges() else 0
-                done_cells = self.count_rows()
+                done_cells = sum(pq.read_metadata(f).num_rows for f in self._files())
                 echo(f"resuming: {done_tiles} tiles and {done_cells} cells already scored")
                 return done_tiles, done_cells
             what = [
@@ -210,11 +211,6 @@ class ChunkStore:
         if not files:
             return schema().empty_table()
         return pa.concat_tables([pq.read_table(f).replace_schema_metadata(None) for f in files])
-
-    def count_rows(self) -> int:
-        import pyarrow.parquet as pq
-
-        return sum(pq.read_metadata(f).num_rows for f in self._files())
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
