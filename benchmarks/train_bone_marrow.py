@@ -94,9 +94,24 @@ def common_settings(args: argparse.Namespace):
     return resolve_device(args.device), preset, seeds, dict(kv.split("=", 1) for kv in args.set)
 
 
+def methods_and_size(names: str, preset: str | None, overrides: dict) -> tuple[list[str], int]:
+    """The methods of a comma-separated list, and the load size they share (or exit)."""
+    methods = [m.strip() for m in names.split(",") if m.strip()]
+    sizes = {
+        resolve_config(get_method(m).Config, preset, overrides=overrides).load_size for m in methods
+    }
+    if len(sizes) != 1:
+        raise SystemExit(f"methods disagree on load_size: {sizes}")
+    return methods, sizes.pop()
+
+
 def command_line(script: str, args: argparse.Namespace) -> str:
     """The command that reproduces this run (without where its files went)."""
-    opts = " ".join(f"--{k} {v}" for k, v in vars(args).items() if k not in ("out", "jsonl", "set"))
+    opts = " ".join(
+        f"--{k.replace('_', '-')} {v}"
+        for k, v in vars(args).items()
+        if k not in ("out", "jsonl", "set") and v is not None
+    )
     return f"python benchmarks/{script} {opts}" + "".join(f" --set {kv}" for kv in args.set)
 
 
@@ -115,15 +130,8 @@ def main() -> None:
     args = ap.parse_args()
 
     device, preset, seeds, overrides = common_settings(args)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    load_size = {
-        resolve_config(get_method(m).Config, preset, overrides=overrides).load_size for m in methods
-    }
-    if len(load_size) != 1:
-        raise SystemExit(f"methods disagree on load_size: {load_size}")
-    ds = PatchDataset.from_path(
-        args.data, normal=args.normal, abnormal=args.abnormal, size=load_size.pop()
-    )
+    methods, size = methods_and_size(args.methods, preset, overrides)
+    ds = PatchDataset.from_path(args.data, normal=args.normal, abnormal=args.abnormal, size=size)
     images = np.asarray(ds.images)
     rows = []
     for seed in seeds:

@@ -314,6 +314,15 @@ def train_cmd(
         f"trained {res.method} on {_used(res.n_used, res.n_images)} in {res.seconds:.1f} s; "
         f"final losses {last}; wrote {res.bundle}"
     )
+    check = res.bag_check
+    if check is not None:
+        loud = check["status"] != "ok"
+        typer.secho(
+            ("WARNING: " if loud else "") + check["message"],
+            err=loud,
+            fg=typer.colors.RED if check["status"] == "failed" else None,
+            bold=loud,
+        )
 
 
 def _used(n_used: int | None, n_images: int | None) -> str:
@@ -362,6 +371,8 @@ def info_cmd(
         f"in {m.get('training_seconds')} s on {m.get('device')}"
     )
     typer.echo(f"  epochs {cfg.get('epochs')}, batch {cfg.get('batch_size')}, lr {cfg.get('lr')}")
+    if m.get("bag_check"):
+        typer.echo(f"  {m['bag_check']['message']}")
     ref = m.get("refined_from")
     if ref:
         typer.echo(

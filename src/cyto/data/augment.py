@@ -56,14 +56,48 @@ def _normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD) -> A.Normalize:
     return A.Normalize(mean=mean, std=std, max_pixel_value=255.0, p=1.0)
 
 
+class StainJitter(A.ImageOnlyTransform):
+    """Another lab's stain and scanner, drawn at random (``cyto.data.stain.jitter``): each image's
+    lαβ spread scaled by exp(N(0, sigma)) and its means moved by N(0, sigma) spreads."""
+
+    def __init__(self, sigma: float = 0.2, p: float = 0.8) -> None:
+        super().__init__(p=p)
+        self.sigma = float(sigma)
+
+    def get_params(self) -> dict:
+        r = self.random_generator
+        return {
+            "shift": r.normal(0.0, self.sigma, 3),
+            "scale": np.exp(r.normal(0.0, self.sigma, 3)),
+        }
+
+    def apply(self, img: np.ndarray, shift=None, scale=None, **params) -> np.ndarray:
+        from cyto.data.stain import jitter
+
+        return jitter(img, shift, scale)
+
+    def get_transform_init_args_names(self) -> tuple[str, ...]:
+        return ("sigma",)
+
+
+def _colour(stain_jitter: float) -> list:
+    """The colour augmentation of the training views: RGBShift, after the stain jitter when
+    ``stain_jitter`` > 0."""
+    shift = A.RGBShift(r_shift_limit=15, g_shift_limit=15, b_shift_limit=15, p=0.8)
+    return [StainJitter(stain_jitter), shift] if stain_jitter > 0 else [shift]
+
+
 def weak_view(
-    size: int = 224, seed: int | None = 0, crop_scale: tuple[float, float] = (0.5, 1.0)
+    size: int = 224,
+    seed: int | None = 0,
+    crop_scale: tuple[float, float] = (0.5, 1.0),
+    stain_jitter: float = 0.0,
 ) -> View:
-    """RGBShift + RandomResizedCrop(size) + normalization."""
+    """[StainJitter] + RGBShift + RandomResizedCrop(size) + normalization."""
     return _Pipeline(
         A.Compose(
             [
-                A.RGBShift(r_shift_limit=15, g_shift_limit=15, b_shift_limit=15, p=0.8),
+                *_colour(stain_jitter),
                 A.RandomResizedCrop(size=(size, size), scale=crop_scale, p=1.0),
                 _normalize(),
             ],
@@ -72,7 +106,9 @@ def weak_view(
     )
 
 
-def size_preserving_view(size: int = 224, seed: int | None = 0, max_rotation: float = 10.0) -> View:
+def size_preserving_view(
+    size: int = 224, seed: int | None = 0, max_rotation: float = 10.0, stain_jitter: float = 0.0
+) -> View:
     """RGBShift, horizontal flip and small rotations, then resize: no crop, no zoom.
 
     For one-class training (Deep SVDD): an enlarged nucleus is the abnormality the model must
@@ -82,7 +118,7 @@ def size_preserving_view(size: int = 224, seed: int | None = 0, max_rotation: fl
     return _Pipeline(
         A.Compose(
             [
-                A.RGBShift(r_shift_limit=15, g_shift_limit=15, b_shift_limit=15, p=0.8),
+                *_colour(stain_jitter),
                 A.HorizontalFlip(p=0.5),
                 A.Rotate(limit=max_rotation, border_mode=4, p=0.5),  # cv2.BORDER_REFLECT_101
                 A.Resize(size, size, p=1.0),

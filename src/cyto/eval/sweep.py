@@ -148,6 +148,9 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
                 data = _train_data(method, trial0, images, labels, ds.fingerprint)
                 model = get_method(method)(configs[method]).fit(data, device=dev)
                 save_bundle(bundle, *model.bundle_parts(data), overwrite=True)
+                check = getattr(model, "bag_check_", None)
+                if check is not None and check["status"] != "ok":
+                    echo(f"{name}: WARNING: {check['message']}")
             scorer = load_scorer(bundle, "torch", str(dev))
             score_of = dict(zip(held_out.tolist(), scorer.score(images[held_out]), strict=True))
             rows = []

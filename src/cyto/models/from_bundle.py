@@ -68,11 +68,21 @@ GRAPHS: dict[str, Callable[[Bundle], nn.Module]] = {
 
 
 def build_graph(bundle: Bundle) -> nn.Module:
-    """The bundle's network, in eval mode on the CPU: uint8 NHWC in, graph output out."""
+    """The bundle's network, in eval mode on the CPU: uint8 NHWC in, graph output out (after the
+    bundle's stain normalization, when it has one)."""
     kind = bundle.spec.head
     if kind not in GRAPHS:
         raise BundleError(
             f"{bundle.path}: unknown scorer kind {kind!r}; this cyto knows "
             f"{', '.join(GRAPHS)} (upgrade cyto?)"
         )
-    return GRAPHS[kind](bundle).eval()
+    graph = GRAPHS[kind](bundle)
+    record = bundle.manifest.get("stain_normalization")
+    if record:
+        from cyto.data.stain import StainNormalized, module
+
+        try:
+            graph = StainNormalized(graph, module(record))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BundleError(f"{bundle.path}: unusable stain_normalization record: {exc}") from exc
+    return graph.eval()

@@ -28,6 +28,7 @@ class TrainResult:
     n_images: int
     n_used: int  # the images the method learned from (the normal ones for one-class methods)
     history: dict[str, list[float]]
+    bag_check: dict[str, Any] | None = None  # weakly supervised methods: see cyto.train.bagcheck
 
 
 def checkpoint_dir(out: Path) -> Path:
@@ -91,4 +92,13 @@ def train(
     save_bundle(out, manifest, tensors, scorer, overwrite=overwrite)
     shutil.rmtree(ckpt, ignore_errors=True)
     n_used = manifest["training_data"]["n_used"]
-    return TrainResult(out, method, cfg, seconds, len(train_data), n_used, model.history_)
+    return TrainResult(
+        out,
+        method,
+        cfg,
+        seconds,
+        len(train_data),
+        n_used,
+        model.history_,
+        getattr(model, "bag_check_", None),
+    )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
@@ -66,8 +67,20 @@ class Method(ABC):
         weights: Path | None = None,
     ) -> Method:
         self.device_ = torch.device(device)
+        self.stain_ = None
+        if self.config.stain_norm != "none":
+            from cyto.data.stain import normalize_images, reference
+
+            # the method learns from normalized images; score() and the bundle's graph normalize
+            # what they are given the same way
+            self.stain_ = reference(data.images)
+            data = dataclasses.replace(data, images=normalize_images(data.images, self.stain_))
         self._fit(data, ckpt_dir, resume, weights)
         self.fitted_ = True
+        if not self.instance_labels and data.bags is not None and data.bag_labels is not None:
+            from cyto.train.bagcheck import bag_check
+
+            self.bag_check_ = bag_check(self.score(data.images), data.bags, data.bag_labels)
         return self
 
     def _check_fitted(self) -> None:
@@ -77,11 +90,21 @@ class Method(ABC):
     def score(self, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
         """Abnormality of each uint8 (N, H, W, 3) image; higher = more abnormal."""
         self._check_fitted()
-        return run_batched(self._scorer(), images, batch_size, self.device_).astype(np.float64)
+        scorer = self._stained(self._scorer())
+        return run_batched(scorer, images, batch_size, self.device_).astype(np.float64)
 
     def embed(self, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
         self._check_fitted()
-        return run_batched(self._embedder(), images, batch_size, self.device_)
+        return run_batched(self._stained(self._embedder()), images, batch_size, self.device_)
+
+    def _stained(self, module: nn.Module) -> nn.Module:
+        """``module`` preceded by the stain normalization the method was trained with."""
+        if getattr(self, "stain_", None) is None:
+            return module
+        from cyto.data.stain import StainNormalized
+        from cyto.data.stain import module as stain_module
+
+        return StainNormalized(module, stain_module(self.stain_)).to(self.device_)
 
     def n_used(self, data: TrainData) -> int:
         """How many of ``data``'s images the method learns from."""
@@ -118,4 +141,6 @@ class Method(ABC):
                 "used": self.used_words(data),
             },
             "history": self.history_,
+            **({"bag_check": self.bag_check_} if hasattr(self, "bag_check_") else {}),
+            **({"stain_normalization": self.stain_} if getattr(self, "stain_", None) else {}),
         }

@@ -39,6 +39,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     seed: int = 0
     amp: bool = True  # mixed precision on CUDA (ignored on CPU)
+    stain_norm: str = "none"  # "reinhard": colours moved to the training images' (cyto.data.stain)
+    stain_jitter: float = 0.0  # > 0: training views get random stain colours of this strength
 
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
@@ -52,6 +54,10 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.input_size < 16:
             raise ConfigError(f"input_size must be >= 16, got {self.input_size}")
+        if not 0 <= self.stain_jitter <= 1:
+            raise ConfigError(f"stain_jitter must be in [0, 1], got {self.stain_jitter}")
+        if self.stain_norm not in ("none", "reinhard"):
+            raise ConfigError(f"stain_norm must be none or reinhard, got {self.stain_norm!r}")
         if self.mpp is not None and self.mpp <= 0:
             raise ConfigError(f"mpp must be > 0 (um per pixel), got {self.mpp}")
         if self.lr <= 0 or self.weight_decay < 0:

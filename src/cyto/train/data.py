@@ -90,13 +90,14 @@ def epoch_batches(
         yield order[i : i + batch_size]
 
 
-def weak_pair(size: int, seed: int, crop_min: float):
+def weak_pair(size: int, seed: int, crop_min: float, stain_jitter: float = 0.0):
     """Two independently seeded weak views (the positive pair of contrastive learning)."""
     from cyto.data.augment import weak_view
 
     crop = (crop_min, 1.0)
-    return weak_view(size, seed=seed, crop_scale=crop), weak_view(
-        size, seed=seed + 1, crop_scale=crop
+    return tuple(
+        weak_view(size, seed=s, crop_scale=crop, stain_jitter=stain_jitter)
+        for s in (seed, seed + 1)
     )
 
 

@@ -186,7 +186,7 @@ class DROC(Method):
 
         def batches(epoch: int):
             s = cfg.seed * 7919 + epoch
-            v1, v2 = weak_pair(cfg.input_size, s, cfg.crop_min)
+            v1, v2 = weak_pair(cfg.input_size, s, cfg.crop_min, cfg.stain_jitter)
             da = pseudo_abnormal_view(cfg.input_size, in_size, seed=s + 2, mode=cfg.strong_mode)
             for idx in epoch_batches(len(normals), cfg.batch_size, cfg.seed, epoch, drop_last=True):
                 imgs = normals[idx]

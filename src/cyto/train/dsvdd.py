@@ -256,7 +256,9 @@ class DeepSVDD(Method):
         cfg = self.config
 
         def gen(epoch: int):
-            view = size_preserving_view(cfg.input_size, seed=seed * 7919 + epoch)
+            view = size_preserving_view(
+                cfg.input_size, seed=seed * 7919 + epoch, stain_jitter=cfg.stain_jitter
+            )
             for idx in epoch_batches(len(images), cfg.batch_size, seed, epoch):
                 x = torch.from_numpy(apply_view(view, images[idx]))
                 yield (x,) if labels is None else (x, torch.from_numpy(labels[idx]))

@@ -91,7 +91,10 @@ class FSSIL(Method):
 
         def batches(epoch: int):
             view = weak_view(
-                cfg.input_size, seed=cfg.seed * 7919 + epoch, crop_scale=(cfg.crop_min, 1.0)
+                cfg.input_size,
+                seed=cfg.seed * 7919 + epoch,
+                crop_scale=(cfg.crop_min, 1.0),
+                stain_jitter=cfg.stain_jitter,
             )
             for idx in epoch_batches(len(images), cfg.batch_size, cfg.seed, epoch):
                 yield torch.from_numpy(apply_view(view, images[idx])), torch.from_numpy(y[idx])

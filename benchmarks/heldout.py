@@ -1,0 +1,247 @@
+"""Rankings on cells the methods never saw: repeated development splits, a final split touched once,
+and a second lab (issue 16).
+
+The protocol (evaluation hygiene):
+
+* ``--data`` is split once, stratified by class, with ``--final-seed``: ``--final-fraction`` of
+  every class is the **final** split, never used while choices are made. The rest is the
+  **development** pool.
+* ``--stage dev``: for each seed, the development pool is split in halves (stratified); the methods
+  train on one half and rank the other. Make every choice (presets, defaults) on these rows.
+* ``--stage final``: after choices are frozen, each seed trains on the whole development pool and
+  ranks the final split, once. Its rows are reported beside the development ones, never tuned on.
+* ``--other`` (a second lab's cells, e.g. ../shared/data/pbc) is ranked by every trained model in
+  both stages; no model ever trains on it.
+
+What each method learns from: one-class methods (dsvdd, droc) the training normals only; FS-SIL the
+training normals and half of the training abnormals with instance labels (the supervised bound);
+WS-SIL and ItS2CLR 10 bags of the training normals, 5 of them positive and holding
+``--witnesses-per-bag`` abnormal cells each, with bag labels only (the witness rate is printed).
+
+Metrics on each test set: AUROC; Recall@K with K = the number of abnormal test cells; and the
+paper's operating point, Recall@K at a witness rate of 1 % with K = 5 % of the pool (the paper's
+400 of 7,913), averaged over ``--draws`` random draws of the abnormal cells (chance = 0.05).
+Weakly supervised rows also carry their bag check (``cyto.train.bagcheck``).
+
+    python benchmarks/heldout.py --data ../shared/data/bone_marrow --normal LYT \\
+        --other ../shared/data/pbc --other-normal lymphocyte --preset fast --seeds 0,1,2,3,4 \\
+        --stage dev
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from sklearn.metrics import roc_auc_score
+
+from cyto.data.dataset import PatchDataset
+from cyto.train.config import resolve_config
+from cyto.train.data import TrainData
+from cyto.train.registry import get_method, method_names
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _results import machine, where, write  # noqa: E402
+from train_bone_marrow import (  # noqa: E402
+    append_row,
+    command_line,
+    common_parser,
+    common_settings,
+    methods_and_size,
+)
+
+
+def stratified_halves(labels: np.ndarray, idx: np.ndarray, frac: float, seed: int):
+    """``(first, rest)`` of ``idx``: ``frac`` of each label value, drawn with ``seed``."""
+    rng = np.random.default_rng(seed)
+    first, rest = [], []
+    for value in np.unique(labels[idx]):
+        members = rng.permutation(idx[labels[idx] == value])
+        cut = int(round(frac * len(members)))
+        first.append(members[:cut])
+        rest.append(members[cut:])
+    return np.sort(np.concatenate(first)), np.sort(np.concatenate(rest))
+
+
+def recall_at_wr(
+    y: np.ndarray, s: np.ndarray, wr: float, k_frac: float, draws: int, seed: int
+) -> float:
+    """Mean Recall@K over draws of a pool of every normal test cell plus abnormal cells at witness
+    rate ``wr`` (at least one), K = ``k_frac`` of the pool. Ties rank normal cells first."""
+    rng = np.random.default_rng(seed)
+    normal, abnormal = s[y == 0], s[y == 1]
+    n_abn = max(1, round(wr * len(normal) / (1 - wr)))
+    k = max(1, math.ceil(k_frac * (len(normal) + n_abn)))
+    got = []
+    for _ in range(draws):
+        pick = rng.choice(abnormal, n_abn, replace=False)
+        pool = np.concatenate([normal, pick])
+        top = np.argsort(-pool, kind="stable")[:k]
+        got.append(float((top >= len(normal)).sum()) / n_abn)
+    return float(np.mean(got))
+
+
+def metrics(y: np.ndarray, s: np.ndarray, draws: int, seed: int) -> dict:
+    k = int(y.sum())
+    top = np.argsort(-s, kind="stable")[:k]
+    return {
+        "auroc": round(float(roc_auc_score(y, s)), 4),
+        "recall_at_k": round(float(y[top].mean()), 4),
+        "recall_wr1_k5": round(recall_at_wr(y, s, 0.01, 0.05, draws, seed), 4),
+    }
+
+
+def train_data(cls, ds, images, tr_n, tr_a, per_bag: int, seed: int) -> tuple[TrainData, float]:
+    """What ``cls`` learns from, and the witness rate of its positive bags (0 when unbagged)."""
+    rng = np.random.default_rng(seed + 11)
+    if cls.one_class:
+        return TrainData(images[tr_n], ds.labels[tr_n], fingerprint=ds.fingerprint), 0.0
+    if cls.instance_labels:
+        idx = np.concatenate([tr_n, tr_a[: len(tr_a) // 2]])
+        return TrainData(images[idx], ds.labels[idx], fingerprint=ds.fingerprint), 0.0
+    witnesses = rng.permutation(tr_a)[: 5 * per_bag]
+    idx = np.concatenate([tr_n, witnesses])
+    bag = np.array(
+        [f"bag{i % 10}" for i in rng.permutation(len(tr_n))]
+        + [f"bag{i % 5}" for i in range(5 * per_bag)]
+    )
+    bag_label = np.array([int(int(b[3:]) < 5) for b in bag], dtype=np.int8)
+    in_pos = bag_label == 1
+    wr = len(witnesses) / int(in_pos.sum())
+    return TrainData(images[idx], None, bag, bag_label, fingerprint=ds.fingerprint), wr
+
+
+def main() -> None:
+    ap = common_parser(__doc__)
+    ap.add_argument("--methods", default=",".join(method_names()))
+    ap.add_argument("--stage", choices=("dev", "final"), default="dev")
+    ap.add_argument("--final-fraction", type=float, default=0.25)
+    ap.add_argument("--final-seed", type=int, default=2026)
+    ap.add_argument("--witnesses-per-bag", type=int, default=2)
+    ap.add_argument("--other", type=Path, default=None, help="a second lab's cell folders")
+    ap.add_argument("--other-normal", default="lymphocyte")
+    ap.add_argument("--draws", type=int, default=500)
+    args = ap.parse_args()
+
+    device, preset, seeds, overrides = common_settings(args)
+    methods, size = methods_and_size(args.methods, preset, overrides)
+    ds = PatchDataset.from_path(args.data, normal=args.normal, abnormal=args.abnormal, size=size)
+    images, y = np.asarray(ds.images), ds.labels.astype(int)
+    final, dev = stratified_halves(y, np.arange(len(y)), args.final_fraction, args.final_seed)
+    other = other_images = None
+    if args.other is not None:
+        other = PatchDataset.from_path(args.other, normal=args.other_normal, size=size)
+        other_images = np.asarray(other.images)
+
+    rows = []
+    for seed in seeds:
+        if args.stage == "dev":
+            train, test = stratified_halves(y, dev, 0.5, seed)
+        else:
+            train, test = dev, final
+        tr_n, tr_a = train[y[train] == 0], train[y[train] == 1]
+        for name in methods:
+            cls = get_method(name)
+            cfg = resolve_config(cls.Config, preset, overrides={**overrides, "seed": seed})
+            data, wr = train_data(cls, ds, images, tr_n, tr_a, args.witnesses_per_bag, seed)
+            t0 = time.perf_counter()
+            model = cls(cfg).fit(data, device=device)
+            row = {
+                "stage": args.stage,
+                "method": name,
+                "seed": seed,
+                "n_train": len(data),
+                "train_witness_rate": round(wr, 4),
+                "fit_seconds": round(time.perf_counter() - t0, 1),
+                "n_test": len(test),
+                **{
+                    f"{k}": v
+                    for k, v in metrics(
+                        y[test], model.score(images[test]), args.draws, seed
+                    ).items()
+                },
+            }
+            if other is not None:
+                s_other = model.score(other_images)
+                got = metrics(other.labels.astype(int), s_other, args.draws, seed)
+                row.update({f"other_{k}": v for k, v in got.items()} | {"n_other": len(s_other)})
+            check = getattr(model, "bag_check_", None)
+            if check is not None:
+                row.update(bag_auroc=check["bag_auroc"], bag_check=check["status"])
+            rows.append(row)
+            append_row(args.jsonl, row)
+
+    cmd = command_line("heldout.py", args)
+    meta = machine(cmd) | {
+        "seeds": seeds,
+        "stage": args.stage,
+        "final_fraction": args.final_fraction,
+        "final_seed": args.final_seed,
+        "n_dev": len(dev),
+        "n_final": len(final),
+    }
+    write(
+        args.out,
+        f"heldout_{args.data.name}_{args.preset}_{args.stage}",
+        meta,
+        rows,
+        table(rows, methods, args, meta, device),
+    )
+
+
+def table(rows, methods, args, meta, device) -> list[str]:
+    def ms(got, key, fmt="{:.3f}"):
+        v = [r[key] for r in got if key in r]
+        if not v:
+            return "-"
+        sd = statistics.stdev(v) if len(v) > 1 else 0.0
+        return f"{fmt.format(statistics.mean(v))} ± {fmt.format(sd)}"
+
+    what = (
+        "halves of the development pool"
+        if args.stage == "dev"
+        else "the whole development pool, ranking the final split (touched once)"
+    )
+    other = f" and {args.other.name} (another lab, never trained on)" if args.other else ""
+    lines = [
+        f"# Held-out ranking, {args.stage} stage: {args.data.name}{other}",
+        "",
+        where(meta["command"], meta, device),
+        "",
+        f"Final split: {args.final_fraction:.0%} of each class of {args.data.name} "
+        f"(seed {args.final_seed}, {meta['n_final']} cells); development pool {meta['n_dev']} "
+        f"cells. Each seed ({', '.join(map(str, meta['seeds']))}) trains on {what}. "
+        "Mean ± sd over seeds. Recall@5% @ WR 1%: the paper's operating point (K = 5 % of a pool "
+        f"at witness rate 1 %, mean of {args.draws} draws; chance 0.05).",
+        "",
+        "| method | train | WR of positive bags | AUROC | Recall@K | Recall@5% @ WR 1% |"
+        + (" other lab AUROC | other lab Recall@5% @ WR 1% |" if args.other else "")
+        + " bag check (AUROC; failed) |",
+        "|---|---|---|---|---|---|" + ("---|---|" if args.other else "") + "---|",
+    ]
+    for name in methods:
+        got = [r for r in rows if r["method"] == name]
+        wr = got[0]["train_witness_rate"]
+        bag = "-"
+        if "bag_auroc" in got[0]:
+            failed = sum(r["bag_check"] == "failed" for r in got)
+            bag = f"{ms(got, 'bag_auroc', '{:.2f}')}; {failed} of {len(got)}"
+        lines.append(
+            f"| {name} | {got[0]['n_train']} | {f'{wr:.1%}' if wr else '-'} | "
+            f"{ms(got, 'auroc')} | {ms(got, 'recall_at_k')} | {ms(got, 'recall_wr1_k5')} |"
+            + (
+                f" {ms(got, 'other_auroc')} | {ms(got, 'other_recall_wr1_k5')} |"
+                if args.other
+                else ""
+            )
+            + f" {bag} |"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    main()
