@@ -102,3 +102,22 @@ def test_cyto_train_prints_and_records_a_failed_check(tmp_path, synth_patches, m
     assert check["n_positive_bags"] == 3 and check["n_negative_bags"] == 3
     info = CliRunner().invoke(app, ["info", str(out)])
     assert "bag check FAILED" in info.output
+
+
+def test_a_pass_needs_more_than_random_bag_labels_give():
+    """With 5 + 5 bags, a bag AUROC of 0.76 (19 of 25 pairs) happens to random bag labels about
+    one time in ten: the check calls it weak, not ok."""
+    from cyto.train.bagcheck import permutation_p
+
+    y = np.array([1] * 5 + [0] * 5)
+    perfect = np.arange(10, 0, -1).astype(float)  # every positive bag above every negative one
+    assert permutation_p(y, perfect) == pytest.approx(1 / 252)
+    s = np.array([10, 9, 8, 5, 4, 7, 6, 3, 2, 1], dtype=float)  # 21 of 25 pairs: AUROC 0.84
+    assert auroc(y, s) == pytest.approx(0.84)
+    assert permutation_p(y, s) <= 0.05
+    s = np.array([10, 9, 8, 5, 2, 7, 6, 4, 3, 1], dtype=float)  # 19 of 25 pairs
+    assert auroc(y, s) == pytest.approx(0.76)
+    assert 0.05 < permutation_p(y, s) < 0.2
+    bags = np.array([f"b{i}" for i in range(10)])
+    check = bag_check(s, bags, y, top_fraction=1.0)
+    assert check["status"] == "weak" and "random bag labels" in check["message"]
