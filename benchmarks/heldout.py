@@ -11,7 +11,8 @@ The protocol (evaluation hygiene):
 * ``--stage final``: after choices are frozen, each seed trains on the whole development pool and
   ranks the final split, once. Its rows are reported beside the development ones, never tuned on.
 * ``--other`` (a second lab's cells, e.g. ../shared/data/pbc) is ranked by every trained model in
-  both stages; no model ever trains on it.
+  both stages; no model trains on it, unless ``--mix-other N`` (a mixed-lab recipe): then N of its
+  normal cells, drawn per seed, join the training normals and leave its test set.
 
 What each method learns from: one-class methods (dsvdd, droc) the training normals only; FS-SIL the
 training normals and half of the training abnormals with instance labels (the supervised bound);
@@ -95,14 +96,16 @@ def metrics(y: np.ndarray, s: np.ndarray, draws: int, seed: int) -> dict:
     }
 
 
-def train_data(cls, ds, images, tr_n, tr_a, per_bag: int, seed: int) -> tuple[TrainData, float]:
+def train_data(
+    cls, labels, fingerprint, images, tr_n, tr_a, per_bag: int, seed: int
+) -> tuple[TrainData, float]:
     """What ``cls`` learns from, and the witness rate of its positive bags (0 when unbagged)."""
     rng = np.random.default_rng(seed + 11)
     if cls.one_class:
-        return TrainData(images[tr_n], ds.labels[tr_n], fingerprint=ds.fingerprint), 0.0
+        return TrainData(images[tr_n], labels[tr_n], fingerprint=fingerprint), 0.0
     if cls.instance_labels:
         idx = np.concatenate([tr_n, tr_a[: len(tr_a) // 2]])
-        return TrainData(images[idx], ds.labels[idx], fingerprint=ds.fingerprint), 0.0
+        return TrainData(images[idx], labels[idx], fingerprint=fingerprint), 0.0
     witnesses = rng.permutation(tr_a)[: 5 * per_bag]
     idx = np.concatenate([tr_n, witnesses])
     bag = np.array(
@@ -112,7 +115,7 @@ def train_data(cls, ds, images, tr_n, tr_a, per_bag: int, seed: int) -> tuple[Tr
     bag_label = np.array([int(int(b[3:]) < 5) for b in bag], dtype=np.int8)
     in_pos = bag_label == 1
     wr = len(witnesses) / int(in_pos.sum())
-    return TrainData(images[idx], None, bag, bag_label, fingerprint=ds.fingerprint), wr
+    return TrainData(images[idx], None, bag, bag_label, fingerprint=fingerprint), wr
 
 
 def main() -> None:
@@ -125,6 +128,13 @@ def main() -> None:
     ap.add_argument("--other", type=Path, default=None, help="a second lab's cell folders")
     ap.add_argument("--other-normal", default="lymphocyte")
     ap.add_argument("--draws", type=int, default=500)
+    ap.add_argument(
+        "--mix-other",
+        type=int,
+        default=0,
+        help="a mixed-lab recipe: this many of the other lab's normal cells (drawn per seed) "
+        "join the training normals and leave its test set",
+    )
     args = ap.parse_args()
 
     device, preset, seeds, overrides = common_settings(args)
@@ -132,10 +142,15 @@ def main() -> None:
     ds = PatchDataset.from_path(args.data, normal=args.normal, abnormal=args.abnormal, size=size)
     images, y = np.asarray(ds.images), ds.labels.astype(int)
     final, dev = stratified_halves(y, np.arange(len(y)), args.final_fraction, args.final_seed)
-    other = other_images = None
+    other = None
+    pool_images, pool_labels = images, y  # what training draws from (both labels when mixed)
     if args.other is not None:
         other = PatchDataset.from_path(args.other, normal=args.other_normal, size=size)
-        other_images = np.asarray(other.images)
+        other_y = other.labels.astype(int)
+        pool_images = np.concatenate([images, np.asarray(other.images)])
+        pool_labels = np.concatenate([y, other_y])
+    elif args.mix_other:
+        raise SystemExit("--mix-other needs --other")
 
     rows = []
     for seed in seeds:
@@ -144,10 +159,25 @@ def main() -> None:
         else:
             train, test = dev, final
         tr_n, tr_a = train[y[train] == 0], train[y[train] == 1]
+        other_test = np.arange(len(other)) if other is not None else None
+        if args.mix_other:
+            normals = np.random.default_rng([seed, 3]).permutation(np.flatnonzero(other_y == 0))
+            mixed = np.sort(normals[: args.mix_other])
+            tr_n = np.concatenate([tr_n, len(y) + mixed])  # indices into the pooled arrays
+            other_test = np.setdiff1d(other_test, mixed)
         for name in methods:
             cls = get_method(name)
             cfg = resolve_config(cls.Config, preset, overrides={**overrides, "seed": seed})
-            data, wr = train_data(cls, ds, images, tr_n, tr_a, args.witnesses_per_bag, seed)
+            data, wr = train_data(
+                cls,
+                pool_labels,
+                ds.fingerprint,
+                pool_images,
+                tr_n,
+                tr_a,
+                args.witnesses_per_bag,
+                seed,
+            )
             t0 = time.perf_counter()
             model = cls(cfg).fit(data, device=device)
             row = {
@@ -166,8 +196,8 @@ def main() -> None:
                 },
             }
             if other is not None:
-                s_other = model.score(other_images)
-                got = metrics(other.labels.astype(int), s_other, args.draws, seed)
+                s_other = model.score(pool_images[len(y) + other_test])
+                got = metrics(other_y[other_test], s_other, args.draws, seed)
                 row.update({f"other_{k}": v for k, v in got.items()} | {"n_other": len(s_other)})
             check = getattr(model, "bag_check_", None)
             if check is not None:
@@ -207,6 +237,11 @@ def table(rows, methods, args, meta, device) -> list[str]:
         else "the whole development pool, ranking the final split (touched once)"
     )
     other = f" and {args.other.name} (another lab, never trained on)" if args.other else ""
+    if args.mix_other:
+        other = (
+            f" and {args.other.name} (another lab; mixed-lab recipe: {args.mix_other} of its "
+            "normal cells join the training normals and leave its test set)"
+        )
     lines = [
         f"# Held-out ranking, {args.stage} stage: {args.data.name}{other}",
         "",
