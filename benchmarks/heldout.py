@@ -129,6 +129,14 @@ def main() -> None:
     ap.add_argument("--other-normal", default="lymphocyte")
     ap.add_argument("--draws", type=int, default=500)
     ap.add_argument(
+        "--other-zoom",
+        type=float,
+        default=1.0,
+        help="the other lab's cells look this many times smaller: their images are resized to "
+        "zoom x the load size and centre-cropped back to it (bone marrow vs PBC: 1.68, from the "
+        "area of the normal cells' nuclei)",
+    )
+    ap.add_argument(
         "--mix-other",
         type=int,
         default=0,
@@ -145,9 +153,12 @@ def main() -> None:
     other = None
     pool_images, pool_labels = images, y  # what training draws from (both labels when mixed)
     if args.other is not None:
-        other = PatchDataset.from_path(args.other, normal=args.other_normal, size=size)
+        zoomed = round(size * args.other_zoom)
+        other = PatchDataset.from_path(args.other, normal=args.other_normal, size=zoomed)
         other_y = other.labels.astype(int)
-        pool_images = np.concatenate([images, np.asarray(other.images)])
+        lo = (zoomed - size) // 2  # the centre, at the training cells' scale
+        other_images = np.asarray(other.images)[:, lo : lo + size, lo : lo + size]
+        pool_images = np.concatenate([images, np.ascontiguousarray(other_images)])
         pool_labels = np.concatenate([y, other_y])
     elif args.mix_other:
         raise SystemExit("--mix-other needs --other")
@@ -237,6 +248,8 @@ def table(rows, methods, args, meta, device) -> list[str]:
         else "the whole development pool, ranking the final split (touched once)"
     )
     other = f" and {args.other.name} (another lab, never trained on)" if args.other else ""
+    if args.other_zoom != 1.0:
+        other += f", its cells zoomed {args.other_zoom:g}x to the training scale"
     if args.mix_other:
         other = (
             f" and {args.other.name} (another lab; mixed-lab recipe: {args.mix_other} of its "
