@@ -105,3 +105,19 @@ def test_a_model_trains_with_stain_jitter(tiny):
     assert np.isfinite(model.score(tiny.images[:8])).all()
     with pytest.raises(Exception, match="stain_jitter must be in"):
         make("dsvdd", stain_jitter=2.0)
+
+
+def test_the_bag_check_of_a_normalized_model_scores_the_images_once_normalized(tiny, monkeypatch):
+    """fit() trains on normalized images; its bag check must score the images it was given (which
+    score() normalizes), not normalize the normalized ones a second time."""
+    import cyto.train.bagcheck as bc
+
+    seen = {}
+
+    def spy(scores, bags, bag_labels, top_fraction=0.05):
+        seen["scores"] = np.asarray(scores)
+        return {"status": "ok", "bag_auroc": 1.0, "message": "spy"}
+
+    monkeypatch.setattr(bc, "bag_check", spy)
+    model = make("ws-sil", epochs=1, stain_norm="reinhard").fit(tiny)
+    np.testing.assert_allclose(seen["scores"], model.score(tiny.images), rtol=1e-6)

@@ -68,6 +68,7 @@ class Method(ABC):
     ) -> Method:
         self.device_ = torch.device(device)
         self.stain_ = None
+        given = data  # score() normalizes what it is given: the bag check scores these
         if self.config.stain_norm != "none":
             from cyto.data.stain import normalize_images, reference
 
@@ -80,7 +81,7 @@ class Method(ABC):
         if not self.instance_labels and data.bags is not None and data.bag_labels is not None:
             from cyto.train.bagcheck import bag_check
 
-            self.bag_check_ = bag_check(self.score(data.images), data.bags, data.bag_labels)
+            self.bag_check_ = bag_check(self.score(given.images), data.bags, data.bag_labels)
         return self
 
     def _check_fitted(self) -> None:
