@@ -38,9 +38,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from sklearn.metrics import roc_auc_score
 
 from cyto.data.dataset import PatchDataset
+from cyto.eval.metrics import auroc, recall_at_k
 from cyto.train.config import resolve_config
 from cyto.train.data import TrainData
 from cyto.train.registry import get_method, method_names
@@ -77,21 +77,18 @@ def recall_at_wr(
     normal, abnormal = s[y == 0], s[y == 1]
     n_abn = max(1, round(wr * len(normal) / (1 - wr)))
     k = max(1, math.ceil(k_frac * (len(normal) + n_abn)))
-    got = []
-    for _ in range(draws):
-        pick = rng.choice(abnormal, n_abn, replace=False)
-        pool = np.concatenate([normal, pick])
-        top = np.argsort(-pool, kind="stable")[:k]
-        got.append(float((top >= len(normal)).sum()) / n_abn)
+    labels = np.r_[np.zeros(len(normal), int), np.ones(n_abn, int)]
+    got = [
+        recall_at_k(np.concatenate([normal, rng.choice(abnormal, n_abn, replace=False)]), labels, k)
+        for _ in range(draws)
+    ]
     return float(np.mean(got))
 
 
 def metrics(y: np.ndarray, s: np.ndarray, draws: int, seed: int) -> dict:
-    k = int(y.sum())
-    top = np.argsort(-s, kind="stable")[:k]
     return {
-        "auroc": round(float(roc_auc_score(y, s)), 4),
-        "recall_at_k": round(float(y[top].mean()), 4),
+        "auroc": round(auroc(s, y), 4),
+        "recall_at_k": round(recall_at_k(s, y, int(y.sum())), 4),
         "recall_wr1_k5": round(recall_at_wr(y, s, 0.01, 0.05, draws, seed), 4),
     }
 

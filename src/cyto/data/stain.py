@@ -28,13 +28,16 @@ from torch import nn
 
 METHODS = ("none", "reinhard")
 
-_RGB2LMS = torch.tensor(
+_rgb2lms = torch.tensor(
     [[0.3811, 0.5783, 0.0402], [0.1967, 0.7244, 0.0782], [0.0241, 0.1288, 0.8444]],
     dtype=torch.float64,
 )
-_LOG2LAB = torch.diag(
+_log2lab = torch.diag(
     torch.tensor([3**-0.5, 6**-0.5, 2**-0.5], dtype=torch.float64)
 ) @ torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, -2.0], [1.0, -1.0, 0.0]], dtype=torch.float64)
+# the four matrices in float32, inverted once (in float64)
+_RGB2LMS, _LOG2LAB = _rgb2lms.float(), _log2lab.float()
+_LMS2RGB, _LAB2LOG = torch.linalg.inv(_rgb2lms).float(), torch.linalg.inv(_log2lab).float()
 
 
 def _to_lab(x: torch.Tensor, rgb2lms: torch.Tensor, log2lab: torch.Tensor) -> torch.Tensor:
@@ -53,13 +56,13 @@ def jitter(image: np.ndarray, shift: np.ndarray, scale: np.ndarray) -> np.ndarra
     """A uint8 HWC image with other stain colours: each lαβ channel's spread scaled by ``scale``
     and its mean moved by ``shift`` times that spread (the augmentation that matches the
     normalization: what it removes, this adds)."""
-    lab = _to_lab(torch.from_numpy(image).float()[None], _RGB2LMS.float(), _LOG2LAB.float())
+    lab = _to_lab(torch.from_numpy(image).float()[None], _RGB2LMS, _LOG2LAB)
     mean = lab.mean(dim=(1, 2), keepdim=True)
     sd = lab.std(dim=(1, 2), keepdim=True, unbiased=False)
     shift_t = torch.as_tensor(shift, dtype=torch.float32).view(1, 1, 1, 3)
     scale_t = torch.as_tensor(scale, dtype=torch.float32).view(1, 1, 1, 3)
     lab = (lab - mean) * scale_t + mean + shift_t * sd
-    rgb = _to_rgb(lab, torch.linalg.inv(_LOG2LAB).float(), torch.linalg.inv(_RGB2LMS).float())
+    rgb = _to_rgb(lab, _LAB2LOG, _LMS2RGB)
     return rgb[0].to(torch.uint8).numpy()
 
 
@@ -73,10 +76,10 @@ class ReinhardNormalize(nn.Module):
             "ref_mean", torch.as_tensor(mean, dtype=torch.float32).view(1, 1, 1, 3)
         )
         self.register_buffer("ref_std", torch.as_tensor(std, dtype=torch.float32).view(1, 1, 1, 3))
-        self.register_buffer("rgb2lms", _RGB2LMS.float())
-        self.register_buffer("log2lab", _LOG2LAB.float())
-        self.register_buffer("lab2log", torch.linalg.inv(_LOG2LAB).float())
-        self.register_buffer("lms2rgb", torch.linalg.inv(_RGB2LMS).float())
+        self.register_buffer("rgb2lms", _RGB2LMS.clone())
+        self.register_buffer("log2lab", _LOG2LAB.clone())
+        self.register_buffer("lab2log", _LAB2LOG.clone())
+        self.register_buffer("lms2rgb", _LMS2RGB.clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lab = _to_lab(x.float(), self.rgb2lms, self.log2lab)  # cast first (TensorRT: uint8 input)
@@ -100,13 +103,11 @@ class StainNormalized(nn.Module):
 
 def lab_stats(images: np.ndarray, batch: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """Per-image lαβ ``(means, stds)``, each ``(N, 3)``, of uint8 NHWC images."""
-    rgb2lms, log2lab = _RGB2LMS.float(), _LOG2LAB.float()
     means, stds = [], []
     with torch.no_grad():
         for i in range(0, len(images), batch):
-            lab = _to_lab(
-                torch.from_numpy(np.asarray(images[i : i + batch])).float(), rgb2lms, log2lab
-            )
+            x = torch.from_numpy(np.asarray(images[i : i + batch])).float()
+            lab = _to_lab(x, _RGB2LMS, _LOG2LAB)
             means.append(lab.mean(dim=(1, 2)).numpy())
             stds.append(lab.std(dim=(1, 2), unbiased=False).numpy())
     return np.concatenate(means), np.concatenate(stds)

@@ -56,8 +56,10 @@ class TrainConfig:
             raise ConfigError(f"input_size must be >= 16, got {self.input_size}")
         if not 0 <= self.stain_jitter <= 1:
             raise ConfigError(f"stain_jitter must be in [0, 1], got {self.stain_jitter}")
-        if self.stain_norm not in ("none", "reinhard"):
-            raise ConfigError(f"stain_norm must be none or reinhard, got {self.stain_norm!r}")
+        from cyto.data.stain import METHODS
+
+        if self.stain_norm not in METHODS:
+            raise ConfigError(f"stain_norm must be {' or '.join(METHODS)}, got {self.stain_norm!r}")
         if self.mpp is not None and self.mpp <= 0:
             raise ConfigError(f"mpp must be > 0 (um per pixel), got {self.mpp}")
         if self.lr <= 0 or self.weight_decay < 0:
