@@ -8,9 +8,16 @@ import json
 
 import numpy as np
 import pytest
+from sklearn.metrics import roc_auc_score
 
-from cyto.eval.metrics import auroc
-from cyto.train.bagcheck import bag_check, pooled_bag_scores
+from cyto.train.bagcheck import auroc, bag_check, pooled_bag_scores
+
+
+def test_auroc_equals_sklearn_with_ties():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 200)
+    s = rng.integers(0, 5, 200).astype(float)  # many ties
+    assert auroc(y, s) == pytest.approx(roc_auc_score(y, s))
 
 
 def test_pooling_is_the_mean_of_each_bags_top_share():
@@ -106,10 +113,10 @@ def test_a_pass_needs_more_than_random_bag_labels_give():
     perfect = np.arange(10, 0, -1).astype(float)  # every positive bag above every negative one
     assert permutation_p(y, perfect) == pytest.approx(1 / 252)
     s = np.array([10, 9, 8, 5, 4, 7, 6, 3, 2, 1], dtype=float)  # 21 of 25 pairs: AUROC 0.84
-    assert auroc(s, y) == pytest.approx(0.84)
+    assert auroc(y, s) == pytest.approx(0.84)
     assert permutation_p(y, s) <= 0.05
     s = np.array([10, 9, 8, 5, 2, 7, 6, 4, 3, 1], dtype=float)  # 19 of 25 pairs
-    assert auroc(s, y) == pytest.approx(0.76)
+    assert auroc(y, s) == pytest.approx(0.76)
     assert 0.05 < permutation_p(y, s) < 0.2
     bags = np.array([f"b{i}" for i in range(10)])
     check = bag_check(s, bags, y, top_fraction=1.0)
