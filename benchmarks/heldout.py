@@ -75,7 +75,7 @@ def recall_at_wr(
     rate ``wr`` (at least one), K = ``k_frac`` of the pool. Ties rank normal cells first."""
     rng = np.random.default_rng(seed)
     normal, abnormal = s[y == 0], s[y == 1]
-    n_abn = max(1, round(wr * len(normal) / (1 - wr)))
+    n_abn = abnormal_count(len(normal), wr)
     k = max(1, math.ceil(k_frac * (len(normal) + n_abn)))
     labels = np.r_[np.zeros(len(normal), int), np.ones(n_abn, int)]
     got = [
@@ -85,12 +85,22 @@ def recall_at_wr(
     return float(np.mean(got))
 
 
-def metrics(y: np.ndarray, s: np.ndarray, draws: int, seed: int) -> dict:
-    return {
+def abnormal_count(n_normal: int, wr: float) -> int:
+    """Abnormal cells in a pool of ``n_normal`` normal ones at witness rate ``wr`` (at least 1)."""
+    return max(1, round(wr * n_normal / (1 - wr)))
+
+
+def metrics(y: np.ndarray, s: np.ndarray, draws: int, seed: int, wrs=()) -> dict:
+    """AUROC, Recall@K (K = abnormal count), Recall@5% at WR 1 % and at each of ``wrs``
+    (fractions) over ``draws`` draws of the abnormal cells."""
+    got = {
         "auroc": round(auroc(s, y), 4),
         "recall_at_k": round(recall_at_k(s, y, int(y.sum())), 4),
         "recall_wr1_k5": round(recall_at_wr(y, s, 0.01, 0.05, draws, seed), 4),
     }
+    for wr in wrs:
+        got[f"recall_wr{wr * 100:g}_k5"] = round(recall_at_wr(y, s, wr, 0.05, draws, seed), 4)
+    return got
 
 
 def train_data(
@@ -126,6 +136,12 @@ def main() -> None:
     ap.add_argument("--other-normal", default="lymphocyte")
     ap.add_argument("--draws", type=int, default=500)
     ap.add_argument(
+        "--wrs",
+        default="",
+        help="witness rates in percent (e.g. 9,5,1,0.5,0.1,0.05): Recall@5%% of the pool at each, "
+        "over --draws draws, in a second table (the paper's sweep on real cells)",
+    )
+    ap.add_argument(
         "--other-zoom",
         type=float,
         default=1.0,
@@ -141,6 +157,14 @@ def main() -> None:
         "join the training normals and leave its test set",
     )
     args = ap.parse_args()
+    try:
+        args.wr_list = [float(w) / 100 for w in args.wrs.split(",") if w.strip()]
+    except ValueError:
+        raise SystemExit(
+            f"--wrs must be percentages separated by commas, got {args.wrs!r}"
+        ) from None
+    if any(not 0 < w < 1 for w in args.wr_list):
+        raise SystemExit(f"--wrs must be in (0, 100) percent, got {args.wrs!r}")
 
     device, preset, seeds, overrides = common_settings(args)
     methods, size = methods_and_size(args.methods, preset, overrides)
@@ -196,17 +220,19 @@ def main() -> None:
                 "train_witness_rate": round(wr, 4),
                 "fit_seconds": round(time.perf_counter() - t0, 1),
                 "n_test": len(test),
+                "n_test_normal": int((y[test] == 0).sum()),
                 **{
                     f"{k}": v
                     for k, v in metrics(
-                        y[test], model.score(images[test]), args.draws, seed
+                        y[test], model.score(images[test]), args.draws, seed, args.wr_list
                     ).items()
                 },
             }
             if other is not None:
                 s_other = model.score(pool_images[len(y) + other_test])
-                got = metrics(other_y[other_test], s_other, args.draws, seed)
+                got = metrics(other_y[other_test], s_other, args.draws, seed, args.wr_list)
                 row.update({f"other_{k}": v for k, v in got.items()} | {"n_other": len(s_other)})
+                row["n_other_normal"] = int((other_y[other_test] == 0).sum())
             check = getattr(model, "bag_check_", None)
             if check is not None:
                 row.update(bag_auroc=check["bag_auroc"], bag_check=check["status"])
@@ -285,6 +311,35 @@ def table(rows, methods, args, meta, device) -> list[str]:
             )
             + f" {bag} |"
         )
+    if args.wr_list:
+        lines += wr_table(rows, methods, args, "", args.data.name)
+        if args.other:
+            lines += wr_table(rows, methods, args, "other_", args.other.name)
+    return lines
+
+
+def wr_table(rows, methods, args, prefix: str, name: str) -> list[str]:
+    """Recall@5% of the pool at each witness rate: the paper's sweep on the held-out cells."""
+    n = rows[0][f"n_{prefix or 'test_'}normal"]
+    heads = [f"WR {w * 100:g}% ({abnormal_count(n, w)} abn.)" for w in args.wr_list]
+    lines = [
+        "",
+        f"Recall@5% by witness rate on {name}: {n} normal test cells (per seed) plus the stated "
+        f"number of abnormal ones, drawn {args.draws} times; at least one abnormal cell, so the "
+        "smallest WRs share one pool size. With one abnormal cell, Recall@5% is the chance it "
+        "outranks 95% of the normal cells. Chance: 0.05. Mean ± sd over seeds.",
+        "",
+        "| method | " + " | ".join(heads) + " |",
+        "|---|" + "---|" * len(heads),
+    ]
+    for method in methods:
+        got = [r for r in rows if r["method"] == method]
+        cells = []
+        for w in args.wr_list:
+            v = [r[f"{prefix}recall_wr{w * 100:g}_k5"] for r in got]
+            sd = statistics.stdev(v) if len(v) > 1 else 0.0
+            cells.append(f"{statistics.mean(v):.3f} ± {sd:.3f}")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
 
 

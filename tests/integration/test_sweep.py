@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 from tests.unit.test_cli import run_cyto
 
@@ -45,7 +46,8 @@ def test_miniature_sweep_and_resume(tmp_path, synth_patches):
     ]
     proc = run_cyto(*args)
     assert proc.returncode == 0, proc.stderr
-    assert "WR 9%" in proc.stdout and "fs-sil (upper bound)" in proc.stdout
+    assert "WR 9%" in proc.stdout and "of the positive bags" in proc.stdout
+    assert "fs-sil (upper bound)" in proc.stdout
     with open(out / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     cells = {(r["method"], r["wr"], r["trial"]) for r in rows}
@@ -81,6 +83,10 @@ def test_miniature_sweep_and_resume(tmp_path, synth_patches):
     keep = [ln for ln in lines if not ln.startswith("ws-sil,5.0")]
     (out / "results.csv").write_text("".join(keep))
     stamp = (out / "models" / "fs-sil-wr9.cyto" / "manifest.json").stat().st_mtime
+    # a sweep written before --train-fraction existed resumes (the new setting at its default)
+    spec = json.loads((out / "sweep.json").read_text())
+    assert spec.pop("train_fraction") == 0.5
+    (out / "sweep.json").write_text(json.dumps(spec))
     again = run_cyto(*args)
     assert again.returncode == 0, again.stderr
     with open(out / "results.csv", newline="") as f:

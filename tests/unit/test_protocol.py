@@ -51,6 +51,19 @@ def test_counts_scale_with_the_pools_and_the_paper_table_on_full_size():
         assert (c.train, c.test) == (tr, te)
 
 
+def test_paper_counts_need_both_pools_at_paper_size():
+    # a large training pool with a small test pool scales the counts (a tuple comparison took
+    # the paper's 396 test abnormals for a 2,200-cell test pool)
+    labels = np.array([0] * 22000 + [1] * 4000)
+    p = WRProtocol(labels, seed=0, train_fraction=0.9)
+    c = p.counts(9.0)
+    assert len(p.test_normals) == 2200
+    assert (c.train, c.test) == (round(0.09 * 19800), round(0.09 * 2200))
+    # the WR a bag-level learner sees: abnormal share of the positive bags
+    n_pos = sum(len(b) for b in p.normal_bags[:5])
+    assert c.positive_bag_wr == pytest.approx(100 * c.train / (n_pos + c.train))
+
+
 def test_same_seed_same_split_and_trials_resample_only_the_test_abnormals():
     a, b = WRProtocol(LABELS, seed=5), WRProtocol(LABELS, seed=5)
     for x, y in zip(a.normal_bags, b.normal_bags, strict=True):

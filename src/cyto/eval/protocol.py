@@ -42,8 +42,9 @@ class WRCounts:
     wr: float
     train: int
     test: int
-    effective_train_wr: float
+    effective_train_wr: float  # over every training bag
     effective_test_wr: float
+    positive_bag_wr: float  # within the positive bags, what a bag-level learner sees
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ class WRProtocol:
             raise ConfigError(f"witness rate must be in (0, 100) percent, got {wr}")
         n_train_pool = sum(len(b) for b in self.normal_bags)
         n_test_pool = len(self.test_normals)
-        if (n_train_pool, n_test_pool) >= PAPER_POOLS and wr in PAPER_COUNTS:
+        pools_at_paper_size = n_train_pool >= PAPER_POOLS[0] and n_test_pool >= PAPER_POOLS[1]
+        if pools_at_paper_size and wr in PAPER_COUNTS:
             train, test = PAPER_COUNTS[wr]
         else:
             train = max(1, round(wr / 100 * n_train_pool))
@@ -119,8 +121,14 @@ class WRProtocol:
                 f"WR {wr}% needs {train} training and {test} test abnormal cells; the data hold "
                 f"{len(self.train_abnormals)} and {len(self.test_abnormals)}"
             )
+        n_positive = sum(len(b) for b in self.normal_bags[: self.n_pos])
         return WRCounts(
-            wr, train, test, 100 * train / (n_train_pool + train), 100 * test / (n_test_pool + test)
+            wr,
+            train,
+            test,
+            100 * train / (n_train_pool + train),
+            100 * test / (n_test_pool + test),
+            100 * train / (n_positive + train),
         )
 
     def trial(self, wr: float, trial: int) -> Trial:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -57,10 +57,35 @@ class SweepSpec:
     seed: int = 0
     device: str = "auto"
     overrides: tuple[str, ...] = ()
+    train_fraction: float = 0.5  # of the normal cells, into the 10 training bags
 
     def __post_init__(self) -> None:
         if not self.methods or not self.wrs or self.trials < 1 or self.k < 1:
             raise ConfigError("a sweep needs methods, WRs, trials >= 1 and K >= 1")
+        if not 0 < self.train_fraction < 1:
+            raise ConfigError(f"train fraction must be in (0, 1), got {self.train_fraction}")
+
+
+def method_overrides(
+    overrides: tuple[str, ...], method: str, methods: tuple[str, ...]
+) -> list[str]:
+    """The ``--set`` items for ``method``: plain ``key=value`` items go to every method,
+    ``METHOD:key=value`` items to that method only (e.g. ``dsvdd:ae_epochs=2``)."""
+    mine = []
+    for item in overrides:
+        head = item.split("=", 1)[0]
+        if ":" not in head:
+            mine.append(item)
+            continue
+        target, rest = item.split(":", 1)
+        if target not in methods:
+            raise ConfigError(
+                f"--set {item!r} names method {target!r}, which this sweep does not run "
+                f"({', '.join(methods)})"
+            )
+        if target == method:
+            mine.append(rest)
+    return mine
 
 
 def _finished(results: Path) -> set[tuple[str, float]]:
@@ -103,7 +128,9 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
     spec_file = out / "sweep.json"
     spec_json = {k: (str(v) if isinstance(v, Path) else v) for k, v in spec.__dict__.items()}
     if spec_file.exists():
-        previous = json.loads(spec_file.read_text())
+        # settings added since that sweep was written count at their defaults
+        defaults = {f.name: f.default for f in fields(SweepSpec) if f.default is not MISSING}
+        previous = {**json.loads(json.dumps(defaults)), **json.loads(spec_file.read_text())}
         if previous != json.loads(json.dumps(spec_json)):
             raise ConfigError(
                 f"{out} holds a sweep with other settings ({spec_file}); use "
@@ -112,7 +139,11 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
     spec_file.write_text(json.dumps(spec_json, indent=2))
     dev = resolve_device(spec.device)
     configs = {
-        m: resolve_config(get_method(m).Config, spec.preset, overrides=list(spec.overrides))
+        m: resolve_config(
+            get_method(m).Config,
+            spec.preset,
+            overrides=method_overrides(spec.overrides, m, spec.methods),
+        )
         for m in spec.methods
     }
     datasets: dict[int | None, PatchDataset] = {}
@@ -122,13 +153,19 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
                 spec.data, normal=spec.normal, abnormal=spec.abnormal, size=cfg.load_size
             )
     labels = next(iter(datasets.values())).labels.astype(np.int64)
-    protocol = WRProtocol(labels, seed=spec.seed)
+    protocol = WRProtocol(labels, seed=spec.seed, train_fraction=spec.train_fraction)
+    n_bag_normals = sum(len(b) for b in protocol.normal_bags)
+    echo(
+        f"{n_bag_normals} training normals in 10 bags, {len(protocol.test_normals)} held-out "
+        "normals"
+    )
     for wr in spec.wrs:
         c = protocol.counts(wr)
         echo(
             f"WR {wr:g}%: train {c.train} abnormal in 5 of 10 bags (effective "
-            f"{c.effective_train_wr:.3g}%), test {c.test} abnormal among "
-            f"{len(protocol.test_normals)} normal (effective {c.effective_test_wr:.3g}%)"
+            f"{c.effective_train_wr:.3g}% of all bags, {c.positive_bag_wr:.3g}% of the positive "
+            f"bags), test {c.test} abnormal among {len(protocol.test_normals)} normal (effective "
+            f"{c.effective_test_wr:.3g}%)"
         )
     results = out / "results.csv"
     done = _finished(results)

@@ -1,0 +1,31 @@
+"""Sweep settings: per-method ``--set`` items and the train fraction."""
+
+from __future__ import annotations
+
+import pytest
+
+from cyto.errors import ConfigError
+from cyto.eval.sweep import SweepSpec, method_overrides
+
+METHODS = ("dsvdd", "fs-sil", "ws-sil")
+
+
+def test_plain_items_go_to_every_method_prefixed_ones_to_their_method():
+    items = ("input_size=32", "dsvdd:ae_epochs=2", "fs-sil:epochs=3", "ws-sil:lr=0.01")
+    assert method_overrides(items, "dsvdd", METHODS) == ["input_size=32", "ae_epochs=2"]
+    assert method_overrides(items, "fs-sil", METHODS) == ["input_size=32", "epochs=3"]
+    assert method_overrides(items, "ws-sil", METHODS) == ["input_size=32", "lr=0.01"]
+
+
+def test_a_value_with_a_colon_is_not_a_method_prefix():
+    assert method_overrides(("note=a:b",), "dsvdd", METHODS) == ["note=a:b"]
+
+
+def test_a_prefix_naming_a_method_the_sweep_does_not_run_is_an_error():
+    with pytest.raises(ConfigError, match="droc"):
+        method_overrides(("droc:epochs=2",), "dsvdd", METHODS)
+
+
+def test_train_fraction_must_be_a_share():
+    with pytest.raises(ConfigError, match="train fraction"):
+        SweepSpec(data=".", normal="n", abnormal=None, methods=METHODS, train_fraction=1.0)
