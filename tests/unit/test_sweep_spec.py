@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cyto.errors import ConfigError
-from cyto.eval.sweep import SweepSpec, method_overrides
+from cyto.eval.sweep import SweepSpec, method_configs, method_overrides
 
 METHODS = ("dsvdd", "fs-sil", "ws-sil")
 
@@ -29,3 +29,20 @@ def test_a_prefix_naming_a_method_the_sweep_does_not_run_is_an_error():
 def test_train_fraction_must_be_a_share():
     with pytest.raises(ConfigError, match="train fraction"):
         SweepSpec(data=".", normal="n", abnormal=None, methods=METHODS, train_fraction=1.0)
+
+
+def test_preset_paper_means_each_methods_own_recipe_and_sets_apply_per_method():
+    spec = SweepSpec(
+        data=".",
+        normal="n",
+        abnormal=None,
+        methods=("dsvdd", "fs-sil"),
+        preset="paper",
+        overrides=("dsvdd:epochs=7",),
+    )
+    cfg = method_configs(spec)
+    assert cfg["dsvdd"].backbone == "resnet18" and cfg["dsvdd"].input_size == 224
+    assert cfg["dsvdd"].epochs == 7
+    assert cfg["fs-sil"].epochs != 7
+    fast = method_configs(SweepSpec(data=".", normal="n", abnormal=None, methods=("dsvdd",)))
+    assert fast["dsvdd"].backbone == "smallcnn"

@@ -88,6 +88,23 @@ def method_overrides(
     return mine
 
 
+def method_configs(spec: SweepSpec) -> dict:
+    """Each method's resolved config: the preset (``paper``: the method's own recipe), then the
+    ``--set`` items for it."""
+    from cyto.train.config import resolve_config
+    from cyto.train.registry import get_method
+
+    preset = None if spec.preset in (None, "paper") else spec.preset
+    return {
+        m: resolve_config(
+            get_method(m).Config,
+            preset,
+            overrides=method_overrides(spec.overrides, m, spec.methods),
+        )
+        for m in spec.methods
+    }
+
+
 def _finished(results: Path) -> set[tuple[str, float]]:
     if not results.exists():
         return set()
@@ -119,7 +136,6 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
     """Run (or continue) a sweep into ``out``; returns the results table path."""
     from cyto.bundle import save_bundle
     from cyto.runtime import load_scorer
-    from cyto.train.config import resolve_config
     from cyto.train.loop import resolve_device
     from cyto.train.registry import get_method
 
@@ -138,14 +154,7 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
             )
     spec_file.write_text(json.dumps(spec_json, indent=2))
     dev = resolve_device(spec.device)
-    configs = {
-        m: resolve_config(
-            get_method(m).Config,
-            spec.preset,
-            overrides=method_overrides(spec.overrides, m, spec.methods),
-        )
-        for m in spec.methods
-    }
+    configs = method_configs(spec)
     datasets: dict[int | None, PatchDataset] = {}
     for cfg in configs.values():
         if cfg.load_size not in datasets:
