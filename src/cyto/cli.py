@@ -706,6 +706,13 @@ def score_cmd(
             "of detection; level-0 pixels."
         ),
     ] = None,
+    detection: Annotated[
+        str,
+        typer.Option(
+            help="Nucleus detection for: smear (cytology, cells apart) or tissue (sections, "
+            "nuclei packed; no crowding warning)."
+        ),
+    ] = "smear",
     patch_size: Annotated[int, typer.Option(help="Cell crop size, level-0 px.")] = 192,
     tile: Annotated[int, typer.Option(help="Tile size read and decoded at once, px.")] = 1024,
     top_k: Annotated[int, typer.Option(help="Cells in topk.parquet.")] = 400,
@@ -783,9 +790,11 @@ def score_cmd(
     conformal p-value, cells are flagged at the --fdr rate, and each slide gets an abnormal
     burden with a 95% interval and a triage label.
     """
+    from cyto.infer.nuclei import detection_preset
     from cyto.infer.pipeline import ScoreOptions, score_cohort
 
     opts = ScoreOptions(
+        detection=detection_preset(detection),
         patch_size=patch_size,
         tile=tile,
         batch_size=batch_size,

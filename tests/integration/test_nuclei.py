@@ -105,3 +105,37 @@ def test_nuclei_files(tmp_path):
         read_nuclei_file(tmp_path / "bad.csv", 10, 10)
     with pytest.raises(InputPathError, match="does not exist"):
         read_nuclei_file(tmp_path / "none.csv", 10, 10)
+
+
+def test_detection_presets_keep_their_kind_and_physical_sizes():
+    from cyto.errors import ConfigError
+    from cyto.infer.nuclei import NucleusParams, detection_preset
+
+    assert detection_preset("smear") == NucleusParams()
+    tissue = detection_preset("tissue")
+    at_half = tissue.at(0.5)  # a 20x scan: the same microns in fewer pixels
+    assert at_half.kind == "tissue" and at_half.mpp == 0.5
+    assert at_half.min_distance == round(42 * 0.12 / 0.5)  # 5 um
+    assert at_half.min_area == round(833 * (0.12 / 0.5) ** 2)  # 12 um^2
+    with pytest.raises(ConfigError, match="smear or tissue"):
+        detection_preset("blob")
+    with pytest.raises(ConfigError, match="smear or tissue"):
+        NucleusParams(kind="blob")
+
+
+def test_the_tissue_preset_finds_the_smear_slide_s_cells_too(slide):
+    """On a smear the tissue settings still find the cells (bigger smoothing and spacing do not
+    lose lymphocyte-sized nuclei at the 100x scale)."""
+    from cyto.infer.nuclei import detection_preset
+
+    reader, truth = slide
+    tissue = detection_preset("tissue")
+    found = np.concatenate(
+        [
+            detect_in_region(reader, x, y, 512, 512, 64, tissue)
+            for y in range(0, reader.info.height, 512)
+            for x in range(0, reader.info.width, 512)
+        ]
+    )
+    recall, precision = match(found, truth, radius=20)
+    assert recall >= 0.8 and precision >= 0.8, (recall, precision)

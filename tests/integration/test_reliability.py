@@ -400,7 +400,21 @@ def test_a_tissue_section_at_half_a_micron_warns_about_crowding(wsi_dir, exporte
     )
     crowd = s["detection_crowding"]
     assert crowd["median_others_per_crop"] > 6 and crowd["nn_unit"] == "um"
-    assert any("detections are crowded" in m for m in msgs), msgs
+    assert any("detections are crowded" in m and "--detection tissue" in m for m in msgs), msgs
+
+    # the same section with the tissue preset: one detection per nucleus (neighbours farther
+    # apart than the smear settings' 5.7 um), crowding recorded but expected, so not warned
+    from cyto.infer.nuclei import detection_preset
+
+    msgs.clear()
+    opts = ScoreOptions(**{**OPTS.__dict__, "detection": detection_preset("tissue")})
+    t = score_slide(
+        wsi_dir / "cmu1_small_region.svs", exported_dsvdd, tmp_path / "u", opts, msgs.append
+    )
+    tissue = t["detection_crowding"]
+    assert tissue["detection"] == "tissue" and crowd["detection"] == "smear"
+    assert tissue["median_nn"] >= 7.0 and tissue["median_nn"] > crowd["median_nn"], (tissue, crowd)
+    assert not any("detections are crowded" in m for m in msgs), msgs
 
 
 def test_dense_tiles_come_in_parts_and_give_the_same_table(exported_dsvdd, slides, tmp_path):

@@ -376,13 +376,15 @@ def _check_crowding(
     if not (enough or last):
         return None
     report = crowding(xy, res.crop_px_level0, mpp)
-    if report["median_others_per_crop"] > CROWDED:
+    report["detection"] = opts.detection.kind
+    if report["median_others_per_crop"] > CROWDED and opts.detection.kind == "smear":
         echo(
             f"warning: detections are crowded: a {res.crop_px_level0} px crop holds a median of "
             f"{report['median_others_per_crop']:.0f} other detections (nearest neighbours "
             f"{report['median_nn']} {report['nn_unit']} apart), where a cytology smear at the "
-            "model's scale shows about one cell per crop. Is this a tissue section, or is the "
-            "slide's resolution wrong? Check --mpp and --rescale, or give the nuclei with --nuclei"
+            "model's scale shows about one cell per crop. A tissue section? Then pass "
+            "--detection tissue. Otherwise is the slide's resolution wrong? Check --mpp and "
+            "--rescale, or give the nuclei with --nuclei"
         )
     return report
 
