@@ -139,3 +139,20 @@ def test_the_tissue_preset_finds_the_smear_slide_s_cells_too(slide):
     )
     recall, precision = match(found, truth, radius=20)
     assert recall >= 0.8 and precision >= 0.8, (recall, precision)
+
+
+def test_min_radius_drops_thin_strands_and_keeps_round_nuclei():
+    from dataclasses import replace
+
+    from cyto.infer.nuclei import NucleusParams
+
+    rgb = np.full((400, 400, 3), 235, dtype=np.uint8)
+    yy, xx = np.mgrid[:400, :400]
+    rgb[(yy - 100) ** 2 + (xx - 100) ** 2 <= 30**2] = (70, 40, 130)  # a nucleus, radius 30 px
+    rgb[298:302, 100:300] = (70, 40, 130)  # a strand 4 px wide (keratin, a fibre)
+    base = NucleusParams(sigma=1.0, min_distance=10, min_area=50, max_area=20_000, downsample=1)
+    both = detect_nuclei(rgb, base)
+    on_strand = np.abs(both[:, 1] - 299.5) < 3
+    assert on_strand.sum() >= 10 and (~on_strand).sum() == 1  # a mark every 10 px along it
+    kept = detect_nuclei(rgb, replace(base, min_radius=6.0))
+    assert len(kept) == 1 and abs(kept[0, 0] - 100) < 3 and abs(kept[0, 1] - 100) < 3
