@@ -713,6 +713,13 @@ def score_cmd(
             "nuclei packed; no crowding warning)."
         ),
     ] = "smear",
+    detector: Annotated[
+        str,
+        typer.Option(
+            help="Nucleus detector implementation: scipy, or torch (the same steps as tensor "
+            "operations; the same detections, slower on a CPU)."
+        ),
+    ] = "scipy",
     patch_size: Annotated[int, typer.Option(help="Cell crop size, level-0 px.")] = 192,
     tile: Annotated[int, typer.Option(help="Tile size read and decoded at once, px.")] = 1024,
     top_k: Annotated[int, typer.Option(help="Cells in topk.parquet.")] = 400,
@@ -790,11 +797,13 @@ def score_cmd(
     conformal p-value, cells are flagged at the --fdr rate, and each slide gets an abnormal
     burden with a 95% interval and a triage label.
     """
+    from dataclasses import replace
+
     from cyto.infer.nuclei import detection_preset
     from cyto.infer.pipeline import ScoreOptions, score_cohort
 
     opts = ScoreOptions(
-        detection=detection_preset(detection),
+        detection=replace(detection_preset(detection), detector=detector),
         patch_size=patch_size,
         tile=tile,
         batch_size=batch_size,

@@ -156,3 +156,32 @@ def test_min_radius_drops_thin_strands_and_keeps_round_nuclei():
     assert on_strand.sum() >= 10 and (~on_strand).sum() == 1  # a mark every 10 px along it
     kept = detect_nuclei(rgb, replace(base, min_radius=6.0))
     assert len(kept) == 1 and abs(kept[0, 0] - 100) < 3 and abs(kept[0, 1] - 100) < 3
+
+
+@pytest.mark.parametrize("kind", ["smear", "tissue"])
+def test_the_torch_detector_finds_what_the_scipy_detector_finds(slide, kind):
+    """The same steps in torch (issue 15): the same nuclei on the synthetic slide, so the same
+    recall and precision against its ground truth."""
+    from dataclasses import replace
+
+    from cyto.infer.nuclei import detection_preset
+
+    reader, truth = slide
+    params = detection_preset(kind)
+    got = {}
+    for detector in ("scipy", "torch"):
+        p = replace(params, detector=detector)
+        got[detector] = np.concatenate(
+            [
+                detect_in_region(reader, x, y, 512, 512, 64, p)
+                for y in range(0, reader.info.height, 512)
+                for x in range(0, reader.info.width, 512)
+            ]
+        )
+    a, b = got["scipy"], got["torch"]
+    assert abs(len(a) - len(b)) <= 0.01 * len(a)
+    ra, pa = match(a, truth, radius=20)
+    rb, pb = match(b, truth, radius=20)
+    assert abs(ra - rb) <= 0.01 and abs(pa - pb) <= 0.01, (ra, pa, rb, pb)
+    same, _ = match(b, a, radius=2)  # nearly every detection at the same place
+    assert same >= 0.98

@@ -39,8 +39,11 @@ class NucleusParams:
     downsample: int = 0  # detect on a tile reduced this much; 0: 2 when nuclei stay large enough
     kind: str = "smear"  # what the sizes are for (DETECTION_PRESETS); tissue expects crowding
     min_radius: float = 0.0  # a nucleus's inscribed radius at least this (drops thin strands)
+    detector: str = "scipy"  # scipy | torch (cyto.infer.nuclei_torch: the same steps in torch)
 
     def __post_init__(self) -> None:
+        if self.detector not in DETECTORS:
+            raise ConfigError(f"detector must be {' or '.join(DETECTORS)}, got {self.detector!r}")
         if self.kind not in DETECTION_KINDS:
             raise ConfigError(
                 f"detection must be {' or '.join(DETECTION_KINDS)}, got {self.kind!r}"
@@ -77,10 +80,12 @@ class NucleusParams:
             downsample=self.downsample,
             kind=self.kind,
             min_radius=self.min_radius * r,
+            detector=self.detector,
         )
 
 
 DETECTION_KINDS = ("smear", "tissue")
+DETECTORS = ("scipy", "torch")
 
 
 def detection_preset(kind: str) -> NucleusParams:
@@ -135,8 +140,14 @@ def detect_nuclei(rgb: np.ndarray, params: NucleusParams = NucleusParams()) -> n
     """Nucleus centres in one RGB tile: (N, 3) float array of x, y, area (tile pixels).
 
     The tile is first reduced by ``params.reduction()`` (box filter) when nuclei are large
-    enough, and the centres and areas are mapped back to the tile's pixels.
+    enough, and the centres and areas are mapped back to the tile's pixels. With
+    ``params.detector == "torch"`` the same steps run in torch, on the CPU
+    (:mod:`cyto.infer.nuclei_torch`).
     """
+    if params.detector == "torch":
+        from cyto.infer.nuclei_torch import detect_nuclei_torch
+
+        return detect_nuclei_torch(rgb, params)
     k = params.reduction()
     if k > 1:
         from PIL import Image

@@ -1,0 +1,268 @@
+"""The nucleus detector of :mod:`cyto.infer.nuclei`, written in torch so that it runs where the
+engine runs (CPU or CUDA), on a tile already in that device's memory.
+
+Every step is the SciPy/scikit-image detector's, as tensor operations:
+
+* haematoxylin through the same 256-entry tables; Gaussian smoothing with SciPy's kernel (radius
+  ``int(4 sigma + 0.5)``, half-sample reflection at the borders);
+* Otsu's threshold on a 256-bin histogram between the tile's minimum and maximum, as
+  ``skimage.filters.threshold_otsu``, with the same floor;
+* binary opening with the 4-neighbour cross (erosion, then dilation; outside the tile is
+  background), as ``ndimage.binary_opening``;
+* connected components (4-neighbour) by label propagation with pointer jumping: each round takes
+  the smallest label among a pixel and its neighbours, then follows labels to their own label;
+* the exact Euclidean distance to the nearest background pixel by two passes of a min-plus
+  filter (first down the columns, then along the rows) over a window as wide as the largest
+  nucleus allowed; only background inside the tile counts, as in ``distance_transform_edt``;
+* peaks by max-pool suppression: a pixel is a peak where it equals the maximum of the distance
+  over a ``2 min_distance + 1`` window; peaks closer than ``min_distance`` (Chebyshev) to a
+  deeper peak are dropped, as ``peak_local_max`` does. One difference: the SciPy detector takes
+  the maximum within each nucleus's own component, the max-pool over all of them, so a shallow
+  peak within ``min_distance`` of a deeper peak of another nucleus is lost here;
+* one peak per large nucleus and the area range: the same rule on the (few) peaks, on the host.
+
+Results are ``(N, 3)`` arrays of x, y, area in tile pixels, like ``detect_nuclei``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from cyto.infer.nuclei import _H_FROM_RGB, _HED_LOG, NucleusParams, _one_peak_per_nucleus
+
+_BIG = torch.iinfo(torch.int64).max
+
+
+def _luts(device: torch.device) -> torch.Tensor:
+    return torch.stack(
+        [torch.from_numpy((_HED_LOG * w).astype(np.float32)) for w in _H_FROM_RGB]
+    ).to(device)
+
+
+def haematoxylin(rgb: torch.Tensor) -> torch.Tensor:
+    """(H, W) float32 haematoxylin of an (H, W, 3) uint8 tensor (the SciPy detector's tables)."""
+    lut = _luts(rgb.device)
+    idx = rgb.long()
+    h = lut[0][idx[..., 0]] + lut[1][idx[..., 1]] + lut[2][idx[..., 2]]
+    return h.clamp_(min=0.0)
+
+
+def _reflect_pad(x: torch.Tensor, r: int, dim: int) -> torch.Tensor:
+    """SciPy's ``reflect`` mode (d c b a | a b c d: the edge sample repeated), any width."""
+    n = x.shape[dim]
+    i = torch.arange(-r, n + r, device=x.device) % (2 * n)
+    return x.index_select(dim, torch.where(i < n, i, 2 * n - 1 - i))
+
+
+def gaussian(img: torch.Tensor, sigma: float) -> torch.Tensor:
+    """``scipy.ndimage.gaussian_filter(img, sigma)`` (truncate 4, mode reflect) for (H, W)."""
+    r = int(4.0 * sigma + 0.5)
+    if r < 1:
+        return img
+    x = torch.arange(-r, r + 1, device=img.device, dtype=torch.float64)
+    k = torch.exp(-0.5 * (x / sigma) ** 2)
+    k = (k / k.sum()).to(img.dtype)
+    out = _reflect_pad(img, r, 0)  # rows
+    out = F.conv1d(out.T.unsqueeze(1), k.view(1, 1, -1)).squeeze(1).T
+    out = _reflect_pad(out, r, 1)  # columns
+    return F.conv1d(out.unsqueeze(1), k.view(1, 1, -1)).squeeze(1)
+
+
+def otsu(img: torch.Tensor, nbins: int = 256) -> float:
+    """``skimage.filters.threshold_otsu(img)`` (a 256-bin histogram over the image's range)."""
+    lo, hi = float(img.min()), float(img.max())
+    if hi <= lo:
+        raise ValueError("a constant image has no Otsu threshold")
+    x = img.double()
+    hist = torch.histc(x, bins=nbins, min=lo, max=hi)
+    edges = torch.linspace(lo, hi, nbins + 1, dtype=torch.float64, device=img.device)
+    centers = (edges[:-1] + edges[1:]) / 2
+    w1 = torch.cumsum(hist, 0)
+    w2 = torch.cumsum(hist.flip(0), 0).flip(0)
+    m1 = torch.cumsum(hist * centers, 0) / w1.clamp(min=1e-12)
+    m2 = (torch.cumsum((hist * centers).flip(0), 0) / w2.flip(0).clamp(min=1e-12)).flip(0)
+    var = w1[:-1] * w2[1:] * (m1[:-1] - m2[1:]) ** 2
+    return float(centers[int(torch.argmax(var))])
+
+
+def _cross_neighbours(x: torch.Tensor, fill) -> list[torch.Tensor]:
+    """The 4 neighbours of every pixel of an (H, W) tensor; ``fill`` outside the tile."""
+    h, w = x.shape
+    padded = torch.full((h + 2, w + 2), fill, dtype=x.dtype, device=x.device)
+    padded[1:-1, 1:-1] = x
+    return [padded[:-2, 1:-1], padded[2:, 1:-1], padded[1:-1, :-2], padded[1:-1, 2:]]
+
+
+def binary_opening(mask: torch.Tensor) -> torch.Tensor:
+    """``ndimage.binary_opening(mask, iterations=1)`` with the cross (outside is background)."""
+    eroded = mask.clone()
+    for n in _cross_neighbours(mask, False):
+        eroded &= n
+    out = eroded.clone()
+    for n in _cross_neighbours(eroded, False):
+        out |= n
+    return out
+
+
+def label(mask: torch.Tensor) -> torch.Tensor:
+    """4-neighbour connected components: (H, W) int64, 0 = background, components numbered
+    1..n in raster order of their first pixel (as ``ndimage.label``).
+
+    Works on the foreground pixels only: each holds the index of a pixel of its component;
+    rounds take the smallest index among a pixel and its 4 neighbours, then jump to that pixel's
+    own index (pointer jumping), until nothing changes."""
+    h, w = mask.shape
+    flat = mask.reshape(-1)
+    pos = torch.nonzero(flat).squeeze(1)  # raster order
+    n = len(pos)
+    out = torch.zeros(h * w, dtype=torch.int64, device=mask.device)
+    if n == 0:
+        return out.view(h, w)
+    compact = torch.full((h * w,), -1, dtype=torch.int64, device=mask.device)
+    compact[pos] = torch.arange(n, device=mask.device)
+    r, c = pos // w, pos % w
+    own = torch.arange(n, device=mask.device)
+    neighbours = []
+    for dr, dc in ((-1, 0), (1, 0), (0, -1), (0, 1)):
+        rr, cc = r + dr, c + dc
+        ok = (rr >= 0) & (rr < h) & (cc >= 0) & (cc < w)
+        j = torch.where(ok, compact[(rr.clamp(0, h - 1)) * w + cc.clamp(0, w - 1)], -1)
+        neighbours.append(torch.where(j >= 0, j, own))  # background or outside: itself
+    lab = own.clone()
+    while True:
+        nxt = lab
+        for j in neighbours:
+            nxt = torch.minimum(nxt, lab[j])
+        for _ in range(3):
+            nxt = nxt[nxt]
+        if torch.equal(nxt, lab):
+            break
+        lab = nxt
+    _, number = torch.unique(lab, return_inverse=True)  # roots are raster-first pixels
+    out[pos] = number + 1
+    return out.view(h, w)
+
+
+def distance_transform(mask: torch.Tensor, radius: int) -> torch.Tensor:
+    """Euclidean distance of each foreground pixel to the nearest background pixel inside the
+    tile, exact up to ``radius`` (deeper pixels get at most about ``radius``)."""
+    h, w = mask.shape
+    inf = float((2 * radius + 2) ** 2)
+    bg = ~mask
+    # down the columns: squared distance to the nearest background pixel in the same column
+    g = torch.where(bg, 0.0, inf).to(torch.float32)  # + d^2 stays inf off the background
+    col = g.clone()
+    for dy in range(1, min(radius, h - 1) + 1):
+        d2 = float(dy * dy)
+        torch.minimum(col[dy:], g[:-dy] + d2, out=col[dy:])
+        torch.minimum(col[:-dy], g[dy:] + d2, out=col[:-dy])
+    # along the rows: min over dx of dx^2 + column distance
+    out = col.clone()
+    for dx in range(1, min(radius, w - 1) + 1):
+        d2 = float(dx * dx)
+        torch.minimum(out[:, dx:], col[:, :-dx] + d2, out=out[:, dx:])
+        torch.minimum(out[:, :-dx], col[:, dx:] + d2, out=out[:, :-dx])
+    return torch.sqrt(out.clamp(max=inf)) * mask
+
+
+def _peaks(dist: torch.Tensor, labels: torch.Tensor, min_distance: int) -> np.ndarray:
+    """(N, 2) row, col of local maxima of ``dist`` over ``2 min_distance + 1`` windows inside
+    components, spaced at least ``min_distance`` apart (deepest first), as ``peak_local_max``."""
+    size = 2 * min_distance + 1  # a square window's maximum, in two passes
+    pooled = F.max_pool2d(dist[None, None], (1, size), stride=1, padding=(0, min_distance))
+    pooled = F.max_pool2d(pooled, (size, 1), stride=1, padding=(min_distance, 0))[0, 0]
+    cand = (dist == pooled) & (labels > 0)
+    rc = torch.nonzero(cand).cpu().numpy()
+    if len(rc) < 2:
+        return rc
+    depth = dist[cand].cpu().numpy()
+    order = np.argsort(-depth, kind="stable")
+    rc = rc[order]
+    from scipy.spatial import cKDTree
+
+    # peak_local_max's spacing: drop a peak within min_distance (Chebyshev) of a kept one
+    tree = cKDTree(rc)
+    keep = np.ones(len(rc), dtype=bool)
+    for i in range(len(rc)):
+        if not keep[i]:
+            continue
+        for j in tree.query_ball_point(rc[i], min_distance, p=np.inf):
+            if j > i:
+                keep[j] = False
+    return rc[keep]
+
+
+def detect_nuclei_torch(
+    rgb: np.ndarray | torch.Tensor, params: NucleusParams = NucleusParams(), device=None
+) -> np.ndarray:
+    """Nucleus centres in one RGB tile on ``device`` (default: the tensor's, else CPU): (N, 3)
+    float array of x, y, area in tile pixels, like :func:`cyto.infer.nuclei.detect_nuclei`."""
+    t = rgb if isinstance(rgb, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(rgb))
+    if device is not None:
+        t = t.to(device)
+    k = params.reduction()
+    if k > 1:
+        h, w = t.shape[0] // k * k, t.shape[1] // k * k  # PIL's reduce drops a partial block
+        small = F.avg_pool2d(t[:h, :w].permute(2, 0, 1).float()[None], k)[0]
+        small = small.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0)
+        if t.shape[0] % k or t.shape[1] % k:  # ... and averages it on its own: do the same
+            small = _reduce_edges(t, k, small)
+        found = _detect(small, replace(params.at(params.mpp * k), downsample=1))
+        found[:, :2] = found[:, :2] * k + (k - 1) / 2.0
+        found[:, 2] *= k * k
+        return found
+    return _detect(t, params)
+
+
+def _reduce_edges(t: torch.Tensor, k: int, core: torch.Tensor) -> torch.Tensor:
+    """PIL ``reduce`` of a tile whose sides are not multiples of ``k``: the last partial row and
+    column of blocks are averaged over the pixels they hold."""
+    h, w = t.shape[:2]
+    oh, ow = -(-h // k), -(-w // k)
+    out = torch.zeros((oh, ow, 3), dtype=torch.uint8, device=t.device)
+    out[: core.shape[0], : core.shape[1]] = core
+    f = t.float()
+    for i in range(oh):
+        for j in range(ow):
+            if i < core.shape[0] and j < core.shape[1]:
+                continue
+            block = f[i * k : (i + 1) * k, j * k : (j + 1) * k].reshape(-1, 3)
+            out[i, j] = block.mean(0).round().clamp(0, 255).to(torch.uint8)
+    return out
+
+
+def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
+    empty = np.empty((0, 3), dtype=np.float64)
+    h = gaussian(haematoxylin(rgb), params.sigma)
+    if float(h.max()) < params.min_threshold:
+        return empty
+    try:
+        t = max(otsu(h), params.min_threshold)
+    except ValueError:  # a constant tile
+        return empty
+    mask = binary_opening(h > t)
+    if not bool(mask.any()):
+        return empty
+    labels = label(mask)
+    n = int(labels.max())
+    areas = torch.bincount(labels.view(-1), minlength=n + 1)[1:].cpu().numpy()
+    radius = int(np.ceil(np.sqrt(params.max_area / np.pi))) + 2
+    dist = distance_transform(mask, radius)
+    peaks = _peaks(dist, labels, params.min_distance)
+    if len(peaks) == 0:
+        return empty
+    dist_np = dist.cpu().numpy()
+    labels_np = labels.cpu().numpy()
+    peaks = _one_peak_per_nucleus(peaks, dist_np, labels_np)
+    if params.min_radius > 0:
+        peaks = peaks[dist_np[peaks[:, 0], peaks[:, 1]] >= params.min_radius]
+    out = []
+    for r, c in peaks:
+        area = areas[labels_np[r, c] - 1]
+        if params.min_area <= area <= params.max_area:
+            out.append((float(c), float(r), float(area)))
+    return np.array(out, dtype=np.float64).reshape(-1, 3)
