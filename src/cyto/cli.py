@@ -720,6 +720,13 @@ def score_cmd(
             "operations; the same detections, slower on a CPU)."
         ),
     ] = "scipy",
+    decode: Annotated[
+        str,
+        typer.Option(
+            help="Tile decoding: cpu (the slide readers) or torch (JPEG tiles of TIFF/SVS "
+            "decoded by torchvision, the same pixels; other slides fall back to cpu and say so)."
+        ),
+    ] = "cpu",
     patch_size: Annotated[int, typer.Option(help="Cell crop size, level-0 px.")] = 192,
     tile: Annotated[int, typer.Option(help="Tile size read and decoded at once, px.")] = 1024,
     top_k: Annotated[int, typer.Option(help="Cells in topk.parquet.")] = 400,
@@ -804,6 +811,7 @@ def score_cmd(
 
     opts = ScoreOptions(
         detection=replace(detection_preset(detection), detector=detector),
+        decode=decode,
         patch_size=patch_size,
         tile=tile,
         batch_size=batch_size,

@@ -12,6 +12,8 @@ from cyto.infer.calibrate import FDR_ALPHA, TRIAGE_LEVEL
 from cyto.infer.nuclei import NucleusParams
 from cyto.runtime.backends import CHOICES
 
+DECODERS = ("cpu", "torch")
+
 STAGES = ("mask", "read", "detect", "crop", "engine", "write", "wait", "finish")
 
 
@@ -36,6 +38,7 @@ class ScoreOptions:
     truth: Path | None = None  # ground-truth cells (x, y, label) to report Recall@K
     truth_radius: float = 20.0
     detection: NucleusParams = field(default_factory=NucleusParams)
+    decode: str = "cpu"  # cpu (the slide readers) | torch (JPEG tiles by torchvision, else cpu)
     planes: str = "auto"  # auto (sibling files NAME_z+1.00um.ext) | none | comma-separated files
     rescale: bool = False  # resample crops to the model's training mpp when the slide differs
     slide_mpp: float | None = None  # um/px of the slide, when its metadata lacks or misstates it
@@ -55,6 +58,8 @@ class ScoreOptions:
             raise ConfigError(
                 f"precision must be one of {', '.join(PRECISIONS)} or auto, got {self.precision!r}"
             )
+        if self.decode not in DECODERS:
+            raise ConfigError(f"decode must be {' or '.join(DECODERS)}, got {self.decode!r}")
         if self.top_k < 1 or self.mosaic < 0:
             raise ConfigError("top_k must be >= 1 and mosaic >= 0")
         if self.workers is not None and self.workers < 0:

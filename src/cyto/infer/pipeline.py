@@ -21,6 +21,7 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -239,6 +240,16 @@ class SlidePlan:
             max_cells=opts.max_cells
             or max_cells_per_result(scorer.spec.crop_size, len(planes) + 1, self.queue),
         )
+        self.decode = "CPU readers"
+        if opts.decode == "torch":
+            from cyto.infer.device_tiles import open_device_tiles
+
+            grid, why = open_device_tiles(slide)
+            self.decode = why
+            if grid is None:
+                echo(f"{slide.name}: --decode torch: {why}")
+            else:
+                self.ctx = replace(self.ctx, decode="torch")
         self.identity = ""  # the slide's identity, once a store has read it
 
     def store_key(self, scorer: Scorer, opts: ScoreOptions, jobs: int) -> dict:
@@ -351,6 +362,7 @@ def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_star
             "peak_rss_workers_mb": round(max(rss), 1) if rss else None,
             "focal_planes_um": list(plan.ctx.plane_z),
             "detection_crowding": runs[0].crowd,
+            "decode": plan.decode,
             "tiles": {"total": len(plan.jobs), "resumed_from": runs[0].resumed_tiles},
         }
     )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cyto.data.images import resize_rgb
-from cyto.errors import CytoError
+from cyto.errors import CytoError, UnsupportedSlideError
 from cyto.infer.memory import peak_rss_mb
 from cyto.infer.nuclei import NucleusParams, detect_in_tile, in_core, read_nuclei_file
 from cyto.infer.patches import crop_cells
@@ -159,6 +159,7 @@ class TileContext:
     out_size: int  # crop size the engine takes
     detection: NucleusParams
     max_cells: int = 1 << 30  # crops per result: a denser tile comes back in parts
+    decode: str = "cpu"  # torch: the main plane's JPEG tiles decoded by torchvision
 
 
 _CTX: TileContext | None = None
@@ -181,6 +182,25 @@ def _close_readers() -> None:
     _READERS = None
 
 
+class _TorchDecoded:
+    """The main plane read through :class:`cyto.infer.device_tiles.DeviceTileReader` on the CPU
+    (the same pixels as the slide readers)."""
+
+    def __init__(self, slide: str) -> None:
+        from cyto.infer.device_tiles import DeviceTileReader, open_device_tiles
+
+        grid, why = open_device_tiles(slide)
+        if grid is None:  # the plan checked it; the file changed since
+            raise UnsupportedSlideError(f"{slide}: {why}")
+        self._reader = DeviceTileReader(grid, "cpu")
+
+    def read_region(self, x: int, y: int, w: int, h: int) -> np.ndarray:
+        return self._reader.read_region(x, y, w, h).numpy()
+
+    def close(self) -> None:
+        self._reader.close()
+
+
 def run_tile(job: Job) -> dict:
     """Decode one tile (plus margin) once, find its nuclei and cut their crops from it.
 
@@ -189,7 +209,8 @@ def run_tile(job: Job) -> dict:
     global _READERS
     ctx = _CTX
     if _READERS is None:
-        _READERS = [open_slide(ctx.slide)] + [open_plane(p) for p in ctx.planes]
+        main = _TorchDecoded(ctx.slide) if ctx.decode == "torch" else open_slide(ctx.slide)
+        _READERS = [main] + [open_plane(p) for p in ctx.planes]
     t_index, x0, y0, given, part = job
     m, size = ctx.margin, ctx.tile
     t0 = time.perf_counter()
