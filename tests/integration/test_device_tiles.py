@@ -108,6 +108,15 @@ def test_cyto_score_decode_torch_gives_the_same_table_and_says_which_path_ran(
     ta = pq.read_table(tmp_path / "cpu" / "scores.parquet", columns=cols)
     tb = pq.read_table(tmp_path / "torch" / "scores.parquet", columns=cols)
     assert ta.num_rows > 0 and ta.equals(tb)
+    # the whole device path (decode, torch detector, crops on the device; here the CPU)
+    from dataclasses import replace
+
+    all_torch = ScoreOptions(
+        **{**torch_opts.__dict__, "detection": replace(base.detection, detector="torch")}
+    )
+    score_slide(tif, exported_dsvdd, tmp_path / "all", all_torch)
+    tc = pq.read_table(tmp_path / "all" / "scores.parquet", columns=cols)
+    assert tc.equals(ta)
     msgs: list[str] = []
     c = score_slide(ndpi, exported_dsvdd, tmp_path / "ndpi", torch_opts, msgs.append)
     assert "NDPI" in c["decode"] and any("--decode torch" in m and "NDPI" in m for m in msgs)

@@ -141,13 +141,15 @@ def detect_nuclei(rgb: np.ndarray, params: NucleusParams = NucleusParams()) -> n
 
     The tile is first reduced by ``params.reduction()`` (box filter) when nuclei are large
     enough, and the centres and areas are mapped back to the tile's pixels. With
-    ``params.detector == "torch"`` the same steps run in torch, on the CPU
-    (:mod:`cyto.infer.nuclei_torch`).
+    ``params.detector == "torch"`` the same steps run in torch (:mod:`cyto.infer.nuclei_torch`),
+    on the device of ``rgb`` when it is a tensor, else on the CPU.
     """
     if params.detector == "torch":
         from cyto.infer.nuclei_torch import detect_nuclei_torch
 
         return detect_nuclei_torch(rgb, params)
+    if not isinstance(rgb, np.ndarray):  # a tensor decoded on a device
+        rgb = rgb.cpu().numpy()
     k = params.reduction()
     if k > 1:
         from PIL import Image

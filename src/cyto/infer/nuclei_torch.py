@@ -16,9 +16,10 @@ Every step is the SciPy/scikit-image detector's, as tensor operations:
   nucleus allowed; only background inside the tile counts, as in ``distance_transform_edt``;
 * peaks by max-pool suppression: a pixel is a peak where it equals the maximum of the distance
   over a ``2 min_distance + 1`` window; peaks closer than ``min_distance`` (Chebyshev) to a
-  deeper peak are dropped, as ``peak_local_max`` does. One difference: the SciPy detector takes
-  the maximum within each nucleus's own component, the max-pool over all of them, so a shallow
-  peak within ``min_distance`` of a deeper peak of another nucleus is lost here;
+  deeper peak of their component are dropped, and the order is ``peak_local_max``'s. One
+  difference: the SciPy detector takes the window's maximum within each nucleus's own component,
+  the max-pool over all of them, so a shallow peak within ``min_distance`` of a deeper peak of
+  another nucleus is lost here (none on the test slides);
 * one peak per large nucleus and the area range: the same rule on the (few) peaks, on the host.
 
 Results are ``(N, 3)`` arrays of x, y, area in tile pixels, like ``detect_nuclei``.
@@ -171,28 +172,30 @@ def distance_transform(mask: torch.Tensor, radius: int) -> torch.Tensor:
 
 def _peaks(dist: torch.Tensor, labels: torch.Tensor, min_distance: int) -> np.ndarray:
     """(N, 2) row, col of local maxima of ``dist`` over ``2 min_distance + 1`` windows inside
-    components, spaced at least ``min_distance`` apart (deepest first), as ``peak_local_max``."""
+    components, at least ``min_distance`` (Chebyshev) from a deeper peak of the same component,
+    in ``peak_local_max``'s order: by component, deepest first, ties in raster order."""
     size = 2 * min_distance + 1  # a square window's maximum, in two passes
     pooled = F.max_pool2d(dist[None, None], (1, size), stride=1, padding=(0, min_distance))
     pooled = F.max_pool2d(pooled, (size, 1), stride=1, padding=(min_distance, 0))[0, 0]
     cand = (dist == pooled) & (labels > 0)
-    rc = torch.nonzero(cand).cpu().numpy()
-    if len(rc) < 2:
+    rc = torch.nonzero(cand).cpu().numpy()  # raster order
+    if len(rc) == 0:
         return rc
     depth = dist[cand].cpu().numpy()
-    order = np.argsort(-depth, kind="stable")
-    rc = rc[order]
-    from scipy.spatial import cKDTree
-
-    # peak_local_max's spacing: drop a peak within min_distance (Chebyshev) of a kept one
-    tree = cKDTree(rc)
+    comp = labels[cand].cpu().numpy()
+    order = np.lexsort((-depth, comp))  # by component, then deepest first (stable: raster)
+    rc, comp = rc[order], comp[order]
     keep = np.ones(len(rc), dtype=bool)
-    for i in range(len(rc)):
-        if not keep[i]:
-            continue
-        for j in tree.query_ball_point(rc[i], min_distance, p=np.inf):
-            if j > i:
-                keep[j] = False
+    if len(rc) > 1:
+        from scipy.spatial import cKDTree
+
+        tree = cKDTree(rc)
+        for i in range(len(rc)):
+            if not keep[i]:
+                continue
+            for j in tree.query_ball_point(rc[i], min_distance, p=np.inf):
+                if j > i and comp[j] == comp[i]:
+                    keep[j] = False
     return rc[keep]
 
 
@@ -207,8 +210,10 @@ def detect_nuclei_torch(
     k = params.reduction()
     if k > 1:
         h, w = t.shape[0] // k * k, t.shape[1] // k * k  # PIL's reduce drops a partial block
-        small = F.avg_pool2d(t[:h, :w].permute(2, 0, 1).float()[None], k)[0]
-        small = small.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0)
+        # PIL's reduce: the block sum plus half the block, integer-divided (round half up)
+        sums = F.avg_pool2d(t[:h, :w].permute(2, 0, 1).double()[None], k, divisor_override=1)[0]
+        small = torch.floor((sums + (k * k) // 2) / (k * k))
+        small = small.clamp(0, 255).to(torch.uint8).permute(1, 2, 0)
         if t.shape[0] % k or t.shape[1] % k:  # ... and averages it on its own: do the same
             small = _reduce_edges(t, k, small)
         found = _detect(small, replace(params.at(params.mpp * k), downsample=1))
@@ -231,7 +236,8 @@ def _reduce_edges(t: torch.Tensor, k: int, core: torch.Tensor) -> torch.Tensor:
             if i < core.shape[0] and j < core.shape[1]:
                 continue
             block = f[i * k : (i + 1) * k, j * k : (j + 1) * k].reshape(-1, 3)
-            out[i, j] = block.mean(0).round().clamp(0, 255).to(torch.uint8)
+            n = block.shape[0]
+            out[i, j] = torch.floor((block.sum(0) + n // 2) / n).clamp(0, 255).to(torch.uint8)
     return out
 
 

@@ -197,6 +197,18 @@ def write_error(slide: Path, out_dir: Path, exc: OSError) -> OutputWriteError:
     return OutputWriteError(f"{slide}: cannot write {where}: {why}{tail}")
 
 
+def decode_device(device: str) -> str:
+    """Where ``--decode torch`` decodes: the engine's CUDA device when there is one, else the
+    CPU (``--device cpu`` keeps it there)."""
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    return "cuda" if device == "auto" else device
+
+
 class SlidePlan:
     """What every run over a slide's tiles shares: the resolution, the worker context and the
     tile list (all tiles of a slide, in order; a part of a slide is a range of it)."""
@@ -245,11 +257,17 @@ class SlidePlan:
             from cyto.infer.device_tiles import open_device_tiles
 
             grid, why = open_device_tiles(slide)
-            self.decode = why
             if grid is None:
+                self.decode = why
                 echo(f"{slide.name}: --decode torch: {why}")
             else:
-                self.ctx = replace(self.ctx, decode="torch")
+                device = decode_device(opts.device)
+                self.decode = f"{why} ({device})"
+                self.ctx = replace(self.ctx, decode="torch", decode_device=device)
+                if device != "cpu" and self.workers:
+                    # the device does the decoding, detection and cropping: no worker processes
+                    # (each would hold a CUDA context of its own)
+                    self.workers = 0
         self.identity = ""  # the slide's identity, once a store has read it
 
     def store_key(self, scorer: Scorer, opts: ScoreOptions, jobs: int) -> dict:

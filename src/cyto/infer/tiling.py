@@ -160,6 +160,7 @@ class TileContext:
     detection: NucleusParams
     max_cells: int = 1 << 30  # crops per result: a denser tile comes back in parts
     decode: str = "cpu"  # torch: the main plane's JPEG tiles decoded by torchvision
+    decode_device: str = "cpu"  # where: on cuda, detection and crops stay on the device too
 
 
 _CTX: TileContext | None = None
@@ -183,19 +184,32 @@ def _close_readers() -> None:
 
 
 class _TorchDecoded:
-    """The main plane read through :class:`cyto.infer.device_tiles.DeviceTileReader` on the CPU
-    (the same pixels as the slide readers)."""
+    """The main plane's JPEG tiles decoded by torchvision on ``device``
+    (:class:`cyto.infer.device_tiles.DeviceTileReader`: the same pixels as the slide readers)."""
 
-    def __init__(self, slide: str) -> None:
+    def __init__(self, slide: str, device: str) -> None:
+        import torch
+
         from cyto.infer.device_tiles import DeviceTileReader, open_device_tiles
 
         grid, why = open_device_tiles(slide)
         if grid is None:  # the plan checked it; the file changed since
             raise UnsupportedSlideError(f"{slide}: {why}")
-        self._reader = DeviceTileReader(grid, "cpu")
+        self.device = torch.device(device)
+        self._reader = DeviceTileReader(grid, self.device)
+
+    def read_tensor(self, x: int, y: int, w: int, h: int):
+        return self._reader.read_region(x, y, w, h)
 
     def read_region(self, x: int, y: int, w: int, h: int) -> np.ndarray:
-        return self._reader.read_region(x, y, w, h).numpy()
+        return self._reader.read_region(x, y, w, h).cpu().numpy()
+
+    def sync(self) -> None:
+        """Wait for the device, so stage times are the device's (CUDA runs asynchronously)."""
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
 
     def close(self) -> None:
         self._reader.close()
@@ -209,7 +223,10 @@ def run_tile(job: Job) -> dict:
     global _READERS
     ctx = _CTX
     if _READERS is None:
-        main = _TorchDecoded(ctx.slide) if ctx.decode == "torch" else open_slide(ctx.slide)
+        if ctx.decode == "torch":
+            main = _TorchDecoded(ctx.slide, ctx.decode_device)
+        else:
+            main = open_slide(ctx.slide)
         _READERS = [main] + [open_plane(p) for p in ctx.planes]
     t_index, x0, y0, given, part = job
     m, size = ctx.margin, ctx.tile
@@ -220,7 +237,15 @@ def run_tile(job: Job) -> dict:
         half = ctx.src_patch // 2 + 2
         ox, oy = int(given[:, 0].min()) - half, int(given[:, 1].min()) - half
         w, h = int(given[:, 0].max()) + half - ox + 1, int(given[:, 1].max()) + half - oy + 1
-    tiles = [r.read_region(ox, oy, w, h) for r in _READERS]
+    main = _READERS[0]
+    # one plane decoded on a device: detection and crops use the tensor where it is, and only
+    # the crops, at the engine's size, come back to the host
+    on_device = isinstance(main, _TorchDecoded) and len(_READERS) == 1
+    if on_device:
+        tiles = [main.read_tensor(ox, oy, w, h)]
+        main.sync()
+    else:
+        tiles = [r.read_region(ox, oy, w, h) for r in _READERS]
     t1 = time.perf_counter()
     core = (x0, y0, size, size)
     if part is not None:
@@ -235,7 +260,12 @@ def run_tile(job: Job) -> dict:
     t2 = time.perf_counter()
     plane = np.zeros(len(found), dtype=np.int64)
     crops = np.empty((0, ctx.out_size, ctx.out_size, 3), dtype=np.uint8)
-    if len(found):
+    if len(found) and on_device:
+        from cyto.infer.device_tiles import crop_cells_device
+
+        cut = crop_cells_device(tiles[0], ox, oy, found, ctx.src_patch, ctx.out_size)
+        crops = cut.cpu().numpy()
+    elif len(found):
         stack = [crop_cells(t, ox, oy, found, ctx.src_patch) for t in tiles]
         chosen, plane = sharpest(stack)
         if ctx.src_patch != ctx.out_size:
