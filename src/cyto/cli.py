@@ -1234,6 +1234,10 @@ def bench_slide_cmd(
     workers: Annotated[int | None, typer.Option(help="Decode/detect/crop processes.")] = None,
     batch_size: Annotated[int, typer.Option(help="Cells per engine batch.")] = 64,
     patch_size: Annotated[int, typer.Option(help="Cell crop size, level-0 px.")] = 192,
+    decode: Annotated[
+        str, typer.Option(help="cpu, or torch (JPEG tiles decoded on the engine's device).")
+    ] = "cpu",
+    detector: Annotated[str, typer.Option(help="Nucleus detector: scipy or torch.")] = "scipy",
     naive_cells: Annotated[
         int, typer.Option(help="Cells for the naive baseline (0: skip it).")
     ] = 2000,
@@ -1247,10 +1251,12 @@ def bench_slide_cmd(
 ) -> None:
     """End-to-end scoring of one slide: stages, pipeline efficiency, naive baseline."""
     import tempfile
+    from dataclasses import replace
 
     from cyto.bench.device import machine
     from cyto.bench.results import header, write_results
     from cyto.bench.slide import bench_slide, slide_markdown
+    from cyto.infer.nuclei import NucleusParams
     from cyto.infer.pipeline import ScoreOptions
 
     opts = ScoreOptions(
@@ -1263,6 +1269,8 @@ def bench_slide_cmd(
         truth=truth,
         top_k=400,
         mosaic=0,
+        decode=decode,
+        detection=replace(NucleusParams(), detector=detector),
     )
     with tempfile.TemporaryDirectory() as tmp:
         row = bench_slide(slide, model, work or Path(tmp) / "out", opts, naive_cells, typer.echo)

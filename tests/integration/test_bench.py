@@ -124,6 +124,7 @@ def test_bench_slide_and_calibrate(exported_dsvdd, tmp_path):
     assert row["naive"]["cells"] == 30 and row["naive"]["cells_per_s"] > 0
     assert row["naive"]["spearman_vs_pipeline"] > 0.99  # the same cells score the same
     assert row["pipeline_vs_naive"] > 0 and "truth" in row
+    assert row["decode"] == "CPU readers" and row["detector"] == "scipy"
 
     # calibrate a copy of the model on this slide's table, as if it were slide-negative
     model = tmp_path / "m.cyto"

@@ -70,6 +70,8 @@ def bench_slide(
         "backend": summary["backend"],
         "device": summary["device"],
         "workers": summary["workers"],
+        "decode": summary.get("decode"),
+        "detector": opts.detection.detector,
         "seconds": summary["seconds"],
         "cells_per_s": summary["cells_per_s"],
         "engine_cells_per_s": summary["engine_cells_per_s"],
