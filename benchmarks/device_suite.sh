@@ -4,7 +4,8 @@
 #   PART: tests (the CUDA tests: tests/integration/test_gpu.py and the runtime's unit tests),
 #   checks (gpu_checks.py), parity (gpu_parity.py: every method's GPU paths against ONNX Runtime
 #   fp32 on the real bone-marrow cells; needs BONE_MARROW=path), engine (cyto bench engine on CUDA and the host CPU), slide
-#   (synthesize a slide, cyto bench slide on the GPU), train (the paper's recipes on the bone-marrow
+#   (synthesize a slide, cyto bench slide on the GPU), devpath (decode, detection and crops on the
+#   GPU against CPU workers, tables compared), train (the paper's recipes on the bone-marrow
 #   cells: DROC raw vs whitened, FS-SIL, WS-SIL, ItS2CLR, then Deep SVDD with one seed; needs
 #   BONE_MARROW=path; TRAIN_STEPS=droc,sup,dsvdd picks steps, SUP_METHODS the supervised ones);
 #   several with commas.
@@ -55,6 +56,35 @@ if [[ $parts == *slide* ]]; then
     timeout "${T_SLIDE:-200}" python3 benchmarks/run_suite.py --out "$res" --work /tmp/cyto-suite \
         --fast-model "$model" --skip engine,scorer --slide /tmp/cyto-slide/slide.ndpi \
         --workers "$(($(nproc) - 2))" --naive-cells 1000 2>&1 | tail -8
+    pack
+fi
+if [[ $parts == *devpath* ]]; then
+    # issue 15: JPEG tiles decoded, nuclei found and crops cut on the GPU (one process), against
+    # the CPU workers on the same pyramidal TIFF; the two tables compared cell by cell
+    echo "== device path: decode, detect, crop on the GPU vs CPU workers (${side}^2 TIFF)"
+    timeout 150 python3 -m cyto synth slide /tmp/cyto-slide/dev.tif --width "$side" \
+        --height "$side" --abnormal-fraction 0.005 --workers "$(($(nproc) - 1))" --overwrite \
+        2>&1 | tail -2
+    timeout "${T_DEV:-150}" python3 -m cyto bench slide /tmp/cyto-slide/dev.tif --model "$model" \
+        --device cuda --decode torch --detector torch --workers 0 --naive-cells 0 \
+        --work /tmp/cyto-dev/gpu --results "$res/slide-devpath" 2>&1 | tail -4
+    timeout "${T_DEV:-150}" python3 -m cyto bench slide /tmp/cyto-slide/dev.tif --model "$model" \
+        --device cuda --workers "$(($(nproc) - 2))" --naive-cells 0 \
+        --work /tmp/cyto-dev/cpu --results "$res/slide-cpuworkers" 2>&1 | tail -4
+    python3 - "$res/slide-devpath/tables.txt" <<'PY'
+import sys
+import numpy as np, pyarrow.parquet as pq
+from scipy.stats import spearmanr
+a = pq.read_table("/tmp/cyto-dev/gpu/scores.parquet").to_pydict()
+b = pq.read_table("/tmp/cyto-dev/cpu/scores.parquet").to_pydict()
+ka = {(x, y): s for x, y, s in zip(a["x"], a["y"], a["score"])}
+kb = {(x, y): s for x, y, s in zip(b["x"], b["y"], b["score"])}
+both = sorted(set(ka) & set(kb))
+rho = spearmanr([ka[k] for k in both], [kb[k] for k in both]).statistic
+line = (f"cells gpu {len(ka)} cpu {len(kb)} matched {len(both)}; Spearman on matched {rho:.6f}; "
+        f"max |diff| {max(abs(ka[k] - kb[k]) for k in both):.3g}")
+print(line); open(sys.argv[1], "w").write(line + "\n")
+PY
     pack
 fi
 if [[ $parts == *train* ]]; then
