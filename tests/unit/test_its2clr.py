@@ -66,3 +66,28 @@ def test_negative_distance_subsamples_a_large_reference_and_needs_two_negatives(
     assert np.array_equal(a, b) and np.isfinite(a).all()
     with pytest.raises(DatasetError, match="at least 2 cells"):
         negative_distance(feats, np.arange(1), k=3)
+
+
+def test_the_knn_score_is_the_distance_to_the_nearest_negatives_and_aggregator_stays(tiny):
+    """Default: the bundle scores a cell by its distance to the k nearest negative-bag cells
+    (what picks the pseudo-labels); the bag check leaves each training cell out of its own
+    neighbours. ``instance_score=aggregator`` keeps Liu et al.'s instance logit."""
+    from cyto.train.its2clr import negative_distance
+    from tests.train_helpers import make
+
+    data = tiny  # 6 bags, 3 negative
+    knn = make("its2clr").fit(data)
+    assert knn.scorer_kind == "knn"
+    _, weights, arrays = knn.export_state(data)
+    assert set(arrays) == {"negatives", "shift", "scale", "k"} and int(arrays["k"][0]) == 5
+    emb = knn.embed(data.images)
+    neg = knn.negative_cells_
+    # a cell outside the negative bags: its score is exactly negative_distance's
+    pos = np.setdiff1d(np.arange(len(data)), neg)
+    want = negative_distance(emb, neg, 5, knn.config.seed, knn.config.score_ref)[pos]
+    np.testing.assert_allclose(knn.score(data.images)[pos], want, rtol=1e-4, atol=1e-5)
+    # the bag check: negative-bag cells are not their own neighbours
+    loo = knn._training_scores(data.images)
+    assert (loo[neg] > knn.score(data.images)[neg]).all()
+    agg = make("its2clr", instance_score="aggregator").fit(data)
+    assert agg.scorer_kind == "mil" and agg.export_state(data)[2] == {}

@@ -35,11 +35,12 @@ def test_onnx_runtime_on_a_gpu_never_falls_back_to_the_cpu(tmp_path):
 
 
 def test_heads_are_registered_once_with_what_the_graph_emits():
-    assert set(HEADS) == {"dsvdd", "ocsvm", "classifier", "mil"}
+    assert set(HEADS) == {"dsvdd", "ocsvm", "classifier", "mil", "knn"}
     assert head_class("dsvdd").batch_axis == 2 and head_class("dsvdd").output == "embeddings"
     assert head_class("classifier").output == "logits" and head_class("mil").output == "scores"
-    with pytest.raises(BundleError, match="unknown scorer head 'knn'.*classifier, dsvdd"):
-        head_class("knn")
+    assert head_class("knn").output == "embeddings"
+    with pytest.raises(BundleError, match="unknown scorer head 'kmeans'.*classifier, dsvdd"):
+        head_class("kmeans")
 
 
 def test_the_model_spec_is_read_once_and_refuses_a_garbled_manifest():

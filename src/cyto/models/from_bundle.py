@@ -64,6 +64,7 @@ GRAPHS: dict[str, Callable[[Bundle], nn.Module]] = {
     "classifier": _classifier,
     "ocsvm": _ocsvm,
     "mil": _mil,
+    "knn": _ocsvm,  # the embeddings, as for the OC-SVM
 }
 
 

@@ -81,8 +81,14 @@ class Method(ABC):
         if not self.instance_labels and data.bags is not None and data.bag_labels is not None:
             from cyto.train.bagcheck import bag_check
 
-            self.bag_check_ = bag_check(self.score(given.images), data.bags, data.bag_labels)
+            scores = self._training_scores(given.images)
+            self.bag_check_ = bag_check(scores, data.bags, data.bag_labels)
         return self
+
+    def _training_scores(self, images: np.ndarray) -> np.ndarray:
+        """The scores of the training images, for the bag check (a method whose score remembers
+        its training cells overrides this to leave each one out)."""
+        return self.score(images)
 
     def _check_fitted(self) -> None:
         if not getattr(self, "fitted_", False):

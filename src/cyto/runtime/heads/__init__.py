@@ -5,7 +5,7 @@ Adding a head means adding one module here (and importing it below).
 
 from __future__ import annotations
 
-from cyto.runtime.heads import dsvdd, logit, ocsvm, softmax  # noqa: F401 - they register
+from cyto.runtime.heads import dsvdd, knn, logit, ocsvm, softmax  # noqa: F401 - they register
 from cyto.runtime.heads.base import Head
 from cyto.runtime.heads.registry import HEADS, head_class
 
