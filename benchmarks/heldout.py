@@ -158,12 +158,12 @@ def main() -> None:
     )
     args = ap.parse_args()
     try:
-        args.wr_list = [float(w) / 100 for w in args.wrs.split(",") if w.strip()]
+        wr_list = [float(w) / 100 for w in args.wrs.split(",") if w.strip()]
     except ValueError:
         raise SystemExit(
             f"--wrs must be percentages separated by commas, got {args.wrs!r}"
         ) from None
-    if any(not 0 < w < 1 for w in args.wr_list):
+    if any(not 0 < w < 1 for w in wr_list):
         raise SystemExit(f"--wrs must be in (0, 100) percent, got {args.wrs!r}")
 
     device, preset, seeds, overrides = common_settings(args)
@@ -224,13 +224,13 @@ def main() -> None:
                 **{
                     f"{k}": v
                     for k, v in metrics(
-                        y[test], model.score(images[test]), args.draws, seed, args.wr_list
+                        y[test], model.score(images[test]), args.draws, seed, wr_list
                     ).items()
                 },
             }
             if other is not None:
                 s_other = model.score(pool_images[len(y) + other_test])
-                got = metrics(other_y[other_test], s_other, args.draws, seed, args.wr_list)
+                got = metrics(other_y[other_test], s_other, args.draws, seed, wr_list)
                 row.update({f"other_{k}": v for k, v in got.items()} | {"n_other": len(s_other)})
                 row["n_other_normal"] = int((other_y[other_test] == 0).sum())
             check = getattr(model, "bag_check_", None)
@@ -253,11 +253,11 @@ def main() -> None:
         f"heldout_{args.data.name}_{args.preset}_{args.stage}",
         meta,
         rows,
-        table(rows, methods, args, meta, device),
+        table(rows, methods, args, meta, device, wr_list),
     )
 
 
-def table(rows, methods, args, meta, device) -> list[str]:
+def table(rows, methods, args, meta, device, wr_list=()) -> list[str]:
     def ms(got, key, fmt="{:.3f}"):
         v = [r[key] for r in got if key in r]
         if not v:
@@ -311,17 +311,17 @@ def table(rows, methods, args, meta, device) -> list[str]:
             )
             + f" {bag} |"
         )
-    if args.wr_list:
-        lines += wr_table(rows, methods, args, "", args.data.name)
+    if wr_list:
+        lines += wr_table(rows, methods, args, wr_list, "", args.data.name)
         if args.other:
-            lines += wr_table(rows, methods, args, "other_", args.other.name)
+            lines += wr_table(rows, methods, args, wr_list, "other_", args.other.name)
     return lines
 
 
-def wr_table(rows, methods, args, prefix: str, name: str) -> list[str]:
+def wr_table(rows, methods, args, wr_list, prefix: str, name: str) -> list[str]:
     """Recall@5% of the pool at each witness rate: the paper's sweep on the held-out cells."""
     n = rows[0][f"n_{prefix or 'test_'}normal"]
-    heads = [f"WR {w * 100:g}% ({abnormal_count(n, w)} abn.)" for w in args.wr_list]
+    heads = [f"WR {w * 100:g}% ({abnormal_count(n, w)} abn.)" for w in wr_list]
     lines = [
         "",
         f"Recall@5% by witness rate on {name}: {n} normal test cells (per seed) plus the stated "
@@ -335,7 +335,7 @@ def wr_table(rows, methods, args, prefix: str, name: str) -> list[str]:
     for method in methods:
         got = [r for r in rows if r["method"] == method]
         cells = []
-        for w in args.wr_list:
+        for w in wr_list:
             v = [r[f"{prefix}recall_wr{w * 100:g}_k5"] for r in got]
             sd = statistics.stdev(v) if len(v) > 1 else 0.0
             cells.append(f"{statistics.mean(v):.3f} ± {sd:.3f}")
