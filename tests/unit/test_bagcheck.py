@@ -52,7 +52,9 @@ def test_a_model_that_ranks_witnesses_first_passes():
 
 
 def test_an_inverted_model_fails_loudly():
-    check = bag_check(*_bags(witness_score=-5.0))
+    scores, bags, labels = _bags(witness_score=-5.0)
+    scores = scores - 10.0 * labels  # every cell of a positive bag below every negative one
+    check = bag_check(scores, bags, labels)
     assert check["status"] == "failed" and check["bag_auroc"] <= 0.5
     assert "FAILED" in check["message"] and "do not use" in check["message"]
 
@@ -77,14 +79,17 @@ def test_cyto_train_prints_and_records_a_failed_check(tmp_path, synth_patches, m
 
     # the images as training sees them (resized to load_size), keyed by their bytes
     ds = PatchDataset.from_path(manifest, normal="normal", size=40)
-    truth = {
-        hashlib.sha1(np.ascontiguousarray(im).tobytes()).hexdigest(): int(lab)
-        for im, lab in zip(ds.images, ds.labels, strict=True)
+    in_positive_bag = {
+        hashlib.sha1(np.ascontiguousarray(im).tobytes()).hexdigest(): int(bag_label)
+        for im, bag_label in zip(ds.images, ds.bag_labels, strict=True)
     }
 
-    def inverted(self, images, batch_size=128):  # abnormal cells scored lowest
+    def inverted(self, images, batch_size=128):  # every cell of a positive bag scored lowest
         return np.array(
-            [-truth[hashlib.sha1(np.ascontiguousarray(im).tobytes()).hexdigest()] for im in images],
+            [
+                -in_positive_bag[hashlib.sha1(np.ascontiguousarray(im).tobytes()).hexdigest()]
+                for im in images
+            ],
             dtype=np.float64,
         ) + np.random.default_rng(0).normal(0, 1e-3, len(images))
 
@@ -102,6 +107,23 @@ def test_cyto_train_prints_and_records_a_failed_check(tmp_path, synth_patches, m
     assert check["n_positive_bags"] == 3 and check["n_negative_bags"] == 3
     info = CliRunner().invoke(app, ["info", str(out)])
     assert "bag check FAILED" in info.output
+
+
+def test_a_bag_auroc_just_under_half_is_weak_not_failed():
+    """5 + 5 bags at bag AUROC 0.48 (12 of 25 pairs) is what random bag labels give half the
+    time: weak. Inverted beyond chance (0.12) fails."""
+    from cyto.train.bagcheck import permutation_p
+
+    y = np.array([1] * 5 + [0] * 5)
+    bags = np.array([f"b{i}" for i in range(10)])
+    s = np.array([10, 7, 5, 3, 2.5, 9, 8, 6, 4, 2], dtype=float)
+    assert auroc(y, s) == pytest.approx(0.48)
+    check = bag_check(s, bags, y, top_fraction=1.0)
+    assert check["status"] == "weak" and "no higher" in check["message"]
+    s = np.array([5, 4.5, 4.2, 1, 0.5, 10, 9, 8, 7, 4], dtype=float)  # 3 of 25 pairs
+    assert auroc(y, s) == pytest.approx(0.12)
+    assert permutation_p(y, s, lower=True) <= 0.05
+    assert bag_check(s, bags, y, top_fraction=1.0)["status"] == "failed"
 
 
 def test_a_pass_needs_more_than_random_bag_labels_give():

@@ -52,8 +52,9 @@ abnormal cells among 30 normal ones in each positive bag (WR 6.25 %, Matek LYT, 
 held-out normal cells), its test AUROC was 0.632 +- 0.101 (one seed at 0.470), while the distance of
 a cell to its 5 nearest negative-bag cells in the same final embedding gave 0.680 +- 0.078 (lowest
 0.583). With 1 abnormal cell per positive bag (WR 3.2 %, the same seeds) the logit was at chance,
-0.493 +- 0.131 (4 of 6 below 0.5), the distance 0.688 +- 0.055 (lowest 0.626). The aggregator fits 5 positive bags by whatever sets their cells apart from the negative
-bags' cells, and with 2 witnesses in 32 cells that is rarely the witnesses. So the score is, by
+0.493 +- 0.131 (4 of 6 below 0.5), the distance 0.688 +- 0.055 (lowest 0.626). The aggregator
+fits 5 positive bags by whatever sets their cells apart from the negative bags' cells, and with 1
+or 2 witnesses in 31-32 cells that is rarely the witnesses. So the score is, by
 default (``instance_score=negatives``), that distance: the bundle keeps up to ``score_ref`` (4096)
 negative-bag cells' embeddings and the ``knn`` head (:mod:`cyto.runtime.heads.knn`) averages the
 ``score_k`` (5) nearest. The bag check then leaves each training cell out of its own neighbours.
