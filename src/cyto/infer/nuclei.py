@@ -155,11 +155,21 @@ def detect_nuclei(rgb: np.ndarray, params: NucleusParams = NucleusParams()) -> n
         from PIL import Image
 
         small = np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).reduce(k))
-        found = _detect(small, replace(params.at(params.mpp * k), downsample=1))
-        found[:, :2] = found[:, :2] * k + (k - 1) / 2.0  # centre of the k x k block
-        found[:, 2] *= k * k
-        return found
+        return from_reduced(_detect(small, reduced_params(params, k)), k)
     return _detect(rgb, params)
+
+
+def reduced_params(params: NucleusParams, k: int) -> NucleusParams:
+    """The settings for a tile reduced ``k`` times (the same physical sizes)."""
+    return replace(params.at(params.mpp * k), downsample=1)
+
+
+def from_reduced(found: np.ndarray, k: int) -> np.ndarray:
+    """Detections on a tile reduced ``k`` times, in the tile's pixels (the centre of each k x k
+    block; areas times k^2)."""
+    found[:, :2] = found[:, :2] * k + (k - 1) / 2.0
+    found[:, 2] *= k * k
+    return found
 
 
 def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
@@ -183,6 +193,14 @@ def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     peaks = peak_local_max(
         dist, min_distance=params.min_distance, labels=labels, exclude_border=False
     )
+    return nuclei_from_peaks(peaks, dist, labels, areas, params)
+
+
+def nuclei_from_peaks(
+    peaks: np.ndarray, dist: np.ndarray, labels: np.ndarray, areas: np.ndarray, params
+) -> np.ndarray:
+    """(N, 3) x, y, area from distance-transform peaks (row, col): one peak per nucleus, deep
+    enough (``min_radius``), of a component whose area is in range. Both detectors end here."""
     peaks = _one_peak_per_nucleus(peaks, dist, labels)
     if params.min_radius > 0:
         peaks = peaks[dist[peaks[:, 0], peaks[:, 1]] >= params.min_radius]

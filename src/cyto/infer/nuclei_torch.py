@@ -27,13 +27,18 @@ Results are ``(N, 3)`` arrays of x, y, area in tile pixels, like ``detect_nuclei
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cyto.infer.nuclei import _H_FROM_RGB, _HED_LOG, NucleusParams, _one_peak_per_nucleus
+from cyto.infer.nuclei import (
+    _H_FROM_RGB,
+    _HED_LOG,
+    NucleusParams,
+    from_reduced,
+    nuclei_from_peaks,
+    reduced_params,
+)
 
 _BIG = torch.iinfo(torch.int64).max
 
@@ -209,36 +214,20 @@ def detect_nuclei_torch(
         t = t.to(device)
     k = params.reduction()
     if k > 1:
-        h, w = t.shape[0] // k * k, t.shape[1] // k * k  # PIL's reduce drops a partial block
-        # PIL's reduce: the block sum plus half the block, integer-divided (round half up)
-        sums = F.avg_pool2d(t[:h, :w].permute(2, 0, 1).double()[None], k, divisor_override=1)[0]
-        small = torch.floor((sums + (k * k) // 2) / (k * k))
-        small = small.clamp(0, 255).to(torch.uint8).permute(1, 2, 0)
-        if t.shape[0] % k or t.shape[1] % k:  # ... and averages it on its own: do the same
-            small = _reduce_edges(t, k, small)
-        found = _detect(small, replace(params.at(params.mpp * k), downsample=1))
-        found[:, :2] = found[:, :2] * k + (k - 1) / 2.0
-        found[:, 2] *= k * k
-        return found
+        return from_reduced(_detect(reduce_like_pil(t, k), reduced_params(params, k)), k)
     return _detect(t, params)
 
 
-def _reduce_edges(t: torch.Tensor, k: int, core: torch.Tensor) -> torch.Tensor:
-    """PIL ``reduce`` of a tile whose sides are not multiples of ``k``: the last partial row and
-    column of blocks are averaged over the pixels they hold."""
-    h, w = t.shape[:2]
-    oh, ow = -(-h // k), -(-w // k)
-    out = torch.zeros((oh, ow, 3), dtype=torch.uint8, device=t.device)
-    out[: core.shape[0], : core.shape[1]] = core
-    f = t.float()
-    for i in range(oh):
-        for j in range(ow):
-            if i < core.shape[0] and j < core.shape[1]:
-                continue
-            block = f[i * k : (i + 1) * k, j * k : (j + 1) * k].reshape(-1, 3)
-            n = block.shape[0]
-            out[i, j] = torch.floor((block.sum(0) + n // 2) / n).clamp(0, 255).to(torch.uint8)
-    return out
+def reduce_like_pil(t: torch.Tensor, k: int) -> torch.Tensor:
+    """PIL's ``Image.reduce(k)`` of an (H, W, 3) uint8 tensor: each k x k block (a partial one at
+    the right or bottom edge over the pixels it holds) is its sum plus half its size,
+    integer-divided by its size (round half up)."""
+    x = t.permute(2, 0, 1).double()[None]
+    sums = F.avg_pool2d(x, k, ceil_mode=True, divisor_override=1)[0]
+    ones = torch.ones((1, 1, *t.shape[:2]), dtype=torch.float64, device=t.device)
+    n = F.avg_pool2d(ones, k, ceil_mode=True, divisor_override=1)[0]
+    small = torch.floor((sums + torch.floor(n / 2)) / n)
+    return small.clamp(0, 255).to(torch.uint8).permute(1, 2, 0)
 
 
 def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
@@ -261,14 +250,4 @@ def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
     peaks = _peaks(dist, labels, params.min_distance)
     if len(peaks) == 0:
         return empty
-    dist_np = dist.cpu().numpy()
-    labels_np = labels.cpu().numpy()
-    peaks = _one_peak_per_nucleus(peaks, dist_np, labels_np)
-    if params.min_radius > 0:
-        peaks = peaks[dist_np[peaks[:, 0], peaks[:, 1]] >= params.min_radius]
-    out = []
-    for r, c in peaks:
-        area = areas[labels_np[r, c] - 1]
-        if params.min_area <= area <= params.max_area:
-            out.append((float(c), float(r), float(area)))
-    return np.array(out, dtype=np.float64).reshape(-1, 3)
+    return nuclei_from_peaks(peaks, dist.cpu().numpy(), labels.cpu().numpy(), areas, params)

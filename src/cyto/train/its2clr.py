@@ -217,6 +217,16 @@ def fit_aggregator(
     return agg.eval()
 
 
+def _reference(h: torch.Tensor, negatives, max_ref: int, seed: int):
+    """The negative-bag cells both the pseudo-labels and the ``knn`` head measure against (at
+    most ``max_ref``, a seeded sample), and their mean and spread: ``(indices, mean, std)``."""
+    negatives = np.asarray(negatives)
+    if len(negatives) > max_ref:
+        negatives = np.random.default_rng(seed).choice(negatives, max_ref, replace=False)
+    ref = h[negatives]
+    return negatives, ref.mean(0), ref.std(0).clamp(min=1e-6)
+
+
 def negative_distance(
     feats: np.ndarray, negatives: np.ndarray, k: int = 5, seed: int = 0, max_ref: int = 10_000
 ) -> np.ndarray:
@@ -224,14 +234,11 @@ def negative_distance(
     nearest negative-bag instances, in embedding space standardized on the negatives. A
     negative-bag instance is not its own neighbour. At most ``max_ref`` negatives (a seeded
     sample) are the reference, which bounds the cost on slide-sized bags."""
-    h = torch.from_numpy(np.asarray(feats)).float()
-    negatives = np.asarray(negatives)
-    if len(negatives) > max_ref:
-        negatives = np.random.default_rng(seed).choice(negatives, max_ref, replace=False)
-    k = min(k, len(negatives) - 1)
-    if k < 1:
+    if len(negatives) < 2 or min(k, max_ref - 1) < 1:
         raise DatasetError("ItS2CLR needs at least 2 cells in its negative bags")
-    mu, sd = h[negatives].mean(0), h[negatives].std(0).clamp(min=1e-6)
+    h = torch.from_numpy(np.asarray(feats)).float()
+    negatives, mu, sd = _reference(h, negatives, max_ref, seed)
+    k = min(k, len(negatives) - 1)
     h = (h - mu) / sd
     ref = h[negatives]
     in_ref = np.zeros(len(h), dtype=bool)
@@ -250,13 +257,10 @@ def nearest_negatives(
     """What the ``knn`` head scores against: the reference of :func:`negative_distance` with
     the same ``seed`` and ``max_ref`` (the same sample of negative-bag cells, standardized on
     it), so the bundle scores a new cell as ``negative_distance`` scores a training cell."""
-    negatives = np.asarray(negatives)
-    if len(negatives) > max_ref:
-        negatives = np.random.default_rng(seed).choice(negatives, max_ref, replace=False)
-    h = torch.from_numpy(np.asarray(feats)).float()[negatives]
-    shift, scale = h.mean(0), h.std(0).clamp(min=1e-6)
+    h = torch.from_numpy(np.asarray(feats)).float()
+    negatives, shift, scale = _reference(h, negatives, max_ref, seed)
     return {
-        "negatives": ((h - shift) / scale).double().numpy(),
+        "negatives": ((h[negatives] - shift) / scale).double().numpy(),
         "shift": shift.double().numpy(),
         "scale": scale.double().numpy(),
     }
