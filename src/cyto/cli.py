@@ -727,6 +727,14 @@ def score_cmd(
             "decoded by torchvision, the same pixels; other slides fall back to cpu and say so)."
         ),
     ] = "cpu",
+    overlap: Annotated[
+        str,
+        typer.Option(
+            help="Run the engine in a thread of its own, on a CUDA stream of its own, while the "
+            "next cells are decoded and cut (two batches at most in flight): auto (on a GPU), "
+            "on or off. The scores are the same."
+        ),
+    ] = "auto",
     patch_size: Annotated[int, typer.Option(help="Cell crop size, level-0 px.")] = 192,
     tile: Annotated[int, typer.Option(help="Tile size read and decoded at once, px.")] = 1024,
     top_k: Annotated[int, typer.Option(help="Cells in topk.parquet.")] = 400,
@@ -812,6 +820,7 @@ def score_cmd(
     opts = ScoreOptions(
         detection=replace(detection_preset(detection), detector=detector),
         decode=decode,
+        overlap=overlap,
         patch_size=patch_size,
         tile=tile,
         batch_size=batch_size,
@@ -1237,6 +1246,9 @@ def bench_slide_cmd(
     decode: Annotated[
         str, typer.Option(help="cpu, or torch (JPEG tiles decoded on the engine's device).")
     ] = "cpu",
+    overlap: Annotated[
+        str, typer.Option(help="The engine in a thread of its own: auto (on a GPU), on, off.")
+    ] = "auto",
     detector: Annotated[str, typer.Option(help="Nucleus detector: scipy or torch.")] = "scipy",
     naive_cells: Annotated[
         int, typer.Option(help="Cells for the naive baseline (0: skip it).")
@@ -1270,6 +1282,7 @@ def bench_slide_cmd(
         top_k=400,
         mosaic=0,
         decode=decode,
+        overlap=overlap,
         detection=replace(NucleusParams(), detector=detector),
     )
     with tempfile.TemporaryDirectory() as tmp:

@@ -163,6 +163,11 @@ def test_the_runner_pads_splits_and_equals_onnx_runtime(bundle, fake_trt, n):
     shapes = [c[1] for c in fake_trt.calls if c[0] == "set_input_shape"][1:]  # after the setup
     assert all(4 <= s[0] <= 16 for s in shapes), shapes
     assert (runner.inp.data_ptr(), runner.out.data_ptr()) == (inp, out)  # buffers reused
+    # crops already on the device: the same output, copied device to device into the input
+    import torch
+
+    on_device = runner.run_tensor(torch.from_numpy(x)).numpy()
+    np.testing.assert_array_equal(on_device, got)
 
 
 def test_the_output_buffer_has_the_engines_dtype(bundle, fake_trt):

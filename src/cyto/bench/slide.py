@@ -46,6 +46,46 @@ def naive_baseline(
     return out, time.perf_counter() - t0
 
 
+class NvmlSampler:
+    """The GPU's utilization as NVML reports it (percent of time a kernel ran), sampled every
+    ``every`` seconds in a thread while the block runs; ``mean()`` is None off CUDA or where
+    NVML (the nvidia-ml-py package) is missing."""
+
+    def __init__(self, device: str, every: float = 0.1) -> None:
+        self.device, self.every = device, every
+        self.samples: list[float] = []
+        self._stop = None
+
+    def __enter__(self) -> NvmlSampler:
+        if not str(self.device).startswith("cuda"):
+            return self
+        import threading
+
+        import torch
+
+        try:
+            torch.cuda.utilization(torch.device(self.device))
+        except Exception:  # noqa: BLE001 (no NVML here: the CUDA-event busy fraction remains)
+            return self
+        self._stop = threading.Event()
+
+        def sample() -> None:
+            while not self._stop.wait(self.every):
+                self.samples.append(float(torch.cuda.utilization(torch.device(self.device))))
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._thread.join()
+
+    def mean(self) -> float | None:
+        return round(sum(self.samples) / len(self.samples) / 100, 3) if self.samples else None
+
+
 def bench_slide(
     slide: Path, model: Path, work: Path, opts, naive_cells: int = 2000, echo=print
 ) -> dict:
@@ -60,7 +100,8 @@ def bench_slide(
     engine = load_scorer(model, opts.backend, opts.device)
     load_s = time.perf_counter() - t0
     opts = replace(opts, resume=False)
-    summary = score_slide(Path(slide), engine, Path(work), opts, echo=echo, metrics=all_metrics)
+    with NvmlSampler(engine.device) as nvml:
+        summary = score_slide(Path(slide), engine, Path(work), opts, echo=echo, metrics=all_metrics)
     table = pq.read_table(Path(work) / "scores.parquet")
     n = table.num_rows
     row = {
@@ -72,6 +113,7 @@ def bench_slide(
         "workers": summary["workers"],
         "decode": summary.get("decode"),
         "detector": opts.detection.detector,
+        "engine_lane": summary["engine_lane"] | {"gpu_utilization_nvml": nvml.mean()},
         "seconds": summary["seconds"],
         "cells_per_s": summary["cells_per_s"],
         "engine_cells_per_s": summary["engine_cells_per_s"],
@@ -117,6 +159,7 @@ def flat_row(r: dict, machine: str | None = None) -> dict:
     """One `bench slide` result as a flat table row."""
     naive = r.get("naive") or {}
     truth = r.get("truth") or {}
+    lane = r.get("engine_lane") or {}
     recall = truth.get("planted_recall_at_k")
     return {
         "machine": machine,
@@ -127,6 +170,11 @@ def flat_row(r: dict, machine: str | None = None) -> dict:
         "cells_per_s": r["cells_per_s"],
         "engine_cells_per_s": r["engine_cells_per_s"],
         "pipeline_efficiency": r["pipeline_efficiency"],
+        "overlap": lane.get("overlap"),
+        "engine_busy": lane.get("engine_busy_fraction"),
+        "gpu_busy": lane.get("gpu_busy_fraction"),
+        "gpu_nvml": lane.get("gpu_utilization_nvml"),
+        "h2d_per_cell": lane.get("h2d_bytes_per_cell"),
         "naive_cells_per_s": naive.get("cells_per_s"),
         "pipeline_vs_naive": r.get("pipeline_vs_naive"),
         "peak_rss": f"{r['peak_rss_mb']} / {r['peak_rss_workers_mb']}",
@@ -144,6 +192,11 @@ SLIDE_COLUMNS = [
     ("cells_per_s", "cells/s"),
     ("engine_cells_per_s", "engine-only cells/s"),
     ("pipeline_efficiency", "efficiency"),
+    ("overlap", "engine thread"),
+    ("engine_busy", "engine busy (wall)"),
+    ("gpu_busy", "GPU busy (CUDA events)"),
+    ("gpu_nvml", "GPU busy (NVML)"),
+    ("h2d_per_cell", "host->device bytes/cell"),
     ("naive_cells_per_s", "naive cells/s"),
     ("pipeline_vs_naive", "pipeline vs naive"),
     ("peak_rss", "peak RSS MB (main / worker)"),

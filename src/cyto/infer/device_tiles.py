@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from cyto.infer.slide import PAD
+from cyto.runtime import devices
 
 JPEG = 7  # TIFF compression: JPEG ("new style")
 PHOTOMETRIC_RGB, PHOTOMETRIC_YCBCR = 2, 6
@@ -144,6 +145,7 @@ class DeviceTileReader:
             torch.frombuffer(bytearray(self._raw(r * g.across + c)), dtype=torch.uint8)
             for r, c in where
         ]
+        devices.count_h2d(sum(len(d) for d in data), self.device)  # the JPEG bytes go over
         with warnings.catch_warnings():  # torchvision 0.29 points to TorchCodec; still works
             warnings.simplefilter("ignore", DeprecationWarning)
             tiles = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)

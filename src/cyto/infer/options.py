@@ -13,6 +13,7 @@ from cyto.infer.nuclei import NucleusParams
 from cyto.runtime.backends import CHOICES
 
 DECODERS = ("cpu", "torch")
+OVERLAP = ("auto", "on", "off")
 
 STAGES = ("mask", "read", "detect", "crop", "engine", "write", "wait", "finish")
 
@@ -39,6 +40,7 @@ class ScoreOptions:
     truth_radius: float = 20.0
     detection: NucleusParams = field(default_factory=NucleusParams)
     decode: str = "cpu"  # cpu (the slide readers) | torch (JPEG tiles by torchvision, else cpu)
+    overlap: str = "auto"  # the engine in a thread of its own: auto (on a GPU) | on | off
     planes: str = "auto"  # auto (sibling files NAME_z+1.00um.ext) | none | comma-separated files
     rescale: bool = False  # resample crops to the model's training mpp when the slide differs
     slide_mpp: float | None = None  # um/px of the slide, when its metadata lacks or misstates it
@@ -60,6 +62,8 @@ class ScoreOptions:
             )
         if self.decode not in DECODERS:
             raise ConfigError(f"decode must be {' or '.join(DECODERS)}, got {self.decode!r}")
+        if self.overlap not in OVERLAP:
+            raise ConfigError(f"overlap must be one of {', '.join(OVERLAP)}, got {self.overlap!r}")
         if self.top_k < 1 or self.mosaic < 0:
             raise ConfigError("top_k must be >= 1 and mosaic >= 0")
         if self.workers is not None and self.workers < 0:
@@ -75,6 +79,10 @@ class ScoreOptions:
             value = getattr(self, name)
             if value is not None and not 0.01 <= value <= 100:
                 raise ConfigError(f"{name} must be in um per pixel (0.01 to 100), got {value}")
+
+    def overlaps(self, device: str) -> bool:
+        """Whether the engine runs in a thread of its own (``auto``: on a CUDA device)."""
+        return self.overlap == "on" or (self.overlap == "auto" and device.startswith("cuda"))
 
     def n_workers(self) -> int:
         return default_workers() if self.workers is None else self.workers

@@ -56,25 +56,41 @@ from cyto.infer.tiling import (
     tissue_mask,
 )
 from cyto.progress import progress
-from cyto.runtime import Scorer, load_scorer
+from cyto.runtime import Scorer, devices, load_scorer
+from cyto.runtime.lane import EngineLane
 
 Metrics = Callable[[np.ndarray, np.ndarray, int], dict]
 
 
 class CellBatcher:
-    """Tile results in, scored rows out: crops go through the scorer in batches of at least
-    ``4 * batch_size`` cells, rows go to the store in chunks of whole tiles."""
+    """Tile results in, scored rows out: crops go through the engine lane in batches of at least
+    ``4 * batch_size`` cells (in a background thread when ``overlap``, at most two batches out),
+    rows go to the store in chunks of whole tiles. Crops may be host arrays or tensors already
+    on the engine's device (``--decode torch`` in the main process)."""
 
     def __init__(
-        self, scorer: Scorer, store: ChunkStore, slide_id: str, opts, first_id: int, first_tile: int
+        self,
+        scorer: Scorer,
+        store: ChunkStore,
+        slide_id: str,
+        opts,
+        first_id: int,
+        first_tile: int,
+        overlap: bool = False,
     ):
         self.scorer, self.store, self.slide_id, self.opts = scorer, store, slide_id, opts
+        self.lane = EngineLane(scorer, opts.batch_size, overlap)
         self.n_cells = first_id  # cell ids continue where a resumed run stopped
         self.first_tile = first_tile  # the first tile not yet in a chunk
         self.pending: list[dict] = []
+        self.out_cells = 0  # cells submitted to the lane and not yet taken back
         self.rows: list = []
         self.n_rows = 0
-        self.engine_s = self.write_s = 0.0
+        self.write_s = 0.0
+
+    @property
+    def engine_s(self) -> float:
+        return self.lane.wall_s
 
     def _pending_cells(self) -> int:
         return sum(len(p["meta"]) for p in self.pending)
@@ -86,21 +102,33 @@ class CellBatcher:
             self.pending.append(res)
         if self._pending_cells() >= 4 * self.opts.batch_size:
             self.score_pending()
-        if res["final"] and self.n_rows + self._pending_cells() >= self.opts.chunk_cells:
+        held = self.n_rows + self.out_cells + self._pending_cells()
+        if res["final"] and held >= self.opts.chunk_cells:
             self.flush(tiles_done)
 
     def score_pending(self) -> None:
-        import pyarrow as pa
-
+        """Hand the pending crops to the lane (taking back the batches it had to finish)."""
         if not self.pending:
             return
-        crops = np.concatenate([p["crops"] for p in self.pending])
+        first = self.pending[0]["crops"]
+        if isinstance(first, np.ndarray):
+            crops = np.concatenate([p["crops"] for p in self.pending])
+        else:
+            import torch
+
+            crops = torch.cat([p["crops"] for p in self.pending])
         meta = np.concatenate([p["meta"] for p in self.pending])
         tiles = np.concatenate([np.full(len(p["meta"]), p["tile"]) for p in self.pending])
-        t0 = time.perf_counter()
-        scores = self.scorer.score(crops, self.opts.batch_size)
-        self.engine_s += time.perf_counter() - t0
-        n = len(crops)
+        self.pending.clear()
+        self.out_cells += len(meta)
+        for scores, tag in self.lane.submit(crops, (meta, tiles)):
+            self._rows(scores, *tag)
+
+    def _rows(self, scores: np.ndarray, meta: np.ndarray, tiles: np.ndarray) -> None:
+        import pyarrow as pa
+
+        n = len(meta)
+        self.out_cells -= n
         self.rows.append(
             pa.table(
                 {
@@ -118,13 +146,14 @@ class CellBatcher:
         )
         self.n_cells += n
         self.n_rows += n
-        self.pending.clear()
 
     def flush(self, tiles_done: int) -> None:
         """Write the rows of every tile before ``tiles_done`` not yet in a chunk."""
         import pyarrow as pa
 
         self.score_pending()
+        for scores, tag in self.lane.drain():
+            self._rows(scores, *tag)
         if tiles_done <= self.first_tile:
             return
         t0 = time.perf_counter()
@@ -134,6 +163,9 @@ class CellBatcher:
         self.rows.clear()
         self.n_rows = 0
         self.write_s += time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.lane.close()
 
 
 def score_slide(
@@ -268,6 +300,9 @@ class SlidePlan:
                     # the device does the decoding, detection and cropping: no worker processes
                     # (each would hold a CUDA context of its own)
                     self.workers = 0
+                if not self.workers:  # crops stay tensors on the decode device for the engine
+                    self.ctx = replace(self.ctx, keep_on_device=True)
+        self.overlap = opts.overlaps(scorer.device)
         self.identity = ""  # the slide's identity, once a store has read it
 
     def store_key(self, scorer: Scorer, opts: ScoreOptions, jobs: int) -> dict:
@@ -289,6 +324,10 @@ class TileRun:
         self.crowd: dict | None = None
         self.loop_seconds = 0.0
         self.worker_rss_mb: float | None = None
+        self.cells = 0  # cells scored by this run (not resumed)
+        self.overlap = False  # the engine ran in a thread of its own
+        self.engine_device_s = 0.0  # CUDA event time of the engine calls (0 off CUDA)
+        self.h2d_bytes = 0  # bytes copied from host memory to the engine's device
 
     def as_json(self) -> dict:
         return dict(vars(self))
@@ -296,8 +335,8 @@ class TileRun:
     @classmethod
     def from_json(cls, data: dict) -> TileRun:
         run = cls()
-        for name in vars(run):
-            setattr(run, name, data[name])
+        for name in vars(run):  # a field newer than the record keeps its default
+            setattr(run, name, data.get(name, getattr(run, name)))
         return run
 
 
@@ -309,8 +348,9 @@ def score_tiles(plan: SlidePlan, jobs: list, store: ChunkStore, scorer, opts, ec
     done_tiles, n_done = store.start(opts.resume, echo)
     out.resumed_tiles, out.resumed_cells = done_tiles, n_done
     feed = TileFeed(plan.ctx, jobs[done_tiles:], plan.workers, plan.queue)
-    cells = CellBatcher(scorer, store, slide.stem, opts, n_done, done_tiles)
+    cells = CellBatcher(scorer, store, slide.stem, opts, n_done, done_tiles, plan.overlap)
     t_loop = time.perf_counter()
+    h2d_before = devices.h2d_bytes(devices.parse_device(scorer.device)[0])
     position = done_tiles
     first_xy: list[np.ndarray] = []  # detections of the first tiles, for the crowding check
     crowd = None
@@ -339,9 +379,13 @@ def score_tiles(plan: SlidePlan, jobs: list, store: ChunkStore, scorer, opts, ec
     except BrokenProcessPool as exc:
         raise broken_worker_error(slide, store.dir, exc) from exc
     finally:
+        cells.close()
         feed.close()
     out.timings.update(engine=cells.engine_s, write=cells.write_s, wait=feed.wait)
     out.loop_seconds = time.perf_counter() - t_loop
+    out.cells = cells.n_cells - n_done
+    out.overlap, out.engine_device_s = cells.lane.overlap, cells.lane.device_s
+    out.h2d_bytes = devices.h2d_bytes(devices.parse_device(scorer.device)[0]) - h2d_before
     out.crowd = crowd
     out.worker_rss_mb = feed.worker_rss_mb if feed.pool is not None else None
     plan.identity = store.key["slide"][str(slide)]
@@ -381,6 +425,7 @@ def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_star
             "focal_planes_um": list(plan.ctx.plane_z),
             "detection_crowding": runs[0].crowd,
             "decode": plan.decode,
+            "engine_lane": engine_lane(runs, scorer.device),
             "tiles": {"total": len(plan.jobs), "resumed_from": runs[0].resumed_tiles},
         }
     )
@@ -389,6 +434,26 @@ def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_star
         summary["tiles"]["resumed"] = sum(r.resumed_tiles for r in runs)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def engine_lane(runs: list[TileRun], device: str) -> dict:
+    """How busy the engine was over the tile loop: the share of the loop spent in engine calls
+    (wall time), on CUDA the GPU's busy fraction from CUDA events around those calls, and the
+    bytes copied from host memory to the device per cell."""
+    loop = sum(r.loop_seconds for r in runs)
+    cells = sum(r.cells for r in runs)
+    busy = sum(r.timings["engine"] for r in runs)
+    cuda = device.startswith("cuda")
+    return {
+        "overlap": any(r.overlap for r in runs),
+        "engine_busy_fraction": round(busy / loop, 3) if loop > 0 else None,
+        "gpu_busy_fraction": (
+            round(sum(r.engine_device_s for r in runs) / loop, 3) if cuda and loop > 0 else None
+        ),
+        "h2d_bytes_per_cell": (
+            round(sum(r.h2d_bytes for r in runs) / cells, 1) if cuda and cells else None
+        ),
+    }
 
 
 CROWDED = 6  # other detections per crop, median: far more than a smear at the model's scale

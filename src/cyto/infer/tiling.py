@@ -161,6 +161,7 @@ class TileContext:
     max_cells: int = 1 << 30  # crops per result: a denser tile comes back in parts
     decode: str = "cpu"  # torch: the main plane's JPEG tiles decoded by torchvision
     decode_device: str = "cpu"  # where: on cuda, detection and crops stay on the device too
+    keep_on_device: bool = False  # device crops go to the engine as tensors (main process only)
 
 
 _CTX: TileContext | None = None
@@ -264,7 +265,7 @@ def run_tile(job: Job) -> dict:
         from cyto.infer.device_tiles import crop_cells_device
 
         cut = crop_cells_device(tiles[0], ox, oy, found, ctx.src_patch, ctx.out_size)
-        crops = cut.cpu().numpy()
+        crops = cut if ctx.keep_on_device else cut.cpu().numpy()
     elif len(found):
         stack = [crop_cells(t, ox, oy, found, ctx.src_patch) for t in tiles]
         chosen, plane = sharpest(stack)

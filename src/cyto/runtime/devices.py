@@ -102,3 +102,18 @@ def on_device(device: str):
     import torch
 
     return torch.cuda.device(device_index(device))
+
+
+#: bytes copied from host memory to a device, by device type ("cuda", or "cpu" where the same
+#: code runs with the device set to the CPU): what a run moves across PCIe, per process
+H2D_BYTES: dict[str, int] = {}
+
+
+def count_h2d(nbytes: int, device) -> None:
+    """Count ``nbytes`` handed from host memory to ``device`` (a name or a torch device)."""
+    kind = getattr(device, "type", None) or parse_device(str(device))[0]
+    H2D_BYTES[kind] = H2D_BYTES.get(kind, 0) + int(nbytes)
+
+
+def h2d_bytes(kind: str = "cuda") -> int:
+    return H2D_BYTES.get(kind, 0)

@@ -71,6 +71,30 @@ class Scorer:
         ]
         return np.concatenate(parts).astype(np.float64, copy=False)
 
+    @property
+    def takes_tensors(self) -> bool:
+        """Whether the backend runs on tensors already on its device (PyTorch, TensorRT)."""
+        return hasattr(self.backend, "run_tensor")
+
+    def score_tensor(self, crops, batch_size: int = 64) -> np.ndarray:
+        """(N,) float64 scores of a uint8 (N, H, W, 3) torch tensor. On the backend's device
+        the network and the head's torch finish both run there, and only the scores come
+        back; a backend that takes host arrays (ONNX Runtime) gets the crops copied to it."""
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if not self.takes_tensors or crops.device.type != self.backend.dev.type:
+            return self.score(crops.cpu().numpy(), batch_size)
+        if len(crops) == 0:
+            return np.empty(0, dtype=np.float64)
+        import torch
+
+        step = min(batch_size, self.backend.max_batch or batch_size)
+        parts = [
+            self.head.torch_finish(self.backend.run_tensor(crops[i : i + step]))
+            for i in range(0, len(crops), step)
+        ]
+        return torch.cat(parts).to(torch.float64).cpu().numpy()
+
     def raw(self, images: np.ndarray, batch_size: int = 64) -> list[np.ndarray]:
         """The network's output per batch (for parity checks)."""
         return [

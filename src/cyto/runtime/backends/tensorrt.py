@@ -196,27 +196,62 @@ class EngineRunner:
         return np.concatenate(parts, axis=self.batch_axis)
 
     def _call(self, chunk: np.ndarray, size: int) -> np.ndarray:
-        torch, ctx, n = self.torch, self.context, len(chunk)
+        torch, n = self.torch, len(chunk)
         host = self.staging.numpy()
         host[:n] = chunk
         if size > n:  # below the profile's minimum: pad, and drop the padding rows below
             host[n:size] = 0
+        devices.count_h2d(chunk.nbytes, self.dev)
         with devices.on_device(self.device), _stream(torch, self.stream):
             self.inp[:size].copy_(self.staging[:size], non_blocking=True)
-            self._set_shape(size)
-            shape = self._out_shape()
-            out = self.out[: int(np.prod(shape))].view(shape)
-            for name, ptr in ((self.input, self.inp.data_ptr()), (self.output, out.data_ptr())):
-                if not ctx.set_tensor_address(name, ptr):
-                    raise DeviceError(f"{self.where}: TensorRT refused the address of {name!r}")
-            handle = self.stream.cuda_stream if self.stream is not None else 0
-            if not ctx.execute_async_v3(handle):
-                raise DeviceError(f"{self.where}: TensorRT execution failed (see its log)")
             # a copy: the device buffer is reused by the next call
-            result = out.narrow(self.batch_axis, 0, n).to("cpu", copy=True)
+            result = self._execute(n, size).to("cpu", copy=True)
         if self.stream is not None:
             self.stream.synchronize()
         return result.float().numpy()
+
+    def _execute(self, n: int, size: int):
+        """Run the engine on the first ``size`` rows of the input buffer; the output view of
+        the first ``n`` cells (on the runner's stream, valid until the next call)."""
+        ctx = self.context
+        self._set_shape(size)
+        shape = self._out_shape()
+        out = self.out[: int(np.prod(shape))].view(shape)
+        for name, ptr in ((self.input, self.inp.data_ptr()), (self.output, out.data_ptr())):
+            if not ctx.set_tensor_address(name, ptr):
+                raise DeviceError(f"{self.where}: TensorRT refused the address of {name!r}")
+        handle = self.stream.cuda_stream if self.stream is not None else 0
+        if not ctx.execute_async_v3(handle):
+            raise DeviceError(f"{self.where}: TensorRT execution failed (see its log)")
+        return out.narrow(self.batch_axis, 0, n)
+
+    def run_tensor(self, x):
+        """The graph output (a float tensor on the device) for a uint8 (N, H, W, 3) tensor
+        already on the device: copied device to device into the engine's input, no host trip.
+        The caller's stream is waited for first, and waits for the result."""
+        torch = self.torch
+        if tuple(x.shape[1:]) != tuple(self.item_shape) or x.dtype != torch.uint8:
+            want = ", ".join(map(str, self.item_shape))
+            raise ConfigError(
+                f"{self.where} takes uint8 patches of shape (N, {want}), "
+                f"got {x.dtype} {tuple(x.shape)}"
+            )
+        caller = torch.cuda.current_stream(self.dev) if self.stream is not None else None
+        parts = []
+        with devices.on_device(self.device), _stream(torch, self.stream):
+            if caller is not None:
+                self.stream.wait_stream(caller)  # the crops are written on the caller's stream
+                x.record_stream(self.stream)
+            for a, b, size in plan_batches(len(x), self.hi, self.lo, self.hi):
+                self.inp[: b - a].copy_(x[a:b], non_blocking=True)
+                if size > b - a:
+                    self.inp[b - a : size].zero_()
+                parts.append(self._execute(b - a, size).float().clone())
+        if caller is not None:
+            caller.wait_stream(self.stream)
+        if not parts:
+            return torch.empty((0,), dtype=torch.float32, device=self.dev)
+        return torch.cat(parts, dim=self.batch_axis)
 
     def close(self) -> None:
         self.context = self.engine = self.runtime = None
@@ -270,6 +305,13 @@ class TensorRTBackend:
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         return self.runner.run(batch)
+
+    @property
+    def dev(self):
+        return self.runner.dev
+
+    def run_tensor(self, x):
+        return self.runner.run_tensor(x)
 
     def close(self) -> None:
         self.runner.close()

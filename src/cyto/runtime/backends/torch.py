@@ -16,6 +16,7 @@ import contextlib
 import numpy as np
 
 from cyto.bundle import Bundle, load_bundle
+from cyto.runtime import devices
 
 
 class TorchBackend:
@@ -52,16 +53,41 @@ class TorchBackend:
             torch.backends.cudnn.allow_tf32 = False
             torch.backends.cuda.matmul.allow_tf32 = False
         self.module = build_graph(bundle).to(self.dev).eval()
+        self._pinned = self._copied = None  # the pinned staging buffer of CUDA uploads
 
-    def run(self, batch: np.ndarray) -> np.ndarray:
+    def _upload(self, batch: np.ndarray):
+        """The host batch on the device; on CUDA through a reused pinned buffer, copied
+        asynchronously (the forward pass that follows waits for it on the same stream)."""
+        torch = self.torch
+        batch = np.ascontiguousarray(batch, dtype=np.uint8)
+        devices.count_h2d(batch.nbytes, self.dev)
+        host = torch.from_numpy(batch)
+        if self.dev.type != "cuda":
+            return host
+        if self._pinned is None or self._pinned.numel() < host.numel():
+            self._pinned = torch.empty(host.numel(), dtype=torch.uint8, pin_memory=True)
+        else:  # the previous batch's copy must be done before the buffer is overwritten
+            self._copied.synchronize()
+        staged = self._pinned[: host.numel()].view(host.shape)
+        staged.copy_(host)
+        x = staged.to(self.dev, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return x
+
+    def run_tensor(self, x):
+        """The graph output as a float tensor on the device, for a uint8 (N, H, W, 3) tensor
+        already there (device crops: nothing crosses to the host before the scores)."""
         torch = self.torch
         half = self.precision == "fp16"
         with (
             torch.inference_mode(),
             torch.autocast("cuda", dtype=torch.float16) if half else contextlib.nullcontext(),
         ):
-            x = torch.from_numpy(np.ascontiguousarray(batch, dtype=np.uint8)).to(self.dev)
-            return self.module(x).float().cpu().numpy()
+            return self.module(x).float()
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        return self.run_tensor(self._upload(batch)).cpu().numpy()
 
     def close(self) -> None:
         self.module = None

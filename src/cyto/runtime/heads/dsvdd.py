@@ -86,7 +86,7 @@ class DSVDDHead(Head):
     def torch_finish(self, out):
         import torch
 
-        d = self.distances(out)
+        d = self.distances(out.to(torch.float64))  # float64, as the numba finish
         return torch.stack([tta_blend(d[s], self.lam) for s in range(d.shape[0])]).mean(dim=0)
 
     def describe(self) -> str:

@@ -54,4 +54,4 @@ class SoftmaxHead(Head):
     def torch_finish(self, out):
         import torch
 
-        return torch.softmax(out, dim=1)[:, 1]
+        return torch.softmax(out.to(torch.float64), dim=1)[:, 1]  # float64, as the numba finish
