@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.data.dataset import PatchDataset
+from cyto.data.scale import nucleus_fraction, zoom_from_nuclei, zoom_patches
 from cyto.eval.metrics import auroc, recall_at_k
 from cyto.train.config import resolve_config
 from cyto.train.data import TrainData
@@ -143,11 +144,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--other-zoom",
-        type=float,
-        default=1.0,
-        help="the other lab's cells look this many times smaller: their images are resized to "
-        "zoom x the load size and centre-cropped back to it (bone marrow vs PBC: 1.68, from the "
-        "area of the normal cells' nuclei)",
+        default="1",
+        help="the other lab's cells look this many times smaller: the centre 1/zoom of each "
+        "image is cut and resized to the load size (cyto.data.scale.zoom_patch; bone marrow vs "
+        "PBC: 1.68, from the area of the normal cells' nuclei), or auto: estimated without "
+        "labels, the median nucleus share of all the other lab's cells against that of the "
+        "development normals (what `cyto predict --zoom auto` does)",
     )
     ap.add_argument(
         "--mix-other",
@@ -174,12 +176,18 @@ def main() -> None:
     other = None
     pool_images, pool_labels = images, y  # what training draws from (both labels when mixed)
     if args.other is not None:
-        zoomed = round(size * args.other_zoom)
-        other = PatchDataset.from_path(args.other, normal=args.other_normal, size=zoomed)
+        other = PatchDataset.from_path(args.other, normal=args.other_normal)
         other_y = other.labels.astype(int)
-        lo = (zoomed - size) // 2  # the centre, at the training cells' scale
-        other_images = np.asarray(other.images)[:, lo : lo + size, lo : lo + size]
-        pool_images = np.concatenate([images, np.ascontiguousarray(other_images)])
+        if args.other_zoom == "auto":
+            dev_normals = images[dev][y[dev] == 0]
+            reference = float(np.median(nucleus_fraction(dev_normals)))
+            zoom = zoom_from_nuclei(reference, zoom_patches(other.images, 1.0, size))
+        else:
+            zoom = float(args.other_zoom)
+        args.other_zoom = f"{zoom:.3f}" + (" (auto)" if args.other_zoom == "auto" else "")
+        print(f"other lab zoomed {args.other_zoom}", flush=True)
+        other_images = zoom_patches(other.images, zoom, size)  # at the training cells' scale
+        pool_images = np.concatenate([images, other_images])
         pool_labels = np.concatenate([y, other_y])
     elif args.mix_other:
         raise SystemExit("--mix-other needs --other")
@@ -271,8 +279,8 @@ def table(rows, methods, args, meta, device, wr_list=()) -> list[str]:
         else "the whole development pool, ranking the final split (touched once)"
     )
     other = f" and {args.other.name} (another lab, never trained on)" if args.other else ""
-    if args.other_zoom != 1.0:
-        other += f", its cells zoomed {args.other_zoom:g}x to the training scale"
+    if args.other_zoom not in ("1", "1.000"):
+        other += f", its cells zoomed {args.other_zoom}x to the training scale"
     if args.mix_other:
         other = (
             f" and {args.other.name} (another lab; mixed-lab recipe: {args.mix_other} of its "

@@ -96,6 +96,9 @@ class ModelSpec:
     tta_lambda: float
     embedding_normalized: bool
     graphs: dict[str, GraphSpec]
+    #: median share of a training normal's patch covered by nucleus (cyto.data.scale), at the
+    #: load size: what ``cyto predict --zoom auto`` matches another folder's cells to
+    nucleus_fraction: float | None = None
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], where: object = "bundle") -> ModelSpec:
@@ -130,6 +133,7 @@ class ModelSpec:
                 tta_lambda=float(manifest.get("tta_lambda", 0.0)),
                 embedding_normalized=bool(manifest.get("embedding_normalized", False)),
                 graphs=graphs,
+                nucleus_fraction=(manifest.get("training_data") or {}).get("nucleus_fraction"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(

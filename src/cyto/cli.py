@@ -547,6 +547,20 @@ def predict_cmd(
     precision: Annotated[
         str, typer.Option(help="The exported graph (onnx/trt): fp32, fp16, int8 or auto.")
     ] = "fp32",
+    zoom: Annotated[
+        str | None,
+        typer.Option(
+            help="Bring patches of another scanner to the training scale: a factor (1.7: the "
+            "cells look 1.7x smaller than at training), or auto (from the median nucleus size "
+            "of the patches against the training normals'; assumes most patches are normal)."
+        ),
+    ] = None,
+    patch_mpp: Annotated[
+        float | None,
+        typer.Option(
+            help="um per pixel of these patches: zoom by it over the model's training mpp."
+        ),
+    ] = None,
 ) -> None:
     """Score every patch of a folder or manifest with a bundle (PyTorch by default)."""
     from cyto.predict import predict
@@ -561,7 +575,11 @@ def predict_cmd(
         batch_size=batch_size,
         backend=backend,
         precision=precision,
+        zoom=zoom,
+        patch_mpp=patch_mpp,
     )
+    if res["zoom"] != 1.0:
+        typer.echo(f"zoom {res['zoom']:.3g}x, from {res['zoom_from']}")
     line = f"scored {res['n']} patches -> {res['out']}"
     if "auroc" in res:
         line += f"; AUROC {res['auroc']:.3f}, Recall@{res['k']} {res['recall_at_k']:.3f}"

@@ -9,6 +9,7 @@ import numpy as np
 
 from cyto.data.dataset import PatchDataset, load_records
 from cyto.data.images import read_image, resize_rgb
+from cyto.data.scale import resolve_zoom, zoom_patches
 from cyto.errors import InputPathError
 
 
@@ -22,27 +23,43 @@ def predict(
     batch_size: int = 128,
     backend: str = "torch",
     precision: str = "fp32",
+    zoom: str | float | None = None,
+    patch_mpp: float | None = None,
 ) -> dict[str, object]:
-    """Write ``out`` (Parquet): path, class, [label], score, rank (1 = most abnormal)."""
+    """Write ``out`` (Parquet): path, class, [label], score, rank (1 = most abnormal).
+
+    ``zoom`` (a factor, or ``auto``) or ``patch_mpp`` bring patches of another scanner to the
+    model's training scale first (:mod:`cyto.data.scale`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from cyto.runtime import load_scorer
 
     scorer = load_scorer(model, backend, device, precision)
+    spec = scorer.spec
     size = scorer.bundle.manifest["config"].get("load_size")
+    zooming = zoom is not None or patch_mpp is not None
+    load = None if zooming else size  # a zoom cuts the native image, then resizes
     records = load_records(Path(data))
     labels = None
     if normal:
-        ds = PatchDataset.from_path(data, normal=normal, abnormal=abnormal, size=size)
-        records, images, labels = ds.records, np.asarray(ds.images), ds.labels
+        ds = PatchDataset.from_path(data, normal=normal, abnormal=abnormal, size=load)
+        records, images, labels = ds.records, ds.images, ds.labels
     else:
-        imgs = [read_image(r.path) for r in records]
-        if size is None and len({im.shape for im in imgs}) > 1:
-            size = scorer.spec.input_size
-        images = np.stack([resize_rgb(im, size) if size else im for im in imgs])
+        images = [read_image(r.path) for r in records]
+        if load:
+            images = [resize_rgb(im, load) for im in images]
     if len(images) == 0:
         raise InputPathError(f"no images to score in {data}")
+    if size is None and len({im.shape for im in images}) > 1:
+        size = spec.input_size
+    factor, how = 1.0, "none"
+    if zooming:
+        at_size = zoom_patches(images, 1.0, size or spec.crop_size)
+        factor, how = resolve_zoom(zoom, patch_mpp, spec.mpp, spec.nucleus_fraction, at_size)
+        images = zoom_patches(images, factor, size or spec.crop_size)
+    else:
+        images = np.stack([resize_rgb(im, size) if size else im for im in images])
     scores = scorer.score(images, batch_size)
     order = np.argsort(-scores, kind="stable")
     rank = np.empty(len(scores), dtype=np.int64)
@@ -64,13 +81,14 @@ def predict(
             "cyto.method": scorer.bundle.method,
             "cyto.backend": scorer.backend.name,
             "cyto.precision": scorer.precision,
+            "cyto.zoom": f"{factor:.4g} ({how})",
         }
     )
     out = Path(out)
     tmp = out.with_name(f".{out.name}.partial")
     pq.write_table(table, tmp)
     os.replace(tmp, out)
-    summary: dict[str, object] = {"n": len(scores), "out": out}
+    summary: dict[str, object] = {"n": len(scores), "out": out, "zoom": factor, "zoom_from": how}
     if labels is not None and 0 < labels.sum() < len(labels):
         from sklearn.metrics import roc_auc_score
 

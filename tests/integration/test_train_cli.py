@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pyarrow.parquet as pq
+import pytest
+from PIL import Image
 
 from tests.unit.test_cli import run_cyto
 
@@ -69,6 +71,32 @@ def test_train_info_predict(tmp_path, synth_patches):
     assert set(table.column_names) >= {"path", "class", "score", "rank", "label"}
     assert sorted(table["rank"].to_pylist()) == list(range(1, table.num_rows + 1))
     assert table.schema.metadata[b"cyto.method"] == b"dsvdd"
+
+    # another scanner's patches, where every cell looks 0.6x as large: --zoom auto finds the
+    # factor from the nucleus sizes the bundle recorded for its training normals
+    assert 0 < manifest["training_data"]["nucleus_fraction"] < 1
+    from cyto.data.images import read_image
+    from cyto.data.scale import zoom_patch
+
+    small = tmp_path / "small"
+    for f in synth_patches.rglob("*.jpg"):
+        dest = small / f.relative_to(synth_patches)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(zoom_patch(read_image(f), 0.6)).save(dest, quality=95)
+    zoomed = run_cyto(
+        "predict", str(out), "--data", str(small), "--out", str(tmp_path / "z.parquet"),
+        "--zoom", "auto",
+    )  # fmt: skip
+    assert zoomed.returncode == 0, zoomed.stderr
+    factor = float(zoomed.stdout.split("zoom ")[1].split("x,")[0])
+    assert factor == pytest.approx(1 / 0.6, rel=0.1), zoomed.stdout
+    assert b"nucleus size" in pq.read_table(tmp_path / "z.parquet").schema.metadata[b"cyto.zoom"]
+    both = run_cyto(
+        "predict", str(out), "--data", str(small), "--zoom", "2", "--patch-mpp", "0.5",
+    )  # fmt: skip
+    assert both.returncode == 2 and "not both" in both.stderr
+    no_mpp = run_cyto("predict", str(out), "--data", str(small), "--patch-mpp", "0.5")
+    assert no_mpp.returncode == 2 and "records no training resolution" in no_mpp.stderr
 
     again = run_cyto(
         "train",

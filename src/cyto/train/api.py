@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from cyto.bundle import save_bundle
 from cyto.data.dataset import PatchDataset
 from cyto.errors import BundleError
@@ -34,6 +36,15 @@ class TrainResult:
 def checkpoint_dir(out: Path) -> Path:
     """Where an interrupted run keeps its per-epoch state (next to the bundle)."""
     return Path(out).with_name(Path(out).name + ".train-state")
+
+
+def training_nucleus_fraction(data: TrainData) -> float | None:
+    """Median nucleus share of the training normals (all cells when labels are withheld),
+    recorded so another folder's cells can be zoomed to the training scale."""
+    from cyto.data.scale import nucleus_fraction
+
+    images = data.images if data.labels is None else data.images[np.asarray(data.labels) == 0]
+    return round(float(np.median(nucleus_fraction(images))), 5) if len(images) else None
 
 
 def train(
@@ -81,6 +92,7 @@ def train(
             "abnormal": list(ds.abnormal),
             "skipped_unreadable": len(ds.skipped),
             "load_size": cfg.load_size,
+            "nucleus_fraction": training_nucleus_fraction(train_data),
         }
     )
     manifest["calibration"] = normal_calibration(model, train_data)

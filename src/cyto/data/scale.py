@@ -1,0 +1,133 @@
+"""Patches from another scanner or objective, brought to the scale a model was trained at.
+
+A model trained on one lab's cells learns their size: the same lymphocyte imaged at 1.7x fewer
+pixels per micron looks like a small, abnormal thing (bone marrow vs peripheral blood: AUROC
+0.52 before, 0.87 after). ``zoom`` resamples a patch by a factor about its centre and keeps
+its size: > 1 enlarges (centre crop), < 1 shrinks (the border filled with the patch's own
+background colour).
+
+The factor comes from the pixel sizes (``patch mpp / model mpp``) when both are known, or is
+estimated from the cells: :func:`nucleus_fraction` measures the share of a patch covered by
+nucleus, and :func:`zoom_from_nuclei` compares the median over a folder with the median over
+the training normals that the bundle records. The median over a folder stands for its normal
+cells when most of them are normal (a slide, a screening folder); a folder balanced between
+classes shifts it, and that is said where it is used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cyto.errors import ConfigError
+
+#: a pixel is nucleus when its optical density (summed over R, G, B) exceeds this share of the
+#: patch's own high percentile: stain intensity varies between labs, the nucleus is the darkest
+#: part of a blood or marrow cell in both
+NUCLEUS_OD_SHARE = 0.5
+ZOOM_RANGE = (0.25, 4.0)
+
+
+def _od(images: np.ndarray) -> np.ndarray:
+    x = np.asarray(images, dtype=np.float32)
+    return -np.log((x + 1.0) / 256.0).sum(axis=-1)
+
+
+def nucleus_fraction(images: np.ndarray) -> np.ndarray:
+    """(N,) share of each uint8 (N, H, W, 3) patch's pixels that are nucleus (see the module)."""
+    images = np.asarray(images)
+    if images.ndim == 3:
+        images = images[None]
+    if images.ndim != 4 or images.shape[-1] != 3:
+        raise ConfigError(f"patches must be (N, H, W, 3), got {images.shape}")
+    out = np.empty(len(images), dtype=np.float64)
+    for i in range(0, len(images), 256):
+        od = _od(images[i : i + 256]).reshape(min(256, len(images) - i), -1)
+        top = np.percentile(od, 99, axis=1, keepdims=True)
+        out[i : i + 256] = (od > NUCLEUS_OD_SHARE * np.maximum(top, 1e-6)).mean(axis=1)
+    return out
+
+
+def zoom_from_nuclei(reference: float, images: np.ndarray) -> float:
+    """The factor that gives ``images``' median nucleus area the training median ``reference``
+    (areas scale with the square of the factor)."""
+    median = float(np.median(nucleus_fraction(images)))
+    if not reference > 0 or not median > 0:
+        raise ConfigError("cannot estimate a zoom: no nucleus pixels found in the patches")
+    return check_zoom(float(np.sqrt(reference / median)))
+
+
+def check_zoom(zoom: float) -> float:
+    lo, hi = ZOOM_RANGE
+    if not lo <= zoom <= hi:
+        raise ConfigError(
+            f"zoom {zoom:.3g} is outside {lo:g}..{hi:g}: these patches are not at a scale a "
+            "resampling can fix (check the pixel sizes, or pass --zoom explicitly)"
+        )
+    return zoom
+
+
+def zoom_patch(img: np.ndarray, zoom: float, size: int | None = None) -> np.ndarray:
+    """``img`` (H, W, 3) uint8 magnified ``zoom`` x about its centre, returned at ``size``
+    (default: its own). The centre 1/zoom of the image is cut at its native resolution before
+    any resize, so enlarging loses no more detail than the crop itself."""
+    from cyto.data.images import resize_rgb
+
+    h, w = img.shape[:2]
+    size = size or h
+    if zoom == 1.0:
+        return img if (h, w) == (size, size) else resize_rgb(img, size)
+    side = max(1, round(min(h, w) / zoom))
+    if side <= min(h, w):  # enlarge: the centre square
+        y0, x0 = (h - side) // 2, (w - side) // 2
+        return resize_rgb(np.ascontiguousarray(img[y0 : y0 + side, x0 : x0 + side]), size)
+    edge = np.concatenate([img[0], img[-1], img[:, 0], img[:, -1]])
+    canvas = np.empty((side, side, 3), dtype=np.uint8)
+    canvas[:] = np.median(edge, axis=0).astype(np.uint8)  # the background around the cell
+    y0, x0 = (side - h) // 2, (side - w) // 2
+    canvas[y0 : y0 + h, x0 : x0 + w] = img
+    return resize_rgb(canvas, size)
+
+
+def zoom_patches(images, zoom: float, size: int | None = None) -> np.ndarray:
+    """:func:`zoom_patch` over a stack or a list of patches (of any sizes), as one stack."""
+    return np.stack([zoom_patch(np.asarray(im), zoom, size) for im in images])
+
+
+def resolve_zoom(
+    zoom: str | float | None,
+    patch_mpp: float | None,
+    model_mpp: float | None,
+    model_nuclei: float | None,
+    images: np.ndarray,
+) -> tuple[float, str]:
+    """(factor, how it was found) for ``--zoom FACTOR|auto`` or ``--patch-mpp UM``."""
+    if zoom is not None and patch_mpp is not None:
+        raise ConfigError("give --zoom or --patch-mpp, not both")
+    if patch_mpp is not None:
+        if not patch_mpp > 0:
+            raise ConfigError(f"--patch-mpp must be > 0 um per pixel, got {patch_mpp}")
+        if model_mpp is None:
+            raise ConfigError(
+                "--patch-mpp: the model records no training resolution (train it with "
+                "--set mpp=UM_PER_PX); pass --zoom FACTOR or --zoom auto instead"
+            )
+        return check_zoom(patch_mpp / model_mpp), (
+            f"the pixel sizes: {patch_mpp:g} / {model_mpp:g} um per pixel"
+        )
+    if zoom is None:
+        return 1.0, "none"
+    if str(zoom).strip().lower() == "auto":
+        if model_nuclei is None:
+            raise ConfigError(
+                "--zoom auto: the model records no nucleus size of its training cells (trained "
+                "by an older cyto); pass --zoom FACTOR or --patch-mpp UM_PER_PX"
+            )
+        return zoom_from_nuclei(model_nuclei, images), (
+            "the median nucleus size of these patches against the training normals' "
+            "(assumes most patches show normal cells)"
+        )
+    try:
+        value = float(zoom)
+    except ValueError:
+        raise ConfigError(f"--zoom takes a factor (e.g. 1.7) or auto, got {zoom!r}") from None
+    return check_zoom(value), "given"

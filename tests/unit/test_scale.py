@@ -1,0 +1,83 @@
+"""Patches brought to the training scale (cyto.data.scale): the zoom, the nucleus share it is
+estimated from, and the one-line errors of --zoom / --patch-mpp."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cyto.data.scale import (
+    check_zoom,
+    nucleus_fraction,
+    resolve_zoom,
+    zoom_from_nuclei,
+    zoom_patch,
+    zoom_patches,
+)
+from cyto.errors import ConfigError
+
+
+def _cell(size: int, radius: float, bg=(235, 225, 230), dark=(70, 30, 110)) -> np.ndarray:
+    """A dark round nucleus on a pale background, centred."""
+    yy, xx = np.mgrid[:size, :size] - (size - 1) / 2
+    img = np.empty((size, size, 3), dtype=np.uint8)
+    img[:] = bg
+    img[np.hypot(yy, xx) <= radius] = dark
+    return img
+
+
+def test_the_nucleus_share_is_the_dark_area():
+    for r in (8, 14, 20):
+        got = nucleus_fraction(_cell(80, r))[0]
+        assert got == pytest.approx(np.pi * r * r / 80**2, rel=0.08)
+    # another lab's paler stain: the threshold follows the patch's own darkest pixels
+    assert nucleus_fraction(_cell(80, 14, dark=(150, 120, 170)))[0] == pytest.approx(
+        nucleus_fraction(_cell(80, 14))[0], rel=0.02
+    )
+
+
+def test_zoom_magnifies_about_the_centre_and_keeps_the_size():
+    img = _cell(120, 15)
+    big = zoom_patch(img, 2.0)
+    assert big.shape == img.shape
+    assert nucleus_fraction(big)[0] == pytest.approx(4 * nucleus_fraction(img)[0], rel=0.08)
+    small = zoom_patch(img, 0.5)  # shrunk, the border filled with the background
+    assert small.shape == img.shape and tuple(small[0, 0]) == (235, 225, 230)
+    assert nucleus_fraction(small)[0] == pytest.approx(nucleus_fraction(img)[0] / 4, rel=0.1)
+    assert zoom_patch(img, 0.5, size=60).shape == (60, 60, 3)
+    assert zoom_patch(img, 1.0) is img
+    mixed = zoom_patches([_cell(100, 10), _cell(140, 14)], 1.5, size=48)
+    assert mixed.shape == (2, 48, 48, 3)
+
+
+def test_the_zoom_is_estimated_from_nucleus_sizes():
+    rng = np.random.default_rng(0)
+    train = np.stack([_cell(80, r) for r in rng.uniform(11, 15, 50)])
+    reference = float(np.median(nucleus_fraction(train)))
+    other = np.stack([_cell(80, r / 1.7) for r in rng.uniform(11, 15, 50)])  # 1.7x smaller
+    assert zoom_from_nuclei(reference, other) == pytest.approx(1.7, rel=0.06)
+    assert zoom_from_nuclei(reference, zoom_patches(other, 1.7)) == pytest.approx(1.0, rel=0.06)
+
+
+def test_zoom_options_fail_in_one_clear_line():
+    imgs = np.stack([_cell(48, 8)] * 3)
+    assert resolve_zoom(None, None, None, None, imgs) == (1.0, "none")
+    assert resolve_zoom("1.5", None, None, None, imgs)[0] == 1.5
+    assert resolve_zoom(None, 0.5, 0.25, None, imgs)[0] == pytest.approx(2.0)
+    assert resolve_zoom("auto", None, None, 0.1, imgs)[0] == pytest.approx(
+        zoom_from_nuclei(0.1, imgs)
+    )
+    bad = [
+        (("2", 0.5, 0.25, None), "not both"),
+        ((None, 0.5, None, None), "records no training resolution"),
+        (("auto", None, None, None), "records no nucleus size"),
+        (("big", None, None, None), "takes a factor"),
+        (("9", None, None, None), "outside 0.25..4"),
+        ((None, -1.0, 0.25, None), "must be > 0"),
+    ]
+    for args, match in bad:
+        with pytest.raises(ConfigError, match=match):
+            resolve_zoom(*args, imgs)
+    with pytest.raises(ConfigError, match="no nucleus pixels"):
+        zoom_from_nuclei(0.0, imgs)
+    assert check_zoom(0.25) == 0.25
