@@ -5,7 +5,8 @@
 #   checks (gpu_checks.py), parity (gpu_parity.py: every method's GPU paths against ONNX Runtime
 #   fp32 on the real bone-marrow cells; needs BONE_MARROW=path), engine (cyto bench engine on CUDA and the host CPU), slide
 #   (synthesize a slide, cyto bench slide on the GPU), devpath (decode, detection and crops on the
-#   GPU against CPU workers, tables compared), train (the paper's recipes on the bone-marrow
+#   GPU against CPU workers, tables compared; the same with --overlap off), paper (the paper's
+#   Deep SVDD recipe, 5 seeds x 4 views ResNet18 224, on the device path, fp32 and fp16), train (the paper's recipes on the bone-marrow
 #   cells: DROC raw vs whitened, FS-SIL, WS-SIL, ItS2CLR, then Deep SVDD with one seed; needs
 #   BONE_MARROW=path; TRAIN_STEPS=droc,sup,dsvdd picks steps, SUP_METHODS the supervised ones);
 #   several with commas.
@@ -71,6 +72,10 @@ if [[ $parts == *devpath* ]]; then
     timeout "${T_DEV:-150}" python3 -m cyto bench slide /tmp/cyto-slide/dev.tif --model "$model" \
         --device cuda --workers "$(($(nproc) - 2))" --naive-cells 0 \
         --work /tmp/cyto-dev/cpu --results "$res/slide-cpuworkers" 2>&1 | tail -4
+    # the engine lane's share: the same device path with the engine in the main thread
+    timeout "${T_DEV:-150}" python3 -m cyto bench slide /tmp/cyto-slide/dev.tif --model "$model" \
+        --device cuda --decode torch --detector torch --workers 0 --overlap off --naive-cells 0 \
+        --work /tmp/cyto-dev/gpu-nolane --results "$res/slide-devpath-overlap-off" 2>&1 | tail -4
     python3 - "$res/slide-devpath/tables.txt" <<'PY'
 import sys
 import numpy as np, pyarrow.parquet as pq
@@ -86,6 +91,27 @@ line = (f"cells gpu {len(ka)} cpu {len(kb)} matched {len(both)}; Spearman on mat
 print(line); open(sys.argv[1], "w").write(line + "\n")
 PY
     pack
+fi
+if [[ $parts == *paper* ]]; then
+    # issue 15: the paper's Deep SVDD recipe (ResNet18 at 224 px, 5 seeds x 4 test-time views =
+    # 20 forward passes per cell; random weights: throughput only) on the device-path slide,
+    # PyTorch fp32 and fp16 (autocast), end to end; engine-only cells/s are in the same rows
+    echo "== paper recipe (5 seeds x 4 views, ResNet18 224) on the device path"
+    python3 - <<'PY'
+from pathlib import Path
+from cyto.bench.models import architecture_bundle
+from cyto.models.graphs import TTA_VIEWS
+architecture_bundle(Path("/tmp/cyto-suite/paper-5x4.cyto"), "resnet18", 224, seeds=5,
+                    views=TTA_VIEWS, export=False)
+PY
+    for prec in fp32 fp16; do
+        timeout "${T_PAPER:-150}" python3 -m cyto bench slide /tmp/cyto-slide/dev.tif \
+            --model /tmp/cyto-suite/paper-5x4.cyto --backend torch --precision "$prec" \
+            --device cuda --decode torch --detector torch --workers 0 --batch-size 128 \
+            --naive-cells 0 --work "/tmp/cyto-dev/paper-$prec" \
+            --results "$res/slide-paper-5x4-$prec" 2>&1 | tail -3
+        pack
+    done
 fi
 if [[ $parts == *train* ]]; then
     bm=${BONE_MARROW:?set BONE_MARROW to the bone-marrow patch folder}

@@ -125,6 +125,17 @@ def test_bench_slide_and_calibrate(exported_dsvdd, tmp_path):
     assert row["naive"]["spearman_vs_pipeline"] > 0.99  # the same cells score the same
     assert row["pipeline_vs_naive"] > 0 and "truth" in row
     assert row["decode"] == "CPU readers" and row["detector"] == "scipy"
+    lane = row["engine_lane"]
+    assert lane["overlap"] is False and 0 < lane["engine_busy_fraction"] <= 1
+    assert lane["gpu_busy_fraction"] is None and lane["h2d_bytes_per_cell"] is None  # no GPU
+    md = next((tmp_path / "r").glob("slide_*.md")).read_text()
+    assert "GPU busy (CUDA events)" in md and "host->device bytes/cell" in md
+    # the precision asked for is the one timed (fp16 in PyTorch runs on CUDA only)
+    fp16 = run_cyto(
+        "bench", "slide", str(res.paths[0]), "--model", str(exported_dsvdd), "--backend",
+        "torch", "--device", "cpu", "--precision", "fp16", "--naive-cells", "0",
+    )  # fmt: skip
+    assert fp16.returncode == 2 and "fp16 on CUDA" in fp16.stderr, fp16.stderr
 
     # calibrate a copy of the model on this slide's table, as if it were slide-negative
     model = tmp_path / "m.cyto"
