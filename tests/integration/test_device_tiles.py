@@ -49,6 +49,32 @@ def test_jpeg_tiff_tiles_decode_to_the_readers_pixels(synth):
     _same_as_reader(tif, REGIONS)
 
 
+def test_overlapping_regions_decode_each_tile_once(synth):
+    """The pipeline's reads (slide tiles with a margin, row by row) overlap: the cache decodes
+    every JPEG tile once, and a cache too small for a row still gives the same pixels."""
+    tif, _ = synth
+    grid, _ = open_device_tiles(tif)
+    size, m = 512, 96
+    regions = [
+        (x0 - m, y0 - m, size + 2 * m, size + 2 * m)
+        for y0 in range(0, grid.height, size)
+        for x0 in range(0, grid.width, size)
+    ]
+    cached, small = DeviceTileReader(grid, "cpu"), DeviceTileReader(grid, "cpu")
+    small.cache_tiles = 1  # at most what one region needs
+    reader = open_slide(tif)
+    try:
+        for r in regions:
+            want = reader.read_region(*r)
+            assert np.array_equal(cached.read_region(*r).numpy(), want)
+            assert np.array_equal(small.read_region(*r).numpy(), want)
+        n_tiles = len(grid.offsets)
+        assert cached.decoded_tiles == n_tiles
+        assert small.decoded_tiles > 1.5 * n_tiles  # margins re-read the neighbours' tiles
+    finally:
+        cached.close(), small.close(), reader.close()
+
+
 def test_ndpi_and_other_codecs_fall_back_to_the_cpu_readers(synth, tmp_path):
     _, ndpi = synth
     grid, why = open_device_tiles(ndpi)
