@@ -173,32 +173,69 @@ def hard_normals_only(seed: int, work: Path) -> dict:
     }
 
 
-def ablation(a) -> None:
+def finetuned(seed: int, work: Path) -> dict:
+    """The same review, refined by fine-tuning the base model (``cyto refine --finetune``)."""
+    from cyto.export.api import export_bundle
+    from cyto.review.refine import refine
+
+    w = work / f"seed{seed}"
+    first = json.loads((work / f"seed{seed}.json").read_text())
+    res = refine(
+        w / "base.cyto",
+        w / "review",
+        w / "train.csv",
+        w / "finetuned.cyto",
+        device="cpu",
+        overwrite=True,
+        echo=lambda _: None,
+        finetune=True,
+    )
+    export_bundle(Path(res["bundle"]), echo=lambda _: None)
+    recalls = []
+    for h in first["held"]:
+        slide = w / "slides_held" / h["slide"]
+        truth = slide.with_name(slide.stem + ".cells.parquet")
+        summary = _score(slide, Path(res["bundle"]), w / "held_ft" / slide.stem, truth)
+        recalls.append(summary["truth"]["planted_recall_at_k"])
+    return {
+        "seed": seed,
+        "base_recall": first["base_recall"],
+        "finetuned_recall": float(np.mean(recalls)),
+        "refined_recall": first["refined_recall"],
+        "delta_finetuned": float(np.mean(recalls)) - first["base_recall"],
+    }
+
+
+def variant(a, name: str, run, cols: tuple[str, ...], title: str, header: str) -> None:
+    """A variant of the refinement on each finished seed's base model, review and held slides."""
     rows = []
     for seed in [int(s) for s in a.seeds.split(",")]:
-        done = a.work / f"seed{seed}_hard_normals.json"
+        done = a.work / f"seed{seed}_{'hard_normals' if name == 'ablation' else name}.json"
         if not done.is_file():
-            done.write_text(json.dumps(hard_normals_only(seed, a.work), indent=1))
+            if not (a.work / f"seed{seed}.json").is_file():
+                one = one_seed(seed, a.work, a.review_slides, a.held_slides)
+                (a.work / f"seed{seed}.json").write_text(json.dumps(one, indent=1))
+            done.write_text(json.dumps(run(seed, a.work), indent=1))
         rows.append(json.loads(done.read_text()))
         print(rows[-1], flush=True)
-    cols = ("base_recall", "hard_normals_only_recall", "refined_recall")
-    meta = {
-        **machine(),
-        "command": f"python benchmarks/refine_loop.py --seeds {a.seeds} --ablation",
-    }
+    flag = "--ablation" if name == "ablation" else f"--{name}"
+    meta = {**machine(), "command": f"python benchmarks/refine_loop.py --seeds {a.seeds} {flag}"}
     md = [
-        f"# Refinement ablation: hard normals alone vs hard normals + Deep SAD ({len(rows)} seeds)",
+        f"# {title} ({len(rows)} seeds)",
         "",
         f"`{meta['command']}` on {meta['host']}; the same base models, reviews and held-out "
         "slides as refine_loop.",
         "",
-        "| seed | Recall@100 base | hard normals only (eta 0) | + known abnormal (eta 1) |",
-        "|---|---|---|---|",
+        header,
+        "|---" * (len(cols) + 1) + "|",
         *[f"| {r['seed']} | " + " | ".join(f"{r[c]:.3f}" for c in cols) + " |" for r in rows],
         "",
         "mean ± sd: " + ", ".join(f"{c} {mean_sd([r[c] for r in rows])}" for c in cols),
     ]
-    write(a.results, "refine_ablation", meta, rows, md)
+    if name == "finetune":
+        d = [r["delta_finetuned"] for r in rows]
+        md.append(f"fine-tuned above base on {sum(x > 0 for x in d)}/{len(d)} seeds")
+    write(a.results, f"refine_{name}", meta, rows, md)
     print("\n".join(md))
 
 
@@ -210,9 +247,32 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/cyto-refine-loop"))
     ap.add_argument("--results", type=Path, required=True)
     ap.add_argument("--ablation", action="store_true", help="eta 0 on the finished seeds")
+    ap.add_argument(
+        "--finetune",
+        action="store_true",
+        help="refine each seed by fine-tuning the base model (cyto refine --finetune); seeds "
+        "not yet run get the whole loop first",
+    )
     a = ap.parse_args()
     if a.ablation:
-        return ablation(a)
+        return variant(
+            a,
+            "ablation",
+            hard_normals_only,
+            ("base_recall", "hard_normals_only_recall", "refined_recall"),
+            "Refinement ablation: hard normals alone vs hard normals + Deep SAD",
+            "| seed | Recall@100 base | hard normals only (eta 0) | + known abnormal (eta 1) |",
+        )
+    if a.finetune:
+        cols = ("base_recall", "finetuned_recall", "refined_recall", "delta_finetuned")
+        return variant(
+            a,
+            "finetune",
+            finetuned,
+            cols,
+            "Refinement by fine-tuning the base model vs retraining",
+            "| seed | Recall@100 base | fine-tuned | retrained (refine_loop) | fine-tuned - base |",
+        )
     seeds = [int(s) for s in a.seeds.split(",")]
     rows = []
     for seed in seeds:

@@ -1083,6 +1083,13 @@ def refine_cmd(
     ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     overwrite: Annotated[bool, typer.Option(help="Replace an existing bundle.")] = False,
+    finetune: Annotated[
+        bool,
+        typer.Option(
+            help="Deep SVDD: continue from the model's encoders and centres at a tenth of its "
+            "learning rate, instead of training anew."
+        ),
+    ] = False,
 ) -> None:
     """Retrain a model with the expert marks: reviewed cells nobody marked become hard normals,
     marked cells known abnormal ones (Deep SVDD learns them as Deep SAD, FS-SIL as labels).
@@ -1104,6 +1111,7 @@ def refine_cmd(
         device=device,
         overwrite=overwrite,
         echo=typer.echo,
+        finetune=finetune,
     )
     typer.echo(
         f"wrote {res['bundle']} in {res['seconds']:.0f} s: +{res['hard_normals']} hard normal, "

@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
+import torch
 import pyarrow.parquet as pq
 import pytest
 
@@ -554,6 +555,25 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
     assert (res["known_abnormal"], res["excluded"]) == (1, 2)
     with pytest.raises(ConfigError, match="bag labels"):
         refine(exported_bundles["ws-sil"], rv, synth_patches, tmp_path / "r3.cyto", **args)
+    # --finetune: the model's own encoders and centres, continued at a tenth of its rate
+    base = load_bundle(Path(model))
+    ft = refine(model, rv, synth_patches, tmp_path / "ft.cyto", finetune=True,
+                overrides=["epochs=1"], **args)  # fmt: skip
+    tuned = load_bundle(Path(ft["bundle"]))
+    assert ft["finetune"] and tuned.manifest["config"]["warm_start"] == str(Path(model).resolve())
+    assert tuned.manifest["config"]["lr"] == pytest.approx(base.manifest["config"]["lr"] / 10)
+    np.testing.assert_array_equal(tuned.scorer["centres"], base.scorer["centres"])
+    for name, state in base.weights.items():  # one epoch moved the weights, a little
+        keys = [k for k, v in state.items() if v.is_floating_point() and "running" not in k]
+        w0 = torch.cat([state[k].flatten() for k in keys])
+        w1 = torch.cat([tuned.weights[name][k].flatten() for k in keys])
+        assert 0 < float((w1 - w0).norm() / w0.norm()) < 0.05, name
+    with pytest.raises(ConfigError, match="continues a Deep SVDD model"):
+        refine(exported_bundles["fs-sil"], rv, synth_patches, tmp_path / "r4.cyto",
+               finetune=True, **args)  # fmt: skip
+    with pytest.raises(ConfigError, match="warm_start .* this config needs dsvdd"):
+        refine(model, rv, synth_patches, tmp_path / "r5.cyto", finetune=True,
+               overrides=["n_seeds=3"], **args)  # fmt: skip
     proc = run_cyto(
         "refine",
         str(model),

@@ -94,8 +94,12 @@ def refine(
     device: str = "auto",
     overwrite: bool = False,
     echo=print,
+    finetune: bool = False,
 ) -> dict:
-    """Retrain ``model``'s method on ``data`` plus the review's cells; writes the bundle ``out``."""
+    """Retrain ``model``'s method on ``data`` plus the review's cells; writes the bundle ``out``.
+
+    ``finetune`` (Deep SVDD): continue from ``model``'s encoders and centres instead of training
+    from scratch, at a tenth of its learning rate, without autoencoder pretraining."""
     from cyto.bundle import load_bundle
     from cyto.data.dataset import load_records
     from cyto.train.api import train
@@ -157,6 +161,11 @@ def refine(
             config["load_size"] = int(first.size[0])
     if method == "dsvdd" and known:
         config["known_abnormal_eta"] = eta
+    if finetune:
+        if method != "dsvdd":
+            raise ConfigError(f"--finetune continues a Deep SVDD model; {model} is {method}")
+        config["warm_start"] = str(Path(bundle.path).resolve())
+        config["lr"] = float(config.get("lr", 1e-4)) / 10
     config.update(parse_overrides(overrides or []))  # --set on top of the recorded config
     provenance = {
         "model": str(Path(bundle.path).resolve()),
@@ -164,6 +173,7 @@ def refine(
         "review": str(ex["session"].root.resolve()),
         "cases": ex["cases"],
         "agree": agree,
+        "finetune": finetune,
         "hard_normals": len(ex["hard_normals"]),
         "known_abnormal": len(known),
         "marked_not_used": len(ex["known_abnormal"]) - len(known),

@@ -59,6 +59,9 @@ class DSVDDConfig(TrainConfig):
     tta_lambda: float = 0.35
     deterministic: bool = False
     known_abnormal_eta: float = 0.0  # Deep SAD weight of labelled abnormal cells; 0: Deep SVDD
+    # a Deep SVDD bundle to continue from (expert-in-the-loop refinement): each seed's encoder
+    # starts from the bundle's and keeps its centre; no autoencoder pretraining
+    warm_start: str = ""
 
     presets = {
         "fast": {
@@ -160,14 +163,17 @@ class DeepSVDD(Method):
         normals = data.images[data.require_normals()]
         known = self._known_abnormal(data)
         dev = self.device_
+        start = self._warm_start() if cfg.warm_start else None
         self.encoders_: list[nn.Module] = []
         centres = []
         for s in range(cfg.n_seeds):
             seed = cfg.seed * 1000 + s
             torch.manual_seed(seed)
             enc = build_backbone(cfg.backbone, cfg.embedding_dim, bias=False, weights=weights)
+            if start is not None:
+                enc.load_state_dict(start.weights[f"encoder-seed{s}"])
             enc.to(dev)
-            if cfg.ae_epochs:
+            if cfg.ae_epochs and start is None:
                 dec = Decoder(cfg.embedding_dim, cfg.input_size).to(dev)
                 opt = torch.optim.Adam(
                     [*enc.parameters(), *dec.parameters()],
@@ -188,7 +194,10 @@ class DeepSVDD(Method):
                     resume=resume,
                     amp=cfg.amp,
                 )
-            c = self.centre(enc, normals)
+            if start is None:
+                c = self.centre(enc, normals)
+            else:  # the model being refined keeps its centre: scores stay on its scale
+                c = torch.as_tensor(start.scorer["centres"][s], dtype=torch.float32).to(dev)
             holder = _Centre(c).to(dev)
             opt = torch.optim.Adam(enc.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
             if len(known):  # Deep SAD: normal cells in, labelled abnormal cells out
@@ -233,6 +242,22 @@ class DeepSVDD(Method):
             self.encoders_.append(enc)
             centres.append(holder.c.detach().cpu())
         self.centres_ = torch.stack(centres)
+
+    def _warm_start(self):
+        """The bundle named by ``warm_start``, checked to hold encoders this config can take."""
+        from cyto.bundle import load_bundle
+
+        cfg: DSVDDConfig = self.config  # type: ignore[assignment]
+        bundle = load_bundle(Path(cfg.warm_start))
+        m = bundle.manifest
+        want = (cfg.backbone, cfg.embedding_dim, cfg.n_seeds)
+        have = (m.get("backbone"), m.get("embedding_dim"), len(m.get("seeds") or [0]))
+        if bundle.method != "dsvdd" or have != want:
+            raise ConfigError(
+                f"warm_start {cfg.warm_start}: a {bundle.method} bundle with backbone, "
+                f"embedding_dim and seeds {have}; this config needs dsvdd with {want}"
+            )
+        return bundle
 
     def _known_abnormal(self, data: TrainData) -> np.ndarray:
         """The labelled abnormal images Deep SAD pushes out (none for plain Deep SVDD)."""
