@@ -60,7 +60,7 @@ class EngineLane:
             import torch
 
             ready = torch.cuda.Event()
-            ready.record()  # the crops are complete on the caller's stream here
+            ready.record(torch.cuda.current_stream(crops.device))  # the crops are complete here
         if self._pool is not None:
             future = self._pool.submit(self._run, crops, ready)
         else:
