@@ -97,6 +97,35 @@ def test_score_on_cuda_writes_the_cpu_table(exported_dsvdd, tmp_path):
     assert np.abs(gpu - cpu).max() <= 1e-4 * (np.abs(cpu).max() + 1e-12)
 
 
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_the_device_path_on_cuda_writes_the_cpu_table(exported_dsvdd, tmp_path, overlap):
+    """--decode torch on CUDA: tiles decoded, nuclei found, crops cut and scored (head included)
+    on the GPU, the engine in its own thread and stream or not: the CPU path's cells and scores,
+    and the host->device traffic is the JPEG bytes, not the crops."""
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+    from cyto.infer.pipeline import ScoreOptions, score_slide
+
+    slide = write_slide(
+        tmp_path / "s.tif", SlideSynthConfig(width=2048, height=1536, seed=3)
+    ).paths[0]
+    cpu = score_slide(slide, exported_dsvdd, tmp_path / "cpu", ScoreOptions(mosaic=0, workers=0))
+    gpu_opts = ScoreOptions(
+        mosaic=0, device="cuda", backend="torch", decode="torch", overlap=overlap
+    )
+    gpu = score_slide(slide, exported_dsvdd, tmp_path / "gpu", gpu_opts)
+    assert "torchvision" in gpu["decode"] and gpu["workers"] == 0
+    lane = gpu["engine_lane"]
+    assert lane["overlap"] is (overlap == "on") and 0 < lane["gpu_busy_fraction"] <= 1
+    crop_bytes = 3 * load_scorer(exported_dsvdd, "torch", "cpu").spec.crop_size ** 2
+    assert 0 < lane["h2d_bytes_per_cell"] < crop_bytes  # JPEG bytes only, no crop uploaded
+    a = pq.read_table(tmp_path / "cpu" / "scores.parquet")
+    b = pq.read_table(tmp_path / "gpu" / "scores.parquet")
+    assert a.select(["cell_id", "x", "y"]).equals(b.select(["cell_id", "x", "y"]))
+    sa, sb = np.asarray(a["score"]), np.asarray(b["score"])
+    assert np.abs(sb - sa).max() <= 1e-4 * (np.abs(sa).max() + 1e-12)
+    assert cpu["cells_scored"] == gpu["cells_scored"] > 0
+
+
 def test_bench_engine_gpu_memory_is_this_configurations(exported_bundles):
     from cyto.bench.engine import bench_engine
 

@@ -9,9 +9,9 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
-import torch
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.errors import ConfigError, InputPathError
