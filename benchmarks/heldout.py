@@ -173,7 +173,7 @@ def main() -> None:
     ds = PatchDataset.from_path(args.data, normal=args.normal, abnormal=args.abnormal, size=size)
     images, y = np.asarray(ds.images), ds.labels.astype(int)
     final, dev = stratified_halves(y, np.arange(len(y)), args.final_fraction, args.final_seed)
-    other = None
+    other, zoom_note = None, "1.000"
     pool_images, pool_labels = images, y  # what training draws from (both labels when mixed)
     if args.other is not None:
         other = PatchDataset.from_path(args.other, normal=args.other_normal)
@@ -184,8 +184,8 @@ def main() -> None:
             zoom = zoom_from_nuclei(reference, zoom_patches(other.images, 1.0, size))
         else:
             zoom = float(args.other_zoom)
-        args.other_zoom = f"{zoom:.3f}" + (" (auto)" if args.other_zoom == "auto" else "")
-        print(f"other lab zoomed {args.other_zoom}", flush=True)
+        zoom_note = f"{zoom:.3f}" + (" (auto)" if args.other_zoom == "auto" else "")
+        print(f"other lab zoomed {zoom_note}", flush=True)
         other_images = zoom_patches(other.images, zoom, size)  # at the training cells' scale
         pool_images = np.concatenate([images, other_images])
         pool_labels = np.concatenate([y, other_y])
@@ -255,6 +255,7 @@ def main() -> None:
         "final_seed": args.final_seed,
         "n_dev": len(dev),
         "n_final": len(final),
+        "other_zoom": zoom_note,
     }
     write(
         args.out,
@@ -279,8 +280,8 @@ def table(rows, methods, args, meta, device, wr_list=()) -> list[str]:
         else "the whole development pool, ranking the final split (touched once)"
     )
     other = f" and {args.other.name} (another lab, never trained on)" if args.other else ""
-    if args.other_zoom not in ("1", "1.000"):
-        other += f", its cells zoomed {args.other_zoom}x to the training scale"
+    if meta.get("other_zoom", "1.000") != "1.000":
+        other += f", its cells zoomed {meta['other_zoom']}x to the training scale"
     if args.mix_other:
         other = (
             f" and {args.other.name} (another lab; mixed-lab recipe: {args.mix_other} of its "
