@@ -580,6 +580,13 @@ def predict_cmd(
     )
     if res["zoom"] != 1.0:
         typer.echo(f"zoom {res['zoom']:.3g}x, from {res['zoom_from']}")
+    if res["zoom"] < 1.0:
+        typer.echo(
+            "warning: a zoom below 1 shrinks the cells and fills the border with plain "
+            "background, which the model never saw; measured here it ranked worse than no zoom "
+            "(bone marrow by a blood model: AUROC 0.60 against 0.71). Prefer a model trained at "
+            "this scale"
+        )
     line = f"scored {res['n']} patches -> {res['out']}"
     if "auroc" in res:
         line += f"; AUROC {res['auroc']:.3f}, Recall@{res['k']} {res['recall_at_k']:.3f}"
