@@ -141,8 +141,9 @@ def one_seed(seed: int, work: Path, n_review: int, n_held: int) -> dict:
     return out
 
 
-def hard_normals_only(seed: int, work: Path) -> dict:
-    """The same refinement with eta = 0: Deep SVDD on the hard normals, marks unused."""
+def _rerefine(seed: int, work: Path, name: str, held: str, **how) -> tuple[dict, float]:
+    """Refine a finished seed's base model from its review again (``how``: refine's options),
+    export it and score the seed's held-out slides: (the seed's first result, mean Recall)."""
     from cyto.export.api import export_bundle
     from cyto.review.refine import refine
 
@@ -152,57 +153,42 @@ def hard_normals_only(seed: int, work: Path) -> dict:
         w / "base.cyto",
         w / "review",
         w / "train.csv",
-        w / "hard_normals.cyto",
-        eta=0.0,
+        w / f"{name}.cyto",
         device="cpu",
         overwrite=True,
         echo=lambda _: None,
+        **how,
     )
     export_bundle(Path(res["bundle"]), echo=lambda _: None)
     recalls = []
     for h in first["held"]:
         slide = w / "slides_held" / h["slide"]
         truth = slide.with_name(slide.stem + ".cells.parquet")
-        summary = _score(slide, Path(res["bundle"]), w / "held_hn" / slide.stem, truth)
+        summary = _score(slide, Path(res["bundle"]), w / held / slide.stem, truth)
         recalls.append(summary["truth"]["planted_recall_at_k"])
+    return first, float(np.mean(recalls))
+
+
+def hard_normals_only(seed: int, work: Path) -> dict:
+    """The same refinement with eta = 0: Deep SVDD on the hard normals, marks unused."""
+    first, recall = _rerefine(seed, work, "hard_normals", "held_hn", eta=0.0)
     return {
         "seed": seed,
         "base_recall": first["base_recall"],
-        "hard_normals_only_recall": float(np.mean(recalls)),
+        "hard_normals_only_recall": recall,
         "refined_recall": first["refined_recall"],
     }
 
 
 def finetuned(seed: int, work: Path) -> dict:
     """The same review, refined by fine-tuning the base model (``cyto refine --finetune``)."""
-    from cyto.export.api import export_bundle
-    from cyto.review.refine import refine
-
-    w = work / f"seed{seed}"
-    first = json.loads((work / f"seed{seed}.json").read_text())
-    res = refine(
-        w / "base.cyto",
-        w / "review",
-        w / "train.csv",
-        w / "finetuned.cyto",
-        device="cpu",
-        overwrite=True,
-        echo=lambda _: None,
-        finetune=True,
-    )
-    export_bundle(Path(res["bundle"]), echo=lambda _: None)
-    recalls = []
-    for h in first["held"]:
-        slide = w / "slides_held" / h["slide"]
-        truth = slide.with_name(slide.stem + ".cells.parquet")
-        summary = _score(slide, Path(res["bundle"]), w / "held_ft" / slide.stem, truth)
-        recalls.append(summary["truth"]["planted_recall_at_k"])
+    first, recall = _rerefine(seed, work, "finetuned", "held_ft", finetune=True)
     return {
         "seed": seed,
         "base_recall": first["base_recall"],
-        "finetuned_recall": float(np.mean(recalls)),
+        "finetuned_recall": recall,
         "refined_recall": first["refined_recall"],
-        "delta_finetuned": float(np.mean(recalls)) - first["base_recall"],
+        "delta_finetuned": recall - first["base_recall"],
     }
 
 

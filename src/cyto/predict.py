@@ -55,9 +55,12 @@ def predict(
         size = spec.input_size
     factor, how = 1.0, "none"
     if zooming:
-        at_size = zoom_patches(images, 1.0, size or spec.crop_size)
-        factor, how = resolve_zoom(zoom, patch_mpp, spec.mpp, spec.nucleus_fraction, at_size)
-        images = zoom_patches(images, factor, size or spec.crop_size)
+        out_size = size or spec.crop_size
+        factor, how = resolve_zoom(
+            zoom, patch_mpp, spec.mpp, spec.nucleus_fraction,
+            lambda: zoom_patches(images, 1.0, out_size),  # resized only for --zoom auto
+        )  # fmt: skip
+        images = zoom_patches(images, factor, out_size)
     else:
         images = np.stack([resize_rgb(im, size) if size else im for im in images])
     scores = scorer.score(images, batch_size)

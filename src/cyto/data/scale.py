@@ -98,9 +98,10 @@ def resolve_zoom(
     patch_mpp: float | None,
     model_mpp: float | None,
     model_nuclei: float | None,
-    images: np.ndarray,
+    images,
 ) -> tuple[float, str]:
-    """(factor, how it was found) for ``--zoom FACTOR|auto`` or ``--patch-mpp UM``."""
+    """(factor, how it was found) for ``--zoom FACTOR|auto`` or ``--patch-mpp UM``; ``images``
+    (the patches at the model's load size, or a function that gives them) serve ``auto`` only."""
     if zoom is not None and patch_mpp is not None:
         raise ConfigError("give --zoom or --patch-mpp, not both")
     if patch_mpp is not None:
@@ -122,7 +123,8 @@ def resolve_zoom(
                 "--zoom auto: the model records no nucleus size of its training cells (trained "
                 "by an older cyto); pass --zoom FACTOR or --patch-mpp UM_PER_PX"
             )
-        return zoom_from_nuclei(model_nuclei, images), (
+        sample = images() if callable(images) else images
+        return zoom_from_nuclei(model_nuclei, sample), (
             "the median nucleus size of these patches against the training normals' "
             "(assumes most patches show normal cells)"
         )

@@ -64,12 +64,16 @@ class Scorer:
             )
         if len(images) == 0:
             return np.empty(0, dtype=np.float64)
-        step = min(batch_size, self.backend.max_batch or batch_size)
         parts = [
-            self.head.finish(self.backend.run(images[i : i + step]))
-            for i in range(0, len(images), step)
+            self.head.finish(self.backend.run(images[part]))
+            for part in self._calls(len(images), batch_size)
         ]
         return np.concatenate(parts).astype(np.float64, copy=False)
+
+    def _calls(self, n: int, batch_size: int) -> list[slice]:
+        """The network calls for ``n`` cells: ``batch_size`` each, within the backend's limit."""
+        step = min(batch_size, self.backend.max_batch or batch_size)
+        return [slice(i, i + step) for i in range(0, n, step)]
 
     @property
     def takes_tensors(self) -> bool:
@@ -88,10 +92,9 @@ class Scorer:
             return np.empty(0, dtype=np.float64)
         import torch
 
-        step = min(batch_size, self.backend.max_batch or batch_size)
         parts = [
-            self.head.torch_finish(self.backend.run_tensor(crops[i : i + step]))
-            for i in range(0, len(crops), step)
+            self.head.torch_finish(self.backend.run_tensor(crops[part]))
+            for part in self._calls(len(crops), batch_size)
         ]
         return torch.cat(parts).to(torch.float64).cpu().numpy()
 
