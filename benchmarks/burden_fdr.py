@@ -103,15 +103,16 @@ def _near_abnormal(table, truth: Path, summary: Path) -> np.ndarray:
     return inside.any(axis=1)
 
 
-def _evaluate(parts, tests, how: str, alpha: float) -> list[dict]:
-    """One row per test slide: flags, burden and slide test against ``parts`` normalized ``how``."""
+def _evaluate(parts, tests, how: str, alpha: float, confidence: float | None = None) -> list[dict]:
+    """One row per test slide: flags, burden and slide test against ``parts`` normalized ``how``
+    (flags from calibration-conditional p-values with ``confidence``)."""
     from cyto.infer import calibrate
 
     info = {"normalization": how, **calibrate.leave_one_slide_out(parts, how, alpha)}
     cal = calibrate.Calibration(parts, info)
     rows = []
     for (_, rate), (scores, labels, pipeline_flags, near) in tests:
-        res = calibrate.apply(scores, cal, alpha=alpha)
+        res = calibrate.apply(scores, cal, alpha=alpha, confidence=confidence)
         b = res["burden"]
         row = {
             "rate": rate,

@@ -803,6 +803,14 @@ def score_cmd(
             "on conformal p-values against the slide-negative slides)."
         ),
     ] = 0.1,
+    fdr_confidence: Annotated[
+        float | None,
+        typer.Option(
+            help="Calibrated bundles: hold the --fdr for this calibration with this probability "
+            "(e.g. 0.9; calibration-conditional p-values), not only on average over "
+            "calibrations. Flags fewer cells; needs more calibration cells."
+        ),
+    ] = None,
     triage_level: Annotated[
         float,
         typer.Option(
@@ -835,7 +843,8 @@ def score_cmd(
 
     With a bundle calibrated on slide-negative slides (cyto calibrate), every cell gets a
     conformal p-value, cells are flagged at the --fdr rate, and each slide gets an abnormal
-    burden with a 95% interval and a triage label.
+    burden with a 95% interval and a triage label. The FDR holds on average over calibrations;
+    --fdr-confidence 0.9 holds it for this calibration with probability 0.9.
     """
     from dataclasses import replace
 
@@ -864,6 +873,7 @@ def score_cmd(
         resume=resume,
         fdr_alpha=fdr,
         triage_level=triage_level,
+        fdr_confidence=fdr_confidence,
     )
     metrics = None
     if truth is not None:
@@ -905,10 +915,12 @@ def burden_words(b: dict | None) -> str:
     if b.get("status") != "ok":
         return f"; burden: {b.get('status')}"
     lo, hi = b["abnormal_fraction_interval"]
+    guarantee = b.get("fdr_guarantee", "")
+    given = f" {guarantee}" if guarantee.startswith("for this calibration") else ""
     return (
         f"; abnormal burden {100 * b['abnormal_fraction']:.2f}% (95% CI {100 * lo:.2f}-"
-        f"{100 * hi:.2f}%), {b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}, slide "
-        f"p={b['slide_p_value']:.2g} ({b['triage']})"
+        f"{100 * hi:.2f}%), {b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}{given}, "
+        f"slide p={b['slide_p_value']:.2g} ({b['triage']})"
     )
 
 

@@ -136,6 +136,28 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
     assert row["calibration"] == "ok" and int(row["flagged_bh"]) == b["flagged_bh"]
     assert float(row["abnormal_cells_low"]) == lo
 
+    # --fdr-confidence: flags from calibration-conditional p-values, p_value stays marginal
+    proc = score_cli(
+        cohort["pos"].paths[0],
+        model,
+        tmp_path / "c",
+        "--mosaic",
+        "0",
+        "--fdr",
+        "0.2",
+        "--fdr-confidence",
+        "0.9",
+    )
+    assert proc.returncode == 0, proc.stderr
+    bc = json.loads((tmp_path / "c" / "pos" / "summary.json").read_text())["burden"]
+    tc = pq.read_table(tmp_path / "c" / "pos" / "scores.parquet")
+    np.testing.assert_allclose(np.asarray(tc["p_value"]), want)
+    conditional = conformal.conditional_p_values(x, ref, 0.9)
+    np.testing.assert_array_equal(np.asarray(tc["flagged_bh"]), conformal.bh(conditional, 0.2))
+    assert bc["fdr_guarantee"] == "for this calibration with probability 0.9"
+    assert b["fdr_guarantee"] == "on average over calibrations"
+    assert "for this calibration" in proc.stdout
+
     # scored with other options than the calibration slides: said out loud, recorded
     proc = score_cli(
         cohort["pos"].paths[0],
@@ -179,6 +201,8 @@ def test_calibrate_refuses_what_cannot_calibrate(cohort, tmp_path):
     assert proc.returncode == 2 and "at least 100 scored cells" in proc.stderr
     fdr = score_cli(cohort["negs"][0], model, tmp_path / "x", "--fdr", "1.5")
     assert fdr.returncode == 2 and "fdr_alpha must be between 0 and 1" in fdr.stderr
+    conf = score_cli(cohort["negs"][0], model, tmp_path / "x", "--fdr-confidence", "90")
+    assert conf.returncode == 2 and "fdr_confidence must be between 0 and 1" in conf.stderr
 
 
 def test_a_slide_unlike_the_calibration_slides_gets_no_burden(cohort, tmp_path):

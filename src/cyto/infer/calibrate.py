@@ -187,18 +187,29 @@ def calibrate_from_tables(
     return record
 
 
-def _against(scores: np.ndarray, cal: Calibration, alpha: float, interval: float) -> dict:
-    """Everything one slide's scores give against a calibration."""
+def _against(
+    scores: np.ndarray,
+    cal: Calibration,
+    alpha: float,
+    interval: float,
+    confidence: float | None = None,
+) -> dict:
+    """Everything one slide's scores give against a calibration; the flags from
+    calibration-conditional p-values when ``confidence`` is given."""
     x, loc, scale = conformal.normalize(scores, cal.normalization)
     rate = cal.rate()
     p = conformal.p_values(x, cal.reference)
+    p_flag = (
+        p if confidence is None else conformal.conditional_p_values(x, cal.reference, confidence)
+    )
     return {
         "p": p,
+        "p_flag": p_flag,
         "rate": rate,
         "raw_threshold": loc + rate.threshold * scale,
         "burden": conformal.burden(x, rate, interval),
         "slide_p": conformal.slide_p_value(x, rate),
-        "flagged": conformal.bh(p, alpha),
+        "flagged": conformal.bh(p_flag, alpha),
         "bulk": conformal.bulk_deviations(scores, cal.parts, cal.normalization),
     }
 
@@ -258,13 +269,20 @@ def leave_one_slide_out(
     }
 
 
-def too_few_to_flag(cells: int, calibration_cells: int, alpha: float) -> int:
+def too_few_to_flag(
+    cells: int, calibration_cells: int, alpha: float, confidence: float | None = None
+) -> int:
     """The calibration size needed when ``calibration_cells`` cannot flag a single cell of a
-    slide of ``cells`` at FDR ``alpha`` (the smallest conformal p-value, 1 / (n + 1), above BH's
-    first step, alpha / cells); 0 when it can."""
-    if cells == 0 or 1.0 / (calibration_cells + 1) <= alpha / cells:
+    slide of ``cells`` at FDR ``alpha`` (the smallest conformal p-value, 1 / (n + 1), or the
+    conditional one, above BH's first step, alpha / cells); 0 when it can."""
+    step = alpha / cells if cells else 1.0
+    if cells == 0 or conformal.smallest_p(calibration_cells, confidence) <= step:
         return 0
-    return int(np.ceil(cells / alpha)) - 1
+    if confidence is None:
+        return int(np.ceil(cells / alpha)) - 1
+    # 1 - delta ** (1 / k) <= step  <=>  k >= log(delta) / log(1 - step), with k = ceil(n / 2)
+    k = int(np.ceil(np.log(1.0 - confidence) / np.log1p(-step)))
+    return 2 * k - 1
 
 
 def apply(
@@ -273,11 +291,14 @@ def apply(
     alpha: float = FDR_ALPHA,
     triage_level: float = TRIAGE_LEVEL,
     interval: float = 0.95,
+    confidence: float | None = None,
 ) -> dict:
     """``{"columns": {name: per-cell array}, "burden": summary block}`` for one slide: columns
     ``p_value``, ``flagged_bh``, ``flagged_adaptive``. On a bulk mismatch the flags are None
-    and the block gives the reason instead of a burden."""
-    c = _against(scores, calibration, alpha, interval)
+    and the block gives the reason instead of a burden. With ``confidence``, the flags come from
+    calibration-conditional p-values (FDR at most ``alpha`` for this calibration with that
+    probability); ``p_value`` stays the marginal one."""
+    c = _against(scores, calibration, alpha, interval, confidence)
     tol = calibration.info.get("bulk_tolerance") or {}
     mismatch = conformal.bulk_mismatch(c["bulk"], tol)
     out = {
@@ -301,7 +322,7 @@ def apply(
             "columns": {"p_value": c["p"], "flagged_bh": None, "flagged_adaptive": None},
             "burden": out,
         }
-    flagged_adaptive, pi0 = conformal.adaptive_bh(c["p"], alpha)
+    flagged_adaptive, pi0 = conformal.adaptive_bh(c["p_flag"], alpha)
     b = c["burden"]
     b["threshold_normalized"] = b.pop("threshold")
     out.update(
@@ -310,6 +331,9 @@ def apply(
             **b,
             "threshold": c["raw_threshold"],
             "fdr_alpha": alpha,
+            "fdr_guarantee": "on average over calibrations"
+            if confidence is None
+            else f"for this calibration with probability {confidence:g}",
             "flagged_bh": int(c["flagged"].sum()),
             "flagged_adaptive": int(flagged_adaptive.sum()),
             "null_share_storey": round(pi0, 4),
@@ -319,12 +343,13 @@ def apply(
             "normal_rate_between_slides_sd": round(float(np.sqrt(c["rate"].tau2)), 6),
         }
     )
-    needed = too_few_to_flag(len(scores), len(calibration.reference), alpha)
+    n_cal = len(calibration.reference)
+    needed = too_few_to_flag(len(scores), n_cal, alpha, confidence)
     if needed:
         out["note"] = (
             f"BH on {len(scores)} cells at FDR {alpha} needs a p-value of {alpha / len(scores):.2g}"
-            f" for its first flag, and {len(calibration.reference)} calibration cells cannot give"
-            f" one below {1 / (len(calibration.reference) + 1):.2g}: no cell can be flagged. "
+            f" for its first flag, and {n_cal} calibration cells cannot give"
+            f" one below {conformal.smallest_p(n_cal, confidence):.2g}: no cell can be flagged. "
             f"Calibrate on at least {needed} cells (more slide-negative slides)"
         )
     return {

@@ -11,6 +11,17 @@ calibration from score tables and applies it to a scored slide.
   cells is at most ``alpha`` (conformal p-values are positively dependent, PRDS, so BH holds:
   Bates et al., *Testing for outliers with conformal p-values*, Ann. Stat. 2023). The adaptive
   variant divides ``alpha`` by Storey's estimate of the null proportion ``pi0``.
+- **Calibration-conditional p-values** (optional, ``confidence`` = 1 - delta): the guarantee
+  above holds on average over calibration sets; one lab's calibration can sit anywhere in that
+  average (on the synthetic cohorts of ``benchmarks/burden_resample.py``, 10 calibration slides
+  of 300 cells gave an FDR between 0.02 and 0.19 from draw to draw at alpha 0.1, mean 0.09).
+  With probability ``1 - delta`` over the calibration, every order statistic of the calibration
+  scores' true tail probabilities lies inside the generalized Simes band (Sarkar 2008; Bates et
+  al. 2023, section 3, with ``k = n/2``), so ``1 - a_i`` bounds the normal tail above a score
+  with ``i`` calibration scores below it, simultaneously for all scores. Given the calibration,
+  the cells' p-values are then valid and independent, and BH on them keeps the FDR at most
+  alpha for this calibration, with that probability. Cost: p-values about ``(4.6 + 1.4 j) / n``
+  instead of ``(1 + j) / n`` (``j`` calibration scores at or above), so fewer cells are flagged.
 - **Burden**: the number of cells above the normal ``q``-quantile ``t``, less what normal cells
   put there, over ``1 - r`` (``r`` = the normal exceedance rate at ``t``). Its interval adds
   three variances: binomial noise of this slide's normal cells, the spread of ``r`` between
@@ -75,6 +86,49 @@ def p_values(scores: np.ndarray, calibration_sorted: np.ndarray) -> np.ndarray:
     n = len(c)
     at_least = n - np.searchsorted(c, np.asarray(scores, dtype=np.float64), side="left")
     return (1.0 + at_least) / (n + 1.0)
+
+
+def simes_band(n: int, delta: float) -> np.ndarray:
+    """``a_1..a_n``: with probability at least ``1 - delta``, ``n`` iid uniforms sorted satisfy
+    ``U_(i) >= a_i`` for every ``i`` at once. Generalized Simes with ``k = ceil(n / 2)``:
+    ``a_i = (delta * C(i, k) / C(n, k)) ** (1 / k)`` for ``i >= k``, else 0."""
+    from scipy.special import gammaln
+
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must be between 0 and 1, got {delta}")
+    out = np.zeros(n, dtype=np.float64)
+    if n == 0:
+        return out
+    k = (n + 1) // 2
+    i = np.arange(k, n + 1, dtype=np.float64)
+    log_a = (
+        np.log(delta) + gammaln(i + 1) - gammaln(i - k + 1) - (gammaln(n + 1) - gammaln(n - k + 1))
+    ) / k
+    out[k - 1 :] = np.exp(log_a)
+    return out
+
+
+def conditional_p_values(
+    scores: np.ndarray, calibration_sorted: np.ndarray, confidence: float
+) -> np.ndarray:
+    """Calibration-conditional conformal p-values (see the module docstring): valid for this
+    calibration with probability ``confidence``; never below :func:`p_values`."""
+    c = np.asarray(calibration_sorted, dtype=np.float64)
+    s = np.asarray(scores, dtype=np.float64)
+    n = len(c)
+    below = np.searchsorted(c, s, side="left")  # calibration scores strictly below (ties: above)
+    a = simes_band(n, 1.0 - confidence)
+    p = np.ones(len(s), dtype=np.float64)
+    has = below >= 1
+    p[has] = 1.0 - a[below[has] - 1]
+    return np.maximum(p, p_values(s, c))
+
+
+def smallest_p(n: int, confidence: float | None = None) -> float:
+    """The smallest p-value ``n`` calibration scores can give (conditional with ``confidence``)."""
+    if confidence is None:
+        return 1.0 / (n + 1.0)
+    return float(1.0 - simes_band(n, 1.0 - confidence)[-1]) if n else 1.0
 
 
 def bh(p: np.ndarray, alpha: float) -> np.ndarray:

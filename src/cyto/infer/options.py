@@ -50,6 +50,7 @@ class ScoreOptions:
     max_cells: int | None = None  # crops per tile result (None: what bounds memory in flight)
     fdr_alpha: float = FDR_ALPHA  # target false discovery rate of flagged cells (when calibrated)
     triage_level: float = TRIAGE_LEVEL  # level of the slide test "more high-scoring cells"
+    fdr_confidence: float | None = None  # FDR for this calibration with this probability
 
     def __post_init__(self) -> None:
         if self.patch_size < 16 or self.tile < self.patch_size or self.batch_size < 1:
@@ -75,6 +76,10 @@ class ScoreOptions:
         for name in ("fdr_alpha", "triage_level"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
+        if self.fdr_confidence is not None and not 0.0 < self.fdr_confidence < 1.0:
+            raise ConfigError(
+                f"fdr_confidence must be between 0 and 1 (e.g. 0.9), got {self.fdr_confidence}"
+            )
         for name in ("slide_mpp", "model_mpp"):
             value = getattr(self, name)
             if value is not None and not 0.01 <= value <= 100:

@@ -508,7 +508,13 @@ def _calibrated(scores: np.ndarray, run: _Run) -> dict:
                 "reason": "the calibration was made with another model: calibrate again",
             }
         }
-    out = calibrate.apply(scores, cal, alpha=run.opts.fdr_alpha, triage_level=run.opts.triage_level)
+    out = calibrate.apply(
+        scores,
+        cal,
+        alpha=run.opts.fdr_alpha,
+        triage_level=run.opts.triage_level,
+        confidence=run.opts.fdr_confidence,
+    )
     if differs:
         run.echo(
             f"warning: {run.slide.name}: scored unlike the calibration slides ("
