@@ -14,12 +14,19 @@ from cyto.train.fssil import FSSIL, SILConfig
 from cyto.train.registry import register
 
 
+class WSSILConfig(SILConfig):
+    """FS-SIL's fields; its own fast preset (FS-SIL's epochs were re-chosen on instance labels,
+    WS-SIL's were not)."""
+
+    presets = {"fast": {**SILConfig.presets["fast"], "epochs": 12}}
+
+
 @register("ws-sil")
 class WSSIL(FSSIL):
     instance_labels = False
     """Weakly supervised single-instance learning (slide-label inheritance)."""
 
-    Config = SILConfig
+    Config = WSSILConfig
 
     def training_labels(self, data: TrainData) -> np.ndarray:
         if data.bag_labels is None:

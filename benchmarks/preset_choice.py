@@ -1,0 +1,121 @@
+"""Choose a method's fast preset by repeated development splits (issue 16, item 1).
+
+Reads ``heldout.py --stage dev`` results (the JSON files it writes): one for the current preset
+and one per variant (``--set KEY=VALUE`` on top of it), every run on the same seeds, so a
+variant and the current preset are compared on the same splits (paired).
+
+The rule, fixed before the variants ran: per seed, the criterion is the mean of the two AUROCs
+the goal names (bone-marrow development half, the other lab zoomed to the training scale). A
+variant replaces the current preset only if its paired gain over the seeds is positive with a
+t statistic of at least 2.13 (one-sided 95% for 5 seeds); of several, the largest gain. The
+final split is not read here.
+
+    python benchmarks/preset_choice.py --current RUN.json --variant NAME=RUN.json ... \\
+        --method dsvdd --out benchmarks/results/vm-2core/heldout/presets
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from _results import machine, write
+
+T_MIN = 2.13  # one-sided 95% for 4 degrees of freedom
+METRICS = ("auroc", "other_auroc", "recall_wr1_k5", "other_recall_wr1_k5")
+
+
+def _rows(path: Path, method: str) -> dict[int, dict]:
+    data = json.loads(path.read_text())
+    rows = {r["seed"]: r for r in data["results"] if r["method"] == method}
+    if not rows:
+        raise SystemExit(f"{path}: no {method} rows")
+    return rows
+
+
+def _criterion(r: dict) -> float:
+    return (r["auroc"] + r["other_auroc"]) / 2
+
+
+def _mean_sd(v: list[float]) -> str:
+    sd = statistics.stdev(v) if len(v) > 1 else 0.0
+    return f"{statistics.mean(v):.3f} ± {sd:.3f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--current", type=Path, required=True)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=RUN.json")
+    ap.add_argument("--method", required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    current = _rows(args.current, args.method)
+    seeds = sorted(current)
+    table, chosen, best = [], "current", 0.0
+    runs = [("current", current)]
+    for spec in args.variant:
+        name, _, path = spec.partition("=")
+        rows = _rows(Path(path), args.method)
+        if sorted(rows) != seeds:
+            raise SystemExit(f"{name}: seeds {sorted(rows)} differ from the current {seeds}")
+        runs.append((name, rows))
+    for name, rows in runs:
+        row = {"preset": name}
+        for m in METRICS:
+            row[m] = _mean_sd([rows[s][m] for s in seeds])
+        row["fit_s"] = round(statistics.mean(rows[s]["fit_seconds"] for s in seeds), 1)
+        if name != "current":
+            gain = [_criterion(rows[s]) - _criterion(current[s]) for s in seeds]
+            mean = statistics.mean(gain)
+            sd = statistics.stdev(gain)
+            flat = float("inf") if mean > 0 else 0.0  # every seed the same gain
+            t = mean / (sd / len(gain) ** 0.5) if sd > 0 else flat
+            row["gain"] = f"{mean:+.3f} ± {sd:.3f}"
+            row["t"] = round(t, 2)
+            row["better_seeds"] = f"{sum(g > 0 for g in gain)}/{len(gain)}"
+            if t >= T_MIN and mean > best:
+                chosen, best = name, mean
+        table.append(row)
+    from cyto.bench.results import markdown_table
+
+    md = [
+        f"# Fast preset of {args.method}: development splits, seeds {seeds}",
+        "",
+        "Criterion per seed: mean of the bone-marrow and the other lab's AUROC; gain: paired "
+        f"over seeds against the current preset (mean ± sd); a variant wins with t >= {T_MIN}.",
+        "",
+        *markdown_table(
+            table,
+            [
+                ("preset", "preset"),
+                ("auroc", "AUROC"),
+                ("other_auroc", "other lab AUROC"),
+                ("recall_wr1_k5", "Recall@5% @ WR 1%"),
+                ("other_recall_wr1_k5", "other lab Recall@5% @ WR 1%"),
+                ("gain", "criterion gain"),
+                ("t", "t"),
+                ("better_seeds", "better seeds"),
+                ("fit_s", "fit s/seed"),
+            ],
+        ),
+        "",
+        f"Chosen: **{chosen}**.",
+    ]
+    meta = {
+        **machine(),
+        "method": args.method,
+        "current": str(args.current),
+        "variants": args.variant,
+        "seeds": seeds,
+        "t_min": T_MIN,
+        "chosen": chosen,
+    }
+    write(args.out, f"preset_choice_{args.method}", meta, table, md)
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
