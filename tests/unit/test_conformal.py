@@ -231,3 +231,13 @@ def test_conditional_flags_keep_the_fdr_for_most_calibrations():
     assert np.mean(np.array(given_marginal) > alpha) >= 0.1  # ... but not per calibration
     assert np.mean(np.array(given_conditional) > alpha) <= 0.1 + 3 * np.sqrt(0.09 / 60)
     assert 0 < flags_c < flags_m
+
+
+def test_the_calibration_size_said_to_be_needed_is_the_smallest_that_can_flag():
+    from cyto.infer.calibrate import too_few_to_flag
+
+    step = 0.1 / 300
+    for confidence in (None, 0.9):
+        n = too_few_to_flag(300, 100, 0.1, confidence)
+        assert conformal.smallest_p(n, confidence) <= step < conformal.smallest_p(n - 1, confidence)
+        assert too_few_to_flag(300, n, 0.1, confidence) == 0
