@@ -1109,6 +1109,13 @@ def refine_cmd(
             "learning rate, instead of training anew."
         ),
     ] = False,
+    hard_normals: Annotated[
+        bool,
+        typer.Option(
+            help="Add the reviewed cells nobody marked to the normal training cells "
+            "(--no-hard-normals: learn from the marked cells only)."
+        ),
+    ] = True,
 ) -> None:
     """Retrain a model with the expert marks: reviewed cells nobody marked become hard normals,
     marked cells known abnormal ones (Deep SVDD learns them as Deep SAD, FS-SIL as labels).
@@ -1131,6 +1138,7 @@ def refine_cmd(
         overwrite=overwrite,
         echo=typer.echo,
         finetune=finetune,
+        hard_normals=hard_normals,
     )
     typer.echo(
         f"wrote {res['bundle']} in {res['seconds']:.0f} s: +{res['hard_normals']} hard normal, "

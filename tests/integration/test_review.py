@@ -555,6 +555,19 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
     assert (res["known_abnormal"], res["excluded"]) == (1, 2)
     with pytest.raises(ConfigError, match="bag labels"):
         refine(exported_bundles["ws-sil"], rv, synth_patches, tmp_path / "r3.cyto", **args)
+    # --no-hard-normals: the marked cells alone join the training normals
+    ko = refine(model, rv, synth_patches, tmp_path / "ko.cyto", hard_normals=False,
+                overrides=["epochs=1", "ae_epochs=0"], **args)  # fmt: skip
+    assert (ko["hard_normals"], ko["hard_normals_left_out"], ko["known_abnormal"]) == (
+        0,
+        n1 - 3,
+        2,
+    )
+    rows = (tmp_path / "ko.cyto.refine" / "train.csv").read_text().splitlines()
+    assert len(rows) == 1 + n_normal + 2
+    with pytest.raises(ConfigError, match="nothing to learn"):
+        refine(exported_bundles["droc"], rv, synth_patches, tmp_path / "r6.cyto",
+               hard_normals=False, **args)  # fmt: skip
     # --finetune: the model's own encoders and centres, continued at a tenth of its rate
     base = load_bundle(Path(model))
     ft = refine(model, rv, synth_patches, tmp_path / "ft.cyto", finetune=True,
@@ -585,5 +598,6 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
         str(tmp_path / "r1.cyto"),
         "--normal",
         "normal",
+        "--no-hard-normals",
     )
     assert proc.returncode == 2 and "exists" in proc.stderr

@@ -95,11 +95,14 @@ def refine(
     overwrite: bool = False,
     echo=print,
     finetune: bool = False,
+    hard_normals: bool = True,
 ) -> dict:
     """Retrain ``model``'s method on ``data`` plus the review's cells; writes the bundle ``out``.
 
     ``finetune`` (Deep SVDD): continue from ``model``'s encoders and centres instead of training
-    from scratch, at a tenth of its learning rate, without autoencoder pretraining."""
+    from scratch, at a tenth of its learning rate, without autoencoder pretraining.
+    ``hard_normals=False``: learn from the marked cells only; the unmarked reviewed cells are
+    not added to the normal training cells."""
     from cyto.bundle import load_bundle
     from cyto.data.dataset import load_records
     from cyto.train.api import train
@@ -119,6 +122,13 @@ def refine(
         echo(
             f"note: droc learns from normal cells only: {len(ex['known_abnormal'])} marked "
             "cell(s) are not used, the hard normals are"
+        )
+    normals = ex["hard_normals"] if hard_normals else []
+    if not normals and not known:
+        raise ConfigError(
+            "nothing to learn: no known abnormal cell "
+            + ("(droc uses none) " if method == "droc" else "")
+            + ("and --no-hard-normals" if not hard_normals else "and no hard normal")
         )
     td = bundle.manifest.get("training_data", {})
     normal_cls = [c for c in (normal.split(",") if normal else td.get("normal", [])) if c]
@@ -141,7 +151,7 @@ def refine(
     ]
     if not rows:
         raise ConfigError(f"{data} holds no image of the normal class(es) {', '.join(normal_cls)}")
-    for label, cells in ((normal_cls[0], ex["hard_normals"]), (REVIEW_ABNORMAL, known)):
+    for label, cells in ((normal_cls[0], normals), (REVIEW_ABNORMAL, known)):
         for case, pos, crop in cells:
             dest = work / "cells" / f"{case}_{pos:03d}.png"
             shutil.copyfile(crop, dest)
@@ -174,7 +184,8 @@ def refine(
         "cases": ex["cases"],
         "agree": agree,
         "finetune": finetune,
-        "hard_normals": len(ex["hard_normals"]),
+        "hard_normals": len(normals),
+        "hard_normals_left_out": len(ex["hard_normals"]) - len(normals),
         "known_abnormal": len(known),
         "marked_not_used": len(ex["known_abnormal"]) - len(known),
         "excluded": ex["excluded"],
@@ -182,8 +193,9 @@ def refine(
         "training_manifest": str(manifest),
     }
     echo(
-        f"refine {method}: {len(ex['cases'])} finished case(s): {len(ex['hard_normals'])} hard "
+        f"refine {method}: {len(ex['cases'])} finished case(s): {len(normals)} hard "
         f"normal(s), {len(known)} known abnormal cell(s), {ex['excluded']} left out"
+        + ("" if hard_normals else f" (and {len(ex['hard_normals'])} unmarked: --no-hard-normals)")
     )
     res = train(
         method,
