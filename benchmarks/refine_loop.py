@@ -180,29 +180,28 @@ def hard_normals_only(seed: int, work: Path) -> dict:
     }
 
 
-def finetuned(seed: int, work: Path) -> dict:
-    """The same review, refined by fine-tuning the base model (``cyto refine --finetune``)."""
-    first, recall = _rerefine(seed, work, "finetuned", "held_ft", finetune=True)
+def _against_base(seed: int, work: Path, name: str, held: str, **how) -> dict:
+    """A re-refinement's mean Recall (``NAME_recall``) beside the seed's base and default
+    refinement, and its gain over the base (``delta_NAME``)."""
+    first, recall = _rerefine(seed, work, name, held, **how)
     return {
         "seed": seed,
         "base_recall": first["base_recall"],
-        "finetuned_recall": recall,
+        f"{name}_recall": recall,
         "refined_recall": first["refined_recall"],
-        "delta_finetuned": recall - first["base_recall"],
+        f"delta_{name}": recall - first["base_recall"],
     }
+
+
+def finetuned(seed: int, work: Path) -> dict:
+    """The same review, refined by fine-tuning the base model (``cyto refine --finetune``)."""
+    return _against_base(seed, work, "finetuned", "held_ft", finetune=True)
 
 
 def known_only(seed: int, work: Path) -> dict:
     """The same review, refined from the marked cells alone (``cyto refine --no-hard-normals``:
     Deep SAD on the training normals plus the known abnormal cells)."""
-    first, recall = _rerefine(seed, work, "known_only", "held_ko", hard_normals=False)
-    return {
-        "seed": seed,
-        "base_recall": first["base_recall"],
-        "known_only_recall": recall,
-        "refined_recall": first["refined_recall"],
-        "delta_known_only": recall - first["base_recall"],
-    }
+    return _against_base(seed, work, "known_only", "held_ko", hard_normals=False)
 
 
 def variant(a, name: str, run, cols: tuple[str, ...], title: str, header: str) -> None:
