@@ -152,6 +152,14 @@ def main() -> None:
         "development normals (what `cyto predict --zoom auto` does)",
     )
     ap.add_argument(
+        "--home-zoom",
+        default="1",
+        help="zoom --data's own cells (training and test) by this factor first: train at the "
+        "other lab's larger scale instead of shrinking its cells (the reverse direction), or "
+        "auto: the factor that gives the development normals the median nucleus share of all "
+        "the other lab's cells (no labels)",
+    )
+    ap.add_argument(
         "--mix-other",
         type=int,
         default=0,
@@ -173,7 +181,19 @@ def main() -> None:
     ds = PatchDataset.from_path(args.data, normal=args.normal, abnormal=args.abnormal, size=size)
     images, y = np.asarray(ds.images), ds.labels.astype(int)
     final, dev = stratified_halves(y, np.arange(len(y)), args.final_fraction, args.final_seed)
-    other, zoom_note = None, "1.000"
+    other, zoom_note, home_note = None, "1.000", "1.000"
+    if args.home_zoom != "1":
+        if args.home_zoom == "auto":
+            if args.other is None:
+                raise SystemExit("--home-zoom auto needs --other")
+            far = PatchDataset.from_path(args.other, normal=args.other_normal, size=size)
+            reference = float(np.median(nucleus_fraction(np.asarray(far.images))))
+            home = zoom_from_nuclei(reference, images[dev][y[dev] == 0])
+        else:
+            home = float(args.home_zoom)
+        home_note = f"{home:.3f}" + (" (auto)" if args.home_zoom == "auto" else "")
+        print(f"{args.data.name} zoomed {home_note}", flush=True)
+        images = zoom_patches(images, home, size)
     pool_images, pool_labels = images, y  # what training draws from (both labels when mixed)
     if args.other is not None:
         other = PatchDataset.from_path(args.other, normal=args.other_normal)
@@ -256,6 +276,7 @@ def main() -> None:
         "n_dev": len(dev),
         "n_final": len(final),
         "other_zoom": zoom_note,
+        "home_zoom": home_note,
     }
     write(
         args.out,
@@ -282,6 +303,8 @@ def table(rows, methods, args, meta, device, wr_list=()) -> list[str]:
     other = f" and {args.other.name} (another lab, never trained on)" if args.other else ""
     if meta.get("other_zoom", "1.000") != "1.000":
         other += f", its cells zoomed {meta['other_zoom']}x to the training scale"
+    if meta.get("home_zoom", "1.000") != "1.000":
+        other += f"; {args.data.name}'s own cells zoomed {meta['home_zoom']}x before training"
     if args.mix_other:
         other = (
             f" and {args.other.name} (another lab; mixed-lab recipe: {args.mix_other} of its "
