@@ -249,6 +249,42 @@ def data_mosaic_cmd(
     typer.echo(f"wrote {out}")
 
 
+@data_app.command("cells")
+def data_cells_cmd(
+    scored: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Output folders of cyto score (a slide's, or a cohort's) of slides "
+            "known to be negative."
+        ),
+    ],
+    out: Annotated[Path, typer.Option(help="Dataset folder: OUT/LABEL/ and OUT/cells-LABEL.csv.")],
+    label: Annotated[str, typer.Option(help="Class folder the cells go to.")] = "normal",
+    per_slide: Annotated[
+        int | None, typer.Option(help="At most this many cells per slide, drawn at random.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Which cells --per-slide draws.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace OUT/LABEL if it exists.")] = False,
+) -> None:
+    """Training cells from negative slides: every cell cyto score found, cut at the area the
+    model saw, into a class folder for cyto train (the paper trains on such cells)."""
+    from cyto.review.cells import harvest_cells
+
+    res = harvest_cells(
+        scored,
+        out,
+        label=label,
+        per_slide=per_slide,
+        seed=seed,
+        overwrite=overwrite,
+        echo=typer.echo,
+    )
+    typer.echo(
+        f"wrote {res['cells']} cells of {res['slides']} slide(s) to {res['folder']} "
+        f"and {res['manifest']}"
+    )
+
+
 METHOD_NAMES = ("fs-sil", "ws-sil", "dsvdd", "droc", "its2clr")
 
 

@@ -3,6 +3,7 @@ report against hand-made marks. The browser itself is driven in test_review_brow
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import sqlite3
@@ -12,6 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from PIL import Image
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.errors import ConfigError, InputPathError
@@ -601,3 +603,56 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
         "--no-hard-normals",
     )
     assert proc.returncode == 2 and "exists" in proc.stderr
+
+
+# --- cyto data cells ---------------------------------------------------------------------------
+
+
+def test_data_cells_cuts_the_cells_of_negative_slides_into_a_training_folder(
+    scored, exported_dsvdd, tmp_path
+):
+    from cyto.data.dataset import load_records
+    from cyto.infer.slide import open_slide
+
+    neg = write_slide(
+        tmp_path / "neg.ndpi",
+        SlideSynthConfig(width=1024, height=1024, n_cells=110, abnormal_fraction=0.0, seed=5),
+    )
+    out = tmp_path / "scored_neg"
+    score_slide(neg.paths[0], exported_dsvdd, out, ScoreOptions(mosaic=0, workers=0, top_k=K),
+                echo=lambda _: None)  # fmt: skip
+    detected = pq.read_table(out / "scores.parquet").to_pydict()
+    crop = json.loads((out / "summary.json").read_text())["resolution"]["crop_px_level0"]
+    ds = tmp_path / "ds"
+    proc = run_cyto("data", "cells", str(out), "--out", str(ds), "--per-slide", "20")
+    assert proc.returncode == 0, proc.stderr
+    with open(ds / "cells-normal.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    files = sorted((ds / "normal").iterdir())
+    assert len(rows) == len(files) == 20
+    assert {r["cell_id"] for r in rows} <= {str(c) for c in detected["cell_id"]}
+    # each file is the square the model saw about the detected cell
+    r = rows[0]
+    reader = open_slide(neg.paths[0])
+    want = reader.read_region(round(float(r["x"])) - crop // 2, round(float(r["y"])) - crop // 2,
+                              crop, crop)  # fmt: skip
+    reader.close()
+    got = np.asarray(Image.open(r["path"]).convert("RGB"))
+    assert got.shape == (crop, crop, 3) and np.array_equal(got, want)
+    # cyto train reads the folder (and the manifest) as normal cells
+    assert {rec.cls for rec in load_records(ds)} == {"normal"}
+    assert len(load_records(ds / "cells-normal.csv")) == 20
+    # all cells by default; an existing class folder is kept unless --overwrite
+    again = run_cyto("data", "cells", str(out), "--out", str(ds))
+    assert again.returncode == 2 and "exists" in again.stderr
+    assert len(list((ds / "normal").iterdir())) == 20
+    proc = run_cyto("data", "cells", str(out), "--out", str(ds), "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert len(list((ds / "normal").iterdir())) == len(detected["cell_id"])
+    assert not [p for p in ds.iterdir() if p.name.startswith(".")]  # nothing half-written
+    # a slide with planted abnormal cells is not a negative slide
+    bad = run_cyto("data", "cells", str(scored["outs"]["dsvdd"]), "--out", str(tmp_path / "x"))
+    assert bad.returncode == 2 and "negative slides only" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    bad = run_cyto("data", "cells", str(out), "--out", str(tmp_path / "y"), "--per-slide", "0")
+    assert bad.returncode == 2 and "--per-slide" in bad.stderr

@@ -304,20 +304,27 @@ def _radius_px(group: list[Source], merge_um: float) -> float:
     return max(s.crop_px for s in group) / 8  # no scale known: an eighth of the model's view
 
 
-def _write_crops(slide: str, cells: list[dict], crop: int, folder: Path) -> None:
+def crop_cells(slide: str | Path, centres, crop: int, paths) -> None:
+    """Write the ``crop`` x ``crop`` level-0 square about each (x, y) of ``centres`` on ``slide``
+    to the matching path of ``paths`` (PNG)."""
     from PIL import Image
 
     from cyto.infer.slide import open_slide
 
-    folder.mkdir(parents=True)
     reader = open_slide(slide)
     try:
         half = crop // 2
-        for p, c in enumerate(cells):
-            x, y = int(round(c["x"])) - half, int(round(c["y"])) - half
-            Image.fromarray(reader.read_region(x, y, crop, crop)).save(folder / f"{p:03d}.png")
+        for (x, y), path in zip(centres, paths, strict=True):
+            x0, y0 = int(round(x)) - half, int(round(y)) - half
+            Image.fromarray(reader.read_region(x0, y0, crop, crop)).save(path)
     finally:
         reader.close()
+
+
+def _write_crops(slide: str, cells: list[dict], crop: int, folder: Path) -> None:
+    folder.mkdir(parents=True)
+    paths = [folder / f"{p:03d}.png" for p in range(len(cells))]
+    crop_cells(slide, [(c["x"], c["y"]) for c in cells], crop, paths)
 
 
 def open_session(root: Path) -> Session:

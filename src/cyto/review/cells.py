@@ -1,0 +1,105 @@
+"""``cyto data cells``: training cells from scored slides, as the paper collects them.
+
+The paper's one-class models learn from the cells of slide-negative specimens. A model trained on
+cells from another source (other patches, another lab) sees the slide's crowding, background and
+crop as something to flag, and refining it with reviewed slide cells then mixes two kinds of
+images: ``benchmarks/refine_loop.py --train-cells slides`` measures the difference. This module cuts
+the cells that ``cyto score`` found on slides known to be negative, at the area the model saw
+(``crop_px_level0`` of the score summary), into a class folder that ``cyto train`` reads, with a
+manifest (``cells-LABEL.csv``: path, label, slide, cell id, centre) saying where each came from.
+
+The folder is written under a temporary name and renamed when complete, so an interrupted run
+never leaves a class folder that looks finished.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from cyto.errors import ConfigError, InputPathError
+from cyto.progress import progress
+from cyto.review.session import crop_cells, find_scored, read_source
+
+
+def harvest_cells(
+    scored: list[Path],
+    out: Path,
+    label: str = "normal",
+    per_slide: int | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+    echo=print,
+) -> dict:
+    """Cut the detected cells of each scored slide into ``out/label/``; returns the counts.
+
+    ``per_slide``: at most this many cells per slide, drawn at random with ``seed`` (default all).
+    A slide scored with ground truth that holds planted abnormal cells is refused: its cells are
+    not all normal."""
+    import pyarrow.parquet as pq
+
+    if not label or any(c in label for c in "/\\") or label.startswith("."):
+        raise ConfigError(f"--label must be a plain folder name, got {label!r}")
+    if per_slide is not None and per_slide < 1:
+        raise ConfigError(f"--per-slide must be >= 1, got {per_slide}")
+    sources = [read_source(f) for f in find_scored(scored)]
+    for s in sources:
+        if s.planted:
+            raise ConfigError(
+                f"{s.folder}: the slide was scored with ground truth holding {s.planted} planted "
+                f"abnormal cell(s); harvest {label} cells from negative slides only"
+            )
+    out = Path(out)
+    target = out / label
+    if target.exists() and not overwrite:
+        raise InputPathError(f"{target} exists (pass --overwrite to replace it)")
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    plan = []
+    for k, s in enumerate(sources):
+        t = pq.read_table(s.folder / "scores.parquet", columns=["cell_id", "x", "y"]).to_pydict()
+        idx = np.arange(len(t["cell_id"]))
+        if per_slide is not None and len(idx) > per_slide:
+            idx = np.sort(rng.choice(idx, per_slide, replace=False))
+        stem = f"{k:03d}_{Path(s.slide).stem}"  # two slides may share a name
+        cells = [(stem, str(t["cell_id"][i]), float(t["x"][i]), float(t["y"][i])) for i in idx]
+        plan.append((s, cells))
+    total = sum(len(c) for _, c in plan)
+    if not total:
+        raise ConfigError("the scored slides hold no detected cell")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{label}.partial-", dir=out))
+    rows = []
+    try:
+        with progress("cells", total=total, unit="cells") as bar:
+            for s, cells in plan:
+                names = [f"{stem}_{cid}.png" for stem, cid, _, _ in cells]
+                crop_cells(
+                    s.slide, [(x, y) for *_, x, y in cells], s.crop_px, [tmp / n for n in names]
+                )
+                for name, (_, cid, x, y) in zip(names, cells, strict=True):
+                    rows.append((str((target / name).resolve()), label, s.slide, cid, x, y))
+                bar.advance(len(cells))
+                echo(f"{Path(s.slide).name}: {len(cells)} cells ({s.crop_px} px)")
+        manifest = out / f"cells-{label}.csv"
+        with open(tmp / ".manifest.csv", "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["path", "label", "slide", "cell_id", "x", "y"])
+            w.writerows(rows)
+        if target.exists():
+            shutil.rmtree(target)
+        (tmp / ".manifest.csv").replace(out / f".cells-{label}.csv.partial")
+        tmp.rename(target)
+        (out / f".cells-{label}.csv.partial").replace(manifest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {
+        "cells": len(rows),
+        "slides": len(plan),
+        "folder": str(target),
+        "manifest": str(manifest),
+    }
