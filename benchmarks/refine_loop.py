@@ -31,6 +31,33 @@ from _results import machine, mean_sd, write
 
 MISS, FALSE_MARK = 0.1, 0.02
 SIDE, WR, K = 4096, 0.02, 100
+N_TRAIN = 200  # normal training cells of the base model
+CROP = 192  # the model's view on these slides (0.12 um/px, the patches' size)
+
+
+def negative_slide_cells(out: Path, seed: int, n: int) -> list[Path]:
+    """``n`` normal training cells as a lab would collect them (`cyto data cells` on a scored
+    negative slide): crops of the cells of a synthetic slide with no abnormal cell, centred where
+    its cells are (the truth table: no model needed yet), at the model's view, in
+    ``out/normal/``."""
+    import pyarrow.parquet as pq
+
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+    from cyto.review.session import crop_cells
+
+    (out / "normal").mkdir(parents=True, exist_ok=True)
+    made = write_slide(
+        out / "negative.ndpi",
+        SlideSynthConfig(width=SIDE, height=SIDE, abnormal_fraction=0.0, seed=1000 * seed + 900),
+        overwrite=True,
+    )
+    gt = pq.read_table(made.ground_truth)
+    x, y = np.asarray(gt["x"]), np.asarray(gt["y"])
+    inside = (x >= CROP / 2) & (y >= CROP / 2) & (x < SIDE - CROP / 2) & (y < SIDE - CROP / 2)
+    pick = np.sort(np.random.default_rng([seed, 9]).choice(np.flatnonzero(inside), n, False))
+    rows = [out / "normal" / f"cell{j:05d}.png" for j in pick]
+    crop_cells(made.paths[0], [(x[j], y[j]) for j in pick], CROP, rows)
+    return rows
 
 
 def _score(slide, model, out, truth):
@@ -41,7 +68,9 @@ def _score(slide, model, out, truth):
     )
 
 
-def one_seed(seed: int, work: Path, n_review: int, n_held: int) -> dict:
+def one_seed(
+    seed: int, work: Path, n_review: int, n_held: int, train_cells: str = "patches"
+) -> dict:
     from cyto.data.synth.cells import DEFAULT_SCALE, MPP_AT_SCALE_1
     from cyto.data.synth.patches import PatchSynthConfig, write_patches
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
@@ -54,8 +83,12 @@ def one_seed(seed: int, work: Path, n_review: int, n_held: int) -> dict:
     t0 = time.perf_counter()
     w = work / f"seed{seed}"
     patches = w / "patches"
-    write_patches(patches, PatchSynthConfig(n_normal=200, n_abnormal=0, seed=seed), overwrite=True)
-    rows = sorted(p for p in patches.rglob("*") if p.is_file())
+    if train_cells == "slides":
+        rows = negative_slide_cells(patches, seed, N_TRAIN)
+    else:
+        config = PatchSynthConfig(n_normal=N_TRAIN, n_abnormal=0, seed=seed)
+        write_patches(patches, config, overwrite=True)
+        rows = sorted(p for p in patches.rglob("*") if p.is_file())
     (w / "train.csv").write_text(
         "path,label\n" + "".join(f"{p.resolve()},{p.parent.name}\n" for p in rows)
     )
@@ -204,6 +237,10 @@ def known_only(seed: int, work: Path) -> dict:
     return _against_base(seed, work, "known_only", "held_ko", hard_normals=False)
 
 
+def _suffix(a) -> str:
+    return "" if a.train_cells == "patches" else f"_{a.train_cells}-cells"
+
+
 def variant(a, name: str, run, cols: tuple[str, ...], title: str, header: str) -> None:
     """A variant of the refinement on each finished seed's base model, review and held slides."""
     rows = []
@@ -211,13 +248,17 @@ def variant(a, name: str, run, cols: tuple[str, ...], title: str, header: str) -
         done = a.work / f"seed{seed}_{'hard_normals' if name == 'ablation' else name}.json"
         if not done.is_file():
             if not (a.work / f"seed{seed}.json").is_file():
-                one = one_seed(seed, a.work, a.review_slides, a.held_slides)
+                one = one_seed(seed, a.work, a.review_slides, a.held_slides, a.train_cells)
                 (a.work / f"seed{seed}.json").write_text(json.dumps(one, indent=1))
             done.write_text(json.dumps(run(seed, a.work), indent=1))
         rows.append(json.loads(done.read_text()))
         print(rows[-1], flush=True)
     flag = "--ablation" if name == "ablation" else f"--{name}"
-    meta = {**machine(), "command": f"python benchmarks/refine_loop.py --seeds {a.seeds} {flag}"}
+    cells = "" if a.train_cells == "patches" else f" --train-cells {a.train_cells}"
+    meta = {
+        **machine(),
+        "command": f"python benchmarks/refine_loop.py --seeds {a.seeds} {flag}{cells}",
+    }
     md = [
         f"# {title} ({len(rows)} seeds)",
         "",
@@ -234,7 +275,7 @@ def variant(a, name: str, run, cols: tuple[str, ...], title: str, header: str) -
     if delta:
         d = [r[delta] for r in rows]
         md.append(f"{name} above base on {sum(x > 0 for x in d)}/{len(d)} seeds")
-    write(a.results, f"refine_{name}", meta, rows, md)
+    write(a.results, f"refine_{name}{_suffix(a)}", meta, rows, md)
     print("\n".join(md))
 
 
@@ -256,6 +297,14 @@ def main() -> None:
         "--known-only",
         action="store_true",
         help="refine each seed from the marked cells alone (cyto refine --no-hard-normals)",
+    )
+    ap.add_argument(
+        "--train-cells",
+        choices=("patches", "slides"),
+        default="patches",
+        help="the base model's normal training cells: synthetic cell patches (as make demo), or "
+        "crops of the cells of a negative synthetic slide, as a lab collects them (use another "
+        "--work folder for each)",
     )
     a = ap.parse_args()
     if a.known_only:
@@ -295,7 +344,7 @@ def main() -> None:
         if done.is_file():
             rows.append(json.loads(done.read_text()))
             continue
-        r = one_seed(seed, a.work, a.review_slides, a.held_slides)
+        r = one_seed(seed, a.work, a.review_slides, a.held_slides, a.train_cells)
         done.parent.mkdir(parents=True, exist_ok=True)
         done.write_text(json.dumps(r, indent=1))
         rows.append(r)
@@ -327,7 +376,9 @@ def main() -> None:
         "",
         f"`{meta['command']}` on {meta['host']} ({meta['cpu_count']} CPUs)",
         "",
-        f"Deep SVDD fast preset; review of {a.review_slides} slide(s) x top-{K}; simulated "
+        f"Deep SVDD fast preset on {N_TRAIN} normal cells ("
+        + ("synthetic patches" if a.train_cells == "patches" else "crops of a negative slide")
+        + f"); review of {a.review_slides} slide(s) x top-{K}; simulated "
         f"reviewer: misses {MISS:.0%} of abnormal cells, marks {FALSE_MARK:.0%} of normal ones; "
         f"{a.held_slides} held-out slide(s) per seed ({SIDE}^2 px, {WR:.0%} planted abnormal).",
         "",
@@ -342,7 +393,7 @@ def main() -> None:
         f"mean ± sd over seeds: base {mean_sd(base)}, refined {mean_sd(ref)}, paired difference "
         f"{mean_sd(delta)}; refined higher on {better}/{len(rows)} seeds.",
     ]
-    write(a.results, "refine_loop", meta, rows, md)
+    write(a.results, f"refine_loop{_suffix(a)}", meta, rows, md)
     print("\n".join(md))
 
 
