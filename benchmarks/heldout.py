@@ -182,12 +182,14 @@ def main() -> None:
     images, y = np.asarray(ds.images), ds.labels.astype(int)
     final, dev = stratified_halves(y, np.arange(len(y)), args.final_fraction, args.final_seed)
     other, zoom_note, home_note = None, "1.000", "1.000"
+    if args.other is not None:
+        other = PatchDataset.from_path(args.other, normal=args.other_normal)
+        other_at_size = zoom_patches(other.images, 1.0, size)  # unzoomed, at the load size
     if args.home_zoom != "1":
         if args.home_zoom == "auto":
-            if args.other is None:
+            if other is None:
                 raise SystemExit("--home-zoom auto needs --other")
-            far = PatchDataset.from_path(args.other, normal=args.other_normal, size=size)
-            reference = float(np.median(nucleus_fraction(np.asarray(far.images))))
+            reference = float(np.median(nucleus_fraction(other_at_size)))
             home = zoom_from_nuclei(reference, images[dev][y[dev] == 0])
         else:
             home = float(args.home_zoom)
@@ -195,13 +197,12 @@ def main() -> None:
         print(f"{args.data.name} zoomed {home_note}", flush=True)
         images = zoom_patches(images, home, size)
     pool_images, pool_labels = images, y  # what training draws from (both labels when mixed)
-    if args.other is not None:
-        other = PatchDataset.from_path(args.other, normal=args.other_normal)
+    if other is not None:
         other_y = other.labels.astype(int)
         if args.other_zoom == "auto":
             dev_normals = images[dev][y[dev] == 0]
             reference = float(np.median(nucleus_fraction(dev_normals)))
-            zoom = zoom_from_nuclei(reference, zoom_patches(other.images, 1.0, size))
+            zoom = zoom_from_nuclei(reference, other_at_size)
         else:
             zoom = float(args.other_zoom)
         zoom_note = f"{zoom:.3f}" + (" (auto)" if args.other_zoom == "auto" else "")

@@ -59,43 +59,42 @@ def harvest_cells(
         raise InputPathError(f"{target} exists (pass --overwrite to replace it)")
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    plan = []
+    plan = []  # (source, file-name prefix, the cells' ids, x, y)
     for k, s in enumerate(sources):
         t = pq.read_table(s.folder / "scores.parquet", columns=["cell_id", "x", "y"]).to_pydict()
         idx = np.arange(len(t["cell_id"]))
         if per_slide is not None and len(idx) > per_slide:
             idx = np.sort(rng.choice(idx, per_slide, replace=False))
-        stem = f"{k:03d}_{Path(s.slide).stem}"  # two slides may share a name
-        cells = [(stem, str(t["cell_id"][i]), float(t["x"][i]), float(t["y"][i])) for i in idx]
-        plan.append((s, cells))
-    total = sum(len(c) for _, c in plan)
+        prefix = f"{k:03d}_{Path(s.slide).stem}"  # two slides may share a name
+        plan.append((s, prefix, *([t[c][i] for i in idx] for c in ("cell_id", "x", "y"))))
+    total = sum(len(p[2]) for p in plan)
     if not total:
         raise ConfigError("the scored slides hold no detected cell")
     tmp = Path(tempfile.mkdtemp(prefix=f".{label}.partial-", dir=out))
+    manifest, partial = out / f"cells-{label}.csv", out / f".cells-{label}.csv.partial"
     rows = []
     try:
         with progress("cells", total=total, unit="cells") as bar:
-            for s, cells in plan:
-                names = [f"{stem}_{cid}.png" for stem, cid, _, _ in cells]
-                crop_cells(
-                    s.slide, [(x, y) for *_, x, y in cells], s.crop_px, [tmp / n for n in names]
-                )
-                for name, (_, cid, x, y) in zip(names, cells, strict=True):
-                    rows.append((str((target / name).resolve()), label, s.slide, cid, x, y))
-                bar.advance(len(cells))
-                echo(f"{Path(s.slide).name}: {len(cells)} cells ({s.crop_px} px)")
-        manifest = out / f"cells-{label}.csv"
-        with open(tmp / ".manifest.csv", "w", newline="") as fh:
+            for s, prefix, ids, xs, ys in plan:
+                names = [f"{prefix}_{cid}.png" for cid in ids]
+                centres = list(zip(xs, ys, strict=True))
+                crop_cells(s.slide, centres, s.crop_px, [tmp / n for n in names], bar.advance)
+                rows += [
+                    (str((target / n).resolve()), label, s.slide, cid, x, y)
+                    for n, cid, (x, y) in zip(names, ids, centres, strict=True)
+                ]
+                echo(f"{Path(s.slide).name}: {len(ids)} cells ({s.crop_px} px)")
+        with open(partial, "w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(["path", "label", "slide", "cell_id", "x", "y"])
             w.writerows(rows)
         if target.exists():
             shutil.rmtree(target)
-        (tmp / ".manifest.csv").replace(out / f".cells-{label}.csv.partial")
         tmp.rename(target)
-        (out / f".cells-{label}.csv.partial").replace(manifest)
+        partial.replace(manifest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        partial.unlink(missing_ok=True)
         raise
     return {
         "cells": len(rows),

@@ -304,9 +304,9 @@ def _radius_px(group: list[Source], merge_um: float) -> float:
     return max(s.crop_px for s in group) / 8  # no scale known: an eighth of the model's view
 
 
-def crop_cells(slide: str | Path, centres, crop: int, paths) -> None:
+def crop_cells(slide: str | Path, centres, crop: int, paths, each=None) -> None:
     """Write the ``crop`` x ``crop`` level-0 square about each (x, y) of ``centres`` on ``slide``
-    to the matching path of ``paths`` (PNG)."""
+    to the matching path of ``paths`` (PNG); ``each()``, if given, is called after every cell."""
     from PIL import Image
 
     from cyto.infer.slide import open_slide
@@ -317,6 +317,8 @@ def crop_cells(slide: str | Path, centres, crop: int, paths) -> None:
         for (x, y), path in zip(centres, paths, strict=True):
             x0, y0 = int(round(x)) - half, int(round(y)) - half
             Image.fromarray(reader.read_region(x0, y0, crop, crop)).save(path)
+            if each is not None:
+                each()
     finally:
         reader.close()
 
