@@ -8,7 +8,8 @@ paper's review, and the reviewer's error rates are fixed before the first run):
    truth; a review of their top-100 cells is built (`cyto review`'s folder);
 3. a simulated reviewer marks each truly abnormal cell with probability 1 - MISS and each normal
    cell with probability FALSE_MARK, and finishes every case;
-4. `cyto refine` retrains the model with those marks (hard normals + Deep SAD), exported;
+4. `cyto refine --retrain` retrains the model with those marks (hard normals + Deep SAD), and
+   exports it (`--finetune`, the default since, is measured by the variant of that name);
 5. HELD held-out slides (other seeds; never reviewed) are scored by both models: Recall@100 of
    the planted abnormal cells, and its paired difference.
 
@@ -147,6 +148,7 @@ def one_seed(
         device="cpu",
         overwrite=True,
         echo=lambda _: None,
+        finetune=False,
     )
     export_bundle(Path(res["bundle"]), echo=lambda _: None)
 
@@ -182,6 +184,7 @@ def _rerefine(seed: int, work: Path, name: str, held: str, **how) -> tuple[dict,
 
     w = work / f"seed{seed}"
     first = json.loads((work / f"seed{seed}.json").read_text())
+    how.setdefault("finetune", False)  # as the seed's first refinement, unless asked
     res = refine(
         w / "base.cyto",
         w / "review",

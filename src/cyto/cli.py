@@ -1139,12 +1139,15 @@ def refine_cmd(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     overwrite: Annotated[bool, typer.Option(help="Replace an existing bundle.")] = False,
     finetune: Annotated[
-        bool,
+        bool | None,
         typer.Option(
-            help="Deep SVDD: continue from the model's encoders and centres at a tenth of its "
-            "learning rate, instead of training anew."
+            "--finetune/--retrain",
+            help="--finetune (Deep SVDD's default): continue from the model's encoders and "
+            "centres at a tenth of its learning rate; --retrain (the default of the other "
+            "methods): train anew.",
+            show_default=False,
         ),
-    ] = False,
+    ] = None,
     hard_normals: Annotated[
         bool,
         typer.Option(
@@ -1156,7 +1159,8 @@ def refine_cmd(
     """Retrain a model with the expert marks: reviewed cells nobody marked become hard normals,
     marked cells known abnormal ones (Deep SVDD learns them as Deep SAD, FS-SIL as labels).
 
-    Only cases marked done count. The new bundle records what it learned from (refined_from).
+    Only cases marked done count. A Deep SVDD model is fine-tuned, other methods are trained
+    anew. The new bundle records what it learned from (refined_from).
     """
     from cyto.review.refine import refine
 

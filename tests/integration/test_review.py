@@ -543,6 +543,8 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
     assert [c["case"] for c in res["cases"]] == [c1]  # c2's mark: the case is not finished
     b = load_bundle(tmp_path / "r1.cyto", weights=False)
     assert b.manifest["refined_from"]["known_abnormal"] == 2
+    # Deep SVDD is fine-tuned unless asked otherwise: the mode that held on fresh seeds
+    assert res["finetune"] and b.manifest["config"]["warm_start"] == str(Path(model).resolve())
     assert b.manifest["config"]["known_abnormal_eta"] == 1.0
     info = run_cyto("info", str(tmp_path / "r1.cyto"))
     assert f"+{n1 - 3} hard normal, +2 known abnormal" in info.stdout
@@ -570,10 +572,9 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
     with pytest.raises(ConfigError, match="nothing to learn"):
         refine(exported_bundles["droc"], rv, synth_patches, tmp_path / "r6.cyto",
                hard_normals=False, **args)  # fmt: skip
-    # --finetune: the model's own encoders and centres, continued at a tenth of its rate
+    # fine-tuning: the model's own encoders and centres, continued at a tenth of its rate
     base = load_bundle(Path(model))
-    ft = refine(model, rv, synth_patches, tmp_path / "ft.cyto", finetune=True,
-                overrides=["epochs=1"], **args)  # fmt: skip
+    ft = refine(model, rv, synth_patches, tmp_path / "ft.cyto", overrides=["epochs=1"], **args)
     tuned = load_bundle(Path(ft["bundle"]))
     assert ft["finetune"] and tuned.manifest["config"]["warm_start"] == str(Path(model).resolve())
     assert tuned.manifest["config"]["lr"] == pytest.approx(base.manifest["config"]["lr"] / 10)
@@ -583,6 +584,17 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
         w0 = torch.cat([state[k].flatten() for k in keys])
         w1 = torch.cat([tuned.weights[name][k].flatten() for k in keys])
         assert 0 < float((w1 - w0).norm() / w0.norm()) < 0.05, name
+    # a second round goes on at the same tenth; --retrain starts anew, at the first rate
+    ft2 = refine(ft["bundle"], rv, synth_patches, tmp_path / "ft2.cyto", overrides=["epochs=1"],
+                 **args)  # fmt: skip
+    c2 = load_bundle(Path(ft2["bundle"]), weights=False).manifest["config"]
+    assert c2["warm_start"] == str(Path(ft["bundle"]).resolve())
+    assert c2["lr"] == pytest.approx(tuned.manifest["config"]["lr"])
+    anew = refine(ft["bundle"], rv, synth_patches, tmp_path / "anew.cyto", finetune=False,
+                  overrides=["epochs=1", "ae_epochs=0"], **args)  # fmt: skip
+    c3 = load_bundle(Path(anew["bundle"]), weights=False).manifest["config"]
+    assert not anew["finetune"] and c3["warm_start"] == ""
+    assert c3["lr"] == pytest.approx(base.manifest["config"]["lr"])
     with pytest.raises(ConfigError, match="continues a Deep SVDD model"):
         refine(exported_bundles["fs-sil"], rv, synth_patches, tmp_path / "r4.cyto",
                finetune=True, **args)  # fmt: skip

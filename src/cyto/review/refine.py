@@ -12,16 +12,20 @@ top-ranked cells, fed back into the model. From the finished cases of a review:
 - cases no reviewer marked "done" are left out: an unmarked cell there may just not have been
   looked at.
 
-The same method is retrained from scratch with the bundle's own recorded config (``--set``
-overrides it) on the original training data plus these cells, whose crops are copied next to the
-new bundle (``NEW.cyto.refine/``) with the manifest used, so the new bundle's training data stays
-on disk. The new manifest's ``refined_from`` records the model, the review, the cases, the
-reviewers, the rule and the counts.
+A Deep SVDD model is fine-tuned by default: its encoders and centres are continued, at a tenth
+of its learning rate, without autoencoder pretraining (``--retrain``: train anew). Other methods
+are retrained from scratch. Either way the training runs with the bundle's own recorded config
+(``--set`` overrides it) on the original training data plus these cells, whose crops are copied
+next to the new bundle (``NEW.cyto.refine/``) with the manifest used, so the new bundle's
+training data stays on disk. The new manifest's ``refined_from`` records the model, the review,
+the cases, the reviewers, the rule and the counts.
 
-Measured (benchmarks/refine_loop.py, simulated reviewer, Recall@100 on held-out synthetic
-slides): with a base model trained on cells of a negative slide (``cyto data cells``), one round
-raised it on 5/5 development seeds (+0.140 ± 0.074) and lowered it on 3/3 fresh seeds
-(-0.058 ± 0.051); with one trained on synthetic patches it did not move (+0.006 ± 0.094).
+Measured (benchmarks/refine_loop.py and refine_choice.py: simulated reviewer, Recall@100 on
+held-out synthetic slides, base model trained on cells of a negative slide as ``cyto data cells``
+cuts them). The mode was chosen on development seeds 0-4 (fine-tuned +0.162 ± 0.066, t 5.5;
+retrained +0.140 ± 0.074, t 4.2) and read once on fresh seeds 5-12: fine-tuned +0.085 ± 0.111
+(t 2.17, higher on 6/8 seeds), retrained +0.020 ± 0.097 (t 0.58, 4/8). With a base model trained
+on synthetic patches neither moved it (+0.019 ± 0.080, +0.006 ± 0.094).
 """
 
 from __future__ import annotations
@@ -96,13 +100,14 @@ def refine(
     device: str = "auto",
     overwrite: bool = False,
     echo=print,
-    finetune: bool = False,
+    finetune: bool | None = None,
     hard_normals: bool = True,
 ) -> dict:
     """Retrain ``model``'s method on ``data`` plus the review's cells; writes the bundle ``out``.
 
-    ``finetune`` (Deep SVDD): continue from ``model``'s encoders and centres instead of training
-    from scratch, at a tenth of its learning rate, without autoencoder pretraining.
+    ``finetune`` (Deep SVDD; the default for it, ``None``): continue from ``model``'s encoders
+    and centres instead of training from scratch, at a tenth of the learning rate it was first
+    trained with, without autoencoder pretraining; ``False``: train anew.
     ``hard_normals=False``: learn from the marked cells only; the unmarked reviewed cells are
     not added to the normal training cells."""
     from cyto.bundle import load_bundle
@@ -113,6 +118,8 @@ def refine(
 
     bundle = load_bundle(model, weights=False)
     method = bundle.method
+    if finetune is None:
+        finetune = method == "dsvdd"
     if method in BAG_METHODS:
         raise ConfigError(
             f"{model} is {method}, trained from bag labels: reviewed cells carry cell labels "
@@ -173,11 +180,16 @@ def refine(
             config["load_size"] = int(first.size[0])
     if method == "dsvdd" and known:
         config["known_abnormal_eta"] = eta
+    tuned_before = bool(config.get("warm_start"))  # MODEL is itself a fine-tuned refinement
     if finetune:
         if method != "dsvdd":
             raise ConfigError(f"--finetune continues a Deep SVDD model; {model} is {method}")
         config["warm_start"] = str(Path(bundle.path).resolve())
-        config["lr"] = float(config.get("lr", 1e-4)) / 10
+        if not tuned_before:  # a model fine-tuned before already runs at the tenth
+            config["lr"] = float(config.get("lr", 1e-4)) / 10
+    elif tuned_before:  # anew: not from the model it was tuned from, at the first rate
+        config["warm_start"] = ""
+        config["lr"] = float(config["lr"]) * 10
     config.update(parse_overrides(overrides or []))  # --set on top of the recorded config
     provenance = {
         "model": str(Path(bundle.path).resolve()),
