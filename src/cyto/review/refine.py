@@ -180,16 +180,19 @@ def refine(
             config["load_size"] = int(first.size[0])
     if method == "dsvdd" and known:
         config["known_abnormal_eta"] = eta
-    tuned_before = bool(config.get("warm_start"))  # MODEL is itself a fine-tuned refinement
+    # MODEL is itself a fine-tuned refinement: its recorded rate is already the tenth
+    tuned_before = bool(bundle.manifest.get("refined_from", {}).get("finetune"))
     if finetune:
         if method != "dsvdd":
             raise ConfigError(f"--finetune continues a Deep SVDD model; {model} is {method}")
         config["warm_start"] = str(Path(bundle.path).resolve())
-        if not tuned_before:  # a model fine-tuned before already runs at the tenth
+        if not tuned_before:
             config["lr"] = float(config.get("lr", 1e-4)) / 10
-    elif tuned_before:  # anew: not from the model it was tuned from, at the first rate
-        config["warm_start"] = ""
-        config["lr"] = float(config["lr"]) * 10
+    else:
+        if config.get("warm_start"):  # anew: not from the model it was tuned from
+            config["warm_start"] = ""
+        if tuned_before:  # and at the rate it was first trained with
+            config["lr"] = float(config["lr"]) * 10
     config.update(parse_overrides(overrides or []))  # --set on top of the recorded config
     provenance = {
         "model": str(Path(bundle.path).resolve()),
