@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -63,3 +64,15 @@ def mean_sd(values, fmt: str = "{:.4f}") -> str:
     v = list(values)
     sd = f" ± {fmt.format(statistics.stdev(v))}" if len(v) > 1 else ""
     return fmt.format(statistics.mean(v)) + sd
+
+
+def paired_gain(diffs) -> dict:
+    """Paired gains over seeds (one difference per seed): ``gain`` (mean), ``sd``, the one-sample
+    ``t`` (+-inf when every seed gained or lost the same, 0 when none moved), ``better`` (seeds
+    above 0) and ``n``."""
+    d = list(diffs)
+    mean = statistics.mean(d)
+    sd = statistics.stdev(d) if len(d) > 1 else 0.0
+    flat = math.copysign(math.inf, mean) if mean else 0.0
+    t = mean / (sd / math.sqrt(len(d))) if sd > 0 else flat
+    return {"gain": mean, "sd": sd, "t": t, "better": sum(x > 0 for x in d), "n": len(d)}

@@ -207,7 +207,8 @@ def main() -> None:
             zoom = float(args.other_zoom)
         zoom_note = f"{zoom:.3f}" + (" (auto)" if args.other_zoom == "auto" else "")
         print(f"other lab zoomed {zoom_note}", flush=True)
-        other_images = zoom_patches(other.images, zoom, size)  # at the training cells' scale
+        # at the training cells' scale
+        other_images = other_at_size if zoom == 1.0 else zoom_patches(other.images, zoom, size)
         pool_images = np.concatenate([images, other_images])
         pool_labels = np.concatenate([y, other_y])
     elif args.mix_other:

@@ -21,7 +21,7 @@ import json
 import statistics
 from pathlib import Path
 
-from _results import machine, write
+from _results import machine, paired_gain, write
 
 T_MIN = 2.13  # one-sided 95% for 4 degrees of freedom
 METRICS = ("auroc", "other_auroc", "recall_wr1_k5", "other_recall_wr1_k5")
@@ -68,16 +68,12 @@ def main() -> None:
             row[m] = _mean_sd([rows[s][m] for s in seeds])
         row["fit_s"] = round(statistics.mean(rows[s]["fit_seconds"] for s in seeds), 1)
         if name != "current":
-            gain = [_criterion(rows[s]) - _criterion(current[s]) for s in seeds]
-            mean = statistics.mean(gain)
-            sd = statistics.stdev(gain)
-            flat = float("inf") if mean > 0 else 0.0  # every seed the same gain
-            t = mean / (sd / len(gain) ** 0.5) if sd > 0 else flat
-            row["gain"] = f"{mean:+.3f} ± {sd:.3f}"
-            row["t"] = round(t, 2)
-            row["better_seeds"] = f"{sum(g > 0 for g in gain)}/{len(gain)}"
-            if t >= T_MIN and mean > best:
-                chosen, best = name, mean
+            g = paired_gain(_criterion(rows[s]) - _criterion(current[s]) for s in seeds)
+            row["gain"] = f"{g['gain']:+.3f} ± {g['sd']:.3f}"
+            row["t"] = round(g["t"], 2)
+            row["better_seeds"] = f"{g['better']}/{g['n']}"
+            if g["t"] >= T_MIN and g["gain"] > best:
+                chosen, best = name, g["gain"]
         table.append(row)
     from cyto.bench.results import markdown_table
 

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from pathlib import Path
 
-from _results import machine, write
+from _results import machine, paired_gain, write
 
 MODES = (("retrained", "refined_recall"), ("fine-tuned", "finetuned_recall"))
 
@@ -43,18 +42,10 @@ def _rows(paths: str) -> list[dict]:
 
 def paired(rows: list[dict], key: str) -> dict:
     """The paired gain of ``key`` over the base model across the rows' seeds."""
-    d = [r[key] - r["base_recall"] for r in rows]
-    mean = statistics.mean(d)
-    sd = statistics.stdev(d) if len(d) > 1 else 0.0
-    t = mean / (sd / math.sqrt(len(d))) if sd > 0 else math.copysign(math.inf, mean)
     return {
-        "n": len(d),
         "base": statistics.mean(r["base_recall"] for r in rows),
         "refined": statistics.mean(r[key] for r in rows),
-        "gain": mean,
-        "sd": sd,
-        "t": t,
-        "better": sum(x > 0 for x in d),
+        **paired_gain(r[key] - r["base_recall"] for r in rows),
     }
 
 
