@@ -1459,9 +1459,18 @@ def demo_cmd(
 
 
 def main() -> None:
-    """Entry point: run the app, turning library errors into one line and an exit code."""
+    """Entry point: run the app, turning library errors into one line and an exit code. A Ctrl-C
+    exits with 130, also one that something swallowed on its way (:mod:`cyto.interrupts`)."""
+    from cyto import interrupts
+
+    interrupts.install()
     try:
-        app()
+        try:
+            app()
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+        interrupts.check()  # the command finished, but a Ctrl-C came and was swallowed
     except CytoError as exc:
         if os.environ.get("CYTO_DEBUG") == "1":
             raise

@@ -8,6 +8,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from cyto import interrupts
+
 
 class _Bar:
     def __init__(self, advance_fn, set_postfix_fn) -> None:
@@ -15,6 +17,7 @@ class _Bar:
         self._postfix = set_postfix_fn
 
     def advance(self, n: float = 1) -> None:
+        interrupts.check()  # each step of long work: a Ctrl-C swallowed on the way stops it
         self._advance(n)
 
     def set_postfix(self, text: str) -> None:

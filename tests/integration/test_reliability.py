@@ -336,24 +336,22 @@ def test_workers_ignore_ctrl_c_and_leave_it_to_the_main_process():
     died with a KeyboardInterrupt traceback and broke the pool)."""
     import os
     import signal
-    from concurrent.futures import ProcessPoolExecutor
 
     from cyto.infer.nuclei import NucleusParams
-    from cyto.infer.tiling import TileContext, _init_worker
+    from cyto.infer.tiling import TileContext, TileFeed
 
     ctx = TileContext("s.tif", (), (0.0,), 512, 32, 64, 64, NucleusParams())
     # children of a shell's background job start with SIGINT ignored; a terminal's do not
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    pool = ProcessPoolExecutor(
-        1, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(ctx, True)
-    )
-    signal.signal(signal.SIGINT, before)
+    pool = TileFeed(ctx, [None], workers=1, queue=1).pool  # the slide pipeline's pool
     try:
         pid = pool.submit(os.getpid).result(timeout=60)
+        signal.signal(signal.SIGINT, before)
         os.kill(pid, signal.SIGINT)
         time.sleep(0.5)
         assert pool.submit(os.getpid).result(timeout=60) == pid
     finally:
+        signal.signal(signal.SIGINT, before)
         pool.shutdown()
 
 

@@ -9,7 +9,7 @@ dependency). Layers, top to bottom:
     train  export
     runtime
     models  data  bundle
-    errors  progress  (and the package root)
+    errors  progress  interrupts  (and the package root)
 
 A module may import its own layer's package and anything below. On top of that:
 ``infer/`` and ``runtime/`` never import ``train/`` or ``eval/``; ``export/`` never imports
@@ -42,6 +42,7 @@ LAYERS = {
     "bundle": 1,
     "errors": 0,
     "progress": 0,
+    "interrupts": 0,
     "__init__": 0,
 }
 # packages of one layer that must not import each other

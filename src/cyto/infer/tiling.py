@@ -10,11 +10,9 @@ size the model takes.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
@@ -27,6 +25,7 @@ from cyto.infer.nuclei import NucleusParams, detect_in_tile, in_core, read_nucle
 from cyto.infer.patches import crop_cells
 from cyto.infer.planes import sharpest
 from cyto.infer.slide import open_plane, open_slide
+from cyto.interrupts import spawn_pool
 
 
 @dataclass(frozen=True)
@@ -168,13 +167,9 @@ _CTX: TileContext | None = None
 _READERS: list | None = None
 
 
-def _init_worker(ctx: TileContext, worker: bool = False) -> None:
+def _init_worker(ctx: TileContext) -> None:
     global _CTX, _READERS
     _CTX, _READERS = ctx, None
-    if worker:  # Ctrl-C reaches the whole process group: the main process alone handles it
-        import signal
-
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _close_readers() -> None:
@@ -304,12 +299,7 @@ class TileFeed:
         self.worker_rss_mb = 0.0
         self.pool = None
         if workers > 0 and jobs:
-            self.pool = ProcessPoolExecutor(
-                workers,
-                mp_context=mp.get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(ctx, True),
-            )
+            self.pool = spawn_pool(workers, _init_worker, (ctx,))
         else:
             _init_worker(ctx)
 

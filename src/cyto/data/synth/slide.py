@@ -284,14 +284,11 @@ def _rendered_rows(renderer: RowRenderer, rows: int, workers: int | None):
         for by in range(rows):
             yield renderer(by)
         return
-    import multiprocessing as mp
     from collections import deque
-    from concurrent.futures import ProcessPoolExecutor
 
-    ctx = mp.get_context("spawn")  # no fork of a process that may hold threads
-    with ProcessPoolExecutor(
-        n, mp_context=ctx, initializer=_init_worker, initargs=(renderer,)
-    ) as pool:
+    from cyto.interrupts import spawn_pool
+
+    with spawn_pool(n, _init_worker, (renderer,)) as pool:
         pending: deque = deque()
         nxt = 0
         while nxt < rows or pending:

@@ -1,0 +1,96 @@
+"""Ctrl-C that is never lost and never prints a worker's traceback.
+
+Two ways a Ctrl-C went wrong before (``cyto score`` with workers, a terminal's SIGINT to the
+whole process group):
+
+- **Swallowed.** Python raises KeyboardInterrupt wherever the main thread happens to be. Inside
+  a callback from C (llvmlite calls one while numba compiles a kernel) the exception is printed
+  as "Exception ignored" and dropped, and the run went on to the end with exit status 0.
+  :func:`install` puts a handler in place that also records the Ctrl-C; :func:`check`, called
+  on every progress step and when a command returns, raises it again if it was swallowed.
+- **Workers starting up.** A spawned worker imports its modules before the pool's initializer
+  can make it ignore SIGINT; a Ctrl-C in that window killed it with a KeyboardInterrupt
+  traceback. :func:`spawn_pool` starts workers with SIGINT blocked (a child inherits the signal
+  mask of the thread that starts it); a worker ignores SIGINT, then unblocks it, before its own
+  initializer runs. The main process alone handles Ctrl-C. CPython's resource tracker is
+  started the same way.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+
+_SIGINT = {signal.SIGINT}
+_pending = False
+
+
+def _on_sigint(signum, frame) -> None:
+    global _pending
+    _pending = True
+    raise KeyboardInterrupt
+
+
+def install() -> bool:
+    """Record every Ctrl-C from now on (the main thread of a command line program calls this).
+    A SIGINT that is ignored (a shell's background job) or handled by someone else stays so."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return False
+    signal.signal(signal.SIGINT, _on_sigint)
+    return True
+
+
+def check() -> None:
+    """Raise KeyboardInterrupt if a Ctrl-C came since the last check: one swallowed on its way,
+    or one that code caught and went on from. Once per Ctrl-C: a Ctrl-C means stop."""
+    global _pending
+    if _pending:
+        _pending = False
+        raise KeyboardInterrupt
+
+
+def interrupted() -> bool:
+    """Whether a recorded Ctrl-C has not been raised by :func:`check` yet."""
+    return _pending
+
+
+@contextmanager
+def sigint_blocked():
+    """SIGINT blocked in the calling thread: processes and threads started here inherit the
+    block; a Ctrl-C that comes meanwhile waits, and is delivered when this ends."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGINT)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _start_worker(initializer, initargs) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # discards a Ctrl-C that waited meanwhile
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGINT)
+    if initializer is not None:
+        initializer(*initargs)
+
+
+class _Pool(ProcessPoolExecutor):
+    # a worker process (and the pool's own threads) start inside submit
+    def submit(self, fn, /, *args, **kwargs):
+        with sigint_blocked():
+            return super().submit(fn, *args, **kwargs)
+
+
+def spawn_pool(workers: int, initializer=None, initargs: tuple = ()) -> ProcessPoolExecutor:
+    """A pool of ``workers`` spawned processes (no fork of a process that may hold threads) that
+    leave Ctrl-C to the main process, from the moment each starts."""
+    import multiprocessing as mp
+
+    return _Pool(
+        workers,
+        mp_context=mp.get_context("spawn"),
+        initializer=_start_worker,
+        initargs=(initializer, initargs),
+    )

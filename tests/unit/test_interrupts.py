@@ -1,0 +1,128 @@
+"""Ctrl-C is never lost and never prints a worker's traceback (:mod:`cyto.interrupts`)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from cyto.interrupts import spawn_pool
+
+# a Ctrl-C that arrives while Python runs a callback from C: the KeyboardInterrupt is printed
+# as "Exception ignored" and dropped (llvmlite calls such a callback while numba compiles)
+SWALLOW = """
+import ctypes, os, signal, sys
+from cyto import interrupts
+
+@ctypes.CFUNCTYPE(None)
+def callback():
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(100000):
+        pass
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+"""
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SWALLOW + code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_swallowed_ctrl_c_stops_the_next_step_of_long_work():
+    r = _run(
+        """
+from cyto.progress import progress
+assert interrupts.install()
+callback()
+print("callback returned", flush=True)
+with progress("work", total=3) as bar:
+    bar.advance()
+    print("went on", flush=True)
+"""
+    )
+    assert "callback returned" in r.stdout  # the callback did swallow the KeyboardInterrupt
+    assert "Exception ignored" in r.stderr
+    assert "went on" not in r.stdout, r.stdout
+    assert r.returncode != 0 and r.stderr.rstrip().endswith("KeyboardInterrupt"), r.stderr
+
+
+def test_a_command_that_finishes_after_a_swallowed_ctrl_c_exits_130():
+    r = _run(
+        """
+import cyto.cli
+def app():
+    callback()
+    print("command done", flush=True)
+    sys.exit(0)
+cyto.cli.app = app
+cyto.cli.main()
+"""
+    )
+    assert "command done" in r.stdout
+    assert r.returncode == 130, (r.returncode, r.stderr)
+    assert r.stderr.rstrip().endswith("interrupted")
+
+
+def test_a_ctrl_c_caught_and_gone_on_from_stops_the_next_step_once():
+    r = _run(
+        """
+assert interrupts.install()
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(100000):
+        pass
+except KeyboardInterrupt:
+    print("raised", flush=True)  # and the program goes on, as if nothing had come
+try:
+    interrupts.check()
+except KeyboardInterrupt:
+    print("stopped at the next step", flush=True)
+interrupts.check()
+print("once", flush=True)
+"""
+    )
+    assert r.stdout.split("\n")[:3] == ["raised", "stopped at the next step", "once"], r
+
+
+def test_ignored_ctrl_c_stays_ignored():
+    r = _run(
+        """
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a shell's background job
+assert not interrupts.install()
+assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+print("ok")
+"""
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r
+
+
+def test_a_worker_that_gets_ctrl_c_while_it_starts_lives_and_stays_quiet(capfd):
+    from tests import _slow_start
+
+    # children of a shell's background job start with SIGINT ignored; a terminal's do not
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    pool = spawn_pool(1, _slow_start.ready)
+    try:
+        job = pool.submit(os.getpid)  # starts the worker, which imports _slow_start: 3 s
+        signal.signal(signal.SIGINT, before)
+        (child,) = mp.active_children()
+        time.sleep(1.5)
+        assert child.is_alive()
+        os.kill(child.pid, signal.SIGINT)  # a Ctrl-C while it starts
+        assert job.result(timeout=60) == child.pid
+        os.kill(child.pid, signal.SIGINT)  # and one while it is idle
+        time.sleep(0.5)
+        assert pool.submit(os.getpid).result(timeout=60) == child.pid
+    finally:
+        signal.signal(signal.SIGINT, before)
+        pool.shutdown()
+    assert "Traceback" not in capfd.readouterr().err
