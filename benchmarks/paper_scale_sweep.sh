@@ -6,6 +6,8 @@
 # recipe that fits a 2-core CPU in about an hour (SmallCNN at 32 px, one to six epochs: with 30x
 # the cells of the 600-cell data, an epoch holds as many steps as the fast preset's whole run).
 # Usage: benchmarks/paper_scale_sweep.sh WORK_DIR RESULTS_DIR [DEVICE]
+# SEED (default 0) draws another split, bags and trials from the same cells; METHODS and WRS
+# (defaults: all five methods, 9,5,1,0.5,0.1,0.05) run a part of the sweep.
 set -euo pipefail
 work=$1; results=$2; device=${3:-cpu}
 mkdir -p "$work" "$results"
@@ -15,16 +17,19 @@ if [ ! -d "$work/cells" ]; then
   cyto synth patches "$work/cells" --n-normal 26243 --n-abnormal 304 --size 80 --scale 0.625 \
     --seed 16
 fi
+methods=${METHODS:-dsvdd,droc,fs-sil,ws-sil,its2clr}
 if [ "${RECIPE:-cpu}" = paper ]; then
   recipe=(--preset paper)
 else
-  recipe=(--preset fast --set input_size=32 --set load_size=40
-          --set dsvdd:ae_epochs=2 --set dsvdd:epochs=6 --set droc:epochs=4
-          --set fs-sil:epochs=3 --set ws-sil:epochs=3
-          --set its2clr:epochs=4 --set its2clr:warmup_epochs=1 --set its2clr:refit_every=1)
+  recipe=(--preset fast --set input_size=32 --set load_size=40)
+  for s in dsvdd:ae_epochs=2 dsvdd:epochs=6 droc:epochs=4 fs-sil:epochs=3 ws-sil:epochs=3 \
+           its2clr:epochs=4 its2clr:warmup_epochs=1 its2clr:refit_every=1; do
+    case ",$methods," in *",${s%%:*},"*) recipe+=(--set "$s") ;; esac  # the methods run only
+  done
 fi
 cyto eval sweep --data "$work/cells" --normal normal \
-  --methods dsvdd,droc,fs-sil,ws-sil,its2clr --wr 9,5,1,0.5,0.1,0.05 --trials 10 --k 400 \
+  --methods "$methods" --wr "${WRS:-9,5,1,0.5,0.1,0.05}" \
+  --trials 10 --k 400 --seed "${SEED:-0}" \
   --train-fraction 0.7 "${recipe[@]}" --out "$work/sweep" --device "$device" \
   | tee "$work/sweep_output.txt"
 cp "$work/sweep/results.csv" "$work/sweep/sweep.json" "$work/sweep"/*.md "$work/sweep"/*.tex \

@@ -46,3 +46,23 @@ def test_preset_paper_means_each_methods_own_recipe_and_sets_apply_per_method():
     assert cfg["fs-sil"].epochs != 7
     fast = method_configs(SweepSpec(data=".", normal="n", abnormal=None, methods=("dsvdd",)))
     assert fast["dsvdd"].backbone == "smallcnn"
+
+
+def test_a_refused_sweep_leaves_nothing_that_turns_its_corrected_rerun_away(tmp_path):
+    from cyto.eval.sweep import run_sweep
+
+    out = tmp_path / "sweep"
+    bad = SweepSpec(
+        data=tmp_path / "cells",
+        normal="n",
+        abnormal=None,
+        methods=("dsvdd",),
+        overrides=("droc:epochs=2",),
+    )
+    with pytest.raises(ConfigError, match="droc"):
+        run_sweep(bad, out)
+    assert not out.exists()
+    missing = SweepSpec(data=tmp_path / "cells", normal="n", abnormal=None, methods=("dsvdd",))
+    with pytest.raises(Exception, match="cells"):  # no data there: refused, nothing written
+        run_sweep(missing, out)
+    assert not (out / "sweep.json").exists()

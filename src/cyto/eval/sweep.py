@@ -140,7 +140,7 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
     from cyto.train.registry import get_method
 
     out = Path(out)
-    (out / "models").mkdir(parents=True, exist_ok=True)
+    configs = method_configs(spec)  # a bad --set fails here, before anything is written
     spec_file = out / "sweep.json"
     spec_json = {k: (str(v) if isinstance(v, Path) else v) for k, v in spec.__dict__.items()}
     if spec_file.exists():
@@ -152,15 +152,17 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
                 f"{out} holds a sweep with other settings ({spec_file}); use "
                 "another --out or delete it"
             )
-    spec_file.write_text(json.dumps(spec_json, indent=2))
     dev = resolve_device(spec.device)
-    configs = method_configs(spec)
     datasets: dict[int | None, PatchDataset] = {}
     for cfg in configs.values():
         if cfg.load_size not in datasets:
             datasets[cfg.load_size] = PatchDataset.from_path(
                 spec.data, normal=spec.normal, abnormal=spec.abnormal, size=cfg.load_size
             )
+    # only a sweep that can run claims the folder: a refused command leaves nothing that
+    # would turn its corrected rerun away as "other settings"
+    (out / "models").mkdir(parents=True, exist_ok=True)
+    spec_file.write_text(json.dumps(spec_json, indent=2))
     labels = next(iter(datasets.values())).labels.astype(np.int64)
     protocol = WRProtocol(labels, seed=spec.seed, train_fraction=spec.train_fraction)
     n_bag_normals = sum(len(b) for b in protocol.normal_bags)
