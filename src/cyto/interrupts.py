@@ -62,6 +62,9 @@ def interrupted() -> bool:
 def sigint_blocked():
     """SIGINT blocked in the calling thread: processes and threads started here inherit the
     block; a Ctrl-C that comes meanwhile waits, and is delivered when this ends."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        yield
+        return
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGINT)
     try:
         yield
@@ -71,7 +74,8 @@ def sigint_blocked():
 
 def _start_worker(initializer, initargs) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # discards a Ctrl-C that waited meanwhile
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGINT)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGINT)
     if initializer is not None:
         initializer(*initargs)
 
