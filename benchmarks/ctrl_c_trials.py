@@ -95,8 +95,10 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ctrl_c_trials.json").write_text(json.dumps(summary, indent=1))
-    print(f"{len(bad)} of {len(rows)} trials went wrong ({summary['lost']} lost the Ctrl-C, "
-          f"{summary['traceback']} printed a traceback)")
+    print(
+        f"{len(bad)} of {len(rows)} trials went wrong ({summary['lost']} lost the Ctrl-C, "
+        f"{summary['traceback']} printed a traceback)"
+    )
 
 
 if __name__ == "__main__":
