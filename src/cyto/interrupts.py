@@ -7,7 +7,8 @@ whole process group):
   a callback from C (llvmlite calls one while numba compiles a kernel) the exception is printed
   as "Exception ignored" and dropped, and the run went on to the end with exit status 0.
   :func:`install` puts a handler in place that also records the Ctrl-C; :func:`check`, called
-  on every progress step and when a command returns, raises it again if it was swallowed.
+  on every progress step and when a command returns, raises it again if it was swallowed. The
+  "Exception ignored" traceback of such a swallowed Ctrl-C is not printed.
 - **Workers starting up.** A spawned worker imports its modules before the pool's initializer
   can make it ignore SIGINT; a Ctrl-C in that window killed it with a KeyboardInterrupt
   traceback. :func:`spawn_pool` starts workers with SIGINT blocked (a child inherits the signal
@@ -19,6 +20,7 @@ whole process group):
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -41,7 +43,23 @@ def install() -> bool:
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return False
     signal.signal(signal.SIGINT, _on_sigint)
+    if getattr(sys.unraisablehook, "__wrapped__", None) is None:
+        sys.unraisablehook = _quiet_when_recorded(sys.unraisablehook)
     return True
+
+
+def _quiet_when_recorded(hook):
+    """Python reports an exception it has to drop (in a callback from C, a ``__del__``) through
+    ``sys.unraisablehook``; a Ctrl-C dropped so is recorded, and raised at the next
+    :func:`check`, so its traceback is noise. Everything else goes to ``hook``."""
+
+    def quiet(unraisable) -> None:
+        if _pending and unraisable.exc_type is KeyboardInterrupt:
+            return
+        hook(unraisable)
+
+    quiet.__wrapped__ = hook
+    return quiet
 
 
 def check() -> None:

@@ -50,9 +50,27 @@ with progress("work", total=3) as bar:
 """
     )
     assert "callback returned" in r.stdout  # the callback did swallow the KeyboardInterrupt
-    assert "Exception ignored" in r.stderr
-    assert "went on" not in r.stdout, r.stdout
+    assert "Exception ignored" not in r.stderr  # the dropped one is not printed...
+    assert "went on" not in r.stdout, r.stdout  # ...but raised at the next step
     assert r.returncode != 0 and r.stderr.rstrip().endswith("KeyboardInterrupt"), r.stderr
+    assert r.stderr.count("Traceback") == 1
+
+
+def test_other_exceptions_dropped_in_callbacks_are_still_printed():
+    r = _run(
+        """
+assert interrupts.install()
+
+@ctypes.CFUNCTYPE(None)
+def broken():
+    raise ValueError("a real fault")
+
+broken()
+print("done", flush=True)
+"""
+    )
+    assert r.returncode == 0 and "done" in r.stdout
+    assert "Exception ignored" in r.stderr and "a real fault" in r.stderr, r.stderr
 
 
 def test_a_command_that_finishes_after_a_swallowed_ctrl_c_exits_130():
