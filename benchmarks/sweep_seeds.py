@@ -5,7 +5,7 @@ A sweep's trials resample the test abnormal cells of one split: their sd says no
 another split of the normal cells, another draw of the training abnormals or another training
 run. Seeds do (`paper_scale_sweep.sh` with SEED=1, 2, ...).
 
-    python benchmarks/sweep_seeds.py --run 0=DIR0/results.csv --run 1=DIR1/results.csv ... \\
+    python benchmarks/sweep_seeds.py --run 0=DIR0/results.csv --run 1=DIR1/results.csv,... \\
         --metric tp_at_k --pairs droc:dsvdd,fs-sil:droc --out RESULTS_DIR
 """
 
@@ -19,14 +19,18 @@ from pathlib import Path
 import numpy as np
 
 
-def per_seed(paths: dict[str, Path], metric: str) -> dict[tuple[str, float], dict[str, float]]:
-    """(method, WR) -> {seed: mean of ``metric`` over that seed's trials}."""
+def per_seed(
+    paths: dict[str, list[Path]], metric: str
+) -> dict[tuple[str, float], dict[str, float]]:
+    """(method, WR) -> {seed: mean of ``metric`` over that seed's trials}; a seed's results may
+    come from several sweeps (parts of it run apart)."""
     values: dict[tuple[str, float, str], list[float]] = defaultdict(list)
-    for seed, path in paths.items():
-        with open(path, newline="") as f:
-            for r in csv.DictReader(f):
-                if r["metric"] == metric:
-                    values[(r["method"], float(r["wr"]), seed)].append(float(r["value"]))
+    for seed, files in paths.items():
+        for path in files:
+            with open(path, newline="") as f:
+                for r in csv.DictReader(f):
+                    if r["metric"] == metric:
+                        values[(r["method"], float(r["wr"]), seed)].append(float(r["value"]))
     out: dict[tuple[str, float], dict[str, float]] = defaultdict(dict)
     for (method, wr, seed), v in values.items():
         out[(method, wr)][seed] = float(np.mean(v))
@@ -79,7 +83,9 @@ def tables(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--run", action="append", required=True, help="SEED=path/to/results.csv")
+    ap.add_argument(
+        "--run", action="append", required=True, help="SEED=results.csv[,more results.csv]"
+    )
     ap.add_argument("--metric", default="tp_at_k")
     ap.add_argument("--pairs", default="", help="A:B,... methods compared seed by seed")
     ap.add_argument("--digits", type=int, default=1, help="decimals in the tables")
@@ -88,7 +94,7 @@ def main() -> None:
     paths = dict(r.split("=", 1) for r in args.run)
     seeds = list(paths)
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",") if p]
-    table = per_seed({s: Path(p) for s, p in paths.items()}, args.metric)
+    table = per_seed({s: [Path(x) for x in p.split(",")] for s, p in paths.items()}, args.metric)
     text = tables(table, seeds, pairs, args.metric, args.digits)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"seeds_{args.metric}.md").write_text(text)
