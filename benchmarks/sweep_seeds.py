@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from _results import paired_gain
 
 
 def per_seed(
@@ -72,10 +73,11 @@ def tables(
                 if (a, w) not in cells or (b, w) not in cells:
                     row.append("")
                     continue
-                d = np.array([cells[(a, w)][s] - cells[(b, w)][s] for s in seeds])
+                d = [cells[(a, w)][s] - cells[(b, w)][s] for s in seeds]
+                g = paired_gain(d)
                 row.append(
-                    f"{a} {int((d > 0).sum())}, {b} {int((d < 0).sum())} "
-                    f"(diff {d.mean():+.{digits}f} ± {d.std(ddof=1):.{digits}f})"
+                    f"{a} {g['better']}, {b} {sum(x < 0 for x in d)} "
+                    f"(diff {g['gain']:+.{digits}f} ± {g['sd']:.{digits}f})"
                 )
             lines.append(f"| {a} vs {b} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"

@@ -71,11 +71,6 @@ def check() -> None:
         raise KeyboardInterrupt
 
 
-def interrupted() -> bool:
-    """Whether a recorded Ctrl-C has not been raised by :func:`check` yet."""
-    return _pending
-
-
 @contextmanager
 def sigint_blocked():
     """SIGINT blocked in the calling thread: processes and threads started here inherit the
