@@ -141,13 +141,27 @@ class ModelSpec:
                 "can score with (retrain, or upgrade cyto)"
             ) from exc
 
-    def graph(self, precision: str = "fp32", device: str | None = None) -> GraphSpec | None:
-        """The graph of ``precision`` for ``device``: on a CPU, int8 is the ``int8-cpu`` form
-        (uint8 activations, ONNX Runtime's fast x86 kernels) when the bundle has it; elsewhere
-        the TensorRT form (symmetric int8)."""
-        if precision == "int8" and device == "cpu" and "int8-cpu" in self.graphs:
-            return self.graphs["int8-cpu"]
+    def graph(
+        self, precision: str = "fp32", device: str | None = None, int8_dot: bool = True
+    ) -> GraphSpec | None:
+        """The graph of ``precision`` for ``device``. On a CPU, int8 is one of ONNX Runtime's
+        x86 forms (uint8 activations): ``int8-cpu`` (8-bit weights) where the CPU sums int8
+        products without saturation (``int8_dot``: VNNI or AMX), ``int8-cpu7`` (7-bit weights)
+        elsewhere, each falling back to the other and then to the TensorRT form, which
+        verification on the machine then judges; off the CPU, int8 is the TensorRT form."""
+        if precision == "int8" and device == "cpu":
+            order = CPU_INT8_FORMS if int8_dot else CPU_INT8_FORMS[::-1]
+            for key in (*order, "int8"):
+                if key in self.graphs:
+                    return self.graphs[key]
+            return None
         return self.graphs.get(precision)
+
+
+#: ONNX Runtime's x86 int8 forms: 8-bit weights (fast and exact with VNNI/AMX; on other x86
+#: CPUs vpmaddubsw sums pairs of uint8 x int8 products into int16 and saturates), and 7-bit
+#: weights (reduce_range: a pair's sum stays below 2^15, so every x86 CPU computes the same)
+CPU_INT8_FORMS = ("int8-cpu", "int8-cpu7")
 
 
 def _graph_entries(manifest: dict[str, Any]) -> dict[str, dict]:

@@ -475,6 +475,43 @@ def info_cmd(
             "NEGATIVE/scores.parquet ...); no p-values or burden"
         )
     typer.echo("  libraries: " + ", ".join(f"{k} {v}" for k, v in m.get("libraries", {}).items()))
+    g = m.get("golden")
+    if g:
+        typer.echo(
+            f"  golden cells: {g['cells']} {'random patches' if g['kind'] == 'random' else 'cells'}"
+            f" from {g['source']}; every graph is verified on them where it runs"
+        )
+    else:
+        typer.echo(f"  golden cells: none (cyto export {model} adds them)")
+    typer.echo(f"  what runs on this machine: cyto doctor {model}")
+
+
+@app.command("doctor")
+def doctor_cmd(
+    models: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Model bundles to verify here (every graph and engine)."),
+    ] = None,
+    device: Annotated[
+        str, typer.Option(help="cpu, cuda, cuda:N or auto (the CPU, and the GPU if there is one).")
+    ] = "auto",
+    precision: Annotated[
+        str | None,
+        typer.Option(help="Check only this precision (fp32, fp16, int8); failing it exits 1."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """What this machine can run: slide readers, ONNX Runtime, CUDA, TensorRT, numba, the CPU's
+    instruction sets; for each model, every graph and engine verified here on its golden cells,
+    with its speed. Exits 1 when something asked for cannot run here."""
+    import json
+
+    from cyto.doctor import diagnose, render
+
+    report = diagnose(list(models or []), device, precision)
+    typer.echo(json.dumps(report.as_json(), indent=2) if as_json else render(report))
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
 
 
 @app.command("export")
@@ -529,7 +566,11 @@ def export_cmd(
     ] = False,
     cells: Annotated[
         Path | None,
-        typer.Option(help="Cells to compare ONNX Runtime with PyTorch on (default: random)."),
+        typer.Option(
+            help="Real cells to keep as the bundle's golden cells (256 drawn, with their fp32 "
+            "PyTorch scores), which every graph and engine must reproduce on each machine that "
+            "loads it. Default: --parity-cells, --calib, else the training folder if present."
+        ),
     ] = None,
     batch: Annotated[str, typer.Option(help="TensorRT batch profile min,opt,max.")] = "1,64,256",
     device: Annotated[str, typer.Option(help="TensorRT: the GPU, cuda or cuda:N.")] = "cuda",
@@ -597,6 +638,14 @@ def predict_cmd(
             help="um per pixel of these patches: zoom by it over the model's training mpp."
         ),
     ] = None,
+    skip_verify: Annotated[
+        bool,
+        typer.Option(
+            "--skip-verify",
+            help="Score without first running the graph on the bundle's golden cells here and "
+            "comparing with their reference scores (recorded).",
+        ),
+    ] = False,
 ) -> None:
     """Score every patch of a folder or manifest with a bundle (PyTorch by default)."""
     from cyto.predict import predict
@@ -613,7 +662,11 @@ def predict_cmd(
         precision=precision,
         zoom=zoom,
         patch_mpp=patch_mpp,
+        verify=not skip_verify,
     )
+    for note in res.get("notes", []):
+        typer.echo(f"backend choice: {note}")
+    typer.echo(f"verification: {res['verification']}")
     if res["zoom"] != 1.0:
         typer.echo(f"zoom {res['zoom']:.3g}x, from {res['zoom_from']}")
     if res["zoom"] < 1.0:
@@ -862,6 +915,14 @@ def score_cmd(
             "GPU (or per node without one); slides and --out must be on a path every node sees.",
         ),
     ] = None,
+    skip_verify: Annotated[
+        bool,
+        typer.Option(
+            "--skip-verify",
+            help="Score without first running the graph on the bundle's golden cells here and "
+            "comparing with their reference scores (recorded).",
+        ),
+    ] = False,
     ray_part_tiles: Annotated[
         int,
         typer.Option(
@@ -910,6 +971,7 @@ def score_cmd(
         fdr_alpha=fdr,
         triage_level=triage_level,
         fdr_confidence=fdr_confidence,
+        verify=not skip_verify,
     )
     metrics = None
     if truth is not None:

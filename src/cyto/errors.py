@@ -82,3 +82,13 @@ class MissingDependencyError(CytoError):
     def __init__(self, package: str, feature: str, install: str) -> None:
         self.package = package
         super().__init__(f"{feature} needs {package}, which is not available: {install}")
+
+
+class VerificationError(CytoError):
+    """A graph or engine does not reproduce the bundle's golden cells on this machine."""
+
+    exit_code = 2
+
+
+class ParityError(ConfigError):
+    """A reduced-precision graph or engine does not keep the fp32 ranking (not added)."""

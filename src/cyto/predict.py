@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def predict(
     precision: str = "fp32",
     zoom: str | float | None = None,
     patch_mpp: float | None = None,
+    verify: bool = True,
 ) -> dict[str, object]:
     """Write ``out`` (Parquet): path, class, [label], score, rank (1 = most abnormal).
 
@@ -35,7 +37,7 @@ def predict(
 
     from cyto.runtime import load_scorer
 
-    scorer = load_scorer(model, backend, device, precision)
+    scorer = load_scorer(model, backend, device, precision, verify=verify)
     spec = scorer.spec
     size = scorer.bundle.manifest["config"].get("load_size")
     zooming = zoom is not None or patch_mpp is not None
@@ -85,13 +87,23 @@ def predict(
             "cyto.backend": scorer.backend.name,
             "cyto.precision": scorer.precision,
             "cyto.zoom": f"{factor:.4g} ({how})",
+            "cyto.verification": json.dumps(
+                scorer.verification.as_json() if scorer.verification else None
+            ),
         }
     )
     out = Path(out)
     tmp = out.with_name(f".{out.name}.partial")
     pq.write_table(table, tmp)
     os.replace(tmp, out)
-    summary: dict[str, object] = {"n": len(scores), "out": out, "zoom": factor, "zoom_from": how}
+    summary: dict[str, object] = {
+        "n": len(scores),
+        "out": out,
+        "zoom": factor,
+        "zoom_from": how,
+        "notes": list(scorer.notes),
+        "verification": scorer.verification.words() if scorer.verification else "none",
+    }
     if labels is not None and 0 < labels.sum() < len(labels):
         from sklearn.metrics import roc_auc_score
 

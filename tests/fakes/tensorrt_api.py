@@ -64,8 +64,18 @@ class ParserError:
         return 1
 
 
-def make_plan(onnx_bytes: bytes, input_name: str, output_name: str, profile, out_dtype="FLOAT"):
-    """A fake serialized engine: ``profile`` is [min, opt, max] shapes of the input."""
+def make_plan(
+    onnx_bytes: bytes,
+    input_name: str,
+    output_name: str,
+    profile,
+    out_dtype="FLOAT",
+    tf32: bool = False,
+    noise: float = 0.0,
+):
+    """A fake serialized engine: ``profile`` is [min, opt, max] shapes of the input. ``tf32``:
+    built with TF32 on, so outputs keep TF32's 10 mantissa bits; ``noise``: an engine that
+    computes wrong by that much (relative), as a broken kernel would."""
     return json.dumps(
         {
             "magic": PLAN_MAGIC,
@@ -74,8 +84,16 @@ def make_plan(onnx_bytes: bytes, input_name: str, output_name: str, profile, out
             "output": output_name,
             "profile": [list(p) for p in profile],
             "out_dtype": out_dtype,
+            "tf32": tf32,
+            "noise": noise,
         }
     ).encode()
+
+
+def tf32_round(y: np.ndarray) -> np.ndarray:
+    """float32 values cut to TF32's 10 mantissa bits (what TF32 keeps of a product)."""
+    bits = np.ascontiguousarray(y, dtype=np.float32).view(np.uint32)
+    return ((bits + np.uint32(1 << 12)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
 def _array_at(ptr: int, shape, dtype) -> np.ndarray:
@@ -99,6 +117,7 @@ def make_tensorrt(version: str = "11.1.0.106") -> types.ModuleType:
     flags = {"TF32": 7} if major >= 11 else {"FP16": 0, "INT8": 1, "TF32": 7}
     mod.BuilderFlag = enum.IntEnum("BuilderFlag", flags)
     mod.calls = []  # what the code under test did, in order
+    mod.streams = []  # the stream handle of every execute_async_v3
     mod.behaviour = {}  # switches a test flips: refuse_shapes, execute_fails, parse_fails, ...
 
     class Logger:
@@ -121,6 +140,8 @@ def make_tensorrt(version: str = "11.1.0.106") -> types.ModuleType:
             self.data = bytearray(data)
 
         def serialize(self):
+            if mod.behaviour.get("timing_cache") == "serialize-raises":
+                raise RuntimeError("serialize failed")
             return bytes(self.data) or b"fake-timing-cache"
 
         def combine(self, other, ignore_mismatch):
@@ -129,7 +150,8 @@ def make_tensorrt(version: str = "11.1.0.106") -> types.ModuleType:
 
     class BuilderConfig:
         def __init__(self) -> None:
-            self.profiles, self.flags, self.cache, self.pools = [], set(), None, {}
+            # TF32 is on by default in TensorRT 10 and 11, strongly typed networks included
+            self.profiles, self.flags, self.cache, self.pools = [], {mod.BuilderFlag.TF32}, None, {}
 
         def set_memory_pool_limit(self, pool, size) -> None:
             self.pools[pool] = size
@@ -137,7 +159,18 @@ def make_tensorrt(version: str = "11.1.0.106") -> types.ModuleType:
         def set_flag(self, flag) -> None:
             self.flags.add(flag)
 
+        def clear_flag(self, flag) -> None:
+            self.flags.discard(flag)
+
+        def get_flag(self, flag) -> bool:
+            return flag in self.flags
+
         def create_timing_cache(self, data: bytes):
+            how = mod.behaviour.get("timing_cache")
+            if how == "none":
+                return None
+            if how == "raises":
+                raise RuntimeError("createTimingCache failed: out of memory")
             return TimingCache(bytes(data))
 
         def set_timing_cache(self, cache, ignore_mismatch) -> bool:
@@ -201,7 +234,9 @@ def make_tensorrt(version: str = "11.1.0.106") -> types.ModuleType:
             import onnx
 
             output = onnx.load_from_string(network.onnx).graph.output[0].name
-            return make_plan(network.onnx, name, output, shapes)
+            tf32 = mod.BuilderFlag.TF32 in config.flags
+            noise = float(mod.behaviour.get("engine_noise", 0.0))
+            return make_plan(network.onnx, name, output, shapes, tf32=tf32, noise=noise)
 
     class ExecutionContext:
         def __init__(self, engine) -> None:
@@ -234,11 +269,17 @@ def make_tensorrt(version: str = "11.1.0.106") -> types.ModuleType:
 
         def execute_async_v3(self, stream_handle) -> bool:
             mod.calls.append(("execute", self.shape))
+            mod.streams.append(int(stream_handle))
             if mod.behaviour.get("execute_fails") or self.shape is None:
                 return False
             e = self.engine
             x = _array_at(self.addresses[e.input], self.shape, np.uint8).copy()
             y = e.session.run([e.output], {e.input: x})[0]
+            if e.tf32:
+                y = tf32_round(y)
+            if e.noise:
+                rng = np.random.default_rng(len(mod.streams))
+                y = y * (1 + e.noise * rng.standard_normal(y.shape)).astype(y.dtype)
             out = _array_at(self.addresses[e.output], y.shape, e.out_np)
             out[...] = y.astype(e.out_np)
             return True
@@ -251,6 +292,7 @@ def make_tensorrt(version: str = "11.1.0.106") -> types.ModuleType:
             self.profile = [tuple(p) for p in plan["profile"]]
             self.out_dtype = getattr(DataType, plan["out_dtype"])
             self.out_np = np.dtype(self.out_dtype.value)
+            self.tf32, self.noise = bool(plan.get("tf32")), float(plan.get("noise", 0.0))
             self.session = ort.InferenceSession(
                 base64.b64decode(plan["onnx"]), providers=["CPUExecutionProvider"]
             )

@@ -25,32 +25,58 @@ def bundle(exported_bundles, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["fs-sil", "dsvdd"])
-def test_int8_and_fp16_graphs_keep_the_ranking(exported_bundles, synth_patches, tmp_path, name):
+def test_int8_and_fp16_graphs_keep_the_ranking_or_are_refused(
+    exported_bundles, synth_patches, tmp_path, name
+):
+    """Every quantized form either passes the gate on held-out cells here and is added with its
+    parity, or is refused with the numbers and never added: which one depends on the CPU's
+    kernels (the 8-bit x86 form saturates without VNNI), so the test asserts the behaviour, not
+    a parity only one instruction set reaches. The 7-bit x86 form and the TensorRT form compute
+    the same on every x86 CPU and keep the ranking here."""
+    from cyto.errors import ParityError
+    from cyto.export.golden import write_golden
+
     path = tmp_path / f"{name}.cyto"
     shutil.copytree(exported_bundles[name], path)
+    write_golden(path, synth_patches, normal="normal", n=96)
     size = load_bundle(path, weights=False).spec.crop_size
     calib = load_cells(synth_patches, size, classes="normal", limit=64)
     held = load_cells(synth_patches, size, normal="normal")
-    for key in ("int8", "int8-cpu", "fp16"):
-        entry = export_variant(path, key, calib, held, "percentile", echo=lambda m: None)
+    added = []
+    for key in ("int8", "int8-cpu", "int8-cpu7", "fp16"):
+        files = (path / "manifest.json").read_bytes()
+        try:
+            entry = export_variant(path, key, calib, held, "percentile", echo=lambda m: None)
+        except ParityError as exc:
+            assert key == "int8-cpu", exc  # only the 8-bit x86 form depends on the CPU
+            assert "Spearman" in str(exc) and "top-10% overlap" in str(exc)
+            assert (path / "manifest.json").read_bytes() == files
+            assert not (path / f"encoder-{key}.onnx").exists()
+            continue
+        added.append(key)
         assert entry["gate"]["passed"], entry
-        # the TensorRT forms conform; the x86 form has uint8 activations, which TensorRT lacks
-        assert entry["tensorrt_conformance"]["ok"] == (key != "int8-cpu"), entry
+        # the TensorRT forms conform; the x86 forms have uint8 activations, which TensorRT lacks
+        assert entry["tensorrt_conformance"]["ok"] == (not key.startswith("int8-cpu")), entry
         par = entry["parity_vs_fp32"]
-        assert par["spearman"] >= 0.99 and par["cells"] == len(held.images)
+        assert par["spearman"] >= 0.99 and par["top10_overlap"] >= 0.90
+        assert par["cells"] == len(held.images)
         assert {"auroc_delta", "recall_at_k_delta"} <= set(par)
+        assert entry["measured_on"]  # the CPU (and its flags) the parity was measured on
+    assert {"int8", "int8-cpu7", "fp16"} <= set(added)
     verify_bundle(path)
     b = load_bundle(path, weights=False)
     q = b.manifest["onnx_variants"]["int8"]["quantization"]
     assert q["method"] == "percentile" and q["cells"] == 64 and "(normal)" in q["source"]
+    assert "7-bit weights" in b.manifest["onnx_variants"]["int8-cpu7"]["quantization"]["format"]
     x = held.images[:20]
     ref = load_scorer(path, "onnx", "cpu").score(x)
     for precision in ("int8", "fp16"):
         s = load_scorer(path, "onnx", "cpu", precision)
-        assert s.precision == precision
+        assert s.precision == precision and s.verification.passed
         np.testing.assert_allclose(s.score(x), ref, rtol=0.2, atol=0.05)
-    assert load_scorer(path, "onnx", "cpu", "int8").backend.graph.file == "encoder-int8-cpu.onnx"
-    assert load_scorer(path, "auto", "cpu", "auto").precision == "int8"
+    auto = load_scorer(path, "auto", "cpu", "auto")
+    assert auto.precision == "int8" and auto.verification.passed
+    assert any("chose onnx on cpu (int8)" in n for n in auto.notes), auto.notes
     assert load_scorer(path, "torch", "cpu", "auto").precision == "fp32"
 
 
@@ -60,6 +86,9 @@ def test_a_broken_calibration_is_refused_with_the_numbers(bundle, synth_patches,
     `auto` never runs it."""
     from PIL import Image
 
+    from cyto.export.golden import write_golden
+
+    write_golden(bundle, synth_patches, normal="normal", n=64)
     black = tmp_path / "black" / "normal"
     black.mkdir(parents=True)
     for i in range(16):
@@ -76,8 +105,12 @@ def test_a_broken_calibration_is_refused_with_the_numbers(bundle, synth_patches,
         bundle, "int8", calib, held, "minmax", accept_loss=True, echo=lambda m: None
     )
     assert entry["gate"] == {**entry["gate"], "passed": False, "accepted_loss": True}
-    assert load_scorer(bundle, "onnx", "cpu", "auto").precision == "fp32"
-    assert load_scorer(bundle, "onnx", "cpu", "int8").precision == "int8"  # asked for: runs
+    auto = load_scorer(bundle, "onnx", "cpu", "auto")
+    assert auto.precision == "fp32"
+    assert any("below the parity gate" in n for n in auto.notes), auto.notes
+    asked = load_scorer(bundle, "onnx", "cpu", "int8")  # asked for: runs, and says so
+    assert asked.precision == "int8"
+    assert any("as accepted at export" in n for n in asked.notes), asked.notes
 
 
 def test_int8_needs_real_cells_named_by_the_user(bundle):
@@ -124,18 +157,21 @@ def test_score_says_which_graph_scored(bundle, synth_patches, tmp_path):
     import pyarrow.parquet as pq
 
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
+    from cyto.export.golden import write_golden
     from cyto.infer.pipeline import ScoreOptions, score_slide
 
+    write_golden(bundle, synth_patches, normal="normal", n=64)
     size = load_bundle(bundle, weights=False).spec.crop_size
     calib = load_cells(synth_patches, size, classes="normal", limit=48)
     held = load_cells(synth_patches, size, normal="normal")
-    export_variant(bundle, "int8-cpu", calib, held, "minmax", echo=lambda m: None)
+    export_variant(bundle, "int8-cpu7", calib, held, "minmax", echo=lambda m: None)
     slide = write_slide(tmp_path / "s.tif", SlideSynthConfig(width=768, height=768)).paths[0]
     opts = ScoreOptions(mosaic=0, workers=0, precision="auto", backend="onnx", device="cpu")
     s = score_slide(slide, bundle, tmp_path / "o", opts, lambda m: None)
-    assert (s["precision"], s["graph"]) == ("int8", "encoder-int8-cpu.onnx")
+    assert (s["precision"], s["graph"]) == ("int8", "encoder-int8-cpu7.onnx")
+    assert s["verification"]["status"] == "passed" and s["verification"]["cells"] == 64
     meta = pq.read_schema(tmp_path / "o" / "scores.parquet").metadata
-    assert meta[b"cyto.precision"] == b"int8" and meta[b"cyto.graph"] == b"encoder-int8-cpu.onnx"
+    assert meta[b"cyto.precision"] == b"int8" and meta[b"cyto.graph"] == b"encoder-int8-cpu7.onnx"
 
 
 def test_layers_kept_in_float_by_op_type(exported_bundles, synth_patches, tmp_path):
@@ -177,4 +213,6 @@ def test_deep_svdd_keeps_its_embedding_in_float_by_default(
         echo=lambda m: None,
     )
     assert report["int8"]["quantization"]["kept_float"] == ["Gemm"]
-    assert report["int8-cpu"]["quantization"]["kept_float"] == ["Gemm"]
+    assert report["int8-cpu7"]["quantization"]["kept_float"] == ["Gemm", "the first Conv"]
+    if "int8-cpu" in report:  # (refused on a CPU whose 8-bit kernels saturate)
+        assert report["int8-cpu"]["quantization"]["kept_float"] == ["Gemm"]

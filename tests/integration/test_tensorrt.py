@@ -54,7 +54,9 @@ def test_plan_batches_pads_below_the_minimum_and_splits_above_the_maximum():
 @pytest.mark.parametrize(
     ("version", "ok"),
     [
-        ("10.0.1.6", True),
+        ("10.0.1.6", False),  # strongly typed networks are complete from 10.12 on
+        ("10.11.0.33", False),
+        ("10.12.0.36", True),
         ("10.16.0.72", True),
         ("11.1.0.106.post1", True),
         ("9.3.0", False),
@@ -68,7 +70,7 @@ def test_the_version_gate(monkeypatch, version, ok):
     if ok:
         assert require_tensorrt().__version__ == version
     else:
-        with pytest.raises(MissingDependencyError, match=r"tensorrt>=10,<12"):
+        with pytest.raises(MissingDependencyError, match=r"TensorRT 10.12 or newer, below 12"):
             require_tensorrt()
 
 
@@ -208,10 +210,12 @@ def test_build_rebuild_and_score_never_touch_the_sealed_bundle(bundle, fake_trt,
 
     manifest_before = (bundle / "manifest.json").read_bytes()
     entry = build_engine(bundle, "fp32", BatchProfile(1, 8, 32), echo=lambda m: None)
-    # strongly typed, and no precision flag: what TensorRT 11 requires
+    # strongly typed, no precision flag (what TensorRT 11 requires), and TF32 (on by default)
+    # turned off for an fp32 engine
     flag = 1 << int(fake_trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     assert ("create_network", flag) in fake_trt.calls
     assert ("build", []) in fake_trt.calls
+    assert entry.info["tf32"] is False
     assert not hasattr(fake_trt.BuilderFlag, "FP16")
     assert entry.key.gpu == H100.name and entry.key.tensorrt == "11.1.0.106"
     assert entry.key.onnx_sha256 == load_bundle(bundle, weights=False).spec.graph().sha256
@@ -306,3 +310,82 @@ def test_concurrent_builds_keep_every_engine(bundle):
 
 def _add(path: str, key: EngineKey) -> None:
     EngineIndex(path).add(key, key.file_name().encode() * 1000)
+
+
+@pytest.mark.parametrize("how", ["none", "raises", "serialize-raises"])
+def test_a_timing_cache_that_fails_never_costs_the_engine(bundle, fake_trt, how):
+    """create_timing_cache may return None or raise, and so may serialize: the built plan is
+    kept either way, with a note."""
+    from cyto.export.trt import build_engine
+
+    fake_trt.behaviour["timing_cache"] = how
+    notes = []
+    entry = build_engine(bundle, "fp32", BatchProfile(1, 8, 16), echo=notes.append)
+    index = EngineIndex(bundle)
+    assert [e.key for e in index.entries()] == [entry.key]
+    assert index.plan_path(entry).is_file()
+    assert any("timing cache" in n for n in notes), notes
+    assert entry.info["timing_cache"] is (how == "serialize-raises")
+
+
+def test_a_tf32_engine_would_not_reproduce_fp32_scores(bundle, fake_trt):
+    """Why TF32 is turned off: an "fp32" plan built with TF32 on keeps 10 mantissa bits, and
+    its scores move away from the fp32 reference; the one cyto builds equals ONNX Runtime."""
+    from cyto.runtime.backends.tensorrt import EngineRunner
+    from cyto.runtime.heads import head_class
+
+    b = load_bundle(bundle, weights=False)
+    graph, size = b.spec.graph("fp32"), b.spec.crop_size
+    shapes = [(n, size, size, 3) for n in (1, 8, 16)]
+    onnx_bytes = (bundle / graph.file).read_bytes()
+    x = np.random.default_rng(1).integers(0, 256, (16, size, size, 3), dtype=np.uint8)
+    from cyto.runtime import load_scorer
+
+    want = np.concatenate(load_scorer(bundle, "onnx", "cpu").raw(x, 16), axis=2)
+    axis = head_class(b.spec.head).batch_axis
+    for tf32 in (False, True):
+        plan = make_plan(onnx_bytes, graph.input, graph.output, shapes, tf32=tf32)
+        got = EngineRunner(fake_trt, plan, "cpu", graph, axis).run(x)
+        err = float(np.abs(got - want).max() / np.abs(want).max())
+        assert (err < 1e-6) if not tf32 else (err > 1e-4), (tf32, err)
+
+
+def test_an_engine_that_does_not_reproduce_the_golden_cells_is_never_kept(
+    bundle, fake_trt, monkeypatch
+):
+    """cyto export --trt verifies every engine it builds on the golden cells and removes one
+    that fails (here a plan that computes with 5% noise), with the numbers; a good engine is
+    kept with its verification recorded in the index."""
+    import cyto.runtime as runtime
+    from cyto.errors import VerificationError
+    from cyto.export.api import export_bundle
+    from cyto.export.golden import write_golden
+    from cyto.runtime.backends.tensorrt import TensorRTBackend
+    from cyto.runtime.heads import head_for
+    from cyto.runtime.scorer import Scorer
+    from cyto.runtime.verify import read_golden, verify_scorer
+
+    write_golden(bundle)
+    real = runtime.load_scorer
+
+    def load(model, backend="auto", device="auto", precision="fp32", threads=None, verify=True):
+        if backend != "trt":
+            return real(model, backend, "cpu", precision, threads, verify)
+        b = load_bundle(model, weights=False)  # the fake GPU runs on the CPU: cpu device here
+        scorer = Scorer(b, head_for(b), TensorRTBackend(b, "cpu", precision))
+        scorer.verification = verify_scorer(scorer, read_golden(b))
+        if not scorer.verification.passed:
+            raise VerificationError(f"engine: {scorer.verification.words()}")
+        return scorer
+
+    monkeypatch.setattr(runtime, "load_scorer", load)
+    fake_trt.behaviour["engine_noise"] = 0.05
+    with pytest.raises(VerificationError, match="failed on .* golden cells"):
+        export_bundle(bundle, onnx=False, trt=True, batch="1,8,16", echo=lambda m: None)
+    assert EngineIndex(bundle).entries() == []
+    assert not any(p.suffix == ".plan" for p in (bundle / "engines").iterdir())
+    fake_trt.behaviour = {}
+    report = export_bundle(bundle, onnx=False, trt=True, batch="1,8,16", echo=lambda m: None)
+    (entry,) = EngineIndex(bundle).entries()
+    assert entry.info["verification"]["status"] == "passed"
+    assert report["trt"]["fp32"]["max_diff_of_range"] < 1e-3

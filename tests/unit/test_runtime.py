@@ -22,15 +22,27 @@ def test_device_names():
             parse_device(bad)
 
 
-def test_onnx_runtime_on_a_gpu_never_falls_back_to_the_cpu(tmp_path):
+def test_onnx_runtime_on_a_gpu_keeps_shape_arithmetic_on_the_cpu(exported_dsvdd, tmp_path):
+    """Every exported graph computes the resize's sizes with Shape/Concat nodes, which the CUDA
+    provider places on the CPU on purpose: forbidding the CPU fallback would refuse every graph
+    (the session never opened on a GPU). The GPU provider comes first, on cuda:N, without TF32
+    for fp32; the TensorRT provider gets the int8 / fp16 mode of the graph it is given."""
+    import onnx
+
+    graph = onnx.load(str(exported_dsvdd / "encoder.onnx"))
+    ops = [n.op_type for n in graph.graph.node]
+    assert "Shape" in ops and "Resize" in ops
     providers, entries = session_plan("cuda:3", "cuda")
-    assert providers == [(CUDA, {"device_id": "3"})]  # CPU is not in the list at all
-    assert entries == {"session.disable_cpu_ep_fallback": "1"}
-    providers, entries = session_plan("cuda:1", "tensorrt", tmp_path)
-    assert [p[0] for p in providers] == [TRT, CUDA]
+    assert providers == [(CUDA, {"device_id": "3", "use_tf32": "0"}), CPU]
+    assert entries == {}  # no session.disable_cpu_ep_fallback
+    providers, entries = session_plan("cuda:1", "tensorrt", tmp_path, "int8")
+    assert [p if isinstance(p, str) else p[0] for p in providers] == [TRT, CUDA, CPU]
     assert providers[0][1]["device_id"] == "1" and providers[1][1]["device_id"] == "1"
     assert providers[0][1]["trt_engine_cache_path"] == str(tmp_path)
-    assert entries == {"session.disable_cpu_ep_fallback": "1"}
+    assert providers[0][1]["trt_int8_enable"] == "True"
+    assert providers[0][1]["trt_fp16_enable"] == "False"
+    fp16 = session_plan("cuda:0", "tensorrt", None, "fp16")[0][0][1]
+    assert fp16["trt_fp16_enable"] == "True" and fp16["trt_int8_enable"] == "False"
     assert session_plan("cpu", "cuda") == ([CPU], {})
 
 

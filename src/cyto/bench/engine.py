@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.bundle import Bundle, load_bundle
+from cyto.runtime.machine import graph_for
 
 # the runtime's backends (cyto.runtime.backends) and two PyTorch variants only benchmarked here
 BACKENDS = ("torch", "torch-channels-last", "torch-compile", "onnx", "onnx-trt", "trt")
@@ -35,6 +36,8 @@ class Runner:
     run: Callable[[np.ndarray], object]
     sync: Callable[[], None]
     cleanup: Callable[[], None] = lambda: None
+    #: the runtime's check on the golden cells here (runtime backends only)
+    verification: str | None = None
 
 
 class Unavailable(Exception):
@@ -86,21 +89,25 @@ def _torch_runner(bundle: Bundle, device: str, precision: str, variant: str) -> 
 
 def _runtime_runner(bundle: Bundle, backend: str, device: str, precision: str) -> Runner:
     """A backend of the runtime exactly as ``cyto score`` runs it (no head: the network only)."""
-    from cyto.errors import CytoError
-    from cyto.runtime.scorer import make_backend
+    from cyto.errors import CytoError, VerificationError
+    from cyto.runtime.scorer import load_scorer
 
     if backend != "onnx" and not device.startswith("cuda"):
         raise Unavailable(f"{backend} runs on CUDA only")
-    if bundle.spec.graph(precision, device) is None:
+    if graph_for(bundle.spec, precision, device) is None:
         raise Unavailable(
             f"the bundle has no {precision} ONNX graph"
             + (" (cyto export MODEL)" if precision == "fp32" else "")
         )
-    try:
-        be = make_backend(backend, bundle, device, precision, None)
+    try:  # verified on the golden cells first, as cyto score does: a failing graph is not timed
+        scorer = load_scorer(bundle, backend, device, precision)
+    except VerificationError as exc:
+        raise Unavailable(f"fails verification here: {exc}") from exc
     except CytoError as exc:
         raise Unavailable(str(exc)) from exc
-    return Runner(be.run, _cuda_sync(device), be.close)
+    be = scorer.backend
+    v = scorer.verification
+    return Runner(be.run, _cuda_sync(device), be.close, v.status if v is not None else None)
 
 
 def make_runner(bundle: Bundle, backend: str, device: str, precision: str) -> Runner:
@@ -203,6 +210,8 @@ def device_used_mb(device: str) -> float:
 def _measure(runner: Runner, x: np.ndarray, base: dict, warmup, repeats, budget, echo) -> dict:
     batch, size = x.shape[0], x.shape[1]
     row = {**base, "size": size, "batch": batch}
+    if runner.verification is not None:
+        row["verification"] = runner.verification
     gpu = base["device"].startswith("cuda")
     if gpu:
         import torch

@@ -97,7 +97,7 @@ def bench_slide(
     from cyto.runtime import load_scorer
 
     t0 = time.perf_counter()
-    engine = load_scorer(model, opts.backend, opts.device, opts.precision)
+    engine = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
     load_s = time.perf_counter() - t0
     opts = replace(opts, resume=False)
     with NvmlSampler(engine.device) as nvml:

@@ -4,44 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from cyto.bundle import ONNX_FILE, load_bundle
-from cyto.errors import ConfigError
+from cyto.errors import ConfigError, CytoError
 from cyto.export.onnx import OPSET, export_onnx
-
-
-def parity_patches(cells: Path | None, size: int, n: int = 32, seed: int = 0) -> np.ndarray:
-    """Patches to compare backends on: the user's cells (a folder or manifest), else seeded
-    random patches (enough to compare the numbers two backends compute, not a ranking)."""
-    rng = np.random.default_rng(seed)
-    if cells is not None:
-        from cyto.data.dataset import load_records
-        from cyto.data.images import read_image, resize_rgb
-
-        records = load_records(Path(cells))
-        pick = rng.permutation(len(records))[: max(n, 1)]
-        return np.stack([resize_rgb(read_image(records[i].path), size) for i in pick])
-    return rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)
-
-
-def parity(reference: list[np.ndarray], candidate: list[np.ndarray], ref_scores, cand_scores):
-    """Max abs and relative difference of raw outputs, Spearman rank correlation of scores."""
-    from scipy.stats import spearmanr
-
-    a = np.concatenate([r.astype(np.float64).ravel() for r in reference])
-    b = np.concatenate([c.astype(np.float64).ravel() for c in candidate])
-    ref_scores, cand_scores = np.asarray(ref_scores), np.asarray(cand_scores)
-    rel = np.max(np.abs(cand_scores - ref_scores) / (np.abs(ref_scores) + 1e-6))
-    return {
-        "n": int(len(ref_scores)),
-        "max_abs_diff_raw": float(np.abs(a - b).max()) if len(a) else 0.0,
-        "max_rel_diff_scores": float(rel) if len(ref_scores) else 0.0,
-        "spearman": float(spearmanr(ref_scores, cand_scores).statistic)
-        if len(ref_scores) > 2
-        else None,
-    }
-
 
 # layers int8 leaves in float by default, per scorer head: Deep SVDD's distance to the centre
 # moves with every embedding coordinate; its embedding Gemm in float took the TensorRT form's
@@ -113,21 +78,23 @@ def export_bundle(
                 + "; ".join(conf["problems"][:3])
             )
         report["onnx"] = entry
+    golden = _golden(path, cells, parity_cells, parity_normal, calib, echo)
+    if golden:
+        report["golden"] = golden
+    # ONNX Runtime here against PyTorch, on the golden cells (load_scorer verifies)
+    ort = load_scorer(path, "onnx", "cpu")
+    check = ort.verification.record["parity"]
+    echo(
+        f"parity ONNX Runtime vs PyTorch on {check['cells']} golden cells: max relative "
+        f"difference {check['max_rel_diff']:.2e}"
+    )
+    report["onnx_parity_max_rel"] = check["max_rel_diff"]
     bundle = load_bundle(path, weights=False)
     size = bundle.spec.crop_size
-    patches = parity_patches(cells, size)
-    what = f"{len(patches)} {'cells' if cells else 'random patches'}"
-    ref = load_scorer(path, "torch", "cpu")
-    ort = load_scorer(path, "onnx", "cpu")
-    rep = parity(ref.raw(patches), ort.raw(patches), ref.score(patches), ort.score(patches))
-    echo(
-        f"parity ONNX Runtime vs PyTorch on {what}: max relative difference "
-        f"{rep['max_rel_diff_scores']:.2e}"
-    )
-    report["onnx_parity_max_rel"] = rep["max_rel_diff_scores"]
     quantized = [p for p in precisions if p != "fp32"]
     if quantized:
-        from cyto.export.quantize import export_variant, load_cells
+        from cyto.errors import ParityError
+        from cyto.export.quantize import INT8_FORMS, export_variant, load_cells
 
         calib_cells = (
             load_cells(calib, size, classes=calib_class, limit=calib_limit)
@@ -137,21 +104,32 @@ def export_bundle(
         held = load_cells(parity_cells, size, normal=parity_normal) if parity_cells else None
         if int8_keep_float is None:
             int8_keep_float = INT8_KEEP_FLOAT.get(bundle.spec.head, ())
-        # int8 in two forms: TensorRT's (symmetric) and ONNX Runtime's on x86 CPUs (uint8)
-        keys = [k for p in quantized for k in (("int8", "int8-cpu") if p == "int8" else (p,))]
+        # int8 in three forms: TensorRT's (symmetric) and ONNX Runtime's two on x86 CPUs
+        # (uint8 activations; 8-bit weights for VNNI/AMX, 7-bit weights for every x86 CPU)
+        keys = [k for p in quantized for k in (INT8_FORMS if p == "int8" else (p,))]
+        refused: dict[str, str] = {}
         for key in keys:
-            entry = export_variant(
-                path,
-                key,
-                calib_cells if key.startswith("int8") else None,
-                held if held is not None else (None if key.startswith("int8") else calib_cells),
-                calib_method,
-                accept_parity_loss,
-                exclude=int8_keep_float if key.startswith("int8") else (),
-                echo=echo,
-            )
+            try:
+                entry = export_variant(
+                    path,
+                    key,
+                    calib_cells if key.startswith("int8") else None,
+                    held if held is not None else (None if key.startswith("int8") else calib_cells),
+                    calib_method,
+                    accept_parity_loss,
+                    exclude=int8_keep_float if key.startswith("int8") else (),
+                    echo=echo,
+                )
+            except ParityError as exc:
+                refused[key] = str(exc)
+                echo(f"not added: {exc}")
+                continue
             echo(f"wrote {path / entry['file']} ({entry['nodes']} nodes)")
             report[key] = entry
+        report["refused"] = refused
+        cpu_forms = [k for k in keys if k.startswith("int8-cpu")]
+        if refused and (not cpu_forms or all(k in refused for k in cpu_forms) or "fp16" in refused):
+            raise ParityError("; ".join(refused.values()))
     if trt:
         from cyto.export.trt import build_engine
         from cyto.runtime.engines import EngineIndex
@@ -159,19 +137,47 @@ def export_bundle(
         report["trt"] = {}
         for p in precisions:
             entry = build_engine(path, p, profile, device, echo=echo)
-            engine = load_scorer(path, "trt", device, p)
-            ref_p = load_scorer(path, "onnx", "cpu", p)
-            n = min(len(patches), profile.max)
-            rep = parity(
-                ref_p.raw(patches[:n]),
-                engine.raw(patches[:n]),
-                ref_p.score(patches[:n]),
-                engine.score(patches[:n]),
-            )
-            EngineIndex(path).update_info(entry.key, {"parity_vs_onnxruntime": rep})
-            echo(
-                f"TensorRT {p} vs ONNX Runtime on {n} patches: max abs diff "
-                f"{rep['max_abs_diff_raw']:.3g}, Spearman of scores {rep['spearman']}"
-            )
-            report["trt"][p] = rep
+            index = EngineIndex(path)
+            try:
+                engine = load_scorer(path, "trt", device, p)
+            except CytoError as exc:
+                # an engine that does not reproduce the golden cells is never kept
+                if accept_parity_loss:
+                    echo(f"kept below the gate (--accept-parity-loss): {exc}")
+                    index.update_info(entry.key, {"verification": {"status": "failed"}})
+                    continue
+                index.remove(entry.key)
+                raise
+            v = engine.verification.as_json()
+            engine.close()
+            index.update_info(entry.key, {"verification": v, "accepted_loss": False})
+            echo(f"TensorRT {p} engine: verification {engine.verification.words()}")
+            report["trt"][p] = v.get("parity", {})
     return report
+
+
+def _golden(path, cells, parity_cells, parity_normal, calib, echo) -> dict | None:
+    """Write the bundle's golden cells when it has none, when they are random patches and real
+    cells were given, or when --cells names new ones; returns the entry written (or None)."""
+    from cyto.export.golden import golden_source, needs_real_cells, write_golden
+
+    bundle = load_bundle(path, weights=False)
+    given = [cells, parity_cells, calib]
+    if cells is None and not needs_real_cells(path):
+        return None
+    source = golden_source(bundle, given)
+    if source is None and not needs_real_cells(path):
+        return None
+    # the normal classes: --parity-normal for --parity-cells, else the bundle's training ones
+    normal = parity_normal if source is not None and source == parity_cells else None
+    entry = write_golden(path, source, normal=normal)
+    what = f"{entry['cells']} {'random patches' if entry['kind'] == 'random' else 'cells'}"
+    if entry.get("abnormal"):
+        what += f" ({entry['abnormal']} abnormal)"
+    echo(f"golden cells: {what} from {entry['source']}, with their PyTorch fp32 scores")
+    if entry["kind"] == "random":
+        echo(
+            "note: no real cells given and the training folder is gone: the golden cells are "
+            "random patches (fp32 checks only); pass --cells to keep real ones"
+        )
+    return entry

@@ -90,13 +90,8 @@ def build_engine(
             )
         config = builder.create_builder_config()
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
-        old = cache_path.read_bytes() if cache_path.is_file() else b""
-        cache = config.create_timing_cache(old)
-        if not config.set_timing_cache(cache, ignore_mismatch=False):
-            echo(f"note: {cache_path.name} does not fit this GPU; timing from scratch")
-            cache = config.create_timing_cache(b"")
-            if not config.set_timing_cache(cache, ignore_mismatch=False):
-                raise DeviceError("TensorRT refused a fresh timing cache")
+        tf32 = _tf32_off(trt, config, precision)
+        cache = _timing_cache(config, cache_path, echo)
         opt = builder.create_optimization_profile()
         opt.set_shape(
             graph.input,
@@ -110,15 +105,9 @@ def build_engine(
         if serialized is None:
             raise DeviceError(f"TensorRT failed to build an engine from {onnx_path} (see its log)")
         plan = bytes(serialized)
-        timing = config.get_timing_cache()
         seconds = round(time.perf_counter() - t0, 1)
-        with index.locked():  # another build may have added timings meanwhile: keep both
-            if timing is not None:
-                if cache_path.is_file():
-                    timing.combine(
-                        config.create_timing_cache(cache_path.read_bytes()), ignore_mismatch=False
-                    )
-                atomic_write(cache_path, bytes(timing.serialize()))
+        if cache is not None:
+            _save_timing_cache(index, config, cache_path, echo)
     entry = index.add(
         key,
         plan,
@@ -126,8 +115,65 @@ def build_engine(
             "build_seconds": seconds,
             "workspace_gb": workspace_gb,
             "strongly_typed": True,
+            "tf32": tf32,
+            "timing_cache": cache is not None,
             "graph": graph.file,
         },
     )
     echo(f"built {index.plan_path(entry)} in {seconds} s ({gpu.name}, {gpu.sm}, {precision})")
     return entry
+
+
+def _tf32_off(trt, config, precision: str) -> bool:
+    """Turn TF32 off for an fp32 engine (on by default in TensorRT 10 and 11: convolutions and
+    matrix products with 10 mantissa bits would make "fp32" engines disagree with fp32
+    ONNX Runtime and PyTorch, whose TF32 cyto turns off too). Returns whether TF32 stays on."""
+    flag = getattr(trt.BuilderFlag, "TF32", None)
+    if flag is None:
+        return False
+    if precision == "fp32":
+        config.clear_flag(flag)
+    return bool(config.get_flag(flag))
+
+
+def _timing_cache(config, cache_path: Path, echo):
+    """The timing cache to build with: the one kept for this GPU and TensorRT version, else a
+    fresh one, else none (a build without one only takes longer). Never raises: a cache that
+    cannot be made must not cost the engine."""
+    old = b""
+    try:
+        old = cache_path.read_bytes() if cache_path.is_file() else b""
+    except OSError as exc:
+        echo(f"note: cannot read {cache_path.name} ({exc}); timing from scratch")
+    for data in (old, b"") if old else (b"",):
+        try:
+            cache = config.create_timing_cache(data)
+        except Exception as exc:  # noqa: BLE001 - TensorRT raises its own untyped errors
+            echo(f"note: TensorRT could not make a timing cache ({exc})")
+            continue
+        if cache is None:
+            continue
+        if config.set_timing_cache(cache, ignore_mismatch=False):
+            return cache
+        echo(f"note: {cache_path.name} does not fit this GPU; timing from scratch")
+    echo("note: building without a timing cache (slower builds, the same engine)")
+    return None
+
+
+def _save_timing_cache(index: EngineIndex, config, cache_path: Path, echo) -> None:
+    """Keep the build's timings for the next build (merged with timings another build added
+    meanwhile). A failure here is a note: the engine was built and is kept."""
+    try:
+        timing = config.get_timing_cache()
+        if timing is None:
+            return
+        with index.locked():
+            if cache_path.is_file():
+                other = config.create_timing_cache(cache_path.read_bytes())
+                if other is not None:
+                    timing.combine(other, ignore_mismatch=False)
+            data = timing.serialize()
+            if data is not None:
+                atomic_write(cache_path, bytes(data))
+    except Exception as exc:  # noqa: BLE001 - the engine matters more than its timings
+        echo(f"note: the timing cache was not saved ({type(exc).__name__}: {exc}); the engine is")

@@ -163,7 +163,9 @@ class SlideWorker:
         self.scorer, self.error = None, None
         opts = self.opts = replace(opts, device=engine_device(opts.device, ray.get_gpu_ids()))
         try:
-            self.scorer = load_scorer(Path(model), opts.backend, opts.device, opts.precision)
+            self.scorer = load_scorer(
+                Path(model), opts.backend, opts.device, opts.precision, verify=opts.verify
+            )
         except CytoError as exc:  # kept for where(): a dead actor's error is a traceback
             self.error = exc
 
@@ -172,7 +174,12 @@ class SlideWorker:
         out = {"node": self.node, "pid": os.getpid()}
         if self.error is not None:
             return {**out, "error": str(self.error), "exit_code": self.error.exit_code}
-        return {**out, "engine": self.scorer.describe()}
+        v = self.scorer.verification
+        return {
+            **out,
+            "engine": self.scorer.describe(),
+            "verification": v.words() if v is not None else None,
+        }
 
     def _call(self, fn, resume: bool) -> dict:
         messages: list[str] = []

@@ -51,6 +51,7 @@ class ScoreOptions:
     fdr_alpha: float = FDR_ALPHA  # target false discovery rate of flagged cells (when calibrated)
     triage_level: float = TRIAGE_LEVEL  # level of the slide test "more high-scoring cells"
     fdr_confidence: float | None = None  # FDR for this calibration with this probability
+    verify: bool = True  # check the graph on the bundle's golden cells here before scoring
 
     def __post_init__(self) -> None:
         if self.patch_size < 16 or self.tile < self.patch_size or self.batch_size < 1:

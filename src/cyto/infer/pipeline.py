@@ -185,7 +185,7 @@ def score_slide(
     scorer = (
         model
         if isinstance(model, Scorer)
-        else load_scorer(model, opts.backend, opts.device, opts.precision)
+        else load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
     )
     slide, out_dir = Path(slide), Path(out_dir)
     t_start = time.perf_counter()
@@ -584,6 +584,11 @@ def _finish(table, run: _Run) -> dict:
         "device": run.scorer.device,
         "precision": run.scorer.precision,
         "graph": run.scorer.graph_file,
+        # the check of this graph on the bundle's golden cells, on this machine ("skipped":
+        # the user's explicit override)
+        "verification": (
+            run.scorer.verification.as_json() if run.scorer.verification is not None else None
+        ),
         "cells_scored": int(n_cells),
         "slide_score_mean_top_k": float(scores[order[:k]].mean()) if k else None,
         "burden": burden,
@@ -690,10 +695,12 @@ def score_cohort(
 ) -> tuple[list[dict], list[tuple[Path, CytoError]]]:
     """Score several slides with one model load; a slide that fails is reported, the next goes
     on. Returns (summaries, failures as (slide, error))."""
-    scorer = load_scorer(model, opts.backend, opts.device, opts.precision)
+    scorer = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
     echo(f"model {model} ({scorer.bundle.method}) on {scorer.describe()}")
     for note in scorer.notes:
         echo(f"  backend choice: {note}")
+    if scorer.verification is not None:
+        echo(f"  verification: {scorer.verification.words()}")
     check_out_folder(out)
     done, failed, rows = [], [], []
     pairs = output_folders(slides, out)

@@ -8,8 +8,9 @@ waits for the engine is bounded. Without ``overlap`` a batch is scored when it i
 On a CUDA device the lane has a stream of its own. A batch that is a tensor on the device was
 written on the caller's stream: the lane's stream waits for an event recorded there, and the
 tensor is marked as used on the lane's stream, so the caching allocator does not hand its memory
-out while the engine reads it. CUDA events around each call give the engine's device time
-(``device_s``), from which ``cyto bench slide`` reports the GPU's busy fraction.
+out while the engine reads it. The engine's device time (``device_s``), from which ``cyto bench
+slide`` reports the GPU's busy fraction, comes from CUDA events on the stream the work runs on:
+the lane's for PyTorch, the backend's own clock where it runs on a stream of its own (TensorRT).
 
 PyTorch is imported only when a batch is a tensor or the device is CUDA.
 """
@@ -82,8 +83,21 @@ class EngineLane:
 
     def _run(self, crops, ready) -> np.ndarray:
         t0 = time.perf_counter()
+        own_clock = getattr(self.scorer.backend, "device_s", None) is not None
         if self._stream is None:
             scores = self._score(crops)
+        elif own_clock:
+            # the backend runs on a stream of its own (TensorRT): its events time the engine;
+            # events on the lane's idle stream would only time the host
+            import torch
+
+            before = self.scorer.backend.device_s
+            with torch.cuda.stream(self._stream):
+                if ready is not None:
+                    self._stream.wait_event(ready)
+                    crops.record_stream(self._stream)
+                scores = self._score(crops)
+            self.device_s += self.scorer.backend.device_s - before
         else:
             import torch
 

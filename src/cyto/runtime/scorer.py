@@ -4,11 +4,13 @@ A scorer is a backend (what runs the network: ONNX Runtime, TensorRT or PyTorch)
 model's scorer head (what turns the network's output into a score). The whole model is loaded
 before the first patch is scored. Higher scores are always more abnormal.
 
-``auto`` picks, on a GPU: a TensorRT engine built for this GPU, TensorRT version and the graph's
-precision; else ONNX Runtime's CUDA provider when it can run the whole graph on the GPU; else
-PyTorch on the GPU. On the CPU: ONNX Runtime when the bundle is exported, else PyTorch. It never
-picks a CPU backend when a GPU was asked for, and never an int8 or fp16 engine unless that
-precision was asked for.
+Every scorer is verified on this machine before it is returned: it runs the bundle's golden
+cells and must reproduce their reference scores (:mod:`cyto.runtime.verify`). ``auto`` tries, on
+a GPU: a TensorRT engine built for this GPU, TensorRT version and the graph's precision; then
+ONNX Runtime's CUDA provider; then PyTorch on the GPU. On the CPU: ONNX Runtime when the bundle
+is exported, else PyTorch. It takes the first that passes, never picks a CPU backend when a GPU
+was asked for, and never an int8 or fp16 graph unless that precision (or ``auto``) was asked
+for.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from cyto.errors import ConfigError, CytoError
 from cyto.runtime.backends import CHOICES, Backend
 from cyto.runtime.devices import resolve_device
 from cyto.runtime.heads import Head, head_for
+from cyto.runtime.machine import graph_for
+from cyto.runtime.verify import Verification
 
 
 @dataclass
@@ -34,6 +38,8 @@ class Scorer:
     head: Head
     backend: Backend
     notes: list[str] = field(default_factory=list)
+    #: the check on this machine's golden-cell run (:mod:`cyto.runtime.verify`)
+    verification: Verification | None = None
 
     @property
     def spec(self) -> ModelSpec:
@@ -139,47 +145,67 @@ def make_backend(
     return TorchBackend(bundle, device, precision, threads)
 
 
-def _auto(
-    bundle: Bundle, device: str, precision: str, threads: int | None, notes: list[str]
-) -> Backend:
-    has_graph = bundle.spec.graph(precision, device) is not None
+def backend_candidates(bundle: Bundle, device: str, precision: str, notes: list[str]) -> list[str]:
+    """The backends ``auto`` tries for ``precision`` on ``device``, fastest first: on a GPU a
+    TensorRT engine built for it, then ONNX Runtime's CUDA provider, then PyTorch (fp32); on
+    the CPU ONNX Runtime when the bundle is exported, then PyTorch (fp32). Why a backend is
+    left out goes to ``notes``."""
+    has_graph = graph_for(bundle.spec, precision, device) is not None
+    out = []
     if device != "cpu":
         from cyto.runtime.backends.tensorrt import find_engine_for
 
         entry, why = find_engine_for(bundle, device, precision)
         if entry is not None:
-            return make_backend("trt", bundle, device, precision, threads)
-        notes.append(f"no usable TensorRT engine: {why}")
+            out.append("trt")
+        else:
+            notes.append(f"no usable {precision} TensorRT engine: {why}")
         if has_graph and _has_onnxruntime():
             from cyto.runtime.backends.onnxruntime import CUDA, available_providers
 
             if CUDA in available_providers():
-                try:
-                    return make_backend("onnx", bundle, device, precision, threads)
-                except CytoError as exc:
-                    notes.append(f"ONNX Runtime on {device}: {exc}")
+                out.append("onnx")
             else:
                 notes.append("ONNX Runtime here has no CUDA provider")
     elif has_graph and _has_onnxruntime():
-        return make_backend("onnx", bundle, device, precision, threads)
-    if precision != "fp32":
-        raise ConfigError(
-            f"no backend here runs the {precision} graph of {bundle.path} on {device}"
-            + (f" ({'; '.join(notes)})" if notes else "")
-        )
-    return make_backend("torch", bundle, device, precision, threads)
+        out.append("onnx")
+    if precision == "fp32":
+        out.append("torch")
+    return out
+
+
+def precision_candidates(
+    spec: ModelSpec, backend: str, device: str, golden, notes: list[str]
+) -> list[str]:
+    """The precisions ``auto`` tries, fastest first: a quantized graph only when it passed its
+    gate at export and the bundle has real golden cells to verify it on here (int8 on a CPU;
+    fp16, then int8 on a GPU), then fp32; never a quantized one for the PyTorch backend."""
+    if backend == "torch":
+        return ["fp32"]
+    out = []
+    for p in ("int8",) if device == "cpu" else ("fp16", "int8"):
+        g = graph_for(spec, p, device)
+        if g is None:
+            continue
+        if not g.parity_passed:
+            notes.append(f"{p} ({g.file}) is below the parity gate (accepted at export): not used")
+        elif golden is None or golden.kind != "cells":
+            notes.append(
+                f"{p} ({g.file}) cannot be verified here (no real golden cells: re-export "
+                "with this cyto): not used"
+            )
+        else:
+            out.append(p)
+    return [*out, "fp32"]
 
 
 def auto_precision(spec: ModelSpec, backend: str, device: str) -> str:
-    """The graph ``auto`` runs: a quantized one only when its recorded parity passed the gate
-    (int8 on a CPU, fp16 then int8 on a GPU), and never for the PyTorch backend."""
-    if backend == "torch":
-        return "fp32"
-    for p in ("int8",) if device == "cpu" else ("fp16", "int8"):
-        g = spec.graph(p, device)
-        if g is not None and g.parity_passed:
-            return p
-    return "fp32"
+    """The fastest precision ``auto`` would try first (before verification on this machine)."""
+    return precision_candidates(spec, backend, device, _AnyGolden, [])[0]
+
+
+class _AnyGolden:
+    kind = "cells"
 
 
 def load_scorer(
@@ -188,12 +214,21 @@ def load_scorer(
     device: str = "auto",
     precision: str = "fp32",
     threads: int | None = None,
+    verify: bool = True,
 ) -> Scorer:
-    """Load the whole model for ``backend`` on ``device`` (cpu, cuda, cuda:N or auto).
+    """Load the whole model for ``backend`` on ``device`` (cpu, cuda, cuda:N or auto), verified
+    on this machine (:mod:`cyto.runtime.verify`) before it is returned.
 
-    ``precision`` picks the exported graph (fp32 ``encoder.onnx``, or an fp16 / int8 variant);
-    ``auto`` picks a quantized graph only when its parity passed (:func:`auto_precision`).
+    ``precision`` picks the exported graph (fp32 ``encoder.onnx``, or an fp16 / int8 variant).
+    A backend or precision the user named that fails the verification is refused with the
+    numbers (:class:`~cyto.errors.VerificationError`), except a graph whose loss was accepted at
+    export. ``auto`` (backend or precision) takes the fastest choice that passed here, and
+    ``notes`` say what was passed over and why. ``verify=False`` skips the check (recorded in
+    ``scorer.verification``).
     """
+    from cyto.errors import VerificationError
+    from cyto.runtime.verify import Verification, read_golden, verify_scorer
+
     if backend not in CHOICES:
         raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(CHOICES)}")
     if precision not in (*PRECISIONS, "auto"):
@@ -202,12 +237,78 @@ def load_scorer(
         )
     bundle = model if isinstance(model, Bundle) else load_bundle(Path(model), weights=False)
     device = resolve_device(device)
-    if precision == "auto":
-        precision = auto_precision(bundle.spec, backend, device)
+    golden = read_golden(bundle) if verify else None
     head = head_for(bundle)
     notes: list[str] = []
-    if backend == "auto":
-        chosen = _auto(bundle, device, precision, threads, notes)
-    else:
-        chosen = make_backend(backend, bundle, device, precision, threads)
-    return Scorer(bundle, head, chosen, notes)
+    precisions = (
+        precision_candidates(bundle.spec, backend, device, golden, notes)
+        if precision == "auto"
+        else [precision]
+    )
+    failures: list[str] = []
+    for p in precisions:
+        names = backend_candidates(bundle, device, p, notes) if backend == "auto" else [backend]
+        for name in names:
+            try:
+                chosen = make_backend(name, bundle, device, p, threads)
+            except CytoError as exc:
+                if backend != "auto":
+                    raise
+                notes.append(f"{name} ({p}) on {device}: {exc}")
+                continue
+            scorer = Scorer(bundle, head, chosen, notes)
+            if not verify:
+                scorer.verification = Verification(
+                    "skipped", "verification turned off by the user (--skip-verify)"
+                )
+                return scorer
+            check = verify_scorer(scorer, golden)
+            scorer.verification = check
+            graph = graph_for(bundle.spec, p, device)
+            accepted = graph is not None and not graph.parity_passed and precision != "auto"
+            if check.status != "failed" or accepted:
+                if accepted and check.status == "failed":
+                    notes.append(
+                        f"{graph.file} is below the gate here too ({check.words()}), as accepted "
+                        "at export"
+                    )
+                elif check.status != "passed":
+                    notes.append(f"not verified here: {check.why}")
+                if backend == "auto" or precision == "auto":
+                    notes.append(
+                        f"chose {scorer.describe()}: the fastest choice that "
+                        + ("passed verification here" if check.passed else "runs here")
+                    )
+                return scorer
+            scorer.close()
+            words = f"{name} {p} ({scorer_artifact(chosen)}) on {device}: {check.words()}"
+            failures.append(words)
+            notes.append(f"failed verification, not used: {words}")
+    if failures:
+        raise VerificationError(
+            f"{bundle.path}: nothing here reproduces the bundle's golden cells; "
+            + "; ".join(failures)
+            + f" (gate: {check.record.get('gate')}). Use another --precision or --backend, or "
+            "--skip-verify to score anyway (recorded)"
+        )
+    if precision != "fp32" and graph_for(bundle.spec, precision, device) is None:
+        raise ConfigError(
+            f"{bundle.path} has no {precision} graph: make one with 'cyto export {bundle.path} "
+            f"--no-onnx --precision {precision}"
+            + (" --calib CELLS" if precision == "int8" else "")
+            + "'"
+        )
+    if precision != "fp32":
+        raise ConfigError(
+            f"no backend here runs the {precision} graph of {bundle.path} on {device}"
+            + (f" ({'; '.join(notes)})" if notes else "")
+        )
+    raise ConfigError(f"no backend here can score {bundle.path} on {device}: {'; '.join(notes)}")
+
+
+def scorer_artifact(backend: Backend) -> str:
+    entry = getattr(backend, "entry", None)
+    if entry is not None:
+        return f"engines/{entry.file}"
+    graph = getattr(backend, "graph", None)
+    return graph.file if graph is not None else "PyTorch network"

@@ -2,10 +2,10 @@
 TensorRT execution provider.
 
 On a GPU nothing may run on the CPU unnoticed: ONNX Runtime quietly drops to its CPU provider
-when the CUDA libraries are missing, and places single nodes there when its GPU provider lacks
-a kernel. So GPU sessions are created with ``session.disable_cpu_ep_fallback`` (and without the
-CPU provider in the list, which ONNX Runtime requires with that setting), on the device index of
-``cuda:N``, and the providers the session really got are checked.
+when the CUDA libraries are missing. So the providers the session really got are checked (the
+GPU provider first), on the device index of ``cuda:N``. The CPU provider stays in the list for
+the shape arithmetic ONNX Runtime places there on purpose (see :func:`session_plan`); a graph
+that computes wrong or slow there is caught by the verification on the golden cells.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from cyto.bundle import Bundle, GraphSpec
 from cyto.errors import BundleError, DeviceError, MissingDependencyError
+from cyto.runtime.machine import graph_for
 
 CPU, CUDA, TRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
 # on a CPU, cells/s is flat from 8 to 128 cells per call (benchmarks/results/vm-2core, ResNet18
@@ -45,18 +46,30 @@ def available_providers() -> list[str]:
 
 
 def session_plan(
-    device: str, provider: str, cache_dir: Path | None = None
+    device: str, provider: str, cache_dir: Path | None = None, precision: str = "fp32"
 ) -> tuple[list, dict[str, str]]:
     """(providers with their options, session config entries) for ``device`` (``cpu`` or a
-    resolved ``cuda:N``) and ``provider`` (``cuda`` or ``tensorrt``)."""
+    resolved ``cuda:N``), ``provider`` (``cuda`` or ``tensorrt``) and the graph's
+    ``precision``.
+
+    The CPU provider stays last in a GPU session: ONNX Runtime places shape arithmetic
+    (``Shape -> Concat -> Resize(sizes)``, in every graph cyto exports) on the CPU on purpose,
+    so ``session.disable_cpu_ep_fallback`` would refuse every graph. That the GPU provider
+    really runs is checked on the session instead. fp32 stays fp32: the CUDA provider's TF32
+    is off (as the PyTorch backend's). The TensorRT provider builds its own engine from the
+    graph: Q/DQ graphs need its int8 mode (explicit quantization: no calibration table) and
+    fp16 graphs its fp16 mode."""
     if device == "cpu":
         return [CPU], {}
     index = int(device.split(":")[1]) if ":" in device else 0
-    cuda = (CUDA, {"device_id": str(index)})
-    strict = {"session.disable_cpu_ep_fallback": "1"}
+    cuda = (CUDA, {"device_id": str(index), "use_tf32": "0"})
     if provider == "cuda":
-        return [cuda], strict
-    trt_opts = {"device_id": str(index)}
+        return [cuda, CPU], {}
+    trt_opts = {
+        "device_id": str(index),
+        "trt_fp16_enable": str(precision == "fp16"),
+        "trt_int8_enable": str(precision == "int8"),
+    }
     if cache_dir is not None:
         trt_opts.update(
             trt_engine_cache_enable="True",
@@ -64,7 +77,7 @@ def session_plan(
             trt_timing_cache_enable="True",
             trt_timing_cache_path=str(cache_dir),
         )
-    return [(TRT, trt_opts), cuda], strict
+    return [(TRT, trt_opts), cuda, CPU], {}
 
 
 class OnnxRuntimeBackend:
@@ -79,7 +92,7 @@ class OnnxRuntimeBackend:
         provider: str = "cuda",
     ) -> None:
         ort = require_onnxruntime()
-        graph = bundle.spec.graph(precision, device)
+        graph = graph_for(bundle.spec, precision, device)
         if graph is None:
             raise BundleError(_no_graph(bundle, precision))
         self.graph: GraphSpec = graph
@@ -97,7 +110,7 @@ class OnnxRuntimeBackend:
         cache = bundle.path / "engines" / "ort-tensorrt" if provider == "tensorrt" else None
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
-        providers, entries = session_plan(device, provider, cache)
+        providers, entries = session_plan(device, provider, cache, precision)
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads = threads
@@ -111,12 +124,6 @@ class OnnxRuntimeBackend:
                 str(bundle.path / graph.file), opts, providers=providers
             )
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped errors
-            if "fallback to CPU EP has been explicitly disabled" in str(exc):
-                raise DeviceError(
-                    f"ONNX Runtime's {want} cannot run every node of {graph.file} on {device} "
-                    "(some would silently run on the CPU); use --backend trt or --backend torch "
-                    "on this GPU"
-                ) from exc
             raise DeviceError(f"ONNX Runtime cannot open {graph.file} on {device}: {exc}") from exc
         got = self.session.get_providers()
         first = providers[0] if isinstance(providers[0], str) else providers[0][0]

@@ -24,8 +24,14 @@ from cyto.errors import ConfigError, DeviceError, MissingDependencyError
 from cyto.runtime import devices
 from cyto.runtime.engines import EngineEntry, EngineIndex, EngineWant, plan_batches
 
-INSTALL = "pip install 'cyto[gpu]' (tensorrt>=10,<12) on a machine with an NVIDIA GPU and driver"
+INSTALL = (
+    "pip install 'cyto[gpu]' (TensorRT 10.12 or newer, below 12) on a machine with an NVIDIA "
+    "GPU and driver"
+)
 SUPPORTED_MAJORS = (10, 11)
+#: strongly typed networks, which every cyto engine is, are complete from TensorRT 10.12 on
+#: (earlier 10.x minors lack strongly typed forms of some layers and int8 Q/DQ patterns)
+MINIMUM = (10, 12)
 
 
 def trt_version(text: str) -> tuple[int, ...]:
@@ -48,9 +54,9 @@ def require_tensorrt():
     except ImportError as exc:  # a tensorrt wheel installed without its libraries fails here
         raise MissingDependencyError("tensorrt", "TensorRT engines", INSTALL) from exc
     version = trt_version(getattr(trt, "__version__", ""))
-    if not version or version[0] not in SUPPORTED_MAJORS:
+    if not version or version[0] not in SUPPORTED_MAJORS or version[:2] < MINIMUM:
         raise MissingDependencyError(
-            "tensorrt 10.x or 11.x",
+            "tensorrt 10.12 or newer, below 12",
             f"TensorRT engines (found TensorRT {getattr(trt, '__version__', '?')})",
             INSTALL,
         )
@@ -145,11 +151,18 @@ class EngineRunner:
             self.out_dtype = torch_dtype(trt, engine.get_tensor_dtype(self.output))
             self._set_shape(self.hi)
             most = int(np.prod(self._out_shape()))
-            self.inp = torch.empty((self.hi, *self.item_shape), dtype=torch.uint8, device=self.dev)
-            self.out = torch.empty(most, dtype=self.out_dtype, device=self.dev)
             cuda = self.dev.type == "cuda"
-            self.staging = torch.empty(self.inp.shape, dtype=torch.uint8, pin_memory=cuda)
             self.stream = torch.cuda.Stream(device=self.dev) if cuda else None
+            # allocated on the runner's stream, where they are written and read: the caching
+            # allocator ties a block to the stream it was allocated on
+            with _stream(torch, self.stream):
+                self.inp = torch.empty(
+                    (self.hi, *self.item_shape), dtype=torch.uint8, device=self.dev
+                )
+                self.out = torch.empty(most, dtype=self.out_dtype, device=self.dev)
+            self.staging = torch.empty(self.inp.shape, dtype=torch.uint8, pin_memory=cuda)
+            self._device_s = 0.0
+            self._pending: list = []  # (start, end) CUDA events not yet added up
 
     def _check_io(self) -> None:
         trt, e = self.trt, self.engine
@@ -204,11 +217,39 @@ class EngineRunner:
         devices.count_h2d(chunk.nbytes, self.dev)
         with devices.on_device(self.device), _stream(torch, self.stream):
             self.inp[:size].copy_(self.staging[:size], non_blocking=True)
+            timer = self._timer()
             # a copy: the device buffer is reused by the next call
             result = self._execute(n, size).to("cpu", copy=True)
-        if self.stream is not None:
-            self.stream.synchronize()
+            self._timed(timer)
         return result.float().numpy()
+
+    def _timer(self):
+        """A CUDA event recorded on the runner's stream now (None off CUDA)."""
+        if self.stream is None:
+            return None
+        start = self.torch.cuda.Event(enable_timing=True)
+        start.record(self.stream)
+        return start
+
+    def _timed(self, start):
+        """An event recorded on the runner's stream now, paired with ``start`` for
+        :attr:`device_s` (None off CUDA)."""
+        if self.stream is None:
+            return None
+        end = self.torch.cuda.Event(enable_timing=True)
+        end.record(self.stream)
+        self._pending.append((start, end))
+        return end
+
+    @property
+    def device_s(self) -> float:
+        """CUDA event time of the engine's work on its own stream so far (0 off CUDA); reading
+        it waits for the work timed so far."""
+        for start, end in self._pending:
+            end.synchronize()
+            self._device_s += start.elapsed_time(end) / 1000.0
+        self._pending.clear()
+        return self._device_s
 
     def _execute(self, n: int, size: int):
         """Run the engine on the first ``size`` rows of the input buffer; the output view of
@@ -242,19 +283,31 @@ class EngineRunner:
             if caller is not None:
                 self.stream.wait_stream(caller)  # the crops are written on the caller's stream
                 x.record_stream(self.stream)
+            timer = self._timer()
             for a, b, size in plan_batches(len(x), self.hi, self.lo, self.hi):
                 self.inp[: b - a].copy_(x[a:b], non_blocking=True)
                 if size > b - a:
                     self.inp[b - a : size].zero_()
                 parts.append(self._execute(b - a, size).float().clone())
-        if caller is not None:
-            caller.wait_stream(self.stream)
-        if not parts:
-            return torch.empty((0,), dtype=torch.float32, device=self.dev)
-        return torch.cat(parts, dim=self.batch_axis)
+            # joined here, on the runner's stream that wrote the parts; the result is then
+            # marked as used on the caller's stream, which waits for the runner's
+            result = (
+                torch.cat(parts, dim=self.batch_axis)
+                if parts
+                else torch.empty((0,), dtype=torch.float32, device=self.dev)
+            )
+            end = self._timed(timer)
+            if caller is not None:
+                caller.wait_event(end)
+                result.record_stream(caller)
+        return result
 
     def close(self) -> None:
+        """Wait for the work on the runner's stream, then let the engine and buffers go."""
+        if self.stream is not None and self.context is not None:
+            self.stream.synchronize()
         self.context = self.engine = self.runtime = None
+        self.inp = self.out = self.staging = None
 
 
 def _stream(torch, stream):
@@ -312,6 +365,12 @@ class TensorRTBackend:
 
     def run_tensor(self, x):
         return self.runner.run_tensor(x)
+
+    @property
+    def device_s(self) -> float:
+        """CUDA event time of the engine on its own stream (the lane reads this, since the
+        engine does not run on the lane's stream)."""
+        return self.runner.device_s
 
     def close(self) -> None:
         self.runner.close()

@@ -71,8 +71,10 @@ class TorchBackend:
         staged = self._pinned[: host.numel()].view(host.shape)
         staged.copy_(host)
         x = staged.to(self.dev, non_blocking=True)
+        # recorded on the stream the copy went to: this GPU's current stream, which is not the
+        # current device's when the backend runs on cuda:1 and the caller on cuda:0
         self._copied = torch.cuda.Event()
-        self._copied.record()
+        self._copied.record(torch.cuda.current_stream(self.dev))
         return x
 
     def run_tensor(self, x):

@@ -1,0 +1,391 @@
+"""``cyto doctor``: what this machine can run, and every graph of the given models verified here.
+
+The machine part lists the CPU and the instruction sets that pick ONNX Runtime's kernels, the
+slide readers (libvips with or without OpenSlide, openslide-python with its library) and the
+formats they open, ONNX Runtime's build and providers, PyTorch with CUDA and the GPUs, TensorRT,
+and numba. The model part loads every graph and engine of each bundle on each device here,
+verifies it on the bundle's golden cells (:mod:`cyto.runtime.verify`, cached per machine) and
+times it, then shows what ``auto`` picks. A check the user asked for that cannot run here (a
+``--device`` or ``--precision`` that fails, a model nothing here can score, no slide reader or
+no ONNX Runtime at all) makes the exit status non-zero.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cyto.errors import CytoError, VerificationError
+
+OK, MISSING, FAILED, INFO = "ok", "missing", "FAILED", "info"
+
+
+@dataclass
+class Check:
+    """One line of the machine part: ``status`` is ok, missing, FAILED or info; ``needed``
+    marks what the user asked for (or what cyto cannot work without)."""
+
+    area: str
+    item: str
+    status: str
+    detail: str
+    needed: bool = False
+
+
+@dataclass
+class ModelRow:
+    """One graph or engine of a model on one device: verified here or not, and its speed."""
+
+    model: str
+    device: str
+    backend: str
+    precision: str
+    graph: str
+    status: str
+    detail: str
+    cells_per_s: float | None = None
+    asked: bool = False
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    rows: list[ModelRow] = field(default_factory=list)
+    auto: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.problems else 0
+
+    def as_json(self) -> dict:
+        return {
+            "checks": [asdict(c) for c in self.checks],
+            "models": [asdict(r) for r in self.rows],
+            "auto": self.auto,
+            "problems": self.problems,
+        }
+
+
+def _version(name: str) -> str | None:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def cpu_checks() -> list[Check]:
+    from cyto.runtime.machine import cpu_info
+
+    cpu = cpu_info()
+    form = (
+        "int8-cpu (8-bit weights: VNNI/AMX sum int8 products in int32)"
+        if cpu.int8_dot
+        else "int8-cpu7 (7-bit weights: without VNNI, 8-bit weights saturate in int16)"
+    )
+    return [
+        Check("cpu", cpu.model, INFO, f"{cpu.arch}; {' '.join(cpu.flags) or 'flags unknown'}"),
+        Check("cpu", "int8 form", INFO, form),
+    ]
+
+
+def slide_checks() -> list[Check]:
+    out = []
+    vips_openslide = False
+    try:
+        import pyvips
+
+        loaders = [n for n in ("tiffload", "openslideload") if pyvips.type_find("VipsForeign", n)]
+        vips_openslide = "openslideload" in loaders
+        lib = f"{pyvips.version(0)}.{pyvips.version(1)}.{pyvips.version(2)}"
+        out.append(
+            Check(
+                "slides",
+                "libvips (pyvips)",
+                OK,
+                f"libvips {lib}, pyvips {_version('pyvips')}; loaders: {', '.join(loaders)}"
+                + ("" if vips_openslide else " (no openslideload: apt install libvips42)"),
+            )
+        )
+    except (ImportError, OSError) as exc:
+        out.append(Check("slides", "libvips (pyvips)", MISSING, f"{type(exc).__name__}: {exc}"))
+    openslide_ok = False
+    try:
+        import openslide
+
+        openslide_ok = bool(openslide.__library_version__)
+        out.append(
+            Check(
+                "slides",
+                "openslide-python",
+                OK,
+                f"openslide-python {_version('openslide-python')}, OpenSlide "
+                f"{openslide.__library_version__} (openslide-bin {_version('openslide-bin')})",
+            )
+        )
+    except (ImportError, OSError) as exc:
+        out.append(Check("slides", "openslide-python", MISSING, f"{type(exc).__name__}: {exc}"))
+    formats = []
+    if vips_openslide or openslide_ok:
+        formats.append("NDPI, SVS (JPEG and JPEG 2000), MRXS, SCN, VMS, BIF (OpenSlide)")
+    if out[0].status == OK or _version("tifffile"):
+        formats.append("pyramidal TIFF / OME-TIFF")
+    out.append(
+        Check(
+            "slides",
+            "formats",
+            OK if formats else FAILED,
+            "; ".join(formats)
+            or "no slide reader works: apt install libvips42, or pip install "
+            "openslide-python openslide-bin",
+            needed=True,
+        )
+    )
+    return out
+
+
+def runtime_checks(device_asked: str) -> list[Check]:
+    from cyto.runtime.backends.onnxruntime import require_onnxruntime
+
+    out = []
+    try:
+        ort = require_onnxruntime()
+        build = "onnxruntime-gpu" if _version("onnxruntime-gpu") else "onnxruntime"
+        both = _version("onnxruntime") and _version("onnxruntime-gpu")
+        out.append(
+            Check(
+                "onnxruntime",
+                build,
+                FAILED if both else OK,
+                f"{ort.__version__}; providers: {', '.join(ort.get_available_providers())}"
+                + (
+                    "; onnxruntime AND onnxruntime-gpu are both installed: remove one"
+                    if both
+                    else ""
+                ),
+                needed=True,
+            )
+        )
+    except CytoError as exc:
+        out.append(Check("onnxruntime", "onnxruntime", MISSING, str(exc), needed=True))
+    out += gpu_checks(device_asked)
+    out.append(tensorrt_check(device_asked))
+    try:
+        import numba
+
+        @numba.njit(cache=False)
+        def _add(a, b):  # a compile proves LLVM works here, not just the import
+            return a + b
+
+        _add(1, 2)
+        out.append(Check("numba", "numba", OK, f"{numba.__version__}; compiles here"))
+    except Exception as exc:  # noqa: BLE001 - any failure to compile is the finding
+        out.append(Check("numba", "numba", FAILED, f"{type(exc).__name__}: {exc}", needed=True))
+    return out
+
+
+def gpu_checks(device_asked: str) -> list[Check]:
+    from cyto.runtime.devices import cuda_available
+    from cyto.runtime.machine import nvidia_driver
+
+    asked = device_asked.startswith("cuda")
+    if importlib.util.find_spec("torch") is None:
+        return [Check("cuda", "PyTorch", MISSING, "torch is not installed", needed=asked)]
+    if not cuda_available():
+        driver = nvidia_driver()
+        why = (
+            f"driver {driver} present, but PyTorch sees no GPU"
+            if driver
+            else "no NVIDIA GPU or driver here"
+        )
+        return [Check("cuda", "GPU", MISSING, why, needed=asked)]
+    import torch
+
+    out = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        out.append(
+            Check(
+                "cuda",
+                f"cuda:{i}",
+                OK,
+                f"{p.name}, compute capability {p.major}.{p.minor}, "
+                f"{p.total_memory / 2**30:.0f} GiB; driver {nvidia_driver()}, CUDA "
+                f"{torch.version.cuda}, PyTorch {torch.__version__}",
+                needed=asked,
+            )
+        )
+    return out
+
+
+def tensorrt_check(device_asked: str) -> Check:
+    from cyto.runtime.backends.tensorrt import require_tensorrt
+
+    try:
+        trt = require_tensorrt()
+    except CytoError as exc:
+        return Check("tensorrt", "tensorrt", MISSING, str(exc))
+    return Check("tensorrt", "tensorrt", OK, f"TensorRT {trt.__version__}")
+
+
+def _speed(scorer, images: np.ndarray) -> float:
+    """Cells/s of ``scorer`` on up to 64 golden cells, after one warm-up call."""
+    x = images[:64]
+    scorer.score(x[:8])
+    t0 = time.perf_counter()
+    scorer.score(x)
+    return round(len(x) / max(time.perf_counter() - t0, 1e-9), 1)
+
+
+def model_rows(
+    model: Path, devices: list[str], precision_asked: str | None
+) -> tuple[list[ModelRow], dict[str, str], list[str]]:
+    """Every (device, backend, precision) of ``model`` that exists here, verified and timed."""
+    from cyto.bundle import PRECISIONS, load_bundle
+    from cyto.runtime.machine import graph_for
+    from cyto.runtime.scorer import load_scorer
+    from cyto.runtime.verify import read_golden
+
+    rows, auto, problems = [], {}, []
+    try:
+        bundle = load_bundle(Path(model), weights=False)
+        golden = read_golden(bundle)
+    except CytoError as exc:
+        return [], {}, [f"{model}: {exc}"]
+    images = (
+        golden.images
+        if golden is not None
+        else np.random.default_rng(0).integers(
+            0, 256, (16, bundle.spec.crop_size, bundle.spec.crop_size, 3), dtype=np.uint8
+        )
+    )
+    for device in devices:
+        cpu = device == "cpu"
+        backends = ("onnx", "torch") if cpu else ("trt", "onnx", "onnx-trt", "torch")
+        passed_any = False
+        for precision in PRECISIONS:
+            if precision_asked and precision != precision_asked:
+                continue
+            graph = graph_for(bundle.spec, precision, device)
+            for backend in backends:
+                if backend == "torch" and (precision == "int8" or (precision == "fp16" and cpu)):
+                    continue
+                if backend != "torch" and graph is None:
+                    continue
+                row = ModelRow(
+                    str(model),
+                    device,
+                    backend,
+                    precision,
+                    graph.file if graph is not None and backend != "torch" else "PyTorch",
+                    "",
+                    "",
+                    asked=precision == precision_asked,
+                )
+                try:
+                    scorer = load_scorer(bundle, backend, device, precision)
+                except VerificationError as exc:
+                    row.status, row.detail = FAILED, str(exc)
+                except CytoError as exc:
+                    row.status, row.detail = "cannot run", str(exc)
+                else:
+                    v = scorer.verification
+                    row.status = v.status if v is not None else "unverified"
+                    row.detail = v.words() if v is not None else ""
+                    row.graph = _artifact_words(scorer)
+                    row.cells_per_s = _speed(scorer, images)
+                    scorer.close()
+                    passed_any = passed_any or row.status in ("passed", "unverified")
+                rows.append(row)
+        if precision_asked and not any(r.status == "passed" for r in rows if r.device == device):
+            problems.append(f"{model}: no {precision_asked} graph passes verification on {device}")
+        elif not passed_any:
+            problems.append(f"{model}: nothing here can score it on {device}")
+        try:
+            s = load_scorer(bundle, "auto", device, "auto")
+            auto[f"{model} on {device}"] = f"{s.describe()} ({s.verification.status})"
+            s.close()
+        except CytoError as exc:
+            auto[f"{model} on {device}"] = f"nothing: {exc}"
+    return rows, auto, problems
+
+
+def _artifact_words(scorer) -> str:
+    from cyto.runtime.scorer import scorer_artifact
+
+    return scorer_artifact(scorer.backend)
+
+
+def diagnose(models: list[Path], device: str = "auto", precision: str | None = None) -> Report:
+    """The machine checks and, for each model, every graph verified here (see the module)."""
+    from cyto.bundle import PRECISIONS
+    from cyto.errors import ConfigError
+    from cyto.runtime.devices import cuda_available, parse_device
+
+    kind, _ = parse_device(device)
+    if precision is not None and precision not in PRECISIONS:
+        raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    report = Report()
+    report.checks = cpu_checks() + slide_checks() + runtime_checks(device)
+    for c in report.checks:
+        if c.needed and c.status != OK:
+            report.problems.append(f"{c.area} {c.item}: {c.detail}")
+    devices = ["cpu"]
+    if kind == "cuda" or (kind == "auto" and cuda_available()):
+        devices = ["cuda:0"] if kind == "cuda" else ["cpu", "cuda:0"]
+        if kind == "cuda" and not cuda_available():
+            devices = []
+    for model in models:
+        rows, auto, problems = model_rows(model, devices, precision)
+        report.rows += rows
+        report.auto.update(auto)
+        report.problems += problems
+    return report
+
+
+def render(report: Report) -> str:
+    """The report as aligned text: machine checks, then one line per graph and device."""
+    lines = ["this machine:"]
+    width = max((len(f"{c.area} {c.item}") for c in report.checks), default=10)
+    for c in report.checks:
+        lines.append(f"  {f'{c.area} {c.item}':<{width}}  {c.status:<8} {c.detail}")
+    if report.rows:
+        lines.append("models (each graph run on its golden cells here):")
+        head = ("device", "backend", "precision", "status", "cells/s", "graph or engine")
+        table = [head] + [
+            (
+                r.device,
+                r.backend,
+                r.precision,
+                r.status,
+                "" if r.cells_per_s is None else f"{r.cells_per_s:g}",
+                r.graph,
+            )
+            for r in report.rows
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+
+        def line(row) -> str:
+            return "    " + "  ".join(f"{v:<{w}}" for v, w in zip(row, widths, strict=True))
+
+        current = None
+        for r, row in zip(report.rows, table[1:], strict=True):
+            if r.model != current:
+                current = r.model
+                lines += [f"  {current}", line(head).rstrip()]
+            lines.append(line(row).rstrip())
+            if r.status not in ("passed", "unverified") and r.detail:
+                lines.append(f"      {r.detail}")
+        for where, what in report.auto.items():
+            lines.append(f"  auto for {where}: {what}")
+    if report.problems:
+        lines.append("cannot run what was asked:")
+        lines += [f"  {p}" for p in report.problems]
+    else:
+        lines.append("everything asked for runs here")
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""What this machine is, as far as it changes the numbers an exported graph computes.
+
+A graph checked where it was exported can compute other numbers elsewhere: ONNX Runtime picks its
+int8 kernels by the CPU's instruction set (on x86 without VNNI, uint8 x int8 products are summed
+in pairs into int16 by ``vpmaddubsw``, which saturates), TensorRT picks kernels per GPU and
+version, and a driver or library upgrade changes either. :func:`fingerprint` names everything of
+that kind, so a verification result (:mod:`cyto.runtime.verify`) is reused only where all of it
+is the same. Nothing here imports torch unless a CUDA device is named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata as md
+import platform
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from cyto import __version__
+
+#: the instruction-set flags that decide which kernels run (x86 names as in /proc/cpuinfo;
+#: aarch64's ``asimddp`` is its int8 dot product)
+ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_int8",
+    "amx_bf16",
+    "asimd",
+    "asimddp",
+)
+#: x86 flags under which ONNX Runtime's uint8 x int8 kernels sum in int32 (no saturation)
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+#: the libraries whose versions change the numbers (read from package metadata, not imported)
+LIBRARIES = ("onnxruntime", "onnxruntime-gpu", "tensorrt", "torch", "numba", "numpy")
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    model: str
+    arch: str
+    flags: tuple[str, ...]
+
+    @property
+    def x86(self) -> bool:
+        return self.arch in ("x86_64", "amd64", "i686", "i386")
+
+    @property
+    def int8_dot(self) -> bool:
+        """Whether int8 products accumulate without saturation in ONNX Runtime's fast kernels:
+        VNNI or AMX on x86; any other architecture's kernels do not pair into int16."""
+        return not self.x86 or any(f in self.flags for f in INT8_DOT_FLAGS)
+
+    def words(self) -> str:
+        return f"{self.model} ({self.arch}; {' '.join(self.flags) or 'no flags read'})"
+
+
+def _parse_cpuinfo(text: str) -> tuple[str, set[str]]:
+    model, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "hardware", "cpu model") and not model:
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = set(value.split())
+    return model, flags
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_info() -> CpuInfo:
+    """This CPU's model, architecture and the :data:`ISA_FLAGS` it has (Linux reads
+    /proc/cpuinfo; elsewhere the flags are unknown and the CPU counts as one without VNNI)."""
+    arch = platform.machine().lower()
+    model, flags = "", set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        with contextlib.suppress(OSError):
+            model, flags = _parse_cpuinfo(cpuinfo.read_text(errors="replace"))
+    model = re.sub(r"\s+", " ", model or platform.processor() or "unknown CPU").strip()
+    return CpuInfo(model, arch, tuple(f for f in ISA_FLAGS if f in flags))
+
+
+def library_versions() -> dict[str, str]:
+    out = {"cyto": __version__}
+    for name in LIBRARIES:
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return out
+
+
+def nvidia_driver() -> str | None:
+    """The NVIDIA kernel driver's version (Linux), without loading any CUDA library."""
+    path = Path("/proc/driver/nvidia/version")
+    try:
+        m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", path.read_text())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def gpu_facts(device: str) -> dict:
+    """Name, compute capability, driver and CUDA runtime of the GPU ``device`` names."""
+    from cyto.runtime import devices
+
+    gpu = devices.gpu_identity(device)
+    import torch
+
+    return {
+        "gpu": gpu.name,
+        "capability": f"{gpu.capability[0]}.{gpu.capability[1]}",
+        "driver": nvidia_driver(),
+        "cuda": torch.version.cuda,
+    }
+
+
+def fingerprint(device: str = "cpu") -> dict:
+    """Everything about this machine that can change a graph's numbers on ``device``."""
+    cpu = cpu_info()
+    out = {
+        "cpu": cpu.model,
+        "arch": cpu.arch,
+        "isa": list(cpu.flags),
+        "os": platform.system(),
+        "libraries": library_versions(),
+    }
+    if str(device).startswith("cuda"):
+        out.update(gpu_facts(device))
+    return out
+
+
+def graph_for(spec, precision: str, device: str):
+    """The bundle's graph of ``precision`` for ``device`` on this machine: on a CPU, the int8
+    form made for its instruction set (:meth:`cyto.bundle.ModelSpec.graph`)."""
+    return spec.graph(precision, device, int8_dot=cpu_info().int8_dot if device == "cpu" else True)

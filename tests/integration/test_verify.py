@@ -1,0 +1,249 @@
+"""Every graph proves itself on the machine it runs on: golden cells in the seal, verification
+before any cell is scored (refused by name when asked for, passed over with a note under auto),
+a cache keyed by what changes the numbers, and the int8 form chosen for the CPU's instruction
+set."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from cyto.bundle import add_files, load_bundle, verify_bundle
+from cyto.errors import BundleError, VerificationError
+from cyto.export.golden import write_golden
+from cyto.export.quantize import export_variant, load_cells
+from cyto.runtime import load_scorer, machine
+from cyto.runtime.verify import GOLDEN_FILE, read_golden
+from tests.unit.test_cli import run_cyto
+
+
+@pytest.fixture
+def bundle(exported_bundles, synth_patches, tmp_path):
+    """A Deep SVDD bundle with 64 golden cells of the synthetic patches (normal + abnormal)."""
+    path = tmp_path / "d.cyto"
+    shutil.copytree(exported_bundles["dsvdd"], path)
+    write_golden(path, synth_patches, normal="normal", n=64)
+    return path
+
+
+def _reseal_golden(path, change) -> None:
+    """Rewrite golden.npz with ``change(arrays)`` applied and seal it again (as an exporter on a
+    machine that computed other numbers would have)."""
+    with np.load(path / GOLDEN_FILE) as z:
+        arrays = {k: z[k] for k in z.files}
+    change(arrays)
+    tmp = path.parent / "g.npz"
+    np.savez_compressed(tmp, **arrays)
+    add_files(path, {GOLDEN_FILE: tmp})
+
+
+def test_golden_cells_are_real_cells_in_the_seal(bundle):
+    m = verify_bundle(bundle)
+    assert GOLDEN_FILE in m["files"] and m["golden"]["kind"] == "cells"
+    golden = read_golden(load_bundle(bundle, weights=False))
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    assert golden.images.shape == (64, size, size, 3) and golden.images.dtype == np.uint8
+    assert 0 < golden.labels.sum() <= 16  # a mix: at most a quarter abnormal
+    ref = load_scorer(bundle, "torch", "cpu", verify=False).score(golden.images)
+    np.testing.assert_allclose(golden.scores, ref, rtol=1e-6)  # PyTorch fp32 reference
+    (bundle / GOLDEN_FILE).write_bytes((bundle / GOLDEN_FILE).read_bytes()[:-8] + b"12345678")
+    with pytest.raises(BundleError, match="golden.npz does not match its checksum"):
+        load_scorer(bundle, "onnx", "cpu")
+
+
+def test_each_backend_passes_here_and_the_result_is_cached(bundle, monkeypatch):
+    s = load_scorer(bundle, "onnx", "cpu")
+    assert s.verification.status == "passed" and not s.verification.cached
+    assert s.verification.record["parity"]["max_diff_of_range"] < 1e-3
+    again = load_scorer(bundle, "onnx", "cpu")
+    assert again.verification.passed and again.verification.cached
+    records = list((bundle / "verified").glob("*.json"))
+    assert len(records) == 1
+    key = json.loads(records[0].read_text())["key"]
+    assert key["machine"]["isa"] == list(machine.cpu_info().flags)
+    assert key["artifact"]["graph"] == "encoder.onnx" and key["precision"] == "fp32"
+    assert load_scorer(bundle, "torch", "cpu").verification.passed
+    # another machine (here: another CPU's flags) is checked anew, never given this result
+    other = machine.CpuInfo("AMD EPYC 7B13", "x86_64", ("avx", "avx2", "fma"))
+    monkeypatch.setattr(machine, "cpu_info", lambda: other)
+    moved = load_scorer(bundle, "onnx", "cpu")
+    assert moved.verification.passed and not moved.verification.cached
+    assert len(list((bundle / "verified").glob("*.json"))) == 3
+
+
+def test_a_read_only_bundle_keeps_its_results_in_the_user_cache(bundle, tmp_path, monkeypatch):
+    import os
+
+    if os.geteuid() == 0:
+        # root writes through any mode bits: make the bundle's cache folder a file instead
+        (bundle / "verified").write_text("not a folder")
+    else:
+        bundle.chmod(0o555)
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        first = load_scorer(bundle, "onnx", "cpu")
+        second = load_scorer(bundle, "onnx", "cpu")
+    finally:
+        bundle.chmod(0o755)
+    assert first.verification.passed and second.verification.cached
+    assert list((tmp_path / "cache" / "verified").glob("*.json"))
+
+
+def test_reference_scores_this_machine_does_not_reproduce_are_refused_by_name(bundle, tmp_path):
+    """Golden scores edited (and sealed again): an explicit precision is refused with the
+    numbers, in the library and at the CLI; --skip-verify scores anyway and says so."""
+    _reseal_golden(bundle, lambda a: a.update(scores=a["scores"][::-1].copy()))
+    with pytest.raises(VerificationError, match=r"encoder.onnx.*failed on 64 golden cells"):
+        load_scorer(bundle, "onnx", "cpu", "fp32")
+    cells = tmp_path / "cells" / "x"
+    cells.mkdir(parents=True)
+    from PIL import Image
+
+    for i, im in enumerate(read_golden(load_bundle(bundle, weights=False)).images[:6]):
+        Image.fromarray(im).save(cells / f"c{i}.png")
+    out = tmp_path / "s.parquet"
+    args = ("predict", str(bundle), "--data", str(cells.parent), "--out", str(out))
+    proc = run_cyto(*args, "--backend", "onnx")
+    assert proc.returncode == 2, proc.stderr
+    assert "reproduces the bundle's golden cells" in proc.stderr and "Spearman" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+    proc = run_cyto(*args, "--backend", "onnx", "--skip-verify")
+    assert proc.returncode == 0, proc.stderr
+    assert "verification: skipped" in proc.stdout
+    import pyarrow.parquet as pq
+
+    meta = pq.read_schema(out).metadata
+    assert json.loads(meta[b"cyto.verification"])["status"] == "skipped"
+
+
+def test_a_swapped_int8_graph_is_refused_when_asked_and_passed_over_by_auto(
+    bundle, exported_bundles, synth_patches, tmp_path
+):
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal", limit=48)
+    held = load_cells(synth_patches, size, normal="normal")
+    export_variant(bundle, "int8-cpu7", calib, held, echo=lambda m: None)
+    assert load_scorer(bundle, "onnx", "cpu", "int8").verification.passed
+    # another int8 graph under this one's name (its ranges calibrated on black squares) and
+    # sealed again: what a wrong copy or export would leave
+    from PIL import Image
+
+    black = tmp_path / "black" / "normal"
+    black.mkdir(parents=True)
+    for i in range(16):
+        Image.new("RGB", (40, 40), (i % 3, 0, 0)).save(black / f"b{i}.png")
+    other = tmp_path / "o.cyto"
+    shutil.copytree(exported_bundles["dsvdd"], other)
+    dark = load_cells(black.parent, size)
+    export_variant(other, "int8-cpu7", dark, held, "minmax", accept_loss=True, echo=print)
+    add_files(bundle, {"encoder-int8-cpu7.onnx": other / "encoder-int8-cpu7.onnx"})
+    for f in ("encoder-int8-cpu.onnx", "encoder-int8.onnx"):
+        assert not (bundle / f).exists()
+    with pytest.raises(VerificationError, match=r"encoder-int8-cpu7.onnx.*failed"):
+        load_scorer(bundle, "onnx", "cpu", "int8")
+    auto = load_scorer(bundle, "auto", "cpu", "auto")
+    assert auto.precision == "fp32" and auto.verification.passed
+    notes = " | ".join(auto.notes)
+    assert "failed verification, not used" in notes and "encoder-int8-cpu7.onnx" in notes
+    assert "chose onnx on cpu" in notes
+
+
+def test_score_refuses_before_any_output_and_records_the_override(bundle, tmp_path):
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+
+    slide = write_slide(tmp_path / "s.tif", SlideSynthConfig(width=512, height=512)).paths[0]
+    _reseal_golden(bundle, lambda a: a.update(scores=a["scores"] + np.linspace(0, 50, 64)))
+    out = tmp_path / "out"
+    base = ("score", str(slide), "--model", str(bundle), "--out", str(out), "--workers", "0")
+    proc = run_cyto(*base, "--backend", "onnx", "--precision", "fp32", "--mosaic", "0")
+    assert proc.returncode == 2 and "golden cells" in proc.stderr, proc.stderr
+    assert not (out / "s").exists()
+    proc = run_cyto(*base, "--backend", "onnx", "--mosaic", "0", "--skip-verify")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "s" / "summary.json").read_text())
+    assert summary["verification"]["status"] == "skipped"
+
+
+def test_the_int8_form_follows_the_cpu(bundle, synth_patches, monkeypatch):
+    """VNNI or AMX: the 8-bit-weight form; any other x86 CPU: the 7-bit one, whose int16 pair
+    sums cannot saturate. Bundles with one form fall back to it, and verification judges."""
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal", limit=48)
+    held = load_cells(synth_patches, size, normal="normal")
+    export_variant(bundle, "int8-cpu7", calib, held, echo=lambda m: None)
+    export_variant(bundle, "int8-cpu", calib, held, accept_loss=True, echo=lambda m: None)
+    spec = load_bundle(bundle, weights=False).spec
+    vnni = machine.CpuInfo("Intel Xeon", "x86_64", ("avx2", "avx512f", "avx512_vnni"))
+    avx2 = machine.CpuInfo("AMD EPYC", "x86_64", ("avx2", "fma"))
+    monkeypatch.setattr(machine, "cpu_info", lambda: vnni)
+    assert machine.graph_for(spec, "int8", "cpu").file == "encoder-int8-cpu.onnx"
+    monkeypatch.setattr(machine, "cpu_info", lambda: avx2)
+    assert machine.graph_for(spec, "int8", "cpu").file == "encoder-int8-cpu7.onnx"
+    assert load_scorer(bundle, "onnx", "cpu", "int8").graph_file == "encoder-int8-cpu7.onnx"
+    assert machine.graph_for(spec, "int8", "cuda:0") is None  # a GPU runs TensorRT's form
+
+
+def test_cpu_flags_are_read_from_cpuinfo():
+    text = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse4_2 avx avx2 fma\n"
+    model, flags = machine._parse_cpuinfo(text)
+    assert model == "AMD EPYC 7B13" and {"avx2", "fma"} <= flags and "avx512_vnni" not in flags
+    assert not machine.CpuInfo(model, "x86_64", ("avx2",)).int8_dot
+    assert machine.CpuInfo(model, "x86_64", ("avx2", "avx_vnni")).int8_dot
+    assert machine.CpuInfo("Neoverse", "aarch64", ("asimd",)).int8_dot
+
+
+def test_a_bundle_without_golden_cells_scores_but_never_runs_an_unverifiable_int8(
+    exported_bundles, synth_patches, tmp_path
+):
+    path = tmp_path / "old.cyto"
+    shutil.copytree(exported_bundles["dsvdd"], path)
+    size = load_bundle(path, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal", limit=48)
+    held = load_cells(synth_patches, size, normal="normal")
+    export_variant(path, "int8-cpu7", calib, held, echo=lambda m: None)
+    s = load_scorer(path, "auto", "cpu", "auto")
+    assert s.precision == "fp32" and s.verification.status == "unverified"
+    assert any("cannot be verified here" in n for n in s.notes), s.notes
+    assert any("cyto export" in n for n in s.notes), s.notes
+
+
+def test_export_keeps_golden_cells_and_doctor_verifies_every_graph(
+    exported_bundles, synth_patches, tmp_path
+):
+    path = tmp_path / "d.cyto"
+    shutil.copytree(exported_bundles["dsvdd"], path)
+    proc = run_cyto(
+        "export",
+        str(path),
+        "--no-onnx",
+        "--precision",
+        "int8",
+        "--calib",
+        str(synth_patches),
+        "--calib-class",
+        "normal",
+        "--parity-cells",
+        str(synth_patches),
+        "--parity-normal",
+        "normal",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "golden cells: " in proc.stdout and "with their PyTorch fp32 scores" in proc.stdout
+    m = verify_bundle(path)
+    assert m["golden"]["kind"] == "cells" and "int8-cpu7" in m["onnx_variants"], proc.stdout
+    doctor = run_cyto("doctor", str(path), "--device", "cpu")
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    out = doctor.stdout
+    assert "cpu int8 form" in out and "onnxruntime" in out and "numba" in out
+    assert "auto for" in out and "everything asked for runs here" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.startswith("    cpu ")]
+    assert {(r[1], r[2]) for r in rows} >= {("onnx", "fp32"), ("torch", "fp32"), ("onnx", "int8")}
+    assert all(r[3] == "passed" for r in rows if r[2] == "fp32"), rows
+    info = run_cyto("info", str(path))
+    assert "golden cells: " in info.stdout and "cyto doctor" in info.stdout
+    # a precision asked for that cannot run here exits non-zero
+    bad = run_cyto("doctor", str(exported_bundles["dsvdd"]), "--precision", "fp16")
+    assert bad.returncode == 1 and "no fp16 graph passes verification" in bad.stdout
