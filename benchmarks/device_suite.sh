@@ -9,7 +9,9 @@
 #   Deep SVDD recipe, 5 seeds x 4 views ResNet18 224, on the device path, fp32 and fp16), train (the paper's recipes on the bone-marrow
 #   cells: DROC raw vs whitened, FS-SIL, WS-SIL, ItS2CLR, then Deep SVDD with one seed; needs
 #   BONE_MARROW=path; TRAIN_STEPS=droc,sup,dsvdd picks steps, SUP_METHODS the supervised ones);
-#   several with commas.
+#   verify (issue 32: the model exported with fp16 and golden cells, then cyto doctor on the GPU:
+#   every CUDA path verified on the golden cells here, ORT CUDA opening a session where
+#   onnxruntime-gpu is installed); several with commas.
 # Each step is time-boxed and the results are packed after it ($OUT/gpu_results.tgz), so a run
 # that is cut off keeps what it made.
 set -u
@@ -22,6 +24,17 @@ if [[ $parts == *tests* ]]; then
     echo "== CUDA tests"
     timeout "${T_TESTS:-240}" python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu.py \
         tests/unit/test_runtime.py tests/integration/test_tensorrt.py 2>&1 | tee "$res/pytest.log" | tail -25
+    pack
+fi
+if [[ $parts == *verify* ]]; then
+    echo "== verification on this machine: the golden cells through every path of the GPU"
+    rm -rf /tmp/cyto-verify.cyto && cp -r "$model" /tmp/cyto-verify.cyto
+    timeout "${T_VERIFY:-150}" python3 -m cyto export /tmp/cyto-verify.cyto --precision fp32,fp16 \
+        2>&1 | tail -6
+    timeout "${T_VERIFY:-150}" python3 -m cyto doctor /tmp/cyto-verify.cyto --device cuda \
+        2>&1 | tee "$res/doctor-cuda.txt" | tail -30
+    timeout 60 python3 -m cyto doctor /tmp/cyto-verify.cyto --device cuda --json \
+        > "$res/doctor-cuda.json" 2>/dev/null
     pack
 fi
 if [[ $parts == *parity* ]]; then

@@ -173,6 +173,11 @@ def runtime_checks(device_asked: str) -> list[Check]:
         )
     except CytoError as exc:
         out.append(Check("onnxruntime", "onnxruntime", MISSING, str(exc), needed=True))
+    from cyto.runtime.backends.onnxruntime import tensorrt_provider_mismatch
+
+    mismatch = tensorrt_provider_mismatch()
+    if mismatch:
+        out.append(Check("onnxruntime", "TensorRT provider", FAILED, mismatch))
     out += gpu_checks(device_asked)
     out.append(tensorrt_check(device_asked))
     try:

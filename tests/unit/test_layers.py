@@ -4,7 +4,7 @@ Every ``import`` in ``src/cyto`` counts, those inside functions too (a lazy impo
 dependency). Layers, top to bottom:
 
     cli
-    bench  demo  review  predict
+    bench  demo  review  predict  doctor
     infer  eval
     train  export
     runtime
@@ -32,6 +32,7 @@ LAYERS = {
     "demo": 5,
     "review": 5,
     "predict": 5,
+    "doctor": 5,
     "infer": 4,
     "eval": 4,
     "train": 3,

@@ -108,3 +108,21 @@ def test_numba_kernels_are_cached_in_the_user_cache_not_the_source_tree(tmp_path
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out.startswith(str(tmp_path / "mine")), out
+
+
+def test_a_tensorrt_beside_onnxruntime_gpu_of_another_major_is_named(tmp_path, monkeypatch):
+    """onnxruntime-gpu's TensorRT provider links one TensorRT major; `tensorrt` 11 installed
+    next to a provider built for 10 cannot load, and the message says what to use instead."""
+    from cyto.runtime.backends import onnxruntime as ortb
+
+    lib = tmp_path / "libonnxruntime_providers_tensorrt.so"
+    lib.write_bytes(b"\x7fELF...GLIBC_2.17\x00libnvinfer.so.10\x00libnvonnxparser.so.10\x00")
+    assert ortb.linked_tensorrt_major(lib) == 10
+    assert ortb.linked_tensorrt_major(tmp_path / "none.so") is None
+    monkeypatch.setattr(ortb, "provider_library", lambda name="tensorrt": lib)
+    monkeypatch.setattr(ortb, "installed_tensorrt_major", lambda: 11)
+    words = ortb.tensorrt_provider_mismatch()
+    assert "built for TensorRT 10, but TensorRT 11 is installed" in words
+    assert "--backend trt" in words
+    monkeypatch.setattr(ortb, "installed_tensorrt_major", lambda: 10)
+    assert ortb.tensorrt_provider_mismatch() is None

@@ -12,6 +12,8 @@ import subprocess
 from datetime import date
 from pathlib import Path
 
+from cyto.runtime.machine import cpu_info
+
 LIBRARIES = (
     "cyto",
     "torch",
@@ -71,6 +73,9 @@ def machine(command: str = "") -> dict[str, object]:
         "host": socket.gethostname(),
         "date": str(date.today()),
         "cpu": cpu_model(),
+        # the instruction sets that pick ONNX Runtime's kernels (int8: VNNI/AMX or not)
+        "cpu_flags": list(cpu_info().flags),
+        "cpu_int8_form": "int8-cpu" if cpu_info().int8_dot else "int8-cpu7",
         "cpu_count": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "platform": platform.platform(),

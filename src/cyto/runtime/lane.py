@@ -83,7 +83,8 @@ class EngineLane:
 
     def _run(self, crops, ready) -> np.ndarray:
         t0 = time.perf_counter()
-        own_clock = getattr(self.scorer.backend, "device_s", None) is not None
+        backend = getattr(self.scorer, "backend", None)
+        own_clock = self._stream is not None and getattr(backend, "device_s", None) is not None
         if self._stream is None:
             scores = self._score(crops)
         elif own_clock:
@@ -91,13 +92,13 @@ class EngineLane:
             # events on the lane's idle stream would only time the host
             import torch
 
-            before = self.scorer.backend.device_s
+            before = backend.device_s
             with torch.cuda.stream(self._stream):
                 if ready is not None:
                     self._stream.wait_event(ready)
                     crops.record_stream(self._stream)
                 scores = self._score(crops)
-            self.device_s += self.scorer.backend.device_s - before
+            self.device_s += backend.device_s - before
         else:
             import torch
 

@@ -41,6 +41,61 @@ def require_onnxruntime():
     return ort
 
 
+def provider_library(name: str = "tensorrt") -> Path | None:
+    """The shared library of one of onnxruntime-gpu's providers, where the package has it."""
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    capi = Path(next(iter(spec.submodule_search_locations))) / "capi"
+    for pattern in (f"libonnxruntime_providers_{name}.so", f"onnxruntime_providers_{name}.dll"):
+        hit = capi / pattern
+        if hit.is_file():
+            return hit
+    return None
+
+
+def linked_tensorrt_major(library: Path | None) -> int | None:
+    """The TensorRT major version a provider library was linked against (its ``libnvinfer.so.N``
+    or ``nvinfer_N.dll`` dependency), read from the file; None when it names none."""
+    if library is None:
+        return None
+    import re
+
+    try:
+        data = library.read_bytes()
+    except OSError:
+        return None
+    m = re.search(rb"(?:libnvinfer\.so\.|nvinfer_)(\d+)", data)
+    return int(m.group(1)) if m else None
+
+
+def installed_tensorrt_major() -> int | None:
+    """The major version of the TensorRT Python package installed here (metadata, no import)."""
+    import importlib.metadata as md
+
+    for dist in ("tensorrt", "tensorrt-cu12", "tensorrt-cu13", "tensorrt-cu11"):
+        try:
+            return int(md.version(dist).split(".")[0])
+        except (md.PackageNotFoundError, ValueError):
+            continue
+    return None
+
+
+def tensorrt_provider_mismatch() -> str | None:
+    """Why ONNX Runtime's TensorRT provider cannot load next to the installed TensorRT, if it
+    cannot: onnxruntime-gpu links one TensorRT major (10 for its CUDA 12 builds), while the
+    ``tensorrt`` package of another major (11, CUDA 13 by default) may sit beside it."""
+    linked = linked_tensorrt_major(provider_library("tensorrt"))
+    have = installed_tensorrt_major()
+    if linked is None or have is None or linked == have:
+        return None
+    return (
+        f"onnxruntime-gpu's TensorRT provider is built for TensorRT {linked}, but TensorRT "
+        f"{have} is installed: --backend onnx-trt cannot load here. Use --backend trt (cyto's "
+        f"own TensorRT engines), or install TensorRT {linked} (pip install 'cyto[gpu]')"
+    )
+
+
 def available_providers() -> list[str]:
     return list(require_onnxruntime().get_available_providers())
 
@@ -102,6 +157,9 @@ class OnnxRuntimeBackend:
         self.max_batch = CPU_MAX_BATCH if device == "cpu" else None
         if device != "cpu":
             want = TRT if provider == "tensorrt" else CUDA
+            mismatch = tensorrt_provider_mismatch() if want == TRT else None
+            if mismatch:
+                raise DeviceError(mismatch)
             if want not in available_providers():
                 raise DeviceError(
                     f"ONNX Runtime here has no {want}: install {INSTALL_GPU}"

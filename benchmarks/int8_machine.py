@@ -1,0 +1,232 @@
+"""int8 on the machine it runs on (issue 32): export, parity of each x86 form, speed, and the
+same check on an emulated AVX2-only CPU.
+
+1. ``cyto export --precision int8 --calib CALIB`` on a copy of ``--model``: which forms pass the
+   gate here (held-out calibration cells) and which are refused, with the numbers.
+2. Every graph verified on the bundle's golden cells here, each int8 x86 form separately
+   (``int8-cpu``: 8-bit weights; ``int8-cpu7``: 7-bit weights, first Conv in float), and the
+   network's speed on them (ONNX Runtime, 16 cells a call, median of ``--repeats``).
+3. ``cyto score SLIDE --precision fp32`` against ``--precision int8`` (the form this CPU gets),
+   alternated ``--repeats`` times in one run: cells/s end to end and of the engine.
+4. ``--emulate-avx2 N``: the first N golden cells through each int8 form in a Python under
+   ``qemu-x86_64 -cpu Haswell`` (AVX2 and FMA, no AVX-512, no VNNI: the kernels an AMD EPYC
+   or a pre-Cascade-Lake Xeon gets), against the fp32 reference. QEMU runs the instructions
+   exactly, saturation included, so these are the numbers such a CPU computes; its speed means
+   nothing.
+
+    cyto train fs-sil --data ../shared/data/bone_marrow --normal LYT --set epochs=1 --out fs.cyto
+    cyto synth slide slide.tif --width 2048 --height 2048 --seed 1
+    python benchmarks/int8_machine.py --model fs.cyto --calib ../shared/data/bone_marrow \
+        --slide slide.tif --emulate-avx2 48 --out benchmarks/results/vm-2core/int8-machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _results import machine, score_summary, write  # noqa: E402
+
+FORMS = ("int8-cpu", "int8-cpu7")
+
+
+def form_scorer(bundle, key: str):
+    """A scorer of the bundle's ``key`` graph on the CPU, whatever this CPU would pick."""
+    from cyto.bundle import CPU_INT8_FORMS
+    from cyto.runtime import machine as mach
+    from cyto.runtime.scorer import load_scorer
+
+    real = mach.cpu_info
+    dot = key == CPU_INT8_FORMS[0]
+    fake = mach.CpuInfo(real().model, real().arch, ("avx512_vnni",) if dot else ("avx2",))
+    mach.cpu_info = lambda: fake  # graph_for then picks this form first
+    try:
+        return load_scorer(bundle, "onnx", "cpu", "int8" if key != "fp32" else "fp32")
+    finally:
+        mach.cpu_info = real
+
+
+def engine_speed(scorer, images: np.ndarray, repeats: int) -> float:
+    x = images[:64]
+    scorer.score(x[:16], 16)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        scorer.score(x, 16)
+        times.append(time.perf_counter() - t0)
+    return len(x) / statistics.median(times)
+
+
+EMULATED = """
+import json, sys, numpy as np
+from pathlib import Path
+from cyto.bundle import load_bundle
+from cyto.runtime.heads import head_for
+from cyto.runtime.verify import read_golden, ranking_parity
+import onnxruntime as ort
+b = load_bundle(Path(sys.argv[1]), weights=False)
+g = read_golden(b)
+n = int(sys.argv[2])
+head = head_for(b)
+spec = b.spec.graph("fp32")
+out = {}
+for key in sys.argv[3:]:
+    o = ort.SessionOptions(); o.enable_cpu_mem_arena = False
+    f = str(b.path / f"encoder-{key}.onnx")
+    s = ort.InferenceSession(f, o, providers=["CPUExecutionProvider"])
+    got = np.concatenate([head.finish(s.run([spec.output], {spec.input: g.images[i:i+8]})[0])
+                          for i in range(0, n, 8)])
+    out[key] = ranking_parity(g.scores[:n], got, None if g.labels is None else g.labels[:n])
+print("RESULT " + json.dumps(out))
+"""
+
+
+def emulated(bundle: Path, n: int, keys: list[str]) -> dict:
+    qemu = shutil.which("qemu-x86_64")
+    if qemu is None:
+        raise SystemExit("--emulate-avx2 needs qemu-x86_64 (apt install qemu-user)")
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [qemu, "-cpu", "Haswell", sys.executable, "-c", EMULATED, str(bundle), str(n), *keys],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise SystemExit(f"the emulated run failed: {proc.stderr[-2000:]}")
+    return {"seconds": round(time.perf_counter() - t0), "parity": json.loads(lines[0][7:])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--calib", type=Path, required=True)
+    ap.add_argument("--slide", type=Path, required=True)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--emulate-avx2", type=int, default=0, metavar="N")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    from cyto.bundle import load_bundle
+    from cyto.export.api import export_bundle
+    from cyto.runtime.verify import read_golden
+
+    meta = machine(" ".join(sys.argv))
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = Path(tmp) / "m.cyto"
+        shutil.copytree(args.model, bundle)
+        lines: list[str] = []
+        t0 = time.perf_counter()
+        report = export_bundle(
+            bundle, precisions=("fp32", "int8"), calib=args.calib, echo=lines.append
+        )
+        meta["export_seconds"] = round(time.perf_counter() - t0, 1)
+        meta["export_log"] = lines
+        meta["refused_at_export"] = report.get("refused", {})
+        b = load_bundle(bundle, weights=False)
+        golden = read_golden(b)
+        for key in ("fp32", *FORMS):
+            if key != "fp32" and key not in b.spec.graphs:
+                rows.append({"part": "golden", "graph": key, "status": "refused at export"})
+                continue
+            s = form_scorer(bundle, key)
+            v = s.verification.record
+            rows.append(
+                {
+                    "part": "golden",
+                    "graph": s.graph_file,
+                    "status": s.verification.status,
+                    "cells": v["cells"],
+                    "spearman": round(v["parity"]["spearman"], 4),
+                    "top10_overlap": round(v["parity"]["top10_overlap"], 3),
+                    "max_diff_of_range": v["parity"]["max_diff_of_range"],
+                    "cells_per_s": round(engine_speed(s, golden.images, args.repeats), 1),
+                }
+            )
+            print(rows[-1], flush=True)
+        ends: dict[str, list[dict]] = {"fp32": [], "int8": []}
+        for r in range(args.repeats):
+            for p in ("fp32", "int8") if r % 2 == 0 else ("int8", "fp32"):
+                out = Path(tmp) / f"score-{p}-{r}"
+                s = score_summary(args.slide, bundle, out, "--precision", p, "--workers", "1")
+                ends[p].append(s)
+        for p, runs in ends.items():
+            rows.append(
+                {
+                    "part": "cyto score",
+                    "precision": p,
+                    "graph": runs[0]["graph"],
+                    "cells": runs[0]["cells_scored"],
+                    "cells_per_s": statistics.median(r["cells_per_s"] for r in runs),
+                    "engine_cells_per_s": statistics.median(r["engine_cells_per_s"] for r in runs),
+                    "verification": runs[0]["verification"]["status"],
+                }
+            )
+            print(rows[-1], flush=True)
+        if args.emulate_avx2:
+            keys = [k for k in FORMS if k in b.spec.graphs]
+            em = emulated(bundle, args.emulate_avx2, keys)
+            meta["emulated_seconds"] = em["seconds"]
+            for key, par in em["parity"].items():
+                rows.append(
+                    {
+                        "part": "emulated AVX2 (qemu -cpu Haswell)",
+                        "graph": f"encoder-{key}.onnx",
+                        "cells": par["cells"],
+                        "spearman": round(par["spearman"], 4),
+                        "top10_overlap": round(par["top10_overlap"], 3),
+                        "max_diff_of_range": par["max_diff_of_range"],
+                        "passes_gate": par["spearman"] >= 0.99 and par["top10_overlap"] >= 0.9,
+                    }
+                )
+                print(rows[-1], flush=True)
+    fp32 = next(r for r in rows if r.get("precision") == "fp32")
+    int8 = next(r for r in rows if r.get("precision") == "int8")
+    md = [
+        "# int8 on the machine it runs on",
+        "",
+        f"`{meta['command']}`",
+        "",
+        f"CPU: {meta['cpu']} x{meta['cpu_count']}; flags {' '.join(meta['cpu_flags'])}; "
+        f"int8 form for it: {meta['cpu_int8_form']}",
+        "",
+        "| part | graph | status | cells | Spearman | top-10% | max diff / range | cells/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["part"] == "cyto score":
+            continue
+        diff = r.get("max_diff_of_range")
+        status = r.get("status", "passes the gate" if r.get("passes_gate") else "FAILS the gate")
+        md.append(
+            f"| {r['part']} | {r['graph']} | {status} | {r.get('cells', '')} | "
+            f"{r.get('spearman', '')} | {r.get('top10_overlap', '')} | "
+            f"{'' if diff is None else f'{diff:.2g}'} | {r.get('cells_per_s', '')} |"
+        )
+    md += [
+        "",
+        f"`cyto score` (median of {args.repeats}, alternated): fp32 {fp32['cells_per_s']} cells/s "
+        f"(engine {fp32['engine_cells_per_s']}), int8 ({int8['graph']}) {int8['cells_per_s']} "
+        f"cells/s (engine {int8['engine_cells_per_s']}): "
+        f"{int8['cells_per_s'] / fp32['cells_per_s']:.2f}x end to end, "
+        f"{int8['engine_cells_per_s'] / fp32['engine_cells_per_s']:.2f}x engine",
+        "",
+        "Refused at export: " + ("; ".join(meta["refused_at_export"].values()) or "none"),
+    ]
+    write(args.out, "int8_machine", meta, rows, md)
+
+
+if __name__ == "__main__":
+    main()
