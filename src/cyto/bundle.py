@@ -160,7 +160,8 @@ class ModelSpec:
 
 #: ONNX Runtime's x86 int8 forms: 8-bit weights (fast and exact with VNNI/AMX; on other x86
 #: CPUs vpmaddubsw sums pairs of uint8 x int8 products into int16 and saturates), and 7-bit
-#: weights (reduce_range: a pair's sum stays below 2^15, so every x86 CPU computes the same)
+#: weights (reduce_range; the first convolution 8-bit weights on a 7-bit input): a pair's sum
+#: stays below 2^15, so every x86 CPU computes the same)
 CPU_INT8_FORMS = ("int8-cpu", "int8-cpu7")
 
 

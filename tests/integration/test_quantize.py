@@ -213,6 +213,7 @@ def test_deep_svdd_keeps_its_embedding_in_float_by_default(
         echo=lambda m: None,
     )
     assert report["int8"]["quantization"]["kept_float"] == ["Gemm"]
-    assert report["int8-cpu7"]["quantization"]["kept_float"] == ["Gemm", "the first Conv"]
+    assert report["int8-cpu7"]["quantization"]["kept_float"] == ["Gemm"]
+    assert "7-bit input" in report["int8-cpu7"]["quantization"]["first_conv"]
     if "int8-cpu" in report:  # (refused on a CPU whose 8-bit kernels saturate)
         assert report["int8-cpu"]["quantization"]["kept_float"] == ["Gemm"]

@@ -207,4 +207,8 @@ def _no_graph(bundle: Bundle, precision: str) -> str:
             f"{bundle.path} has no encoder.onnx: run 'cyto export {bundle.path}' first "
             f"(exported graphs: {have})"
         )
-    return f"{bundle.path} has no {precision} graph (exported graphs: {have})"
+    calib = " --calib CELLS" if precision == "int8" else ""
+    return (
+        f"{bundle.path} has no {precision} graph (exported graphs: {have}): make one with "
+        f"'cyto export {bundle.path} --no-onnx --precision {precision}{calib}'"
+    )
