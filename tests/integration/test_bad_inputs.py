@@ -94,3 +94,43 @@ def test_a_missing_onnxruntime_is_one_line_naming_the_extras(exported_dsvdd, tmp
         "onnxruntime" in proc.stderr and "cyto[cpu]" in proc.stderr and "cyto[gpu]" in proc.stderr
     )
     assert "Traceback" not in proc.stderr
+
+
+def test_a_truth_table_is_checked_before_any_slide_is_scored(exported_dsvdd, tmp_path):
+    """--truth that does not exist, or lacks its label column, is one line and exit 2 before
+    anything is scored or written (issue 34: it surfaced after the whole slide, as 'cannot
+    write OUT/...'); a well-formed CSV of x, y, label is used (it raised a traceback)."""
+    import pyarrow.parquet as pq
+
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+
+    made = write_slide(tmp_path / "s.tif", SlideSynthConfig(width=768, height=768, n_cells=30))
+    slide = made.paths[0]
+    out = tmp_path / "o"
+    base = ("score", str(slide), "--model", str(exported_dsvdd), "--out", str(out))
+    for truth, words in (
+        (tmp_path / "missing.csv", "does not exist"),
+        (tmp_path / "nolabel.csv", "lacks label"),
+    ):
+        if truth.name == "nolabel.csv":
+            truth.write_text("x,y\n10,10\n")
+        proc = run_cyto(*base, "--truth", str(truth), "--workers", "0")
+        assert proc.returncode == 2, proc.stderr
+        assert "--truth" in proc.stderr and words in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and "model " not in proc.stdout
+        assert not out.exists()
+    gt = pq.read_table(made.ground_truth)
+    csv = tmp_path / "truth.csv"
+    csv.write_text(
+        "x,y,label\n"
+        + "".join(
+            f"{x},{y},{lab}\n"
+            for x, y, lab in zip(
+                gt["x"].to_pylist(), gt["y"].to_pylist(), gt["label"].to_pylist(), strict=True
+            )
+        )
+    )
+    proc = run_cyto(*base, "--truth", str(csv), "--workers", "0", "--mosaic", "0")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "s" / "summary.json").read_text())
+    assert summary["truth"]["planted_abnormal"] == int(sum(gt["label"].to_pylist()))

@@ -231,3 +231,24 @@ def test_a_slide_unlike_the_calibration_slides_gets_no_burden(cohort, tmp_path):
     table = pq.read_table(out / slide.stem / "scores.parquet")
     assert table["flagged_bh"].null_count == table.num_rows
     assert _csv(out / "cohort.csv")[0]["calibration"] == "calibration mismatch"
+
+
+def test_a_slide_with_no_cells_gets_no_burden_and_no_traceback(cohort, tmp_path):
+    """An empty slide scored with a calibrated bundle (issue 34: a TypeError after every output
+    was written): the outputs, a one-line 'no cells' burden and exit 0."""
+    root = cohort["root"]
+    model = tmp_path / "m.cyto"
+    shutil.copytree(cohort["model"], model)
+    tables = [root / "negs" / f"neg{i}" / "scores.parquet" for i in range(3)]
+    assert run_cyto("calibrate", str(model), *map(str, tables)).returncode == 0
+    blank = write_slide(
+        tmp_path / "blank.tif",
+        SlideSynthConfig(width=512, height=512, n_cells=0, rbc_per_cell=0, debris_per_cell=0),
+    ).paths[0]
+    out = tmp_path / "o"
+    proc = score_cli(blank, model, out, "--mosaic", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "burden: no cells" in proc.stdout
+    b = json.loads((out / "blank" / "summary.json").read_text())["burden"]
+    assert b["status"] == "no cells"
+    assert pq.read_table(out / "blank" / "scores.parquet").num_rows == 0

@@ -308,6 +308,14 @@ def apply(
         "bulk_tolerance": {k: round(v, 4) for k, v in tol.items()},
         "assumes": calibration.info.get("assumes"),
     }
+    if len(scores) == 0:
+        out["status"] = "no cells"
+        out["reason"] = "no cells were found on this slide: no burden, p-values or flags"
+        empty = np.zeros(0, dtype=bool)
+        return {
+            "columns": {"p_value": c["p"], "flagged_bh": empty, "flagged_adaptive": empty},
+            "burden": out,
+        }
     if mismatch:
         said = ", ".join(
             f"{k} {c['bulk'][k]:+.2f} (normal slides: within {tol.get(k, 0):.2f})" for k in mismatch

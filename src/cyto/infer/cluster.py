@@ -325,9 +325,9 @@ def score_cohort_ray(
     ``split_tiles`` tiles is scored in parts of that many tiles by several actors at once
     (None: never)."""
     from cyto.bundle import verify_bundle
-    from cyto.infer.pipeline import check_out_folder, output_folders
+    from cyto.infer.pipeline import check_inputs, output_folders
 
-    check_out_folder(out)
+    check_inputs(out, opts)
     if split_tiles is not None and split_tiles < 1:
         raise ConfigError(f"split_tiles must be >= 1, got {split_tiles}")
     verify_bundle(Path(model))  # a bad bundle fails here in one line, not in every actor

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto import __version__
+from cyto.errors import InputPathError
 from cyto.infer.slide import open_slide
 
 MOSAIC_SIDE, MOSAIC_COLS = 96, 10
@@ -28,22 +29,64 @@ def ranks(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, rank
 
 
+def read_truth(path: Path) -> dict[str, np.ndarray]:
+    """A ground-truth table (CSV or Parquet: ``x``, ``y`` level-0 pixels, ``label`` 0/1,
+    optional ``cell_radius``) as arrays, or an :class:`InputPathError` naming what is wrong:
+    read before any slide is scored, so a bad table costs nothing."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputPathError(f"--truth {path} does not exist (a CSV or Parquet of x, y, label)")
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".parquet", ".pq"):
+        raise InputPathError(f"--truth {path}: expected a .csv or .parquet table of x, y, label")
+    try:
+        gt = pacsv.read_csv(path) if suffix == ".csv" else pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputPathError(f"--truth {path} cannot be read as a table: {exc}") from exc
+    cols = {c.lower(): c for c in gt.column_names}
+    missing = [c for c in ("x", "y", "label") if c not in cols]
+    if missing:
+        raise InputPathError(
+            f"--truth {path} needs columns x, y (level-0 pixels) and label (1 = abnormal); it "
+            f"lacks {', '.join(missing)} (has {', '.join(gt.column_names) or 'none'})"
+        )
+    out = {}
+    for name in ("x", "y", "label", "cell_radius"):
+        if name not in cols:
+            continue
+        try:
+            out[name] = np.asarray(gt[cols[name]].to_pylist(), dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InputPathError(f"--truth {path}: {name} must be numbers: {exc}") from exc
+        if not np.isfinite(out[name]).all():
+            raise InputPathError(f"--truth {path}: {name} has empty or non-numeric values")
+    if not np.isin(out["label"], (0, 1)).all():
+        raise InputPathError(f"--truth {path}: label must be 0 (normal) or 1 (abnormal)")
+    out["label"] = out["label"].astype(np.int64)
+    return out
+
+
 def labels_from_truth(table, truth: Path, radius: float) -> tuple[np.ndarray, np.ndarray, int]:
     """Label each detected cell by the nearest ground-truth cell, if within ``radius`` (or 0.8
     of that cell's radius, when the truth table gives it).
 
     Returns (label per detection, matched truth index or -1, number of planted abnormal cells).
     """
-    import pyarrow.parquet as pq
     from scipy.spatial import cKDTree
 
-    gt = pq.read_table(truth)
-    pts = np.stack([np.asarray(gt["x"]), np.asarray(gt["y"])], axis=1)
+    gt = read_truth(truth)
+    truth_labels = gt["label"]
+    if len(truth_labels) == 0:
+        return np.zeros(table.num_rows, np.int64), np.full(table.num_rows, -1), 0
+    pts = np.stack([gt["x"], gt["y"]], axis=1)
     dist, idx = cKDTree(pts).query(np.stack([np.asarray(table["x"]), np.asarray(table["y"])], 1))
-    truth_labels = np.asarray(gt["label"])
     reach = np.full(len(pts), radius)
-    if "cell_radius" in gt.column_names:  # a big cell's nucleus may be found off its centre
-        reach = np.maximum(reach, 0.8 * np.asarray(gt["cell_radius"], dtype=np.float64))
+    if "cell_radius" in gt:  # a big cell's nucleus may be found off its centre
+        reach = np.maximum(reach, 0.8 * gt["cell_radius"])
     hit = dist <= reach[idx]
     labels = np.where(hit, truth_labels[idx], 0).astype(np.int64)
     return labels, np.where(hit, idx, -1), int(truth_labels.sum())

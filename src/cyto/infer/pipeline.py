@@ -34,6 +34,7 @@ from cyto.infer.outputs import (
     cohort_row,
     labels_from_truth,
     ranks,
+    read_truth,
     table_metadata,
     truth_report,
     write_cohort_table,
@@ -665,6 +666,16 @@ def check_out_folder(out: Path) -> None:
         raise InputPathError(f"--out {out} is a file; give a folder (it is created if missing)")
 
 
+def check_inputs(out: Path, opts: ScoreOptions) -> None:
+    """Every input the options name, checked before any work starts (a bad --truth or
+    --nuclei file used to surface only after a whole slide was scored)."""
+    check_out_folder(out)
+    if opts.truth is not None:
+        read_truth(opts.truth)
+    if opts.nuclei is not None and not Path(opts.nuclei).is_file():
+        raise InputPathError(f"nuclei file {opts.nuclei} does not exist")
+
+
 def output_folders(slides: list[Path], out: Path) -> list[tuple[Path, Path]]:
     """(slide, its output folder): ``OUT/STEM``, or ``OUT/STEM-<hash of the path>`` for slides
     whose names collide in the cohort (``a/slide.ndpi`` and ``b/slide.ndpi``), so no slide's
@@ -695,13 +706,13 @@ def score_cohort(
 ) -> tuple[list[dict], list[tuple[Path, CytoError]]]:
     """Score several slides with one model load; a slide that fails is reported, the next goes
     on. Returns (summaries, failures as (slide, error))."""
+    check_inputs(out, opts)
     scorer = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
     echo(f"model {model} ({scorer.bundle.method}) on {scorer.describe()}")
     for note in scorer.notes:
         echo(f"  backend choice: {note}")
     if scorer.verification is not None:
         echo(f"  verification: {scorer.verification.words()}")
-    check_out_folder(out)
     done, failed, rows = [], [], []
     pairs = output_folders(slides, out)
     if len(pairs) < len(slides):
