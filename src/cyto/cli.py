@@ -987,10 +987,14 @@ def score_cmd(
             slides, model, out, opts, ray, typer.echo, metrics, ray_part_tiles or None
         )
     for s in done:
+        rate = (
+            f"{s['cells_per_s']} cells/s, engine {s.get('engine_cells_per_s')} cells/s"
+            if s.get("cells_per_s") is not None
+            else f"all {s.get('cells_resumed')} from finished chunks"
+        )
         line = (
-            f"{Path(s['slide']).name}: {s['cells_scored']} cells in {s['seconds']} s "
-            f"({s['cells_per_s']} cells/s, engine {s.get('engine_cells_per_s')} cells/s) "
-            f"-> {out / Path(s['slide']).stem}"
+            f"{Path(s['slide']).name}: {s['cells_scored']} cells in {s['seconds']} s ({rate}) "
+            f"-> {s.get('output') or out / Path(s['slide']).stem}"
         )
         line += burden_words(s.get("burden"))
         if "truth" in s:

@@ -4,6 +4,7 @@ the file, exits non-zero, and never a traceback. The corpus is made here."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -134,3 +135,52 @@ def test_a_truth_table_is_checked_before_any_slide_is_scored(exported_dsvdd, tmp
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "s" / "summary.json").read_text())
     assert summary["truth"]["planted_abnormal"] == int(sum(gt["label"].to_pylist()))
+
+
+def test_a_read_only_out_is_one_line_before_any_work(exported_dsvdd, tmp_path, monkeypatch):
+    """An existing --out this user cannot write to (issue 34: an OSError traceback on the
+    cohort table's lock file after the slides were tried). As root, mode bits do not stop a
+    write, so the check is driven by an injected answer of os.access here; a cohort table that
+    cannot be written (a full or read-only disk) is an OutputWriteError naming it."""
+    import os
+
+    from cyto.errors import OutputWriteError
+    from cyto.infer import outputs
+    from cyto.infer.options import ScoreOptions
+    from cyto.infer.pipeline import score_cohort
+
+    out = tmp_path / "ro"
+    out.mkdir()
+    real = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: False if str(p) == str(out) else real(p, mode)
+    )
+    loaded = []
+    monkeypatch.setattr("cyto.infer.pipeline.load_scorer", lambda *a, **k: loaded.append(a))
+    with pytest.raises(OutputWriteError, match=r"--out .*ro.* is read-only"):
+        score_cohort([tmp_path / "s.tif"], exported_dsvdd, out, ScoreOptions(), echo=print)
+    assert loaded == []  # refused before the model was loaded
+    monkeypatch.setattr(os, "access", real)
+
+    def full(rows, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(outputs, "_merge_cohort_table", full)
+    with pytest.raises(OutputWriteError, match=r"cannot write the cohort table .*No space left"):
+        outputs.write_cohort_table([], out / "cohort.csv")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through a read-only mode")
+def test_a_read_only_out_through_the_cli(exported_dsvdd, tmp_path):  # pragma: no cover - non-root
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+
+    slide = write_slide(tmp_path / "s.tif", SlideSynthConfig(width=512, height=512)).paths[0]
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        proc = run_cyto("score", str(slide), "--model", str(exported_dsvdd), "--out", str(out))
+    finally:
+        out.chmod(0o755)
+    assert proc.returncode != 0 and "read-only" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -105,6 +105,7 @@ def test_slides_with_the_same_name_get_their_own_folders(exported_dsvdd, slides,
     assert len(folders) == 2 and all(f.name.startswith("s-") for f in folders)
     seen = {pq.read_schema(f / "scores.parquet").metadata[b"cyto.slide"].decode() for f in folders}
     assert seen == {str(a.resolve()), str(b.resolve())}
+    assert {d["output"] for d in done} == {str(f) for f in folders}  # what the console names
     assert any("listed twice" in m for m in msgs) and any("also named s.tif" in m for m in msgs)
     # resuming the cohort finds each slide's own result
     msgs.clear()
@@ -511,3 +512,43 @@ def test_workers_read_ahead_within_the_crop_budget(exported_dsvdd, slides, tmp_p
     assert seen["queue"] >= tiling.QUEUE_MIN >= 16
     crop_bytes = seen["out"] ** 2 * 3
     assert seen["queue"] * seen["max_cells"] * crop_bytes <= tiling.IN_FLIGHT_BYTES
+
+
+def test_a_slide_finished_by_resume_reports_no_rate(exported_dsvdd, slides, tmp_path, monkeypatch):
+    """Stopped after every chunk was written: the resumed run scores no cell, so it reports no
+    rate (it said 0.0 cells/s). Stopped before any chunk: the message says there is nothing to
+    resume (it said the finished chunks were kept)."""
+    import cyto.infer.pipeline as pl
+    from cyto.runtime import load_scorer
+
+    opts = ScoreOptions(mosaic=0, workers=0, tile=256, chunk_cells=4096, batch_size=8)
+    scorer = load_scorer(exported_dsvdd, "onnx", "cpu")
+    real_score, msgs = scorer.score, []
+
+    def stop_at_once(images, batch_size):
+        raise KeyboardInterrupt
+
+    scorer.score = stop_at_once
+    with pytest.raises(KeyboardInterrupt):
+        score_slide(slides[0].paths[0], scorer, tmp_path / "r0", opts, msgs.append)
+    assert any("no chunk was finished yet" in m for m in msgs), msgs
+    assert not any("are kept" in m for m in msgs), msgs
+    scorer.score = real_score
+
+    real_write = pl.write_score_table
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pl, "write_score_table", stop)
+    with pytest.raises(KeyboardInterrupt):
+        score_slide(slides[0].paths[0], scorer, tmp_path / "r", opts)
+    monkeypatch.setattr(pl, "write_score_table", real_write)
+    s = score_slide(
+        slides[0].paths[0],
+        scorer,
+        tmp_path / "r",
+        ScoreOptions(**{**opts.__dict__, "resume": True}),
+    )
+    assert s["cells_this_run"] == 0 and s["cells_resumed"] == s["cells_scored"] > 0
+    assert s["cells_per_s"] is None and s["engine_cells_per_s"] is None

@@ -312,6 +312,18 @@ def write_cohort_table(rows: list[dict], path: Path) -> Path:
     """Merge ``rows`` into ``cohort.csv`` (a row per output folder; a slide scored again
     replaces its row, rows of other runs into the same folder stay), under a lock so that two
     runs never lose each other's rows; written by atomic rename."""
+    try:
+        return _merge_cohort_table(rows, path)
+    except OSError as exc:  # a read-only or full --out: one line, the slides' outputs are kept
+        from cyto.errors import OutputWriteError
+
+        raise OutputWriteError(
+            f"cannot write the cohort table {path} ({exc.strerror or exc}); every slide's own "
+            "folder holds its outputs: give an --out you can write to"
+        ) from exc
+
+
+def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
     import csv
     import fcntl
 

@@ -44,7 +44,15 @@ from cyto.infer.outputs import (
 )
 from cyto.infer.planes import check_plane_geometry, find_planes
 from cyto.infer.slide import open_slide
-from cyto.infer.store import PARTIAL, ChunkStore, OutputLock, schema, slide_identity, slide_key
+from cyto.infer.store import (
+    PARTIAL,
+    ChunkStore,
+    OutputLock,
+    kept_words,
+    schema,
+    slide_identity,
+    slide_key,
+)
 from cyto.infer.tiling import (
     QUEUE_MIN,
     Resolution,
@@ -373,9 +381,7 @@ def score_tiles(plan: SlidePlan, jobs: list, store: ChunkStore, scorer, opts, ec
             if crowd is None:
                 crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo, last=True)
     except KeyboardInterrupt:
-        echo(
-            f"interrupted: finished chunks are kept in {store.dir}; rerun with --resume to continue"
-        )
+        echo(f"interrupted: {kept_words(store.dir)}")
         raise
     except BrokenProcessPool as exc:
         raise broken_worker_error(slide, store.dir, exc) from exc
@@ -577,6 +583,7 @@ def _finish(table, run: _Run) -> dict:
         run.echo(f"warning: no cells found in {run.slide}; wrote an empty score table")
     summary = {
         "slide": str(run.slide),
+        "output": str(run.out_dir),
         "slide_identity": run.identity,
         "model": str(bundle.path),
         "model_sha256": bundle.manifest_hash,
@@ -614,7 +621,8 @@ def _finish(table, run: _Run) -> dict:
             "seconds": round(seconds, 2),
             "cells_this_run": int(new_cells),
             "cells_resumed": int(run.resumed_cells),
-            "cells_per_s": round(new_cells / max(seconds, 1e-9), 1),
+            # none when every cell came from finished chunks: this run scored nothing
+            "cells_per_s": round(new_cells / max(seconds, 1e-9), 1) if new_cells else None,
             "engine_cells_per_s": round(engine_rate, 1) if engine_rate else None,
             "pipeline_efficiency": (
                 round(new_cells / max(seconds, 1e-9) / engine_rate, 3) if engine_rate else None
@@ -666,10 +674,25 @@ def check_out_folder(out: Path) -> None:
         raise InputPathError(f"--out {out} is a file; give a folder (it is created if missing)")
 
 
+def check_writable(out: Path) -> None:
+    """``out``, or the nearest folder above it that exists, must take new files: a read-only
+    --out used to fail on its lock file with a traceback after the slides were scored."""
+    import os
+
+    here = Path(out).absolute()
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise OutputWriteError(
+            f"--out {out}: {here} is read-only for this user; give a folder you can write to"
+        )
+
+
 def check_inputs(out: Path, opts: ScoreOptions) -> None:
     """Every input the options name, checked before any work starts (a bad --truth or
     --nuclei file used to surface only after a whole slide was scored)."""
     check_out_folder(out)
+    check_writable(out)
     if opts.truth is not None:
         read_truth(opts.truth)
     if opts.nuclei is not None and not Path(opts.nuclei).is_file():

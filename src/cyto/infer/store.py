@@ -128,6 +128,15 @@ def slide_key(slide: Path, planes: list[tuple[float, str]]) -> dict:
     return {str(f): slide_identity(f) for f in files}
 
 
+def kept_words(store_dir: Path) -> str:
+    """What a stopped run leaves for ``--resume``, in words: the finished chunks, or that
+    there are none yet (then a rerun starts over)."""
+    n = len(list(Path(store_dir).glob("chunk-*"))) if Path(store_dir).is_dir() else 0
+    if n:
+        return f"{n} finished chunk(s) are kept in {store_dir}: rerun with --resume to continue"
+    return "no chunk was finished yet: rerun to start over"
+
+
 class ChunkStore:
     """Resumable row chunks in ``out_dir/.partial`` (see the module docstring)."""
 

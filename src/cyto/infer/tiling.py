@@ -351,7 +351,9 @@ class TileFeed:
 
 
 def broken_worker_error(slide, store_dir, exc: BrokenProcessPool) -> CytoError:
+    from cyto.infer.store import kept_words
+
     return CytoError(
-        f"{slide}: a worker process stopped ({exc or 'killed, out of memory?'}); finished "
-        f"chunks are kept in {store_dir}: rerun with --resume (and fewer --workers)"
+        f"{slide}: a worker process stopped ({exc or 'killed, out of memory?'}); "
+        f"{kept_words(store_dir)} (and fewer --workers)"
     )
