@@ -19,6 +19,7 @@ whole process group):
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -85,7 +86,29 @@ def sigint_blocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def _start_worker(initializer, initargs) -> None:
+def die_with_parent(parent: int) -> bool:
+    """Linux: have the kernel kill this process when ``parent`` dies (``PR_SET_PDEATHSIG``).
+    A SIGKILL of ``cyto score`` used to leave its workers running under PID 1 for good, each
+    holding its memory. The signal is tied to the thread that started this process: pools are
+    fed from the caller's thread (spawn_pool). Returns whether it is armed; a parent already
+    gone by then ends this process at once."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        armed = libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:  # the parent died before the prctl: nobody will signal
+        os._exit(1)
+    return armed
+
+
+def _start_worker(initializer, initargs, parent: int | None = None) -> None:
+    if parent is not None:
+        die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # discards a Ctrl-C that waited meanwhile
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGINT)
@@ -102,12 +125,12 @@ class _Pool(ProcessPoolExecutor):
 
 def spawn_pool(workers: int, initializer=None, initargs: tuple = ()) -> ProcessPoolExecutor:
     """A pool of ``workers`` spawned processes (no fork of a process that may hold threads) that
-    leave Ctrl-C to the main process, from the moment each starts."""
+    leave Ctrl-C to the main process, from the moment each starts, and die with it (Linux)."""
     import multiprocessing as mp
 
     return _Pool(
         workers,
         mp_context=mp.get_context("spawn"),
         initializer=_start_worker,
-        initargs=(initializer, initargs),
+        initargs=(initializer, initargs, os.getpid()),
     )

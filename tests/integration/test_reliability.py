@@ -552,3 +552,66 @@ def test_a_slide_finished_by_resume_reports_no_rate(exported_dsvdd, slides, tmp_
     )
     assert s["cells_this_run"] == 0 and s["cells_resumed"] == s["cells_scored"] > 0
     assert s["cells_per_s"] is None and s["engine_cells_per_s"] is None
+
+
+def _children(pid: int) -> list[int]:
+    """The PIDs whose parent is ``pid`` (from /proc)."""
+    import os
+
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_die_with_a_killed_main_process(exported_dsvdd, tmp_path):
+    """SIGKILL of cyto score (no handler can run) while its worker decodes tiles: the worker
+    goes too, instead of living on under PID 1 with its memory (issue 34)."""
+    import os
+    import signal
+
+    big = write_slide(tmp_path / "big.tif", SlideSynthConfig(width=4096, height=4096, seed=7))
+    cmd = [sys.executable, "-m", "cyto", "score", str(big.paths[0]), "--model"]
+    cmd += [str(exported_dsvdd), "--out", str(tmp_path / "o"), "--workers", "1", "--tile", "512"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    state = tmp_path / "o" / "big" / ".partial" / "state.json"
+    workers: list[int] = []
+    while time.time() < deadline and not (state.exists() and workers):
+        time.sleep(0.1)
+        workers = [c for c in _children(proc.pid) if b"spawn_main" in _cmdline(c)]
+    assert workers, "no worker process appeared"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.time() + 20
+    alive = workers
+    while alive and time.time() < deadline:
+        time.sleep(0.1)
+        alive = [w for w in workers if os.path.exists(f"/proc/{w}") and _zombie(w) is False]
+    for w in alive:  # a failing run leaves nothing behind either
+        os.kill(w, signal.SIGKILL)
+    assert not alive, f"workers {alive} outlived their killed parent"
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
