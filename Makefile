@@ -51,6 +51,17 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 demo: system-deps $(VENV)/.installed-cpu
 	$(VENV)/bin/cyto demo --out $(DEMO_OUT)
 
+# What a test run may not leave behind: a Ray cluster record, cyto's user cache, files in the tree
+LEFTOVERS = { ls -a "$${RAY_TMPDIR:-$${TMPDIR:-/tmp}}/ray/ray_current_cluster" 2>/dev/null; \
+	ls -aR "$${CYTO_CACHE_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/cyto}" 2>/dev/null; \
+	git status --porcelain 2>/dev/null; true; }
+
 test: system-deps browser-deps $(VENV)/.installed-test
-	@set +e; $(PY) -m pytest -q; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi; exit $$rc
+	@set +e; before=$$(mktemp); after=$$(mktemp); $(LEFTOVERS) > $$before; \
+	$(PY) -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi; \
+	$(LEFTOVERS) > $$after; \
+	if ! diff -u $$before $$after > /dev/null; then \
+	  echo "the tests left files behind outside their temporary folders:"; \
+	  diff -u $$before $$after | tail -n +3; rc=1; fi; \
+	rm -f $$before $$after; exit $$rc

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,15 @@ if importlib.util.find_spec("openslide") is not None:
     import openslide  # noqa: F401
 
 os.environ.setdefault("CYTO_PROGRESS", "0")
+
+# What the runs of a test session leave outside their own folders goes to one temporary folder,
+# removed when the session ends: Ray's sessions and its record of the current cluster (a record
+# naming a dead head made a user's next `cyto score --ray auto` fail), and cyto's cache
+# (verification results, numba kernels). Subprocesses inherit it.
+SESSION_TMP = tempfile.mkdtemp(prefix="cyto-test-")
+os.environ["RAY_TMPDIR"] = SESSION_TMP
+os.environ["CYTO_CACHE_DIR"] = os.path.join(SESSION_TMP, "cache")
+os.environ["NUMBA_CACHE_DIR"] = os.path.join(SESSION_TMP, "cache", "numba")
 
 from tests.conftest_paths import SHARED_DATA  # noqa: E402 - after the openslide import above
 
@@ -53,6 +63,10 @@ def _chromium() -> str | None:
 HAS_OPENSLIDE = _has_openslide()
 PYVIPS_LOADERS = _pyvips_loaders()
 CHROMIUM = _chromium()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

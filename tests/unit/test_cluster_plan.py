@@ -87,3 +87,33 @@ def test_an_engine_on_a_gpu_uses_the_one_ray_gave_it():
     assert engine_device("auto", [1]) == "auto"
     assert engine_device("cuda:1", []) == "cuda:1"  # no GPU given: the user's choice stands
     assert engine_device("cpu", []) == "cpu"
+
+
+def test_auto_starts_a_local_cluster_when_the_recorded_head_is_gone(tmp_path, monkeypatch):
+    """A killed cluster leaves Ray's ray_current_cluster behind; --ray auto then failed with
+    'cannot join a Ray cluster there'. Now a recorded head that does not answer means a new
+    local cluster, said in words; one that answers is joined; RAY_ADDRESS comes first."""
+    import socket
+
+    from cyto.infer.cluster import auto_target, recorded_cluster
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    record = recorded_cluster()
+    assert record == tmp_path / "ray" / "ray_current_cluster"
+    assert auto_target() == (None, "")  # no record: Ray's own choice, a new local cluster
+    record.parent.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # closed when the block ends: nothing answers there
+    record.write_text(f"127.0.0.1:{dead}")
+    target, note = auto_target()
+    assert target == "local" and f"127.0.0.1:{dead}" in note and "is gone" in note
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        record.write_text(f"127.0.0.1:{live.getsockname()[1]}")
+        assert auto_target() == (None, "")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.9:6379")
+    record.write_text(f"127.0.0.1:{dead}")
+    assert auto_target() == (None, "")

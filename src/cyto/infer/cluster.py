@@ -58,8 +58,9 @@ def connect(address: str, num_cpus: int | None = None) -> str:
     kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     # the driver's environment goes to the actors; CYTO_PROGRESS=0 keeps per-tile bars out of logs
     kwargs["runtime_env"] = {"env_vars": {"CYTO_PROGRESS": "0"}}
+    note = ""
     if address in ("auto", "local"):
-        target = None if address == "auto" else "local"
+        target, note = auto_target() if address == "auto" else ("local", "")
         if num_cpus is not None:
             kwargs["num_cpus"] = num_cpus
     else:
@@ -74,7 +75,48 @@ def connect(address: str, num_cpus: int | None = None) -> str:
             "`ray start --head`, or use --ray local"
         ) from None
     where = getattr(ctx, "address_info", {}).get("gcs_address") or address
-    return f"Ray cluster at {where}"
+    return f"Ray cluster at {where}" + (f" ({note})" if note else "")
+
+
+def recorded_cluster() -> Path:
+    """Where Ray records the cluster ``ray start`` (or a local ``ray.init``) left on this machine:
+    ``ray_current_cluster`` in Ray's temp folder ($RAY_TMPDIR, else $TMPDIR on Linux, else /tmp,
+    then ``ray/``), as Ray's own ``get_ray_address_file`` finds it."""
+    import sys
+    import tempfile
+
+    if "RAY_TMPDIR" in os.environ:
+        base = os.environ["RAY_TMPDIR"]
+    elif sys.platform.startswith("linux") and "TMPDIR" in os.environ:
+        base = os.environ["TMPDIR"]
+    elif sys.platform.startswith(("linux", "darwin")):
+        base = "/tmp"
+    else:
+        base = tempfile.gettempdir()
+    return Path(base) / "ray" / "ray_current_cluster"
+
+
+def auto_target() -> tuple[str | None, str]:
+    """What ``--ray auto`` joins: RAY_ADDRESS, else the recorded cluster when its head still
+    answers, else a new local cluster; with a note when a recorded head is gone (a killed
+    cluster leaves its record, and Ray would then refuse to start with 'cannot join')."""
+    if os.environ.get("RAY_ADDRESS"):
+        return None, ""
+    record = recorded_cluster()
+    try:
+        recorded = record.read_text().strip()
+    except OSError:
+        return None, ""
+    if not recorded:
+        return "local", f"{record} is empty: started a local cluster"
+    host, _, port = recorded.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=2.0).close()
+    except (OSError, ValueError):
+        return "local", (
+            f"the cluster recorded in {record} ({recorded}) is gone: started a local one"
+        )
+    return None, ""
 
 
 def _send_token_if_any() -> None:
