@@ -97,7 +97,9 @@ def test_train_info_predict(tmp_path, synth_patches):
     assert both.returncode == 2 and "not both" in both.stderr
     no_mpp = run_cyto("predict", str(out), "--data", str(small), "--patch-mpp", "0.5")
     assert no_mpp.returncode == 2 and "records no training resolution" in no_mpp.stderr
-    shrink = run_cyto("predict", str(out), "--data", str(small), "--zoom", "0.8")
+    shrink = run_cyto(
+        "predict", str(out), "--data", str(small), "--zoom", "0.8", "--out", str(tmp_path / "s.pq")
+    )  # a table in the test's own folder, never the working directory
     assert shrink.returncode == 0 and "warning: a zoom below 1" in shrink.stdout
 
     again = run_cyto(

@@ -682,6 +682,8 @@ def check_writable(out: Path) -> None:
     here = Path(out).absolute()
     while not here.exists() and here != here.parent:
         here = here.parent
+    if not here.is_dir():
+        raise OutputWriteError(f"cannot write --out {out}: {here} is a file, not a folder")
     if not os.access(here, os.W_OK | os.X_OK):
         raise OutputWriteError(
             f"--out {out}: {here} is read-only for this user; give a folder you can write to"
