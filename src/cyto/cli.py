@@ -57,6 +57,17 @@ def _root(
     """cyto: one-class models rank every cell of a slide by how abnormal it looks."""
 
 
+# cyto score and cyto predict: the one switch that scores without the check on golden cells
+SkipVerify = Annotated[
+    bool,
+    typer.Option(
+        "--skip-verify",
+        help="Score without first running the graph on the bundle's golden cells here and "
+        "comparing with their reference scores (recorded).",
+    ),
+]
+
+
 def _ints(text: str, what: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -638,14 +649,7 @@ def predict_cmd(
             help="um per pixel of these patches: zoom by it over the model's training mpp."
         ),
     ] = None,
-    skip_verify: Annotated[
-        bool,
-        typer.Option(
-            "--skip-verify",
-            help="Score without first running the graph on the bundle's golden cells here and "
-            "comparing with their reference scores (recorded).",
-        ),
-    ] = False,
+    skip_verify: SkipVerify = False,
 ) -> None:
     """Score every patch of a folder or manifest with a bundle (PyTorch by default)."""
     from cyto.predict import predict
@@ -915,14 +919,7 @@ def score_cmd(
             "GPU (or per node without one); slides and --out must be on a path every node sees.",
         ),
     ] = None,
-    skip_verify: Annotated[
-        bool,
-        typer.Option(
-            "--skip-verify",
-            help="Score without first running the graph on the bundle's golden cells here and "
-            "comparing with their reference scores (recorded).",
-        ),
-    ] = False,
+    skip_verify: SkipVerify = False,
     ray_part_tiles: Annotated[
         int,
         typer.Option(
