@@ -157,6 +157,7 @@ class ChunkStore:
             if old == self.key:
                 for f in self.dir.glob("*.tmp"):
                     f.unlink()
+                self._drop_damaged(echo)
                 done_tiles = self._ranges()[-1][1] + 1 if self._ranges() else 0
                 done_cells = sum(pq.read_metadata(f).num_rows for f in self._files())
                 echo(f"resuming: {done_tiles} tiles and {done_cells} cells already scored")
@@ -176,6 +177,27 @@ class ChunkStore:
         self.dir.mkdir(parents=True)
         state.write_text(json.dumps(self.key, indent=1))
         return 0, 0
+
+    def _drop_damaged(self, echo) -> None:
+        """A chunk that cannot be read (0 bytes or cut short: a disk that filled, a copy that
+        stopped) is treated as never written: it and the chunks after it go, and their tiles are
+        scored again (chunks must follow each other without a gap)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        files = self._files()
+        for i, f in enumerate(files):
+            try:
+                pq.read_metadata(f)
+            except (pa.ArrowInvalid, OSError) as exc:
+                for later in files[i:]:
+                    later.unlink(missing_ok=True)
+                why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                echo(
+                    f"resume: {f.name} is damaged ({why}): its tiles and those of the "
+                    f"{len(files) - i - 1} chunk(s) after it are scored again"
+                )
+                return
 
     def _files(self) -> list[Path]:
         return sorted(f for f in self.dir.glob("chunk-*.parquet") if _CHUNK.match(f.name))
