@@ -20,6 +20,7 @@ from cyto.errors import OutputBusyError
 from cyto.infer.pipeline import ScoreOptions, score_cohort, score_slide
 from cyto.infer.store import OutputLock, slide_identity
 from tests.integration.test_score import score_cli
+from tests.unit.test_cli import run_cyto
 
 OPTS = ScoreOptions(mosaic=0, workers=0, tile=512)
 
@@ -653,3 +654,21 @@ def test_a_damaged_chunk_is_scored_again_on_resume(exported_dsvdd, slides, tmp_p
     assert s["cells_scored"] == ref["cells_scored"] == got.num_rows
     assert got["x"].to_pylist() == want["x"].to_pylist()
     np.testing.assert_allclose(np.asarray(got["score"]), np.asarray(want["score"]))
+
+
+def test_a_symlink_loop_fails_alone_and_the_cohort_goes_on(exported_dsvdd, slides, tmp_path):
+    """A slide path that is a symlink loop aborted the whole cohort with a RuntimeError before
+    any slide was scored (issue 34). One bad slide must never stop a cohort."""
+    loop = tmp_path / "loop.tif"
+    loop.symlink_to(loop)
+    out = tmp_path / "o"
+    proc = run_cyto(
+        "score", str(loop), str(slides[0].paths[0]), "--model", str(exported_dsvdd),
+        "--out", str(out), "--workers", "0", "--mosaic", "0",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "loop.tif" in proc.stderr
+    assert "a link that leads nowhere" in proc.stderr
+    assert (out / "s" / "scores.parquet").is_file()
+    rows = (out / "cohort.csv").read_text().splitlines()
+    assert len(rows) == 3  # a header, the failed slide, the scored one

@@ -701,13 +701,22 @@ def check_inputs(out: Path, opts: ScoreOptions) -> None:
         raise InputPathError(f"nuclei file {opts.nuclei} does not exist")
 
 
+def _resolved(path: Path) -> Path:
+    """The slide's real path; one that cannot be resolved (a symlink loop) stays as given, so
+    that slide fails on its own when it is opened and the cohort goes on."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        return path.absolute()
+
+
 def output_folders(slides: list[Path], out: Path) -> list[tuple[Path, Path]]:
     """(slide, its output folder): ``OUT/STEM``, or ``OUT/STEM-<hash of the path>`` for slides
     whose names collide in the cohort (``a/slide.ndpi`` and ``b/slide.ndpi``), so no slide's
     result can overwrite another's. The same slide listed twice is scored once."""
     import hashlib
 
-    unique = list(dict.fromkeys(Path(s).resolve() for s in slides))
+    unique = list(dict.fromkeys(_resolved(Path(s)) for s in slides))
     stems: dict[str, int] = {}
     for s in unique:
         stems[s.stem] = stems.get(s.stem, 0) + 1

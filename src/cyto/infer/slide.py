@@ -456,6 +456,8 @@ def open_slide(path: Path | str, backend: str = "auto") -> SlideReader:
         raise UnsupportedSlideError(
             f"unknown slide backend {backend!r}; use one of {', '.join(BACKENDS)}"
         )
+    if path.is_symlink() and not path.exists():
+        raise InputPathError(f"slide {path} is a link that leads nowhere (a loop, or a gone file)")
     if not path.exists():
         raise InputPathError(f"slide {path} does not exist")
     if not path.is_file():
