@@ -650,6 +650,13 @@ def predict_cmd(
         ),
     ] = None,
     skip_verify: SkipVerify = False,
+    skip_unreadable: Annotated[
+        bool,
+        typer.Option(
+            help="Skip (and count) unreadable images instead of failing; the table's metadata "
+            "lists them (cyto.skipped)."
+        ),
+    ] = False,
 ) -> None:
     """Score every patch of a folder or manifest with a bundle (PyTorch by default)."""
     from cyto.predict import predict
@@ -667,7 +674,12 @@ def predict_cmd(
         zoom=zoom,
         patch_mpp=patch_mpp,
         verify=not skip_verify,
+        skip_unreadable=skip_unreadable,
     )
+    for path, why in res.get("skipped", [])[:5]:
+        typer.echo(f"skipped unreadable {path}: {why}")
+    if len(res.get("skipped", [])) > 5:
+        typer.echo(f"... and {len(res['skipped']) - 5} more unreadable file(s) skipped")
     for note in res.get("notes", []):
         typer.echo(f"backend choice: {note}")
     typer.echo(f"verification: {res['verification']}")

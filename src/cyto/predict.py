@@ -11,7 +11,7 @@ import numpy as np
 from cyto.data.dataset import PatchDataset, load_records
 from cyto.data.images import read_image, resize_rgb
 from cyto.data.scale import resolve_zoom, zoom_patches
-from cyto.errors import InputPathError
+from cyto.errors import InputPathError, UnreadableImageError
 
 
 def predict(
@@ -27,6 +27,7 @@ def predict(
     zoom: str | float | None = None,
     patch_mpp: float | None = None,
     verify: bool = True,
+    skip_unreadable: bool = False,
 ) -> dict[str, object]:
     """Write ``out`` (Parquet): path, class, [label], score, rank (1 = most abnormal).
 
@@ -44,11 +45,24 @@ def predict(
     load = None if zooming else size  # a zoom cuts the native image, then resizes
     records = load_records(Path(data))
     labels = None
+    skipped: list[tuple[Path, str]] = []
     if normal:
-        ds = PatchDataset.from_path(data, normal=normal, abnormal=abnormal, size=load)
-        records, images, labels = ds.records, ds.images, ds.labels
+        ds = PatchDataset.from_path(
+            data, normal=normal, abnormal=abnormal, size=load, skip_unreadable=skip_unreadable
+        )
+        records, images, labels, skipped = ds.records, ds.images, ds.labels, ds.skipped
     else:
-        images = [read_image(r.path) for r in records]
+        images, kept = [], []
+        for r in records:
+            try:
+                images.append(read_image(r.path))
+            except UnreadableImageError as exc:
+                if not skip_unreadable:
+                    raise
+                skipped.append((r.path, exc.reason))
+                continue
+            kept.append(r)
+        records = kept
         if load:
             images = [resize_rgb(im, load) for im in images]
     if len(images) == 0:
@@ -87,6 +101,8 @@ def predict(
             "cyto.backend": scorer.backend.name,
             "cyto.precision": scorer.precision,
             "cyto.zoom": f"{factor:.4g} ({how})",
+            # the files left out (--skip-unreadable), so no reader mistakes the table for all
+            "cyto.skipped": json.dumps([[str(p), why] for p, why in skipped]),
             "cyto.verification": json.dumps(
                 scorer.verification.as_json() if scorer.verification else None
             ),
@@ -102,6 +118,7 @@ def predict(
         "zoom": factor,
         "zoom_from": how,
         "notes": list(scorer.notes),
+        "skipped": skipped,
         "verification": scorer.verification.words() if scorer.verification else "none",
     }
     if labels is not None and 0 < labels.sum() < len(labels):

@@ -177,3 +177,31 @@ def test_predict_without_labels(bundles, tiny, tmp_path):
     assert proc.returncode == 0, proc.stderr
     table = pq.read_table(out)
     assert table.num_rows == 5 and "label" not in table.column_names
+
+
+def test_predict_skips_unreadable_images_when_asked(bundles, tiny, tmp_path):
+    """cyto predict on a folder with a broken JPEG: the error names --skip-unreadable, which
+    predict now has (it was train's only); the table lists what it left out."""
+    import json
+
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from tests.unit.test_cli import run_cyto
+
+    folder = tmp_path / "cells" / "LYT"
+    folder.mkdir(parents=True)
+    for i in range(4):
+        Image.fromarray(tiny.images[i]).save(folder / f"c{i}.png")
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a whole jpeg")
+    out = tmp_path / "s.parquet"
+    base = ("predict", str(bundles["dsvdd"]), "--data", str(tmp_path / "cells"), "--out", str(out))
+    proc = run_cyto(*base)
+    assert proc.returncode == 2 and "--skip-unreadable" in proc.stderr, proc.stderr
+    proc = run_cyto(*base, "--skip-unreadable")
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped unreadable" in proc.stdout and "broken.jpg" in proc.stdout
+    table = pq.read_table(out)
+    assert table.num_rows == 4
+    skipped = json.loads(table.schema.metadata[b"cyto.skipped"])
+    assert [p.endswith("broken.jpg") for p, _ in skipped] == [True]
