@@ -132,23 +132,30 @@ def test_a_replaced_slide_is_scored_again(exported_dsvdd, slides, tmp_path):
     assert done[0]["cells_scored"] == ref["cells_scored"]
 
 
+def _interrupted_at(call: int, slide, scorer, out, opts) -> None:
+    """Score ``slide`` into ``out`` with a Ctrl-C at the scorer's ``call``-th batch."""
+    real, calls = scorer.score, {"n": 0}
+
+    def flaky(images, batch_size):
+        calls["n"] += 1
+        if calls["n"] == call:
+            raise KeyboardInterrupt
+        return real(images, batch_size)
+
+    scorer.score = flaky
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            score_slide(slide, scorer, out, opts)
+    finally:
+        scorer.score = real
+
+
 def test_rates_after_a_resume_count_this_run_only(exported_dsvdd, slides, tmp_path, monkeypatch):
     from cyto.runtime import load_scorer
 
     opts = ScoreOptions(mosaic=0, workers=0, tile=256, chunk_cells=8, batch_size=8)
     scorer = load_scorer(exported_dsvdd, "onnx", "cpu")
-    real, calls = scorer.score, {"n": 0}
-
-    def flaky(images, batch_size):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        return real(images, batch_size)
-
-    scorer.score = flaky
-    with pytest.raises(KeyboardInterrupt):
-        score_slide(slides[0].paths[0], scorer, tmp_path / "r", opts)
-    scorer.score = real
+    _interrupted_at(4, slides[0].paths[0], scorer, tmp_path / "r", opts)
     s = score_slide(
         slides[0].paths[0],
         scorer,
@@ -627,18 +634,7 @@ def test_a_damaged_chunk_is_scored_again_on_resume(exported_dsvdd, slides, tmp_p
 
     opts = ScoreOptions(mosaic=0, workers=0, tile=256, chunk_cells=8, batch_size=8)
     scorer = load_scorer(exported_dsvdd, "onnx", "cpu")
-    real, calls = scorer.score, {"n": 0}
-
-    def flaky(images, batch_size):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
-        return real(images, batch_size)
-
-    scorer.score = flaky
-    with pytest.raises(KeyboardInterrupt):
-        score_slide(slides[0].paths[0], scorer, tmp_path / "r", opts)
-    scorer.score = real
+    _interrupted_at(5, slides[0].paths[0], scorer, tmp_path / "r", opts)
     chunks = sorted((tmp_path / "r" / ".partial").glob("chunk-*.parquet"))
     assert len(chunks) >= 2, chunks
     chunks[1].write_bytes(b"")  # the second of them, 0 bytes
