@@ -253,7 +253,7 @@ def model_rows(
     """Every (device, backend, precision) of ``model`` that exists here, verified and timed."""
     from cyto.bundle import PRECISIONS, load_bundle
     from cyto.runtime.machine import graph_for
-    from cyto.runtime.scorer import load_scorer
+    from cyto.runtime.scorer import load_scorer, scorer_artifact
     from cyto.runtime.verify import read_golden
 
     rows, auto, problems = [], {}, []
@@ -302,7 +302,7 @@ def model_rows(
                     v = scorer.verification
                     row.status = v.status if v is not None else "unverified"
                     row.detail = v.words() if v is not None else ""
-                    row.graph = _artifact_words(scorer)
+                    row.graph = scorer_artifact(scorer.backend)
                     row.cells_per_s = _speed(scorer, images)
                     scorer.close()
                     passed_any = passed_any or row.status in ("passed", "unverified")
@@ -318,12 +318,6 @@ def model_rows(
         except CytoError as exc:
             auto[f"{model} on {device}"] = f"nothing: {exc}"
     return rows, auto, problems
-
-
-def _artifact_words(scorer) -> str:
-    from cyto.runtime.scorer import scorer_artifact
-
-    return scorer_artifact(scorer.backend)
 
 
 def diagnose(models: list[Path], device: str = "auto", precision: str | None = None) -> Report:

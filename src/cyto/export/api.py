@@ -161,12 +161,11 @@ def _golden(path, cells, parity_cells, parity_normal, calib, echo) -> dict | Non
     cells were given, or when --cells names new ones; returns the entry written (or None)."""
     from cyto.export.golden import golden_source, needs_real_cells, write_golden
 
-    bundle = load_bundle(path, weights=False)
-    given = [cells, parity_cells, calib]
-    if cells is None and not needs_real_cells(path):
+    needed = needs_real_cells(path)
+    if cells is None and not needed:
         return None
-    source = golden_source(bundle, given)
-    if source is None and not needs_real_cells(path):
+    source = golden_source(load_bundle(path, weights=False), [cells, parity_cells, calib])
+    if source is None and not needed:
         return None
     # the normal classes: --parity-normal for --parity-cells, else the bundle's training ones
     normal = parity_normal if source is not None and source == parity_cells else None

@@ -199,15 +199,6 @@ def precision_candidates(
     return [*out, "fp32"]
 
 
-def auto_precision(spec: ModelSpec, backend: str, device: str) -> str:
-    """The fastest precision ``auto`` would try first (before verification on this machine)."""
-    return precision_candidates(spec, backend, device, _AnyGolden, [])[0]
-
-
-class _AnyGolden:
-    kind = "cells"
-
-
 def load_scorer(
     model: Path | str | Bundle,
     backend: str = "auto",
