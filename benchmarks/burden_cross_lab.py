@@ -54,8 +54,8 @@ def main() -> None:
 
     import pyarrow.parquet as pq
 
-    from cyto.infer import calibrate
     from cyto.predict import predict
+    from cyto.stats import calibrate
     from cyto.train.api import train
 
     t0 = time.perf_counter()

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from _results import machine, write
 
-from cyto.infer.conformal import DEFAULT_NORMALIZATION, NORMALIZATIONS
+from cyto.stats.conformal import DEFAULT_NORMALIZATION, NORMALIZATIONS
 
 STAINS = {"batch": "one per cohort (exchangeable slides)", "per-slide": "each slide its own"}
 RATES = (0.0, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.09)
@@ -74,7 +74,7 @@ def _slides(
 
 def _score(scorer, slides, out: Path) -> list[Path]:
     from cyto.infer.options import ScoreOptions
-    from cyto.infer.pipeline import score_slide
+    from cyto.infer import score_slide
 
     tables = []
     for path, _, truth in slides:
@@ -106,7 +106,7 @@ def _near_abnormal(table, truth: Path, summary: Path) -> np.ndarray:
 def _evaluate(parts, tests, how: str, alpha: float, confidence: float | None = None) -> list[dict]:
     """One row per test slide: flags, burden and slide test against ``parts`` normalized ``how``
     (flags from calibration-conditional p-values with ``confidence``)."""
-    from cyto.infer import calibrate
+    from cyto.stats import calibrate
 
     info = {"normalization": how, **calibrate.leave_one_slide_out(parts, how, alpha)}
     cal = calibrate.Calibration(parts, info)
@@ -273,8 +273,8 @@ def main() -> None:
 
     import pyarrow.parquet as pq
 
-    from cyto.infer.calibrate import calibrate_from_tables
     from cyto.runtime import load_scorer
+    from cyto.stats.calibrate import calibrate_from_tables
 
     t0 = time.perf_counter()
     report, all_rows = {}, {}

@@ -39,7 +39,7 @@ import numpy as np
 from _results import machine, write
 from burden_fdr import _evaluate, _near_abnormal
 
-from cyto.infer.conformal import DEFAULT_NORMALIZATION
+from cyto.stats.conformal import DEFAULT_NORMALIZATION
 
 
 def _load(cohort: Path) -> list[dict]:

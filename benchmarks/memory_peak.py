@@ -30,7 +30,7 @@ def dense_slide(src: Path, side: int, out: Path) -> Path:
     import numpy as np
     import tifffile
 
-    from cyto.infer.slide import open_slide
+    from cyto.slides import open_slide
 
     reader = open_slide(src)
     mpp = reader.info.mpp or 0.5

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from cyto.infer.cluster import score_cohort_ray
-from cyto.infer.pipeline import ScoreOptions, score_cohort
+from cyto.cohort.ray import score_cohort_ray
+from cyto.cohort import score_cohort
+from cyto.infer import ScoreOptions
 
 ap = argparse.ArgumentParser()
 ap.add_argument("model", type=Path)

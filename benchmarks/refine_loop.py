@@ -62,7 +62,7 @@ def negative_slide_cells(out: Path, seed: int, n: int) -> list[Path]:
 
 
 def _score(slide, model, out, truth):
-    from cyto.infer.pipeline import ScoreOptions, score_slide
+    from cyto.infer import ScoreOptions, score_slide
 
     return score_slide(
         slide, model, out, ScoreOptions(top_k=K, mosaic=0, truth=truth), echo=lambda _: None

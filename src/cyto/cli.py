@@ -954,8 +954,9 @@ def score_cmd(
     """
     from dataclasses import replace
 
-    from cyto.infer.nuclei import detection_preset
-    from cyto.infer.pipeline import ScoreOptions, score_cohort
+    from cyto.detect import detection_preset
+    from cyto.cohort import score_cohort
+    from cyto.infer import ScoreOptions
 
     opts = ScoreOptions(
         detection=replace(detection_preset(detection), detector=detector),
@@ -988,7 +989,7 @@ def score_cmd(
     if ray is None:
         done, failed = score_cohort(slides, model, out, opts, echo=typer.echo, metrics=metrics)
     else:
-        from cyto.infer.cluster import score_cohort_ray
+        from cyto.cohort.ray import score_cohort_ray
 
         if ray_part_tiles < 0:
             raise ConfigError(f"--ray-part-tiles must be >= 0, got {ray_part_tiles}")
@@ -1058,7 +1059,7 @@ def calibrate_cmd(
     interval and a slide-level test. Give several slides: the spread between normal slides is
     part of the interval, and each slide is checked against the others (leave one out).
     """
-    from cyto.infer.calibrate import calibrate_from_tables
+    from cyto.stats.calibrate import calibrate_from_tables
 
     cal = calibrate_from_tables(model, tables, normalization=normalize)
     q = cal["quantiles"]
@@ -1436,8 +1437,8 @@ def bench_slide_cmd(
     from cyto.bench.device import machine
     from cyto.bench.results import header, write_results
     from cyto.bench.slide import bench_slide, slide_markdown
-    from cyto.infer.nuclei import NucleusParams
-    from cyto.infer.pipeline import ScoreOptions
+    from cyto.detect import NucleusParams
+    from cyto.infer import ScoreOptions
 
     opts = ScoreOptions(
         patch_size=patch_size,
@@ -1493,7 +1494,7 @@ def bench_cohort_cmd(
     from cyto.bench.cohort import bench_cohort, cohort_markdown
     from cyto.bench.device import machine
     from cyto.bench.results import header, write_results
-    from cyto.infer.pipeline import ScoreOptions
+    from cyto.infer import ScoreOptions
 
     if bool(slides) == bool(synthetic):
         raise ConfigError("give SLIDES or --synthetic N (one of the two)")

@@ -28,9 +28,9 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
     from cyto.eval.metrics import all_metrics
     from cyto.export.api import export_bundle
-    from cyto.infer.calibrate import calibrate_from_tables
-    from cyto.infer.pipeline import ScoreOptions, score_slide
+    from cyto.infer import ScoreOptions, score_slide
     from cyto.predict import predict
+    from cyto.stats.calibrate import calibrate_from_tables
     from cyto.train.api import train
 
     out = Path(out)

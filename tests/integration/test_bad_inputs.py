@@ -8,8 +8,8 @@ import os
 
 import pytest
 
+from cyto.detect import read_nuclei_file
 from cyto.errors import ConfigError, DatasetError, InputPathError
-from cyto.infer.nuclei import read_nuclei_file
 from tests.unit.test_cli import run_cyto
 
 NUCLEI = {
@@ -145,9 +145,9 @@ def test_a_read_only_out_is_one_line_before_any_work(exported_dsvdd, tmp_path, m
     import os
 
     from cyto.errors import OutputWriteError
-    from cyto.infer import outputs
+    from cyto.cohort import score_cohort
+    from cyto.cohort import table as cohort_table
     from cyto.infer.options import ScoreOptions
-    from cyto.infer.pipeline import score_cohort
 
     out = tmp_path / "ro"
     out.mkdir()
@@ -156,7 +156,7 @@ def test_a_read_only_out_is_one_line_before_any_work(exported_dsvdd, tmp_path, m
         os, "access", lambda p, mode: False if str(p) == str(out) else real(p, mode)
     )
     loaded = []
-    monkeypatch.setattr("cyto.infer.pipeline.load_scorer", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr("cyto.cohort.local.load_scorer", lambda *a, **k: loaded.append(a))
     with pytest.raises(OutputWriteError, match=r"--out .*ro.* is read-only"):
         score_cohort([tmp_path / "s.tif"], exported_dsvdd, out, ScoreOptions(), echo=print)
     assert loaded == []  # refused before the model was loaded
@@ -165,9 +165,9 @@ def test_a_read_only_out_is_one_line_before_any_work(exported_dsvdd, tmp_path, m
     def full(rows, path):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(outputs, "_merge_cohort_table", full)
+    monkeypatch.setattr(cohort_table, "_merge_cohort_table", full)
     with pytest.raises(OutputWriteError, match=r"cannot write the cohort table .*No space left"):
-        outputs.write_cohort_table([], out / "cohort.csv")
+        cohort_table.write_cohort_table([], out / "cohort.csv")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through a read-only mode")

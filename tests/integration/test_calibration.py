@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
-from cyto.infer import conformal
+from cyto.stats import conformal
 from tests.integration.test_score import score_cli
 from tests.unit.test_cli import run_cyto
 
@@ -62,7 +62,7 @@ def test_uncalibrated_runs_say_so_and_keep_a_cohort_table(cohort):
         "not calibrated"
     }
     # a second run into the same folder adds its row and keeps the others
-    from cyto.infer.outputs import cohort_row, write_cohort_table
+    from cyto.cohort.table import cohort_row, write_cohort_table
 
     write_cohort_table(
         [cohort_row(cohort["root"] / "x.ndpi", cohort["root"] / "negs" / "x", None, "bad file")],

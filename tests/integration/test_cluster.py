@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
-from cyto.infer.pipeline import ScoreOptions, score_cohort
+from cyto.cohort import score_cohort
+from cyto.infer import ScoreOptions
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -74,7 +75,7 @@ def shutdown_ray():
 def test_a_local_ray_cohort_equals_the_plain_run(
     exported_dsvdd, cohort, plain, tmp_path, shutdown_ray
 ):
-    from cyto.infer.cluster import score_cohort_ray
+    from cyto.cohort.ray import score_cohort_ray
 
     slides, bad = cohort
     out = tmp_path / "ray"
@@ -223,7 +224,7 @@ def test_a_worker_killed_mid_slide_is_replaced_and_the_slide_resumed(
 ):
     from dataclasses import replace
 
-    from cyto.infer.cluster import score_cohort_ray
+    from cyto.cohort.ray import score_cohort_ray
 
     slides, _ = cohort
     out = tmp_path / "killed"

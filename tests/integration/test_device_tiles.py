@@ -9,14 +9,14 @@ import torch
 
 from cyto.data.images import resize_rgb
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
-from cyto.infer.device_tiles import (
+from cyto.infer.patches import crop_cells
+from cyto.slides import open_slide
+from cyto.slides.device import (
     DeviceTileReader,
     crop_cells_device,
     open_device_tiles,
     resize_like_pil,
 )
-from cyto.infer.patches import crop_cells
-from cyto.infer.slide import open_slide
 
 REGIONS = [(0, 0, 300, 200), (-50, -40, 700, 600), (300, 500, 1024, 1024), (900, 950, 400, 300)]
 
@@ -122,7 +122,7 @@ def test_cyto_score_decode_torch_gives_the_same_table_and_says_which_path_ran(
 ):
     import pyarrow.parquet as pq
 
-    from cyto.infer.pipeline import ScoreOptions, score_slide
+    from cyto.infer import ScoreOptions, score_slide
 
     tif, ndpi = synth
     base = ScoreOptions(mosaic=0, workers=0, tile=512)

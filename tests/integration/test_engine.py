@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cyto.detect import NucleusParams
 from cyto.errors import ConfigError, CytoError
-from cyto.infer.nuclei import NucleusParams
-from cyto.infer.pipeline import ScoreOptions
+from cyto.infer import ScoreOptions
 from cyto.runtime import load_scorer
 
 

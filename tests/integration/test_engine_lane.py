@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
-from cyto.infer.pipeline import ScoreOptions, score_slide
+from cyto.infer import ScoreOptions, score_slide
 from cyto.runtime import devices, load_scorer
 from cyto.runtime.lane import EngineLane
 

@@ -103,7 +103,7 @@ def test_the_device_path_on_cuda_writes_the_cpu_table(exported_dsvdd, tmp_path, 
     on the GPU, the engine in its own thread and stream or not: the CPU path's cells and scores,
     and the host->device traffic is the JPEG bytes, not the crops."""
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
-    from cyto.infer.pipeline import ScoreOptions, score_slide
+    from cyto.infer import ScoreOptions, score_slide
 
     slide = write_slide(
         tmp_path / "s.tif", SlideSynthConfig(width=2048, height=1536, seed=3)

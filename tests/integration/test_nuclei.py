@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.detect import detect_in_region, detect_nuclei, match, read_nuclei_file
 from cyto.errors import InputPathError
-from cyto.infer.nuclei import detect_in_region, detect_nuclei, match, read_nuclei_file
-from cyto.infer.slide import open_slide
+from cyto.slides import open_slide
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +108,8 @@ def test_nuclei_files(tmp_path):
 
 
 def test_detection_presets_keep_their_kind_and_physical_sizes():
+    from cyto.detect import NucleusParams, detection_preset
     from cyto.errors import ConfigError
-    from cyto.infer.nuclei import NucleusParams, detection_preset
 
     assert detection_preset("smear") == NucleusParams()
     tissue = detection_preset("tissue")
@@ -126,7 +126,7 @@ def test_detection_presets_keep_their_kind_and_physical_sizes():
 def test_the_tissue_preset_finds_the_smear_slide_s_cells_too(slide):
     """On a smear the tissue settings still find the cells (bigger smoothing and spacing do not
     lose lymphocyte-sized nuclei at the 100x scale)."""
-    from cyto.infer.nuclei import detection_preset
+    from cyto.detect import detection_preset
 
     reader, truth = slide
     tissue = detection_preset("tissue")
@@ -144,7 +144,7 @@ def test_the_tissue_preset_finds_the_smear_slide_s_cells_too(slide):
 def test_min_radius_drops_thin_strands_and_keeps_round_nuclei():
     from dataclasses import replace
 
-    from cyto.infer.nuclei import NucleusParams
+    from cyto.detect import NucleusParams
 
     rgb = np.full((400, 400, 3), 235, dtype=np.uint8)
     yy, xx = np.mgrid[:400, :400]
@@ -164,7 +164,7 @@ def test_the_torch_detector_finds_what_the_scipy_detector_finds(slide, kind):
     recall and precision against its ground truth."""
     from dataclasses import replace
 
-    from cyto.infer.nuclei import detection_preset
+    from cyto.detect import detection_preset
 
     reader, truth = slide
     params = detection_preset(kind)

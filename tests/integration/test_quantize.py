@@ -161,7 +161,7 @@ def test_score_says_which_graph_scored(bundle, synth_patches, tmp_path):
 
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
     from cyto.export.golden import write_golden
-    from cyto.infer.pipeline import ScoreOptions, score_slide
+    from cyto.infer import ScoreOptions, score_slide
 
     write_golden(bundle, synth_patches, normal="normal", n=64)
     size = load_bundle(bundle, weights=False).spec.crop_size

@@ -17,7 +17,8 @@ import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.errors import OutputBusyError
-from cyto.infer.pipeline import ScoreOptions, score_cohort, score_slide
+from cyto.cohort import score_cohort
+from cyto.infer import ScoreOptions, score_slide
 from cyto.infer.store import OutputLock, slide_identity
 from tests.integration.test_score import score_cli
 from tests.unit.test_cli import run_cyto
@@ -206,7 +207,7 @@ def test_the_slide_identity_is_fast_and_content_based(tmp_path):
 @pytest.mark.parametrize("suffix", [".tif", ".ndpi"])
 def test_truncated_slides_are_refused_at_any_offset(tmp_path, suffix):
     from cyto.errors import UnsupportedSlideError
-    from cyto.infer.slide import open_slide
+    from cyto.slides import open_slide
 
     res = write_slide(tmp_path / f"s{suffix}", SlideSynthConfig(width=1024, height=1024, seed=1))
     data = res.paths[0].read_bytes()
@@ -235,7 +236,7 @@ def test_the_format_sniff_reads_a_few_bytes_not_the_file(tmp_path, monkeypatch):
     from pathlib import Path
 
     from cyto.errors import UnsupportedSlideError
-    from cyto.infer.slide import open_slide
+    from cyto.slides import open_slide
 
     big = tmp_path / "big.tif"
     with open(big, "wb") as fh:  # a TIFF header, 4 GiB sparse
@@ -347,7 +348,7 @@ def test_workers_ignore_ctrl_c_and_leave_it_to_the_main_process():
     import os
     import signal
 
-    from cyto.infer.nuclei import NucleusParams
+    from cyto.detect import NucleusParams
     from cyto.infer.tiling import TileContext, TileFeed
 
     ctx = TileContext("s.tif", (), (0.0,), 512, 32, 64, 64, NucleusParams())
@@ -389,7 +390,7 @@ def test_missing_resolutions_warn_and_the_flags_fix_them(exported_dsvdd, slides,
 
 
 def test_crowded_detections_are_reported(exported_dsvdd, slides, tmp_path):
-    from cyto.infer.nuclei import crowding
+    from cyto.detect import crowding
 
     grid = np.stack(np.meshgrid(np.arange(0, 2000, 20), np.arange(0, 2000, 20)), -1)
     dense = crowding(grid.reshape(-1, 2), 192, 0.5)  # a nucleus every 20 px: ~100 per crop
@@ -412,7 +413,7 @@ def test_a_tissue_section_at_half_a_micron_warns_about_crowding(wsi_dir, exporte
 
     # the same section with the tissue preset: one detection per nucleus (neighbours farther
     # apart than the smear settings' 5.7 um), crowding recorded but expected, so not warned
-    from cyto.infer.nuclei import detection_preset
+    from cyto.detect import detection_preset
 
     msgs.clear()
     opts = ScoreOptions(**{**OPTS.__dict__, "detection": detection_preset("tissue")})
@@ -527,7 +528,7 @@ def test_a_slide_finished_by_resume_reports_no_rate(exported_dsvdd, slides, tmp_
     """Stopped after every chunk was written: the resumed run scores no cell, so it reports no
     rate (it said 0.0 cells/s). Stopped before any chunk: the message says there is nothing to
     resume (it said the finished chunks were kept)."""
-    import cyto.infer.pipeline as pl
+    import cyto.infer.finish as pl
     from cyto.runtime import load_scorer
 
     opts = ScoreOptions(mosaic=0, workers=0, tile=256, chunk_cells=4096, batch_size=8)

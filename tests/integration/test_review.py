@@ -17,7 +17,7 @@ from PIL import Image
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.errors import ConfigError, InputPathError
-from cyto.infer.pipeline import ScoreOptions, score_slide
+from cyto.infer import ScoreOptions, score_slide
 from cyto.review.session import build_session, open_session
 from cyto.review.store import MarkStore
 from tests.unit.test_cli import run_cyto
@@ -624,7 +624,7 @@ def test_data_cells_cuts_the_cells_of_negative_slides_into_a_training_folder(
     scored, exported_dsvdd, tmp_path
 ):
     from cyto.data.dataset import load_records
-    from cyto.infer.slide import open_slide
+    from cyto.slides import open_slide
 
     neg = write_slide(
         tmp_path / "neg.ndpi",

@@ -11,7 +11,7 @@ import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.infer.patches import crop_cells
-from cyto.infer.slide import open_slide
+from cyto.slides import open_slide
 from tests.unit.test_cli import run_cyto
 
 
@@ -92,7 +92,7 @@ def test_score_end_to_end(model, slide, tmp_path):
     assert len(geo["features"]) == 20
     first = geo["features"][0]
     assert first["geometry"]["type"] == "Point" and first["properties"]["measurements"]["rank"] == 1
-    from cyto.infer.nuclei import read_nuclei_file
+    from cyto.detect import read_nuclei_file
 
     pts = read_nuclei_file(folder / "topk.geojson", 1536, 1024)  # QuPath-style points read back
     np.testing.assert_allclose(pts[:, 0], top["x"].to_pylist())
@@ -100,7 +100,7 @@ def test_score_end_to_end(model, slide, tmp_path):
 
 
 def test_torch_backend_gives_the_same_ranking(model, slide, tmp_path):
-    from cyto.infer.pipeline import ScoreOptions, score_slide
+    from cyto.infer import ScoreOptions, score_slide
 
     a = score_slide(slide.paths[0], model, tmp_path / "a", ScoreOptions(mosaic=0))
     b = score_slide(slide.paths[0], model, tmp_path / "b", ScoreOptions(mosaic=0, backend="torch"))
@@ -154,7 +154,7 @@ def test_empty_slide_small_slide_and_bad_inputs(model, tmp_path):
 
 
 def test_nuclei_from_a_file_are_each_scored_once(model, slide, tmp_path):
-    from cyto.infer.pipeline import ScoreOptions, score_slide
+    from cyto.infer import ScoreOptions, score_slide
 
     gt = pq.read_table(slide.ground_truth)
     pts = tmp_path / "cells.csv"
@@ -177,7 +177,8 @@ def _table(folder):
 
 
 def test_workers_and_resume_give_the_uninterrupted_table(model, slide, tmp_path):
-    from cyto.infer.pipeline import PARTIAL, ScoreOptions, score_slide
+    from cyto.infer import ScoreOptions, score_slide
+    from cyto.infer.store import PARTIAL
     from cyto.runtime import load_scorer
 
     opts = ScoreOptions(mosaic=0, tile=512, chunk_cells=8, workers=0, batch_size=8)
@@ -229,7 +230,7 @@ def test_workers_and_resume_give_the_uninterrupted_table(model, slide, tmp_path)
 @pytest.mark.parametrize("suffix", [".tif", ".ndpi"])
 def test_focal_plane_choice_follows_the_sharpest_plane(model, tmp_path, suffix):
     """TIFF z-stacks come as one file per plane, NDPI z-stacks as z-offset pages of one file."""
-    from cyto.infer.pipeline import ScoreOptions, score_slide
+    from cyto.infer import ScoreOptions, score_slide
 
     res = write_slide(
         tmp_path / f"z{suffix}",
@@ -258,7 +259,7 @@ def test_focal_plane_choice_follows_the_sharpest_plane(model, tmp_path, suffix):
 
 def test_resolution_checks(model, slide, tmp_path):
     from cyto.bundle import load_bundle
-    from cyto.infer.pipeline import ScoreOptions, score_slide
+    from cyto.infer import ScoreOptions, score_slide
     from cyto.runtime import load_scorer
 
     engine = load_scorer(model, "onnx", "cpu")
@@ -281,7 +282,7 @@ def test_resolution_checks(model, slide, tmp_path):
 @pytest.mark.realdata
 @pytest.mark.openslide
 def test_real_slides_score_with_cell_sized_detection(model, wsi_dir, tmp_path):
-    from cyto.infer.pipeline import ScoreOptions, score_slide
+    from cyto.infer import ScoreOptions, score_slide
 
     slides = sorted(p for p in wsi_dir.iterdir() if p.suffix in (".svs", ".ndpi"))
     assert slides

@@ -8,7 +8,7 @@ import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.errors import InputPathError, UnsupportedSlideError
-from cyto.infer.slide import open_slide
+from cyto.slides import open_slide
 
 REAL = {
     "cmu1_small_region.svs": ("aperio", (2220, 2967), 0.499),
@@ -74,7 +74,8 @@ def test_synthetic_slides_and_edge_padding(synth_slides):
 
 @pytest.mark.openslide
 def test_ndpi_plane_reader_decodes_exactly_what_openslide_does(synth_slides):
-    from cyto.infer.slide import NdpiPlaneReader, ndpi_planes, open_plane
+    from cyto.slides import open_plane
+    from cyto.slides.ndpi import NdpiPlaneReader, ndpi_planes
 
     _, ndpi = synth_slides
     reference = open_slide(ndpi)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from cyto.cohort.parts import tile_ranges
+from cyto.cohort.ray import Place, _check_reachable, engine_device, engine_places
 from cyto.errors import ConfigError
-from cyto.infer.cluster import Place, _check_reachable, engine_device, engine_places
-from cyto.infer.outputs import COHORT_COLUMNS, cohort_row
-from cyto.infer.parts import tile_ranges
+from cyto.cohort.table import COHORT_COLUMNS, cohort_row
 
 NODES = [
     {
@@ -95,7 +95,7 @@ def test_auto_starts_a_local_cluster_when_the_recorded_head_is_gone(tmp_path, mo
     local cluster, said in words; one that answers is joined; RAY_ADDRESS comes first."""
     import socket
 
-    from cyto.infer.cluster import auto_target, recorded_cluster
+    from cyto.cohort.ray import auto_target, recorded_cluster
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))

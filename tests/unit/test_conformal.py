@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import false_discovery_control
 
-from cyto.infer import conformal
+from cyto.stats import conformal
 
 
 def test_p_values_by_hand_with_ties_counted_against_the_cell():
@@ -165,7 +165,7 @@ def test_burden_interval_by_hand():
 
 
 def test_a_calibration_too_small_to_flag_anything_is_named():
-    from cyto.infer.calibrate import too_few_to_flag
+    from cyto.stats.calibrate import too_few_to_flag
 
     # 1,000 cells at FDR 0.1: BH's first step is 1e-4, so 9,999 calibration cells are needed
     assert too_few_to_flag(1000, 5000, 0.1) == 9999
@@ -234,7 +234,7 @@ def test_conditional_flags_keep_the_fdr_for_most_calibrations():
 
 
 def test_the_calibration_size_said_to_be_needed_is_the_smallest_that_can_flag():
-    from cyto.infer.calibrate import too_few_to_flag
+    from cyto.stats.calibrate import too_few_to_flag
 
     step = 0.1 / 300
     for confidence in (None, 0.9):

@@ -1,19 +1,23 @@
-"""The import graph follows ../shared/ARCHITECTURE.md: imports point down only.
+"""The import graph follows ../shared/ARCHITECTURE.md: imports point down only, no cycles.
 
 Every ``import`` in ``src/cyto`` counts, those inside functions too (a lazy import is still a
 dependency). Layers, top to bottom:
 
     cli
     bench  demo  review  predict  doctor
+    cohort
     infer  eval
-    train  export
-    runtime
+    train  export  stats
+    runtime  detect  slides
     models  data  bundle
     errors  progress  interrupts  (and the package root)
 
 A module may import its own layer's package and anything below. On top of that:
-``infer/`` and ``runtime/`` never import ``train/`` or ``eval/``; ``export/`` never imports
-``train/`` or ``data.synth``; ``runtime/`` imports no torch at module level.
+``infer/``, ``cohort/`` and ``runtime/`` never import ``train/`` or ``eval/``; ``export/`` never
+imports ``train/`` or ``data.synth``; ``slides/`` and ``detect/`` know nothing of models (nor of
+each other: the pipeline hands tiles from one to the other); ``runtime/`` imports no torch at
+module level. No module imports itself back through others (no cycles), and the two nucleus
+detectors meet only in their shared parameters module.
 """
 
 from __future__ import annotations
@@ -26,18 +30,22 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "cyto"
 
 LAYERS = {
-    "cli": 6,
-    "__main__": 6,
-    "bench": 5,
-    "demo": 5,
-    "review": 5,
-    "predict": 5,
-    "doctor": 5,
+    "cli": 7,
+    "__main__": 7,
+    "bench": 6,
+    "demo": 6,
+    "review": 6,
+    "predict": 6,
+    "doctor": 6,
+    "cohort": 5,
     "infer": 4,
     "eval": 4,
     "train": 3,
     "export": 3,
+    "stats": 3,
     "runtime": 2,
+    "detect": 2,
+    "slides": 2,
     "models": 1,
     "data": 1,
     "bundle": 1,
@@ -47,11 +55,29 @@ LAYERS = {
     "__init__": 0,
 }
 # packages of one layer that must not import each other
-APART = {("infer", "eval"), ("eval", "infer"), ("train", "export"), ("export", "train")}
+APART = {
+    ("infer", "eval"),
+    ("eval", "infer"),
+    ("train", "export"),
+    ("export", "train"),
+    ("train", "stats"),
+    ("export", "stats"),
+    ("stats", "train"),
+    ("stats", "export"),
+    ("runtime", "detect"),
+    ("runtime", "slides"),
+    ("detect", "runtime"),
+    ("detect", "slides"),
+    ("slides", "detect"),
+}
+_MODELS = ("cyto.models", "cyto.bundle", "cyto.train", "cyto.export", "cyto.runtime.scorer")
 FORBIDDEN = {
     "infer": ("cyto.train", "cyto.eval"),
+    "cohort": ("cyto.train", "cyto.eval"),
     "runtime": ("cyto.train", "cyto.eval", "cyto.export", "cyto.infer"),
     "export": ("cyto.train", "cyto.data.synth"),
+    "slides": _MODELS,
+    "detect": _MODELS,
 }
 
 
@@ -160,3 +186,78 @@ def test_runtime_imports_no_torch_at_module_level(package):
             if at_top and target.split(".")[0] in heavy:
                 bad.append(f"{path.name}:{line} imports {target} at module level")
     assert bad == []
+
+
+def _edges(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the modules it imports (``from pkg import name`` points at ``pkg.name`` when that
+    is a module, else at ``pkg``)."""
+    out: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        tree = ast.parse(path.read_text())
+        package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")
+                    base = ".".join(
+                        parent[: len(parent) - node.level + 1] + ([base] if base else [])
+                    )
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                    for a in node.names
+                ]
+            out[mod] |= {t for t in targets if t in modules and t != mod}
+    return out
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    assert _cycles(_edges(_modules())) == []
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_lazy_import():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(edges) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_two_detectors_meet_only_in_their_parameters():
+    edges = _edges(_modules())
+    forms = {"cyto.detect.numpy_form", "cyto.detect.torch_form"}
+    for form in forms:
+        assert not edges[form] & (forms | {"cyto.detect"}), (form, edges[form])
+        assert "cyto.detect.params" in edges[form]

@@ -8,8 +8,8 @@ import torch
 from scipy import ndimage
 from skimage.filters import threshold_otsu
 
-from cyto.infer import nuclei_torch as nt
-from cyto.infer.nuclei import haematoxylin
+from cyto.detect import torch_form as nt
+from cyto.detect.numpy_form import haematoxylin
 
 RNG = np.random.default_rng(7)
 

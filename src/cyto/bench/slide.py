@@ -1,6 +1,6 @@
 """``cyto bench slide``: end-to-end scoring of one slide, per stage, against a naive baseline.
 
-1. cyto's pipeline (:func:`cyto.infer.pipeline.score_slide`): cells/s end to end, the time of each
+1. cyto's pipeline (:func:`cyto.infer.score_slide`): cells/s end to end, the time of each
    stage (mask, read/decode, detect, crop, engine, write, finish), and pipeline efficiency =
    end-to-end cells/s / engine-only cells/s, both from this run.
 2. A naive baseline in the same run, the way peers' scripts work: one ``read_region`` per nucleus,
@@ -24,8 +24,8 @@ def naive_baseline(
     slide: Path, model: Path, xs: np.ndarray, ys: np.ndarray, patch: int, batch: int = 64
 ) -> tuple[np.ndarray, float]:
     """(scores, seconds): one read per cell, PyTorch eager fp32 on the CPU, a Python loop."""
-    from cyto.infer.slide import open_slide
     from cyto.runtime import load_scorer
+    from cyto.slides import open_slide
 
     t0 = time.perf_counter()
     scorer = load_scorer(Path(model), "torch", "cpu")
@@ -93,7 +93,7 @@ def bench_slide(
     from scipy.stats import spearmanr
 
     from cyto.eval.metrics import all_metrics
-    from cyto.infer.pipeline import score_slide
+    from cyto.infer import score_slide
     from cyto.runtime import load_scorer
 
     t0 = time.perf_counter()

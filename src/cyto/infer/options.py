@@ -7,10 +7,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cyto.bundle import PRECISIONS
+from cyto.detect import NucleusParams
 from cyto.errors import ConfigError
-from cyto.infer.calibrate import FDR_ALPHA, TRIAGE_LEVEL
-from cyto.infer.nuclei import NucleusParams
 from cyto.runtime.backends import CHOICES
+from cyto.stats.calibrate import FDR_ALPHA, TRIAGE_LEVEL
 
 DECODERS = ("cpu", "torch")
 OVERLAP = ("auto", "on", "off")

@@ -16,7 +16,7 @@ import numpy as np
 
 from cyto import __version__
 from cyto.errors import InputPathError
-from cyto.infer.slide import open_slide
+from cyto.slides import open_slide
 
 MOSAIC_SIDE, MOSAIC_COLS = 96, 10
 
@@ -229,117 +229,4 @@ def write_mosaics(
         for pos, k in enumerate(shuffled)
     ]
     (out_dir / "topk_mosaic_blinded_key.json").write_text(json.dumps(key, indent=1))
-    return path
-
-
-COHORT_COLUMNS = (
-    "slide",
-    "output",
-    "status",
-    "cells",
-    "seconds",
-    "cells_per_s",
-    "slide_score_mean_top_k",
-    "calibration",
-    "abnormal_cells",
-    "abnormal_cells_low",
-    "abnormal_cells_high",
-    "abnormal_fraction",
-    "flagged_bh",
-    "flagged_adaptive",
-    "slide_p_value",
-    "triage",
-    "node",
-    "attempts",
-    "error",
-)
-
-
-def cohort_row(
-    slide: Path,
-    output: Path,
-    summary: dict | None,
-    error: str = "",
-    node: str | None = None,
-    attempts: int = 1,
-) -> dict:
-    """One slide's line of ``cohort.csv``: what it holds, or why it failed; ``node`` is the
-    machine that scored it (this one unless said), ``attempts`` how many workers it took."""
-    import socket
-
-    row = dict.fromkeys(COHORT_COLUMNS, "")
-    row.update(
-        {
-            "slide": str(slide),
-            "output": str(output),
-            "status": "failed",
-            "error": error,
-            "node": node or socket.gethostname(),
-            "attempts": attempts,
-        }
-    )
-    if summary is None:
-        return row
-    b = summary.get("burden") or {}
-    row.update(
-        {
-            "status": "scored",
-            "cells": summary.get("cells_scored"),
-            "seconds": summary.get("seconds"),
-            "cells_per_s": summary.get("cells_per_s"),
-            "slide_score_mean_top_k": summary.get("slide_score_mean_top_k"),
-            "calibration": b.get("status", ""),
-        }
-    )
-    if b.get("status") == "ok":
-        lo, hi = b["abnormal_cells_interval"]
-        row.update(
-            {
-                "abnormal_cells": b["abnormal_cells"],
-                "abnormal_cells_low": lo,
-                "abnormal_cells_high": hi,
-                "abnormal_fraction": b["abnormal_fraction"],
-                "flagged_bh": b["flagged_bh"],
-                "flagged_adaptive": b["flagged_adaptive"],
-                "slide_p_value": b["slide_p_value"],
-                "triage": b["triage"],
-            }
-        )
-    return row
-
-
-def write_cohort_table(rows: list[dict], path: Path) -> Path:
-    """Merge ``rows`` into ``cohort.csv`` (a row per output folder; a slide scored again
-    replaces its row, rows of other runs into the same folder stay), under a lock so that two
-    runs never lose each other's rows; written by atomic rename."""
-    try:
-        return _merge_cohort_table(rows, path)
-    except OSError as exc:  # a read-only or full --out: one line, the slides' outputs are kept
-        from cyto.errors import OutputWriteError
-
-        raise OutputWriteError(
-            f"cannot write the cohort table {path} ({exc.strerror or exc}); every slide's own "
-            "folder holds its outputs: give an --out you can write to"
-        ) from exc
-
-
-def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
-    import csv
-    import fcntl
-
-    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        merged: dict[str, dict] = {}
-        if path.is_file():
-            with open(path, newline="") as fh:
-                for old in csv.DictReader(fh):
-                    merged[old.get("output", "")] = {k: old.get(k, "") for k in COHORT_COLUMNS}
-        for row in rows:
-            merged[str(row["output"])] = row
-        partial = path.with_name(f".{path.name}.partial")
-        with open(partial, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=COHORT_COLUMNS)
-            writer.writeheader()
-            writer.writerows(merged.values())
-        os.replace(partial, path)
     return path

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from cyto.errors import CytoError, OutputBusyError
-from cyto.infer.slide import PLANE_SEP
+from cyto.slides.base import PLANE_SEP
 
 PARTIAL = ".partial"
 LOCK = ".lock"

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from cyto.data.images import resize_rgb
+from cyto.detect import NucleusParams, detect_in_tile, in_core, read_nuclei_file
 from cyto.errors import CytoError, UnsupportedSlideError
 from cyto.infer.memory import peak_rss_mb
-from cyto.infer.nuclei import NucleusParams, detect_in_tile, in_core, read_nuclei_file
 from cyto.infer.patches import crop_cells
-from cyto.infer.planes import sharpest
-from cyto.infer.slide import open_plane, open_slide
 from cyto.interrupts import spawn_pool
+from cyto.slides import open_plane, open_slide
+from cyto.slides.grid import tile_grid
+from cyto.slides.planes import sharpest
 
 
 @dataclass(frozen=True)
@@ -84,21 +85,6 @@ def resolution(
     return Resolution(slide_mpp, model_mpp, objective, src, ratio)
 
 
-def tissue_mask(reader) -> tuple[np.ndarray | None, float]:
-    """Boolean mask at the lowest level (True = not blank glass) and its downsample, or None
-    when the slide has no level small enough to read whole (every tile is then visited)."""
-    from scipy import ndimage
-
-    level = len(reader.info.level_dims) - 1
-    w, h = reader.info.level_dims[level]
-    if w * h > 4096 * 4096:
-        return None, 1.0
-    low = reader.read_region(0, 0, w, h, level=level).astype(np.float32)
-    od = -np.log((low + 1.0) / 256.0).sum(axis=2)
-    mask = ndimage.binary_dilation(od > 0.25, iterations=3)
-    return mask, reader.info.level_downsamples[level]
-
-
 # tile index, x0, y0, given nuclei (N, 3) or None, and (k, parts) when this job cuts the k-th
 # part of a dense tile's crops (its nuclei already found)
 Job = tuple[int, int, int, "np.ndarray | None", "tuple[int, int] | None"]
@@ -119,30 +105,22 @@ def max_cells_per_result(crop: int, planes: int, queue: int) -> int:
 
 def tile_jobs(info, tile: int, mask, mask_ds: float, nuclei_file=None) -> list[Job]:
     """The tiles to visit, in order: those with tissue, or those holding a given nucleus."""
+    if nuclei_file is None:
+        return [
+            (i, x0, y0, None, None)
+            for i, x0, y0 in tile_grid(info.width, info.height, tile, mask, mask_ds)
+        ]
+    # bucket the file's points by tile once, not once per tile
     cols = -(-info.width // tile)
-    given_by_tile: dict[int, np.ndarray] = {}
-    if nuclei_file is not None:  # bucket the file's points by tile once, not once per tile
-        given = read_nuclei_file(nuclei_file, info.width, info.height)
-        tile_of = (given[:, 1] // tile).astype(np.int64) * cols + (given[:, 0] // tile).astype(
-            np.int64
-        )
-        pts = np.column_stack([given, np.zeros(len(given))])
-        for t in np.unique(tile_of):
-            given_by_tile[int(t)] = pts[tile_of == t]
-    jobs: list[Job] = []
-    for y0 in range(0, info.height, tile):
-        for x0 in range(0, info.width, tile):
-            t_index = (y0 // tile) * cols + x0 // tile
-            if nuclei_file is not None:
-                if t_index not in given_by_tile:
-                    continue
-            elif mask is not None:
-                mx0, my0 = int(x0 / mask_ds), int(y0 / mask_ds)
-                mx1, my1 = int((x0 + tile) / mask_ds) + 1, int((y0 + tile) / mask_ds) + 1
-                if not mask[my0:my1, mx0:mx1].any():
-                    continue
-            jobs.append((t_index, x0, y0, given_by_tile.get(t_index), None))
-    return jobs
+    given = read_nuclei_file(nuclei_file, info.width, info.height)
+    tile_of = (given[:, 1] // tile).astype(np.int64) * cols + (given[:, 0] // tile).astype(np.int64)
+    pts = np.column_stack([given, np.zeros(len(given))])
+    given_by_tile = {int(t): pts[tile_of == t] for t in np.unique(tile_of)}
+    return [
+        (i, x0, y0, given_by_tile[i], None)
+        for i, x0, y0 in tile_grid(info.width, info.height, tile)
+        if i in given_by_tile
+    ]
 
 
 @dataclass(frozen=True)
@@ -181,12 +159,12 @@ def _close_readers() -> None:
 
 class _TorchDecoded:
     """The main plane's JPEG tiles decoded by torchvision on ``device``
-    (:class:`cyto.infer.device_tiles.DeviceTileReader`: the same pixels as the slide readers)."""
+    (:class:`cyto.slides.device.DeviceTileReader`: the same pixels as the slide readers)."""
 
     def __init__(self, slide: str, device: str) -> None:
         import torch
 
-        from cyto.infer.device_tiles import DeviceTileReader, open_device_tiles
+        from cyto.slides.device import DeviceTileReader, open_device_tiles
 
         grid, why = open_device_tiles(slide)
         if grid is None:  # the plan checked it; the file changed since
@@ -257,7 +235,7 @@ def run_tile(job: Job) -> dict:
     plane = np.zeros(len(found), dtype=np.int64)
     crops = np.empty((0, ctx.out_size, ctx.out_size, 3), dtype=np.uint8)
     if len(found) and on_device:
-        from cyto.infer.device_tiles import crop_cells_device
+        from cyto.slides.device import crop_cells_device
 
         cut = crop_cells_device(tiles[0], ox, oy, found, ctx.src_patch, ctx.out_size)
         crops = cut if ctx.keep_on_device else cut.cpu().numpy()

@@ -309,7 +309,7 @@ def crop_cells(slide: str | Path, centres, crop: int, paths, each=None) -> None:
     to the matching path of ``paths`` (PNG); ``each()``, if given, is called after every cell."""
     from PIL import Image
 
-    from cyto.infer.slide import open_slide
+    from cyto.slides import open_slide
 
     reader = open_slide(slide)
     try:
@@ -357,7 +357,7 @@ def context_image(session: Session, case: str, position: int, scale: int = 4, si
     """A larger view around one cell, read from the slide, with the cell boxed (PIL image)."""
     from PIL import Image, ImageDraw
 
-    from cyto.infer.slide import open_slide
+    from cyto.slides import open_slide
 
     info = session.key["cases"][case]
     cell = info["cells"][position]

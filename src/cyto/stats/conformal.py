@@ -1,6 +1,6 @@
 """Error control for a slide's scores, from the scores of slide-negative (normal) slides.
 
-Everything here is plain numpy/scipy on score arrays; :mod:`cyto.infer.calibrate` builds the
+Everything here is plain numpy/scipy on score arrays; :mod:`cyto.stats.calibrate` builds the
 calibration from score tables and applies it to a scored slide.
 
 - **Conformal p-value** of a cell with score ``s`` against ``n`` calibration scores ``c``:

@@ -20,12 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import CytoError
+from cyto.infer.finish import finish_slide
 from cyto.infer.options import ScoreOptions
-from cyto.infer.pipeline import SlidePlan, TileRun, finish_slide, score_tiles, write_error
-from cyto.infer.planes import check_plane_geometry, find_planes
-from cyto.infer.slide import open_slide
+from cyto.infer.pipeline import score_tiles, write_error
+from cyto.infer.plan import SlidePlan, TileRun
 from cyto.infer.store import ChunkStore, OutputLock
 from cyto.runtime import Scorer
+from cyto.slides import open_slide, open_with_planes
 
 PARTS = ".parts"
 DONE = "done.json"
@@ -40,10 +41,8 @@ def tile_ranges(n_tiles: int, size: int) -> list[tuple[int, int]]:
 
 @contextmanager
 def _planned(slide: Path, scorer: Scorer, opts: ScoreOptions, echo):
-    reader = open_slide(slide)
+    reader, planes = open_with_planes(slide, opts.planes)
     try:
-        planes = find_planes(slide, opts.planes)
-        check_plane_geometry(planes, reader.info.width, reader.info.height)
         yield SlidePlan(slide, reader, planes, scorer, opts, echo)
     finally:
         reader.close()

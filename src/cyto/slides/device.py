@@ -3,7 +3,7 @@
 Tiled TIFFs whose tiles are JPEG (pyramidal TIFF, Aperio SVS) are read as raw tile bytes at the
 offsets the TIFF records and decoded in one batch by torchvision on the engine's device: nvJPEG on
 CUDA, libjpeg-turbo on the CPU. Everything else (NDPI's restart-interval JPEG, JPEG 2000, other
-codecs, files tifffile cannot follow) keeps the CPU readers of :mod:`cyto.infer.slide`;
+codecs, files tifffile cannot follow) keeps the CPU readers of :mod:`cyto.slides.readers`;
 :func:`open_device_tiles` says which, and why.
 
 Two details make the bytes decode as OpenSlide decodes them:
@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cyto.infer.slide import PAD
 from cyto.runtime import devices
+from cyto.slides.base import PAD
 
 JPEG = 7  # TIFF compression: JPEG ("new style")
 PHOTOMETRIC_RGB, PHOTOMETRIC_YCBCR = 2, 6

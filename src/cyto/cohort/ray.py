@@ -1,7 +1,7 @@
 """Cohorts on a Ray cluster: ``cyto score SLIDES... --ray [auto|local|ADDRESS]``.
 
 The unit of work is a slide. Each engine is a Ray actor that loads the model once and scores
-whole slides with the very code of a single-machine run (:func:`cyto.infer.pipeline.score_one`:
+whole slides with the very code of a single-machine run (:func:`cyto.cohort.local.score_one`:
 decode, detect and crop in worker processes on the actor's node, where the slide is read; the
 engine in the actor). One actor per GPU of the cluster, or one per node where there is no GPU
 (or ``--device cpu``); slides go to whichever actor is free.
@@ -26,10 +26,10 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from cyto.cohort.parts import tile_ranges
 from cyto.errors import ConfigError, CytoError, MissingDependencyError
 from cyto.infer.options import ScoreOptions
-from cyto.infer.outputs import cohort_row, write_cohort_table
-from cyto.infer.parts import tile_ranges
+from cyto.cohort.table import cohort_row, write_cohort_table
 from cyto.progress import progress
 
 SPLIT_TILES = 256  # a slide with more tiles (1024 px: 256 Mpx of tissue) is scored in parts
@@ -235,8 +235,8 @@ class SlideWorker:
     def score(self, slide: str, target: str, resume: bool, metrics, split: int | None) -> dict:
         """The slide's summary; or, when it has more than ``split`` tiles, ``{"tiles": n}``
         (the driver then sends its tiles out in parts)."""
-        from cyto.infer.parts import tiles_beyond
-        from cyto.infer.pipeline import finished_summary, score_one
+        from cyto.cohort.parts import tiles_beyond
+        from cyto.cohort.local import finished_summary, score_one
 
         slide_p, target_p = Path(slide), Path(target)
 
@@ -253,7 +253,7 @@ class SlideWorker:
         return self._call(run, resume)
 
     def part(self, slide: str, target: str, resume: bool, start: int, stop: int) -> dict:
-        from cyto.infer.parts import score_part
+        from cyto.cohort.parts import score_part
 
         return self._call(
             lambda opts, echo: score_part(
@@ -263,7 +263,7 @@ class SlideWorker:
         )
 
     def merge(self, slide: str, target: str, ranges: list, metrics, started: float) -> dict:
-        from cyto.infer.parts import merge_parts
+        from cyto.cohort.parts import merge_parts
 
         return self._call(
             lambda opts, echo: {
@@ -362,12 +362,12 @@ def score_cohort_ray(
     split_tiles: int | None = SPLIT_TILES,
     num_cpus: int | None = None,
 ) -> tuple[list[dict], list[tuple[Path, CytoError]]]:
-    """:func:`cyto.infer.pipeline.score_cohort` on a Ray cluster (see the module docstring):
+    """:func:`cyto.cohort.local.score_cohort` on a Ray cluster (see the module docstring):
     the same outputs, (summaries, failures as (slide, error)). A slide with more than
     ``split_tiles`` tiles is scored in parts of that many tiles by several actors at once
     (None: never)."""
     from cyto.bundle import verify_bundle
-    from cyto.infer.pipeline import check_inputs, output_folders
+    from cyto.cohort.local import check_inputs, output_folders
 
     check_inputs(out, opts)
     if split_tiles is not None and split_tiles < 1:

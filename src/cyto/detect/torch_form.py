@@ -1,4 +1,4 @@
-"""The nucleus detector of :mod:`cyto.infer.nuclei`, written in torch so that it runs where the
+"""The nucleus detector of :mod:`cyto.detect`, written in torch so that it runs where the
 engine runs (CPU or CUDA), on a tile already in that device's memory.
 
 Every step is the SciPy/scikit-image detector's, as tensor operations:
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cyto.infer.nuclei import (
+from cyto.detect.params import (
     _H_FROM_RGB,
     _HED_LOG,
     NucleusParams,
@@ -208,7 +208,7 @@ def detect_nuclei_torch(
     rgb: np.ndarray | torch.Tensor, params: NucleusParams = NucleusParams(), device=None
 ) -> np.ndarray:
     """Nucleus centres in one RGB tile on ``device`` (default: the tensor's, else CPU): (N, 3)
-    float array of x, y, area in tile pixels, like :func:`cyto.infer.nuclei.detect_nuclei`."""
+    float array of x, y, area in tile pixels, like :func:`cyto.detect.detect_nuclei`."""
     t = rgb if isinstance(rgb, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(rgb))
     if device is not None:
         t = t.to(device)

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import ConfigError
-from cyto.infer.slide import ndpi_planes, open_plane
+from cyto.slides.ndpi import ndpi_planes
+from cyto.slides.readers import open_plane, open_slide
 
 _PLANE_RE = re.compile(r"_z([+-]\d+(?:\.\d+)?)um$")
 
@@ -72,3 +73,16 @@ def sharpest(stack: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         return stack[0], np.zeros(n, dtype=np.int64)
     plane = np.argmax(np.stack([sharpness(c) for c in stack]), axis=0)
     return np.stack(stack)[plane, np.arange(n)], plane
+
+
+def open_with_planes(slide: Path, spec: str = "auto"):
+    """(reader of ``slide``, its extra focal planes per ``spec``), every plane checked to have
+    the slide's size: a bad slide or plane fails here, before any output exists."""
+    reader = open_slide(slide)
+    try:
+        planes = find_planes(slide, spec)
+        check_plane_geometry(planes, reader.info.width, reader.info.height)
+    except BaseException:
+        reader.close()
+        raise
+    return reader, planes

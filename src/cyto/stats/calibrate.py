@@ -9,7 +9,7 @@ the others, where every flag is a false one.
 
 ``cyto score`` then gives every cell a conformal p-value, flags cells at a false discovery rate,
 estimates the abnormal burden with an interval, tests the slide against normal slides and checks
-that the bulk of its scores looks like the calibration's (see :mod:`cyto.infer.conformal`).
+that the bulk of its scores looks like the calibration's (see :mod:`cyto.stats.conformal`).
 
 The scores ``cyto train`` records for its own training cells are in-sample (lower than a new
 slide's normal cells); they give quantiles for ``cyto info`` but no p-values or burden.
@@ -24,7 +24,7 @@ import numpy as np
 
 from cyto.bundle import CALIBRATION_FILE, CALIBRATION_QUANTILES, add_files, load_bundle
 from cyto.errors import ConfigError, InputPathError
-from cyto.infer import conformal
+from cyto.stats import conformal
 
 FDR_ALPHA = 0.1  # default target false discovery rate of the flagged cells
 TRIAGE_LEVEL = 0.05  # default level of the slide test

@@ -1,0 +1,145 @@
+"""Many slides on one machine: one model load, one output folder per slide (names that collide
+kept apart), a slide that fails reported while the next goes on, ``cohort.csv`` kept up to date."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cyto.cohort.table import cohort_row, write_cohort_table
+from cyto.errors import CytoError, InputPathError, OutputWriteError
+from cyto.infer import ScoreOptions, score_slide
+from cyto.infer.finish import Metrics
+from cyto.infer.outputs import read_truth
+from cyto.infer.store import PARTIAL, slide_identity
+from cyto.runtime import Scorer, load_scorer
+
+
+def finished_summary(target: Path, scorer: Scorer, slide: Path, echo) -> dict | None:
+    """The summary of a finished run of this model on this very slide in ``target``, if any."""
+    summary = target / "summary.json"
+    if not summary.is_file() or not (target / "scores.parquet").is_file():
+        return None
+    if (target / PARTIAL).exists():
+        return None
+    try:
+        data = json.loads(summary.read_text())
+    except json.JSONDecodeError:
+        return None
+    if data.get("model_sha256") != scorer.bundle.manifest_hash:
+        return None
+    if data.get("slide_identity") != slide_identity(slide):
+        echo(f"{slide.name}: the slide file changed since {target} was scored; scoring it again")
+        return None
+    return data
+
+
+def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, echo, metrics) -> dict:
+    """One slide of a cohort into ``target``: with ``opts.resume``, a finished run of this model
+    on this very slide is reused, an interrupted one continued."""
+    if slide.is_file() and opts.resume:
+        previous = finished_summary(target, scorer, slide, echo)
+        if previous is not None:
+            echo(f"{slide.name}: already scored in {target}; skipping")
+            return previous
+    return score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics)
+
+
+def check_out_folder(out: Path) -> None:
+    if Path(out).exists() and not Path(out).is_dir():
+        raise InputPathError(f"--out {out} is a file; give a folder (it is created if missing)")
+
+
+def check_writable(out: Path) -> None:
+    """``out``, or the nearest folder above it that exists, must take new files: a read-only
+    --out used to fail on its lock file with a traceback after the slides were scored."""
+    import os
+
+    here = Path(out).absolute()
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        raise OutputWriteError(f"cannot write --out {out}: {here} is a file, not a folder")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise OutputWriteError(
+            f"--out {out}: {here} is read-only for this user; give a folder you can write to"
+        )
+
+
+def check_inputs(out: Path, opts: ScoreOptions) -> None:
+    """Every input the options name, checked before any work starts (a bad --truth or
+    --nuclei file used to surface only after a whole slide was scored)."""
+    check_out_folder(out)
+    check_writable(out)
+    if opts.truth is not None:
+        read_truth(opts.truth)
+    if opts.nuclei is not None and not Path(opts.nuclei).is_file():
+        raise InputPathError(f"nuclei file {opts.nuclei} does not exist")
+
+
+def _resolved(path: Path) -> Path:
+    """The slide's real path; one that cannot be resolved (a symlink loop) stays as given, so
+    that slide fails on its own when it is opened and the cohort goes on."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        return path.absolute()
+
+
+def output_folders(slides: list[Path], out: Path) -> list[tuple[Path, Path]]:
+    """(slide, its output folder): ``OUT/STEM``, or ``OUT/STEM-<hash of the path>`` for slides
+    whose names collide in the cohort (``a/slide.ndpi`` and ``b/slide.ndpi``), so no slide's
+    result can overwrite another's. The same slide listed twice is scored once."""
+    import hashlib
+
+    unique = list(dict.fromkeys(_resolved(Path(s)) for s in slides))
+    stems: dict[str, int] = {}
+    for s in unique:
+        stems[s.stem] = stems.get(s.stem, 0) + 1
+    out = Path(out)
+    pairs = []
+    for s in unique:
+        name = s.stem
+        if stems[s.stem] > 1:
+            name = f"{s.stem}-{hashlib.sha1(str(s).encode()).hexdigest()[:8]}"
+        pairs.append((s, out / name))
+    return pairs
+
+
+def score_cohort(
+    slides: list[Path],
+    model: Path,
+    out: Path,
+    opts: ScoreOptions,
+    echo=print,
+    metrics: Metrics | None = None,
+) -> tuple[list[dict], list[tuple[Path, CytoError]]]:
+    """Score several slides with one model load; a slide that fails is reported, the next goes
+    on. Returns (summaries, failures as (slide, error))."""
+    check_inputs(out, opts)
+    scorer = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
+    echo(f"model {model} ({scorer.bundle.method}) on {scorer.describe()}")
+    for note in scorer.notes:
+        echo(f"  backend choice: {note}")
+    if scorer.verification is not None:
+        echo(f"  verification: {scorer.verification.words()}")
+    done, failed, rows = [], [], []
+    pairs = output_folders(slides, out)
+    if len(pairs) < len(slides):
+        echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
+    for slide, target in pairs:
+        if target.name != slide.stem:
+            echo(
+                f"note: another slide of this cohort is also named {slide.name}: "
+                f"{slide} -> {target}"
+            )
+        try:
+            summary = score_one(slide, target, scorer, opts, echo, metrics)
+            done.append(summary)
+            rows.append(cohort_row(slide, target, summary))
+        except CytoError as exc:
+            failed.append((slide, exc))
+            rows.append(cohort_row(slide, target, None, str(exc)))
+        if Path(out).is_dir():
+            write_cohort_table(rows, Path(out) / "cohort.csv")
+    return done, failed

@@ -1,0 +1,62 @@
+"""The numpy/SciPy nucleus detector (the default; see :mod:`cyto.detect` for the method)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cyto.detect.params import (
+    _H_FROM_RGB,
+    _HED_LOG,
+    NucleusParams,
+    from_reduced,
+    nuclei_from_peaks,
+    reduced_params,
+)
+
+
+def haematoxylin(rgb: np.ndarray) -> np.ndarray:
+    """skimage's ``rgb2hed(rgb)[..., 0]`` for uint8 RGB, through a 256-entry table per channel in
+    float32 (a tile's worth of float64 temporaries would cost a worker ~200 MB)."""
+    lut = [(_HED_LOG * w).astype(np.float32) for w in _H_FROM_RGB]
+    h = lut[0][rgb[..., 0]]
+    h += lut[1][rgb[..., 1]]
+    h += lut[2][rgb[..., 2]]
+    return np.maximum(h, 0.0, out=h)
+
+
+def detect_numpy(rgb: np.ndarray, params: NucleusParams = NucleusParams()) -> np.ndarray:
+    """Nucleus centres in one RGB tile: (N, 3) float array of x, y, area (tile pixels); the tile
+    is first reduced by ``params.reduction()`` (box filter) when nuclei are large enough."""
+    if not isinstance(rgb, np.ndarray):  # a tensor decoded on a device
+        rgb = rgb.cpu().numpy()
+    k = params.reduction()
+    if k > 1:
+        from PIL import Image
+
+        small = np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).reduce(k))
+        return from_reduced(_detect(small, reduced_params(params, k)), k)
+    return _detect(rgb, params)
+
+
+def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
+    from scipy import ndimage
+    from skimage.feature import peak_local_max
+    from skimage.filters import threshold_otsu
+
+    h = ndimage.gaussian_filter(haematoxylin(rgb), params.sigma)
+    if float(h.max()) < params.min_threshold:
+        return np.empty((0, 3), dtype=np.float64)
+    try:
+        t = max(float(threshold_otsu(h)), params.min_threshold)
+    except ValueError:  # a constant tile
+        return np.empty((0, 3), dtype=np.float64)
+    mask = ndimage.binary_opening(h > t, iterations=1)
+    labels, n = ndimage.label(mask)
+    if n == 0:
+        return np.empty((0, 3), dtype=np.float64)
+    areas = ndimage.sum(mask, labels, index=np.arange(1, n + 1))
+    dist = ndimage.distance_transform_edt(mask)
+    peaks = peak_local_max(
+        dist, min_distance=params.min_distance, labels=labels, exclude_border=False
+    )
+    return nuclei_from_peaks(peaks, dist, labels, areas, params)

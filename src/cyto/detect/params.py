@@ -1,0 +1,181 @@
+"""Nucleus detection settings and the steps both detectors share.
+
+The numpy form (:mod:`cyto.detect.numpy_form`) and the torch form (:mod:`cyto.detect.torch_form`)
+import this module and never each other: the settings (sizes in level-0 pixels at a stated mpp,
+presets per kind of slide), the haematoxylin tables, the 2x reduction and its mapping back, and the
+last step (one peak per nucleus, the area range) run here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from cyto.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class NucleusParams:
+    """Detection settings in level-0 pixels (defaults: synthetic cells at the 100x-oil scale)."""
+
+    sigma: float = 2.0
+    min_distance: int = 24
+    min_area: int = 300
+    max_area: int = 40_000
+    min_threshold: float = 0.08  # haematoxylin OD below this is never nucleus
+    mpp: float = 0.12  # the resolution (um/px) the sizes above are given at
+    downsample: int = 0  # detect on a tile reduced this much; 0: 2 when nuclei stay large enough
+    kind: str = "smear"  # what the sizes are for (DETECTION_PRESETS); tissue expects crowding
+    min_radius: float = 0.0  # a nucleus's inscribed radius at least this (drops thin strands)
+    detector: str = "scipy"  # scipy | torch (cyto.detect.torch_form: the same steps in torch)
+
+    def __post_init__(self) -> None:
+        if self.detector not in DETECTORS:
+            raise ConfigError(f"detector must be {' or '.join(DETECTORS)}, got {self.detector!r}")
+        if self.kind not in DETECTION_KINDS:
+            raise ConfigError(
+                f"detection must be {' or '.join(DETECTION_KINDS)}, got {self.kind!r}"
+            )
+        if self.min_distance < 1 or self.min_area < 1 or self.max_area <= self.min_area:
+            raise ConfigError("need min_distance >= 1 and 1 <= min_area < max_area")
+        if self.min_radius < 0:
+            raise ConfigError(f"min_radius must be >= 0, got {self.min_radius}")
+        if self.mpp <= 0:
+            raise ConfigError(f"mpp must be > 0, got {self.mpp}")
+        if self.downsample < 0:
+            raise ConfigError(f"downsample must be >= 0 (0: automatic), got {self.downsample}")
+
+    def reduction(self) -> int:
+        """How much to shrink a tile before detection: 2 when the smallest nucleus still covers
+        at least 40 pixels there (4x less work, the same recall on the synthetic slides)."""
+        if self.downsample:
+            return self.downsample
+        return 2 if self.min_area / 4 >= 40 else 1
+
+    def at(self, mpp: float | None) -> NucleusParams:
+        """The same physical sizes in the pixels of a slide at ``mpp`` um/px (unchanged when the
+        slide's resolution is unknown)."""
+        if not mpp or abs(mpp / self.mpp - 1.0) < 0.02:
+            return self
+        r = self.mpp / mpp
+        return NucleusParams(
+            sigma=max(0.5, self.sigma * r),
+            min_distance=max(1, int(round(self.min_distance * r))),
+            min_area=max(1, int(round(self.min_area * r * r))),
+            max_area=max(2, int(round(self.max_area * r * r))),
+            min_threshold=self.min_threshold,
+            mpp=mpp,
+            downsample=self.downsample,
+            kind=self.kind,
+            min_radius=self.min_radius * r,
+            detector=self.detector,
+        )
+
+
+DETECTION_KINDS = ("smear", "tissue")
+DETECTORS = ("scipy", "torch")
+
+
+def detection_preset(kind: str) -> NucleusParams:
+    """Detection settings for a kind of slide.
+
+    ``smear`` (the default): cytology smears at the 100x-oil scale, cells apart, small nuclei
+    still found (lymphocytes, fragments). ``tissue``: sections (H&E and the like), nuclei packed
+    a few microns apart: more smoothing (1 um) so chromatin texture does not split a nucleus,
+    peaks at least 5 um apart, nuclei of 12 to 400 um^2 with an inscribed radius of at least
+    1.5 um (thin keratin strands and fibres fail it) and a higher haematoxylin floor.
+
+    Measured on the CMU-1 H&E region (0.499 um/px, 2220 x 2967 px; no nucleus ground truth there,
+    so judged on overlays): the smear settings mark 1,504 points a median 6.1 um apart (less than
+    a nucleus) and miss the packed basal nuclei of the epidermis; these mark 1,327 points 9.2 um
+    apart and find them. Still marked wrongly: flakes of keratin, and pale nuclei of the upper
+    epidermis are missed. For sections, nucleus points from a dedicated detector (``--nuclei``)
+    are better. A crop at a cytology model's scale holds many nuclei in a section; with
+    ``tissue`` that is expected and not warned.
+    """
+    if kind not in DETECTION_KINDS:
+        raise ConfigError(f"--detection must be {' or '.join(DETECTION_KINDS)}, got {kind!r}")
+    if kind == "smear":
+        return NucleusParams()
+    # sizes at 0.12 um/px, like the defaults: 1 um = 8.33 px, 1 um^2 = 69.4 px
+    return NucleusParams(
+        sigma=8.0,
+        min_distance=42,
+        min_area=833,
+        max_area=27_800,
+        min_threshold=0.1,
+        kind="tissue",
+        min_radius=12.5,  # 1.5 um
+    )
+
+
+_HED_LOG = np.log(np.maximum(np.arange(256) / 255.0, 1e-6)) / np.log(1e-6)
+# the haematoxylin column of skimage's hed_from_rgb (Ruifrok & Johnston)
+_H_FROM_RGB = (1.87798274, -0.06590806, -0.60190736)
+
+
+def reduced_params(params: NucleusParams, k: int) -> NucleusParams:
+    """The settings for a tile reduced ``k`` times (the same physical sizes)."""
+    return replace(params.at(params.mpp * k), downsample=1)
+
+
+def from_reduced(found: np.ndarray, k: int) -> np.ndarray:
+    """Detections on a tile reduced ``k`` times, in the tile's pixels (the centre of each k x k
+    block; areas times k^2)."""
+    found[:, :2] = found[:, :2] * k + (k - 1) / 2.0
+    found[:, 2] *= k * k
+    return found
+
+
+def nuclei_from_peaks(
+    peaks: np.ndarray, dist: np.ndarray, labels: np.ndarray, areas: np.ndarray, params
+) -> np.ndarray:
+    """(N, 3) x, y, area from distance-transform peaks (row, col): one peak per nucleus, deep
+    enough (``min_radius``), of a component whose area is in range. Both detectors end here."""
+    peaks = _one_peak_per_nucleus(peaks, dist, labels)
+    if params.min_radius > 0:
+        peaks = peaks[dist[peaks[:, 0], peaks[:, 1]] >= params.min_radius]
+    out = []
+    for r, c in peaks:
+        area = areas[labels[r, c] - 1]
+        if params.min_area <= area <= params.max_area:
+            out.append((float(c), float(r), float(area)))
+    return np.array(out, dtype=np.float64).reshape(-1, 3)
+
+
+def _one_peak_per_nucleus(peaks: np.ndarray, dist: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Drop secondary peaks of one nucleus, keep one peak per touching nucleus.
+
+    A large or irregular nucleus has a ridge in its distance transform, and peak detection can
+    find two maxima on it. Peaks are visited from the deepest; a peak is dropped when it lies in
+    the same component as a kept one, closer than 1.5x the kept peak's depth (its inscribed
+    radius r): two touching round nuclei have their centres about 2r apart and both stay.
+    """
+    if len(peaks) < 2:
+        return peaks
+    depth = dist[peaks[:, 0], peaks[:, 1]]
+    comp = labels[peaks[:, 0], peaks[:, 1]]
+    kept: list[int] = []
+    for i in np.argsort(-depth, kind="stable"):
+        close = False
+        for j in kept:
+            if comp[j] == comp[i]:
+                gap = float(np.hypot(*(peaks[i] - peaks[j]).astype(np.float64)))
+                if gap < 1.5 * depth[j]:
+                    close = True
+                    break
+        if not close:
+            kept.append(int(i))
+    return peaks[sorted(kept)]
+
+
+def in_core(points: np.ndarray, x0: int, y0: int, w: int, h: int) -> np.ndarray:
+    """The rows of ``points`` (x, y first) whose centre lies in ``[x0, x0+w) x [y0, y0+h)``."""
+    keep = (
+        (points[:, 0] >= x0)
+        & (points[:, 0] < x0 + w)
+        & (points[:, 1] >= y0)
+        & (points[:, 1] < y0 + h)
+    )
+    return points[keep]

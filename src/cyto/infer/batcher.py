@@ -1,0 +1,117 @@
+"""Tile results in, scored rows out (:class:`CellBatcher`)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from cyto.infer.store import ChunkStore, schema
+from cyto.runtime import Scorer
+from cyto.runtime.lane import EngineLane
+
+
+class CellBatcher:
+    """Tile results in, scored rows out: crops go through the engine lane in batches of at least
+    ``4 * batch_size`` cells (in a background thread when ``overlap``, at most two batches out),
+    rows go to the store in chunks of whole tiles. Crops may be host arrays or tensors already
+    on the engine's device (``--decode torch`` in the main process)."""
+
+    def __init__(
+        self,
+        scorer: Scorer,
+        store: ChunkStore,
+        slide_id: str,
+        opts,
+        first_id: int,
+        first_tile: int,
+        overlap: bool = False,
+    ):
+        self.scorer, self.store, self.slide_id, self.opts = scorer, store, slide_id, opts
+        self.lane = EngineLane(scorer, opts.batch_size, overlap)
+        self.n_cells = first_id  # cell ids continue where a resumed run stopped
+        self.first_tile = first_tile  # the first tile not yet in a chunk
+        self.pending: list[dict] = []
+        self.out_cells = 0  # cells submitted to the lane and not yet taken back
+        self.rows: list = []
+        self.n_rows = 0
+        self.write_s = 0.0
+
+    @property
+    def engine_s(self) -> float:
+        return self.lane.wall_s
+
+    def _pending_cells(self) -> int:
+        return sum(len(p["meta"]) for p in self.pending)
+
+    def add(self, res: dict, tiles_done: int) -> None:
+        """Take a tile result; ``tiles_done`` counts the tiles complete so far (a chunk ends
+        only where a tile ends, so a part of a dense tile never goes out alone)."""
+        if len(res["meta"]):
+            self.pending.append(res)
+        if self._pending_cells() >= 4 * self.opts.batch_size:
+            self.score_pending()
+        held = self.n_rows + self.out_cells + self._pending_cells()
+        if res["final"] and held >= self.opts.chunk_cells:
+            self.flush(tiles_done)
+
+    def score_pending(self) -> None:
+        """Hand the pending crops to the lane (taking back the batches it had to finish)."""
+        if not self.pending:
+            return
+        first = self.pending[0]["crops"]
+        if isinstance(first, np.ndarray):
+            crops = np.concatenate([p["crops"] for p in self.pending])
+        else:
+            import torch
+
+            crops = torch.cat([p["crops"] for p in self.pending])
+        meta = np.concatenate([p["meta"] for p in self.pending])
+        tiles = np.concatenate([np.full(len(p["meta"]), p["tile"]) for p in self.pending])
+        self.pending.clear()
+        self.out_cells += len(meta)
+        for scores, tag in self.lane.submit(crops, (meta, tiles)):
+            self._rows(scores, *tag)
+
+    def _rows(self, scores: np.ndarray, meta: np.ndarray, tiles: np.ndarray) -> None:
+        import pyarrow as pa
+
+        n = len(meta)
+        self.out_cells -= n
+        self.rows.append(
+            pa.table(
+                {
+                    "slide_id": [self.slide_id] * n,
+                    "cell_id": np.arange(self.n_cells, self.n_cells + n),
+                    "x": meta[:, 0],
+                    "y": meta[:, 1],
+                    "nucleus_area": meta[:, 2],
+                    "focal_plane_um": meta[:, 3],
+                    "score": scores,
+                    "tile": tiles,
+                },
+                schema=schema(),
+            )
+        )
+        self.n_cells += n
+        self.n_rows += n
+
+    def flush(self, tiles_done: int) -> None:
+        """Write the rows of every tile before ``tiles_done`` not yet in a chunk."""
+        import pyarrow as pa
+
+        self.score_pending()
+        for scores, tag in self.lane.drain():
+            self._rows(scores, *tag)
+        if tiles_done <= self.first_tile:
+            return
+        t0 = time.perf_counter()
+        table = pa.concat_tables(self.rows) if self.rows else schema().empty_table()
+        self.store.write(table, self.first_tile, tiles_done)
+        self.first_tile = tiles_done
+        self.rows.clear()
+        self.n_rows = 0
+        self.write_s += time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.lane.close()

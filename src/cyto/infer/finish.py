@@ -1,0 +1,228 @@
+"""The end of a slide: rank the cells, add the calibration's columns, write every output and the
+summary (:func:`finish_slide`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from cyto.infer.memory import peak_rss_mb
+from cyto.infer.options import STAGES, ScoreOptions
+from cyto.infer.outputs import (
+    labels_from_truth,
+    ranks,
+    table_metadata,
+    truth_report,
+    write_mosaics,
+    write_score_table,
+    write_top_k,
+)
+from cyto.infer.plan import TileRun
+from cyto.infer.tiling import Resolution
+from cyto.runtime import Scorer
+from cyto.stats import calibrate
+
+Metrics = Callable[[np.ndarray, np.ndarray, int], dict]
+
+
+def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_start) -> dict:
+    """Rank and write every output of a slide scored by ``runs`` (one, or one per range of
+    tiles); writes and returns the summary."""
+    timings = dict.fromkeys(STAGES, 0.0)
+    for r in runs:
+        for stage, seconds in r.timings.items():
+            timings[stage] += seconds
+    run = _Run(plan.slide, out_dir, scorer, opts, timings, t_start, plan.res, echo, metrics)
+    run.identity = plan.identity
+    run.resumed_cells = sum(r.resumed_cells for r in runs)
+    summary = _finish(table, run)
+    rss = [r.worker_rss_mb for r in runs if r.worker_rss_mb is not None]
+    summary.update(
+        {
+            "loop_seconds": round(sum(r.loop_seconds for r in runs), 2),
+            "workers": plan.workers,
+            "peak_rss_workers_mb": round(max(rss), 1) if rss else None,
+            "focal_planes_um": list(plan.ctx.plane_z),
+            "detection_crowding": runs[0].crowd,
+            "decode": plan.decode,
+            "engine_lane": engine_lane(runs, scorer.device),
+            "tiles": {"total": len(plan.jobs), "resumed_from": runs[0].resumed_tiles},
+        }
+    )
+    if len(runs) > 1:
+        summary["tiles"]["parts"] = len(runs)
+        summary["tiles"]["resumed"] = sum(r.resumed_tiles for r in runs)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def engine_lane(runs: list[TileRun], device: str) -> dict:
+    """How busy the engine was over the tile loop: the share of the loop spent in engine calls
+    (wall time), on CUDA the GPU's busy fraction from CUDA events around those calls, and the
+    bytes copied from host memory to the device per cell."""
+    loop = sum(r.loop_seconds for r in runs)
+    cells = sum(r.cells for r in runs)
+    busy = sum(r.timings["engine"] for r in runs)
+    cuda = device.startswith("cuda")
+    return {
+        "overlap": any(r.overlap for r in runs),
+        "engine_busy_fraction": round(busy / loop, 3) if loop > 0 else None,
+        "gpu_busy_fraction": (
+            round(sum(r.engine_device_s for r in runs) / loop, 3) if cuda and loop > 0 else None
+        ),
+        "h2d_bytes_per_cell": (
+            round(sum(r.h2d_bytes for r in runs) / cells, 1) if cuda and cells else None
+        ),
+    }
+
+
+_COLUMN_TYPES = {"p_value": "float64", "flagged_bh": "bool", "flagged_adaptive": "bool"}
+
+
+def _calibrated(scores: np.ndarray, run: _Run) -> dict:
+    """The calibration's columns and burden block (:func:`cyto.stats.calibrate.apply`), or why
+    there are none; says out loud when the run differs from the calibration's."""
+    bundle = run.scorer.bundle
+    cal = calibrate.Calibration.of(bundle)
+    if cal is None:
+        return {
+            "burden": {
+                "status": "not calibrated",
+                "reason": "no slide-negative calibration in this bundle: run cyto calibrate "
+                f"{bundle.path} NEGATIVE/scores.parquet ... for p-values, FDR flags and burden",
+            }
+        }
+    differs = cal.differences(run.scorer, run.opts.result_key())
+    if any(d.startswith("model ") for d in differs):
+        return {
+            "burden": {
+                "status": "calibration mismatch",
+                "reason": "the calibration was made with another model: calibrate again",
+            }
+        }
+    out = calibrate.apply(
+        scores,
+        cal,
+        alpha=run.opts.fdr_alpha,
+        triage_level=run.opts.triage_level,
+        confidence=run.opts.fdr_confidence,
+    )
+    if differs:
+        run.echo(
+            f"warning: {run.slide.name}: scored unlike the calibration slides ("
+            + "; ".join(differs)
+            + "): p-values, FDR flags and burden assume the same scoring; calibrate again on "
+            "slide-negative slides scored this way"
+        )
+        out["burden"]["scored_unlike_calibration"] = differs
+    if out["burden"]["status"] != "ok":
+        run.echo(f"warning: {run.slide.name}: {out['burden']['reason']}")
+    elif "note" in out["burden"]:
+        run.echo(f"note: {run.slide.name}: {out['burden']['note']}")
+    return out
+
+
+class _Run:
+    """What the finishing step of one slide needs to know about its run."""
+
+    def __init__(self, slide, out_dir, scorer, opts, timings, t_start, res, echo, metrics):
+        self.slide: Path = slide
+        self.out_dir: Path = out_dir
+        self.scorer: Scorer = scorer
+        self.opts: ScoreOptions = opts
+        self.timings: dict = timings
+        self.t_start: float = t_start
+        self.res: Resolution = res
+        self.echo = echo
+        self.metrics: Metrics | None = metrics
+        self.identity: str = ""
+        self.resumed_cells: int = 0
+
+
+def _finish(table, run: _Run) -> dict:
+    """Rank the cells and write every output; returns the summary."""
+    import pyarrow as pa
+
+    opts, bundle, timings = run.opts, run.scorer.bundle, run.timings
+    t_fin = time.perf_counter()
+    n_cells = table.num_rows
+    scores = np.asarray(table["score"], dtype=np.float64) if n_cells else np.empty(0)
+    order, rank = ranks(scores)
+    table = table.append_column("rank", pa.array(rank))
+    k = min(opts.top_k, n_cells)
+    calibrated = _calibrated(scores, run)
+    for name, column in calibrated.get("columns", {}).items():  # None: the flags are withheld
+        values = [None] * n_cells if column is None else column
+        table = table.append_column(name, pa.array(values, type=_COLUMN_TYPES[name]))
+    burden = calibrated["burden"]
+    labels = None
+    truth = None
+    if opts.truth is not None and n_cells:
+        labels, truth_idx, planted = labels_from_truth(table, opts.truth, opts.truth_radius)
+        table = table.append_column("label", pa.array(labels.astype(np.int8)))
+        truth = truth_report(scores, order, labels, truth_idx, planted, k, run.metrics)
+    meta = table_metadata(run.scorer, run.slide, run.identity, timings, opts.result_key())
+    write_score_table(table, run.out_dir, meta)
+    write_top_k(table, order, k, run.out_dir)
+    if n_cells == 0:
+        run.echo(f"warning: no cells found in {run.slide}; wrote an empty score table")
+    summary = {
+        "slide": str(run.slide),
+        "output": str(run.out_dir),
+        "slide_identity": run.identity,
+        "model": str(bundle.path),
+        "model_sha256": bundle.manifest_hash,
+        "method": bundle.method,
+        "backend": run.scorer.backend.name,
+        "device": run.scorer.device,
+        "precision": run.scorer.precision,
+        "graph": run.scorer.graph_file,
+        # the check of this graph on the bundle's golden cells, on this machine ("skipped":
+        # the user's explicit override)
+        "verification": (
+            run.scorer.verification.as_json() if run.scorer.verification is not None else None
+        ),
+        "cells_scored": int(n_cells),
+        "slide_score_mean_top_k": float(scores[order[:k]].mean()) if k else None,
+        "burden": burden,
+        "resolution": run.res.as_json(),
+    }
+    if truth is not None:
+        summary["truth"] = truth
+    if opts.mosaic and n_cells:
+        summary["mosaic"] = str(
+            write_mosaics(
+                run.slide, table, order, labels, opts.mosaic, run.out_dir, run.res.crop_px_level0
+            )
+        )
+    timings["finish"] = time.perf_counter() - t_fin
+    seconds = time.perf_counter() - run.t_start
+    stage_total = sum(v for k2, v in timings.items() if k2 != "wait") or 1e-9
+    # rates of this run only: a resumed run scored just the cells after the resume point
+    new_cells = n_cells - run.resumed_cells
+    engine_rate = new_cells / timings["engine"] if timings["engine"] > 0 else None
+    summary.update(
+        {
+            "seconds": round(seconds, 2),
+            "cells_this_run": int(new_cells),
+            "cells_resumed": int(run.resumed_cells),
+            # none when every cell came from finished chunks: this run scored nothing
+            "cells_per_s": round(new_cells / max(seconds, 1e-9), 1) if new_cells else None,
+            "engine_cells_per_s": round(engine_rate, 1) if engine_rate else None,
+            "pipeline_efficiency": (
+                round(new_cells / max(seconds, 1e-9) / engine_rate, 3) if engine_rate else None
+            ),
+            "timings_s": {k2: round(v, 2) for k2, v in timings.items()},
+            "stage_share": {
+                k2: round(v / stage_total, 3) for k2, v in timings.items() if k2 != "wait"
+            },
+            "peak_rss_mb": peak_rss_mb(),
+            "options": opts.as_json(),
+        }
+    )
+    (run.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary

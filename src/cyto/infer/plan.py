@@ -1,0 +1,125 @@
+"""A slide's plan: its resolution against the model's, its tissue mask and tile list, and what
+every worker needs to turn a tile into crops (:class:`SlidePlan`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from cyto.infer.options import STAGES, ScoreOptions
+from cyto.infer.store import slide_key
+from cyto.infer.tiling import QUEUE_MIN, TileContext, max_cells_per_result, resolution, tile_jobs
+from cyto.runtime import Scorer
+from cyto.slides.grid import tissue_mask
+
+
+def decode_device(device: str) -> str:
+    """Where ``--decode torch`` decodes: the engine's CUDA device when there is one, else the
+    CPU (``--device cpu`` keeps it there)."""
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    return "cuda" if device == "auto" else device
+
+
+class SlidePlan:
+    """What every run over a slide's tiles shares: the resolution, the worker context and the
+    tile list (all tiles of a slide, in order; a part of a slide is a range of it)."""
+
+    def __init__(self, slide: Path, reader, planes, scorer: Scorer, opts: ScoreOptions, echo):
+        info = reader.info
+        slide_mpp = opts.slide_mpp or info.mpp
+        model_mpp = opts.model_mpp or scorer.spec.mpp
+        if slide_mpp is None:
+            echo(
+                f"warning: {slide.name} records no resolution (mpp): nucleus sizes assume "
+                f"{opts.detection.mpp} um/px and its scale cannot be checked against the "
+                "model's; pass --mpp UM_PER_PX"
+            )
+        if model_mpp is None:
+            echo(
+                "warning: the model records no training resolution (mpp), so the slide's scale "
+                "cannot be checked against it; pass --model-mpp UM_PER_PX (that of the training "
+                "patches)"
+            )
+        self.slide, self.planes, self.slide_mpp = slide, planes, slide_mpp
+        self.res = resolution(
+            slide_mpp, info.objective, model_mpp, opts.patch_size, opts.rescale, echo
+        )
+        t0 = time.perf_counter()
+        mask, mask_ds = tissue_mask(reader)
+        self.mask_s = time.perf_counter() - t0
+        self.jobs = tile_jobs(info, opts.tile, mask, mask_ds, opts.nuclei)
+        self.workers = opts.n_workers()
+        # tiles in flight (why 16: tiling.QUEUE_MIN); max_cells below shrinks as the queue grows
+        self.queue = opts.queue or max(QUEUE_MIN, 2 * self.workers)
+        self.ctx = TileContext(
+            slide=str(slide),
+            planes=tuple(str(f) for _, f in planes),
+            plane_z=(0.0, *(z for z, _ in planes)),
+            tile=opts.tile,
+            margin=self.res.crop_px_level0 // 2 + 32,
+            src_patch=self.res.crop_px_level0,
+            out_size=scorer.spec.crop_size,
+            detection=opts.detection.at(slide_mpp),  # nuclei have a physical size
+            max_cells=opts.max_cells
+            or max_cells_per_result(scorer.spec.crop_size, len(planes) + 1, self.queue),
+        )
+        self.decode = "CPU readers"
+        if opts.decode == "torch":
+            from cyto.slides.device import open_device_tiles
+
+            grid, why = open_device_tiles(slide)
+            if grid is None:
+                self.decode = why
+                echo(f"{slide.name}: --decode torch: {why}")
+            else:
+                device = decode_device(opts.device)
+                self.decode = f"{why} ({device})"
+                self.ctx = replace(self.ctx, decode="torch", decode_device=device)
+                if device != "cpu" and self.workers:
+                    # the device does the decoding, detection and cropping: no worker processes
+                    # (each would hold a CUDA context of its own)
+                    self.workers = 0
+                if not self.workers:  # crops stay tensors on the decode device for the engine
+                    self.ctx = replace(self.ctx, keep_on_device=True)
+        self.overlap = opts.overlaps(scorer.device)
+        self.identity = ""  # the slide's identity, once a store has read it
+
+    def store_key(self, scorer: Scorer, opts: ScoreOptions, jobs: int) -> dict:
+        return {
+            "model": scorer.bundle.manifest_hash,
+            "slide": slide_key(self.slide, self.planes),
+            "options": {**opts.result_key(), "precision": scorer.precision},
+            "tiles": jobs,
+        }
+
+
+class TileRun:
+    """The outcome of scoring a run of tiles into a chunk store."""
+
+    def __init__(self) -> None:
+        self.timings = dict.fromkeys(STAGES, 0.0)
+        self.resumed_cells = 0
+        self.resumed_tiles = 0
+        self.crowd: dict | None = None
+        self.loop_seconds = 0.0
+        self.worker_rss_mb: float | None = None
+        self.cells = 0  # cells scored by this run (not resumed)
+        self.overlap = False  # the engine ran in a thread of its own
+        self.engine_device_s = 0.0  # CUDA event time of the engine calls (0 off CUDA)
+        self.h2d_bytes = 0  # bytes copied from host memory to the engine's device
+
+    def as_json(self) -> dict:
+        return dict(vars(self))
+
+    @classmethod
+    def from_json(cls, data: dict) -> TileRun:
+        run = cls()
+        for name in vars(run):  # a field newer than the record keeps its default
+            setattr(run, name, data.get(name, getattr(run, name)))
+        return run
