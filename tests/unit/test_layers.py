@@ -261,3 +261,10 @@ def test_the_two_detectors_meet_only_in_their_parameters():
     for form in forms:
         assert not edges[form] & (forms | {"cyto.detect"}), (form, edges[form])
         assert "cyto.detect.params" in edges[form]
+
+
+@pytest.mark.parametrize("package", ["infer", "cli"])
+def test_modules_of_the_pipeline_and_the_cli_stay_small(package):
+    """No module over 500 lines in ``infer/`` or ``cli/`` (issue 33: one job per module)."""
+    sizes = {f.name: len(f.read_text().splitlines()) for f in (SRC / package).glob("*.py")}
+    assert sizes and {n: k for n, k in sizes.items() if k > 500} == {}

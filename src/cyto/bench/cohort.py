@@ -59,8 +59,8 @@ def bench_cohort(
     echo=print,
 ) -> list[dict]:
     """[plain row, Ray row] (see the module docstring)."""
-    from cyto.cohort.ray import import_ray, score_cohort_ray
     from cyto.cohort import score_cohort
+    from cyto.cohort.ray import import_ray, score_cohort_ray
 
     quiet = lambda _m: None  # noqa: E731 - the runs' own notes would drown the table
     echo(f"plain run: {len(slides)} slides in one process")

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cyto.cohort.parts import tile_ranges
+from cyto.cohort.table import cohort_row, write_cohort_table
 from cyto.errors import ConfigError, CytoError, MissingDependencyError
 from cyto.infer.options import ScoreOptions
-from cyto.cohort.table import cohort_row, write_cohort_table
 from cyto.progress import progress
 
 SPLIT_TILES = 256  # a slide with more tiles (1024 px: 256 Mpx of tissue) is scored in parts
@@ -235,8 +235,8 @@ class SlideWorker:
     def score(self, slide: str, target: str, resume: bool, metrics, split: int | None) -> dict:
         """The slide's summary; or, when it has more than ``split`` tiles, ``{"tiles": n}``
         (the driver then sends its tiles out in parts)."""
-        from cyto.cohort.parts import tiles_beyond
         from cyto.cohort.local import finished_summary, score_one
+        from cyto.cohort.parts import tiles_beyond
 
         slide_p, target_p = Path(slide), Path(target)
 

@@ -1,0 +1,56 @@
+"""The ``cyto`` command line (``cyto.cli``): thin commands over the library.
+
+One module per command group: ``train``, ``export`` (info, doctor, export), ``score`` (predict,
+score, calibrate), ``review`` (review, refine), ``synth`` (synth, demo), ``data``, ``eval`` and
+``bench``; ``_app`` holds the app, its groups and the option types they share. A command parses,
+calls one library function and prints; it may import any layer of cyto, nothing imports it.
+Heavy libraries (torch, onnxruntime, pyvips, numba, numpy-heavy modules) are imported inside the
+command bodies, so ``cyto --help`` starts fast. Library errors become one line on stderr and a
+non-zero exit code; ``CYTO_DEBUG=1`` shows the full traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+# isort: off
+# the command modules register their commands on the app; this order is the order of `cyto --help`
+from cyto.cli import train, export, score, review, synth  # noqa: F401
+from cyto.cli import data, eval, bench  # noqa: F401  (command groups)
+
+# isort: on
+from cyto.cli._app import app
+from cyto.cli.train import METHOD_NAMES
+from cyto.errors import CytoError
+
+__all__ = ["METHOD_NAMES", "app", "main"]
+
+
+def main() -> None:
+    """Entry point: run the app, turning library errors into one line and an exit code. A Ctrl-C
+    exits with 130, also one that something swallowed on its way (:mod:`cyto.interrupts`)."""
+    from cyto import interrupts
+
+    interrupts.install()
+    try:
+        try:
+            app()
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+        interrupts.check()  # the command finished, but a Ctrl-C came and was swallowed
+    except CytoError as exc:
+        if os.environ.get("CYTO_DEBUG") == "1":
+            raise
+        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        typer.secho("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

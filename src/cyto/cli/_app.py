@@ -1,0 +1,105 @@
+"""The ``cyto`` app, its command groups, and the option types and parsers commands share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from typer.core import TyperGroup
+
+from cyto import __version__
+from cyto.errors import ConfigError
+
+app = typer.Typer(
+    name="cyto",
+    help="Find the few malignant cells among ~10^5 normal ones on a whole-slide cytology image.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+synth_app = typer.Typer(
+    help="Draw synthetic cytology data (the built-in demo data).", no_args_is_help=True
+)
+data_app = typer.Typer(help="Inspect cell-patch datasets.", no_args_is_help=True)
+app.add_typer(synth_app, name="synth")
+app.add_typer(data_app, name="data")
+eval_app = typer.Typer(help="Evaluate rankings: top-K metrics.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
+bench_app = typer.Typer(
+    help="Measure throughput: engine backends, scoring kernels, whole-slide scoring.",
+    no_args_is_help=True,
+)
+app.add_typer(bench_app, name="bench")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"cyto {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """cyto: one-class models rank every cell of a slide by how abnormal it looks."""
+
+
+# cyto score and cyto predict: the one switch that scores without the check on golden cells
+SkipVerify = Annotated[
+    bool,
+    typer.Option(
+        "--skip-verify",
+        help="Score without first running the graph on the bundle's golden cells here and "
+        "comparing with their reference scores (recorded).",
+    ),
+]
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise ConfigError(f"{what} expects comma-separated integers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise ConfigError(f"{what} expects positive integers, got {text!r}")
+    return values
+
+
+ResultsOpt = Annotated[
+    Path, typer.Option(help="Folder for the result files (<kind>_<host>_<date>.json and .md).")
+]
+
+
+def _csv(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def used_words(n_used: int | None, n_images: int | None) -> str:
+    if n_used is None or n_used == n_images:
+        return f"{n_images} images"
+    return f"{n_used} normal images (of {n_images})"
+
+
+class _ReviewGroup(TyperGroup):
+    """``cyto review SCORED_DIR...`` is short for ``cyto review serve SCORED_DIR...``."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["serve", *args]
+        return super().parse_args(ctx, args)
+
+
+review_app = typer.Typer(
+    cls=_ReviewGroup,
+    help="Blinded expert review of the top-K cells in the browser, and its report. "
+    "'cyto review SCORED_DIR... --reviewer NAME' is short for 'cyto review serve ...'.",
+    no_args_is_help=True,
+)
+app.add_typer(review_app, name="review")

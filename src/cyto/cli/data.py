@@ -1,0 +1,117 @@
+"""``cyto data info|mosaic|cells``: cell-patch datasets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cyto.cli._app import data_app
+
+
+@data_app.command("info")
+def data_info_cmd(
+    path: Annotated[
+        Path, typer.Argument(help="Folder of class sub-folders, or a CSV/Parquet manifest.")
+    ],
+    normal: Annotated[
+        str | None, typer.Option(help="Normal class(es), comma-separated: also check the split.")
+    ] = None,
+    abnormal: Annotated[
+        str | None, typer.Option(help="Abnormal classes, comma-separated (default: all others).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Classes, counts, image sizes and modes, and every unreadable file."""
+    from cyto.data.dataset import data_info, one_class_split
+
+    info = data_info(path)
+    split = one_class_split(info.classes, normal, abnormal, path) if normal or abnormal else None
+    if as_json:
+        import json
+
+        payload = {
+            "source": str(info.source),
+            "files": info.n_files,
+            "classes": info.classes,
+            "sizes": info.sizes,
+            "modes": info.modes,
+            "bags": info.bags,
+            "unreadable": [{"path": str(p), "reason": r} for p, r in info.unreadable],
+            "split": split,
+        }
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    typer.echo(
+        f"{info.source}: {info.n_files} files, {len(info.classes)} classes"
+        + (f", {info.bags} bags" if info.bags else "")
+    )
+    width = max(len(c) for c in info.classes)
+    for cls, n in info.classes.items():
+        typer.echo(f"  {cls:<{width}}  {n:>6}")
+    typer.echo("sizes: " + ", ".join(f"{s} ({n})" for s, n in info.sizes.items()))
+    typer.echo("modes: " + ", ".join(f"{m} ({n})" for m, n in info.modes.items()))
+    if split is not None:
+        typer.echo(
+            f"one-class split: normal {split['normal']} ({', '.join(split['normal_classes'])}),"
+            f" abnormal {split['abnormal']} ({', '.join(split['abnormal_classes'])}),"
+            f" left out {split['excluded']}"
+        )
+    if info.unreadable:
+        typer.echo(f"unreadable: {len(info.unreadable)}")
+        for p, reason in info.unreadable:
+            typer.echo(f"  {p}: {reason}")
+    else:
+        typer.echo("unreadable: 0")
+
+
+@data_app.command("mosaic")
+def data_mosaic_cmd(
+    path: Annotated[Path, typer.Argument(help="Folder of class sub-folders, or a manifest.")],
+    out: Annotated[Path, typer.Option(help="PNG to write.")] = Path("mosaic.png"),
+    per_class: Annotated[int, typer.Option(help="Images per class (one row each).")] = 8,
+    tile: Annotated[int, typer.Option(help="Side of each image in the mosaic, px.")] = 128,
+    seed: Annotated[int, typer.Option(help="Which images are picked.")] = 0,
+) -> None:
+    """A PNG with one labelled row of sample images per class, for a first look at a dataset."""
+    from cyto.data.mosaic import class_mosaic
+
+    class_mosaic(path, out, per_class=per_class, tile=tile, seed=seed)
+    typer.echo(f"wrote {out}")
+
+
+@data_app.command("cells")
+def data_cells_cmd(
+    scored: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Output folders of cyto score (a slide's, or a cohort's) of slides "
+            "known to be negative."
+        ),
+    ],
+    out: Annotated[Path, typer.Option(help="Dataset folder: OUT/LABEL/ and OUT/cells-LABEL.csv.")],
+    label: Annotated[str, typer.Option(help="Class folder the cells go to.")] = "normal",
+    per_slide: Annotated[
+        int | None, typer.Option(help="At most this many cells per slide, drawn at random.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Which cells --per-slide draws.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace OUT/LABEL if it exists.")] = False,
+) -> None:
+    """Training cells from negative slides: every cell cyto score found, cut at the area the
+    model saw, into a class folder for cyto train (the paper trains on such cells)."""
+    from cyto.review.cells import harvest_cells
+
+    res = harvest_cells(
+        scored,
+        out,
+        label=label,
+        per_slide=per_slide,
+        seed=seed,
+        overwrite=overwrite,
+        echo=typer.echo,
+    )
+    typer.echo(
+        f"wrote {res['cells']} cells of {res['slides']} slide(s) to {res['folder']} "
+        f"and {res['manifest']}"
+    )

@@ -1,0 +1,249 @@
+"""``cyto info``, ``cyto doctor`` and ``cyto export``: model bundles, what this machine runs, and
+the graphs and engines built for inference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cyto.cli._app import _csv, app, used_words
+
+
+@app.command("info")
+def info_cmd(
+    model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")] = False,
+) -> None:
+    """Describe a model bundle (verifying every checksum)."""
+    import json
+
+    from cyto.bundle import verify_bundle
+
+    m = verify_bundle(model)
+    if as_json:
+        typer.echo(json.dumps(m, indent=2, sort_keys=True))
+        return
+    cfg = m.get("config", {})
+    typer.echo(
+        f"{model}: {m['method']} ({m.get('scorer_kind')}), backbone {m['backbone']}, "
+        f"input {m['input_size']} px, embedding {m.get('embedding_dim')}"
+    )
+    typer.echo(f"  score: {m['score_direction']}")
+    if m["method"] == "droc":
+        oc, wh = m.get("ocsvm", {}), m.get("embedding_whitened")
+        typer.echo(
+            f"  OC-SVM rbf nu {oc.get('nu')}, gamma {oc.get('gamma'):.4g}; embeddings "
+            + (f"whitened (Ledoit-Wolf shrinkage {wh['shrinkage']:.3g})" if wh else "raw")
+            + (", unit length" if m.get("embedding_normalized") else "")
+        )
+    if m["method"] == "dsvdd":
+        typer.echo(
+            f"  seeds {m['seeds']}, test-time views {m['tta_views']}, "
+            f"lambda {m['tta_lambda']}, centre eps {m['centre_eps']}"
+        )
+    td = m.get("training_data", {})
+    typer.echo(
+        f"  trained on {used_words(td.get('n_used', td.get('n_images')), td.get('n_images'))} from "
+        f"{td.get('source')} "
+        f"(normal {td.get('normal')}, fingerprint {str(td.get('fingerprint'))[:12]}) "
+        f"in {m.get('training_seconds')} s on {m.get('device')}"
+    )
+    typer.echo(f"  epochs {cfg.get('epochs')}, batch {cfg.get('batch_size')}, lr {cfg.get('lr')}")
+    if m.get("bag_check"):
+        typer.echo(f"  {m['bag_check']['message']}")
+    ref = m.get("refined_from")
+    if ref:
+        typer.echo(
+            f"  refined from {ref['model']} with the review {ref['review']}: "
+            f"{len(ref['cases'])} finished case(s), +{ref['hard_normals']} hard normal, "
+            f"+{ref['known_abnormal']} known abnormal cell(s) (--agree {ref['agree']})"
+        )
+    typer.echo("  files (checksums verified):")
+    for name in sorted(m["files"]):
+        size = (model / name).stat().st_size
+        typer.echo(f"    {name}  {size / 1e6:.2f} MB  sha256 {m['files'][name][:12]}")
+    typer.echo("  backends:")
+    typer.echo("    torch: ready (needs torch, CPU or CUDA)")
+    if "onnx" in m:
+        o = m["onnx"]
+        typer.echo(
+            f"    onnxruntime: ready ({o['file']}, opset {o['opset']}, "
+            f"{o['input']['dtype']} {o['input']['layout']} in; needs 'cyto[cpu]' or "
+            "'cyto[gpu]' for CUDA)"
+        )
+        conf = o.get("tensorrt_conformance")
+        if conf is not None:
+            typer.echo(
+                f"    graph vs TensorRT import rules ({conf['targets']}): "
+                + ("conforms" if conf["ok"] else "; ".join(conf["problems"][:3]))
+            )
+        for p, v in sorted((m.get("onnx_variants") or {}).items()):
+            par, gate = v["parity_vs_fp32"], v["gate"]
+            verdict = "passed" if gate["passed"] else "BELOW the gate, accepted by the user"
+            q = v.get("quantization", {})
+            how = f", {q['method']} calibration on {q['cells']} cells" if "cells" in q else ""
+            if q.get("kept_float"):
+                how += f", {'/'.join(q['kept_float'])} kept in float"
+            typer.echo(
+                f"    {p}: {v['file']}{how}; vs fp32 on {par['cells']} held-out cells: Spearman "
+                f"{par['spearman']:.4f}, top-10% overlap {par['top10_overlap']:.2f} ({verdict})"
+            )
+    else:
+        typer.echo(f"    onnxruntime: run 'cyto export {model}' first")
+    from cyto.runtime.engines import EngineIndex
+
+    engines = EngineIndex(model).entries()
+    for e in engines:
+        k = e.key
+        typer.echo(
+            f"    tensorrt: engines/{e.file} ({k.precision}, batch {k.profile.as_list()}, "
+            f"{k.input_hw[0]} px; only on a {k.gpu} (sm{k.capability[0]}{k.capability[1]}) with "
+            f"TensorRT {k.tensorrt}; needs 'cyto[gpu]')"
+        )
+    if not engines:
+        typer.echo(
+            f"    tensorrt: run 'cyto export {model} --trt' on an NVIDIA GPU (needs 'cyto[gpu]')"
+        )
+    cal = m.get("calibration") or {}
+    if cal.get("kind") == "slides":
+        v = cal.get("valid_for", {})
+        typer.echo(
+            f"  calibration: {cal['source']}, {cal['normalization']} normalization, scored with "
+            f"{v.get('graph')} ({v.get('precision')}): p-values, FDR flags and burden in cyto score"
+        )
+    else:
+        typer.echo(
+            f"  calibration: none on slide-negative slides (cyto calibrate {model} "
+            "NEGATIVE/scores.parquet ...); no p-values or burden"
+        )
+    typer.echo("  libraries: " + ", ".join(f"{k} {v}" for k, v in m.get("libraries", {}).items()))
+    g = m.get("golden")
+    if g:
+        typer.echo(
+            f"  golden cells: {g['cells']} {'random patches' if g['kind'] == 'random' else 'cells'}"
+            f" from {g['source']}; every graph is verified on them where it runs"
+        )
+    else:
+        typer.echo(f"  golden cells: none (cyto export {model} adds them)")
+    typer.echo(f"  what runs on this machine: cyto doctor {model}")
+
+
+@app.command("doctor")
+def doctor_cmd(
+    models: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Model bundles to verify here (every graph and engine)."),
+    ] = None,
+    device: Annotated[
+        str, typer.Option(help="cpu, cuda, cuda:N or auto (the CPU, and the GPU if there is one).")
+    ] = "auto",
+    precision: Annotated[
+        str | None,
+        typer.Option(help="Check only this precision (fp32, fp16, int8); failing it exits 1."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """What this machine can run: slide readers, ONNX Runtime, CUDA, TensorRT, numba, the CPU's
+    instruction sets; for each model, every graph and engine verified here on its golden cells,
+    with its speed. Exits 1 when something asked for cannot run here."""
+    import json
+
+    from cyto.doctor import diagnose, render
+
+    report = diagnose(list(models or []), device, precision)
+    typer.echo(json.dumps(report.as_json(), indent=2) if as_json else render(report))
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
+
+
+@app.command("export")
+def export_cmd(
+    model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
+    onnx: Annotated[bool, typer.Option(help="Export encoder.onnx (uint8 NHWC in).")] = True,
+    precision: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated graphs to make: fp32 (encoder.onnx), fp16, int8 (Q/DQ, "
+            "calibrated on --calib). With --trt, one engine per precision, from its graph."
+        ),
+    ] = "fp32",
+    calib: Annotated[
+        Path | None,
+        typer.Option(
+            help="int8: real cells to calibrate on (folder of class folders or manifest)."
+        ),
+    ] = None,
+    calib_class: Annotated[
+        str | None,
+        typer.Option(help="int8: calibrate on these classes only (e.g. the normal one, LYT)."),
+    ] = None,
+    calib_method: Annotated[
+        str, typer.Option(help="int8 activation ranges: percentile, entropy or minmax.")
+    ] = "percentile",
+    parity_cells: Annotated[
+        Path | None,
+        typer.Option(
+            help="Held-out cells to measure fp16/int8 ranking parity on (default: a quarter of "
+            "--calib that calibration does not use)."
+        ),
+    ] = None,
+    parity_normal: Annotated[
+        str | None,
+        typer.Option(help="Normal class(es) of --parity-cells: adds AUROC and Recall@K deltas."),
+    ] = None,
+    accept_parity_loss: Annotated[
+        bool,
+        typer.Option(help="Keep a quantized graph below the parity gate (recorded in the bundle)."),
+    ] = False,
+    int8_keep_float: Annotated[
+        str | None,
+        typer.Option(
+            help="int8: op types or node names kept in float, comma-separated (default: Gemm for "
+            "Deep SVDD, whose distance moves with every embedding coordinate; none otherwise; "
+            "'' quantizes everything)."
+        ),
+    ] = None,
+    trt: Annotated[
+        bool, typer.Option(help="Also build TensorRT engines (NVIDIA GPU, TensorRT 10 or 11).")
+    ] = False,
+    cells: Annotated[
+        Path | None,
+        typer.Option(
+            help="Real cells to keep as the bundle's golden cells (256 drawn, with their fp32 "
+            "PyTorch scores), which every graph and engine must reproduce on each machine that "
+            "loads it. Default: --parity-cells, --calib, else the training folder if present."
+        ),
+    ] = None,
+    batch: Annotated[str, typer.Option(help="TensorRT batch profile min,opt,max.")] = "1,64,256",
+    device: Annotated[str, typer.Option(help="TensorRT: the GPU, cuda or cuda:N.")] = "cuda",
+    opset: Annotated[int, typer.Option(help="ONNX opset.")] = 18,
+) -> None:
+    """Export a bundle for inference: ONNX (+ fp16 / int8 graphs, + TensorRT), each checked.
+
+    ONNX Runtime must match PyTorch; a quantized graph must keep the fp32 ranking on held-out
+    cells (Spearman >= 0.99, top-10% overlap >= 0.90) or it is not added. TensorRT engines go to
+    MODEL/engines/, outside the bundle's sealed files: building or deleting one never
+    invalidates the bundle.
+    """
+    from cyto.export.api import export_bundle
+
+    export_bundle(
+        model,
+        onnx=onnx,
+        trt=trt,
+        precisions=tuple(_csv(precision) or ("fp32",)),
+        cells=cells,
+        calib=calib,
+        calib_class=calib_class,
+        calib_method=calib_method,
+        parity_cells=parity_cells,
+        parity_normal=parity_normal,
+        accept_parity_loss=accept_parity_loss,
+        int8_keep_float=_csv(int8_keep_float),
+        batch=batch,
+        device=device,
+        opset=opset,
+        echo=typer.echo,
+    )

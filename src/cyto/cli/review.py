@@ -1,0 +1,178 @@
+"""``cyto review serve|report`` and ``cyto refine``: blinded expert review and learning from it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cyto.cli._app import _csv, app, review_app
+
+
+@review_app.command("serve")
+def review_serve_cmd(
+    scored: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Output folders of cyto score (a slide's folder or a cohort's), or a review "
+            "folder made before."
+        ),
+    ],
+    reviewer: Annotated[
+        str, typer.Option(help="Your name or initials; marks are kept per reviewer.")
+    ],
+    session: Annotated[
+        Path | None,
+        typer.Option(
+            help="The review folder (cases, crops, key, marks). Default: SCORED_DIR/review "
+            "(with several folders: review/ in their common parent)."
+        ),
+    ] = None,
+    k: Annotated[int, typer.Option("--k", help="Top cells of each model shown per slide.")] = 100,
+    seed: Annotated[int, typer.Option(help="Seed of the case ids and cell order.")] = 0,
+    merge_um: Annotated[
+        float,
+        typer.Option(help="Cells of several models closer than this (um) are shown once."),
+    ] = 4.0,
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; the default keeps it on this computer.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: any free one).")] = 8765,
+) -> None:
+    """Serve the review page: each slide's top-K cells, shuffled, as a 10x10 grid to mark.
+
+    Slides appear in a random order under anonymized case ids; several models' top-K of the same
+    slide are pooled and deduplicated, so nobody can tell which model surfaced a cell. Every mark
+    is written at once to REVIEW/marks.sqlite; stop and restart at any time. Each reviewer runs
+    their own page (another --reviewer and --port) and sees only their own marks.
+    """
+    from cyto.review.server import check_reviewer, serve
+    from cyto.review.session import KEY_FILE, build_session, open_session
+
+    check_reviewer(reviewer)
+    if session is None and len(scored) == 1 and (scored[0] / KEY_FILE).is_file():
+        opened = open_session(scored[0])
+    else:
+        if session is None:
+            common = Path(os.path.commonpath([p.resolve() for p in scored]))
+            session = common / "review"
+        opened = build_session(scored, session, k=k, seed=seed, merge_um=merge_um, echo=typer.echo)
+    serve(opened, reviewer, host=host, port=port, echo=typer.echo)
+
+
+@review_app.command("report")
+def review_report_cmd(
+    review: Annotated[Path, typer.Argument(help="The review folder (cases, key and marks).")],
+    out: Annotated[
+        Path | None, typer.Option(help="Where to write the report. Default: REVIEW/report.")
+    ] = None,
+    reviewers: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated reviewers, in the table's order. Default: all, by name."
+        ),
+    ] = None,
+) -> None:
+    """Unblind the marks: the expert table, Cohen's kappa and the review figures.
+
+    Writes REVIEW/report/: expert_table.csv and .md (marks per slide and model, per reviewer,
+    both and either), report.json (with kappa and, where the slides were scored with ground
+    truth, the precision and recall of the marks) and figures/CASE.png (one stroke per reviewer
+    on each cell they marked).
+    """
+    from cyto.review.report import write_report
+
+    rep = write_report(review, out, list(_csv(reviewers)) if reviewers else None)
+    for t in rep["totals"]:
+        typer.echo(
+            f"{t['model']}: {t['cells_shown']} cells shown over {t['slide']}, marks "
+            f"{t['marks']}, both {t['both']}, either {t['either']}"
+        )
+    for kp in rep["kappa"]:
+        v = "undefined" if kp["kappa"] is None else f"{kp['kappa']:.3f}"
+        typer.echo(f"Cohen's kappa {kp['reviewers'][0]} vs {kp['reviewers'][1]}: {v}")
+    if rep["truth"] and rep["truth"]["overall"]:
+        for who, pr in rep["truth"]["overall"].items():
+            p = "n/a" if pr["precision"] is None else f"{pr['precision']:.2f}"
+            r = "n/a" if pr["recall_of_shown"] is None else f"{pr['recall_of_shown']:.2f}"
+            typer.echo(
+                f"marks of {who}: {pr['true_abnormal_marked']}/{pr['marked']} truly abnormal "
+                f"(precision {p}), recall of abnormal cells shown {r}"
+            )
+    typer.echo(f"-> {rep['files']['expert_table_md']}, {len(rep['figures'])} figure(s)")
+
+
+@app.command("refine")
+def refine_cmd(
+    model: Annotated[Path, typer.Argument(help="The bundle whose top cells were reviewed.")],
+    marks: Annotated[Path, typer.Option(help="The review folder (cyto review).")],
+    data: Annotated[Path, typer.Option(help="The model's training data (folder or manifest).")],
+    out: Annotated[Path, typer.Option(help="The new bundle to write, e.g. dsvdd-r1.cyto.")],
+    normal: Annotated[
+        str | None, typer.Option(help="Normal class(es) of DATA. Default: the bundle's.")
+    ] = None,
+    abnormal: Annotated[
+        str | None, typer.Option(help="Abnormal classes of DATA (default: every other class).")
+    ] = None,
+    agree: Annotated[
+        str,
+        typer.Option(help="A cell is known abnormal when marked by any (or all) reviewers."),
+    ] = "any",
+    eta: Annotated[
+        float, typer.Option(help="Deep SVDD: Deep SAD weight of the known abnormal cells.")
+    ] = 1.0,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override one setting of the bundle's config: key=value."),
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing bundle.")] = False,
+    finetune: Annotated[
+        bool | None,
+        typer.Option(
+            "--finetune/--retrain",
+            help="--finetune (Deep SVDD's default): continue from the model's encoders and "
+            "centres at a tenth of its learning rate; --retrain (the default of the other "
+            "methods): train anew.",
+            show_default=False,
+        ),
+    ] = None,
+    hard_normals: Annotated[
+        bool,
+        typer.Option(
+            help="Add the reviewed cells nobody marked to the normal training cells "
+            "(--no-hard-normals: learn from the marked cells only)."
+        ),
+    ] = True,
+) -> None:
+    """Retrain a model with the expert marks: reviewed cells nobody marked become hard normals,
+    marked cells known abnormal ones (Deep SVDD learns them as Deep SAD, FS-SIL as labels).
+
+    Only cases marked done count. A Deep SVDD model is fine-tuned, other methods are trained
+    anew. The new bundle records what it learned from (refined_from).
+    """
+    from cyto.review.refine import refine
+
+    res = refine(
+        model,
+        marks,
+        data,
+        out,
+        normal=normal,
+        abnormal=abnormal,
+        agree=agree,
+        eta=eta,
+        overrides=set_,
+        device=device,
+        overwrite=overwrite,
+        echo=typer.echo,
+        finetune=finetune,
+        hard_normals=hard_normals,
+    )
+    typer.echo(
+        f"wrote {res['bundle']} in {res['seconds']:.0f} s: +{res['hard_normals']} hard normal, "
+        f"+{res['known_abnormal']} known abnormal cell(s); export it before cyto score "
+        f"(cyto export {res['bundle']})"
+    )

@@ -1,0 +1,124 @@
+"""``cyto synth patches|slide`` and ``cyto demo``: synthetic data, and the main job on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cyto.cli._app import _csv, app, synth_app
+from cyto.data.synth.formats import SlideFormat
+
+
+@synth_app.command("patches")
+def synth_patches(
+    out: Annotated[Path, typer.Argument(help="Folder to create (one sub-folder per class).")],
+    n_normal: Annotated[int, typer.Option(help="Normal (lymphocyte-like) patches.")] = 600,
+    n_abnormal: Annotated[int, typer.Option(help="Patches per abnormal class.")] = 40,
+    classes: Annotated[
+        str | None,
+        typer.Option(help="Abnormal classes to draw, comma-separated (default: all six)."),
+    ] = None,
+    size: Annotated[int, typer.Option(help="Patch side in pixels.")] = 192,
+    scale: Annotated[float, typer.Option(help="Cell size (1.5: 100x oil look, 0.12 um/px).")] = 1.5,
+    seed: Annotated[int, typer.Option(help="Same seed, same bytes.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty OUT.")] = False,
+) -> None:
+    """Draw a class-folder dataset of stained cells: 'normal' plus abnormal morphologies."""
+    from cyto.data.synth.cells import ABNORMAL_CLASSES
+    from cyto.data.synth.patches import PatchSynthConfig, write_patches
+
+    config = PatchSynthConfig(
+        n_normal=n_normal,
+        n_abnormal=n_abnormal,
+        abnormal_classes=_csv(classes) or ABNORMAL_CLASSES,
+        size=size,
+        seed=seed,
+        scale=scale,
+    )
+    counts = write_patches(out, config, overwrite=overwrite)
+    total = sum(counts.values())
+    typer.echo(
+        f"wrote {total} patches to {out}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+    )
+
+
+@synth_app.command("slide")
+def synth_slide(
+    out: Annotated[
+        Path, typer.Argument(help="Slide file to write: NAME.tif, NAME.tiff or NAME.ndpi.")
+    ],
+    width: Annotated[
+        int, typer.Option(help="Width in px (rounded up to a multiple of 512).")
+    ] = 8192,
+    height: Annotated[
+        int, typer.Option(help="Height in px (rounded up to a multiple of 512).")
+    ] = 8192,
+    cells: Annotated[
+        int | None, typer.Option(help="Nucleated cells (default: one per 140x140 px of smear).")
+    ] = None,
+    abnormal_fraction: Annotated[
+        float, typer.Option(help="Share of planted abnormal cells (witness rate), 0..1.")
+    ] = 0.01,
+    classes: Annotated[
+        str | None, typer.Option(help="Abnormal classes to plant, comma-separated (default: all).")
+    ] = None,
+    planes: Annotated[
+        str, typer.Option(help="Focal planes in um, comma-separated, including 0 (e.g. -1,0,1).")
+    ] = "0",
+    fmt: Annotated[
+        SlideFormat | None,
+        typer.Option("--format", help="Container; default: from the file name."),
+    ] = None,
+    tile: Annotated[
+        int, typer.Option(help="Tile size (TIFF) / restart-interval width (NDPI).")
+    ] = 256,
+    quality: Annotated[int, typer.Option(help="JPEG quality.")] = 85,
+    scale: Annotated[float, typer.Option(help="Cell size (1.5: 100x oil look, 0.12 um/px).")] = 1.5,
+    seed: Annotated[int, typer.Option(help="Same seed, same bytes.")] = 0,
+    workers: Annotated[
+        int | None, typer.Option(help="Drawing processes (default: one per CPU, at most 4).")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
+) -> None:
+    """Draw a whole slide with planted abnormal cells, plus NAME.cells.parquet (ground truth)."""
+    from cyto.data.synth.cells import ABNORMAL_CLASSES
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+    from cyto.errors import ConfigError
+
+    try:
+        zs = tuple(float(z) for z in planes.split(",") if z.strip())
+    except ValueError as exc:
+        raise ConfigError(f"--planes must be numbers separated by commas, got {planes!r}") from exc
+    config = SlideSynthConfig(
+        width=width,
+        height=height,
+        n_cells=cells,
+        abnormal_fraction=abnormal_fraction,
+        abnormal_classes=_csv(classes) or ABNORMAL_CLASSES,
+        planes=zs,
+        tile=tile,
+        quality=quality,
+        scale=scale,
+        seed=seed,
+    )
+    res = write_slide(out, config, fmt=fmt, overwrite=overwrite, workers=workers)
+    w, h = res.size
+    typer.echo(
+        f"wrote {', '.join(map(str, res.paths))} ({w}x{h} px, {len(res.levels)} levels, "
+        f"{res.n_cells} cells, {res.n_abnormal} abnormal) and {res.ground_truth}"
+    )
+
+
+@app.command("demo")
+def demo_cmd(
+    out: Annotated[Path, typer.Option(help="Folder for everything the demo makes.")] = Path(
+        "demo_out"
+    ),
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic data.")] = 0,
+) -> None:
+    """The main job on built-in synthetic data, end to end, on the CPU."""
+    from cyto.demo import run_demo
+
+    run_demo(out, seed=seed, echo=typer.echo)

@@ -1,0 +1,85 @@
+"""``cyto train``: one of the paper's five methods into a model bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cyto.cli._app import app, used_words
+
+METHOD_NAMES = ("fs-sil", "ws-sil", "dsvdd", "droc", "its2clr")
+
+
+@app.command("train")
+def train_cmd(
+    method: Annotated[str, typer.Argument(help=f"One of: {', '.join(METHOD_NAMES)}.")],
+    data: Annotated[Path, typer.Option(help="Folder of class sub-folders, or a manifest.")],
+    out: Annotated[Path, typer.Option(help="Bundle folder to write, e.g. dsvdd.cyto.")],
+    normal: Annotated[str, typer.Option(help="Normal class(es), comma-separated.")],
+    abnormal: Annotated[
+        str | None, typer.Option(help="Abnormal classes (default: every other class).")
+    ] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="Named preset, e.g. 'fast' (CPU, minutes).")
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="TOML or YAML (.yaml, .yml) file with the same keys as the config."),
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override one setting: key=value.")
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    weights: Annotated[
+        Path | None, typer.Option(help="Local backbone weights (state dict) to start from.")
+    ] = None,
+    resume: Annotated[bool, typer.Option(help="Continue an interrupted run.")] = False,
+    skip_unreadable: Annotated[
+        bool, typer.Option(help="Skip (and count) unreadable images instead of failing.")
+    ] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing bundle.")] = False,
+    print_config: Annotated[
+        bool, typer.Option(help="Print the resolved config as TOML and exit.")
+    ] = False,
+) -> None:
+    """Train one of the paper's five methods and write a model bundle."""
+    from cyto.train.config import resolve_config, to_toml
+    from cyto.train.registry import get_method
+
+    if print_config:
+        cfg = resolve_config(get_method(method).Config, preset, config, set_)
+        typer.echo(to_toml(cfg), nl=False)
+        return
+    from cyto.train.api import train
+
+    res = train(
+        method,
+        data,
+        out,
+        normal=normal,
+        abnormal=abnormal,
+        preset=preset,
+        config_file=config,
+        overrides=set_,
+        device=device,
+        resume=resume,
+        weights=weights,
+        skip_unreadable=skip_unreadable,
+        overwrite=overwrite,
+    )
+    last = {k: round(v[-1], 4) for k, v in res.history.items() if v}
+    typer.echo(
+        f"trained {res.method} on {used_words(res.n_used, res.n_images)} in {res.seconds:.1f} s; "
+        f"final losses {last}; wrote {res.bundle}"
+    )
+    check = res.bag_check
+    if check is not None:
+        loud = check["status"] != "ok"
+        typer.secho(
+            ("WARNING: " if loud else "") + check["message"],
+            err=loud,
+            fg=typer.colors.RED if check["status"] == "failed" else None,
+            bold=loud,
+        )

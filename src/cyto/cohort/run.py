@@ -1,0 +1,70 @@
+"""One call for a cohort, on this machine or a Ray cluster, and the one-line report of a slide."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cyto.cohort.local import score_cohort
+from cyto.errors import ConfigError, CytoError
+from cyto.infer import ScoreOptions
+from cyto.infer.finish import Metrics
+
+
+def run_cohort(
+    slides: list[Path],
+    model: Path,
+    out: Path,
+    opts: ScoreOptions,
+    ray: str | None = None,
+    echo=print,
+    metrics: Metrics | None = None,
+    part_tiles: int = 256,
+) -> tuple[list[dict], list[tuple[Path, CytoError]]]:
+    """Score ``slides`` into ``out`` here (``ray`` None) or on a Ray cluster (``auto``, ``local``
+    or HOST:PORT), where a slide of more than ``part_tiles`` tiles is scored in parts by several
+    engines at once (0: whole slides only). Returns (summaries, failures as (slide, error))."""
+    if ray is None:
+        return score_cohort(slides, model, out, opts, echo=echo, metrics=metrics)
+    from cyto.cohort.ray import score_cohort_ray
+
+    if part_tiles < 0:
+        raise ConfigError(f"--ray-part-tiles must be >= 0, got {part_tiles}")
+    return score_cohort_ray(slides, model, out, opts, ray, echo, metrics, part_tiles or None)
+
+
+def slide_line(summary: dict, out: Path) -> str:
+    """A scored slide in one line: cells, time, rates, where it went, its burden and truth."""
+    s = summary
+    rate = (
+        f"{s['cells_per_s']} cells/s, engine {s.get('engine_cells_per_s')} cells/s"
+        if s.get("cells_per_s") is not None
+        else f"all {s.get('cells_resumed')} from finished chunks"
+    )
+    line = (
+        f"{Path(s['slide']).name}: {s['cells_scored']} cells in {s['seconds']} s ({rate}) "
+        f"-> {s.get('output') or Path(out) / Path(s['slide']).stem}"
+    )
+    line += burden_words(s.get("burden"))
+    if "truth" in s:
+        t = s["truth"]
+        line += (
+            f"; planted abnormal found in the top {t['k']}: "
+            f"{t['planted_found_in_top_k']}/{t['planted_abnormal']}"
+        )
+    return line
+
+
+def burden_words(b: dict | None) -> str:
+    """The burden block of a summary as a clause of the one-line report."""
+    if not b:
+        return ""
+    if b.get("status") != "ok":
+        return f"; burden: {b.get('status')}"
+    lo, hi = b["abnormal_fraction_interval"]
+    guarantee = b.get("fdr_guarantee", "")
+    given = f" {guarantee}" if guarantee.startswith("for this calibration") else ""
+    return (
+        f"; abnormal burden {100 * b['abnormal_fraction']:.2f}% (95% CI {100 * lo:.2f}-"
+        f"{100 * hi:.2f}%), {b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}{given}, "
+        f"slide p={b['slide_p_value']:.2g} ({b['triage']})"
+    )
