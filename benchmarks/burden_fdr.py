@@ -73,8 +73,8 @@ def _slides(
 
 
 def _score(scorer, slides, out: Path) -> list[Path]:
-    from cyto.infer.options import ScoreOptions
     from cyto.infer import score_slide
+    from cyto.infer.options import ScoreOptions
 
     tables = []
     for path, _, truth in slides:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from cyto.cohort.ray import score_cohort_ray
 from cyto.cohort import score_cohort
+from cyto.cohort.ray import score_cohort_ray
 from cyto.infer import ScoreOptions
 
 ap = argparse.ArgumentParser()

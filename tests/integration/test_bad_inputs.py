@@ -144,9 +144,9 @@ def test_a_read_only_out_is_one_line_before_any_work(exported_dsvdd, tmp_path, m
     cannot be written (a full or read-only disk) is an OutputWriteError naming it."""
     import os
 
-    from cyto.errors import OutputWriteError
     from cyto.cohort import score_cohort
     from cyto.cohort import table as cohort_table
+    from cyto.errors import OutputWriteError
     from cyto.infer.options import ScoreOptions
 
     out = tmp_path / "ro"

@@ -21,8 +21,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.cohort import score_cohort
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.infer import ScoreOptions
 
 ray = pytest.importorskip("ray")
@@ -159,8 +159,8 @@ def two_nodes(tmp_path_factory):
     finally:
         for p, log in reversed(procs):
             os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(30)
+            try:  # a `ray start --block` node took 30 s to leave on SIGTERM: the test is over
+                p.wait(5)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()

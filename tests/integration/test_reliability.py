@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from cyto.cohort import score_cohort
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.errors import OutputBusyError
-from cyto.cohort import score_cohort
 from cyto.infer import ScoreOptions, score_slide
 from cyto.infer.store import OutputLock, slide_identity
 from tests.integration.test_score import score_cli

@@ -7,8 +7,8 @@ import pytest
 
 from cyto.cohort.parts import tile_ranges
 from cyto.cohort.ray import Place, _check_reachable, engine_device, engine_places
-from cyto.errors import ConfigError
 from cyto.cohort.table import COHORT_COLUMNS, cohort_row
+from cyto.errors import ConfigError
 
 NODES = [
     {
