@@ -10,7 +10,7 @@ import pytest
 
 from cyto.detect import read_nuclei_file
 from cyto.errors import ConfigError, DatasetError, InputPathError
-from tests.unit.test_cli import run_cyto
+from tests.cli_runner import run_cyto
 
 NUCLEI = {
     "empty.csv": b"",

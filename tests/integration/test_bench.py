@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from tests.cli_runner import run_cyto
 from tests.integration.test_score import score_cli
-from tests.unit.test_cli import run_cyto
 
 
 def _result(folder, kind):

@@ -14,8 +14,8 @@ import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.stats import conformal
+from tests.cli_runner import run_cyto
 from tests.integration.test_score import score_cli
-from tests.unit.test_cli import run_cyto
 
 
 @pytest.fixture(scope="module")

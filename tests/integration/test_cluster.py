@@ -271,7 +271,7 @@ def test_cli_on_a_cluster_reports_a_bad_slide_and_scores_the_rest(
     exported_dsvdd, cohort, plain, two_nodes, tmp_path
 ):
     from cyto.runtime.devices import cuda_available
-    from tests.unit.test_cli import run_cyto
+    from tests.cli_runner import run_cyto
 
     slides, bad = cohort
     out = tmp_path / "cli"

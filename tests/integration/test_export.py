@@ -116,7 +116,7 @@ def test_kernels_equal_their_references_and_sklearn():
 def test_missing_tensorrt_is_one_clear_error(bundles):
     with pytest.raises(MissingDependencyError, match=r"pip install 'cyto\[gpu\]'"):
         require_tensorrt()
-    from tests.unit.test_cli import run_cyto
+    from tests.cli_runner import run_cyto
 
     proc = run_cyto("export", str(bundles["fs-sil"]), "--no-onnx", "--trt")
     assert proc.returncode != 0
@@ -146,7 +146,7 @@ def test_tensorrt_engine_reproduces_the_golden_cells(bundles, tmp_path):  # prag
 def test_export_cli_and_info(bundles, tmp_path):
     import shutil
 
-    from tests.unit.test_cli import run_cyto
+    from tests.cli_runner import run_cyto
 
     copy = tmp_path / "w.cyto"
     shutil.copytree(bundles["ws-sil"], copy)
@@ -164,7 +164,7 @@ def test_predict_without_labels(bundles, tiny, tmp_path):
     import pyarrow.parquet as pq
     from PIL import Image
 
-    from tests.unit.test_cli import run_cyto
+    from tests.cli_runner import run_cyto
 
     folder = tmp_path / "cells" / "unknown"
     folder.mkdir(parents=True)
@@ -187,7 +187,7 @@ def test_predict_skips_unreadable_images_when_asked(bundles, tiny, tmp_path):
     import pyarrow.parquet as pq
     from PIL import Image
 
-    from tests.unit.test_cli import run_cyto
+    from tests.cli_runner import run_cyto
 
     folder = tmp_path / "cells" / "LYT"
     folder.mkdir(parents=True)

@@ -14,7 +14,7 @@ from cyto.bundle import load_bundle, verify_bundle
 from cyto.errors import ConfigError
 from cyto.export.quantize import export_variant, load_cells
 from cyto.runtime import load_scorer
-from tests.unit.test_cli import run_cyto
+from tests.cli_runner import run_cyto
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.errors import OutputBusyError
 from cyto.infer import ScoreOptions, score_slide
 from cyto.infer.store import OutputLock, slide_identity
+from tests.cli_runner import run_cyto
 from tests.integration.test_score import score_cli
-from tests.unit.test_cli import run_cyto
 
 OPTS = ScoreOptions(mosaic=0, workers=0, tile=512)
 
@@ -491,7 +491,9 @@ def test_a_4_gib_file_scores_in_the_memory_of_a_small_one(exported_dsvdd, slides
         fh.truncate(4 * 2**30 + 12345)
     peaks = {}
     for path in (small, big):
-        proc = score_cli(path, exported_dsvdd, tmp_path / "o", "--workers", "0", "--mosaic", "0")
+        proc = score_cli(
+            path, exported_dsvdd, tmp_path / "o", "--workers", "0", "--mosaic", "0", process=True
+        )
         assert proc.returncode == 0, proc.stderr
         summary = json.loads((tmp_path / "o" / path.stem / "summary.json").read_text())
         peaks[path.stem] = summary["peak_rss_mb"]

@@ -20,7 +20,7 @@ from cyto.errors import ConfigError, InputPathError
 from cyto.infer import ScoreOptions, score_slide
 from cyto.review.session import build_session, open_session
 from cyto.review.store import MarkStore
-from tests.unit.test_cli import run_cyto
+from tests.cli_runner import run_cyto
 
 K = 30
 

@@ -12,12 +12,14 @@ import pytest
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.infer.patches import crop_cells
 from cyto.slides import open_slide
-from tests.unit.test_cli import run_cyto
+from tests.cli_runner import run_cyto
 
 
-def score_cli(slide, model, out, *extra: str):
-    """``cyto score SLIDE --model MODEL --out OUT [extra...]`` in a subprocess."""
-    return run_cyto("score", str(slide), "--model", str(model), "--out", str(out), *extra)
+def score_cli(slide, model, out, *extra: str, process: bool = False):
+    """``cyto score SLIDE --model MODEL --out OUT [extra...]`` (in a process of its own with
+    ``process``: where its peak memory is measured)."""
+    args = ("score", str(slide), "--model", str(model), "--out", str(out), *extra)
+    return run_cyto(*args, process=process)
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +308,9 @@ def test_peak_memory_does_not_grow_with_slide_size(model, tmp_path):
         res = write_slide(
             tmp_path / f"{name}.tif", SlideSynthConfig(width=2048, height=height, seed=6)
         )
-        proc = score_cli(res.paths[0], model, tmp_path / "o", "--workers", "1", "--mosaic", "0")
+        proc = score_cli(
+            res.paths[0], model, tmp_path / "o", "--workers", "1", "--mosaic", "0", process=True
+        )
         assert proc.returncode == 0, proc.stderr
         s = json.loads((tmp_path / "o" / name / "summary.json").read_text())
         peaks[name] = (s["peak_rss_mb"], s["peak_rss_workers_mb"], s["cells_scored"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
-from tests.unit.test_cli import run_cyto
+from tests.cli_runner import run_cyto
 
 TINY = [
     "--set",

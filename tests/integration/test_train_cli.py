@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from tests.unit.test_cli import run_cyto
+from tests.cli_runner import run_cyto
 
 
 def test_train_info_predict(tmp_path, synth_patches):

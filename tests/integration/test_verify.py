@@ -17,7 +17,7 @@ from cyto.export.golden import write_golden
 from cyto.export.quantize import export_variant, load_cells
 from cyto.runtime import load_scorer, machine
 from cyto.runtime.verify import GOLDEN_FILE, read_golden
-from tests.unit.test_cli import run_cyto
+from tests.cli_runner import run_cyto
 
 
 @pytest.fixture

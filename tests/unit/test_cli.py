@@ -3,28 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-
-def run_cyto(
-    *args: str, env: dict | None = None, unset: tuple[str, ...] = ()
-) -> subprocess.CompletedProcess:
-    """``cyto ARGS`` in a subprocess, with ``env`` added to this environment less ``unset``."""
-    full_env = {**os.environ, "CYTO_PROGRESS": "0", **(env or {})}
-    for name in unset:
-        full_env.pop(name, None)
-    return subprocess.run(
-        [sys.executable, "-m", "cyto", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=300,
-    )
+from tests.cli_runner import run_cyto
 
 
 def test_missing_path_is_one_line_and_exit_2(tmp_path):

@@ -118,7 +118,7 @@ def test_eval_scores_cli(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tests.unit.test_cli import run_cyto
+    from tests.cli_runner import run_cyto
 
     pq.write_table(
         pa.table({"score": S, "label": Y, "cell_id": list(range(6))}), tmp_path / "s.parquet"
