@@ -4,7 +4,7 @@ every score table equals a plain run's.
 A head and a second node are started with `ray start` on this machine; once both engines hold a
 slide and a chunk is on disk, the second node's process group (raylet, engine) gets SIGKILL.
 
-    python benchmarks/ray_node_death.py MODEL SLIDE... --work DIR
+    python benchmarks/reliability/ray_node_death.py MODEL SLIDE... --work DIR
 """
 
 import argparse
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from cyto.cohort.ray import score_cohort_ray
 from cyto.cohort import score_cohort
+from cyto.cohort.ray import score_cohort_ray
 from cyto.infer import ScoreOptions
 
 ap = argparse.ArgumentParser()
