@@ -15,7 +15,7 @@ without a step of their own.
 Statistics are per image (per cell crop), which is what a cell-level model sees at scoring time. A
 crop dominated by one large dark nucleus has other statistics than one with a small nucleus, so
 normalization also removes a little of the colour signal it standardizes; measure it against no
-normalization on held-out cells before relying on it (``benchmarks/heldout.py``).
+normalization on held-out cells before relying on it (``benchmarks/science/heldout.py``).
 """
 
 from __future__ import annotations

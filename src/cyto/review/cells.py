@@ -3,10 +3,11 @@
 The paper's one-class models learn from the cells of slide-negative specimens. A model trained on
 cells from another source (other patches, another lab) sees the slide's crowding, background and
 crop as something to flag, and refining it with reviewed slide cells then mixes two kinds of
-images: ``benchmarks/refine_loop.py --train-cells slides`` measures the difference. This module cuts
-the cells that ``cyto score`` found on slides known to be negative, at the area the model saw
-(``crop_px_level0`` of the score summary), into a class folder that ``cyto train`` reads, with a
-manifest (``cells-LABEL.csv``: path, label, slide, cell id, centre) saying where each came from.
+images: ``benchmarks/review/refine_loop.py --train-cells slides`` measures the difference. This
+module cuts the cells that ``cyto score`` found on slides known to be negative, at the area the
+model saw (``crop_px_level0`` of the score summary), into a class folder that ``cyto train``
+reads, with a manifest (``cells-LABEL.csv``: path, label, slide, cell id, centre) saying where
+each came from.
 
 The folder is written under a temporary name and renamed when complete, so an interrupted run
 never leaves a class folder that looks finished.

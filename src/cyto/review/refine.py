@@ -20,7 +20,7 @@ next to the new bundle (``NEW.cyto.refine/``) with the manifest used, so the new
 training data stays on disk. The new manifest's ``refined_from`` records the model, the review,
 the cases, the reviewers, the rule and the counts.
 
-Measured (benchmarks/refine_loop.py and refine_choice.py: simulated reviewer, Recall@100 on
+Measured (benchmarks/review/refine_loop.py and refine_choice.py: simulated reviewer, Recall@100 on
 held-out synthetic slides, base model trained on cells of a negative slide as ``cyto data cells``
 cuts them). The mode was chosen on development seeds 0-4 (fine-tuned +0.162 ± 0.066, t 5.5;
 retrained +0.140 ± 0.074, t 4.2) and read once on fresh seeds 5-12: fine-tuned +0.085 ± 0.111

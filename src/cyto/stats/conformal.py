@@ -13,8 +13,9 @@ calibration from score tables and applies it to a scored slide.
   variant divides ``alpha`` by Storey's estimate of the null proportion ``pi0``.
 - **Calibration-conditional p-values** (optional, ``confidence`` = 1 - delta): the guarantee
   above holds on average over calibration sets; one lab's calibration can sit anywhere in that
-  average (on the synthetic cohorts of ``benchmarks/burden_resample.py``, 10 calibration slides
-  of 300 cells gave an FDR between 0.02 and 0.19 from draw to draw at alpha 0.1, mean 0.09).
+  average (on the synthetic cohorts of ``benchmarks/burden/burden_resample.py``, 10 calibration
+  slides of 300 cells gave an FDR between 0.02 and 0.19 from draw to draw at alpha 0.1, mean
+  0.09).
   With probability ``1 - delta`` over the calibration, every order statistic of the calibration
   scores' true tail probabilities lies inside the generalized Simes band (Sarkar 2008; Bates et
   al. 2023, section 3, with ``k = n/2``), so ``1 - a_i`` bounds the normal tail above a score
@@ -37,7 +38,7 @@ calibration from score tables and applies it to a scored slide.
   of abnormal cells hardly move a median. ``median-iqr`` also divides by the slide's
   interquartile range (it loses the tail when scores are heavy-tailed: a slide whose IQR is
   tiny blows its few high scores up); ``none`` uses the raw scores. On the synthetic cohorts of
-  ``benchmarks/burden_fdr.py`` (each slide its own stain) raw scores broke the FDR (0.21 at
+  ``benchmarks/burden/burden_fdr.py`` (each slide its own stain) raw scores broke the FDR (0.21 at
   alpha 0.1 for Deep SVDD), ``median-iqr`` kept it but lost almost all power; ``median`` was
   chosen on the development cohort by the rule stated there.
 - **Bulk check**: unless ``none``, whether the slide's median and IQR lie where the
@@ -53,7 +54,8 @@ from dataclasses import dataclass
 import numpy as np
 
 NORMALIZATIONS = ("median", "median-iqr", "none")
-DEFAULT_NORMALIZATION = "median"  # chosen on the development cohort of benchmarks/burden_fdr.py
+# chosen on the development cohort of benchmarks/burden/burden_fdr.py
+DEFAULT_NORMALIZATION = "median"
 TIES = "a calibration score equal to the cell's counts as at least as abnormal (conservative)"
 BULK_QUANTILES = (0.1, 0.25)  # the slide percentiles the bulk check places among the normals
 BULK_TOLERANCE_MIN = 0.06  # at least this far off before a slide is called mismatched

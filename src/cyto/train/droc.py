@@ -28,7 +28,7 @@ tells one normal cell from another (background, neighbours); what sets abnormal 
 low-variance directions, which an RBF kernel on raw embeddings cannot see. Whitened embeddings also
 have the unit scale that gamma='auto' assumes. On the bone-marrow cells it raised the held-out
 AUROC of the same encoders from 0.555 +- 0.022 to 0.747 +- 0.018 (fast preset, three seeds) and
-from 0.46 to 0.61 (the paper's recipe on an H100, one seed): benchmarks/droc_whitening.py.
+from 0.46 to 0.61 (the paper's recipe on an H100, one seed): benchmarks/science/droc_whitening.py.
 """
 
 from __future__ import annotations

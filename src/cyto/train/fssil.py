@@ -38,7 +38,7 @@ class SILConfig(TrainConfig):
     class_weights: str = "balanced"  # "balanced" or "none"
     crop_min: float = 0.5  # RandomResizedCrop keeps at least this share of the area
 
-    # fast: epochs 24 (was 12) chosen by benchmarks/preset_choice.py on development splits
+    # fast: epochs 24 (was 12) chosen by benchmarks/science/preset_choice.py on development splits
     # (bone marrow + the other lab, seeds 0-4: criterion +0.028 +- 0.022, t 2.84)
     presets = {
         "fast": {

@@ -44,8 +44,8 @@ normal):
 
 With these, over 5 new seeds at the same witness rate: test AUROC 0.647 mean (0.535 to 0.771),
 none inverted, against 0.616 (one at 0.435) with the first two changes alone
-(``benchmarks/its2clr_inversion.py`` is the setting; ``benchmarks/heldout.py`` the held-out
-protocol).
+(``benchmarks/science/its2clr_inversion.py`` is the setting; ``benchmarks/science/heldout.py``
+the held-out protocol).
 
 At lower witness rates the aggregator's instance logit still inverted on some seeds: with 2
 abnormal cells among 30 normal ones in each positive bag (WR 6.25 %, Matek LYT, 6 seeds, 100
@@ -58,9 +58,9 @@ or 2 witnesses in 31-32 cells that is rarely the witnesses. So the score is, by
 default (``instance_score=negatives``), that distance: the bundle keeps up to ``score_ref`` (4096)
 negative-bag cells' embeddings and the ``knn`` head (:mod:`cyto.runtime.heads.knn`) averages the
 ``score_k`` (5) nearest. The bag check then leaves each training cell out of its own neighbours.
-On the held-out protocol's development splits (``benchmarks/heldout.py --stage dev``, 2 witnesses
-per positive bag, WR 8 %, the same 5 seeds and splits): test AUROC 0.685 +- 0.067, lowest 0.600,
-against 0.569 +- 0.160 with the aggregator's logit (2 seeds below 0.5).
+On the held-out protocol's development splits (``benchmarks/science/heldout.py --stage dev``, 2
+witnesses per positive bag, WR 8 %, the same 5 seeds and splits): test AUROC 0.685 +- 0.067,
+lowest 0.600, against 0.569 +- 0.160 with the aggregator's logit (2 seeds below 0.5).
 
 Liu et al. start the encoder from SimCLR; ``pretrain_epochs`` does that, but it is off by default:
 on cell patches the crop invariance SimCLR learns erases cell size, the strongest cue of abnormal

@@ -16,7 +16,7 @@ same check on an emulated AVX2-only CPU.
 
     cyto train fs-sil --data ../shared/data/bone_marrow --normal LYT --set epochs=1 --out fs.cyto
     cyto synth slide slide.tif --width 2048 --height 2048 --seed 1
-    python benchmarks/int8_machine.py --model fs.cyto --calib ../shared/data/bone_marrow \
+    python benchmarks/speed/int8_machine.py --model fs.cyto --calib ../shared/data/bone_marrow \
         --slide slide.tif --emulate-avx2 48 --out benchmarks/results/vm-2core/int8-machine
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
 from _results import machine, score_summary, write  # noqa: E402
 
 FORMS = ("int8-cpu", "int8-cpu7")

@@ -10,7 +10,7 @@ finished: of the two modes, the one with the larger paired t on the development 
 ``--group``) is recommended; every later group is read once, as a check of that choice, and
 both modes are reported there side by side.
 
-    python benchmarks/refine_choice.py --group dev=RUN0-4.json \\
+    python benchmarks/review/refine_choice.py --group dev=RUN0-4.json \\
         --group fresh=RUN5-7.json,RUN8-12.json --out benchmarks/results/vm-2core/refine
 """
 
@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
-from _results import machine, paired_gain, write
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
+from _results import machine, paired_gain, write  # noqa: E402
 
 MODES = (("retrained", "refined_recall"), ("fine-tuned", "finetuned_recall"))
 
@@ -77,7 +79,9 @@ def main() -> None:
     md = [
         "# Refine mode: retrained vs fine-tuned, paired Recall@100 gain over the base model",
         "",
-        "`python benchmarks/refine_choice.py " + " ".join(f"--group {g}" for g in args.group) + "`",
+        "`python benchmarks/review/refine_choice.py "
+        + " ".join(f"--group {g}" for g in args.group)
+        + "`",
         "",
         "| seeds | mode | base | refined | paired gain (sd) | t | seeds better |",
         "|---|---|---|---|---|---|---|",
@@ -92,7 +96,7 @@ def main() -> None:
     ]
     meta = {
         **machine(),
-        "command": "python benchmarks/refine_choice.py "
+        "command": "python benchmarks/review/refine_choice.py "
         + " ".join(f"--group {g}" for g in args.group),
         "chosen": chosen,
     }

@@ -5,7 +5,7 @@
 # On a GPU pass RECIPE=paper (the methods' own recipes, ResNet18 at 224 px); the default is a
 # recipe that fits a 2-core CPU in about an hour (SmallCNN at 32 px, one to six epochs: with 30x
 # the cells of the 600-cell data, an epoch holds as many steps as the fast preset's whole run).
-# Usage: benchmarks/paper_scale_sweep.sh WORK_DIR RESULTS_DIR [DEVICE]
+# Usage: benchmarks/science/paper_scale_sweep.sh WORK_DIR RESULTS_DIR [DEVICE]
 # SEED (default 0) draws another split, bags and trials from the same cells; METHODS and WRS
 # (defaults: all five methods, 9,5,1,0.5,0.1,0.05) run a part of the sweep.
 set -euo pipefail

@@ -23,7 +23,7 @@ slides:
 a big cell, a neighbour), since no calibration crop holds one and such a crop is not a normal
 cell's.
 
-    python benchmarks/burden_resample.py --cohort /tmp/b18/batch-dsvdd/final \
+    python benchmarks/burden/burden_resample.py --cohort /tmp/b18/batch-dsvdd/final \
         --cohort /tmp/b18/batch2/final --cohort /tmp/b18/batch-dsvdd/development \
         --results benchmarks/results/vm-2core/burden/resampled
 """
@@ -32,14 +32,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from _results import machine, write
-from burden_fdr import _evaluate, _near_abnormal
 
 from cyto.stats.conformal import DEFAULT_NORMALIZATION
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
+from _results import machine, write  # noqa: E402
+from burden_fdr import _evaluate, _near_abnormal  # noqa: E402
 
 
 def _load(cohort: Path) -> list[dict]:
@@ -234,7 +237,8 @@ def main() -> None:
     md = [
         "# FDR over calibration draws (issue 18)",
         "",
-        f"`python benchmarks/burden_resample.py {' '.join(f'--cohort {c}' for c in args.cohort)}"
+        "`python benchmarks/burden/burden_resample.py "
+        f"{' '.join(f'--cohort {c}' for c in args.cohort)}"
         f" --results {args.results}` on {meta['host']} ({meta['cpu_count']} CPUs); "
         f"{meta['seconds']} s. {args.draws} draws of {args.calibration_slides} calibration "
         f"slides from each cohort's negative slides, alpha {args.alpha}, {DEFAULT_NORMALIZATION} "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `cyto bench cohort` against a Ray cluster of two nodes on this machine (a head and a second
 # node started with `ray start`, one CPU each), and against a local Ray started by the driver.
-# Usage: benchmarks/cohort_two_nodes.sh MODEL RESULTS_DIR [N_SLIDES] [SIZE]
+# Usage: benchmarks/reliability/cohort_two_nodes.sh MODEL RESULTS_DIR [N_SLIDES] [SIZE]
 set -euo pipefail
 model=$1; results=$2; n=${3:-8}; size=${4:-4096}
 bin=$(dirname "$(command -v cyto)")

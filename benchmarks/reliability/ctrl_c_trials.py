@@ -4,7 +4,8 @@ a terminal's Ctrl-C does) a random time after the tile loop starts, and checks w
 a non-zero exit, "rerun with --resume", no "Traceback". The early moments are where it went
 wrong: workers still starting up, and the first numba compile of the model's head.
 
-    python benchmarks/ctrl_c_trials.py --model BUNDLE --trials 40 --out benchmarks/results/...
+    python benchmarks/reliability/ctrl_c_trials.py --model BUNDLE --trials 40 \\
+        --out benchmarks/results/...
 
 BUNDLE is an exported model (`cyto export`); without --slide a 4096 px synthetic slide is made.
 """

@@ -12,15 +12,17 @@ Pipeline (``--part pipeline``): ``cyto score`` of a real H&E region tiled to ``-
 with a nuclei file holding a 224 px grid (what a patch toolkit scores), fp32 vs int8, one run.
 
 Parity (``--part parity``): every method trained with ``--preset`` on half the normal and
-abnormal cells of ``--data`` (as benchmarks/train_bone_marrow.py splits them), exported, then
-its fp16 and int8 graphs (int8 calibrated on the training normals with each ``--methods-calib``
-method) compared with fp32 through the full score on the held-out half: Spearman, top-1% and
-top-10% overlap, and the AUROC / Recall@K each graph gives. Seeds draw their own splits.
+abnormal cells of ``--data`` (as benchmarks/science/train_bone_marrow.py splits them), exported,
+then its fp16 and int8 graphs (int8 calibrated on the training normals with each
+``--methods-calib`` method) compared with fp32 through the full score on the held-out half:
+Spearman, top-1% and top-10% overlap, and the AUROC / Recall@K each graph gives. Seeds draw their
+own splits.
 
-    python benchmarks/quantize_bench.py --part speed --data ../shared/data/bone_marrow --normal LYT
-    python benchmarks/quantize_bench.py --part pipeline --data ../shared/data/bone_marrow \
+    python benchmarks/speed/quantize_bench.py --part speed --data ../shared/data/bone_marrow \\
+        --normal LYT
+    python benchmarks/speed/quantize_bench.py --part pipeline --data ../shared/data/bone_marrow \
         --normal LYT --slide-from ../shared/data/wsi/cmu1_small_region.svs --side 16384
-    python benchmarks/quantize_bench.py --part parity --data ../shared/data/bone_marrow \\
+    python benchmarks/speed/quantize_bench.py --part parity --data ../shared/data/bone_marrow \\
         --normal LYT --abnormal BLA,PMO,EOS,MON --seeds 0,1,2
 """
 
@@ -35,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "science"))  # train_bone_marrow
 from _results import machine, mean_sd, score_summary, where, write  # noqa: E402
 from train_bone_marrow import append_row, split, train_data  # noqa: E402
 
@@ -287,10 +290,10 @@ def main() -> None:
     ap.add_argument("--preset", default="fast")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--jsonl", type=Path, default=None)
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results")
     args = ap.parse_args()
     rows, table = {"speed": speed, "pipeline": pipeline, "parity": parity}[args.part](args)
-    cmd = "python benchmarks/quantize_bench.py " + " ".join(sys.argv[1:])
+    cmd = "python benchmarks/speed/quantize_bench.py " + " ".join(sys.argv[1:])
     meta = machine(cmd)
     lines = [f"# fp32 vs quantized graphs: {args.part}", "", where(cmd, meta, "cpu"), "", *table]
     write(args.out, f"quantize_{args.part}", meta, rows, lines)

@@ -13,7 +13,8 @@ paper's review, and the reviewer's error rates are fixed before the first run):
 5. HELD held-out slides (other seeds; never reviewed) are scored by both models: Recall@100 of
    the planted abnormal cells, and its paired difference.
 
-    python benchmarks/refine_loop.py --seeds 0,1,2,3,4 --results benchmarks/results/vm-2core/refine
+    python benchmarks/review/refine_loop.py --seeds 0,1,2,3,4 \\
+        --results benchmarks/results/vm-2core/refine
 
 Each seed's result is kept in WORK/seedN.json, so a rerun continues. `--ablation` then takes
 each finished seed's base model and review and refines with eta = 0 (the hard normals alone, no
@@ -24,11 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from _results import machine, mean_sd, write
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
+from _results import machine, mean_sd, write  # noqa: E402
 
 MISS, FALSE_MARK = 0.1, 0.02
 SIDE, WR, K = 4096, 0.02, 100
@@ -260,7 +264,7 @@ def variant(a, name: str, run, cols: tuple[str, ...], title: str, header: str) -
     cells = "" if a.train_cells == "patches" else f" --train-cells {a.train_cells}"
     meta = {
         **machine(),
-        "command": f"python benchmarks/refine_loop.py --seeds {a.seeds} {flag}{cells}",
+        "command": f"python benchmarks/review/refine_loop.py --seeds {a.seeds} {flag}{cells}",
     }
     md = [
         f"# {title} ({len(rows)} seeds)",
@@ -363,7 +367,7 @@ def main() -> None:
     better = sum(d > 0 for d in delta)
     meta = {
         **machine(),
-        "command": "python benchmarks/refine_loop.py "
+        "command": "python benchmarks/review/refine_loop.py "
         + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k != "work"),
         "reviewer": {"miss": MISS, "false_mark": FALSE_MARK},
         "slides": {

@@ -4,7 +4,7 @@ every score table equals a plain run's.
 A head and a second node are started with `ray start` on this machine; once both engines hold a
 slide and a chunk is on disk, the second node's process group (raylet, engine) gets SIGKILL.
 
-    python benchmarks/ray_node_death.py MODEL SLIDE... --work DIR
+    python benchmarks/reliability/ray_node_death.py MODEL SLIDE... --work DIR
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """Run the whole benchmark suite on this machine: every `cyto bench` command, one result folder.
 
-    python benchmarks/run_suite.py --out benchmarks/results/<label> \
+    python benchmarks/speed/run_suite.py --out benchmarks/results/<label> \
         [--fast-model MODEL.cyto] [--slide SLIDE ...] [--batches 1,8,32,128]
 
 1. Models: ``paper`` is the paper's encoder size (ResNet18, 224 px, Deep SVDD scorer) with random
@@ -12,7 +12,7 @@
    used when it is next to the slide), including the naive baseline.
 
 Every command is a `cyto` CLI call, printed and recorded in ``suite.json`` with its wall time.
-Compare results across machines with ``python benchmarks/report.py``.
+Compare results across machines with ``python benchmarks/speed/report.py``.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def main() -> None:
                 log=log,
             )
     run = {
-        "command": "python benchmarks/run_suite.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/speed/run_suite.py " + " ".join(sys.argv[1:]),
         "seconds": round(time.perf_counter() - t0, 1),
         "steps": log,
     }

@@ -1,6 +1,7 @@
 """Gather `cyto bench` result files from several machines or GPUs into one comparison.
 
-    python benchmarks/report.py [--results benchmarks/results] [--out benchmarks/results/REPORT]
+    python benchmarks/speed/report.py [--results benchmarks/results] \\
+        [--out benchmarks/results/REPORT]
 
 Reads every engine_*.json, scorer_*.json and slide_*.json below ``--results`` and writes
 REPORT.md (tables: best patches/s per machine, backend and precision for each model; the numba
@@ -96,7 +97,7 @@ def plot(best: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    here = Path(__file__).parent / "results"
+    here = Path(__file__).resolve().parents[1] / "results"
     ap.add_argument("--results", type=Path, default=here)
     ap.add_argument("--out", type=Path, default=here / "REPORT")
     args = ap.parse_args()

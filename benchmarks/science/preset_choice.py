@@ -10,7 +10,7 @@ variant replaces the current preset only if its paired gain over the seeds is po
 t statistic of at least 2.13 (one-sided 95% for 5 seeds); of several, the largest gain. The
 final split is not read here.
 
-    python benchmarks/preset_choice.py --current RUN.json --variant NAME=RUN.json ... \\
+    python benchmarks/science/preset_choice.py --current RUN.json --variant NAME=RUN.json ... \\
         --method dsvdd --out benchmarks/results/vm-2core/heldout/presets
 """
 
@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
-from _results import machine, paired_gain, write
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
+from _results import machine, paired_gain, write  # noqa: E402
 
 T_MIN = 2.13  # one-sided 95% for 4 degrees of freedom
 METRICS = ("auroc", "other_auroc", "recall_wr1_k5", "other_recall_wr1_k5")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU run of the benchmark suite, as run on a lent GPU machine (see benchmarks/README.md).
-# Usage: benchmarks/device_suite.sh PART FAST_MODEL RESULTS_DIR
+# Usage: benchmarks/gpu/device_suite.sh PART FAST_MODEL RESULTS_DIR
 #   PART: tests (the CUDA tests: tests/integration/test_gpu.py and the runtime's unit tests),
 #   checks (gpu_checks.py), parity (gpu_parity.py: every method's GPU paths against ONNX Runtime
 #   fp32 on the real bone-marrow cells; needs BONE_MARROW=path), engine (cyto bench engine on CUDA and the host CPU), slide
@@ -39,20 +39,20 @@ if [[ $parts == *verify* ]]; then
 fi
 if [[ $parts == *parity* ]]; then
     echo "== GPU paths vs ONNX Runtime fp32 on real cells"
-    timeout "${T_PARITY:-260}" python3 benchmarks/gpu_parity.py --data "${BONE_MARROW:?set BONE_MARROW}" \
+    timeout "${T_PARITY:-260}" python3 benchmarks/gpu/gpu_parity.py --data "${BONE_MARROW:?set BONE_MARROW}" \
         --normal LYT --abnormal BLA,PMO,EOS,MON --seeds 0,1 --device cuda --out "$res/gpu_parity" \
         2>&1 | grep -v batches/s | tail -40
     pack
 fi
 if [[ $parts == *checks* ]]; then
     echo "== gpu checks"
-    timeout "${T_CHECKS:-210}" python3 benchmarks/gpu_checks.py --model "$model" \
+    timeout "${T_CHECKS:-210}" python3 benchmarks/gpu/gpu_checks.py --model "$model" \
         --out "$res/gpu_checks" --work /tmp/cyto-gpu-work 2>&1 | grep -v Warning | tail -12
     pack
 fi
 if [[ $parts == *engine* ]]; then
     echo "== engine benches"
-    timeout "${T_ENGINE:-210}" python3 benchmarks/run_suite.py --out "$res" --work /tmp/cyto-suite \
+    timeout "${T_ENGINE:-210}" python3 benchmarks/speed/run_suite.py --out "$res" --work /tmp/cyto-suite \
         --fast-model "$model" --devices cuda --batches "${BATCHES:-1,8,32,128,512}" \
         --budget 0.5 --skip scorer,slide 2>&1 | grep -E "patches/s|suite|Error" | tail -80
     pack
@@ -67,7 +67,7 @@ if [[ $parts == *slide* ]]; then
     timeout 120 python3 -m cyto synth slide /tmp/cyto-slide/slide.ndpi --width "$side" \
         --height "$side" --abnormal-fraction 0.005 --workers "$(($(nproc) - 1))" --overwrite \
         2>&1 | tail -2
-    timeout "${T_SLIDE:-200}" python3 benchmarks/run_suite.py --out "$res" --work /tmp/cyto-suite \
+    timeout "${T_SLIDE:-200}" python3 benchmarks/speed/run_suite.py --out "$res" --work /tmp/cyto-suite \
         --fast-model "$model" --skip engine,scorer --slide /tmp/cyto-slide/slide.ndpi \
         --workers "$(($(nproc) - 2))" --naive-cells 1000 2>&1 | tail -8
     pack
@@ -132,16 +132,16 @@ if [[ $parts == *train* ]]; then
     cls=(--data "$bm" --normal LYT --abnormal BLA,PMO,EOS,MON --preset paper --device cuda)
     steps=${TRAIN_STEPS:-droc,sup,dsvdd}
     [[ $steps == *droc* ]] && echo "== train: DROC paper recipe, OC-SVM on raw vs whitened embeddings" &&
-    timeout "${T_DROC:-200}" python3 benchmarks/droc_whitening.py "${cls[@]}" --seeds 0 \
+    timeout "${T_DROC:-200}" python3 benchmarks/science/droc_whitening.py "${cls[@]}" --seeds 0 \
         --out "$res/train" --jsonl "$res/train/droc_whitening.jsonl" 2>&1 | grep -v Warn | tail -4
     pack
     [[ $steps == *sup* ]] && echo "== train: FS-SIL, WS-SIL, ItS2CLR paper recipes" &&
-    timeout "${T_SIL:-220}" python3 benchmarks/train_bone_marrow.py "${cls[@]}" --seeds 0 \
+    timeout "${T_SIL:-220}" python3 benchmarks/science/train_bone_marrow.py "${cls[@]}" --seeds 0 \
         --methods "${SUP_METHODS:-fs-sil,ws-sil,its2clr}" --out "$res/train" --jsonl "$res/train/paper.jsonl" \
         2>&1 | grep -v Warn | tail -5
     pack
     [[ $steps == *dsvdd* ]] && echo "== train: Deep SVDD paper recipe, one seed of the ensemble" &&
-    timeout "${T_DSVDD:-130}" python3 benchmarks/train_bone_marrow.py "${cls[@]}" --seeds 0 \
+    timeout "${T_DSVDD:-130}" python3 benchmarks/science/train_bone_marrow.py "${cls[@]}" --seeds 0 \
         --methods dsvdd --set n_seeds=1 --out "$res/train" --jsonl "$res/train/paper.jsonl" \
         2>&1 | grep -v Warn | tail -3
     pack

@@ -5,19 +5,23 @@ A sweep's trials resample the test abnormal cells of one split: their sd says no
 another split of the normal cells, another draw of the training abnormals or another training
 run. Seeds do (`paper_scale_sweep.sh` with SEED=1, 2, ...).
 
-    python benchmarks/sweep_seeds.py --run 0=DIR0/results.csv --run 1=DIR1/results.csv,... \\
-        --metric tp_at_k --pairs droc:dsvdd,fs-sil:droc --out RESULTS_DIR
+    python benchmarks/science/sweep_seeds.py --run 0=DIR0/results.csv \\
+        --run 1=DIR1/results.csv,... --metric tp_at_k --pairs droc:dsvdd,fs-sil:droc \\
+        --out RESULTS_DIR
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from _results import paired_gain
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
+from _results import paired_gain  # noqa: E402
 
 
 def per_seed(

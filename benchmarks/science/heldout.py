@@ -24,7 +24,7 @@ paper's operating point, Recall@K at a witness rate of 1 % with K = 5 % of the p
 400 of 7,913), averaged over ``--draws`` random draws of the abnormal cells (chance = 0.05).
 Weakly supervised rows also carry their bag check (``cyto.train.bagcheck``).
 
-    python benchmarks/heldout.py --data ../shared/data/bone_marrow --normal LYT \\
+    python benchmarks/science/heldout.py --data ../shared/data/bone_marrow --normal LYT \\
         --other ../shared/data/pbc --other-normal lymphocyte --preset fast --seeds 0,1,2,3,4 \\
         --stage dev
 """
@@ -46,7 +46,7 @@ from cyto.train.config import resolve_config
 from cyto.train.data import TrainData
 from cyto.train.registry import get_method, method_names
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
 from _results import machine, where, write  # noqa: E402
 from train_bone_marrow import (  # noqa: E402
     append_row,
@@ -269,7 +269,7 @@ def main() -> None:
             rows.append(row)
             append_row(args.jsonl, row)
 
-    cmd = command_line("heldout.py", args)
+    cmd = command_line("science/heldout.py", args)
     meta = machine(cmd) | {
         "seeds": seeds,
         "stage": args.stage,

@@ -6,7 +6,7 @@
 2. The OC-SVM scorer: numba kernel vs sklearn's decision_function vs the plain numpy reference,
    on N queries x 512 dims with about 1,000 support vectors.
 
-    python benchmarks/export_bench.py [--queries 100000] [--repeats 3]
+    python benchmarks/speed/export_bench.py [--queries 100000] [--repeats 3]
 
 Results: benchmarks/results/export_<host>_<date>.json and .md.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
 from _results import machine, write  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--queries", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results")
     args = ap.parse_args()
 
     from cyto.runtime import load_scorer
@@ -106,7 +106,7 @@ def main() -> None:
     rows.append(row)
     print(json.dumps(row), flush=True)
 
-    cmd = "python benchmarks/export_bench.py " + " ".join(
+    cmd = "python benchmarks/speed/export_bench.py " + " ".join(
         f"--{k} {v}" for k, v in vars(args).items() if k != "out"
     )
     meta = machine(cmd)

@@ -3,7 +3,7 @@
 # slide on this 2-core CPU must not get slower"). Runs `cyto bench slide` alternately with the
 # code of OLD (a git worktree) and of the working tree, ROUNDS times, then the new options
 # (--overlap on; --decode torch in one process) once per round.
-# Usage: benchmarks/cpu_before_after.sh OLD_COMMIT MODEL SLIDE RESULTS_DIR [ROUNDS]
+# Usage: benchmarks/speed/cpu_before_after.sh OLD_COMMIT MODEL SLIDE RESULTS_DIR [ROUNDS]
 set -eu
 old=$1; model=$(realpath "$2"); slide=$(realpath "$3"); res=$(realpath -m "$4"); rounds=${5:-2}
 here=$(git rev-parse --show-toplevel)

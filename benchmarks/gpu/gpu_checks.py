@@ -8,7 +8,7 @@
 3. `cyto score` on a synthetic slide with ``--device cuda --backend torch`` against
    ``--device cpu --backend onnx``: the same cells and the same scores.
 
-    python benchmarks/gpu_checks.py --model FAST.cyto --out DIR [--work DIR]
+    python benchmarks/gpu/gpu_checks.py --model FAST.cyto --out DIR [--work DIR]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
 from _results import machine, write  # noqa: E402
 
 
@@ -149,7 +149,7 @@ def main() -> None:
     rows.append(row)
     print(json.dumps(row), flush=True)
 
-    meta = machine("python benchmarks/gpu_checks.py " + " ".join(sys.argv[1:]))
+    meta = machine("python benchmarks/gpu/gpu_checks.py " + " ".join(sys.argv[1:]))
     where = meta["gpu"]["name"] if meta.get("gpu") else f"CPU ({meta['cpu']})"
     lines = [f"# GPU checks on {where}", "", f"`{meta['command']}`", ""]
     lines += [f"- {json.dumps(r)}" for r in rows]

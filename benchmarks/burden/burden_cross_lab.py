@@ -10,21 +10,24 @@ abnormal cells (ig, erythroblast, monocyte, basophil) at the same rate. Expected
 slide passes the bulk check and gets a burden; the other lab's slide is called a mismatch.
 These are patch sets, not whole slides: the slide pipeline's crops are not involved.
 
-    python benchmarks/burden_cross_lab.py --bone-marrow ../shared/data/bone_marrow \
+    python benchmarks/burden/burden_cross_lab.py --bone-marrow ../shared/data/bone_marrow \
         --pbc ../shared/data/pbc --seeds 0,1,2 --results benchmarks/results/vm-2core/burden
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from _results import machine, mean_sd, write
 
 from cyto.bench.results import markdown_table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
+from _results import machine, mean_sd, write  # noqa: E402
 
 BM_ABNORMAL, PBC_ABNORMAL = (
     ("BLA", "PMO", "EOS", "MON"),
@@ -126,7 +129,7 @@ def main() -> None:
     md = [
         "# The calibration's bulk check across labs (real cells)",
         "",
-        f"`python benchmarks/burden_cross_lab.py --bone-marrow {args.bone_marrow} --pbc "
+        f"`python benchmarks/burden/burden_cross_lab.py --bone-marrow {args.bone_marrow} --pbc "
         f"{args.pbc} --seeds {args.seeds} --results {args.results}` on {meta['host']} "
         f"({meta['cpu_count']} CPUs), {meta['seconds']} s. Deep SVDD fast preset trained on half "
         f"of the Matek lymphocytes; {args.groups} calibration groups of {args.group} held-out "

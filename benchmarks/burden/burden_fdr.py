@@ -17,7 +17,7 @@ slides is at most alpha + 2 Monte-Carlo standard errors and whose burden interva
 abnormal cells above the threshold on at least 90% of slides, the one with the higher power;
 if none qualifies, the one with the lower FDR.
 
-    python benchmarks/burden_fdr.py --model demo_out/dsvdd.cyto \
+    python benchmarks/burden/burden_fdr.py --model demo_out/dsvdd.cyto \
         --work /tmp/burden --results benchmarks/results/vm-2core/burden
 """
 
@@ -27,13 +27,16 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from _results import machine, write
 
 from cyto.stats.conformal import DEFAULT_NORMALIZATION, NORMALIZATIONS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
+from _results import machine, write  # noqa: E402
 
 STAINS = {"batch": "one per cohort (exchangeable slides)", "per-slide": "each slide its own"}
 RATES = (0.0, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.09)
@@ -355,8 +358,9 @@ def main() -> None:
     md = [
         "# Burden and FDR on synthetic cohorts (issue 18)",
         "",
-        f"`python benchmarks/burden_fdr.py --model {args.model} --work {args.work} --results "
-        f"{args.results}` on {meta['host']} ({meta['cpu_count']} CPUs); {meta['seconds']} s.",
+        f"`python benchmarks/burden/burden_fdr.py --model {args.model} --work {args.work} "
+        f"--results {args.results}` on {meta['host']} ({meta['cpu_count']} CPUs); "
+        f"{meta['seconds']} s.",
         f"Slides {args.size}² px with {args.cells or 'the default density of'} cells; stain: "
         f"{STAINS[args.stain]}; "
         f"{args.calibration_slides} slide-negative calibration slides per cohort; alpha "

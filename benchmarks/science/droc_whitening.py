@@ -5,7 +5,7 @@ contrastive learning on the training normals of the split of ``train_bone_marrow
 paper's OC-SVM (RBF, nu=0.1, gamma='auto') is fitted twice, on the raw embeddings and on the
 Ledoit-Wolf-whitened ones, and both rank the same held-out cells. Usage:
 
-    python benchmarks/droc_whitening.py --data ../shared/data/bone_marrow \\
+    python benchmarks/science/droc_whitening.py --data ../shared/data/bone_marrow \\
         --normal LYT --abnormal BLA,PMO,EOS,MON --preset fast --seeds 0,1,2
 
 ``--preset paper`` trains the paper's recipe (ResNet18, 224 px, 100 epochs: a GPU job).
@@ -26,7 +26,7 @@ from cyto.train.config import resolve_config
 from cyto.train.data import TrainData
 from cyto.train.droc import DROC, DROCConfig
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
 from _results import machine, mean_sd, where, write  # noqa: E402
 from train_bone_marrow import (  # noqa: E402
     append_row,
@@ -66,7 +66,7 @@ def main() -> None:
         rows.append(row)
         append_row(args.jsonl, row)
 
-    cmd = command_line("droc_whitening.py", args)
+    cmd = command_line("science/droc_whitening.py", args)
     meta = machine(cmd) | {"device_used": str(device)}
 
     def ms(key: str) -> str:

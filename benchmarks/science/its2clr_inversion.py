@@ -6,15 +6,16 @@ bag labels only. Each seed draws the cells; the test pool is every cell not used
 the remaining abnormal ones). Prints, per seed, the held-out AUROC, the AUROC of the instance
 scores inside the positive training bags, and the bag check.
 
-    python benchmarks/its2clr_inversion.py --data ../shared/data/bone_marrow --seeds 3,4,5,6,7
-    python benchmarks/its2clr_inversion.py --data ../shared/data/bone_marrow --seeds 3,4,5,6,7 \\
-        --set anchor_k=0        # pseudo-labels from the aggregator, as Liu et al.
+    python benchmarks/science/its2clr_inversion.py --data ../shared/data/bone_marrow \\
+        --seeds 3,4,5,6,7
+    python benchmarks/science/its2clr_inversion.py --data ../shared/data/bone_marrow \\
+        --seeds 3,4,5,6,7 --set anchor_k=0   # pseudo-labels from the aggregator, as Liu et al.
 
 Each seed also prints both instance scores of the fitted model: the aggregator's logit (Liu et
 al.) and the distance to the 5 nearest negative-bag cells (the default score since it held at
 lower witness rates). The 6.25 % comparison in ``cyto.train.its2clr``'s docstring:
 
-    python benchmarks/its2clr_inversion.py --data ../shared/data/bone_marrow --per-bag 2 \
+    python benchmarks/science/its2clr_inversion.py --data ../shared/data/bone_marrow --per-bag 2 \
         --seeds 10,11,12,13,14,15 --split-offset 100
     # the same with --per-bag 1: WR 3.2 %
 

@@ -9,7 +9,7 @@ main process's and the worker's peak resident memory (VmHWM), the cells and cell
 ``--big-gib N`` a third row scores the sparse slide's file followed by an N GiB hole (a sparse
 file: N GiB on the file system, nothing on disk), which must cost no more memory than the slide.
 
-    python benchmarks/memory_peak.py --dense-from ../shared/data/wsi/cmu1_small_region.svs \\
+    python benchmarks/speed/memory_peak.py --dense-from ../shared/data/wsi/cmu1_small_region.svs \\
         --side 8192 [--big-gib 4] [--backbone smallcnn] [--out benchmarks/results]
 """
 
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
 from _results import machine, score_summary, where, write  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--backbone", default="smallcnn")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--big-gib", type=float, default=0, help="add a row: the sparse slide + a hole")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results")
     args = ap.parse_args()
 
     from cyto.bench.models import architecture_bundle
@@ -93,7 +93,7 @@ def main() -> None:
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
-    cmd = "python benchmarks/memory_peak.py " + " ".join(sys.argv[1:])
+    cmd = "python benchmarks/speed/memory_peak.py " + " ".join(sys.argv[1:])
     meta = machine(cmd)
     lines = [
         "# Peak memory of cyto score, sparse vs dense",

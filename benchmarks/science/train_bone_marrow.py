@@ -3,7 +3,7 @@
 The check of issue 'train the five methods': each method must rank abnormal cells above normal
 ones clearly better than chance on held-out cells. Usage (2 CPU cores: about 10 minutes):
 
-    python benchmarks/train_bone_marrow.py --data ../shared/data/bone_marrow \\
+    python benchmarks/science/train_bone_marrow.py --data ../shared/data/bone_marrow \\
         --normal LYT --abnormal BLA,PMO,EOS,MON --preset fast --seeds 0,1,2
 
 ``--preset paper`` trains the paper's recipes (ResNet18 at 224 px; for a GPU: ``--device cuda``).
@@ -33,7 +33,7 @@ from cyto.train.config import resolve_config
 from cyto.train.data import TrainData
 from cyto.train.registry import get_method, method_names
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
 from _results import machine, where, write  # noqa: E402
 
 
@@ -81,7 +81,7 @@ def common_parser(doc: str) -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override, every method"
     )
     ap.add_argument("--jsonl", type=Path, default=None, help="append each row here when done")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results")
     return ap
 
 
@@ -106,7 +106,8 @@ def methods_and_size(names: str, preset: str | None, overrides: dict) -> tuple[l
 
 
 def command_line(script: str, args: argparse.Namespace) -> str:
-    """The command that reproduces this run (without where its files went)."""
+    """The command that reproduces this run (without where its files went); ``script`` is the
+    script's path below ``benchmarks/`` (``science/heldout.py``)."""
     opts = " ".join(
         f"--{k.replace('_', '-')} {v}"
         for k, v in vars(args).items()
@@ -138,7 +139,7 @@ def main() -> None:
         rows += run_seed(ds, images, methods, preset, seed, device, overrides, args.jsonl)
     k, n_test = rows[0]["k"], rows[0]["n_test"]
 
-    cmd = command_line("train_bone_marrow.py", args)
+    cmd = command_line("science/train_bone_marrow.py", args)
     meta = machine(cmd) | {"chance_recall_at_k": round(k / n_test, 4), "seeds": seeds}
     lines = [
         f"# {args.data.name}: one-class ranking of held-out cells ({args.preset} preset)",

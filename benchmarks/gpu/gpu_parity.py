@@ -12,7 +12,7 @@ cells through:
 Reported per path: Spearman, top-1%/top-10% overlap and max relative difference against the
 reference, AUROC of both, and cells/s of the scoring call (after one warm-up call).
 
-    python benchmarks/gpu_parity.py --data ../shared/data/bone_marrow --normal LYT \\
+    python benchmarks/gpu/gpu_parity.py --data ../shared/data/bone_marrow --normal LYT \\
         --abnormal BLA,PMO,EOS,MON --seeds 0,1 --device cuda
 """
 
@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "science"))  # train_bone_marrow
 from _results import machine, mean_sd, where, write  # noqa: E402
 from train_bone_marrow import (  # noqa: E402
     append_row,
@@ -141,7 +142,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     args = ap.parse_args()
     rows, table = run(args)
-    cmd = command_line("gpu_parity.py", args)
+    cmd = command_line("gpu/gpu_parity.py", args)
     meta = machine(cmd)
     lines = ["# GPU paths: ranking parity on real cells", "", where(cmd, meta, args.device), ""]
     write(args.out, "gpu_parity", meta, rows, [*lines, *table])
