@@ -160,7 +160,7 @@ def two_nodes(tmp_path_factory):
         for p, log in reversed(procs):
             os.killpg(p.pid, signal.SIGTERM)
             try:  # a `ray start --block` node took 30 s to leave on SIGTERM: the test is over
-                p.wait(5)
+                p.wait(1)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()

@@ -36,6 +36,15 @@ def slides(tmp_path_factory):
     return a, b
 
 
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """A 4096 x 4096 slide (64 tiles of 512 px): long enough to interrupt mid-run."""
+    return write_slide(
+        tmp_path_factory.mktemp("big") / "big.tif",
+        SlideSynthConfig(width=4096, height=4096, seed=7),
+    )
+
+
 def _hold(folder: str, ready, stop) -> None:
     with OutputLock(folder):
         ready.set()
@@ -298,11 +307,10 @@ def test_bad_output_folders_are_one_line(exported_dsvdd, slides, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_ctrl_c_to_the_process_group_prints_no_worker_traceback(exported_dsvdd, tmp_path):
+def test_ctrl_c_to_the_process_group_prints_no_worker_traceback(exported_dsvdd, big, tmp_path):
     import os
     import signal
 
-    big = write_slide(tmp_path / "big.tif", SlideSynthConfig(width=4096, height=4096, seed=7))
     cmd = [
         sys.executable,
         "-m",
@@ -584,13 +592,12 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_workers_die_with_a_killed_main_process(exported_dsvdd, tmp_path):
+def test_workers_die_with_a_killed_main_process(exported_dsvdd, big, tmp_path):
     """SIGKILL of cyto score (no handler can run) while its worker decodes tiles: the worker
     goes too, instead of living on under PID 1 with its memory (issue 34)."""
     import os
     import signal
 
-    big = write_slide(tmp_path / "big.tif", SlideSynthConfig(width=4096, height=4096, seed=7))
     cmd = [sys.executable, "-m", "cyto", "score", str(big.paths[0]), "--model"]
     cmd += [str(exported_dsvdd), "--out", str(tmp_path / "o"), "--workers", "1", "--tile", "512"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -104,8 +104,10 @@ def test_score_end_to_end(model, slide, tmp_path):
 def test_torch_backend_gives_the_same_ranking(model, slide, tmp_path):
     from cyto.infer import ScoreOptions, score_slide
 
-    a = score_slide(slide.paths[0], model, tmp_path / "a", ScoreOptions(mosaic=0))
-    b = score_slide(slide.paths[0], model, tmp_path / "b", ScoreOptions(mosaic=0, backend="torch"))
+    a = score_slide(slide.paths[0], model, tmp_path / "a", ScoreOptions(mosaic=0, workers=0))
+    b = score_slide(
+        slide.paths[0], model, tmp_path / "b", ScoreOptions(mosaic=0, workers=0, backend="torch")
+    )
     sa = np.asarray(pq.read_table(tmp_path / "a" / "scores.parquet")["score"])
     sb = np.asarray(pq.read_table(tmp_path / "b" / "scores.parquet")["score"])
     assert a["cells_scored"] == b["cells_scored"]
@@ -166,7 +168,9 @@ def test_nuclei_from_a_file_are_each_scored_once(model, slide, tmp_path):
             f"{x},{y}\n" for x, y in zip(gt["x"].to_pylist(), gt["y"].to_pylist(), strict=True)
         )
     )
-    summary = score_slide(slide.paths[0], model, tmp_path / "o", ScoreOptions(mosaic=0, nuclei=pts))
+    summary = score_slide(
+        slide.paths[0], model, tmp_path / "o", ScoreOptions(mosaic=0, workers=0, nuclei=pts)
+    )
     table = pq.read_table(tmp_path / "o" / "scores.parquet")
     assert summary["cells_scored"] == gt.num_rows == table.num_rows
     got = sorted(zip(table["x"].to_pylist(), table["y"].to_pylist(), strict=True))
@@ -239,7 +243,7 @@ def test_focal_plane_choice_follows_the_sharpest_plane(model, tmp_path, suffix):
         SlideSynthConfig(width=1024, height=1024, seed=5, planes=(-1.0, 0.0, 1.0)),
     )
     assert len(res.paths) == (3 if suffix == ".tif" else 1)
-    summary = score_slide(res.paths[0], model, tmp_path / "o", ScoreOptions(mosaic=0))
+    summary = score_slide(res.paths[0], model, tmp_path / "o", ScoreOptions(mosaic=0, workers=0))
     assert summary["focal_planes_um"] == [0.0, -1.0, 1.0]
     table = pq.read_table(tmp_path / "o" / "scores.parquet")
     gt = pq.read_table(res.ground_truth)
@@ -255,7 +259,9 @@ def test_focal_plane_choice_follows_the_sharpest_plane(model, tmp_path, suffix):
     ]
     agree = float(np.mean(chosen == nearest_plane))
     assert near.sum() > 10 and agree > 0.6, agree  # chance is about 1/3
-    none = score_slide(res.paths[0], model, tmp_path / "n", ScoreOptions(mosaic=0, planes="none"))
+    none = score_slide(
+        res.paths[0], model, tmp_path / "n", ScoreOptions(mosaic=0, workers=0, planes="none")
+    )
     assert none["focal_planes_um"] == [0.0]
 
 
@@ -271,11 +277,17 @@ def test_resolution_checks(model, slide, tmp_path):
     bundle.manifest["config"]["mpp"] = slide_mpp * 2  # trained on coarser pixels
     engine.bundle = bundle
     msgs = []
-    s = score_slide(slide.paths[0], engine, tmp_path / "w", ScoreOptions(mosaic=0), msgs.append)
+    s = score_slide(
+        slide.paths[0], engine, tmp_path / "w", ScoreOptions(mosaic=0, workers=0), msgs.append
+    )
     assert any("--rescale" in m for m in msgs) and s["resolution"]["mpp_ratio"] == 2.0
     msgs.clear()
     s = score_slide(
-        slide.paths[0], engine, tmp_path / "r", ScoreOptions(mosaic=0, rescale=True), msgs.append
+        slide.paths[0],
+        engine,
+        tmp_path / "r",
+        ScoreOptions(mosaic=0, workers=0, rescale=True),
+        msgs.append,
     )
     assert s["resolution"]["crop_px_level0"] == 384
     assert any("resampling" in m for m in msgs)
@@ -285,11 +297,14 @@ def test_resolution_checks(model, slide, tmp_path):
 @pytest.mark.openslide
 def test_real_slides_score_with_cell_sized_detection(model, wsi_dir, tmp_path):
     from cyto.infer import ScoreOptions, score_slide
+    from cyto.runtime import load_scorer
 
     slides = sorted(p for p in wsi_dir.iterdir() if p.suffix in (".svs", ".ndpi"))
     assert slides
+    scorer = load_scorer(model, "onnx", "cpu")
+    opts = ScoreOptions(mosaic=16, top_k=16, workers=0)  # worker processes: tests of their own
     for path in slides:
-        s = score_slide(path, model, tmp_path / path.stem, ScoreOptions(mosaic=16, top_k=16))
+        s = score_slide(path, scorer, tmp_path / path.stem, opts)
         folder = tmp_path / path.stem
         table = pq.read_table(folder / "scores.parquet")
         assert table.num_rows == s["cells_scored"]
