@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -678,3 +679,54 @@ def test_a_symlink_loop_fails_alone_and_the_cohort_goes_on(exported_dsvdd, slide
     assert (out / "s" / "scores.parquet").is_file()
     rows = (out / "cohort.csv").read_text().splitlines()
     assert len(rows) == 3  # a header, the failed slide, the scored one
+
+
+def _cohort_rows(out) -> list[dict]:
+    import csv
+
+    with open(out / "cohort.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_a_later_run_never_replaces_another_slides_results(exported_dsvdd, slides, tmp_path):
+    """`cyto score A/s.tif --out o`, then `cyto score B/s.tif --out o`: B's results replaced A's
+    folder and cohort row (issue 34). B goes to a folder of its own, A's stays as it was; a rerun
+    of B finds its folder again."""
+    a, b = slides[0].paths[0], slides[1].paths[0]
+    out = tmp_path / "o"
+    opts = ScoreOptions(mosaic=0, workers=0, tile=512, resume=True)
+    said: list[str] = []
+    [first], _ = score_cohort([a], exported_dsvdd, out, opts, said.append)
+    before = (out / "s" / "scores.parquet").read_bytes()
+    [second], _ = score_cohort([b], exported_dsvdd, out, opts, said.append)
+    assert (out / "s" / "scores.parquet").read_bytes() == before
+    assert json.loads((out / "s" / "summary.json").read_text())["slide"] == str(a.resolve())
+    other = Path(second["output"])
+    assert other.parent == out and other.name.startswith("s-"), other
+    assert json.loads((other / "summary.json").read_text())["slide"] == str(b.resolve())
+    assert any("holds the results of another slide" in m for m in said), said
+    rows = _cohort_rows(out)
+    assert sorted(r["slide"] for r in rows) == sorted([str(a.resolve()), str(b.resolve())])
+    said.clear()
+    [again], _ = score_cohort([b], exported_dsvdd, out, opts, said.append)
+    assert again["output"] == second["output"] and any("already scored" in m for m in said)
+    assert len(_cohort_rows(out)) == 2
+
+
+def test_one_out_folder_spelled_three_ways_is_one_cohort(
+    exported_dsvdd, slides, tmp_path, monkeypatch
+):
+    """The same --out given relative, absolute, and relative from another folder made three rows
+    for one slide in cohort.csv (issue 34)."""
+    a = slides[0].paths[0]
+    opts = ScoreOptions(mosaic=0, workers=0, tile=512, resume=True)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    score_cohort([a], exported_dsvdd, Path("o"), opts, lambda m: None)
+    score_cohort([a], exported_dsvdd, tmp_path / "o", opts, lambda m: None)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    score_cohort([a], exported_dsvdd, Path("../o"), opts, lambda m: None)
+    rows = _cohort_rows(tmp_path / "o")
+    assert len(rows) == 1, rows
+    assert rows[0]["output"] == str(tmp_path.resolve() / "o" / "s")
+    assert [p.name for p in (tmp_path / "o").iterdir() if p.is_dir()] == ["s"]

@@ -86,22 +86,68 @@ def _resolved(path: Path) -> Path:
         return path.absolute()
 
 
-def output_folders(slides: list[Path], out: Path) -> list[tuple[Path, Path]]:
-    """(slide, its output folder): ``OUT/STEM``, or ``OUT/STEM-<hash of the path>`` for slides
-    whose names collide in the cohort (``a/slide.ndpi`` and ``b/slide.ndpi``), so no slide's
-    result can overwrite another's. The same slide listed twice is scored once."""
+def _holder(folder: Path) -> tuple[str, str] | None:
+    """(slide path, slide identity) of the run ``folder`` holds: a finished one (its summary)
+    or an interrupted one (its chunk store's key); None when it holds neither."""
+    try:
+        summary = folder / "summary.json"
+        if summary.is_file():
+            data = json.loads(summary.read_text())
+            return str(data.get("slide") or ""), str(data.get("slide_identity") or "")
+        state = folder / PARTIAL / "state.json"
+        if state.is_file():
+            for path, identity in (json.loads(state.read_text()).get("slide") or {}).items():
+                return str(path), str(identity)  # the slide comes first, its planes after it
+    except (OSError, ValueError, AttributeError):
+        return None
+    return None
+
+
+def _held_by_another(folder: Path, slide: Path) -> str | None:
+    """The other slide whose results ``folder`` holds, or None when it is free or holds this
+    slide's: the same file (even changed since: then it is scored again there), or the same
+    content moved or copied (the slide identity)."""
+    held = _holder(folder)
+    if held is None:
+        return None
+    path, identity = held
+    if path and Path(path).is_absolute() and _resolved(Path(path)) == slide:
+        return None
+    try:
+        if identity and identity == slide_identity(slide):
+            return None
+    except OSError:  # an unreadable slide fails on its own when it is opened
+        return None
+    return path or "an unnamed slide"
+
+
+def output_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path, Path]]:
+    """(slide, its output folder): ``OUT/STEM``, or ``OUT/STEM-<hash of the path>`` for a slide
+    whose name collides with another of the cohort (``a/slide.ndpi`` and ``b/slide.ndpi``) or
+    with the slide an earlier run left in ``OUT/STEM``, so no slide's results can replace
+    another's. Slides and ``out`` are taken by their real paths (one folder spelled two ways is
+    one cohort); the same slide listed twice is scored once. ``echo`` says why a folder is not
+    ``OUT/STEM``."""
     import hashlib
 
     unique = list(dict.fromkeys(_resolved(Path(s)) for s in slides))
     stems: dict[str, int] = {}
     for s in unique:
         stems[s.stem] = stems.get(s.stem, 0) + 1
-    out = Path(out)
+    out = _resolved(Path(out))
     pairs = []
     for s in unique:
         name = s.stem
-        if stems[s.stem] > 1:
+        other = _held_by_another(out / name, s) if stems[s.stem] == 1 else None
+        if stems[s.stem] > 1 or other is not None:
             name = f"{s.stem}-{hashlib.sha1(str(s).encode()).hexdigest()[:8]}"
+        if echo is not None and stems[s.stem] > 1:
+            echo(f"note: another slide of this cohort is also named {s.name}: {s} -> {out / name}")
+        elif echo is not None and other is not None:
+            echo(
+                f"note: {out / s.stem} holds the results of another slide ({other}); "
+                f"{s} goes to {out / name}"
+            )
         pairs.append((s, out / name))
     return pairs
 
@@ -124,15 +170,10 @@ def score_cohort(
     if scorer.verification is not None:
         echo(f"  verification: {scorer.verification.words()}")
     done, failed, rows = [], [], []
-    pairs = output_folders(slides, out)
+    pairs = output_folders(slides, out, echo)
     if len(pairs) < len(slides):
         echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
     for slide, target in pairs:
-        if target.name != slide.stem:
-            echo(
-                f"note: another slide of this cohort is also named {slide.name}: "
-                f"{slide} -> {target}"
-            )
         try:
             summary = score_one(slide, target, scorer, opts, echo, metrics)
             done.append(summary)

@@ -375,7 +375,7 @@ def score_cohort_ray(
     verify_bundle(Path(model))  # a bad bundle fails here in one line, not in every actor
     ray = import_ray()
     echo(f"joined the {connect(address, num_cpus)}")
-    pairs = output_folders(slides, out)
+    pairs = output_folders(slides, out, echo)
     if len(pairs) < len(slides):
         echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
     engines = _Engines(ray, model, opts)

@@ -103,13 +103,22 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
 
     with open(path.with_name(f".{path.name}.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        # a row per output folder, known by its name in this folder: an --out spelled another
+        # way (relative from elsewhere, absolute) is the same folder, and the same row
+        home = path.parent.resolve()
         merged: dict[str, dict] = {}
         if path.is_file():
             with open(path, newline="") as fh:
                 for old in csv.DictReader(fh):
-                    merged[old.get("output", "")] = {k: old.get(k, "") for k in COHORT_COLUMNS}
+                    row = {k: old.get(k, "") for k in COHORT_COLUMNS}
+                    name = Path(row["output"]).name
+                    row["output"] = str(home / name) if name else row["output"]
+                    merged[name] = row
         for row in rows:
-            merged[str(row["output"])] = row
+            merged[Path(row["output"]).name] = {
+                **row,
+                "output": str(home / Path(row["output"]).name),
+            }
         partial = path.with_name(f".{path.name}.partial")
         with open(partial, "w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=COHORT_COLUMNS)
