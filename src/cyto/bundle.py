@@ -333,6 +333,18 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"{mf} has no {SEAL}: a format-{version} manifest is always sealed, so this one was "
             "edited by hand; retrain or re-export instead of editing it"
         )
+    if SEAL not in manifest:  # an older format that did not seal its manifest
+        import warnings
+
+        from cyto.errors import UnsealedBundleWarning
+
+        warnings.warn(
+            UnsealedBundleWarning(
+                f"{path} is an unsealed format-{version} bundle: an edit to its manifest cannot "
+                f"be detected. If it is as you trained it, seal it: cyto info {path} --seal"
+            ),
+            stacklevel=2,
+        )
     if SEAL in manifest and manifest[SEAL] != _canonical_sha256(manifest):
         raise BundleError(
             f"{mf} does not match its own checksum ({SEAL}): the manifest was edited or "
@@ -408,3 +420,24 @@ def add_files(
     tmp.write_text(_manifest_text(manifest, seal=sealed))
     os.replace(tmp, Path(path) / MANIFEST)
     return manifest
+
+
+def seal_bundle(path: Path) -> bool:
+    """Seal an older unsealed bundle as it is now: every listed file's checksum is verified, and
+    the manifest gets the current format and its seal. Vouches for the manifest as it reads
+    today, so the user checks it first (``cyto info``). A sealed bundle is left as it is.
+    Returns whether it was sealed now."""
+    import warnings
+
+    from cyto.errors import UnsealedBundleWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnsealedBundleWarning)
+        manifest = verify_bundle(path)
+    if SEAL in manifest:
+        return False
+    manifest["format_version"] = FORMAT_VERSION
+    tmp = Path(path) / f".{MANIFEST}.partial"
+    tmp.write_text(_manifest_text(manifest, seal=True))
+    os.replace(tmp, Path(path) / MANIFEST)
+    return True

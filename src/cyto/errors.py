@@ -14,6 +14,14 @@ class CytoError(Exception):
     exit_code = 1
 
 
+class CytoWarning(UserWarning):
+    """Base class of cyto's warnings; the CLI prints each as one ``warning: ...`` line."""
+
+
+class UnsealedBundleWarning(CytoWarning):
+    """A bundle of an older format whose manifest has no seal: an edit to it cannot be seen."""
+
+
 class InputPathError(CytoError):
     """A path given by the user is missing, of the wrong kind, or empty."""
 

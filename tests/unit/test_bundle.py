@@ -42,11 +42,15 @@ def test_deleting_the_seal_does_not_make_an_edit_load(bundle):
 
 
 def test_an_older_unsealed_bundle_still_loads_and_stays_unsealed(bundle, tmp_path):
+    from cyto.errors import UnsealedBundleWarning
+
     _edit(bundle, format_version=1, **{SEAL: None})
-    assert load_bundle(bundle).method == "dsvdd"
+    with pytest.warns(UnsealedBundleWarning):
+        assert load_bundle(bundle).method == "dsvdd"
     extra = tmp_path / "note.txt"
     extra.write_text("x")
-    add_files(bundle, {"note.txt": extra})
+    with pytest.warns(UnsealedBundleWarning):
+        add_files(bundle, {"note.txt": extra})
     assert SEAL not in json.loads((bundle / "manifest.json").read_text())
 
 
@@ -71,3 +75,38 @@ def test_a_bundle_is_readable_by_other_users(bundle):
     assert stat.S_IMODE(bundle.stat().st_mode) == 0o777 & ~umask
     for f in bundle.iterdir():
         assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~umask, f.name
+
+
+def test_an_unsealed_bundle_warns_and_can_be_sealed(exported_dsvdd, tmp_path):
+    """Seal deleted, format_version set to 1 and a config value edited: it loaded with no word
+    and scored differently (issue 34). It still loads (older bundles were unsealed), with a
+    warning that says how to seal it; once sealed, a later edit is refused."""
+    import shutil
+    import warnings
+
+    from cyto.bundle import seal_bundle
+    from cyto.errors import UnsealedBundleWarning
+    from tests.cli_runner import run_cyto
+
+    bundle = tmp_path / "old.cyto"
+    shutil.copytree(exported_dsvdd, bundle)
+    _edit(bundle, format_version=1, tta_lambda=0.25, **{SEAL: None})
+    with pytest.warns(UnsealedBundleWarning, match=r"unsealed format-1 bundle.*--seal"):
+        assert load_bundle(bundle, weights=False).manifest["tta_lambda"] == 0.25
+    proc = run_cyto("info", str(bundle), process=True)  # what a user sees: one line
+    assert proc.returncode == 0, proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if ln.strip()] == [
+        f"warning: {bundle} is an unsealed format-1 bundle: an edit to its manifest cannot be "
+        f"detected. If it is as you trained it, seal it: cyto info {bundle} --seal"
+    ], proc.stderr
+    proc = run_cyto("info", str(bundle), "--seal")
+    assert proc.returncode == 0 and f"{bundle}: sealed" in proc.stdout, proc.stderr
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["format_version"] == FORMAT_VERSION and SEAL in manifest
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnsealedBundleWarning)
+        assert load_bundle(bundle, weights=False).manifest["tta_lambda"] == 0.25
+    assert seal_bundle(bundle) is False  # already sealed
+    _edit(bundle, tta_lambda=0.5)
+    with pytest.raises(BundleError, match="does not match its own checksum"):
+        load_bundle(bundle)

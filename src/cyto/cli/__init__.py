@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 
 import typer
 
@@ -29,6 +30,28 @@ from cyto.errors import CytoError
 __all__ = ["METHOD_NAMES", "app", "main"]
 
 
+@contextmanager
+def _warnings_as_lines():
+    """cyto's own warnings print as one ``warning: ...`` line (others as Python prints them)."""
+    import warnings
+
+    from cyto.errors import CytoWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, CytoWarning):
+            print(f"warning: {message}", file=file or sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 def main() -> None:
     """Entry point: run the app, turning library errors into one line and an exit code. A Ctrl-C
     exits with 130, also one that something swallowed on its way (:mod:`cyto.interrupts`)."""
@@ -37,7 +60,8 @@ def main() -> None:
     interrupts.install()
     try:
         try:
-            app()
+            with _warnings_as_lines():
+                app()
         except SystemExit as exc:
             if exc.code not in (0, None):
                 raise

@@ -15,12 +15,22 @@ from cyto.cli._app import _csv, app, used_words
 def info_cmd(
     model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")] = False,
+    seal: Annotated[
+        bool,
+        typer.Option(
+            "--seal",
+            help="Seal an older unsealed bundle as it reads now (after checking it is yours): "
+            "later edits to its manifest are then refused.",
+        ),
+    ] = False,
 ) -> None:
     """Describe a model bundle (verifying every checksum)."""
     import json
 
-    from cyto.bundle import verify_bundle
+    from cyto.bundle import seal_bundle, verify_bundle
 
+    if seal:
+        typer.echo(f"{model}: {'sealed' if seal_bundle(model) else 'already sealed'}")
     m = verify_bundle(model)
     if as_json:
         typer.echo(json.dumps(m, indent=2, sort_keys=True))
