@@ -173,3 +173,21 @@ def exported_bundles(tiny, tmp_path_factory) -> dict[str, Path]:
         out[name] = save_bundle(root / f"{name}.cyto", *model.bundle_parts(tiny))
         export_onnx(out[name])
     return out
+
+
+@pytest.fixture(scope="session")
+def real_slides_scored(wsi_dir, exported_dsvdd, tmp_path_factory) -> dict[str, dict]:
+    """Each real slide (SVS, JPEG 2000 SVS, NDPI) scored once with the default (smear) detection
+    by the small Deep SVDD bundle, in the main process: name -> {summary, said, folder}."""
+    from cyto.infer import ScoreOptions, score_slide
+    from cyto.runtime import load_scorer
+
+    scorer = load_scorer(exported_dsvdd, "onnx", "cpu")
+    opts = ScoreOptions(mosaic=16, top_k=16, workers=0, tile=512)
+    root = tmp_path_factory.mktemp("real")
+    runs = {}
+    for path in sorted(p for p in wsi_dir.iterdir() if p.suffix in (".svs", ".ndpi")):
+        said: list[str] = []
+        summary = score_slide(path, scorer, root / path.stem, opts, said.append)
+        runs[path.name] = {"summary": summary, "said": said, "folder": root / path.stem}
+    return runs

@@ -411,12 +411,11 @@ def test_crowded_detections_are_reported(exported_dsvdd, slides, tmp_path):
 
 
 @pytest.mark.realdata
-def test_a_tissue_section_at_half_a_micron_warns_about_crowding(wsi_dir, exported_dsvdd, tmp_path):
-    msgs: list[str] = []
-    s = score_slide(
-        wsi_dir / "cmu1_small_region.svs", exported_dsvdd, tmp_path / "t", OPTS, msgs.append
-    )
-    crowd = s["detection_crowding"]
+def test_a_tissue_section_at_half_a_micron_warns_about_crowding(
+    wsi_dir, exported_dsvdd, real_slides_scored, tmp_path
+):
+    smear = real_slides_scored["cmu1_small_region.svs"]  # scored with the smear settings
+    crowd, msgs = smear["summary"]["detection_crowding"], list(smear["said"])
     assert crowd["median_others_per_crop"] > 6 and crowd["nn_unit"] == "um"
     assert any("detections are crowded" in m and "--detection tissue" in m for m in msgs), msgs
 
@@ -730,3 +729,25 @@ def test_one_out_folder_spelled_three_ways_is_one_cohort(
     assert len(rows) == 1, rows
     assert rows[0]["output"] == str(tmp_path.resolve() / "o" / "s")
     assert [p.name for p in (tmp_path / "o").iterdir() if p.is_dir()] == ["s"]
+
+
+@pytest.mark.pyvips
+def test_a_damaged_tile_is_one_line_in_the_decoders_words(exported_dsvdd, slides, tmp_path):
+    """A slide with a damaged JPEG tile: the error began with libvips' "unable to write to
+    memory" and ran over four lines (issue 34). One line, saying what the decoder found."""
+    import tifffile
+
+    good = slides[0].paths[0]
+    with tifffile.TiffFile(good) as tf:
+        offset, count = tf.pages[0].dataoffsets[1], tf.pages[0].databytecounts[1]
+    data = bytearray(good.read_bytes())
+    noise = np.random.default_rng(0).integers(0, 256, count - 22, dtype=np.uint8)
+    data[offset + 20 : offset + count - 2] = noise.tobytes()
+    bad = tmp_path / "bad.tif"
+    bad.write_bytes(bytes(data))
+    proc = score_cli(bad, exported_dsvdd, tmp_path / "o", "--workers", "0", "--mosaic", "0")
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot be decoded" in lines[0] and "Corrupt JPEG data" in lines[0], lines
+    assert "unable to write to memory" not in lines[0]

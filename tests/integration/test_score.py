@@ -295,21 +295,14 @@ def test_resolution_checks(model, slide, tmp_path):
 
 @pytest.mark.realdata
 @pytest.mark.openslide
-def test_real_slides_score_with_cell_sized_detection(model, wsi_dir, tmp_path):
-    from cyto.infer import ScoreOptions, score_slide
-    from cyto.runtime import load_scorer
-
-    slides = sorted(p for p in wsi_dir.iterdir() if p.suffix in (".svs", ".ndpi"))
-    assert slides
-    scorer = load_scorer(model, "onnx", "cpu")
-    opts = ScoreOptions(mosaic=16, top_k=16, workers=0)  # worker processes: tests of their own
-    for path in slides:
-        s = score_slide(path, scorer, tmp_path / path.stem, opts)
-        folder = tmp_path / path.stem
+def test_real_slides_score_with_cell_sized_detection(real_slides_scored):
+    assert real_slides_scored
+    for name, run in real_slides_scored.items():
+        s, folder = run["summary"], run["folder"]
         table = pq.read_table(folder / "scores.parquet")
         assert table.num_rows == s["cells_scored"]
         if s["resolution"]["slide_mpp"]:  # nuclei sized for 0.5 um/px: many cells, not blobs
-            assert s["cells_scored"] > 500, (path.name, s["cells_scored"])
+            assert s["cells_scored"] > 500, (name, s["cells_scored"])
         if s["cells_scored"]:
             assert (folder / "topk_mosaic.png").stat().st_size > 0
 

@@ -108,7 +108,7 @@ class PyvipsReader:
                 ]
         except pyvips.Error as exc:
             raise UnsupportedSlideError(
-                f"{path}: libvips cannot read it ({str(exc).strip().splitlines()[0]})"
+                f"{path}: libvips cannot read it ({vips_words(exc)})"
             ) from exc
         base = self._levels[0]
         self._levels = [im for im in self._levels if im.width <= base.width]
@@ -138,8 +138,8 @@ class PyvipsReader:
                 return _to_rgb(im.crop(rx, ry, rw, rh).numpy())
             except self._pv.Error as exc:
                 raise UnsupportedSlideError(
-                    f"{self.path}: cannot read region at ({rx}, {ry}) "
-                    f"level {level}: {str(exc).strip()[:200]}"
+                    f"{self.path}: cannot read region at ({rx}, {ry}) level {level}: the image "
+                    f"data there cannot be decoded ({vips_words(exc)})"
                 ) from exc
 
         box = in_slide(x, y, w, h, im.width, im.height)
@@ -147,6 +147,19 @@ class PyvipsReader:
 
     def close(self) -> None:
         self._levels = []
+
+
+# what libvips says about where it stopped, not why (the why follows on later lines)
+_VIPS_WRAPPERS = ("unable to write to memory", "vips_region_", "VipsRegion:", "vips__file_read")
+
+
+def vips_words(exc: Exception, limit: int = 300) -> str:
+    """A libvips error in one line: the lines that say what went wrong, joined by ``; `` (it
+    reports a damaged tile as "unable to write to memory" followed by the decoder's words)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    said = [ln for ln in lines if not ln.startswith(_VIPS_WRAPPERS)] or lines[:1]
+    text = "; ".join(dict.fromkeys(said))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _first_directory(path: Path, size: int) -> tuple[set[int], str]:
