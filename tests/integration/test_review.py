@@ -58,6 +58,7 @@ def session(scored):
         [scored["outs"]["dsvdd"], scored["outs"]["fs-sil"]],
         scored["root"] / "review",
         k=K,
+        seed=0,  # reviewers' case orders below are checked for this seed
         echo=lambda _: None,
     )
 
@@ -668,3 +669,117 @@ def test_data_cells_cuts_the_cells_of_negative_slides_into_a_training_folder(
     assert len(bad.stderr.strip().splitlines()) == 1
     bad = run_cyto("data", "cells", str(out), "--out", str(tmp_path / "y"), "--per-slide", "0")
     assert bad.returncode == 2 and "--per-slide" in bad.stderr
+
+
+def _rank_guesses(public: dict) -> dict[str, list[int]]:
+    """An attacker's best guess of each grid position's rank from what the page can read (the
+    case sizes, a seed if one is public, cyto's code): the order cyto drew cells in before,
+    with the public seed or the old default 0. Position p shows rank guess[p] + 1."""
+    rng = np.random.default_rng(int(public.get("seed", 0)))
+    rng.permutation(len(public["cases"]))
+    return {c["case"]: list(rng.permutation(int(c["n"]))) for c in public["cases"]}
+
+
+@pytest.mark.parametrize("models", [["dsvdd"], ["dsvdd", "fs-sil"]])
+def test_no_grid_position_tells_its_rank(scored, tmp_path, models):
+    """With the public default seed 0, position 59 was rank 1 in every one-model review, and
+    pooled ranks followed positions at 0.9999 (issue 35). The seed is now secret and the pooled
+    order forgets ranks: from everything the page can read, the guess is no better than chance."""
+    from scipy.stats import spearmanr
+
+    session = build_session(
+        [scored["outs"][m] for m in models], tmp_path / "r", k=K, echo=lambda _: None
+    )
+    public = json.loads((session.root / "cases.json").read_text())
+    assert "seed" not in public
+    guesses = _rank_guesses(public)
+    hits, guessed, true = 0, [], []
+    for case, info in session.key["cases"].items():
+        first = scored["names"][models[0]]
+        for cell in info["cells"]:
+            if first not in cell["sources"]:
+                continue
+            guess = int(guesses[case][cell["position"]]) + 1
+            rank = cell["sources"][first]["rank"]
+            hits += guess == rank
+            guessed.append(guess)
+            true.append(rank)
+    # before: every guess right (one model), or rank correlation 0.9999 (two pooled). By chance:
+    # about one right guess per case, and |rho| of ~60 pairs above 0.6 once in ~10^5 reviews
+    assert len(true) >= 2 * K - 2
+    assert hits <= len(true) // 4, hits
+    assert abs(spearmanr(guessed, true)[0]) < 0.6
+    # positions against ranks directly (a page that shows cells in pooled order would leak it)
+    positions = [c["position"] for i in session.key["cases"].values() for c in i["cells"]
+                 if scored["names"][models[0]] in c["sources"]]  # fmt: skip
+    assert abs(spearmanr(positions, true)[0]) < 0.6
+
+
+def test_reopening_a_review_keeps_its_settings_or_refuses_others(scored, session):
+    """Reopening with another --k or --seed was silently ignored (issue 35)."""
+    again = build_session(
+        [scored["outs"]["dsvdd"], scored["outs"]["fs-sil"]], session.root, echo=lambda _: None,
+        k=K,
+    )  # fmt: skip
+    assert again.seed == session.seed
+    for other in ({"k": K + 1}, {"k": K, "seed": session.seed + 1}, {"k": K, "merge_um": 9.0}):
+        with pytest.raises(ConfigError, match="built with other settings"):
+            build_session(
+                [scored["outs"]["dsvdd"], scored["outs"]["fs-sil"]], session.root,
+                echo=lambda _: None, **other,
+            )  # fmt: skip
+
+
+def test_a_review_opened_from_another_folder_finds_the_slide(exported_dsvdd, tmp_path, monkeypatch):
+    """summary.json held the slide's path relative to where cyto score ran, so cyto review from
+    another folder failed or served a broken context view (issue 35). Summaries now hold it
+    absolute, and older relative ones are found from the scored folder's parents."""
+    from cyto.review.session import context_image
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    write_slide(work / "s.ndpi", SlideSynthConfig(width=1024, height=1024, n_cells=60, seed=3))
+    monkeypatch.chdir(work)
+    summary = score_slide(
+        Path("s.ndpi"), exported_dsvdd, Path("out/s"), ScoreOptions(mosaic=0, workers=0, top_k=8)
+    )
+    assert summary["slide"] == str(work / "s.ndpi")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    review = build_session([work / "out"], tmp_path / "r1", k=8, echo=lambda _: None)
+    assert context_image(review, "case-001", 0).size == (512, 512)
+    # an older summary: the path as given, relative to the folder cyto score ran in
+    old = work / "out" / "s" / "summary.json"
+    old.write_text(old.read_text().replace(str(work / "s.ndpi"), "s.ndpi"))
+    review = build_session([work / "out"], tmp_path / "r2", k=8, echo=lambda _: None)
+    assert review.key["cases"]["case-001"]["slide"] == str(work / "s.ndpi")
+
+
+def test_the_report_counts_labels_apart_and_artifacts_are_not_suspicious(tmp_path, session):
+    """Cells marked only as artifacts counted as suspicious in the table, kappa and precision,
+    and no label appeared in any report file (issue 35)."""
+    from cyto.review.report import write_report
+
+    rv = tmp_path / "rv"
+    shutil.copytree(session.root, rv, ignore=shutil.ignore_patterns("marks.sqlite*"))
+    c1 = open_session(rv).case_ids()[0]
+    store = MarkStore(rv)
+    store.mark("ann", c1, 0, True, "malignant")
+    store.mark("ann", c1, 1, True, "atypical")
+    store.mark("ann", c1, 2, True, "artifact")
+    store.mark("ann", c1, 3, True)
+    store.mark("bob", c1, 2, True, "artifact")
+    store.mark("bob", c1, 0, True, "malignant")
+    store.close()
+    rep = write_report(rv)
+    pooled = {(r["case"], r["model"]): r for r in rep["expert_table"]}[(c1, "pooled")]
+    assert pooled["marks"] == "(3, 1)" and pooled["both"] == 1  # the artifact cell is not one
+    assert rep["progress"]["ann"]["labels"] == {
+        "malignant": 1, "atypical": 1, "artifact": 1, "no label": 1
+    }  # fmt: skip
+    assert rep["progress"]["bob"]["labels"]["artifact"] == 1
+    assert "artifact" in rep["suspicious"]
+    md = (rv / "report" / "expert_table.md").read_text()
+    assert "ann: malignant 1, atypical 1, artifact 1, no label 1" in md and "artifact" in md
+    saved = json.loads((rv / "report" / "report.json").read_text())
+    assert saved["progress"]["bob"]["labels"]["malignant"] == 1

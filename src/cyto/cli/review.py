@@ -31,7 +31,13 @@ def review_serve_cmd(
         ),
     ] = None,
     k: Annotated[int, typer.Option("--k", help="Top cells of each model shown per slide.")] = 100,
-    seed: Annotated[int, typer.Option(help="Seed of the case ids and cell order.")] = 0,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Seed of the case ids and cell order. Default: a secret one, kept in the "
+            "review's key only (a known seed would tell each grid position's rank)."
+        ),
+    ] = None,
     merge_um: Annotated[
         float,
         typer.Option(help="Cells of several models closer than this (um) are shown once."),

@@ -54,7 +54,8 @@ def score_slide(
         if isinstance(model, Scorer)
         else load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
     )
-    slide, out_dir = Path(slide), Path(out_dir)
+    # the summary names the slide by its absolute path: a review opened elsewhere finds it
+    slide, out_dir = Path(slide).absolute(), Path(out_dir)
     t_start = time.perf_counter()
     # a bad slide or focal plane fails here, before any output folder exists
     reader, planes = open_with_planes(slide, opts.planes)

@@ -44,14 +44,28 @@ def cohen_kappa(a: np.ndarray, b: np.ndarray) -> float | None:
     return (po - pe) / (1 - pe)
 
 
-def _marked(session: Session, store: MarkStore, reviewers: list[str]) -> dict[str, dict]:
-    """``{case: {reviewer: bool array over grid positions}}``."""
+# what the expert table, kappa and precision count: a mark labelled malignant, atypical or not
+# labelled at all; a cell marked only as an artifact is neither normal nor abnormal (as refine)
+SUSPICIOUS = "marked cells except those labelled artifact (labelled malignant, atypical, or none)"
+LABELS = ("malignant", "atypical", "artifact", "no label")
+
+
+def _marked(
+    session: Session, store: MarkStore, reviewers: list[str]
+) -> tuple[dict[str, dict], dict[str, dict[str, int]]]:
+    """(``{case: {reviewer: bool array of suspicious marks over grid positions}}``,
+    ``{reviewer: {label: marks}}`` counting every mark by its label)."""
     out = {c["case"]: {r: np.zeros(int(c["n"]), bool) for r in reviewers} for c in session.cases}
-    for who, case, pos in store.marks():
+    labels = {r: dict.fromkeys(LABELS, 0) for r in reviewers}
+    for (who, case, pos), (_, detail) in store.marks().items():
         m = out.get(case, {}).get(who)
-        if m is not None and 0 <= pos < len(m):
+        if m is None or not 0 <= pos < len(m):
+            continue
+        label = detail if detail in LABELS else "no label"
+        labels[who][label] += 1
+        if label != "artifact":
             m[pos] = True
-    return out
+    return out, labels
 
 
 def _pr(marked: np.ndarray, labels: np.ndarray, planted: int | None) -> dict:
@@ -85,7 +99,7 @@ def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
             )
         if not reviewers:
             raise ConfigError(f"{root} holds no marks yet; review first (cyto review ...)")
-        marked = _marked(session, store, reviewers)
+        marked, label_counts = _marked(session, store, reviewers)
         done = store.done()
     finally:
         store.close()
@@ -171,9 +185,11 @@ def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
                 "cases_done": sum((r, c["case"]) in done for c in session.cases),
                 "cases": len(session.cases),
                 "cells_marked": int(flat[r].sum()),
+                "labels": label_counts[r],
             }
             for r in reviewers
         },
+        "suspicious": SUSPICIOUS,
         "expert_table": rows,
         "totals": totals,
         "kappa": kappa,
@@ -222,7 +238,14 @@ def _markdown(report: dict, fields: list[str]) -> str:
     lines = [
         f"# Expert review: {len(names)} reviewer(s): " + ", ".join(names),
         "",
-        f"marks = ({', '.join(names)}); both = marked by all; either = by any.",
+        f"marks = ({', '.join(names)}); both = marked by all; either = by any. A mark here is "
+        f"one of the {report['suspicious']}.",
+        "",
+        "Marks by label: "
+        + "; ".join(
+            f"{r}: " + ", ".join(f"{k} {v}" for k, v in report["progress"][r]["labels"].items())
+            for r in names
+        ),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

@@ -123,7 +123,7 @@ def read_source(folder: Path) -> Source:
             folder=folder,
             model=model[: -len(".cyto")] if model.endswith(".cyto") else model,
             method=str(s["method"]),
-            slide=str(s["slide"]),
+            slide=str(_slide_path(Path(s["slide"]), folder)),
             identity=str(s["slide_identity"]),
             crop_px=int(s["resolution"]["crop_px_level0"]),
             mpp=s["resolution"].get("slide_mpp"),
@@ -133,6 +133,17 @@ def read_source(folder: Path) -> Source:
         raise InputPathError(
             f"{folder / 'summary.json'} is not a cyto score summary ({exc}); rerun cyto score"
         ) from exc
+
+
+def _slide_path(slide: Path, folder: Path) -> Path:
+    """The scored slide: summaries of older cyto runs hold its path relative to the folder where
+    ``cyto score`` ran, which is this folder or one above it (newer summaries hold it absolute)."""
+    if slide.is_absolute():
+        return slide
+    for base in (Path.cwd(), *Path(folder).absolute().parents):
+        if (base / slide).is_file():
+            return (base / slide).absolute()
+    return slide
 
 
 def _top_cells(src: Source, k: int) -> list[dict]:
@@ -207,12 +218,18 @@ def build_session(
     scored: list[Path],
     root: Path,
     k: int = DEFAULT_K,
-    seed: int = 0,
+    seed: int | None = None,
     merge_um: float = DEFAULT_MERGE_UM,
     echo=print,
 ) -> Session:
     """Build the review folder ``root`` from scored folders (or open it when it was already built
-    from the same folders)."""
+    from the same folders: its settings are kept, and a different ``k``, ``seed`` or ``merge_um``
+    asked for is refused).
+
+    The order of cases and cells comes from ``seed``; by default a secret one is drawn and kept in
+    the key only, so nothing the page can read (the code, the case sizes) tells a grid position's
+    rank. Pooled cells are put in slide order (by position) before they are shuffled, so their
+    order carries no rank either."""
     if k < 1:
         raise ConfigError(f"--k must be at least 1, got {k}")
     if not merge_um >= 0:
@@ -235,10 +252,35 @@ def build_session(
                 "may differ. Start a new review with --session NEW_FOLDER (the old one keeps its "
                 "marks and its key)"
             )
+        asked = {"k": k, "seed": seed, "merge_um": merge_um}
+        kept = {
+            "k": session.key.get("k"),
+            "seed": session.seed,
+            "merge_um": session.key.get("merge_um"),
+        }
+        other = [
+            f"--{name.replace('_', '-')} {asked[name]} (it has {kept[name]})"
+            for name in asked
+            if name in ("k", "merge_um")
+            and asked[name] != kept[name]
+            and kept[name] is not None
+            or name == "seed"
+            and seed is not None
+            and seed != kept["seed"]
+        ]
+        if other:
+            raise ConfigError(
+                f"{root} is a review built with other settings: {', '.join(other)}. Reopen it "
+                "without them, or start a new review with --session NEW_FOLDER"
+            )
         return session
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise InputPathError(f"{root} exists and is not a review folder; choose another --session")
     groups = _group([read_source(f) for f in folders])
+    if seed is None:
+        import secrets
+
+        seed = secrets.randbits(63)  # kept in the key only
     rng = np.random.default_rng(seed)
     groups = [groups[i] for i in rng.permutation(len(groups))]  # case numbers say nothing
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -248,6 +290,7 @@ def build_session(
         for n, group in enumerate(groups, start=1):
             case = f"case-{n:03d}"
             cells = pool([c for s in group for c in _top_cells(s, k)], _radius_px(group, merge_um))
+            cells.sort(key=lambda c: (c["y"], c["x"]))  # pooled in rank order: forget it
             cells = [cells[i] for i in rng.permutation(len(cells))]
             crop = max(s.crop_px for s in group)
             echo(f"{case}: {len(cells)} cells from {', '.join(s.model for s in group)}")
@@ -264,11 +307,12 @@ def build_session(
                 "cells": [{"position": p, **c} for p, c in enumerate(cells)],
             }
             public.append({"case": case, "n": len(cells)})
-        meta = {"format": FORMAT, "seed": seed, "cols": COLS, "k": k, "merge_um": merge_um}
+        meta = {"format": FORMAT, "cols": COLS, "k": k, "merge_um": merge_um}
         (tmp / KEY_FILE).write_text(
             json.dumps(
                 {
                     **meta,
+                    "seed": seed,
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "scored": sorted(map(str, folders)),
                     "fingerprints": {str(f): _fingerprint(f) for f in folders},
@@ -347,7 +391,7 @@ def open_session(root: Path) -> Session:
     return Session(
         root=root,
         cases=public["cases"],
-        seed=int(public["seed"]),
+        seed=int(key.get("seed", public.get("seed", 0))),  # older folders kept it public
         cols=int(public["cols"]),
         key=key,
     )
