@@ -783,3 +783,52 @@ def test_the_report_counts_labels_apart_and_artifacts_are_not_suspicious(tmp_pat
     assert "ann: malignant 1, atypical 1, artifact 1, no label 1" in md and "artifact" in md
     saved = json.loads((rv / "report" / "report.json").read_text())
     assert saved["progress"]["bob"]["labels"]["malignant"] == 1
+
+
+def test_hostile_bodies_names_links_and_options_are_refused_in_one_line(tmp_path, session):
+    """Issue 35: deeply nested JSON gave a 500; {"marked": "false"} marked the cell; ann, ANN
+    and 'ann ' were three reviewers; a crop linked to a system file was served; crops had no
+    Cross-Origin-Resource-Policy; --port 70000 and a corrupt scores.parquet gave tracebacks; a
+    bad --host said to pass another --port."""
+    from cyto.errors import ConfigError
+    from cyto.review.server import bind, check_reviewer
+
+    s = build_session(
+        [session.root.parent / "out_dsvdd"], tmp_path / "rv", k=K, echo=lambda _: None
+    )
+    case = s.order_for("ann")[0]
+    with _client(s, "ann") as c:
+        h = {"X-Cyto-Token": "t0k", "Content-Type": "application/json"}
+        deep = c.post("/api/mark", content="[" * 30_000 + "]" * 30_000, headers=h)
+        assert deep.status_code == 400, deep.text
+        for value in ("false", "true", 1, None):
+            r = _mark(c, case, 0, marked=value)
+            assert r.status_code == 400 and "true or false" in r.text, (value, r.text)
+        done = c.post("/api/done", json={"case": case, "done": "no"}, headers=h)
+        assert done.status_code == 400
+        assert MarkStore(s.root).marks() == {}
+        img = c.get(f"/crops/{case}/0.png")
+        assert img.headers["cross-origin-resource-policy"] == "same-origin"
+        crop = s.crop_path(case, 1)
+        crop.unlink()
+        crop.symlink_to("/etc/hostname" if Path("/etc/hostname").exists() else "/etc/passwd")
+        assert c.get(f"/crops/{case}/1.png").status_code == 404
+    # one reviewer however the name is typed; letters beyond ASCII are names too
+    assert check_reviewer("ann") == check_reviewer("ANN") == check_reviewer(" ann  ") == "ann"
+    assert check_reviewer("Zoë") == "zoë" and check_reviewer("O'Brien") == "o'brien"
+    with pytest.raises(ConfigError, match="reviewer name"):
+        check_reviewer("../x")
+    with _client(s, "ANN ") as c:
+        assert _mark(c, case, 3).status_code == 200
+    assert {who for who, _, _ in MarkStore(s.root).marks()} == {"ann"}
+    with pytest.raises(ConfigError, match="--port must be between 0"):
+        bind("127.0.0.1", 70000)
+    with pytest.raises(ConfigError, match="not an address of this computer.*--host"):
+        bind("203.0.113.7", 0)
+    bad = tmp_path / "bad"
+    shutil.copytree(session.root.parent / "out_dsvdd", bad)
+    (bad / "slide0" / "scores.parquet").write_bytes(b"PAR1 not a table")
+    proc = run_cyto("review", str(bad), "--reviewer", "ann", "--session", str(tmp_path / "r9"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot be read as a cyto score table" in proc.stderr
+    assert len([ln for ln in proc.stderr.splitlines() if ln.strip()]) == 1

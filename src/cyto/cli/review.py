@@ -57,7 +57,7 @@ def review_serve_cmd(
     from cyto.review.server import check_reviewer, serve
     from cyto.review.session import KEY_FILE, build_session, open_session
 
-    check_reviewer(reviewer)
+    reviewer = check_reviewer(reviewer)
     if session is None and len(scored) == 1 and (scored[0] / KEY_FILE).is_file():
         opened = open_session(scored[0])
     else:

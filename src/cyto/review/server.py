@@ -26,7 +26,8 @@ from cyto.review.session import DETAILS, Session
 from cyto.review.store import MarkStore
 
 STATIC = Path(__file__).parent / "static"
-REVIEWER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
+# letters of any script (Zoë, Łukasz, 李), digits, spaces, '.', '_', '-' and "'"
+REVIEWER_RE = re.compile(r"^[^\W_][\w .'-]{0,63}$")
 MAX_BODY = 64 * 1024  # a mark is a few dozen bytes
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 SECURITY_HEADERS = {
@@ -35,6 +36,7 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
+    "Cross-Origin-Resource-Policy": "same-origin",
 }
 
 
@@ -63,12 +65,17 @@ class _SecurityHeaders:
 
 
 def check_reviewer(name: str) -> str:
-    if not REVIEWER_RE.match(name or ""):
+    """The reviewer's name as marks are kept under it: ``ann``, ``ANN`` and ``ann `` are one
+    reviewer (spaces trimmed and collapsed, case folded, Unicode in one normal form)."""
+    import unicodedata
+
+    norm = " ".join(unicodedata.normalize("NFC", name or "").split()).casefold()
+    if not REVIEWER_RE.match(norm):
         raise ConfigError(
-            f"reviewer name {name!r}: use 1-64 letters, digits, spaces, '.', '_' or '-', "
-            "starting with a letter or digit"
+            f"reviewer name {name!r}: use 1-64 letters, digits, spaces, '.', '_', '-' or "
+            "apostrophes, starting with a letter or digit"
         )
-    return name
+    return norm
 
 
 def make_app(session: Session, reviewer: str, token: str, hosts: tuple[str, ...] = LOCAL_HOSTS):
@@ -80,7 +87,7 @@ def make_app(session: Session, reviewer: str, token: str, hosts: tuple[str, ...]
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
-    check_reviewer(reviewer)
+    reviewer = check_reviewer(reviewer)
     store = MarkStore(session.root)
     order = session.order_for(reviewer)
     page = (STATIC / "index.html").read_text()
@@ -135,9 +142,17 @@ def make_app(session: Session, reviewer: str, token: str, hosts: tuple[str, ...]
             return error(404, f"no case {case}")
         return JSONResponse(case_state(case))
 
+    root = session.root.resolve()
+
     async def crop(request):
         path = session.crop_path(request.path_params["case"], request.path_params["pos"])
-        if path is None or not path.is_file():
+        # a crop is a plain file of the review folder: a link (to a system file, say) is not
+        if (
+            path is None
+            or path.is_symlink()
+            or not path.is_file()
+            or root not in path.resolve().parents
+        ):
             return error(404, "no such cell")
         return FileResponse(path, media_type="image/png")
 
@@ -175,8 +190,8 @@ def make_app(session: Session, reviewer: str, token: str, hosts: tuple[str, ...]
             return None, error(415, "send JSON")
         try:
             body = await request.json()
-        except ValueError:
-            return None, error(400, "the body is not JSON")
+        except (ValueError, RecursionError):  # RecursionError: JSON nested too deep to parse
+            return None, error(400, "the body is not JSON (or is nested too deep)")
         if not isinstance(body, dict) or session.n_cells(str(body.get("case"))) is None:
             return None, error(400, "unknown case")
         return body, None
@@ -193,16 +208,20 @@ def make_app(session: Session, reviewer: str, token: str, hosts: tuple[str, ...]
         ):
             return error(400, "unknown cell position")
         detail = body.get("detail") or ""
-        if detail and detail not in DETAILS:
+        if not isinstance(detail, str) or detail and detail not in DETAILS:
             return error(400, f"unknown label {detail!r}; one of {', '.join(DETAILS)}")
-        store.mark(reviewer, case, pos, bool(body.get("marked")), detail)
+        if not isinstance(body.get("marked"), bool):  # "false" is a string, and true in Python
+            return error(400, "marked must be true or false")
+        store.mark(reviewer, case, pos, body["marked"], detail)
         return JSONResponse(case_state(case))
 
     async def done(request):
         body, refused = await write_guard(request)
         if refused:
             return refused
-        store.set_done(reviewer, str(body["case"]), bool(body.get("done")))
+        if not isinstance(body.get("done"), bool):
+            return error(400, "done must be true or false")
+        store.set_done(reviewer, str(body["case"]), body["done"])
         return JSONResponse(case_state(str(body["case"])))
 
     @contextlib.asynccontextmanager
@@ -233,6 +252,10 @@ def make_app(session: Session, reviewer: str, token: str, hosts: tuple[str, ...]
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket, or a one-line error naming the port."""
+    import errno
+
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port must be between 0 (any free one) and 65535, got {port}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -240,6 +263,11 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
+        if isinstance(exc, socket.gaierror) or exc.errno in (errno.EADDRNOTAVAIL, errno.EINVAL):
+            raise ConfigError(
+                f"cannot listen on {host}: not an address of this computer "
+                f"({exc.strerror or exc}); pass another --host (127.0.0.1 keeps it here)"
+            ) from exc
         raise ConfigError(
             f"cannot listen on {host}:{port} ({exc.strerror}); "
             "pass another --port (0: any free one)"

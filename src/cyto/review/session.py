@@ -147,12 +147,19 @@ def _slide_path(slide: Path, folder: Path) -> Path:
 
 
 def _top_cells(src: Source, k: int) -> list[dict]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = src.folder / "scores.parquet"
-    names = pq.read_schema(path).names
-    cols = ["cell_id", "x", "y", "score", "rank"] + (["label"] if "label" in names else [])
-    t = pq.read_table(path, columns=cols, filters=[("rank", "<=", k)]).to_pydict()
+    try:
+        names = pq.read_schema(path).names
+        cols = ["cell_id", "x", "y", "score", "rank"] + (["label"] if "label" in names else [])
+        t = pq.read_table(path, columns=cols, filters=[("rank", "<=", k)]).to_pydict()
+    except (OSError, pa.ArrowException) as exc:  # ArrowInvalid, a missing column, a cut file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputPathError(
+            f"{path} cannot be read as a cyto score table ({first}); score the slide again"
+        ) from exc
     cells = [
         {
             "model": src.model,
