@@ -137,3 +137,16 @@ def test_data_mosaic_cli(tmp_path, synth_patches):
     with Image.open(out) as im:
         assert im.width == 130 + 3 * 32
         assert im.height == 24 + 7 * 32  # title + one row per class
+
+
+def test_slides_of_one_name_are_told_apart_in_the_expert_table():
+    """Two slides named alike showed as identical rows (issue 35): the table names as many
+    folders as tell them apart, and a unique name alone."""
+    from cyto.review.report import slide_names
+
+    got = slide_names(
+        {"c1": "/data/a/slide.ndpi", "c2": "/data/b/slide.ndpi", "c3": "/data/b/other.svs"}
+    )
+    assert got == {"c1": "a/slide.ndpi", "c2": "b/slide.ndpi", "c3": "other.svs"}
+    deep = slide_names({"c1": "/x/run/a/s.tif", "c2": "/y/run/a/s.tif"})
+    assert deep == {"c1": "x/run/a/s.tif", "c2": "y/run/a/s.tif"}

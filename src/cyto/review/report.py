@@ -68,6 +68,21 @@ def _marked(
     return out, labels
 
 
+def slide_names(paths: dict[str, str]) -> dict[str, str]:
+    """Each case's slide by its file name, or, where two slides share a name, by as many of
+    its folders as tell them apart (``a/slide.ndpi``, ``b/slide.ndpi``)."""
+    parts = {case: Path(p).parts for case, p in paths.items()}
+    names = {}
+    for case, mine in parts.items():
+        depth = 1
+        while depth < len(mine) and any(
+            other[-depth:] == mine[-depth:] for c, other in parts.items() if c != case
+        ):
+            depth += 1
+        names[case] = "/".join(mine[-depth:])
+    return names
+
+
 def _pr(marked: np.ndarray, labels: np.ndarray, planted: int | None) -> dict:
     tp = int(np.sum(marked & (labels == 1)))
     shown = int(np.sum(labels == 1))
@@ -104,6 +119,7 @@ def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
     finally:
         store.close()
 
+    names = slide_names({c: i["slide"] for c, i in session.key["cases"].items()})
     rows, truth_rows = [], []
     all_labels, all_marks = [], {r: [] for r in reviewers}
     for c in session.cases:
@@ -121,7 +137,7 @@ def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
             stack = np.array([marked[case][r] for r in reviewers])[:, sel]
             row = {
                 "case": case,
-                "slide": Path(info["slide"]).name,
+                "slide": names[case],
                 "model": model,
                 "cells_shown": int(sel.sum()),
                 "marks": "(" + ", ".join(map(str, per)) + ")",
@@ -134,7 +150,7 @@ def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
             rows.append(row)
         if has_truth:
             planted = info.get("planted_abnormal")
-            entry = {"case": case, "slide": Path(info["slide"]).name}
+            entry = {"case": case, "slide": names[case]}
             for r in reviewers:
                 entry[r] = _pr(marked[case][r], labels, planted)
             stack = np.array([marked[case][r] for r in reviewers])
