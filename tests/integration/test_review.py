@@ -262,7 +262,7 @@ def test_report_against_hand_made_marks(tmp_path, session):
     store.set_done("ann", c1, True)
     store.close()
 
-    rep = write_report(rv)
+    rep = write_report(rv, include_unfinished=True)  # bob finished nothing, ann one case
     table = {(r["case"], r["model"]): r for r in rep["expert_table"]}
     pooled = table[(c1, "pooled")]
     assert pooled["marks"] == "(4, 3)" and pooled["both"] == 2 and pooled["either"] == 5
@@ -832,3 +832,41 @@ def test_hostile_bodies_names_links_and_options_are_refused_in_one_line(tmp_path
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "cannot be read as a cyto score table" in proc.stderr
     assert len([ln for ln in proc.stderr.splitlines() if ln.strip()]) == 1
+
+
+def test_unfinished_cases_are_named_and_left_out_of_agreement(tmp_path, session):
+    """A reviewer who had not finished entered kappa and precision with every unmarked cell
+    taken as normal (issue 35). Such cases are named, and left out unless asked."""
+    from cyto.review.report import write_report
+
+    rv = tmp_path / "rv"
+    shutil.copytree(session.root, rv, ignore=shutil.ignore_patterns("marks.sqlite*"))
+    s = open_session(rv)
+    c1, c2 = s.case_ids()
+    store = MarkStore(rv)
+    for p in (0, 1, 2):
+        store.mark("ann", c1, p, True)
+    store.mark("ann", c2, 0, True)
+    store.mark("bob", c1, 1, True)
+    store.mark("bob", c2, 5, True)  # bob is still on c2
+    store.set_done("ann", c1, True)
+    store.set_done("ann", c2, True)
+    store.set_done("bob", c1, True)
+    store.close()
+    rep = write_report(rv)
+    assert rep["unfinished"] == {"ann": [], "bob": [c2]}
+    rows = {(r["case"], r["model"]): r for r in rep["expert_table"]}
+    assert rows[(c2, "pooled")]["unfinished"] == "bob" and rows[(c1, "pooled")]["unfinished"] == ""
+    (k,) = rep["kappa"]
+    assert k["cases"] == 1 and k["cells"] == s.n_cells(c1)  # c1 only: both finished it
+    truth = {e["case"]: e for e in rep["truth"]["per_slide"]}
+    assert truth[c2]["bob"] is None and truth[c2]["ann"] is not None and truth[c2]["both"] is None
+    assert rep["truth"]["overall"]["bob"]["marked"] == 1  # c1's mark only
+    assert rep["truth"]["overall"]["ann"]["marked"] == 4
+    md = (rv / "report" / "expert_table.md").read_text()
+    assert "unfinished" in md and "left out of that reviewer's kappa" in md
+    counted = write_report(rv, tmp_path / "all", include_unfinished=True)
+    assert counted["kappa"][0]["cases"] == 2
+    assert counted["truth"]["overall"]["bob"]["marked"] == 2
+    proc = run_cyto("review", "report", str(rv))
+    assert proc.returncode == 0 and f"bob has not finished 1 case(s) ({c2})" in proc.stdout

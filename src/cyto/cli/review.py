@@ -80,6 +80,14 @@ def review_report_cmd(
             help="Comma-separated reviewers, in the table's order. Default: all, by name."
         ),
     ] = None,
+    include_unfinished: Annotated[
+        bool,
+        typer.Option(
+            "--include-unfinished",
+            help="Count cases a reviewer has not marked done in their kappa, precision and "
+            "recall (their unmarked cells taken as normal). Default: left out, and named.",
+        ),
+    ] = False,
 ) -> None:
     """Unblind the marks: the expert table, Cohen's kappa and the review figures.
 
@@ -90,7 +98,15 @@ def review_report_cmd(
     """
     from cyto.review.report import write_report
 
-    rep = write_report(review, out, list(_csv(reviewers)) if reviewers else None)
+    rep = write_report(
+        review, out, list(_csv(reviewers)) if reviewers else None, include_unfinished
+    )
+    for who, cases in rep["unfinished"].items():
+        if cases and not include_unfinished:
+            typer.echo(
+                f"note: {who} has not finished {len(cases)} case(s) ({', '.join(cases)}): left "
+                "out of their kappa, precision and recall (--include-unfinished counts them)"
+            )
     for t in rep["totals"]:
         typer.echo(
             f"{t['model']}: {t['cells_shown']} cells shown over {t['slide']}, marks "

@@ -98,8 +98,15 @@ def _pr(marked: np.ndarray, labels: np.ndarray, planted: int | None) -> dict:
     return out
 
 
-def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
-    """Everything the report writes, as a dict (no files)."""
+def build_report(
+    root: Path, reviewers: list[str] | None = None, include_unfinished: bool = False
+) -> dict:
+    """Everything the report writes, as a dict (no files).
+
+    A reviewer who has not marked a case done is named in that case's rows (``unfinished``),
+    and that case is left out of their agreement (kappa) and of their precision and recall:
+    unmarked cells of an unfinished case are not known to be normal. ``include_unfinished``
+    counts them all as they stand."""
     session = open_session(root)
     store = MarkStore(session.root)
     try:
@@ -118,6 +125,9 @@ def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
         done = store.done()
     finally:
         store.close()
+
+    def finished(r: str, case: str) -> bool:
+        return include_unfinished or (r, case) in done
 
     names = slide_names({c: i["slide"] for c, i in session.key["cases"].items()})
     rows, truth_rows = [], []
@@ -144,6 +154,7 @@ def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
                 **{f"marks_{r}": v for r, v in zip(reviewers, per, strict=True)},
                 "both": int(stack.all(axis=0).sum()),
                 "either": int(stack.any(axis=0).sum()),
+                "unfinished": ", ".join(r for r in reviewers if (r, case) not in done),
             }
             if has_truth:
                 row["abnormal_shown"] = int(np.sum(labels[sel] == 1))
@@ -151,11 +162,12 @@ def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
         if has_truth:
             planted = info.get("planted_abnormal")
             entry = {"case": case, "slide": names[case]}
-            for r in reviewers:
-                entry[r] = _pr(marked[case][r], labels, planted)
+            for r in reviewers:  # None: this reviewer has not finished the case
+                entry[r] = _pr(marked[case][r], labels, planted) if finished(r, case) else None
             stack = np.array([marked[case][r] for r in reviewers])
-            entry["both"] = _pr(stack.all(axis=0), labels, planted)
-            entry["either"] = _pr(stack.any(axis=0), labels, planted)
+            every = all(finished(r, case) for r in reviewers)
+            entry["both"] = _pr(stack.all(axis=0), labels, planted) if every else None
+            entry["either"] = _pr(stack.any(axis=0), labels, planted) if every else None
             truth_rows.append(entry)
         all_labels.append(labels)
         for r in reviewers:
@@ -182,17 +194,30 @@ def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
     flat = {
         r: np.concatenate(all_marks[r]) if all_marks[r] else np.zeros(0, bool) for r in reviewers
     }
-    kappa = [
-        {"reviewers": [a, b], "kappa": cohen_kappa(flat[a], flat[b]), "cells": len(flat[a])}
-        for a, b in combinations(reviewers, 2)
-    ]
-    labels = np.concatenate(all_labels) if all_labels else np.zeros(0, np.int64)
+    ids = [c["case"] for c in session.cases]
+
+    def over(cases_of: list[bool], arrays: list[np.ndarray]) -> np.ndarray:
+        kept = [a for a, keep in zip(arrays, cases_of, strict=True) if keep]
+        return np.concatenate(kept) if kept else np.zeros(0, arrays[0].dtype if arrays else bool)
+
+    kappa = []
+    for a, b in combinations(reviewers, 2):  # over the cases both finished
+        both_done = [finished(a, c) and finished(b, c) for c in ids]
+        x, y = over(both_done, all_marks[a]), over(both_done, all_marks[b])
+        kappa.append(
+            {"reviewers": [a, b], "kappa": cohen_kappa(x, y), "cells": len(x),
+             "cases": sum(both_done)}
+        )  # fmt: skip
     overall = None
-    if len(truth_rows) == len(session.cases) and len(labels):
-        stack = np.array([flat[r] for r in reviewers])
-        overall = {r: _pr(flat[r], labels, None) for r in reviewers}
-        overall["both"] = _pr(stack.all(axis=0), labels, None)
-        overall["either"] = _pr(stack.any(axis=0), labels, None)
+    if len(truth_rows) == len(session.cases) and sum(map(len, all_labels)):
+        overall = {}
+        for r in reviewers:
+            mine = [finished(r, c) for c in ids]
+            overall[r] = _pr(over(mine, all_marks[r]), over(mine, all_labels), None)
+        every = [all(finished(r, c) for r in reviewers) for c in ids]
+        stack = np.array([over(every, all_marks[r]) for r in reviewers])
+        overall["both"] = _pr(stack.all(axis=0), over(every, all_labels), None)
+        overall["either"] = _pr(stack.any(axis=0), over(every, all_labels), None)
     return {
         "review": str(session.root),
         "reviewers": reviewers,
@@ -206,6 +231,8 @@ def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
             for r in reviewers
         },
         "suspicious": SUSPICIOUS,
+        "unfinished": {r: [c for c in ids if (r, c) not in done] for r in reviewers},
+        "include_unfinished": include_unfinished,
         "expert_table": rows,
         "totals": totals,
         "kappa": kappa,
@@ -215,10 +242,15 @@ def build_report(root: Path, reviewers: list[str] | None = None) -> dict:
     }
 
 
-def write_report(root: Path, out: Path | None = None, reviewers: list[str] | None = None) -> dict:
+def write_report(
+    root: Path,
+    out: Path | None = None,
+    reviewers: list[str] | None = None,
+    include_unfinished: bool = False,
+) -> dict:
     """Unblind ``root`` and write the report files; returns the report (paths included)."""
     root = Path(root)
-    report = build_report(root, reviewers)
+    report = build_report(root, reviewers, include_unfinished)
     marked, session = report.pop("_marked"), report.pop("_session")
     out = Path(out) if out is not None else root / "report"
     (out / "figures").mkdir(parents=True, exist_ok=True)
@@ -251,6 +283,12 @@ def _markdown(report: dict, fields: list[str]) -> str:
     head = ["case", "slide", "model", "cells_shown", "marks", "both", "either"]
     if "abnormal_shown" in fields:
         head.append("abnormal_shown")
+    head.append("unfinished")
+    left_out = (
+        "counted as they stand (--include-unfinished)"
+        if report["include_unfinished"]
+        else "left out of that reviewer's kappa, precision and recall"
+    )
     lines = [
         f"# Expert review: {len(names)} reviewer(s): " + ", ".join(names),
         "",
@@ -262,6 +300,8 @@ def _markdown(report: dict, fields: list[str]) -> str:
             f"{r}: " + ", ".join(f"{k} {v}" for k, v in report["progress"][r]["labels"].items())
             for r in names
         ),
+        "",
+        f"unfinished = reviewers who have not marked the case done; such cases are {left_out}.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -276,7 +316,8 @@ def _markdown(report: dict, fields: list[str]) -> str:
             else f"{k['kappa']:.3f}"
         )
         lines.append(
-            f"Cohen's kappa {k['reviewers'][0]} vs {k['reviewers'][1]}: {v} over {k['cells']} cells"
+            f"Cohen's kappa {k['reviewers'][0]} vs {k['reviewers'][1]}: {v} over {k['cells']} "
+            f"cells of the {k['cases']} case(s) both finished"
         )
     if report["truth"] and report["truth"]["overall"]:
         lines += [
