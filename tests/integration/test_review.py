@@ -870,3 +870,34 @@ def test_unfinished_cases_are_named_and_left_out_of_agreement(tmp_path, session)
     assert counted["truth"]["overall"]["bob"]["marked"] == 2
     proc = run_cyto("review", "report", str(rv))
     assert proc.returncode == 0 and f"bob has not finished 1 case(s) ({c2})" in proc.stdout
+
+
+def test_beyond_this_computer_the_page_needs_its_access_key(session, tmp_path):
+    """A non-loopback --host accepted any Host and served the page (and its token) to whoever
+    could reach it (issue 35). There, every request needs the key printed in the address."""
+    from starlette.testclient import TestClient
+
+    from cyto.review.server import make_app
+
+    rv = tmp_path / "rv"
+    shutil.copytree(session.root, rv, ignore=shutil.ignore_patterns("marks.sqlite*"))
+    review = open_session(rv)
+
+    def app():  # one server per client (a server closes its marks log when it stops)
+        return make_app(review, "ann", "t0k", hosts=("*",), access_key="s3cret")
+
+    case = session.order_for("ann")[0]
+    base = "http://192.0.2.10:8765"
+    with TestClient(app(), base_url=base) as stranger:
+        for path in ("/", "/api/session", f"/crops/{case}/0.png", "/static/review.js", "/?key=no"):
+            r = stranger.get(path)
+            assert r.status_code == 401 and "t0k" not in r.text, path
+        assert _mark(stranger, case, 0, Origin=base).status_code == 401
+    with TestClient(app(), base_url=base) as reviewer:
+        page = reviewer.get("/?key=s3cret")
+        assert page.status_code == 200 and 'content="t0k"' in page.text
+        cookie = page.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        assert reviewer.get("/api/session").status_code == 200  # the cookie carries the key
+        assert reviewer.get(f"/crops/{case}/0.png").status_code == 200
+        assert _mark(reviewer, case, 0, Origin=base).status_code == 200

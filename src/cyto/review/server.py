@@ -78,8 +78,60 @@ def check_reviewer(name: str) -> str:
     return norm
 
 
-def make_app(session: Session, reviewer: str, token: str, hosts: tuple[str, ...] = LOCAL_HOSTS):
-    """The Starlette app of one reviewer's review of ``session``."""
+class _AccessKey:
+    """Pure ASGI middleware: every request needs the review's access key, given once in the
+    address (``?key=...``, then kept in a same-site, HTTP-only cookie). Used when the server
+    listens beyond this computer, where the Host check cannot tell who is asking."""
+
+    COOKIE = "cyto_review_key"
+
+    def __init__(self, app, key: str) -> None:
+        self.app, self.key = app, key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        from http.cookies import SimpleCookie
+        from urllib.parse import parse_qs
+
+        headers = dict(scope.get("headers") or [])
+        jar = SimpleCookie()
+        with contextlib.suppress(Exception):
+            jar.load(headers.get(b"cookie", b"").decode("latin-1"))
+        cookie = jar[self.COOKIE].value if self.COOKIE in jar else ""
+        given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("key", [""])[0]
+        if secrets.compare_digest(cookie, self.key):
+            return await self.app(scope, receive, send)
+        if not secrets.compare_digest(given, self.key):
+            from starlette.responses import PlainTextResponse
+
+            refused = PlainTextResponse(
+                "this review needs its access key: open the address printed when it started",
+                status_code=401,
+            )
+            return await refused(scope, receive, send)
+
+        async def with_cookie(message):
+            if message["type"] == "http.response.start":
+                value = f"{self.COOKIE}={self.key}; Path=/; HttpOnly; SameSite=Strict"
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), (b"set-cookie", value.encode())],
+                }
+            await send(message)
+
+        await self.app(scope, receive, with_cookie)
+
+
+def make_app(
+    session: Session,
+    reviewer: str,
+    token: str,
+    hosts: tuple[str, ...] = LOCAL_HOSTS,
+    access_key: str | None = None,
+):
+    """The Starlette app of one reviewer's review of ``session``; with ``access_key``, nothing is
+    served to a browser that has not opened the address holding it."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -243,6 +295,7 @@ def make_app(session: Session, reviewer: str, token: str, hosts: tuple[str, ...]
         middleware=[
             Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts)),
             Middleware(_SecurityHeaders),
+            *([Middleware(_AccessKey, key=access_key)] if access_key else []),
         ],
         lifespan=lifespan,
         max_body_size=MAX_BODY,
@@ -287,17 +340,22 @@ def serve(session: Session, reviewer: str, host: str = "127.0.0.1", port: int = 
     shown = f"[{host}]" if ":" in host else host
     hosts = LOCAL_HOSTS if host in LOCAL_HOSTS else ("*",)  # a chosen interface: any name
     token = secrets.token_urlsafe(24)
-    app = make_app(session, reviewer, token, hosts=tuple({*hosts, host, shown}))
-    if host not in LOCAL_HOSTS:
+    # beyond this computer the Host check cannot stand guard: a secret in the address does
+    access_key = None if host in LOCAL_HOSTS else secrets.token_urlsafe(18)
+    app = make_app(
+        session, reviewer, token, hosts=tuple({*hosts, host, shown}), access_key=access_key
+    )
+    if access_key:
         echo(
-            f"warning: listening on {host}: anyone who can reach this address can see the cells; "
-            "marks still need the page's token"
+            f"warning: listening on {host}, beyond this computer: the page opens only with the "
+            "access key in the address below (printed once; give it only to the reviewer)"
         )
     n = sum(c["n"] for c in session.cases)
     echo(
         f"review of {len(session.cases)} case(s), {n} cells, as {reviewer!r}; marks go to "
         f"{session.root / 'marks.sqlite'}"
     )
-    echo(f"open http://{shown}:{port}/  (Ctrl-C stops; marks are already saved)")
+    address = f"http://{shown}:{port}/" + (f"?key={access_key}" if access_key else "")
+    echo(f"open {address}  (Ctrl-C stops; marks are already saved)")
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])
