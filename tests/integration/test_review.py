@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import sqlite3
 from pathlib import Path
@@ -397,7 +398,8 @@ def test_review_in_a_real_browser(session, tmp_path):
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            # wide enough for the review's 10 columns at the crops' size (ArrowDown: +10)
+            page = browser.new_page(viewport={"width": 2000, "height": 1000})
             page.goto(servers[0].url)
             cells = page.locator("#grid .cell")
             expect(cells).to_have_count(s.n_cells(first))
@@ -901,3 +903,53 @@ def test_beyond_this_computer_the_page_needs_its_access_key(session, tmp_path):
         assert reviewer.get("/api/session").status_code == 200  # the cookie carries the key
         assert reviewer.get(f"/crops/{case}/0.png").status_code == 200
         assert _mark(reviewer, case, 0, Origin=base).status_code == 200
+
+
+@pytest.mark.browser
+def test_the_grid_fills_the_window_and_marks_the_judged_cell(session, tmp_path):
+    """Cells were 74 px (1440x900) and 54 px (1280x720), 0.39x of a 192 px crop, with 45% of the
+    width empty, and nothing showed which of a crop's nuclei is judged (issue 35). At each window
+    size the cells are at least the crop's size and the grid fills the width; a ring marks the
+    centre, x hides and shows it, and arrow keys follow the columns shown."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.conftest import CHROMIUM
+
+    rv = tmp_path / "rv"
+    shutil.copytree(session.root, rv, ignore=shutil.ignore_patterns("marks.sqlite*", "context"))
+    s = open_session(rv)
+    first = s.order_for("ann")[0]
+    crop = int(s.key["cases"][first]["crop_px"])
+    server = Server(rv, "ann")
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            for width, height in ((1280, 720), (1440, 900), (1920, 1080)):
+                page = browser.new_page(viewport={"width": width, "height": height})
+                page.goto(server.url)
+                cells = page.locator("#grid .cell")
+                expect(cells).to_have_count(s.n_cells(first))
+                box = cells.nth(0).bounding_box()
+                grid = page.locator("#grid").bounding_box()
+                assert box["width"] >= crop and abs(box["width"] - box["height"]) < 2, (width, box)
+                assert grid["width"] >= 0.95 * (width - 28), (width, grid)
+                cols = round((grid["width"] + 4) / (box["width"] + 4))
+                ring = "e => getComputedStyle(e, '::before').content"
+                assert cells.nth(0).evaluate(ring) != "none"
+                page.keyboard.press("x")
+                assert cells.nth(0).evaluate(ring) == "none"
+                page.keyboard.press("x")
+                assert cells.nth(0).evaluate(ring) != "none"
+                # the cursor moves down one row of the columns shown
+                cells.nth(0).click()
+                page.keyboard.press("ArrowDown")
+                page.keyboard.press("Space")
+                expect(page.locator("#grid .cell.marked")).to_have_count(2)
+                expect(cells.nth(cols)).to_have_class(re.compile(r"\bmarked\b"))
+                cells.nth(0).click()
+                cells.nth(cols).click()  # clear both again for the next window size
+                expect(page.locator("#grid .cell.marked")).to_have_count(0)
+                page.close()
+            browser.close()
+    finally:
+        server.kill()

@@ -159,6 +159,7 @@ def make_app(
             "case": case,
             "n": session.n_cells(case),
             "cols": session.cols,
+            "crop_px": int(session.key["cases"][case]["crop_px"]),  # the crops' size, px
             "marks": cells,
             "done": (reviewer, case) in store.done(reviewer),
         }

@@ -30,9 +30,21 @@ function saved(text, isError) {
   el.classList.toggle("error", !!isError);
 }
 
+let cols = 10;         // columns shown: as many as keep a cell at least its crop's size
+
+function fitColumns() {
+  if (!session) return;
+  const grid = $("grid");
+  const gap = 4, width = grid.clientWidth || document.documentElement.clientWidth - 28;
+  const crop = (state && state.crop_px) || 192;
+  cols = Math.max(4, Math.min(session.cols, Math.floor((width + gap) / (crop + gap))));
+  document.documentElement.style.setProperty("--cols", cols);
+}
+
 async function start() {
   session = await api("/api/session");
-  document.documentElement.style.setProperty("--cols", session.cols);
+  $("grid").classList.add("centre");
+  fitColumns();
   // continue where this reviewer left off: the first case not done yet
   const open = session.cases.findIndex((c) => !c.done);
   await openCase(open < 0 ? 0 : open);
@@ -43,6 +55,7 @@ async function openCase(i) {
   index = Math.max(0, Math.min(session.cases.length - 1, i));
   state = await api(`/api/cases/${encodeURIComponent(session.cases[index].case)}`);
   cursor = Math.min(cursor, state.n - 1);
+  fitColumns();
   render();
 }
 
@@ -146,7 +159,6 @@ function showContext() {
 }
 
 function move(dx, dy) {
-  const cols = state.cols;
   let p = cursor + dx + dy * cols;
   if (p < 0 || p >= state.n) return;
   cursor = p;
@@ -169,6 +181,7 @@ document.addEventListener("keydown", (e) => {
   else if (k in KEYS_DETAIL) label(cursor, KEYS_DETAIL[k]);
   else if (k === "0" || k === "Backspace" || k === "Delete") clear(cursor);
   else if (k === "c") showContext();
+  else if (k === "x") $("grid").classList.toggle("centre");
   else if (k === "d") setDone();
   else if (k === "n" || k === "PageDown") go(1);
   else if (k === "p" || k === "PageUp") go(-1);
@@ -181,4 +194,5 @@ for (const [id, action] of [["prev", () => go(-1)], ["next", () => go(1)], ["don
   // blur: a focused header button would otherwise also take the next Space press
   $(id).addEventListener("click", (e) => { e.currentTarget.blur(); action(); });
 }
+window.addEventListener("resize", fitColumns);
 start().catch((err) => saved(`cannot load the review: ${err.message}`, true));
