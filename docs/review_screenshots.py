@@ -60,7 +60,7 @@ def main(scored: Path, out: Path) -> None:
         url = next(line.split()[1] for line in proc.stdout if line.startswith("open http://"))
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1280, "height": 1020})
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
             page.goto(url)
             page.locator("#grid .cell").first.wait_for()
             page.wait_for_load_state("networkidle")
