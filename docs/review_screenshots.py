@@ -40,6 +40,8 @@ def main(scored: Path, out: Path) -> None:
             store.mark("ann", case, p, True, "malignant" if p in abnormal[:2] else "")
         for p in abnormal[::3][1:] + abnormal[1::3] + normal[2:3]:
             store.mark("bob", case, p, True)
+        for who in ("ann", "bob"):  # finished: their cases enter kappa and precision
+            store.set_done(who, case, True)
     store.close()
     proc = subprocess.Popen(
         [

@@ -294,6 +294,13 @@ def test_report_against_hand_made_marks(tmp_path, session):
         assert pr["recall_of_shown"] == pytest.approx(tp / labels.sum())
     out = rv / "report"
     assert (out / "expert_table.csv").is_file() and (out / "figures" / f"{c1}.png").is_file()
+    # the paper's Table 4 layout: a row per slide, a column per model, tuples per reviewer
+    md = (out / "expert_table.md").read_text()
+    layout = md[md.index("## In the paper's Table 4 layout") :]
+    first_model = s.key["cases"][c1]["models"][0]["model"]
+    row = table[(c1, first_model)]
+    assert f"{row['marks']} of {row['cells_shown']}" in layout
+    assert "| malignant 2 | (25, 93) | (18, 63) | (2, 65) | (2, 47) |" in layout
     assert json.loads((out / "report.json").read_text())["kappa"][0]["kappa"] == k["kappa"]
 
 

@@ -278,6 +278,52 @@ def write_report(
     return report
 
 
+# The paper's Table 4 (Chatterjee et al., blinded review of the top 100 of each malignant test
+# slide; marks of a cytologist and a cytotechnologist out of 100), shown beside ours
+PAPER_TABLE_4 = {
+    "methods": ("WS-SIL", "DSVDD", "DROC", "ItS2CLR"),
+    "rows": (
+        ("malignant 1", ("(0, 0)", "(0, 0)", "(0, 2)", "(1, 2)")),
+        ("malignant 2", ("(25, 93)", "(18, 63)", "(2, 65)", "(2, 47)")),
+        ("malignant 3", ("(7, 46)", "(9, 52)", "(18, 19)", "(4, 19)")),
+        ("malignant 4", ("(8, 11)", "(4, 22)", "(9, 16)", "(2, 10)")),
+    ),
+}
+
+
+def paper_layout(report: dict) -> list[str]:
+    """The expert table as the paper lays out its Table 4: a row per slide, a column per model,
+    each cell the tuple of every reviewer's marks among that model's top-K shown; then the
+    paper's own table (its data, its reviewers)."""
+    models = [m for m in dict.fromkeys(r["model"] for r in report["expert_table"]) if m != POOLED]
+    cells: dict[str, dict[str, str]] = {}
+    for r in report["expert_table"]:
+        if r["model"] != POOLED:
+            cells.setdefault(r["slide"], {})[r["model"]] = f"{r['marks']} of {r['cells_shown']}"
+    lines = [
+        "## In the paper's Table 4 layout",
+        "",
+        f"Each cell: ({', '.join(report['reviewers'])}) marks among the cells of that model's "
+        "top-K that were shown, of how many.",
+        "",
+        "| slide | " + " | ".join(models) + " |",
+        "|" + "---|" * (len(models) + 1),
+    ]
+    for slide, row in cells.items():
+        lines.append(f"| {slide} | " + " | ".join(row.get(m, "") for m in models) + " |")
+    paper = PAPER_TABLE_4
+    lines += [
+        "",
+        "The paper's Table 4 (its data: top 100 of each malignant test slide; (cytologist, "
+        "cytotechnologist) marks out of 100):",
+        "",
+        "| slide | " + " | ".join(paper["methods"]) + " |",
+        "|" + "---|" * (len(paper["methods"]) + 1),
+    ]
+    lines += [f"| {name} | " + " | ".join(vals) + " |" for name, vals in paper["rows"]]
+    return lines
+
+
 def _markdown(report: dict, fields: list[str]) -> str:
     names = report["reviewers"]
     head = ["case", "slide", "model", "cells_shown", "marks", "both", "either"]
@@ -329,6 +375,7 @@ def _markdown(report: dict, fields: list[str]) -> str:
             p = "" if pr["precision"] is None else f"{pr['precision']:.3f}"
             rc = "" if pr["recall_of_shown"] is None else f"{pr['recall_of_shown']:.3f}"
             lines.append(f"| {who} | {pr['marked']} | {pr['true_abnormal_marked']} | {p} | {rc} |")
+    lines += ["", *paper_layout(report)]
     return "\n".join(lines) + "\n"
 
 
