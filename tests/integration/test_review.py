@@ -756,7 +756,8 @@ def test_a_review_opened_from_another_folder_finds_the_slide(exported_dsvdd, tmp
     assert summary["slide"] == str(work / "s.ndpi")
     monkeypatch.chdir(tmp_path / "elsewhere")
     review = build_session([work / "out"], tmp_path / "r1", k=8, echo=lambda _: None)
-    assert context_image(review, "case-001", 0).size == (512, 512)
+    crop = int(review.key["cases"]["case-001"]["crop_px"])
+    assert context_image(review, "case-001", 0).size == (4 * crop, 4 * crop)  # full size
     # an older summary: the path as given, relative to the folder cyto score ran in
     old = work / "out" / "s" / "summary.json"
     old.write_text(old.read_text().replace(str(work / "s.ndpi"), "s.ndpi"))
@@ -956,6 +957,19 @@ def test_the_grid_fills_the_window_and_marks_the_judged_cell(session, tmp_path):
                 cells.nth(0).click()
                 cells.nth(cols).click()  # clear both again for the next window size
                 expect(page.locator("#grid .cell.marked")).to_have_count(0)
+                # the larger view: the cell at 1:1 and its surroundings at full size
+                page.keyboard.press("c")
+                one, ctx = page.locator("#cell-img"), page.locator("#context-img")
+                for _ in range(200):  # the page's CSP forbids wait_for_function's eval
+                    if ctx.evaluate("i => i.complete && i.naturalWidth") > 0:
+                        break
+                    page.wait_for_timeout(100)
+                assert one.evaluate("i => i.naturalWidth") == crop
+                assert abs(one.bounding_box()["width"] - crop) < 1
+                assert ctx.evaluate("i => i.naturalWidth") == 4 * crop
+                shown = ctx.bounding_box()["width"]
+                assert shown >= min(4 * crop, 0.9 * height - 60) - 2, (width, shown)
+                page.keyboard.press("Escape")
                 page.close()
             browser.close()
     finally:

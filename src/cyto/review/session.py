@@ -404,8 +404,11 @@ def open_session(root: Path) -> Session:
     )
 
 
-def context_image(session: Session, case: str, position: int, scale: int = 4, side: int = 512):
-    """A larger view around one cell, read from the slide, with the cell boxed (PIL image)."""
+def context_image(
+    session: Session, case: str, position: int, scale: int = 4, side: int | None = None
+):
+    """A larger view around one cell, read from the slide, with the cell boxed (PIL image):
+    ``scale`` times the crop, at the slide's own pixels (or ``side`` pixels wide)."""
     from PIL import Image, ImageDraw
 
     from cyto.slides import open_slide
@@ -420,8 +423,10 @@ def context_image(session: Session, case: str, position: int, scale: int = 4, si
         img = Image.fromarray(reader.read_region(x0, y0, size, size))
     finally:
         reader.close()
+    side = side or size
     f = side / size
-    img = img.resize((side, side), Image.Resampling.BILINEAR)
+    if side != size:
+        img = img.resize((side, side), Image.Resampling.BILINEAR)
     lo, hi = (size - crop) / 2 * f, (size + crop) / 2 * f
     ImageDraw.Draw(img).rectangle([lo, lo, hi, hi], outline=(255, 255, 0), width=2)
     return img

@@ -153,8 +153,10 @@ function go(step) {  // the step is applied when its turn comes: n n moves two c
 
 function showContext() {
   const box = $("context");
+  $("cell-img").src = `/crops/${encodeURIComponent(state.case)}/${cursor}.png`;
   $("context-img").src = `/context/${encodeURIComponent(state.case)}/${cursor}.png`;
-  $("context-caption").textContent = `cell ${cursor + 1}: the yellow box is what the grid shows (Esc closes)`;
+  $("context-caption").textContent = `cell ${cursor + 1} at 1:1, and its surroundings from the ` +
+    "slide: the yellow box is the cell (Esc closes)";
   box.hidden = false;
 }
 
