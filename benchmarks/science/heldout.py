@@ -1,13 +1,17 @@
-"""Rankings on cells the methods never saw: repeated development splits, a final split touched once,
-and a second lab (issue 16).
+"""Rankings on cells the methods never saw: development splits, a final block touched once,
+and a second lab (issues 16, 36).
 
 The protocol (evaluation hygiene):
 
-* ``--data`` is split once, stratified by class, with ``--final-seed``: ``--final-fraction`` of
-  every class is the **final** split, never used while choices are made. The rest is the
-  **development** pool.
-* ``--stage dev``: for each seed, the development pool is split in halves (stratified); the methods
-  train on one half and rank the other. Make every choice (presets, defaults) on these rows.
+* ``--split order`` (the default, issue 36): the files of each class are put in acquisition order
+  (the last number of the file name, ``LYT_00017.jpg``); the latest ``--final-fraction`` of each
+  class is the **final** block, never used while choices are made, the earlier files the
+  **development** pool. A later file is a later patient: a random split of the same patients
+  overstates what a lab sees next year. ``--split random``: the final split is a stratified random
+  draw (``--final-seed``) instead.
+* ``--stage dev``: the methods train on the earlier half of each class of the development pool and
+  rank the later half (``--split random``: a random half per seed). Make every choice (presets,
+  defaults) on these rows.
 * ``--stage final``: after choices are frozen, each seed trains on the whole development pool and
   ranks the final split, once. Its rows are reported beside the development ones, never tuned on.
 * ``--other`` (a second lab's cells, e.g. ../shared/data/pbc) is ranked by every trained model in
@@ -42,6 +46,7 @@ import numpy as np
 from cyto.data.dataset import PatchDataset
 from cyto.data.scale import nucleus_fraction, zoom_from_nuclei, zoom_patches
 from cyto.eval.metrics import auroc, recall_at_k
+from cyto.eval.splits import acquisition_key, order_split, stratified_split
 from cyto.train.config import resolve_config
 from cyto.train.data import TrainData
 from cyto.train.registry import get_method, method_names
@@ -55,18 +60,6 @@ from train_bone_marrow import (  # noqa: E402
     common_settings,
     methods_and_size,
 )
-
-
-def stratified_halves(labels: np.ndarray, idx: np.ndarray, frac: float, seed: int):
-    """``(first, rest)`` of ``idx``: ``frac`` of each label value, drawn with ``seed``."""
-    rng = np.random.default_rng(seed)
-    first, rest = [], []
-    for value in np.unique(labels[idx]):
-        members = rng.permutation(idx[labels[idx] == value])
-        cut = int(round(frac * len(members)))
-        first.append(members[:cut])
-        rest.append(members[cut:])
-    return np.sort(np.concatenate(first)), np.sort(np.concatenate(rest))
 
 
 def recall_at_wr(
@@ -130,6 +123,15 @@ def main() -> None:
     ap = common_parser(__doc__)
     ap.add_argument("--methods", default=",".join(method_names()))
     ap.add_argument("--stage", choices=("dev", "final"), default="dev")
+    ap.add_argument(
+        "--split",
+        choices=("order", "random"),
+        default="order",
+        help="order: by acquisition order (the last number of each file name), the final block "
+        "is the latest --final-fraction of each class and each development run trains on the "
+        "earlier half of the development pool and ranks the later half (seeds vary the model "
+        "only); random: stratified random draws of the same sizes (seeds vary the halves too)",
+    )
     ap.add_argument("--final-fraction", type=float, default=0.25)
     ap.add_argument("--final-seed", type=int, default=2026)
     ap.add_argument("--witnesses-per-bag", type=int, default=2)
@@ -180,7 +182,13 @@ def main() -> None:
     methods, size = methods_and_size(args.methods, preset, overrides)
     ds = PatchDataset.from_path(args.data, normal=args.normal, abnormal=args.abnormal, size=size)
     images, y = np.asarray(ds.images), ds.labels.astype(int)
-    final, dev = stratified_halves(y, np.arange(len(y)), args.final_fraction, args.final_seed)
+    classes = np.array(ds.classes)
+    keys = [acquisition_key(r.path) for r in ds.records]
+    if args.split == "order":
+        dev, final = order_split(classes, keys, np.arange(len(y)), args.final_fraction)
+    else:
+        # by label, as before the order split existed: the committed random-split runs repeat
+        final, dev = stratified_split(y, np.arange(len(y)), args.final_fraction, args.final_seed)
     other, zoom_note, home_note = None, "1.000", "1.000"
     if args.other is not None:
         other = PatchDataset.from_path(args.other, normal=args.other_normal)
@@ -216,8 +224,10 @@ def main() -> None:
 
     rows = []
     for seed in seeds:
-        if args.stage == "dev":
-            train, test = stratified_halves(y, dev, 0.5, seed)
+        if args.stage == "dev" and args.split == "order":
+            train, test = order_split(classes, keys, dev, 0.5)
+        elif args.stage == "dev":
+            train, test = stratified_split(y, dev, 0.5, seed)
         else:
             train, test = dev, final
         tr_n, tr_a = train[y[train] == 0], train[y[train] == 1]
@@ -273,6 +283,7 @@ def main() -> None:
     meta = machine(cmd) | {
         "seeds": seeds,
         "stage": args.stage,
+        "split": args.split,
         "final_fraction": args.final_fraction,
         "final_seed": args.final_seed,
         "n_dev": len(dev),
@@ -297,11 +308,29 @@ def table(rows, methods, args, meta, device, wr_list=()) -> list[str]:
         sd = statistics.stdev(v) if len(v) > 1 else 0.0
         return f"{fmt.format(statistics.mean(v))} ± {fmt.format(sd)}"
 
-    what = (
-        "halves of the development pool"
-        if args.stage == "dev"
-        else "the whole development pool, ranking the final split (touched once)"
-    )
+    if args.split == "order":
+        split = (
+            f"Split by acquisition order (the file index): the final block is the latest "
+            f"{args.final_fraction:.0%} of each class of {args.data.name} ({meta['n_final']} "
+            f"cells), the development pool the {meta['n_dev']} earlier ones."
+        )
+        what = (
+            "the earlier half of each class of the development pool and ranks the later half "
+            "(the same cells every seed; seeds vary the model)"
+            if args.stage == "dev"
+            else "the whole development pool, ranking the later final block (touched once)"
+        )
+    else:
+        split = (
+            f"Random split: the final split is {args.final_fraction:.0%} of each label of "
+            f"{args.data.name} (seed {args.final_seed}, {meta['n_final']} cells), the "
+            f"development pool the other {meta['n_dev']}."
+        )
+        what = (
+            "a random half of the development pool (another per seed) and ranks the other half"
+            if args.stage == "dev"
+            else "the whole development pool, ranking the final split (touched once)"
+        )
     other = f" and {args.other.name} (another lab, never trained on)" if args.other else ""
     if meta.get("other_zoom", "1.000") != "1.000":
         other += f", its cells zoomed {meta['other_zoom']}x to the training scale"
@@ -313,13 +342,11 @@ def table(rows, methods, args, meta, device, wr_list=()) -> list[str]:
             "normal cells join the training normals and leave its test set)"
         )
     lines = [
-        f"# Held-out ranking, {args.stage} stage: {args.data.name}{other}",
+        f"# Held-out ranking, {args.stage} stage, {args.split} split: {args.data.name}{other}",
         "",
         where(meta["command"], meta, device),
         "",
-        f"Final split: {args.final_fraction:.0%} of each class of {args.data.name} "
-        f"(seed {args.final_seed}, {meta['n_final']} cells); development pool {meta['n_dev']} "
-        f"cells. Each seed ({', '.join(map(str, meta['seeds']))}) trains on {what}. "
+        f"{split} Each seed ({', '.join(map(str, meta['seeds']))}) trains on {what}. "
         "Mean ± sd over seeds. Recall@5% @ WR 1%: the paper's operating point (K = 5 % of a pool "
         f"at witness rate 1 %, mean of {args.draws} draws; chance 0.05).",
         "",

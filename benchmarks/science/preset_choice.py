@@ -29,11 +29,15 @@ T_MIN = 2.13  # one-sided 95% for 4 degrees of freedom
 METRICS = ("auroc", "other_auroc", "recall_wr1_k5", "other_recall_wr1_k5")
 
 
-def _rows(path: Path, method: str) -> dict[int, dict]:
-    data = json.loads(path.read_text())
-    rows = {r["seed"]: r for r in data["results"] if r["method"] == method}
+def _rows(paths: str | Path, method: str) -> dict[int, dict]:
+    """``seed -> row`` of ``method`` in one result file, or several separated by commas (seeds
+    run apart)."""
+    rows = {}
+    for path in str(paths).split(","):
+        data = json.loads(Path(path).read_text())
+        rows |= {r["seed"]: r for r in data["results"] if r["method"] == method}
     if not rows:
-        raise SystemExit(f"{path}: no {method} rows")
+        raise SystemExit(f"{paths}: no {method} rows")
     return rows
 
 
@@ -48,8 +52,8 @@ def _mean_sd(v: list[float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--current", type=Path, required=True)
-    ap.add_argument("--variant", action="append", default=[], metavar="NAME=RUN.json")
+    ap.add_argument("--current", required=True, metavar="RUN.json[,RUN.json]")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=RUN.json[,RUN.json]")
     ap.add_argument("--method", required=True)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -60,7 +64,7 @@ def main() -> None:
     runs = [("current", current)]
     for spec in args.variant:
         name, _, path = spec.partition("=")
-        rows = _rows(Path(path), args.method)
+        rows = _rows(path, args.method)
         if sorted(rows) != seeds:
             raise SystemExit(f"{name}: seeds {sorted(rows)} differ from the current {seeds}")
         runs.append((name, rows))
