@@ -22,6 +22,10 @@ class UnsealedBundleWarning(CytoWarning):
     """A bundle of an older format whose manifest has no seal: an edit to it cannot be seen."""
 
 
+class ScaleWarning(CytoWarning):
+    """Patches that look much smaller or larger than the model's training cells."""
+
+
 class InputPathError(CytoError):
     """A path given by the user is missing, of the wrong kind, or empty."""
 

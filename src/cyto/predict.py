@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from cyto.data.dataset import PatchDataset, load_records
 from cyto.data.images import read_image, resize_rgb
-from cyto.data.scale import resolve_zoom, zoom_patches
-from cyto.errors import InputPathError, UnreadableImageError
+from cyto.data.scale import resolve_zoom, scale_advice, zoom_patches
+from cyto.errors import InputPathError, ScaleWarning, UnreadableImageError
 
 
 def predict(
@@ -79,6 +80,9 @@ def predict(
         images = zoom_patches(images, factor, out_size)
     else:
         images = np.stack([resize_rgb(im, size) if size else im for im in images])
+        advice = scale_advice(spec.nucleus_fraction, images)
+        if advice is not None:
+            warnings.warn(advice, ScaleWarning, stacklevel=2)
     scores = scorer.score(images, batch_size)
     order = np.argsort(-scores, kind="stable")
     rank = np.empty(len(scores), dtype=np.int64)

@@ -66,6 +66,7 @@ def test_train_info_predict(tmp_path, synth_patches):
     )
     assert pred.returncode == 0, pred.stderr
     assert "AUROC" in pred.stdout
+    assert "warning" not in pred.stderr  # the training scale: no scale advice
     table = pq.read_table(scores)
     assert table.num_rows == 120 + 6 * 12
     assert set(table.column_names) >= {"path", "class", "score", "rank", "label"}
@@ -83,10 +84,17 @@ def test_train_info_predict(tmp_path, synth_patches):
         dest = small / f.relative_to(synth_patches)
         dest.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(zoom_patch(read_image(f), 0.6)).save(dest, quality=95)
+    unzoomed = run_cyto("predict", str(out), "--data", str(small), "--out", str(tmp_path / "u.pq"))
+    assert unzoomed.returncode == 0, unzoomed.stderr
+    times = float(unzoomed.stderr.split("warning: these cells look ")[1].split("x ")[0])
+    assert times == pytest.approx(1 / 0.6, rel=0.15), unzoomed.stderr
+    assert "x smaller than the model's training cells" in unzoomed.stderr
+    assert "--zoom auto is advised" in unzoomed.stderr
     zoomed = run_cyto(
         "predict", str(out), "--data", str(small), "--out", str(tmp_path / "z.parquet"),
         "--zoom", "auto",
     )  # fmt: skip
+    assert "look" not in zoomed.stderr  # zoomed: no advice
     assert zoomed.returncode == 0, zoomed.stderr
     factor = float(zoomed.stdout.split("zoom ")[1].split("x,")[0])
     assert factor == pytest.approx(1 / 0.6, rel=0.1), zoomed.stdout

@@ -81,3 +81,23 @@ def test_zoom_options_fail_in_one_clear_line():
     with pytest.raises(ConfigError, match="no nucleus pixels"):
         zoom_from_nuclei(0.0, imgs)
     assert check_zoom(0.25) == 0.25
+
+
+def test_scale_advice_only_when_the_cells_are_far_from_the_training_scale():
+    from cyto.data.scale import scale_advice
+
+    rng = np.random.default_rng(3)
+    cells = np.full((20, 64, 64, 3), 235, np.uint8)
+    yy, xx = np.mgrid[:64, :64]
+    disk = (yy - 32) ** 2 + (xx - 32) ** 2 < 14**2
+    cells[:, disk] = rng.integers(60, 90, size=(20, int(disk.sum()), 3))
+    reference = float(np.median(nucleus_fraction(cells)))
+    assert scale_advice(reference, cells) is None
+    assert scale_advice(reference, zoom_patches(cells, 1.1)) is None  # within 1.25x
+    assert scale_advice(None, cells) is None  # an older bundle records no nucleus size
+    small = scale_advice(reference, zoom_patches(cells, 0.6))
+    times = float(small.split("look ")[1].split("x ")[0])
+    assert times == pytest.approx(1 / 0.6, rel=0.1) and "smaller" in small
+    assert "--zoom auto is advised" in small
+    large = scale_advice(reference, zoom_patches(cells, 1.6))
+    assert "larger" in large and "a model trained at this scale" in large
