@@ -54,10 +54,18 @@ def nucleus_fraction(images: np.ndarray) -> np.ndarray:
 def zoom_from_nuclei(reference: float, images: np.ndarray) -> float:
     """The factor that gives ``images``' median nucleus area the training median ``reference``
     (areas scale with the square of the factor)."""
+    factor = _nucleus_factor(reference, images)
+    if factor is None:
+        raise ConfigError("cannot estimate a zoom: no nucleus pixels found in the patches")
+    return check_zoom(factor)
+
+
+def _nucleus_factor(reference: float, images) -> float | None:
+    """sqrt(reference / the median nucleus share of ``images``), or None when either is 0."""
     median = float(np.median(nucleus_fraction(images)))
     if not reference > 0 or not median > 0:
-        raise ConfigError("cannot estimate a zoom: no nucleus pixels found in the patches")
-    return check_zoom(float(np.sqrt(reference / median)))
+        return None
+    return float(np.sqrt(reference / median))
 
 
 def scale_advice(model_nuclei: float | None, images) -> str | None:
@@ -65,12 +73,10 @@ def scale_advice(model_nuclei: float | None, images) -> str | None:
     :data:`ADVISE_ZOOM` times smaller or larger than the model's training normals, else None."""
     if model_nuclei is None or len(images) == 0:
         return None
-    median = float(np.median(nucleus_fraction(images)))
-    if not model_nuclei > 0 or not median > 0:
+    factor = _nucleus_factor(model_nuclei, images)
+    if factor is None or 1 / ADVISE_ZOOM <= factor <= ADVISE_ZOOM:
         return None
-    factor = float(np.sqrt(model_nuclei / median))
-    if 1 / ADVISE_ZOOM <= factor <= ADVISE_ZOOM:
-        return None
+    median = model_nuclei / factor**2
     how = "smaller" if factor > 1 else "larger"
     times = factor if factor > 1 else 1 / factor
     advice = (
