@@ -11,6 +11,11 @@ file: N GiB on the file system, nothing on disk), which must cost no more memory
 
     python benchmarks/speed/memory_peak.py --dense-from ../shared/data/wsi/cmu1_small_region.svs \\
         --side 8192 [--big-gib 4] [--backbone smallcnn] [--out benchmarks/results]
+
+Several sides in one run (``--side 4096 8192 16384 32768``) give one table, smallest first; the
+table is rewritten after every slide, so a run stopped part-way keeps the rows it finished.
+``--mosaic 100`` keeps cyto score's default review mosaic (the default here is none, as in the
+first runs); the mosaic's crops are part of what the main process holds.
 """
 
 from __future__ import annotations
@@ -54,51 +59,74 @@ def dense_slide(src: Path, side: int, out: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--dense-from", type=Path, required=True, help="a real H&E slide (SVS)")
-    ap.add_argument("--side", type=int, default=8192)
+    ap.add_argument("--side", type=int, nargs="+", default=[8192], help="one or more sides (px)")
     ap.add_argument("--backbone", default="smallcnn")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--big-gib", type=float, default=0, help="add a row: the sparse slide + a hole")
+    ap.add_argument("--input-size", type=int, default=224, help="the model's crop side (px)")
+    ap.add_argument("--mosaic", type=int, default=0, help="cells in the review mosaic (0: none)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results")
     args = ap.parse_args()
 
     from cyto.bench.models import architecture_bundle
-    from cyto.data.synth.slide import SlideSynthConfig, write_slide
 
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        model = architecture_bundle(work / "m.cyto", args.backbone, 224)
-        sparse = write_slide(
-            work / "sparse.tif", SlideSynthConfig(width=args.side, height=args.side, seed=3)
-        ).paths[0]
-        dense = dense_slide(args.dense_from, args.side, work / "dense.tif")
-        slides = [("sparse synthetic smear", sparse), ("dense real H&E", dense)]
-        if args.big_gib:
-            big = work / "big.tif"
-            big.write_bytes(sparse.read_bytes())
-            with open(big, "r+b") as fh:
-                fh.truncate(big.stat().st_size + int(args.big_gib * 2**30))
-            size = big.stat().st_size / 2**30
-            slides.append((f"big file: the sparse smear + a hole, {size:.2f} GiB", big))
-        for name, slide in slides:
-            out = work / name.split()[0].strip(":")
-            s = score_summary(slide, model, out, "--workers", str(args.workers))
-            row = {
-                "slide": f"{name}, {args.side}x{args.side}",
-                "cells": s["cells_scored"],
-                "cells_per_s": s["cells_per_s"],
-                "main_peak_mb": s["peak_rss_mb"],
-                "worker_peak_mb": s["peak_rss_workers_mb"],
-                "others_per_crop": (s["detection_crowding"] or {}).get("median_others_per_crop"),
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    sides = sorted(set(args.side))
     cmd = "python benchmarks/speed/memory_peak.py " + " ".join(sys.argv[1:])
     meta = machine(cmd)
+    name = "memory_peak_" + "-".join(str(s) for s in sides)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model = architecture_bundle(work / "m.cyto", args.backbone, args.input_size)
+        for side in sides:
+            for name_, slide in side_slides(work, side, args):
+                out = work / f"{side}-{name_.split()[0].strip(':')}"
+                s = score_summary(
+                    slide, model, out, "--workers", str(args.workers), "--mosaic", str(args.mosaic)
+                )
+                crowding = s["detection_crowding"] or {}
+                row = {
+                    "slide": f"{name_}, {side}x{side}",
+                    "side": side,
+                    "cells": s["cells_scored"],
+                    "cells_per_s": s["cells_per_s"],
+                    "main_peak_mb": s["peak_rss_mb"],
+                    "worker_peak_mb": s["peak_rss_workers_mb"],
+                    "others_per_crop": crowding.get("median_others_per_crop"),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                write(args.out, name, meta, rows, table(cmd, meta, args, rows))
+            for f in work.glob(f"{side}-*.tif"):
+                f.unlink()  # a 32768^2 slide is GiBs: keep one size on disk at a time
+
+
+def side_slides(work: Path, side: int, args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """The sparse and dense slides (and the big file, with ``--big-gib``) of one side."""
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+
+    sparse = write_slide(
+        work / f"{side}-sparse.tif", SlideSynthConfig(width=side, height=side, seed=3)
+    ).paths[0]
+    dense = dense_slide(args.dense_from, side, work / f"{side}-dense.tif")
+    slides = [("sparse synthetic smear", sparse), ("dense real H&E", dense)]
+    if args.big_gib:
+        big = work / f"{side}-big.tif"
+        big.write_bytes(sparse.read_bytes())
+        with open(big, "r+b") as fh:
+            fh.truncate(big.stat().st_size + int(args.big_gib * 2**30))
+        size = big.stat().st_size / 2**30
+        slides.append((f"big file: the sparse smear + a hole, {size:.2f} GiB", big))
+    return slides
+
+
+def table(cmd: str, meta: dict, args: argparse.Namespace, rows: list[dict]) -> list[str]:
+    mosaic = f"a {args.mosaic}-cell mosaic" if args.mosaic else "no mosaic"
     lines = [
         "# Peak memory of cyto score, sparse vs dense",
         "",
-        where(cmd, meta, "cpu") + f"; {args.backbone} at 224 px, {args.workers} worker(s)",
+        where(cmd, meta, "cpu")
+        + f"; {args.backbone} at {args.input_size} px, {args.workers} worker(s), {mosaic}",
         "",
         "| slide | cells | cells/s | main peak MB | worker peak MB | other detections per crop |",
         "|---|---|---|---|---|---|",
@@ -108,7 +136,7 @@ def main() -> None:
             f"| {r['slide']} | {r['cells']} | {r['cells_per_s']} | {r['main_peak_mb']} | "
             f"{r['worker_peak_mb']} | {r['others_per_crop']} |"
         )
-    write(args.out, "memory_peak", meta, rows, lines)
+    return lines
 
 
 if __name__ == "__main__":

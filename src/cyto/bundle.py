@@ -99,6 +99,9 @@ class ModelSpec:
     #: median share of a training normal's patch covered by nucleus (cyto.data.scale), at the
     #: load size: what ``cyto predict --zoom auto`` matches another folder's cells to
     nucleus_fraction: float | None = None
+    #: the same for the nucleus at the patch's centre alone: what ``cyto score`` checks a
+    #: slide's first cells against (a slide crop's whole share is the smear's nuclear density)
+    centre_nucleus_fraction: float | None = None
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], where: object = "bundle") -> ModelSpec:
@@ -134,6 +137,9 @@ class ModelSpec:
                 embedding_normalized=bool(manifest.get("embedding_normalized", False)),
                 graphs=graphs,
                 nucleus_fraction=(manifest.get("training_data") or {}).get("nucleus_fraction"),
+                centre_nucleus_fraction=(manifest.get("training_data") or {}).get(
+                    "centre_nucleus_fraction"
+                ),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(

@@ -4,6 +4,7 @@ empty slides; slides smaller than a patch; bad nuclei files; a cohort with one b
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -325,3 +326,33 @@ def test_peak_memory_does_not_grow_with_slide_size(model, tmp_path):
     assert peaks["tall"][2] > 3 * peaks["short"][2]
     assert peaks["tall"][0] - peaks["short"][0] < 60, peaks
     assert peaks["tall"][1] - peaks["short"][1] < 60, peaks
+
+
+def test_score_says_when_the_cells_are_at_another_scale(tmp_path, synth_patches):
+    """Metadata that misstate a slide's resolution (its cells 0.6x the training cells' size at
+    the model's stated mpp): `cyto score` warns that the cells look smaller and estimates the
+    true mpp; at the training scale it says nothing. summary.json records the check either way."""
+    from cyto.data.synth.cells import DEFAULT_SCALE, MPP_AT_SCALE_1
+    from cyto.train.api import train
+
+    mpp = round(MPP_AT_SCALE_1 / DEFAULT_SCALE, 4)
+    bundle = tmp_path / "m.cyto"
+    overrides = ["epochs=1", "ae_epochs=1", "n_seeds=1", f"mpp={mpp}"]
+    train("dsvdd", synth_patches, bundle, normal="normal", preset="fast", overrides=overrides)
+    for name, scale in (("same", DEFAULT_SCALE), ("small", 0.6 * DEFAULT_SCALE)):
+        cfg = SlideSynthConfig(width=1024, height=1024, seed=5, scale=scale, mpp=mpp)
+        slide = write_slide(tmp_path / f"{name}.tif", cfg).paths[0]
+        proc = score_cli(slide, bundle, tmp_path / "out", "--workers", "0", "--mosaic", "0")
+        assert proc.returncode == 0, proc.stderr
+        said = proc.stdout + proc.stderr
+        check = json.loads((tmp_path / "out" / name / "summary.json").read_text())["cell_scale"]
+        assert check["cells"] >= 20
+        if name == "same":
+            assert check["factor"] == pytest.approx(1.0, abs=0.15) and not check["advised"]
+            assert "look" not in said
+        else:
+            assert check["factor"] > 1.3 and check["advised"]
+            assert f"the cells of {name}.tif look" in said and "smaller" in said
+            true_mpp = mpp / 0.6
+            est = float(re.search(r"as if at about ([0-9.]+[0-9])", said).group(1))
+            assert true_mpp * 0.8 < est < true_mpp * 1.1

@@ -51,6 +51,42 @@ def nucleus_fraction(images: np.ndarray) -> np.ndarray:
     return out
 
 
+#: the centre nucleus is the nucleus component nearest a patch's centre within this share of
+#: its side (a detected cell's crop is centred on its nucleus)
+CENTRE_WINDOW = 0.15
+
+
+def centre_nucleus_fraction(images: np.ndarray) -> np.ndarray:
+    """(N,) share of each patch covered by its centre nucleus: the nucleus pixels (as in
+    :func:`nucleus_fraction`) connected to the one nearest the centre, 0 when none is near it.
+
+    Unlike :func:`nucleus_fraction` it leaves out the neighbours, so it follows the size of the
+    cell itself on a crop from a smear, where the whole-crop share is the smear's density of
+    nuclei: the same at any scale (synthetic slides at 0.6x, 1x and 1.5x the training scale:
+    whole-crop 0.25, 0.22, 0.21; centre 0.031, 0.070, 0.157 against the patches' 0.070)."""
+    from scipy import ndimage
+
+    images = np.asarray(images)
+    if images.ndim == 3:
+        images = images[None]
+    if images.ndim != 4 or images.shape[-1] != 3:
+        raise ConfigError(f"patches must be (N, H, W, 3), got {images.shape}")
+    out = np.zeros(len(images), dtype=np.float64)
+    h, w = images.shape[1:3]
+    r = max(1, int(CENTRE_WINDOW * min(h, w)))
+    cy, cx = h // 2, w // 2
+    for i, img in enumerate(images):
+        od = _od(img)
+        mask = od > NUCLEUS_OD_SHARE * max(float(np.percentile(od, 99)), 1e-6)
+        labels, _ = ndimage.label(mask)
+        window = labels[max(0, cy - r) : cy + r + 1, max(0, cx - r) : cx + r + 1]
+        ys, xs = np.nonzero(window)
+        if len(ys):
+            near = np.argmin((ys + max(0, cy - r) - cy) ** 2 + (xs + max(0, cx - r) - cx) ** 2)
+            out[i] = float((labels == window[ys[near], xs[near]]).mean())
+    return out
+
+
 def zoom_from_nuclei(reference: float, images: np.ndarray) -> float:
     """The factor that gives ``images``' median nucleus area the training median ``reference``
     (areas scale with the square of the factor)."""
@@ -62,32 +98,64 @@ def zoom_from_nuclei(reference: float, images: np.ndarray) -> float:
 
 def _nucleus_factor(reference: float, images) -> float | None:
     """sqrt(reference / the median nucleus share of ``images``), or None when either is 0."""
-    median = float(np.median(nucleus_fraction(images)))
+    return _factor(reference, float(np.median(nucleus_fraction(images))))
+
+
+def _factor(reference: float, median: float) -> float | None:
     if not reference > 0 or not median > 0:
         return None
     return float(np.sqrt(reference / median))
 
 
+def scale_check(model_nuclei: float | None, images) -> dict | None:
+    """How large ``images``' cells look against the model's training normals: the median nucleus
+    share of each, the zoom ``factor`` that would match them (> 1: these cells look smaller) and
+    whether it is outside :data:`ADVISE_ZOOM` (``advised``). None without a reference or images."""
+    if model_nuclei is None or len(images) == 0:
+        return None
+    return share_check(model_nuclei, nucleus_fraction(images))
+
+
+def share_check(model_nuclei: float, shares) -> dict | None:
+    """:func:`scale_check` from the cells' nucleus shares (:func:`nucleus_fraction`)."""
+    if len(shares) == 0:
+        return None
+    median = float(np.median(shares))
+    factor = _factor(model_nuclei, median)
+    return {
+        "cells": len(shares),
+        "median_nucleus_share": round(median, 5),
+        "model_nucleus_share": model_nuclei,
+        "factor": None if factor is None else round(factor, 3),
+        "advised": factor is not None and not 1 / ADVISE_ZOOM <= factor <= ADVISE_ZOOM,
+    }
+
+
+def look_words(check: dict) -> str:
+    """'look 1.69x smaller than the model's training cells (median nucleus share ...)'."""
+    factor = check["factor"]
+    how = "smaller" if factor > 1 else "larger"
+    times = factor if factor > 1 else 1 / factor
+    return (
+        f"look {times:.2f}x {how} than the model's training cells (median nucleus share "
+        f"{check['median_nucleus_share']:.3f} against {check['model_nucleus_share']:.3f})"
+    )
+
+
 def scale_advice(model_nuclei: float | None, images) -> str | None:
     """A one-line warning when ``images`` (patches at the model's load size) look more than
     :data:`ADVISE_ZOOM` times smaller or larger than the model's training normals, else None."""
-    if model_nuclei is None or len(images) == 0:
+    check = scale_check(model_nuclei, images)
+    if check is None or not check["advised"]:
         return None
-    factor = _nucleus_factor(model_nuclei, images)
-    if factor is None or 1 / ADVISE_ZOOM <= factor <= ADVISE_ZOOM:
-        return None
-    median = model_nuclei / factor**2
-    how = "smaller" if factor > 1 else "larger"
-    times = factor if factor > 1 else 1 / factor
     advice = (
         "--zoom auto is advised (or --patch-mpp UM_PER_PX)"
-        if factor > 1
+        if check["factor"] > 1
         else "a model trained at this scale is advised (a zoom below 1 ranked worse than none)"
     )
     return (
-        f"these cells look {times:.2f}x {how} than the model's training cells (median nucleus "
-        f"share {median:.3f} against {model_nuclei:.3f}); a one-class model can rank another "
-        f"scale's normal cells as the most abnormal: {advice}"
+        f"these cells {look_words(check)}; a one-class model can rank another scale's normal "
+        f"cells as the most abnormal: {advice}"
     )
 
 

@@ -48,6 +48,7 @@ def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_star
             "peak_rss_workers_mb": round(max(rss), 1) if rss else None,
             "focal_planes_um": list(plan.ctx.plane_z),
             "detection_crowding": runs[0].crowd,
+            "cell_scale": runs[0].scale,
             "decode": plan.decode,
             "engine_lane": engine_lane(runs, scorer.device),
             "tiles": {"total": len(plan.jobs), "resumed_from": runs[0].resumed_tiles},

@@ -109,6 +109,7 @@ def score_tiles(plan: SlidePlan, jobs: list, store: ChunkStore, scorer, opts, ec
     h2d_before = devices.h2d_bytes(devices.parse_device(scorer.device)[0])
     position = done_tiles
     first_xy: list[np.ndarray] = []  # detections of the first tiles, for the crowding check
+    shares: list[np.ndarray] = []  # and their crops' nucleus shares, for the scale check
     crowd = None
     try:
         with progress(f"score {slide.name}", total=len(jobs), unit="tiles") as bar:
@@ -119,7 +120,10 @@ def score_tiles(plan: SlidePlan, jobs: list, store: ChunkStore, scorer, opts, ec
                 position += tile["final"]
                 if crowd is None:
                     first_xy.append(tile["meta"][:, :2])
+                    shares.append(_nucleus_shares(tile["crops"], scorer))
                     crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo)
+                    if crowd is not None:
+                        out.scale = _check_scale(shares, plan, scorer, opts, echo)
                 cells.add(tile, position)
                 bar.advance(int(tile["final"]))
                 rate = (cells.n_cells - n_done) / max(time.perf_counter() - t_loop, 1e-9)
@@ -127,6 +131,7 @@ def score_tiles(plan: SlidePlan, jobs: list, store: ChunkStore, scorer, opts, ec
             cells.flush(position)
             if crowd is None:
                 crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo, last=True)
+                out.scale = _check_scale(shares, plan, scorer, opts, echo)
     except KeyboardInterrupt:
         echo(f"interrupted: {kept_words(store.dir)}")
         raise
@@ -185,3 +190,46 @@ def _check_crowding(
             "--rescale, or give the nuclei with --nuclei"
         )
     return report
+
+
+def _nucleus_shares(crops, scorer) -> np.ndarray:
+    """The centre nucleus share of each crop (host arrays, or tensors on the decode device);
+    nothing when the bundle records no training share to compare them with."""
+    from cyto.data.scale import centre_nucleus_fraction
+
+    if not len(crops) or scorer.spec.centre_nucleus_fraction is None:
+        return np.empty(0)
+    if hasattr(crops, "cpu"):
+        crops = crops.cpu().numpy()
+    return centre_nucleus_fraction(crops)
+
+
+def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | None:
+    """With the crowding check: say when the first tiles' cells look more than
+    :data:`~cyto.data.scale.ADVISE_ZOOM` times smaller or larger than the model's training
+    cells (the median share of the crop taken by its centre nucleus, against the bundle's),
+    which a wrong or missing mpp gives. Said beside the crowding warning too (cells 0.6x the
+    model's size at its stated mpp crowd a crop: 8 others), where it tells a misstated mpp from a
+    tissue section; not said under ``--detection tissue``, whose nuclei touch. None when the
+    bundle records no training share."""
+    from cyto.data.scale import look_words, share_check
+
+    model = scorer.spec.centre_nucleus_fraction
+    check = share_check(model, np.concatenate(shares)) if model is not None and shares else None
+    if check is None:
+        return None
+    check["advised"] = bool(check["advised"] and opts.detection.kind == "smear")
+    res = plan.res
+    if check["advised"]:
+        said = f"It is read at {res.slide_mpp:.3g} um/px" if res.slide_mpp else "It has no mpp"
+        if res.model_mpp:
+            # the crop's pixels are factor x the size the model expects
+            est = res.model_mpp * check["factor"] * opts.patch_size / res.crop_px_level0
+            said += f"; its cells look as if at about {est:.2g}"
+        echo(
+            f"warning: the cells of {plan.slide.name} {look_words(check)}: is its resolution "
+            f"right? {said}. Pass its true --mpp UM_PER_PX with --rescale to resample the "
+            "crops to the model's scale; a one-class model can rank cells at another scale as "
+            "the most abnormal"
+        )
+    return check

@@ -38,13 +38,19 @@ def checkpoint_dir(out: Path) -> Path:
     return Path(out).with_name(Path(out).name + ".train-state")
 
 
-def training_nucleus_fraction(data: TrainData) -> float | None:
-    """Median nucleus share of the training normals (all cells when labels are withheld),
-    recorded so another folder's cells can be zoomed to the training scale."""
-    from cyto.data.scale import nucleus_fraction
+def training_nuclei(data: TrainData) -> dict[str, float | None]:
+    """Median nucleus shares of the training normals (all cells when labels are withheld), whole
+    patch and centre nucleus (:mod:`cyto.data.scale`), recorded so another folder's cells can be
+    zoomed to the training scale and a slide's cells checked against it."""
+    from cyto.data.scale import centre_nucleus_fraction, nucleus_fraction
 
     images = data.images if data.labels is None else data.images[np.asarray(data.labels) == 0]
-    return round(float(np.median(nucleus_fraction(images))), 5) if len(images) else None
+    if not len(images):
+        return {"nucleus_fraction": None, "centre_nucleus_fraction": None}
+    return {
+        "nucleus_fraction": round(float(np.median(nucleus_fraction(images))), 5),
+        "centre_nucleus_fraction": round(float(np.median(centre_nucleus_fraction(images))), 5),
+    }
 
 
 def train(
@@ -92,7 +98,7 @@ def train(
             "abnormal": list(ds.abnormal),
             "skipped_unreadable": len(ds.skipped),
             "load_size": cfg.load_size,
-            "nucleus_fraction": training_nucleus_fraction(train_data),
+            **training_nuclei(train_data),
         }
     )
     manifest["calibration"] = normal_calibration(model, train_data)
