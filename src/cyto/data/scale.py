@@ -36,13 +36,19 @@ def _od(images: np.ndarray) -> np.ndarray:
     return -np.log((x + 1.0) / 256.0).sum(axis=-1)
 
 
-def nucleus_fraction(images: np.ndarray) -> np.ndarray:
-    """(N,) share of each uint8 (N, H, W, 3) patch's pixels that are nucleus (see the module)."""
+def _stack(images) -> np.ndarray:
+    """``images`` as an (N, H, W, 3) array (one (H, W, 3) patch becomes N = 1)."""
     images = np.asarray(images)
     if images.ndim == 3:
         images = images[None]
     if images.ndim != 4 or images.shape[-1] != 3:
         raise ConfigError(f"patches must be (N, H, W, 3), got {images.shape}")
+    return images
+
+
+def nucleus_fraction(images: np.ndarray) -> np.ndarray:
+    """(N,) share of each uint8 (N, H, W, 3) patch's pixels that are nucleus (see the module)."""
+    images = _stack(images)
     out = np.empty(len(images), dtype=np.float64)
     for i in range(0, len(images), 256):
         od = _od(images[i : i + 256]).reshape(min(256, len(images) - i), -1)
@@ -66,11 +72,7 @@ def centre_nucleus_fraction(images: np.ndarray) -> np.ndarray:
     whole-crop 0.25, 0.22, 0.21; centre 0.031, 0.070, 0.157 against the patches' 0.070)."""
     from scipy import ndimage
 
-    images = np.asarray(images)
-    if images.ndim == 3:
-        images = images[None]
-    if images.ndim != 4 or images.shape[-1] != 3:
-        raise ConfigError(f"patches must be (N, H, W, 3), got {images.shape}")
+    images = _stack(images)
     out = np.zeros(len(images), dtype=np.float64)
     h, w = images.shape[1:3]
     r = max(1, int(CENTRE_WINDOW * min(h, w)))
