@@ -64,6 +64,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--big-gib", type=float, default=0, help="add a row: the sparse slide + a hole")
     ap.add_argument("--input-size", type=int, default=224, help="the model's crop side (px)")
+    ap.add_argument(
+        "--model", type=Path, help="score with this bundle instead (e.g. a fast Deep SVDD)"
+    )
     ap.add_argument("--mosaic", type=int, default=0, help="cells in the review mosaic (0: none)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results")
     args = ap.parse_args()
@@ -77,7 +80,7 @@ def main() -> None:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model = architecture_bundle(work / "m.cyto", args.backbone, args.input_size)
+        model = args.model or architecture_bundle(work / "m.cyto", args.backbone, args.input_size)
         for side in sides:
             for name_, slide in side_slides(work, side, args):
                 out = work / f"{side}-{name_.split()[0].strip(':')}"
@@ -120,13 +123,24 @@ def side_slides(work: Path, side: int, args: argparse.Namespace) -> list[tuple[s
     return slides
 
 
+def model_words(args: argparse.Namespace) -> str:
+    if args.model is None:
+        return f"{args.backbone} at {args.input_size} px (random weights)"
+    from cyto.bundle import load_bundle
+
+    spec = load_bundle(args.model).spec
+    return (
+        f"{args.model.name}: {spec.method}, {spec.backbone} at {spec.input_size} px, "
+        f"{spec.n_seeds} seed(s) x {len(spec.tta_views)} view(s)"
+    )
+
+
 def table(cmd: str, meta: dict, args: argparse.Namespace, rows: list[dict]) -> list[str]:
     mosaic = f"a {args.mosaic}-cell mosaic" if args.mosaic else "no mosaic"
     lines = [
         "# Peak memory of cyto score, sparse vs dense",
         "",
-        where(cmd, meta, "cpu")
-        + f"; {args.backbone} at {args.input_size} px, {args.workers} worker(s), {mosaic}",
+        where(cmd, meta, "cpu") + f"; {model_words(args)}, {args.workers} worker(s), {mosaic}",
         "",
         "| slide | cells | cells/s | main peak MB | worker peak MB | other detections per crop |",
         "|---|---|---|---|---|---|",
