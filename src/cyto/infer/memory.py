@@ -1,9 +1,33 @@
-"""Process memory as Linux reports it (resident and peak resident set)."""
+"""Process memory as Linux reports it (resident and peak resident set), and the malloc arena
+trim of a scoring process (:func:`trim_malloc`)."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import resource
 from pathlib import Path
+
+#: tiles between two :func:`trim_malloc` calls of a scoring loop
+TRIM_EVERY = 8
+_libc: list = []
+
+
+def trim_malloc() -> bool:
+    """Give the free memory inside malloc's arenas back to the system (glibc ``malloc_trim``;
+    elsewhere nothing is done); True when some was. glibc gives each thread that meets a locked
+    arena one of its own, and the crops unpickled by the worker pool's thread and freed by the
+    engine's stay there as fragments: over a 8192^2 slide with the fast Deep SVDD the main
+    process grew from 0.44 to 1.40 GB (VmRSS every 0.1 s), all of it given back when the loop
+    ended."""
+    if not _libc:
+        name = ctypes.util.find_library("c")
+        try:
+            lib = ctypes.CDLL(name) if name else None
+            _libc.append(lib if lib is not None and hasattr(lib, "malloc_trim") else None)
+        except OSError:
+            _libc.append(None)
+    return bool(_libc[0] is not None and _libc[0].malloc_trim(0))
 
 
 def proc_status_mb(field: str) -> float | None:
