@@ -8,8 +8,6 @@ import ctypes.util
 import resource
 from pathlib import Path
 
-#: tiles between two :func:`trim_malloc` calls of a scoring loop
-TRIM_EVERY = 8
 _libc: list = []
 
 
@@ -19,7 +17,8 @@ def trim_malloc() -> bool:
     arena one of its own, and the crops unpickled by the worker pool's thread and freed by the
     engine's stay there as fragments: over a 8192^2 slide with the fast Deep SVDD the main
     process grew from 0.44 to 1.40 GB (VmRSS every 0.1 s), all of it given back when the loop
-    ended."""
+    ended. Trimmed after every tile it peaked at 0.53 GB (sparse) and 0.65 GB (dense real H&E);
+    a trim takes about 2 ms (87 ms the first time, on 0.8 GB of fragments), a tile about 1 s."""
     if not _libc:
         name = ctypes.util.find_library("c")
         try:

@@ -26,7 +26,7 @@ import numpy as np
 from cyto.errors import OutputWriteError
 from cyto.infer.batcher import CellBatcher
 from cyto.infer.finish import Metrics, finish_slide
-from cyto.infer.memory import TRIM_EVERY, trim_malloc
+from cyto.infer.memory import trim_malloc
 from cyto.infer.options import ScoreOptions
 from cyto.infer.plan import SlidePlan, TileRun
 from cyto.infer.store import PARTIAL, ChunkStore, OutputLock, kept_words
@@ -126,7 +126,7 @@ def score_tiles(plan: SlidePlan, jobs: list, store: ChunkStore, scorer, opts, ec
                     if crowd is not None:
                         out.scale = _check_scale(shares, plan, scorer, opts, echo)
                 cells.add(tile, position)
-                if tile["final"] and position % TRIM_EVERY == 0:
+                if tile["final"]:
                     trim_malloc()  # the crops' fragments, left in the threads' malloc arenas
                 bar.advance(int(tile["final"]))
                 rate = (cells.n_cells - n_done) / max(time.perf_counter() - t_loop, 1e-9)
