@@ -358,13 +358,14 @@ def test_score_says_when_the_cells_are_at_another_scale(tmp_path, synth_patches)
             assert true_mpp * 0.8 < est < true_mpp * 1.1
 
 
-def test_the_scoring_loop_trims_malloc_after_every_tile(model, slide, tmp_path, monkeypatch):
+def test_the_scoring_loop_trims_malloc_as_it_goes(model, slide, tmp_path, monkeypatch):
     """The main process gives its threads' free arena memory back as it goes (a fast Deep SVDD
     grew to 1.4 GB over a 8192^2 slide without it), not only when the slide ends."""
     from cyto.infer import ScoreOptions, pipeline, score_slide
 
     calls = []
     monkeypatch.setattr(pipeline, "trim_malloc", lambda: calls.append(1) or True)
+    monkeypatch.setattr(pipeline, "TRIM_SECONDS", 0.0)  # at most one a second: here, every tile
     opts = ScoreOptions(workers=0, tile=256, mosaic=0)  # 24 tiles
     score_slide(slide.paths[0], model, tmp_path / "o", opts, lambda s: None)
     assert len(calls) == 24

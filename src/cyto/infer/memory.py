@@ -18,7 +18,8 @@ def trim_malloc() -> bool:
     engine's stay there as fragments: over a 8192^2 slide with the fast Deep SVDD the main
     process grew from 0.44 to 1.40 GB (VmRSS every 0.1 s), all of it given back when the loop
     ended. Trimmed after every tile it peaked at 0.53 GB (sparse) and 0.65 GB (dense real H&E);
-    a trim takes about 2 ms (87 ms the first time, on 0.8 GB of fragments), a tile about 1 s."""
+    a trim takes about 2 ms (87 ms the first time, on 0.8 GB of fragments), a tile about 1 s
+    (the loop trims at most once a second: ``pipeline.TRIM_SECONDS``)."""
     if not _libc:
         name = ctypes.util.find_library("c")
         try:
