@@ -108,6 +108,7 @@ class ModelSpec:
         try:
             cfg = manifest.get("config", {})
             norm = manifest.get("normalization") or {}
+            training = manifest.get("training_data") or {}
             size = int(manifest["input_size"])
             graphs = {}
             for key, entry in _graph_entries(manifest).items():
@@ -136,10 +137,8 @@ class ModelSpec:
                 tta_lambda=float(manifest.get("tta_lambda", 0.0)),
                 embedding_normalized=bool(manifest.get("embedding_normalized", False)),
                 graphs=graphs,
-                nucleus_fraction=(manifest.get("training_data") or {}).get("nucleus_fraction"),
-                centre_nucleus_fraction=(manifest.get("training_data") or {}).get(
-                    "centre_nucleus_fraction"
-                ),
+                nucleus_fraction=training.get("nucleus_fraction"),
+                centre_nucleus_fraction=training.get("centre_nucleus_fraction"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(
