@@ -224,3 +224,36 @@ def test_deep_svdd_keeps_its_embedding_in_float_by_default(
     assert "7-bit input" in report["int8-cpu7"]["quantization"]["first_conv"]
     if "int8-cpu" in report:  # (refused on a CPU whose 8-bit kernels saturate)
         assert report["int8-cpu"]["quantization"]["kept_float"] == ["Gemm"]
+
+
+def test_an_int8_export_measures_the_activation_ranges_once_for_its_three_forms(
+    bundle, synth_patches, tmp_path, monkeypatch
+):
+    """Calibration is most of an int8 export: the three forms share one pass of the cells
+    through the graph (where ONNX Runtime can keep its ranges), and each graph is the same,
+    byte for byte, as one calibrated on its own."""
+    import importlib
+    import inspect
+
+    from cyto.export.api import export_bundle
+    from cyto.export.quantize import int8_graph, variant_file
+
+    ort_quantize = importlib.import_module(
+        "onnxruntime.quantization.quantize"
+    )  # (not the function)
+    calls = []
+    real = ort_quantize.create_calibrator
+    monkeypatch.setattr(
+        ort_quantize, "create_calibrator", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    kw = dict(calib=synth_patches, calib_class="normal", calib_limit=32, accept_parity_loss=True)
+    report = export_bundle(bundle, onnx=False, precisions=("int8",), echo=lambda m: None, **kw)
+    shared = "calibration_cache_path" in inspect.signature(ort_quantize.quantize_static).parameters
+    assert len(calls) == (1 if shared else 3)
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    calib, _ = load_cells(synth_patches, size, classes="normal", limit=32).split(0.25)
+    for form in ("int8", "int8-cpu", "int8-cpu7"):
+        alone = tmp_path / f"{form}.onnx"
+        int8_graph(bundle / "encoder.onnx", alone, calib.images, form=form)
+        assert alone.read_bytes() == (bundle / variant_file(form)).read_bytes(), form
+        assert report[form]["file"] == variant_file(form)
