@@ -81,11 +81,12 @@ def test_a_non_finite_setting_is_refused_before_any_data_is_read(value):
 
 def test_a_missing_onnxruntime_is_one_line_naming_the_extras(exported_dsvdd, tmp_path):
     """`pip install cyto` without an extra, then `cyto export`: the runtime names cyto[cpu] /
-    cyto[gpu] (a broken import is treated the same)."""
+    cyto[gpu] (a broken import is treated the same), before the slow export touches the bundle."""
     import shutil
 
     copy = tmp_path / "m.cyto"
     shutil.copytree(exported_dsvdd, copy)
+    before = {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()}
     blocker = tmp_path / "block"
     blocker.mkdir()
     (blocker / "onnxruntime.py").write_text("raise ImportError('no onnxruntime here')\n")
@@ -95,6 +96,7 @@ def test_a_missing_onnxruntime_is_one_line_naming_the_extras(exported_dsvdd, tmp
         "onnxruntime" in proc.stderr and "cyto[cpu]" in proc.stderr and "cyto[gpu]" in proc.stderr
     )
     assert "Traceback" not in proc.stderr
+    assert {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()} == before
 
 
 def test_a_truth_table_is_checked_before_any_slide_is_scored(exported_dsvdd, tmp_path):
