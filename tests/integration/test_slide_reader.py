@@ -109,3 +109,22 @@ def test_bad_inputs(tmp_path, wsi_dir):
     with pytest.raises(UnsupportedSlideError, match="cut.ndpi"):
         reader = open_slide(truncated)
         reader.read_region(0, 1500, 512, 512)  # the part past the cut
+
+
+def test_transparent_pixels_become_the_padding_and_opaque_tiles_keep_their_rgb():
+    """OpenSlide hands RGBA: an opaque tile (nearly all of them) is its RGB, unchanged (and
+    not composited pixel by pixel), and a tile with transparent pixels shows white there."""
+    from cyto.slides.base import PAD, _to_rgb
+
+    rng = np.random.default_rng(0)
+    rgba = rng.integers(0, 256, (64, 48, 4), dtype=np.uint8)
+    rgba[..., 3] = 255
+    opaque = _to_rgb(rgba)
+    assert opaque.shape == (64, 48, 3) and opaque.flags.c_contiguous
+    assert np.array_equal(opaque, rgba[..., :3])
+    rgba[:8, :, 3] = 0  # outside the scanned area
+    rgba[8:16, :, 3] = 128
+    mixed = _to_rgb(rgba)
+    assert (mixed[:8] == PAD).all() and np.array_equal(mixed[16:], rgba[16:, :, :3])
+    half = rgba[8:16, :, :3].astype(np.float32) * (128 / 255) + PAD * (1 - 128 / 255)
+    assert np.abs(mixed[8:16].astype(int) - np.rint(half)).max() <= 1

@@ -157,16 +157,18 @@ def _one_peak_per_nucleus(peaks: np.ndarray, dist: np.ndarray, labels: np.ndarra
     depth = dist[peaks[:, 0], peaks[:, 1]]
     comp = labels[peaks[:, 0], peaks[:, 1]]
     kept: list[int] = []
+    in_comp: dict[int, list[int]] = {}  # the kept peaks of each component (only they can clash)
     for i in np.argsort(-depth, kind="stable"):
+        same = in_comp.setdefault(int(comp[i]), [])
         close = False
-        for j in kept:
-            if comp[j] == comp[i]:
-                gap = float(np.hypot(*(peaks[i] - peaks[j]).astype(np.float64)))
-                if gap < 1.5 * depth[j]:
-                    close = True
-                    break
+        for j in same:
+            gap = float(np.hypot(*(peaks[i] - peaks[j]).astype(np.float64)))
+            if gap < 1.5 * depth[j]:
+                close = True
+                break
         if not close:
             kept.append(int(i))
+            same.append(int(i))
     return peaks[sorted(kept)]
 
 

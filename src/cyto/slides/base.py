@@ -49,6 +49,8 @@ def _to_rgb(rgba: np.ndarray) -> np.ndarray:
     if rgba.shape[2] == 3:
         return np.ascontiguousarray(rgba)
     if rgba.shape[2] == 4:
+        if np.all(rgba[..., 3] == 255):  # opaque (nearly every tile): the composite is the RGB
+            return np.ascontiguousarray(rgba[..., :3])
         a = rgba[..., 3:4].astype(np.float32) / 255.0
         rgb = rgba[..., :3].astype(np.float32) * a + PAD * (1.0 - a)
         return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
