@@ -39,10 +39,11 @@ def slides(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    """A 4096 x 4096 slide (64 tiles of 512 px): long enough to interrupt mid-run."""
+    """A 2048 x 3072 slide, scored in 96 tiles of 256 px: about 3.4 s of tiles on 2 CPU cores,
+    long enough to interrupt mid-run (at 0.5 s) on a machine several times faster."""
     return write_slide(
         tmp_path_factory.mktemp("big") / "big.tif",
-        SlideSynthConfig(width=4096, height=4096, seed=7),
+        SlideSynthConfig(width=2048, height=3072, seed=7),
     )
 
 
@@ -325,7 +326,7 @@ def test_ctrl_c_to_the_process_group_prints_no_worker_traceback(exported_dsvdd, 
         "--workers",
         "2",
         "--tile",
-        "512",
+        "256",
         "--mosaic",
         "0",
     ]
@@ -342,7 +343,7 @@ def test_ctrl_c_to_the_process_group_prints_no_worker_traceback(exported_dsvdd, 
     state = tmp_path / "o" / "big" / ".partial" / "state.json"
     while time.time() < deadline and not state.exists():  # the tile loop is starting
         time.sleep(0.1)
-    time.sleep(1.0)
+    time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     out, err = proc.communicate(timeout=120)
     assert proc.returncode != 0
@@ -599,7 +600,7 @@ def test_workers_die_with_a_killed_main_process(exported_dsvdd, big, tmp_path):
     import signal
 
     cmd = [sys.executable, "-m", "cyto", "score", str(big.paths[0]), "--model"]
-    cmd += [str(exported_dsvdd), "--out", str(tmp_path / "o"), "--workers", "1", "--tile", "512"]
+    cmd += [str(exported_dsvdd), "--out", str(tmp_path / "o"), "--workers", "1", "--tile", "256"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     state = tmp_path / "o" / "big" / ".partial" / "state.json"

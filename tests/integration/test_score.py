@@ -315,7 +315,7 @@ def test_peak_memory_does_not_grow_with_slide_size(model, tmp_path):
     peaks = {}
     for name, height in (("short", 1024), ("tall", 4096)):
         res = write_slide(
-            tmp_path / f"{name}.tif", SlideSynthConfig(width=2048, height=height, seed=6)
+            tmp_path / f"{name}.tif", SlideSynthConfig(width=1024, height=height, seed=6)
         )
         proc = score_cli(
             res.paths[0], model, tmp_path / "o", "--workers", "1", "--mosaic", "0", process=True
