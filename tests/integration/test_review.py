@@ -547,7 +547,7 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
     store.set_done("ann", c1, True)
     store.set_done("bob", c1, True)
     store.close()
-    res = refine(model, rv, synth_patches, tmp_path / "r1.cyto", **args)
+    res = refine(model, rv, synth_patches, tmp_path / "r1.cyto", overrides=["epochs=1"], **args)
     n1 = s.n_cells(c1)
     assert (res["hard_normals"], res["known_abnormal"], res["excluded"]) == (n1 - 3, 2, 1)
     assert [c["case"] for c in res["cases"]] == [c1]  # c2's mark: the case is not finished
@@ -565,7 +565,8 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
     assert len(rows) == 1 + n_normal + n1 - 3 + 2
     assert sum(r.endswith(",review-marked") for r in rows) == 2
     # --agree all: only the cell both finished reviewers marked
-    res = refine(model, rv, synth_patches, tmp_path / "r2.cyto", agree="all", **args)
+    res = refine(model, rv, synth_patches, tmp_path / "r2.cyto", agree="all",
+                 overrides=["epochs=1"], **args)  # fmt: skip
     assert (res["known_abnormal"], res["excluded"]) == (1, 2)
     with pytest.raises(ConfigError, match="bag labels"):
         refine(exported_bundles["ws-sil"], rv, synth_patches, tmp_path / "r3.cyto", **args)
