@@ -78,19 +78,26 @@ def test_the_profiler_sees_a_return(tmp_path, monkeypatch):
     assert returns_in_call_chains(b.g, pkg) == set()
 
 
+@pytest.fixture(scope="module")
+def two_plane_slide(tmp_path_factory):
+    """An NDPI with two focal planes and its planted cells (both detectors score it)."""
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+
+    return write_slide(
+        tmp_path_factory.mktemp("flow") / "s.ndpi",
+        SlideSynthConfig(width=1024, height=768, seed=2, abnormal_fraction=0.1, planes=(0.0, 1.0)),
+    )
+
+
 @pytest.mark.parametrize("detector", ["scipy", "torch"])
-def test_a_slide_enters_each_module_once(exported_dsvdd, tmp_path, detector):
+def test_a_slide_enters_each_module_once(exported_dsvdd, two_plane_slide, tmp_path, detector):
     from dataclasses import replace
 
-    from cyto.data.synth.slide import SlideSynthConfig, write_slide
     from cyto.detect import NucleusParams
     from cyto.infer import ScoreOptions, score_slide
     from cyto.runtime import load_scorer
 
-    slide = write_slide(
-        tmp_path / "s.ndpi",
-        SlideSynthConfig(width=1024, height=768, seed=2, abnormal_fraction=0.1, planes=(0.0, 1.0)),
-    )
+    slide = two_plane_slide
     scorer = load_scorer(exported_dsvdd, "onnx", "cpu")
     opts = ScoreOptions(
         workers=0,
