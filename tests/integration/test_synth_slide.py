@@ -226,7 +226,7 @@ def test_memory_does_not_grow_with_slide_height(tmp_path):
 
     def peak(h):
         proc = subprocess.run(
-            [sys.executable, "-c", PEAK, "1536", str(h), str(tmp_path / f"m{h}.ndpi")],
+            [sys.executable, "-c", PEAK, "1024", str(h), str(tmp_path / f"m{h}.ndpi")],
             capture_output=True,
             text=True,
             timeout=600,

@@ -123,17 +123,18 @@ print("ok")
     assert r.returncode == 0 and r.stdout.strip() == "ok", r
 
 
-def test_a_worker_that_gets_ctrl_c_while_it_starts_lives_and_stays_quiet(capfd):
+def test_a_worker_that_gets_ctrl_c_while_it_starts_lives_and_stays_quiet(capfd, monkeypatch):
     from tests import _slow_start
 
+    monkeypatch.setenv("CYTO_TEST_SLOW_START", "2.0")  # the worker's import of it: 2 s
     # children of a shell's background job start with SIGINT ignored; a terminal's do not
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     pool = spawn_pool(1, _slow_start.ready)
     try:
-        job = pool.submit(os.getpid)  # starts the worker, which imports _slow_start: 3 s
+        job = pool.submit(os.getpid)  # starts the worker, which imports _slow_start
         signal.signal(signal.SIGINT, before)
         (child,) = mp.active_children()
-        time.sleep(1.5)
+        time.sleep(1.0)
         assert child.is_alive()
         os.kill(child.pid, signal.SIGINT)  # a Ctrl-C while it starts
         assert job.result(timeout=60) == child.pid
