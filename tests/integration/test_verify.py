@@ -213,8 +213,8 @@ def test_a_bundle_without_golden_cells_scores_but_never_runs_an_unverifiable_int
 def test_export_keeps_golden_cells_and_doctor_verifies_every_graph(
     exported_bundles, synth_patches, tmp_path
 ):
-    path = tmp_path / "d.cyto"
-    shutil.copytree(exported_bundles["dsvdd"], path)
+    path = tmp_path / "f.cyto"
+    shutil.copytree(exported_bundles["fs-sil"], path)
     proc = run_cyto(
         "export",
         str(path),
