@@ -250,3 +250,34 @@ def test_a_staining_batch_shares_one_style_and_keeps_each_layout():
     assert a2.style == b2.style != a.style
     np.testing.assert_array_equal(a2.cell_x, a.cell_x)  # the cells stay where they were
     np.testing.assert_array_equal(a2.cell_class, a.cell_class)
+
+
+def test_each_object_is_drawn_only_for_the_rows_of_blocks_it_reaches(monkeypatch):
+    """Every window fits the scene's reach (in and out of focus), and an object is drawn once
+    per row of blocks within that reach, not for every region of the coarser index."""
+    import collections
+
+    from cyto.data.synth import scene as scene_mod
+    from cyto.data.synth.slide import BLOCK, RowRenderer, layout
+
+    cfg = SlideSynthConfig(width=1024, height=1536, seed=3, planes=(0.0, -3.0))
+    lay = layout(cfg)
+    drawn: collections.Counter = collections.Counter()
+    real = scene_mod._render_object
+
+    def counting(scene, i, style, z):
+        window, half = real(scene, i, style, z)
+        assert half <= scene.reach(z), (i, z, half)  # the reach bounds every window
+        drawn[(i, z)] += 1
+        return window, half
+
+    monkeypatch.setattr(scene_mod, "_render_object", counting)
+    render = RowRenderer(lay, cfg.seed, cfg.planes, cfg.size[0])
+    rows = [render(by) for by in range(cfg.size[1] // BLOCK)]
+    assert rows[1][0].shape == (BLOCK, cfg.size[0], 3)
+    y = lay.scene.y
+    for (i, z), n in drawn.items():
+        r = lay.scene.reach(z)
+        reached = sum(by * BLOCK - r < y[i] < (by + 1) * BLOCK + r for by in range(len(rows)))
+        assert n <= reached, (i, z, n, reached)
+    assert len({i for i, _ in drawn}) == len(y)  # every object was drawn

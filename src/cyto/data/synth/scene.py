@@ -22,9 +22,11 @@ from cyto.data.synth.cells import (
 )
 
 KIND_CELL, KIND_RBC, KIND_DEBRIS = 0, 1, 2
-# Largest half-width of any object's window (px, at scale 1): an enlarged multinucleated cell with
-# blur. Regions look this far around themselves for objects.
+# Largest half-width of any object's window (px, at scale 1) in its plane of focus: an enlarged
+# multinucleated cell with blur (about 63 px), with room for defocus. Regions look this far around
+# themselves for objects, plus DEFOCUS_REACH px per um away from the main plane.
 MAX_REACH = 110
+DEFOCUS_REACH = 3 * 2.2  # three sigmas of the defocus blur, 2.2 px per um
 
 
 @dataclass
@@ -76,9 +78,13 @@ class Scene:
             for s, e in zip(starts, ends, strict=True)
         }
 
-    def objects_near(self, x0: int, y0: int, w: int, h: int) -> np.ndarray:
+    def reach(self, z: float = 0.0) -> int:
+        """How far (px) from its centre an object's window may reach in focal plane ``z``."""
+        return int(np.ceil(MAX_REACH * self.scale + DEFOCUS_REACH * abs(z)))
+
+    def objects_near(self, x0: int, y0: int, w: int, h: int, z: float = 0.0) -> np.ndarray:
         """Indices of objects whose window may touch the region, in a fixed (index) order."""
-        reach = int(np.ceil(MAX_REACH * self.scale))
+        reach = self.reach(z)
         if not self._grid:
             sel = (
                 (self.x > x0 - reach)
@@ -96,14 +102,20 @@ class Scene:
                     found.append(idx)
         if not found:
             return np.empty(0, dtype=np.int64)
-        return np.sort(np.concatenate(found))
+        idx = np.sort(np.concatenate(found))
+        # the grid cells are coarser than the reach: keep only objects within it, or each would
+        # be drawn for about three rows of regions instead of the one or two it touches
+        x, y = self.x[idx], self.y[idx]
+        keep = (x > x0 - reach) & (x < x0 + w + reach) & (y > y0 - reach) & (y < y0 + h + reach)
+        return idx[keep]
 
 
 class WindowCache:
     """Rendered object windows of the current row of blocks.
 
     Blocks are drawn left to right; a window is dropped as soon as no later block of the row can
-    touch it, so memory holds about one column of objects, whatever the slide size.
+    ask for it (its object is beyond the scene's reach), so memory holds about one column of
+    objects, whatever the slide size.
     """
 
     def __init__(self) -> None:
@@ -140,13 +152,14 @@ def render_od(
 ) -> np.ndarray:
     """Optical density of the region ``[x0, x0+w) x [y0, y0+h)`` at focal plane ``z`` (um)."""
     od = np.zeros((h, w, 3), dtype=np.float32)
-    for i in scene.objects_near(x0, y0, w, h):
+    reach = scene.reach(z)
+    for i in scene.objects_near(x0, y0, w, h, z):
         key = (int(i), float(z))
         hit = cache.get(key) if cache is not None else None
         if hit is None:
             hit = _render_object(scene, int(i), style, z)
             if cache is not None:
-                cache.put(key, hit, float(scene.x[i]) + hit[1])
+                cache.put(key, hit, float(scene.x[i]) + reach)
         window, half = hit
         add_window(od, window, scene.x[i] - x0, scene.y[i] - y0, half)
     return od
