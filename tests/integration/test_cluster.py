@@ -157,10 +157,12 @@ def two_nodes(tmp_path_factory):
         _wait_for_nodes(address, 2, logs)
         yield address
     finally:
-        for p, log in reversed(procs):
+        for p, _ in reversed(procs):
             os.killpg(p.pid, signal.SIGTERM)
+        leave_by = time.monotonic() + 1.0
+        for p, log in reversed(procs):
             try:  # a `ray start --block` node took 30 s to leave on SIGTERM: the test is over
-                p.wait(1)
+                p.wait(max(leave_by - time.monotonic(), 0.01))
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
@@ -168,29 +170,31 @@ def two_nodes(tmp_path_factory):
 
 
 def _wait_for_nodes(address: str, n: int, logs: Path) -> None:
+    """Until ``n`` nodes are alive: one driver, connected once, asks every 0.2 s (a driver per
+    poll cost a second each)."""
     code = (
-        "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
-        "print(sum(x['Alive'] for x in ray.nodes()))"
+        "import ray, sys, time; ray.init(address=sys.argv[1], log_to_driver=False)\n"
+        "deadline = time.monotonic() + 100\n"
+        "while sum(x['Alive'] for x in ray.nodes()) < int(sys.argv[2]):\n"
+        "    if time.monotonic() > deadline: sys.exit(3)\n"
+        "    time.sleep(0.2)\n"
+        "print('up')"
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            got = (
-                subprocess.run(
-                    [sys.executable, "-c", code, address],
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                    env={**os.environ, "RAY_AUTH_MODE": "token"},
-                )
-                .stdout.strip()
-                .splitlines()
-            )
+            got = subprocess.run(
+                [sys.executable, "-c", code, address, str(n)],
+                capture_output=True,
+                text=True,
+                timeout=110,
+                env={**os.environ, "RAY_AUTH_MODE": "token"},
+            ).stdout.split()
         except subprocess.TimeoutExpired:
             got = []
-        if got and got[-1].isdigit() and int(got[-1]) >= n:
+        if got[-1:] == ["up"]:
             return
-        time.sleep(1)
+        time.sleep(0.5)  # the head was not listening yet
     text = "\n".join(f.read_text()[-2000:] for f in sorted(logs.iterdir()))
     raise AssertionError(f"the Ray cluster did not reach {n} nodes:\n{text}")
 
