@@ -128,3 +128,33 @@ def test_transparent_pixels_become_the_padding_and_opaque_tiles_keep_their_rgb()
     assert (mixed[:8] == PAD).all() and np.array_equal(mixed[16:], rgba[16:, :, :3])
     half = rgba[8:16, :, :3].astype(np.float32) * (128 / 255) + PAD * (1 - 128 / 255)
     assert np.abs(mixed[8:16].astype(int) - np.rint(half)).max() <= 1
+
+
+def test_the_tissue_mask_marks_stained_pixels_and_their_neighbours():
+    """Optical density summed over the channels above 0.25, dilated by 3 px; every RGB value is
+    measured as the per-pixel float32 formula does (``od = -log((rgb + 1) / 256)``)."""
+    from types import SimpleNamespace
+
+    from scipy import ndimage
+
+    from cyto.slides.grid import tissue_mask
+
+    rng = np.random.default_rng(0)
+    low = np.full((64, 80, 3), 250, dtype=np.uint8)  # glass
+    low[20:30, 10:20] = rng.integers(0, 256, size=(10, 10, 3), dtype=np.uint8)
+    low[50, 70] = (200, 170, 210)  # one faintly stained pixel
+    info = SimpleNamespace(level_dims=((800, 640), (80, 64)), level_downsamples=(1.0, 10.0))
+    reader = SimpleNamespace(info=info, read_region=lambda x, y, w, h, level: low)
+    mask, ds = tissue_mask(reader)
+    od = -np.log((low.astype(np.float32) + 1.0) / 256.0).sum(axis=2)
+    assert ds == 10.0
+    np.testing.assert_array_equal(mask, ndimage.binary_dilation(od > 0.25, iterations=3))
+    assert mask[50, 70] and mask[53, 70] and not mask[54, 70] and not mask[5, 60]
+    # every pair of red and green values (blue at 255): the same threshold either way
+    grid = np.full((256, 256, 3), 255, dtype=np.uint8)
+    grid[..., 0], grid[..., 1] = np.meshgrid(*(np.arange(256, dtype=np.uint8),) * 2)
+    reader.read_region = lambda x, y, w, h, level: grid
+    info.level_dims = ((2560, 2560), (256, 256))
+    mask, _ = tissue_mask(reader)
+    od = -np.log((grid.astype(np.float32) + 1.0) / 256.0).sum(axis=2)
+    np.testing.assert_array_equal(mask, ndimage.binary_dilation(od > 0.25, iterations=3))
