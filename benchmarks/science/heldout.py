@@ -28,6 +28,10 @@ paper's operating point, Recall@K at a witness rate of 1 % with K = 5 % of the p
 400 of 7,913), averaged over ``--draws`` random draws of the abnormal cells (chance = 0.05).
 Weakly supervised rows also carry their bag check (``cyto.train.bagcheck``).
 
+``--ensemble dsvdd+droc`` adds a row per seed that ranks by the mean of the listed methods' ranks
+within the pool being ranked (each test set on its own; no label, no training score used): what a
+lab gets from scoring a slide with two bundles and ordering its cells by their mean rank.
+
     python benchmarks/science/heldout.py --data ../shared/data/bone_marrow --normal LYT \\
         --other ../shared/data/pbc --other-normal lymphocyte --preset fast --seeds 0,1,2,3,4 \\
         --stage dev
@@ -168,6 +172,12 @@ def main() -> None:
         help="a mixed-lab recipe: this many of the other lab's normal cells (drawn per seed) "
         "join the training normals and leave its test set",
     )
+    ap.add_argument(
+        "--ensemble",
+        default="",
+        help="methods joined by + (e.g. dsvdd+droc), all among --methods: a row per seed that "
+        "ranks by the mean of their ranks within each test pool",
+    )
     args = ap.parse_args()
     try:
         wr_list = [float(w) / 100 for w in args.wrs.split(",") if w.strip()]
@@ -180,6 +190,11 @@ def main() -> None:
 
     device, preset, seeds, overrides = common_settings(args)
     methods, size = methods_and_size(args.methods, preset, overrides)
+    members = [m for m in args.ensemble.split("+") if m]
+    if members and (len(members) < 2 or not set(members) <= set(methods)):
+        raise SystemExit(
+            f"--ensemble needs two or more of --methods joined by +, got {args.ensemble!r}"
+        )
     ds = PatchDataset.from_path(args.data, normal=args.normal, abnormal=args.abnormal, size=size)
     images, y = np.asarray(ds.images), ds.labels.astype(int)
     classes = np.array(ds.classes)
@@ -237,6 +252,7 @@ def main() -> None:
             mixed = np.sort(normals[: args.mix_other])
             tr_n = np.concatenate([tr_n, len(y) + mixed])  # indices into the pooled arrays
             other_test = np.setdiff1d(other_test, mixed)
+        kept: dict[str, dict[str, np.ndarray]] = {}  # the ensemble members' scores, per test set
         for name in methods:
             cls = get_method(name)
             cfg = resolve_config(cls.Config, preset, overrides={**overrides, "seed": seed})
@@ -252,30 +268,47 @@ def main() -> None:
             )
             t0 = time.perf_counter()
             model = cls(cfg).fit(data, device=device)
+            fit_seconds = round(time.perf_counter() - t0, 1)
+            s_test = model.score(images[test])
+            s_other = model.score(pool_images[len(y) + other_test]) if other is not None else None
+            if name in members:
+                kept[name] = {"test": s_test, "other": s_other, "fit": fit_seconds}
             row = {
                 "stage": args.stage,
                 "method": name,
                 "seed": seed,
                 "n_train": len(data),
                 "train_witness_rate": round(wr, 4),
-                "fit_seconds": round(time.perf_counter() - t0, 1),
+                "fit_seconds": fit_seconds,
                 "n_test": len(test),
                 "n_test_normal": int((y[test] == 0).sum()),
                 **{
                     f"{k}": v
-                    for k, v in metrics(
-                        y[test], model.score(images[test]), args.draws, seed, wr_list
-                    ).items()
+                    for k, v in metrics(y[test], s_test, args.draws, seed, wr_list).items()
                 },
             }
             if other is not None:
-                s_other = model.score(pool_images[len(y) + other_test])
                 got = metrics(other_y[other_test], s_other, args.draws, seed, wr_list)
                 row.update({f"other_{k}": v for k, v in got.items()} | {"n_other": len(s_other)})
                 row["n_other_normal"] = int((other_y[other_test] == 0).sum())
             check = getattr(model, "bag_check_", None)
             if check is not None:
                 row.update(bag_auroc=check["bag_auroc"], bag_check=check["status"])
+            rows.append(row)
+            append_row(args.jsonl, row)
+        if members:
+            name = "+".join(members)
+            row = {"stage": args.stage, "method": name, "seed": seed, "n_train": len(tr_n)}
+            row |= {"train_witness_rate": 0.0, "n_test": len(test)}
+            row["fit_seconds"] = round(sum(kept[m]["fit"] for m in members), 1)
+            row["n_test_normal"] = int((y[test] == 0).sum())
+            s_test = mean_rank([kept[m]["test"] for m in members])
+            row |= metrics(y[test], s_test, args.draws, seed, wr_list)
+            if other is not None:
+                s_other = mean_rank([kept[m]["other"] for m in members])
+                got = metrics(other_y[other_test], s_other, args.draws, seed, wr_list)
+                row.update({f"other_{k}": v for k, v in got.items()} | {"n_other": len(s_other)})
+                row["n_other_normal"] = int((other_y[other_test] == 0).sum())
             rows.append(row)
             append_row(args.jsonl, row)
 
@@ -291,13 +324,22 @@ def main() -> None:
         "other_zoom": zoom_note,
         "home_zoom": home_note,
     }
+    shown = methods + (["+".join(members)] if members else [])
     write(
         args.out,
         f"heldout_{args.data.name}_{args.preset}_{args.stage}",
         meta,
         rows,
-        table(rows, methods, args, meta, device, wr_list),
+        table(rows, shown, args, meta, device, wr_list),
     )
+
+
+def mean_rank(scores: list[np.ndarray]) -> np.ndarray:
+    """The mean over methods of each cell's rank (0 = lowest score) within the pool; ties share
+    their mean rank. Higher is more abnormal, as for each method."""
+    from scipy.stats import rankdata
+
+    return np.mean([rankdata(s) for s in scores], axis=0)
 
 
 def table(rows, methods, args, meta, device, wr_list=()) -> list[str]:

@@ -12,6 +12,9 @@ final split is not read here.
 
     python benchmarks/science/preset_choice.py --current RUN.json --variant NAME=RUN.json ... \\
         --method dsvdd --out benchmarks/results/vm-2core/heldout/presets
+
+A variant may be another method's rows (``NAME=RUN.json@METHOD``), such as the rank ensemble
+``heldout.py --ensemble dsvdd+droc`` writes beside its members (``@dsvdd+droc``).
 """
 
 from __future__ import annotations
@@ -53,7 +56,9 @@ def _mean_sd(v: list[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--current", required=True, metavar="RUN.json[,RUN.json]")
-    ap.add_argument("--variant", action="append", default=[], metavar="NAME=RUN.json[,RUN.json]")
+    ap.add_argument(
+        "--variant", action="append", default=[], metavar="NAME=RUN.json[,RUN.json][@METHOD]"
+    )
     ap.add_argument("--method", required=True)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -64,7 +69,8 @@ def main() -> None:
     runs = [("current", current)]
     for spec in args.variant:
         name, _, path = spec.partition("=")
-        rows = _rows(path, args.method)
+        path, _, method = path.partition("@")
+        rows = _rows(path, method or args.method)
         if sorted(rows) != seeds:
             raise SystemExit(f"{name}: seeds {sorted(rows)} differ from the current {seeds}")
         runs.append((name, rows))
