@@ -43,7 +43,17 @@ def test_onnx_runtime_on_a_gpu_keeps_shape_arithmetic_on_the_cpu(exported_dsvdd,
     assert providers[0][1]["trt_fp16_enable"] == "False"
     fp16 = session_plan("cuda:0", "tensorrt", None, "fp16")[0][0][1]
     assert fp16["trt_fp16_enable"] == "True" and fp16["trt_int8_enable"] == "False"
-    assert session_plan("cpu", "cuda") == ([CPU], {})
+    assert session_plan("cpu", "cuda")[0] == [CPU]
+
+
+def test_the_cpu_engine_leaves_the_cores_to_detection_between_batches(exported_dsvdd):
+    """ONNX Runtime's threads spin after each call by default, taking the cores that nucleus
+    detection and the decode workers need; a CPU session lets them sleep."""
+    from cyto.runtime import load_scorer
+
+    scorer = load_scorer(exported_dsvdd, "onnx", "cpu")
+    opts = scorer.backend.session.get_session_options()
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
 
 def test_heads_are_registered_once_with_what_the_graph_emits():

@@ -113,9 +113,14 @@ def session_plan(
     really runs is checked on the session instead. fp32 stays fp32: the CUDA provider's TF32
     is off (as the PyTorch backend's). The TensorRT provider builds its own engine from the
     graph: Q/DQ graphs need its int8 mode (explicit quantization: no calibration table) and
-    fp16 graphs its fp16 mode."""
+    fp16 graphs its fp16 mode.
+
+    On the CPU, the intra-op threads sleep between calls instead of spinning: the cores are
+    shared with nucleus detection and the decode workers, which spinning threads starve
+    (``cyto bench slide`` on 2 cores: +6 % cells/s with one decode worker, +11 % in one process;
+    the engine alone the same; benchmarks/results/vm-2core/ort-spinning)."""
     if device == "cpu":
-        return [CPU], {}
+        return [CPU], {"session.intra_op.allow_spinning": "0"}
     index = int(device.split(":")[1]) if ":" in device else 0
     cuda = (CUDA, {"device_id": str(index), "use_tf32": "0"})
     if provider == "cuda":
