@@ -117,8 +117,8 @@ def session_plan(
 
     On the CPU, the intra-op threads sleep between calls instead of spinning: the cores are
     shared with nucleus detection and the decode workers, which spinning threads starve
-    (``cyto bench slide`` on 2 cores: +6 % cells/s with one decode worker, +11 % in one process;
-    the engine alone the same; benchmarks/results/vm-2core/ort-spinning)."""
+    (``cyto bench slide`` on 2 cores: +6-7 % cells/s with one decode worker, the same in one
+    process and for the engine alone; benchmarks/results/vm-2core/ort-spinning)."""
     if device == "cpu":
         return [CPU], {"session.intra_op.allow_spinning": "0"}
     index = int(device.split(":")[1]) if ":" in device else 0
