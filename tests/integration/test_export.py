@@ -4,6 +4,7 @@ out), numba kernels equal their references, TensorRT logic around the build."""
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,6 +55,23 @@ def test_manifest_records_the_export(bundles):
         "shape": ["N", "H", "W", 3],
     }
     assert b.manifest["onnx"]["opset"] == 18
+
+
+@pytest.mark.parametrize("name", ["dsvdd", "fs-sil"])
+def test_the_graph_does_not_depend_on_the_folder_it_was_exported_from(bundles, name):
+    """The exporter records each node's Python stack trace, with the paths of the checkout that
+    exported it: the same network exported elsewhere was another file with another sha256.
+    cyto keeps the module names and scopes, not the traces."""
+    import onnx
+
+    import cyto
+
+    graph = (bundles[name] / "encoder.onnx").read_bytes()
+    source = str(Path(cyto.__file__).resolve().parent).encode()
+    assert source not in graph
+    model = onnx.load_from_string(graph)
+    keys = {p.key for n in model.graph.node for p in n.metadata_props}
+    assert "pkg.torch.onnx.stack_trace" not in keys and "pkg.torch.onnx.name_scopes" in keys
 
 
 def test_changed_onnx_byte_is_refused(bundles, tmp_path):

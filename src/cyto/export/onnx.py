@@ -52,6 +52,25 @@ def cast_uint8_first(model) -> int:
     return rewired
 
 
+def drop_stack_traces(model) -> int:
+    """Remove the exporter's per-node Python stack traces (``pkg.torch.onnx.stack_trace``).
+
+    They name the files of the checkout that exported the graph, so the same network exported
+    from two folders gave two different files (and sha256s); the other node metadata (module
+    names, scopes) stays. Returns how many entries were removed."""
+    key = "pkg.torch.onnx.stack_trace"
+    removed = 0
+    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    for node in nodes:
+        keep = [p for p in node.metadata_props if p.key != key]
+        if len(keep) != len(node.metadata_props):
+            removed += len(node.metadata_props) - len(keep)
+            kept = [type(p).FromString(p.SerializeToString()) for p in keep]
+            del node.metadata_props[:]
+            node.metadata_props.extend(kept)
+    return removed
+
+
 def export_onnx(path: Path, opset: int = OPSET, example_size: int | None = None) -> dict:
     """Write ``encoder.onnx`` into the bundle and record it in the manifest; returns its entry."""
     import onnx
@@ -91,7 +110,7 @@ def export_onnx(path: Path, opset: int = OPSET, example_size: int | None = None)
             )
         program.save(str(target))
         model = onnx.load(str(target))
-        if cast_uint8_first(model):
+        if cast_uint8_first(model) + drop_stack_traces(model):
             onnx.save(model, str(target))
         onnx.checker.check_model(model, full_check=True)
         problems = check_model(model, profile_inputs={INPUT})
