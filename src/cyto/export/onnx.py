@@ -62,12 +62,10 @@ def drop_stack_traces(model) -> int:
     removed = 0
     nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
     for node in nodes:
-        keep = [p for p in node.metadata_props if p.key != key]
-        if len(keep) != len(node.metadata_props):
-            removed += len(node.metadata_props) - len(keep)
-            kept = [type(p).FromString(p.SerializeToString()) for p in keep]
-            del node.metadata_props[:]
-            node.metadata_props.extend(kept)
+        for i in reversed(range(len(node.metadata_props))):
+            if node.metadata_props[i].key == key:
+                del node.metadata_props[i]
+                removed += 1
     return removed
 
 
