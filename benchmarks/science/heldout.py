@@ -31,6 +31,11 @@ Weakly supervised rows also carry their bag check (``cyto.train.bagcheck``).
 ``--ensemble dsvdd+droc`` adds a row per seed that ranks by the mean of the listed methods' ranks
 within the pool being ranked (each test set on its own; no label, no training score used): what a
 lab gets from scoring a slide with two bundles and ordering its cells by their mean rank.
+Several ensembles are separated by commas (``dsvdd+nucleus,droc+nucleus``).
+
+``nucleus`` in ``--methods`` is the nucleus-size score (``cyto.data.morphometry``): no network,
+the training normals' mean and spread of the log centre-nucleus share; a baseline for the networks
+and an ensemble member.
 
     python benchmarks/science/heldout.py --data ../shared/data/bone_marrow --normal LYT \\
         --other ../shared/data/pbc --other-normal lymphocyte --preset fast --seeds 0,1,2,3,4 \\
@@ -48,12 +53,17 @@ from pathlib import Path
 import numpy as np
 
 from cyto.data.dataset import PatchDataset
+from cyto.data.morphometry import NucleusSize
 from cyto.data.scale import nucleus_fraction, zoom_from_nuclei, zoom_patches
 from cyto.eval.metrics import auroc, recall_at_k
 from cyto.eval.splits import acquisition_key, order_split, stratified_split
 from cyto.train.config import resolve_config
 from cyto.train.data import TrainData
 from cyto.train.registry import get_method, method_names
+
+#: the --methods name of the nucleus-size score (cyto.data.morphometry): no network, trained on
+#: the same normals as the one-class methods
+NUCLEUS = "nucleus"
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _results.py
 from _results import machine, where, write  # noqa: E402
@@ -175,8 +185,9 @@ def main() -> None:
     ap.add_argument(
         "--ensemble",
         default="",
-        help="methods joined by + (e.g. dsvdd+droc), all among --methods: a row per seed that "
-        "ranks by the mean of their ranks within each test pool",
+        help="methods joined by + (e.g. dsvdd+droc), all among --methods, several separated by "
+        "commas: for each, a row per seed that ranks by the mean of their ranks within each test "
+        "pool",
     )
     args = ap.parse_args()
     try:
@@ -189,12 +200,18 @@ def main() -> None:
         raise SystemExit(f"--wrs must be in (0, 100) percent, got {args.wrs!r}")
 
     device, preset, seeds, overrides = common_settings(args)
-    methods, size = methods_and_size(args.methods, preset, overrides)
-    members = [m for m in args.ensemble.split("+") if m]
-    if members and (len(members) < 2 or not set(members) <= set(methods)):
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    networks = ",".join(m for m in names if m != NUCLEUS)
+    if not networks:
+        raise SystemExit(f"--methods needs a trained method beside {NUCLEUS} (its load size)")
+    size = methods_and_size(networks, preset, overrides)[1]
+    methods = names
+    ensembles = [[m for m in e.split("+") if m] for e in args.ensemble.split(",") if e.strip()]
+    if any(len(e) < 2 or not set(e) <= set(methods) for e in ensembles):
         raise SystemExit(
             f"--ensemble needs two or more of --methods joined by +, got {args.ensemble!r}"
         )
+    members = sorted({m for e in ensembles for m in e})
     ds = PatchDataset.from_path(args.data, normal=args.normal, abnormal=args.abnormal, size=size)
     images, y = np.asarray(ds.images), ds.labels.astype(int)
     classes = np.array(ds.classes)
@@ -254,20 +271,24 @@ def main() -> None:
             other_test = np.setdiff1d(other_test, mixed)
         kept: dict[str, dict[str, np.ndarray]] = {}  # the ensemble members' scores, per test set
         for name in methods:
-            cls = get_method(name)
-            cfg = resolve_config(cls.Config, preset, overrides={**overrides, "seed": seed})
-            data, wr = train_data(
-                cls,
-                pool_labels,
-                ds.fingerprint,
-                pool_images,
-                tr_n,
-                tr_a,
-                args.witnesses_per_bag,
-                seed,
-            )
             t0 = time.perf_counter()
-            model = cls(cfg).fit(data, device=device)
+            if name == NUCLEUS:  # no network: two numbers of the training normals
+                model, data, wr = NucleusSize.fit(pool_images[tr_n]), tr_n, 0.0
+            else:
+                cls = get_method(name)
+                cfg = resolve_config(cls.Config, preset, overrides={**overrides, "seed": seed})
+                data, wr = train_data(
+                    cls,
+                    pool_labels,
+                    ds.fingerprint,
+                    pool_images,
+                    tr_n,
+                    tr_a,
+                    args.witnesses_per_bag,
+                    seed,
+                )
+                t0 = time.perf_counter()
+                model = cls(cfg).fit(data, device=device)
             fit_seconds = round(time.perf_counter() - t0, 1)
             s_test = model.score(images[test])
             s_other = model.score(pool_images[len(y) + other_test]) if other is not None else None
@@ -296,16 +317,16 @@ def main() -> None:
                 row.update(bag_auroc=check["bag_auroc"], bag_check=check["status"])
             rows.append(row)
             append_row(args.jsonl, row)
-        if members:
-            name = "+".join(members)
+        for ensemble in ensembles:
+            name = "+".join(ensemble)
             row = {"stage": args.stage, "method": name, "seed": seed, "n_train": len(tr_n)}
             row |= {"train_witness_rate": 0.0, "n_test": len(test)}
-            row["fit_seconds"] = round(sum(kept[m]["fit"] for m in members), 1)
+            row["fit_seconds"] = round(sum(kept[m]["fit"] for m in ensemble), 1)
             row["n_test_normal"] = int((y[test] == 0).sum())
-            s_test = mean_rank([kept[m]["test"] for m in members])
+            s_test = mean_rank([kept[m]["test"] for m in ensemble])
             row |= metrics(y[test], s_test, args.draws, seed, wr_list)
             if other is not None:
-                s_other = mean_rank([kept[m]["other"] for m in members])
+                s_other = mean_rank([kept[m]["other"] for m in ensemble])
                 got = metrics(other_y[other_test], s_other, args.draws, seed, wr_list)
                 row.update({f"other_{k}": v for k, v in got.items()} | {"n_other": len(s_other)})
                 row["n_other_normal"] = int((other_y[other_test] == 0).sum())
@@ -324,7 +345,7 @@ def main() -> None:
         "other_zoom": zoom_note,
         "home_zoom": home_note,
     }
-    shown = methods + (["+".join(members)] if members else [])
+    shown = methods + ["+".join(e) for e in ensembles]
     write(
         args.out,
         f"heldout_{args.data.name}_{args.preset}_{args.stage}",
