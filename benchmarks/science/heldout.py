@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.data.dataset import PatchDataset
-from cyto.data.morphometry import NucleusSize
+from cyto.data.morphometry import NucleusSize, fused_score
 from cyto.data.scale import nucleus_fraction, zoom_from_nuclei, zoom_patches
 from cyto.eval.metrics import auroc, recall_at_k
 from cyto.eval.splits import acquisition_key, order_split, stratified_split
@@ -323,10 +323,10 @@ def main() -> None:
             row |= {"train_witness_rate": 0.0, "n_test": len(test)}
             row["fit_seconds"] = round(sum(kept[m]["fit"] for m in ensemble), 1)
             row["n_test_normal"] = int((y[test] == 0).sum())
-            s_test = mean_rank([kept[m]["test"] for m in ensemble])
+            s_test = fused_score(*[kept[m]["test"] for m in ensemble])
             row |= metrics(y[test], s_test, args.draws, seed, wr_list)
             if other is not None:
-                s_other = mean_rank([kept[m]["other"] for m in ensemble])
+                s_other = fused_score(*[kept[m]["other"] for m in ensemble])
                 got = metrics(other_y[other_test], s_other, args.draws, seed, wr_list)
                 row.update({f"other_{k}": v for k, v in got.items()} | {"n_other": len(s_other)})
                 row["n_other_normal"] = int((other_y[other_test] == 0).sum())
@@ -353,14 +353,6 @@ def main() -> None:
         rows,
         table(rows, shown, args, meta, device, wr_list),
     )
-
-
-def mean_rank(scores: list[np.ndarray]) -> np.ndarray:
-    """The mean over methods of each cell's rank (0 = lowest score) within the pool; ties share
-    their mean rank. Higher is more abnormal, as for each method."""
-    from scipy.stats import rankdata
-
-    return np.mean([rankdata(s) for s in scores], axis=0)
 
 
 def table(rows, methods, args, meta, device, wr_list=()) -> list[str]:

@@ -12,7 +12,9 @@ and seed:
     cyto predict M.cyto --data OTHER --normal lymphocyte [--zoom auto]   (with --other)
 
 and the score tables give AUROC, Recall@5 % at WR 1 % (the paper's operating point, over
-``--draws`` draws; chance 0.05) and AUROC per abnormal class.
+``--draws`` draws; chance 0.05) and AUROC per abnormal class: of the model's score alone (rows
+named by the method), and of the ranking ``cyto predict`` gives by default where it differs
+(``METHOD+nucleus``: the model's score fused with the nucleus-size score, Deep SVDD).
 
     python benchmarks/science/later_cells_cli.py --data ../shared/data/bone_marrow --normal LYT \\
         --other ../shared/data/pbc --other-normal lymphocyte --methods dsvdd,droc --seeds 0,1,2 \\
@@ -77,10 +79,22 @@ def cyto(*args: str) -> str:
     return proc.stdout
 
 
-def ranked(table: Path, draws: int, seed: int) -> dict:
-    """AUROC, Recall@5 % at WR 1 % and the AUROC of each abnormal class against the normals."""
-    t = pq.read_table(table, columns=["class", "label", "score"]).to_pydict()
-    y, s = np.asarray(t["label"], dtype=int), np.asarray(t["score"], dtype=float)
+#: the score columns of a `cyto predict` table, and the row name each gives a method: the model
+#: alone, and the fused rank with the nucleus-size score (`--rank-by auto` for Deep SVDD)
+RANKINGS = {"score": "{}", "fused_score": "{}+nucleus"}
+
+
+def rankings(table: Path) -> list[str]:
+    """The columns of :data:`RANKINGS` that ``table`` holds."""
+    names = pq.read_schema(table).names
+    return [c for c in RANKINGS if c in names]
+
+
+def ranked(table: Path, draws: int, seed: int, column: str = "score") -> dict:
+    """AUROC, Recall@5 % at WR 1 % and the AUROC of each abnormal class against the normals, of
+    the ranking by ``column``."""
+    t = pq.read_table(table, columns=["class", "label", column]).to_pydict()
+    y, s = np.asarray(t["label"], dtype=int), np.asarray(t[column], dtype=float)
     cls_of = np.asarray(t["class"])
     got = {
         "auroc": round(auroc(s, y), 4),
@@ -136,28 +150,34 @@ def main() -> None:
                 cyto("train", method, "--data", str(early), "--normal", args.normal,
                      "--preset", args.preset, "--set", f"seed={seed}", *sets,
                      "--out", str(bundle))  # fmt: skip
-                row = {"method": method, "seed": seed}
-                row["fit_seconds"] = round(time.perf_counter() - t0, 1)
+                fit_seconds = round(time.perf_counter() - t0, 1)
                 cyto("predict", str(bundle), "--data", str(late), "--normal", args.normal,
                      "--out", str(work / "late.parquet"))  # fmt: skip
-                row |= ranked(work / "late.parquet", args.draws, seed)
+                found = {}  # one row per ranking the tables hold
+                for column in rankings(work / "late.parquet"):
+                    found[column] = {"method": RANKINGS[column].format(method), "seed": seed}
+                    found[column]["fit_seconds"] = fit_seconds
+                    found[column] |= ranked(work / "late.parquet", args.draws, seed, column)
                 if args.other is not None:
                     for zoom, prefix in ((None, "other_unzoomed_"), ("auto", "other_")):
                         extra = ["--zoom", zoom] if zoom else []
                         cyto("predict", str(bundle), "--data", str(args.other),
                              "--normal", args.other_normal, *extra,
                              "--out", str(work / "other.parquet"))  # fmt: skip
-                        got = ranked(work / "other.parquet", args.draws, seed)
-                        row |= {f"{prefix}{k}": v for k, v in got.items()}
-                print(row, flush=True)
-                rows.append(row)
+                        for column, row in found.items():
+                            got = ranked(work / "other.parquet", args.draws, seed, column)
+                            row |= {f"{prefix}{k}": v for k, v in got.items()}
+                for row in found.values():
+                    print(row, flush=True)
+                    rows.append(row)
 
     cmd = " ".join(["python benchmarks/science/later_cells_cli.py", *sys.argv[1:]])
     meta = machine(cmd) | {"n_early": n_early, "n_late": n_late, "seeds": seeds}
     meta["stage"] = args.stage
     name = f"later_cells_cli_{args.stage}{'_' + args.tag if args.tag else ''}"
+    shown = list(dict.fromkeys(r["method"] for r in rows))
     write(args.out, name, meta, rows,
-          table(rows, methods, args, meta))  # fmt: skip
+          table(rows, shown, args, meta))  # fmt: skip
 
 
 def table(rows: list[dict], methods: list[str], args, meta: dict) -> list[str]:

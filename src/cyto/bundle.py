@@ -102,6 +102,9 @@ class ModelSpec:
     #: the same for the nucleus at the patch's centre alone: what ``cyto score`` checks a
     #: slide's first cells against (a slide crop's whole share is the smear's nuclear density)
     centre_nucleus_fraction: float | None = None
+    #: the training normals' log centre-nucleus share, mean and sd (``log_mean``, ``log_sd``):
+    #: the nucleus-size score ranked beside the model (cyto.data.morphometry); None before
+    nucleus_size: dict[str, float] | None = None
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], where: object = "bundle") -> ModelSpec:
@@ -139,6 +142,7 @@ class ModelSpec:
                 graphs=graphs,
                 nucleus_fraction=training.get("nucleus_fraction"),
                 centre_nucleus_fraction=training.get("centre_nucleus_fraction"),
+                nucleus_size=training.get("nucleus_size"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(

@@ -84,9 +84,11 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
 
     echo("[4/8] rank the held-out cells (higher = more abnormal)")
     summary = predict(res.bundle, out / "test.csv", out / "test_scores.parquet", normal="normal")
+    alone = f", the model alone {summary['auroc_model']:.3f}" if "auroc_model" in summary else ""
     echo(
         f"      AUROC {summary['auroc']:.3f}, Recall@{summary['k']} {summary['recall_at_k']:.3f}"
-        f" (chance {summary['k'] / summary['n']:.3f}); scores in {summary['out']}"
+        f" (chance {summary['k'] / summary['n']:.3f}); ranked by {summary['rank_by']}{alone};"
+        f" scores in {summary['out']}"
     )
     made["auroc"] = summary["auroc"]
     mosaic = class_mosaic(patches, out / "patches_mosaic.png", per_class=8, seed=seed)

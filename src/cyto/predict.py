@@ -29,18 +29,26 @@ def predict(
     patch_mpp: float | None = None,
     verify: bool = True,
     skip_unreadable: bool = False,
+    rank_by: str = "auto",
 ) -> dict[str, object]:
-    """Write ``out`` (Parquet): path, class, [label], score, rank (1 = most abnormal).
+    """Write ``out`` (Parquet): path, class, [label], score, rank (1 = most abnormal), and
+    under ``rank_by`` ``model+nucleus`` the nucleus-size score and the fused score the rank
+    follows (``nucleus_score``, ``fused_score``; :mod:`cyto.data.morphometry`).
 
     ``zoom`` (a factor, or ``auto``) or ``patch_mpp`` bring patches of another scanner to the
     model's training scale first (:mod:`cyto.data.scale`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from cyto.data.morphometry import NucleusSize, fused_score, resolve_rank_by
     from cyto.runtime import load_scorer
 
+    if rank_by not in ("auto", "model", "model+nucleus"):
+        resolve_rank_by(rank_by, "", None)  # the one-line error, before the model loads
     scorer = load_scorer(model, backend, device, precision, verify=verify)
     spec = scorer.spec
+    nucleus = NucleusSize.from_record(spec.nucleus_size)
+    rank_by = resolve_rank_by(rank_by, scorer.bundle.method, nucleus)
     size = scorer.bundle.manifest["config"].get("load_size")
     zooming = zoom is not None or patch_mpp is not None
     load = None if zooming else size  # a zoom cuts the native image, then resizes
@@ -84,15 +92,20 @@ def predict(
         if advice is not None:
             warnings.warn(advice, ScaleWarning, stacklevel=2)
     scores = scorer.score(images, batch_size)
-    order = np.argsort(-scores, kind="stable")
-    rank = np.empty(len(scores), dtype=np.int64)
-    rank[order] = np.arange(1, len(scores) + 1)
     cols = {
         "path": [str(r.path) for r in records],
         "class": [r.cls for r in records],
         "score": scores,
-        "rank": rank,
     }
+    ranked = scores
+    if rank_by == "model+nucleus":
+        assert nucleus is not None  # resolve_rank_by saw to it
+        cols["nucleus_score"] = nucleus.score(images)
+        ranked = cols["fused_score"] = fused_score(scores, cols["nucleus_score"])
+    order = np.argsort(-ranked, kind="stable")
+    rank = np.empty(len(scores), dtype=np.int64)
+    rank[order] = np.arange(1, len(scores) + 1)
+    cols["rank"] = rank
     if labels is not None:
         cols["label"] = labels.astype(np.int8)
     if any(r.bag is not None for r in records):
@@ -105,6 +118,7 @@ def predict(
             "cyto.backend": scorer.backend.name,
             "cyto.precision": scorer.precision,
             "cyto.zoom": f"{factor:.4g} ({how})",
+            "cyto.rank_by": rank_by,
             # the files left out (--skip-unreadable), so no reader mistakes the table for all
             "cyto.skipped": json.dumps([[str(p), why] for p, why in skipped]),
             "cyto.verification": json.dumps(
@@ -121,6 +135,7 @@ def predict(
         "out": out,
         "zoom": factor,
         "zoom_from": how,
+        "rank_by": rank_by,
         "notes": list(scorer.notes),
         "skipped": skipped,
         "verification": scorer.verification.words() if scorer.verification else "none",
@@ -129,7 +144,9 @@ def predict(
         from sklearn.metrics import roc_auc_score
 
         k = int(labels.sum())
-        summary["auroc"] = float(roc_auc_score(labels, scores))
+        summary["auroc"] = float(roc_auc_score(labels, ranked))
         summary["recall_at_k"] = float(labels[order[:k]].mean())
         summary["k"] = k
+        if rank_by != "model":  # what the model alone gives, beside
+            summary["auroc_model"] = float(roc_auc_score(labels, scores))
     return summary

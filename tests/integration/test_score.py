@@ -369,3 +369,58 @@ def test_the_scoring_loop_trims_malloc_as_it_goes(model, slide, tmp_path, monkey
     opts = ScoreOptions(workers=0, tile=256, mosaic=0)  # 24 tiles
     score_slide(slide.paths[0], model, tmp_path / "o", opts, lambda s: None)
     assert len(calls) == 24
+
+
+def test_a_deep_svdd_bundle_ranks_cells_by_its_score_fused_with_the_nucleus_size(
+    tmp_path, synth_patches, slide, model
+):
+    """`cyto train` records the training normals' nucleus size; `cyto score` then scores every
+    cell's nucleus size too and, by default, ranks by the mean of the two ranks (the order
+    chosen on later bone-marrow files); `--rank-by model` ranks by the model alone, from the
+    same scores. A bundle from before has no nucleus scores and refuses `model+nucleus` before
+    any work."""
+    from cyto.train.api import train
+
+    bundle = tmp_path / "m.cyto"
+    train(
+        "dsvdd", synth_patches, bundle, normal="normal", preset="fast",
+        overrides=["epochs=1", "ae_epochs=1", "n_seeds=1"],
+    )  # fmt: skip
+    tables, summaries = {}, {}
+    for how in ("auto", "model"):
+        proc = score_cli(
+            slide.paths[0], bundle, tmp_path / how, "--workers", "0", "--mosaic", "0",
+            "--truth", str(slide.ground_truth), "--rank-by", how,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        tables[how] = pq.read_table(tmp_path / how / "s" / "scores.parquet")
+        summaries[how] = json.loads((tmp_path / how / "s" / "summary.json").read_text())
+    fused, plain = tables["auto"], tables["model"]
+    assert summaries["auto"]["rank_by"] == "model+nucleus"
+    assert summaries["model"]["rank_by"] == "model"
+    for column in ("score", "nucleus_score"):  # scored the same way, whatever ranks them
+        np.testing.assert_array_equal(np.asarray(fused[column]), np.asarray(plain[column]))
+    sizes = np.asarray(fused["nucleus_score"])
+    assert np.isfinite(sizes).all() and sizes.std() > 0
+    order = np.argsort(np.asarray(fused["rank"]))
+    assert np.all(np.diff(np.asarray(fused["fused_score"])[order]) <= 0)
+    assert "fused_score" not in plain.column_names
+    assert np.all(np.diff(np.asarray(plain["score"])[np.argsort(np.asarray(plain["rank"]))]) <= 0)
+    assert not np.array_equal(np.asarray(fused["rank"]), np.asarray(plain["rank"]))
+    top = pq.read_table(tmp_path / "auto" / "s" / "topk.parquet")
+    assert top["cell_id"].to_pylist() == np.asarray(fused["cell_id"])[order][:400].tolist()
+
+    # a bundle that records no nucleus size (as before): no nucleus scores, ranked by the model
+    table = pq.read_table(_scored(model, slide, tmp_path / "old") / "scores.parquet")
+    assert table["nucleus_score"].null_count == table.num_rows
+    assert "fused_score" not in table.column_names
+    proc = score_cli(slide.paths[0], model, tmp_path / "refused", "--rank-by", "model+nucleus")
+    assert proc.returncode == 2 and "records no nucleus size" in proc.stderr
+    assert not (tmp_path / "refused").exists()
+
+
+def _scored(model, slide, out):
+    from cyto.infer import ScoreOptions, score_slide
+
+    score_slide(slide.paths[0], model, out, ScoreOptions(mosaic=0, workers=0), echo=lambda _: None)
+    return out

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
@@ -72,6 +74,34 @@ def test_train_info_predict(tmp_path, synth_patches):
     assert set(table.column_names) >= {"path", "class", "score", "rank", "label"}
     assert sorted(table["rank"].to_pylist()) == list(range(1, table.num_rows + 1))
     assert table.schema.metadata[b"cyto.method"] == b"dsvdd"
+    # a Deep SVDD bundle ranks by its score fused with the nucleus-size score (--rank-by auto)
+    size = manifest["training_data"]["nucleus_size"]
+    assert size["log_sd"] > 0 and size["log_mean"] < 0
+    assert "ranked by model+nucleus" in pred.stdout and "the model alone: AUROC" in pred.stdout
+    assert table.schema.metadata[b"cyto.rank_by"] == b"model+nucleus"
+    fused = np.asarray(table["fused_score"])
+    assert np.all(np.diff(fused[np.argsort(table["rank"])]) <= 0)  # rank 1 = highest fused
+    model_rank = np.argsort(-np.asarray(table["score"]), kind="stable")
+    nucleus_rank = np.argsort(-np.asarray(table["nucleus_score"]), kind="stable")
+    assert fused[model_rank[0]] > 0.5 and fused[nucleus_rank[0]] > 0.5
+    # cyto eval scores measures the ranking the table's rank follows, unless told a column
+    said = {
+        col: json.loads(run_cyto("eval", "scores", str(scores), "--json", *opt).stdout)[0]
+        for col, opt in (("fused", ()), ("model", ("--score-column", "score")))
+    }
+    aurocs = re.search(r"AUROC ([0-9.]+), .*the model alone: AUROC ([0-9.]+)", pred.stdout)
+    assert said["fused"]["auroc"] == pytest.approx(float(aurocs.group(1)), abs=6e-4)
+    assert said["model"]["auroc"] == pytest.approx(float(aurocs.group(2)), abs=6e-4)
+    plain = run_cyto(
+        "predict", str(out), "--data", str(synth_patches), "--out", str(tmp_path / "m.pq"),
+        "--rank-by", "model",
+    )  # fmt: skip
+    assert plain.returncode == 0, plain.stderr
+    by_model = pq.read_table(tmp_path / "m.pq")
+    assert "fused_score" not in by_model.column_names and "ranked by" not in plain.stdout
+    assert by_model["rank"].to_pylist() == list(np.argsort(model_rank) + 1)
+    bad = run_cyto("predict", str(out), "--data", str(synth_patches), "--rank-by", "size")
+    assert bad.returncode != 0 and "--rank-by must be one of auto, model" in bad.stderr
 
     # another scanner's patches, where every cell looks 0.6x as large: --zoom auto finds the
     # factor from the nucleus sizes the bundle recorded for its training normals

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cyto.data.morphometry import NucleusSize
+from cyto.data.morphometry import NucleusSize, fused_score, resolve_rank_by
 from cyto.errors import ConfigError
 from tests.unit.test_scale import _cell
 
@@ -43,3 +43,28 @@ def test_a_score_needs_normals_that_vary():
         NucleusSize.fit(np.stack([_cell(80, 12)]))
     with pytest.raises(ConfigError, match="same size"):
         NucleusSize.fit(np.stack([_cell(80, 12)] * 5))
+
+
+def test_the_fused_score_is_the_mean_share_of_ranks_whatever_the_scales():
+    model = np.array([0.1, 5.0, 2.0, 3.0])  # ranks 1, 4, 2, 3
+    nucleus = np.array([900.0, 100.0, 800.0, 700.0])  # ranks 4, 1, 3, 2
+    fused = fused_score(model, nucleus)
+    assert fused.tolist() == pytest.approx([5 / 8, 5 / 8, 5 / 8, 5 / 8])
+    assert fused_score(model * 1e6, np.log(nucleus)).tolist() == fused.tolist()
+    assert fused_score(model).tolist() == pytest.approx([0.25, 1.0, 0.5, 0.75])
+    with pytest.raises(ValueError):
+        fused_score(model, nucleus[:3])
+
+
+def test_rank_by_auto_fuses_only_for_deep_svdd_bundles_that_record_the_size():
+    size = NucleusSize(-3.0, 0.4)
+    assert NucleusSize.from_record(size.as_record()) == size
+    assert NucleusSize.from_record(None) is None
+    assert resolve_rank_by("auto", "dsvdd", size) == "model+nucleus"
+    assert resolve_rank_by("auto", "dsvdd", None) == "model"  # a bundle from before
+    assert resolve_rank_by("auto", "fssil", size) == "model"
+    assert resolve_rank_by("model+nucleus", "droc", size) == "model+nucleus"
+    with pytest.raises(ConfigError, match="records no nucleus size"):
+        resolve_rank_by("model+nucleus", "dsvdd", None)
+    with pytest.raises(ConfigError, match="--rank-by must be one of"):
+        resolve_rank_by("nuclei", "dsvdd", size)

@@ -88,9 +88,13 @@ def eval_sweep_cmd(
 def eval_scores_cmd(
     table: Annotated[Path, typer.Argument(help="Score table (Parquet or CSV), one row per cell.")],
     k: Annotated[list[int] | None, typer.Option("--k", help="K (repeat for several).")] = None,
-    score_column: Annotated[str, typer.Option(help="Column with scores (higher = abnormal).")] = (
-        "score"
-    ),
+    score_column: Annotated[
+        str,
+        typer.Option(
+            help="Column with scores (higher = abnormal); auto: what cyto's rank follows "
+            "(fused_score where the model was ranked with the nucleus size, else score)."
+        ),
+    ] = "auto",
     label_column: Annotated[str, typer.Option(help="Column with 0/1 labels (1 = abnormal).")] = (
         "label"
     ),

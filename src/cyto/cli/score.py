@@ -11,6 +11,26 @@ import typer
 from cyto.cli._app import SkipVerify, app
 
 
+def check_rank_by(model: Path, rank_by: str) -> None:
+    """A --rank-by the bundle cannot take, refused before any slide (every cohort path)."""
+    from cyto.bundle import load_bundle
+    from cyto.data.morphometry import NucleusSize, resolve_rank_by
+
+    bundle = load_bundle(model, weights=False)
+    resolve_rank_by(rank_by, bundle.method, NucleusSize.from_record(bundle.spec.nucleus_size))
+
+
+RankBy = Annotated[
+    str,
+    typer.Option(
+        help="What orders the cells: model (its score), model+nucleus (the mean of each "
+        "cell's rank under the model and under the distance of its nucleus size from the "
+        "training normals'; chosen for Deep SVDD on later files: AUROC 0.812 -> 0.877), or "
+        "auto (model+nucleus for a Deep SVDD bundle that records the nucleus size, else model)."
+    ),
+]
+
+
 @app.command("predict")
 def predict_cmd(
     model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
@@ -52,6 +72,7 @@ def predict_cmd(
             "lists them (cyto.skipped)."
         ),
     ] = False,
+    rank_by: RankBy = "auto",
 ) -> None:
     """Score every patch of a folder or manifest with a bundle (PyTorch by default)."""
     from cyto.predict import predict
@@ -70,6 +91,7 @@ def predict_cmd(
         patch_mpp=patch_mpp,
         verify=not skip_verify,
         skip_unreadable=skip_unreadable,
+        rank_by=rank_by,
     )
     for path, why in res.get("skipped", [])[:5]:
         typer.echo(f"skipped unreadable {path}: {why}")
@@ -87,9 +109,13 @@ def predict_cmd(
             "(bone marrow by a blood model: AUROC 0.60 against 0.71). Prefer a model trained at "
             "this scale"
         )
+    if res["rank_by"] != "model":
+        typer.echo(f"ranked by {res['rank_by']} (the model's and the nucleus-size score's ranks)")
     line = f"scored {res['n']} patches -> {res['out']}"
     if "auroc" in res:
         line += f"; AUROC {res['auroc']:.3f}, Recall@{res['k']} {res['recall_at_k']:.3f}"
+        if "auroc_model" in res:
+            line += f" (the model alone: AUROC {res['auroc_model']:.3f})"
     typer.echo(line)
 
 
@@ -224,6 +250,7 @@ def score_cmd(
             "tiles by several engines at once (0: whole slides only).",
         ),
     ] = 256,
+    rank_by: RankBy = "auto",
 ) -> None:
     """Score every cell of each slide: scores.parquet, topk.parquet, mosaics and summary.json.
 
@@ -267,7 +294,9 @@ def score_cmd(
         triage_level=triage_level,
         fdr_confidence=fdr_confidence,
         verify=not skip_verify,
+        rank_by=rank_by,
     )
+    check_rank_by(model, rank_by)
     metrics = None
     if truth is not None:
         from cyto.eval.metrics import all_metrics as metrics

@@ -10,7 +10,14 @@ from cyto.errors import InputPathError
 from cyto.eval.metrics import MetricError, all_metrics
 
 
+def ranked_column(columns) -> str:
+    """The column a cyto table's ``rank`` follows: ``fused_score`` where cyto fused the model's
+    score with the nucleus-size score (``--rank-by``), else ``score``."""
+    return "fused_score" if "fused_score" in columns else "score"
+
+
 def read_score_table(path: Path, score_column: str, label_column: str):
+    """(scores, labels) of a table; ``score_column`` ``auto``: :func:`ranked_column`."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
@@ -22,6 +29,8 @@ def read_score_table(path: Path, score_column: str, label_column: str):
         table = pacsv.read_csv(path) if path.suffix.lower() == ".csv" else pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputPathError(f"cannot read {path} as Parquet or CSV: {exc}") from exc
+    if score_column == "auto":
+        score_column = ranked_column(table.column_names)
     for col in (score_column, label_column):
         if col not in table.column_names:
             raise MetricError(
@@ -33,7 +42,7 @@ def read_score_table(path: Path, score_column: str, label_column: str):
 
 
 def evaluate_table(
-    path: Path, k: list[int], score_column: str = "score", label_column: str = "label"
+    path: Path, k: list[int], score_column: str = "auto", label_column: str = "label"
 ) -> list[dict[str, float]]:
     scores, labels = read_score_table(path, score_column, label_column)
     return [all_metrics(scores, labels, kk) for kk in k]

@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 
+from cyto.data.morphometry import NucleusSize
 from cyto.infer.store import ChunkStore, schema
 from cyto.runtime import Scorer
 from cyto.runtime.lane import EngineLane
@@ -36,6 +37,8 @@ class CellBatcher:
         self.rows: list = []
         self.n_rows = 0
         self.write_s = 0.0
+        # the nucleus-size score of every cell, when the bundle records the training normals'
+        self.nucleus = NucleusSize.from_record(scorer.spec.nucleus_size)
 
     @property
     def engine_s(self) -> float:
@@ -70,13 +73,19 @@ class CellBatcher:
         tiles = np.concatenate([np.full(len(p["meta"]), p["tile"]) for p in self.pending])
         self.pending.clear()
         self.out_cells += len(meta)
-        for scores, tag in self.lane.submit(crops, (meta, tiles)):
+        nucleus = None
+        if self.nucleus is not None:
+            host = crops.cpu().numpy() if hasattr(crops, "cpu") else crops
+            nucleus = self.nucleus.score(host)
+        for scores, tag in self.lane.submit(crops, (meta, tiles, nucleus)):
             self._rows(scores, *tag)
 
-    def _rows(self, scores: np.ndarray, meta: np.ndarray, tiles: np.ndarray) -> None:
+    def _rows(self, scores: np.ndarray, meta: np.ndarray, tiles: np.ndarray, nucleus) -> None:
         import pyarrow as pa
 
         n = len(meta)
+        if nucleus is None:
+            nucleus = pa.nulls(n, pa.float64())
         self.out_cells -= n
         self.rows.append(
             pa.table(
@@ -88,6 +97,7 @@ class CellBatcher:
                     "nucleus_area": meta[:, 2],
                     "focal_plane_um": meta[:, 3],
                     "score": scores,
+                    "nucleus_score": nucleus,
                     "tile": tiles,
                 },
                 schema=schema(),

@@ -144,6 +144,27 @@ class _Run:
         self.resumed_cells: int = 0
 
 
+def rank_by(scorer: Scorer, opts) -> str:
+    """``opts.rank_by`` resolved for ``scorer``'s bundle (``model`` or ``model+nucleus``), or
+    the one-line error: called before a slide is scored, so a bad choice costs nothing."""
+    from cyto.data.morphometry import NucleusSize, resolve_rank_by
+
+    nucleus = NucleusSize.from_record(scorer.spec.nucleus_size)
+    return resolve_rank_by(opts.rank_by, scorer.bundle.method, nucleus)
+
+
+def _ranked_by(table, scores: np.ndarray, run: _Run) -> tuple[str, np.ndarray]:
+    """What orders the cells (:func:`rank_by`) and the values it ranks by: the model's scores,
+    or their fused score with the nucleus-size score."""
+    from cyto.data.morphometry import fused_score
+
+    how = rank_by(run.scorer, run.opts)
+    if how == "model" or not len(scores):
+        return how, scores
+    sizes = np.asarray(table["nucleus_score"].to_numpy(zero_copy_only=False), dtype=np.float64)
+    return how, fused_score(scores, sizes)
+
+
 def _finish(table, run: _Run) -> dict:
     """Rank the cells and write every output; returns the summary."""
     import pyarrow as pa
@@ -152,7 +173,10 @@ def _finish(table, run: _Run) -> dict:
     t_fin = time.perf_counter()
     n_cells = table.num_rows
     scores = np.asarray(table["score"], dtype=np.float64) if n_cells else np.empty(0)
-    order, rank = ranks(scores)
+    how, ranked = _ranked_by(table, scores, run)
+    if how == "model+nucleus":
+        table = table.append_column("fused_score", pa.array(ranked))
+    order, rank = ranks(ranked)
     table = table.append_column("rank", pa.array(rank))
     k = min(opts.top_k, n_cells)
     calibrated = _calibrated(scores, run)
@@ -165,7 +189,7 @@ def _finish(table, run: _Run) -> dict:
     if opts.truth is not None and n_cells:
         labels, truth_idx, planted = labels_from_truth(table, opts.truth, opts.truth_radius)
         table = table.append_column("label", pa.array(labels.astype(np.int8)))
-        truth = truth_report(scores, order, labels, truth_idx, planted, k, run.metrics)
+        truth = truth_report(ranked, order, labels, truth_idx, planted, k, run.metrics)
     meta = table_metadata(run.scorer, run.slide, run.identity, timings, opts.result_key())
     write_score_table(table, run.out_dir, meta)
     write_top_k(table, order, k, run.out_dir)
@@ -188,6 +212,7 @@ def _finish(table, run: _Run) -> dict:
             run.scorer.verification.as_json() if run.scorer.verification is not None else None
         ),
         "cells_scored": int(n_cells),
+        "rank_by": how,
         "slide_score_mean_top_k": float(scores[order[:k]].mean()) if k else None,
         "burden": burden,
         "resolution": run.res.as_json(),

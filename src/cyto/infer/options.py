@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cyto.bundle import PRECISIONS
+from cyto.data.morphometry import RANK_BY
 from cyto.detect import NucleusParams
 from cyto.errors import ConfigError
 from cyto.runtime.backends import CHOICES
@@ -52,6 +53,7 @@ class ScoreOptions:
     triage_level: float = TRIAGE_LEVEL  # level of the slide test "more high-scoring cells"
     fdr_confidence: float | None = None  # FDR for this calibration with this probability
     verify: bool = True  # check the graph on the bundle's golden cells here before scoring
+    rank_by: str = "auto"  # model | model+nucleus | auto (cyto.data.morphometry)
 
     def __post_init__(self) -> None:
         if self.patch_size < 16 or self.tile < self.patch_size or self.batch_size < 1:
@@ -66,6 +68,8 @@ class ScoreOptions:
             raise ConfigError(f"decode must be {' or '.join(DECODERS)}, got {self.decode!r}")
         if self.overlap not in OVERLAP:
             raise ConfigError(f"overlap must be one of {', '.join(OVERLAP)}, got {self.overlap!r}")
+        if self.rank_by not in RANK_BY:
+            raise ConfigError(f"rank_by must be one of {', '.join(RANK_BY)}, got {self.rank_by!r}")
         if self.top_k < 1 or self.mosaic < 0:
             raise ConfigError("top_k must be >= 1 and mosaic >= 0")
         if self.workers is not None and self.workers < 0:

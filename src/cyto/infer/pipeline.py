@@ -25,7 +25,7 @@ import numpy as np
 
 from cyto.errors import OutputWriteError
 from cyto.infer.batcher import CellBatcher
-from cyto.infer.finish import Metrics, finish_slide
+from cyto.infer.finish import Metrics, finish_slide, rank_by
 from cyto.infer.memory import trim_malloc
 from cyto.infer.options import ScoreOptions
 from cyto.infer.plan import SlidePlan, TileRun
@@ -55,6 +55,7 @@ def score_slide(
         if isinstance(model, Scorer)
         else load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
     )
+    rank_by(scorer, opts)  # a --rank-by this bundle cannot take fails before any work
     # the summary names the slide by its absolute path: a review opened elsewhere finds it
     slide, out_dir = Path(slide).absolute(), Path(out_dir)
     t_start = time.perf_counter()

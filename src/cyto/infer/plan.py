@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cyto.infer.options import STAGES, ScoreOptions
-from cyto.infer.store import slide_key
+from cyto.infer.store import schema, slide_key
 from cyto.infer.tiling import QUEUE_MIN, TileContext, max_cells_per_result, resolution, tile_jobs
 from cyto.runtime import Scorer
 from cyto.slides.grid import tissue_mask
@@ -96,6 +96,8 @@ class SlidePlan:
             "slide": slide_key(self.slide, self.planes),
             "options": {**opts.result_key(), "precision": scorer.precision},
             "tiles": jobs,
+            # chunks of another table layout (an older cyto) are not continued
+            "columns": schema().names,
         }
 
 

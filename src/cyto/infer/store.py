@@ -116,6 +116,8 @@ def schema():
             ("y", pa.float64()),
             ("nucleus_area", pa.float64()),
             ("score", pa.float64()),
+            # the nucleus-size score (cyto.data.morphometry); null when the bundle records none
+            ("nucleus_score", pa.float64()),
             ("focal_plane_um", pa.float64()),
             ("tile", pa.int64()),
         ]

@@ -13,7 +13,7 @@ import numpy as np
 
 from cyto.bundle import save_bundle
 from cyto.data.dataset import PatchDataset
-from cyto.errors import BundleError
+from cyto.errors import BundleError, ConfigError
 from cyto.train.calibration import normal_calibration
 from cyto.train.config import TrainConfig, resolve_config
 from cyto.train.data import TrainData
@@ -41,15 +41,23 @@ def checkpoint_dir(out: Path) -> Path:
 def training_nuclei(data: TrainData) -> dict[str, float | None]:
     """Median nucleus shares of the training normals (all cells when labels are withheld), whole
     patch and centre nucleus (:mod:`cyto.data.scale`), recorded so another folder's cells can be
-    zoomed to the training scale and a slide's cells checked against it."""
+    zoomed to the training scale and a slide's cells checked against it; and the mean and spread
+    of their log centre shares, the nucleus-size score (:mod:`cyto.data.morphometry`)."""
+    from cyto.data.morphometry import NucleusSize
     from cyto.data.scale import centre_nucleus_fraction, nucleus_fraction
 
     images = data.images if data.labels is None else data.images[np.asarray(data.labels) == 0]
     if not len(images):
-        return {"nucleus_fraction": None, "centre_nucleus_fraction": None}
+        return {"nucleus_fraction": None, "centre_nucleus_fraction": None, "nucleus_size": None}
+    centre = centre_nucleus_fraction(images)
+    try:  # the nucleus-size score ranked beside the model (cyto.data.morphometry)
+        size = NucleusSize.from_shares(centre).as_record()
+    except ConfigError:
+        size = None
     return {
         "nucleus_fraction": round(float(np.median(nucleus_fraction(images))), 5),
-        "centre_nucleus_fraction": round(float(np.median(centre_nucleus_fraction(images))), 5),
+        "centre_nucleus_fraction": round(float(np.median(centre)), 5),
+        "nucleus_size": size,
     }
 
 
