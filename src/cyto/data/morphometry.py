@@ -99,6 +99,14 @@ def fused_score(*scores: np.ndarray) -> np.ndarray:
     return np.mean([rankdata(s) / n for s in scores], axis=0)
 
 
+def scorer_rank_by(scorer, rank_by: str) -> tuple[str, NucleusSize | None]:
+    """``rank_by`` resolved for a loaded scorer's bundle (:func:`resolve_rank_by`), and the
+    nucleus-size score to compute per cell (None when the ranking does not use it)."""
+    nucleus = NucleusSize.from_record(scorer.spec.nucleus_size)
+    how = resolve_rank_by(rank_by, scorer.bundle.method, nucleus)
+    return how, nucleus if how == "model+nucleus" else None
+
+
 def resolve_rank_by(rank_by: str, method: str, nucleus: NucleusSize | None) -> str:
     """``model`` or ``model+nucleus`` for ``--rank-by``: ``auto`` fuses for the methods in
     :data:`FUSED_METHODS` whose bundle records the nucleus size; an explicit

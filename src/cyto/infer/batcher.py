@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from cyto.data.morphometry import NucleusSize
+from cyto.data.morphometry import scorer_rank_by
 from cyto.infer.store import ChunkStore, schema
 from cyto.runtime import Scorer
 from cyto.runtime.lane import EngineLane
@@ -37,8 +37,8 @@ class CellBatcher:
         self.rows: list = []
         self.n_rows = 0
         self.write_s = 0.0
-        # the nucleus-size score of every cell, when the bundle records the training normals'
-        self.nucleus = NucleusSize.from_record(scorer.spec.nucleus_size)
+        # the nucleus-size score of every cell, when the cells are ranked with it (--rank-by)
+        self.nucleus = scorer_rank_by(scorer, opts.rank_by)[1]
 
     @property
     def engine_s(self) -> float:

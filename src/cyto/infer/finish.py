@@ -147,10 +147,9 @@ class _Run:
 def rank_by(scorer: Scorer, opts) -> str:
     """``opts.rank_by`` resolved for ``scorer``'s bundle (``model`` or ``model+nucleus``), or
     the one-line error: called before a slide is scored, so a bad choice costs nothing."""
-    from cyto.data.morphometry import NucleusSize, resolve_rank_by
+    from cyto.data.morphometry import scorer_rank_by
 
-    nucleus = NucleusSize.from_record(scorer.spec.nucleus_size)
-    return resolve_rank_by(opts.rank_by, scorer.bundle.method, nucleus)
+    return scorer_rank_by(scorer, opts.rank_by)[0]
 
 
 def _ranked_by(table, scores: np.ndarray, run: _Run) -> tuple[str, np.ndarray]:

@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from cyto.data.morphometry import scorer_rank_by
 from cyto.infer.options import STAGES, ScoreOptions
 from cyto.infer.store import schema, slide_key
 from cyto.infer.tiling import QUEUE_MIN, TileContext, max_cells_per_result, resolution, tile_jobs
@@ -96,8 +97,10 @@ class SlidePlan:
             "slide": slide_key(self.slide, self.planes),
             "options": {**opts.result_key(), "precision": scorer.precision},
             "tiles": jobs,
-            # chunks of another table layout (an older cyto) are not continued
+            # chunks of another table layout (an older cyto), or without the nucleus-size
+            # scores this ranking needs, are not continued
             "columns": schema().names,
+            "rank_by": scorer_rank_by(scorer, opts.rank_by)[0],
         }
 
 
