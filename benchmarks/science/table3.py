@@ -102,20 +102,27 @@ def main() -> None:
     recall = per_seed(
         {k: [Path(p) for p in v.split(",")] for k, v in synth_seeds.items()}, "recall_at_k"
     )
-    real_rows, real_commands = [], []
+    real_rows, real_commands, seen = [], [], set()
     for path in args.real:
         got = json.loads(path.read_text())
-        real_rows += got["results"]
+        # a method and seed in two runs (a baseline re-run beside a candidate) counts once
+        fresh = [r for r in got["results"] if (r["method"], r["seed"]) not in seen]
+        seen |= {(r["method"], r["seed"]) for r in fresh}
+        real_rows += fresh
         real_commands.append(f"`{got['meta']['command']}`")
+    # the paper's methods, then rankings only we have (e.g. dsvdd+nucleus): no paper column
+    methods = list(dict.fromkeys([*COLUMNS.values(), *(r["method"] for r in real_rows)]))
     real_meta = {"command": "; ".join(real_commands) or "-"}
 
     rows = []
     for wr in WRS:
         n_abn = paper_test[wr]
         chance_tp = PAPER_K * n_abn / (PAPER_TEST_NORMALS + n_abn)
-        for method in dict.fromkeys(COLUMNS.values()):
-            row = {"wr": wr, "method": method, "paper_tp": paper[(method, wr)]}
-            row["paper_x"] = round(row["paper_tp"] / chance_tp, 2)
+        for method in methods:
+            row = {"wr": wr, "method": method}
+            if (method, wr) in paper:
+                row["paper_tp"] = paper[(method, wr)]
+                row["paper_x"] = round(row["paper_tp"] / chance_tp, 2)
             synth_tp = list(tp.get((method, wr), {}).values())
             synth_recall = list(recall.get((method, wr), {}).values())
             if synth_tp:
@@ -150,7 +157,6 @@ def main() -> None:
             return f"{v:.1f}x"
         return f"{statistics.mean(v):.1f}x" + ("†" if len(v) == 1 and key == "synth_x" else "")
 
-    methods = list(dict.fromkeys(COLUMNS.values()))
     lines = [
         "# The paper's Table 3 beside ours, in multiples of chance",
         "",

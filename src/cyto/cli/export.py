@@ -61,6 +61,19 @@ def info_cmd(
         f"in {m.get('training_seconds')} s on {m.get('device')}"
     )
     typer.echo(f"  epochs {cfg.get('epochs')}, batch {cfg.get('batch_size')}, lr {cfg.get('lr')}")
+    size = td.get("nucleus_size")
+    if size:
+        from cyto.data.morphometry import FUSED_METHODS
+
+        how = (
+            "ranked with it by default"
+            if m["method"] in FUSED_METHODS
+            else "--rank-by model+nucleus ranks with it"
+        )
+        typer.echo(
+            f"  nucleus size of the training normals: log centre share {size['log_mean']:.3f} "
+            f"+- {size['log_sd']:.3f}; {how}"
+        )
     if m.get("bag_check"):
         typer.echo(f"  {m['bag_check']['message']}")
     ref = m.get("refined_from")

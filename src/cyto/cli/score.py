@@ -25,7 +25,7 @@ RankBy = Annotated[
     typer.Option(
         help="What orders the cells: model (its score), model+nucleus (the mean of each "
         "cell's rank under the model and under the distance of its nucleus size from the "
-        "training normals'; chosen for Deep SVDD on later files: AUROC 0.812 -> 0.877), or "
+        "training normals'; for Deep SVDD on later bone-marrow files: AUROC 0.774 -> 0.843), or "
         "auto (model+nucleus for a Deep SVDD bundle that records the nucleus size, else model)."
     ),
 ]
