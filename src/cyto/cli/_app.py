@@ -103,3 +103,13 @@ review_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(review_app, name="review")
+
+RankBy = Annotated[
+    str,
+    typer.Option(
+        help="What orders the cells: model (its score), model+nucleus (the mean of each "
+        "cell's rank under the model and under the distance of its nucleus size from the "
+        "training normals'; for Deep SVDD on later bone-marrow files: AUROC 0.774 -> 0.843), or "
+        "auto (model+nucleus for a Deep SVDD bundle that records the nucleus size, else model)."
+    ),
+]

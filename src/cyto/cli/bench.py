@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import ResultsOpt, _csv, _ints, bench_app
+from cyto.cli._app import RankBy, ResultsOpt, _csv, _ints, bench_app
 from cyto.errors import ConfigError
 
 
@@ -178,6 +178,7 @@ def bench_slide_cmd(
         Path | None, typer.Option(help="Where the score outputs go (default: a temp folder).")
     ] = None,
     results: ResultsOpt = Path("bench-results"),
+    rank_by: RankBy = "auto",
 ) -> None:
     """End-to-end scoring of one slide: stages, pipeline efficiency, naive baseline."""
     import tempfile
@@ -202,6 +203,7 @@ def bench_slide_cmd(
         decode=decode,
         overlap=overlap,
         detection=replace(NucleusParams(), detector=detector),
+        rank_by=rank_by,
     )
     with tempfile.TemporaryDirectory() as tmp:
         row = bench_slide(slide, model, work or Path(tmp) / "out", opts, naive_cells, typer.echo)
