@@ -40,15 +40,14 @@ def predict(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from cyto.data.morphometry import NucleusSize, fused_score, resolve_rank_by
+    from cyto.data.morphometry import RANK_BY, fused_score, resolve_rank_by, scorer_rank_by
     from cyto.runtime import load_scorer
 
-    if rank_by not in ("auto", "model", "model+nucleus"):
+    if rank_by not in RANK_BY:
         resolve_rank_by(rank_by, "", None)  # the one-line error, before the model loads
     scorer = load_scorer(model, backend, device, precision, verify=verify)
     spec = scorer.spec
-    nucleus = NucleusSize.from_record(spec.nucleus_size)
-    rank_by = resolve_rank_by(rank_by, scorer.bundle.method, nucleus)
+    rank_by, nucleus = scorer_rank_by(scorer, rank_by)
     size = scorer.bundle.manifest["config"].get("load_size")
     zooming = zoom is not None or patch_mpp is not None
     load = None if zooming else size  # a zoom cuts the native image, then resizes
@@ -98,8 +97,7 @@ def predict(
         "score": scores,
     }
     ranked = scores
-    if rank_by == "model+nucleus":
-        assert nucleus is not None  # resolve_rank_by saw to it
+    if nucleus is not None:  # ranked by model+nucleus
         cols["nucleus_score"] = nucleus.score(images)
         ranked = cols["fused_score"] = fused_score(scores, cols["nucleus_score"])
     order = np.argsort(-ranked, kind="stable")
