@@ -34,9 +34,9 @@ FUSED_METHODS = ("dsvdd",)
 RANK_BY = ("auto", "model", "model+nucleus")
 
 
-def log_share(images: np.ndarray) -> np.ndarray:
-    """(N,) log of each uint8 patch's centre-nucleus share (plus :data:`SHARE_FLOOR`)."""
-    return np.log(centre_nucleus_fraction(images) + SHARE_FLOOR)
+def log_share(shares: np.ndarray) -> np.ndarray:
+    """(N,) log of centre-nucleus shares (plus :data:`SHARE_FLOOR`): what the score compares."""
+    return np.log(np.asarray(shares, dtype=np.float64) + SHARE_FLOOR)
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class NucleusSize:
         """:meth:`fit` from the normals' centre-nucleus shares already measured."""
         if len(shares) < 2:
             raise ConfigError(f"a nucleus-size score needs >= 2 normal cells, got {len(shares)}")
-        values = np.log(np.asarray(shares, dtype=np.float64) + SHARE_FLOOR)
+        values = log_share(shares)
         sd = float(values.std())
         if not sd > 0:
             raise ConfigError(
@@ -71,9 +71,7 @@ class NucleusSize:
 
     def score_shares(self, shares: np.ndarray) -> np.ndarray:
         """:meth:`score` from centre-nucleus shares already measured."""
-        return np.abs(np.log(np.asarray(shares, dtype=np.float64) + SHARE_FLOOR) - self.mean) / (
-            self.sd
-        )
+        return np.abs(log_share(shares) - self.mean) / self.sd
 
     def as_record(self) -> dict[str, float]:
         """What a bundle's manifest keeps (``training_data.nucleus_size``)."""
