@@ -62,15 +62,18 @@ def test_score_end_to_end(model, slide, tmp_path):
     n = table.num_rows
     assert abs(n - slide.n_cells) <= 0.25 * slide.n_cells  # about one detection per cell
     assert sorted(table["rank"].to_pylist()) == list(range(1, n + 1))
-    scores = np.asarray(table["score"])
-    best = scores[np.asarray(table["rank"]) == 1][0]
-    assert best == scores.max()
+    # a Deep SVDD bundle that records its training nuclei ranks by the model fused with the
+    # nucleus size (the default, --rank-by auto); the model's own score stays beside it
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["rank_by"] == "model+nucleus"
+    ranked = np.asarray(table["fused_score"])
+    assert ranked[np.asarray(table["rank"]) == 1][0] == ranked.max()
+    assert np.isfinite(np.asarray(table["score"])).all()
     meta = table.schema.metadata
     assert meta[b"cyto.method"] == b"dsvdd" and meta[b"cyto.backend"] == b"onnx"
     assert len(meta[b"cyto.slide_identity"]) == 64
     top = pq.read_table(folder / "topk.parquet")
     assert top.num_rows == 20 and top["rank"].to_pylist() == list(range(1, 21))
-    summary = json.loads((folder / "summary.json").read_text())
     assert summary["cells_scored"] == n and summary["cells_per_s"] > 0
     assert set(summary["timings_s"]) == {
         "mask",
@@ -372,7 +375,7 @@ def test_the_scoring_loop_trims_malloc_as_it_goes(model, slide, tmp_path, monkey
 
 
 def test_a_deep_svdd_bundle_ranks_cells_by_its_score_fused_with_the_nucleus_size(
-    tmp_path, synth_patches, slide, model
+    tmp_path, synth_patches, slide, exported_bundles
 ):
     """`cyto train` records the training normals' nucleus size; `cyto score` then scores every
     cell's nucleus size too and, by default, ranks by the mean of the two ranks (the order
@@ -413,6 +416,7 @@ def test_a_deep_svdd_bundle_ranks_cells_by_its_score_fused_with_the_nucleus_size
     assert top["cell_id"].to_pylist() == np.asarray(fused["cell_id"])[order][:400].tolist()
 
     # a bundle that records no nucleus size (as before): no nucleus scores, ranked by the model
+    model = exported_bundles["dsvdd"]
     table = pq.read_table(_scored(model, slide, tmp_path / "old") / "scores.parquet")
     assert table["nucleus_score"].null_count == table.num_rows
     assert "fused_score" not in table.column_names
