@@ -80,6 +80,7 @@ def test_score_end_to_end(model, slide, tmp_path):
         "read",
         "detect",
         "crop",
+        "nucleus",
         "engine",
         "write",
         "wait",
@@ -315,11 +316,12 @@ def test_real_slides_score_with_cell_sized_detection(real_slides_scored):
 def test_peak_memory_does_not_grow_with_slide_size(model, tmp_path):
     """Scoring a 4x larger slide keeps the same peak RSS (main process and workers), within a
     margin for allocator noise: tiles stream through a bounded queue, rows go to disk in chunks."""
-    peaks = {}
+    peaks, slides = {}, {}
     for name, height in (("short", 1024), ("tall", 4096)):
         res = write_slide(
             tmp_path / f"{name}.tif", SlideSynthConfig(width=1024, height=height, seed=6)
         )
+        slides[name] = res
         proc = score_cli(
             res.paths[0], model, tmp_path / "o", "--workers", "1", "--mosaic", "0", process=True
         )
@@ -329,6 +331,16 @@ def test_peak_memory_does_not_grow_with_slide_size(model, tmp_path):
     assert peaks["tall"][2] > 3 * peaks["short"][2]
     assert peaks["tall"][0] - peaks["short"][0] < 60, peaks
     assert peaks["tall"][1] - peaks["short"][1] < 60, peaks
+    # the nucleus sizes of the fused ranking are measured in the worker, where the crops are
+    # cut, and equal those of a run without workers
+    s = json.loads((tmp_path / "o" / "short" / "summary.json").read_text())
+    assert s["rank_by"] == "model+nucleus" and s["timings_s"]["nucleus"] > 0
+    here = _scored(model, slides["short"], tmp_path / "here")
+    for column in ("nucleus_score", "fused_score", "rank"):
+        np.testing.assert_array_equal(
+            pq.read_table(tmp_path / "o" / "short" / "scores.parquet")[column],
+            pq.read_table(here / "scores.parquet")[column],
+        )
 
 
 def test_score_says_when_the_cells_are_at_another_scale(tmp_path, synth_patches):

@@ -1,7 +1,8 @@
 """``cyto bench slide``: end-to-end scoring of one slide, per stage, against a naive baseline.
 
 1. cyto's pipeline (:func:`cyto.infer.score_slide`): cells/s end to end, the time of each
-   stage (mask, read/decode, detect, crop, engine, write, finish), and pipeline efficiency =
+   stage (mask, read/decode, detect, crop, nucleus (the nucleus-size
+   ranking's shares), engine, write, finish), and pipeline efficiency =
    end-to-end cells/s / engine-only cells/s, both from this run.
 2. A naive baseline in the same run, the way peers' scripts work: one ``read_region`` per nucleus,
    PyTorch eager fp32, a Python loop. It scores a random sample of the same cells (their centres

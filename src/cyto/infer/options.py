@@ -16,7 +16,7 @@ from cyto.stats.calibrate import FDR_ALPHA, TRIAGE_LEVEL
 DECODERS = ("cpu", "torch")
 OVERLAP = ("auto", "on", "off")
 
-STAGES = ("mask", "read", "detect", "crop", "engine", "write", "wait", "finish")
+STAGES = ("mask", "read", "detect", "crop", "nucleus", "engine", "write", "wait", "finish")
 
 
 def default_workers() -> int:

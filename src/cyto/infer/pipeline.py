@@ -123,7 +123,7 @@ def score_tiles(plan: SlidePlan, jobs: list, store: ChunkStore, scorer, opts, ec
                 position += tile["final"]
                 if crowd is None:
                     first_xy.append(tile["meta"][:, :2])
-                    shares.append(_nucleus_shares(tile["crops"], scorer))
+                    shares.append(_nucleus_shares(tile, scorer))
                     crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo)
                     if crowd is not None:
                         out.scale = _check_scale(shares, plan, scorer, opts, echo)
@@ -201,13 +201,17 @@ def _check_crowding(
     return report
 
 
-def _nucleus_shares(crops, scorer) -> np.ndarray:
-    """The centre nucleus share of each crop (host arrays, or tensors on the decode device);
-    nothing when the bundle records no training share to compare them with."""
+def _nucleus_shares(tile: dict, scorer) -> np.ndarray:
+    """The centre nucleus share of each of a tile result's crops (host arrays, or tensors on the
+    decode device): as the worker measured them for the nucleus-size ranking, else measured
+    here; nothing when the bundle records no training share to compare them with."""
     from cyto.data.scale import centre_nucleus_fraction
 
+    crops = tile["crops"]
     if not len(crops) or scorer.spec.centre_nucleus_fraction is None:
         return np.empty(0)
+    if tile.get("shares") is not None:
+        return tile["shares"]
     if hasattr(crops, "cpu"):
         crops = crops.cpu().numpy()
     return centre_nucleus_fraction(crops)

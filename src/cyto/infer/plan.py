@@ -69,6 +69,8 @@ class SlidePlan:
             detection=opts.detection.at(slide_mpp),  # nuclei have a physical size
             max_cells=opts.max_cells
             or max_cells_per_result(scorer.spec.crop_size, len(planes) + 1, self.queue),
+            # every cell's nucleus size, where the ranking uses it
+            nucleus_shares=scorer_rank_by(scorer, opts.rank_by)[1] is not None,
         )
         self.decode = "CPU readers"
         if opts.decode == "torch":

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cyto.data.images import resize_rgb
+from cyto.data.scale import centre_nucleus_fraction
 from cyto.detect import NucleusParams, detect_in_tile, in_core, read_nuclei_file
 from cyto.errors import CytoError, UnsupportedSlideError
 from cyto.infer.memory import peak_rss_mb
@@ -139,6 +140,9 @@ class TileContext:
     decode: str = "cpu"  # torch: the main plane's JPEG tiles decoded by torchvision
     decode_device: str = "cpu"  # where: on cuda, detection and crops stay on the device too
     keep_on_device: bool = False  # device crops go to the engine as tensors (main process only)
+    #: measure each crop's centre-nucleus share where it is cut (:mod:`cyto.data.scale`), for the
+    #: nucleus-size ranking: in the workers, beside the reading, not in the engine's process
+    nucleus_shares: bool = False
 
 
 _CTX: TileContext | None = None
@@ -246,6 +250,11 @@ def run_tile(job: Job) -> dict:
             chosen = np.stack([resize_rgb(c, ctx.out_size) for c in chosen])
         crops = np.ascontiguousarray(chosen)
     t3 = time.perf_counter()
+    shares = None
+    if ctx.nucleus_shares:
+        host = crops if isinstance(crops, np.ndarray) else crops.cpu().numpy()
+        shares = centre_nucleus_fraction(host) if len(host) else np.empty(0)
+    t4 = time.perf_counter()
     meta = np.column_stack([found[:, :2], found[:, 2], np.asarray(ctx.plane_z)[plane]])
     return {
         "tile": t_index,
@@ -254,8 +263,9 @@ def run_tile(job: Job) -> dict:
         "part": part,
         "rest": rest,
         "crops": crops,
+        "shares": shares,  # each crop's centre-nucleus share, or None when not asked for
         "meta": meta.reshape(-1, 4),
-        "times": {"read": t1 - t0, "detect": t2 - t1, "crop": t3 - t2},
+        "times": {"read": t1 - t0, "detect": t2 - t1, "crop": t3 - t2, "nucleus": t4 - t3},
         "rss_mb": peak_rss_mb(),
     }
 
