@@ -151,6 +151,51 @@ def test_a_swapped_int8_graph_is_refused_when_asked_and_passed_over_by_auto(
     assert "chose onnx on cpu" in notes
 
 
+def test_a_cpu_int8_form_that_fails_here_gives_way_to_the_other_form(
+    bundle, exported_bundles, synth_patches, tmp_path, monkeypatch
+):
+    """The CPU's flags pick the int8 form (VNNI: 8-bit weights), but verification judges: when
+    that form fails here (an emulator reports the host's VNNI while running AVX2 kernels) and the
+    bundle has the other form, which passes, `--precision int8` scores with it and says so."""
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal", limit=48)
+    held = load_cells(synth_patches, size, normal="normal")
+    export_variant(bundle, "int8-cpu7", calib, held, echo=lambda m: None)  # holds on any x86
+    # an 8-bit form under its name that does not reproduce the golden cells here
+    dark = tmp_path / "dark" / "normal"
+    dark.mkdir(parents=True)
+    from PIL import Image
+
+    for i in range(16):
+        Image.new("RGB", (40, 40), (i % 3, 0, 0)).save(dark / f"b{i}.png")
+    other = tmp_path / "o.cyto"
+    shutil.copytree(exported_bundles["dsvdd"], other)
+    export_variant(
+        other, "int8-cpu7", load_cells(dark.parent, size), held, "minmax", accept_loss=True,
+        echo=lambda m: None,
+    )  # fmt: skip
+    variants = verify_bundle(bundle)["onnx_variants"]
+    entry = {**variants["int8-cpu7"], "file": "encoder-int8-cpu.onnx"}  # its gate passed
+    add_files(
+        bundle,
+        {"encoder-int8-cpu.onnx": other / "encoder-int8-cpu7.onnx"},
+        {"onnx_variants": {**variants, "int8-cpu": entry}},
+    )
+    vnni = machine.CpuInfo("Intel Xeon", "x86_64", ("avx2", "avx512f", "avx512_vnni"))
+    monkeypatch.setattr(machine, "cpu_info", lambda: vnni)
+    spec = load_bundle(bundle, weights=False).spec
+    assert machine.graph_for(spec, "int8", "cpu").file == "encoder-int8-cpu.onnx"
+    s = load_scorer(bundle, "onnx", "cpu", "int8")
+    assert s.backend.graph.file == "encoder-int8-cpu7.onnx" and s.verification.passed
+    notes = " | ".join(s.notes)
+    assert "failed verification, not used" in notes and "encoder-int8-cpu.onnx" in notes
+    assert "encoder-int8-cpu7.onnx, the bundle's other CPU int8 form, passed" in notes
+    s.close()
+    auto = load_scorer(bundle, "auto", "cpu", "auto")  # int8 still, not fp32
+    assert auto.precision == "int8" and auto.backend.graph.file == "encoder-int8-cpu7.onnx"
+    auto.close()
+
+
 def test_score_refuses_before_any_output_and_records_the_override(bundle, tmp_path):
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
 

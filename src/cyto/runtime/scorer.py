@@ -123,15 +123,22 @@ def _has_onnxruntime() -> bool:
 
 
 def make_backend(
-    name: str, bundle: Bundle, device: str, precision: str = "fp32", threads: int | None = None
+    name: str,
+    bundle: Bundle,
+    device: str,
+    precision: str = "fp32",
+    threads: int | None = None,
+    graph=None,
 ) -> Backend:
-    """The backend ``name`` for ``bundle`` on a resolved ``device`` (no head, no fallback)."""
+    """The backend ``name`` for ``bundle`` on a resolved ``device`` (no head, no fallback);
+    ``graph``: for ONNX Runtime on the CPU, another form of ``precision`` than this CPU's
+    default (:func:`other_cpu_int8`)."""
     if name in ("trt", "onnx-trt") and device == "cpu":
         raise ConfigError(f"the {name} backend runs on CUDA only: use --device cuda")
     if name == "onnx":
         from cyto.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(bundle, device, precision, threads)
+        return OnnxRuntimeBackend(bundle, device, precision, threads, graph=graph)
     if name == "onnx-trt":
         from cyto.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
@@ -239,9 +246,13 @@ def load_scorer(
     failures: list[str] = []
     for p in precisions:
         names = backend_candidates(bundle, device, p, notes) if backend == "auto" else [backend]
-        for name in names:
+        # (backend, graph): None is the graph this machine's default; a CPU int8 form that fails
+        # verification here is followed by the bundle's other CPU int8 form
+        attempts = [(name, None) for name in names]
+        while attempts:
+            name, form = attempts.pop(0)
             try:
-                chosen = make_backend(name, bundle, device, p, threads)
+                chosen = make_backend(name, bundle, device, p, threads, graph=form)
             except CytoError as exc:
                 if backend != "auto":
                     raise
@@ -255,7 +266,7 @@ def load_scorer(
                 return scorer
             check = verify_scorer(scorer, golden)
             scorer.verification = check
-            graph = graph_for(bundle.spec, p, device)
+            graph = form or graph_for(bundle.spec, p, device)
             accepted = graph is not None and not graph.parity_passed and precision != "auto"
             if check.status != "failed" or accepted:
                 if accepted and check.status == "failed":
@@ -265,6 +276,12 @@ def load_scorer(
                     )
                 elif check.status != "passed":
                     notes.append(f"not verified here: {check.why}")
+                if form is not None:
+                    notes.append(
+                        f"{form.file}, the bundle's other CPU int8 form, "
+                        + ("passed verification here" if check.passed else "runs here")
+                        + " and scores instead"
+                    )
                 if backend == "auto" or precision == "auto":
                     notes.append(
                         f"chose {scorer.describe()}: the fastest choice that "
@@ -275,6 +292,9 @@ def load_scorer(
             words = f"{name} {p} ({scorer_artifact(chosen)}) on {device}: {check.words()}"
             failures.append(words)
             notes.append(f"failed verification, not used: {words}")
+            other = other_cpu_int8(bundle.spec, chosen, device, p) if form is None else None
+            if other is not None:
+                attempts.insert(0, (name, other))
     if failures:
         raise VerificationError(
             f"{bundle.path}: nothing here reproduces the bundle's golden cells; "
@@ -295,6 +315,26 @@ def load_scorer(
             + (f" ({'; '.join(notes)})" if notes else "")
         )
     raise ConfigError(f"no backend here can score {bundle.path} on {device}: {'; '.join(notes)}")
+
+
+def other_cpu_int8(spec, chosen: Backend, device: str, precision: str):
+    """The bundle's other ONNX Runtime CPU int8 form than the one ``chosen`` ran, or None.
+
+    The form follows the CPU's flags (8-bit weights with VNNI or AMX, 7-bit elsewhere), but the
+    flags are what the kernel reports, not what ONNX Runtime's kernels do: under an emulator
+    (``qemu-x86_64 -cpu Haswell`` reports the host's VNNI while its kernels are AVX2's, and the
+    8-bit form failed verification at Spearman 0.945) or on another architecture, the other
+    form may be the one that holds here, and it is still int8."""
+    from cyto.bundle import CPU_INT8_FORMS
+
+    graph = getattr(chosen, "graph", None)
+    if device != "cpu" or precision != "int8" or graph is None:
+        return None
+    keys = [k for k, g in spec.graphs.items() if g.file == graph.file]
+    if not keys or keys[0] not in CPU_INT8_FORMS:
+        return None
+    other = next(k for k in CPU_INT8_FORMS if k != keys[0])
+    return spec.graphs.get(other)
 
 
 def scorer_artifact(backend: Backend) -> str:

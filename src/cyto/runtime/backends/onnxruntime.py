@@ -150,9 +150,12 @@ class OnnxRuntimeBackend:
         precision: str = "fp32",
         threads: int | None = None,
         provider: str = "cuda",
+        graph: GraphSpec | None = None,
     ) -> None:
         ort = require_onnxruntime()
-        graph = graph_for(bundle.spec, precision, device)
+        # ``graph``: another of the bundle's forms of ``precision`` than this machine's default
+        # (the other CPU int8 form, when the default failed verification here)
+        graph = graph or graph_for(bundle.spec, precision, device)
         if graph is None:
             raise BundleError(_no_graph(bundle, precision))
         self.graph: GraphSpec = graph
