@@ -70,22 +70,29 @@ def progress(description: str, total: float | None, unit: str = "items") -> Iter
     start = last = time.perf_counter()
     state = {"done": 0.0, "postfix": ""}
 
+    def line(now: float) -> None:
+        rate = state["done"] / max(now - start, 1e-9)
+        of = f"/{total:g}" if total is not None else ""
+        eta = ""
+        if total is not None and rate > 0:
+            eta = f", eta {max(total - state['done'], 0) / rate:,.0f} s"
+        print(
+            f"{description}: {state['done']:g}{of} {unit} ({rate:,.1f} {unit}/s{eta})"
+            f" {state['postfix']}".rstrip(),
+            file=sys.stderr,
+            flush=True,
+        )
+
     def adv_plain(n: float) -> None:
         nonlocal last
         state["done"] += n
         now = time.perf_counter()
-        if now - last >= 10 or (total is not None and state["done"] >= total):
+        if now - last >= 10:
             last = now
-            rate = state["done"] / max(now - start, 1e-9)
-            of = f"/{total:g}" if total is not None else ""
-            eta = ""
-            if total is not None and rate > 0:
-                eta = f", eta {max(total - state['done'], 0) / rate:,.0f} s"
-            print(
-                f"{description}: {state['done']:g}{of} {unit} ({rate:,.1f} {unit}/s{eta})"
-                f" {state['postfix']}".rstrip(),
-                file=sys.stderr,
-                flush=True,
-            )
+            line(now)
 
     yield _Bar(adv_plain, lambda t: state.update(postfix=t))
+    # the last line when the work ends, with what was said after the last step (the cells of a
+    # slide's last tiles are counted once they are scored)
+    if state["done"] or state["postfix"]:
+        line(time.perf_counter())

@@ -135,6 +135,8 @@ def score_tiles(plan: SlidePlan, jobs: list, store: ChunkStore, scorer, opts, ec
                 rate = (cells.n_cells - n_done) / max(time.perf_counter() - t_loop, 1e-9)
                 bar.set_postfix(f"{cells.n_cells} cells, {rate:.0f} cells/s")
             cells.flush(position)
+            rate = (cells.n_cells - n_done) / max(time.perf_counter() - t_loop, 1e-9)
+            bar.set_postfix(f"{cells.n_cells} cells, {rate:.0f} cells/s")
             if crowd is None:
                 crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo, last=True)
                 out.scale = _check_scale(shares, plan, scorer, opts, echo)
