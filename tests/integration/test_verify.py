@@ -119,16 +119,9 @@ def test_reference_scores_this_machine_does_not_reproduce_are_refused_by_name(bu
     assert json.loads(meta[b"cyto.verification"])["status"] == "skipped"
 
 
-def test_a_swapped_int8_graph_is_refused_when_asked_and_passed_over_by_auto(
-    bundle, exported_bundles, synth_patches, tmp_path
-):
-    size = load_bundle(bundle, weights=False).spec.crop_size
-    calib = load_cells(synth_patches, size, classes="normal", limit=48)
-    held = load_cells(synth_patches, size, normal="normal")
-    export_variant(bundle, "int8-cpu7", calib, held, echo=lambda m: None)
-    assert load_scorer(bundle, "onnx", "cpu", "int8").verification.passed
-    # another int8 graph under this one's name (its ranges calibrated on black squares) and
-    # sealed again: what a wrong copy or export would leave
+def _wrong_int8(exported_bundles, size, held, tmp_path):
+    """An int8 graph of another model, its ranges calibrated on black squares: one that does
+    not reproduce a bundle's golden cells."""
     from PIL import Image
 
     black = tmp_path / "black" / "normal"
@@ -139,7 +132,21 @@ def test_a_swapped_int8_graph_is_refused_when_asked_and_passed_over_by_auto(
     shutil.copytree(exported_bundles["dsvdd"], other)
     dark = load_cells(black.parent, size)
     export_variant(other, "int8-cpu7", dark, held, "minmax", accept_loss=True, echo=print)
-    add_files(bundle, {"encoder-int8-cpu7.onnx": other / "encoder-int8-cpu7.onnx"})
+    return other / "encoder-int8-cpu7.onnx"
+
+
+def test_a_swapped_int8_graph_is_refused_when_asked_and_passed_over_by_auto(
+    bundle, exported_bundles, synth_patches, tmp_path
+):
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal", limit=48)
+    held = load_cells(synth_patches, size, normal="normal")
+    export_variant(bundle, "int8-cpu7", calib, held, echo=lambda m: None)
+    assert load_scorer(bundle, "onnx", "cpu", "int8").verification.passed
+    # another int8 graph under this one's name, sealed again: what a wrong copy or export
+    # would leave
+    wrong = _wrong_int8(exported_bundles, size, held, tmp_path)
+    add_files(bundle, {"encoder-int8-cpu7.onnx": wrong})
     for f in ("encoder-int8-cpu.onnx", "encoder-int8.onnx"):
         assert not (bundle / f).exists()
     with pytest.raises(VerificationError, match=r"encoder-int8-cpu7.onnx.*failed"):
@@ -162,23 +169,11 @@ def test_a_cpu_int8_form_that_fails_here_gives_way_to_the_other_form(
     held = load_cells(synth_patches, size, normal="normal")
     export_variant(bundle, "int8-cpu7", calib, held, echo=lambda m: None)  # holds on any x86
     # an 8-bit form under its name that does not reproduce the golden cells here
-    dark = tmp_path / "dark" / "normal"
-    dark.mkdir(parents=True)
-    from PIL import Image
-
-    for i in range(16):
-        Image.new("RGB", (40, 40), (i % 3, 0, 0)).save(dark / f"b{i}.png")
-    other = tmp_path / "o.cyto"
-    shutil.copytree(exported_bundles["dsvdd"], other)
-    export_variant(
-        other, "int8-cpu7", load_cells(dark.parent, size), held, "minmax", accept_loss=True,
-        echo=lambda m: None,
-    )  # fmt: skip
     variants = verify_bundle(bundle)["onnx_variants"]
     entry = {**variants["int8-cpu7"], "file": "encoder-int8-cpu.onnx"}  # its gate passed
     add_files(
         bundle,
-        {"encoder-int8-cpu.onnx": other / "encoder-int8-cpu7.onnx"},
+        {"encoder-int8-cpu.onnx": _wrong_int8(exported_bundles, size, held, tmp_path)},
         {"onnx_variants": {**variants, "int8-cpu": entry}},
     )
     vnni = machine.CpuInfo("Intel Xeon", "x86_64", ("avx2", "avx512f", "avx512_vnni"))
