@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.errors import OutputBusyError
 from cyto.infer import ScoreOptions, score_slide
 from cyto.infer.store import OutputLock, slide_identity
+from cyto.runtime import load_scorer
 from tests.cli_runner import run_cyto
 from tests.integration.test_score import score_cli
 
@@ -752,3 +754,37 @@ def test_a_damaged_tile_is_one_line_in_the_decoders_words(exported_dsvdd, slides
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "cannot be decoded" in lines[0] and "Corrupt JPEG data" in lines[0], lines
     assert "unable to write to memory" not in lines[0]
+
+
+def test_resume_scores_again_when_the_settings_changed(exported_dsvdd, slides, tmp_path):
+    """`cyto score --resume` reused a finished table made with other settings: a second run with
+    --top-k 3 (or another detection) kept the first run's 400-cell top-K and its cells (QA). A
+    finished slide is reused only with the options it was scored with."""
+    slide = slides[0].paths[0]
+    out = tmp_path / "o"
+    said: list[str] = []
+    first_opts = ScoreOptions(mosaic=0, workers=0, tile=512, resume=True, top_k=5)
+    [first], _ = score_cohort([slide], exported_dsvdd, out, first_opts, said.append)
+    assert pq.read_table(out / "s" / "topk.parquet").num_rows == 5
+    said.clear()
+    fewer = ScoreOptions(mosaic=0, workers=0, tile=512, resume=True, top_k=3)
+    [again], _ = score_cohort([slide], exported_dsvdd, out, fewer, said.append)
+    assert not any("already scored" in m for m in said), said
+    assert any("other settings (--top-k 5 -> 3)" in m for m in said), said
+    assert pq.read_table(out / "s" / "topk.parquet").num_rows == 3
+    assert json.loads((out / "s" / "summary.json").read_text())["options"]["top_k"] == 3
+    said.clear()  # the same settings again: reused
+    score_cohort([slide], exported_dsvdd, out, fewer, said.append)
+    assert any("already scored" in m for m in said), said
+    # another detection finds other cells: scored again, and the table holds the new cells
+    said.clear()
+    stricter = replace(fewer.detection, min_area=2500)  # about half the nuclei
+    [third], _ = score_cohort(
+        [slide], exported_dsvdd, out, replace(fewer, detection=stricter), said.append
+    )
+    assert any("--detection min_area 300 -> 2500" in m for m in said), said
+    plain = score_slide(
+        slide, load_scorer(exported_dsvdd), tmp_path / "plain", replace(fewer, resume=False)
+    )
+    assert plain["cells_scored"] == first["cells_scored"] > third["cells_scored"] > 0
+    assert third["cells_scored"] == pq.read_table(out / "s" / "scores.parquet").num_rows

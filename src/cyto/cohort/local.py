@@ -15,8 +15,39 @@ from cyto.infer.store import PARTIAL, slide_identity
 from cyto.runtime import Scorer, load_scorer
 
 
-def finished_summary(target: Path, scorer: Scorer, slide: Path, echo) -> dict | None:
-    """The summary of a finished run of this model on this very slide in ``target``, if any."""
+def changed_settings(recorded: dict | None, opts: ScoreOptions) -> list[str]:
+    """The options of ``opts`` that differ from a finished run's ``recorded`` output key, as
+    ``--flag then -> now``; every option when the run recorded none (an older cyto)."""
+    now = opts.output_key()
+    if not isinstance(recorded, dict):
+        return ["(settings not recorded by the cyto that wrote it)"]
+
+    def show(value) -> str:
+        return "default" if value is None else str(value)
+
+    changed = []
+    for key, value in now.items():
+        was = recorded.get(key)
+        if was == value:
+            continue
+        flag = f"--{key.replace('_', '-')}"
+        if isinstance(was, dict) and isinstance(value, dict):  # name only what moved
+            changed += [
+                f"{flag} {k} {show(was.get(k))} -> {show(v)}"
+                for k, v in value.items()
+                if was.get(k) != v
+            ]
+        else:
+            changed.append(f"{flag} {show(was)} -> {show(value)}")
+    return changed
+
+
+def finished_summary(
+    target: Path, scorer: Scorer, slide: Path, opts: ScoreOptions, echo
+) -> dict | None:
+    """The summary of a finished run of this model on this very slide in ``target`` with these
+    options, if any (a run with other settings is scored again: its table, top-K and mosaics
+    would not be what the options ask for)."""
     summary = target / "summary.json"
     if not summary.is_file() or not (target / "scores.parquet").is_file():
         return None
@@ -31,6 +62,13 @@ def finished_summary(target: Path, scorer: Scorer, slide: Path, echo) -> dict | 
     if data.get("slide_identity") != slide_identity(slide):
         echo(f"{slide.name}: the slide file changed since {target} was scored; scoring it again")
         return None
+    changed = changed_settings(data.get("output_key"), opts)
+    if changed:
+        echo(
+            f"{slide.name}: {target} was scored with other settings ({'; '.join(changed)}); "
+            "scoring it again"
+        )
+        return None
     return data
 
 
@@ -38,7 +76,7 @@ def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, ech
     """One slide of a cohort into ``target``: with ``opts.resume``, a finished run of this model
     on this very slide is reused, an interrupted one continued."""
     if slide.is_file() and opts.resume:
-        previous = finished_summary(target, scorer, slide, echo)
+        previous = finished_summary(target, scorer, slide, opts, echo)
         if previous is not None:
             echo(f"{slide.name}: already scored in {target}; skipping")
             return previous

@@ -243,7 +243,7 @@ class SlideWorker:
         def run(opts, echo):
             # a finished slide is reused by score_one, however many tiles it has
             if split and not (
-                opts.resume and finished_summary(target_p, self.scorer, slide_p, echo)
+                opts.resume and finished_summary(target_p, self.scorer, slide_p, opts, echo)
             ):
                 n = tiles_beyond(slide_p, self.scorer, opts, split)
                 if n is not None:

@@ -247,6 +247,7 @@ def _finish(table, run: _Run) -> dict:
             },
             "peak_rss_mb": peak_rss_mb(),
             "options": opts.as_json(),
+            "output_key": opts.output_key(),
         }
     )
     (run.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

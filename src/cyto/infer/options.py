@@ -111,5 +111,24 @@ class ScoreOptions:
             "model_mpp": self.model_mpp,
         }
 
+    def output_key(self) -> dict:
+        """Every option that changes what a finished run wrote (the table, its ranking, the
+        top-K, mosaics, the truth report and the error-controlled flags), as JSON values: a
+        finished run is reused by ``--resume`` only when this matches."""
+        import json
+
+        key = {
+            **self.result_key(),
+            "top_k": self.top_k,
+            "mosaic": self.mosaic,
+            "rank_by": self.rank_by,
+            "truth": str(self.truth) if self.truth else None,
+            "truth_radius": self.truth_radius,
+            "fdr_alpha": self.fdr_alpha,
+            "triage_level": self.triage_level,
+            "fdr_confidence": self.fdr_confidence,
+        }
+        return json.loads(json.dumps(key, default=str))
+
     def as_json(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
