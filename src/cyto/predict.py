@@ -12,7 +12,7 @@ import numpy as np
 from cyto.data.dataset import PatchDataset, load_records
 from cyto.data.images import read_image, resize_rgb
 from cyto.data.scale import resolve_zoom, scale_advice, zoom_patches
-from cyto.errors import InputPathError, ScaleWarning, UnreadableImageError
+from cyto.errors import InputPathError, OutputWriteError, ScaleWarning, UnreadableImageError
 
 
 def predict(
@@ -40,11 +40,13 @@ def predict(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from cyto.cohort.local import check_out_file
     from cyto.data.morphometry import RANK_BY, fused_score, resolve_rank_by, scorer_rank_by
     from cyto.runtime import load_scorer
 
     if rank_by not in RANK_BY:
         resolve_rank_by(rank_by, "", None)  # the one-line error, before the model loads
+    check_out_file(Path(out))
     scorer = load_scorer(model, backend, device, precision, verify=verify)
     spec = scorer.spec
     rank_by, nucleus = scorer_rank_by(scorer, rank_by)
@@ -126,8 +128,13 @@ def predict(
     )
     out = Path(out)
     tmp = out.with_name(f".{out.name}.partial")
-    pq.write_table(table, tmp)
-    os.replace(tmp, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, tmp)
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputWriteError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
     summary: dict[str, object] = {
         "n": len(scores),
         "out": out,

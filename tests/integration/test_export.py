@@ -223,3 +223,33 @@ def test_predict_skips_unreadable_images_when_asked(bundles, tiny, tmp_path):
     assert table.num_rows == 4
     skipped = json.loads(table.schema.metadata[b"cyto.skipped"])
     assert [p.endswith("broken.jpg") for p, _ in skipped] == [True]
+
+
+def test_predict_checks_its_out_before_scoring(bundles, tiny, tmp_path):
+    """`cyto predict --out EXISTING_DIR` ended in a traceback after the scoring and left a stray
+    `.partial` file; `--out /missing/dir/x.parquet` ended in a traceback too (QA). A folder is
+    refused in one line before any work, and a missing folder above the file is made."""
+    from PIL import Image
+
+    from tests.cli_runner import run_cyto
+
+    folder = tmp_path / "cells" / "unknown"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        Image.fromarray(tiny.images[i]).save(folder / f"c{i}.png")
+    base = ("predict", str(bundles["dsvdd"]), "--data", str(tmp_path / "cells"), "--out")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    proc = run_cyto(*base, str(taken))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"--out {taken} is a folder" in proc.stderr, proc.stderr
+    assert list(tmp_path.glob("*.partial")) == [] and list(taken.iterdir()) == []
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    proc = run_cyto(*base, str(blocker / "x.parquet"))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "is a file, not a folder" in proc.stderr, proc.stderr
+    deep = tmp_path / "new" / "dir" / "s.parquet"
+    proc = run_cyto(*base, str(deep))
+    assert proc.returncode == 0, proc.stderr
+    assert deep.is_file() and list(deep.parent.iterdir()) == [deep]
