@@ -35,11 +35,12 @@ def run_cohort(
 def slide_line(summary: dict, out: Path) -> str:
     """A scored slide in one line: cells, time, rates, where it went, its burden and truth."""
     s = summary
-    rate = (
-        f"{s['cells_per_s']} cells/s, engine {s.get('engine_cells_per_s')} cells/s"
-        if s.get("cells_per_s") is not None
-        else f"all {s.get('cells_resumed')} from finished chunks"
-    )
+    if s.get("cells_per_s") is not None:
+        rate = f"{s['cells_per_s']} cells/s, engine {s.get('engine_cells_per_s')} cells/s"
+    elif s.get("cells_resumed"):  # this run scored nothing: every cell came from its chunks
+        rate = f"all {s['cells_resumed']} from finished chunks"
+    else:
+        rate = "no cells found"
     line = (
         f"{Path(s['slide']).name}: {s['cells_scored']} cells in {s['seconds']} s ({rate}) "
         f"-> {s.get('output') or Path(out) / Path(s['slide']).stem}"

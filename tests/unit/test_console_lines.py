@@ -1,0 +1,32 @@
+"""The one-line report of a scored slide (:func:`cyto.cohort.run.slide_line`)."""
+
+from __future__ import annotations
+
+from cyto.cohort.run import slide_line
+
+
+def _summary(**over) -> dict:
+    base = {
+        "slide": "/d/s.ndpi",
+        "output": "/o/s",
+        "cells_scored": 0,
+        "seconds": 1.5,
+        "cells_per_s": None,
+        "engine_cells_per_s": None,
+        "cells_resumed": 0,
+    }
+    return {**base, **over}
+
+
+def test_a_fresh_run_that_found_no_cells_says_so():
+    """A fresh run of a slide without cells said 'all 0 from finished chunks' (QA): nothing was
+    resumed, so the line says no cells were found."""
+    line = slide_line(_summary(), "/o")
+    assert "no cells found" in line and "finished chunks" not in line, line
+
+
+def test_a_run_that_only_resumed_and_one_that_scored_are_told_apart():
+    resumed = slide_line(_summary(cells_scored=40, cells_resumed=40), "/o")
+    assert resumed == "s.ndpi: 40 cells in 1.5 s (all 40 from finished chunks) -> /o/s"
+    fresh = slide_line(_summary(cells_scored=40, cells_per_s=26.7, engine_cells_per_s=120.0), "/o")
+    assert "(26.7 cells/s, engine 120.0 cells/s)" in fresh, fresh
