@@ -4,6 +4,7 @@ out), numba kernels equal their references, TensorRT logic around the build."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -253,3 +254,18 @@ def test_predict_checks_its_out_before_scoring(bundles, tiny, tmp_path):
     proc = run_cyto(*base, str(deep))
     assert proc.returncode == 0, proc.stderr
     assert deep.is_file() and list(deep.parent.iterdir()) == [deep]
+
+
+def test_an_opset_the_exporter_cannot_write_is_refused_before_export(bundles, tmp_path):
+    """`cyto export --opset 5` printed an onnx traceback, wrote an opset-18 file, recorded
+    opset 5 in the manifest and exited 0 (QA). It is one line now, and nothing is written."""
+    from tests.cli_runner import run_cyto
+
+    copy = tmp_path / "m.cyto"
+    shutil.copytree(bundles["dsvdd"], copy)
+    before = (copy / "manifest.json").read_bytes()
+    for opset in ("5", "17", "99"):
+        proc = run_cyto("export", str(copy), "--opset", opset)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"--opset {opset}: the exporter writes opsets 18 to" in proc.stderr, proc.stderr
+    assert (copy / "manifest.json").read_bytes() == before

@@ -241,7 +241,12 @@ def export_cmd(
     ] = None,
     batch: Annotated[str, typer.Option(help="TensorRT batch profile min,opt,max.")] = "1,64,256",
     device: Annotated[str, typer.Option(help="TensorRT: the GPU, cuda or cuda:N.")] = "cuda",
-    opset: Annotated[int, typer.Option(help="ONNX opset.")] = 18,
+    opset: Annotated[
+        int,
+        typer.Option(
+            help="ONNX opset: 18 (default) to 20 for TensorRT 10-11, newer for ONNX Runtime."
+        ),
+    ] = 18,
 ) -> None:
     """Export a bundle for inference: ONNX (+ fp16 / int8 graphs, + TensorRT), each checked.
 

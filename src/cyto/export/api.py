@@ -7,7 +7,7 @@ from pathlib import Path
 
 from cyto.bundle import ONNX_FILE, load_bundle
 from cyto.errors import ConfigError, CytoError
-from cyto.export.onnx import OPSET, export_onnx
+from cyto.export.onnx import OPSET, check_opset, export_onnx
 
 # layers int8 leaves in float by default, per scorer head: Deep SVDD's distance to the centre
 # moves with every embedding coordinate; its embedding Gemm in float took the TensorRT form's
@@ -48,6 +48,8 @@ def export_bundle(
     bad = [p for p in precisions if p not in PRECISIONS]
     if bad or not precisions:
         raise ConfigError(f"--precision takes {', '.join(PRECISIONS)} (comma-separated), got {bad}")
+    if onnx:
+        check_opset(opset)
     bundle = load_bundle(path, weights=False)
     if not onnx and ONNX_FILE not in bundle.manifest["files"]:
         raise ConfigError(f"{path} has no {ONNX_FILE}: export it first (--onnx)")

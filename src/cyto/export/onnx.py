@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 from cyto.bundle import ONNX_FILE, add_files, load_bundle
+from cyto.errors import ConfigError
 
 OPSET = 18
 INPUT = "patches"
@@ -69,6 +70,21 @@ def drop_stack_traces(model) -> int:
     return removed
 
 
+def check_opset(opset: int) -> None:
+    """The opsets an export can write: torch's dynamo exporter implements opset 18 and newer
+    (below, its version converter fails on this graph and keeps 18), up to what onnx knows."""
+    import onnx.defs
+
+    from cyto.export.conformance import OPSET_RANGE
+
+    newest = onnx.defs.onnx_opset_version()
+    if not OPSET <= opset <= newest:
+        raise ConfigError(
+            f"--opset {opset}: the exporter writes opsets {OPSET} to {newest}; TensorRT 10 and "
+            f"11 read up to {OPSET_RANGE[1]} (default {OPSET})"
+        )
+
+
 def export_onnx(path: Path, opset: int = OPSET, example_size: int | None = None) -> dict:
     """Write ``encoder.onnx`` into the bundle and record it in the manifest; returns its entry."""
     import onnx
@@ -78,6 +94,7 @@ def export_onnx(path: Path, opset: int = OPSET, example_size: int | None = None)
     from cyto.models.from_bundle import build_graph
     from cyto.runtime.heads import head_class
 
+    check_opset(opset)
     bundle = load_bundle(Path(path))
     kind = bundle.spec.head
     output = head_class(kind, bundle.path).output
@@ -114,7 +131,8 @@ def export_onnx(path: Path, opset: int = OPSET, example_size: int | None = None)
         problems = check_model(model, profile_inputs={INPUT})
         entry = {
             "file": ONNX_FILE,
-            "opset": opset,
+            # what the file declares (the exporter may not give what was asked)
+            "opset": next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
             "precision": "fp32",
             "exporter": f"torch.onnx dynamo {torch.__version__}",
             "input": {
