@@ -130,6 +130,12 @@ def test_train_info_predict(tmp_path, synth_patches):
     factor = float(zoomed.stdout.split("zoom ")[1].split("x,")[0])
     assert factor == pytest.approx(1 / 0.6, rel=0.1), zoomed.stdout
     assert b"nucleus size" in pq.read_table(tmp_path / "z.parquet").schema.metadata[b"cyto.zoom"]
+    home = run_cyto(
+        "predict", str(out), "--data", str(synth_patches), "--out", str(tmp_path / "h.pq"),
+        "--zoom", "auto",
+    )  # fmt: skip
+    assert home.returncode == 0 and "zoom 1x, from auto, kept at 1" in home.stdout, home.stdout
+    assert "zoom below 1" not in home.stdout  # the home lab's own cells are never shrunk
     both = run_cyto(
         "predict", str(out), "--data", str(small), "--zoom", "2", "--patch-mpp", "0.5",
     )  # fmt: skip

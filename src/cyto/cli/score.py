@@ -89,7 +89,7 @@ def predict_cmd(
     for note in res.get("notes", []):
         typer.echo(f"backend choice: {note}")
     typer.echo(f"verification: {res['verification']}")
-    if res["zoom"] != 1.0:
+    if res["zoom"] != 1.0 or res["zoom_from"] != "none":
         typer.echo(f"zoom {res['zoom']:.3g}x, from {res['zoom_from']}")
     if res["zoom"] < 1.0:
         typer.echo(
