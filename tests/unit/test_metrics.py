@@ -24,8 +24,9 @@ def test_hand_computed_small_case():
     assert M.ndcg_at_k(S, Y, 3) == pytest.approx(dcg / ideal)
     # TP(<=1..3) = 1, 1, 2 -> (1 + 1 + 2) / 3
     assert M.autk_at_k(S, Y, 3) == pytest.approx(4 / 3)
-    # AUFROC@3: T_max = 3; points (FPI, TPR): (0,0) (0,1/3) (1/3,1/3) (1/3,2/3) -> 1/3 * 1/3
-    assert M.aufroc_at_k(S, Y, 3) == pytest.approx(1 / 9)
+    # AUFROC@3: T_max = 3; points (FPI, TPR): (0,0) (0,1/3) (1/3,1/3) (1/3,2/3), carried flat
+    # to FPI 1 -> 1/3 * 1/3 + 2/3 * 2/3
+    assert M.aufroc_at_k(S, Y, 3) == pytest.approx(1 / 9 + 4 / 9)
     assert M.auroc(S, Y) == pytest.approx(roc_auc_score(Y, S))
 
 
@@ -90,7 +91,7 @@ def _aufroc_brute(scores, labels, k):
         tp += labels[i]
         fp += 1 - labels[i]
         area += (fp / k - prev_fpi) * (tp / t_max + prev_tpr) / 2
-    return area
+    return area + (1 - fp / k) * tp / t_max  # the last TPR, out to FPI 1
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -109,7 +110,12 @@ def test_perfect_ranking():
     s = list(range(10, 0, -1))
     assert M.recall_at_k(s, y, 4) == 1.0
     assert M.ndcg_at_k(s, y, 4) == pytest.approx(1.0)
-    assert M.aufroc_at_k(s, y, 4) == pytest.approx(1 - 2 / 4)
+    assert M.aufroc_at_k(s, y, 4) == pytest.approx(1.0)
+    # K = the number of abnormal cells: a perfect ranking scored 0 before the curve was carried
+    # out to FPI 1 (QA); it is 1, a ranking with no hit is 0 and one hit of two is in between
+    assert M.aufroc_at_k(s, y, 2) == pytest.approx(1.0)
+    assert M.aufroc_at_k(s[::-1], y, 2) == 0.0
+    assert 0 < M.aufroc_at_k([10, 1, 9] + s[3:], y, 2) < 1
 
 
 def test_eval_scores_cli(tmp_path):
@@ -126,7 +132,7 @@ def test_eval_scores_cli(tmp_path):
     proc = run_cyto("eval", "scores", str(tmp_path / "s.parquet"), "--k", "3", "--json")
     assert proc.returncode == 0, proc.stderr
     row = json.loads(proc.stdout)[0]
-    assert row["tp_at_k"] == 2 and row["aufroc_at_k"] == pytest.approx(1 / 9)
+    assert row["tp_at_k"] == 2 and row["aufroc_at_k"] == pytest.approx(5 / 9)
     (tmp_path / "u.csv").write_text("p,is_blast\n0.2,0\n0.9,1\n0.5,0\n")
     proc = run_cyto(
         "eval",

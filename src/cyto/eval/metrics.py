@@ -104,8 +104,11 @@ def aufroc_at_k(scores, labels, k: int) -> float:
     """Normalized area under the free-response ROC curve up to K.
 
     TPR(k') = TP(k') / T_max with T_max = min(T, K), the most abnormal cells K can hold; FPI(k') =
-    FP(k') / K; k' = 0..K (starting from the origin), integrated by the trapezoid rule. A perfect
-    ranking scores 1 - T_max / K (its hits use up part of the K); no hit in the top K scores 0.
+    FP(k') / K; k' = 0..K (starting from the origin), integrated by the trapezoid rule, and the
+    curve carried flat at its last TPR out to FPI = 1 (a free-response curve ends where the
+    reader stops; the K cells' hits use up part of the false-positive axis). A perfect ranking
+    scores 1; no hit in the top K scores 0. (Before this extension a perfect ranking scored
+    1 - T_max / K: 0 when K equals the number of abnormal cells.)
     """
     s, y, k = _check(scores, labels, k)
     t = int(y.sum())
@@ -116,7 +119,8 @@ def aufroc_at_k(scores, labels, k: int) -> float:
     fp = np.concatenate([[0], np.cumsum(1 - r)])
     tpr = tp / min(t, k)
     fpi = fp / k
-    return float(np.sum((fpi[1:] - fpi[:-1]) * (tpr[1:] + tpr[:-1]) / 2.0))
+    area = np.sum((fpi[1:] - fpi[:-1]) * (tpr[1:] + tpr[:-1]) / 2.0)
+    return float(area + (1.0 - fpi[-1]) * tpr[-1])
 
 
 def auroc(scores, labels) -> float:
