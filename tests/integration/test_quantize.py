@@ -261,3 +261,37 @@ def test_an_int8_export_measures_the_activation_ranges_once_for_its_three_forms(
         int8_graph(bundle / "encoder.onnx", alone, calib.images, form=form)
         assert alone.read_bytes() == (bundle / variant_file(form)).read_bytes(), form
         assert report[form]["file"] == variant_file(form)
+
+
+def test_the_command_a_missing_fp16_graph_suggests_works(bundle, synth_patches):
+    """`cyto predict --precision fp16` on a bundle without the graph said to run
+    `cyto export M --no-onnx --precision fp16`, which then failed for want of --parity-cells
+    (QA). An fp16 graph (nothing calibrated) measures its parity on the bundle's golden cells;
+    with made-up golden cells the hint names --parity-cells."""
+    import shlex
+
+    from cyto.errors import CytoError
+    from cyto.export.golden import write_golden
+    from cyto.runtime.verify import export_hint
+
+    # without golden cells (an older export) the hint names cells to measure the parity on
+    hint = export_hint(load_bundle(bundle, weights=False), "fp16")
+    assert hint.endswith("--precision fp16 --parity-cells CELLS"), hint
+    write_golden(bundle, synth_patches, normal="normal", n=64)  # as cyto export keeps them
+    with pytest.raises(CytoError, match="has no fp16 graph") as missing:
+        load_scorer(bundle, "onnx", "cpu", "fp16")
+    command = str(missing.value).split("make one with '")[1].rstrip("'")
+    assert command == f"cyto export {bundle} --no-onnx --precision fp16", command
+    proc = run_cyto(*shlex.split(command)[1:])
+    assert proc.returncode == 0, proc.stderr
+    assert "fp16 vs fp32 on 64 golden cells: Spearman" in proc.stdout, proc.stdout
+    assert load_scorer(bundle, "onnx", "cpu", "fp16").precision == "fp16"
+    made_up = bundle.parent / "made-up.cyto"
+    shutil.copytree(bundle, made_up)
+    write_golden(made_up, None, n=16)  # no cells given: seeded random patches
+    m = json.loads((made_up / "manifest.json").read_text())
+    assert m["golden"]["kind"] == "random"
+    hint = export_hint(load_bundle(made_up, weights=False), "fp16")
+    assert hint.endswith("--precision fp16 --parity-cells CELLS"), hint
+    proc = run_cyto("export", str(made_up), "--no-onnx", "--precision", "fp16")
+    assert proc.returncode == 2 and "pass --parity-cells CELLS" in proc.stderr, proc.stderr

@@ -209,7 +209,8 @@ def export_cmd(
         Path | None,
         typer.Option(
             help="Held-out cells to measure fp16/int8 ranking parity on (default: a quarter of "
-            "--calib that calibration does not use)."
+            "--calib that calibration does not use; for fp16 without --calib, the bundle's "
+            "golden cells)."
         ),
     ] = None,
     parity_normal: Annotated[

@@ -13,7 +13,7 @@
   form ran its convolutions at 9 patches/s when fused and not faster than fp32 when not).
 
 Parity: on held-out cells (``parity_cells``, or the part of the calibration cells calibration did
-not use) the quantized graph and ``encoder.onnx`` are compared through the full score, head
+not use; for fp16, which nothing calibrates, else the bundle's golden cells) the quantized graph and ``encoder.onnx`` are compared through the full score, head
 included: Spearman correlation, overlap of the top 1% and 10%, the largest score difference, and
 AUROC and Recall@K with labels. A graph below the gate (Spearman 0.99, top-10% overlap 0.90) is
 refused, unless the user accepts the loss, which is recorded with it.
@@ -67,6 +67,25 @@ class Cells:
             Cells(self.images[a], None if lab is None else lab[a], self.source, self.fingerprint),
             Cells(self.images[b], None if lab is None else lab[b], self.source, self.fingerprint),
         )
+
+
+GOLDEN_WORDS = "the bundle's golden cells"
+
+
+def _golden_cells(bundle) -> Cells | None:
+    """The bundle's golden cells as parity cells, when they are real cells (an fp16 graph is
+    not calibrated, so cells the model trained on measure its parity as well as any)."""
+    from cyto.runtime.verify import read_golden
+
+    golden = read_golden(bundle)
+    if golden is None or golden.kind != "cells":
+        return None
+    return Cells(
+        golden.images,
+        golden.labels,
+        f"{GOLDEN_WORDS} ({golden.source})",
+        golden.sha256,
+    )
 
 
 def load_cells(
@@ -368,9 +387,12 @@ def export_variant(
     held = parity_cells
     if calib is not None and held is None:
         calib, held = calib.split(0.25)
+    if held is None and precision == "fp16":  # nothing calibrated: the golden cells serve
+        held = _golden_cells(bundle)
     if held is None:
         raise ConfigError(
-            f"{precision}: parity needs held-out cells: pass --parity-cells (or --calib)"
+            f"{precision}: parity needs held-out cells: pass --parity-cells CELLS (or --calib)"
+            + (" (the bundle's golden cells are made-up patches)" if precision == "fp16" else "")
         )
     src = bundle.path / fp32.file
     with tempfile.TemporaryDirectory(dir=bundle.path.parent) as tmp:
@@ -398,7 +420,8 @@ def export_variant(
         parity["cells_source"] = held.source
         ok = passes(parity)
         line = (
-            f"{key} vs fp32 on {parity['cells']} held-out cells: Spearman "
+            f"{key} vs fp32 on {parity['cells']} "
+            f"{'golden' if held.source.startswith(GOLDEN_WORDS) else 'held-out'} cells: Spearman "
             f"{parity['spearman']:.4f}, top-10% overlap {parity['top10_overlap']:.2f}, top-1% "
             f"{parity['top1_overlap']:.2f}, max score difference {parity['max_abs_diff']:.3g}"
         )

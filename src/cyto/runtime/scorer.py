@@ -27,7 +27,7 @@ from cyto.runtime.backends import CHOICES, Backend
 from cyto.runtime.devices import resolve_device
 from cyto.runtime.heads import Head, head_for
 from cyto.runtime.machine import graph_for
-from cyto.runtime.verify import Verification
+from cyto.runtime.verify import Verification, export_hint
 
 
 @dataclass
@@ -304,10 +304,8 @@ def load_scorer(
         )
     if precision != "fp32" and graph_for(bundle.spec, precision, device) is None:
         raise ConfigError(
-            f"{bundle.path} has no {precision} graph: make one with 'cyto export {bundle.path} "
-            f"--no-onnx --precision {precision}"
-            + (" --calib CELLS" if precision == "int8" else "")
-            + "'"
+            f"{bundle.path} has no {precision} graph: make one with "
+            f"'{export_hint(bundle, precision)}'"
         )
     if precision != "fp32":
         raise ConfigError(

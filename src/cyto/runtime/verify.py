@@ -83,6 +83,21 @@ def read_golden(bundle) -> Golden | None:
     )
 
 
+def export_hint(bundle, precision: str) -> str:
+    """The ``cyto export`` command that adds ``precision``'s graph to ``bundle``: int8 needs
+    calibration cells; fp16 measures its parity on the golden cells when they are real cells,
+    else it needs cells too."""
+    command = f"cyto export {bundle.path} --no-onnx --precision {precision}"
+    if precision == "int8":
+        return command + " --calib CELLS"
+    golden = bundle.manifest.get("golden") or {}
+    if golden.get("kind", "cells") != "cells" or golden.get("file") not in bundle.manifest.get(
+        "files", {}
+    ):
+        return command + " --parity-cells CELLS"
+    return command
+
+
 def _topk_overlap(a: np.ndarray, b: np.ndarray, frac: float) -> float:
     k = max(1, int(round(len(a) * frac)))
     top_a = set(np.argsort(-a, kind="stable")[:k].tolist())

@@ -215,8 +215,9 @@ def _no_graph(bundle: Bundle, precision: str) -> str:
             f"{bundle.path} has no encoder.onnx: run 'cyto export {bundle.path}' first "
             f"(exported graphs: {have})"
         )
-    calib = " --calib CELLS" if precision == "int8" else ""
+    from cyto.runtime.verify import export_hint
+
     return (
         f"{bundle.path} has no {precision} graph (exported graphs: {have}): make one with "
-        f"'cyto export {bundle.path} --no-onnx --precision {precision}{calib}'"
+        f"'{export_hint(bundle, precision)}'"
     )
