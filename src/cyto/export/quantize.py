@@ -13,10 +13,11 @@
   form ran its convolutions at 9 patches/s when fused and not faster than fp32 when not).
 
 Parity: on held-out cells (``parity_cells``, or the part of the calibration cells calibration did
-not use; for fp16, which nothing calibrates, else the bundle's golden cells) the quantized graph and ``encoder.onnx`` are compared through the full score, head
-included: Spearman correlation, overlap of the top 1% and 10%, the largest score difference, and
-AUROC and Recall@K with labels. A graph below the gate (Spearman 0.99, top-10% overlap 0.90) is
-refused, unless the user accepts the loss, which is recorded with it.
+not use; for fp16, which nothing calibrates, else the bundle's golden cells) the quantized graph and
+``encoder.onnx`` are compared through the full score, head included: Spearman correlation, overlap
+of the top 1% and 10%, the largest score difference, and AUROC and Recall@K with labels. A graph
+below the gate (Spearman 0.99, top-10% overlap 0.90) is refused, unless the user accepts the loss,
+which is recorded with it.
 """
 
 from __future__ import annotations
