@@ -150,7 +150,8 @@ def test_min_radius_drops_thin_strands_and_keeps_round_nuclei():
     yy, xx = np.mgrid[:400, :400]
     rgb[(yy - 100) ** 2 + (xx - 100) ** 2 <= 30**2] = (70, 40, 130)  # a nucleus, radius 30 px
     rgb[298:302, 100:300] = (70, 40, 130)  # a strand 4 px wide (keratin, a fibre)
-    base = NucleusParams(sigma=1.0, min_distance=10, min_area=50, max_area=20_000, downsample=1)
+    # each mark on the strand holds its share of the strand's area (4 x 10 px): min_area below it
+    base = NucleusParams(sigma=1.0, min_distance=10, min_area=20, max_area=20_000, downsample=1)
     both = detect_nuclei(rgb, base)
     on_strand = np.abs(both[:, 1] - 299.5) < 3
     assert on_strand.sum() >= 10 and (~on_strand).sum() == 1  # a mark every 10 px along it
@@ -184,3 +185,58 @@ def test_the_torch_detector_finds_what_the_scipy_detector_finds(slide, kind):
     rb, pb = match(b, truth, radius=20)
     assert abs(ra - rb) <= 0.01 and abs(pa - pb) <= 0.01, (ra, pa, rb, pb)
     assert np.array_equal(a, b)  # in fact the same detections, in the same order
+
+
+def test_a_dense_band_of_touching_nuclei_is_found():
+    """A band of packed nuclei is one component far above max_area: every nucleus in it was
+    dropped, and a tile of the band gave 0 cells (QA). Each touching nucleus now holds its share
+    of the component's area; a dark blob the size of the band (one deep peak) is still dropped."""
+    from cyto.detect import NucleusParams
+
+    rng = np.random.default_rng(0)
+    rgb = np.full((512, 512, 3), (235, 225, 230), dtype=np.uint8)
+    yy, xx = np.mgrid[:512, :512]
+    truth = []
+    for row, cy in enumerate(range(25, 300, 38)):  # radius 22, 38-40 px apart: pressed together
+        for cx in range(25 + (row % 2) * 19, 490, 40):
+            cy_j, cx_j = cy + rng.integers(-2, 3), cx + rng.integers(-2, 3)
+            rgb[(yy - cy_j) ** 2 + (xx - cx_j) ** 2 <= 22**2] = (70, 30, 110)
+            truth.append((cx_j, cy_j))
+    truth = np.array(truth, dtype=np.float64)
+    found = detect_nuclei(rgb, NucleusParams())
+    recall, precision = match(found, truth, radius=19)  # under half the spacing
+    assert recall >= 0.5 and precision >= 0.9, (recall, precision, len(found), len(truth))
+    blob = np.full((512, 512, 3), (235, 225, 230), dtype=np.uint8)
+    blob[(yy - 256) ** 2 + (xx - 256) ** 2 <= 150**2] = (70, 30, 110)  # 70,000 px: ink, a fold
+    assert len(detect_nuclei(blob, NucleusParams())) == 0
+
+
+def test_the_cells_found_do_not_depend_on_the_tile_size(wsi_dir, exported_dsvdd):
+    """Each tile's own Otsu threshold made detection depend on --tile, a knob of speed: on the
+    CMU-1 H&E region the smear settings found 1,714 cells with 512 px tiles and 4,061 with
+    2,048 (QA). A slide is now detected at one threshold, measured on windows of a fixed grid,
+    whatever its tiles."""
+    from cyto.infer import ScoreOptions
+    from cyto.infer.plan import SlidePlan
+    from cyto.runtime import load_scorer
+
+    path = wsi_dir / "cmu1_small_region.svs"
+    scorer = load_scorer(exported_dsvdd, "onnx", "cpu")
+    reader = open_slide(path)
+
+    def cells(plan, params, tile):
+        return sum(
+            len(detect_in_region(reader, x0, y0, tile, tile, plan.ctx.margin, params))
+            for _, x0, y0, _, _ in plan.jobs
+        )
+
+    counts = {}
+    for tile in (512, 2048):
+        opts = ScoreOptions(tile=tile, workers=0, mosaic=0)
+        plan = SlidePlan(path, reader, [], scorer, opts, lambda m: None)
+        assert plan.threshold is not None and plan.ctx.detection.threshold == pytest.approx(
+            plan.threshold, abs=1e-6
+        )
+        counts[tile] = cells(plan, plan.ctx.detection, tile)
+    reader.close()
+    assert abs(counts[512] - counts[2048]) <= 0.01 * counts[512], counts

@@ -38,6 +38,19 @@ def detect_numpy(rgb: np.ndarray, params: NucleusParams = NucleusParams()) -> np
     return _detect(rgb, params)
 
 
+def smoothed_haematoxylin(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
+    """The smoothed haematoxylin the detector thresholds, at its reduction of ``rgb``."""
+    from scipy import ndimage
+
+    k = params.reduction()
+    if k > 1:
+        from PIL import Image
+
+        rgb = np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).reduce(k))
+        params = reduced_params(params, k)
+    return ndimage.gaussian_filter(haematoxylin(rgb), params.sigma)
+
+
 def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     from scipy import ndimage
     from skimage.feature import peak_local_max
@@ -46,10 +59,13 @@ def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     h = ndimage.gaussian_filter(haematoxylin(rgb), params.sigma)
     if float(h.max()) < params.min_threshold:
         return np.empty((0, 3), dtype=np.float64)
-    try:
-        t = max(float(threshold_otsu(h)), params.min_threshold)
-    except ValueError:  # a constant tile
-        return np.empty((0, 3), dtype=np.float64)
+    if params.threshold is not None:  # the slide's, the same for every tile
+        t = max(params.threshold, params.min_threshold)
+    else:
+        try:
+            t = max(float(threshold_otsu(h)), params.min_threshold)
+        except ValueError:  # a constant tile
+            return np.empty((0, 3), dtype=np.float64)
     mask = ndimage.binary_opening(h > t, iterations=1)
     labels, n = ndimage.label(mask)
     if n == 0:

@@ -29,6 +29,9 @@ class NucleusParams:
     kind: str = "smear"  # what the sizes are for (DETECTION_PRESETS); tissue expects crowding
     min_radius: float = 0.0  # a nucleus's inscribed radius at least this (drops thin strands)
     detector: str = "scipy"  # scipy | torch (cyto.detect.torch_form: the same steps in torch)
+    #: the haematoxylin threshold for every tile of a slide (:func:`cyto.detect.slide_threshold`);
+    #: None: each tile's own Otsu threshold (what one image alone gives)
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.detector not in DETECTORS:
@@ -70,6 +73,7 @@ class NucleusParams:
             kind=self.kind,
             min_radius=self.min_radius * r,
             detector=self.detector,
+            threshold=self.threshold,
         )
 
 
@@ -132,16 +136,28 @@ def nuclei_from_peaks(
     peaks: np.ndarray, dist: np.ndarray, labels: np.ndarray, areas: np.ndarray, params
 ) -> np.ndarray:
     """(N, 3) x, y, area from distance-transform peaks (row, col): one peak per nucleus, deep
-    enough (``min_radius``), of a component whose area is in range. Both detectors end here."""
+    enough (``min_radius``), whose area is in range. Both detectors end here.
+
+    A nucleus's area is its component's, or, where touching nuclei form one component (a
+    dense band, a clump), the component's area shared among its peaks in proportion to their
+    inscribed discs (depth squared). A band of packed nuclei used to be one component far above
+    ``max_area``, and every nucleus in it was dropped (0 cells); a single dark blob still has
+    one deep peak holding nearly all its area, and is still dropped."""
     peaks = _one_peak_per_nucleus(peaks, dist, labels)
     if params.min_radius > 0:
         peaks = peaks[dist[peaks[:, 0], peaks[:, 1]] >= params.min_radius]
-    out = []
-    for r, c in peaks:
-        area = areas[labels[r, c] - 1]
-        if params.min_area <= area <= params.max_area:
-            out.append((float(c), float(r), float(area)))
-    return np.array(out, dtype=np.float64).reshape(-1, 3)
+    if len(peaks) == 0:
+        return np.empty((0, 3), dtype=np.float64)
+    comp = labels[peaks[:, 0], peaks[:, 1]]
+    # squared distances of an exact distance transform are whole numbers: rounded, both
+    # detectors (float64 SciPy, float32 torch) share out the same areas
+    depth2 = np.rint(dist[peaks[:, 0], peaks[:, 1]].astype(np.float64) ** 2)
+    share = depth2 / np.bincount(comp, weights=depth2)[comp]
+    area = areas[comp - 1] * share
+    keep = (area >= params.min_area) & (area <= params.max_area)
+    return np.column_stack(
+        [peaks[keep, 1].astype(np.float64), peaks[keep, 0].astype(np.float64), area[keep]]
+    )
 
 
 def _one_peak_per_nucleus(peaks: np.ndarray, dist: np.ndarray, labels: np.ndarray) -> np.ndarray:

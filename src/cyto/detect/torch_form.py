@@ -235,10 +235,13 @@ def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
     h = gaussian(haematoxylin(rgb), params.sigma)
     if float(h.max()) < params.min_threshold:
         return empty
-    try:
-        t = max(otsu(h), params.min_threshold)
-    except ValueError:  # a constant tile
-        return empty
+    if params.threshold is not None:  # the slide's, the same for every tile
+        t = max(params.threshold, params.min_threshold)
+    else:
+        try:
+            t = max(otsu(h), params.min_threshold)
+        except ValueError:  # a constant tile
+            return empty
     mask = binary_opening(h > t)
     if not bool(mask.any()):
         return empty

@@ -47,6 +47,8 @@ def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_star
             "workers": plan.workers,
             "peak_rss_workers_mb": round(max(rss), 1) if rss else None,
             "focal_planes_um": list(plan.ctx.plane_z),
+            # the haematoxylin threshold every tile was detected at (None: each tile's own)
+            "detection_threshold": plan.threshold,
             "detection_crowding": runs[0].crowd,
             "cell_scale": runs[0].scale,
             "decode": plan.decode,

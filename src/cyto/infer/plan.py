@@ -53,8 +53,23 @@ class SlidePlan:
         )
         t0 = time.perf_counter()
         mask, mask_ds = tissue_mask(reader)
-        self.mask_s = time.perf_counter() - t0
         self.jobs = tile_jobs(info, opts.tile, mask, mask_ds, opts.nuclei)
+        detection = opts.detection.at(slide_mpp)  # nuclei have a physical size
+        # one threshold for every tile, from windows of a fixed grid: the cells found do not
+        # depend on --tile (each tile's own Otsu threshold made them)
+        self.threshold = None
+        if opts.nuclei is None and self.jobs and detection.threshold is None:
+            from cyto.detect import THRESHOLD_WINDOW, slide_threshold
+            from cyto.slides.grid import tile_grid
+
+            origins = [
+                (x0, y0)
+                for _, x0, y0 in tile_grid(info.width, info.height, THRESHOLD_WINDOW, mask, mask_ds)
+            ]
+            self.threshold = slide_threshold(reader, origins, detection)
+            if self.threshold is not None:
+                detection = replace(detection, threshold=round(self.threshold, 6))
+        self.mask_s = time.perf_counter() - t0
         self.workers = opts.n_workers()
         # tiles in flight (why 16: tiling.QUEUE_MIN); max_cells below shrinks as the queue grows
         self.queue = opts.queue or max(QUEUE_MIN, 2 * self.workers)
@@ -66,7 +81,7 @@ class SlidePlan:
             margin=self.res.crop_px_level0 // 2 + 32,
             src_patch=self.res.crop_px_level0,
             out_size=scorer.spec.crop_size,
-            detection=opts.detection.at(slide_mpp),  # nuclei have a physical size
+            detection=detection,
             max_cells=opts.max_cells
             or max_cells_per_result(scorer.spec.crop_size, len(planes) + 1, self.queue),
             # every cell's nucleus size, where the ranking uses it
