@@ -310,6 +310,12 @@ def test_real_slides_score_with_cell_sized_detection(real_slides_scored):
             assert s["cells_scored"] > 500, (name, s["cells_scored"])
         if s["cells_scored"]:
             assert (folder / "topk_mosaic.png").stat().st_size > 0
+        # the TCGA section, with no recorded resolution, gave a handful of cells without a word
+        few = [m for m in run["said"] if "tiles with tissue (fewer than one a tile)" in m]
+        assert bool(few) == (s["cells_scored"] < s["tiles"]["total"]), (name, s["tiles"], few)
+    tcga = real_slides_scored.get("tcga_hnsc_ts1.svs")
+    if tcga is not None:
+        assert any("assumed: the slide records none" in m for m in tcga["said"]), tcga["said"]
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from cyto.cohort.run import slide_line
+from cyto.infer import ScoreOptions
+from cyto.infer.finish import few_cells_words
 
 
 def _summary(**over) -> dict:
@@ -30,3 +32,15 @@ def test_a_run_that_only_resumed_and_one_that_scored_are_told_apart():
     assert resumed == "s.ndpi: 40 cells in 1.5 s (all 40 from finished chunks) -> /o/s"
     fresh = slide_line(_summary(cells_scored=40, cells_per_s=26.7, engine_cells_per_s=120.0), "/o")
     assert "(26.7 cells/s, engine 120.0 cells/s)" in fresh, fresh
+
+
+def test_fewer_cells_than_tissue_tiles_gets_a_word_on_why():
+    opts = ScoreOptions()
+    words = few_cells_words(7, 19, None, opts)
+    assert words.startswith("only 7 cells found in 19 tiles with tissue"), words
+    assert "smear at 0.12 um/px (assumed: the slide records none)" in words
+    assert "--mpp" in words and "--detection tissue" in words
+    assert "assumed" not in few_cells_words(7, 19, 0.5, opts)
+    assert few_cells_words(19, 19, None, opts) is None  # one a tile: no word
+    assert few_cells_words(0, 3, None, opts) is None  # a slide of three tiles says little
+    assert few_cells_words(2, 19, None, ScoreOptions(nuclei="n.csv")) is None  # points given

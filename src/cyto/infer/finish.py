@@ -40,6 +40,9 @@ def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_star
     run.identity = plan.identity
     run.resumed_cells = sum(r.resumed_cells for r in runs)
     summary = _finish(table, run)
+    few = few_cells_words(table.num_rows, len(plan.jobs), plan.slide_mpp, opts)
+    if few:
+        echo(f"warning: {plan.slide.name}: {few}")
     rss = [r.worker_rss_mb for r in runs if r.worker_rss_mb is not None]
     summary.update(
         {
@@ -144,6 +147,27 @@ class _Run:
         self.metrics: Metrics | None = metrics
         self.identity: str = ""
         self.resumed_cells: int = 0
+
+
+#: tiles with tissue from which fewer cells than tiles is worth a word
+FEW_CELLS_TILES = 4
+
+
+def few_cells_words(n_cells: int, n_tiles: int, slide_mpp, opts) -> str | None:
+    """Why so few cells, when a slide's tissue gave fewer cells than tiles (a smear at the
+    scale assumed gives dozens a tile): a section read as a smear, or a resolution that makes
+    every nucleus look too small or too large. A slide of 19 tissue tiles with no recorded
+    resolution gave 7 cells and no word (QA). None otherwise, or with --nuclei."""
+    if opts.nuclei is not None or n_tiles < FEW_CELLS_TILES or n_cells >= n_tiles:
+        return None
+    mpp = slide_mpp or opts.detection.mpp
+    return (
+        f"only {n_cells} cells found in {n_tiles} tiles with tissue (fewer than one a tile), "
+        f"with nucleus sizes for {opts.detection.kind} at {mpp:g} um/px"
+        + ("" if slide_mpp else " (assumed: the slide records none)")
+        + ". Is the resolution right (--mpp UM_PER_PX)? A section (--detection tissue)? Or "
+        "give the nuclei with --nuclei"
+    )
 
 
 def rank_by(scorer: Scorer, opts) -> str:
