@@ -194,15 +194,15 @@ def test_calibrate_refuses_what_cannot_calibrate(cohort, tmp_path):
     proc = run_cyto("calibrate", str(model), str(mixed), str(t1))
     assert proc.returncode == 2 and "differ in precision" in proc.stderr
     bad = run_cyto("calibrate", str(model), str(t1), "--normalize", "zscore")
-    assert bad.returncode == 2 and "normalization must be one of" in bad.stderr
+    assert bad.returncode == 2 and "--normalize must be one of" in bad.stderr
     small = tmp_path / "small.parquet"
     pq.write_table(pa.table({"score": [1.0, 2.0]}), small)
     proc = run_cyto("calibrate", str(model), str(small))
     assert proc.returncode == 2 and "at least 100 scored cells" in proc.stderr
     fdr = score_cli(cohort["negs"][0], model, tmp_path / "x", "--fdr", "1.5")
-    assert fdr.returncode == 2 and "fdr_alpha must be between 0 and 1" in fdr.stderr
+    assert fdr.returncode == 2 and "--fdr must be between 0 and 1" in fdr.stderr
     conf = score_cli(cohort["negs"][0], model, tmp_path / "x", "--fdr-confidence", "90")
-    assert conf.returncode == 2 and "fdr_confidence must be between 0 and 1" in conf.stderr
+    assert conf.returncode == 2 and "--fdr-confidence must be between 0 and 1" in conf.stderr
 
 
 def test_a_slide_unlike_the_calibration_slides_gets_no_burden(cohort, tmp_path):

@@ -44,3 +44,29 @@ def test_fewer_cells_than_tissue_tiles_gets_a_word_on_why():
     assert few_cells_words(19, 19, None, opts) is None  # one a tile: no word
     assert few_cells_words(0, 3, None, opts) is None  # a slide of three tiles says little
     assert few_cells_words(2, 19, None, ScoreOptions(nuclei="n.csv")) is None  # points given
+
+
+def test_a_bad_score_option_is_named_as_the_flag_the_user_typed():
+    """The errors named ScoreOptions' fields (top_k, slide_mpp, fdr_alpha), which cyto score
+    does not take (QA); they name --top-k, --mpp, --fdr, with the value given."""
+    import pytest
+
+    from cyto.errors import ConfigError
+
+    cases = {
+        "top_k": (0, "--top-k must be >= 1, got 0"),
+        "mosaic": (-1, "--mosaic must be >= 0"),
+        "slide_mpp": (0.0, "--mpp must be in um per pixel"),
+        "model_mpp": (500.0, "--model-mpp must be in um per pixel"),
+        "fdr_alpha": (2.0, "--fdr must be between 0 and 1, got 2.0"),
+        "triage_level": (0.0, "--triage-level must be between 0 and 1"),
+        "patch_size": (8, "--patch-size must be >= 16 px, got 8"),
+        "tile": (100, "--tile must be at least --patch-size (192 px), got 100"),
+        "batch_size": (0, "--batch-size must be >= 1"),
+        "workers": (-2, "--workers must be >= 0, got -2"),
+        "rank_by": ("size", "--rank-by must be one of"),
+    }
+    for field, (value, words) in cases.items():
+        with pytest.raises(ConfigError) as err:
+            ScoreOptions(**{field: value})
+        assert str(err.value).startswith(words), (field, str(err.value))

@@ -56,39 +56,58 @@ class ScoreOptions:
     rank_by: str = "auto"  # model | model+nucleus | auto (cyto.data.morphometry)
 
     def __post_init__(self) -> None:
-        if self.patch_size < 16 or self.tile < self.patch_size or self.batch_size < 1:
-            raise ConfigError("need patch_size >= 16, tile >= patch_size and batch_size >= 1")
+        # the messages name the command-line flags (ScoreOptions' fields spelled as cyto score
+        # takes them), with the value given
+        if self.patch_size < 16:
+            raise ConfigError(f"--patch-size must be >= 16 px, got {self.patch_size}")
+        if self.tile < self.patch_size:
+            raise ConfigError(
+                f"--tile must be at least --patch-size ({self.patch_size} px), got {self.tile}"
+            )
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.backend not in CHOICES:
-            raise ConfigError(f"backend must be one of {', '.join(CHOICES)}, got {self.backend!r}")
+            raise ConfigError(
+                f"--backend must be one of {', '.join(CHOICES)}, got {self.backend!r}"
+            )
         if self.precision not in (*PRECISIONS, "auto"):
             raise ConfigError(
-                f"precision must be one of {', '.join(PRECISIONS)} or auto, got {self.precision!r}"
+                f"--precision must be one of {', '.join(PRECISIONS)} or auto, got "
+                f"{self.precision!r}"
             )
         if self.decode not in DECODERS:
-            raise ConfigError(f"decode must be {' or '.join(DECODERS)}, got {self.decode!r}")
+            raise ConfigError(f"--decode must be {' or '.join(DECODERS)}, got {self.decode!r}")
         if self.overlap not in OVERLAP:
-            raise ConfigError(f"overlap must be one of {', '.join(OVERLAP)}, got {self.overlap!r}")
+            raise ConfigError(
+                f"--overlap must be one of {', '.join(OVERLAP)}, got {self.overlap!r}"
+            )
         if self.rank_by not in RANK_BY:
-            raise ConfigError(f"rank_by must be one of {', '.join(RANK_BY)}, got {self.rank_by!r}")
-        if self.top_k < 1 or self.mosaic < 0:
-            raise ConfigError("top_k must be >= 1 and mosaic >= 0")
+            raise ConfigError(
+                f"--rank-by must be one of {', '.join(RANK_BY)}, got {self.rank_by!r}"
+            )
+        if self.top_k < 1:
+            raise ConfigError(f"--top-k must be >= 1, got {self.top_k}")
+        if self.mosaic < 0:
+            raise ConfigError(f"--mosaic must be >= 0 (0: none), got {self.mosaic}")
         if self.workers is not None and self.workers < 0:
-            raise ConfigError(f"workers must be >= 0, got {self.workers}")
+            raise ConfigError(f"--workers must be >= 0, got {self.workers}")
         if self.chunk_cells < 1 or (self.queue is not None and self.queue < 1):
-            raise ConfigError("chunk_cells and queue must be >= 1")
+            raise ConfigError(
+                f"chunk_cells and queue must be >= 1, got {self.chunk_cells} and {self.queue}"
+            )
         if self.max_cells is not None and self.max_cells < 1:
             raise ConfigError(f"max_cells must be >= 1, got {self.max_cells}")
-        for name in ("fdr_alpha", "triage_level"):
+        for name, flag in (("fdr_alpha", "--fdr"), ("triage_level", "--triage-level")):
             if not 0.0 < getattr(self, name) < 1.0:
-                raise ConfigError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
+                raise ConfigError(f"{flag} must be between 0 and 1, got {getattr(self, name)}")
         if self.fdr_confidence is not None and not 0.0 < self.fdr_confidence < 1.0:
             raise ConfigError(
-                f"fdr_confidence must be between 0 and 1 (e.g. 0.9), got {self.fdr_confidence}"
+                f"--fdr-confidence must be between 0 and 1 (e.g. 0.9), got {self.fdr_confidence}"
             )
-        for name in ("slide_mpp", "model_mpp"):
+        for name, flag in (("slide_mpp", "--mpp"), ("model_mpp", "--model-mpp")):
             value = getattr(self, name)
             if value is not None and not 0.01 <= value <= 100:
-                raise ConfigError(f"{name} must be in um per pixel (0.01 to 100), got {value}")
+                raise ConfigError(f"{flag} must be in um per pixel (0.01 to 100), got {value}")
 
     def overlaps(self, device: str) -> bool:
         """Whether the engine runs in a thread of its own (``auto``: on a CUDA device)."""

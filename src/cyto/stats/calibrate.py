@@ -124,7 +124,7 @@ def calibrate_from_tables(
     """Store the slide-negative calibration of ``tables`` in the bundle; returns its record."""
     if normalization not in conformal.NORMALIZATIONS:
         raise ConfigError(
-            f"normalization must be one of {', '.join(conformal.NORMALIZATIONS)}, "
+            f"--normalize must be one of {', '.join(conformal.NORMALIZATIONS)}, "
             f"got {normalization!r}"
         )
     bundle = load_bundle(Path(model), weights=False)
