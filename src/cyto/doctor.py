@@ -277,23 +277,40 @@ def model_rows(
             if precision_asked and precision != precision_asked:
                 continue
             graph = graph_for(bundle.spec, precision, device)
-            for backend in backends:
+            # on a CPU every int8 form the bundle holds is checked, the one --precision int8
+            # takes here first (a form that fails gives way to the other)
+            forms = [graph]
+            if cpu and precision == "int8" and graph is not None:
+                forms += [
+                    g
+                    for k, g in sorted(bundle.spec.graphs.items())
+                    if k.startswith("int8") and g.file != graph.file
+                ]
+            for backend, form in [(b, f) for b in backends for f in forms]:
                 if backend == "torch" and (precision == "int8" or (precision == "fp16" and cpu)):
                     continue
-                if backend != "torch" and graph is None:
+                if backend != "torch" and form is None:
+                    continue
+                if backend == "torch" and form is not graph:
                     continue
                 row = ModelRow(
                     str(model),
                     device,
                     backend,
                     precision,
-                    graph.file if graph is not None and backend != "torch" else "PyTorch",
+                    form.file if form is not None and backend != "torch" else "PyTorch",
                     "",
                     "",
                     asked=precision == precision_asked,
                 )
                 try:
-                    scorer = load_scorer(bundle, backend, device, precision)
+                    scorer = load_scorer(
+                        bundle,
+                        backend,
+                        device,
+                        precision,
+                        graph=form if len(forms) > 1 else None,  # each CPU int8 form alone
+                    )
                 except VerificationError as exc:
                     row.status, row.detail = FAILED, str(exc)
                 except CytoError as exc:

@@ -282,6 +282,11 @@ def test_export_keeps_golden_cells_and_doctor_verifies_every_graph(
     rows = [ln.split() for ln in out.splitlines() if ln.startswith("    cpu ")]
     assert {(r[1], r[2]) for r in rows} >= {("onnx", "fp32"), ("torch", "fp32"), ("onnx", "int8")}
     assert all(r[3] == "passed" for r in rows if r[2] == "fp32"), rows
+    # every int8 graph of the bundle is checked here, each alone (doctor listed only the one
+    # --precision int8 would take; QA)
+    int8_files = {v["file"] for k, v in m["onnx_variants"].items() if k.startswith("int8")}
+    assert len(int8_files) >= 2, m["onnx_variants"].keys()
+    assert {r[-1] for r in rows if r[2] == "int8"} == int8_files, rows
     info = run_cyto("info", str(path))
     assert "golden cells: " in info.stdout and "cyto doctor" in info.stdout
     # a precision asked for that cannot run here exits non-zero

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.bundle import PRECISIONS, Bundle, ModelSpec, load_bundle
+from cyto.bundle import PRECISIONS, Bundle, GraphSpec, ModelSpec, load_bundle
 from cyto.errors import ConfigError, CytoError
 from cyto.runtime.backends import CHOICES, Backend
 from cyto.runtime.devices import resolve_device
@@ -213,6 +213,7 @@ def load_scorer(
     precision: str = "fp32",
     threads: int | None = None,
     verify: bool = True,
+    graph: GraphSpec | None = None,
 ) -> Scorer:
     """Load the whole model for ``backend`` on ``device`` (cpu, cuda, cuda:N or auto), verified
     on this machine (:mod:`cyto.runtime.verify`) before it is returned.
@@ -222,7 +223,8 @@ def load_scorer(
     numbers (:class:`~cyto.errors.VerificationError`), except a graph whose loss was accepted at
     export. ``auto`` (backend or precision) takes the fastest choice that passed here, and
     ``notes`` say what was passed over and why. ``verify=False`` skips the check (recorded in
-    ``scorer.verification``).
+    ``scorer.verification``). ``graph`` runs that graph of the bundle's ``precision`` graphs and
+    no other (``cyto doctor`` checks each CPU int8 form so).
     """
     from cyto.errors import VerificationError
     from cyto.runtime.verify import Verification, read_golden, verify_scorer
@@ -248,7 +250,7 @@ def load_scorer(
         names = backend_candidates(bundle, device, p, notes) if backend == "auto" else [backend]
         # (backend, graph): None is the graph this machine's default; a CPU int8 form that fails
         # verification here is followed by the bundle's other CPU int8 form
-        attempts = [(name, None) for name in names]
+        attempts = [(name, graph) for name in names]
         while attempts:
             name, form = attempts.pop(0)
             try:
@@ -266,12 +268,12 @@ def load_scorer(
                 return scorer
             check = verify_scorer(scorer, golden)
             scorer.verification = check
-            graph = form or graph_for(bundle.spec, p, device)
-            accepted = graph is not None and not graph.parity_passed and precision != "auto"
+            ran = form or graph_for(bundle.spec, p, device)
+            accepted = ran is not None and not ran.parity_passed and precision != "auto"
             if check.status != "failed" or accepted:
                 if accepted and check.status == "failed":
                     notes.append(
-                        f"{graph.file} is below the gate here too ({check.words()}), as accepted "
+                        f"{ran.file} is below the gate here too ({check.words()}), as accepted "
                         "at export"
                     )
                 elif check.status != "passed":
