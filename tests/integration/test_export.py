@@ -173,6 +173,9 @@ def test_export_cli_and_info(bundles, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "opset 18" in proc.stdout and "max relative difference" in proc.stdout
     assert "TensorRT import rules (TensorRT 10.0 to 11.x): the graph conforms" in proc.stdout
+    # what the graph conforms to, and what cyto builds engines with (doctor's words; QA: they
+    # read as two different version ranges)
+    assert "cyto builds engines with TensorRT 10.12 or newer, below 12" in proc.stdout
     rel = float(proc.stdout.split("max relative difference")[1].split()[0])
     assert rel < 1e-4
     info = run_cyto("info", str(copy))

@@ -78,7 +78,12 @@ def export_bundle(
         )
         conf = entry["tensorrt_conformance"]
         if conf["ok"]:
-            echo(f"TensorRT import rules ({conf['targets']}): the graph conforms")
+            from cyto.runtime.backends.tensorrt import REQUIREMENT
+
+            echo(
+                f"TensorRT import rules ({conf['targets']}): the graph conforms (cyto builds "
+                f"engines with {REQUIREMENT}: cyto doctor says what is here)"
+            )
         else:
             echo(
                 f"warning: the graph breaks TensorRT's import rules ({conf['targets']}): "

@@ -24,10 +24,9 @@ from cyto.errors import ConfigError, DeviceError, MissingDependencyError
 from cyto.runtime import devices
 from cyto.runtime.engines import EngineEntry, EngineIndex, EngineWant, plan_batches
 
-INSTALL = (
-    "pip install 'cyto[gpu]' (TensorRT 10.12 or newer, below 12) on a machine with an NVIDIA "
-    "GPU and driver"
-)
+#: the TensorRT cyto builds and runs engines with (graphs conform to every 10.0 to 11.x)
+REQUIREMENT = "TensorRT 10.12 or newer, below 12"
+INSTALL = f"pip install 'cyto[gpu]' ({REQUIREMENT}) on a machine with an NVIDIA GPU and driver"
 SUPPORTED_MAJORS = (10, 11)
 #: strongly typed networks, which every cyto engine is, are complete from TensorRT 10.12 on
 #: (earlier 10.x minors lack strongly typed forms of some layers and int8 Q/DQ patterns)
@@ -56,7 +55,7 @@ def require_tensorrt():
     version = trt_version(getattr(trt, "__version__", ""))
     if not version or version[0] not in SUPPORTED_MAJORS or version[:2] < MINIMUM:
         raise MissingDependencyError(
-            "tensorrt 10.12 or newer, below 12",
+            REQUIREMENT,
             f"TensorRT engines (found TensorRT {getattr(trt, '__version__', '?')})",
             INSTALL,
         )
