@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from cyto import __version__
-from cyto.errors import BundleError
+from cyto.errors import BundleError, BundlePathError
 
 FORMAT = "cyto-bundle"
 # 2: the manifest must carry its seal; TensorRT engines live in engines/, outside the seal.
@@ -310,8 +310,13 @@ def _json(obj: Any) -> Any:
 
 def read_manifest(path: Path) -> dict[str, Any]:
     path = Path(path)
+    if not path.exists():
+        raise BundlePathError(
+            f"model bundle {path} does not exist (expected NAME.cyto/ with {MANIFEST}); train "
+            "one with 'cyto train'"
+        )
     if not path.is_dir():
-        raise BundleError(
+        raise BundlePathError(
             f"{path} is not a model bundle folder (expected NAME.cyto/ with "
             f"{MANIFEST}); train one with 'cyto train'"
         )

@@ -68,6 +68,13 @@ class BundleError(CytoError):
     """A model bundle is missing, incomplete, tampered with, or from an incompatible version."""
 
 
+class BundlePathError(BundleError):
+    """The path given as a model bundle does not exist or is no folder: a bad argument, exit 2
+    like every other path that does not exist (a bundle that exists but is broken stays 1)."""
+
+    exit_code = 2
+
+
 class TrainingError(CytoError):
     """Training cannot go on (NaN loss, collapsed scores, unusable data for the method)."""
 

@@ -110,3 +110,23 @@ def test_an_unsealed_bundle_warns_and_can_be_sealed(exported_dsvdd, tmp_path):
     _edit(bundle, tta_lambda=0.5)
     with pytest.raises(BundleError, match="does not match its own checksum"):
         load_bundle(bundle)
+
+
+def test_a_bundle_path_that_does_not_exist_is_a_bad_argument(tmp_path):
+    """A missing bundle exited 1, a missing slide or data folder 2 (QA): every path the user
+    gave that does not exist is exit 2; a bundle that exists but is broken stays 1."""
+    from tests.cli_runner import run_cyto
+
+    missing = tmp_path / "nope.cyto"
+    for args in (
+        ("info", str(missing)),
+        ("export", str(missing)),
+        ("predict", str(missing), "--data", str(tmp_path)),
+    ):
+        proc = run_cyto(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert f"model bundle {missing} does not exist" in proc.stderr, proc.stderr
+    broken = tmp_path / "broken.cyto"
+    broken.mkdir()
+    proc = run_cyto("info", str(broken))
+    assert proc.returncode == 1 and "has no manifest.json" in proc.stderr, proc.stderr
