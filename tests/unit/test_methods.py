@@ -303,7 +303,7 @@ def test_tampered_or_foreign_bundles_are_refused(tmp_path, request):
     (path / "manifest.json").write_text(json.dumps({"format": "something-else"}))
     with pytest.raises(BundleError, match="not a cyto bundle"):
         load_bundle(path)
-    with pytest.raises(BundleError, match="not a model bundle folder"):
+    with pytest.raises(BundleError, match="does not exist"):
         load_bundle(tmp_path / "nothing.cyto")
     pickled = tmp_path / "p.cyto"
     pickled.mkdir()
