@@ -448,3 +448,39 @@ def _scored(model, slide, out):
 
     score_slide(slide.paths[0], model, out, ScoreOptions(mosaic=0, workers=0), echo=lambda _: None)
     return out
+
+
+def test_the_progress_counts_the_cells_found_not_only_those_back_from_the_engine(
+    exported_dsvdd, tmp_path
+):
+    """The demo's log said '14/16 tiles ... 0 cells': the bar counted cells back from the
+    engine lane, which keeps two batches out, so a small slide showed 0 until its last tiles.
+    It counts the cells taken in (scored, with the engine, or waiting for a batch)."""
+    from cyto.infer import ScoreOptions
+    from cyto.infer.batcher import CellBatcher
+    from cyto.infer.store import ChunkStore
+    from cyto.runtime import load_scorer
+
+    scorer = load_scorer(exported_dsvdd, "onnx", "cpu")
+    size = scorer.spec.crop_size
+    opts = ScoreOptions(rank_by="model", batch_size=64)
+    store = ChunkStore(tmp_path, {"test": 1})
+    store.start(False, lambda m: None)
+    cells = CellBatcher(scorer, store, "s", opts, 0, 0)
+    rng = np.random.default_rng(0)
+    for tile in range(2):
+        n = 300
+        cells.add(
+            {
+                "meta": np.zeros((n, 4)),
+                "crops": rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8),
+                "tile": tile,
+                "final": True,
+                "shares": None,
+            },
+            tile + 1,
+        )
+        assert cells.seen == 300 * (tile + 1)
+    assert cells.n_cells < cells.seen  # the lane still holds batches
+    cells.flush(2)
+    assert cells.n_cells == cells.seen == 600

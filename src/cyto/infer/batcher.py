@@ -44,6 +44,12 @@ class CellBatcher:
     def engine_s(self) -> float:
         return self.lane.wall_s
 
+    @property
+    def seen(self) -> int:
+        """Cells taken in so far: scored, with the engine, or waiting for a batch (what the
+        progress bar counts; ``n_cells`` lags by the batches the engine lane keeps out)."""
+        return self.n_cells + self.out_cells + self._pending_cells()
+
     def _pending_cells(self) -> int:
         return sum(len(p["meta"]) for p in self.pending)
 

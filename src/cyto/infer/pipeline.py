@@ -132,8 +132,10 @@ def score_tiles(plan: SlidePlan, jobs: list, store: ChunkStore, scorer, opts, ec
                     trim_malloc()  # the crops' fragments, left in the threads' malloc arenas
                     trimmed = time.perf_counter()
                 bar.advance(int(tile["final"]))
-                rate = (cells.n_cells - n_done) / max(time.perf_counter() - t_loop, 1e-9)
-                bar.set_postfix(f"{cells.n_cells} cells, {rate:.0f} cells/s")
+                # the cells found so far (the engine lane keeps up to two batches out, so on
+                # a small slide the scored count stayed 0 until the last tiles)
+                rate = (cells.seen - n_done) / max(time.perf_counter() - t_loop, 1e-9)
+                bar.set_postfix(f"{cells.seen} cells, {rate:.0f} cells/s")
             cells.flush(position)
             rate = (cells.n_cells - n_done) / max(time.perf_counter() - t_loop, 1e-9)
             bar.set_postfix(f"{cells.n_cells} cells, {rate:.0f} cells/s")
