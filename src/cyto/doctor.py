@@ -80,14 +80,24 @@ def _version(name: str) -> str | None:
 
 
 def cpu_checks() -> list[Check]:
-    from cyto.runtime.machine import cpu_info
+    from cyto.runtime.machine import cpu_info, int8_dot_here, int8_kernels_exact
 
     cpu = cpu_info()
     form = (
-        "int8-cpu (8-bit weights: VNNI/AMX sum int8 products in int32)"
-        if cpu.int8_dot
-        else "int8-cpu7 (7-bit weights: without VNNI, 8-bit weights saturate in int16)"
+        "int8-cpu (8-bit weights: int8 products sum in int32 here)"
+        if int8_dot_here()
+        else "int8-cpu7 (7-bit weights: 8-bit weights would saturate in int16 here)"
     )
+    measured = int8_kernels_exact()
+    if measured is None:
+        form += "; from the CPU's flags (ONNX Runtime could not be probed)"
+    else:
+        form += "; measured on ONNX Runtime's kernels"
+        if measured != cpu.int8_dot:
+            form += (
+                f", against the flags ({'VNNI/AMX' if cpu.int8_dot else 'no VNNI'}): an "
+                "emulated or masked CPU"
+            )
     return [
         Check("cpu", cpu.model, INFO, f"{cpu.arch}; {' '.join(cpu.flags) or 'flags unknown'}"),
         Check("cpu", "int8 form", INFO, form),

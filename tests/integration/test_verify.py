@@ -218,12 +218,34 @@ def test_the_int8_form_follows_the_cpu(bundle, synth_patches, monkeypatch):
     spec = load_bundle(bundle, weights=False).spec
     vnni = machine.CpuInfo("Intel Xeon", "x86_64", ("avx2", "avx512f", "avx512_vnni"))
     avx2 = machine.CpuInfo("AMD EPYC", "x86_64", ("avx2", "fma"))
+    # without a measurement of the kernels (no ONNX Runtime to probe), the flags decide
+    monkeypatch.setattr(machine, "int8_kernels_exact", lambda: None)
     monkeypatch.setattr(machine, "cpu_info", lambda: vnni)
     assert machine.graph_for(spec, "int8", "cpu").file == "encoder-int8-cpu.onnx"
     monkeypatch.setattr(machine, "cpu_info", lambda: avx2)
     assert machine.graph_for(spec, "int8", "cpu").file == "encoder-int8-cpu7.onnx"
     assert load_scorer(bundle, "onnx", "cpu", "int8").graph_file == "encoder-int8-cpu7.onnx"
+    # the measurement wins over the flags: flags that say VNNI over kernels that saturate (an
+    # emulator, qemu -cpu Haswell, reports the host's flags) take the 7-bit form
+    monkeypatch.setattr(machine, "cpu_info", lambda: vnni)
+    monkeypatch.setattr(machine, "int8_kernels_exact", lambda: False)
+    assert machine.graph_for(spec, "int8", "cpu").file == "encoder-int8-cpu7.onnx"
+    assert machine.fingerprint("cpu")["int8_exact"] is False  # and the cache key holds it
+    monkeypatch.setattr(machine, "cpu_info", lambda: avx2)
+    monkeypatch.setattr(machine, "int8_kernels_exact", lambda: True)
+    assert machine.graph_for(spec, "int8", "cpu").file == "encoder-int8-cpu.onnx"
     assert machine.graph_for(spec, "int8", "cuda:0") is None  # a GPU runs TensorRT's form
+
+
+def test_the_int8_probe_measures_what_the_flags_say_on_a_real_cpu():
+    """ONNX Runtime's uint8 x int8 kernels, probed: exact where the CPU has VNNI or AMX, pairs
+    saturating in int16 elsewhere (qemu -cpu Haswell on a VNNI host gives 1,048,544 for the
+    exact 2,072,640, while /proc/cpuinfo still shows VNNI: the flags alone cannot tell)."""
+    machine.int8_kernels_exact.cache_clear()
+    measured = machine.int8_kernels_exact()
+    assert measured is machine.cpu_info().int8_dot, (measured, machine.cpu_info().flags)
+    assert machine.int8_dot_here() is measured
+    assert machine.fingerprint("cpu")["int8_exact"] is measured
 
 
 def test_cpu_flags_are_read_from_cpuinfo():

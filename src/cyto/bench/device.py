@@ -12,7 +12,7 @@ import subprocess
 from datetime import date
 from pathlib import Path
 
-from cyto.runtime.machine import cpu_info
+from cyto.runtime.machine import cpu_info, int8_dot_here, int8_kernels_exact
 
 LIBRARIES = (
     "cyto",
@@ -75,7 +75,8 @@ def machine(command: str = "") -> dict[str, object]:
         "cpu": cpu_model(),
         # the instruction sets that pick ONNX Runtime's kernels (int8: VNNI/AMX or not)
         "cpu_flags": list(cpu_info().flags),
-        "cpu_int8_form": "int8-cpu" if cpu_info().int8_dot else "int8-cpu7",
+        "cpu_int8_form": "int8-cpu" if int8_dot_here() else "int8-cpu7",
+        "cpu_int8_exact_measured": int8_kernels_exact(),
         "cpu_count": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "platform": platform.platform(),

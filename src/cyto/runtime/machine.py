@@ -65,6 +65,53 @@ class CpuInfo:
         return f"{self.model} ({self.arch}; {' '.join(self.flags) or 'no flags read'})"
 
 
+#: the int8 probe: K products of 255 x 127 summed (exact: 2,072,640; in int16 pairs that
+#: saturate: K/2 x 32,767 = 1,048,544)
+PROBE_K = 64
+
+
+@functools.lru_cache(maxsize=1)
+def int8_kernels_exact() -> bool | None:
+    """Whether ONNX Runtime's CPU uint8 x int8 kernels sum exactly here, measured on one
+    ``MatMulInteger`` of :data:`PROBE_K` products of 255 x 127 (not read from the CPU's flags,
+    which can say VNNI where the kernels run AVX2's ``vpmaddubsw``: under ``qemu-x86_64 -cpu
+    Haswell`` /proc/cpuinfo shows the host's flags while ONNX Runtime dispatches AVX2 kernels,
+    and the probe gives 1,048,544). None when ONNX Runtime is not installed or the probe fails."""
+    try:
+        import numpy as np
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+    except ImportError:
+        return None
+    try:
+        graph = helper.make_graph(
+            [helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+            "cyto-int8-probe",
+            [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, PROBE_K])],
+            [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1])],
+            [helper.make_tensor("b", TensorProto.INT8, [PROBE_K, 1], [127] * PROBE_K)],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = 8
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.log_severity_level = 3
+        session = ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        got = session.run(None, {"a": np.full((1, PROBE_K), 255, np.uint8)})[0]
+    except Exception:  # noqa: BLE001 (a probe that cannot run says nothing)
+        return None
+    return int(got.ravel()[0]) == 255 * 127 * PROBE_K
+
+
+def int8_dot_here() -> bool:
+    """Whether the int8 form with 8-bit weights computes exactly on this CPU: measured by
+    :func:`int8_kernels_exact` where ONNX Runtime runs, else read from the flags."""
+    measured = int8_kernels_exact()
+    return cpu_info().int8_dot if measured is None else measured
+
+
 def _parse_cpuinfo(text: str) -> tuple[str, set[str]]:
     model, flags = "", set()
     for line in text.splitlines():
@@ -133,6 +180,9 @@ def fingerprint(device: str = "cpu") -> dict:
         "cpu": cpu.model,
         "arch": cpu.arch,
         "isa": list(cpu.flags),
+        # what the int8 kernels do here, measured: the flags alone cannot tell an emulated or
+        # masked CPU from the real one
+        "int8_exact": int8_kernels_exact(),
         "os": platform.system(),
         "libraries": library_versions(),
     }
@@ -144,4 +194,4 @@ def fingerprint(device: str = "cpu") -> dict:
 def graph_for(spec, precision: str, device: str):
     """The bundle's graph of ``precision`` for ``device`` on this machine: on a CPU, the int8
     form made for its instruction set (:meth:`cyto.bundle.ModelSpec.graph`)."""
-    return spec.graph(precision, device, int8_dot=cpu_info().int8_dot if device == "cpu" else True)
+    return spec.graph(precision, device, int8_dot=int8_dot_here() if device == "cpu" else True)
