@@ -29,25 +29,31 @@ def detect_numpy(rgb: np.ndarray, params: NucleusParams = NucleusParams()) -> np
     is first reduced by ``params.reduction()`` (box filter) when nuclei are large enough."""
     if not isinstance(rgb, np.ndarray):  # a tensor decoded on a device
         rgb = rgb.cpu().numpy()
-    k = params.reduction()
-    if k > 1:
-        from PIL import Image
+    small, at, k = _reduced(rgb, params)
+    found = _detect(small, at)
+    return from_reduced(found, k) if k > 1 else found
 
-        small = np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).reduce(k))
-        return from_reduced(_detect(small, reduced_params(params, k)), k)
-    return _detect(rgb, params)
+
+def _reduced(rgb: np.ndarray, params: NucleusParams) -> tuple[np.ndarray, NucleusParams, int]:
+    """``rgb`` reduced ``params.reduction()`` times, the settings for it, and the factor."""
+    k = params.reduction()
+    if k == 1:
+        return rgb, params, 1
+    from PIL import Image
+
+    small = np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).reduce(k))
+    return small, reduced_params(params, k), k
 
 
 def smoothed_haematoxylin(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     """The smoothed haematoxylin the detector thresholds, at its reduction of ``rgb``."""
+    small, at, _ = _reduced(rgb, params)
+    return _smooth(small, at)
+
+
+def _smooth(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     from scipy import ndimage
 
-    k = params.reduction()
-    if k > 1:
-        from PIL import Image
-
-        rgb = np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).reduce(k))
-        params = reduced_params(params, k)
     return ndimage.gaussian_filter(haematoxylin(rgb), params.sigma)
 
 
@@ -56,7 +62,7 @@ def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     from skimage.feature import peak_local_max
     from skimage.filters import threshold_otsu
 
-    h = ndimage.gaussian_filter(haematoxylin(rgb), params.sigma)
+    h = _smooth(rgb, params)
     if float(h.max()) < params.min_threshold:
         return np.empty((0, 3), dtype=np.float64)
     if params.threshold is not None:  # the slide's, the same for every tile
