@@ -70,9 +70,6 @@ class Cells:
         )
 
 
-GOLDEN_WORDS = "the bundle's golden cells"
-
-
 def _golden_cells(bundle) -> Cells | None:
     """The bundle's golden cells as parity cells, when they are real cells (an fp16 graph is
     not calibrated, so cells the model trained on measure its parity as well as any)."""
@@ -84,7 +81,7 @@ def _golden_cells(bundle) -> Cells | None:
     return Cells(
         golden.images,
         golden.labels,
-        f"{GOLDEN_WORDS} ({golden.source})",
+        f"the bundle's golden cells ({golden.source})",
         golden.sha256,
     )
 
@@ -388,8 +385,9 @@ def export_variant(
     held = parity_cells
     if calib is not None and held is None:
         calib, held = calib.split(0.25)
+    held_words = "held-out"
     if held is None and precision == "fp16":  # nothing calibrated: the golden cells serve
-        held = _golden_cells(bundle)
+        held, held_words = _golden_cells(bundle), "golden"
     if held is None:
         raise ConfigError(
             f"{precision}: parity needs held-out cells: pass --parity-cells CELLS (or --calib)"
@@ -421,8 +419,7 @@ def export_variant(
         parity["cells_source"] = held.source
         ok = passes(parity)
         line = (
-            f"{key} vs fp32 on {parity['cells']} "
-            f"{'golden' if held.source.startswith(GOLDEN_WORDS) else 'held-out'} cells: Spearman "
+            f"{key} vs fp32 on {parity['cells']} {held_words} cells: Spearman "
             f"{parity['spearman']:.4f}, top-10% overlap {parity['top10_overlap']:.2f}, top-1% "
             f"{parity['top1_overlap']:.2f}, max score difference {parity['max_abs_diff']:.3g}"
         )

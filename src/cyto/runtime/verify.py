@@ -90,10 +90,8 @@ def export_hint(bundle, precision: str) -> str:
     command = f"cyto export {bundle.path} --no-onnx --precision {precision}"
     if precision == "int8":
         return command + " --calib CELLS"
-    golden = bundle.manifest.get("golden") or {}
-    if golden.get("kind", "cells") != "cells" or golden.get("file") not in bundle.manifest.get(
-        "files", {}
-    ):
+    golden = read_golden(bundle)
+    if golden is None or golden.kind != "cells":
         return command + " --parity-cells CELLS"
     return command
 
