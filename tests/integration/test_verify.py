@@ -243,6 +243,8 @@ def test_the_int8_probe_measures_what_the_flags_say_on_a_real_cpu():
     exact 2,072,640, while /proc/cpuinfo still shows VNNI: the flags alone cannot tell)."""
     machine.int8_kernels_exact.cache_clear()
     measured = machine.int8_kernels_exact()
+    if measured is None:
+        pytest.skip("ONNX Runtime cannot be probed here")
     assert measured is machine.cpu_info().int8_dot, (measured, machine.cpu_info().flags)
     assert machine.int8_dot_here() is measured
     assert machine.fingerprint("cpu")["int8_exact"] is measured
