@@ -17,7 +17,7 @@ A module may import its own layer's package and anything below. On top of that:
 imports ``train/`` or ``data.synth``; ``slides/`` and ``detect/`` know nothing of models (nor of
 each other: the pipeline hands tiles from one to the other); ``runtime/`` imports no torch at
 module level. No module imports itself back through others (no cycles), and the two nucleus
-detectors meet only in their shared parameters module.
+detectors meet only in their shared modules (parameters, peaks).
 """
 
 from __future__ import annotations

@@ -51,3 +51,20 @@ def test_empty_and_full_masks():
     assert nt.label(full).unique().tolist() == [1]
     rgb = np.full((64, 64, 3), 240, dtype=np.uint8)  # blank glass
     assert len(nt.detect_nuclei_torch(rgb)) == 0
+
+
+def test_a_small_nucleus_beside_a_large_one_is_found_by_both_detectors():
+    """The torch detector once took its window maximum over every component, so the centre of a
+    small nucleus a few pixels from a large one (lower than the large one's pixels in its window)
+    was no peak there, while the SciPy detector, per component, found it."""
+    from cyto.detect import NucleusParams
+    from cyto.detect.numpy_form import detect_numpy
+
+    yy, xx = np.mgrid[:120, :160]
+    rgb = np.full((120, 160, 3), 235, dtype=np.uint8)
+    nuclei = (np.hypot(yy - 60, xx - 50) <= 32) | (np.hypot(yy - 60, xx - 96) <= 9)
+    rgb[nuclei] = (70, 40, 130)  # MGG purple
+    params = NucleusParams(min_area=100, downsample=1)
+    want = detect_numpy(rgb, params)
+    assert len(want) == 2, want
+    assert np.array_equal(nt.detect_nuclei_torch(rgb, params), want)

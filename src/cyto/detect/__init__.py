@@ -1,7 +1,7 @@
 """Nucleus detection: where the cells of a tile are (``cyto.detect``).
 
-Owns the detector (a numpy/SciPy form and a torch form that runs where the engine runs, over one
-shared parameters module and never importing each other), its settings and presets, and nucleus
+Owns the detector (a numpy/SciPy form and a torch form that runs where the engine runs, over
+shared modules for the parameters and the distance-transform peaks, never importing each other), its settings and presets, and nucleus
 points read from files. Knows nothing of models or slides' formats: it takes decoded tiles (numpy
 arrays or tensors) and a reader with ``read_region``. Imports only ``cyto.errors`` (and torch,
 lazily, for the torch form).

@@ -12,6 +12,7 @@ from cyto.detect.params import (
     nuclei_from_peaks,
     reduced_params,
 )
+from cyto.detect.peaks import component_peaks
 
 
 def haematoxylin(rgb: np.ndarray) -> np.ndarray:
@@ -59,7 +60,6 @@ def _smooth(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
 
 def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     from scipy import ndimage
-    from skimage.feature import peak_local_max
     from skimage.filters import threshold_otsu
 
     h = _smooth(rgb, params)
@@ -78,7 +78,5 @@ def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
         return np.empty((0, 3), dtype=np.float64)
     areas = ndimage.sum(mask, labels, index=np.arange(1, n + 1))
     dist = ndimage.distance_transform_edt(mask)
-    peaks = peak_local_max(
-        dist, min_distance=params.min_distance, labels=labels, exclude_border=False
-    )
+    peaks = component_peaks(dist, labels, params.min_distance)
     return nuclei_from_peaks(peaks, dist, labels, areas, params)

@@ -14,12 +14,8 @@ Every step is the SciPy/scikit-image detector's, as tensor operations:
 * the exact Euclidean distance to the nearest background pixel by two passes of a min-plus
   filter (first down the columns, then along the rows) over a window as wide as the largest
   nucleus allowed; only background inside the tile counts, as in ``distance_transform_edt``;
-* peaks by max-pool suppression: a pixel is a peak where it equals the maximum of the distance
-  over a ``2 min_distance + 1`` window; peaks closer than ``min_distance`` (Chebyshev) to a
-  deeper peak of their component are dropped, and the order is ``peak_local_max``'s. One
-  difference: the SciPy detector takes the window's maximum within each nucleus's own component,
-  the max-pool over all of them, so a shallow peak within ``min_distance`` of a deeper peak of
-  another nucleus is lost here (none on the test slides);
+* peaks: the window maximum is a max-pool on the device; the rest is the SciPy detector's own
+  ``component_peaks`` on the host, so the peaks are ``peak_local_max``'s exactly;
 * one peak per large nucleus and the area range: the same rule on the (few) peaks, on the host.
 
 Results are ``(N, 3)`` arrays of x, y, area in tile pixels, like ``detect_nuclei``.
@@ -39,6 +35,7 @@ from cyto.detect.params import (
     nuclei_from_peaks,
     reduced_params,
 )
+from cyto.detect.peaks import component_peaks
 
 _BIG = torch.iinfo(torch.int64).max
 
@@ -175,33 +172,12 @@ def distance_transform(mask: torch.Tensor, radius: int) -> torch.Tensor:
     return torch.sqrt(out.clamp(max=inf)) * mask
 
 
-def _peaks(dist: torch.Tensor, labels: torch.Tensor, min_distance: int) -> np.ndarray:
-    """(N, 2) row, col of local maxima of ``dist`` over ``2 min_distance + 1`` windows inside
-    components, at least ``min_distance`` (Chebyshev) from a deeper peak of the same component,
-    in ``peak_local_max``'s order: by component, deepest first, ties in raster order."""
-    size = 2 * min_distance + 1  # a square window's maximum, in two passes
+def _window_max(dist: torch.Tensor, min_distance: int) -> torch.Tensor:
+    """The maximum of ``dist`` over each ``2 min_distance + 1`` square (a max-pool in two
+    passes), as ``ndimage.maximum_filter``."""
+    size = 2 * min_distance + 1
     pooled = F.max_pool2d(dist[None, None], (1, size), stride=1, padding=(0, min_distance))
-    pooled = F.max_pool2d(pooled, (size, 1), stride=1, padding=(min_distance, 0))[0, 0]
-    cand = (dist == pooled) & (labels > 0)
-    rc = torch.nonzero(cand).cpu().numpy()  # raster order
-    if len(rc) == 0:
-        return rc
-    depth = dist[cand].cpu().numpy()
-    comp = labels[cand].cpu().numpy()
-    order = np.lexsort((-depth, comp))  # by component, then deepest first (stable: raster)
-    rc, comp = rc[order], comp[order]
-    keep = np.ones(len(rc), dtype=bool)
-    if len(rc) > 1:
-        from scipy.spatial import cKDTree
-
-        tree = cKDTree(rc)
-        for i in range(len(rc)):
-            if not keep[i]:
-                continue
-            for j in tree.query_ball_point(rc[i], min_distance, p=np.inf):
-                if j > i and comp[j] == comp[i]:
-                    keep[j] = False
-    return rc[keep]
+    return F.max_pool2d(pooled, (size, 1), stride=1, padding=(min_distance, 0))[0, 0]
 
 
 def detect_nuclei_torch(
@@ -250,7 +226,9 @@ def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
     areas = torch.bincount(labels.view(-1), minlength=n + 1)[1:].cpu().numpy()
     radius = int(np.ceil(np.sqrt(params.max_area / np.pi))) + 2
     dist = distance_transform(mask, radius)
-    peaks = _peaks(dist, labels, params.min_distance)
+    pooled = _window_max(dist, params.min_distance).cpu().numpy()
+    dist_np, labels_np = dist.cpu().numpy(), labels.cpu().numpy()
+    peaks = component_peaks(dist_np, labels_np, params.min_distance, window_max=pooled)
     if len(peaks) == 0:
         return empty
-    return nuclei_from_peaks(peaks, dist.cpu().numpy(), labels.cpu().numpy(), areas, params)
+    return nuclei_from_peaks(peaks, dist_np, labels_np, areas, params)
