@@ -1,10 +1,10 @@
 """Nucleus detection: where the cells of a tile are (``cyto.detect``).
 
 Owns the detector (a numpy/SciPy form and a torch form that runs where the engine runs, over
-shared modules for the parameters and the distance-transform peaks, never importing each other), its settings and presets, and nucleus
-points read from files. Knows nothing of models or slides' formats: it takes decoded tiles (numpy
-arrays or tensors) and a reader with ``read_region``. Imports only ``cyto.errors`` (and torch,
-lazily, for the torch form).
+shared modules for the parameters and the distance-transform peaks, never importing each other),
+its settings and presets, and nucleus points read from files. Knows nothing of models or slides'
+formats: it takes decoded tiles (numpy arrays or tensors) and a reader with ``read_region``.
+Imports only ``cyto.errors`` (and torch, lazily, for the torch form).
 
 Detection: the haematoxylin channel of a colour deconvolution (Ruifrok & Johnston; skimage's
 ``rgb2hed``), which also responds to the azure-eosin purple of MGG-stained nuclei, is smoothed and
