@@ -94,3 +94,27 @@ def test_it_is_faster_than_scikit_image_on_a_crowded_tile():
     t_new, got = best(lambda: component_peaks(dist, labels, 6))
     assert np.array_equal(got, want)
     assert t_sk > 2 * t_new, (t_sk, t_new)
+
+
+def _one_peak_reference(peaks, dist, labels):
+    """The rule as first written: deepest first, a peak dropped when closer to a kept peak of its
+    component than 1.5x that peak's depth."""
+    depth = dist[peaks[:, 0], peaks[:, 1]]
+    comp = labels[peaks[:, 0], peaks[:, 1]]
+    kept, in_comp = [], {}
+    for i in np.argsort(-depth, kind="stable"):
+        same = in_comp.setdefault(int(comp[i]), [])
+        if not any(np.hypot(*(peaks[i] - peaks[j]).astype(float)) < 1.5 * depth[j] for j in same):
+            kept.append(int(i))
+            same.append(int(i))
+    return peaks[sorted(kept)]
+
+
+def test_one_peak_per_nucleus_keeps_the_rule():
+    from cyto.detect.params import _one_peak_per_nucleus
+
+    for seed in range(30):
+        dist, labels, _ = _field(seed)
+        peaks = component_peaks(dist, labels, 2)  # many peaks: many clashes to settle
+        want = _one_peak_reference(peaks, dist, labels)
+        assert np.array_equal(_one_peak_per_nucleus(peaks, dist, labels), want), seed

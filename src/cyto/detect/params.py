@@ -170,22 +170,30 @@ def _one_peak_per_nucleus(peaks: np.ndarray, dist: np.ndarray, labels: np.ndarra
     """
     if len(peaks) < 2:
         return peaks
-    depth = dist[peaks[:, 0], peaks[:, 1]]
+    depth = dist[peaks[:, 0], peaks[:, 1]].astype(np.float64)
     comp = labels[peaks[:, 0], peaks[:, 1]]
-    kept: list[int] = []
-    in_comp: dict[int, list[int]] = {}  # the kept peaks of each component (only they can clash)
-    for i in np.argsort(-depth, kind="stable"):
-        same = in_comp.setdefault(int(comp[i]), [])
-        close = False
-        for j in same:
-            gap = float(np.hypot(*(peaks[i] - peaks[j]).astype(np.float64)))
-            if gap < 1.5 * depth[j]:
-                close = True
-                break
-        if not close:
-            kept.append(int(i))
-            same.append(int(i))
-    return peaks[sorted(kept)]
+    order = np.argsort(-depth, kind="stable")
+    rank = np.empty(len(order), dtype=np.intp)
+    rank[order] = np.arange(len(order))
+    # pairs that can clash: same component, closer than 1.5x the deeper one's depth
+    from scipy.spatial import cKDTree
+
+    pairs = cKDTree(peaks).query_pairs(1.5 * float(depth.max()), output_type="ndarray")
+    pairs = pairs[comp[pairs[:, 0]] == comp[pairs[:, 1]]]
+    first = np.where(rank[pairs[:, 0]] < rank[pairs[:, 1]], pairs[:, 0], pairs[:, 1])
+    then = pairs[:, 0] + pairs[:, 1] - first
+    gap = np.hypot(*(peaks[then] - peaks[first]).astype(np.float64).T)
+    clash = gap < 1.5 * depth[first]
+    if not clash.any():
+        return peaks
+    by_rank = np.argsort(rank[first[clash]], kind="stable")
+    first, then = first[clash][by_rank], then[clash][by_rank]
+    keep = np.ones(len(peaks), dtype=bool)
+    starts = np.flatnonzero(np.r_[True, first[1:] != first[:-1]])
+    for at, end in zip(starts.tolist(), [*starts[1:].tolist(), len(first)], strict=True):
+        if keep[first[at]]:  # visited deepest first: a kept peak drops those it clashes with
+            keep[then[at:end]] = False
+    return peaks[keep]
 
 
 def in_core(points: np.ndarray, x0: int, y0: int, w: int, h: int) -> np.ndarray:
