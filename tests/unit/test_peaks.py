@@ -3,8 +3,6 @@ coordinates in the same order, without its loop over every component."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from scipy import ndimage
@@ -66,9 +64,9 @@ def test_edges_empty_and_no_background():
     assert np.array_equal(component_peaks(dist, full, 3), _skimage(dist, full, 3))
 
 
-def test_it_is_faster_than_scikit_image_on_a_crowded_tile():
-    """The reason it exists: scikit-image visits every component in Python (a crowded 768 px
-    tile: ~0.1 s, half a smear tile's detection). Ratio of best-of-3 times in one run."""
+def test_a_crowded_tile_gives_scikit_images_peaks():
+    """Hundreds of overlapping and touching discs at the size of a smear tile (what the function
+    is for; its speed is measured in benchmarks/speed/detect_before_after.py, not here)."""
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[:768, :768]
     mask = np.zeros((768, 768), dtype=bool)
@@ -81,19 +79,8 @@ def test_it_is_faster_than_scikit_image_on_a_crowded_tile():
     labels, n = ndimage.label(mask)
     dist = ndimage.distance_transform_edt(mask)
     assert n > 200
-
-    def best(f):
-        times = []
-        for _ in range(3):
-            t = time.perf_counter()
-            out = f()
-            times.append(time.perf_counter() - t)
-        return min(times), out
-
-    t_sk, want = best(lambda: _skimage(dist, labels, 6))
-    t_new, got = best(lambda: component_peaks(dist, labels, 6))
-    assert np.array_equal(got, want)
-    assert t_sk > 2 * t_new, (t_sk, t_new)
+    for d in (3, 6, 12):
+        assert np.array_equal(component_peaks(dist, labels, d), _skimage(dist, labels, d)), d
 
 
 def _one_peak_reference(peaks, dist, labels):
