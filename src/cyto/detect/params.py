@@ -167,23 +167,28 @@ def _one_peak_per_nucleus(peaks: np.ndarray, dist: np.ndarray, labels: np.ndarra
     find two maxima on it. Peaks are visited from the deepest; a peak is dropped when it lies in
     the same component as a kept one, closer than 1.5x the kept peak's depth (its inscribed
     radius r): two touching round nuclei have their centres about 2r apart and both stay.
+
+    Compared in whole numbers (squared pixel gaps against squared depths, which an exact
+    distance transform makes whole), so a gap of exactly 1.5 r is settled the same way by both
+    detectors, whatever the rounding of their float64 or float32 depths.
     """
     if len(peaks) < 2:
         return peaks
-    depth = dist[peaks[:, 0], peaks[:, 1]].astype(np.float64)
+    depth2 = np.rint(dist[peaks[:, 0], peaks[:, 1]].astype(np.float64) ** 2).astype(np.int64)
     comp = labels[peaks[:, 0], peaks[:, 1]]
-    order = np.argsort(-depth, kind="stable")
+    order = np.argsort(-depth2, kind="stable")
     rank = np.empty(len(order), dtype=np.intp)
     rank[order] = np.arange(len(order))
     # pairs that can clash: same component, closer than 1.5x the deeper one's depth
     from scipy.spatial import cKDTree
 
-    pairs = cKDTree(peaks).query_pairs(1.5 * float(depth.max()), output_type="ndarray")
+    reach = 1.5 * np.sqrt(float(depth2.max())) + 1.0
+    pairs = cKDTree(peaks).query_pairs(reach, output_type="ndarray")
     pairs = pairs[comp[pairs[:, 0]] == comp[pairs[:, 1]]]
     first = np.where(rank[pairs[:, 0]] < rank[pairs[:, 1]], pairs[:, 0], pairs[:, 1])
     then = pairs[:, 0] + pairs[:, 1] - first
-    gap = np.hypot(*(peaks[then] - peaks[first]).astype(np.float64).T)
-    clash = gap < 1.5 * depth[first]
+    gap2 = ((peaks[then] - peaks[first]).astype(np.int64) ** 2).sum(axis=1)
+    clash = 4 * gap2 < 9 * depth2[first]  # gap < 1.5 depth
     if not clash.any():
         return peaks
     by_rank = np.argsort(rank[first[clash]], kind="stable")
