@@ -123,3 +123,21 @@ def test_a_gap_of_exactly_one_and_a_half_depths_is_settled_alike_in_both_precisi
     dist[13, 12] = 1  # one pixel closer: dropped
     near = np.array([[10, 10], [13, 12]])
     assert np.array_equal(_one_peak_per_nucleus(near, dist, labels), near[:1])
+
+
+def test_the_fast_distance_transform_is_scipys_to_the_bit():
+    from cyto.detect.numpy_form import distance
+
+    rng = np.random.default_rng(4)
+    masks = [
+        ndimage.gaussian_filter(rng.random(tuple(rng.integers(3, 300, 2))), rng.uniform(0.5, 8))
+        > rng.uniform(0.3, 0.6)
+        for _ in range(40)
+    ]
+    one = np.zeros((9, 7), dtype=bool)
+    one[4, 3] = True
+    masks += [np.ones((6, 9), dtype=bool), np.zeros((6, 9), dtype=bool), one]
+    for m in masks:
+        want = ndimage.distance_transform_edt(m)
+        got = distance(m)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
