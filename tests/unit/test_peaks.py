@@ -39,7 +39,8 @@ def test_the_peaks_are_scikit_images(block):
     for seed in range(block * 60, block * 60 + 60):
         dist, labels, d = _field(seed)
         want = _skimage(dist, labels, d)
-        got = component_peaks(dist, labels, d)
+        sizes = np.bincount(labels.ravel())[1:] if seed % 2 else None  # as the detectors give
+        got = component_peaks(dist, labels, d, sizes=sizes)
         assert np.array_equal(got, want), (seed, d, len(got), len(want))
 
 

@@ -78,7 +78,7 @@ def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
         return np.empty((0, 3), dtype=np.float64)
     areas = np.bincount(labels.ravel(), minlength=n + 1)[1:].astype(np.float64)  # pixels each
     dist = distance(mask)
-    peaks = component_peaks(dist, labels, params.min_distance)
+    peaks = component_peaks(dist, labels, params.min_distance, sizes=areas)
     return nuclei_from_peaks(peaks, dist, labels, areas, params)
 
 

@@ -23,11 +23,16 @@ _AROUND = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if dy or dx]
 
 
 def component_peaks(
-    dist: np.ndarray, labels: np.ndarray, min_distance: int, window_max: np.ndarray | None = None
+    dist: np.ndarray,
+    labels: np.ndarray,
+    min_distance: int,
+    window_max: np.ndarray | None = None,
+    sizes: np.ndarray | None = None,
 ) -> np.ndarray:
     """(N, 2) row, col of the peaks of ``dist`` in the components of ``labels`` (0: background);
     ``window_max``: ``dist``'s maximum over each ``2 min_distance + 1`` square, when the caller
-    has it (the torch detector pools on its device)."""
+    has it (the torch detector pools on its device); ``sizes``: the pixels of components 1..n,
+    when the caller has counted them (both detectors have, for the nuclei's areas)."""
     from scipy import ndimage
 
     fg = labels > 0
@@ -52,10 +57,10 @@ def component_peaks(
         if not (dist[win][labels[win] == labels[y, x]] > dist[y, x]).any():
             peak[y, x] = True  # the deeper pixels of its window are another component's
     n = int(labels.max())
-    flat = np.bincount(labels[peak], minlength=n + 1) == np.bincount(
-        labels.ravel(), minlength=n + 1
-    )
-    flat[0] = False
+    if sizes is None:
+        sizes = np.bincount(labels.ravel(), minlength=n + 1)[1:]
+    counts = np.bincount(labels[peak], minlength=n + 1)[1:]
+    flat = np.r_[False, counts == np.asarray(sizes)[:n]]
     if flat.any():  # every pixel a peak: its pixels that an opening removes, as scikit-image
         _flat_peaks(peak, labels, flat)
     rc = np.argwhere(peak)  # raster order

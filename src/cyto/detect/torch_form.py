@@ -228,7 +228,7 @@ def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
     dist = distance_transform(mask, radius)
     pooled = _window_max(dist, params.min_distance).cpu().numpy()
     dist_np, labels_np = dist.cpu().numpy(), labels.cpu().numpy()
-    peaks = component_peaks(dist_np, labels_np, params.min_distance, window_max=pooled)
+    peaks = component_peaks(dist_np, labels_np, params.min_distance, window_max=pooled, sizes=areas)
     if len(peaks) == 0:
         return empty
     return nuclei_from_peaks(peaks, dist_np, labels_np, areas, params)
