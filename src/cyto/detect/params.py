@@ -182,6 +182,8 @@ def _one_peak_per_nucleus(peaks: np.ndarray, dist: np.ndarray, labels: np.ndarra
     # pairs that can clash: same component, closer than 1.5x the deeper one's depth
     from scipy.spatial import cKDTree
 
+    from cyto.detect.peaks import kept_in_order
+
     reach = 1.5 * np.sqrt(float(depth2.max())) + 1.0
     pairs = cKDTree(peaks).query_pairs(reach, output_type="ndarray")
     pairs = pairs[comp[pairs[:, 0]] == comp[pairs[:, 1]]]
@@ -189,15 +191,8 @@ def _one_peak_per_nucleus(peaks: np.ndarray, dist: np.ndarray, labels: np.ndarra
     then = pairs[:, 0] + pairs[:, 1] - first
     gap2 = ((peaks[then] - peaks[first]).astype(np.int64) ** 2).sum(axis=1)
     clash = 4 * gap2 < 9 * depth2[first]  # gap < 1.5 depth
-    if not clash.any():
-        return peaks
-    by_rank = np.argsort(rank[first[clash]], kind="stable")
-    first, then = first[clash][by_rank], then[clash][by_rank]
-    keep = np.ones(len(peaks), dtype=bool)
-    starts = np.flatnonzero(np.r_[True, first[1:] != first[:-1]])
-    for at, end in zip(starts.tolist(), [*starts[1:].tolist(), len(first)], strict=True):
-        if keep[first[at]]:  # visited deepest first: a kept peak drops those it clashes with
-            keep[then[at:end]] = False
+    # visited deepest first: a kept peak drops those it clashes with
+    keep = kept_in_order(len(peaks), first[clash], then[clash], rank)
     return peaks[keep]
 
 

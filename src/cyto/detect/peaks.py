@@ -110,18 +110,27 @@ def _spaced(rc: np.ndarray, comp: np.ndarray, min_distance: int) -> np.ndarray:
     closer than ``min_distance`` (Chebyshev), as scikit-image's ``ensure_spacing``."""
     from scipy.spatial import cKDTree
 
-    keep = np.ones(len(rc), dtype=bool)
     # whole-pixel coordinates: closer than d is within d - 0.5
     pairs = cKDTree(rc).query_pairs(min_distance - 0.5, p=np.inf, output_type="ndarray")
     pairs = np.sort(pairs[comp[pairs[:, 0]] == comp[pairs[:, 1]]], axis=1)
-    if len(pairs) == 0:
+    return kept_in_order(len(rc), pairs[:, 0], pairs[:, 1])
+
+
+def kept_in_order(
+    n: int, first: np.ndarray, then: np.ndarray, rank: np.ndarray | None = None
+) -> np.ndarray:
+    """Which of ``n`` items stay when they are visited in ``rank`` order (their index when None)
+    and each item still kept drops the items it is paired with: ``first[i]`` drops ``then[i]``,
+    where ``first[i]`` comes before ``then[i]``. Both detectors' peak rules end here."""
+    keep = np.ones(n, dtype=bool)
+    if len(first) == 0:
         return keep
-    pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
-    starts = np.flatnonzero(np.r_[True, pairs[1:, 0] != pairs[:-1, 0]])
-    ends = np.r_[starts[1:], len(pairs)]
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        if keep[pairs[s, 0]]:
-            keep[pairs[s:e, 1]] = False
+    order = np.argsort(first if rank is None else rank[first], kind="stable")
+    first, then = first[order], then[order]
+    starts = np.flatnonzero(np.r_[True, first[1:] != first[:-1]])
+    for at, end in zip(starts.tolist(), [*starts[1:].tolist(), len(first)], strict=True):
+        if keep[first[at]]:
+            keep[then[at:end]] = False
     return keep
 
 
