@@ -43,6 +43,8 @@ def test_train_info_predict(tmp_path, synth_patches):
     assert "trained dsvdd" in proc.stdout
     n_normal = sum(1 for f in (synth_patches / "normal").iterdir() if f.is_file())
     assert f"on {n_normal} normal images (of " in proc.stdout  # one-class: normals only
+    # trained without --set mpp: said now, not first when a slide's scale cannot be checked
+    assert "no training resolution given" in proc.stdout and "--set mpp=" in proc.stdout
     assert not (tmp_path / "dsvdd.cyto.train-state").exists()  # cleaned after success
 
     info = run_cyto("info", str(out))

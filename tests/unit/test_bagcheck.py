@@ -97,11 +97,12 @@ def test_cyto_train_prints_and_records_a_failed_check(tmp_path, synth_patches, m
     out = tmp_path / "ws.cyto"
     args = ["train", "ws-sil", "--data", str(manifest), "--out", str(out), "--normal", "normal"]
     args += ["--preset", "fast", "--device", "cpu"]
-    for kv in ("epochs=1", "load_size=40", "input_size=32", "batch_size=32"):
+    for kv in ("epochs=1", "load_size=40", "input_size=32", "batch_size=32", "mpp=0.12"):
         args += ["--set", kv]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "WARNING: bag check FAILED" in res.stderr
+    assert "no training resolution" not in res.output  # given with --set mpp
     check = json.loads((out / "manifest.json").read_text())["bag_check"]
     assert check["status"] == "failed" and check["bag_auroc"] <= 0.5
     assert check["n_positive_bags"] == 3 and check["n_negative_bags"] == 3

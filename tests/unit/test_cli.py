@@ -107,6 +107,8 @@ def test_synth_patches_cli(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["coarse", "enlarged", "normal"]
+    # the resolution the patches are drawn at, to train with (0.18 um/px at scale 1)
+    assert "at 0.12 um/px" in proc.stdout and "--set mpp=0.12" in proc.stdout
     again = run_cyto("synth", "patches", str(out), "--n-normal", "3")
     assert again.returncode == 2 and "--overwrite" in again.stderr
 

@@ -26,7 +26,7 @@ def synth_patches(
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty OUT.")] = False,
 ) -> None:
     """Draw a class-folder dataset of stained cells: 'normal' plus abnormal morphologies."""
-    from cyto.data.synth.cells import ABNORMAL_CLASSES
+    from cyto.data.synth.cells import ABNORMAL_CLASSES, MPP_AT_SCALE_1
     from cyto.data.synth.patches import PatchSynthConfig, write_patches
 
     config = PatchSynthConfig(
@@ -39,8 +39,11 @@ def synth_patches(
     )
     counts = write_patches(out, config, overwrite=overwrite)
     total = sum(counts.values())
+    mpp = round(MPP_AT_SCALE_1 / scale, 4)
     typer.echo(
-        f"wrote {total} patches to {out}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+        f"wrote {total} patches to {out} at {mpp} um/px: "
+        + ", ".join(f"{k} {v}" for k, v in counts.items())
+        + f"; train with --set mpp={mpp} so cyto score can check a slide's scale"
     )
 
 

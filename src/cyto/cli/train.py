@@ -74,6 +74,12 @@ def train_cmd(
         f"trained {res.method} on {used_words(res.n_used, res.n_images)} in {res.seconds:.1f} s; "
         f"final losses {last}; wrote {res.bundle}"
     )
+    if res.config.mpp is None:
+        typer.echo(
+            "note: no training resolution given, so cyto score cannot check a slide's scale "
+            "against this model nor resample its crops (--rescale): train with --set "
+            "mpp=UM_PER_PX, the patches' microns per pixel (or pass --model-mpp to cyto score)"
+        )
     check = res.bag_check
     if check is not None:
         loud = check["status"] != "ok"
