@@ -190,8 +190,17 @@ def test_a_failed_slide_leaves_no_folder_and_exits_with_its_code(exported_dsvdd,
     junk = tmp_path / "junk.svs"
     junk.write_bytes(b"not a slide at all, just text" * 10)
     proc = score_cli(tmp_path / "missing.ndpi", exported_dsvdd, tmp_path / "o")
-    assert proc.returncode == 2 and "does not exist" in proc.stderr
-    assert proc.stderr.count("does not exist") == 1  # printed once
+    assert proc.returncode == 2 and "missing.ndpi: no such file" in proc.stderr
+    assert proc.stderr.count("no such file") == 1  # printed once
+    # said before the model is loaded and verified, and nothing is written
+    assert "verification" not in proc.stdout + proc.stderr and not (tmp_path / "o").exists()
+    # a missing slide among others is reported while the rest are scored
+    proc = run_cyto(
+        "score", str(tmp_path / "missing.ndpi"), str(junk), "--model", str(exported_dsvdd),
+        "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("does not exist") == 1, proc.stderr
+    assert "not a whole-slide image" in proc.stderr and "verification" in proc.stdout
     proc = score_cli(junk, exported_dsvdd, tmp_path / "o")
     assert proc.returncode == 1 and "not a whole-slide image" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -286,6 +286,14 @@ def score_cmd(
         rank_by=rank_by,
     )
     check_rank_by(model, rank_by)
+    if ray is None and not any(Path(s).exists() for s in slides):
+        # before the model loads and verifies: a mistyped path or a glob that matched nothing.
+        # (One missing slide among others is reported while the rest are scored; a Ray
+        # cluster's nodes may see paths this machine does not.)
+        from cyto.errors import InputPathError
+
+        names = ", ".join(str(s) for s in slides[:3]) + (" ..." if len(slides) > 3 else "")
+        raise InputPathError(f"no slide to score: {names}: no such file")
     metrics = None
     if truth is not None:
         from cyto.eval.metrics import all_metrics as metrics
