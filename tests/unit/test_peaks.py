@@ -1,6 +1,6 @@
 """The detectors' distance-transform peaks: scikit-image's ``peak_local_max`` with labels, the same
 coordinates in the same order, without its loop over every component; and the SciPy detector's
-faster steps (distance transform, opening), SciPy's numbers exactly."""
+faster steps (distance transform, opening, window maximum, haematoxylin), the same numbers."""
 
 from __future__ import annotations
 
@@ -156,3 +156,43 @@ def test_the_fast_opening_is_scipys():
         assert np.array_equal(opening(m), ndimage.binary_opening(m)), i
     full = np.ones((5, 6), dtype=bool)  # the border is background: an all-foreground image erodes
     assert np.array_equal(opening(full), ndimage.binary_opening(full))
+
+
+def test_the_fast_window_maximum_is_scipys():
+    from cyto.detect.peaks import window_maximum
+
+    rng = np.random.default_rng(6)
+    for i in range(40):
+        a = np.round(rng.random(tuple(rng.integers(1, 150, 2))) * 9, 1)  # ties, as distances have
+        a[rng.random(a.shape) < 0.3] = 0
+        if i % 3 == 0:
+            a = a[::2, 1::3]  # a view, not contiguous
+        for size in (3, 5, 11, 17):
+            want = ndimage.maximum_filter(a, size=size, mode="nearest")
+            got = window_maximum(a, size)
+            assert got.dtype == want.dtype and np.array_equal(got, want), (i, size)
+
+
+def test_the_fast_haematoxylin_is_the_tables_and_skimages():
+    """The per-channel tables summed in channel order in float32 (the torch detector's numbers
+    too), and skimage's ``rgb2hed`` within float32 rounding; RGBA and views as well."""
+    from skimage.color import rgb2hed
+
+    from cyto.detect.numpy_form import haematoxylin
+    from cyto.detect.params import _H_FROM_RGB, _HED_LOG
+
+    rng = np.random.default_rng(7)
+    rgba = rng.integers(0, 256, (97, 131, 4), dtype=np.uint8)
+    rgba[:5, :5, :3] = 255  # white glass: no haematoxylin
+    rgba[5:9, :5, :3] = 0
+    tables = [(_HED_LOG * w).astype(np.float32) for w in _H_FROM_RGB]
+    for rgb in (rgba[..., :3], rgba, np.ascontiguousarray(rgba[::-1, ::2, :3])):
+        want = tables[0][rgb[..., 0]]
+        want += tables[1][rgb[..., 1]]
+        want += tables[2][rgb[..., 2]]
+        np.maximum(want, 0, out=want)
+        got = haematoxylin(rgb)
+        assert got.dtype == np.float32 and np.array_equal(got, want)
+        ref = np.maximum(rgb2hed(rgb[..., :3])[..., 0], 0)
+        np.testing.assert_allclose(got, ref, atol=1e-5)
+    assert np.all(haematoxylin(rgba)[:5, :5] == 0)

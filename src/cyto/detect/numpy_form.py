@@ -14,14 +14,19 @@ from cyto.detect.params import (
 )
 from cyto.detect.peaks import component_peaks
 
+_H_TABLE = np.stack([(_HED_LOG * w).astype(np.float32) for w in _H_FROM_RGB], axis=-1)
+
 
 def haematoxylin(rgb: np.ndarray) -> np.ndarray:
     """skimage's ``rgb2hed(rgb)[..., 0]`` for uint8 RGB, through a 256-entry table per channel in
-    float32 (a tile's worth of float64 temporaries would cost a worker ~200 MB)."""
-    lut = [(_HED_LOG * w).astype(np.float32) for w in _H_FROM_RGB]
-    h = lut[0][rgb[..., 0]]
-    h += lut[1][rgb[..., 1]]
-    h += lut[2][rgb[..., 2]]
+    float32 (a tile's worth of float64 temporaries would cost a worker ~200 MB). OpenCV looks
+    the three channels up at once (about 3x faster than numpy's three gathers); they are summed
+    in channel order in float32, as before, so the numbers are the same."""
+    import cv2
+
+    each = cv2.LUT(np.ascontiguousarray(rgb[..., :3]), _H_TABLE.reshape(256, 1, 3))
+    h = each[..., 0] + each[..., 1]
+    h += each[..., 2]
     return np.maximum(h, 0.0, out=h)
 
 
