@@ -491,3 +491,32 @@ def test_the_progress_counts_the_cells_found_not_only_those_back_from_the_engine
     assert cells.n_cells < cells.seen  # the lane still holds batches
     cells.flush(2)
     assert cells.n_cells == cells.seen == 600
+
+
+def test_a_cohort_names_each_slide_and_says_the_models_warning_once(model, tmp_path):
+    """Before each slide of a cohort, which one it is (`slide 2/3: PATH`): the warnings and the
+    progress that follow are about it. A warning about the model itself (no training
+    resolution), the same for every slide, is said once."""
+    from cyto.bundle import load_bundle
+
+    assert load_bundle(model, weights=False).spec.mpp is None  # trained without --set mpp
+    paths = [
+        write_slide(tmp_path / f"{n}.tif", SlideSynthConfig(width=512, height=512, seed=s)).paths[0]
+        for n, s in (("one", 1), ("two", 2), ("three", 3))
+    ]
+    proc = run_cyto(
+        "score", *map(str, paths), "--model", str(model), "--out", str(tmp_path / "o"),
+        "--workers", "0", "--mosaic", "0",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout.splitlines()
+    heads = [i for i, line in enumerate(said) if line.startswith("slide ")]
+    assert [said[i] for i in heads] == [f"slide {k}/3: {p}" for k, p in enumerate(paths, 1)]
+    warned = [i for i, line in enumerate(said) if "records no training resolution" in line]
+    assert len(warned) == 1 and heads[0] < warned[0] < heads[1], said
+    one = run_cyto(
+        "score", str(paths[0]), "--model", str(model), "--out", str(tmp_path / "p"),
+        "--workers", "0", "--mosaic", "0",
+    )  # fmt: skip
+    assert one.returncode == 0 and "slide 1/1" not in one.stdout
+    assert "records no training resolution" in one.stdout

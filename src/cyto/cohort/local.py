@@ -11,6 +11,7 @@ from cyto.errors import CytoError, InputPathError, OutputWriteError
 from cyto.infer import ScoreOptions, score_slide
 from cyto.infer.finish import Metrics
 from cyto.infer.outputs import read_truth
+from cyto.infer.plan import NO_MODEL_MPP
 from cyto.infer.store import PARTIAL, slide_identity
 from cyto.runtime import Scorer, load_scorer
 
@@ -202,6 +203,20 @@ def output_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path,
     return pairs
 
 
+def _once_per_cohort(echo):
+    """``echo`` that says the model's own warnings (the same for every slide) once."""
+    seen: set[str] = set()
+
+    def say(message: str) -> None:
+        if message == NO_MODEL_MPP:
+            if message in seen:
+                return
+            seen.add(message)
+        echo(message)
+
+    return say
+
+
 def score_cohort(
     slides: list[Path],
     model: Path,
@@ -223,9 +238,12 @@ def score_cohort(
     pairs = output_folders(slides, out, echo)
     if len(pairs) < len(slides):
         echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
-    for slide, target in pairs:
+    said = _once_per_cohort(echo)
+    for i, (slide, target) in enumerate(pairs, 1):
+        if len(pairs) > 1:  # which slide the warnings and the progress bar below are about
+            echo(f"slide {i}/{len(pairs)}: {slide}")
         try:
-            summary = score_one(slide, target, scorer, opts, echo, metrics)
+            summary = score_one(slide, target, scorer, opts, said, metrics)
             done.append(summary)
             rows.append(cohort_row(slide, target, summary))
         except CytoError as exc:

@@ -27,6 +27,13 @@ def decode_device(device: str) -> str:
     return "cuda" if device == "auto" else device
 
 
+#: said for every slide scored by a bundle without a training resolution; a cohort says it once
+NO_MODEL_MPP = (
+    "warning: the model records no training resolution (mpp), so the slide's scale cannot be "
+    "checked against it; pass --model-mpp UM_PER_PX (that of the training patches)"
+)
+
+
 class SlidePlan:
     """What every run over a slide's tiles shares: the resolution, the worker context and the
     tile list (all tiles of a slide, in order; a part of a slide is a range of it)."""
@@ -42,11 +49,7 @@ class SlidePlan:
                 "model's; pass --mpp UM_PER_PX"
             )
         if model_mpp is None:
-            echo(
-                "warning: the model records no training resolution (mpp), so the slide's scale "
-                "cannot be checked against it; pass --model-mpp UM_PER_PX (that of the training "
-                "patches)"
-            )
+            echo(NO_MODEL_MPP)
         self.slide, self.planes, self.slide_mpp = slide, planes, slide_mpp
         self.res = resolution(
             slide_mpp, info.objective, model_mpp, opts.patch_size, opts.rescale, echo
