@@ -51,6 +51,7 @@ def test_train_info_predict(tmp_path, synth_patches):
     assert info.returncode == 0, info.stderr
     assert "dsvdd" in info.stdout and "higher = more abnormal" in info.stdout
     assert "checksums verified" in info.stdout
+    assert "training resolution: not recorded" in info.stdout  # trained without --set mpp
     assert "nucleus size of the training normals" in info.stdout and "by default" in info.stdout
     manifest = json.loads(run_cyto("info", str(out), "--json").stdout)
     assert manifest["config"]["epochs"] == 2 and manifest["config"]["backbone"] == "smallcnn"

@@ -108,6 +108,7 @@ def test_cyto_train_prints_and_records_a_failed_check(tmp_path, synth_patches, m
     assert check["n_positive_bags"] == 3 and check["n_negative_bags"] == 3
     info = CliRunner().invoke(app, ["info", str(out)])
     assert "bag check FAILED" in info.output
+    assert "training resolution: 0.12 um/px" in info.output
 
 
 def test_a_bag_auroc_just_under_half_is_weak_not_failed():

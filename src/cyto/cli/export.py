@@ -61,6 +61,12 @@ def info_cmd(
         f"in {m.get('training_seconds')} s on {m.get('device')}"
     )
     typer.echo(f"  epochs {cfg.get('epochs')}, batch {cfg.get('batch_size')}, lr {cfg.get('lr')}")
+    typer.echo(
+        f"  training resolution: {cfg['mpp']} um/px; cyto score checks each slide's scale by it"
+        if cfg.get("mpp")
+        else "  training resolution: not recorded (trained without --set mpp); cyto score cannot "
+        "check a slide's scale unless given --model-mpp"
+    )
     size = td.get("nucleus_size")
     if size:
         from cyto.data.morphometry import FUSED_METHODS
