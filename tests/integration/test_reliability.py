@@ -195,10 +195,7 @@ def test_a_failed_slide_leaves_no_folder_and_exits_with_its_code(exported_dsvdd,
     # said before the model is loaded and verified, and nothing is written
     assert "verification" not in proc.stdout + proc.stderr and not (tmp_path / "o").exists()
     # a missing slide among others is reported while the rest are scored
-    proc = run_cyto(
-        "score", str(tmp_path / "missing.ndpi"), str(junk), "--model", str(exported_dsvdd),
-        "--out", str(tmp_path / "o"),
-    )  # fmt: skip
+    proc = score_cli([tmp_path / "missing.ndpi", junk], exported_dsvdd, tmp_path / "o")
     assert proc.returncode == 2 and proc.stderr.count("does not exist") == 1, proc.stderr
     assert "not a whole-slide image" in proc.stderr and "verification" in proc.stdout
     proc = score_cli(junk, exported_dsvdd, tmp_path / "o")
@@ -510,10 +507,16 @@ def test_a_4_gib_file_scores_in_the_memory_of_a_small_one(exported_dsvdd, slides
     shutil.copy(slides[0].paths[0], big)
     with open(big, "r+b") as fh:
         fh.truncate(4 * 2**30 + 12345)
-    proc = run_cyto(
-        "score", str(small), str(big), "--model", str(exported_dsvdd), "--out",
-        str(tmp_path / "o"), "--workers", "0", "--mosaic", "0", process=True,
-    )  # fmt: skip
+    proc = score_cli(
+        [small, big],
+        exported_dsvdd,
+        tmp_path / "o",
+        "--workers",
+        "0",
+        "--mosaic",
+        "0",
+        process=True,
+    )
     assert proc.returncode == 0, proc.stderr
     peaks = {}
     for path in (small, big):

@@ -16,10 +16,11 @@ from cyto.slides import open_slide
 from tests.cli_runner import run_cyto
 
 
-def score_cli(slide, model, out, *extra: str, process: bool = False):
-    """``cyto score SLIDE --model MODEL --out OUT [extra...]`` (in a process of its own with
-    ``process``: where its peak memory is measured)."""
-    args = ("score", str(slide), "--model", str(model), "--out", str(out), *extra)
+def score_cli(slides, model, out, *extra: str, process: bool = False):
+    """``cyto score SLIDE... --model MODEL --out OUT [extra...]``: one slide, or a list of them
+    (a cohort); in a process of its own with ``process``, where its peak memory is measured."""
+    paths = slides if isinstance(slides, (list, tuple)) else [slides]
+    args = ("score", *map(str, paths), "--model", str(model), "--out", str(out), *extra)
     return run_cyto(*args, process=process)
 
 
@@ -331,10 +332,9 @@ def test_peak_memory_does_not_grow_with_slide_size(model, tmp_path):
         )
         for name, height in (("short", 1024), ("tall", 4096))
     }
-    proc = run_cyto(
-        "score", str(slides["short"].paths[0]), str(slides["tall"].paths[0]),
-        "--model", str(model), "--out", str(tmp_path / "o"), "--workers", "1", "--mosaic", "0",
-        process=True,
+    proc = score_cli(
+        [slides["short"].paths[0], slides["tall"].paths[0]], model, tmp_path / "o",
+        "--workers", "1", "--mosaic", "0", process=True,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     peaks = {}
@@ -504,19 +504,13 @@ def test_a_cohort_names_each_slide_and_says_the_models_warning_once(model, tmp_p
         write_slide(tmp_path / f"{n}.tif", SlideSynthConfig(width=512, height=512, seed=s)).paths[0]
         for n, s in (("one", 1), ("two", 2), ("three", 3))
     ]
-    proc = run_cyto(
-        "score", *map(str, paths), "--model", str(model), "--out", str(tmp_path / "o"),
-        "--workers", "0", "--mosaic", "0",
-    )  # fmt: skip
+    proc = score_cli(paths, model, tmp_path / "o", "--workers", "0", "--mosaic", "0")
     assert proc.returncode == 0, proc.stderr
     said = proc.stdout.splitlines()
     heads = [i for i, line in enumerate(said) if line.startswith("slide ")]
     assert [said[i] for i in heads] == [f"slide {k}/3: {p}" for k, p in enumerate(paths, 1)]
     warned = [i for i, line in enumerate(said) if "records no training resolution" in line]
     assert len(warned) == 1 and heads[0] < warned[0] < heads[1], said
-    one = run_cyto(
-        "score", str(paths[0]), "--model", str(model), "--out", str(tmp_path / "p"),
-        "--workers", "0", "--mosaic", "0",
-    )  # fmt: skip
+    one = score_cli(paths[0], model, tmp_path / "p", "--workers", "0", "--mosaic", "0")
     assert one.returncode == 0 and "slide 1/1" not in one.stdout
     assert "records no training resolution" in one.stdout
