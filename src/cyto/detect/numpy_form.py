@@ -14,7 +14,8 @@ from cyto.detect.params import (
 )
 from cyto.detect.peaks import component_peaks
 
-_H_TABLE = np.stack([(_HED_LOG * w).astype(np.float32) for w in _H_FROM_RGB], axis=-1)
+# one 256-entry float32 table per channel, shaped as cv2.LUT takes a 3-channel table
+_H_TABLE = np.stack([(_HED_LOG * w).astype(np.float32) for w in _H_FROM_RGB], -1)[:, None, :]
 
 
 def haematoxylin(rgb: np.ndarray) -> np.ndarray:
@@ -24,7 +25,7 @@ def haematoxylin(rgb: np.ndarray) -> np.ndarray:
     in channel order in float32, as before, so the numbers are the same."""
     import cv2
 
-    each = cv2.LUT(np.ascontiguousarray(rgb[..., :3]), _H_TABLE.reshape(256, 1, 3))
+    each = cv2.LUT(np.ascontiguousarray(rgb[..., :3]), _H_TABLE)
     h = each[..., 0] + each[..., 1]
     h += each[..., 2]
     return np.maximum(h, 0.0, out=h)
