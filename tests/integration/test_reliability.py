@@ -384,6 +384,23 @@ def test_workers_ignore_ctrl_c_and_leave_it_to_the_main_process():
         pool.shutdown()
 
 
+def test_tile_workers_run_opencv_in_one_thread(monkeypatch):
+    """The workers are the parallelism: OpenCV's own pool in each (a thread per core by default)
+    only oversubscribed the cores."""
+    import cv2
+
+    from cyto.detect import NucleusParams
+    from cyto.infer.tiling import TileContext, TileFeed
+
+    monkeypatch.setenv("OPENCV_FOR_THREADS_NUM", "4")  # OpenCV's default, whatever the cores
+    ctx = TileContext("s.tif", (), (0.0,), 512, 32, 64, 64, NucleusParams())
+    pool = TileFeed(ctx, [None], workers=1, queue=1).pool
+    try:
+        assert pool.submit(cv2.getNumThreads).result(timeout=60) == 1
+    finally:
+        pool.shutdown()
+
+
 def test_missing_resolutions_warn_and_the_flags_fix_them(exported_dsvdd, slides, tmp_path):
     import tifffile
 

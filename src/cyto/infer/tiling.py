@@ -150,8 +150,14 @@ _READERS: list | None = None
 
 
 def _init_worker(ctx: TileContext) -> None:
+    """A tile worker's start. Its detection runs OpenCV in one thread: the workers are the
+    parallelism (one per spare core), and OpenCV's own pool, a thread per core in every worker,
+    only oversubscribed the cores (benchmarks/results/vm-2core/cv-threads)."""
+    import cv2
+
     global _CTX, _READERS
     _CTX, _READERS = ctx, None
+    cv2.setNumThreads(1)
 
 
 def _close_readers() -> None:
