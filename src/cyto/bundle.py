@@ -9,12 +9,14 @@ refuses anything that does not match. Nothing is ever unpickled.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,8 @@ PRECISIONS = ("fp32", "fp16", "int8")
 CALIBRATION_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 # the sorted normal-slide scores of ``cyto calibrate`` (the conformal calibration set)
 CALIBRATION_FILE = "calibration.npz"
+# the lock a bundle's writers take (one change of its manifest at a time) and its readers share
+LOCK = ".lock"
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -274,8 +278,7 @@ def _readable_by_all(folder: Path) -> None:
     """The modes a plain ``mkdir`` and ``open`` would give under the user's umask: mkdtemp makes
     the folder 0700 and safetensors writes 0600, which other users of a shared workstation
     cannot read."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = _umask()
     folder.chmod(0o777 & ~umask)
     for f in folder.iterdir():
         if f.is_file():
@@ -308,8 +311,8 @@ def _json(obj: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
-    path = Path(path)
+def _manifest_file(path: Path) -> Path:
+    """``PATH/manifest.json``, or the error that says what PATH is instead."""
     if not path.exists():
         raise BundlePathError(
             f"model bundle {path} does not exist (expected NAME.cyto/ with {MANIFEST}); train "
@@ -323,6 +326,12 @@ def read_manifest(path: Path) -> dict[str, Any]:
     mf = path / MANIFEST
     if not mf.is_file():
         raise BundleError(f"{path} has no {MANIFEST}: not a cyto model bundle")
+    return mf
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    mf = _manifest_file(path)
     try:
         manifest = json.loads(mf.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -367,9 +376,39 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
+@contextlib.contextmanager
+def bundle_lock(path: Path, exclusive: bool) -> Iterator[None]:
+    """``flock`` on ``PATH/.lock``: a writer's is exclusive, so two runs that add to one bundle
+    at once (``cyto export --precision int8`` in one terminal, ``cyto calibrate`` in another)
+    each add to what the other left, and a reader's is shared, so it never sees a manifest and
+    its files half changed. Where the lock file cannot be made (a read-only copy: nothing can
+    write there) a reader reads without it."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: the atomic renames still hold
+        yield
+        return
+    try:
+        fh = open(Path(path) / LOCK, "a+")  # noqa: SIM115 - held for the whole block
+    except OSError:
+        if exclusive:
+            raise
+        yield
+        return
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+
+
 def verify_bundle(path: Path) -> dict[str, Any]:
     """Check every listed file's sha256; returns the manifest."""
     path = Path(path)
+    _manifest_file(path)  # a missing or foreign folder is its own error, before any lock file
+    with bundle_lock(path, exclusive=False):
+        return _verified(path)
+
+
+def _verified(path: Path) -> dict[str, Any]:
     manifest = read_manifest(path)
     files = manifest.get("files", {})
     for name, digest in files.items():
@@ -394,7 +433,13 @@ def load_bundle(path: Path, weights: bool = True) -> Bundle:
     the exported ONNX path needs only the manifest and the scorer arrays.
     """
     path = Path(path)
-    manifest = verify_bundle(path)
+    _manifest_file(path)
+    with bundle_lock(path, exclusive=False):  # the files as the manifest lists them
+        return _load_verified(path, weights)
+
+
+def _load_verified(path: Path, weights: bool) -> Bundle:
+    manifest = _verified(path)
     bundle = Bundle(path=path, manifest=manifest)
     for name in manifest["files"] if weights else ():
         if name.startswith("weights-") and name.endswith(".safetensors"):
@@ -417,23 +462,61 @@ def load_bundle(path: Path, weights: bool = True) -> Bundle:
 
 
 def add_files(
-    path: Path, new: dict[str, Path], manifest_update: dict[str, Any] | None = None
+    path: Path,
+    new: dict[str, Path],
+    manifest_update: dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Add (or replace) files in a bundle, update the manifest's checksums and fields.
 
-    An unsealed (format 1) bundle stays format 1: sealing it now would vouch for edits made
-    before."""
-    manifest = verify_bundle(path)
-    sealed = SEAL in manifest
-    manifest.update(manifest_update or {})
-    for name, src in new.items():
-        if Path(src).resolve() != (Path(path) / name).resolve():
-            shutil.copyfile(src, Path(path) / name)
-        manifest["files"][name] = sha256_file(Path(path) / name)
-    tmp = Path(path) / f".{MANIFEST}.partial"
-    tmp.write_text(_manifest_text(manifest, seal=sealed))
-    os.replace(tmp, Path(path) / MANIFEST)
+    ``manifest_update`` is the fields to set, or a function of the manifest as it is now that
+    returns them: a field that merges (the quantized graphs) must be built from the manifest
+    read under the lock, not from one read when the export began, or another run's addition is
+    lost. An unsealed (format 1) bundle stays format 1: sealing it now would vouch for edits
+    made before."""
+    path = Path(path)
+    _manifest_file(path)
+    with bundle_lock(path, exclusive=True):
+        manifest = _verified(path)
+        sealed = SEAL in manifest
+        update = manifest_update(manifest) if callable(manifest_update) else manifest_update
+        manifest.update(update or {})
+        for name, src in new.items():
+            if Path(src).resolve() != (path / name).resolve():
+                _replace_with_copy(Path(src), path / name)
+            manifest["files"][name] = sha256_file(path / name)
+        _write_manifest(path, manifest, sealed)
     return manifest
+
+
+def _replace_with_copy(src: Path, dst: Path) -> None:
+    """``dst`` becomes a copy of ``src`` at once (a reader that does not lock never sees half)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write_manifest(path: Path, manifest: dict[str, Any], seal: bool) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST}.", suffix=".partial", dir=path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(_manifest_text(manifest, seal=seal))
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path / MANIFEST)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def seal_bundle(path: Path) -> bool:
@@ -445,13 +528,14 @@ def seal_bundle(path: Path) -> bool:
 
     from cyto.errors import UnsealedBundleWarning
 
+    path = Path(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsealedBundleWarning)
-        manifest = verify_bundle(path)
-    if SEAL in manifest:
-        return False
-    manifest["format_version"] = FORMAT_VERSION
-    tmp = Path(path) / f".{MANIFEST}.partial"
-    tmp.write_text(_manifest_text(manifest, seal=True))
-    os.replace(tmp, Path(path) / MANIFEST)
+        _manifest_file(path)
+        with bundle_lock(path, exclusive=True):
+            manifest = _verified(path)
+            if SEAL in manifest:
+                return False
+            manifest["format_version"] = FORMAT_VERSION
+            _write_manifest(path, manifest, seal=True)
     return True

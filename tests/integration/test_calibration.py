@@ -252,3 +252,28 @@ def test_a_slide_with_no_cells_gets_no_burden_and_no_traceback(cohort, tmp_path)
     b = json.loads((out / "blank" / "summary.json").read_text())["burden"]
     assert b["status"] == "no cells"
     assert pq.read_table(out / "blank" / "scores.parquet").num_rows == 0
+
+
+def test_two_calibrations_of_one_bundle_at_once_leave_one_whole(cohort, tmp_path, monkeypatch):
+    """Two ``cyto calibrate`` runs on one bundle at once: each stages its scores in a file of
+    its own (they shared one name, so one run's file was taken or deleted under the other), and
+    the bundle ends verified with the last one's calibration."""
+    import cyto.stats.calibrate as cal
+    from cyto.bundle import verify_bundle
+
+    model = tmp_path / "m.cyto"
+    shutil.copytree(cohort["model"], model)
+    tables = [cohort["root"] / "negs" / f"neg{i}" / "scores.parquet" for i in range(3)]
+    real, started = cal.add_files, []
+
+    def meanwhile(*args, **kwargs):
+        if not started:  # the other run, on two of the slides, ends first
+            started.append(True)
+            cal.calibrate_from_tables(model, tables[:2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cal, "add_files", meanwhile)
+    cal.calibrate_from_tables(model, tables)
+    manifest = verify_bundle(model)
+    assert len(manifest["calibration"]["slides"]) == 3
+    assert [p.name for p in tmp_path.rglob("*.partial")] == []

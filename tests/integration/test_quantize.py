@@ -295,3 +295,28 @@ def test_the_command_a_missing_fp16_graph_suggests_works(bundle, synth_patches):
     assert hint.endswith("--precision fp16 --parity-cells CELLS"), hint
     proc = run_cyto("export", str(made_up), "--no-onnx", "--precision", "fp16")
     assert proc.returncode == 2 and "pass --parity-cells CELLS" in proc.stderr, proc.stderr
+
+
+def test_two_exports_of_one_bundle_at_once_keep_both_graphs(bundle, synth_patches, monkeypatch):
+    """``cyto export --precision int8`` in one terminal and ``--precision fp16`` in another: the
+    int8 export, begun first and finishing last, keeps the fp16 graph added meanwhile (it used
+    to write back the list of graphs it had read when it began)."""
+    import cyto.export.quantize as quantize
+
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal", limit=32)
+    held = load_cells(synth_patches, size, normal="normal")
+    real, started = quantize._scores, []
+
+    def meanwhile(*args, **kwargs):
+        if not started:  # the int8 graph is built; the other terminal's fp16 export ends now
+            started.append(True)
+            export_variant(bundle, "fp16", None, held, echo=lambda m: None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(quantize, "_scores", meanwhile)
+    export_variant(bundle, "int8-cpu7", calib, held, echo=lambda m: None, accept_loss=True)
+    assert set(load_bundle(bundle, weights=False).manifest["onnx_variants"]) == {
+        "fp16",
+        "int8-cpu7",
+    }

@@ -130,3 +130,52 @@ def test_a_bundle_path_that_does_not_exist_is_a_bad_argument(tmp_path):
     broken.mkdir()
     proc = run_cyto("info", str(broken))
     assert proc.returncode == 1 and "has no manifest.json" in proc.stderr, proc.stderr
+
+
+def test_two_runs_adding_to_one_bundle_at_once_keep_both_additions(bundle, tmp_path, monkeypatch):
+    """``cyto export --precision int8`` in one terminal, ``cyto calibrate`` in another: the one
+    that writes the manifest last keeps what the other added, and the bundle still verifies.
+    Writer B starts while writer A is about to write its manifest; B waits for A's lock."""
+    import threading
+
+    import cyto.bundle as bundle_mod
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("a")
+    b.write_text("b")
+    real = bundle_mod._manifest_text
+    other = threading.Thread(target=add_files, args=(bundle, {"b.txt": b}, {"b": 2}))
+
+    def slow_writer_a(manifest, seal=True):
+        if not other.is_alive() and other.ident is None:  # A's manifest: start B, give it time
+            other.start()
+            other.join(timeout=1.0)
+        return real(manifest, seal)
+
+    monkeypatch.setattr(bundle_mod, "_manifest_text", slow_writer_a)
+    add_files(bundle, {"a.txt": a}, {"a": 1})
+    other.join(timeout=60)
+    manifest = load_bundle(bundle).manifest
+    assert {"a.txt", "b.txt"} <= set(manifest["files"]) and manifest["a"] == 1
+    assert manifest["b"] == 2
+    assert [p.name for p in bundle.iterdir() if p.name.endswith(".partial")] == []
+
+
+def test_a_merged_field_is_built_from_the_manifest_as_it_is_when_written(bundle, tmp_path):
+    extra = tmp_path / "x.txt"
+    extra.write_text("x")
+    add_files(bundle, {}, {"variants": {"fp16": 1}})
+    add_files(bundle, {"x.txt": extra}, lambda now: {"variants": {**now["variants"], "int8": 2}})
+    assert load_bundle(bundle).manifest["variants"] == {"fp16": 1, "int8": 2}
+
+
+def test_a_bundle_whose_lock_cannot_be_made_is_read_without_it(bundle, tmp_path):
+    """A read-only copy (a shared mount) cannot hold a lock file: it is read without one, and
+    nothing can write to it."""
+    (bundle / ".lock").unlink(missing_ok=True)
+    (bundle / ".lock").mkdir()  # opening it fails as on a read-only mount, even for root
+    assert load_bundle(bundle).method == "dsvdd"
+    extra = tmp_path / "x.txt"
+    extra.write_text("x")
+    with pytest.raises(OSError):
+        add_files(bundle, {"x.txt": extra})

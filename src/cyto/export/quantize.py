@@ -454,7 +454,11 @@ def export_variant(
             "measured_on": cpu_info().words(),
             "tensorrt_conformance": {"targets": TARGETS, "ok": not problems, "problems": problems},
         }
-        variants = dict(bundle.manifest.get("onnx_variants") or {})
-        variants[key] = entry
-        add_files(bundle.path, {entry["file"]: target}, {"onnx_variants": variants})
+        # merged into the variants as they are when it is added: another export of this bundle
+        # may have added one since this began
+        add_files(
+            bundle.path,
+            {entry["file"]: target},
+            lambda now: {"onnx_variants": {**(now.get("onnx_variants") or {}), key: entry}},
+        )
     return entry

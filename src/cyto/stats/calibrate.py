@@ -18,6 +18,7 @@ slide's normal cells); they give quantiles for ``cyto info`` but no p-values or 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -179,11 +180,10 @@ def calibrate_from_tables(
         },
     }
     record.update(leave_one_slide_out(parts, normalization, alpha))
-    tmp = bundle.path / f".{CALIBRATION_FILE}.partial"
-    with open(tmp, "wb") as fh:  # np.savez would append .npz to a name without it
-        np.savez(fh, scores=allv, slide=slide)
-    add_files(bundle.path, {CALIBRATION_FILE: tmp}, {"calibration": record})
-    tmp.unlink()
+    with tempfile.TemporaryDirectory(dir=bundle.path.parent) as tmp:  # one per run
+        target = Path(tmp) / CALIBRATION_FILE
+        np.savez(target, scores=allv, slide=slide)
+        add_files(bundle.path, {CALIBRATION_FILE: target}, {"calibration": record})
     return record
 
 
