@@ -62,7 +62,10 @@ def test_int8_and_fp16_graphs_keep_the_ranking_or_are_refused(
         added.append(key)
         assert entry["gate"]["passed"], entry
         # the TensorRT forms conform; the x86 forms have uint8 activations, which TensorRT lacks
-        assert entry["tensorrt_conformance"]["ok"] == (not key.startswith("int8-cpu")), entry
+        conf = entry["tensorrt_conformance"]
+        assert conf["ok"] == (not key.startswith("int8-cpu")), entry
+        # an x86 form breaks one rule at each uint8 zero point: a few are kept, the rest counted
+        assert len(conf["problems"]) <= 20 and conf.get("more_problems", 0) >= 0
         par = entry["parity_vs_fp32"]
         assert par["spearman"] >= 0.99 and par["top10_overlap"] >= 0.90
         assert par["cells"] == len(held.images)
@@ -70,6 +73,7 @@ def test_int8_and_fp16_graphs_keep_the_ranking_or_are_refused(
         assert entry["measured_on"]  # the CPU (and its flags) the parity was measured on
     assert {"int8-cpu7", "fp16"} <= set(added)
     verify_bundle(path)
+    assert (path / "manifest.json").stat().st_size < 64_000  # a file people read
     b = load_bundle(path, weights=False)
     q = b.manifest["onnx_variants"]["int8-cpu7"]["quantization"]
     assert q["method"] == "percentile" and q["cells"] == 64 and "(normal)" in q["source"]

@@ -104,9 +104,11 @@ def info_cmd(
         )
         conf = o.get("tensorrt_conformance")
         if conf is not None:
+            from cyto.export.conformance import problem_words
+
             typer.echo(
                 f"    graph vs TensorRT import rules ({conf['targets']}): "
-                + ("conforms" if conf["ok"] else "; ".join(conf["problems"][:3]))
+                + ("conforms" if conf["ok"] else problem_words(conf))
             )
         for p, v in sorted((m.get("onnx_variants") or {}).items()):
             par, gate = v["parity_vs_fp32"], v["gate"]

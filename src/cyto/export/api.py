@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cyto.bundle import ONNX_FILE, load_bundle
 from cyto.errors import ConfigError, CytoError
+from cyto.export.conformance import problem_words
 from cyto.export.onnx import OPSET, check_opset, export_onnx
 
 # layers int8 leaves in float by default, per scorer head: Deep SVDD's distance to the centre
@@ -87,7 +88,7 @@ def export_bundle(
         else:
             echo(
                 f"warning: the graph breaks TensorRT's import rules ({conf['targets']}): "
-                + "; ".join(conf["problems"][:3])
+                + problem_words(conf)
             )
         report["onnx"] = entry
     golden = _golden(path, cells, parity_cells, parity_normal, calib, echo)

@@ -335,6 +335,26 @@ def _attr(node, name: str, default=None):
     return default
 
 
+#: the problems a manifest keeps word for word; the rest are counted (an x86 int8 graph, never
+#: meant for TensorRT, breaks one rule at each of its ~1,000 uint8 zero points: 185 kB each)
+KEPT_PROBLEMS = 20
+
+
+def conformance_record(problems: list[str]) -> dict:
+    """What a bundle's manifest records of a graph's conformance to TensorRT's import rules."""
+    record = {"targets": TARGETS, "ok": not problems, "problems": problems[:KEPT_PROBLEMS]}
+    if len(problems) > KEPT_PROBLEMS:
+        record["more_problems"] = len(problems) - KEPT_PROBLEMS
+    return record
+
+
+def problem_words(record: dict, first: int = 3) -> str:
+    """The first few problems of a :func:`conformance_record`, and how many there are."""
+    total = len(record["problems"]) + record.get("more_problems", 0)
+    words = "; ".join(record["problems"][:first])
+    return words + (f" (and {total - first} more)" if total > first else "")
+
+
 def check_model(model, profile_inputs: Iterable[str] = ()) -> list[str]:
     """The TensorRT import rules ``model`` (an ``onnx.ModelProto``) breaks, one string each.
 

@@ -90,7 +90,7 @@ def export_onnx(path: Path, opset: int = OPSET, example_size: int | None = None)
     import onnx
     import torch
 
-    from cyto.export.conformance import TARGETS, check_model
+    from cyto.export.conformance import check_model, conformance_record
     from cyto.models.from_bundle import build_graph
     from cyto.runtime.heads import head_class
 
@@ -144,7 +144,7 @@ def export_onnx(path: Path, opset: int = OPSET, example_size: int | None = None)
             "output": {"name": output, "kind": kind},
             "nodes": len(model.graph.node),
             "ops": sorted({n.op_type for n in model.graph.node}),
-            "tensorrt_conformance": {"targets": TARGETS, "ok": not problems, "problems": problems},
+            "tensorrt_conformance": conformance_record(problems),
             "export_seconds": round(time.perf_counter() - t0, 1),
         }
         add_files(bundle.path, {ONNX_FILE: target}, {"onnx": entry})

@@ -368,7 +368,7 @@ def export_variant(
     numbers and leaves the bundle as it was."""
     import onnx
 
-    from cyto.export.conformance import TARGETS, check_model
+    from cyto.export.conformance import check_model, conformance_record
 
     if precision not in QUANTIZED:
         raise ConfigError(f"quantized graphs are {', '.join(QUANTIZED)}, got {precision!r}")
@@ -452,7 +452,7 @@ def export_variant(
             "gate": {**GATE, "passed": ok, "accepted_loss": bool(accept_loss and not ok)},
             # int8 kernels differ by instruction set: where the parity was measured
             "measured_on": cpu_info().words(),
-            "tensorrt_conformance": {"targets": TARGETS, "ok": not problems, "problems": problems},
+            "tensorrt_conformance": conformance_record(problems),
         }
         # merged into the variants as they are when it is added: another export of this bundle
         # may have added one since this began
