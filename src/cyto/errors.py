@@ -2,10 +2,21 @@
 
 Every message names the input, what was expected and how to fix it. The CLI turns any
 :class:`CytoError` into one line on stderr and a non-zero exit code (``CYTO_DEBUG=1`` shows the
-traceback).
+traceback); so are the machine's own failures in :data:`SYSTEM_ERRORS` (a full disk).
 """
 
 from __future__ import annotations
+
+import errno
+
+#: what an OSError of the machine (not of cyto) means, by errno: the CLI says it in one line
+SYSTEM_ERRORS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "no permission",
+    errno.EPERM: "no permission",
+}
 
 
 class CytoError(Exception):

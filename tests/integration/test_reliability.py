@@ -21,7 +21,8 @@ from cyto.cohort import score_cohort
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.errors import OutputBusyError
 from cyto.infer import ScoreOptions, score_slide
-from cyto.infer.store import OutputLock, slide_identity
+from cyto.infer.store import slide_identity
+from cyto.locks import OutputLock
 from cyto.runtime import load_scorer
 from tests.cli_runner import run_cyto
 from tests.integration.test_score import score_cli

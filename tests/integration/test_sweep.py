@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
+from cyto.locks import OutputLock
 from tests.cli_runner import run_cyto
 
 TINY = [
@@ -87,6 +88,21 @@ def test_miniature_sweep_and_resume(tmp_path, synth_patches):
     spec = json.loads((out / "sweep.json").read_text())
     assert spec.pop("train_fraction") == 0.5
     (out / "sweep.json").write_text(json.dumps(spec))
+    # first stopped while it writes the cell's rows: the table keeps whole cells only
+    real = csv.DictWriter.writerows
+
+    def disk_full(self, rows):
+        self.writerow(next(iter(rows)))
+        raise OSError(28, "No space left on device")
+
+    csv.DictWriter.writerows = disk_full
+    try:
+        full = run_cyto(*args)
+    finally:
+        csv.DictWriter.writerows = real
+    assert full.returncode == 1 and "Traceback" not in full.stderr
+    assert full.stderr.strip().endswith("error: the disk is full")  # the machine's, one line
+    assert (out / "results.csv").read_text() == "".join(keep)
     again = run_cyto(*args)
     assert again.returncode == 0, again.stderr
     with open(out / "results.csv", newline="") as f:
@@ -95,3 +111,10 @@ def test_miniature_sweep_and_resume(tmp_path, synth_patches):
 
     other = run_cyto(*[a if a != "20" else "30" for a in args])
     assert other.returncode != 0 and "other settings" in other.stderr
+
+    # a second sweep into a folder in use is refused (exit 3) and changes nothing
+    before = (out / "results.csv").read_bytes()
+    with OutputLock(out):
+        busy = run_cyto(*args)
+    assert busy.returncode == 3 and "being written by another cyto eval sweep" in busy.stderr
+    assert (out / "results.csv").read_bytes() == before

@@ -24,7 +24,8 @@ from cyto.infer.finish import finish_slide
 from cyto.infer.options import ScoreOptions
 from cyto.infer.pipeline import score_tiles, write_error
 from cyto.infer.plan import SlidePlan, TileRun
-from cyto.infer.store import ChunkStore, OutputLock
+from cyto.infer.store import ChunkStore
+from cyto.locks import OutputLock
 from cyto.runtime import Scorer
 from cyto.slides import open_slide, open_with_planes
 

@@ -2,14 +2,16 @@
 
 A cell is (method, WR). Methods whose training data do not depend on the WR (the one-class
 methods train on the strictly normal bags) are trained once and reused for every WR, as the paper
-does. Every trained model is kept as a bundle under ``OUT/models``; every finished cell appends its
-rows to ``OUT/results.csv``. Rerunning the same command skips finished cells and reloads bundles.
+does. Every trained model is kept as a bundle under ``OUT/models``; every finished cell adds its
+rows to ``OUT/results.csv`` at once (a whole cell or none). Rerunning the same command skips
+finished cells and reloads bundles; a second sweep into a folder in use is refused.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from cyto.data.dataset import PatchDataset
 from cyto.errors import ConfigError
 from cyto.eval.metrics import all_metrics
 from cyto.eval.protocol import PAPER_WRS, WRProtocol
+from cyto.locks import OutputLock
 from cyto.progress import progress
 
 METRIC_COLUMNS = (
@@ -134,13 +137,20 @@ def _train_data(method: str, trial, images: np.ndarray, labels: np.ndarray, fp: 
 
 def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
     """Run (or continue) a sweep into ``out``; returns the results table path."""
-    from cyto.bundle import save_bundle
-    from cyto.runtime import load_scorer
-    from cyto.train.loop import resolve_device
-    from cyto.train.registry import get_method
-
     out = Path(out)
     configs = method_configs(spec)  # a bad --set fails here, before anything is written
+    made = not out.exists()
+    try:
+        with OutputLock(out, "cyto eval sweep", "give another --out"):  # one sweep per folder
+            return _sweep(spec, out, configs, echo)
+    finally:  # a refused or failed first run leaves no empty folder behind
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+
+
+def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
+    from cyto.train.loop import resolve_device
+
     spec_file = out / "sweep.json"
     spec_json = {k: (str(v) if isinstance(v, Path) else v) for k, v in spec.__dict__.items()}
     if spec_file.exists():
@@ -163,6 +173,14 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
     # would turn its corrected rerun away as "other settings"
     (out / "models").mkdir(parents=True, exist_ok=True)
     spec_file.write_text(json.dumps(spec_json, indent=2))
+    return _sweep_cells(spec, out, configs, datasets, dev, echo)
+
+
+def _sweep_cells(spec: SweepSpec, out: Path, configs: dict, datasets: dict, dev, echo) -> Path:
+    from cyto.bundle import save_bundle
+    from cyto.runtime import load_scorer
+    from cyto.train.registry import get_method
+
     labels = next(iter(datasets.values())).labels.astype(np.int64)
     protocol = WRProtocol(labels, seed=spec.seed, train_fraction=spec.train_fraction)
     n_bag_normals = sum(len(b) for b in protocol.normal_bags)
@@ -222,11 +240,25 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
                             "value": m[metric],
                         }
                     )
-            new = not results.exists()
-            with open(results, "a", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=FIELDS)
-                if new:
-                    w.writeheader()
-                w.writerows(rows)
+            _add_rows(results, rows)
             bar.advance()
     return results
+
+
+def _add_rows(results: Path, rows: list[dict]) -> None:
+    """A finished cell's rows join the table at once: the table is written again beside itself
+    and renamed, so a run stopped mid-write leaves the cells before it whole, never a cell with
+    some of its trials (which a rerun would take as finished)."""
+    tmp = results.with_name(f".{results.name}.partial")  # one writer: the folder is locked
+    try:
+        with open(tmp, "w", newline="") as f:
+            if results.exists():
+                f.write(results.read_text())
+            w = csv.DictWriter(f, fieldnames=FIELDS)
+            if not results.exists():
+                w.writeheader()
+            w.writerows(rows)
+        os.replace(tmp, results)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -16,21 +16,21 @@ score and the burden estimate. Many slides: :mod:`cyto.cohort`.
 
 from __future__ import annotations
 
-import errno
 import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
 
-from cyto.errors import OutputWriteError
+from cyto.errors import SYSTEM_ERRORS, OutputWriteError
 from cyto.infer.batcher import CellBatcher
 from cyto.infer.finish import Metrics, finish_slide, rank_by
 from cyto.infer.memory import trim_malloc
 from cyto.infer.options import ScoreOptions
 from cyto.infer.plan import SlidePlan, TileRun
-from cyto.infer.store import PARTIAL, ChunkStore, OutputLock, kept_words
+from cyto.infer.store import PARTIAL, ChunkStore, kept_words
 from cyto.infer.tiling import Resolution, TileFeed, broken_worker_error
+from cyto.locks import OutputLock
 from cyto.progress import progress
 from cyto.runtime import Scorer, devices, load_scorer
 from cyto.slides import open_with_planes
@@ -79,13 +79,7 @@ def score_slide(
 
 
 def write_error(slide: Path, out_dir: Path, exc: OSError) -> OutputWriteError:
-    why = {
-        errno.ENOSPC: "the disk is full",
-        errno.EDQUOT: "the disk quota is used up",
-        errno.EROFS: "the file system is read-only",
-        errno.EACCES: "no permission to write there",
-        errno.EPERM: "no permission to write there",
-    }.get(exc.errno, exc.strerror or str(exc))
+    why = SYSTEM_ERRORS.get(exc.errno, exc.strerror or str(exc))
     kept = out_dir / PARTIAL
     tail = (
         f"; the finished chunks are kept in {kept}: fix that and rerun with --resume"

@@ -7,10 +7,7 @@ name and renamed; a state file records what the rows depend on (model, slide ide
 options). A resumed run with the same state continues after the last chunk; any other state
 starts over. Chunks never overlap and never leave a gap, or the store says so.
 
-:class:`OutputLock` holds an exclusive ``flock`` on ``OUT/SLIDE/.lock`` for the whole run, so a
-second ``cyto score`` on the same folder (a double-click, an overlapping cron job) is refused
-with the first one's PID, host and start time. The kernel drops the lock when its process dies,
-so a lock left by a killed run is stale and taken over.
+One writer per output folder: :class:`cyto.locks.OutputLock` on ``OUT/SLIDE/``.
 """
 
 from __future__ import annotations
@@ -20,71 +17,13 @@ import json
 import os
 import re
 import shutil
-import socket
-import time
 from pathlib import Path
 
-from cyto.errors import CytoError, OutputBusyError
+from cyto.errors import CytoError
 from cyto.slides.base import PLANE_SEP
 
 PARTIAL = ".partial"
-LOCK = ".lock"
 _CHUNK = re.compile(r"^chunk-(\d+)-(\d+)\.parquet$")
-
-
-class OutputLock:
-    """One writer per output folder (see the module docstring)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = Path(folder)
-        self.path = self.folder / LOCK
-        self._fh = None
-
-    def acquire(self) -> OutputLock:
-        import fcntl
-
-        self.folder.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "a+")  # noqa: SIM115 - held open for the whole run
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            try:
-                holder = json.loads(fh.read() or "{}")
-            except json.JSONDecodeError:
-                holder = {}
-            fh.close()
-            raise OutputBusyError(
-                f"{self.folder} is being written by another cyto score (pid "
-                f"{holder.get('pid', '?')} on {holder.get('host', '?')}, since "
-                f"{holder.get('started', '?')}); wait for it to finish, or give another --out"
-            ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(
-            json.dumps(
-                {
-                    "pid": os.getpid(),
-                    "host": socket.gethostname(),
-                    "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-                }
-            )
-        )
-        fh.flush()
-        self._fh = fh
-        return self
-
-    def release(self) -> None:
-        if self._fh is not None:
-            self.path.unlink(missing_ok=True)
-            self._fh.close()  # closing drops the flock
-            self._fh = None
-
-    def __enter__(self) -> OutputLock:
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
 
 def slide_identity(path: Path, block: int = 1 << 16, samples: int = 32) -> str:
