@@ -10,6 +10,7 @@ refuses anything that does not match. Nothing is ever unpickled.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -265,13 +266,29 @@ def save_bundle(
         }
         (tmp / MANIFEST).write_text(_manifest_text(full))
         _readable_by_all(tmp)
-        if out.exists():
+        if overwrite and out.exists():
             shutil.rmtree(out)
-        os.replace(tmp, out)
+        _move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished bundle to ``out``. Another run that wrote ``out`` meanwhile (the same
+    ``cyto train`` in two terminals) keeps its bundle, and this one is kept beside it, named."""
+    try:
+        os.replace(tmp, out)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        kept = out.with_name(f"{out.stem}-{os.getpid()}{out.suffix}")
+        os.replace(tmp, kept)
+        raise BundleError(
+            f"{out} was written by another run while this one ran, and is left as that run "
+            f"wrote it; this run's model is kept as {kept}"
+        ) from exc
 
 
 def _readable_by_all(folder: Path) -> None:

@@ -179,3 +179,32 @@ def test_a_bundle_whose_lock_cannot_be_made_is_read_without_it(bundle, tmp_path)
     extra.write_text("x")
     with pytest.raises(OSError):
         add_files(bundle, {"x.txt": extra})
+
+
+def test_a_bundle_written_by_another_run_meanwhile_is_kept_and_so_is_this_one(
+    tmp_path, monkeypatch
+):
+    """The same ``cyto train --out m.cyto`` in two terminals: the one that finishes second
+    finds m.cyto written; neither model is lost, and it says where its own went."""
+    import torch
+
+    import cyto.bundle as bundle_mod
+
+    out = tmp_path / "m.cyto"
+    parts = ({"method": "dsvdd"}, {"encoder-seed0": {"w": torch.ones(2)}}, {"c": np.ones(2)})
+    real, finished = bundle_mod._readable_by_all, []
+
+    def other_run_finishes_first(folder):
+        real(folder)
+        if not finished:
+            finished.append(True)
+            save_bundle(out, {"method": "other"}, *parts[1:])
+
+    monkeypatch.setattr(bundle_mod, "_readable_by_all", other_run_finishes_first)
+    with pytest.raises(BundleError, match=r"written by another run.*kept as .*m-\d+\.cyto"):
+        save_bundle(out, *parts)
+    monkeypatch.undo()
+    assert load_bundle(out).manifest["method"] == "other"
+    (kept,) = tmp_path.glob("m-*.cyto")
+    assert load_bundle(kept).manifest["method"] == "dsvdd"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
