@@ -93,6 +93,21 @@ def test_bench_scorer(tmp_path):
     assert len(sv) == 2 and all(r["max_abs_diff_vs_ref"] < 1e-6 for r in sv)
 
 
+def test_a_second_run_on_the_same_day_keeps_the_first_result(tmp_path):
+    from cyto.bench.results import write_results
+
+    meta = {"host": "lab pc", "date": "2026-11-29"}
+    first = write_results(tmp_path, "slide", meta, [{"cells_per_s": 1.0}], ["# before"])
+    second = write_results(tmp_path, "slide", meta, [{"cells_per_s": 2.0}], ["# after"])
+    assert (first.name, second.name) == (
+        "slide_lab-pc_2026-11-29.json",
+        "slide_lab-pc_2026-11-29-2.json",
+    )
+    assert json.loads(first.read_text())["results"] == [{"cells_per_s": 1.0}]
+    assert first.with_suffix(".md").read_text() == "# before\n"
+    assert second.with_suffix(".md").read_text() == "# after\n"
+
+
 @pytest.mark.slow
 def test_bench_slide_and_calibrate(exported_dsvdd, tmp_path):
     res = write_slide(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -12,15 +13,23 @@ def _slug(text: str) -> str:
 
 
 def write_results(out: Path, kind: str, meta: dict, rows: list[dict], markdown: list[str]) -> Path:
-    """``out/<kind>_<host>_<date>.json`` and ``.md``; returns the JSON path."""
+    """``out/<kind>_<host>_<date>.json`` and ``.md``; returns the JSON path. Another run of the
+    same benchmark on the same day (before and after a change, two at once) gets ``-2``, ``-3``
+    and so on: a result is never written over."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{kind}_{_slug(str(meta['host']))}_{meta['date']}"
-    stem.with_suffix(".json").write_text(
-        json.dumps({"kind": kind, "meta": meta, "results": rows}, indent=2, default=str)
-    )
-    stem.with_suffix(".md").write_text("\n".join(markdown) + "\n")
-    return stem.with_suffix(".json")
+    base = f"{kind}_{_slug(str(meta['host']))}_{meta['date']}"
+    text = json.dumps({"kind": kind, "meta": meta, "results": rows}, indent=2, default=str)
+    for n in itertools.count(1):
+        path = out / (f"{base}.json" if n == 1 else f"{base}-{n}.json")
+        try:
+            with open(path, "x") as fh:  # claims the name, also against a run at the same time
+                fh.write(text)
+            break
+        except FileExistsError:
+            continue
+    path.with_suffix(".md").write_text("\n".join(markdown) + "\n")
+    return path
 
 
 def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> list[str]:

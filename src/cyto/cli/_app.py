@@ -71,7 +71,11 @@ def _ints(text: str, what: str) -> list[int]:
 
 
 ResultsOpt = Annotated[
-    Path, typer.Option(help="Folder for the result files (<kind>_<host>_<date>.json and .md).")
+    Path,
+    typer.Option(
+        help="Folder for the result files (<kind>_<host>_<date>.json and .md; a later run that "
+        "day adds -2, -3: nothing is written over)."
+    ),
 ]
 
 
