@@ -398,18 +398,23 @@ def bundle_lock(path: Path, exclusive: bool) -> Iterator[None]:
     """``flock`` on ``PATH/.lock``: a writer's is exclusive, so two runs that add to one bundle
     at once (``cyto export --precision int8`` in one terminal, ``cyto calibrate`` in another)
     each add to what the other left, and a reader's is shared, so it never sees a manifest and
-    its files half changed. Where the lock file cannot be made (a read-only copy: nothing can
-    write there) a reader reads without it."""
+    its files half changed. A reader that may not write the lock file (another user's bundle)
+    locks it read-only; where it cannot be made at all (a read-only copy: nothing can write
+    there) a reader reads without it."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX: the atomic renames still hold
         yield
         return
-    try:
-        fh = open(Path(path) / LOCK, "a+")  # noqa: SIM115 - held for the whole block
-    except OSError:
-        if exclusive:
-            raise
+    fh = None
+    for mode in ("a+",) if exclusive else ("a+", "r"):
+        try:
+            fh = open(Path(path) / LOCK, mode)  # noqa: SIM115 - held for the whole block
+            break
+        except OSError:
+            if exclusive:
+                raise
+    if fh is None:
         yield
         return
     with fh:

@@ -181,6 +181,28 @@ def test_a_bundle_whose_lock_cannot_be_made_is_read_without_it(bundle, tmp_path)
         add_files(bundle, {"x.txt": extra})
 
 
+def test_another_users_bundle_is_read_under_a_read_only_lock(bundle, monkeypatch):
+    """A lock file this user may not write (another user's bundle on a shared workstation) is
+    still locked, opened read-only."""
+    import builtins
+
+    import cyto.bundle as bundle_mod
+
+    load_bundle(bundle)  # the lock file exists
+    opened = []
+
+    def as_another_user(file, mode="r", *args, **kwargs):
+        if str(file).endswith("/.lock"):
+            opened.append(mode)
+            if mode != "r":
+                raise PermissionError(13, "Permission denied", str(file))
+        return builtins.open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(bundle_mod, "open", as_another_user, raising=False)
+    assert load_bundle(bundle).method == "dsvdd"
+    assert opened == ["a+", "r"]
+
+
 def test_a_bundle_written_by_another_run_meanwhile_is_kept_and_so_is_this_one(
     tmp_path, monkeypatch
 ):
