@@ -400,7 +400,8 @@ def bundle_lock(path: Path, exclusive: bool) -> Iterator[None]:
     each add to what the other left, and a reader's is shared, so it never sees a manifest and
     its files half changed. A reader that may not write the lock file (another user's bundle)
     locks it read-only; where it cannot be made at all (a read-only copy: nothing can write
-    there) a reader reads without it."""
+    there) a reader reads without it, and on a file system that cannot lock (NFS without its
+    lock daemon) both go on unlocked, as before bundles had locks."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX: the atomic renames still hold
@@ -418,7 +419,11 @@ def bundle_lock(path: Path, exclusive: bool) -> Iterator[None]:
         yield
         return
     with fh:
-        fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        except OSError as exc:  # a file system without locks (NFS without lockd): as before
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
         yield
 
 

@@ -203,6 +203,24 @@ def test_another_users_bundle_is_read_under_a_read_only_lock(bundle, monkeypatch
     assert opened == ["a+", "r"]
 
 
+def test_a_bundle_on_a_file_system_that_cannot_lock_is_used_as_before(
+    bundle, tmp_path, monkeypatch
+):
+    """NFS without its lock daemon answers flock with ENOLCK: a cluster's shared bundle still
+    loads and takes its exports, unlocked as before bundles had locks."""
+    import errno
+    import fcntl
+
+    def no_locks(fh, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    extra = tmp_path / "x.txt"
+    extra.write_text("x")
+    add_files(bundle, {"x.txt": extra}, {"x": 1})
+    assert load_bundle(bundle).manifest["x"] == 1
+
+
 def test_a_bundle_written_by_another_run_meanwhile_is_kept_and_so_is_this_one(
     tmp_path, monkeypatch
 ):
