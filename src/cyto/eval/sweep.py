@@ -149,7 +149,10 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
 
 
 def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
+    from cyto.bundle import save_bundle
+    from cyto.runtime import load_scorer
     from cyto.train.loop import resolve_device
+    from cyto.train.registry import get_method
 
     spec_file = out / "sweep.json"
     spec_json = {k: (str(v) if isinstance(v, Path) else v) for k, v in spec.__dict__.items()}
@@ -173,14 +176,6 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
     # would turn its corrected rerun away as "other settings"
     (out / "models").mkdir(parents=True, exist_ok=True)
     spec_file.write_text(json.dumps(spec_json, indent=2))
-    return _sweep_cells(spec, out, configs, datasets, dev, echo)
-
-
-def _sweep_cells(spec: SweepSpec, out: Path, configs: dict, datasets: dict, dev, echo) -> Path:
-    from cyto.bundle import save_bundle
-    from cyto.runtime import load_scorer
-    from cyto.train.registry import get_method
-
     labels = next(iter(datasets.values())).labels.astype(np.int64)
     protocol = WRProtocol(labels, seed=spec.seed, train_fraction=spec.train_fraction)
     n_bag_normals = sum(len(b) for b in protocol.normal_bags)
