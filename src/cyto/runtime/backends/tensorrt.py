@@ -47,11 +47,11 @@ def trt_version(text: str) -> tuple[int, ...]:
 def require_tensorrt():
     """Import tensorrt (10.x or 11.x), or raise the one error a user needs to see."""
     if importlib.util.find_spec("tensorrt") is None:
-        raise MissingDependencyError("tensorrt", "TensorRT engines", INSTALL)
+        raise MissingDependencyError("tensorrt", "A TensorRT engine", INSTALL)
     try:
         import tensorrt as trt
     except ImportError as exc:  # a tensorrt wheel installed without its libraries fails here
-        raise MissingDependencyError("tensorrt", "TensorRT engines", INSTALL) from exc
+        raise MissingDependencyError("tensorrt", "A TensorRT engine", INSTALL) from exc
     version = trt_version(getattr(trt, "__version__", ""))
     if not version or version[0] not in SUPPORTED_MAJORS or version[:2] < MINIMUM:
         raise MissingDependencyError(
