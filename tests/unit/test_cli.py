@@ -129,7 +129,7 @@ def test_synth_slide_cli_errors(tmp_path):
 
 
 def test_data_mosaic_cli(tmp_path, synth_patches):
-    out = tmp_path / "m.png"
+    out = tmp_path / "new" / "m.png"  # a folder that does not exist yet is made
     proc = run_cyto(
         "data", "mosaic", str(synth_patches), "--out", str(out), "--per-class", "3", "--tile", "32"
     )
@@ -139,6 +139,9 @@ def test_data_mosaic_cli(tmp_path, synth_patches):
     with Image.open(out) as im:
         assert im.width == 130 + 3 * 32
         assert im.height == 24 + 7 * 32  # title + one row per class
+    bad = run_cyto("data", "mosaic", str(synth_patches), "--out", str(tmp_path / "m"))
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --out ")
+    assert "a mosaic is a .png, .jpg or .jpeg file" in bad.stderr
 
 
 def test_slides_of_one_name_are_told_apart_in_the_expert_table():

@@ -51,12 +51,20 @@ def render_rows(
     return canvas
 
 
+IMAGE_ENDINGS = (".png", ".jpg", ".jpeg")
+
+
 def class_mosaic(
     source: Path, out: Path, per_class: int = 8, tile: int = 128, seed: int = 0
 ) -> Path:
-    """Write a PNG with ``per_class`` sample images of every class in ``source``."""
+    """Write a PNG (or JPEG, by ``out``'s ending) with ``per_class`` sample images of every
+    class in ``source``; the folders above ``out`` are made."""
+    out = Path(out)
     if per_class < 1 or tile < 16:
         raise ConfigError(f"per_class must be >= 1 and tile >= 16, got {per_class} and {tile}")
+    if out.suffix.lower() not in IMAGE_ENDINGS:
+        raise ConfigError(f"--out {out}: a mosaic is a .png, .jpg or .jpeg file")
     rows = class_rows(load_records(Path(source)), per_class, tile, seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
     render_rows(rows, title=str(source)).save(out)
-    return Path(out)
+    return out
