@@ -38,7 +38,10 @@ def sha(path):
 
 def test_same_seed_same_bytes(tmp_path, ndpi):
     out, _ = ndpi
-    again = write_slide(tmp_path / "s.ndpi", SlideSynthConfig(**SMALL, planes=(0.0, 1.5)))
+    # into a folder not made yet, as in the README's tour (cyto synth slide slides/demo.ndpi)
+    again = write_slide(
+        tmp_path / "slides" / "s.ndpi", SlideSynthConfig(**SMALL, planes=(0.0, 1.5))
+    )
     assert sha(again.paths[0]) == sha(out)
     assert sha(again.ground_truth) == sha(ground_truth_path(out))
     other = write_slide(tmp_path / "o.ndpi", SlideSynthConfig(**{**SMALL, "seed": 5}))

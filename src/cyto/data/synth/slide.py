@@ -417,8 +417,7 @@ def write_slide(
     existing = [p for p in targets if p.exists()]
     if existing and not overwrite:
         raise InputPathError(f"{existing[0]} exists (pass --overwrite to replace it)")
-    if not out.parent.exists():
-        raise InputPathError(f"output folder {out.parent} does not exist")
+    out.parent.mkdir(parents=True, exist_ok=True)  # as every other command's outputs
 
     lay = layout(config)
     w, h = config.size
