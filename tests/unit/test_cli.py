@@ -155,3 +155,38 @@ def test_slides_of_one_name_are_told_apart_in_the_expert_table():
     assert got == {"c1": "a/slide.ndpi", "c2": "b/slide.ndpi", "c3": "other.svs"}
     deep = slide_names({"c1": "/x/run/a/s.tif", "c2": "/y/run/a/s.tif"})
     assert deep == {"c1": "x/run/a/s.tif", "c2": "y/run/a/s.tif"}
+
+
+def test_every_command_the_readme_shows_exists_with_its_options():
+    """A command or option renamed in the code and not in the README fails a reader who copies
+    it: every ``cyto ...`` line of the README's code blocks names a command and its options."""
+    import re
+    import shlex
+
+    import typer.main
+
+    from cyto.cli import app
+
+    root = typer.main.get_command(app)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    checked = []
+    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", readme, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip().removeprefix("$ ")
+            if not line.startswith("cyto "):
+                continue
+            args = shlex.split(line.split(" #")[0])[1:]
+            cmd = root
+            while hasattr(cmd, "commands") and args and not args[0].startswith("-"):
+                # 'cyto review DIR' is 'cyto review serve DIR'
+                cmd = cmd.commands.get(args[0]) or cmd.commands.get("serve")
+                assert cmd is not None, f"README: no such command in {line!r}"
+                if cmd.name == args[0]:
+                    args.pop(0)
+            if hasattr(cmd, "commands"):  # 'cyto --help'
+                continue
+            known = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+            for a in args[: args.index("&&")] if "&&" in args else args:
+                assert not a.startswith("--") or a.split("=")[0] in known, (line, a)
+            checked.append(line)
+    assert len(checked) >= 25  # the tour and the sections' examples
