@@ -509,20 +509,24 @@ def add_files(
         manifest.update(update or {})
         for name, src in new.items():
             if Path(src).resolve() != (path / name).resolve():
-                _replace_with_copy(Path(src), path / name)
+                atomic_write(path / name, Path(src).read_bytes())
             manifest["files"][name] = sha256_file(path / name)
         _write_manifest(path, manifest, sealed)
     return manifest
 
 
-def _replace_with_copy(src: Path, dst: Path) -> None:
-    """``dst`` becomes a copy of ``src`` at once (a reader that does not lock never sees half)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
-    os.close(fd)
+def atomic_write(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` at once, or is left as it was: written beside it, synced and
+    renamed. Its mode is what a plain ``open`` gives under the umask (mkstemp's 0600 would hide
+    it from the other users of a shared workstation)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        shutil.copyfile(src, tmp)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, dst)
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -535,15 +539,7 @@ def _umask() -> int:
 
 
 def _write_manifest(path: Path, manifest: dict[str, Any], seal: bool) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST}.", suffix=".partial", dir=path)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(_manifest_text(manifest, seal=seal))
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path / MANIFEST)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path / MANIFEST, _manifest_text(manifest, seal=seal).encode())
 
 
 def seal_bundle(path: Path) -> bool:

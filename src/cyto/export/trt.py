@@ -22,11 +22,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from cyto.bundle import load_bundle
+from cyto.bundle import atomic_write, load_bundle
 from cyto.errors import ConfigError, DeviceError
 from cyto.runtime import devices
 from cyto.runtime.backends.tensorrt import require_tensorrt
-from cyto.runtime.engines import BatchProfile, EngineEntry, EngineIndex, EngineKey, atomic_write
+from cyto.runtime.engines import BatchProfile, EngineEntry, EngineIndex, EngineKey
 
 
 def parser_errors(parser) -> list[str]:

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cyto.bundle import PRECISIONS, sha256_file
+from cyto.bundle import PRECISIONS, atomic_write, sha256_file
 from cyto.errors import BundleError, ConfigError
 
 ENGINES_DIR = "engines"
@@ -312,16 +310,3 @@ class EngineIndex:
             "engines": [e.to_json() for e in entries],
         }
         atomic_write(self.dir / INDEX, json.dumps(data, indent=1).encode())
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -261,7 +261,7 @@ def _read_cached(bundle_path: Path, sha: str) -> dict | None:
 def _write_cached(bundle_path: Path, sha: str, record: dict) -> Path | None:
     """Keep ``record``; in the bundle when it is writable, else in the user's cache. A result
     that cannot be kept anywhere is only recomputed next time."""
-    from cyto.runtime.engines import atomic_write
+    from cyto.bundle import atomic_write
 
     for folder in cache_dirs(bundle_path):
         try:
