@@ -26,6 +26,7 @@ import numpy as np
 
 from cyto import __version__
 from cyto.errors import BundleError, BundlePathError
+from cyto.locks import flock_or_not
 
 FORMAT = "cyto-bundle"
 # 2: the manifest must carry its seal; TensorRT engines live in engines/, outside the seal.
@@ -419,11 +420,7 @@ def bundle_lock(path: Path, exclusive: bool) -> Iterator[None]:
         yield
         return
     with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        except OSError as exc:  # a file system without locks (NFS without lockd): as before
-            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise
+        flock_or_not(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)  # False: NFS without lockd
         yield
 
 

@@ -4,19 +4,43 @@
 second run into the same folder (a double-click, an overlapping cron job: ``cyto score`` of one
 slide, ``cyto eval sweep``) is refused with the first one's PID, host and start time. The kernel
 drops the lock when its process dies, so a lock left by a killed run is stale and taken over.
+
+A file system that cannot lock at all (NFS without its lock daemon: ``ENOLCK``) does not stop the
+work: :func:`flock_or_not` says so, and the run goes on unlocked (with a warning where a second
+run would no longer be refused).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
 import time
+import warnings
 from pathlib import Path
 
-from cyto.errors import OutputBusyError
+from cyto.errors import CytoWarning, OutputBusyError
 
 LOCK = ".lock"
+#: what flock answers on a file system that cannot lock
+NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
+def flock_or_not(fh, operation: int) -> bool:
+    """``fcntl.flock(fh, operation)``; False where the file system cannot lock (the caller goes
+    on unlocked, as it must there), any other failure raised."""
+    import fcntl
+
+    try:
+        fcntl.flock(fh, operation)
+    except BlockingIOError:
+        raise
+    except OSError as exc:
+        if exc.errno not in NO_LOCKS:
+            raise
+        return False
+    return True
 
 
 class OutputLock:
@@ -37,7 +61,14 @@ class OutputLock:
         self.folder.mkdir(parents=True, exist_ok=True)
         fh = open(self.path, "a+")  # noqa: SIM115 - held open for the whole run
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not flock_or_not(fh, fcntl.LOCK_EX | fcntl.LOCK_NB):
+                warnings.warn(
+                    CytoWarning(
+                        f"{self.folder}: this file system cannot lock files, so another "
+                        f"{self.command} into this folder at the same time would not be refused"
+                    ),
+                    stacklevel=2,
+                )
         except BlockingIOError:
             fh.seek(0)
             try:

@@ -361,6 +361,26 @@ def test_ctrl_c_to_the_process_group_prints_no_worker_traceback(exported_dsvdd, 
     assert "rerun with --resume" in out + err or "no chunk was finished yet" in out + err
 
 
+def test_a_file_system_that_cannot_lock_still_scores_and_says_what_it_loses(
+    exported_dsvdd, slides, tmp_path, monkeypatch
+):
+    """NFS without its lock daemon answers every flock with ENOLCK: the slide is scored and the
+    cohort table written, unlocked, with a warning that a second run would not be refused
+    (before, every slide failed on its lock file)."""
+    import errno
+    import fcntl
+
+    def no_locks(fh, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    proc = score_cli(slides[0].paths[0], exported_dsvdd, tmp_path / "o")
+    assert proc.returncode == 0, proc.stderr
+    assert "this file system cannot lock files, so another cyto score" in proc.stderr
+    assert (tmp_path / "o" / "cohort.csv").is_file()
+    assert len(list((tmp_path / "o").glob("*/scores.parquet"))) == 1
+
+
 def test_workers_ignore_ctrl_c_and_leave_it_to_the_main_process():
     """An idle worker that gets the terminal's SIGINT stays alive and prints nothing (before, it
     died with a KeyboardInterrupt traceback and broke the pool)."""

@@ -101,8 +101,10 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
     import csv
     import fcntl
 
+    from cyto.locks import flock_or_not
+
     with open(path.with_name(f".{path.name}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        flock_or_not(lock, fcntl.LOCK_EX)  # unlocked where the file system cannot lock
         # a row per output folder, known by its name in this folder: an --out spelled another
         # way (relative from elsewhere, absolute) is the same folder, and the same row
         home = path.parent.resolve()

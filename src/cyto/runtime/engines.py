@@ -28,6 +28,7 @@ from pathlib import Path
 
 from cyto.bundle import PRECISIONS, atomic_write, sha256_file
 from cyto.errors import BundleError, ConfigError
+from cyto.locks import flock_or_not
 
 ENGINES_DIR = "engines"
 INDEX = "index.json"
@@ -260,11 +261,12 @@ class EngineIndex:
             except ImportError:  # pragma: no cover - not POSIX: atomic renames still hold
                 yield
                 return
-            fcntl.flock(fh, fcntl.LOCK_EX)
+            locked = flock_or_not(fh, fcntl.LOCK_EX)  # False: a file system that cannot lock
             try:
                 yield
             finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+                if locked:
+                    fcntl.flock(fh, fcntl.LOCK_UN)
 
     def add(self, key: EngineKey, plan_bytes: bytes, info: dict | None = None) -> EngineEntry:
         """Store a plan under ``key`` (replacing an engine of the same key) and index it."""
