@@ -12,12 +12,14 @@ run would no longer be refused).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import socket
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from cyto.errors import CytoWarning, OutputBusyError
@@ -29,18 +31,32 @@ NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 def flock_or_not(fh, operation: int) -> bool:
     """``fcntl.flock(fh, operation)``; False where the file system cannot lock (the caller goes
-    on unlocked, as it must there), any other failure raised."""
+    on unlocked, as it must there), any other failure raised (``LOCK_NB``'s BlockingIOError
+    too)."""
     import fcntl
 
     try:
         fcntl.flock(fh, operation)
-    except BlockingIOError:
-        raise
     except OSError as exc:
         if exc.errno not in NO_LOCKS:
             raise
         return False
     return True
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (made if missing) for the block: one writer at a time
+    of what it guards (the cohort table, the engines index); unlocked where the file system
+    cannot lock. Closing the file drops the lock."""
+    with open(path, "a+") as fh:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: the atomic renames still hold
+            yield
+            return
+        flock_or_not(fh, fcntl.LOCK_EX)
+        yield
 
 
 class OutputLock:

@@ -99,12 +99,10 @@ def write_cohort_table(rows: list[dict], path: Path) -> Path:
 
 def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
     import csv
-    import fcntl
 
-    from cyto.locks import flock_or_not
+    from cyto.locks import file_lock
 
-    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
-        flock_or_not(lock, fcntl.LOCK_EX)  # unlocked where the file system cannot lock
+    with file_lock(path.with_name(f".{path.name}.lock")):
         # a row per output folder, known by its name in this folder: an --out spelled another
         # way (relative from elsewhere, absolute) is the same folder, and the same row
         home = path.parent.resolve()

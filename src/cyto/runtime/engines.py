@@ -28,7 +28,7 @@ from pathlib import Path
 
 from cyto.bundle import PRECISIONS, atomic_write, sha256_file
 from cyto.errors import BundleError, ConfigError
-from cyto.locks import flock_or_not
+from cyto.locks import file_lock
 
 ENGINES_DIR = "engines"
 INDEX = "index.json"
@@ -255,18 +255,8 @@ class EngineIndex:
     def locked(self) -> Iterator[None]:
         """An exclusive lock on the engines folder (one writer at a time)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / ".lock", "a+") as fh:
-            try:
-                import fcntl
-            except ImportError:  # pragma: no cover - not POSIX: atomic renames still hold
-                yield
-                return
-            locked = flock_or_not(fh, fcntl.LOCK_EX)  # False: a file system that cannot lock
-            try:
-                yield
-            finally:
-                if locked:
-                    fcntl.flock(fh, fcntl.LOCK_UN)
+        with file_lock(self.dir / ".lock"):
+            yield
 
     def add(self, key: EngineKey, plan_bytes: bytes, info: dict | None = None) -> EngineEntry:
         """Store a plan under ``key`` (replacing an engine of the same key) and index it."""
