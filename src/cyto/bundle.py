@@ -210,6 +210,23 @@ class Bundle:
             self._spec = ModelSpec.from_manifest(self.manifest, self.path)
         return self._spec
 
+    def graph_bytes(self, graph: GraphSpec) -> bytes:
+        """The graph file's bytes, checked against the sha256 the manifest gave when the bundle
+        was loaded: a graph replaced since (another run exporting into the bundle) is refused
+        here, never run under the verification of the graph it replaced. Callers hand these
+        bytes to ONNX Runtime or TensorRT instead of the path, so what runs is what was checked."""
+        path = self.path / graph.file
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise BundleError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        if hashlib.sha256(data).hexdigest() != graph.sha256:
+            raise BundleError(
+                f"{path} changed after the bundle was loaded (another run exported into it?): "
+                "run again to load the bundle as it is now"
+            )
+        return data
+
     @property
     def manifest_hash(self) -> str:
         return hashlib.sha256((self.path / MANIFEST).read_bytes()).hexdigest()

@@ -119,6 +119,24 @@ def test_reference_scores_this_machine_does_not_reproduce_are_refused_by_name(bu
     assert json.loads(meta[b"cyto.verification"])["status"] == "skipped"
 
 
+def test_a_graph_replaced_after_the_bundle_was_loaded_is_refused(bundle, tmp_path):
+    """Another run exports into the bundle between this run's load and its session: the graph
+    on disk is no longer the one whose sha256 the verification (cached here) vouched for."""
+    import onnx
+    from onnx import numpy_helper
+
+    assert load_scorer(bundle, "onnx", "cpu").verification.passed  # verified, cached
+    loaded = load_bundle(bundle, weights=False)
+    model = onnx.load(str(bundle / "encoder.onnx"))
+    w = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+    w.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(w), w.name))
+    other = tmp_path / "other.onnx"
+    onnx.save(model, str(other))
+    add_files(bundle, {"encoder.onnx": other})  # sealed: a whole export, not a corruption
+    with pytest.raises(BundleError, match="encoder.onnx changed after the bundle was loaded"):
+        load_scorer(loaded, "onnx", "cpu")
+
+
 def _wrong_int8(exported_bundles, size, held, tmp_path):
     """An int8 graph of another model, its ranges calibrated on black squares: one that does
     not reproduce a bundle's golden cells."""

@@ -514,7 +514,12 @@ def zero_point_problems(model) -> list[str]:
 
 def check_graph_file(path: Path, profile_inputs: Iterable[str] = ()) -> list[str]:
     """:func:`check_model` and :func:`zero_point_problems` for an ONNX file."""
+    return check_graph_bytes(Path(path).read_bytes(), profile_inputs)
+
+
+def check_graph_bytes(data: bytes, profile_inputs: Iterable[str] = ()) -> list[str]:
+    """:func:`check_graph_file` for a serialized graph."""
     import onnx
 
-    model = onnx.load(str(path))
+    model = onnx.load_from_string(data)
     return check_model(model, profile_inputs) + zero_point_problems(model)

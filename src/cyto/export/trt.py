@@ -51,7 +51,7 @@ def build_engine(
     """Build (or rebuild) the engine of the bundle's ``precision`` graph for the GPU ``device``
     names, store it in ``BUNDLE/engines/`` and return its index entry. The sealed bundle files
     are never touched."""
-    from cyto.export.conformance import check_graph_file
+    from cyto.export.conformance import check_graph_bytes
 
     trt = require_tensorrt()
     bundle = load_bundle(Path(bundle_path), weights=False)
@@ -63,7 +63,8 @@ def build_engine(
             "precision is the graph's"
         )
     onnx_path = bundle.path / graph.file
-    problems = check_graph_file(onnx_path, profile_inputs={graph.input})
+    data = bundle.graph_bytes(graph)  # the engine is keyed by this sha256: build from these bytes
+    problems = check_graph_bytes(data, profile_inputs={graph.input})
     if problems:
         raise ConfigError(
             f"{onnx_path} breaks TensorRT's ONNX import rules: " + "; ".join(problems[:5])
@@ -84,7 +85,7 @@ def build_engine(
         if network is None:
             raise DeviceError("TensorRT could not create a network definition")
         parser = trt.OnnxParser(network, logger)
-        if not parser.parse(onnx_path.read_bytes(), path=str(onnx_path)):
+        if not parser.parse(data, path=str(onnx_path)):
             raise ConfigError(
                 f"TensorRT cannot parse {onnx_path}: {'; '.join(parser_errors(parser))}"
             )

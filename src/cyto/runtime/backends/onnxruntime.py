@@ -185,10 +185,9 @@ class OnnxRuntimeBackend:
         opts.enable_cpu_mem_arena = False
         for k, v in entries.items():
             opts.add_session_config_entry(k, v)
+        data = bundle.graph_bytes(graph)  # what the manifest (and the verification) named
         try:
-            self.session = ort.InferenceSession(
-                str(bundle.path / graph.file), opts, providers=providers
-            )
+            self.session = ort.InferenceSession(data, opts, providers=providers)
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped errors
             raise DeviceError(f"ONNX Runtime cannot open {graph.file} on {device}: {exc}") from exc
         got = self.session.get_providers()
