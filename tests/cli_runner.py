@@ -23,8 +23,9 @@ import sys
 import traceback
 from contextlib import redirect_stderr, redirect_stdout
 
-# read by cyto at call time, so they act the same in this process
-IN_PROCESS_ENV = {"CYTO_DEBUG", "CYTO_PROGRESS"}
+# read by cyto (and by click and rich for the terminal width) at call time, so they act the
+# same in this process
+IN_PROCESS_ENV = {"CYTO_DEBUG", "CYTO_PROGRESS", "COLUMNS"}
 
 
 def run_cyto(

@@ -190,3 +190,53 @@ def test_every_command_the_readme_shows_exists_with_its_options():
                 assert not a.startswith("--") or a.split("=")[0] in known, (line, a)
             checked.append(line)
     assert len(checked) >= 25  # the tour and the sections' examples
+
+
+def _commands(cmd, path=()):
+    yield path, cmd
+    for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+        yield from _commands(sub, (*path, name))
+
+
+def test_every_help_reads_on_an_80_column_terminal():
+    """Each command's --help at 80 columns: the description's paragraphs flow (every line as
+    full as its next word allows, not broken where the source broke), no line wider than the
+    terminal, and every command in a list described whole, never cut off with '...'."""
+    import typer
+
+    from cyto.cli import app
+
+    root = typer.main.get_command(app)
+    seen = 0
+    for path, _ in _commands(root):
+        proc = run_cyto(*path, "--help", env={"COLUMNS": "80"})
+        assert proc.returncode == 0, (path, proc.stderr)
+        lines = [line.rstrip() for line in proc.stdout.splitlines()]
+        assert all(len(line) <= 80 for line in lines), (path, max(lines, key=len))
+        usage = next(i for i, line in enumerate(lines) if line.strip().startswith("Usage:"))
+        end = next(i for i, line in enumerate(lines) if i > usage and _section(line))
+        para: list[str] = []
+        for line in [*lines[usage + 1 : end], ""]:
+            if line.strip():
+                para.append(line.strip())
+                continue
+            for a, b in zip(para, para[1:], strict=False):  # b's first word did not fit on a's line
+                assert len(a) + 1 + len(b.split()[0]) > 76, (path, a, b)
+            para = []
+        listed = lines[end:]
+        assert not [line for line in listed if line.strip("│ ").endswith("...")], path
+        seen += 1
+    assert seen >= 25
+
+
+def _section(line: str) -> bool:
+    """A help section's first line: 'Options:' (click) or '╭─ Options ───╮' (rich)."""
+    return line.startswith("╭") or (bool(line) and line[0] != " " and line.endswith(":"))
+
+
+def test_a_usage_error_is_one_line_without_a_box():
+    proc = run_cyto("score", "slide.ndpi", env={"COLUMNS": "80"})
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert errors == ["Error: Missing option '--model'."], proc.stderr
+    assert not set("╭│╰") & set(proc.stderr)

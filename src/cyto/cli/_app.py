@@ -11,24 +11,29 @@ from typer.core import TyperGroup
 from cyto import __version__
 from cyto.errors import ConfigError
 
-app = typer.Typer(
+
+def _typer(**kwargs) -> typer.Typer:
+    """A command group. Help and usage errors in click's plain form: paragraphs flow to the
+    terminal's width and a usage error is one ``Error: ...`` line (Typer's rich panels keep the
+    docstrings' source line breaks and wrap options into a narrow column at 80 columns)."""
+    return typer.Typer(rich_markup_mode=None, no_args_is_help=True, **kwargs)
+
+
+app = _typer(
     name="cyto",
     help="Find the few malignant cells among ~10^5 normal ones on a whole-slide cytology image.",
-    no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-synth_app = typer.Typer(
-    help="Draw synthetic cytology data (the built-in demo data).", no_args_is_help=True
-)
-data_app = typer.Typer(help="Inspect cell-patch datasets.", no_args_is_help=True)
+synth_app = _typer(help="Draw synthetic cytology data (the built-in demo data).")
+data_app = _typer(help="Inspect cell-patch datasets.")
 app.add_typer(synth_app, name="synth")
 app.add_typer(data_app, name="data")
-eval_app = typer.Typer(help="Evaluate rankings: top-K metrics.", no_args_is_help=True)
+eval_app = _typer(help="Evaluate rankings: top-K metrics.")
 app.add_typer(eval_app, name="eval")
-bench_app = typer.Typer(
+bench_app = _typer(
     help="Measure throughput: engine backends, scoring kernels, whole-slide scoring.",
-    no_args_is_help=True,
+    short_help="Measure throughput: engines, kernels, slides, cohorts.",
 )
 app.add_typer(bench_app, name="bench")
 
@@ -100,11 +105,11 @@ class _ReviewGroup(TyperGroup):
         return super().parse_args(ctx, args)
 
 
-review_app = typer.Typer(
+review_app = _typer(
     cls=_ReviewGroup,
     help="Blinded expert review of the top-K cells in the browser, and its report. "
     "'cyto review SCORED_DIR... --reviewer NAME' is short for 'cyto review serve ...'.",
-    no_args_is_help=True,
+    short_help="Blinded expert review of the top-K cells, and its report.",
 )
 app.add_typer(review_app, name="review")
 

@@ -12,7 +12,9 @@ from cyto.cli._app import RankBy, ResultsOpt, _csv, _ints, bench_app
 from cyto.errors import ConfigError
 
 
-@bench_app.command("engine")
+@bench_app.command(
+    "engine", short_help="Patches/s and batch latency of every backend and precision."
+)
 def bench_engine_cmd(
     model: Annotated[Path, typer.Option(help="Model bundle (exported, for ONNX/TensorRT).")],
     devices: Annotated[str, typer.Option(help="Comma-separated: cpu, cuda, or auto.")] = "auto",
@@ -147,7 +149,9 @@ def bench_scorer_cmd(
     typer.echo(f"wrote {path} and {path.with_suffix('.md')}")
 
 
-@bench_app.command("slide")
+@bench_app.command(
+    "slide", short_help="End-to-end scoring of one slide: stages, efficiency, baseline."
+)
 def bench_slide_cmd(
     slide: Annotated[Path, typer.Argument(help="Whole-slide image to score.")],
     model: Annotated[Path, typer.Option(help="Model bundle (exported).")],
@@ -214,7 +218,9 @@ def bench_slide_cmd(
     typer.echo(f"wrote {path} and {path.with_suffix('.md')}")
 
 
-@bench_app.command("cohort")
+@bench_app.command(
+    "cohort", short_help="A cohort in one process, then on Ray: speed and equal tables."
+)
 def bench_cohort_cmd(
     slides: Annotated[
         list[Path] | None, typer.Argument(help="Slides to score (or --synthetic N).")

@@ -66,7 +66,7 @@ def data_info_cmd(
         typer.echo("unreadable: 0")
 
 
-@data_app.command("mosaic")
+@data_app.command("mosaic", short_help="A PNG with a labelled row of sample images per class.")
 def data_mosaic_cmd(
     path: Annotated[Path, typer.Argument(help="Folder of class sub-folders, or a manifest.")],
     out: Annotated[Path, typer.Option(help="PNG to write.")] = Path("mosaic.png"),
@@ -81,7 +81,9 @@ def data_mosaic_cmd(
     typer.echo(f"wrote {out}")
 
 
-@data_app.command("cells")
+@data_app.command(
+    "cells", short_help="Cut the cells of scored negative slides into a training folder."
+)
 def data_cells_cmd(
     scored: Annotated[
         list[Path],

@@ -10,7 +10,7 @@ import typer
 from cyto.cli._app import eval_app
 
 
-@eval_app.command("sweep")
+@eval_app.command("sweep", short_help="The paper's witness-rate sweep: train, rank, tables, plots.")
 def eval_sweep_cmd(
     data: Annotated[Path, typer.Option(help="Folder of class sub-folders, or a manifest.")],
     normal: Annotated[str, typer.Option(help="Normal class(es), comma-separated.")],
@@ -84,7 +84,9 @@ def eval_sweep_cmd(
     typer.echo(f"results {results}; tables {md}, {tex}; plots {len(figs)} files in {out}")
 
 
-@eval_app.command("scores")
+@eval_app.command(
+    "scores", short_help="TP@K, Recall@K, Precision@K, nDCG@K, AUTK@K, AUFROC@K, AUROC."
+)
 def eval_scores_cmd(
     table: Annotated[Path, typer.Argument(help="Score table (Parquet or CSV), one row per cell.")],
     k: Annotated[list[int] | None, typer.Option("--k", help="K (repeat for several).")] = None,

@@ -161,7 +161,9 @@ def info_cmd(
     typer.echo(f"  what runs on this machine: cyto doctor {model}")
 
 
-@app.command("doctor")
+@app.command(
+    "doctor", short_help="What this machine can run, and each model's graphs verified here."
+)
 def doctor_cmd(
     models: Annotated[
         list[Path] | None,
@@ -189,7 +191,7 @@ def doctor_cmd(
         raise typer.Exit(report.exit_code)
 
 
-@app.command("export")
+@app.command("export", short_help="Export a bundle for inference: ONNX, fp16 and int8, TensorRT.")
 def export_cmd(
     model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
     onnx: Annotated[bool, typer.Option(help="Export encoder.onnx (uint8 NHWC in).")] = True,

@@ -11,7 +11,9 @@ import typer
 from cyto.cli._app import _csv, app, review_app
 
 
-@review_app.command("serve")
+@review_app.command(
+    "serve", short_help="Serve the review page: each slide's top-K cells as a grid."
+)
 def review_serve_cmd(
     scored: Annotated[
         list[Path],
@@ -68,7 +70,7 @@ def review_serve_cmd(
     serve(opened, reviewer, host=host, port=port, echo=typer.echo)
 
 
-@review_app.command("report")
+@review_app.command("report", short_help="Unblind the marks: expert table, Cohen's kappa, figures.")
 def review_report_cmd(
     review: Annotated[Path, typer.Argument(help="The review folder (cases, key and marks).")],
     out: Annotated[
@@ -126,7 +128,7 @@ def review_report_cmd(
     typer.echo(f"-> {rep['files']['expert_table_md']}, {len(rep['figures'])} figure(s)")
 
 
-@app.command("refine")
+@app.command("refine", short_help="Retrain a model with the marks of an expert review.")
 def refine_cmd(
     model: Annotated[Path, typer.Argument(help="The bundle whose top cells were reviewed.")],
     marks: Annotated[Path, typer.Option(help="The review folder (cyto review).")],

@@ -20,7 +20,7 @@ def check_rank_by(model: Path, rank_by: str) -> None:
     resolve_rank_by(rank_by, bundle.method, NucleusSize.from_record(bundle.spec.nucleus_size))
 
 
-@app.command("predict")
+@app.command("predict", short_help="Score every patch of a folder or manifest with a bundle.")
 def predict_cmd(
     model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
     data: Annotated[Path, typer.Option(help="Folder of class sub-folders, or a manifest.")],
@@ -108,7 +108,7 @@ def predict_cmd(
     typer.echo(line)
 
 
-@app.command("score")
+@app.command("score", short_help="Score every cell of each slide: score tables, top-K, mosaics.")
 def score_cmd(
     slides: Annotated[list[Path], typer.Argument(help="Whole-slide images (NDPI, SVS, TIFF...).")],
     model: Annotated[Path, typer.Option(help="Model bundle (exported: cyto export).")],
@@ -308,7 +308,7 @@ def score_cmd(
         raise typer.Exit(max(exc.exit_code for _, exc in failed))
 
 
-@app.command("calibrate")
+@app.command("calibrate", short_help="Calibrate on negative slides: p-values, FDR flags, burden.")
 def calibrate_cmd(
     model: Annotated[Path, typer.Argument(help="Model bundle to calibrate.")],
     tables: Annotated[

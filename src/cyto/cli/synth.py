@@ -11,7 +11,9 @@ from cyto.cli._app import _csv, app, synth_app
 from cyto.data.synth.formats import SlideFormat
 
 
-@synth_app.command("patches")
+@synth_app.command(
+    "patches", short_help="Draw a class-folder dataset of normal and abnormal cells."
+)
 def synth_patches(
     out: Annotated[Path, typer.Argument(help="Folder to create (one sub-folder per class).")],
     n_normal: Annotated[int, typer.Option(help="Normal (lymphocyte-like) patches.")] = 600,
@@ -47,7 +49,9 @@ def synth_patches(
     )
 
 
-@synth_app.command("slide")
+@synth_app.command(
+    "slide", short_help="Draw a whole slide with planted abnormal cells and their truth."
+)
 def synth_slide(
     out: Annotated[
         Path, typer.Argument(help="Slide file to write: NAME.tif, NAME.tiff or NAME.ndpi.")
@@ -114,7 +118,7 @@ def synth_slide(
     )
 
 
-@app.command("demo")
+@app.command("demo", short_help="The main job on built-in synthetic data, end to end.")
 def demo_cmd(
     out: Annotated[Path, typer.Option(help="Folder for everything the demo makes.")] = Path(
         "demo_out"
