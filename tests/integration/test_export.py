@@ -180,6 +180,9 @@ def test_export_cli_and_info(bundles, tmp_path):
     assert rel < 1e-4
     info = run_cyto("info", str(copy))
     assert "onnxruntime: ready" in info.stdout and "encoder.onnx" in info.stdout
+    # saved through the library, without cyto train's source, time and device: left unsaid
+    trained = next(line for line in info.stdout.splitlines() if "trained on" in line)
+    assert "None" not in trained and "fingerprint" in trained, trained
 
 
 def test_predict_without_labels(bundles, tiny, tmp_path):

@@ -54,11 +54,18 @@ def info_cmd(
             f"lambda {m['tta_lambda']}, centre eps {m['centre_eps']}"
         )
     td = m.get("training_data", {})
+    # a bundle saved through the library (Method.fit, save_bundle) records fewer of these than
+    # one from cyto train: say what is known, never "from None"
+    known = [
+        f"normal {td['normal']}" if td.get("normal") else "",
+        f"fingerprint {str(td['fingerprint'])[:12]}" if td.get("fingerprint") else "",
+    ]
     typer.echo(
-        f"  trained on {used_words(td.get('n_used', td.get('n_images')), td.get('n_images'))} from "
-        f"{td.get('source')} "
-        f"(normal {td.get('normal')}, fingerprint {str(td.get('fingerprint'))[:12]}) "
-        f"in {m.get('training_seconds')} s on {m.get('device')}"
+        f"  trained on {used_words(td.get('n_used', td.get('n_images')), td.get('n_images'))}"
+        + (f" from {td['source']}" if td.get("source") else "")
+        + (f" ({', '.join(k for k in known if k)})" if any(known) else "")
+        + (f" in {m['training_seconds']} s" if m.get("training_seconds") is not None else "")
+        + (f" on {m['device']}" if m.get("device") else "")
     )
     typer.echo(f"  epochs {cfg.get('epochs')}, batch {cfg.get('batch_size')}, lr {cfg.get('lr')}")
     typer.echo(
