@@ -247,6 +247,35 @@ def test_build_rebuild_and_score_never_touch_the_sealed_bundle(bundle, fake_trt,
     verify_bundle(bundle)
 
 
+def test_a_plan_rebuilt_after_it_was_chosen_is_refused(bundle, fake_trt, monkeypatch):
+    """Another run rebuilds the engine (same key, same file name) between this run's choice of
+    it and its deserialization: the plan on disk is no longer the one whose sha256 was chosen
+    and verified."""
+    from cyto.export.trt import build_engine
+    from cyto.runtime.backends.tensorrt import TensorRTBackend
+
+    build_engine(bundle, "fp32", BatchProfile(1, 8, 32), echo=lambda m: None)
+    spec = load_bundle(bundle, weights=False).spec
+    graph, size = spec.graph(), spec.crop_size
+    plan = make_plan(
+        (bundle / graph.file).read_bytes(),
+        graph.input,
+        graph.output,
+        [(n, size, size, 3) for n in (1, 8, 32)],
+        noise=0.5,  # computes wrong: what a silently swapped engine could do
+    )
+    real_find = EngineIndex.find
+
+    def find_then_rebuilt(self, want, batch=None):
+        entry, reasons = real_find(self, want, batch)
+        self.plan_path(entry).write_bytes(plan)
+        return entry, reasons
+
+    monkeypatch.setattr(EngineIndex, "find", find_then_rebuilt)
+    with pytest.raises(BundleError, match=r"\.plan changed after it was chosen"):
+        TensorRTBackend(load_bundle(bundle, weights=False), "cpu")
+
+
 def test_the_builder_refuses_what_tensorrt_would_refuse(bundle, fake_trt, tmp_path):
     import torch
 

@@ -19,6 +19,7 @@ once cannot leave a half-written plan or index.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 import time
@@ -243,6 +244,22 @@ class EngineIndex:
 
     def plan_path(self, entry: EngineEntry) -> Path:
         return self.dir / entry.file
+
+    def plan_bytes(self, entry: EngineEntry) -> bytes:
+        """The plan's bytes, checked against the sha256 its index entry had when it was chosen:
+        a plan rebuilt since by another run is refused, never deserialized under the cached
+        verification of the plan it replaced."""
+        path = self.plan_path(entry)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise BundleError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        if hashlib.sha256(data).hexdigest() != entry.plan_sha256:
+            raise BundleError(
+                f"{path} changed after it was chosen (another run rebuilt the engine?): run "
+                "again to take the engine as it is now"
+            )
+        return data
 
     def timing_cache_path(self, gpu: str, capability: tuple[int, int], tensorrt: str) -> Path:
         """One timing cache per GPU model, compute capability and TensorRT version."""

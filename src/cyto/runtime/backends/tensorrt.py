@@ -348,7 +348,7 @@ class TensorRTBackend:
         self.precision = precision
         self.runner = EngineRunner(
             trt,
-            index.plan_path(entry).read_bytes(),
+            index.plan_bytes(entry),
             device,
             graph,
             head_class(bundle.spec.head).batch_axis,
