@@ -45,6 +45,19 @@ CALIBRATION_FILE = "calibration.npz"
 LOCK = ".lock"
 
 
+def read_checked(path: Path, sha256: str, changed: str) -> bytes:
+    """A file's bytes when they still have the ``sha256`` read before; else a BundleError that
+    says ``PATH CHANGED``. Whoever runs the file gets these bytes, not its path: what runs is
+    what was checked."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise BundleError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise BundleError(f"{path} {changed}")
+    return data
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -215,17 +228,12 @@ class Bundle:
         was loaded: a graph replaced since (another run exporting into the bundle) is refused
         here, never run under the verification of the graph it replaced. Callers hand these
         bytes to ONNX Runtime or TensorRT instead of the path, so what runs is what was checked."""
-        path = self.path / graph.file
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise BundleError(f"cannot read {path}: {exc.strerror or exc}") from exc
-        if hashlib.sha256(data).hexdigest() != graph.sha256:
-            raise BundleError(
-                f"{path} changed after the bundle was loaded (another run exported into it?): "
-                "run again to load the bundle as it is now"
-            )
-        return data
+        return read_checked(
+            self.path / graph.file,
+            graph.sha256,
+            "changed after the bundle was loaded (another run exported into it?): run again to "
+            "load the bundle as it is now",
+        )
 
     @property
     def manifest_hash(self) -> str:

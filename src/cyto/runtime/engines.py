@@ -19,7 +19,6 @@ once cannot leave a half-written plan or index.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import re
 import time
@@ -27,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cyto.bundle import PRECISIONS, atomic_write, sha256_file
+from cyto.bundle import PRECISIONS, atomic_write, read_checked, sha256_file
 from cyto.errors import BundleError, ConfigError
 from cyto.locks import file_lock
 
@@ -249,17 +248,12 @@ class EngineIndex:
         """The plan's bytes, checked against the sha256 its index entry had when it was chosen:
         a plan rebuilt since by another run is refused, never deserialized under the cached
         verification of the plan it replaced."""
-        path = self.plan_path(entry)
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise BundleError(f"cannot read {path}: {exc.strerror or exc}") from exc
-        if hashlib.sha256(data).hexdigest() != entry.plan_sha256:
-            raise BundleError(
-                f"{path} changed after it was chosen (another run rebuilt the engine?): run "
-                "again to take the engine as it is now"
-            )
-        return data
+        return read_checked(
+            self.plan_path(entry),
+            entry.plan_sha256,
+            "changed after it was chosen (another run rebuilt the engine?): run again to take "
+            "the engine as it is now",
+        )
 
     def timing_cache_path(self, gpu: str, capability: tuple[int, int], tensorrt: str) -> Path:
         """One timing cache per GPU model, compute capability and TensorRT version."""
