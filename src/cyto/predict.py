@@ -42,6 +42,7 @@ def predict(
 
     from cyto.cohort.local import check_out_file
     from cyto.data.morphometry import RANK_BY, fused_score, resolve_rank_by, scorer_rank_by
+    from cyto.progress import progress
     from cyto.runtime import load_scorer
 
     if rank_by not in RANK_BY:
@@ -63,15 +64,17 @@ def predict(
         records, images, labels, skipped = ds.records, ds.images, ds.labels, ds.skipped
     else:
         images, kept = [], []
-        for r in records:
-            try:
-                images.append(read_image(r.path))
-            except UnreadableImageError as exc:
-                if not skip_unreadable:
-                    raise
-                skipped.append((r.path, exc.reason))
-                continue
-            kept.append(r)
+        with progress("read images", total=len(records), unit="images") as bar:
+            for r in records:
+                bar.advance()
+                try:
+                    images.append(read_image(r.path))
+                except UnreadableImageError as exc:
+                    if not skip_unreadable:
+                        raise
+                    skipped.append((r.path, exc.reason))
+                    continue
+                kept.append(r)
         records = kept
         if load:
             images = [resize_rgb(im, load) for im in images]
@@ -92,7 +95,12 @@ def predict(
         advice = scale_advice(spec.nucleus_fraction, images)
         if advice is not None:
             warnings.warn(advice, ScaleWarning, stacklevel=2)
-    scores = scorer.score(images, batch_size)
+    parts, step = [], max(batch_size, 1)
+    with progress(f"predict {Path(data).name}", total=len(images), unit="cells") as bar:
+        for i in range(0, len(images), step):
+            parts.append(scorer.score(images[i : i + step], batch_size))
+            bar.advance(len(parts[-1]))
+    scores = np.concatenate(parts)
     cols = {
         "path": [str(r.path) for r in records],
         "class": [r.cls for r in records],

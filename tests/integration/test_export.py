@@ -197,11 +197,20 @@ def test_predict_without_labels(bundles, tiny, tmp_path):
         Image.fromarray(tiny.images[i]).save(folder / f"c{i}.png")
     out = tmp_path / "s.parquet"
     proc = run_cyto(
-        "predict", str(bundles["dsvdd"]), "--data", str(tmp_path / "cells"), "--out", str(out)
+        "predict",
+        str(bundles["dsvdd"]),
+        "--data",
+        str(tmp_path / "cells"),
+        "--out",
+        str(out),
+        env={"CYTO_PROGRESS": "1"},
     )
     assert proc.returncode == 0, proc.stderr
     table = pq.read_table(out)
     assert table.num_rows == 5 and "label" not in table.column_names
+    # long work says how far it is: reading the images, then scoring them
+    assert "read images: 5/5 images (" in proc.stderr, proc.stderr
+    assert "predict cells: 5/5 cells (" in proc.stderr, proc.stderr
 
 
 def test_predict_skips_unreadable_images_when_asked(bundles, tiny, tmp_path):

@@ -335,9 +335,17 @@ def _decode_all(
         except UnreadableImageError as exc:
             return exc
 
+    from cyto.progress import progress
+
     n_workers = workers or min(8, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=n_workers) as pool:
-        results = list(pool.map(job, records))
+    results = []
+    with (
+        ThreadPoolExecutor(max_workers=n_workers) as pool,
+        progress("read images", total=len(records), unit="images") as bar,
+    ):
+        for res in pool.map(job, records):
+            results.append(res)
+            bar.advance()
     images, keep, skipped, digests = [], [], [], []
     for i, res in enumerate(results):
         if isinstance(res, UnreadableImageError):
