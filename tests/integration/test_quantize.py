@@ -150,9 +150,12 @@ def test_the_export_cli_and_info(bundle, synth_patches):
         "--int8-keep-float",
         "Gemm",
         "--accept-parity-loss",  # TensorRT's form in ORT depends on the CPU's int8 kernels
+        env={"CYTO_PROGRESS": "1"},
     )
     assert proc.returncode == 0, proc.stderr
     assert "int8 vs fp32 on" in proc.stdout and "int8-cpu vs fp32 on" in proc.stdout
+    # the activation ranges are measured once, with a progress line, for the three forms
+    assert proc.stderr.count("int8 calibration: ") == 1, proc.stderr
     assert "Number of histogram" not in proc.stdout
     info = run_cyto("info", str(bundle))
     assert "int8: encoder-int8.onnx, minmax calibration on" in info.stdout

@@ -158,6 +158,8 @@ def int8_graph(
     )
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    from cyto.progress import progress
+
     if method not in CALIB_METHODS:
         raise ConfigError(f"calibration method must be one of {', '.join(CALIB_METHODS)}")
     if form not in INT8_FORMS:
@@ -186,7 +188,10 @@ def int8_graph(
 
         def get_next(self):
             x = next(self._it, None)
-            return None if x is None else {input_name: np.ascontiguousarray(x)}
+            if x is None:
+                return None
+            bar.advance(len(x))  # a graph's ranges are measured once (later forms: the cache)
+            return {input_name: np.ascontiguousarray(x)}
 
     algo = {
         "entropy": CalibrationMethod.Entropy,
@@ -194,7 +199,11 @@ def int8_graph(
         "minmax": CalibrationMethod.MinMax,
     }[method]
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+    with (
+        progress("int8 calibration", total=len(batches) * batch, unit="cells") as bar,
+        tempfile.TemporaryDirectory() as tmp,
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
         pre = Path(tmp) / "pre.onnx"  # (the calibrators print their settings: kept quiet)
         quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
         kept = _nodes_named(pre, exclude)
