@@ -304,6 +304,42 @@ def test_report_against_hand_made_marks(tmp_path, session):
     assert json.loads((out / "report.json").read_text())["kappa"][0]["kappa"] == k["kappa"]
 
 
+def test_a_report_stopped_halfway_leaves_the_last_report_whole(tmp_path, session, monkeypatch):
+    """Ctrl-C while the figures are drawn: the report folder keeps the last report's files, as
+    they were, and nothing half made beside them."""
+    from cyto.review import report as report_mod
+
+    rv = tmp_path / "rv"
+    shutil.copytree(session.root, rv, ignore=shutil.ignore_patterns("marks.sqlite*"))
+    c1, _ = open_session(rv).case_ids()
+    store = MarkStore(rv)
+    store.mark("ann", c1, 0, True)
+    store.close()
+    report_mod.write_report(rv)
+    out = rv / "report"
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    store = MarkStore(rv)
+    store.mark("ann", c1, 1, True)  # the next report differs in its table
+    store.close()
+    real, drawn = report_mod.review_figure, []
+
+    def stopped(*args, **kwargs):
+        if drawn:
+            raise KeyboardInterrupt
+        drawn.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(report_mod, "review_figure", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        report_mod.write_report(rv)
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+    assert [p.name for p in rv.iterdir() if p.name.startswith(".report")] == []
+    monkeypatch.setattr(report_mod, "review_figure", real)
+    rep = report_mod.write_report(rv)
+    assert {r["case"]: r for r in rep["expert_table"]}[c1]["marks"] == "(2)"
+
+
 def test_report_cli_and_its_errors(tmp_path, session):
     proc = run_cyto("review", "report", str(tmp_path / "nope"))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
+import tempfile
 from itertools import combinations
 from pathlib import Path
 
@@ -253,28 +256,40 @@ def write_report(
     report = build_report(root, reviewers, include_unfinished)
     marked, session = report.pop("_marked"), report.pop("_session")
     out = Path(out) if out is not None else root / "report"
-    (out / "figures").mkdir(parents=True, exist_ok=True)
-    table = report["expert_table"] + report["totals"]
-    fields = list(dict.fromkeys(k for r in table for k in r))
-    with open(out / "expert_table.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        w.writerows(table)
-    (out / "expert_table.md").write_text(_markdown(report, fields))
-    figures = []
-    for c in session.cases:
-        path = out / "figures" / f"{c['case']}.png"
-        review_figure(
-            session, c["case"], {r: marked[c["case"]][r] for r in report["reviewers"]}
-        ).save(path)
-        figures.append(str(path))
-    report["figures"] = figures
-    report["files"] = {
-        "expert_table_csv": str(out / "expert_table.csv"),
-        "expert_table_md": str(out / "expert_table.md"),
-        "report_json": str(out / "report.json"),
-    }
-    (out / "report.json").write_text(json.dumps(report, indent=1))
+    out.mkdir(parents=True, exist_ok=True)
+    # every file is made in a folder beside OUT and moved in once all are made: a run stopped
+    # halfway (Ctrl-C while the figures are drawn, a full disk) leaves the last report whole,
+    # never a new table beside the old figures
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        (tmp / "figures").mkdir()
+        table = report["expert_table"] + report["totals"]
+        fields = list(dict.fromkeys(k for r in table for k in r))
+        with open(tmp / "expert_table.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=fields)
+            w.writeheader()
+            w.writerows(table)
+        (tmp / "expert_table.md").write_text(_markdown(report, fields))
+        figures = []
+        for c in session.cases:
+            name = Path("figures") / f"{c['case']}.png"
+            review_figure(
+                session, c["case"], {r: marked[c["case"]][r] for r in report["reviewers"]}
+            ).save(tmp / name)
+            figures.append(name)
+        report["figures"] = [str(out / f) for f in figures]
+        report["files"] = {
+            "expert_table_csv": str(out / "expert_table.csv"),
+            "expert_table_md": str(out / "expert_table.md"),
+            "report_json": str(out / "report.json"),
+        }
+        (tmp / "report.json").write_text(json.dumps(report, indent=1))
+        (out / "figures").mkdir(exist_ok=True)
+        for name in [*figures, Path("expert_table.csv"), Path("expert_table.md")]:
+            os.replace(tmp / name, out / name)
+        os.replace(tmp / "report.json", out / "report.json")  # last: the report is complete
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return report
 
 
