@@ -54,12 +54,16 @@ def test_golden_cells_are_real_cells_in_the_seal(bundle):
         load_scorer(bundle, "onnx", "cpu")
 
 
-def test_each_backend_passes_here_and_the_result_is_cached(bundle, monkeypatch):
+def test_each_backend_passes_here_and_the_result_is_cached(bundle, monkeypatch, capsys):
+    monkeypatch.setenv("CYTO_PROGRESS", "1")
     s = load_scorer(bundle, "onnx", "cpu")
     assert s.verification.status == "passed" and not s.verification.cached
     assert s.verification.record["parity"]["max_diff_of_range"] < 1e-3
+    # the check says how far it is (minutes for a large network); a cached result is silent
+    assert "verify onnx fp32 on cpu: 64/64 golden cells (" in capsys.readouterr().err
     again = load_scorer(bundle, "onnx", "cpu")
     assert again.verification.passed and again.verification.cached
+    assert "verify" not in capsys.readouterr().err
     records = list((bundle / "verified").glob("*.json"))
     assert len(records) == 1
     key = json.loads(records[0].read_text())["key"]
