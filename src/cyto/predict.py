@@ -95,12 +95,7 @@ def predict(
         advice = scale_advice(spec.nucleus_fraction, images)
         if advice is not None:
             warnings.warn(advice, ScaleWarning, stacklevel=2)
-    parts, step = [], max(batch_size, 1)
-    with progress(f"predict {Path(data).name}", total=len(images), unit="cells") as bar:
-        for i in range(0, len(images), step):
-            parts.append(scorer.score(images[i : i + step], batch_size))
-            bar.advance(len(parts[-1]))
-    scores = np.concatenate(parts)
+    scores = scorer.score(images, batch_size, progress=f"predict {Path(data).name}")
     cols = {
         "path": [str(r.path) for r in records],
         "class": [r.cls for r in records],

@@ -60,7 +60,7 @@ def test_each_backend_passes_here_and_the_result_is_cached(bundle, monkeypatch, 
     assert s.verification.status == "passed" and not s.verification.cached
     assert s.verification.record["parity"]["max_diff_of_range"] < 1e-3
     # the check says how far it is (minutes for a large network); a cached result is silent
-    assert "verify onnx fp32 on cpu: 64/64 golden cells (" in capsys.readouterr().err
+    assert "verify onnx fp32 on cpu: 64/64 cells (" in capsys.readouterr().err
     again = load_scorer(bundle, "onnx", "cpu")
     assert again.verification.passed and again.verification.cached
     assert "verify" not in capsys.readouterr().err

@@ -59,8 +59,11 @@ class Scorer:
         graph = getattr(self.backend, "graph", None)
         return graph.file if graph is not None else None
 
-    def score(self, images: np.ndarray, batch_size: int = 64) -> np.ndarray:
-        """(N,) float64 scores of uint8 (N, H, W, 3) patches, ``batch_size`` per network call."""
+    def score(
+        self, images: np.ndarray, batch_size: int = 64, progress: str | None = None
+    ) -> np.ndarray:
+        """(N,) float64 scores of uint8 (N, H, W, 3) patches, ``batch_size`` per network call;
+        with ``progress``, a progress bar of that name advances after each call."""
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         images = np.asarray(images)
@@ -70,10 +73,17 @@ class Scorer:
             )
         if len(images) == 0:
             return np.empty(0, dtype=np.float64)
-        parts = [
-            self.head.finish(self.backend.run(images[part]))
-            for part in self._calls(len(images), batch_size)
-        ]
+        calls = self._calls(len(images), batch_size)
+        if progress is None:
+            parts = [self.head.finish(self.backend.run(images[part])) for part in calls]
+        else:
+            from cyto.progress import progress as progress_bar
+
+            parts = []
+            with progress_bar(progress, len(images), "cells") as bar:
+                for part in calls:
+                    parts.append(self.head.finish(self.backend.run(images[part])))
+                    bar.advance(len(parts[-1]))
         return np.concatenate(parts).astype(np.float64, copy=False)
 
     def _calls(self, n: int, batch_size: int) -> list[slice]:

@@ -301,18 +301,11 @@ def verify_scorer(scorer, golden: Golden | None, use_cache: bool = True) -> Veri
         if record is not None:
             status = "passed" if record["passed"] else "failed"
             return Verification(status, record=record, cached=True)
-    from cyto.progress import progress
-
     t0 = time.perf_counter()
-    # the batches scorer.score would make (64), with a progress line: once per machine, and
-    # minutes for a paper-recipe network, before the first cell of a slide is scored
-    parts, step = [], 64
+    # with a progress line: once per machine, and minutes for a paper-recipe network, before
+    # the first cell of a slide is scored
     label = f"verify {scorer.backend.name} {scorer.precision} on {scorer.device}"
-    with progress(label, total=len(golden.images), unit="golden cells") as bar:
-        for i in range(0, len(golden.images), step):
-            parts.append(scorer.score(golden.images[i : i + step], step))
-            bar.advance(len(parts[-1]))
-    got = np.concatenate(parts)
+    got = scorer.score(golden.images, progress=label)
     seconds = time.perf_counter() - t0
     parity = ranking_parity(golden.scores, got, golden.labels)
     ok, gate = judge(parity, scorer.precision)
