@@ -5,14 +5,27 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from cyto.data.dataset import PatchDataset, load_records
-from cyto.data.images import read_image, resize_rgb
-from cyto.data.scale import resolve_zoom, scale_advice, zoom_patches
-from cyto.errors import InputPathError, OutputWriteError, ScaleWarning, UnreadableImageError
+from cyto.data.dataset import (
+    DecodedChunk,
+    PatchRecord,
+    decode_stream,
+    load_records,
+    one_size,
+    resolve_classes,
+)
+from cyto.data.images import resize_rgb
+from cyto.data.scale import (
+    nucleus_fraction,
+    resolve_zoom,
+    share_advice,
+    zoom_patches,
+)
+from cyto.errors import DatasetError, InputPathError, OutputWriteError, ScaleWarning
 
 
 def predict(
@@ -30,13 +43,18 @@ def predict(
     verify: bool = True,
     skip_unreadable: bool = False,
     rank_by: str = "auto",
+    chunk: int = 512,
 ) -> dict[str, object]:
     """Write ``out`` (Parquet): path, class, [label], score, rank (1 = most abnormal), and
     under ``rank_by`` ``model+nucleus`` the nucleus-size score and the fused score the rank
     follows (``nucleus_score``, ``fused_score``; :mod:`cyto.data.morphometry`).
 
     ``zoom`` (a factor, or ``auto``) or ``patch_mpp`` bring patches of another scanner to the
-    model's training scale first (:mod:`cyto.data.scale`)."""
+    model's training scale first (:mod:`cyto.data.scale`).
+
+    The images stream through in chunks of ``chunk`` (decoded on threads one chunk ahead), so
+    memory holds a few chunks and the scores, whatever the folder's size; ``--zoom auto``
+    reads the folder twice, first to measure its nuclei."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -51,51 +69,52 @@ def predict(
     scorer = load_scorer(model, backend, device, precision, verify=verify)
     spec = scorer.spec
     rank_by, nucleus = scorer_rank_by(scorer, rank_by)
+    records, labels = _chosen(Path(data), normal, abnormal)
     size = scorer.bundle.manifest["config"].get("load_size")
     zooming = zoom is not None or patch_mpp is not None
-    load = None if zooming else size  # a zoom cuts the native image, then resizes
-    records = load_records(Path(data))
-    labels = None
-    skipped: list[tuple[Path, str]] = []
-    if normal:
-        ds = PatchDataset.from_path(
-            data, normal=normal, abnormal=abnormal, size=load, skip_unreadable=skip_unreadable
-        )
-        records, images, labels, skipped = ds.records, ds.images, ds.labels, ds.skipped
-    else:
-        images, kept = [], []
-        with progress("read images", total=len(records), unit="images") as bar:
-            for r in records:
-                bar.advance()
-                try:
-                    images.append(read_image(r.path))
-                except UnreadableImageError as exc:
-                    if not skip_unreadable:
-                        raise
-                    skipped.append((r.path, exc.reason))
-                    continue
-                kept.append(r)
-        records = kept
-        if load:
-            images = [resize_rgb(im, load) for im in images]
-    if len(images) == 0:
-        raise InputPathError(f"no images to score in {data}")
-    if size is None and len({im.shape for im in images}) > 1:
-        size = spec.input_size
+    if size is None and not zooming and not one_size(records):
+        size = spec.input_size  # a model of native-size patches, given several sizes
+    out_size = size or spec.crop_size
+    name = Path(data).name
+
+    def chunks():  # a zoom cuts the native image, then resizes
+        return decode_stream(records, None if zooming else size, skip_unreadable, chunk=chunk)
+
     factor, how = 1.0, "none"
     if zooming:
-        out_size = size or spec.crop_size
         factor, how = resolve_zoom(
             zoom, patch_mpp, spec.mpp, spec.nucleus_fraction,
-            lambda: zoom_patches(images, 1.0, out_size),  # resized only for --zoom auto
+            lambda: _nucleus_shares(chunks(), out_size, len(records), name),  # --zoom auto only
         )  # fmt: skip
-        images = zoom_patches(images, factor, out_size)
-    else:
-        images = np.stack([resize_rgb(im, size) if size else im for im in images])
-        advice = scale_advice(spec.nucleus_fraction, images)
+
+    scores, shares, nucleus_scores, kept = [], [], [], []
+    skipped: list[tuple[Path, str]] = []
+    with progress(f"predict {name}", total=len(records), unit="images") as bar:
+        for part in chunks():
+            skipped += part.skipped
+            if part.images:
+                if zooming:
+                    batch = zoom_patches(part.images, factor, out_size)
+                else:
+                    batch = np.stack([resize_rgb(im, size) if size else im for im in part.images])
+                    shares.append(nucleus_fraction(batch))  # for the scale advice
+                scores.append(scorer.score(batch, batch_size))
+                if nucleus is not None:
+                    nucleus_scores.append(nucleus.score(batch))
+                kept += part.index
+            bar.advance(part.n)
+    if not kept:
+        raise InputPathError(f"no images to score in {data}")
+    records = [records[i] for i in kept]
+    if labels is not None:
+        labels = labels[kept]
+        if not (labels == 0).any():
+            raise DatasetError(f"no readable image of the normal class(es) {normal}")
+    scores = np.concatenate(scores)
+    if shares:
+        advice = share_advice(spec.nucleus_fraction, np.concatenate(shares))
         if advice is not None:
             warnings.warn(advice, ScaleWarning, stacklevel=2)
-    scores = scorer.score(images, batch_size, progress=f"predict {Path(data).name}")
     cols = {
         "path": [str(r.path) for r in records],
         "class": [r.cls for r in records],
@@ -103,7 +122,7 @@ def predict(
     }
     ranked = scores
     if nucleus is not None:  # ranked by model+nucleus
-        cols["nucleus_score"] = nucleus.score(images)
+        cols["nucleus_score"] = np.concatenate(nucleus_scores)
         ranked = cols["fused_score"] = fused_score(scores, cols["nucleus_score"])
     order = np.argsort(-ranked, kind="stable")
     rank = np.empty(len(scores), dtype=np.int64)
@@ -158,3 +177,29 @@ def predict(
         if rank_by != "model":  # what the model alone gives, beside
             summary["auroc_model"] = float(roc_auc_score(labels, scores))
     return summary
+
+
+def _chosen(
+    data: Path, normal: str | None, abnormal: str | None
+) -> tuple[list[PatchRecord], np.ndarray | None]:
+    """The records to score and, with ``normal``, their labels (1 = abnormal): the classes in
+    neither ``normal`` nor ``abnormal`` are left out, as in training."""
+    records = load_records(data)
+    if not normal:
+        return records, None
+    normal_t, abnormal_t = resolve_classes({r.cls for r in records}, normal, abnormal, data)
+    records = [r for r in records if r.cls in normal_t or r.cls in abnormal_t]
+    return records, np.array([0 if r.cls in normal_t else 1 for r in records], dtype=np.int8)
+
+
+def _nucleus_shares(chunks: Iterator[DecodedChunk], size: int, total: int, name: str) -> np.ndarray:
+    """The nucleus share of every readable patch at ``size``, chunk by chunk (``--zoom auto``)."""
+    from cyto.progress import progress
+
+    out = []
+    with progress(f"measure nuclei {name}", total=total, unit="images") as bar:
+        for part in chunks:
+            if part.images:
+                out.append(nucleus_fraction(zoom_patches(part.images, 1.0, size)))
+            bar.advance(part.n)
+    return np.concatenate(out) if out else np.empty(0)

@@ -208,9 +208,78 @@ def test_predict_without_labels(bundles, tiny, tmp_path):
     assert proc.returncode == 0, proc.stderr
     table = pq.read_table(out)
     assert table.num_rows == 5 and "label" not in table.column_names
-    # long work says how far it is: reading the images, then scoring them
-    assert "read images: 5/5 images (" in proc.stderr, proc.stderr
-    assert "predict cells: 5/5 cells (" in proc.stderr, proc.stderr
+    # long work says how far it is: the images read and scored in one pass
+    assert "predict cells: 5/5 images (" in proc.stderr, proc.stderr
+
+
+def test_predict_streams_a_folder_in_bounded_memory(exported_dsvdd, tiny, tmp_path):
+    """cyto predict held every image of the folder, and a stacked copy, in memory at once: 10^5
+    patches at 256 px are 20 GB, twice. The images now stream through in chunks: what Python
+    holds at its peak is a fraction of the folder's decoded pixels, and the table is the one
+    a single batch of every image gives."""
+    import tracemalloc
+
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from cyto.predict import predict
+
+    rng = np.random.default_rng(0)
+
+    def folder(name: str, n: int) -> Path:
+        (tmp_path / name / "normal").mkdir(parents=True)
+        for i in range(n):
+            cell = tiny.images[i % len(tiny.images)].repeat(2, 0).repeat(2, 1).astype(np.int16)
+            cell = np.clip(cell + rng.integers(-3, 4, cell.shape), 0, 255).astype(np.uint8)
+            Image.fromarray(cell).save(tmp_path / name / "normal" / f"c{i:04d}.png")
+        return tmp_path / name
+
+    def peak(data: Path) -> int:
+        tracemalloc.start()
+        try:
+            predict(exported_dsvdd, data, tmp_path / f"{data.name}.parquet", chunk=64,
+                    batch_size=32, verify=False)  # fmt: skip
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    small, large = folder("small", 200), folder("large", 1400)
+    peak(small)  # imports and first calls, outside the measure
+    extra = (1400 - 200) * 4 * tiny.images[0].nbytes  # the large folder's more decoded pixels
+    grew = peak(large) - peak(small)
+    assert grew < 0.2 * extra, (grew, extra)  # held at once: 2x extra (a list and a stack)
+    n = 1400
+    streamed = pq.read_table(tmp_path / "large.parquet")
+    assert streamed.num_rows == n
+    scorer = load_scorer(exported_dsvdd, "torch", "cpu", "fp32", verify=False)
+    from cyto.data.images import read_image
+
+    at_once = scorer.score(np.stack([read_image(p) for p in streamed["path"].to_pylist()]), 32)
+    assert np.allclose(streamed["score"].to_numpy(), at_once, rtol=1e-5, atol=1e-6)
+
+
+def test_predict_takes_patches_of_mixed_sizes(exported_dsvdd, tiny, tmp_path):
+    """A bundle trained on patches of one native size (no load size) given a folder of two
+    sizes: every patch is brought to the model's input size, whichever chunk it falls in."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from cyto.data.images import read_image, resize_rgb
+    from cyto.predict import predict
+
+    folder = tmp_path / "cells" / "normal"
+    folder.mkdir(parents=True)
+    for i in range(6):
+        cell = tiny.images[i] if i % 3 else tiny.images[i].repeat(2, 0).repeat(2, 1)
+        Image.fromarray(cell).save(folder / f"c{i}.png")
+    predict(exported_dsvdd, tmp_path / "cells", tmp_path / "s.parquet", chunk=2, verify=False)
+    table = pq.read_table(tmp_path / "s.parquet")
+    scorer = load_scorer(exported_dsvdd, "torch", "cpu", "fp32", verify=False)
+    size = scorer.spec.input_size
+    want = scorer.score(
+        np.stack([resize_rgb(read_image(p), size) for p in table["path"].to_pylist()])
+    )
+    assert np.allclose(table["score"].to_numpy(), want, rtol=1e-5, atol=1e-6)
 
 
 def test_predict_skips_unreadable_images_when_asked(bundles, tiny, tmp_path):

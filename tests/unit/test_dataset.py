@@ -197,3 +197,41 @@ def test_mixed_sizes_stay_a_list_unless_resized(tmp_path):
     assert ds.images.shape == (2, 24, 24, 3)
     sub = ds.subset([1])
     assert len(sub) == 1 and sub.labels.tolist() == [1]
+
+
+def test_decode_stream_keeps_order_and_positions_and_stops_decoding_when_left(
+    tmp_path, monkeypatch
+):
+    """decode_stream (behind cyto predict and every dataset load) yields the records in order,
+    each read one with its position, the unreadable ones by path when skipping, and a caller
+    that leaves the loop early stops the decoding of the chunks it never asked for."""
+    from cyto.data.dataset import decode_stream, one_size
+
+    (tmp_path / "A").mkdir()
+    for i in range(10):
+        Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(tmp_path / "A" / f"{i}.png")
+    (tmp_path / "A" / "5.png").write_bytes(b"not a png")
+    records = load_records(tmp_path)
+    assert [r.path.name for r in records][:3] == ["0.png", "1.png", "2.png"]
+    assert one_size(records)  # the unreadable one is the decoder's to report
+
+    with pytest.raises(UnreadableImageError, match="5.png"):
+        list(decode_stream(records, chunk=3))
+    parts = list(decode_stream(records, chunk=3, skip=True))
+    assert [p.n for p in parts] == [3, 3, 3, 1]
+    assert [i for p in parts for i in p.index] == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    assert [int(im[0, 0, 0]) for p in parts for im in p.images] == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    assert [path.name for p in parts for path, _ in p.skipped] == ["5.png"]
+
+    import cyto.data.dataset as dataset
+
+    decoded = []
+    real = dataset._decode_one
+    monkeypatch.setattr(dataset, "_decode_one", lambda r, size: decoded.append(r) or real(r, size))
+    stream = decode_stream(records * 50, chunk=10, skip=True)  # 500 records in chunks of 10
+    next(stream)
+    stream.close()  # the caller leaves after one chunk
+    assert len(decoded) <= 20, len(decoded)  # the chunk read and the next, no more
+
+    Image.fromarray(np.full((9, 8, 3), 0, np.uint8)).save(tmp_path / "A" / "z.png")
+    assert not one_size(load_records(tmp_path))

@@ -83,10 +83,11 @@ def test_the_zoom_is_estimated_from_nucleus_sizes():
 
 def test_zoom_options_fail_in_one_clear_line():
     imgs = np.stack([_cell(48, 8)] * 3)
-    assert resolve_zoom(None, None, None, None, imgs) == (1.0, "none")
-    assert resolve_zoom("1.5", None, None, None, imgs)[0] == 1.5
-    assert resolve_zoom(None, 0.5, 0.25, None, imgs)[0] == pytest.approx(2.0)
-    assert resolve_zoom("auto", None, None, 0.3, imgs)[0] == pytest.approx(
+    shares = nucleus_fraction(imgs)
+    assert resolve_zoom(None, None, None, None, shares) == (1.0, "none")
+    assert resolve_zoom("1.5", None, None, None, shares)[0] == 1.5
+    assert resolve_zoom(None, 0.5, 0.25, None, shares)[0] == pytest.approx(2.0)
+    assert resolve_zoom("auto", None, None, 0.3, lambda: shares)[0] == pytest.approx(
         zoom_from_nuclei(0.3, imgs)
     )
     bad = [
@@ -99,7 +100,7 @@ def test_zoom_options_fail_in_one_clear_line():
     ]
     for args, match in bad:
         with pytest.raises(ConfigError, match=match):
-            resolve_zoom(*args, imgs)
+            resolve_zoom(*args, shares)
     with pytest.raises(ConfigError, match="no nucleus pixels"):
         zoom_from_nuclei(0.0, imgs)
     assert check_zoom(0.25) == 0.25
@@ -134,9 +135,10 @@ def test_auto_zoom_only_magnifies_cells_that_look_clearly_smaller():
     reference = float(np.median(nucleus_fraction(train)))
     for shrink, want in ((1.0, 1.0), (1 / 0.93, 1.0), (0.93, 1.0), (1.7, 1.7), (0.6, 1.0)):
         cells = np.stack([_cell(80, r / shrink) for r in rng.uniform(11, 15, 50)])
-        factor, how = resolve_zoom("auto", None, None, reference, cells)
+        factor, how = resolve_zoom("auto", None, None, reference, nucleus_fraction(cells))
         assert factor == pytest.approx(want, rel=0.06), (shrink, factor, how)
         if want == 1.0:
             assert how.startswith("auto, kept at 1"), how
-    _, how = resolve_zoom("auto", None, None, reference, np.stack([_cell(80, 13 / 0.6)] * 5))
+    large = nucleus_fraction(np.stack([_cell(80, 13 / 0.6)] * 5))
+    _, how = resolve_zoom("auto", None, None, reference, large)
     assert "look 1.6" in how and "larger" in how, how

@@ -12,7 +12,7 @@ import hashlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.data.images import IMAGE_SUFFIXES, decode_image, resize_rgb
-from cyto.errors import DatasetError, InputPathError, UnreadableImageError
+from cyto.errors import ConfigError, DatasetError, InputPathError, UnreadableImageError
 
 log = logging.getLogger(__name__)
 
@@ -326,37 +326,113 @@ def _decode_one(record: PatchRecord, size: int | None) -> tuple[np.ndarray, str]
     return img, hashlib.sha256(data).hexdigest()
 
 
-def _decode_all(
-    records: list[PatchRecord], size: int | None, skip: bool, workers: int | None
-) -> tuple[list[np.ndarray], list[int], list[tuple[Path, str]], list[str]]:
+@dataclass
+class DecodedChunk:
+    """One chunk of :func:`decode_stream`: the readable records in order with their positions
+    in the input, images and file digests, and the unreadable ones (path, reason) when skipping
+    was asked for."""
+
+    records: list[PatchRecord]
+    index: list[int]
+    images: list[np.ndarray]
+    digests: list[str]
+    skipped: list[tuple[Path, str]]
+
+    @property
+    def n(self) -> int:
+        """Records this chunk covers, read or skipped (what a progress bar counts)."""
+        return len(self.records) + len(self.skipped)
+
+
+def decode_stream(
+    records: Sequence[PatchRecord],
+    size: int | None = None,
+    skip: bool = False,
+    workers: int | None = None,
+    chunk: int = 512,
+) -> Iterator[DecodedChunk]:
+    """Decode ``records`` in chunks of ``chunk``, on ``workers`` threads that stay one chunk
+    ahead of the caller: at most three chunks of images exist at once (the one the caller
+    still holds while it asks for the next, the next, and the one after it, being decoded),
+    whatever the number of records.
+
+    An unreadable file raises :class:`UnreadableImageError` unless ``skip``. Leaving the loop
+    early (an error, Ctrl-C) cancels the decoding not yet started."""
+    if chunk < 1:
+        raise ConfigError(f"chunk must be >= 1, got {chunk}")
+
     def job(r: PatchRecord):
         try:
             return _decode_one(r, size)
         except UnreadableImageError as exc:
             return exc
 
+    pool = ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1))
+    starts = iter(range(0, len(records), chunk))
+
+    def submit():
+        i = next(starts, None)
+        if i is None:
+            return None
+        part = records[i : i + chunk]
+        return i, part, [pool.submit(job, r) for r in part]
+
+    try:
+        ahead = submit()
+        while ahead is not None:
+            (start, part, futures), ahead = ahead, submit()  # the next decodes meanwhile
+            out = DecodedChunk([], [], [], [], [])
+            for i, (r, fut) in enumerate(zip(part, futures, strict=True), start):
+                res = fut.result()
+                if isinstance(res, UnreadableImageError):
+                    if not skip:
+                        raise res
+                    out.skipped.append((res.path, res.reason))
+                    continue
+                out.records.append(r)
+                out.index.append(i)
+                out.images.append(res[0])
+                out.digests.append(res[1])
+            yield out
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _decode_all(
+    records: list[PatchRecord], size: int | None, skip: bool, workers: int | None
+) -> tuple[list[np.ndarray], list[int], list[tuple[Path, str]], list[str]]:
+    """Every record decoded (in :func:`decode_stream`'s chunks, under one progress bar):
+    the images, the indices of the records read, the skipped files and the digests."""
     from cyto.progress import progress
 
-    n_workers = workers or min(8, os.cpu_count() or 1)
-    results = []
-    with (
-        ThreadPoolExecutor(max_workers=n_workers) as pool,
-        progress("read images", total=len(records), unit="images") as bar,
-    ):
-        for res in pool.map(job, records):
-            results.append(res)
-            bar.advance()
     images, keep, skipped, digests = [], [], [], []
-    for i, res in enumerate(results):
-        if isinstance(res, UnreadableImageError):
-            if not skip:
-                raise res
-            skipped.append((res.path, res.reason))
-            continue
-        images.append(res[0])
-        digests.append(res[1])
-        keep.append(i)
+    with progress("read images", total=len(records), unit="images") as bar:
+        for part in decode_stream(records, size, skip, workers, chunk=256):
+            images += part.images
+            digests += part.digests
+            keep += part.index
+            skipped += part.skipped
+            bar.advance(part.n)
     return images, keep, skipped, digests
+
+
+def one_size(records: Iterable[PatchRecord]) -> bool:
+    """Whether every readable image of ``records`` has one size, from the file headers alone
+    (no pixel is decoded; an unreadable file is left to the decoder to report)."""
+    from PIL import Image
+
+    seen = None
+    for r in records:
+        try:
+            with Image.open(r.path) as im:
+                size = im.size
+        except Exception:  # noqa: BLE001 - decoding reports it with its path
+            continue
+        if seen is None:
+            seen = size
+        elif size != seen:
+            return False
+    return True
 
 
 def _stack(images: list[np.ndarray], size: int | None) -> np.ndarray | list[np.ndarray]:

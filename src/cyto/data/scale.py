@@ -92,15 +92,16 @@ def centre_nucleus_fraction(images: np.ndarray) -> np.ndarray:
 def zoom_from_nuclei(reference: float, images: np.ndarray) -> float:
     """The factor that gives ``images``' median nucleus area the training median ``reference``
     (areas scale with the square of the factor)."""
-    factor = _nucleus_factor(reference, images)
+    return zoom_from_shares(reference, nucleus_fraction(images))
+
+
+def zoom_from_shares(reference: float, shares) -> float:
+    """:func:`zoom_from_nuclei` from the patches' nucleus shares (:func:`nucleus_fraction`)
+    already measured, e.g. chunk by chunk over a folder too large to hold."""
+    factor = _factor(reference, float(np.median(shares)) if len(shares) else 0.0)
     if factor is None:
         raise ConfigError("cannot estimate a zoom: no nucleus pixels found in the patches")
     return check_zoom(factor)
-
-
-def _nucleus_factor(reference: float, images) -> float | None:
-    """sqrt(reference / the median nucleus share of ``images``), or None when either is 0."""
-    return _factor(reference, float(np.median(nucleus_fraction(images))))
 
 
 def _factor(reference: float, median: float) -> float | None:
@@ -147,7 +148,14 @@ def look_words(check: dict) -> str:
 def scale_advice(model_nuclei: float | None, images) -> str | None:
     """A one-line warning when ``images`` (patches at the model's load size) look more than
     :data:`ADVISE_ZOOM` times smaller or larger than the model's training normals, else None."""
-    check = scale_check(model_nuclei, images)
+    if len(images) == 0:
+        return None
+    return share_advice(model_nuclei, nucleus_fraction(images))
+
+
+def share_advice(model_nuclei: float | None, shares) -> str | None:
+    """:func:`scale_advice` from the patches' nucleus shares (:func:`nucleus_fraction`)."""
+    check = None if model_nuclei is None else share_check(model_nuclei, shares)
     if check is None or not check["advised"]:
         return None
     advice = (
@@ -203,10 +211,11 @@ def resolve_zoom(
     patch_mpp: float | None,
     model_mpp: float | None,
     model_nuclei: float | None,
-    images,
+    shares,
 ) -> tuple[float, str]:
-    """(factor, how it was found) for ``--zoom FACTOR|auto`` or ``--patch-mpp UM``; ``images``
-    (the patches at the model's load size, or a function that gives them) serve ``auto`` only."""
+    """(factor, how it was found) for ``--zoom FACTOR|auto`` or ``--patch-mpp UM``; ``shares``
+    (the nucleus shares of the patches at the model's load size, :func:`nucleus_fraction`, or
+    a function that gives them) serve ``auto`` only."""
     if zoom is not None and patch_mpp is not None:
         raise ConfigError("give --zoom or --patch-mpp, not both")
     if patch_mpp is not None:
@@ -228,8 +237,7 @@ def resolve_zoom(
                 "--zoom auto: the model records no nucleus size of its training cells (trained "
                 "by an older cyto); pass --zoom FACTOR or --patch-mpp UM_PER_PX"
             )
-        sample = images() if callable(images) else images
-        factor = zoom_from_nuclei(model_nuclei, sample)
+        factor = zoom_from_shares(model_nuclei, shares() if callable(shares) else shares)
         if factor > ADVISE_ZOOM:
             return factor, (
                 "the median nucleus size of these patches against the training normals' "
