@@ -56,7 +56,6 @@ def eval_sweep_cmd(
     Interrupt and rerun the same command to continue from the finished (method, WR) cells.
     """
     from cyto.errors import ConfigError
-    from cyto.eval.report import plots, tp_table
     from cyto.eval.sweep import SweepSpec, run_sweep
 
     try:
@@ -77,11 +76,10 @@ def eval_sweep_cmd(
         overrides=tuple(set_ or ()),
         train_fraction=train_fraction,
     )
-    results = run_sweep(spec, out, echo=typer.echo)
-    md, tex = tp_table(results, out, k)
-    figs = plots(results, out, k)
+    done = run_sweep(spec, out, echo=typer.echo)
+    md, tex = done.tables
     typer.echo(md.read_text())
-    typer.echo(f"results {results}; tables {md}, {tex}; plots {len(figs)} files in {out}")
+    typer.echo(f"results {done.results}; tables {md}, {tex}; {len(done.plots)} plots in {out}")
 
 
 @eval_app.command(

@@ -1,13 +1,21 @@
-"""Tables (Markdown, LaTeX) and log-log plots of a witness-rate sweep."""
+"""Tables (Markdown, LaTeX) and log-log plots of a witness-rate sweep.
+
+Each file is written beside itself and renamed (:func:`cyto.bundle.atomic_write`): a run
+stopped while it draws (Ctrl-C, a full disk) leaves every file whole, the last one's or the
+new one, never a truncated table or PNG. They are made from ``results.csv`` alone, so a
+rerun makes them again."""
 
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+
+from cyto.bundle import atomic_write
 
 PLOTTED = {
     "recall_at_k": "Recall@K",
@@ -58,8 +66,8 @@ def tp_table(results: Path, out_dir: Path, k: int) -> tuple[Path, Path]:
         tex.append(label[m] + " & " + " & ".join(c.replace("±", r"$\pm$") for c in cells) + r" \\")
     tex += [r"\hline", r"\end{tabular}"]
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "tp_at_k.md").write_text("\n".join(md) + "\n")
-    (out_dir / "tp_at_k.tex").write_text("\n".join(tex) + "\n")
+    atomic_write(out_dir / "tp_at_k.md", ("\n".join(md) + "\n").encode())
+    atomic_write(out_dir / "tp_at_k.tex", ("\n".join(tex) + "\n").encode())
     return out_dir / "tp_at_k.md", out_dir / "tp_at_k.tex"
 
 
@@ -101,9 +109,13 @@ def plots(results: Path, out_dir: Path, k: int) -> list[Path]:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        for ext in ("png", "svg"):
-            path = out_dir / f"{metric}.{ext}"
-            fig.savefig(path, dpi=120)
-            written.append(path)
-        plt.close(fig)
+        try:
+            for ext in ("png", "svg"):
+                path = out_dir / f"{metric}.{ext}"
+                drawn = io.BytesIO()
+                fig.savefig(drawn, format=ext, dpi=120)
+                atomic_write(path, drawn.getvalue())
+                written.append(path)
+        finally:
+            plt.close(fig)
     return written

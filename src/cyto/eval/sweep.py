@@ -135,14 +135,28 @@ def _train_data(method: str, trial, images: np.ndarray, labels: np.ndarray, fp: 
     )
 
 
-def run_sweep(spec: SweepSpec, out: Path, echo=print) -> Path:
-    """Run (or continue) a sweep into ``out``; returns the results table path."""
+@dataclass(frozen=True)
+class SweepFiles:
+    """What a sweep wrote: the results table, the TP@K tables (Markdown, LaTeX), the plots."""
+
+    results: Path
+    tables: tuple[Path, Path]
+    plots: list[Path]
+
+
+def run_sweep(spec: SweepSpec, out: Path, echo=print) -> SweepFiles:
+    """Run (or continue) a sweep into ``out``, then make its tables and plots from the results
+    table, all under the folder's lock (two sweeps never draw into one folder)."""
+    from cyto.eval.report import plots, tp_table
+
     out = Path(out)
     configs = method_configs(spec)  # a bad --set fails here, before anything is written
     made = not out.exists()
     try:
         with OutputLock(out, "cyto eval sweep", "give another --out"):  # one sweep per folder
-            return _sweep(spec, out, configs, echo)
+            results = _sweep(spec, out, configs, echo)
+            tables = tp_table(results, out, spec.k)
+            return SweepFiles(results, tables, plots(results, out, spec.k))
     finally:  # a refused or failed first run leaves no empty folder behind
         if made and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
