@@ -17,8 +17,9 @@ import torch
 from PIL import Image
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
-from cyto.errors import ConfigError, InputPathError
+from cyto.errors import ConfigError, InputPathError, OutputBusyError
 from cyto.infer import ScoreOptions, score_slide
+from cyto.locks import OutputLock
 from cyto.review.session import build_session, open_session
 from cyto.review.store import MarkStore
 from tests.cli_runner import run_cyto
@@ -336,8 +337,20 @@ def test_a_report_stopped_halfway_leaves_the_last_report_whole(tmp_path, session
     assert after == before
     assert [p.name for p in rv.iterdir() if p.name.startswith(".report")] == []
     monkeypatch.setattr(report_mod, "review_figure", real)
+    # a run killed outright (SIGKILL: no finally) left its half-made folder: the next run,
+    # holding the report's lock, clears it
+    killed = rv / ".report.partial-k1ll3d"
+    (killed / "figures").mkdir(parents=True)
+    (killed / "expert_table.csv").write_text("half")
     rep = report_mod.write_report(rv)
     assert {r["case"]: r for r in rep["expert_table"]}[c1]["marks"] == "(2)"
+    assert [p.name for p in rv.iterdir() if p.name.startswith(".report")] == []
+    assert not (out / ".lock").exists()
+    # a second report into a folder being written is refused, and changes nothing
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with OutputLock(out), pytest.raises(OutputBusyError, match="another cyto review report"):
+        report_mod.write_report(rv)
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_report_cli_and_its_errors(tmp_path, session):

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import ConfigError
+from cyto.locks import OutputLock
 from cyto.review.session import CROPS, Session, open_session
 from cyto.review.store import MarkStore
 
@@ -256,7 +257,15 @@ def write_report(
     report = build_report(root, reviewers, include_unfinished)
     marked, session = report.pop("_marked"), report.pop("_session")
     out = Path(out) if out is not None else root / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    with OutputLock(out, "cyto review report", "wait for it to finish, or give another --out"):
+        # what a killed run (SIGKILL, power loss) left half made: every writer holds the lock
+        for stale in out.parent.glob(f".{out.name}.partial-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        _write_files(report, marked, session, out)
+    return report
+
+
+def _write_files(report: dict, marked: dict, session, out: Path) -> None:
     # every file is made in a folder beside OUT and moved in once all are made: a run stopped
     # halfway (Ctrl-C while the figures are drawn, a full disk) leaves the last report whole,
     # never a new table beside the old figures
@@ -290,7 +299,6 @@ def write_report(
         os.replace(tmp / "report.json", out / "report.json")  # last: the report is complete
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return report
 
 
 # The paper's Table 4 (Chatterjee et al., blinded review of the top 100 of each malignant test
