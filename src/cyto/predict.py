@@ -25,7 +25,13 @@ from cyto.data.scale import (
     share_advice,
     zoom_patches,
 )
-from cyto.errors import DatasetError, InputPathError, OutputWriteError, ScaleWarning
+from cyto.errors import (
+    ConfigError,
+    DatasetError,
+    InputPathError,
+    OutputWriteError,
+    ScaleWarning,
+)
 
 
 def predict(
@@ -66,6 +72,11 @@ def predict(
     if rank_by not in RANK_BY:
         resolve_rank_by(rank_by, "", None)  # the one-line error, before the model loads
     check_out_file(Path(out))
+    if Path(out).suffix.lower() not in (".parquet", ".pq"):  # x.csv was given Parquet bytes
+        raise ConfigError(
+            f"--out {out}: cyto predict writes a Parquet table, with the model and the "
+            "verification in its metadata; give a name ending in .parquet"
+        )
     scorer = load_scorer(model, backend, device, precision, verify=verify)
     spec = scorer.spec
     rank_by, nucleus = scorer_rank_by(scorer, rank_by)

@@ -313,7 +313,8 @@ def test_predict_skips_unreadable_images_when_asked(bundles, tiny, tmp_path):
 def test_predict_checks_its_out_before_scoring(bundles, tiny, tmp_path):
     """`cyto predict --out EXISTING_DIR` ended in a traceback after the scoring and left a stray
     `.partial` file; `--out /missing/dir/x.parquet` ended in a traceback too (QA). A folder is
-    refused in one line before any work, and a missing folder above the file is made."""
+    refused in one line before any work, and a missing folder above the file is made; a name
+    that is not a Parquet table's, too."""
     from PIL import Image
 
     from tests.cli_runner import run_cyto
@@ -334,6 +335,10 @@ def test_predict_checks_its_out_before_scoring(bundles, tiny, tmp_path):
     proc = run_cyto(*base, str(blocker / "x.parquet"))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "is a file, not a folder" in proc.stderr, proc.stderr
+    # --out s.csv got a Parquet file under that name (a new user's walk)
+    proc = run_cyto(*base, str(tmp_path / "s.csv"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "writes a Parquet table" in proc.stderr and not (tmp_path / "s.csv").exists()
     deep = tmp_path / "new" / "dir" / "s.parquet"
     proc = run_cyto(*base, str(deep))
     assert proc.returncode == 0, proc.stderr
