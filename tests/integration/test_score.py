@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -153,14 +154,28 @@ def test_empty_slide_small_slide_and_bad_inputs(model, tmp_path):
     proc = score_cli(small, model, tmp_path / "o", "--nuclei", str(pts))
     assert proc.returncode == 2 and "outside the 512x512 slide" in proc.stderr  # bad input
 
-    fake = tmp_path / "fake.ndpi"
+    # a folder of slides: each slide in it is scored (a sub-folder, such as a MIRAX slide's
+    # data, and other files are not); a slide also named on its own is scored once
+    folder = tmp_path / "slides"
+    (folder / "small_data").mkdir(parents=True)
+    (folder / "notes.txt").write_text("scanned on Monday")
+    fake = folder / "fake.ndpi"
     fake.write_text("not a slide at all, only text\n" * 4)
-    proc = run_cyto(
-        "score", str(fake), str(small), "--model", str(model), "--out", str(tmp_path / "c")
-    )
+    shutil.copy(small, folder / "small.tif")
+    c = tmp_path / "c"
+    proc = run_cyto("score", str(folder), str(folder / "small.tif"), "--model", str(model),
+                    "--out", str(c))  # fmt: skip
     assert proc.returncode == 1
-    assert "fake.ndpi" in proc.stderr and "not a whole-slide image" in proc.stderr
-    assert (tmp_path / "c" / "small" / "scores.parquet").exists()  # the next slide went on
+    failed = [line for line in proc.stderr.splitlines() if line.startswith("failed:")]
+    assert len(failed) == 1 and "not a whole-slide image" in failed[0], proc.stderr
+    assert failed[0].count(str(fake)) == 1, failed  # the path once, not twice
+    assert (c / "small" / "scores.parquet").exists()  # the next slide went on
+    assert proc.stdout.count("small.tif: ") == 1, proc.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run_cyto("score", str(empty), "--model", str(model), "--out", str(c))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "is a folder without a slide in it (looked for .ndpi, .svs" in proc.stderr
 
 
 def test_nuclei_from_a_file_are_each_scored_once(model, slide, tmp_path):

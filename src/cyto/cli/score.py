@@ -110,7 +110,10 @@ def predict_cmd(
 
 @app.command("score", short_help="Score every cell of each slide: score tables, top-K, mosaics.")
 def score_cmd(
-    slides: Annotated[list[Path], typer.Argument(help="Whole-slide images (NDPI, SVS, TIFF...).")],
+    slides: Annotated[
+        list[Path],
+        typer.Argument(help="Whole-slide images (NDPI, SVS, TIFF...), or folders of them."),
+    ],
     model: Annotated[Path, typer.Option(help="Model bundle (exported: cyto export).")],
     out: Annotated[Path, typer.Option(help="Output folder; one sub-folder per slide.")],
     backend: Annotated[
@@ -258,6 +261,7 @@ def score_cmd(
     from cyto.cohort.run import run_cohort, slide_line
     from cyto.detect import detection_preset
     from cyto.infer import ScoreOptions
+    from cyto.slides import slide_files
 
     opts = ScoreOptions(
         detection=replace(detection_preset(detection), detector=detector),
@@ -286,6 +290,7 @@ def score_cmd(
         rank_by=rank_by,
     )
     check_rank_by(model, rank_by)
+    slides = slide_files(slides)  # a folder: the slides in it
     if ray is None and not any(Path(s).exists() for s in slides):
         # before the model loads and verifies: a mistyped path or a glob that matched nothing.
         # (One missing slide among others is reported while the rest are scored; a Ray
@@ -303,7 +308,8 @@ def score_cmd(
     for s in done:
         typer.echo(slide_line(s, out))
     for slide, exc in failed:
-        typer.secho(f"failed: {slide}: {exc}", err=True, fg=typer.colors.RED)
+        why = str(exc) if str(slide) in str(exc) else f"{slide}: {exc}"  # the path once
+        typer.secho(f"failed: {why}", err=True, fg=typer.colors.RED)
     if failed:  # the most serious failure's code: 2 for bad input, 3 for a busy folder, else 1
         raise typer.Exit(max(exc.exit_code for _, exc in failed))
 

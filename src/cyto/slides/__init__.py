@@ -12,12 +12,13 @@ from __future__ import annotations
 from cyto.slides.base import PAD, PLANE_SEP, SlideInfo, SlideReader
 from cyto.slides.grid import tile_grid, tissue_mask
 from cyto.slides.planes import check_plane_geometry, find_planes, open_with_planes, sharpest
-from cyto.slides.readers import BACKENDS, open_plane, open_slide
+from cyto.slides.readers import BACKENDS, SLIDE_SUFFIXES, open_plane, open_slide, slide_files
 
 __all__ = [
     "BACKENDS",
     "PAD",
     "PLANE_SEP",
+    "SLIDE_SUFFIXES",
     "SlideInfo",
     "SlideReader",
     "check_plane_geometry",
@@ -26,6 +27,7 @@ __all__ = [
     "open_slide",
     "open_with_planes",
     "sharpest",
+    "slide_files",
     "tile_grid",
     "tissue_mask",
 ]

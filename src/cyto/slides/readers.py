@@ -11,6 +11,7 @@ A missing, truncated, unsupported or non-slide file gives one :class:`Unsupporte
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -278,6 +279,33 @@ def open_plane(spec: str | Path) -> SlideReader:
         path, page = text.rsplit(PLANE_SEP, 1)
         return NdpiPlaneReader(Path(path), int(page))
     return open_slide(text)
+
+
+#: the file names a folder given as a slide is searched for (OpenSlide's formats and TIFF)
+SLIDE_SUFFIXES = (".ndpi", ".svs", ".tif", ".tiff", ".mrxs", ".scn", ".vms", ".bif", ".svslide")
+
+
+def slide_files(paths: Sequence[Path | str]) -> list[Path]:
+    """``paths`` with each folder among them replaced by the slides in it (its files ending in
+    :data:`SLIDE_SUFFIXES`, by name, not in sub-folders: a MIRAX slide's data folder stays
+    out). A file, or a path that does not exist here, is kept as given (opening it reports
+    it). A folder without a slide is an error that says what was looked for."""
+    out: list[Path] = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            out.append(path)
+            continue
+        found = sorted(
+            f for f in path.iterdir() if f.suffix.lower() in SLIDE_SUFFIXES and f.is_file()
+        )
+        if not found:
+            raise InputPathError(
+                f"{path} is a folder without a slide in it (looked for "
+                f"{', '.join(SLIDE_SUFFIXES)}; sub-folders are not searched)"
+            )
+        out += found
+    seen: set[Path] = set()  # a slide named twice (FOLDER and FOLDER/a.svs) is scored once
+    return [p for p in out if not (p.absolute() in seen or seen.add(p.absolute()))]
 
 
 def open_slide(path: Path | str, backend: str = "auto") -> SlideReader:
