@@ -130,6 +130,32 @@ def test_int8_needs_real_cells_named_by_the_user(bundle):
         export_variant(bundle, "int8", None, None, echo=lambda m: None)
 
 
+def test_bad_cells_are_refused_before_the_export_rewrites_anything(
+    exported_dsvdd, synth_patches, tmp_path
+):
+    """`cyto export --precision int8 --calib /mistyped` wrote encoder.onnx and the golden cells
+    again, checked their parity, and only then failed on the cells (a new user's walk). Every
+    --calib, --cells or --parity-cells, and a class they lack, is refused in one line first."""
+    import shutil
+
+    model = tmp_path / "m.cyto"
+    shutil.copytree(exported_dsvdd, model)
+    before = {f.name: f.read_bytes() for f in model.iterdir() if f.is_file()}
+    cases = [
+        (("--precision", "int8", "--calib", str(tmp_path / "nope")), "does not exist"),
+        (("--precision", "int8", "--calib", str(synth_patches), "--calib-class", "LYT"),
+         "has no class LYT"),
+        (("--cells", str(tmp_path / "nope")), "does not exist"),
+        (("--parity-cells", str(tmp_path)), "no images found"),
+    ]  # fmt: skip
+    for args, words in cases:
+        proc = run_cyto("export", str(model), *args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "parity" not in proc.stdout and "wrote" not in proc.stdout, proc.stdout
+    assert {f.name: f.read_bytes() for f in model.iterdir() if f.is_file()} == before
+
+
 def test_the_export_cli_and_info(bundle, synth_patches):
     proc = run_cyto(
         "export",

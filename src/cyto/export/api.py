@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 
 from cyto.bundle import ONNX_FILE, load_bundle
+from cyto.data.dataset import load_records
 from cyto.errors import ConfigError, CytoError
 from cyto.export.conformance import problem_words
 from cyto.export.onnx import OPSET, check_opset, export_onnx
@@ -60,6 +61,20 @@ def export_bundle(
             "--calib cells/ --calib-class LYT); int8 is never calibrated on made-up cells"
         )
     profile = BatchProfile.parse(batch) if trt else None
+    # the cells the user named, read before any export: a mistyped --calib (or a class it lacks)
+    # used to stop the run after encoder.onnx had been written again
+    quantized = [p for p in precisions if p != "fp32"]
+    for source in (cells, calib, parity_cells):
+        if source is not None:
+            load_records(Path(source))  # missing, empty, not a folder or manifest: one line
+    calib_cells = held = None
+    if quantized:
+        from cyto.export.quantize import load_cells
+
+        size = bundle.spec.crop_size
+        if calib is not None:
+            calib_cells = load_cells(calib, size, classes=calib_class, limit=calib_limit)
+        held = load_cells(parity_cells, size, normal=parity_normal) if parity_cells else None
     # every export ends in ONNX Runtime's parity check: without it, say so before the slow export
     from cyto.runtime.backends.onnxruntime import require_onnxruntime
 
@@ -103,18 +118,10 @@ def export_bundle(
     )
     report["onnx_parity_max_rel"] = check["max_rel_diff"]
     bundle = load_bundle(path, weights=False)
-    size = bundle.spec.crop_size
-    quantized = [p for p in precisions if p != "fp32"]
     if quantized:
         from cyto.errors import ParityError
-        from cyto.export.quantize import INT8_FORMS, export_variant, load_cells
+        from cyto.export.quantize import INT8_FORMS, export_variant
 
-        calib_cells = (
-            load_cells(calib, size, classes=calib_class, limit=calib_limit)
-            if calib is not None
-            else None
-        )
-        held = load_cells(parity_cells, size, normal=parity_normal) if parity_cells else None
         if int8_keep_float is None:
             int8_keep_float = INT8_KEEP_FLOAT.get(bundle.spec.head, ())
         # int8 in three forms: TensorRT's (symmetric) and ONNX Runtime's two on x86 CPUs
