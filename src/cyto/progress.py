@@ -25,11 +25,14 @@ class _Bar:
 
 
 @contextmanager
-def progress(description: str, total: float | None, unit: str = "items") -> Iterator[_Bar]:
+def progress(
+    description: str, total: float | None, unit: str = "items", done: float = 0
+) -> Iterator[_Bar]:
     """A progress bar with rate and ETA.
 
     On a terminal this is a rich bar; otherwise (CI, redirected output) it prints a line about
-    every 10 s, so logs stay readable. ``CYTO_PROGRESS=0`` silences it.
+    every 10 s, so logs stay readable. ``CYTO_PROGRESS=0`` silences it. ``done``: the part an
+    earlier run finished (a resumed run): counted, but not in this run's rate and ETA.
     """
     if os.environ.get("CYTO_PROGRESS", "1") == "0":
         yield _Bar(lambda n: None, lambda t: None)
@@ -55,23 +58,23 @@ def progress(description: str, total: float | None, unit: str = "items") -> Iter
             TextColumn("{task.fields[postfix]}"),
         ]
         with Progress(*columns, transient=False) as prog:
-            task = prog.add_task(description, total=total, rate="", postfix="")
+            task = prog.add_task(description, total=total, completed=done, rate="", postfix="")
             start = time.perf_counter()
-            done = [0.0]
+            here = [0.0]
 
             def adv(n: float) -> None:
-                done[0] += n
-                rate = done[0] / max(time.perf_counter() - start, 1e-9)
+                here[0] += n
+                rate = here[0] / max(time.perf_counter() - start, 1e-9)
                 prog.update(task, advance=n, rate=f"{rate:,.1f} {unit}/s")
 
             yield _Bar(adv, lambda t: prog.update(task, postfix=t))
         return
 
     start = last = time.perf_counter()
-    state = {"done": 0.0, "postfix": ""}
+    state = {"done": float(done), "postfix": ""}
 
     def line(now: float) -> None:
-        rate = state["done"] / max(now - start, 1e-9)
+        rate = (state["done"] - done) / max(now - start, 1e-9)
         of = f"/{total:g}" if total is not None else ""
         eta = ""
         if total is not None and rate > 0:

@@ -17,3 +17,22 @@ def test_the_last_line_says_what_was_set_after_the_last_step(monkeypatch, capsys
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("score s.ndpi: 2/2 tiles (") and lines[0].endswith(" 25 cells")
+
+
+def test_a_resumed_bar_counts_the_earlier_part_but_not_in_its_rate(monkeypatch, capsys):
+    """A run resumed at 9,000 of 10,000 images showed a rate as if the 9,000 were read in its
+    first second, and an ETA near 0: the earlier part now starts the count, outside the rate."""
+    from cyto import progress as module
+
+    clock = iter([0.0, 1.0, 20.0])  # start, the step, the end
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setenv("CYTO_PROGRESS", "1")
+    with progress("predict cells", total=10_000, unit="images", done=9_000) as bar:
+        bar.advance(0)  # nothing new here
+    line = capsys.readouterr().err.strip()
+    assert line == "predict cells: 9000/10000 images (0.0 images/s)", line
+    clock = iter([0.0, 5.0, 20.0])
+    with progress("predict cells", total=10_000, unit="images", done=9_000) as bar:
+        bar.advance(500)  # 500 in 5 s here
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("predict cells: 9500/10000 images (25.0 images/s, eta 20 s)"), line

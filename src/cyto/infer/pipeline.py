@@ -109,8 +109,7 @@ def score_tiles(plan: SlidePlan, jobs: list, store: ChunkStore, scorer, opts, ec
     trimmed = time.perf_counter()
     crowd = None
     try:
-        with progress(f"score {slide.name}", total=len(jobs), unit="tiles") as bar:
-            bar.advance(done_tiles)
+        with progress(f"score {slide.name}", total=len(jobs), unit="tiles", done=done_tiles) as bar:
             for tile in feed:
                 for stage, seconds in tile["times"].items():
                     out.timings[stage] += seconds
