@@ -1,30 +1,26 @@
-"""``cyto predict``: score a patch folder or manifest with a bundle (PyTorch by default)."""
+"""``cyto predict``: score a patch folder or manifest with a bundle (PyTorch by default).
+
+The images stream through in chunks (decoded on threads one chunk ahead), so memory holds a few
+chunks whatever the folder's size. Each scored chunk's rows are kept beside ``--out`` (in
+``.OUT.run/``, :class:`cyto.infer.store.ChunkStore`) until the table is written, so a run
+stopped halfway (Ctrl-C, a killed job, a file that cannot be read) continues with ``--resume``
+after the last finished chunk, when the model, the images and the options are the same.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
-import os
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from cyto.data.dataset import (
-    DecodedChunk,
-    PatchRecord,
-    decode_stream,
-    load_records,
-    one_size,
-    resolve_classes,
-)
+from cyto.bundle import atomic_write
+from cyto.data.dataset import PatchRecord, decode_stream, load_records, one_size, resolve_classes
 from cyto.data.images import resize_rgb
-from cyto.data.scale import (
-    nucleus_fraction,
-    resolve_zoom,
-    share_advice,
-    zoom_patches,
-)
+from cyto.data.scale import nucleus_fraction, resolve_zoom, share_advice, zoom_patches
 from cyto.errors import (
     ConfigError,
     DatasetError,
@@ -32,6 +28,10 @@ from cyto.errors import (
     OutputWriteError,
     ScaleWarning,
 )
+from cyto.infer.store import ChunkStore, kept_words
+from cyto.locks import OutputLock
+
+ZOOM_FILE = "zoom.json"
 
 
 def predict(
@@ -50,91 +50,223 @@ def predict(
     skip_unreadable: bool = False,
     rank_by: str = "auto",
     chunk: int = 512,
+    resume: bool = False,
+    echo=print,
 ) -> dict[str, object]:
     """Write ``out`` (Parquet): path, class, [label], score, rank (1 = most abnormal), and
     under ``rank_by`` ``model+nucleus`` the nucleus-size score and the fused score the rank
     follows (``nucleus_score``, ``fused_score``; :mod:`cyto.data.morphometry`).
 
     ``zoom`` (a factor, or ``auto``) or ``patch_mpp`` bring patches of another scanner to the
-    model's training scale first (:mod:`cyto.data.scale`).
-
-    The images stream through in chunks of ``chunk`` (decoded on threads one chunk ahead), so
-    memory holds a few chunks and the scores, whatever the folder's size; ``--zoom auto``
-    reads the folder twice, first to measure its nuclei."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    model's training scale first (:mod:`cyto.data.scale`); ``auto`` reads the folder once
+    more, first, to measure its nuclei. ``chunk`` images are decoded and kept at a time;
+    ``resume`` continues a stopped run (see the module docstring)."""
     from cyto.cohort.local import check_out_file
-    from cyto.data.morphometry import RANK_BY, fused_score, resolve_rank_by, scorer_rank_by
-    from cyto.progress import progress
+    from cyto.data.morphometry import RANK_BY, resolve_rank_by, scorer_rank_by
     from cyto.runtime import load_scorer
 
     if rank_by not in RANK_BY:
         resolve_rank_by(rank_by, "", None)  # the one-line error, before the model loads
-    check_out_file(Path(out))
-    if Path(out).suffix.lower() not in (".parquet", ".pq"):  # x.csv was given Parquet bytes
+    out = Path(out)
+    check_out_file(out)
+    if out.suffix.lower() not in (".parquet", ".pq"):  # x.csv was given Parquet bytes
         raise ConfigError(
             f"--out {out}: cyto predict writes a Parquet table, with the model and the "
             "verification in its metadata; give a name ending in .parquet"
         )
     scorer = load_scorer(model, backend, device, precision, verify=verify)
-    spec = scorer.spec
     rank_by, nucleus = scorer_rank_by(scorer, rank_by)
     records, labels = _chosen(Path(data), normal, abnormal)
     size = scorer.bundle.manifest["config"].get("load_size")
     zooming = zoom is not None or patch_mpp is not None
     if size is None and not zooming and not one_size(records):
-        size = spec.input_size  # a model of native-size patches, given several sizes
-    out_size = size or spec.crop_size
-    name = Path(data).name
-
-    def chunks():  # a zoom cuts the native image, then resizes
-        return decode_stream(records, None if zooming else size, skip_unreadable, chunk=chunk)
-
-    factor, how = 1.0, "none"
-    if zooming:
-        factor, how = resolve_zoom(
-            zoom, patch_mpp, spec.mpp, spec.nucleus_fraction,
-            lambda: _nucleus_shares(chunks(), out_size, len(records), name),  # --zoom auto only
-        )  # fmt: skip
-
-    scores, shares, nucleus_scores, kept = [], [], [], []
-    skipped: list[tuple[Path, str]] = []
-    with progress(f"predict {name}", total=len(records), unit="images") as bar:
-        for part in chunks():
-            skipped += part.skipped
-            if part.images:
-                if zooming:
-                    batch = zoom_patches(part.images, factor, out_size)
-                else:
-                    batch = np.stack([resize_rgb(im, size) if size else im for im in part.images])
-                    shares.append(nucleus_fraction(batch))  # for the scale advice
-                scores.append(scorer.score(batch, batch_size))
-                if nucleus is not None:
-                    nucleus_scores.append(nucleus.score(batch))
-                kept += part.index
-            bar.advance(part.n)
-    if not kept:
-        raise InputPathError(f"no images to score in {data}")
-    records = [records[i] for i in kept]
-    if labels is not None:
-        labels = labels[kept]
-        if not (labels == 0).any():
+        size = scorer.spec.input_size  # a model of native-size patches, given several sizes
+    load = None if zooming else size  # a zoom cuts the native image, then resizes
+    key = {
+        "model": f"{scorer.bundle.manifest_hash} {scorer.backend.name} {scorer.precision}",
+        "data": _records_key(records),
+        "options": {"load": load, "zoom": zoom, "patch_mpp": patch_mpp, "rank_by": rank_by},
+    }
+    run = out.with_name(f".{out.name}.run")
+    lock = OutputLock(run, "cyto predict", "wait for it to finish, or give another --out")
+    lock.acquire()  # two runs into one --out: the second is refused, never a mixed table
+    store = ChunkStore(run, key, unit="images")
+    try:
+        done, _ = store.start(resume, echo)
+        if zooming:
+            factor, how = _zoom(
+                store, zoom, patch_mpp, scorer.spec, records, skip_unreadable, Path(data).name
+            )
+        else:
+            factor, how = 1.0, "none"
+        job = _Job(scorer, nucleus, load, factor if zooming else None, batch_size, chunk)
+        try:
+            job.run(records, store, done, skip_unreadable, Path(data).name)
+        except BaseException as exc:
+            if any(store.dir.glob("chunk-*")):
+                stop = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
+                echo(f"{stop}: {kept_words(store.dir)}")
+            raise
+        rows = store.read_all()
+        read = np.asarray(rows["read"].to_numpy(zero_copy_only=False), dtype=bool)
+        why = rows["why"].to_pylist()
+        skipped = [(records[i].path, why[i]) for i in np.flatnonzero(~read)]
+        kept = np.flatnonzero(read)
+        if len(kept) == 0:
+            raise InputPathError(f"no images to score in {data}")
+        if labels is not None and not (labels[kept] == 0).any():
             raise DatasetError(f"no readable image of the normal class(es) {normal}")
-    scores = np.concatenate(scores)
-    if shares:
-        advice = share_advice(spec.nucleus_fraction, np.concatenate(shares))
-        if advice is not None:
-            warnings.warn(advice, ScaleWarning, stacklevel=2)
+        column = {c: rows[c].to_numpy(zero_copy_only=False)[kept] for c in _NUMBERS}
+        if not zooming:
+            advice = share_advice(scorer.spec.nucleus_fraction, column["share"])
+            if advice is not None:
+                warnings.warn(advice, ScaleWarning, stacklevel=2)
+        summary = _write_table(
+            out, model, scorer, [records[i] for i in kept],
+            None if labels is None else labels[kept], column["score"],
+            column["nucleus_score"] if nucleus is not None else None,
+            rank_by, factor, how, skipped,
+        )  # fmt: skip
+        store.remove()  # the table is whole: the chunks are not needed again
+    finally:
+        if not any(store.dir.glob("chunk-*")):
+            store.remove()
+        lock.release()
+        with contextlib.suppress(OSError):
+            run.rmdir()  # empty, unless chunks are kept for --resume (or another run began)
+    summary.update(
+        {
+            "zoom": factor,
+            "zoom_from": how,
+            "rank_by": rank_by,
+            "notes": list(scorer.notes),
+            "skipped": skipped,
+            "resumed": done,
+            "verification": scorer.verification.words() if scorer.verification else "none",
+        }
+    )
+    return summary
+
+
+#: the numbers a chunk keeps per image (NaN for an image that could not be read)
+_NUMBERS = ("score", "nucleus_score", "share")
+
+
+class _Job:
+    """Scores records chunk by chunk into a store: one row per record, read or skipped."""
+
+    def __init__(self, scorer, nucleus, load, factor, batch_size: int, chunk: int) -> None:
+        self.scorer, self.nucleus, self.load = scorer, nucleus, load
+        self.factor, self.batch_size, self.chunk = factor, batch_size, chunk
+
+    def patches(self, images: list[np.ndarray]) -> np.ndarray:
+        """The chunk's images as the network takes them: zoomed, or at the load size."""
+        if self.factor is not None:
+            return zoom_patches(images, self.factor, self.scorer.spec.crop_size)
+        return np.stack([resize_rgb(im, self.load) if self.load else im for im in images])
+
+    def run(self, records, store: ChunkStore, done: int, skip: bool, name: str) -> None:
+        """Score ``records`` from position ``done`` on, a chunk of rows into ``store`` each."""
+        import pyarrow as pa
+
+        from cyto.progress import progress
+
+        with progress(f"predict {name}", total=len(records), unit="images", done=done) as bar:
+            for part in decode_stream(records[done:], self.load, skip, chunk=self.chunk):
+                read = np.zeros(part.n, dtype=bool)
+                read[np.asarray(part.index, dtype=np.int64) - part.start] = True
+                values = {c: np.full(part.n, np.nan) for c in _NUMBERS}
+                if part.images:
+                    batch = self.patches(part.images)
+                    values["score"][read] = self.scorer.score(batch, self.batch_size)
+                    if self.nucleus is not None:
+                        values["nucleus_score"][read] = self.nucleus.score(batch)
+                    if self.factor is None:
+                        values["share"][read] = nucleus_fraction(batch)  # for the scale advice
+                why: list[str | None] = [None] * part.n
+                for at, (_, reason) in zip(np.flatnonzero(~read), part.skipped, strict=True):
+                    why[at] = reason
+                table = pa.table({"read": read, **values, "why": pa.array(why, pa.string())})
+                first = done + part.start
+                store.write(table, first, first + part.n)
+                bar.advance(part.n)
+
+
+def _zoom(store: ChunkStore, zoom, patch_mpp, spec, records, skip: bool, name: str):
+    """(factor, how) for ``--zoom``/``--patch-mpp``; a resumed run's chunks keep the factor
+    they were scored at (``--zoom auto`` is not measured again)."""
+    saved = store.dir / ZOOM_FILE
+    if saved.is_file():
+        entry = json.loads(saved.read_text())
+        return float(entry["factor"]), str(entry["how"])
+    factor, how = resolve_zoom(
+        zoom, patch_mpp, spec.mpp, spec.nucleus_fraction,
+        lambda: _nucleus_shares(records, spec.crop_size, skip, name),  # --zoom auto only
+    )  # fmt: skip
+    atomic_write(saved, json.dumps({"factor": factor, "how": how}).encode())
+    return factor, how
+
+
+def _nucleus_shares(records, size: int, skip: bool, name: str) -> np.ndarray:
+    """The nucleus share of every readable patch at ``size``, chunk by chunk (``--zoom auto``)."""
+    from cyto.progress import progress
+
+    out = []
+    with progress(f"measure nuclei {name}", total=len(records), unit="images") as bar:
+        for part in decode_stream(records, None, skip):
+            if part.images:
+                out.append(nucleus_fraction(zoom_patches(part.images, 1.0, size)))
+            bar.advance(part.n)
+    return np.concatenate(out) if out else np.empty(0)
+
+
+def _records_key(records: list[PatchRecord]) -> str:
+    """What a resumed run must find again: every record's path, class, size and time of last
+    change (a file replaced between the runs changes it)."""
+    h = hashlib.sha256()
+    for r in records:
+        try:
+            st = r.path.stat()
+            stamp = f"{st.st_size} {st.st_mtime_ns}"
+        except OSError:
+            stamp = "missing"
+        h.update(f"{r.path}\t{r.cls}\t{r.bag}\t{stamp}\n".encode())
+    return h.hexdigest()
+
+
+def _chosen(
+    data: Path, normal: str | None, abnormal: str | None
+) -> tuple[list[PatchRecord], np.ndarray | None]:
+    """The records to score and, with ``normal``, their labels (1 = abnormal): the classes in
+    neither ``normal`` nor ``abnormal`` are left out, as in training."""
+    records = load_records(data)
+    if not normal:
+        return records, None
+    normal_t, abnormal_t = resolve_classes({r.cls for r in records}, normal, abnormal, data)
+    records = [r for r in records if r.cls in normal_t or r.cls in abnormal_t]
+    return records, np.array([0 if r.cls in normal_t else 1 for r in records], dtype=np.int8)
+
+
+def _write_table(
+    out: Path, model: Path, scorer, records, labels, scores, nucleus_scores, rank_by: str,
+    factor: float, how: str, skipped: list,
+) -> dict[str, object]:  # fmt: skip
+    """Write the score table (at once: a stopped write leaves the last one) and return the
+    summary: its size, and AUROC and Recall@K when the labels are known."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cyto.data.morphometry import fused_score
+
     cols = {
         "path": [str(r.path) for r in records],
         "class": [r.cls for r in records],
         "score": scores,
     }
     ranked = scores
-    if nucleus is not None:  # ranked by model+nucleus
-        cols["nucleus_score"] = np.concatenate(nucleus_scores)
-        ranked = cols["fused_score"] = fused_score(scores, cols["nucleus_score"])
+    if nucleus_scores is not None:  # ranked by model+nucleus
+        cols["nucleus_score"] = nucleus_scores
+        ranked = cols["fused_score"] = fused_score(scores, nucleus_scores)
     order = np.argsort(-ranked, kind="stable")
     rank = np.empty(len(scores), dtype=np.int64)
     rank[order] = np.arange(1, len(scores) + 1)
@@ -159,25 +291,14 @@ def predict(
             ),
         }
     )
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.partial")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, tmp)
-        os.replace(tmp, out)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        atomic_write(out, sink.getvalue().to_pybytes())
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise OutputWriteError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
-    summary: dict[str, object] = {
-        "n": len(scores),
-        "out": out,
-        "zoom": factor,
-        "zoom_from": how,
-        "rank_by": rank_by,
-        "notes": list(scorer.notes),
-        "skipped": skipped,
-        "verification": scorer.verification.words() if scorer.verification else "none",
-    }
+    summary: dict[str, object] = {"n": len(scores), "out": out}
     if labels is not None and 0 < labels.sum() < len(labels):
         from sklearn.metrics import roc_auc_score
 
@@ -188,29 +309,3 @@ def predict(
         if rank_by != "model":  # what the model alone gives, beside
             summary["auroc_model"] = float(roc_auc_score(labels, scores))
     return summary
-
-
-def _chosen(
-    data: Path, normal: str | None, abnormal: str | None
-) -> tuple[list[PatchRecord], np.ndarray | None]:
-    """The records to score and, with ``normal``, their labels (1 = abnormal): the classes in
-    neither ``normal`` nor ``abnormal`` are left out, as in training."""
-    records = load_records(data)
-    if not normal:
-        return records, None
-    normal_t, abnormal_t = resolve_classes({r.cls for r in records}, normal, abnormal, data)
-    records = [r for r in records if r.cls in normal_t or r.cls in abnormal_t]
-    return records, np.array([0 if r.cls in normal_t else 1 for r in records], dtype=np.int8)
-
-
-def _nucleus_shares(chunks: Iterator[DecodedChunk], size: int, total: int, name: str) -> np.ndarray:
-    """The nucleus share of every readable patch at ``size``, chunk by chunk (``--zoom auto``)."""
-    from cyto.progress import progress
-
-    out = []
-    with progress(f"measure nuclei {name}", total=total, unit="images") as bar:
-        for part in chunks:
-            if part.images:
-                out.append(nucleus_fraction(zoom_patches(part.images, 1.0, size)))
-            bar.advance(part.n)
-    return np.concatenate(out) if out else np.empty(0)

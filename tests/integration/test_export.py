@@ -258,6 +258,88 @@ def test_predict_streams_a_folder_in_bounded_memory(exported_dsvdd, tiny, tmp_pa
     assert np.allclose(streamed["score"].to_numpy(), at_once, rtol=1e-5, atol=1e-6)
 
 
+def test_predict_stopped_halfway_resumes_after_its_last_chunk(
+    exported_dsvdd, tiny, tmp_path, monkeypatch
+):
+    """A long cyto predict stopped halfway (Ctrl-C, a file it cannot read) lost every score.
+    Its finished chunks are now kept beside --out: --resume scores only the rest and gives
+    the uninterrupted table; a changed image starts over; a second run into the same --out
+    is refused; nothing is left beside the table once it is written."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from cyto.errors import OutputBusyError, UnreadableImageError
+    from cyto.infer.store import ChunkStore
+    from cyto.locks import OutputLock
+    from cyto.predict import predict
+    from cyto.runtime.scorer import Scorer
+
+    folder = tmp_path / "cells" / "normal"
+    folder.mkdir(parents=True)
+    for i in range(18):
+        Image.fromarray(tiny.images[i]).save(folder / f"c{i:02d}.png")
+    data, out, said = tmp_path / "cells", tmp_path / "s.parquet", []
+
+    def run(**kw):
+        return predict(exported_dsvdd, data, out, chunk=4, verify=False, echo=said.append, **kw)
+
+    whole = pq.read_table(run()["out"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cells", "s.parquet"]  # nothing beside
+    out.unlink()
+
+    real_write, real_score, scored = ChunkStore.write, Scorer.score, []
+
+    def stop_at_third(self, table, first, done):
+        if first == 8:
+            raise KeyboardInterrupt
+        real_write(self, table, first, done)
+
+    monkeypatch.setattr(ChunkStore, "write", stop_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    assert said[-1].startswith("interrupted: 2 finished chunk(s) are kept in "), said
+    assert not out.exists()
+    monkeypatch.setattr(ChunkStore, "write", real_write)
+    monkeypatch.setattr(
+        Scorer,
+        "score",
+        lambda self, x, *a, **k: scored.append(len(x)) or real_score(self, x, *a, **k),
+    )
+    summary = run(resume=True)
+    assert "resuming: 8 images already scored" in said and summary["resumed"] == 8
+    assert sum(scored) == 10  # the rest only
+    assert pq.read_table(out).equals(whole)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cells", "s.parquet"]
+
+    # a file that cannot be read stops the run; --skip-unreadable --resume continues it
+    (folder / "c13.png").write_bytes(b"not a png")
+    with pytest.raises(UnreadableImageError):
+        run()
+    assert said[-1].startswith("stopped: 3 finished chunk(s) are kept"), said
+    scored.clear()
+    summary = run(resume=True, skip_unreadable=True)
+    assert sum(scored) == 5 and summary["n"] == 17
+    assert [p.name for p, _ in summary["skipped"]] == ["c13.png"]
+
+    # an image changed between the runs: the kept chunks are not reused
+    monkeypatch.setattr(ChunkStore, "write", stop_at_third)
+    (folder / "c13.png").unlink()
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    monkeypatch.setattr(ChunkStore, "write", real_write)
+    Image.fromarray(tiny.images[20]).save(folder / "c00.png")
+    scored.clear()
+    run(resume=True)
+    assert any("had another data" in m and "starting over" in m for m in said), said
+    assert sum(scored) == 17
+
+    # a second run into the same --out while one writes: refused, the table untouched
+    before = out.read_bytes()
+    with OutputLock(tmp_path / ".s.parquet.run"), pytest.raises(OutputBusyError):
+        run()
+    assert out.read_bytes() == before
+
+
 def test_predict_takes_patches_of_mixed_sizes(exported_dsvdd, tiny, tmp_path):
     """A bundle trained on patches of one native size (no load size) given a folder of two
     sizes: every patch is brought to the model's input size, whichever chunk it falls in."""

@@ -62,8 +62,19 @@ def predict_cmd(
         ),
     ] = False,
     rank_by: RankBy = "auto",
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Continue a stopped run into this --out after its last finished chunk (the "
+            "same model, images and options; else it starts over)."
+        ),
+    ] = False,
 ) -> None:
-    """Score every patch of a folder or manifest with a bundle (PyTorch by default)."""
+    """Score every patch of a folder or manifest with a bundle (PyTorch by default).
+
+    The images stream through in chunks of 512, so memory does not grow with the folder.
+    Each finished chunk is kept beside --out until the table is written: Ctrl-C, or a file
+    that cannot be read, keeps them, and --resume continues from there."""
     from cyto.predict import predict
 
     res = predict(
@@ -81,6 +92,8 @@ def predict_cmd(
         verify=not skip_verify,
         skip_unreadable=skip_unreadable,
         rank_by=rank_by,
+        resume=resume,
+        echo=typer.echo,
     )
     for path, why in res.get("skipped", [])[:5]:
         typer.echo(f"skipped unreadable {path}: {why}")

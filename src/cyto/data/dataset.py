@@ -328,10 +328,11 @@ def _decode_one(record: PatchRecord, size: int | None) -> tuple[np.ndarray, str]
 
 @dataclass
 class DecodedChunk:
-    """One chunk of :func:`decode_stream`: the readable records in order with their positions
-    in the input, images and file digests, and the unreadable ones (path, reason) when skipping
-    was asked for."""
+    """One chunk of :func:`decode_stream`: the position of its first record in the input, the
+    readable records in order with their positions, images and file digests, and the
+    unreadable ones (path, reason; in order) when skipping was asked for."""
 
+    start: int
     records: list[PatchRecord]
     index: list[int]
     images: list[np.ndarray]
@@ -381,7 +382,7 @@ def decode_stream(
         ahead = submit()
         while ahead is not None:
             (start, part, futures), ahead = ahead, submit()  # the next decodes meanwhile
-            out = DecodedChunk([], [], [], [], [])
+            out = DecodedChunk(start, [], [], [], [], [])
             for i, (r, fut) in enumerate(zip(part, futures, strict=True), start):
                 res = fut.result()
                 if isinstance(res, UnreadableImageError):

@@ -79,11 +79,14 @@ def kept_words(store_dir: Path) -> str:
 
 
 class ChunkStore:
-    """Resumable row chunks in ``out_dir/.partial`` (see the module docstring)."""
+    """Resumable row chunks in ``out_dir/.partial`` (see the module docstring). ``unit`` names
+    the positions chunks are ranges of: a slide's tiles, or a patch folder's images (one row
+    each, then the cells are not counted apart)."""
 
-    def __init__(self, out_dir: Path, key: dict) -> None:
+    def __init__(self, out_dir: Path, key: dict, unit: str = "tiles") -> None:
         self.dir = Path(out_dir) / PARTIAL
         self.key = key
+        self.unit = unit
 
     def start(self, resume: bool, echo) -> tuple[int, int]:
         """(tiles done, cells done): what an earlier run left, when resuming a matching run."""
@@ -101,16 +104,16 @@ class ChunkStore:
                 self._drop_damaged(echo)
                 done_tiles = self._ranges()[-1][1] + 1 if self._ranges() else 0
                 done_cells = sum(pq.read_metadata(f).num_rows for f in self._files())
-                echo(f"resuming: {done_tiles} tiles and {done_cells} cells already scored")
+                done = f"{done_tiles} {self.unit}"
+                if self.unit == "tiles":
+                    done += f" and {done_cells} cells"
+                echo(f"resuming: {done} already scored")
                 return done_tiles, done_cells
-            what = [
-                k
-                for k in ("model", "slide", "options", "tiles")
-                if (old or {}).get(k) != self.key.get(k)
-            ]
+            old = old if isinstance(old, dict) else {}
+            what = [k for k in {**old, **self.key} if old.get(k) != self.key.get(k)]
             echo(
                 f"resume: the earlier run had another {' and '.join(what) or 'state'} "
-                "(a changed slide file, model or options); starting over"
+                "(a changed input file, model or options); starting over"
             )
         elif resume:
             echo("resume: no unfinished run here; starting from the beginning")
