@@ -179,6 +179,16 @@ def test_calibrate_refuses_what_cannot_calibrate(cohort, tmp_path):
     t0 = root / "negs" / "neg0" / "scores.parquet"
     same = run_cyto("calibrate", str(model), str(t0), str(t0))
     assert same.returncode == 2 and "score the same slide" in same.stderr
+    # a slide's cyto score folder stands for its table (it was "does not exist")
+    same = run_cyto("calibrate", str(model), str(t0.parent), str(t0))
+    assert same.returncode == 2 and "score the same slide" in same.stderr, same.stderr
+    # a cohort's folder may hold slides that are not negative: refused, naming them
+    whole = run_cyto("calibrate", str(model), str(root / "negs"))
+    assert whole.returncode == 2 and len(whole.stderr.strip().splitlines()) == 1, whole.stderr
+    assert "holds the scores of 3 slide(s) (neg0, neg1, neg2)" in whole.stderr
+    assert "never the whole folder" in whole.stderr
+    empty = run_cyto("calibrate", str(model), str(tmp_path))
+    assert empty.returncode == 2 and "a folder without scores.parquet" in empty.stderr
     table = pq.read_table(t0)
     meta = dict(table.schema.metadata)
     meta[b"cyto.scoring_id"] = b"another-model"

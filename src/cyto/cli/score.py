@@ -332,7 +332,10 @@ def calibrate_cmd(
     model: Annotated[Path, typer.Argument(help="Model bundle to calibrate.")],
     tables: Annotated[
         list[Path],
-        typer.Argument(help="scores.parquet of slide-negative (healthy) slides, one per slide."),
+        typer.Argument(
+            help="scores.parquet of slide-negative (healthy) slides, or their cyto score "
+            "folders; one per slide."
+        ),
     ],
     normalize: Annotated[
         str,

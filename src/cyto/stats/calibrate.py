@@ -88,11 +88,30 @@ class Calibration:
         return out
 
 
+def _table_of(path: Path) -> Path:
+    """``path``'s score table: the file itself, or a slide's cyto score folder (its
+    scores.parquet). A cohort's output folder is refused by name: it may hold slides that are
+    not negative, and every slide given is taken as negative."""
+    if path.is_file():
+        return path
+    if not path.exists():
+        raise InputPathError(f"score table {path} does not exist")
+    if (path / "scores.parquet").is_file():
+        return path / "scores.parquet"
+    slides = sorted(p.name for p in path.iterdir() if (p / "scores.parquet").is_file())
+    if slides:
+        names = ", ".join(slides[:4]) + (" ..." if len(slides) > 4 else "")
+        raise InputPathError(
+            f"{path} holds the scores of {len(slides)} slide(s) ({names}): give the "
+            f"slide-negative ones by name (e.g. {path / slides[0]}), never the whole folder"
+        )
+    raise InputPathError(f"{path} is a folder without scores.parquet: give cyto score's tables")
+
+
 def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str]:
     import pyarrow.parquet as pq
 
-    if not Path(path).is_file():
-        raise InputPathError(f"score table {path} does not exist")
+    path = _table_of(Path(path))
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
