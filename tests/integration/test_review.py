@@ -718,6 +718,14 @@ def test_data_cells_cuts_the_cells_of_negative_slides_into_a_training_folder(
     again = run_cyto("data", "cells", str(out), "--out", str(ds))
     assert again.returncode == 2 and "exists" in again.stderr
     assert len(list((ds / "normal").iterdir())) == 20
+    # a second run into a folder being written is refused and changes nothing
+    with OutputLock(ds):
+        busy = run_cyto("data", "cells", str(out), "--out", str(ds), "--overwrite")
+    assert busy.returncode == 3 and "another cyto data cells" in busy.stderr, busy.stderr
+    assert len(list((ds / "normal").iterdir())) == 20
+    killed = ds / ".normal.partial-k1ll3d"  # what a run killed outright (SIGKILL) left
+    killed.mkdir()
+    (killed / "000_neg_1.png").write_bytes(b"half")
     proc = run_cyto("data", "cells", str(out), "--out", str(ds), "--overwrite")
     assert proc.returncode == 0, proc.stderr
     assert len(list((ds / "normal").iterdir())) == len(detected["cell_id"])

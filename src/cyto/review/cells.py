@@ -10,7 +10,8 @@ reads, with a manifest (``cells-LABEL.csv``: path, label, slide, cell id, centre
 each came from.
 
 The folder is written under a temporary name and renamed when complete, so an interrupted run
-never leaves a class folder that looks finished.
+never leaves a class folder that looks finished; one run at a time writes into an output folder
+(a second is refused), and it clears what a killed run left.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import ConfigError, InputPathError
+from cyto.locks import OutputLock
 from cyto.progress import progress
 from cyto.review.session import crop_cells, find_scored, read_source
 
@@ -41,8 +43,6 @@ def harvest_cells(
     ``per_slide``: at most this many cells per slide, drawn at random with ``seed`` (default all).
     A slide scored with ground truth that holds planted abnormal cells is refused: its cells are
     not all normal."""
-    import pyarrow.parquet as pq
-
     if not label or any(c in label for c in "/\\") or label.startswith("."):
         raise ConfigError(f"--label must be a plain folder name, got {label!r}")
     if per_slide is not None and per_slide < 1:
@@ -55,10 +55,19 @@ def harvest_cells(
                 f"abnormal cell(s); harvest {label} cells from negative slides only"
             )
     out = Path(out)
+    with OutputLock(out, "cyto data cells", "wait for it to finish, or give another --out"):
+        # what a killed run (SIGKILL, power loss) left half cut: every writer holds the lock
+        for stale in out.glob(f".{label}.partial-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        return _harvest(sources, out, label, per_slide, seed, overwrite, echo)
+
+
+def _harvest(sources, out: Path, label: str, per_slide, seed: int, overwrite: bool, echo) -> dict:
+    import pyarrow.parquet as pq
+
     target = out / label
     if target.exists() and not overwrite:
         raise InputPathError(f"{target} exists (pass --overwrite to replace it)")
-    out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     plan = []  # (source, file-name prefix, the cells' ids, x, y)
     for k, s in enumerate(sources):
