@@ -554,6 +554,16 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def temp_dir_beside(path: Path) -> Path:
+    """A new empty folder beside ``path`` (``.NAME.partial-XXXX``) to build it in, then rename
+    into place. Its mode is what a plain ``mkdir`` gives under the umask: mkdtemp's 0700 would
+    hide the renamed result from the other users of a shared workstation."""
+    path = Path(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+    os.chmod(tmp, 0o777 & ~_umask())
+    return tmp
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -702,6 +703,9 @@ def test_data_cells_cuts_the_cells_of_negative_slides_into_a_training_folder(
         rows = list(csv.DictReader(fh))
     files = sorted((ds / "normal").iterdir())
     assert len(rows) == len(files) == 20
+    umask = os.umask(0)
+    os.umask(umask)  # readable by the others as any folder made here (mkdtemp's 0700 was not)
+    assert (ds / "normal").stat().st_mode & 0o777 == 0o777 & ~umask
     assert {r["cell_id"] for r in rows} <= {str(c) for c in detected["cell_id"]}
     # each file is the square the model saw about the detected cell
     r = rows[0]

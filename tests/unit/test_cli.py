@@ -142,6 +142,21 @@ def test_data_mosaic_cli(tmp_path, synth_patches):
     bad = run_cyto("data", "mosaic", str(synth_patches), "--out", str(tmp_path / "m"))
     assert bad.returncode == 2 and bad.stderr.startswith("error: --out ")
     assert "a mosaic is a .png, .jpg or .jpeg file" in bad.stderr
+    # stopped while the PNG is written (a full disk): the last mosaic stays whole
+    before = out.read_bytes()
+
+    def disk_full(self, fp, *args, **kwargs):
+        (fp.write if hasattr(fp, "write") else Path(fp).write_bytes)(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    real = Image.Image.save
+    Image.Image.save = disk_full
+    try:
+        full = run_cyto("data", "mosaic", str(synth_patches), "--out", str(out), "--seed", "1")
+    finally:
+        Image.Image.save = real
+    assert full.returncode == 1 and "disk is full" in full.stderr, full.stderr
+    assert out.read_bytes() == before and sorted(p.name for p in out.parent.iterdir()) == ["m.png"]
 
 
 def test_slides_of_one_name_are_told_apart_in_the_expert_table():

@@ -45,8 +45,21 @@ def test_every_class_is_written(synth_patches):
         assert len(list((synth_patches / cls).glob("*.jpg"))) == 12
 
 
-def test_no_partial_folder_left_behind(tmp_path):
+def test_no_partial_folder_left_behind(tmp_path, monkeypatch):
+    """Nothing beside the dataset, whole or stopped; the dataset readable by the other users as
+    any folder made here (a folder built under mkdtemp's 0700 and renamed was not)."""
+    import os
+
+    from cyto.data.synth import patches
+
     write_patches(tmp_path / "x", PatchSynthConfig(n_normal=1, n_abnormal=0, size=48))
+    assert [p.name for p in tmp_path.iterdir()] == ["x"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "x").stat().st_mode & 0o777 == 0o777 & ~umask
+    monkeypatch.setattr(patches, "render_patch", lambda *a: (_ for _ in ()).throw(OSError(28)))
+    with pytest.raises(OSError):
+        write_patches(tmp_path / "y", PatchSynthConfig(n_normal=1, n_abnormal=0, size=48))
     assert [p.name for p in tmp_path.iterdir()] == ["x"]
 
 

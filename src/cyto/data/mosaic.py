@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from cyto.bundle import atomic_write
 from cyto.data.dataset import PatchRecord, load_records
 from cyto.data.images import read_image, resize_rgb
 from cyto.errors import ConfigError
@@ -66,5 +68,8 @@ def class_mosaic(
         raise ConfigError(f"--out {out}: a mosaic is a .png, .jpg or .jpeg file")
     rows = class_rows(load_records(Path(source)), per_class, tile, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
-    render_rows(rows, title=str(source)).save(out)
+    drawn = io.BytesIO()  # written at once: a stopped run leaves the last mosaic whole
+    image = render_rows(rows, title=str(source))
+    image.save(drawn, format=Image.registered_extensions()[out.suffix.lower()])
+    atomic_write(out, drawn.getvalue())
     return out

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import csv
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from cyto.bundle import temp_dir_beside
 from cyto.errors import ConfigError, InputPathError
 from cyto.locks import OutputLock
 from cyto.progress import progress
@@ -80,7 +80,7 @@ def _harvest(sources, out: Path, label: str, per_slide, seed: int, overwrite: bo
     total = sum(len(p[2]) for p in plan)
     if not total:
         raise ConfigError("the scored slides hold no detected cell")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{label}.partial-", dir=out))
+    tmp = temp_dir_beside(target)
     manifest, partial = out / f"cells-{label}.csv", out / f".cells-{label}.csv.partial"
     rows = []
     try:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from cyto.bundle import temp_dir_beside
 from cyto.data.synth.cells import (
     ABNORMAL_CLASSES,
     CELL_CLASSES,
@@ -125,26 +126,29 @@ def write_patches(out: Path, config: PatchSynthConfig, overwrite: bool = False) 
         raise InputPathError(
             f"output folder {out} exists and is not empty (pass --overwrite to replace it)"
         )
-    tmp = out.with_name(f".{out.name}.partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # a name of this run's own: another run drawing into ``out`` at the same time does not
+    # delete or mix into it
+    tmp = temp_dir_beside(out)
     jobs: list[tuple[str, int]] = [(NORMAL_CLASS, i) for i in range(config.n_normal)]
     for cls in config.abnormal_classes:
         jobs += [(cls, i) for i in range(config.n_abnormal)]
     counts: dict[str, int] = {}
-    with progress("synth patches", total=len(jobs), unit="patches") as bar:
-        for cls, i in jobs:
-            rng = np.random.default_rng(patch_seed(config.seed, cls, i))
-            img = render_patch(cls, rng, config.size, config.scale)
-            folder = tmp / cls
-            folder.mkdir(exist_ok=True)
-            Image.fromarray(img).save(
-                folder / f"{cls}_{i + 1:05d}.jpg", quality=config.quality, subsampling=0
-            )
-            counts[cls] = counts.get(cls, 0) + 1
-            bar.advance()
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    try:
+        with progress("synth patches", total=len(jobs), unit="patches") as bar:
+            for cls, i in jobs:
+                rng = np.random.default_rng(patch_seed(config.seed, cls, i))
+                img = render_patch(cls, rng, config.size, config.scale)
+                folder = tmp / cls
+                folder.mkdir(exist_ok=True)
+                Image.fromarray(img).save(
+                    folder / f"{cls}_{i + 1:05d}.jpg", quality=config.quality, subsampling=0
+                )
+                counts[cls] = counts.get(cls, 0) + 1
+                bar.advance()
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone once renamed; a stopped run's, else
     return counts
