@@ -178,6 +178,39 @@ def test_empty_slide_small_slide_and_bad_inputs(model, tmp_path):
     assert "is a folder without a slide in it (looked for .ndpi, .svs" in proc.stderr
 
 
+def test_a_slide_scored_again_reads_as_finished_only_once_every_output_is_whole(
+    model, slide, tmp_path, monkeypatch
+):
+    """A slide scored again into its folder and stopped while its outputs were rewritten kept
+    the last run's summary.json beside half-written ones, and --resume took the folder for done;
+    mosaics a run did not draw stayed beside another run's tables. summary.json now goes first
+    and is written last, at once; mosaics this run does not draw are removed."""
+    from cyto.cohort.local import finished_summary
+    from cyto.infer import ScoreOptions, finish, score_slide
+    from cyto.runtime import load_scorer
+
+    out, quiet = tmp_path / "o", (lambda m: None)
+    score_slide(slide.paths[0], model, out, ScoreOptions(workers=0, mosaic=20), echo=quiet)
+    assert (out / "summary.json").is_file() and (out / "topk_mosaic.png").is_file()
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(finish, "write_top_k", stopped)
+    again = ScoreOptions(workers=0, mosaic=0)
+    with pytest.raises(KeyboardInterrupt):
+        score_slide(slide.paths[0], model, out, again, echo=quiet)
+    monkeypatch.undo()
+    assert not (out / "summary.json").exists()
+    scorer = load_scorer(model, "onnx", "cpu", "fp32")
+    resume = ScoreOptions(workers=0, mosaic=0, resume=True)
+    assert finished_summary(out, scorer, slide.paths[0], resume, quiet) is None  # scored again
+    score_slide(slide.paths[0], scorer, out, resume, echo=quiet)
+    assert json.loads((out / "summary.json").read_text())["cells_scored"] > 0
+    assert not list(out.glob("topk_mosaic*"))  # the first run's, not this one's
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+
+
 def test_nuclei_from_a_file_are_each_scored_once(model, slide, tmp_path):
     from cyto.infer import ScoreOptions, score_slide
 

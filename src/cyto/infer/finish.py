@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+from cyto.bundle import atomic_write
 from cyto.infer.memory import peak_rss_mb
 from cyto.infer.options import STAGES, ScoreOptions
 from cyto.infer.outputs import (
+    MOSAIC_FILES,
     labels_from_truth,
     ranks,
     table_metadata,
@@ -27,6 +29,7 @@ from cyto.runtime import Scorer
 from cyto.stats import calibrate
 
 Metrics = Callable[[np.ndarray, np.ndarray, int], dict]
+SUMMARY = "summary.json"
 
 
 def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_start) -> dict:
@@ -62,7 +65,7 @@ def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_star
     if len(runs) > 1:
         summary["tiles"]["parts"] = len(runs)
         summary["tiles"]["resumed"] = sum(r.resumed_tiles for r in runs)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_summary(out_dir, summary)
     return summary
 
 
@@ -216,6 +219,12 @@ def _finish(table, run: _Run) -> dict:
         table = table.append_column("label", pa.array(labels.astype(np.int8)))
         truth = truth_report(ranked, order, labels, truth_idx, planted, k, run.metrics)
     meta = table_metadata(run.scorer, run.slide, run.identity, timings, opts.result_key())
+    # the folder stops reading as a finished run until this run's summary is written, last:
+    # stopped while the outputs below are rewritten, it is scored again on --resume, never
+    # taken for done with half of them; mosaics this run does not draw are another run's
+    drawn = () if opts.mosaic and n_cells else MOSAIC_FILES
+    for name in (SUMMARY, *drawn):
+        (run.out_dir / name).unlink(missing_ok=True)
     write_score_table(table, run.out_dir, meta)
     write_top_k(table, order, k, run.out_dir)
     if n_cells == 0:
@@ -276,5 +285,10 @@ def _finish(table, run: _Run) -> dict:
             "output_key": opts.output_key(),
         }
     )
-    (run.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_summary(run.out_dir, summary)
     return summary
+
+
+def write_summary(out_dir: Path, summary: dict) -> None:
+    """``summary.json``, at once (it says the folder's outputs are whole)."""
+    atomic_write(out_dir / SUMMARY, json.dumps(summary, indent=2, default=str).encode())

@@ -175,6 +175,10 @@ def write_geojson(table, order, k: int, path: Path) -> Path:
     return path
 
 
+#: what :func:`write_mosaics` writes into a slide's folder
+MOSAIC_FILES = ("topk_mosaic.png", "topk_mosaic_blinded.png", "topk_mosaic_blinded_key.json")
+
+
 def write_mosaics(
     slide: Path, table, order: np.ndarray, labels, n_cells: int, out_dir: Path, crop: int
 ) -> Path:
