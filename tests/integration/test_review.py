@@ -614,6 +614,12 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
     rows = (tmp_path / "r1.cyto.refine" / "train.csv").read_text().splitlines()
     assert len(rows) == 1 + n_normal + n1 - 3 + 2
     assert sum(r.endswith(",review-marked") for r in rows) == 2
+    # a second refine into that OUT while one runs is refused, and leaves its cells alone
+    work = tmp_path / "r1.cyto.refine"
+    with OutputLock(work), pytest.raises(OutputBusyError, match="another cyto refine"):
+        refine(model, rv, synth_patches, tmp_path / "r1.cyto", overwrite=True, **args)
+    assert (work / "train.csv").read_text().splitlines() == rows
+    assert len(list((work / "cells").iterdir())) == n1 - 3 + 2
     # --agree all: only the cell both finished reviewers marked
     res = refine(model, rv, synth_patches, tmp_path / "r2.cyto", agree="all",
                  overrides=["epochs=1"], **args)  # fmt: skip

@@ -36,6 +36,7 @@ import shutil
 from pathlib import Path
 
 from cyto.errors import ConfigError
+from cyto.locks import OutputLock
 from cyto.review.session import CROPS, open_session
 from cyto.review.store import MarkStore
 
@@ -149,83 +150,91 @@ def refine(
     if out.exists() and not overwrite:
         raise ConfigError(f"{out} exists (pass --overwrite to replace it)")
     work = out.with_name(out.name + ".refine")
-    shutil.rmtree(work, ignore_errors=True)
-    (work / "cells").mkdir(parents=True)
-    one_class = get_method(method).one_class
-    # a one-class model never learned from DATA's abnormal classes; refining must not start now
-    rows = [
-        (str(r.path.resolve()), r.cls)
-        for r in load_records(data)
-        if not one_class or r.cls in normal_cls
-    ]
-    if not rows:
-        raise ConfigError(f"{data} holds no image of the normal class(es) {', '.join(normal_cls)}")
-    for label, cells in ((normal_cls[0], normals), (REVIEW_ABNORMAL, known)):
-        for case, pos, crop in cells:
-            dest = work / "cells" / f"{case}_{pos:03d}.png"
-            shutil.copyfile(crop, dest)
-            rows.append((str(dest.resolve()), label))
-    manifest = work / "train.csv"
-    with open(manifest, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["path", "label"])
-        w.writerows(rows)
+    # one refine at a time into OUT: another cleared this one's cells while it trained on them
+    with OutputLock(work, "cyto refine", "wait for it to finish, or give another --out"):
+        shutil.rmtree(work / "cells", ignore_errors=True)
+        (work / "cells").mkdir()
+        one_class = get_method(method).one_class
+        # a one-class model never learned from DATA's abnormal classes; refining must not start now
+        rows = [
+            (str(r.path.resolve()), r.cls)
+            for r in load_records(data)
+            if not one_class or r.cls in normal_cls
+        ]
+        if not rows:
+            raise ConfigError(
+                f"{data} holds no image of the normal class(es) {', '.join(normal_cls)}"
+            )
+        for label, cells in ((normal_cls[0], normals), (REVIEW_ABNORMAL, known)):
+            for case, pos, crop in cells:
+                dest = work / "cells" / f"{case}_{pos:03d}.png"
+                shutil.copyfile(crop, dest)
+                rows.append((str(dest.resolve()), label))
+        manifest = work / "train.csv"
+        with open(manifest, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["path", "label"])
+            w.writerows(rows)
 
-    config = dict(bundle.manifest.get("config", {}))
-    if config.get("load_size") is None and rows:
-        # the crops' size is the slide's, not the training patches': load all at the latter
-        from PIL import Image
+        config = dict(bundle.manifest.get("config", {}))
+        if config.get("load_size") is None and rows:
+            # the crops' size is the slide's, not the training patches': load all at the latter
+            from PIL import Image
 
-        with Image.open(rows[0][0]) as first:
-            config["load_size"] = int(first.size[0])
-    if method == "dsvdd" and known:
-        config["known_abnormal_eta"] = eta
-    # MODEL is itself a fine-tuned refinement: its recorded rate is already the tenth
-    tuned_before = bool(bundle.manifest.get("refined_from", {}).get("finetune"))
-    if finetune:
-        if method != "dsvdd":
-            raise ConfigError(f"--finetune continues a Deep SVDD model; {model} is {method}")
-        config["warm_start"] = str(Path(bundle.path).resolve())
-        if not tuned_before:
-            config["lr"] = float(config.get("lr", 1e-4)) / 10
-    else:
-        if config.get("warm_start"):  # anew: not from the model it was tuned from
-            config["warm_start"] = ""
-        if tuned_before:  # and at the rate it was first trained with
-            config["lr"] = float(config["lr"]) * 10
-    config.update(parse_overrides(overrides or []))  # --set on top of the recorded config
-    provenance = {
-        "model": str(Path(bundle.path).resolve()),
-        "model_manifest_sha256": bundle.manifest_hash,
-        "review": str(ex["session"].root.resolve()),
-        "cases": ex["cases"],
-        "agree": agree,
-        "finetune": finetune,
-        "hard_normals": len(normals),
-        "hard_normals_left_out": len(ex["hard_normals"]) - len(normals),
-        "known_abnormal": len(known),
-        "marked_not_used": len(ex["known_abnormal"]) - len(known),
-        "excluded": ex["excluded"],
-        "original_data": str(Path(data).resolve()),
-        "training_manifest": str(manifest),
-    }
-    echo(
-        f"refine {method}: {len(ex['cases'])} finished case(s): {len(normals)} hard "
-        f"normal(s), {len(known)} known abnormal cell(s), {ex['excluded']} left out"
-        + ("" if hard_normals else f" (and {len(ex['hard_normals'])} unmarked: --no-hard-normals)")
-    )
-    res = train(
-        method,
-        manifest,
-        out,
-        normal=",".join(normal_cls),
-        abnormal=None
-        if abnormal_cls is None
-        else ",".join([*abnormal_cls, REVIEW_ABNORMAL] if known else abnormal_cls),
-        overrides=config,
-        device=device,
-        overwrite=overwrite,
-        extra_manifest={"refined_from": provenance},
-    )
-    (work / "refined_from.json").write_text(json.dumps(provenance, indent=1))
-    return {**provenance, "bundle": str(res.bundle), "seconds": res.seconds}
+            with Image.open(rows[0][0]) as first:
+                config["load_size"] = int(first.size[0])
+        if method == "dsvdd" and known:
+            config["known_abnormal_eta"] = eta
+        # MODEL is itself a fine-tuned refinement: its recorded rate is already the tenth
+        tuned_before = bool(bundle.manifest.get("refined_from", {}).get("finetune"))
+        if finetune:
+            if method != "dsvdd":
+                raise ConfigError(f"--finetune continues a Deep SVDD model; {model} is {method}")
+            config["warm_start"] = str(Path(bundle.path).resolve())
+            if not tuned_before:
+                config["lr"] = float(config.get("lr", 1e-4)) / 10
+        else:
+            if config.get("warm_start"):  # anew: not from the model it was tuned from
+                config["warm_start"] = ""
+            if tuned_before:  # and at the rate it was first trained with
+                config["lr"] = float(config["lr"]) * 10
+        config.update(parse_overrides(overrides or []))  # --set on top of the recorded config
+        provenance = {
+            "model": str(Path(bundle.path).resolve()),
+            "model_manifest_sha256": bundle.manifest_hash,
+            "review": str(ex["session"].root.resolve()),
+            "cases": ex["cases"],
+            "agree": agree,
+            "finetune": finetune,
+            "hard_normals": len(normals),
+            "hard_normals_left_out": len(ex["hard_normals"]) - len(normals),
+            "known_abnormal": len(known),
+            "marked_not_used": len(ex["known_abnormal"]) - len(known),
+            "excluded": ex["excluded"],
+            "original_data": str(Path(data).resolve()),
+            "training_manifest": str(manifest),
+        }
+        echo(
+            f"refine {method}: {len(ex['cases'])} finished case(s): {len(normals)} hard "
+            f"normal(s), {len(known)} known abnormal cell(s), {ex['excluded']} left out"
+            + (
+                ""
+                if hard_normals
+                else f" (and {len(ex['hard_normals'])} unmarked: --no-hard-normals)"
+            )
+        )
+        res = train(
+            method,
+            manifest,
+            out,
+            normal=",".join(normal_cls),
+            abnormal=None
+            if abnormal_cls is None
+            else ",".join([*abnormal_cls, REVIEW_ABNORMAL] if known else abnormal_cls),
+            overrides=config,
+            device=device,
+            overwrite=overwrite,
+            extra_manifest={"refined_from": provenance},
+        )
+        (work / "refined_from.json").write_text(json.dumps(provenance, indent=1))
+        return {**provenance, "bundle": str(res.bundle), "seconds": res.seconds}
