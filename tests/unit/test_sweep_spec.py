@@ -66,3 +66,16 @@ def test_a_refused_sweep_leaves_nothing_that_turns_its_corrected_rerun_away(tmp_
     with pytest.raises(Exception, match="cells"):  # no data there: refused, nothing written
         run_sweep(missing, out)
     assert not (out / "sweep.json").exists()
+
+
+def test_a_damaged_sweep_record_is_one_line_that_says_what_to_do(tmp_path, synth_patches):
+    """A sweep.json cut short (a disk that filled while it was written in place, before it was
+    written at once) stopped every rerun with a JSONDecodeError traceback."""
+    from cyto.eval.sweep import run_sweep
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "sweep.json").write_text('{"data": "cel')
+    spec = SweepSpec(data=synth_patches, normal="normal", abnormal=None, methods=("dsvdd",))
+    with pytest.raises(ConfigError, match="sweep.json is damaged .*delete it and rerun"):
+        run_sweep(spec, out)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cyto.bundle import atomic_write
 from cyto.data.dataset import PatchDataset
 from cyto.errors import ConfigError
 from cyto.eval.metrics import all_metrics
@@ -173,7 +174,14 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
     if spec_file.exists():
         # settings added since that sweep was written count at their defaults
         defaults = {f.name: f.default for f in fields(SweepSpec) if f.default is not MISSING}
-        previous = {**json.loads(json.dumps(defaults)), **json.loads(spec_file.read_text())}
+        try:
+            recorded = json.loads(spec_file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"{spec_file} is damaged ({exc}): delete it and rerun; results.csv keeps the "
+                "finished cells"
+            ) from None
+        previous = {**json.loads(json.dumps(defaults)), **recorded}
         if previous != json.loads(json.dumps(spec_json)):
             raise ConfigError(
                 f"{out} holds a sweep with other settings ({spec_file}); use "
@@ -189,7 +197,7 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
     # only a sweep that can run claims the folder: a refused command leaves nothing that
     # would turn its corrected rerun away as "other settings"
     (out / "models").mkdir(parents=True, exist_ok=True)
-    spec_file.write_text(json.dumps(spec_json, indent=2))
+    atomic_write(spec_file, json.dumps(spec_json, indent=2).encode())  # whole, or the last
     labels = next(iter(datasets.values())).labels.astype(np.int64)
     protocol = WRProtocol(labels, seed=spec.seed, train_fraction=spec.train_fraction)
     n_bag_normals = sum(len(b) for b in protocol.normal_bags)
