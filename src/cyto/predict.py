@@ -196,7 +196,7 @@ def _zoom(store: ChunkStore, zoom, patch_mpp, spec, records, skip: bool, name: s
     """(factor, how) for ``--zoom``/``--patch-mpp``; a resumed run's chunks keep the factor
     they were scored at (``--zoom auto`` is not measured again)."""
     saved = store.dir / ZOOM_FILE
-    if saved.is_file():
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # none, or unreadable
         entry = json.loads(saved.read_text())
         return float(entry["factor"]), str(entry["how"])
     factor, how = resolve_zoom(

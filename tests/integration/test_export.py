@@ -333,6 +333,23 @@ def test_predict_stopped_halfway_resumes_after_its_last_chunk(
     assert any("had another data" in m and "starting over" in m for m in said), said
     assert sum(scored) == 17
 
+    # --zoom auto measures the folder's nuclei once: a resumed run keeps the factor its
+    # chunks were scored at
+    import cyto.predict as predict_module
+
+    measured = []
+    real_measure = predict_module._nucleus_shares
+    monkeypatch.setattr(predict_module, "_nucleus_shares",
+                        lambda *a: measured.append(1) or real_measure(*a))  # fmt: skip
+    monkeypatch.setattr(ChunkStore, "write", stop_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        run(zoom="auto")
+    monkeypatch.setattr(ChunkStore, "write", real_write)
+    zoomed = run(zoom="auto", resume=True)
+    assert measured == [1] and zoomed["resumed"] == 8
+    unstopped = predict(exported_dsvdd, data, tmp_path / "z.parquet", verify=False, zoom="auto")
+    assert (zoomed["zoom"], zoomed["zoom_from"]) == (unstopped["zoom"], unstopped["zoom_from"])
+
     # a second run into the same --out while one writes: refused, the table untouched
     before = out.read_bytes()
     with OutputLock(tmp_path / ".s.parquet.run"), pytest.raises(OutputBusyError):
