@@ -401,20 +401,42 @@ def decode_stream(
 
 def _decode_all(
     records: list[PatchRecord], size: int | None, skip: bool, workers: int | None
-) -> tuple[list[np.ndarray], list[int], list[tuple[Path, str]], list[str]]:
+) -> tuple[np.ndarray | list[np.ndarray], list[int], list[tuple[Path, str]], list[str]]:
     """Every record decoded (in :func:`decode_stream`'s chunks, under one progress bar):
-    the images, the indices of the records read, the skipped files and the digests."""
+    the images, the indices of the records read, the skipped files and the digests.
+
+    The images of one size go straight into one (N, H, W, 3) array as they are decoded, not
+    into a list stacked at the end: a list and its stack held every image twice at the peak
+    (18,369 cells at 224 px: 5.5 GB instead of 2.8). Images of several sizes stay a list."""
     from cyto.progress import progress
 
-    images, keep, skipped, digests = [], [], [], []
+    stack: np.ndarray | None = None
+    listed: list[np.ndarray] | None = None
+    n = 0
+    keep, skipped, digests = [], [], []
     with progress("read images", total=len(records), unit="images") as bar:
         for part in decode_stream(records, size, skip, workers, chunk=256):
-            images += part.images
+            for im in part.images:
+                if stack is None and listed is None:
+                    stack = np.empty((len(records), *im.shape), dtype=np.uint8)
+                if listed is None and im.shape == stack.shape[1:]:
+                    stack[n] = im
+                else:  # another size: every image stays as it is
+                    if listed is None:
+                        listed, stack = [a.copy() for a in stack[:n]], None
+                    listed.append(im)
+                n += 1
             digests += part.digests
             keep += part.index
             skipped += part.skipped
             bar.advance(part.n)
-    return images, keep, skipped, digests
+    if listed is not None:
+        return listed, keep, skipped, digests
+    if stack is None:
+        return [], keep, skipped, digests
+    if n < len(stack):  # files skipped: the rows they would have filled go, in place
+        stack.resize((n, *stack.shape[1:]), refcheck=False)
+    return stack, keep, skipped, digests
 
 
 def one_size(records: Iterable[PatchRecord]) -> bool:
@@ -436,7 +458,11 @@ def one_size(records: Iterable[PatchRecord]) -> bool:
     return True
 
 
-def _stack(images: list[np.ndarray], size: int | None) -> np.ndarray | list[np.ndarray]:
+def _stack(
+    images: np.ndarray | list[np.ndarray], size: int | None
+) -> np.ndarray | list[np.ndarray]:
+    if isinstance(images, np.ndarray):
+        return images
     if images and (size is not None or len({im.shape for im in images}) == 1):
         return np.stack(images)
     return images
