@@ -218,10 +218,11 @@ def write_mosaics(
                 draw.line([cx + 20, cy + 6, cx + 6, cy + 20], fill="white", width=3)
         return canvas
 
-    path = out_dir / "topk_mosaic.png"
+    ranked, blinded, key_file = MOSAIC_FILES
+    path = out_dir / ranked
     grid(list(range(n)), marks=True).save(path)
     shuffled = [int(k) for k in np.random.default_rng(0).permutation(n)]
-    grid(shuffled, marks=False).save(out_dir / "topk_mosaic_blinded.png")
+    grid(shuffled, marks=False).save(out_dir / blinded)
     key = [
         {
             "position": pos,
@@ -232,5 +233,5 @@ def write_mosaics(
         }
         for pos, k in enumerate(shuffled)
     ]
-    (out_dir / "topk_mosaic_blinded_key.json").write_text(json.dumps(key, indent=1))
+    (out_dir / key_file).write_text(json.dumps(key, indent=1))
     return path
