@@ -564,6 +564,15 @@ def temp_dir_beside(path: Path) -> Path:
     return tmp
 
 
+def clear_temp_dirs_beside(path: Path) -> None:
+    """Remove the :func:`temp_dir_beside` folders of ``path`` that runs killed outright
+    (SIGKILL, power loss) left. Call it only while holding the lock every writer of ``path``
+    holds, so no live run's folder is among them."""
+    path = Path(path)
+    for stale in path.parent.glob(f".{path.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

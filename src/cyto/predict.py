@@ -90,7 +90,7 @@ def predict(
     run = out.with_name(f".{out.name}.run")
     lock = OutputLock(run, "cyto predict", "wait for it to finish, or give another --out")
     lock.acquire()  # two runs into one --out: the second is refused, never a mixed table
-    store = ChunkStore(run, key, unit="images")
+    store = ChunkStore(run, key, unit="images", rows=None)
     try:
         done, _ = store.start(resume, echo)
         if zooming:

@@ -80,13 +80,15 @@ def kept_words(store_dir: Path) -> str:
 
 class ChunkStore:
     """Resumable row chunks in ``out_dir/.partial`` (see the module docstring). ``unit`` names
-    the positions chunks are ranges of: a slide's tiles, or a patch folder's images (one row
-    each, then the cells are not counted apart)."""
+    the positions chunks are ranges of (a slide's tiles, a patch folder's images) and ``rows``
+    their rows, when a position holds several (a tile's cells; None: one row each)."""
 
-    def __init__(self, out_dir: Path, key: dict, unit: str = "tiles") -> None:
+    def __init__(
+        self, out_dir: Path, key: dict, unit: str = "tiles", rows: str | None = "cells"
+    ) -> None:
         self.dir = Path(out_dir) / PARTIAL
         self.key = key
-        self.unit = unit
+        self.unit, self.rows = unit, rows
 
     def start(self, resume: bool, echo) -> tuple[int, int]:
         """(tiles done, cells done): what an earlier run left, when resuming a matching run."""
@@ -105,8 +107,8 @@ class ChunkStore:
                 done_tiles = self._ranges()[-1][1] + 1 if self._ranges() else 0
                 done_cells = sum(pq.read_metadata(f).num_rows for f in self._files())
                 done = f"{done_tiles} {self.unit}"
-                if self.unit == "tiles":
-                    done += f" and {done_cells} cells"
+                if self.rows:
+                    done += f" and {done_cells} {self.rows}"
                 echo(f"resuming: {done} already scored")
                 return done_tiles, done_cells
             old = old if isinstance(old, dict) else {}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.bundle import temp_dir_beside
+from cyto.bundle import clear_temp_dirs_beside, temp_dir_beside
 from cyto.errors import ConfigError, InputPathError
 from cyto.locks import OutputLock
 from cyto.progress import progress
@@ -57,8 +57,7 @@ def harvest_cells(
     out = Path(out)
     with OutputLock(out, "cyto data cells", "wait for it to finish, or give another --out"):
         # what a killed run (SIGKILL, power loss) left half cut: every writer holds the lock
-        for stale in out.glob(f".{label}.partial-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        clear_temp_dirs_beside(out / label)
         return _harvest(sources, out, label, per_slide, seed, overwrite, echo)
 
 

@@ -20,12 +20,12 @@ import csv
 import json
 import os
 import shutil
-import tempfile
 from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 
+from cyto.bundle import clear_temp_dirs_beside, temp_dir_beside
 from cyto.errors import ConfigError
 from cyto.locks import OutputLock
 from cyto.review.session import CROPS, Session, open_session
@@ -259,8 +259,7 @@ def write_report(
     out = Path(out) if out is not None else root / "report"
     with OutputLock(out, "cyto review report", "wait for it to finish, or give another --out"):
         # what a killed run (SIGKILL, power loss) left half made: every writer holds the lock
-        for stale in out.parent.glob(f".{out.name}.partial-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        clear_temp_dirs_beside(out)
         _write_files(report, marked, session, out)
     return report
 
@@ -269,7 +268,7 @@ def _write_files(report: dict, marked: dict, session, out: Path) -> None:
     # every file is made in a folder beside OUT and moved in once all are made: a run stopped
     # halfway (Ctrl-C while the figures are drawn, a full disk) leaves the last report whole,
     # never a new table beside the old figures
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    tmp = temp_dir_beside(out)
     try:
         (tmp / "figures").mkdir()
         table = report["expert_table"] + report["totals"]
