@@ -1,4 +1,5 @@
-"""``cyto predict``: score a patch folder or manifest with a bundle (PyTorch by default).
+"""``cyto predict``: score a patch folder or manifest with a bundle (its fastest engine verified
+here by default: the exported graph when there is one, else the trained PyTorch network).
 
 The images stream through in chunks (decoded on threads one chunk ahead), so memory holds a few
 chunks whatever the folder's size. Each scored chunk's rows are kept beside ``--out`` (in
@@ -40,9 +41,9 @@ def predict(
     out: Path,
     normal: str | None = None,
     abnormal: str | None = None,
-    device: str = "cpu",
+    device: str = "auto",
     batch_size: int = 128,
-    backend: str = "torch",
+    backend: str = "auto",
     precision: str = "fp32",
     zoom: str | float | None = None,
     patch_mpp: float | None = None,

@@ -210,6 +210,10 @@ def test_predict_without_labels(bundles, tiny, tmp_path):
     assert table.num_rows == 5 and "label" not in table.column_names
     # long work says how far it is: the images read and scored in one pass
     assert "predict cells: 5/5 images (" in proc.stderr, proc.stderr
+    # an exported bundle scores with its graph by default (as cyto score does; about 3x the
+    # PyTorch network's speed on a CPU), and the console says which engine scored and why
+    assert table.schema.metadata[b"cyto.backend"] == b"onnx"
+    assert "backend choice: chose onnx on cpu" in proc.stdout, proc.stdout
 
 
 def test_predict_streams_a_folder_in_bounded_memory(exported_dsvdd, tiny, tmp_path):

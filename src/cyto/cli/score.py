@@ -31,11 +31,15 @@ def predict_cmd(
         str | None, typer.Option(help="Normal class(es): adds labels, AUROC and Recall@K.")
     ] = None,
     abnormal: Annotated[str | None, typer.Option(help="Abnormal classes.")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "cpu",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     batch_size: Annotated[int, typer.Option(help="Patches per batch.")] = 128,
     backend: Annotated[
-        str, typer.Option(help="torch (the trained network), onnx, onnx-trt, trt or auto.")
-    ] = "torch",
+        str,
+        typer.Option(
+            help="auto (the fastest engine verified here: the exported graph when there is "
+            "one, else PyTorch), torch (the trained network), onnx, onnx-trt or trt."
+        ),
+    ] = "auto",
     precision: Annotated[
         str, typer.Option(help="The exported graph (onnx/trt): fp32, fp16, int8 or auto.")
     ] = "fp32",
@@ -70,7 +74,10 @@ def predict_cmd(
         ),
     ] = False,
 ) -> None:
-    """Score every patch of a folder or manifest with a bundle (PyTorch by default).
+    """Score every patch of a folder or manifest with a bundle.
+
+    By default the fastest engine verified here scores (the exported graph when there is
+    one, else the trained PyTorch network) and the console says which.
 
     The images stream through in chunks of 512, so memory does not grow with the folder.
     Each finished chunk is kept beside --out until the table is written: Ctrl-C, or a file
