@@ -110,6 +110,45 @@ def test_a_second_run_on_the_same_day_keeps_the_first_result(tmp_path):
     assert second.with_suffix(".md").read_text() == "# after\n"
 
 
+def test_a_result_stopped_while_it_is_written_leaves_no_truncated_file(tmp_path, monkeypatch):
+    """A full disk halfway through the JSON left a truncated file under the result's name,
+    which the next run then numbered around (-2) and a reader took for a result."""
+    import builtins
+    import errno
+
+    from cyto.bench import results
+
+    meta = {"host": "lab pc", "date": "2026-11-29"}
+
+    class HalfWritten:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, text):
+            self.fh.write(text[: len(text) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def full_disk(path, mode="r", *a, **k):
+        fh = builtins.open(path, mode, *a, **k)  # noqa: SIM115 (closed by HalfWritten)
+        return HalfWritten(fh) if "x" in mode or "w" in mode else fh
+
+    monkeypatch.setattr(results, "open", full_disk, raising=False)
+    with pytest.raises(OSError, match="No space left"):
+        results.write_results(tmp_path, "slide", meta, [{"cells_per_s": 1.0}], ["# before"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing half-written, no temp
+    monkeypatch.undo()
+    path = results.write_results(tmp_path, "slide", meta, [{"cells_per_s": 2.0}], ["# after"])
+    assert path.name == "slide_lab-pc_2026-11-29.json"
+    assert json.loads(path.read_text())["results"] == [{"cells_per_s": 2.0}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, path.with_suffix(".md").name]
+
+
 @pytest.mark.slow
 def test_bench_slide_and_calibrate(exported_dsvdd, tmp_path):
     res = write_slide(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
+import uuid
 from pathlib import Path
 
 
@@ -15,21 +17,45 @@ def _slug(text: str) -> str:
 def write_results(out: Path, kind: str, meta: dict, rows: list[dict], markdown: list[str]) -> Path:
     """``out/<kind>_<host>_<date>.json`` and ``.md``; returns the JSON path. Another run of the
     same benchmark on the same day (before and after a change, two at once) gets ``-2``, ``-3``
-    and so on: a result is never written over."""
+    and so on: a result is never written over. Each file is whole or absent: a run stopped
+    while it writes (Ctrl-C, a full disk) leaves no truncated JSON under a result's name."""
+    from cyto.bundle import atomic_write
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     base = f"{kind}_{_slug(str(meta['host']))}_{meta['date']}"
     text = json.dumps({"kind": kind, "meta": meta, "results": rows}, indent=2, default=str)
-    for n in itertools.count(1):
-        path = out / (f"{base}.json" if n == 1 else f"{base}-{n}.json")
-        try:
-            with open(path, "x") as fh:  # claims the name, also against a run at the same time
-                fh.write(text)
-            break
-        except FileExistsError:
-            continue
-    path.with_suffix(".md").write_text("\n".join(markdown) + "\n")
+    tmp = out / f".{base}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with open(tmp, "x") as fh:  # the mode a plain open gives (others may read results)
+            fh.write(text)
+        for n in itertools.count(1):
+            path = out / (f"{base}.json" if n == 1 else f"{base}-{n}.json")
+            if _claim(tmp, path, text):
+                break
+    finally:
+        tmp.unlink(missing_ok=True)
+    atomic_write(path.with_suffix(".md"), ("\n".join(markdown) + "\n").encode())
     return path
+
+
+def _claim(tmp: Path, path: Path, text: str) -> bool:
+    """Give the whole file ``tmp`` the name ``path`` unless it is taken: a hard link, so a run
+    at the same time never gets the name too. Where links are not allowed (some network and
+    FUSE file systems) the name is claimed by creating it, then written."""
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        pass
+    try:
+        with open(path, "x") as fh:
+            fh.write(text)
+        return True
+    except FileExistsError:
+        return False
 
 
 def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> list[str]:
