@@ -5,7 +5,8 @@ The images stream through in chunks (decoded on threads one chunk ahead), so mem
 chunks whatever the folder's size. Each scored chunk's rows are kept beside ``--out`` (in
 ``.OUT.run/``, :class:`cyto.infer.store.ChunkStore`) until the table is written, so a run
 stopped halfway (Ctrl-C, a killed job, a file that cannot be read) continues with ``--resume``
-after the last finished chunk, when the model, the images and the options are the same.
+after the last finished chunk, when the model, the images and the options are the same: the
+images' paths, sizes and times of change first, then the bytes of those already scored.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def predict(
         "model": f"{scorer.bundle.manifest_hash} {scorer.backend.name} {scorer.precision}",
         "data": _records_key(records),
         "options": {"load": load, "zoom": zoom, "patch_mpp": patch_mpp, "rank_by": rank_by},
+        "format": "rows with each image's sha256",  # checked on resume (_changed_since)
     }
     run = out.with_name(f".{out.name}.run")
     lock = OutputLock(run, "cyto predict", "wait for it to finish, or give another --out")
@@ -94,6 +96,13 @@ def predict(
     store = ChunkStore(run, key, unit="images", rows=None)
     try:
         done, _ = store.start(resume, echo)
+        changed = _changed_since(store, records[:done], Path(data).name) if done else []
+        if changed:  # the same size and time of change, other bytes: not the images scored
+            echo(
+                f"resume: {len(changed)} finished image(s) changed since the stopped run "
+                f"({changed[0]}{', ...' if len(changed) > 1 else ''}); starting over"
+            )
+            done, _ = store.start(False, echo)
         if zooming:
             factor, how = _zoom(
                 store, zoom, patch_mpp, scorer.spec, records, skip_unreadable, Path(data).name
@@ -187,7 +196,17 @@ class _Job:
                 why: list[str | None] = [None] * part.n
                 for at, (_, reason) in zip(np.flatnonzero(~read), part.skipped, strict=True):
                     why[at] = reason
-                table = pa.table({"read": read, **values, "why": pa.array(why, pa.string())})
+                sha: list[str | None] = [None] * part.n
+                for at, digest in zip(np.flatnonzero(read), part.digests, strict=True):
+                    sha[at] = digest
+                table = pa.table(
+                    {
+                        "read": read,
+                        **values,
+                        "why": pa.array(why, pa.string()),
+                        "sha256": pa.array(sha, pa.string()),
+                    }
+                )
                 first = done + part.start
                 store.write(table, first, first + part.n)
                 bar.advance(part.n)
@@ -219,6 +238,37 @@ def _nucleus_shares(records, size: int, skip: bool, name: str) -> np.ndarray:
                 out.append(nucleus_fraction(zoom_patches(part.images, 1.0, size)))
             bar.advance(part.n)
     return np.concatenate(out) if out else np.empty(0)
+
+
+def _changed_since(store: ChunkStore, records: list[PatchRecord], name: str) -> list[Path]:
+    """The images of a resumed run's finished chunks whose bytes are no longer the ones scored
+    (a file rewritten with the same size and time of change, which the run's key cannot see):
+    each is read and hashed again, on threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cyto.progress import progress
+
+    rows = store.read_all()
+    read = rows["read"].to_pylist()
+    digests = rows["sha256"].to_pylist()
+
+    def now(i: int) -> str | None:
+        try:
+            return hashlib.sha256(records[i].path.read_bytes()).hexdigest()
+        except OSError:
+            return None
+
+    check = [i for i in range(len(records)) if read[i]]
+    changed = []
+    with (
+        progress(f"check finished images {name}", total=len(check), unit="images") as bar,
+        ThreadPoolExecutor(max_workers=4) as pool,
+    ):
+        for i, digest in zip(check, pool.map(now, check), strict=True):
+            if digest != digests[i]:
+                changed.append(records[i].path)
+            bar.advance(1)
+    return changed
 
 
 def _records_key(records: list[PatchRecord]) -> str:

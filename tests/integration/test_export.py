@@ -360,6 +360,54 @@ def test_predict_stopped_halfway_resumes_after_its_last_chunk(
     assert out.read_bytes() == before
 
 
+def test_predict_resume_finds_an_image_rewritten_with_its_size_and_time(
+    exported_dsvdd, tiny, tmp_path, monkeypatch
+):
+    """--resume checked the images by path, size and time of change only: an image rewritten
+    between the runs with the same size and time (a sync or a copy that keeps times, an
+    uncompressed format) kept the old image's score. The finished images are now hashed again
+    and compared with the bytes their chunks scored."""
+    import os
+
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from cyto.infer.store import ChunkStore
+    from cyto.predict import predict
+
+    folder = tmp_path / "cells" / "normal"
+    folder.mkdir(parents=True)
+    for i in range(10):  # BMP: the same size for any image of these dimensions
+        Image.fromarray(tiny.images[i]).save(folder / f"c{i:02d}.bmp")
+    data, out, said = tmp_path / "cells", tmp_path / "s.parquet", []
+
+    def run(**kw):
+        return predict(exported_dsvdd, data, out, chunk=4, verify=False, echo=said.append, **kw)
+
+    real_write = ChunkStore.write
+
+    def stop_at_second(self, table, first, done):
+        if first == 4:
+            raise KeyboardInterrupt
+        real_write(self, table, first, done)
+
+    monkeypatch.setattr(ChunkStore, "write", stop_at_second)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    monkeypatch.setattr(ChunkStore, "write", real_write)
+    target = folder / "c01.bmp"  # in the finished first chunk
+    st = target.stat()
+    Image.fromarray(tiny.images[30]).save(target)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (target.stat().st_size, target.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+    summary = run(resume=True)
+    assert any("1 finished image(s) changed" in m and "starting over" in m for m in said), said
+    assert summary["resumed"] == 0
+    fresh = predict(exported_dsvdd, data, tmp_path / "f.parquet", verify=False)
+    assert pq.read_table(out).equals(pq.read_table(fresh["out"]))
+
+
 def test_predict_takes_patches_of_mixed_sizes(exported_dsvdd, tiny, tmp_path):
     """A bundle trained on patches of one native size (no load size) given a folder of two
     sizes: every patch is brought to the model's input size, whichever chunk it falls in."""
