@@ -261,6 +261,25 @@ def test_predict_streams_a_folder_in_bounded_memory(exported_dsvdd, tiny, tmp_pa
     assert np.allclose(streamed["score"].to_numpy(), at_once, rtol=1e-5, atol=1e-6)
 
 
+def _stop_predict_at(monkeypatch, run, first_row: int, **kw) -> None:
+    """``run(**kw)`` stopped by Ctrl-C as the chunk starting at ``first_row`` is written."""
+    from cyto.infer.store import ChunkStore
+
+    real = ChunkStore.write
+
+    def stop(self, table, first, done):
+        if first == first_row:
+            raise KeyboardInterrupt
+        real(self, table, first, done)
+
+    monkeypatch.setattr(ChunkStore, "write", stop)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(**kw)
+    finally:
+        monkeypatch.setattr(ChunkStore, "write", real)
+
+
 def test_predict_stopped_halfway_resumes_after_its_last_chunk(
     exported_dsvdd, tiny, tmp_path, monkeypatch
 ):
@@ -272,7 +291,6 @@ def test_predict_stopped_halfway_resumes_after_its_last_chunk(
     from PIL import Image
 
     from cyto.errors import OutputBusyError, UnreadableImageError
-    from cyto.infer.store import ChunkStore
     from cyto.locks import OutputLock
     from cyto.predict import predict
     from cyto.runtime.scorer import Scorer
@@ -290,19 +308,10 @@ def test_predict_stopped_halfway_resumes_after_its_last_chunk(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cells", "s.parquet"]  # nothing beside
     out.unlink()
 
-    real_write, real_score, scored = ChunkStore.write, Scorer.score, []
-
-    def stop_at_third(self, table, first, done):
-        if first == 8:
-            raise KeyboardInterrupt
-        real_write(self, table, first, done)
-
-    monkeypatch.setattr(ChunkStore, "write", stop_at_third)
-    with pytest.raises(KeyboardInterrupt):
-        run()
+    real_score, scored = Scorer.score, []
+    _stop_predict_at(monkeypatch, run, 8)  # at the third chunk
     assert said[-1].startswith("interrupted: 2 finished chunk(s) are kept in "), said
     assert not out.exists()
-    monkeypatch.setattr(ChunkStore, "write", real_write)
     monkeypatch.setattr(
         Scorer,
         "score",
@@ -325,11 +334,8 @@ def test_predict_stopped_halfway_resumes_after_its_last_chunk(
     assert [p.name for p, _ in summary["skipped"]] == ["c13.png"]
 
     # an image changed between the runs: the kept chunks are not reused
-    monkeypatch.setattr(ChunkStore, "write", stop_at_third)
     (folder / "c13.png").unlink()
-    with pytest.raises(KeyboardInterrupt):
-        run()
-    monkeypatch.setattr(ChunkStore, "write", real_write)
+    _stop_predict_at(monkeypatch, run, 8)
     Image.fromarray(tiny.images[20]).save(folder / "c00.png")
     scored.clear()
     run(resume=True)
@@ -344,10 +350,7 @@ def test_predict_stopped_halfway_resumes_after_its_last_chunk(
     real_measure = predict_module._nucleus_shares
     monkeypatch.setattr(predict_module, "_nucleus_shares",
                         lambda *a: measured.append(1) or real_measure(*a))  # fmt: skip
-    monkeypatch.setattr(ChunkStore, "write", stop_at_third)
-    with pytest.raises(KeyboardInterrupt):
-        run(zoom="auto")
-    monkeypatch.setattr(ChunkStore, "write", real_write)
+    _stop_predict_at(monkeypatch, run, 8, zoom="auto")
     zoomed = run(zoom="auto", resume=True)
     assert measured == [1] and zoomed["resumed"] == 8
     unstopped = predict(exported_dsvdd, data, tmp_path / "z.parquet", verify=False, zoom="auto")
@@ -372,7 +375,6 @@ def test_predict_resume_finds_an_image_rewritten_with_its_size_and_time(
     import pyarrow.parquet as pq
     from PIL import Image
 
-    from cyto.infer.store import ChunkStore
     from cyto.predict import predict
 
     folder = tmp_path / "cells" / "normal"
@@ -384,17 +386,7 @@ def test_predict_resume_finds_an_image_rewritten_with_its_size_and_time(
     def run(**kw):
         return predict(exported_dsvdd, data, out, chunk=4, verify=False, echo=said.append, **kw)
 
-    real_write = ChunkStore.write
-
-    def stop_at_second(self, table, first, done):
-        if first == 4:
-            raise KeyboardInterrupt
-        real_write(self, table, first, done)
-
-    monkeypatch.setattr(ChunkStore, "write", stop_at_second)
-    with pytest.raises(KeyboardInterrupt):
-        run()
-    monkeypatch.setattr(ChunkStore, "write", real_write)
+    _stop_predict_at(monkeypatch, run, 4)  # at the second chunk
     target = folder / "c01.bmp"  # in the finished first chunk
     st = target.stat()
     Image.fromarray(tiny.images[30]).save(target)
