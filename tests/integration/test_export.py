@@ -363,6 +363,7 @@ def test_predict_stopped_halfway_resumes_after_its_last_chunk(
     assert out.read_bytes() == before
 
 
+@pytest.mark.filterwarnings("ignore:these cells look")  # ten cells: the scale advice
 def test_predict_resume_finds_an_image_rewritten_with_its_size_and_time(
     exported_dsvdd, tiny, tmp_path, monkeypatch
 ):
