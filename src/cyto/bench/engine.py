@@ -97,8 +97,7 @@ def _runtime_runner(bundle: Bundle, backend: str, device: str, precision: str) -
     if graph_for(bundle.spec, precision, device) is None:
         from cyto.runtime.verify import export_hint
 
-        fp32 = precision == "fp32"
-        make = f"cyto export {bundle.path}" if fp32 else export_hint(bundle, precision)
+        make = export_hint(bundle, precision)
         raise Unavailable(f"the bundle has no {precision} ONNX graph: make one with '{make}'")
     try:  # verified on the golden cells first, as cyto score does: a failing graph is not timed
         scorer = load_scorer(bundle, backend, device, precision)

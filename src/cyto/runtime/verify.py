@@ -84,9 +84,11 @@ def read_golden(bundle) -> Golden | None:
 
 
 def export_hint(bundle, precision: str) -> str:
-    """The ``cyto export`` command that adds ``precision``'s graph to ``bundle``: int8 needs
-    calibration cells; fp16 measures its parity on the golden cells when they are real cells,
-    else it needs cells too."""
+    """The ``cyto export`` command that adds ``precision``'s graph to ``bundle``: fp32 is the
+    plain export (``encoder.onnx``); int8 needs calibration cells; fp16 measures its parity on
+    the golden cells when they are real cells, else it needs cells too."""
+    if precision == "fp32":
+        return f"cyto export {bundle.path}"
     command = f"cyto export {bundle.path} --no-onnx --precision {precision}"
     if precision == "int8":
         return command + " --calib CELLS"

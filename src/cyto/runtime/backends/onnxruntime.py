@@ -209,12 +209,13 @@ class OnnxRuntimeBackend:
 
 def _no_graph(bundle: Bundle, precision: str) -> str:
     have = ", ".join(sorted(bundle.spec.graphs)) or "none"
+    from cyto.runtime.verify import export_hint
+
     if precision == "fp32":
         return (
-            f"{bundle.path} has no encoder.onnx: run 'cyto export {bundle.path}' first "
+            f"{bundle.path} has no encoder.onnx: run '{export_hint(bundle, precision)}' first "
             f"(exported graphs: {have})"
         )
-    from cyto.runtime.verify import export_hint
 
     return (
         f"{bundle.path} has no {precision} graph (exported graphs: {have}): make one with "
