@@ -1,8 +1,8 @@
 """``make demo``: the main job on built-in synthetic data, end to end, on 2 CPU cores.
 
-It draws a synthetic patch dataset, trains Deep SVDD (fast preset) on normal cells only, ranks
-held-out normal and abnormal cells with the trained bundle, exports it to ONNX (checking that ONNX
-Runtime gives PyTorch's scores), draws a synthetic whole slide with planted abnormal cells, scores
+It draws a synthetic patch dataset, trains Deep SVDD (fast preset) on normal cells only, exports
+it to ONNX (checking that ONNX Runtime gives PyTorch's scores), ranks held-out normal and abnormal
+cells with the exported graph, draws a synthetic whole slide with planted abnormal cells, scores
 every cell of it and reports how many planted cells reach the top of the ranking. Before that it
 scores three slide-negative slides and calibrates the bundle on them, so the scored slide also
 gets conformal p-values, cells flagged at a false discovery rate and an abnormal-burden estimate
@@ -82,21 +82,22 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     echo(f"      {res.bundle} in {res.seconds:.0f} s")
     made["bundle"] = res.bundle
 
-    echo("[4/8] rank the held-out cells (higher = more abnormal)")
+    echo("[4/8] export to ONNX (uint8 patches in) and check ONNX Runtime against PyTorch")
+    report = export_bundle(res.bundle, echo=lambda line: echo(f"      {line}"))
+    made["onnx_parity_max_rel"] = report["onnx_parity_max_rel"]
+
+    echo("[5/8] rank the held-out cells with the exported graph (higher = more abnormal)")
     summary = predict(res.bundle, out / "test.csv", out / "test_scores.parquet", normal="normal")
     alone = f", the model alone {summary['auroc_model']:.3f}" if "auroc_model" in summary else ""
     echo(
         f"      AUROC {summary['auroc']:.3f}, Recall@{summary['k']} {summary['recall_at_k']:.3f}"
         f" (chance {summary['k'] / summary['n']:.3f}); ranked by {summary['rank_by']}{alone};"
+        f" scored by {summary['backend']} ({summary['precision']});"
         f" scores in {summary['out']}"
     )
     made["auroc"] = summary["auroc"]
     mosaic = class_mosaic(patches, out / "patches_mosaic.png", per_class=8, seed=seed)
     made["mosaic"] = mosaic
-
-    echo("[5/8] export to ONNX (uint8 patches in) and check ONNX Runtime against PyTorch")
-    report = export_bundle(res.bundle, echo=lambda line: echo(f"      {line}"))
-    made["onnx_parity_max_rel"] = report["onnx_parity_max_rel"]
 
     echo("[6/8] synthetic whole slide (NDPI) with planted abnormal cells and ground truth")
     res = write_slide(

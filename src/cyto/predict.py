@@ -152,6 +152,8 @@ def predict(
             "notes": list(scorer.notes),
             "skipped": skipped,
             "resumed": done,
+            "backend": scorer.backend.name,
+            "precision": scorer.precision,
             "verification": scorer.verification.words() if scorer.verification else "none",
         }
     )
