@@ -132,7 +132,10 @@ def predict_cmd(
 def score_cmd(
     slides: Annotated[
         list[Path],
-        typer.Argument(help="Whole-slide images (NDPI, SVS, TIFF...), or folders of them."),
+        typer.Argument(
+            help="Whole-slide images (NDPI, SVS, TIFF...), folders of them, or a DICOM slide's "
+            "folder (its .dcm files)."
+        ),
     ],
     model: Annotated[Path, typer.Option(help="Model bundle (exported: cyto export).")],
     out: Annotated[Path, typer.Option(help="Output folder; one sub-folder per slide.")],

@@ -76,7 +76,7 @@ def finished_summary(
 def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, echo, metrics) -> dict:
     """One slide of a cohort into ``target``: with ``opts.resume``, a finished run of this model
     on this very slide is reused, an interrupted one continued."""
-    if slide.is_file() and opts.resume:
+    if slide.exists() and opts.resume:  # a file, or a DICOM slide's folder
         previous = finished_summary(target, scorer, slide, opts, echo)
         if previous is not None:
             echo(f"{slide.name}: already scored in {target}; skipping")

@@ -17,6 +17,7 @@ import numpy as np
 from cyto import __version__
 from cyto.errors import InputPathError
 from cyto.slides import open_slide
+from cyto.slides.dicom import slide_bytes
 
 MOSAIC_SIDE, MOSAIC_COLS = 96, 10
 
@@ -136,7 +137,7 @@ def table_metadata(
         "cyto.result_key": json.dumps(result_key, default=str, sort_keys=True),
         "cyto.slide": str(slide),
         "cyto.slide_identity": identity,
-        "cyto.slide_bytes": str(Path(slide).stat().st_size),
+        "cyto.slide_bytes": str(slide_bytes(slide)),
         "cyto.backend": scorer.backend.name,
         "cyto.device": scorer.device,
         "cyto.precision": scorer.precision,

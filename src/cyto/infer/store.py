@@ -29,8 +29,16 @@ _CHUNK = re.compile(r"^chunk-(\d+)-(\d+)\.parquet$")
 def slide_identity(path: Path, block: int = 1 << 16, samples: int = 32) -> str:
     """A content hash of a file that is fast on 10 GB slides: its size, its first and last MiB,
     and ``samples`` blocks spread evenly between them (about 3 MiB read in all). A slide replaced
-    by another, or truncated, gets another identity; an unchanged one copied elsewhere keeps it."""
+    by another, or truncated, gets another identity; an unchanged one copied elsewhere keeps it.
+    A DICOM slide (a folder) hashes each of its instances' identities with its name."""
     path = Path(path)
+    if path.is_dir():
+        from cyto.slides.dicom import slide_instances
+
+        h = hashlib.sha256(b"cyto-slide-identity-v1:dicom")
+        for f in slide_instances(path):
+            h.update(f"{f.name}\t{slide_identity(f, block, samples)}\n".encode())
+        return h.hexdigest()
     size = path.stat().st_size
     h = hashlib.sha256(f"cyto-slide-identity-v1:{size}".encode())
     with open(path, "rb") as fh:

@@ -141,7 +141,7 @@ def _slide_path(slide: Path, folder: Path) -> Path:
     if slide.is_absolute():
         return slide
     for base in (Path.cwd(), *Path(folder).absolute().parents):
-        if (base / slide).is_file():
+        if (base / slide).exists():  # a file, or a DICOM slide's folder
             return (base / slide).absolute()
     return slide
 

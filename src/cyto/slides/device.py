@@ -62,6 +62,8 @@ def open_device_tiles(path: Path | str) -> tuple[TileGrid | None, str]:
     import tifffile
 
     path = Path(path)
+    if path.is_dir() or path.suffix.lower() == ".dcm":
+        return None, "DICOM (OpenSlide's reader): CPU readers"
     logging.getLogger("tifffile").setLevel(logging.ERROR)
     try:
         with tifffile.TiffFile(path) as tf:

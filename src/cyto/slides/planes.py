@@ -24,6 +24,8 @@ def find_planes(slide: Path, spec: str) -> list[tuple[float, str]]:
         return []
     if spec == "auto" and slide.suffix.lower() == ".ndpi":
         return ndpi_planes(slide)
+    if spec == "auto" and (slide.is_dir() or slide.suffix.lower() == ".dcm"):
+        return []  # a DICOM slide: its focal planes are not read (OpenSlide gives one)
     if spec == "auto":
         found = []
         for f in sorted(slide.parent.glob(f"{slide.stem}_z*um{slide.suffix}")):

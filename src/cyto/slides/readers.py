@@ -2,8 +2,11 @@
 
 ``open_slide(path)`` picks a backend: OpenSlide-format files (NDPI, SVS, MRXS, ...) go through
 libvips' openslideload when it exists, else openslide-python; plain tiled TIFF and OME-TIFF go
-through tiffload. Regions come back as uint8 RGB (alpha composited on white), and reads outside
-the slide are padded with white, so a caller can cut cells at slide edges without special cases.
+through tiffload. A DICOM whole slide is the folder of its ``.dcm`` files (or one of them) and is
+read by openslide-python, whose OpenSlide (openslide-bin, 4.0 or newer) has the DICOM reader
+that a system libvips' OpenSlide may lack (:mod:`cyto.slides.dicom`). Regions come back as uint8
+RGB (alpha composited on white), and reads outside the slide are padded with white, so a caller
+can cut cells at slide edges without special cases.
 A missing, truncated, unsupported or non-slide file gives one :class:`UnsupportedSlideError` (or
 :class:`InputPathError`) naming the file and the reason.
 """
@@ -18,6 +21,16 @@ import numpy as np
 
 from cyto.errors import InputPathError, MissingDependencyError, UnsupportedSlideError
 from cyto.slides.base import PLANE_SEP, SlideInfo, SlideReader, _float, _to_rgb, in_slide, padded
+from cyto.slides.dicom import (
+    DICOM_SUFFIX,
+    WSI_SOP_CLASS,
+    check_openslide,
+    dicom_files,
+    entry_file,
+    series_of,
+    slide_instances,
+    wsi_series,
+)
 from cyto.slides.ndpi import NdpiPlaneReader
 
 BACKENDS = ("auto", "pyvips", "openslide")
@@ -26,7 +39,7 @@ NDPI_MARKER_TAG = 65420  # Hamamatsu's "NDPI format" tag, in every NDPI director
 DESCRIPTION_TAG = 270
 
 
-def _load_libraries() -> tuple[object | None, object | None]:
+def load_libraries() -> tuple[object | None, object | None]:
     """(openslide, pyvips) modules or None; openslide first, so it binds its own library before
     libvips (linked to the system OpenSlide) is loaded into the process."""
     openslide = pyvips = None
@@ -49,11 +62,18 @@ def _load_libraries() -> tuple[object | None, object | None]:
 
 
 class OpenSlideReader:
-    def __init__(self, path: Path, openslide) -> None:
+    def __init__(self, path: Path, openslide, entry: Path | None = None) -> None:
+        """``entry``: the file OpenSlide opens when it is not ``path`` (one instance of a DICOM
+        slide, whose ``path`` is its folder)."""
         try:
-            self._s = openslide.OpenSlide(str(path))
+            self._s = openslide.OpenSlide(str(entry or path))
         except (openslide.OpenSlideError, openslide.OpenSlideUnsupportedFormatError) as exc:
             raise UnsupportedSlideError(f"{path}: OpenSlide cannot read it ({exc})") from exc
+        except ValueError as exc:  # its calls answer -1: bound to the system OpenSlide
+            raise UnsupportedSlideError(
+                f"{path}: openslide-python is bound to another OpenSlide loaded earlier in this "
+                "process (libvips' own): import openslide before pyvips"
+            ) from exc
         p = dict(self._s.properties)
         self.info = SlideInfo(
             path=path,
@@ -286,10 +306,11 @@ SLIDE_SUFFIXES = (".ndpi", ".svs", ".tif", ".tiff", ".mrxs", ".scn", ".vms", ".b
 
 
 def slide_files(paths: Sequence[Path | str]) -> list[Path]:
-    """``paths`` with each folder among them replaced by the slides in it (its files ending in
-    :data:`SLIDE_SUFFIXES`, by name, not in sub-folders: a MIRAX slide's data folder stays
-    out). A file, or a path that does not exist here, is kept as given (opening it reports
-    it). A folder without a slide is an error that says what was looked for."""
+    """``paths`` with each folder among them replaced by the slides in it: its files ending in
+    :data:`SLIDE_SUFFIXES`, by name, not in sub-folders (a MIRAX slide's data folder stays
+    out), and the folder itself when it holds a DICOM whole slide (its ``.dcm`` files). A file,
+    or a path that does not exist here, is kept as given (opening it reports it). A folder
+    without a slide is an error that says what was looked for."""
     out: list[Path] = []
     for path in map(Path, paths):
         if not path.is_dir():
@@ -298,14 +319,41 @@ def slide_files(paths: Sequence[Path | str]) -> list[Path]:
         found = sorted(
             f for f in path.iterdir() if f.suffix.lower() in SLIDE_SUFFIXES and f.is_file()
         )
+        series = wsi_series(path) if dicom_files(path) else {}
+        if len(series) > 1:
+            slide_instances(path)  # the one-line error now, before any work
+        if series:  # a DICOM slide: the folder of its instances
+            found.insert(0, path)
         if not found:
             raise InputPathError(
                 f"{path} is a folder without a slide in it (looked for "
-                f"{', '.join(SLIDE_SUFFIXES)}; sub-folders are not searched)"
+                f"{', '.join(SLIDE_SUFFIXES)}, or the .dcm files of a DICOM slide; sub-folders "
+                "are not searched: give each DICOM slide's folder)"
             )
         out += found
     seen: set[Path] = set()  # a slide named twice (FOLDER and FOLDER/a.svs) is scored once
     return [p for p in out if not (p.absolute() in seen or seen.add(p.absolute()))]
+
+
+def _open_dicom(path: Path, backend: str) -> SlideReader:
+    """A DICOM slide: ``path`` is its folder, or one of its ``.dcm`` files (the slide is then
+    that file's series, named by the file, as OpenSlide reads it)."""
+    if backend == "pyvips":
+        raise UnsupportedSlideError(
+            f"{path}: a DICOM slide is read by openslide-python only; use --backend auto"
+        )
+    if path.is_dir():
+        entry = entry_file(slide_instances(path))
+    else:
+        found = series_of(path)
+        if found is None or found[0] != WSI_SOP_CLASS:
+            raise UnsupportedSlideError(
+                f"{path}: not a DICOM whole-slide image (no VL Whole Slide Microscopy Image header)"
+            )
+        entry = path
+    openslide, _ = load_libraries()
+    check_openslide(openslide, path)
+    return OpenSlideReader(path, openslide, entry=entry)
 
 
 def open_slide(path: Path | str, backend: str = "auto") -> SlideReader:
@@ -319,13 +367,15 @@ def open_slide(path: Path | str, backend: str = "auto") -> SlideReader:
         raise InputPathError(f"slide {path} is a link that leads nowhere (a loop, or a gone file)")
     if not path.exists():
         raise InputPathError(f"slide {path} does not exist")
+    if path.is_dir() or path.suffix.lower() == DICOM_SUFFIX:
+        return _open_dicom(path, backend)
     if not path.is_file():
         raise InputPathError(f"slide {path} is not a file")
     if path.stat().st_size < 16:
         raise UnsupportedSlideError(
             f"{path}: empty or truncated file ({path.stat().st_size} bytes)"
         )
-    openslide, pyvips = _load_libraries()
+    openslide, pyvips = load_libraries()
     if openslide is None and pyvips is None:
         raise MissingDependencyError(
             "pyvips or openslide-python",

@@ -1,0 +1,180 @@
+"""DICOM whole-slide images: a slide is a series of ``.dcm`` instances (one per pyramid level,
+plus label and overview) kept in one folder, which OpenSlide (4.0 or newer) reads as one slide.
+
+cyto names such a slide by its folder. Which files form which series is read here from each
+file's header, without a DICOM library: the SOP class (only VL Whole Slide Microscopy Image
+instances count) and the Series Instance UID, both found before any pixel data, so a folder is
+sorted into series in a few kilobytes a file. A folder with two series would be read as
+whichever one OpenSlide met first, so it is refused instead.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from cyto.errors import InputPathError, MissingDependencyError, UnsupportedSlideError
+
+DICOM_SUFFIX = ".dcm"
+WSI_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.6"
+_SERIES_UID = (0x0020, 0x000E)
+_EXPLICIT_LE = ("1.2.840.10008.1.2.1",)  # and every compressed syntax (JPEG, JPEG 2000, ...)
+_IMPLICIT_LE = "1.2.840.10008.1.2"
+_UNSUPPORTED = ("1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2")  # deflated, big endian
+_LONG_VRS = {b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b"UC", b"UN", b"UR", b"UT"}
+_UNDEFINED = 0xFFFFFFFF
+_ITEM, _ITEM_END, _SEQ_END = 0xE000, 0xE00D, 0xE0DD
+_HEADER_LIMIT = 4 << 20  # the tags read lie in the first few kB; stop long before pixel data
+
+
+class _Reader:
+    """Little-endian DICOM elements from a byte buffer (explicit or implicit VR)."""
+
+    def __init__(self, data: bytes, pos: int, explicit: bool) -> None:
+        self.data, self.pos, self.explicit = data, pos, explicit
+
+    def element(self) -> tuple[tuple[int, int], bytes | None, int]:
+        """(tag, VR or None, value length) of the element at ``pos``, moved past its header."""
+        d, p = self.data, self.pos
+        if p + 8 > len(d):
+            raise EOFError
+        group, elem = struct.unpack_from("<HH", d, p)
+        if group == 0xFFFE or not self.explicit:  # item tags never carry a VR
+            (length,) = struct.unpack_from("<I", d, p + 4)
+            self.pos = p + 8
+            return (group, elem), None, length
+        vr = d[p + 4 : p + 6]
+        if vr in _LONG_VRS:
+            if p + 12 > len(d):
+                raise EOFError
+            (length,) = struct.unpack_from("<I", d, p + 8)
+            self.pos = p + 12
+        else:
+            (length,) = struct.unpack_from("<H", d, p + 6)
+            self.pos = p + 8
+        return (group, elem), vr, length
+
+    def skip_undefined(self) -> None:
+        """Past a sequence (or item) of undefined length: its items, to the delimiter."""
+        while True:
+            tag, _vr, length = self.element()
+            if tag == (0xFFFE, _SEQ_END) or tag == (0xFFFE, _ITEM_END):
+                return
+            if length == _UNDEFINED:
+                self.skip_undefined()
+            else:
+                self.pos += length
+
+
+def _text(value: bytes) -> str:
+    return value.split(b"\0", 1)[0].decode("ascii", "replace").strip()
+
+
+def series_of(path: Path) -> tuple[str, str] | None:
+    """(SOP class UID, Series Instance UID) of a DICOM Part 10 file, from its header; None
+    when the file is not one, or its dataset is in a syntax read only by DICOM libraries."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(_HEADER_LIMIT)
+    except OSError:
+        return None
+    if len(data) < 132 or data[128:132] != b"DICM":
+        return None
+    meta = _Reader(data, 132, explicit=True)
+    sop_class = syntax = ""
+    try:
+        while True:
+            start = meta.pos
+            tag, _vr, length = meta.element()
+            if tag[0] != 0x0002:
+                meta.pos = start
+                break
+            value = data[meta.pos : meta.pos + length]
+            meta.pos += length
+            if tag == (0x0002, 0x0002):
+                sop_class = _text(value)
+            elif tag == (0x0002, 0x0010):
+                syntax = _text(value)
+        if syntax in _UNSUPPORTED or not syntax:
+            return None
+        body = _Reader(data, meta.pos, explicit=syntax != _IMPLICIT_LE)
+        while True:
+            tag, _vr, length = body.element()
+            if tag > _SERIES_UID:
+                return None
+            if tag == _SERIES_UID:
+                return sop_class, _text(data[body.pos : body.pos + length])
+            if length == _UNDEFINED:
+                body.skip_undefined()
+            else:
+                body.pos += length
+    except (EOFError, struct.error):
+        return None
+
+
+def dicom_files(folder: Path) -> list[Path]:
+    """The ``.dcm`` files directly in ``folder``, by name."""
+    try:
+        return sorted(
+            f for f in folder.iterdir() if f.suffix.lower() == DICOM_SUFFIX and f.is_file()
+        )
+    except OSError:
+        return []
+
+
+def wsi_series(folder: Path) -> dict[str, list[Path]]:
+    """The whole-slide series in ``folder``: Series Instance UID -> its image files, by name."""
+    series: dict[str, list[Path]] = {}
+    for f in dicom_files(folder):
+        found = series_of(f)
+        if found is not None and found[0] == WSI_SOP_CLASS and found[1]:
+            series.setdefault(found[1], []).append(f)
+    return series
+
+
+def slide_instances(folder: Path) -> list[Path]:
+    """The files of the one DICOM whole slide in ``folder``; a one-line error when it holds
+    none or several."""
+    series = wsi_series(folder)
+    if not series:
+        raise InputPathError(
+            f"slide {folder} is a folder without a DICOM whole-slide image in it (no .dcm file "
+            "of the VL Whole Slide Microscopy Image class); other slide formats are files"
+        )
+    if len(series) > 1:
+        raise InputPathError(
+            f"slide {folder} holds {len(series)} DICOM whole slides (series "
+            f"{', '.join(sorted(series))}): give each slide its own folder"
+        )
+    return next(iter(series.values()))
+
+
+def slide_bytes(path: Path) -> int:
+    """The size of a slide: its file's, or the sum of a DICOM slide's instances (its folder)."""
+    path = Path(path)
+    if path.is_dir():
+        return sum(f.stat().st_size for f in slide_instances(path))
+    return path.stat().st_size
+
+
+def entry_file(files: list[Path]) -> Path:
+    """The instance OpenSlide is opened with: the largest (the full-resolution level)."""
+    return max(files, key=lambda f: (f.stat().st_size, f.name))
+
+
+def check_openslide(openslide, path: Path) -> None:
+    """DICOM needs openslide-python over OpenSlide 4.0 or newer (openslide-bin)."""
+    if openslide is None:
+        raise MissingDependencyError(
+            "openslide-python", f"reading the DICOM slide {path}", "pip install openslide-bin"
+        )
+    version = getattr(openslide, "__library_version__", "0")
+    try:
+        major = int(str(version).split(".")[0])
+    except ValueError:
+        major = 0
+    if major < 4:
+        raise UnsupportedSlideError(
+            f"{path}: a DICOM whole slide needs OpenSlide 4.0 or newer; this openslide-python "
+            f"uses OpenSlide {version} (pip install openslide-bin)"
+        )

@@ -1,0 +1,77 @@
+"""A DICOM whole-slide image (VL Whole Slide Microscopy Image, TILED_FULL) written with pydicom,
+for the tests: one instance per pyramid level, uncompressed RGB tiles, so what OpenSlide reads
+back is the pixels given, bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+WSI_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.6"
+
+
+def write_dicom_wsi(
+    folder: Path,
+    levels: list[np.ndarray],
+    mpp: float,
+    tile: int = 256,
+    series_uid: str | None = None,
+) -> list[Path]:
+    """Write ``levels`` (uint8 RGB arrays, largest first, each half the one before) as one
+    DICOM series in ``folder``; returns the files. ``mpp`` is level 0's um per pixel."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+    folder.mkdir(parents=True, exist_ok=True)
+    series = series_uid or generate_uid()
+    study, frame_ref, pyramid = generate_uid(), generate_uid(), generate_uid()
+    base_h, base_w = levels[0].shape[:2]
+    files = []
+    for i, rgb in enumerate(levels):
+        h, w = rgb.shape[:2]
+        across, down = -(-w // tile), -(-h // tile)
+        padded = np.full((down * tile, across * tile, 3), 255, np.uint8)
+        padded[:h, :w] = rgb[..., :3]
+        frames = (
+            padded.reshape(down, tile, across, tile, 3).swapaxes(1, 2).reshape(-1, tile, tile, 3)
+        )
+        sop = generate_uid()
+        meta = FileMetaDataset()
+        meta.MediaStorageSOPClassUID = WSI_SOP_CLASS
+        meta.MediaStorageSOPInstanceUID = sop
+        meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        ds = Dataset()
+        ds.file_meta = meta
+        ds.SOPClassUID, ds.SOPInstanceUID = WSI_SOP_CLASS, sop
+        ds.StudyInstanceUID, ds.SeriesInstanceUID = study, series
+        ds.FrameOfReferenceUID, ds.PyramidUID = frame_ref, pyramid
+        ds.Modality, ds.SeriesNumber, ds.InstanceNumber = "SM", 1, i + 1
+        ds.ImageType = ["ORIGINAL" if i == 0 else "DERIVED", "PRIMARY", "VOLUME", "NONE"]
+        ds.Manufacturer = "cyto tests"
+        ds.DimensionOrganizationType = "TILED_FULL"
+        ds.TotalPixelMatrixColumns, ds.TotalPixelMatrixRows = w, h
+        ds.TotalPixelMatrixFocalPlanes = 1
+        ds.NumberOfOpticalPaths = 1
+        path_item = Dataset()
+        path_item.OpticalPathIdentifier = "0"
+        ds.OpticalPathSequence = [path_item]
+        ds.Rows = ds.Columns = tile
+        ds.NumberOfFrames = len(frames)
+        ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = 3, "RGB", 0
+        ds.BitsAllocated = ds.BitsStored = 8
+        ds.HighBit, ds.PixelRepresentation = 7, 0
+        ds.ImagedVolumeWidth = base_w * mpp / 1000.0  # mm
+        ds.ImagedVolumeHeight = base_h * mpp / 1000.0
+        measures = Dataset()
+        spacing_mm = mpp * (base_w / w) / 1000.0
+        measures.PixelSpacing = [f"{spacing_mm:.10g}", f"{spacing_mm:.10g}"]
+        measures.SliceThickness = "0.0005"
+        shared = Dataset()
+        shared.PixelMeasuresSequence = [measures]
+        ds.SharedFunctionalGroupsSequence = [shared]
+        ds.PixelData = frames.tobytes()
+        out = folder / f"level-{i}.dcm"
+        ds.save_as(out, enforce_file_format=True)
+        files.append(out)
+    return files
