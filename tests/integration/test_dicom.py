@@ -111,6 +111,8 @@ def test_a_dicom_folder_reads_as_the_slide_it_was_written_from(tiff_and_levels, 
             reader.close()
     # given in a folder of slides, the DICOM folder is one slide among the files
     assert slide_files([dicom_slide]) == [dicom_slide]
+    with pytest.raises(InputPathError, match=r"1 of its sub-folders hold .dcm files: give them"):
+        slide_files([dicom_slide.parent])  # the folder above: sub-folders are not searched
     from cyto.doctor import slide_checks
 
     formats = next(c for c in slide_checks() if c.item == "formats")

@@ -325,10 +325,16 @@ def slide_files(paths: Sequence[Path | str]) -> list[Path]:
         if series:  # a DICOM slide: the folder of its instances
             found.insert(0, path)
         if not found:
+            dicom_dirs = [d for d in sorted(path.iterdir()) if d.is_dir() and dicom_files(d)]
+            hint = (
+                f"; {len(dicom_dirs)} of its sub-folders hold .dcm files: give them as "
+                f"{path / '*'}/ (one DICOM slide a folder)"
+                if dicom_dirs
+                else "; sub-folders are not searched"
+            )
             raise InputPathError(
                 f"{path} is a folder without a slide in it (looked for "
-                f"{', '.join(SLIDE_SUFFIXES)}, or the .dcm files of a DICOM slide; sub-folders "
-                "are not searched: give each DICOM slide's folder)"
+                f"{', '.join(SLIDE_SUFFIXES)}, or the .dcm files of a DICOM slide{hint})"
             )
         out += found
     seen: set[Path] = set()  # a slide named twice (FOLDER and FOLDER/a.svs) is scored once
