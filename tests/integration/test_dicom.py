@@ -7,6 +7,7 @@ give the same cells and scores for both."""
 from __future__ import annotations
 
 import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -57,9 +58,13 @@ def dicom_slide(tiff_and_levels, tmp_path) -> Path:
     return tmp_path / "case-7"
 
 
-def _dataset(path: Path, *, implicit: bool = False, referenced: str | None = None):
+def _dataset(
+    path: Path, *, implicit: bool = False, referenced: str | None = None, private_un: bool = False
+):
     """A small DICOM file of the WSI class; ``referenced``: a Referenced Series Sequence (of
-    undefined length) naming another series before the file's own Series Instance UID."""
+    undefined length) naming another series before the file's own Series Instance UID;
+    ``private_un``: a private sequence of VR UN and undefined length (its items implicit VR,
+    as scanners' private tags often come) holding another Series Instance UID."""
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian
 
@@ -78,6 +83,16 @@ def _dataset(path: Path, *, implicit: bool = False, referenced: str | None = Non
     ds.SeriesInstanceUID = "1.2.3.99"
     ds.Rows = ds.Columns = 1
     ds.save_as(path, enforce_file_format=True, implicit_vr=implicit, little_endian=True)
+    if private_un:  # (0009,1010) UN, undefined length, one item holding (0020,000E) implicit
+        uid = b"1.2.3.77\0"
+        inner = struct.pack("<HHI", 0x0020, 0x000E, len(uid)) + uid
+        item = struct.pack("<HHI", 0xFFFE, 0xE000, 0xFFFFFFFF) + inner
+        item += struct.pack("<HHI", 0xFFFE, 0xE00D, 0)
+        seq = struct.pack("<HH", 0x0009, 0x1010) + b"UN\0\0" + struct.pack("<I", 0xFFFFFFFF)
+        seq += item + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0)
+        raw = path.read_bytes()
+        at = raw.index(struct.pack("<HH", 0x0020, 0x000E))  # the file's own, after group 8
+        path.write_bytes(raw[:at] + seq + raw[at:])
     return path
 
 
@@ -87,6 +102,8 @@ def test_the_series_is_read_from_the_header_in_either_syntax_past_nested_uids(tm
     # a referenced series inside a sequence is not the file's own
     nested = _dataset(tmp_path / "r.dcm", referenced="1.2.3.55")
     assert series_of(nested) == (WSI_SOP_CLASS, "1.2.3.99")
+    private = _dataset(tmp_path / "p.dcm", private_un=True)
+    assert series_of(private) == (WSI_SOP_CLASS, "1.2.3.99")
     (tmp_path / "x.dcm").write_bytes(b"\0" * 200)  # no DICM marker
     assert series_of(tmp_path / "x.dcm") is None
     (tmp_path / "t.dcm").write_bytes((tmp_path / "e.dcm").read_bytes()[:140])  # truncated

@@ -54,16 +54,23 @@ class _Reader:
             self.pos = p + 8
         return (group, elem), vr, length
 
-    def skip_undefined(self) -> None:
-        """Past a sequence (or item) of undefined length: its items, to the delimiter."""
-        while True:
-            tag, _vr, length = self.element()
-            if tag == (0xFFFE, _SEQ_END) or tag == (0xFFFE, _ITEM_END):
-                return
-            if length == _UNDEFINED:
-                self.skip_undefined()
-            else:
-                self.pos += length
+    def skip_undefined(self, vr: bytes | None = None) -> None:
+        """Past a sequence (or item) of undefined length: its items, to the delimiter. A
+        sequence whose VR is UN holds implicit-VR elements, whatever the file's syntax."""
+        explicit = self.explicit
+        if vr == b"UN":
+            self.explicit = False
+        try:
+            while True:
+                tag, inner_vr, length = self.element()
+                if tag == (0xFFFE, _SEQ_END) or tag == (0xFFFE, _ITEM_END):
+                    return
+                if length == _UNDEFINED:
+                    self.skip_undefined(inner_vr)
+                else:
+                    self.pos += length
+        finally:
+            self.explicit = explicit
 
 
 def _text(value: bytes) -> str:
@@ -99,13 +106,13 @@ def series_of(path: Path) -> tuple[str, str] | None:
             return None
         body = _Reader(data, meta.pos, explicit=syntax != _IMPLICIT_LE)
         while True:
-            tag, _vr, length = body.element()
+            tag, vr, length = body.element()
             if tag > _SERIES_UID:
                 return None
             if tag == _SERIES_UID:
                 return sop_class, _text(data[body.pos : body.pos + length])
             if length == _UNDEFINED:
-                body.skip_undefined()
+                body.skip_undefined(vr)
             else:
                 body.pos += length
     except (EOFError, struct.error):
