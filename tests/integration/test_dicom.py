@@ -104,6 +104,13 @@ def test_the_series_is_read_from_the_header_in_either_syntax_past_nested_uids(tm
     assert series_of(nested) == (WSI_SOP_CLASS, "1.2.3.99")
     private = _dataset(tmp_path / "p.dcm", private_un=True)
     assert series_of(private) == (WSI_SOP_CLASS, "1.2.3.99")
+    # 100 kB of private data before the series: found past the first read
+    big = _dataset(tmp_path / "b.dcm")
+    raw = big.read_bytes()
+    at = raw.index(struct.pack("<HH", 0x0020, 0x000E))
+    blob = struct.pack("<HH", 0x0009, 0x1011) + b"OB\0\0" + struct.pack("<I", 100_000)
+    big.write_bytes(raw[:at] + blob + b"\1" * 100_000 + raw[at:])
+    assert series_of(big) == (WSI_SOP_CLASS, "1.2.3.99")
     (tmp_path / "x.dcm").write_bytes(b"\0" * 200)  # no DICM marker
     assert series_of(tmp_path / "x.dcm") is None
     (tmp_path / "t.dcm").write_bytes((tmp_path / "e.dcm").read_bytes()[:140])  # truncated

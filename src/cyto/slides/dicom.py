@@ -24,7 +24,8 @@ _UNSUPPORTED = ("1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2")  # deflated, bi
 _LONG_VRS = {b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b"UC", b"UN", b"UR", b"UT"}
 _UNDEFINED = 0xFFFFFFFF
 _ITEM, _ITEM_END, _SEQ_END = 0xE000, 0xE00D, 0xE0DD
-_HEADER_LIMIT = 4 << 20  # the tags read lie in the first few kB; stop long before pixel data
+_HEADER_FIRST = 64 << 10  # the tags read lie in the first few kB
+_HEADER_LIMIT = 4 << 20  # private data before them: read on, but stop long before pixel data
 
 
 class _Reader:
@@ -79,44 +80,58 @@ def _text(value: bytes) -> str:
 
 def series_of(path: Path) -> tuple[str, str] | None:
     """(SOP class UID, Series Instance UID) of a DICOM Part 10 file, from its header; None
-    when the file is not one, or its dataset is in a syntax read only by DICOM libraries."""
+    when the file is not one, or its dataset is in a syntax read only by DICOM libraries. The
+    first 64 KiB hold it in every file seen; more is read only when they end first."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read(_HEADER_LIMIT)
+            data = fh.read(_HEADER_FIRST)
+            try:
+                return _series_in(data)
+            except (EOFError, struct.error):
+                if len(data) < _HEADER_FIRST:
+                    return None  # the whole file was read: truncated
+            data += fh.read(_HEADER_LIMIT - len(data))
     except OSError:
         return None
+    try:
+        return _series_in(data)
+    except (EOFError, struct.error):
+        return None
+
+
+def _series_in(data: bytes) -> tuple[str, str] | None:
+    """:func:`series_of` on the file's first bytes; EOFError when they end too soon."""
     if len(data) < 132 or data[128:132] != b"DICM":
         return None
     meta = _Reader(data, 132, explicit=True)
     sop_class = syntax = ""
-    try:
-        while True:
-            start = meta.pos
-            tag, _vr, length = meta.element()
-            if tag[0] != 0x0002:
-                meta.pos = start
-                break
-            value = data[meta.pos : meta.pos + length]
-            meta.pos += length
-            if tag == (0x0002, 0x0002):
-                sop_class = _text(value)
-            elif tag == (0x0002, 0x0010):
-                syntax = _text(value)
-        if syntax in _UNSUPPORTED or not syntax:
-            return None
-        body = _Reader(data, meta.pos, explicit=syntax != _IMPLICIT_LE)
-        while True:
-            tag, vr, length = body.element()
-            if tag > _SERIES_UID:
-                return None
-            if tag == _SERIES_UID:
-                return sop_class, _text(data[body.pos : body.pos + length])
-            if length == _UNDEFINED:
-                body.skip_undefined(vr)
-            else:
-                body.pos += length
-    except (EOFError, struct.error):
+    while True:
+        start = meta.pos
+        tag, _vr, length = meta.element()
+        if tag[0] != 0x0002:
+            meta.pos = start
+            break
+        value = data[meta.pos : meta.pos + length]
+        meta.pos += length
+        if tag == (0x0002, 0x0002):
+            sop_class = _text(value)
+        elif tag == (0x0002, 0x0010):
+            syntax = _text(value)
+    if syntax in _UNSUPPORTED or not syntax:
         return None
+    body = _Reader(data, meta.pos, explicit=syntax != _IMPLICIT_LE)
+    while True:
+        tag, vr, length = body.element()
+        if tag > _SERIES_UID:
+            return None
+        if tag == _SERIES_UID:
+            if body.pos + length > len(data):
+                raise EOFError
+            return sop_class, _text(data[body.pos : body.pos + length])
+        if length == _UNDEFINED:
+            body.skip_undefined(vr)
+        else:
+            body.pos += length
 
 
 def dicom_files(folder: Path) -> list[Path]:
