@@ -135,7 +135,17 @@ def test_a_dicom_folder_reads_as_the_slide_it_was_written_from(tiff_and_levels, 
             reader.close()
     # given in a folder of slides, the DICOM folder is one slide among the files
     assert slide_files([dicom_slide]) == [dicom_slide]
-    with pytest.raises(InputPathError, match=r"1 of its sub-folders hold .dcm files: give them"):
+    # files without a suffix, as DICOM exports often name them, are the same slide
+    bare = dicom_slide.parent / "bare"
+    bare.mkdir()
+    for f in dicom_slide.iterdir():
+        shutil.copy(f, bare / f.stem.replace("level-", "IM000"))
+    for given in (bare, bare / "IM0001"):
+        reader = open_slide(given)
+        assert reader.info.level_dims == tuple((a.shape[1], a.shape[0]) for a in levels)
+        np.testing.assert_array_equal(reader.read_region(0, 0, 64, 64), levels[0][:64, :64])
+        reader.close()
+    with pytest.raises(InputPathError, match=r"\d of its sub-folders hold DICOM files: give them"):
         slide_files([dicom_slide.parent])  # the folder above: sub-folders are not searched
     from cyto.doctor import slide_checks
 

@@ -134,12 +134,26 @@ def _series_in(data: bytes) -> tuple[str, str] | None:
             body.pos += length
 
 
-def dicom_files(folder: Path) -> list[Path]:
-    """The ``.dcm`` files directly in ``folder``, by name."""
+def is_dicom_file(path: Path) -> bool:
+    """A ``.dcm`` file, or a file without a suffix (as DICOM exports often name them) that
+    starts as a DICOM Part 10 file does."""
+    if not path.is_file():
+        return False
+    if path.suffix.lower() == DICOM_SUFFIX:
+        return True
+    if path.suffix:
+        return False
     try:
-        return sorted(
-            f for f in folder.iterdir() if f.suffix.lower() == DICOM_SUFFIX and f.is_file()
-        )
+        with open(path, "rb") as fh:
+            return fh.read(132)[128:132] == b"DICM"
+    except OSError:
+        return False
+
+
+def dicom_files(folder: Path) -> list[Path]:
+    """The DICOM files directly in ``folder`` (:func:`is_dicom_file`), by name."""
+    try:
+        return sorted(f for f in folder.iterdir() if is_dicom_file(f))
     except OSError:
         return []
 

@@ -22,11 +22,11 @@ import numpy as np
 from cyto.errors import InputPathError, MissingDependencyError, UnsupportedSlideError
 from cyto.slides.base import PLANE_SEP, SlideInfo, SlideReader, _float, _to_rgb, in_slide, padded
 from cyto.slides.dicom import (
-    DICOM_SUFFIX,
     WSI_SOP_CLASS,
     check_openslide,
     dicom_files,
     entry_file,
+    is_dicom_file,
     series_of,
     slide_instances,
     wsi_series,
@@ -327,7 +327,7 @@ def slide_files(paths: Sequence[Path | str]) -> list[Path]:
         if not found:
             dicom_dirs = [d for d in sorted(path.iterdir()) if d.is_dir() and dicom_files(d)]
             hint = (
-                f"; {len(dicom_dirs)} of its sub-folders hold .dcm files: give them as "
+                f"; {len(dicom_dirs)} of its sub-folders hold DICOM files: give them as "
                 f"{path / '*'}/ (one DICOM slide a folder)"
                 if dicom_dirs
                 else "; sub-folders are not searched"
@@ -373,7 +373,7 @@ def open_slide(path: Path | str, backend: str = "auto") -> SlideReader:
         raise InputPathError(f"slide {path} is a link that leads nowhere (a loop, or a gone file)")
     if not path.exists():
         raise InputPathError(f"slide {path} does not exist")
-    if path.is_dir() or path.suffix.lower() == DICOM_SUFFIX:
+    if path.is_dir() or is_dicom_file(path):
         return _open_dicom(path, backend)
     if not path.is_file():
         raise InputPathError(f"slide {path} is not a file")
