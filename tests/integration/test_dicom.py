@@ -147,6 +147,12 @@ def test_a_dicom_folder_reads_as_the_slide_it_was_written_from(tiff_and_levels, 
         reader.close()
     with pytest.raises(InputPathError, match=r"\d of its sub-folders hold DICOM files: give them"):
         slide_files([dicom_slide.parent])  # the folder above: sub-folders are not searched
+    # the GPU decode and the focal-plane search leave a DICOM slide to OpenSlide, saying so
+    from cyto.slides.device import open_device_tiles
+    from cyto.slides.planes import find_planes
+
+    assert open_device_tiles(dicom_slide) == (None, "DICOM (OpenSlide's reader): CPU readers")
+    assert find_planes(dicom_slide, "auto") == []
     from cyto.doctor import slide_checks
 
     formats = next(c for c in slide_checks() if c.item == "formats")

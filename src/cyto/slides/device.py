@@ -61,8 +61,10 @@ def open_device_tiles(path: Path | str) -> tuple[TileGrid | None, str]:
 
     import tifffile
 
+    from cyto.slides.dicom import is_dicom_file
+
     path = Path(path)
-    if path.is_dir() or path.suffix.lower() == ".dcm":
+    if path.is_dir() or is_dicom_file(path):
         return None, "DICOM (OpenSlide's reader): CPU readers"
     logging.getLogger("tifffile").setLevel(logging.ERROR)
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import ConfigError
+from cyto.slides.dicom import is_dicom_file
 from cyto.slides.ndpi import ndpi_planes
 from cyto.slides.readers import open_plane, open_slide
 
@@ -24,7 +25,7 @@ def find_planes(slide: Path, spec: str) -> list[tuple[float, str]]:
         return []
     if spec == "auto" and slide.suffix.lower() == ".ndpi":
         return ndpi_planes(slide)
-    if spec == "auto" and (slide.is_dir() or slide.suffix.lower() == ".dcm"):
+    if spec == "auto" and (slide.is_dir() or is_dicom_file(slide)):
         return []  # a DICOM slide: its focal planes are not read (OpenSlide gives one)
     if spec == "auto":
         found = []
