@@ -145,8 +145,8 @@ def test_a_dicom_folder_reads_as_the_slide_it_was_written_from(tiff_and_levels, 
         assert reader.info.level_dims == tuple((a.shape[1], a.shape[0]) for a in levels)
         np.testing.assert_array_equal(reader.read_region(0, 0, 64, 64), levels[0][:64, :64])
         reader.close()
-    with pytest.raises(InputPathError, match=r"\d of its sub-folders hold DICOM files: give them"):
-        slide_files([dicom_slide.parent])  # the folder above: sub-folders are not searched
+    # the folder above the slides' folders: each DICOM slide in it, one level down
+    assert slide_files([dicom_slide.parent]) == [bare, dicom_slide]
     # the GPU decode and the focal-plane search leave a DICOM slide to OpenSlide, saying so
     from cyto.slides.device import open_device_tiles
     from cyto.slides.planes import find_planes

@@ -307,10 +307,11 @@ SLIDE_SUFFIXES = (".ndpi", ".svs", ".tif", ".tiff", ".mrxs", ".scn", ".vms", ".b
 
 def slide_files(paths: Sequence[Path | str]) -> list[Path]:
     """``paths`` with each folder among them replaced by the slides in it: its files ending in
-    :data:`SLIDE_SUFFIXES`, by name, not in sub-folders (a MIRAX slide's data folder stays
-    out), and the folder itself when it holds a DICOM whole slide (its ``.dcm`` files). A file,
-    or a path that does not exist here, is kept as given (opening it reports it). A folder
-    without a slide is an error that says what was looked for."""
+    :data:`SLIDE_SUFFIXES`, by name, and the DICOM slides there (the folder itself, when it
+    holds one, and its sub-folders that do; other sub-folders are not searched, so a MIRAX
+    slide's data folder stays out). A file, or a path that does not exist here, is kept as
+    given (opening it reports it). A folder without a slide is an error that says what was
+    looked for."""
     out: list[Path] = []
     for path in map(Path, paths):
         if not path.is_dir():
@@ -319,26 +320,25 @@ def slide_files(paths: Sequence[Path | str]) -> list[Path]:
         found = sorted(
             f for f in path.iterdir() if f.suffix.lower() in SLIDE_SUFFIXES and f.is_file()
         )
-        series = wsi_series(path) if dicom_files(path) else {}
-        if len(series) > 1:
-            slide_instances(path)  # the one-line error now, before any work
-        if series:  # a DICOM slide: the folder of its instances
-            found.insert(0, path)
+        subs = sorted(d for d in path.iterdir() if d.is_dir())
+        found = [d for d in [path, *subs] if _holds_dicom_slide(d)] + found
         if not found:
-            dicom_dirs = [d for d in sorted(path.iterdir()) if d.is_dir() and dicom_files(d)]
-            hint = (
-                f"; {len(dicom_dirs)} of its sub-folders hold DICOM files: give them as "
-                f"{path / '*'}/ (one DICOM slide a folder)"
-                if dicom_dirs
-                else "; sub-folders are not searched"
-            )
             raise InputPathError(
                 f"{path} is a folder without a slide in it (looked for "
-                f"{', '.join(SLIDE_SUFFIXES)}, or the .dcm files of a DICOM slide{hint})"
+                f"{', '.join(SLIDE_SUFFIXES)}, and DICOM slides: folders of .dcm files, there "
+                "and one level down)"
             )
         out += found
     seen: set[Path] = set()  # a slide named twice (FOLDER and FOLDER/a.svs) is scored once
     return [p for p in out if not (p.absolute() in seen or seen.add(p.absolute()))]
+
+
+def _holds_dicom_slide(folder: Path) -> bool:
+    """Whether ``folder`` holds one DICOM slide; two series in it are the one-line error."""
+    series = wsi_series(folder) if dicom_files(folder) else {}
+    if len(series) > 1:
+        slide_instances(folder)  # the error, now, before any slide is scored
+    return bool(series)
 
 
 def _open_dicom(path: Path, backend: str) -> SlideReader:
