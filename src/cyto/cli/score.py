@@ -266,13 +266,30 @@ def score_cmd(
         ),
     ] = 256,
     rank_by: RankBy = "auto",
+    watch: Annotated[
+        bool,
+        typer.Option(
+            help="Keep watching the folders given and score each new slide once its files "
+            "have stopped changing (a scanner's output folder); Ctrl-C stops.",
+        ),
+    ] = False,
+    poll: Annotated[
+        float, typer.Option(help="With --watch: seconds between looks at the folders.")
+    ] = 10.0,
+    settle: Annotated[
+        float,
+        typer.Option(
+            help="With --watch: seconds a slide's files must stay unchanged before it is scored."
+        ),
+    ] = 30.0,
 ) -> None:
     """Score every cell of each slide: scores.parquet, topk.parquet, mosaics and summary.json.
 
     The model is loaded once; slides are scored one after another, and a slide that fails is
     reported while the next one goes on; OUT/cohort.csv holds one row per slide. Ctrl-C keeps
     the finished part: rerun with --resume. With --ray, slides are scored in parallel on a Ray
-    cluster into the same files; a slide whose worker dies is resumed by another.
+    cluster into the same files; a slide whose worker dies is resumed by another. With --watch,
+    the folders are watched and each slide is scored once the scanner has finished writing it.
 
     With a bundle calibrated on slide-negative slides (cyto calibrate), every cell gets a
     conformal p-value, cells are flagged at the --fdr rate, and each slide gets an abnormal
@@ -313,6 +330,21 @@ def score_cmd(
         rank_by=rank_by,
     )
     check_rank_by(model, rank_by)
+    metrics = None
+    if truth is not None:
+        from cyto.eval.metrics import all_metrics as metrics
+    if watch:
+        from cyto.cohort.watch import watch_cohort
+        from cyto.errors import ConfigError
+
+        if ray is not None:
+            raise ConfigError("--watch scores on this machine; it does not take --ray")
+        done, failed = watch_cohort(
+            slides, model, out, opts, typer.echo, metrics, poll=poll, settle=settle
+        )
+        if failed:
+            raise typer.Exit(max(exc.exit_code for _, exc in failed))
+        return
     slides = slide_files(slides)  # a folder: the slides in it
     if ray is None and not any(Path(s).exists() for s in slides):
         # before the model loads and verifies: a mistyped path or a glob that matched nothing.
@@ -322,9 +354,6 @@ def score_cmd(
 
         names = ", ".join(str(s) for s in slides[:3]) + (" ..." if len(slides) > 3 else "")
         raise InputPathError(f"no slide to score: {names}: no such file")
-    metrics = None
-    if truth is not None:
-        from cyto.eval.metrics import all_metrics as metrics
     done, failed = run_cohort(
         slides, model, out, opts, ray, typer.echo, metrics, part_tiles=ray_part_tiles
     )

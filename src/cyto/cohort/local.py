@@ -203,7 +203,7 @@ def output_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path,
     return pairs
 
 
-def _once_per_cohort(echo):
+def once_per_cohort(echo):
     """``echo`` that says the model's own warnings (the same for every slide) once."""
     seen: set[str] = set()
 
@@ -238,7 +238,7 @@ def score_cohort(
     pairs = output_folders(slides, out, echo)
     if len(pairs) < len(slides):
         echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
-    said = _once_per_cohort(echo)
+    said = once_per_cohort(echo)
     for i, (slide, target) in enumerate(pairs, 1):
         if len(pairs) > 1:  # which slide the warnings and the progress bar below are about
             echo(f"slide {i}/{len(pairs)}: {slide}")

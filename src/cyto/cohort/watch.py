@@ -1,0 +1,135 @@
+"""Scoring slides as the scanner writes them (``cyto score FOLDER --watch``).
+
+The model is loaded and verified once; the folders are then listed every ``poll`` seconds. A
+slide is scored once it has stayed unchanged (the sizes and times of change of its files) for
+``settle`` seconds, so a file the scanner is still writing is never read half-written. Each
+slide goes to ``OUT/NAME`` as in a plain run (a name taken by another slide's results gets a
+folder of its own) and ``OUT/cohort.csv`` gains its row. Slides scored before, by this watch or
+an earlier run with the same model and settings, are kept, not scored again (``--resume``); a
+slide that fails is reported and tried again only once its files change. Ctrl-C stops the watch;
+a slide being scored then keeps its finished chunks for the next run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from cyto.cohort.local import check_inputs, once_per_cohort, output_folders, score_one
+from cyto.cohort.run import slide_line
+from cyto.cohort.table import cohort_row, write_cohort_table
+from cyto.errors import ConfigError, CytoError, InputPathError
+from cyto.infer import ScoreOptions
+from cyto.infer.finish import Metrics
+from cyto.runtime import load_scorer
+from cyto.slides import slide_files
+from cyto.slides.dicom import dicom_files
+
+Stamp = tuple[int, int, int]
+
+
+def stamp(slide: Path) -> Stamp | None:
+    """(files, bytes, latest time of change in ns) of a slide: its file, a DICOM slide's
+    instances, or a MIRAX file with its data folder; None when it cannot be read now."""
+    try:
+        files = dicom_files(slide) if slide.is_dir() else [slide]
+        data = slide.with_suffix("")
+        if slide.suffix.lower() == ".mrxs" and data.is_dir():
+            files += [f for f in data.iterdir() if f.is_file()]
+        stats = [f.stat() for f in files]
+    except OSError:
+        return None
+    if not stats:
+        return None
+    return len(stats), sum(s.st_size for s in stats), max(s.st_mtime_ns for s in stats)
+
+
+def _listed(folders: list[Path], warned: set[str], echo) -> list[Path]:
+    """The slides in ``folders`` now; a folder without one yet is not an error here, and a
+    folder that cannot be used (two DICOM series in it) is said once."""
+    found: list[Path] = []
+    for folder in folders:
+        try:
+            found += slide_files([folder])
+        except InputPathError as exc:
+            if "without a slide in it" not in str(exc) and str(exc) not in warned:
+                warned.add(str(exc))
+                echo(f"watch: {exc}")
+    return found
+
+
+def watch_cohort(
+    folders: list[Path],
+    model: Path,
+    out: Path,
+    opts: ScoreOptions,
+    echo: Callable[[str], None] = print,
+    metrics: Metrics | None = None,
+    poll: float = 10.0,
+    settle: float = 30.0,
+    stop: threading.Event | None = None,
+    on_slide: Callable[[dict], None] | None = None,
+) -> tuple[list[dict], list[tuple[Path, CytoError]]]:
+    """Score the slides of ``folders`` as they appear, until Ctrl-C (or ``stop`` is set).
+    Returns (summaries, failures as (slide, error)) of this watch; ``on_slide`` is called with
+    each slide's summary as it finishes."""
+    folders = [Path(f) for f in folders]
+    for folder in folders:
+        if not folder.is_dir():
+            raise ConfigError(f"--watch takes folders to watch; {folder} is not a folder")
+    if poll <= 0 or settle < 0:
+        raise ConfigError(f"--poll must be > 0 and --settle >= 0, got {poll} and {settle}")
+    check_inputs(out, opts)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    opts = ScoreOptions(**{**opts.__dict__, "resume": True})  # keep what is already scored
+    scorer = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
+    echo(f"model {model} ({scorer.bundle.method}) on {scorer.describe()}")
+    for note in scorer.notes:
+        echo(f"  backend choice: {note}")
+    if scorer.verification is not None:
+        echo(f"  verification: {scorer.verification.words()}")
+    echo(
+        f"watching {', '.join(map(str, folders))} every {poll:g} s: a slide is scored once its "
+        f"files have not changed for {settle:g} s; Ctrl-C stops"
+    )
+    stop = stop or threading.Event()
+    seen: dict[Path, tuple[Stamp, float]] = {}  # slide -> (its stamp, when first seen so)
+    handled: dict[Path, Stamp] = {}  # slide -> the stamp it was scored (or failed) at
+    done: list[dict] = []
+    failed: list[tuple[Path, CytoError]] = []
+    warned: set[str] = set()
+    said = once_per_cohort(echo)
+    try:
+        while not stop.is_set():
+            now = time.monotonic()
+            for slide in _listed(folders, warned, echo):
+                st = stamp(slide)
+                if st is None or handled.get(slide) == st:
+                    continue
+                if seen.get(slide, (None, 0.0))[0] != st:
+                    seen[slide] = (st, now)
+                if now - seen[slide][1] < settle:
+                    continue  # still being written, or not for long enough unchanged
+                handled[slide] = st
+                ((slide, target),) = output_folders([slide], out, echo)
+                echo(f"slide {slide}")
+                try:
+                    summary = score_one(slide, target, scorer, opts, said, metrics)
+                except CytoError as exc:
+                    failed.append((slide, exc))
+                    row = cohort_row(slide, target, None, str(exc))
+                    echo(f"failed: {exc}" if str(slide) in str(exc) else f"failed: {slide}: {exc}")
+                else:
+                    done.append(summary)
+                    row = cohort_row(slide, target, summary)
+                    echo(slide_line(summary, out))
+                    if on_slide is not None:
+                        on_slide(summary)
+                write_cohort_table([row], Path(out) / "cohort.csv")
+            stop.wait(poll)
+    except KeyboardInterrupt:
+        echo(f"stopped watching: {len(done)} slide(s) scored, {len(failed)} failed")
+        return done, failed
+    return done, failed

@@ -1,0 +1,149 @@
+"""``cyto score FOLDER --watch``: slides scored as a scanner writes them, never half-written."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.cohort.watch import watch_cohort
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.infer import ScoreOptions, score_slide
+from tests.cli_runner import run_cyto
+
+OPTS = ScoreOptions(workers=0, mosaic=0, top_k=20)
+SETTLE = 1.0
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    root = tmp_path_factory.mktemp("watch-src")
+    return write_slide(root / "a.tif", SlideSynthConfig(width=768, height=768, seed=21)).paths[0]
+
+
+class _Watch:
+    """``watch_cohort`` in a thread, its messages and finished slides kept as they come."""
+
+    def __init__(self, folder: Path, model: Path, out: Path) -> None:
+        self.said: list[str] = []
+        self.finished: list[dict] = []
+        self.stop = threading.Event()
+        self.result = None
+
+        def run() -> None:
+            self.result = watch_cohort(
+                [folder], model, out, OPTS, self.said.append, poll=0.1, settle=SETTLE,
+                stop=self.stop, on_slide=self.finished.append,
+            )  # fmt: skip
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def wait_for(self, what, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not what():
+            assert self.thread.is_alive(), self.said
+            assert time.monotonic() < deadline, self.said
+            time.sleep(0.05)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(60)
+        return self.result
+
+
+def test_a_slide_is_scored_once_written_whole_and_a_bad_one_is_said_once(
+    made, exported_dsvdd, tmp_path
+):
+    folder, out = tmp_path / "scanner", tmp_path / "out"
+    folder.mkdir()
+    watch = _Watch(folder, exported_dsvdd, out)
+    try:
+        watch.wait_for(lambda: any(m.startswith("watching ") for m in watch.said))
+        # the scanner writes the slide in parts, each sooner than --settle after the last:
+        # nothing is read until it has stood unchanged
+        data = made.read_bytes()
+        target = folder / "a.tif"
+        parts = 4
+        for i in range(parts):
+            with open(target, "ab") as fh:
+                fh.write(data[i * len(data) // parts : (i + 1) * len(data) // parts])
+            time.sleep(SETTLE / 3)
+            assert not any(m.startswith("slide ") for m in watch.said), watch.said
+        watch.wait_for(lambda: len(watch.finished) == 1)
+        (folder / "broken.tif").write_bytes(b"II*\0" + b"\0" * 400)  # a damaged TIFF
+        watch.wait_for(lambda: any(m.startswith("failed: ") for m in watch.said))
+        time.sleep(SETTLE * 2)  # unchanged: not tried again
+    finally:
+        done, failed = watch.close()
+    assert [s["cells_scored"] for s in done] == [watch.finished[0]["cells_scored"]]
+    assert [p.name for p, _ in failed] == ["broken.tif"]
+    assert sum(m.startswith("failed: ") for m in watch.said) == 1, watch.said
+    # the table is the one a plain run of the whole file gives
+    ref = score_slide(made, exported_dsvdd, tmp_path / "ref", OPTS, echo=lambda _: None)
+    got = pq.read_table(out / "a" / "scores.parquet")
+    assert got.num_rows == ref["cells_scored"] > 10
+    assert got.drop(["slide_id"]).equals(
+        pq.read_table(tmp_path / "ref" / "scores.parquet").drop(["slide_id"])
+    )
+    rows = (out / "cohort.csv").read_text().splitlines()
+    assert len(rows) == 3 and any(",scored," in r for r in rows), rows
+
+    # a second watch of the same folder keeps what is scored and finds the new slide only
+    shutil.copy(made, folder / "b.tif")
+    again = _Watch(folder, exported_dsvdd, out)
+    try:
+        again.wait_for(lambda: len(again.finished) == 2)
+    finally:
+        again.close()
+    assert any("a.tif: already scored" in m for m in again.said), again.said
+    assert (out / "b" / "scores.parquet").is_file()
+
+
+def test_watch_takes_folders_on_this_machine_only(made, exported_dsvdd, tmp_path):
+    res = run_cyto("score", str(made), "--model", str(exported_dsvdd), "--out", str(tmp_path),
+                   "--watch")  # fmt: skip
+    assert res.returncode == 2 and "--watch takes folders to watch" in res.stderr, res.stderr
+    res = run_cyto("score", str(made.parent), "--model", str(exported_dsvdd), "--out",
+                   str(tmp_path), "--watch", "--ray", "local")  # fmt: skip
+    assert res.returncode == 2 and "does not take --ray" in res.stderr, res.stderr
+    res = run_cyto("score", str(made.parent), "--model", str(exported_dsvdd), "--out",
+                   str(tmp_path), "--watch", "--poll", "0")  # fmt: skip
+    assert res.returncode == 2 and "--poll must be > 0" in res.stderr, res.stderr
+
+
+def test_ctrl_c_ends_the_watch_with_what_it_scored(made, exported_dsvdd, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(made, folder / "a.tif")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cyto", "score", str(folder), "--model", str(exported_dsvdd),
+         "--out", str(tmp_path / "out"), "--watch", "--poll", "0.2", "--settle", "0",
+         "--workers", "0", "--mosaic", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "CYTO_PROGRESS": "0"},
+    )  # fmt: skip
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("a.tif: "):  # the slide's one-line report: it is scored
+                break
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    said = "".join(lines) + rest
+    assert proc.returncode == 130, said
+    assert "stopped watching: 1 slide(s) scored, 0 failed" in said, said
+    assert "Traceback" not in said, said
+    assert (tmp_path / "out" / "a" / "scores.parquet").is_file()
