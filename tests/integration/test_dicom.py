@@ -6,6 +6,7 @@ give the same cells and scores for both."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -96,7 +97,9 @@ def _dataset(
     return path
 
 
-def test_the_series_is_read_from_the_header_in_either_syntax_past_nested_uids(tmp_path):
+def test_the_series_is_read_from_the_header_in_either_syntax_past_nested_uids(
+    tmp_path, monkeypatch
+):
     assert series_of(_dataset(tmp_path / "e.dcm")) == (WSI_SOP_CLASS, "1.2.3.99")
     assert series_of(_dataset(tmp_path / "i.dcm", implicit=True)) == (WSI_SOP_CLASS, "1.2.3.99")
     # a referenced series inside a sequence is not the file's own
@@ -111,6 +114,18 @@ def test_the_series_is_read_from_the_header_in_either_syntax_past_nested_uids(tm
     blob = struct.pack("<HH", 0x0009, 0x1011) + b"OB\0\0" + struct.pack("<I", 100_000)
     big.write_bytes(raw[:at] + blob + b"\1" * 100_000 + raw[at:])
     assert series_of(big) == (WSI_SOP_CLASS, "1.2.3.99")
+    # asked again unchanged: answered without reading the file; changed: read again
+    import cyto.slides.dicom as dicom_module
+
+    reads = []
+    real = dicom_module._read_series
+    monkeypatch.setattr(dicom_module, "_read_series", lambda p: reads.append(p) or real(p))
+    for _ in range(3):
+        assert series_of(nested) == (WSI_SOP_CLASS, "1.2.3.99")
+    assert reads == []
+    _dataset(nested, referenced="1.2.3.56")
+    os.utime(nested, ns=(1, 1))  # another time of change, as a rewrite gives
+    assert series_of(nested) == (WSI_SOP_CLASS, "1.2.3.99") and reads == [nested]
     (tmp_path / "x.dcm").write_bytes(b"\0" * 200)  # no DICM marker
     assert series_of(tmp_path / "x.dcm") is None
     (tmp_path / "t.dcm").write_bytes((tmp_path / "e.dcm").read_bytes()[:140])  # truncated

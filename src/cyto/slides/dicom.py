@@ -81,7 +81,26 @@ def _text(value: bytes) -> str:
 def series_of(path: Path) -> tuple[str, str] | None:
     """(SOP class UID, Series Instance UID) of a DICOM Part 10 file, from its header; None
     when the file is not one, or its dataset is in a syntax read only by DICOM libraries. The
-    first 64 KiB hold it in every file seen; more is read only when they end first."""
+    first 64 KiB hold it in every file seen; more is read only when they end first. A file
+    asked again unchanged (its size and time of change) is answered from memory: a watched
+    folder is listed every few seconds."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (str(Path(path).absolute()), st.st_size, st.st_mtime_ns)
+    if key not in _SEEN:
+        if len(_SEEN) >= _SEEN_MAX:
+            _SEEN.clear()
+        _SEEN[key] = _read_series(path)
+    return _SEEN[key]
+
+
+_SEEN: dict[tuple[str, int, int], tuple[str, str] | None] = {}
+_SEEN_MAX = 100_000
+
+
+def _read_series(path: Path) -> tuple[str, str] | None:
     try:
         with open(path, "rb") as fh:
             data = fh.read(_HEADER_FIRST)
