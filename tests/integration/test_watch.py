@@ -13,6 +13,7 @@ import pytest
 from cyto.cohort.watch import watch_cohort
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.infer import ScoreOptions, score_slide
+from cyto.locks import OutputLock
 from tests.cli_runner import run_cyto
 
 OPTS = ScoreOptions(workers=0, mosaic=0, top_k=20)
@@ -93,15 +94,26 @@ def test_a_slide_is_scored_once_written_whole_and_a_bad_one_is_said_once(
     rows = (out / "cohort.csv").read_text().splitlines()
     assert len(rows) == 3 and any(",scored," in r for r in rows), rows
 
-    # a second watch of the same folder keeps what is scored and finds the new slide only
+    # a second watch of the same folder keeps what is scored and finds the new slides only;
+    # one that another run is writing is left to that run, not counted as failed
     shutil.copy(made, folder / "b.tif")
+    shutil.copy(made, folder / "c.tif")
+    lock = OutputLock(out / "c").acquire()
     again = _Watch(folder, exported_dsvdd, out)
     try:
         again.wait_for(lambda: len(again.finished) == 2)
+        again.wait_for(lambda: any(m.startswith("c.tif: left to the run") for m in again.said))
+        time.sleep(0.5)  # looked at again while held: said once
+        lock.release()  # that run stopped: the watch scores c
+        again.wait_for(lambda: len(again.finished) == 3)
     finally:
-        again.close()
+        lock.release()
+        done, failed = again.close()
+    assert sum(m.startswith("c.tif: left to the run") for m in again.said) == 1, again.said
+    assert (out / "c" / "scores.parquet").is_file()
     assert any("a.tif: already scored" in m for m in again.said), again.said
     assert (out / "b" / "scores.parquet").is_file()
+    assert [p.name for p, _ in failed] == ["broken.tif"], again.said  # tried once by each watch
 
 
 def test_watch_takes_folders_on_this_machine_only(made, exported_dsvdd, tmp_path):

@@ -6,7 +6,9 @@ slide is scored once it has stayed unchanged (the sizes and times of change of i
 slide goes to ``OUT/NAME`` as in a plain run (a name taken by another slide's results gets a
 folder of its own) and ``OUT/cohort.csv`` gains its row. Slides scored before, by this watch or
 an earlier run with the same model and settings, are kept, not scored again (``--resume``); a
-slide that fails is reported and tried again only once its files change. Ctrl-C stops the watch;
+slide that fails is reported and tried again only once its files change; a slide another run
+is scoring (two watches of one folder) is left to it and looked at again later, when it is
+found scored (or free, if that run stopped). Ctrl-C stops the watch;
 a slide being scored then keeps its finished chunks for the next run.
 """
 
@@ -20,7 +22,7 @@ from pathlib import Path
 from cyto.cohort.local import check_inputs, once_per_cohort, output_folders, score_one
 from cyto.cohort.run import slide_line
 from cyto.cohort.table import cohort_row, write_cohort_table
-from cyto.errors import ConfigError, CytoError, InputPathError
+from cyto.errors import ConfigError, CytoError, InputPathError, OutputBusyError
 from cyto.infer import ScoreOptions
 from cyto.infer.finish import Metrics
 from cyto.runtime import load_scorer
@@ -100,6 +102,7 @@ def watch_cohort(
     done: list[dict] = []
     failed: list[tuple[Path, CytoError]] = []
     warned: set[str] = set()
+    busy: set[Path] = set()  # slides another run was scoring when last looked at
     said = once_per_cohort(echo)
     try:
         while not stop.is_set():
@@ -117,6 +120,12 @@ def watch_cohort(
                 echo(f"slide {slide}")
                 try:
                     summary = score_one(slide, target, scorer, opts, said, metrics)
+                except OutputBusyError as exc:  # another run (another watch) is scoring it
+                    del handled[slide]  # looked at again: then it is found scored, or free
+                    if slide not in busy:
+                        busy.add(slide)
+                        echo(f"{slide.name}: left to the run that holds {target} ({exc})")
+                    continue
                 except CytoError as exc:
                     failed.append((slide, exc))
                     row = cohort_row(slide, target, None, str(exc))
