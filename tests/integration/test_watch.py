@@ -84,6 +84,7 @@ def test_a_slide_is_scored_once_written_whole_and_a_bad_one_is_said_once(
     assert [s["cells_scored"] for s in done] == [watch.finished[0]["cells_scored"]]
     assert [p.name for p, _ in failed] == ["broken.tif"]
     assert sum(m.startswith("failed: ") for m in watch.said) == 1, watch.said
+    assert not any(m.startswith("resume: ") for m in watch.said), watch.said  # no noise
     # the table is the one a plain run of the whole file gives
     ref = score_slide(made, exported_dsvdd, tmp_path / "ref", OPTS, echo=lambda _: None)
     got = pq.read_table(out / "a" / "scores.parquet")

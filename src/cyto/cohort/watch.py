@@ -103,7 +103,12 @@ def watch_cohort(
     failed: list[tuple[Path, CytoError]] = []
     warned: set[str] = set()
     busy: set[Path] = set()  # slides another run was scoring when last looked at
-    said = once_per_cohort(echo)
+    once = once_per_cohort(echo)
+
+    def said(message: str) -> None:  # every new slide is a fresh start: not news in a watch
+        if not message.startswith("resume: no unfinished run here"):
+            once(message)
+
     try:
         while not stop.is_set():
             now = time.monotonic()
