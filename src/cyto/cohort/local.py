@@ -217,6 +217,17 @@ def once_per_cohort(echo):
     return say
 
 
+def open_model(model: Path, opts: ScoreOptions, echo) -> Scorer:
+    """The cohort's scorer, loaded (and verified) once; the console says which engine and why."""
+    scorer = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
+    echo(f"model {model} ({scorer.bundle.method}) on {scorer.describe()}")
+    for note in scorer.notes:
+        echo(f"  backend choice: {note}")
+    if scorer.verification is not None:
+        echo(f"  verification: {scorer.verification.words()}")
+    return scorer
+
+
 def score_cohort(
     slides: list[Path],
     model: Path,
@@ -228,12 +239,7 @@ def score_cohort(
     """Score several slides with one model load; a slide that fails is reported, the next goes
     on. Returns (summaries, failures as (slide, error))."""
     check_inputs(out, opts)
-    scorer = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
-    echo(f"model {model} ({scorer.bundle.method}) on {scorer.describe()}")
-    for note in scorer.notes:
-        echo(f"  backend choice: {note}")
-    if scorer.verification is not None:
-        echo(f"  verification: {scorer.verification.words()}")
+    scorer = open_model(model, opts, echo)
     done, failed, rows = [], [], []
     pairs = output_folders(slides, out, echo)
     if len(pairs) < len(slides):

@@ -19,13 +19,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cyto.cohort.local import check_inputs, once_per_cohort, output_folders, score_one
+from cyto.cohort.local import (
+    check_inputs,
+    once_per_cohort,
+    open_model,
+    output_folders,
+    score_one,
+)
 from cyto.cohort.run import slide_line
 from cyto.cohort.table import cohort_row, write_cohort_table
 from cyto.errors import ConfigError, CytoError, InputPathError, OutputBusyError
 from cyto.infer import ScoreOptions
 from cyto.infer.finish import Metrics
-from cyto.runtime import load_scorer
 from cyto.slides import slide_files
 from cyto.slides.dicom import dicom_files
 
@@ -86,12 +91,7 @@ def watch_cohort(
     check_inputs(out, opts)
     Path(out).mkdir(parents=True, exist_ok=True)
     opts = ScoreOptions(**{**opts.__dict__, "resume": True})  # keep what is already scored
-    scorer = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
-    echo(f"model {model} ({scorer.bundle.method}) on {scorer.describe()}")
-    for note in scorer.notes:
-        echo(f"  backend choice: {note}")
-    if scorer.verification is not None:
-        echo(f"  verification: {scorer.verification.words()}")
+    scorer = open_model(model, opts, echo)
     echo(
         f"watching {', '.join(map(str, folders))} every {poll:g} s: a slide is scored once its "
         f"files have not changed for {settle:g} s; Ctrl-C stops"
