@@ -144,6 +144,8 @@ def test_ctrl_c_ends_the_watch_with_what_it_scored(made, exported_dsvdd, tmp_pat
          "--workers", "0", "--mosaic", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "CYTO_PROGRESS": "0"},
+        # as in a terminal: SIGINT not ignored (children of a background job inherit SIG_IGN)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     lines = []
     try:
