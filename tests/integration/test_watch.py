@@ -58,7 +58,7 @@ class _Watch:
 
 
 def test_a_slide_is_scored_once_written_whole_and_a_bad_one_is_said_once(
-    made, exported_dsvdd, tmp_path
+    made, exported_dsvdd, tmp_path, monkeypatch
 ):
     folder, out = tmp_path / "scanner", tmp_path / "out"
     folder.mkdir()
@@ -95,12 +95,13 @@ def test_a_slide_is_scored_once_written_whole_and_a_bad_one_is_said_once(
     rows = (out / "cohort.csv").read_text().splitlines()
     assert len(rows) == 3 and any(",scored," in r for r in rows), rows
 
-    # a second watch of the same folder keeps what is scored and finds the new slides only;
-    # one that another run is writing is left to that run, not counted as failed
+    # a second watch of the same folder (named relative to here) keeps what is scored and finds
+    # the new slides only; one that another run is writing is left to that run, not failed
     shutil.copy(made, folder / "b.tif")
     shutil.copy(made, folder / "c.tif")
     lock = OutputLock(out / "c").acquire()
-    again = _Watch(folder, exported_dsvdd, out)
+    monkeypatch.chdir(tmp_path)
+    again = _Watch(Path("scanner"), exported_dsvdd, Path("out"))
     try:
         again.wait_for(lambda: len(again.finished) == 2)
         again.wait_for(lambda: any(m.startswith("c.tif: left to the run") for m in again.said))

@@ -121,10 +121,10 @@ def watch_cohort(
                 if now - seen[slide][1] < settle:
                     continue  # still being written, or not for long enough unchanged
                 handled[slide] = st
-                ((slide, target),) = output_folders([slide], out, echo)
-                echo(f"slide {slide}")
+                ((real, target),) = output_folders([slide], out, echo)  # its real path
+                echo(f"slide {real}")
                 try:
-                    summary = score_one(slide, target, scorer, opts, said, metrics)
+                    summary = score_one(real, target, scorer, opts, said, metrics)
                 except OutputBusyError as exc:  # another run (another watch) is scoring it
                     del handled[slide]  # looked at again: then it is found scored, or free
                     if slide not in busy:
@@ -132,12 +132,12 @@ def watch_cohort(
                         echo(f"{slide.name}: left to the run that holds {target} ({exc})")
                     continue
                 except CytoError as exc:
-                    failed.append((slide, exc))
-                    row = cohort_row(slide, target, None, str(exc))
-                    echo(f"failed: {exc}" if str(slide) in str(exc) else f"failed: {slide}: {exc}")
+                    failed.append((real, exc))
+                    row = cohort_row(real, target, None, str(exc))
+                    echo(f"failed: {exc}" if str(real) in str(exc) else f"failed: {real}: {exc}")
                 else:
                     done.append(summary)
-                    row = cohort_row(slide, target, summary)
+                    row = cohort_row(real, target, summary)
                     echo(slide_line(summary, out))
                     if on_slide is not None:
                         on_slide(summary)
