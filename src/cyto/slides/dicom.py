@@ -18,12 +18,11 @@ from cyto.errors import InputPathError, MissingDependencyError, UnsupportedSlide
 DICOM_SUFFIX = ".dcm"
 WSI_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.6"
 _SERIES_UID = (0x0020, 0x000E)
-_EXPLICIT_LE = ("1.2.840.10008.1.2.1",)  # and every compressed syntax (JPEG, JPEG 2000, ...)
-_IMPLICIT_LE = "1.2.840.10008.1.2"
+_IMPLICIT_LE = "1.2.840.10008.1.2"  # every other syntax read here is explicit VR little endian
 _UNSUPPORTED = ("1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2")  # deflated, big endian
 _LONG_VRS = {b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b"UC", b"UN", b"UR", b"UT"}
 _UNDEFINED = 0xFFFFFFFF
-_ITEM, _ITEM_END, _SEQ_END = 0xE000, 0xE00D, 0xE0DD
+_ITEM_END, _SEQ_END = 0xE00D, 0xE0DD
 _HEADER_FIRST = 64 << 10  # the tags read lie in the first few kB
 _HEADER_LIMIT = 4 << 20  # private data before them: read on, but stop long before pixel data
 
