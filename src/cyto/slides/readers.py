@@ -24,7 +24,6 @@ from cyto.slides.base import PLANE_SEP, SlideInfo, SlideReader, _float, _to_rgb,
 from cyto.slides.dicom import (
     WSI_SOP_CLASS,
     check_openslide,
-    dicom_files,
     entry_file,
     is_dicom_file,
     series_of,
@@ -335,7 +334,7 @@ def slide_files(paths: Sequence[Path | str]) -> list[Path]:
 
 def _holds_dicom_slide(folder: Path) -> bool:
     """Whether ``folder`` holds one DICOM slide; two series in it are the one-line error."""
-    series = wsi_series(folder) if dicom_files(folder) else {}
+    series = wsi_series(folder)  # {} when it holds no DICOM file
     if len(series) > 1:
         slide_instances(folder)  # the error, now, before any slide is scored
     return bool(series)
