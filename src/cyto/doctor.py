@@ -105,12 +105,13 @@ def cpu_checks() -> list[Check]:
 
 
 def slide_checks() -> list[Check]:
+    from cyto.slides.dicom import reads_dicom
     from cyto.slides.readers import load_libraries
 
     load_libraries()  # openslide-python before pyvips, as the readers load them
     out = []
     vips_openslide = False
-    openslide_major = 0
+    openslide_dicom = False
     try:
         import pyvips
 
@@ -133,7 +134,7 @@ def slide_checks() -> list[Check]:
         import openslide
 
         openslide_ok = bool(openslide.__library_version__)
-        openslide_major = int(str(openslide.__library_version__).split(".")[0] or 0)
+        openslide_dicom = reads_dicom(openslide)
         out.append(
             Check(
                 "slides",
@@ -148,7 +149,7 @@ def slide_checks() -> list[Check]:
     formats = []
     if vips_openslide or openslide_ok:
         formats.append("NDPI, SVS (JPEG and JPEG 2000), MRXS, SCN, VMS, BIF (OpenSlide)")
-    if openslide_ok and openslide_major >= 4:
+    if openslide_ok and openslide_dicom:
         formats.append("DICOM WSI (a folder of .dcm files; openslide-python)")
     if out[0].status == OK or _version("tifffile"):
         formats.append("pyramidal TIFF / OME-TIFF")

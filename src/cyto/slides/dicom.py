@@ -216,18 +216,22 @@ def entry_file(files: list[Path]) -> Path:
     return max(files, key=lambda f: (f.stat().st_size, f.name))
 
 
+def reads_dicom(openslide) -> bool:
+    """Whether this openslide-python module's OpenSlide has the DICOM reader (4.0 or newer)."""
+    try:
+        return int(str(getattr(openslide, "__library_version__", "0")).split(".")[0]) >= 4
+    except ValueError:
+        return False
+
+
 def check_openslide(openslide, path: Path) -> None:
     """DICOM needs openslide-python over OpenSlide 4.0 or newer (openslide-bin)."""
     if openslide is None:
         raise MissingDependencyError(
             "openslide-python", f"reading the DICOM slide {path}", "pip install openslide-bin"
         )
-    version = getattr(openslide, "__library_version__", "0")
-    try:
-        major = int(str(version).split(".")[0])
-    except ValueError:
-        major = 0
-    if major < 4:
+    if not reads_dicom(openslide):
+        version = getattr(openslide, "__library_version__", "0")
         raise UnsupportedSlideError(
             f"{path}: a DICOM whole slide needs OpenSlide 4.0 or newer; this openslide-python "
             f"uses OpenSlide {version} (pip install openslide-bin)"
