@@ -86,7 +86,7 @@ def test_int8_and_fp16_graphs_keep_the_ranking_or_are_refused(
         np.testing.assert_allclose(s.score(x), ref, rtol=0.2, atol=0.05)
     auto = load_scorer(path, "auto", "cpu", "auto")
     assert auto.precision == "int8" and auto.verification.passed
-    assert any("chose onnx on cpu (int8)" in n for n in auto.notes), auto.notes
+    assert any(f"chose onnx on cpu (int8, {auto.graph_file})" in n for n in auto.notes), auto.notes
     assert load_scorer(path, "torch", "cpu", "auto").precision == "fp32"
 
 

@@ -121,8 +121,12 @@ class Scorer:
         ]
 
     def describe(self) -> str:
+        """``onnx on cpu``; a quantized graph is named, since a CPU can run either int8 form."""
         text = f"{self.backend.name} on {self.device}"
-        return text if self.precision == "fp32" else f"{text} ({self.precision})"
+        if self.precision == "fp32":
+            return text
+        graph = self.graph_file
+        return f"{text} ({self.precision}{f', {graph}' if graph else ''})"
 
     def close(self) -> None:
         self.backend.close()

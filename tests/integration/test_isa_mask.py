@@ -1,0 +1,130 @@
+"""int8 on a CPU without VNNI, run on whatever CPU the suite has: ONNX Runtime picks its int8
+kernels by CPUID, and without VNNI they add uint8 x int8 products in int16 pairs, which saturate.
+Monkeypatched flags cannot show what those kernels compute; ``tests/isa_mask`` makes a process
+see an AVX2-only CPU (its libraries then run AVX2's kernels here, at native speed), so the path a
+bundle takes on such a workstation runs for real: the 7-bit form is chosen by measurement and
+verified there, and the 8-bit form computes other numbers than on a VNNI CPU."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cyto.bundle import load_bundle
+from cyto.export.golden import write_golden
+from cyto.export.quantize import export_variant, load_cells
+from cyto.runtime import machine
+from tests import isa_mask
+from tests.cli_runner import run_cyto
+
+pytestmark = pytest.mark.skipif(
+    isa_mask.why_unavailable() is not None, reason=str(isa_mask.why_unavailable())
+)
+
+SEES = """
+import json
+from numpy._core._multiarray_umath import __cpu_features__ as f
+from cyto.runtime.machine import int8_kernels_exact
+print(json.dumps({"numpy": {k: bool(v) for k, v in f.items()}, "exact": int8_kernels_exact()}))
+"""
+
+FORMS = """
+import sys, numpy as np
+from cyto.bundle import load_bundle
+from cyto.runtime import load_scorer
+from cyto.runtime.verify import read_golden
+b = load_bundle(sys.argv[1], weights=False)
+images = read_golden(b).images
+out = {}
+for key in ("int8-cpu", "int8-cpu7"):
+    s = load_scorer(b, "onnx", "cpu", "int8", verify=False, graph=b.spec.graphs[key])
+    out[key] = s.score(images)
+    s.close()
+np.savez(sys.argv[2], **out)
+"""
+
+
+@pytest.fixture(scope="module")
+def mask(tmp_path_factory):
+    return isa_mask.build(tmp_path_factory.mktemp("isa_mask"))
+
+
+def _python(code: str, *args: str, profile: str | None, lib) -> subprocess.CompletedProcess:
+    env = isa_mask.environ(lib, profile) if profile else None
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_the_mask_makes_the_libraries_see_a_cpu_without_vnni(mask):
+    native = machine.int8_kernels_exact()
+    for profile in isa_mask.PROFILES:
+        proc = _python(SEES, profile=profile, lib=mask)
+        assert proc.returncode == 0, proc.stderr
+        seen = json.loads(proc.stdout)
+        assert seen["numpy"]["AVX2"] and not seen["numpy"]["AVX512VNNI"], (profile, seen)
+        if profile == "avx2":
+            assert not seen["numpy"]["AVX512F"] and not seen["numpy"]["AVX512BW"]
+        # ONNX Runtime's uint8 x int8 kernels now pair products in int16: they saturate
+        assert seen["exact"] is (False if native is not None else None), (profile, seen)
+    # a crash is still a crash under the mask (its SIGSEGV handler passes other faults on)
+    proc = _python("import ctypes; ctypes.string_at(0)", profile="avx2", lib=mask)
+    assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stderr[-500:])
+    bad = subprocess.run(
+        [sys.executable, "-c", "pass"],
+        env={**isa_mask.environ(mask, "avx2"), "ISA_MASK": "sse"},
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "not a profile" in bad.stderr
+
+
+def test_a_bundle_moved_to_a_cpu_without_vnni_scores_with_the_form_made_for_it(
+    mask, exported_bundles, synth_patches, tmp_path
+):
+    if machine.int8_kernels_exact() is None:
+        pytest.skip("ONNX Runtime cannot be probed here")
+    bundle = tmp_path / "f.cyto"
+    shutil.copytree(exported_bundles["fs-sil"], bundle)
+    write_golden(bundle, synth_patches, normal="normal", n=64)
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal", limit=48)
+    held = load_cells(synth_patches, size, normal="normal")
+    export_variant(bundle, "int8-cpu7", calib, held, echo=lambda m: None)
+    # the 8-bit form as a VNNI machine exports it (kept even where its gate fails here)
+    export_variant(bundle, "int8-cpu", calib, held, accept_loss=True, echo=lambda m: None)
+
+    # the same graphs on this CPU and on the masked one
+    scores = {}
+    for profile in (None, "avx2"):
+        out = tmp_path / f"forms-{profile}.npz"
+        proc = _python(FORMS, str(bundle), str(out), profile=profile, lib=mask)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        with np.load(out) as z:
+            scores[profile] = {k: z[k] for k in z.files}
+    # 7-bit weights: pairs of products stay below 2^15, so AVX2's kernels give this CPU's numbers
+    np.testing.assert_allclose(
+        scores["avx2"]["int8-cpu7"], scores[None]["int8-cpu7"], rtol=1e-5, atol=1e-6
+    )
+    if machine.int8_kernels_exact():  # a VNNI CPU: its 8-bit numbers are not an AVX2 CPU's
+        assert not np.allclose(scores["avx2"]["int8-cpu"], scores[None]["int8-cpu"], atol=1e-4)
+
+    # cyto predict on the masked CPU: the 7-bit form, chosen by measuring the kernels (the
+    # flags in /proc/cpuinfo are still this host's), verified there, and said
+    env = {k: isa_mask.environ(mask, "avx2")[k] for k in ("LD_PRELOAD", "ISA_MASK")}
+    proc = run_cyto(
+        "predict", str(bundle), "--data", str(synth_patches), "--normal", "normal",
+        "--precision", "int8", "--out", str(tmp_path / "p.parquet"), env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "encoder-int8-cpu7.onnx" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    records = [json.loads(p.read_text()) for p in (bundle / "verified").glob("*.json")]
+    masked = [r for r in records if r["machine"]["int8_exact"] is False]
+    assert [r["key"]["artifact"]["graph"] for r in masked] == ["encoder-int8-cpu7.onnx"], masked
+    assert masked[0]["passed"], masked[0]["parity"]
