@@ -39,6 +39,41 @@ def cpu_model() -> str:
     return m.group(1).strip() if m else platform.machine()
 
 
+#: numpy's names of the :data:`cyto.runtime.machine.ISA_FLAGS` its CPU dispatch reports
+_NUMPY_ISA = {
+    "SSE42": "sse4_2",
+    "AVX": "avx",
+    "AVX2": "avx2",
+    "FMA3": "fma",
+    "F16C": "f16c",
+    "AVX512F": "avx512f",
+    "AVX512BW": "avx512bw",
+    "AVX512VNNI": "avx512_vnni",
+    "AVX512BF16": "avx512_bf16",
+    "AVX512FP16": "avx512_fp16",
+    "ASIMD": "asimd",
+    "ASIMDDP": "asimddp",
+}
+
+
+def dispatched_flags() -> list[str] | None:
+    """The instruction sets the libraries dispatch on, as numpy's CPUID finds them (None where
+    numpy does not say). They are /proc/cpuinfo's flags, except under a CPUID mask
+    (``tests/isa_mask``: the libraries then run another CPU's kernels on this one)."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as found
+    except ImportError:
+        return None
+    return [name for key, name in _NUMPY_ISA.items() if found.get(key)]
+
+
+def cpuid_mask() -> str | None:
+    """The profile of ``tests/isa_mask`` this process runs under (``avx2``, ``avx512``), or None."""
+    if "isa_mask" not in os.environ.get("LD_PRELOAD", ""):
+        return None
+    return os.environ.get("ISA_MASK") or None
+
+
 def _nvidia_smi() -> dict[str, str]:
     if shutil.which("nvidia-smi") is None:
         return {}
@@ -77,6 +112,9 @@ def machine(command: str = "") -> dict[str, object]:
         "cpu_flags": list(cpu_info().flags),
         "cpu_int8_form": "int8-cpu" if int8_dot_here() else "int8-cpu7",
         "cpu_int8_exact_measured": int8_kernels_exact(),
+        "cpu_flags_dispatched": dispatched_flags(),
+        # a benchmark run under tests/isa_mask: the CPU it stands for, not the host's
+        "cpuid_mask": cpuid_mask(),
         "cpu_count": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "platform": platform.platform(),
