@@ -153,12 +153,14 @@ print(json.dumps(out))
 def test_the_export_gate_of_every_int8_form_is_the_same_on_every_x86_cpu(
     mask, exported_bundles, synth_patches, tmp_path
 ):
-    """An int8 graph is exported on one machine for others: TensorRT's form for a GPU, whose
-    int8 kernels sum in int32, the 8-bit x86 form for CPUs with VNNI or AMX. Their gate must not
-    depend on whether the exporting CPU's int8 kernels saturate (an AVX2 workstation refused
-    TensorRT's form at Spearman 0.53 where a VNNI CPU measures 0.9997); how this CPU's kernels
-    fare is recorded beside it (``parity_here``), and saturates for the 8-bit form without
-    VNNI."""
+    """An int8 graph is exported on one machine for others, and judged by the numbers it
+    scores with there, not by whether the exporting CPU's int8 kernels saturate: TensorRT's form
+    (a GPU sums in int32) and the 7-bit x86 form (the same kernels' numbers on every x86 CPU)
+    exactly alike; the 8-bit x86 form, which needs VNNI, by its unfused Q/DQ numbers on a CPU
+    without it, with this CPU's saturated ranking recorded beside it. (An AVX2 workstation
+    refused TensorRT's form at Spearman 0.53 where a VNNI CPU measures 0.9997.)"""
+    from cyto.runtime.verify import passes
+
     if machine.int8_kernels_exact() is None:
         pytest.skip("ONNX Runtime cannot be probed here")
     got = {}
@@ -168,16 +170,16 @@ def test_the_export_gate_of_every_int8_form_is_the_same_on_every_x86_cpu(
         proc = _python(EXPORT_INT8, str(bundle), str(synth_patches), profile=profile, lib=mask)
         assert proc.returncode == 0, proc.stderr[-2000:]
         got[profile] = json.loads(proc.stdout.strip().splitlines()[-1])
-    for key in ("int8-cpu", "int8-cpu7", "int8"):
+    exact_here = machine.int8_kernels_exact()
+    for key in ("int8", "int8-cpu7") if exact_here else ("int8", "int8-cpu", "int8-cpu7"):
         here, avx2 = got[None][key]["gate"], got["avx2"][key]["gate"]
         assert abs(here["spearman"] - avx2["spearman"]) < 1e-3, (key, here, avx2)
         assert here["top10_overlap"] == avx2["top10_overlap"], (key, here, avx2)
         assert avx2["max_abs_diff"] == pytest.approx(here["max_abs_diff"], rel=0.02, abs=1e-6)
-    # the 7-bit form cannot saturate: this CPU's kernels give the gate's numbers, masked or not
-    for profile in (None, "avx2"):
-        form = got[profile]["int8-cpu7"]
-        assert abs(form["here"]["spearman"] - form["gate"]["spearman"]) < 1e-3, form
-    # the 8-bit form on AVX2's kernels: pairs saturate, its ranking is not the gate's
-    form = got["avx2"]["int8-cpu"]
-    assert form["here"]["spearman"] < form["gate"]["spearman"] - 0.01, form
-    assert got[None]["int8"].get("here") is None  # TensorRT's form does not run on this CPU
+    # the 8-bit form: VNNI's exact sums here, its unfused numbers as an AVX2 CPU (rounded
+    # otherwise), the same verdict; AVX2's own kernels saturate, recorded beside the gate
+    here, avx2 = got[None]["int8-cpu"], got["avx2"]["int8-cpu"]
+    assert abs(here["gate"]["spearman"] - avx2["gate"]["spearman"]) < 0.01, (here, avx2)
+    assert passes(here["gate"]) == passes(avx2["gate"]), (here, avx2)
+    assert avx2["here"]["spearman"] < avx2["gate"]["spearman"] - 0.01, avx2
+    assert got[None]["int8"]["here"] is None  # TensorRT's form does not run on this CPU
