@@ -100,20 +100,23 @@ def test_a_bundle_moved_to_a_cpu_without_vnni_scores_with_the_form_made_for_it(
     # the 8-bit form as a VNNI machine exports it (kept even where its gate fails here)
     export_variant(bundle, "int8-cpu", calib, held, accept_loss=True, echo=lambda m: None)
 
-    # the same graphs on this CPU and on the masked one
+    # the same graphs on this CPU and on the masked ones (AVX2; AVX-512 without VNNI)
     scores = {}
-    for profile in (None, "avx2"):
+    for profile in (None, *isa_mask.PROFILES):
         out = tmp_path / f"forms-{profile}.npz"
         proc = _python(FORMS, str(bundle), str(out), profile=profile, lib=mask)
         assert proc.returncode == 0, proc.stderr[-2000:]
         with np.load(out) as z:
             scores[profile] = {k: z[k] for k in z.files}
-    # 7-bit weights: pairs of products stay below 2^15, so AVX2's kernels give this CPU's numbers
-    np.testing.assert_allclose(
-        scores["avx2"]["int8-cpu7"], scores[None]["int8-cpu7"], rtol=1e-5, atol=1e-6
-    )
-    if machine.int8_kernels_exact():  # a VNNI CPU: its 8-bit numbers are not an AVX2 CPU's
-        assert not np.allclose(scores["avx2"]["int8-cpu"], scores[None]["int8-cpu"], atol=1e-4)
+    for profile in isa_mask.PROFILES:
+        # 7-bit weights: pairs of products stay below 2^15, so every x86 CPU's kernels give
+        # this CPU's numbers
+        np.testing.assert_allclose(
+            scores[profile]["int8-cpu7"], scores[None]["int8-cpu7"], rtol=1e-5, atol=1e-6
+        )
+        if machine.int8_kernels_exact():  # a VNNI CPU: its 8-bit numbers are not the others'
+            other = scores[profile]["int8-cpu"]
+            assert not np.allclose(other, scores[None]["int8-cpu"], atol=1e-4), profile
 
     # cyto predict on the masked CPU: the 7-bit form, chosen by measuring the kernels (the
     # flags in /proc/cpuinfo are still this host's), verified there, and said
