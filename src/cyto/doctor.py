@@ -331,6 +331,8 @@ def model_rows(
                     )
                 except VerificationError as exc:
                     row.status, row.detail = FAILED, str(exc)
+                    if cpu and form is not graph:  # a form this CPU would not take: why
+                        row.detail = f"{_not_taken(bundle.spec.graphs, form.file)}{exc}"
                 except CytoError as exc:
                     row.status, row.detail = "cannot run", str(exc)
                 else:
@@ -353,6 +355,16 @@ def model_rows(
         except CytoError as exc:
             auto[f"{model} on {device}"] = f"nothing: {exc}"
     return rows, auto, problems
+
+
+def _not_taken(graphs: dict, file: str) -> str:
+    """Why ``--precision int8`` on this CPU does not take the int8 graph ``file``."""
+    key = next((k for k, g in graphs.items() if g.file == file), "")
+    if key == "int8":
+        return "TensorRT's form, for GPUs (a CPU takes the bundle's x86 forms): "
+    if key == "int8-cpu":
+        return "the 8-bit x86 form, for CPUs whose int8 kernels sum exactly (VNNI, AMX): "
+    return ""
 
 
 def diagnose(models: list[Path], device: str = "auto", precision: str | None = None) -> Report:

@@ -97,8 +97,9 @@ def test_a_bundle_moved_to_a_cpu_without_vnni_scores_with_the_form_made_for_it(
     calib = load_cells(synth_patches, size, classes="normal", limit=48)
     held = load_cells(synth_patches, size, normal="normal")
     export_variant(bundle, "int8-cpu7", calib, held, echo=lambda m: None)
-    # the 8-bit form as a VNNI machine exports it (kept even where its gate fails here)
-    export_variant(bundle, "int8-cpu", calib, held, accept_loss=True, echo=lambda m: None)
+    # the 8-bit form as a VNNI machine exports it, and TensorRT's (kept even below the gate)
+    for key in ("int8-cpu", "int8"):
+        export_variant(bundle, key, calib, held, accept_loss=True, echo=lambda m: None)
 
     # the same graphs on this CPU and on the masked ones (AVX2; AVX-512 without VNNI)
     scores = {}
@@ -131,6 +132,23 @@ def test_a_bundle_moved_to_a_cpu_without_vnni_scores_with_the_form_made_for_it(
     masked = [r for r in records if r["machine"]["int8_exact"] is False]
     assert [r["key"]["artifact"]["graph"] for r in masked] == ["encoder-int8-cpu7.onnx"], masked
     assert masked[0]["passed"], masked[0]["parity"]
+
+    # cyto doctor there: every form run on the golden cells; the 7-bit one passes and is what
+    # auto takes, the others fail with their numbers and say why
+    proc = run_cyto("doctor", str(bundle), "--device", "cpu", env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "8-bit weights would saturate in int16 here" in out and "masked CPU" in out, out
+    rows = {
+        ln.split()[-1]: ln.split()[3] for ln in out.splitlines() if ln.strip().startswith("cpu ")
+    }
+    assert rows["encoder-int8-cpu7.onnx"] == "passed", out
+    assert "onnx on cpu (int8, encoder-int8-cpu7.onnx) (passed)" in out, out
+    if rows["encoder-int8.onnx"] == "FAILED":  # TensorRT's form through AVX2's int8 kernels
+        assert "TensorRT's form, for GPUs (a CPU takes the bundle's x86 forms)" in out, out
+    if rows["encoder-int8-cpu.onnx"] == "FAILED":  # saturated in int16 pairs
+        assert "the 8-bit x86 form, for CPUs whose int8 kernels sum exactly" in out, out
+    assert set(rows.values()) >= {"passed", "FAILED"}, out  # this fixture saturates on AVX2
 
 
 EXPORT_INT8 = """
