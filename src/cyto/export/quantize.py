@@ -455,13 +455,6 @@ def export_variant(
             f"{parity['spearman']:.4f}, top-10% overlap {parity['top10_overlap']:.2f}, top-1% "
             f"{parity['top1_overlap']:.2f}, max score difference {parity['max_abs_diff']:.3g}"
         )
-        here = None  # an x86 form on this CPU's own int8 kernels
-        if key.startswith("int8-cpu"):
-            here = (
-                parity
-                if fused
-                else ranking_parity(ref, _scores(bundle, target, held.images), held.labels)
-            )
         if "auroc_delta" in parity:
             line += (
                 f", AUROC {parity['auroc_fp32']:.3f} -> {parity['auroc_quantized']:.3f}, "
@@ -469,6 +462,13 @@ def export_variant(
                 f"{parity['recall_at_k_quantized']:.3f}"
             )
         echo(line)
+        here = None  # an x86 form on this CPU's own int8 kernels
+        if key.startswith("int8-cpu"):
+            here = (
+                parity
+                if fused
+                else ranking_parity(ref, _scores(bundle, target, held.images), held.labels)
+            )
         if ok and here is not None and not passes(here):
             echo(
                 f"{key} on this CPU's own int8 kernels: Spearman {here['spearman']:.4f}, top-10% "
