@@ -89,6 +89,8 @@ class GraphSpec:
     output: str
     opset: int
     parity_passed: bool = True  # a quantized graph that kept the ranking (fp32: always)
+    # ops an fp16 graph keeps in float32 (cyto.export.quantize.FP16_KEEP_FLOAT; () before them)
+    float32_ops: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class ModelSpec:
                     output=entry["output"]["name"],
                     opset=int(entry["opset"]),
                     parity_passed=bool((entry.get("gate") or {}).get("passed", True)),
+                    float32_ops=tuple((entry.get("quantization") or {}).get("float32_ops", ())),
                 )
             return cls(
                 method=str(manifest["method"]),

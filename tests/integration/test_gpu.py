@@ -61,6 +61,67 @@ def test_torch_cuda_fp16_keeps_the_ranking(exported_bundles, tiny, method):
     assert spearmanr(fp16, fp32).statistic > 0.99
 
 
+def _ort_cuda() -> bool:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+needs_ort_cuda = pytest.mark.skipif(
+    not _ort_cuda(), reason="needs onnxruntime-gpu with its CUDA provider"
+)
+
+
+@needs_ort_cuda
+@pytest.mark.parametrize("method", ["fs-sil", "dsvdd", "droc"])
+def test_onnxruntime_cuda_opens_a_session_and_scores_as_the_cpu(exported_bundles, tiny, method):
+    """Every exported graph has Shape -> Concat -> Resize(sizes) nodes that the CUDA provider
+    places on the CPU on purpose: the session must open (no CPU-fallback ban), run on the GPU
+    (its provider first) and give the CPU's fp32 numbers."""
+    bundle = exported_bundles[method]
+    x = _cells(tiny)
+    cpu = load_scorer(bundle, "onnx", "cpu").score(x, batch_size=32)
+    scorer = load_scorer(bundle, "onnx", "cuda")
+    assert scorer.device == "cuda:0" and scorer.backend.name == "onnx"
+    assert scorer.backend.providers[0] == "CUDAExecutionProvider", scorer.backend.providers
+    gpu = scorer.score(x, batch_size=32)
+    scale = float(np.abs(cpu).max()) + 1e-12
+    assert np.abs(gpu - cpu).max() <= 1e-4 * scale, np.abs(gpu - cpu).max() / scale
+
+
+@needs_ort_cuda
+def test_onnxruntime_cuda_verifies_fp32_and_fp16_and_auto_takes_fp16(
+    exported_bundles, synth_patches, tiny, tmp_path
+):
+    """Both graphs open and pass the golden cells on ONNX Runtime's CUDA provider, and auto
+    takes fp16 on the GPU (without a TensorRT engine: ONNX Runtime's fp16 graph, which ran at
+    1.8x PyTorch fp16 at batch 64 on an H200, benchmarks/results/h200/ort-cuda)."""
+    import shutil
+
+    from cyto.export.api import export_bundle
+    from cyto.export.golden import write_golden
+
+    bundle = shutil.copytree(exported_bundles["fs-sil"], tmp_path / "fs.cyto")
+    write_golden(bundle, synth_patches, normal="normal", n=64)
+    export_bundle(bundle, onnx=False, precisions=("fp16",), echo=lambda m: None)
+    x = _cells(tiny, n=200, seed=2)
+    full = load_scorer(bundle, "onnx", "cuda")
+    half = load_scorer(bundle, "onnx", "cuda", precision="fp16")
+    assert half.precision == "fp16" and half.backend.providers[0] == "CUDAExecutionProvider"
+    for scorer in (full, half):  # the golden cells export wrote, verified on this GPU
+        assert scorer.verification.passed, scorer.verification.words()
+    fp32 = full.score(x)
+    fp16 = half.score(x)
+    assert np.isfinite(fp16).all() and spearmanr(fp16, fp32).statistic > 0.99
+    auto = load_scorer(bundle, "auto", "auto", "auto")
+    assert auto.device.startswith("cuda:"), auto.describe()
+    if auto.backend.name != "trt":
+        assert (auto.backend.name, auto.precision) == ("onnx", "fp16"), auto.describe()
+        assert auto.verification.passed
+
+
 def test_cuda_index_past_the_last_gpu_is_one_clear_error():
     n = torch.cuda.device_count()
     assert resolve_device("cuda") == "cuda:0"

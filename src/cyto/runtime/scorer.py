@@ -166,12 +166,40 @@ def make_backend(
     return TorchBackend(bundle, device, precision, threads)
 
 
+# ONNX Runtime's CUDA provider against PyTorch on one NVIDIA H200, the demo's 80 px Deep SVDD
+# with its rotated views (cyto bench engine, patches/s at batch 64, cyto score's default, and 256;
+# benchmarks/results/h200/ort-cuda): ORT fp16 11,008 and 14,160; PyTorch fp16 (autocast) 6,149
+# and 16,404; ORT fp32 7,280 and 6,717; PyTorch fp32 6,621 and 9,087. That fp16 graph keeps
+# GridSample in float32; an fp16 GridSample, which the CUDA provider runs on the CPU, gave ORT
+# fp16 1,945 and 2,074. So on a GPU auto takes a TensorRT engine, then ORT fp16, PyTorch fp16,
+# then fp32, and never an older export's fp16 graph with its GridSample in fp16.
+def ort_cuda_left_out(bundle: Bundle, precision: str, graph: GraphSpec) -> str | None:
+    """Why ``auto`` does not give ONNX Runtime's CUDA provider this graph, or None."""
+    from cyto.runtime.verify import export_hint
+
+    if precision == "int8":
+        return (
+            "ONNX Runtime's CUDA provider with the int8 graph (TensorRT's Q/DQ form) was not "
+            "measured faster than fp16: auto leaves it out (--backend onnx --precision int8 "
+            "runs it)"
+        )
+    rotated = any(v.startswith("rot") for v in bundle.spec.tta_views)
+    if precision == "fp16" and rotated and "GridSample" not in graph.float32_ops:
+        return (
+            f"{graph.file} runs its rotations (GridSample) in fp16, which ONNX Runtime's CUDA "
+            "provider does on the CPU (H200: 2,074 against 14,160 cells/s): auto leaves it out; "
+            f"re-export it with this cyto ({export_hint(bundle, 'fp16')})"
+        )
+    return None
+
+
 def backend_candidates(bundle: Bundle, device: str, precision: str, notes: list[str]) -> list[str]:
     """The backends ``auto`` tries for ``precision`` on ``device``, fastest first: on a GPU a
-    TensorRT engine built for it, then ONNX Runtime's CUDA provider, then PyTorch (fp32); on
-    the CPU ONNX Runtime when the bundle is exported, then PyTorch (fp32). Why a backend is
-    left out goes to ``notes``."""
-    has_graph = graph_for(bundle.spec, precision, device) is not None
+    TensorRT engine built for it, then ONNX Runtime's CUDA provider (fp32 and fp16 graphs, see
+    :func:`ort_cuda_left_out`), then PyTorch (fp32, and fp16 by autocast); on the CPU ONNX
+    Runtime when the bundle is exported, then PyTorch (fp32). Why a backend is left out goes to
+    ``notes``."""
+    graph = graph_for(bundle.spec, precision, device)
     out = []
     if device != "cpu":
         from cyto.runtime.backends.tensorrt import find_engine_for
@@ -181,14 +209,19 @@ def backend_candidates(bundle: Bundle, device: str, precision: str, notes: list[
             out.append("trt")
         else:
             notes.append(f"no usable {precision} TensorRT engine: {why}")
-        if has_graph and _has_onnxruntime():
+        if graph is not None and _has_onnxruntime():
             from cyto.runtime.backends.onnxruntime import CUDA, available_providers
 
-            if CUDA in available_providers():
-                out.append("onnx")
-            else:
+            left_out = ort_cuda_left_out(bundle, precision, graph)
+            if CUDA not in available_providers():
                 notes.append("ONNX Runtime here has no CUDA provider")
-    elif has_graph and _has_onnxruntime():
+            elif left_out:
+                notes.append(left_out)
+            else:
+                out.append("onnx")
+        if precision == "fp16":
+            out.append("torch")
+    elif graph is not None and _has_onnxruntime():
         out.append("onnx")
     if precision == "fp32":
         out.append("torch")
@@ -196,28 +229,76 @@ def backend_candidates(bundle: Bundle, device: str, precision: str, notes: list[
 
 
 def precision_candidates(
-    spec: ModelSpec, backend: str, device: str, golden, notes: list[str]
+    bundle: Bundle, backend: str, device: str, golden, notes: list[str]
 ) -> list[str]:
-    """The precisions ``auto`` tries, fastest first: a quantized graph only when it passed its
-    gate at export and the bundle has real golden cells to verify it on here (int8 on a CPU;
-    fp16, then int8 on a GPU), then fp32; never a quantized one for the PyTorch backend."""
-    if backend == "torch":
+    """The precisions ``auto`` tries, fastest first: on a CPU an int8 graph, on a GPU fp16 (a
+    TensorRT engine or PyTorch's autocast) then int8, each only when it can be verified here
+    on the bundle's real golden cells (and, for an exported graph, passed its gate at export);
+    then fp32. PyTorch has no int8, and fp16 only on a GPU (:func:`ort_cuda_left_out` for ONNX
+    Runtime's CUDA provider)."""
+    if backend == "torch" and device == "cpu":
         return ["fp32"]
     out = []
     for p in ("int8",) if device == "cpu" else ("fp16", "int8"):
-        g = graph_for(spec, p, device)
-        if g is None:
+        g = graph_for(bundle.spec, p, device) if backend != "torch" else None
+        autocast = p == "fp16" and device != "cpu" and backend in ("auto", "torch")
+        usable = g is not None
+        if g is not None:
+            left_out = ort_cuda_left_out(bundle, p, g) if backend == "onnx" else None
+            if left_out and device != "cpu":
+                notes.append(left_out)
+                usable = False
+            elif not g.parity_passed:
+                notes.append(
+                    f"{p} ({g.file}) is below the parity gate (accepted at export): not used"
+                )
+                usable = False
+        if not (usable or autocast):
             continue
-        if not g.parity_passed:
-            notes.append(f"{p} ({g.file}) is below the parity gate (accepted at export): not used")
-        elif golden is None or golden.kind != "cells":
+        if golden is None or golden.kind != "cells":
+            what = f"{p} ({g.file})" if g is not None else f"{p} (PyTorch autocast)"
             notes.append(
-                f"{p} ({g.file}) cannot be verified here (no real golden cells: re-export "
-                "with this cyto): not used"
+                f"{what} cannot be verified here (no real golden cells: re-export with this "
+                "cyto): not used"
             )
-        else:
-            out.append(p)
+            continue
+        out.append(p)
     return [*out, "fp32"]
+
+
+def attempt_plan(
+    bundle: Bundle, backend: str, device: str, precision: str, golden, notes: list[str]
+) -> list[tuple[str, str, GraphSpec | None]]:
+    """(backend, precision, graph) in the order :func:`load_scorer` tries them, fastest first:
+    each precision's backends (:func:`precision_candidates`, :func:`backend_candidates`), and
+    on a GPU every TensorRT engine ahead of the rest. The graph is None: this machine's default
+    for the precision (a CPU int8 form that fails here is followed by the other one)."""
+    precisions = (
+        precision_candidates(bundle, backend, device, golden, notes)
+        if precision == "auto"
+        else [precision]
+    )
+    plan = [
+        (name, p, None)
+        for p in precisions
+        for name in (
+            backend_candidates(bundle, device, p, notes) if backend == "auto" else [backend]
+        )
+    ]
+    if precision == "auto":  # an exported graph below its gate runs only when named
+        plan = [
+            (name, p, g)
+            for name, p, g in plan
+            if name == "torch" or p == "fp32" or _gated(bundle, p, device)
+        ]
+    if device != "cpu" and backend == "auto":
+        plan.sort(key=lambda attempt: attempt[0] != "trt")
+    return plan
+
+
+def _gated(bundle: Bundle, precision: str, device: str) -> bool:
+    g = graph_for(bundle.spec, precision, device)
+    return g is not None and g.parity_passed
 
 
 def load_scorer(
@@ -254,63 +335,59 @@ def load_scorer(
     golden = read_golden(bundle) if verify else None
     head = head_for(bundle)
     notes: list[str] = []
-    precisions = (
-        precision_candidates(bundle.spec, backend, device, golden, notes)
-        if precision == "auto"
-        else [precision]
-    )
     failures: list[str] = []
-    for p in precisions:
-        names = backend_candidates(bundle, device, p, notes) if backend == "auto" else [backend]
-        # (backend, graph): None is the graph this machine's default; a CPU int8 form that fails
-        # verification here is followed by the bundle's other CPU int8 form
-        attempts = [(name, graph) for name in names]
-        while attempts:
-            name, form = attempts.pop(0)
-            try:
-                chosen = make_backend(name, bundle, device, p, threads, graph=form)
-            except CytoError as exc:
-                if backend != "auto":
-                    raise
-                notes.append(f"{name} ({p}) on {device}: {exc}")
-                continue
-            scorer = Scorer(bundle, head, chosen, notes)
-            if not verify:
-                scorer.verification = Verification(
-                    "skipped", "verification turned off by the user (--skip-verify)"
+    # ``graph``: that graph of the precision and no other
+    attempts = [
+        (name, p, graph)
+        for name, p, _ in attempt_plan(bundle, backend, device, precision, golden, notes)
+    ]
+    while attempts:
+        name, p, form = attempts.pop(0)
+        try:
+            chosen = make_backend(name, bundle, device, p, threads, graph=form)
+        except CytoError as exc:
+            if backend != "auto":
+                raise
+            notes.append(f"{name} ({p}) on {device}: {exc}")
+            continue
+        scorer = Scorer(bundle, head, chosen, notes)
+        if not verify:
+            scorer.verification = Verification(
+                "skipped", "verification turned off by the user (--skip-verify)"
+            )
+            return scorer
+        check = verify_scorer(scorer, golden)
+        scorer.verification = check
+        # PyTorch runs its network (fp16: autocast), no exported graph
+        ran = form or (graph_for(bundle.spec, p, device) if name != "torch" else None)
+        accepted = ran is not None and not ran.parity_passed and precision != "auto"
+        if check.status != "failed" or accepted:
+            if accepted and check.status == "failed":
+                notes.append(
+                    f"{ran.file} is below the gate here too ({check.words()}), as accepted "
+                    "at export"
                 )
-                return scorer
-            check = verify_scorer(scorer, golden)
-            scorer.verification = check
-            ran = form or graph_for(bundle.spec, p, device)
-            accepted = ran is not None and not ran.parity_passed and precision != "auto"
-            if check.status != "failed" or accepted:
-                if accepted and check.status == "failed":
-                    notes.append(
-                        f"{ran.file} is below the gate here too ({check.words()}), as accepted "
-                        "at export"
-                    )
-                elif check.status != "passed":
-                    notes.append(f"not verified here: {check.why}")
-                if form is not None:
-                    notes.append(
-                        f"{form.file}, the bundle's other CPU int8 form, "
-                        + ("passed verification here" if check.passed else "runs here")
-                        + " and scores instead"
-                    )
-                if backend == "auto" or precision == "auto":
-                    notes.append(
-                        f"chose {scorer.describe()}: the fastest choice that "
-                        + ("passed verification here" if check.passed else "runs here")
-                    )
-                return scorer
-            scorer.close()
-            words = f"{name} {p} ({scorer_artifact(chosen)}) on {device}: {check.words()}"
-            failures.append(words)
-            notes.append(f"failed verification, not used: {words}")
-            other = other_cpu_int8(bundle.spec, chosen, device, p) if form is None else None
-            if other is not None:
-                attempts.insert(0, (name, other))
+            elif check.status != "passed":
+                notes.append(f"not verified here: {check.why}")
+            if form is not None:
+                notes.append(
+                    f"{form.file}, the bundle's other CPU int8 form, "
+                    + ("passed verification here" if check.passed else "runs here")
+                    + " and scores instead"
+                )
+            if backend == "auto" or precision == "auto":
+                notes.append(
+                    f"chose {scorer.describe()}: the fastest choice that "
+                    + ("passed verification here" if check.passed else "runs here")
+                )
+            return scorer
+        scorer.close()
+        words = f"{name} {p} ({scorer_artifact(chosen)}) on {device}: {check.words()}"
+        failures.append(words)
+        notes.append(f"failed verification, not used: {words}")
+        other = other_cpu_int8(bundle.spec, chosen, device, p) if form is None else None
+        if other is not None:
+            attempts.insert(0, (name, p, other))
     if failures:
         raise VerificationError(
             f"{bundle.path}: nothing here reproduces the bundle's golden cells; "
