@@ -345,3 +345,105 @@ def test_export_keeps_golden_cells_and_doctor_verifies_every_graph(
     # a precision asked for that cannot run here exits non-zero
     bad = run_cyto("doctor", str(exported_bundles["dsvdd"]), "--precision", "fp16")
     assert bad.returncode == 1 and "no fp16 graph passes verification" in bad.stdout
+
+
+def test_auto_on_a_gpu_takes_an_engine_then_fp16_and_never_an_fp16_gridsample(
+    exported_bundles, synth_patches, tmp_path, monkeypatch
+):
+    """On an H200 (benchmarks/results/h200/ort-cuda) ONNX Runtime's CUDA provider ran the demo
+    model's fp16 graph at 2,074 cells/s while its rotations (GridSample) were fp16, which it
+    runs on the CPU; with them in float32, 14,160, and PyTorch fp16 (autocast, which auto never
+    took) 16,404. On a GPU auto tries a TensorRT engine, ONNX Runtime fp16, PyTorch fp16, then
+    fp32; an fp16 graph exported before GridSample was kept in float32 is left out, saying why."""
+    import dataclasses
+
+    import cyto.runtime.backends.onnxruntime as ortb
+    import cyto.runtime.backends.tensorrt as trtb
+    from cyto.export.api import export_bundle
+    from cyto.runtime.scorer import attempt_plan
+
+    engines: dict[str, dict] = {}
+    monkeypatch.setattr(trtb, "find_engine_for", lambda b, d, p: (engines.get(p), "none built"))
+    monkeypatch.setattr(ortb, "available_providers", lambda: [ortb.CUDA, ortb.CPU])
+    bundles = {}
+    for name in ("fs-sil", "dsvdd"):
+        path = shutil.copytree(exported_bundles[name], tmp_path / f"{name}.cyto")
+        write_golden(path, synth_patches, normal="normal", n=64)
+        export_bundle(path, onnx=False, precisions=("fp16",), echo=lambda m: None)
+        bundles[name] = load_bundle(path, weights=False)
+    golden = read_golden(bundles["fs-sil"])
+    assert golden.kind == "cells" and "fp16" in bundles["fs-sil"].spec.graphs
+
+    def plan(backend="auto", precision="auto", device="cuda:0", gold=golden, name="fs-sil"):
+        notes: list[str] = []
+        got = attempt_plan(bundles[name], backend, device, precision, gold, notes)
+        return [(b, p) for b, p, _ in got], " | ".join(notes)
+
+    fp32 = [("onnx", "fp32"), ("torch", "fp32")]
+    assert plan()[0] == [("onnx", "fp16"), ("torch", "fp16"), *fp32]
+    assert plan(precision="fp16")[0] == [("onnx", "fp16"), ("torch", "fp16")]
+    assert plan("onnx")[0] == [("onnx", "fp16"), ("onnx", "fp32")]
+    assert plan("torch")[0] == [("torch", "fp16"), ("torch", "fp32")]
+    assert plan(gold=None)[0] == fp32  # nothing real to verify fp16 on
+    # the rotated views' GridSample stays float32 in this export's fp16 graph
+    dsvdd = bundles["dsvdd"].spec
+    assert any(v.startswith("rot") for v in dsvdd.tta_views)
+    assert dsvdd.graphs["fp16"].float32_ops == ("GridSample",)
+    assert plan(name="dsvdd", gold=read_golden(bundles["dsvdd"]))[0][0] == ("onnx", "fp16")
+    # an older export's fp16 graph (GridSample in fp16): PyTorch fp16 instead, and why
+    dsvdd.graphs["fp16"] = dataclasses.replace(dsvdd.graphs["fp16"], float32_ops=())
+    got, notes = plan(name="dsvdd", gold=read_golden(bundles["dsvdd"]))
+    assert got == [("torch", "fp16"), *fp32], got
+    assert "GridSample) in fp16" in notes and "--precision fp16" in notes, notes
+    engines["fp32"] = {"file": "engine"}
+    assert plan()[0][0] == ("trt", "fp32")  # an engine of any precision comes first
+    # the CPU is as before
+    assert plan(device="cpu")[0] == fp32
+    assert plan("torch", device="cpu")[0] == [("torch", "fp32")]
+
+
+def test_the_tensorrt_provider_that_does_not_start_is_named(exported_dsvdd, monkeypatch):
+    """onnx-trt on an H200 without TensorRT's libraries: ONNX Runtime dropped its TensorRT
+    provider and cyto said 'CUDA or cuDNN libraries missing?' (cyto doctor, lent GPU). The
+    provider and the library it needs are named."""
+    import onnxruntime
+
+    import cyto.runtime.backends.onnxruntime as ortb
+    from cyto.errors import DeviceError
+
+    class Session:  # what ONNX Runtime gives when libnvinfer does not load
+        def __init__(self, data, opts, providers):
+            pass
+
+        def get_providers(self):
+            return [ortb.CUDA, ortb.CPU]
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", Session)
+    monkeypatch.setattr(ortb, "available_providers", lambda: [ortb.TRT, ortb.CUDA, ortb.CPU])
+    monkeypatch.setattr(ortb, "tensorrt_provider_mismatch", lambda: None)
+    monkeypatch.setattr(ortb, "linked_tensorrt_major", lambda lib: 10)
+    bundle = load_bundle(exported_dsvdd, weights=False)
+    with pytest.raises(DeviceError, match=r"TensorRT provider .*libnvinfer\.so\.10") as exc:
+        ortb.OnnxRuntimeBackend(bundle, "cuda:0", provider="tensorrt")
+    assert "cuDNN" not in str(exc.value) and "--backend onnx" in str(exc.value)
+    with pytest.raises(DeviceError, match="CUDA or cuDNN"):  # the CUDA provider's own case
+        monkeypatch.setattr(Session, "get_providers", lambda self: [ortb.CPU])
+        ortb.OnnxRuntimeBackend(bundle, "cuda:0", provider="cuda")
+
+
+def test_doctor_times_a_backend_after_a_warm_up_of_the_same_batch_shape():
+    """ONNX Runtime's CUDA provider searches convolution algorithms per new input shape; the
+    doctor warmed up on 8 cells and timed 64, so the search was in the timing (81 cells/s where
+    PyTorch gave 6,472 on an H200)."""
+    from types import SimpleNamespace
+
+    from cyto.doctor import _speed
+
+    for max_batch, warm in ((None, 64), (16, 16)):
+        calls: list[int] = []
+        fake = SimpleNamespace(
+            backend=SimpleNamespace(max_batch=max_batch),
+            score=lambda x, calls=calls: calls.append(len(x)) or np.zeros(len(x)),
+        )
+        assert _speed(fake, np.zeros((100, 8, 8, 3), np.uint8)) > 0
+        assert calls == [warm, 64], calls

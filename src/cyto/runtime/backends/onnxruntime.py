@@ -183,6 +183,9 @@ class OnnxRuntimeBackend:
         # the CPU arena keeps every batch's peak and grows by doubling: 1.5 GB for a 224 px CNN
         # at batch 64 where 0.67 GB is planned, at the same speed (benchmarks/results, memory)
         opts.enable_cpu_mem_arena = False
+        # errors only: onnxruntime-gpu 1.31 warns on every CUDA session (plugin EP lookup, the
+        # copies around the CPU's shape nodes), which reached the console of cyto score
+        opts.log_severity_level = 3
         for k, v in entries.items():
             opts.add_session_config_entry(k, v)
         data = bundle.graph_bytes(graph)  # what the manifest (and the verification) named
@@ -193,6 +196,15 @@ class OnnxRuntimeBackend:
         got = self.session.get_providers()
         first = providers[0] if isinstance(providers[0], str) else providers[0][0]
         if device != "cpu" and got[0] != first:
+            if first == TRT:
+                linked = linked_tensorrt_major(provider_library("tensorrt"))
+                lib = f"libnvinfer.so.{linked}" if linked else "libnvinfer"
+                raise DeviceError(
+                    f"ONNX Runtime could not start its TensorRT provider on {device} (got "
+                    f"{got}): TensorRT's libraries ({lib}) do not load here; install "
+                    f"TensorRT {linked or ''} (pip install 'cyto[gpu]'), or use --backend onnx "
+                    "(its CUDA provider)".replace("TensorRT  (", "TensorRT (")
+                )
             raise DeviceError(
                 f"ONNX Runtime could not start its GPU provider on {device} (got {got}; CUDA or "
                 "cuDNN libraries missing?); refusing to fall back to the CPU silently"
