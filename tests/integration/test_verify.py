@@ -422,9 +422,18 @@ def test_the_tensorrt_provider_that_does_not_start_is_named(exported_dsvdd, monk
     monkeypatch.setattr(ortb, "available_providers", lambda: [ortb.TRT, ortb.CUDA, ortb.CPU])
     monkeypatch.setattr(ortb, "tensorrt_provider_mismatch", lambda: None)
     monkeypatch.setattr(ortb, "linked_tensorrt_major", lambda lib: 10)
+    monkeypatch.setattr(ortb, "installed_tensorrt_major", lambda: None)
     bundle = load_bundle(exported_dsvdd, weights=False)
+    # checked before the session (ONNX Runtime would print its banner): the library is named
+    with pytest.raises(DeviceError, match=r"TensorRT provider needs libnvinfer\.so\.10") as exc:
+        ortb.OnnxRuntimeBackend(bundle, "cuda:0", provider="tensorrt")
+    assert "cuDNN" not in str(exc.value) and "--backend onnx" in str(exc.value)
+    # libraries that load, and a session that still drops the provider: named after the fact
+    loaded: list[str] = []
+    monkeypatch.setattr("ctypes.CDLL", lambda name: loaded.append(name))
     with pytest.raises(DeviceError, match=r"TensorRT provider .*libnvinfer\.so\.10") as exc:
         ortb.OnnxRuntimeBackend(bundle, "cuda:0", provider="tensorrt")
+    assert loaded == ["libnvinfer.so.10", "libnvonnxparser.so.10"]
     assert "cuDNN" not in str(exc.value) and "--backend onnx" in str(exc.value)
     with pytest.raises(DeviceError, match="CUDA or cuDNN"):  # the CUDA provider's own case
         monkeypatch.setattr(Session, "get_providers", lambda self: [ortb.CPU])

@@ -96,6 +96,37 @@ def tensorrt_provider_mismatch() -> str | None:
     )
 
 
+def tensorrt_libraries_missing() -> str | None:
+    """Why ONNX Runtime's TensorRT provider would not start here, or None: the TensorRT
+    libraries it links (``libnvinfer.so.N``, ``libnvonnxparser.so.N``) do not load. Checked
+    before the session: when they do not load, ONNX Runtime prints an "EP Error" banner and
+    falls back to its CUDA provider (an H200 without TensorRT, benchmarks/results/h200/ort-cuda).
+    The ``tensorrt`` package of that major, where installed, is imported first: it loads its
+    own copies of the libraries (pip's ``tensorrt_libs``), which the provider then finds."""
+    import ctypes
+    import sys
+
+    linked = linked_tensorrt_major(provider_library("tensorrt"))
+    if linked is None or not sys.platform.startswith("linux"):
+        return None
+    if installed_tensorrt_major() == linked:
+        import contextlib
+
+        # a broken TensorRT shows in the check below
+        with contextlib.suppress(Exception):
+            importlib.import_module("tensorrt")
+    for lib in (f"libnvinfer.so.{linked}", f"libnvonnxparser.so.{linked}"):
+        try:
+            ctypes.CDLL(lib)
+        except OSError:
+            return (
+                f"ONNX Runtime's TensorRT provider needs {lib}, which does not load here: "
+                f"install TensorRT {linked} (pip install 'cyto[gpu]'), or use --backend onnx "
+                "(its CUDA provider)"
+            )
+    return None
+
+
 def available_providers() -> list[str]:
     return list(require_onnxruntime().get_available_providers())
 
@@ -173,6 +204,9 @@ class OnnxRuntimeBackend:
                     f"ONNX Runtime here has no {want}: install {INSTALL_GPU}"
                     + (" with TensorRT's libraries" if want == TRT else "")
                 )
+            missing = tensorrt_libraries_missing() if want == TRT else None
+            if missing:
+                raise DeviceError(missing)
         cache = bundle.path / "engines" / "ort-tensorrt" if provider == "tensorrt" else None
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
