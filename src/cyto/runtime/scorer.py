@@ -231,8 +231,8 @@ def backend_candidates(bundle: Bundle, device: str, precision: str, notes: list[
 def precision_candidates(
     bundle: Bundle, backend: str, device: str, golden, notes: list[str]
 ) -> list[str]:
-    """The precisions ``auto`` tries, fastest first: on a CPU an int8 graph, on a GPU fp16 (a
-    TensorRT engine or PyTorch's autocast) then int8, each only when it can be verified here
+    """The precisions ``auto`` tries, fastest first: on a CPU an int8 graph, on a GPU fp16 (an
+    exported graph, or PyTorch's autocast) then int8, each only when it can be verified here
     on the bundle's real golden cells (and, for an exported graph, passed its gate at export);
     then fp32. PyTorch has no int8, and fp16 only on a GPU (:func:`ort_cuda_left_out` for ONNX
     Runtime's CUDA provider)."""
