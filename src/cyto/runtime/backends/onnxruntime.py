@@ -121,10 +121,17 @@ def tensorrt_libraries_missing() -> str | None:
         except OSError:
             return (
                 f"ONNX Runtime's TensorRT provider needs {lib}, which does not load here: "
-                f"install TensorRT {linked} (pip install 'cyto[gpu]'), or use --backend onnx "
-                "(its CUDA provider)"
+                + _tensorrt_remedy(linked)
             )
     return None
+
+
+def _tensorrt_remedy(linked: int | None) -> str:
+    version = f" {linked}" if linked else ""
+    return (
+        f"install TensorRT{version} (pip install 'cyto[gpu]'), or use --backend onnx (its CUDA "
+        "provider)"
+    )
 
 
 def available_providers() -> list[str]:
@@ -235,9 +242,8 @@ class OnnxRuntimeBackend:
                 lib = f"libnvinfer.so.{linked}" if linked else "libnvinfer"
                 raise DeviceError(
                     f"ONNX Runtime could not start its TensorRT provider on {device} (got "
-                    f"{got}): TensorRT's libraries ({lib}) do not load here; install "
-                    f"TensorRT {linked or ''} (pip install 'cyto[gpu]'), or use --backend onnx "
-                    "(its CUDA provider)".replace("TensorRT  (", "TensorRT (")
+                    f"{got}): TensorRT's libraries ({lib}) do not load here; "
+                    + _tensorrt_remedy(linked)
                 )
             raise DeviceError(
                 f"ONNX Runtime could not start its GPU provider on {device} (got {got}; CUDA or "
