@@ -30,6 +30,21 @@ os.environ["NUMBA_CACHE_DIR"] = os.path.join(SESSION_TMP, "cache", "numba")
 
 from tests.conftest_paths import SHARED_DATA  # noqa: E402 - after the openslide import above
 
+# Property-based tests (Hypothesis): bounded examples, no deadline (2 shared cores time out), and
+# no example database in the working tree (a test run leaves no files behind).
+if importlib.util.find_spec("hypothesis") is not None:
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "cyto",
+        max_examples=int(os.environ.get("CYTO_HYPOTHESIS_EXAMPLES", "40")),
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        derandomize=os.environ.get("CI") == "true",
+    )
+    settings.load_profile("cyto")
+
 
 def _has_openslide() -> bool:
     try:
