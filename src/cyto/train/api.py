@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -61,6 +62,53 @@ def training_nuclei(data: TrainData) -> dict[str, float | None]:
     }
 
 
+#: the key fields of a training run by the user's names for them
+RUN_KEY_NAMES = {
+    "method": "METHOD",
+    "data": "the training cells (DATA, --normal, --abnormal, --skip-unreadable)",
+    "weights": "--weights",
+}
+RUN_KEY = "run-key.json"
+
+
+def run_key(method: str, cfg: TrainConfig, data: TrainData, weights: Path | None) -> dict:
+    """Everything an interrupted run's checkpoints were computed from: a checkpoint is continued
+    only by a run of the same method, config, training cells and initial weights."""
+    from cyto.bundle import sha256_file
+
+    return {
+        "method": method,
+        "data": data.fingerprint,
+        "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
+        "weights": sha256_file(Path(weights)) if weights is not None else None,
+    }
+
+
+def start_checkpoints(ckpt: Path, key: dict, resume: bool) -> None:
+    """``--resume`` continues the checkpoints in ``ckpt`` only when they were written by a run
+    with this very ``key`` (:func:`cyto.reuse.check_reuse`); a run without it starts anew."""
+    from cyto.bundle import atomic_write
+    from cyto.reuse import check_reuse, read_record
+
+    if resume:
+        names = {**RUN_KEY_NAMES, **{f: f"--set {f}" for f in key["config"]}}
+        reuse = check_reuse(read_record(ckpt / RUN_KEY), key, names=names)
+        if reuse.missing:
+            raise BundleError(
+                f"--resume: {ckpt} records no key of the run that wrote it (an older cyto, or a "
+                "damaged folder), so it cannot be shown to be this run's: rerun without --resume"
+            )
+        if not reuse.ok:
+            raise BundleError(
+                f"--resume: the interrupted run in {ckpt} was another run ({reuse.words()}); "
+                "rerun with its settings, or without --resume to start over"
+            )
+        return
+    shutil.rmtree(ckpt, ignore_errors=True)
+    ckpt.mkdir(parents=True)
+    atomic_write(ckpt / RUN_KEY, json.dumps(key, indent=1, sort_keys=True).encode())
+
+
 def train(
     method: str,
     data: Path,
@@ -95,6 +143,7 @@ def train(
     if not cls.instance_labels:
         # weakly supervised: the method, its calibration and its manifest never see them
         train_data = dataclasses.replace(train_data, labels=None)
+    start_checkpoints(ckpt, run_key(method, cfg, train_data, weights), resume)
     t0 = time.perf_counter()
     model = cls(cfg).fit(train_data, device=dev, ckpt_dir=ckpt, resume=resume, weights=weights)
     seconds = time.perf_counter() - t0

@@ -1,0 +1,200 @@
+"""The rule of reuse: earlier work is reused only once it has proved to be what it claims.
+
+Whatever cyto keeps to avoid recomputing (a training checkpoint, a finished or interrupted slide,
+a cohort's slide folder, a verification record, a calibration store, a review session, the marks
+refine learns from) is written with a *key*: a dict of everything the work was computed from
+(data fingerprint, config and method, model and manifest hash, scorer settings, input file
+identity, library versions and machine where they matter). Before reuse, :func:`check_reuse`
+compares the key recorded with the key of the work asked for now, and checks the artifacts
+themselves (:class:`Artifact`: they exist, read back, hold the columns and the rows the record
+says). On any mismatch the caller redoes the work or refuses, with :meth:`Reuse.words`: one line
+that names what differs by the user's flag names, never by field names, and never shows the value
+of a secret setting (a review's seed).
+
+A record's decision (a gate passed) is not part of what is reused: the caller recomputes it from
+the record's numbers on every read. The page ``docs/explanation/reuse.md`` states the rule for
+new features.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: shown instead of the value of a secret key field (what differs is said, never the value)
+HIDDEN = "(hidden)"
+
+
+def key_sha256(key: Mapping[str, Any]) -> str:
+    """A stable hash of a key (canonical JSON: sorted keys, no spaces)."""
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A file that earlier work left and a reuse relies on.
+
+    ``kind``: ``file`` (exists and is not empty), ``json`` (parses to an object), ``parquet``
+    (its footer reads back; ``rows`` and ``columns``, when given, must match), ``folder``
+    (exists). ``what`` names it for the user (default: the file name).
+    """
+
+    path: Path
+    kind: str = "file"
+    rows: int | None = None
+    columns: tuple[str, ...] = ()
+    what: str = ""
+
+    def problem(self) -> str | None:
+        """What is wrong with the artifact, in words, or None when it holds what it should."""
+        path = Path(self.path)
+        name = self.what or path.name
+        if self.kind == "folder":
+            return None if path.is_dir() else f"{name} is missing"
+        if not path.is_file():
+            return f"{name} is missing"
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            return f"{name} cannot be read ({exc.strerror or exc})"
+        if size == 0:
+            return f"{name} is empty"
+        if self.kind == "json":
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                return f"{name} does not read back as JSON ({_first_line(exc)})"
+            return None if isinstance(data, dict) else f"{name} is not a JSON object"
+        if self.kind == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            try:
+                meta = pq.read_metadata(path)
+                names = set(pq.read_schema(path).names)
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                return f"{name} does not read back as Parquet ({_first_line(exc)})"
+            missing = [c for c in self.columns if c not in names]
+            if missing:
+                return f"{name} lacks the column(s) {', '.join(missing)}"
+            if self.rows is not None and meta.num_rows != self.rows:
+                return f"{name} holds {meta.num_rows} rows where {self.rows} were written"
+        return None
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """The outcome of :func:`check_reuse`: ``ok`` when the key matches and every artifact holds.
+
+    ``differs``: the settings or inputs that changed, in the user's words (``--top-k 400 -> 100``);
+    ``broken``: what is wrong with the artifacts; ``missing``: no record was found at all."""
+
+    differs: tuple[str, ...] = ()
+    broken: tuple[str, ...] = ()
+    missing: bool = False
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.differs or self.broken or self.missing)
+
+    def words(self) -> str:
+        """What stands in the way of reuse, in one line ('' when nothing does)."""
+        if self.missing:
+            return "no record of the earlier work"
+        parts = []
+        if self.differs:
+            parts.append("other settings or inputs: " + "; ".join(self.differs))
+        if self.broken:
+            parts.append("; ".join(self.broken))
+        return "; ".join(parts)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "default"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_show(v) for v in value) or "none"
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]  # a sha256: its first digits say enough
+    return str(value)
+
+
+def flag_name(key: str, names: Mapping[str, str] | None = None) -> str:
+    """The user's name of a key field: ``names[key]`` when given, else ``--key-with-dashes``."""
+    if names and key in names:
+        return names[key]
+    return f"--{key.replace('_', '-')}"
+
+
+def differences(
+    recorded: Mapping[str, Any],
+    current: Mapping[str, Any],
+    names: Mapping[str, str] | None = None,
+    secret: Iterable[str] = (),
+) -> list[str]:
+    """The fields of ``current`` and ``recorded`` that differ, as ``NAME then -> now``; a nested
+    dict names only its fields that moved (``--tile-size 512 -> 1024`` inside a settings group),
+    and a ``secret`` field says only that it differs. A field one side lacks reads as None (its
+    default): a setting added after a record was written does not void it at its default."""
+    secret = set(secret)
+    out: list[str] = []
+    for key in dict.fromkeys([*current, *recorded]):
+        was, now = recorded.get(key), current.get(key)
+        if _same(was, now):
+            continue
+        name = flag_name(key, names)
+        if key in secret:
+            out.append(f"{name} differs")
+        elif isinstance(was, Mapping) and isinstance(now, Mapping):
+            out += [
+                f"{name} {d}" if not d.startswith("--") else d
+                for d in differences(was, now, names, secret)
+            ]
+        else:
+            out.append(f"{name} {_show(was)} -> {_show(now)}")
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON would record them (a tuple and the list it was read back as are one)."""
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def check_reuse(
+    recorded: Mapping[str, Any] | None,
+    current: Mapping[str, Any],
+    artifacts: Iterable[Artifact] = (),
+    names: Mapping[str, str] | None = None,
+    secret: Iterable[str] = (),
+) -> Reuse:
+    """May earlier work be reused? Its recorded key must equal ``current`` field for field and
+    every artifact must hold what the record says (see the module docstring). The one check every
+    place that reuses work goes through."""
+    if not isinstance(recorded, Mapping):
+        return Reuse(missing=True)
+    differs = tuple(differences(recorded, current, names, secret))
+    broken = tuple(p for a in artifacts if (p := a.problem()) is not None)
+    return Reuse(differs=differs, broken=broken)
+
+
+def read_record(path: Path) -> dict | None:
+    """A JSON object written by earlier work, or None when it is absent or does not read back
+    (a record that cannot be read is no record: the work is redone)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
