@@ -71,6 +71,11 @@ class UnsupportedSlideError(CytoError):
     """A file is not a whole-slide image cyto can read."""
 
 
+class SlideFailedError(CytoError):
+    """One slide of a cohort or watch failed in a way cyto does not foresee (a bug in cyto or a
+    library it calls): said in one line with Python's words, and the other slides go on."""
+
+
 class SlideWriteError(CytoError):
     """A synthetic slide cannot be written as requested."""
 

@@ -52,11 +52,39 @@ def _warnings_as_lines():
         warnings.showwarning = shown
 
 
+def _shown_names(exc: UnicodeError) -> tuple[str, int]:
+    """The error handler of stdout and stderr: a file name that is not UTF-8 (Python holds
+    its bytes as surrogate escapes) is written ``slide-\\xff.tif``, as in cyto's tables."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    bad = exc.object[exc.start : exc.end]
+    shown = "".join(
+        f"\\x{ord(c) - 0xDC00:02x}"
+        if 0xDC80 <= ord(c) <= 0xDCFF
+        else c.encode("ascii", "backslashreplace").decode("ascii")
+        for c in bad
+    )
+    return shown, exc.end
+
+
+def _names_shown() -> None:
+    """Messages never fail on a file name that is not UTF-8: a strict locale would raise on it,
+    Python's C locale writes its raw bytes (which a pipe that reads UTF-8 fails on); a text an
+    ASCII terminal cannot show is written with ``\\u`` escapes."""
+    import codecs
+
+    codecs.register_error("cyto-names", _shown_names)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # not a test's StringIO
+            stream.reconfigure(errors="cyto-names")
+
+
 def main() -> None:
     """Entry point: run the app, turning library errors into one line and an exit code. A Ctrl-C
     exits with 130, also one that something swallowed on its way (:mod:`cyto.interrupts`)."""
     from cyto import interrupts
 
+    _names_shown()
     interrupts.install()
     try:
         try:

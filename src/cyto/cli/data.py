@@ -102,8 +102,12 @@ def data_cells_cmd(
 ) -> None:
     """Training cells from negative slides: every cell cyto score found, cut at the area the
     model saw, into a class folder for cyto train (the paper trains on such cells)."""
+    from cyto.eval.scores import check_parquet
     from cyto.review.cells import harvest_cells
+    from cyto.review.session import find_scored
 
+    for folder in find_scored(scored):  # a cut table: one line naming it, before any cell
+        check_parquet(folder / "scores.parquet", "score its slide again with cyto score")
     res = harvest_cells(
         scored,
         out,

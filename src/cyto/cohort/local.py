@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cyto.cohort.table import cohort_row, write_cohort_table
-from cyto.errors import CytoError, InputPathError, OutputWriteError
+from cyto.cohort.table import cohort_row, read_cohort_table, write_cohort_table
+from cyto.errors import CytoError, InputPathError, OutputWriteError, SlideFailedError
 from cyto.infer import ScoreOptions, score_slide
 from cyto.infer.finish import Metrics
 from cyto.infer.outputs import read_truth
 from cyto.infer.plan import NO_MODEL_MPP
 from cyto.infer.store import PARTIAL, slide_identity
 from cyto.runtime import Scorer, load_scorer
+from cyto.slides.base import printable
 
 
 def changed_settings(recorded: dict | None, opts: ScoreOptions) -> list[str]:
@@ -122,6 +123,7 @@ def check_inputs(out: Path, opts: ScoreOptions) -> None:
     --nuclei file used to surface only after a whole slide was scored)."""
     check_out_folder(out)
     check_writable(out)
+    read_cohort_table(Path(out) / "cohort.csv")  # one it cannot update: said before any work
     if opts.truth is not None:
         read_truth(opts.truth)
     if opts.nuclei is not None and not Path(opts.nuclei).is_file():
@@ -203,6 +205,17 @@ def output_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path,
     return pairs
 
 
+def slide_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path, Path]]:
+    """:func:`output_folders`, each folder named in UTF-8: a slide whose file name is not UTF-8
+    (``slide-\\xff.tif``) goes to ``OUT/slide-\\xff``, so the tables, JSON and web pages under
+    OUT (Parquet and JSON take UTF-8 paths and text only) can always be written and read back;
+    the slide itself is read under its own name."""
+    return [
+        (slide, target.with_name(printable(target.name)))
+        for slide, target in output_folders(slides, out, echo)
+    ]
+
+
 def once_per_cohort(echo):
     """``echo`` that says the model's own warnings (the same for every slide) once."""
     seen: set[str] = set()
@@ -228,6 +241,19 @@ def open_model(model: Path, opts: ScoreOptions, echo) -> Scorer:
     return scorer
 
 
+def unforeseen(slide: Path, exc: Exception) -> SlideFailedError:
+    """A failure of one slide that cyto does not foresee, as the one line its cohort reports
+    (``CYTO_DEBUG=1`` raises it instead, with its traceback)."""
+    import os
+
+    if os.environ.get("CYTO_DEBUG") == "1":
+        raise exc
+    return SlideFailedError(
+        f"{printable(slide)}: failed unforeseen ({type(exc).__name__}: {printable(exc)}); the "
+        "other slides go on. Please report it, with the traceback CYTO_DEBUG=1 shows"
+    )
+
+
 def score_cohort(
     slides: list[Path],
     model: Path,
@@ -241,7 +267,7 @@ def score_cohort(
     check_inputs(out, opts)
     scorer = open_model(model, opts, echo)
     done, failed, rows = [], [], []
-    pairs = output_folders(slides, out, echo)
+    pairs = slide_folders(slides, out, echo)
     if len(pairs) < len(slides):
         echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
     said = once_per_cohort(echo)
@@ -255,6 +281,9 @@ def score_cohort(
         except CytoError as exc:
             failed.append((slide, exc))
             rows.append(cohort_row(slide, target, None, str(exc)))
+        except Exception as exc:  # whatever one slide does, the next is scored
+            failed.append((slide, unforeseen(slide, exc)))
+            rows.append(cohort_row(slide, target, None, str(failed[-1][1])))
         if Path(out).is_dir():
             write_cohort_table(rows, Path(out) / "cohort.csv")
     return done, failed

@@ -367,7 +367,7 @@ def score_cohort_ray(
     ``split_tiles`` tiles is scored in parts of that many tiles by several actors at once
     (None: never)."""
     from cyto.bundle import verify_bundle
-    from cyto.cohort.local import check_inputs, output_folders
+    from cyto.cohort.local import check_inputs, slide_folders
 
     check_inputs(out, opts)
     if split_tiles is not None and split_tiles < 1:
@@ -375,7 +375,7 @@ def score_cohort_ray(
     verify_bundle(Path(model))  # a bad bundle fails here in one line, not in every actor
     ray = import_ray()
     echo(f"joined the {connect(address, num_cpus)}")
-    pairs = output_folders(slides, out, echo)
+    pairs = slide_folders(slides, out, echo)
     if len(pairs) < len(slides):
         echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
     engines = _Engines(ray, model, opts)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from cyto.slides.base import printable
+
 COHORT_COLUMNS = (
     "slide",
     "output",
@@ -107,22 +109,59 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
         # way (relative from elsewhere, absolute) is the same folder, and the same row
         home = path.parent.resolve()
         merged: dict[str, dict] = {}
-        if path.is_file():
-            with open(path, newline="") as fh:
-                for old in csv.DictReader(fh):
-                    row = {k: old.get(k, "") for k in COHORT_COLUMNS}
-                    name = Path(row["output"]).name
-                    row["output"] = str(home / name) if name else row["output"]
-                    merged[name] = row
+        for old in read_cohort_table(path):
+            row = {k: old.get(k, "") for k in COHORT_COLUMNS}
+            name = Path(row["output"]).name
+            row["output"] = str(home / name) if name else row["output"]
+            merged[name] = row
         for row in rows:
             merged[Path(row["output"]).name] = {
                 **row,
                 "output": str(home / Path(row["output"]).name),
             }
         partial = path.with_name(f".{path.name}.partial")
-        with open(partial, "w", newline="") as fh:
+        # always UTF-8: a slide name that is not (b"slide-\xff.tif") is written as \xff
+        merged = {k: {c: _cell(v) for c, v in row.items()} for k, row in merged.items()}
+        with open(partial, "w", newline="", encoding="utf-8") as fh:
             writer = csv.DictWriter(fh, fieldnames=COHORT_COLUMNS)
             writer.writeheader()
             writer.writerows(merged.values())
         os.replace(partial, path)
     return path
+
+
+def read_cohort_table(path: Path) -> list[dict]:
+    """The rows of an existing ``cohort.csv`` (none when there is none). Bytes that are not
+    UTF-8 (a hand edit in another encoding, a slide name written by an older cyto) are read as
+    ``\\xNN``, so updating the table never fails on them; a file the CSV reader cannot parse
+    at all (a NUL byte, a binary file put in its place) is one :class:`OutputWriteError`
+    naming it, raised before any slide is scored (:func:`cyto.cohort.local.check_inputs`)."""
+    import csv
+
+    path = Path(path)
+    if not path.is_file():
+        return []
+    from cyto.errors import OutputWriteError
+
+    fix = "move it away (each slide's folder keeps its own outputs) and run again"
+    try:
+        with open(path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
+            reader = csv.DictReader(fh)
+            rows = [{_cell(k): _cell(v) for k, v in row.items() if k is not None} for row in reader]
+            header = [_cell(k) for k in reader.fieldnames or ()]
+    except csv.Error as exc:
+        raise OutputWriteError(
+            f"cannot update the cohort table {printable(path)}: it is not a CSV file cyto can "
+            f"read ({exc}); {fix}"
+        ) from exc
+    if rows and not {"slide", "output"} <= set(header):
+        raise OutputWriteError(
+            f"cannot update the cohort table {printable(path)}: it is no cohort table (its "
+            f"header has no slide and output columns); {fix}"
+        )
+    return [row for row in rows if row.get("output")]
+
+
+def _cell(value: object) -> object:
+    """A value of the table as valid UTF-8 text."""
+    return printable(value) if isinstance(value, str) else value

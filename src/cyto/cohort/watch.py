@@ -23,8 +23,9 @@ from cyto.cohort.local import (
     check_inputs,
     once_per_cohort,
     open_model,
-    output_folders,
     score_one,
+    slide_folders,
+    unforeseen,
 )
 from cyto.cohort.run import slide_line
 from cyto.cohort.table import cohort_row, write_cohort_table
@@ -121,7 +122,7 @@ def watch_cohort(
                 if now - seen[slide][1] < settle:
                     continue  # still being written, or not for long enough unchanged
                 handled[slide] = st
-                ((real, target),) = output_folders([slide], out, echo)  # its real path
+                ((real, target),) = slide_folders([slide], out, echo)  # its real path
                 echo(f"slide {real}")
                 try:
                     summary = score_one(real, target, scorer, opts, said, metrics)
@@ -131,7 +132,9 @@ def watch_cohort(
                         busy.add(slide)
                         echo(f"{slide.name}: left to the run that holds {target} ({exc})")
                     continue
-                except CytoError as exc:
+                except Exception as exc:  # whatever one slide does, the watch goes on
+                    if not isinstance(exc, CytoError):
+                        exc = unforeseen(real, exc)
                     failed.append((real, exc))
                     row = cohort_row(real, target, None, str(exc))
                     echo(f"failed: {exc}" if str(real) in str(exc) else f"failed: {real}: {exc}")

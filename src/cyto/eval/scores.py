@@ -16,6 +16,21 @@ def ranked_column(columns) -> str:
     return "fused_score" if "fused_score" in columns else "score"
 
 
+def check_parquet(path: Path, fix: str) -> None:
+    """Refuse a Parquet file that cannot be opened (truncated by a full disk or a copy cut
+    short, or not Parquet at all) in one line that names it and says ``fix``; its footer, which
+    a cut file loses first, is read, not its rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pq.ParquetFile(path).close()
+    except (pa.ArrowException, OSError) as exc:
+        raise InputPathError(
+            f"{path} is truncated or damaged ({_first_words(exc)}); {fix}"
+        ) from exc
+
+
 def read_score_table(path: Path, score_column: str, label_column: str):
     """(scores, labels) of a table; ``score_column`` ``auto``: :func:`ranked_column`."""
     import pyarrow as pa
@@ -36,6 +51,19 @@ def read_score_table(path: Path, score_column: str, label_column: str):
             raise MetricError(
                 f"{path} has no column {col!r}; columns: {', '.join(table.column_names)}"
             )
+    for col, flag in ((score_column, "--score-column"), (label_column, "--label-column")):
+        kind = table.schema.field(col).type
+        if not (
+            pa.types.is_integer(kind)
+            or pa.types.is_floating(kind)
+            or pa.types.is_boolean(kind)
+            or pa.types.is_decimal(kind)
+            or pa.types.is_null(kind)
+        ):
+            raise MetricError(
+                f"{path}: column {col!r} ({flag}) holds {kind} values, not numbers; give the "
+                "column of numeric scores and 0/1 labels"
+            )
     scores = np.asarray(table[score_column].to_numpy(zero_copy_only=False), dtype=np.float64)
     labels = np.asarray(table[label_column].to_numpy(zero_copy_only=False))
     return scores, labels
@@ -46,3 +74,9 @@ def evaluate_table(
 ) -> list[dict[str, float]]:
     scores, labels = read_score_table(path, score_column, label_column)
     return [all_metrics(scores, labels, kk) for kk in k]
+
+
+def _first_words(exc: Exception) -> str:
+    """The first sentence of a library's error (Arrow adds guesses after it)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text.split(". ")[0].rstrip(".")

@@ -17,6 +17,7 @@ import numpy as np
 from cyto import __version__
 from cyto.errors import InputPathError
 from cyto.slides import open_slide
+from cyto.slides.base import printable
 from cyto.slides.dicom import slide_bytes
 
 MOSAIC_SIDE, MOSAIC_COLS = 96, 10
@@ -135,7 +136,7 @@ def table_metadata(
         "cyto.method": bundle.method,
         "cyto.scoring_id": bundle.scoring_id,
         "cyto.result_key": json.dumps(result_key, default=str, sort_keys=True),
-        "cyto.slide": str(slide),
+        "cyto.slide": printable(slide),  # Parquet metadata is UTF-8: a name that is not, shown
         "cyto.slide_identity": identity,
         "cyto.slide_bytes": str(slide_bytes(slide)),
         "cyto.backend": scorer.backend.name,

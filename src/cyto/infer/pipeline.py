@@ -34,6 +34,7 @@ from cyto.locks import OutputLock
 from cyto.progress import progress
 from cyto.runtime import Scorer, devices, load_scorer
 from cyto.slides import open_with_planes
+from cyto.slides.base import printable
 
 
 def score_slide(
@@ -100,7 +101,9 @@ def score_tiles(plan: SlidePlan, jobs: list, store: ChunkStore, scorer, opts, ec
     done_tiles, n_done = store.start(opts.resume, echo)
     out.resumed_tiles, out.resumed_cells = done_tiles, n_done
     feed = TileFeed(plan.ctx, jobs[done_tiles:], plan.workers, plan.queue)
-    cells = CellBatcher(scorer, store, slide.stem, opts, n_done, done_tiles, plan.overlap)
+    cells = CellBatcher(
+        scorer, store, printable(slide.stem), opts, n_done, done_tiles, plan.overlap
+    )
     t_loop = time.perf_counter()
     h2d_before = devices.h2d_bytes(devices.parse_device(scorer.device)[0])
     position = done_tiles

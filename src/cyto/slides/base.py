@@ -37,6 +37,18 @@ class SlideReader(Protocol):
     def close(self) -> None: ...
 
 
+def printable(text: object) -> str:
+    """``text`` (a path, a name) as valid UTF-8 for a message, a CSV cell, a Parquet column or
+    a JSON string: the bytes of a file name that is not UTF-8 (``b"slide-\\xff.tif"``, which
+    Python holds as surrogate escapes) written as ``\\xff``; any other text is unchanged."""
+    s = str(text)
+    try:
+        raw = s.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate no file name decodes to
+        return s.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def _float(value: object) -> float | None:
     try:
         v = float(value)  # type: ignore[arg-type]
@@ -45,18 +57,75 @@ def _float(value: object) -> float | None:
     return v if v > 0 else None
 
 
-def _to_rgb(rgba: np.ndarray) -> np.ndarray:
-    if rgba.shape[2] == 3:
-        return np.ascontiguousarray(rgba)
-    if rgba.shape[2] == 4:
-        if np.all(rgba[..., 3] == 255):  # opaque (nearly every tile): the composite is the RGB
-            return np.ascontiguousarray(rgba[..., :3])
-        a = rgba[..., 3:4].astype(np.float32) / 255.0
-        rgb = rgba[..., :3].astype(np.float32) * a + PAD * (1.0 - a)
-        return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
-    if rgba.shape[2] == 1:
-        return np.repeat(rgba, 3, axis=2)
-    raise UnsupportedSlideError(f"slide has {rgba.shape[2]} bands; expected RGB")
+#: libvips' sample formats cyto reads (an 8-bit slide as it is, a 16-bit one scaled to 8 bits)
+READABLE_FORMATS = ("uchar", "ushort")
+_FORMAT_WORDS = {
+    "char": "signed 8-bit integers",
+    "short": "signed 16-bit integers",
+    "uint": "32-bit integers",
+    "int": "signed 32-bit integers",
+    "float": "32-bit floating point",
+    "double": "64-bit floating point",
+    "complex": "complex numbers",
+    "dpcomplex": "complex numbers",
+}
+_CONVERT = "convert it to 8-bit RGB (e.g. vips colourspace IN OUT.tif[tile,pyramid] srgb)"
+
+
+def check_pixels(path: object, bands: int, sample_format: str, interpretation: str) -> None:
+    """Refuse, in one line naming the format, an image whose pixels cyto cannot turn into
+    RGB without guessing what they mean: floating-point, signed or 32-bit samples (their
+    white is not known), CMYK (its colours need the printer's profile) and more than four
+    samples per pixel (a multispectral or unknown layout). Everything else is converted on
+    reading by :func:`_to_rgb`."""
+    if sample_format not in READABLE_FORMATS:
+        what = _FORMAT_WORDS.get(sample_format, sample_format)
+        raise UnsupportedSlideError(
+            f"{path}: its samples are {what}; cyto reads 8- and 16-bit unsigned images: {_CONVERT}"
+        )
+    if interpretation == "cmyk":
+        raise UnsupportedSlideError(
+            f"{path}: a CMYK (separated) TIFF; its colours cannot be turned into the scanner's "
+            f"RGB without the printer's colour profile: {_CONVERT}"
+        )
+    if not 1 <= bands <= 4:
+        raise UnsupportedSlideError(
+            f"{path}: {bands} samples per pixel; cyto reads grayscale, grayscale + alpha, RGB "
+            f"and RGBA images: {_CONVERT}"
+        )
+
+
+def _to_rgb(pixels: np.ndarray) -> np.ndarray:
+    """uint8 RGB from a region as a reader decodes it (H x W, or H x W x bands), so every
+    slide a reader opens is read as the 8-bit RGB the models were trained on:
+
+    - 16-bit samples are scaled by the bit depth (``round(v * 255 / 65535)``: 65535 is white),
+      not by the data's range, which is only known once the whole slide is read (a scanner's
+      12-bit data stored as 16 bits reads dark);
+    - one band (grayscale, bilevel, a gray palette) is replicated into R, G and B;
+    - alpha (grayscale + alpha, RGBA) is composited on white, the slide's padding.
+    Palettes and min-is-white are resolved by the decoder (libvips) before this.
+    """
+    if pixels.ndim == 2:
+        pixels = pixels[..., None]
+    if pixels.dtype == np.uint16:
+        pixels = ((pixels.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
+    elif pixels.dtype != np.uint8:
+        raise UnsupportedSlideError(f"slide samples are {pixels.dtype}; expected 8 or 16 bits")
+    bands = pixels.shape[2]
+    if bands in (2, 4):  # the last band is alpha
+        color = pixels[..., :-1]
+        if np.all(pixels[..., -1] == 255):  # opaque (nearly every tile): no composite
+            pixels = color
+        else:
+            a = pixels[..., -1:].astype(np.float32) / 255.0
+            mixed = color.astype(np.float32) * a + PAD * (1.0 - a)
+            pixels = np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
+    if pixels.shape[2] == 1:
+        return np.repeat(pixels, 3, axis=2)
+    if pixels.shape[2] == 3:
+        return np.ascontiguousarray(pixels)
+    raise UnsupportedSlideError(f"slide has {bands} bands; expected grayscale or RGB")
 
 
 def in_slide(x: int, y: int, w: int, h: int, width: int, height: int):

@@ -14,13 +14,23 @@ A missing, truncated, unsupported or non-slide file gives one :class:`Unsupporte
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from cyto.errors import InputPathError, MissingDependencyError, UnsupportedSlideError
-from cyto.slides.base import PLANE_SEP, SlideInfo, SlideReader, _float, _to_rgb, in_slide, padded
+from cyto.slides.base import (
+    PLANE_SEP,
+    SlideInfo,
+    SlideReader,
+    _float,
+    _to_rgb,
+    check_pixels,
+    in_slide,
+    padded,
+)
 from cyto.slides.dicom import (
     WSI_SOP_CLASS,
     check_openslide,
@@ -112,19 +122,20 @@ class PyvipsReader:
     def __init__(self, path: Path, pyvips, vendor: str | None) -> None:
         self._pv = pyvips
         self.path = path
+        # the file name as bytes: pyvips encodes a str as strict UTF-8, which a name that is
+        # not UTF-8 (b"slide-\xff.tif", held by Python as a surrogate escape) cannot be; and
+        # the loaders by name, as new_from_file would read "[...]" in a name as options
+        name = os.fsencode(path)
         try:
             if vendor is not None:
-                self._levels = [pyvips.Image.openslideload(str(path), level=0)]
+                self._levels = [pyvips.Image.openslideload(name, level=0)]
                 n = int(self._levels[0].get("openslide.level-count"))
-                self._levels += [
-                    pyvips.Image.openslideload(str(path), level=i) for i in range(1, n)
-                ]
-            else:
-                first = pyvips.Image.new_from_file(str(path), access="random")
-                n = first.get_n_pages() if first.get("vips-loader").startswith("tiff") else 1
+                self._levels += [pyvips.Image.openslideload(name, level=i) for i in range(1, n)]
+            else:  # open_slide let only a TIFF through
+                first = pyvips.Image.tiffload(name, access="random")
+                n = first.get_n_pages()
                 self._levels = [first] + [
-                    pyvips.Image.new_from_file(str(path), page=i, access="random")
-                    for i in range(1, n)
+                    pyvips.Image.tiffload(name, page=i, access="random") for i in range(1, n)
                 ]
         except pyvips.Error as exc:
             raise UnsupportedSlideError(
@@ -132,6 +143,12 @@ class PyvipsReader:
             ) from exc
         base = self._levels[0]
         self._levels = [im for im in self._levels if im.width <= base.width]
+        for im in self._levels:  # refused here, in one line, before anything is scored
+            check_pixels(path, im.bands, str(im.format), str(im.interpretation))
+        # grayscale with extra samples: the gray and the first extra one, its alpha (libvips'
+        # reading); _to_rgb takes 2 bands as gray + alpha, 4 as RGB + alpha
+        gray = str(base.interpretation) in ("b-w", "grey16")
+        self._bands = 2 if gray and base.bands > 2 else None
         fields = set(base.get_fields())
         props = {k: str(base.get(k)) for k in fields if k.startswith(("openslide.", "tiff."))}
         mpp = _float(props.get("openslide.mpp-x"))
@@ -155,7 +172,11 @@ class PyvipsReader:
 
         def read(rx, ry, rw, rh):
             try:
-                return _to_rgb(im.crop(rx, ry, rw, rh).numpy())
+                region = im.crop(rx, ry, rw, rh)
+                if self._bands is not None:
+                    region = region.extract_band(0, n=self._bands)
+                # numpy() drops the axes of length 1 (a 1 x 1 region is a scalar)
+                return _to_rgb(region.numpy().reshape(rh, rw, region.bands))
             except self._pv.Error as exc:
                 raise UnsupportedSlideError(
                     f"{self.path}: cannot read region at ({rx}, {ry}) level {level}: the image "

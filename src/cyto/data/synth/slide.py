@@ -150,12 +150,118 @@ def smear_mask(x: np.ndarray, y: np.ndarray, w: int, h: int) -> np.ndarray:
     return ((x - w / 2) / (0.46 * w)) ** 2 + ((y - h / 2) / (0.46 * h)) ** 2 <= 1.0
 
 
+def cell_count(config: SlideSynthConfig) -> int:
+    """The nucleated cells of a slide: ``n_cells``, or one per 69 x 69 px (at scale 1) of smear."""
+    if config.n_cells is not None:
+        return config.n_cells
+    w, h = config.size
+    return int(np.pi * (0.46 * w) * (0.46 * h) / (69.0 * config.scale) ** 2)
+
+
+# What drawing a slide holds in memory, measured (tracemalloc, 4096^2 and 8192^2 px slides at
+# the default clutter): the layout peaks at about 450 bytes per cell while it is placed (its
+# grid, the objects, their index) and keeps about 180 (every drawing process holds a copy); a
+# row of blocks is 512 x width x 3 bytes per plane, and the writer's pyramid step makes a
+# float32 copy of it (4 bytes a sample) beside the JPEG encoder's.
+_LAYOUT_PEAK_PER_CELL = 450
+_LAYOUT_KEPT_PER_CELL = 180
+_STRIP_COPIES_MAIN = 7  # the row in hand, its float32 copy (4), the downsampled rows, the encoder
+_STRIP_COPIES_WORKER = 2
+_PROCESS_BASE = 150 << 20  # Python, numpy, the synthesis code
+
+
+def memory_needed(config: SlideSynthConfig, workers: int) -> int:
+    """Bytes drawing ``config`` with ``workers`` processes (0 or 1: in this process) needs at
+    its peak, from :data:`_LAYOUT_PEAK_PER_CELL` and the rows in flight
+    (:func:`_rendered_rows`): a layout in proportion to the slide's area, rows to its width."""
+    w, _ = config.size
+    n = cell_count(config)
+    strip = len(config.planes) * BLOCK * w * 3
+    need = _PROCESS_BASE + _LAYOUT_PEAK_PER_CELL * n + _STRIP_COPIES_MAIN * strip
+    if workers > 1:
+        need += (workers + 1) * strip  # rows drawn, waiting for their turn to be written
+        need += workers * (_PROCESS_BASE + _LAYOUT_KEPT_PER_CELL * n + _STRIP_COPIES_WORKER * strip)
+    return need
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still take: the smaller of the machine's available memory
+    (``MemAvailable``) and what is left under its cgroup's limit (a container's); None where
+    neither can be read (off Linux)."""
+    found: list[int] = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            cap, used = Path(limit).read_text().strip(), Path(usage).read_text().strip()
+        except OSError:
+            continue
+        if cap.isdigit() and used.isdigit() and int(cap) < 1 << 60:  # "max": no limit
+            found.append(max(int(cap) - int(used), 0))
+        break
+    return min(found) if found else None
+
+
+def _drawing_processes(workers: int | None, rows: int) -> int:
+    """How many processes :func:`_rendered_rows` draws with (1: this one)."""
+    n = min(os.cpu_count() or 1, 4) if workers is None else workers
+    return 1 if n <= 1 or rows < 4 else n
+
+
+def check_memory(config: SlideSynthConfig, workers: int | None) -> None:
+    """Refuse, before anything is allocated, a slide this machine has not the memory to draw:
+    one line with the size asked, the memory it needs and the largest square slide that fits."""
+    avail = available_memory()
+    w, h = config.size
+    n = _drawing_processes(workers, h // BLOCK)
+    need = memory_needed(config, n)
+    if avail is None or need <= avail:
+        return
+    from dataclasses import replace
+
+    lo, hi = BLOCK, max(w, h)  # the largest square side (whole blocks, as asked) that fits
+    while hi - lo > BLOCK:
+        mid = (lo + hi) // 2 // BLOCK * BLOCK
+        trial = replace(
+            config,
+            width=mid,
+            height=mid,
+            n_cells=None if config.n_cells is None else int(config.n_cells * mid * mid / (w * h)),
+        )
+        if memory_needed(trial, _drawing_processes(workers, mid // BLOCK)) <= avail:
+            lo = mid
+        else:
+            hi = mid
+    fewer = f" with {n} drawing processes (--workers)" if n > 1 else ""
+    raise ConfigError(
+        f"--width {config.width} --height {config.height}: a {w:,} x {h:,} px slide of "
+        f"{cell_count(config):,} cells needs about {_gib(need)} of memory to draw{fewer}, and "
+        f"this machine has {_gib(avail)} available: the largest square slide that fits is "
+        f"about {lo:,} x {lo:,} px; ask for a smaller one"
+        + (" or fewer --workers" if n > 1 else "")
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):,.1f} GiB"
+
+
 def layout(config: SlideSynthConfig) -> SlideLayout:
     """Place cells on a jittered grid inside the smear, plant abnormal cells, scatter clutter."""
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, 7]))
     w, h = config.size
     area = np.pi * (0.46 * w) * (0.46 * h)
-    n = config.n_cells if config.n_cells is not None else int(area / (69.0 * config.scale) ** 2)
+    n = cell_count(config)
     margin = 30 * config.scale
     xs = ys = np.empty(0)
     spacing = np.sqrt(area / max(n, 1))
@@ -417,6 +523,7 @@ def write_slide(
     existing = [p for p in targets if p.exists()]
     if existing and not overwrite:
         raise InputPathError(f"{existing[0]} exists (pass --overwrite to replace it)")
+    check_memory(config, workers)
     out.parent.mkdir(parents=True, exist_ok=True)  # as every other command's outputs
 
     lay = layout(config)
