@@ -283,10 +283,11 @@ def test_every_pixel_layout_with_a_clear_meaning_is_read_as_8_bit_rgb(tmp_path, 
 
 
 @pytest.mark.pyvips
-@pytest.mark.parametrize("layout", ["cmyk", "float", "int16", "five-samples"])
+@pytest.mark.parametrize("layout", ["cmyk", "cielab", "float", "int16", "five-samples"])
 def test_a_pixel_layout_without_a_clear_meaning_is_one_line_naming_it(tmp_path, layout):
     words = {
         "cmyk": "CMYK",
+        "cielab": "LAB colour space",
         "float": "floating point",
         "int16": "signed 16-bit",
         "five-samples": "5 samples per pixel",
@@ -294,6 +295,8 @@ def test_a_pixel_layout_without_a_clear_meaning_is_one_line_naming_it(tmp_path, 
     kw: dict = {}
     if layout == "cmyk":
         data, ph = np.zeros((32, 32, 4), np.uint8), "separated"
+    elif layout == "cielab":
+        data, ph = np.zeros((32, 32, 3), np.uint8), "cielab"
     elif layout == "float":
         data, ph = np.zeros((32, 32, 3), np.float32), "rgb"
     elif layout == "int16":

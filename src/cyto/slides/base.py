@@ -74,10 +74,15 @@ _CONVERT = "convert it to 8-bit RGB (e.g. vips colourspace IN OUT.tif[tile,pyram
 
 def check_pixels(path: object, bands: int, sample_format: str, interpretation: str) -> None:
     """Refuse, in one line naming the format, an image whose pixels cyto cannot turn into
-    RGB without guessing what they mean: floating-point, signed or 32-bit samples (their
-    white is not known), CMYK (its colours need the printer's profile) and more than four
-    samples per pixel (a multispectral or unknown layout). Everything else is converted on
-    reading by :func:`_to_rgb`."""
+    RGB without guessing what they mean: another colour space (CIE L*a*b*), floating-point,
+    signed or 32-bit samples (their white is not known), CMYK (its colours need the printer's
+    profile) and more than four samples per pixel (a multispectral or unknown layout).
+    Everything else is converted on reading by :func:`_to_rgb`."""
+    if interpretation in ("lab", "labs", "lch", "xyz", "yxy", "cmc", "hsv"):
+        raise UnsupportedSlideError(
+            f"{path}: its pixels are in the {interpretation.upper()} colour space, not RGB: "
+            f"{_CONVERT}"
+        )
     if sample_format not in READABLE_FORMATS:
         what = _FORMAT_WORDS.get(sample_format, sample_format)
         raise UnsupportedSlideError(

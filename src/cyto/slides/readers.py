@@ -147,8 +147,10 @@ class PyvipsReader:
             check_pixels(path, im.bands, str(im.format), str(im.interpretation))
         # grayscale with extra samples: the gray and the first extra one, its alpha (libvips'
         # reading); _to_rgb takes 2 bands as gray + alpha, 4 as RGB + alpha
-        gray = str(base.interpretation) in ("b-w", "grey16")
-        self._bands = 2 if gray and base.bands > 2 else None
+        self._bands = [
+            2 if str(im.interpretation) in ("b-w", "grey16") and im.bands > 2 else None
+            for im in self._levels
+        ]
         fields = set(base.get_fields())
         props = {k: str(base.get(k)) for k in fields if k.startswith(("openslide.", "tiff."))}
         mpp = _float(props.get("openslide.mpp-x"))
@@ -173,8 +175,8 @@ class PyvipsReader:
         def read(rx, ry, rw, rh):
             try:
                 region = im.crop(rx, ry, rw, rh)
-                if self._bands is not None:
-                    region = region.extract_band(0, n=self._bands)
+                if self._bands[level] is not None:
+                    region = region.extract_band(0, n=self._bands[level])
                 # numpy() drops the axes of length 1 (a 1 x 1 region is a scalar)
                 return _to_rgb(region.numpy().reshape(rh, rw, region.bands))
             except self._pv.Error as exc:
