@@ -540,6 +540,37 @@ def add_files(
     return manifest
 
 
+class Staged:
+    """Files (and manifest fields) prepared for a bundle and added to it in one
+    :func:`add_files` when :func:`staged_files` ends without an error: a graph and the golden
+    cells that verify it are sealed together or not at all (an export killed between the two
+    used to leave a graph in the seal that nothing could check)."""
+
+    def __init__(self, path: Path, folder: Path) -> None:
+        self.path, self.folder = Path(path), Path(folder)
+        self.files: dict[str, Path] = {}
+        self.fields: dict[str, Any] = {}
+
+    def file(self, name: str) -> Path:
+        """Where to write the staged file ``name`` (kept once :meth:`add` names it)."""
+        return self.folder / name
+
+    def add(self, name: str, fields: dict[str, Any]) -> None:
+        self.files[name] = self.file(name)
+        self.fields.update(fields)
+
+
+@contextlib.contextmanager
+def staged_files(path: Path) -> Iterator[Staged]:
+    """A :class:`Staged` set for the bundle at ``path``, added in one step at the end."""
+    path = Path(path)
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.staged-", dir=path.parent) as tmp:
+        stage = Staged(path, Path(tmp))
+        yield stage
+        if stage.files:
+            add_files(path, stage.files, stage.fields)
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """``path`` holds ``data`` at once, or is left as it was: written beside it, synced and
     renamed. Its mode is what a plain ``open`` gives under the umask (mkstemp's 0600 would hide

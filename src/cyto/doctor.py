@@ -345,11 +345,17 @@ def model_rows(
                     row.graph = scorer_artifact(scorer.backend)
                     row.cells_per_s = _speed(scorer, images)
                     scorer.close()
-                    passed_any = passed_any or row.status in ("passed", "unverified")
+                    passed_any = passed_any or row.status == "passed"
+                    unchecked = (
+                        f"{model} on {device}: its graphs run unverified "
+                        f"({v.why if v is not None else 'nothing to check them against'})"
+                    )
+                    if row.status == "unverified" and unchecked not in problems:
+                        problems.append(unchecked)
                 rows.append(row)
         if precision_asked and not any(r.status == "passed" for r in rows if r.device == device):
             problems.append(f"{model}: no {precision_asked} graph passes verification on {device}")
-        elif not passed_any:
+        elif not passed_any and not any(r.status == "unverified" for r in rows):
             problems.append(f"{model}: nothing here can score it on {device}")
         try:
             s = load_scorer(bundle, "auto", device, "auto")
@@ -433,7 +439,7 @@ def render(report: Report) -> str:
         for where, what in report.auto.items():
             lines.append(f"  auto for {where}: {what}")
     if report.problems:
-        lines.append("cannot run what was asked:")
+        lines.append("problems (what was asked cannot run, or runs unchecked):")
         lines += [f"  {p}" for p in report.problems]
     else:
         lines.append("everything asked for runs here")

@@ -39,9 +39,10 @@ def key_sha256(key: Mapping[str, Any]) -> str:
 class Artifact:
     """A file that earlier work left and a reuse relies on.
 
-    ``kind``: ``file`` (exists and is not empty), ``json`` (parses to an object), ``parquet``
-    (its footer reads back; ``rows`` and ``columns``, when given, must match), ``folder``
-    (exists). ``what`` names it for the user (default: the file name).
+    ``kind``: ``file`` (exists and is not empty), ``json`` (parses), ``parquet``
+    (its footer reads back; ``rows``, ``columns`` and the file metadata ``meta``, when given,
+    must match: another slide's table of as many rows is not this one), ``folder`` (exists).
+    ``what`` names it for the user (default: the file name).
     """
 
     path: Path
@@ -49,6 +50,7 @@ class Artifact:
     rows: int | None = None
     columns: tuple[str, ...] = ()
     what: str = ""
+    meta: tuple[tuple[str, str], ...] = ()
 
     def problem(self) -> str | None:
         """What is wrong with the artifact, in words, or None when it holds what it should."""
@@ -66,19 +68,23 @@ class Artifact:
             return f"{name} is empty"
         if self.kind == "json":
             try:
-                data = json.loads(path.read_text())
+                json.loads(path.read_text())
             except (OSError, ValueError) as exc:
                 return f"{name} does not read back as JSON ({_first_line(exc)})"
-            return None if isinstance(data, dict) else f"{name} is not a JSON object"
         if self.kind == "parquet":
             import pyarrow as pa
             import pyarrow.parquet as pq
 
             try:
                 meta = pq.read_metadata(path)
-                names = set(pq.read_schema(path).names)
+                schema = pq.read_schema(path)
             except (pa.ArrowException, OSError, ValueError) as exc:
                 return f"{name} does not read back as Parquet ({_first_line(exc)})"
+            names, written = set(schema.names), schema.metadata or {}
+            for field_name, value in self.meta:
+                got = written.get(field_name.encode(), b"").decode(errors="replace")
+                if got != value:
+                    return f"{name} was written for another {field_name.split('.')[-1]}"
             missing = [c for c in self.columns if c not in names]
             if missing:
                 return f"{name} lacks the column(s) {', '.join(missing)}"
@@ -146,9 +152,11 @@ def differences(
     secret: Iterable[str] = (),
 ) -> list[str]:
     """The fields of ``current`` and ``recorded`` that differ, as ``NAME then -> now``; a nested
-    dict names only its fields that moved (``--tile-size 512 -> 1024`` inside a settings group),
-    and a ``secret`` field says only that it differs. A field one side lacks reads as None (its
-    default): a setting added after a record was written does not void it at its default."""
+    dict names only its fields that moved, after its own name (``--set lr 0.001 -> 0.01`` for
+    ``{"config": {"lr": ...}}`` with ``names={"config": "--set"}``; a group named ``""`` holds
+    options with flags of their own: ``--tile 512 -> 1024``), and a ``secret`` field says
+    only that it differs. A field one side lacks reads as None (its default): a setting added
+    after a record was written does not void it at its default."""
     secret = set(secret)
     out: list[str] = []
     for key in dict.fromkeys([*current, *recorded]):
@@ -158,11 +166,10 @@ def differences(
         name = flag_name(key, names)
         if key in secret:
             out.append(f"{name} differs")
+        elif isinstance(was, Mapping) and isinstance(now, Mapping) and not name:
+            out += differences(was, now, names, secret)  # a group of options with own flags
         elif isinstance(was, Mapping) and isinstance(now, Mapping):
-            out += [
-                f"{name} {d}" if not d.startswith("--") else d
-                for d in differences(was, now, names, secret)
-            ]
+            out += [f"{name} {d}" for d in differences(was, now, {k: k for k in {*was, *now}})]
         else:
             out.append(f"{name} {_show(was)} -> {_show(now)}")
     return out

@@ -339,7 +339,7 @@ def test_predict_stopped_halfway_resumes_after_its_last_chunk(
     Image.fromarray(tiny.images[20]).save(folder / "c00.png")
     scored.clear()
     run(resume=True)
-    assert any("had another data" in m and "starting over" in m for m in said), said
+    assert any("the images of DATA" in m and "starting over" in m for m in said), said
     assert sum(scored) == 17
 
     # --zoom auto measures the folder's nuclei once: a resumed run keeps the factor its

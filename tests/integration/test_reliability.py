@@ -141,7 +141,7 @@ def test_a_replaced_slide_is_scored_again(exported_dsvdd, slides, tmp_path):
     msgs = []
     resume = ScoreOptions(**{**OPTS.__dict__, "resume": True})
     done, _ = score_cohort([slide], exported_dsvdd, tmp_path / "o", resume, msgs.append)
-    assert any("changed since" in m for m in msgs), msgs
+    assert any("the slide file's content" in m and "scoring it again" in m for m in msgs), msgs
     assert done[0]["slide_identity"] == slide_identity(slides[1].paths[0])
     ref = score_slide(slides[1].paths[0], exported_dsvdd, tmp_path / "ref", OPTS)
     assert done[0]["cells_scored"] == ref["cells_scored"]
@@ -822,7 +822,7 @@ def test_resume_scores_again_when_the_settings_changed(exported_dsvdd, slides, t
     fewer = ScoreOptions(mosaic=0, workers=0, tile=512, resume=True, top_k=3)
     [again], _ = score_cohort([slide], exported_dsvdd, out, fewer, said.append)
     assert not any("already scored" in m for m in said), said
-    assert any("other settings (--top-k 5 -> 3)" in m for m in said), said
+    assert any("other settings or inputs (--top-k 5 -> 3)" in m for m in said), said
     assert pq.read_table(out / "s" / "topk.parquet").num_rows == 3
     assert json.loads((out / "s" / "summary.json").read_text())["options"]["top_k"] == 3
     said.clear()  # the same settings again: reused

@@ -3,6 +3,7 @@ prove it is the work asked for; otherwise it is redone or refused in one line wi
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -115,3 +116,250 @@ def test_train_resume_refuses_a_checkpoint_without_a_key(tmp_path, synth_patches
             device="cpu",
             resume=True,
         )
+
+
+# --- a finished slide is reused only when its outputs are still what it wrote (examples 2, 3)
+
+
+def _opts(**kw):
+    from cyto.infer import ScoreOptions
+
+    return ScoreOptions(**{"mosaic": 0, "workers": 0, "tile": 512, "resume": True, **kw})
+
+
+@pytest.fixture(scope="module")
+def two_slides(tmp_path_factory):
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+
+    root = tmp_path_factory.mktemp("reuse")
+    (root / "a").mkdir()
+    (root / "b").mkdir()
+    a = write_slide(root / "a" / "s.tif", SlideSynthConfig(width=768, height=768, seed=4))
+    b = write_slide(root / "b" / "s.tif", SlideSynthConfig(width=768, height=768, seed=5))
+    return a, b
+
+
+def _damage(folder, how, other_folder):
+    import pyarrow.parquet as pq
+
+    if how == "truncated table":
+        data = (folder / "scores.parquet").read_bytes()
+        (folder / "scores.parquet").write_bytes(data[: len(data) // 2])
+    elif how == "replaced table":
+        table = pq.read_table(folder / "scores.parquet")
+        pq.write_table(table.slice(0, table.num_rows // 2), folder / "scores.parquet")
+    elif how == "another slide's table":
+        shutil.copy(other_folder / "scores.parquet", folder / "scores.parquet")
+    elif how == "top-K missing":
+        (folder / "topk.parquet").unlink()
+    elif how == "mosaic missing":
+        (folder / "topk_mosaic_blinded.png").unlink()
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "truncated table",
+        "replaced table",
+        "another slide's table",
+        "top-K missing",
+        "mosaic missing",
+        "intact",
+    ],
+)
+def test_resume_reuses_a_finished_slide_only_when_its_outputs_hold(
+    exported_dsvdd, two_slides, tmp_path, how
+):
+    """Example 2: `cyto score --resume` said 'already scored; skipping' when scores.parquet had
+    been truncated or replaced, or topk.parquet or the mosaics were missing: only summary.json
+    was read."""
+    import pyarrow.parquet as pq
+
+    from cyto.cohort import score_cohort
+
+    a, b = (s.paths[0] for s in two_slides)
+    opts = _opts(mosaic=16)
+    [first], _ = score_cohort([a], exported_dsvdd, tmp_path / "o", opts, lambda m: None)
+    score_cohort([b], exported_dsvdd, tmp_path / "p", opts, lambda m: None)
+    folder = tmp_path / "o" / "s"
+    _damage(folder, how, tmp_path / "p" / "s")
+    said: list[str] = []
+    [again], _ = score_cohort([a], exported_dsvdd, tmp_path / "o", opts, said.append)
+    if how == "intact":
+        assert any("already scored" in m for m in said), "\n".join(said)
+        return
+    assert not any("already scored" in m for m in said), said
+    assert any("does not hold what it wrote" in m and "scoring it again" in m for m in said), said
+    assert pq.read_table(folder / "scores.parquet").num_rows == first["cells_scored"]
+    assert (folder / "topk.parquet").is_file() and (folder / "topk_mosaic_blinded.png").is_file()
+
+
+def test_resume_rescored_when_a_side_file_changed_under_its_name(
+    exported_dsvdd, two_slides, tmp_path
+):
+    """A --truth file edited under the same name is another input: the finished slide is not
+    reused with the old truth report."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cyto.cohort import score_cohort
+
+    a = two_slides[0]
+    truth = tmp_path / "truth.parquet"
+    shutil.copy(a.ground_truth, truth)
+    opts = _opts(truth=truth)
+    score_cohort([a.paths[0]], exported_dsvdd, tmp_path / "o", opts, lambda m: None)
+    table = pq.read_table(truth)
+    pq.write_table(
+        table.set_column(
+            table.schema.get_field_index("x"), "x", pa.array(table["x"].to_numpy() + 1.0)
+        ),
+        truth,
+    )
+    said: list[str] = []
+    score_cohort([a.paths[0]], exported_dsvdd, tmp_path / "o", opts, said.append)
+    assert any("the --truth file's content" in m for m in said), said
+
+
+def test_two_namesakes_scored_apart_keep_their_folders_when_scored_together(
+    exported_dsvdd, two_slides, tmp_path
+):
+    """Example 3: a/s.tif and b/s.tif, scored in two earlier runs into one --out, then together
+    with --resume: one of them was scored again into a new folder, and cohort.csv got two rows
+    for it."""
+    import csv
+
+    from cyto.cohort import score_cohort
+
+    a, b = (s.paths[0] for s in two_slides)
+    out = tmp_path / "o"
+    score_cohort([a], exported_dsvdd, out, _opts(), lambda m: None)
+    score_cohort([b], exported_dsvdd, out, _opts(), lambda m: None)
+    folders = sorted(f.name for f in out.iterdir() if f.is_dir())
+    said: list[str] = []
+    done, failed = score_cohort([a, b], exported_dsvdd, out, _opts(), said.append)
+    assert not failed and sum("already scored" in m for m in said) == 2, said
+    assert sorted(f.name for f in out.iterdir() if f.is_dir()) == folders
+    with open(out / "cohort.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 2 and len({r["output"] for r in rows}) == 2, rows
+
+
+# --- an export seals a graph only with the golden cells that verify it (example 5)
+
+
+def test_an_export_killed_before_its_golden_cells_leaves_the_bundle_as_it_was(
+    tiny, tmp_path, monkeypatch, synth_patches
+):
+    """Example 5: an export killed part way left encoder.onnx sealed without golden cells;
+    `cyto score` then ran that never-checked graph with exit 0, and `cyto doctor` said
+    everything runs."""
+    from cyto.bundle import load_bundle, save_bundle
+    from cyto.doctor import diagnose, render
+    from cyto.export.api import export_bundle
+    from tests.train_helpers import make
+
+    m = make("dsvdd", epochs=1, ae_epochs=1, n_seeds=1, tta_views=("orig",)).fit(tiny)
+    path = tmp_path / "m.cyto"
+    save_bundle(path, *m.bundle_parts(tiny))
+    before = load_bundle(path, weights=False).manifest["files"]
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed while the golden cells were scored")
+
+    import cyto.runtime.scorer as scorer_mod
+
+    real = scorer_mod.load_scorer
+    monkeypatch.setattr(scorer_mod, "load_scorer", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export_bundle(path, cells=synth_patches, echo=lambda m: None)
+    monkeypatch.setattr(scorer_mod, "load_scorer", real)
+    after = load_bundle(path, weights=False).manifest["files"]
+    assert after == before  # neither the graph nor half of the golden set was sealed
+    assert not (path / "encoder.onnx").exists()
+    assert not list(tmp_path.glob(".m.cyto.staged-*"))
+
+    # a bundle whose graph has no golden cells (an older cyto's export) is a problem for the
+    # doctor, and cyto score says so on the console and in the slide's line
+    from cyto.export.onnx import export_onnx
+
+    export_onnx(path)
+    report = diagnose([path], "cpu")
+    text = render(report)
+    assert report.exit_code == 1 and "unverified" in text and "everything asked" not in text
+    from cyto.cohort.local import open_model
+    from cyto.infer import ScoreOptions
+
+    said: list[str] = []
+    open_model(path, ScoreOptions(), said.append).close()
+    assert any(m.startswith("WARNING: UNVERIFIED") for m in said), said
+    from cyto.cohort.run import slide_line
+
+    summary = {
+        "slide": "s.tif",
+        "cells_scored": 5,
+        "seconds": 1.0,
+        "cells_per_s": 5.0,
+        "verification": {"status": "unverified"},
+    }
+    assert "UNVERIFIED scores" in slide_line(summary, tmp_path)
+
+
+# --- a verification record is this scorer's, and its decision is the gate's (example 4)
+
+
+@pytest.fixture
+def golden_bundle(exported_bundles, synth_patches, tmp_path):
+    from cyto.export.golden import write_golden
+
+    path = tmp_path / "d.cyto"
+    shutil.copytree(exported_bundles["dsvdd"], path)
+    write_golden(path, synth_patches, normal="normal", n=64)
+    return path
+
+
+def test_a_hand_edited_verification_record_is_judged_by_its_numbers(golden_bundle):
+    """Example 4a: a record edited by hand (a Spearman of 0.10 recorded as "passed") was
+    trusted: the cached decision was read as a boolean."""
+    from cyto.errors import VerificationError
+    from cyto.runtime import load_scorer
+
+    s = load_scorer(golden_bundle, "onnx", "cpu")
+    assert s.verification.status == "passed"
+    s.close()
+    [record_file] = (golden_bundle / "verified").glob("*.json")
+    record = json.loads(record_file.read_text())
+    record["parity"].update(spearman=0.10, top10_overlap=0.2, max_diff_of_range=0.4)
+    assert record["passed"] is True
+    record_file.write_text(json.dumps(record))
+    with pytest.raises(VerificationError, match="Spearman 0.1000"):
+        load_scorer(golden_bundle, "onnx", "cpu")
+    # a record whose numbers are gone is no record: verified again, here
+    record["parity"] = {"passed": True}
+    record_file.write_text(json.dumps(record))
+    again = load_scorer(golden_bundle, "onnx", "cpu")
+    assert again.verification.status == "passed" and not again.verification.cached
+
+
+def test_a_changed_scoring_setting_is_verified_again(golden_bundle):
+    """Example 4b: a bundle whose scorer settings changed (an unsealed format-1 manifest with
+    another TTA blend) still read "passed (cached)" while most of its scores differed."""
+    import warnings
+
+    from cyto.errors import VerificationError
+    from cyto.runtime import load_scorer
+
+    s = load_scorer(golden_bundle, "torch", "cpu")
+    assert s.verification.status == "passed"
+    s.close()
+    manifest_file = golden_bundle / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    assert len(manifest["tta_views"]) > 1
+    del manifest["manifest_sha256"]  # the seal
+    manifest["format_version"] = 1
+    manifest["tta_lambda"] = 1.0 - float(manifest.get("tta_lambda", 0.0))
+    manifest_file.write_text(json.dumps(manifest))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(VerificationError):
+            load_scorer(golden_bundle, "torch", "cpu")

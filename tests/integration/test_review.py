@@ -626,6 +626,9 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
     assert (res["known_abnormal"], res["excluded"]) == (1, 2)
     with pytest.raises(ConfigError, match="bag labels"):
         refine(exported_bundles["ws-sil"], rv, synth_patches, tmp_path / "r3.cyto", **args)
+    # a model whose top-K was not reviewed learns nothing from this review (issue 56)
+    with pytest.raises(ConfigError, match="another model's top-K cells"):
+        refine(exported_bundles["droc"], rv, synth_patches, tmp_path / "r4.cyto", **args)
     # --no-hard-normals: the marked cells alone join the training normals
     ko = refine(model, rv, synth_patches, tmp_path / "ko.cyto", hard_normals=False,
                 overrides=["epochs=1", "ae_epochs=0"], **args)  # fmt: skip
@@ -800,11 +803,15 @@ def test_reopening_a_review_keeps_its_settings_or_refuses_others(scored, session
     )  # fmt: skip
     assert again.seed == session.seed
     for other in ({"k": K + 1}, {"k": K, "seed": session.seed + 1}, {"k": K, "merge_um": 9.0}):
-        with pytest.raises(ConfigError, match="built with other settings"):
+        with pytest.raises(ConfigError, match="built with other settings") as refused:
             build_session(
                 [scored["outs"]["dsvdd"], scored["outs"]["fs-sil"]], session.root,
                 echo=lambda _: None, **other,
             )  # fmt: skip
+        # the review's secret seed is never printed (with it anyone rebuilds the key: issue 56)
+        assert not re.search(r"--seed \d|has \d", str(refused.value)), refused.value
+        if "seed" in other:
+            assert "--seed differs" in str(refused.value)
 
 
 def test_a_review_opened_from_another_folder_finds_the_slide(exported_dsvdd, tmp_path, monkeypatch):

@@ -16,62 +16,56 @@ from cyto.infer.store import PARTIAL, slide_identity
 from cyto.runtime import Scorer, load_scorer
 from cyto.slides.base import printable
 
-
-def changed_settings(recorded: dict | None, opts: ScoreOptions) -> list[str]:
-    """The options of ``opts`` that differ from a finished run's ``recorded`` output key, as
-    ``--flag then -> now``; every option when the run recorded none (an older cyto)."""
-    now = opts.output_key()
-    if not isinstance(recorded, dict):
-        return ["(settings not recorded by the cyto that wrote it)"]
-
-    def show(value) -> str:
-        return "default" if value is None else str(value)
-
-    changed = []
-    for key, value in now.items():
-        was = recorded.get(key)
-        if was == value:
-            continue
-        flag = f"--{key.replace('_', '-')}"
-        if isinstance(was, dict) and isinstance(value, dict):  # name only what moved
-            changed += [
-                f"{flag} {k} {show(was.get(k))} -> {show(v)}"
-                for k, v in value.items()
-                if was.get(k) != v
-            ]
-        else:
-            changed.append(f"{flag} {show(was)} -> {show(value)}")
-    return changed
+#: the key fields of a finished slide, by the user's names (the options keep their flag names)
+SCORE_KEY_NAMES = {
+    "model": "MODEL (its manifest)",
+    "slide": "the slide file's content",
+    "nuclei_file": "the --nuclei file's content",
+    "truth_file": "the --truth file's content",
+}
 
 
 def finished_summary(
     target: Path, scorer: Scorer, slide: Path, opts: ScoreOptions, echo
 ) -> dict | None:
     """The summary of a finished run of this model on this very slide in ``target`` with these
-    options, if any (a run with other settings is scored again: its table, top-K and mosaics
-    would not be what the options ask for)."""
+    options, if its outputs are still what it wrote (:func:`cyto.reuse.check_reuse`: the model,
+    the slide's and side files' content, every option that shapes the outputs, and the tables
+    and mosaics read back with their rows); None, said once, when anything differs: the slide
+    is then scored again."""
+    from cyto.infer.outputs import output_artifacts
+    from cyto.reuse import check_reuse, read_record
+
     summary = target / "summary.json"
-    if not summary.is_file() or not (target / "scores.parquet").is_file():
+    if not summary.is_file() or (target / PARTIAL).exists():
         return None
-    if (target / PARTIAL).exists():
+    data = read_record(summary)
+    if data is None:
+        echo(f"{slide.name}: {summary} does not read back; scoring it again")
         return None
-    try:
-        data = json.loads(summary.read_text())
-    except json.JSONDecodeError:
+    if not isinstance(data.get("output_key"), dict):
+        echo(f"{slide.name}: {target} records no settings (an older cyto); scoring it again")
         return None
-    if data.get("model_sha256") != scorer.bundle.manifest_hash:
-        return None
-    if data.get("slide_identity") != slide_identity(slide):
-        echo(f"{slide.name}: the slide file changed since {target} was scored; scoring it again")
-        return None
-    changed = changed_settings(data.get("output_key"), opts)
-    if changed:
-        echo(
-            f"{slide.name}: {target} was scored with other settings ({'; '.join(changed)}); "
-            "scoring it again"
-        )
-        return None
-    return data
+    recorded = {
+        "model": data.get("model_sha256"),
+        "slide": data.get("slide_identity"),
+        **data["output_key"],
+    }
+    current = {
+        "model": scorer.bundle.manifest_hash,
+        "slide": slide_identity(slide),
+        **opts.output_key(),
+    }
+    reuse = check_reuse(recorded, current, output_artifacts(target, data), SCORE_KEY_NAMES)
+    if reuse.ok:
+        return data
+    why = []
+    if reuse.differs:
+        why.append(f"was scored with other settings or inputs ({'; '.join(reuse.differs)})")
+    if reuse.broken:
+        why.append(f"does not hold what it wrote ({'; '.join(reuse.broken)})")
+    echo(f"{slide.name}: {target} {' and '.join(why)}; scoring it again")
+    return None
 
 
 def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, echo, metrics) -> dict:
@@ -189,7 +183,13 @@ def output_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path,
         stems[s.stem] = stems.get(s.stem, 0) + 1
     out = _resolved(Path(out))
     pairs = []
+    taken: set[str] = set()
     for s in unique:
+        kept = _folder_holding(out, s, taken)
+        if kept is not None:  # an earlier run's folder of this very slide: resumed or reused there
+            taken.add(kept.name)
+            pairs.append((s, kept))
+            continue
         name = s.stem
         other = _held_by_another(out / name, s) if stems[s.stem] == 1 else None
         if stems[s.stem] > 1 or other is not None:
@@ -201,8 +201,30 @@ def output_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path,
                 f"note: {out / s.stem} holds the results of another slide ({other}); "
                 f"{s} goes to {out / name}"
             )
+        taken.add(name)
         pairs.append((s, out / name))
     return pairs
+
+
+def _folder_holding(out: Path, slide: Path, taken: set[str]) -> Path | None:
+    """The folder under ``out`` that an earlier run gave ``slide`` (``OUT/STEM``, or
+    ``OUT/STEM-<hash>`` when its name collided then), found by the slide the folder records: a
+    slide scored alone first and beside a namesake later keeps its folder, never gets a second
+    one (and a second row in ``cohort.csv``)."""
+    import re
+
+    if not out.is_dir():
+        return None
+    pattern = re.compile(re.escape(slide.stem) + r"(-[0-9a-f]{8})?")
+    candidates = sorted(
+        (f for f in out.iterdir() if pattern.fullmatch(f.name) and f.name not in taken),
+        key=lambda f: (f.name != slide.stem, f.name),
+    )
+    for folder in candidates:
+        held = _holder(folder)
+        if held is not None and _held_by_another(folder, slide) is None:
+            return folder
+    return None
 
 
 def slide_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path, Path]]:
@@ -238,7 +260,17 @@ def open_model(model: Path, opts: ScoreOptions, echo) -> Scorer:
         echo(f"  backend choice: {note}")
     if scorer.verification is not None:
         echo(f"  verification: {scorer.verification.words()}")
+        if scorer.verification.status == "unverified":
+            echo(unverified_warning(model, scorer.verification.why))
     return scorer
+
+
+def unverified_warning(model: Path, why: str) -> str:
+    """The warning a run prints when its scores come from a graph nothing checked here."""
+    return (
+        f"WARNING: UNVERIFIED: {model} scores with a graph that has not been checked on this "
+        f"machine ({why}); its scores may differ from the trained model's"
+    )
 
 
 def unforeseen(slide: Path, exc: Exception) -> SlideFailedError:

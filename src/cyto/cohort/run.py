@@ -46,6 +46,8 @@ def slide_line(summary: dict, out: Path) -> str:
         f"-> {s.get('output') or Path(out) / Path(s['slide']).stem}"
     )
     line += burden_words(s.get("burden"))
+    if (s.get("verification") or {}).get("status") == "unverified":
+        line += "; UNVERIFIED scores (no golden cells: see cyto doctor)"
     if "truth" in s:
         t = s["truth"]
         line += (

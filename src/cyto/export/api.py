@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from cyto.bundle import ONNX_FILE, load_bundle
+from cyto.bundle import ONNX_FILE, load_bundle, staged_files
 from cyto.data.dataset import load_records
 from cyto.errors import ConfigError, CytoError
 from cyto.export.conformance import problem_words
@@ -86,8 +86,14 @@ def export_bundle(
         require_tensorrt()
         gpu_identity(device)
     report: dict = {}
+    # the graph and the golden cells that verify it are sealed together, or neither is: an
+    # export stopped between them leaves the bundle as it was
+    with staged_files(path) as stage:
+        if onnx:
+            report["onnx"] = export_onnx(path, opset=opset, stage=stage)
+        golden = _golden(path, cells, parity_cells, parity_normal, calib, echo, stage)
     if onnx:
-        entry = export_onnx(path, opset=opset)
+        entry = report["onnx"]
         echo(
             f"wrote {path / ONNX_FILE}: opset {entry['opset']}, {entry['nodes']} nodes, "
             f"uint8 NHWC in, {entry['output']['name']} out ({entry['export_seconds']} s)"
@@ -105,8 +111,6 @@ def export_bundle(
                 f"warning: the graph breaks TensorRT's import rules ({conf['targets']}): "
                 + problem_words(conf)
             )
-        report["onnx"] = entry
-    golden = _golden(path, cells, parity_cells, parity_normal, calib, echo)
     if golden:
         report["golden"] = golden
     # ONNX Runtime here against PyTorch, on the golden cells (load_scorer verifies)
@@ -183,7 +187,7 @@ def export_bundle(
     return report
 
 
-def _golden(path, cells, parity_cells, parity_normal, calib, echo) -> dict | None:
+def _golden(path, cells, parity_cells, parity_normal, calib, echo, stage) -> dict | None:
     """Write the bundle's golden cells when it has none, when they are random patches and real
     cells were given, or when --cells names new ones; returns the entry written (or None)."""
     from cyto.export.golden import golden_source, needs_real_cells, write_golden
@@ -196,7 +200,7 @@ def _golden(path, cells, parity_cells, parity_normal, calib, echo) -> dict | Non
         return None
     # the normal classes: --parity-normal for --parity-cells, else the bundle's training ones
     normal = parity_normal if source is not None and source == parity_cells else None
-    entry = write_golden(path, source, normal=normal)
+    entry = write_golden(path, source, normal=normal, stage=stage)
     what = f"{entry['cells']} {'random patches' if entry['kind'] == 'random' else 'cells'}"
     if entry.get("abnormal"):
         what += f" ({entry['abnormal']} abnormal)"

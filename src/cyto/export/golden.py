@@ -12,12 +12,12 @@ with their calibration cells.
 
 from __future__ import annotations
 
-import tempfile
+import contextlib
 from pathlib import Path
 
 import numpy as np
 
-from cyto.bundle import add_files, load_bundle
+from cyto.bundle import Staged, load_bundle, staged_files
 from cyto.errors import CytoError
 from cyto.runtime.verify import GOLDEN_FILE, read_golden
 
@@ -69,8 +69,10 @@ def write_golden(
     images: np.ndarray | None = None,
     labels: np.ndarray | None = None,
     source_words: str | None = None,
+    stage: Staged | None = None,
 ) -> dict:
-    """Keep ``n`` golden cells with their fp32 PyTorch scores in the bundle at ``path``.
+    """Keep ``n`` golden cells with their fp32 PyTorch scores in the bundle at ``path`` (with
+    ``stage``: sealed with the rest of the stage, e.g. the graph they verify, when it ends).
 
     The cells are ``images`` (with ``labels``) when given, else drawn from ``source`` (a class
     folder or manifest; ``normal`` names the normal classes, default the bundle's), else seeded
@@ -115,8 +117,10 @@ def write_golden(
         "reference": "PyTorch fp32 on the CPU, at export",
         "size": int(size),
     }
-    with tempfile.TemporaryDirectory(dir=bundle.path.parent) as tmp:
-        target = Path(tmp) / GOLDEN_FILE
+    with contextlib.ExitStack() as scope:
+        if stage is None:  # alone: added to the bundle at the end of this call
+            stage = scope.enter_context(staged_files(bundle.path))
+        target = stage.file(GOLDEN_FILE)
         np.savez_compressed(
             target,
             images=np.ascontiguousarray(images, dtype=np.uint8),
@@ -125,7 +129,7 @@ def write_golden(
                 np.full(len(images), -1, np.int8) if labels is None else labels.astype(np.int8)
             ),
         )
-        add_files(bundle.path, {GOLDEN_FILE: target}, {"golden": entry})
+        stage.add(GOLDEN_FILE, {"golden": entry})
     return entry
 
 

@@ -9,12 +9,12 @@ folds constants, and the TensorRT import rules are checked (:mod:`cyto.export.co
 
 from __future__ import annotations
 
-import tempfile
+import contextlib
 import time
 import warnings
 from pathlib import Path
 
-from cyto.bundle import ONNX_FILE, add_files, load_bundle
+from cyto.bundle import ONNX_FILE, Staged, load_bundle, staged_files
 from cyto.errors import ConfigError
 
 OPSET = 18
@@ -85,8 +85,12 @@ def check_opset(opset: int) -> None:
         )
 
 
-def export_onnx(path: Path, opset: int = OPSET, example_size: int | None = None) -> dict:
-    """Write ``encoder.onnx`` into the bundle and record it in the manifest; returns its entry."""
+def export_onnx(
+    path: Path, opset: int = OPSET, example_size: int | None = None, stage: Staged | None = None
+) -> dict:
+    """Write ``encoder.onnx`` into the bundle and record it in the manifest; returns its entry.
+    With ``stage`` it is only staged, and sealed with whatever else the stage holds (the golden
+    cells that verify it) when the stage ends."""
     import onnx
     import torch
 
@@ -107,8 +111,10 @@ def export_onnx(path: Path, opset: int = OPSET, example_size: int | None = None)
         2: torch.export.Dim("width", min=8, max=4096),
     }
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=bundle.path.parent) as tmp:
-        target = Path(tmp) / ONNX_FILE
+    with contextlib.ExitStack() as scope:
+        if stage is None:  # alone: added to the bundle at the end of this call
+            stage = scope.enter_context(staged_files(bundle.path))
+        target = stage.file(ONNX_FILE)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
@@ -147,5 +153,5 @@ def export_onnx(path: Path, opset: int = OPSET, example_size: int | None = None)
             "tensorrt_conformance": conformance_record(problems),
             "export_seconds": round(time.perf_counter() - t0, 1),
         }
-        add_files(bundle.path, {ONNX_FILE: target}, {"onnx": entry})
+        stage.add(ONNX_FILE, {"onnx": entry})
     return entry

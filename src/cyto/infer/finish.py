@@ -22,6 +22,7 @@ from cyto.infer.outputs import (
     write_mosaics,
     write_score_table,
     write_top_k,
+    written_outputs,
 )
 from cyto.infer.plan import TileRun
 from cyto.infer.tiling import Resolution
@@ -283,6 +284,7 @@ def _finish(table, run: _Run) -> dict:
             "peak_rss_mb": peak_rss_mb(),
             "options": opts.as_json(),
             "output_key": opts.output_key(),
+            "outputs": written_outputs(n_cells, k, bool(opts.mosaic and n_cells)),
         }
     )
     write_summary(run.out_dir, summary)

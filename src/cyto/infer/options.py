@@ -146,8 +146,19 @@ class ScoreOptions:
             "fdr_alpha": self.fdr_alpha,
             "triage_level": self.triage_level,
             "fdr_confidence": self.fdr_confidence,
+            **self.side_files_key(),
         }
         return json.loads(json.dumps(key, default=str))
+
+    def side_files_key(self) -> dict:
+        """The content of the side files the options name (``--nuclei``, ``--truth``): a file
+        edited or replaced under the same name is another input (the rule of reuse)."""
+        from cyto.infer.store import file_identity
+
+        return {
+            "nuclei_file": file_identity(self.nuclei),
+            "truth_file": file_identity(self.truth),
+        }
 
     def as_json(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}

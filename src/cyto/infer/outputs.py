@@ -179,6 +179,49 @@ def write_geojson(table, order, k: int, path: Path) -> Path:
 
 #: what :func:`write_mosaics` writes into a slide's folder
 MOSAIC_FILES = ("topk_mosaic.png", "topk_mosaic_blinded.png", "topk_mosaic_blinded_key.json")
+#: the columns a finished score table always has (those a reuse of it relies on)
+TABLE_COLUMNS = ("slide_id", "cell_id", "x", "y", "score", "rank")
+
+
+def written_outputs(n_cells: int, k: int, mosaics: bool) -> dict[str, dict]:
+    """What a finished run writes into a slide's folder, with the rows each table holds:
+    recorded in ``summary.json`` so a reuse can check the files are still these."""
+    out = {
+        "scores.parquet": {"kind": "parquet", "rows": int(n_cells), "columns": TABLE_COLUMNS},
+        "topk.parquet": {"kind": "parquet", "rows": int(k), "columns": TABLE_COLUMNS},
+        "topk.geojson": {"kind": "json"},
+    }
+    for name in MOSAIC_FILES if mosaics else ():
+        out[name] = {"kind": "json" if name.endswith(".json") else "file"}
+    return out
+
+
+def output_artifacts(folder: Path, summary: dict) -> list:
+    """The files a finished run's ``summary`` says its folder holds, as artifacts to check
+    (:mod:`cyto.reuse`); a summary of an older cyto that recorded none names the tables and
+    mosaics it did write."""
+    from cyto.reuse import Artifact
+
+    outputs = summary.get("outputs")
+    if not isinstance(outputs, dict):
+        n = int(summary.get("cells_scored") or 0)
+        k = min(int((summary.get("output_key") or {}).get("top_k") or 0), n)
+        outputs = written_outputs(n, k, bool(summary.get("mosaic")))
+    meta = (
+        ("cyto.slide_identity", str(summary.get("slide_identity"))),
+        ("cyto.manifest_sha256", str(summary.get("model_sha256"))),
+    )
+    return [
+        Artifact(
+            Path(folder) / name,
+            str(spec.get("kind", "file")),
+            rows=spec.get("rows"),
+            columns=tuple(spec.get("columns") or ()),
+            meta=meta if name == "scores.parquet" else (),
+        )
+        for name, spec in outputs.items()
+        if isinstance(spec, dict)
+    ]
 
 
 def write_mosaics(

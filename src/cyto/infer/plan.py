@@ -116,6 +116,7 @@ class SlidePlan:
             "model": scorer.bundle.manifest_hash,
             "slide": slide_key(self.slide, self.planes),
             "options": {**opts.result_key(), "precision": scorer.precision},
+            "nuclei_file": opts.side_files_key()["nuclei_file"],
             "tiles": jobs,
             # chunks of another table layout (an older cyto), or without the nucleus-size
             # scores this ranking needs, are not continued

@@ -20,9 +20,21 @@ import shutil
 from pathlib import Path
 
 from cyto.errors import CytoError
+from cyto.reuse import check_reuse, read_record
 from cyto.slides.base import PLANE_SEP
 
 PARTIAL = ".partial"
+#: the fields of a chunk store's key by the user's names (the options keep their flag names)
+STORE_KEY_NAMES = {
+    "model": "MODEL (its manifest)",
+    "slide": "the slide's (or a plane's) file content:",
+    "options": "",
+    "tiles": "the tile list's length",
+    "columns": "the table layout (an older cyto)",
+    "rank_by": "--rank-by",
+    "nuclei_file": "the --nuclei file's content",
+    "data": "the images of DATA (added, removed or changed)",
+}
 _CHUNK = re.compile(r"^chunk-(\d+)-(\d+)\.parquet$")
 
 
@@ -50,6 +62,17 @@ def slide_identity(path: Path, block: int = 1 << 16, samples: int = 32) -> str:
         fh.seek(max(size - edge, 0))
         h.update(fh.read(edge))
     return h.hexdigest()
+
+
+def file_identity(path: Path | None) -> str | None:
+    """:func:`slide_identity` of a side file, None when none is given or it cannot be read
+    (a missing file fails on its own, by name, where it is read)."""
+    if path is None:
+        return None
+    try:
+        return slide_identity(Path(path))
+    except OSError:
+        return None
 
 
 def schema():
@@ -104,11 +127,8 @@ class ChunkStore:
 
         state = self.dir / "state.json"
         if resume and state.is_file():
-            try:
-                old = json.loads(state.read_text())
-            except json.JSONDecodeError:
-                old = None
-            if old == self.key:
+            reuse = check_reuse(read_record(state), self.key, names=STORE_KEY_NAMES)
+            if reuse.ok:
                 for f in self.dir.glob("*.tmp"):
                     f.unlink()
                 self._drop_damaged(echo)
@@ -119,12 +139,7 @@ class ChunkStore:
                     done += f" and {done_cells} {self.rows}"
                 echo(f"resuming: {done} already scored")
                 return done_tiles, done_cells
-            old = old if isinstance(old, dict) else {}
-            what = [k for k in {**old, **self.key} if old.get(k) != self.key.get(k)]
-            echo(
-                f"resume: the earlier run had another {' and '.join(what) or 'state'} "
-                "(a changed input file, model or options); starting over"
-            )
+            echo(f"resume: the earlier run had {reuse.words()}; starting over")
         elif resume:
             echo("resume: no unfinished run here; starting from the beginning")
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -88,6 +88,50 @@ def review_examples(review: Path, agree: str = "any") -> dict:
     }
 
 
+def lineage(bundle, depth: int = 32) -> list[str]:
+    """The scoring ids of ``bundle`` and of the models it was refined from, newest first (a
+    refined model's ``refined_from`` records its parent's id; an older one its path)."""
+    from cyto.bundle import load_bundle
+    from cyto.errors import CytoError
+
+    ids, manifest = [bundle.scoring_id], bundle.manifest
+    for _ in range(depth):
+        parent = manifest.get("refined_from") or {}
+        if not isinstance(parent, dict) or not parent:
+            break
+        if parent.get("model_scoring_id"):
+            ids.append(str(parent["model_scoring_id"]))
+        try:
+            up = load_bundle(Path(str(parent.get("model", ""))), weights=False)
+        except (CytoError, OSError):
+            break
+        ids.append(up.scoring_id)
+        manifest = up.manifest
+    return list(dict.fromkeys(ids))
+
+
+def check_reviewed_model(bundle, model: Path, review: Path, session) -> None:
+    """The review's cells are the top-K of the models it was built from: refining another model
+    with them teaches it another model's mistakes as its own. Refused unless ``model`` (by its
+    trained arrays, so an exported or calibrated copy counts), or a model it was refined from,
+    scored one of its folders."""
+    from cyto.review.session import reviewed_models
+
+    made_by = reviewed_models(session)
+    if set(lineage(bundle)) & set(made_by.values()):
+        return
+    if not any(made_by.values()):
+        raise ConfigError(
+            f"--review {review}: the scored folders it was built from are gone or do not say "
+            f"which model scored them, so it cannot be shown to be a review of MODEL {model}"
+        )
+    raise ConfigError(
+        f"--review {review} is a review of another model's top-K cells (built from "
+        f"{', '.join(sorted(made_by))}); MODEL {model} ranked none of them: refine the model "
+        "whose cells were reviewed"
+    )
+
+
 def refine(
     model: Path,
     review: Path,
@@ -140,6 +184,7 @@ def refine(
             + ("(droc uses none) " if method == "droc" else "")
             + ("and --no-hard-normals" if not hard_normals else "and no hard normal")
         )
+    check_reviewed_model(bundle, model, review, ex["session"])
     td = bundle.manifest.get("training_data", {})
     normal_cls = [c for c in (normal.split(",") if normal else td.get("normal", [])) if c]
     if not normal_cls:
@@ -202,6 +247,7 @@ def refine(
         provenance = {
             "model": str(Path(bundle.path).resolve()),
             "model_manifest_sha256": bundle.manifest_hash,
+            "model_scoring_id": bundle.scoring_id,
             "review": str(ex["session"].root.resolve()),
             "cases": ex["cases"],
             "agree": agree,

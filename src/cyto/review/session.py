@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import ConfigError, InputPathError
+from cyto.reuse import check_reuse
 
 CASES_FILE, KEY_FILE, CROPS = "cases.json", "key.json", "crops"
 FORMAT = "cyto-review/1"
@@ -259,25 +260,17 @@ def build_session(
                 "may differ. Start a new review with --session NEW_FOLDER (the old one keeps its "
                 "marks and its key)"
             )
-        asked = {"k": k, "seed": seed, "merge_um": merge_um}
-        kept = {
-            "k": session.key.get("k"),
-            "seed": session.seed,
-            "merge_um": session.key.get("merge_um"),
-        }
-        other = [
-            f"--{name.replace('_', '-')} {asked[name]} (it has {kept[name]})"
-            for name in asked
-            if name in ("k", "merge_um")
-            and asked[name] != kept[name]
-            and kept[name] is not None
-            or name == "seed"
-            and seed is not None
-            and seed != kept["seed"]
-        ]
+        # the settings asked for again (the seed only when given), against those it was built
+        # with; the seed is the blinding's secret: that it differs is said, never its value
+        asked = {"k": k, "merge_um": merge_um, **({"seed": seed} if seed is not None else {})}
+        kept = {"k": session.key.get("k"), "merge_um": session.key.get("merge_um")}
+        kept["seed"] = session.seed
+        recorded = {name: kept[name] for name in asked if kept[name] is not None}
+        reuse = check_reuse(recorded, {n: asked[n] for n in recorded}, secret={"seed"})
+        other = list(reuse.differs)
         if other:
             raise ConfigError(
-                f"{root} is a review built with other settings: {', '.join(other)}. Reopen it "
+                f"{root} is a review built with other settings: {'; '.join(other)}. Reopen it "
                 "without them, or start a new review with --session NEW_FOLDER"
             )
         return session
@@ -323,6 +316,8 @@ def build_session(
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "scored": sorted(map(str, folders)),
                     "fingerprints": {str(f): _fingerprint(f) for f in folders},
+                    # the models whose top-K was reviewed (refine checks it is given one)
+                    "scoring_ids": {str(f): scoring_id_of(f) for f in folders},
                     "cases": key_cases,
                 },
                 indent=1,
@@ -341,6 +336,29 @@ def build_session(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return open_session(root)
+
+
+def scoring_id_of(folder: Path) -> str | None:
+    """The model that scored a folder (its table's ``cyto.scoring_id``: the trained arrays,
+    the same after the bundle is exported or calibrated); None when the table lacks it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(Path(folder) / "scores.parquet").metadata or {}
+    except (OSError, pa.ArrowException):
+        return None
+    value = meta.get(b"cyto.scoring_id")
+    return value.decode() if value else None
+
+
+def reviewed_models(session: Session) -> dict[str, str | None]:
+    """The scoring id of each scored folder a review was built from (recorded when it was
+    built; read from the folders for a review of an older cyto)."""
+    kept = session.key.get("scoring_ids")
+    if isinstance(kept, dict):
+        return {str(k): v for k, v in kept.items()}
+    return {str(f): scoring_id_of(Path(f)) for f in session.key.get("scored", [])}
 
 
 def _fingerprint(folder: Path) -> str:

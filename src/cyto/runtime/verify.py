@@ -223,6 +223,27 @@ def artifact(scorer) -> dict:
     return {"network": "pytorch", "weights": scorer.bundle.scoring_id}
 
 
+def scoring_settings(spec) -> dict:
+    """The manifest's settings that turn a network's outputs into scores (views, their blend,
+    normalization, sizes, seeds, head): an older unsealed manifest edited in any of them scores
+    differently with the same graph or weights, so a record made before is not this scorer's."""
+    return json.loads(
+        json.dumps(
+            {
+                "head": spec.head,
+                "input_size": spec.input_size,
+                "crop_size": spec.crop_size,
+                "mean": spec.mean,
+                "std": spec.std,
+                "n_seeds": spec.n_seeds,
+                "tta_views": spec.tta_views,
+                "tta_lambda": spec.tta_lambda,
+                "embedding_normalized": spec.embedding_normalized,
+            }
+        )
+    )
+
+
 def verification_key(scorer, golden: Golden, machine: dict) -> dict:
     return {
         "version": CACHE_VERSION,
@@ -234,6 +255,8 @@ def verification_key(scorer, golden: Golden, machine: dict) -> dict:
         "device": scorer.device.split(":")[0],
         "precision": scorer.precision,
         "head": scorer.spec.head,
+        "scoring": scoring_settings(scorer.spec),
+        "trained": scorer.bundle.scoring_id,
     }
 
 
@@ -248,16 +271,32 @@ def cache_dirs(bundle_path: Path) -> list[Path]:
     return [Path(bundle_path) / CACHE_DIR, Path(cache_dir()) / CACHE_DIR]
 
 
-def _read_cached(bundle_path: Path, sha: str) -> dict | None:
+def _read_cached(bundle_path: Path, key: dict, golden: Golden) -> dict | None:
+    """The kept record of ``key`` (:func:`cyto.reuse.check_reuse`: its whole key, field by
+    field, not only the name it is filed under) whose numbers read back for this golden set;
+    None when there is none, or it was made for anything else."""
+    from cyto.reuse import check_reuse, read_record
+
+    sha = _key_sha(key)
     for folder in cache_dirs(bundle_path):
-        path = folder / f"{sha[:32]}.json"
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
+        record = read_record(folder / f"{sha[:32]}.json")
+        if record is None or record.get("key_sha256") != sha:
             continue
-        if isinstance(record, dict) and record.get("key_sha256") == sha:
-            return record
+        if not check_reuse(record.get("key"), key).ok or not _numbers_read(record, golden):
+            continue
+        return record
     return None
+
+
+def _numbers_read(record: dict, golden: Golden) -> bool:
+    """Whether a record holds the numbers its gate is judged from, for this many golden cells."""
+    parity = record.get("parity")
+    if not isinstance(parity, dict) or record.get("cells") != len(golden.images):
+        return False
+    needed = ("finite", "spearman", "top10_overlap", "max_abs_diff", "max_diff_of_range")
+    if any(k not in parity for k in needed) or parity.get("cells") != len(golden.images):
+        return False
+    return all(isinstance(parity[k], (int, float)) for k in needed)
 
 
 def _write_cached(bundle_path: Path, sha: str, record: dict) -> Path | None:
@@ -299,10 +338,13 @@ def verify_scorer(scorer, golden: Golden | None, use_cache: bool = True) -> Veri
     key = verification_key(scorer, golden, machine)
     sha = _key_sha(key)
     if use_cache:
-        record = _read_cached(scorer.bundle.path, sha)
+        record = _read_cached(scorer.bundle.path, key, golden)
         if record is not None:
-            status = "passed" if record["passed"] else "failed"
-            return Verification(status, record=record, cached=True)
+            # the decision is the gate's, on the recorded numbers, every time it is read: a
+            # record's own "passed" is never trusted
+            ok, gate = judge(record["parity"], scorer.precision)
+            record = {**record, "passed": bool(ok), "gate": gate}
+            return Verification("passed" if ok else "failed", record=record, cached=True)
     t0 = time.perf_counter()
     # with a progress line: once per machine, and minutes for a paper-recipe network, before
     # the first cell of a slide is scored

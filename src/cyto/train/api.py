@@ -67,6 +67,7 @@ RUN_KEY_NAMES = {
     "method": "METHOD",
     "data": "the training cells (DATA, --normal, --abnormal, --skip-unreadable)",
     "weights": "--weights",
+    "config": "--set",  # with --preset and --config: the resolved config, field by field
 }
 RUN_KEY = "run-key.json"
 
@@ -91,8 +92,7 @@ def start_checkpoints(ckpt: Path, key: dict, resume: bool) -> None:
     from cyto.reuse import check_reuse, read_record
 
     if resume:
-        names = {**RUN_KEY_NAMES, **{f: f"--set {f}" for f in key["config"]}}
-        reuse = check_reuse(read_record(ckpt / RUN_KEY), key, names=names)
+        reuse = check_reuse(read_record(ckpt / RUN_KEY), key, names=RUN_KEY_NAMES)
         if reuse.missing:
             raise BundleError(
                 f"--resume: {ckpt} records no key of the run that wrote it (an older cyto, or a "
