@@ -187,6 +187,26 @@ def test_the_watch_goes_on_past_such_a_name_and_a_slide_it_cannot_read(
     assert any("boom.tif" in m and "RuntimeError" in m for m in said), said
 
 
+def test_synth_and_eval_take_names_that_are_not_utf8(tmp_path):
+    """`cyto synth slide b'slide-\\xff.tif'` failed writing its truth table (Arrow takes UTF-8
+    paths and text only); its slide_id is the score table's (slide-\\xff), and `cyto eval
+    scores` reads a table of such a name."""
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+
+    made = write_slide(
+        tmp_path / (BAD + ".tif"), SlideSynthConfig(width=512, height=512), workers=0
+    )
+    with open(made.ground_truth, "rb") as fh:
+        truth = pq.read_table(fh)
+    assert set(truth["slide_id"].to_pylist()) == {"slide-\\xff"}
+    assert truth.schema.metadata[b"cyto.slide"] == b"slide-\\xff.tif"
+    table = tmp_path / (BAD + ".csv")
+    table.write_text("score,label\n0.9,1\n0.1,0\n")
+    proc = run_cyto("eval", "scores", str(table), "--k", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["tp_at_k"] == 1
+
+
 _NAME_BYTES = st.binary(min_size=1, max_size=40).filter(
     lambda b: b"/" not in b and b"\0" not in b and b not in (b".", b"..")
 )

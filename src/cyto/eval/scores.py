@@ -24,7 +24,8 @@ def check_parquet(path: Path, fix: str) -> None:
     import pyarrow.parquet as pq
 
     try:
-        pq.ParquetFile(path).close()
+        with open(path, "rb") as fh:  # a handle: Arrow takes a path in UTF-8 only
+            pq.ParquetFile(fh).close()
     except (pa.ArrowException, OSError) as exc:
         raise InputPathError(
             f"{path} is truncated or damaged ({_first_words(exc)}); {fix}"
@@ -41,8 +42,9 @@ def read_score_table(path: Path, score_column: str, label_column: str):
     if not path.is_file():
         raise InputPathError(f"score table {path} does not exist")
     try:
-        table = pacsv.read_csv(path) if path.suffix.lower() == ".csv" else pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as exc:
+        with open(path, "rb") as fh:  # a handle: Arrow takes a path in UTF-8 only
+            table = pacsv.read_csv(fh) if path.suffix.lower() == ".csv" else pq.read_table(fh)
+    except (pa.ArrowException, OSError) as exc:
         raise InputPathError(f"cannot read {path} as Parquet or CSV: {exc}") from exc
     if score_column == "auto":
         score_column = ranked_column(table.column_names)

@@ -252,6 +252,15 @@ def check_memory(config: SlideSynthConfig, workers: int | None) -> None:
     )
 
 
+def _utf8(name: str) -> str:
+    """A file name as UTF-8: the bytes of one that is not (``b"s-\\xff.tif"``) as ``\\xff``, as
+    :func:`cyto.slides.base.printable` writes it for the score table's ``slide_id``."""
+    try:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _gib(n: int) -> str:
     return f"{n / (1 << 30):,.1f} GiB"
 
@@ -561,7 +570,7 @@ def write_slide(
             spools[key][1].close()
 
         results = []
-        slide_id = out.stem
+        slide_id = _utf8(out.stem)  # as cyto score names the slide: Parquet takes UTF-8 only
         describe = {
             "cyto_synthetic": __version__,
             "seed": config.seed,
@@ -607,9 +616,13 @@ def write_slide(
         gt = ground_truth_path(out)
         table = ground_truth_table(lay, slide_id)
         table = table.replace_schema_metadata(
-            {b"cyto.synthetic": json.dumps(describe).encode(), b"cyto.slide": out.name.encode()}
+            {
+                b"cyto.synthetic": json.dumps(describe).encode(),
+                b"cyto.slide": _utf8(out.name).encode(),
+            }
         )
-        pq.write_table(table, tmpdir / "gt.parquet")
+        with open(tmpdir / "gt.parquet", "wb") as fh:  # Arrow takes a path in UTF-8 only
+            pq.write_table(table, fh)
         os.replace(tmpdir / "gt.parquet", gt)
     finally:
         for _, fh in spools.values():
