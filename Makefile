@@ -60,7 +60,7 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 	touch $@
 
 demo: system-deps $(VENV)/.installed-cpu
-	$(VENV)/bin/cyto demo --out $(DEMO_OUT)
+	$(VENV)/bin/cyto demo --out $(DEMO_OUT) --overwrite
 
 # What a test run may not leave behind: a Ray cluster record, cyto's user cache, files in the tree
 LEFTOVERS = { ls -a "$${RAY_TMPDIR:-$${TMPDIR:-/tmp}}/ray/ray_current_cluster" 2>/dev/null; \

@@ -300,7 +300,8 @@ def main() -> None:
             shutil.copytree(args.model, bundle)
         scorer = load_scorer(bundle, "onnx", "cpu")
         cal_tables = _score(scorer, slides["calibration"], work / "scores")
-        calibrate_from_tables(bundle, cal_tables, alpha=args.alpha)  # default normalization
+        # default normalization; a rerun replaces the last run's calibration
+        calibrate_from_tables(bundle, cal_tables, alpha=args.alpha, overwrite=True)
         scorer = load_scorer(bundle, "onnx", "cpu")  # now calibrated
         test_tables = _score(scorer, slides["test"], work / "scores-calibrated")
         parts = [np.asarray(pq.read_table(t)["score"], dtype=np.float64) for t in cal_tables]

@@ -152,7 +152,7 @@ def main() -> None:
                      "--out", str(bundle))  # fmt: skip
                 fit_seconds = round(time.perf_counter() - t0, 1)
                 cyto("predict", str(bundle), "--data", str(late), "--normal", args.normal,
-                     "--out", str(work / "late.parquet"))  # fmt: skip
+                     "--out", str(work / "late.parquet"), "--overwrite")  # fmt: skip
                 found = {}  # one row per ranking the tables hold
                 for column in rankings(work / "late.parquet"):
                     found[column] = {"method": RANKINGS[column].format(method), "seed": seed}
@@ -163,7 +163,7 @@ def main() -> None:
                         extra = ["--zoom", zoom] if zoom else []
                         cyto("predict", str(bundle), "--data", str(args.other),
                              "--normal", args.other_normal, *extra,
-                             "--out", str(work / "other.parquet"))  # fmt: skip
+                             "--out", str(work / "other.parquet"), "--overwrite")  # fmt: skip
                         for column, row in found.items():
                             got = ranked(work / "other.parquet", args.draws, seed, column)
                             row |= {f"{prefix}{k}": v for k, v in got.items()}

@@ -27,6 +27,7 @@ import numpy as np
 from cyto import __version__
 from cyto.errors import BundleError, BundlePathError
 from cyto.locks import flock_or_not
+from cyto.outputs_check import refuse_to_replace
 
 FORMAT = "cyto-bundle"
 # 2: the manifest must carry its seal; TensorRT engines live in engines/, outside the seal.
@@ -271,8 +272,7 @@ def save_bundle(
     from safetensors.torch import save_file
 
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise BundleError(f"{out} exists (pass --overwrite to replace it)")
+    refuse_to_replace(out, overwrite, name=str(out), error=BundleError)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

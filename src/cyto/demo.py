@@ -19,8 +19,11 @@ from pathlib import Path
 import numpy as np
 
 
-def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> dict[str, object]:
-    """Run every demo step into ``out``; returns what was made."""
+def run_demo(
+    out: Path, seed: int = 0, echo: Callable[[str], None] = print, overwrite: bool = False
+) -> dict[str, object]:
+    """Run every demo step into ``out``; returns what was made. A non-empty ``out`` is
+    replaced only with ``overwrite`` (the demo rewrites every file it makes there)."""
     from cyto.data.dataset import PatchDataset, data_info
     from cyto.data.mosaic import class_mosaic
     from cyto.data.synth.cells import DEFAULT_SCALE, MPP_AT_SCALE_1
@@ -29,11 +32,13 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     from cyto.eval.metrics import all_metrics
     from cyto.export.api import export_bundle
     from cyto.infer import ScoreOptions, score_slide
+    from cyto.outputs_check import refuse_to_replace
     from cyto.predict import predict
     from cyto.stats.calibrate import calibrate_from_tables
     from cyto.train.api import train
 
     out = Path(out)
+    refuse_to_replace(out, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     made: dict[str, object] = {}
     t0 = time.perf_counter()
@@ -87,7 +92,9 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
     made["onnx_parity_max_rel"] = report["onnx_parity_max_rel"]
 
     echo("[5/8] rank the held-out cells with the exported graph (higher = more abnormal)")
-    summary = predict(res.bundle, out / "test.csv", out / "test_scores.parquet", normal="normal")
+    summary = predict(
+        res.bundle, out / "test.csv", out / "test_scores.parquet", normal="normal", overwrite=True
+    )
     alone = f", the model alone {summary['auroc_model']:.3f}" if "auroc_model" in summary else ""
     echo(
         f"      AUROC {summary['auroc']:.3f}, Recall@{summary['k']} {summary['recall_at_k']:.3f}"
@@ -96,7 +103,9 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
         f" scores in {summary['out']}"
     )
     made["auroc"] = summary["auroc"]
-    mosaic = class_mosaic(patches, out / "patches_mosaic.png", per_class=8, seed=seed)
+    mosaic = class_mosaic(
+        patches, out / "patches_mosaic.png", per_class=8, seed=seed, overwrite=True
+    )
     made["mosaic"] = mosaic
 
     echo("[6/8] synthetic whole slide (NDPI) with planted abnormal cells and ground truth")
@@ -125,7 +134,7 @@ def run_demo(out: Path, seed: int = 0, echo: Callable[[str], None] = print) -> d
         folder = out / "negative_scores" / neg.stem
         score_slide(neg, made["bundle"], folder, ScoreOptions(mosaic=0), echo=lambda _: None)
         tables.append(folder / "scores.parquet")
-    cal = calibrate_from_tables(made["bundle"], tables)
+    cal = calibrate_from_tables(made["bundle"], tables, overwrite=True)
     loso = cal["leave_one_slide_out"]
     echo(
         f"      {cal['source']}; each slide against the other two: cells flagged at FDR "

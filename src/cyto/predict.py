@@ -32,6 +32,7 @@ from cyto.errors import (
 )
 from cyto.infer.store import ChunkStore, kept_words
 from cyto.locks import OutputLock
+from cyto.outputs_check import refuse_to_replace
 
 ZOOM_FILE = "zoom.json"
 
@@ -53,6 +54,7 @@ def predict(
     rank_by: str = "auto",
     chunk: int = 512,
     resume: bool = False,
+    overwrite: bool = False,
     echo=print,
 ) -> dict[str, object]:
     """Write ``out`` (Parquet): path, class, [label], score, rank (1 = most abnormal), and
@@ -62,7 +64,8 @@ def predict(
     ``zoom`` (a factor, or ``auto``) or ``patch_mpp`` bring patches of another scanner to the
     model's training scale first (:mod:`cyto.data.scale`); ``auto`` reads the folder once
     more, first, to measure its nuclei. ``chunk`` images are decoded and kept at a time;
-    ``resume`` continues a stopped run (see the module docstring)."""
+    ``resume`` continues a stopped run (see the module docstring); an existing ``out`` is
+    replaced only with ``overwrite``."""
     from cyto.cohort.local import check_out_file
     from cyto.data.morphometry import RANK_BY, resolve_rank_by, scorer_rank_by
     from cyto.runtime import load_scorer
@@ -71,6 +74,9 @@ def predict(
         resolve_rank_by(rank_by, "", None)  # the one-line error, before the model loads
     out = Path(out)
     check_out_file(out)
+    run = out.with_name(f".{out.name}.run")
+    if not (resume and run.is_dir()):  # resuming a stopped run finishes what it was asked
+        refuse_to_replace(out, overwrite)
     if out.suffix.lower() not in (".parquet", ".pq"):  # x.csv was given Parquet bytes
         raise ConfigError(
             f"--out {out}: cyto predict writes a Parquet table, with the model and the "
@@ -90,7 +96,6 @@ def predict(
         "options": {"load": load, "zoom": zoom, "patch_mpp": patch_mpp, "rank_by": rank_by},
         "format": "rows with each image's sha256",  # checked on resume (_changed_since)
     }
-    run = out.with_name(f".{out.name}.run")
     lock = OutputLock(run, "cyto predict", "wait for it to finish, or give another --out")
     lock.acquire()  # two runs into one --out: the second is refused, never a mixed table
     store = ChunkStore(run, key, unit="images", rows=None)

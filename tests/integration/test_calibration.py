@@ -230,7 +230,8 @@ def test_a_slide_unlike_the_calibration_slides_gets_no_burden(cohort, tmp_path):
         moved = table.set_column(table.column_names.index("score"), "score", pa.array(s + 10 * iqr))
         shifted.append(tmp_path / f"shifted{i}.parquet")
         pq.write_table(moved.replace_schema_metadata(table.schema.metadata), shifted[-1])
-    assert run_cyto("calibrate", str(model), *map(str, shifted)).returncode == 0
+    # the copy holds the module's calibration: this one replaces it
+    assert run_cyto("calibrate", str(model), *map(str, shifted), "--overwrite").returncode == 0
     slide = cohort["negs"][0]
     out = tmp_path / "o"
     proc = score_cli(slide, model, out, "--mosaic", "0")
@@ -250,7 +251,7 @@ def test_a_slide_with_no_cells_gets_no_burden_and_no_traceback(cohort, tmp_path)
     model = tmp_path / "m.cyto"
     shutil.copytree(cohort["model"], model)
     tables = [root / "negs" / f"neg{i}" / "scores.parquet" for i in range(3)]
-    assert run_cyto("calibrate", str(model), *map(str, tables)).returncode == 0
+    assert run_cyto("calibrate", str(model), *map(str, tables), "--overwrite").returncode == 0
     blank = write_slide(
         tmp_path / "blank.tif",
         SlideSynthConfig(width=512, height=512, n_cells=0, rbc_per_cell=0, debris_per_cell=0),
@@ -279,11 +280,11 @@ def test_two_calibrations_of_one_bundle_at_once_leave_one_whole(cohort, tmp_path
     def meanwhile(*args, **kwargs):
         if not started:  # the other run, on two of the slides, ends first
             started.append(True)
-            cal.calibrate_from_tables(model, tables[:2])
+            cal.calibrate_from_tables(model, tables[:2], overwrite=True)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cal, "add_files", meanwhile)
-    cal.calibrate_from_tables(model, tables)
+    cal.calibrate_from_tables(model, tables, overwrite=True)
     manifest = verify_bundle(model)
     assert len(manifest["calibration"]["slides"]) == 3
     assert [p.name for p in tmp_path.rglob("*.partial")] == []

@@ -242,7 +242,7 @@ def test_predict_streams_a_folder_in_bounded_memory(exported_dsvdd, tiny, tmp_pa
         tracemalloc.start()
         try:
             predict(exported_dsvdd, data, tmp_path / f"{data.name}.parquet", chunk=64,
-                    batch_size=64, verify=False)  # fmt: skip
+                    batch_size=64, verify=False, overwrite=True)  # fmt: skip
             return tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
@@ -301,8 +301,10 @@ def test_predict_stopped_halfway_resumes_after_its_last_chunk(
         Image.fromarray(tiny.images[i]).save(folder / f"c{i:02d}.png")
     data, out, said = tmp_path / "cells", tmp_path / "s.parquet", []
 
-    def run(**kw):
-        return predict(exported_dsvdd, data, out, chunk=4, verify=False, echo=said.append, **kw)
+    def run(**kw):  # each run replaces the last one's table
+        return predict(
+            exported_dsvdd, data, out, chunk=4, verify=False, echo=said.append, overwrite=True, **kw
+        )
 
     whole = pq.read_table(run()["out"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cells", "s.parquet"]  # nothing beside

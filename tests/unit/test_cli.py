@@ -152,7 +152,9 @@ def test_data_mosaic_cli(tmp_path, synth_patches):
     real = Image.Image.save
     Image.Image.save = disk_full
     try:
-        full = run_cyto("data", "mosaic", str(synth_patches), "--out", str(out), "--seed", "1")
+        full = run_cyto(
+            "data", "mosaic", str(synth_patches), "--out", str(out), "--seed", "1", "--overwrite"
+        )
     finally:
         Image.Image.save = real
     assert full.returncode == 1 and "disk is full" in full.stderr, full.stderr

@@ -10,7 +10,7 @@ dependency). Layers, top to bottom:
     train  export  stats
     runtime  detect  slides
     models  data  bundle
-    errors  progress  interrupts  locks  reuse  (and the package root)
+    errors  progress  interrupts  locks  reuse  outputs_check  (and the package root)
 
 A module may import its own layer's package and anything below. On top of that:
 ``infer/``, ``cohort/`` and ``runtime/`` never import ``train/`` or ``eval/``; ``export/`` never
@@ -53,6 +53,7 @@ LAYERS = {
     "progress": 0,
     "interrupts": 0,
     "locks": 0,
+    "outputs_check": 0,
     "reuse": 0,
     "__init__": 0,
 }

@@ -73,11 +73,12 @@ def data_mosaic_cmd(
     per_class: Annotated[int, typer.Option(help="Images per class (one row each).")] = 8,
     tile: Annotated[int, typer.Option(help="Side of each image in the mosaic, px.")] = 128,
     seed: Annotated[int, typer.Option(help="Which images are picked.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out image.")] = False,
 ) -> None:
     """A PNG with one labelled row of sample images per class, for a first look at a dataset."""
     from cyto.data.mosaic import class_mosaic
 
-    class_mosaic(path, out, per_class=per_class, tile=tile, seed=seed)
+    class_mosaic(path, out, per_class=per_class, tile=tile, seed=seed, overwrite=overwrite)
     typer.echo(f"wrote {out}")
 
 

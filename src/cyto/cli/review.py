@@ -90,15 +90,23 @@ def review_report_cmd(
             "recall (their unmarked cells taken as normal). Default: left out, and named.",
         ),
     ] = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace what an --out folder holds (REVIEW/report is rebuilt).")
+    ] = False,
 ) -> None:
     """Unblind the marks: the expert table, Cohen's kappa and the review figures.
 
     Writes REVIEW/report/: expert_table.csv and .md (marks per slide and model, per reviewer,
     both and either), report.json (with kappa and, where the slides were scored with ground
     truth, the precision and recall of the marks) and figures/CASE.png (one stroke per reviewer
-    on each cell they marked).
+    on each cell they marked). REVIEW/report is the session's own, rebuilt as the marks come
+    in; another --out that holds files is replaced only with --overwrite.
     """
+    from cyto.outputs_check import refuse_to_replace
     from cyto.review.report import write_report
+
+    if out is not None and Path(out).absolute() != (Path(review) / "report").absolute():
+        refuse_to_replace(out, overwrite)
 
     rep = write_report(
         review, out, list(_csv(reviewers)) if reviewers else None, include_unfinished

@@ -73,6 +73,7 @@ def predict_cmd(
             "same model, images and options; else it starts over)."
         ),
     ] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out table.")] = False,
 ) -> None:
     """Score every patch of a folder or manifest with a bundle.
 
@@ -100,6 +101,7 @@ def predict_cmd(
         skip_unreadable=skip_unreadable,
         rank_by=rank_by,
         resume=resume,
+        overwrite=overwrite,
         echo=typer.echo,
     )
     for path, why in res.get("skipped", [])[:5]:
@@ -383,6 +385,9 @@ def calibrate_cmd(
             "between slides); median-iqr: also divide by its IQR; none: raw scores."
         ),
     ] = "median",
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace the bundle's calibration if it has one.")
+    ] = False,
 ) -> None:
     """Calibrate a model on slides known to be negative, for p-values, FDR flags and burden.
 
@@ -394,7 +399,7 @@ def calibrate_cmd(
     """
     from cyto.stats.calibrate import calibrate_from_tables
 
-    cal = calibrate_from_tables(model, tables, normalization=normalize)
+    cal = calibrate_from_tables(model, tables, normalization=normalize, overwrite=overwrite)
     q = cal["quantiles"]
     typer.echo(
         f"calibrated {model} on {cal['source']} ({cal['normalization']} normalization): median "

@@ -124,8 +124,9 @@ def demo_cmd(
         "demo_out"
     ),
     seed: Annotated[int, typer.Option(help="Seed of the synthetic data.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace what a non-empty OUT holds.")] = False,
 ) -> None:
     """The main job on built-in synthetic data, end to end, on the CPU."""
     from cyto.demo import run_demo
 
-    run_demo(out, seed=seed, echo=typer.echo)
+    run_demo(out, seed=seed, echo=typer.echo, overwrite=overwrite)

@@ -12,6 +12,7 @@ from cyto.bundle import atomic_write
 from cyto.data.dataset import PatchRecord, load_records
 from cyto.data.images import read_image, resize_rgb
 from cyto.errors import ConfigError
+from cyto.outputs_check import refuse_to_replace
 
 
 def class_rows(
@@ -57,15 +58,22 @@ IMAGE_ENDINGS = (".png", ".jpg", ".jpeg")
 
 
 def class_mosaic(
-    source: Path, out: Path, per_class: int = 8, tile: int = 128, seed: int = 0
+    source: Path,
+    out: Path,
+    per_class: int = 8,
+    tile: int = 128,
+    seed: int = 0,
+    overwrite: bool = False,
 ) -> Path:
     """Write a PNG (or JPEG, by ``out``'s ending) with ``per_class`` sample images of every
-    class in ``source``; the folders above ``out`` are made."""
+    class in ``source``; the folders above ``out`` are made, an existing ``out`` is replaced
+    only with ``overwrite``."""
     out = Path(out)
     if per_class < 1 or tile < 16:
         raise ConfigError(f"per_class must be >= 1 and tile >= 16, got {per_class} and {tile}")
     if out.suffix.lower() not in IMAGE_ENDINGS:
         raise ConfigError(f"--out {out}: a mosaic is a .png, .jpg or .jpeg file")
+    refuse_to_replace(out, overwrite)
     rows = class_rows(load_records(Path(source)), per_class, tile, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     drawn = io.BytesIO()  # written at once: a stopped run leaves the last mosaic whole

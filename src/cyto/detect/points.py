@@ -3,7 +3,9 @@ centres, and how crowded they are.
 
 Files: CSV or Parquet with ``x`` and ``y`` columns, or GeoJSON points / polygons (QuPath's export;
 a polygon gives its centroid), all in level-0 pixels. Points outside the slide are an error that
-names how many and where.
+names how many and where. Points closer than :data:`SAME_POINT_PX` to an earlier one (a row
+repeated by a merge of two exports, a polygon exported twice) are one nucleus: kept once, with a
+warning that counts the others, so one cell never takes several ranks of the top K.
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.errors import InputPathError
+from cyto.errors import CytoWarning, InputPathError
+
+#: points of a nuclei file closer than this (level-0 pixels, a quarter of a micrometre at 40x;
+#: no two nuclei are that close) are the same nucleus given twice
+SAME_POINT_PX = 1.0
 
 
 def crowding(xy: np.ndarray, crop_px: int, mpp: float | None) -> dict:
@@ -60,7 +66,8 @@ def match(detected: np.ndarray, truth: np.ndarray, radius: float) -> tuple[float
 
 
 def read_nuclei_file(path: Path, width: int, height: int) -> np.ndarray:
-    """(N, 2) level-0 centres from CSV / Parquet (x, y columns) or GeoJSON."""
+    """(N, 2) level-0 centres from CSV / Parquet (x, y columns) or GeoJSON, each nucleus once
+    (see :func:`distinct_points`; a warning counts the repeats dropped)."""
     path = Path(path)
     if not path.is_file():
         raise InputPathError(f"nuclei file {path} does not exist")
@@ -75,24 +82,20 @@ def read_nuclei_file(path: Path, width: int, height: int) -> np.ndarray:
         try:
             table = pacsv.read_csv(path) if suffix == ".csv" else pq.read_table(path)
         except (pa.ArrowInvalid, OSError) as exc:
-            raise InputPathError(f"nuclei file {path} cannot be read as a table: {exc}") from exc
-        cols = {c.lower(): c for c in table.column_names}
+            raise InputPathError(
+                f"nuclei file {path} cannot be read as a table: {one_line(exc)}"
+            ) from exc
+        cols = named_columns(table, f"nuclei file {path}")
         if "x" not in cols or "y" not in cols:
             raise InputPathError(
                 f"nuclei file {path} needs x and y columns (level-0 pixels); "
                 f"it has {', '.join(table.column_names)}"
             )
         try:
-            pts = np.stack(
-                [
-                    np.asarray(table[cols["x"]].to_pylist(), dtype=np.float64),
-                    np.asarray(table[cols["y"]].to_pylist(), dtype=np.float64),
-                ],
-                axis=1,
-            )
-        except (TypeError, ValueError) as exc:
+            pts = np.stack([number_column(table[cols[c]]) for c in ("x", "y")], axis=1)
+        except (TypeError, ValueError, OverflowError) as exc:
             raise InputPathError(
-                f"nuclei file {path}: x and y must be numbers (level-0 pixels): {exc}"
+                f"nuclei file {path}: x and y must be numbers (level-0 pixels): {one_line(exc)}"
             ) from exc
     else:
         raise InputPathError(f"nuclei file {path}: expected .csv, .parquet or .geojson")
@@ -116,7 +119,65 @@ def read_nuclei_file(path: Path, width: int, height: int) -> np.ndarray:
             f"nuclei file {path}: {int(bad.sum())} point(s) outside the "
             f"{width}x{height} slide (first at x={first[0]:g}, y={first[1]:g})"
         )
-    return pts
+    keep = distinct_points(pts)
+    dropped = len(pts) - int(keep.sum())
+    if dropped:
+        import warnings
+
+        warnings.warn(
+            CytoWarning(
+                f"--nuclei {path}: {dropped} of {len(pts)} point(s) repeat another point within "
+                f"{SAME_POINT_PX:g} level-0 pixel; each nucleus is scored once ({int(keep.sum())})"
+            ),
+            stacklevel=2,
+        )
+    return pts[keep]
+
+
+def named_columns(table, where: str) -> dict[str, str]:
+    """A table's column names by their lower-case form; a name given twice (``x`` and ``X``,
+    or ``x`` twice in a CSV header) is an :class:`InputPathError`: which one is meant?"""
+    cols: dict[str, str] = {}
+    for c in table.column_names:
+        if c.lower() in cols:
+            raise InputPathError(f"{where}: column {c!r} is given more than once; keep one")
+        cols[c.lower()] = c
+    return cols
+
+
+def number_column(column) -> np.ndarray:
+    """A table column as one float per row (None: NaN), or a ValueError / TypeError for a
+    column of lists, structs or text that is no number."""
+    values = np.asarray(column.to_pylist(), dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError(f"one number per row expected, got {column.type}")
+    return values
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (a library's may span several)."""
+    return " ".join(str(exc).split())
+
+
+def distinct_points(pts: np.ndarray, radius: float = SAME_POINT_PX) -> np.ndarray:
+    """A mask keeping each point of ``pts`` (N, 2) unless it lies closer than ``radius`` to an
+    earlier kept point: exact repeats and near-repeats of one nucleus count once, in file
+    order (a chain of points each under ``radius`` from the next keeps every other one)."""
+    from scipy.spatial import cKDTree
+
+    keep = np.ones(len(pts), dtype=bool)
+    if len(pts) < 2:
+        return keep
+    # query_pairs takes pairs at most r apart; closer than ``radius`` is wanted
+    pairs = cKDTree(pts).query_pairs(np.nextafter(radius, 0.0), output_type="ndarray")
+    if not len(pairs):
+        return keep
+    earlier: dict[int, list[int]] = {}
+    for i, j in pairs.tolist():  # i < j
+        earlier.setdefault(j, []).append(i)
+    for j in sorted(earlier):
+        keep[j] = not any(keep[i] for i in earlier[j])
+    return keep
 
 
 def _geojson_points(path: Path) -> np.ndarray:
@@ -134,6 +195,8 @@ def _geojson_points(path: Path) -> np.ndarray:
         if not isinstance(f, dict):
             raise InputPathError(f"nuclei file {path}: feature {i + 1} is not a GeoJSON object")
         geom = f.get("geometry") or {}
+        if not isinstance(geom, dict):
+            raise InputPathError(f"nuclei file {path}: feature {i + 1} has no GeoJSON geometry")
         kind, coords = geom.get("type"), geom.get("coordinates")
         try:
             if kind == "Point":
@@ -143,7 +206,7 @@ def _geojson_points(path: Path) -> np.ndarray:
             elif kind == "Polygon":
                 ring = np.asarray([_xy(c) for c in coords[0]], dtype=np.float64)
                 pts.append(ring[:-1].mean(axis=0) if len(ring) > 1 else ring[0])
-        except (TypeError, ValueError, IndexError) as exc:
+        except (TypeError, ValueError, IndexError, KeyError, OverflowError) as exc:
             raise InputPathError(
                 f"nuclei file {path}: feature {i + 1} ({kind}) has no valid x, y coordinates"
             ) from exc

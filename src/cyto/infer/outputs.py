@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from cyto import __version__
-from cyto.errors import InputPathError
-from cyto.slides import open_slide
+from cyto.detect.points import named_columns, number_column, one_line
+from cyto.errors import CytoWarning, InputPathError
+from cyto.slides import SLIDE_SUFFIXES, open_slide
 from cyto.slides.base import printable
 from cyto.slides.dicom import slide_bytes
 
@@ -33,8 +34,9 @@ def ranks(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def read_truth(path: Path) -> dict[str, np.ndarray]:
     """A ground-truth table (CSV or Parquet: ``x``, ``y`` level-0 pixels, ``label`` 0/1,
-    optional ``cell_radius``) as arrays, or an :class:`InputPathError` naming what is wrong:
-    read before any slide is scored, so a bad table costs nothing."""
+    optional ``cell_radius``, and ``slide_id`` when it holds the cells of several slides) as
+    arrays, or an :class:`InputPathError` naming what is wrong: read before any slide is scored,
+    so a bad table costs nothing."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
@@ -48,8 +50,8 @@ def read_truth(path: Path) -> dict[str, np.ndarray]:
     try:
         gt = pacsv.read_csv(path) if suffix == ".csv" else pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise InputPathError(f"--truth {path} cannot be read as a table: {exc}") from exc
-    cols = {c.lower(): c for c in gt.column_names}
+        raise InputPathError(f"--truth {path} cannot be read as a table: {one_line(exc)}") from exc
+    cols = named_columns(gt, f"--truth {path}")
     missing = [c for c in ("x", "y", "label") if c not in cols]
     if missing:
         raise InputPathError(
@@ -61,26 +63,64 @@ def read_truth(path: Path) -> dict[str, np.ndarray]:
         if name not in cols:
             continue
         try:
-            out[name] = np.asarray(gt[cols[name]].to_pylist(), dtype=np.float64)
-        except (TypeError, ValueError) as exc:
-            raise InputPathError(f"--truth {path}: {name} must be numbers: {exc}") from exc
+            out[name] = number_column(gt[cols[name]])
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InputPathError(
+                f"--truth {path}: {name} must be numbers: {one_line(exc)}"
+            ) from exc
         if not np.isfinite(out[name]).all():
             raise InputPathError(f"--truth {path}: {name} has empty or non-numeric values")
     if not np.isin(out["label"], (0, 1)).all():
         raise InputPathError(f"--truth {path}: label must be 0 (normal) or 1 (abnormal)")
     out["label"] = out["label"].astype(np.int64)
+    if "slide_id" in cols:  # an empty value belongs to no slide
+        ids = gt[cols["slide_id"]].to_pylist()
+        out["slide_id"] = np.array(["" if v is None else str(v) for v in ids], dtype=object)
     return out
 
 
+def truth_of_slide(gt: dict[str, np.ndarray], slide_id: str, path: Path) -> dict[str, np.ndarray]:
+    """The rows of a truth table (:func:`read_truth`) that belong to the slide the score table
+    names ``slide_id`` (the slide's file name without its suffix, as ``cyto synth slide`` writes
+    it; the full file name is taken too). A table without a ``slide_id`` column is one slide's,
+    taken whole. No row of this slide: a warning names the slide and what the table holds, and
+    the slide gets no planted cells (another slide's cells were matched here before)."""
+    if "slide_id" not in gt:
+        return gt
+    ids = gt["slide_id"]
+    mine = np.array([v == slide_id or _stem(v) == slide_id for v in ids], dtype=bool)
+    if not mine.any():
+        import warnings
+
+        held = sorted(set(ids.tolist()))
+        names = ", ".join(repr(v) for v in held[:3]) + (" ..." if len(held) > 3 else "")
+        warnings.warn(
+            CytoWarning(
+                f"--truth {path} holds no cell of slide {slide_id!r} (its slide_id: "
+                f"{names or 'none'}); this slide is scored without truth cells"
+            ),
+            stacklevel=2,
+        )
+    return {k: v[mine] for k, v in gt.items()}
+
+
+def _stem(name: str) -> str:
+    """``name`` without a slide file's suffix (``s.ndpi`` -> ``s``); other names as they are."""
+    p = Path(name)
+    return p.stem if p.suffix.lower() in SLIDE_SUFFIXES else name
+
+
 def labels_from_truth(table, truth: Path, radius: float) -> tuple[np.ndarray, np.ndarray, int]:
-    """Label each detected cell by the nearest ground-truth cell, if within ``radius`` (or 0.8
-    of that cell's radius, when the truth table gives it).
+    """Label each detected cell by the nearest ground-truth cell of this slide
+    (:func:`truth_of_slide`), if within ``radius`` (or 0.8 of that cell's radius, when the
+    truth table gives it).
 
     Returns (label per detection, matched truth index or -1, number of planted abnormal cells).
     """
     from scipy.spatial import cKDTree
 
-    gt = read_truth(truth)
+    slide_id = str(table["slide_id"][0].as_py()) if table.num_rows else ""
+    gt = truth_of_slide(read_truth(truth), slide_id, truth)
     truth_labels = gt["label"]
     if len(truth_labels) == 0:
         return np.zeros(table.num_rows, np.int64), np.full(table.num_rows, -1), 0

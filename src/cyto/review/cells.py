@@ -27,6 +27,7 @@ from cyto.errors import ConfigError, InputPathError
 from cyto.locks import OutputLock
 from cyto.progress import progress
 from cyto.review.session import crop_cells, find_scored, read_source
+from cyto.stats.calibrate import refuse_planted
 
 
 def harvest_cells(
@@ -49,11 +50,7 @@ def harvest_cells(
         raise ConfigError(f"--per-slide must be >= 1, got {per_slide}")
     sources = [read_source(f) for f in find_scored(scored)]
     for s in sources:
-        if s.planted:
-            raise ConfigError(
-                f"{s.folder}: the slide was scored with ground truth holding {s.planted} planted "
-                f"abnormal cell(s); harvest {label} cells from negative slides only"
-            )
+        refuse_planted(s.folder, s.planted, f"harvest {label} cells")
     out = Path(out)
     with OutputLock(out, "cyto data cells", "wait for it to finish, or give another --out"):
         # what a killed run (SIGKILL, power loss) left half cut: every writer holds the lock

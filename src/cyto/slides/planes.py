@@ -1,4 +1,5 @@
-"""Focal planes: which extra planes a slide has, and the sharpest one per cell."""
+"""Focal planes: which extra planes a slide has, that each belongs to it, and the sharpest one
+per cell."""
 
 from __future__ import annotations
 
@@ -8,11 +9,19 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import ConfigError
+from cyto.slides.base import PLANE_SEP
 from cyto.slides.dicom import is_dicom_file
 from cyto.slides.ndpi import ndpi_planes
 from cyto.slides.readers import open_plane, open_slide
 
 _PLANE_RE = re.compile(r"_z([+-]\d+(?:\.\d+)?)um$")
+#: the side of the overviews a plane is compared on (their longer side, in blocks): a cell is
+#: a few blocks wide, so focus hardly shows, while another smear's cells fall elsewhere
+OVERVIEW_BLOCKS = 96
+#: the least correlation of a plane's overview with the slide's (a plane of the slide, even
+#: defocused by 2 um: 0.99 on `cyto synth slide` z-stacks; another smear of its size: below 0.3)
+SAME_SLIDE_R = 0.6
+_OVERVIEW_MAX = 2048  # the most pixels a side of the level read for an overview
 
 
 def find_planes(slide: Path, spec: str) -> list[tuple[float, str]]:
@@ -57,6 +66,78 @@ def check_plane_geometry(planes: list[tuple[float, str]], width: int, height: in
             )
 
 
+def overview(reader, box: tuple[int, int, int, int], grid: tuple[int, int]) -> np.ndarray:
+    """A grey overview of the level-0 ``box`` (x, y, w, h) of a slide: read at its coarsest
+    level, averaged down to ``grid`` (width, height) blocks."""
+    from PIL import Image
+
+    info = reader.info
+    level = len(info.level_dims) - 1
+    ds = info.level_downsamples[level]
+    x, y, w, h = (round(v / ds) for v in box)  # read_region takes the level's pixels
+    img = reader.read_region(x, y, max(1, w), max(1, h), level=level)
+    grey = Image.fromarray(img.astype(np.float32).mean(axis=2))
+    return np.asarray(grey.resize(grid, Image.Resampling.BOX), dtype=np.float64)
+
+
+def plane_likeness(slide_view: np.ndarray, plane_view: np.ndarray) -> float:
+    """How much a plane's overview looks like the slide's: the correlation of their detail
+    (each less its own smooth trend, so the shape of the smear on the glass, which two smears
+    share, does not count). Where both have no detail (blank glass) nothing tells them apart
+    but their brightness: 1 when it agrees within 8 grey levels, else 0; where only one has
+    detail, 0."""
+    from scipy import ndimage
+
+    a, b = (np.asarray(v, dtype=np.float64) for v in (slide_view, plane_view))
+    da = (a - ndimage.gaussian_filter(a, 3.0, mode="nearest")).ravel()
+    db = (b - ndimage.gaussian_filter(b, 3.0, mode="nearest")).ravel()
+    flat_a, flat_b = da.std() < 0.5, db.std() < 0.5
+    if flat_a and flat_b:
+        return 1.0 if abs(a.mean() - b.mean()) <= 8.0 else 0.0
+    if flat_a or flat_b:
+        return 0.0
+    return float(np.corrcoef(da, db)[0, 1])
+
+
+def check_planes_belong(reader, planes: list[tuple[float, str]]) -> None:
+    """Every extra plane must show the slide, not another slide of the same size.
+
+    A focal plane of a slide is the same smear a little above or below: at the scale of a
+    low-resolution overview (:func:`overview`, a few cells per block) its pattern of cells is
+    the slide's, whatever the focus, while another smear's cells lie elsewhere. So the plane's
+    overview must correlate with the slide's by :data:`SAME_SLIDE_R` or more. Metadata would
+    not do: scanners write their own (one a z offset per plane, others nothing), and two
+    slides of one scanner share it. An NDPI file's own z pages are not compared. Costs one
+    read of each coarsest level.
+    """
+    checked = [(z, f) for z, f in planes if not _page_of(f, reader.info.path)]
+    width, height = reader.info.width, reader.info.height
+    for _z, f in checked:
+        plane = open_plane(f)
+        try:
+            # one level-0 window both read at their coarsest level, in at most 2048 px a side
+            ds = min(reader.info.level_downsamples[-1], plane.info.level_downsamples[-1])
+            w, h = int(min(width, _OVERVIEW_MAX * ds)), int(min(height, _OVERVIEW_MAX * ds))
+            box = ((width - w) // 2, (height - h) // 2, w, h)
+            scale = OVERVIEW_BLOCKS / max(w, h)
+            grid = (max(1, round(w * scale)), max(1, round(h * scale)))
+            r = plane_likeness(overview(reader, box, grid), overview(plane, box, grid))
+        finally:
+            plane.close()
+        if r < SAME_SLIDE_R:
+            raise ConfigError(
+                f"--planes: {f} does not show slide {reader.info.path} (their low-resolution "
+                f"overviews correlate {r:.2f}, a focal plane of it at least {SAME_SLIDE_R}): "
+                "give the focal planes of this slide"
+            )
+
+
+def _page_of(plane: str, slide: Path) -> bool:
+    """Whether ``plane`` is a z page of the slide's own NDPI file (``FILE#page=N``)."""
+    text = str(plane)
+    return PLANE_SEP in text and Path(text.rsplit(PLANE_SEP, 1)[0]) == Path(slide)
+
+
 def sharpness(crops: np.ndarray) -> np.ndarray:
     """Variance of the Laplacian of the grey central half of each crop (higher = sharper)."""
     from scipy import ndimage
@@ -80,11 +161,13 @@ def sharpest(stack: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 def open_with_planes(slide: Path, spec: str = "auto"):
     """(reader of ``slide``, its extra focal planes per ``spec``), every plane checked to have
-    the slide's size: a bad slide or plane fails here, before any output exists."""
+    the slide's size and to show it (:func:`check_planes_belong`): a bad slide or plane fails
+    here, before any output exists."""
     reader = open_slide(slide)
     try:
         planes = find_planes(slide, spec)
         check_plane_geometry(planes, reader.info.width, reader.info.height)
+        check_planes_belong(reader, planes)
     except BaseException:
         reader.close()
         raise

@@ -25,6 +25,7 @@ import numpy as np
 
 from cyto.bundle import CALIBRATION_FILE, CALIBRATION_QUANTILES, add_files, load_bundle
 from cyto.errors import ConfigError, InputPathError
+from cyto.outputs_check import refuse_to_replace
 from cyto.stats import conformal
 
 FDR_ALPHA = 0.1  # default target false discovery rate of the flagged cells
@@ -130,8 +131,41 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str]:
             f"{path} was scored by another model (other weights) than {bundle.path}: "
             "score the slide-negative slides with this bundle first"
         )
+    planted = _planted(path, table, meta.get("cyto.slide"))
+    refuse_planted(meta.get("cyto.slide") or path, planted, "calibrate")
     slide = meta.get("cyto.slide_identity") or meta.get("cyto.slide") or str(path)
     return np.asarray(table["score"], dtype=np.float64), meta, slide
+
+
+def _planted(path: Path, table, slide: str | None) -> int:
+    """The abnormal cells of the ground truth a score table's slide was scored with: the count
+    in its summary (``summary.json`` beside ``scores.parquet``, of the same slide), else the
+    cells its ``label`` column marks abnormal (a table copied on its own); 0 without truth."""
+    summary = path.parent / "summary.json"
+    try:
+        data = json.loads(summary.read_text()) if summary.is_file() else {}
+    except (OSError, ValueError):
+        data = {}
+    if isinstance(data, dict) and data.get("slide") == slide:
+        truth = data.get("truth")
+        if isinstance(truth, dict) and isinstance(truth.get("planted_abnormal"), int):
+            return truth["planted_abnormal"]
+    if "label" in table.column_names:
+        labels = np.asarray(table["label"].to_numpy(zero_copy_only=False), dtype=np.float64)
+        return int(np.sum(labels == 1))
+    return 0
+
+
+def refuse_planted(slide: object, planted: int | None, use: str) -> None:
+    """A scored slide whose own ground truth (``cyto score --truth``) holds abnormal cells is
+    no negative slide: refused in one line naming it and the count. ``cyto calibrate`` takes
+    every cell it is given as normal, and so does ``cyto data cells`` (``use``: what the
+    command does with them)."""
+    if planted:
+        raise ConfigError(
+            f"{slide}: the slide was scored with --truth holding {planted} abnormal cell(s); "
+            f"{use} from negative slides only"
+        )
 
 
 def calibrate_from_tables(
@@ -140,8 +174,11 @@ def calibrate_from_tables(
     min_cells: int = 100,
     alpha: float = FDR_ALPHA,
     normalization: str = conformal.DEFAULT_NORMALIZATION,
+    overwrite: bool = False,
 ) -> dict:
-    """Store the slide-negative calibration of ``tables`` in the bundle; returns its record."""
+    """Store the slide-negative calibration of ``tables`` in the bundle; returns its record.
+    A bundle's calibration is replaced only with ``overwrite``; a table whose slide was scored
+    with truth holding abnormal cells is refused (:func:`refuse_planted`)."""
     if normalization not in conformal.NORMALIZATIONS:
         raise ConfigError(
             f"--normalize must be one of {', '.join(conformal.NORMALIZATIONS)}, "
@@ -170,6 +207,11 @@ def calibrate_from_tables(
     n = sum(len(p) for p in parts)
     if n < min_cells:
         raise ConfigError(f"need at least {min_cells} scored cells to calibrate, got {n}")
+    refuse_to_replace(  # after the tables are checked: what is wrong with them first
+        bundle.path / CALIBRATION_FILE,
+        overwrite,
+        name=f"the calibration of {bundle.path} ({CALIBRATION_FILE})",
+    )
     allv, slide = _pooled(parts)
     spread = [conformal.location_scale(p) for p in parts]
     first = metas[0]

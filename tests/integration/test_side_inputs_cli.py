@@ -1,0 +1,169 @@
+"""Side inputs through the CLI (issue 56): --truth of a two-slide table, a calibration slide
+whose own truth plants abnormal cells, repeated --nuclei points, --planes of another slide, and
+results that are replaced only with --overwrite. Every refusal is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from tests.cli_runner import run_cyto
+from tests.integration.test_score import score_cli
+
+FAST = ("--workers", "0", "--mosaic", "0")
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """Two small slides with planted abnormal cells (their truth tables), and a z-stack."""
+    root = tmp_path_factory.mktemp("side")
+    cfg = {"width": 768, "height": 768, "n_cells": 40, "abnormal_fraction": 0.2}
+    a = write_slide(root / "a.tif", SlideSynthConfig(**cfg, seed=1, planes=(0.0, 1.0)), workers=0)
+    b = write_slide(root / "b.tif", SlideSynthConfig(**cfg, seed=2), workers=0)
+    return root, a, b
+
+
+def _one_line_error(proc, *words: str) -> str:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def test_a_truth_table_of_two_slides_gives_each_its_own_cells(exported_dsvdd, two, tmp_path):
+    """Both slides' truth in one table: each slide counts its own planted cells (each got the
+    other's as well); a table without a row of the slide says so in one warning line."""
+    root, a, b = two
+    both = pa.concat_tables([pq.read_table(a.ground_truth), pq.read_table(b.ground_truth)])
+    truth = tmp_path / "both.parquet"
+    pq.write_table(both, truth)
+    out = tmp_path / "o"
+    proc = score_cli(
+        a.paths[0], exported_dsvdd, out, *FAST, "--planes", "none", "--truth", str(truth)
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "a" / "summary.json").read_text())
+    assert summary["truth"]["planted_abnormal"] == a.n_abnormal
+
+    only_b = tmp_path / "b_only.parquet"
+    pq.write_table(pq.read_table(b.ground_truth), only_b)
+    proc = score_cli(
+        a.paths[0],
+        exported_dsvdd,
+        tmp_path / "o2",
+        *FAST,
+        "--planes",
+        "none",
+        "--truth",
+        str(only_b),
+    )
+    assert proc.returncode == 0, proc.stderr
+    said = [ln for ln in proc.stderr.splitlines() if "holds no cell of slide 'a'" in ln]
+    assert len(said) == 1 and said[0].startswith("warning: --truth "), proc.stderr
+    summary = json.loads((tmp_path / "o2" / "a" / "summary.json").read_text())
+    assert summary["truth"]["planted_abnormal"] == 0
+
+
+def test_calibrate_refuses_a_slide_whose_truth_plants_abnormal_cells(exported_dsvdd, two, tmp_path):
+    import shutil
+
+    root, a, _ = two
+    model = tmp_path / "m.cyto"
+    shutil.copytree(exported_dsvdd, model)
+    out = tmp_path / "o"
+    proc = score_cli(
+        a.paths[0], model, out, *FAST, "--planes", "none", "--truth", str(a.ground_truth)
+    )
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cyto("calibrate", str(model), str(out / "a" / "scores.parquet"))
+    _one_line_error(proc, str(a.paths[0]), f"{a.n_abnormal} abnormal cell(s)", "--truth")
+    assert "calibration" not in json.loads((model / "manifest.json").read_text())
+
+    # a slide-negative table calibrates once; a second calibration needs --overwrite
+    neg = tmp_path / "neg.parquet"
+    scored = pq.read_table(out / "a" / "scores.parquet").drop_columns(["label"])
+    pq.write_table(pa.concat_tables([scored] * 3), neg)  # the 100 cells calibration needs
+    assert run_cyto("calibrate", str(model), str(neg)).returncode == 0
+    again = run_cyto("calibrate", str(model), str(neg))
+    _one_line_error(again, "calibration.npz", "exists", "--overwrite")
+    assert run_cyto("calibrate", str(model), str(neg), "--overwrite").returncode == 0
+
+
+def test_a_nucleus_given_twice_is_scored_once(exported_dsvdd, two, tmp_path):
+    root, a, _ = two
+    gt = pq.read_table(a.ground_truth)
+    xs, ys = gt["x"].to_pylist()[:6], gt["y"].to_pylist()[:6]
+    rows = [(x, y) for x, y in zip(xs, ys, strict=True)]
+    nuclei = tmp_path / "n.csv"
+    nuclei.write_text(
+        "x,y\n" + "".join(f"{x},{y}\n" for x, y in rows + rows[:3] + [(xs[0] + 0.2, ys[0])])
+    )
+    out = tmp_path / "o"
+    proc = score_cli(
+        a.paths[0], exported_dsvdd, out, *FAST, "--planes", "none", "--nuclei", str(nuclei)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: --nuclei " in proc.stderr and "4 of 10 point(s) repeat" in proc.stderr
+    table = pq.read_table(out / "a" / "scores.parquet")
+    assert table.num_rows == 6
+    assert (
+        len(
+            {
+                (round(x), round(y))
+                for x, y in zip(table["x"].to_pylist(), table["y"].to_pylist(), strict=True)
+            }
+        )
+        == 6
+    )
+
+
+def test_another_slide_is_no_focal_plane(exported_dsvdd, two, tmp_path):
+    root, a, b = two
+    out = tmp_path / "o"
+    proc = score_cli(a.paths[0], exported_dsvdd, out, *FAST, "--planes", str(b.paths[0]))
+    assert proc.returncode == 2, proc.stderr
+    assert f"--planes: {b.paths[0]} does not show slide" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (out / "a" / "scores.parquet").exists()
+    # its own defocused plane is taken
+    proc = score_cli(a.paths[0], exported_dsvdd, tmp_path / "p", *FAST, "--planes", str(a.paths[1]))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_results_are_replaced_only_with_overwrite(exported_dsvdd, synth_patches, tmp_path):
+    """cyto predict replaced an existing --out table without --overwrite (train, synth and
+    data cells refuse); so did data mosaic, a review report into another folder and demo."""
+    table = tmp_path / "t.parquet"
+    table.write_bytes(b"last run")
+    proc = run_cyto(
+        "predict", str(exported_dsvdd), "--data", str(synth_patches), "--out", str(table)
+    )
+    _one_line_error(proc, f"--out {table} exists", "--overwrite")
+    assert table.read_bytes() == b"last run"
+    proc = run_cyto(
+        "predict", str(exported_dsvdd), "--data", str(synth_patches), "--out", str(table),
+        "--overwrite", "--skip-verify",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert pq.read_table(table).num_rows > 0
+
+    png = tmp_path / "m.png"
+    png.write_bytes(b"x")
+    proc = run_cyto("data", "mosaic", str(synth_patches), "--out", str(png))
+    _one_line_error(proc, f"--out {png} exists", "--overwrite")
+
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "expert_table.md").write_text("another report")
+    proc = run_cyto("review", "report", str(tmp_path / "rv"), "--out", str(report))
+    _one_line_error(proc, f"--out {report} exists", "--overwrite")
+
+    proc = run_cyto("demo", "--out", str(report))
+    _one_line_error(proc, f"--out {report} exists", "--overwrite")
+    assert [p.name for p in report.iterdir()] == ["expert_table.md"]
