@@ -48,6 +48,7 @@ def test_train_resume_refuses_another_runs_checkpoint(tmp_path, synth_patches, m
 
     out = tmp_path / "m.cyto"
     real_save = _crash_after_first_checkpoint(monkeypatch)
+    said: list[str] = []
     with pytest.raises(KeyboardInterrupt):
         train(
             "dsvdd",
@@ -57,8 +58,12 @@ def test_train_resume_refuses_another_runs_checkpoint(tmp_path, synth_patches, m
             preset="fast",
             overrides=TINY,
             device="cpu",
+            echo=said.append,
         )
     assert any(checkpoint_dir(out).glob("*.pt"))
+    # Ctrl-C says what was kept, as cyto score does
+    assert said and said[-1].startswith("interrupted: the last finished epoch"), said
+    assert "--resume" in said[-1]
     monkeypatch.setattr(loop_mod, "save_checkpoint", real_save)
 
     other = _subset(synth_patches, tmp_path / "other")
@@ -271,8 +276,12 @@ def test_an_export_killed_before_its_golden_cells_leaves_the_bundle_as_it_was(
 
     real = scorer_mod.load_scorer
     monkeypatch.setattr(scorer_mod, "load_scorer", killed)
-    with pytest.raises(KeyboardInterrupt):
-        export_bundle(path, cells=synth_patches, echo=lambda m: None)
+    from cyto.export.api import stopped_words
+
+    said: list[str] = []
+    with pytest.raises(KeyboardInterrupt), stopped_words(path, said.append):
+        export_bundle(path, cells=synth_patches, echo=said.append)
+    assert said[-1].startswith(f"interrupted: {path} keeps "), said
     monkeypatch.setattr(scorer_mod, "load_scorer", real)
     after = load_bundle(path, weights=False).manifest["files"]
     assert after == before  # neither the graph nor half of the golden set was sealed

@@ -273,23 +273,24 @@ def export_cmd(
     MODEL/engines/, outside the bundle's sealed files: building or deleting one never
     invalidates the bundle.
     """
-    from cyto.export.api import export_bundle
+    from cyto.export.api import export_bundle, stopped_words
 
-    export_bundle(
-        model,
-        onnx=onnx,
-        trt=trt,
-        precisions=tuple(_csv(precision) or ("fp32",)),
-        cells=cells,
-        calib=calib,
-        calib_class=calib_class,
-        calib_method=calib_method,
-        parity_cells=parity_cells,
-        parity_normal=parity_normal,
-        accept_parity_loss=accept_parity_loss,
-        int8_keep_float=_csv(int8_keep_float),
-        batch=batch,
-        device=device,
-        opset=opset,
-        echo=typer.echo,
-    )
+    with stopped_words(model, typer.echo):
+        export_bundle(
+            model,
+            onnx=onnx,
+            trt=trt,
+            precisions=tuple(_csv(precision) or ("fp32",)),
+            cells=cells,
+            calib=calib,
+            calib_class=calib_class,
+            calib_method=calib_method,
+            parity_cells=parity_cells,
+            parity_normal=parity_normal,
+            accept_parity_loss=accept_parity_loss,
+            int8_keep_float=_csv(int8_keep_float),
+            batch=batch,
+            device=device,
+            opset=opset,
+            echo=typer.echo,
+        )

@@ -68,6 +68,7 @@ def train_cmd(
         weights=weights,
         skip_unreadable=skip_unreadable,
         overwrite=overwrite,
+        echo=typer.echo,
     )
     last = {k: round(v[-1], 4) for k, v in res.history.items() if v}
     typer.echo(

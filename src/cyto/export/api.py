@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -16,6 +17,26 @@ from cyto.export.onnx import OPSET, check_opset, export_onnx
 # parity gate from 2/3 to 3/3 splits (top-10% overlap 0.91 +- 0.04 -> 0.95 +- 0.04, 400 held-out
 # bone-marrow cells, seeds 0-2) for 0.004% of ResNet18's multiply-adds
 INT8_KEEP_FLOAT: dict[str, tuple[str, ...]] = {"dsvdd": ("Gemm",)}
+
+
+@contextlib.contextmanager
+def stopped_words(path: Path, echo):
+    """On Ctrl-C (or an error) in an export, say what the bundle kept: every step that finished
+    is sealed in it, the step in progress added nothing (:func:`cyto.bundle.staged_files`)."""
+    try:
+        yield
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            try:
+                kept = sorted(load_bundle(Path(path), weights=False).manifest.get("files", {}))
+            except CytoError:
+                kept = []
+            echo(
+                f"interrupted: {path} keeps {', '.join(kept) or 'nothing new'} (each finished "
+                "step is sealed; the one in progress added nothing): rerun the export to add the "
+                "rest"
+            )
+        raise
 
 
 def export_bundle(

@@ -85,6 +85,17 @@ def run_key(method: str, cfg: TrainConfig, data: TrainData, weights: Path | None
     }
 
 
+def checkpoint_words(ckpt: Path) -> str:
+    """What a stopped run leaves for ``--resume``, in words."""
+    phases = sorted(p.stem for p in Path(ckpt).glob("*.pt")) if Path(ckpt).is_dir() else []
+    if not phases:
+        return "no epoch was finished yet: rerun to start over"
+    return (
+        f"the last finished epoch of {len(phases)} training phase(s) ({', '.join(phases)}) is "
+        f"kept in {ckpt}: rerun the same command with --resume to continue"
+    )
+
+
 def start_checkpoints(ckpt: Path, key: dict, resume: bool) -> None:
     """``--resume`` continues the checkpoints in ``ckpt`` only when they were written by a run
     with this very ``key`` (:func:`cyto.reuse.check_reuse`); a run without it starts anew."""
@@ -124,9 +135,11 @@ def train(
     skip_unreadable: bool = False,
     overwrite: bool = False,
     extra_manifest: dict[str, Any] | None = None,
+    echo=None,
 ) -> TrainResult:
     """Train ``method`` on a patch folder or manifest and write the bundle ``out``;
-    ``extra_manifest``: more top-level manifest fields (e.g. ``refined_from``)."""
+    ``extra_manifest``: more top-level manifest fields (e.g. ``refined_from``); ``echo`` says
+    what a stopped run kept."""
     cls = get_method(method)
     cfg = resolve_config(cls.Config, preset, config_file, overrides)
     out = Path(out)
@@ -145,7 +158,13 @@ def train(
         train_data = dataclasses.replace(train_data, labels=None)
     start_checkpoints(ckpt, run_key(method, cfg, train_data, weights), resume)
     t0 = time.perf_counter()
-    model = cls(cfg).fit(train_data, device=dev, ckpt_dir=ckpt, resume=resume, weights=weights)
+    try:
+        model = cls(cfg).fit(train_data, device=dev, ckpt_dir=ckpt, resume=resume, weights=weights)
+    except BaseException as exc:  # Ctrl-C or an error: say what a rerun with --resume finds
+        if echo is not None:
+            stop = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
+            echo(f"{stop}: {checkpoint_words(ckpt)}")
+        raise
     seconds = time.perf_counter() - t0
     manifest, tensors, scorer = model.bundle_parts(train_data)
     manifest["training_data"].update(
