@@ -7,6 +7,9 @@ import json
 import shutil
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 import cyto.train.loop as loop_mod
 from cyto.errors import BundleError
@@ -372,3 +375,77 @@ def test_a_changed_scoring_setting_is_verified_again(golden_bundle):
         warnings.simplefilter("ignore")
         with pytest.raises(VerificationError):
             load_scorer(golden_bundle, "torch", "cpu")
+
+
+# --- resume equals a fresh run, wherever the first run stopped and whatever changed since
+
+
+@pytest.fixture(scope="module")
+def fresh_tables(exported_dsvdd, two_slides, tmp_path_factory):
+    """The uninterrupted score tables of slide a, at top-K 5 and 3 (the same cells and ranks)."""
+    import pyarrow.parquet as pq
+
+    from cyto.infer import score_slide
+
+    out = {}
+    for k in (5, 3):
+        folder = tmp_path_factory.mktemp("fresh") / "s"
+        score_slide(
+            two_slides[0].paths[0],
+            exported_dsvdd,
+            folder,
+            _opts(tile=256, chunk_cells=8, top_k=k, resume=False),
+            echo=lambda m: None,
+        )
+        out[k] = (pq.read_table(folder / "scores.parquet"), pq.read_table(folder / "topk.parquet"))
+    return out
+
+
+def _cells(table):
+    cols = ["cell_id", "x", "y", "score", "rank"]
+    return {c: table[c].to_pylist() for c in cols}
+
+
+@hsettings(max_examples=4)
+@given(stop_after=st.integers(0, 6), top_k=st.sampled_from([5, 3]))
+def test_resume_equals_a_fresh_run_wherever_it_stopped(
+    exported_dsvdd, two_slides, fresh_tables, tmp_path_factory, stop_after, top_k
+):
+    """A run stopped after any number of chunks, resumed with the same or another --top-k,
+    writes exactly the table and top-K an uninterrupted run with the resumed settings writes."""
+    import pyarrow.parquet as pq
+
+    import cyto.infer.store as store_mod
+    from cyto.infer import score_slide
+
+    folder = tmp_path_factory.mktemp("stopped") / "s"
+    slide = two_slides[0].paths[0]
+    real_write, written = store_mod.ChunkStore.write, []
+
+    def write_then_stop(self, *args, **kwargs):
+        if len(written) >= stop_after:
+            raise KeyboardInterrupt("stopped between chunks")
+        real_write(self, *args, **kwargs)
+        written.append(args)
+
+    store_mod.ChunkStore.write = write_then_stop
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            score_slide(
+                slide,
+                exported_dsvdd,
+                folder,
+                _opts(tile=256, chunk_cells=8, top_k=5),
+                echo=lambda m: None,
+            )
+    finally:
+        store_mod.ChunkStore.write = real_write
+    said: list[str] = []
+    score_slide(
+        slide, exported_dsvdd, folder, _opts(tile=256, chunk_cells=8, top_k=top_k), echo=said.append
+    )
+    if stop_after:
+        assert any(m.startswith("resuming: ") for m in said), said
+    table, top = fresh_tables[top_k]
+    assert _cells(pq.read_table(folder / "scores.parquet")) == _cells(table)
+    assert _cells(pq.read_table(folder / "topk.parquet")) == _cells(top)
