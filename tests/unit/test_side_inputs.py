@@ -83,6 +83,13 @@ def test_truth_without_a_slide_id_column_is_one_slides(tmp_path):
     assert labels.tolist() == [1, 0] and planted == 1
 
 
+def test_an_empty_slide_id_column_is_no_slide_id(tmp_path):
+    truth = tmp_path / "t.csv"
+    truth.write_text("slide_id,x,y,label\n,100,100,1\n,300,300,0\n")
+    labels, _, planted = labels_from_truth(_scores("a", [(100, 100)]), truth, 10)
+    assert labels.tolist() == [1] and planted == 1
+
+
 def test_synthetic_truth_of_two_slides_in_one_table(tmp_path):
     """`cyto synth slide` truth tables (slide_id = the slide's name) of two slides, stacked."""
     a = pa.table({"slide_id": ["s1"] * 2, "x": [10.0, 20.0], "y": [10.0, 20.0], "label": [1, 0]})

@@ -73,9 +73,10 @@ def read_truth(path: Path) -> dict[str, np.ndarray]:
     if not np.isin(out["label"], (0, 1)).all():
         raise InputPathError(f"--truth {path}: label must be 0 (normal) or 1 (abnormal)")
     out["label"] = out["label"].astype(np.int64)
-    if "slide_id" in cols:  # an empty value belongs to no slide
-        ids = gt[cols["slide_id"]].to_pylist()
-        out["slide_id"] = np.array(["" if v is None else str(v) for v in ids], dtype=object)
+    if "slide_id" in cols:  # an empty value belongs to no slide; a column of none, to this one
+        ids = ["" if v is None else str(v) for v in gt[cols["slide_id"]].to_pylist()]
+        if any(ids):
+            out["slide_id"] = np.array(ids, dtype=object)
     return out
 
 
