@@ -141,6 +141,32 @@ def test_whatever_one_slide_does_the_cohort_goes_on(made, exported_dsvdd, tmp_pa
     assert rows["b"]["status"] == "failed" and "RuntimeError" in rows["b"]["error"]
 
 
+def test_a_ctrl_c_a_library_swallowed_still_stops_the_cohort(
+    made, exported_dsvdd, tmp_path, monkeypatch
+):
+    """The other slides go on after an unforeseen failure, but not after a Ctrl-C that a
+    library turned into one (onnxruntime, a C extension): that stops the cohort."""
+    import cyto.cohort.local as local
+    from cyto import interrupts
+
+    def swallowed(slide, *args, **kwargs):
+        try:  # the Ctrl-C came while the library ran, and it said so in its own error
+            interrupts._on_sigint(2, None)
+        except KeyboardInterrupt:
+            raise RuntimeError("interrupted in C") from None
+
+    monkeypatch.setattr(local, "score_slide", swallowed)
+    monkeypatch.setattr(interrupts, "_pending", False)
+    slides = []
+    for name in ("a.tif", "b.tif"):
+        shutil.copyfile(made, tmp_path / name)
+        slides.append(tmp_path / name)
+    said: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        score_cohort(slides, exported_dsvdd, tmp_path / "o", OPTS, echo=said.append)
+    assert not any("b.tif" in m for m in said), said
+
+
 @pytest.mark.pyvips
 def test_the_watch_goes_on_past_such_a_name_and_a_slide_it_cannot_read(
     made, exported_dsvdd, tmp_path, monkeypatch

@@ -275,9 +275,13 @@ def unverified_warning(model: Path, why: str) -> str:
 
 def unforeseen(slide: Path, exc: Exception) -> SlideFailedError:
     """A failure of one slide that cyto does not foresee, as the one line its cohort reports
-    (``CYTO_DEBUG=1`` raises it instead, with its traceback)."""
+    (``CYTO_DEBUG=1`` raises it instead, with its traceback). A Ctrl-C that a library turned
+    into this error stops the cohort, as a Ctrl-C does."""
     import os
 
+    from cyto import interrupts
+
+    interrupts.check()
     if os.environ.get("CYTO_DEBUG") == "1":
         raise exc
     return SlideFailedError(
