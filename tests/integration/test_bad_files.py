@@ -482,14 +482,15 @@ def test_a_truncated_score_table_is_one_line_naming_it(scored, tmp_path):
 
 def test_a_cohort_table_with_bytes_that_are_not_utf8_is_updated(scored, made, exported_dsvdd):
     """A cohort.csv edited in another encoding (Latin-1 'é' as one byte), then a run into the
-    same folder: the table is updated (the odd bytes as \\xe9) instead of a traceback."""
+    same folder (--resume: the slide is kept, its row written again): the table is updated
+    (the odd bytes as \\xe9) instead of a traceback."""
     table = scored / "cohort.csv"
     rows = table.read_bytes().splitlines(keepends=True)
     rows.append(b"/old/Pr\xe9parat.tif," + str(scored / "old").encode() + b",scored\r\n")
     table.write_bytes(b"".join(rows))
     proc = run_cyto(
         "score", str(made), "--model", str(exported_dsvdd), "--out", str(scored),
-        "--workers", "0", "--mosaic", "0", "--top-k", "10",
+        "--workers", "0", "--mosaic", "0", "--top-k", "10", "--resume",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     text = table.read_bytes().decode("utf-8")  # strict
