@@ -272,7 +272,7 @@ def save_bundle(
     from safetensors.torch import save_file
 
     out = Path(out)
-    refuse_to_replace(out, overwrite, name=str(out), error=BundleError)
+    refuse_to_replace(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -12,7 +12,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 import cyto.train.loop as loop_mod
-from cyto.errors import BundleError
+from cyto.errors import ConfigError
 
 TINY = {
     "epochs": 2,
@@ -70,7 +70,7 @@ def test_train_resume_refuses_another_runs_checkpoint(tmp_path, synth_patches, m
     monkeypatch.setattr(loop_mod, "save_checkpoint", real_save)
 
     other = _subset(synth_patches, tmp_path / "other")
-    with pytest.raises(BundleError, match=r"--resume: .*another run.*training cells"):
+    with pytest.raises(ConfigError, match=r"--resume: .*another run.*training cells"):
         train(
             "dsvdd",
             other,
@@ -81,7 +81,7 @@ def test_train_resume_refuses_another_runs_checkpoint(tmp_path, synth_patches, m
             device="cpu",
             resume=True,
         )
-    with pytest.raises(BundleError, match=r"--set lr .* -> "):
+    with pytest.raises(ConfigError, match=r"--set lr .* -> "):
         train(
             "dsvdd",
             synth_patches,
@@ -113,7 +113,7 @@ def test_train_resume_refuses_a_checkpoint_without_a_key(tmp_path, synth_patches
     out = tmp_path / "m.cyto"
     checkpoint_dir(out).mkdir()
     (checkpoint_dir(out) / "dsvdd-seed0.pt").write_bytes(b"not ours")
-    with pytest.raises(BundleError, match="records no key"):
+    with pytest.raises(ConfigError, match="records no key"):
         train(
             "dsvdd",
             synth_patches,

@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from cyto.bundle import clear_temp_dirs_beside, temp_dir_beside
-from cyto.errors import ConfigError, InputPathError
+from cyto.errors import ConfigError
 from cyto.locks import OutputLock
+from cyto.outputs_check import refuse_to_replace
 from cyto.progress import progress
 from cyto.review.session import crop_cells, find_scored, read_source
 from cyto.stats.calibrate import refuse_planted
@@ -62,8 +63,7 @@ def _harvest(sources, out: Path, label: str, per_slide, seed: int, overwrite: bo
     import pyarrow.parquet as pq
 
     target = out / label
-    if target.exists() and not overwrite:
-        raise InputPathError(f"{target} exists (pass --overwrite to replace it)")
+    refuse_to_replace(target, overwrite, name=str(target))
     rng = np.random.default_rng(seed)
     plan = []  # (source, file-name prefix, the cells' ids, x, y)
     for k, s in enumerate(sources):

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from cyto.errors import ConfigError
 from cyto.locks import OutputLock
+from cyto.outputs_check import refuse_to_replace
 from cyto.review.session import CROPS, open_session
 from cyto.review.store import MarkStore
 
@@ -192,8 +193,7 @@ def refine(
     abnormal_cls = [c for c in abnormal.split(",") if c] if abnormal else None
 
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise ConfigError(f"{out} exists (pass --overwrite to replace it)")
+    refuse_to_replace(out, overwrite)
     work = out.with_name(out.name + ".refine")
     # one refine at a time into OUT: another cleared this one's cells while it trained on them
     with OutputLock(work, "cyto refine", "wait for it to finish, or give another --out"):

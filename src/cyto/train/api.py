@@ -14,7 +14,8 @@ import numpy as np
 
 from cyto.bundle import save_bundle
 from cyto.data.dataset import PatchDataset
-from cyto.errors import BundleError, ConfigError
+from cyto.errors import ConfigError
+from cyto.outputs_check import refuse_to_replace
 from cyto.train.calibration import normal_calibration
 from cyto.train.config import TrainConfig, resolve_config
 from cyto.train.data import TrainData
@@ -105,12 +106,12 @@ def start_checkpoints(ckpt: Path, key: dict, resume: bool) -> None:
     if resume:
         reuse = check_reuse(read_record(ckpt / RUN_KEY), key, names=RUN_KEY_NAMES)
         if reuse.missing:
-            raise BundleError(
+            raise ConfigError(
                 f"--resume: {ckpt} records no key of the run that wrote it (an older cyto, or a "
                 "damaged folder), so it cannot be shown to be this run's: rerun without --resume"
             )
         if not reuse.ok:
-            raise BundleError(
+            raise ConfigError(
                 f"--resume: the interrupted run in {ckpt} was another run ({reuse.words()}); "
                 "rerun with its settings, or without --resume to start over"
             )
@@ -143,11 +144,10 @@ def train(
     cls = get_method(method)
     cfg = resolve_config(cls.Config, preset, config_file, overrides)
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise BundleError(f"{out} exists (pass --overwrite to replace it)")
+    refuse_to_replace(out, overwrite)
     ckpt = checkpoint_dir(out)
     if resume and not ckpt.is_dir():
-        raise BundleError(f"--resume: no interrupted run to continue at {ckpt}")
+        raise ConfigError(f"--resume: no interrupted run to continue at {ckpt}")
     dev = resolve_device(device)
     ds = PatchDataset.from_path(
         data, normal=normal, abnormal=abnormal, size=cfg.load_size, skip_unreadable=skip_unreadable

@@ -26,7 +26,8 @@ from cyto.data.synth.scene import (
     cell_objects,
     render_od,
 )
-from cyto.errors import ConfigError, InputPathError
+from cyto.errors import ConfigError
+from cyto.outputs_check import refuse_to_replace
 from cyto.progress import progress
 
 
@@ -122,10 +123,7 @@ def write_patches(out: Path, config: PatchSynthConfig, overwrite: bool = False) 
     never leaves a dataset that looks finished.
     """
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise InputPathError(
-            f"output folder {out} exists and is not empty (pass --overwrite to replace it)"
-        )
+    refuse_to_replace(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     # a name of this run's own: another run drawing into ``out`` at the same time does not
     # delete or mix into it

@@ -59,6 +59,7 @@ from cyto.data.synth.tiffio import (
     assemble,
 )
 from cyto.errors import ConfigError, InputPathError
+from cyto.outputs_check import refuse_to_replace
 from cyto.progress import progress
 
 BLOCK = 512
@@ -529,9 +530,8 @@ def write_slide(
         raise ConfigError(f"unknown slide format {fmt!r}; known: tiff, ndpi") from exc
     targets = [out] if fmt == "ndpi" else [plane_path(out, z) for z in config.planes]
     targets.append(ground_truth_path(out))
-    existing = [p for p in targets if p.exists()]
-    if existing and not overwrite:
-        raise InputPathError(f"{existing[0]} exists (pass --overwrite to replace it)")
+    for target in targets:
+        refuse_to_replace(target, overwrite, name=str(target))
     check_memory(config, workers)
     out.parent.mkdir(parents=True, exist_ok=True)  # as every other command's outputs
 
