@@ -70,7 +70,7 @@ def class_mosaic(
     only with ``overwrite``."""
     out = Path(out)
     if per_class < 1 or tile < 16:
-        raise ConfigError(f"per_class must be >= 1 and tile >= 16, got {per_class} and {tile}")
+        raise ConfigError(f"--per-class must be >= 1 and --tile >= 16, got {per_class} and {tile}")
     if out.suffix.lower() not in IMAGE_ENDINGS:
         raise ConfigError(f"--out {out}: a mosaic is a .png, .jpg or .jpeg file")
     refuse_to_replace(out, overwrite)

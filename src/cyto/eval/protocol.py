@@ -87,7 +87,7 @@ class WRProtocol:
         if not 0 < n_positive_bags < n_bags:
             raise ConfigError("need 0 < positive bags < bags")
         if not 0 < train_fraction < 1:
-            raise ConfigError(f"train_fraction must be in (0, 1), got {train_fraction}")
+            raise ConfigError(f"--train-fraction must be in (0, 1), got {train_fraction}")
         self.labels, self.seed = y, seed
         self.n_bags, self.n_pos = n_bags, n_positive_bags
         rng = np.random.default_rng([seed, 101])

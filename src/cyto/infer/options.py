@@ -96,7 +96,7 @@ class ScoreOptions:
                 f"chunk_cells and queue must be >= 1, got {self.chunk_cells} and {self.queue}"
             )
         if self.max_cells is not None and self.max_cells < 1:
-            raise ConfigError(f"max_cells must be >= 1, got {self.max_cells}")
+            raise ConfigError(f"--max-cells must be >= 1, got {self.max_cells}")
         for name, flag in (("fdr_alpha", "--fdr"), ("triage_level", "--triage-level")):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ConfigError(f"{flag} must be between 0 and 1, got {getattr(self, name)}")

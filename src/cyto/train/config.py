@@ -53,15 +53,17 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.input_size < 16:
-            raise ConfigError(f"input_size must be >= 16, got {self.input_size}")
+            raise ConfigError(f"--set input_size must be >= 16, got {self.input_size}")
         if not 0 <= self.stain_jitter <= 1:
-            raise ConfigError(f"stain_jitter must be in [0, 1], got {self.stain_jitter}")
+            raise ConfigError(f"--set stain_jitter must be in [0, 1], got {self.stain_jitter}")
         from cyto.data.stain import METHODS
 
         if self.stain_norm not in METHODS:
-            raise ConfigError(f"stain_norm must be {' or '.join(METHODS)}, got {self.stain_norm!r}")
+            raise ConfigError(
+                f"--set stain_norm must be {' or '.join(METHODS)}, got {self.stain_norm!r}"
+            )
         if self.mpp is not None and self.mpp <= 0:
-            raise ConfigError(f"mpp must be > 0 (um per pixel), got {self.mpp}")
+            raise ConfigError(f"--set mpp must be > 0 (um per pixel), got {self.mpp}")
         if self.lr <= 0 or self.weight_decay < 0:
             raise ConfigError(
                 f"lr must be > 0 and weight_decay >= 0, got {self.lr}, {self.weight_decay}"

@@ -93,18 +93,20 @@ class DSVDDConfig(TrainConfig):
         if self.n_seeds < 1 or self.embedding_dim < 1 or self.ae_epochs < 0:
             raise ConfigError("n_seeds and embedding_dim must be >= 1, ae_epochs >= 0")
         if self.eps <= 0:
-            raise ConfigError(f"eps must be > 0, got {self.eps}")
+            raise ConfigError(f"--set eps must be > 0, got {self.eps}")
         if not self.tta_views or self.tta_views[0] != "orig":
-            raise ConfigError("tta_views must start with 'orig' (the blend's d0)")
+            raise ConfigError("--set tta_views must start with 'orig' (the blend's d0)")
         unknown = [
             v for v in self.tta_views if v != "orig" and v != "hflip" and not v.startswith("rot")
         ]
         if unknown:
             raise ConfigError(f"unknown tta view(s) {unknown}; e.g. {', '.join(TTA_VIEWS)}")
         if not self.known_abnormal_eta >= 0:
-            raise ConfigError(f"known_abnormal_eta must be >= 0, got {self.known_abnormal_eta}")
+            raise ConfigError(
+                f"--set known_abnormal_eta must be >= 0, got {self.known_abnormal_eta}"
+            )
         if not 0.0 <= self.tta_lambda <= 1.0:
-            raise ConfigError(f"tta_lambda must be in [0, 1], got {self.tta_lambda}")
+            raise ConfigError(f"--set tta_lambda must be in [0, 1], got {self.tta_lambda}")
 
 
 def clamp_centre(c: torch.Tensor, eps: float) -> torch.Tensor:

@@ -111,7 +111,7 @@ class SlideSynthConfig:
         if not 0.0 <= self.abnormal_fraction <= 1.0:
             raise ConfigError(f"abnormal fraction must be in [0, 1], got {self.abnormal_fraction}")
         if self.n_cells is not None and self.n_cells < 0:
-            raise ConfigError(f"n_cells must be >= 0, got {self.n_cells}")
+            raise ConfigError(f"--cells must be >= 0, got {self.n_cells}")
         if self.tile % 16 or not 64 <= self.tile <= BLOCK:
             raise ConfigError(f"tile must be a multiple of 16 in [64, {BLOCK}], got {self.tile}")
         if 0.0 not in self.planes or len(set(self.planes)) != len(self.planes):
