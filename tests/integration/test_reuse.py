@@ -449,3 +449,17 @@ def test_resume_equals_a_fresh_run_wherever_it_stopped(
     table, top = fresh_tables[top_k]
     assert _cells(pq.read_table(folder / "scores.parquet")) == _cells(table)
     assert _cells(pq.read_table(folder / "topk.parquet")) == _cells(top)
+
+
+def test_namesakes_whose_names_are_not_utf8_get_folders_apart(tmp_path):
+    """Two slides of one cohort named b'slide-\\xff.tif' in two folders: naming their folders
+    apart hashed the path as UTF-8 and aborted the cohort."""
+    import os
+
+    from cyto.cohort.local import slide_folders
+
+    name = os.fsdecode(b"slide-\xff.tif")
+    slides = [tmp_path / "a" / name, tmp_path / "b" / name]
+    pairs = slide_folders(slides, tmp_path / "out")
+    folders = [target.name for _, target in pairs]
+    assert len(set(folders)) == 2 and all(f.startswith("slide-\\xff-") for f in folders), folders
