@@ -1,0 +1,297 @@
+"""The public Python API: five calls for notebooks and scripts, re-exported by :mod:`cyto`.
+
+``cyto.load_model``, ``cyto.score_slide``, ``cyto.train``, ``cyto.export`` and ``cyto.predict``
+are the stable names; the ``cyto`` commands call the same library functions underneath. Each
+call imports what it needs when it runs, so ``import cyto`` stays light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for the annotations only: nothing heavy is imported at run time
+    import pyarrow as pa
+
+    from cyto.runtime.scorer import Scorer
+    from cyto.train.api import TrainResult
+
+
+def load_model(
+    path: str | Path,
+    backend: str = "auto",
+    device: str = "auto",
+    precision: str = "fp32",
+    *,
+    threads: int | None = None,
+    verify: bool = True,
+) -> Scorer:
+    """Load a model bundle as a scorer, verified on this machine before it is returned.
+
+    The chosen graph or engine first scores the bundle's golden cells here and must reproduce
+    their reference scores; a backend or precision that fails is refused with the numbers
+    (:class:`cyto.errors.VerificationError`).
+
+    Args:
+        path: the bundle folder (``dsvdd.cyto/``), as ``cyto train`` wrote it.
+        backend: ``auto`` (the fastest choice that passes here), ``onnx``, ``onnx-trt``,
+            ``trt`` or ``torch``.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``. Asking for a GPU that is absent is an
+            error, never a silent fall-back to the CPU.
+        precision: the exported graph to run: ``fp32``, ``fp16``, ``int8`` or ``auto``.
+        threads: CPU threads of the backend (None: its default).
+        verify: False skips the check on the golden cells (recorded in
+            ``scorer.verification``).
+
+    Returns:
+        A :class:`cyto.runtime.Scorer`: ``scorer.score(patches)`` takes uint8 (N, H, W, 3)
+        patches and returns (N,) float64 scores, higher = more abnormal.
+
+    Example:
+        >>> import numpy as np, cyto
+        >>> scorer = cyto.load_model("dsvdd.cyto", backend="onnx", device="cpu")
+        >>> scores = scorer.score(np.zeros((4, 64, 64, 3), np.uint8))
+    """
+    from cyto.runtime import load_scorer
+
+    return load_scorer(Path(path), backend, device, precision, threads=threads, verify=verify)
+
+
+def score_slide(
+    slide: str | Path,
+    model: str | Path | Scorer,
+    out: str | Path,
+    *,
+    echo: Callable[[str], None] | None = print,
+    **options: Any,
+) -> pa.Table:
+    """Score every cell of one whole-slide image; returns its score table.
+
+    Writes ``out/`` as ``cyto score`` does (``scores.parquet``, the top-K table and mosaics,
+    ``summary.json``, and the error-controlled flags when the bundle is calibrated).
+
+    Args:
+        slide: the slide file (``.ndpi``, ``.svs``, ``.tif``, ...).
+        model: a bundle path, or a scorer from :func:`load_model` (loaded once, reused across
+            slides).
+        out: the output folder of this slide (one writer per folder).
+        echo: where progress lines go (None: nowhere).
+        **options: any field of :class:`cyto.infer.options.ScoreOptions`, named as the
+            ``cyto score`` flag without its dashes: ``top_k=400``, ``backend="onnx"``,
+            ``device="cpu"``, ``precision="fp16"``, ``workers=0``, ``resume=True``,
+            ``truth=Path("truth.parquet")``, ``rank_by="model"``, ...
+
+    Returns:
+        The score table (a ``pyarrow.Table``, one row per cell: ``slide_id, cell_id, x, y,
+        score, rank`` and more; ``.to_pandas()`` converts it). Its schema metadata names the
+        model, the slide and the run.
+
+    Example:
+        >>> import cyto
+        >>> table = cyto.score_slide("slide.ndpi", "dsvdd.cyto", "scored/slide", top_k=100)
+        >>> table.sort_by("rank").slice(0, 10).to_pandas()
+    """
+    from dataclasses import fields
+
+    import pyarrow.parquet as pq
+
+    from cyto.errors import ConfigError
+    from cyto.infer.options import ScoreOptions
+    from cyto.infer.pipeline import score_slide as run
+
+    known = [f.name for f in fields(ScoreOptions)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"score_slide: unknown option(s) {', '.join(unknown)}; known: {', '.join(known)}"
+        )
+    out = Path(out)
+    model = model if not isinstance(model, str) else Path(model)
+    run(Path(slide), model, out, ScoreOptions(**options), echo=echo or (lambda _line: None))
+    return pq.read_table(out / "scores.parquet")
+
+
+def train(
+    method: str,
+    data: str | Path,
+    out: str | Path,
+    *,
+    normal: str | None = None,
+    abnormal: str | None = None,
+    preset: str | None = None,
+    config_file: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    device: str = "auto",
+    resume: bool = False,
+    weights: str | Path | None = None,
+    skip_unreadable: bool = False,
+    overwrite: bool = False,
+) -> TrainResult:
+    """Train a registered method on a patch folder or manifest and write its model bundle.
+
+    Args:
+        method: ``dsvdd``, ``droc``, ``its2clr``, ``fs-sil`` or ``ws-sil`` (see the config
+            reference for each method's settings and presets).
+        data: a class-folder dataset (``data/normal/*.jpg``, ``data/ABN/*.jpg``) or a CSV
+            manifest (``path,label[,bag]``).
+        out: the bundle to write (``dsvdd.cyto``).
+        normal: the normal class name(s), comma-separated; the one-class methods learn from
+            these only.
+        abnormal: the abnormal class name(s) (default: every class that is not normal).
+        preset: a named preset of the method's config (e.g. ``fast``).
+        config_file: a TOML or YAML file of config fields.
+        overrides: config fields that win over the preset and the file (``{"epochs": 5}``).
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        resume: continue an interrupted run from its per-epoch state.
+        weights: initial encoder weights (a ``.safetensors`` file).
+        skip_unreadable: leave out images that cannot be decoded instead of failing.
+        overwrite: replace an existing ``out``.
+
+    Returns:
+        A ``TrainResult``: ``bundle`` (its path), ``method``, ``config``, ``seconds``,
+        ``n_images``, ``n_used`` and the loss ``history``.
+
+    Example:
+        >>> import cyto
+        >>> res = cyto.train("dsvdd", "cells/", "dsvdd.cyto", normal="normal", preset="fast")
+        >>> res.bundle
+        PosixPath('dsvdd.cyto')
+    """
+    from cyto.train.api import train as run
+
+    return run(
+        method,
+        Path(data),
+        Path(out),
+        normal=normal,
+        abnormal=abnormal,
+        preset=preset,
+        config_file=None if config_file is None else Path(config_file),
+        overrides=overrides,
+        device=device,
+        resume=resume,
+        weights=None if weights is None else Path(weights),
+        skip_unreadable=skip_unreadable,
+        overwrite=overwrite,
+    )
+
+
+def export(
+    bundle: str | Path,
+    *,
+    precisions: str | Sequence[str] = ("fp32",),
+    trt: bool = False,
+    calib: str | Path | None = None,
+    calib_class: str | None = None,
+    device: str = "cuda",
+    echo: Callable[[str], None] | None = print,
+    **options: Any,
+) -> dict[str, Any]:
+    """Export a bundle for inference and check every artifact against PyTorch / fp32.
+
+    Writes ``encoder.onnx`` (uint8 patches in), the golden cells with their reference scores,
+    and the reduced-precision graphs and TensorRT engines asked for, each with its parity report.
+
+    Args:
+        bundle: the bundle folder to export into.
+        precisions: the graphs to make: ``fp32`` (always), ``fp16``, ``int8``; a list or a
+            comma-separated string.
+        trt: also build a TensorRT engine per precision (needs a GPU and the ``gpu`` extra).
+        calib: real cells of the kind the model scores, to calibrate ``int8`` on (required
+            for it).
+        calib_class: the class folder of ``calib`` to use.
+        device: the GPU the TensorRT engines are built on (only with ``trt``).
+        echo: where progress lines go (None: nowhere).
+        **options: the other settings of ``cyto export``: ``cells`` (golden-cell source),
+            ``calib_method``, ``calib_limit``, ``parity_cells``, ``parity_normal``,
+            ``accept_parity_loss``, ``int8_keep_float``, ``batch``, ``opset``, ``onnx``.
+
+    Returns:
+        The export report (a dict), e.g. ``onnx_parity_max_rel``, the largest relative
+        difference between ONNX Runtime's and PyTorch's scores on the golden cells.
+
+    Example:
+        >>> import cyto
+        >>> report = cyto.export("dsvdd.cyto", precisions="fp32,fp16")
+        >>> report["onnx_parity_max_rel"] < 1e-3
+        True
+    """
+    from cyto.export.api import export_bundle
+
+    if isinstance(precisions, str):
+        precisions = [p.strip() for p in precisions.split(",") if p.strip()]
+    return export_bundle(
+        Path(bundle),
+        trt=trt,
+        precisions=tuple(precisions),
+        calib=None if calib is None else Path(calib),
+        calib_class=calib_class,
+        device=device,
+        echo=echo or (lambda _line: None),
+        **options,
+    )
+
+
+def predict(
+    model: str | Path,
+    data: str | Path,
+    out: str | Path,
+    *,
+    normal: str | None = None,
+    abnormal: str | None = None,
+    backend: str = "auto",
+    device: str = "auto",
+    precision: str = "fp32",
+    batch_size: int = 128,
+    rank_by: str = "auto",
+    overwrite: bool = False,
+    echo: Callable[[str], None] | None = print,
+    **options: Any,
+) -> dict[str, Any]:
+    """Score a folder (or CSV manifest) of cell patches into a Parquet table.
+
+    Args:
+        model: the bundle folder.
+        data: a class-folder dataset, a flat folder of images, or a CSV manifest.
+        out: the table to write (a name ending in ``.parquet``): ``path, class, score, rank``
+            (1 = most abnormal), and ``label`` when ``normal`` is given.
+        normal: the normal class name(s); with them the summary has AUROC and Recall@K.
+        abnormal: the abnormal class name(s) (default: every class that is not normal).
+        backend: as for :func:`load_model`.
+        device: as for :func:`load_model`.
+        precision: as for :func:`load_model`.
+        batch_size: patches per network call.
+        rank_by: ``model``, ``model+nucleus`` or ``auto``.
+        overwrite: replace an existing ``out``.
+        echo: where progress lines go (None: nowhere).
+        **options: the other settings of ``cyto predict``: ``zoom``, ``patch_mpp``,
+            ``verify``, ``skip_unreadable``, ``chunk``, ``resume``.
+
+    Returns:
+        The summary (a dict): ``n`` (cells scored), ``out``, the ``backend`` and ``precision``
+        that scored, its ``verification``, and ``auroc``, ``recall_at_k`` and ``k`` when the
+        labels are known.
+
+    Example:
+        >>> import cyto, pyarrow.parquet as pq
+        >>> summary = cyto.predict("dsvdd.cyto", "cells/", "scores.parquet", normal="normal")
+        >>> pq.read_table(summary["out"]).sort_by("rank").slice(0, 5).to_pandas()
+    """
+    from cyto.predict import predict as run
+
+    return run(
+        Path(model),
+        Path(data),
+        Path(out),
+        normal=normal,
+        abnormal=abnormal,
+        backend=backend,
+        device=device,
+        precision=precision,
+        batch_size=batch_size,
+        rank_by=rank_by,
+        overwrite=overwrite,
+        echo=echo or (lambda _line: None),
+        **options,
+    )
