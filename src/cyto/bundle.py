@@ -37,7 +37,8 @@ UNSEALED_VERSIONS = (1,)
 MANIFEST = "manifest.json"
 SEAL = "manifest_sha256"
 ONNX_FILE = "encoder.onnx"
-PRECISIONS = ("fp32", "fp16", "int8")
+#: bf16 is a run-time precision of OpenVINO on the fp32 graph (no file of its own)
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 # the normal-score quantiles a bundle's ``calibration`` records (train and cyto calibrate)
 CALIBRATION_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 # the sorted normal-slide scores of ``cyto calibrate`` (the conformal calibration set)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.metadata as md
+import importlib.util
 import platform
 import re
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ ISA_FLAGS = (
 #: x86 flags under which ONNX Runtime's uint8 x int8 kernels sum in int32 (no saturation)
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 #: the libraries whose versions change the numbers (read from package metadata, not imported)
-LIBRARIES = ("onnxruntime", "onnxruntime-gpu", "tensorrt", "torch", "numba", "numpy")
+LIBRARIES = ("onnxruntime", "onnxruntime-gpu", "openvino", "tensorrt", "torch", "numba", "numpy")
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,19 @@ def cpu_info() -> CpuInfo:
     return CpuInfo(model, arch, tuple(f for f in ISA_FLAGS if f in flags))
 
 
+@functools.lru_cache(maxsize=1)
+def openvino_cpu() -> dict | None:
+    """OpenVINO's version and what its CPU plugin computes in here (``OPTIMIZATION_CAPABILITIES``:
+    BF16 with AMX or AVX512-BF16), as OpenVINO reports it: under a hypervisor or the CPUID mask
+    the kernel's flags say otherwise. None where OpenVINO is not installed."""
+    if importlib.util.find_spec("openvino") is None:
+        return None
+    import openvino as ov
+
+    caps = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return {"version": str(ov.get_version()), "cpu": [str(c) for c in caps]}
+
+
 def library_versions() -> dict[str, str]:
     out = {"cyto": __version__}
     for name in LIBRARIES:
@@ -186,6 +200,9 @@ def fingerprint(device: str = "cpu") -> dict:
         "os": platform.system(),
         "libraries": library_versions(),
     }
+    ov = openvino_cpu()
+    if ov is not None:
+        out["openvino"] = ov
     if str(device).startswith("cuda"):
         out.update(gpu_facts(device))
     return out
@@ -193,5 +210,8 @@ def fingerprint(device: str = "cpu") -> dict:
 
 def graph_for(spec, precision: str, device: str):
     """The bundle's graph of ``precision`` for ``device`` on this machine: on a CPU, the int8
-    form made for its instruction set (:meth:`cyto.bundle.ModelSpec.graph`)."""
+    form made for its instruction set (:meth:`cyto.bundle.ModelSpec.graph`). bf16 has no graph
+    of its own: OpenVINO compiles ``encoder.onnx`` in bf16."""
+    if precision == "bf16":
+        return spec.graph("fp32")
     return spec.graph(precision, device, int8_dot=int8_dot_here() if device == "cpu" else True)

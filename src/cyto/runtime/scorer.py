@@ -1,16 +1,16 @@
 """The scorer: one model behind ``score(uint8 NHWC patches) -> float64 scores``.
 
-A scorer is a backend (what runs the network: ONNX Runtime, TensorRT or PyTorch) followed by the
-model's scorer head (what turns the network's output into a score). The whole model is loaded
-before the first patch is scored. Higher scores are always more abnormal.
+A scorer is a backend (what runs the network: ONNX Runtime, OpenVINO, TensorRT or PyTorch)
+followed by the model's scorer head (what turns the network's output into a score). The whole
+model is loaded before the first patch is scored. Higher scores are always more abnormal.
 
 Every scorer is verified on this machine before it is returned: it runs the bundle's golden
 cells and must reproduce their reference scores (:mod:`cyto.runtime.verify`). ``auto`` tries, on
 a GPU: a TensorRT engine built for this GPU, TensorRT version and the graph's precision; then
-ONNX Runtime's CUDA provider; then PyTorch on the GPU. On the CPU: ONNX Runtime when the bundle
-is exported, else PyTorch. It takes the first that passes, never picks a CPU backend when a GPU
-was asked for, and never an int8 or fp16 graph unless that precision (or ``auto``) was asked
-for.
+ONNX Runtime's CUDA provider; then PyTorch on the GPU. On the CPU, OpenVINO and ONNX Runtime
+when the bundle is exported, at each precision in the order measured fastest (:data:`CPU_ORDER`),
+else PyTorch. It takes the first that passes, never picks a CPU backend when a GPU was asked
+for, and never an int8, fp16 or bf16 network unless that precision (or ``auto``) was asked for.
 """
 
 from __future__ import annotations
@@ -145,8 +145,8 @@ def make_backend(
     graph=None,
 ) -> Backend:
     """The backend ``name`` for ``bundle`` on a resolved ``device`` (no head, no fallback);
-    ``graph``: for ONNX Runtime on the CPU, another form of ``precision`` than this CPU's
-    default (:func:`other_cpu_int8`)."""
+    ``graph``: for ONNX Runtime or OpenVINO on the CPU, another form of ``precision`` than this
+    CPU's default (:func:`other_cpu_int8`)."""
     if name in ("trt", "onnx-trt") and device == "cpu":
         raise ConfigError(f"the {name} backend runs on CUDA only: use --device cuda")
     if name == "onnx":
@@ -157,6 +157,15 @@ def make_backend(
         from cyto.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(bundle, device, precision, threads, provider="tensorrt")
+    if name == "openvino":
+        from cyto.runtime.backends.openvino import OpenVinoBackend
+
+        return OpenVinoBackend(bundle, device, precision, threads, graph=graph)
+    if precision == "bf16":
+        raise ConfigError(
+            f"--precision bf16 runs in OpenVINO on the CPU, not in {name}: use --backend "
+            "openvino --device cpu (or --backend auto)"
+        )
     if name == "trt":
         from cyto.runtime.backends.tensorrt import TensorRTBackend
 
@@ -197,8 +206,9 @@ def backend_candidates(bundle: Bundle, device: str, precision: str, notes: list[
     """The backends ``auto`` tries for ``precision`` on ``device``, fastest first: on a GPU a
     TensorRT engine built for it, then ONNX Runtime's CUDA provider (fp32 and fp16 graphs, see
     :func:`ort_cuda_left_out`), then PyTorch (fp32, and fp16 by autocast); on the CPU ONNX
-    Runtime when the bundle is exported, then PyTorch (fp32). Why a backend is left out goes to
-    ``notes``."""
+    Runtime (not bf16) and OpenVINO when the bundle is exported, then PyTorch (fp32), in the
+    order :data:`CPU_ORDER` gives them in :func:`attempt_plan`. Why a backend is left out goes
+    to ``notes``."""
     graph = graph_for(bundle.spec, precision, device)
     out = []
     if device != "cpu":
@@ -221,26 +231,69 @@ def backend_candidates(bundle: Bundle, device: str, precision: str, notes: list[
                 out.append("onnx")
         if precision == "fp16":
             out.append("torch")
-    elif graph is not None and _has_onnxruntime():
-        out.append("onnx")
+    else:
+        if graph is not None and precision != "bf16" and _has_onnxruntime():
+            out.append("onnx")
+        left_out = openvino_left_out(bundle, precision)
+        if left_out:
+            notes.append(left_out)
+        else:
+            out.append("openvino")
     if precision == "fp32":
         out.append("torch")
     return out
 
 
+def openvino_left_out(bundle: Bundle, precision: str) -> str | None:
+    """Why ``auto`` does not give OpenVINO ``precision`` on this CPU, or None."""
+    from cyto.runtime.backends import openvino
+
+    if not openvino.has_openvino():
+        return f"OpenVINO is not installed ({openvino.INSTALL})"
+    if precision not in openvino.precisions_here():
+        caps = ", ".join(openvino.cpu_capabilities())
+        return (
+            f"OpenVINO offers no {precision} on this CPU (it reports {caps}: bf16 needs AMX or "
+            "AVX512-BF16)"
+        )
+    if openvino.graph_for_openvino(bundle, precision) is None:
+        return f"the bundle has no {precision} graph for OpenVINO"
+    return None
+
+
+def graph_of(bundle: Bundle, backend: str, precision: str, device: str) -> GraphSpec | None:
+    """The graph ``backend`` runs for ``precision`` on ``device`` (None: the PyTorch network)."""
+    if backend == "torch":
+        return None
+    if backend == "openvino":
+        from cyto.runtime.backends.openvino import graph_for_openvino
+
+        return graph_for_openvino(bundle, precision)
+    return graph_for(bundle.spec, precision, device)
+
+
 def precision_candidates(
     bundle: Bundle, backend: str, device: str, golden, notes: list[str]
 ) -> list[str]:
-    """The precisions ``auto`` tries, fastest first: on a CPU an int8 graph, on a GPU fp16 (an
-    exported graph, or PyTorch's autocast) then int8, each only when it can be verified here
-    on the bundle's real golden cells (and, for an exported graph, passed its gate at export);
-    then fp32. PyTorch has no int8, and fp16 only on a GPU (:func:`ort_cuda_left_out` for ONNX
-    Runtime's CUDA provider)."""
+    """The precisions ``auto`` tries, fastest first: on a CPU an int8 graph and OpenVINO's bf16
+    (where this CPU has it), on a GPU fp16 (an exported graph, or PyTorch's autocast) then
+    int8, each only when it can be verified here on the bundle's real golden cells (and, for
+    an exported graph, passed its gate at export); then fp32. PyTorch has no int8, and fp16
+    only on a GPU (:func:`ort_cuda_left_out` for ONNX Runtime's CUDA provider); bf16 is
+    OpenVINO's alone (:func:`openvino_left_out`)."""
     if backend == "torch" and device == "cpu":
         return ["fp32"]
     out = []
-    for p in ("int8",) if device == "cpu" else ("fp16", "int8"):
-        g = graph_for(bundle.spec, p, device) if backend != "torch" else None
+    for p in ("int8", "bf16") if device == "cpu" else ("fp16", "int8"):
+        if p == "bf16":
+            left_out = openvino_left_out(bundle, p) if backend in ("auto", "openvino") else ""
+            if left_out:
+                notes.append(left_out)
+            if left_out is not None:
+                continue
+        g = graph_of(bundle, backend if backend != "auto" else "onnx", p, device)
+        if g is None and backend == "auto" and device == "cpu":
+            g = graph_of(bundle, "openvino", p, device)
         autocast = p == "fp16" and device != "cpu" and backend in ("auto", "torch")
         usable = g is not None
         if g is not None:
@@ -266,13 +319,28 @@ def precision_candidates(
     return [*out, "fp32"]
 
 
+#: the order ``auto`` tries (backend, precision) on a CPU, fastest first, as measured with
+#: cyto bench engine on the 2-core AMD EPYC (AVX512-VNNI and AVX512-BF16, no AMX) and on Intel
+#: Xeons with AMX (issue 58): OpenVINO int8, then OpenVINO bf16, then ONNX Runtime int8, then
+#: fp32 (OpenVINO ahead of ONNX Runtime); benchmarks/results/vm-2core/openvino/README.md
+CPU_ORDER = (
+    ("openvino", "int8"),
+    ("openvino", "bf16"),
+    ("onnx", "int8"),
+    ("openvino", "fp32"),
+    ("onnx", "fp32"),
+    ("torch", "fp32"),
+)
+
+
 def attempt_plan(
     bundle: Bundle, backend: str, device: str, precision: str, golden, notes: list[str]
 ) -> list[tuple[str, str, GraphSpec | None]]:
     """(backend, precision, graph) in the order :func:`load_scorer` tries them, fastest first:
-    each precision's backends (:func:`precision_candidates`, :func:`backend_candidates`), and
-    on a GPU every TensorRT engine ahead of the rest. The graph is None: this machine's default
-    for the precision (a CPU int8 form that fails here is followed by the other one)."""
+    each precision's backends (:func:`precision_candidates`, :func:`backend_candidates`); on a
+    GPU every TensorRT engine ahead of the rest, on a CPU in :data:`CPU_ORDER`. The graph is
+    None: this machine's default for the precision (a CPU int8 form that fails here is
+    followed by the other one)."""
     precisions = (
         precision_candidates(bundle, backend, device, golden, notes)
         if precision == "auto"
@@ -289,15 +357,19 @@ def attempt_plan(
         plan = [
             (name, p, g)
             for name, p, g in plan
-            if name == "torch" or p == "fp32" or _gated(bundle, p, device)
+            if name == "torch" or p == "fp32" or _gated(bundle, name, p, device)
         ]
     if device != "cpu" and backend == "auto":
         plan.sort(key=lambda attempt: attempt[0] != "trt")
+    if device == "cpu":
+        rank = {choice: i for i, choice in enumerate(CPU_ORDER)}
+        plan.sort(key=lambda attempt: rank.get(attempt[:2], len(rank)))
+    notes[:] = list(dict.fromkeys(notes))  # one note once, whichever precision gave it
     return plan
 
 
-def _gated(bundle: Bundle, precision: str, device: str) -> bool:
-    g = graph_for(bundle.spec, precision, device)
+def _gated(bundle: Bundle, backend: str, precision: str, device: str) -> bool:
+    g = graph_of(bundle, backend, precision, device)
     return g is not None and g.parity_passed
 
 
@@ -350,6 +422,7 @@ def load_scorer(
                 raise
             notes.append(f"{name} ({p}) on {device}: {exc}")
             continue
+        notes.extend(getattr(chosen, "notes", ()))  # e.g. OpenVINO's first compile, said once
         scorer = Scorer(bundle, head, chosen, notes)
         if not verify:
             scorer.verification = Verification(
@@ -359,7 +432,7 @@ def load_scorer(
         check = verify_scorer(scorer, golden)
         scorer.verification = check
         # PyTorch runs its network (fp16: autocast), no exported graph
-        ran = form or (graph_for(bundle.spec, p, device) if name != "torch" else None)
+        ran = getattr(chosen, "graph", None)
         accepted = ran is not None and not ran.parity_passed and precision != "auto"
         if check.status != "failed" or accepted:
             if accepted and check.status == "failed":
@@ -422,6 +495,11 @@ def other_cpu_int8(spec, chosen: Backend, device: str, precision: str):
     if device != "cpu" or precision != "int8" or graph is None:
         return None
     keys = [k for k, g in spec.graphs.items() if g.file == graph.file]
+    if chosen.name == "openvino" and keys:  # its own order of forms, TensorRT's included
+        from cyto.runtime.backends.openvino import INT8_ORDER
+
+        later = INT8_ORDER[INT8_ORDER.index(keys[0]) + 1 :] if keys[0] in INT8_ORDER else ()
+        return next((spec.graphs[k] for k in later if k in spec.graphs), None)
     if not keys or keys[0] not in CPU_INT8_FORMS:
         return None
     other = next(k for k in CPU_INT8_FORMS if k != keys[0])

@@ -6,6 +6,7 @@ One vocabulary everywhere (``cyto score``, ``cyto bench``, the library):
 |------------|------------------------------------------------------------------|-----------|
 | ``onnx``   | ``encoder.onnx`` in ONNX Runtime (CPU, or its CUDA provider)      | cpu, cuda |
 | ``onnx-trt`` | ``encoder.onnx`` in ONNX Runtime's TensorRT provider             | cuda      |
+| ``openvino`` | ``encoder.onnx`` (fp32, bf16) or an int8 graph in OpenVINO       | cpu       |
 | ``trt``    | a TensorRT engine of the bundle (``cyto export --trt``)          | cuda      |
 | ``torch``  | the PyTorch network rebuilt from the bundle's safetensors        | cpu, cuda |
 
@@ -18,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-BACKENDS = ("onnx", "onnx-trt", "trt", "torch")
+BACKENDS = ("onnx", "onnx-trt", "openvino", "trt", "torch")
 CHOICES = ("auto", *BACKENDS)
 
 

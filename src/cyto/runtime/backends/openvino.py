@@ -1,0 +1,223 @@
+"""OpenVINO backend: the bundle's ONNX graphs in Intel's CPU inference engine.
+
+OpenVINO reads cyto's graphs as they are (uint8 NHWC in, preprocessing inside) and compiles them
+for the CPU it runs on. Precisions:
+
+- ``fp32``: ``encoder.onnx`` with ``INFERENCE_PRECISION_HINT`` f32, set explicitly: on a CPU with
+  AMX or AVX512-BF16 OpenVINO's default for an fp32 graph is bf16.
+- ``bf16``: the same ``encoder.onnx`` compiled in bf16 (no file of its own), offered only where
+  OpenVINO itself reports ``BF16`` among the CPU's ``OPTIMIZATION_CAPABILITIES`` (AMX or
+  AVX512-BF16; the kernel's flags can say otherwise under a hypervisor or the CPUID mask). Judged
+  like fp16, by the ranking gate on the golden cells.
+- ``int8``: one of the bundle's int8 Q/DQ graphs. OpenVINO's low-precision transformations fold
+  each Q/DQ pair into its own int8 kernels, so the form does not tie it to ONNX Runtime's x86
+  kernels: :data:`INT8_ORDER` tries ``int8-cpu`` (uint8 activations after each ReLU, 8-bit
+  per-channel weights, which is the layout oneDNN's u8 x s8 kernels take without a shift) first,
+  then ``int8-cpu7`` and TensorRT's symmetric ``int8`` form (signed activations, which oneDNN
+  shifts to u8 with a compensation term). Measured on this project's 2-core AMD EPYC
+  (AVX512-VNNI/BF16): benchmarks/results/vm-2core/openvino/README.md. A form that fails here
+  is followed by the next one (:func:`cyto.runtime.scorer.other_cpu_int8`).
+
+Compiled models are kept in cyto's user cache (OpenVINO's ``CACHE_DIR``) under a folder named
+by the graph's sha256, OpenVINO's version, the precision and the CPU's capabilities, so a changed
+graph, an upgrade or another CPU compiles anew; the first compile's time goes to the scorer's
+notes. One stream of ``threads`` inference threads (the cores cyto gives the engine: the decode
+and detection workers keep theirs), threads not pinned to cores, since the cores are shared.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cyto.bundle import Bundle, GraphSpec
+from cyto.errors import BundleError, ConfigError, DeviceError, MissingDependencyError
+from cyto.runtime.machine import openvino_cpu
+
+PRECISIONS = ("fp32", "bf16", "int8")
+#: the bundle's int8 forms in the order OpenVINO takes them (see the module docstring)
+INT8_ORDER = ("int8-cpu", "int8-cpu7", "int8")
+#: OpenVINO's inference precision per cyto precision (int8 graphs: float parts in f32)
+INFERENCE_PRECISION = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
+#: cells per call: as for ONNX Runtime on a CPU (flat cells/s from 16 up, memory grows)
+CPU_MAX_BATCH = 16
+#: the latency hint with one stream: a call uses all ``threads`` on one batch (the throughput
+#: hint made more streams of fewer threads, which one caller at a time cannot fill)
+PERFORMANCE_HINT = "LATENCY"
+INSTALL = "pip install 'cyto[cpu]' (openvino beside onnxruntime)"
+
+
+def has_openvino() -> bool:
+    return importlib.util.find_spec("openvino") is not None
+
+
+def require_openvino():
+    """Import openvino, or raise the one error naming the extra to install."""
+    missing = MissingDependencyError("openvino", "OpenVINO scoring (--backend openvino)", INSTALL)
+    if not has_openvino():
+        raise missing
+    try:
+        import openvino as ov
+    except ImportError as exc:
+        raise missing from exc
+    return ov
+
+
+@functools.lru_cache(maxsize=1)
+def _core():
+    return require_openvino().Core()
+
+
+def version() -> str:
+    """OpenVINO's version (the build string, e.g. ``2026.4.1-22982-...``)."""
+    require_openvino()
+    return openvino_cpu()["version"]
+
+
+def cpu_capabilities() -> tuple[str, ...]:
+    """What OpenVINO says its CPU device can compute in (``OPTIMIZATION_CAPABILITIES``: FP32,
+    BF16, INT8, ...): read from the runtime that will run the graph, not from /proc/cpuinfo."""
+    require_openvino()
+    return tuple(openvino_cpu()["cpu"])
+
+
+def precisions_here() -> tuple[str, ...]:
+    """The precisions OpenVINO runs on this CPU: fp32 and int8 everywhere, bf16 where OpenVINO
+    reports BF16 (AMX or AVX512-BF16)."""
+    caps = cpu_capabilities()
+    return tuple(p for p in PRECISIONS if p != "bf16" or "BF16" in caps)
+
+
+def graph_for_openvino(bundle: Bundle, precision: str) -> GraphSpec | None:
+    """The graph OpenVINO compiles for ``precision``: ``encoder.onnx`` for fp32 and bf16, the
+    first of :data:`INT8_ORDER` the bundle has for int8."""
+    graphs = bundle.spec.graphs
+    if precision in ("fp32", "bf16"):
+        return graphs.get("fp32")
+    if precision == "int8":
+        return next((graphs[k] for k in INT8_ORDER if k in graphs), None)
+    return None
+
+
+def cache_folder(graph: GraphSpec, precision: str) -> Path:
+    """Where the compiled model of ``graph`` at ``precision`` is kept: one folder per graph
+    sha256, OpenVINO version, precision and CPU capabilities (OpenVINO's own cache key is its
+    hash of the model and the config; the folder makes the rest of the key explicit)."""
+    from cyto import cache_dir
+
+    key = "\n".join((graph.sha256, version(), precision, ",".join(cpu_capabilities())))
+    name = f"{graph.sha256[:16]}-{precision}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    return Path(cache_dir()) / "openvino" / name
+
+
+def engine_threads(threads: int | None) -> int:
+    """``threads``, or every core this process may run on (ONNX Runtime's default too)."""
+    if threads:
+        return int(threads)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def compile_config(precision: str, threads: int, cache: Path | None) -> dict[str, str]:
+    config = {
+        "INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision],
+        "PERFORMANCE_HINT": PERFORMANCE_HINT,
+        "NUM_STREAMS": "1",
+        "INFERENCE_NUM_THREADS": str(threads),
+        # the cores are shared with decode and detection: pinned threads would hold them
+        "ENABLE_CPU_PINNING": "NO",
+    }
+    if cache is not None:
+        config["CACHE_DIR"] = str(cache)
+    return config
+
+
+class OpenVinoBackend:
+    """One of the bundle's ONNX graphs compiled by OpenVINO for this CPU."""
+
+    name = "openvino"
+    max_batch = CPU_MAX_BATCH
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        device: str = "cpu",
+        precision: str = "fp32",
+        threads: int | None = None,
+        graph: GraphSpec | None = None,
+        cache: bool = True,
+    ) -> None:
+        if device != "cpu":
+            raise ConfigError("the openvino backend runs on the CPU only: use --device cpu")
+        if precision not in PRECISIONS:
+            raise ConfigError(
+                f"the openvino backend runs {', '.join(PRECISIONS)}; --precision {precision} "
+                "runs through ONNX Runtime or TensorRT"
+            )
+        require_openvino()
+        if precision == "bf16" and "bf16" not in precisions_here():
+            raise DeviceError(
+                "--precision bf16 needs a CPU with AMX or AVX512-BF16: OpenVINO reports "
+                f"{', '.join(cpu_capabilities())} here; use --precision fp32 or int8"
+            )
+        graph = graph or graph_for_openvino(bundle, precision)
+        if graph is None:
+            from cyto.runtime.verify import export_hint
+
+            have = ", ".join(sorted(bundle.spec.graphs)) or "none"
+            hint = export_hint(bundle, "fp32" if precision == "bf16" else precision)
+            raise BundleError(
+                f"{bundle.path} has no {precision} graph for OpenVINO (exported graphs: {have}): "
+                f"make one with '{hint}'"
+            )
+        self.graph = graph
+        self.device = device
+        self.precision = precision
+        self.threads = engine_threads(threads)
+        self.providers = [f"openvino {version()}"]
+        self.notes: list[str] = []
+        folder = cache_folder(graph, precision) if cache else None
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+        config = compile_config(precision, self.threads, folder)
+        data = bundle.graph_bytes(graph)  # what the manifest (and the verification) named
+        core = _core()
+        t0 = time.perf_counter()
+        try:
+            model = core.read_model(data)
+            self.compiled = core.compile_model(model, "CPU", config)
+        except Exception as exc:  # noqa: BLE001 - OpenVINO raises its own untyped errors
+            raise DeviceError(f"OpenVINO cannot compile {graph.file} on the CPU: {exc}") from exc
+        seconds = time.perf_counter() - t0
+        self.loaded_from_cache = bool(self.compiled.get_property("LOADED_FROM_CACHE"))
+        got = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        want = INFERENCE_PRECISION[precision]
+        if got != want:  # never a silent change of precision
+            raise DeviceError(
+                f"OpenVINO compiled {graph.file} in {got}, not {want} (--precision {precision})"
+            )
+        if not self.loaded_from_cache:
+            where = f", kept in {folder} for the next run" if folder is not None else ""
+            self.notes.append(
+                f"OpenVINO compiled {graph.file} ({precision}) in {seconds:.1f} s{where}"
+            )
+        self.request = self.compiled.create_infer_request()
+        self.input = self.compiled.inputs[0]
+        self.output = self.compiled.outputs[0]
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(batch, dtype=np.uint8)
+        self.request.infer({self.input: x})
+        # the request's output buffer is reused by the next call: hand out a copy
+        return np.array(self.request.get_tensor(self.output).data, dtype=np.float32)
+
+    def close(self) -> None:
+        self.request = self.compiled = None
