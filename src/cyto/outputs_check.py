@@ -1,12 +1,12 @@
 """An existing result is replaced only when asked.
 
 Every command that writes a result file or folder (``cyto predict``'s table, ``cyto data
-mosaic``'s image, a review report in a folder of the user's choosing, ``cyto calibrate``'s
-calibration of a bundle, a trained or refined bundle) refuses to replace one that is there
-unless ``--overwrite`` is given, through :func:`refuse_to_replace`, so the words and the exit
-code are the same everywhere. Continuing a stopped run into its own place (``cyto score
---resume``, ``cyto predict --resume`` before its table exists, a rerun ``cyto eval sweep``) is
-no replacement.
+mosaic``'s image, ``cyto score``'s folder of a finished slide, a review report in a folder of
+the user's choosing, ``cyto calibrate``'s calibration of a bundle, ``cyto demo``'s folder, a
+saved bundle) refuses to replace one that is there unless ``--overwrite`` is given, through
+:func:`refuse_to_replace`, so the words and the exit code are the same everywhere. Continuing
+a run into its own place (``cyto score --resume``, ``cyto predict --resume`` of a stopped run, a
+rerun ``cyto eval sweep``) is no replacement.
 """
 
 from __future__ import annotations
@@ -30,9 +30,12 @@ def refuse_to_replace(
     overwrite: bool,
     name: str | None = None,
     error: type[CytoError] = InputPathError,
+    other: str = "",
 ) -> None:
     """Raise ``error`` (exit 2 by default) when ``path`` holds a result and ``overwrite`` is
-    not set: one line naming it (``name``, by default ``--out PATH``) and the flag."""
+    not set: one line naming it (``name``, by default ``--out PATH``) and the flag (``other``:
+    another way out, e.g. ``--resume to keep them``)."""
     if overwrite or not exists(path):
         return
-    raise error(f"{name or f'--out {path}'} exists (pass --overwrite to replace it)")
+    alternative = f", or {other}" if other else ""
+    raise error(f"{name or f'--out {path}'} exists (pass --overwrite to replace it{alternative})")

@@ -297,9 +297,11 @@ def test_cli_on_a_cluster_reports_a_bad_slide_and_scores_the_rest(
     _same_tables(plain, out, ["s1"])
     assert _rows(out)["broken"]["status"] == "failed"
     if not cuda_available():  # an engine that cannot load the model: one line, exit 2
-        run = run_cyto(*args, "--ray", two_nodes, "--device", "cuda", unset=("RAY_AUTH_MODE",))
+        run = run_cyto(
+            *args, "--ray", two_nodes, "--device", "cuda", "--overwrite", unset=("RAY_AUTH_MODE",)
+        )
         assert run.returncode == 2 and "cannot start" in run.stderr and "CUDA" in run.stderr
         assert "Traceback" not in run.stderr
-    run = run_cyto(*args, "--ray", "127.0.0.1:1")
+    run = run_cyto(*args, "--ray", "127.0.0.1:1", "--overwrite")  # s1's results are there
     assert run.returncode == 2 and "nothing answers there" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1

@@ -151,7 +151,7 @@ def test_empty_slide_small_slide_and_bad_inputs(model, tmp_path):
 
     pts = tmp_path / "n.csv"
     pts.write_text("x,y\n10,10\n5000,10\n")
-    proc = score_cli(small, model, tmp_path / "o", "--nuclei", str(pts))
+    proc = score_cli(small, model, tmp_path / "o", "--nuclei", str(pts), "--overwrite")
     assert proc.returncode == 2 and "outside the 512x512 slide" in proc.stderr  # bad input
 
     # a folder of slides: each slide in it is scored (a sub-folder, such as a MIRAX slide's

@@ -167,3 +167,23 @@ def test_results_are_replaced_only_with_overwrite(exported_dsvdd, synth_patches,
     proc = run_cyto("demo", "--out", str(report))
     _one_line_error(proc, f"--out {report} exists", "--overwrite")
     assert [p.name for p in report.iterdir()] == ["expert_table.md"]
+
+
+def test_a_scored_slide_is_scored_again_only_with_resume_or_overwrite(
+    exported_dsvdd, two, tmp_path
+):
+    """A second `cyto score` into the folder of a finished slide replaced its results; now it
+    takes --resume (kept where they still hold: not an overwrite) or --overwrite."""
+    root, a, _ = two
+    out = tmp_path / "o"
+    args = (*FAST, "--planes", "none")
+    assert score_cli(a.paths[0], exported_dsvdd, out, *args).returncode == 0
+    before = (out / "a" / "scores.parquet").read_bytes()
+    again = score_cli(a.paths[0], exported_dsvdd, out, *args)
+    _one_line_error(again, f"--out {out / 'a'}", "--overwrite", "--resume")
+    assert (out / "a" / "scores.parquet").read_bytes() == before
+    resumed = score_cli(a.paths[0], exported_dsvdd, out, *args, "--resume")
+    assert resumed.returncode == 0 and "already scored" in resumed.stdout, resumed.stdout
+    redone = score_cli(a.paths[0], exported_dsvdd, out, *args, "--overwrite")
+    assert redone.returncode == 0, redone.stderr
+    assert "already scored" not in redone.stdout

@@ -208,6 +208,10 @@ def score_cmd(
         bool,
         typer.Option(help="Continue an interrupted run (skips finished tiles and slides)."),
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(help="Score again a slide whose finished results are in --out."),
+    ] = False,
     planes: Annotated[
         str,
         typer.Option(
@@ -357,7 +361,15 @@ def score_cmd(
         names = ", ".join(str(s) for s in slides[:3]) + (" ..." if len(slides) > 3 else "")
         raise InputPathError(f"no slide to score: {names}: no such file")
     done, failed = run_cohort(
-        slides, model, out, opts, ray, typer.echo, metrics, part_tiles=ray_part_tiles
+        slides,
+        model,
+        out,
+        opts,
+        ray,
+        typer.echo,
+        metrics,
+        part_tiles=ray_part_tiles,
+        overwrite=overwrite,
     )
     for s in done:
         typer.echo(slide_line(s, out))

@@ -19,10 +19,15 @@ def run_cohort(
     echo=print,
     metrics: Metrics | None = None,
     part_tiles: int = 256,
+    overwrite: bool = False,
 ) -> tuple[list[dict], list[tuple[Path, CytoError]]]:
     """Score ``slides`` into ``out`` here (``ray`` None) or on a Ray cluster (``auto``, ``local``
     or HOST:PORT), where a slide of more than ``part_tiles`` tiles is scored in parts by several
-    engines at once (0: whole slides only). Returns (summaries, failures as (slide, error))."""
+    engines at once (0: whole slides only). Returns (summaries, failures as (slide, error)).
+    A slide's finished results in ``out`` are scored again only with ``opts.resume`` (kept
+    where they still hold) or ``overwrite``."""
+    if not (opts.resume or overwrite):
+        refuse_rescoring(slides, out)
     if ray is None:
         return score_cohort(slides, model, out, opts, echo=echo, metrics=metrics)
     from cyto.cohort.ray import score_cohort_ray
@@ -30,6 +35,24 @@ def run_cohort(
     if part_tiles < 0:
         raise ConfigError(f"--ray-part-tiles must be >= 0, got {part_tiles}")
     return score_cohort_ray(slides, model, out, opts, ray, echo, metrics, part_tiles or None)
+
+
+def refuse_rescoring(slides: list[Path], out: Path) -> None:
+    """A slide's folder in ``out`` that holds its finished results (a summary and a score
+    table) is not scored over without --resume or --overwrite (:mod:`cyto.outputs_check`);
+    another slide's folder is never written over (:func:`output_folders` puts this one beside
+    it)."""
+    from cyto.cohort.local import output_folders
+    from cyto.outputs_check import refuse_to_replace
+
+    for slide, folder in output_folders(slides, out):
+        if (folder / "summary.json").is_file() and (folder / "scores.parquet").is_file():
+            refuse_to_replace(
+                folder,
+                False,
+                name=f"--out {folder} (the finished results of {Path(slide).name})",
+                other="--resume to keep them where they still hold",
+            )
 
 
 def slide_line(summary: dict, out: Path) -> str:
