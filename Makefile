@@ -1,13 +1,14 @@
 # The two set-up commands of the README. Each creates .venv if missing and installs what it needs.
 #   make demo   synthetic data -> the main job, end to end, on 2 CPU cores
-#   make test   the test suite (what CI runs via .ci/run)
+#   make test   the test suite (what CI runs via .ci/run); it builds the docs too
+#   make docs   the documentation site, into docs/_build/html
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_OUT ?= demo_out
 
-.PHONY: demo test system-deps browser-deps
+.PHONY: demo test docs system-deps browser-deps
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +59,17 @@ $(VENV)/.installed-cpu: pyproject.toml | $(PY)
 $(VENV)/.installed-test: pyproject.toml | $(PY)
 	$(call pip_install,cpu$(comma)test)
 	touch $@
+
+$(VENV)/.installed-docs: pyproject.toml | $(PY)
+	$(call pip_install,cpu$(comma)docs)
+	touch $@
+
+# The site, with warnings as errors as in the tests (tests/unit/test_docs.py builds it too). The
+# reference pages of the CLI and the method configs are written by docs/generate.py first.
+docs: $(VENV)/.installed-docs
+	$(PY) docs/generate.py
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "the documentation site: docs/_build/html/index.html"
 
 demo: system-deps $(VENV)/.installed-cpu
 	$(VENV)/bin/cyto demo --out $(DEMO_OUT) --overwrite
