@@ -463,3 +463,24 @@ def test_namesakes_whose_names_are_not_utf8_get_folders_apart(tmp_path):
     pairs = slide_folders(slides, tmp_path / "out")
     folders = [target.name for _, target in pairs]
     assert len(set(folders)) == 2 and all(f.startswith("slide-\\xff-") for f in folders), folders
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_side_tables_whose_names_are_not_utf8_are_read(tmp_path, suffix):
+    """A --nuclei or --truth file named b'cells-\\xff.csv' ended in a UnicodeEncodeError
+    traceback: Arrow takes paths as UTF-8 only (cyto.tables reads them by a file handle)."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from cyto.detect.points import read_nuclei_file
+    from cyto.infer.outputs import read_truth
+
+    path = tmp_path / os.fsdecode(b"cells-\xff" + suffix.encode())
+    table = pa.table({"x": [10.0, 50.0], "y": [20.0, 60.0], "label": [0, 1]})
+    with open(path, "wb") as fh:
+        (pacsv.write_csv if suffix == ".csv" else pq.write_table)(table, fh)
+    assert list(read_truth(path)["x"]) == [10.0, 50.0]
+    assert len(read_nuclei_file(path, 100, 100)) == 2

@@ -60,6 +60,7 @@ LAYERS = {
     "locks": 0,
     "outputs_check": 0,
     "reuse": 0,
+    "tables": 0,
     "__init__": 0,
 }
 # packages of one layer that must not import each other

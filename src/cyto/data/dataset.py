@@ -21,6 +21,7 @@ import numpy as np
 
 from cyto.data.images import IMAGE_SUFFIXES, decode_image, resize_rgb
 from cyto.errors import ConfigError, DatasetError, InputPathError, UnreadableImageError
+from cyto.tables import read_table
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +74,10 @@ def read_manifest(path: Path) -> list[PatchRecord]:
     """
     import pyarrow as pa
     import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
 
     path = Path(path)
     try:
-        if path.suffix.lower() == ".csv":
-            table = pacsv.read_csv(
-                path, convert_options=pacsv.ConvertOptions(strings_can_be_null=True)
-            )
-        else:
-            table = pq.read_table(path)
+        table = read_table(path, pacsv.ConvertOptions(strings_can_be_null=True))
     except (pa.ArrowInvalid, OSError) as exc:
         raise DatasetError(f"cannot read manifest {path}: {exc}") from exc
     cols = table.column_names

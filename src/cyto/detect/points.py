@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import CytoWarning, InputPathError
+from cyto.tables import read_table
 
 #: points of a nuclei file closer than this (level-0 pixels, a quarter of a micrometre at 40x;
 #: no two nuclei are that close) are the same nucleus given twice
@@ -76,11 +77,9 @@ def read_nuclei_file(path: Path, width: int, height: int) -> np.ndarray:
         pts = _geojson_points(path)
     elif suffix in (".csv", ".parquet", ".pq"):
         import pyarrow as pa
-        import pyarrow.csv as pacsv
-        import pyarrow.parquet as pq
 
         try:
-            table = pacsv.read_csv(path) if suffix == ".csv" else pq.read_table(path)
+            table = read_table(path)
         except (pa.ArrowInvalid, OSError) as exc:
             raise InputPathError(
                 f"nuclei file {path} cannot be read as a table: {one_line(exc)}"

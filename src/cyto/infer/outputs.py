@@ -20,6 +20,7 @@ from cyto.errors import CytoWarning, InputPathError
 from cyto.slides import SLIDE_SUFFIXES, open_slide
 from cyto.slides.base import printable
 from cyto.slides.dicom import slide_bytes
+from cyto.tables import read_table
 
 MOSAIC_SIDE, MOSAIC_COLS = 96, 10
 
@@ -38,8 +39,6 @@ def read_truth(path: Path) -> dict[str, np.ndarray]:
     arrays, or an :class:`InputPathError` naming what is wrong: read before any slide is scored,
     so a bad table costs nothing."""
     import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
 
     path = Path(path)
     if not path.is_file():
@@ -48,7 +47,7 @@ def read_truth(path: Path) -> dict[str, np.ndarray]:
     if suffix not in (".csv", ".parquet", ".pq"):
         raise InputPathError(f"--truth {path}: expected a .csv or .parquet table of x, y, label")
     try:
-        gt = pacsv.read_csv(path) if suffix == ".csv" else pq.read_table(path)
+        gt = read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputPathError(f"--truth {path} cannot be read as a table: {one_line(exc)}") from exc
     cols = named_columns(gt, f"--truth {path}")

@@ -27,6 +27,7 @@ from cyto.bundle import CALIBRATION_FILE, CALIBRATION_QUANTILES, add_files, load
 from cyto.errors import ConfigError, InputPathError
 from cyto.outputs_check import refuse_to_replace
 from cyto.stats import conformal
+from cyto.tables import read_table
 
 FDR_ALPHA = 0.1  # default target false discovery rate of the flagged cells
 TRIAGE_LEVEL = 0.05  # default level of the slide test
@@ -110,11 +111,10 @@ def _table_of(path: Path) -> Path:
 
 
 def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str]:
-    import pyarrow.parquet as pq
 
     path = _table_of(Path(path))
     try:
-        table = pq.read_table(path)
+        table = read_table(path)
     except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
         raise ConfigError(f"{path} is not a readable Parquet score table ({exc})") from exc
     if "score" not in table.column_names:
