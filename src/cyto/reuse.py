@@ -76,8 +76,9 @@ class Artifact:
             import pyarrow.parquet as pq
 
             try:
-                meta = pq.read_metadata(path)
-                schema = pq.read_schema(path)
+                with open(path, "rb") as fh:  # a handle: Arrow takes UTF-8 paths only
+                    parquet = pq.ParquetFile(fh)
+                    meta, schema = parquet.metadata, parquet.schema_arrow
             except (pa.ArrowException, OSError, ValueError) as exc:
                 return f"{name} does not read back as Parquet ({_first_line(exc)})"
             names, written = set(schema.names), schema.metadata or {}
