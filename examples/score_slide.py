@@ -1,0 +1,97 @@
+"""Score a whole slide with cyto's Python API and look at its top cells.
+
+Draws a small synthetic slide with planted abnormal cells (and its ground truth), trains a tiny
+Deep SVDD model on synthetic cell patches unless ``--model`` names a bundle, scores every cell of
+the slide (``cyto.score_slide``, which returns the score table as a pyarrow Table) and prints the
+top of the ranking beside the planted cells. Runs in about a minute on two CPU cores:
+
+    python examples/score_slide.py --out /tmp/cyto-slide
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+import cyto
+from cyto.data.synth.cells import DEFAULT_SCALE, MPP_AT_SCALE_1
+from cyto.data.synth.patches import PatchSynthConfig, write_patches
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+
+PATCH = 96  # px: the training patches and the crops cut around each nucleus of the slide
+# a model small enough to train in seconds (the fast preset, made smaller still)
+TINY = {
+    "input_size": 32,
+    "load_size": None,
+    "ae_epochs": 1,
+    "epochs": 3,
+    "n_seeds": 1,
+    "embedding_dim": 16,
+    "batch_size": 32,
+    "tta_views": ("orig",),
+    "mpp": round(MPP_AT_SCALE_1 / DEFAULT_SCALE, 4),  # the synthetic patches' resolution
+}
+
+
+def tiny_model(out: Path) -> Path:
+    """Train and export a tiny Deep SVDD model on synthetic normal cells."""
+    cells = out / "cells"
+    write_patches(cells, PatchSynthConfig(n_normal=60, n_abnormal=0, size=PATCH), overwrite=True)
+    res = cyto.train(
+        "dsvdd", cells, out / "dsvdd.cyto", normal="normal", preset="fast", overrides=TINY,
+        device="cpu", overwrite=True,
+    )  # fmt: skip
+    cyto.export(res.bundle, echo=None)
+    return res.bundle
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="folder for everything made (default: a temp)")
+    parser.add_argument("--model", type=Path, help="a bundle to score with (default: train one)")
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="cyto-slide-"))
+    out.mkdir(parents=True, exist_ok=True)
+
+    slide = write_slide(
+        out / "slide.tif",
+        SlideSynthConfig(width=1024, height=1024, abnormal_fraction=0.05, seed=2),
+        overwrite=True,
+        workers=0,
+    )
+    print(f"drew {slide.paths[0]}: {slide.n_cells} cells, {slide.n_abnormal} planted abnormal")
+    model = args.model or tiny_model(out)
+
+    scored = out / "scored"
+    shutil.rmtree(scored, ignore_errors=True)  # a rerun into the same --out scores anew
+    table = cyto.score_slide(
+        slide.paths[0], model, scored, device="cpu", workers=0, patch_size=PATCH, top_k=20,
+        mosaic=0, truth=slide.ground_truth, echo=None,
+    )  # fmt: skip
+    print(f"scored {table.num_rows} cells into {scored / 'scores.parquet'}")
+
+    truth = pq.read_table(slide.ground_truth).to_pylist()
+    planted = [(r["x"], r["y"]) for r in truth if r["label"] == 1]
+
+    def near_planted(x: float, y: float) -> bool:
+        return any((x - px) ** 2 + (y - py) ** 2 <= 20**2 for px, py in planted)
+
+    # the rank follows fused_score (the model's score fused with the nucleus size's) when the
+    # bundle ranks by model+nucleus, else the score
+    ranked_by = "fused_score" if "fused_score" in table.column_names else "score"
+    print(f"the ten most abnormal-looking cells (ranked by {ranked_by}):")
+    for row in table.sort_by("rank").slice(0, 10).to_pylist():
+        mark = "planted abnormal" if near_planted(row["x"], row["y"]) else ""
+        print(f"  rank {row['rank']:3d}  x {row['x']:6.0f}  y {row['y']:6.0f}  "
+              f"{ranked_by} {row[ranked_by]:9.4f}  {mark}")  # fmt: skip
+    summary = json.loads((scored / "summary.json").read_text())
+    print("truth report:", json.dumps(summary.get("truth", {}), default=str)[:300])
+
+
+if __name__ == "__main__":
+    main()
