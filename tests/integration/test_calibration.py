@@ -169,9 +169,9 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
         "160",
     )
     assert proc.returncode == 0, proc.stderr
-    assert "scored unlike the calibration slides (patch_size 192 there, 160 here" in proc.stdout
+    assert "scored unlike the calibration slides (--patch-size 192 -> 160" in proc.stdout
     s2 = json.loads((tmp_path / "p" / "pos" / "summary.json").read_text())
-    assert any("patch_size" in d for d in s2["burden"]["scored_unlike_calibration"])
+    assert any("--patch-size" in d for d in s2["burden"]["scored_unlike_calibration"])
 
 
 def test_calibrate_refuses_what_cannot_calibrate(cohort, tmp_path):

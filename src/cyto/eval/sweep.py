@@ -24,6 +24,7 @@ from cyto.eval.metrics import all_metrics
 from cyto.eval.protocol import PAPER_WRS, WRProtocol
 from cyto.locks import OutputLock
 from cyto.progress import progress
+from cyto.reuse import check_reuse
 
 METRIC_COLUMNS = (
     "tp_at_k",
@@ -182,10 +183,11 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
                 "finished cells"
             ) from None
         previous = {**json.loads(json.dumps(defaults)), **recorded}
-        if previous != json.loads(json.dumps(spec_json)):
+        reuse = check_reuse(previous, json.loads(json.dumps(spec_json)))
+        if not reuse.ok:
             raise ConfigError(
-                f"{out} holds a sweep with other settings ({spec_file}); use "
-                "another --out or delete it"
+                f"{out} holds a sweep with other settings ({'; '.join(reuse.differs)}; "
+                f"{spec_file}); use another --out or delete it"
             )
     dev = resolve_device(spec.device)
     datasets: dict[int | None, PatchDataset] = {}

@@ -107,7 +107,7 @@ def _calibrated(scores: np.ndarray, run: _Run) -> dict:
             }
         }
     differs = cal.differences(run.scorer, run.opts.result_key())
-    if any(d.startswith("model ") for d in differs):
+    if any(d.startswith("MODEL ") for d in differs):
         return {
             "burden": {
                 "status": "calibration mismatch",

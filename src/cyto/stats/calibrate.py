@@ -71,23 +71,36 @@ class Calibration:
         return conformal.normal_rate(self.reference, self.reference_slide, quantile)
 
     def differences(self, scorer, result_key: dict) -> list[str]:
-        """How this run differs from the runs the calibration slides were scored with."""
+        """How this run differs from the runs the calibration slides were scored with, by flag
+        (:func:`cyto.reuse.check_reuse`: a calibration is reused only for the scoring it was
+        made with); a field the calibration did not record is not compared."""
+        from cyto.reuse import check_reuse
+
         valid = self.info.get("valid_for", {})
         now = {
             "model": scorer.bundle.scoring_id,
             "precision": scorer.precision,
             "graph": scorer.graph_file or "pytorch",
         }
-        out = [
-            f"{k} {valid[k]!r} there, {now[k]!r} here"
-            for k in now
-            if k in valid and valid[k] != now[k]
-        ]
         calibrated = valid.get("options") or {}
-        for k, v in json.loads(json.dumps(result_key, default=str)).items():
-            if k in calibrated and calibrated[k] != v and k != "precision":
-                out.append(f"{k} {calibrated[k]!r} there, {v!r} here")
-        return out
+        options = {
+            k: v
+            for k, v in json.loads(json.dumps(result_key, default=str)).items()
+            if k in calibrated and k != "precision"
+        }
+        recorded = {k: valid[k] for k in now if k in valid}
+        recorded["options"] = {k: calibrated[k] for k in options}
+        current = {**{k: now[k] for k in recorded if k in now}, "options": options}
+        return list(check_reuse(recorded, current, names=CALIBRATION_KEY_NAMES).differs)
+
+
+#: the fields of a calibration's record by the user's names
+CALIBRATION_KEY_NAMES = {
+    "model": "MODEL (its trained arrays)",
+    "precision": "--precision",
+    "graph": "the graph scored with (--backend, --precision)",
+    "options": "",
+}
 
 
 def _table_of(path: Path) -> Path:
