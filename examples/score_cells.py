@@ -28,7 +28,7 @@ TINY = {
     "input_size": 32,
     "load_size": None,
     "ae_epochs": 1,
-    "epochs": 3,
+    "epochs": 2,
     "n_seeds": 1,
     "embedding_dim": 16,
     "batch_size": 32,
@@ -55,7 +55,7 @@ def main() -> None:
 
     cells = out / "cells"
     counts = write_patches(
-        cells, PatchSynthConfig(n_normal=60, n_abnormal=4, size=64, seed=1), overwrite=True
+        cells, PatchSynthConfig(n_normal=40, n_abnormal=3, size=48, seed=1), overwrite=True
     )
     print(f"drew {sum(counts.values())} cells into {cells}: {counts}")
     model = args.model or tiny_model(cells, out / "dsvdd.cyto")

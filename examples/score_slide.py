@@ -29,7 +29,7 @@ TINY = {
     "input_size": 32,
     "load_size": None,
     "ae_epochs": 1,
-    "epochs": 3,
+    "epochs": 2,
     "n_seeds": 1,
     "embedding_dim": 16,
     "batch_size": 32,
@@ -41,7 +41,7 @@ TINY = {
 def tiny_model(out: Path) -> Path:
     """Train and export a tiny Deep SVDD model on synthetic normal cells."""
     cells = out / "cells"
-    write_patches(cells, PatchSynthConfig(n_normal=60, n_abnormal=0, size=PATCH), overwrite=True)
+    write_patches(cells, PatchSynthConfig(n_normal=40, n_abnormal=0, size=PATCH), overwrite=True)
     res = cyto.train(
         "dsvdd", cells, out / "dsvdd.cyto", normal="normal", preset="fast", overrides=TINY,
         device="cpu", overwrite=True,
