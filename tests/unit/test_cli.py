@@ -175,8 +175,9 @@ def test_slides_of_one_name_are_told_apart_in_the_expert_table():
 
 
 def test_every_command_the_readme_shows_exists_with_its_options():
-    """A command or option renamed in the code and not in the README fails a reader who copies
-    it: every ``cyto ...`` line of the README's code blocks names a command and its options."""
+    """A command or option renamed in the code and not in the README or the guides fails a
+    reader who copies it: every ``cyto ...`` line of the code blocks of the README, the
+    tutorials and the how-to guides names a command and its options."""
     import re
     import shlex
 
@@ -185,9 +186,24 @@ def test_every_command_the_readme_shows_exists_with_its_options():
     from cyto.cli import app
 
     root = typer.main.get_command(app)
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    repo = Path(__file__).resolve().parents[2]
+    pages = [repo / "README.md", *sorted((repo / "docs").glob("tutorials/*.md"))]
+    pages += sorted((repo / "docs").glob("how-to/*.md"))
+    blocks = []
+    for page in pages:  # fenced blocks of shell or plain text, each page on its own
+        lang, lines = None, []
+        for raw in page.read_text().splitlines():
+            fence = re.match(r"\s*```(\S*)", raw)
+            if fence and lang is None:
+                lang, lines = fence.group(1), []
+            elif fence:
+                if lang in ("", "bash", "sh", "console", "text"):
+                    blocks.append("\n".join(lines) + "\n")
+                lang = None
+            elif lang is not None:
+                lines.append(raw)
     checked = []
-    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", readme, re.S):
+    for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
             line = line.strip().removeprefix("$ ")
             if not line.startswith("cyto "):
@@ -197,7 +213,7 @@ def test_every_command_the_readme_shows_exists_with_its_options():
             while hasattr(cmd, "commands") and args and not args[0].startswith("-"):
                 # 'cyto review DIR' is 'cyto review serve DIR'
                 cmd = cmd.commands.get(args[0]) or cmd.commands.get("serve")
-                assert cmd is not None, f"README: no such command in {line!r}"
+                assert cmd is not None, f"no such command in {line!r}"
                 if cmd.name == args[0]:
                     args.pop(0)
             if hasattr(cmd, "commands"):  # 'cyto --help'
@@ -206,7 +222,7 @@ def test_every_command_the_readme_shows_exists_with_its_options():
             for a in args[: args.index("&&")] if "&&" in args else args:
                 assert not a.startswith("--") or a.split("=")[0] in known, (line, a)
             checked.append(line)
-    assert len(checked) >= 25  # the tour and the sections' examples
+    assert len(checked) >= 25  # the quick start, the tutorials' and the guides' examples
 
 
 def _commands(cmd, path=()):
