@@ -91,7 +91,11 @@ def pytest_collection_modifyitems(config, items):
         reason="no Chromium with playwright (apt install chromium; pip install playwright), "
         "or set CYTO_CHROMIUM to a Chromium executable"
     )
+    skip_ov = pytest.mark.skip(reason="openvino is not installed (pip install 'cyto[cpu]')")
+    has_openvino = importlib.util.find_spec("openvino") is not None
     for item in items:
+        if "openvino" in item.keywords and not has_openvino:
+            item.add_marker(skip_ov)
         if "openslide" in item.keywords and not HAS_OPENSLIDE:
             item.add_marker(skip_os)
         if "pyvips" in item.keywords and not PYVIPS_LOADERS:

@@ -196,6 +196,7 @@ def runtime_checks(device_asked: str) -> list[Check]:
     mismatch = tensorrt_provider_mismatch()
     if mismatch:
         out.append(Check("onnxruntime", "TensorRT provider", FAILED, mismatch))
+    out.append(openvino_check())
     out += gpu_checks(device_asked)
     out.append(tensorrt_check(device_asked))
     try:
@@ -210,6 +211,29 @@ def runtime_checks(device_asked: str) -> list[Check]:
     except Exception as exc:  # noqa: BLE001 - any failure to compile is the finding
         out.append(Check("numba", "numba", FAILED, f"{type(exc).__name__}: {exc}", needed=True))
     return out
+
+
+def openvino_check() -> Check:
+    """OpenVINO's version and the precisions its CPU plugin offers here (bf16 where it reports
+    BF16: AMX or AVX512-BF16), as OpenVINO itself reports them."""
+    from cyto.runtime.backends import openvino
+
+    try:
+        openvino.require_openvino()
+        offered = openvino.precisions_here()
+        caps = ", ".join(openvino.cpu_capabilities())
+    except CytoError as exc:
+        return Check("openvino", "openvino", MISSING, str(exc))
+    except Exception as exc:  # noqa: BLE001 - a broken install is the finding
+        return Check("openvino", "openvino", FAILED, f"{type(exc).__name__}: {exc}")
+    no_bf16 = "" if "bf16" in offered else " (no bf16: no AMX or AVX512-BF16 as OpenVINO sees it)"
+    return Check(
+        "openvino",
+        "openvino",
+        OK,
+        f"{openvino.version()}; CPU precisions here: {', '.join(offered)}{no_bf16}; "
+        f"OPTIMIZATION_CAPABILITIES: {caps}",
+    )
 
 
 def gpu_checks(device_asked: str) -> list[Check]:
@@ -292,7 +316,7 @@ def model_rows(
     )
     for device in devices:
         cpu = device == "cpu"
-        backends = ("onnx", "torch") if cpu else ("trt", "onnx", "onnx-trt", "torch")
+        backends = ("onnx", "openvino", "torch") if cpu else ("trt", "onnx", "onnx-trt", "torch")
         passed_any = False
         for precision in PRECISIONS:
             if precision_asked and precision != precision_asked:
@@ -309,6 +333,11 @@ def model_rows(
                 ]
             for backend, form in [(b, f) for b in backends for f in forms]:
                 if backend == "torch" and (precision == "int8" or (precision == "fp16" and cpu)):
+                    continue
+                # bf16 is OpenVINO's alone (on the CPU), and OpenVINO runs no fp16 graph
+                if (precision == "bf16" and backend != "openvino") or (
+                    precision == "fp16" and backend == "openvino"
+                ):
                     continue
                 if backend != "torch" and form is None:
                     continue

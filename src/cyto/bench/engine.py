@@ -18,11 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from cyto.bundle import Bundle, load_bundle
-from cyto.runtime.machine import graph_for
 
 # the runtime's backends (cyto.runtime.backends) and two PyTorch variants only benchmarked here
-BACKENDS = ("torch", "torch-channels-last", "torch-compile", "onnx", "onnx-trt", "trt")
-PRECISIONS = ("fp32", "fp16", "int8")
+BACKENDS = ("torch", "torch-channels-last", "torch-compile", "onnx", "openvino", "onnx-trt", "trt")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 # names used by results written before the runtime had one vocabulary
 ALIASES = {"torch-eager": "torch", "onnxruntime": "onnx", "tensorrt": "trt"}
 
@@ -90,11 +89,15 @@ def _torch_runner(bundle: Bundle, device: str, precision: str, variant: str) -> 
 def _runtime_runner(bundle: Bundle, backend: str, device: str, precision: str) -> Runner:
     """A backend of the runtime exactly as ``cyto score`` runs it (no head: the network only)."""
     from cyto.errors import CytoError, VerificationError
-    from cyto.runtime.scorer import load_scorer
+    from cyto.runtime.scorer import graph_of, load_scorer
 
-    if backend != "onnx" and not device.startswith("cuda"):
+    if backend == "openvino" and device != "cpu":
+        raise Unavailable("openvino runs on the CPU only")
+    if backend not in ("onnx", "openvino") and not device.startswith("cuda"):
         raise Unavailable(f"{backend} runs on CUDA only")
-    if graph_for(bundle.spec, precision, device) is None:
+    if precision == "bf16" and backend != "openvino":
+        raise Unavailable("bf16 runs in OpenVINO on the CPU (--backends openvino)")
+    if graph_of(bundle, backend, precision, device) is None:
         from cyto.runtime.verify import export_hint
 
         make = export_hint(bundle, precision)
@@ -126,7 +129,7 @@ def make_runner(bundle: Bundle, backend: str, device: str, precision: str) -> Ru
         return _torch_runner(bundle, device, precision, "channels-last")
     if backend == "torch-compile":
         return _torch_runner(bundle, device, precision, "compile")
-    if backend in ("onnx", "onnx-trt", "trt"):
+    if backend in ("onnx", "openvino", "onnx-trt", "trt"):
         return _runtime_runner(bundle, backend, device, precision)
     raise Unavailable(f"unknown backend {backend!r}")
 

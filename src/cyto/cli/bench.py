@@ -22,12 +22,13 @@ def bench_engine_cmd(
         str,
         typer.Option(
             help="Comma-separated among torch, torch-channels-last, torch-compile, onnx, "
-            "onnx-trt (ONNX Runtime's TensorRT provider) and trt (cyto's TensorRT engines)."
+            "openvino (CPU), onnx-trt (ONNX Runtime's TensorRT provider) and trt (cyto's "
+            "TensorRT engines)."
         ),
-    ] = "torch,torch-channels-last,torch-compile,onnx,onnx-trt,trt",
-    precisions: Annotated[str, typer.Option(help="Comma-separated: fp32, fp16, int8.")] = (
-        "fp32,fp16,int8"
-    ),
+    ] = "torch,torch-channels-last,torch-compile,onnx,openvino,onnx-trt,trt",
+    precisions: Annotated[
+        str, typer.Option(help="Comma-separated: fp32, fp16, bf16 (OpenVINO), int8.")
+    ] = "fp32,fp16,bf16,int8",
     batches: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1,8,32,128",
     sizes: Annotated[
         str | None, typer.Option(help="Patch sides in px (default: the model's input size).")

@@ -84,12 +84,13 @@ def export_bundle(
     profile = BatchProfile.parse(batch) if trt else None
     # the cells the user named, read before any export: a mistyped --calib (or a class it lacks)
     # used to stop the run after encoder.onnx had been written again
-    quantized = [p for p in precisions if p != "fp32"]
+    # bf16 makes no graph (OpenVINO's run-time precision on encoder.onnx): only its gate runs
+    quantized = [p for p in precisions if p not in ("fp32", "bf16")]
     for source in (cells, calib, parity_cells):
         if source is not None:
             load_records(Path(source))  # missing, empty, not a folder or manifest: one line
     calib_cells = held = None
-    if quantized:
+    if quantized or "bf16" in precisions:
         from cyto.export.quantize import load_cells
 
         size = bundle.spec.crop_size
@@ -182,12 +183,16 @@ def export_bundle(
         cpu_forms = [k for k in keys if k.startswith("int8-cpu")]
         if refused and (not cpu_forms or all(k in refused for k in cpu_forms) or "fp16" in refused):
             raise ParityError("; ".join(refused.values()))
+    if "bf16" in precisions:
+        from cyto.export.quantize import bf16_gate
+
+        report["bf16"] = bf16_gate(path, held, accept_parity_loss, echo=echo)
     if trt:
         from cyto.export.trt import build_engine
         from cyto.runtime.engines import EngineIndex
 
         report["trt"] = {}
-        for p in precisions:
+        for p in (p for p in precisions if p != "bf16"):  # TensorRT runs no bf16 here
             entry = build_engine(path, p, profile, device, echo=echo)
             index = EngineIndex(path)
             try:

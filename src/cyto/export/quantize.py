@@ -575,3 +575,57 @@ def export_variant(
             lambda now: {"onnx_variants": {**(now.get("onnx_variants") or {}), key: entry}},
         )
     return entry
+
+
+def bf16_gate(path: Path, held: Cells | None = None, accept_loss: bool = False, echo=print) -> dict:
+    """How OpenVINO's bf16 ranks against fp32 (``cyto export --precision bf16``): bf16 needs no
+    file (OpenVINO compiles ``encoder.onnx`` in bf16), but it is judged by the same gate as fp16
+    and int8. On the golden cells against their PyTorch fp32 scores (the verification here, kept
+    in the cache) and, with ``held`` (--parity-cells), on those cells against ``encoder.onnx``
+    in ONNX Runtime. Where this CPU cannot run bf16 (no OpenVINO, or no AMX / AVX512-BF16 as
+    OpenVINO reports it), the report says so and nothing is refused. A ranking below the gate is
+    a :class:`ParityError` unless the loss is accepted."""
+    from cyto.runtime.backends import openvino
+    from cyto.runtime.scorer import load_scorer, openvino_left_out
+    from cyto.runtime.verify import judge, parity_words, read_golden
+
+    bundle = load_bundle(Path(path), weights=False)
+    why = openvino_left_out(bundle, "bf16")
+    if why is not None:
+        echo(f"bf16: not measured here ({why})")
+        return {"measured": False, "why": why}
+    golden = read_golden(bundle)
+    if golden is None or golden.kind != "cells":
+        why = "the bundle has no real golden cells (pass --cells)"
+        if held is None:
+            echo(f"bf16: not measured ({why})")
+            return {"measured": False, "why": why}
+    report: dict = {"measured": True, "openvino": openvino.version()}
+    failed = []
+    scorer = load_scorer(bundle, "openvino", "cpu", "bf16", verify=False)
+    try:
+        sets = []
+        if golden is not None and golden.kind == "cells":
+            sets.append(("golden", golden.images, golden.scores, golden.labels, "PyTorch fp32"))
+        if held is not None:
+            fp32 = _scores(bundle, bundle.path / bundle.spec.graph("fp32").file, held.images)
+            sets.append(("held_out", held.images, fp32, held.labels, "encoder.onnx"))
+        for name, images, ref, labels, against in sets:
+            parity = ranking_parity(ref, scorer.score(images), labels)
+            ok, gate = judge(parity, "bf16")
+            report[name] = {"parity": parity, "passed": bool(ok), "gate": gate}
+            words = f"bf16 (OpenVINO) vs {against} on {parity['cells']} {name} cells: " + (
+                parity_words(parity)
+            )
+            echo(words + ("" if ok else f": below the gate ({gate})"))
+            if not ok:
+                failed.append(words)
+    finally:
+        scorer.close()
+    if failed and not accept_loss:
+        raise ParityError(
+            "; ".join(failed) + f" (gate: {GATE}): auto will not run bf16 here; "
+            "--accept-parity-loss records it anyway"
+        )
+    report["accepted_loss"] = bool(failed)
+    return report

@@ -1,0 +1,142 @@
+"""OpenVINO on the CPU: fp32 equal to ONNX Runtime's, bf16 only where OpenVINO reports it and
+judged by the ranking gate, compiled models cached per graph, and ``auto`` taking a verified
+choice. Run once more as an AVX2-only CPU (``tests/isa_mask``), where bf16 is not offered."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cyto.errors import DeviceError, VerificationError
+from cyto.export.golden import write_golden
+from cyto.runtime import load_scorer
+from cyto.runtime.verify import FP32_TOLERANCE, GATE, judge, read_golden
+from tests import isa_mask
+
+pytestmark = pytest.mark.openvino
+
+
+@pytest.fixture
+def bundle(exported_dsvdd, synth_patches, tmp_path, monkeypatch):
+    """A Deep SVDD bundle exported before OpenVINO (encoder.onnx only) with 64 golden cells;
+    cyto's user cache (compiled models, verification records) in a folder of its own."""
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "d.cyto"
+    shutil.copytree(exported_dsvdd, path)
+    write_golden(path, synth_patches, normal="normal", n=64)
+    return path
+
+
+def test_fp32_equals_onnx_runtime_on_the_golden_cells(bundle):
+    ov = load_scorer(bundle, "openvino", "cpu", "fp32")
+    ort = load_scorer(bundle, "onnx", "cpu", "fp32")
+    assert ov.backend.name == "openvino" and ov.verification.passed
+    assert ov.backend.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name() == "f32"
+    golden = read_golden(ov.bundle)
+    a, b = ov.score(golden.images), ort.score(golden.images)
+    assert np.abs(a - b).max() <= FP32_TOLERANCE * np.ptp(golden.scores)
+    assert ov.verification.record["parity"]["max_diff_of_range"] <= FP32_TOLERANCE
+
+
+def test_bf16_is_offered_where_openvino_reports_it_and_judged_by_the_gate(bundle, monkeypatch):
+    from cyto.runtime import verify
+    from cyto.runtime.backends import openvino
+
+    offered = "BF16" in openvino.cpu_capabilities()
+    assert ("bf16" in openvino.precisions_here()) == offered
+    if not offered:
+        with pytest.raises(DeviceError, match="AMX or AVX512-BF16"):
+            load_scorer(bundle, "openvino", "cpu", "bf16")
+        return
+    s = load_scorer(bundle, "openvino", "cpu", "bf16")
+    parity = s.verification.record["parity"]
+    assert s.verification.passed == judge(parity, "bf16")[0]
+    assert s.describe() == "openvino on cpu (bf16, encoder.onnx)"
+    # bf16 is not fp32: its scores differ, which the ranking gate allows
+    assert parity["max_abs_diff"] > 0
+    # a gate it cannot meet: refused by name with its numbers (never from the cached record)
+    monkeypatch.setitem(verify.GATE, "spearman", 1.01)
+    with pytest.raises(VerificationError, match=r"openvino bf16 \(encoder.onnx\).*Spearman"):
+        load_scorer(bundle, "openvino", "cpu", "bf16")
+    assert GATE["spearman"] == 1.01
+
+
+def test_a_changed_graph_compiles_anew_and_a_cached_one_loads(bundle, tmp_path):
+    import onnx
+
+    from cyto.bundle import add_files
+
+    first = load_scorer(bundle, "openvino", "cpu", "fp32", verify=False)
+    assert not first.backend.loaded_from_cache
+    assert any("OpenVINO compiled encoder.onnx (fp32)" in n for n in first.notes)
+    again = load_scorer(bundle, "openvino", "cpu", "fp32", verify=False)
+    assert again.backend.loaded_from_cache and not any("compiled" in n for n in again.notes)
+    # encoder.onnx exported again (other bytes, the same network), sealed: compiled anew
+    model = onnx.load(bundle / "encoder.onnx")
+    model.doc_string = "exported again"
+    onnx.save(model, tmp_path / "encoder.onnx")
+    add_files(bundle, {"encoder.onnx": tmp_path / "encoder.onnx"})
+    changed = load_scorer(bundle, "openvino", "cpu", "fp32", verify=False)
+    assert not changed.backend.loaded_from_cache
+    assert any("OpenVINO compiled encoder.onnx (fp32)" in n for n in changed.notes)
+    folders = sorted(p.name for p in (tmp_path / "cache" / "openvino").iterdir())
+    assert len(folders) == 2 and all("-fp32-" in f for f in folders)
+
+
+def test_auto_takes_a_verified_choice_and_passes_over_a_failing_one(bundle, monkeypatch):
+    from cyto.runtime import verify
+    from cyto.runtime.backends import openvino
+    from cyto.runtime.scorer import CPU_ORDER
+
+    s = load_scorer(bundle, "auto", "cpu", "auto")
+    assert s.verification.passed
+    # the first choice of the measured order this bundle and CPU have: bf16 where offered
+    # (no int8 graph in this bundle), else fp32 (OpenVINO or ONNX Runtime, in CPU_ORDER)
+    have = [
+        c
+        for c in CPU_ORDER
+        if c[1] == "fp32" or (c == ("openvino", "bf16") and "bf16" in openvino.precisions_here())
+    ]
+    assert (s.backend.name, s.precision) == have[0]
+    assert any(n.startswith("chose ") for n in s.notes)
+    monkeypatch.setitem(verify.GATE, "spearman", 1.01)  # every reduced precision fails here
+    fallback = load_scorer(bundle, "auto", "cpu", "auto")
+    assert fallback.precision == "fp32" and fallback.verification.passed
+    if "bf16" in openvino.precisions_here():
+        assert any("failed verification, not used: openvino bf16" in n for n in fallback.notes)
+    exact = load_scorer(bundle, "auto", "cpu", "fp32")  # --precision fp32 keeps fp32
+    assert exact.precision == "fp32"
+
+
+MASKED = """
+import json, sys
+from cyto.runtime import load_scorer
+from cyto.runtime.backends import openvino
+s = load_scorer(sys.argv[1], "openvino", "cpu", "fp32")
+auto = load_scorer(sys.argv[1], "auto", "cpu", "auto")
+print(json.dumps({"offered": openvino.precisions_here(), "caps": openvino.cpu_capabilities(),
+                  "fp32": s.verification.status, "auto": [auto.backend.name, auto.precision],
+                  "auto_ok": auto.verification.status}))
+"""
+
+
+@pytest.mark.skipif(isa_mask.why_unavailable() is not None, reason=str(isa_mask.why_unavailable()))
+def test_on_an_avx2_only_cpu_fp32_holds_and_bf16_is_not_offered(bundle, tmp_path):
+    lib = isa_mask.build(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", MASKED, str(bundle)],
+        capture_output=True,
+        text=True,
+        env=isa_mask.environ(lib, "avx2"),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "bf16" not in seen["offered"] and "BF16" not in seen["caps"]
+    assert seen["fp32"] == "passed" and seen["auto_ok"] == "passed"
+    assert seen["auto"][1] == "fp32"
