@@ -38,7 +38,7 @@ def sha(path):
 
 def test_same_seed_same_bytes(tmp_path, ndpi):
     out, _ = ndpi
-    # into a folder not made yet, as in the README's tour (cyto synth slide slides/demo.ndpi)
+    # into a folder not made yet, as in the first-run tutorial (cyto synth slide slides/demo.ndpi)
     again = write_slide(
         tmp_path / "slides" / "s.ndpi", SlideSynthConfig(**SMALL, planes=(0.0, 1.5))
     )
