@@ -258,7 +258,7 @@ def score_cmd(
     ray: Annotated[
         str | None,
         typer.Option(
-            help="Score the cohort on a Ray cluster (pip install 'cyto\\[ray]'): auto (the running "
+            help="Score the cohort on a Ray cluster (pip install 'cyto[ray]'): auto (the running "
             "cluster, else a local one), local, or a cluster address HOST:PORT. One engine per "
             "GPU (or per node without one); slides and --out must be on a path every node sees.",
         ),
