@@ -1,8 +1,12 @@
-"""The example scripts of examples/ run as a user runs them, each in a subprocess."""
+"""The example scripts of examples/: each runs as a user runs it, in a subprocess (with the
+session's small exported bundle as ``--model``), and the tiny model a script trains without
+``--model`` is trained here (in this process, where torch is loaded once per test session)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,16 +27,42 @@ def _run(script: str, *args: str, cwd: Path) -> str:
     return proc.stdout
 
 
-def test_the_examples_run_on_synthetic_data(tmp_path):
-    """score_cells.py trains its own tiny model; score_slide.py scores with it (``--model``)."""
-    cells = _run("score_cells.py", "--out", str(tmp_path / "cells"), cwd=tmp_path)
-    assert "verification passed" in cells
+def _example(script: str):
+    spec = importlib.util.spec_from_file_location(f"example_{script[:-3]}", EXAMPLES / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_examples_run_as_scripts(exported_dsvdd, tmp_path):
+    cells = _run(
+        "score_cells.py", "--out", str(tmp_path / "cells"), "--model", str(exported_dsvdd),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert re.search(r"loaded .*d\.cyto: \w+ on cpu", cells), cells[:2000]
     assert "58 cells scored into" in cells and "AUROC" in cells  # 40 normal + 6 x 3 abnormal
+    assert cells.count("  rank ") == 5
     assert (tmp_path / "cells" / "scores.parquet").is_file()
-    bundle = tmp_path / "cells" / "dsvdd.cyto"
-    slide = _run("score_slide.py", "--out", str(tmp_path / "slide"), "--model", str(bundle),
-                 cwd=tmp_path)  # fmt: skip
+    slide = _run(
+        "score_slide.py", "--out", str(tmp_path / "slide"), "--model", str(exported_dsvdd),
+        cwd=tmp_path,
+    )  # fmt: skip
     assert "the ten most abnormal-looking cells" in slide
     assert slide.count("  rank ") == 10
+    assert '"planted_abnormal": ' in slide  # the truth report of the planted cells
     assert (tmp_path / "slide" / "scored" / "scores.parquet").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cells", "slide"]  # nothing elsewhere
+
+
+def test_the_tiny_model_of_an_example_trains_exports_and_verifies(tmp_path):
+    """score_cells.py's model, as the script trains it without ``--model`` (score_slide.py's is
+    the same recipe on its own cells; one is trained here, to keep the test run short)."""
+    import cyto
+    from cyto.data.synth.patches import PatchSynthConfig, write_patches
+
+    cells = tmp_path / "cells"
+    write_patches(cells, PatchSynthConfig(n_normal=40, n_abnormal=3, size=48, seed=1))
+    bundle = _example("score_cells.py").tiny_model(cells, tmp_path / "dsvdd.cyto")
+    scorer = cyto.load_model(bundle, device="cpu")
+    assert scorer.verification.status == "passed"
+    assert scorer.graph_file is not None  # exported: the graph scores, not the PyTorch network
