@@ -22,7 +22,7 @@ def _ruff() -> list[str]:
 @pytest.mark.parametrize("args", [["check"], ["format", "--check"]])
 def test_ruff(args):
     proc = subprocess.run(
-        [*_ruff(), *args, "src", "tests", "benchmarks", "docs"],
+        [*_ruff(), *args, "src", "tests", "benchmarks", "docs", "examples"],
         cwd=ROOT,
         capture_output=True,
         text=True,
