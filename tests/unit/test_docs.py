@@ -16,6 +16,7 @@ DOCS = ROOT / "docs"
 
 # options written in the docs that belong to other programs than cyto, each with why
 NOT_CYTO = {
+    "--check": "python docs/generate.py --check: name the generated pages that differ",
     "--keep-going": "sphinx-build: go on after a warning, to report them all (docs/README.md)",
     "--head": "ray start --head: the Ray cluster's head node (cohorts on Ray)",
     "--address": "ray start --address: a Ray worker node joins the head (cohorts on Ray)",
