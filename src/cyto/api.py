@@ -84,13 +84,13 @@ def score_slide(
 
     Returns:
         The score table (a ``pyarrow.Table``, one row per cell: ``slide_id, cell_id, x, y,
-        score, rank`` and more; ``.to_pandas()`` converts it). Its schema metadata names the
-        model, the slide and the run.
+        score, rank`` and more; ``.to_pandas()`` converts it where pandas is installed). Its
+        schema metadata names the model, the slide and the run.
 
     Example:
         >>> import cyto
         >>> table = cyto.score_slide("slide.ndpi", "dsvdd.cyto", "scored/slide", top_k=100)
-        >>> table.sort_by("rank").slice(0, 10).to_pandas()
+        >>> top = table.sort_by("rank").slice(0, 10).to_pylist()  # the ten most abnormal cells
     """
     from dataclasses import fields
 
@@ -276,7 +276,7 @@ def predict(
     Example:
         >>> import cyto, pyarrow.parquet as pq
         >>> summary = cyto.predict("dsvdd.cyto", "cells/", "scores.parquet", normal="normal")
-        >>> pq.read_table(summary["out"]).sort_by("rank").slice(0, 5).to_pandas()
+        >>> top = pq.read_table(summary["out"]).sort_by("rank").slice(0, 5).to_pylist()
     """
     from cyto.predict import predict as run
 
