@@ -58,6 +58,8 @@ def main() -> None:
         cells, PatchSynthConfig(n_normal=40, n_abnormal=3, size=48, seed=1), overwrite=True
     )
     print(f"drew {sum(counts.values())} cells into {cells}: {counts}")
+    if args.model is None:
+        print("training a tiny model (seconds of training: expect little of its ranking)")
     model = args.model or tiny_model(cells, out / "dsvdd.cyto")
 
     # in memory: uint8 (N, H, W, 3) patches at the model's crop size -> one score each

@@ -65,6 +65,8 @@ def main() -> None:
         workers=0,
     )
     print(f"drew {slide.paths[0]}: {slide.n_cells} cells, {slide.n_abnormal} planted abnormal")
+    if args.model is None:
+        print("training a tiny model (seconds of training: expect little of its ranking)")
     model = args.model or tiny_model(out)
 
     scored = out / "scored"
