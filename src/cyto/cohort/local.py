@@ -193,7 +193,8 @@ def output_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path,
         name = s.stem
         other = _held_by_another(out / name, s) if stems[s.stem] == 1 else None
         if stems[s.stem] > 1 or other is not None:
-            name = f"{s.stem}-{hashlib.sha1(str(s).encode('utf-8', 'surrogateescape')).hexdigest()[:8]}"
+            digest = hashlib.sha1(str(s).encode("utf-8", "surrogateescape")).hexdigest()
+            name = f"{s.stem}-{digest[:8]}"
         if echo is not None and stems[s.stem] > 1:
             echo(f"note: another slide of this cohort is also named {s.name}: {s} -> {out / name}")
         elif echo is not None and other is not None:
