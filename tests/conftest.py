@@ -216,3 +216,15 @@ def real_slides_scored(wsi_dir, exported_dsvdd, tmp_path_factory) -> dict[str, d
         summary = score_slide(path, scorer, root / path.stem, opts, said.append)
         runs[path.name] = {"summary": summary, "said": said, "folder": root / path.stem}
     return runs
+
+
+@pytest.fixture
+def golden_bundle(exported_bundles, synth_patches, tmp_path) -> Path:
+    """A Deep SVDD bundle (four views) with 64 golden cells of the synthetic patches (normal +
+    abnormal), copied for the test: verification can run on it and its cache be edited."""
+    from cyto.export.golden import write_golden
+
+    path = tmp_path / "d.cyto"
+    shutil.copytree(exported_bundles["dsvdd"], path)
+    write_golden(path, synth_patches, normal="normal", n=64)
+    return path

@@ -44,25 +44,24 @@ def _subset(src, dst, keep_every: int = 2):
     return dst
 
 
+def _train(data, out, overrides=TINY, **kw):
+    """A tiny Deep SVDD run of cyto train's library call."""
+    from cyto.train.api import train
+
+    kw = {"normal": "normal", "preset": "fast", "device": "cpu", **kw}
+    return train("dsvdd", data, out, overrides=overrides, **kw)
+
+
 def test_train_resume_refuses_another_runs_checkpoint(tmp_path, synth_patches, monkeypatch):
     """Example 1: `cyto train --resume` after a failed run on other data used to continue that
     run's checkpoint (the manifest named the new data, the weights came from the old)."""
-    from cyto.train.api import checkpoint_dir, train
+    from cyto.train.api import checkpoint_dir
 
     out = tmp_path / "m.cyto"
     real_save = _crash_after_first_checkpoint(monkeypatch)
     said: list[str] = []
     with pytest.raises(KeyboardInterrupt):
-        train(
-            "dsvdd",
-            synth_patches,
-            out,
-            normal="normal",
-            preset="fast",
-            overrides=TINY,
-            device="cpu",
-            echo=said.append,
-        )
+        _train(synth_patches, out, echo=said.append)
     assert any(checkpoint_dir(out).glob("*.pt"))
     # Ctrl-C says what was kept, as cyto score does
     assert said and said[-1].startswith("interrupted: the last finished epoch"), said
@@ -71,59 +70,23 @@ def test_train_resume_refuses_another_runs_checkpoint(tmp_path, synth_patches, m
 
     other = _subset(synth_patches, tmp_path / "other")
     with pytest.raises(ConfigError, match=r"--resume: .*another run.*training cells"):
-        train(
-            "dsvdd",
-            other,
-            out,
-            normal="normal",
-            preset="fast",
-            overrides=TINY,
-            device="cpu",
-            resume=True,
-        )
+        _train(other, out, resume=True)
     with pytest.raises(ConfigError, match=r"--set lr .* -> "):
-        train(
-            "dsvdd",
-            synth_patches,
-            out,
-            normal="normal",
-            preset="fast",
-            overrides={**TINY, "lr": 0.5},
-            device="cpu",
-            resume=True,
-        )
+        _train(synth_patches, out, overrides={**TINY, "lr": 0.5}, resume=True)
     assert not out.exists()  # nothing was written from a foreign checkpoint
     # the run's own settings continue it
-    result = train(
-        "dsvdd",
-        synth_patches,
-        out,
-        normal="normal",
-        preset="fast",
-        overrides=TINY,
-        device="cpu",
-        resume=True,
-    )
+    result = _train(synth_patches, out, resume=True)
     assert result.bundle.is_dir() and not checkpoint_dir(out).exists()
 
 
 def test_train_resume_refuses_a_checkpoint_without_a_key(tmp_path, synth_patches):
-    from cyto.train.api import checkpoint_dir, train
+    from cyto.train.api import checkpoint_dir
 
     out = tmp_path / "m.cyto"
     checkpoint_dir(out).mkdir()
     (checkpoint_dir(out) / "dsvdd-seed0.pt").write_bytes(b"not ours")
     with pytest.raises(ConfigError, match="records no key"):
-        train(
-            "dsvdd",
-            synth_patches,
-            out,
-            normal="normal",
-            preset="fast",
-            overrides=TINY,
-            device="cpu",
-            resume=True,
-        )
+        _train(synth_patches, out, resume=True)
 
 
 # --- a finished slide is reused only when its outputs are still what it wrote (examples 2, 3)
@@ -318,16 +281,6 @@ def test_an_export_killed_before_its_golden_cells_leaves_the_bundle_as_it_was(
 
 
 # --- a verification record is this scorer's, and its decision is the gate's (example 4)
-
-
-@pytest.fixture
-def golden_bundle(exported_bundles, synth_patches, tmp_path):
-    from cyto.export.golden import write_golden
-
-    path = tmp_path / "d.cyto"
-    shutil.copytree(exported_bundles["dsvdd"], path)
-    write_golden(path, synth_patches, normal="normal", n=64)
-    return path
 
 
 def test_a_hand_edited_verification_record_is_judged_by_its_numbers(golden_bundle):
