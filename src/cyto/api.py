@@ -22,7 +22,7 @@ def load_model(
     path: str | Path,
     backend: str = "auto",
     device: str = "auto",
-    precision: str = "fp32",
+    precision: str = "auto",
     *,
     threads: int | None = None,
     verify: bool = True,
@@ -36,10 +36,11 @@ def load_model(
     Args:
         path: the bundle folder (``dsvdd.cyto/``), as ``cyto train`` wrote it.
         backend: ``auto`` (the fastest choice that passes here), ``onnx``, ``onnx-trt``,
-            ``trt`` or ``torch``.
+            ``openvino``, ``trt`` or ``torch``.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``. Asking for a GPU that is absent is an
             error, never a silent fall-back to the CPU.
-        precision: the exported graph to run: ``fp32``, ``fp16``, ``int8`` or ``auto``.
+        precision: ``auto`` (the fastest that passes verification here), ``fp32`` (exact
+            fp32), ``fp16``, ``bf16`` (OpenVINO on a CPU with AMX or AVX512-BF16) or ``int8``.
         threads: CPU threads of the backend (None: its default).
         verify: False skips the check on the golden cells (recorded in
             ``scorer.verification``).
@@ -242,7 +243,7 @@ def predict(
     abnormal: str | None = None,
     backend: str = "auto",
     device: str = "auto",
-    precision: str = "fp32",
+    precision: str = "auto",
     batch_size: int = 128,
     rank_by: str = "auto",
     overwrite: bool = False,

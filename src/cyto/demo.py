@@ -140,7 +140,7 @@ def run_demo(
         f"      {cal['source']}; each slide against the other two: cells flagged at FDR "
         f"{loso['alpha']} on {loso['slides_with_false_flags']}/{loso['slides']} (all normal)"
     )
-    echo("[8/8] score every cell of the slide (ONNX Runtime) and rank the planted cells")
+    echo("[8/8] score every cell of the slide (fastest verified engine), rank the planted cells")
     summary = score_slide(
         res.paths[0],
         made["bundle"],

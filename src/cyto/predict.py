@@ -46,7 +46,7 @@ def predict(
     device: str = "auto",
     batch_size: int = 128,
     backend: str = "auto",
-    precision: str = "fp32",
+    precision: str = "auto",
     zoom: str | float | None = None,
     patch_mpp: float | None = None,
     verify: bool = True,

@@ -91,15 +91,15 @@ def test_a_changed_graph_compiles_anew_and_a_cached_one_loads(bundle, tmp_path):
 def test_auto_takes_a_verified_choice_and_passes_over_a_failing_one(bundle, monkeypatch):
     from cyto.runtime import verify
     from cyto.runtime.backends import openvino
-    from cyto.runtime.scorer import CPU_ORDER
+    from cyto.runtime.scorer import cpu_order
 
     s = load_scorer(bundle, "auto", "cpu", "auto")
     assert s.verification.passed
     # the first choice of the measured order this bundle and CPU have: bf16 where offered
-    # (no int8 graph in this bundle), else fp32 (OpenVINO or ONNX Runtime, in CPU_ORDER)
+    # (no int8 graph in this bundle), else fp32 (OpenVINO or ONNX Runtime, in cpu_order())
     have = [
         c
-        for c in CPU_ORDER
+        for c in cpu_order()
         if c[1] == "fp32" or (c == ("openvino", "bf16") and "bf16" in openvino.precisions_here())
     ]
     assert (s.backend.name, s.precision) == have[0]
@@ -140,3 +140,19 @@ def test_on_an_avx2_only_cpu_fp32_holds_and_bf16_is_not_offered(bundle, tmp_path
     assert "bf16" not in seen["offered"] and "BF16" not in seen["caps"]
     assert seen["fp32"] == "passed" and seen["auto_ok"] == "passed"
     assert seen["auto"][1] == "fp32"
+
+
+def test_with_amx_bf16_comes_before_onnx_runtime_int8(monkeypatch):
+    from cyto.runtime import machine
+    from cyto.runtime.scorer import CPU_ORDER, cpu_order
+
+    def flags(*f):
+        monkeypatch.setattr(machine, "cpu_info", lambda: machine.CpuInfo("x", "x86_64", f))
+        return list(cpu_order())
+
+    plain = flags("avx2", "avx512f", "avx512_bf16")
+    assert plain == list(CPU_ORDER) and plain[0] == ("openvino", "int8")
+    assert plain.index(("onnx", "int8")) < plain.index(("openvino", "bf16"))
+    amx = flags("avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
+    assert amx[:3] == [("openvino", "int8"), ("openvino", "bf16"), ("onnx", "int8")]
+    assert sorted(amx) == sorted(CPU_ORDER)

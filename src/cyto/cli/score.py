@@ -41,8 +41,12 @@ def predict_cmd(
         ),
     ] = "auto",
     precision: Annotated[
-        str, typer.Option(help="The exported graph (onnx/trt): fp32, fp16, int8 or auto.")
-    ] = "fp32",
+        str,
+        typer.Option(
+            help="fp32, fp16, bf16 (OpenVINO), int8, or auto: the fastest that passes "
+            "verification on the golden cells here (fp32 keeps exact fp32)."
+        ),
+    ] = "auto",
     zoom: Annotated[
         str | None,
         typer.Option(
@@ -152,10 +156,11 @@ def score_cmd(
     precision: Annotated[
         str,
         typer.Option(
-            help="The exported graph to run: fp32, fp16, int8, or auto (a quantized graph only "
-            "when its recorded parity passed)."
+            help="fp32, fp16, bf16 (OpenVINO), int8, or auto: the fastest that passes "
+            "verification on the golden cells here, a quantized graph only when its recorded "
+            "parity passed (fp32 keeps exact fp32)."
         ),
-    ] = "fp32",
+    ] = "auto",
     batch_size: Annotated[int, typer.Option(help="Cells per engine batch.")] = 64,
     nuclei: Annotated[
         Path | None,

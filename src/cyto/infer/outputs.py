@@ -183,6 +183,10 @@ def table_metadata(
         "cyto.device": scorer.device,
         "cyto.precision": scorer.precision,
         "cyto.graph": scorer.graph_file or "pytorch",
+        # the graph's check on the golden cells here: status and its numbers
+        "cyto.verification": json.dumps(
+            scorer.verification.as_json() if scorer.verification is not None else None
+        ),
         "cyto.timings": json.dumps(timings),
     }
 

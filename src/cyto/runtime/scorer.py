@@ -8,7 +8,7 @@ Every scorer is verified on this machine before it is returned: it runs the bund
 cells and must reproduce their reference scores (:mod:`cyto.runtime.verify`). ``auto`` tries, on
 a GPU: a TensorRT engine built for this GPU, TensorRT version and the graph's precision; then
 ONNX Runtime's CUDA provider; then PyTorch on the GPU. On the CPU, OpenVINO and ONNX Runtime
-when the bundle is exported, at each precision in the order measured fastest (:data:`CPU_ORDER`),
+when the bundle is exported, at each precision in the order measured fastest (:func:`cpu_order`),
 else PyTorch. It takes the first that passes, never picks a CPU backend when a GPU was asked
 for, and never an int8, fp16 or bf16 network unless that precision (or ``auto``) was asked for.
 """
@@ -207,7 +207,7 @@ def backend_candidates(bundle: Bundle, device: str, precision: str, notes: list[
     TensorRT engine built for it, then ONNX Runtime's CUDA provider (fp32 and fp16 graphs, see
     :func:`ort_cuda_left_out`), then PyTorch (fp32, and fp16 by autocast); on the CPU ONNX
     Runtime (not bf16) and OpenVINO when the bundle is exported, then PyTorch (fp32), in the
-    order :data:`CPU_ORDER` gives them in :func:`attempt_plan`. Why a backend is left out goes
+    order :func:`cpu_order` gives them in :func:`attempt_plan`. Why a backend is left out goes
     to ``notes``."""
     graph = graph_for(bundle.spec, precision, device)
     out = []
@@ -319,18 +319,34 @@ def precision_candidates(
     return [*out, "fp32"]
 
 
-#: the order ``auto`` tries (backend, precision) on a CPU, fastest first, as measured with
-#: cyto bench engine on the 2-core AMD EPYC (AVX512-VNNI and AVX512-BF16, no AMX) and on Intel
-#: Xeons with AMX (issue 58): OpenVINO int8, then OpenVINO bf16, then ONNX Runtime int8, then
-#: fp32 (OpenVINO ahead of ONNX Runtime); benchmarks/results/vm-2core/openvino/README.md
+#: the order ``auto`` tries (backend, precision) on a CPU, fastest first, measured with
+#: benchmarks/speed/openvino_cpu.py (benchmarks/results/epyc-2core/openvino/README.md). On the
+#: 2-core AMD EPYC (AVX512-VNNI and AVX512-BF16, no AMX), cells/s at 16 a call, ResNet18 at
+#: 224 px: OpenVINO int8 200, ONNX Runtime int8 174, OpenVINO bf16 113, OpenVINO fp32 59,
+#: ONNX Runtime fp32 52; the demo's Deep SVDD: 260, 154, 197, 102, 92. On an Intel Xeon with
+#: AMX (issue 58, ResNet18, batch 64): OpenVINO int8 800, bf16 504, ONNX Runtime int8 253,
+#: fp32 104 and 102: with AMX, bf16 comes before ONNX Runtime's int8 (:func:`cpu_order`)
 CPU_ORDER = (
     ("openvino", "int8"),
-    ("openvino", "bf16"),
     ("onnx", "int8"),
+    ("openvino", "bf16"),
     ("openvino", "fp32"),
     ("onnx", "fp32"),
     ("torch", "fp32"),
 )
+
+
+def cpu_order() -> tuple[tuple[str, str], ...]:
+    """:data:`CPU_ORDER` for this CPU: OpenVINO's bf16 ahead of ONNX Runtime's int8 where the
+    CPU has AMX (its bf16 matrix units: 2x ONNX Runtime's int8 there; without AMX, bf16 on
+    AVX512-BF16 ran at 0.65x of it for ResNet18)."""
+    from cyto.runtime.machine import cpu_info
+
+    if "amx_bf16" not in cpu_info().flags:
+        return CPU_ORDER
+    rest = [c for c in CPU_ORDER if c != ("openvino", "bf16")]
+    at = rest.index(("onnx", "int8"))
+    return (*rest[:at], ("openvino", "bf16"), *rest[at:])
 
 
 def attempt_plan(
@@ -338,7 +354,7 @@ def attempt_plan(
 ) -> list[tuple[str, str, GraphSpec | None]]:
     """(backend, precision, graph) in the order :func:`load_scorer` tries them, fastest first:
     each precision's backends (:func:`precision_candidates`, :func:`backend_candidates`); on a
-    GPU every TensorRT engine ahead of the rest, on a CPU in :data:`CPU_ORDER`. The graph is
+    GPU every TensorRT engine ahead of the rest, on a CPU in :func:`cpu_order`. The graph is
     None: this machine's default for the precision (a CPU int8 form that fails here is
     followed by the other one)."""
     precisions = (
@@ -362,7 +378,7 @@ def attempt_plan(
     if device != "cpu" and backend == "auto":
         plan.sort(key=lambda attempt: attempt[0] != "trt")
     if device == "cpu":
-        rank = {choice: i for i, choice in enumerate(CPU_ORDER)}
+        rank = {choice: i for i, choice in enumerate(cpu_order())}
         plan.sort(key=lambda attempt: rank.get(attempt[:2], len(rank)))
     notes[:] = list(dict.fromkeys(notes))  # one note once, whichever precision gave it
     return plan

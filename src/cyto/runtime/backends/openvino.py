@@ -10,19 +10,24 @@ for the CPU it runs on. Precisions:
   AVX512-BF16; the kernel's flags can say otherwise under a hypervisor or the CPUID mask). Judged
   like fp16, by the ranking gate on the golden cells.
 - ``int8``: one of the bundle's int8 Q/DQ graphs. OpenVINO's low-precision transformations fold
-  each Q/DQ pair into its own int8 kernels, so the form does not tie it to ONNX Runtime's x86
-  kernels: :data:`INT8_ORDER` tries ``int8-cpu`` (uint8 activations after each ReLU, 8-bit
-  per-channel weights, which is the layout oneDNN's u8 x s8 kernels take without a shift) first,
-  then ``int8-cpu7`` and TensorRT's symmetric ``int8`` form (signed activations, which oneDNN
-  shifts to u8 with a compensation term). Measured on this project's 2-core AMD EPYC
-  (AVX512-VNNI/BF16): benchmarks/results/vm-2core/openvino/README.md. A form that fails here
-  is followed by the next one (:func:`cyto.runtime.scorer.other_cpu_int8`).
+  each Q/DQ pair into its own int8 kernels, so no form ties it to ONNX Runtime's x86 kernels.
+  :data:`INT8_ORDER` takes TensorRT's symmetric ``int8`` form first, as measured: on this
+  project's 2-core AMD EPYC (AVX512-VNNI/BF16, no AMX), the demo's Deep SVDD at 16 cells a call,
+  260 cells/s against 196 (``int8-cpu``) and 195 (``int8-cpu7``), all three within the gate
+  (benchmarks/results/epyc-2core/openvino/README.md). Its activations are signed with every zero
+  point 0, which spares OpenVINO's convolutions the zero-point terms of the x86 forms' uint8
+  activations (the likely reason; not measured apart). The x86 forms follow; a form that fails
+  verification here gives way to the next (:func:`cyto.runtime.scorer.other_cpu_int8`): on an
+  AVX2-only CPU the 8-bit form's ranking moved in OpenVINO too (Spearman 0.988, issue 58).
 
 Compiled models are kept in cyto's user cache (OpenVINO's ``CACHE_DIR``) under a folder named
 by the graph's sha256, OpenVINO's version, the precision and the CPU's capabilities, so a changed
 graph, an upgrade or another CPU compiles anew; the first compile's time goes to the scorer's
 notes. One stream of ``threads`` inference threads (the cores cyto gives the engine: the decode
 and detection workers keep theirs), threads not pinned to cores, since the cores are shared.
+OpenVINO has no spinning switch like ONNX Runtime's: its TBB workers spin briefly, then sleep,
+measured at 1 ms of CPU time in a 50 ms pause after a call (ONNX Runtime without spinning:
+0.1 ms), about 2% of a core between batches.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from cyto.runtime.machine import openvino_cpu
 
 PRECISIONS = ("fp32", "bf16", "int8")
 #: the bundle's int8 forms in the order OpenVINO takes them (see the module docstring)
-INT8_ORDER = ("int8-cpu", "int8-cpu7", "int8")
+INT8_ORDER = ("int8", "int8-cpu", "int8-cpu7")
 #: OpenVINO's inference precision per cyto precision (int8 graphs: float parts in f32)
 INFERENCE_PRECISION = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
 #: cells per call: as for ONNX Runtime on a CPU (flat cells/s from 16 up, memory grows)
