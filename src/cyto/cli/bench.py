@@ -157,12 +157,13 @@ def bench_slide_cmd(
     slide: Annotated[Path, typer.Argument(help="Whole-slide image to score.")],
     model: Annotated[Path, typer.Option(help="Model bundle (exported).")],
     backend: Annotated[
-        str, typer.Option(help="auto, onnx, onnx-trt, trt or torch (as for cyto score).")
+        str,
+        typer.Option(help="auto, onnx, onnx-trt, openvino, trt or torch (as for cyto score)."),
     ] = "auto",
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "auto",
-    precision: Annotated[str, typer.Option(help="The exported graph: fp32, fp16 or int8.")] = (
-        "fp32"
-    ),
+    precision: Annotated[
+        str, typer.Option(help="fp32, fp16, bf16 (OpenVINO), int8, or auto (as for cyto score).")
+    ] = "fp32",
     workers: Annotated[int | None, typer.Option(help="Decode/detect/crop processes.")] = None,
     batch_size: Annotated[int, typer.Option(help="Cells per engine batch.")] = 64,
     patch_size: Annotated[int, typer.Option(help="Cell crop size, level-0 px.")] = 192,
