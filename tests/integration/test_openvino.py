@@ -156,3 +156,24 @@ def test_with_amx_bf16_comes_before_onnx_runtime_int8(monkeypatch):
     amx = flags("avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
     assert amx[:3] == [("openvino", "int8"), ("openvino", "bf16"), ("onnx", "int8")]
     assert sorted(amx) == sorted(CPU_ORDER)
+
+
+def test_the_bf16_export_gate_reports_its_ranking_and_bench_engine_has_openvino_rows(bundle):
+    from cyto.bench.engine import bench_engine
+    from cyto.export.api import export_bundle
+    from cyto.runtime.backends import openvino
+
+    said: list[str] = []
+    report = export_bundle(bundle, onnx=False, precisions=("bf16",), echo=said.append)["bf16"]
+    if "bf16" in openvino.precisions_here():
+        parity = report["golden"]["parity"]
+        assert report["measured"] and parity["cells"] == 64
+        assert report["golden"]["passed"] == judge(parity, "bf16")[0]
+        assert any(s.startswith("bf16 (OpenVINO) vs PyTorch fp32 on 64 golden") for s in said)
+    else:
+        assert not report["measured"] and "AVX512-BF16" in report["why"]
+    assert not any(f.startswith("encoder-bf16") for f in (p.name for p in bundle.iterdir()))
+    rows = bench_engine(bundle, ["cpu"], ["openvino"], ["fp32", "bf16"], [4], repeats=3, budget=1)
+    got = {r["precision"]: r for r in rows}
+    assert got["fp32"]["available"] and got["fp32"]["verification"] == "passed"
+    assert got["bf16"]["available"] == ("bf16" in openvino.precisions_here())
