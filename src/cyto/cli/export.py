@@ -181,7 +181,9 @@ def doctor_cmd(
     ] = "auto",
     precision: Annotated[
         str | None,
-        typer.Option(help="Check only this precision (fp32, fp16, int8); failing it exits 1."),
+        typer.Option(
+            help="Check only this precision (fp32, fp16, bf16, int8); failing it exits 1."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
@@ -206,7 +208,8 @@ def export_cmd(
         str,
         typer.Option(
             help="Comma-separated graphs to make: fp32 (encoder.onnx), fp16, int8 (Q/DQ, "
-            "calibrated on --calib). With --trt, one engine per precision, from its graph."
+            "calibrated on --calib); bf16 makes no file (OpenVINO's run-time precision), only "
+            "its ranking against fp32. With --trt, one engine per precision, from its graph."
         ),
     ] = "fp32",
     calib: Annotated[
