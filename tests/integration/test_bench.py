@@ -175,6 +175,9 @@ def test_bench_slide_and_calibrate(exported_dsvdd, tmp_path):
     assert proc.returncode == 0, proc.stderr
     row = _result(tmp_path / "r", "slide")["results"][0]
     assert row["cells"] > 30 and row["workers"] == 1
+    # what scored, and its check here (auto may choose; bench slide's default is fp32)
+    assert row["precision"] == "fp32" and row["graph"] == "encoder.onnx"
+    assert row["verification"]["status"] in ("passed", "unverified")
     assert 0 < row["pipeline_efficiency"] <= 1
     assert abs(sum(row["stage_share"].values()) - 1) < 0.01
     assert row["naive"]["cells"] == 30 and row["naive"]["cells_per_s"] > 0

@@ -111,6 +111,10 @@ def bench_slide(
         "model_load_s": round(load_s, 2),
         "backend": summary["backend"],
         "device": summary["device"],
+        # what auto chose and how it verified here
+        "precision": summary.get("precision"),
+        "graph": summary.get("graph"),
+        "verification": summary.get("verification"),
         "workers": summary["workers"],
         "decode": summary.get("decode"),
         "detector": opts.detection.detector,
@@ -166,7 +170,8 @@ def flat_row(r: dict, machine: str | None = None) -> dict:
         "machine": machine,
         "slide": Path(r["slide"]).name,
         "cells": f"{r['cells']:,}",
-        "backend": f"{r['backend']} on {r['device']}",
+        "backend": f"{r['backend']} on {r['device']}"
+        + (f" ({r['precision']}, {r['graph']})" if r.get("precision") else ""),
         "workers": r["workers"],
         "cells_per_s": r["cells_per_s"],
         "engine_cells_per_s": r["engine_cells_per_s"],
