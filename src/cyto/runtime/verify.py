@@ -7,8 +7,9 @@ gives them in fp32 on the exporting machine. Before a graph or engine scores any
 
 - an fp32 graph or engine (or the PyTorch network itself) must give the same scores up to float
   rounding: the largest difference at most :data:`FP32_TOLERANCE` of the reference scores' range;
-- an fp16 or int8 graph must keep the ranking by the export gate (:data:`GATE`): Spearman
-  correlation >= 0.99 and top-10% overlap >= 0.90 with the fp32 reference.
+- an fp16 or int8 graph, or OpenVINO's bf16 (``encoder.onnx`` compiled in bf16), must keep the
+  ranking by the export gate (:data:`GATE`): Spearman correlation >= 0.99 and top-10% overlap
+  >= 0.90 with the fp32 reference.
 
 A graph that passed its gate where it was exported can fail here: ONNX Runtime's int8 kernels on
 x86 CPUs without VNNI sum uint8 x int8 products in int16 and saturate, TensorRT picks kernels per
