@@ -401,7 +401,8 @@ def load_scorer(
     """Load the whole model for ``backend`` on ``device`` (cpu, cuda, cuda:N or auto), verified
     on this machine (:mod:`cyto.runtime.verify`) before it is returned.
 
-    ``precision`` picks the exported graph (fp32 ``encoder.onnx``, or an fp16 / int8 variant).
+    ``precision`` picks the exported graph (fp32 ``encoder.onnx``, or an fp16 / int8 variant;
+    bf16 is OpenVINO's, on ``encoder.onnx``).
     A backend or precision the user named that fails the verification is refused with the
     numbers (:class:`~cyto.errors.VerificationError`), except a graph whose loss was accepted at
     export. ``auto`` (backend or precision) takes the fastest choice that passed here, and
