@@ -177,3 +177,25 @@ def test_the_bf16_export_gate_reports_its_ranking_and_bench_engine_has_openvino_
     got = {r["precision"]: r for r in rows}
     assert got["fp32"]["available"] and got["fp32"]["verification"] == "passed"
     assert got["bf16"]["available"] == ("bf16" in openvino.precisions_here())
+
+
+def test_int8_takes_the_bundles_forms_in_openvinos_order(bundle, synth_patches):
+    from cyto.bundle import load_bundle
+    from cyto.export.quantize import export_variant, load_cells
+
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal")
+    for key in ("int8-cpu7", "int8"):
+        export_variant(bundle, key, calib, None, "minmax", echo=lambda m: None)
+    s = load_scorer(bundle, "openvino", "cpu", "int8")
+    notes = " | ".join(s.notes)
+    # TensorRT's symmetric form first (INT8_ORDER, measured fastest); where it fails here, the
+    # next form the bundle has scores instead, and the notes say so
+    if s.graph_file == "encoder-int8.onnx":
+        assert s.verification.passed
+    else:
+        assert "failed verification, not used: openvino int8 (encoder-int8.onnx)" in notes
+        assert s.graph_file == "encoder-int8-cpu7.onnx" and s.verification.passed
+    auto = load_scorer(bundle, "auto", "cpu", "auto")
+    assert (auto.backend.name, auto.precision) == ("openvino", "int8")
+    assert auto.graph_file == s.graph_file
