@@ -12,9 +12,10 @@ from cyto.infer import ScoreOptions
 from cyto.runtime import load_scorer
 
 
-def test_auto_picks_onnx_for_an_exported_bundle_and_backends_agree(exported_dsvdd):
-    auto = load_scorer(exported_dsvdd, "auto", "cpu")
-    assert auto.backend.name == "onnx" and auto.device == "cpu"
+def test_auto_picks_an_exported_graph_and_backends_agree(exported_dsvdd):
+    # on a CPU, auto takes OpenVINO or ONNX Runtime, whichever is first verified here
+    auto = load_scorer(exported_dsvdd, "auto", "cpu", precision="fp32")
+    assert auto.backend.name in ("onnx", "openvino") and auto.device == "cpu"
     torch_engine = load_scorer(exported_dsvdd, "torch", "cpu")
     size = auto.spec.crop_size
     x = np.random.default_rng(0).integers(0, 256, (9, size, size, 3)).astype(np.uint8)
@@ -66,7 +67,8 @@ def test_nucleus_sizes_scale_with_the_slide_resolution():
 
 
 def test_onnx_runtime_scoring_never_imports_torch(exported_dsvdd):
-    """The runtime is importable and runs its ONNX path without PyTorch (~0.4 GB per process)."""
+    """The runtime is importable and runs its exported graphs (ONNX Runtime, OpenVINO) without
+    PyTorch (~0.4 GB per process)."""
     import json
     import subprocess
     import sys
@@ -75,14 +77,19 @@ def test_onnx_runtime_scoring_never_imports_torch(exported_dsvdd):
 import json, sys
 import numpy as np
 from cyto.runtime import load_scorer
-s = load_scorer({str(exported_dsvdd)!r}, "auto", "cpu")
-n = s.spec.crop_size
-x = np.random.default_rng(0).integers(0, 256, (3, n, n, 3), dtype=np.uint8)
-print("@@" + json.dumps([s.backend.name, s.device, len(s.score(x)), "torch" in sys.modules]))
+out = []
+for backend in ("onnx", "auto"):
+    s = load_scorer({str(exported_dsvdd)!r}, backend, "cpu")
+    n = s.spec.crop_size
+    x = np.random.default_rng(0).integers(0, 256, (3, n, n, 3), dtype=np.uint8)
+    out.append([s.backend.name, s.device, len(s.score(x))])
+print("@@" + json.dumps([out, "torch" in sys.modules]))
 """
     proc = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     line = [x for x in proc.stdout.splitlines() if x.startswith("@@")][-1]
-    assert json.loads(line[2:]) == ["onnx", "cpu", 3, False]
+    (onnx, auto), imported_torch = json.loads(line[2:])
+    assert onnx == ["onnx", "cpu", 3] and auto[1:] == ["cpu", 3] and not imported_torch
+    assert auto[0] in ("onnx", "openvino")

@@ -87,7 +87,10 @@ def test_int8_and_fp16_graphs_keep_the_ranking_or_are_refused(
         np.testing.assert_allclose(s.score(x), ref, rtol=0.2, atol=0.05)
     auto = load_scorer(path, "auto", "cpu", "auto")
     assert auto.precision == "int8" and auto.verification.passed
-    assert any(f"chose onnx on cpu (int8, {auto.graph_file})" in n for n in auto.notes), auto.notes
+    # the fastest verified int8 here: OpenVINO's or ONNX Runtime's (the measured CPU order)
+    chosen = f"chose {auto.backend.name} on cpu (int8, {auto.graph_file})"
+    assert auto.backend.name in ("onnx", "openvino")
+    assert any(chosen in n for n in auto.notes), auto.notes
     assert load_scorer(path, "torch", "cpu", "auto").precision == "fp32"
 
 
