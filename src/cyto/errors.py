@@ -127,3 +127,10 @@ class VerificationError(CytoError):
 
 class ParityError(ConfigError):
     """A reduced-precision graph or engine does not keep the fp32 ranking (not added)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (a library's may be a page), or its type's name
+    when it has none: what a one-line error quotes of its cause."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cyto.errors import first_line
+
 #: shown instead of the value of a secret key field (what differs is said, never the value)
 HIDDEN = "(hidden)"
 
@@ -70,7 +72,7 @@ class Artifact:
             try:
                 json.loads(path.read_text())
             except (OSError, ValueError) as exc:
-                return f"{name} does not read back as JSON ({_first_line(exc)})"
+                return f"{name} does not read back as JSON ({first_line(exc)})"
         if self.kind == "parquet":
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -80,7 +82,7 @@ class Artifact:
                     parquet = pq.ParquetFile(fh)
                     meta, schema = parquet.metadata, parquet.schema_arrow
             except (pa.ArrowException, OSError, ValueError) as exc:
-                return f"{name} does not read back as Parquet ({_first_line(exc)})"
+                return f"{name} does not read back as Parquet ({first_line(exc)})"
             names, written = set(schema.names), schema.metadata or {}
             for field_name, value in self.meta:
                 got = written.get(field_name.encode(), b"").decode(errors="replace")
@@ -120,11 +122,6 @@ class Reuse:
         if self.broken:
             parts.append("; ".join(self.broken))
         return "; ".join(parts)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _show(value: Any) -> str:

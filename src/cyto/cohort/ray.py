@@ -28,7 +28,7 @@ from pathlib import Path
 
 from cyto.cohort.parts import tile_ranges
 from cyto.cohort.table import cohort_row, write_cohort_table
-from cyto.errors import ConfigError, CytoError, MissingDependencyError
+from cyto.errors import ConfigError, CytoError, MissingDependencyError, first_line
 from cyto.infer.options import ScoreOptions
 from cyto.progress import progress
 
@@ -69,7 +69,7 @@ def connect(address: str, num_cpus: int | None = None) -> str:
     try:
         ctx = ray.init(address=target, **kwargs)
     except (ConnectionError, ValueError, RuntimeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise ConfigError(
             f"--ray {address}: cannot join a Ray cluster there ({first}); start one with "
             "`ray start --head`, or use --ray local"
@@ -547,5 +547,4 @@ def _first_line(exc: BaseException) -> str:
     cause = getattr(exc, "cause", None)
     if isinstance(cause, BaseException):
         return f"{type(cause).__name__}: {cause}".splitlines()[0]
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    return first_line(exc)

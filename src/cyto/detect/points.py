@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import CytoWarning, InputPathError
-from cyto.tables import read_table
+from cyto.tables import named_columns, number_column, one_line, read_table
 
 #: points of a nuclei file closer than this (level-0 pixels, a quarter of a micrometre at 40x;
 #: no two nuclei are that close) are the same nucleus given twice
@@ -131,31 +131,6 @@ def read_nuclei_file(path: Path, width: int, height: int) -> np.ndarray:
             stacklevel=2,
         )
     return pts[keep]
-
-
-def named_columns(table, where: str) -> dict[str, str]:
-    """A table's column names by their lower-case form; a name given twice (``x`` and ``X``,
-    or ``x`` twice in a CSV header) is an :class:`InputPathError`: which one is meant?"""
-    cols: dict[str, str] = {}
-    for c in table.column_names:
-        if c.lower() in cols:
-            raise InputPathError(f"{where}: column {c!r} is given more than once; keep one")
-        cols[c.lower()] = c
-    return cols
-
-
-def number_column(column) -> np.ndarray:
-    """A table column as one float per row (None: NaN), or a ValueError / TypeError for a
-    column of lists, structs or text that is no number."""
-    values = np.asarray(column.to_pylist(), dtype=np.float64)
-    if values.ndim != 1:
-        raise ValueError(f"one number per row expected, got {column.type}")
-    return values
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception's message on one line (a library's may span several)."""
-    return " ".join(str(exc).split())
 
 
 def distinct_points(pts: np.ndarray, radius: float = SAME_POINT_PX) -> np.ndarray:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.errors import InputPathError
+from cyto.errors import InputPathError, first_line
 from cyto.eval.metrics import MetricError, all_metrics
 
 
@@ -80,5 +80,4 @@ def evaluate_table(
 
 def _first_words(exc: Exception) -> str:
     """The first sentence of a library's error (Arrow adds guesses after it)."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text.split(". ")[0].rstrip(".")
+    return first_line(exc).split(". ")[0].rstrip(".")

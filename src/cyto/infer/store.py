@@ -19,7 +19,7 @@ import re
 import shutil
 from pathlib import Path
 
-from cyto.errors import CytoError
+from cyto.errors import CytoError, first_line
 from cyto.reuse import check_reuse, read_record
 from cyto.slides.base import PLANE_SEP
 
@@ -161,7 +161,7 @@ class ChunkStore:
             except (pa.ArrowInvalid, OSError) as exc:
                 for later in files[i:]:
                     later.unlink(missing_ok=True)
-                why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                why = first_line(exc)
                 echo(
                     f"resume: {f.name} is damaged ({why}): its tiles and those of the "
                     f"{len(files) - i - 1} chunk(s) after it are scored again"

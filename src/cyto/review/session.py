@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.errors import ConfigError, InputPathError
+from cyto.errors import ConfigError, InputPathError, first_line
 from cyto.reuse import check_reuse
 
 CASES_FILE, KEY_FILE, CROPS = "cases.json", "key.json", "crops"
@@ -157,7 +157,7 @@ def _top_cells(src: Source, k: int) -> list[dict]:
         cols = ["cell_id", "x", "y", "score", "rank"] + (["label"] if "label" in names else [])
         t = pq.read_table(path, columns=cols, filters=[("rank", "<=", k)]).to_pydict()
     except (OSError, pa.ArrowException) as exc:  # ArrowInvalid, a missing column, a cut file
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise InputPathError(
             f"{path} cannot be read as a cyto score table ({first}); score the slide again"
         ) from exc
