@@ -1,0 +1,129 @@
+"""The abnormality map (cyto.infer.maps): windows of a physical size, the fraction flagged on a
+calibrated table, the maximum score otherwise, and NaN where a window holds no cell."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from cyto.infer.maps import AbnormalityMap, abnormality_grid, map_of_table
+
+
+def _reference(x, y, score, width, height, window_px, hit=None):
+    """Per-window statistic by a plain loop over windows (the reference of the vectorised one)."""
+    rows, cols = int(np.ceil(height / window_px)), int(np.ceil(width / window_px))
+    values = np.full((rows, cols), np.nan)
+    counts = np.zeros((rows, cols), np.int64)
+    for r in range(rows):
+        for c in range(cols):
+            inside = (np.clip(np.floor(x / window_px), 0, cols - 1) == c) & (
+                np.clip(np.floor(y / window_px), 0, rows - 1) == r
+            )
+            counts[r, c] = inside.sum()
+            if inside.any():
+                values[r, c] = hit[inside].mean() if hit is not None else score[inside].max()
+    return values, counts
+
+
+def test_window_size_follows_the_slide_resolution():
+    # 50 um at 0.25 um/px is 200 px: a 1000 x 450 px slide has 3 rows of 5 windows
+    m = abnormality_grid([10.0], [10.0], [1.0], 1000, 450, 0.25, window_um=50.0)
+    assert isinstance(m, AbnormalityMap)
+    assert m.window_px == 200.0 and m.shape == (3, 5)
+    assert m.values.dtype == np.float32 and m.counts.dtype == np.int32
+    assert m.mpp == 0.25 and m.window_um == 50.0
+
+
+def test_max_score_per_window_and_nan_where_no_cell():
+    x = np.array([10, 150, 250, 990, 5.0])
+    y = np.array([10, 190, 10, 440, 420.0])
+    s = np.array([0.1, 0.7, -2.0, 3.0, 0.4])
+    m = abnormality_grid(x, y, s, 1000, 450, 0.25)
+    assert m.kind == "max_score" and not m.is_fraction
+    assert m.values[0, 0] == pytest.approx(0.7)  # the higher of the two cells in window (0, 0)
+    assert m.values[0, 1] == pytest.approx(-2.0)  # a negative maximum stays negative
+    assert m.values[2, 4] == pytest.approx(3.0)
+    assert m.values[2, 0] == pytest.approx(0.4)
+    assert m.counts[0, 0] == 2 and m.counts.sum() == 5
+    assert np.isnan(m.values[1, 2]) and m.counts[1, 2] == 0  # no cell: NaN, never 0
+
+
+def test_fraction_flagged_matches_a_loop_over_windows():
+    rng = np.random.default_rng(3)
+    n, width, height, mpp = 5000, 4000, 3000, 0.5
+    x, y = rng.uniform(0, width, n), rng.uniform(0, height, n)
+    s = rng.normal(size=n)
+    flagged = s > 1.5
+    m = abnormality_grid(x, y, s, width, height, mpp, window_um=100.0, flagged=flagged)
+    assert m.kind == "fraction_flagged" and m.is_fraction
+    ref_values, ref_counts = _reference(x, y, s, width, height, 200.0, hit=flagged)
+    np.testing.assert_array_equal(m.counts, ref_counts)
+    np.testing.assert_allclose(m.values, ref_values, rtol=1e-6, equal_nan=True)
+    assert np.nanmax(m.values) <= 1.0 and np.nanmin(m.values) >= 0.0
+
+
+def test_max_matches_a_loop_and_threshold_gives_the_fraction_above():
+    rng = np.random.default_rng(4)
+    x, y, s = rng.uniform(0, 900, 800), rng.uniform(0, 700, 800), rng.normal(size=800)
+    m = abnormality_grid(x, y, s, 900, 700, 1.0, window_um=100.0)
+    ref_values, _ = _reference(x, y, s, 900, 700, 100.0)
+    np.testing.assert_allclose(m.values, ref_values, rtol=1e-6, equal_nan=True)
+    t = abnormality_grid(x, y, s, 900, 700, 1.0, window_um=100.0, threshold=0.5)
+    assert t.kind == "fraction_above_threshold" and t.threshold == 0.5
+    ref_frac, _ = _reference(x, y, s, 900, 700, 100.0, hit=s > 0.5)
+    np.testing.assert_allclose(t.values, ref_frac, rtol=1e-6, equal_nan=True)
+
+
+def test_edges_missing_flags_and_bad_positions():
+    # a centre on the right/bottom edge (or just past it) is in the last window; a NaN position
+    # is left out; a missing flag (None) counts as not flagged
+    m = abnormality_grid(
+        [400.0, 401.0, np.nan, 0.0],
+        [300.0, 0.0, 5.0, 0.0],
+        [1, 2, 3, 4],
+        400,
+        300,
+        1.0,
+        window_um=100.0,
+        flagged=[True, None, True, False],
+    )
+    assert m.shape == (3, 4)
+    assert m.counts[2, 3] == 1 and m.values[2, 3] == 1.0
+    assert m.counts[0, 3] == 1 and m.values[0, 3] == 0.0
+    assert m.counts.sum() == 3
+    row, col = m.window_of([399.0, 0.0], [299.0, 0.0])
+    assert row.tolist() == [2, 0] and col.tolist() == [3, 0]
+
+
+def test_no_cells_is_an_all_nan_map():
+    m = abnormality_grid([], [], [], 300, 300, 0.5)
+    assert m.shape == (3, 3) and np.isnan(m.values).all() and (m.counts == 0).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"width": 0}, "slide size"),
+        ({"mpp": 0.0}, "mpp"),
+        ({"window_um": -1.0}, "window"),
+        ({"flagged": [True], "threshold": 0.1}, "not both"),
+        ({"flagged": [True, False]}, "flagged has 2"),
+    ],
+)
+def test_bad_inputs_are_refused(kwargs, words):
+    args = {"x": [1.0], "y": [1.0], "score": [0.0], "width": 10, "height": 10, "mpp": 1.0}
+    with pytest.raises(ValueError, match=words):
+        abnormality_grid(**{**args, **kwargs})
+
+
+def test_map_of_table_counts_the_fdr_flags_when_the_table_has_them():
+    base = {"x": [10.0, 20.0, 150.0], "y": [10.0, 20.0, 10.0], "score": [0.1, 0.9, 0.3]}
+    plain = map_of_table(pa.table(base), 200, 100, 1.0, window_um=100.0)
+    assert plain.kind == "max_score" and plain.values[0, 0] == pytest.approx(0.9)
+    flagged = pa.table({**base, "flagged_bh": [False, True, None]})
+    m = map_of_table(flagged, 200, 100, 1.0, window_um=100.0)
+    assert m.kind == "fraction_flagged"
+    assert m.values[0, 0] == pytest.approx(0.5) and m.values[0, 1] == 0.0
+    withheld = pa.table({**base, "flagged_bh": pa.array([None] * 3, pa.bool_())})
+    assert map_of_table(withheld, 200, 100, 1.0, window_um=100.0).kind == "max_score"
