@@ -277,6 +277,16 @@ def score_cmd(
         ),
     ] = 256,
     rank_by: RankBy = "auto",
+    adequacy: Annotated[
+        str,
+        typer.Option(
+            help="Specimen-adequacy rule: general (no cell-count minimum: no evaluable cell, "
+            "most cells out of focus or crowded, cells off scale), lbc-cervical (5,000 "
+            "evaluable cells, Bethesda), smear-conventional (8,000-12,000, Bethesda), "
+            "bone-marrow (500, ICSH 2008), none (no rule), or a RULE.toml. An unsatisfactory "
+            "slide is never triaged 'no excess'.",
+        ),
+    ] = "general",
     watch: Annotated[
         bool,
         typer.Option(
@@ -339,6 +349,7 @@ def score_cmd(
         fdr_confidence=fdr_confidence,
         verify=not skip_verify,
         rank_by=rank_by,
+        adequacy=adequacy,
     )
     check_rank_by(model, rank_by)
     metrics = None

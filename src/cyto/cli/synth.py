@@ -83,6 +83,20 @@ def synth_slide(
     ] = 256,
     quality: Annotated[int, typer.Option(help="JPEG quality.")] = 85,
     scale: Annotated[float, typer.Option(help="Cell size (1.5: 100x oil look, 0.12 um/px).")] = 1.5,
+    defocus: Annotated[
+        float,
+        typer.Option(
+            help="Draw every plane this many um from the cells' plane of best focus (a slide "
+            "scanned out of focus; 0: in focus)."
+        ),
+    ] = 0.0,
+    smear_extent: Annotated[
+        float,
+        typer.Option(
+            help="Half-axes of the smear's ellipse as a share of the slide's width and height "
+            "(0.46: nearly covered; 0.1: mostly glass). The default cell count follows its area."
+        ),
+    ] = 0.46,
     seed: Annotated[int, typer.Option(help="Same seed, same bytes.")] = 0,
     workers: Annotated[
         int | None, typer.Option(help="Drawing processes (default: one per CPU, at most 4).")
@@ -109,6 +123,8 @@ def synth_slide(
         quality=quality,
         scale=scale,
         seed=seed,
+        defocus=defocus,
+        smear_extent=smear_extent,
     )
     res = write_slide(out, config, fmt=fmt, overwrite=overwrite, workers=workers)
     w, h = res.size

@@ -22,6 +22,7 @@ SCORE_KEY_NAMES = {
     "slide": "the slide file's content",
     "nuclei_file": "the --nuclei file's content",
     "truth_file": "the --truth file's content",
+    "adequacy": "--adequacy (the rule, or its file's content)",
 }
 
 

@@ -69,6 +69,10 @@ def slide_line(summary: dict, out: Path) -> str:
         f"-> {s.get('output') or Path(out) / Path(s['slide']).stem}"
     )
     line += burden_words(s.get("burden"))
+    if s.get("adequacy"):  # the specimen-adequacy rule's result, with its reasons
+        from cyto.stats.adequacy import adequacy_words
+
+        line += adequacy_words(s["adequacy"])
     if (s.get("verification") or {}).get("status") == "unverified":
         line += "; UNVERIFIED scores (no golden cells: see cyto doctor)"
     if "truth" in s:
@@ -89,8 +93,10 @@ def burden_words(b: dict | None) -> str:
     lo, hi = b["abnormal_fraction_interval"]
     guarantee = b.get("fdr_guarantee", "")
     given = f" {guarantee}" if guarantee.startswith("for this calibration") else ""
+    # the cells the interval rests on, when an adequacy rule counted the evaluable ones
+    rests = f", {b['evaluable_cells']:,} evaluable cells" if "evaluable_cells" in b else ""
     return (
         f"; abnormal burden {100 * b['abnormal_fraction']:.2f}% (95% CI {100 * lo:.2f}-"
-        f"{100 * hi:.2f}%), {b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}{given}, "
+        f"{100 * hi:.2f}%{rests}), {b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}{given}, "
         f"slide p={b['slide_p_value']:.2g} ({b['triage']})"
     )

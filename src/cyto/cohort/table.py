@@ -25,6 +25,15 @@ COHORT_COLUMNS = (
     "flagged_adaptive",
     "slide_p_value",
     "triage",
+    # the specimen-adequacy rule (summary["adequacy"]; empty under --adequacy none)
+    "adequacy_preset",
+    "adequacy",
+    "adequacy_reasons",
+    "cells_evaluable",
+    "out_of_focus_share",
+    "crowded_area_share",
+    "glass_or_skipped_share",
+    "cell_scale_factor",
     "node",
     "attempts",
     "error",
@@ -67,6 +76,20 @@ def cohort_row(
             "calibration": b.get("status", ""),
         }
     )
+    a = summary.get("adequacy")
+    if a:
+        row.update(
+            {
+                "adequacy_preset": a["preset"],
+                "adequacy": a["result"],
+                "adequacy_reasons": "; ".join(a["reasons"]),
+                "cells_evaluable": a["cells_evaluable"],
+                "out_of_focus_share": _blank(a.get("out_of_focus_share")),
+                "crowded_area_share": _blank(a.get("crowded_area_share")),
+                "glass_or_skipped_share": _blank(a.get("glass_or_skipped_share")),
+                "cell_scale_factor": _blank((a.get("cell_scale") or {}).get("factor")),
+            }
+        )
     if b.get("status") == "ok":
         lo, hi = b["abnormal_cells_interval"]
         row.update(
@@ -82,6 +105,11 @@ def cohort_row(
             }
         )
     return row
+
+
+def _blank(value: object) -> object:
+    """A measure not taken (None) as an empty cell."""
+    return "" if value is None else value
 
 
 def write_cohort_table(rows: list[dict], path: Path) -> Path:

@@ -104,6 +104,7 @@ class CellBatcher:
                     "score": scores,
                     "nucleus_score": nucleus,
                     "tile": tiles,
+                    "sharpness": meta[:, 4],
                 },
                 schema=schema(),
             )

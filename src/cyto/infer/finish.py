@@ -43,6 +43,7 @@ def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_star
     run = _Run(plan.slide, out_dir, scorer, opts, timings, t_start, plan.res, echo, metrics)
     run.identity = plan.identity
     run.resumed_cells = sum(r.resumed_cells for r in runs)
+    run.plan, run.scale = plan, runs[0].scale
     summary = _finish(table, run)
     few = few_cells_words(table.num_rows, len(plan.jobs), plan.slide_mpp, opts)
     if few:
@@ -151,6 +152,8 @@ class _Run:
         self.metrics: Metrics | None = metrics
         self.identity: str = ""
         self.resumed_cells: int = 0
+        self.plan = None  # the slide's plan (its geometry, for the adequacy's area shares)
+        self.scale: dict | None = None  # the cell-scale check
 
 
 #: tiles with tissue from which fewer cells than tiles is worth a word
@@ -213,6 +216,7 @@ def _finish(table, run: _Run) -> dict:
         values = [None] * n_cells if column is None else column
         table = table.append_column(name, pa.array(values, type=_COLUMN_TYPES[name]))
     burden = calibrated["burden"]
+    table, adequacy = _adequacy(table, burden, run)
     labels = None
     truth = None
     if opts.truth is not None and n_cells:
@@ -252,6 +256,8 @@ def _finish(table, run: _Run) -> dict:
         "burden": burden,
         "resolution": run.res.as_json(),
     }
+    if adequacy is not None:
+        summary["adequacy"] = adequacy
     if truth is not None:
         summary["truth"] = truth
     if opts.mosaic and n_cells:
@@ -289,6 +295,42 @@ def _finish(table, run: _Run) -> dict:
     )
     write_summary(run.out_dir, summary)
     return summary
+
+
+def _adequacy(table, burden: dict, run: _Run):
+    """(the table with its ``quality`` and ``evaluable`` columns, the adequacy block) under the
+    run's ``--adequacy`` rule (:mod:`cyto.stats.adequacy`); the triage of an unsatisfactory
+    slide says so instead of 'no excess', and the burden says how many evaluable cells it rests
+    on. ``none``: the table as it was (without the sharpness column) and no block."""
+    import pyarrow as pa
+
+    from cyto.infer.quality import focus_reference, slide_adequacy
+    from cyto.runtime.verify import read_golden
+    from cyto.stats.adequacy import adequacy_words, triage_words
+
+    rule = run.opts.adequacy_rule()
+    if rule is None:
+        return table.drop_columns(["sharpness"]), None
+    plan = run.plan
+    columns, block = slide_adequacy(
+        table,
+        rule,
+        reference=focus_reference(read_golden(run.scorer.bundle)),
+        scale=run.scale,
+        crop_px=run.res.crop_px_level0,
+        tile=run.opts.tile,
+        size=plan.size,
+        n_tissue_tiles=len(plan.jobs),
+        detection=run.opts.detection.kind,
+    )
+    table = table.append_column("quality", pa.array(columns["quality"], type=pa.string()))
+    table = table.append_column("evaluable", pa.array(columns["evaluable"], type=pa.bool_()))
+    if burden.get("status") == "ok":
+        burden["evaluable_cells"] = block["cells_evaluable"]
+        burden["triage"] = triage_words(burden["triage"], block)
+    if block["result"] != "satisfactory":
+        run.echo(f"warning: {run.slide.name}{adequacy_words(block)}")
+    return table, block
 
 
 def write_summary(out_dir: Path, summary: dict) -> None:

@@ -55,6 +55,8 @@ class ScoreOptions:
     fdr_confidence: float | None = None  # FDR for this calibration with this probability
     verify: bool = True  # check the graph on the bundle's golden cells here before scoring
     rank_by: str = "auto"  # model | model+nucleus | auto (cyto.data.morphometry)
+    # the specimen-adequacy rule: a preset of cyto.stats.adequacy (none: no rule) or RULE.toml
+    adequacy: str = "general"
 
     def __post_init__(self) -> None:
         # the messages name the command-line flags (ScoreOptions' fields spelled as cyto score
@@ -105,10 +107,17 @@ class ScoreOptions:
             raise ConfigError(
                 f"--fdr-confidence must be between 0 and 1 (e.g. 0.9), got {self.fdr_confidence}"
             )
+        self.adequacy_rule()  # an unknown preset or a bad rule file fails here, by name
         for name, flag in (("slide_mpp", "--mpp"), ("model_mpp", "--model-mpp")):
             value = getattr(self, name)
             if value is not None and not 0.01 <= value <= 100:
                 raise ConfigError(f"{flag} must be in um per pixel (0.01 to 100), got {value}")
+
+    def adequacy_rule(self):
+        """The :class:`~cyto.stats.adequacy.AdequacyRule` ``--adequacy`` names (None: none)."""
+        from cyto.stats.adequacy import resolve
+
+        return resolve(self.adequacy)
 
     def overlaps(self, device: str) -> bool:
         """Whether the engine runs in a thread of its own (``auto``: on a CUDA device)."""
@@ -149,6 +158,9 @@ class ScoreOptions:
             "fdr_confidence": self.fdr_confidence,
             **self.side_files_key(),
         }
+        rule = self.adequacy_rule()
+        if rule is not None:  # the rule itself, not its name: a rule file edited is another
+            key["adequacy"] = rule.as_json()
         return json.loads(json.dumps(key, default=str))
 
     def side_files_key(self) -> dict:

@@ -89,7 +89,10 @@ class SlidePlan:
             or max_cells_per_result(scorer.spec.crop_size, len(planes) + 1, self.queue),
             # every cell's nucleus size, where the ranking uses it
             nucleus_shares=scorer_rank_by(scorer, opts.rank_by)[1] is not None,
+            # each crop's sharpness, for the adequacy rule's focus check (none: no rule)
+            sharpness=opts.adequacy_rule() is not None,
         )
+        self.size = (info.width, info.height)  # level 0, for the adequacy's area shares
         self.decode = "CPU readers"
         if opts.decode == "torch":
             from cyto.slides.device import open_device_tiles
@@ -122,6 +125,8 @@ class SlidePlan:
             # scores this ranking needs, are not continued
             "columns": schema().names,
             "rank_by": scorer_rank_by(scorer, opts.rank_by)[0],
+            # chunks without their crops' sharpness (--adequacy none) cannot serve a rule
+            "sharpness": self.ctx.sharpness,
         }
 
 

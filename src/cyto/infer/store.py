@@ -34,6 +34,7 @@ STORE_KEY_NAMES = {
     "rank_by": "--rank-by",
     "nuclei_file": "the --nuclei file's content",
     "data": "the images of DATA (added, removed or changed)",
+    "sharpness": "the crops' sharpness measured (--adequacy none does not)",
 }
 _CHUNK = re.compile(r"^chunk-(\d+)-(\d+)\.parquet$")
 
@@ -90,6 +91,8 @@ def schema():
             ("nucleus_score", pa.float64()),
             ("focal_plane_um", pa.float64()),
             ("tile", pa.int64()),
+            # the crop's sharpness (cyto.infer.quality); NaN when not measured (--adequacy none)
+            ("sharpness", pa.float64()),
         ]
     )
 

@@ -24,6 +24,7 @@ from cyto.detect import NucleusParams, detect_in_tile, in_core, read_nuclei_file
 from cyto.errors import CytoError, UnsupportedSlideError
 from cyto.infer.memory import peak_rss_mb
 from cyto.infer.patches import crop_cells
+from cyto.infer.quality import crop_sharpness
 from cyto.interrupts import spawn_pool
 from cyto.slides import open_plane, open_slide
 from cyto.slides.grid import tile_grid
@@ -143,6 +144,9 @@ class TileContext:
     #: measure each crop's centre-nucleus share where it is cut (:mod:`cyto.data.scale`), for the
     #: nucleus-size ranking: in the workers, beside the reading, not in the engine's process
     nucleus_shares: bool = False
+    #: measure each crop's sharpness where it is cut (:mod:`cyto.infer.quality`), for the
+    #: adequacy rule's focus check (NaN when not asked for: ``--adequacy none``)
+    sharpness: bool = False
 
 
 _CTX: TileContext | None = None
@@ -260,8 +264,10 @@ def run_tile(job: Job) -> dict:
     if ctx.nucleus_shares:
         host = crops if isinstance(crops, np.ndarray) else crops.cpu().numpy()
         shares = centre_nucleus_fraction(host) if len(host) else np.empty(0)
+    # (its time counts with the nucleus shares': the measures taken on the cut crops)
+    sharp = crop_sharpness(crops) if ctx.sharpness else np.full(len(found), np.nan)
     t4 = time.perf_counter()
-    meta = np.column_stack([found[:, :2], found[:, 2], np.asarray(ctx.plane_z)[plane]])
+    meta = np.column_stack([found[:, :2], found[:, 2], np.asarray(ctx.plane_z)[plane], sharp])
     return {
         "tile": t_index,
         "x0": x0,
@@ -270,7 +276,7 @@ def run_tile(job: Job) -> dict:
         "rest": rest,
         "crops": crops,
         "shares": shares,  # each crop's centre-nucleus share, or None when not asked for
-        "meta": meta.reshape(-1, 4),
+        "meta": meta.reshape(-1, 5),  # x, y, nucleus area, focal plane, sharpness
         "times": {"read": t1 - t0, "detect": t2 - t1, "crop": t3 - t2, "nucleus": t4 - t3},
         "rss_mb": peak_rss_mb(),
     }

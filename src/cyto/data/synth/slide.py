@@ -85,6 +85,12 @@ class SlideSynthConfig:
         stain_seed: draw the staining and illumination style from this seed instead of from
             ``seed``: slides with one ``stain_seed`` come from one staining batch (their normal
             cells are exchangeable); by default every slide has its own style.
+        defocus: um by which every plane is drawn away from the cells' plane of best focus
+            (0: in focus): a slide scanned out of focus, for the adequacy checks.
+        smear_extent: half-axes of the smear's ellipse as a share of the slide's width and
+            height (0.46: the slide nearly covered; 0.1: mostly glass).
+        min_spacing: closest two cells' centres may come, px at scale 1 (30: apart; less lets
+            them pile on each other, a crowded or thick preparation).
     """
 
     width: int = 8192
@@ -102,6 +108,9 @@ class SlideSynthConfig:
     rbc_per_cell: float = 2.0
     debris_per_cell: float = 0.6
     stain_seed: int | None = None
+    defocus: float = 0.0
+    smear_extent: float = 0.46
+    min_spacing: float = 30.0
 
     def __post_init__(self) -> None:
         if self.width < BLOCK or self.height < BLOCK:
@@ -124,6 +133,12 @@ class SlideSynthConfig:
             )
         if (self.mpp is not None and self.mpp <= 0) or self.objective <= 0 or self.scale <= 0:
             raise ConfigError("mpp, objective and scale must be positive")
+        if not 0.02 <= self.smear_extent <= 0.5:
+            raise ConfigError(f"--smear-extent must be in [0.02, 0.5], got {self.smear_extent}")
+        if not 4.0 <= self.min_spacing <= 200.0:
+            raise ConfigError(f"--min-spacing must be in [4, 200] px, got {self.min_spacing}")
+        if not abs(self.defocus) <= 20.0:
+            raise ConfigError(f"--defocus must be within 20 um of focus, got {self.defocus}")
 
     @property
     def microns_per_px(self) -> float:
@@ -146,9 +161,9 @@ class SlideLayout:
     style: StainStyle
 
 
-def smear_mask(x: np.ndarray, y: np.ndarray, w: int, h: int) -> np.ndarray:
+def smear_mask(x: np.ndarray, y: np.ndarray, w: int, h: int, extent: float = 0.46) -> np.ndarray:
     """Inside the smear: an ellipse leaving empty glass at the edges and corners."""
-    return ((x - w / 2) / (0.46 * w)) ** 2 + ((y - h / 2) / (0.46 * h)) ** 2 <= 1.0
+    return ((x - w / 2) / (extent * w)) ** 2 + ((y - h / 2) / (extent * h)) ** 2 <= 1.0
 
 
 def cell_count(config: SlideSynthConfig) -> int:
@@ -156,7 +171,8 @@ def cell_count(config: SlideSynthConfig) -> int:
     if config.n_cells is not None:
         return config.n_cells
     w, h = config.size
-    return int(np.pi * (0.46 * w) * (0.46 * h) / (69.0 * config.scale) ** 2)
+    e = config.smear_extent
+    return int(np.pi * (e * w) * (e * h) / (69.0 * config.scale) ** 2)
 
 
 # What drawing a slide holds in memory, measured (tracemalloc, 4096^2 and 8192^2 px slides at
@@ -270,19 +286,20 @@ def layout(config: SlideSynthConfig) -> SlideLayout:
     """Place cells on a jittered grid inside the smear, plant abnormal cells, scatter clutter."""
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, 7]))
     w, h = config.size
-    area = np.pi * (0.46 * w) * (0.46 * h)
+    e = config.smear_extent
+    area = np.pi * (e * w) * (e * h)
     n = cell_count(config)
     margin = 30 * config.scale
     xs = ys = np.empty(0)
     spacing = np.sqrt(area / max(n, 1))
-    min_spacing = 30.0 * config.scale  # closer than this, cells would pile on each other
+    min_spacing = config.min_spacing * config.scale  # closer, cells pile on each other
     while spacing >= min_spacing:
         gx = np.arange(spacing / 2, w, spacing)
         gy = np.arange(spacing / 2, h, spacing)
         X, Y = np.meshgrid(gx, gy)
         X = X.ravel() + rng.uniform(-0.3, 0.3, X.size) * spacing
         Y = Y.ravel() + rng.uniform(-0.3, 0.3, Y.size) * spacing
-        ok = smear_mask(X, Y, w, h) & (margin < X) & (w - margin > X)
+        ok = smear_mask(X, Y, w, h, e) & (margin < X) & (w - margin > X)
         ok &= (margin < Y) & (h - margin > Y)
         xs, ys = X[ok], Y[ok]
         if len(xs) >= n:
@@ -307,7 +324,7 @@ def layout(config: SlideSynthConfig) -> SlideLayout:
     def scatter(count: int) -> tuple[np.ndarray, np.ndarray]:
         px = rng.uniform(0, w, size=int(count * 1.4) + 8)
         py = rng.uniform(0, h, size=px.size)
-        ok = smear_mask(px, py, w, h)
+        ok = smear_mask(px, py, w, h, e)
         return px[ok][:count], py[ok][:count]
 
     rx, ry = scatter(int(n * config.rbc_per_cell))
@@ -554,7 +571,8 @@ def write_slide(
                     levels[p, li] = TiledLevel(
                         lw, lh, config.tile, config.quality, spools[p, li][1]
                     )
-        renderer = RowRenderer(lay, config.seed, tuple(planes), w)
+        # a defocused scan: every plane drawn that far from the cells' plane of best focus
+        renderer = RowRenderer(lay, config.seed, tuple(z + config.defocus for z in planes), w)
         rows = h // BLOCK
         with progress(f"synth slide {out.name}", total=rows, unit="rows") as bar:
             for strips in _rendered_rows(renderer, rows, workers):

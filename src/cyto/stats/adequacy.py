@@ -1,0 +1,321 @@
+"""Is this slide adequate? The specimen-adequacy rule and its named presets.
+
+A slide is judged from the quality of its cells and of its scanned area
+(:mod:`cyto.infer.quality`): how many cells are *evaluable* (in focus, not crowded, at the
+model's scale), the share of detected cells that are not, the crowded share of the scanned area,
+the share of the slide that was glass or skipped, and the cell-scale check. The result is
+``satisfactory``, ``limited`` (with reasons) or ``unsatisfactory`` (with reasons), in the summary
+as ``summary["adequacy"]``.
+
+Where the numbers come from (each preset says it in ``sources``):
+
+- ``lbc-cervical``: at least 5,000 well-visualised, well-preserved squamous cells for a
+  liquid-based preparation, and ``smear-conventional``: an estimated 8,000 to 12,000 for a
+  conventional smear; both from the Bethesda System (Solomon et al., "The 2001 Bethesda System",
+  JAMA 2002; 287:2114-2119; Nayar & Wilbur (eds), "The Bethesda System for Reporting Cervical
+  Cytology", 3rd ed., Springer 2015). Bethesda also calls a specimen with more than 75% of its
+  squamous cells obscured unsatisfactory, and asks a 50-75% obscured one to be reported as
+  partially obscured: cyto applies those two shares to the cells that are *not evaluable* (out of
+  focus or crowded), which is cyto's reading, not Bethesda's wording.
+- ``bone-marrow``: a differential count of 500 nucleated cells on the aspirate (ICSH,
+  Lee et al., "ICSH guidelines for the standardization of bone marrow specimens and reports",
+  Int J Lab Hematol 2008; 30:349-364). Fewer than 500 evaluable cells cannot support that count.
+- ``general`` (the default): no cell-count minimum, which depends on the specimen; the
+  preparation-independent checks only (no evaluable cell, the Bethesda-style shares of cells
+  not evaluable, the cell scale, crowding and glass), every threshold but the shares a cyto
+  choice.
+- ``none``: no rule; ``cyto score`` writes what it wrote before adequacy existed.
+
+A TOML file (``--adequacy lab.toml``) gives a rule of one's own: a ``[adequacy]`` table with
+the fields of :class:`AdequacyRule`, optionally ``base = "PRESET"`` whose fields it overrides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+from cyto.errors import ConfigError
+
+SATISFACTORY, LIMITED, UNSATISFACTORY = "satisfactory", "limited", "unsatisfactory"
+RESULTS = (SATISFACTORY, LIMITED, UNSATISFACTORY)
+DEFAULT = "general"
+
+_BETHESDA = (
+    "the Bethesda System for Reporting Cervical Cytology (Solomon et al., JAMA 2002; "
+    "287:2114-2119; Nayar & Wilbur, 3rd ed., Springer 2015)"
+)
+_BETHESDA_OBSCURED = (
+    "Bethesda's obscuring rule (more than 75% of squamous cells obscured: unsatisfactory; "
+    "50-75%: partially obscured), applied by cyto to cells not evaluable (out of focus or "
+    "crowded)"
+)
+_ICSH = (
+    "ICSH guidelines for the standardization of bone marrow specimens and reports (Lee et al., "
+    "Int J Lab Hematol 2008; 30:349-364): a 500-cell differential count"
+)
+_CYTO = "a cyto choice (docs/how-to/adequacy.md)"
+
+
+@dataclass(frozen=True)
+class AdequacyRule:
+    """An adequacy rule: the thresholds a slide is held to (None: not checked).
+
+    Attributes:
+        name: the preset's name, or the TOML file's.
+        min_cells: fewer evaluable cells than this: unsatisfactory.
+        limited_cells: fewer evaluable cells than this (but at least ``min_cells``): limited.
+        unsatisfactory_not_evaluable: a larger share of the detected cells not evaluable:
+            unsatisfactory.
+        limited_not_evaluable: a larger share not evaluable: limited.
+        limited_crowded_area: a larger share of the scanned tiles crowded: limited.
+        limited_glass: a larger share of the slide glass or skipped: limited.
+        check_scale: cells off the model's scale (the cell-scale check): unsatisfactory.
+        sources: where each number comes from, by field name.
+    """
+
+    name: str
+    min_cells: int | None = 1
+    limited_cells: int | None = None
+    unsatisfactory_not_evaluable: float | None = 0.75
+    limited_not_evaluable: float | None = 0.5
+    limited_crowded_area: float | None = 0.5
+    limited_glass: float | None = 0.95
+    check_scale: bool = True
+    sources: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        where = f"adequacy rule {self.name!r}"
+        for name in ("min_cells", "limited_cells"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise ConfigError(f"{where}: {name} must be a whole number >= 0, got {v!r}")
+        for name in (
+            "unsatisfactory_not_evaluable",
+            "limited_not_evaluable",
+            "limited_crowded_area",
+            "limited_glass",
+        ):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise ConfigError(f"{where}: {name} must be a share between 0 and 1, got {v!r}")
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise ConfigError(f"{where}: {name} must be a share between 0 and 1, got {v!r}")
+        if not isinstance(self.check_scale, bool):
+            raise ConfigError(
+                f"{where}: check_scale must be true or false, got {self.check_scale!r}"
+            )
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, AdequacyRule | None] = {
+    "none": None,
+    "general": AdequacyRule(
+        "general",
+        sources={
+            "min_cells": "no evaluable cell: nothing to judge (" + _CYTO + ")",
+            "unsatisfactory_not_evaluable": _BETHESDA_OBSCURED,
+            "limited_not_evaluable": _BETHESDA_OBSCURED,
+            "limited_crowded_area": _CYTO,
+            "limited_glass": _CYTO,
+            "check_scale": "the model ranks cells at its training scale only (" + _CYTO + ")",
+        },
+    ),
+    "lbc-cervical": AdequacyRule(
+        "lbc-cervical",
+        min_cells=5000,
+        limited_glass=None,  # a liquid-based preparation is a small circle on the glass
+        sources={
+            "min_cells": "at least 5,000 well-visualised, well-preserved squamous cells for a "
+            "liquid-based preparation: " + _BETHESDA,
+            "unsatisfactory_not_evaluable": _BETHESDA_OBSCURED,
+            "limited_not_evaluable": _BETHESDA_OBSCURED,
+            "limited_crowded_area": _CYTO,
+            "check_scale": _CYTO,
+        },
+    ),
+    "smear-conventional": AdequacyRule(
+        "smear-conventional",
+        min_cells=8000,
+        limited_cells=12000,
+        sources={
+            "min_cells": "an estimated minimum of 8,000 to 12,000 well-preserved squamous cells "
+            "for a conventional smear: " + _BETHESDA + "; below 8,000 unsatisfactory",
+            "limited_cells": "within Bethesda's 8,000-12,000 estimate: limited (" + _CYTO + ")",
+            "unsatisfactory_not_evaluable": _BETHESDA_OBSCURED,
+            "limited_not_evaluable": _BETHESDA_OBSCURED,
+            "limited_crowded_area": _CYTO,
+            "limited_glass": _CYTO,
+            "check_scale": _CYTO,
+        },
+    ),
+    "bone-marrow": AdequacyRule(
+        "bone-marrow",
+        min_cells=500,
+        limited_glass=None,
+        sources={
+            "min_cells": _ICSH
+            + "; fewer evaluable cells cannot support it (unsatisfactory: "
+            + _CYTO
+            + ")",
+            "unsatisfactory_not_evaluable": "Bethesda's obscuring shares, borrowed (" + _CYTO + ")",
+            "limited_not_evaluable": "Bethesda's obscuring shares, borrowed (" + _CYTO + ")",
+            "limited_crowded_area": _CYTO,
+            "check_scale": _CYTO,
+        },
+    ),
+}
+
+
+def resolve(spec: str) -> AdequacyRule | None:
+    """The rule ``--adequacy`` names: a preset (None for ``none``) or a TOML file's."""
+    if spec in PRESETS:
+        return PRESETS[spec]
+    path = Path(spec)
+    if path.suffix.lower() != ".toml":
+        raise ConfigError(
+            f"--adequacy must be one of {', '.join(PRESETS)} or a TOML file (RULE.toml), "
+            f"got {spec!r}"
+        )
+    return read_rule(path)
+
+
+def read_rule(path: Path) -> AdequacyRule:
+    """A rule from a TOML file's ``[adequacy]`` table (``base = "PRESET"`` to override one)."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"--adequacy {path}: cannot read it ({exc.strerror or exc})") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--adequacy {path}: not a TOML file ({exc})") from exc
+    table = data.get("adequacy")
+    if not isinstance(table, dict):
+        raise ConfigError(f"--adequacy {path}: no [adequacy] table (see docs/how-to/adequacy.md)")
+    table = dict(table)
+    base_name = table.pop("base", None)
+    known = {f.name for f in fields(AdequacyRule)} - {"sources"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(
+            f"--adequacy {path}: unknown key(s) {', '.join(unknown)}; known: "
+            f"base, {', '.join(sorted(known))}"
+        )
+    if base_name is not None:
+        base = PRESETS.get(base_name) if isinstance(base_name, str) else None
+        if base is None:
+            names = ", ".join(k for k, v in PRESETS.items() if v is not None)
+            raise ConfigError(f"--adequacy {path}: base must be one of {names}, got {base_name!r}")
+    else:
+        base = AdequacyRule(Path(path).stem)
+    # a number a file states is the file's, not the preset's source
+    sources = {k: v for k, v in base.sources.items() if k not in table}
+    sources.update({k: f"{Path(path).name}" for k in table if k != "name"})
+    table.setdefault("name", Path(path).stem)
+    return replace(base, **table, sources=sources)
+
+
+def judge(rule: AdequacyRule, m: dict) -> dict:
+    """The adequacy block for a slide's measures ``m`` (:func:`cyto.infer.quality` and the
+    finish step): ``{"preset", "result", "reasons", "cells_evaluable", ...}``.
+
+    ``m`` holds ``cells_detected``, ``cells_evaluable``, ``not_evaluable_share``,
+    ``out_of_focus_share`` (None: focus not checked), ``crowded_share``,
+    ``crowded_area_share``, ``glass_or_skipped_share`` and ``cell_scale`` (the scale check,
+    None when the bundle records no training nucleus share)."""
+    unsat: list[str] = []
+    limited: list[str] = []
+    n_eval, n_det = m["cells_evaluable"], m["cells_detected"]
+    scale = m.get("cell_scale") or {}
+    if rule.check_scale and scale.get("off_scale"):
+        unsat.append(
+            f"cells off the model's scale (they look {scale['factor']:.2f}x the training "
+            "cells' size: is the resolution right? --mpp, --rescale)"
+        )
+    if rule.min_cells is not None and n_eval < rule.min_cells:
+        unsat.append(
+            "no evaluable cell"
+            if n_eval == 0
+            else f"{n_eval:,} evaluable cells, fewer than the {rule.min_cells:,} {rule.name} asks"
+        )
+    elif rule.limited_cells is not None and n_eval < rule.limited_cells:
+        limited.append(
+            f"{n_eval:,} evaluable cells, fewer than the {rule.limited_cells:,} {rule.name} "
+            "asks for a satisfactory slide"
+        )
+    share = m["not_evaluable_share"]
+    if n_det and share is not None:
+        said = _not_evaluable_words(m)
+        if rule.unsatisfactory_not_evaluable is not None and share > (
+            rule.unsatisfactory_not_evaluable
+        ):
+            unsat.append(
+                f"{share:.0%} of the detected cells not evaluable ({said}), more than "
+                f"{rule.unsatisfactory_not_evaluable:.0%}"
+            )
+        elif rule.limited_not_evaluable is not None and share > rule.limited_not_evaluable:
+            limited.append(
+                f"{share:.0%} of the detected cells not evaluable ({said}), more than "
+                f"{rule.limited_not_evaluable:.0%}"
+            )
+    crowded = m.get("crowded_area_share")
+    if (
+        rule.limited_crowded_area is not None
+        and crowded is not None
+        and crowded > (rule.limited_crowded_area)
+    ):
+        limited.append(
+            f"{crowded:.0%} of the scanned area crowded, more than {rule.limited_crowded_area:.0%}"
+        )
+    glass = m.get("glass_or_skipped_share")
+    if rule.limited_glass is not None and glass is not None and glass > rule.limited_glass:
+        limited.append(
+            f"{glass:.0%} of the slide glass or skipped (no cells to read), more than "
+            f"{rule.limited_glass:.0%}"
+        )
+    result = UNSATISFACTORY if unsat else LIMITED if limited else SATISFACTORY
+    return {
+        "preset": rule.name,
+        "result": result,
+        "reasons": unsat + limited if unsat else limited,
+        **m,
+        "rule": rule.as_json(),
+    }
+
+
+def _not_evaluable_words(m: dict) -> str:
+    parts = []
+    if m.get("out_of_focus_share") is not None:
+        parts.append(f"{m['out_of_focus_share']:.0%} out of focus")
+    if m.get("crowding_counted", True):
+        parts.append(f"{m['crowded_share']:.0%} crowded")
+    return ", ".join(parts) or "off scale"
+
+
+def triage_words(triage: str, adequacy: dict | None) -> str:
+    """The slide test's label on a slide judged by the rule: never 'no excess' on an
+    unsatisfactory slide; an excess is still said."""
+    if not adequacy or adequacy["result"] == SATISFACTORY:
+        return triage
+    why = "; ".join(adequacy["reasons"])
+    if adequacy["result"] == UNSATISFACTORY:
+        from cyto.stats.calibrate import TRIAGE_EXCESS
+
+        if triage == TRIAGE_EXCESS:
+            return f"{TRIAGE_EXCESS}; unsatisfactory: {why}"
+        return f"unsatisfactory: {why}"
+    return f"{triage}; limited: {why}"
+
+
+def adequacy_words(adequacy: dict | None) -> str:
+    """The adequacy block as a clause of the one-line report."""
+    if not adequacy:
+        return ""
+    said = f"; adequacy ({adequacy['preset']}): {adequacy['result']}"
+    said += f", {adequacy['cells_evaluable']:,} evaluable cells"
+    if adequacy["reasons"]:
+        said += ": " + "; ".join(adequacy["reasons"])
+    return said
