@@ -44,7 +44,8 @@ class Artifact:
     ``kind``: ``file`` (exists and is not empty), ``json`` (parses), ``parquet``
     (its footer reads back; ``rows``, ``columns`` and the file metadata ``meta``, when given,
     must match: another slide's table of as many rows is not this one), ``folder`` (exists).
-    ``what`` names it for the user (default: the file name).
+    ``size``, when given: the bytes the file must hold (a large file cut short or replaced,
+    checked without reading it). ``what`` names it for the user (default: the file name).
     """
 
     path: Path
@@ -53,6 +54,7 @@ class Artifact:
     columns: tuple[str, ...] = ()
     what: str = ""
     meta: tuple[tuple[str, str], ...] = ()
+    size: int | None = None
 
     def problem(self) -> str | None:
         """What is wrong with the artifact, in words, or None when it holds what it should."""
@@ -68,6 +70,8 @@ class Artifact:
             return f"{name} cannot be read ({exc.strerror or exc})"
         if size == 0:
             return f"{name} is empty"
+        if self.size is not None and size != self.size:
+            return f"{name} holds {size} bytes where {self.size} were written"
         if self.kind == "json":
             try:
                 json.loads(path.read_text())

@@ -202,6 +202,18 @@ def score_cmd(
     tile: Annotated[int, typer.Option(help="Tile size read and decoded at once, px.")] = 1024,
     top_k: Annotated[int, typer.Option(help="Cells in topk.parquet.")] = 400,
     mosaic: Annotated[int, typer.Option(help="Cells in the review mosaic (0: none).")] = 100,
+    qupath: Annotated[
+        str,
+        typer.Option(
+            help="QuPath outputs to write: cells (cells.geojson: every cell as a detection with "
+            "its measurements; about 0.5 kB a cell), map (abnormality.ome.tif: the abnormality "
+            "map as a pyramidal OME-TIFF), comma-separated, all or none.",
+        ),
+    ] = "cells,map",
+    map_um: Annotated[
+        float,
+        typer.Option(help="Side of the abnormality map's windows (one map pixel), um."),
+    ] = 50.0,
     workers: Annotated[
         int | None,
         typer.Option(
@@ -322,6 +334,7 @@ def score_cmd(
     from cyto.cohort.run import run_cohort, slide_line
     from cyto.detect import detection_preset
     from cyto.infer import ScoreOptions
+    from cyto.infer.qupath import qupath_words
     from cyto.slides import slide_files
 
     opts = ScoreOptions(
@@ -333,6 +346,8 @@ def score_cmd(
         batch_size=batch_size,
         top_k=top_k,
         mosaic=mosaic,
+        qupath=qupath,
+        map_um=map_um,
         backend=backend,
         device=device,
         precision=precision,
@@ -389,6 +404,9 @@ def score_cmd(
     )
     for s in done:
         typer.echo(slide_line(s, out))
+    opened = qupath_words(done)
+    if opened:
+        typer.echo(opened)
     for slide, exc in failed:
         why = str(exc) if str(slide) in str(exc) else f"{slide}: {exc}"  # the path once
         typer.secho(f"failed: {why}", err=True, fg=typer.colors.RED)

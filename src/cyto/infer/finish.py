@@ -25,6 +25,7 @@ from cyto.infer.outputs import (
     written_outputs,
 )
 from cyto.infer.plan import TileRun
+from cyto.infer.qupath import write_qupath
 from cyto.infer.tiling import Resolution
 from cyto.runtime import Scorer
 from cyto.stats import calibrate
@@ -231,7 +232,17 @@ def _finish(table, run: _Run) -> dict:
     for name in (SUMMARY, *drawn):
         (run.out_dir / name).unlink(missing_ok=True)
     write_score_table(table, run.out_dir, meta)
-    write_top_k(table, order, k, run.out_dir)
+    write_top_k(table, order, k, run.out_dir, mpp=run.res.slide_mpp)
+    qupath = write_qupath(
+        table,
+        run.out_dir,
+        opts.qupath_outputs(),
+        top_k=k,
+        slide=run.slide,
+        mpp=run.res.slide_mpp,
+        assumed_mpp=opts.detection.mpp,
+        window_um=opts.map_um,
+    )
     if n_cells == 0:
         run.echo(f"warning: no cells found in {run.slide}; wrote an empty score table")
     summary = {
@@ -290,7 +301,7 @@ def _finish(table, run: _Run) -> dict:
             "peak_rss_mb": peak_rss_mb(),
             "options": opts.as_json(),
             "output_key": opts.output_key(),
-            "outputs": written_outputs(n_cells, k, bool(opts.mosaic and n_cells)),
+            "outputs": written_outputs(n_cells, k, bool(opts.mosaic and n_cells), qupath),
         }
     )
     write_summary(run.out_dir, summary)

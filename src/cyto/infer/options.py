@@ -31,6 +31,9 @@ class ScoreOptions:
     batch_size: int = 64
     top_k: int = 400
     mosaic: int = 100
+    # the QuPath outputs (cyto.infer.qupath): cells (cells.geojson), map (abnormality.ome.tif)
+    qupath: str = "cells,map"
+    map_um: float = 50.0  # side of the abnormality map's windows, um
     backend: str = "auto"  # auto | onnx | onnx-trt | openvino | trt | torch
     device: str = "auto"
     # auto: the fastest precision verified on the golden cells here; fp32 keeps exact fp32
@@ -92,6 +95,9 @@ class ScoreOptions:
             raise ConfigError(f"--top-k must be >= 1, got {self.top_k}")
         if self.mosaic < 0:
             raise ConfigError(f"--mosaic must be >= 0 (0: none), got {self.mosaic}")
+        self.qupath_outputs()  # an unknown name fails here, by name
+        if not 1.0 <= self.map_um <= 10000.0:
+            raise ConfigError(f"--map-um must be in um (1 to 10000), got {self.map_um}")
         if self.workers is not None and self.workers < 0:
             raise ConfigError(f"--workers must be >= 0, got {self.workers}")
         if self.chunk_cells < 1 or (self.queue is not None and self.queue < 1):
@@ -126,6 +132,24 @@ class ScoreOptions:
     def n_workers(self) -> int:
         return default_workers() if self.workers is None else self.workers
 
+    def qupath_outputs(self) -> tuple[str, ...]:
+        """The QuPath outputs ``--qupath`` names, in a fixed order (``none``: none; ``all``:
+        both)."""
+        from cyto.infer.qupath import QUPATH_FILES
+
+        names = {n.strip() for n in self.qupath.lower().split(",") if n.strip()}
+        if names == {"all"}:
+            return tuple(QUPATH_FILES)
+        if names <= {"none"}:
+            return ()
+        unknown = sorted(names - set(QUPATH_FILES))
+        if unknown:
+            raise ConfigError(
+                f"--qupath takes {', '.join(QUPATH_FILES)} (comma-separated), all or none; "
+                f"got {self.qupath!r}"
+            )
+        return tuple(n for n in QUPATH_FILES if n in names)
+
     def result_key(self) -> dict:
         """The options that change the score table (a resumed run must match them)."""
         return {
@@ -150,6 +174,8 @@ class ScoreOptions:
             **self.result_key(),
             "top_k": self.top_k,
             "mosaic": self.mosaic,
+            "qupath": ",".join(self.qupath_outputs()) or "none",
+            "map_um": self.map_um if "map" in self.qupath_outputs() else None,
             "rank_by": self.rank_by,
             "truth": str(self.truth) if self.truth else None,
             "truth_radius": self.truth_radius,

@@ -190,33 +190,27 @@ def table_metadata(
     }
 
 
-def write_top_k(table, order: np.ndarray, k: int, out_dir: Path) -> None:
+def write_top_k(table, order: np.ndarray, k: int, out_dir: Path, mpp: float | None = None) -> None:
+    """``topk.parquet`` and ``topk.geojson`` (:func:`write_geojson`) of the ``k`` top cells;
+    ``mpp``: the slide's, for the nucleus drawn where the table has no area."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     top = table.take(pa.array(order[:k])) if k else table.slice(0, 0)
     pq.write_table(top, out_dir / "topk.parquet")
-    write_geojson(table, order, k, out_dir / "topk.geojson")
+    write_geojson(table, order, k, out_dir / "topk.geojson", mpp=mpp)
 
 
-def write_geojson(table, order, k: int, path: Path) -> Path:
-    """The top-K cells as GeoJSON points (level-0 pixels) that QuPath imports as detections."""
-    xs, ys = np.asarray(table["x"]), np.asarray(table["y"])
-    scores, ids = np.asarray(table["score"]), np.asarray(table["cell_id"])
-    features = [
-        {
-            "type": "Feature",
-            "geometry": {"type": "Point", "coordinates": [float(xs[i]), float(ys[i])]},
-            "properties": {
-                "objectType": "detection",
-                "name": f"rank {r + 1}",
-                "classification": {"name": "cyto top-K"},
-                "measurements": {"score": float(scores[i]), "rank": r + 1, "cell_id": int(ids[i])},
-            },
-        }
-        for r, i in enumerate(order[:k])
-    ]
-    path.write_text(json.dumps({"type": "FeatureCollection", "features": features}))
+def write_geojson(table, order, k: int, path: Path, mpp: float | None = None) -> Path:
+    """The top-K cells, in rank order, as QuPath detection objects with their measurements
+    (level-0 pixels): the writer of ``cells.geojson`` (:func:`cyto.infer.qupath.write_detections`)
+    over the top rows."""
+    import pyarrow as pa
+
+    from cyto.infer.qupath import nucleus_radius_px, write_detections
+
+    top = table.take(pa.array(order[:k])) if k else table.slice(0, 0)
+    write_detections([top], path, top_k=k, radius_px=nucleus_radius_px(mpp))
     return path
 
 
@@ -226,9 +220,12 @@ MOSAIC_FILES = ("topk_mosaic.png", "topk_mosaic_blinded.png", "topk_mosaic_blind
 TABLE_COLUMNS = ("slide_id", "cell_id", "x", "y", "score", "rank")
 
 
-def written_outputs(n_cells: int, k: int, mosaics: bool) -> dict[str, dict]:
+def written_outputs(
+    n_cells: int, k: int, mosaics: bool, qupath: dict[str, dict] | None = None
+) -> dict[str, dict]:
     """What a finished run writes into a slide's folder, with the rows each table holds:
-    recorded in ``summary.json`` so a reuse can check the files are still these."""
+    recorded in ``summary.json`` so a reuse can check the files are still these. ``qupath``:
+    the QuPath outputs written (:func:`cyto.infer.qupath.write_qupath`, with their sizes)."""
     out = {
         "scores.parquet": {"kind": "parquet", "rows": int(n_cells), "columns": TABLE_COLUMNS},
         "topk.parquet": {"kind": "parquet", "rows": int(k), "columns": TABLE_COLUMNS},
@@ -236,6 +233,7 @@ def written_outputs(n_cells: int, k: int, mosaics: bool) -> dict[str, dict]:
     }
     for name in MOSAIC_FILES if mosaics else ():
         out[name] = {"kind": "json" if name.endswith(".json") else "file"}
+    out.update(qupath or {})
     return out
 
 
@@ -261,6 +259,7 @@ def output_artifacts(folder: Path, summary: dict) -> list:
             rows=spec.get("rows"),
             columns=tuple(spec.get("columns") or ()),
             meta=meta if name == "scores.parquet" else (),
+            size=spec.get("bytes"),
         )
         for name, spec in outputs.items()
         if isinstance(spec, dict)
