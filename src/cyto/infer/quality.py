@@ -9,8 +9,8 @@ result in the tile worker) and from the table's positions at the end (:func:`cel
   crops at the same size), a cell far below their spread is out of focus;
 - crowded: more than :data:`CROWDED_OTHERS` other detections inside its crop (a smear at the
   model's scale shows about one), the measure of :func:`cyto.detect.crowding`;
-- at a tile's edge (its crop crosses the border of the tile it was found in) or at the slide's
-  edge (its crop runs off the slide and is padded).
+- at a tile's edge (its crop crosses a border between the tile it was found in and the next)
+  or at the slide's edge (its crop runs off the slide and is padded).
 
 A cell is *evaluable* when it is in focus, not crowded and the slide's cells are at the model's
 scale (:func:`cyto.data.scale.share_check`); edges are said, not held against it.
@@ -115,7 +115,9 @@ def cell_quality(
     x0 = (tiles % grid_cols) * tile
     y0 = (tiles // grid_cols) * tile
     x, y = xy[:, 0], xy[:, 1]
-    tile_edge = (x - half < x0) | (x + half > x0 + tile) | (y - half < y0) | (y + half > y0 + tile)
+    # a border between two tiles (the slide's own border is the slide edge)
+    tile_edge = ((x - half < x0) & (x0 > 0)) | ((x + half > x0 + tile) & (x0 + tile < width))
+    tile_edge |= ((y - half < y0) & (y0 > 0)) | ((y + half > y0 + tile) & (y0 + tile < height))
     slide_edge = (x - half < 0) | (y - half < 0) | (x + half > width) | (y + half > height)
     return {
         "out_of_focus": blurred,
@@ -146,9 +148,10 @@ def quality_words(flags: dict[str, np.ndarray]) -> np.ndarray:
 def area_shares(
     tiles: np.ndarray, crowded: np.ndarray, n_tissue_tiles: int, n_grid_tiles: int
 ) -> dict:
-    """The slide's area by tile: the share of the slide that was glass or skipped (no tissue
-    in the mask, so never read), and of the scanned tiles the share that is crowded (most of
-    its cells crowded) and that held no cell at all (obscured, or empty)."""
+    """The slide's area by tile: the share skipped (no tissue in the mask, never read), the
+    share of the scanned tiles that held no cell (glass the mask let through, or obscured),
+    the share of the slide that was either (``glass_or_skipped_share``: no cell to read there),
+    and the share of the scanned tiles that is crowded (most of its cells crowded)."""
     tiles = np.asarray(tiles, dtype=np.int64)
     scanned = max(n_tissue_tiles, 1)
     with_cells, at = np.unique(tiles, return_inverse=True)
@@ -159,9 +162,11 @@ def area_shares(
     return {
         "tiles_scanned": int(n_tissue_tiles),
         "tiles_on_slide": int(n_grid_tiles),
-        "glass_or_skipped_share": round(1.0 - n_tissue_tiles / max(n_grid_tiles, 1), 4),
-        "crowded_area_share": round(crowded_tiles / scanned, 4),
+        "tiles_with_cells": int(len(with_cells)),
+        "skipped_share": round(1.0 - n_tissue_tiles / max(n_grid_tiles, 1), 4),
         "empty_scanned_share": round(max(n_tissue_tiles - len(with_cells), 0) / scanned, 4),
+        "glass_or_skipped_share": round(1.0 - len(with_cells) / max(n_grid_tiles, 1), 4),
+        "crowded_area_share": round(crowded_tiles / scanned, 4),
     }
 
 

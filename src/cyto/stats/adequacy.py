@@ -80,7 +80,7 @@ class AdequacyRule:
     unsatisfactory_not_evaluable: float | None = 0.75
     limited_not_evaluable: float | None = 0.5
     limited_crowded_area: float | None = 0.5
-    limited_glass: float | None = 0.95
+    limited_glass: float | None = 0.9
     check_scale: bool = True
     sources: dict = field(default_factory=dict)
 
@@ -215,7 +215,10 @@ def read_rule(path: Path) -> AdequacyRule:
     sources = {k: v for k, v in base.sources.items() if k not in table}
     sources.update({k: f"{Path(path).name}" for k in table if k != "name"})
     table.setdefault("name", Path(path).stem)
-    return replace(base, **table, sources=sources)
+    try:
+        return replace(base, **table, sources=sources)
+    except ConfigError as exc:  # a bad value: said with the file it is in
+        raise ConfigError(f"--adequacy {path}: {exc}") from exc
 
 
 def judge(rule: AdequacyRule, m: dict) -> dict:
@@ -231,9 +234,11 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
     n_eval, n_det = m["cells_evaluable"], m["cells_detected"]
     scale = m.get("cell_scale") or {}
     if rule.check_scale and scale.get("off_scale"):
+        f = scale["factor"]  # the model's nucleus share over the slide's: > 1, cells smaller
+        how = f"{f:.2f}x smaller" if f > 1 else f"{1 / f:.2f}x larger"
         unsat.append(
-            f"cells off the model's scale (they look {scale['factor']:.2f}x the training "
-            "cells' size: is the resolution right? --mpp, --rescale)"
+            f"cells off the model's scale (they look {how} than its training cells: is the "
+            "resolution right? --mpp, --rescale)"
         )
     if rule.min_cells is not None and n_eval < rule.min_cells:
         unsat.append(

@@ -89,8 +89,6 @@ class SlideSynthConfig:
             (0: in focus): a slide scanned out of focus, for the adequacy checks.
         smear_extent: half-axes of the smear's ellipse as a share of the slide's width and
             height (0.46: the slide nearly covered; 0.1: mostly glass).
-        min_spacing: closest two cells' centres may come, px at scale 1 (30: apart; less lets
-            them pile on each other, a crowded or thick preparation).
     """
 
     width: int = 8192
@@ -110,7 +108,6 @@ class SlideSynthConfig:
     stain_seed: int | None = None
     defocus: float = 0.0
     smear_extent: float = 0.46
-    min_spacing: float = 30.0
 
     def __post_init__(self) -> None:
         if self.width < BLOCK or self.height < BLOCK:
@@ -135,8 +132,6 @@ class SlideSynthConfig:
             raise ConfigError("mpp, objective and scale must be positive")
         if not 0.02 <= self.smear_extent <= 0.5:
             raise ConfigError(f"--smear-extent must be in [0.02, 0.5], got {self.smear_extent}")
-        if not 4.0 <= self.min_spacing <= 200.0:
-            raise ConfigError(f"--min-spacing must be in [4, 200] px, got {self.min_spacing}")
         if not abs(self.defocus) <= 20.0:
             raise ConfigError(f"--defocus must be within 20 um of focus, got {self.defocus}")
 
@@ -292,7 +287,7 @@ def layout(config: SlideSynthConfig) -> SlideLayout:
     margin = 30 * config.scale
     xs = ys = np.empty(0)
     spacing = np.sqrt(area / max(n, 1))
-    min_spacing = config.min_spacing * config.scale  # closer, cells pile on each other
+    min_spacing = 30.0 * config.scale  # closer than this, cells would pile on each other
     while spacing >= min_spacing:
         gx = np.arange(spacing / 2, w, spacing)
         gy = np.arange(spacing / 2, h, spacing)

@@ -1,0 +1,255 @@
+"""The specimen-adequacy rule (cyto.stats.adequacy) and the per-cell quality measures
+(cyto.infer.quality): each criterion on its own, the presets and their sources, rule files, and
+a triage that never calls an unsatisfactory slide negative."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import ndimage
+
+from cyto.errors import ConfigError
+from cyto.infer import quality
+from cyto.stats import adequacy
+from cyto.stats.calibrate import TRIAGE_EXCESS, TRIAGE_NONE
+
+
+def _measures(**over) -> dict:
+    """A satisfactory slide's measures, with ``over`` changed."""
+    m = {
+        "cells_detected": 10000,
+        "cells_evaluable": 9500,
+        "not_evaluable_share": 0.05,
+        "out_of_focus_share": 0.03,
+        "crowded_share": 0.02,
+        "crowding_counted": True,
+        "crowded_area_share": 0.0,
+        "glass_or_skipped_share": 0.2,
+        "cell_scale": {"factor": 1.0, "off_scale": False},
+    }
+    m.update(over)
+    return m
+
+
+def _judge(preset: str, **over) -> dict:
+    return adequacy.judge(adequacy.PRESETS[preset], _measures(**over))
+
+
+def test_a_normal_slide_is_satisfactory_under_every_preset():
+    for name, rule in adequacy.PRESETS.items():
+        if rule is None:
+            continue
+        block = adequacy.judge(rule, _measures(cells_evaluable=20000))
+        assert block["result"] == "satisfactory" and block["reasons"] == [], name
+        assert block["preset"] == name and block["cells_evaluable"] == 20000
+
+
+def test_few_cells_follow_each_presets_cited_minimum():
+    lbc = _judge("lbc-cervical", cells_evaluable=4999)
+    assert lbc["result"] == "unsatisfactory"
+    assert lbc["reasons"] == ["4,999 evaluable cells, fewer than the 5,000 lbc-cervical asks"]
+    assert _judge("lbc-cervical", cells_evaluable=5000)["result"] == "satisfactory"
+    # a conventional smear: below 8,000 unsatisfactory, within Bethesda's 8,000-12,000 limited
+    assert _judge("smear-conventional", cells_evaluable=7999)["result"] == "unsatisfactory"
+    mid = _judge("smear-conventional", cells_evaluable=9000)
+    assert mid["result"] == "limited" and "12,000" in mid["reasons"][0]
+    assert _judge("smear-conventional", cells_evaluable=12000)["result"] == "satisfactory"
+    assert _judge("bone-marrow", cells_evaluable=499)["result"] == "unsatisfactory"
+    assert _judge("bone-marrow", cells_evaluable=500)["result"] == "satisfactory"
+    # the default has no count minimum but one: a slide with no evaluable cell
+    assert _judge("general", cells_evaluable=3)["result"] == "satisfactory"
+    none = _judge("general", cells_evaluable=0)
+    assert none["result"] == "unsatisfactory" and "no evaluable cell" in none["reasons"]
+
+
+def test_each_preset_cites_its_count_and_says_what_is_cyto_s_choice():
+    p = adequacy.PRESETS
+    assert "5,000" in p["lbc-cervical"].sources["min_cells"]
+    assert "Bethesda" in p["lbc-cervical"].sources["min_cells"]
+    assert "8,000 to 12,000" in p["smear-conventional"].sources["min_cells"]
+    assert "ICSH" in p["bone-marrow"].sources["min_cells"]
+    assert "500-cell differential" in p["bone-marrow"].sources["min_cells"]
+    for name, rule in p.items():
+        if rule is None:
+            continue
+        for key in ("min_cells", "limited_crowded_area", "check_scale"):
+            if getattr(rule, key) is not None:
+                assert rule.sources.get(key), (name, key)
+        assert "cyto choice" in rule.sources["limited_crowded_area"]
+
+
+def test_out_of_focus_cells_beyond_the_bethesda_shares():
+    bad = _judge("general", not_evaluable_share=0.8, out_of_focus_share=0.8, crowded_share=0.0)
+    assert bad["result"] == "unsatisfactory"
+    assert bad["reasons"] == [
+        "80% of the detected cells not evaluable (80% out of focus, 0% crowded), more than 75%"
+    ]
+    some = _judge("general", not_evaluable_share=0.6, out_of_focus_share=0.6)
+    assert some["result"] == "limited" and "60% out of focus" in some["reasons"][0]
+
+
+def test_a_crowded_scanned_area_limits_the_slide():
+    block = _judge("general", crowded_area_share=0.7)
+    assert block["result"] == "limited"
+    assert block["reasons"] == ["70% of the scanned area crowded, more than 50%"]
+
+
+def test_mostly_glass_limits_a_smear_but_not_a_liquid_based_circle():
+    block = _judge("general", glass_or_skipped_share=0.97)
+    assert (
+        block["result"] == "limited" and "97% of the slide glass or skipped" in block["reasons"][0]
+    )
+    assert _judge("lbc-cervical", glass_or_skipped_share=0.97)["result"] == "satisfactory"
+
+
+def test_cells_off_the_model_s_scale_make_the_slide_unsatisfactory():
+    block = _judge("general", cell_scale={"factor": 0.6, "off_scale": True})
+    assert block["result"] == "unsatisfactory"
+    assert "off the model's scale (they look 1.67x larger than" in block["reasons"][0]
+    # not judged (None: most cells blurred or crowded) is not off scale
+    assert _judge("general", cell_scale={"factor": 0.6, "off_scale": None})["result"] == (
+        "satisfactory"
+    )
+
+
+def test_an_unsatisfactory_slide_is_never_triaged_negative():
+    unsat = _judge("lbc-cervical", cells_evaluable=100)
+    said = adequacy.triage_words(TRIAGE_NONE, unsat)
+    assert said.startswith("unsatisfactory: ") and TRIAGE_NONE not in said
+    assert "100 evaluable cells" in said
+    # suspicious cells are never hidden: an excess stays said
+    excess = adequacy.triage_words(TRIAGE_EXCESS, unsat)
+    assert excess.startswith(f"{TRIAGE_EXCESS}; unsatisfactory: ")
+    limited = adequacy.triage_words(TRIAGE_NONE, _judge("smear-conventional", cells_evaluable=9000))
+    assert limited.startswith(f"{TRIAGE_NONE}; limited: ")
+    ok = _judge("general")
+    assert adequacy.triage_words(TRIAGE_NONE, ok) == TRIAGE_NONE
+    assert adequacy.triage_words(TRIAGE_NONE, None) == TRIAGE_NONE
+
+
+def test_none_is_no_rule_and_an_unknown_name_fails_with_the_choices():
+    assert adequacy.resolve("none") is None
+    assert adequacy.resolve("lbc-cervical").min_cells == 5000
+    with pytest.raises(ConfigError, match="--adequacy must be one of none, general, lbc-cervical"):
+        adequacy.resolve("cervical")
+
+
+def test_a_rule_file_overrides_a_preset_and_names_its_own_numbers(tmp_path):
+    path = tmp_path / "lab.toml"
+    path.write_text('[adequacy]\nbase = "lbc-cervical"\nmin_cells = 2000\nlimited_cells = 4000\n')
+    rule = adequacy.resolve(str(path))
+    assert rule.name == "lab" and rule.min_cells == 2000 and rule.limited_cells == 4000
+    assert rule.limited_glass is None  # the base's
+    assert rule.sources["min_cells"] == "lab.toml"
+    assert "Bethesda" in rule.sources["unsatisfactory_not_evaluable"]
+    assert adequacy.judge(rule, _measures(cells_evaluable=3000))["result"] == "limited"
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("min_cells = 5\n", "no \\[adequacy\\] table"),
+        ("[adequacy]\nmin_cell = 5\n", "unknown key\\(s\\) min_cell; known: base, check_scale"),
+        ('[adequacy]\nbase = "pap"\n', "base must be one of general, lbc-cervical"),
+        ("[adequacy]\nlimited_glass = 1.5\n", "limited_glass must be a share between 0 and 1"),
+        ('[adequacy]\nmin_cells = "many"\n', "min_cells must be a whole number"),
+        ("[adequacy\n", "not a TOML file"),
+    ],
+)
+def test_a_bad_rule_file_is_one_line_naming_it(tmp_path, text, said):
+    path = tmp_path / "r.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=said) as info:
+        adequacy.resolve(str(path))
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="cannot read it"):
+        adequacy.resolve(str(tmp_path / "missing.toml"))
+
+
+def test_the_options_carry_the_rule_into_the_output_key(tmp_path):
+    from cyto.infer import ScoreOptions
+
+    assert ScoreOptions().adequacy == "general"
+    assert ScoreOptions().output_key()["adequacy"]["name"] == "general"
+    # none: the key of a run from before adequacy existed (such a run is still reused)
+    assert "adequacy" not in ScoreOptions(adequacy="none").output_key()
+    path = tmp_path / "lab.toml"
+    path.write_text("[adequacy]\nmin_cells = 10\n")
+    first = ScoreOptions(adequacy=str(path)).output_key()["adequacy"]
+    path.write_text("[adequacy]\nmin_cells = 20\n")  # edited under the same name: another rule
+    assert ScoreOptions(adequacy=str(path)).output_key()["adequacy"] != first
+    with pytest.raises(ConfigError, match="--adequacy must be one of"):
+        ScoreOptions(adequacy="bethesda")
+
+
+def _cells(n: int, blur: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    img = np.full((n, 48, 48, 3), 220.0)
+    yy, xx = np.mgrid[:48, :48]
+    for i in range(n):
+        cx, cy = 24 + rng.normal(0, 2, 2)
+        disk = (xx - cx) ** 2 + (yy - cy) ** 2 <= rng.uniform(40, 80)
+        img[i][disk] = 60
+        img[i] += rng.normal(0, 3, (48, 48, 1))
+    if blur:
+        img = ndimage.gaussian_filter(img, (0, blur, blur, 0))
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def test_sharpness_falls_with_blur_and_matches_the_per_crop_laplacian():
+    sharp, soft = _cells(12, 0.0), _cells(12, 2.0)
+    s_sharp, s_soft = quality.crop_sharpness(sharp), quality.crop_sharpness(soft)
+    assert (s_soft < 0.5 * s_sharp).all()
+    # the same number as scipy's Laplacian over the central half (24 of 48 px), crop by crop
+    want = [
+        ndimage.laplace(c[11:37, 11:37].astype(np.float32).mean(axis=2))[1:-1, 1:-1].var()
+        for c in sharp
+    ]
+    np.testing.assert_allclose(s_sharp, want, rtol=1e-4)
+    assert quality.crop_sharpness(sharp[:0]).shape == (0,)
+
+
+def test_the_focus_reference_comes_from_real_golden_cells_only():
+    from cyto.runtime.verify import Golden
+
+    cells = _cells(40, 0.0)
+    ref = quality.focus_reference(Golden(cells, np.zeros(40), None, "x", "test", "cells"))
+    assert ref["cells"] == 40 and ref["threshold"] == pytest.approx(ref["q05"], rel=1e-3)
+    assert quality.focus_reference(Golden(cells, np.zeros(40), None, "x", "", "random")) is None
+    assert quality.focus_reference(None) is None
+    blurred = quality.crop_sharpness(_cells(40, 2.0, seed=1))
+    assert (blurred < ref["threshold"]).mean() > 0.9
+    assert (quality.crop_sharpness(_cells(40, 0.0, seed=2)) < ref["threshold"]).mean() < 0.2
+
+
+def test_cell_flags_crowding_edges_and_the_quality_column():
+    # a clump of 8 cells 20 px apart, one cell alone, one at the slide's edge
+    clump = np.array([(500 + 20 * (i % 4), 500 + 20 * (i // 4)) for i in range(8)], float)
+    xy = np.vstack([clump, [[1500, 1500], [30, 1200]]])
+    tiles = np.array([0] * 8 + [3, 2])
+    flags = quality.cell_quality(
+        xy,
+        np.array([50.0] * 9 + [5.0]),
+        tiles,
+        crop_px=192,
+        tile=1024,
+        width=2048,
+        height=2048,
+        grid_cols=2,
+        focus_threshold=10.0,
+    )
+    assert flags["crowded"].tolist() == [True] * 8 + [False, False]
+    assert flags["others"][:8].tolist() == [7] * 8
+    assert flags["slide_edge"].tolist() == [False] * 9 + [True]
+    assert flags["out_of_focus"].tolist() == [False] * 9 + [True]
+    # the lone cell at (1500, 1500) sits in tile 3, its crop inside it
+    assert not flags["tile_edge"][8]
+    words = quality.quality_words(flags)
+    assert words[0] == "crowded" and words[8] == "ok"
+    assert words[9] == "out_of_focus,slide_edge"
+    shares = quality.area_shares(tiles, flags["crowded"], n_tissue_tiles=4, n_grid_tiles=4)
+    assert shares["crowded_area_share"] == 0.25 and shares["skipped_share"] == 0.0
+    # tile 1 was scanned and held no cell: glass the mask let through, or obscured
+    assert shares["empty_scanned_share"] == 0.25 and shares["glass_or_skipped_share"] == 0.25
+    mask = quality.area_shares(tiles, flags["crowded"], n_tissue_tiles=3, n_grid_tiles=8)
+    assert mask["skipped_share"] == 0.625 and mask["glass_or_skipped_share"] == 0.625
