@@ -263,6 +263,14 @@ def test_abnormality_map_opens_with_pyvips_at_its_pixel_size(tmp_path):
     half = pyvips.Image.new_from_file(str(path), subifd=0)
     assert (half.width, half.height) == (100, 90)
     assert 1000.0 / half.xres == pytest.approx(100.0)
+    if pyvips.type_find("VipsForeign", "openslideload"):
+        # libvips over the system's OpenSlide: it opens; OpenSlide 3.4 gives generic TIFFs no
+        # pixel size (4.0 does: the test below)
+        slide = pyvips.Image.openslideload(str(path))
+        assert (slide.width, slide.height) == (200, 180)
+        assert slide.get("openslide.vendor") == "generic-tiff"
+        if "openslide.mpp-x" in slide.get_fields():
+            assert float(slide.get("openslide.mpp-x")) == pytest.approx(50.0)
 
 
 @pytest.mark.openslide
