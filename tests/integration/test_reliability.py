@@ -577,9 +577,9 @@ def test_workers_read_ahead_within_the_crop_budget(exported_dsvdd, slides, tmp_p
     seen = {}
     real_init = tiling.TileFeed.__init__
 
-    def spy(self, ctx, jobs, workers, queue):
+    def spy(self, ctx, jobs, workers, queue, **kw):
         seen.update(queue=queue, max_cells=ctx.max_cells, out=ctx.out_size)
-        real_init(self, ctx, jobs, workers, queue)
+        real_init(self, ctx, jobs, workers, queue, **kw)
 
     tiling.TileFeed.__init__ = spy
     try:

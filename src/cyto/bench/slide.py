@@ -95,14 +95,24 @@ def bench_slide(
 
     from cyto.eval.metrics import all_metrics
     from cyto.infer import score_slide
+    from cyto.infer.tiling import start_workers
     from cyto.runtime import load_scorer
 
+    # the tile workers start while the model loads, as in `cyto score` (score_slide)
+    pool = start_workers(Path(slide).absolute(), opts.n_workers()) if opts.decode == "cpu" else None
     t0 = time.perf_counter()
-    engine = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
+    try:
+        engine = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
+    except BaseException:
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        raise
     load_s = time.perf_counter() - t0
     opts = replace(opts, resume=False)
     with NvmlSampler(engine.device) as nvml:
-        summary = score_slide(Path(slide), engine, Path(work), opts, echo=echo, metrics=all_metrics)
+        summary = score_slide(
+            Path(slide), engine, Path(work), opts, echo=echo, metrics=all_metrics, pool=pool
+        )
     table = pq.read_table(Path(work) / "scores.parquet")
     n = table.num_rows
     row = {

@@ -30,7 +30,7 @@ class CellBatcher:
     ):
         self.scorer, self.store, self.slide_id, self.opts = scorer, store, slide_id, opts
         self.lane = EngineLane(scorer, opts.batch_size, overlap)
-        self.n_cells = first_id  # cell ids continue where a resumed run stopped
+        self.n_cells = self.first_id = first_id  # cell ids continue where a resumed run stopped
         self.first_tile = first_tile  # the first tile not yet in a chunk
         self.pending: list[dict] = []
         self.out_cells = 0  # cells submitted to the lane and not yet taken back
@@ -58,7 +58,10 @@ class CellBatcher:
         only where a tile ends, so a part of a dense tile never goes out alone)."""
         if len(res["meta"]):
             self.pending.append(res)
-        if self._pending_cells() >= 4 * self.opts.batch_size:
+        # the first cells go as soon as they fill a batch: the engine starts at the first tile,
+        # not the fourth (its first 4 batches waited for 0.3-0.5 s of tiles on 2 cores)
+        ahead = 4 if self.n_cells + self.out_cells > self.first_id else 1
+        if self._pending_cells() >= ahead * self.opts.batch_size:
             self.score_pending()
         held = self.n_rows + self.out_cells + self._pending_cells()
         if res["final"] and held >= self.opts.chunk_cells:

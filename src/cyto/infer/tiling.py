@@ -151,24 +151,67 @@ class TileContext:
 
 _CTX: TileContext | None = None
 _READERS: list | None = None
+_READERS_KEY: tuple | None = None  # the slide, planes and decoding _READERS were opened for
 
 
-def _init_worker(ctx: TileContext) -> None:
-    """A tile worker's start. Its detection runs OpenCV in one thread: the workers are the
+def _init_worker(ctx: TileContext | None) -> None:
+    """A tile worker's start (``ctx`` None: a worker started before the slide's plan, which
+    gets the context with each job). Its detection runs OpenCV in one thread: the workers are the
     parallelism (one per spare core), and OpenCV's own pool, a thread per core in every worker,
     only oversubscribed the cores (benchmarks/results/vm-2core/cv-threads)."""
     import cv2
 
-    global _CTX, _READERS
-    _CTX, _READERS = ctx, None
+    global _CTX
+    _CTX = ctx
+    _close_readers()
     cv2.setNumThreads(1)
 
 
 def _close_readers() -> None:
-    global _READERS
+    global _READERS, _READERS_KEY
     for r in _READERS or []:
         r.close()
-    _READERS = None
+    _READERS, _READERS_KEY = None, None
+
+
+def _readers(ctx: TileContext) -> list:
+    """The slide's readers (main plane first, then each extra plane), opened once per worker."""
+    global _READERS, _READERS_KEY
+    key = (ctx.slide, ctx.planes, ctx.decode, ctx.decode_device)
+    if _READERS is None or key != _READERS_KEY:
+        _close_readers()
+        if ctx.decode == "torch":
+            main = _TorchDecoded(ctx.slide, ctx.decode_device)
+        else:
+            main = open_slide(ctx.slide)
+        _READERS, _READERS_KEY = [main] + [open_plane(p) for p in ctx.planes], key
+    return _READERS
+
+
+def _warm_worker(slide: str) -> None:
+    """What a worker's first tile waited for (0.4 s on 2 cores), done while the main process
+    loads the model and plans the slide: the detector's modules imported, the slide opened (its
+    focal planes open with the first tile). A slide that fails to open fails in the main
+    process, or with its first tile, with the readable error, as before."""
+    import scipy.ndimage  # noqa: F401 (imported for the first tile)
+    import scipy.spatial  # noqa: F401
+    import skimage.filters  # noqa: F401
+    from PIL import Image  # noqa: F401
+
+    _readers(TileContext(slide, (), (0.0,), 1, 0, 1, 1, NucleusParams()))
+
+
+def start_workers(slide, workers: int):
+    """``workers`` tile worker processes started now, before the model loads and the slide's
+    plan (its tissue mask and threshold) is made, rather than after: each takes 1-3 s to start
+    and import on 2 cores, and meanwhile opens the slide. None for no workers. Hand the pool
+    to :class:`TileFeed` (which then shuts it down), or shut it down where no feed takes it."""
+    if workers < 1:
+        return None
+    pool = spawn_pool(workers, _init_worker, (None,))
+    for _ in range(workers):  # a submit starts a process while fewer than `workers` run
+        pool.submit(_warm_worker, str(slide))
+    return pool
 
 
 class _TorchDecoded:
@@ -203,19 +246,17 @@ class _TorchDecoded:
         self._reader.close()
 
 
-def run_tile(job: Job) -> dict:
+def run_tile(job: Job, ctx: TileContext | None = None) -> dict:
     """Decode one tile (plus margin) once, find its nuclei and cut their crops from it.
 
     At most ``max_cells`` crops come back; the nuclei of a denser tile beyond those come back as
-    ``rest``, for part jobs that read just the region around them and cut their crops."""
-    global _READERS
+    ``rest``, for part jobs that read just the region around them and cut their crops. ``ctx``:
+    the slide's context, sent with each job (None: the one the worker started with)."""
+    global _CTX
+    if ctx is not None:
+        _CTX = ctx
     ctx = _CTX
-    if _READERS is None:
-        if ctx.decode == "torch":
-            main = _TorchDecoded(ctx.slide, ctx.decode_device)
-        else:
-            main = open_slide(ctx.slide)
-        _READERS = [main] + [open_plane(p) for p in ctx.planes]
+    readers = _readers(ctx)
     t_index, x0, y0, given, part = job
     m, size = ctx.margin, ctx.tile
     t0 = time.perf_counter()
@@ -225,15 +266,15 @@ def run_tile(job: Job) -> dict:
         half = ctx.src_patch // 2 + 2
         ox, oy = int(given[:, 0].min()) - half, int(given[:, 1].min()) - half
         w, h = int(given[:, 0].max()) + half - ox + 1, int(given[:, 1].max()) + half - oy + 1
-    main = _READERS[0]
+    main = readers[0]
     # one plane decoded on a device: detection and crops use the tensor where it is, and only
     # the crops, at the engine's size, come back to the host
-    on_device = isinstance(main, _TorchDecoded) and len(_READERS) == 1
+    on_device = isinstance(main, _TorchDecoded) and len(readers) == 1
     if on_device:
         tiles = [main.read_tensor(ox, oy, w, h)]
         main.sync()
     else:
-        tiles = [r.read_region(ox, oy, w, h) for r in _READERS]
+        tiles = [r.read_region(ox, oy, w, h) for r in readers]
     t1 = time.perf_counter()
     core = (x0, y0, size, size)
     if part is not None:
@@ -290,17 +331,23 @@ class TileFeed:
     after it and before the next tile, so what is held in flight is bounded by crops, not by
     tiles. Each result says whether it completes its tile (``final``). ``wait`` adds up the
     seconds the caller spent waiting for a result; ``worker_rss_mb`` the workers' peak resident
-    memory.
+    memory. ``pool``: workers already started (:func:`start_workers`), which the feed then owns
+    and shuts down; every job goes with the context.
     """
 
-    def __init__(self, ctx: TileContext, jobs: list[Job], workers: int, queue: int) -> None:
+    def __init__(
+        self, ctx: TileContext, jobs: list[Job], workers: int, queue: int, pool=None
+    ) -> None:
         self.ctx, self.jobs, self.queue = ctx, jobs, max(1, queue)
         self.wait = 0.0
         self.worker_rss_mb = 0.0
-        self.pool = None
-        if workers > 0 and jobs:
+        self.pool = pool
+        if pool is not None and workers < 1:  # the plan runs the tiles here after all
+            pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+        if self.pool is None and workers > 0 and jobs:
             self.pool = spawn_pool(workers, _init_worker, (ctx,))
-        else:
+        elif self.pool is None:
             _init_worker(ctx)
 
     def __iter__(self) -> Iterator[dict]:
@@ -313,11 +360,11 @@ class TileFeed:
             nonlocal front
             if parts:
                 job = parts.popleft()
-                inflight.insert(front, self.pool.submit(run_tile, job) if self.pool else job)
+                inflight.insert(front, self._submit(job))
                 front += 1
             elif todo:
                 job = todo.popleft()
-                inflight.append(self.pool.submit(run_tile, job) if self.pool else job)
+                inflight.append(self._submit(job))
 
         while len(inflight) < self.queue and todo:
             submit()
@@ -342,6 +389,10 @@ class TileFeed:
                 submit()
             self.worker_rss_mb = max(self.worker_rss_mb, res["rss_mb"])
             yield res
+
+    def _submit(self, job: Job):
+        """A worker's future for ``job``, or the job itself, run when its turn comes."""
+        return self.pool.submit(run_tile, job, self.ctx) if self.pool is not None else job
 
     def close(self) -> None:
         if self.pool is not None:
