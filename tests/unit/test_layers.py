@@ -4,13 +4,13 @@ Every ``import`` in ``src/cyto`` counts, those inside functions too (a lazy impo
 dependency). Layers, top to bottom:
 
     cli
-    bench  demo  review  predict  doctor  api
+    bench  demo  review  view  predict  doctor  api
     cohort
     infer  eval
     train  export  stats
     runtime  detect  slides
     models  data  bundle
-    errors  progress  interrupts  locks  reuse  outputs_check  (and the package root)
+    errors  progress  interrupts  locks  reuse  outputs_check  localserver  (and the package root)
 
 A module may import its own layer's package and anything below. On top of that:
 ``infer/``, ``cohort/`` and ``runtime/`` never import ``train/`` or ``eval/``; ``export/`` never
@@ -39,6 +39,7 @@ LAYERS = {
     "bench": 6,
     "demo": 6,
     "review": 6,
+    "view": 6,
     "predict": 6,
     "doctor": 6,
     "api": 6,
@@ -61,6 +62,7 @@ LAYERS = {
     "outputs_check": 0,
     "reuse": 0,
     "tables": 0,
+    "localserver": 0,
     "__init__": 0,
 }
 # packages of one layer that must not import each other

@@ -1,9 +1,10 @@
 """The ``cyto`` command line (``cyto.cli``): thin commands over the library.
 
 One module per command group: ``train``, ``export`` (info, doctor, export), ``score`` (predict,
-score, calibrate), ``review`` (review, refine), ``synth`` (synth, demo), ``data``, ``eval`` and
-``bench``; ``_app`` holds the app, its groups and the option types they share. A command parses,
-calls one library function and prints; it may import any layer of cyto, nothing imports it.
+score, calibrate), ``review`` (review, refine), ``view``, ``synth`` (synth, demo), ``data``,
+``eval`` and ``bench``; ``_app`` holds the app, its groups and the option types they share. A
+command parses, calls one library function and prints; it may import any layer of cyto, nothing
+imports it.
 Heavy libraries (torch, onnxruntime, pyvips, numba, numpy-heavy modules) are imported inside the
 command bodies, so ``cyto --help`` starts fast. Library errors become one line on stderr and a
 non-zero exit code; ``CYTO_DEBUG=1`` shows the full traceback.
@@ -19,7 +20,7 @@ import typer
 
 # isort: off
 # the command modules register their commands on the app; this order is the order of `cyto --help`
-from cyto.cli import train, export, score, review, synth  # noqa: F401
+from cyto.cli import train, export, score, review, view, synth  # noqa: F401
 from cyto.cli import data, eval, bench  # noqa: F401  (command groups)
 
 # isort: on

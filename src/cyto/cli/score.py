@@ -336,6 +336,7 @@ def score_cmd(
     from cyto.infer import ScoreOptions
     from cyto.infer.qupath import qupath_words
     from cyto.slides import slide_files
+    from cyto.view.folder import view_words
 
     opts = ScoreOptions(
         detection=replace(detection_preset(detection), detector=detector),
@@ -407,6 +408,9 @@ def score_cmd(
     opened = qupath_words(done)
     if opened:
         typer.echo(opened)
+    shown = view_words(done, out)
+    if shown:
+        typer.echo(shown)
     for slide, exc in failed:
         why = str(exc) if str(slide) in str(exc) else f"{slide}: {exc}"  # the path once
         typer.secho(f"failed: {why}", err=True, fg=typer.colors.RED)

@@ -18,10 +18,12 @@ import io
 import os
 import re
 import secrets
-import socket
 from pathlib import Path
 
 from cyto.errors import ConfigError
+from cyto.localserver import LOCAL_HOSTS, SECURITY_HEADERS, bind, posture  # noqa: F401
+from cyto.localserver import AccessKey as _AccessKey
+from cyto.localserver import SecurityHeaders as _SecurityHeaders
 from cyto.review.session import DETAILS, Session
 from cyto.review.store import MarkStore
 
@@ -29,39 +31,6 @@ STATIC = Path(__file__).parent / "static"
 # letters of any script (Zoë, Łukasz, 李), digits, spaces, '.', '_', '-' and "'"
 REVIEWER_RE = re.compile(r"^[^\W_][\w .'-]{0,63}$")
 MAX_BODY = 64 * 1024  # a mark is a few dozen bytes
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; img-src 'self'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-    "Cross-Origin-Resource-Policy": "same-origin",
-}
-
-
-class _SecurityHeaders:
-    """Pure ASGI middleware adding :data:`SECURITY_HEADERS` to every response."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def with_headers(message):
-            if message["type"] == "http.response.start":
-                have = {k.lower() for k, _ in message.get("headers", [])}
-                extra = [
-                    (k.lower().encode(), v.encode())
-                    for k, v in SECURITY_HEADERS.items()
-                    if k.lower().encode() not in have
-                ]
-                message = {**message, "headers": [*message.get("headers", []), *extra]}
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
 
 
 def check_reviewer(name: str) -> str:
@@ -76,51 +45,6 @@ def check_reviewer(name: str) -> str:
             "apostrophes, starting with a letter or digit"
         )
     return norm
-
-
-class _AccessKey:
-    """Pure ASGI middleware: every request needs the review's access key, given once in the
-    address (``?key=...``, then kept in a same-site, HTTP-only cookie). Used when the server
-    listens beyond this computer, where the Host check cannot tell who is asking."""
-
-    COOKIE = "cyto_review_key"
-
-    def __init__(self, app, key: str) -> None:
-        self.app, self.key = app, key
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        from http.cookies import SimpleCookie
-        from urllib.parse import parse_qs
-
-        headers = dict(scope.get("headers") or [])
-        jar = SimpleCookie()
-        with contextlib.suppress(Exception):
-            jar.load(headers.get(b"cookie", b"").decode("latin-1"))
-        cookie = jar[self.COOKIE].value if self.COOKIE in jar else ""
-        given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("key", [""])[0]
-        if secrets.compare_digest(cookie, self.key):
-            return await self.app(scope, receive, send)
-        if not secrets.compare_digest(given, self.key):
-            from starlette.responses import PlainTextResponse
-
-            refused = PlainTextResponse(
-                "this review needs its access key: open the address printed when it started",
-                status_code=401,
-            )
-            return await refused(scope, receive, send)
-
-        async def with_cookie(message):
-            if message["type"] == "http.response.start":
-                value = f"{self.COOKIE}={self.key}; Path=/; HttpOnly; SameSite=Strict"
-                message = {
-                    **message,
-                    "headers": [*message.get("headers", []), (b"set-cookie", value.encode())],
-                }
-            await send(message)
-
-        await self.app(scope, receive, with_cookie)
 
 
 def make_app(
@@ -304,33 +228,6 @@ def make_app(
     return app
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket, or a one-line error naming the port."""
-    import errno
-
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"--port must be between 0 (any free one) and 65535, got {port}")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        if isinstance(exc, socket.gaierror) or exc.errno in (errno.EADDRNOTAVAIL, errno.EINVAL):
-            raise ConfigError(
-                f"cannot listen on {host}: not an address of this computer "
-                f"({exc.strerror or exc}); pass another --host (127.0.0.1 keeps it here)"
-            ) from exc
-        raise ConfigError(
-            f"cannot listen on {host}:{port} ({exc.strerror}); "
-            "pass another --port (0: any free one)"
-        ) from exc
-    sock.listen(64)
-    sock.set_inheritable(True)
-    return sock
-
-
 def serve(session: Session, reviewer: str, host: str = "127.0.0.1", port: int = 8765, echo=print):
     """Serve the review page until Ctrl-C; prints the address first."""
     import uvicorn
@@ -338,14 +235,10 @@ def serve(session: Session, reviewer: str, host: str = "127.0.0.1", port: int = 
     check_reviewer(reviewer)
     sock = bind(host, port)
     port = sock.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
-    hosts = LOCAL_HOSTS if host in LOCAL_HOSTS else ("*",)  # a chosen interface: any name
-    token = secrets.token_urlsafe(24)
     # beyond this computer the Host check cannot stand guard: a secret in the address does
-    access_key = None if host in LOCAL_HOSTS else secrets.token_urlsafe(18)
-    app = make_app(
-        session, reviewer, token, hosts=tuple({*hosts, host, shown}), access_key=access_key
-    )
+    hosts, access_key, shown = posture(host)
+    token = secrets.token_urlsafe(24)
+    app = make_app(session, reviewer, token, hosts=hosts, access_key=access_key)
     if access_key:
         echo(
             f"warning: listening on {host}, beyond this computer: the page opens only with the "

@@ -1,0 +1,48 @@
+"""``cyto view``: the whole slide in a browser, every scored cell on it (unblinded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cyto.cli._app import app
+
+
+@app.command("view", short_help="Pan and zoom a scored slide: every cell, the map (unblinded).")
+def view_cmd(
+    scored: Annotated[
+        Path,
+        typer.Argument(
+            help="An output folder of cyto score: a slide's folder, or a cohort's folder of them."
+        ),
+    ],
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; the default keeps it on this computer.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: any free one).")] = 8766,
+    unblind: Annotated[
+        bool,
+        typer.Option(
+            "--unblind",
+            help="Serve a folder whose blinded review (cyto review serve) is not finished.",
+        ),
+    ] = False,
+) -> None:
+    """Serve a page that shows a scored slide whole: pan and zoom at every level, each cell as a
+    marker coloured by its score (or its FDR flag, with a calibrated model), the abnormality
+    map at low zoom, the top cells (click one to go there), the tissue mask and the tiles the
+    pipeline skipped, and the slide's summary.
+
+    It UNBLINDS: it shows every cell's rank and score. It refuses a folder whose blinded review
+    is not finished by every reviewer unless --unblind is given. Tiles are read from the slide
+    file on request and cached in cyto's cache folder (view-tiles/), keyed by the slide's
+    identity; beyond this computer (another --host) the page needs the access key printed with
+    its address.
+    """
+    from cyto.view.folder import open_view
+    from cyto.view.server import serve
+
+    slides = open_view(scored, unblind=unblind)
+    serve(slides, host=host, port=port, echo=typer.echo)

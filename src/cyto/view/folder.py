@@ -1,0 +1,348 @@
+"""The scored slides ``cyto view`` shows: one ``cyto score`` output folder, or a cohort's folder
+of them, each checked to be whole and to belong to the slide file it names.
+
+A slide's folder is used only when its outputs hold what its ``summary.json`` records and its
+slide file still has the identity it was scored with (:func:`cyto.reuse.check_reuse`): markers
+drawn over another slide's pixels would point at the wrong cells. A folder whose blinded review
+(``cyto review serve``) is not finished is refused unless the user asks to unblind: the viewer
+shows every cell's rank.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from cyto.errors import ConfigError, InputPathError
+
+#: the table's FDR flag columns, the first found is drawn (cyto.stats.calibrate)
+FLAG_COLUMNS = ("flagged_bh", "flagged_adaptive")
+#: top cells listed beside the slide at most (the table's own top-K when smaller)
+TOP_LIST = 100
+#: a map window when the slide records no resolution (level-0 px)
+WINDOW_PX_NO_MPP = 256
+
+
+def review_blocking(scored: list[Path], roots: list[Path]) -> str | None:
+    """Why a blinded review forbids showing ``scored`` (one line naming the review and who has
+    not finished), or None. A review counts when its key lists one of the folders; it is
+    finished when someone has reviewed and every reviewer has marked every case done."""
+    from cyto.reuse import read_record
+
+    places = []
+    for f in [*roots, *scored]:
+        places += [f / "review", f.parent / "review", f.parent.parent / "review"]
+    names = {str(f) for f in scored}
+    for review in dict.fromkeys(p.resolve() for p in places):
+        key = read_record(review / "key.json")
+        if key is None or not names & set(map(str, key.get("scored") or [])):
+            continue
+        cases = sorted((key.get("cases") or {}).keys())
+        if not (review / "marks.sqlite").is_file():
+            return f"{review} is a blinded review nobody has started"
+        from cyto.review.store import MarkStore
+
+        store = MarkStore(review)
+        try:
+            reviewers, done = store.reviewers(), store.done()
+        finally:
+            store.close()
+        if not reviewers:
+            return f"{review} is a blinded review nobody has started"
+        left = [r for r in reviewers if any((r, c) not in done for c in cases)]
+        if left:
+            return f"{review} is a blinded review that {', '.join(left)} has not finished"
+    return None
+
+
+def open_view(folder: Path, unblind: bool = False) -> list[ViewSlide]:
+    """The scored slides of ``folder`` (a slide's output folder, or a cohort's folder of them),
+    checked; a one-line error when none is whole, a slide file changed, or a review is open."""
+    from cyto.review.session import KEY_FILE, find_scored
+
+    folder = Path(folder)
+    if (folder / KEY_FILE).is_file() and not (folder / "summary.json").is_file():
+        raise InputPathError(
+            f"{folder} is a review folder: give cyto view the scored folder it was made from"
+        )
+    scored = find_scored([folder])
+    why = review_blocking(scored, [folder.resolve()])
+    if why and not unblind:
+        raise ConfigError(
+            f"{why}: cyto view shows every cell's rank and score, which would unblind it; "
+            "finish the review first, or pass --unblind"
+        )
+    return [ViewSlide(f) for f in scored]
+
+
+class ViewSlide:
+    """One scored slide: its summary, its cells (in rank order) and its slide file's readers."""
+
+    def __init__(self, folder: Path) -> None:
+        import pyarrow.parquet as pq
+
+        from cyto.infer.outputs import output_artifacts
+        from cyto.infer.store import slide_key
+        from cyto.reuse import check_reuse, read_record
+        from cyto.slides import find_planes
+
+        self.folder = Path(folder)
+        self.name = self.folder.name
+        summary = read_record(self.folder / "summary.json")
+        if summary is None:
+            raise InputPathError(f"{self.folder}/summary.json does not read back: score again")
+        self.summary = summary
+        self.slide = Path(summary.get("slide", ""))
+        if not self.slide.exists():
+            raise InputPathError(
+                f"{self.folder}: the slide it was scored from, {self.slide}, is not there "
+                "(moved or deleted): cyto view reads its pixels from it"
+            )
+        key = summary.get("output_key") or {}
+        self.planes = find_planes(self.slide, str(key.get("planes") or "auto"))
+        self.identity = slide_key(self.slide, self.planes)
+        reuse = check_reuse(
+            {"slide_identity": summary.get("slide_identity")},
+            {"slide_identity": self.identity[str(self.slide)]},
+            output_artifacts(self.folder, summary),
+            names={"slide_identity": f"the slide file {self.slide.name}"},
+        )
+        if not reuse.ok:
+            raise ConfigError(
+                f"{self.folder} cannot be shown: {reuse.words()} (the slide changed since it "
+                "was scored, or the folder is not whole): score it again"
+            )
+        self.tile = int(key.get("tile") or 0) or None
+        self.nuclei_given = bool(key.get("nuclei"))
+        self.z = [0.0, *(float(z) for z, _ in self.planes)]
+        with open(self.folder / "scores.parquet", "rb") as fh:  # a handle: Arrow takes UTF-8
+            table = pq.read_table(fh)
+        order = np.argsort(np.asarray(table["rank"]), kind="stable")
+        self.table = table.take(order)  # row i holds rank i + 1
+        self.flag_column = next((c for c in FLAG_COLUMNS if c in table.column_names), None)
+        if self.flag_column and table[self.flag_column].null_count == table.num_rows:
+            self.flag_column = None  # the flags were withheld (calibration mismatch)
+        self._lock = threading.Lock()
+        self._readers: dict[int, object] = {}
+        self._cached: dict[str, bytes] = {}
+        info = self.reader(0).info
+        self.width, self.height = info.width, info.height
+        self.mpp = (summary.get("resolution") or {}).get("slide_mpp") or info.mpp
+
+    # --- the slide ----------------------------------------------------------------------------
+
+    def reader(self, plane: int):
+        """The reader of focal plane ``plane`` (0: the slide itself), opened once."""
+        from cyto.slides import open_plane, open_slide
+
+        with self._lock:
+            if plane not in self._readers:
+                self._readers[plane] = (
+                    open_slide(self.slide) if plane == 0 else open_plane(self.planes[plane - 1][1])
+                )
+            return self._readers[plane]
+
+    def close(self) -> None:
+        for r in self._readers.values():
+            r.close()
+        self._readers.clear()
+
+    # --- what the page asks for ---------------------------------------------------------------
+
+    def info(self, index: int, tile_size: int) -> dict:
+        """The page's description of the slide: size, planes, summary, top cells, legend."""
+        from cyto.view.tiles import max_level
+
+        s, t = self.summary, self.table
+        n = t.num_rows
+        scores = np.asarray(t["score"], np.float64) if n else np.zeros(0)
+        finite = scores[np.isfinite(scores)]
+        top_n = min(TOP_LIST, int((s.get("output_key") or {}).get("top_k") or TOP_LIST), n)
+        cols = {c: t[c].slice(0, top_n).to_pylist() for c in ("cell_id", "x", "y", "score")}
+        flags = t[self.flag_column].slice(0, top_n).to_pylist() if self.flag_column else None
+        pv = t["p_value"].slice(0, top_n).to_pylist() if "p_value" in t.column_names else None
+        top = [
+            {
+                "rank": i + 1,
+                "cell_id": cols["cell_id"][i],
+                "x": cols["x"][i],
+                "y": cols["y"][i],
+                "score": cols["score"][i],
+                "flagged": flags[i] if flags else None,
+                "p_value": pv[i] if pv else None,
+            }
+            for i in range(top_n)
+        ]
+        notes = []
+        if self.nuclei_given:
+            notes.append(
+                "scored at the nuclei of a --nuclei file: the tiles it visited were those "
+                "holding a given nucleus; the skipped-region layer shows the tissue mask only"
+            )
+        if not self.mpp:
+            notes.append(f"the slide records no resolution: map windows are {WINDOW_PX_NO_MPP} px")
+        return {
+            "index": index,
+            "name": self.name,
+            "slide": self.slide.name,
+            "width": self.width,
+            "height": self.height,
+            "mpp": self.mpp,
+            "tile_size": tile_size,
+            "max_level": max_level(self.width, self.height),
+            "planes": [{"index": i, "z_um": z} for i, z in enumerate(self.z)],
+            "cells": n,
+            "score_range": [float(finite.min()), float(finite.max())] if len(finite) else None,
+            "colour_by": self.flag_column or "score",
+            "top": top,
+            "summary": {
+                "cells_scored": s.get("cells_scored"),
+                "model": Path(str(s.get("model", ""))).name,
+                "method": s.get("method"),
+                "rank_by": s.get("rank_by"),
+                "slide_score_mean_top_k": s.get("slide_score_mean_top_k"),
+                "burden": s.get("burden"),
+                "adequacy": s.get("adequacy"),
+                "tiles": s.get("tiles"),
+            },
+            "notes": notes,
+        }
+
+    def cells_bin(self) -> bytes:
+        """Every cell as four little-endian float32 (x, y, score, flag: 1, 0, or NaN when the
+        table has no flags), in rank order: 16 bytes a cell, sent once per slide."""
+        if "cells" not in self._cached:
+            t, n = self.table, self.table.num_rows
+            out = np.empty((n, 4), "<f4")
+            out[:, 0] = np.asarray(t["x"], np.float64)
+            out[:, 1] = np.asarray(t["y"], np.float64)
+            out[:, 2] = np.asarray(t["score"], np.float64)
+            if self.flag_column:
+                import pyarrow.compute as pc
+
+                col = t[self.flag_column]
+                known = col.is_valid().to_numpy(zero_copy_only=False)
+                flag = pc.fill_null(col, False).to_numpy(zero_copy_only=False).astype(bool)
+                out[:, 3] = np.where(known, flag, np.nan)
+            else:
+                out[:, 3] = np.nan
+            self._cached["cells"] = out.tobytes()
+        return self._cached["cells"]
+
+    def abnormality_map(self):
+        """The slide's abnormality map (:func:`cyto.infer.maps.map_of_table`)."""
+        from cyto.infer.maps import WINDOW_UM, map_of_table
+
+        if self.mpp:
+            return map_of_table(self.table, self.width, self.height, float(self.mpp), WINDOW_UM)
+        # no resolution: windows of a fixed pixel size (said on the page)
+        return map_of_table(self.table, self.width, self.height, 1.0, float(WINDOW_PX_NO_MPP))
+
+    def map_png(self) -> tuple[bytes, dict]:
+        """The abnormality map as an RGBA PNG, one pixel per window (clear where no cell is),
+        and its legend."""
+        if "map" not in self._cached:
+            m = self.abnormality_map()
+            v = m.values.astype(np.float64)
+            ok = np.isfinite(v)
+            if m.is_fraction:
+                lo, hi = 0.0, max(float(v[ok].max()) if ok.any() else 1.0, 1e-9)
+            else:
+                lo = float(v[ok].min()) if ok.any() else 0.0
+                hi = float(v[ok].max()) if ok.any() else 1.0
+            u = np.clip((np.where(ok, v, lo) - lo) / max(hi - lo, 1e-12), 0, 1)
+            rgba = np.zeros((*v.shape, 4), np.uint8)
+            rgba[..., :3] = (ramp(u) * 255).round().astype(np.uint8)
+            rgba[..., 3] = np.where(ok, 200, 0)
+            self._cached["map"] = _png(rgba)
+            self._cached["map_legend"] = json.dumps(
+                {
+                    "kind": m.kind,
+                    "window_um": m.window_um if self.mpp else None,
+                    "window_px": m.window_px,
+                    "rows": m.shape[0],
+                    "cols": m.shape[1],
+                    "low": lo,
+                    "high": hi,
+                }
+            ).encode()
+        return self._cached["map"], json.loads(self._cached["map_legend"])
+
+    def skipped(self) -> dict:
+        """The tissue mask (lowest level) and the tiles with no tissue, which the pipeline never
+        visited (:func:`cyto.infer.tiling.tile_jobs`): what the page's skipped layer draws."""
+        from cyto.slides import tile_grid, tissue_mask
+
+        if "skipped" not in self._cached:
+            reader = self.reader(0)
+            mask, ds = tissue_mask(reader)
+            tile = self.tile or 512
+            every = list(tile_grid(self.width, self.height, tile))
+            visited = {i for i, _, _ in tile_grid(self.width, self.height, tile, mask, ds)}
+            skipped = [(x0, y0) for i, x0, y0 in every if i not in visited]
+            self._cached["skipped"] = json.dumps(
+                {
+                    "tile": tile,
+                    "tiles": len(every),
+                    "visited": len(visited),
+                    "skipped": skipped,
+                    "mask_downsample": ds if mask is not None else None,
+                }
+            ).encode()
+            if mask is None:  # no level small enough to read whole: every tile was visited
+                self._cached["mask"] = _png(np.zeros((1, 1, 4), np.uint8))
+            else:
+                h, w = mask.shape
+                rgba = np.zeros((h, w, 4), np.uint8)
+                rgba[~mask] = (40, 70, 160, 70)  # glass: tinted
+                sk = np.zeros((h, w), bool)
+                for x0, y0 in skipped:  # never visited: tinted more strongly
+                    sk[
+                        int(y0 / ds) : math.ceil((y0 + tile) / ds),
+                        int(x0 / ds) : math.ceil((x0 + tile) / ds),
+                    ] = True
+                rgba[sk] = (40, 70, 160, 150)
+                self._cached["mask"] = _png(rgba)
+        return json.loads(self._cached["skipped"])
+
+    def mask_png(self) -> bytes:
+        self.skipped()
+        return self._cached["mask"]
+
+
+def ramp(u: np.ndarray) -> np.ndarray:
+    """Colours of values ``u`` in [0, 1]: dark blue (low) through yellow to red (high), the
+    page's marker colours too (view.js draws the same ramp)."""
+    stops = np.array([[0.19, 0.21, 0.58], [0.20, 0.63, 0.79], [1.0, 0.85, 0.2], [0.85, 0.1, 0.1]])
+    pos = np.clip(np.asarray(u, np.float64), 0, 1) * (len(stops) - 1)
+    i = np.minimum(pos.astype(int), len(stops) - 2)
+    f = (pos - i)[..., None]
+    return stops[i] * (1 - f) + stops[i + 1] * f
+
+
+def _png(rgba: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(rgba), "RGBA").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def view_words(summaries: list[dict], out: Path) -> str | None:
+    """The line ``cyto score`` ends with: the command that shows the scored slide(s) whole
+    (None when none was scored)."""
+    import shlex
+
+    folders = sorted({str(s.get("output")) for s in summaries if s.get("output")})
+    if not folders:
+        return None
+    where = folders[0] if len(folders) == 1 else str(out)
+    return (
+        f"see the whole slide, every cell on it: cyto view {shlex.quote(where)} "
+        "(shows ranks: unblinded; docs/how-to/view-slide.md)"
+    )

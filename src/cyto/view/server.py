@@ -1,0 +1,171 @@
+"""The viewer's web server: a Starlette app served by uvicorn, read-only.
+
+What it serves, and nothing else: its own page and assets (``cyto/view/static``, OpenSeadragon
+vendored under ``static/vendor``, no CDN), each slide's description, cells (one binary array per
+slide), abnormality map and skipped-region layer, and deep-zoom tiles addressed by numbers
+(slide, pyramid key, plane, level, column, row) that are checked against the pyramid. No file
+path comes from a request, so nothing outside the scored folder and the tile cache is reached.
+It answers GET (and HEAD) only, with no request body (:data:`MAX_BODY`); the posture is
+:mod:`cyto.localserver`'s: loopback names only in ``Host`` by default, an access key beyond this
+computer, no framing, the page's own scripts only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from cyto.localserver import LOCAL_HOSTS, AccessKey, SecurityHeaders, bind, posture
+
+STATIC = Path(__file__).parent / "static"
+MAX_BODY = 0  # the viewer takes no uploads: a request with a body is refused
+#: a tile's URL holds its pyramid's key, so a browser may keep it (a new slide: a new URL)
+TILE_CACHE = "private, max-age=86400, immutable"
+#: the one inline style the page allows: OpenSeadragon 6.1.1's own ``<style>`` for touch screens,
+#: by its hash (a new vendored version has another: the browser's console names it)
+OSD_STYLE = "'sha256-9xTiqzfwFaL2SGb1rmr8gysEwVVjIvqWAgmZgqFqpEE='"
+CSP = f"default-src 'self'; img-src 'self'; style-src 'self' {OSD_STYLE}; frame-ancestors 'none'"
+
+
+def make_app(slides, cache_root: Path, hosts=LOCAL_HOSTS, access_key: str | None = None):
+    """The Starlette app showing ``slides`` (:class:`cyto.view.folder.ViewSlide`), tiles cached
+    under ``cache_root``; with ``access_key``, nothing is served to a browser that has not opened
+    the address holding it."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+    from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+
+    from cyto.errors import CytoError
+    from cyto.view.tiles import TilePyramid
+
+    pyramids = [TilePyramid(s, cache_root) for s in slides]
+    page = (STATIC / "index.html").read_text()
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status)
+
+    def slide_of(request):
+        i = request.path_params["i"]
+        return (slides[i], pyramids[i]) if 0 <= i < len(slides) else (None, None)
+
+    async def index(request):
+        return HTMLResponse(page)
+
+    async def no_icon(request):  # browsers ask for one; the page has none
+        return Response(status_code=204)
+
+    def slide_list(request):
+        return JSONResponse(
+            {
+                "slides": [
+                    {"index": i, "name": s.name, "slide": s.slide.name, "cells": s.table.num_rows}
+                    for i, s in enumerate(slides)
+                ]
+            }
+        )
+
+    def slide_info(request):
+        s, p = slide_of(request)
+        if s is None:
+            return error(404, "no such slide")
+        return JSONResponse({**s.info(request.path_params["i"], p.tile), "tiles_key": p.dir.name})
+
+    def cells(request):
+        s, _ = slide_of(request)
+        if s is None:
+            return error(404, "no such slide")
+        return Response(s.cells_bin(), media_type="application/octet-stream")
+
+    def layer(request):
+        s, _ = slide_of(request)
+        if s is None:
+            return error(404, "no such slide")
+        name = request.path_params["name"]
+        try:
+            if name == "map.png":
+                return Response(s.map_png()[0], media_type="image/png")
+            if name == "map.json":
+                return JSONResponse(s.map_png()[1])
+            if name == "mask.png":
+                return Response(s.mask_png(), media_type="image/png")
+            if name == "skipped.json":
+                return JSONResponse(s.skipped())
+        except CytoError as exc:
+            return error(500, f"the slide cannot be read: {exc}")
+        return error(404, "no such layer")
+
+    def tile(request):
+        s, p = slide_of(request)
+        pp = request.path_params
+        if s is None or pp["key"] != p.dir.name:
+            return error(404, "no such tile (reload the page)")
+        where = (pp["plane"], pp["level"], pp["col"], pp["row"])
+        if not p.exists(*where):
+            return error(404, "no such tile")
+        try:
+            path = p.get(*where)
+        except CytoError as exc:
+            return error(500, f"the slide cannot be read there: {exc}")
+        return FileResponse(path, media_type="image/jpeg", headers={"Cache-Control": TILE_CACHE})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        for s in slides:
+            s.close()
+
+    tiles = "/tiles/{i:int}/{key:str}/{plane:int}/{level:int}/{col:int}_{row:int}.jpeg"
+    return Starlette(
+        routes=[
+            Route("/", index),
+            Route("/favicon.ico", no_icon),
+            Route("/api/slides", slide_list),
+            Route("/api/slides/{i:int}", slide_info),
+            Route("/api/slides/{i:int}/cells.bin", cells),
+            Route("/api/slides/{i:int}/{name:str}", layer),
+            Route(tiles, tile),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ],
+        middleware=[
+            Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts)),
+            Middleware(SecurityHeaders, overrides={"Content-Security-Policy": CSP}),
+            *(
+                [Middleware(AccessKey, key=access_key, cookie="cyto_view_key", what="this viewer")]
+                if access_key
+                else []
+            ),
+        ],
+        lifespan=lifespan,
+        max_body_size=MAX_BODY,
+    )
+
+
+def serve(
+    slides, host: str = "127.0.0.1", port: int = 8766, cache_root: Path | None = None, echo=print
+) -> None:
+    """Serve the viewer until Ctrl-C; prints the address first."""
+    import uvicorn
+
+    from cyto import cache_dir
+
+    sock = bind(host, port)
+    port = sock.getsockname()[1]
+    hosts, access_key, shown = posture(host)
+    app = make_app(slides, cache_root or cache_dir(), hosts=hosts, access_key=access_key)
+    if access_key:
+        echo(
+            f"warning: listening on {host}, beyond this computer: the page opens only with the "
+            "access key in the address below (printed once)"
+        )
+    n = sum(s.table.num_rows for s in slides)
+    echo(
+        f"viewer of {len(slides)} slide(s), {n} cells; it shows every cell's rank and score "
+        "(unblinded)"
+    )
+    address = f"http://{shown}:{port}/" + (f"?key={access_key}" if access_key else "")
+    echo(f"open {address}  (Ctrl-C stops)")
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])

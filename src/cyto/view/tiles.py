@@ -1,0 +1,127 @@
+"""A slide as a deep-zoom pyramid: 256-pixel JPEG tiles read on request through the slide's own
+readers (:mod:`cyto.slides`, those ``cyto score`` read it with) and kept on disk.
+
+Deep-zoom level ``L`` of a ``W`` x ``H`` slide is the slide shrunk by ``2 ** (max_level - L)``,
+``max_level = ceil(log2(max(W, H)))`` (level ``max_level`` is level 0 of the slide, pixel for
+pixel); OpenSeadragon asks for tile ``(col, row)`` of a level. A tile is read from the slide level
+closest above it in resolution and shrunk with an area filter; where that region is large (a slide
+without a pyramid) it is read and shrunk in bands, so a tile never holds more than
+:data:`MAX_READ_PX` pixels of the slide in memory.
+
+The disk cache lives in ``cyto.cache_dir()/view-tiles/KEY``, ``KEY`` a hash of the identity of the
+slide and of each focal-plane file (:func:`cyto.infer.store.slide_key`), the tile size, the JPEG
+quality and this format's version: a slide changed or replaced under its name gets another folder,
+so a stale tile is never served. Tiles are written to a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "cyto-view-tiles/1"
+TILE = 256
+QUALITY = 82
+#: most pixels of the slide a tile reads at once (a band of a larger region)
+MAX_READ_PX = 4096 * 4096
+#: tiles rendered at the same time (each reads its region and holds it until shrunk)
+RENDERING = 2
+
+
+def max_level(width: int, height: int) -> int:
+    """The deep-zoom level that is the slide at full resolution."""
+    return max(0, math.ceil(math.log2(max(width, height, 1))))
+
+
+class TilePyramid:
+    """The deep-zoom tiles of one slide (every focal plane), rendered once and cached on disk."""
+
+    def __init__(self, slide, cache_root: Path, tile: int = TILE, quality: int = QUALITY) -> None:
+        from cyto.reuse import check_reuse, key_sha256, read_record
+
+        self.slide, self.tile, self.quality = slide, tile, quality
+        self.max_level = max_level(slide.width, slide.height)
+        key = {"format": FORMAT, "slide": slide.identity, "tile": tile, "quality": quality}
+        self.dir = Path(cache_root) / "view-tiles" / key_sha256(key)[:32]
+        record = self.dir / "key.json"
+        if not check_reuse(read_record(record), key).ok:  # half-made or foreign: start anew
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            _atomic(record, json.dumps(key, indent=1).encode())
+        self._rendering = threading.Semaphore(RENDERING)
+
+    def level_size(self, level: int) -> tuple[int, int]:
+        scale = 2 ** (self.max_level - level)
+        return -(-self.slide.width // scale), -(-self.slide.height // scale)
+
+    def exists(self, plane: int, level: int, col: int, row: int) -> bool:
+        """Whether the tile is one of this pyramid's (plane, level and position in range)."""
+        if not (0 <= plane < len(self.slide.z) and 0 <= level <= self.max_level):
+            return False
+        w, h = self.level_size(level)
+        return 0 <= col < -(-w // self.tile) and 0 <= row < -(-h // self.tile)
+
+    def path(self, plane: int, level: int, col: int, row: int) -> Path:
+        return self.dir / f"p{plane}" / str(level) / f"{col}_{row}.jpeg"
+
+    def get(self, plane: int, level: int, col: int, row: int) -> Path:
+        """The tile's file, rendered first when it is not cached (the caller checked
+        :meth:`exists`)."""
+        path = self.path(plane, level, col, row)
+        if not path.is_file():
+            with self._rendering:
+                if not path.is_file():  # another request rendered it meanwhile
+                    data = self.render(plane, level, col, row)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    _atomic(path, data)
+        return path
+
+    def render(self, plane: int, level: int, col: int, row: int) -> bytes:
+        """The JPEG bytes of one tile, read from the slide."""
+        from PIL import Image
+
+        scale = 2 ** (self.max_level - level)
+        lw, lh = self.level_size(level)
+        t = self.tile
+        tw, th = min(t, lw - col * t), min(t, lh - row * t)
+        W, H = self.slide.width, self.slide.height
+        x0, y0 = col * t * scale, row * t * scale
+        x1, y1 = min(W, (col * t + tw) * scale), min(H, (row * t + th) * scale)
+        reader = self.slide.reader(plane)
+        info = reader.info
+        # the smallest slide level that still has at least the tile's resolution
+        best = max(i for i, d in enumerate(info.level_downsamples) if d <= scale * 1.001)
+        d = info.level_downsamples[best]
+        rx, ry = int(x0 / d), int(y0 / d)
+        rw = max(1, min(info.level_dims[best][0], math.ceil(x1 / d)) - rx)
+        rh = max(1, min(info.level_dims[best][1], math.ceil(y1 / d)) - ry)
+        band = max(1, MAX_READ_PX // rw)
+        out = np.empty((th, tw, 3), np.uint8)
+        for r0 in range(0, rh, band):
+            r1 = min(rh, r0 + band)
+            o0, o1 = round(r0 * th / rh), round(r1 * th / rh)
+            if o1 <= o0:
+                continue
+            region = reader.read_region(rx, ry + r0, rw, r1 - r0, level=best)
+            if region.shape[:2] == (o1 - o0, tw):
+                out[o0:o1] = region
+            else:
+                out[o0:o1] = np.asarray(
+                    Image.fromarray(region).resize((tw, o1 - o0), Image.Resampling.BOX)
+                )
+        buf = io.BytesIO()
+        Image.fromarray(out).save(buf, format="JPEG", quality=self.quality)
+        return buf.getvalue()
+
+
+def _atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

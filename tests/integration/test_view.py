@@ -1,0 +1,398 @@
+"""`cyto view`: the scored slide in a real browser (tiles at several zoom levels, a top cell's
+marker on its pixel, the map's toggle), what the server refuses, the review guard, and the cells
+the page is sent."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.errors import ConfigError
+from cyto.infer import ScoreOptions, score_slide
+from tests.cli_runner import run_cyto
+
+K = 30
+
+
+@pytest.fixture(scope="module")
+def scored(exported_dsvdd, tmp_path_factory) -> Path:
+    """A 3072 x 2048 px synthetic slide with a second focal plane (-1 um), scored by the small
+    Deep SVDD bundle: the folder cyto score writes."""
+    root = tmp_path_factory.mktemp("view")
+    s = write_slide(
+        root / "slide.tif",
+        SlideSynthConfig(
+            width=3072, height=2048, n_cells=300, abnormal_fraction=0.05, planes=(-1.0, 0.0), seed=5
+        ),
+        workers=1,
+    )
+    out = root / "out"
+    score_slide(
+        s.paths[0],
+        exported_dsvdd,
+        out,
+        ScoreOptions(mosaic=0, workers=0, top_k=K, truth=s.ground_truth),
+        echo=lambda _: None,
+    )
+    return out
+
+
+def _client(slides, cache, **kw):
+    from starlette.testclient import TestClient
+
+    from cyto.view.server import make_app
+
+    return TestClient(make_app(slides, cache, **kw), base_url="http://127.0.0.1:8766")
+
+
+def _table(folder: Path) -> dict:
+    t = pq.read_table(folder / "scores.parquet").sort_by("rank")
+    return {c: np.asarray(t[c]) for c in ("x", "y", "score", "rank", "cell_id")}
+
+
+# --- a real browser against `cyto view` ------------------------------------------------------
+
+
+class Server:
+    """``cyto view FOLDER --port 0`` in a subprocess; ``url`` once it listens."""
+
+    def __init__(self, folder: Path, *args: str, cache: Path) -> None:
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cyto", "view", str(folder), "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "CYTO_PROGRESS": "0", "CYTO_CACHE_DIR": str(cache)},
+        )
+        seen = []
+        for line in self.proc.stdout:
+            seen.append(line)
+            if line.startswith("open http://"):
+                self.url = line.split()[1]
+                return
+        self.proc.wait()
+        raise AssertionError("cyto view did not start: " + "".join(seen))
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _raw_get(url: str, path: str) -> tuple[int, bytes]:
+    """A GET with the path sent exactly as written (no client-side normalization)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return int(data.split(b" ", 2)[1]), data
+
+
+def _wait(page, js: str, timeout_ms: int = 15000):
+    """Poll ``js`` (a function of no argument) until it returns something truthy."""
+    for _ in range(timeout_ms // 50):
+        got = page.evaluate(js)
+        if got:
+            return got
+        page.wait_for_timeout(50)
+    raise AssertionError(f"timed out waiting for {js}")
+
+
+# where a level-0 pixel of the slide is on the screen, by OpenSeadragon's own transform
+TO_WINDOW = """([x, y]) => {
+    const item = cytoView.viewer.world.getItemAt(0);
+    const w = cytoView.viewer.viewport.viewportToWindowCoordinates(
+        item.imageToViewportCoordinates(x, y));
+    return [w.x, w.y];
+}"""
+# the overlay canvas's pixel at a window position: [r, g, b, alpha]
+CANVAS_AT = """([x, y]) => {
+    const c = document.getElementById("cells");
+    const box = c.getBoundingClientRect();
+    const k = c.width / box.width;
+    return Array.from(c.getContext("2d").getImageData(
+        Math.round((x - box.left) * k), Math.round((y - box.top) * k), 1, 1).data);
+}"""
+FULLY_LOADED = "() => cytoView.viewer.world.getItemAt(0).getFullyLoaded()"
+ZOOM_TO = """(px) => {  // px: screen px per level-0 px
+    const v = cytoView.viewer;
+    v.viewport.zoomTo(v.world.getItemAt(0).imageToViewportZoom(px), null, true);
+    cytoView.tileLevelsBefore = Object.keys(cytoView.tileLevels).length;
+}"""
+
+
+@pytest.mark.browser
+def test_view_in_a_real_browser(scored, tmp_path):
+    """Tiles load at three zoom levels; a top cell clicked is put in the middle of the view with
+    its marker on the cell's pixel (the score table's x, y through the page's transform); the
+    map toggles; the plane switches; paths outside the folder are refused."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.conftest import CHROMIUM
+
+    shots = Path(os.environ.get("CYTO_VIEW_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    table = _table(scored)
+    server = Server(scored, cache=tmp_path / "cache")
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+            page.goto(server.url)
+            _wait(page, "() => cytoView.ready && cytoView.mapItem && cytoView.slideItem")
+            _wait(page, FULLY_LOADED)
+            page.screenshot(path=shots / "view-overview.jpg", type="jpeg", quality=80)
+            levels = set(page.evaluate("() => Object.keys(cytoView.tileLevels)"))
+            for px in (0.1, 1.0):
+                page.evaluate(ZOOM_TO, px)
+                page.wait_for_timeout(100)
+                _wait(page, FULLY_LOADED)
+                levels |= set(page.evaluate("() => Object.keys(cytoView.tileLevels)"))
+            assert len(levels) >= 3, levels
+            assert page.evaluate("() => cytoView.tileErrors") == 0
+
+            # a top cell: the viewport goes to it, its marker lies on its pixel
+            stage = page.locator("#osd").bounding_box()
+            middle = (stage["x"] + stage["width"] / 2, stage["y"] + stage["height"] / 2)
+            entries = page.locator("#topk li")
+            assert entries.count() == K
+            for rank in (1, 7, K):
+                entries.nth(rank - 1).click()
+                page.wait_for_timeout(100)
+                x, y = table["x"][rank - 1], table["y"][rank - 1]
+                sx, sy = page.evaluate(TO_WINDOW, [float(x), float(y)])
+                ring = page.locator("#selected").bounding_box()
+                cx, cy = ring["x"] + ring["width"] / 2, ring["y"] + ring["height"] / 2
+                assert abs(cx - sx) < 2 and abs(cy - sy) < 2, (rank, (cx, cy), (sx, sy))
+                # centred, unless the cell is too near the slide's edge for that
+                assert abs(sx - middle[0]) < 3 and abs(sy - middle[1]) < 3, (rank, sx, sy)
+                assert page.evaluate("() => cytoView.cellsDrawn") > 0
+                rgba = page.evaluate(CANVAS_AT, [sx, sy])
+                assert rgba[3] > 150, (rank, rgba)  # the cell's own dot, drawn on its pixel
+                assert page.locator("#topk li.current").get_attribute("data-rank") == str(rank)
+            page.screenshot(path=shots / "view-cell.jpg", type="jpeg", quality=80)
+
+            # the map toggles; it is faint under readable dots, strong without them
+            page.evaluate("() => cytoView.viewer.viewport.goHome(true)")
+            page.wait_for_timeout(100)
+            _wait(page, FULLY_LOADED)
+            opacity = "() => cytoView.mapItem.getOpacity()"
+            assert page.evaluate(opacity) > 0
+            before = page.locator("#osd").screenshot()
+            page.locator("#show-map").uncheck()
+            page.wait_for_timeout(200)
+            assert page.evaluate(opacity) == 0
+            assert page.locator("#osd").screenshot() != before
+            page.locator("#show-map").check()
+            page.locator("#show-cells").uncheck()
+            page.wait_for_timeout(200)
+            assert page.evaluate(opacity) > 0.3 and page.evaluate("() => cytoView.cellsDrawn") == 0
+            page.locator("#show-cells").check()
+            page.locator("#show-skipped").check()
+            page.wait_for_timeout(200)
+            page.screenshot(path=shots / "view-map.jpg", type="jpeg", quality=80)
+
+            # the other focal plane: its own tiles
+            page.locator("#plane").select_option("1")
+            _wait(page, "() => Object.keys(cytoView.tileLevels).length > 0")
+            url = page.evaluate("() => cytoView.viewer.world.getItemAt(0).source.getTileUrl(9,0,0)")
+            assert "/1/9/0_0.jpeg" in url
+            assert page.evaluate("() => cytoView.tileErrors") == 0
+            assert errors == []
+            browser.close()
+        # nothing outside the folder, written any way
+        root = str(scored.parent)
+        for path in (
+            "/static/../summary.json",
+            "/static/..%2f..%2f..%2fsummary.json",
+            "/static/%2e%2e/%2e%2e/folder.py",
+            "/static//etc/passwd",
+            "//etc/passwd",
+            f"/{root}/out/summary.json",
+            f"/static/{root}/out/summary.json",
+            "/api/slides/0/..%2f..%2fsummary.json",
+            "/api/slides/0/%2Fetc%2Fpasswd",
+            "/tiles/0/x/0/9/0_0.jpeg",
+            "/tiles/0/..%2f..%2f/0/9/0_0.jpeg",
+            "/api/slides/-1",
+            "/api/slides/1",
+        ):
+            status, data = _raw_get(server.url, path)
+            assert status in (400, 404), (path, status)
+            assert b"slide_identity" not in data and b"root:" not in data, path
+    finally:
+        server.kill()
+
+
+# --- the server's rules, the review guard, the cells sent ------------------------------------
+
+
+def test_the_cells_sent_are_the_score_table_in_rank_order(scored, tmp_path):
+    from cyto.view.folder import open_view
+
+    (slide,) = open_view(scored)
+    t = _table(scored)
+    with _client([slide], tmp_path) as c:
+        cells = np.frombuffer(c.get("/api/slides/0/cells.bin").content, "<f4").reshape(-1, 4)
+        info = c.get("/api/slides/0").json()
+        legend = c.get("/api/slides/0/map.json").json()
+        png = c.get("/api/slides/0/map.png")
+        assert c.get("/").headers["content-security-policy"].startswith("default-src 'self'")
+        # a POST is no request of this server
+        assert c.post("/api/slides/0", content=b"x" * 100).status_code in (405, 413)
+    np.testing.assert_allclose(cells[:, 0], t["x"], atol=1e-3)
+    np.testing.assert_allclose(cells[:, 1], t["y"], atol=1e-3)
+    np.testing.assert_allclose(cells[:, 2], t["score"], rtol=1e-6)
+    assert np.isnan(cells[:, 3]).all()  # no calibration: no flags
+    assert info["colour_by"] == "score" and info["cells"] == len(t["x"])
+    assert [c["cell_id"] for c in info["top"]] == list(t["cell_id"][:K])
+    assert [z["z_um"] for z in info["planes"]] == [0.0, -1.0]
+    assert info["summary"]["adequacy"] is None or "result" in info["summary"]["adequacy"]
+    # the map is cyto.infer.maps' own: one pixel per window
+    from PIL import Image
+
+    from cyto.infer.maps import map_of_table
+
+    m = map_of_table(pq.read_table(scored / "scores.parquet"), 3072, 2048, info["mpp"])
+    assert (legend["rows"], legend["cols"]) == m.shape and legend["kind"] == m.kind
+    assert Image.open(__import__("io").BytesIO(png.content)).size == (m.shape[1], m.shape[0])
+
+
+def test_flagged_cells_are_coloured_by_their_flag(scored, tmp_path):
+    """A table with FDR flags (a calibrated bundle) colours by the flag, nulls as unknown."""
+    from cyto.view.folder import open_view
+
+    folder = tmp_path / "out"
+    shutil.copytree(scored, folder)
+    path = folder / "scores.parquet"
+    t = pq.read_table(path)
+    n = t.num_rows
+    flags = [None if i % 10 == 0 else i % 3 == 0 for i in range(n)]
+    t2 = t.append_column("flagged_bh", pa.array(flags, pa.bool_()))
+    pq.write_table(t2.replace_schema_metadata(t.schema.metadata), path)
+    (slide,) = open_view(folder)
+    cells = np.frombuffer(slide.cells_bin(), "<f4").reshape(-1, 4)
+    order = np.argsort(np.asarray(t["rank"]))
+    want = np.array([np.nan if f is None else float(f) for f in flags])[order]
+    np.testing.assert_array_equal(cells[:, 3], want)
+    assert slide.info(0, 256)["colour_by"] == "flagged_bh"
+    assert slide.abnormality_map().kind == "fraction_flagged"
+
+
+def test_an_unfinished_review_is_not_unblinded(scored, tmp_path):
+    from cyto.review.session import build_session
+    from cyto.review.store import MarkStore
+    from cyto.view.folder import open_view
+
+    folder = tmp_path / "out"
+    shutil.copytree(scored, folder)
+    session = build_session([folder], folder / "review", k=10, seed=0, echo=lambda _: None)
+    with pytest.raises(ConfigError, match="blinded review nobody has started.*--unblind"):
+        open_view(folder)
+    store = MarkStore(session.root)
+    store.mark("ann", session.case_ids()[0], 0, True)
+    with pytest.raises(ConfigError, match="ann has not finished"):
+        open_view(folder)
+    proc = run_cyto("view", str(folder))
+    assert proc.returncode != 0 and "--unblind" in proc.stderr and "\n" not in proc.stderr.strip()
+    assert len(open_view(folder, unblind=True)) == 1
+    for case in session.case_ids():
+        store.set_done("ann", case, True)
+    store.close()
+    assert len(open_view(folder)) == 1  # finished: viewing it unblinds nothing
+
+
+def test_a_changed_slide_or_a_review_folder_is_refused(scored, tmp_path):
+    from cyto.errors import InputPathError
+    from cyto.view.folder import open_view
+    from cyto.view.tiles import TilePyramid
+
+    root = tmp_path / "copy"
+    shutil.copytree(scored.parent, root, ignore=shutil.ignore_patterns("review"))
+    folder = root / "out"
+    summary = folder / "summary.json"
+    summary.write_text(summary.read_text().replace(str(scored.parent), str(root)))
+    (slide,) = open_view(folder)
+    first = TilePyramid(slide, tmp_path / "cache").dir
+    # the same name, other pixels: refused, never drawn under the old markers
+    write_slide(
+        root / "slide.tif",
+        SlideSynthConfig(width=3072, height=2048, n_cells=300, seed=6),
+        overwrite=True,
+        workers=1,
+    )
+    with pytest.raises(ConfigError, match="the slide file slide.tif .*score it again"):
+        open_view(folder)
+    # its tiles would be another cache folder: the key holds the slide's identity
+    slide.identity = {str(root / "slide.tif"): "another"}
+    assert TilePyramid(slide, tmp_path / "cache").dir != first
+    with pytest.raises(InputPathError, match="no scored slide"):
+        open_view(tmp_path / "cache")
+
+
+def test_help_says_it_unblinds():
+    proc = run_cyto("view", "--help")
+    assert proc.returncode == 0
+    assert "UNBLINDS" in proc.stdout and "--unblind" in proc.stdout
+
+
+def test_responses_on_a_kept_alive_connection_are_not_held_back():
+    """bind() made its socket with proto 0, on which asyncio never sets TCP_NODELAY: each
+    response after a connection's first waited for the browser's delayed ACK (44 ms a tile,
+    measured). The accepted connections of a bound socket now send at once."""
+    import asyncio
+    import socket
+
+    from cyto.localserver import bind
+
+    sock = bind("127.0.0.1", 0)
+    seen = {}
+
+    async def run():
+        async def handle(reader, writer):
+            s = writer.get_extra_info("socket")
+            seen["nodelay"] = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=sock)
+        port = sock.getsockname()[1]
+        _, w = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        w.close()
+        server.close()
+
+    asyncio.run(run())
+    assert seen["nodelay"] != 0
+
+
+def test_score_says_how_to_view_the_slide(scored):
+    from cyto.view.folder import view_words
+
+    summary = {"output": str(scored)}
+    assert view_words([summary], scored.parent) == (
+        f"see the whole slide, every cell on it: cyto view {scored} "
+        "(shows ranks: unblinded; docs/how-to/view-slide.md)"
+    )
+    two = [summary, {"output": str(scored.parent / "b")}]
+    assert f"cyto view {scored.parent} " in view_words(two, scored.parent)
+    assert view_words([], scored.parent) is None
