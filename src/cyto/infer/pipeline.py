@@ -61,11 +61,14 @@ def score_slide(
     if pool is None and opts.decode == "cpu":
         pool = start_workers(slide, opts.n_workers())
     try:
-        return _score_slide(slide, model, out_dir, opts, echo, metrics, pool)
+        summary = _score_slide(slide, model, out_dir, opts, echo, metrics, pool)
     except BaseException:
-        if pool is not None:  # the feed shuts it down; not reached when something failed first
+        if pool is not None:  # a worker still starting exits once started
             pool.shutdown(wait=False, cancel_futures=True)
         raise
+    if pool is not None:  # told to stop when the last tile came in; gone by now, or soon
+        pool.shutdown(wait=True)
+    return summary
 
 
 def _score_slide(slide: Path, model, out_dir: Path, opts, echo, metrics, pool) -> dict:
