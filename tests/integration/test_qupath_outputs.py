@@ -307,9 +307,10 @@ def test_score_writes_them_lists_them_and_redoes_a_slide_whose_outputs_differ(
     exported_dsvdd, slide, tmp_path
 ):
     """`cyto score` writes cells.geojson and the map by default, records their sizes in
-    summary.json's outputs, says how to open them; a finished slide whose cells.geojson was cut
-    short, or that was scored with other --qupath outputs, is scored again; --qupath none
-    removes another run's."""
+    summary.json's outputs, says how to open them; on --resume, a finished slide whose
+    cells.geojson was cut short, or that was scored with other --qupath outputs, gets them drawn
+    again from its table (anything else that differs is scored again); --qupath none removes
+    another run's."""
     import tifffile
 
     from cyto.cohort.local import finished_summary
@@ -324,8 +325,10 @@ def test_score_writes_them_lists_them_and_redoes_a_slide_whose_outputs_differ(
     assert proc.returncode == 0, proc.stderr
     folder = out / "s"
     summary = json.loads((folder / "summary.json").read_text())
-    assert "QuPath: in " in proc.stdout and "cells.geojson" in proc.stdout
-    assert "open-in-qupath" in proc.stdout.splitlines()[-1]
+    said_qupath = [line for line in proc.stdout.splitlines() if line.startswith("QuPath: in ")]
+    assert len(said_qupath) == 1 and str(folder) in said_qupath[0]
+    assert CELLS_GEOJSON in said_qupath[0] and MAP_TIFF in said_qupath[0]
+    assert "open-in-qupath" in said_qupath[0]
     cells = summary["outputs"][CELLS_GEOJSON]
     assert cells["features"] == summary["cells_scored"] > 0
     assert cells["bytes"] == (folder / CELLS_GEOJSON).stat().st_size
@@ -344,18 +347,33 @@ def test_score_writes_them_lists_them_and_redoes_a_slide_whose_outputs_differ(
     assert summary["output_key"]["qupath"] == "cells,map"
 
     scorer = load_scorer(exported_dsvdd, "onnx", "cpu", "fp32")
-    quiet = []
+    said = []
+    table_written = (folder / "scores.parquet").stat().st_mtime_ns
     same = ScoreOptions(workers=0, resume=True)
-    assert finished_summary(folder, scorer, slide, same, quiet.append) is not None
-    other = ScoreOptions(workers=0, resume=True, qupath="map")
-    assert finished_summary(folder, scorer, slide, other, quiet.append) is None
-    assert "--qupath" in quiet[-1]
+    assert finished_summary(folder, scorer, slide, same, said.append) == summary
+    # a cells.geojson cut short is drawn again from the table; the cells are not scored again
     data = (folder / CELLS_GEOJSON).read_bytes()
-    (folder / CELLS_GEOJSON).write_bytes(data[: len(data) // 2])  # cut short
-    assert finished_summary(folder, scorer, slide, same, quiet.append) is None
-    assert "cells.geojson holds" in quiet[-1]
+    (folder / CELLS_GEOJSON).write_bytes(data[: len(data) // 2])
+    again = finished_summary(folder, scorer, slide, same, said.append)
+    assert again is not None and "cells.geojson holds" in said[-1]
+    assert (folder / CELLS_GEOJSON).read_bytes() == data
+    assert again["outputs"][CELLS_GEOJSON]["bytes"] == len(data)
+    # other QuPath outputs asked for: written (and another run's removed), the summary says so
+    only_map = ScoreOptions(workers=0, resume=True, qupath="map", map_um=100.0)
+    moved = finished_summary(folder, scorer, slide, only_map, said.append)
+    assert "--qupath" in said[-1] and "--map-um" in said[-1]
+    assert not (folder / CELLS_GEOJSON).exists() and CELLS_GEOJSON not in moved["outputs"]
+    assert moved["output_key"] == only_map.output_key()
+    assert moved["outputs"][MAP_TIFF]["scale"]["window_um"] == 100.0
+    assert json.loads((folder / "summary.json").read_text()) == moved
+    assert finished_summary(folder, scorer, slide, only_map, said.append) == moved  # as it is
+    assert (folder / "scores.parquet").stat().st_mtime_ns == table_written
+    # anything else that differs scores the slide again
+    other = ScoreOptions(workers=0, resume=True, qupath="map", map_um=100.0, top_k=50)
+    assert finished_summary(folder, scorer, slide, other, said.append) is None
+    assert "--top-k" in said[-1] and "scoring it again" in said[-1]
 
-    score_slide(slide, scorer, folder, ScoreOptions(workers=0, qupath="none"), echo=quiet.append)
+    score_slide(slide, scorer, folder, ScoreOptions(workers=0, qupath="none"), echo=said.append)
     assert not (folder / CELLS_GEOJSON).exists() and not (folder / MAP_TIFF).exists()
     summary = json.loads((folder / "summary.json").read_text())
     assert CELLS_GEOJSON not in summary["outputs"] and MAP_TIFF not in summary["outputs"]

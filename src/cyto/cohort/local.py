@@ -33,8 +33,12 @@ def finished_summary(
     options, if its outputs are still what it wrote (:func:`cyto.reuse.check_reuse`: the model,
     the slide's and side files' content, every option that shapes the outputs, and the tables
     and mosaics read back with their rows); None, said once, when anything differs: the slide
-    is then scored again."""
+    is then scored again. When only its QuPath outputs differ (``--qupath``, ``--map-um``, or
+    such a file missing or cut short), they are written again from its table, said once, and
+    the summary that lists them is returned."""
+    from cyto.infer.finish import QUPATH_KEYS, rewrite_qupath
     from cyto.infer.outputs import output_artifacts
+    from cyto.infer.qupath import QUPATH_FILES
     from cyto.reuse import check_reuse, read_record
 
     summary = target / "summary.json"
@@ -57,8 +61,25 @@ def finished_summary(
         "slide": slide_identity(slide),
         **opts.output_key(),
     }
-    reuse = check_reuse(recorded, current, output_artifacts(target, data), SCORE_KEY_NAMES)
+    artifacts = output_artifacts(target, data)
+    reuse = check_reuse(recorded, current, artifacts, SCORE_KEY_NAMES)
     if reuse.ok:
+        return data
+    # all that differs is the QuPath outputs (other ones asked for, or a file missing or cut
+    # short): they are drawn again from the table, the cells not scored again
+    qupath_files = set(QUPATH_FILES.values())
+    rest = check_reuse(
+        {**recorded, **{f: current.get(f) for f in QUPATH_KEYS}},
+        current,
+        [a for a in artifacts if Path(a.path).name not in qupath_files],
+        SCORE_KEY_NAMES,
+    )
+    if rest.ok and isinstance(data.get("outputs"), dict):
+        data = rewrite_qupath(target, data, opts, slide)
+        echo(
+            f"{slide.name}: {target}: QuPath outputs written again from its table "
+            f"({'; '.join(reuse.differs + reuse.broken)})"
+        )
         return data
     why = []
     if reuse.differs:

@@ -347,3 +347,43 @@ def _adequacy(table, burden: dict, run: _Run):
 def write_summary(out_dir: Path, summary: dict) -> None:
     """``summary.json``, at once (it says the folder's outputs are whole)."""
     atomic_write(out_dir / SUMMARY, json.dumps(summary, indent=2, default=str).encode())
+
+
+#: the output-key fields that only choose the QuPath outputs (cyto.infer.qupath)
+QUPATH_KEYS = ("qupath", "map_um")
+
+
+def rewrite_qupath(out_dir: Path, summary: dict, opts: ScoreOptions, slide: Path) -> dict:
+    """Write the QuPath outputs ``opts`` asks for into the finished folder ``out_dir`` from its
+    score table, and the summary that lists them (written last, at once); returns it. For a
+    finished slide whose table, ranks and other outputs hold (:func:`cyto.reuse.check_reuse`)
+    and whose QuPath outputs differ, are missing or are cut short: the cells need no second
+    scoring to be drawn again."""
+    import pyarrow.parquet as pq
+
+    from cyto.infer.qupath import QUPATH_FILES
+
+    with open(Path(out_dir) / "scores.parquet", "rb") as fh:  # a handle: Arrow takes UTF-8 only
+        table = pq.read_table(fh)
+    k = min(int((summary.get("output_key") or {}).get("top_k") or opts.top_k), table.num_rows)
+    written = write_qupath(
+        table,
+        Path(out_dir),
+        opts.qupath_outputs(),
+        top_k=k,
+        slide=slide,
+        mpp=(summary.get("resolution") or {}).get("slide_mpp"),
+        assumed_mpp=opts.detection.mpp,
+        window_um=opts.map_um,
+    )
+    files = set(QUPATH_FILES.values())
+    outputs = {n: s for n, s in (summary.get("outputs") or {}).items() if n not in files}
+    key = opts.output_key()
+    summary = {
+        **summary,
+        "outputs": {**outputs, **written},
+        "output_key": {**summary["output_key"], **{f: key[f] for f in QUPATH_KEYS}},
+        "options": {**(summary.get("options") or {}), "qupath": opts.qupath, "map_um": opts.map_um},
+    }
+    write_summary(Path(out_dir), summary)
+    return summary
