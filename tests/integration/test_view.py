@@ -396,3 +396,30 @@ def test_score_says_how_to_view_the_slide(scored):
     two = [summary, {"output": str(scored.parent / "b")}]
     assert f"cyto view {scored.parent} " in view_words(two, scored.parent)
     assert view_words([], scored.parent) is None
+
+
+def test_a_cohort_folder_lists_its_slides_and_beyond_loopback_needs_the_key(scored, tmp_path):
+    from cyto.view.folder import open_view
+
+    cohort = tmp_path / "cohort"
+    for name in ("a", "b"):
+        shutil.copytree(scored, cohort / name)
+    slides = open_view(cohort)
+    assert [s.name for s in slides] == ["a", "b"]
+    with _client(slides, tmp_path / "cache") as c:
+        listed = c.get("/api/slides").json()["slides"]
+        assert [s["name"] for s in listed] == ["a", "b"]
+        assert c.get("/api/slides/1").json()["name"] == "b"
+        assert c.get("/api/slides/0", headers={"Host": "evil.example"}).status_code == 400
+    base = "http://192.0.2.10:8766"
+    from starlette.testclient import TestClient
+
+    from cyto.view.server import make_app
+
+    app = make_app(slides, tmp_path / "cache", hosts=("*",), access_key="s3cret")
+    with TestClient(app, base_url=base) as stranger:
+        for path in ("/", "/api/slides", "/api/slides/0/cells.bin", "/static/view.js", "/?key=no"):
+            assert stranger.get(path).status_code == 401, path
+    with TestClient(app, base_url=base) as viewer:
+        assert viewer.get("/?key=s3cret").status_code == 200
+        assert viewer.get("/api/slides/0/cells.bin").status_code == 200  # the cookie holds it
