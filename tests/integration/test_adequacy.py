@@ -223,3 +223,31 @@ def test_the_real_slides_are_judged(real_slides_scored):
         assert a["reasons"], name
         assert a["cells_detected"] == run["summary"]["cells_scored"]
         print(name, a["result"], a["reasons"])
+
+
+def test_the_review_report_says_each_slides_adequacy(model, slides, tmp_path):
+    """The review page is blinded (it names no slide); its report, which does, says how the
+    run that scored each slide judged its adequacy."""
+    from cyto.review.report import write_report
+    from cyto.review.session import build_session
+    from cyto.review.store import MarkStore
+
+    out = tmp_path / "scored"
+    for name in ("normal", "defocused"):
+        _score(slides[name], model, out / name)
+    session = build_session([out], tmp_path / "review", k=8, seed=0, echo=lambda _: None)
+    assert "adequacy" not in json.dumps(session.cases)  # nothing of it reaches the page
+    store = MarkStore(session.root)
+    for case in session.case_ids():
+        store.mark("ann", case, 0, True)
+        store.set_done("ann", case, True)
+    store.close()
+    report = write_report(session.root)
+    said = {r["slide"]: r["adequacy"] for r in report["expert_table"] if r["model"] != "pooled"}
+    assert said["normal.tif"] == "satisfactory"
+    assert (
+        said["defocused.tif"].startswith("unsatisfactory: ")
+        and "out of focus" in (said["defocused.tif"])
+    )
+    md = (session.root / "report" / "expert_table.md").read_text()
+    assert "| adequacy |" in md and "unsatisfactory: " in md

@@ -131,7 +131,12 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
     lo, hi = b["abnormal_cells_interval"]
     assert 0 <= lo <= b["abnormal_cells"] <= hi <= table.num_rows
     assert b["cells_above"] == int(np.sum(scores > b["threshold"]))
-    assert 0 < b["slide_p_value"] <= 1 and b["triage"] in ("excess", "no excess")
+    assert 0 < b["slide_p_value"] <= 1
+    # these slides' cells look 1.6x smaller than the small model's training cells (cyto score
+    # warns): the default adequacy rule finds them unsatisfactory, and the triage says so
+    # instead of 'no excess' (an excess would still be said first)
+    assert summary["adequacy"]["result"] == "unsatisfactory"
+    assert b["triage"].startswith(("excess; unsatisfactory: ", "unsatisfactory: "))
     row = _csv(out / "cohort.csv")[0]
     assert row["calibration"] == "ok" and int(row["flagged_bh"]) == b["flagged_bh"]
     assert float(row["abnormal_cells_low"]) == lo

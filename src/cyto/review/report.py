@@ -162,6 +162,9 @@ def build_report(
             }
             if has_truth:
                 row["abnormal_shown"] = int(np.sum(labels[sel] == 1))
+            said = _adequacy(info["models"], model)
+            if said is not None:  # the slide's adequacy, as the run that scored it judged it
+                row["adequacy"] = said
             rows.append(row)
         if has_truth:
             planted = info.get("planted_abnormal")
@@ -346,11 +349,23 @@ def paper_layout(report: dict) -> list[str]:
     return lines
 
 
+def _adequacy(models: list[dict], model: str) -> str | None:
+    """The slide's adequacy (``cyto score --adequacy``) for a model's row; for the pooled row
+    the least adequate of its runs'. None when no run judged it."""
+    said = [m["adequacy"] for m in models if "adequacy" in m and model in (m["model"], POOLED)]
+    if not said:
+        return None
+    order = ("unsatisfactory", "limited", "satisfactory")
+    return min(said, key=lambda a: next((i for i, o in enumerate(order) if a.startswith(o)), 3))
+
+
 def _markdown(report: dict, fields: list[str]) -> str:
     names = report["reviewers"]
     head = ["case", "slide", "model", "cells_shown", "marks", "both", "either"]
     if "abnormal_shown" in fields:
         head.append("abnormal_shown")
+    if "adequacy" in fields:
+        head.append("adequacy")
     head.append("unfinished")
     left_out = (
         "counted as they stand (--include-unfinished)"

@@ -53,6 +53,8 @@ class Source:
     crop_px: int
     mpp: float | None
     planted: int | None  # planted abnormal cells when the slide was scored with --truth
+    #: the slide's adequacy under the run's --adequacy rule ("RESULT: REASONS"; None: no rule)
+    adequacy: str | None = None
 
 
 @dataclass
@@ -129,11 +131,21 @@ def read_source(folder: Path) -> Source:
             crop_px=int(s["resolution"]["crop_px_level0"]),
             mpp=s["resolution"].get("slide_mpp"),
             planted=(s.get("truth") or {}).get("planted_abnormal"),
+            adequacy=_adequacy_words(s.get("adequacy")),
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputPathError(
             f"{folder / 'summary.json'} is not a cyto score summary ({exc}); rerun cyto score"
         ) from exc
+
+
+def _adequacy_words(block: dict | None) -> str | None:
+    """A summary's adequacy block as the report shows it: ``satisfactory`` or
+    ``unsatisfactory: REASONS``."""
+    if not isinstance(block, dict) or "result" not in block:
+        return None
+    reasons = "; ".join(block.get("reasons") or ())
+    return f"{block['result']}: {reasons}" if reasons else str(block["result"])
 
 
 def _slide_path(slide: Path, folder: Path) -> Path:
@@ -302,7 +314,9 @@ def build_session(
                 "crop_px": crop,
                 "planted_abnormal": group[0].planted,
                 "models": [
-                    {"model": s.model, "method": s.method, "folder": str(s.folder)} for s in group
+                    {"model": s.model, "method": s.method, "folder": str(s.folder)}
+                    | ({"adequacy": s.adequacy} if s.adequacy is not None else {})
+                    for s in group
                 ],
                 "cells": [{"position": p, **c} for p, c in enumerate(cells)],
             }

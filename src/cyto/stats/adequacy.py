@@ -297,7 +297,9 @@ def _not_evaluable_words(m: dict) -> str:
         parts.append(f"{m['out_of_focus_share']:.0%} out of focus")
     if m.get("crowding_counted", True):
         parts.append(f"{m['crowded_share']:.0%} crowded")
-    return ", ".join(parts) or "off scale"
+    if (m.get("cell_scale") or {}).get("off_scale"):
+        parts.append("all off scale")
+    return ", ".join(parts)
 
 
 def triage_words(triage: str, adequacy: dict | None) -> str:
