@@ -377,6 +377,13 @@ def test_score_writes_them_lists_them_and_redoes_a_slide_whose_outputs_differ(
     assert not (folder / CELLS_GEOJSON).exists() and not (folder / MAP_TIFF).exists()
     summary = json.loads((folder / "summary.json").read_text())
     assert CELLS_GEOJSON not in summary["outputs"] and MAP_TIFF not in summary["outputs"]
+    # a folder of a cyto before these outputs (its key has no --qupath): written on --resume
+    for field in ("qupath", "map_um"):
+        del summary["output_key"][field]
+    (folder / "summary.json").write_text(json.dumps(summary))
+    older = finished_summary(folder, scorer, slide, same, said.append)
+    assert older is not None and older["output_key"] == same.output_key()
+    assert (folder / CELLS_GEOJSON).is_file() and (folder / MAP_TIFF).is_file()
 
 
 def test_qupath_option_is_checked_by_name():
