@@ -253,3 +253,38 @@ def test_cell_flags_crowding_edges_and_the_quality_column():
     assert shares["empty_scanned_share"] == 0.25 and shares["glass_or_skipped_share"] == 0.25
     mask = quality.area_shares(tiles, flags["crowded"], n_tissue_tiles=3, n_grid_tiles=8)
     assert mask["skipped_share"] == 0.625 and mask["glass_or_skipped_share"] == 0.625
+
+
+def test_a_section_s_packed_nuclei_are_not_held_against_it_under_tissue_detection():
+    block = _judge("general", crowded_area_share=0.9, crowded_share=0.9, crowding_counted=False)
+    assert block["result"] == "satisfactory"
+
+
+def test_cells_off_scale_by_the_recorded_resolutions_name_rescale():
+    scale = {"factor": None, "off_scale": True, "mpp_ratio": 0.24, "mpp_off_scale": True}
+    block = _judge("general", cell_scale=scale)
+    assert block["result"] == "unsatisfactory"
+    assert (
+        "they look 4.17x smaller than its training cells: the slide's mpp" in (block["reasons"][0])
+    )
+    table = quality.cell_quality(
+        np.array([[500.0, 500.0]]),
+        np.array([50.0]),
+        np.array([0]),
+        crop_px=192,
+        tile=1024,
+        width=1024,
+        height=1024,
+        grid_cols=1,
+        focus_threshold=None,
+    )
+    assert table["out_of_focus"].tolist() == [False]  # no reference: focus not judged
+
+
+def test_false_in_a_rule_file_turns_a_check_off(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_text('[adequacy]\nbase = "smear-conventional"\nlimited_glass = false\n')
+    rule = adequacy.resolve(str(path))
+    assert rule.limited_glass is None and rule.min_cells == 8000
+    m = _measures(glass_or_skipped_share=0.99, cells_evaluable=20000)
+    assert adequacy.judge(rule, m)["result"] == "satisfactory"

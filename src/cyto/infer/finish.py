@@ -333,6 +333,7 @@ def _adequacy(table, burden: dict, run: _Run):
         size=plan.size,
         n_tissue_tiles=len(plan.jobs),
         detection=run.opts.detection.kind,
+        mpp_ratio=None if run.opts.rescale else run.res.mpp_ratio,
     )
     table = table.append_column("quality", pa.array(columns["quality"], type=pa.string()))
     table = table.append_column("evaluable", pa.array(columns["evaluable"], type=pa.bool_()))

@@ -181,13 +181,17 @@ def slide_adequacy(
     size: tuple[int, int],
     n_tissue_tiles: int,
     detection: str,
+    mpp_ratio: float | None = None,
 ) -> tuple[dict, dict]:
     """(score-table columns, ``summary["adequacy"]``) of a slide's score ``table`` judged by
     ``rule`` (:mod:`cyto.stats.adequacy`): the columns ``quality`` (flags, :data:`FLAGS`, or
     ``ok``) and ``evaluable``; the block holds the result, its reasons and every measure.
 
     Crowding is held against a cell only under ``detection == "smear"``: the nuclei of a
-    section (``--detection tissue``) touch by nature; the flag is still written."""
+    section (``--detection tissue``) touch by nature; the flag is still written. ``mpp_ratio``:
+    the model's mpp over the slide's when the crops are not resampled to it (``--rescale``):
+    more than :data:`~cyto.data.scale.ADVISE_ZOOM` off, the cells are off scale whatever the
+    detection."""
     from cyto.stats.adequacy import judge
 
     width, height = size
@@ -214,13 +218,18 @@ def slide_adequacy(
     )
     counted = detection == "smear"
     # the scale check's advice (given under smear detection only: a section's touching nuclei
-    # fool the nucleus share), not judged when most cells are out of focus or crowded: blur
-    # spreads a nucleus and touching cells join theirs (a defocused slide's cells looked 1.3x
-    # larger, a crowded one's 1.5x: docs/how-to/adequacy.md)
+    # fool the nucleus share); cells that look larger are not judged when most cells are out of
+    # focus or crowded: blur spreads a nucleus and touching cells join theirs (a defocused
+    # slide's cells looked 1.3x larger, a crowded one's 1.5x: docs/how-to/adequacy.md), while
+    # neither makes a cell look smaller
     blurred = float(flags["out_of_focus"].mean()) if n else 0.0
     packed = float(flags["crowded"].mean()) if n and counted else 0.0
-    scale_judged = blurred <= 0.5 and packed <= 0.5
-    off_scale = bool(scale and scale.get("advised")) and scale_judged
+    larger = bool(scale and (scale.get("factor") or 1.0) < 1.0)
+    scale_judged = not larger or (blurred <= 0.5 and packed <= 0.5)
+    from cyto.data.scale import ADVISE_ZOOM
+
+    mpp_off = mpp_ratio is not None and not 1 / ADVISE_ZOOM <= mpp_ratio <= ADVISE_ZOOM
+    off_scale = (bool(scale and scale.get("advised")) and scale_judged) or mpp_off
     bad = flags["out_of_focus"] | (flags["crowded"] if counted else False)
     evaluable = ~bad & (not off_scale)
     measured = np.isfinite(sharp)
@@ -240,12 +249,15 @@ def slide_adequacy(
         "median_sharpness": round(float(np.median(sharp[measured])), 3) if measured.any() else None,
         "focus_reference": reference,
         "cell_scale": None
-        if not scale
+        if not scale and not mpp_off
         else {
-            "factor": scale.get("factor"),
-            "off_scale": off_scale if scale_judged else None,
-            "median_nucleus_share": scale.get("median_nucleus_share"),
-            "model_nucleus_share": scale.get("model_nucleus_share"),
+            "factor": (scale or {}).get("factor"),
+            "off_scale": off_scale if scale_judged or mpp_off else None,
+            "median_nucleus_share": (scale or {}).get("median_nucleus_share"),
+            "model_nucleus_share": (scale or {}).get("model_nucleus_share"),
+            # the model's mpp over the slide's, crops not resampled (None: --rescale, or unknown)
+            "mpp_ratio": mpp_ratio,
+            "mpp_off_scale": mpp_off,
         },
     }
     if reference is None:

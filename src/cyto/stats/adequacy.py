@@ -169,6 +169,16 @@ PRESETS: dict[str, AdequacyRule | None] = {
 }
 
 
+_THRESHOLDS = (
+    "min_cells",
+    "limited_cells",
+    "unsatisfactory_not_evaluable",
+    "limited_not_evaluable",
+    "limited_crowded_area",
+    "limited_glass",
+)
+
+
 def resolve(spec: str) -> AdequacyRule | None:
     """The rule ``--adequacy`` names: a preset (None for ``none``) or a TOML file's."""
     if spec in PRESETS:
@@ -214,6 +224,10 @@ def read_rule(path: Path) -> AdequacyRule:
     # a number a file states is the file's, not the preset's source
     sources = {k: v for k, v in base.sources.items() if k not in table}
     sources.update({k: f"{Path(path).name}" for k in table if k != "name"})
+    # TOML has no null: false turns a threshold off
+    for k in _THRESHOLDS:
+        if table.get(k) is False:
+            table[k] = None
     table.setdefault("name", Path(path).stem)
     try:
         return replace(base, **table, sources=sources)
@@ -234,11 +248,16 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
     n_eval, n_det = m["cells_evaluable"], m["cells_detected"]
     scale = m.get("cell_scale") or {}
     if rule.check_scale and scale.get("off_scale"):
-        f = scale["factor"]  # the model's nucleus share over the slide's: > 1, cells smaller
-        how = f"{f:.2f}x smaller" if f > 1 else f"{1 / f:.2f}x larger"
+        if scale.get("mpp_off_scale"):  # the recorded resolutions, crops not resampled
+            r = scale["mpp_ratio"]  # the model's mpp over the slide's: < 1, cells smaller
+            how = f"{1 / r:.2f}x smaller" if r < 1 else f"{r:.2f}x larger"
+            why = "the slide's mpp against the model's: pass --rescale"
+        else:
+            f = scale["factor"]  # the model's nucleus share over the slide's: > 1, smaller
+            how = f"{f:.2f}x smaller" if f > 1 else f"{1 / f:.2f}x larger"
+            why = "is the resolution right? --mpp, --rescale"
         unsat.append(
-            f"cells off the model's scale (they look {how} than its training cells: is the "
-            "resolution right? --mpp, --rescale)"
+            f"cells off the model's scale (they look {how} than its training cells: {why})"
         )
     if rule.min_cells is not None and n_eval < rule.min_cells:
         unsat.append(
@@ -268,9 +287,10 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
             )
     crowded = m.get("crowded_area_share")
     if (
-        rule.limited_crowded_area is not None
+        m.get("crowding_counted", True)  # not under --detection tissue
+        and rule.limited_crowded_area is not None
         and crowded is not None
-        and crowded > (rule.limited_crowded_area)
+        and crowded > rule.limited_crowded_area
     ):
         limited.append(
             f"{crowded:.0%} of the scanned area crowded, more than {rule.limited_crowded_area:.0%}"
