@@ -423,3 +423,70 @@ def test_a_cohort_folder_lists_its_slides_and_beyond_loopback_needs_the_key(scor
     with TestClient(app, base_url=base) as viewer:
         assert viewer.get("/?key=s3cret").status_code == 200
         assert viewer.get("/api/slides/0/cells.bin").status_code == 200  # the cookie holds it
+
+
+def _hand_scored(folder: Path, slide: Path, xs, ys, scores) -> Path:
+    """A scored folder as cyto score leaves one, with the given cells (no model run)."""
+    import json
+
+    from cyto.infer.outputs import TABLE_COLUMNS
+    from cyto.infer.store import slide_identity
+
+    n = len(xs)
+    rank = np.empty(n, np.int64)
+    rank[np.argsort(-np.asarray(scores))] = np.arange(1, n + 1)
+    identity = slide_identity(slide)
+    table = pa.table(
+        {
+            "slide_id": [slide.stem] * n,
+            "cell_id": np.arange(n),
+            "x": np.asarray(xs, np.float64),
+            "y": np.asarray(ys, np.float64),
+            "score": np.asarray(scores, np.float64),
+            "rank": rank,
+        }
+    ).replace_schema_metadata({"cyto.slide_identity": identity, "cyto.manifest_sha256": "m"})
+    folder.mkdir(parents=True)
+    pq.write_table(table, folder / "scores.parquet")
+    summary = {
+        "slide": str(slide),
+        "slide_identity": identity,
+        "model_sha256": "m",
+        "cells_scored": n,
+        "output_key": {"tile": 512, "planes": "none", "top_k": 5},
+        "outputs": {"scores.parquet": {"kind": "parquet", "rows": n, "columns": TABLE_COLUMNS}},
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+@pytest.mark.pyvips
+def test_the_skipped_layer_marks_the_tiles_without_tissue(tmp_path):
+    """Tissue on the left, glass on the right: the tiles the pipeline never visits (no tissue
+    in them) are the layer's strong tint, tissue is clear."""
+    import io
+
+    import pyvips
+    from PIL import Image
+
+    from cyto.view.folder import open_view
+
+    pixels = np.full((2048, 3072, 3), 255, np.uint8)
+    pixels[:, :1536] = (190, 120, 180)
+    slide = tmp_path / "half.tif"
+    pyvips.Image.new_from_array(pixels).tiffsave(
+        str(slide), tile=True, pyramid=True, compression="jpeg", Q=90
+    )
+    rng = np.random.default_rng(0)
+    xs, ys = rng.uniform(50, 1450, 40), rng.uniform(50, 2000, 40)
+    (view,) = open_view(_hand_scored(tmp_path / "out", slide, xs, ys, rng.normal(size=40)))
+    got = view.skipped()
+    assert got["tiles"] == 24 and got["tile"] == 512
+    skipped = {tuple(t) for t in got["skipped"]}
+    assert all(x0 >= 1536 for x0, _ in skipped)  # glass only
+    assert {(x0, y0) for x0 in (2048, 2560) for y0 in (0, 512, 1024, 1536)} <= skipped
+    assert got["visited"] == 24 - len(skipped)
+    mask = np.asarray(Image.open(io.BytesIO(view.mask_png())))
+    ds = got["mask_downsample"]
+    assert mask[int(1000 / ds), int(500 / ds), 3] == 0  # tissue: clear
+    assert mask[int(1000 / ds), int(2800 / ds), 3] == 150  # a skipped tile: tinted

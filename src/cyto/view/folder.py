@@ -253,7 +253,10 @@ class ViewSlide:
             if m.is_fraction:
                 lo, hi = 0.0, max(float(v[ok].max()) if ok.any() else 1.0, 1e-9)
             else:
-                lo = float(v[ok].min()) if ok.any() else 0.0
+                # the highest score of a window of many cells is high by chance alone: the
+                # slide's median window is the bottom of the colours, so windows stand out
+                # by how far they rise above a typical one (the legend says so)
+                lo = float(np.median(v[ok])) if ok.any() else 0.0
                 hi = float(v[ok].max()) if ok.any() else 1.0
             u = np.clip((np.where(ok, v, lo) - lo) / max(hi - lo, 1e-12), 0, 1)
             rgba = np.zeros((*v.shape, 4), np.uint8)

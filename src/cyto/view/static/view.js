@@ -291,8 +291,9 @@ function showLegend(legend) {
   if (legend) {
     const what = legend.kind === "max_score" ? "highest score" : "fraction flagged";
     const win = legend.window_um ? `${legend.window_um} µm` : `${legend.window_px} px`;
-    words.push(`map: ${what} per ${win} window, ${legend.low.toPrecision(3)} to ` +
-      `${legend.high.toPrecision(3)}`);
+    const from = legend.kind === "max_score" ? "the median window" : "0";
+    words.push(`map: ${what} per ${win} window, from ${from} (${legend.low.toPrecision(3)}) ` +
+      `to ${legend.high.toPrecision(3)}; clear: no cell`);
     $("map-kind").textContent = `(${what} per ${win})`;
   }
   $("legend-words").textContent = words.join(" · ");
