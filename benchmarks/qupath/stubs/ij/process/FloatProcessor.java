@@ -1,0 +1,2 @@
+package ij.process;
+public class FloatProcessor extends ImageProcessor { public FloatProcessor(int w, int h) {} }
