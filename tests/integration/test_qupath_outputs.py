@@ -78,6 +78,16 @@ def score_table(n: int, seed: int = 0) -> pa.Table:
     )
 
 
+def read_json(path: Path):
+    """A JSON file read strictly: NaN and Infinity, which Python writes and QuPath's Gson in
+    v0.4 and v0.5 does not take as measurements, are refused."""
+
+    def refuse(constant):
+        raise ValueError(f"{path} holds {constant}, which is not JSON")
+
+    return json.loads(Path(path).read_text(), parse_constant=refuse)
+
+
 def check_qupath_feature(f: dict) -> None:
     """One GeoJSON feature as QuPath v0.4-v0.6 reads it into a detection (the module docstring
     names the source of each rule)."""
@@ -106,7 +116,7 @@ def test_cells_are_qupath_detections_with_every_numeric_column(tmp_path):
     table = score_table(500)
     path = tmp_path / CELLS_GEOJSON
     assert write_detections([table], path, top_k=20, radius_px=16.0) == 500
-    features = json.loads(path.read_text())["features"]
+    features = read_json(path)["features"]
     assert len(features) == 500
     for f in features:
         check_qupath_feature(f)
@@ -139,6 +149,21 @@ def test_cells_are_qupath_detections_with_every_numeric_column(tmp_path):
             assert cls is None
 
 
+def test_a_cell_without_a_centre_is_left_out_and_the_file_stays_json(tmp_path):
+    table = score_table(10)
+    x = table["x"].to_numpy().copy()
+    x[3] = np.nan
+    table = table.set_column(table.schema.get_field_index("x"), "x", pa.array(x))
+    path = tmp_path / CELLS_GEOJSON
+    assert write_detections([table], path, top_k=5, radius_px=8.0) == 9
+    features = read_json(path)["features"]  # strict JSON: no NaN anywhere
+    ids = [f["properties"]["measurements"]["cell_id"] for f in features]
+    assert ids == [i for i in range(10) if i != 3]
+    empty = tmp_path / "empty.geojson"
+    assert write_detections([table.slice(0, 0)], empty, top_k=5, radius_px=8.0) == 0
+    assert read_json(empty) == {"type": "FeatureCollection", "features": []}
+
+
 def test_topk_geojson_is_written_by_the_same_writer(tmp_path):
     """topk.geojson was points with a classification of a name and no colour, which QuPath
     v0.4-v0.6 refuses ("Unable to parse PathClass"), and only three measurements."""
@@ -148,7 +173,7 @@ def test_topk_geojson_is_written_by_the_same_writer(tmp_path):
     order, rank = ranks(np.asarray(table["score"]))
     table = table.append_column("rank", pa.array(rank))
     write_geojson(table, order, 25, tmp_path / "topk.geojson", mpp=0.25)
-    features = json.loads((tmp_path / "topk.geojson").read_text())["features"]
+    features = read_json(tmp_path / "topk.geojson")["features"]
     assert [f["properties"]["measurements"]["rank"] for f in features] == list(range(1, 26))
     for f in features:
         check_qupath_feature(f)
@@ -196,7 +221,7 @@ def test_a_hundred_thousand_cells_are_written_in_bounded_memory_and_read_back(tm
     # than at 10^4). Measured here: 30.5 MB and 30.9 MB (and 31.5 MB at 4 x 10^5)
     assert large < small + 6e6, (small, large)
     assert large < 64e6, large
-    features = json.loads(path.read_text())["features"]  # a GeoJSON parser reads it whole
+    features = read_json(path)["features"]  # a GeoJSON parser reads it whole
     table = pq.read_table(tmp_path / "scores_100000.parquet")
     assert len(features) == table.num_rows == 100_000
     m = [f["properties"]["measurements"] for f in features]
@@ -333,7 +358,7 @@ def test_score_writes_them_lists_them_and_redoes_a_slide_whose_outputs_differ(
     cells = summary["outputs"][CELLS_GEOJSON]
     assert cells["features"] == summary["cells_scored"] > 0
     assert cells["bytes"] == (folder / CELLS_GEOJSON).stat().st_size
-    features = json.loads((folder / CELLS_GEOJSON).read_text())["features"]
+    features = read_json(folder / CELLS_GEOJSON)["features"]
     table = pq.read_table(folder / "scores.parquet")
     assert len(features) == table.num_rows
     assert sorted(f["properties"]["measurements"]["cell_id"] for f in features) == sorted(

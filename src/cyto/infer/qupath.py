@@ -119,7 +119,10 @@ def _features(batch, columns: list[str], top_k: int, radius_px: float) -> Iterab
     flags = (
         batch.column(names.index("flagged_bh")).to_pylist() if "flagged_bh" in names else [None] * n
     )
-    for coords, row, rank, flag in zip(ring.tolist(), rows, ranks, flags, strict=True):
+    placed = (np.isfinite(xs) & np.isfinite(ys)).tolist()  # no centre, no geometry: left out
+    for coords, row, rank, flag, ok in zip(ring.tolist(), rows, ranks, flags, placed, strict=True):
+        if not ok:
+            continue
         if flag:
             cls = _CLASSES["flagged"]
         elif rank is not None and rank <= top_k:
@@ -145,8 +148,8 @@ def write_detections(batches: Iterable, path: Path, *, top_k: int, radius_px: fl
     FeatureCollection of QuPath detections (the module's docstring says which fields QuPath
     reads); cells ranked within ``top_k`` are classed ``cyto top-K``, FDR-flagged cells
     ``cyto flagged``. ``radius_px``: the nucleus radius (level-0 px) where the table gives no
-    ``nucleus_area``. Written one batch at a time, to a hidden file renamed into place at the
-    end. Returns the number of features."""
+    ``nucleus_area``; a row without a finite centre is left out. Written one batch at a time,
+    to a hidden file renamed into place at the end. Returns the number of features."""
     path = Path(path)
     partial = path.with_name(f".{path.name}.tmp")
     count = 0
