@@ -288,3 +288,11 @@ def test_false_in_a_rule_file_turns_a_check_off(tmp_path):
     assert rule.limited_glass is None and rule.min_cells == 8000
     m = _measures(glass_or_skipped_share=0.99, cells_evaluable=20000)
     assert adequacy.judge(rule, m)["result"] == "satisfactory"
+
+
+def test_crops_on_a_device_measure_as_on_the_host():
+    torch = pytest.importorskip("torch")
+    crops = _cells(6, 1.0)
+    np.testing.assert_allclose(
+        quality.crop_sharpness(torch.from_numpy(crops)), quality.crop_sharpness(crops), rtol=1e-4
+    )
