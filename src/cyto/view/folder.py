@@ -10,6 +10,7 @@ shows every cell's rank.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -128,6 +129,7 @@ class ViewSlide:
         if self.flag_column and table[self.flag_column].null_count == table.num_rows:
             self.flag_column = None  # the flags were withheld (calibration mismatch)
         self._lock = threading.Lock()
+        self._layers = threading.Lock()  # the map and the mask are computed once
         self._readers: dict[int, object] = {}
         self._cached: dict[str, bytes] = {}
         info = self.reader(0).info
@@ -243,9 +245,23 @@ class ViewSlide:
         # no resolution: windows of a fixed pixel size (said on the page)
         return map_of_table(self.table, self.width, self.height, 1.0, float(WINDOW_PX_NO_MPP))
 
+    def warm(self) -> None:
+        """Compute the map and the skipped-region layer now (the server does it as it starts,
+        so the page's first view does not wait for them). A slide that cannot be read here is
+        said by the request that asks for the layer, which tries again."""
+        from cyto.errors import CytoError
+
+        with contextlib.suppress(CytoError):
+            self.map_png()
+            self.skipped()
+
     def map_png(self) -> tuple[bytes, dict]:
         """The abnormality map as an RGBA PNG, one pixel per window (clear where no cell is),
         and its legend."""
+        with self._layers:
+            return self._map_png()
+
+    def _map_png(self) -> tuple[bytes, dict]:
         if "map" not in self._cached:
             m = self.abnormality_map()
             v = m.values.astype(np.float64)
@@ -277,6 +293,10 @@ class ViewSlide:
         return self._cached["map"], json.loads(self._cached["map_legend"])
 
     def skipped(self) -> dict:
+        with self._layers:
+            return self._skipped()
+
+    def _skipped(self) -> dict:
         """The tissue mask (lowest level) and the tiles with no tissue, which the pipeline never
         visited (:func:`cyto.infer.tiling.tile_jobs`): what the page's skipped layer draws."""
         from cyto.slides import tile_grid, tissue_mask
@@ -314,6 +334,7 @@ class ViewSlide:
         return json.loads(self._cached["skipped"])
 
     def mask_png(self) -> bytes:
+        """The tissue mask and skipped tiles as an RGBA PNG at the mask's resolution."""
         self.skipped()
         return self._cached["mask"]
 

@@ -34,7 +34,7 @@ def make_app(slides, cache_root: Path, hosts=LOCAL_HOSTS, access_key: str | None
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.middleware.trustedhost import TrustedHostMiddleware
-    from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
+    from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
@@ -106,10 +106,10 @@ def make_app(slides, cache_root: Path, hosts=LOCAL_HOSTS, access_key: str | None
         if not p.exists(*where):
             return error(404, "no such tile")
         try:
-            path = p.get(*where)
+            data = p.get(*where).read_bytes()  # a few kB: read here, in this worker thread
         except CytoError as exc:
             return error(500, f"the slide cannot be read there: {exc}")
-        return FileResponse(path, media_type="image/jpeg", headers={"Cache-Control": TILE_CACHE})
+        return Response(data, media_type="image/jpeg", headers={"Cache-Control": TILE_CACHE})
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -147,6 +147,8 @@ def serve(
     slides, host: str = "127.0.0.1", port: int = 8766, cache_root: Path | None = None, echo=print
 ) -> None:
     """Serve the viewer until Ctrl-C; prints the address first."""
+    import threading
+
     import uvicorn
 
     from cyto import cache_dir
@@ -154,6 +156,11 @@ def serve(
     sock = bind(host, port)
     port = sock.getsockname()[1]
     hosts, access_key, shown = posture(host)
+    # the first slide's map and mask before the address is given, so its first view waits for
+    # neither; a cohort's other slides in the background
+    if slides:
+        slides[0].warm()
+        threading.Thread(target=lambda: [s.warm() for s in slides[1:]], daemon=True).start()
     app = make_app(slides, cache_root or cache_dir(), hosts=hosts, access_key=access_key)
     if access_key:
         echo(

@@ -303,11 +303,13 @@ async function loadSlide(index) {
   view.ready = false;
   view.selected = null;
   view.tileLevels = {};
+  view.cells = null;
+  view.mapItem = view.maskItem = null;
+  // asked for at once, used as they come: the tiles need only the slide's size
+  const cells = fetch(`/api/slides/${index}/cells.bin`).then((r) => r.arrayBuffer());
+  const legend = getJSON(`/api/slides/${index}/map.json`);
+  const skipped = getJSON(`/api/slides/${index}/skipped.json`).catch(() => null);
   view.info = await getJSON(`/api/slides/${index}`);
-  const r = await fetch(`/api/slides/${index}/cells.bin`);
-  view.cells = new Float32Array(await r.arrayBuffer());
-  view.n = view.cells.length / 4;
-  view.bins = cellBins();
   const info = view.info;
   const planes = $("plane");
   planes.replaceChildren();
@@ -335,7 +337,7 @@ async function loadSlide(index) {
     maxZoomPixelRatio: 4,
     visibilityRatio: 0.1, // a cell at the slide's edge can still be centred
     gestureSettingsMouse: { clickToZoom: false },
-    immediateRender: false,
+    immediateRender: true, // the home view's own level first: fewer tiles before it is sharp
     imageSmoothingEnabled: true,
   });
   view.viewer = viewer;
@@ -351,27 +353,26 @@ async function loadSlide(index) {
   viewer.addHandler("resize", redraw);
   viewer.addHandler("open", async () => {
     view.slideItem = viewer.world.getItemAt(0);
-    const [legend, skipped] = await Promise.all([
-      getJSON(`/api/slides/${index}/map.json`),
-      getJSON(`/api/slides/${index}/skipped.json`).catch(() => null),
-    ]);
-    showLegend(legend);
-    const mapWidth = (legend.cols * legend.window_px) / info.width;
+    const [buffer, map] = await Promise.all([cells, legend]);
+    view.cells = new Float32Array(buffer);
+    view.n = view.cells.length / 4;
+    view.bins = cellBins();
+    showLegend(map);
     viewer.addTiledImage({
       tileSource: { type: "image", url: `/api/slides/${index}/map.png`, buildPyramid: false },
-      x: 0, y: 0, width: mapWidth, opacity: 0,
+      x: 0, y: 0, width: (map.cols * map.window_px) / info.width, opacity: 0,
       success: (e) => { view.mapItem = e.item; redraw(); },
     });
-    if (skipped && skipped.mask_downsample) {
+    view.ready = true;
+    redraw();
+    view.skipped = await skipped;
+    if (view.skipped && view.skipped.mask_downsample) {
       viewer.addTiledImage({
         tileSource: { type: "image", url: `/api/slides/${index}/mask.png`, buildPyramid: false },
         x: 0, y: 0, width: 1, opacity: 0,
         success: (e) => { view.maskItem = e.item; redraw(); },
       });
     }
-    view.skipped = skipped;
-    view.ready = true;
-    redraw();
   });
 }
 
