@@ -294,6 +294,11 @@ def test_flagged_cells_are_coloured_by_their_flag(scored, tmp_path):
     np.testing.assert_array_equal(cells[:, 3], want)
     assert slide.info(0, 256)["colour_by"] == "flagged_bh"
     assert slide.abnormality_map().kind == "fraction_flagged"
+    # the windows of the run's own map: cyto score --map-um
+    summary = folder / "summary.json"
+    summary.write_text(summary.read_text().replace('"map_um": 50.0', '"map_um": 25.0'))
+    (again,) = open_view(folder)
+    assert again.abnormality_map().window_um == 25.0
 
 
 def test_an_unfinished_review_is_not_unblinded(scored, tmp_path):

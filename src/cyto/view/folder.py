@@ -237,11 +237,15 @@ class ViewSlide:
         return self._cached["cells"]
 
     def abnormality_map(self):
-        """The slide's abnormality map (:func:`cyto.infer.maps.map_of_table`)."""
+        """The slide's abnormality map (:func:`cyto.infer.maps.map_of_table`), in the windows
+        of the ``abnormality.ome.tif`` its run wrote."""
         from cyto.infer.maps import WINDOW_UM, map_of_table
 
+        # the windows of the run's own map (cyto score --map-um), else the default
+        key, opts = self.summary.get("output_key") or {}, self.summary.get("options") or {}
+        window = float(key.get("map_um") or opts.get("map_um") or WINDOW_UM)
         if self.mpp:
-            return map_of_table(self.table, self.width, self.height, float(self.mpp), WINDOW_UM)
+            return map_of_table(self.table, self.width, self.height, float(self.mpp), window)
         # no resolution: windows of a fixed pixel size (said on the page)
         return map_of_table(self.table, self.width, self.height, 1.0, float(WINDOW_PX_NO_MPP))
 
