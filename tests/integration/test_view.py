@@ -4,6 +4,7 @@ the page is sent."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 from pathlib import Path
@@ -272,7 +273,7 @@ def test_the_cells_sent_are_the_score_table_in_rank_order(scored, tmp_path):
 
     m = map_of_table(pq.read_table(scored / "scores.parquet"), 3072, 2048, info["mpp"])
     assert (legend["rows"], legend["cols"]) == m.shape and legend["kind"] == m.kind
-    assert Image.open(__import__("io").BytesIO(png.content)).size == (m.shape[1], m.shape[0])
+    assert Image.open(io.BytesIO(png.content)).size == (m.shape[1], m.shape[0])
 
 
 def test_flagged_cells_are_coloured_by_their_flag(scored, tmp_path):
@@ -469,8 +470,6 @@ def _hand_scored(folder: Path, slide: Path, xs, ys, scores) -> Path:
 def test_the_skipped_layer_marks_the_tiles_without_tissue(tmp_path):
     """Tissue on the left, glass on the right: the tiles the pipeline never visits (no tissue
     in them) are the layer's strong tint, tissue is clear."""
-    import io
-
     import pyvips
     from PIL import Image
 
@@ -495,3 +494,28 @@ def test_the_skipped_layer_marks_the_tiles_without_tissue(tmp_path):
     ds = got["mask_downsample"]
     assert mask[int(1000 / ds), int(500 / ds), 3] == 0  # tissue: clear
     assert mask[int(1000 / ds), int(2800 / ds), 3] == 150  # a skipped tile: tinted
+
+
+def test_cyto_score_ends_with_the_view_command(scored, exported_dsvdd, tmp_path):
+    from cyto.view.folder import open_view
+
+    out = tmp_path / "again"
+    proc = run_cyto(
+        "score",
+        str(scored.parent / "slide.tif"),
+        "--model",
+        str(exported_dsvdd),
+        "--out",
+        str(out),
+        "--workers",
+        "0",
+        "--mosaic",
+        "0",
+        "--qupath",
+        "none",
+    )
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in proc.stdout.splitlines() if "cyto view " in line]
+    assert len(said) == 1 and "unblinded" in said[0]
+    folder = Path(said[0].split("cyto view ", 1)[1].split(" (")[0])
+    assert len(open_view(folder)) == 1  # the folder it names opens
