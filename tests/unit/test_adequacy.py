@@ -296,3 +296,19 @@ def test_crops_on_a_device_measure_as_on_the_host():
     np.testing.assert_allclose(
         quality.crop_sharpness(torch.from_numpy(crops)), quality.crop_sharpness(crops), rtol=1e-4
     )
+
+
+def test_synthetic_slides_draw_out_of_focus_and_mostly_glass():
+    from cyto.data.synth.slide import SlideSynthConfig, cell_count, layout, smear_mask
+
+    full, glass = (
+        SlideSynthConfig(width=2048, height=2048),
+        SlideSynthConfig(width=2048, height=2048, smear_extent=0.05),
+    )
+    assert cell_count(glass) < 0.02 * cell_count(full)  # the default count follows the area
+    lay = layout(glass)
+    assert smear_mask(lay.cell_x, lay.cell_y, 2048, 2048, 0.05).all()
+    with pytest.raises(ConfigError, match="--smear-extent must be in"):
+        SlideSynthConfig(smear_extent=0.8)
+    with pytest.raises(ConfigError, match="--defocus must be within 20 um"):
+        SlideSynthConfig(defocus=50.0)
