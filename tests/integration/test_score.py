@@ -532,7 +532,7 @@ def test_the_progress_counts_the_cells_found_not_only_those_back_from_the_engine
         n = 300
         cells.add(
             {
-                "meta": np.zeros((n, 4)),
+                "meta": np.zeros((n, 5)),  # x, y, nucleus area, focal plane, sharpness
                 "crops": rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8),
                 "tile": tile,
                 "final": True,
