@@ -306,6 +306,10 @@ def test_a_full_disk_keeps_the_chunks_and_resume_finishes(
     a = pq.read_table(tmp_path / "o" / "s" / "scores.parquet").replace_schema_metadata(None)
     b = pq.read_table(tmp_path / "ref" / "scores.parquet").replace_schema_metadata(None)
     assert a.equals(b)
+    # a run that scored no tile itself judges the slide by the first tiles' checks, as the
+    # uninterrupted run did (it judged the cells at the model's scale: no check had run)
+    for field in ("detection_crowding", "cell_scale", "adequacy"):
+        assert s[field] == ref[field], field
 
 
 def test_bad_output_folders_are_one_line(exported_dsvdd, slides, tmp_path):

@@ -133,6 +133,9 @@ def score_tiles(
     shares: list[np.ndarray] = []  # and their crops' nucleus shares, for the scale check
     trimmed = time.perf_counter()
     crowd = None
+    kept = store.read_checks() if done_tiles else None
+    if kept is not None:  # the first tiles' checks, made by the run this one resumes
+        crowd, out.scale = kept["crowd"], kept.get("scale")
     try:
         with progress(f"score {slide.name}", total=len(jobs), unit="tiles", done=done_tiles) as bar:
             for tile in feed:
@@ -145,6 +148,7 @@ def score_tiles(
                     crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo)
                     if crowd is not None:
                         out.scale = _check_scale(shares, plan, scorer, opts, echo)
+                        store.save_checks({"crowd": crowd, "scale": out.scale})
                 cells.add(tile, position)
                 if tile["final"] and time.perf_counter() - trimmed >= TRIM_SECONDS:
                     trim_malloc()  # the crops' fragments, left in the threads' malloc arenas

@@ -205,6 +205,22 @@ class ChunkStore:
         pq.write_table(table, tmp)
         os.replace(tmp, self.dir / name)
 
+    def save_checks(self, checks: dict) -> None:
+        """The first tiles' crowding and cell-scale checks (``checks.json``): a resumed run
+        judges the slide by them, not by the tiles it scores itself (none, when every chunk was
+        finished), so its summary and adequacy are those of an uninterrupted run."""
+        tmp = self.dir / "checks.json.tmp"
+        tmp.write_text(json.dumps(checks, default=lambda v: v.item()))  # numpy scalars
+        os.replace(tmp, self.dir / "checks.json")
+
+    def read_checks(self) -> dict | None:
+        """What :meth:`save_checks` kept, None when nothing (or nothing readable) was kept."""
+        try:
+            checks = json.loads((self.dir / "checks.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return checks if isinstance(checks, dict) and "crowd" in checks else None
+
     def read_all(self):
         import pyarrow as pa
         import pyarrow.parquet as pq
