@@ -34,6 +34,7 @@ def run_demo(
     from cyto.infer import ScoreOptions, score_slide
     from cyto.outputs_check import refuse_to_replace
     from cyto.predict import predict
+    from cyto.stats.adequacy import adequacy_words
     from cyto.stats.calibrate import calibrate_from_tables
     from cyto.train.api import train
 
@@ -172,6 +173,8 @@ def run_demo(
         )
     else:
         echo(f"      abnormal burden: {b['status']}: {b.get('reason', '')}")
+    if summary.get("adequacy"):  # is the slide adequate (cyto.stats.adequacy)
+        echo("      " + adequacy_words(summary["adequacy"]).removeprefix("; "))
     made["burden"] = b
     made["scores"] = out / "scores"
     echo(f"done in {time.perf_counter() - t0:.1f} s; everything is in {out}/")
