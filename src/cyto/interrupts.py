@@ -122,6 +122,22 @@ class _Pool(ProcessPoolExecutor):
         with sigint_blocked():
             return super().submit(fn, *args, **kwargs)
 
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """As ProcessPoolExecutor's, but a ``shutdown(wait=True)`` after a
+        ``shutdown(wait=False)`` (tell the workers to stop now, wait for them later) waits for
+        them: the executor forgets its processes at its first shutdown."""
+        known = self.__dict__.setdefault("_cyto_processes", [])
+        known.extend(p for p in (self._processes or {}).values() if p not in known)
+        manager = self._executor_manager_thread  # it joins the processes, then ends
+        if manager is not None:
+            self.__dict__["_cyto_manager"] = manager
+        super().shutdown(wait=wait, cancel_futures=cancel_futures)
+        if wait:
+            for process in known:
+                process.join()
+            if self.__dict__.get("_cyto_manager") is not None:
+                self.__dict__["_cyto_manager"].join()
+
 
 def spawn_pool(workers: int, initializer=None, initargs: tuple = ()) -> ProcessPoolExecutor:
     """A pool of ``workers`` spawned processes (no fork of a process that may hold threads) that

@@ -145,3 +145,17 @@ def test_a_worker_that_gets_ctrl_c_while_it_starts_lives_and_stays_quiet(capfd, 
         signal.signal(signal.SIGINT, before)
         pool.shutdown()
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_pool_told_to_stop_early_is_waited_for_later():
+    """The tile workers are told to stop when the last tile comes in (``shutdown(wait=False)``)
+    and waited for after the summary (``shutdown(wait=True)``); ProcessPoolExecutor forgets its
+    processes at the first call, so the second waited for nothing and a worker outlived
+    ``score_slide``."""
+    pool = spawn_pool(1)
+    pool.submit(time.sleep, 1.0)
+    before = {p.pid for p in mp.active_children()}
+    assert before  # the worker started inside submit
+    pool.shutdown(wait=False)
+    pool.shutdown(wait=True)
+    assert not {p.pid for p in mp.active_children()} & before
