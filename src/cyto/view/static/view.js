@@ -213,16 +213,21 @@ function showSummary() {
   row(t, "burden", b.status);
   row(t, "triage", b.triage);
   row(t, "slide p-value", b.slide_p_value);
-  for (const [k, v] of Object.entries(b)) {
-    if (["status", "triage", "slide_p_value", "reason"].includes(k)) continue;
-    if (typeof v === "number") row(t, k.replaceAll("_", " "), v);
+  // the burden's headline numbers only (summary.json holds the rest): the list of top cells
+  // below must stay in reach on a 900 px screen
+  if (typeof b.abnormal_fraction === "number") {
+    const ci = b.abnormal_fraction_interval;
+    row(t, "abnormal burden", `${(100 * b.abnormal_fraction).toFixed(1)}%` +
+      (Array.isArray(ci) ? ` (95% CI ${(100 * ci[0]).toFixed(1)}-${(100 * ci[1]).toFixed(1)}%)`
+        : ""));
   }
+  if (typeof b.flagged_bh === "number") row(t, `flagged at FDR ${b.fdr_alpha}`, b.flagged_bh);
   row(t, "", b.reason);
   const a = s.adequacy;
   if (a) {
     row(t, "adequacy", `${a.result}` + (a.preset ? ` (${a.preset})` : ""));
     row(t, "cells evaluable", a.cells_evaluable);
-    row(t, "why", a.reasons);
+    if (a.reasons && a.reasons.length) row(t, "why", a.reasons);
   }
   if (s.tiles) row(t, "tiles scored", s.tiles.total);
   box.append(t);
