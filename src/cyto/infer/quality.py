@@ -103,15 +103,12 @@ def cell_quality(
     and ``others`` (detections inside its crop), from the level-0 centres ``xy`` (N, 2), the
     crops' sharpness (NaN where unmeasured: never out of focus), the tile index of each
     (row-major on a grid of ``grid_cols``) and the slide's geometry."""
-    from scipy.spatial import cKDTree
+    from cyto.detect.points import others_in_crop
 
     xy = np.asarray(xy, dtype=np.float64).reshape(-1, 2)
     n = len(xy)
     half = crop_px / 2.0
-    if n > 1:
-        others = cKDTree(xy).query_ball_point(xy, half, p=np.inf, return_length=True) - 1
-    else:
-        others = np.zeros(n, dtype=np.int64)
+    others = others_in_crop(xy, crop_px)
     sharp = np.asarray(sharpness, dtype=np.float64)
     blurred = (
         np.zeros(n, dtype=bool)
@@ -128,10 +125,10 @@ def cell_quality(
     slide_edge = (x - half < 0) | (y - half < 0) | (x + half > width) | (y + half > height)
     return {
         "out_of_focus": blurred,
-        "crowded": np.asarray(others) > CROWDED_OTHERS,
+        "crowded": others > CROWDED_OTHERS,
         "tile_edge": tile_edge,
         "slide_edge": slide_edge,
-        "others": np.asarray(others, dtype=np.int64),
+        "others": others,
     }
 
 

@@ -19,6 +19,7 @@ import re
 import shutil
 from pathlib import Path
 
+from cyto.bundle import atomic_write
 from cyto.errors import CytoError, first_line
 from cyto.reuse import check_reuse, read_record
 from cyto.slides.base import PLANE_SEP
@@ -209,9 +210,8 @@ class ChunkStore:
         """The first tiles' crowding and cell-scale checks (``checks.json``): a resumed run
         judges the slide by them, not by the tiles it scores itself (none, when every chunk was
         finished), so its summary and adequacy are those of an uninterrupted run."""
-        tmp = self.dir / "checks.json.tmp"
-        tmp.write_text(json.dumps(checks, default=lambda v: v.item()))  # numpy scalars
-        os.replace(tmp, self.dir / "checks.json")
+        data = json.dumps(checks, default=lambda v: v.item())  # numpy scalars as numbers
+        atomic_write(self.dir / "checks.json", data.encode())
 
     def read_checks(self) -> dict | None:
         """What :meth:`save_checks` kept, None when nothing (or nothing readable) was kept."""
