@@ -24,6 +24,7 @@ from cyto.locks import OutputLock
 from cyto.review.session import build_session, open_session
 from cyto.review.store import MarkStore
 from tests.cli_runner import run_cyto
+from tests.raw_http import raw_get
 
 K = 30
 
@@ -427,20 +428,6 @@ class Server:
         self.proc.wait()
 
 
-def _raw_get(url, path):
-    """A GET with the path sent exactly as written (no client-side normalization)."""
-    import socket
-    from urllib.parse import urlsplit
-
-    u = urlsplit(url)
-    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return int(data.split(b" ", 2)[1]), data
-
-
 @pytest.mark.browser
 def test_review_in_a_real_browser(session, tmp_path):
     from playwright.sync_api import expect, sync_playwright
@@ -555,7 +542,7 @@ def test_review_in_a_real_browser(session, tmp_path):
             browser.close()
         # traversal with the path sent as written, against the real server
         for path in ("/static/../key.json", "/static/..%2f..%2fkey.json", "/crops/../key.json"):
-            status, data = _raw_get(servers[0].url, path)
+            status, data = raw_get(servers[0].url, path)
             assert status == 404 and b"slide_identity" not in data, path
     finally:
         for srv in servers:

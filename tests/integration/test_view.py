@@ -18,6 +18,7 @@ from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.errors import ConfigError
 from cyto.infer import ScoreOptions, score_slide
 from tests.cli_runner import run_cyto
+from tests.raw_http import raw_get
 
 K = 30
 
@@ -87,20 +88,6 @@ class Server:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
-
-
-def _raw_get(url: str, path: str) -> tuple[int, bytes]:
-    """A GET with the path sent exactly as written (no client-side normalization)."""
-    import socket
-    from urllib.parse import urlsplit
-
-    u = urlsplit(url)
-    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return int(data.split(b" ", 2)[1]), data
 
 
 def _wait(page, js: str, timeout_ms: int = 15000):
@@ -235,7 +222,7 @@ def test_view_in_a_real_browser(scored, tmp_path):
             "/api/slides/-1",
             "/api/slides/1",
         ):
-            status, data = _raw_get(server.url, path)
+            status, data = raw_get(server.url, path)
             assert status in (400, 404), (path, status)
             assert b"slide_identity" not in data and b"root:" not in data, path
     finally:
