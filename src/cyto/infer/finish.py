@@ -326,7 +326,7 @@ def _adequacy(table, burden: dict, run: _Run):
     columns, block = slide_adequacy(
         table,
         rule,
-        reference=focus_reference(read_golden(run.scorer.bundle)),
+        reference=focus_reference(run.scorer.golden or read_golden(run.scorer.bundle)),
         scale=run.scale,
         crop_px=run.res.crop_px_level0,
         tile=run.opts.tile,

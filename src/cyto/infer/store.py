@@ -229,7 +229,11 @@ class ChunkStore:
         files = self._files()
         if not files:
             return schema().empty_table()
-        return pa.concat_tables([pq.read_table(f).replace_schema_metadata(None) for f in files])
+        # ParquetFile, not read_table: read_table imports pyarrow.dataset (0.05-0.4 s of the
+        # slide's clock on 2 cores) to read one plain file
+        return pa.concat_tables(
+            [pq.ParquetFile(f).read().replace_schema_metadata(None) for f in files]
+        )
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -27,7 +27,7 @@ from cyto.runtime.backends import CHOICES, Backend
 from cyto.runtime.devices import resolve_device
 from cyto.runtime.heads import Head, head_for
 from cyto.runtime.machine import graph_for
-from cyto.runtime.verify import Verification, export_hint
+from cyto.runtime.verify import Golden, Verification, export_hint
 
 
 @dataclass
@@ -40,6 +40,9 @@ class Scorer:
     notes: list[str] = field(default_factory=list)
     #: the check on this machine's golden-cell run (:mod:`cyto.runtime.verify`)
     verification: Verification | None = None
+    #: the bundle's golden cells as load_scorer read them (None: none, or not read), so that
+    #: a slide's adequacy judges focus by them without reading and unpacking the file again
+    golden: Golden | None = None
 
     @property
     def spec(self) -> ModelSpec:
@@ -119,6 +122,17 @@ class Scorer:
         return [
             self.backend.run(images[i : i + batch_size]) for i in range(0, len(images), batch_size)
         ]
+
+    def warm(self) -> None:
+        """Run one blank cell through the backend and the head, so that the first batch of a
+        slide pays only for itself. The head's numba kernel loads in its first call (1-2 s in a
+        fresh process: numba's start, then the cached machine code), and the backend's first
+        call sets up its buffers; a verification on the golden cells does both, but a
+        verification read from the cache does neither, and the slide's first batch took them
+        and counted them as engine time (``engine_cells_per_s`` read low and the pipeline's
+        efficiency high)."""
+        size = self.spec.crop_size
+        self.head.finish(self.backend.run(np.zeros((1, size, size, 3), np.uint8)))
 
     def describe(self) -> str:
         """``onnx on cpu``; a quantized graph is named, since a CPU can run either int8 form."""
@@ -440,11 +454,12 @@ def load_scorer(
             notes.append(f"{name} ({p}) on {device}: {exc}")
             continue
         notes.extend(getattr(chosen, "notes", ()))  # e.g. OpenVINO's first compile, said once
-        scorer = Scorer(bundle, head, chosen, notes)
+        scorer = Scorer(bundle, head, chosen, notes, golden=golden)
         if not verify:
             scorer.verification = Verification(
                 "skipped", "verification turned off by the user (--skip-verify)"
             )
+            scorer.warm()
             return scorer
         check = verify_scorer(scorer, golden)
         scorer.verification = check
@@ -470,6 +485,8 @@ def load_scorer(
                     f"chose {scorer.describe()}: the fastest choice that "
                     + ("passed verification here" if check.passed else "runs here")
                 )
+            if check.cached or check.status == "unverified":  # nothing ran on it yet
+                scorer.warm()
             return scorer
         scorer.close()
         words = f"{name} {p} ({scorer_artifact(chosen)}) on {device}: {check.words()}"
