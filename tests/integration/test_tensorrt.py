@@ -380,7 +380,7 @@ def test_a_tf32_engine_would_not_reproduce_fp32_scores(bundle, fake_trt):
 
 
 def test_an_engine_that_does_not_reproduce_the_golden_cells_is_never_kept(
-    bundle, fake_trt, monkeypatch
+    golden_bundle, fake_trt, monkeypatch
 ):
     """cyto export --trt verifies every engine it builds on the golden cells and removes one
     that fails (here a plan that computes with 5% noise), with the numbers; a good engine is
@@ -388,13 +388,13 @@ def test_an_engine_that_does_not_reproduce_the_golden_cells_is_never_kept(
     import cyto.runtime as runtime
     from cyto.errors import VerificationError
     from cyto.export.api import export_bundle
-    from cyto.export.golden import write_golden
     from cyto.runtime.backends.tensorrt import TensorRTBackend
     from cyto.runtime.heads import head_for
     from cyto.runtime.scorer import Scorer
     from cyto.runtime.verify import read_golden, verify_scorer
 
-    write_golden(bundle)
+    bundle = golden_bundle  # real cells: each export_bundle below keeps them (random patches
+    # it would draw again, 256 of them, and score with PyTorch each time)
     real = runtime.load_scorer
 
     def load(model, backend="auto", device="auto", precision="fp32", threads=None, verify=True):
