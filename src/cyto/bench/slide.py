@@ -99,7 +99,11 @@ def bench_slide(
     from cyto.runtime import load_scorer
 
     # the tile workers start while the model loads, as in `cyto score` (score_slide)
-    pool = start_workers(Path(slide).absolute(), opts.n_workers()) if opts.decode == "cpu" else None
+    pool = (
+        start_workers(Path(slide).absolute(), opts.n_workers(), opts)
+        if opts.decode == "cpu"
+        else None
+    )
     t0 = time.perf_counter()
     try:
         engine = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)

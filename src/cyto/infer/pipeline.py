@@ -59,7 +59,7 @@ def score_slide(
     # the tile workers start first: a worker takes 1-3 s to start on 2 cores, which the model's
     # loading and the slide's plan now hide (the engine waited for it: 2.3 s of a 9 s slide)
     if pool is None and opts.decode == "cpu":
-        pool = start_workers(slide, opts.n_workers())
+        pool = start_workers(slide, opts.n_workers(), opts)
     try:
         summary = _score_slide(slide, model, out_dir, opts, echo, metrics, pool)
     except BaseException:
@@ -187,7 +187,9 @@ def _score_locked(
     slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start, pool=None
 ) -> dict:
     """:func:`score_slide` once the output folder is ours."""
-    plan = SlidePlan(slide, reader, planes, scorer, opts, echo)
+    plan = SlidePlan(
+        slide, reader, planes, scorer, opts, echo, getattr(pool, "threshold_job", None)
+    )
     store = ChunkStore(out_dir, plan.store_key(scorer, opts, len(plan.jobs)))
     tiles = score_tiles(plan, plan.jobs, store, scorer, opts, echo, pool=pool)
     tiles.timings["mask"] = plan.mask_s

@@ -10,7 +10,14 @@ from pathlib import Path
 from cyto.data.morphometry import scorer_rank_by
 from cyto.infer.options import STAGES, ScoreOptions
 from cyto.infer.store import schema, slide_key
-from cyto.infer.tiling import QUEUE_MIN, TileContext, max_cells_per_result, resolution, tile_jobs
+from cyto.infer.tiling import (
+    QUEUE_MIN,
+    TileContext,
+    max_cells_per_result,
+    resolution,
+    slide_threshold_of,
+    tile_jobs,
+)
 from cyto.runtime import Scorer
 from cyto.slides.grid import tissue_mask
 
@@ -34,11 +41,36 @@ NO_MODEL_MPP = (
 )
 
 
+def _ahead_threshold(job, detection) -> tuple | None:
+    """(threshold,) from a worker's ``job`` when it measured with ``detection`` (the same
+    parameters: the same windows, the same number); None when there is no job, it failed (the
+    plan measures it and meets the error itself) or it used other parameters."""
+    if job is None:
+        return None
+    try:
+        params, threshold = job.result()
+    except Exception:  # noqa: BLE001 (measured again here, where an error reads as it should)
+        return None
+    return (threshold,) if params == detection else None
+
+
 class SlidePlan:
     """What every run over a slide's tiles shares: the resolution, the worker context and the
     tile list (all tiles of a slide, in order; a part of a slide is a range of it)."""
 
-    def __init__(self, slide: Path, reader, planes, scorer: Scorer, opts: ScoreOptions, echo):
+    def __init__(
+        self,
+        slide: Path,
+        reader,
+        planes,
+        scorer: Scorer,
+        opts: ScoreOptions,
+        echo,
+        threshold_job=None,
+    ):
+        """``threshold_job``: a future of the slide's threshold measured by a tile worker ahead
+        of the plan (:func:`~cyto.infer.tiling.start_workers`), taken only when it used this
+        plan's detection parameters; otherwise (or when it failed) measured here."""
         info = reader.info
         slide_mpp = opts.slide_mpp or info.mpp
         model_mpp = opts.model_mpp or scorer.spec.mpp
@@ -62,14 +94,10 @@ class SlidePlan:
         # depend on --tile (each tile's own Otsu threshold made them)
         self.threshold = None
         if opts.nuclei is None and self.jobs and detection.threshold is None:
-            from cyto.detect import THRESHOLD_WINDOW, slide_threshold
-            from cyto.slides.grid import tile_grid
-
-            origins = [
-                (x0, y0)
-                for _, x0, y0 in tile_grid(info.width, info.height, THRESHOLD_WINDOW, mask, mask_ds)
-            ]
-            self.threshold = slide_threshold(reader, origins, detection)
+            ahead = _ahead_threshold(threshold_job, detection)
+            self.threshold = (
+                ahead[0] if ahead else slide_threshold_of(reader, detection, mask, mask_ds)
+            )
             if self.threshold is not None:
                 detection = replace(detection, threshold=round(self.threshold, 6))
         self.mask_s = time.perf_counter() - t0

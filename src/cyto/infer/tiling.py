@@ -27,7 +27,7 @@ from cyto.infer.patches import crop_cells
 from cyto.infer.quality import crop_sharpness
 from cyto.interrupts import spawn_pool
 from cyto.slides import open_plane, open_slide
-from cyto.slides.grid import tile_grid
+from cyto.slides.grid import tile_grid, tissue_mask
 from cyto.slides.planes import sharpest
 
 
@@ -201,16 +201,48 @@ def _warm_worker(slide: str) -> None:
     _readers(TileContext(slide, (), (0.0,), 1, 0, 1, 1, NucleusParams()))
 
 
-def start_workers(slide, workers: int):
+def slide_threshold_of(reader, detection: NucleusParams, mask=None, mask_ds=None):
+    """The slide's one detection threshold (:func:`cyto.detect.slide_threshold`) over the
+    windows of a fixed grid that hold tissue (``mask``: the slide's tissue mask, made here when
+    not given). The plan's, whether the plan or a worker ahead of it computes it."""
+    from cyto.detect import THRESHOLD_WINDOW, slide_threshold
+
+    if mask is None:
+        mask, mask_ds = tissue_mask(reader)
+    info = reader.info
+    origins = [
+        (x0, y0)
+        for _, x0, y0 in tile_grid(info.width, info.height, THRESHOLD_WINDOW, mask, mask_ds)
+    ]
+    return slide_threshold(reader, origins, detection)
+
+
+def _threshold_job(slide: str, detection: NucleusParams, slide_mpp: float | None):
+    """In a worker, while the main process loads the model: the parameters at the slide's
+    resolution and the slide's threshold with them (:func:`slide_threshold_of`)."""
+    reader = _readers(TileContext(slide, (), (0.0,), 1, 0, 1, 1, NucleusParams()))[0]
+    params = detection.at(slide_mpp or reader.info.mpp)
+    return params, slide_threshold_of(reader, params)
+
+
+def start_workers(slide, workers: int, opts=None):
     """``workers`` tile worker processes started now, before the model loads and the slide's
     plan (its tissue mask and threshold) is made, rather than after: each takes 1-3 s to start
-    and import on 2 cores, and meanwhile opens the slide. None for no workers. Hand the pool
-    to :class:`TileFeed` (which then shuts it down), or shut it down where no feed takes it."""
+    and import on 2 cores, and meanwhile opens the slide. With the run's ``opts``
+    (:class:`~cyto.infer.options.ScoreOptions`), the first worker then measures the slide's
+    detection threshold (0.3-1.2 s of the plan on 2 cores, the model's loading hides it): the
+    pool's ``threshold_job``, a future of (the parameters it used, the threshold), which
+    :class:`~cyto.infer.plan.SlidePlan` takes only for the same parameters. None for no
+    workers. Hand the pool to :class:`TileFeed` (which then shuts it down), or shut it down
+    where no feed takes it."""
     if workers < 1:
         return None
     pool = spawn_pool(workers, _init_worker, (None,))
     for _ in range(workers):  # a submit starts a process while fewer than `workers` run
         pool.submit(_warm_worker, str(slide))
+    pool.threshold_job = None
+    if opts is not None and opts.nuclei is None and opts.detection.threshold is None:
+        pool.threshold_job = pool.submit(_threshold_job, str(slide), opts.detection, opts.slide_mpp)
     return pool
 
 
