@@ -142,3 +142,15 @@ def test_auto_zoom_only_magnifies_cells_that_look_clearly_smaller():
     large = nucleus_fraction(np.stack([_cell(80, 13 / 0.6)] * 5))
     _, how = resolve_zoom("auto", None, None, reference, large)
     assert "look 1.6" in how and "larger" in how, how
+
+
+def test_the_optical_density_lookup_is_the_logarithm_for_every_colour():
+    """``_od`` looks uint8 channels up instead of taking their logarithm (7x faster a crop): the
+    same float32 numbers for each of the 2^24 colours, so every nucleus share is unchanged."""
+    from cyto.data.scale import _od
+
+    v = np.arange(256, dtype=np.uint8)
+    every = np.stack(np.meshgrid(v, v, v, indexing="ij"), -1).reshape(256, 65536, 3)
+    x = every.astype(np.float32)
+    assert np.array_equal(_od(every), -np.log((x + 1.0) / 256.0).sum(axis=-1))
+    assert _od(every).dtype == np.float32

@@ -31,8 +31,18 @@ ZOOM_RANGE = (0.25, 4.0)
 ADVISE_ZOOM = 1.25
 
 
+#: each uint8 channel value's optical density, -log((v + 1) / 256) in float32
+_OD_OF = -np.log((np.arange(256, dtype=np.float32) + 1.0) / 256.0)
+
+
 def _od(images: np.ndarray) -> np.ndarray:
-    x = np.asarray(images, dtype=np.float32)
+    """The summed optical density of each pixel, float32. A uint8 image looks its channels up
+    (the same float32 numbers as the logarithm, in the same order: 0.24 against 1.8 ms a 224
+    px crop, which the scale check and the nucleus-size ranking pay per cell)."""
+    x = np.asarray(images)
+    if x.dtype == np.uint8:
+        return (_OD_OF[x[..., 0]] + _OD_OF[x[..., 1]]) + _OD_OF[x[..., 2]]
+    x = x.astype(np.float32)
     return -np.log((x + 1.0) / 256.0).sum(axis=-1)
 
 
