@@ -199,3 +199,34 @@ def test_int8_takes_the_bundles_forms_in_openvinos_order(bundle, synth_patches):
     auto = load_scorer(bundle, "auto", "cpu", "auto")
     assert (auto.backend.name, auto.precision) == ("openvino", "int8")
     assert auto.graph_file == s.graph_file
+
+
+def test_int8_tries_every_openvino_form_before_onnx_runtime(bundle, synth_patches, monkeypatch):
+    """On an AVX2-only CPU (``python -m tests.isa_mask avx2``, emulated: see
+    benchmarks/results/avx2-emulated) TensorRT's form and the 8-bit x86 form fail through
+    OpenVINO's int8 kernels and its 7-bit form passes: OpenVINO comes first in cpu_order(), so
+    that form scores, not ONNX Runtime's. Here the first two are made to fail."""
+    from cyto.bundle import load_bundle
+    from cyto.export.quantize import export_variant, load_cells
+    from cyto.runtime import verify
+
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal")
+    for key in ("int8-cpu7", "int8-cpu", "int8"):
+        export_variant(bundle, key, calib, None, "minmax", echo=lambda m: None)
+    real = verify.verify_scorer
+    saturated = ("encoder-int8.onnx", "encoder-int8-cpu.onnx")
+
+    def as_on_avx2(scorer, golden, use_cache=True):
+        check = real(scorer, golden, use_cache=False)
+        if scorer.backend.name == "openvino" and scorer.graph_file in saturated:
+            return verify.Verification("failed", "saturated in int16", check.record)
+        return check
+
+    monkeypatch.setattr(verify, "verify_scorer", as_on_avx2)
+    s = load_scorer(bundle, "auto", "cpu", "int8")
+    notes = " | ".join(s.notes)
+    assert (s.backend.name, s.graph_file) == ("openvino", "encoder-int8-cpu7.onnx"), notes
+    assert s.verification.passed
+    for graph in saturated:
+        assert f"failed verification, not used: openvino int8 ({graph})" in notes

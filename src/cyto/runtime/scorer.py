@@ -492,7 +492,11 @@ def load_scorer(
         words = f"{name} {p} ({scorer_artifact(chosen)}) on {device}: {check.words()}"
         failures.append(words)
         notes.append(f"failed verification, not used: {words}")
-        other = other_cpu_int8(bundle.spec, chosen, device, p) if form is None else None
+        # ONNX Runtime's two forms: the other one once; OpenVINO's: each later one of its order
+        # (on an AVX2-only CPU TensorRT's form and the 8-bit form both fail there, the 7-bit
+        # form passes); never another than the ``graph`` asked for
+        follow = form is None or (graph is None and name == "openvino")
+        other = other_cpu_int8(bundle.spec, chosen, device, p) if follow else None
         if other is not None:
             attempts.insert(0, (name, p, other))
     if failures:
