@@ -95,48 +95,56 @@ def test_the_engine_takes_the_first_cells_when_they_fill_a_batch(
     assert all(n >= 32 for n in sizes[1:-1])  # then 4 batches at a time, as before
 
 
-def test_the_first_worker_measures_the_threshold_while_the_model_loads(
+def test_the_threshold_is_measured_while_the_model_loads(
     exported_dsvdd, tif, tmp_path, monkeypatch
 ):
     """The slide's detection threshold (16 windows read and smoothed: 0.3-1.2 s of the plan on 2
-    cores) is measured by the first worker while the main process loads the model; the plan
-    takes it only for its own parameters, and it is the number the plan measures itself."""
+    cores) is measured in a thread while the model loads, not after it; the plan takes it only
+    for its own parameters, and it is the number the plan measures itself."""
     from concurrent.futures import Future
     from dataclasses import replace
 
+    import cyto.infer.pipeline as pipeline
     import cyto.infer.plan as plan_module
-    from cyto.infer.plan import SlidePlan
+    from cyto.infer.plan import SlidePlan, ThresholdAhead
     from cyto.runtime import load_scorer
     from cyto.slides import open_with_planes
 
-    in_main = []
+    calls = []  # (thread name, model loaded yet?)
+    loaded = []
     real = plan_module.slide_threshold_of
+    real_load = pipeline.load_scorer
 
-    def measured_here(*args, **kwargs):
-        in_main.append(1)
+    def measured(*args, **kwargs):
+        import threading
+
+        calls.append((threading.current_thread().name, bool(loaded)))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(plan_module, "slide_threshold_of", measured_here)
-    ahead = score_slide(
-        tif, exported_dsvdd, tmp_path / "w1", ScoreOptions(**{**vars(OPTS), "workers": 1})
-    )
-    assert not in_main and ahead["detection_threshold"] is not None
-    here = score_slide(
-        tif, exported_dsvdd, tmp_path / "w0", ScoreOptions(**{**vars(OPTS), "workers": 0})
-    )
-    assert in_main == [1] and here["detection_threshold"] == ahead["detection_threshold"]
+    def load(*args, **kwargs):
+        try:
+            return real_load(*args, **kwargs)
+        finally:
+            loaded.append(1)
 
-    # a job measured with other parameters, or one that failed, is not taken: measured here
+    monkeypatch.setattr(plan_module, "slide_threshold_of", measured)
+    monkeypatch.setattr(pipeline, "load_scorer", load)
+    ahead = score_slide(tif, exported_dsvdd, tmp_path / "a", OPTS)
+    # begun before the model was loaded, beside it, and not measured again by the plan
+    assert calls == [("cyto-threshold", False)] and ahead["detection_threshold"] is not None
+
+    # a measurement with other parameters, or one that failed, is not taken: measured here
     scorer = load_scorer(exported_dsvdd, "onnx", "cpu", "fp32")
     reader, planes = open_with_planes(tif, OPTS.planes)
     other, failed = Future(), Future()
     other.set_result((replace(OPTS.detection.at(reader.info.mpp), sigma=9.0), 0.5))
-    failed.set_exception(OSError("the worker could not read the slide"))
+    failed.set_exception(OSError("could not read the slide"))
+    broken = ThresholdAhead(tmp_path / "no-such-slide.tif", OPTS)
     try:
-        for job in (other, failed):
-            in_main.clear()
+        for job in (other, failed, broken, None):
+            calls.clear()
             plan = SlidePlan(tif, reader, planes, scorer, OPTS, lambda _: None, job)
-            assert in_main == [1] and plan.threshold == here["detection_threshold"]
+            assert len(calls) == 1 and plan.threshold == ahead["detection_threshold"]
     finally:
         reader.close()
         scorer.close()

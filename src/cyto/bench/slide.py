@@ -95,15 +95,13 @@ def bench_slide(
 
     from cyto.eval.metrics import all_metrics
     from cyto.infer import score_slide
+    from cyto.infer.plan import ThresholdAhead
     from cyto.infer.tiling import start_workers
     from cyto.runtime import load_scorer
 
     # the tile workers start while the model loads, as in `cyto score` (score_slide)
-    pool = (
-        start_workers(Path(slide).absolute(), opts.n_workers(), opts)
-        if opts.decode == "cpu"
-        else None
-    )
+    pool = start_workers(Path(slide).absolute(), opts.n_workers()) if opts.decode == "cpu" else None
+    ahead = ThresholdAhead.start(Path(slide).absolute(), opts)  # and the slide's threshold
     t0 = time.perf_counter()
     try:
         engine = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
@@ -115,7 +113,14 @@ def bench_slide(
     opts = replace(opts, resume=False)
     with NvmlSampler(engine.device) as nvml:
         summary = score_slide(
-            Path(slide), engine, Path(work), opts, echo=echo, metrics=all_metrics, pool=pool
+            Path(slide),
+            engine,
+            Path(work),
+            opts,
+            echo=echo,
+            metrics=all_metrics,
+            pool=pool,
+            ahead=ahead,
         )
     table = pq.read_table(Path(work) / "scores.parquet")
     n = table.num_rows

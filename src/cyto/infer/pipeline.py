@@ -27,7 +27,7 @@ from cyto.infer.batcher import CellBatcher
 from cyto.infer.finish import Metrics, finish_slide, rank_by
 from cyto.infer.memory import trim_malloc
 from cyto.infer.options import ScoreOptions
-from cyto.infer.plan import SlidePlan, TileRun
+from cyto.infer.plan import SlidePlan, ThresholdAhead, TileRun
 from cyto.infer.store import PARTIAL, ChunkStore, kept_words
 from cyto.infer.tiling import Resolution, TileFeed, broken_worker_error, start_workers
 from cyto.locks import OutputLock
@@ -45,6 +45,7 @@ def score_slide(
     echo=print,
     metrics: Metrics | None = None,
     pool=None,
+    ahead: ThresholdAhead | None = None,
 ) -> dict:
     """Score one slide into ``out_dir``; returns the summary (also written as summary.json).
 
@@ -52,16 +53,20 @@ def score_slide(
     loaded here with ``opts.backend``, ``opts.device`` and ``opts.precision``. ``metrics``
     (e.g. :func:`cyto.eval.metrics.all_metrics`) adds the @K metrics to the truth report.
     ``pool``: tile workers already started for this slide
-    (:func:`~cyto.infer.tiling.start_workers`); by default they start here, first.
+    (:func:`~cyto.infer.tiling.start_workers`); by default they start here, first. ``ahead``:
+    the slide's detection threshold being measured already (:class:`~cyto.infer.plan.
+    ThresholdAhead`); by default it starts here, before the model loads.
     """
     # the summary names the slide by its absolute path: a review opened elsewhere finds it
     slide, out_dir = Path(slide).absolute(), Path(out_dir)
     # the tile workers start first: a worker takes 1-3 s to start on 2 cores, which the model's
     # loading and the slide's plan now hide (the engine waited for it: 2.3 s of a 9 s slide)
     if pool is None and opts.decode == "cpu":
-        pool = start_workers(slide, opts.n_workers(), opts)
+        pool = start_workers(slide, opts.n_workers())
     try:
-        summary = _score_slide(slide, model, out_dir, opts, echo, metrics, pool)
+        if ahead is None:  # measured while the model loads (0.3-1.2 s of the plan on 2 cores)
+            ahead = ThresholdAhead.start(slide, opts)
+        summary = _score_slide(slide, model, out_dir, opts, echo, metrics, pool, ahead)
     except BaseException:
         if pool is not None:  # a worker still starting exits once started
             pool.shutdown(wait=False, cancel_futures=True)
@@ -71,7 +76,7 @@ def score_slide(
     return summary
 
 
-def _score_slide(slide: Path, model, out_dir: Path, opts, echo, metrics, pool) -> dict:
+def _score_slide(slide: Path, model, out_dir: Path, opts, echo, metrics, pool, ahead) -> dict:
     scorer = (
         model
         if isinstance(model, Scorer)
@@ -85,7 +90,7 @@ def _score_slide(slide: Path, model, out_dir: Path, opts, echo, metrics, pool) -
     try:
         with OutputLock(out_dir):
             return _score_locked(
-                slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start, pool
+                slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start, pool, ahead
             )
     except OSError as exc:
         raise write_error(slide, out_dir, exc) from exc
@@ -184,12 +189,10 @@ def score_tiles(
 
 
 def _score_locked(
-    slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start, pool=None
+    slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start, pool=None, ahead=None
 ) -> dict:
     """:func:`score_slide` once the output folder is ours."""
-    plan = SlidePlan(
-        slide, reader, planes, scorer, opts, echo, getattr(pool, "threshold_job", None)
-    )
+    plan = SlidePlan(slide, reader, planes, scorer, opts, echo, ahead)
     store = ChunkStore(out_dir, plan.store_key(scorer, opts, len(plan.jobs)))
     tiles = score_tiles(plan, plan.jobs, store, scorer, opts, echo, pool=pool)
     tiles.timings["mask"] = plan.mask_s

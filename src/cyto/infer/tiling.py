@@ -217,32 +217,16 @@ def slide_threshold_of(reader, detection: NucleusParams, mask=None, mask_ds=None
     return slide_threshold(reader, origins, detection)
 
 
-def _threshold_job(slide: str, detection: NucleusParams, slide_mpp: float | None):
-    """In a worker, while the main process loads the model: the parameters at the slide's
-    resolution and the slide's threshold with them (:func:`slide_threshold_of`)."""
-    reader = _readers(TileContext(slide, (), (0.0,), 1, 0, 1, 1, NucleusParams()))[0]
-    params = detection.at(slide_mpp or reader.info.mpp)
-    return params, slide_threshold_of(reader, params)
-
-
-def start_workers(slide, workers: int, opts=None):
+def start_workers(slide, workers: int):
     """``workers`` tile worker processes started now, before the model loads and the slide's
     plan (its tissue mask and threshold) is made, rather than after: each takes 1-3 s to start
-    and import on 2 cores, and meanwhile opens the slide. With the run's ``opts``
-    (:class:`~cyto.infer.options.ScoreOptions`), the first worker then measures the slide's
-    detection threshold (0.3-1.2 s of the plan on 2 cores, the model's loading hides it): the
-    pool's ``threshold_job``, a future of (the parameters it used, the threshold), which
-    :class:`~cyto.infer.plan.SlidePlan` takes only for the same parameters. None for no
-    workers. Hand the pool to :class:`TileFeed` (which then shuts it down), or shut it down
-    where no feed takes it."""
+    and import on 2 cores, and meanwhile opens the slide. None for no workers. Hand the pool
+    to :class:`TileFeed` (which then shuts it down), or shut it down where no feed takes it."""
     if workers < 1:
         return None
     pool = spawn_pool(workers, _init_worker, (None,))
     for _ in range(workers):  # a submit starts a process while fewer than `workers` run
         pool.submit(_warm_worker, str(slide))
-    pool.threshold_job = None
-    if opts is not None and opts.nuclei is None and opts.detection.threshold is None:
-        pool.threshold_job = pool.submit(_threshold_job, str(slide), opts.detection, opts.slide_mpp)
     return pool
 
 
