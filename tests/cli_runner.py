@@ -29,9 +29,14 @@ IN_PROCESS_ENV = {"CYTO_DEBUG", "CYTO_PROGRESS", "COLUMNS"}
 
 
 def run_cyto(
-    *args: str, env: dict | None = None, unset: tuple[str, ...] = (), process: bool = False
+    *args: str,
+    env: dict | None = None,
+    unset: tuple[str, ...] = (),
+    process: bool = False,
+    timeout: float = 300,
 ) -> subprocess.CompletedProcess:
-    """``cyto ARGS`` with ``env`` added to this environment less ``unset``."""
+    """``cyto ARGS`` with ``env`` added to this environment less ``unset`` (``timeout``: seconds
+    a process of its own may take; an emulated CPU, ``tests/isa_mask``, takes longer)."""
     env = {"CYTO_PROGRESS": "0", **(env or {})}
     if process or unset or set(env) - IN_PROCESS_ENV or "--ray" in args:
         full_env = {**os.environ, **env}
@@ -42,7 +47,7 @@ def run_cyto(
             capture_output=True,
             text=True,
             env=full_env,
-            timeout=300,
+            timeout=timeout,
         )
     return _in_process(list(args), env)
 
