@@ -584,7 +584,9 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
     store.set_done("ann", c1, True)
     store.set_done("bob", c1, True)
     store.close()
-    res = refine(model, rv, synth_patches, tmp_path / "r1.cyto", overrides=["epochs=1"], **args)
+    res = res_r1 = refine(
+        model, rv, synth_patches, tmp_path / "r1.cyto", overrides=["epochs=1"], **args
+    )
     n1 = s.n_cells(c1)
     assert (res["hard_normals"], res["known_abnormal"], res["excluded"]) == (n1 - 3, 2, 1)
     assert [c["case"] for c in res["cases"]] == [c1]  # c2's mark: the case is not finished
@@ -629,9 +631,10 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
     with pytest.raises(ConfigError, match="nothing to learn"):
         refine(exported_bundles["droc"], rv, synth_patches, tmp_path / "r6.cyto",
                hard_normals=False, **args)  # fmt: skip
-    # fine-tuning: the model's own encoders and centres, continued at a tenth of its rate
+    # fine-tuning: the model's own encoders and centres, continued at a tenth of its rate (r1:
+    # the default refine, fine-tuned for one epoch)
     base = load_bundle(Path(model))
-    ft = refine(model, rv, synth_patches, tmp_path / "ft.cyto", overrides=["epochs=1"], **args)
+    ft = res_r1
     tuned = load_bundle(Path(ft["bundle"]))
     assert ft["finetune"] and tuned.manifest["config"]["warm_start"] == str(Path(model).resolve())
     assert tuned.manifest["config"]["lr"] == pytest.approx(base.manifest["config"]["lr"] / 10)
