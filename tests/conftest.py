@@ -218,13 +218,22 @@ def real_slides_scored(wsi_dir, exported_dsvdd, tmp_path_factory) -> dict[str, d
     return runs
 
 
-@pytest.fixture
-def golden_bundle(exported_bundles, synth_patches, tmp_path) -> Path:
-    """A Deep SVDD bundle (four views) with 64 golden cells of the synthetic patches (normal +
-    abnormal), copied for the test: verification can run on it and its cache be edited."""
+@pytest.fixture(scope="session")
+def golden_dsvdd(exported_bundles, synth_patches, tmp_path_factory) -> Path:
+    """``exported_bundles["dsvdd"]`` with 64 golden cells of the synthetic patches, written (and
+    scored by PyTorch) once a session. Never handed to a test: ``golden_bundle`` copies it."""
     from cyto.export.golden import write_golden
 
-    path = tmp_path / "d.cyto"
+    path = tmp_path_factory.mktemp("golden") / "d.cyto"
     shutil.copytree(exported_bundles["dsvdd"], path)
     write_golden(path, synth_patches, normal="normal", n=64)
+    return path
+
+
+@pytest.fixture
+def golden_bundle(golden_dsvdd, tmp_path) -> Path:
+    """A Deep SVDD bundle (four views) with 64 golden cells of the synthetic patches (normal +
+    abnormal), copied for the test: verification can run on it and its cache be edited."""
+    path = tmp_path / "d.cyto"
+    shutil.copytree(golden_dsvdd, path)
     return path

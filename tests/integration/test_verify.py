@@ -21,12 +21,10 @@ from tests.cli_runner import run_cyto
 
 
 @pytest.fixture
-def bundle(exported_bundles, synth_patches, tmp_path):
-    """A Deep SVDD bundle with 64 golden cells of the synthetic patches (normal + abnormal)."""
-    path = tmp_path / "d.cyto"
-    shutil.copytree(exported_bundles["dsvdd"], path)
-    write_golden(path, synth_patches, normal="normal", n=64)
-    return path
+def bundle(golden_bundle):
+    """A Deep SVDD bundle with 64 golden cells of the synthetic patches (normal + abnormal), the
+    test's own copy (conftest's golden_bundle: the cells are drawn and scored once a session)."""
+    return golden_bundle
 
 
 def _reseal_golden(path, change) -> None:
