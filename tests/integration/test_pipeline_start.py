@@ -101,7 +101,6 @@ def test_the_threshold_is_measured_while_the_model_loads(
     """The slide's detection threshold (16 windows read and smoothed: 0.3-1.2 s of the plan on 2
     cores) is measured in a thread while the model loads, not after it; the plan takes it only
     for its own parameters, and it is the number the plan measures itself."""
-    from concurrent.futures import Future
     from dataclasses import replace
 
     import cyto.infer.pipeline as pipeline
@@ -136,12 +135,12 @@ def test_the_threshold_is_measured_while_the_model_loads(
     # a measurement with other parameters, or one that failed, is not taken: measured here
     scorer = load_scorer(exported_dsvdd, "onnx", "cpu", "fp32")
     reader, planes = open_with_planes(tif, OPTS.planes)
-    other, failed = Future(), Future()
-    other.set_result((replace(OPTS.detection.at(reader.info.mpp), sigma=9.0), 0.5))
-    failed.set_exception(OSError("could not read the slide"))
+    other = ThresholdAhead(tif, replace(OPTS, detection=replace(OPTS.detection, sigma=9.0)))
     broken = ThresholdAhead(tmp_path / "no-such-slide.tif", OPTS)
+    for job in (other, broken):  # their own measurements done before the counting
+        job.threshold_for(None)
     try:
-        for job in (other, failed, broken, None):
+        for job in (other, broken, None):
             calls.clear()
             plan = SlidePlan(tif, reader, planes, scorer, OPTS, lambda _: None, job)
             assert len(calls) == 1 and plan.threshold == ahead["detection_threshold"]

@@ -47,11 +47,11 @@ class ThresholdAhead:
     """The slide's detection threshold (:func:`~cyto.infer.tiling.slide_threshold_of`: 16
     windows read and smoothed, 0.3-1.2 s on 2 cores) measured in a thread of its own, with a
     reader of its own, while the model loads; :class:`SlidePlan` takes it with
-    :meth:`result`. None from :meth:`start` when the run needs no threshold (given nuclei, or a
-    threshold set by the user)."""
+    :meth:`threshold_for`. None from :meth:`start` when the run needs no threshold (given
+    nuclei, or a threshold set by the user)."""
 
     def __init__(self, slide: Path, opts: ScoreOptions):
-        self._got: tuple | None = None
+        self._params = self._threshold = None
         self._thread = threading.Thread(
             target=self._measure,
             args=(Path(slide), opts.detection, opts.slide_mpp),
@@ -71,31 +71,21 @@ class ThresholdAhead:
             reader = open_slide(slide)
             try:
                 params = detection.at(slide_mpp or reader.info.mpp)
-                self._got = (params, slide_threshold_of(reader, params))
+                self._threshold = slide_threshold_of(reader, params)
+                self._params = params
             finally:
                 reader.close()
         except Exception:  # noqa: BLE001 (the plan measures it again, and meets the error)
-            self._got = None
+            self._params = None
 
-    def result(self) -> tuple:
-        """(the detection parameters it measured with, the threshold); raises when it failed."""
+    def threshold_for(self, detection) -> tuple | None:
+        """(threshold,) once measured, when it was measured with ``detection`` (the same
+        parameters: the same windows, the same number); None when it failed (the plan measures
+        it and meets the error itself) or used other parameters."""
         self._thread.join()
-        if self._got is None:
-            raise RuntimeError("the threshold measured ahead failed")
-        return self._got
-
-
-def _ahead_threshold(job, detection) -> tuple | None:
-    """(threshold,) from ``job`` (:class:`ThresholdAhead`) when it measured with ``detection``
-    (the same parameters: the same windows, the same number); None when there is no job, it
-    failed (the plan measures it and meets the error itself) or it used other parameters."""
-    if job is None:
-        return None
-    try:
-        params, threshold = job.result()
-    except Exception:  # noqa: BLE001 (measured again here, where an error reads as it should)
-        return None
-    return (threshold,) if params == detection else None
+        return (
+            (self._threshold,) if self._params is not None and self._params == detection else None
+        )
 
 
 class SlidePlan:
@@ -138,7 +128,7 @@ class SlidePlan:
         # depend on --tile (each tile's own Otsu threshold made them)
         self.threshold = None
         if opts.nuclei is None and self.jobs and detection.threshold is None:
-            ahead = _ahead_threshold(threshold_job, detection)
+            ahead = threshold_job.threshold_for(detection) if threshold_job else None
             self.threshold = (
                 ahead[0] if ahead else slide_threshold_of(reader, detection, mask, mask_ds)
             )

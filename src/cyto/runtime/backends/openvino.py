@@ -259,7 +259,7 @@ class OpenVinoBackend:
         # a request's output buffer is reused by its next call: hand out a copy
         out = [self.requests[i].get_tensor(self.output).data for i in range(len(parts))]
         return (
-            np.concatenate(out, axis=self.batch_axis).astype(np.float32)
+            np.concatenate(out, axis=self.batch_axis).astype(np.float32, copy=False)
             if len(out) > 1
             else np.array(out[0], np.float32)
         )
