@@ -1,7 +1,8 @@
 """OpenVINO's engine threads as one stream or as several, end to end (issue 58): ``cyto bench
 slide`` on one slide, ``cyto.runtime.backends.openvino.STREAMS`` set to each value in turn, the
-order rotated every round so that a change in the machine's load falls on every value. One JSON
-line a run (rates, stage times, the load average), and the median ratio to the first value,
+order rotated every round so that a change in the machine's load falls on every value. A first
+JSON line with the machine (``cyto.bench.device.machine``: the CPU, its flags, the libraries),
+then one a run (rates, stage times, the load average), and the median ratio to the first value,
 paired by round.
 
     python benchmarks/speed/openvino_streams.py SLIDE MODEL --patch-size 224 --rounds 4 \\
@@ -15,6 +16,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -34,6 +36,7 @@ def main() -> None:
     os.environ.setdefault("CYTO_PROGRESS", "0")
 
     import cyto.runtime.backends.openvino as ov
+    from cyto.bench.device import machine
     from cyto.bench.slide import bench_slide
     from cyto.infer.options import ScoreOptions
 
@@ -46,6 +49,7 @@ def main() -> None:
     )
     rows = []
     with args.out.open("a") as log:
+        print(json.dumps({"meta": machine(" ".join(sys.argv))}), file=log, flush=True)
         for r in range(args.rounds):
             k = r % len(args.streams)
             order = args.streams[k:] + args.streams[:k]
