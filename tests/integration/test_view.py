@@ -506,3 +506,132 @@ def test_cyto_score_ends_with_the_view_command(scored, exported_dsvdd, tmp_path)
     assert len(said) == 1 and "unblinded" in said[0]
     folder = Path(said[0].split("cyto view ", 1)[1].split(" (")[0])
     assert len(open_view(folder)) == 1  # the folder it names opens
+
+
+# --- the tile cache's bound ------------------------------------------------------------------
+
+
+def _fake_slide_folder(root: Path, name: str, mb: int, used_s_ago: float) -> Path:
+    """A slide's tile folder as another slide's viewing left it: ``mb`` MiB of tiles, last
+    used ``used_s_ago`` seconds ago."""
+    import time
+
+    folder = root / "view-tiles" / name
+    (folder / "p0" / "9").mkdir(parents=True)
+    (folder / "key.json").write_text("{}")
+    for i in range(mb):
+        (folder / "p0" / "9" / f"{i}_0.jpeg").write_bytes(b"\xff" * 2**20)
+    used = folder / "used"
+    used.touch()
+    t = time.time() - used_s_ago
+    os.utime(used, (t, t))
+    return folder
+
+
+def _tile_url(info: dict, col: int, row: int = 0) -> str:
+    return f"/tiles/0/{info['tiles_key']}/0/{info['max_level']}/{col}_{row}.jpeg"
+
+
+def test_the_tile_cache_is_trimmed_to_its_cap_oldest_slide_first(scored, tmp_path):
+    """Four other slides' tiles (3 MiB each) and this slide's; a cap of 8 MiB: at start the two
+    least recently used are evicted, except the one another cyto view is showing (its lock
+    held), and this slide's own folder is kept though it is the oldest. Serving this slide's
+    tiles past the cap evicts the next oldest."""
+    import time
+
+    from cyto.view.cache import hold
+    from cyto.view.folder import open_view
+    from cyto.view.tiles import TilePyramid
+
+    cache = tmp_path / "cache"
+    (slide,) = open_view(scored)
+    p = TilePyramid(slide, cache)
+    p.close()
+    mine = p.dir
+    t = time.time() - 10_000  # this slide: viewed longest ago
+    os.utime(mine / "used", (t, t))
+    shown = _fake_slide_folder(cache, "shown-elsewhere", 3, 5000)
+    _fake_slide_folder(cache, "old", 3, 4000)
+    _fake_slide_folder(cache, "mid", 3, 3000)
+    new = _fake_slide_folder(cache, "new", 3, 10)
+    other_server = hold(shown)
+    try:
+        cap = 6 * 2**20 + 64 * 2**10
+        with _client([slide], cache, tile_cache=cap) as c:
+            left = {f.name for f in (cache / "view-tiles").iterdir()}
+            assert left == {mine.name, shown.name, new.name}, left  # old, then mid: evicted
+            # this slide's tiles take the folder past the cap: new goes, the shown one stays
+            info = c.get("/api/slides/0").json()
+            for col in range(12):
+                assert c.get(_tile_url(info, col)).status_code == 200
+                assert c.get(_tile_url(info, col, 1)).status_code == 200
+            left = {f.name for f in (cache / "view-tiles").iterdir()}
+            rendered = sum(f.stat().st_size for f in (mine / "p0").rglob("*.jpeg"))
+        assert rendered > 64 * 2**10 and left == {mine.name, shown.name}, (rendered, left)
+    finally:
+        os.close(other_server)
+    # a fresh start under a cap of 0 keeps only what is shown
+    with _client([slide], cache, tile_cache="0"):
+        assert {f.name for f in (cache / "view-tiles").iterdir()} == {mine.name}
+    assert (mine / "used").stat().st_mtime > t + 5000  # closing recorded the use
+
+
+def test_a_tile_evicted_under_a_running_server_is_rendered_again(scored, tmp_path, monkeypatch):
+    """Another cyto view evicting this slide's folder (or the cache emptied by hand) while the
+    server runs: the next request for a tile renders it again; one whose file vanishes between
+    being found and being read too, never a 500."""
+    import shutil as sh
+
+    from cyto.view.folder import open_view
+
+    (slide,) = open_view(scored)
+    with _client([slide], tmp_path / "cache") as c:
+        info = c.get("/api/slides/0").json()
+        url = _tile_url(info, 3, 2)
+        first = c.get(url)
+        assert first.status_code == 200
+        folder = tmp_path / "cache" / "view-tiles" / info["tiles_key"]
+        tile = folder / "p0" / str(info["max_level"]) / "3_2.jpeg"
+        assert tile.is_file()
+        # found, then evicted before it is read
+        read_bytes = Path.read_bytes
+
+        def evicted_first(self):
+            if self == tile:
+                self.unlink(missing_ok=True)
+            return read_bytes(self)
+
+        monkeypatch.setattr(Path, "read_bytes", evicted_first)
+        again = c.get(url)
+        monkeypatch.undo()
+        assert again.status_code == 200 and again.content == first.content
+        # the whole folder gone
+        sh.rmtree(folder)
+        third = c.get(url)
+        assert third.status_code == 200 and third.content == first.content
+        assert tile.is_file()
+
+
+def test_bad_tile_cache_sizes_give_one_readable_line(scored, monkeypatch):
+    for bad in ("lots", "-1GiB", "4XB", "GiB", "1e9"):
+        proc = run_cyto("view", str(scored), "--tile-cache", bad)
+        err = proc.stderr.strip()
+        assert proc.returncode == 2 and "\n" not in err, (bad, proc.stderr)
+        assert f"--tile-cache {bad!r} is not a size: give it like 4GiB" in err, err
+    from cyto.view.cache import CAP_ENV, DEFAULT_CAP, cap_from, parse_size
+
+    monkeypatch.setenv(CAP_ENV, "big")
+    proc = run_cyto("view", str(scored))
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and "\n" not in err and f"${CAP_ENV} 'big' is not a size" in err
+    monkeypatch.setenv(CAP_ENV, "2GiB")
+    assert cap_from(None) == 2 * 2**30 and cap_from("1.5G") == 3 * 2**29  # the option first
+    monkeypatch.delenv(CAP_ENV)
+    assert cap_from(None) == DEFAULT_CAP == parse_size("4GiB")
+    assert [parse_size(s) for s in ("0", "4096", "500MB", "500 MiB", "2kb")] == [
+        0,
+        4096,
+        500 * 10**6,
+        500 * 2**20,
+        2000,
+    ]

@@ -29,6 +29,16 @@ def view_cmd(
             help="Serve a folder whose blinded review (cyto review serve) is not finished.",
         ),
     ] = False,
+    tile_cache: Annotated[
+        str | None,
+        typer.Option(
+            "--tile-cache",
+            metavar="SIZE",
+            help="Most disk the tile cache (view-tiles/ in cyto's cache folder) may take, e.g. "
+            "4GiB, 500MB, 0 (only the slides shown now); slides not viewed for longest are "
+            "evicted first. Default: $CYTO_VIEW_TILE_CACHE, else 4GiB.",
+        ),
+    ] = None,
 ) -> None:
     """Serve a page that shows a scored slide whole: pan and zoom at every level, each cell as a
     marker coloured by its score (or its FDR flag, with a calibrated model), the abnormality
@@ -38,11 +48,13 @@ def view_cmd(
     It UNBLINDS: it shows every cell's rank and score. It refuses a folder whose blinded review
     is not finished by every reviewer unless --unblind is given. Tiles are read from the slide
     file on request and cached in cyto's cache folder (view-tiles/), keyed by the slide's
-    identity; beyond this computer (another --host) the page needs the access key printed with
-    its address.
+    identity, the cache kept to --tile-cache; beyond this computer (another --host) the page
+    needs the access key printed with its address.
     """
+    from cyto.view.cache import cap_from
     from cyto.view.folder import open_view
     from cyto.view.server import serve
 
+    cap = cap_from(tile_cache)  # a bad size fails before anything opens
     slides = open_view(scored, unblind=unblind)
-    serve(slides, host=host, port=port, echo=typer.echo)
+    serve(slides, host=host, port=port, echo=typer.echo, tile_cache=cap)

@@ -27,10 +27,17 @@ OSD_STYLE = "'sha256-9xTiqzfwFaL2SGb1rmr8gysEwVVjIvqWAgmZgqFqpEE='"
 CSP = f"default-src 'self'; img-src 'self'; style-src 'self' {OSD_STYLE}; frame-ancestors 'none'"
 
 
-def make_app(slides, cache_root: Path, hosts=LOCAL_HOSTS, access_key: str | None = None):
+def make_app(
+    slides,
+    cache_root: Path,
+    hosts=LOCAL_HOSTS,
+    access_key: str | None = None,
+    tile_cache: int | str | None = None,
+):
     """The Starlette app showing ``slides`` (:class:`cyto.view.folder.ViewSlide`), tiles cached
-    under ``cache_root``; with ``access_key``, nothing is served to a browser that has not opened
-    the address holding it."""
+    under ``cache_root`` and that cache kept to ``tile_cache`` bytes (``--tile-cache``,
+    :func:`cyto.view.cache.cap_from`), trimmed now and as it grows; with ``access_key``, nothing
+    is served to a browser that has not opened the address holding it."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -39,9 +46,12 @@ def make_app(slides, cache_root: Path, hosts=LOCAL_HOSTS, access_key: str | None
     from starlette.staticfiles import StaticFiles
 
     from cyto.errors import CytoError
+    from cyto.view.cache import TileCache, cap_from
     from cyto.view.tiles import TilePyramid
 
-    pyramids = [TilePyramid(s, cache_root) for s in slides]
+    cache = TileCache(cache_root, cap_from(tile_cache))
+    pyramids = [TilePyramid(s, cache_root, cache=cache) for s in slides]
+    cache.trim()
     page = (STATIC / "index.html").read_text()
 
     def error(status: int, message: str) -> JSONResponse:
@@ -106,7 +116,7 @@ def make_app(slides, cache_root: Path, hosts=LOCAL_HOSTS, access_key: str | None
         if not p.exists(*where):
             return error(404, "no such tile")
         try:
-            data = p.get(*where).read_bytes()  # a few kB: read here, in this worker thread
+            data = p.read(*where)  # a few kB: read here, in this worker thread
         except CytoError as exc:
             return error(500, f"the slide cannot be read there: {exc}")
         return Response(data, media_type="image/jpeg", headers={"Cache-Control": TILE_CACHE})
@@ -114,11 +124,13 @@ def make_app(slides, cache_root: Path, hosts=LOCAL_HOSTS, access_key: str | None
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
+        for p in pyramids:
+            p.close()
         for s in slides:
             s.close()
 
     tiles = "/tiles/{i:int}/{key:str}/{plane:int}/{level:int}/{col:int}_{row:int}.jpeg"
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/", index),
             Route("/favicon.ico", no_icon),
@@ -141,17 +153,26 @@ def make_app(slides, cache_root: Path, hosts=LOCAL_HOSTS, access_key: str | None
         lifespan=lifespan,
         max_body_size=MAX_BODY,
     )
+    app.state.tile_cache = cache
+    return app
 
 
 def serve(
-    slides, host: str = "127.0.0.1", port: int = 8766, cache_root: Path | None = None, echo=print
+    slides,
+    host: str = "127.0.0.1",
+    port: int = 8766,
+    cache_root: Path | None = None,
+    echo=print,
+    tile_cache: int | str | None = None,
 ) -> None:
-    """Serve the viewer until Ctrl-C; prints the address first."""
+    """Serve the viewer until Ctrl-C; prints the address first. ``tile_cache``: the tile
+    cache's cap (:func:`cyto.view.cache.cap_from`)."""
     import threading
 
     import uvicorn
 
     from cyto import cache_dir
+    from cyto.view.cache import size_words
 
     sock = bind(host, port)
     port = sock.getsockname()[1]
@@ -161,7 +182,13 @@ def serve(
     if slides:
         slides[0].warm()
         threading.Thread(target=lambda: [s.warm() for s in slides[1:]], daemon=True).start()
-    app = make_app(slides, cache_root or cache_dir(), hosts=hosts, access_key=access_key)
+    app = make_app(
+        slides,
+        cache_root or cache_dir(),
+        hosts=hosts,
+        access_key=access_key,
+        tile_cache=tile_cache,
+    )
     if access_key:
         echo(
             f"warning: listening on {host}, beyond this computer: the page opens only with the "
@@ -171,6 +198,11 @@ def serve(
     echo(
         f"viewer of {len(slides)} slide(s), {n} cells; it shows every cell's rank and score "
         "(unblinded)"
+    )
+    cache = app.state.tile_cache
+    echo(
+        f"tiles cached in {cache.root} ({size_words(cache.total)} of at most "
+        f"{size_words(cache.cap)}: --tile-cache)"
     )
     address = f"http://{shown}:{port}/" + (f"?key={access_key}" if access_key else "")
     echo(f"open {address}  (Ctrl-C stops)")

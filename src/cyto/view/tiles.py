@@ -12,10 +12,13 @@ The disk cache lives in ``cyto.cache_dir()/view-tiles/KEY``, ``KEY`` a hash of t
 slide and of each focal-plane file (:func:`cyto.infer.store.slide_key`), the tile size, the JPEG
 quality and this format's version: a slide changed or replaced under its name gets another folder,
 so a stale tile is never served. Tiles are written to a temporary name and renamed into place.
+The folder is kept to a cap, whole slide folders evicted least recently used first, never one
+being shown (:mod:`cyto.view.cache`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -43,19 +46,41 @@ def max_level(width: int, height: int) -> int:
 class TilePyramid:
     """The deep-zoom tiles of one slide (every focal plane), rendered once and cached on disk."""
 
-    def __init__(self, slide, cache_root: Path, tile: int = TILE, quality: int = QUALITY) -> None:
+    def __init__(
+        self, slide, cache_root: Path, tile: int = TILE, quality: int = QUALITY, cache=None
+    ) -> None:
+        """``cache`` (:class:`cyto.view.cache.TileCache`) counts the tiles written, to keep the
+        folder to its cap; without it nothing is counted."""
         from cyto.reuse import check_reuse, key_sha256, read_record
+        from cyto.view.cache import FOLDER, LOCK, Touch, hold
 
         self.slide, self.tile, self.quality = slide, tile, quality
         self.max_level = max_level(slide.width, slide.height)
         key = {"format": FORMAT, "slide": slide.identity, "tile": tile, "quality": quality}
-        self.dir = Path(cache_root) / "view-tiles" / key_sha256(key)[:32]
+        self.dir = Path(cache_root) / FOLDER / key_sha256(key)[:32]
+        self.cache = cache
+        if cache is not None:
+            cache.keep.add(self.dir.name)
+        self._held = hold(self.dir)  # no evictor removes the folder while it is held
         record = self.dir / "key.json"
         if not check_reuse(read_record(record), key).ok:  # half-made or foreign: start anew
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir.mkdir(parents=True, exist_ok=True)
+            for e in self.dir.iterdir():
+                if e.is_dir():
+                    shutil.rmtree(e, ignore_errors=True)
+                elif e.name != LOCK:
+                    e.unlink(missing_ok=True)
             _atomic(record, json.dumps(key, indent=1).encode())
+        self.used = Touch(self.dir)
         self._rendering = threading.Semaphore(RENDERING)
+
+    def close(self) -> None:
+        """Record the slide's last use and let evictors have its folder."""
+        from cyto.view.cache import touch
+
+        touch(self.dir)
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
 
     def level_size(self, level: int) -> tuple[int, int]:
         scale = 2 ** (self.max_level - level)
@@ -71,17 +96,30 @@ class TilePyramid:
     def path(self, plane: int, level: int, col: int, row: int) -> Path:
         return self.dir / f"p{plane}" / str(level) / f"{col}_{row}.jpeg"
 
-    def get(self, plane: int, level: int, col: int, row: int) -> Path:
-        """The tile's file, rendered first when it is not cached (the caller checked
-        :meth:`exists`)."""
+    def read(self, plane: int, level: int, col: int, row: int) -> bytes:
+        """The tile's JPEG bytes: from the cache, else rendered and cached (the caller checked
+        :meth:`exists`). A tile evicted under it (another ``cyto view`` trimming the cache, the
+        cache deleted by hand) is rendered again."""
         path = self.path(plane, level, col, row)
-        if not path.is_file():
-            with self._rendering:
-                if not path.is_file():  # another request rendered it meanwhile
-                    data = self.render(plane, level, col, row)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    _atomic(path, data)
-        return path
+        self.used()
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            pass
+        with self._rendering:
+            try:  # another request rendered it meanwhile
+                return path.read_bytes()
+            except FileNotFoundError:
+                pass
+            data = self.render(plane, level, col, row)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _atomic(path, data)
+        except FileNotFoundError:  # the folder was removed meanwhile: served, not cached
+            return data
+        if self.cache is not None:
+            self.cache.wrote(len(data))
+        return data
 
     def render(self, plane: int, level: int, col: int, row: int) -> bytes:
         """The JPEG bytes of one tile, read from the slide."""
@@ -123,5 +161,10 @@ class TilePyramid:
 
 def _atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
