@@ -46,6 +46,43 @@ def scored(exported_dsvdd, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def calibrated(exported_dsvdd, tmp_path_factory) -> Path:
+    """A 1024 x 1024 px slide with 20% abnormal cells, scored by a copy of the small Deep SVDD
+    bundle calibrated (cyto calibrate) on three small slide-negative slides, at FDR 0.2: a
+    table with p_value and flagged_bh, a summary with a burden and a triage."""
+    root = tmp_path_factory.mktemp("view-cal")
+    model = root / "m.cyto"
+    shutil.copytree(exported_dsvdd, model)
+    quiet = lambda _: None  # noqa: E731
+    tables = []
+    for i in range(3):
+        neg = write_slide(
+            root / f"neg{i}.tif",
+            SlideSynthConfig(width=1024, height=1024, n_cells=120, abnormal_fraction=0.0, seed=i),
+            workers=1,
+        )
+        out = root / f"neg{i}"
+        score_slide(neg.paths[0], model, out, ScoreOptions(mosaic=0, workers=0), echo=quiet)
+        tables.append(str(out / "scores.parquet"))
+    proc = run_cyto("calibrate", str(model), *tables)
+    assert proc.returncode == 0, proc.stderr
+    pos = write_slide(
+        root / "pos.tif",
+        SlideSynthConfig(width=1024, height=1024, n_cells=120, abnormal_fraction=0.2, seed=9),
+        workers=1,
+    )
+    out = root / "pos"
+    score_slide(
+        pos.paths[0],
+        model,
+        out,
+        ScoreOptions(mosaic=0, workers=0, top_k=K, fdr_alpha=0.2),
+        echo=quiet,
+    )
+    return out
+
+
 def _client(slides, cache, **kw):
     from starlette.testclient import TestClient
 
@@ -225,6 +262,119 @@ def test_view_in_a_real_browser(scored, tmp_path):
             status, data = raw_get(server.url, path)
             assert status in (400, 404), (path, status)
             assert b"slide_identity" not in data and b"root:" not in data, path
+    finally:
+        server.kill()
+
+
+FLAG_RGB = {False: (70, 110, 200), True: (215, 25, 28), None: (150, 150, 150)}  # view.js
+SUMMARY_ROWS = """() => Object.fromEntries(Array.from(document.querySelectorAll("#summary tr"))
+    .map((tr) => [tr.cells[0].textContent, tr.cells[1].textContent]))"""
+
+
+def _with_flags(folder: Path, out: Path, flags_by_rank: dict) -> Path:
+    """A copy of a calibrated slide's folder whose ``flagged_bh`` column is ``flags_by_rank``
+    (rank -> True, False or None), False for the ranks not given."""
+    shutil.copytree(folder, out)
+    path = out / "scores.parquet"
+    t = pq.read_table(path)
+    flags = [flags_by_rank.get(r, False) for r in t["rank"].to_pylist()]
+    i = t.column_names.index("flagged_bh")
+    t2 = t.set_column(i, "flagged_bh", pa.array(flags, pa.bool_()))
+    pq.write_table(t2.replace_schema_metadata(t.schema.metadata), path)
+    return out
+
+
+@pytest.mark.browser
+def test_view_a_calibrated_slide_in_a_real_browser(calibrated, tmp_path):
+    """A slide scored by a calibrated bundle: the summary shows its burden, triage and FDR
+    count, the top cells are listed in sight beside it (a long triage once pushed them out of
+    view), each with its p-value, and a click goes to the cell; the dots are coloured by the FDR
+    flag, as the legend says (none is flagged here: the top cells are blue, not the score's
+    red). The same slide with some flags set and one withheld: red, grey, blue, and the list
+    marks the flagged cells."""
+    import json
+
+    from playwright.sync_api import sync_playwright
+
+    from tests.conftest import CHROMIUM
+
+    cohort = tmp_path / "cohort"
+    shutil.copytree(calibrated, cohort / "a")
+    _with_flags(calibrated, cohort / "b", {1: True, 2: True, 3: True, 4: None})
+    table = _table(calibrated)
+    t = pq.read_table(calibrated / "scores.parquet").sort_by("rank")
+    p_values, flags = t["p_value"].to_pylist(), t["flagged_bh"].to_pylist()
+    burden = json.loads((calibrated / "summary.json").read_text())["burden"]
+    assert burden["status"] == "ok" and burden["triage"]
+    top_n = min(K, t.num_rows)
+    server = Server(cohort, cache=tmp_path / "cache")
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+            page.goto(server.url)
+            _wait(page, "() => cytoView.ready && cytoView.slideItem && cytoView.info.index === 0")
+            _wait(page, FULLY_LOADED)
+
+            rows = page.evaluate(SUMMARY_ROWS)
+            assert rows["burden"] == burden["status"] and rows["triage"] == burden["triage"]
+            assert rows[f"flagged at FDR {burden['fdr_alpha']}"] == str(burden["flagged_bh"])
+            assert rows["abnormal burden"].startswith(f"{100 * burden['abnormal_fraction']:.1f}%")
+            words = page.locator("#legend-words").text_content()
+            assert "cells: red flagged at the FDR (flagged_bh), blue not, grey unknown" in words
+
+            # the top cells: all listed, the first ones in sight without scrolling
+            entries = page.locator("#topk li")
+            assert entries.count() == top_n
+            for i in range(5):
+                box = entries.nth(i).bounding_box()
+                assert box and box["height"] > 0 and box["y"] + box["height"] <= 900, (i, box)
+            for i in range(top_n):
+                text = entries.nth(i).text_content()
+                got = float(text.split("· p ")[1].split("flagged")[0])
+                assert abs(got - p_values[i]) <= 0.05 * p_values[i], (i, text, p_values[i])
+                assert ("flagged" in text) == bool(flags[i]), (i, text)
+
+            def click_and_colour(rank: int) -> tuple[int, ...]:
+                entries.nth(rank - 1).click()
+                page.wait_for_timeout(100)
+                x, y = table["x"][rank - 1], table["y"][rank - 1]
+                sx, sy = page.evaluate(TO_WINDOW, [float(x), float(y)])
+                ring = page.locator("#selected").bounding_box()
+                cx, cy = ring["x"] + ring["width"] / 2, ring["y"] + ring["height"] / 2
+                assert abs(cx - sx) < 2 and abs(cy - sy) < 2, (rank, (cx, cy), (sx, sy))
+                assert page.locator("#topk li.current").get_attribute("data-rank") == str(rank)
+                rgba = page.evaluate(CANVAS_AT, [sx, sy])
+                assert rgba[3] > 150, (rank, rgba)  # the cell's own dot
+                return tuple(rgba[:3])
+
+            def near(rgb, want) -> bool:
+                return all(abs(a - b) <= 30 for a, b in zip(rgb, want, strict=True))
+
+            for rank in (1, 2, top_n):
+                rgb = click_and_colour(rank)
+                assert near(rgb, FLAG_RGB[bool(flags[rank - 1])]), (rank, rgb)
+            page.screenshot(path=tmp_path / "view-calibrated.jpg", type="jpeg", quality=80)
+
+            # the same slide with flags: red where flagged, grey where withheld, blue else
+            page.locator("#slide").select_option("1")
+            _wait(page, "() => cytoView.ready && cytoView.slideItem && cytoView.info.index === 1")
+            _wait(page, FULLY_LOADED)
+            marked = [
+                int(entries.nth(i).get_attribute("data-rank"))
+                for i in range(entries.count())
+                if "flagged" in entries.nth(i).text_content()
+            ]
+            assert marked == [1, 2, 3]
+            for rank, want in ((1, True), (3, True), (4, None), (5, False)):
+                rgb = click_and_colour(rank)
+                assert near(rgb, FLAG_RGB[want]), (rank, rgb)
+            assert page.evaluate("() => cytoView.tileErrors") == 0
+            assert errors == []
+            browser.close()
     finally:
         server.kill()
 
