@@ -374,7 +374,20 @@ def test_view_a_calibrated_slide_in_a_real_browser(calibrated, tmp_path):
                 assert near(rgb, FLAG_RGB[want]), (rank, rgb)
             assert page.evaluate("() => cytoView.tileErrors") == 0
             assert errors == []
+            tile = page.evaluate(
+                "() => cytoView.viewer.world.getItemAt(0).source.getTileUrl(9,0,0)"
+            )
             browser.close()
+        # another cyto view trimming the shared cache to nothing: the slides this server shows
+        # are kept (it holds them), a slide nobody shows goes, and the tiles still come
+        from cyto.view.cache import TileCache
+
+        idle = _fake_slide_folder(tmp_path / "cache", "idle", 1, 0)
+        shown = {f.name for f in (tmp_path / "cache" / "view-tiles").iterdir()} - {idle.name}
+        assert len(shown) == 1  # the two folders show one slide file: one pyramid
+        assert TileCache(tmp_path / "cache", 0).trim() == ["idle"]
+        assert {f.name for f in (tmp_path / "cache" / "view-tiles").iterdir()} == shown
+        assert raw_get(server.url, tile)[0] == 200
     finally:
         server.kill()
 

@@ -10,6 +10,12 @@ const STOPS = [[0.19, 0.21, 0.58], [0.20, 0.63, 0.79], [1.0, 0.85, 0.2], [0.85, 
 const BINS = 16;
 const READABLE_PX = 6; // markers are drawn once cells lie this many screen px apart
 const FLAG_COLOURS = ["rgb(70,110,200)", "rgb(215,25,28)", "rgb(150,150,150)"];
+// what each kind of abnormality map (cyto.infer.maps.AbnormalityMap.kind) shows per window
+const MAP_WORDS = {
+  max_score: "highest score",
+  fraction_flagged: "fraction flagged",
+  fraction_above_threshold: "fraction above the burden's threshold",
+};
 
 const view = {
   viewer: null, info: null, cells: null, n: 0, bins: null, slideItem: null, mapItem: null,
@@ -294,7 +300,7 @@ function showLegend(legend) {
     words.push(`cells: red flagged at the FDR (${info.colour_by}), blue not, grey unknown`);
   }
   if (legend) {
-    const what = legend.kind === "max_score" ? "highest score" : "fraction flagged";
+    const what = MAP_WORDS[legend.kind] || legend.kind.replace(/_/g, " ");
     const win = legend.window_um ? `${legend.window_um} µm` : `${legend.window_px} px`;
     const from = legend.kind === "max_score" ? "the median window" : "0";
     words.push(`map: ${what} per ${win} window, from ${from} (${legend.low.toPrecision(3)}) ` +
