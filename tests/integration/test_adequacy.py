@@ -214,6 +214,26 @@ def test_an_unsatisfactory_slide_is_never_triaged_negative(model, slides, tmp_pa
     ok = score_slide(slides["normal"], cal, tmp_path / "s", plain)
     assert ok["adequacy"]["result"] == "satisfactory"
     assert ok["burden"]["triage"] in ("excess", "no excess")
+    # the burden counts the evaluable cells, against the calibration slides' evaluable cells
+    # (cyto calibrate kept each cell's mark); --burden-cells all counts every cell
+    manifest = json.loads((cal / "manifest.json").read_text())["calibration"]
+    marked = [int(np.sum(pq.read_table(t)["evaluable"])) for t in negs]
+    assert manifest["evaluable_cells"] == sum(marked) >= 100
+    assert ok["burden"]["counted"] == "evaluable" and "counted_why" not in ok["burden"]
+    assert ok["burden"]["cells"] == ok["adequacy"]["cells_evaluable"]
+    every = score_slide(
+        slides["normal"],
+        cal,
+        tmp_path / "all",
+        ScoreOptions(**{**plain.__dict__, "burden_cells": "all"}),
+    )
+    assert (
+        every["burden"]["counted"] == "all"
+        and every["burden"]["counted_why"] == "--burden-cells all"
+    )
+    assert every["burden"]["cells"] == every["cells_scored"]
+    table = pq.read_table(tmp_path / "all" / "scores.parquet")
+    assert "evaluable" in table.column_names  # the cells are still judged
 
 
 def test_the_real_slides_are_judged(real_slides_scored):

@@ -127,3 +127,42 @@ def test_map_of_table_counts_the_fdr_flags_when_the_table_has_them():
     assert m.values[0, 0] == pytest.approx(0.5) and m.values[0, 1] == 0.0
     withheld = pa.table({**base, "flagged_bh": pa.array([None] * 3, pa.bool_())})
     assert map_of_table(withheld, 200, 100, 1.0, window_um=100.0).kind == "max_score"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_calibrated_slide_maps_the_cells_above_the_burdens_threshold(seed):
+    """With the summary's burden the map is the fraction of counted cells above its threshold
+    (the demo's calibration flags no cell, and a map of flags was all zero while 31 cells lay
+    above the threshold); over the evaluable cells when the burden counted those, so a window of
+    blurred cells only holds no counted cell (NaN), not "normal cells"."""
+    rng = np.random.default_rng(seed)
+    n = 400
+    x, y = rng.uniform(0, 400, n), rng.uniform(0, 200, n)
+    score = rng.normal(0, 1, n)
+    evaluable = rng.random(n) > 0.2
+    evaluable[(x >= 300) & (y < 100)] = False  # one window of blurred cells only
+    table = pa.table(
+        {
+            "x": x,
+            "y": y,
+            "score": score,
+            "flagged_bh": np.zeros(n, bool),  # nothing reached BH's first step
+            "evaluable": evaluable,
+        }
+    )
+    burden = {"status": "ok", "threshold": 1.0, "counted": "evaluable"}
+    m = map_of_table(table, 400, 200, 1.0, window_um=100.0, burden=burden)
+    assert m.kind == "fraction_above_threshold" and m.threshold == 1.0
+    hit = (score > 1.0).astype(float)
+    want, counts = _reference(
+        x[evaluable], y[evaluable], score[evaluable], 400, 200, 100.0, hit[evaluable]
+    )
+    np.testing.assert_allclose(m.values, want, rtol=1e-6)
+    np.testing.assert_array_equal(m.counts, counts)
+    assert np.isnan(m.values[0, 3]) and m.counts[0, 3] == 0
+    assert np.nanmax(m.values) > 0  # the flags' map was all zero
+    # a burden over every cell counts every cell; no burden (or not ok): the flags, as before
+    every = map_of_table(table, 400, 200, 1.0, 100.0, burden={**burden, "counted": "all"})
+    np.testing.assert_allclose(every.values, _reference(x, y, score, 400, 200, 100.0, hit)[0])
+    for b in (None, {"status": "calibration mismatch"}):
+        assert map_of_table(table, 400, 200, 1.0, 100.0, burden=b).kind == "fraction_flagged"

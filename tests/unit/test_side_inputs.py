@@ -142,9 +142,9 @@ def test_a_calibration_table_whose_truth_marks_abnormal_cells_is_refused(tmp_pat
 def test_a_negative_slide_scored_with_truth_calibrates(tmp_path):
     from cyto.stats.calibrate import _read_table
 
-    scores, _, _ = _read_table(_scored_table(tmp_path / "neg", 0, [0, 0, 0, 0]), BUNDLE)
+    scores, _, _, _ = _read_table(_scored_table(tmp_path / "neg", 0, [0, 0, 0, 0]), BUNDLE)
     assert len(scores) == 4
-    scores, _, _ = _read_table(_scored_table(tmp_path / "plain", None), BUNDLE)
+    scores, _, _, _ = _read_table(_scored_table(tmp_path / "plain", None), BUNDLE)
     assert len(scores) == 4
 
 

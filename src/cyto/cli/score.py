@@ -299,6 +299,14 @@ def score_cmd(
             "slide is never triaged 'no excess'.",
         ),
     ] = "general",
+    burden_cells: Annotated[
+        str,
+        typer.Option(
+            help="Calibrated bundles: the cells the burden and slide test count: evaluable (in "
+            "focus, not crowded, at the model's scale; against the calibration slides' "
+            "evaluable cells) or all. Every cell keeps its p-value and flag either way.",
+        ),
+    ] = "evaluable",
     watch: Annotated[
         bool,
         typer.Option(
@@ -366,6 +374,7 @@ def score_cmd(
         verify=not skip_verify,
         rank_by=rank_by,
         adequacy=adequacy,
+        burden_cells=burden_cells,
     )
     check_rank_by(model, rank_by)
     metrics = None
@@ -461,6 +470,16 @@ def calibrate_cmd(
             f"leave one slide out: BH at {loso['alpha']} flagged cells on "
             f"{loso['slides_with_false_flags']}/{loso['slides']} normal slides (all flags false; "
             f"expected at most {loso['alpha']:.0%} of slides), burden interval held 0 on "
-            f"{loso['burden_interval_holds_zero']}/{loso['slides']}"
+            f"{loso['burden_interval_holds_zero']}/{loso['slides_with_a_burden']}"
+        )
+    if cal.get("evaluable_cells") is not None:
+        typer.echo(
+            f"the burden counts evaluable cells: {cal['evaluable_cells']:,} of the {cal['n']:,} "
+            "calibration cells are (in focus, not crowded, at the model's scale)"
+        )
+    else:
+        typer.echo(
+            "the burden counts every cell: a table marks no evaluable cells (scored with "
+            "--adequacy none?)"
         )
     typer.echo(f"assumes: {cal['assumes']}")

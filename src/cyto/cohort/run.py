@@ -93,8 +93,14 @@ def burden_words(b: dict | None) -> str:
     lo, hi = b["abnormal_fraction_interval"]
     guarantee = b.get("fdr_guarantee", "")
     given = f" {guarantee}" if guarantee.startswith("for this calibration") else ""
-    # the cells the interval rests on, when an adequacy rule counted the evaluable ones
-    rests = f", {b['evaluable_cells']:,} evaluable cells" if "evaluable_cells" in b else ""
+    # the cells the burden counts: the evaluable ones (an adequacy rule judged the slide and the
+    # calibration marks its own), else every cell
+    if b.get("counted") == "evaluable":
+        rests = f", of {b['cells']:,} evaluable cells"
+    elif "evaluable_cells" in b:
+        rests = f", of all {b['cells']:,} cells, {b['evaluable_cells']:,} evaluable"
+    else:
+        rests = ""
     return (
         f"; abnormal burden {100 * b['abnormal_fraction']:.2f}% (95% CI {100 * lo:.2f}-"
         f"{100 * hi:.2f}%{rests}), {b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}{given}, "

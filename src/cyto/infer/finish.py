@@ -95,9 +95,11 @@ def engine_lane(runs: list[TileRun], device: str) -> dict:
 _COLUMN_TYPES = {"p_value": "float64", "flagged_bh": "bool", "flagged_adaptive": "bool"}
 
 
-def _calibrated(scores: np.ndarray, run: _Run) -> dict:
-    """The calibration's columns and burden block (:func:`cyto.stats.calibrate.apply`), or why
-    there are none; says out loud when the run differs from the calibration's."""
+def _calibrated(scores: np.ndarray, run: _Run, quality: dict | None = None) -> dict:
+    """The calibration's columns and burden block (:func:`cyto.stats.calibrate.apply`; the
+    burden over the cells ``quality`` marks evaluable, under ``--burden-cells evaluable`` and
+    where the calibration marks its own), or why there are none; says out loud when the run
+    differs from the calibration's."""
     bundle = run.scorer.bundle
     cal = calibrate.Calibration.of(bundle)
     if cal is None:
@@ -116,12 +118,19 @@ def _calibrated(scores: np.ndarray, run: _Run) -> dict:
                 "reason": "the calibration was made with another model: calibrate again",
             }
         }
+    evaluable, why_all = None, None
+    if run.opts.burden_cells == calibrate.COUNTED_ALL:
+        why_all = "--burden-cells all"
+    elif quality is not None:
+        evaluable = quality["evaluable"]
     out = calibrate.apply(
         scores,
         cal,
         alpha=run.opts.fdr_alpha,
         triage_level=run.opts.triage_level,
         confidence=run.opts.fdr_confidence,
+        evaluable=evaluable,
+        why_all=why_all,
     )
     if differs:
         run.echo(
@@ -212,12 +221,13 @@ def _finish(table, run: _Run) -> dict:
     order, rank = ranks(ranked)
     table = table.append_column("rank", pa.array(rank))
     k = min(opts.top_k, n_cells)
-    calibrated = _calibrated(scores, run)
+    quality, adequacy = _adequacy(table, run)
+    calibrated = _calibrated(scores, run, quality)
     for name, column in calibrated.get("columns", {}).items():  # None: the flags are withheld
         values = [None] * n_cells if column is None else column
         table = table.append_column(name, pa.array(values, type=_COLUMN_TYPES[name]))
     burden = calibrated["burden"]
-    table, adequacy = _adequacy(table, burden, run)
+    table = _with_quality(table, quality, burden, adequacy)
     labels = None
     truth = None
     if opts.truth is not None and n_cells:
@@ -242,6 +252,7 @@ def _finish(table, run: _Run) -> dict:
         mpp=run.res.slide_mpp,
         assumed_mpp=opts.detection.mpp,
         window_um=opts.map_um,
+        burden=burden,
     )
     if n_cells == 0:
         run.echo(f"warning: no cells found in {run.slide}; wrote an empty score table")
@@ -308,20 +319,17 @@ def _finish(table, run: _Run) -> dict:
     return summary
 
 
-def _adequacy(table, burden: dict, run: _Run):
-    """(the table with its ``quality`` and ``evaluable`` columns, the adequacy block) under the
-    run's ``--adequacy`` rule (:mod:`cyto.stats.adequacy`); the triage of an unsatisfactory
-    slide says so instead of 'no excess', and the burden says how many evaluable cells it rests
-    on. ``none``: the table as it was (without the sharpness column) and no block."""
-    import pyarrow as pa
-
+def _adequacy(table, run: _Run) -> tuple[dict | None, dict | None]:
+    """(the per-cell ``quality`` and ``evaluable`` columns, the adequacy block) of the slide
+    under the run's ``--adequacy`` rule (:mod:`cyto.stats.adequacy`), said on the console when
+    it is not satisfactory; ``none``: (None, None)."""
     from cyto.infer.quality import focus_reference, slide_adequacy
     from cyto.runtime.verify import read_golden
-    from cyto.stats.adequacy import adequacy_words, triage_words
+    from cyto.stats.adequacy import adequacy_words
 
     rule = run.opts.adequacy_rule()
     if rule is None:
-        return table.drop_columns(["sharpness"]), None
+        return None, None
     plan = run.plan
     columns, block = slide_adequacy(
         table,
@@ -335,14 +343,28 @@ def _adequacy(table, burden: dict, run: _Run):
         detection=run.opts.detection.kind,
         mpp_ratio=None if run.opts.rescale else run.res.mpp_ratio,
     )
-    table = table.append_column("quality", pa.array(columns["quality"], type=pa.string()))
-    table = table.append_column("evaluable", pa.array(columns["evaluable"], type=pa.bool_()))
+    if block["result"] != "satisfactory":
+        run.echo(f"warning: {run.slide.name}{adequacy_words(block)}")
+    return columns, block
+
+
+def _with_quality(table, quality: dict | None, burden: dict, block: dict | None):
+    """The table with its ``quality`` and ``evaluable`` columns (:func:`_adequacy`; without
+    them, and without the sharpness column, under ``--adequacy none``); the triage of an
+    unsatisfactory slide says so instead of 'no excess', and the burden says how many evaluable
+    cells the slide has."""
+    import pyarrow as pa
+
+    from cyto.stats.adequacy import triage_words
+
+    if quality is None:
+        return table.drop_columns(["sharpness"])
+    table = table.append_column("quality", pa.array(quality["quality"], type=pa.string()))
+    table = table.append_column("evaluable", pa.array(quality["evaluable"], type=pa.bool_()))
     if burden.get("status") == "ok":
         burden["evaluable_cells"] = block["cells_evaluable"]
         burden["triage"] = triage_words(burden["triage"], block)
-    if block["result"] != "satisfactory":
-        run.echo(f"warning: {run.slide.name}{adequacy_words(block)}")
-    return table, block
+    return table
 
 
 def write_summary(out_dir: Path, summary: dict) -> None:
@@ -376,6 +398,7 @@ def rewrite_qupath(out_dir: Path, summary: dict, opts: ScoreOptions, slide: Path
         mpp=(summary.get("resolution") or {}).get("slide_mpp"),
         assumed_mpp=opts.detection.mpp,
         window_um=opts.map_um,
+        burden=summary.get("burden"),
     )
     files = set(QUPATH_FILES.values())
     outputs = {n: s for n, s in (summary.get("outputs") or {}).items() if n not in files}

@@ -1,12 +1,15 @@
 """The abnormality map of a scored slide: the slide cut into square windows of a physical size
 (50 um by default), one value per window computed from the cells whose centres fall in it.
 
-With a calibrated table (FDR flags, or a score threshold) the value is the fraction of the
-window's cells that are flagged (or score above the threshold), a number in [0, 1] that reads the
-same on every slide; without one it is the highest score in the window (the model's own units).
-A window without cells is NaN in ``values`` and 0 in ``counts``, so "no cells here" is never read
-as "normal cells here". ``cyto view`` draws it at low zoom, and
-:mod:`cyto.infer.qupath` writes it as a pyramidal OME-TIFF.
+With a calibrated slide the value is the fraction of the window's cells that score above the
+burden's threshold (the 99th percentile of the calibration's normal cells, so about 0.01 where
+every cell is normal), counted over the cells the burden counts (the evaluable ones, where it
+counts those): a number in [0, 1] that reads the same on every slide. It is not the fraction
+FDR-flagged, which is all zero on a slide where nothing reaches BH's first step (the demo's: 780
+calibration cells cannot flag one of 1,040). Without a calibration it is the highest score in the
+window (the model's own units). A window without counted cells is NaN in ``values`` and 0 in
+``counts``, so "no cells here" is never read as "normal cells here". ``cyto view`` draws it at
+low zoom, and :mod:`cyto.infer.qupath` writes it as a pyramidal OME-TIFF.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ def abnormality_grid(
     window_um: float = WINDOW_UM,
     flagged=None,
     threshold: float | None = None,
+    counted=None,
 ) -> AbnormalityMap:
     """The abnormality map of cells at level-0 centres ``x``, ``y`` with ``score``, on a slide of
     ``width`` x ``height`` level-0 pixels at ``mpp`` um/px, in windows of ``window_um``.
@@ -80,6 +84,7 @@ def abnormality_grid(
     ``flagged`` (bool per cell, e.g. the table's FDR flags) gives the fraction flagged per window;
     else ``threshold`` gives the fraction scoring above it; with neither, the maximum score. A
     flag that is missing (None/NaN in a table whose flags were withheld) counts as not flagged.
+    ``counted`` (bool per cell, None: all): the cells the map counts, the others left out.
     Cells outside the slide are put in the nearest edge window; cells without a finite position
     or score are left out. Vectorised: 10^5 cells take milliseconds.
 
@@ -115,6 +120,11 @@ def abnormality_grid(
     window_px = window_um / mpp
     rows, cols = max(1, math.ceil(height / window_px)), max(1, math.ceil(width / window_px))
     keep = np.isfinite(xs) & np.isfinite(ys) & np.isfinite(ss)
+    if counted is not None:
+        use = _flags(counted)
+        if len(use) != len(xs):
+            raise ValueError(f"counted has {len(use)} values for {len(xs)} cells")
+        keep &= use
     col = np.clip(np.floor(xs[keep] / window_px), 0, cols - 1).astype(np.int64)
     row = np.clip(np.floor(ys[keep] / window_px), 0, rows - 1).astype(np.int64)
     flat = row * cols + col
@@ -154,26 +164,41 @@ FLAG_COLUMNS = ("flagged_bh", "flagged_adaptive")
 
 
 def map_of_table(
-    table, width: int, height: int, mpp: float, window_um: float = WINDOW_UM
+    table,
+    width: int,
+    height: int,
+    mpp: float,
+    window_um: float = WINDOW_UM,
+    burden: dict | None = None,
 ) -> AbnormalityMap:
-    """:func:`abnormality_grid` of a score table (pyarrow): the fraction of FDR-flagged cells
-    when the table holds flags (``flagged_bh``; a calibrated bundle), else the maximum score."""
+    """:func:`abnormality_grid` of a score table (pyarrow).
+
+    ``burden`` (the slide's ``summary["burden"]``) with status ``ok``: the fraction of cells
+    above its ``threshold``, over its evaluable cells when it counted those
+    (``counted == "evaluable"``, the table's ``evaluable`` column). Without one, a table that
+    holds FDR flags (``flagged_bh``) gives the fraction flagged, and any other the maximum
+    score."""
     import pyarrow.compute as pc
 
     names = set(table.column_names)
+    xy = (table["x"].to_numpy(), table["y"].to_numpy(), table["score"].to_numpy())
+    if burden and burden.get("status") == "ok" and burden.get("threshold") is not None:
+        counted = None
+        if burden.get("counted") == "evaluable" and "evaluable" in names:
+            counted = pc.fill_null(table["evaluable"], False).to_numpy(zero_copy_only=False)
+        return abnormality_grid(
+            *xy,
+            width,
+            height,
+            mpp,
+            window_um,
+            threshold=float(burden["threshold"]),
+            counted=counted,
+        )
     flag = next((c for c in FLAG_COLUMNS if c in names), None)
     flagged = None
     if flag is not None:
         column = table[flag]
         if column.null_count < len(column):  # all null: the flags were withheld
             flagged = pc.fill_null(column, False).to_numpy(zero_copy_only=False)
-    return abnormality_grid(
-        table["x"].to_numpy(),
-        table["y"].to_numpy(),
-        table["score"].to_numpy(),
-        width,
-        height,
-        mpp,
-        window_um,
-        flagged=flagged,
-    )
+    return abnormality_grid(*xy, width, height, mpp, window_um, flagged=flagged)

@@ -11,7 +11,7 @@ from cyto.data.morphometry import RANK_BY
 from cyto.detect import NucleusParams
 from cyto.errors import ConfigError
 from cyto.runtime.backends import CHOICES
-from cyto.stats.calibrate import FDR_ALPHA, TRIAGE_LEVEL
+from cyto.stats.calibrate import BURDEN_CELLS, FDR_ALPHA, TRIAGE_LEVEL
 
 DECODERS = ("cpu", "torch")
 OVERLAP = ("auto", "on", "off")
@@ -60,6 +60,8 @@ class ScoreOptions:
     rank_by: str = "auto"  # model | model+nucleus | auto (cyto.data.morphometry)
     # the specimen-adequacy rule: a preset of cyto.stats.adequacy (none: no rule) or RULE.toml
     adequacy: str = "general"
+    # the cells the burden and slide test count: evaluable (the adequacy's) | all
+    burden_cells: str = "evaluable"
 
     def __post_init__(self) -> None:
         # the messages name the command-line flags (ScoreOptions' fields spelled as cyto score
@@ -114,6 +116,10 @@ class ScoreOptions:
                 f"--fdr-confidence must be between 0 and 1 (e.g. 0.9), got {self.fdr_confidence}"
             )
         self.adequacy_rule()  # an unknown preset or a bad rule file fails here, by name
+        if self.burden_cells not in BURDEN_CELLS:
+            raise ConfigError(
+                f"--burden-cells must be {' or '.join(BURDEN_CELLS)}, got {self.burden_cells!r}"
+            )
         for name, flag in (("slide_mpp", "--mpp"), ("model_mpp", "--model-mpp")):
             value = getattr(self, name)
             if value is not None and not 0.01 <= value <= 100:
@@ -182,6 +188,7 @@ class ScoreOptions:
             "fdr_alpha": self.fdr_alpha,
             "triage_level": self.triage_level,
             "fdr_confidence": self.fdr_confidence,
+            "burden_cells": self.burden_cells,
             **self.side_files_key(),
         }
         rule = self.adequacy_rule()

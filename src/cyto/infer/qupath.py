@@ -322,13 +322,15 @@ def write_qupath(
     mpp: float | None,
     assumed_mpp: float,
     window_um: float,
+    burden: dict | None = None,
 ) -> dict[str, dict]:
     """Write the QuPath outputs ``which`` names (``cells``, ``map``; :data:`QUPATH_FILES`) of a
     ranked score ``table`` (pyarrow) into ``out_dir``, and remove those it does not name (another
     run's). ``mpp``: the slide's um/px (None: it records none, and the map's windows are cut at
     ``assumed_mpp``, said in the map's scale). Returns their entries for ``summary.json``'s
     ``outputs`` (:func:`cyto.infer.outputs.written_outputs`): each file's bytes, so a reuse finds
-    a file cut short; the map's scale."""
+    a file cut short; the map's scale. ``burden``: the summary's burden block, whose threshold
+    the map counts cells above (:func:`cyto.infer.maps.map_of_table`)."""
     from cyto.infer.maps import map_of_table
     from cyto.slides import open_slide
 
@@ -352,7 +354,7 @@ def write_qupath(
             width, height = reader.info.width, reader.info.height
         finally:
             reader.close()
-        m = map_of_table(table, width, height, mpp or assumed_mpp, window_um)
+        m = map_of_table(table, width, height, mpp or assumed_mpp, window_um, burden=burden)
         path = out_dir / MAP_TIFF
         scale = write_map_tiff(m, path)
         scale["slide_mpp_assumed"] = mpp is None

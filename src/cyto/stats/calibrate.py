@@ -33,30 +33,42 @@ FDR_ALPHA = 0.1  # default target false discovery rate of the flagged cells
 TRIAGE_LEVEL = 0.05  # default level of the slide test
 TRIAGE_EXCESS, TRIAGE_NONE = "excess", "no excess"  # slide test at the triage level
 BURDEN_QUANTILE = 0.99  # the burden counts cells above this quantile of the normal scores
+#: fewer evaluable calibration cells than this: the burden counts every cell (see :func:`apply`)
+MIN_EVALUABLE = 100
+#: what the burden counts (``burden["counted"]``)
+COUNTED_EVALUABLE, COUNTED_ALL = "evaluable", "all"
+#: what ``cyto score --burden-cells`` may ask the burden to count
+BURDEN_CELLS = (COUNTED_EVALUABLE, COUNTED_ALL)
 # scoring options that change scores; a calibration holds only for the same values
 _META_KEYS = ("cyto.scoring_id", "cyto.precision", "cyto.graph", "cyto.result_key")
 
 
-def _pooled(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The scores of all slides, sorted (stable), and the slide (index in ``parts``) of each."""
+def _pooled(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The scores of all slides, sorted (stable), the slide (index in ``parts``) of each, and
+    the order that sorts the slides' scores put end to end."""
     if not parts:
-        return np.empty(0), np.empty(0, dtype=np.int32)
+        return np.empty(0), np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int64)
     values = np.concatenate(parts)
     slide = np.concatenate([np.full(len(p), i, dtype=np.int32) for i, p in enumerate(parts)])
     order = np.argsort(values, kind="stable")
-    return values[order], slide[order]
+    return values[order], slide[order], order
 
 
 class Calibration:
     """A bundle's slide-negative calibration: each calibration slide's scores, how they are
-    normalized, and what they hold for."""
+    normalized, and what they hold for.
 
-    def __init__(self, parts: list[np.ndarray], info: dict):
+    ``evaluable``: per slide, which of its cells its score table marked evaluable (in focus,
+    not crowded, at the model's scale: :mod:`cyto.infer.quality`), or None when a table had no
+    such column (scored with ``--adequacy none``, or by a cyto before it): the burden then
+    counts every cell."""
+
+    def __init__(self, parts: list[np.ndarray], info: dict, evaluable=None):
         self.parts, self.info = parts, info
+        self.evaluable: list[np.ndarray] | None = evaluable
         self.normalization = str(info.get("normalization", "none"))
-        self.reference, self.reference_slide = _pooled(
-            [conformal.normalize(p, self.normalization)[0] for p in parts]
-        )
+        self._normalized = [conformal.normalize(p, self.normalization)[0] for p in parts]
+        self.reference, self.reference_slide, _ = _pooled(self._normalized)
 
     @classmethod
     def of(cls, bundle) -> Calibration | None:
@@ -65,10 +77,58 @@ class Calibration:
             return None
         with np.load(bundle.path / CALIBRATION_FILE, allow_pickle=False) as z:
             scores, slide = z["scores"], z["slide"]
-        return cls([scores[slide == j] for j in range(len(info.get("slides", [])))], info)
+            ev = z["evaluable"] if "evaluable" in z.files else None
+        n = len(info.get("slides", []))
+        return cls(
+            [scores[slide == j] for j in range(n)],
+            info,
+            None if ev is None else [ev[slide == j] for j in range(n)],
+        )
 
-    def rate(self, quantile: float = BURDEN_QUANTILE) -> conformal.NormalRate:
-        return conformal.normal_rate(self.reference, self.reference_slide, quantile)
+    @property
+    def evaluable_cells(self) -> int | None:
+        """How many calibration cells are evaluable (None: not recorded)."""
+        return None if self.evaluable is None else int(sum(e.sum() for e in self.evaluable))
+
+    def evaluable_parts(self) -> list[np.ndarray]:
+        """Each calibration slide's evaluable cells' scores (slides without one left out)."""
+        return [p[e] for p, e in zip(self.parts, self.evaluable, strict=True) if e.any()]
+
+    def rate(self, quantile: float = BURDEN_QUANTILE, evaluable: bool = False):
+        """The normal cells' exceedance rate at ``quantile`` (:func:`conformal.normal_rate`);
+        with ``evaluable``, that of the evaluable calibration cells only, each slide's
+        normalized by its evaluable cells."""
+        if not evaluable:
+            return conformal.normal_rate(self.reference, self.reference_slide, quantile)
+        ref, slide, _ = _pooled(
+            [conformal.normalize(p, self.normalization)[0] for p in self.evaluable_parts()]
+        )
+        return conformal.normal_rate(ref, slide, quantile)
+
+    def counted(
+        self, evaluable: np.ndarray | None, why_all: str | None = None
+    ) -> tuple[str, str | None]:
+        """(what the burden of a slide with per-cell ``evaluable`` (None: not judged) counts,
+        :data:`COUNTED_EVALUABLE` or :data:`COUNTED_ALL`; why all cells, when it could not
+        count the evaluable ones). Cells out of focus, crowded or off the model's scale are the
+        ones a one-class model ranks high for the wrong reason: counted, a blurred slide reads
+        as an excess of abnormal cells. The normal rate they are held against then has to come
+        from the calibration's evaluable cells too. ``why_all``: why ``evaluable`` is None
+        (the default: the slide was not judged)."""
+        if evaluable is None:
+            return COUNTED_ALL, why_all or "the slide's cells were not judged (--adequacy none)"
+        if self.evaluable is None:
+            return COUNTED_ALL, (
+                "the calibration slides' tables mark no evaluable cells (scored with "
+                "--adequacy none, or before cyto recorded them): calibrate again from tables "
+                "scored with an adequacy rule to count evaluable cells only"
+            )
+        if self.evaluable_cells < MIN_EVALUABLE:
+            return COUNTED_ALL, (
+                f"only {self.evaluable_cells} of the calibration's {len(self.reference)} cells "
+                f"are evaluable, fewer than {MIN_EVALUABLE}"
+            )
+        return COUNTED_EVALUABLE, None
 
     def differences(self, scorer, result_key: dict) -> list[str]:
         """How this run differs from the runs the calibration slides were scored with, by flag
@@ -123,8 +183,10 @@ def _table_of(path: Path) -> Path:
     raise InputPathError(f"{path} is a folder without scores.parquet: give cyto score's tables")
 
 
-def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str]:
-
+def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np.ndarray | None]:
+    """(scores, file metadata, slide identity, the ``evaluable`` column or None) of a
+    slide-negative score table, or the one-line error of a table that cannot calibrate this
+    bundle."""
     path = _table_of(Path(path))
     try:
         table = read_table(path)
@@ -147,7 +209,11 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str]:
     planted = _planted(path, table, meta.get("cyto.slide"))
     refuse_planted(meta.get("cyto.slide") or path, planted, "calibrate")
     slide = meta.get("cyto.slide_identity") or meta.get("cyto.slide") or str(path)
-    return np.asarray(table["score"], dtype=np.float64), meta, slide
+    evaluable = None
+    if "evaluable" in table.column_names:
+        column = table["evaluable"]
+        evaluable = np.asarray(column.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+    return np.asarray(table["score"], dtype=np.float64), meta, slide, evaluable
 
 
 def _planted(path: Path, table, slide: str | None) -> int:
@@ -200,13 +266,14 @@ def calibrate_from_tables(
     bundle = load_bundle(Path(model), weights=False)
     if not tables:
         raise ConfigError("give at least one scores.parquet of a slide-negative slide")
-    parts, metas, names, seen = [], [], [], {}
+    parts, evaluable, metas, names, seen = [], [], [], [], {}
     for t in tables:
-        scores, meta, identity = _read_table(Path(t), bundle)
+        scores, meta, identity, ev = _read_table(Path(t), bundle)
         if identity in seen:
             raise ConfigError(f"{t} and {seen[identity]} score the same slide: give it once")
         seen[identity] = t
         parts.append(scores)
+        evaluable.append(ev)
         metas.append(meta)
         names.append(meta.get("cyto.slide", str(t)))
     for key in _META_KEYS:
@@ -225,7 +292,9 @@ def calibrate_from_tables(
         overwrite,
         name=f"the calibration of {bundle.path} ({CALIBRATION_FILE})",
     )
-    allv, slide = _pooled(parts)
+    allv, slide, order = _pooled(parts)
+    # the burden counts evaluable cells only when every calibration table says which they are
+    marked = None if any(e is None for e in evaluable) else evaluable
     spread = [conformal.location_scale(p) for p in parts]
     first = metas[0]
     record = {
@@ -233,12 +302,15 @@ def calibrate_from_tables(
         "file": CALIBRATION_FILE,
         "source": f"{n} cells of {len(tables)} slide-negative slide(s)",
         "n": int(n),
+        # None: a table did not mark its evaluable cells, and the burden counts every cell
+        "evaluable_cells": None if marked is None else int(sum(e.sum() for e in marked)),
         "normalization": normalization,
         "slides": [
             {
                 "slide": names[i],
                 "table": str(tables[i]),
                 "cells": int(len(p)),
+                "evaluable_cells": None if marked is None else int(marked[i].sum()),
                 "median": spread[i][0],
                 "iqr": spread[i][1],
             }
@@ -253,10 +325,13 @@ def calibrate_from_tables(
             "options": json.loads(first["cyto.result_key"]) if "cyto.result_key" in first else None,
         },
     }
-    record.update(leave_one_slide_out(parts, normalization, alpha))
+    record.update(leave_one_slide_out(parts, normalization, alpha, marked))
+    arrays = {"scores": allv, "slide": slide}
+    if marked is not None:
+        arrays["evaluable"] = np.concatenate(marked)[order]
     with tempfile.TemporaryDirectory(dir=bundle.path.parent) as tmp:  # one per run
         target = Path(tmp) / CALIBRATION_FILE
-        np.savez(target, scores=allv, slide=slide)
+        np.savez(target, **arrays)
         add_files(bundle.path, {CALIBRATION_FILE: target}, {"calibration": record})
     return record
 
@@ -267,11 +342,27 @@ def _against(
     alpha: float,
     interval: float,
     confidence: float | None = None,
+    evaluable: np.ndarray | None = None,
+    why_all: str | None = None,
 ) -> dict:
     """Everything one slide's scores give against a calibration; the flags from
-    calibration-conditional p-values when ``confidence`` is given."""
+    calibration-conditional p-values when ``confidence`` is given. p-values and flags are every
+    cell's; the burden, the slide test and the bulk check that guards them count the cells
+    :meth:`Calibration.counted` says: the evaluable ones (normalized by themselves) against the
+    calibration's evaluable ones, where both are marked; ``burden`` is None when the slide has
+    none."""
     x, loc, scale = conformal.normalize(scores, cal.normalization)
-    rate = cal.rate()
+    counted, why = cal.counted(evaluable, why_all)
+    use = counted == COUNTED_EVALUABLE
+    rate = cal.rate(evaluable=use)
+    if use:  # blurred or crowded cells would move the slide's location as well
+        x_counted, loc, scale = (
+            conformal.normalize(scores[evaluable], cal.normalization)
+            if evaluable.any()
+            else (None, loc, scale)
+        )
+    else:
+        x_counted = x
     p = conformal.p_values(x, cal.reference)
     p_flag = (
         p if confidence is None else conformal.conditional_p_values(x, cal.reference, confidence)
@@ -280,11 +371,17 @@ def _against(
         "p": p,
         "p_flag": p_flag,
         "rate": rate,
+        "counted": counted,
+        "counted_why": why,
         "raw_threshold": loc + rate.threshold * scale,
-        "burden": conformal.burden(x, rate, interval),
-        "slide_p": conformal.slide_p_value(x, rate),
+        "burden": None if x_counted is None else conformal.burden(x_counted, rate, interval),
+        "slide_p": None if x_counted is None else conformal.slide_p_value(x_counted, rate),
         "flagged": conformal.bh(p_flag, alpha),
-        "bulk": conformal.bulk_deviations(scores, cal.parts, cal.normalization),
+        "bulk": (
+            conformal.bulk_deviations(scores[evaluable], cal.evaluable_parts(), cal.normalization)
+            if use
+            else conformal.bulk_deviations(scores, cal.parts, cal.normalization)
+        ),
     }
 
 
@@ -292,12 +389,14 @@ def leave_one_slide_out(
     parts: list[np.ndarray],
     normalization: str = conformal.DEFAULT_NORMALIZATION,
     alpha: float = FDR_ALPHA,
+    evaluable: list[np.ndarray] | None = None,
 ) -> dict:
     """Each calibration slide scored as a new slide against the others (needs two or more):
     all its cells are normal, so every flag is false. Records how often BH flagged anything
     (FDR of an all-normal slide = P(any flag) <= alpha if slides are exchangeable), whether the
     burden interval held 0, the slide p-values, and the spread of the bulk check that sets its
-    tolerance."""
+    tolerance. ``evaluable`` (per slide, or None): the burden counts as a scored slide's
+    would."""
     if len(parts) < 2:
         return {
             "leave_one_slide_out": None,
@@ -311,28 +410,37 @@ def leave_one_slide_out(
     rows = []
     for j, own in enumerate(parts):
         others = Calibration(
-            [p for i, p in enumerate(parts) if i != j], {"normalization": normalization}
+            [p for i, p in enumerate(parts) if i != j],
+            {"normalization": normalization},
+            None if evaluable is None else [e for i, e in enumerate(evaluable) if i != j],
         )
-        c = _against(own, others, alpha, 0.95)
+        c = _against(own, others, alpha, 0.95, None, None if evaluable is None else evaluable[j])
         rows.append(
             {
                 "cells": int(len(own)),
+                "burden_counted": c["counted"],
                 "flagged_bh": int(c["flagged"].sum()),
-                "burden_interval": c["burden"]["abnormal_cells_interval"],
+                # None: the slide has no evaluable cell, so no burden
+                "burden_interval": c["burden"] and c["burden"]["abnormal_cells_interval"],
                 "slide_p_value": c["slide_p"],
                 "bulk": c["bulk"],
             }
         )
+    judged = [r for r in rows if r["burden_interval"] is not None]
     return {
         "leave_one_slide_out": {
             "alpha": alpha,
             "slides": len(rows),
             "slides_with_false_flags": sum(r["flagged_bh"] > 0 for r in rows),
-            "burden_interval_holds_zero": sum(r["burden_interval"][0] == 0 for r in rows),
-            "slide_p_values": [round(r["slide_p_value"], 4) for r in rows],
+            "slides_with_a_burden": len(judged),
+            "burden_interval_holds_zero": sum(r["burden_interval"][0] == 0 for r in judged),
+            "slide_p_values": [
+                None if r["slide_p_value"] is None else round(r["slide_p_value"], 4) for r in rows
+            ],
             "per_slide": rows,
         },
-        "bulk_tolerance": conformal.bulk_tolerance([r["bulk"] for r in rows]),
+        # a slide without an evaluable cell has no bulk to compare
+        "bulk_tolerance": conformal.bulk_tolerance([r["bulk"] for r in rows if r["bulk"]]),
         "assumes": (
             "the normal cells of a scored slide, after the slide's own normalization "
             f"({normalization}), are exchangeable with the calibration cells (same model, scoring "
@@ -366,13 +474,25 @@ def apply(
     triage_level: float = TRIAGE_LEVEL,
     interval: float = 0.95,
     confidence: float | None = None,
+    evaluable: np.ndarray | None = None,
+    why_all: str | None = None,
 ) -> dict:
     """``{"columns": {name: per-cell array}, "burden": summary block}`` for one slide: columns
     ``p_value``, ``flagged_bh``, ``flagged_adaptive``. On a bulk mismatch the flags are None
     and the block gives the reason instead of a burden. With ``confidence``, the flags come from
     calibration-conditional p-values (FDR at most ``alpha`` for this calibration with that
-    probability); ``p_value`` stays the marginal one."""
-    c = _against(scores, calibration, alpha, interval, confidence)
+    probability); ``p_value`` stays the marginal one.
+
+    ``evaluable`` (bool per cell, the adequacy's; None: not judged): the burden and the slide
+    test count the evaluable cells only, against the calibration's evaluable cells, when the
+    calibration marks them (``burden["counted"]`` says which, ``counted_why`` why all); a
+    slide with none gets no burden. Every cell keeps its p-value and flag. ``why_all``: why
+    ``evaluable`` is None, for ``counted_why``."""
+    if evaluable is not None:
+        evaluable = np.asarray(evaluable, dtype=bool)
+        if len(evaluable) != len(scores):
+            raise ValueError(f"evaluable has {len(evaluable)} values for {len(scores)} cells")
+    c = _against(scores, calibration, alpha, interval, confidence, evaluable, why_all)
     tol = calibration.info.get("bulk_tolerance") or {}
     mismatch = conformal.bulk_mismatch(c["bulk"], tol)
     out = {
@@ -405,6 +525,18 @@ def apply(
             "burden": out,
         }
     flagged_adaptive, pi0 = conformal.adaptive_bh(c["p_flag"], alpha)
+    columns = {"p_value": c["p"], "flagged_bh": c["flagged"], "flagged_adaptive": flagged_adaptive}
+    out["counted"] = c["counted"]
+    if c["counted_why"]:
+        out["counted_why"] = c["counted_why"]
+    if c["burden"] is None:
+        out["status"] = "no evaluable cells"
+        out["reason"] = (
+            f"none of the slide's {len(scores)} cells is evaluable (out of focus, crowded or off "
+            "the model's scale: see its adequacy): no burden or slide test"
+        )
+        out["flagged_bh"] = int(c["flagged"].sum())
+        return {"columns": columns, "burden": out}
     b = c["burden"]
     b["threshold_normalized"] = b.pop("threshold")
     out.update(
@@ -434,11 +566,4 @@ def apply(
             f" one below {conformal.smallest_p(n_cal, confidence):.2g}: no cell can be flagged. "
             f"Calibrate on at least {needed} cells (more slide-negative slides)"
         )
-    return {
-        "columns": {
-            "p_value": c["p"],
-            "flagged_bh": c["flagged"],
-            "flagged_adaptive": flagged_adaptive,
-        },
-        "burden": out,
-    }
+    return {"columns": columns, "burden": out}
