@@ -140,6 +140,10 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
     row = _csv(out / "cohort.csv")[0]
     assert row["calibration"] == "ok" and int(row["flagged_bh"]) == b["flagged_bh"]
     assert float(row["abnormal_cells_low"]) == lo
+    # off the model's scale no calibration cell is evaluable: the burden counts every cell, says
+    # why, and the cohort table says what it counted
+    assert b["counted"] == row["burden_counted"] == "all" and "fewer than 100" in b["counted_why"]
+    assert b["cells"] == table.num_rows and cal["evaluable_cells"] == 0
 
     # --fdr-confidence: flags from calibration-conditional p-values, p_value stays marginal
     proc = score_cli(

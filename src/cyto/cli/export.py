@@ -147,9 +147,16 @@ def info_cmd(
     cal = m.get("calibration") or {}
     if cal.get("kind") == "slides":
         v = cal.get("valid_for", {})
+        marked = cal.get("evaluable_cells")
         typer.echo(
             f"  calibration: {cal['source']}, {cal['normalization']} normalization, scored with "
             f"{v.get('graph')} ({v.get('precision')}): p-values, FDR flags and burden in cyto score"
+            + (
+                f"; {marked:,} evaluable cells for the burden"
+                if marked is not None
+                else "; no evaluable cells marked (the burden counts every cell: calibrate again "
+                "from tables scored with an adequacy rule)"
+            )
         )
     else:
         typer.echo(

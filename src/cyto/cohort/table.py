@@ -17,6 +17,7 @@ COHORT_COLUMNS = (
     "cells_per_s",
     "slide_score_mean_top_k",
     "calibration",
+    "burden_counted",  # the cells the burden counts: evaluable | all (summary["burden"])
     "abnormal_cells",
     "abnormal_cells_low",
     "abnormal_cells_high",
@@ -94,6 +95,7 @@ def cohort_row(
         lo, hi = b["abnormal_cells_interval"]
         row.update(
             {
+                "burden_counted": b.get("counted", "all"),
                 "abnormal_cells": b["abnormal_cells"],
                 "abnormal_cells_low": lo,
                 "abnormal_cells_high": hi,
