@@ -452,6 +452,27 @@ def test_flagged_cells_are_coloured_by_their_flag(scored, tmp_path):
     assert again.abnormality_map().window_um == 25.0
 
 
+def test_a_calibrated_slide_s_map_is_the_one_its_run_wrote(calibrated):
+    """The viewer's map of a calibrated slide is cyto score's own (``abnormality.ome.tif``'s
+    statistic: :func:`cyto.infer.maps.map_of_table` given the summary's burden), whatever that
+    statistic is."""
+    import json
+
+    from cyto.infer.maps import map_of_table
+    from cyto.view.folder import open_view
+
+    (slide,) = open_view(calibrated)
+    summary = json.loads((calibrated / "summary.json").read_text())
+    table = pq.read_table(calibrated / "scores.parquet")
+    want = map_of_table(table, slide.width, slide.height, slide.mpp, burden=summary["burden"])
+    got = slide.abnormality_map()
+    assert got.kind == want.kind and got.shape == want.shape
+    np.testing.assert_array_equal(np.isnan(got.values), np.isnan(want.values))
+    np.testing.assert_allclose(
+        got.values[np.isfinite(want.values)], want.values[np.isfinite(want.values)]
+    )
+
+
 def test_an_unfinished_review_is_not_unblinded(scored, tmp_path):
     from cyto.review.session import build_session
     from cyto.review.store import MarkStore

@@ -238,16 +238,22 @@ class ViewSlide:
 
     def abnormality_map(self):
         """The slide's abnormality map (:func:`cyto.infer.maps.map_of_table`), in the windows
-        of the ``abnormality.ome.tif`` its run wrote."""
+        of the ``abnormality.ome.tif`` its run wrote and of the same statistic (the summary's
+        burden block decides it, as it did for the run)."""
         from cyto.infer.maps import WINDOW_UM, map_of_table
 
         # the windows of the run's own map (cyto score --map-um), else the default
         key, opts = self.summary.get("output_key") or {}, self.summary.get("options") or {}
         window = float(key.get("map_um") or opts.get("map_um") or WINDOW_UM)
+        burden = self.summary.get("burden")
         if self.mpp:
-            return map_of_table(self.table, self.width, self.height, float(self.mpp), window)
+            return map_of_table(
+                self.table, self.width, self.height, float(self.mpp), window, burden=burden
+            )
         # no resolution: windows of a fixed pixel size (said on the page)
-        return map_of_table(self.table, self.width, self.height, 1.0, float(WINDOW_PX_NO_MPP))
+        return map_of_table(
+            self.table, self.width, self.height, 1.0, float(WINDOW_PX_NO_MPP), burden=burden
+        )
 
     def warm(self) -> None:
         """Compute the map and the skipped-region layer now (the server does it as it starts,
