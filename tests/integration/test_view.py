@@ -160,6 +160,20 @@ ZOOM_TO = """(px) => {  // px: screen px per level-0 px
 }"""
 
 
+def _open_page(playwright, url: str):
+    """(browser, page, the page's errors as they come) of system Chromium at 1440 x 900 on
+    ``url``."""
+    from tests.conftest import CHROMIUM
+
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    page.goto(url)
+    return browser, page, errors
+
+
 @pytest.mark.browser
 def test_view_in_a_real_browser(scored, tmp_path):
     """Tiles load at three zoom levels; a top cell clicked is put in the middle of the view with
@@ -167,20 +181,13 @@ def test_view_in_a_real_browser(scored, tmp_path):
     map toggles; the plane switches; paths outside the folder are refused."""
     from playwright.sync_api import sync_playwright
 
-    from tests.conftest import CHROMIUM
-
     shots = Path(os.environ.get("CYTO_VIEW_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     table = _table(scored)
     server = Server(scored, cache=tmp_path / "cache")
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1440, "height": 900})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-            page.goto(server.url)
+            browser, page, errors = _open_page(p, server.url)
             _wait(page, "() => cytoView.ready && cytoView.mapItem && cytoView.slideItem")
             _wait(page, FULLY_LOADED)
             page.screenshot(path=shots / "view-overview.jpg", type="jpeg", quality=80)
@@ -296,8 +303,6 @@ def test_view_a_calibrated_slide_in_a_real_browser(calibrated, tmp_path):
 
     from playwright.sync_api import sync_playwright
 
-    from tests.conftest import CHROMIUM
-
     cohort = tmp_path / "cohort"
     shutil.copytree(calibrated, cohort / "a")
     _with_flags(calibrated, cohort / "b", {1: True, 2: True, 3: True, 4: None})
@@ -310,12 +315,7 @@ def test_view_a_calibrated_slide_in_a_real_browser(calibrated, tmp_path):
     server = Server(cohort, cache=tmp_path / "cache")
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1440, "height": 900})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-            page.goto(server.url)
+            browser, page, errors = _open_page(p, server.url)
             _wait(page, "() => cytoView.ready && cytoView.slideItem && cytoView.info.index === 0")
             _wait(page, FULLY_LOADED)
 
