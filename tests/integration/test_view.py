@@ -160,6 +160,19 @@ ZOOM_TO = """(px) => {  // px: screen px per level-0 px
 }"""
 
 
+def _click_top_cell(page, entries, table, rank: int) -> tuple[float, float]:
+    """Click the listed top cell ``rank`` and check the ring lands on its pixel (the table's
+    x, y through the page's transform, within 2 px); returns that pixel on the screen."""
+    entries.nth(rank - 1).click()
+    page.wait_for_timeout(100)
+    x, y = table["x"][rank - 1], table["y"][rank - 1]
+    sx, sy = page.evaluate(TO_WINDOW, [float(x), float(y)])
+    ring = page.locator("#selected").bounding_box()
+    cx, cy = ring["x"] + ring["width"] / 2, ring["y"] + ring["height"] / 2
+    assert abs(cx - sx) < 2 and abs(cy - sy) < 2, (rank, (cx, cy), (sx, sy))
+    return sx, sy
+
+
 def _open_page(playwright, url: str):
     """(browser, page, the page's errors as they come) of system Chromium at 1440 x 900 on
     ``url``."""
@@ -206,13 +219,7 @@ def test_view_in_a_real_browser(scored, tmp_path):
             entries = page.locator("#topk li")
             assert entries.count() == K
             for rank in (1, 7, K):
-                entries.nth(rank - 1).click()
-                page.wait_for_timeout(100)
-                x, y = table["x"][rank - 1], table["y"][rank - 1]
-                sx, sy = page.evaluate(TO_WINDOW, [float(x), float(y)])
-                ring = page.locator("#selected").bounding_box()
-                cx, cy = ring["x"] + ring["width"] / 2, ring["y"] + ring["height"] / 2
-                assert abs(cx - sx) < 2 and abs(cy - sy) < 2, (rank, (cx, cy), (sx, sy))
+                sx, sy = _click_top_cell(page, entries, table, rank)
                 # centred, unless the cell is too near the slide's edge for that
                 assert abs(sx - middle[0]) < 3 and abs(sy - middle[1]) < 3, (rank, sx, sy)
                 assert page.evaluate("() => cytoView.cellsDrawn") > 0
@@ -339,13 +346,7 @@ def test_view_a_calibrated_slide_in_a_real_browser(calibrated, tmp_path):
                 assert ("flagged" in text) == bool(flags[i]), (i, text)
 
             def click_and_colour(rank: int) -> tuple[int, ...]:
-                entries.nth(rank - 1).click()
-                page.wait_for_timeout(100)
-                x, y = table["x"][rank - 1], table["y"][rank - 1]
-                sx, sy = page.evaluate(TO_WINDOW, [float(x), float(y)])
-                ring = page.locator("#selected").bounding_box()
-                cx, cy = ring["x"] + ring["width"] / 2, ring["y"] + ring["height"] / 2
-                assert abs(cx - sx) < 2 and abs(cy - sy) < 2, (rank, (cx, cy), (sx, sy))
+                sx, sy = _click_top_cell(page, entries, table, rank)
                 assert page.locator("#topk li.current").get_attribute("data-rank") == str(rank)
                 rgba = page.evaluate(CANVAS_AT, [sx, sy])
                 assert rgba[3] > 150, (rank, rgba)  # the cell's own dot
