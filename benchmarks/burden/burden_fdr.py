@@ -17,6 +17,13 @@ slides is at most alpha + 2 Monte-Carlo standard errors and whose burden interva
 abnormal cells above the threshold on at least 90% of slides, the one with the higher power;
 if none qualifies, the one with the lower FDR.
 
+What the burden counts (``--burden-cells``, default both, on the same tables): ``evaluable``, each
+slide's evaluable cells (the table's ``evaluable`` column, written under ``cyto score``'s default
+``--adequacy general``) against the calibration slides' evaluable cells, as ``cyto score`` does
+since 6e3baad; ``all``, every cell against a calibration that marks none, the count before (and
+this script's only one before). p-values and flags are every cell's under both; the script
+checks that the two counts flag the same cells. ``--dev-per-rate 0`` skips the development cohort.
+
     python benchmarks/burden/burden_fdr.py --model demo_out/dsvdd.cyto \
         --work /tmp/burden --results benchmarks/results/vm-2core/burden
 """
@@ -43,6 +50,8 @@ RATES = (0.0, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.09)
 # seed blocks; the final cohort's is an option: block 2000 was the first final cohort, scored
 # before ``median`` normalization existed (its results are kept in results/.../round1)
 COHORTS = {"development": 1000, "final": 3000}
+COUNTED_ALL = "all"  # cyto.stats.calibrate.COUNTED_ALL / COUNTED_EVALUABLE
+COUNTS = ("evaluable", COUNTED_ALL)  # what --burden-cells may ask the burden to count
 
 
 def _slides(
@@ -106,27 +115,66 @@ def _near_abnormal(table, truth: Path, summary: Path) -> np.ndarray:
     return inside.any(axis=1)
 
 
-def _evaluate(parts, tests, how: str, alpha: float, confidence: float | None = None) -> list[dict]:
+def _evaluate(
+    parts,
+    tests,
+    how: str,
+    alpha: float,
+    confidence: float | None = None,
+    *,
+    count: str = "all",
+    cal_evaluable: list[np.ndarray] | None = None,
+) -> list[dict]:
     """One row per test slide: flags, burden and slide test against ``parts`` normalized ``how``
-    (flags from calibration-conditional p-values with ``confidence``)."""
+    (flags from calibration-conditional p-values with ``confidence``).
+
+    ``count``: the cells the burden, slide test and bulk check count. ``all``: every cell,
+    against a calibration that marks none (cyto before 6e3baad, and ``cyto score`` on a
+    calibration from tables without an ``evaluable`` column). ``evaluable``: each test slide's
+    evaluable cells (the fifth element of its ``tests`` entry) against the calibration slides'
+    evaluable cells ``cal_evaluable`` (``cyto score``'s default). Either way every cell keeps its
+    p-value and flag. A row's ``detectable`` is the abnormal cells above the burden's threshold
+    *among the cells the burden counted* (every cell for ``all``)."""
     from cyto.stats import calibrate
 
-    info = {"normalization": how, **calibrate.leave_one_slide_out(parts, how, alpha)}
-    cal = calibrate.Calibration(parts, info)
+    marks = cal_evaluable if count == calibrate.COUNTED_EVALUABLE else None
+    if count == calibrate.COUNTED_EVALUABLE and marks is None:
+        raise ValueError("count='evaluable' needs the calibration slides' evaluable marks")
+    info = {"normalization": how, **calibrate.leave_one_slide_out(parts, how, alpha, marks)}
+    cal = calibrate.Calibration(parts, info, marks)
     rows = []
-    for (_, rate), (scores, labels, pipeline_flags, near) in tests:
-        res = calibrate.apply(scores, cal, alpha=alpha, confidence=confidence)
+    for (_, rate), (scores, labels, pipeline_flags, near, *more) in tests:
+        ev = more[0] if more else None
+        res = calibrate.apply(
+            scores,
+            cal,
+            alpha=alpha,
+            confidence=confidence,
+            evaluable=ev if marks is not None else None,
+        )
         b = res["burden"]
+        abnormal = labels == 1
+        counted = (
+            ev if b.get("counted") == calibrate.COUNTED_EVALUABLE else np.ones(len(scores), bool)
+        )
         row = {
             "rate": rate,
+            "count": count,
             "cells": len(scores),
-            "abnormal": int(labels.sum()),
+            "abnormal": int(abnormal.sum()),
             "status": b["status"],
+            "counted": b.get("counted"),
+            "counted_cells": int(counted.sum()),
+            "abnormal_counted": int((abnormal & counted).sum()),
         }
+        if ev is not None:
+            row["evaluable_cells"] = int(ev.sum())
+            row["abnormal_not_evaluable"] = int((abnormal & ~ev).sum())
+        flags = res["columns"]["flagged_bh"]
+        row["_flags"] = flags  # for comparing the counts' flags; not written
         if b["status"] == "ok":
-            flags = res["columns"]["flagged_bh"]
             adaptive = res["columns"]["flagged_adaptive"]
-            detectable = int(np.sum((labels == 1) & (scores > b["threshold"])))
+            detectable = int(np.sum(abnormal & counted & (scores > b["threshold"])))
             lo, hi = b["abnormal_cells_interval"]
             row.update(
                 {
@@ -136,15 +184,18 @@ def _evaluate(parts, tests, how: str, alpha: float, confidence: float | None = N
                     "fdp_adaptive": float(
                         np.sum(adaptive & (labels == 0)) / max(adaptive.sum(), 1)
                     ),
-                    "power": float(np.sum(flags & (labels == 1)) / labels.sum())
-                    if labels.sum()
+                    "power": float(np.sum(flags & abnormal) / abnormal.sum())
+                    if abnormal.sum()
                     else None,
+                    "threshold": float(b["threshold"]),
                     "detectable": detectable,
                     "estimate": b["abnormal_cells"],
+                    "bias": b["abnormal_cells"] - detectable,
                     "low": lo,
                     "high": hi,
                     "covers_detectable": lo <= detectable <= hi,
-                    "covers_all": lo <= labels.sum() <= hi,
+                    "covers_counted": lo <= row["abnormal_counted"] <= hi,
+                    "covers_all": lo <= abnormal.sum() <= hi,
                     "slide_p": b["slide_p_value"],
                     "excess": b["triage"] == calibrate.TRIAGE_EXCESS,
                 }
@@ -155,9 +206,69 @@ def _evaluate(parts, tests, how: str, alpha: float, confidence: float | None = N
     return rows
 
 
+def _same_flags(a: list[dict], b: list[dict]) -> list[bool | None]:
+    """Per slide: the two evaluations flagged the same cells (None: one reported no flags, a
+    bulk mismatch; it is then compared as 'not the same' only if the other did flag)."""
+    out = []
+    for ra, rb in zip(a, b, strict=True):
+        fa, fb = ra["_flags"], rb["_flags"]
+        if fa is None or fb is None:
+            out.append(fa is None and fb is None)
+        else:
+            out.append(bool(np.array_equal(fa, fb)))
+    return out
+
+
 def _se(values) -> float:
     v = list(values)
     return statistics.stdev(v) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
+
+
+def _auroc_pair(a: list[dict], b: list[dict], boot: int = 2000, seed: int = 0) -> dict | None:
+    """Slide AUROC of every positive slide (rate > 0) against the rate-0 slides under two
+    evaluations of the same slides, on the slides both gave a slide p-value, and a paired
+    bootstrap over slides (nulls and positives resampled apart) of the difference a - b."""
+    from sklearn.metrics import roc_auc_score
+
+    both = [
+        i
+        for i, (ra, rb) in enumerate(zip(a, b, strict=True))
+        if "slide_p" in ra and "slide_p" in rb
+    ]
+    null = np.array([i for i in both if a[i]["rate"] == 0])
+    pos = np.array([i for i in both if a[i]["rate"] > 0])
+    if len(null) < 2 or len(pos) < 2:
+        return None
+
+    def auc(rows, n, p):
+        y = np.r_[np.zeros(len(n)), np.ones(len(p))]
+        return float(roc_auc_score(y, -np.array([rows[i]["slide_p"] for i in [*n, *p]])))
+
+    rng = np.random.default_rng(seed)
+    diffs = []
+    for _ in range(boot):
+        n, p = rng.choice(null, len(null)), rng.choice(pos, len(pos))
+        diffs.append(auc(a, n, p) - auc(b, n, p))
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return {
+        "null_slides": int(len(null)),
+        "positive_slides": int(len(pos)),
+        "auroc_a": auc(a, null, pos),
+        "auroc_b": auc(b, null, pos),
+        "difference": auc(a, null, pos) - auc(b, null, pos),
+        "difference_se": float(np.std(diffs, ddof=1)),
+        "difference_95": [float(lo), float(hi)],
+        "bootstrap": boot,
+    }
+
+
+def _share_se(values) -> float | None:
+    """Binomial Monte-Carlo se of a share of slides."""
+    v = [bool(x) for x in values]
+    if not v:
+        return None
+    p = float(np.mean(v))
+    return float(np.sqrt(p * (1 - p) / len(v)))
 
 
 def _summarise(rows: list[dict], alpha: float) -> list[dict]:
@@ -167,30 +278,49 @@ def _summarise(rows: list[dict], alpha: float) -> list[dict]:
     null_p = [r["slide_p"] for r in rows if r["rate"] == 0 and "slide_p" in r]
     for rate in [*RATES, "all"]:
         sel = [r for r in rows if rate == "all" or r["rate"] == rate]
+        if not sel:
+            continue
         ok = [r for r in sel if r["status"] == "ok"]
         fdp = [r["fdp"] for r in ok]
+
+        def mean(key, rs=ok):
+            return float(np.mean([r[key] for r in rs])) if rs else None
+
         row = {
             "rate": rate,
             "slides": len(sel),
             "mismatch": len(sel) - len(ok),
             "cells_mean": float(np.mean([r["cells"] for r in sel])),
+            "counted_mean": mean("counted_cells", sel),
             "abnormal_mean": float(np.mean([r["abnormal"] for r in sel])),
+            "abnormal_counted_mean": mean("abnormal_counted", sel),
             "fdr": float(np.mean(fdp)) if fdp else None,
             "fdr_se": _se(fdp) if fdp else None,
-            "fdr_crop": float(np.mean([r["fdp_crop"] for r in ok])) if ok else None,
+            "fdr_crop": mean("fdp_crop"),
             "fdr_crop_se": _se([r["fdp_crop"] for r in ok]) if ok else None,
-            "fdr_adaptive": float(np.mean([r["fdp_adaptive"] for r in ok])) if ok else None,
+            "fdr_adaptive": mean("fdp_adaptive"),
             "power": float(np.mean([r["power"] for r in ok if r["power"] is not None]))
             if any(r["power"] is not None for r in ok)
             else None,
-            "coverage_detectable": float(np.mean([r["covers_detectable"] for r in ok]))
-            if ok
-            else None,
-            "coverage_all": float(np.mean([r["covers_all"] for r in ok])) if ok else None,
-            "estimate_mean": float(np.mean([r["estimate"] for r in ok])) if ok else None,
-            "detectable_mean": float(np.mean([r["detectable"] for r in ok])) if ok else None,
-            "triage_excess": float(np.mean([r["excess"] for r in ok])) if ok else None,
+            "coverage_detectable": mean("covers_detectable"),
+            "coverage_detectable_se": _share_se([r["covers_detectable"] for r in ok]),
+            "coverage_counted": mean("covers_counted"),
+            "coverage_all": mean("covers_all"),
+            "estimate_mean": mean("estimate"),
+            "detectable_mean": mean("detectable"),
+            "bias_mean": mean("bias"),
+            "bias_sd": float(np.std([r["bias"] for r in ok], ddof=1)) if len(ok) > 1 else None,
+            "triage_excess": mean("excess"),
+            "triage_excess_se": _share_se([r["excess"] for r in ok]),
         }
+        marked = [r for r in sel if "abnormal_not_evaluable" in r]
+        if marked:
+            row["evaluable_mean"] = mean("evaluable_cells", marked)
+            row["abnormal_not_evaluable_mean"] = mean("abnormal_not_evaluable", marked)
+            n_abn = sum(r["abnormal"] for r in marked)
+            row["abnormal_not_evaluable_share"] = (
+                sum(r["abnormal_not_evaluable"] for r in marked) / n_abn if n_abn else None
+            )
         pos = [r["slide_p"] for r in ok if r["rate"] == rate] if rate not in (0.0, "all") else []
         if pos and null_p:
             y = np.r_[np.zeros(len(null_p)), np.ones(len(pos))]
@@ -198,6 +328,9 @@ def _summarise(rows: list[dict], alpha: float) -> list[dict]:
         agree = [r["pipeline_agrees"] for r in ok if "pipeline_agrees" in r]
         if agree:
             row["pipeline_agrees"] = f"{sum(agree)}/{len(agree)}"
+        same = [r["flags_same"] for r in sel if "flags_same" in r]
+        if same:
+            row["flags_same"] = f"{sum(same)}/{len(same)}"
         out.append(row)
     return out
 
@@ -247,13 +380,31 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _evaluable(table, name) -> np.ndarray:
+    """A score table's ``evaluable`` column (null: not evaluable, as ``cyto calibrate`` reads
+    it); exits saying so when the table has none."""
+    if "evaluable" not in table.column_names:
+        raise SystemExit(
+            f"{name}: no evaluable column (scored with --adequacy none, or by a cyto before "
+            "it): rerun with --burden-cells all, or score again"
+        )
+    column = table["evaluable"]
+    return np.asarray(column.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", type=Path, default=Path("demo_out/dsvdd.cyto"))
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--results", type=Path, required=True)
     ap.add_argument("--calibration-slides", type=int, default=10)
-    ap.add_argument("--dev-per-rate", type=int, default=5)
+    ap.add_argument(
+        "--dev-per-rate",
+        type=int,
+        default=5,
+        help="test slides per rate of the development cohort; 0: no development cohort, the "
+        "default normalization is the one plotted",
+    )
     ap.add_argument("--final-per-rate", type=int, default=15)
     ap.add_argument("--size", type=int, default=2048)
     ap.add_argument(
@@ -272,7 +423,18 @@ def main() -> None:
         help="per-slide: every slide its own stain (normal slides differ, as across a lab's "
         "months); batch: one stain per cohort (exchangeable slides, the guarantee's premise)",
     )
+    ap.add_argument(
+        "--burden-cells",
+        default="evaluable,all",
+        help="comma-separated: the cells the burden counts, each evaluated on the same tables. "
+        "evaluable: each slide's evaluable cells against the calibration slides' (cyto score's "
+        "default since 6e3baad; needs the tables' evaluable column); all: every cell against a "
+        "calibration marking none (the behaviour before, and this script's only one before)",
+    )
     args = ap.parse_args()
+    counts = [c.strip() for c in args.burden_cells.split(",") if c.strip()]
+    if not counts or any(c not in COUNTS for c in counts) or len(set(counts)) < len(counts):
+        ap.error(f"--burden-cells: a comma-separated subset of {','.join(COUNTS)}")
 
     import pyarrow.parquet as pq
 
@@ -283,6 +445,10 @@ def main() -> None:
     report, all_rows = {}, {}
     chosen = None
     COHORTS["final"] = args.final_seed
+    if args.dev_per_rate == 0:  # no development cohort: the default normalization is reported
+        del COHORTS["development"]
+        chosen = DEFAULT_NORMALIZATION
+    cost, pairs = {}, {}
     for cohort, seed0 in COHORTS.items():
         per_rate = args.dev_per_rate if cohort == "development" else args.final_per_rate
         work = args.work / cohort
@@ -304,7 +470,14 @@ def main() -> None:
         calibrate_from_tables(bundle, cal_tables, alpha=args.alpha, overwrite=True)
         scorer = load_scorer(bundle, "onnx", "cpu")  # now calibrated
         test_tables = _score(scorer, slides["test"], work / "scores-calibrated")
-        parts = [np.asarray(pq.read_table(t)["score"], dtype=np.float64) for t in cal_tables]
+        cal_read = [pq.read_table(t) for t in cal_tables]
+        parts = [np.asarray(t["score"], dtype=np.float64) for t in cal_read]
+        need_marks = "evaluable" in counts
+        cal_marks = (
+            [_evaluable(t, n) for t, n in zip(cal_read, cal_tables, strict=True)]
+            if need_marks
+            else None
+        )
         tests = []
         for (_, rate, truth), table in zip(slides["test"], test_tables, strict=True):
             t = pq.read_table(table)
@@ -312,71 +485,102 @@ def main() -> None:
             flags = np.asarray(t["flagged_bh"]) if "flagged_bh" in t.column_names else None
             if flags is not None and t["flagged_bh"].null_count:
                 flags = None
-            tests.append(
-                (
-                    (table, rate),
-                    (
-                        np.asarray(t["score"], dtype=np.float64),
-                        np.asarray(t["label"]),
-                        flags,
-                        near,
-                    ),
-                )
-            )
+            data = [np.asarray(t["score"], dtype=np.float64), np.asarray(t["label"]), flags, near]
+            if need_marks:
+                data.append(_evaluable(t, table))
+            tests.append(((table, rate), tuple(data)))
+        if need_marks:
+            cost[cohort] = {
+                "calibration_cells": int(sum(len(p) for p in parts)),
+                "calibration_evaluable": int(sum(m.sum() for m in cal_marks)),
+            }
         summaries = {}
         for how in NORMALIZATIONS:
-            rows = _evaluate(parts, tests, how, args.alpha)
-            if (
-                how != DEFAULT_NORMALIZATION
-            ):  # the pipeline's columns are the default normalization's
-                for r in rows:
-                    r.pop("pipeline_agrees", None)
-            all_rows[f"{cohort}/{how}"] = rows
-            summaries[how] = _summarise(rows, args.alpha)
+            rows = {}
+            for count in counts:
+                rows[count] = _evaluate(
+                    parts, tests, how, args.alpha, count=count, cal_evaluable=cal_marks
+                )
+                # the pipeline's columns are the default normalization's (any count: the
+                # flags do not depend on it unless the bulk check does)
+                if how != DEFAULT_NORMALIZATION:
+                    for r in rows[count]:
+                        r.pop("pipeline_agrees", None)
+            if len(counts) > 1:
+                same = _same_flags(rows[counts[0]], rows[counts[1]])
+                for count in counts:
+                    for r, x in zip(rows[count], same, strict=True):
+                        r["flags_same"] = x
+                pairs[f"{cohort}/{how}"] = _auroc_pair(rows[counts[0]], rows[counts[1]])
+            for count in counts:
+                for r in rows[count]:
+                    r.pop("_flags")
+                all_rows[f"{cohort}/{how}/{count}"] = rows[count]
+                summaries[(how, count)] = _summarise(rows[count], args.alpha)
         if cohort == "development":
-            chosen = _choose(summaries, args.alpha)
+            ref = COUNTED_ALL if COUNTED_ALL in counts else counts[0]
+            chosen = _choose({h: summaries[(h, ref)] for h in NORMALIZATIONS}, args.alpha)
         report[cohort] = summaries
         print(
             f"{cohort}: {len(slides['test'])} test slides scored ({time.perf_counter() - t0:.0f} s)"
         )
 
     args.results.mkdir(parents=True, exist_ok=True)
-    plot = args.results / "burden_vs_truth.png"
-    _plot(
-        all_rows[f"final/{chosen}"],
-        plot,
-        f"final cohort, {chosen} normalization, alpha {args.alpha}",
-    )
+    plots = {}
+    for count in counts:
+        plots[count] = args.results / f"burden_vs_truth_{count}.png"
+        _plot(
+            all_rows[f"final/{chosen}/{count}"],
+            plots[count],
+            f"final cohort, {chosen} normalization, alpha {args.alpha}, burden over {count} cells",
+        )
     meta = {
         **machine(),
         "model": str(args.model),
         "alpha": args.alpha,
         "slides": {"size_px": args.size, "cells": args.cells, "rates": RATES, "stain": args.stain},
         "calibration_slides": args.calibration_slides,
-        "chosen_on_development": chosen,
+        "per_rate": {"development": args.dev_per_rate, "final": args.final_per_rate},
+        "burden_cells": counts,
+        "evaluable_cells": cost,
+        "auroc_pairs": {"counts": counts[:2], **pairs} if len(counts) > 1 else None,
+        "chosen_on_development": chosen if "development" in COHORTS else None,
         "seconds": round(time.perf_counter() - t0, 1),
     }
+    chose = (
+        f"Normalization chosen on the development cohort by the rule in the script: **{chosen}**"
+        if "development" in COHORTS
+        else f"No development cohort (--dev-per-rate 0): **{chosen}** is cyto's default"
+    )
     md = [
         "# Burden and FDR on synthetic cohorts (issue 18)",
         "",
         f"`python benchmarks/burden/burden_fdr.py --model {args.model} --work {args.work} "
-        f"--results {args.results}` on {meta['host']} ({meta['cpu_count']} CPUs); "
-        f"{meta['seconds']} s.",
+        f"--results {args.results} --calibration-slides {args.calibration_slides} "
+        f"--dev-per-rate {args.dev_per_rate} --final-per-rate {args.final_per_rate} "
+        f"--final-seed {args.final_seed} --stain {args.stain} --burden-cells {','.join(counts)}` "
+        f"on {meta['host']} ({meta['cpu_count']} CPUs); {meta['seconds']} s.",
         f"Slides {args.size}² px with {args.cells or 'the default density of'} cells; stain: "
         f"{STAINS[args.stain]}; "
         f"{args.calibration_slides} slide-negative calibration slides per cohort; alpha "
-        f"{args.alpha}. Normalization chosen on the development cohort by the rule in the "
-        f"script: **{chosen}** (cyto's default: {DEFAULT_NORMALIZATION}); final cohort seeds "
+        f"{args.alpha}. {chose} (cyto's default: {DEFAULT_NORMALIZATION}); final cohort seeds "
         f"from {args.final_seed}.",
         "",
         "FDR: mean false discovery proportion of BH-flagged cells over slides (± Monte-Carlo "
         "se; the slides share one calibration, so this se understates the spread over "
         "calibrations); FDR (crop null): a flagged detection counts as false only if no planted "
         "abnormal cell lies inside its crop; power: share of abnormal detections flagged; "
-        "coverage: share of slides whose 95% "
-        "interval holds the abnormal detections above the threshold (detectable) or all of "
-        "them; triage: share of slides called 'excess' at level 0.05; slide AUROC: slide "
-        "p-values of that rate against the rate-0 slides.",
+        "the burden counts `evaluable` cells (each slide's evaluable cells against the "
+        "calibration slides' evaluable cells, cyto score's default) or `all` cells (every cell, "
+        "the count before 6e3baad); coverage (detectable): share of slides whose 95% interval "
+        "holds the abnormal detections above the burden's threshold *among the cells the burden "
+        "counted*; coverage (counted): holds all abnormal detections among the counted cells; "
+        "coverage (all): holds every abnormal detection of the slide; bias: estimate minus "
+        "detectable (mean ± sd over slides); triage: share of slides called 'excess' at level "
+        "0.05 (± binomial se); slide AUROC: slide p-values of that rate against the rate-0 "
+        "slides; flags same: slides whose BH flags the two counts share (they differ only "
+        "where one count's bulk check refuses the slide); mismatch: slides without a burden "
+        "(bulk mismatch, or no evaluable cell).",
     ]
     from cyto.bench.results import markdown_table
 
@@ -399,18 +603,103 @@ def main() -> None:
         ("slide_auroc", "slide AUROC"),
         ("pipeline_agrees", "pipeline = offline"),
     ]
+    side = [("rate", "WR"), ("slides", "slides")]
+    per_count = [
+        ("mismatch", "mismatch"),
+        ("counted_mean", "counted cells"),
+        ("abnormal_counted_mean", "abnormal counted"),
+        ("detectable_mean", "detectable"),
+        ("estimate_mean", "estimate"),
+        ("bias", "bias ± sd"),
+        ("coverage_detectable", "cov. (detectable)"),
+        ("coverage_counted", "cov. (counted)"),
+        ("coverage_all", "cov. (all)"),
+        ("triage", "triage excess ± se"),
+        ("slide_auroc", "slide AUROC"),
+    ]
     for cohort in COHORTS:
-        for how, summary in report[cohort].items():
-            md += ["", f"## {cohort} cohort, {how} normalization", ""]
+        if len(counts) > 1:
+            for how in NORMALIZATIONS:
+                merged = []
+                for rows_c in zip(*(report[cohort][(how, c)] for c in counts), strict=True):
+                    m = {k: rows_c[0][k] for k in ("rate", "slides")}
+                    first = rows_c[0]
+                    for c, r in zip(counts, rows_c, strict=True):
+                        m[f"fdr/{c}"] = (
+                            None if r["fdr"] is None else f"{r['fdr']:.3f} ± {r['fdr_se']:.3f}"
+                        )
+                    m["flags_same"] = first.get("flags_same")
+                    m["abnormal_mean"] = first["abnormal_mean"]
+                    m["not_evaluable"] = first.get("abnormal_not_evaluable_mean")
+                    m["not_evaluable_share"] = first.get("abnormal_not_evaluable_share")
+                    for c, r in zip(counts, rows_c, strict=True):
+                        for k, _ in per_count:
+                            v = r.get(k)
+                            if k == "bias":
+                                v = (
+                                    None
+                                    if r["bias_mean"] is None
+                                    else f"{r['bias_mean']:+.2f} ± {r['bias_sd'] or 0:.2f}"
+                                )
+                            elif k == "triage":
+                                v = (
+                                    None
+                                    if r["triage_excess"] is None
+                                    else f"{r['triage_excess']:.2f} ± {r['triage_excess_se']:.2f}"
+                                )
+                            m[f"{k}/{c}"] = v
+                    merged.append(m)
+                md += ["", f"## {cohort} cohort, {how} normalization: the two counts", ""]
+                md += markdown_table(
+                    merged,
+                    [
+                        *side,
+                        ("abnormal_mean", "abnormal/slide"),
+                        ("not_evaluable", "abnormal not evaluable/slide"),
+                        ("not_evaluable_share", "share not evaluable"),
+                        *((f"fdr/{c}", f"FDR ± se [{c}]") for c in counts),
+                        ("flags_same", "flags same"),
+                    ],
+                )
+                md += [""]
+                md += markdown_table(
+                    merged,
+                    side + [(f"{k}/{c}", f"{h} [{c}]") for k, h in per_count for c in counts],
+                )
+                pair = pairs.get(f"{cohort}/{how}")
+                if pair:
+                    md += [
+                        "",
+                        f"Slide AUROC of the {pair['positive_slides']} positive slides (every rate "
+                        f"above 0) against the {pair['null_slides']} rate-0 slides, on the slides "
+                        f"both counts gave a slide p-value: {counts[0]} {pair['auroc_a']:.3f}, "
+                        f"{counts[1]} {pair['auroc_b']:.3f}; difference "
+                        f"{pair['difference']:+.3f} ± {pair['difference_se']:.3f} (paired "
+                        f"bootstrap over slides, {pair['bootstrap']} draws; 95% "
+                        f"{pair['difference_95'][0]:+.3f} to {pair['difference_95'][1]:+.3f}).",
+                    ]
+        for (how, count), summary in report[cohort].items():
+            md += ["", f"## {cohort} cohort, {how} normalization, burden over {count} cells", ""]
             md += markdown_table(summary, cols)
-    md += ["", f"![estimated vs true burden]({plot.name})"]
+    md += [""] + [f"![estimated vs true burden, {c} cells]({plots[c].name})" for c in counts]
     rows = [
-        {"cohort": c, "normalization": h, "summary": s, "slides": all_rows[f"{c}/{h}"]}
+        {
+            "cohort": c,
+            "normalization": h,
+            "burden_cells": k,
+            "summary": s,
+            "slides": all_rows[f"{c}/{h}/{k}"],
+        }
         for c in COHORTS
-        for h, s in report[c].items()
+        for (h, k), s in report[c].items()
     ]
     write(args.results, "burden_fdr", meta, rows, md)
-    print(json.dumps({c: {h: s[-1] for h, s in report[c].items()} for c in COHORTS}, indent=1))
+    print(
+        json.dumps(
+            {c: {f"{h}/{k}": s[-1] for (h, k), s in report[c].items()} for c in COHORTS},
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":
