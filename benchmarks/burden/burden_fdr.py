@@ -145,6 +145,7 @@ def _evaluate(
     rows = []
     for (_, rate), (scores, labels, pipeline_flags, near, *more) in tests:
         ev = more[0] if more else None
+        pipeline_burden = more[1] if len(more) > 1 else None  # the run's summary.json burden
         res = calibrate.apply(
             scores,
             cal,
@@ -202,6 +203,12 @@ def _evaluate(
             )
             if pipeline_flags is not None:
                 row["pipeline_agrees"] = bool(np.array_equal(pipeline_flags, flags))
+            if pipeline_burden is not None and pipeline_burden.get("counted") == b["counted"]:
+                row["pipeline_burden_agrees"] = bool(
+                    pipeline_burden.get("status") == "ok"
+                    and np.isclose(pipeline_burden["abnormal_cells"], b["abnormal_cells"])
+                    and np.isclose(pipeline_burden["slide_p_value"], b["slide_p_value"])
+                )
         rows.append(row)
     return rows
 
@@ -328,6 +335,9 @@ def _summarise(rows: list[dict], alpha: float) -> list[dict]:
         agree = [r["pipeline_agrees"] for r in ok if "pipeline_agrees" in r]
         if agree:
             row["pipeline_agrees"] = f"{sum(agree)}/{len(agree)}"
+        agree = [r["pipeline_burden_agrees"] for r in ok if "pipeline_burden_agrees" in r]
+        if agree:
+            row["pipeline_burden_agrees"] = f"{sum(agree)}/{len(agree)}"
         same = [r["flags_same"] for r in sel if "flags_same" in r]
         if same:
             row["flags_same"] = f"{sum(same)}/{len(same)}"
@@ -488,6 +498,8 @@ def main() -> None:
             data = [np.asarray(t["score"], dtype=np.float64), np.asarray(t["label"]), flags, near]
             if need_marks:
                 data.append(_evaluable(t, table))
+                # the run's own burden (cyto score's default count) to check the offline one
+                data.append(json.loads((table.parent / "summary.json").read_text()).get("burden"))
             tests.append(((table, rate), tuple(data)))
         if need_marks:
             cost[cohort] = {
@@ -506,6 +518,7 @@ def main() -> None:
                 if how != DEFAULT_NORMALIZATION:
                     for r in rows[count]:
                         r.pop("pipeline_agrees", None)
+                        r.pop("pipeline_burden_agrees", None)
             if len(counts) > 1:
                 same = _same_flags(rows[counts[0]], rows[counts[1]])
                 for count in counts:
@@ -580,7 +593,9 @@ def main() -> None:
         "0.05 (± binomial se); slide AUROC: slide p-values of that rate against the rate-0 "
         "slides; flags same: slides whose BH flags the two counts share (they differ only "
         "where one count's bulk check refuses the slide); mismatch: slides without a burden "
-        "(bulk mismatch, or no evaluable cell).",
+        "(bulk mismatch, or no evaluable cell); pipeline = offline: the run's flags are the "
+        "offline ones; pipeline burden = offline: the run's burden and slide p-value (the count "
+        "it made) are the offline ones of that count.",
     ]
     from cyto.bench.results import markdown_table
 
@@ -602,6 +617,7 @@ def main() -> None:
         ("triage_excess", "triage excess"),
         ("slide_auroc", "slide AUROC"),
         ("pipeline_agrees", "pipeline = offline"),
+        ("pipeline_burden_agrees", "pipeline burden = offline"),
     ]
     side = [("rate", "WR"), ("slides", "slides")]
     per_count = [
