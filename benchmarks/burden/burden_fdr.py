@@ -194,11 +194,11 @@ def _evaluate(
                     "bias": b["abnormal_cells"] - detectable,
                     "low": lo,
                     "high": hi,
-                    "covers_detectable": lo <= detectable <= hi,
-                    "covers_counted": lo <= row["abnormal_counted"] <= hi,
-                    "covers_all": lo <= abnormal.sum() <= hi,
+                    "covers_detectable": bool(lo <= detectable <= hi),
+                    "covers_counted": bool(lo <= row["abnormal_counted"] <= hi),
+                    "covers_all": bool(lo <= abnormal.sum() <= hi),  # JSON: no numpy bool
                     "slide_p": b["slide_p_value"],
-                    "excess": b["triage"] == calibrate.TRIAGE_EXCESS,
+                    "excess": bool(b["triage"] == calibrate.TRIAGE_EXCESS),
                 }
             )
             if pipeline_flags is not None:
