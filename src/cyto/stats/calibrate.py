@@ -347,10 +347,11 @@ def _against(
 ) -> dict:
     """Everything one slide's scores give against a calibration; the flags from
     calibration-conditional p-values when ``confidence`` is given. p-values and flags are every
-    cell's; the burden, the slide test and the bulk check that guards them count the cells
-    :meth:`Calibration.counted` says: the evaluable ones (normalized by themselves) against the
-    calibration's evaluable ones, where both are marked; ``burden`` is None when the slide has
-    none."""
+    cell's; the burden and the slide test count the cells :meth:`Calibration.counted` says:
+    the evaluable ones (normalized by themselves) against the calibration's evaluable ones,
+    where both are marked; ``burden`` is None when the slide has none. The bulk check is made
+    over every cell (``bulk``: it guards the flags, which are every cell's) and, when the
+    evaluable cells are counted, over those too (``bulk_counted``: it guards the burden)."""
     x, loc, scale = conformal.normalize(scores, cal.normalization)
     counted, why = cal.counted(evaluable, why_all)
     use = counted == COUNTED_EVALUABLE
@@ -377,10 +378,11 @@ def _against(
         "burden": None if x_counted is None else conformal.burden(x_counted, rate, interval),
         "slide_p": None if x_counted is None else conformal.slide_p_value(x_counted, rate),
         "flagged": conformal.bh(p_flag, alpha),
-        "bulk": (
+        "bulk": conformal.bulk_deviations(scores, cal.parts, cal.normalization),
+        "bulk_counted": (
             conformal.bulk_deviations(scores[evaluable], cal.evaluable_parts(), cal.normalization)
             if use
-            else conformal.bulk_deviations(scores, cal.parts, cal.normalization)
+            else None
         ),
     }
 
@@ -424,6 +426,7 @@ def leave_one_slide_out(
                 "burden_interval": c["burden"] and c["burden"]["abnormal_cells_interval"],
                 "slide_p_value": c["slide_p"],
                 "bulk": c["bulk"],
+                "bulk_evaluable": c["bulk_counted"],
             }
         )
     judged = [r for r in rows if r["burden_interval"] is not None]
@@ -439,8 +442,11 @@ def leave_one_slide_out(
             ],
             "per_slide": rows,
         },
-        # a slide without an evaluable cell has no bulk to compare
-        "bulk_tolerance": conformal.bulk_tolerance([r["bulk"] for r in rows if r["bulk"]]),
+        "bulk_tolerance": conformal.bulk_tolerance([r["bulk"] for r in rows]),
+        # the same over the evaluable cells (a slide without one has no bulk to compare)
+        "bulk_tolerance_evaluable": conformal.bulk_tolerance(
+            [r["bulk_evaluable"] for r in rows if r["bulk_evaluable"]]
+        ),
         "assumes": (
             "the normal cells of a scored slide, after the slide's own normalization "
             f"({normalization}), are exchangeable with the calibration cells (same model, scoring "
@@ -449,6 +455,11 @@ def leave_one_slide_out(
             "calibration slides."
         ),
     }
+
+
+def _tolerance(tolerance: dict[str, float], name: str) -> float:
+    """The bulk statistic ``name``'s tolerance (:func:`conformal.bulk_mismatch`'s)."""
+    return tolerance.get(name, conformal.BULK_FLOORS.get(name, conformal.BULK_TOLERANCE_MIN))
 
 
 def too_few_to_flag(
@@ -494,7 +505,11 @@ def apply(
             raise ValueError(f"evaluable has {len(evaluable)} values for {len(scores)} cells")
     c = _against(scores, calibration, alpha, interval, confidence, evaluable, why_all)
     tol = calibration.info.get("bulk_tolerance") or {}
-    mismatch = conformal.bulk_mismatch(c["bulk"], tol)
+    # every cell's bulk guards the flags; the evaluable cells' the burden over them
+    mismatch = [
+        f"{k} {c['bulk'][k]:+.2f} (normal slides: within {_tolerance(tol, k):.2f})"
+        for k in conformal.bulk_mismatch(c["bulk"], tol)
+    ]
     out = {
         "calibration": calibration.info.get("source"),
         "normalization": calibration.normalization,
@@ -502,6 +517,15 @@ def apply(
         "bulk_tolerance": {k: round(v, 4) for k, v in tol.items()},
         "assumes": calibration.info.get("assumes"),
     }
+    if c["bulk_counted"] is not None:
+        tol_e = calibration.info.get("bulk_tolerance_evaluable") or {}
+        mismatch += [
+            f"{k} of the evaluable cells {c['bulk_counted'][k]:+.2f} (normal slides: within "
+            f"{_tolerance(tol_e, k):.2f})"
+            for k in conformal.bulk_mismatch(c["bulk_counted"], tol_e)
+        ]
+        out["bulk_deviation_evaluable"] = {k: round(v, 4) for k, v in c["bulk_counted"].items()}
+        out["bulk_tolerance_evaluable"] = {k: round(v, 4) for k, v in tol_e.items()}
     if len(scores) == 0:
         out["status"] = "no cells"
         out["reason"] = "no cells were found on this slide: no burden, p-values or flags"
@@ -511,9 +535,7 @@ def apply(
             "burden": out,
         }
     if mismatch:
-        said = ", ".join(
-            f"{k} {c['bulk'][k]:+.2f} (normal slides: within {tol.get(k, 0):.2f})" for k in mismatch
-        )
+        said = ", ".join(mismatch)
         out["status"] = "calibration mismatch"
         out["reason"] = (
             f"this slide's scores do not look like the calibration slides' ({said}): another "
