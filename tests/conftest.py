@@ -4,8 +4,10 @@ libraries can do, never on guesses."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
+import pickle
 import shutil
 import tempfile
 from pathlib import Path
@@ -82,6 +84,44 @@ CHROMIUM = _chromium()
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(SESSION_TMP, ignore_errors=True)
+
+
+def _built_once(tmp_path_factory, name: str, build):
+    """``build(folder)``'s result, with what it wrote in ``folder``, made once per test run.
+    Alone, it is built in a fresh temporary folder. Under pytest-xdist (``-n``), the first worker
+    that asks builds it in the run's common temporary folder while holding a lock (the others wait
+    for it rather than train the same models again), and each worker copies the folder: a test
+    that edits what it was given (a verification cached in a bundle) changes only its worker's
+    copy, as it did when every worker built its own. ``build`` returns what the fixture returns,
+    pickled; paths in it under ``folder`` are moved to the copy."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        folder = tmp_path_factory.mktemp(name)
+        return build(folder)
+    shared = tmp_path_factory.getbasetemp().parent / f"built-{name}"
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the worker dies
+        if not (shared / ".result.pickle").is_file():
+            shutil.rmtree(shared, ignore_errors=True)  # a worker died building it
+            shared.mkdir()
+            result = build(shared)
+            (shared / ".result.tmp").write_bytes(pickle.dumps(result))
+            (shared / ".result.tmp").rename(shared / ".result.pickle")
+    own = tmp_path_factory.mktemp(name)
+    shutil.copytree(shared, own, dirs_exist_ok=True)
+    result = pickle.loads((own / ".result.pickle").read_bytes())
+    (own / ".result.pickle").unlink()
+    return _moved(result, shared, own)
+
+
+def _moved(value, old: Path, new: Path):
+    """``value`` with every path under ``old`` in it (in dicts, lists, tuples) under ``new``."""
+    if isinstance(value, Path) and value.is_relative_to(old):
+        return new / value.relative_to(old)
+    if isinstance(value, dict):
+        return {k: _moved(v, old, new) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_moved(v, old, new) for v in value)
+    return value
 
 
 def pytest_collection_modifyitems(config, items):
@@ -170,12 +210,15 @@ def exported_dsvdd(tiny, tmp_path_factory) -> Path:
     from cyto.train.api import training_nuclei
     from tests.train_helpers import make
 
-    m = make("dsvdd", epochs=2, ae_epochs=1, n_seeds=1, tta_views=("orig",)).fit(tiny)
-    manifest, tensors, scorer = m.bundle_parts(tiny)
-    manifest["training_data"].update(training_nuclei(tiny))
-    path = save_bundle(tmp_path_factory.mktemp("m") / "d.cyto", manifest, tensors, scorer)
-    export_onnx(path)
-    return path
+    def build(folder: Path) -> Path:
+        m = make("dsvdd", epochs=2, ae_epochs=1, n_seeds=1, tta_views=("orig",)).fit(tiny)
+        manifest, tensors, scorer = m.bundle_parts(tiny)
+        manifest["training_data"].update(training_nuclei(tiny))
+        path = save_bundle(folder / "d.cyto", manifest, tensors, scorer)
+        export_onnx(path)
+        return path
+
+    return _built_once(tmp_path_factory, "m", build)
 
 
 @pytest.fixture(scope="session")
@@ -186,18 +229,20 @@ def exported_bundles(tiny, tmp_path_factory) -> dict[str, Path]:
     from cyto.train.registry import method_names
     from tests.train_helpers import make
 
-    root = tmp_path_factory.mktemp("bundles")
-    out = {}
-    for name in method_names():
-        extra = {"epochs": 2}
-        if name == "dsvdd":
-            extra.update(ae_epochs=1, n_seeds=2)
-        if name == "its2clr":
-            extra.update(agg_epochs=10)
-        model = make(name, **extra).fit(tiny)
-        out[name] = save_bundle(root / f"{name}.cyto", *model.bundle_parts(tiny))
-        export_onnx(out[name])
-    return out
+    def build(root: Path) -> dict[str, Path]:
+        out = {}
+        for name in method_names():
+            extra = {"epochs": 2}
+            if name == "dsvdd":
+                extra.update(ae_epochs=1, n_seeds=2)
+            if name == "its2clr":
+                extra.update(agg_epochs=10)
+            model = make(name, **extra).fit(tiny)
+            out[name] = save_bundle(root / f"{name}.cyto", *model.bundle_parts(tiny))
+            export_onnx(out[name])
+        return out
+
+    return _built_once(tmp_path_factory, "bundles", build)
 
 
 @pytest.fixture(scope="session")
@@ -207,15 +252,17 @@ def real_slides_scored(wsi_dir, exported_dsvdd, tmp_path_factory) -> dict[str, d
     from cyto.infer import ScoreOptions, score_slide
     from cyto.runtime import load_scorer
 
-    scorer = load_scorer(exported_dsvdd, "onnx", "cpu")
-    opts = ScoreOptions(mosaic=16, top_k=16, workers=0, tile=512)
-    root = tmp_path_factory.mktemp("real")
-    runs = {}
-    for path in sorted(p for p in wsi_dir.iterdir() if p.suffix in (".svs", ".ndpi")):
-        said: list[str] = []
-        summary = score_slide(path, scorer, root / path.stem, opts, said.append)
-        runs[path.name] = {"summary": summary, "said": said, "folder": root / path.stem}
-    return runs
+    def build(root: Path) -> dict[str, dict]:
+        scorer = load_scorer(exported_dsvdd, "onnx", "cpu")
+        opts = ScoreOptions(mosaic=16, top_k=16, workers=0, tile=512)
+        runs = {}
+        for path in sorted(p for p in wsi_dir.iterdir() if p.suffix in (".svs", ".ndpi")):
+            said: list[str] = []
+            summary = score_slide(path, scorer, root / path.stem, opts, said.append)
+            runs[path.name] = {"summary": summary, "said": said, "folder": root / path.stem}
+        return runs
+
+    return _built_once(tmp_path_factory, "real", build)
 
 
 @pytest.fixture(scope="session")
@@ -224,10 +271,13 @@ def golden_dsvdd(exported_bundles, synth_patches, tmp_path_factory) -> Path:
     scored by PyTorch) once a session. Never handed to a test: ``golden_bundle`` copies it."""
     from cyto.export.golden import write_golden
 
-    path = tmp_path_factory.mktemp("golden") / "d.cyto"
-    shutil.copytree(exported_bundles["dsvdd"], path)
-    write_golden(path, synth_patches, normal="normal", n=64)
-    return path
+    def build(folder: Path) -> Path:
+        path = folder / "d.cyto"
+        shutil.copytree(exported_bundles["dsvdd"], path)
+        write_golden(path, synth_patches, normal="normal", n=64)
+        return path
+
+    return _built_once(tmp_path_factory, "golden", build)
 
 
 @pytest.fixture
