@@ -79,9 +79,14 @@ LEFTOVERS = { ls -a "$${RAY_TMPDIR:-$${TMPDIR:-/tmp}}/ray/ray_current_cluster" 2
 	ls -aR "$${CYTO_CACHE_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/cyto}" 2>/dev/null; \
 	git status --porcelain 2>/dev/null; true; }
 
+# The suite on two pytest-xdist workers where the machine has two cores or more (one where it has
+# one), each test module on one worker; more workers were never measured (each holds about 2 GB).
+# `make test TEST_WORKERS="-n 0"` runs it in one process (CONTRIBUTING.md, Tests).
+TEST_WORKERS ?= -n auto --maxprocesses 2 --dist loadscope
+
 test: system-deps browser-deps $(VENV)/.installed-test
 	@set +e; before=$$(mktemp); after=$$(mktemp); $(LEFTOVERS) > $$before; \
-	$(PY) -m pytest -q; rc=$$?; \
+	$(PY) -m pytest -q $(TEST_WORKERS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi; \
 	$(LEFTOVERS) > $$after; \
 	if ! diff -u $$before $$after > /dev/null; then \

@@ -32,6 +32,16 @@ os.environ["NUMBA_CACHE_DIR"] = os.path.join(SESSION_TMP, "cache", "numba")
 
 from tests.conftest_paths import SHARED_DATA  # noqa: E402 - after the openslide import above
 
+# Under pytest-xdist (``-n``) the workers share the cores: PyTorch in each worker takes its share
+# of them, not all (two workers of two threads each on 2 shared cores: test_train_contract's
+# trainings took 32 and 169 s, 7-10 s in one process). Subprocesses (`cyto train`) choose their own.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and importlib.util.find_spec("torch") is not None:
+    import torch
+
+    torch.set_num_threads(
+        max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    )
+
 # Property-based tests (Hypothesis): bounded examples, no deadline (2 shared cores time out), and
 # no example database in the working tree (a test run leaves no files behind).
 if importlib.util.find_spec("hypothesis") is not None:
