@@ -165,9 +165,11 @@ def run_demo(
         flagged = np.asarray(table["flagged_bh"])
         true_flags = int(np.sum(flagged & (np.asarray(table["label"]) == 1)))
         lo, hi = b["abnormal_fraction_interval"]
+        counted = "evaluable cells" if b.get("counted") == "evaluable" else "cells"
         echo(
-            f"      abnormal burden {100 * b['abnormal_fraction']:.1f}% (95% CI {100 * lo:.1f}-"
-            f"{100 * hi:.1f}%; planted {100 * t['planted_abnormal'] / max(res.n_cells, 1):.1f}%); "
+            f"      abnormal burden {100 * b['abnormal_fraction']:.1f}% of {b['cells']} {counted} "
+            f"(95% CI {100 * lo:.1f}-{100 * hi:.1f}%; planted "
+            f"{100 * t['planted_abnormal'] / max(res.n_cells, 1):.1f}% of the slide's cells); "
             f"{b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}, {true_flags} of them "
             f"planted abnormal; slide p={b['slide_p_value']:.2g}: {b['triage']}"
         )
