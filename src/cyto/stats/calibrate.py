@@ -67,8 +67,9 @@ class Calibration:
         self.parts, self.info = parts, info
         self.evaluable: list[np.ndarray] | None = evaluable
         self.normalization = str(info.get("normalization", "none"))
-        self._normalized = [conformal.normalize(p, self.normalization)[0] for p in parts]
-        self.reference, self.reference_slide, _ = _pooled(self._normalized)
+        self.reference, self.reference_slide, _ = _pooled(
+            [conformal.normalize(p, self.normalization)[0] for p in parts]
+        )
 
     @classmethod
     def of(cls, bundle) -> Calibration | None:
@@ -457,9 +458,13 @@ def leave_one_slide_out(
     }
 
 
-def _tolerance(tolerance: dict[str, float], name: str) -> float:
-    """The bulk statistic ``name``'s tolerance (:func:`conformal.bulk_mismatch`'s)."""
-    return tolerance.get(name, conformal.BULK_FLOORS.get(name, conformal.BULK_TOLERANCE_MIN))
+def _mismatch_words(deviations: dict[str, float], tolerance: dict[str, float], of="") -> list:
+    """Each bulk statistic out of its tolerance, said with its value and the tolerance."""
+    return [
+        f"{k}{of} {deviations[k]:+.2f} (normal slides: within "
+        f"{conformal.tolerance_of(tolerance, k):.2f})"
+        for k in conformal.bulk_mismatch(deviations, tolerance)
+    ]
 
 
 def too_few_to_flag(
@@ -506,10 +511,7 @@ def apply(
     c = _against(scores, calibration, alpha, interval, confidence, evaluable, why_all)
     tol = calibration.info.get("bulk_tolerance") or {}
     # every cell's bulk guards the flags; the evaluable cells' the burden over them
-    mismatch = [
-        f"{k} {c['bulk'][k]:+.2f} (normal slides: within {_tolerance(tol, k):.2f})"
-        for k in conformal.bulk_mismatch(c["bulk"], tol)
-    ]
+    mismatch = _mismatch_words(c["bulk"], tol)
     out = {
         "calibration": calibration.info.get("source"),
         "normalization": calibration.normalization,
@@ -519,11 +521,7 @@ def apply(
     }
     if c["bulk_counted"] is not None:
         tol_e = calibration.info.get("bulk_tolerance_evaluable") or {}
-        mismatch += [
-            f"{k} of the evaluable cells {c['bulk_counted'][k]:+.2f} (normal slides: within "
-            f"{_tolerance(tol_e, k):.2f})"
-            for k in conformal.bulk_mismatch(c["bulk_counted"], tol_e)
-        ]
+        mismatch += _mismatch_words(c["bulk_counted"], tol_e, " of the evaluable cells")
         out["bulk_deviation_evaluable"] = {k: round(v, 4) for k, v in c["bulk_counted"].items()}
         out["bulk_tolerance_evaluable"] = {k: round(v, 4) for k, v in tol_e.items()}
     if len(scores) == 0:

@@ -315,10 +315,11 @@ def bulk_tolerance(loso_deviations: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def tolerance_of(tolerance: dict[str, float], name: str) -> float:
+    """The tolerance of bulk statistic ``name``: the calibration's, else its floor."""
+    return tolerance.get(name, BULK_FLOORS.get(name, BULK_TOLERANCE_MIN))
+
+
 def bulk_mismatch(deviations: dict[str, float], tolerance: dict[str, float]) -> list[str]:
     """The statistics further from 0 than their tolerance."""
-    return [
-        k
-        for k, v in deviations.items()
-        if abs(v) > tolerance.get(k, BULK_FLOORS.get(k, BULK_TOLERANCE_MIN))
-    ]
+    return [k for k, v in deviations.items() if abs(v) > tolerance_of(tolerance, k)]
