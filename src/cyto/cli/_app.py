@@ -113,6 +113,23 @@ review_app = _typer(
 )
 app.add_typer(review_app, name="review")
 
+#: fsspec storage options of URL slides (``--storage-option KEY=VALUE``, repeatable)
+StorageOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="KEY=VALUE for the file system of URL slides (fsspec's storage options), e.g. "
+        "endpoint_url=http://127.0.0.1:9000 for an S3-compatible server; repeatable. "
+        "Credentials come from the standard chains (environment, profile).",
+    ),
+]
+Download = Annotated[
+    bool,
+    typer.Option(
+        help="URL slides in a format read from a local file (OpenSlide's vendors, DICOM "
+        "files) are fetched to cyto's cache first; TIFFs are always read in place.",
+    ),
+]
+
 RankBy = Annotated[
     str,
     typer.Option(

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import RankBy, SkipVerify, app
+from cyto.cli._app import Download, RankBy, SkipVerify, StorageOption, app
 
 
 def check_rank_by(model: Path, rank_by: str) -> None:
@@ -137,10 +137,11 @@ def predict_cmd(
 @app.command("score", short_help="Score every cell of each slide: score tables, top-K, mosaics.")
 def score_cmd(
     slides: Annotated[
-        list[Path],
+        list[str],
         typer.Argument(
             help="Whole-slide images (NDPI, SVS, TIFF...), folders of them, or a DICOM slide's "
-            "folder (its .dcm files)."
+            "folder (its .dcm files); or URLs: s3://BUCKET/KEY, gs://..., https://... (a "
+            "prefix ending in / is the slides under it)."
         ),
     ],
     model: Annotated[Path, typer.Option(help="Model bundle (exported: cyto export).")],
@@ -323,6 +324,8 @@ def score_cmd(
             help="With --watch: seconds a slide's files must stay unchanged before it is scored."
         ),
     ] = 30.0,
+    storage_option: StorageOption = None,
+    download: Download = False,
 ) -> None:
     """Score every cell of each slide: scores.parquet, topk.parquet, mosaics and summary.json.
 
@@ -344,6 +347,7 @@ def score_cmd(
     from cyto.infer import ScoreOptions
     from cyto.infer.qupath import qupath_words
     from cyto.slides import slide_files
+    from cyto.slides.remote import is_url, parse_options, slide_ref
     from cyto.view.folder import view_words
 
     opts = ScoreOptions(
@@ -386,14 +390,25 @@ def score_cmd(
 
         if ray is not None:
             raise ConfigError("--watch scores on this machine; it does not take --ray")
+        if any(is_url(s) for s in slides):
+            raise ConfigError("--watch watches local folders; give URLs without --watch")
         done, failed = watch_cohort(
-            slides, model, out, opts, typer.echo, metrics, poll=poll, settle=settle
+            [Path(s) for s in slides],
+            model,
+            out,
+            opts,
+            typer.echo,
+            metrics,
+            poll=poll,
+            settle=settle,
         )
         if failed:
             raise typer.Exit(max(exc.exit_code for _, exc in failed))
         return
-    slides = slide_files(slides)  # a folder: the slides in it
-    if ray is None and not any(Path(s).exists() for s in slides):
+    options = parse_options(storage_option)
+    slides = [slide_ref(s, options, download) for s in slides]
+    slides = slide_files(slides)  # a folder: the slides in it; a prefix: the slides under it
+    if ray is None and not any(s.exists() for s in slides):
         # before the model loads and verifies: a mistyped path or a glob that matched nothing.
         # (One missing slide among others is reported while the rest are scored; a Ray
         # cluster's nodes may see paths this machine does not.)

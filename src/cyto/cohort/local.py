@@ -15,6 +15,7 @@ from cyto.infer.plan import NO_MODEL_MPP
 from cyto.infer.store import PARTIAL, slide_identity
 from cyto.runtime import Scorer, load_scorer
 from cyto.slides.base import printable
+from cyto.slides.remote import SlideURL, slide_ref
 
 #: the key fields of a finished slide, by the user's names (the options keep their flag names)
 SCORE_KEY_NAMES = {
@@ -146,9 +147,12 @@ def check_inputs(out: Path, opts: ScoreOptions) -> None:
         raise InputPathError(f"nuclei file {opts.nuclei} does not exist")
 
 
-def _resolved(path: Path) -> Path:
+def _resolved(path):
     """The slide's real path; one that cannot be resolved (a symlink loop) stays as given, so
-    that slide fails on its own when it is opened and the cohort goes on."""
+    that slide fails on its own when it is opened and the cohort goes on. A URL is itself."""
+    path = slide_ref(path)
+    if isinstance(path, SlideURL):
+        return path
     try:
         return path.resolve()
     except (RuntimeError, OSError):
@@ -180,7 +184,10 @@ def _held_by_another(folder: Path, slide: Path) -> str | None:
     if held is None:
         return None
     path, identity = held
-    if path and Path(path).is_absolute() and _resolved(Path(path)) == slide:
+    if isinstance(slide, SlideURL) and path == str(slide):
+        return None  # the same URL (its changed content is scored again there)
+    local = path and not isinstance(slide_ref(path), SlideURL)
+    if local and Path(path).is_absolute() and _resolved(Path(path)) == slide:
         return None
     try:
         if identity and identity == slide_identity(slide):
@@ -199,7 +206,7 @@ def output_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path,
     ``OUT/STEM``."""
     import hashlib
 
-    unique = list(dict.fromkeys(_resolved(Path(s)) for s in slides))
+    unique = list(dict.fromkeys(_resolved(s) for s in slides))
     stems: dict[str, int] = {}
     for s in unique:
         stems[s.stem] = stems.get(s.stem, 0) + 1

@@ -50,7 +50,7 @@ def refuse_rescoring(slides: list[Path], out: Path) -> None:
             refuse_to_replace(
                 folder,
                 False,
-                name=f"--out {folder} (the finished results of {Path(slide).name})",
+                name=f"--out {folder} (the finished results of {slide.name})",
                 other="--resume to keep them where they still hold",
             )
 

@@ -35,6 +35,7 @@ from cyto.progress import progress
 from cyto.runtime import Scorer, devices, load_scorer
 from cyto.slides import open_with_planes
 from cyto.slides.base import printable
+from cyto.slides.remote import slide_ref
 
 
 def score_slide(
@@ -58,7 +59,7 @@ def score_slide(
     ThresholdAhead`); by default it starts here, before the model loads.
     """
     # the summary names the slide by its absolute path: a review opened elsewhere finds it
-    slide, out_dir = Path(slide).absolute(), Path(out_dir)
+    slide, out_dir = slide_ref(slide).absolute(), Path(out_dir)
     # the tile workers start first: a worker takes 1-3 s to start on 2 cores, which the model's
     # loading and the slide's plan now hide (the engine waited for it: 2.3 s of a 9 s slide)
     if pool is None and opts.decode == "cpu":

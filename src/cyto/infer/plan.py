@@ -22,6 +22,7 @@ from cyto.infer.tiling import (
 from cyto.runtime import Scorer
 from cyto.slides import open_slide
 from cyto.slides.grid import tissue_mask
+from cyto.slides.remote import SlideURL, slide_ref
 
 
 def decode_device(device: str) -> str:
@@ -54,7 +55,7 @@ class ThresholdAhead:
         self._params = self._threshold = None
         self._thread = threading.Thread(
             target=self._measure,
-            args=(Path(slide), opts.detection, opts.slide_mpp),
+            args=(slide_ref(slide), opts.detection, opts.slide_mpp),
             name="cyto-threshold",
             daemon=True,
         )
@@ -139,7 +140,7 @@ class SlidePlan:
         # tiles in flight (why 16: tiling.QUEUE_MIN); max_cells below shrinks as the queue grows
         self.queue = opts.queue or max(QUEUE_MIN, 2 * self.workers)
         self.ctx = TileContext(
-            slide=str(slide),
+            slide=slide if isinstance(slide, SlideURL) else str(slide),
             planes=tuple(str(f) for _, f in planes),
             plane_z=(0.0, *(z for z, _ in planes)),
             tile=opts.tile,

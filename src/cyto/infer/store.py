@@ -23,6 +23,7 @@ from cyto.bundle import atomic_write
 from cyto.errors import CytoError, first_line
 from cyto.reuse import check_reuse, read_record
 from cyto.slides.base import PLANE_SEP
+from cyto.slides.remote import SlideURL, remote_identity, slide_ref
 
 PARTIAL = ".partial"
 #: the fields of a chunk store's key by the user's names (the options keep their flag names)
@@ -45,7 +46,9 @@ def slide_identity(path: Path, block: int = 1 << 16, samples: int = 32) -> str:
     and ``samples`` blocks spread evenly between them (about 3 MiB read in all). A slide replaced
     by another, or truncated, gets another identity; an unchanged one copied elsewhere keeps it.
     A DICOM slide (a folder) hashes each of its instances' identities with its name."""
-    path = Path(path)
+    path = slide_ref(path)
+    if isinstance(path, SlideURL):  # its version, asked of the server (no bytes hashed)
+        return remote_identity(path)
     if path.is_dir():
         from cyto.slides.dicom import slide_instances
 
@@ -100,7 +103,7 @@ def schema():
 
 def slide_key(slide: Path, planes: list[tuple[float, str]]) -> dict:
     """The identity of the slide and of its plane files (what a resumed run must find again)."""
-    files = [Path(slide)] + sorted({Path(p.split(PLANE_SEP)[0]) for _, p in planes})
+    files = [slide_ref(slide)] + sorted({Path(p.split(PLANE_SEP)[0]) for _, p in planes})
     return {str(f): slide_identity(f) for f in files}
 
 

@@ -30,6 +30,7 @@ from cyto.interrupts import spawn_pool
 from cyto.slides import open_plane, open_slide
 from cyto.slides.grid import tile_grid, tissue_mask
 from cyto.slides.planes import sharpest
+from cyto.slides.remote import SlideURL
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def tile_jobs(info, tile: int, mask, mask_ds: float, nuclei_file=None) -> list[J
 class TileContext:
     """What a worker needs to turn a tile into crops (picklable)."""
 
-    slide: str
+    slide: str | SlideURL  # a path, or a remote slide with what opens it
     planes: tuple[str, ...]
     plane_z: tuple[float, ...]  # z of the main plane (0.0) then of each extra plane
     tile: int
@@ -189,7 +190,7 @@ def _readers(ctx: TileContext) -> list:
     return _READERS
 
 
-def _warm_worker(slide: str) -> None:
+def _warm_worker(slide: str | SlideURL) -> None:
     """What a worker's first tile waited for (0.4 s on 2 cores), done while the main process
     loads the model and plans the slide: the detector's modules imported, the slide opened (its
     focal planes open with the first tile). A slide that fails to open fails in the main
@@ -227,7 +228,7 @@ def start_workers(slide, workers: int):
         return None
     pool = spawn_pool(workers, _init_worker, (None,))
     for _ in range(workers):  # a submit starts a process while fewer than `workers` run
-        pool.submit(_warm_worker, str(slide))
+        pool.submit(_warm_worker, slide if isinstance(slide, SlideURL) else str(slide))
     return pool
 
 

@@ -62,7 +62,10 @@ def open_device_tiles(path: Path | str) -> tuple[TileGrid | None, str]:
     import tifffile
 
     from cyto.slides.dicom import is_dicom_file
+    from cyto.slides.remote import SlideURL
 
+    if isinstance(path, SlideURL):
+        return None, "a remote slide (read by libvips in place): CPU readers"
     path = Path(path)
     if path.is_dir() or is_dicom_file(path):
         return None, "DICOM (OpenSlide's reader): CPU readers"

@@ -204,7 +204,12 @@ def slide_instances(folder: Path) -> list[Path]:
 
 
 def slide_bytes(path: Path) -> int:
-    """The size of a slide: its file's, or the sum of a DICOM slide's instances (its folder)."""
+    """The size of a slide: its file's, the sum of a DICOM slide's instances (its folder), or a
+    remote object's."""
+    from cyto.slides.remote import SlideURL, open_object
+
+    if isinstance(path, SlideURL):
+        return open_object(path).size
     path = Path(path)
     if path.is_dir():
         return sum(f.stat().st_size for f in slide_instances(path))

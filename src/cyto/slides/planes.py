@@ -13,6 +13,7 @@ from cyto.slides.base import PLANE_SEP
 from cyto.slides.dicom import is_dicom_file
 from cyto.slides.ndpi import ndpi_planes
 from cyto.slides.readers import open_plane, open_slide
+from cyto.slides.remote import SlideURL
 
 _PLANE_RE = re.compile(r"_z([+-]\d+(?:\.\d+)?)um$")
 #: the side of the overviews a plane is compared on (their longer side, in blocks): a cell is
@@ -29,9 +30,13 @@ def find_planes(slide: Path, spec: str) -> list[tuple[float, str]]:
     an NDPI file, or sibling files named ``NAME_z+1.00um.ext`` (what ``cyto synth slide
     --planes`` writes for TIFF); ``none`` uses the main plane only; a comma-separated list names
     the files (z from their names, else their order)."""
-    slide = Path(slide)
     if spec == "none":
         return []
+    if isinstance(slide, SlideURL):
+        if spec == "auto":
+            return []  # a remote slide's focal planes are not searched for
+        raise ConfigError(f"{slide}: --planes FILES is for local slides; pass --planes none")
+    slide = Path(slide)
     if spec == "auto" and slide.suffix.lower() == ".ndpi":
         return ndpi_planes(slide)
     if spec == "auto" and (slide.is_dir() or is_dicom_file(slide)):

@@ -41,6 +41,7 @@ from cyto.slides.dicom import (
     wsi_series,
 )
 from cyto.slides.ndpi import NdpiPlaneReader
+from cyto.slides.remote import SlideURL, list_prefix, open_object, slide_ref, vips_source
 
 BACKENDS = ("auto", "pyvips", "openslide")
 TIFF_MAGIC = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")
@@ -119,25 +120,40 @@ class OpenSlideReader:
 
 
 class PyvipsReader:
-    def __init__(self, path: Path, pyvips, vendor: str | None) -> None:
+    def __init__(self, path, pyvips, vendor: str | None, source=None) -> None:
+        """``source``: for a remote TIFF, a function giving a new libvips source over it
+        (:func:`cyto.slides.remote.vips_source`), one per level; ``path`` then names it."""
         self._pv = pyvips
         self.path = path
-        # the file name as bytes: pyvips encodes a str as strict UTF-8, which a name that is
-        # not UTF-8 (b"slide-\xff.tif", held by Python as a surrogate escape) cannot be; and
-        # the loaders by name, as new_from_file would read "[...]" in a name as options
-        name = os.fsencode(path)
+        self._sources: list = []
         try:
-            if vendor is not None:
+            if source is not None:
+                self._sources = [source()]
+                first = pyvips.Image.tiffload_source(self._sources[0], access="random")
+                self._levels = [first]
+                for i in range(1, first.get_n_pages()):
+                    self._sources.append(source())
+                    self._levels.append(
+                        pyvips.Image.tiffload_source(self._sources[-1], page=i, access="random")
+                    )
+            elif vendor is not None:
+                # the file name as bytes: pyvips encodes a str as strict UTF-8, which a name
+                # that is not UTF-8 (b"slide-\xff.tif", held by Python as a surrogate escape)
+                # cannot be; and the loaders by name, as new_from_file would read "[...]" in a
+                # name as options
+                name = os.fsencode(path)
                 self._levels = [pyvips.Image.openslideload(name, level=0)]
                 n = int(self._levels[0].get("openslide.level-count"))
                 self._levels += [pyvips.Image.openslideload(name, level=i) for i in range(1, n)]
             else:  # open_slide let only a TIFF through
+                name = os.fsencode(path)
                 first = pyvips.Image.tiffload(name, access="random")
                 n = first.get_n_pages()
                 self._levels = [first] + [
                     pyvips.Image.tiffload(name, page=i, access="random") for i in range(1, n)
                 ]
         except pyvips.Error as exc:
+            self._raise_fault()
             raise UnsupportedSlideError(
                 f"{path}: libvips cannot read it ({vips_words(exc)})"
             ) from exc
@@ -180,6 +196,7 @@ class PyvipsReader:
                 # numpy() drops the axes of length 1 (a 1 x 1 region is a scalar)
                 return _to_rgb(region.numpy().reshape(rh, rw, region.bands))
             except self._pv.Error as exc:
+                self._raise_fault()
                 raise UnsupportedSlideError(
                     f"{self.path}: cannot read region at ({rx}, {ry}) level {level}: the image "
                     f"data there cannot be decoded ({vips_words(exc)})"
@@ -188,8 +205,16 @@ class PyvipsReader:
         box = in_slide(x, y, w, h, im.width, im.height)
         return padded(read(*box) if box else None, box, x, y, w, h)
 
+    def _raise_fault(self) -> None:
+        """The remote fault (a 404, a changed object, a server that stalls) behind a libvips
+        error, raised in its own words: libvips only says that a read failed."""
+        for source in self._sources:
+            if source.fault is not None:
+                raise source.fault
+
     def close(self) -> None:
         self._levels = []
+        self._sources = []
 
 
 # what libvips says about where it stopped, not why (the why follows on later lines)
@@ -205,12 +230,15 @@ def vips_words(exc: Exception, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _first_directory(path: Path, size: int) -> tuple[set[int], str]:
+def _first_directory(path, size: int, fh=None) -> tuple[set[int], str]:
     """(tag ids, ImageDescription start) of a TIFF's first directory, read without a library
-    (tifffile cannot follow the 64-bit offsets of large NDPI files)."""
+    (tifffile cannot follow the 64-bit offsets of large NDPI files); ``fh``: the file, when it
+    is not ``path`` opened here (a remote slide's)."""
+    import contextlib
     import struct
 
-    with open(path, "rb") as fh:
+    with open(path, "rb") if fh is None else contextlib.nullcontext(fh) as fh:
+        fh.seek(0)
         head = fh.read(16)
         order = "<" if head[:2] == b"II" else ">"
         big = head[2:4] in (b"+\0", b"\0+")
@@ -245,6 +273,17 @@ def _first_directory(path: Path, size: int) -> tuple[set[int], str]:
     return tags, description
 
 
+def tiff_vendor(path, size: int, fh=None) -> tuple[str | None, str]:
+    """(vendor its first directory names, in words): Aperio's description, Hamamatsu's NDPI
+    tag, or (None, "a TIFF")."""
+    tags, description = _first_directory(path, size, fh)
+    if description.startswith("Aperio"):
+        return "aperio", "an Aperio SVS"
+    if NDPI_MARKER_TAG in tags:
+        return "hamamatsu", "a Hamamatsu NDPI"
+    return None, "a TIFF"
+
+
 def check_structure(path: Path, vendor: str | None, openslide_present: bool) -> None:
     """Refuse a TIFF-based slide that is damaged or truncated, before anything is scored.
 
@@ -252,21 +291,14 @@ def check_structure(path: Path, vendor: str | None, openslide_present: bool) -> 
       tag) that OpenSlide does not recognize is damaged: read as a plain TIFF it would lose its
       resolution and, where image data is missing, its cells.
     - Every directory tifffile can follow must lie inside the file, and every tile or strip of
-      image data must end before the end of the file.
+      image data must end before the end of the file (:func:`check_tiff_data`).
     """
-    import logging
-
     size = path.stat().st_size
     with open(path, "rb") as fh:
         head = fh.read(4)
     if head not in TIFF_MAGIC:
         return
-    tags, description = _first_directory(path, size)
-    expected = None
-    if description.startswith("Aperio"):
-        expected, what = "aperio", "an Aperio SVS"
-    elif NDPI_MARKER_TAG in tags:
-        expected, what = "hamamatsu", "a Hamamatsu NDPI"
+    expected, what = tiff_vendor(path, size)
     if openslide_present and expected and vendor != expected:
         raise UnsupportedSlideError(
             f"{path}: its first directory says it is {what}, but OpenSlide cannot open it as one: "
@@ -275,6 +307,14 @@ def check_structure(path: Path, vendor: str | None, openslide_present: bool) -> 
         )
     if expected == "hamamatsu":
         return  # tifffile cannot follow NDPI's 64-bit offsets; OpenSlide checked this one
+    check_tiff_data(path, size)
+
+
+def check_tiff_data(path, size: int, fh=None) -> None:
+    """Every directory of the TIFF inside the file, and every tile or strip of image data
+    ending before its end (``fh``: the file when it is not ``path`` opened here)."""
+    import logging
+
     import tifffile
 
     problems: list[str] = []
@@ -287,7 +327,7 @@ def check_structure(path: Path, vendor: str | None, openslide_present: bool) -> 
     handler = _Collect(logging.WARNING)
     log.addHandler(handler)
     try:
-        with tifffile.TiffFile(path) as tf:
+        with tifffile.TiffFile(path if fh is None else fh) as tf:
             for i, page in enumerate(tf.pages):
                 pairs = zip(page.dataoffsets, page.databytecounts, strict=False)
                 ends = [o + c for o, c in pairs if c]
@@ -327,15 +367,19 @@ def open_plane(spec: str | Path) -> SlideReader:
 SLIDE_SUFFIXES = (".ndpi", ".svs", ".tif", ".tiff", ".mrxs", ".scn", ".vms", ".bif", ".svslide")
 
 
-def slide_files(paths: Sequence[Path | str]) -> list[Path]:
+def slide_files(paths: Sequence[Path | str | SlideURL]) -> list[Path | SlideURL]:
     """``paths`` with each folder among them replaced by the slides in it: its files ending in
     :data:`SLIDE_SUFFIXES`, by name, and the DICOM slides there (the folder itself, when it
     holds one, and its sub-folders that do; other sub-folders are not searched, so a MIRAX
     slide's data folder stays out). A file, or a path that does not exist here, is kept as
     given (opening it reports it). A folder without a slide is an error that says what was
-    looked for."""
-    out: list[Path] = []
-    for path in map(Path, paths):
+    looked for. A URL is kept as a :class:`~cyto.slides.remote.SlideURL`; one ending in ``/``
+    (``s3://bucket/slides/``) is a prefix, replaced by the slides under it."""
+    out: list = []
+    for path in map(slide_ref, paths):
+        if isinstance(path, SlideURL):
+            out += list_prefix(path, SLIDE_SUFFIXES) if path.is_dir() else [path]
+            continue
         if not path.is_dir():
             out.append(path)
             continue
@@ -351,7 +395,7 @@ def slide_files(paths: Sequence[Path | str]) -> list[Path]:
                 "and one level down)"
             )
         out += found
-    seen: set[Path] = set()  # a slide named twice (FOLDER and FOLDER/a.svs) is scored once
+    seen: set = set()  # a slide named twice (FOLDER and FOLDER/a.svs) is scored once
     return [p for p in out if not (p.absolute() in seen or seen.add(p.absolute()))]
 
 
@@ -384,13 +428,58 @@ def _open_dicom(path: Path, backend: str) -> SlideReader:
     return OpenSlideReader(path, openslide, entry=entry)
 
 
-def open_slide(path: Path | str, backend: str = "auto") -> SlideReader:
-    """Open a whole-slide image with the best available backend (see the module docstring)."""
-    path = Path(path)
+def _open_remote(ref: SlideURL, backend: str) -> SlideReader:
+    """A slide by URL: a TIFF (pyramidal TIFF, OME-TIFF) read in place by byte range through
+    libvips' TIFF loader, so its pixels are those of the same file read locally; a format that
+    needs a local file (OpenSlide's vendors, DICOM files) is read from a copy in cyto's cache
+    with ``--download``, and refused in one line without it."""
+    obj = open_object(ref)
+    if obj.size < 16:
+        raise UnsupportedSlideError(f"{ref}: empty or truncated object ({obj.size} bytes)")
+    head = obj.read(0, 4)
+    vendor, what = (None, "not a TIFF")
+    if head in TIFF_MAGIC:
+        vendor, what = tiff_vendor(ref, obj.size, obj.file())
+    if (vendor is not None or head not in TIFF_MAGIC) and ref.download:
+        from cyto.slides.remote import download
+
+        return _reopened(open_slide(download(obj), backend), ref)
+    if head not in TIFF_MAGIC or vendor is not None:
+        kind = f"{what}, read by OpenSlide" if vendor else f"{what} (OpenSlide's formats, DICOM)"
+        raise UnsupportedSlideError(
+            f"{ref}: {kind}: this format is read from a local file; pass --download to fetch "
+            "it to cyto's cache (read in place: pyramidal TIFF and OME-TIFF)"
+        )
+    if backend == "openslide":
+        raise UnsupportedSlideError(
+            f"{ref}: a remote TIFF is read by libvips in place; use --backend auto, or "
+            "--download to read a local copy with OpenSlide"
+        )
+    check_tiff_data(ref, obj.size, obj.file())
+    _, pyvips = load_libraries()
+    if pyvips is None:
+        raise MissingDependencyError("pyvips", f"reading {ref}", "apt install libvips42")
+    return PyvipsReader(ref, pyvips, None, source=lambda: vips_source(obj))
+
+
+def _reopened(reader: SlideReader, ref: SlideURL) -> SlideReader:
+    """``reader`` of a downloaded copy, its slide named by the URL it came from."""
+    from dataclasses import replace
+
+    reader.info = replace(reader.info, path=ref)
+    return reader
+
+
+def open_slide(path: Path | str | SlideURL, backend: str = "auto") -> SlideReader:
+    """Open a whole-slide image with the best available backend (see the module docstring);
+    a URL (:func:`~cyto.slides.remote.slide_ref`) is read in place (:func:`_open_remote`)."""
     if backend not in BACKENDS:
         raise UnsupportedSlideError(
             f"unknown slide backend {backend!r}; use one of {', '.join(BACKENDS)}"
         )
+    path = slide_ref(path)
+    if isinstance(path, SlideURL):
+        return _open_remote(path, backend)
     if path.is_symlink() and not path.exists():
         raise InputPathError(f"slide {path} is a link that leads nowhere (a loop, or a gone file)")
     if not path.exists():

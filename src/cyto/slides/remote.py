@@ -1,0 +1,572 @@
+"""Slides by URL: ``s3://``, ``gs://``, ``http(s)://``, read in place by byte range.
+
+A :class:`SlideURL` names a remote slide wherever the pipeline holds a slide path: it prints
+without its user info and query string (which may hold credentials or a signature), pickles to
+the tile workers with what opens it (the full URL, the ``--storage-option`` values), and answers
+the few questions the pipeline asks of a path (``name``, ``stem``, ``absolute()``).
+:func:`slide_ref` is the one parser: a URL becomes a :class:`SlideURL`, anything else a
+:class:`~pathlib.Path`.
+
+:class:`RemoteObject` reads one object by byte range through fsspec's file systems (s3fs for
+S3 and S3-compatible servers, gcsfs for Google Cloud Storage, its HTTP file system over aiohttp
+for ``http(s)://``): the reasons are the credential chains they already implement (the AWS
+environment variables and profiles, Google's default credentials) and one interface over all of
+them. Every range is pinned to the version seen when the slide was opened (``If-Match`` on the
+ETag), so an object replaced while it is read stops that slide (:class:`SlideChangedError`)
+instead of mixing two versions. Ranges are held in a bounded block cache; a dropped connection,
+a timeout or a 5xx answer is retried with backoff and said once; 403 and 404 are one line each.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from urllib.parse import unquote, urlsplit
+
+from cyto.errors import (
+    ConfigError,
+    CytoError,
+    InputPathError,
+    MissingDependencyError,
+)
+
+#: URL schemes read in place, and the fsspec file system each needs
+SCHEMES = {"http": "aiohttp", "https": "aiohttp", "s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+#: the environment variable whose value is sent as a bearer token to http(s) servers
+TOKEN_ENV = "CYTO_BEARER_TOKEN"
+#: seconds a remote server may stay silent (connect or read) before the request is given up
+TIMEOUT_ENV = "CYTO_REMOTE_TIMEOUT"
+DEFAULT_TIMEOUT = 30.0
+TRIES = 4  # one request and three retries, 0.25 s, 0.5 s and 1 s apart
+BLOCK = 256 << 10  # bytes fetched per block: a few tiles of a JPEG-tiled slide
+CACHE_BYTES = 64 << 20  # the block cache of one open slide (per process)
+
+log = logging.getLogger("cyto.remote")
+
+
+class RemoteAccessError(CytoError):
+    """A remote slide cannot be read: the server does not answer, or answers with an error."""
+
+
+class SlideChangedError(CytoError):
+    """A remote slide was replaced while it was read: nothing read from it is kept."""
+
+
+def is_url(text: object) -> bool:
+    """Whether ``text`` is a URL (``scheme://...``), which :func:`slide_ref` reads as one."""
+    return isinstance(text, SlideURL) or bool(_URL.match(str(text)))
+
+
+def redact(text: str) -> str:
+    """Every URL in ``text`` without its user info and query string: what may be printed."""
+
+    def one(m: re.Match) -> str:
+        parts = urlsplit(m.group(0))
+        host = parts.netloc.rpartition("@")[2]
+        return f"{parts.scheme}://{host}{parts.path}"
+
+    return re.sub(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+", one, text)
+
+
+def parse_options(pairs: list[str] | None) -> dict:
+    """``--storage-option KEY=VALUE`` pairs as fsspec keyword arguments; a value that reads as
+    JSON (``true``, ``3``, ``{"region_name": "x"}``) is taken as such, else as text."""
+    out: dict = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--storage-option {pair.split('=')[0]!r}: give KEY=VALUE")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
+class SlideURL:
+    """A remote slide (see the module docstring). ``options``: fsspec storage options (never
+    printed); ``download``: read through a local copy in cyto's cache (``--download``)."""
+
+    __slots__ = ("url", "options", "download", "_display")
+
+    def __init__(self, url: str, options: dict | None = None, download: bool = False) -> None:
+        scheme = _URL.match(url).group(1).lower() if _URL.match(url) else ""
+        if scheme not in SCHEMES:
+            raise InputPathError(
+                f"{redact(url)}: cyto reads slides from s3://, gs://, http:// and https:// "
+                f"URLs, not {scheme}://"
+            )
+        parts = urlsplit(url)
+        if not parts.netloc.rpartition("@")[2]:
+            raise InputPathError(f"{redact(url)}: a URL without a host (or bucket)")
+        self.url = url
+        self.options = dict(options or {})
+        self.download = download
+        self._display = redact(url)
+
+    # what the pipeline asks of a slide path
+    def __str__(self) -> str:
+        return self._display
+
+    def __repr__(self) -> str:
+        return f"SlideURL({self._display!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SlideURL) and other._display == self._display
+
+    def __hash__(self) -> int:
+        return hash(("SlideURL", self._display))
+
+    def __lt__(self, other: object) -> bool:
+        return str(self) < str(other)
+
+    def __getstate__(self):
+        return (self.url, self.options, self.download)
+
+    def __setstate__(self, state) -> None:
+        self.url, self.options, self.download = state
+        self._display = redact(self.url)
+
+    @property
+    def scheme(self) -> str:
+        return urlsplit(self.url).scheme.lower()
+
+    @property
+    def name(self) -> str:
+        return unquote(urlsplit(self.url).path.rstrip("/").rpartition("/")[2])
+
+    @property
+    def suffix(self) -> str:
+        name = self.name
+        return name[name.rfind(".") :] if "." in name.lstrip(".") else ""
+
+    @property
+    def stem(self) -> str:
+        return self.name[: len(self.name) - len(self.suffix)] if self.suffix else self.name
+
+    def absolute(self) -> SlideURL:
+        return self
+
+    resolve = absolute
+
+    def is_absolute(self) -> bool:
+        return True
+
+    def exists(self) -> bool:
+        """True: whether the object is there is said, in one line, when it is opened."""
+        return True
+
+    def is_dir(self) -> bool:
+        return self.url.split("?", 1)[0].endswith("/")
+
+    def is_file(self) -> bool:
+        return not self.is_dir()
+
+    def with_download(self, download: bool) -> SlideURL:
+        return SlideURL(self.url, self.options, download)
+
+
+def slide_ref(
+    text: object, options: dict | None = None, download: bool = False
+) -> SlideURL | os.PathLike:
+    """The one reading of a slide argument: a URL as a :class:`SlideURL` (with the storage
+    options and ``--download``), anything else as a :class:`~pathlib.Path`."""
+    from pathlib import Path
+
+    if isinstance(text, SlideURL):
+        if options is None and not download:
+            return text
+        return SlideURL(text.url, {**text.options, **(options or {})}, download or text.download)
+    if isinstance(text, os.PathLike):
+        return Path(text)
+    if _URL.match(str(text)):
+        return SlideURL(str(text), options, download)
+    return Path(str(text))
+
+
+def timeout() -> float:
+    raw = os.environ.get(TIMEOUT_ENV)
+    try:
+        return float(raw) if raw else DEFAULT_TIMEOUT
+    except ValueError as exc:
+        raise ConfigError(f"{TIMEOUT_ENV}={raw!r}: give seconds, e.g. 30") from exc
+
+
+def _filesystem(ref: SlideURL):
+    """(fsspec file system, path in it, object version or None) of ``ref``."""
+    import importlib.util
+
+    scheme = ref.scheme
+    need = SCHEMES[scheme]
+    if importlib.util.find_spec("fsspec") is None or importlib.util.find_spec(need) is None:
+        raise MissingDependencyError(
+            f"fsspec and {need}", f"reading {scheme}:// slides", "pip install 'cyto[remote]'"
+        )
+    import fsspec
+
+    t = timeout()
+    opts = dict(ref.options)
+    parts = urlsplit(ref.url)
+    version = None
+    if scheme in ("http", "https"):
+        import aiohttp
+
+        client = dict(opts.pop("client_kwargs", {}) or {})
+        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, connect=t, sock_read=t))
+        headers = dict(opts.pop("headers", {}) or {})
+        token = os.environ.get(TOKEN_ENV)
+        if token and "Authorization" not in headers:
+            headers["Authorization"] = f"Bearer {token}"
+        fs = fsspec.filesystem(
+            scheme, client_kwargs=client, headers=headers, skip_instance_cache=True, **opts
+        )
+        return fs, ref.url, None
+    if scheme == "s3":
+        config = dict(opts.pop("config_kwargs", {}) or {})
+        config.setdefault("connect_timeout", t)
+        config.setdefault("read_timeout", t)
+        config.setdefault("retries", {"max_attempts": 1})  # retried here, said once
+        opts["config_kwargs"] = config
+        query = dict(p.partition("=")[::2] for p in parts.query.split("&") if p)
+        version = query.get("versionId") or None
+    fs = fsspec.filesystem(scheme, skip_instance_cache=True, **opts)
+    return fs, f"{parts.netloc.rpartition('@')[2]}{unquote(parts.path)}", version
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status an fsspec/aiohttp/botocore error carries, if any."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return status
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        meta = response.get("ResponseMetadata") or {}
+        if isinstance(meta.get("HTTPStatusCode"), int):
+            return meta["HTTPStatusCode"]
+    for inner in (exc.__cause__, exc.__context__):
+        if inner is not None and inner is not exc:
+            found = _status(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _transient(exc: BaseException) -> str | None:
+    """Why a failed request may succeed if tried again (a dropped connection, a timeout, a
+    5xx), in words; None for an answer that will not change (403, 404, ...)."""
+    import asyncio
+
+    status = _status(exc)
+    if status is not None:
+        return f"the server answered {status}" if status >= 500 or status == 429 else None
+    names = {c.__name__ for c in type(exc).__mro__}
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) or names & {
+        "ServerTimeoutError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+    }:
+        return "the server did not answer in time"
+    if isinstance(exc, ConnectionError) or names & {
+        "ClientConnectionError",
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ResponseStreamingError",
+        "IncompleteReadError",
+    }:
+        return "the connection was dropped"
+    return None
+
+
+class RemoteObject:
+    """One remote object, read by byte range (see the module docstring). Thread-safe."""
+
+    def __init__(self, ref: SlideURL, block: int = BLOCK, cache_bytes: int = CACHE_BYTES):
+        self.ref = ref
+        self.block = block
+        self.cache_bytes = max(cache_bytes, block)
+        self._fs, self._path, self._version = _filesystem(ref)
+        self._lock = threading.Lock()
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()
+        self.fetched_bytes = 0  # bytes that came over the network
+        self.requests = 0
+        self._said_retry = False
+        info = self._call(lambda: self._fs.info(self._path, **self._info_kw()), "open")
+        size = info.get("size")
+        if info.get("type") == "directory" or size is None:
+            raise InputPathError(f"{ref}: not an object (a folder, or a size the server hides)")
+        self.size = int(size)
+        self.etag = info.get("ETag") or info.get("etag")
+        self.version = self._version or info.get("VersionId") or None
+        self.modified = str(info.get("LastModified") or info.get("Last-Modified") or "")
+
+    def _info_kw(self) -> dict:
+        return {"version_id": self._version} if self._version else {}
+
+    def identity(self) -> str:
+        """The object's identity for resume and caches: its URL (printed form), size and
+        version (S3 version id, else ETag, else time of change)."""
+        import hashlib
+
+        stamp = self.version or self.etag or self.modified
+        text = f"cyto-slide-identity-v1:remote\t{self.ref}\t{self.size}\t{stamp}"
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def _call(self, fn, what: str):
+        """``fn()`` with retries of what may pass; one line for what will not."""
+        delay = 0.25
+        for attempt in range(TRIES):
+            try:
+                return fn()
+            except CytoError:
+                raise
+            except BaseException as exc:
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                why = _transient(exc)
+                if why is None or attempt == TRIES - 1:
+                    raise self._fault(exc, why, attempt + 1) from None
+                if not self._said_retry:
+                    self._said_retry = True
+                    log.warning("note: %s: %s; retrying (said once per slide)", self.ref, why)
+                time.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def _fault(self, exc: BaseException, transient: str | None, tries: int) -> CytoError:
+        status = _status(exc)
+        if status == 412 or type(exc).__name__ == "PreconditionFailed":
+            return SlideChangedError(
+                f"{self.ref}: the object changed while it was read (its ETag is no longer "
+                f"{getattr(self, 'etag', None)}); nothing of this run of it is kept: score it again"
+            )
+        if isinstance(exc, FileNotFoundError) or status == 404:
+            return InputPathError(f"{self.ref}: not found (404)")
+        if isinstance(exc, PermissionError) or status in (401, 403):
+            return InputPathError(
+                f"{self.ref}: access denied ({status or 403}): check the credentials "
+                f"(environment, profile, --storage-option, {TOKEN_ENV})"
+            )
+        if transient is not None:
+            return RemoteAccessError(f"{self.ref}: {transient} ({tries} tries); giving up")
+        what = f"HTTP {status}" if status else type(exc).__name__
+        return RemoteAccessError(f"{self.ref}: cannot read it ({what})")
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        """Bytes ``start`` .. ``end - 1`` from the server, pinned to the version opened."""
+        scheme = self.ref.scheme
+
+        def get() -> bytes:
+            if scheme in ("http", "https"):
+                headers = dict(self._fs.kwargs.get("headers") or {})
+                if self.etag:
+                    headers["If-Match"] = self.etag
+                return self._fs.cat_file(self._path, start=start, end=end, headers=headers)
+            if scheme == "s3":
+                return self._s3_range(start, end)
+            return self._fs.cat_file(self._path, start=start, end=end)
+
+        data = self._call(get, "read")
+        if len(data) != end - start:
+            raise SlideChangedError(
+                f"{self.ref}: asked for bytes {start:,}-{end - 1:,} and got {len(data):,}: the "
+                "object changed (or was cut short) while it was read; nothing of this run of it "
+                "is kept"
+            )
+        self.fetched_bytes += len(data)
+        self.requests += 1
+        return data
+
+    def _s3_range(self, start: int, end: int) -> bytes:
+        from fsspec.asyn import sync
+
+        fs = self._fs
+        bucket, _, key = self._path.partition("/")
+        pin = {"VersionId": self.version} if self._version else {}
+        if self.etag and not pin:
+            pin["IfMatch"] = self.etag
+
+        async def get():
+            resp = await fs._call_s3(
+                "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **pin
+            )
+            try:
+                return await resp["Body"].read()
+            finally:
+                resp["Body"].close()
+
+        return sync(fs.loop, get)
+
+    def read(self, start: int, size: int) -> bytes:
+        """``size`` bytes from ``start`` (fewer at the end of the object), through the cache."""
+        end = min(start + size, self.size)
+        if start >= end:
+            return b""
+        first, last = start // self.block, (end - 1) // self.block
+        with self._lock:
+            missing = [b for b in range(first, last + 1) if b not in self._blocks]
+            if missing:  # contiguous missing blocks in one request
+                runs: list[list[int]] = []
+                for b in missing:
+                    if runs and runs[-1][-1] == b - 1:
+                        runs[-1].append(b)
+                    else:
+                        runs.append([b])
+                for run in runs:
+                    lo = run[0] * self.block
+                    hi = min((run[-1] + 1) * self.block, self.size)
+                    data = self._fetch(lo, hi)
+                    for i, b in enumerate(run):
+                        self._blocks[b] = data[i * self.block : (i + 1) * self.block]
+            parts = []
+            for b in range(first, last + 1):
+                self._blocks.move_to_end(b)
+                parts.append(self._blocks[b])
+            while len(self._blocks) * self.block > self.cache_bytes:
+                self._blocks.popitem(last=False)
+        data = b"".join(parts)
+        off = start - first * self.block
+        return data[off : off + end - start]
+
+    def file(self) -> RemoteIO:
+        """A seekable binary file over this object (for tifffile and libvips)."""
+        return RemoteIO(self)
+
+
+class RemoteIO(io.RawIOBase):
+    """A read-only, seekable file over a :class:`RemoteObject`; each has its own position."""
+
+    def __init__(self, obj: RemoteObject) -> None:
+        super().__init__()
+        self.obj, self.pos = obj, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.obj.size}[whence]
+        self.pos = max(base + offset, 0)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        data = self.obj.read(self.pos, len(buffer))
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+    def read(self, size: int = -1) -> bytes:
+        n = self.obj.size - self.pos if size is None or size < 0 else size
+        data = self.obj.read(self.pos, n)
+        self.pos += len(data)
+        return data
+
+    @property
+    def name(self) -> str:
+        return str(self.obj.ref)
+
+
+def vips_source(obj: RemoteObject):
+    """A libvips source over ``obj`` (its own position): libvips' loaders read the remote
+    object as they read a file, so its pixels are the local file's, bit for bit. A fault the
+    reads meet is kept on the source (``source.fault``): libvips only says it failed."""
+    import pyvips
+
+    f = obj.file()
+    source = pyvips.SourceCustom()
+    source.fault = None
+
+    def on_read(size: int) -> bytes:
+        try:
+            return f.read(size)
+        except CytoError as exc:
+            source.fault = exc
+            raise
+
+    source.on_read(on_read)
+    source.on_seek(lambda offset, whence: f.seek(offset, whence))
+    return source
+
+
+_OPEN: dict[tuple, RemoteObject] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def open_object(ref: SlideURL) -> RemoteObject:
+    """The :class:`RemoteObject` of ``ref`` in this process: opened once (one request for its
+    version), then shared by its readers (one block cache). A fork starts afresh."""
+    key = (os.getpid(), ref.url, json.dumps(ref.options, sort_keys=True, default=str))
+    with _OPEN_LOCK:
+        obj = _OPEN.get(key)
+    if obj is None:
+        obj = RemoteObject(ref)
+        with _OPEN_LOCK:
+            _OPEN[key] = obj
+    return obj
+
+
+def forget(ref: SlideURL) -> None:
+    """Drop this process's open object of ``ref``: the next open asks the server again."""
+    with _OPEN_LOCK:
+        for key in [k for k in _OPEN if k[1] == ref.url]:
+            del _OPEN[key]
+
+
+def remote_identity(ref: SlideURL) -> str:
+    """:meth:`RemoteObject.identity` asked of the server now (not from an open object)."""
+    forget(ref)
+    return open_object(ref).identity()
+
+
+def list_prefix(ref: SlideURL, suffixes: tuple[str, ...]) -> list[SlideURL]:
+    """The slides under a prefix ``s3://bucket/slides/``: its objects ending in ``suffixes``."""
+    fs, path, _ = _filesystem(ref)
+    probe = RemoteObject.__new__(RemoteObject)
+    probe.ref, probe._said_retry = ref, False
+    names = probe._call(lambda: fs.find(path.rstrip("/")), "list")
+    scheme = ref.scheme
+    out = [
+        SlideURL(f"{scheme}://{n}", ref.options, ref.download)
+        for n in sorted(names)
+        if n.lower().endswith(suffixes)
+    ]
+    if not out:
+        raise InputPathError(f"{ref} holds no slide (looked for {', '.join(suffixes)})")
+    return out
+
+
+def download(obj: RemoteObject, chunk: int = 8 << 20):
+    """A local copy of ``obj`` in cyto's cache (``--download``), named by its identity, so a
+    changed object is fetched again and an unchanged one once; written under a temporary name
+    and renamed, each range pinned to the version opened."""
+    from pathlib import Path
+
+    from cyto import cache_dir
+
+    folder = Path(cache_dir()) / "remote" / obj.identity()[:24]
+    target = folder / (obj.ref.name or "slide")
+    if target.is_file() and target.stat().st_size == obj.size:
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{target.name}.{os.getpid()}.part"
+    try:
+        with open(tmp, "wb") as fh:
+            for start in range(0, obj.size, chunk):
+                fh.write(obj._fetch(start, min(start + chunk, obj.size)))
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target

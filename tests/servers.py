@@ -1,0 +1,238 @@
+"""Real servers for the remote-slide tests, started on loopback by the tests and stopped after.
+
+- :func:`nginx`: the system nginx (Debian's ``nginx-light`` or ``nginx``) serving a folder with
+  range requests and ETags, logging each request's status and body bytes (what came over the
+  wire);
+- :func:`fault_server`: a small HTTP server of the tests' own that serves one file with range
+  requests and misbehaves on purpose (403, 404, a dropped connection, a stall), for the faults
+  nginx cannot be made to show.
+
+Where a server cannot be had, :func:`need` skips with the reason (``make test`` installs nginx
+with apt where it runs as root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen | None = None, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {seconds} s")
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None
+    )
+
+
+def need(what: str) -> None:
+    """Skip this test, with the reason, when the server ``what`` is not installed here."""
+    if what == "nginx" and nginx_binary() is None:
+        pytest.skip("nginx is not installed (apt install nginx-light; make test does it as root)")
+    if what == "moto":
+        import importlib.util
+
+        if importlib.util.find_spec("moto") is None or importlib.util.find_spec("s3fs") is None:
+            pytest.skip("moto's S3 server or s3fs is not installed (pip install -e '.[test]')")
+
+
+class Nginx:
+    """A running nginx: ``url`` is its root; :meth:`served` what it logged."""
+
+    def __init__(self, root: Path, work: Path) -> None:
+        self.root, self.work = Path(root), Path(work)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = self.work / "access.log"
+        user = "user root;" if os.geteuid() == 0 else ""  # workers read the tests' 0700 folders
+        temp = " ".join(
+            f"{k}_temp_path {self.work / k};" for k in ("client_body", "proxy", "fastcgi")
+        ) + " ".join(f" {k}_temp_path {self.work / k};" for k in ("uwsgi", "scgi"))
+        conf = f"""
+{user}
+daemon off;
+worker_processes 1;
+pid {self.work / "nginx.pid"};
+error_log {self.work / "error.log"} warn;
+events {{ worker_connections 64; }}
+http {{
+    log_format bytes '$status $body_bytes_sent "$request" "$http_if_match" "$http_range"';
+    access_log {self.log} bytes;
+    {temp}
+    server {{
+        listen 127.0.0.1:{self.port};
+        root {self.root};
+        location /forbidden/ {{ return 403; }}
+        location /private/ {{
+            if ($http_authorization != "Bearer s3cr3t-t0ken") {{ return 403; }}
+            alias {self.root}/;
+        }}
+    }}
+}}
+"""
+        (self.work / "nginx.conf").write_text(conf)
+        self.proc = subprocess.Popen(
+            [nginx_binary(), "-p", str(self.work), "-c", str(self.work / "nginx.conf")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            wait_port(self.port, self.proc)
+        except RuntimeError as exc:
+            self.stop()
+            raise RuntimeError(f"nginx did not start: {exc}: {self.errors()}") from exc
+
+    def errors(self) -> str:
+        f = self.work / "error.log"
+        return f.read_text() if f.is_file() else ""
+
+    def served(self) -> list[tuple[int, int, str, str]]:
+        """(status, body bytes, request line, If-Match) of each request so far."""
+        out = []
+        for line in self.log.read_text().splitlines() if self.log.is_file() else []:
+            status, size, rest = line.split(" ", 2)
+            request, if_match = rest.split('" "')[:2]
+            out.append((int(status), int(size), request.strip('"'), if_match.strip('"')))
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@contextlib.contextmanager
+def nginx(root: Path, work: Path):
+    """nginx serving ``root`` on a free loopback port (its files under ``work``), stopped
+    after."""
+    need("nginx")
+    work.mkdir(parents=True, exist_ok=True)
+    server = Nginx(root, work)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class FaultServer(ThreadingHTTPServer):
+    """Serves ``data`` at every path with range requests and an ETag, except as ``mode`` says:
+    ``ok``; ``403``/``404``; ``drop-once`` (the first range request's connection is closed
+    mid-answer, the next ones are served); ``stall`` (range requests are never answered);
+    ``change`` (after ``change_after`` range requests the object has another ETag)."""
+
+    daemon_threads = True
+
+    def __init__(self, data: bytes, mode: str = "ok", change_after: int = 3) -> None:
+        super().__init__(("127.0.0.1", 0), _FaultHandler)
+        self.data, self.mode, self.change_after = data, mode, change_after
+        self.ranges = 0
+        self.seen: list[str] = []  # every request line, with its query string
+        self.stop_event = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _FaultHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def _etag(self) -> str:
+        s: FaultServer = self.server  # type: ignore[assignment]
+        changed = s.mode == "change" and s.ranges >= s.change_after
+        return '"v2"' if changed else '"v1"'
+
+    def do_HEAD(self) -> None:
+        self._answer(head=True)
+
+    def do_GET(self) -> None:
+        self._answer(head=False)
+
+    def _answer(self, head: bool) -> None:
+        s: FaultServer = self.server  # type: ignore[assignment]
+        s.seen.append(self.requestline)
+        if s.mode in ("403", "404"):
+            self.send_response(int(s.mode))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        rng = self.headers.get("Range")
+        if rng and not head:
+            s.ranges += 1
+            if s.mode == "stall":
+                s.stop_event.wait(60)
+                return
+            if s.mode == "drop-once" and s.ranges == 1:
+                self.send_response(206)
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                self.wfile.write(b"x" * 10)
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)
+                self.close_connection = True
+                return
+            etag = self._etag()
+            wanted = self.headers.get("If-Match")
+            if wanted and wanted != etag:
+                self.send_response(412)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            a, b = rng.split("=", 1)[1].split("-")
+            a, b = int(a), min(int(b), len(s.data) - 1)
+            body = s.data[a : b + 1]
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {a}-{b}/{len(s.data)}")
+        else:
+            body = s.data
+            self.send_response(200)
+        self.send_header("ETag", self._etag())
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+
+@contextlib.contextmanager
+def fault_server(data: bytes, mode: str = "ok", change_after: int = 3):
+    server = FaultServer(data, mode, change_after)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.stop_event.set()
+        server.shutdown()
+        server.server_close()
