@@ -5,6 +5,7 @@ gives the same score table, cell for cell."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -13,7 +14,7 @@ import pytest
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.slides import open_slide
 from tests.cli_runner import run_cyto
-from tests.servers import nginx
+from tests.servers import fault_server, nginx
 
 pytestmark = pytest.mark.pyvips
 
@@ -73,3 +74,156 @@ def test_score_over_http_is_the_local_table(slide, http, exported_dsvdd, tmp_pat
         assert summary["slide"] == source if name == "http" else True
     assert tables["local"].num_rows > 20
     assert tables["http"].to_pydict() == tables["local"].to_pydict()
+
+
+def _score(source, model, out, *extra, **kw):
+    return run_cyto(
+        "score", *source, "--model", str(model), "--out", str(out), "--workers", "1", *extra, **kw
+    )
+
+
+def _everything_written(proc, out) -> str:
+    """stdout, stderr and every file under ``out`` (text or not), for the grep of secrets."""
+    parts = [proc.stdout, proc.stderr]
+    parts += [f.read_bytes().decode("latin-1") for f in out.rglob("*") if f.is_file()]
+    return "\n".join(parts)
+
+
+def test_a_changed_object_is_scored_again(slide, http, exported_dsvdd, tmp_path):
+    """The slide identity of a URL is its version: unchanged, --resume reuses the finished
+    result; replaced (a new ETag), it is scored again and never mixed with the old run."""
+    out, url = tmp_path / "out", f"{http.url}/s.tif"
+    first = _score([url], exported_dsvdd, out)
+    assert first.returncode == 0, first.stderr
+    before = json.loads((out / "s" / "summary.json").read_text())["slide_identity"]
+    again = _score([url], exported_dsvdd, out, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "already scored" in again.stdout
+    st = slide.stat()  # a new version: nginx's ETag is the time of change and size
+    os.utime(slide, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    changed = _score([url], exported_dsvdd, out, "--resume")
+    assert changed.returncode == 0, changed.stderr
+    assert "already scored" not in changed.stdout
+    assert "the slide file's content" in changed.stdout
+    after = json.loads((out / "s" / "summary.json").read_text())["slide_identity"]
+    assert after != before
+
+
+def test_an_object_that_changes_while_scored_stops_that_slide(slide, exported_dsvdd, tmp_path):
+    """An object replaced after the first range stops its slide in one line; nothing of the
+    run is kept (no output folder, no chunks)."""
+    out = tmp_path / "out"
+    with fault_server(slide.read_bytes(), "change", change_after=1) as server:
+        proc = _score([f"{server.url}/s.tif"], exported_dsvdd, out)
+    assert proc.returncode == 1
+    failed = [ln for ln in proc.stderr.splitlines() if ln.startswith("failed:")]
+    assert len(failed) == 1 and "changed while it was" in failed[0], proc.stderr
+    assert f"{server.url}/s.tif" in failed[0]
+    assert not (out / "s").exists()
+
+
+def test_403_and_404_are_one_line_each_naming_the_url(slide, exported_dsvdd, tmp_path):
+    data = slide.read_bytes()
+    with fault_server(data, "404") as missing, fault_server(data, "403") as denied:
+        urls = [f"{missing.url}/gone.tif", f"{denied.url}/locked.tif"]
+        proc = _score(urls, exported_dsvdd, tmp_path / "out")
+    assert proc.returncode == 2, proc.stderr
+    failed = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert failed == [
+        f"failed: {urls[0]}: not found (404)",
+        f"failed: {urls[1]}: access denied (403): check the credentials (environment, "
+        "profile, --storage-option, CYTO_BEARER_TOKEN)",
+    ]
+
+
+def test_a_dropped_connection_is_retried_and_said_once(slide):
+    """The first range's connection closes mid-answer: retried, said once, and the pixels
+    are the file's."""
+    local = open_slide(slide)
+    with fault_server(slide.read_bytes(), "drop-once") as server:
+        import logging
+
+        records: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda r: records.append(r.getMessage())
+        logging.getLogger("cyto.remote").addHandler(handler)
+        try:
+            remote = open_slide(f"{server.url}/drop.tif")
+            w, h = local.info.level_dims[0]
+            assert np.array_equal(remote.read_region(0, 0, w, h), local.read_region(0, 0, w, h))
+        finally:
+            logging.getLogger("cyto.remote").removeHandler(handler)
+    assert len(records) == 1 and "connection was dropped" in records[0], records
+    assert server.ranges >= 2
+
+
+def test_a_stalled_server_fails_its_slide_alone(slide, exported_dsvdd, tmp_path):
+    """A server that never answers a range is timed out (CYTO_REMOTE_TIMEOUT), retried and
+    given up: that slide fails in one line, and the cohort goes on."""
+    out = tmp_path / "out"
+    with fault_server(slide.read_bytes(), "stall") as server:
+        proc = _score(
+            [f"{server.url}/stalled.tif", str(slide)],
+            exported_dsvdd,
+            out,
+            env={"CYTO_REMOTE_TIMEOUT": "0.5"},
+        )
+    assert proc.returncode == 1, proc.stderr
+    failed = [ln for ln in proc.stderr.splitlines() if ln.startswith("failed:")]
+    assert failed == [
+        f"failed: {server.url}/stalled.tif: the server did not answer in time (4 tries); giving up"
+    ], proc.stderr
+    assert (out / "s" / "scores.parquet").is_file()
+
+
+def test_credentials_and_query_strings_are_never_printed(slide, http, exported_dsvdd, tmp_path):
+    """A bearer token (CYTO_BEARER_TOKEN) opens nginx's private folder, a query string rides
+    along; neither appears in any output, file or line, where the URL is printed without it.
+    A password in a URL's user info is not printed in its error either."""
+    out, token, sig = tmp_path / "out", "s3cr3t-t0ken", "sig-6f1e2d"
+    url = f"{http.url}/private/s.tif?X-Amz-Signature={sig}&X-Amz-Credential=AKIDEXAMPLE"
+    proc = _score([url], exported_dsvdd, out, env={"CYTO_BEARER_TOKEN": token})
+    assert proc.returncode == 0, proc.stderr
+    table = pq.read_table(out / "s" / "scores.parquet")
+    assert table.num_rows > 20
+    written = _everything_written(proc, out)
+    for secret in (token, sig, "AKIDEXAMPLE", "X-Amz"):
+        assert secret not in written
+    summary = json.loads((out / "s" / "summary.json").read_text())
+    assert summary["slide"] == f"{http.url}/private/s.tif"
+    assert any(sig in line for _, _, line, _ in http.served())  # it was sent to the server
+    denied = _score(
+        [f"http://user:pa55w0rd@127.0.0.1:{http.port}/forbidden/s.tif"],
+        exported_dsvdd,
+        tmp_path / "denied",
+    )
+    assert denied.returncode == 2
+    assert "pa55w0rd" not in _everything_written(denied, tmp_path)
+    assert f"failed: http://127.0.0.1:{http.port}/forbidden/s.tif: access denied" in denied.stderr
+
+
+@pytest.mark.openslide
+def test_a_format_that_needs_a_local_file_says_so_or_is_downloaded(tmp_path, monkeypatch):
+    """An NDPI by URL is refused in one line without --download; with it, a copy in cyto's
+    cache (named by the object's version) is read, the pixels the file's."""
+    from cyto.errors import UnsupportedSlideError
+    from cyto.slides.remote import SlideURL
+
+    served = tmp_path / "served"
+    write_slide(served / "n.ndpi", SlideSynthConfig(width=1024, height=512, seed=4), workers=0)
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    with nginx(served, tmp_path / "nginx") as server:
+        url = f"{server.url}/n.ndpi"
+        with pytest.raises(UnsupportedSlideError, match="pass --download"):
+            open_slide(url)
+        remote = open_slide(SlideURL(url, download=True))
+        local = open_slide(served / "n.ndpi")
+        try:
+            assert str(remote.info.path) == url
+            w, h = local.info.level_dims[0]
+            assert np.array_equal(remote.read_region(0, 0, w, h), local.read_region(0, 0, w, h))
+        finally:
+            remote.close()
+            local.close()
+    copies = list((tmp_path / "cache" / "remote").rglob("n.ndpi"))
+    assert len(copies) == 1 and copies[0].read_bytes() == (served / "n.ndpi").read_bytes()

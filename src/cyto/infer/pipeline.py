@@ -16,6 +16,7 @@ score and the burden estimate. Many slides: :mod:`cyto.cohort`.
 
 from __future__ import annotations
 
+import shutil
 import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -35,7 +36,7 @@ from cyto.progress import progress
 from cyto.runtime import Scorer, devices, load_scorer
 from cyto.slides import open_with_planes
 from cyto.slides.base import printable
-from cyto.slides.remote import slide_ref
+from cyto.slides.remote import SlideChangedError, pinned_ref, slide_ref
 
 
 def score_slide(
@@ -87,12 +88,20 @@ def _score_slide(slide: Path, model, out_dir: Path, opts, echo, metrics, pool, a
     t_start = time.perf_counter()
     # a bad slide or focal plane fails here, before any output folder exists
     reader, planes = open_with_planes(slide, opts.planes)
+    slide = pinned_ref(slide)  # a remote slide: this version only, in every process
     made = not out_dir.exists()
     try:
         with OutputLock(out_dir):
             return _score_locked(
                 slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start, pool, ahead
             )
+    except SlideChangedError:
+        # rows of two versions must never meet: this run's chunks go (a finished earlier
+        # result in the folder stays, and says which version it scored)
+        shutil.rmtree(out_dir / PARTIAL, ignore_errors=True)
+        if made:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     except OSError as exc:
         raise write_error(slide, out_dir, exc) from exc
     except BaseException:

@@ -94,9 +94,17 @@ class SlideURL:
     """A remote slide (see the module docstring). ``options``: fsspec storage options (never
     printed); ``download``: read through a local copy in cyto's cache (``--download``)."""
 
-    __slots__ = ("url", "options", "download", "_display")
+    __slots__ = ("url", "options", "download", "etag", "_display")
 
-    def __init__(self, url: str, options: dict | None = None, download: bool = False) -> None:
+    def __init__(
+        self,
+        url: str,
+        options: dict | None = None,
+        download: bool = False,
+        etag: str | None = None,
+    ) -> None:
+        """``etag``: the version a run pinned (:meth:`pinned`): an object found with another
+        is a :class:`SlideChangedError`."""
         scheme = _URL.match(url).group(1).lower() if _URL.match(url) else ""
         if scheme not in SCHEMES:
             raise InputPathError(
@@ -109,6 +117,7 @@ class SlideURL:
         self.url = url
         self.options = dict(options or {})
         self.download = download
+        self.etag = etag
         self._display = redact(url)
 
     # what the pipeline asks of a slide path
@@ -119,19 +128,23 @@ class SlideURL:
         return f"SlideURL({self._display!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, SlideURL) and other._display == self._display
+        return (
+            isinstance(other, SlideURL)
+            and other._display == self._display
+            and other.etag == self.etag
+        )
 
     def __hash__(self) -> int:
-        return hash(("SlideURL", self._display))
+        return hash(("SlideURL", self._display, self.etag))
 
     def __lt__(self, other: object) -> bool:
         return str(self) < str(other)
 
     def __getstate__(self):
-        return (self.url, self.options, self.download)
+        return (self.url, self.options, self.download, self.etag)
 
     def __setstate__(self, state) -> None:
-        self.url, self.options, self.download = state
+        self.url, self.options, self.download, self.etag = state
         self._display = redact(self.url)
 
     @property
@@ -169,8 +182,9 @@ class SlideURL:
     def is_file(self) -> bool:
         return not self.is_dir()
 
-    def with_download(self, download: bool) -> SlideURL:
-        return SlideURL(self.url, self.options, download)
+    def pinned(self, etag: str | None) -> SlideURL:
+        """This slide, to be read at version ``etag`` only (what one run reads)."""
+        return SlideURL(self.url, self.options, self.download, etag)
 
 
 def slide_ref(
@@ -183,7 +197,8 @@ def slide_ref(
     if isinstance(text, SlideURL):
         if options is None and not download:
             return text
-        return SlideURL(text.url, {**text.options, **(options or {})}, download or text.download)
+        opts = {**text.options, **(options or {})}
+        return SlideURL(text.url, opts, download or text.download, text.etag)
     if isinstance(text, os.PathLike):
         return Path(text)
     if _URL.match(str(text)):
@@ -299,7 +314,7 @@ class RemoteObject:
         self.fetched_bytes = 0  # bytes that came over the network
         self.requests = 0
         self._said_retry = False
-        info = self._call(lambda: self._fs.info(self._path, **self._info_kw()), "open")
+        info = self._call(self._info, "open")
         size = info.get("size")
         if info.get("type") == "directory" or size is None:
             raise InputPathError(f"{ref}: not an object (a folder, or a size the server hides)")
@@ -307,9 +322,26 @@ class RemoteObject:
         self.etag = info.get("ETag") or info.get("etag")
         self.version = self._version or info.get("VersionId") or None
         self.modified = str(info.get("LastModified") or info.get("Last-Modified") or "")
+        self.check_pin(ref)
 
-    def _info_kw(self) -> dict:
-        return {"version_id": self._version} if self._version else {}
+    def check_pin(self, ref: SlideURL) -> None:
+        """A run pinned to another version of the object than this one: it changed."""
+        if ref.etag is not None and ref.etag != self.etag:
+            raise SlideChangedError(
+                f"{ref}: the object changed while it was scored (ETag {ref.etag} when the run "
+                f"began, {self.etag} now); nothing of this run of it is kept: score it again"
+            )
+
+    def _info(self) -> dict:
+        kw = {"version_id": self._version} if self._version else {}
+        try:
+            return self._fs.info(self._path, **kw)
+        except FileNotFoundError:
+            if self.ref.scheme not in ("http", "https"):
+                raise
+            # fsspec says "not found" for any failed HEAD: one byte asked tells 403 from 404
+            self._fs.cat_file(self._path, start=0, end=1)
+            raise
 
     def identity(self) -> str:
         """The object's identity for resume and caches: its URL (printed form), size and
@@ -515,7 +547,16 @@ def open_object(ref: SlideURL) -> RemoteObject:
         obj = RemoteObject(ref)
         with _OPEN_LOCK:
             _OPEN[key] = obj
+    obj.check_pin(ref)
     return obj
+
+
+def pinned_ref(slide):
+    """``slide`` pinned to the version this process opened (:meth:`SlideURL.pinned`), so the
+    tile workers read that version or stop; a local path as it is."""
+    if not isinstance(slide, SlideURL) or slide.etag is not None:
+        return slide
+    return slide.pinned(open_object(slide).etag)
 
 
 def forget(ref: SlideURL) -> None:
@@ -526,8 +567,10 @@ def forget(ref: SlideURL) -> None:
 
 
 def remote_identity(ref: SlideURL) -> str:
-    """:meth:`RemoteObject.identity` asked of the server now (not from an open object)."""
-    forget(ref)
+    """:meth:`RemoteObject.identity`: of the version a run pinned, else asked of the server
+    now (not from an object opened earlier)."""
+    if ref.etag is None:
+        forget(ref)
     return open_object(ref).identity()
 
 
