@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_OUT ?= demo_out
 
-.PHONY: demo test docs system-deps browser-deps
+.PHONY: demo test docs system-deps browser-deps server-deps
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,7 @@ define apt_dep
 	fi
 endef
 HAS_VIPS := python3 -c "import ctypes.util,sys; sys.exit(0 if ctypes.util.find_library('vips') else 1)"
+HAS_NGINX := command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx
 HAS_CHROMIUM := command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1
 
 # libvips from Debian/Ubuntu gives pyvips its openslideload (NDPI, SVS, MRXS). Without apt or root,
@@ -40,6 +41,11 @@ system-deps:
 # downloaded at run time). Without apt or root they skip, saying why.
 browser-deps:
 	$(call apt_dep,browser-deps,$(HAS_CHROMIUM),chromium,the browser tests will skip)
+
+# The remote-slide tests serve slides from the system nginx (range requests, ETags), started by
+# the tests on loopback. Without apt or root they skip, saying why.
+server-deps:
+	$(call apt_dep,server-deps,$(HAS_NGINX),nginx-light,the nginx remote-slide tests will skip)
 
 # pip compiles every file it installs to bytecode, one at a time: about a minute of the install on
 # 2 cores for torch and the rest. compileall does the same work on every core (about 25 s). Files
@@ -84,7 +90,7 @@ LEFTOVERS = { ls -a "$${RAY_TMPDIR:-$${TMPDIR:-/tmp}}/ray/ray_current_cluster" 2
 # `make test TEST_WORKERS="-n 0"` runs it in one process (CONTRIBUTING.md, Tests).
 TEST_WORKERS ?= -n auto --maxprocesses 2 --dist loadscope
 
-test: system-deps browser-deps $(VENV)/.installed-test
+test: system-deps browser-deps server-deps $(VENV)/.installed-test
 	@set +e; before=$$(mktemp); after=$$(mktemp); $(LEFTOVERS) > $$before; \
 	$(PY) -m pytest -q $(TEST_WORKERS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi; \

@@ -236,3 +236,64 @@ def fault_server(data: bytes, mode: str = "ok", change_after: int = 3):
         server.stop_event.set()
         server.shutdown()
         server.server_close()
+
+
+class MotoS3:
+    """moto's standalone S3 server (what s3fs's own test suite runs), on a free loopback port:
+    ``endpoint`` is its URL; :meth:`client` a boto3 client on it."""
+
+    KEY, SECRET = "AKIAMOTOTESTKEY", "moto-secret-8d1f"  # moto takes any credentials
+
+    def __init__(self, work: Path) -> None:
+        import sys
+
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.log = open(work / "moto.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_port(self.port, self.proc, 60)
+
+    def env(self) -> dict:
+        """The standard AWS variables that point a client at this server."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.KEY,
+            "AWS_SECRET_ACCESS_KEY": self.SECRET,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.endpoint,
+        }
+
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.KEY,
+            aws_secret_access_key=self.SECRET,
+            region_name="us-east-1",
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@contextlib.contextmanager
+def moto_s3(work: Path):
+    need("moto")
+    work.mkdir(parents=True, exist_ok=True)
+    server = MotoS3(work)
+    try:
+        yield server
+    finally:
+        server.stop()
