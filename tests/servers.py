@@ -297,3 +297,65 @@ def moto_s3(work: Path):
         yield server
     finally:
         server.stop()
+
+
+class DelayingProxy:
+    """A TCP proxy on a free loopback port that holds each request ``delay`` seconds before
+    passing it on to ``127.0.0.1:target`` (answers pass straight back): a server ``delay``
+    further away, per request. ``url`` is its root."""
+
+    def __init__(self, target: int, delay: float) -> None:
+        import asyncio
+
+        self.target, self.delay = target, delay
+        self.loop = asyncio.new_event_loop()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        future = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._client, "127.0.0.1", self.port), self.loop
+        )
+        self.server = future.result(10)
+
+    async def _client(self, reader, writer) -> None:
+        import asyncio
+
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.close()
+            return
+
+        async def requests() -> None:  # client -> server, each chunk held ``delay``
+            while data := await reader.read(65536):
+                await asyncio.sleep(self.delay)
+                up_writer.write(data)
+                await up_writer.drain()
+            up_writer.close()
+
+        async def answers() -> None:
+            while data := await up_reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        with contextlib.suppress(OSError, ConnectionError):
+            await asyncio.gather(requests(), answers())
+
+    def stop(self) -> None:
+        import asyncio
+
+        self.server.close()
+        asyncio.run_coroutine_threadsafe(self.server.wait_closed(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@contextlib.contextmanager
+def delaying_proxy(target: int, delay: float):
+    proxy = DelayingProxy(target, delay)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()

@@ -73,7 +73,8 @@ def score_slide(
     ``summary.json``, and the error-controlled flags when the bundle is calibrated).
 
     Args:
-        slide: the slide file (``.ndpi``, ``.svs``, ``.tif``, ...).
+        slide: the slide file (``.ndpi``, ``.svs``, ``.tif``, ...), or its URL (``s3://``,
+            ``gs://``, ``https://``: read in place; docs/how-to/remote-slides.md).
         model: a bundle path, or a scorer from :func:`load_model` (loaded once, reused across
             slides).
         out: the output folder of this slide (one writer per folder).
@@ -100,6 +101,7 @@ def score_slide(
     from cyto.errors import ConfigError
     from cyto.infer.options import ScoreOptions
     from cyto.infer.pipeline import score_slide as run
+    from cyto.slides.remote import slide_ref
 
     known = [f.name for f in fields(ScoreOptions)]
     unknown = sorted(set(options) - set(known))
@@ -109,7 +111,8 @@ def score_slide(
         )
     out = Path(out)
     model = model if not isinstance(model, str) else Path(model)
-    run(Path(slide), model, out, ScoreOptions(**options), echo=echo or (lambda _line: None))
+    # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
+    run(slide_ref(slide), model, out, ScoreOptions(**options), echo=echo or (lambda _line: None))
     return pq.read_table(out / "scores.parquet")
 
 

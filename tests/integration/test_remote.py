@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -61,12 +62,17 @@ def test_remote_tiff_reads_as_the_file(slide, http):
 
 def test_score_over_http_is_the_local_table(slide, http, exported_dsvdd, tmp_path):
     """`cyto score http://...` writes the table `cyto score FILE` writes, cell for cell; the
-    summary names the URL and the slide's remote identity."""
+    summary names the URL. The plan and two tile workers share the blocks they fetch: the
+    bytes over the wire are the file's at most once (no level read twice), and none of them
+    stays in cyto's cache after the run."""
     tables = {}
+    before = len(http.served())
     for name, source in (("local", str(slide)), ("http", f"{http.url}/s.tif")):
         out = tmp_path / name
         proc = run_cyto(
-            "score", source, "--model", str(exported_dsvdd), "--out", str(out), "--workers", "1"
+            *("score", source, "--model", str(exported_dsvdd), "--out", str(out)),
+            *("--workers", "2"),
+            process=True,  # its own process: no object this test process opened before
         )
         assert proc.returncode == 0, proc.stderr
         tables[name] = pq.read_table(out / "s" / "scores.parquet")
@@ -74,6 +80,10 @@ def test_score_over_http_is_the_local_table(slide, http, exported_dsvdd, tmp_pat
         assert summary["slide"] == source if name == "http" else True
     assert tables["local"].num_rows > 20
     assert tables["http"].to_pydict() == tables["local"].to_pydict()
+    fetched = sum(size for _, size, *_ in http.served()[before:])
+    assert 0 < fetched <= slide.stat().st_size
+    blocks = Path(os.environ["CYTO_CACHE_DIR"]) / "remote-blocks"
+    assert not blocks.is_dir() or not any(blocks.rglob("*.blk"))
 
 
 def _score(source, model, out, *extra, **kw):
@@ -250,9 +260,7 @@ def test_s3_slide_reads_as_the_file_with_storage_options(slide, s3, monkeypatch)
 
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name, raising=False)
-    options = parse_options(
-        [f"endpoint_url={s3.endpoint}", f"key={s3.KEY}", f"secret={s3.SECRET}"]
-    )
+    options = parse_options([f"endpoint_url={s3.endpoint}", f"key={s3.KEY}", f"secret={s3.SECRET}"])
     assert slide_files([SlideURL("s3://slides/cohort/", options)]) == [
         SlideURL("s3://slides/cohort/s.tif", options)
     ]

@@ -36,7 +36,7 @@ from cyto.progress import progress
 from cyto.runtime import Scorer, devices, load_scorer
 from cyto.slides import open_with_planes
 from cyto.slides.base import printable
-from cyto.slides.remote import SlideChangedError, pinned_ref, slide_ref
+from cyto.slides.remote import SlideChangedError, drop_blocks, pinned_ref, slide_ref
 
 
 def score_slide(
@@ -111,6 +111,7 @@ def _score_slide(slide: Path, model, out_dir: Path, opts, echo, metrics, pool, a
         raise
     finally:
         reader.close()
+        drop_blocks(slide)
 
 
 def write_error(slide: Path, out_dir: Path, exc: OSError) -> OutputWriteError:

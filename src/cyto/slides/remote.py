@@ -27,6 +27,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from cyto.errors import (
@@ -47,6 +48,10 @@ DEFAULT_TIMEOUT = 30.0
 TRIES = 4  # one request and three retries, 0.25 s, 0.5 s and 1 s apart
 BLOCK = 256 << 10  # bytes fetched per block: a few tiles of a JPEG-tiled slide
 CACHE_BYTES = 64 << 20  # the block cache of one open slide (per process)
+#: the blocks shared by the processes that read one slide (the plan and the tile workers),
+#: on disk in cyto's cache under the object's identity, at most this many bytes in all
+SHARED_BYTES_ENV = "CYTO_REMOTE_BLOCKS_MB"
+SHARED_BYTES = 256 << 20
 
 log = logging.getLogger("cyto.remote")
 
@@ -323,6 +328,17 @@ class RemoteObject:
         self.version = self._version or info.get("VersionId") or None
         self.modified = str(info.get("LastModified") or info.get("Last-Modified") or "")
         self.check_pin(ref)
+        self._shared: Path | None = None
+
+    def shared(self) -> Path:
+        """The folder of this version's blocks that every process reading it shares: a tile
+        the plan read is not fetched again by a worker, nor a block by two workers."""
+        if self._shared is None:
+            from cyto import cache_dir
+
+            self._shared = Path(cache_dir()) / "remote-blocks" / self.identity()[:32]
+            self._shared.mkdir(parents=True, exist_ok=True)
+        return self._shared
 
     def check_pin(self, ref: SlideURL) -> None:
         """A run pinned to another version of the object than this one: it changed."""
@@ -445,19 +461,9 @@ class RemoteObject:
         first, last = start // self.block, (end - 1) // self.block
         with self._lock:
             missing = [b for b in range(first, last + 1) if b not in self._blocks]
-            if missing:  # contiguous missing blocks in one request
-                runs: list[list[int]] = []
-                for b in missing:
-                    if runs and runs[-1][-1] == b - 1:
-                        runs[-1].append(b)
-                    else:
-                        runs.append([b])
-                for run in runs:
-                    lo = run[0] * self.block
-                    hi = min((run[-1] + 1) * self.block, self.size)
-                    data = self._fetch(lo, hi)
-                    for i, b in enumerate(run):
-                        self._blocks[b] = data[i * self.block : (i + 1) * self.block]
+            missing = [b for b in missing if not self._from_shared(b)]
+            for run in _runs(missing):  # contiguous missing blocks in one request
+                self._fetch_run(run)
             parts = []
             for b in range(first, last + 1):
                 self._blocks.move_to_end(b)
@@ -468,9 +474,82 @@ class RemoteObject:
         off = start - first * self.block
         return data[off : off + end - start]
 
+    def _from_shared(self, b: int) -> bool:
+        """Block ``b`` from the shared folder into this process's cache, if it is there."""
+        try:
+            self._blocks[b] = (self.shared() / f"{b}.blk").read_bytes()
+        except OSError:
+            return False
+        return True
+
+    def _fetch_run(self, run: list[int]) -> None:
+        """Fetch contiguous blocks in one request and share them. A block another process is
+        fetching (its lock file exists) is waited for, at most the time of one request, not
+        fetched twice."""
+        folder = self.shared()
+        mine = []
+        for b in run:
+            try:
+                fd = os.open(folder / f"{b}.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                os.close(fd)
+                mine.append(b)
+            except FileExistsError:
+                deadline = time.monotonic() + timeout()
+                while time.monotonic() < deadline and (folder / f"{b}.lock").exists():
+                    time.sleep(0.005)
+                if not self._from_shared(b):
+                    mine.append(b)  # its fetcher failed or gave up: fetched here
+            except OSError:
+                mine.append(b)
+        try:
+            for part in _runs(mine):
+                lo = part[0] * self.block
+                hi = min((part[-1] + 1) * self.block, self.size)
+                data = self._fetch(lo, hi)
+                for i, b in enumerate(part):
+                    block = data[i * self.block : (i + 1) * self.block]
+                    self._blocks[b] = block
+                    tmp = folder / f".{b}.{os.getpid()}.tmp"
+                    try:
+                        tmp.write_bytes(block)
+                        os.replace(tmp, folder / f"{b}.blk")
+                    except OSError:
+                        tmp.unlink(missing_ok=True)
+        finally:
+            for b in mine:
+                (folder / f"{b}.lock").unlink(missing_ok=True)
+        _bound_shared(folder.parent)
+
     def file(self) -> RemoteIO:
         """A seekable binary file over this object (for tifffile and libvips)."""
         return RemoteIO(self)
+
+
+def _runs(blocks: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for b in sorted(blocks):
+        if runs and runs[-1][-1] == b - 1:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    return runs
+
+
+def _bound_shared(root: Path) -> None:
+    """Keep the shared blocks of every slide under ``CYTO_REMOTE_BLOCKS_MB`` (default 256),
+    the least recently written going first."""
+    raw = os.environ.get(SHARED_BYTES_ENV)
+    limit = int(float(raw) * (1 << 20)) if raw else SHARED_BYTES
+    try:
+        files = [(f.stat().st_mtime_ns, f.stat().st_size, f) for f in root.glob("*/*.blk")]
+    except OSError:
+        return
+    total = sum(size for _, size, _ in files)
+    for _, size, f in sorted(files):
+        if total <= limit:
+            break
+        f.unlink(missing_ok=True)
+        total -= size
 
 
 class RemoteIO(io.RawIOBase):
@@ -564,6 +643,21 @@ def forget(ref: SlideURL) -> None:
     with _OPEN_LOCK:
         for key in [k for k in _OPEN if k[1] == ref.url]:
             del _OPEN[key]
+
+
+def drop_blocks(slide) -> None:
+    """Remove the shared blocks of a remote slide this process opened, once its run is over:
+    nothing of a slide stays on disk after it is scored (a crash leaves them to the bound)."""
+    import shutil
+
+    if not isinstance(slide, SlideURL):
+        return
+    with _OPEN_LOCK:
+        objs = [o for k, o in _OPEN.items() if k[1] == slide.url]
+    for obj in objs:
+        if obj._shared is not None:
+            shutil.rmtree(obj._shared, ignore_errors=True)
+            obj._shared = None
 
 
 def remote_identity(ref: SlideURL) -> str:
