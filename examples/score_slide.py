@@ -83,9 +83,12 @@ def main() -> None:
     def near_planted(x: float, y: float) -> bool:
         return any((x - px) ** 2 + (y - py) ** 2 <= 20**2 for px, py in planted)
 
-    # the rank follows fused_score (the model's score fused with the nucleus size's) when the
-    # bundle ranks by model+nucleus, else the score
-    ranked_by = "fused_score" if "fused_score" in table.column_names else "score"
+    # the rank follows the column of the ranking the run used (--rank-by: the model's score,
+    # the morphometric score or their fusion), named in the table's metadata
+    from cyto.eval.scores import ranked_column
+
+    rank_by = table.schema.metadata[b"cyto.rank_by"].decode()
+    ranked_by = ranked_column(table.column_names, rank_by)
     print(f"the ten most abnormal-looking cells (ranked by {ranked_by}):")
     for row in table.sort_by("rank").slice(0, 10).to_pylist():
         mark = "planted abnormal" if near_planted(row["x"], row["y"]) else ""

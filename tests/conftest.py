@@ -213,8 +213,9 @@ def tiny(tmp_path_factory):
 def exported_dsvdd(tiny, tmp_path_factory) -> Path:
     """A small Deep SVDD bundle (1 seed, 1 view: a quarter of the four-view network's work per
     cell; ``exported_bundles`` keeps the views) trained on ``tiny`` and exported to ONNX. Like
-    one from `cyto train`, it records the training normals' nucleus size, so `cyto score` ranks
-    by the model fused with it by default (``--rank-by auto``)."""
+    one from `cyto train`, it records the training normals' morphometry, so `cyto score` scores
+    each cell's morphometric score beside the model's; with no held-back cells recorded, it
+    ranks by the model (``--rank-by auto``)."""
     from cyto.bundle import save_bundle
     from cyto.export.onnx import export_onnx
     from cyto.train.api import training_nuclei

@@ -266,7 +266,7 @@ def predict(
         device: as for :func:`load_model`.
         precision: as for :func:`load_model`.
         batch_size: patches per network call.
-        rank_by: ``model``, ``model+nucleus`` or ``auto``.
+        rank_by: ``model``, ``morphometry``, ``model+morphometry`` or ``auto``.
         overwrite: replace an existing ``out``.
         echo: where progress lines go (None: nowhere).
         **options: the other settings of ``cyto predict``: ``zoom``, ``patch_mpp``,

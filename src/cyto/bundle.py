@@ -128,6 +128,17 @@ class ModelSpec:
     #: the training normals' log centre-nucleus share, mean and sd (``log_mean``, ``log_sd``):
     #: the nucleus-size score ranked beside the model (cyto.data.morphometry); None before
     nucleus_size: dict[str, float] | None = None
+    #: the stain of the training cells (mgg, pap, he: cyto.data.morphometry.STAINS): which cell
+    #: mask measures their morphometry and which nucleus detection a slide gets by default
+    stain: str = "mgg"
+    #: the morphometric score of the training normals (cyto.data.morphometry.Morphometric)
+    morphometry: dict | None = None
+    #: how the model, the morphometric score and their fusion ranked the held-back cells
+    #: (``cyto train`` with abnormal classes): what ``--rank-by auto`` chooses from
+    validation: dict | None = None
+    #: the stain vectors estimated over the training cells (cyto.detect.stain): what another
+    #: lab's cells are checked against
+    stain_vectors: dict | None = None
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], where: object = "bundle") -> ModelSpec:
@@ -167,6 +178,10 @@ class ModelSpec:
                 nucleus_fraction=training.get("nucleus_fraction"),
                 centre_nucleus_fraction=training.get("centre_nucleus_fraction"),
                 nucleus_size=training.get("nucleus_size"),
+                stain=str(cfg.get("stain") or "mgg"),
+                morphometry=training.get("morphometry"),
+                validation=manifest.get("validation"),
+                stain_vectors=training.get("stain_vectors"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(

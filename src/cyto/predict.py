@@ -22,7 +22,7 @@ import numpy as np
 from cyto.bundle import atomic_write
 from cyto.data.dataset import PatchRecord, decode_stream, load_records, one_size, resolve_classes
 from cyto.data.images import resize_rgb
-from cyto.data.scale import nucleus_fraction, resolve_zoom, share_advice, zoom_patches
+from cyto.data.scale import resolve_zoom, share_advice, zoom_patches
 from cyto.errors import (
     ConfigError,
     DatasetError,
@@ -57,9 +57,11 @@ def predict(
     overwrite: bool = False,
     echo=print,
 ) -> dict[str, object]:
-    """Write ``out`` (Parquet): path, class, [label], score, rank (1 = most abnormal), and
-    under ``rank_by`` ``model+nucleus`` the nucleus-size score and the fused score the rank
-    follows (``nucleus_score``, ``fused_score``; :mod:`cyto.data.morphometry`).
+    """Write ``out`` (Parquet): path, class, [label], score, each cell's morphometry
+    (:data:`cyto.detect.morphometry.COLUMNS`), the bundle's morphometric score
+    (``morphometry_score``, where it records one), the fused score where the cells are ranked
+    by ``model+morphometry`` (``fused_score``), and rank (1 = most abnormal), which follows
+    ``rank_by`` (:mod:`cyto.data.morphometry`).
 
     ``zoom`` (a factor, or ``auto``) or ``patch_mpp`` bring patches of another scanner to the
     model's training scale first (:mod:`cyto.data.scale`); ``auto`` reads the folder once
@@ -67,11 +69,11 @@ def predict(
     ``resume`` continues a stopped run (see the module docstring); an existing ``out`` is
     replaced only with ``overwrite``."""
     from cyto.cohort.local import check_out_file
-    from cyto.data.morphometry import RANK_BY, resolve_rank_by, scorer_rank_by
+    from cyto.data.morphometry import RANK_BY, RANK_BY_ALIASES, resolve_rank_by, scorer_rank_by
     from cyto.runtime import load_scorer
 
-    if rank_by not in RANK_BY:
-        resolve_rank_by(rank_by, "", None)  # the one-line error, before the model loads
+    if RANK_BY_ALIASES.get(rank_by, rank_by) not in RANK_BY:
+        resolve_rank_by(rank_by, None, None)  # the one-line error, before the model loads
     out = Path(out)
     check_out_file(out)
     run = out.with_name(f".{out.name}.run")
@@ -83,7 +85,7 @@ def predict(
             "verification in its metadata; give a name ending in .parquet"
         )
     scorer = load_scorer(model, backend, device, precision, verify=verify)
-    rank_by, nucleus = scorer_rank_by(scorer, rank_by)
+    rank_by, morph = scorer_rank_by(scorer, rank_by)
     records, labels = _chosen(Path(data), normal, abnormal)
     size = scorer.bundle.manifest["config"].get("load_size")
     zooming = zoom is not None or patch_mpp is not None
@@ -94,7 +96,7 @@ def predict(
         "model": f"{scorer.bundle.manifest_hash} {scorer.backend.name} {scorer.precision}",
         "data": _records_key(records),
         "options": {"load": load, "zoom": zoom, "patch_mpp": patch_mpp, "rank_by": rank_by},
-        "format": "rows with each image's sha256",  # checked on resume (_changed_since)
+        "format": "rows with each image's sha256 and morphometry",  # checked on resume
     }
     lock = OutputLock(run, "cyto predict", "wait for it to finish, or give another --out")
     lock.acquire()  # two runs into one --out: the second is refused, never a mixed table
@@ -114,7 +116,7 @@ def predict(
             )
         else:
             factor, how = 1.0, "none"
-        job = _Job(scorer, nucleus, load, factor if zooming else None, batch_size, chunk)
+        job = _Job(scorer, load, factor if zooming else None, batch_size, chunk, patch_mpp)
         try:
             job.run(records, store, done, skip_unreadable, Path(data).name)
         except BaseException as exc:
@@ -131,16 +133,15 @@ def predict(
             raise InputPathError(f"no images to score in {data}")
         if labels is not None and not (labels[kept] == 0).any():
             raise DatasetError(f"no readable image of the normal class(es) {normal}")
-        column = {c: rows[c].to_numpy(zero_copy_only=False)[kept] for c in _NUMBERS}
+        column = {c: rows[c].to_numpy(zero_copy_only=False)[kept] for c in _numbers()}
         if not zooming:
-            advice = share_advice(scorer.spec.nucleus_fraction, column["share"])
+            advice = share_advice(scorer.spec.nucleus_fraction, column["scale_share"])
             if advice is not None:
                 warnings.warn(advice, ScaleWarning, stacklevel=2)
         summary = _write_table(
             out, model, scorer, [records[i] for i in kept],
-            None if labels is None else labels[kept], column["score"],
-            column["nucleus_score"] if nucleus is not None else None,
-            rank_by, factor, how, skipped,
+            None if labels is None else labels[kept], column, morph, rank_by, factor, how,
+            skipped,
         )  # fmt: skip
         store.remove()  # the table is whole: the chunks are not needed again
     finally:
@@ -165,16 +166,22 @@ def predict(
     return summary
 
 
-#: the numbers a chunk keeps per image (NaN for an image that could not be read)
-_NUMBERS = ("score", "nucleus_score", "share")
+def _numbers() -> tuple[str, ...]:
+    """The numbers a chunk keeps per image (NaN for an image that could not be read): the
+    model's score, the morphometry, and the share its scale is checked by."""
+    from cyto.detect.morphometry import COLUMNS
+
+    return ("score", *COLUMNS, "scale_share")
 
 
 class _Job:
     """Scores records chunk by chunk into a store: one row per record, read or skipped."""
 
-    def __init__(self, scorer, nucleus, load, factor, batch_size: int, chunk: int) -> None:
-        self.scorer, self.nucleus, self.load = scorer, nucleus, load
+    def __init__(self, scorer, load, factor, batch_size: int, chunk: int, patch_mpp) -> None:
+        self.scorer, self.load = scorer, load
         self.factor, self.batch_size, self.chunk = factor, batch_size, chunk
+        #: the patches' own pixel size: the one given, else the model's training patches'
+        self.mpp = patch_mpp or scorer.spec.mpp
 
     def patches(self, images: list[np.ndarray]) -> np.ndarray:
         """The chunk's images as the network takes them: zoomed, or at the load size."""
@@ -182,24 +189,41 @@ class _Job:
             return zoom_patches(images, self.factor, self.scorer.spec.crop_size)
         return np.stack([resize_rgb(im, self.load) if self.load else im for im in images])
 
+    def measures(self, batch: np.ndarray, sizes: list[tuple[int, int]]) -> dict[str, np.ndarray]:
+        """Each patch's morphometry (:mod:`cyto.detect.morphometry`) with the bundle's stain,
+        areas in um^2 where the patches' pixel size is known: a patch at the load size shows
+        its whole (squared) image, a zoomed one the centre 1 / zoom of it."""
+        from cyto.detect.morphometry import measure_stain
+
+        out = measure_stain(batch, None, self.scorer.spec.stain)
+        if self.mpp:
+            side = np.array(
+                [min(hw) / self.factor if self.factor is not None else max(hw) for hw in sizes]
+            )
+            out["nucleus_area_um2"] = np.where(
+                np.isnan(out["nucleus_od"]), np.nan, out["nucleus_share"] * (side * self.mpp) ** 2
+            )
+        return out
+
     def run(self, records, store: ChunkStore, done: int, skip: bool, name: str) -> None:
         """Score ``records`` from position ``done`` on, a chunk of rows into ``store`` each."""
         import pyarrow as pa
 
+        from cyto.detect.morphometry import scale_shares
         from cyto.progress import progress
 
         with progress(f"predict {name}", total=len(records), unit="images", done=done) as bar:
             for part in decode_stream(records[done:], self.load, skip, chunk=self.chunk):
                 read = np.zeros(part.n, dtype=bool)
                 read[np.asarray(part.index, dtype=np.int64) - part.start] = True
-                values = {c: np.full(part.n, np.nan) for c in _NUMBERS}
+                values = {c: np.full(part.n, np.nan) for c in _numbers()}
                 if part.images:
                     batch = self.patches(part.images)
                     values["score"][read] = self.scorer.score(batch, self.batch_size)
-                    if self.nucleus is not None:
-                        values["nucleus_score"][read] = self.nucleus.score(batch)
-                    if self.factor is None:
-                        values["share"][read] = nucleus_fraction(batch)  # for the scale advice
+                    for c, v in self.measures(batch, part.sizes).items():
+                        values[c][read] = v
+                    if self.factor is None:  # for the scale advice
+                        values["scale_share"][read] = scale_shares(batch, self.scorer.spec.stain)
                 why: list[str | None] = [None] * part.n
                 for at, (_, reason) in zip(np.flatnonzero(~read), part.skipped, strict=True):
                     why[at] = reason
@@ -228,21 +252,23 @@ def _zoom(store: ChunkStore, zoom, patch_mpp, spec, records, skip: bool, name: s
         return float(entry["factor"]), str(entry["how"])
     factor, how = resolve_zoom(
         zoom, patch_mpp, spec.mpp, spec.nucleus_fraction,
-        lambda: _nucleus_shares(records, spec.crop_size, skip, name),  # --zoom auto only
+        lambda: _nucleus_shares(records, spec.crop_size, spec.stain, skip, name),  # auto only
     )  # fmt: skip
     atomic_write(saved, json.dumps({"factor": factor, "how": how}).encode())
     return factor, how
 
 
-def _nucleus_shares(records, size: int, skip: bool, name: str) -> np.ndarray:
-    """The nucleus share of every readable patch at ``size``, chunk by chunk (``--zoom auto``)."""
+def _nucleus_shares(records, size: int, stain: str, skip: bool, name: str) -> np.ndarray:
+    """The nucleus share of every readable patch at ``size`` (:func:`scale_shares` with the
+    model's stain), chunk by chunk (``--zoom auto``)."""
+    from cyto.detect.morphometry import scale_shares
     from cyto.progress import progress
 
     out = []
     with progress(f"measure nuclei {name}", total=len(records), unit="images") as bar:
         for part in decode_stream(records, None, skip):
             if part.images:
-                out.append(nucleus_fraction(zoom_patches(part.images, 1.0, size)))
+                out.append(scale_shares(zoom_patches(part.images, 1.0, size), stain))
             bar.advance(part.n)
     return np.concatenate(out) if out else np.empty(0)
 
@@ -306,7 +332,7 @@ def _chosen(
 
 
 def _write_table(
-    out: Path, model: Path, scorer, records, labels, scores, nucleus_scores, rank_by: str,
+    out: Path, model: Path, scorer, records, labels, column: dict, morph, rank_by: str,
     factor: float, how: str, skipped: list,
 ) -> dict[str, object]:  # fmt: skip
     """Write the score table (at once: a stopped write leaves the last one) and return the
@@ -314,17 +340,22 @@ def _write_table(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from cyto.data.morphometry import fused_score
+    from cyto.data.morphometry import ranked_values
+    from cyto.detect.morphometry import COLUMNS
 
+    scores = column["score"]
     cols = {
         "path": [str(r.path) for r in records],
         "class": [r.cls for r in records],
         "score": scores,
+        **{c: column[c] for c in COLUMNS},
     }
-    ranked = scores
-    if nucleus_scores is not None:  # ranked by model+nucleus
-        cols["nucleus_score"] = nucleus_scores
-        ranked = cols["fused_score"] = fused_score(scores, nucleus_scores)
+    morph_scores = None
+    if morph is not None:
+        morph_scores = cols["morphometry_score"] = morph.score(column)
+    ranked = ranked_values(rank_by, scores, morph_scores)
+    if rank_by == "model+morphometry":
+        cols["fused_score"] = ranked
     order = np.argsort(-ranked, kind="stable")
     rank = np.empty(len(scores), dtype=np.int64)
     rank[order] = np.arange(1, len(scores) + 1)
@@ -366,4 +397,6 @@ def _write_table(
         summary["k"] = k
         if rank_by != "model":  # what the model alone gives, beside
             summary["auroc_model"] = float(roc_auc_score(labels, scores))
+        if morph_scores is not None and rank_by != "morphometry":
+            summary["auroc_morphometry"] = float(roc_auc_score(labels, morph_scores))
     return summary

@@ -89,10 +89,11 @@ def test_a_local_ray_cohort_equals_the_plain_run(
         (bad, str(expected), expected.exit_code)
     ]  # the error of a plain run, in one line
     _same_tables(plain, out, ["s0", "s1", "s2"])  # same cells, same ids, same scores
-    # ranked by the model fused with the nucleus size (the bundle records it), over the whole
-    # slide when its tiles were scored in parts
+    # ranked over the whole slide when its tiles were scored in parts, each cell's morphometric
+    # score (the bundle records it) beside
     merged = pq.read_table(out / "s0" / "scores.parquet")
-    assert merged["nucleus_score"].null_count == 0 and "fused_score" in merged.column_names
+    assert merged["morphometry_score"].null_count == 0
+    assert sorted(merged["rank"].to_pylist()) == list(range(1, merged.num_rows + 1))
     by_slide = {Path(s["slide"]).stem: s for s in done}
     assert by_slide["s0"]["tiles"]["parts"] == 2  # 16 tiles in parts of 8, merged
     assert "parts" not in by_slide["s1"]["tiles"]

@@ -65,7 +65,7 @@ def score_table(n: int, seed: int = 0) -> pa.Table:
             "y": pa.array(rng.uniform(0, 30000, n)),
             "nucleus_area": pa.array(area),  # NaN, not null: both are left out
             "score": pa.array(score),
-            "nucleus_score": pa.array([None] * n, pa.float64()),
+            "morphometry_score": pa.array([None] * n, pa.float64()),
             "focal_plane_um": pa.array(np.where(np.arange(n) % 3 == 0, 1.0, 0.0)),
             "tile": pa.array(rng.integers(0, 900, n)),
             "rank": pa.array(rank),
@@ -131,7 +131,7 @@ def test_cells_are_qupath_detections_with_every_numeric_column(tmp_path):
         assert ("p_value" in m) == (row["p_value"] is not None)
         if row["p_value"] is not None:
             assert m["p_value"] == row["p_value"]
-        assert "nucleus_score" not in m and not {"x", "y", "slide_id", "quality"} & set(m)
+        assert "morphometry_score" not in m and not {"x", "y", "slide_id", "quality"} & set(m)
         assert ("nucleus_area" in m) == (not math.isnan(row["nucleus_area"]))
         # the nucleus: a circle around the centre of the nucleus's area (QuPath: the octagon's
         # bounds), or 16 px where the table gives none

@@ -64,13 +64,16 @@ def test_score_end_to_end(model, slide, tmp_path):
     n = table.num_rows
     assert abs(n - slide.n_cells) <= 0.25 * slide.n_cells  # about one detection per cell
     assert sorted(table["rank"].to_pylist()) == list(range(1, n + 1))
-    # a Deep SVDD bundle that records its training nuclei ranks by the model fused with the
-    # nucleus size (the default, --rank-by auto); the model's own score stays beside it
+    # a bundle that records its training normals' morphometry but no held-back cells ranks by
+    # the model (--rank-by auto); each cell's morphometry and morphometric score stand beside it
     summary = json.loads((folder / "summary.json").read_text())
-    assert summary["rank_by"] == "model+nucleus"
-    ranked = np.asarray(table["fused_score"])
+    assert summary["rank_by"] == "model"
+    ranked = np.asarray(table["score"])
     assert ranked[np.asarray(table["rank"]) == 1][0] == ranked.max()
     assert np.isfinite(np.asarray(table["score"])).all()
+    assert np.isfinite(np.asarray(table["morphometry_score"])).all()
+    area = np.asarray(table["nucleus_area_um2"], dtype=float)
+    assert np.isfinite(area).mean() > 0.9 and 10 < np.nanmedian(area) < 200
     meta = table.schema.metadata
     # the exported graph scores (ONNX Runtime or OpenVINO, as measured fastest), as summarised
     assert meta[b"cyto.method"] == b"dsvdd" and meta[b"cyto.backend"] in (b"onnx", b"openvino")
@@ -397,12 +400,12 @@ def test_peak_memory_does_not_grow_with_slide_size(model, tmp_path):
     assert peaks["tall"][2] > 3 * peaks["short"][2]
     assert peaks["tall"][0] - peaks["short"][0] < 60, peaks
     assert peaks["tall"][1] - peaks["short"][1] < 60, peaks
-    # the nucleus sizes of the fused ranking are measured in the worker, where the crops are
-    # cut, and equal those of a run without workers
+    # each cell's morphometry is measured in the worker, where the crops are cut, and equals
+    # that of a run without workers
     s = json.loads((tmp_path / "o" / "short" / "summary.json").read_text())
-    assert s["rank_by"] == "model+nucleus" and s["timings_s"]["nucleus"] > 0
+    assert s["timings_s"]["nucleus"] > 0
     here = _scored(model, slides["short"], tmp_path / "here")
-    for column in ("nucleus_score", "fused_score", "rank"):
+    for column in ("morphometry_score", "nucleus_area_um2", "nc_ratio", "rank"):
         np.testing.assert_array_equal(
             pq.read_table(tmp_path / "o" / "short" / "scores.parquet")[column],
             pq.read_table(here / "scores.parquet")[column],
@@ -453,14 +456,16 @@ def test_the_scoring_loop_trims_malloc_as_it_goes(model, slide, tmp_path, monkey
     assert len(calls) == 24
 
 
-def test_a_deep_svdd_bundle_ranks_cells_by_its_score_fused_with_the_nucleus_size(
+def test_the_ranking_is_what_the_held_back_cells_ranked_best_or_the_one_asked_for(
     tmp_path, synth_patches, slide, exported_bundles
 ):
-    """`cyto train` records the training normals' nucleus size; `cyto score` then scores every
-    cell's nucleus size too and, by default, ranks by the mean of the two ranks (the order
-    chosen on later bone-marrow files); `--rank-by model` ranks by the model alone, the same
-    model scores. A bundle from before has no nucleus scores and refuses `model+nucleus` before
-    any work."""
+    """`cyto train` with abnormal classes beside the normal ones holds back cells and records how
+    the model, the morphometric score and their fusion rank them; `cyto score` ranks by the best
+    of those by default (--rank-by auto), by any one of them when asked, always with the same
+    model scores and morphometry beside. A bundle of an earlier cyto records no morphometry, is
+    ranked by the model, and refuses a morphometric ranking before any work."""
+    from cyto.bundle import load_bundle
+    from cyto.data.morphometry import choose_ranking
     from cyto.train.api import train
 
     bundle = tmp_path / "m.cyto"
@@ -469,8 +474,10 @@ def test_a_deep_svdd_bundle_ranks_cells_by_its_score_fused_with_the_nucleus_size
         "dsvdd", synth_patches, bundle, normal="normal", preset="fast",
         overrides=["epochs=1", "ae_epochs=0", "n_seeds=1", "tta_views=orig"],
     )  # fmt: skip
+    validation = load_bundle(bundle, weights=False).spec.validation
+    assert validation["normal_cells"] == 24 and validation["abnormal_cells"] == 72
     tables, summaries = {}, {}
-    for how in ("auto", "model"):
+    for how in ("auto", "model", "morphometry", "model+morphometry"):
         proc = score_cli(
             slide.paths[0], bundle, tmp_path / how, "--workers", "0", "--mosaic", "0",
             "--truth", str(slide.ground_truth), "--rank-by", how,
@@ -478,31 +485,36 @@ def test_a_deep_svdd_bundle_ranks_cells_by_its_score_fused_with_the_nucleus_size
         assert proc.returncode == 0, proc.stderr
         tables[how] = pq.read_table(tmp_path / how / "s" / "scores.parquet")
         summaries[how] = json.loads((tmp_path / how / "s" / "summary.json").read_text())
-    fused, plain = tables["auto"], tables["model"]
-    assert summaries["auto"]["rank_by"] == "model+nucleus"
-    assert summaries["model"]["rank_by"] == "model"
-    # the model's scores are the same whatever ranks them; the nucleus sizes are measured only
-    # where they rank (they cost time per cell)
-    np.testing.assert_array_equal(np.asarray(fused["score"]), np.asarray(plain["score"]))
-    assert plain["nucleus_score"].null_count == plain.num_rows
-    sizes = np.asarray(fused["nucleus_score"])
-    assert np.isfinite(sizes).all() and sizes.std() > 0
-    order = np.argsort(np.asarray(fused["rank"]))
-    assert np.all(np.diff(np.asarray(fused["fused_score"])[order]) <= 0)
-    assert "fused_score" not in plain.column_names
-    assert np.all(np.diff(np.asarray(plain["score"])[np.argsort(np.asarray(plain["rank"]))]) <= 0)
-    assert not np.array_equal(np.asarray(fused["rank"]), np.asarray(plain["rank"]))
+    assert summaries["auto"]["rank_by"] == choose_ranking(validation)[0]
+    follows = {"model": "score", "morphometry": "morphometry_score",
+               "model+morphometry": "fused_score"}  # fmt: skip
+    for how, column in follows.items():
+        table = tables[how]
+        assert summaries[how]["rank_by"] == how
+        np.testing.assert_array_equal(
+            np.asarray(table["score"]), np.asarray(tables["model"]["score"])
+        )
+        np.testing.assert_array_equal(
+            np.asarray(table["nc_ratio"]), np.asarray(tables["model"]["nc_ratio"])
+        )
+        order = np.argsort(np.asarray(table["rank"]))
+        assert np.all(np.diff(np.asarray(table[column])[order]) <= 0), how
+        assert ("fused_score" in table.column_names) == (how == "model+morphometry")
     top = pq.read_table(tmp_path / "auto" / "s" / "topk.parquet")
-    assert top["cell_id"].to_pylist() == np.asarray(fused["cell_id"])[order][:400].tolist()
+    auto = tables["auto"]
+    order = np.argsort(np.asarray(auto["rank"]))
+    assert top["cell_id"].to_pylist() == np.asarray(auto["cell_id"])[order][:400].tolist()
 
-    # a bundle that records no nucleus size (as before): no nucleus scores, ranked by the model
+    # a bundle of an earlier cyto (no morphometry recorded): ranked by the model
     model = exported_bundles["dsvdd"]
     table = pq.read_table(_scored(model, slide, tmp_path / "old") / "scores.parquet")
-    assert table["nucleus_score"].null_count == table.num_rows
+    assert table["morphometry_score"].null_count == table.num_rows
+    assert np.isfinite(np.asarray(table["nucleus_area_um2"], dtype=float)).any()
     assert "fused_score" not in table.column_names
-    proc = score_cli(slide.paths[0], model, tmp_path / "refused", "--rank-by", "model+nucleus")
-    assert proc.returncode == 2 and "records no nucleus size" in proc.stderr
-    assert not (tmp_path / "refused").exists()
+    for how in ("morphometry", "model+nucleus"):
+        proc = score_cli(slide.paths[0], model, tmp_path / "refused", "--rank-by", how)
+        assert proc.returncode == 2 and "records no morphometry" in proc.stderr
+        assert not (tmp_path / "refused").exists()
 
 
 def _scored(model, slide, out):

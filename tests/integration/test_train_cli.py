@@ -42,7 +42,11 @@ def test_train_info_predict(tmp_path, synth_patches):
     assert proc.returncode == 0, proc.stderr
     assert "trained dsvdd" in proc.stdout
     n_normal = sum(1 for f in (synth_patches / "normal").iterdir() if f.is_file())
-    assert f"on {n_normal} normal images (of " in proc.stdout  # one-class: normals only
+    # one-class: normals only, the latest 20 % of them held back beside the abnormal cells
+    held = round(0.2 * n_normal)
+    assert f"on {n_normal - held} normal images (of " in proc.stdout
+    assert f"held-back cells ({held} normal, 72 abnormal) ranked at AUROC model " in proc.stdout
+    assert "--rank-by auto ranks by " in proc.stdout
     # trained without --set mpp: said now, not first when a slide's scale cannot be checked
     assert "no training resolution given" in proc.stdout and "--set mpp=" in proc.stdout
     assert not (tmp_path / "dsvdd.cyto.train-state").exists()  # cleaned after success
@@ -52,11 +56,13 @@ def test_train_info_predict(tmp_path, synth_patches):
     assert "dsvdd" in info.stdout and "higher = more abnormal" in info.stdout
     assert "checksums verified" in info.stdout
     assert "training resolution: not recorded" in info.stdout  # trained without --set mpp
-    assert "nucleus size of the training normals" in info.stdout and "by default" in info.stdout
+    assert "stain mgg; morphometry of the training normals: nucleus_share (both)" in info.stdout
+    assert "--rank-by auto ranks by " in info.stdout and "held-back cells" in info.stdout
     manifest = json.loads(run_cyto("info", str(out), "--json").stdout)
     assert manifest["config"]["epochs"] == 2 and manifest["config"]["backbone"] == "smallcnn"
     assert manifest["training_data"]["normal"] == ["normal"]
-    assert manifest["training_data"]["n_used"] == n_normal < manifest["training_data"]["n_images"]
+    assert manifest["training_data"]["n_used"] == n_normal - held
+    assert manifest["training_data"]["n_images"] == n_normal + 72
     assert set(manifest["files"]) == {"weights-encoder-seed0.safetensors", "scorer.npz"}
 
     scores = tmp_path / "s.parquet"
@@ -82,24 +88,31 @@ def test_train_info_predict(tmp_path, synth_patches):
     assert set(table.column_names) >= {"path", "class", "score", "rank", "label"}
     assert sorted(table["rank"].to_pylist()) == list(range(1, table.num_rows + 1))
     assert table.schema.metadata[b"cyto.method"] == b"dsvdd"
-    # a Deep SVDD bundle ranks by its score fused with the nucleus-size score (--rank-by auto)
-    size = manifest["training_data"]["nucleus_size"]
-    assert size["log_sd"] > 0 and size["log_mean"] < 0
-    assert "ranked by model+nucleus" in pred.stdout and "the model alone: AUROC" in pred.stdout
-    assert table.schema.metadata[b"cyto.rank_by"] == b"model+nucleus"
-    fused = np.asarray(table["fused_score"])
-    assert np.all(np.diff(fused[np.argsort(table["rank"])]) <= 0)  # rank 1 = highest fused
+    # ranked by what ranked the held-back cells best (--rank-by auto)
+    from cyto.data.morphometry import choose_ranking
+
+    how = choose_ranking(manifest["validation"])[0]
+    assert manifest["training_data"]["morphometry"]["stain"] == "mgg"
+    assert table.schema.metadata[b"cyto.rank_by"] == how.encode()
+    follows = {"model": "score", "morphometry": "morphometry_score"}.get(how, "fused_score")
+    ranked = np.asarray(table[follows])
+    assert np.all(np.diff(ranked[np.argsort(table["rank"])]) <= 0)  # rank 1 = highest
+    if how != "model":
+        assert f"ranked by {how}" in pred.stdout and "the model alone: AUROC" in pred.stdout
     model_rank = np.argsort(-np.asarray(table["score"]), kind="stable")
-    nucleus_rank = np.argsort(-np.asarray(table["nucleus_score"]), kind="stable")
-    assert fused[model_rank[0]] > 0.5 and fused[nucleus_rank[0]] > 0.5
     # cyto eval scores measures the ranking the table's rank follows, unless told a column
     said = {
         col: json.loads(run_cyto("eval", "scores", str(scores), "--json", *opt).stdout)[0]
-        for col, opt in (("fused", ()), ("model", ("--score-column", "score")))
+        for col, opt in (("ranked", ()), ("model", ("--score-column", "score")))
     }
-    aurocs = re.search(r"AUROC ([0-9.]+), .*the model alone: AUROC ([0-9.]+)", pred.stdout)
-    assert said["fused"]["auroc"] == pytest.approx(float(aurocs.group(1)), abs=6e-4)
-    assert said["model"]["auroc"] == pytest.approx(float(aurocs.group(2)), abs=6e-4)
+    assert said["ranked"]["auroc"] == pytest.approx(
+        float(re.search(r"; AUROC ([0-9.]+)", pred.stdout).group(1)), abs=6e-4
+    )
+    from sklearn.metrics import roc_auc_score
+
+    assert said["model"]["auroc"] == pytest.approx(
+        roc_auc_score(np.asarray(table["label"]), np.asarray(table["score"])), abs=1e-9
+    )
     plain = run_cyto(
         "predict", str(out), "--data", str(synth_patches), "--out", str(tmp_path / "m.pq"),
         "--rank-by", "model",

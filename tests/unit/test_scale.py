@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from cyto.data.scale import (
-    centre_nucleus_fraction,
     check_zoom,
     nucleus_fraction,
     resolve_zoom,
@@ -35,27 +34,6 @@ def test_the_nucleus_share_is_the_dark_area():
     assert nucleus_fraction(_cell(80, 14, dark=(150, 120, 170)))[0] == pytest.approx(
         nucleus_fraction(_cell(80, 14))[0], rel=0.02
     )
-
-
-def test_the_centre_share_leaves_the_neighbours_out():
-    """A crop from a smear holds neighbours: the whole-crop share counts them, the centre share
-    is the centred cell's alone and follows its size (the square of the zoom)."""
-    img = _cell(96, 10)
-    alone = centre_nucleus_fraction(img)[0]
-    assert alone == pytest.approx(np.pi * 10 * 10 / 96**2, rel=0.08)
-    crowded = img.copy()
-    for cy, cx in ((12, 12), (12, 84), (84, 48)):  # three neighbours, cut by the crop's edge
-        yy, xx = np.mgrid[:96, :96]
-        crowded[np.hypot(yy - cy, xx - cx) <= 9] = (70, 30, 110)
-    assert nucleus_fraction(crowded)[0] > 1.8 * nucleus_fraction(img)[0]
-    assert centre_nucleus_fraction(crowded)[0] == pytest.approx(alone, rel=0.01)
-    assert centre_nucleus_fraction(zoom_patch(crowded, 1.5))[0] == pytest.approx(
-        2.25 * alone, rel=0.08
-    )
-    # a cell off the centre window (an empty crop) counts 0
-    empty = np.full((96, 96, 3), 235, dtype=np.uint8)
-    empty[:10, :10] = (70, 30, 110)
-    assert centre_nucleus_fraction(empty)[0] == 0.0
 
 
 def test_zoom_magnifies_about_the_centre_and_keeps_the_size():

@@ -133,9 +133,9 @@ Download = Annotated[
 RankBy = Annotated[
     str,
     typer.Option(
-        help="What orders the cells: model (its score), model+nucleus (the mean of each "
-        "cell's rank under the model and under the distance of its nucleus size from the "
-        "training normals'; for Deep SVDD on later bone-marrow files: AUROC 0.774 -> 0.843), or "
-        "auto (model+nucleus for a Deep SVDD bundle that records the nucleus size, else model)."
+        help="What orders the cells: model (its score), morphometry (how far the cell's "
+        "morphometry lies from the training normals'), model+morphometry (the mean of each "
+        "cell's two ranks), or auto: what ranked the cells held back at training best (cyto "
+        "train with abnormal classes beside the normal ones), else the model."
     ),
 ]

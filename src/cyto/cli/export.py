@@ -74,19 +74,16 @@ def info_cmd(
         else "  training resolution: not recorded (trained without --set mpp); cyto score cannot "
         "check a slide's scale unless given --model-mpp"
     )
-    size = td.get("nucleus_size")
-    if size:
-        from cyto.data.morphometry import FUSED_METHODS
+    from cyto.data.morphometry import Morphometric, choose_ranking
 
-        how = (
-            "ranked with it by default"
-            if m["method"] in FUSED_METHODS
-            else "--rank-by model+nucleus ranks with it"
+    morph = Morphometric.from_record(td.get("morphometry"), td.get("nucleus_size"))
+    if morph is not None:
+        features = "; ".join(
+            f"{f.name} ({f.direction}) {f.mean:.3f} +- {f.sd:.3f}" for f in morph.features
         )
-        typer.echo(
-            f"  nucleus size of the training normals: log centre share {size['log_mean']:.3f} "
-            f"+- {size['log_sd']:.3f}; {how}"
-        )
+        typer.echo(f"  stain {morph.stain}; morphometry of the training normals: {features}")
+    how, why = choose_ranking(m.get("validation"))
+    typer.echo(f"  --rank-by auto ranks by {how}: {why}")
     if m.get("bag_check"):
         typer.echo(f"  {m['bag_check']['message']}")
     ref = m.get("refined_from")

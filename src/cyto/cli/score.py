@@ -14,10 +14,10 @@ from cyto.cli._app import Download, RankBy, SkipVerify, StorageOption, app
 def check_rank_by(model: Path, rank_by: str) -> None:
     """A --rank-by the bundle cannot take, refused before any slide (every cohort path)."""
     from cyto.bundle import load_bundle
-    from cyto.data.morphometry import NucleusSize, resolve_rank_by
+    from cyto.data.morphometry import Morphometric, resolve_rank_by
 
-    bundle = load_bundle(model, weights=False)
-    resolve_rank_by(rank_by, bundle.method, NucleusSize.from_record(bundle.spec.nucleus_size))
+    spec = load_bundle(model, weights=False).spec
+    resolve_rank_by(rank_by, Morphometric.of_spec(spec), spec.validation)
 
 
 @app.command("predict", short_help="Score every patch of a folder or manifest with a bundle.")
@@ -125,7 +125,7 @@ def predict_cmd(
             "this scale"
         )
     if res["rank_by"] != "model":
-        typer.echo(f"ranked by {res['rank_by']} (the model's and the nucleus-size score's ranks)")
+        typer.echo(f"ranked by {res['rank_by']} (cyto.data.morphometry; --rank-by)")
     line = f"scored {res['n']} patches -> {res['out']}"
     if "auroc" in res:
         line += f"; AUROC {res['auroc']:.3f}, Recall@{res['k']} {res['recall_at_k']:.3f}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,19 @@ class PatchRecord:
     cls: str
     bag: str | None = None
     bag_label: int | None = None
+
+
+_TRAILING_NUMBER = re.compile(r"(\d+)(?!.*\d)")
+
+
+def acquisition_key(path: str | Path) -> tuple[int, str]:
+    """Sort key of a cell file in acquisition order: the last number in its file name
+    (``LYT_00017.jpg`` -> 17), then the name; files without a number sort after numbered ones,
+    by name. Public cell sets are numbered in the order they were acquired, so this is the
+    nearest thing to a date (:mod:`cyto.eval.splits`)."""
+    stem = Path(path).stem
+    match = _TRAILING_NUMBER.search(stem)
+    return (int(match.group(1)) if match else np.iinfo(np.int64).max, stem)
 
 
 def scan_folder(root: Path) -> list[PatchRecord]:
@@ -310,15 +324,17 @@ def one_class_split(
     }
 
 
-def _decode_one(record: PatchRecord, size: int | None) -> tuple[np.ndarray, str]:
+def _decode_one(record: PatchRecord, size: int | None) -> tuple[np.ndarray, str, tuple[int, int]]:
+    """(image, sha256 of the file, the image's own height and width)."""
     try:
         data = record.path.read_bytes()
     except OSError as exc:
         raise UnreadableImageError(record.path, exc.strerror or str(exc)) from exc
     img = decode_image(data, record.path)
+    native = img.shape[:2]
     if size is not None:
         img = resize_rgb(img, size)
-    return img, hashlib.sha256(data).hexdigest()
+    return img, hashlib.sha256(data).hexdigest(), native
 
 
 @dataclass
@@ -333,6 +349,8 @@ class DecodedChunk:
     images: list[np.ndarray]
     digests: list[str]
     skipped: list[tuple[Path, str]]
+    #: each image's own (height, width), before any resize
+    sizes: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -389,6 +407,7 @@ def decode_stream(
                 out.index.append(i)
                 out.images.append(res[0])
                 out.digests.append(res[1])
+                out.sizes.append(res[2])
             yield out
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -409,6 +428,7 @@ def _decode_all(
     listed: list[np.ndarray] | None = None
     n = 0
     keep, skipped, digests = [], [], []
+    oblong: list[tuple[Path, tuple[int, int]]] = []
     with progress("read images", total=len(records), unit="images") as bar:
         for part in decode_stream(records, size, skip, workers, chunk=256):
             for im in part.images:
@@ -424,7 +444,22 @@ def _decode_all(
             digests += part.digests
             keep += part.index
             skipped += part.skipped
+            oblong += [
+                (r.path, hw)
+                for r, hw in zip(part.records, part.sizes, strict=True)
+                if hw[0] != hw[1]
+            ]
             bar.advance(part.n)
+    if oblong:
+        path, (h, w) = oblong[0]
+        log.warning(
+            "%d of %d images are not square (%s: %dx%d px, cut at the edge of its image?): %s",
+            len(oblong), len(records), path.name, w, h,
+            "each is padded to a square with its edge colour, never stretched"
+            if size is not None
+            else "they keep their size, so pass a load size (--set load_size=N) to pad them to "
+            "one square size",
+        )  # fmt: skip
     if listed is not None:
         return listed, keep, skipped, digests
     if stack is None:

@@ -58,8 +58,27 @@ def read_image(path: Path | str) -> np.ndarray:
     return decode_image(data, path)
 
 
+def square_rgb(img: np.ndarray) -> np.ndarray:
+    """A non-square image made square without resampling: centred on a canvas of its longer
+    side, filled with the median colour of its edge (the glass or cytoplasm around the cell).
+    A cell crop cut at the edge of its image (CRIC: 100 x 46 px and the like) keeps its cell's
+    shape and scale; stretched to a square, its nucleus grew 2x along one axis."""
+    h, w = img.shape[:2]
+    if h == w:
+        return img
+    side = max(h, w)
+    edge = np.concatenate([img[0], img[-1], img[:, 0], img[:, -1]])
+    canvas = np.empty((side, side, 3), dtype=np.uint8)
+    canvas[:] = np.median(edge, axis=0).astype(np.uint8)
+    y0, x0 = (side - h) // 2, (side - w) // 2
+    canvas[y0 : y0 + h, x0 : x0 + w] = img
+    return canvas
+
+
 def resize_rgb(img: np.ndarray, size: int) -> np.ndarray:
-    """Resize to ``size x size`` (area filter when shrinking, bicubic when enlarging)."""
+    """Resize to ``size x size`` (area filter when shrinking, bicubic when enlarging); a
+    non-square image is made square first (:func:`square_rgb`), never stretched."""
+    img = square_rgb(img)
     if img.shape[0] == size and img.shape[1] == size:
         return img
     shrink = img.shape[0] > size or img.shape[1] > size

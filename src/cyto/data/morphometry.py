@@ -1,19 +1,34 @@
-"""A one-class score without a network: how far a cell's nucleus size is from the normal cells'.
+"""A one-class score without a network, from the cells' morphometry, and ranking with it.
 
-Nuclear size is the oldest criterion of cytology: a blast, a promyelocyte or a monocyte has a
-larger nucleus than a lymphocyte, and an erythroblast's is smaller. :class:`NucleusSize` keeps two
-numbers of the training normals, the mean and the standard deviation of the log of the share of
-a patch covered by its centre nucleus (:func:`cyto.data.scale.centre_nucleus_fraction`), and
-scores a cell by how many standard deviations its own log share lies from that mean, on either
-side. It needs cells at the training scale (``--zoom``): the share of a patch grows with the
-square of the magnification.
+:class:`Morphometric` keeps, for each of a few morphometric features of the training normals
+(measured by :func:`cyto.detect.morphometry.measure`), their mean and standard deviation after a
+transform (the log of the nucleus's share of the crop, the logit of the N/C ratio), and scores a
+cell by how many standard deviations its features lie from the normals', summed over features:
+on either side (``both``), or only on the side the cytology criteria call abnormal (``up``:
+larger, denser, more irregular). It needs cells at the training scale (``--zoom``): a nucleus's
+share of its crop grows with the square of the magnification.
 
-Alone it ranks later bone-marrow files well and another lab's cells less well; beside Deep
-SVDD, as the mean of each cell's two ranks within the cells being ranked (:func:`fused_score`),
-it was chosen on the development blocks under a rule fixed before the runs (AUROC 0.812 ->
-0.877) and held on the final block of later files: AUROC 0.774 -> 0.843, Recall@5 % at WR 1 %
-3.4x -> 6.5x chance (``benchmarks/results/vm-2core/heldout/order/nucleus/``). ``cyto predict``
-and ``cyto score`` rank a Deep SVDD bundle's cells that way by default (``--rank-by``).
+Which features and sides come with the stain (:data:`MORPHOMETRY`), chosen on development blocks:
+
+* ``mgg`` (May-Grünwald-Giemsa marrow and blood): the nucleus's share, on both sides (a blast's
+  nucleus is larger than a lymphocyte's, an erythroblast's smaller). It ranked later bone-marrow
+  files well and, beside Deep SVDD, raised the fused ranking from AUROC 0.774 to 0.843 on the final
+  block (``benchmarks/results/vm-2core/heldout/order/nucleus/``).
+* ``pap`` (Papanicolaou, cervical): the nucleus's share, larger only (nuclear enlargement, the first
+  Bethesda criterion). On the CRIC development blocks it ranked NILM against ASC-US, LSIL and
+  ASC-H at AUROC 0.82 (two blocks); the N/C ratio, the contour, the optical density and a
+  Mahalanobis or k-nearest-neighbour score over all of them ranked worse (0.74-0.79), because
+  normal squamous cells vary in those more than the low-grade lesions differ from them
+  (``benchmarks/science/pap/``).
+* ``he``: as ``mgg``.
+
+Ranking (``--rank-by``): ``model``, ``morphometry``, or ``model+morphometry``, the mean of each
+cell's two ranks within the cells ranked together (:func:`fused_score`). ``auto`` takes what the
+bundle's held-back cells ranked best (:func:`choose_ranking`): ``cyto train`` holds back a share of
+the normal cells when the training folder also holds abnormal classes (``--abnormal``, never
+trained on by a one-class method), and records how each ranking ordered them; without that
+record, the model alone. A fusion is taken only where it ranked the held-back cells above both of
+its parts, so ``auto`` never fuses its way below the model.
 """
 
 from __future__ import annotations
@@ -22,67 +37,149 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cyto.data.scale import centre_nucleus_fraction
 from cyto.errors import ConfigError
 
-#: added to the share before its log, so a patch without a centre nucleus (share 0) scores far
-#: out but finite
+#: added to a share before its log, so a crop without a nucleus near its centre (share 0) scores
+#: far out but finite
 SHARE_FLOOR = 1e-3
 
-#: the methods whose cells ``--rank-by auto`` ranks by the fused score: those it was chosen for
-FUSED_METHODS = ("dsvdd",)
-RANK_BY = ("auto", "model", "model+nucleus")
+RANK_BY = ("auto", "model", "morphometry", "model+morphometry")
+#: earlier names of the rankings, still taken
+RANK_BY_ALIASES = {"model+nucleus": "model+morphometry"}
+#: the rankings a bundle's held-back cells compare (``validation`` in its manifest)
+RANKINGS = ("model", "morphometry", "model+morphometry")
+DIRECTIONS = ("both", "up", "down")
+STAINS = ("mgg", "pap", "he")
+#: the cell mask (:data:`cyto.detect.morphometry.CELL_MASKS`) each stain's cells are measured with
+MASK_OF_STAIN = {"mgg": "smear", "pap": "pap", "he": "tissue"}
+#: the features the morphometric score of each stain compares, and on which side (see the module)
+MORPHOMETRY: dict[str, tuple[tuple[str, str], ...]] = {
+    "mgg": (("nucleus_share", "both"),),
+    "pap": (("nucleus_share", "up"),),
+    "he": (("nucleus_share", "both"),),
+}
 
 
-def log_share(shares: np.ndarray) -> np.ndarray:
-    """(N,) log of centre-nucleus shares (plus :data:`SHARE_FLOOR`): what the score compares."""
-    return np.log(np.asarray(shares, dtype=np.float64) + SHARE_FLOOR)
+def _transform(name: str, values) -> np.ndarray:
+    v = np.asarray(values, dtype=np.float64)
+    if name == "nucleus_share":
+        return np.log(v + SHARE_FLOOR)
+    if name == "nc_ratio":
+        v = np.clip(v, 0.0, 1.0)
+        return np.log((v + 0.01) / (1.01 - v))
+    if name in ("nucleus_area_um2", "nucleus_od_ratio"):
+        return np.log(v + SHARE_FLOOR)
+    return v
 
 
 @dataclass(frozen=True)
-class NucleusSize:
-    """The nucleus-size score of cells against normal cells' mean and spread (see the module)."""
+class Feature:
+    """One feature of the score: its transform's mean and spread over the normals, and the side
+    that counts."""
 
+    name: str
+    direction: str
     mean: float
     sd: float
 
-    @classmethod
-    def fit(cls, normals: np.ndarray) -> NucleusSize:
-        """The mean and standard deviation of ``normals``' log centre-nucleus shares."""
-        return cls.from_shares(centre_nucleus_fraction(normals))
+
+@dataclass(frozen=True)
+class Morphometric:
+    """The morphometric one-class score (see the module): fit on normal cells' measures."""
+
+    stain: str
+    features: tuple[Feature, ...]
 
     @classmethod
-    def from_shares(cls, shares: np.ndarray) -> NucleusSize:
-        """:meth:`fit` from the normals' centre-nucleus shares already measured."""
-        if len(shares) < 2:
-            raise ConfigError(f"a nucleus-size score needs >= 2 normal cells, got {len(shares)}")
-        values = log_share(shares)
-        sd = float(values.std())
-        if not sd > 0:
-            raise ConfigError(
-                "the normal cells' nuclei all have the same size: no spread to score against "
-                "(are the patches blank or identical?)"
+    def fit(cls, measures: dict[str, np.ndarray], stain: str) -> Morphometric:
+        """The score of ``stain``'s features (:data:`MORPHOMETRY`) fitted on the normal cells'
+        ``measures`` (:func:`cyto.detect.morphometry.measure`)."""
+        if stain not in MORPHOMETRY:
+            raise ConfigError(f"stain must be one of {', '.join(STAINS)}, got {stain!r}")
+        fitted = []
+        for name, direction in MORPHOMETRY[stain]:
+            values = _transform(name, measures[name])
+            values = values[np.isfinite(values)]
+            if len(values) < 2:
+                raise ConfigError(
+                    f"a morphometric score needs >= 2 normal cells with a measured {name}, got "
+                    f"{len(values)} (are the patches blank, or at another scale?)"
+                )
+            sd = float(values.std())
+            if not sd > 1e-9 * max(1.0, abs(float(values.mean()))):  # rounding is no spread
+                raise ConfigError(
+                    f"the normal cells' {name} does not vary: no spread to score against "
+                    "(are the patches blank or identical?)"
+                )
+            fitted.append(Feature(name, direction, float(values.mean()), sd))
+        return cls(stain, tuple(fitted))
+
+    def score(self, measures: dict[str, np.ndarray]) -> np.ndarray:
+        """(N,) the summed standard deviations from the normals: higher is more abnormal. A
+        feature not measured for a cell (NaN) adds nothing."""
+        total = None
+        for f in self.features:
+            z = (_transform(f.name, measures[f.name]) - f.mean) / f.sd
+            if f.direction == "up":
+                z = np.maximum(z, 0.0)
+            elif f.direction == "down":
+                z = np.maximum(-z, 0.0)
+            else:
+                z = np.abs(z)
+            z = np.nan_to_num(z, nan=0.0)
+            total = z if total is None else total + z
+        return total
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.features)
+
+    def as_record(self) -> dict:
+        """What a bundle's manifest keeps (``training_data.morphometry``)."""
+        return {
+            "stain": self.stain,
+            "features": [
+                {
+                    "name": f.name,
+                    "direction": f.direction,
+                    "mean": round(f.mean, 6),
+                    "sd": round(f.sd, 6),
+                }
+                for f in self.features
+            ],
+        }
+
+    @classmethod
+    def of_spec(cls, spec) -> Morphometric | None:
+        """The score a bundle's model spec records (:class:`cyto.bundle.ModelSpec`), or None."""
+        return cls.from_record(spec.morphometry, spec.nucleus_size)
+
+    @classmethod
+    def from_record(
+        cls, record: dict | None, nucleus_size: dict | None = None
+    ) -> Morphometric | None:
+        """The score a manifest recorded; a bundle of an earlier cyto recorded the nucleus-size
+        score of MGG cells (``nucleus_size``: the mean and spread of the log centre share), the
+        same score under its old name. None when neither is recorded."""
+        if record:
+            return cls(
+                str(record["stain"]),
+                tuple(
+                    Feature(str(f["name"]), str(f["direction"]), float(f["mean"]), float(f["sd"]))
+                    for f in record["features"]
+                ),
             )
-        return cls(float(values.mean()), sd)
-
-    def score(self, images: np.ndarray) -> np.ndarray:
-        """(N,) |log share - mean| / sd: higher is further from the normal cells' sizes."""
-        return self.score_shares(centre_nucleus_fraction(images))
-
-    def score_shares(self, shares: np.ndarray) -> np.ndarray:
-        """:meth:`score` from centre-nucleus shares already measured."""
-        return np.abs(log_share(shares) - self.mean) / self.sd
-
-    def as_record(self) -> dict[str, float]:
-        """What a bundle's manifest keeps (``training_data.nucleus_size``)."""
-        return {"log_mean": round(self.mean, 6), "log_sd": round(self.sd, 6)}
-
-    @classmethod
-    def from_record(cls, record: dict | None) -> NucleusSize | None:
-        """The score a manifest recorded, or None (a bundle from before, or no normals)."""
-        if not record:
-            return None
-        return cls(float(record["log_mean"]), float(record["log_sd"]))
+        if nucleus_size:
+            return cls(
+                "mgg",
+                (
+                    Feature(
+                        "nucleus_share", "both", float(nucleus_size["log_mean"]),
+                        float(nucleus_size["log_sd"]),
+                    ),
+                ),
+            )  # fmt: skip
+        return None
 
 
 def fused_score(*scores: np.ndarray) -> np.ndarray:
@@ -97,26 +194,80 @@ def fused_score(*scores: np.ndarray) -> np.ndarray:
     return np.mean([rankdata(s) / n for s in scores], axis=0)
 
 
-def scorer_rank_by(scorer, rank_by: str) -> tuple[str, NucleusSize | None]:
-    """``rank_by`` resolved for a loaded scorer's bundle (:func:`resolve_rank_by`), and the
-    nucleus-size score to compute per cell (None when the ranking does not use it)."""
-    nucleus = NucleusSize.from_record(scorer.spec.nucleus_size)
-    how = resolve_rank_by(rank_by, scorer.bundle.method, nucleus)
-    return how, nucleus if how == "model+nucleus" else None
+def ranked_values(how: str, model: np.ndarray, morph: np.ndarray | None) -> np.ndarray:
+    """The values cells are ordered by under ranking ``how`` (:data:`RANKINGS`)."""
+    if how == "model":
+        return np.asarray(model, dtype=np.float64)
+    if morph is None:
+        raise ValueError(f"ranking {how!r} needs the morphometric score")
+    if how == "morphometry":
+        return np.asarray(morph, dtype=np.float64)
+    return fused_score(model, morph)
 
 
-def resolve_rank_by(rank_by: str, method: str, nucleus: NucleusSize | None) -> str:
-    """``model`` or ``model+nucleus`` for ``--rank-by``: ``auto`` fuses for the methods in
-    :data:`FUSED_METHODS` whose bundle records the nucleus size; an explicit
-    ``model+nucleus`` on a bundle without the record is a one-line error."""
+def validation_record(
+    labels: np.ndarray, model: np.ndarray, morph: np.ndarray | None, classes: dict[str, int]
+) -> dict:
+    """What ``cyto train`` records of its held-back cells: how many of each class, and the AUROC
+    of each ranking (:data:`RANKINGS`) over them (labels: 1 = abnormal)."""
+    from sklearn.metrics import roc_auc_score
+
+    labels = np.asarray(labels)
+    auroc = {}
+    for how in RANKINGS:
+        if how != "model" and morph is None:
+            continue
+        auroc[how] = round(float(roc_auc_score(labels, ranked_values(how, model, morph))), 6)
+    return {
+        "normal_cells": int((labels == 0).sum()),
+        "abnormal_cells": int((labels == 1).sum()),
+        "classes": dict(classes),
+        "auroc": auroc,
+    }
+
+
+def choose_ranking(validation: dict | None) -> tuple[str, str]:
+    """(ranking, why) for ``--rank-by auto``, recomputed from a bundle's held-back AUROCs each
+    time (a recorded choice is never read): the best of the rankings; the model's unless another
+    ranked the held-back cells strictly higher, and a fusion only above both of its parts."""
+    if not validation or not validation.get("auroc"):
+        return "model", "no held-back abnormal cells were recorded at training"
+    auroc = {k: float(v) for k, v in validation["auroc"].items() if k in RANKINGS}
+    if "model" not in auroc:
+        return "model", "the held-back record has no model AUROC"
+    best = "model"
+    if auroc.get("morphometry", -1.0) > auroc["model"]:
+        best = "morphometry"
+    fused = auroc.get("model+morphometry", -1.0)
+    if fused > auroc["model"] and fused > auroc.get("morphometry", -1.0):
+        best = "model+morphometry"
+    words = ", ".join(f"{k} {v:.3f}" for k, v in auroc.items())
+    return best, (
+        f"held-back cells ({validation.get('normal_cells')} normal, "
+        f"{validation.get('abnormal_cells')} abnormal) ranked at AUROC {words}"
+    )
+
+
+def resolve_rank_by(rank_by: str, morph: Morphometric | None, validation: dict | None) -> str:
+    """``model``, ``morphometry`` or ``model+morphometry`` for ``--rank-by``; an explicit ranking
+    that needs a morphometric score the bundle does not record is a one-line error."""
+    rank_by = RANK_BY_ALIASES.get(rank_by, rank_by)
     if rank_by not in RANK_BY:
         raise ConfigError(f"--rank-by must be one of {', '.join(RANK_BY)}, got {rank_by!r}")
     if rank_by == "auto":
-        return "model+nucleus" if method in FUSED_METHODS and nucleus is not None else "model"
-    if rank_by == "model+nucleus" and nucleus is None:
+        how = choose_ranking(validation)[0]
+        return how if how == "model" or morph is not None else "model"
+    if rank_by != "model" and morph is None:
         raise ConfigError(
-            "--rank-by model+nucleus: this bundle records no nucleus size of its training "
-            "normals (trained before cyto recorded it, or without normal cells); retrain it, or "
-            "rank by the model alone"
+            f"--rank-by {rank_by}: this bundle records no morphometry of its training normals "
+            "(trained before cyto recorded it, or without normal cells); retrain it, or rank by "
+            "the model alone"
         )
     return rank_by
+
+
+def scorer_rank_by(scorer, rank_by: str) -> tuple[str, Morphometric | None]:
+    """``rank_by`` resolved for a loaded scorer's bundle (:func:`resolve_rank_by`), and the
+    bundle's morphometric score (None when it records none): every table carries its score."""
+    morph = Morphometric.of_spec(scorer.spec)
+    return resolve_rank_by(rank_by, morph, scorer.spec.validation), morph

@@ -67,38 +67,6 @@ def nucleus_fraction(images: np.ndarray) -> np.ndarray:
     return out
 
 
-#: the centre nucleus is the nucleus component nearest a patch's centre within this share of
-#: its side (a detected cell's crop is centred on its nucleus)
-CENTRE_WINDOW = 0.15
-
-
-def centre_nucleus_fraction(images: np.ndarray) -> np.ndarray:
-    """(N,) share of each patch covered by its centre nucleus: the nucleus pixels (as in
-    :func:`nucleus_fraction`) connected to the one nearest the centre, 0 when none is near it.
-
-    Unlike :func:`nucleus_fraction` it leaves out the neighbours, so it follows the size of the
-    cell itself on a crop from a smear, where the whole-crop share is the smear's density of
-    nuclei: the same at any scale (synthetic slides at 0.6x, 1x and 1.5x the training scale:
-    whole-crop 0.25, 0.22, 0.21; centre 0.031, 0.070, 0.157 against the patches' 0.070)."""
-    from scipy import ndimage
-
-    images = _stack(images)
-    out = np.zeros(len(images), dtype=np.float64)
-    h, w = images.shape[1:3]
-    r = max(1, int(CENTRE_WINDOW * min(h, w)))
-    cy, cx = h // 2, w // 2
-    for i, img in enumerate(images):
-        od = _od(img)
-        mask = od > NUCLEUS_OD_SHARE * max(float(np.percentile(od, 99)), 1e-6)
-        labels, _ = ndimage.label(mask)
-        window = labels[max(0, cy - r) : cy + r + 1, max(0, cx - r) : cx + r + 1]
-        ys, xs = np.nonzero(window)
-        if len(ys):
-            near = np.argmin((ys + max(0, cy - r) - cy) ** 2 + (xs + max(0, cx - r) - cx) ** 2)
-            out[i] = float((labels == window[ys[near], xs[near]]).mean())
-    return out
-
-
 def zoom_from_nuclei(reference: float, images: np.ndarray) -> float:
     """The factor that gives ``images``' median nucleus area the training median ``reference``
     (areas scale with the square of the factor)."""

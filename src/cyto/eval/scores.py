@@ -9,10 +9,21 @@ import numpy as np
 from cyto.errors import InputPathError, first_line
 from cyto.eval.metrics import MetricError, all_metrics
 
+#: the column a cyto table's ``rank`` follows under each ranking (``--rank-by``)
+RANKED_COLUMN = {
+    "model": "score",
+    "morphometry": "morphometry_score",
+    "model+morphometry": "fused_score",
+    "model+nucleus": "fused_score",
+}
 
-def ranked_column(columns) -> str:
-    """The column a cyto table's ``rank`` follows: ``fused_score`` where cyto fused the model's
-    score with the nucleus-size score (``--rank-by``), else ``score``."""
+
+def ranked_column(columns, rank_by: str | None = None) -> str:
+    """The column a cyto table's ``rank`` follows: the one of its ranking (``rank_by``, its
+    ``cyto.rank_by`` metadata), else ``fused_score`` where there is one, else ``score``."""
+    column = RANKED_COLUMN.get(rank_by or "")
+    if column is not None and column in columns:
+        return column
     return "fused_score" if "fused_score" in columns else "score"
 
 
@@ -47,7 +58,9 @@ def read_score_table(path: Path, score_column: str, label_column: str):
     except (pa.ArrowException, OSError) as exc:
         raise InputPathError(f"cannot read {path} as Parquet or CSV: {exc}") from exc
     if score_column == "auto":
-        score_column = ranked_column(table.column_names)
+        meta = table.schema.metadata or {}
+        rank_by = meta.get(b"cyto.rank_by", b"").decode(errors="replace") or None
+        score_column = ranked_column(table.column_names, rank_by)
     for col in (score_column, label_column):
         if col not in table.column_names:
             raise MetricError(

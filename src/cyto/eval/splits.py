@@ -10,22 +10,13 @@ slides.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-_TRAILING_NUMBER = re.compile(r"(\d+)(?!.*\d)")
+from cyto.data.dataset import acquisition_key
 
-
-def acquisition_key(path: str | Path) -> tuple[int, str]:
-    """Sort key of a cell file in acquisition order: the last number in its file name
-    (``LYT_00017.jpg`` -> 17), then the name; files without a number sort after numbered ones,
-    by name."""
-    stem = Path(path).stem
-    match = _TRAILING_NUMBER.search(stem)
-    return (int(match.group(1)) if match else np.iinfo(np.int64).max, stem)
+__all__ = ["acquisition_key", "order_split", "stratified_split"]
 
 
 def stratified_split(

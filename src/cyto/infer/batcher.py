@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from cyto.data.morphometry import scorer_rank_by
+from cyto.detect.morphometry import COLUMNS as MORPHOMETRY_COLUMNS
 from cyto.infer.store import ChunkStore, schema
 from cyto.runtime import Scorer
 from cyto.runtime.lane import EngineLane
@@ -37,8 +38,8 @@ class CellBatcher:
         self.rows: list = []
         self.n_rows = 0
         self.write_s = 0.0
-        # the nucleus-size score of every cell, when the cells are ranked with it (--rank-by)
-        self.nucleus = scorer_rank_by(scorer, opts.rank_by)[1]
+        # the bundle's morphometric score of every cell, where it records one
+        self.morph = scorer_rank_by(scorer, opts.rank_by)[1]
 
     @property
     def engine_s(self) -> float:
@@ -82,18 +83,20 @@ class CellBatcher:
         tiles = np.concatenate([np.full(len(p["meta"]), p["tile"]) for p in self.pending])
         pending, self.pending = self.pending, []
         self.out_cells += len(meta)
-        nucleus = None
-        if self.nucleus is not None:  # the shares were measured where the crops were cut
-            nucleus = self.nucleus.score_shares(np.concatenate([p["shares"] for p in pending]))
-        for scores, tag in self.lane.submit(crops, (meta, tiles, nucleus)):
+        # the morphometry was measured where the crops were cut
+        measures = {
+            c: np.concatenate([_measured(p, c) for p in pending]) for c in MORPHOMETRY_COLUMNS
+        }
+        morph = None if self.morph is None else self.morph.score(measures)
+        for scores, tag in self.lane.submit(crops, (meta, tiles, measures, morph)):
             self._rows(scores, *tag)
 
-    def _rows(self, scores: np.ndarray, meta: np.ndarray, tiles: np.ndarray, nucleus) -> None:
+    def _rows(self, scores: np.ndarray, meta: np.ndarray, tiles: np.ndarray, measures, morph):
         import pyarrow as pa
 
         n = len(meta)
-        if nucleus is None:
-            nucleus = pa.nulls(n, pa.float64())
+        if morph is None:
+            morph = pa.nulls(n, pa.float64())
         self.out_cells -= n
         self.rows.append(
             pa.table(
@@ -105,9 +108,10 @@ class CellBatcher:
                     "nucleus_area": meta[:, 2],
                     "focal_plane_um": meta[:, 3],
                     "score": scores,
-                    "nucleus_score": nucleus,
+                    "morphometry_score": morph,
                     "tile": tiles,
                     "sharpness": meta[:, 4],
+                    **measures,
                 },
                 schema=schema(),
             )
@@ -134,3 +138,11 @@ class CellBatcher:
 
     def close(self) -> None:
         self.lane.close()
+
+
+def _measured(result: dict, column: str) -> np.ndarray:
+    """A tile result's morphometry column (NaN where its worker measured none)."""
+    measures = result.get("measures")
+    if measures is None:
+        return np.full(len(result["meta"]), np.nan)
+    return np.asarray(measures[column], dtype=np.float64)

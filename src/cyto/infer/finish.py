@@ -188,8 +188,9 @@ def few_cells_words(n_cells: int, n_tiles: int, slide_mpp, opts) -> str | None:
 
 
 def rank_by(scorer: Scorer, opts) -> str:
-    """``opts.rank_by`` resolved for ``scorer``'s bundle (``model`` or ``model+nucleus``), or
-    the one-line error: called before a slide is scored, so a bad choice costs nothing."""
+    """``opts.rank_by`` resolved for ``scorer``'s bundle (``model``, ``morphometry`` or
+    ``model+morphometry``), or the one-line error: called before a slide is scored, so a bad
+    choice costs nothing."""
     from cyto.data.morphometry import scorer_rank_by
 
     return scorer_rank_by(scorer, opts.rank_by)[0]
@@ -197,14 +198,14 @@ def rank_by(scorer: Scorer, opts) -> str:
 
 def _ranked_by(table, scores: np.ndarray, run: _Run) -> tuple[str, np.ndarray]:
     """What orders the cells (:func:`rank_by`) and the values it ranks by: the model's scores,
-    or their fused score with the nucleus-size score."""
-    from cyto.data.morphometry import fused_score
+    the morphometric score, or their fused score (:func:`cyto.data.morphometry.ranked_values`)."""
+    from cyto.data.morphometry import ranked_values
 
     how = rank_by(run.scorer, run.opts)
     if how == "model" or not len(scores):
         return how, scores
-    sizes = np.asarray(table["nucleus_score"].to_numpy(zero_copy_only=False), dtype=np.float64)
-    return how, fused_score(scores, sizes)
+    morph = table["morphometry_score"].to_numpy(zero_copy_only=False)
+    return how, ranked_values(how, scores, np.asarray(morph, dtype=np.float64))
 
 
 def _finish(table, run: _Run) -> dict:
@@ -216,7 +217,7 @@ def _finish(table, run: _Run) -> dict:
     n_cells = table.num_rows
     scores = np.asarray(table["score"], dtype=np.float64) if n_cells else np.empty(0)
     how, ranked = _ranked_by(table, scores, run)
-    if how == "model+nucleus":
+    if how == "model+morphometry":
         table = table.append_column("fused_score", pa.array(ranked))
     order, rank = ranks(ranked)
     table = table.append_column("rank", pa.array(rank))
@@ -235,6 +236,7 @@ def _finish(table, run: _Run) -> dict:
         table = table.append_column("label", pa.array(labels.astype(np.int8)))
         truth = truth_report(ranked, order, labels, truth_idx, planted, k, run.metrics)
     meta = table_metadata(run.scorer, run.slide, run.identity, timings, opts.result_key())
+    meta["cyto.rank_by"] = how  # what the rank follows (cyto eval scores reads it)
     # the folder stops reading as a finished run until this run's summary is written, last:
     # stopped while the outputs below are rewritten, it is scored again on --resume, never
     # taken for done with half of them; mosaics this run does not draw are another run's

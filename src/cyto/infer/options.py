@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cyto.bundle import PRECISIONS
-from cyto.data.morphometry import RANK_BY
+from cyto.data.morphometry import RANK_BY, RANK_BY_ALIASES
 from cyto.detect import NucleusParams
 from cyto.errors import ConfigError
 from cyto.runtime.backends import CHOICES
@@ -57,7 +57,7 @@ class ScoreOptions:
     triage_level: float = TRIAGE_LEVEL  # level of the slide test "more high-scoring cells"
     fdr_confidence: float | None = None  # FDR for this calibration with this probability
     verify: bool = True  # check the graph on the bundle's golden cells here before scoring
-    rank_by: str = "auto"  # model | model+nucleus | auto (cyto.data.morphometry)
+    rank_by: str = "auto"  # model | morphometry | model+morphometry | auto (cyto.data.morphometry)
     # the specimen-adequacy rule: a preset of cyto.stats.adequacy (none: no rule) or RULE.toml
     adequacy: str = "general"
     # the cells the burden and slide test count: evaluable (the adequacy's) | all
@@ -89,6 +89,7 @@ class ScoreOptions:
             raise ConfigError(
                 f"--overlap must be one of {', '.join(OVERLAP)}, got {self.overlap!r}"
             )
+        object.__setattr__(self, "rank_by", RANK_BY_ALIASES.get(self.rank_by, self.rank_by))
         if self.rank_by not in RANK_BY:
             raise ConfigError(
                 f"--rank-by must be one of {', '.join(RANK_BY)}, got {self.rank_by!r}"

@@ -246,19 +246,19 @@ def _check_crowding(
 
 
 def _nucleus_shares(tile: dict, scorer) -> np.ndarray:
-    """The centre nucleus share of each of a tile result's crops (host arrays, or tensors on the
-    decode device): as the worker measured them for the nucleus-size ranking, else measured
-    here; nothing when the bundle records no training share to compare them with."""
-    from cyto.data.scale import centre_nucleus_fraction
+    """The centre nucleus share of each of a tile result's crops, as the worker measured it with
+    the model's cell mask (:mod:`cyto.detect.morphometry`); nothing when the bundle records no
+    training share to compare them with."""
+    from cyto.detect.morphometry import measure_stain
 
     crops = tile["crops"]
     if not len(crops) or scorer.spec.centre_nucleus_fraction is None:
         return np.empty(0)
-    if tile.get("shares") is not None:
-        return tile["shares"]
+    if tile.get("measures") is not None:
+        return tile["measures"]["nucleus_share"]
     if hasattr(crops, "cpu"):
         crops = crops.cpu().numpy()
-    return centre_nucleus_fraction(crops)
+    return measure_stain(crops, None, scorer.spec.stain)["nucleus_share"]
 
 
 def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | None:

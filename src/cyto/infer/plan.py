@@ -150,8 +150,11 @@ class SlidePlan:
             detection=detection,
             max_cells=opts.max_cells
             or max_cells_per_result(scorer.spec.crop_size, len(planes) + 1, self.queue),
-            # every cell's nucleus size, where the ranking uses it
-            nucleus_shares=scorer_rank_by(scorer, opts.rank_by)[1] is not None,
+            # every cell's morphometry, with the cell mask of the model's stain
+            stain=scorer.spec.stain,
+            crop_mpp=(
+                slide_mpp * self.res.crop_px_level0 / scorer.spec.crop_size if slide_mpp else None
+            ),
             # each crop's sharpness, for the adequacy rule's focus check (none: no rule)
             sharpness=opts.adequacy_rule() is not None,
         )

@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 from cyto.bundle import atomic_write
+from cyto.detect.morphometry import COLUMNS as MORPHOMETRY_COLUMNS
 from cyto.errors import CytoError, first_line
 from cyto.reuse import check_reuse, read_record
 from cyto.slides.base import PLANE_SEP
@@ -91,12 +92,14 @@ def schema():
             ("y", pa.float64()),
             ("nucleus_area", pa.float64()),
             ("score", pa.float64()),
-            # the nucleus-size score (cyto.data.morphometry); null when the bundle records none
-            ("nucleus_score", pa.float64()),
+            # the morphometric score (cyto.data.morphometry); null when the bundle records none
+            ("morphometry_score", pa.float64()),
             ("focal_plane_um", pa.float64()),
             ("tile", pa.int64()),
             # the crop's sharpness (cyto.infer.quality); NaN when not measured (--adequacy none)
             ("sharpness", pa.float64()),
+            # each cell's morphometry, measured on its crop (cyto.detect.morphometry)
+            *((name, pa.float64()) for name in MORPHOMETRY_COLUMNS),
         ]
     )
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cyto.data.images import resize_rgb
-from cyto.data.scale import centre_nucleus_fraction
 from cyto.detect import NucleusParams, detect_in_tile, in_core, read_nuclei_file
+from cyto.detect.morphometry import measure_stain
 from cyto.errors import CytoError, UnsupportedSlideError
 from cyto.infer.memory import peak_rss_mb
 from cyto.infer.patches import crop_cells
@@ -143,9 +143,12 @@ class TileContext:
     decode: str = "cpu"  # torch: the main plane's JPEG tiles decoded by torchvision
     decode_device: str = "cpu"  # where: on cuda, detection and crops stay on the device too
     keep_on_device: bool = False  # device crops go to the engine as tensors (main process only)
-    #: measure each crop's centre-nucleus share where it is cut (:mod:`cyto.data.scale`), for the
-    #: nucleus-size ranking: in the workers, beside the reading, not in the engine's process
-    nucleus_shares: bool = False
+    #: measure each crop's morphometry where it is cut (:mod:`cyto.detect.morphometry`), with
+    #: the cell mask of this stain (the model's): in the workers, beside the reading, not in the
+    #: engine's process; None: not measured
+    stain: str | None = None
+    #: the crops' pixel size in um (the slide's times the resampling), for the areas in um^2
+    crop_mpp: float | None = None
     #: measure each crop's sharpness where it is cut (:mod:`cyto.infer.quality`), for the
     #: adequacy rule's focus check (NaN when not asked for: ``--adequacy none``)
     sharpness: bool = False
@@ -319,11 +322,11 @@ def run_tile(job: Job, ctx: TileContext | None = None) -> dict:
             chosen = np.stack([resize_rgb(c, ctx.out_size) for c in chosen])
         crops = np.ascontiguousarray(chosen)
     t3 = time.perf_counter()
-    shares = None
-    if ctx.nucleus_shares:
+    measures = None
+    if ctx.stain is not None:
         host = crops if isinstance(crops, np.ndarray) else crops.cpu().numpy()
-        shares = centre_nucleus_fraction(host) if len(host) else np.empty(0)
-    # (its time counts with the nucleus shares': the measures taken on the cut crops)
+        measures = measure_stain(host, ctx.crop_mpp, ctx.stain)
+    # (its time counts with the morphometry's: the measures taken on the cut crops)
     sharp = crop_sharpness(crops) if ctx.sharpness else np.full(len(found), np.nan)
     t4 = time.perf_counter()
     meta = np.column_stack([found[:, :2], found[:, 2], np.asarray(ctx.plane_z)[plane], sharp])
@@ -334,7 +337,7 @@ def run_tile(job: Job, ctx: TileContext | None = None) -> dict:
         "part": part,
         "rest": rest,
         "crops": crops,
-        "shares": shares,  # each crop's centre-nucleus share, or None when not asked for
+        "measures": measures,  # each crop's morphometry, or None when not asked for
         "meta": meta.reshape(-1, 5),  # x, y, nucleus area, focal plane, sharpness
         "times": {"read": t1 - t0, "detect": t2 - t1, "crop": t3 - t2, "nucleus": t4 - t3},
         "rss_mb": peak_rss_mb(),

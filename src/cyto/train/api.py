@@ -33,6 +33,8 @@ class TrainResult:
     n_used: int  # the images the method learned from (the normal ones for one-class methods)
     history: dict[str, list[float]]
     bag_check: dict[str, Any] | None = None  # weakly supervised methods: see cyto.train.bagcheck
+    #: how the held-back cells ranked (cyto.data.morphometry.validation_record), or None
+    validation: dict[str, Any] | None = None
 
 
 def checkpoint_dir(out: Path) -> Path:
@@ -40,26 +42,74 @@ def checkpoint_dir(out: Path) -> Path:
     return Path(out).with_name(Path(out).name + ".train-state")
 
 
-def training_nuclei(data: TrainData) -> dict[str, float | None]:
-    """Median nucleus shares of the training normals (all cells when labels are withheld), whole
-    patch and centre nucleus (:mod:`cyto.data.scale`), recorded so another folder's cells can be
-    zoomed to the training scale and a slide's cells checked against it; and the mean and spread
-    of their log centre shares, the nucleus-size score (:mod:`cyto.data.morphometry`)."""
-    from cyto.data.morphometry import NucleusSize
-    from cyto.data.scale import centre_nucleus_fraction, nucleus_fraction
+def training_nuclei(data: TrainData, stain: str = "mgg") -> dict[str, Any]:
+    """What a bundle records of its training normals' nuclei (all cells when labels are
+    withheld), measured with the cell mask of their ``stain`` (:mod:`cyto.detect.morphometry`):
+    the median share of a patch the scale check compares another folder's or a slide's cells
+    with (``nucleus_fraction``: every nucleus of the patch for MGG, as before, else the centre
+    nucleus; ``centre_nucleus_fraction``: the centre nucleus), and the morphometric score
+    (:class:`cyto.data.morphometry.Morphometric`)."""
+    from cyto.data.morphometry import Morphometric
+    from cyto.detect.morphometry import measure_stain, scale_shares
 
     images = data.images if data.labels is None else data.images[np.asarray(data.labels) == 0]
     if not len(images):
-        return {"nucleus_fraction": None, "centre_nucleus_fraction": None, "nucleus_size": None}
-    centre = centre_nucleus_fraction(images)
-    try:  # the nucleus-size score ranked beside the model (cyto.data.morphometry)
-        size = NucleusSize.from_shares(centre).as_record()
+        return {"nucleus_fraction": None, "centre_nucleus_fraction": None, "morphometry": None}
+    measures = measure_stain(images, None, stain)
+    try:
+        morph = Morphometric.fit(measures, stain).as_record()
     except ConfigError:
-        size = None
+        morph = None
     return {
-        "nucleus_fraction": round(float(np.median(nucleus_fraction(images))), 5),
-        "centre_nucleus_fraction": round(float(np.median(centre)), 5),
-        "nucleus_size": size,
+        "nucleus_fraction": round(float(np.median(scale_shares(images, stain))), 5),
+        "centre_nucleus_fraction": round(float(np.median(measures["nucleus_share"])), 5),
+        "morphometry": morph,
+    }
+
+
+def holdout_split(ds: PatchDataset, labels, share: float) -> tuple[np.ndarray, np.ndarray]:
+    """(training, held back) indices: the latest ``share`` of the normal cells by file number
+    (:func:`cyto.data.dataset.acquisition_key`) and every abnormal cell are held back, the other
+    normal cells train. Nothing is held back without abnormal cells or with ``share`` 0, or when
+    fewer than 10 normal cells would be held back or 10 left to train."""
+    from cyto.data.dataset import acquisition_key
+
+    everything = np.arange(len(ds))
+    if labels is None or share <= 0:
+        return everything, everything[:0]
+    labels = np.asarray(labels)
+    normals = np.flatnonzero(labels == 0)
+    abnormal = np.flatnonzero(labels == 1)
+    n_held = int(round(share * len(normals)))
+    if not len(abnormal) or n_held < 10 or len(normals) - n_held < 10:
+        return everything, everything[:0]
+    order = sorted(normals, key=lambda i: acquisition_key(ds.records[i].path))
+    held = np.sort(np.concatenate([np.asarray(order[-n_held:]), abnormal]))
+    return np.sort(np.asarray(order[:-n_held])), held
+
+
+def validation(model, ds: PatchDataset, data: TrainData, held: np.ndarray, stain: str) -> dict:
+    """How the model, the training normals' morphometric score and their fusion rank the
+    held-back cells (:func:`cyto.data.morphometry.validation_record`), recorded in the bundle
+    for ``--rank-by auto``."""
+    from collections import Counter
+
+    from cyto.data.morphometry import Morphometric, validation_record
+    from cyto.detect.morphometry import measure_stain
+
+    images, labels = data.images[held], np.asarray(data.labels)[held]
+    scores = np.asarray(model.score(images), dtype=np.float64)
+    record = None
+    train_normals = np.setdiff1d(np.flatnonzero(np.asarray(data.labels) == 0), held)
+    try:
+        morph = Morphometric.fit(measure_stain(data.images[train_normals], None, stain), stain)
+        record = morph.score(measure_stain(images, None, stain))
+    except ConfigError:
+        pass
+    classes = Counter(ds.records[i].cls for i in held)
+    return {
+        **validation_record(labels, scores, record, dict(sorted(classes.items()))),
+        "held_back": "the latest normal cells by file number, and every abnormal cell",
     }
 
 
@@ -153,6 +203,11 @@ def train(
         data, normal=normal, abnormal=abnormal, size=cfg.load_size, skip_unreadable=skip_unreadable
     )
     train_data = TrainData.from_dataset(ds)
+    held = np.zeros(0, dtype=np.int64)
+    if cls.one_class:  # abnormal cells beside the normals: held back to choose the ranking
+        keep, held = holdout_split(ds, train_data.labels, cfg.holdout)
+        if len(held):
+            all_data, train_data = train_data, train_data.subset(keep[train_data.labels[keep] == 0])
     if not cls.instance_labels:
         # weakly supervised: the method, its calibration and its manifest never see them
         train_data = dataclasses.replace(train_data, labels=None)
@@ -174,9 +229,13 @@ def train(
             "abnormal": list(ds.abnormal),
             "skipped_unreadable": len(ds.skipped),
             "load_size": cfg.load_size,
-            **training_nuclei(train_data),
+            "n_images": len(ds),  # with the cells held back
+            "held_back": int(len(held)),
+            **training_nuclei(train_data, cfg.stain),
         }
     )
+    if len(held):
+        manifest["validation"] = validation(model, ds, all_data, held, cfg.stain)
     manifest["calibration"] = normal_calibration(model, train_data)
     manifest["training_seconds"] = round(seconds, 2)
     manifest["device"] = str(dev)
@@ -191,8 +250,9 @@ def train(
         method,
         cfg,
         seconds,
-        len(train_data),
+        len(ds),
         n_used,
         model.history_,
         getattr(model, "bag_check_", None),
+        manifest.get("validation"),
     )

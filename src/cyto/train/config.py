@@ -41,6 +41,14 @@ class TrainConfig:
     amp: bool = True  # mixed precision on CUDA (ignored on CPU)
     stain_norm: str = "none"  # "reinhard": colours moved to the training images' (cyto.data.stain)
     stain_jitter: float = 0.0  # > 0: training views get random stain colours of this strength
+    #: the stain of the cells: mgg (May-Grünwald-Giemsa), pap (Papanicolaou) or he: how their
+    #: morphometry is measured (cyto.detect.morphometry) and which nuclei cyto score finds
+    stain: str = "mgg"
+    #: with abnormal classes in the folder, this share of the normal cells (the latest by file
+    #: number) is held back from a one-class method's training, to rank beside the abnormal
+    #: cells: which of the model, the morphometric score and their fusion ranks best (--rank-by
+    #: auto); 0: train on every normal cell and rank by the model alone
+    holdout: float = 0.2
 
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
@@ -62,6 +70,12 @@ class TrainConfig:
             raise ConfigError(
                 f"--set stain_norm must be {' or '.join(METHODS)}, got {self.stain_norm!r}"
             )
+        from cyto.data.morphometry import STAINS
+
+        if self.stain not in STAINS:
+            raise ConfigError(f"--set stain must be one of {', '.join(STAINS)}, got {self.stain!r}")
+        if not 0 <= self.holdout < 1:
+            raise ConfigError(f"--set holdout must be in [0, 1), got {self.holdout}")
         if self.mpp is not None and self.mpp <= 0:
             raise ConfigError(f"--set mpp must be > 0 (um per pixel), got {self.mpp}")
         if self.lr <= 0 or self.weight_decay < 0:
