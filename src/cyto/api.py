@@ -82,7 +82,8 @@ def score_slide(
         **options: any field of :class:`cyto.infer.options.ScoreOptions`, named as the
             ``cyto score`` flag without its dashes: ``top_k=400``, ``backend="onnx"``,
             ``device="cpu"``, ``precision="fp16"``, ``workers=0``, ``resume=True``,
-            ``truth=Path("truth.parquet")``, ``rank_by="model"``, ...
+            ``truth=Path("truth.parquet")``, ``rank_by="model"``, ``detection="pap"``
+            (default ``auto``: the detection of the stain the model was trained on), ...
 
     Returns:
         The score table (a ``pyarrow.Table``, one row per cell: ``slide_id, cell_id, x, y,
@@ -112,6 +113,12 @@ def score_slide(
     out = Path(out)
     model = model if not isinstance(model, str) else Path(model)
     # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
+    from cyto.infer.options import detection_for
+
+    # detection by kind name, as cyto score takes it (default auto: the model's stain's)
+    kind = options.get("detection", "auto")
+    if isinstance(kind, str):
+        options["detection"] = detection_for(kind, model)
     run(slide_ref(slide), model, out, ScoreOptions(**options), echo=echo or (lambda _line: None))
     return pq.read_table(out / "scores.parquet")
 

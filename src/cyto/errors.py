@@ -37,6 +37,10 @@ class ScaleWarning(CytoWarning):
     """Patches that look much smaller or larger than the model's training cells."""
 
 
+class StainWarning(CytoWarning):
+    """Cells stained otherwise than the model's training cells (another stain, batch or lab)."""
+
+
 class InputPathError(CytoError):
     """A path given by the user is missing, of the wrong kind, or empty."""
 

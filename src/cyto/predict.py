@@ -29,6 +29,7 @@ from cyto.errors import (
     InputPathError,
     OutputWriteError,
     ScaleWarning,
+    StainWarning,
 )
 from cyto.infer.store import ChunkStore, kept_words
 from cyto.locks import OutputLock
@@ -138,6 +139,7 @@ def predict(
             advice = share_advice(scorer.spec.nucleus_fraction, column["scale_share"])
             if advice is not None:
                 warnings.warn(advice, ScaleWarning, stacklevel=2)
+        stain = _stain_check(scorer, records, kept, skip_unreadable)
         summary = _write_table(
             out, model, scorer, [records[i] for i in kept],
             None if labels is None else labels[kept], column, morph, rank_by, factor, how,
@@ -161,9 +163,34 @@ def predict(
             "backend": scorer.backend.name,
             "precision": scorer.precision,
             "verification": scorer.verification.words() if scorer.verification else "none",
+            "stain": stain,
         }
     )
     return summary
+
+
+#: the images a folder's stain is estimated from, drawn evenly (an estimate settles by a few
+#: hundred cells: the CRIC blocks of 140 and 560 cells gave the same vectors within 2 degrees)
+STAIN_SAMPLE = 512
+
+
+def _stain_check(scorer, records, kept, skip: bool) -> dict | None:
+    """The folder's stain against the model's training cells' (:mod:`cyto.detect.stain`),
+    from :data:`STAIN_SAMPLE` of the images read; warns once when it is said."""
+    from cyto.detect.stain import StainEstimate, estimate_images, stain_check, stain_words
+
+    model = StainEstimate.from_record(scorer.spec.stain_vectors)
+    if model is None or not len(kept):
+        return None
+    pick = kept[np.linspace(0, len(kept) - 1, min(STAIN_SAMPLE, len(kept))).astype(int)]
+    images = []
+    for part in decode_stream([records[i] for i in np.unique(pick)], None, skip):
+        images += part.images
+    check = stain_check(model, estimate_images(images))
+    words = stain_words(check, "these cells")
+    if words is not None:
+        warnings.warn(words, StainWarning, stacklevel=3)
+    return check
 
 
 def _numbers() -> tuple[str, ...]:

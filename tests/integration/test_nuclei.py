@@ -117,9 +117,9 @@ def test_detection_presets_keep_their_kind_and_physical_sizes():
     assert at_half.kind == "tissue" and at_half.mpp == 0.5
     assert at_half.min_distance == round(42 * 0.12 / 0.5)  # 5 um
     assert at_half.min_area == round(833 * (0.12 / 0.5) ** 2)  # 12 um^2
-    with pytest.raises(ConfigError, match="smear or tissue"):
+    with pytest.raises(ConfigError, match="one of smear, tissue, pap"):
         detection_preset("blob")
-    with pytest.raises(ConfigError, match="smear or tissue"):
+    with pytest.raises(ConfigError, match="one of smear, tissue, pap"):
         NucleusParams(kind="blob")
 
 

@@ -11,15 +11,6 @@ import typer
 from cyto.cli._app import Download, RankBy, SkipVerify, StorageOption, app
 
 
-def check_rank_by(model: Path, rank_by: str) -> None:
-    """A --rank-by the bundle cannot take, refused before any slide (every cohort path)."""
-    from cyto.bundle import load_bundle
-    from cyto.data.morphometry import Morphometric, resolve_rank_by
-
-    spec = load_bundle(model, weights=False).spec
-    resolve_rank_by(rank_by, Morphometric.of_spec(spec), spec.validation)
-
-
 @app.command("predict", short_help="Score every patch of a folder or manifest with a bundle.")
 def predict_cmd(
     model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
@@ -173,10 +164,11 @@ def score_cmd(
     detection: Annotated[
         str,
         typer.Option(
-            help="Nucleus detection for: smear (cytology, cells apart) or tissue (sections, "
-            "nuclei packed; no crowding warning)."
+            help="Nucleus detection for: smear (MGG cytology, cells apart), pap (Papanicolaou: "
+            "glass, stained cytoplasm and nuclei), tissue (sections, nuclei packed; no crowding "
+            "warning), or auto: the one of the stain the model was trained on."
         ),
-    ] = "smear",
+    ] = "auto",
     detector: Annotated[
         str,
         typer.Option(
@@ -340,18 +332,17 @@ def score_cmd(
     burden with a 95% interval and a triage label. The FDR holds on average over calibrations;
     --fdr-confidence 0.9 holds it for this calibration with probability 0.9.
     """
-    from dataclasses import replace
 
     from cyto.cohort.run import run_cohort, slide_line
-    from cyto.detect import detection_preset
     from cyto.infer import ScoreOptions
+    from cyto.infer.options import check_rank_by, detection_for
     from cyto.infer.qupath import qupath_words
     from cyto.slides import slide_files
     from cyto.slides.remote import is_url, parse_options, slide_ref
     from cyto.view.folder import view_words
 
     opts = ScoreOptions(
-        detection=replace(detection_preset(detection), detector=detector),
+        detection=detection_for(detection, model, detector),
         decode=decode,
         overlap=overlap,
         patch_size=patch_size,

@@ -109,9 +109,8 @@ def slide_threshold(
     region the smear settings found 1,714 / 1,852 / 4,061 nuclei with 512 / 1,024 / 2,048 px
     tiles; with this threshold, 4,090 with each. None when the windows hold nothing above the
     floor (blank glass)."""
-    from skimage.filters import threshold_otsu
-
     from cyto.detect.numpy_form import smoothed_haematoxylin
+    from cyto.detect.params import otsu_cut
 
     info = reader.info
     if len(origins) > THRESHOLD_WINDOWS:  # spread evenly over the slide's windows
@@ -128,4 +127,4 @@ def slide_threshold(
     pooled = np.concatenate(values)
     if float(pooled.max()) < params.min_threshold or float(pooled.min()) == float(pooled.max()):
         return None
-    return max(float(threshold_otsu(pooled)), params.min_threshold)
+    return max(otsu_cut(pooled, params.classes), params.min_threshold)

@@ -10,22 +10,30 @@ from cyto.detect.params import (
     NucleusParams,
     from_reduced,
     nuclei_from_peaks,
+    otsu_cut,
     reduced_params,
 )
 from cyto.detect.peaks import component_peaks
 
-# one 256-entry float32 table per channel, shaped as cv2.LUT takes a 3-channel table
-_H_TABLE = np.stack([(_HED_LOG * w).astype(np.float32) for w in _H_FROM_RGB], -1)[:, None, :]
+# one 256-entry float32 table per channel, shaped as cv2.LUT takes a 3-channel table: the
+# haematoxylin column, or the optical density of every channel alike (``od``)
+_TABLES = {
+    "haematoxylin": np.stack([(_HED_LOG * w).astype(np.float32) for w in _H_FROM_RGB], -1)[
+        :, None, :
+    ],
+    "od": np.stack([_HED_LOG.astype(np.float32)] * 3, -1)[:, None, :],
+}
+_H_TABLE = _TABLES["haematoxylin"]
 
 
-def haematoxylin(rgb: np.ndarray) -> np.ndarray:
+def haematoxylin(rgb: np.ndarray, channel: str = "haematoxylin") -> np.ndarray:
     """skimage's ``rgb2hed(rgb)[..., 0]`` for uint8 RGB, through a 256-entry table per channel in
     float32 (a tile's worth of float64 temporaries would cost a worker ~200 MB). OpenCV looks
     the three channels up at once (about 3x faster than numpy's three gathers); they are summed
     in channel order in float32, as before, so the numbers are the same."""
     import cv2
 
-    each = cv2.LUT(np.ascontiguousarray(rgb[..., :3]), _H_TABLE)
+    each = cv2.LUT(np.ascontiguousarray(rgb[..., :3]), _TABLES[channel])
     h = each[..., 0] + each[..., 1]
     h += each[..., 2]
     return np.maximum(h, 0.0, out=h)
@@ -61,12 +69,11 @@ def smoothed_haematoxylin(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
 def _smooth(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     from scipy import ndimage
 
-    return ndimage.gaussian_filter(haematoxylin(rgb), params.sigma)
+    return ndimage.gaussian_filter(haematoxylin(rgb, params.channel), params.sigma)
 
 
 def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     from scipy import ndimage
-    from skimage.filters import threshold_otsu
 
     h = _smooth(rgb, params)
     if float(h.max()) < params.min_threshold:
@@ -75,7 +82,7 @@ def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
         t = max(params.threshold, params.min_threshold)
     else:
         try:
-            t = max(float(threshold_otsu(h)), params.min_threshold)
+            t = max(otsu_cut(h, params.classes), params.min_threshold)
         except ValueError:  # a constant tile
             return np.empty((0, 3), dtype=np.float64)
     mask = opening(h > t)

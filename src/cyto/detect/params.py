@@ -32,13 +32,24 @@ class NucleusParams:
     #: the haematoxylin threshold for every tile of a slide (:func:`cyto.detect.slide_threshold`);
     #: None: each tile's own Otsu threshold (what one image alone gives)
     threshold: float | None = None
+    #: the nuclear signal: ``haematoxylin`` (the column of a colour deconvolution: MGG, H&E) or
+    #: ``od`` (the optical density summed over R, G, B: Pap, whose light-green cytoplasm a
+    #: haematoxylin column counts as nucleus)
+    channel: str = "haematoxylin"
+    #: Otsu classes: 2 (nucleus or not) or 3 (glass, cytoplasm, nucleus: the upper cut), for a
+    #: stain whose cytoplasm is stained too (Pap)
+    classes: int = 2
 
     def __post_init__(self) -> None:
+        if self.channel not in CHANNELS:
+            raise ConfigError(f"channel must be {' or '.join(CHANNELS)}, got {self.channel!r}")
+        if self.classes not in (2, 3):
+            raise ConfigError(f"classes must be 2 or 3, got {self.classes}")
         if self.detector not in DETECTORS:
             raise ConfigError(f"detector must be {' or '.join(DETECTORS)}, got {self.detector!r}")
         if self.kind not in DETECTION_KINDS:
             raise ConfigError(
-                f"detection must be {' or '.join(DETECTION_KINDS)}, got {self.kind!r}"
+                f"detection must be one of {', '.join(DETECTION_KINDS)}, got {self.kind!r}"
             )
         if self.min_distance < 1 or self.min_area < 1 or self.max_area <= self.min_area:
             raise ConfigError("need min_distance >= 1 and 1 <= min_area < max_area")
@@ -74,10 +85,15 @@ class NucleusParams:
             min_radius=self.min_radius * r,
             detector=self.detector,
             threshold=self.threshold,
+            channel=self.channel,
+            classes=self.classes,
         )
 
 
-DETECTION_KINDS = ("smear", "tissue")
+DETECTION_KINDS = ("smear", "tissue", "pap")
+CHANNELS = ("haematoxylin", "od")
+#: the detection a bundle's stain gets by default (``--detection auto``)
+DETECTION_OF_STAIN = {"mgg": "smear", "pap": "pap", "he": "tissue"}
 DETECTORS = ("scipy", "torch")
 
 
@@ -99,9 +115,23 @@ def detection_preset(kind: str) -> NucleusParams:
     ``tissue`` that is expected and not warned.
     """
     if kind not in DETECTION_KINDS:
-        raise ConfigError(f"--detection must be {' or '.join(DETECTION_KINDS)}, got {kind!r}")
+        raise ConfigError(f"--detection must be one of {', '.join(DETECTION_KINDS)}, got {kind!r}")
     if kind == "smear":
         return NucleusParams()
+    if kind == "pap":
+        # sizes at 0.12 um/px, like the defaults: 1 um = 8.33 px, 1 um^2 = 69.4 px. A squamous
+        # nucleus: 15 (pyknotic superficial) to about 300 um^2 (a large low-grade lesion's)
+        return NucleusParams(
+            sigma=5.0,  # 0.6 um, as the Pap cell mask (cyto.detect.morphometry)
+            min_distance=33,  # 4 um: the two nuclei of a binucleated cell stay two
+            min_area=555,  # 8 um^2
+            max_area=27_800,  # 400 um^2
+            min_threshold=0.1,
+            kind="pap",
+            min_radius=10.0,  # 1.2 um: bacteria and strands of mucus are thinner
+            channel="od",
+            classes=3,
+        )
     # sizes at 0.12 um/px, like the defaults: 1 um = 8.33 px, 1 um^2 = 69.4 px
     return NucleusParams(
         sigma=8.0,
@@ -130,6 +160,20 @@ def from_reduced(found: np.ndarray, k: int) -> np.ndarray:
     found[:, :2] = found[:, :2] * k + (k - 1) / 2.0
     found[:, 2] *= k * k
     return found
+
+
+def otsu_cut(values: np.ndarray, classes: int) -> float:
+    """The nucleus cut of ``values``: Otsu's threshold (two classes), or the upper of the
+    three-class one (glass, cytoplasm, nucleus). A constant image raises ValueError."""
+    if float(values.min()) == float(values.max()):
+        raise ValueError("a constant image has no Otsu threshold")
+    if classes == 3:
+        from skimage.filters import threshold_multiotsu
+
+        return float(threshold_multiotsu(values, classes=3)[-1])
+    from skimage.filters import threshold_otsu
+
+    return float(threshold_otsu(values))
 
 
 def nuclei_from_peaks(

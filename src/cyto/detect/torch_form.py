@@ -33,6 +33,7 @@ from cyto.detect.params import (
     NucleusParams,
     from_reduced,
     nuclei_from_peaks,
+    otsu_cut,
     reduced_params,
 )
 from cyto.detect.peaks import component_peaks
@@ -40,15 +41,17 @@ from cyto.detect.peaks import component_peaks
 _BIG = torch.iinfo(torch.int64).max
 
 
-def _luts(device: torch.device) -> torch.Tensor:
-    return torch.stack(
-        [torch.from_numpy((_HED_LOG * w).astype(np.float32)) for w in _H_FROM_RGB]
-    ).to(device)
+def _luts(device: torch.device, channel: str = "haematoxylin") -> torch.Tensor:
+    weights = _H_FROM_RGB if channel == "haematoxylin" else (1.0, 1.0, 1.0)
+    return torch.stack([torch.from_numpy((_HED_LOG * w).astype(np.float32)) for w in weights]).to(
+        device
+    )
 
 
-def haematoxylin(rgb: torch.Tensor) -> torch.Tensor:
-    """(H, W) float32 haematoxylin of an (H, W, 3) uint8 tensor (the SciPy detector's tables)."""
-    lut = _luts(rgb.device)
+def haematoxylin(rgb: torch.Tensor, channel: str = "haematoxylin") -> torch.Tensor:
+    """(H, W) float32 nuclear signal of an (H, W, 3) uint8 tensor (the SciPy detector's
+    tables: the haematoxylin column, or the optical density summed, ``od``)."""
+    lut = _luts(rgb.device, channel)
     idx = rgb.long()
     h = lut[0][idx[..., 0]] + lut[1][idx[..., 1]] + lut[2][idx[..., 2]]
     return h.clamp_(min=0.0)
@@ -208,14 +211,17 @@ def reduce_like_pil(t: torch.Tensor, k: int) -> torch.Tensor:
 
 def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
     empty = np.empty((0, 3), dtype=np.float64)
-    h = gaussian(haematoxylin(rgb), params.sigma)
+    h = gaussian(haematoxylin(rgb, params.channel), params.sigma)
     if float(h.max()) < params.min_threshold:
         return empty
     if params.threshold is not None:  # the slide's, the same for every tile
         t = max(params.threshold, params.min_threshold)
     else:
         try:
-            t = max(otsu(h), params.min_threshold)
+            if params.classes == 3:  # the three-class cut on the host, as the SciPy detector
+                t = max(otsu_cut(h.cpu().numpy(), 3), params.min_threshold)
+            else:
+                t = max(otsu(h), params.min_threshold)
         except ValueError:  # a constant tile
             return empty
     mask = binary_opening(h > t)

@@ -60,6 +60,8 @@ def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_star
             "detection_threshold": plan.threshold,
             "detection_crowding": runs[0].crowd,
             "cell_scale": runs[0].scale,
+            # the first cells' stain against the model's training cells' (cyto.detect.stain)
+            "cell_stain": getattr(runs[0], "stain", None),
             "decode": plan.decode,
             "engine_lane": engine_lane(runs, scorer.device),
             "tiles": {"total": len(plan.jobs), "resumed_from": runs[0].resumed_tiles},

@@ -209,3 +209,35 @@ class ScoreOptions:
 
     def as_json(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+
+
+def model_spec(model):
+    """The model spec of a bundle path or a loaded scorer (its manifest, no weights)."""
+    if hasattr(model, "spec"):
+        return model.spec
+    from cyto.bundle import load_bundle
+
+    return load_bundle(model, weights=False).spec
+
+
+def detection_for(kind: str, model, detector: str = "scipy") -> NucleusParams:
+    """The nucleus detection for ``--detection KIND``: a preset
+    (:func:`cyto.detect.detection_preset`), or ``auto``, the one of the stain the model was
+    trained on (:data:`cyto.detect.params.DETECTION_OF_STAIN`: Pap cells get ``pap``, MGG
+    ``smear``, H&E ``tissue``). ``model``: a bundle path or a loaded scorer."""
+    from dataclasses import replace
+
+    from cyto.detect import detection_preset
+    from cyto.detect.params import DETECTION_OF_STAIN
+
+    if kind == "auto":
+        kind = DETECTION_OF_STAIN.get(model_spec(model).stain, "smear")
+    return replace(detection_preset(kind), detector=detector)
+
+
+def check_rank_by(model, rank_by: str) -> None:
+    """A --rank-by the bundle cannot take, refused before any slide (every cohort path)."""
+    from cyto.data.morphometry import Morphometric, resolve_rank_by
+
+    spec = model_spec(model)
+    resolve_rank_by(rank_by, Morphometric.of_spec(spec), spec.validation)

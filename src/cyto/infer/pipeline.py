@@ -147,11 +147,12 @@ def score_tiles(
     position = done_tiles
     first_xy: list[np.ndarray] = []  # detections of the first tiles, for the crowding check
     shares: list[np.ndarray] = []  # and their crops' nucleus shares, for the scale check
+    stained: list[np.ndarray] = []  # and a few of their crops, for the stain check
     trimmed = time.perf_counter()
     crowd = None
     kept = store.read_checks() if done_tiles else None
     if kept is not None:  # the first tiles' checks, made by the run this one resumes
-        crowd, out.scale = kept["crowd"], kept.get("scale")
+        crowd, out.scale, out.stain = kept["crowd"], kept.get("scale"), kept.get("stain")
     try:
         with progress(f"score {slide.name}", total=len(jobs), unit="tiles", done=done_tiles) as bar:
             for tile in feed:
@@ -161,10 +162,12 @@ def score_tiles(
                 if crowd is None:
                     first_xy.append(tile["meta"][:, :2])
                     shares.append(_nucleus_shares(tile, scorer))
+                    stained.append(_some_crops(tile))
                     crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo)
                     if crowd is not None:
                         out.scale = _check_scale(shares, plan, scorer, opts, echo)
-                        store.save_checks({"crowd": crowd, "scale": out.scale})
+                        out.stain = _check_stain(stained, plan, scorer, echo)
+                        store.save_checks({"crowd": crowd, "scale": out.scale, "stain": out.stain})
                 cells.add(tile, position)
                 if tile["final"] and time.perf_counter() - trimmed >= TRIM_SECONDS:
                     trim_malloc()  # the crops' fragments, left in the threads' malloc arenas
@@ -180,6 +183,7 @@ def score_tiles(
             if crowd is None:
                 crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo, last=True)
                 out.scale = _check_scale(shares, plan, scorer, opts, echo)
+                out.stain = _check_stain(stained, plan, scorer, echo)
     except KeyboardInterrupt:
         echo(f"interrupted: {kept_words(store.dir)}")
         raise
@@ -261,6 +265,37 @@ def _nucleus_shares(tile: dict, scorer) -> np.ndarray:
     return measure_stain(crops, None, scorer.spec.stain)["nucleus_share"]
 
 
+#: crops of each of the first tiles kept for the stain check
+STAIN_CROPS_PER_TILE = 32
+
+
+def _some_crops(tile: dict) -> np.ndarray:
+    """Up to :data:`STAIN_CROPS_PER_TILE` of a tile result's crops, drawn evenly, on the host."""
+    crops = tile["crops"]
+    if not len(crops):
+        return np.empty((0, 1, 1, 3), dtype=np.uint8)
+    pick = np.unique(np.linspace(0, len(crops) - 1, STAIN_CROPS_PER_TILE).astype(int))
+    crops = crops[pick]
+    return crops.cpu().numpy() if hasattr(crops, "cpu") else np.asarray(crops)
+
+
+def _check_stain(stained: list[np.ndarray], plan, scorer, echo) -> dict | None:
+    """With the scale check: say when the first tiles' cells look stained otherwise than the
+    model's training cells (:mod:`cyto.detect.stain`), or that their stain could not be
+    estimated. None when the bundle records no training stain."""
+    from cyto.detect.stain import StainEstimate, estimate_images, stain_check, stain_words
+
+    model = StainEstimate.from_record(scorer.spec.stain_vectors)
+    crops = [c for c in stained if len(c)]
+    if model is None or not crops:
+        return None
+    check = stain_check(model, estimate_images(crops))
+    words = stain_words(check, f"the cells of {plan.slide.name}")
+    if words is not None:
+        echo(f"warning: {words}")
+    return check
+
+
 def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | None:
     """With the crowding check: say when the first tiles' cells look more than
     :data:`~cyto.data.scale.ADVISE_ZOOM` times smaller or larger than the model's training
@@ -275,7 +310,7 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
     check = share_check(model, np.concatenate(shares)) if model is not None and shares else None
     if check is None:
         return None
-    check["advised"] = bool(check["advised"] and opts.detection.kind == "smear")
+    check["advised"] = bool(check["advised"] and opts.detection.kind in ("smear", "pap"))
     res = plan.res
     if check["advised"]:
         said = f"It is read at {res.slide_mpp:.3g} um/px" if res.slide_mpp else "It has no mpp"

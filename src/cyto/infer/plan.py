@@ -205,6 +205,7 @@ class TileRun:
         self.resumed_tiles = 0
         self.crowd: dict | None = None
         self.scale: dict | None = None  # the first cells' size against the model's
+        self.stain: dict | None = None  # and their stain
         self.loop_seconds = 0.0
         self.worker_rss_mb: float | None = None
         self.cells = 0  # cells scored by this run (not resumed)

@@ -54,16 +54,23 @@ def training_nuclei(data: TrainData, stain: str = "mgg") -> dict[str, Any]:
 
     images = data.images if data.labels is None else data.images[np.asarray(data.labels) == 0]
     if not len(images):
-        return {"nucleus_fraction": None, "centre_nucleus_fraction": None, "morphometry": None}
+        return {
+            "nucleus_fraction": None, "centre_nucleus_fraction": None, "morphometry": None,
+            "stain_vectors": None,
+        }  # fmt: skip
     measures = measure_stain(images, None, stain)
     try:
         morph = Morphometric.fit(measures, stain).as_record()
     except ConfigError:
         morph = None
+    from cyto.detect.stain import estimate_images
+
     return {
         "nucleus_fraction": round(float(np.median(scale_shares(images, stain))), 5),
         "centre_nucleus_fraction": round(float(np.median(measures["nucleus_share"])), 5),
         "morphometry": morph,
+        # what another folder's or slide's stain is compared with (cyto.detect.stain)
+        "stain_vectors": estimate_images(images).as_record(),
     }
 
 

@@ -1,0 +1,176 @@
+"""Stain vectors of a slide or a set of cell crops, estimated from their optical densities
+(Macenko et al., *A method for normalizing histology slides for quantitative analysis*, ISBI
+2009), and how far two sets' stains lie apart.
+
+A stain's colour is a direction in optical-density space (R, G, B absorbances): the pixels of a
+slide stained with two dyes lie near the plane of their two directions. The plane is that of the
+two largest principal axes of the stained pixels' densities; within it, the directions at the 1st
+and 99th percentile of the pixels' angle are the two stains. Applied to each set of cells as it
+comes (a training folder, a folder to score, a slide's first cells), not to one reference fixed
+in advance: an MGG, a Pap and an H&E slide get the vectors their own pixels show.
+
+What they are for here: telling when cells come from another lab or stain batch than a model's
+training cells. A one-class model learns the colours of its normal cells, and cells stained
+otherwise can rank as abnormal whatever they are (lymphocytes of another lab, both MGG, ranked
+at AUROC 0.44 by a bone-marrow model, unzoomed). :func:`compare` gives the angle between two
+estimates; a set whose stain lies more than :data:`ADVISE_DEGREES` from the model's is said, as
+a scale that differs is.
+
+Where it cannot separate two stains (too few stained pixels, or pixels all of one colour: the
+largest angle between them under :data:`MIN_SPREAD_DEGREES`), the estimate says why and is not
+compared (``separable`` False); the nucleus detection and the cell masks never depend on it (the
+Pap mask thresholds the total density: on the CRIC development cells the estimated haematoxylin
+direction made the nuclei worse, AUROC of the nucleus area 0.74 against 0.77, because the
+light-green cytoplasm of Pap absorbs as haematoxylin does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: each uint8 channel value's optical density
+_OD = -np.log((np.arange(256, dtype=np.float64) + 1.0) / 256.0)
+#: a pixel whose density in every channel is at least this is stained (Macenko's beta)
+BETA = 0.15
+#: at least this many stained pixels, for an estimate
+MIN_PIXELS = 500
+#: the two stains' directions at least this far apart (degrees), else one stain is all there is
+MIN_SPREAD_DEGREES = 3.0
+#: a set of cells whose stain lies further than this from the model's (degrees, the larger of
+#: the two stains' angles) is said to be stained otherwise. Measured (normal cells, sets of
+#: 200-560; benchmarks/science/pap/stain_angles.py): four blocks of CRIC's NILM cells, one lab's
+#: many slides, 4.4-8.6 apart; the halves of the bone-marrow lymphocytes 1.8; of the other
+#: lab's blood lymphocytes 20.2 (two batches); bone marrow against that lab 7.4-27.3; Pap
+#: against MGG 34. So it tells a stain (Pap from MGG) and some batches and labs apart, and
+#: misses a lab whose stain lies as near as one lab's own slides do
+ADVISE_DEGREES = 10.0
+
+
+@dataclass(frozen=True)
+class StainEstimate:
+    """Two unit stain vectors in optical-density space (R, G, B), the first the one nearer
+    haematoxylin; how many stained pixels gave them; whether they are two stains at all."""
+
+    vectors: tuple[tuple[float, float, float], tuple[float, float, float]]
+    pixels: int
+    separable: bool
+    why: str = ""
+
+    def as_record(self) -> dict:
+        return {
+            "vectors": [[round(v, 5) for v in vec] for vec in self.vectors],
+            "pixels": self.pixels,
+            "separable": self.separable,
+            "why": self.why,
+            "method": "Macenko 2009 (1st/99th percentile angles)",
+        }
+
+    @classmethod
+    def from_record(cls, record: dict | None) -> StainEstimate | None:
+        if not record:
+            return None
+        a, b = (tuple(float(x) for x in v) for v in record["vectors"])
+        return cls((a, b), int(record["pixels"]), bool(record["separable"]), record.get("why", ""))
+
+
+#: the haematoxylin direction (Ruifrok and Johnston), to tell the two estimated stains apart
+_HAEMATOXYLIN = np.array([0.65, 0.70, 0.29]) / np.linalg.norm([0.65, 0.70, 0.29])
+
+
+def od_pixels(images, most: int = 200_000, seed: int = 0) -> np.ndarray:
+    """(M, 3) optical densities of the stained pixels of uint8 RGB ``images`` (a stack, a list,
+    or one image), at most ``most`` of them drawn evenly."""
+    if isinstance(images, np.ndarray) and images.ndim == 3:
+        images = images[None]
+    flat = np.concatenate([np.asarray(im, dtype=np.uint8).reshape(-1, 3) for im in images])
+    if len(flat) > 20 * most:  # a regular subsample first: the densities of fewer pixels
+        flat = flat[:: len(flat) // (20 * most)]
+    od = _OD[flat]
+    od = od[(od >= BETA).all(axis=1)]
+    if len(od) > most:
+        od = od[np.random.default_rng(seed).choice(len(od), most, replace=False)]
+    return od
+
+
+def estimate(od: np.ndarray) -> StainEstimate:
+    """The two stain vectors of stained pixels' densities ``od`` (:func:`od_pixels`)."""
+    fallback = ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
+    if len(od) < MIN_PIXELS:
+        return StainEstimate(
+            fallback, len(od), False, f"{len(od)} stained pixels (fewer than {MIN_PIXELS})"
+        )
+    _, vecs = np.linalg.eigh(np.cov(od.T))
+    plane = vecs[:, [2, 1]]  # the two largest axes
+    plane[:, 0] *= np.sign(plane[:, 0].sum()) or 1.0  # densities are positive
+    t = od @ plane
+    phi = np.arctan2(t[:, 1], t[:, 0])
+    lo, hi = np.percentile(phi, [1, 99])
+    a = plane @ np.array([np.cos(lo), np.sin(lo)])
+    b = plane @ np.array([np.cos(hi), np.sin(hi)])
+    a, b = (v * (np.sign(v.sum()) or 1.0) for v in (a, b))
+    a, b = a / np.linalg.norm(a), b / np.linalg.norm(b)
+    if b @ _HAEMATOXYLIN > a @ _HAEMATOXYLIN:
+        a, b = b, a
+    spread = float(np.degrees(np.arccos(np.clip(a @ b, -1.0, 1.0))))
+    vectors = (tuple(float(x) for x in a), tuple(float(x) for x in b))
+    if spread < MIN_SPREAD_DEGREES:
+        return StainEstimate(
+            vectors, len(od), False,
+            f"the stained pixels are all of one colour (the two directions {spread:.1f} degrees "
+            "apart): one stain, or a grayscale image",
+        )  # fmt: skip
+    return StainEstimate(vectors, len(od), True)
+
+
+def estimate_images(images, most: int = 200_000) -> StainEstimate:
+    """:func:`estimate` over the stained pixels of ``images``."""
+    return estimate(od_pixels(images, most))
+
+
+def compare(a: StainEstimate, b: StainEstimate) -> float | None:
+    """Degrees between two estimates: the larger of the angles between their first stains and
+    between their second stains. None when either could not separate its stains."""
+    if not (a.separable and b.separable):
+        return None
+    angles = [
+        float(np.degrees(np.arccos(np.clip(np.dot(u, v), -1.0, 1.0))))
+        for u, v in zip(a.vectors, b.vectors, strict=True)
+    ]
+    return max(angles)
+
+
+def stain_check(model: StainEstimate | None, cells: StainEstimate) -> dict | None:
+    """How the stain of ``cells`` compares with the model's training cells': the angle, and
+    whether it is past :data:`ADVISE_DEGREES` (``advised``). None without the model's record."""
+    if model is None:
+        return None
+    angle = compare(model, cells)
+    return {
+        "degrees": None if angle is None else round(angle, 2),
+        "advised": angle is not None and angle > ADVISE_DEGREES,
+        "separable": cells.separable,
+        "why": cells.why or model.why,
+        "cells_vectors": [[round(v, 4) for v in vec] for vec in cells.vectors],
+    }
+
+
+def stain_words(check: dict, what: str) -> str | None:
+    """One line for a stain check: another stain batch or lab (``advised``), or stains that
+    could not be separated; None when there is nothing to say."""
+    if check is None:
+        return None
+    if check["degrees"] is None:
+        return (
+            f"{what}: the stain could not be estimated ({check['why']}), so whether these cells "
+            "were stained as the model's training cells is not checked"
+        )
+    if not check["advised"]:
+        return None
+    return (
+        f"{what} look stained otherwise than the model's training cells (stain vectors "
+        f"{check['degrees']:.1f} degrees apart, more than {ADVISE_DEGREES:g}): a one-class model "
+        "can rank another lab's normal cells as the most abnormal; train a model on this lab's "
+        "normal cells (docs/how-to/another-lab.md)"
+    )

@@ -1,0 +1,155 @@
+"""Stain-aware nuclei: stain vectors estimated from the pixels (cyto.detect.stain), and the Pap
+detection preset against the MGG one on generated Papanicolaou-like tiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cyto.detect import detect_nuclei, detection_preset, match
+from cyto.detect import torch_form as nt
+from cyto.detect.params import DETECTION_OF_STAIN
+from cyto.detect.stain import (
+    ADVISE_DEGREES,
+    StainEstimate,
+    compare,
+    estimate_images,
+    od_pixels,
+    stain_check,
+    stain_words,
+)
+
+MPP = 0.25
+#: optical-density directions of the Pap dyes, as RGB absorbances (unit vectors)
+HAEMATOXYLIN = np.array([0.65, 0.70, 0.29])
+LIGHT_GREEN = np.array([0.80, 0.55, 0.25])  # absorbs red: cyanophilic cytoplasm, blue-green
+EOSIN = np.array([0.09, 0.95, 0.30])  # absorbs green: eosinophilic cytoplasm, pink
+
+
+def _unit(v):
+    return np.asarray(v, dtype=np.float64) / np.linalg.norm(v)
+
+
+def _rgb(od: np.ndarray, rng) -> np.ndarray:
+    noisy = od + rng.normal(0, 0.02, od.shape)
+    return np.clip(np.rint(256 * np.exp(-np.clip(noisy, 0, None)) - 1), 0, 255).astype(np.uint8)
+
+
+def pap_tile(seed: int, size: int = 768, cyto_od: float = 0.6, cyanophilic: float = 0.7):
+    """A Pap smear tile at 0.25 um/px: squamous cells (cytoplasm of light green or eosin, 20-30
+    um across, overlapping a little) each with one nucleus of 5-9 um; returns (rgb, centres)."""
+    rng = np.random.default_rng(seed)
+    od = np.zeros((size, size, 3))
+    yy, xx = np.mgrid[:size, :size]
+    centres = []
+    step = 110  # px between cells: 27.5 um
+    for cy in range(step // 2, size - step // 3, step):
+        for cx in range(step // 2, size - step // 3, step):
+            cy2, cx2 = cy + rng.integers(-15, 16), cx + rng.integers(-15, 16)
+            r_cell = rng.uniform(40, 60)
+            dye = LIGHT_GREEN if rng.random() < cyanophilic else EOSIN
+            cell = np.hypot(yy - cy2, xx - cx2) <= r_cell
+            od[cell] = np.maximum(od[cell], cyto_od * _unit(dye) * rng.uniform(0.8, 1.2))
+            r_n = rng.uniform(10, 18)  # px: 5-9 um across
+            nucleus = np.hypot(yy - cy2, xx - cx2) <= r_n
+            od[nucleus] = 1.6 * _unit(HAEMATOXYLIN) * rng.uniform(0.9, 1.1)
+            centres.append((cx2, cy2))
+    return _rgb(od, rng), np.array(centres, dtype=float)
+
+
+def _recall_precision(found: np.ndarray, centres: np.ndarray) -> tuple[float, float]:
+    """Within 3 um, one to one (:func:`cyto.detect.match`)."""
+    return match(found, centres, 3.0 / MPP)
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 1000), cyto_od=st.floats(0.3, 0.8), cyanophilic=st.floats(0, 1))
+def test_the_pap_preset_finds_the_nuclei_in_stained_cytoplasm(seed, cyto_od, cyanophilic):
+    rgb, centres = pap_tile(seed, size=512, cyto_od=cyto_od, cyanophilic=cyanophilic)
+    recall, precision = _recall_precision(
+        detect_nuclei(rgb, detection_preset("pap").at(MPP)), centres
+    )
+    assert recall >= 0.95 and precision >= 0.95  # the cytoplasm is not taken for nuclei
+
+
+def test_dense_light_green_cytoplasm_fools_the_mgg_preset_more_than_the_pap_one():
+    """The MGG preset's haematoxylin column weighs red absorbance, which light green has: in
+    dense cyanophilic cytoplasm it splits and merges cells the Pap preset keeps apart (the
+    CRIC cells: benchmarks/science/pap/)."""
+    rgb, centres = pap_tile(0, cyto_od=0.8, cyanophilic=1.0)
+    pap = min(_recall_precision(detect_nuclei(rgb, detection_preset("pap").at(MPP)), centres))
+    smear = min(_recall_precision(detect_nuclei(rgb, detection_preset("smear").at(MPP)), centres))
+    assert pap >= 0.95 and smear < pap - 0.1
+
+
+def test_both_detectors_find_the_same_pap_nuclei():
+    rgb, _ = pap_tile(3, size=512)
+    params = detection_preset("pap").at(MPP)
+    want = detect_nuclei(rgb, params)
+    assert len(want) > 5
+    assert np.array_equal(nt.detect_nuclei_torch(torch.from_numpy(rgb), params), want)
+
+
+def test_each_stain_has_its_detection():
+    assert DETECTION_OF_STAIN == {"mgg": "smear", "pap": "pap", "he": "tissue"}
+    assert detection_preset("pap").classes == 3 and detection_preset("pap").channel == "od"
+    assert detection_preset("smear").classes == 2
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    first=st.tuples(st.floats(0.2, 1), st.floats(0.2, 1), st.floats(0.2, 1)),
+    second=st.tuples(st.floats(0.2, 1), st.floats(0.2, 1), st.floats(0.2, 1)),
+    seed=st.integers(0, 100),
+)
+def test_two_stains_are_recovered_from_their_mixtures(first, second, seed):
+    """Pixels mixing two dyes by the Beer-Lambert law: the estimate finds both directions
+    (within 4 degrees), whatever they are, as long as they are apart."""
+    a, b = _unit(first), _unit(second)
+    angle = np.degrees(np.arccos(np.clip(a @ b, -1, 1)))
+    if angle < 15:
+        return
+    rng = np.random.default_rng(seed)
+    c = rng.uniform(0.4, 2.0, (20000, 2)) * (rng.random((20000, 2)) < 0.7)
+    c[c.sum(axis=1) == 0, 0] = 1.0  # every pixel stained
+    od = c @ np.stack([a, b])
+    img = _rgb(od.reshape(100, 200, 3), rng)
+    est = estimate_images(img)
+    assert est.separable
+    got = np.array(est.vectors)
+    for want in (a, b):
+        assert min(np.degrees(np.arccos(np.clip(got @ want, -1, 1)))) < 4.0
+
+
+def test_one_stain_or_a_grayscale_image_cannot_be_separated_and_says_why():
+    rng = np.random.default_rng(0)
+    gray = np.repeat(rng.integers(40, 200, (80, 80, 1), dtype=np.uint8), 3, axis=2)
+    est = estimate_images(gray)
+    assert not est.separable and "one colour" in est.why
+    glass = np.full((40, 40, 3), 240, dtype=np.uint8)
+    est = estimate_images(glass)
+    assert not est.separable and "stained pixels" in est.why
+    model = estimate_images(pap_tile(0, 256)[0])
+    check = stain_check(model, est)
+    assert check["degrees"] is None and not check["advised"]
+    assert "could not be estimated" in stain_words(check, "these cells")
+    assert stain_check(None, est) is None
+
+
+def test_another_stain_is_said_and_the_same_is_not():
+    pap_a, _ = pap_tile(0, 512)
+    pap_b, _ = pap_tile(1, 512)
+    mgg, _ = pap_tile(2, 512, cyanophilic=0.0)  # eosin-only cytoplasm: another stain's colours
+    a, b, c = (estimate_images(x) for x in (pap_a, pap_b, mgg))
+    assert compare(a, b) < ADVISE_DEGREES
+    assert stain_words(stain_check(a, b), "these cells") is None
+    check = stain_check(a, c)
+    assert check["advised"] and check["degrees"] > ADVISE_DEGREES
+    assert "train a model on this lab's normal cells" in stain_words(check, "these cells")
+    assert StainEstimate.from_record(a.as_record()).vectors == pytest.approx(
+        np.round(a.vectors, 5), abs=1e-6
+    )
+    assert len(od_pixels([pap_a, pap_b], most=1000)) == 1000
