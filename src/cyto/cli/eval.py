@@ -98,12 +98,48 @@ def eval_scores_cmd(
     label_column: Annotated[str, typer.Option(help="Column with 0/1 labels (1 = abnormal).")] = (
         "label"
     ),
+    by_class: Annotated[
+        bool,
+        typer.Option(
+            help="Also each abnormal class against the normal class alone (a multi-class table: "
+            "the Bethesda classes of Pap cells, cell types): its AUROC and Recall@K."
+        ),
+    ] = False,
+    class_column: Annotated[str, typer.Option(help="Column with class names (--by-class).")] = (
+        "class"
+    ),
+    normal: Annotated[
+        str | None,
+        typer.Option(
+            help="Normal class(es) for --by-class, comma-separated (default: the classes "
+            "whose rows are all labelled 0)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """TP@K, Recall@K, Precision@K, nDCG@K, AUTK@K, normalized AUFROC@K and AUROC."""
-    from cyto.eval.scores import evaluate_table
+    from cyto.eval.scores import evaluate_by_class, evaluate_table
 
-    rows = evaluate_table(table, k or [400], score_column, label_column)
+    ks = k or [400]
+    if by_class:
+        classes = evaluate_by_class(table, ks, normal, score_column, class_column, label_column)
+        if as_json:
+            import json
+
+            typer.echo(json.dumps(classes, indent=2))
+            return
+        typer.echo(
+            f"{table}: each abnormal class against {classes[0]['normal'] if classes else '-'}"
+        )
+        head = "".join(
+            f" {'Recall@' + str(r['k']):>12}" for r in (classes[0]["by_k"] if classes else [])
+        )
+        typer.echo(f"{'class':>16} {'cells':>6} {'AUROC':>7}{head}")
+        for c in classes:
+            recalls = "".join(f" {r['recall_at_k']:>12.4f}" for r in c["by_k"])
+            typer.echo(f"{c['class']:>16} {c['n_class']:>6} {c['auroc']:>7.4f}{recalls}")
+        return
+    rows = evaluate_table(table, ks, score_column, label_column)
     if as_json:
         import json
 

@@ -43,8 +43,9 @@ def check_parquet(path: Path, fix: str) -> None:
         ) from exc
 
 
-def read_score_table(path: Path, score_column: str, label_column: str):
-    """(scores, labels) of a table; ``score_column`` ``auto``: :func:`ranked_column`."""
+def read_score_table(path: Path, score_column: str, label_column: str, need_label: bool = True):
+    """(scores, labels) of a table; ``score_column`` ``auto``: :func:`ranked_column`; labels
+    None when the table has no ``label_column`` and ``need_label`` is False."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
@@ -61,12 +62,16 @@ def read_score_table(path: Path, score_column: str, label_column: str):
         meta = table.schema.metadata or {}
         rank_by = meta.get(b"cyto.rank_by", b"").decode(errors="replace") or None
         score_column = ranked_column(table.column_names, rank_by)
-    for col in (score_column, label_column):
+    if not need_label and label_column not in table.column_names:
+        label_column = None
+    for col in (c for c in (score_column, label_column) if c is not None):
         if col not in table.column_names:
             raise MetricError(
                 f"{path} has no column {col!r}; columns: {', '.join(table.column_names)}"
             )
     for col, flag in ((score_column, "--score-column"), (label_column, "--label-column")):
+        if col is None:
+            continue
         kind = table.schema.field(col).type
         if not (
             pa.types.is_integer(kind)
@@ -80,6 +85,8 @@ def read_score_table(path: Path, score_column: str, label_column: str):
                 "column of numeric scores and 0/1 labels"
             )
     scores = np.asarray(table[score_column].to_numpy(zero_copy_only=False), dtype=np.float64)
+    if label_column is None:
+        return scores, None
     labels = np.asarray(table[label_column].to_numpy(zero_copy_only=False))
     return scores, labels
 
@@ -94,3 +101,72 @@ def evaluate_table(
 def _first_words(exc: Exception) -> str:
     """The first sentence of a library's error (Arrow adds guesses after it)."""
     return first_line(exc).split(". ")[0].rstrip(".")
+
+
+def evaluate_by_class(
+    path: Path,
+    k: list[int],
+    normal: str | None = None,
+    score_column: str = "auto",
+    class_column: str = "class",
+    label_column: str = "label",
+) -> list[dict]:
+    """Per abnormal class of a multi-class table (a Bethesda class, a cell type): its cells
+    against the normal class's alone, AUROC and each metric at each of ``k``. ``normal``: the
+    normal class(es), comma-separated; None: the classes whose rows are all labelled 0."""
+    import pyarrow as pa
+
+    scores, labels = read_score_table(path, score_column, label_column, need_label=False)
+    table = _read(Path(path))
+    if class_column not in table.column_names:
+        raise MetricError(
+            f"{path} has no column {class_column!r} (--class-column); columns: "
+            f"{', '.join(table.column_names)}"
+        )
+    classes = np.asarray(table[class_column].cast(pa.string()).to_pylist(), dtype=object)
+    known = sorted({c for c in classes if c is not None})
+    if normal:
+        normals = [c.strip() for c in normal.split(",") if c.strip()]
+        unknown = [c for c in normals if c not in known]
+        if unknown:
+            raise MetricError(
+                f"--normal {', '.join(unknown)}: no such class in {path}; classes: "
+                f"{', '.join(known)}"
+            )
+    elif labels is not None:
+        normals = [c for c in known if not np.any(labels[classes == c] == 1)]
+    else:
+        raise MetricError(
+            f"{path} has no {label_column!r} column: name the normal class(es) with --normal"
+        )
+    if not normals:
+        raise MetricError(
+            f"no normal class in {path} (every class has abnormal rows): give --normal"
+        )
+    is_normal = np.isin(classes, normals)
+    rows = []
+    for cls in known:
+        if cls in normals:
+            continue
+        pick = is_normal | (classes == cls)
+        y = (classes[pick] == cls).astype(np.int64)
+        per_k = [all_metrics(scores[pick], y, kk) for kk in k]
+        rows.append(
+            {
+                "class": cls,
+                "normal": ",".join(normals),
+                "n_normal": int(is_normal.sum()),
+                "n_class": int(y.sum()),
+                "auroc": per_k[0]["auroc"],
+                "by_k": per_k,
+            }
+        )
+    return rows
+
+
+def _read(path: Path):
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    with open(path, "rb") as fh:
+        return pacsv.read_csv(fh) if path.suffix.lower() == ".csv" else pq.read_table(fh)

@@ -1,0 +1,67 @@
+"""cyto eval scores --by-class: each abnormal class of a multi-class table against the normal
+class alone (the Bethesda classes of Pap cells)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.metrics import roc_auc_score
+
+from cyto.eval.metrics import MetricError, recall_at_k
+from cyto.eval.scores import evaluate_by_class
+from tests.cli_runner import run_cyto
+
+
+def _table(path, classes, scores, labels=True):
+    cols = {"class": list(classes), "score": np.asarray(scores, dtype=float)}
+    if labels:
+        cols["label"] = [0 if c == "NILM" else 1 for c in classes]
+    pq.write_table(pa.table(cols), path)
+    return path
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    counts=st.tuples(st.integers(5, 40), st.integers(1, 20), st.integers(1, 20)),
+    seed=st.integers(0, 10_000),
+)
+def test_each_class_is_ranked_against_the_normal_cells_alone(tmp_path_factory, counts, seed):
+    rng = np.random.default_rng(seed)
+    names = ["NILM", "ASC-US", "LSIL"]
+    classes = np.repeat(names, counts)
+    scores = rng.normal(0, 1, len(classes)) + np.select(
+        [classes == "ASC-US", classes == "LSIL"], [0.5, 2.0], 0.0
+    )
+    path = _table(tmp_path_factory.mktemp("t") / "t.parquet", classes, scores)
+    rows = {r["class"]: r for r in evaluate_by_class(path, [5, 10])}
+    assert set(rows) == {"ASC-US", "LSIL"}
+    for name, row in rows.items():
+        pick = (classes == "NILM") | (classes == name)
+        y = (classes[pick] == name).astype(int)
+        assert row["auroc"] == pytest.approx(roc_auc_score(y, scores[pick]))
+        assert row["n_class"] == counts[names.index(name)] and row["n_normal"] == counts[0]
+        assert row["by_k"][1]["recall_at_k"] == pytest.approx(recall_at_k(scores[pick], y, 10))
+    # the normal class given, a table without labels gives the same
+    bare = _table(tmp_path_factory.mktemp("t") / "b.parquet", classes, scores, labels=False)
+    again = {r["class"]: r["auroc"] for r in evaluate_by_class(bare, [5], normal="NILM")}
+    assert again == {k: r["auroc"] for k, r in rows.items()}
+
+
+def test_bad_choices_are_one_line(tmp_path):
+    path = _table(tmp_path / "t.parquet", ["NILM", "LSIL", "NILM"], [0.1, 0.9, 0.2])
+    with pytest.raises(MetricError, match="no such class"):
+        evaluate_by_class(path, [1], normal="Normal")
+    with pytest.raises(MetricError, match="--class-column"):
+        evaluate_by_class(path, [1], class_column="bethesda")
+    bare = _table(tmp_path / "b.parquet", ["NILM", "LSIL"], [0.1, 0.9], labels=False)
+    with pytest.raises(MetricError, match="--normal"):
+        evaluate_by_class(bare, [1])
+    proc = run_cyto("eval", "scores", str(path), "--by-class", "--k", "1")
+    assert proc.returncode == 0 and "LSIL" in proc.stdout and "against NILM" in proc.stdout
+    proc = run_cyto("eval", "scores", str(path), "--by-class", "--normal", "Normal")
+    assert proc.returncode == 2 and "no such class" in proc.stderr
+    assert "Traceback" not in proc.stderr
