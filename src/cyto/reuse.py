@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cyto.errors import first_line
+from cyto.tables import parquet_file
 
 #: shown instead of the value of a secret key field (what differs is said, never the value)
 HIDDEN = "(hidden)"
@@ -79,12 +80,10 @@ class Artifact:
                 return f"{name} does not read back as JSON ({first_line(exc)})"
         if self.kind == "parquet":
             import pyarrow as pa
-            import pyarrow.parquet as pq
 
             try:
-                with open(path, "rb") as fh:  # a handle: Arrow takes UTF-8 paths only
-                    parquet = pq.ParquetFile(fh)
-                    meta, schema = parquet.metadata, parquet.schema_arrow
+                parquet = parquet_file(path)  # cyto.tables: a name Arrow takes, or its bytes
+                meta, schema = parquet.metadata, parquet.schema_arrow
             except (pa.ArrowException, OSError, ValueError) as exc:
                 return f"{name} does not read back as Parquet ({first_line(exc)})"
             names, written = set(schema.names), schema.metadata or {}

@@ -8,6 +8,7 @@ import numpy as np
 
 from cyto.errors import InputPathError, first_line
 from cyto.eval.metrics import MetricError, all_metrics
+from cyto.tables import parquet_file, read_table
 
 #: the column a cyto table's ``rank`` follows under each ranking (``--rank-by``)
 RANKED_COLUMN = {
@@ -32,11 +33,9 @@ def check_parquet(path: Path, fix: str) -> None:
     short, or not Parquet at all) in one line that names it and says ``fix``; its footer, which
     a cut file loses first, is read, not its rows."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
-        with open(path, "rb") as fh:  # a handle: Arrow takes a path in UTF-8 only
-            pq.ParquetFile(fh).close()
+        parquet_file(path)  # cyto.tables: a name Arrow takes, or the file's bytes
     except (pa.ArrowException, OSError) as exc:
         raise InputPathError(
             f"{path} is truncated or damaged ({_first_words(exc)}); {fix}"
@@ -47,15 +46,12 @@ def read_score_table(path: Path, score_column: str, label_column: str, need_labe
     """(scores, labels) of a table; ``score_column`` ``auto``: :func:`ranked_column`; labels
     None when the table has no ``label_column`` and ``need_label`` is False."""
     import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
 
     path = Path(path)
     if not path.is_file():
         raise InputPathError(f"score table {path} does not exist")
     try:
-        with open(path, "rb") as fh:  # a handle: Arrow takes a path in UTF-8 only
-            table = pacsv.read_csv(fh) if path.suffix.lower() == ".csv" else pq.read_table(fh)
+        table = read_table(path)
     except (pa.ArrowException, OSError) as exc:
         raise InputPathError(f"cannot read {path} as Parquet or CSV: {exc}") from exc
     if score_column == "auto":
@@ -165,8 +161,4 @@ def evaluate_by_class(
 
 
 def _read(path: Path):
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
-    with open(path, "rb") as fh:
-        return pacsv.read_csv(fh) if path.suffix.lower() == ".csv" else pq.read_table(fh)
+    return read_table(path)

@@ -386,12 +386,11 @@ def rewrite_qupath(out_dir: Path, summary: dict, opts: ScoreOptions, slide: Path
     finished slide whose table, ranks and other outputs hold (:func:`cyto.reuse.check_reuse`)
     and whose QuPath outputs differ, are missing or are cut short: the cells need no second
     scoring to be drawn again."""
-    import pyarrow.parquet as pq
 
     from cyto.infer.qupath import QUPATH_FILES
+    from cyto.tables import read_table
 
-    with open(Path(out_dir) / "scores.parquet", "rb") as fh:  # a handle: Arrow takes UTF-8 only
-        table = pq.read_table(fh)
+    table = read_table(Path(out_dir) / "scores.parquet")
     k = min(int((summary.get("output_key") or {}).get("top_k") or opts.top_k), table.num_rows)
     written = write_qupath(
         table,

@@ -25,6 +25,7 @@ from cyto.errors import CytoError, first_line
 from cyto.reuse import check_reuse, read_record
 from cyto.slides.base import PLANE_SEP
 from cyto.slides.remote import SlideURL, remote_identity, slide_ref
+from cyto.tables import parquet_file
 
 PARTIAL = ".partial"
 #: the fields of a chunk store's key by the user's names (the options keep their flag names)
@@ -229,7 +230,6 @@ class ChunkStore:
 
     def read_all(self):
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         self._ranges()  # refuses overlapping or missing chunks
         files = self._files()
@@ -238,7 +238,7 @@ class ChunkStore:
         # ParquetFile, not read_table: read_table imports pyarrow.dataset (0.05-0.4 s of the
         # slide's clock on 2 cores) to read one plain file
         return pa.concat_tables(
-            [pq.ParquetFile(f).read().replace_schema_metadata(None) for f in files]
+            [parquet_file(f).read().replace_schema_metadata(None) for f in files]
         )
 
     def remove(self) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import ConfigError, InputPathError
+from cyto.tables import read_table
 
 #: the table's FDR flag columns, the first found is drawn (cyto.stats.calibrate)
 FLAG_COLUMNS = ("flagged_bh", "flagged_adaptive")
@@ -85,7 +86,6 @@ class ViewSlide:
     """One scored slide: its summary, its cells (in rank order) and its slide file's readers."""
 
     def __init__(self, folder: Path) -> None:
-        import pyarrow.parquet as pq
 
         from cyto.infer.outputs import output_artifacts
         from cyto.infer.store import slide_key
@@ -121,8 +121,7 @@ class ViewSlide:
         self.tile = int(key.get("tile") or 0) or None
         self.nuclei_given = bool(key.get("nuclei"))
         self.z = [0.0, *(float(z) for z, _ in self.planes)]
-        with open(self.folder / "scores.parquet", "rb") as fh:  # a handle: Arrow takes UTF-8
-            table = pq.read_table(fh)
+        table = read_table(self.folder / "scores.parquet")  # cyto.tables: any file name
         order = np.argsort(np.asarray(table["rank"]), kind="stable")
         self.table = table.take(order)  # row i holds rank i + 1
         self.flag_column = next((c for c in FLAG_COLUMNS if c in table.column_names), None)
