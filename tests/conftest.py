@@ -163,6 +163,15 @@ def bone_marrow() -> Path:
 
 
 @pytest.fixture(scope="session")
+def cric() -> Path:
+    """Pap-stained cervical cells with Bethesda labels (CRIC Cervix: NILM, ASC-US, LSIL, ASC-H)."""
+    path = SHARED_DATA / "cric"
+    if not (path / "NILM").is_dir():
+        pytest.skip(f"real Pap cells (CRIC) not found at {path} (set CYTO_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
 def wsi_dir() -> Path:
     path = SHARED_DATA / "wsi"
     if not path.is_dir():

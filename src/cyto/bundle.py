@@ -139,6 +139,9 @@ class ModelSpec:
     #: the stain vectors estimated over the training cells (cyto.detect.stain): what another
     #: lab's cells are checked against
     stain_vectors: dict | None = None
+    #: the training patches' own side (px, before any resize): the crop a slide's cells are cut
+    #: at (at the model's mpp); None before cyto recorded it
+    patch_px: int | None = None
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], where: object = "bundle") -> ModelSpec:
@@ -182,6 +185,7 @@ class ModelSpec:
                 morphometry=training.get("morphometry"),
                 validation=manifest.get("validation"),
                 stain_vectors=training.get("stain_vectors"),
+                patch_px=int(training["patch_px"]) if training.get("patch_px") else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(

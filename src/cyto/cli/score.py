@@ -191,7 +191,13 @@ def score_cmd(
             "on or off. The scores are the same."
         ),
     ] = "auto",
-    patch_size: Annotated[int, typer.Option(help="Cell crop size, level-0 px.")] = 192,
+    patch_size: Annotated[
+        int | None,
+        typer.Option(
+            help="Cell crop size, level-0 px at the model's mpp (default: the side of the "
+            "training patches the bundle records; 192 for a bundle that records none)."
+        ),
+    ] = None,
     tile: Annotated[int, typer.Option(help="Tile size read and decoded at once, px.")] = 1024,
     top_k: Annotated[int, typer.Option(help="Cells in topk.parquet.")] = 400,
     mosaic: Annotated[int, typer.Option(help="Cells in the review mosaic (0: none).")] = 100,

@@ -63,7 +63,30 @@ def synth_slide(
         int, typer.Option(help="Height in px (rounded up to a multiple of 512).")
     ] = 8192,
     cells: Annotated[
-        int | None, typer.Option(help="Nucleated cells (default: one per 140x140 px of smear).")
+        Path | None,
+        typer.Option(
+            help="Compose the slide from this folder of real cell crops (one sub-folder per "
+            "class): --normal's crops are the background, the --abnormal classes are planted at "
+            "--abnormal-fraction; give the crops' --mpp."
+        ),
+    ] = None,
+    n_cells: Annotated[
+        int | None,
+        typer.Option(
+            help="Nucleated cells (default: one per 140x140 px of smear; with --cells: "
+            "as many as fit)."
+        ),
+    ] = None,
+    normal: Annotated[
+        str | None, typer.Option(help="With --cells: the normal class(es), comma-separated.")
+    ] = None,
+    abnormal: Annotated[
+        str | None,
+        typer.Option(help="With --cells: the classes to plant (default: every other class)."),
+    ] = None,
+    mpp: Annotated[
+        float | None,
+        typer.Option(help="Microns per pixel of the slide (with --cells: of the crops, required)."),
     ] = None,
     abnormal_fraction: Annotated[
         float, typer.Option(help="Share of planted abnormal cells (witness rate), 0..1.")
@@ -104,6 +127,36 @@ def synth_slide(
     overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
 ) -> None:
     """Draw a whole slide with planted abnormal cells, plus NAME.cells.parquet (ground truth)."""
+    from cyto.errors import ConfigError
+
+    if cells is not None:
+        from cyto.data.synth.from_cells import compose_from_cli
+
+        res = compose_from_cli(
+            out, cells, normal, abnormal, mpp, n_cells, abnormal_fraction, width, height, seed,
+            tile, quality, fmt, overwrite, workers, typer.echo,
+            drawn={"--classes": classes, "--planes": planes != "0", "--defocus": defocus,
+                   "--scale": scale != 1.5, "--smear-extent": smear_extent != 0.46},
+        )  # fmt: skip
+    else:
+        if normal is not None or abnormal is not None:
+            raise ConfigError("--normal and --abnormal name the classes of --cells DIR")
+        res = _draw_synthetic(
+            out, width, height, n_cells, abnormal_fraction, classes, planes, fmt, tile, quality,
+            scale, mpp, defocus, smear_extent, seed, workers, overwrite,
+        )  # fmt: skip
+    w, h = res.size
+    typer.echo(
+        f"wrote {', '.join(map(str, res.paths))} ({w}x{h} px, {len(res.levels)} levels, "
+        f"{res.n_cells} cells, {res.n_abnormal} abnormal) and {res.ground_truth}"
+    )
+
+
+def _draw_synthetic(
+    out, width, height, n_cells, abnormal_fraction, classes, planes, fmt, tile, quality, scale,
+    mpp, defocus, smear_extent, seed, workers, overwrite,
+):  # fmt: skip
+    """A slide of drawn cells (:mod:`cyto.data.synth.slide`)."""
     from cyto.data.synth.cells import ABNORMAL_CLASSES
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
     from cyto.errors import ConfigError
@@ -115,7 +168,7 @@ def synth_slide(
     config = SlideSynthConfig(
         width=width,
         height=height,
-        n_cells=cells,
+        n_cells=n_cells,
         abnormal_fraction=abnormal_fraction,
         abnormal_classes=_csv(classes) or ABNORMAL_CLASSES,
         planes=zs,
@@ -125,13 +178,9 @@ def synth_slide(
         seed=seed,
         defocus=defocus,
         smear_extent=smear_extent,
+        mpp=mpp,
     )
-    res = write_slide(out, config, fmt=fmt, overwrite=overwrite, workers=workers)
-    w, h = res.size
-    typer.echo(
-        f"wrote {', '.join(map(str, res.paths))} ({w}x{h} px, {len(res.levels)} levels, "
-        f"{res.n_cells} cells, {res.n_abnormal} abnormal) and {res.ground_truth}"
-    )
+    return write_slide(out, config, fmt=fmt, overwrite=overwrite, workers=workers)
 
 
 @app.command("demo", short_help="The main job on built-in synthetic data, end to end.")

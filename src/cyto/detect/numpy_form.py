@@ -12,6 +12,7 @@ from cyto.detect.params import (
     nuclei_from_peaks,
     otsu_cut,
     reduced_params,
+    subtract_background,
 )
 from cyto.detect.peaks import component_peaks
 
@@ -67,9 +68,14 @@ def smoothed_haematoxylin(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
 
 
 def _smooth(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
+    """The nuclear signal smoothed at ``sigma``, less its background when asked
+    (:func:`cyto.detect.params.subtract_background`)."""
     from scipy import ndimage
 
-    return ndimage.gaussian_filter(haematoxylin(rgb, params.channel), params.sigma)
+    out = ndimage.gaussian_filter(haematoxylin(rgb, params.channel), params.sigma)
+    if params.background > 0:
+        out = subtract_background(out, params.background)
+    return out
 
 
 def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:

@@ -130,15 +130,18 @@ def estimate_images(images, most: int = 200_000) -> StainEstimate:
 
 
 def compare(a: StainEstimate, b: StainEstimate) -> float | None:
-    """Degrees between two estimates: the larger of the angles between their first stains and
-    between their second stains. None when either could not separate its stains."""
+    """Degrees between two estimates: the larger of the angles between their stains paired the
+    nearer way (which of two stains is called first can flip where both lie about as near
+    haematoxylin: Pap's light green and eosin do). None when either could not separate its
+    stains."""
     if not (a.separable and b.separable):
         return None
-    angles = [
-        float(np.degrees(np.arccos(np.clip(np.dot(u, v), -1.0, 1.0))))
-        for u, v in zip(a.vectors, b.vectors, strict=True)
-    ]
-    return max(angles)
+
+    def angle(u, v) -> float:
+        return float(np.degrees(np.arccos(np.clip(np.dot(u, v), -1.0, 1.0))))
+
+    (a1, a2), (b1, b2) = a.vectors, b.vectors
+    return min(max(angle(a1, b1), angle(a2, b2)), max(angle(a1, b2), angle(a2, b1)))
 
 
 def stain_check(model: StainEstimate | None, cells: StainEstimate) -> dict | None:

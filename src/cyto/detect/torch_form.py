@@ -35,6 +35,7 @@ from cyto.detect.params import (
     nuclei_from_peaks,
     otsu_cut,
     reduced_params,
+    subtract_background,
 )
 from cyto.detect.peaks import component_peaks
 
@@ -212,6 +213,8 @@ def reduce_like_pil(t: torch.Tensor, k: int) -> torch.Tensor:
 def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
     empty = np.empty((0, 3), dtype=np.float64)
     h = gaussian(haematoxylin(rgb, params.channel), params.sigma)
+    if params.background > 0:  # the SciPy detector's top-hat, on the host
+        h = torch.from_numpy(subtract_background(h.cpu().numpy(), params.background)).to(h.device)
     if float(h.max()) < params.min_threshold:
         return empty
     if params.threshold is not None:  # the slide's, the same for every tile

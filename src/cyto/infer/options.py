@@ -26,7 +26,9 @@ def default_workers() -> int:
 
 @dataclass(frozen=True)
 class ScoreOptions:
-    patch_size: int = 192
+    #: the cell crop's side in level-0 px at the model's scale; None: the training patches'
+    #: side the bundle records (:func:`patch_side`)
+    patch_size: int | None = None
     tile: int = 1024
     batch_size: int = 64
     top_k: int = 400
@@ -66,9 +68,9 @@ class ScoreOptions:
     def __post_init__(self) -> None:
         # the messages name the command-line flags (ScoreOptions' fields spelled as cyto score
         # takes them), with the value given
-        if self.patch_size < 16:
+        if self.patch_size is not None and self.patch_size < 16:
             raise ConfigError(f"--patch-size must be >= 16 px, got {self.patch_size}")
-        if self.tile < self.patch_size:
+        if self.patch_size is not None and self.tile < self.patch_size:
             raise ConfigError(
                 f"--tile must be at least --patch-size ({self.patch_size} px), got {self.tile}"
             )
@@ -241,3 +243,20 @@ def check_rank_by(model, rank_by: str) -> None:
 
     spec = model_spec(model)
     resolve_rank_by(rank_by, Morphometric.of_spec(spec), spec.validation)
+
+
+#: the crop side of a bundle that records no training patch side (cyto before it did): the
+#: synthetic patches' side
+DEFAULT_PATCH = 192
+
+
+def patch_side(opts, spec) -> int:
+    """The crop's side at the model's scale (level-0 px at the model's mpp): ``--patch-size``,
+    else the side of the training patches the bundle records (a model of 100 px CRIC crops
+    cut 192 px crops otherwise, and saw its cells 1.9x too small), else :data:`DEFAULT_PATCH`."""
+    from cyto.errors import ConfigError
+
+    side = opts.patch_size or spec.patch_px or DEFAULT_PATCH
+    if opts.tile < side:
+        raise ConfigError(f"--tile must be at least the crop's side ({side} px), got {opts.tile}")
+    return side

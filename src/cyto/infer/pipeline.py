@@ -27,7 +27,7 @@ from cyto.errors import SYSTEM_ERRORS, OutputWriteError
 from cyto.infer.batcher import CellBatcher
 from cyto.infer.finish import Metrics, finish_slide, rank_by
 from cyto.infer.memory import trim_malloc
-from cyto.infer.options import ScoreOptions
+from cyto.infer.options import ScoreOptions, patch_side
 from cyto.infer.plan import SlidePlan, ThresholdAhead, TileRun
 from cyto.infer.store import PARTIAL, ChunkStore, kept_words
 from cyto.infer.tiling import Resolution, TileFeed, broken_worker_error, start_workers
@@ -316,7 +316,9 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
         said = f"It is read at {res.slide_mpp:.3g} um/px" if res.slide_mpp else "It has no mpp"
         if res.model_mpp:
             # the crop's pixels are factor x the size the model expects
-            est = res.model_mpp * check["factor"] * opts.patch_size / res.crop_px_level0
+            est = (
+                res.model_mpp * check["factor"] * patch_side(opts, scorer.spec) / res.crop_px_level0
+            )
             said += f"; its cells look as if at about {est:.2g}"
         echo(
             f"warning: the cells of {plan.slide.name} {look_words(check)}: is its resolution "

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cyto.data.morphometry import scorer_rank_by
-from cyto.infer.options import STAGES, ScoreOptions
+from cyto.infer.options import STAGES, ScoreOptions, patch_side
 from cyto.infer.store import schema, slide_key
 from cyto.infer.tiling import (
     QUEUE_MIN,
@@ -119,7 +119,12 @@ class SlidePlan:
             echo(NO_MODEL_MPP)
         self.slide, self.planes, self.slide_mpp = slide, planes, slide_mpp
         self.res = resolution(
-            slide_mpp, info.objective, model_mpp, opts.patch_size, opts.rescale, echo
+            slide_mpp,
+            info.objective,
+            model_mpp,
+            patch_side(opts, scorer.spec),
+            opts.rescale,
+            echo,
         )
         t0 = time.perf_counter()
         mask, mask_ds = tissue_mask(reader)

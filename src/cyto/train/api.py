@@ -74,6 +74,23 @@ def training_nuclei(data: TrainData, stain: str = "mgg") -> dict[str, Any]:
     }
 
 
+def patch_px(ds: PatchDataset) -> int | None:
+    """The most common side (the longer one) of the dataset's images before any resize, from
+    their headers; None when none can be read."""
+    from collections import Counter
+
+    from PIL import Image
+
+    sides: Counter = Counter()
+    for r in ds.records:
+        try:
+            with Image.open(r.path) as im:
+                sides[max(im.size)] += 1
+        except Exception:  # noqa: BLE001 - the images were read once already; a header is enough
+            continue
+    return sides.most_common(1)[0][0] if sides else None
+
+
 def holdout_split(ds: PatchDataset, labels, share: float) -> tuple[np.ndarray, np.ndarray]:
     """(training, held back) indices: the latest ``share`` of the normal cells by file number
     (:func:`cyto.data.dataset.acquisition_key`) and every abnormal cell are held back, the other
@@ -238,6 +255,8 @@ def train(
             "load_size": cfg.load_size,
             "n_images": len(ds),  # with the cells held back
             "held_back": int(len(held)),
+            # the training patches' own side: the crop cyto score cuts at the model's mpp
+            "patch_px": patch_px(ds),
             **training_nuclei(train_data, cfg.stain),
         }
     )

@@ -117,7 +117,7 @@ class SlideSynthConfig:
         if not 0.0 <= self.abnormal_fraction <= 1.0:
             raise ConfigError(f"abnormal fraction must be in [0, 1], got {self.abnormal_fraction}")
         if self.n_cells is not None and self.n_cells < 0:
-            raise ConfigError(f"--cells must be >= 0, got {self.n_cells}")
+            raise ConfigError(f"--n-cells must be >= 0, got {self.n_cells}")
         if self.tile % 16 or not 64 <= self.tile <= BLOCK:
             raise ConfigError(f"tile must be a multiple of 16 in [64, {BLOCK}], got {self.tile}")
         if 0.0 not in self.planes or len(set(self.planes)) != len(self.planes):
@@ -526,9 +526,25 @@ def write_slide(
     this process) and written in order; the bytes do not depend on the number of workers. Files
     appear under their final names only when complete (atomic rename).
     """
-    import pyarrow.parquet as pq
-
     out = Path(out)
+    fmt = slide_format(out, fmt)
+    refuse_to_replace_slide(out, fmt, config.planes, overwrite)
+    check_memory(config, workers)
+    out.parent.mkdir(parents=True, exist_ok=True)  # as every other command's outputs
+
+    lay = layout(config)
+    planes = sorted(config.planes, key=lambda z: (z != 0.0, z))
+    # a defocused scan: every plane drawn that far from the cells' plane of best focus
+    renderer = RowRenderer(
+        lay, config.seed, tuple(z + config.defocus for z in planes), config.size[0]
+    )
+    gt = ground_truth_table(lay, _utf8(out.stem))
+    n_abnormal = int((lay.cell_class != CELL_CLASSES.index(NORMAL_CLASS)).sum())
+    return write_pyramid(out, fmt, config, renderer, gt, n_abnormal, workers)
+
+
+def slide_format(out: Path, fmt: SlideFormat | str | None) -> str:
+    """The container of ``out``: ``fmt``, else from its suffix; one line when neither says."""
     if fmt is None:
         fmt = SUFFIX_FORMATS.get(out.suffix.lower())
         if fmt is None:
@@ -537,17 +553,29 @@ def write_slide(
                 "in .tif, .tiff or .ndpi, or pass --format"
             )
     try:
-        fmt = SlideFormat(fmt).value
+        return SlideFormat(fmt).value
     except ValueError as exc:
         raise ConfigError(f"unknown slide format {fmt!r}; known: tiff, ndpi") from exc
-    targets = [out] if fmt == "ndpi" else [plane_path(out, z) for z in config.planes]
+
+
+def refuse_to_replace_slide(out: Path, fmt: str, planes, overwrite: bool) -> None:
+    """Every file a slide writes (its planes, its ground truth) is replaced only with
+    ``overwrite``."""
+    targets = [out] if fmt == "ndpi" else [plane_path(out, z) for z in planes]
     targets.append(ground_truth_path(out))
     for target in targets:
         refuse_to_replace(target, overwrite, name=str(target))
-    check_memory(config, workers)
-    out.parent.mkdir(parents=True, exist_ok=True)  # as every other command's outputs
 
-    lay = layout(config)
+
+def write_pyramid(
+    out: Path, fmt: str, config, renderer, gt_table, n_abnormal: int, workers: int | None
+) -> SlideResult:
+    """Write the rows ``renderer(by)`` draws (one list of strips per row of blocks, a strip per
+    focal plane of ``config.planes``) as the pyramid of ``out``, and ``gt_table`` beside it.
+    ``config`` gives the size, tile, quality, planes, pixel size and objective (a
+    :class:`SlideSynthConfig`, or one with the same fields)."""
+    import pyarrow.parquet as pq
+
     w, h = config.size
     sizes = _level_sizes(config, fmt)
     planes = sorted(config.planes, key=lambda z: (z != 0.0, z))
@@ -566,8 +594,6 @@ def write_slide(
                     levels[p, li] = TiledLevel(
                         lw, lh, config.tile, config.quality, spools[p, li][1]
                     )
-        # a defocused scan: every plane drawn that far from the cells' plane of best focus
-        renderer = RowRenderer(lay, config.seed, tuple(z + config.defocus for z in planes), w)
         rows = h // BLOCK
         with progress(f"synth slide {out.name}", total=rows, unit="rows") as bar:
             for strips in _rendered_rows(renderer, rows, workers):
@@ -583,14 +609,13 @@ def write_slide(
             spools[key][1].close()
 
         results = []
-        slide_id = _utf8(out.stem)  # as cyto score names the slide: Parquet takes UTF-8 only
         describe = {
             "cyto_synthetic": __version__,
             "seed": config.seed,
             "mpp": config.microns_per_px,
             "objective": config.objective,
-            "n_cells": len(lay.cell_x),
-            "config": {k: v for k, v in asdict(config).items()},
+            "n_cells": gt_table.num_rows,
+            "config": json.loads(json.dumps(asdict(config), default=str)),
         }
         if fmt == "ndpi":
             pages = []
@@ -627,8 +652,7 @@ def write_slide(
                 os.replace(partial, target)
                 results.append(target)
         gt = ground_truth_path(out)
-        table = ground_truth_table(lay, slide_id)
-        table = table.replace_schema_metadata(
+        table = gt_table.replace_schema_metadata(
             {
                 b"cyto.synthetic": json.dumps(describe).encode(),
                 b"cyto.slide": _utf8(out.name).encode(),
@@ -645,8 +669,8 @@ def write_slide(
         paths=results,
         ground_truth=gt,
         size=(w, h),
-        n_cells=len(lay.cell_x),
-        n_abnormal=int((lay.cell_class != CELL_CLASSES.index(NORMAL_CLASS)).sum()),
+        n_cells=gt_table.num_rows,
+        n_abnormal=n_abnormal,
         levels=sizes,
     )
 
