@@ -143,6 +143,15 @@ class ModelSpec:
     #: at (at the model's mpp); None before cyto recorded it
     patch_px: int | None = None
 
+    @property
+    def crop_mpp(self) -> float | None:
+        """um per pixel of the crops the model takes: the training patches' (``mpp``) times
+        their side over the crop's (``patch_px`` / ``crop_size``); None where either is not
+        recorded. What the morphometry of its cells is measured at, in training and after."""
+        if not self.mpp or not self.patch_px:
+            return None
+        return self.mpp * self.patch_px / self.crop_size
+
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], where: object = "bundle") -> ModelSpec:
         try:

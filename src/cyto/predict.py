@@ -222,8 +222,8 @@ class _Job:
         its whole (squared) image, a zoomed one the centre 1 / zoom of it."""
         from cyto.detect.morphometry import measure_stain
 
-        out = measure_stain(batch, None, self.scorer.spec.stain)
-        if self.mpp:
+        out = measure_stain(batch, self.scorer.spec.crop_mpp, self.scorer.spec.stain)
+        if self.mpp and self.scorer.spec.crop_mpp is None:
             side = np.array(
                 [min(hw) / self.factor if self.factor is not None else max(hw) for hw in sizes]
             )

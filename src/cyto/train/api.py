@@ -42,7 +42,9 @@ def checkpoint_dir(out: Path) -> Path:
     return Path(out).with_name(Path(out).name + ".train-state")
 
 
-def training_nuclei(data: TrainData, stain: str = "mgg") -> dict[str, Any]:
+def training_nuclei(
+    data: TrainData, stain: str = "mgg", mpp: float | None = None
+) -> dict[str, Any]:
     """What a bundle records of its training normals' nuclei (all cells when labels are
     withheld), measured with the cell mask of their ``stain`` (:mod:`cyto.detect.morphometry`):
     the median share of a patch the scale check compares another folder's or a slide's cells
@@ -58,7 +60,7 @@ def training_nuclei(data: TrainData, stain: str = "mgg") -> dict[str, Any]:
             "nucleus_fraction": None, "centre_nucleus_fraction": None, "morphometry": None,
             "stain_vectors": None,
         }  # fmt: skip
-    measures = measure_stain(images, None, stain)
+    measures = measure_stain(images, mpp, stain)
     try:
         morph = Morphometric.fit(measures, stain).as_record()
     except ConfigError:
@@ -112,7 +114,9 @@ def holdout_split(ds: PatchDataset, labels, share: float) -> tuple[np.ndarray, n
     return np.sort(np.asarray(order[:-n_held])), held
 
 
-def validation(model, ds: PatchDataset, data: TrainData, held: np.ndarray, stain: str) -> dict:
+def validation(
+    model, ds: PatchDataset, data: TrainData, held: np.ndarray, stain: str, mpp: float | None
+) -> dict:
     """How the model, the training normals' morphometric score and their fusion rank the
     held-back cells (:func:`cyto.data.morphometry.validation_record`), recorded in the bundle
     for ``--rank-by auto``."""
@@ -126,8 +130,8 @@ def validation(model, ds: PatchDataset, data: TrainData, held: np.ndarray, stain
     record = None
     train_normals = np.setdiff1d(np.flatnonzero(np.asarray(data.labels) == 0), held)
     try:
-        morph = Morphometric.fit(measure_stain(data.images[train_normals], None, stain), stain)
-        record = morph.score(measure_stain(images, None, stain))
+        morph = Morphometric.fit(measure_stain(data.images[train_normals], mpp, stain), stain)
+        record = morph.score(measure_stain(images, mpp, stain))
     except ConfigError:
         pass
     classes = Counter(ds.records[i].cls for i in held)
@@ -246,6 +250,8 @@ def train(
         raise
     seconds = time.perf_counter() - t0
     manifest, tensors, scorer = model.bundle_parts(train_data)
+    side = patch_px(ds)  # the crops' pixel size, as ModelSpec.crop_mpp reads it back
+    crop_mpp = cfg.mpp * side / train_data.images.shape[1] if cfg.mpp and side else None
     manifest["training_data"].update(
         {
             "source": str(data),
@@ -256,12 +262,12 @@ def train(
             "n_images": len(ds),  # with the cells held back
             "held_back": int(len(held)),
             # the training patches' own side: the crop cyto score cuts at the model's mpp
-            "patch_px": patch_px(ds),
-            **training_nuclei(train_data, cfg.stain),
+            "patch_px": side,
+            **training_nuclei(train_data, cfg.stain, crop_mpp),
         }
     )
     if len(held):
-        manifest["validation"] = validation(model, ds, all_data, held, cfg.stain)
+        manifest["validation"] = validation(model, ds, all_data, held, cfg.stain, crop_mpp)
     manifest["calibration"] = normal_calibration(model, train_data)
     manifest["training_seconds"] = round(seconds, 2)
     manifest["device"] = str(dev)
