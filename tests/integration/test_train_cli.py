@@ -44,9 +44,9 @@ def test_train_info_predict(tmp_path, synth_patches):
     n_normal = sum(1 for f in (synth_patches / "normal").iterdir() if f.is_file())
     # one-class: normals only, the latest 20 % of them held back beside the abnormal cells
     held = round(0.2 * n_normal)
-    assert f"on {n_normal - held} normal images (of " in proc.stdout
+    assert f"on {n_normal} normal images (of " in proc.stdout  # trained again on every one
     assert f"held-back cells ({held} normal, 72 abnormal) ranked at AUROC model " in proc.stdout
-    assert "--rank-by auto ranks by " in proc.stdout
+    assert "--rank-by auto ranks by " in proc.stdout and "training again on every" in proc.stdout
     # trained without --set mpp: said now, not first when a slide's scale cannot be checked
     assert "no training resolution given" in proc.stdout and "--set mpp=" in proc.stdout
     assert not (tmp_path / "dsvdd.cyto.train-state").exists()  # cleaned after success
@@ -61,7 +61,8 @@ def test_train_info_predict(tmp_path, synth_patches):
     manifest = json.loads(run_cyto("info", str(out), "--json").stdout)
     assert manifest["config"]["epochs"] == 2 and manifest["config"]["backbone"] == "smallcnn"
     assert manifest["training_data"]["normal"] == ["normal"]
-    assert manifest["training_data"]["n_used"] == n_normal - held
+    assert manifest["training_data"]["n_used"] == n_normal  # the held-out model only chose
+    assert manifest["validation"]["refit"] is True
     assert manifest["training_data"]["n_images"] == n_normal + 72
     assert set(manifest["files"]) == {"weights-encoder-seed0.safetensors", "scorer.npz"}
 

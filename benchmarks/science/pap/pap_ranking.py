@@ -51,8 +51,10 @@ from _results import machine, mean_sd, write  # noqa: E402
 from cyto.data.dataset import PatchDataset, acquisition_key  # noqa: E402
 from cyto.eval.metrics import aufroc_at_k, auroc, ndcg_at_k, recall_at_k  # noqa: E402
 
-MPP = 0.258  # the crops' pixel size (benchmarks/science/pap/README.md: how it was found)
-NORMAL = "NILM"
+#: the CRIC crops' pixel size (benchmarks/science/pap/README.md: how it was found)
+MPP = 0.258
+#: the run's options (--normal, --stain, --mpp), set by main()
+OPT = argparse.Namespace(normal="NILM", stain="pap", mpp=MPP)
 RANKINGS = ("morphometry", "default", "dsvdd", "droc", "dsvdd-knn", "droc-knn")
 
 
@@ -128,8 +130,8 @@ def scores_of(ranking: str, ds, train_idx, test_idx, seed: int, overrides: dict,
     labels = np.asarray(ds.labels)
     normals = train_idx[labels[train_idx] == 0]
     if ranking == "morphometry":
-        fit = Morphometric.fit(measure_stain(images[normals], MPP, "pap"), "pap")
-        return fit.score(measure_stain(images[test_idx], MPP, "pap")), "morphometry"
+        fit = Morphometric.fit(measure_stain(images[normals], OPT.mpp, OPT.stain), OPT.stain)
+        return fit.score(measure_stain(images[test_idx], OPT.mpp, OPT.stain)), "morphometry"
     if ranking == "default":
         return _default(ds, train_idx, test_idx, seed, overrides, work)
     from cyto.train.config import resolve_config
@@ -138,7 +140,9 @@ def scores_of(ranking: str, ds, train_idx, test_idx, seed: int, overrides: dict,
 
     method = ranking.split("-")[0]
     cls = get_method(method)
-    cfg = resolve_config(cls.Config, "fast", overrides={**overrides, "seed": seed, "stain": "pap"})
+    cfg = resolve_config(
+        cls.Config, "fast", overrides={**overrides, "seed": seed, "stain": OPT.stain}
+    )
     from cyto.data.images import resize_rgb
 
     size = cfg.load_size or images.shape[1]
@@ -163,7 +167,7 @@ def _link(ds, idx, root: Path) -> Path:
 
 
 def _default(ds, train_idx, test_idx, seed: int, overrides: dict, work: Path):
-    """cyto train dsvdd --preset fast --set stain=pap, then cyto predict: the rank it gives."""
+    """cyto train dsvdd --preset fast --set stain=STAIN, then cyto predict: the rank it gives."""
     import pyarrow.parquet as pq
 
     from cyto.predict import predict
@@ -172,14 +176,15 @@ def _default(ds, train_idx, test_idx, seed: int, overrides: dict, work: Path):
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         tmp = Path(tmp)
         train_dir, test_dir = _link(ds, train_idx, tmp / "train"), _link(ds, test_idx, tmp / "test")
-        sets = [
-            f"{k}={v}" for k, v in {**overrides, "stain": "pap", "mpp": MPP, "seed": seed}.items()
-        ]
+        given = {**overrides, "stain": OPT.stain, "seed": seed}
+        if OPT.mpp:
+            given["mpp"] = OPT.mpp
+        sets = [f"{k}={v}" for k, v in given.items()]
         res = train(
-            "dsvdd", train_dir, tmp / "m.cyto", normal=NORMAL, preset="fast", overrides=sets
+            "dsvdd", train_dir, tmp / "m.cyto", normal=OPT.normal, preset="fast", overrides=sets
         )
         summary = predict(
-            tmp / "m.cyto", test_dir, tmp / "p.parquet", normal=NORMAL, echo=lambda *a: None
+            tmp / "m.cyto", test_dir, tmp / "p.parquet", normal=OPT.normal, echo=lambda *a: None
         )
         table = pq.read_table(tmp / "p.parquet")
         # the rank's order, as scores (rank 1 highest), in the test indices' order
@@ -208,9 +213,15 @@ def main() -> None:
     ap.add_argument("--rankings", default="morphometry,default")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--final-fraction", type=float, default=0.25)
-    ap.add_argument("--final-classes", default="NILM,ASC-US,LSIL")
+    ap.add_argument(
+        "--final-classes", default="NILM,ASC-US,LSIL", help="the classes with a final block"
+    )
     ap.add_argument("--draws", type=int, default=500)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--normal", default="NILM")
+    ap.add_argument("--stain", default="pap", help="mgg, pap or he: the cells' stain")
+    ap.add_argument("--mpp", type=float, default=MPP, help="the crops' um/px (0: not known)")
+    ap.add_argument("--size", type=int, default=100, help="crops are padded or resized to this")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     rankings = [r for r in args.rankings.split(",") if r]
@@ -219,7 +230,9 @@ def main() -> None:
         raise SystemExit(f"unknown rankings {unknown}; known: {', '.join(RANKINGS)}")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     overrides = dict(kv.split("=", 1) for kv in args.set)
-    ds = PatchDataset.from_path(args.data, normal=NORMAL, size=100)  # pads, never stretches
+    args.mpp = args.mpp or None
+    OPT.normal, OPT.stain, OPT.mpp = args.normal, args.stain, args.mpp
+    ds = PatchDataset.from_path(args.data, normal=args.normal, size=args.size)  # pads
     dev, final = blocks(ds, args.final_fraction, tuple(args.final_classes.split(",")))
     if args.stage == "dev":
         a, b = halves(ds, dev)
@@ -240,7 +253,7 @@ def main() -> None:
                        **metrics(labels[te], s, classes[te], args.draws, seed)}  # fmt: skip
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    meta = {**machine(), "command": " ".join(sys.argv), "mpp": MPP,
+    meta = {**machine(), "command": " ".join(sys.argv), "mpp": args.mpp,
             "blocks": {"dev": int(len(dev)), "final": int(len(final))}}  # fmt: skip
     md = [
         f"# Pap rankings, {args.stage}", "", f"`{meta['command']}`", "",

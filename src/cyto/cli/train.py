@@ -75,12 +75,7 @@ def train_cmd(
         f"trained {res.method} on {used_words(res.n_used, res.n_images)} in {res.seconds:.1f} s; "
         f"final losses {last}; wrote {res.bundle}"
     )
-    if res.validation is not None:
-        from cyto.data.morphometry import choose_ranking
-
-        how, why = choose_ranking(res.validation)
-        typer.echo(f"{why}: --rank-by auto ranks by {how}")
-    elif res.config.holdout > 0 and res.n_used == res.n_images:
+    if res.validation is None and res.config.holdout > 0 and res.n_used == res.n_images:
         typer.echo(
             "note: no abnormal classes beside the normal ones, so nothing was held back to "
             "compare rankings: --rank-by auto ranks by the model alone"

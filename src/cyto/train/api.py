@@ -76,6 +76,12 @@ def training_nuclei(
     }
 
 
+def held_mpp(cfg, ds: PatchDataset, data: TrainData) -> float | None:
+    """The held-back crops' pixel size (as :attr:`cyto.bundle.ModelSpec.crop_mpp` reads it)."""
+    side = patch_px(ds)
+    return cfg.mpp * side / data.images.shape[1] if cfg.mpp and side else None
+
+
 def patch_px(ds: PatchDataset) -> int | None:
     """The most common side (the longer one) of the dataset's images before any resize, from
     their headers; None when none can be read."""
@@ -232,17 +238,37 @@ def train(
     )
     train_data = TrainData.from_dataset(ds)
     held = np.zeros(0, dtype=np.int64)
+    probe_data = None
     if cls.one_class:  # abnormal cells beside the normals: held back to choose the ranking
         keep, held = holdout_split(ds, train_data.labels, cfg.holdout)
         if len(held):
-            all_data, train_data = train_data, train_data.subset(keep[train_data.labels[keep] == 0])
+            all_data = train_data
+            probe_data = train_data.subset(keep[train_data.labels[keep] == 0])
+            normals = np.flatnonzero(train_data.labels == 0)
+            train_data = train_data.subset(normals) if cfg.refit else probe_data
     if not cls.instance_labels:
         # weakly supervised: the method, its calibration and its manifest never see them
         train_data = dataclasses.replace(train_data, labels=None)
     start_checkpoints(ckpt, run_key(method, cfg, train_data, weights), resume)
     t0 = time.perf_counter()
+    chosen = None
     try:
-        model = cls(cfg).fit(train_data, device=dev, ckpt_dir=ckpt, resume=resume, weights=weights)
+        if probe_data is not None:  # the held-out model: it ranks the held-back cells
+            probe = cls(cfg).fit(
+                probe_data, device=dev, ckpt_dir=ckpt / "held-out", resume=resume, weights=weights
+            )
+            chosen = validation(probe, ds, all_data, held, cfg.stain, held_mpp(cfg, ds, all_data))
+            if echo is not None:
+                from cyto.data.morphometry import choose_ranking
+
+                how, why = choose_ranking(chosen)
+                again = "; training again on every normal cell" if cfg.refit else ""
+                echo(f"{why}: --rank-by auto ranks by {how}{again}")
+        model = (
+            probe
+            if probe_data is not None and not cfg.refit
+            else cls(cfg).fit(train_data, device=dev, ckpt_dir=ckpt, resume=resume, weights=weights)
+        )
     except BaseException as exc:  # Ctrl-C or an error: say what a rerun with --resume finds
         if echo is not None:
             stop = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
@@ -250,8 +276,8 @@ def train(
         raise
     seconds = time.perf_counter() - t0
     manifest, tensors, scorer = model.bundle_parts(train_data)
-    side = patch_px(ds)  # the crops' pixel size, as ModelSpec.crop_mpp reads it back
-    crop_mpp = cfg.mpp * side / train_data.images.shape[1] if cfg.mpp and side else None
+    side = patch_px(ds)
+    crop_mpp = held_mpp(cfg, ds, train_data)  # the crops' pixel size, as ModelSpec.crop_mpp reads
     manifest["training_data"].update(
         {
             "source": str(data),
@@ -266,8 +292,8 @@ def train(
             **training_nuclei(train_data, cfg.stain, crop_mpp),
         }
     )
-    if len(held):
-        manifest["validation"] = validation(model, ds, all_data, held, cfg.stain, crop_mpp)
+    if chosen is not None:
+        manifest["validation"] = chosen | {"refit": cfg.refit}
     manifest["calibration"] = normal_calibration(model, train_data)
     manifest["training_seconds"] = round(seconds, 2)
     manifest["device"] = str(dev)

@@ -49,6 +49,9 @@ class TrainConfig:
     #: cells: which of the model, the morphometric score and their fusion ranks best (--rank-by
     #: auto); 0: train on every normal cell and rank by the model alone
     holdout: float = 0.2
+    #: after the ranking is chosen on held-back cells, train the bundle's model again on every
+    #: normal cell (the held-out model only chose); false: the held-out model is the bundle's
+    refit: bool = True
 
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
