@@ -39,12 +39,11 @@ MIN_PIXELS = 500
 #: the two stains' directions at least this far apart (degrees), else one stain is all there is
 MIN_SPREAD_DEGREES = 3.0
 #: a set of cells whose stain lies further than this from the model's (degrees, the larger of
-#: the two stains' angles) is said to be stained otherwise. Measured (normal cells, sets of
-#: 200-560; benchmarks/science/pap/stain_angles.py): four blocks of CRIC's NILM cells, one lab's
-#: many slides, 4.4-8.6 apart; the halves of the bone-marrow lymphocytes 1.8; of the other
-#: lab's blood lymphocytes 20.2 (two batches); bone marrow against that lab 7.4-27.3; Pap
-#: against MGG 34. So it tells a stain (Pap from MGG) and some batches and labs apart, and
-#: misses a lab whose stain lies as near as one lab's own slides do
+#: the two stains' angles) is said to be stained otherwise. Measured on sets of 200-560 normal
+#: cells (benchmarks/science/pap/stain_angles.py; results in benchmarks/results/xeon-2core/pap/
+#: stain/): within a lab, CRIC's development NILM blocks (many slides) 4.1-9.3, the bone-marrow
+#: halves 1.6, the other lab's blood halves 7.6; between the two MGG labs 20.5-28.9; Pap against
+#: MGG 21-34. It misses a lab whose stain lies within the spread of one lab's own slides
 ADVISE_DEGREES = 10.0
 
 
