@@ -120,6 +120,7 @@ def predict(
         job = _Job(scorer, load, factor if zooming else None, batch_size, chunk, patch_mpp)
         try:
             job.run(records, store, done, skip_unreadable, Path(data).name)
+            _say_inputs(job)
         except BaseException as exc:
             if any(store.dir.glob("chunk-*")):
                 stop = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
@@ -209,6 +210,11 @@ class _Job:
         self.factor, self.batch_size, self.chunk = factor, batch_size, chunk
         #: the patches' own pixel size: the one given, else the model's training patches'
         self.mpp = patch_mpp or scorer.spec.mpp
+        #: what this run decoded that a user should hear of: grayscale or 16-bit images, and
+        #: images that are not square (padded, never stretched)
+        self.modes: list = []
+        self.oblong: list = []
+        self.read = 0
 
     def patches(self, images: list[np.ndarray]) -> np.ndarray:
         """The chunk's images as the network takes them: zoomed, or at the load size."""
@@ -244,6 +250,13 @@ class _Job:
                 read = np.zeros(part.n, dtype=bool)
                 read[np.asarray(part.index, dtype=np.int64) - part.start] = True
                 values = {c: np.full(part.n, np.nan) for c in _numbers()}
+                self.modes += part.modes
+                self.oblong += [
+                    (r.path, hw)
+                    for r, hw in zip(part.records, part.sizes, strict=True)
+                    if hw[0] != hw[1]
+                ]
+                self.read += len(part.images)
                 if part.images:
                     batch = self.patches(part.images)
                     values["score"][read] = self.scorer.score(batch, self.batch_size)
@@ -268,6 +281,25 @@ class _Job:
                 first = done + part.start
                 store.write(table, first, first + part.n)
                 bar.advance(part.n)
+
+
+def _say_inputs(job: _Job) -> None:
+    """One warning for the images read as grayscale or 16-bit, one for those not square."""
+    from cyto.data.images import mode_words
+    from cyto.errors import CytoWarning
+
+    said = mode_words(job.modes, job.read)
+    if said:
+        warnings.warn(said, CytoWarning, stacklevel=3)
+    if job.oblong:
+        path, (h, w) = job.oblong[0]
+        warnings.warn(
+            f"{len(job.oblong)} of {job.read} images are not square ({path.name}: {w}x{h} px, cut "
+            "at the edge of its image?): each is padded to a square with its edge colour, never "
+            "stretched",
+            CytoWarning,
+            stacklevel=3,
+        )
 
 
 def _zoom(store: ChunkStore, zoom, patch_mpp, spec, records, skip: bool, name: str):

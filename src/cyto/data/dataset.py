@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import re
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.data.images import IMAGE_SUFFIXES, decode_image, resize_rgb
-from cyto.errors import ConfigError, DatasetError, InputPathError, UnreadableImageError
+from cyto.data.images import IMAGE_SUFFIXES, decode_image, mode_words, resize_rgb
+from cyto.errors import (
+    ConfigError,
+    CytoWarning,
+    DatasetError,
+    InputPathError,
+    UnreadableImageError,
+)
 from cyto.tables import read_table
 
 log = logging.getLogger(__name__)
@@ -324,17 +331,21 @@ def one_class_split(
     }
 
 
-def _decode_one(record: PatchRecord, size: int | None) -> tuple[np.ndarray, str, tuple[int, int]]:
-    """(image, sha256 of the file, the image's own height and width)."""
+def _decode_one(
+    record: PatchRecord, size: int | None
+) -> tuple[np.ndarray, str, tuple[int, int], str | None]:
+    """(image, sha256 of the file, the image's own height and width, its mode where it was
+    grayscale or 16-bit: :data:`cyto.data.images.GRAY_MODES`)."""
     try:
         data = record.path.read_bytes()
     except OSError as exc:
         raise UnreadableImageError(record.path, exc.strerror or str(exc)) from exc
-    img = decode_image(data, record.path)
+    notes: list = []
+    img = decode_image(data, record.path, notes)
     native = img.shape[:2]
     if size is not None:
         img = resize_rgb(img, size)
-    return img, hashlib.sha256(data).hexdigest(), native
+    return img, hashlib.sha256(data).hexdigest(), native, notes[0][1] if notes else None
 
 
 @dataclass
@@ -351,6 +362,8 @@ class DecodedChunk:
     skipped: list[tuple[Path, str]]
     #: each image's own (height, width), before any resize
     sizes: list[tuple[int, int]] = field(default_factory=list)
+    #: (path, mode) of the images that were grayscale or 16-bit (cyto.data.images.mode_words)
+    modes: list[tuple[Path, str]] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -408,6 +421,8 @@ def decode_stream(
                 out.images.append(res[0])
                 out.digests.append(res[1])
                 out.sizes.append(res[2])
+                if res[3] is not None:
+                    out.modes.append((r.path, res[3]))
             yield out
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -429,6 +444,7 @@ def _decode_all(
     n = 0
     keep, skipped, digests = [], [], []
     oblong: list[tuple[Path, tuple[int, int]]] = []
+    modes: list[tuple[Path, str]] = []
     with progress("read images", total=len(records), unit="images") as bar:
         for part in decode_stream(records, size, skip, workers, chunk=256):
             for im in part.images:
@@ -444,22 +460,30 @@ def _decode_all(
             digests += part.digests
             keep += part.index
             skipped += part.skipped
+            modes += part.modes
             oblong += [
                 (r.path, hw)
                 for r, hw in zip(part.records, part.sizes, strict=True)
                 if hw[0] != hw[1]
             ]
             bar.advance(part.n)
+    said = mode_words(modes, len(records))
+    if said:
+        warnings.warn(said, CytoWarning, stacklevel=3)
     if oblong:
         path, (h, w) = oblong[0]
-        log.warning(
-            "%d of %d images are not square (%s: %dx%d px, cut at the edge of its image?): %s",
-            len(oblong), len(records), path.name, w, h,
-            "each is padded to a square with its edge colour, never stretched"
-            if size is not None
-            else "they keep their size, so pass a load size (--set load_size=N) to pad them to "
-            "one square size",
-        )  # fmt: skip
+        warnings.warn(
+            f"{len(oblong)} of {len(records)} images are not square ({path.name}: {w}x{h} px, cut "
+            "at the edge of its image?): "
+            + (
+                "each is padded to a square with its edge colour, never stretched"
+                if size is not None
+                else "they keep their size, so pass a load size (--set load_size=N) to pad them "
+                "to one square size"
+            ),
+            CytoWarning,
+            stacklevel=3,
+        )
     if listed is not None:
         return listed, keep, skipped, digests
     if stack is None:

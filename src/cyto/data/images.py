@@ -13,11 +13,20 @@ from cyto.errors import UnreadableImageError
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
 
 
-def decode_image(data: bytes, path: Path | str = "<bytes>") -> np.ndarray:
+#: image modes without a stain's colours (one channel): a cell crop of these was saved grayscale
+GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
+#: image modes of more than 8 bits a channel, brought to 8 bits by the image's own maximum
+DEEP_MODES = ("I", "I;16", "I;16B", "I;16L", "F")
+
+
+def decode_image(
+    data: bytes, path: Path | str = "<bytes>", notes: list | None = None
+) -> np.ndarray:
     """Decode image bytes to an ``(H, W, 3)`` uint8 RGB array.
 
     Grayscale is replicated to three channels; alpha is composited onto white (the colour of empty
-    glass); 16-bit images are scaled to 8 bits.
+    glass); 16-bit images are scaled to 8 bits. ``notes``: where ``(path, mode)`` is appended for
+    an image of a mode in :data:`GRAY_MODES` (said by :func:`mode_words`).
 
     Raises:
         UnreadableImageError: the bytes are not a complete image.
@@ -25,6 +34,8 @@ def decode_image(data: bytes, path: Path | str = "<bytes>") -> np.ndarray:
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()
+            if notes is not None and im.mode in GRAY_MODES:
+                notes.append((Path(path), im.mode))
             return _to_rgb(im)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise UnreadableImageError(path, str(exc) or type(exc).__name__) from exc
@@ -84,3 +95,23 @@ def resize_rgb(img: np.ndarray, size: int) -> np.ndarray:
     shrink = img.shape[0] > size or img.shape[1] > size
     resample = Image.Resampling.BOX if shrink else Image.Resampling.BICUBIC
     return np.asarray(Image.fromarray(img).resize((size, size), resample), dtype=np.uint8)
+
+
+def mode_words(notes: list, total: int) -> str | None:
+    """One line for the images of a set that were grayscale or 16-bit (``notes`` from
+    :func:`decode_image`), or None: what was done with them, and what it means for a model of
+    stained cells."""
+    if not notes:
+        return None
+    path, mode = notes[0]
+    deep = sum(1 for _, m in notes if m in DEEP_MODES)
+    what = "16-bit grayscale" if deep == len(notes) else "grayscale"
+    if 0 < deep < len(notes):
+        what = f"grayscale ({deep} of them 16-bit)"
+    scaled = ", scaled to 8 bits by each image's own maximum" if deep else ""
+    return (
+        f"{len(notes)} of {total} images are {what} ({Path(path).name}: mode {mode}): replicated "
+        f"to three channels{scaled}; they carry no stain colour, so a model of stained cells (and "
+        "its morphometry) sees them as no real cell looks: convert them to the RGB they were "
+        "scanned in, or leave them out"
+    )

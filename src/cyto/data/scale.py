@@ -161,8 +161,9 @@ def zoom_patch(img: np.ndarray, zoom: float, size: int | None = None) -> np.ndar
     """``img`` (H, W, 3) uint8 magnified ``zoom`` x about its centre, returned at ``size``
     (default: its own). The centre 1/zoom of the image is cut at its native resolution before
     any resize, so enlarging loses no more detail than the crop itself."""
-    from cyto.data.images import resize_rgb
+    from cyto.data.images import resize_rgb, square_rgb
 
+    img = square_rgb(img)  # a crop cut at its image's edge keeps its cell's shape
     h, w = img.shape[:2]
     size = size or h
     if zoom == 1.0:
