@@ -212,6 +212,7 @@ def main() -> None:
     ap.add_argument("--stage", choices=("dev", "final"), default="dev")
     ap.add_argument("--rankings", default="morphometry,default")
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--folds", default="A,B", help="the development folds to run (--stage dev)")
     ap.add_argument("--final-fraction", type=float, default=0.25)
     ap.add_argument(
         "--final-classes", default="NILM,ASC-US,LSIL", help="the classes with a final block"
@@ -236,7 +237,7 @@ def main() -> None:
     dev, final = blocks(ds, args.final_fraction, tuple(args.final_classes.split(",")))
     if args.stage == "dev":
         a, b = halves(ds, dev)
-        folds = {"A": (a, b), "B": (b, a)}
+        folds = {k: v for k, v in {"A": (a, b), "B": (b, a)}.items() if k in args.folds.split(",")}
     else:
         folds = {"final": (dev, final)}
     classes = np.array(ds.classes)
