@@ -415,9 +415,9 @@ def _write_table(
     ranked = ranked_values(rank_by, scores, morph_scores)
     if rank_by == "model+morphometry":
         cols["fused_score"] = ranked
-    order = np.argsort(-ranked, kind="stable")
-    rank = np.empty(len(scores), dtype=np.int64)
-    rank[order] = np.arange(1, len(scores) + 1)
+    from cyto.infer.outputs import ranks
+
+    order, rank = ranks(ranked, then=scores)
     cols["rank"] = rank
     if labels is not None:
         cols["label"] = labels.astype(np.int8)

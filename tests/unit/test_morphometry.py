@@ -269,3 +269,26 @@ def test_the_validation_record_holds_each_rankings_auroc():
     assert rec["auroc"]["morphometry"] == 1.0 and rec["auroc"]["model"] == pytest.approx(4 / 6)
     assert rec["normal_cells"] == 3 and rec["abnormal_cells"] == 2
     assert choose_ranking(rec)[0] == "morphometry"
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.floats(-5, 5)), min_size=2, max_size=60),
+    st.randoms(use_true_random=False),
+)
+def test_tied_cells_are_ranked_by_the_models_score_not_by_where_they_come_from(cells, rnd):
+    """A one-sided morphometric score ties many cells (at 0); their order follows the model's
+    score, so a folder read class by class does not hand its first class the tied ranks."""
+    from cyto.infer.outputs import ranks
+
+    ranked = np.array([c[0] for c in cells], dtype=float)
+    model = np.array([c[1] for c in cells])
+    order, rank = ranks(ranked, then=model)
+    assert sorted(rank.tolist()) == list(range(1, len(cells) + 1))
+    keys = list(zip(-ranked[order], -model[order], strict=True))
+    assert keys == sorted(keys)
+    perm = np.array(rnd.sample(range(len(cells)), len(cells)))
+    _, again = ranks(ranked[perm], then=model[perm])
+    pairs = set(zip(ranked.tolist(), model.tolist(), strict=True))
+    if len(pairs) == len(cells):  # no full ties: the same rank whatever the input order
+        assert np.array_equal(again, rank[perm])

@@ -221,7 +221,7 @@ def _finish(table, run: _Run) -> dict:
     how, ranked = _ranked_by(table, scores, run)
     if how == "model+morphometry":
         table = table.append_column("fused_score", pa.array(ranked))
-    order, rank = ranks(ranked)
+    order, rank = ranks(ranked, then=scores)
     table = table.append_column("rank", pa.array(rank))
     k = min(opts.top_k, n_cells)
     quality, adequacy = _adequacy(table, run)

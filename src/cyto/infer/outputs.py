@@ -24,9 +24,18 @@ from cyto.tables import named_columns, number_column, one_line, read_table
 MOSAIC_SIDE, MOSAIC_COLS = 96, 10
 
 
-def ranks(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(order, rank): cells from most to least abnormal (stable), and each cell's 1-based rank."""
-    order = np.argsort(-scores, kind="stable")
+def ranks(scores: np.ndarray, then: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(order, rank): cells from most to least abnormal, and each cell's 1-based rank. Cells of
+    equal ``scores`` are ordered by ``then`` (the model's score: a ranking other than the
+    model's has ties, the one-sided morphometric score half of a folder's cells at 0), then by
+    position. Without it, ties fell in input order, which in a labelled folder is class by
+    class: on CRIC the abnormal classes, read before NILM, took the tied ranks first (AUROC by
+    rank 0.874 where the scores give 0.833)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if then is None:
+        order = np.argsort(-scores, kind="stable")
+    else:
+        order = np.lexsort((-np.asarray(then, dtype=np.float64), -scores))
     rank = np.empty(len(scores), dtype=np.int64)
     rank[order] = np.arange(1, len(scores) + 1)
     return order, rank
