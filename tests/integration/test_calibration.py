@@ -89,6 +89,8 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
     assert cal["kind"] == "slides" and cal["normalization"] == "median"
     assert [s["cells"] for s in cal["slides"]] == [pq.read_table(t).num_rows for t in tables]
     assert cal["leave_one_slide_out"]["slides"] == 3 and "calibration.npz" in manifest["files"]
+    # the crop side the slides were cut at: --patch-size was not given, the model's training
+    # patches' side is recorded (as the side it cut)
     assert cal["valid_for"]["options"]["patch_size"] == 192
     info = run_cyto("info", str(model))
     assert (

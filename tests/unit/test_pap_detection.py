@@ -154,6 +154,9 @@ def test_another_stain_is_said_and_the_same_is_not():
         np.round(a.vectors, 5), abs=1e-6
     )
     assert len(od_pixels([pap_a, pap_b], most=1000)) == 1000
+    # an iterable read one image at a time (cyto predict's stain check) gives the same sample
+    assert np.array_equal(od_pixels(iter([pap_a, pap_b]), most=1000, n=2),
+                          od_pixels([pap_a, pap_b], most=1000))  # fmt: skip
 
 
 def test_two_estimates_compare_whichever_stain_each_calls_first():

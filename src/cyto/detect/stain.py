@@ -78,19 +78,32 @@ class StainEstimate:
 _HAEMATOXYLIN = np.array([0.65, 0.70, 0.29]) / np.linalg.norm([0.65, 0.70, 0.29])
 
 
-def od_pixels(images, most: int = 200_000, seed: int = 0) -> np.ndarray:
+#: the largest 8-bit value of a stained channel: its density is at least :data:`BETA`
+_STAINED = int(np.floor(256.0 * np.exp(-BETA) - 1.0))
+
+
+def od_pixels(images, most: int = 200_000, seed: int = 0, n: int | None = None) -> np.ndarray:
     """(M, 3) optical densities of the stained pixels of uint8 RGB ``images`` (a stack, a list,
-    or one image), at most ``most`` of them drawn evenly."""
+    one image, or an iterable of ``n`` images read one at a time), at most ``most`` of them.
+
+    Each image gives at most its share of ``10 * most`` pixels, drawn regularly as it comes, and
+    keeps its stained ones as bytes: an iterable is never held whole, and what is held does not
+    grow with the images (cyto predict's stain check streams 512 of a folder's)."""
     if isinstance(images, np.ndarray) and images.ndim == 3:
         images = images[None]
-    flat = np.concatenate([np.asarray(im, dtype=np.uint8).reshape(-1, 3) for im in images])
-    if len(flat) > 20 * most:  # a regular subsample first: the densities of fewer pixels
-        flat = flat[:: len(flat) // (20 * most)]
-    od = _OD[flat]
-    od = od[(od >= BETA).all(axis=1)]
-    if len(od) > most:
-        od = od[np.random.default_rng(seed).choice(len(od), most, replace=False)]
-    return od
+    if n is None:
+        n = len(images)
+    share = max(1, -(-10 * most // max(n, 1)))  # each image's pixels at most
+    kept = []
+    for im in images:
+        flat = np.asarray(im, dtype=np.uint8).reshape(-1, 3)
+        if len(flat) > share:
+            flat = flat[:: -(-len(flat) // share)]
+        kept.append(flat[(flat <= _STAINED).all(axis=1)])
+    flat = np.concatenate(kept) if kept else np.zeros((0, 3), np.uint8)
+    if len(flat) > most:
+        flat = flat[np.sort(np.random.default_rng(seed).choice(len(flat), most, replace=False))]
+    return _OD[flat]
 
 
 def estimate(od: np.ndarray) -> StainEstimate:
@@ -123,9 +136,9 @@ def estimate(od: np.ndarray) -> StainEstimate:
     return StainEstimate(vectors, len(od), True)
 
 
-def estimate_images(images, most: int = 200_000) -> StainEstimate:
-    """:func:`estimate` over the stained pixels of ``images``."""
-    return estimate(od_pixels(images, most))
+def estimate_images(images, most: int = 200_000, n: int | None = None) -> StainEstimate:
+    """:func:`estimate` over the stained pixels of ``images`` (:func:`od_pixels`)."""
+    return estimate(od_pixels(images, most, n=n))
 
 
 def compare(a: StainEstimate, b: StainEstimate) -> float | None:

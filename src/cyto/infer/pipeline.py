@@ -19,6 +19,7 @@ from __future__ import annotations
 import shutil
 import time
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,9 @@ def _score_slide(slide: Path, model, out_dir: Path, opts, echo, metrics, pool, a
         else load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
     )
     rank_by(scorer, opts)  # a --rank-by this bundle cannot take fails before any work
+    # the crop side as cut (--patch-size, else the model's training patches'): what the table,
+    # --resume and a calibration record and compare, whether the flag was given or not
+    opts = replace(opts, patch_size=patch_side(opts, scorer.spec))
     t_start = time.perf_counter()
     # a bad slide or focal plane fails here, before any output folder exists
     reader, planes = open_with_planes(slide, opts.planes)

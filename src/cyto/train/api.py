@@ -172,7 +172,12 @@ def run_key(method: str, cfg: TrainConfig, data: TrainData, weights: Path | None
 
 def checkpoint_words(ckpt: Path) -> str:
     """What a stopped run leaves for ``--resume``, in words."""
-    phases = sorted(p.stem for p in Path(ckpt).glob("*.pt")) if Path(ckpt).is_dir() else []
+    ckpt = Path(ckpt)  # the held-out model's phases (held-out/...) come first, then the model's
+    phases = (
+        sorted(p.relative_to(ckpt).with_suffix("").as_posix() for p in ckpt.rglob("*.pt"))
+        if ckpt.is_dir()
+        else []
+    )
     if not phases:
         return "no epoch was finished yet: rerun to start over"
     return (
