@@ -150,8 +150,8 @@ class FaultServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, data: bytes, mode: str = "ok", change_after: int = 3) -> None:
-        super().__init__(("127.0.0.1", 0), _FaultHandler)
+    def __init__(self, data: bytes, mode: str = "ok", change_after: int = 3, port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), _FaultHandler)
         self.data, self.mode, self.change_after = data, mode, change_after
         self.ranges = 0
         self.seen: list[str] = []  # every request line, with its query string

@@ -341,6 +341,7 @@ def test_score_writes_them_lists_them_and_redoes_a_slide_whose_outputs_differ(
 
     from cyto.cohort.local import finished_summary
     from cyto.infer import ScoreOptions, score_slide
+    from cyto.infer.options import as_cut
     from cyto.runtime import load_scorer
     from tests.cli_runner import run_cyto
 
@@ -389,7 +390,7 @@ def test_score_writes_them_lists_them_and_redoes_a_slide_whose_outputs_differ(
     moved = finished_summary(folder, scorer, slide, only_map, said.append)
     assert "--qupath" in said[-1] and "--map-um" in said[-1]
     assert not (folder / CELLS_GEOJSON).exists() and CELLS_GEOJSON not in moved["outputs"]
-    assert moved["output_key"] == only_map.output_key()
+    assert moved["output_key"] == as_cut(only_map, scorer.spec).output_key()  # as a run records
     assert moved["outputs"][MAP_TIFF]["scale"]["window_um"] == 100.0
     assert json.loads((folder / "summary.json").read_text()) == moved
     assert finished_summary(folder, scorer, slide, only_map, said.append) == moved  # as it is
@@ -408,7 +409,7 @@ def test_score_writes_them_lists_them_and_redoes_a_slide_whose_outputs_differ(
         del summary["output_key"][field]
     (folder / "summary.json").write_text(json.dumps(summary))
     older = finished_summary(folder, scorer, slide, same, said.append)
-    assert older is not None and older["output_key"] == same.output_key()
+    assert older is not None and older["output_key"] == as_cut(same, scorer.spec).output_key()
     assert (folder / CELLS_GEOJSON).is_file() and (folder / MAP_TIFF).is_file()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.slides import open_slide
+from cyto.slides.remote import BLOCK, drop_blocks, open_object, pinned_ref, slide_ref
 from tests.cli_runner import run_cyto
 from tests.servers import fault_server, moto_s3, nginx
 from tests.tables import same_table
@@ -55,6 +57,9 @@ def test_remote_tiff_reads_as_the_file(slide, http):
     finally:
         remote.close()
         local.close()
+        # a reader outside a scoring run leaves its blocks to the cache's bound; the next
+        # test counts the bytes a run fetches itself
+        drop_blocks(slide_ref(f"{http.url}/s.tif"))
     served = [s for s in http.served() if s[2].startswith("GET /s.tif")]
     assert all(status == 206 for status, *_ in served)  # ranges only, never the whole file
     assert all(if_match not in ("", "-") for *_, if_match in served)  # pinned to its ETag
@@ -124,13 +129,42 @@ def test_an_object_that_changes_while_scored_stops_that_slide(slide, exported_ds
     """An object replaced after the first range stops its slide in one line; nothing of the
     run is kept (no output folder, no chunks)."""
     out = tmp_path / "out"
-    with fault_server(slide.read_bytes(), "change", change_after=1) as server:
+    # a slide of several blocks: the plan and the tile worker read it in more than one range
+    # (the module's slide, two blocks, could come whole in one: no change to see)
+    big = tmp_path / "s.tif"
+    write_slide(big, SlideSynthConfig(width=4096, height=3072, seed=2), workers=0)
+    assert big.stat().st_size > 6 * BLOCK
+    with fault_server(big.read_bytes(), "change", change_after=1) as server:
         proc = _score([f"{server.url}/s.tif"], exported_dsvdd, out)
     assert proc.returncode == 1
     failed = [ln for ln in proc.stderr.splitlines() if ln.startswith("failed:")]
     assert len(failed) == 1 and "changed while it was" in failed[0], proc.stderr
     assert f"{server.url}/s.tif" in failed[0]
     assert not (out / "s").exists()
+
+
+def test_a_run_asks_the_server_again_for_a_url_served_anew(slide):
+    """A process that scored a URL before (cyto watch, a script) kept its opened object, and a
+    later run of the same URL, served anew with other bytes, was pinned to the old version and
+    read the old blocks from memory. A run now starts from the server's version."""
+    from tests.servers import FaultServer
+
+    first = FaultServer(b"x" * 1000)
+    port = first.server_address[1]
+    threading.Thread(target=first.serve_forever, daemon=True).start()
+    ref = slide_ref(f"http://127.0.0.1:{port}/s.tif")
+    try:
+        assert open_object(pinned_ref(ref)).size == 1000
+    finally:
+        first.shutdown()
+        first.server_close()
+    second = FaultServer(slide.read_bytes(), port=port)  # the same address, other bytes
+    threading.Thread(target=second.serve_forever, daemon=True).start()
+    try:
+        assert open_object(pinned_ref(ref)).size == slide.stat().st_size
+    finally:
+        second.shutdown()
+        second.server_close()
 
 
 def test_403_and_404_are_one_line_each_naming_the_url(slide, exported_dsvdd, tmp_path):

@@ -10,6 +10,7 @@ from cyto.cohort.table import cohort_row, read_cohort_table, write_cohort_table
 from cyto.errors import CytoError, InputPathError, OutputWriteError, SlideFailedError
 from cyto.infer import ScoreOptions, score_slide
 from cyto.infer.finish import Metrics
+from cyto.infer.options import as_cut
 from cyto.infer.outputs import read_truth
 from cyto.infer.plan import NO_MODEL_MPP
 from cyto.infer.store import PARTIAL, slide_identity
@@ -60,7 +61,7 @@ def finished_summary(
     current = {
         "model": scorer.bundle.manifest_hash,
         "slide": slide_identity(slide),
-        **opts.output_key(),
+        **as_cut(opts, scorer.spec).output_key(),
     }
     artifacts = output_artifacts(target, data)
     reuse = check_reuse(recorded, current, artifacts, SCORE_KEY_NAMES)

@@ -260,3 +260,13 @@ def patch_side(opts, spec) -> int:
     if opts.tile < side:
         raise ConfigError(f"--tile must be at least the crop's side ({side} px), got {opts.tile}")
     return side
+
+
+def as_cut(opts: ScoreOptions, spec) -> ScoreOptions:
+    """``opts`` with the crop side this model cuts (:func:`patch_side`) in place of ``None``:
+    what a run records in its table, chunks and summary, and what ``--resume`` and a
+    calibration compare, whether ``--patch-size`` was given or not. Every key of a run is made
+    from this, never from the options as given."""
+    from dataclasses import replace
+
+    return replace(opts, patch_size=patch_side(opts, spec))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import shutil
 import time
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ from cyto.errors import SYSTEM_ERRORS, OutputWriteError
 from cyto.infer.batcher import CellBatcher
 from cyto.infer.finish import Metrics, finish_slide, rank_by
 from cyto.infer.memory import trim_malloc
-from cyto.infer.options import ScoreOptions, patch_side
+from cyto.infer.options import ScoreOptions, as_cut, patch_side
 from cyto.infer.plan import SlidePlan, ThresholdAhead, TileRun
 from cyto.infer.store import PARTIAL, ChunkStore, kept_words
 from cyto.infer.tiling import Resolution, TileFeed, broken_worker_error, start_workers
@@ -88,7 +87,7 @@ def _score_slide(slide: Path, model, out_dir: Path, opts, echo, metrics, pool, a
     rank_by(scorer, opts)  # a --rank-by this bundle cannot take fails before any work
     # the crop side as cut (--patch-size, else the model's training patches'): what the table,
     # --resume and a calibration record and compare, whether the flag was given or not
-    opts = replace(opts, patch_size=patch_side(opts, scorer.spec))
+    opts = as_cut(opts, scorer.spec)
     t_start = time.perf_counter()
     # a bad slide or focal plane fails here, before any output folder exists
     reader, planes = open_with_planes(slide, opts.planes)

@@ -635,6 +635,9 @@ def pinned_ref(slide):
     tile workers read that version or stop; a local path as it is."""
     if not isinstance(slide, SlideURL) or slide.etag is not None:
         return slide
+    # a run starts from the server's version now, never from an object this process opened
+    # for an earlier run (a long-lived process: cyto watch, a script; a URL served anew)
+    forget(slide)
     return slide.pinned(open_object(slide).etag)
 
 
