@@ -59,11 +59,16 @@ def harvest_cells(
         return _harvest(sources, out, label, per_slide, seed, overwrite, echo)
 
 
+#: the crops :func:`_harvest` writes (``003_SLIDE_CELLID.png``), by which a class folder is
+#: known as cyto's (a class folder holds images only, no record)
+CELL_NAMES = ("[0-9][0-9][0-9]_*.png",)
+
+
 def _harvest(sources, out: Path, label: str, per_slide, seed: int, overwrite: bool, echo) -> dict:
     import pyarrow.parquet as pq
 
     target = out / label
-    refuse_to_replace(target, overwrite, name=str(target))
+    refuse_to_replace(target, overwrite, name=str(target), known=CELL_NAMES)
     rng = np.random.default_rng(seed)
     plan = []  # (source, file-name prefix, the cells' ids, x, y)
     for k, s in enumerate(sources):
