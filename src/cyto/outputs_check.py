@@ -107,9 +107,10 @@ def refuse_to_replace(
         foreign = foreign_files(path, known)
         if foreign:
             more = f" and {len(foreign) - 1} other file(s)" if len(foreign) > 1 else ""
+            them = "them" if more else "it"
             raise error(
                 f"{label} holds {foreign[0]}{more} that cyto did not write: --overwrite "
-                "replaces only cyto's own outputs, so move them away or choose another place"
+                f"replaces only cyto's own outputs, so move {them} away or choose another place"
             )
     if overwrite or not exists(path):
         return
