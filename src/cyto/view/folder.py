@@ -32,13 +32,18 @@ WINDOW_PX_NO_MPP = 256
 
 def review_blocking(scored: list[Path], roots: list[Path]) -> str | None:
     """Why a blinded review forbids showing ``scored`` (one line naming the review and who has
-    not finished), or None. A review counts when its key lists one of the folders; it is
+    not finished), or None. The reviews looked at are those each scored folder records
+    (:func:`cyto.review.session.recorded_reviews`, wherever their --session is) and a
+    ``review`` folder beside it; one counts when its key lists one of the folders; it is
     finished when someone has reviewed and every reviewer has marked every case done."""
     from cyto.reuse import read_record
+    from cyto.review.session import recorded_reviews
 
     places = []
     for f in [*roots, *scored]:
         places += [f / "review", f.parent / "review", f.parent.parent / "review"]
+    for f in scored:  # reviews made with --session elsewhere, as the folder records them
+        places += recorded_reviews(f)
     names = {str(f) for f in scored}
     for review in dict.fromkeys(p.resolve() for p in places):
         key = read_record(review / "key.json")
