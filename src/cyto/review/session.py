@@ -63,6 +63,8 @@ class Source:
     planted: int | None  # planted abnormal cells when the slide was scored with --truth
     #: the slide's adequacy under the run's --adequacy rule ("RESULT: REASONS"; None: no rule)
     adequacy: str | None = None
+    #: the summary's burden block (its triage and slide p-value where the model is calibrated)
+    burden: dict | None = None
 
 
 @dataclass
@@ -140,6 +142,7 @@ def read_source(folder: Path) -> Source:
             mpp=s["resolution"].get("slide_mpp"),
             planted=(s.get("truth") or {}).get("planted_abnormal"),
             adequacy=_adequacy_words(s.get("adequacy")),
+            burden=s.get("burden") if isinstance(s.get("burden"), dict) else None,
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputPathError(
