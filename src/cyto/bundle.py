@@ -283,11 +283,12 @@ class Bundle:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
-#: what cyto writes in a bundle besides the files its manifest lists: the manifest, its lock,
-#: the calibration, exported graphs and golden cells, and the derived engines and verifications
+#: what cyto writes in a bundle besides the files its manifest lists: the manifest, its lock and
+#: the hidden temporaries of its atomic writes (a killed write leaves one), the calibration,
+#: exported graphs and golden cells, and the derived engines and verifications
 DERIVED_NAMES = (
     MANIFEST,
-    LOCK,
+    ".*",
     CALIBRATION_FILE,
     "*.onnx",
     "golden*.npz",

@@ -116,6 +116,7 @@ def test_a_bundle_is_replaced_only_with_what_cyto_wrote_in_it(tmp_path):
     save_bundle(out, *parts)
     (out / "engines").mkdir()
     (out / "engines" / "plan.engine").write_bytes(b"derived")
+    (out / ".manifest.json.k1ll3d").write_bytes(b"{")  # what a killed atomic write left
     save_bundle(out, *parts, overwrite=True)  # manifest-listed and derived files: cyto's
     (out / "README.md").write_text("my notes on this model")
     with pytest.raises(InputPathError, match=r"holds README\.md that cyto did not write"):
