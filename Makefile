@@ -80,9 +80,13 @@ docs: $(VENV)/.installed-docs
 demo: system-deps $(VENV)/.installed-cpu
 	$(VENV)/bin/cyto demo --out $(DEMO_OUT) --overwrite
 
-# What a test run may not leave behind: a Ray cluster record, cyto's user cache, files in the tree
-LEFTOVERS = { ls -a "$${RAY_TMPDIR:-$${TMPDIR:-/tmp}}/ray/ray_current_cluster" 2>/dev/null; \
-	ls -aR "$${CYTO_CACHE_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/cyto}" 2>/dev/null; \
+# What a test run may not leave behind: a Ray cluster record, cyto's cache, files in the tree. The
+# suite runs with a scratch folder of its own as cyto's cache, the user cache home and Ray's
+# temporary folder (tests/conftest.py gives each session its own below them), so whatever is
+# found there is the suite's: another cyto process of the same user writing ~/.cache/cyto or
+# starting a Ray cluster meanwhile is not counted against it. The scratch folder is removed.
+LEFTOVERS = { ls -a "$$RAY_TMPDIR/ray/ray_current_cluster" 2>/dev/null; \
+	ls -aR "$$CYTO_CACHE_DIR" "$$XDG_CACHE_HOME/cyto" 2>/dev/null; \
 	git status --porcelain 2>/dev/null; true; }
 
 # The suite on two pytest-xdist workers where the machine has two cores or more (one where it has
@@ -91,11 +95,13 @@ LEFTOVERS = { ls -a "$${RAY_TMPDIR:-$${TMPDIR:-/tmp}}/ray/ray_current_cluster" 2
 TEST_WORKERS ?= -n auto --maxprocesses 2 --dist loadscope
 
 test: system-deps browser-deps server-deps $(VENV)/.installed-test
-	@set +e; before=$$(mktemp); after=$$(mktemp); $(LEFTOVERS) > $$before; \
+	@set +e; scratch=$$(mktemp -d "$${TMPDIR:-/tmp}/cyto-make-test-XXXXXX"); \
+	export CYTO_CACHE_DIR="$$scratch/cache" XDG_CACHE_HOME="$$scratch/xdg" RAY_TMPDIR="$$scratch/ray"; \
+	before=$$scratch/leftovers-before; after=$$scratch/leftovers-after; $(LEFTOVERS) > $$before; \
 	$(PY) -m pytest -q $(TEST_WORKERS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; rm -rf "$$scratch"; exit 1; fi; \
 	$(LEFTOVERS) > $$after; \
 	if ! diff -u $$before $$after > /dev/null; then \
 	  echo "the tests left files behind outside their temporary folders:"; \
 	  diff -u $$before $$after | tail -n +3; rc=1; fi; \
-	rm -f $$before $$after; exit $$rc
+	rm -rf "$$scratch"; exit $$rc

@@ -283,6 +283,31 @@ class Bundle:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
+#: what cyto writes in a bundle besides the files its manifest lists: the manifest, its lock and
+#: the hidden temporaries of its atomic writes (a killed write leaves one), the calibration,
+#: exported graphs and golden cells, and the derived engines and verifications
+DERIVED_NAMES = (
+    MANIFEST,
+    ".*",
+    CALIBRATION_FILE,
+    "*.onnx",
+    "golden*.npz",
+    "engines/*",
+    "verified/*",
+)
+
+
+def bundle_names(path: Path) -> list[str]:
+    """The names cyto wrote in the bundle folder ``path``: its manifest is its record (the
+    sealed files it lists), with :data:`DERIVED_NAMES`. A folder that is no bundle has only the
+    derived names, so whatever else it holds is not cyto's to replace."""
+    try:
+        files = json.loads((Path(path) / MANIFEST).read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        files = {}
+    return [*DERIVED_NAMES, *(f for f in files if isinstance(f, str))]
+
+
 def save_bundle(
     out: Path,
     manifest: dict[str, Any],
@@ -301,7 +326,7 @@ def save_bundle(
     from safetensors.torch import save_file
 
     out = Path(out)
-    refuse_to_replace(out, overwrite)
+    refuse_to_replace(out, overwrite, known=bundle_names(out))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -18,6 +18,25 @@ from pathlib import Path
 
 import numpy as np
 
+#: what :func:`run_demo` writes in its folder (its record says so once it is done; these names
+#: know a demo stopped half-way as cyto's too), and the hidden temporaries of its steps
+DEMO_NAMES = (
+    "patches/*",
+    "train.csv",
+    "test.csv",
+    "dsvdd.cyto/*",
+    "dsvdd.cyto.train-state/*",
+    "test_scores.parquet",
+    "patches_mosaic.png",
+    "slide.ndpi",
+    "slide.cells.parquet",
+    "negative[0-9].ndpi",
+    "negative[0-9].cells.parquet",
+    "negative_scores/*",
+    "scores/*",
+    ".*",
+)
+
 
 def run_demo(
     out: Path, seed: int = 0, echo: Callable[[str], None] = print, overwrite: bool = False
@@ -32,14 +51,14 @@ def run_demo(
     from cyto.eval.metrics import all_metrics
     from cyto.export.api import export_bundle
     from cyto.infer import ScoreOptions, score_slide
-    from cyto.outputs_check import refuse_to_replace
+    from cyto.outputs_check import record_outputs, refuse_to_replace
     from cyto.predict import predict
     from cyto.stats.adequacy import adequacy_words
     from cyto.stats.calibrate import calibrate_from_tables
     from cyto.train.api import train
 
     out = Path(out)
-    refuse_to_replace(out, overwrite)
+    refuse_to_replace(out, overwrite, known=DEMO_NAMES)
     out.mkdir(parents=True, exist_ok=True)
     made: dict[str, object] = {}
     t0 = time.perf_counter()
@@ -179,6 +198,7 @@ def run_demo(
         echo("      " + adequacy_words(summary["adequacy"]).removeprefix("; "))
     made["burden"] = b
     made["scores"] = out / "scores"
+    record_outputs(out, "cyto demo")
     echo(f"done in {time.perf_counter() - t0:.1f} s; everything is in {out}/")
     echo(
         f"next: review the top cells blinded in your browser: cyto review {out / 'scores'} "

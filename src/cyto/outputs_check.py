@@ -1,19 +1,35 @@
-"""An existing result is replaced only when asked.
+"""An existing result is replaced only when asked, and only when it is cyto's own.
 
 Every command that writes a result file or folder (``cyto predict``'s table, ``cyto data
 mosaic``'s image, ``cyto score``'s folder of a finished slide, a review report in a folder of
 the user's choosing, ``cyto calibrate``'s calibration of a bundle, ``cyto demo``'s folder, a
-saved bundle) refuses to replace one that is there unless ``--overwrite`` is given, through
-:func:`refuse_to_replace`, so the words and the exit code are the same everywhere. Continuing
-a run into its own place (``cyto score --resume``, ``cyto predict --resume`` of a stopped run, a
-rerun ``cyto eval sweep``) is no replacement.
+saved bundle, ``cyto synth patches``'s dataset, ``cyto data cells``'s class folder) refuses to
+replace one that is there unless ``--overwrite`` is given, through :func:`refuse_to_replace`, so
+the words and the exit code are the same everywhere. Continuing a run into its own place (``cyto
+score --resume``, ``cyto predict --resume`` of a stopped run, a rerun ``cyto eval sweep``) is no
+replacement.
+
+A folder is replaced only when every file in it is one cyto wrote there: named in the record
+cyto writes last into each folder it makes (:data:`RECORD`, :func:`record_outputs`) or matching
+the names the command is known to write (``known``: a bundle's manifest and derived files, a
+dataset's ``CLASS/CLASS_00001.jpg``, for folders made before the record). A folder holding any
+other file is refused, with or without ``--overwrite``, in one line naming that file: the user's
+own images or notes are never deleted with cyto's.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Iterable
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from cyto.errors import CytoError, InputPathError
+
+#: the record of what cyto wrote in a folder it made (relative POSIX paths), written last
+RECORD = ".cyto-outputs.json"
+RECORD_FORMAT = "cyto-outputs"
 
 
 def exists(path: Path) -> bool:
@@ -25,17 +41,78 @@ def exists(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
 
+def _files(folder: Path) -> list[str]:
+    """Every file under ``folder`` (links as themselves, never followed), relative, sorted."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        # a link to a folder is an entry of its own: os.walk lists it among dirs, unfollowed
+        found += [(rel / d).as_posix() for d in dirs if (Path(root) / d).is_symlink()]
+        found += [(rel / f).as_posix() for f in files]
+    return sorted(found)
+
+
+def record_outputs(folder: Path, command: str) -> None:
+    """Write :data:`RECORD` in ``folder``: every file in it now, as the files ``command``
+    wrote. Called last, on the folder cyto built (before it is renamed into place)."""
+    folder = Path(folder)
+    files = [f for f in _files(folder) if f != RECORD]
+    text = json.dumps({"format": RECORD_FORMAT, "command": command, "files": files}, indent=1)
+    (folder / RECORD).write_text(text + "\n")
+
+
+def recorded(folder: Path) -> set[str]:
+    """The files :data:`RECORD` in ``folder`` says cyto wrote there (none when it is absent or
+    unreadable: then nothing is vouched for by it)."""
+    try:
+        data = json.loads((Path(folder) / RECORD).read_text())
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT:
+        return set()
+    return {f for f in data.get("files", []) if isinstance(f, str)}
+
+
+def foreign_files(folder: Path, known: Iterable[str] = ()) -> list[str]:
+    """The files in ``folder`` cyto did not write: neither in its :data:`RECORD` nor matching
+    one of ``known`` (shell patterns over the relative POSIX path, ``*`` spanning folders)."""
+    folder = Path(folder)
+    own = recorded(folder)
+    patterns = [RECORD, *known]
+    return [
+        f for f in _files(folder) if f not in own and not any(fnmatchcase(f, p) for p in patterns)
+    ]
+
+
 def refuse_to_replace(
     path: Path,
     overwrite: bool,
     name: str | None = None,
     error: type[CytoError] = InputPathError,
     other: str = "",
+    known: Iterable[str] | None = None,
 ) -> None:
     """Raise ``error`` (exit 2 by default) when ``path`` holds a result and ``overwrite`` is
     not set: one line naming it (``name``, by default ``--out PATH``) and the flag (``other``:
-    another way out, e.g. ``--resume to keep them``)."""
+    another way out, e.g. ``--resume to keep them``).
+
+    ``known`` is given by every command that replaces a folder as a whole (the names it writes
+    there; ``()``: only what its record lists): a folder holding a file cyto did not write
+    (:func:`foreign_files`) is then refused whether ``overwrite`` is set or not, naming that
+    file. ``None``: ``path`` is a file, or a folder whose writer replaces only its own named
+    files and deletes nothing else."""
+    path = Path(path)
+    label = name or f"--out {path}"
+    if known is not None and path.is_dir() and not path.is_symlink():
+        foreign = foreign_files(path, known)
+        if foreign:
+            more = f" and {len(foreign) - 1} other file(s)" if len(foreign) > 1 else ""
+            them = "them" if more else "it"
+            raise error(
+                f"{label} holds {foreign[0]}{more} that cyto did not write: --overwrite "
+                f"replaces only cyto's own outputs, so move {them} away or choose another place"
+            )
     if overwrite or not exists(path):
         return
     alternative = f", or {other}" if other else ""
-    raise error(f"{name or f'--out {path}'} exists (pass --overwrite to replace it{alternative})")
+    raise error(f"{label} exists (pass --overwrite to replace it{alternative})")

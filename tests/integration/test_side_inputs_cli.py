@@ -164,8 +164,9 @@ def test_results_are_replaced_only_with_overwrite(exported_dsvdd, synth_patches,
     proc = run_cyto("review", "report", str(tmp_path / "rv"), "--out", str(report))
     _one_line_error(proc, f"--out {report} exists", "--overwrite")
 
-    proc = run_cyto("demo", "--out", str(report))
-    _one_line_error(proc, f"--out {report} exists", "--overwrite")
+    # a report is no demo output: not even --overwrite makes the demo replace it
+    proc = run_cyto("demo", "--out", str(report), "--overwrite")
+    _one_line_error(proc, f"--out {report} holds expert_table.md that cyto did not write")
     assert [p.name for p in report.iterdir()] == ["expert_table.md"]
 
 

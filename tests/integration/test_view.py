@@ -497,6 +497,22 @@ def test_an_unfinished_review_is_not_unblinded(scored, tmp_path):
     assert len(open_view(folder)) == 1  # finished: viewing it unblinds nothing
 
 
+def test_an_unfinished_review_with_its_session_elsewhere_is_not_unblinded(scored, tmp_path):
+    """`cyto review --session ELSEWHERE`: the scored folder records the review, so the view
+    finds it there (it looked only beside the folder, and served every rank)."""
+    from cyto.review.session import build_session
+    from cyto.view.folder import open_view
+
+    folder = tmp_path / "out"
+    shutil.copytree(scored, folder)
+    elsewhere = tmp_path / "other" / "place" / "rv"
+    build_session([folder], elsewhere, k=5, seed=0, echo=lambda _: None)
+    with pytest.raises(ConfigError, match="rv is a blinded review nobody has started"):
+        open_view(folder)
+    proc = run_cyto("view", str(folder))
+    assert proc.returncode != 0 and "--unblind" in proc.stderr
+
+
 def test_a_changed_slide_or_a_review_folder_is_refused(scored, tmp_path):
     from cyto.errors import InputPathError
     from cyto.view.folder import open_view

@@ -306,9 +306,13 @@ def test_a_class_mosaic_is_not_written_over(tmp_path, synth_patches):
 def test_the_demo_refuses_a_folder_that_holds_files(tmp_path):
     from cyto.demo import run_demo
 
-    (tmp_path / "mine.txt").write_text("x")
+    (tmp_path / "train.csv").write_text("x")  # a name the demo writes
     with pytest.raises(InputPathError, match=r"--out .* exists \(pass --overwrite"):
         run_demo(tmp_path, echo=lambda _: None)
+    (tmp_path / "mine.txt").write_text("x")  # one it does not: not even --overwrite replaces it
+    for overwrite in (False, True):
+        with pytest.raises(InputPathError, match=r"--out .* holds mine\.txt that cyto did not"):
+            run_demo(tmp_path, echo=lambda _: None, overwrite=overwrite)
 
 
 # --- the file readers on any table: a result or one line of a typed error ---------------------

@@ -48,6 +48,19 @@ RANK_BY = ("auto", "model", "morphometry", "model+morphometry")
 RANK_BY_ALIASES = {"model+nucleus": "model+morphometry"}
 #: the rankings a bundle's held-back cells compare (``validation`` in its manifest)
 RANKINGS = ("model", "morphometry", "model+morphometry")
+#: the column a cyto score table's ``rank`` follows under each ranking (its ``cyto.rank_by``
+#: metadata), and how a reader names its values
+RANKED_COLUMN = {
+    "model": "score",
+    "morphometry": "morphometry_score",
+    "model+morphometry": "fused_score",
+    "model+nucleus": "fused_score",
+}
+RANKED_LABEL = {
+    "score": "score",
+    "morphometry_score": "morphometric score",
+    "fused_score": "fused score",
+}
 DIRECTIONS = ("both", "up", "down")
 STAINS = ("mgg", "pap", "he")
 #: the cell mask (:data:`cyto.detect.morphometry.CELL_MASKS`) each stain's cells are measured with
@@ -192,6 +205,15 @@ def fused_score(*scores: np.ndarray) -> np.ndarray:
         raise ValueError("fused_score needs one or more score arrays of one length")
     n = max(len(scores[0]), 1)
     return np.mean([rankdata(s) / n for s in scores], axis=0)
+
+
+def ranked_column(columns, rank_by: str | None = None) -> str:
+    """The column a cyto table's ``rank`` follows: the one of its ranking (``rank_by``, its
+    ``cyto.rank_by`` metadata), else ``fused_score`` where there is one, else ``score``."""
+    column = RANKED_COLUMN.get(rank_by or "")
+    if column is not None and column in columns:
+        return column
+    return "fused_score" if "fused_score" in columns else "score"
 
 
 def ranked_values(how: str, model: np.ndarray, morph: np.ndarray | None) -> np.ndarray:

@@ -6,26 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
+from cyto.data.morphometry import ranked_column
 from cyto.errors import InputPathError, first_line
 from cyto.eval.metrics import MetricError, all_metrics
 from cyto.tables import parquet_file, read_table
-
-#: the column a cyto table's ``rank`` follows under each ranking (``--rank-by``)
-RANKED_COLUMN = {
-    "model": "score",
-    "morphometry": "morphometry_score",
-    "model+morphometry": "fused_score",
-    "model+nucleus": "fused_score",
-}
-
-
-def ranked_column(columns, rank_by: str | None = None) -> str:
-    """The column a cyto table's ``rank`` follows: the one of its ranking (``rank_by``, its
-    ``cyto.rank_by`` metadata), else ``fused_score`` where there is one, else ``score``."""
-    column = RANKED_COLUMN.get(rank_by or "")
-    if column is not None and column in columns:
-        return column
-    return "fused_score" if "fused_score" in columns else "score"
 
 
 def check_parquet(path: Path, fix: str) -> None:

@@ -234,7 +234,8 @@ def _finish(table, run: _Run) -> dict:
     labels = None
     truth = None
     if opts.truth is not None and n_cells:
-        labels, truth_idx, planted = labels_from_truth(table, opts.truth, opts.truth_radius)
+        size = getattr(run.plan, "size", None)  # truth cells off the slide are said, left out
+        labels, truth_idx, planted = labels_from_truth(table, opts.truth, opts.truth_radius, size)
         table = table.append_column("label", pa.array(labels.astype(np.int8)))
         truth = truth_report(ranked, order, labels, truth_idx, planted, k, run.metrics)
     meta = table_metadata(run.scorer, run.slide, run.identity, timings, opts.result_key())

@@ -118,17 +118,20 @@ def _stem(name: str) -> str:
     return p.stem if p.suffix.lower() in SLIDE_SUFFIXES else name
 
 
-def labels_from_truth(table, truth: Path, radius: float) -> tuple[np.ndarray, np.ndarray, int]:
+def labels_from_truth(
+    table, truth: Path, radius: float, size: tuple[int, int] | None = None
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Label each detected cell by the nearest ground-truth cell of this slide
     (:func:`truth_of_slide`), if within ``radius`` (or 0.8 of that cell's radius, when the
-    truth table gives it).
+    truth table gives it). Truth cells outside the slide (``size``: its level-0 width and
+    height) can match no detection: they are left out, said in one warning.
 
     Returns (label per detection, matched truth index or -1, number of planted abnormal cells).
     """
     from scipy.spatial import cKDTree
 
     slide_id = str(table["slide_id"][0].as_py()) if table.num_rows else ""
-    gt = truth_of_slide(read_truth(truth), slide_id, truth)
+    gt = truth_inside(truth_of_slide(read_truth(truth), slide_id, truth), slide_id, truth, size)
     truth_labels = gt["label"]
     if len(truth_labels) == 0:
         return np.zeros(table.num_rows, np.int64), np.full(table.num_rows, -1), 0
@@ -140,6 +143,34 @@ def labels_from_truth(table, truth: Path, radius: float) -> tuple[np.ndarray, np
     hit = dist <= reach[idx]
     labels = np.where(hit, truth_labels[idx], 0).astype(np.int64)
     return labels, np.where(hit, idx, -1), int(truth_labels.sum())
+
+
+def truth_inside(
+    gt: dict[str, np.ndarray], slide_id: str, path: Path, size: tuple[int, int] | None
+) -> dict[str, np.ndarray]:
+    """The truth cells of a slide that lie on it (``size``: level-0 width and height; None:
+    all). Cells outside it could never be found, and counted as planted they made a recall of
+    '0/2' with no word: they are left out, said in one warning naming how many and the frame."""
+    if size is None or not len(gt.get("x", ())):
+        return gt
+    w, h = size
+    x, y = np.asarray(gt["x"], np.float64), np.asarray(gt["y"], np.float64)
+    inside = (x >= 0) & (y >= 0) & (x < w) & (y < h)
+    if inside.all():
+        return gt
+    import warnings
+
+    n_out, n = int((~inside).sum()), len(inside)
+    abnormal = int(np.asarray(gt["label"])[~inside].sum()) if "label" in gt else 0
+    warnings.warn(
+        CytoWarning(
+            f"--truth {path}: {n_out} of its {n} cell(s) of slide {slide_id!r} "
+            f"({abnormal} abnormal) lie outside the slide ({w} x {h} px at level 0), where no "
+            "detection can match them: left out (are its x, y level-0 pixels of this slide?)"
+        ),
+        stacklevel=3,
+    )
+    return {k: v[inside] for k, v in gt.items()}
 
 
 def truth_report(

@@ -43,15 +43,15 @@ def harvest_cells(
     """Cut the detected cells of each scored slide into ``out/label/``; returns the counts.
 
     ``per_slide``: at most this many cells per slide, drawn at random with ``seed`` (default all).
-    A slide scored with ground truth that holds planted abnormal cells is refused: its cells are
-    not all normal."""
+    A slide scored with ground truth that holds planted abnormal cells, or one its own
+    calibrated scoring triaged ``excess``, is refused: its cells are not all normal."""
     if not label or any(c in label for c in "/\\") or label.startswith("."):
         raise ConfigError(f"--label must be a plain folder name, got {label!r}")
     if per_slide is not None and per_slide < 1:
         raise ConfigError(f"--per-slide must be >= 1, got {per_slide}")
     sources = [read_source(f) for f in find_scored(scored)]
     for s in sources:
-        refuse_planted(s.folder, s.planted, f"harvest {label} cells")
+        refuse_planted(s.folder, s.planted, f"harvest {label} cells", s.burden)
     out = Path(out)
     with OutputLock(out, "cyto data cells", "wait for it to finish, or give another --out"):
         # what a killed run (SIGKILL, power loss) left half cut: every writer holds the lock
@@ -59,11 +59,16 @@ def harvest_cells(
         return _harvest(sources, out, label, per_slide, seed, overwrite, echo)
 
 
+#: the crops :func:`_harvest` writes (``003_SLIDE_CELLID.png``), by which a class folder is
+#: known as cyto's (a class folder holds images only, no record)
+CELL_NAMES = ("[0-9][0-9][0-9]_*.png",)
+
+
 def _harvest(sources, out: Path, label: str, per_slide, seed: int, overwrite: bool, echo) -> dict:
     import pyarrow.parquet as pq
 
     target = out / label
-    refuse_to_replace(target, overwrite, name=str(target))
+    refuse_to_replace(target, overwrite, name=str(target), known=CELL_NAMES)
     rng = np.random.default_rng(seed)
     plan = []  # (source, file-name prefix, the cells' ids, x, y)
     for k, s in enumerate(sources):

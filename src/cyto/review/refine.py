@@ -192,8 +192,10 @@ def refine(
         raise ConfigError(f"{model} does not record its normal class: pass --normal")
     abnormal_cls = [c for c in abnormal.split(",") if c] if abnormal else None
 
+    from cyto.bundle import bundle_names
+
     out = Path(out)
-    refuse_to_replace(out, overwrite)
+    refuse_to_replace(out, overwrite, known=bundle_names(out))
     work = out.with_name(out.name + ".refine")
     # one refine at a time into OUT: another cleared this one's cells while it trained on them
     with OutputLock(work, "cyto refine", "wait for it to finish, or give another --out"):

@@ -10,6 +10,11 @@ and reused by every reviewer and by the report:
   ground-truth label when the slide was scored with ``--truth``.
 - ``crops/CASE/POS.png``: the cell at full resolution (level-0 pixels, the area the model saw).
 
+Each scored folder records the reviews made of it, wherever their ``--session`` folder is
+(``reviews.json``, :func:`record_review`, written before the review is built): ``cyto view``
+learns of an unfinished blinded review from the folder it is asked to show, not by looking
+beside it.
+
 As in the paper's evaluation, each slide's top-K cells are shown in a seeded random order, slides
 are anonymized and their order is randomized per reviewer. Several models' top-K of one slide are
 pooled and deduplicated (detections closer than a merge radius are one cell), so the reviewer cannot
@@ -34,6 +39,9 @@ from cyto.errors import ConfigError, InputPathError, first_line
 from cyto.reuse import check_reuse
 
 CASES_FILE, KEY_FILE, CROPS = "cases.json", "key.json", "crops"
+#: in a scored folder: the review folders made of it (:func:`record_review`)
+REVIEWS_FILE = "reviews.json"
+REVIEWS_FORMAT = "cyto-reviews"
 FORMAT = "cyto-review/1"
 DEFAULT_K, COLS = 100, 10
 DEFAULT_MERGE_UM = 4.0  # about half a lymphocyte nucleus: two detections this close are one cell
@@ -55,6 +63,8 @@ class Source:
     planted: int | None  # planted abnormal cells when the slide was scored with --truth
     #: the slide's adequacy under the run's --adequacy rule ("RESULT: REASONS"; None: no rule)
     adequacy: str | None = None
+    #: the summary's burden block (its triage and slide p-value where the model is calibrated)
+    burden: dict | None = None
 
 
 @dataclass
@@ -132,6 +142,7 @@ def read_source(folder: Path) -> Source:
             mpp=s["resolution"].get("slide_mpp"),
             planted=(s.get("truth") or {}).get("planted_abnormal"),
             adequacy=_adequacy_words(s.get("adequacy")),
+            burden=s.get("burden") if isinstance(s.get("burden"), dict) else None,
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputPathError(
@@ -295,6 +306,7 @@ def build_session(
         seed = secrets.randbits(63)  # kept in the key only
     rng = np.random.default_rng(seed)
     groups = [groups[i] for i in rng.permutation(len(groups))]  # case numbers say nothing
+    record_review(folders, root)  # first: a review the scored folders do not know is no review
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=root.parent))
     try:
@@ -350,6 +362,39 @@ def build_session(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return open_session(root)
+
+
+def recorded_reviews(folder: Path) -> list[Path]:
+    """The review folders ``folder`` (a scored folder) records as made of it."""
+    try:
+        data = json.loads((Path(folder) / REVIEWS_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or data.get("format") != REVIEWS_FORMAT:
+        return []
+    return [Path(p) for p in data.get("reviews", []) if isinstance(p, str)]
+
+
+def record_review(folders: list[Path], root: Path) -> None:
+    """Add the review folder ``root`` to the :data:`REVIEWS_FILE` of each scored folder, so
+    that whoever shows a folder's ranks (``cyto view``) finds the review wherever its
+    ``--session`` is. A folder where it cannot be written is refused in one line: a review
+    the folder does not know of could be unblinded without a word."""
+    from cyto.bundle import atomic_write
+
+    root = str(Path(root).absolute())
+    for folder in folders:
+        known = [str(p) for p in recorded_reviews(folder)]
+        if root in known:
+            continue
+        text = json.dumps({"format": REVIEWS_FORMAT, "reviews": [*known, root]}, indent=1)
+        try:
+            atomic_write(Path(folder) / REVIEWS_FILE, text.encode())
+        except OSError as exc:
+            raise InputPathError(
+                f"cannot record the review in {folder} ({exc.strerror or exc}): cyto view "
+                "learns of a blinded review from there; make the folder writable"
+            ) from exc
 
 
 def scoring_id_of(folder: Path) -> str | None:

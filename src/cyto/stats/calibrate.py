@@ -236,14 +236,25 @@ def _planted(path: Path, table, slide: str | None) -> int:
     return 0
 
 
-def refuse_planted(slide: object, planted: int | None, use: str) -> None:
+def refuse_planted(
+    slide: object, planted: int | None, use: str, burden: dict | None = None
+) -> None:
     """A scored slide whose own ground truth (``cyto score --truth``) holds abnormal cells is
     no negative slide: refused in one line naming it and the count. ``cyto calibrate`` takes
     every cell it is given as normal, and so does ``cyto data cells`` (``use``: what the
-    command does with them)."""
+    command does with them). Nor is a slide whose own calibrated scoring triaged it
+    ``excess`` (its summary's ``burden``): ``cyto data cells`` gives it; ``cyto calibrate``
+    does not, as a new calibration may be what corrects the one that triaged it."""
     if planted:
         raise ConfigError(
             f"{slide}: the slide was scored with --truth holding {planted} abnormal cell(s); "
+            f"{use} from negative slides only"
+        )
+    if isinstance(burden, dict) and burden.get("triage") == TRIAGE_EXCESS:
+        p = burden.get("slide_p_value")
+        p_words = f", slide p={p:.2g}" if isinstance(p, (int, float)) else ""
+        raise ConfigError(
+            f"{slide}: its calibrated scoring triaged the slide {TRIAGE_EXCESS!r}{p_words}; "
             f"{use} from negative slides only"
         )
 

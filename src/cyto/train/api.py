@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from cyto.bundle import save_bundle
+from cyto.bundle import bundle_names, save_bundle
 from cyto.data.dataset import PatchDataset
 from cyto.errors import ConfigError
 from cyto.outputs_check import refuse_to_replace
@@ -233,7 +233,7 @@ def train(
     cls = get_method(method)
     cfg = resolve_config(cls.Config, preset, config_file, overrides)
     out = Path(out)
-    refuse_to_replace(out, overwrite)
+    refuse_to_replace(out, overwrite, known=bundle_names(out))
     ckpt = checkpoint_dir(out)
     if resume and not ckpt.is_dir():
         raise ConfigError(f"--resume: no interrupted run to continue at {ckpt}")

@@ -32,13 +32,18 @@ WINDOW_PX_NO_MPP = 256
 
 def review_blocking(scored: list[Path], roots: list[Path]) -> str | None:
     """Why a blinded review forbids showing ``scored`` (one line naming the review and who has
-    not finished), or None. A review counts when its key lists one of the folders; it is
+    not finished), or None. The reviews looked at are those each scored folder records
+    (:func:`cyto.review.session.recorded_reviews`, wherever their --session is) and a
+    ``review`` folder beside it; one counts when its key lists one of the folders; it is
     finished when someone has reviewed and every reviewer has marked every case done."""
     from cyto.reuse import read_record
+    from cyto.review.session import recorded_reviews
 
     places = []
     for f in [*roots, *scored]:
         places += [f / "review", f.parent / "review", f.parent.parent / "review"]
+    for f in scored:  # reviews made with --session elsewhere, as the folder records them
+        places += recorded_reviews(f)
     names = {str(f) for f in scored}
     for review in dict.fromkeys(p.resolve() for p in places):
         key = read_record(review / "key.json")
@@ -80,6 +85,36 @@ def open_view(folder: Path, unblind: bool = False) -> list[ViewSlide]:
             "finish the review first, or pass --unblind"
         )
     return [ViewSlide(f) for f in scored]
+
+
+def top_cells(table, n: int, flag_column: str | None, rank_by: str | None = None):
+    """The first ``n`` cells of ``table`` (in rank order) as the page lists them, each with the
+    value its rank follows (``rank_value``): the model's score, the morphometric score or the
+    fused score, by the table's ``cyto.rank_by`` (else the summary's ``rank_by``), beside the
+    model's ``score``. Returns (``{"rank_by", "column", "label"}``, the cells)."""
+    from cyto.data.morphometry import RANKED_LABEL, ranked_column
+
+    meta = table.schema.metadata or {}
+    how = meta.get(b"cyto.rank_by", b"").decode() or rank_by or "model"
+    column = ranked_column(table.column_names, how)
+    names = ["cell_id", "x", "y", "score", column]
+    cols = {c: table[c].slice(0, n).to_pylist() for c in dict.fromkeys(names)}
+    flags = table[flag_column].slice(0, n).to_pylist() if flag_column else None
+    pv = table["p_value"].slice(0, n).to_pylist() if "p_value" in table.column_names else None
+    top = [
+        {
+            "rank": i + 1,
+            "cell_id": cols["cell_id"][i],
+            "x": cols["x"][i],
+            "y": cols["y"][i],
+            "score": cols["score"][i],
+            "rank_value": cols[column][i],
+            "flagged": flags[i] if flags else None,
+            "p_value": pv[i] if pv else None,
+        }
+        for i in range(n)
+    ]
+    return {"rank_by": how, "column": column, "label": RANKED_LABEL.get(column, column)}, top
 
 
 class ViewSlide:
@@ -164,21 +199,7 @@ class ViewSlide:
         scores = np.asarray(t["score"], np.float64) if n else np.zeros(0)
         finite = scores[np.isfinite(scores)]
         top_n = min(TOP_LIST, int((s.get("output_key") or {}).get("top_k") or TOP_LIST), n)
-        cols = {c: t[c].slice(0, top_n).to_pylist() for c in ("cell_id", "x", "y", "score")}
-        flags = t[self.flag_column].slice(0, top_n).to_pylist() if self.flag_column else None
-        pv = t["p_value"].slice(0, top_n).to_pylist() if "p_value" in t.column_names else None
-        top = [
-            {
-                "rank": i + 1,
-                "cell_id": cols["cell_id"][i],
-                "x": cols["x"][i],
-                "y": cols["y"][i],
-                "score": cols["score"][i],
-                "flagged": flags[i] if flags else None,
-                "p_value": pv[i] if pv else None,
-            }
-            for i in range(top_n)
-        ]
+        ranked_by, top = top_cells(t, top_n, self.flag_column, s.get("rank_by"))
         notes = []
         if self.nuclei_given:
             notes.append(
@@ -201,6 +222,7 @@ class ViewSlide:
             "score_range": [float(finite.min()), float(finite.max())] if len(finite) else None,
             "colour_by": self.flag_column or "score",
             "top": top,
+            "ranked_by": ranked_by,
             "summary": {
                 "cells_scored": s.get("cells_scored"),
                 "model": Path(str(s.get("model", ""))).name,

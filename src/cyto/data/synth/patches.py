@@ -116,6 +116,13 @@ def patch_seed(seed: int, cls: str, index: int) -> np.random.SeedSequence:
     return np.random.SeedSequence([seed, CELL_CLASSES.index(cls), index])
 
 
+def patch_names() -> list[str]:
+    """The names :func:`write_patches` writes (``normal/normal_00001.jpg``), by which a dataset
+    folder is known as cyto's (it holds no record of its own: a dataset's folders hold images
+    only)."""
+    return [f"{c}/{c}_[0-9][0-9][0-9][0-9][0-9]*.jpg" for c in CELL_CLASSES]
+
+
 def write_patches(out: Path, config: PatchSynthConfig, overwrite: bool = False) -> dict[str, int]:
     """Draw a class-folder dataset into ``out``; returns the count per class.
 
@@ -123,7 +130,7 @@ def write_patches(out: Path, config: PatchSynthConfig, overwrite: bool = False) 
     never leaves a dataset that looks finished.
     """
     out = Path(out)
-    refuse_to_replace(out, overwrite)
+    refuse_to_replace(out, overwrite, known=patch_names())
     out.parent.mkdir(parents=True, exist_ok=True)
     # a name of this run's own: another run drawing into ``out`` at the same time does not
     # delete or mix into it

@@ -245,6 +245,11 @@ function showSummary() {
   }
 }
 
+// a number of the table as the list shows it (a withheld value is null)
+function num(v) {
+  return typeof v === "number" ? v.toPrecision(4) : "n/a";
+}
+
 function showTop() {
   const list = $("topk");
   list.replaceChildren();
@@ -257,7 +262,11 @@ function showTop() {
     rank.textContent = `#${c.rank}`;
     const score = document.createElement("span");
     score.className = "score";
-    score.textContent = `score ${c.score.toPrecision(4)}` +
+    // the value the rank follows, named (the fused or morphometric score where the cells are
+    // ranked by them), and the model's own score beside it
+    const by = view.info.ranked_by;
+    score.textContent = `${by.label} ${num(c.rank_value)}` +
+      (by.column !== "score" ? ` · model score ${num(c.score)}` : "") +
       (c.p_value !== null ? ` · p ${c.p_value.toPrecision(2)}` : "");
     li.append(rank, score);
     if (c.flagged) {

@@ -1,0 +1,129 @@
+"""--overwrite replaces only cyto's own outputs (issue 68, class 5): a folder cyto replaces as a
+whole (a synthetic dataset, a bundle, a class folder of cut cells, the demo's folder) is
+refused, with or without --overwrite, in one line naming a file cyto did not write there."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cyto.data.synth.cells import CELL_CLASSES
+from cyto.data.synth.patches import PatchSynthConfig, patch_names, write_patches
+from cyto.errors import InputPathError
+from cyto.outputs_check import RECORD, foreign_files, record_outputs, refuse_to_replace
+
+TINY = PatchSynthConfig(n_normal=2, n_abnormal=0, size=32, seed=3)
+
+# a path of a file: one to three parts of plain names
+_part = st.text(alphabet="abcLYTnormal_0123456789.-", min_size=1, max_size=12).filter(
+    lambda p: p not in (".", "..")
+)
+_rel = st.lists(_part, min_size=1, max_size=3).map("/".join)
+_own = st.tuples(st.sampled_from(CELL_CLASSES), st.integers(1, 99999)).map(
+    lambda t: f"{t[0]}/{t[0]}_{t[1]:05d}.jpg"
+)
+
+
+def _make(folder, paths):
+    made = []
+    for rel in paths:
+        p = folder / rel
+        if any(q.is_file() for q in [*p.parents, p] if q != folder and folder in q.parents):
+            continue  # a file where a folder is asked for, or the same path twice
+        if p.is_dir():
+            continue
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+        made.append(rel)
+    return made
+
+
+_OWN = re.compile("(" + "|".join(CELL_CLASSES) + r")/\1_[0-9]{5,}\.jpg")
+
+
+@given(own=st.lists(_own, max_size=6), other=st.lists(_rel, max_size=4))
+def test_a_folder_is_replaced_only_when_every_file_is_cyto_s(own, other):
+    with tempfile.TemporaryDirectory() as tmp:
+        _check_folder(Path(tmp), own, other)
+
+
+def _check_folder(folder, own, other):
+    made = _make(folder, own + other)
+    expected = sorted(r for r in made if not _OWN.fullmatch(r))
+    names = patch_names()
+    assert foreign_files(folder, names) == expected
+    for overwrite in (False, True):
+        if expected:
+            with pytest.raises(InputPathError) as err:
+                refuse_to_replace(folder, overwrite, known=names)
+            line = str(err.value)
+            assert "\n" not in line and expected[0] in line and "did not write" in line
+        elif overwrite or not made:
+            refuse_to_replace(folder, overwrite, known=names)
+        else:
+            with pytest.raises(InputPathError, match=r"exists \(pass --overwrite"):
+                refuse_to_replace(folder, overwrite, known=names)
+
+
+def test_the_record_vouches_for_what_cyto_wrote_and_nothing_added_later(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.bin").write_bytes(b"1")
+    record_outputs(tmp_path, "test")
+    assert foreign_files(tmp_path) == []
+    (tmp_path / "a" / "mine.txt").write_text("notes")
+    assert foreign_files(tmp_path) == ["a/mine.txt"]
+    (tmp_path / RECORD).write_text("not json")  # a damaged record vouches for nothing
+    assert foreign_files(tmp_path) == ["a/mine.txt", "a/x.bin"]
+
+
+def test_synth_patches_overwrite_keeps_the_users_own_images_and_notes(tmp_path):
+    out = tmp_path / "patches"
+    write_patches(out, TINY)
+    (out / "LYT_user").mkdir()
+    (out / "LYT_user" / "mine.jpg").write_bytes(b"my image")
+    (out / "notes.txt").write_text("my notes")
+    for overwrite in (False, True):
+        with pytest.raises(InputPathError, match=r"holds (LYT_user/mine\.jpg|notes\.txt) and 1 "):
+            write_patches(out, TINY, overwrite=overwrite)
+    assert (out / "LYT_user" / "mine.jpg").read_bytes() == b"my image"
+    assert (out / "notes.txt").read_text() == "my notes"
+    (out / "LYT_user" / "mine.jpg").unlink()
+    (out / "LYT_user").rmdir()
+    (out / "notes.txt").unlink()
+    write_patches(out, TINY, overwrite=True)  # cyto's own: replaced, as before
+
+
+def test_a_dataset_is_known_by_its_names(tmp_path):
+    out = tmp_path / "patches"
+    write_patches(out, TINY)
+    assert not (out / RECORD).exists()  # a dataset's folders hold images only
+    (out / "normal" / "scan.jpg").write_bytes(b"x")
+    with pytest.raises(InputPathError, match=r"holds normal/scan\.jpg that cyto did not write"):
+        write_patches(out, TINY, overwrite=True)
+
+
+def test_a_bundle_is_replaced_only_with_what_cyto_wrote_in_it(tmp_path):
+    from cyto.bundle import save_bundle
+
+    out = tmp_path / "m.cyto"
+    parts = ({"method": "test"}, {}, {"c": np.zeros(2)})
+    save_bundle(out, *parts)
+    (out / "engines").mkdir()
+    (out / "engines" / "plan.engine").write_bytes(b"derived")
+    (out / ".manifest.json.k1ll3d").write_bytes(b"{")  # what a killed atomic write left
+    save_bundle(out, *parts, overwrite=True)  # manifest-listed and derived files: cyto's
+    (out / "README.md").write_text("my notes on this model")
+    with pytest.raises(InputPathError, match=r"holds README\.md that cyto did not write"):
+        save_bundle(out, *parts, overwrite=True)
+    assert (out / "README.md").is_file()
+    folder = tmp_path / "mine"  # no bundle at all: nothing in it is cyto's
+    folder.mkdir()
+    (folder / "scorer.npz").write_bytes(b"mine")
+    with pytest.raises(InputPathError, match=r"holds scorer\.npz that cyto did not write"):
+        save_bundle(folder, *parts, overwrite=True)

@@ -1,0 +1,110 @@
+"""Blinding and training hygiene (issue 68, class 4): a blinded review is found from the scored
+folder it was made of, wherever its --session folder is."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cyto.errors import ConfigError, InputPathError
+from cyto.review.session import REVIEWS_FILE, record_review, recorded_reviews
+from cyto.view.folder import review_blocking
+
+
+def _review(root, scored, cases=("case-001",)):
+    """A review folder's key as build_session writes it (what the view's guard reads)."""
+    root.mkdir(parents=True)
+    key = {"scored": [str(f) for f in scored], "cases": {c: {} for c in cases}}
+    (root / "key.json").write_text(json.dumps(key))
+    return root
+
+
+def test_a_review_made_elsewhere_is_found_from_the_scored_folder(tmp_path):
+    folder = tmp_path / "cohort" / "slide1"
+    folder.mkdir(parents=True)
+    elsewhere = _review(tmp_path / "far" / "away" / "rv", [folder])
+    assert review_blocking([folder], [folder]) is None  # the folder does not know of it yet
+    record_review([folder], elsewhere)
+    record_review([folder], elsewhere)  # once is enough
+    assert recorded_reviews(folder) == [elsewhere.absolute()]
+    assert "blinded review nobody has started" in review_blocking([folder], [folder.parent])
+
+
+def test_open_view_refuses_the_slide_of_an_unfinished_review_elsewhere(tmp_path):
+    from cyto.view.folder import open_view
+
+    folder = tmp_path / "slide1"
+    folder.mkdir()
+    (folder / "summary.json").write_text("{}")
+    (folder / "scores.parquet").write_bytes(b"")
+    record_review([folder], _review(tmp_path / "elsewhere", [folder]))
+    with pytest.raises(ConfigError, match=r"elsewhere is a blinded review.*--unblind"):
+        open_view(folder)
+
+
+def test_a_folder_the_review_cannot_be_recorded_in_is_refused_in_one_line(tmp_path):
+    folder = tmp_path / "slide1"
+    (folder / REVIEWS_FILE).mkdir(parents=True)  # unwritable as a file
+    with pytest.raises(InputPathError, match="cannot record the review in") as err:
+        record_review([folder], tmp_path / "rv")
+    assert "\n" not in str(err.value)
+
+
+# --- training hygiene: no "normal" cells from a slide triaged excess -------------------------
+
+
+def _scored_folder(folder, burden):
+    """A scored folder's summary as cyto score writes one (no cells are cut before the check)."""
+    folder.mkdir(parents=True)
+    summary = {
+        "model": "m.cyto",
+        "method": "dsvdd",
+        "slide": str(folder / "slide.tif"),
+        "slide_identity": "x",
+        "resolution": {"crop_px_level0": 32, "slide_mpp": 0.25},
+        "burden": burden,
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "scores.parquet").write_bytes(b"")
+    return folder
+
+
+def test_data_cells_refuses_a_slide_its_calibrated_scoring_triaged_excess(tmp_path):
+    from cyto.review.cells import harvest_cells
+
+    folder = _scored_folder(
+        tmp_path / "s", {"status": "ok", "triage": "excess", "slide_p_value": 0.006}
+    )
+    with pytest.raises(ConfigError, match=r"triaged the slide 'excess', slide p=0.006") as err:
+        harvest_cells([folder], tmp_path / "ds")
+    assert "\n" not in str(err.value) and "negative slides only" in str(err.value)
+    assert not (tmp_path / "ds" / "normal").exists()
+
+
+# --- truth cells outside the slide are said, not counted as missed ---------------------------
+
+
+def test_truth_cells_outside_the_slide_are_said_in_one_line_and_left_out(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+
+    from cyto.errors import CytoWarning
+    from cyto.infer.outputs import labels_from_truth
+
+    truth = tmp_path / "t.csv"
+    truth.write_text("x,y,label\n100,100,1\n5000,100,1\n100,-3,1\n")
+    table = pa.table(
+        {
+            "slide_id": ["a", "a"],
+            "cell_id": np.arange(2),
+            "x": np.array([100.0, 400.0]),
+            "y": np.array([100.0, 400.0]),
+            "score": np.zeros(2),
+        }
+    )
+    with pytest.warns(CytoWarning, match=r"2 of its 3 cell\(s\) .*outside the slide") as said:
+        labels, _, planted = labels_from_truth(table, truth, 10, size=(1000, 800))
+    assert [str(w.message).count("\n") for w in said] == [0]
+    assert "1000 x 800 px" in str(said[0].message)
+    assert labels.tolist() == [1, 0] and planted == 1  # the one on the slide, found
