@@ -256,11 +256,12 @@ def main() -> None:
                 rows.append(row)
     meta = {**machine(), "command": " ".join(sys.argv), "mpp": args.mpp,
             "blocks": {"dev": int(len(dev)), "final": int(len(final))}}  # fmt: skip
+    per_class = sorted({k for r in rows for k in r if k.startswith("auroc_")})  # each lesion
     md = [
         f"# Pap rankings, {args.stage}", "", f"`{meta['command']}`", "",
-        "| fold | ranking | seeds | AUROC | ASC-US | LSIL | Recall@5% WR 1% | WR 0.1% | "
-        "nDCG WR 1% |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| fold | ranking | seeds | AUROC | " + " | ".join(k[6:] for k in per_class)
+        + " | Recall@5% WR 1% | WR 0.1% | nDCG WR 1% |",
+        "|---|---|---|---|" + "---|" * len(per_class) + "---|---|---|",
     ]  # fmt: skip
     for fold in folds:
         for ranking in rankings:
@@ -268,10 +269,9 @@ def main() -> None:
             if not got:
                 continue
             cols = [
-                mean_sd([r[k] for r in got if k in r], "{:.3f}")
-                for k in ("auroc", "auroc_ASC-US", "auroc_LSIL", "recall_wr1", "recall_wr0.1")
+                mean_sd(v, "{:.3f}") if (v := [r[k] for r in got if k in r]) else "-"
+                for k in ("auroc", *per_class, "recall_wr1", "recall_wr0.1", "ndcg_wr1")
             ]
-            cols.append(mean_sd([r["ndcg_wr1"] for r in got], "{:.3f}"))
             md.append(f"| {fold} | {ranking} | {len(got)} | " + " | ".join(cols) + " |")
     write(args.out, f"pap_{args.stage}", meta, rows, md)
 
