@@ -37,6 +37,7 @@ from cyto.errors import ConfigError
 #: as a flag; it is named by its field everywhere)
 FLAGS: dict[str, str | None] = {
     "slide_mpp": "--mpp",
+    "precisions": "--precision",  # cyto export's
     "fdr_alpha": "--fdr",
     "verify": "--skip-verify",
     "queue": None,
@@ -86,7 +87,7 @@ def passing(field: str, value: Any = True) -> str:
     """How the caller passes ``field`` with ``value``: ``--overwrite`` / ``overwrite=True``,
     ``--top-k 100`` / ``top_k=100``, ``--skip-verify`` / ``verify=False``."""
     if python_call():
-        return f"{field}={value!r}"
+        return f"{field}={str(value)!r}" if isinstance(value, Path) else f"{field}={value!r}"
     if isinstance(value, bool):
         return flag(field)
     return f"{flag(field)} {value}"
@@ -106,11 +107,13 @@ def _kind_words(hint: Any) -> str:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         parts = [a for a in typing.get_args(hint) if a is not type(None)]
+        if Path in parts and str in parts:  # a path's words say str
+            parts.remove(str)
         words = " or ".join(dict.fromkeys(_kind_words(a) for a in parts))
         return words + (" or None" if type(None) in typing.get_args(hint) else "")
-    if origin in (tuple, list) or hint in (tuple, list):
+    if origin in (tuple, list, Sequence) or hint in (tuple, list):
         return "a list"
-    if origin is not None and origin.__module__ == "collections.abc":
+    if isinstance(origin, type):
         return f"a {origin.__name__.lower()}"
     return f"a {getattr(hint, '__name__', str(hint))}"
 
@@ -151,7 +154,7 @@ def _coerce(value: Any, hint: Any) -> Any:
         arm = args[0] if args else Any
         items = [_coerce(v, arm) for v in value]
         return _WRONG if any(v is _WRONG for v in items) else type(value)(items)
-    if origin is not None and origin.__module__ == "collections.abc":
+    if isinstance(origin, type):  # dict[str, Any], Callable[[str], None], ...
         return value if isinstance(value, origin) else _WRONG
     if isinstance(hint, type):
         return value if isinstance(value, hint) else _WRONG
@@ -165,7 +168,9 @@ def check_value(field: str, value: Any, hint: Any) -> Any:
     finite."""
     got = _coerce(value, hint)
     if got is _WRONG:
-        raise ConfigError(f"{said(field)} must be {_kind_words(hint)}, got {_show(value)}")
+        # several values where the call takes one (score_slide([a, b], ...)): one per call
+        one = " (one per call)" if isinstance(value, (list, tuple)) else ""
+        raise ConfigError(f"{said(field)} must be {_kind_words(hint)}{one}, got {_show(value)}")
     return got
 
 
@@ -197,14 +202,14 @@ def unknown_words(call: str, unknown: list[str], known: list[str]) -> str:
     names = ", ".join(said(k) for k in unknown)
     near = [m for k in unknown for m in difflib.get_close_matches(k, known, n=1)]
     hint = f" (did you mean {', '.join(said(m) for m in near)}?)" if near else ""
-    return f"{call} does not take {names}{hint}; it takes: {', '.join(known)}"
+    return f"{call}: unknown option(s) {names}{hint}; known: {', '.join(known)}"
 
 
 def check_options(call: str, given: Mapping[str, Any], target: Any) -> dict[str, Any]:
-    """``given`` keyword options of ``call`` held to the fields of ``target`` (a dataclass or a
-    function): unknown names and wrong types refused in the caller's words. Returns them as
-    the fields take them."""
-    hints = hints_of(target)
+    """``given`` keyword options of ``call`` held to the fields of ``target`` (a dataclass, a
+    function, or their annotations as a dict): unknown names and wrong types refused in the
+    caller's words. Returns them as the fields take them."""
+    hints = dict(target) if isinstance(target, Mapping) else hints_of(target)
     known = list(hints)
     unknown = sorted(set(given) - set(known))
     if unknown:

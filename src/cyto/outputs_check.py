@@ -34,8 +34,12 @@ def refuse_to_replace(
 ) -> None:
     """Raise ``error`` (exit 2 by default) when ``path`` holds a result and ``overwrite`` is
     not set: one line naming it (``name``, by default ``--out PATH``) and the flag (``other``:
-    another way out, e.g. ``--resume to keep them``)."""
+    another way out, e.g. ``--resume to keep them``), in the caller's words (:mod:`cyto.flags`:
+    ``overwrite=True`` from Python)."""
+    from cyto.flags import passing
+
     if overwrite or not exists(path):
         return
     alternative = f", or {other}" if other else ""
-    raise error(f"{name or f'--out {path}'} exists (pass --overwrite to replace it{alternative})")
+    name = name or passing("out", path)
+    raise error(f"{name} exists (pass {passing('overwrite')} to replace it{alternative})")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from cyto.errors import ConfigError
+from cyto.flags import said
 
 #: a pixel is nucleus when its optical density (summed over R, G, B) exceeds this share of the
 #: patch's own high percentile: stain intensity varies between labs, the nucleus is the darkest
@@ -196,10 +197,10 @@ def resolve_zoom(
     (the nucleus shares of the patches at the model's load size, :func:`nucleus_fraction`, or
     a function that gives them) serve ``auto`` only."""
     if zoom is not None and patch_mpp is not None:
-        raise ConfigError("give --zoom or --patch-mpp, not both")
+        raise ConfigError(f"give {said('zoom')} or {said('patch_mpp')}, not both")
     if patch_mpp is not None:
         if not patch_mpp > 0:
-            raise ConfigError(f"--patch-mpp must be > 0 um per pixel, got {patch_mpp}")
+            raise ConfigError(f"{said('patch_mpp')} must be > 0 um per pixel, got {patch_mpp}")
         if model_mpp is None:
             raise ConfigError(
                 "--patch-mpp: the model records no training resolution (train it with "
