@@ -99,7 +99,7 @@ def _kind_words(hint: Any) -> str:
     if hint is int:
         return "an integer"
     if hint is float:
-        return "a number"
+        return "a finite number"
     if hint is str:
         return "a string"
     if hint is Path:

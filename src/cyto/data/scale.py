@@ -153,7 +153,7 @@ def check_zoom(zoom: float) -> float:
     if not lo <= zoom <= hi:
         raise ConfigError(
             f"zoom {zoom:.3g} is outside {lo:g}..{hi:g}: these patches are not at a scale a "
-            "resampling can fix (check the pixel sizes, or pass --zoom explicitly)"
+            f"resampling can fix (check the pixel sizes, or pass {said('zoom')} explicitly)"
         )
     return zoom
 
@@ -240,5 +240,7 @@ def resolve_zoom(
     try:
         value = float(zoom)
     except ValueError:
-        raise ConfigError(f"--zoom takes a factor (e.g. 1.7) or auto, got {zoom!r}") from None
+        raise ConfigError(
+            f"{said('zoom')} takes a factor (e.g. 1.7) or auto, got {zoom!r}"
+        ) from None
     return check_zoom(value), "given"
