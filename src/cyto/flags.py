@@ -46,6 +46,10 @@ FLAGS: dict[str, str | None] = {
     "truth_radius": None,
     "echo": None,
 }
+#: options recorded as a group of settings (a dataclass), of which some are flags of their own:
+#: ``--detection KIND`` sets the detection preset, ``--detector`` its implementation; the rest
+#: are the preset's settings, which no flag sets
+GROUPS: dict[str, dict[str, str]] = {"detection": {"kind": "detection", "detector": "detector"}}
 #: boolean fields whose flag says the opposite (``--skip-verify`` is ``verify=False``)
 NEGATED = frozenset({"verify"})
 
@@ -75,6 +79,12 @@ def flag(field: str) -> str:
     if field in FLAGS:
         return FLAGS[field] or field
     return f"--{field.replace('_', '-')}"
+
+
+def named(field: str) -> str:
+    """``field`` as the caller names it in a list of what changed: ``--top-k`` at the command
+    line, ``top_k`` from Python."""
+    return field if python_call() else flag(field)
 
 
 def said(field: str) -> str:
