@@ -7,6 +7,7 @@ call imports what it needs when it runs, so ``import cyto`` stays light.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,35 @@ if TYPE_CHECKING:  # for the annotations only: nothing heavy is imported at run 
     from cyto.train.api import TrainResult
 
 
+def _front_door(func: Callable) -> Callable:
+    """A public call checks its arguments once, on the way in, through the schema the CLI uses
+    (:mod:`cyto.flags`): a wrong count, an unknown keyword or a value of the wrong type is one
+    :class:`~cyto.errors.ConfigError` line, never Python's ``TypeError`` from deep inside; and
+    every message raised inside names options as a Python caller writes them (``top_k=``, not
+    ``--top-k``)."""
+
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        from cyto.flags import bind_call, python_words
+        from cyto.runtime.scorer import Scorer
+
+        with python_words(func.__name__):
+            bound = bind_call(func, args, kwargs, {"Scorer": Scorer})
+            return func(*bound.args, **bound.kwargs)
+
+    return call
+
+
+def _options(call: str, given: dict[str, Any], target: Callable, named: Sequence[str]) -> dict:
+    """The ``**options`` of a public call held to the parameters of the library function that
+    takes them (``named``: those the call takes by name itself, not again as options)."""
+    from cyto.flags import check_options, hints_of
+
+    hints = {k: v for k, v in hints_of(target).items() if k not in named}
+    return check_options(call, given, hints)
+
+
+@_front_door
 def load_model(
     path: str | Path,
     backend: str = "auto",
@@ -59,11 +89,13 @@ def load_model(
     return load_scorer(Path(path), backend, device, precision, threads=threads, verify=verify)
 
 
+@_front_door
 def score_slide(
     slide: str | Path,
     model: str | Path | Scorer,
     out: str | Path,
     *,
+    overwrite: bool = False,
     echo: Callable[[str], None] | None = print,
     **options: Any,
 ) -> pa.Table:
@@ -78,6 +110,9 @@ def score_slide(
         model: a bundle path, or a scorer from :func:`load_model` (loaded once, reused across
             slides).
         out: the output folder of this slide (one writer per folder).
+        overwrite: score again into an ``out`` that holds finished results (of this slide or
+            another); without it (or ``resume=True``, which keeps them where they still hold)
+            such a folder is refused, as ``cyto score`` refuses it.
         echo: where progress lines go (None: nowhere).
         **options: any field of :class:`cyto.infer.options.ScoreOptions`, named as the
             ``cyto score`` flag without its dashes: ``top_k=400``, ``backend="onnx"``,
@@ -95,34 +130,35 @@ def score_slide(
         >>> table = cyto.score_slide("slide.ndpi", "dsvdd.cyto", "scored/slide", top_k=100)
         >>> top = table.sort_by("rank").slice(0, 10).to_pylist()  # the ten most abnormal cells
     """
-    from dataclasses import fields
+    from dataclasses import replace
 
     import pyarrow.parquet as pq
 
-    from cyto.errors import ConfigError
-    from cyto.infer.options import ScoreOptions
+    from cyto.cohort.run import refuse_finished
+    from cyto.infer.options import ScoreOptions, detection_for
     from cyto.infer.pipeline import score_slide as run
     from cyto.slides.remote import slide_ref
 
-    known = [f.name for f in fields(ScoreOptions)]
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"score_slide: unknown option(s) {', '.join(unknown)}; known: {', '.join(known)}"
-        )
-    out = Path(out)
-    model = model if not isinstance(model, str) else Path(model)
-    # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
-    from cyto.infer.options import detection_for
-
-    # detection by kind name, as cyto score takes it (default auto: the model's stain's)
+    # every option checked (name, type, range) before any file is read; detection by kind
+    # name, as cyto score takes it (default auto: the model's stain's, known once it is read)
     kind = options.get("detection", "auto")
     if isinstance(kind, str):
-        options["detection"] = detection_for(kind, model)
-    run(slide_ref(slide), model, out, ScoreOptions(**options), echo=echo or (lambda _line: None))
+        options.pop("detection", None)
+        if kind != "auto":
+            options["detection"] = detection_for(kind, None)
+    opts = ScoreOptions(**_options("score_slide", options, ScoreOptions, ()))
+    out = Path(out)
+    # a folder holding finished results (this slide's or another's) is not scored over unasked
+    refuse_finished(out, Path(str(slide)).name, overwrite or opts.resume)
+    model = model if not isinstance(model, str) else Path(model)
+    if kind == "auto":
+        opts = replace(opts, detection=detection_for(kind, model))
+    # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
+    run(slide_ref(slide), model, out, opts, echo=echo or (lambda _line: None))
     return pq.read_table(out / "scores.parquet")
 
 
+@_front_door
 def train(
     method: str,
     data: str | Path,
@@ -188,6 +224,7 @@ def train(
     )
 
 
+@_front_door
 def export(
     bundle: str | Path,
     *,
@@ -230,6 +267,8 @@ def export(
     """
     from cyto.export.api import export_bundle
 
+    named = ("path", "trt", "precisions", "calib", "calib_class", "device", "echo")
+    options = _options("export", options, export_bundle, named)
     if isinstance(precisions, str):
         precisions = [p.strip() for p in precisions.split(",") if p.strip()]
     return export_bundle(
@@ -244,8 +283,9 @@ def export(
     )
 
 
+@_front_door
 def predict(
-    model: str | Path,
+    model: str | Path | Scorer,
     data: str | Path,
     out: str | Path,
     *,
@@ -263,7 +303,8 @@ def predict(
     """Score a folder (or CSV manifest) of cell patches into a Parquet table.
 
     Args:
-        model: the bundle folder.
+        model: the bundle folder, or a scorer from :func:`load_model` (loaded once, reused
+            across folders; ``backend``, ``device`` and ``precision`` are then its own).
         data: a class-folder dataset, a flat folder of images, or a CSV manifest.
         out: the table to write (a name ending in ``.parquet``): ``path, class, score, rank``
             (1 = most abnormal), and ``label`` when ``normal`` is given.
@@ -291,8 +332,13 @@ def predict(
     """
     from cyto.predict import predict as run
 
+    named = (
+        "model", "data", "out", "normal", "abnormal", "backend", "device", "precision",
+        "batch_size", "rank_by", "overwrite", "echo",
+    )  # fmt: skip
+    options = _options("predict", options, run, named)
     return run(
-        Path(model),
+        model if not isinstance(model, str) else Path(model),
         Path(data),
         Path(out),
         normal=normal,

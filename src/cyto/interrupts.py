@@ -141,12 +141,69 @@ class _Pool(ProcessPoolExecutor):
 
 def spawn_pool(workers: int, initializer=None, initargs: tuple = ()) -> ProcessPoolExecutor:
     """A pool of ``workers`` spawned processes (no fork of a process that may hold threads) that
-    leave Ctrl-C to the main process, from the moment each starts, and die with it (Linux)."""
+    leave Ctrl-C to the main process, from the moment each starts, and die with it (Linux).
+    Refused, before any process starts, when a public Python call runs from the top level of a
+    script outside ``if __name__ == "__main__":`` (:func:`unguarded_script`)."""
     import multiprocessing as mp
 
+    from cyto.flags import passing, python_call
+
+    call, where = python_call(), unguarded_script()
+    if call and where:
+        from cyto.errors import ConfigError
+
+        raise ConfigError(
+            f"{call} starts worker processes, and each runs your script {where[0]} again from "
+            f"its top (Python's spawn): call {call} under 'if __name__ == \"__main__\":' "
+            f"(line {where[1]} is outside it), or pass {passing('workers', 0)}"
+        )
     return _Pool(
         workers,
         mp_context=mp.get_context("spawn"),
         initializer=_start_worker,
         initargs=(initializer, initargs, os.getpid()),
     )
+
+
+def unguarded_script() -> tuple[str, int] | None:
+    """The script file and line from which the top level of ``__main__``, outside an ``if
+    __name__ == "__main__":`` block, called the code running now (None: no such caller). A
+    spawned worker imports ``__main__`` again, so such a call runs once more in every worker
+    and fails there, where only a broken worker is seen."""
+    import ast
+    from pathlib import Path
+
+    file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not file or not str(file).endswith(".py"):
+        return None  # an interpreter, a notebook, python -c: nothing is imported again
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+            break
+        frame = frame.f_back
+    if frame is None:
+        return None
+    line = frame.f_lineno
+    try:
+        tree = ast.parse(Path(file).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        guard = isinstance(node, ast.If) and _main_test(node.test)
+        if guard and node.lineno <= line <= (node.end_lineno or node.lineno):
+            return None
+    return str(file), line
+
+
+def _main_test(test) -> bool:
+    """``__name__ == "__main__"`` (either way round)."""
+    import ast
+
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return False
+    if not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    words = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return names == ["__name__"] and words == ["__main__"]

@@ -94,25 +94,29 @@ def refuse_to_replace(
 ) -> None:
     """Raise ``error`` (exit 2 by default) when ``path`` holds a result and ``overwrite`` is
     not set: one line naming it (``name``, by default ``--out PATH``) and the flag (``other``:
-    another way out, e.g. ``--resume to keep them``).
+    another way out, e.g. ``--resume to keep them``), in the caller's words (:mod:`cyto.flags`:
+    ``overwrite=True`` from Python).
 
     ``known`` is given by every command that replaces a folder as a whole (the names it writes
     there; ``()``: only what its record lists): a folder holding a file cyto did not write
     (:func:`foreign_files`) is then refused whether ``overwrite`` is set or not, naming that
     file. ``None``: ``path`` is a file, or a folder whose writer replaces only its own named
     files and deletes nothing else."""
+    from cyto.flags import passing
+
     path = Path(path)
-    label = name or f"--out {path}"
+    label = name or passing("out", path)
     if known is not None and path.is_dir() and not path.is_symlink():
         foreign = foreign_files(path, known)
         if foreign:
             more = f" and {len(foreign) - 1} other file(s)" if len(foreign) > 1 else ""
             them = "them" if more else "it"
             raise error(
-                f"{label} holds {foreign[0]}{more} that cyto did not write: --overwrite "
-                f"replaces only cyto's own outputs, so move {them} away or choose another place"
+                f"{label} holds {foreign[0]}{more} that cyto did not write: "
+                f"{passing('overwrite')} replaces only cyto's own outputs, so move {them} away "
+                "or choose another place"
             )
     if overwrite or not exists(path):
         return
     alternative = f", or {other}" if other else ""
-    raise error(f"{label} exists (pass --overwrite to replace it{alternative})")
+    raise error(f"{label} exists (pass {passing('overwrite')} to replace it{alternative})")

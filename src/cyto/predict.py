@@ -31,6 +31,7 @@ from cyto.errors import (
     ScaleWarning,
     StainWarning,
 )
+from cyto.flags import passing, said
 from cyto.infer.store import ChunkStore, kept_words
 from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_to_replace
@@ -71,8 +72,11 @@ def predict(
     replaced only with ``overwrite``."""
     from cyto.cohort.local import check_out_file
     from cyto.data.morphometry import RANK_BY, RANK_BY_ALIASES, resolve_rank_by, scorer_rank_by
-    from cyto.runtime import load_scorer
+    from cyto.runtime import Scorer, load_scorer
 
+    for name, value in (("batch_size", batch_size), ("chunk", chunk)):
+        if value < 1:  # before the model loads
+            raise ConfigError(f"{said(name)} must be >= 1, got {value}")
     if RANK_BY_ALIASES.get(rank_by, rank_by) not in RANK_BY:
         resolve_rank_by(rank_by, None, None)  # the one-line error, before the model loads
     out = Path(out)
@@ -82,10 +86,13 @@ def predict(
         refuse_to_replace(out, overwrite)
     if out.suffix.lower() not in (".parquet", ".pq"):  # x.csv was given Parquet bytes
         raise ConfigError(
-            f"--out {out}: cyto predict writes a Parquet table, with the model and the "
+            f"{passing('out', out)}: cyto predict writes a Parquet table, with the model and the "
             "verification in its metadata; give a name ending in .parquet"
         )
-    scorer = load_scorer(model, backend, device, precision, verify=verify)
+    if isinstance(model, Scorer):  # loaded once by the caller (cyto.load_model)
+        scorer, model = model, model.bundle.path
+    else:
+        scorer = load_scorer(model, backend, device, precision, verify=verify)
     rank_by, morph = scorer_rank_by(scorer, rank_by)
     records, labels = _chosen(Path(data), normal, abnormal)
     size = scorer.bundle.manifest["config"].get("load_size")

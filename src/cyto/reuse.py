@@ -140,10 +140,39 @@ def _show(value: Any) -> str:
 
 
 def flag_name(key: str, names: Mapping[str, str] | None = None) -> str:
-    """The user's name of a key field: ``names[key]`` when given, else ``--key-with-dashes``."""
+    """The user's name of a key field: ``names[key]`` when given, else the option's own name in
+    the caller's words (:func:`cyto.flags.named`: its flag, ``--mpp`` for ``slide_mpp``, at the
+    command line; the keyword from Python)."""
+    from cyto.flags import named
+
     if names and key in names:
         return names[key]
-    return f"--{key.replace('_', '-')}"
+    return named(key)
+
+
+def _group_differences(key: str, name: str, was: Mapping, now: Mapping) -> list[str]:
+    """What moved in a group of settings (:data:`cyto.flags.GROUPS`): the members that are flags
+    of their own by their flag (``--detection smear -> pap``); the preset's other settings, which
+    follow from it, only when it did not move (``--detection smear's sigma 2 -> 8``)."""
+    from cyto.flags import GROUPS, named
+
+    own = GROUPS[key]
+    out = [
+        f"{named(own[k])} {_show(was.get(k))} -> {_show(now.get(k))}"
+        for k in own
+        if not _same(was.get(k), now.get(k))
+    ]
+    kind = next(iter(own))
+    if _same(was.get(kind), now.get(kind)):
+        out += [
+            f"{name} {_show(now.get(kind))}'s {d}"
+            for d in differences(
+                {k: v for k, v in was.items() if k not in own},
+                {k: v for k, v in now.items() if k not in own},
+                {k: k for k in {*was, *now}},
+            )
+        ]
+    return out
 
 
 def differences(
@@ -158,6 +187,8 @@ def differences(
     options with flags of their own: ``--tile 512 -> 1024``), and a ``secret`` field says
     only that it differs. A field one side lacks reads as None (its default): a setting added
     after a record was written does not void it at its default."""
+    from cyto.flags import GROUPS
+
     secret = set(secret)
     out: list[str] = []
     for key in dict.fromkeys([*current, *recorded]):
@@ -169,6 +200,8 @@ def differences(
             out.append(f"{name} differs")
         elif isinstance(was, Mapping) and isinstance(now, Mapping) and not name:
             out += differences(was, now, names, secret)  # a group of options with own flags
+        elif isinstance(was, Mapping) and isinstance(now, Mapping) and key in GROUPS:
+            out += _group_differences(key, name, was, now)
         elif isinstance(was, Mapping) and isinstance(now, Mapping):
             out += [f"{name} {d}" for d in differences(was, now, {k: k for k in {*was, *now}})]
         else:

@@ -505,3 +505,26 @@ def test_an_opset_the_exporter_cannot_write_is_refused_before_export(bundles, tm
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert f"--opset {opset}: the exporter writes opsets 18 to" in proc.stderr, proc.stderr
     assert (copy / "manifest.json").read_bytes() == before
+
+
+def test_predict_takes_a_loaded_scorer_as_score_slide_does(exported_dsvdd, tiny, tmp_path):
+    """cyto.score_slide took a scorer from cyto.load_model and cyto.predict raised a TypeError
+    deep inside for one; it scores with it now, the table the bundle path gives."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    import cyto
+
+    (tmp_path / "d" / "normal").mkdir(parents=True)
+    for i in range(12):
+        Image.fromarray(tiny.images[i]).save(tmp_path / "d" / "normal" / f"c{i:02d}.png")
+    scorer = cyto.load_model(exported_dsvdd, "onnx", "cpu", verify=False)
+    by_scorer = cyto.predict(scorer, tmp_path / "d", tmp_path / "a.parquet", echo=None)
+    by_path = cyto.predict(
+        exported_dsvdd, tmp_path / "d", tmp_path / "b.parquet", backend="onnx", device="cpu",
+        verify=False, echo=None,
+    )  # fmt: skip
+    assert by_scorer["n"] == by_path["n"] == 12
+    a, b = pq.read_table(tmp_path / "a.parquet"), pq.read_table(tmp_path / "b.parquet")
+    assert a.column("score").to_pylist() == pytest.approx(b.column("score").to_pylist())
+    assert a.schema.metadata[b"cyto.model"] == str(exported_dsvdd).encode()

@@ -842,7 +842,7 @@ def test_resume_scores_again_when_the_settings_changed(exported_dsvdd, slides, t
     [third], _ = score_cohort(
         [slide], exported_dsvdd, out, replace(fewer, detection=stricter), said.append
     )
-    assert any("--detection min_area 300 -> 2500" in m for m in said), said
+    assert any("--detection smear's min_area 300 -> 2500" in m for m in said), said
     plain = score_slide(
         slide, load_scorer(exported_dsvdd), tmp_path / "plain", replace(fewer, resume=False)
     )

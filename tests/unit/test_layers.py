@@ -10,7 +10,7 @@ dependency). Layers, top to bottom:
     train  export  stats
     runtime  detect  slides
     models  data  bundle
-    errors  progress  interrupts  locks  reuse  outputs_check  localserver  (and the package root)
+    errors  progress  interrupts  locks  reuse  flags  outputs_check  localserver  (and the root)
 
 A module may import its own layer's package and anything below. On top of that:
 ``infer/``, ``cohort/`` and ``runtime/`` never import ``train/`` or ``eval/``; ``export/`` never
@@ -61,6 +61,7 @@ LAYERS = {
     "locks": 0,
     "outputs_check": 0,
     "reuse": 0,
+    "flags": 0,
     "tables": 0,
     "localserver": 0,
     "__init__": 0,

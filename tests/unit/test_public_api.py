@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
+import re
 import subprocess
 import sys
+from dataclasses import fields
+from pathlib import Path
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 import cyto
 from cyto import api
 from cyto.errors import ConfigError
+from cyto.infer.options import ScoreOptions
 from tests.unit.test_cli_import import HEAVY
 
 PROBE = """
@@ -88,3 +95,276 @@ def test_dotted_imports_of_shared_subpackages_reach_their_modules():
 def test_score_slide_refuses_an_unknown_option_by_name(tmp_path):
     with pytest.raises(ConfigError, match="unknown option.*topk.*known: .*top_k"):
         cyto.score_slide(tmp_path / "s.tif", tmp_path / "m.cyto", tmp_path / "o", topk=5)
+
+
+# --- the front door: every public call checks its arguments through cyto.flags ---------------
+
+#: the kind of each argument the generated calls get wrong, per public call (the annotations say
+#: the same; written out here so that the test does not read them from the code it checks)
+KINDS = {
+    "load_model": {
+        "path": "path",
+        "backend": "str",
+        "device": "str",
+        "precision": "str",
+        "threads": "int?",
+        "verify": "bool",
+    },
+    "score_slide": {
+        "slide": "path",
+        "model": "path",
+        "out": "path",
+        "overwrite": "bool",
+        "echo": "callable?",
+        "top_k": "int",
+        "batch_size": "int",
+        "mosaic": "int",
+        "workers": "int?",
+        "fdr_alpha": "float",
+        "slide_mpp": "float?",
+        "truth": "path?",
+        "resume": "bool",
+        "backend": "str",
+        "rank_by": "str",
+        "qupath": "str",
+    },
+    "export": {
+        "bundle": "path",
+        "trt": "bool",
+        "calib_class": "str?",
+        "opset": "int",
+        "calib_limit": "int",
+        "accept_parity_loss": "bool",
+    },
+    "predict": {
+        "model": "path",
+        "data": "path",
+        "out": "path",
+        "normal": "str?",
+        "batch_size": "int",
+        "overwrite": "bool",
+        "chunk": "int",
+        "resume": "bool",
+        "patch_mpp": "float?",
+    },
+    "train": {
+        "method": "str",
+        "data": "path",
+        "out": "path",
+        "resume": "bool",
+        "overrides": "dict?",
+        "weights": "path?",
+    },
+}
+#: values out of each option's range (the range is the option's, at the CLI and in Python alike)
+OUT_OF_RANGE = {
+    "score_slide": {
+        "top_k": st.integers(max_value=0),
+        "batch_size": st.integers(max_value=0),
+        "mosaic": st.integers(max_value=-1),
+        "workers": st.integers(max_value=-1),
+        "patch_size": st.integers(min_value=-5, max_value=15),
+        "fdr_alpha": st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0)),
+        "triage_level": st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0)),
+        "map_um": st.one_of(st.floats(max_value=0.99), st.floats(min_value=10000.5)),
+        "slide_mpp": st.one_of(st.floats(max_value=0.0099), st.floats(min_value=100.5)),
+        "backend": st.sampled_from(["tensorflow", "ONNX", ""]),
+        "precision": st.sampled_from(["fp8", "float32", ""]),
+        "rank_by": st.sampled_from(["size", "score", ""]),
+        "detection": st.sampled_from(["blood", "Pap!", ""]),
+        "qupath": st.sampled_from(["cells,tiles", "geojson"]),
+    },
+    "predict": {"batch_size": st.integers(max_value=0), "chunk": st.integers(max_value=0)},
+    "export": {"opset": st.integers(max_value=10), "precisions": st.sampled_from(["fp8", "q4"])},
+}
+SCALARS = {
+    "int": st.integers(-3, 3),
+    "float": st.floats(-2, 2, allow_nan=False),
+    "str": st.text(max_size=4),
+    "bool": st.booleans(),
+    "path": st.just("x"),
+}
+
+
+def _wrong(kind: str):
+    """Values that are not of ``kind`` (``int?``: an int or None)."""
+    optional = kind.endswith("?")
+    kind = kind.rstrip("?")
+    wrong = {
+        "int": [SCALARS["str"], st.floats(allow_nan=True), st.booleans(), st.lists(st.integers())],
+        "float": [SCALARS["str"], st.sampled_from([math.nan, math.inf, -math.inf]), st.booleans()],
+        "str": [st.integers(), st.floats(allow_nan=False), st.lists(SCALARS["str"], max_size=2)],
+        "bool": [st.integers(), SCALARS["str"], st.floats(allow_nan=False)],
+        "path": [
+            st.integers(),
+            st.floats(allow_nan=False),
+            st.booleans(),
+            st.lists(st.just("a.tif"), min_size=2, max_size=2),
+        ],
+        "callable": [st.integers(), SCALARS["str"]],
+        "dict": [st.integers(), st.lists(st.integers(), max_size=2), SCALARS["str"]],
+    }[kind]
+    if not optional and kind != "callable":
+        wrong.append(st.none())
+    return st.one_of(*wrong)
+
+
+def _call(name: str, tmp: Path, **given):
+    """Call ``cyto.NAME`` with paths that do not exist for the arguments it needs, and
+    ``given`` on top (a positional one given by name)."""
+    needs = {
+        "load_model": {"path": tmp / "m.cyto"},
+        "score_slide": {"slide": tmp / "s.tif", "model": tmp / "m.cyto", "out": tmp / "o"},
+        "export": {"bundle": tmp / "m.cyto"},
+        "predict": {"model": tmp / "m.cyto", "data": tmp / "d", "out": tmp / "p.parquet"},
+        "train": {"method": "dsvdd", "data": tmp / "d", "out": tmp / "t.cyto"},
+    }[name]
+    quiet = {"echo": None} if name in ("score_slide", "export", "predict") else {}
+    return getattr(cyto, name)(**{**needs, **quiet, **given})
+
+
+def _in_python_words(message: str, field: str) -> None:
+    """A message to a Python caller names the keyword it wrote, never a command-line flag."""
+    assert f"{field}=" in message, message
+    assert not re.search(r"(^|\s|\()--[a-z]", message), message
+
+
+@given(data=st.data())
+def test_a_wrong_type_is_one_typed_line_in_the_callers_words(data, tmp_path):
+    """load_model(42), score_slide(top_k="ten"), score_slide([a, b], ...), export(opset="18"):
+    raw TypeErrors from deep inside before; now a ConfigError naming the keyword as written."""
+    name = data.draw(st.sampled_from(sorted(KINDS)))
+    field = data.draw(st.sampled_from(sorted(KINDS[name])))
+    value = data.draw(_wrong(KINDS[name][field]))
+    with pytest.raises(ConfigError) as err:
+        _call(name, tmp_path, **{field: value})
+    _in_python_words(str(err.value), field)
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+@given(data=st.data())
+def test_an_unknown_keyword_is_refused_by_name(data, tmp_path):
+    """export(bogus=1), predict(zooom=2), load_model(bakend=...): Python's TypeError before."""
+    name = data.draw(st.sampled_from(sorted(KINDS)))
+    word = data.draw(st.from_regex(r"[a-z][a-z_]{0,10}", fullmatch=True))
+    assume(word not in inspect.signature(getattr(api, name)).parameters)
+    assume(not (name == "score_slide" and word in {f.name for f in fields(ScoreOptions)}))
+    assume(not (name in ("export", "predict") and word in _library_options(name)))
+    with pytest.raises(ConfigError, match="unknown option") as err:
+        _call(name, tmp_path, **{word: 1})
+    _in_python_words(str(err.value), word)
+
+
+@given(data=st.data())
+def test_a_value_out_of_range_is_named_as_the_keyword(data, tmp_path):
+    """ScoreOptions said "--top-k must be >= 1" to a caller who wrote top_k=0."""
+    name = data.draw(st.sampled_from(sorted(OUT_OF_RANGE)))
+    field = data.draw(st.sampled_from(sorted(OUT_OF_RANGE[name])))
+    value = data.draw(OUT_OF_RANGE[name][field])
+    with pytest.raises(ConfigError) as err:
+        _call(name, tmp_path, **{field: value})
+    _in_python_words(str(err.value), field)
+
+
+def test_wrong_counts_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="load_model needs path="):
+        cyto.load_model()
+    with pytest.raises(ConfigError, match="takes 4 argument.*by position"):
+        cyto.load_model(tmp_path, "onnx", "cpu", "fp32", 2)
+    with pytest.raises(ConfigError, match=r"zooom= \(did you mean zoom=\?\)"):
+        cyto.predict(tmp_path / "m", tmp_path / "d", tmp_path / "p.parquet", zooom=2)
+
+
+def test_the_cli_keeps_its_flags_where_python_gets_keywords():
+    """One message, two callers: the words come from cyto.flags."""
+    from cyto.flags import passing, python_words, said
+
+    with pytest.raises(ConfigError, match="^--top-k must be >= 1, got 0"):
+        ScoreOptions(top_k=0)
+    with pytest.raises(ConfigError, match="^--mpp must be"):
+        ScoreOptions(slide_mpp=0.0)
+    with python_words("score_slide"), pytest.raises(ConfigError, match="^slide_mpp= must be"):
+        ScoreOptions(slide_mpp=0.0)
+    assert (said("fdr_alpha"), passing("verify", False), passing("overwrite")) == (
+        "--fdr",
+        "--skip-verify",
+        "--overwrite",
+    )
+    with python_words("x"):
+        assert (said("fdr_alpha"), passing("verify", False)) == ("fdr_alpha=", "verify=False")
+
+
+def _finished(folder: Path, slide: str) -> dict[str, bytes]:
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"slide": f"/scans/{slide}"}))
+    (folder / "scores.parquet").write_bytes(b"PAR1 their table")
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_score_slide_refuses_a_folder_of_finished_results_as_cyto_score_does(tmp_path):
+    """cyto.score_slide into a folder holding another slide's finished results replaced them
+    silently (the API had no overwrite); it is refused now, naming whose results they are."""
+    from cyto.cohort.run import refuse_rescoring
+    from cyto.errors import InputPathError
+
+    out = tmp_path / "other"
+    before = _finished(out, "other.ndpi")
+    with pytest.raises(InputPathError) as err:
+        cyto.score_slide(tmp_path / "this.tif", tmp_path / "m.cyto", out, echo=None)
+    words = str(err.value)
+    assert "finished results of other.ndpi" in words
+    assert "overwrite=True" in words and "resume=True" in words and "--" not in words
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # the CLI's refusal (of rescoring that slide into its folder) is the same rule, in its flags
+    with pytest.raises(InputPathError, match=r"^--out .*pass --overwrite.*or --resume"):
+        refuse_rescoring([Path("/scans/other.ndpi")], tmp_path)
+    # asked to: the refusal stands aside (the run then fails on the missing model, not on it)
+    from cyto.errors import BundleError
+
+    with pytest.raises(BundleError):
+        cyto.score_slide(tmp_path / "t.tif", tmp_path / "m.cyto", out, overwrite=True, echo=None)
+
+
+UNGUARDED = """
+import cyto
+cyto.score_slide({slide!r}, {model!r}, {out!r}, detection="smear", workers=2, echo=None)
+"""
+
+
+def test_a_script_without_a_main_guard_is_told_so_before_any_worker_starts(tmp_path):
+    """Each spawned worker ran the script again from its top and failed there; the parent saw a
+    broken worker and blamed --workers. Now the call is refused first, in one line."""
+    script = tmp_path / "unguarded.py"
+    args = {"slide": str(tmp_path / "s.tif"), "model": str(tmp_path / "m"), "out": "o"}
+    script.write_text(UNGUARDED.format(**args))
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and last.startswith("cyto.errors.ConfigError"), proc.stderr
+    assert "if __name__ ==" in last and "line 3" in last and "workers=0" in last, last
+    assert "bootstrapping" not in proc.stderr and "--workers" not in proc.stderr
+
+
+def test_a_main_guard_is_recognised(tmp_path, monkeypatch):
+    from cyto import interrupts
+
+    script = tmp_path / "s.py"
+    script.write_text("import x\nif __name__ == '__main__':\n    run()\n")
+    main = type(sys)("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    code = compile("\n\nfound = unguarded()\n", str(script), "exec")
+    scope = {"__name__": "__main__", "unguarded": interrupts.unguarded_script}
+    exec(code, scope)  # line 3: inside the guard
+    assert scope["found"] is None
+    exec(compile("found = unguarded()\n", str(script), "exec"), scope)  # line 1: outside
+    assert scope["found"] == (str(script), 1)
+
+
+def _library_options(name: str) -> set[str]:
+    import cyto.export.api
+    import cyto.predict
+
+    target = {"export": cyto.export.api.export_bundle, "predict": cyto.predict.predict}[name]
+    return set(inspect.signature(target).parameters)

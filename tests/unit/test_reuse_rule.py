@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cyto.reuse import Artifact, check_reuse, key_sha256
@@ -72,3 +72,86 @@ def test_parquet_artifacts_read_back_with_their_rows(tmp_path_factory, n, claime
         assert "t.parquet" in problem
     if damage == "whole":
         assert "lacks the column(s) rank" in Artifact(path, "parquet", columns=("rank",)).problem()
+
+
+def _score_flags() -> set[str]:
+    """Every flag ``cyto score`` takes, read from the command itself."""
+    import typer
+
+    from cyto.cli import app
+
+    command = typer.main.get_command(app).commands["score"]
+    return {o for p in command.params for o in p.opts if o.startswith("--")}
+
+
+SCORE_SETTINGS = {
+    "top_k": st.integers(1, 1000),
+    "mosaic": st.integers(0, 200),
+    "tile": st.sampled_from([512, 1024, 2048]),
+    "patch_size": st.sampled_from([None, 64, 192]),
+    "slide_mpp": st.sampled_from([None, 0.25, 0.5]),
+    "model_mpp": st.sampled_from([None, 0.12]),
+    "fdr_alpha": st.floats(0.01, 0.5),
+    "triage_level": st.floats(0.01, 0.2),
+    "fdr_confidence": st.sampled_from([None, 0.9]),
+    "rank_by": st.sampled_from(["model", "morphometry", "auto"]),
+    "burden_cells": st.sampled_from(["evaluable", "all"]),
+    "qupath": st.sampled_from(["none", "cells", "cells,map"]),
+    "map_um": st.sampled_from([50.0, 100.0]),
+    "rescale": st.booleans(),
+    "precision": st.sampled_from(["auto", "fp32", "fp16"]),
+    "planes": st.sampled_from(["auto", "none"]),
+    "truth_radius": st.sampled_from([20.0, 35.0]),
+}
+
+
+@st.composite
+def _score_options(draw):
+    from dataclasses import replace
+
+    from cyto.detect import detection_preset
+    from cyto.infer.options import ScoreOptions
+
+    chosen = {k: draw(v) for k, v in SCORE_SETTINGS.items() if draw(st.booleans())}
+    detection = replace(
+        detection_preset(draw(st.sampled_from(["smear", "pap", "tissue"]))),
+        sigma=draw(st.sampled_from([2.0, 8.0])),
+        detector=draw(st.sampled_from(["scipy", "torch"])),
+    )
+    return ScoreOptions(detection=detection, **chosen)
+
+
+@settings(max_examples=15)
+@given(_score_options(), _score_options())
+def test_a_change_list_names_only_flags_cyto_score_takes(a, b):
+    """Issue 68: a rescored slide's change list said --slide-mpp (the flag is --mpp) and
+    --detection sigma 2 -> 8 (no flag sets sigma). Every flag a change list names is one of
+    cyto score's, through the one map of fields to flags (cyto.flags)."""
+    import re
+
+    from cyto.cohort.local import SCORE_KEY_NAMES
+    from cyto.reuse import differences
+
+    flags = _score_flags()
+    for line in differences(a.output_key(), b.output_key(), SCORE_KEY_NAMES):
+        named = set(re.findall(r"--[a-z][a-z0-9-]*", line))
+        assert named <= flags, (line, named - flags)  # a setting no flag sets: by its name
+
+
+def test_a_change_list_says_the_detection_by_its_flags():
+    from dataclasses import replace
+
+    from cyto.detect import detection_preset
+    from cyto.infer.options import ScoreOptions
+    from cyto.reuse import differences
+
+    smear = ScoreOptions(detection=detection_preset("smear"))
+    assert differences(smear.output_key(), replace(smear, slide_mpp=0.5).output_key()) == [
+        "--mpp default -> 0.5"
+    ]
+    sigma = replace(smear, detection=replace(smear.detection, sigma=8.0))
+    assert differences(smear.output_key(), sigma.output_key()) == [
+        "--detection smear's sigma 2 -> 8"
+    ]
+    pap = replace(smear, detection=detection_preset("pap"))
+    assert differences(smear.output_key(), pap.output_key()) == ["--detection smear -> pap"]

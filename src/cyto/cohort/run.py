@@ -43,16 +43,37 @@ def refuse_rescoring(slides: list[Path], out: Path) -> None:
     another slide's folder is never written over (:func:`output_folders` puts this one beside
     it)."""
     from cyto.cohort.local import output_folders
-    from cyto.outputs_check import refuse_to_replace
 
     for slide, folder in output_folders(slides, out):
-        if (folder / "summary.json").is_file() and (folder / "scores.parquet").is_file():
-            refuse_to_replace(
-                folder,
-                False,
-                name=f"--out {folder} (the finished results of {slide.name})",
-                other="--resume to keep them where they still hold",
-            )
+        refuse_finished(folder, slide.name, False)
+
+
+def refuse_finished(folder: Path, slide_name: str, overwrite: bool) -> None:
+    """``folder`` holding a slide's finished results (a summary and a score table) is refused
+    unless ``overwrite``: one line, in the caller's words (:mod:`cyto.flags`), naming the slide
+    the results are of (another slide's, when its summary says so). ``cyto score`` and
+    :func:`cyto.score_slide` alike."""
+    import json
+
+    from cyto.flags import passing
+    from cyto.outputs_check import refuse_to_replace
+
+    folder = Path(folder)
+    if overwrite or not (
+        (folder / "summary.json").is_file() and (folder / "scores.parquet").is_file()
+    ):
+        return
+    try:
+        recorded = json.loads((folder / "summary.json").read_text()).get("slide")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    of = Path(str(recorded)).name if recorded else slide_name
+    refuse_to_replace(
+        folder,
+        False,
+        name=f"{passing('out', folder)} (the finished results of {of})",
+        other=f"{passing('resume')} to keep them where they still hold",
+    )
 
 
 def slide_line(summary: dict, out: Path) -> str:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cyto.errors import ConfigError
+from cyto.flags import passing, said
 
 #: added to a share before its log, so a crop without a nucleus near its centre (share 0) scores
 #: far out but finite
@@ -275,15 +276,15 @@ def resolve_rank_by(rank_by: str, morph: Morphometric | None, validation: dict |
     that needs a morphometric score the bundle does not record is a one-line error."""
     rank_by = RANK_BY_ALIASES.get(rank_by, rank_by)
     if rank_by not in RANK_BY:
-        raise ConfigError(f"--rank-by must be one of {', '.join(RANK_BY)}, got {rank_by!r}")
+        raise ConfigError(f"{said('rank_by')} must be one of {', '.join(RANK_BY)}, got {rank_by!r}")
     if rank_by == "auto":
         how = choose_ranking(validation)[0]
         return how if how == "model" or morph is not None else "model"
     if rank_by != "model" and morph is None:
         raise ConfigError(
-            f"--rank-by {rank_by}: this bundle records no morphometry of its training normals "
-            "(trained before cyto recorded it, or without normal cells); retrain it, or rank by "
-            "the model alone"
+            f"{passing('rank_by', rank_by)}: this bundle records no morphometry of its training "
+            "normals (trained before cyto recorded it, or without normal cells); retrain it, or "
+            "rank by the model alone"
         )
     return rank_by
 

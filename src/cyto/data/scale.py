@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from cyto.errors import ConfigError
+from cyto.flags import said
 
 #: a pixel is nucleus when its optical density (summed over R, G, B) exceeds this share of the
 #: patch's own high percentile: stain intensity varies between labs, the nucleus is the darkest
@@ -152,7 +153,7 @@ def check_zoom(zoom: float) -> float:
     if not lo <= zoom <= hi:
         raise ConfigError(
             f"zoom {zoom:.3g} is outside {lo:g}..{hi:g}: these patches are not at a scale a "
-            "resampling can fix (check the pixel sizes, or pass --zoom explicitly)"
+            f"resampling can fix (check the pixel sizes, or pass {said('zoom')} explicitly)"
         )
     return zoom
 
@@ -196,10 +197,10 @@ def resolve_zoom(
     (the nucleus shares of the patches at the model's load size, :func:`nucleus_fraction`, or
     a function that gives them) serve ``auto`` only."""
     if zoom is not None and patch_mpp is not None:
-        raise ConfigError("give --zoom or --patch-mpp, not both")
+        raise ConfigError(f"give {said('zoom')} or {said('patch_mpp')}, not both")
     if patch_mpp is not None:
         if not patch_mpp > 0:
-            raise ConfigError(f"--patch-mpp must be > 0 um per pixel, got {patch_mpp}")
+            raise ConfigError(f"{said('patch_mpp')} must be > 0 um per pixel, got {patch_mpp}")
         if model_mpp is None:
             raise ConfigError(
                 "--patch-mpp: the model records no training resolution (train it with "
@@ -239,5 +240,7 @@ def resolve_zoom(
     try:
         value = float(zoom)
     except ValueError:
-        raise ConfigError(f"--zoom takes a factor (e.g. 1.7) or auto, got {zoom!r}") from None
+        raise ConfigError(
+            f"{said('zoom')} takes a factor (e.g. 1.7) or auto, got {zoom!r}"
+        ) from None
     return check_zoom(value), "given"

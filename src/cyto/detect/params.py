@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from cyto.errors import ConfigError
+from cyto.flags import said
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,9 @@ def detection_preset(kind: str) -> NucleusParams:
     ``tissue`` that is expected and not warned.
     """
     if kind not in DETECTION_KINDS:
-        raise ConfigError(f"--detection must be one of {', '.join(DETECTION_KINDS)}, got {kind!r}")
+        raise ConfigError(
+            f"{said('detection')} must be one of {', '.join(DETECTION_KINDS)}, got {kind!r}"
+        )
     if kind == "smear":
         return NucleusParams()
     if kind == "pap":

@@ -11,6 +11,7 @@ from cyto.data.dataset import load_records
 from cyto.errors import ConfigError, CytoError
 from cyto.export.conformance import problem_words
 from cyto.export.onnx import OPSET, check_opset, export_onnx
+from cyto.flags import passing, said
 
 # layers int8 leaves in float by default, per scorer head: Deep SVDD's distance to the centre
 # moves with every embedding coordinate; its embedding Gemm in float took the TensorRT form's
@@ -70,7 +71,9 @@ def export_bundle(
     path = Path(path)
     bad = [p for p in precisions if p not in PRECISIONS]
     if bad or not precisions:
-        raise ConfigError(f"--precision takes {', '.join(PRECISIONS)} (comma-separated), got {bad}")
+        raise ConfigError(
+            f"{said('precisions')} takes {', '.join(PRECISIONS)} (comma-separated), got {bad}"
+        )
     if onnx:
         check_opset(opset)
     bundle = load_bundle(path, weights=False)
@@ -78,8 +81,9 @@ def export_bundle(
         raise ConfigError(f"{path} has no {ONNX_FILE}: export it first (--onnx)")
     if "int8" in precisions and calib is None:
         raise ConfigError(
-            "--precision int8 needs --calib: real cells of the kind the model scores (e.g. "
-            "--calib cells/ --calib-class LYT); int8 is never calibrated on made-up cells"
+            f"{passing('precisions', 'int8')} needs {said('calib')}: real cells of the kind the "
+            f"model scores (e.g. {passing('calib', 'cells/')} {passing('calib_class', 'LYT')}); "
+            "int8 is never calibrated on made-up cells"
         )
     profile = BatchProfile.parse(batch) if trt else None
     # the cells the user named, read before any export: a mistyped --calib (or a class it lacks)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from cyto.bundle import ONNX_FILE, Staged, load_bundle, staged_files
 from cyto.errors import ConfigError
+from cyto.flags import passing
 
 OPSET = 18
 INPUT = "patches"
@@ -80,8 +81,8 @@ def check_opset(opset: int) -> None:
     newest = onnx.defs.onnx_opset_version()
     if not OPSET <= opset <= newest:
         raise ConfigError(
-            f"--opset {opset}: the exporter writes opsets {OPSET} to {newest}; TensorRT 10 and "
-            f"11 read up to {OPSET_RANGE[1]} (default {OPSET})"
+            f"{passing('opset', opset)}: the exporter writes opsets {OPSET} to {newest}; "
+            f"TensorRT 10 and 11 read up to {OPSET_RANGE[1]} (default {OPSET})"
         )
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from functools import cache
 from pathlib import Path
 
 from cyto.bundle import PRECISIONS
 from cyto.data.morphometry import RANK_BY, RANK_BY_ALIASES
 from cyto.detect import NucleusParams
 from cyto.errors import ConfigError
+from cyto.flags import check_value, hints_of, said
 from cyto.runtime.backends import CHOICES
 from cyto.stats.calibrate import BURDEN_CELLS, FDR_ALPHA, TRIAGE_LEVEL
 
@@ -66,67 +68,83 @@ class ScoreOptions:
     burden_cells: str = "evaluable"
 
     def __post_init__(self) -> None:
-        # the messages name the command-line flags (ScoreOptions' fields spelled as cyto score
-        # takes them), with the value given
+        # every field of the type its annotation says, then in its range; the messages name
+        # each field in the caller's words (cyto.flags.said: the flag at the command line,
+        # top_k= from Python), with the value given
+        hints = _hints()
+        for f in fields(self):
+            object.__setattr__(
+                self, f.name, check_value(f.name, getattr(self, f.name), hints[f.name])
+            )
         if self.patch_size is not None and self.patch_size < 16:
-            raise ConfigError(f"--patch-size must be >= 16 px, got {self.patch_size}")
+            raise ConfigError(f"{said('patch_size')} must be >= 16 px, got {self.patch_size}")
         if self.patch_size is not None and self.tile < self.patch_size:
             raise ConfigError(
-                f"--tile must be at least --patch-size ({self.patch_size} px), got {self.tile}"
+                f"{said('tile')} must be at least {said('patch_size')} ({self.patch_size} px), "
+                f"got {self.tile}"
             )
         if self.batch_size < 1:
-            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+            raise ConfigError(f"{said('batch_size')} must be >= 1, got {self.batch_size}")
         if self.backend not in CHOICES:
             raise ConfigError(
-                f"--backend must be one of {', '.join(CHOICES)}, got {self.backend!r}"
+                f"{said('backend')} must be one of {', '.join(CHOICES)}, got {self.backend!r}"
             )
         if self.precision not in (*PRECISIONS, "auto"):
             raise ConfigError(
-                f"--precision must be one of {', '.join(PRECISIONS)} or auto, got "
+                f"{said('precision')} must be one of {', '.join(PRECISIONS)} or auto, got "
                 f"{self.precision!r}"
             )
         if self.decode not in DECODERS:
-            raise ConfigError(f"--decode must be {' or '.join(DECODERS)}, got {self.decode!r}")
+            raise ConfigError(
+                f"{said('decode')} must be {' or '.join(DECODERS)}, got {self.decode!r}"
+            )
         if self.overlap not in OVERLAP:
             raise ConfigError(
-                f"--overlap must be one of {', '.join(OVERLAP)}, got {self.overlap!r}"
+                f"{said('overlap')} must be one of {', '.join(OVERLAP)}, got {self.overlap!r}"
             )
         object.__setattr__(self, "rank_by", RANK_BY_ALIASES.get(self.rank_by, self.rank_by))
         if self.rank_by not in RANK_BY:
             raise ConfigError(
-                f"--rank-by must be one of {', '.join(RANK_BY)}, got {self.rank_by!r}"
+                f"{said('rank_by')} must be one of {', '.join(RANK_BY)}, got {self.rank_by!r}"
             )
         if self.top_k < 1:
-            raise ConfigError(f"--top-k must be >= 1, got {self.top_k}")
+            raise ConfigError(f"{said('top_k')} must be >= 1, got {self.top_k}")
         if self.mosaic < 0:
-            raise ConfigError(f"--mosaic must be >= 0 (0: none), got {self.mosaic}")
+            raise ConfigError(f"{said('mosaic')} must be >= 0 (0: none), got {self.mosaic}")
         self.qupath_outputs()  # an unknown name fails here, by name
         if not 1.0 <= self.map_um <= 10000.0:
-            raise ConfigError(f"--map-um must be in um (1 to 10000), got {self.map_um}")
+            raise ConfigError(f"{said('map_um')} must be in um (1 to 10000), got {self.map_um}")
         if self.workers is not None and self.workers < 0:
-            raise ConfigError(f"--workers must be >= 0, got {self.workers}")
+            raise ConfigError(f"{said('workers')} must be >= 0, got {self.workers}")
         if self.chunk_cells < 1 or (self.queue is not None and self.queue < 1):
             raise ConfigError(
-                f"chunk_cells and queue must be >= 1, got {self.chunk_cells} and {self.queue}"
+                f"{said('chunk_cells')} and {said('queue')} must be >= 1, got "
+                f"{self.chunk_cells} and {self.queue}"
             )
         if self.max_cells is not None and self.max_cells < 1:
-            raise ConfigError(f"--max-cells must be >= 1, got {self.max_cells}")
-        for name, flag in (("fdr_alpha", "--fdr"), ("triage_level", "--triage-level")):
+            raise ConfigError(f"{said('max_cells')} must be >= 1, got {self.max_cells}")
+        for name in ("fdr_alpha", "triage_level"):
             if not 0.0 < getattr(self, name) < 1.0:
-                raise ConfigError(f"{flag} must be between 0 and 1, got {getattr(self, name)}")
+                raise ConfigError(
+                    f"{said(name)} must be between 0 and 1, got {getattr(self, name)}"
+                )
         if self.fdr_confidence is not None and not 0.0 < self.fdr_confidence < 1.0:
             raise ConfigError(
-                f"--fdr-confidence must be between 0 and 1 (e.g. 0.9), got {self.fdr_confidence}"
+                f"{said('fdr_confidence')} must be between 0 and 1 (e.g. 0.9), got "
+                f"{self.fdr_confidence}"
             )
         self.adequacy_rule()  # an unknown preset or a bad rule file fails here, by name
         if self.burden_cells not in BURDEN_CELLS:
             raise ConfigError(
-                f"--burden-cells must be {' or '.join(BURDEN_CELLS)}, got {self.burden_cells!r}"
+                f"{said('burden_cells')} must be {' or '.join(BURDEN_CELLS)}, got "
+                f"{self.burden_cells!r}"
             )
-        for name, flag in (("slide_mpp", "--mpp"), ("model_mpp", "--model-mpp")):
+        for name in ("slide_mpp", "model_mpp"):
             value = getattr(self, name)
             if value is not None and not 0.01 <= value <= 100:
-                raise ConfigError(f"{flag} must be in um per pixel (0.01 to 100), got {value}")
+                raise ConfigError(
+                    f"{said(name)} must be in um per pixel (0.01 to 100), got {value}"
+                )
 
     def adequacy_rule(self):
         """The :class:`~cyto.stats.adequacy.AdequacyRule` ``--adequacy`` names (None: none)."""
@@ -154,7 +172,7 @@ class ScoreOptions:
         unknown = sorted(names - set(QUPATH_FILES))
         if unknown:
             raise ConfigError(
-                f"--qupath takes {', '.join(QUPATH_FILES)} (comma-separated), all or none; "
+                f"{said('qupath')} takes {', '.join(QUPATH_FILES)} (comma-separated), all or none; "
                 f"got {self.qupath!r}"
             )
         return tuple(n for n in QUPATH_FILES if n in names)
@@ -213,6 +231,12 @@ class ScoreOptions:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
 
 
+@cache
+def _hints() -> dict:
+    """The fields' annotations, evaluated once (:func:`cyto.flags.hints_of`)."""
+    return hints_of(ScoreOptions)
+
+
 def model_spec(model):
     """The model spec of a bundle path or a loaded scorer (its manifest, no weights)."""
     if hasattr(model, "spec"):
@@ -258,7 +282,9 @@ def patch_side(opts, spec) -> int:
 
     side = opts.patch_size or spec.patch_px or DEFAULT_PATCH
     if opts.tile < side:
-        raise ConfigError(f"--tile must be at least the crop's side ({side} px), got {opts.tile}")
+        raise ConfigError(
+            f"{said('tile')} must be at least the crop's side ({side} px), got {opts.tile}"
+        )
     return side
 
 

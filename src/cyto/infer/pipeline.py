@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import SYSTEM_ERRORS, OutputWriteError
+from cyto.flags import passing
 from cyto.infer.batcher import CellBatcher
 from cyto.infer.finish import Metrics, finish_slide, rank_by
 from cyto.infer.memory import trim_malloc
@@ -121,7 +122,7 @@ def write_error(slide: Path, out_dir: Path, exc: OSError) -> OutputWriteError:
     why = SYSTEM_ERRORS.get(exc.errno, exc.strerror or str(exc))
     kept = out_dir / PARTIAL
     tail = (
-        f"; the finished chunks are kept in {kept}: fix that and rerun with --resume"
+        f"; the finished chunks are kept in {kept}: fix that and rerun with {passing('resume')}"
         if kept.is_dir() and any(kept.glob("chunk-*"))
         else ""
     )

@@ -22,6 +22,7 @@ from pathlib import Path
 from cyto.bundle import atomic_write
 from cyto.detect.morphometry import COLUMNS as MORPHOMETRY_COLUMNS
 from cyto.errors import CytoError, first_line
+from cyto.flags import passing
 from cyto.reuse import check_reuse, read_record
 from cyto.slides.base import PLANE_SEP
 from cyto.slides.remote import SlideURL, remote_identity, slide_ref
@@ -116,7 +117,8 @@ def kept_words(store_dir: Path) -> str:
     there are none yet (then a rerun starts over)."""
     n = len(list(Path(store_dir).glob("chunk-*"))) if Path(store_dir).is_dir() else 0
     if n:
-        return f"{n} finished chunk(s) are kept in {store_dir}: rerun with --resume to continue"
+        again = passing("resume")
+        return f"{n} finished chunk(s) are kept in {store_dir}: rerun with {again} to continue"
     return "no chunk was finished yet: rerun to start over"
 
 

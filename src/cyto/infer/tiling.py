@@ -23,6 +23,7 @@ from cyto.data.images import resize_rgb
 from cyto.detect import NucleusParams, detect_in_tile, in_core, read_nuclei_file
 from cyto.detect.morphometry import measure_stain
 from cyto.errors import CytoError, UnsupportedSlideError
+from cyto.flags import said
 from cyto.infer.memory import peak_rss_mb
 from cyto.infer.patches import crop_cells
 from cyto.infer.quality import crop_sharpness
@@ -444,5 +445,5 @@ def broken_worker_error(slide, store_dir, exc: BrokenProcessPool) -> CytoError:
 
     return CytoError(
         f"{slide}: a worker process stopped ({exc or 'killed, out of memory?'}); "
-        f"{kept_words(store_dir)} (and fewer --workers)"
+        f"{kept_words(store_dir)} (and fewer {said('workers')})"
     )

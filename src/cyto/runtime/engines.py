@@ -28,6 +28,7 @@ from pathlib import Path
 
 from cyto.bundle import PRECISIONS, atomic_write, read_checked, sha256_file
 from cyto.errors import BundleError, ConfigError
+from cyto.flags import said
 from cyto.locks import file_lock
 
 ENGINES_DIR = "engines"
@@ -56,9 +57,11 @@ class BatchProfile:
         try:
             parts = [int(p) for p in str(text).split(",")]
         except ValueError as exc:
-            raise ConfigError(f"--batch expects min,opt,max (e.g. 1,64,256), got {text!r}") from exc
+            raise ConfigError(
+                f"{said('batch')} expects min,opt,max (e.g. 1,64,256), got {text!r}"
+            ) from exc
         if len(parts) != 3:
-            raise ConfigError(f"--batch expects three numbers min,opt,max, got {text!r}")
+            raise ConfigError(f"{said('batch')} expects three numbers min,opt,max, got {text!r}")
         return cls(*parts)
 
     def as_list(self) -> list[int]:

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from cyto.errors import ConfigError
+from cyto.flags import said
 
 SATISFACTORY, LIMITED, UNSATISFACTORY = "satisfactory", "limited", "unsatisfactory"
 RESULTS = (SATISFACTORY, LIMITED, UNSATISFACTORY)
@@ -186,7 +187,7 @@ def resolve(spec: str) -> AdequacyRule | None:
     path = Path(spec)
     if path.suffix.lower() != ".toml":
         raise ConfigError(
-            f"--adequacy must be one of {', '.join(PRESETS)} or a TOML file (RULE.toml), "
+            f"{said('adequacy')} must be one of {', '.join(PRESETS)} or a TOML file (RULE.toml), "
             f"got {spec!r}"
         )
     return read_rule(path)

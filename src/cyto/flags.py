@@ -1,0 +1,267 @@
+"""Option fields, their types and their flags: one schema for the CLI and the Python API.
+
+An option has one name in the library and the Python API, its *field* (``top_k``), and one at
+the command line, its *flag* (``--top-k``). :data:`FLAGS` writes down every flag that is not the
+field spelled with dashes (``slide_mpp`` is ``--mpp``), and the fields no command takes as a
+flag. :func:`said` names a field in the words of whoever called: the flag from the command line,
+``top_k=`` from Python (each call of :mod:`cyto.api` runs inside :func:`python_words`), so one
+message serves both callers. A message that names an option goes through :func:`said` (or
+:func:`passing`: ``--overwrite`` at the CLI, ``overwrite=True`` from Python).
+
+The types are the annotations of the dataclass or the function that takes the options
+(``ScoreOptions.top_k: int``); :func:`check_value` holds a value to its annotation and
+:func:`bind_call` binds a public call's arguments: an unknown keyword, a missing or extra
+argument and a value of the wrong type are refused with one :class:`~cyto.errors.ConfigError`
+line in the caller's words, never as Python's ``TypeError`` from deep inside. The ranges are
+checked where the options are (``ScoreOptions.__post_init__``), named through :func:`said`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import difflib
+import inspect
+import math
+import numbers
+import os
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cyto.errors import ConfigError
+
+#: the flag of each field whose flag is not ``--field-with-dashes`` (None: no command takes it
+#: as a flag; it is named by its field everywhere)
+FLAGS: dict[str, str | None] = {
+    "slide_mpp": "--mpp",
+    "precisions": "--precision",  # cyto export's
+    "fdr_alpha": "--fdr",
+    "verify": "--skip-verify",
+    "queue": None,
+    "chunk_cells": None,
+    "max_cells": None,
+    "truth_radius": None,
+    "echo": None,
+}
+#: options recorded as a group of settings (a dataclass), of which some are flags of their own:
+#: ``--detection KIND`` sets the detection preset, ``--detector`` its implementation; the rest
+#: are the preset's settings, which no flag sets
+GROUPS: dict[str, dict[str, str]] = {"detection": {"kind": "detection", "detector": "detector"}}
+#: boolean fields whose flag says the opposite (``--skip-verify`` is ``verify=False``)
+NEGATED = frozenset({"verify"})
+
+_PYTHON: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "cyto_python_call", default=None
+)
+
+
+@contextlib.contextmanager
+def python_words(call: str) -> Iterator[None]:
+    """Messages raised inside name options as a Python caller wrote them (``top_k=``);
+    ``call``: the public call (``score_slide``)."""
+    token = _PYTHON.set(call)
+    try:
+        yield
+    finally:
+        _PYTHON.reset(token)
+
+
+def python_call() -> str | None:
+    """The public Python call being served (None: the command line, or library code)."""
+    return _PYTHON.get()
+
+
+def flag(field: str) -> str:
+    """The command-line flag of ``field`` (its field name where no command takes it)."""
+    if field in FLAGS:
+        return FLAGS[field] or field
+    return f"--{field.replace('_', '-')}"
+
+
+def named(field: str) -> str:
+    """``field`` as the caller names it in a list of what changed: ``--top-k`` at the command
+    line, ``top_k`` from Python."""
+    return field if python_call() else flag(field)
+
+
+def said(field: str) -> str:
+    """``field`` in the caller's words: ``--top-k`` at the command line, ``top_k=`` from
+    Python."""
+    return f"{field}=" if python_call() else flag(field)
+
+
+def passing(field: str, value: Any = True) -> str:
+    """How the caller passes ``field`` with ``value``: ``--overwrite`` / ``overwrite=True``,
+    ``--top-k 100`` / ``top_k=100``, ``--skip-verify`` / ``verify=False``."""
+    if python_call():
+        return f"{field}={str(value)!r}" if isinstance(value, Path) else f"{field}={value!r}"
+    if isinstance(value, bool):
+        return flag(field)
+    return f"{flag(field)} {value}"
+
+
+def _kind_words(hint: Any) -> str:
+    if hint is bool:
+        return "True or False"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a finite number"
+    if hint is str:
+        return "a string"
+    if hint is Path:
+        return "a path (str or Path)"
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        parts = [a for a in typing.get_args(hint) if a is not type(None)]
+        if Path in parts and str in parts:  # a path's words say str
+            parts.remove(str)
+        words = " or ".join(dict.fromkeys(_kind_words(a) for a in parts))
+        return words + (" or None" if type(None) in typing.get_args(hint) else "")
+    if origin in (tuple, list, Sequence) or hint in (tuple, list):
+        return "a list"
+    if isinstance(origin, type):
+        return f"a {origin.__name__.lower()}"
+    return f"a {getattr(hint, '__name__', str(hint))}"
+
+
+_WRONG = object()
+
+
+def _coerce(value: Any, hint: Any) -> Any:
+    """``value`` as ``hint`` takes it (a str for a Path becomes a Path), or :data:`_WRONG`."""
+    if hint is Any:
+        return value
+    if hint is type(None):
+        return None if value is None else _WRONG
+    if hint is bool:
+        return value if isinstance(value, bool) else _WRONG
+    if hint is int:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        return int(value) if ok else _WRONG
+    if hint is float:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        return float(value) if ok and math.isfinite(value) else _WRONG
+    if hint is str:
+        return value if isinstance(value, str) else _WRONG
+    if hint is Path:
+        ok = isinstance(value, (str, os.PathLike)) and str(os.fspath(value)).strip()
+        return Path(value) if ok else _WRONG
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for arm in typing.get_args(hint):  # in order: ``str | Path`` keeps a str a str
+            got = _coerce(value, arm)
+            if got is not _WRONG:
+                return got
+        return _WRONG
+    if origin in (tuple, list, Sequence):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+            return _WRONG
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        arm = args[0] if args else Any
+        items = [_coerce(v, arm) for v in value]
+        return _WRONG if any(v is _WRONG for v in items) else type(value)(items)
+    if isinstance(origin, type):  # dict[str, Any], Callable[[str], None], ...
+        return value if isinstance(value, origin) else _WRONG
+    if isinstance(hint, type):
+        return value if isinstance(value, hint) else _WRONG
+    return value  # a hint this schema does not read (a TypeVar, a Literal): the callee checks
+
+
+def check_value(field: str, value: Any, hint: Any) -> Any:
+    """``value`` held to the annotation ``hint`` of ``field``; returns it as the field takes it
+    (a str given for a Path, as a Path). Raises :class:`ConfigError` in the caller's words:
+    ``top_k= must be an integer, got 'ten'`` (``--top-k`` at the command line). A float must be
+    finite."""
+    got = _coerce(value, hint)
+    if got is _WRONG:
+        # several values where the call takes one (score_slide([a, b], ...)): one per call
+        one = " (one per call)" if isinstance(value, (list, tuple)) else ""
+        raise ConfigError(f"{said(field)} must be {_kind_words(hint)}{one}, got {_show(value)}")
+    return got
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def hints_of(target: Any, localns: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The annotations of a dataclass's fields or a function's parameters, evaluated (those
+    that do not evaluate, e.g. names imported only for type checkers, read as ``Any``)."""
+    target = target if isinstance(target, type) else inspect.unwrap(target)
+    module = inspect.getmodule(target)
+    scope = dict(vars(module)) if module else {}
+    out: dict[str, Any] = {}
+    annotations = target.__annotations__
+    for name, text in annotations.items():
+        if name == "return":
+            continue
+        try:
+            out[name] = eval(text, scope, dict(localns or {})) if isinstance(text, str) else text
+        except Exception:  # noqa: BLE001 - an annotation for type checkers only
+            out[name] = Any
+    return out
+
+
+def unknown_words(call: str, unknown: list[str], known: list[str]) -> str:
+    """``call`` refuses keyword(s) it does not take, with the nearest it does."""
+    names = ", ".join(said(k) for k in unknown)
+    near = [m for k in unknown for m in difflib.get_close_matches(k, known, n=1)]
+    hint = f" (did you mean {', '.join(said(m) for m in near)}?)" if near else ""
+    return f"{call}: unknown option(s) {names}{hint}; known: {', '.join(known)}"
+
+
+def check_options(call: str, given: Mapping[str, Any], target: Any) -> dict[str, Any]:
+    """``given`` keyword options of ``call`` held to the fields of ``target`` (a dataclass, a
+    function, or their annotations as a dict): unknown names and wrong types refused in the
+    caller's words. Returns them as the fields take them."""
+    hints = dict(target) if isinstance(target, Mapping) else hints_of(target)
+    known = list(hints)
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ConfigError(unknown_words(call, unknown, known))
+    return {k: check_value(k, v, hints[k]) for k, v in given.items()}
+
+
+def bind_call(
+    func: Callable, args: tuple, kwargs: dict, localns: Mapping[str, Any] | None = None
+) -> inspect.BoundArguments:
+    """The arguments of a public call bound to its signature, each held to its annotation; a
+    wrong count, an unknown keyword or a wrong type is one :class:`ConfigError` line. A
+    ``**options`` catch-all is bound as given: the callee checks it (:func:`check_options`)."""
+    sig = inspect.signature(func)
+    name = func.__name__
+    params = sig.parameters
+    named = [p for p in params.values() if p.kind is not p.VAR_KEYWORD]
+    takes_more = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    unknown = [k for k in kwargs if k not in params or params[k].kind is params[k].VAR_KEYWORD]
+    if unknown and not takes_more:
+        raise ConfigError(unknown_words(name, sorted(unknown), [p.name for p in named]))
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError:
+        positional = [p.name for p in named if p.kind is p.POSITIONAL_OR_KEYWORD]
+        if len(args) > len(positional):
+            raise ConfigError(
+                f"{name} takes {len(positional)} argument(s) by position "
+                f"({', '.join(positional)}), got {len(args)}; give the others by name"
+            ) from None
+        given = set(kwargs) | set(positional[: len(args)])
+        missing = [p.name for p in named if p.default is p.empty and p.name not in given] or [
+            k for k in kwargs if k in positional[: len(args)]
+        ]
+        raise ConfigError(
+            f"{name} needs {', '.join(f'{m}=' for m in missing)} (given once each)"
+        ) from None
+    hints = hints_of(func, localns)
+    for key, value in list(bound.arguments.items()):
+        if params[key].kind is params[key].VAR_KEYWORD or key not in hints:
+            continue
+        if value is params[key].default:
+            continue  # a default is what the call chose
+        bound.arguments[key] = check_value(key, value, hints[key])
+    return bound
