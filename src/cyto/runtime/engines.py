@@ -12,8 +12,9 @@ its input size::
 ``engines/`` is outside the manifest's seal: building, rebuilding or deleting an engine never
 changes a sealed file, so the bundle always stays loadable. An engine whose key does not match
 what is asked for, or whose plan does not match the sha256 and size its entry holds (a derived
-engine, :mod:`cyto.runtime.derived`), is never loaded, and the lookup says why. Writers take a lock on the folder and replace files by atomic rename, so two builds at
-once cannot leave a half-written plan or index.
+engine, :mod:`cyto.runtime.derived`), is never loaded, and the lookup says why. Writers take a
+lock on the folder and replace files by atomic rename, so two builds at once cannot leave a
+half-written plan or index.
 """
 
 from __future__ import annotations

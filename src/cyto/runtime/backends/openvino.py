@@ -31,7 +31,9 @@ itself (``export_model``, then ``import_model`` of bytes it has checked), not th
 loaded there and scored near 1e57 (issue 68). Each is a derived engine
 (:mod:`cyto.runtime.derived`): kept with the sha256 and size of its bytes, loaded only when they
 match, compiled anew (saying why) when they do not, and its sha256 is in the key of the
-verification record that vouches for it. One stream of ``threads`` inference threads (the cores cyto gives the engine: the decode
+verification record that vouches for it.
+
+One stream of ``threads`` inference threads (the cores cyto gives the engine: the decode
 and detection workers keep theirs), threads not pinned to cores, since the cores are shared.
 OpenVINO has no spinning switch like ONNX Runtime's: its TBB workers spin briefly, then sleep,
 measured at 1 ms of CPU time in a 50 ms pause after a call (ONNX Runtime without spinning:
