@@ -254,10 +254,13 @@ class OpenVinoBackend:
                     self.engine_file, self.loaded_from_cache = engine, True
                 except Exception as exc:  # noqa: BLE001 - OpenVINO raises its own untyped errors
                     why = f"{engine.path.name} does not load in OpenVINO ({_first(exc)})"
+            want = INFERENCE_PRECISION[precision]
+            if self.loaded_from_cache and self._computes_in() != want:
+                why = f"{engine.path.name} computes in {self._computes_in()}, not {want}"
+                self.engine_file, self.loaded_from_cache = None, False
         if not self.loaded_from_cache:
             self._compile(bundle, graph, precision, config, kept, why)
-        got = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
-        want = INFERENCE_PRECISION[precision]
+        got, want = self._computes_in(), INFERENCE_PRECISION[precision]
         if got != want:  # never a silent change of precision
             raise DeviceError(
                 f"OpenVINO compiled {graph.file} in {got}, not {want} (--precision {precision})"
@@ -267,6 +270,9 @@ class OpenVinoBackend:
         self.batch_axis = head_class(bundle.spec.head).batch_axis
         self.input = self.compiled.inputs[0]
         self.output = self.compiled.outputs[0]
+
+    def _computes_in(self) -> str:
+        return self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
 
     def _compile(self, bundle, graph, precision, config, kept, why: str) -> None:
         """Compile ``graph`` now and keep the compiled model (when ``kept``); the note says
