@@ -392,7 +392,9 @@ def model_rows(
             problems.append(f"{model}: nothing here can score it on {device}")
         try:
             s = load_scorer(bundle, "auto", device, "auto")
-            auto[f"{model} on {device}"] = f"{s.describe()} ({s.verification.status})"
+            how = verified_how(s.verification)
+            status = f"{s.verification.status}, {how}" if how else s.verification.status
+            auto[f"{model} on {device}"] = f"{s.describe()} ({status})"
             s.close()
         except CytoError as exc:
             auto[f"{model} on {device}"] = f"nothing: {exc}"

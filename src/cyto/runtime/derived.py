@@ -72,8 +72,17 @@ class KeptEngine:
     rewritten under its name: a new engine gets a new file, then the record names it, so a
     reader sees either the old pair or the new one."""
 
-    def __init__(self, folder: Path, stem: str, suffix: str, key: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        stem: str,
+        suffix: str,
+        key: dict[str, Any],
+        names: dict[str, str] | None = None,
+    ) -> None:
         self.folder = Path(folder)
+        #: the user's words for the key's fields (what a kept engine was built for otherwise)
+        self.names = names or {}
         self.stem = stem
         self.suffix = suffix
         self.key = json.loads(json.dumps(key))  # as it reads back from the record
@@ -96,7 +105,7 @@ class KeptEngine:
             or Path(record["file"]).name != record["file"]
         ):
             return None, None, f"its record {self.record_path.name} does not read back"
-        reuse = check_reuse(record.get("key"), self.key)
+        reuse = check_reuse(record.get("key"), self.key, names=self.names)
         if not reuse.ok:
             return None, None, f"it was built for {reuse.words()}"
         path = self.folder / record["file"]
