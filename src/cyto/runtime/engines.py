@@ -231,7 +231,7 @@ class EngineIndex:
                 size = e.info.get("plan_size")
                 data, damage = read_engine(self.dir / e.file, e.plan_sha256, size)
                 if data is None:
-                    why = [f"its plan {damage}: rebuild it with 'cyto export --trt'"]
+                    why = [f"its plan {damage}"]
             if why:
                 reasons.append(f"{e.file}: {'; '.join(why)}")
             else:
