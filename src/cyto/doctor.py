@@ -50,6 +50,9 @@ class ModelRow:
     detail: str
     cells_per_s: float | None = None
     asked: bool = False
+    #: where the verification's numbers come from: ``ran now`` (run on the golden cells by this
+    #: doctor) or ``from the record of WHEN`` (an earlier run's record for these very bytes)
+    source: str = ""
 
 
 @dataclass
@@ -371,6 +374,7 @@ def model_rows(
                     v = scorer.verification
                     row.status = v.status if v is not None else "unverified"
                     row.detail = v.words() if v is not None else ""
+                    row.source = verified_how(v)
                     row.graph = scorer_artifact(scorer.backend)
                     row.cells_per_s = _speed(scorer, images)
                     scorer.close()
@@ -388,11 +392,24 @@ def model_rows(
             problems.append(f"{model}: nothing here can score it on {device}")
         try:
             s = load_scorer(bundle, "auto", device, "auto")
-            auto[f"{model} on {device}"] = f"{s.describe()} ({s.verification.status})"
+            how = verified_how(s.verification)
+            status = f"{s.verification.status}, {how}" if how else s.verification.status
+            auto[f"{model} on {device}"] = f"{s.describe()} ({status})"
             s.close()
         except CytoError as exc:
             auto[f"{model} on {device}"] = f"nothing: {exc}"
     return rows, auto, problems
+
+
+def verified_how(v) -> str:
+    """``ran now`` or ``from the record of WHEN`` for a passed or failed verification; "" for
+    one that did not compare anything (unverified, skipped)."""
+    if v is None or v.status not in ("passed", "failed"):
+        return ""
+    if not v.cached:
+        return "ran now"
+    when = str(v.record.get("when", ""))[:16].replace("T", " ")
+    return f"from the record of {when}" if when else "from a record"
 
 
 def _not_taken(graphs: dict, file: str) -> str:
@@ -439,14 +456,17 @@ def render(report: Report) -> str:
     for c in report.checks:
         lines.append(f"  {f'{c.area} {c.item}':<{width}}  {c.status:<8} {c.detail}")
     if report.rows:
-        lines.append("models (each graph run on its golden cells here):")
+        lines.append(
+            "models (each graph or engine verified on its golden cells here: ran now, or read "
+            "from the record an earlier run made on this machine of the very same bytes):"
+        )
         head = ("device", "backend", "precision", "status", "cells/s", "graph or engine")
         table = [head] + [
             (
                 r.device,
                 r.backend,
                 r.precision,
-                r.status,
+                f"{r.status} ({r.source})" if r.source else r.status,
                 "" if r.cells_per_s is None else f"{r.cells_per_s:g}",
                 r.graph,
             )
@@ -471,5 +491,13 @@ def render(report: Report) -> str:
         lines.append("problems (what was asked cannot run, or runs unchecked):")
         lines += [f"  {p}" for p in report.problems]
     else:
-        lines.append("everything asked for runs here")
+        checked = [r for r in report.rows if r.source]
+        recorded = [r for r in checked if r.source != "ran now"]
+        if recorded:
+            lines.append(
+                f"everything asked for runs here ({len(recorded)} of {len(checked)} "
+                "verifications read from records of earlier runs, not run now)"
+            )
+        else:
+            lines.append("everything asked for runs here")
     return "\n".join(lines)

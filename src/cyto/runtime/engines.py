@@ -11,9 +11,10 @@ its input size::
 
 ``engines/`` is outside the manifest's seal: building, rebuilding or deleting an engine never
 changes a sealed file, so the bundle always stays loadable. An engine whose key does not match
-what is asked for, or whose plan does not match its checksum, is never loaded, and the lookup
-says why. Writers take a lock on the folder and replace files by atomic rename, so two builds at
-once cannot leave a half-written plan or index.
+what is asked for, or whose plan does not match the sha256 and size its entry holds (a derived
+engine, :mod:`cyto.runtime.derived`), is never loaded, and the lookup says why. Writers take a
+lock on the folder and replace files by atomic rename, so two builds at once cannot leave a
+half-written plan or index.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from cyto.bundle import PRECISIONS, atomic_write, read_checked, sha256_file
 from cyto.errors import BundleError, ConfigError
 from cyto.flags import said
 from cyto.locks import file_lock
+from cyto.runtime.derived import read_engine
 
 ENGINES_DIR = "engines"
 INDEX = "index.json"
@@ -228,11 +230,11 @@ class EngineIndex:
         fits, reasons = [], []
         for e in self.entries():
             why = want.mismatches(e.key)
-            plan = self.dir / e.file
-            if not why and not plan.is_file():
-                why = [f"its plan file {e.file} is missing"]
-            elif not why and sha256_file(plan) != e.plan_sha256:
-                why = [f"its plan file {e.file} does not match its checksum (changed or corrupt)"]
+            if not why:  # the plan as its entry recorded it (cyto.runtime.derived)
+                size = e.info.get("plan_size")
+                data, damage = read_engine(self.dir / e.file, e.plan_sha256, size)
+                if data is None:
+                    why = [f"its plan {damage}"]
             if why:
                 reasons.append(f"{e.file}: {'; '.join(why)}")
             else:
@@ -281,7 +283,11 @@ class EngineIndex:
                 key,
                 name,
                 sha256_file(self.dir / name),
-                {"built": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(info or {})},
+                {
+                    "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    **(info or {}),
+                    "plan_size": len(plan_bytes),
+                },
             )
             kept = [e for e in self.entries() if e.key != key and e.file != name]
             self._write_index([*kept, entry])

@@ -14,8 +14,9 @@ gives them in fp32 on the exporting machine. Before a graph or engine scores any
 A graph that passed its gate where it was exported can fail here: ONNX Runtime's int8 kernels on
 x86 CPUs without VNNI sum uint8 x int8 products in int16 and saturate, TensorRT picks kernels per
 GPU and version. The result is cached outside the seal, keyed by everything that can change the
-numbers (:func:`cyto.runtime.machine.fingerprint`, the graph's or plan's sha256, the golden
-cells', backend, device and precision), in ``BUNDLE/verified/`` or, where the bundle is
+numbers (:func:`cyto.runtime.machine.fingerprint`, the graph's sha256 and that of the derived
+engine that runs, a TensorRT plan or an OpenVINO compiled model, the golden cells', backend,
+device and precision), in ``BUNDLE/verified/`` or, where the bundle is
 read-only, in the user's cache folder.
 """
 
@@ -209,19 +210,19 @@ class Verification:
 
 
 def artifact(scorer) -> dict:
-    """What computes the scores: a TensorRT plan, an exported graph, or the PyTorch weights."""
+    """What computes the scores: an exported graph, with the derived engine it was compiled to
+    when one is kept (a TensorRT plan, an OpenVINO compiled model: the sha256 and size of the
+    bytes the runtime was handed, :mod:`cyto.runtime.derived`), or the PyTorch weights. A
+    record made on other engine bytes is not this scorer's."""
     backend = scorer.backend
-    entry = getattr(backend, "entry", None)
     graph = getattr(backend, "graph", None)
-    if entry is not None and graph is not None:
-        return {
-            "engine": entry.file,
-            "plan_sha256": entry.plan_sha256,
-            "graph_sha256": graph.sha256,
-        }
-    if graph is not None:
-        return {"graph": graph.file, "graph_sha256": graph.sha256}
-    return {"network": "pytorch", "weights": scorer.bundle.scoring_id}
+    if graph is None:
+        return {"network": "pytorch", "weights": scorer.bundle.scoring_id}
+    out = {"graph": graph.file, "graph_sha256": graph.sha256}
+    engine = getattr(backend, "engine_file", None)
+    if engine is not None:
+        out.update(engine.as_key())
+    return out
 
 
 def scoring_settings(spec) -> dict:

@@ -23,10 +23,17 @@ for the CPU it runs on. Precisions:
   (:func:`cyto.runtime.scorer.other_cpu_int8`): on an AVX2-only CPU the 8-bit form's ranking
   moved in OpenVINO too (Spearman 0.988, issue 58).
 
-Compiled models are kept in cyto's user cache (OpenVINO's ``CACHE_DIR``) under a folder named
-by the graph's sha256, OpenVINO's version, the precision and the CPU's capabilities, so a changed
-graph, an upgrade or another CPU compiles anew; the first compile's time goes to the scorer's
-notes. One stream of ``threads`` inference threads (the cores cyto gives the engine: the decode
+Compiled models are kept in cyto's user cache under a folder named by the graph's sha256,
+OpenVINO's version, the precision and the CPU's capabilities, so a changed graph, an upgrade or
+another CPU compiles anew; the first compile's time goes to the scorer's notes. cyto keeps them
+itself (``export_model``, then ``import_model`` of bytes it has checked), not through OpenVINO's
+``CACHE_DIR``, which loads whatever ``.blob`` it finds: a compiled model with bytes flipped
+loaded there and scored near 1e57 (issue 68). Each is a derived engine
+(:mod:`cyto.runtime.derived`): kept with the sha256 and size of its bytes, loaded only when they
+match, compiled anew (saying why) when they do not, and its sha256 is in the key of the
+verification record that vouches for it.
+
+One stream of ``threads`` inference threads (the cores cyto gives the engine: the decode
 and detection workers keep theirs), threads not pinned to cores, since the cores are shared.
 OpenVINO has no spinning switch like ONNX Runtime's: its TBB workers spin briefly, then sleep,
 measured at 1 ms of CPU time in a 50 ms pause after a call (ONNX Runtime without spinning:
@@ -117,8 +124,8 @@ def graph_for_openvino(bundle: Bundle, precision: str) -> GraphSpec | None:
 
 def cache_folder(graph: GraphSpec, precision: str) -> Path:
     """Where the compiled model of ``graph`` at ``precision`` is kept: one folder per graph
-    sha256, OpenVINO version, precision and CPU capabilities (OpenVINO's own cache key is its
-    hash of the model and the config; the folder makes the rest of the key explicit)."""
+    sha256, OpenVINO version, precision and CPU capabilities (the key the record beside the
+    compiled model holds, :func:`kept_model`)."""
     from cyto import cache_dir
 
     key = "\n".join((graph.sha256, version(), precision, ",".join(cpu_capabilities())))
@@ -151,10 +158,10 @@ def engine_streams(threads: int) -> int:
     return max(1, min(STREAMS, threads))
 
 
-def compile_config(
-    precision: str, threads: int, cache: Path | None, streams: int = 1
-) -> dict[str, str]:
-    config = {
+def compile_config(precision: str, threads: int, streams: int = 1) -> dict[str, str]:
+    """OpenVINO's properties for compiling (and importing: a kept model takes the threads and
+    streams of the run that imports it)."""
+    return {
         "INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision],
         "PERFORMANCE_HINT": PERFORMANCE_HINT,
         "NUM_STREAMS": str(streams),
@@ -162,9 +169,33 @@ def compile_config(
         # the cores are shared with decode and detection: pinned threads would hold them
         "ENABLE_CPU_PINNING": "NO",
     }
-    if cache is not None:
-        config["CACHE_DIR"] = str(cache)
-    return config
+
+
+def kept_model(graph: GraphSpec, precision: str):
+    """The compiled model of ``graph`` at ``precision`` as kept in cyto's cache
+    (:class:`cyto.runtime.derived.KeptEngine`): keyed by everything that changes what OpenVINO
+    compiles."""
+    from cyto.runtime.derived import KeptEngine
+
+    key = {
+        "graph_sha256": graph.sha256,
+        "openvino": version(),
+        "precision": precision,
+        "cpu": list(cpu_capabilities()),
+    }
+    names = {
+        "graph_sha256": f"the graph ({graph.file})",
+        "openvino": "OpenVINO",
+        "precision": "--precision",
+        "cpu": "the CPU's capabilities",
+    }
+    return KeptEngine(cache_folder(graph, precision), "compiled", ".blob", key, names)
+
+
+def _first(exc: BaseException) -> str:
+    """The first line of an exception's message (OpenVINO's run to a dozen lines)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class OpenVinoBackend:
@@ -210,15 +241,48 @@ class OpenVinoBackend:
         self.precision = precision
         self.threads = engine_threads(threads)
         self.notes: list[str] = []
-        folder = cache_folder(graph, precision) if cache else None
-        if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
         self.streams = engine_streams(self.threads)
         # in the verification's key: cells split among streams are verified as they run
         self.providers = [f"openvino {version()}"] + (
             [f"{self.streams} streams"] if self.streams > 1 else []
         )
-        config = compile_config(precision, self.threads, folder, self.streams)
+        config = compile_config(precision, self.threads, self.streams)
+        #: the kept compiled model this backend runs (None: compiled from the graph now)
+        self.engine_file = None
+        self.loaded_from_cache = False
+        kept = kept_model(graph, precision) if cache else None
+        why = ""
+        if kept is not None:
+            blob, engine, why = kept.load()
+            if blob is not None:
+                try:
+                    self.compiled = _core().import_model(blob, "CPU", config)
+                    self.engine_file, self.loaded_from_cache = engine, True
+                except Exception as exc:  # noqa: BLE001 - OpenVINO raises its own untyped errors
+                    why = f"{engine.path.name} does not load in OpenVINO ({_first(exc)})"
+            want = INFERENCE_PRECISION[precision]
+            if self.loaded_from_cache and self._computes_in() != want:
+                why = f"{engine.path.name} computes in {self._computes_in()}, not {want}"
+                self.engine_file, self.loaded_from_cache = None, False
+        if not self.loaded_from_cache:
+            self._compile(bundle, graph, precision, config, kept, why)
+        got, want = self._computes_in(), INFERENCE_PRECISION[precision]
+        if got != want:  # never a silent change of precision
+            raise DeviceError(
+                f"OpenVINO compiled {graph.file} in {got}, not {want} (--precision {precision})"
+            )
+        self.requests = [self.compiled.create_infer_request() for _ in range(self.streams)]
+        # the output axis that indexes cells, along which the streams' parts are joined
+        self.batch_axis = head_class(bundle.spec.head).batch_axis
+        self.input = self.compiled.inputs[0]
+        self.output = self.compiled.outputs[0]
+
+    def _computes_in(self) -> str:
+        return self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+
+    def _compile(self, bundle, graph, precision, config, kept, why: str) -> None:
+        """Compile ``graph`` now and keep the compiled model (when ``kept``); the note says
+        why a kept one was not used."""
         data = bundle.graph_bytes(graph)  # what the manifest (and the verification) named
         core = _core()
         t0 = time.perf_counter()
@@ -228,23 +292,24 @@ class OpenVinoBackend:
         except Exception as exc:  # noqa: BLE001 - OpenVINO raises its own untyped errors
             raise DeviceError(f"OpenVINO cannot compile {graph.file} on the CPU: {exc}") from exc
         seconds = time.perf_counter() - t0
-        self.loaded_from_cache = bool(self.compiled.get_property("LOADED_FROM_CACHE"))
-        got = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
-        want = INFERENCE_PRECISION[precision]
-        if got != want:  # never a silent change of precision
-            raise DeviceError(
-                f"OpenVINO compiled {graph.file} in {got}, not {want} (--precision {precision})"
-            )
-        if not self.loaded_from_cache:
-            where = f", kept in {folder} for the next run" if folder is not None else ""
-            self.notes.append(
-                f"OpenVINO compiled {graph.file} ({precision}) in {seconds:.1f} s{where}"
-            )
-        self.requests = [self.compiled.create_infer_request() for _ in range(self.streams)]
-        # the output axis that indexes cells, along which the streams' parts are joined
-        self.batch_axis = head_class(bundle.spec.head).batch_axis
-        self.input = self.compiled.inputs[0]
-        self.output = self.compiled.outputs[0]
+        where = ""
+        if kept is not None:
+            blob = self.compiled.export_model().getvalue()
+            try:
+                engine = kept.keep(blob)
+            except OSError as exc:  # a cache that cannot be written: compiled again next time
+                where = f" (not kept: {exc.strerror or exc})"
+            else:
+                # what runs is the kept bytes, as every later run will: the verification made
+                # now vouches for exactly them
+                self.compiled = core.import_model(blob, "CPU", config)
+                self.engine_file = engine
+                where = f", kept in {kept.folder} for the next run"
+        if why:
+            why = f"; the kept compiled model was not used: {why}"
+        self.notes.append(
+            f"OpenVINO compiled {graph.file} ({precision}) in {seconds:.1f} s{where}{why}"
+        )
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(batch, dtype=np.uint8)

@@ -22,6 +22,7 @@ import numpy as np
 from cyto.bundle import Bundle, GraphSpec
 from cyto.errors import ConfigError, DeviceError, MissingDependencyError
 from cyto.runtime import devices
+from cyto.runtime.derived import EngineFile
 from cyto.runtime.engines import EngineEntry, EngineIndex, EngineWant, plan_batches
 
 #: the TensorRT cyto builds and runs engines with (graphs conform to every 10.0 to 11.x)
@@ -346,9 +347,13 @@ class TensorRTBackend:
         self.graph = graph
         self.device = device
         self.precision = precision
+        # the plan's bytes, read once and checked against its index entry; the runtime gets
+        # these bytes and the verification key their sha256 and size (cyto.runtime.derived)
+        plan = index.plan_bytes(entry)
+        self.engine_file = EngineFile.of(index.plan_path(entry), plan)
         self.runner = EngineRunner(
             trt,
-            index.plan_bytes(entry),
+            plan,
             device,
             graph,
             head_class(bundle.spec.head).batch_axis,
