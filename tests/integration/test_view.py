@@ -609,6 +609,7 @@ def _hand_scored(folder: Path, slide: Path, xs, ys, scores) -> Path:
 
     from cyto.infer.outputs import TABLE_COLUMNS
     from cyto.infer.store import slide_identity
+    from cyto.seal import seal_outputs
 
     n = len(xs)
     rank = np.empty(n, np.int64)
@@ -635,6 +636,7 @@ def _hand_scored(folder: Path, slide: Path, xs, ys, scores) -> Path:
         "outputs": {"scores.parquet": {"kind": "parquet", "rows": n, "columns": TABLE_COLUMNS}},
     }
     (folder / "summary.json").write_text(json.dumps(summary))
+    seal_outputs(folder, summary["outputs"])  # as cyto score seals it (cyto.seal)
     return folder
 
 
