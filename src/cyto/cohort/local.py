@@ -39,7 +39,10 @@ def finished_summary(
     outputs differ (``--qupath``, ``--map-um``, or such a file changed, missing or added), they
     are written again from its sealed table, said once, and the summary that lists them is
     returned."""
+    from dataclasses import replace
+
     from cyto.infer.finish import QUPATH_KEYS, rewrite_qupath
+    from cyto.infer.options import patch_side
     from cyto.infer.outputs import output_artifacts
     from cyto.infer.qupath import QUPATH_FILES
     from cyto.reuse import check_reuse
@@ -47,6 +50,9 @@ def finished_summary(
 
     if not (target / "summary.json").is_file() or (target / PARTIAL).exists():
         return None
+    # the crop side as a run cuts it (--patch-size, else the model's), as the summary records
+    # it: compared as given, every --resume read '--patch-size 192 -> default' and scored again
+    opts = replace(opts, patch_size=patch_side(opts, scorer.spec))
     sealed = read_sealed(target)
     data = sealed.summary
     if data is None:
