@@ -153,7 +153,7 @@ def scorer(calibrated):
     return open_model(calibrated[0], _opts(), QUIET)
 
 
-@hsettings(max_examples=25, deadline=None)
+@hsettings(max_examples=15, deadline=None)
 @given(
     target=st.sampled_from(TARGETS),
     how=st.sampled_from(["edit", "truncate", "delete", "add"]),
