@@ -343,6 +343,7 @@ def test_score_writes_them_lists_them_and_redoes_a_slide_whose_outputs_differ(
     from cyto.infer import ScoreOptions, score_slide
     from cyto.infer.options import as_cut
     from cyto.runtime import load_scorer
+    from cyto.seal import seal_outputs
     from tests.cli_runner import run_cyto
 
     out = tmp_path / "out"
@@ -408,6 +409,7 @@ def test_score_writes_them_lists_them_and_redoes_a_slide_whose_outputs_differ(
     for field in ("qupath", "map_um"):
         del summary["output_key"][field]
     (folder / "summary.json").write_text(json.dumps(summary))
+    seal_outputs(folder, summary["outputs"])  # sealed as that cyto's run would be
     older = finished_summary(folder, scorer, slide, same, said.append)
     assert older is not None and older["output_key"] == as_cut(same, scorer.spec).output_key()
     assert (folder / CELLS_GEOJSON).is_file() and (folder / MAP_TIFF).is_file()

@@ -23,6 +23,7 @@ from cyto.infer import ScoreOptions, score_slide
 from cyto.locks import OutputLock
 from cyto.review.session import build_session, open_session
 from cyto.review.store import MarkStore
+from cyto.seal import seal_outputs
 from tests.cli_runner import run_cyto
 from tests.raw_http import raw_get
 
@@ -132,6 +133,7 @@ def test_the_folder_is_reused_and_refuses_other_scored_folders(scored, session):
     build_session([again_root], scored["root"] / "r4", k=K, echo=lambda _: None)
     summary = again_root / "slide0" / "summary.json"
     summary.write_text(summary.read_text().replace('"seconds"', '"seconds" ', 1))
+    seal_outputs(summary.parent, json.loads(summary.read_text())["outputs"])  # as a run seals
     with pytest.raises(ConfigError, match="scored again"):
         build_session([again_root], scored["root"] / "r4", k=K, echo=lambda _: None)
 
@@ -826,6 +828,7 @@ def test_a_review_opened_from_another_folder_finds_the_slide(exported_dsvdd, tmp
     # an older summary: the path as given, relative to the folder cyto score ran in
     old = work / "out" / "s" / "summary.json"
     old.write_text(old.read_text().replace(str(work / "s.ndpi"), "s.ndpi"))
+    seal_outputs(old.parent, json.loads(old.read_text())["outputs"])  # as that run sealed it
     review = build_session([work / "out"], tmp_path / "r2", k=8, echo=lambda _: None)
     assert review.key["cases"]["case-001"]["slide"] == str(work / "s.ndpi")
 

@@ -449,6 +449,7 @@ def test_flagged_cells_are_coloured_by_their_flag(scored, tmp_path):
     # the windows of the run's own map: cyto score --map-um
     summary = folder / "summary.json"
     summary.write_text(summary.read_text().replace('"map_um": 50.0', '"map_um": 25.0'))
+    _reseal(folder)  # as a run at --map-um 25 would have sealed it
     (again,) = open_view(folder)
     assert again.abnormality_map().window_um == 25.0
 
@@ -523,6 +524,7 @@ def test_a_changed_slide_or_a_review_folder_is_refused(scored, tmp_path):
     folder = root / "out"
     summary = folder / "summary.json"
     summary.write_text(summary.read_text().replace(str(scored.parent), str(root)))
+    _reseal(folder)  # as a run of the copied slide would have sealed it
     (slide,) = open_view(folder)
     first = TilePyramid(slide, tmp_path / "cache").dir
     # the same name, other pixels: refused, never drawn under the old markers
@@ -619,12 +621,35 @@ def test_a_cohort_folder_lists_its_slides_and_beyond_loopback_needs_the_key(scor
         assert viewer.get("/api/slides/0/cells.bin").status_code == 200  # the cookie holds it
 
 
+def _reseal(folder: Path) -> None:
+    """Seal a folder whose summary a test edited, as cyto score seals what it writes."""
+    import json
+
+    from cyto.seal import seal_outputs
+
+    seal_outputs(folder, json.loads((folder / "summary.json").read_text())["outputs"])
+
+
+def test_an_edited_output_is_refused_by_its_seal(scored, tmp_path):
+    """A summary edited by hand (its triage, its top cells) is not shown: the folder's seal
+    (cyto.seal) no longer holds."""
+    from cyto.view.folder import open_view
+
+    folder = tmp_path / "out"
+    shutil.copytree(scored, folder, ignore=shutil.ignore_patterns("review"))
+    summary = folder / "summary.json"
+    summary.write_text(summary.read_text().replace('"seconds"', '"seconds" ', 1))
+    with pytest.raises(ConfigError, match=r"changed since they were written \(summary.json\)"):
+        open_view(folder)
+
+
 def _hand_scored(folder: Path, slide: Path, xs, ys, scores) -> Path:
     """A scored folder as cyto score leaves one, with the given cells (no model run)."""
     import json
 
     from cyto.infer.outputs import TABLE_COLUMNS
     from cyto.infer.store import slide_identity
+    from cyto.seal import seal_outputs
 
     n = len(xs)
     rank = np.empty(n, np.int64)
@@ -651,6 +676,7 @@ def _hand_scored(folder: Path, slide: Path, xs, ys, scores) -> Path:
         "outputs": {"scores.parquet": {"kind": "parquet", "rows": n, "columns": TABLE_COLUMNS}},
     }
     (folder / "summary.json").write_text(json.dumps(summary))
+    seal_outputs(folder, summary["outputs"])  # as cyto score seals it (cyto.seal)
     return folder
 
 

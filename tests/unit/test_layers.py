@@ -9,7 +9,7 @@ dependency). Layers, top to bottom:
     infer  eval
     train  export  stats
     runtime  detect  slides
-    models  data  bundle
+    models  data  bundle  seal
     errors  progress  interrupts  locks  reuse  flags  outputs_check  localserver  (and the root)
 
 A module may import its own layer's package and anything below. On top of that:
@@ -55,6 +55,7 @@ LAYERS = {
     "models": 1,
     "data": 1,
     "bundle": 1,
+    "seal": 1,  # a slide folder's seal, made with the bundle's file hashing
     "errors": 0,
     "progress": 0,
     "interrupts": 0,

@@ -107,6 +107,8 @@ def test_synthetic_truth_of_two_slides_in_one_table(tmp_path):
 
 def _scored_table(folder: Path, planted: int | None, labels: list[int] | None = None) -> Path:
     """A slide's cyto score folder: scores.parquet (with its metadata) and summary.json."""
+    from cyto.seal import seal_outputs
+
     folder.mkdir(parents=True)
     cols = {"slide_id": ["s"] * 4, "score": [0.1, 0.2, 0.3, 0.4]}
     if labels is not None:
@@ -117,6 +119,7 @@ def _scored_table(folder: Path, planted: int | None, labels: list[int] | None = 
     if planted is not None:
         summary["truth"] = {"planted_abnormal": planted}
     (folder / "summary.json").write_text(json.dumps(summary))
+    seal_outputs(folder, ["scores.parquet"])  # as cyto score seals it (cyto.seal)
     return folder / "scores.parquet"
 
 

@@ -32,23 +32,29 @@ def finished_summary(
     target: Path, scorer: Scorer, slide: Path, opts: ScoreOptions, echo
 ) -> dict | None:
     """The summary of a finished run of this model on this very slide in ``target`` with these
-    options, if its outputs are still what it wrote (:func:`cyto.reuse.check_reuse`: the model,
-    the slide's and side files' content, every option that shapes the outputs, and the tables
-    and mosaics read back with their rows); None, said once, when anything differs: the slide
-    is then scored again. When only its QuPath outputs differ (``--qupath``, ``--map-um``, or
-    such a file missing or cut short), they are written again from its table, said once, and
-    the summary that lists them is returned."""
+    options, if its outputs are still what it wrote: its seal holds (:func:`cyto.seal.read_sealed`:
+    every file it wrote has the bytes it wrote, none was added under an output's name), and
+    :func:`cyto.reuse.check_reuse` passes (the model, the slide's and side files' content, every
+    option that shapes the outputs, and the tables and mosaics read back with their rows); None,
+    said once, when anything differs: the slide is then scored again. When only its QuPath
+    outputs differ (``--qupath``, ``--map-um``, or such a file changed, missing or added), they
+    are written again from its sealed table, said once, and the summary that lists them is
+    returned."""
     from cyto.infer.finish import QUPATH_KEYS, rewrite_qupath
     from cyto.infer.outputs import output_artifacts
     from cyto.infer.qupath import QUPATH_FILES
-    from cyto.reuse import check_reuse, read_record
+    from cyto.reuse import check_reuse
+    from cyto.seal import read_sealed
 
-    summary = target / "summary.json"
-    if not summary.is_file() or (target / PARTIAL).exists():
+    if not (target / "summary.json").is_file() or (target / PARTIAL).exists():
         return None
-    data = read_record(summary)
+    # the crop side as a run cuts it (--patch-size, else the model's), as the summary records
+    # it: compared as given, every --resume read '--patch-size 192 -> default' and scored again
+    opts = as_cut(opts, scorer.spec)
+    sealed = read_sealed(target)
+    data = sealed.summary
     if data is None:
-        echo(f"{slide.name}: {summary} does not read back; scoring it again")
+        echo(f"{slide.name}: {target}: {sealed.words()}; scoring it again")
         return None
     if not isinstance(data.get("output_key"), dict):
         echo(f"{slide.name}: {target} records no settings (an older cyto); scoring it again")
@@ -61,14 +67,14 @@ def finished_summary(
     current = {
         "model": scorer.bundle.manifest_hash,
         "slide": slide_identity(slide),
-        **as_cut(opts, scorer.spec).output_key(),
+        **opts.output_key(),
     }
     artifacts = output_artifacts(target, data)
     reuse = check_reuse(recorded, current, artifacts, SCORE_KEY_NAMES)
-    if reuse.ok:
+    if reuse.ok and sealed.ok:
         return data
-    # all that differs is the QuPath outputs (other ones asked for, or a file missing or cut
-    # short): they are drawn again from the table, the cells not scored again
+    # all that differs is the QuPath outputs (other ones asked for, or a file changed, missing
+    # or added): they are drawn again from the sealed table, the cells not scored again
     qupath_files = set(QUPATH_FILES.values())
     rest = check_reuse(
         {**recorded, **{f: current.get(f) for f in QUPATH_KEYS}},
@@ -76,19 +82,26 @@ def finished_summary(
         [a for a in artifacts if Path(a.path).name not in qupath_files],
         SCORE_KEY_NAMES,
     )
-    if rest.ok and isinstance(data.get("outputs"), dict):
+    if (
+        rest.ok
+        and set(sealed.changed_names) <= qupath_files
+        and isinstance(data.get("outputs"), dict)
+    ):
         data = rewrite_qupath(target, data, opts, slide)
+        because = [*reuse.differs, *reuse.broken, *sealed.changed]
         echo(
             f"{slide.name}: {target}: QuPath outputs written again from its table "
-            f"({'; '.join(reuse.differs + reuse.broken)})"
+            f"({'; '.join(dict.fromkeys(because))})"
         )
         return data
     why = []
+    if not sealed.ok:
+        why.append(sealed.words())
     if reuse.differs:
-        why.append(f"was scored with other settings or inputs ({'; '.join(reuse.differs)})")
-    if reuse.broken:
-        why.append(f"does not hold what it wrote ({'; '.join(reuse.broken)})")
-    echo(f"{slide.name}: {target} {' and '.join(why)}; scoring it again")
+        why.append(f"it was scored with other settings or inputs ({'; '.join(reuse.differs)})")
+    if reuse.broken and sealed.ok:
+        why.append(f"it does not hold what it wrote ({'; '.join(reuse.broken)})")
+    echo(f"{slide.name}: {target}: {' and '.join(why)}; scoring it again")
     return None
 
 

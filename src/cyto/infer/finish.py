@@ -28,6 +28,7 @@ from cyto.infer.plan import TileRun
 from cyto.infer.qupath import write_qupath
 from cyto.infer.tiling import Resolution
 from cyto.runtime import Scorer
+from cyto.seal import SEAL, seal_outputs, unseal
 from cyto.stats import calibrate
 
 Metrics = Callable[[np.ndarray, np.ndarray, int], dict]
@@ -240,11 +241,12 @@ def _finish(table, run: _Run) -> dict:
         truth = truth_report(ranked, order, labels, truth_idx, planted, k, run.metrics)
     meta = table_metadata(run.scorer, run.slide, run.identity, timings, opts.result_key())
     meta["cyto.rank_by"] = how  # what the rank follows (cyto eval scores reads it)
-    # the folder stops reading as a finished run until this run's summary is written, last:
-    # stopped while the outputs below are rewritten, it is scored again on --resume, never
-    # taken for done with half of them; mosaics this run does not draw are another run's
+    # the folder stops reading as a finished run until this run's summary and seal are written,
+    # last (cyto.seal): stopped while the outputs below are rewritten, it is scored again on
+    # --resume, never taken for done with half of them; mosaics this run does not draw are
+    # another run's
     drawn = () if opts.mosaic and n_cells else MOSAIC_FILES
-    for name in (SUMMARY, *drawn):
+    for name in (SEAL, SUMMARY, *drawn):
         (run.out_dir / name).unlink(missing_ok=True)
     write_score_table(table, run.out_dir, meta)
     write_top_k(table, order, k, run.out_dir, mpp=run.res.slide_mpp)
@@ -320,8 +322,7 @@ def _finish(table, run: _Run) -> dict:
             "outputs": written_outputs(n_cells, k, bool(opts.mosaic and n_cells), qupath),
         }
     )
-    write_summary(run.out_dir, summary)
-    return summary
+    return summary  # written, and the folder sealed, by finish_slide
 
 
 def _adequacy(table, run: _Run) -> tuple[dict | None, dict | None]:
@@ -373,8 +374,16 @@ def _with_quality(table, quality: dict | None, burden: dict, block: dict | None)
 
 
 def write_summary(out_dir: Path, summary: dict) -> None:
-    """``summary.json``, at once (it says the folder's outputs are whole)."""
+    """``summary.json``, at once, then the folder's seal over it and every output its
+    ``outputs`` lists (:func:`cyto.seal.seal_outputs`, written last: it says the folder's
+    outputs are whole, and only a folder whose seal holds is reused, shown or reviewed)."""
+    from cyto.infer.qupath import QUPATH_FILES
+
+    out_dir = Path(out_dir)
+    unseal(out_dir)
     atomic_write(out_dir / SUMMARY, json.dumps(summary, indent=2, default=str).encode())
+    owned = [*written_outputs(0, 0, True), *QUPATH_FILES.values()]
+    seal_outputs(out_dir, (summary.get("outputs") or {}).keys(), owned)
 
 
 #: the output-key fields that only choose the QuPath outputs (cyto.infer.qupath)
@@ -391,6 +400,7 @@ def rewrite_qupath(out_dir: Path, summary: dict, opts: ScoreOptions, slide: Path
     from cyto.infer.qupath import QUPATH_FILES
     from cyto.tables import read_table
 
+    unseal(out_dir)  # the folder is being rewritten: no seal vouches for it until it is whole
     table = read_table(Path(out_dir) / "scores.parquet")
     k = min(int((summary.get("output_key") or {}).get("top_k") or opts.top_k), table.num_rows)
     written = write_qupath(

@@ -129,8 +129,18 @@ def _is_scored(folder: Path) -> bool:
 
 
 def read_source(folder: Path) -> Source:
+    """A scored folder, trusted only through its seal (:func:`cyto.seal.read_sealed`): the cases
+    of a review are cut from what the run wrote, never from outputs edited since."""
+    from cyto.seal import read_sealed
+
+    sealed = read_sealed(folder)
+    if not sealed.ok:
+        raise InputPathError(
+            f"{folder}: {sealed.words()}: score it again (cyto score --resume scores again only "
+            "what changed)"
+        )
     try:
-        s = json.loads((folder / "summary.json").read_text())
+        s = sealed.summary
         model = Path(s["model"]).name
         return Source(
             folder=folder,

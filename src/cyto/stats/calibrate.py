@@ -219,13 +219,14 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
 
 def _planted(path: Path, table, slide: str | None) -> int:
     """The abnormal cells of the ground truth a score table's slide was scored with: the count
-    in its summary (``summary.json`` beside ``scores.parquet``, of the same slide), else the
-    cells its ``label`` column marks abnormal (a table copied on its own); 0 without truth."""
-    summary = path.parent / "summary.json"
-    try:
-        data = json.loads(summary.read_text()) if summary.is_file() else {}
-    except (OSError, ValueError):
-        data = {}
+    in its summary (``summary.json`` beside ``scores.parquet``, of the same slide, trusted only
+    when the folder's seal holds: :func:`cyto.seal.read_sealed`), else the cells its ``label``
+    column marks abnormal (a table copied on its own, or a folder edited since); 0 without
+    truth."""
+    from cyto.seal import read_sealed
+
+    sealed = read_sealed(path.parent)
+    data = sealed.summary if sealed.ok else {}
     if isinstance(data, dict) and data.get("slide") == slide:
         truth = data.get("truth")
         if isinstance(truth, dict) and isinstance(truth.get("planted_abnormal"), int):

@@ -1,8 +1,9 @@
 """The scored slides ``cyto view`` shows: one ``cyto score`` output folder, or a cohort's folder
 of them, each checked to be whole and to belong to the slide file it names.
 
-A slide's folder is used only when its outputs hold what its ``summary.json`` records and its
-slide file still has the identity it was scored with (:func:`cyto.reuse.check_reuse`): markers
+A slide's folder is used only when its seal holds (:func:`cyto.seal.read_sealed`: its outputs
+are as they were written), its outputs hold what its ``summary.json`` records and its slide file
+still has the identity it was scored with (:func:`cyto.reuse.check_reuse`): markers
 drawn over another slide's pixels would point at the wrong cells. A folder whose blinded review
 (``cyto review serve``) is not finished is refused unless the user asks to unblind: the viewer
 shows every cell's rank.
@@ -124,14 +125,19 @@ class ViewSlide:
 
         from cyto.infer.outputs import output_artifacts
         from cyto.infer.store import slide_key
-        from cyto.reuse import check_reuse, read_record
+        from cyto.reuse import check_reuse
+        from cyto.seal import read_sealed
         from cyto.slides import find_planes
 
         self.folder = Path(folder)
         self.name = self.folder.name
-        summary = read_record(self.folder / "summary.json")
-        if summary is None:
-            raise InputPathError(f"{self.folder}/summary.json does not read back: score again")
+        sealed = read_sealed(self.folder)  # the one door to a finished folder's outputs
+        summary = sealed.summary
+        if not sealed.ok or summary is None:
+            raise ConfigError(
+                f"{self.folder} cannot be shown: {sealed.words()}: score it again "
+                "(cyto score --resume scores again only what changed)"
+            )
         self.summary = summary
         self.slide = Path(summary.get("slide", ""))
         if not self.slide.exists():

@@ -1,0 +1,190 @@
+"""A slide's output folder is sealed as a bundle is: its finished outputs are trusted only
+through :func:`read_sealed`.
+
+When a slide is finished, ``seal.json`` is written into its folder last, at once (a rename): it
+lists every file the run wrote there (``summary.json`` among them) with its bytes and sha256,
+and the names a run of cyto may write there at all (``owned``). A run that rewrites the folder
+removes the seal first, so a run stopped half way leaves no seal.
+
+:func:`read_sealed` is the one door through which anything takes a finished folder's outputs as
+they were written: ``cyto score --resume`` (and ``--watch``, and the Ray path) before it skips
+a slide, the rows of ``cohort.csv`` that come from a reused slide, ``cyto view``, ``cyto review``,
+and ``cyto calibrate``'s count of a slide's planted cells. It hashes every sealed file again and
+reads the summary from the very bytes it hashed. A folder whose seal is missing, or whose files
+were edited, cut short, deleted, or joined by a file under one of cyto's own output names, is
+not whole: it is scored again (or refused), said in one line naming the files.
+
+Files cyto's scoring does not write (a user's notes, a review folder made later by ``cyto
+review``) are outside the seal and never looked at; cyto itself re-seals the folder when it adds
+an output later (``cyto score --resume --qupath`` drawing QuPath outputs from a sealed table).
+
+The seal proves the folder is as cyto wrote it (against hand edits, truncation, half-copied
+folders); it is no signature: whoever rewrites the outputs and the seal with them is not stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cyto.bundle import atomic_write, sha256_file
+
+SEAL = "seal.json"
+SUMMARY = "summary.json"
+FORMAT = "cyto-outputs-seal/1"
+
+
+def unseal(folder: Path) -> None:
+    """Remove a folder's seal: the first step of a run that rewrites its outputs."""
+    (Path(folder) / SEAL).unlink(missing_ok=True)
+
+
+def seal_outputs(folder: Path, names: Iterable[str], owned: Iterable[str] = ()) -> dict:
+    """Write ``seal.json`` into ``folder`` over the files ``names`` (and ``summary.json``),
+    each with its bytes and sha256, at once; ``owned``: every name a run of cyto may write into
+    the folder (one of them present but not sealed was added afterwards). Returns the record."""
+    folder = Path(folder)
+    files = {}
+    for name in dict.fromkeys([*names, SUMMARY]):
+        path = folder / name
+        files[name] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    record = {
+        "format": FORMAT,
+        "files": files,
+        "owned": sorted({*owned, *files, SEAL}),
+    }
+    atomic_write(folder / SEAL, json.dumps(record, indent=1, sort_keys=True).encode())
+    return record
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """What :func:`read_sealed` found in a folder.
+
+    ``summary``: the summary, when ``summary.json`` is as sealed (even if other files are not);
+    ``changed``: the sealed files that differ from the seal, in words (``scores.parquet is
+    missing``, ``summary.json``: edited, ``cells.geojson was added``); ``why``: what is wrong
+    when there is no seal to check against ('' when there is one)."""
+
+    folder: Path
+    summary: dict | None = None
+    changed: tuple[str, ...] = ()
+    changed_names: tuple[str, ...] = ()
+    why: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Whether every sealed file is as it was written and the summary reads back."""
+        return self.summary is not None and not self.changed and not self.why
+
+    def words(self) -> str:
+        """Why the folder is not whole, in one clause ('' when it is)."""
+        if self.why:
+            return self.why
+        if self.changed:
+            return f"its outputs changed since they were written ({', '.join(self.changed)})"
+        return ""
+
+
+def _read_seal(folder: Path) -> tuple[dict | None, str]:
+    path = folder / SEAL
+    if not path.is_file():
+        if (folder / SUMMARY).is_file():
+            return None, (
+                "its outputs carry no seal (a run stopped while it wrote them, or a cyto before "
+                "outputs were sealed), so they cannot be checked"
+            )
+        return None, "it holds no finished run (no summary.json)"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None, f"its seal {SEAL} does not read back"
+    files = record.get("files") if isinstance(record, dict) else None
+    if (
+        not isinstance(record, dict)
+        or record.get("format") != FORMAT
+        or not isinstance(files, dict)
+        or not isinstance(record.get("owned", []), list)
+        or not all(isinstance(v, dict) for v in files.values())
+        or SUMMARY not in files
+        or not all(_plain(n) for n in [*files, *(record.get("owned") or [])])
+    ):
+        return None, f"its seal {SEAL} is not one cyto writes"
+    return record, ""
+
+
+def _plain(name: object) -> bool:
+    """A file name of the folder itself (a seal names no path elsewhere)."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\\" not in name
+    )
+
+
+def _file_change(path: Path, spec: dict) -> str | None:
+    """How a sealed file differs from its seal, or None when it holds the bytes sealed."""
+    name = path.name
+    try:
+        size = path.stat().st_size if path.is_file() else None
+    except OSError:
+        size = None
+    if size is None:
+        return f"{name} is missing"
+    if size != spec.get("bytes"):
+        return name
+    try:
+        same = sha256_file(path) == spec.get("sha256")
+    except OSError:
+        return f"{name} cannot be read"
+    return None if same else name
+
+
+def read_sealed(folder: Path) -> Sealed:
+    """A finished folder's summary, when every file its seal lists still holds the bytes sealed
+    and no file under one of cyto's own output names was added; otherwise what is wrong (see
+    :class:`Sealed`). The one check before a finished folder's outputs are trusted."""
+    folder = Path(folder)
+    record, why = _read_seal(folder)
+    if record is None:
+        return Sealed(folder, why=why)
+    files: dict = record["files"]
+    changed: dict[str, str] = {}
+    summary = None
+    spec = files[SUMMARY]
+    try:
+        data = (folder / SUMMARY).read_bytes()
+    except OSError:
+        changed[SUMMARY] = f"{SUMMARY} is missing"
+    else:
+        if len(data) != spec.get("bytes") or hashlib.sha256(data).hexdigest() != spec.get("sha256"):
+            changed[SUMMARY] = SUMMARY
+        else:
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict):
+                summary = parsed
+            else:  # sealed, yet not a summary: not what cyto writes
+                changed[SUMMARY] = SUMMARY
+    for name, spec in files.items():
+        if name not in (SUMMARY, SEAL):
+            change = _file_change(folder / name, spec)
+            if change is not None:
+                changed[name] = change
+    for name in record.get("owned") or []:
+        if name not in files and name != SEAL:
+            path = folder / name
+            if path.exists() or path.is_symlink():
+                changed[name] = f"{name} was added"
+    return Sealed(
+        folder,
+        summary=summary,
+        changed=tuple(changed.values()),
+        changed_names=tuple(changed),
+    )

@@ -1,0 +1,233 @@
+"""Issue 68, class 2: a slide's outputs are trusted by their seal, not by their records.
+
+A hand-edited ``summary.json`` (triage 'excess' -> 'no excess', slide p 0.006 -> 0.9) was reused
+by ``cyto score --resume`` ('already scored; skipping') and the forged triage went into
+``cohort.csv``. Now every finished folder is sealed (cyto.seal) and every reader of finished
+outputs (resume, cohort.csv, watch, view, review, calibrate) goes through its check."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from cyto.errors import ConfigError, InputPathError
+
+SUMMARY = "summary.json"  # literal: the first test runs against a cyto without cyto.seal
+
+QUIET = lambda _: None  # noqa: E731
+
+
+def _opts(**kw):
+    from cyto.infer import ScoreOptions
+
+    return ScoreOptions(**{"mosaic": 0, "workers": 0, "tile": 512, "resume": True, **kw})
+
+
+def _pos_opts(truth: Path):
+    """The options the slide of :func:`calibrated` is scored with: mosaics, the QuPath cells
+    (not the map), its truth, FDR 0.2."""
+    return _opts(mosaic=8, fdr_alpha=0.2, qupath="cells", truth=truth)
+
+
+@pytest.fixture(scope="module")
+def calibrated(exported_dsvdd, tmp_path_factory):
+    """(a copy of the small Deep SVDD bundle calibrated on two slide-negative slides, a slide
+    with 20% abnormal cells, its cohort folder, its options: :func:`_pos_opts`): a summary with
+    a triage."""
+    from cyto.cohort import score_cohort
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+    from cyto.infer import score_slide
+    from cyto.stats.calibrate import calibrate_from_tables
+
+    root = tmp_path_factory.mktemp("sealed")
+    model = root / "m.cyto"
+    shutil.copytree(exported_dsvdd, model)
+    tables = []
+    for i in range(2):
+        neg = write_slide(
+            root / f"neg{i}.tif",
+            SlideSynthConfig(width=768, height=768, n_cells=110, abnormal_fraction=0.0, seed=i),
+            workers=1,
+        )
+        score_slide(neg.paths[0], model, root / f"neg{i}", _opts(resume=False), echo=QUIET)
+        tables.append(root / f"neg{i}" / "scores.parquet")
+    calibrate_from_tables(model, tables, min_cells=50)
+    pos = write_slide(
+        root / "s1.tif",
+        SlideSynthConfig(width=768, height=768, n_cells=110, abnormal_fraction=0.2, seed=9),
+        workers=1,
+    )
+    out = root / "out"
+    opts = _pos_opts(pos.ground_truth)
+    [summary], failed = score_cohort([pos.paths[0]], model, out, opts, QUIET)
+    assert not failed and summary["burden"]["status"] == "ok", summary["burden"]
+    assert summary["truth"]["planted_abnormal"] > 0
+    return model, pos.paths[0], out, opts
+
+
+def _rows(out: Path) -> list[dict]:
+    with open(out / "cohort.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _forge(folder: Path) -> dict:
+    """The issue's edit: the triage and the slide's p-value changed by hand."""
+    summary = json.loads((folder / SUMMARY).read_text())
+    b = summary["burden"]
+    b["triage"] = "no excess" if b["triage"] != "no excess" else "excess"
+    b["slide_p_value"] = 0.9 if b["slide_p_value"] != 0.9 else 0.006
+    (folder / SUMMARY).write_text(json.dumps(summary, indent=2))
+    return b
+
+
+def test_a_forged_summary_is_scored_again_and_never_reaches_cohort_csv(calibrated, tmp_path):
+    """Failed before the seal: 's1.tif: already scored; skipping', and cohort.csv held the
+    forged triage and p-value."""
+    from cyto.cohort import score_cohort
+
+    model, slide, scored, opts = calibrated
+    out = tmp_path / "out"
+    shutil.copytree(scored, out)
+    (out / "cohort.csv").unlink()  # its row names the folder copied from
+    truth = _rows(scored)[0]
+    forged = _forge(out / "s1")
+    said: list[str] = []
+    [summary], _ = score_cohort([slide], model, out, opts, said.append)
+    assert not any("already scored" in m for m in said), said
+    line = next(m for m in said if "scoring it again" in m)
+    assert "its outputs changed since they were written (summary.json)" in line, line
+    [row] = _rows(out)
+    assert row["triage"] == truth["triage"] != forged["triage"]
+    assert row["slide_p_value"] == truth["slide_p_value"] != str(forged["slide_p_value"])
+    assert summary["burden"]["triage"] == truth["triage"]
+    # scored again, the folder is whole and sealed: the next --resume skips it
+    said.clear()
+    score_cohort([slide], model, out, opts, said.append)
+    assert any("already scored" in m for m in said), said
+
+
+#: what a damaged folder may have lost: each file the run wrote, a file added under the name
+#: of one of cyto's outputs this run did not write
+def _damage(folder: Path, target: str, how: str, at: float) -> None:
+    path = folder / target
+    if not path.exists():
+        path.write_bytes(b"added by hand")
+        return
+    data = path.read_bytes()
+    if how == "delete":
+        path.unlink()
+    elif how == "truncate":
+        path.write_bytes(data[: int(len(data) * at)])
+    elif how == "edit":
+        i = min(int(len(data) * at), len(data) - 1)
+        path.write_bytes(data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1 :])
+    elif how == "add":  # the same name written again by something else
+        path.write_bytes(data + b"\n")
+
+
+TARGETS = [
+    SUMMARY,
+    "scores.parquet",
+    "topk.parquet",
+    "topk.geojson",
+    "topk_mosaic.png",
+    "topk_mosaic_blinded.png",
+    "topk_mosaic_blinded_key.json",
+    "cells.geojson",
+    "abnormality.ome.tif",  # not written by this run (--qupath cells): added
+]
+QUPATH = {"cells.geojson", "abnormality.ome.tif"}
+
+
+@pytest.fixture(scope="module")
+def scorer(calibrated):
+    from cyto.cohort.local import open_model
+
+    return open_model(calibrated[0], _opts(), QUIET)
+
+
+@hsettings(max_examples=15, deadline=None)
+@given(
+    target=st.sampled_from(TARGETS),
+    how=st.sampled_from(["edit", "truncate", "delete", "add"]),
+    at=st.floats(0.0, 0.99),
+)
+def test_any_damage_to_a_finished_folder_is_scored_again_saying_which_file(
+    calibrated, scorer, tmp_path_factory, target, how, at
+):
+    """--resume (and watch and the Ray path, which reuse through finished_summary) reuses a
+    folder only when its seal holds; otherwise it says which file changed, and scores again."""
+    from cyto.cohort.local import finished_summary
+    from cyto.seal import read_sealed
+
+    _, slide, scored, opts = calibrated
+    folder = tmp_path_factory.mktemp("damaged") / "s1"
+    shutil.copytree(scored / "s1", folder)
+    said: list[str] = []
+    assert finished_summary(folder, scorer, slide, opts, said.append)
+    assert said == []
+    _damage(folder, target, how, at)
+    got = finished_summary(folder, scorer, slide, opts, said.append)
+    [line] = said
+    assert target in line, line
+    if target in QUPATH:  # drawn again from the sealed table, the folder sealed again
+        assert got is not None and "QuPath outputs written again" in line, line
+        assert read_sealed(folder).ok and not (folder / "abnormality.ome.tif").exists()
+        return
+    assert got is None, (target, how, said)
+    assert "changed since they were written" in line and "scoring it again" in line, line
+
+
+def test_files_the_user_adds_and_a_review_made_in_the_folder_keep_it_reused(
+    calibrated, scorer, tmp_path
+):
+    """A review session ``cyto review`` makes inside the slide's folder, and the user's own
+    notes, are outside the seal: the folder is still reused, shown and reviewed."""
+    from cyto.cohort.local import finished_summary
+    from cyto.review.session import build_session
+    from cyto.view.folder import ViewSlide
+
+    _, slide, scored, opts = calibrated
+    folder = tmp_path / "s1"
+    shutil.copytree(scored / "s1", folder)
+    (folder / "notes.txt").write_text("seen by Dr A")
+    build_session([folder], folder / "review", k=5, seed=1, echo=QUIET)
+    said: list[str] = []
+    assert finished_summary(folder, scorer, slide, opts, said.append)
+    assert said == []
+    ViewSlide(folder)
+
+
+def test_view_review_and_calibrate_refuse_or_ignore_a_forged_folder(calibrated, tmp_path):
+    from cyto.review.session import read_source
+    from cyto.stats.calibrate import _planted
+    from cyto.tables import read_table
+    from cyto.view.folder import ViewSlide
+
+    _, _, scored, _ = calibrated
+    folder = tmp_path / "s1"
+    shutil.copytree(scored / "s1", folder)
+    ViewSlide(folder)
+    read_source(folder)
+    table = read_table(folder / "scores.parquet")
+    summary = json.loads((folder / SUMMARY).read_text())
+    planted = summary["truth"]["planted_abnormal"]
+    assert _planted(folder / "scores.parquet", table, summary["slide"]) == planted
+    summary["truth"]["planted_abnormal"] = 0  # calibrate would then take a planted slide
+    (folder / SUMMARY).write_text(json.dumps(summary))
+    with pytest.raises(ConfigError, match=r"changed since they were written \(summary.json\)"):
+        ViewSlide(folder)
+    with pytest.raises(InputPathError, match=r"changed since they were written \(summary.json\)"):
+        read_source(folder)
+    # calibrate does not take the forged count: it counts the table's labels
+    assert _planted(folder / "scores.parquet", table, summary["slide"]) > 0
+    (folder / "seal.json").unlink()
+    with pytest.raises(ConfigError, match="carry no seal"):
+        ViewSlide(folder)
