@@ -907,6 +907,14 @@ def test_hostile_bodies_names_links_and_options_are_refused_in_one_line(tmp_path
     shutil.copytree(session.root.parent / "out_dsvdd", bad)
     (bad / "slide0" / "scores.parquet").write_bytes(b"PAR1 not a table")
     proc = run_cyto("review", str(bad), "--reviewer", "ann", "--session", str(tmp_path / "r9"))
+    assert (
+        proc.returncode == 2 and "changed since they were written (scores.parquet)" in proc.stderr
+    )
+    # sealed as it is (a table cyto wrote that does not read back): refused as a table
+    seal_outputs(
+        bad / "slide0", json.loads((bad / "slide0" / "summary.json").read_text())["outputs"]
+    )
+    proc = run_cyto("review", str(bad), "--reviewer", "ann", "--session", str(tmp_path / "r9"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "cannot be read as a cyto score table" in proc.stderr
     assert len([ln for ln in proc.stderr.splitlines() if ln.strip()]) == 1

@@ -295,6 +295,7 @@ def _with_flags(folder: Path, out: Path, flags_by_rank: dict) -> Path:
     i = t.column_names.index("flagged_bh")
     t2 = t.set_column(i, "flagged_bh", pa.array(flags, pa.bool_()))
     pq.write_table(t2.replace_schema_metadata(t.schema.metadata), path)
+    _reseal(out)  # as a run that flagged these cells would have sealed it
     return out
 
 
@@ -439,6 +440,7 @@ def test_flagged_cells_are_coloured_by_their_flag(scored, tmp_path):
     flags = [None if i % 10 == 0 else i % 3 == 0 for i in range(n)]
     t2 = t.append_column("flagged_bh", pa.array(flags, pa.bool_()))
     pq.write_table(t2.replace_schema_metadata(t.schema.metadata), path)
+    _reseal(folder)  # as a calibrated run would have sealed it
     (slide,) = open_view(folder)
     cells = np.frombuffer(slide.cells_bin(), "<f4").reshape(-1, 4)
     order = np.argsort(np.asarray(t["rank"]))

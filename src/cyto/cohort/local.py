@@ -44,10 +44,12 @@ def finished_summary(
     from cyto.infer.outputs import output_artifacts
     from cyto.infer.qupath import QUPATH_FILES
     from cyto.reuse import check_reuse
-    from cyto.seal import read_sealed
+    from cyto.seal import SEAL, read_sealed
 
-    if not (target / "summary.json").is_file() or (target / PARTIAL).exists():
+    if (target / PARTIAL).exists():
         return None
+    if not (target / "summary.json").is_file() and not (target / SEAL).is_file():
+        return None  # never finished here (a sealed folder that lost its summary is said)
     # the crop side as a run cuts it (--patch-size, else the model's), as the summary records
     # it: compared as given, every --resume read '--patch-size 192 -> default' and scored again
     opts = as_cut(opts, scorer.spec)
