@@ -56,6 +56,8 @@ def test_a_folder_the_review_cannot_be_recorded_in_is_refused_in_one_line(tmp_pa
 
 def _scored_folder(folder, burden):
     """A scored folder's summary as cyto score writes one (no cells are cut before the check)."""
+    from cyto.seal import seal_outputs
+
     folder.mkdir(parents=True)
     summary = {
         "model": "m.cyto",
@@ -65,8 +67,10 @@ def _scored_folder(folder, burden):
         "resolution": {"crop_px_level0": 32, "slide_mpp": 0.25},
         "burden": burden,
     }
-    (folder / "summary.json").write_text(json.dumps(summary))
     (folder / "scores.parquet").write_bytes(b"")
+    summary["outputs"] = {"scores.parquet": {"kind": "parquet"}}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    seal_outputs(folder, summary["outputs"])  # as cyto score seals what it wrote
     return folder
 
 
