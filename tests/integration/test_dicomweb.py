@@ -66,7 +66,7 @@ def _secondary_capture(path: Path, study: str) -> Path:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(DICOM folder, its dicomweb+http URL in Orthanc, the URL of a series that is not a
-    slide, the level arrays)."""
+    slide, the level arrays, the server)."""
     root = tmp_path_factory.mktemp("dicomweb")
     res = write_slide(root / "s.tif", SlideSynthConfig(width=1024, height=768, seed=11))
     reader = open_slide(res.paths[0])
@@ -83,13 +83,13 @@ def served(tmp_path_factory):
     with orthanc(root / "orthanc", [*files, other]) as server:
         base = f"dicomweb+{server.dicomweb}/studies/{study}"
         non_slide = pydicom.dcmread(other, stop_before_pixels=True).SeriesInstanceUID
-        yield folder, f"{base}/series/{series}", f"{base}/series/{non_slide}", levels
+        yield folder, f"{base}/series/{series}", f"{base}/series/{non_slide}", levels, server
 
 
 def test_a_dicomweb_series_reads_as_its_files(served):
     """Every level read from Orthanc is the written pixels, bit for bit, with the local
     folder's geometry; each tile is fetched once (one request per region of missing tiles)."""
-    folder, url, _, levels = served
+    folder, url, _, levels, _ = served
     forget(slide_ref(url))
     reader = open_slide(url)
     try:
@@ -125,7 +125,7 @@ def test_a_dicomweb_series_reads_as_its_files(served):
 
 
 def test_not_a_slide_404_and_a_bad_url_are_one_line_each(served):
-    _, url, non_slide, _ = served
+    _, url, non_slide, _, _ = served
     with pytest.raises(UnsupportedSlideError) as err:
         open_slide(non_slide)
     assert str(err.value) == (
@@ -139,6 +139,36 @@ def test_not_a_slide_404_and_a_bad_url_are_one_line_each(served):
     assert str(err.value) == f"{gone}: not found (404)"
     with pytest.raises(InputPathError, match="a DICOMweb URL names one series"):
         open_slide(url.split("/series/")[0])
+
+
+def test_a_series_that_changes_is_another_slide_and_stops_a_pinned_run(served, tmp_path):
+    """The identity of a series is its instances: one added makes another slide; a run pinned
+    to the instances it opened stops in one line when the series has others."""
+    from pydicom.uid import generate_uid
+
+    from cyto.infer.store import slide_identity
+    from cyto.slides.remote import SlideChangedError, pinned_ref
+
+    *_, levels, server = served
+    study, series = generate_uid(), generate_uid()
+    small = [np.ascontiguousarray(levels[0][:200, :300])]
+    uids = {"series_uid": series, "study_uid": study}
+    files = write_dicom_wsi(tmp_path / "a", small, 0.5, tile=128, **uids)
+    server.upload(files)
+    url = f"dicomweb+{server.dicomweb}/studies/{study}/series/{series}"
+    run = pinned_ref(slide_ref(url))  # what a run reads, as cyto.infer.pipeline pins it
+    before = slide_identity(slide_ref(url))
+    assert slide_identity(run) == before  # asked again unchanged: the same slide
+    half = [np.ascontiguousarray(small[0][::2, ::2])]
+    more = write_dicom_wsi(tmp_path / "b", half, 1.0, tile=128, first_instance=1, **uids)
+    server.upload(more)
+    forget(run)  # a tile worker opens the series anew
+    with pytest.raises(SlideChangedError, match=r"the series changed while it was scored"):
+        open_slide(run)
+    assert slide_identity(slide_ref(url)) != before
+    reader = open_slide(url)  # the series as it is now: two levels
+    assert reader.info.level_dims == ((300, 200), (150, 100))
+    reader.close()
 
 
 def test_403_names_the_url_without_credentials(tmp_path, monkeypatch):
@@ -166,7 +196,7 @@ def test_cyto_score_over_dicomweb_is_the_folders_table_and_resumes(
 ):
     """`cyto score dicomweb+http://...` writes the table `cyto score FOLDER` writes, cell for
     cell (two tile workers, each reading the series itself); --resume says already scored."""
-    folder, url, _, _ = served
+    folder, url, _, _, _ = served
     args = ("--model", str(exported_dsvdd), "--mosaic", "0")
     ref = run_cyto("score", str(folder), "--out", str(tmp_path / "f"), "--workers", "0", *args)
     assert ref.returncode == 0, ref.stdout + ref.stderr
