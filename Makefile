@@ -30,6 +30,8 @@ define apt_dep
 endef
 HAS_VIPS := python3 -c "import ctypes.util,sys; sys.exit(0 if ctypes.util.find_library('vips') else 1)"
 HAS_NGINX := command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx
+HAS_ORTHANC := { command -v Orthanc >/dev/null 2>&1 || test -x /usr/sbin/Orthanc; } && \
+	{ test -e /usr/share/orthanc/plugins/libOrthancDicomWeb.so || test -e /usr/lib/orthanc/libOrthancDicomWeb.so; }
 HAS_CHROMIUM := command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1
 
 # libvips from Debian/Ubuntu gives pyvips its openslideload (NDPI, SVS, MRXS). Without apt or root,
@@ -43,9 +45,11 @@ browser-deps:
 	$(call apt_dep,browser-deps,$(HAS_CHROMIUM),chromium,the browser tests will skip)
 
 # The remote-slide tests serve slides from the system nginx (range requests, ETags), started by
-# the tests on loopback. Without apt or root they skip, saying why.
+# the tests on loopback; the DICOMweb tests, from Orthanc with its DICOMweb plugin. Without apt or
+# root they skip, saying why.
 server-deps:
 	$(call apt_dep,server-deps,$(HAS_NGINX),nginx-light,the nginx remote-slide tests will skip)
+	$(call apt_dep,server-deps,$(HAS_ORTHANC),orthanc orthanc-dicomweb,the DICOMweb tests will skip)
 
 # pip compiles every file it installs to bytecode, one at a time: about a minute of the install on
 # 2 cores for torch and the rest. compileall does the same work on every core (about 25 s). Files

@@ -17,18 +17,22 @@ def write_dicom_wsi(
     mpp: float,
     tile: int = 256,
     series_uid: str | None = None,
+    study_uid: str | None = None,
+    first_instance: int = 0,
 ) -> list[Path]:
     """Write ``levels`` (uint8 RGB arrays, largest first, each half the one before) as one
-    DICOM series in ``folder``; returns the files. ``mpp`` is level 0's um per pixel."""
+    DICOM series in ``folder``; returns the files. ``mpp`` is level 0's um per pixel;
+    ``first_instance``: the number of the first instance (its file ``level-N.dcm``), for
+    instances added to a series written before."""
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
     folder.mkdir(parents=True, exist_ok=True)
     series = series_uid or generate_uid()
-    study, frame_ref, pyramid = generate_uid(), generate_uid(), generate_uid()
+    study, frame_ref, pyramid = study_uid or generate_uid(), generate_uid(), generate_uid()
     base_h, base_w = levels[0].shape[:2]
     files = []
-    for i, rgb in enumerate(levels):
+    for i, rgb in enumerate(levels, start=first_instance):
         h, w = rgb.shape[:2]
         across, down = -(-w // tile), -(-h // tile)
         padded = np.full((down * tile, across * tile, 3), 255, np.uint8)

@@ -5,7 +5,9 @@
   wire);
 - :func:`fault_server`: a small HTTP server of the tests' own that serves one file with range
   requests and misbehaves on purpose (403, 404, a dropped connection, a stall), for the faults
-  nginx cannot be made to show.
+  nginx cannot be made to show;
+- :func:`orthanc`: Orthanc (Debian's ``orthanc`` and ``orthanc-dicomweb``) with its DICOMweb
+  plugin, holding the DICOM files given (uploaded with ``POST /instances``).
 
 Where a server cannot be had, :func:`need` skips with the reason (``make test`` installs nginx
 with apt where it runs as root).
@@ -49,8 +51,32 @@ def nginx_binary() -> str | None:
     )
 
 
+def orthanc_binary() -> tuple[str, str] | None:
+    """(Orthanc, its DICOMweb plugin) where both are installed."""
+    exe = shutil.which("Orthanc") or next(
+        (p for p in ("/usr/sbin/Orthanc",) if os.access(p, os.X_OK)), None
+    )
+    plugin = next(
+        (
+            p
+            for p in (
+                "/usr/share/orthanc/plugins/libOrthancDicomWeb.so",
+                "/usr/lib/orthanc/libOrthancDicomWeb.so",
+            )
+            if os.path.exists(p)
+        ),
+        None,
+    )
+    return (exe, plugin) if exe and plugin else None
+
+
 def need(what: str) -> None:
     """Skip this test, with the reason, when the server ``what`` is not installed here."""
+    if what == "orthanc" and orthanc_binary() is None:
+        pytest.skip(
+            "Orthanc with its DICOMweb plugin is not installed (apt install orthanc "
+            "orthanc-dicomweb; make test does it as root)"
+        )
     if what == "nginx" and nginx_binary() is None:
         pytest.skip("nginx is not installed (apt install nginx-light; make test does it as root)")
     if what == "moto":
@@ -359,3 +385,100 @@ def delaying_proxy(target: int, delay: float):
         yield proxy
     finally:
         proxy.stop()
+
+
+class Orthanc:
+    """A running Orthanc on a free loopback port, its DICOMweb plugin at ``/dicom-web/``, its
+    storage under ``work``, no authentication: ``url`` is its root, ``dicomweb`` the DICOMweb
+    root."""
+
+    def __init__(self, work: Path) -> None:
+        import json
+
+        exe, plugin = orthanc_binary()
+        self.work = Path(work)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.dicomweb = f"{self.url}/dicom-web"
+        config = {
+            "Name": "cyto-tests",
+            "HttpPort": self.port,
+            "DicomServerEnabled": False,
+            "RemoteAccessAllowed": False,
+            "AuthenticationEnabled": False,
+            "StorageDirectory": str(self.work / "storage"),
+            "IndexDirectory": str(self.work / "storage"),
+            "Plugins": [plugin],
+            "DicomWeb": {"Enable": True, "Root": "/dicom-web/", "EnableWado": False},
+            "HttpCompressionEnabled": False,
+        }
+        conf = self.work / "orthanc.json"
+        conf.write_text(json.dumps(config, indent=2))
+        self.log = open(self.work / "orthanc.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [exe, str(conf)], stdout=self.log, stderr=subprocess.STDOUT, cwd=self.work
+        )
+        try:
+            wait_port(self.port, self.proc, 60)
+            self._wait_ready()
+        except RuntimeError as exc:
+            self.stop()
+            raise RuntimeError(f"Orthanc did not start: {exc}: {self.errors()}") from exc
+
+    def _wait_ready(self, seconds: float = 30.0) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/system", timeout=2) as r:
+                    r.read()
+                return
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"/system does not answer: {exc}") from exc
+                time.sleep(0.1)
+
+    def errors(self) -> str:
+        f = self.work / "orthanc.log"
+        return f.read_text(errors="replace")[-2000:] if f.is_file() else ""
+
+    def upload(self, files) -> list[str]:
+        """POST each DICOM file to ``/instances``; the Orthanc ids of the instances."""
+        import json
+        import urllib.request
+
+        ids = []
+        for f in files:
+            req = urllib.request.Request(
+                f"{self.url}/instances",
+                data=Path(f).read_bytes(),
+                headers={"Content-Type": "application/dicom"},
+                method="POST",
+            )
+            with urllib.request.urlopen(req, timeout=60) as r:
+                ids.append(json.loads(r.read())["ID"])
+        return ids
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@contextlib.contextmanager
+def orthanc(work: Path, files=()):
+    """Orthanc with its DICOMweb plugin, holding ``files`` (DICOM Part 10), stopped after."""
+    need("orthanc")
+    work.mkdir(parents=True, exist_ok=True)
+    server = Orthanc(work)
+    try:
+        server.upload(files)
+        yield server
+    finally:
+        server.stop()

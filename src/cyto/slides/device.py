@@ -65,6 +65,8 @@ def open_device_tiles(path: Path | str) -> tuple[TileGrid | None, str]:
     from cyto.slides.remote import SlideURL
 
     if isinstance(path, SlideURL):
+        if path.dicomweb:
+            return None, "a DICOMweb slide (its frames decoded by cyto): CPU readers"
         return None, "a remote slide (read by libvips in place): CPU readers"
     path = Path(path)
     if path.is_dir() or is_dicom_file(path):

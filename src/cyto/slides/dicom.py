@@ -6,11 +6,18 @@ file's header, without a DICOM library: the SOP class (only VL Whole Slide Micro
 instances count) and the Series Instance UID, both found before any pixel data, so a folder is
 sorted into series in a few kilobytes a file. A folder with two series would be read as
 whichever one OpenSlide met first, so it is refused instead.
+
+The geometry of a slide's pyramid (:class:`WsiLevel`, :func:`pyramid`, :func:`downsamples`) is
+written here once, from the attributes of its instances by keyword, as OpenSlide's DICOM reader
+reads them (which instances are levels, their order, the tile of each frame, the downsample and
+the pixel size): the DICOMweb reader (:mod:`cyto.slides.dicomweb`) reads a series from its
+metadata with it, and its slide is then the same slide as the local folder, level for level.
 """
 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from cyto.errors import InputPathError, MissingDependencyError, UnsupportedSlideError
@@ -25,6 +32,114 @@ _UNDEFINED = 0xFFFFFFFF
 _ITEM_END, _SEQ_END = 0xE00D, 0xE0DD
 _HEADER_FIRST = 64 << 10  # the tags read lie in the first few kB
 _HEADER_LIMIT = 4 << 20  # private data before them: read on, but stop long before pixel data
+
+
+#: ImageType's third value of the instances that are pyramid levels (not LABEL, OVERVIEW,
+#: THUMBNAIL: the label, the macro image and a thumbnail, which are not scored)
+LEVEL_TYPE = "VOLUME"
+
+
+@dataclass(frozen=True)
+class WsiLevel:
+    """One pyramid level of a DICOM whole slide: one TILED_FULL instance, its frames the tiles
+    row by row (one focal plane, one optical path)."""
+
+    uid: str  # its SOP Instance UID
+    width: int  # TotalPixelMatrixColumns
+    height: int  # TotalPixelMatrixRows
+    tile_w: int  # Columns
+    tile_h: int  # Rows
+    frames: int  # NumberOfFrames
+    samples: int  # SamplesPerPixel
+    photometric: str
+    spacing: tuple[float, float] | None  # PixelSpacing in mm: (between rows, between columns)
+
+    @property
+    def across(self) -> int:
+        return -(-self.width // self.tile_w)
+
+    @property
+    def down(self) -> int:
+        return -(-self.height // self.tile_h)
+
+    def frame(self, tx: int, ty: int) -> int:
+        """The frame number (from 1, as WADO-RS counts) of tile column ``tx``, row ``ty``."""
+        return ty * self.across + tx + 1
+
+    def tiles(self, x: int, y: int, w: int, h: int) -> list[tuple[int, int]]:
+        """(column, row) of the tiles the region (in this level's pixels, inside it) meets."""
+        tx0, ty0 = x // self.tile_w, y // self.tile_h
+        tx1, ty1 = (x + w - 1) // self.tile_w, (y + h - 1) // self.tile_h
+        return [(tx, ty) for ty in range(ty0, ty1 + 1) for tx in range(tx0, tx1 + 1)]
+
+
+def _first(attrs: dict, key: str, default=None):
+    value = attrs.get(key, default)
+    if isinstance(value, (list, tuple)):
+        return value[0] if value else default
+    return value
+
+
+def level_of(attrs: dict, name: object) -> WsiLevel | None:
+    """The pyramid level an instance is (its attributes by DICOM keyword), or None when it is
+    not one (a label, an overview, a thumbnail, another class); one line for a level that
+    cyto cannot read."""
+    if _first(attrs, "SOPClassUID") != WSI_SOP_CLASS:
+        return None
+    kind = attrs.get("ImageType") or []
+    if len(kind) < 3 or str(kind[2]).upper() != LEVEL_TYPE:
+        return None
+    organization = str(_first(attrs, "DimensionOrganizationType", "TILED_FULL")).upper()
+    planes = int(_first(attrs, "TotalPixelMatrixFocalPlanes", 1) or 1)
+    paths = int(_first(attrs, "NumberOfOpticalPaths", 1) or 1)
+    if organization != "TILED_FULL" or planes != 1 or paths != 1:
+        raise UnsupportedSlideError(
+            f"{name}: instance {_first(attrs, 'SOPInstanceUID')} is {organization} with "
+            f"{planes} focal plane(s) and {paths} optical path(s); cyto reads TILED_FULL "
+            "levels of one focal plane and one optical path"
+        )
+    spacing = attrs.get("PixelSpacing")
+    return WsiLevel(
+        uid=str(_first(attrs, "SOPInstanceUID")),
+        width=int(_first(attrs, "TotalPixelMatrixColumns")),
+        height=int(_first(attrs, "TotalPixelMatrixRows")),
+        tile_w=int(_first(attrs, "Columns")),
+        tile_h=int(_first(attrs, "Rows")),
+        frames=int(_first(attrs, "NumberOfFrames", 1) or 1),
+        samples=int(_first(attrs, "SamplesPerPixel", 3) or 3),
+        photometric=str(_first(attrs, "PhotometricInterpretation", "RGB")),
+        spacing=(float(spacing[0]), float(spacing[1])) if spacing and len(spacing) == 2 else None,
+    )
+
+
+def pyramid(instances: list[dict], name: object) -> list[WsiLevel]:
+    """The levels of a slide from its instances' attributes, largest first; an instance of a
+    size already taken (the same level cut into several instances) is one line."""
+    levels = [lv for lv in (level_of(a, name) for a in instances) if lv is not None]
+    levels.sort(key=lambda lv: (-lv.width, -lv.height, lv.uid))
+    for a, b in zip(levels, levels[1:], strict=False):
+        if (a.width, a.height) == (b.width, b.height):
+            raise UnsupportedSlideError(
+                f"{name}: two instances ({a.uid}, {b.uid}) hold the {a.width} x {a.height} "
+                "level; cyto reads a level held by one instance"
+            )
+    return levels
+
+
+def downsamples(levels: list[WsiLevel]) -> tuple[float, ...]:
+    """Each level's downsample as OpenSlide computes it: the mean of the width's and the
+    height's ratio to level 0's."""
+    w0, h0 = levels[0].width, levels[0].height
+    return tuple((w0 / lv.width + h0 / lv.height) / 2 for lv in levels)
+
+
+def mpp_of(levels: list[WsiLevel]) -> tuple[float | None, float | None]:
+    """(um per pixel across, down) of level 0, from its PixelSpacing (mm), as OpenSlide gives
+    ``openslide.mpp-x`` and ``openslide.mpp-y``."""
+    spacing = levels[0].spacing
+    if spacing is None or spacing[0] <= 0 or spacing[1] <= 0:
+        return None, None
+    return spacing[1] * 1000.0, spacing[0] * 1000.0
 
 
 class _Reader:

@@ -432,7 +432,12 @@ def _open_remote(ref: SlideURL, backend: str) -> SlideReader:
     """A slide by URL: a TIFF (pyramidal TIFF, OME-TIFF) read in place by byte range through
     libvips' TIFF loader, so its pixels are those of the same file read locally; a format that
     needs a local file (OpenSlide's vendors, DICOM files) is read from a copy in cyto's cache
-    with ``--download``, and refused in one line without it."""
+    with ``--download``, and refused in one line without it. A DICOMweb series is read by
+    :mod:`cyto.slides.dicomweb`, frame by frame."""
+    if ref.dicomweb:
+        from cyto.slides.dicomweb import DicomWebReader
+
+        return DicomWebReader(ref)
     obj = open_object(ref)
     if obj.size < 16:
         raise UnsupportedSlideError(f"{ref}: empty or truncated object ({obj.size} bytes)")

@@ -39,6 +39,8 @@ from cyto.errors import (
 
 #: URL schemes read in place, and the fsspec file system each needs
 SCHEMES = {"http": "aiohttp", "https": "aiohttp", "s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
+#: DICOMweb: the series of one slide, read by plain HTTP (:mod:`cyto.slides.dicomweb`)
+DICOMWEB_SCHEMES = ("dicomweb+http", "dicomweb+https")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: the environment variable whose value is sent as a bearer token to http(s) servers
 TOKEN_ENV = "CYTO_BEARER_TOKEN"
@@ -111,10 +113,10 @@ class SlideURL:
         """``etag``: the version a run pinned (:meth:`pinned`): an object found with another
         is a :class:`SlideChangedError`."""
         scheme = _URL.match(url).group(1).lower() if _URL.match(url) else ""
-        if scheme not in SCHEMES:
+        if scheme not in SCHEMES and scheme not in DICOMWEB_SCHEMES:
             raise InputPathError(
-                f"{redact(url)}: cyto reads slides from s3://, gs://, http:// and https:// "
-                f"URLs, not {scheme}://"
+                f"{redact(url)}: cyto reads slides from s3://, gs://, http://, https:// and "
+                f"dicomweb+http(s):// URLs, not {scheme}://"
             )
         parts = urlsplit(url)
         if not parts.netloc.rpartition("@")[2]:
@@ -161,7 +163,14 @@ class SlideURL:
         return unquote(urlsplit(self.url).path.rstrip("/").rpartition("/")[2])
 
     @property
+    def dicomweb(self) -> bool:
+        """Whether this names a DICOMweb series (``dicomweb+https://.../series/UID``)."""
+        return self.scheme in DICOMWEB_SCHEMES
+
+    @property
     def suffix(self) -> str:
+        if self.dicomweb:
+            return ""  # the name is the Series Instance UID, whose dots are no suffix
         name = self.name
         return name[name.rfind(".") :] if "." in name.lstrip(".") else ""
 
@@ -182,6 +191,8 @@ class SlideURL:
         return True
 
     def is_dir(self) -> bool:
+        if self.dicomweb:
+            return False  # a DICOMweb URL names one series: one slide
         return self.url.split("?", 1)[0].endswith("/")
 
     def is_file(self) -> bool:
@@ -306,7 +317,57 @@ def _transient(exc: BaseException) -> str | None:
     return None
 
 
-class RemoteObject:
+class Requests:
+    """Requests to the server of one slide (``ref``): what may pass is retried with backoff and
+    said once; what will not is one line (:meth:`_fault`). Shared by :class:`RemoteObject` and
+    the DICOMweb series (:mod:`cyto.slides.dicomweb`)."""
+
+    ref: SlideURL
+    etag: str | None = None
+    _said_retry: bool = False
+
+    def _call(self, fn, what: str):
+        """``fn()`` with retries of what may pass; one line for what will not."""
+        delay = 0.25
+        for attempt in range(TRIES):
+            try:
+                return fn()
+            except CytoError:
+                raise
+            except BaseException as exc:
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                why = _transient(exc)
+                if why is None or attempt == TRIES - 1:
+                    raise self._fault(exc, why, attempt + 1) from None
+                if not self._said_retry:
+                    self._said_retry = True
+                    log.warning("note: %s: %s; retrying (said once per slide)", self.ref, why)
+                time.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def _fault(self, exc: BaseException, transient: str | None, tries: int) -> CytoError:
+        status = _status(exc)
+        if status == 412 or type(exc).__name__ == "PreconditionFailed":
+            return SlideChangedError(
+                f"{self.ref}: the object changed while it was read (its ETag is no longer "
+                f"{getattr(self, 'etag', None)}); nothing of this run of it is kept: score it again"
+            )
+        if isinstance(exc, FileNotFoundError) or status == 404:
+            return InputPathError(f"{self.ref}: not found (404)")
+        if isinstance(exc, PermissionError) or status in (401, 403):
+            return InputPathError(
+                f"{self.ref}: access denied ({status or 403}): check the credentials "
+                f"(environment, profile, --storage-option, {TOKEN_ENV})"
+            )
+        if transient is not None:
+            return RemoteAccessError(f"{self.ref}: {transient} ({tries} tries); giving up")
+        what = f"HTTP {status}" if status else type(exc).__name__
+        return RemoteAccessError(f"{self.ref}: cannot read it ({what})")
+
+
+class RemoteObject(Requests):
     """One remote object, read by byte range (see the module docstring). Thread-safe."""
 
     def __init__(self, ref: SlideURL, block: int = BLOCK, cache_bytes: int = CACHE_BYTES):
@@ -367,46 +428,6 @@ class RemoteObject:
         stamp = self.version or self.etag or self.modified
         text = f"cyto-slide-identity-v1:remote\t{self.ref}\t{self.size}\t{stamp}"
         return hashlib.sha256(text.encode()).hexdigest()
-
-    def _call(self, fn, what: str):
-        """``fn()`` with retries of what may pass; one line for what will not."""
-        delay = 0.25
-        for attempt in range(TRIES):
-            try:
-                return fn()
-            except CytoError:
-                raise
-            except BaseException as exc:
-                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                    raise
-                why = _transient(exc)
-                if why is None or attempt == TRIES - 1:
-                    raise self._fault(exc, why, attempt + 1) from None
-                if not self._said_retry:
-                    self._said_retry = True
-                    log.warning("note: %s: %s; retrying (said once per slide)", self.ref, why)
-                time.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")
-
-    def _fault(self, exc: BaseException, transient: str | None, tries: int) -> CytoError:
-        status = _status(exc)
-        if status == 412 or type(exc).__name__ == "PreconditionFailed":
-            return SlideChangedError(
-                f"{self.ref}: the object changed while it was read (its ETag is no longer "
-                f"{getattr(self, 'etag', None)}); nothing of this run of it is kept: score it again"
-            )
-        if isinstance(exc, FileNotFoundError) or status == 404:
-            return InputPathError(f"{self.ref}: not found (404)")
-        if isinstance(exc, PermissionError) or status in (401, 403):
-            return InputPathError(
-                f"{self.ref}: access denied ({status or 403}): check the credentials "
-                f"(environment, profile, --storage-option, {TOKEN_ENV})"
-            )
-        if transient is not None:
-            return RemoteAccessError(f"{self.ref}: {transient} ({tries} tries); giving up")
-        what = f"HTTP {status}" if status else type(exc).__name__
-        return RemoteAccessError(f"{self.ref}: cannot read it ({what})")
 
     def _fetch(self, start: int, end: int) -> bytes:
         """Bytes ``start`` .. ``end - 1`` from the server, pinned to the version opened."""
@@ -617,13 +638,19 @@ _OPEN_LOCK = threading.Lock()
 
 
 def open_object(ref: SlideURL) -> RemoteObject:
-    """The :class:`RemoteObject` of ``ref`` in this process: opened once (one request for its
+    """The :class:`RemoteObject` of ``ref`` (a DICOMweb series: its
+    :class:`~cyto.slides.dicomweb.DicomWebSeries`) in this process: opened once (one request for its
     version), then shared by its readers (one block cache). A fork starts afresh."""
     key = (os.getpid(), ref.url, json.dumps(ref.options, sort_keys=True, default=str))
     with _OPEN_LOCK:
         obj = _OPEN.get(key)
     if obj is None:
-        obj = RemoteObject(ref)
+        if ref.dicomweb:
+            from cyto.slides.dicomweb import DicomWebSeries
+
+            obj = DicomWebSeries(ref)
+        else:
+            obj = RemoteObject(ref)
         with _OPEN_LOCK:
             _OPEN[key] = obj
     obj.check_pin(ref)

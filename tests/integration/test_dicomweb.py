@@ -1,0 +1,216 @@
+"""DICOMweb: the series of one slide read from a real Orthanc with its DICOMweb plugin
+(tests/servers.py starts it on loopback), frame by frame, without a local copy. The series is
+the DICOM folder of tests/integration/test_dicom.py uploaded as it is, so cyto must give the
+folder's pixels and the folder's score table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.errors import InputPathError, UnsupportedSlideError
+from cyto.slides import open_slide, slide_files
+from cyto.slides.dicom import reads_dicom
+from cyto.slides.remote import forget, slide_ref
+from tests.cli_runner import run_cyto
+from tests.dicom_wsi import write_dicom_wsi
+from tests.servers import fault_server, orthanc
+from tests.tables import same_table
+
+pydicom = pytest.importorskip("pydicom")
+
+
+def _openslide_4() -> bool:
+    try:
+        import openslide
+
+        return reads_dicom(openslide)
+    except (ImportError, OSError):
+        return False
+
+
+needs_openslide_4 = pytest.mark.skipif(
+    not _openslide_4(), reason="needs openslide-python over OpenSlide 4 (openslide-bin)"
+)
+
+
+def _secondary_capture(path: Path, study: str) -> Path:
+    """A small Secondary Capture image (not a whole slide) in ``study``, its own series."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.7"
+    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds = Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID = meta.MediaStorageSOPClassUID
+    ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
+    ds.StudyInstanceUID, ds.SeriesInstanceUID = study, generate_uid()
+    ds.Modality, ds.PatientName, ds.PatientID = "OT", "Test^Cyto", "cyto-1"
+    ds.Rows = ds.Columns = 8
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+    ds.BitsAllocated = ds.BitsStored = 8
+    ds.HighBit, ds.PixelRepresentation = 7, 0
+    ds.PixelData = bytes(64)
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(DICOM folder, its dicomweb+http URL in Orthanc, the URL of a series that is not a
+    slide, the level arrays, the server)."""
+    root = tmp_path_factory.mktemp("dicomweb")
+    res = write_slide(root / "s.tif", SlideSynthConfig(width=1024, height=768, seed=11))
+    reader = open_slide(res.paths[0])
+    levels = [
+        reader.read_region(0, 0, w, h, level=i) for i, (w, h) in enumerate(reader.info.level_dims)
+    ]
+    mpp = reader.info.mpp
+    reader.close()
+    folder = root / "case-7"
+    files = write_dicom_wsi(folder, levels, mpp, tile=256)
+    first = pydicom.dcmread(files[0], stop_before_pixels=True)
+    study, series = first.StudyInstanceUID, first.SeriesInstanceUID
+    other = _secondary_capture(root / "sc.dcm", study)
+    with orthanc(root / "orthanc", [*files, other]) as server:
+        base = f"dicomweb+{server.dicomweb}/studies/{study}"
+        non_slide = pydicom.dcmread(other, stop_before_pixels=True).SeriesInstanceUID
+        yield folder, f"{base}/series/{series}", f"{base}/series/{non_slide}", levels, server
+
+
+def test_a_dicomweb_series_reads_as_its_files(served):
+    """Every level read from Orthanc is the written pixels, bit for bit, with the local
+    folder's geometry; each tile is fetched once (one request per region of missing tiles)."""
+    folder, url, _, levels, _ = served
+    forget(slide_ref(url))
+    reader = open_slide(url)
+    try:
+        info = reader.info
+        assert (info.backend, info.vendor) == ("dicomweb", "dicom")
+        assert str(info.path) == url
+        assert info.level_dims == tuple((a.shape[1], a.shape[0]) for a in levels)
+        for i, want in enumerate(levels):
+            h, w = want.shape[:2]
+            got = reader.read_region(-3, -5, w + 7, h + 9, level=i)
+            assert np.all(got[:5] == 255) and np.all(got[:, :3] == 255)
+            np.testing.assert_array_equal(got[5 : 5 + h, 3 : 3 + w], want)
+        series = reader.series
+        tiles = sum(lv.across * lv.down for lv in series.levels)
+        raw = sum(lv.across * lv.down * lv.tile_w * lv.tile_h * 3 for lv in series.levels)
+        requests, fetched = series.requests, series.fetched_bytes
+        for i, want in enumerate(levels):  # again: from the tile cache, nothing fetched
+            reader.read_region(0, 0, want.shape[1], want.shape[0], level=i)
+        assert (series.requests, series.fetched_bytes) == (requests, fetched)
+        assert requests == 1 + len(levels)  # the metadata, then one per level
+        assert raw <= fetched <= 1.1 * raw + 20_000, (fetched, raw, tiles)
+    finally:
+        reader.close()
+    if _openslide_4():  # the local folder, read by OpenSlide: the same slide
+        local = open_slide(folder)
+        try:
+            assert local.info.level_dims == info.level_dims
+            assert local.info.level_downsamples == info.level_downsamples
+            assert local.info.mpp == pytest.approx(info.mpp, rel=1e-12)
+        finally:
+            local.close()
+    assert slide_files([url]) == [slide_ref(url)]  # one slide, never a prefix
+
+
+def test_not_a_slide_404_and_a_bad_url_are_one_line_each(served):
+    _, url, non_slide, _, _ = served
+    with pytest.raises(UnsupportedSlideError) as err:
+        open_slide(non_slide)
+    assert str(err.value) == (
+        f"{non_slide}: not a whole slide: its 1 instance(s) are of SOP class "
+        "1.2.840.10008.5.1.4.1.1.7, none a VL Whole Slide Microscopy Image "
+        "(1.2.840.10008.5.1.4.1.1.77.1.6)"
+    )
+    gone = url.rsplit("/", 1)[0] + "/1.2.3.4.5"
+    with pytest.raises(InputPathError) as err:
+        open_slide(gone)
+    assert str(err.value) == f"{gone}: not found (404)"
+    with pytest.raises(InputPathError, match="a DICOMweb URL names one series"):
+        open_slide(url.split("/series/")[0])
+
+
+def test_a_series_that_changes_is_another_slide_and_stops_a_pinned_run(served, tmp_path):
+    """The identity of a series is its instances: one added makes another slide; a run pinned
+    to the instances it opened stops in one line when the series has others."""
+    from pydicom.uid import generate_uid
+
+    from cyto.infer.store import slide_identity
+    from cyto.slides.remote import SlideChangedError, pinned_ref
+
+    *_, levels, server = served
+    study, series = generate_uid(), generate_uid()
+    small = [np.ascontiguousarray(levels[0][:200, :300])]
+    uids = {"series_uid": series, "study_uid": study}
+    files = write_dicom_wsi(tmp_path / "a", small, 0.5, tile=128, **uids)
+    server.upload(files)
+    url = f"dicomweb+{server.dicomweb}/studies/{study}/series/{series}"
+    run = pinned_ref(slide_ref(url))  # what a run reads, as cyto.infer.pipeline pins it
+    before = slide_identity(slide_ref(url))
+    assert slide_identity(run) == before  # asked again unchanged: the same slide
+    half = [np.ascontiguousarray(small[0][::2, ::2])]
+    more = write_dicom_wsi(tmp_path / "b", half, 1.0, tile=128, first_instance=1, **uids)
+    server.upload(more)
+    forget(run)  # a tile worker opens the series anew
+    with pytest.raises(SlideChangedError, match=r"the series changed while it was scored"):
+        open_slide(run)
+    assert slide_identity(slide_ref(url)) != before
+    reader = open_slide(url)  # the series as it is now: two levels
+    assert reader.info.level_dims == ((300, 200), (150, 100))
+    reader.close()
+
+
+def test_403_names_the_url_without_credentials(tmp_path, monkeypatch):
+    """A server that refuses: one line naming the URL without its user info and query string;
+    the bearer token of CYTO_BEARER_TOKEN is never printed."""
+    monkeypatch.setenv("CYTO_BEARER_TOKEN", "tok-5ecret")
+    with fault_server(b"x", "403") as denied:
+        host = denied.url.split("://", 1)[1]
+        url = f"dicomweb+http://ann:pw-5ecret@{host}/dw/studies/1.2/series/3.4?sig=q-5ecret"
+        with pytest.raises(InputPathError) as err:
+            open_slide(url)
+        seen = list(denied.seen)
+    said = str(err.value)
+    assert said == (
+        f"dicomweb+http://{host}/dw/studies/1.2/series/3.4: access denied (403): check the "
+        "credentials (environment, profile, --storage-option, CYTO_BEARER_TOKEN)"
+    )
+    assert "5ecret" not in said
+    assert any("/dw/studies/1.2/series/3.4/metadata?sig=q-5ecret" in line for line in seen)
+
+
+@needs_openslide_4
+def test_cyto_score_over_dicomweb_is_the_folders_table_and_resumes(
+    served, exported_dsvdd, tmp_path
+):
+    """`cyto score dicomweb+http://...` writes the table `cyto score FOLDER` writes, cell for
+    cell (two tile workers, each reading the series itself); --resume says already scored."""
+    folder, url, _, _, _ = served
+    args = ("--model", str(exported_dsvdd), "--mosaic", "0")
+    ref = run_cyto("score", str(folder), "--out", str(tmp_path / "f"), "--workers", "0", *args)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    got = run_cyto("score", url, "--out", str(tmp_path / "w"), "--workers", "2", *args)
+    assert got.returncode == 0, got.stdout + got.stderr
+    series = url.rsplit("/", 1)[1]
+    a = pq.read_table(tmp_path / "w" / series / "scores.parquet")  # named by its series
+    b = pq.read_table(tmp_path / "f" / "case-7" / "scores.parquet")
+    assert a.num_rows > 20
+    assert same_table(a.drop(["slide_id"]), b.drop(["slide_id"]), rtol=1e-8)
+    summary = json.loads((tmp_path / "w" / series / "summary.json").read_text())
+    assert summary["slide"] == url
+    again = run_cyto(
+        "score", url, "--out", str(tmp_path / "w"), "--workers", "0", "--resume", *args
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "already scored" in again.stdout, again.stdout
