@@ -18,7 +18,7 @@ from cyto import __version__
 from cyto.errors import CytoWarning, InputPathError
 from cyto.slides import SLIDE_SUFFIXES, open_slide
 from cyto.slides.base import printable
-from cyto.slides.dicom import slide_bytes
+from cyto.slides.remote import slide_bytes
 from cyto.tables import named_columns, number_column, one_line, read_table
 
 MOSAIC_SIDE, MOSAIC_COLS = 96, 10

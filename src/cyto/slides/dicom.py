@@ -318,19 +318,6 @@ def slide_instances(folder: Path) -> list[Path]:
     return next(iter(series.values()))
 
 
-def slide_bytes(path: Path) -> int:
-    """The size of a slide: its file's, the sum of a DICOM slide's instances (its folder), or a
-    remote object's."""
-    from cyto.slides.remote import SlideURL, open_object
-
-    if isinstance(path, SlideURL):
-        return open_object(path).size
-    path = Path(path)
-    if path.is_dir():
-        return sum(f.stat().st_size for f in slide_instances(path))
-    return path.stat().st_size
-
-
 def entry_file(files: list[Path]) -> Path:
     """The instance OpenSlide is opened with: the largest (the full-resolution level)."""
     return max(files, key=lambda f: (f.stat().st_size, f.name))

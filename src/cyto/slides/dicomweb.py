@@ -42,6 +42,7 @@ from cyto.slides.base import SlideInfo, _to_rgb, in_slide, padded
 from cyto.slides.dicom import WSI_SOP_CLASS, WsiLevel, downsamples, mpp_of, pyramid
 from cyto.slides.remote import (
     CACHE_BYTES,
+    OPENERS,
     TOKEN_ENV,
     Requests,
     SlideChangedError,
@@ -383,3 +384,6 @@ class DicomWebReader:
 
     def close(self) -> None:
         pass
+
+
+OPENERS["dicomweb"] = DicomWebSeries  # open_object's type for dicomweb+http(s) URLs

@@ -40,6 +40,7 @@ from cyto.slides.dicom import (
     slide_instances,
     wsi_series,
 )
+from cyto.slides.dicomweb import DicomWebReader  # and open_object's type for its URLs
 from cyto.slides.ndpi import NdpiPlaneReader
 from cyto.slides.remote import SlideURL, list_prefix, open_object, slide_ref, vips_source
 
@@ -435,8 +436,6 @@ def _open_remote(ref: SlideURL, backend: str) -> SlideReader:
     with ``--download``, and refused in one line without it. A DICOMweb series is read by
     :mod:`cyto.slides.dicomweb`, frame by frame."""
     if ref.dicomweb:
-        from cyto.slides.dicomweb import DicomWebReader
-
         return DicomWebReader(ref)
     obj = open_object(ref)
     if obj.size < 16:

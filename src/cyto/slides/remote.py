@@ -635,6 +635,9 @@ def vips_source(obj: RemoteObject):
 
 _OPEN: dict[tuple, RemoteObject] = {}
 _OPEN_LOCK = threading.Lock()
+#: the object types of sources read otherwise than by byte range, by kind: a module below none of
+#: this one's registers its own (cyto.slides.dicomweb: "dicomweb"); cyto.slides imports it
+OPENERS: dict[str, type] = {}
 
 
 def open_object(ref: SlideURL) -> RemoteObject:
@@ -645,12 +648,7 @@ def open_object(ref: SlideURL) -> RemoteObject:
     with _OPEN_LOCK:
         obj = _OPEN.get(key)
     if obj is None:
-        if ref.dicomweb:
-            from cyto.slides.dicomweb import DicomWebSeries
-
-            obj = DicomWebSeries(ref)
-        else:
-            obj = RemoteObject(ref)
+        obj = OPENERS["dicomweb"](ref) if ref.dicomweb else RemoteObject(ref)
         with _OPEN_LOCK:
             _OPEN[key] = obj
     obj.check_pin(ref)
@@ -737,3 +735,18 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
     finally:
         tmp.unlink(missing_ok=True)
     return target
+
+
+def slide_bytes(path) -> int:
+    """The size of a slide: its file's, the sum of a DICOM slide's instances (its folder), or a
+    remote object's (a DICOMweb series: its instances')."""
+    from pathlib import Path
+
+    if isinstance(path, SlideURL):
+        return open_object(path).size
+    path = Path(path)
+    if path.is_dir():
+        from cyto.slides.dicom import slide_instances
+
+        return sum(f.stat().st_size for f in slide_instances(path))
+    return path.stat().st_size
