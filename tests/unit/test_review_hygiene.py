@@ -31,6 +31,15 @@ def test_a_review_made_elsewhere_is_found_from_the_scored_folder(tmp_path):
     assert "blinded review nobody has started" in review_blocking([folder], [folder.parent])
 
 
+def test_a_recorded_review_whose_key_is_not_written_yet_blocks(tmp_path):
+    """cyto review records the review in the scored folder before its folder and key exist
+    (the session takes a while to build): in that window cyto view showed every rank."""
+    folder = tmp_path / "slide1"
+    folder.mkdir()
+    record_review([folder], tmp_path / "elsewhere" / "rv")  # no key.json there (yet)
+    assert "has no key yet" in review_blocking([folder], [folder])
+
+
 def test_open_view_refuses_the_slide_of_an_unfinished_review_elsewhere(tmp_path):
     from cyto.view.folder import open_view
 

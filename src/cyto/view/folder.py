@@ -43,11 +43,18 @@ def review_blocking(scored: list[Path], roots: list[Path]) -> str | None:
     places = []
     for f in [*roots, *scored]:
         places += [f / "review", f.parent / "review", f.parent.parent / "review"]
+    recorded = set()
     for f in scored:  # reviews made with --session elsewhere, as the folder records them
+        recorded.update(p.resolve() for p in recorded_reviews(f))
         places += recorded_reviews(f)
     names = {str(f) for f in scored}
     for review in dict.fromkeys(p.resolve() for p in places):
         key = read_record(review / "key.json")
+        if key is None and review in recorded:  # recorded before its key is written, or moved
+            return (
+                f"{review} is a blinded review of these slides that has no key yet (being "
+                "made, or moved away)"
+            )
         if key is None or not names & set(map(str, key.get("scored") or [])):
             continue
         cases = sorted((key.get("cases") or {}).keys())
