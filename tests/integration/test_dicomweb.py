@@ -6,6 +6,7 @@ folder's pixels and the folder's score table."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,56 @@ def test_a_dicomweb_series_reads_as_its_files(served):
         finally:
             local.close()
     assert slide_files([url]) == [slide_ref(url)]  # one slide, never a prefix
+
+
+def test_read_ahead_fetches_the_frames_the_reads_need_once(served, tmp_path, monkeypatch):
+    """Read-ahead over level 0's tile regions (cyto.slides.ahead) fetches their frames into the
+    shared folder, each once; the reads that follow ask the server nothing, and give the
+    written pixels. A second reader of the series (a tile worker: an empty tile cache of its
+    own) takes the frames from the shared folder, not the server."""
+    from cyto.slides.ahead import read_ahead
+    from cyto.slides.dicomweb import DicomWebSeries
+    from cyto.slides.remote import drop_blocks
+
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path))
+    _, url, _, levels, _ = served
+    ref = slide_ref(url)
+    forget(ref)
+    reader = open_slide(url)
+    series = reader.series
+    h, w = levels[0].shape[:2]
+    regions = [(x - 40, y - 40, 336, 336) for y in range(0, h, 256) for x in range(0, w, 256)]
+    regions = regions[: len(regions) // 2]
+    try:
+        before = (series.requests, series.fetched_bytes)
+        ahead = read_ahead(ref, regions)
+        deadline = time.monotonic() + 30
+        while ahead.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not ahead.running and ahead.failed is None
+        lv = series.levels[0]
+        frames = {t for r in regions for t in ahead._source.units(r)}
+        frame_bytes = len(frames) * lv.tile_w * lv.tile_h * 3
+        fetched = series.fetched_bytes - before[1]
+        assert frame_bytes <= fetched <= 1.1 * frame_bytes, (fetched, frame_bytes)
+        assert len(frames) < lv.across * lv.down  # only the regions' frames
+        after = (series.requests, series.fetched_bytes)
+        for x, y, rw, rh in regions:
+            got = reader.read_region(x, y, rw, rh)
+            x0, y0 = max(x, 0), max(y, 0)
+            want = levels[0][y0 : y + rh, x0 : x + rw]
+            np.testing.assert_array_equal(
+                got[y0 - y : y0 - y + want.shape[0], x0 - x : x0 - x + want.shape[1]], want
+            )
+        assert (series.requests, series.fetched_bytes) == after
+        worker = DicomWebSeries(ref)  # another process's series: its own tile cache
+        metadata = worker.requests
+        worker.tiles(0, sorted(frames))
+        assert worker.requests == metadata
+    finally:
+        reader.close()
+        drop_blocks(ref)
+        forget(ref)
 
 
 def test_not_a_slide_404_and_a_bad_url_are_one_line_each(served):

@@ -143,9 +143,7 @@ class ReadAhead:
 
     def _take(self) -> int | None:
         with self._cond:
-            while (
-                not self._stop and self._next < len(self._regions) and self._ahead >= self.limit
-            ):
+            while not self._stop and self._next < len(self._regions) and self._ahead >= self.limit:
                 self._cond.wait()
             if self._stop or self._next >= len(self._regions):
                 return None
