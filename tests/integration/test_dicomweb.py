@@ -175,6 +175,38 @@ def test_read_ahead_fetches_the_frames_the_reads_need_once(served, tmp_path, mon
         forget(ref)
 
 
+@needs_openslide_4
+def test_jpeg_frames_read_over_dicomweb_are_the_local_files_pixels(served, tmp_path):
+    """A series of baseline JPEG frames (YCbCr 4:2:2, quality 90) in Orthanc: every level read over
+    DICOMweb (the stored JPEG frames, decoded by Pillow) is the same folder read locally by
+    OpenSlide (its libjpeg), pixel for pixel; both are within JPEG's loss of the pixels
+    written."""
+    _, _, _, levels, server = served
+    folder = tmp_path / "jpeg"
+    files = write_dicom_wsi(folder, levels, 0.25, tile=256, jpeg_quality=90)
+    server.upload(files)
+    first = pydicom.dcmread(files[0], stop_before_pixels=True)
+    assert first.file_meta.TransferSyntaxUID == "1.2.840.10008.1.2.4.50"
+    url = (
+        f"dicomweb+{server.dicomweb}/studies/{first.StudyInstanceUID}"
+        f"/series/{first.SeriesInstanceUID}"
+    )
+    remote, local = open_slide(url), open_slide(folder)
+    try:
+        assert remote.info.level_dims == local.info.level_dims
+        for i, written in enumerate(levels):
+            h, w = written.shape[:2]
+            a = remote.read_region(0, 0, w, h, level=i)
+            b = local.read_region(0, 0, w, h, level=i)
+            np.testing.assert_array_equal(a, b)
+            loss = np.abs(a.astype(np.int16) - written[..., :3].astype(np.int16))
+            assert loss.mean() < 3.0 and loss.max() <= 64, (i, loss.mean(), loss.max())
+    finally:
+        remote.close()
+        local.close()
+        forget(slide_ref(url))
+
+
 def test_not_a_slide_404_and_a_bad_url_are_one_line_each(served):
     _, url, non_slide, _, _ = served
     with pytest.raises(UnsupportedSlideError) as err:
