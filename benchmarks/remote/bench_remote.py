@@ -177,7 +177,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument(
         "--sources",
-        default="local,http,http+delay,http+delay-noahead,s3,dicomweb,dicomweb+delay",
+        default="local,http,http+delay,http+delay-noahead,s3,dicomweb,dicomweb+delay,"
+        "dicomweb+delay-noahead",
         help="comma-separated, in the order run each round (local always runs first)",
     )
     args = ap.parse_args()
@@ -223,8 +224,11 @@ def main() -> None:
             for name, delay in (("dicomweb", 0.0), (f"dicomweb+{d}", args.delay_ms / 1000)):
                 p = stack.enter_context(delaying_proxy(archive.port, delay))
                 sources[name] = (f"dicomweb+{p.url}{tail}", {}, p)
+                if delay:
+                    sources[f"{name}-noahead"] = (f"dicomweb+{p.url}{tail}", NO_AHEAD, p)
         names = {"http+delay": f"http+{d}", "http+delay-noahead": f"http+{d}-noahead"}
         names["dicomweb+delay"] = f"dicomweb+{d}"
+        names["dicomweb+delay-noahead"] = f"dicomweb+{d}-noahead"
         order = [names.get(w, w) for w in wanted]
         unknown = [w for w in order if w not in sources]
         if unknown:
