@@ -19,13 +19,17 @@ def write_dicom_wsi(
     series_uid: str | None = None,
     study_uid: str | None = None,
     first_instance: int = 0,
+    jpeg_quality: int | None = None,
 ) -> list[Path]:
     """Write ``levels`` (uint8 RGB arrays, largest first, each half the one before) as one
     DICOM series in ``folder``; returns the files. ``mpp`` is level 0's um per pixel;
     ``first_instance``: the number of the first instance (its file ``level-N.dcm``), for
-    instances added to a series written before."""
+    instances added to a series written before. ``jpeg_quality``: frames compressed as baseline
+    JPEG (Pillow, YCbCr with 4:2:2 chroma: ``YBR_FULL_422``, which OpenSlide reads), else
+    uncompressed RGB."""
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+    from pydicom.uid import JPEGBaseline8Bit as JPEG
 
     folder.mkdir(parents=True, exist_ok=True)
     series = series_uid or generate_uid()
@@ -44,7 +48,7 @@ def write_dicom_wsi(
         meta = FileMetaDataset()
         meta.MediaStorageSOPClassUID = WSI_SOP_CLASS
         meta.MediaStorageSOPInstanceUID = sop
-        meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        meta.TransferSyntaxUID = ExplicitVRLittleEndian if jpeg_quality is None else JPEG
         ds = Dataset()
         ds.file_meta = meta
         ds.SOPClassUID, ds.SOPInstanceUID = WSI_SOP_CLASS, sop
@@ -62,7 +66,12 @@ def write_dicom_wsi(
         ds.OpticalPathSequence = [path_item]
         ds.Rows = ds.Columns = tile
         ds.NumberOfFrames = len(frames)
-        ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = 3, "RGB", 0
+        photometric = "RGB" if jpeg_quality is None else "YBR_FULL_422"
+        ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = (
+            3,
+            photometric,
+            0,
+        )
         ds.BitsAllocated = ds.BitsStored = 8
         ds.HighBit, ds.PixelRepresentation = 7, 0
         ds.ImagedVolumeWidth = base_w * mpp / 1000.0  # mm
@@ -74,8 +83,26 @@ def write_dicom_wsi(
         shared = Dataset()
         shared.PixelMeasuresSequence = [measures]
         ds.SharedFunctionalGroupsSequence = [shared]
-        ds.PixelData = frames.tobytes()
+        if jpeg_quality is None:
+            ds.PixelData = frames.tobytes()
+        else:
+            from pydicom.encaps import encapsulate
+
+            ds.PixelData = encapsulate([_jpeg(f, jpeg_quality) for f in frames])
+            ds["PixelData"].VR = "OB"
+            ds["PixelData"].is_undefined_length = True
+            ds.LossyImageCompression = "01"
         out = folder / f"level-{i}.dcm"
         ds.save_as(out, enforce_file_format=True)
         files.append(out)
     return files
+
+
+def _jpeg(frame: np.ndarray, quality: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(frame).save(buf, "JPEG", quality=quality, subsampling=1)
+    return buf.getvalue()

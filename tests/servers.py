@@ -328,12 +328,17 @@ def moto_s3(work: Path):
 class DelayingProxy:
     """A TCP proxy on a free loopback port that holds each request ``delay`` seconds before
     passing it on to ``127.0.0.1:target`` (answers pass straight back): a server ``delay``
-    further away, per request. ``url`` is its root."""
+    further away, per request. ``url`` is its root. It counts what passes: ``answered``, the
+    bytes of the answers (headers included); ``lines``, the request lines (``GET /path
+    HTTP/1.1``); ``ranges``, the byte ranges asked for (``Range: bytes=A-B``, end exclusive)."""
 
     def __init__(self, target: int, delay: float) -> None:
         import asyncio
 
         self.target, self.delay = target, delay
+        self.answered = 0
+        self.lines: list[str] = []
+        self.ranges: list[tuple[int, int]] = []
         self.loop = asyncio.new_event_loop()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -355,6 +360,7 @@ class DelayingProxy:
 
         async def requests() -> None:  # client -> server, each chunk held ``delay``
             while data := await reader.read(65536):
+                self._count(data)
                 await asyncio.sleep(self.delay)
                 up_writer.write(data)
                 await up_writer.drain()
@@ -362,12 +368,22 @@ class DelayingProxy:
 
         async def answers() -> None:
             while data := await up_reader.read(65536):
+                self.answered += len(data)
                 writer.write(data)
                 await writer.drain()
             writer.close()
 
         with contextlib.suppress(OSError, ConnectionError):
             await asyncio.gather(requests(), answers())
+
+    def _count(self, data: bytes) -> None:
+        import re
+
+        text = data.decode("latin-1")
+        self.lines += re.findall(r"(?m)^([A-Z]+ \S+) HTTP/1\.[01]\r$", text)
+        self.ranges += [
+            (int(a), int(b) + 1) for a, b in re.findall(r"(?im)^range: bytes=(\d+)-(\d+)", text)
+        ]
 
     def stop(self) -> None:
         import asyncio

@@ -6,6 +6,7 @@ folder's pixels and the folder's score table."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,88 @@ def test_a_dicomweb_series_reads_as_its_files(served):
         finally:
             local.close()
     assert slide_files([url]) == [slide_ref(url)]  # one slide, never a prefix
+
+
+def test_read_ahead_fetches_the_frames_the_reads_need_once(served, tmp_path, monkeypatch):
+    """Read-ahead over level 0's tile regions (cyto.slides.ahead) fetches their frames into the
+    shared folder, each once; the reads that follow ask the server nothing, and give the
+    written pixels. A second reader of the series (a tile worker: an empty tile cache of its
+    own) takes the frames from the shared folder, not the server."""
+    from cyto.slides.ahead import read_ahead
+    from cyto.slides.dicomweb import DicomWebSeries
+    from cyto.slides.remote import drop_blocks
+
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path))
+    _, url, _, levels, _ = served
+    ref = slide_ref(url)
+    forget(ref)
+    reader = open_slide(url)
+    series = reader.series
+    h, w = levels[0].shape[:2]
+    regions = [(x - 40, y - 40, 336, 336) for y in range(0, h, 256) for x in range(0, w, 256)]
+    regions = regions[: len(regions) // 2]
+    try:
+        before = (series.requests, series.fetched_bytes)
+        ahead = read_ahead(ref, regions)
+        deadline = time.monotonic() + 30
+        while ahead.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not ahead.running and ahead.failed is None
+        lv = series.levels[0]
+        frames = {t for r in regions for t in ahead._source.units(r)}
+        frame_bytes = len(frames) * lv.tile_w * lv.tile_h * 3
+        fetched = series.fetched_bytes - before[1]
+        assert frame_bytes <= fetched <= 1.1 * frame_bytes, (fetched, frame_bytes)
+        assert len(frames) < lv.across * lv.down  # only the regions' frames
+        after = (series.requests, series.fetched_bytes)
+        for x, y, rw, rh in regions:
+            got = reader.read_region(x, y, rw, rh)
+            x0, y0 = max(x, 0), max(y, 0)
+            want = levels[0][y0 : y + rh, x0 : x + rw]
+            np.testing.assert_array_equal(
+                got[y0 - y : y0 - y + want.shape[0], x0 - x : x0 - x + want.shape[1]], want
+            )
+        assert (series.requests, series.fetched_bytes) == after
+        worker = DicomWebSeries(ref)  # another process's series: its own tile cache
+        metadata = worker.requests
+        worker.tiles(0, sorted(frames))
+        assert worker.requests == metadata
+    finally:
+        reader.close()
+        drop_blocks(ref)
+        forget(ref)
+
+
+@needs_openslide_4
+def test_jpeg_frames_read_over_dicomweb_are_the_local_files_pixels(served, tmp_path):
+    """A series of baseline JPEG frames (YCbCr 4:2:2, quality 90) in Orthanc: every level read over
+    DICOMweb (the stored JPEG frames, decoded by Pillow) is the same folder read locally by
+    OpenSlide (its libjpeg), pixel for pixel; both are within JPEG's loss of the pixels
+    written."""
+    _, _, _, levels, server = served
+    folder = tmp_path / "jpeg"
+    files = write_dicom_wsi(folder, levels, 0.25, tile=256, jpeg_quality=90)
+    server.upload(files)
+    first = pydicom.dcmread(files[0], stop_before_pixels=True)
+    assert first.file_meta.TransferSyntaxUID == "1.2.840.10008.1.2.4.50"
+    url = (
+        f"dicomweb+{server.dicomweb}/studies/{first.StudyInstanceUID}"
+        f"/series/{first.SeriesInstanceUID}"
+    )
+    remote, local = open_slide(url), open_slide(folder)
+    try:
+        assert remote.info.level_dims == local.info.level_dims
+        for i, written in enumerate(levels):
+            h, w = written.shape[:2]
+            a = remote.read_region(0, 0, w, h, level=i)
+            b = local.read_region(0, 0, w, h, level=i)
+            np.testing.assert_array_equal(a, b)
+            loss = np.abs(a.astype(np.int16) - written[..., :3].astype(np.int16))
+            assert loss.mean() < 3.0 and loss.max() <= 64, (i, loss.mean(), loss.max())
+    finally:
+        remote.close()
+        local.close()
+        forget(slide_ref(url))
 
 
 def test_not_a_slide_404_and_a_bad_url_are_one_line_each(served):

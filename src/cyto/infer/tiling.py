@@ -29,6 +29,7 @@ from cyto.infer.patches import crop_cells
 from cyto.infer.quality import crop_sharpness
 from cyto.interrupts import spawn_pool
 from cyto.slides import open_plane, open_slide
+from cyto.slides.ahead import read_ahead
 from cyto.slides.grid import tile_grid, tissue_mask
 from cyto.slides.planes import sharpest
 from cyto.slides.remote import SlideURL
@@ -268,6 +269,19 @@ class _TorchDecoded:
         self._reader.close()
 
 
+def job_region(ctx: TileContext, job: Job) -> tuple[int, int, int, int]:
+    """(x, y, width, height) at level 0 that ``job`` reads: its tile and the margin, or, for
+    a part of a dense tile, the region around its nuclei. The read-ahead
+    (:mod:`cyto.slides.ahead`) fetches these regions, so it fetches what the jobs read."""
+    _, x0, y0, given, part = job
+    if part is None:
+        m, size = ctx.margin, ctx.tile
+        return x0 - m, y0 - m, size + 2 * m, size + 2 * m
+    half = ctx.src_patch // 2 + 2
+    ox, oy = int(given[:, 0].min()) - half, int(given[:, 1].min()) - half
+    return ox, oy, int(given[:, 0].max()) + half - ox + 1, int(given[:, 1].max()) + half - oy + 1
+
+
 def run_tile(job: Job, ctx: TileContext | None = None) -> dict:
     """Decode one tile (plus margin) once, find its nuclei and cut their crops from it.
 
@@ -280,14 +294,9 @@ def run_tile(job: Job, ctx: TileContext | None = None) -> dict:
     ctx = _CTX
     readers = _readers(ctx)
     t_index, x0, y0, given, part = job
-    m, size = ctx.margin, ctx.tile
+    size = ctx.tile
     t0 = time.perf_counter()
-    if part is None:
-        ox, oy, w, h = x0 - m, y0 - m, size + 2 * m, size + 2 * m
-    else:  # a part of a dense tile: the region around its nuclei
-        half = ctx.src_patch // 2 + 2
-        ox, oy = int(given[:, 0].min()) - half, int(given[:, 1].min()) - half
-        w, h = int(given[:, 0].max()) + half - ox + 1, int(given[:, 1].max()) + half - oy + 1
+    ox, oy, w, h = job_region(ctx, job)
     main = readers[0]
     # one plane decoded on a device: detection and crops use the tensor where it is, and only
     # the crops, at the engine's size, come back to the host
@@ -381,12 +390,20 @@ class TileFeed:
             if self.pool is not None
             else None
         )
+        # a remote slide's next tiles fetched ahead of the readers, in the jobs' order (the
+        # parts of dense tiles read within their tile's region, fetched with it)
+        self.ahead = (
+            read_ahead(ctx.slide, [job_region(ctx, j) for j in jobs if j[4] is None])
+            if ctx.decode == "cpu"
+            else None
+        )
 
     def __iter__(self) -> Iterator[dict]:
         todo: deque = deque(self.jobs)
         parts: deque = deque()  # part jobs of the dense tile being consumed
         inflight: deque = deque()  # in the order results are yielded
         front = 0  # part jobs at the front of inflight (they come before the next tiles)
+        tiles_read = 0  # tile jobs (not parts) whose results came back
 
         def submit() -> None:
             nonlocal front
@@ -417,6 +434,9 @@ class TileFeed:
                     chunk = rest[k * step : (k + 1) * step]
                     parts.append((res["tile"], res["x0"], res["y0"], chunk, (k, n)))
             res["final"] = rest is None and (part is None or part[0] == part[1] - 1)
+            if part is None and self.ahead is not None:
+                tiles_read += 1
+                self.ahead.consumed(tiles_read)
             while len(inflight) < self.queue and (parts or todo):
                 submit()
             self.worker_rss_mb = max(self.worker_rss_mb, res["rss_mb"])
@@ -432,6 +452,8 @@ class TileFeed:
         return self.pool.submit(run_tile, job, self.ctx)
 
     def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()  # no fetch starts after this: the slide ends, or was stopped
         if self.pool is not None:
             # a pool handed in is waited for by its owner (score_slide), after the slide is
             # finished: the workers' exit (0.2-0.7 s on 2 cores) runs beside the finishing

@@ -47,7 +47,11 @@ from cyto.slides.remote import (
     Requests,
     SlideChangedError,
     SlideURL,
+    bound_shared,
+    claim,
     open_object,
+    release,
+    share,
     timeout,
 )
 
@@ -173,7 +177,8 @@ class DicomWebSeries(Requests):
         self.cache_bytes = cache_bytes
         self.fetched_bytes = 0  # bytes of the answers that came over the network
         self.requests = 0
-        self._shared = None  # no blocks on disk: remote.drop_blocks has nothing to remove
+        self._shared = None  # the frames shared by the processes reading it (shared())
+        self._count = threading.Lock()
         self._accept = FRAMES_ACCEPT
         instances = self._call(lambda: self._json(self._series_url("metadata")), "metadata")
         if not isinstance(instances, list) or not instances:
@@ -249,8 +254,9 @@ class DicomWebSeries(Requests):
             if isinstance(reason, BaseException):
                 raise reason from None
             raise ConnectionError(str(reason)) from None
-        self.requests += 1
-        self.fetched_bytes += len(body)
+        with self._count:
+            self.requests += 1
+            self.fetched_bytes += len(body)
         return body, kind
 
     def _json(self, url: str):
@@ -315,20 +321,83 @@ class DicomWebSeries(Requests):
             "from DICOMweb (ask the archive for JPEG, or score a local copy)"
         )
 
+    def shared(self):
+        """The folder of this series' frames that every process reading it shares (as
+        :meth:`cyto.slides.remote.RemoteObject.shared` does for blocks): a frame the plan or
+        the read-ahead fetched is not fetched again by a worker, nor by two workers."""
+        if self._shared is None:
+            from pathlib import Path
+
+            from cyto import cache_dir
+
+            self._shared = Path(cache_dir()) / "remote-blocks" / self.identity()[:32]
+            self._shared.mkdir(parents=True, exist_ok=True)
+        return self._shared
+
+    @staticmethod
+    def _name(index: int, tile: tuple[int, int]) -> str:
+        return f"{index}-{tile[0]}-{tile[1]}.frm"
+
+    def _from_shared(self, index: int, tile: tuple[int, int]) -> tuple[bytes, str | None] | None:
+        """(bytes, transfer syntax) of a shared frame, if it is there."""
+        try:
+            raw = (self.shared() / self._name(index, tile)).read_bytes()
+        except OSError:
+            return None
+        syntax, _, data = raw.partition(b"\n")
+        return data, (syntax.decode() or None)
+
+    def _fetch_shared(self, index: int, tiles: list[tuple[int, int]], locked: bool = True) -> dict:
+        """Fetch ``tiles`` of level ``index`` in one request and share them; (bytes, syntax)
+        by tile. ``locked``: this process holds their locks (released here)."""
+        if not tiles:
+            return {}
+        level, folder = self.levels[index], self.shared()
+        try:
+            frames = self._frames(level, [level.frame(tx, ty) for tx, ty in tiles])
+            for t, (data, syntax) in zip(tiles, frames, strict=True):
+                share(folder, self._name(index, t), (syntax or "").encode() + b"\n" + data)
+        finally:
+            if locked:
+                release(folder, [self._name(index, t) for t in tiles])
+        bound_shared(folder.parent)
+        return dict(zip(tiles, frames, strict=True))
+
+    def prefetch(self, index: int, wanted: list[tuple[int, int]]) -> int:
+        """Fetch the frames of ``wanted`` (level ``index``) that no process holds or is
+        fetching into the shared folder, in one request (read-ahead,
+        :mod:`cyto.slides.ahead`); the bytes that came over the network."""
+        folder = self.shared()
+        todo = [t for t in wanted if not (folder / self._name(index, t)).exists()]
+        mine = set(claim(folder, [self._name(index, t) for t in todo], wait=False))
+        got = self._fetch_shared(index, [t for t in todo if self._name(index, t) in mine])
+        return sum(len(data) for data, _ in got.values())
+
     def tiles(self, index: int, wanted: list[tuple[int, int]]) -> dict:
-        """Decoded tiles (column, row) -> uint8 array of level ``index``; the missing ones in
-        one request."""
+        """Decoded tiles (column, row) -> uint8 array of level ``index``: from this process's
+        cache, else the shared folder, else fetched (the missing ones in one request)."""
         level = self.levels[index]
         with self._lock:
             have = {t: self._tiles[(index, *t)] for t in wanted if (index, *t) in self._tiles}
             missing = [t for t in wanted if t not in have]
+            raw = {t: f for t in missing if (f := self._from_shared(index, t)) is not None}
+            missing = [t for t in missing if t not in raw]
             if missing:
-                numbers = [level.frame(tx, ty) for tx, ty in missing]
-                for t, (data, syntax) in zip(missing, self._frames(level, numbers), strict=True):
-                    tile = self._decode(level, data, syntax)
-                    have[t] = tile
-                    self._tiles[(index, *t)] = tile
-                    self._tile_bytes += tile.nbytes
+                folder = self.shared()
+                mine = set(claim(folder, [self._name(index, t) for t in missing], wait=True))
+                raw.update(
+                    self._fetch_shared(index, [t for t in missing if self._name(index, t) in mine])
+                )
+                for t in missing:  # those another process fetched meanwhile
+                    if t not in raw and (f := self._from_shared(index, t)) is not None:
+                        raw[t] = f
+                late = [t for t in missing if t not in raw]  # evicted again: fetched here
+                raw.update(self._fetch_shared(index, late, locked=False))
+            for t, (data, syntax) in raw.items():
+                tile = self._decode(level, data, syntax)
+                have[t] = tile
+                self._tiles[(index, *t)] = tile
+                self._tile_bytes += tile.nbytes
             for t in wanted:
                 self._tiles.move_to_end((index, *t))
             while self._tile_bytes > self.cache_bytes and len(self._tiles) > len(wanted):

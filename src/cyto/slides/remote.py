@@ -376,6 +376,7 @@ class RemoteObject(Requests):
         self.cache_bytes = max(cache_bytes, block)
         self._fs, self._path, self._version = _filesystem(ref)
         self._lock = threading.Lock()
+        self._count = threading.Lock()
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
         self.fetched_bytes = 0  # bytes that came over the network
         self.requests = 0
@@ -450,8 +451,9 @@ class RemoteObject(Requests):
                 "object changed (or was cut short) while it was read; nothing of this run of it "
                 "is kept"
             )
-        self.fetched_bytes += len(data)
-        self.requests += 1
+        with self._count:  # the read-ahead's threads fetch beside the readers
+            self.fetched_bytes += len(data)
+            self.requests += 1
         return data
 
     def _s3_range(self, start: int, end: int) -> bytes:
@@ -507,39 +509,45 @@ class RemoteObject(Requests):
         """Fetch contiguous blocks in one request and share them. A block another process is
         fetching (its lock file exists) is waited for, at most the time of one request, not
         fetched twice."""
+        mine = claim(self.shared(), [f"{b}.blk" for b in run], wait=True)
+        self._fetch_claimed(sorted(int(n.split(".")[0]) for n in mine), keep=True)
+        # those another process fetched; one already evicted again (the bound) is fetched here
+        late = [b for b in run if b not in self._blocks and not self._from_shared(b)]
+        self._fetch_claimed(late, keep=True, locked=False)
+
+    def prefetch(self, blocks: list[int]) -> int:
+        """Fetch the blocks of ``blocks`` that no process holds or is fetching into the shared
+        folder only (read-ahead, :mod:`cyto.slides.ahead`: this process's cache is left as it
+        is); returns the bytes that came over the network. A block being fetched elsewhere is
+        not waited for."""
         folder = self.shared()
-        mine = []
-        for b in run:
-            try:
-                fd = os.open(folder / f"{b}.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-                os.close(fd)
-                mine.append(b)
-            except FileExistsError:
-                deadline = time.monotonic() + timeout()
-                while time.monotonic() < deadline and (folder / f"{b}.lock").exists():
-                    time.sleep(0.005)
-                if not self._from_shared(b):
-                    mine.append(b)  # its fetcher failed or gave up: fetched here
-            except OSError:
-                mine.append(b)
+        todo = [b for b in sorted(set(blocks)) if not (folder / f"{b}.blk").exists()]
+        mine = claim(folder, [f"{b}.blk" for b in todo], wait=False)
+        return self._fetch_claimed(sorted(int(n.split(".")[0]) for n in mine), keep=False)
+
+    def _fetch_claimed(self, mine: list[int], keep: bool, locked: bool = True) -> int:
+        """Fetch the blocks this process claimed (contiguous ones in one request), write them
+        to the shared folder (and, ``keep``, to this process's cache), and release them
+        (``locked``: this process holds their locks)."""
+        folder = self.shared()
+        got = 0
         try:
             for part in _runs(mine):
                 lo = part[0] * self.block
                 hi = min((part[-1] + 1) * self.block, self.size)
                 data = self._fetch(lo, hi)
+                got += len(data)
                 for i, b in enumerate(part):
                     block = data[i * self.block : (i + 1) * self.block]
-                    self._blocks[b] = block
-                    tmp = folder / f".{b}.{os.getpid()}.tmp"
-                    try:
-                        tmp.write_bytes(block)
-                        os.replace(tmp, folder / f"{b}.blk")
-                    except OSError:
-                        tmp.unlink(missing_ok=True)
+                    if keep:
+                        self._blocks[b] = block
+                    share(folder, f"{b}.blk", block)
         finally:
-            for b in mine:
-                (folder / f"{b}.lock").unlink(missing_ok=True)
-        _bound_shared(folder.parent)
+            if locked:
+                release(folder, [f"{b}.blk" for b in mine])
+        if mine:
+            bound_shared(folder.parent)
+        return got
 
     def file(self) -> RemoteIO:
         """A seekable binary file over this object (for tifffile and libvips)."""
@@ -556,13 +564,65 @@ def _runs(blocks: list[int]) -> list[list[int]]:
     return runs
 
 
-def _bound_shared(root: Path) -> None:
+def claim(folder: Path, names: list[str], wait: bool) -> list[str]:
+    """The items of ``names`` (files in the shared ``folder``) this process is to fetch: it
+    holds their lock files now. One another process is fetching (its lock exists) is waited
+    for, at most the time of one request, and taken over only when it did not appear
+    (``wait``), or left to that process (not ``wait``: read-ahead). An item already there is
+    not claimed; with ``wait``, a folder that cannot be written leaves every item to this
+    process."""
+    mine = []
+    for name in names:
+        lock = folder / f"{name}.lock"
+        try:
+            os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            if not wait:
+                continue
+            deadline = time.monotonic() + timeout()
+            while time.monotonic() < deadline and lock.exists():
+                time.sleep(0.005)
+            if not (folder / name).exists():
+                mine.append(name)  # its fetcher failed or gave up: fetched here
+            continue
+        except OSError:
+            if wait:
+                mine.append(name)
+            continue
+        if (folder / name).exists():  # shared while the lock was being taken
+            lock.unlink(missing_ok=True)
+            continue
+        mine.append(name)
+    return mine
+
+
+def share(folder: Path, name: str, data: bytes) -> None:
+    """Put ``data`` in the shared folder as ``name`` (written under a temporary name and
+    renamed: a reader sees all of it or nothing); a folder that cannot be written is skipped."""
+    tmp = folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, folder / name)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def release(folder: Path, names: list[str]) -> None:
+    for name in names:
+        (folder / f"{name}.lock").unlink(missing_ok=True)
+
+
+def bound_shared(root: Path) -> None:
     """Keep the shared blocks of every slide under ``CYTO_REMOTE_BLOCKS_MB`` (default 256),
     the least recently written going first."""
     raw = os.environ.get(SHARED_BYTES_ENV)
     limit = int(float(raw) * (1 << 20)) if raw else SHARED_BYTES
     try:
-        files = [(f.stat().st_mtime_ns, f.stat().st_size, f) for f in root.glob("*/*.blk")]
+        files = [
+            (f.stat().st_mtime_ns, f.stat().st_size, f)
+            for pattern in ("*/*.blk", "*/*.frm")
+            for f in root.glob(pattern)
+        ]
     except OSError:
         return
     total = sum(size for _, size, _ in files)
