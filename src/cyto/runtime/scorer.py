@@ -15,6 +15,7 @@ for, and never an int8, fp16 or bf16 network unless that precision (or ``auto``)
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,8 +132,12 @@ class Scorer:
         verification read from the cache does neither, and the slide's first batch took them
         and counted them as engine time (``engine_cells_per_s`` read low and the pipeline's
         efficiency high)."""
+        from cyto.runtime import kernels
+
         size = self.spec.crop_size
         self.head.finish(self.backend.run(np.zeros((1, size, size, 3), np.uint8)))
+        with contextlib.suppress(OSError):  # a cache that cannot be written keeps no kernels
+            kernels.record()  # what numba kept of the kernels just run (cyto.runtime.kernels)
 
     def describe(self) -> str:
         """``onnx on cpu``; a quantized graph is named, since a CPU can run either int8 form."""
