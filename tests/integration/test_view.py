@@ -841,6 +841,31 @@ def test_a_tile_evicted_under_a_running_server_is_rendered_again(scored, tmp_pat
         assert tile.is_file()
 
 
+def test_a_kept_tile_damaged_or_copied_from_elsewhere_is_rendered_again_and_said(scored, tmp_path):
+    """A hostile check: a tile copied over another's file in the cache was served in its place
+    (another region of the slide), and one overwritten with 8 bytes was served as is; both 200.
+    Each kept tile is sealed to its place: neither is served, each is rendered again."""
+    from cyto.errors import CytoWarning
+    from cyto.view.folder import open_view
+
+    (slide,) = open_view(scored)
+    with _client([slide], tmp_path / "cache") as c:
+        info = c.get("/api/slides/0").json()
+        urls = {xy: _tile_url(info, *xy) for xy in ((0, 0), (1, 1), (2, 2))}
+        first = {xy: c.get(u).content for xy, u in urls.items()}
+        assert len(set(first.values())) == 3 and all(b[:2] == b"\xff\xd8" for b in first.values())
+        level = (
+            tmp_path / "cache" / "view-tiles" / info["tiles_key"] / "p0" / str(info["max_level"])
+        )
+        (level / "0_0.jpeg").write_bytes((level / "1_1.jpeg").read_bytes())  # another place's
+        (level / "2_2.jpeg").write_bytes(b"GARBAGE\n")
+        with pytest.warns(CytoWarning, match="does not match its seal") as said:
+            again = {xy: c.get(u) for xy, u in urls.items()}
+        assert all(r.status_code == 200 for r in again.values())
+        assert {xy: r.content for xy, r in again.items()} == first
+        assert len([w for w in said if "does not match its seal" in str(w.message)]) == 1
+
+
 def test_bad_tile_cache_sizes_give_one_readable_line(scored, monkeypatch):
     for bad in ("lots", "-1GiB", "4XB", "GiB", "1e9"):
         proc = run_cyto("view", str(scored), "--tile-cache", bad)
