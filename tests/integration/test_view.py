@@ -545,6 +545,41 @@ def test_a_changed_slide_or_a_review_folder_is_refused(scored, tmp_path):
         open_view(tmp_path / "cache")
 
 
+def test_a_slide_changed_under_a_running_viewer_is_said_and_read_again_when_put_back(
+    scored, tmp_path
+):
+    """A hostile check: the slide file replaced while `cyto view` served it answered 500 with a
+    JPEG decoder's words; a slide of the same structure would have been drawn under the old
+    slide's cells, and its tiles kept. Now each read checks the files first."""
+    from cyto.view.folder import open_view
+
+    root = tmp_path / "copy"
+    shutil.copytree(scored.parent, root, ignore=shutil.ignore_patterns("review"))
+    folder = root / "out"
+    summary = folder / "summary.json"
+    summary.write_text(summary.read_text().replace(str(scored.parent), str(root)))
+    _reseal(folder)
+    (slide,) = open_view(folder)
+    original = (root / "slide.tif").read_bytes()
+    with _client([slide], tmp_path / "cache") as c:
+        info = c.get("/api/slides/0").json()
+        assert c.get(_tile_url(info, 0, 0)).status_code == 200
+        write_slide(
+            root / "slide.tif",
+            SlideSynthConfig(width=3072, height=2048, n_cells=300, seed=6),
+            overwrite=True,
+            workers=1,
+        )
+        changed = c.get(_tile_url(info, 1, 0))
+        assert changed.status_code == 500
+        said = changed.json()["error"]
+        assert "slide.tif changed or moved since cyto view opened it" in said, said
+        assert "Not a JPEG" not in said and "\n" not in said
+        (root / "slide.tif").write_bytes(original)  # put back as it was
+        back = c.get(_tile_url(info, 1, 0))
+        assert back.status_code == 200 and back.content[:2] == b"\xff\xd8"
+
+
 def test_help_says_it_unblinds():
     proc = run_cyto("view", "--help")
     assert proc.returncode == 0
