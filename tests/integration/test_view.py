@@ -545,6 +545,41 @@ def test_a_changed_slide_or_a_review_folder_is_refused(scored, tmp_path):
         open_view(tmp_path / "cache")
 
 
+def test_a_slide_changed_under_a_running_viewer_is_said_and_read_again_when_put_back(
+    scored, tmp_path
+):
+    """A hostile check: the slide file replaced while `cyto view` served it answered 500 with a
+    JPEG decoder's words; a slide of the same structure would have been drawn under the old
+    slide's cells, and its tiles kept. Now each read checks the files first."""
+    from cyto.view.folder import open_view
+
+    root = tmp_path / "copy"
+    shutil.copytree(scored.parent, root, ignore=shutil.ignore_patterns("review"))
+    folder = root / "out"
+    summary = folder / "summary.json"
+    summary.write_text(summary.read_text().replace(str(scored.parent), str(root)))
+    _reseal(folder)
+    (slide,) = open_view(folder)
+    original = (root / "slide.tif").read_bytes()
+    with _client([slide], tmp_path / "cache") as c:
+        info = c.get("/api/slides/0").json()
+        assert c.get(_tile_url(info, 0, 0)).status_code == 200
+        write_slide(
+            root / "slide.tif",
+            SlideSynthConfig(width=3072, height=2048, n_cells=300, seed=6),
+            overwrite=True,
+            workers=1,
+        )
+        changed = c.get(_tile_url(info, 1, 0))
+        assert changed.status_code == 500
+        said = changed.json()["error"]
+        assert "slide.tif changed or moved since cyto view opened it" in said, said
+        assert "Not a JPEG" not in said and "\n" not in said
+        (root / "slide.tif").write_bytes(original)  # put back as it was
+        back = c.get(_tile_url(info, 1, 0))
+        assert back.status_code == 200 and back.content[:2] == b"\xff\xd8"
+
+
 def test_help_says_it_unblinds():
     proc = run_cyto("view", "--help")
     assert proc.returncode == 0
@@ -839,6 +874,31 @@ def test_a_tile_evicted_under_a_running_server_is_rendered_again(scored, tmp_pat
         third = c.get(url)
         assert third.status_code == 200 and third.content == first.content
         assert tile.is_file()
+
+
+def test_a_kept_tile_damaged_or_copied_from_elsewhere_is_rendered_again_and_said(scored, tmp_path):
+    """A hostile check: a tile copied over another's file in the cache was served in its place
+    (another region of the slide), and one overwritten with 8 bytes was served as is; both 200.
+    Each kept tile is sealed to its place: neither is served, each is rendered again."""
+    from cyto.errors import CytoWarning
+    from cyto.view.folder import open_view
+
+    (slide,) = open_view(scored)
+    with _client([slide], tmp_path / "cache") as c:
+        info = c.get("/api/slides/0").json()
+        urls = {xy: _tile_url(info, *xy) for xy in ((0, 0), (1, 1), (2, 2))}
+        first = {xy: c.get(u).content for xy, u in urls.items()}
+        assert len(set(first.values())) == 3 and all(b[:2] == b"\xff\xd8" for b in first.values())
+        level = (
+            tmp_path / "cache" / "view-tiles" / info["tiles_key"] / "p0" / str(info["max_level"])
+        )
+        (level / "0_0.jpeg").write_bytes((level / "1_1.jpeg").read_bytes())  # another place's
+        (level / "2_2.jpeg").write_bytes(b"GARBAGE\n")
+        with pytest.warns(CytoWarning, match="does not match its seal") as said:
+            again = {xy: c.get(u) for xy, u in urls.items()}
+        assert all(r.status_code == 200 for r in again.values())
+        assert {xy: r.content for xy, r in again.items()} == first
+        assert len([w for w in said if "does not match its seal" in str(w.message)]) == 1
 
 
 def test_bad_tile_cache_sizes_give_one_readable_line(scored, monkeypatch):

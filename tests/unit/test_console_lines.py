@@ -70,3 +70,13 @@ def test_a_bad_score_option_is_named_as_the_flag_the_user_typed():
         with pytest.raises(ConfigError) as err:
             ScoreOptions(**{field: value}, **({"patch_size": 192} if field == "tile" else {}))
         assert str(err.value).startswith(words), (field, str(err.value))
+
+
+def test_truth_without_planted_cells_is_not_reported_as_a_miss():
+    """A hostile check: with --truth of another slide, the warning said the slide is scored
+    without truth cells and the line then said "found in the top 145: 0/0"."""
+    truth = {"k": 145, "planted_found_in_top_k": 0, "planted_abnormal": 0}
+    line = slide_line(_summary(truth=truth), "/o")
+    assert "0/0" not in line and "--truth holds no abnormal cell of this slide" in line, line
+    found = {"k": 20, "planted_found_in_top_k": 3, "planted_abnormal": 4}
+    assert "planted abnormal found in the top 20: 3/4" in slide_line(_summary(truth=found), "/o")

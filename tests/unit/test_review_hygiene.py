@@ -121,3 +121,22 @@ def test_truth_cells_outside_the_slide_are_said_in_one_line_and_left_out(tmp_pat
     assert [str(w.message).count("\n") for w in said] == [0]
     assert "1000 x 800 px" in str(said[0].message)
     assert labels.tolist() == [1, 0] and planted == 1  # the one on the slide, found
+
+
+# --- each slide's cells once: a copy of a scored folder is the same slide ----------------------
+
+
+def test_data_cells_refuses_the_same_slide_twice_as_calibrate_does(tmp_path):
+    """A hostile check: `cyto data cells n1 copy-of-n1` wrote every cell twice into the training
+    folder with no word, while `cyto calibrate` refused the same pair."""
+    import shutil
+
+    from cyto.review.cells import harvest_cells
+
+    folder = _scored_folder(tmp_path / "n1", {"status": "ok"})
+    copy = tmp_path / "elsewhere" / "n1copy"
+    shutil.copytree(folder, copy)
+    with pytest.raises(ConfigError, match="score the same slide: give it once") as err:
+        harvest_cells([folder, copy], tmp_path / "ds")
+    assert "\n" not in str(err.value) and "n1copy" in str(err.value)
+    assert not (tmp_path / "ds").exists()

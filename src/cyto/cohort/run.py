@@ -98,10 +98,13 @@ def slide_line(summary: dict, out: Path) -> str:
         line += "; UNVERIFIED scores (no golden cells: see cyto doctor)"
     if "truth" in s:
         t = s["truth"]
-        line += (
-            f"; planted abnormal found in the top {t['k']}: "
-            f"{t['planted_found_in_top_k']}/{t['planted_abnormal']}"
-        )
+        if t.get("planted_abnormal"):
+            line += (
+                f"; planted abnormal found in the top {t['k']}: "
+                f"{t['planted_found_in_top_k']}/{t['planted_abnormal']}"
+            )
+        else:  # "found 0/0" read as a miss
+            line += "; --truth holds no abnormal cell of this slide"
     return line
 
 

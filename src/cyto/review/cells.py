@@ -28,7 +28,7 @@ from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_to_replace
 from cyto.progress import progress
 from cyto.review.session import crop_cells, find_scored, read_source
-from cyto.stats.calibrate import refuse_planted
+from cyto.stats.calibrate import refuse_planted, refuse_repeated_slides
 
 
 def harvest_cells(
@@ -50,6 +50,7 @@ def harvest_cells(
     if per_slide is not None and per_slide < 1:
         raise ConfigError(f"--per-slide must be >= 1, got {per_slide}")
     sources = [read_source(f) for f in find_scored(scored)]
+    refuse_repeated_slides([(s.identity, s.folder) for s in sources])  # its cells twice
     for s in sources:
         refuse_planted(s.folder, s.planted, f"harvest {label} cells", s.burden)
     out = Path(out)

@@ -9,11 +9,17 @@ also the history. Several servers (one per reviewer) may write the same log at o
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+from cyto.errors import InputPathError
+
 MARKS_FILE = "marks.sqlite"
+#: the first bytes of every SQLite database file
+SQLITE_HEADER = b"SQLite format 3\x00"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -39,16 +45,43 @@ class MarkStore:
     def __init__(self, folder: Path) -> None:
         self.path = Path(folder) / MARKS_FILE
         self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        with self._readable():
+            with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as fh:
+                head = fh.read(len(SQLITE_HEADER))
+                if head and head != SQLITE_HEADER:  # SQLite would start an empty log over it
+                    raise sqlite3.DatabaseError("file is not a database")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            # a damaged log is found as it opens, not in the middle of a page or a report
+            found = self._db.execute("PRAGMA quick_check").fetchone()
+            if found is None or found[0] != "ok":
+                raise sqlite3.DatabaseError(found[0] if found else "no answer to a check")
+            self._db.executescript(_SCHEMA)
+
+    @contextlib.contextmanager
+    def _readable(self) -> Iterator[None]:
+        """SQLite's errors of a damaged or foreign file, as one line naming the log: the marks
+        are the review's record, so nothing is made anew over them."""
+        try:
+            yield
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # damaged page; damaged text
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise
+            self._db.close()
+            said = " ".join(str(exc).split())  # SQLite's check answers in several lines
+            said = said if len(said) <= 120 else said[:117] + "..."
+            raise InputPathError(
+                f"{self.path} cannot be read as the review's marks log ({said}): it is damaged or "
+                "not cyto's; restore it from a backup (the marks are in it), or move it away to "
+                "start the review's marks anew"
+            ) from None
 
     def close(self) -> None:
         self._db.close()
 
     def _append(self, reviewer, kind, case, position, value, detail) -> None:
         now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-        with self._db:  # one transaction, committed (and synced) on exit
+        with self._readable(), self._db:  # one transaction, committed (and synced) on exit
             self._db.execute(
                 "INSERT INTO events (reviewer, kind, case_id, position, value, detail, time) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -66,12 +99,13 @@ class MarkStore:
     ) -> dict[tuple[str, str, int], tuple[bool, str]]:
         """Current marks, ``{(reviewer, case, position): (marked, detail)}`` (latest row wins);
         cells whose latest row clears them are left out. ``None`` filters: everyone, every case."""
-        rows = self._db.execute(
-            "SELECT reviewer, case_id, position, value, detail FROM events "
-            "WHERE kind = 'mark' AND (? IS NULL OR reviewer = ?) AND (? IS NULL OR case_id = ?) "
-            "ORDER BY seq",
-            (reviewer, reviewer, case, case),
-        ).fetchall()
+        with self._readable():
+            rows = self._db.execute(
+                "SELECT reviewer, case_id, position, value, detail FROM events "
+                "WHERE kind = 'mark' AND (? IS NULL OR reviewer = ?) "
+                "AND (? IS NULL OR case_id = ?) ORDER BY seq",
+                (reviewer, reviewer, case, case),
+            ).fetchall()
         state: dict[tuple[str, str, int], tuple[bool, str]] = {}
         for who, case, pos, value, detail in rows:
             state[(who, case, int(pos))] = (bool(value), detail)
@@ -79,16 +113,18 @@ class MarkStore:
 
     def done(self, reviewer: str | None = None) -> set[tuple[str, str]]:
         """``{(reviewer, case)}`` whose latest 'done' row says done."""
-        rows = self._db.execute(
-            "SELECT reviewer, case_id, value FROM events "
-            "WHERE kind = 'done' AND (? IS NULL OR reviewer = ?) ORDER BY seq",
-            (reviewer, reviewer),
-        ).fetchall()
+        with self._readable():
+            rows = self._db.execute(
+                "SELECT reviewer, case_id, value FROM events "
+                "WHERE kind = 'done' AND (? IS NULL OR reviewer = ?) ORDER BY seq",
+                (reviewer, reviewer),
+            ).fetchall()
         state = {}
         for who, case, value in rows:
             state[(who, case)] = bool(value)
         return {k for k, v in state.items() if v}
 
     def reviewers(self) -> list[str]:
-        rows = self._db.execute("SELECT DISTINCT reviewer FROM events ORDER BY reviewer")
-        return [r[0] for r in rows]
+        with self._readable():
+            rows = self._db.execute("SELECT DISTINCT reviewer FROM events ORDER BY reviewer")
+            return [r[0] for r in rows]

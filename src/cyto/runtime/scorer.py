@@ -15,14 +15,16 @@ for, and never an int8, fp16 or bf16 network unless that precision (or ``auto``)
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from cyto.bundle import PRECISIONS, Bundle, GraphSpec, ModelSpec, load_bundle
-from cyto.errors import ConfigError, CytoError
+from cyto.errors import ConfigError, CytoError, ScaleWarning
 from cyto.runtime.backends import CHOICES, Backend
 from cyto.runtime.devices import resolve_device
 from cyto.runtime.heads import Head, head_for
@@ -43,6 +45,8 @@ class Scorer:
     #: the bundle's golden cells as load_scorer read them (None: none, or not read), so that
     #: a slide's adequacy judges focus by them without reading and unpacking the file again
     golden: Golden | None = None
+    #: whether patches of another side than the model's crops were said (once per scorer)
+    _said_side: bool = field(default=False, repr=False, compare=False)
 
     @property
     def spec(self) -> ModelSpec:
@@ -68,12 +72,13 @@ class Scorer:
         """(N,) float64 scores of uint8 (N, H, W, 3) patches, ``batch_size`` per network call;
         with ``progress``, a progress bar of that name advances after each call."""
         if batch_size < 1:
-            raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+            raise ConfigError(f"batch_size= must be >= 1, got {batch_size!r}")
         images = np.asarray(images)
         if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
             raise ConfigError(
                 f"patches must be uint8 (N, H, W, 3), got {images.dtype} {images.shape}"
             )
+        self._check_side(images.shape[1], images.shape[2])
         if len(images) == 0:
             return np.empty(0, dtype=np.float64)
         calls = self._calls(len(images), batch_size)
@@ -88,6 +93,26 @@ class Scorer:
                     parts.append(self.head.finish(self.backend.run(images[part])))
                     bar.advance(len(parts[-1]))
         return np.concatenate(parts).astype(np.float64, copy=False)
+
+    def _check_side(self, h: int, w: int) -> None:
+        """Patches are the model's crops: square (the graph resizes each to its input, so a
+        rectangle would be stretched: refused), and of ``spec.crop_size`` px; another side is
+        scored at another scale (resized by crop_size / side), said once per scorer."""
+        if h != w:
+            raise ConfigError(
+                f"patches must be square crops (the model's are {self.spec.crop_size} x "
+                f"{self.spec.crop_size} px), got {h} x {w} px: a rectangle would be stretched"
+            )
+        size = self.spec.crop_size
+        if h != size and not self._said_side:
+            self._said_side = True
+            warnings.warn(
+                f"patches of {h} px are resized to the model's {size} px crops (x{size / h:.2f}): "
+                f"give {size} px crops cut at the scale of its training cells, or the scores are "
+                "of cells at another scale",
+                ScaleWarning,
+                stacklevel=3,
+            )
 
     def _calls(self, n: int, batch_size: int) -> list[slice]:
         """The network calls for ``n`` cells: ``batch_size`` each, within the backend's limit."""
@@ -104,7 +129,7 @@ class Scorer:
         the network and the head's torch finish both run there, and only the scores come
         back; a backend that takes host arrays (ONNX Runtime) gets the crops copied to it."""
         if batch_size < 1:
-            raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+            raise ConfigError(f"batch_size= must be >= 1, got {batch_size!r}")
         if not self.takes_tensors or crops.device.type != self.backend.dev.type:
             return self.score(crops.cpu().numpy(), batch_size)
         if len(crops) == 0:
@@ -131,8 +156,12 @@ class Scorer:
         verification read from the cache does neither, and the slide's first batch took them
         and counted them as engine time (``engine_cells_per_s`` read low and the pipeline's
         efficiency high)."""
+        from cyto.runtime import kernels
+
         size = self.spec.crop_size
         self.head.finish(self.backend.run(np.zeros((1, size, size, 3), np.uint8)))
+        with contextlib.suppress(OSError):  # a cache that cannot be written keeps no kernels
+            kernels.record()  # what numba kept of the kernels just run (cyto.runtime.kernels)
 
     def describe(self) -> str:
         """``onnx on cpu``; a quantized graph is named, since a CPU can run either int8 form."""

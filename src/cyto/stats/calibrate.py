@@ -260,6 +260,17 @@ def refuse_planted(
         )
 
 
+def refuse_repeated_slides(given: list[tuple[str, object]]) -> None:
+    """Where each slide counts once (a calibration's negative slides, training cells cut from
+    slides): refuse two of ``given`` ((slide identity, what the user named)) that are the same
+    slide by content, whatever their names or folders, in one line naming both."""
+    seen: dict[str, object] = {}
+    for identity, name in given:
+        if identity in seen:
+            raise ConfigError(f"{name} and {seen[identity]} score the same slide: give it once")
+        seen[identity] = name
+
+
 def calibrate_from_tables(
     model: Path,
     tables: list[Path],
@@ -279,12 +290,11 @@ def calibrate_from_tables(
     bundle = load_bundle(Path(model), weights=False)
     if not tables:
         raise ConfigError("give at least one scores.parquet of a slide-negative slide")
-    parts, evaluable, metas, names, seen = [], [], [], [], {}
+    parts, evaluable, metas, names, seen = [], [], [], [], []
     for t in tables:
         scores, meta, identity, ev = _read_table(Path(t), bundle)
-        if identity in seen:
-            raise ConfigError(f"{t} and {seen[identity]} score the same slide: give it once")
-        seen[identity] = t
+        seen.append((identity, t))
+        refuse_repeated_slides(seen)
         parts.append(scores)
         evaluable.append(ev)
         metas.append(meta)

@@ -15,12 +15,13 @@ import contextlib
 import io
 import json
 import math
+import os
 import threading
 from pathlib import Path
 
 import numpy as np
 
-from cyto.errors import ConfigError, InputPathError
+from cyto.errors import ConfigError, CytoError, InputPathError
 from cyto.tables import read_table
 
 #: the table's FDR flag columns, the first found is drawn (cyto.stats.calibrate)
@@ -179,6 +180,7 @@ class ViewSlide:
         self._layers = threading.Lock()  # the map and the mask are computed once
         self._readers: dict[int, object] = {}
         self._cached: dict[str, bytes] = {}
+        self._stamp = self._stamps()
         info = self.reader(0).info
         self.width, self.height = info.width, info.height
         self.mpp = (summary.get("resolution") or {}).get("slide_mpp") or info.mpp
@@ -190,11 +192,47 @@ class ViewSlide:
         from cyto.slides import open_plane, open_slide
 
         with self._lock:
+            self._unchanged()
             if plane not in self._readers:
                 self._readers[plane] = (
                     open_slide(self.slide) if plane == 0 else open_plane(self.planes[plane - 1][1])
                 )
             return self._readers[plane]
+
+    def _stamps(self) -> dict[str, tuple[int, int, int] | None]:
+        """Size, modification time and inode of each local slide file (None: not a local file,
+        or not there): a stat per read, so a file changed under the viewer is noticed."""
+        stamps = {}
+        for name in self.identity:
+            try:
+                st = os.stat(name)
+                stamps[name] = (st.st_size, st.st_mtime_ns, st.st_ino)
+            except (OSError, ValueError):  # a URL, or gone
+                stamps[name] = None
+        return stamps
+
+    def _unchanged(self) -> None:
+        """Refuse to read a slide whose files changed since the viewer opened it (their tiles
+        would be another slide's pixels under this slide's cells, and kept so); a file put
+        back as it was (the same content identity) is read again, from a fresh reader."""
+        now = self._stamps()
+        if now == self._stamp:
+            return
+        from cyto.infer.store import slide_key
+
+        try:
+            same = slide_key(self.slide, self.planes) == self.identity
+        except (OSError, CytoError):
+            same = False
+        if not same:
+            raise InputPathError(
+                f"the slide file {self.slide.name} changed or moved since cyto view opened it: "
+                "not shown from other bytes; put it back, or score it again and reopen the view"
+            )
+        for r in self._readers.values():
+            r.close()
+        self._readers.clear()
+        self._stamp = now
 
     def close(self) -> None:
         for r in self._readers.values():

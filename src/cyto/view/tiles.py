@@ -11,7 +11,11 @@ without a pyramid) it is read and shrunk in bands, so a tile never holds more th
 The disk cache lives in ``cyto.cache_dir()/view-tiles/KEY``, ``KEY`` a hash of the identity of the
 slide and of each focal-plane file (:func:`cyto.infer.store.slide_key`), the tile size, the JPEG
 quality and this format's version: a slide changed or replaced under its name gets another folder,
-so a stale tile is never served. Tiles are written to a temporary name and renamed into place.
+so a stale tile is never served. Tiles are written to a temporary name and renamed into place,
+each sealed: its JPEG bytes followed by a trailer holding the sha256 of the slide folder's key,
+the tile's place and those bytes (:func:`_seal`), so a tile that was damaged, cut, or copied from
+another place or slide is not served: it is rendered again and said once (the rule of
+:mod:`cyto.runtime.derived`, for the viewer's derived files).
 The folder is kept to a cap, whole slide folders evicted least recently used first, never one
 being shown (:mod:`cyto.view.cache`).
 """
@@ -19,17 +23,19 @@ being shown (:mod:`cyto.view.cache`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import math
 import os
 import shutil
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
 
-FORMAT = "cyto-view-tiles/1"
+FORMAT = "cyto-view-tiles/2"  # 2: each tile sealed (_seal)
 TILE = 256
 QUALITY = 82
 #: most pixels of the slide a tile reads at once (a band of a larger region)
@@ -72,6 +78,7 @@ class TilePyramid:
             _atomic(record, json.dumps(key, indent=1).encode())
         self.used = Touch(self.dir)
         self._rendering = threading.Semaphore(RENDERING)
+        self._said_damaged = False
 
     def close(self) -> None:
         """Record the slide's last use and let evictors have its folder."""
@@ -101,24 +108,44 @@ class TilePyramid:
         :meth:`exists`). A tile evicted under it (another ``cyto view`` trimming the cache, the
         cache deleted by hand) is rendered again."""
         path = self.path(plane, level, col, row)
+        where = f"{self.dir.name}/{path.relative_to(self.dir).as_posix()}"
         self.used()
-        try:
-            return path.read_bytes()
-        except FileNotFoundError:
-            pass
+        data = self._kept(path, where)
+        if data is not None:
+            return data
         with self._rendering:
-            try:  # another request rendered it meanwhile
-                return path.read_bytes()
-            except FileNotFoundError:
-                pass
+            data = self._kept(path, where)  # another request rendered it meanwhile
+            if data is not None:
+                return data
             data = self.render(plane, level, col, row)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _atomic(path, data)
+            _atomic(path, _seal(data, where))
         except FileNotFoundError:  # the folder was removed meanwhile: served, not cached
             return data
         if self.cache is not None:
             self.cache.wrote(len(data))
+        return data
+
+    def _kept(self, path: Path, where: str) -> bytes | None:
+        """The kept tile's JPEG bytes when its seal holds; None when there is none, or when it
+        was damaged or put there from elsewhere (said once per pyramid: rendered again)."""
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        data = _unseal(blob, where)
+        if data is None and not self._said_damaged:
+            self._said_damaged = True
+            from cyto.errors import CytoWarning
+
+            warnings.warn(
+                f"a kept viewer tile ({path.relative_to(self.dir.parent)}) does not match its "
+                "seal (damaged, or copied from elsewhere): not served; rendered from the slide "
+                "again",
+                CytoWarning,
+                stacklevel=3,
+            )
         return data
 
     def render(self, plane: int, level: int, col: int, row: int) -> bytes:
@@ -157,6 +184,27 @@ class TilePyramid:
         buf = io.BytesIO()
         Image.fromarray(out).save(buf, format="JPEG", quality=self.quality)
         return buf.getvalue()
+
+
+#: what ends every kept tile: this, then 16 bytes of sha256 (:func:`_seal`)
+SEAL = b"cyto-tile-seal/1"
+
+
+def _seal(data: bytes, where: str) -> bytes:
+    """A tile's JPEG bytes as kept: followed by :data:`SEAL` and the first 16 bytes of the
+    sha256 of ``where`` (the slide folder's key and the tile's place) and the bytes."""
+    return data + SEAL + hashlib.sha256(where.encode() + b"\0" + data).digest()[:16]
+
+
+def _unseal(blob: bytes, where: str) -> bytes | None:
+    """The JPEG bytes of a kept tile of ``where`` whose seal holds, else None."""
+    n = len(SEAL) + 16
+    if len(blob) <= n or blob[-n:-16] != SEAL:
+        return None
+    data = blob[:-n]
+    if hashlib.sha256(where.encode() + b"\0" + data).digest()[:16] != blob[-16:]:
+        return None
+    return data
 
 
 def _atomic(path: Path, data: bytes) -> None:

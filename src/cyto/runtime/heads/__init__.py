@@ -5,9 +5,13 @@ Adding a head means adding one module here (and importing it below).
 
 from __future__ import annotations
 
-from cyto.runtime.heads import dsvdd, knn, logit, ocsvm, softmax  # noqa: F401 - they register
-from cyto.runtime.heads.base import Head
-from cyto.runtime.heads.registry import HEADS, head_class
+from cyto.runtime import kernels
+
+kernels.guard()  # before any head's kernel loads: only kept kernels their record vouches for
+
+from cyto.runtime.heads import dsvdd, knn, logit, ocsvm, softmax  # noqa: E402, F401 - they register
+from cyto.runtime.heads.base import Head  # noqa: E402
+from cyto.runtime.heads.registry import HEADS, head_class  # noqa: E402
 
 
 def head_for(bundle) -> Head:

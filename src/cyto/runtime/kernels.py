@@ -1,0 +1,138 @@
+"""numba's kept kernels: derived engines too, loaded only from files a record vouches for.
+
+The scorer heads' finishes are numba kernels compiled with ``cache=True``: numba keeps their
+machine code in cyto's cache (``$NUMBA_CACHE_DIR``, :func:`cyto._numba_cache_dir`) as an index
+(``.nbi``) and pickled object code (``.nbc``), and loads it in the next process without any
+check of its own. A damaged index stops the run with a raw unpickling error; damaged machine
+code can load and compute other scores. So the rule of :mod:`cyto.runtime.derived` holds here
+too, in numba's own files:
+
+1. After the kernels have run in a process (:meth:`cyto.runtime.scorer.Scorer.warm`, and at
+   its exit), every kept kernel file is recorded: its name, sha256 and size, in
+   ``cyto-kernels.json`` beside them, written last (:func:`record`).
+2. Before any kernel loads in a process (the heads' package runs :func:`guard` as it is
+   imported), every kept kernel file that its record does not vouch for is removed, so numba
+   compiles that kernel anew; a file the record names whose bytes changed is said once, in one
+   line (a file numba wrote in a process that did not get to record it is removed quietly).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+
+RECORD = "cyto-kernels.json"
+RECORD_FORMAT = "cyto-numba-kernels"
+SUFFIXES = (".nbi", ".nbc")
+
+_guarded: set[Path] = set()
+
+
+def cache_folder() -> Path:
+    """numba's cache folder as cyto set it (importing :mod:`cyto` sets ``NUMBA_CACHE_DIR``)."""
+    import cyto  # noqa: F401 - sets NUMBA_CACHE_DIR
+
+    return Path(os.environ["NUMBA_CACHE_DIR"])
+
+
+def _kept(folder: Path) -> dict[str, Path]:
+    """numba's kernel files under ``folder``, by their path relative to it."""
+    if not folder.is_dir():
+        return {}
+    return {
+        p.relative_to(folder).as_posix(): p
+        for p in folder.rglob("*")
+        if p.suffix in SUFFIXES and p.is_file() and ".tmp." not in p.name
+    }
+
+
+def _digest(path: Path) -> tuple[str, int] | None:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def _read(folder: Path) -> dict[str, dict]:
+    try:
+        record = json.loads((folder / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        return {}
+    files = record.get("files")
+    return files if isinstance(files, dict) else {}
+
+
+def _lock(folder: Path):
+    from cyto.locks import file_lock
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return file_lock(folder / ".kernels.lock")
+
+
+def guard(folder: Path | None = None) -> list[str]:
+    """Remove every kept kernel file under ``folder`` (numba's cache) that its record does not
+    vouch for; returns the names of those the record named whose bytes changed (said once as a
+    :class:`~cyto.errors.CytoWarning`). Runs once per folder and process."""
+    from cyto.errors import CytoWarning
+
+    folder = Path(folder) if folder is not None else cache_folder()
+    if folder in _guarded:
+        return []
+    _guarded.add(folder)
+    atexit.register(_record_quietly, folder)
+    changed = []
+    try:
+        with _lock(folder):
+            files = _read(folder)
+            for name, path in _kept(folder).items():
+                known = files.get(name)
+                got = _digest(path)
+                if isinstance(known, dict) and got == (known.get("sha256"), known.get("size")):
+                    continue
+                if isinstance(known, dict):
+                    changed.append(name)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+    except OSError:  # a cache that cannot be written: numba cannot keep kernels there either
+        return []
+    if changed:
+        warnings.warn(
+            f"kept numba kernel {changed[0]}"
+            + (f" and {len(changed) - 1} other(s)" if len(changed) > 1 else "")
+            + f" in {folder} did not match its record (changed or damaged): not loaded; "
+            "compiled anew",
+            CytoWarning,
+            stacklevel=2,
+        )
+    return changed
+
+
+def record(folder: Path | None = None) -> None:
+    """Record every kept kernel file under ``folder`` (numba's cache) as it is now: called
+    after the kernels ran in this process, so what numba wrote is what the record names."""
+    from cyto.bundle import atomic_write
+
+    folder = Path(folder) if folder is not None else cache_folder()
+    with _lock(folder):
+        files = {}
+        for name, path in sorted(_kept(folder).items()):
+            got = _digest(path)
+            if got is not None:
+                files[name] = {"sha256": got[0], "size": got[1]}
+        if files == _read(folder):
+            return
+        body = {"format": RECORD_FORMAT, "version": 1, "files": files}
+        atomic_write(folder / RECORD, json.dumps(body, indent=1, sort_keys=True).encode())
+
+
+def _record_quietly(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        record(folder)

@@ -1,0 +1,124 @@
+"""numba's kept kernels are loaded only from files their record vouches for (issue 68, class 1:
+a flipped byte in a kept ``.nbi`` stopped ``cyto score`` with a raw UnicodeDecodeError from
+numba's unpickling; flipped machine code could load and score otherwise)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cyto.errors import CytoWarning
+from cyto.runtime import kernels
+
+FILES = {
+    "heads_abc/dsvdd.dsvdd_scores-19.py312.nbi": bytes(range(200)),
+    "heads_abc/dsvdd.dsvdd_scores-19.py312.1.nbc": bytes(range(256)) * 4,
+    "heads_abc/knn.knn_scores-20.py312.nbi": b"index" * 30,
+}
+
+
+def _write(folder):
+    for name, data in FILES.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+
+
+def _guard(folder):
+    kernels._guarded.discard(folder)  # a new process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        changed = kernels.guard(folder)
+    return changed, [str(w.message) for w in caught if issubclass(w.category, CytoWarning)]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    victim=st.sampled_from(sorted(FILES)),
+    damage=st.sampled_from(["flip", "cut", "grow", "replace"]),
+    where=st.floats(0, 1, exclude_max=True),
+)
+def test_a_damaged_kept_kernel_is_removed_and_said_and_the_others_kept(
+    tmp_path_factory, victim, damage, where
+):
+    folder = tmp_path_factory.mktemp("numba")
+    _write(folder)
+    kernels.record(folder)
+    path = folder / victim
+    data = bytearray(path.read_bytes())
+    at = int(where * len(data))
+    if damage == "flip":
+        data[at] ^= 0xFF
+    elif damage == "cut":
+        data = data[:at]
+    elif damage == "grow":
+        data += b"\0"
+    else:
+        data = bytearray(os.urandom(len(data)))
+    path.write_bytes(bytes(data))
+    changed, said = _guard(folder)
+    assert changed == [victim] and not path.exists()
+    assert len(said) == 1 and victim in said[0] and "compiled anew" in said[0]
+    for name in set(FILES) - {victim}:
+        assert (folder / name).read_bytes() == FILES[name]  # the sound ones still load
+
+
+def test_files_no_process_recorded_are_removed_quietly_and_a_recorded_folder_kept(tmp_path):
+    _write(tmp_path)
+    assert _guard(tmp_path) == ([], [])  # written by a process that never got to record them
+    assert not any((tmp_path / name).exists() for name in FILES)
+    _write(tmp_path)
+    kernels.record(tmp_path)
+    assert _guard(tmp_path) == ([], [])
+    assert all((tmp_path / name).read_bytes() == data for name, data in FILES.items())
+    record = json.loads((tmp_path / kernels.RECORD).read_text())
+    assert sorted(record["files"]) == sorted(FILES)
+    (tmp_path / kernels.RECORD).write_text("{not json")  # a record that does not read back
+    assert _guard(tmp_path) == ([], [])
+    assert not any((tmp_path / name).exists() for name in FILES)
+
+
+SCORE = """
+import numpy as np
+from cyto.runtime.heads.dsvdd import dsvdd_scores
+from cyto.runtime import kernels
+rng = np.random.default_rng(0)
+emb = rng.normal(size=(2, 1, 64, 16)).astype(np.float32)
+centres = rng.normal(size=(2, 16)).astype(np.float32)
+print(repr(dsvdd_scores(emb, centres, 0.5).sum()))
+kernels.record()
+"""
+
+
+@pytest.mark.parametrize("suffix", [".nbi", ".nbc"])
+def test_a_run_after_numba_kernels_are_damaged_scores_the_same_and_says_why(tmp_path, suffix):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONWARNINGS": "always"}
+
+    def run():
+        return subprocess.run(
+            [sys.executable, "-c", SCORE], env=env, capture_output=True, text=True, timeout=300
+        )
+
+    first = run()
+    assert first.returncode == 0, first.stderr
+    kept = sorted((tmp_path / "numba").rglob(f"dsvdd.dsvdd_scores*{suffix}"))
+    assert kept, "numba kept no kernel to damage"
+    data = bytearray(kept[0].read_bytes())
+    for at in range(len(data) // 3, len(data) // 3 + 64):
+        data[at] ^= 0x5A
+    kept[0].write_bytes(bytes(data))
+    second = run()
+    assert second.returncode == 0, second.stderr  # before: a raw UnicodeDecodeError
+    assert second.stdout == first.stdout
+    assert "did not match its record" in second.stderr and "compiled anew" in second.stderr
+    third = run()  # compiled anew and recorded: nothing more to say
+    assert third.returncode == 0 and third.stdout == first.stdout
+    assert "did not match its record" not in third.stderr

@@ -1,0 +1,46 @@
+"""`scorer.score(patches)` takes the model's crops: a hostile check scored 10 x 10 patches with a
+40 px model and got scores with no word (the graph resizes whatever it gets)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from cyto.errors import ConfigError, ScaleWarning
+
+
+@pytest.fixture(scope="module")
+def scorer(exported_dsvdd):
+    from cyto.runtime import load_scorer
+
+    return load_scorer(exported_dsvdd, "onnx", "cpu", verify=False)
+
+
+def test_patches_of_the_crop_size_score_without_a_word(scorer):
+    size = scorer.spec.crop_size
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scores = scorer.score(np.zeros((2, size, size, 3), np.uint8))
+    assert scores.shape == (2,) and np.isfinite(scores).all()
+
+
+@pytest.mark.parametrize("side", [10, 97])
+def test_patches_of_another_side_are_said_once_as_another_scale(scorer, side):
+    scorer._said_side = False
+    x = np.zeros((2, side, side, 3), np.uint8)
+    with pytest.warns(ScaleWarning, match=f"patches of {side} px are resized") as said:
+        scorer.score(x)
+        scorer.score(x)  # once per scorer
+    assert len([w for w in said if w.category is ScaleWarning]) == 1
+    assert str(scorer.spec.crop_size) in str(said[0].message)
+
+
+def test_a_rectangle_and_a_bad_batch_size_are_one_line_in_python_words(scorer):
+    size = scorer.spec.crop_size
+    with pytest.raises(ConfigError, match="must be square crops") as err:
+        scorer.score(np.zeros((2, size, size + 8, 3), np.uint8))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"^batch_size= must be >= 1, got 0$"):
+        scorer.score(np.zeros((1, size, size, 3), np.uint8), batch_size=0)
