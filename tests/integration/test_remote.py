@@ -202,6 +202,30 @@ def test_a_dropped_connection_is_retried_and_said_once(slide):
     assert server.ranges >= 2
 
 
+def test_a_server_that_cannot_be_reached_is_said_so_once_not_a_dropped_connection():
+    """A hostile check: with nothing listening, "the connection was dropped; retrying (said once
+    per slide)" came twice (two readers of the slide), then "the connection was dropped"."""
+    import logging
+
+    from cyto.errors import CytoError
+    from cyto.slides.remote import RemoteObject, slide_ref
+    from tests.servers import free_port
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())
+    logging.getLogger("cyto.remote").addHandler(handler)
+    url = f"http://127.0.0.1:{free_port()}/none.tif"
+    try:
+        for _ in range(2):  # two readers of one slide in one process
+            with pytest.raises(CytoError) as err:
+                RemoteObject(slide_ref(url)).identity()
+            assert "could not be reached" in str(err.value) and "dropped" not in str(err.value)
+    finally:
+        logging.getLogger("cyto.remote").removeHandler(handler)
+    assert len(records) == 1 and "could not be reached" in records[0], records
+
+
 def test_a_stalled_server_fails_its_slide_alone(slide, exported_dsvdd, tmp_path):
     """A server that never answers a range is timed out (CYTO_REMOTE_TIMEOUT), retried and
     given up: that slide fails in one line, and the cohort goes on."""

@@ -304,6 +304,12 @@ def _transient(exc: BaseException) -> str | None:
         "ConnectTimeoutError",
     }:
         return "the server did not answer in time"
+    if isinstance(exc, ConnectionRefusedError) or names & {
+        "ClientConnectorError",  # aiohttp: no connection made (refused, no route, no such host)
+        "EndpointConnectionError",  # botocore: the same
+        "NewConnectionError",
+    }:
+        return "the server could not be reached (no connection was made)"
     if isinstance(exc, ConnectionError) or names & {
         "ClientConnectionError",
         "ClientPayloadError",
@@ -315,6 +321,11 @@ def _transient(exc: BaseException) -> str | None:
     }:
         return "the connection was dropped"
     return None
+
+
+#: the slides whose retries were said in this process (a slide has several readers: its
+#: identity, its plan, its detection; "said once per slide" holds across them)
+_SAID_RETRY: set[str] = set()
 
 
 class Requests:
@@ -340,8 +351,9 @@ class Requests:
                 why = _transient(exc)
                 if why is None or attempt == TRIES - 1:
                     raise self._fault(exc, why, attempt + 1) from None
-                if not self._said_retry:
+                if not self._said_retry and str(self.ref) not in _SAID_RETRY:
                     self._said_retry = True
+                    _SAID_RETRY.add(str(self.ref))  # every reader of the slide in this process
                     log.warning("note: %s: %s; retrying (said once per slide)", self.ref, why)
                 time.sleep(delay)
                 delay *= 2
