@@ -185,6 +185,29 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
     assert any("--patch-size" in d for d in s2["burden"]["scored_unlike_calibration"])
 
 
+def test_calibrate_takes_a_scored_folder_only_through_its_seal(cohort, tmp_path):
+    """A hostile check: every score of a scored slide's table set to 0.5 (its seal broken), and
+    cyto calibrate wrote a calibration from it with no word, where data cells, view and review
+    refuse the folder. A table copied out on its own has no seal: taken as it is."""
+    root, model = cohort["root"], tmp_path / "m.cyto"
+    shutil.copytree(cohort["model"], model)
+    forged = tmp_path / "neg0"
+    shutil.copytree(root / "negs" / "neg0", forged)
+    table = pq.read_table(forged / "scores.parquet")
+    i = table.column_names.index("score")
+    table = table.set_column(i, "score", pa.array(np.full(table.num_rows, 0.5)))
+    pq.write_table(table, forged / "scores.parquet")
+    proc = run_cyto("calibrate", str(model), str(forged), str(root / "negs" / "neg1"))
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and "\n" not in err, proc.stderr
+    assert "changed since they were written (scores.parquet)" in err and "score it again" in err
+    assert not (model / "calibration.npz").exists()
+    loose = tmp_path / "loose.parquet"
+    shutil.copy(root / "negs" / "neg2" / "scores.parquet", loose)
+    proc = run_cyto("calibrate", str(model), str(loose), str(root / "negs" / "neg1"))
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_calibrate_refuses_what_cannot_calibrate(cohort, tmp_path):
     root, model = cohort["root"], cohort["model"]
     t0 = root / "negs" / "neg0" / "scores.parquet"

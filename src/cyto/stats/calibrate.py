@@ -184,11 +184,29 @@ def _table_of(path: Path) -> Path:
     raise InputPathError(f"{path} is a folder without scores.parquet: give cyto score's tables")
 
 
+def _sealed_or_loose(table: Path) -> None:
+    """A table in a scored slide's folder is trusted only through its seal (the one door of
+    :func:`cyto.seal.read_sealed`): an edited folder is refused in one line; a table copied out
+    on its own carries no seal to check, and is taken as it is."""
+    from cyto.seal import SEAL, SUMMARY, read_sealed
+
+    folder = table.parent
+    if not ((folder / SEAL).exists() or (folder / SUMMARY).exists()):
+        return
+    sealed = read_sealed(folder)
+    if not sealed.ok:
+        raise ConfigError(
+            f"{folder}: {sealed.words()}: score it again (cyto score --resume scores again "
+            "only what changed)"
+        )
+
+
 def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np.ndarray | None]:
     """(scores, file metadata, slide identity, the ``evaluable`` column or None) of a
     slide-negative score table, or the one-line error of a table that cannot calibrate this
     bundle."""
     path = _table_of(Path(path))
+    _sealed_or_loose(path)
     try:
         table = read_table(path)
     except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
