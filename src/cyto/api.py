@@ -10,7 +10,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from cyto.flags import Range
 
 if TYPE_CHECKING:  # for the annotations only: nothing heavy is imported at run time
     import pyarrow as pa
@@ -54,7 +56,7 @@ def load_model(
     device: str = "auto",
     precision: str = "auto",
     *,
-    threads: int | None = None,
+    threads: Annotated[int | None, Range(0, 1024, "0 or None: the backend's default")] = None,
     verify: bool = True,
 ) -> Scorer:
     """Load a model bundle as a scorer, verified on this machine before it is returned.

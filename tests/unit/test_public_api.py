@@ -158,6 +158,7 @@ KINDS = {
 }
 #: values out of each option's range (the range is the option's, at the CLI and in Python alike)
 OUT_OF_RANGE = {
+    "load_model": {"threads": st.one_of(st.integers(max_value=-1), st.integers(min_value=1025))},
     "score_slide": {
         "top_k": st.integers(max_value=0),
         "batch_size": st.integers(max_value=0),
@@ -168,14 +169,29 @@ OUT_OF_RANGE = {
         "triage_level": st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0)),
         "map_um": st.one_of(st.floats(max_value=0.99), st.floats(min_value=10000.5)),
         "slide_mpp": st.one_of(st.floats(max_value=0.0099), st.floats(min_value=100.5)),
+        "model_mpp": st.one_of(st.floats(max_value=0.0099), st.floats(min_value=100.5)),
+        "tile": st.integers(max_value=15),
+        "queue": st.integers(max_value=0),
+        "chunk_cells": st.integers(max_value=0),
+        "max_cells": st.integers(max_value=0),
+        "truth_radius": st.floats(max_value=-1e-6),
+        "fdr_confidence": st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0)),
         "backend": st.sampled_from(["tensorflow", "ONNX", ""]),
         "precision": st.sampled_from(["fp8", "float32", ""]),
         "rank_by": st.sampled_from(["size", "score", ""]),
         "detection": st.sampled_from(["blood", "Pap!", ""]),
         "qupath": st.sampled_from(["cells,tiles", "geojson"]),
     },
-    "predict": {"batch_size": st.integers(max_value=0), "chunk": st.integers(max_value=0)},
-    "export": {"opset": st.integers(max_value=10), "precisions": st.sampled_from(["fp8", "q4"])},
+    "predict": {
+        "batch_size": st.integers(max_value=0),
+        "chunk": st.integers(max_value=0),
+        "patch_mpp": st.floats(max_value=0.0),
+    },
+    "export": {
+        "opset": st.integers(max_value=10),
+        "calib_limit": st.integers(max_value=7),
+        "precisions": st.sampled_from(["fp8", "q4"]),
+    },
 }
 SCALARS = {
     "int": st.integers(-3, 3),
@@ -264,6 +280,43 @@ def test_a_value_out_of_range_is_named_as_the_keyword(data, tmp_path):
     with pytest.raises(ConfigError) as err:
         _call(name, tmp_path, **{field: value})
     _in_python_words(str(err.value), field)
+
+
+def _numeric(hint) -> bool:
+    """An int or float argument (optional, or with its range written in an Annotated)."""
+    import typing
+
+    if typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
+    arms = (
+        typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, type(int | None))
+        else (hint,)
+    )
+    return any(a in (int, float) for a in arms) and str not in arms
+
+
+def test_every_numeric_argument_of_the_public_calls_has_its_range_tried():
+    """load_model(threads=-1) reached ONNX Runtime, OpenVINO and torch as they are (torch:
+    RuntimeError "set_num_threads expects a positive integer"; threads=10**6 took gigabytes).
+    Every int or float argument a public call takes (its own, or an option it passes on) is
+    in OUT_OF_RANGE, so the test above tries values out of its range."""
+    import cyto.export.api
+    import cyto.predict
+    from cyto.flags import hints_of
+    from cyto.infer.options import _hints
+
+    takes = {name: hints_of(getattr(api, name)) for name in KINDS}
+    takes["score_slide"].update(_hints())
+    takes["export"].update(hints_of(cyto.export.api.export_bundle))
+    takes["predict"].update(hints_of(cyto.predict.predict))
+    untried = {
+        f"{name}({field}=)"
+        for name, hints in takes.items()
+        for field, hint in hints.items()
+        if _numeric(hint) and field not in OUT_OF_RANGE.get(name, {})
+    }
+    assert not untried, sorted(untried)
 
 
 def test_wrong_counts_are_one_line(tmp_path):
