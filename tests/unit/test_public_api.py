@@ -378,6 +378,28 @@ def test_score_slide_refuses_a_folder_of_finished_results_as_cyto_score_does(tmp
         cyto.score_slide(tmp_path / "t.tif", tmp_path / "m.cyto", out, overwrite=True, echo=None)
 
 
+def test_resume_and_overwrite_together_are_refused_in_the_callers_words(tmp_path):
+    """cyto score --resume --overwrite kept the results and ignored --overwrite without a word."""
+    from cyto.cohort.run import refuse_resume_and_overwrite
+    from tests.cli_runner import run_cyto
+
+    with pytest.raises(ConfigError) as err:
+        cyto.score_slide(
+            tmp_path / "s.tif", tmp_path / "m.cyto", tmp_path / "o", resume=True, overwrite=True
+        )
+    assert "resume=True" in str(err.value) and "overwrite=True" in str(err.value)
+    assert "--" not in str(err.value) and not any(tmp_path.iterdir())
+    with pytest.raises(ConfigError, match="^--resume keeps .* and --overwrite scores it again"):
+        refuse_resume_and_overwrite(True, True)
+    refuse_resume_and_overwrite(True, False)
+    refuse_resume_and_overwrite(False, True)
+    args = ["score", str(tmp_path / "s.tif"), "--model", str(tmp_path / "m.cyto")]
+    proc = run_cyto(*args, "--out", str(tmp_path / "o"), "--resume", "--overwrite")
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()
+    assert len(last) == 1 and "--resume" in last[0] and "--overwrite" in last[0], proc.stderr
+
+
 UNGUARDED = """
 import cyto
 cyto.score_slide({slide!r}, {model!r}, {out!r}, detection="smear", workers=2, echo=None)

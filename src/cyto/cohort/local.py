@@ -113,9 +113,28 @@ def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, ech
     if slide.exists() and opts.resume:  # a file, or a DICOM slide's folder
         previous = finished_summary(target, scorer, slide, opts, echo)
         if previous is not None:
-            echo(f"{slide.name}: already scored in {target}; skipping")
-            return previous
+            # when it was scored, not how long that took: the report says nothing ran now
+            when = scored_when(target)
+            echo(f"{slide.name}: already scored ({when}) in {target}; skipping")
+            return {**previous, REUSED: when}
     return score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics)
+
+
+#: the key a reused slide's summary gets in a run's report (when its outputs were written);
+#: its ``seconds`` and rates are the earlier run's, never reported as this run's
+REUSED = "reused_from"
+
+
+def scored_when(target: Path) -> str:
+    """When the finished outputs in ``target`` were written (its seal's time, written last), in
+    UTC to the minute."""
+    import datetime
+
+    from cyto.seal import SEAL
+
+    stamp = (target / SEAL) if (target / SEAL).is_file() else (target / "summary.json")
+    when = datetime.datetime.fromtimestamp(stamp.stat().st_mtime, datetime.UTC)
+    return when.strftime("%Y-%m-%d %H:%M UTC")
 
 
 def check_out_folder(out: Path) -> None:
