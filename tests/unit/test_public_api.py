@@ -349,7 +349,8 @@ def test_the_cli_keeps_its_flags_where_python_gets_keywords():
 
 def _finished(folder: Path, slide: str) -> dict[str, bytes]:
     folder.mkdir(parents=True)
-    (folder / "summary.json").write_text(json.dumps({"slide": f"/scans/{slide}"}))
+    summary = {"slide": f"/scans/{slide}", "cells_scored": 3}  # as cyto writes it, unsealed
+    (folder / "summary.json").write_text(json.dumps(summary))
     (folder / "scores.parquet").write_bytes(b"PAR1 their table")
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 

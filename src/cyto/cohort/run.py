@@ -66,13 +66,17 @@ def refuse_finished(folder: Path, slide_name: str, overwrite: bool) -> None:
     """``folder`` holding a slide's finished results (a summary and a score table) is refused
     unless ``overwrite``: one line, in the caller's words (:mod:`cyto.flags`), naming the slide
     the results are of (another slide's, when its summary says so). ``cyto score`` and
-    :func:`cyto.score_slide` alike."""
+    :func:`cyto.score_slide` alike. A ``summary.json`` cyto did not write
+    (:func:`cyto.seal.written_by_cyto`) is refused even with ``overwrite``, naming it."""
     import json
 
     from cyto.flags import passing
-    from cyto.outputs_check import refuse_to_replace
+    from cyto.outputs_check import refuse_foreign, refuse_to_replace
+    from cyto.seal import SUMMARY, written_by_cyto
 
     folder = Path(folder)
+    if not written_by_cyto(folder):  # a user's own summary.json: not results, never replaced
+        refuse_foreign([SUMMARY], passing("out", folder))
     if overwrite or not (
         (folder / "summary.json").is_file() and (folder / "scores.parquet").is_file()
     ):
