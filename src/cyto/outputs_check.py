@@ -84,9 +84,7 @@ def foreign_files(folder: Path, known: Iterable[str] = ()) -> list[str]:
     ]
 
 
-def refuse_foreign(
-    foreign: list[str], label: str, error: type[CytoError] = InputPathError
-) -> None:
+def refuse_foreign(foreign: list[str], label: str, error: type[CytoError] = InputPathError) -> None:
     """Raise ``error`` when ``foreign`` (files cyto did not write, in the folder ``label``
     names) is not empty, with or without ``--overwrite``: one line naming the first."""
     from cyto.flags import passing

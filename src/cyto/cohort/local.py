@@ -278,9 +278,7 @@ def output_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path,
         if echo is not None and stems[s.stem] > 1:
             echo(f"note: another slide of this cohort is also named {s.name}: {s} -> {out / name}")
         elif echo is not None and other is not None:
-            echo(
-                f"note: {out / s.stem} holds {other}; {s} goes to {out / name}"
-            )
+            echo(f"note: {out / s.stem} holds {other}; {s} goes to {out / name}")
         taken.add(name)
         pairs.append((s, out / name))
     return pairs
