@@ -41,6 +41,9 @@ from cyto.errors import ConfigError
 FLAGS: dict[str, str | None] = {
     "slide_mpp": "--mpp",
     "precisions": "--precision",  # cyto export's
+    "review": "--marks",  # cyto refine's: the review folder whose marks it learns from
+    "overrides": "--set",  # cyto train's and refine's config overrides
+    "config_file": "--config",  # cyto train's
     "fdr_alpha": "--fdr",
     "verify": "--skip-verify",
     "queue": None,
@@ -48,6 +51,9 @@ FLAGS: dict[str, str | None] = {
     "max_cells": None,
     "truth_radius": None,
     "echo": None,
+    "chunk": None,  # cyto.predict's images per chunk
+    "calib_limit": None,  # cyto.export's cells to calibrate int8 on, at most
+    "extra_manifest": None,
 }
 #: options recorded as a group of settings (a dataclass), of which some are flags of their own:
 #: ``--detection KIND`` sets the detection preset, ``--detector`` its implementation; the rest

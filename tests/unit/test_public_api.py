@@ -347,6 +347,57 @@ def test_the_cli_keeps_its_flags_where_python_gets_keywords():
         assert (said("fdr_alpha"), passing("verify", False)) == ("fdr_alpha=", "verify=False")
 
 
+#: each command and the library function it calls with its options (by the same names)
+COMMANDS = {
+    ("refine",): "cyto.review.refine:refine",
+    ("predict",): "cyto.predict:predict",
+    ("export",): "cyto.export.api:export_bundle",
+    ("train",): "cyto.train.api:train",
+}
+#: a library function's positional arguments, as its command names them
+POSITIONAL = {("export",): {"path": "model"}}
+
+
+def _command_names(path: tuple[str, ...]) -> set[str]:
+    """The flags (and argument names) of ``cyto PATH``, read from the app itself."""
+    import click
+    import typer
+
+    from cyto.cli import app
+
+    command = typer.main.get_command(app)
+    for part in path:
+        command = command.get_command(click.Context(command), part)
+    names: set[str] = set()
+    for param in command.params:
+        names.update(param.opts, getattr(param, "secondary_opts", None) or ())
+        if isinstance(param, click.Argument):
+            names.add(param.name)
+    return names
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS))
+def test_every_option_a_command_passes_on_is_named_by_a_flag_it_has(path):
+    """refine's refusal named --review where its flag is --marks (issue 68): a message names an
+    option through cyto.flags.said/passing, so each parameter of the library function a command
+    calls must map (cyto.flags.FLAGS) to a flag that command has, or be marked as no flag."""
+    import importlib
+
+    from cyto.flags import FLAGS, flag
+
+    module, name = COMMANDS[path].split(":")
+    target = getattr(importlib.import_module(module), name)
+    names = _command_names(path)
+    wrong = [
+        f"{field} -> {flag(field)}"
+        for field in inspect.signature(target).parameters
+        if FLAGS.get(field, "") is not None
+        and flag(field) not in names
+        and POSITIONAL.get(path, {}).get(field, field) not in names
+    ]
+    assert not wrong, f"cyto {' '.join(path)}: {wrong}"
+
+
 def _finished(folder: Path, slide: str) -> dict[str, bytes]:
     folder.mkdir(parents=True)
     summary = {"slide": f"/scans/{slide}", "cells_scored": 3}  # as cyto writes it, unsealed
