@@ -4,6 +4,7 @@ folder it was made of, wherever its --session folder is."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +122,15 @@ def test_truth_cells_outside_the_slide_are_said_in_one_line_and_left_out(tmp_pat
     assert [str(w.message).count("\n") for w in said] == [0]
     assert "1000 x 800 px" in str(said[0].message)
     assert labels.tolist() == [1, 0] and planted == 1  # the one on the slide, found
+
+
+def test_refines_refusal_names_the_flag_the_review_is_given_by(monkeypatch):
+    """cyto refine takes the review as --marks; its refusal said --review (issue 68)."""
+    from cyto.review import refine, session
+
+    monkeypatch.setattr(refine, "lineage", lambda bundle, depth=32: ["this-model"])
+    for made_by in ({"/o/a": "another-model"}, {"/o/a": None}):
+        monkeypatch.setattr(session, "reviewed_models", lambda _s, m=made_by: m)
+        with pytest.raises(ConfigError, match=r"^--marks rv\b") as err:
+            refine.check_reviewed_model(None, Path("m.cyto"), Path("rv"), None)
+        assert "--review" not in str(err.value)
