@@ -10,7 +10,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from cyto.flags import Range
 
 if TYPE_CHECKING:  # for the annotations only: nothing heavy is imported at run time
     import pyarrow as pa
@@ -54,7 +56,7 @@ def load_model(
     device: str = "auto",
     precision: str = "auto",
     *,
-    threads: int | None = None,
+    threads: Annotated[int | None, Range(0, 1024, "0 or None: the backend's default")] = None,
     verify: bool = True,
 ) -> Scorer:
     """Load a model bundle as a scorer, verified on this machine before it is returned.
@@ -112,7 +114,7 @@ def score_slide(
         out: the output folder of this slide (one writer per folder).
         overwrite: score again into an ``out`` that holds finished results (of this slide or
             another); without it (or ``resume=True``, which keeps them where they still hold)
-            such a folder is refused, as ``cyto score`` refuses it.
+            such a folder is refused, as ``cyto score`` refuses it. Not with ``resume=True``.
         echo: where progress lines go (None: nowhere).
         **options: any field of :class:`cyto.infer.options.ScoreOptions`, named as the
             ``cyto score`` flag without its dashes: ``top_k=400``, ``backend="onnx"``,
@@ -134,7 +136,7 @@ def score_slide(
 
     import pyarrow.parquet as pq
 
-    from cyto.cohort.run import refuse_finished
+    from cyto.cohort.run import refuse_finished, refuse_resume_and_overwrite
     from cyto.infer.options import ScoreOptions, detection_for
     from cyto.infer.pipeline import score_slide as run
     from cyto.slides.remote import slide_ref
@@ -147,6 +149,7 @@ def score_slide(
         if kind != "auto":
             options["detection"] = detection_for(kind, None)
     opts = ScoreOptions(**_options("score_slide", options, ScoreOptions, ()))
+    refuse_resume_and_overwrite(opts.resume, overwrite)
     out = Path(out)
     # a folder holding finished results (this slide's or another's) is not scored over unasked
     refuse_finished(out, Path(str(slide)).name, overwrite or opts.resume)

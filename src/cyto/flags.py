@@ -12,8 +12,10 @@ The types are the annotations of the dataclass or the function that takes the op
 (``ScoreOptions.top_k: int``); :func:`check_value` holds a value to its annotation and
 :func:`bind_call` binds a public call's arguments: an unknown keyword, a missing or extra
 argument and a value of the wrong type are refused with one :class:`~cyto.errors.ConfigError`
-line in the caller's words, never as Python's ``TypeError`` from deep inside. The ranges are
-checked where the options are (``ScoreOptions.__post_init__``), named through :func:`said`.
+line in the caller's words, never as Python's ``TypeError`` from deep inside. A numeric
+argument's range is part of its annotation (``threads: Annotated[int | None, Range(0, 1024)]``),
+held by the same check; the score options' ranges are checked where the options are
+(``ScoreOptions.__post_init__``), named through :func:`said`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import os
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,9 @@ from cyto.errors import ConfigError
 FLAGS: dict[str, str | None] = {
     "slide_mpp": "--mpp",
     "precisions": "--precision",  # cyto export's
+    "review": "--marks",  # cyto refine's: the review folder whose marks it learns from
+    "overrides": "--set",  # cyto train's and refine's config overrides
+    "config_file": "--config",  # cyto train's
     "fdr_alpha": "--fdr",
     "verify": "--skip-verify",
     "queue": None,
@@ -45,6 +51,9 @@ FLAGS: dict[str, str | None] = {
     "max_cells": None,
     "truth_radius": None,
     "echo": None,
+    "chunk": None,  # cyto.predict's images per chunk
+    "calib_limit": None,  # cyto.export's cells to calibrate int8 on, at most
+    "extra_manifest": None,
 }
 #: options recorded as a group of settings (a dataclass), of which some are flags of their own:
 #: ``--detection KIND`` sets the detection preset, ``--detector`` its implementation; the rest
@@ -103,7 +112,45 @@ def passing(field: str, value: Any = True) -> str:
     return f"{flag(field)} {value}"
 
 
+@dataclass(frozen=True)
+class Range:
+    """The range of a numeric argument, written in its annotation
+    (``Annotated[int | None, Range(0, 1024, "0 or None: the backend's default")]``) and held by
+    :func:`check_value` after its type: ``lo`` and ``hi`` included (None: no bound; ``open_lo``:
+    ``lo`` excluded); ``note`` says the unit or what a special value means, in the refusal."""
+
+    lo: float | None = None
+    hi: float | None = None
+    note: str = ""
+    open_lo: bool = False
+
+    def holds(self, value: Any) -> bool:
+        if value is None or not isinstance(value, numbers.Real) or isinstance(value, bool):
+            return True  # None (where the type allows it) is the default, not a number
+        above = self.lo is None or (value > self.lo if self.open_lo else value >= self.lo)
+        return above and (self.hi is None or value <= self.hi)
+
+    def words(self) -> str:
+        if self.lo is not None and self.hi is not None and not self.open_lo:
+            said_range = f"between {self.lo:g} and {self.hi:g}"
+        elif self.lo is not None:
+            said_range = f"{'>' if self.open_lo else '>='} {self.lo:g}"
+            said_range += f" and <= {self.hi:g}" if self.hi is not None else ""
+        else:
+            said_range = f"<= {self.hi:g}"
+        return said_range + (f" ({self.note})" if self.note else "")
+
+
+def _unannotated(hint: Any) -> tuple[Any, list[Range]]:
+    """``hint`` without its ``Annotated`` wrapper, and the ranges written in it."""
+    if typing.get_origin(hint) is typing.Annotated:
+        base, *meta = typing.get_args(hint)
+        return base, [m for m in meta if isinstance(m, Range)]
+    return hint, []
+
+
 def _kind_words(hint: Any) -> str:
+    hint = _unannotated(hint)[0]
     if hint is bool:
         return "True or False"
     if hint is int:
@@ -133,6 +180,7 @@ _WRONG = object()
 
 def _coerce(value: Any, hint: Any) -> Any:
     """``value`` as ``hint`` takes it (a str for a Path becomes a Path), or :data:`_WRONG`."""
+    hint = _unannotated(hint)[0]
     if hint is Any:
         return value
     if hint is type(None):
@@ -175,12 +223,16 @@ def check_value(field: str, value: Any, hint: Any) -> Any:
     """``value`` held to the annotation ``hint`` of ``field``; returns it as the field takes it
     (a str given for a Path, as a Path). Raises :class:`ConfigError` in the caller's words:
     ``top_k= must be an integer, got 'ten'`` (``--top-k`` at the command line). A float must be
-    finite."""
+    finite, and a number within the :class:`Range` its annotation writes
+    (``threads= must be between 0 and 1024 (...), got -1``)."""
     got = _coerce(value, hint)
     if got is _WRONG:
         # several values where the call takes one (score_slide([a, b], ...)): one per call
         one = " (one per call)" if isinstance(value, (list, tuple)) else ""
         raise ConfigError(f"{said(field)} must be {_kind_words(hint)}{one}, got {_show(value)}")
+    for bounds in _unannotated(hint)[1]:
+        if not bounds.holds(got):
+            raise ConfigError(f"{said(field)} must be {bounds.words()}, got {_show(value)}")
     return got
 
 

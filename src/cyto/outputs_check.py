@@ -84,6 +84,21 @@ def foreign_files(folder: Path, known: Iterable[str] = ()) -> list[str]:
     ]
 
 
+def refuse_foreign(foreign: list[str], label: str, error: type[CytoError] = InputPathError) -> None:
+    """Raise ``error`` when ``foreign`` (files cyto did not write, in the folder ``label``
+    names) is not empty, with or without ``--overwrite``: one line naming the first."""
+    from cyto.flags import passing
+
+    if foreign:
+        more = f" and {len(foreign) - 1} other file(s)" if len(foreign) > 1 else ""
+        them = "them" if more else "it"
+        raise error(
+            f"{label} holds {foreign[0]}{more} that cyto did not write: "
+            f"{passing('overwrite')} replaces only cyto's own outputs, so move {them} away "
+            "or choose another place"
+        )
+
+
 def refuse_to_replace(
     path: Path,
     overwrite: bool,
@@ -107,15 +122,7 @@ def refuse_to_replace(
     path = Path(path)
     label = name or passing("out", path)
     if known is not None and path.is_dir() and not path.is_symlink():
-        foreign = foreign_files(path, known)
-        if foreign:
-            more = f" and {len(foreign) - 1} other file(s)" if len(foreign) > 1 else ""
-            them = "them" if more else "it"
-            raise error(
-                f"{label} holds {foreign[0]}{more} that cyto did not write: "
-                f"{passing('overwrite')} replaces only cyto's own outputs, so move {them} away "
-                "or choose another place"
-            )
+        refuse_foreign(foreign_files(path, known), label, error)
     if overwrite or not exists(path):
         return
     alternative = f", or {other}" if other else ""

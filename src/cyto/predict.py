@@ -16,6 +16,7 @@ import hashlib
 import json
 import warnings
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from cyto.errors import (
     ScaleWarning,
     StainWarning,
 )
-from cyto.flags import passing, said
+from cyto.flags import Range, check_value, hints_of, passing, said
 from cyto.infer.store import ChunkStore, kept_words
 from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_to_replace
@@ -50,7 +51,7 @@ def predict(
     backend: str = "auto",
     precision: str = "auto",
     zoom: str | float | None = None,
-    patch_mpp: float | None = None,
+    patch_mpp: Annotated[float | None, Range(0, None, "um per pixel", open_lo=True)] = None,
     verify: bool = True,
     skip_unreadable: bool = False,
     rank_by: str = "auto",
@@ -77,6 +78,8 @@ def predict(
     for name, value in (("batch_size", batch_size), ("chunk", chunk)):
         if value < 1:  # before the model loads
             raise ConfigError(f"{said(name)} must be >= 1, got {value}")
+    # the annotation's range, before the model loads (the API checked it on the way in too)
+    patch_mpp = check_value("patch_mpp", patch_mpp, hints_of(predict)["patch_mpp"])
     if RANK_BY_ALIASES.get(rank_by, rank_by) not in RANK_BY:
         resolve_rank_by(rank_by, None, None)  # the one-line error, before the model loads
     out = Path(out)

@@ -144,6 +144,25 @@ def _file_change(path: Path, spec: dict) -> str | None:
     return None if same else name
 
 
+def written_by_cyto(folder: Path) -> bool:
+    """Whether the ``summary.json`` in ``folder`` is one cyto wrote: a seal cyto writes lists it
+    (whether its bytes still match is :func:`read_sealed`'s to say), or, unsealed (a run stopped
+    between the summary and the seal, or a cyto before outputs were sealed), it reads as the
+    summary of a scored slide (a JSON object naming its slide and the cells scored). A user's
+    own ``summary.json`` is neither: the folder holds a file cyto did not write, and no command
+    calls it a slide's results or writes over it. True when there is no summary."""
+    folder = Path(folder)
+    if not (folder / SUMMARY).is_file():
+        return True
+    if _read_seal(folder)[0] is not None:
+        return True
+    try:
+        data = json.loads((folder / SUMMARY).read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("slide"), str) and "cells_scored" in data
+
+
 def read_sealed(folder: Path) -> Sealed:
     """A finished folder's summary, when every file its seal lists still holds the bytes sealed
     and no file under one of cyto's own output names was added; otherwise what is wrong (see

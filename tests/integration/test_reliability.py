@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cyto.cohort import score_cohort
+from cyto.cohort.run import slide_line
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.errors import OutputBusyError
 from cyto.infer import ScoreOptions, score_slide
@@ -130,6 +132,12 @@ def test_slides_with_the_same_name_get_their_own_folders(exported_dsvdd, slides,
     done, _ = score_cohort([a, b], exported_dsvdd, tmp_path / "c", again, msgs.append)
     assert sum("already scored" in m for m in msgs) == 2
     assert {d["slide"] for d in done} == {str(a.resolve()), str(b.resolve())}
+    # when it was scored, never the earlier run's time as if the slide had just run
+    when = re.compile(r"already scored \(\d{4}-\d\d-\d\d \d\d:\d\d UTC\)")
+    assert sum(bool(when.search(m)) for m in msgs) == 2, msgs
+    for d in done:
+        line = slide_line(d, tmp_path / "c")
+        assert when.search(line) and " s (" not in line and "cells/s" not in line, line
 
 
 def test_a_replaced_slide_is_scored_again(exported_dsvdd, slides, tmp_path):

@@ -618,7 +618,7 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
     with pytest.raises(ConfigError, match="bag labels"):
         refine(exported_bundles["ws-sil"], rv, synth_patches, tmp_path / "r3.cyto", **args)
     # a model whose top-K was not reviewed learns nothing from this review (issue 56)
-    with pytest.raises(ConfigError, match="another model's top-K cells"):
+    with pytest.raises(ConfigError, match="^--marks .* another model's top-K cells"):
         refine(exported_bundles["droc"], rv, synth_patches, tmp_path / "r4.cyto", **args)
     # --no-hard-normals: the marked cells alone join the training normals
     ko = refine(model, rv, synth_patches, tmp_path / "ko.cyto", hard_normals=False,
@@ -794,6 +794,11 @@ def test_reopening_a_review_keeps_its_settings_or_refuses_others(scored, session
         k=K,
     )  # fmt: skip
     assert again.seed == session.seed
+    # reopened without --k or --merge-um: the session's own, never "--k 30 -> 100"
+    plain = build_session(
+        [scored["outs"]["dsvdd"], scored["outs"]["fs-sil"]], session.root, echo=lambda _: None
+    )
+    assert plain.key["k"] == K and plain.seed == session.seed
     for other in ({"k": K + 1}, {"k": K, "seed": session.seed + 1}, {"k": K, "merge_um": 9.0}):
         with pytest.raises(ConfigError, match="built with other settings") as refused:
             build_session(

@@ -34,6 +34,16 @@ def test_a_run_that_only_resumed_and_one_that_scored_are_told_apart():
     assert "(26.7 cells/s, engine 120.0 cells/s)" in fresh, fresh
 
 
+def test_a_slide_kept_from_an_earlier_run_says_when_not_how_long():
+    """--resume reused a finished slide and the report reprinted the earlier run's '40 cells in
+    1.5 s (26.7 cells/s ...)' as if it had just run."""
+    from cyto.cohort.local import REUSED
+
+    kept = _summary(cells_scored=40, cells_per_s=26.7, engine_cells_per_s=120.0)
+    line = slide_line({**kept, REUSED: "2026-12-01 09:30 UTC"}, "/o")
+    assert line == "s.ndpi: already scored (2026-12-01 09:30 UTC): 40 cells -> /o/s", line
+
+
 def test_fewer_cells_than_tissue_tiles_gets_a_word_on_why():
     opts = ScoreOptions()
     words = few_cells_words(7, 19, None, opts)

@@ -158,6 +158,7 @@ KINDS = {
 }
 #: values out of each option's range (the range is the option's, at the CLI and in Python alike)
 OUT_OF_RANGE = {
+    "load_model": {"threads": st.one_of(st.integers(max_value=-1), st.integers(min_value=1025))},
     "score_slide": {
         "top_k": st.integers(max_value=0),
         "batch_size": st.integers(max_value=0),
@@ -168,14 +169,29 @@ OUT_OF_RANGE = {
         "triage_level": st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0)),
         "map_um": st.one_of(st.floats(max_value=0.99), st.floats(min_value=10000.5)),
         "slide_mpp": st.one_of(st.floats(max_value=0.0099), st.floats(min_value=100.5)),
+        "model_mpp": st.one_of(st.floats(max_value=0.0099), st.floats(min_value=100.5)),
+        "tile": st.integers(max_value=15),
+        "queue": st.integers(max_value=0),
+        "chunk_cells": st.integers(max_value=0),
+        "max_cells": st.integers(max_value=0),
+        "truth_radius": st.floats(max_value=-1e-6),
+        "fdr_confidence": st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0)),
         "backend": st.sampled_from(["tensorflow", "ONNX", ""]),
         "precision": st.sampled_from(["fp8", "float32", ""]),
         "rank_by": st.sampled_from(["size", "score", ""]),
         "detection": st.sampled_from(["blood", "Pap!", ""]),
         "qupath": st.sampled_from(["cells,tiles", "geojson"]),
     },
-    "predict": {"batch_size": st.integers(max_value=0), "chunk": st.integers(max_value=0)},
-    "export": {"opset": st.integers(max_value=10), "precisions": st.sampled_from(["fp8", "q4"])},
+    "predict": {
+        "batch_size": st.integers(max_value=0),
+        "chunk": st.integers(max_value=0),
+        "patch_mpp": st.floats(max_value=0.0),
+    },
+    "export": {
+        "opset": st.integers(max_value=10),
+        "calib_limit": st.integers(max_value=7),
+        "precisions": st.sampled_from(["fp8", "q4"]),
+    },
 }
 SCALARS = {
     "int": st.integers(-3, 3),
@@ -266,6 +282,43 @@ def test_a_value_out_of_range_is_named_as_the_keyword(data, tmp_path):
     _in_python_words(str(err.value), field)
 
 
+def _numeric(hint) -> bool:
+    """An int or float argument (optional, or with its range written in an Annotated)."""
+    import typing
+
+    if typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
+    arms = (
+        typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, type(int | None))
+        else (hint,)
+    )
+    return any(a in (int, float) for a in arms) and str not in arms
+
+
+def test_every_numeric_argument_of_the_public_calls_has_its_range_tried():
+    """load_model(threads=-1) reached ONNX Runtime, OpenVINO and torch as they are (torch:
+    RuntimeError "set_num_threads expects a positive integer"; threads=10**6 took gigabytes).
+    Every int or float argument a public call takes (its own, or an option it passes on) is
+    in OUT_OF_RANGE, so the test above tries values out of its range."""
+    import cyto.export.api
+    import cyto.predict
+    from cyto.flags import hints_of
+    from cyto.infer.options import _hints
+
+    takes = {name: hints_of(getattr(api, name)) for name in KINDS}
+    takes["score_slide"].update(_hints())
+    takes["export"].update(hints_of(cyto.export.api.export_bundle))
+    takes["predict"].update(hints_of(cyto.predict.predict))
+    untried = {
+        f"{name}({field}=)"
+        for name, hints in takes.items()
+        for field, hint in hints.items()
+        if _numeric(hint) and field not in OUT_OF_RANGE.get(name, {})
+    }
+    assert not untried, sorted(untried)
+
+
 def test_wrong_counts_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match="load_model needs path="):
         cyto.load_model()
@@ -294,9 +347,61 @@ def test_the_cli_keeps_its_flags_where_python_gets_keywords():
         assert (said("fdr_alpha"), passing("verify", False)) == ("fdr_alpha=", "verify=False")
 
 
+#: each command and the library function it calls with its options (by the same names)
+COMMANDS = {
+    ("refine",): "cyto.review.refine:refine",
+    ("predict",): "cyto.predict:predict",
+    ("export",): "cyto.export.api:export_bundle",
+    ("train",): "cyto.train.api:train",
+}
+#: a library function's positional arguments, as its command names them
+POSITIONAL = {("export",): {"path": "model"}}
+
+
+def _command_names(path: tuple[str, ...]) -> set[str]:
+    """The flags (and argument names) of ``cyto PATH``, read from the app itself."""
+    import click
+    import typer
+
+    from cyto.cli import app
+
+    command = typer.main.get_command(app)
+    for part in path:
+        command = command.get_command(click.Context(command), part)
+    names: set[str] = set()
+    for param in command.params:
+        names.update(param.opts, getattr(param, "secondary_opts", None) or ())
+        if isinstance(param, click.Argument):
+            names.add(param.name)
+    return names
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS))
+def test_every_option_a_command_passes_on_is_named_by_a_flag_it_has(path):
+    """refine's refusal named --review where its flag is --marks (issue 68): a message names an
+    option through cyto.flags.said/passing, so each parameter of the library function a command
+    calls must map (cyto.flags.FLAGS) to a flag that command has, or be marked as no flag."""
+    import importlib
+
+    from cyto.flags import FLAGS, flag
+
+    module, name = COMMANDS[path].split(":")
+    target = getattr(importlib.import_module(module), name)
+    names = _command_names(path)
+    wrong = [
+        f"{field} -> {flag(field)}"
+        for field in inspect.signature(target).parameters
+        if FLAGS.get(field, "") is not None
+        and flag(field) not in names
+        and POSITIONAL.get(path, {}).get(field, field) not in names
+    ]
+    assert not wrong, f"cyto {' '.join(path)}: {wrong}"
+
+
 def _finished(folder: Path, slide: str) -> dict[str, bytes]:
     folder.mkdir(parents=True)
-    (folder / "summary.json").write_text(json.dumps({"slide": f"/scans/{slide}"}))
+    summary = {"slide": f"/scans/{slide}", "cells_scored": 3}  # as cyto writes it, unsealed
+    (folder / "summary.json").write_text(json.dumps(summary))
     (folder / "scores.parquet").write_bytes(b"PAR1 their table")
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
@@ -323,6 +428,28 @@ def test_score_slide_refuses_a_folder_of_finished_results_as_cyto_score_does(tmp
 
     with pytest.raises(BundleError):
         cyto.score_slide(tmp_path / "t.tif", tmp_path / "m.cyto", out, overwrite=True, echo=None)
+
+
+def test_resume_and_overwrite_together_are_refused_in_the_callers_words(tmp_path):
+    """cyto score --resume --overwrite kept the results and ignored --overwrite without a word."""
+    from cyto.cohort.run import refuse_resume_and_overwrite
+    from tests.cli_runner import run_cyto
+
+    with pytest.raises(ConfigError) as err:
+        cyto.score_slide(
+            tmp_path / "s.tif", tmp_path / "m.cyto", tmp_path / "o", resume=True, overwrite=True
+        )
+    assert "resume=True" in str(err.value) and "overwrite=True" in str(err.value)
+    assert "--" not in str(err.value) and not any(tmp_path.iterdir())
+    with pytest.raises(ConfigError, match="^--resume keeps .* and --overwrite scores it again"):
+        refuse_resume_and_overwrite(True, True)
+    refuse_resume_and_overwrite(True, False)
+    refuse_resume_and_overwrite(False, True)
+    args = ["score", str(tmp_path / "s.tif"), "--model", str(tmp_path / "m.cyto")]
+    proc = run_cyto(*args, "--out", str(tmp_path / "o"), "--resume", "--overwrite")
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()
+    assert len(last) == 1 and "--resume" in last[0] and "--overwrite" in last[0], proc.stderr
 
 
 UNGUARDED = """

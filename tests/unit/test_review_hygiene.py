@@ -4,6 +4,7 @@ folder it was made of, wherever its --session folder is."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,13 @@ def test_data_cells_refuses_the_same_slide_twice_as_calibrate_does(tmp_path):
         harvest_cells([folder, copy], tmp_path / "ds")
     assert "\n" not in str(err.value) and "n1copy" in str(err.value)
     assert not (tmp_path / "ds").exists()
+def test_refines_refusal_names_the_flag_the_review_is_given_by(monkeypatch):
+    """cyto refine takes the review as --marks; its refusal said --review (issue 68)."""
+    from cyto.review import refine, session
+
+    monkeypatch.setattr(refine, "lineage", lambda bundle, depth=32: ["this-model"])
+    for made_by in ({"/o/a": "another-model"}, {"/o/a": None}):
+        monkeypatch.setattr(session, "reviewed_models", lambda _s, m=made_by: m)
+        with pytest.raises(ConfigError, match=r"^--marks rv\b") as err:
+            refine.check_reviewed_model(None, Path("m.cyto"), Path("rv"), None)
+        assert "--review" not in str(err.value)

@@ -136,3 +136,19 @@ def test_a_tensorrt_beside_onnxruntime_gpu_of_another_major_is_named(tmp_path, m
     assert "--backend trt" in words
     monkeypatch.setattr(ortb, "installed_tensorrt_major", lambda: 10)
     assert ortb.tensorrt_provider_mismatch() is None
+
+
+def test_a_precision_a_backend_does_not_run_is_not_recorded_as_run(exported_dsvdd):
+    """--precision bf16 --backend onnx ran encoder.onnx in fp32 and printed and recorded bf16
+    (issue 68): the scorer (whose precision the summary and the table's metadata record) says
+    fp32, and a note says once that bf16 is not run by onnx."""
+    from cyto.runtime import load_scorer
+
+    scorer = load_scorer(exported_dsvdd, "onnx", "cpu", "bf16", verify=False)
+    try:
+        assert scorer.precision == "fp32" and scorer.backend.graph.file == "encoder.onnx"
+        said = [n for n in scorer.notes if "bf16" in n]
+        assert said == ["bf16 is not run by onnx (OpenVINO's only); fp32"], scorer.notes
+        assert "bf16" not in scorer.describe()
+    finally:
+        scorer.close()

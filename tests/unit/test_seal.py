@@ -101,3 +101,42 @@ def test_a_summary_forged_with_its_seal_entry_left_stale_is_caught(tmp_path):
     sealed = read_sealed(folder)
     assert sealed.summary is None
     assert sealed.words() == "its outputs changed since they were written (summary.json)"
+
+
+@given(
+    own=st.one_of(
+        st.dictionaries(st.sampled_from(["mine", "notes", "slide", "total"]), st.integers()),
+        st.lists(st.integers(), max_size=3),
+        st.just("not json {"),
+    )
+)
+def test_a_users_own_summary_is_not_taken_for_a_slides_results(own, tmp_path_factory):
+    """cyto score --out DIR over a folder holding a user's own summary.json said 'holds the
+    results of another slide (an unnamed slide)', and score_slide called it 'the finished
+    results of' this slide; it is a file cyto did not write, named as such, never replaced."""
+    import pytest
+
+    from cyto.cohort.local import output_folders
+    from cyto.cohort.run import refuse_finished
+    from cyto.errors import InputPathError
+    from cyto.seal import written_by_cyto
+
+    out = tmp_path_factory.mktemp("out")
+    (out / "s").mkdir()
+    text = own if isinstance(own, str) else json.dumps(own)
+    (out / "s" / SUMMARY).write_text(text)
+    (out / "s" / "scores.parquet").write_bytes(b"PAR1 theirs")
+    assert not written_by_cyto(out / "s")
+    said = []
+    ((_, folder),) = output_folders([out / "s.tif"], out, said.append)
+    assert folder != out / "s"  # never scored into it
+    assert said and "summary.json, which cyto did not write" in said[0], said
+    assert "another slide" not in said[0]
+    for overwrite in (False, True):
+        with pytest.raises(InputPathError, match="holds summary.json that cyto did not write"):
+            refuse_finished(out / "s", "s.tif", overwrite)
+    assert (out / "s" / SUMMARY).read_text() == text
+    # cyto's own, sealed or not (a run stopped before its seal, an older cyto): cyto's
+    assert written_by_cyto(_folder(tmp_path_factory.mktemp("sealed") / "s"))
+    (out / "s" / SUMMARY).write_text(json.dumps({"slide": "/scans/x.tif", "cells_scored": 3}))
+    assert written_by_cyto(out / "s")

@@ -32,7 +32,15 @@ def review_serve_cmd(
             "(with several folders: review/ in their common parent)."
         ),
     ] = None,
-    k: Annotated[int, typer.Option("--k", help="Top cells of each model shown per slide.")] = 100,
+    k: Annotated[
+        int | None,
+        typer.Option(
+            "--k",
+            help="Top cells of each model shown per slide. Default: 100 (a review opened "
+            "again: the k it was built with).",
+            show_default=False,
+        ),
+    ] = None,
     seed: Annotated[
         int | None,
         typer.Option(
@@ -41,9 +49,13 @@ def review_serve_cmd(
         ),
     ] = None,
     merge_um: Annotated[
-        float,
-        typer.Option(help="Cells of several models closer than this (um) are shown once."),
-    ] = 4.0,
+        float | None,
+        typer.Option(
+            help="Cells of several models closer than this (um) are shown once. Default: 4.0 "
+            "(a review opened again: the distance it was built with).",
+            show_default=False,
+        ),
+    ] = None,
     host: Annotated[
         str, typer.Option(help="Address to listen on; the default keeps it on this computer.")
     ] = "127.0.0.1",

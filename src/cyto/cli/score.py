@@ -226,7 +226,9 @@ def score_cmd(
     ] = False,
     overwrite: Annotated[
         bool,
-        typer.Option(help="Score again a slide whose finished results are in --out."),
+        typer.Option(
+            help="Score again a slide whose finished results are in --out (not with --resume)."
+        ),
     ] = False,
     planes: Annotated[
         str,
@@ -339,7 +341,7 @@ def score_cmd(
     --fdr-confidence 0.9 holds it for this calibration with probability 0.9.
     """
 
-    from cyto.cohort.run import run_cohort, slide_line
+    from cyto.cohort.run import refuse_resume_and_overwrite, run_cohort, slide_line
     from cyto.infer import ScoreOptions
     from cyto.infer.options import check_rank_by, detection_for
     from cyto.infer.qupath import qupath_words
@@ -347,6 +349,7 @@ def score_cmd(
     from cyto.slides.remote import is_url, parse_options, slide_ref
     from cyto.view.folder import view_words
 
+    refuse_resume_and_overwrite(resume, overwrite)  # before the model is read; a watch too
     opts = ScoreOptions(
         detection=detection_for(detection, model, detector),
         decode=decode,

@@ -113,9 +113,28 @@ def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, ech
     if slide.exists() and opts.resume:  # a file, or a DICOM slide's folder
         previous = finished_summary(target, scorer, slide, opts, echo)
         if previous is not None:
-            echo(f"{slide.name}: already scored in {target}; skipping")
-            return previous
+            # when it was scored, not how long that took: the report says nothing ran now
+            when = scored_when(target)
+            echo(f"{slide.name}: already scored ({when}) in {target}; skipping")
+            return {**previous, REUSED: when}
     return score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics)
+
+
+#: the key a reused slide's summary gets in a run's report (when its outputs were written);
+#: its ``seconds`` and rates are the earlier run's, never reported as this run's
+REUSED = "reused_from"
+
+
+def scored_when(target: Path) -> str:
+    """When the finished outputs in ``target`` were written (its seal's time, written last), in
+    UTC to the minute."""
+    import datetime
+
+    from cyto.seal import SEAL
+
+    stamp = (target / SEAL) if (target / SEAL).is_file() else (target / "summary.json")
+    when = datetime.datetime.fromtimestamp(stamp.stat().st_mtime, datetime.UTC)
+    return when.strftime("%Y-%m-%d %H:%M UTC")
 
 
 def check_out_folder(out: Path) -> None:
@@ -175,11 +194,20 @@ def _resolved(path):
         return path.absolute()
 
 
+#: what :func:`_holder` says of a folder whose ``summary.json`` cyto did not write
+FOREIGN = ("", "foreign")
+
+
 def _holder(folder: Path) -> tuple[str, str] | None:
     """(slide path, slide identity) of the run ``folder`` holds: a finished one (its summary)
-    or an interrupted one (its chunk store's key); None when it holds neither."""
+    or an interrupted one (its chunk store's key); :data:`FOREIGN` when its ``summary.json`` is
+    not cyto's (:func:`cyto.seal.written_by_cyto`); None when it holds neither."""
+    from cyto.seal import written_by_cyto
+
     try:
         summary = folder / "summary.json"
+        if summary.is_file() and not written_by_cyto(folder):
+            return FOREIGN
         if summary.is_file():
             data = json.loads(summary.read_text())
             return str(data.get("slide") or ""), str(data.get("slide_identity") or "")
@@ -193,12 +221,15 @@ def _holder(folder: Path) -> tuple[str, str] | None:
 
 
 def _held_by_another(folder: Path, slide: Path) -> str | None:
-    """The other slide whose results ``folder`` holds, or None when it is free or holds this
-    slide's: the same file (even changed since: then it is scored again there), or the same
-    content moved or copied (the slide identity)."""
+    """What ``folder`` holds that is not this slide's, in words (the results of another slide,
+    or a ``summary.json`` cyto did not write), or None when it is free or holds this slide's:
+    the same file (even changed since: then it is scored again there), or the same content
+    moved or copied (the slide identity)."""
     held = _holder(folder)
     if held is None:
         return None
+    if held == FOREIGN:
+        return FOREIGN_WORDS
     path, identity = held
     if isinstance(slide, SlideURL) and path == str(slide):
         return None  # the same URL (its changed content is scored again there)
@@ -210,7 +241,11 @@ def _held_by_another(folder: Path, slide: Path) -> str | None:
             return None
     except OSError:  # an unreadable slide fails on its own when it is opened
         return None
-    return path or "an unnamed slide"
+    return f"the results of another slide ({path or 'an unnamed slide'})"
+
+
+#: a folder holding a summary.json cyto did not write, as :func:`_held_by_another` says it
+FOREIGN_WORDS = "summary.json, which cyto did not write"
 
 
 def output_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path, Path]]:
@@ -243,10 +278,7 @@ def output_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path,
         if echo is not None and stems[s.stem] > 1:
             echo(f"note: another slide of this cohort is also named {s.name}: {s} -> {out / name}")
         elif echo is not None and other is not None:
-            echo(
-                f"note: {out / s.stem} holds the results of another slide ({other}); "
-                f"{s} goes to {out / name}"
-            )
+            echo(f"note: {out / s.stem} holds {other}; {s} goes to {out / name}")
         taken.add(name)
         pairs.append((s, out / name))
     return pairs

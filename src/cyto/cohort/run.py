@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cyto.cohort.local import score_cohort
+from cyto.cohort.local import REUSED, score_cohort
 from cyto.errors import ConfigError, CytoError
 from cyto.infer import ScoreOptions
 from cyto.infer.finish import Metrics
@@ -26,6 +26,7 @@ def run_cohort(
     engines at once (0: whole slides only). Returns (summaries, failures as (slide, error)).
     A slide's finished results in ``out`` are scored again only with ``opts.resume`` (kept
     where they still hold) or ``overwrite``."""
+    refuse_resume_and_overwrite(opts.resume, overwrite)
     if not (opts.resume or overwrite):
         refuse_rescoring(slides, out)
     if ray is None:
@@ -35,6 +36,19 @@ def run_cohort(
     if part_tiles < 0:
         raise ConfigError(f"--ray-part-tiles must be >= 0, got {part_tiles}")
     return score_cohort_ray(slides, model, out, opts, ray, echo, metrics, part_tiles or None)
+
+
+def refuse_resume_and_overwrite(resume: bool, overwrite: bool) -> None:
+    """A slide's finished results are either kept (``resume``) or scored over (``overwrite``):
+    asked for both, ``--overwrite`` was silently ignored. Refused in one line naming both in
+    the caller's words (``cyto score`` and :func:`cyto.score_slide` alike)."""
+    from cyto.flags import passing
+
+    if resume and overwrite:
+        raise ConfigError(
+            f"{passing('resume')} keeps a slide's finished results where they still hold and "
+            f"{passing('overwrite')} scores it again: give one of them, not both"
+        )
 
 
 def refuse_rescoring(slides: list[Path], out: Path) -> None:
@@ -52,13 +66,17 @@ def refuse_finished(folder: Path, slide_name: str, overwrite: bool) -> None:
     """``folder`` holding a slide's finished results (a summary and a score table) is refused
     unless ``overwrite``: one line, in the caller's words (:mod:`cyto.flags`), naming the slide
     the results are of (another slide's, when its summary says so). ``cyto score`` and
-    :func:`cyto.score_slide` alike."""
+    :func:`cyto.score_slide` alike. A ``summary.json`` cyto did not write
+    (:func:`cyto.seal.written_by_cyto`) is refused even with ``overwrite``, naming it."""
     import json
 
     from cyto.flags import passing
-    from cyto.outputs_check import refuse_to_replace
+    from cyto.outputs_check import refuse_foreign, refuse_to_replace
+    from cyto.seal import SUMMARY, written_by_cyto
 
     folder = Path(folder)
+    if not written_by_cyto(folder):  # a user's own summary.json: not results, never replaced
+        refuse_foreign([SUMMARY], passing("out", folder))
     if overwrite or not (
         (folder / "summary.json").is_file() and (folder / "scores.parquet").is_file()
     ):
@@ -79,17 +97,23 @@ def refuse_finished(folder: Path, slide_name: str, overwrite: bool) -> None:
 def slide_line(summary: dict, out: Path) -> str:
     """A scored slide in one line: cells, time, rates, where it went, its burden and truth."""
     s = summary
+    where = s.get("output") or Path(out) / Path(s["slide"]).stem
+    if s.get(REUSED):  # kept from an earlier run: its time is not this run's
+        line = f"{Path(s['slide']).name}: already scored ({s[REUSED]}): {s['cells_scored']} cells"
+        return line + f" -> {where}" + _findings(s)
     if s.get("cells_per_s") is not None:
         rate = f"{s['cells_per_s']} cells/s, engine {s.get('engine_cells_per_s')} cells/s"
     elif s.get("cells_resumed"):  # this run scored nothing: every cell came from its chunks
         rate = f"all {s['cells_resumed']} from finished chunks"
     else:
         rate = "no cells found"
-    line = (
-        f"{Path(s['slide']).name}: {s['cells_scored']} cells in {s['seconds']} s ({rate}) "
-        f"-> {s.get('output') or Path(out) / Path(s['slide']).stem}"
-    )
-    line += burden_words(s.get("burden"))
+    line = f"{Path(s['slide']).name}: {s['cells_scored']} cells in {s['seconds']} s ({rate}) "
+    return line + f"-> {where}" + _findings(s)
+
+
+def _findings(s: dict) -> str:
+    """What a slide's summary found, as clauses of its one-line report."""
+    line = burden_words(s.get("burden"))
     if s.get("adequacy"):  # the specimen-adequacy rule's result, with its reasons
         from cyto.stats.adequacy import adequacy_words
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from pathlib import Path
+from typing import Annotated
 
 from cyto.bundle import ONNX_FILE, load_bundle, staged_files
 from cyto.data.dataset import load_records
 from cyto.errors import ConfigError, CytoError
 from cyto.export.conformance import problem_words
 from cyto.export.onnx import OPSET, check_opset, export_onnx
-from cyto.flags import passing, said
+from cyto.flags import Range, check_value, passing, said
+
+#: the cells int8 is calibrated on, at most (its range: the schema's, for the CLI and Python alike)
+CalibLimit = Annotated[int, Range(8, None, "quantization needs at least 8 cells")]
 
 # layers int8 leaves in float by default, per scorer head: Deep SVDD's distance to the centre
 # moves with every embedding coordinate; its embedding Gemm in float took the TensorRT form's
@@ -49,7 +53,7 @@ def export_bundle(
     calib: Path | None = None,
     calib_class: str | None = None,
     calib_method: str = "percentile",
-    calib_limit: int = 512,
+    calib_limit: CalibLimit = 512,
     parity_cells: Path | None = None,
     parity_normal: str | None = None,
     accept_parity_loss: bool = False,
@@ -69,6 +73,7 @@ def export_bundle(
     from cyto.runtime.engines import BatchProfile
 
     path = Path(path)
+    calib_limit = check_value("calib_limit", calib_limit, CalibLimit)
     bad = [p for p in precisions if p not in PRECISIONS]
     if bad or not precisions:
         raise ConfigError(

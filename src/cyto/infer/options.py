@@ -6,12 +6,13 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from functools import cache
 from pathlib import Path
+from typing import Annotated
 
 from cyto.bundle import PRECISIONS
 from cyto.data.morphometry import RANK_BY, RANK_BY_ALIASES
 from cyto.detect import NucleusParams
 from cyto.errors import ConfigError
-from cyto.flags import check_value, hints_of, said
+from cyto.flags import Range, check_value, hints_of, said
 from cyto.runtime.backends import CHOICES
 from cyto.stats.calibrate import BURDEN_CELLS, FDR_ALPHA, TRIAGE_LEVEL
 
@@ -31,7 +32,7 @@ class ScoreOptions:
     #: the cell crop's side in level-0 px at the model's scale; None: the training patches'
     #: side the bundle records (:func:`patch_side`)
     patch_size: int | None = None
-    tile: int = 1024
+    tile: Annotated[int, Range(16, None, "px")] = 1024
     batch_size: int = 64
     top_k: int = 400
     mosaic: int = 100
@@ -46,7 +47,7 @@ class ScoreOptions:
     queue: int | None = None  # tiles in flight (None: 2 per worker, at least 16)
     nuclei: Path | None = None
     truth: Path | None = None  # ground-truth cells (x, y, label) to report Recall@K
-    truth_radius: float = 20.0
+    truth_radius: Annotated[float, Range(0, None, "px")] = 20.0
     detection: NucleusParams = field(default_factory=NucleusParams)
     decode: str = "cpu"  # cpu (the slide readers) | torch (JPEG tiles by torchvision, else cpu)
     overlap: str = "auto"  # the engine in a thread of its own: auto (on a GPU) | on | off

@@ -36,6 +36,7 @@ import shutil
 from pathlib import Path
 
 from cyto.errors import ConfigError
+from cyto.flags import passing
 from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_to_replace
 from cyto.review.session import CROPS, open_session
@@ -123,11 +124,12 @@ def check_reviewed_model(bundle, model: Path, review: Path, session) -> None:
         return
     if not any(made_by.values()):
         raise ConfigError(
-            f"--review {review}: the scored folders it was built from are gone or do not say "
-            f"which model scored them, so it cannot be shown to be a review of MODEL {model}"
+            f"{passing('review', review)}: the scored folders it was built from are gone or do "
+            f"not say which model scored them, so it cannot be shown to be a review of MODEL "
+            f"{model}"
         )
     raise ConfigError(
-        f"--review {review} is a review of another model's top-K cells (built from "
+        f"{passing('review', review)} is a review of another model's top-K cells (built from "
         f"{', '.join(sorted(made_by))}); MODEL {model} ranked none of them: refine the model "
         "whose cells were reviewed"
     )

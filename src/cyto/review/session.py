@@ -258,22 +258,24 @@ def _group(sources: list[Source]) -> list[list[Source]]:
 def build_session(
     scored: list[Path],
     root: Path,
-    k: int = DEFAULT_K,
+    k: int | None = None,
     seed: int | None = None,
-    merge_um: float = DEFAULT_MERGE_UM,
+    merge_um: float | None = None,
     echo=print,
 ) -> Session:
     """Build the review folder ``root`` from scored folders (or open it when it was already built
     from the same folders: its settings are kept, and a different ``k``, ``seed`` or ``merge_um``
-    asked for is refused).
+    asked for is refused). A setting not given (None) is the earlier session's when reopening,
+    else its default (:data:`DEFAULT_K`, :data:`DEFAULT_MERGE_UM`): only what the caller gave
+    is compared, so reopening without ``--k`` never reads as ``--k 20 -> 100``.
 
     The order of cases and cells comes from ``seed``; by default a secret one is drawn and kept in
     the key only, so nothing the page can read (the code, the case sizes) tells a grid position's
     rank. Pooled cells are put in slide order (by position) before they are shuffled, so their
     order carries no rank either."""
-    if k < 1:
+    if k is not None and k < 1:
         raise ConfigError(f"--k must be at least 1, got {k}")
-    if not merge_um >= 0:
+    if merge_um is not None and not merge_um >= 0:
         raise ConfigError(f"--merge-um must be >= 0, got {merge_um}")
     folders = find_scored(scored)
     root = Path(root)
@@ -293,9 +295,10 @@ def build_session(
                 "may differ. Start a new review with --session NEW_FOLDER (the old one keeps its "
                 "marks and its key)"
             )
-        # the settings asked for again (the seed only when given), against those it was built
-        # with; the seed is the blinding's secret: that it differs is said, never its value
-        asked = {"k": k, "merge_um": merge_um, **({"seed": seed} if seed is not None else {})}
+        # the settings asked for again (only those given), against those it was built with;
+        # the seed is the blinding's secret: that it differs is said, never its value
+        given = {"k": k, "merge_um": merge_um, "seed": seed}
+        asked = {name: value for name, value in given.items() if value is not None}
         kept = {"k": session.key.get("k"), "merge_um": session.key.get("merge_um")}
         kept["seed"] = session.seed
         recorded = {name: kept[name] for name in asked if kept[name] is not None}
@@ -309,6 +312,8 @@ def build_session(
         return session
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise InputPathError(f"{root} exists and is not a review folder; choose another --session")
+    k = DEFAULT_K if k is None else k
+    merge_um = DEFAULT_MERGE_UM if merge_um is None else merge_um
     groups = _group([read_source(f) for f in folders])
     if seed is None:
         import secrets

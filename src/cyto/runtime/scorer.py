@@ -179,6 +179,16 @@ def _has_onnxruntime() -> bool:
     return importlib.util.find_spec("onnxruntime") is not None
 
 
+def precision_run_by(name: str, precision: str) -> tuple[str, str | None]:
+    """The precision backend ``name`` runs when ``precision`` is asked for, and a note when
+    that is another: bf16 is OpenVINO's compilation of ``encoder.onnx``, which ONNX Runtime runs
+    in fp32 (``--precision bf16 --backend onnx`` ran fp32 and recorded bf16: issue 68). What
+    is printed and recorded (``scorer.precision``, the summary, the verification) is what ran."""
+    if precision == "bf16" and name in ("onnx", "onnx-trt"):
+        return "fp32", f"bf16 is not run by {name} (OpenVINO's only); fp32"
+    return precision, None
+
+
 def make_backend(
     name: str,
     bundle: Bundle,
@@ -192,14 +202,15 @@ def make_backend(
     CPU's default (:func:`other_cpu_int8`)."""
     if name in ("trt", "onnx-trt") and device == "cpu":
         raise ConfigError(f"the {name} backend runs on CUDA only: use --device cuda")
-    if name == "onnx":
+    if name in ("onnx", "onnx-trt"):
         from cyto.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(bundle, device, precision, threads, graph=graph)
-    if name == "onnx-trt":
-        from cyto.runtime.backends.onnxruntime import OnnxRuntimeBackend
-
-        return OnnxRuntimeBackend(bundle, device, precision, threads, provider="tensorrt")
+        ran, note = precision_run_by(name, precision)
+        provider = "tensorrt" if name == "onnx-trt" else "cuda"
+        made = OnnxRuntimeBackend(bundle, device, ran, threads, provider=provider, graph=graph)
+        if note:  # said once, with the backend choice; recorded is the precision that ran
+            made.notes = [*getattr(made, "notes", ()), note]
+        return made
     if name == "openvino":
         from cyto.runtime.backends.openvino import OpenVinoBackend
 
