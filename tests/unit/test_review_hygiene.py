@@ -141,6 +141,8 @@ def test_data_cells_refuses_the_same_slide_twice_as_calibrate_does(tmp_path):
         harvest_cells([folder, copy], tmp_path / "ds")
     assert "\n" not in str(err.value) and "n1copy" in str(err.value)
     assert not (tmp_path / "ds").exists()
+
+
 def test_refines_refusal_names_the_flag_the_review_is_given_by(monkeypatch):
     """cyto refine takes the review as --marks; its refusal said --review (issue 68)."""
     from cyto.review import refine, session
