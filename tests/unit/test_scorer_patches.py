@@ -44,3 +44,26 @@ def test_a_rectangle_and_a_bad_batch_size_are_one_line_in_python_words(scorer):
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match=r"^batch_size= must be >= 1, got 0$"):
         scorer.score(np.zeros((1, size, size, 3), np.uint8), batch_size=0)
+
+
+def test_a_loaded_scorer_given_with_other_settings_is_refused_and_its_own_recorded(
+    scorer, tmp_path
+):
+    """A hostile check: score_slide(<a loaded onnx fp32 scorer>, backend="torch",
+    precision="fp16") ran onnx fp32 with no word and recorded torch/fp16 in the summary's
+    options; predict ignored them too."""
+    import cyto
+    from cyto.api import _scorer_runs
+
+    runs = {"backend": "onnx", "device": "cpu", "precision": scorer.precision}
+    asked = {"backend": "auto", "device": "auto", "precision": "auto"}
+    assert _scorer_runs(scorer, asked) == runs  # what is recorded: what runs
+    assert _scorer_runs(tmp_path, asked) == asked  # a bundle path: as asked
+    for call in (
+        lambda: cyto.score_slide(tmp_path / "s.tif", scorer, tmp_path / "o", backend="torch"),
+        lambda: cyto.predict(scorer, tmp_path, tmp_path / "p.parquet", precision="fp16"),
+    ):
+        with pytest.raises(ConfigError, match="does not apply to a loaded scorer") as err:
+            call()
+        assert "\n" not in str(err.value) and "--" not in str(err.value)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "p.parquet").exists()
