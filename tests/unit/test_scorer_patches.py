@@ -67,3 +67,19 @@ def test_a_loaded_scorer_given_with_other_settings_is_refused_and_its_own_record
             call()
         assert "\n" not in str(err.value) and "--" not in str(err.value)
     assert not (tmp_path / "o").exists() and not (tmp_path / "p.parquet").exists()
+
+
+def test_exports_refusals_name_keywords_from_python_and_flags_from_the_command_line(
+    exported_dsvdd,
+):
+    """A hostile check: cyto.export(precisions=...) said "pass --parity-cells CELLS (or
+    --calib)", flags a Python caller cannot pass."""
+    from cyto.export.quantize import export_variant
+    from cyto.flags import python_words
+
+    with pytest.raises(ConfigError, match=r"pass --calib with real cells") as cli:
+        export_variant(exported_dsvdd, "int8", calib=None)
+    with python_words("export"), pytest.raises(ConfigError) as py:
+        export_variant(exported_dsvdd, "int8", calib=None)
+    assert "calib=" in str(py.value) and "--" not in str(py.value), str(py.value)
+    assert "--calib-class LYT" in str(cli.value)
