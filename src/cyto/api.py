@@ -149,6 +149,13 @@ def score_slide(
         if kind != "auto":
             options["detection"] = detection_for(kind, None)
     opts = ScoreOptions(**_options("score_slide", options, ScoreOptions, ()))
+    # a loaded scorer's own backend, device and precision: what runs is what is recorded
+    opts = replace(
+        opts,
+        **_scorer_runs(
+            model, {"backend": opts.backend, "device": opts.device, "precision": opts.precision}
+        ),
+    )
     refuse_resume_and_overwrite(opts.resume, overwrite)
     out = Path(out)
     # a folder holding finished results (this slide's or another's) is not scored over unasked
@@ -159,6 +166,29 @@ def score_slide(
     # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
     run(slide_ref(slide), model, out, opts, echo=echo or (lambda _line: None))
     return pq.read_table(out / "scores.parquet")
+
+
+def _scorer_runs(model: object, asked: dict[str, str]) -> dict[str, str]:
+    """What a loaded scorer runs on (``backend``, ``device``, ``precision``), when ``model`` is
+    one; ``asked`` as given otherwise. A scorer given with another backend, device or precision
+    asked is refused in one line: they are the scorer's, set when it was loaded, and ignoring
+    them recorded settings that did not run."""
+    from cyto.errors import ConfigError
+    from cyto.runtime.scorer import Scorer
+
+    if not isinstance(model, Scorer):
+        return asked
+    runs = {"backend": model.backend.name, "device": model.device, "precision": model.precision}
+    for key, value in asked.items():
+        if value in (None, "auto") or value == runs[key]:
+            continue
+        if key == "device" and value == "cuda" and runs[key].startswith("cuda"):
+            continue
+        raise ConfigError(
+            f"{key}={value!r} does not apply to a loaded scorer: it runs {runs['backend']} on "
+            f"{runs['device']} in {runs['precision']}; load_model(..., {key}={value!r}) for that"
+        )
+    return runs
 
 
 @_front_door
@@ -340,6 +370,8 @@ def predict(
         "batch_size", "rank_by", "overwrite", "echo",
     )  # fmt: skip
     options = _options("predict", options, run, named)
+    runs = _scorer_runs(model, {"backend": backend, "device": device, "precision": precision})
+    backend, device, precision = runs["backend"], runs["device"], runs["precision"]
     return run(
         model if not isinstance(model, str) else Path(model),
         Path(data),

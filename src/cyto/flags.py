@@ -262,7 +262,17 @@ def hints_of(target: Any, localns: Mapping[str, Any] | None = None) -> dict[str,
 def unknown_words(call: str, unknown: list[str], known: list[str]) -> str:
     """``call`` refuses keyword(s) it does not take, with the nearest it does."""
     names = ", ".join(said(k) for k in unknown)
-    near = [m for k in unknown for m in difflib.get_close_matches(k, known, n=1)]
+    # a flag's own name (fdr= for --fdr) is the field it sets; else the nearest spelling
+    by_flag = {
+        f.lstrip("-").replace("-", "_"): field
+        for field, f in FLAGS.items()
+        if f and field in known
+    }
+    near = [
+        m
+        for k in unknown
+        for m in ([by_flag[k]] if k in by_flag else difflib.get_close_matches(k, known, n=1))
+    ]
     hint = f" (did you mean {', '.join(said(m) for m in near)}?)" if near else ""
     return f"{call}: unknown option(s) {names}{hint}; known: {', '.join(known)}"
 

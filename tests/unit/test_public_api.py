@@ -326,6 +326,10 @@ def test_wrong_counts_are_one_line(tmp_path):
         cyto.load_model(tmp_path, "onnx", "cpu", "fp32", 2)
     with pytest.raises(ConfigError, match=r"zooom= \(did you mean zoom=\?\)"):
         cyto.predict(tmp_path / "m", tmp_path / "d", tmp_path / "p.parquet", zooom=2)
+    # the command line's own names suggest the keyword they set (a hostile check: fdr=, mpp=)
+    for flag_name, keyword in (("fdr", "fdr_alpha"), ("mpp", "slide_mpp")):
+        with pytest.raises(ConfigError, match=rf"{flag_name}= \(did you mean {keyword}=\?\)"):
+            cyto.score_slide(tmp_path / "s.tif", tmp_path / "m", tmp_path / "o", **{flag_name: 0.1})
 
 
 def test_the_cli_keeps_its_flags_where_python_gets_keywords():

@@ -44,3 +44,42 @@ def test_a_rectangle_and_a_bad_batch_size_are_one_line_in_python_words(scorer):
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match=r"^batch_size= must be >= 1, got 0$"):
         scorer.score(np.zeros((1, size, size, 3), np.uint8), batch_size=0)
+
+
+def test_a_loaded_scorer_given_with_other_settings_is_refused_and_its_own_recorded(
+    scorer, tmp_path
+):
+    """A hostile check: score_slide(<a loaded onnx fp32 scorer>, backend="torch",
+    precision="fp16") ran onnx fp32 with no word and recorded torch/fp16 in the summary's
+    options; predict ignored them too."""
+    import cyto
+    from cyto.api import _scorer_runs
+
+    runs = {"backend": "onnx", "device": "cpu", "precision": scorer.precision}
+    asked = {"backend": "auto", "device": "auto", "precision": "auto"}
+    assert _scorer_runs(scorer, asked) == runs  # what is recorded: what runs
+    assert _scorer_runs(tmp_path, asked) == asked  # a bundle path: as asked
+    for call in (
+        lambda: cyto.score_slide(tmp_path / "s.tif", scorer, tmp_path / "o", backend="torch"),
+        lambda: cyto.predict(scorer, tmp_path, tmp_path / "p.parquet", precision="fp16"),
+    ):
+        with pytest.raises(ConfigError, match="does not apply to a loaded scorer") as err:
+            call()
+        assert "\n" not in str(err.value) and "--" not in str(err.value)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "p.parquet").exists()
+
+
+def test_exports_refusals_name_keywords_from_python_and_flags_from_the_command_line(
+    exported_dsvdd,
+):
+    """A hostile check: cyto.export(precisions=...) said "pass --parity-cells CELLS (or
+    --calib)", flags a Python caller cannot pass."""
+    from cyto.export.quantize import export_variant
+    from cyto.flags import python_words
+
+    with pytest.raises(ConfigError, match=r"pass --calib with real cells") as cli:
+        export_variant(exported_dsvdd, "int8", calib=None)
+    with python_words("export"), pytest.raises(ConfigError) as py:
+        export_variant(exported_dsvdd, "int8", calib=None)
+    assert "calib=" in str(py.value) and "--" not in str(py.value), str(py.value)
+    assert "--calib-class LYT" in str(cli.value)

@@ -73,6 +73,11 @@ def test_truth_of_no_row_of_this_slide_warns_in_one_line(tmp_path):
     assert labels.tolist() == [0] and planted == 0
     assert [str(w.message).count("\n") for w in said] == [0]
     assert "'b', 'c'" in str(said[0].message)
+    from cyto.flags import python_words
+
+    with python_words("score_slide"), pytest.warns(CytoWarning) as said:  # a hostile check
+        labels_from_truth(_scores("a", [(100, 100)]), truth, 10)
+    assert str(said[0].message).startswith("truth='") and "--truth" not in str(said[0].message)
 
 
 def test_truth_without_a_slide_id_column_is_one_slides(tmp_path):

@@ -45,6 +45,7 @@ import numpy as np
 
 from cyto.bundle import Bundle, add_files, load_bundle
 from cyto.errors import ConfigError, DatasetError, ParityError
+from cyto.flags import passing, said
 from cyto.runtime.machine import cpu_info, int8_kernels_exact
 from cyto.runtime.verify import GATE, passes, ranking_parity
 
@@ -461,8 +462,9 @@ def export_variant(
         raise ConfigError(f"{bundle.path} has no encoder.onnx: export it first")
     if precision == "int8" and calib is None:
         raise ConfigError(
-            "int8 needs calibration cells: pass --calib with real cells of the kind the model "
-            "scores (its normal class, e.g. --calib cells/ --calib-class LYT)"
+            f"int8 needs calibration cells: pass {said('calib')} with real cells of the kind the "
+            f"model scores (its normal class, e.g. {passing('calib', 'cells/')} "
+            f"{passing('calib_class', 'LYT')})"
         )
     held = parity_cells
     if calib is not None and held is None:
@@ -472,7 +474,8 @@ def export_variant(
         held, held_words = _golden_cells(bundle), "golden"
     if held is None:
         raise ConfigError(
-            f"{precision}: parity needs held-out cells: pass --parity-cells CELLS (or --calib)"
+            f"{precision}: parity needs held-out cells: pass {said('parity_cells')} with cells "
+            f"(or {said('calib')})"
             + (" (the bundle's golden cells are made-up patches)" if precision == "fp16" else "")
         )
     src = bundle.path / fp32.file

@@ -16,6 +16,7 @@ import numpy as np
 
 from cyto import __version__
 from cyto.errors import CytoWarning, InputPathError
+from cyto.flags import passing
 from cyto.slides import SLIDE_SUFFIXES, open_slide
 from cyto.slides.base import printable
 from cyto.slides.remote import slide_bytes
@@ -104,7 +105,7 @@ def truth_of_slide(gt: dict[str, np.ndarray], slide_id: str, path: Path) -> dict
         names = ", ".join(repr(v) for v in held[:3]) + (" ..." if len(held) > 3 else "")
         warnings.warn(
             CytoWarning(
-                f"--truth {path} holds no cell of slide {slide_id!r} (its slide_id: "
+                f"{passing('truth', path)} holds no cell of slide {slide_id!r} (its slide_id: "
                 f"{names or 'none'}); this slide is scored without truth cells"
             ),
             stacklevel=2,
