@@ -264,9 +264,7 @@ def unknown_words(call: str, unknown: list[str], known: list[str]) -> str:
     names = ", ".join(said(k) for k in unknown)
     # a flag's own name (fdr= for --fdr) is the field it sets; else the nearest spelling
     by_flag = {
-        f.lstrip("-").replace("-", "_"): field
-        for field, f in FLAGS.items()
-        if f and field in known
+        f.lstrip("-").replace("-", "_"): field for field, f in FLAGS.items() if f and field in known
     }
     near = [
         m
