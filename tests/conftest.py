@@ -32,6 +32,17 @@ os.environ["NUMBA_CACHE_DIR"] = os.path.join(SESSION_TMP, "cache", "numba")
 
 from tests.conftest_paths import SHARED_DATA  # noqa: E402 - after the openslide import above
 
+
+@pytest.fixture(autouse=True)
+def _own_review_registry(tmp_path_factory, monkeypatch):
+    """Each test its own registry of blinded reviews (cyto.review.session.registered_reviews):
+    the tests' slides and models are made alike, and a review one test leaves unfinished would
+    blind another test's view of the same slide, as it would on a user's machine."""
+    monkeypatch.setenv(
+        "CYTO_REVIEW_REGISTRY", str(tmp_path_factory.mktemp("review-registry", numbered=True))
+    )
+
+
 # Under pytest-xdist (``-n``) the workers share the cores: PyTorch in each worker takes its share
 # of them, not all (two workers of two threads each on 2 shared cores: test_train_contract's
 # trainings took 32 and 169 s, 7-10 s in one process). Subprocesses (`cyto train`) choose their own.

@@ -153,3 +153,36 @@ def test_refines_refusal_names_the_flag_the_review_is_given_by(monkeypatch):
         with pytest.raises(ConfigError, match=r"^--marks rv\b") as err:
             refine.check_reviewed_model(None, Path("m.cyto"), Path("rv"), None)
         assert "--review" not in str(err.value)
+
+
+# --- a review is known by the slide and model, not only by the folder's own record -----------
+
+
+def _identified(folder, identity="slide-a", scoring_id="m1"):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"slide_identity": identity}))
+    table = pa.table({"score": [0.1]}).replace_schema_metadata({"cyto.scoring_id": scoring_id})
+    pq.write_table(table, folder / "scores.parquet")
+    return folder
+
+
+def test_a_review_is_found_when_the_folder_lost_its_record_or_the_slide_was_scored_again(
+    tmp_path,
+):
+    """A hostile check: with a blinded review of a slide unfinished, `rm reviews.json` in its
+    scored folder, or the same slide scored again by the same model into another folder, and
+    cyto view showed every rank."""
+    first = _identified(tmp_path / "scored" / "a")
+    review = _review(tmp_path / "far" / "rv", [first])
+    record_review([first], review)
+    (first / REVIEWS_FILE).unlink()  # the folder's own record lost
+    assert "blinded review nobody has started" in review_blocking([first], [first])
+    again = _identified(tmp_path / "rescored" / "a")  # the same slide and model elsewhere
+    assert "blinded review nobody has started" in review_blocking([again], [again])
+    other_model = _identified(tmp_path / "other" / "a", scoring_id="m2")
+    assert review_blocking([other_model], [other_model]) is None
+    other_slide = _identified(tmp_path / "b" / "b", identity="slide-b")
+    assert review_blocking([other_slide], [other_slide]) is None

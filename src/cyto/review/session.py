@@ -13,7 +13,10 @@ and reused by every reviewer and by the report:
 Each scored folder records the reviews made of it, wherever their ``--session`` folder is
 (``reviews.json``, :func:`record_review`, written before the review is built): ``cyto view``
 learns of an unfinished blinded review from the folder it is asked to show, not by looking
-beside it.
+beside it. The review is also registered in cyto's cache by the slide's content identity and
+the model that scored it (:func:`registered_reviews`), so a scored folder that lost its
+``reviews.json``, or the same slide scored again by the same model into another folder, is still
+known to be under review on this machine.
 
 As in the paper's evaluation, each slide's top-K cells are shown in a seeded random order, slides
 are anonymized and their order is randomized per reviewer. Several models' top-K of one slide are
@@ -390,6 +393,83 @@ def recorded_reviews(folder: Path) -> list[Path]:
     return [Path(p) for p in data.get("reviews", []) if isinstance(p, str)]
 
 
+#: in cyto's cache: the reviews of each slide by content identity (:func:`registered_reviews`)
+REGISTRY = "reviews"
+
+
+def _slide_and_model(folder: Path) -> tuple[str, str | None] | None:
+    """(slide content identity, scoring id) of a scored folder; None where its summary does not
+    say (no identity to register or look up by)."""
+    try:
+        summary = json.loads((Path(folder) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    identity = summary.get("slide_identity") if isinstance(summary, dict) else None
+    if not isinstance(identity, str) or not identity:
+        return None
+    return identity, scoring_id_of(folder)
+
+
+def _registry_file(identity: str) -> Path:
+    """``$CYTO_REVIEW_REGISTRY`` (a folder: one shared by a lab's machines keeps the reviews
+    of all of them), else ``reviews/`` in cyto's cache; one file per slide identity."""
+    from cyto import cache_dir
+
+    name = hashlib.sha256(identity.encode()).hexdigest()[:32]
+    root = os.environ.get("CYTO_REVIEW_REGISTRY")
+    return (Path(root) if root else cache_dir() / REGISTRY) / f"{name}.json"
+
+
+def _registered(identity: str) -> list[dict]:
+    try:
+        data = json.loads(_registry_file(identity).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or data.get("format") != REVIEWS_FORMAT:
+        return []
+    return [e for e in data.get("reviews", []) if isinstance(e, dict) and "review" in e]
+
+
+def register_review(folders: list[Path], root: Path) -> None:
+    """Register the review ``root`` in cyto's cache under each scored folder's slide identity
+    and scoring model (where the cache cannot be written, the folders' own record stands)."""
+    import contextlib
+
+    from cyto.bundle import atomic_write
+    from cyto.locks import file_lock
+
+    root_s = str(Path(root).absolute())
+    for folder in folders:
+        got = _slide_and_model(folder)
+        if got is None:
+            continue
+        identity, model = got
+        path = _registry_file(identity)
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with file_lock(path.parent / ".lock"):
+                entries = _registered(identity)
+                entry = {"review": root_s, "scoring_id": model}
+                if entry not in entries:
+                    body = {"format": REVIEWS_FORMAT, "reviews": [*entries, entry]}
+                    atomic_write(path, json.dumps(body, indent=1).encode())
+
+
+def registered_reviews(folder: Path) -> list[Path]:
+    """The reviews registered on this machine of the slide a scored folder holds, by the same
+    model (its scoring id), that are still there: found whatever the folder records."""
+    got = _slide_and_model(folder)
+    if got is None:
+        return []
+    identity, model = got
+    return [
+        Path(e["review"])
+        for e in _registered(identity)
+        if (e.get("scoring_id") is None or model is None or e.get("scoring_id") == model)
+        and Path(e["review"]).is_dir()
+    ]
+
+
 def record_review(folders: list[Path], root: Path) -> None:
     """Add the review folder ``root`` to the :data:`REVIEWS_FILE` of each scored folder, so
     that whoever shows a folder's ranks (``cyto view``) finds the review wherever its
@@ -397,6 +477,7 @@ def record_review(folders: list[Path], root: Path) -> None:
     the folder does not know of could be unblinded without a word."""
     from cyto.bundle import atomic_write
 
+    register_review(folders, root)
     root = str(Path(root).absolute())
     for folder in folders:
         known = [str(p) for p in recorded_reviews(folder)]

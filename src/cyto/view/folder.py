@@ -39,24 +39,29 @@ def review_blocking(scored: list[Path], roots: list[Path]) -> str | None:
     ``review`` folder beside it; one counts when its key lists one of the folders; it is
     finished when someone has reviewed and every reviewer has marked every case done."""
     from cyto.reuse import read_record
-    from cyto.review.session import recorded_reviews
+    from cyto.review.session import recorded_reviews, registered_reviews
 
     places = []
     for f in [*roots, *scored]:
         places += [f / "review", f.parent / "review", f.parent.parent / "review"]
-    recorded = set()
+    recorded, registered = set(), set()
     for f in scored:  # reviews made with --session elsewhere, as the folder records them
         recorded.update(p.resolve() for p in recorded_reviews(f))
         places += recorded_reviews(f)
+        # and as this machine registered them by the slide and model, whatever the folder says
+        registered.update(p.resolve() for p in registered_reviews(f))
+    places += sorted(registered)
     names = {str(f) for f in scored}
     for review in dict.fromkeys(p.resolve() for p in places):
         key = read_record(review / "key.json")
-        if key is None and review in recorded:  # recorded before its key is written, or moved
+        if key is None and review in recorded | registered:  # before its key, or moved
             return (
                 f"{review} is a blinded review of these slides that has no key yet (being "
                 "made, or moved away)"
             )
-        if key is None or not names & set(map(str, key.get("scored") or [])):
+        if key is None or not (
+            names & set(map(str, key.get("scored") or [])) or review in registered
+        ):
             continue
         cases = sorted((key.get("cases") or {}).keys())
         if not (review / "marks.sqlite").is_file():
