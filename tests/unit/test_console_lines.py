@@ -90,3 +90,30 @@ def test_truth_without_planted_cells_is_not_reported_as_a_miss():
     assert "0/0" not in line and "--truth holds no abnormal cell of this slide" in line, line
     found = {"k": 20, "planted_found_in_top_k": 3, "planted_abnormal": 4}
     assert "planted abnormal found in the top 20: 3/4" in slide_line(_summary(truth=found), "/o")
+
+
+def test_fdr_confidence_without_a_calibration_is_said_and_recorded_as_ignored():
+    """A hostile check: --fdr-confidence 0.9 on an uncalibrated bundle did nothing, said
+    nothing, and summary.json recorded it as if applied."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from cyto.infer.finish import _calibrated
+
+    said: list[str] = []
+    bundle = SimpleNamespace(manifest={"files": {}}, path=Path("m.cyto"))
+    run = SimpleNamespace(
+        scorer=SimpleNamespace(bundle=bundle),
+        opts=ScoreOptions(fdr_confidence=0.9),
+        slide=Path("s.tif"),
+        echo=said.append,
+    )
+    burden = _calibrated(np.zeros(3), run)["burden"]
+    assert burden["status"] == "not calibrated" and burden["ignored"] == ["--fdr-confidence 0.9"]
+    assert said == [
+        "note: s.tif: --fdr-confidence 0.9 does nothing without a calibration (the bundle has none)"
+    ]
+    run.opts, said[:] = ScoreOptions(), []
+    assert "ignored" not in _calibrated(np.zeros(3), run)["burden"] and said == []

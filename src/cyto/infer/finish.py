@@ -106,13 +106,20 @@ def _calibrated(scores: np.ndarray, run: _Run, quality: dict | None = None) -> d
     bundle = run.scorer.bundle
     cal = calibrate.Calibration.of(bundle)
     if cal is None:
-        return {
-            "burden": {
-                "status": "not calibrated",
-                "reason": "no slide-negative calibration in this bundle: run cyto calibrate "
-                f"{bundle.path} NEGATIVE/scores.parquet ... for p-values, FDR flags and burden",
-            }
+        burden = {
+            "status": "not calibrated",
+            "reason": "no slide-negative calibration in this bundle: run cyto calibrate "
+            f"{bundle.path} NEGATIVE/scores.parquet ... for p-values, FDR flags and burden",
         }
+        if run.opts.fdr_confidence is not None:  # asked for, and nothing it could act on
+            from cyto.flags import passing
+
+            burden["ignored"] = [passing("fdr_confidence", run.opts.fdr_confidence)]
+            run.echo(
+                f"note: {run.slide.name}: {burden['ignored'][0]} does nothing without a "
+                "calibration (the bundle has none)"
+            )
+        return {"burden": burden}
     differs = cal.differences(run.scorer, run.opts.result_key())
     if any(d.startswith("MODEL ") for d in differs):
         return {

@@ -560,11 +560,38 @@ def slide_format(out: Path, fmt: SlideFormat | str | None) -> str:
 
 def refuse_to_replace_slide(out: Path, fmt: str, planes, overwrite: bool) -> None:
     """Every file a slide writes (its planes, its ground truth) is replaced only with
-    ``overwrite``."""
+    ``overwrite``, and only when it is a synthetic slide's own (:func:`synthetic_file`): a
+    user's file under one of those names is refused with or without it, naming it."""
+    from cyto.outputs_check import refuse_foreign
+
     targets = [out] if fmt == "ndpi" else [plane_path(out, z) for z in planes]
     targets.append(ground_truth_path(out))
     for target in targets:
+        if overwrite and target.exists() and not synthetic_file(target):
+            refuse_foreign([target.name], str(target.parent))
         refuse_to_replace(target, overwrite, name=str(target))
+
+
+def synthetic_file(path: Path) -> bool:
+    """Whether ``path`` is a file ``cyto synth slide`` wrote: a TIFF whose description is its
+    record (``cyto_synthetic``), or a ground-truth table carrying ``cyto.synthetic``."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+        if head == b"PAR1":
+            import pyarrow.parquet as pq
+
+            return b"cyto.synthetic" in (pq.read_schema(path).metadata or {})
+        if head[:2] in (b"II", b"MM"):
+            import tifffile
+
+            with tifffile.TiffFile(path) as tif:
+                text = tif.pages[0].description or ""
+            return json.loads(text).get("cyto_synthetic") is not None
+    except Exception:  # unreadable, not JSON, not a table: not ours
+        return False
+    return False
 
 
 def write_pyramid(
