@@ -115,10 +115,18 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-def cache_dir() -> _Path:
+def cache_dir(*given, **named) -> _Path:
     """cyto's user cache: ``$CYTO_CACHE_DIR``, ``$XDG_CACHE_HOME/cyto`` or ``~/.cache/cyto``
     (never the installed source tree); a private folder in the temp dir where that is not
-    writable."""
+    writable. It takes no arguments (one line, as every public call refuses what it does not
+    take)."""
+    if given or named:
+        from cyto.errors import ConfigError
+
+        raise ConfigError(
+            "cache_dir takes no arguments (set CYTO_CACHE_DIR to choose the folder), got "
+            f"{len(given) + len(named)}"
+        )
     root = _os.environ.get("CYTO_CACHE_DIR") or _os.path.join(
         _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache"),
         "cyto",

@@ -320,6 +320,8 @@ def test_every_numeric_argument_of_the_public_calls_has_its_range_tried():
 
 
 def test_wrong_counts_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="cache_dir takes no arguments"):
+        cyto.cache_dir(1)  # a hostile check: Python's raw TypeError
     with pytest.raises(ConfigError, match="load_model needs path="):
         cyto.load_model()
     with pytest.raises(ConfigError, match="takes 4 argument.*by position"):
