@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from cyto.errors import CytoWarning
 from cyto.runtime import kernels
+from tests.damage import KINDS, damaged
 
 FILES = {
     "heads_abc/dsvdd.dsvdd_scores-19.py312.nbi": bytes(range(200)),
@@ -43,7 +44,7 @@ def _guard(folder):
 )
 @given(
     victim=st.sampled_from(sorted(FILES)),
-    damage=st.sampled_from(["flip", "cut", "grow", "replace"]),
+    damage=st.sampled_from(KINDS),
     where=st.floats(0, 1, exclude_max=True),
 )
 def test_a_damaged_kept_kernel_is_removed_and_said_and_the_others_kept(
@@ -53,17 +54,7 @@ def test_a_damaged_kept_kernel_is_removed_and_said_and_the_others_kept(
     _write(folder)
     kernels.record(folder)
     path = folder / victim
-    data = bytearray(path.read_bytes())
-    at = int(where * len(data))
-    if damage == "flip":
-        data[at] ^= 0xFF
-    elif damage == "cut":
-        data = data[:at]
-    elif damage == "grow":
-        data += b"\0"
-    else:
-        data = bytearray(os.urandom(len(data)))
-    path.write_bytes(bytes(data))
+    path.write_bytes(damaged(path.read_bytes(), damage, where))
     changed, said = _guard(folder)
     assert changed == [victim] and not path.exists()
     assert len(said) == 1 and victim in said[0] and "compiled anew" in said[0]

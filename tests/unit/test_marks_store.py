@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from cyto.errors import InputPathError
 from cyto.review.store import MARKS_FILE, MarkStore
+from tests.damage import KINDS, damaged
 
 
 def _log(folder):
@@ -46,21 +47,13 @@ def test_random_bytes_for_a_marks_log_is_one_line_naming_it(tmp_path):
 )
 @given(
     where=st.floats(0, 1, exclude_max=True),
-    damage=st.sampled_from(["flip", "cut", "noise"]),
+    damage=st.sampled_from(KINDS),
 )
 def test_a_damaged_marks_log_reads_back_whole_or_is_one_line(tmp_path_factory, where, damage):
     folder = tmp_path_factory.mktemp("review")
     want = _log(folder)
     path = folder / MARKS_FILE
-    data = bytearray(path.read_bytes())
-    at = int(where * len(data))
-    if damage == "flip":
-        data[at] ^= 0xFF
-    elif damage == "cut":
-        data = data[: max(at, 1)]
-    else:
-        data[at : at + 512] = os.urandom(len(data[at : at + 512]))
-    path.write_bytes(bytes(data))
+    path.write_bytes(damaged(path.read_bytes(), damage, where))
     try:
         got = _read(folder)
     except InputPathError as err:  # never sqlite3's own error
