@@ -1,0 +1,171 @@
+"""Outputs to object storage: ``cyto score SLIDE --out s3://bucket/prefix/`` against a real S3
+server (moto's standalone server, the one s3fs's own test suite runs; tests/servers.py), on
+loopback. The prefix holds what a local run's folder holds, sealed, and ``--resume`` trusts it only
+through the seal, read from the server."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from tests.cli_runner import run_cyto
+from tests.servers import moto_s3
+from tests.tables import same_table
+
+pytestmark = pytest.mark.pyvips
+
+
+@pytest.fixture(scope="module")
+def slides(tmp_path_factory):
+    """Two small pyramidal JPEG-tiled TIFFs."""
+    root = tmp_path_factory.mktemp("slides")
+    for i, name in enumerate(("a", "b")):
+        write_slide(
+            root / f"{name}.tif",
+            SlideSynthConfig(width=1024, height=1024, seed=5 + i, abnormal_fraction=0.1),
+            workers=0,
+        )
+    return root / "a.tif", root / "b.tif"
+
+
+@pytest.fixture(scope="module")
+def local(slides, exported_dsvdd, tmp_path_factory):
+    """The local run the remote ones are compared with."""
+    out = tmp_path_factory.mktemp("local")
+    proc = _score(slides, exported_dsvdd, out)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    with moto_s3(tmp_path_factory.mktemp("moto")) as server:
+        server.client().create_bucket(Bucket="out")
+        yield server
+
+
+@pytest.fixture
+def aws(s3, monkeypatch, tmp_path):
+    """The standard AWS variables pointing at the server; a cache of this test's own (a fresh
+    machine's staging folders)."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    return s3
+
+
+def _score(slides, model, out, *extra):
+    return run_cyto(
+        "score", *map(str, slides), "--model", str(model), "--out", str(out),
+        "--workers", "0", "--mosaic", "0", *extra,
+    )  # fmt: skip
+
+
+def _objects(s3, prefix: str) -> dict[str, bytes]:
+    client = s3.client()
+    listed = client.list_objects_v2(Bucket="out", Prefix=prefix).get("Contents", [])
+    return {
+        o["Key"][len(prefix) :]: client.get_object(Bucket="out", Key=o["Key"])["Body"].read()
+        for o in listed
+    }
+
+
+def _table(data: bytes):
+    return pq.read_table(io.BytesIO(data))
+
+
+def _forget_staging(tmp_path: Path) -> None:
+    """What this machine staged is gone: what follows reads the prefix alone."""
+    shutil.rmtree(tmp_path / "cache" / "outputs", ignore_errors=True)
+
+
+def test_a_cohort_to_s3_is_the_local_run(slides, local, exported_dsvdd, aws, tmp_path):
+    """Each slide's folder under the prefix holds the local run's tables, cell for cell, and a
+    seal over its files; cohort.csv is at the prefix, naming the remote folders; the summary
+    records where it went. The secret key appears nowhere: output, objects, staging files."""
+    proc = _score(slides, exported_dsvdd, "s3://out/run1/")
+    assert proc.returncode == 0, proc.stderr
+    objects = _objects(aws, "run1/")
+    for name in ("a", "b"):
+        for table in ("scores.parquet", "topk.parquet"):
+            remote = _table(objects[f"{name}/{table}"])
+            assert remote.num_rows > 0
+            assert same_table(remote, pq.read_table(local / name / table)), (name, table)
+        seal = json.loads(objects[f"{name}/seal.json"])
+        names = {k.split("/", 1)[1] for k in objects if k.startswith(f"{name}/")}
+        assert {*seal["files"], "seal.json"} == names
+        assert json.loads(objects[f"{name}/summary.json"])["output"] == f"s3://out/run1/{name}"
+    rows = objects["cohort.csv"].decode().splitlines()
+    assert len(rows) == 3 and "s3://out/run1/a," in rows[1] + rows[2]
+    assert "-> s3://out/run1/a" in proc.stdout
+    assert not any(k.rpartition("/")[2].startswith(".") for k in objects)  # no temporaries
+    written = [proc.stdout, proc.stderr, *(b.decode("latin-1") for b in objects.values())]
+    written += [f.read_bytes().decode("latin-1") for f in tmp_path.rglob("*") if f.is_file()]
+    assert not any(aws.SECRET in text for text in written)
+    assert str(tmp_path / "cache") not in proc.stdout + proc.stderr  # the prefix, not staging
+
+
+def test_resume_trusts_the_prefix_only_through_its_seal(
+    slides, local, exported_dsvdd, aws, tmp_path
+):
+    """Read back from the server on a machine that staged nothing: a sealed slide is skipped;
+    a slide whose remote summary was edited, or whose publish stopped before its seal, is
+    scored again, saying why, and sealed again; without --resume the finished prefix is
+    refused in one line naming it."""
+    a, b = slides
+    assert _score(slides, exported_dsvdd, "s3://out/run2/").returncode == 0
+    _forget_staging(tmp_path)
+    again = _score(slides, exported_dsvdd, "s3://out/run2/", "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "a.tif: already scored in s3://out/run2/a; skipping" in again.stdout
+    assert "b.tif: already scored in s3://out/run2/b; skipping" in again.stdout
+
+    client = aws.client()
+    summary = json.loads(client.get_object(Bucket="out", Key="run2/a/summary.json")["Body"].read())
+    summary["cells_scored"] += 1  # an edit by hand
+    client.put_object(Bucket="out", Key="run2/a/summary.json", Body=json.dumps(summary).encode())
+    client.delete_object(Bucket="out", Key="run2/b/seal.json")  # a publish stopped half way
+    _forget_staging(tmp_path)
+    redo = _score(slides, exported_dsvdd, "s3://out/run2/", "--resume")
+    assert redo.returncode == 0, redo.stderr
+    assert "already scored" not in redo.stdout
+    assert "a.tif: s3://out/run2/a: its outputs changed since they were written (summary.json)" in (
+        redo.stdout
+    )
+    assert "b.tif: s3://out/run2/b: its outputs carry no seal" in redo.stdout
+    objects = _objects(aws, "run2/")
+    for name in ("a", "b"):
+        assert same_table(
+            _table(objects[f"{name}/scores.parquet"]), pq.read_table(local / name / "scores.parquet")
+        )
+        seal = json.loads(objects[f"{name}/seal.json"])
+        assert seal["files"]["summary.json"]["bytes"] == len(objects[f"{name}/summary.json"])
+
+    refused = _score([a], exported_dsvdd, "s3://out/run2/")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: --out s3://out/run2/a holds the finished results of a.tif; pass --overwrite "
+        "to replace them, or --resume to keep them where they still hold"
+    ] or "s3://out/run2/a" in refused.stderr, refused.stderr
+    assert str(tmp_path / "cache") not in refused.stderr
+
+
+def test_the_python_api_writes_to_s3(slides, local, exported_dsvdd, aws):
+    """cyto.score_slide(out="s3://...") takes the same path: the table it returns and the one
+    under the prefix are the local run's."""
+    import cyto
+
+    table = cyto.score_slide(
+        slides[0], exported_dsvdd, "s3://out/api/a/", workers=0, mosaic=0, echo=None
+    )
+    expected = pq.read_table(local / "a" / "scores.parquet")
+    assert same_table(table, expected)
+    objects = _objects(aws, "api/a/")
+    assert same_table(_table(objects["scores.parquet"]), expected)
+    assert "seal.json" in objects
