@@ -167,11 +167,13 @@ def score_slide(
         # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
         said = echo or (lambda _line: None)
         run(slide_ref(slide), model, where.local, opts, echo=lambda m: said(where.words(m)))
+        table = pq.read_table(where.local / "scores.parquet")
         where.publish()
+        where.release()
     except CytoError as exc:
         where.translated(exc)
         raise
-    return pq.read_table(where.local / "scores.parquet")
+    return table
 
 
 @_front_door

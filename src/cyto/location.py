@@ -26,9 +26,11 @@ staging folder of the machine that scored it: another machine starts that slide 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 from cyto.errors import CytoError, InputPathError, OutputWriteError
@@ -273,6 +275,31 @@ class OutputLocation(Requests):
             info = self._call(lambda n=name: fs.info(self._key(n)), "info")
             record[name] = {"etag": _etag(info), "sha256": _hash(path)}
             self._write_record(record)
+
+    def release(self) -> None:
+        """Once a slide's folder is published, its staged copy goes (the prefix holds it: a
+        cohort does not keep a second copy of every table in the cache), unless another run on
+        this machine holds the folder now. Nothing for a local folder."""
+        if not self.is_remote or not self.local.is_dir():
+            return
+        from cyto.errors import OutputBusyError
+        from cyto.locks import OutputLock
+
+        try:
+            lock = OutputLock(self.local).acquire()
+        except OutputBusyError:
+            return
+        try:
+            for path in self.local.iterdir():
+                if path != lock.path:
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        path.unlink(missing_ok=True)
+        finally:
+            lock.release()
+        with contextlib.suppress(OSError):  # a file another run put there since
+            self.local.rmdir()
 
     def _same(self, name: str, remote: dict, record: dict) -> bool:
         """Whether the remote ``name`` holds the bytes of the local one (by the record of the

@@ -108,7 +108,7 @@ def test_a_cohort_to_s3_is_the_local_run(slides, local, exported_dsvdd, aws, tmp
     written = [proc.stdout, proc.stderr, *(b.decode("latin-1") for b in objects.values())]
     written += [f.read_bytes().decode("latin-1") for f in tmp_path.rglob("*") if f.is_file()]
     assert not any(aws.SECRET in text for text in written)
-    assert str(tmp_path / "cache") not in proc.stdout + proc.stderr  # the prefix, not staging
+    assert str(tmp_path / "cache" / "outputs") not in proc.stdout + proc.stderr  # not staging
 
 
 def test_resume_trusts_the_prefix_only_through_its_seal(
@@ -141,19 +141,20 @@ def test_resume_trusts_the_prefix_only_through_its_seal(
     assert "b.tif: s3://out/run2/b: its outputs carry no seal" in redo.stdout
     objects = _objects(aws, "run2/")
     for name in ("a", "b"):
-        assert same_table(
-            _table(objects[f"{name}/scores.parquet"]), pq.read_table(local / name / "scores.parquet")
-        )
+        expected = pq.read_table(local / name / "scores.parquet")
+        assert same_table(_table(objects[f"{name}/scores.parquet"]), expected)
         seal = json.loads(objects[f"{name}/seal.json"])
         assert seal["files"]["summary.json"]["bytes"] == len(objects[f"{name}/summary.json"])
 
     refused = _score([a], exported_dsvdd, "s3://out/run2/")
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
-        "error: --out s3://out/run2/a holds the finished results of a.tif; pass --overwrite "
-        "to replace them, or --resume to keep them where they still hold"
-    ] or "s3://out/run2/a" in refused.stderr, refused.stderr
-    assert str(tmp_path / "cache") not in refused.stderr
+        "error: --out s3://out/run2/a (the finished results of a.tif) exists (pass --overwrite "
+        "to replace it, or --resume to keep them where they still hold)"
+    ]
+    gone = _score([a], exported_dsvdd, "s3://nobucket/run/")  # said before any work
+    assert gone.returncode == 1
+    assert gone.stderr.strip() == "error: cannot write --out s3://nobucket/run: not found (404)"
 
 
 def test_the_python_api_writes_to_s3(slides, local, exported_dsvdd, aws):

@@ -124,8 +124,8 @@ def score_at(
 ) -> dict:
     """:func:`score_one` into the output folder ``where`` (a local folder, or a slide's folder
     under a prefix in object storage: pulled into its staging folder first, so what is reused
-    is what the prefix holds, and published after, ``seal.json`` last). Messages and errors
-    name the prefix, never the staging folder."""
+    is what the prefix holds, and published after, ``seal.json`` last, its staged copy then
+    removed). Messages and errors name the prefix, never the staging folder."""
 
     def said(message: str) -> None:
         echo(where.words(message))
@@ -134,6 +134,7 @@ def score_at(
         where.pull()
         summary = score_one(slide, where.local, scorer, opts, said, metrics)
         where.publish()
+        where.release()
     except CytoError as exc:
         where.translated(exc)
         raise
