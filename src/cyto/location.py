@@ -185,7 +185,7 @@ class OutputLocation(Requests):
         fs = self.fs()
         bucket = self._path.split("/", 1)[0]
         try:
-            self._call(lambda: fs.ls(bucket), "list")
+            self._call(lambda: fs.info(bucket), "info")
         except CytoError as exc:
             raise OutputWriteError(f"cannot write --out {self}: {_reason(exc, self)}") from None
 
@@ -195,6 +195,16 @@ class OutputLocation(Requests):
         fetched again. Nothing for a local folder."""
         if not self.is_remote:
             return
+        if names is not None:
+            self._pull(names)
+            return
+        from cyto.locks import OutputLock
+
+        # a run on this machine writing the folder now keeps it: refused as locally
+        with OutputLock(self.local):
+            self._pull(None)
+
+    def _pull(self, names: tuple[str, ...] | None) -> None:
         remote = self._listing()
         if names is not None:
             remote = {k: v for k, v in remote.items() if k in names}
@@ -220,7 +230,7 @@ class OutputLocation(Requests):
             finally:
                 tmp.unlink(missing_ok=True)
             kept[name] = {"etag": etag, "sha256": _hash(path)}
-        for path in self.local.iterdir():  # what the remote folder no longer holds
+        for path in list(self.local.iterdir()):  # what the remote folder no longer holds
             if (
                 path.is_file()
                 and not path.name.startswith(".")

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.location import output_location
 from tests.cli_runner import run_cyto
 from tests.servers import moto_s3
 from tests.tables import same_table
@@ -170,3 +175,100 @@ def test_the_python_api_writes_to_s3(slides, local, exported_dsvdd, aws):
     objects = _objects(aws, "api/a/")
     assert same_table(_table(objects["scores.parquet"]), expected)
     assert "seal.json" in objects
+
+
+class _Killer(threading.Thread):
+    """SIGKILLs the process that holds a staged folder's lock once a chunk of the slide is
+    there: an engine dying mid-slide, with part of the slide scored."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(daemon=True)
+        self.folder, self.killed = folder, None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if any(self.folder.glob(".partial/chunk-*.parquet")):
+                try:
+                    pid = json.loads((self.folder / ".lock").read_text())["pid"]
+                except (OSError, ValueError, KeyError):
+                    continue
+                os.kill(pid, signal.SIGKILL)
+                self.killed = pid
+                return
+            time.sleep(0.01)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_ray_cohort_from_and_to_s3_shares_no_folder(
+    slides, exported_dsvdd, s3, tmp_path, monkeypatch
+):
+    """Slides and outputs in the S3 server, the driver and the engines with caches of their own
+    (no folder shared): the engine killed mid-slide is replaced and the slide resumed from the
+    chunks its node staged; the prefix holds a local run's tables and cohort.csv; a rerun with
+    --resume, its engines' staging gone, skips every slide, read back from the prefix."""
+    ray = pytest.importorskip("ray")
+    from dataclasses import replace
+
+    from cyto.cohort import score_cohort
+    from cyto.cohort.ray import score_cohort_ray
+    from cyto.infer import ScoreOptions
+    from cyto.slides.remote import slide_ref
+
+    client = s3.client()
+    client.create_bucket(Bucket="slides")
+    for s in slides:
+        client.put_object(Bucket="slides", Key=f"ray/{s.name}", Body=s.read_bytes())
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    driver, node = tmp_path / "driver-cache", tmp_path / "node-cache"
+    opts = ScoreOptions(mosaic=0, workers=0, tile=512, chunk_cells=4)
+    plain = tmp_path / "plain"
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "plain-cache"))
+    assert not score_cohort(list(slides), exported_dsvdd, plain, opts, echo=lambda m: None)[1]
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(node))
+    staged_b = output_location("s3://out/ray/").child("b").local
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(driver))
+    urls = [slide_ref(f"s3://slides/ray/{s.name}") for s in slides]
+    env = {**s3.env(), "CYTO_CACHE_DIR": str(node), "CYTO_PROGRESS": "0"}
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": env},
+    )
+    killer = _Killer(staged_b)
+    killer.start()
+    said: list[str] = []
+    try:
+        done, failed = score_cohort_ray(
+            urls, exported_dsvdd, "s3://out/ray/", opts, "auto", said.append
+        )
+        killer.stop.set()
+        assert killer.killed is not None and not failed, said
+        assert sum("died" in m and "resumes from the finished chunks" in m for m in said) == 1
+        by_slide = {Path(s["slide"]).stem: s for s in done}
+        assert by_slide["b"]["cells_resumed"] > 0
+        objects = _objects(s3, "ray/")
+        for name in ("a", "b"):
+            expected = pq.read_table(plain / name / "scores.parquet")
+            assert same_table(_table(objects[f"{name}/scores.parquet"]), expected), name
+        rows = objects["cohort.csv"].decode().splitlines()
+        assert len(rows) == 3 and all(",s3://out/ray/" in r for r in rows[1:])
+        # nothing of the slides' outputs on the driver, nor left staged on the node
+        assert not any(driver.rglob("*.parquet")) and not any(node.rglob("*.parquet"))
+        shutil.rmtree(node / "outputs")
+        said.clear()
+        done, failed = score_cohort_ray(
+            urls, exported_dsvdd, "s3://out/ray/", replace(opts, resume=True), "auto", said.append
+        )
+        assert not failed and len(done) == 2
+        for name in ("a", "b"):
+            assert any(
+                f"{name}.tif: already scored in s3://out/ray/{name}; skipping" in m for m in said
+            )
+    finally:
+        killer.stop.set()
+        ray.shutdown()

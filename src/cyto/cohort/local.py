@@ -7,7 +7,13 @@ import json
 from pathlib import Path
 
 from cyto.cohort.table import cohort_row, read_cohort_table, write_cohort_table
-from cyto.errors import CytoError, InputPathError, OutputWriteError, SlideFailedError
+from cyto.errors import (
+    CytoError,
+    InputPathError,
+    OutputBusyError,
+    OutputWriteError,
+    SlideFailedError,
+)
 from cyto.infer import ScoreOptions, score_slide
 from cyto.infer.finish import Metrics
 from cyto.infer.options import as_cut
@@ -155,7 +161,10 @@ def stage(where: OutputLocation, slides: list[Path]) -> None:
     pattern = re.compile(r"(.*?)(-[0-9a-f]{8})?")
     for name in where.folders():
         if pattern.fullmatch(name).group(1) in stems or name in stems:
-            where.child(name).pull()
+            try:
+                where.child(name).pull()
+            except OutputBusyError:  # that slide fails alone, saying so, when it is scored
+                continue
     where.pull(("cohort.csv",))
 
 
