@@ -99,7 +99,7 @@ def slide_line(summary: dict, out: Path) -> str:
         rate = "no cells found"
     line = (
         f"{Path(s['slide']).name}: {s['cells_scored']} cells in {s['seconds']} s ({rate}) "
-        f"-> {s.get('output') or Path(out) / Path(s['slide']).stem}"
+        f"-> {s.get('output') or Path(str(out)) / Path(s['slide']).stem}"
     )
     line += burden_words(s.get("burden"))
     if s.get("adequacy"):  # the specimen-adequacy rule's result, with its reasons
