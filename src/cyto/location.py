@@ -253,8 +253,8 @@ class OutputLocation(Requests):
             self._publish(names)
         except CytoError as exc:
             raise OutputWriteError(
-                f"cannot write the outputs to {self}: {_reason(exc, self)}; they are kept in "
-                f"{self.local}: rerun with --resume to publish them"
+                f"cannot write the outputs to {self}: {_reason(exc, self)}; a folder left "
+                "there without its seal is scored again when run again"
             ) from None
 
     def _publish(self, names) -> None:

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.errors import OutputWriteError
 from cyto.location import output_location
 from tests.cli_runner import run_cyto
 from tests.servers import moto_s3
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.pyvips
 
 @pytest.fixture(scope="module")
 def slides(tmp_path_factory):
-    """Two small pyramidal JPEG-tiled TIFFs."""
+    """Two small pyramidal JPEG-tiled TIFFs (four tiles of 512 px each)."""
     root = tmp_path_factory.mktemp("slides")
     for i, name in enumerate(("a", "b")):
         write_slide(
@@ -68,7 +69,7 @@ def aws(s3, monkeypatch, tmp_path):
 def _score(slides, model, out, *extra):
     return run_cyto(
         "score", *map(str, slides), "--model", str(model), "--out", str(out),
-        "--workers", "0", "--mosaic", "0", *extra,
+        "--workers", "0", "--mosaic", "0", "--tile", "512", *extra,
     )  # fmt: skip
 
 
@@ -177,6 +178,50 @@ def test_the_python_api_writes_to_s3(slides, local, exported_dsvdd, aws):
     assert "seal.json" in objects
 
 
+def test_a_publish_that_fails_half_way_leaves_no_seal(
+    slides, local, exported_dsvdd, aws, monkeypatch
+):
+    """The second upload of a slide's files is refused: one line naming the prefix, no seal
+    under it, and the next run scores the slide again and seals it."""
+    import s3fs
+
+    import cyto
+
+    put = s3fs.S3FileSystem.put_file
+    calls = []
+
+    def refused(self, *args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise PermissionError("Access Denied")
+        return put(self, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "put_file", refused)
+    with pytest.raises(OutputWriteError) as info:
+        cyto.score_slide(
+            slides[1], exported_dsvdd, "s3://out/half/b/", workers=0, mosaic=0, echo=None
+        )
+    assert str(info.value).startswith(
+        "cannot write the outputs to s3://out/half/b: access denied (403)"
+    )
+    assert "cache" not in str(info.value)
+    objects = _objects(aws, "half/b/")
+    assert len(objects) == 1 and "seal.json" not in objects
+    monkeypatch.setattr(s3fs.S3FileSystem, "put_file", put)
+    said: list[str] = []
+    table = cyto.score_slide(
+        slides[1],
+        exported_dsvdd,
+        "s3://out/half/b/",
+        workers=0,
+        mosaic=0,
+        resume=True,
+        echo=said.append,
+    )
+    assert same_table(table, pq.read_table(local / "b" / "scores.parquet"))
+    assert "seal.json" in _objects(aws, "half/b/")
+
+
 class _Killer(threading.Thread):
     """SIGKILLs the process that holds a staged folder's lock once a chunk of the slide is
     there: an engine dying mid-slide, with part of the slide scored."""
@@ -202,7 +247,7 @@ class _Killer(threading.Thread):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_ray_cohort_from_and_to_s3_shares_no_folder(
-    slides, exported_dsvdd, s3, tmp_path, monkeypatch
+    slides, local, exported_dsvdd, s3, tmp_path, monkeypatch
 ):
     """Slides and outputs in the S3 server, the driver and the engines with caches of their own
     (no folder shared): the engine killed mid-slide is replaced and the slide resumed from the
@@ -211,7 +256,6 @@ def test_a_ray_cohort_from_and_to_s3_shares_no_folder(
     ray = pytest.importorskip("ray")
     from dataclasses import replace
 
-    from cyto.cohort import score_cohort
     from cyto.cohort.ray import score_cohort_ray
     from cyto.infer import ScoreOptions
     from cyto.slides.remote import slide_ref
@@ -223,10 +267,8 @@ def test_a_ray_cohort_from_and_to_s3_shares_no_folder(
     for name, value in s3.env().items():
         monkeypatch.setenv(name, value)
     driver, node = tmp_path / "driver-cache", tmp_path / "node-cache"
+    # the local run's options (_score), a chunk per few cells: the kill lands mid-slide
     opts = ScoreOptions(mosaic=0, workers=0, tile=512, chunk_cells=4)
-    plain = tmp_path / "plain"
-    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "plain-cache"))
-    assert not score_cohort(list(slides), exported_dsvdd, plain, opts, echo=lambda m: None)[1]
     monkeypatch.setenv("CYTO_CACHE_DIR", str(node))
     staged_b = output_location("s3://out/ray/").child("b").local
     monkeypatch.setenv("CYTO_CACHE_DIR", str(driver))
@@ -253,7 +295,7 @@ def test_a_ray_cohort_from_and_to_s3_shares_no_folder(
         assert by_slide["b"]["cells_resumed"] > 0
         objects = _objects(s3, "ray/")
         for name in ("a", "b"):
-            expected = pq.read_table(plain / name / "scores.parquet")
+            expected = pq.read_table(local / name / "scores.parquet")
             assert same_table(_table(objects[f"{name}/scores.parquet"]), expected), name
         rows = objects["cohort.csv"].decode().splitlines()
         assert len(rows) == 3 and all(",s3://out/ray/" in r for r in rows[1:])
