@@ -398,7 +398,7 @@ def score_cohort(
     on. Returns (summaries, failures as (slide, error)). ``out``: a folder, or a prefix in
     object storage (:class:`~cyto.location.OutputLocation`)."""
     where = output_location(out)
-    echo = _words_of(where, echo)
+    echo = echo_for(where, echo)
     check_inputs(where.local, opts)
     stage(where, slides)
     out = where.local
@@ -427,7 +427,7 @@ def score_cohort(
     return done, failed
 
 
-def _words_of(where: OutputLocation, echo):
+def echo_for(where: OutputLocation, echo):
     """``echo`` naming the prefix where a message names the staging folder."""
     if not where.is_remote:
         return echo
