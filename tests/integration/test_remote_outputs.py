@@ -169,7 +169,7 @@ def test_the_python_api_writes_to_s3(slides, local, exported_dsvdd, aws):
     import cyto
 
     table = cyto.score_slide(
-        slides[0], exported_dsvdd, "s3://out/api/a/", workers=0, mosaic=0, echo=None
+        slides[0], exported_dsvdd, "s3://out/api/a/", workers=0, mosaic=0, tile=512, echo=None
     )
     expected = pq.read_table(local / "a" / "scores.parquet")
     assert same_table(table, expected)
@@ -199,7 +199,7 @@ def test_a_publish_that_fails_half_way_leaves_no_seal(
     monkeypatch.setattr(s3fs.S3FileSystem, "put_file", refused)
     with pytest.raises(OutputWriteError) as info:
         cyto.score_slide(
-            slides[1], exported_dsvdd, "s3://out/half/b/", workers=0, mosaic=0, echo=None
+            slides[1], exported_dsvdd, "s3://out/half/b/", workers=0, mosaic=0, tile=512, echo=None
         )
     assert str(info.value).startswith(
         "cannot write the outputs to s3://out/half/b: access denied (403)"
@@ -252,10 +252,11 @@ def test_a_ray_cohort_from_and_to_s3_shares_no_folder(
     """Slides and outputs in the S3 server, the driver and the engines with caches of their own
     (no folder shared): the engine killed mid-slide is replaced and the slide resumed from the
     chunks its node staged; the prefix holds a local run's tables and cohort.csv; a rerun with
-    --resume, its engines' staging gone, skips every slide, read back from the prefix."""
+    --resume, with nothing staged, skips every slide, read back from the prefix."""
     ray = pytest.importorskip("ray")
     from dataclasses import replace
 
+    from cyto.cohort import score_cohort
     from cyto.cohort.ray import score_cohort_ray
     from cyto.infer import ScoreOptions
     from cyto.slides.remote import slide_ref
@@ -301,10 +302,12 @@ def test_a_ray_cohort_from_and_to_s3_shares_no_folder(
         assert len(rows) == 3 and all(",s3://out/ray/" in r for r in rows[1:])
         # nothing of the slides' outputs on the driver, nor left staged on the node
         assert not any(driver.rglob("*.parquet")) and not any(node.rglob("*.parquet"))
+        # resumed from the prefix alone (here by the plain runner: a second cluster's start
+        # would double the test's time), nothing of the slides staged here
         shutil.rmtree(node / "outputs")
         said.clear()
-        done, failed = score_cohort_ray(
-            urls, exported_dsvdd, "s3://out/ray/", replace(opts, resume=True), "auto", said.append
+        done, failed = score_cohort(
+            urls, exported_dsvdd, "s3://out/ray/", replace(opts, resume=True), said.append
         )
         assert not failed and len(done) == 2
         for name in ("a", "b"):
