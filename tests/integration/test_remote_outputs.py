@@ -215,6 +215,7 @@ def test_a_publish_that_fails_half_way_leaves_no_seal(
         "s3://out/half/b/",
         workers=0,
         mosaic=0,
+        tile=512,
         resume=True,
         echo=said.append,
     )
