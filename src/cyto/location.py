@@ -139,17 +139,8 @@ class OutputLocation(Requests):
     def _listing(self) -> dict[str, dict]:
         """The files directly under this prefix (name -> their info), none when there is none;
         hidden names (a temporary of a client) are not cyto's outputs."""
-        fs = self.fs()
-
-        def ls():
-            fs.invalidate_cache(self._path)
-            try:
-                return fs.ls(self._path, detail=True)
-            except FileNotFoundError:
-                return []
-
         found = {}
-        for entry in self._call(ls, "list"):
+        for entry in self._entries():
             name = entry["name"].rstrip("/").rpartition("/")[2]
             if entry.get("type") == "file" and name and not name.startswith("."):
                 found[name] = entry
@@ -163,6 +154,14 @@ class OutputLocation(Requests):
                 if (self.local.is_dir())
                 else []
             )
+        return sorted(
+            e["name"].rstrip("/").rpartition("/")[2]
+            for e in self._entries()
+            if e.get("type") == "directory"
+        )
+
+    def _entries(self) -> list[dict]:
+        """What the server lists directly under this prefix now (not a cached listing)."""
         fs = self.fs()
 
         def ls():
@@ -172,11 +171,7 @@ class OutputLocation(Requests):
             except FileNotFoundError:
                 return []
 
-        return sorted(
-            e["name"].rstrip("/").rpartition("/")[2]
-            for e in self._call(ls, "list")
-            if e.get("type") == "directory"
-        )
+        return self._call(ls, "list")
 
     def check(self) -> None:
         """Before any work: the bucket answers and can be listed with these credentials."""
