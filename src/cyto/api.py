@@ -111,7 +111,10 @@ def score_slide(
             ``gs://``, ``https://``: read in place; docs/how-to/remote-slides.md).
         model: a bundle path, or a scorer from :func:`load_model` (loaded once, reused across
             slides).
-        out: the output folder of this slide (one writer per folder).
+        out: the output folder of this slide (one writer per folder), or a prefix in object
+            storage (``s3://bucket/scored/slide/``: written through a staging folder in cyto's
+            cache, each file uploaded whole, ``seal.json`` last; credentials from the
+            standard AWS variables and profiles).
         overwrite: score again into an ``out`` that holds finished results (of this slide or
             another); without it (or ``resume=True``, which keeps them where they still hold)
             such a folder is refused, as ``cyto score`` refuses it. Not with ``resume=True``.
@@ -137,8 +140,10 @@ def score_slide(
     import pyarrow.parquet as pq
 
     from cyto.cohort.run import refuse_finished, refuse_resume_and_overwrite
+    from cyto.errors import CytoError
     from cyto.infer.options import ScoreOptions, detection_for
     from cyto.infer.pipeline import score_slide as run
+    from cyto.location import output_location
     from cyto.slides.remote import slide_ref
 
     # every option checked (name, type, range) before any file is read; detection by kind
@@ -157,15 +162,28 @@ def score_slide(
         ),
     )
     refuse_resume_and_overwrite(opts.resume, overwrite)
-    out = Path(out)
-    # a folder holding finished results (this slide's or another's) is not scored over unasked
-    refuse_finished(out, Path(str(slide)).name, overwrite or opts.resume)
-    model = model if not isinstance(model, str) else Path(model)
-    if kind == "auto":
-        opts = replace(opts, detection=detection_for(kind, model))
-    # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
-    run(slide_ref(slide), model, out, opts, echo=echo or (lambda _line: None))
-    return pq.read_table(out / "scores.parquet")
+    # a folder, or a prefix in object storage, as cyto score --out takes it (cyto.location):
+    # the prefix's files are pulled where they are checked, and published when scored
+    where = output_location(out)
+    where.check()
+    try:
+        where.pull()
+        # a folder holding finished results (this slide's or another's) is not scored over
+        # unasked
+        refuse_finished(where.local, Path(str(slide)).name, overwrite or opts.resume)
+        model = model if not isinstance(model, str) else Path(model)
+        if kind == "auto":
+            opts = replace(opts, detection=detection_for(kind, model))
+        # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
+        said = echo or (lambda _line: None)
+        run(slide_ref(slide), model, where.local, opts, echo=lambda m: said(where.words(m)))
+        table = pq.read_table(where.local / "scores.parquet")
+        where.publish()
+        where.release()
+    except CytoError as exc:
+        where.translated(exc)
+        raise
+    return table
 
 
 def _scorer_runs(model: object, asked: dict[str, str]) -> dict[str, str]:

@@ -7,7 +7,7 @@ dependency). Layers, top to bottom:
     bench  demo  review  view  predict  doctor  api
     cohort
     infer  eval
-    train  export  stats
+    train  export  stats  location
     runtime  detect  slides
     models  data  bundle  seal
     errors  progress  interrupts  locks  reuse  flags  outputs_check  localserver  (and the root)
@@ -49,6 +49,7 @@ LAYERS = {
     "train": 3,
     "export": 3,
     "stats": 3,
+    "location": 3,  # an output folder or object-store prefix: over the remote slides' file systems
     "runtime": 2,
     "detect": 2,
     "slides": 2,

@@ -136,7 +136,9 @@ def score_cmd(
         ),
     ],
     model: Annotated[Path, typer.Option(help="Model bundle (exported: cyto export).")],
-    out: Annotated[Path, typer.Option(help="Output folder; one sub-folder per slide.")],
+    out: Annotated[
+        str, typer.Option(help="Output folder, a sub-folder per slide; or a prefix s3://BUCKET/P/.")
+    ],
     backend: Annotated[
         str,
         typer.Option(
@@ -221,8 +223,7 @@ def score_cmd(
         ),
     ] = None,
     resume: Annotated[
-        bool,
-        typer.Option(help="Continue an interrupted run (skips finished tiles and slides)."),
+        bool, typer.Option(help="Continue an interrupted run (skips finished tiles and slides).")
     ] = False,
     overwrite: Annotated[
         bool,
@@ -278,7 +279,7 @@ def score_cmd(
         typer.Option(
             help="Score the cohort on a Ray cluster (pip install 'cyto[ray]'): auto (the running "
             "cluster, else a local one), local, or a cluster address HOST:PORT. One engine per "
-            "GPU (or per node without one); slides and --out must be on a path every node sees.",
+            "GPU (or per node without one); slides and --out on a path every node sees, or URLs.",
         ),
     ] = None,
     skip_verify: SkipVerify = False,
@@ -345,6 +346,7 @@ def score_cmd(
     from cyto.infer import ScoreOptions
     from cyto.infer.options import check_rank_by, detection_for
     from cyto.infer.qupath import qupath_words
+    from cyto.location import output_location
     from cyto.slides import slide_files
     from cyto.slides.remote import is_url, parse_options, slide_ref
     from cyto.view.folder import view_words
@@ -390,12 +392,12 @@ def score_cmd(
 
         if ray is not None:
             raise ConfigError("--watch scores on this machine; it does not take --ray")
-        if any(is_url(s) for s in slides):
-            raise ConfigError("--watch watches local folders; give URLs without --watch")
+        if any(is_url(s) for s in [*slides, out]):
+            raise ConfigError("--watch reads and writes local folders; give URLs without --watch")
         done, failed = watch_cohort(
             [Path(s) for s in slides],
             model,
-            out,
+            Path(out),
             opts,
             typer.echo,
             metrics,
@@ -406,6 +408,7 @@ def score_cmd(
             raise typer.Exit(max(exc.exit_code for _, exc in failed))
         return
     options = parse_options(storage_option)
+    out = output_location(out, options)  # a folder, or a prefix in object storage
     slides = [slide_ref(s, options, download) for s in slides]
     slides = slide_files(slides)  # a folder: the slides in it; a prefix: the slides under it
     if ray is None and not any(s.exists() for s in slides):
@@ -432,7 +435,7 @@ def score_cmd(
     opened = qupath_words(done)
     if opened:
         typer.echo(opened)
-    shown = view_words(done, out)
+    shown = None if out.is_remote else view_words(done, out.local)  # cyto view reads folders
     if shown:
         typer.echo(shown)
     for slide, exc in failed:

@@ -7,13 +7,20 @@ import json
 from pathlib import Path
 
 from cyto.cohort.table import cohort_row, read_cohort_table, write_cohort_table
-from cyto.errors import CytoError, InputPathError, OutputWriteError, SlideFailedError
+from cyto.errors import (
+    CytoError,
+    InputPathError,
+    OutputBusyError,
+    OutputWriteError,
+    SlideFailedError,
+)
 from cyto.infer import ScoreOptions, score_slide
 from cyto.infer.finish import Metrics
 from cyto.infer.options import as_cut
 from cyto.infer.outputs import read_truth
 from cyto.infer.plan import NO_MODEL_MPP
 from cyto.infer.store import PARTIAL, slide_identity
+from cyto.location import OutputLocation, output_location
 from cyto.runtime import Scorer, load_scorer
 from cyto.slides.base import printable
 from cyto.slides.remote import SlideURL, slide_ref
@@ -135,6 +142,49 @@ def scored_when(target: Path) -> str:
     stamp = (target / SEAL) if (target / SEAL).is_file() else (target / "summary.json")
     when = datetime.datetime.fromtimestamp(stamp.stat().st_mtime, datetime.UTC)
     return when.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def score_at(
+    slide: Path, where: OutputLocation, scorer: Scorer, opts: ScoreOptions, echo, metrics
+) -> dict:
+    """:func:`score_one` into the output folder ``where`` (a local folder, or a slide's folder
+    under a prefix in object storage: pulled into its staging folder first, so what is reused
+    is what the prefix holds, and published after, ``seal.json`` last, its staged copy then
+    removed). Messages and errors name the prefix, never the staging folder."""
+
+    def said(message: str) -> None:
+        echo(where.words(message))
+
+    try:
+        where.pull()
+        summary = score_one(slide, where.local, scorer, opts, said, metrics)
+        where.publish()
+        where.release()
+    except CytoError as exc:
+        where.translated(exc)
+        raise
+    return summary
+
+
+def stage(where: OutputLocation, slides: list[Path]) -> None:
+    """Before the folders of ``slides`` are chosen under a prefix in object storage: its
+    ``cohort.csv`` and every folder that may hold one of them (``STEM``, ``STEM-<hash>``) are
+    pulled into the staging folder, where :func:`output_folders`, the refusal of finished
+    results and ``--resume`` read them. Nothing for a local folder."""
+    import re
+
+    if not where.is_remote:
+        return
+    where.check()
+    stems = {printable(_resolved(s).stem) for s in slides}
+    pattern = re.compile(r"(.*?)(-[0-9a-f]{8})?")
+    for name in where.folders():
+        if pattern.fullmatch(name).group(1) in stems or name in stems:
+            try:
+                where.child(name).pull()
+            except OutputBusyError:  # that slide fails alone, saying so, when it is scored
+                continue
+    where.pull(("cohort.csv",))
 
 
 def check_out_folder(out: Path) -> None:
@@ -377,8 +427,13 @@ def score_cohort(
     metrics: Metrics | None = None,
 ) -> tuple[list[dict], list[tuple[Path, CytoError]]]:
     """Score several slides with one model load; a slide that fails is reported, the next goes
-    on. Returns (summaries, failures as (slide, error))."""
-    check_inputs(out, opts)
+    on. Returns (summaries, failures as (slide, error)). ``out``: a folder, or a prefix in
+    object storage (:class:`~cyto.location.OutputLocation`)."""
+    where = output_location(out)
+    echo = echo_for(where, echo)
+    check_inputs(where.local, opts)
+    stage(where, slides)
+    out = where.local
     scorer = open_model(model, opts, echo)
     done, failed, rows = [], [], []
     pairs = slide_folders(slides, out, echo)
@@ -389,15 +444,23 @@ def score_cohort(
         if len(pairs) > 1:  # which slide the warnings and the progress bar below are about
             echo(f"slide {i}/{len(pairs)}: {slide}")
         try:
-            summary = score_one(slide, target, scorer, opts, said, metrics)
+            summary = score_at(slide, where.child(target.name), scorer, opts, said, metrics)
             done.append(summary)
             rows.append(cohort_row(slide, target, summary))
         except CytoError as exc:
             failed.append((slide, exc))
             rows.append(cohort_row(slide, target, None, str(exc)))
         except Exception as exc:  # whatever one slide does, the next is scored
-            failed.append((slide, unforeseen(slide, exc)))
+            failed.append((slide, where.translated(unforeseen(slide, exc))))
             rows.append(cohort_row(slide, target, None, str(failed[-1][1])))
         if Path(out).is_dir():
             write_cohort_table(rows, Path(out) / "cohort.csv")
+            where.publish(("cohort.csv",))
     return done, failed
+
+
+def echo_for(where: OutputLocation, echo):
+    """``echo`` naming the prefix where a message names the staging folder."""
+    if not where.is_remote:
+        return echo
+    return lambda message: echo(where.words(message))

@@ -7,8 +7,12 @@ engine in the actor). One actor per GPU of the cluster, or one per node where th
 (or ``--device cpu``); slides go to whichever actor is free.
 
 Outputs are the files of a single-machine run (``OUT/SLIDE/scores.parquet``, ...), so slides and
-output folder must be on a path every node sees (a shared file system). ``OUT/cohort.csv`` is
-rewritten as each slide finishes, one row per slide with the node that scored it.
+output folder must be on a path every node sees (a shared file system), or in object storage: with
+``--out s3://bucket/prefix/`` each actor scores its slide into a staging folder of its own node and
+publishes it to ``prefix/SLIDE/`` (:mod:`cyto.location`), and slides read by URL need no shared
+folder at all (slides are then scored whole, not in parts: the parts of a slide meet in one
+folder). ``OUT/cohort.csv`` is rewritten as each slide finishes, one row per slide with the node
+that scored it.
 
 When an actor dies mid-slide (its process killed, its node lost), the driver starts a replacement
 and gives the slide to the next free actor with ``resume``: the finished chunks in
@@ -31,6 +35,7 @@ from cyto.cohort.table import cohort_row, write_cohort_table
 from cyto.errors import ConfigError, CytoError, MissingDependencyError, first_line
 from cyto.infer.options import ScoreOptions
 from cyto.progress import progress
+from cyto.slides.remote import is_url, slide_ref
 
 SPLIT_TILES = 256  # a slide with more tiles (1024 px: 256 Mpx of tissue) is scored in parts
 MAX_ATTEMPTS = 3  # workers that may die on one slide before it is reported as failed
@@ -235,10 +240,13 @@ class SlideWorker:
     def score(self, slide: str, target: str, resume: bool, metrics, split: int | None) -> dict:
         """The slide's summary; or, when it has more than ``split`` tiles, ``{"tiles": n}``
         (the driver then sends its tiles out in parts)."""
-        from cyto.cohort.local import finished_summary, score_one
+        from cyto.cohort.local import finished_summary, score_at
         from cyto.cohort.parts import tiles_beyond
+        from cyto.location import output_location
 
-        slide_p, target_p = Path(slide), Path(target)
+        # a slide by URL, or a path; a folder, or a slide's folder under a prefix
+        slide_p, where = slide_ref(slide), output_location(target)
+        target_p = where.local
 
         def run(opts, echo):
             # a finished slide is reused by score_one, however many tiles it has
@@ -248,7 +256,7 @@ class SlideWorker:
                 n = tiles_beyond(slide_p, self.scorer, opts, split)
                 if n is not None:
                     return {"tiles": n}
-            return {"summary": score_one(slide_p, target_p, self.scorer, opts, echo, metrics)}
+            return {"summary": score_at(slide_p, where, self.scorer, opts, echo, metrics)}
 
         return self._call(run, resume)
 
@@ -257,7 +265,7 @@ class SlideWorker:
 
         return self._call(
             lambda opts, echo: score_part(
-                Path(slide), self.scorer, Path(target), opts, start, stop, echo
+                slide_ref(slide), self.scorer, Path(target), opts, start, stop, echo
             ),
             resume,
         )
@@ -268,7 +276,14 @@ class SlideWorker:
         return self._call(
             lambda opts, echo: {
                 "summary": merge_parts(
-                    Path(slide), self.scorer, Path(target), opts, ranges, echo, metrics, started
+                    slide_ref(slide),
+                    self.scorer,
+                    Path(target),
+                    opts,
+                    ranges,
+                    echo,
+                    metrics,
+                    started,
                 )
             },
             True,
@@ -367,20 +382,27 @@ def score_cohort_ray(
     ``split_tiles`` tiles is scored in parts of that many tiles by several actors at once
     (None: never)."""
     from cyto.bundle import verify_bundle
-    from cyto.cohort.local import check_inputs, slide_folders
+    from cyto.cohort.local import check_inputs, echo_for, slide_folders, stage
+    from cyto.location import output_location
 
-    check_inputs(out, opts)
+    where = output_location(out)
+    echo = echo_for(where, echo)
+    check_inputs(where.local, opts)
     if split_tiles is not None and split_tiles < 1:
         raise ConfigError(f"split_tiles must be >= 1, got {split_tiles}")
+    if where.is_remote and split_tiles is not None:
+        split_tiles = None  # the parts of a slide meet in one folder, which nodes do not share
+        echo(f"--out {where}: each slide is scored whole by one engine (not in parts)")
     verify_bundle(Path(model))  # a bad bundle fails here in one line, not in every actor
+    stage(where, slides)
     ray = import_ray()
     echo(f"joined the {connect(address, num_cpus)}")
-    pairs = slide_folders(slides, out, echo)
+    pairs = slide_folders(slides, where.local, echo)
     if len(pairs) < len(slides):
         echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
     engines = _Engines(ray, model, opts)
     try:
-        cohort = _Cohort(ray, engines, Path(out), opts, echo, metrics, split_tiles)
+        cohort = _Cohort(ray, engines, where, opts, echo, metrics, split_tiles)
         return cohort.run(pairs)
     finally:
         engines.shutdown()
@@ -413,8 +435,9 @@ class _Cohort:
     """The driver: hands tasks to free actors, follows each slide to its end, writes its row
     of cohort.csv as it finishes, and reruns (resuming) what a dead actor was doing."""
 
-    def __init__(self, ray, engines: _Engines, out: Path, opts, echo, metrics, split) -> None:
-        self.ray, self.engines, self.out, self.opts = ray, engines, out, opts
+    def __init__(self, ray, engines: _Engines, where, opts, echo, metrics, split) -> None:
+        self.ray, self.engines, self.opts = ray, engines, opts
+        self.where, self.out = where, where.local
         self.echo, self.metrics, self.split = echo, metrics, split
         self.todo: deque[_Task] = deque()
         self.running: dict = {}  # object ref -> (actor, place, task)
@@ -462,7 +485,11 @@ class _Cohort:
             if task.item.failed:
                 continue  # another part of this slide failed: the rest is not worth scoring
             actor, place = self.engines.idle.popleft()
-            s, t = str(task.item.slide), str(task.item.target)
+            # a slide by URL goes with its storage options; a path as text
+            s = task.item.slide if is_url(task.item.slide) else str(task.item.slide)
+            t = str(task.item.target)
+            if self.where.is_remote:  # each node stages the slide's folder on its own
+                t = self.where.child(task.item.target.name)
             if task.kind == "score":
                 task.item.started = task.item.started or time.time()
                 ref = actor.score.remote(s, t, task.resume, self.metrics, self.split)
@@ -538,6 +565,7 @@ class _Cohort:
             self.failed.append((item.slide, err))
             row = cohort_row(item.slide, item.target, None, error, node, item.attempts)
         write_cohort_table([row], self.out / "cohort.csv")
+        self.where.publish(("cohort.csv",))
         self.bar.advance(1)
         self.bar.set_postfix(f"{len(self.running)} running, {len(self.failed)} failed")
 

@@ -8,12 +8,13 @@ from cyto.cohort.local import REUSED, score_cohort
 from cyto.errors import ConfigError, CytoError
 from cyto.infer import ScoreOptions
 from cyto.infer.finish import Metrics
+from cyto.location import OutputLocation
 
 
 def run_cohort(
     slides: list[Path],
     model: Path,
-    out: Path,
+    out: Path | OutputLocation,
     opts: ScoreOptions,
     ray: str | None = None,
     echo=print,
@@ -25,10 +26,21 @@ def run_cohort(
     or HOST:PORT), where a slide of more than ``part_tiles`` tiles is scored in parts by several
     engines at once (0: whole slides only). Returns (summaries, failures as (slide, error)).
     A slide's finished results in ``out`` are scored again only with ``opts.resume`` (kept
-    where they still hold) or ``overwrite``."""
+    where they still hold) or ``overwrite``. ``out``: a folder, or a prefix in object storage
+    (:class:`~cyto.location.OutputLocation`: ``s3://bucket/scored/``)."""
+    from cyto.cohort.local import stage
+    from cyto.location import output_location
+
     refuse_resume_and_overwrite(opts.resume, overwrite)
+    where = output_location(out)
     if not (opts.resume or overwrite):
-        refuse_rescoring(slides, out)
+        stage(where, slides)  # a prefix's folders, read where they are checked
+        try:
+            refuse_rescoring(slides, where.local)
+        except CytoError as exc:
+            where.translated(exc)
+            raise
+    out = where
     if ray is None:
         return score_cohort(slides, model, out, opts, echo=echo, metrics=metrics)
     from cyto.cohort.ray import score_cohort_ray
@@ -97,7 +109,7 @@ def refuse_finished(folder: Path, slide_name: str, overwrite: bool) -> None:
 def slide_line(summary: dict, out: Path) -> str:
     """A scored slide in one line: cells, time, rates, where it went, its burden and truth."""
     s = summary
-    where = s.get("output") or Path(out) / Path(s["slide"]).stem
+    where = s.get("output") or Path(str(out)) / Path(s["slide"]).stem
     if s.get(REUSED):  # kept from an earlier run: its time is not this run's
         line = f"{Path(s['slide']).name}: already scored ({s[REUSED]}): {s['cells_scored']} cells"
         return line + f" -> {where}" + _findings(s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from cyto.location import shown
 from cyto.slides.base import printable
 
 COHORT_COLUMNS = (
@@ -137,17 +138,18 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
     with file_lock(path.with_name(f".{path.name}.lock")):
         # a row per output folder, known by its name in this folder: an --out spelled another
         # way (relative from elsewhere, absolute) is the same folder, and the same row
+        # (a staging folder's: the prefix in object storage it stands for, cyto.location)
         home = path.parent.resolve()
         merged: dict[str, dict] = {}
         for old in read_cohort_table(path):
             row = {k: old.get(k, "") for k in COHORT_COLUMNS}
             name = Path(row["output"]).name
-            row["output"] = str(home / name) if name else row["output"]
+            row["output"] = shown(home / name) if name else row["output"]
             merged[name] = row
         for row in rows:
             merged[Path(row["output"]).name] = {
                 **row,
-                "output": str(home / Path(row["output"]).name),
+                "output": shown(home / Path(row["output"]).name),
             }
         partial = path.with_name(f".{path.name}.partial")
         # always UTF-8: a slide name that is not (b"slide-\xff.tif") is written as \xff

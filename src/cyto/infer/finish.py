@@ -27,6 +27,7 @@ from cyto.infer.outputs import (
 from cyto.infer.plan import TileRun
 from cyto.infer.qupath import write_qupath
 from cyto.infer.tiling import Resolution
+from cyto.location import shown
 from cyto.runtime import Scorer
 from cyto.seal import SEAL, seal_outputs, unseal
 from cyto.stats import calibrate
@@ -272,7 +273,7 @@ def _finish(table, run: _Run) -> dict:
         run.echo(f"warning: no cells found in {run.slide}; wrote an empty score table")
     summary = {
         "slide": str(run.slide),
-        "output": str(run.out_dir),
+        "output": shown(run.out_dir),  # a staging folder: the prefix it stands for
         "slide_identity": run.identity,
         "model": str(bundle.path),
         "model_sha256": bundle.manifest_hash,

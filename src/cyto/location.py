@@ -1,0 +1,398 @@
+"""Where a run's outputs go: a local folder, or a prefix in object storage (``s3://``, ``gs://``).
+
+An :class:`OutputLocation` is the one thing the pipeline is given as ``--out``. A local folder
+is written in place, as always. A prefix (``--out s3://bucket/scored/``) is written through a
+local *staging* folder in cyto's cache (keyed by the printed URL and its endpoint), which
+mirrors the prefix: every slide is scored into its staging folder by the very code of a local
+run (locks, resumable chunks, the seal), then :meth:`OutputLocation.publish` uploads each
+finished file to its final key, one object per file (an S3 PUT is atomic: an object is there
+whole or not at all), after removing the old seal, and ``seal.json`` last. A publish stopped
+half way leaves no seal, so what it left is never reused.
+
+Before outputs are reused or checked (``--resume``, the refusal of a finished folder, the
+folder names of a cohort), :meth:`OutputLocation.pull` makes the staging folder a copy of the
+remote folder's files (a file whose ETag and bytes did not change since the last pull or
+publish is not fetched again; files the remote folder lacks are removed). The seal is then
+checked by :func:`cyto.seal.read_sealed` on those bytes: the remote outputs are trusted by the
+same rule as local ones, and a remote summary edited by hand is scored again.
+
+The file systems and credentials are those of the remote slides (:mod:`cyto.slides.remote`:
+``--storage-option``, the standard AWS variables and profiles); requests are retried as theirs
+are, and URLs are printed through :func:`~cyto.slides.remote.redact`. Object stores have no
+locks: two machines writing one slide's folder at once are not refused (on one machine the
+staging folder's lock refuses the second run). The chunks of an interrupted slide stay in the
+staging folder of the machine that scored it: another machine starts that slide afresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from cyto.errors import CytoError, InputPathError, OutputWriteError
+from cyto.seal import SEAL
+from cyto.slides.remote import (
+    Requests,
+    SlideURL,
+    _filesystem,
+    is_url,
+    redact,
+)
+
+#: at the root of a staging folder: the printed URL of the prefix it mirrors
+MARK = ".cyto-location.json"
+#: in each staged folder: per file, the sha256 and remote ETag when it was last pulled or pushed
+RECORD = ".cyto-remote.json"
+#: URL schemes outputs can be written to
+SCHEMES = ("s3", "gs", "gcs")
+
+
+def _hash(path: Path) -> str:
+    from cyto.bundle import sha256_file
+
+    return sha256_file(path)
+
+
+class OutputLocation(Requests):
+    """An output folder (see the module docstring): ``local`` is where cyto writes (the folder
+    itself, or its staging folder); ``remote`` the URL of the prefix, or None. ``str()`` is
+    what may be printed. Pickles (to Ray actors) with its storage options."""
+
+    def __init__(
+        self, where: str | os.PathLike, options: dict | None = None, parts: tuple[str, ...] = ()
+    ) -> None:
+        self._fs = None
+        self._said_retry = False
+        self.parts = tuple(parts)
+        if not is_url(where):
+            self.remote = self.ref = self.root = None
+            self.local = Path(where).joinpath(*self.parts)
+            return
+        url = str(where.url if isinstance(where, SlideURL) else where)
+        root = SlideURL(url.rstrip("/") + "/", options)
+        if root.scheme not in SCHEMES:
+            raise InputPathError(
+                f"--out {redact(url)}: cyto writes outputs to a local folder or to s3:// or "
+                f"gs:// prefixes, not {root.scheme}://"
+            )
+        if "?" in url:
+            raise InputPathError(f"--out {redact(url)}: give the prefix without a query string")
+        self.root = root
+        self.ref = SlideURL(root.url + "".join(f"{p}/" for p in self.parts), options)
+        self.remote = self.ref.url
+        self.local = staging_root(root).joinpath(*self.parts)
+
+    # ----- what the pipeline asks of an output folder
+    @property
+    def is_remote(self) -> bool:
+        return self.remote is not None
+
+    def __str__(self) -> str:
+        return str(self.ref).rstrip("/") if self.is_remote else str(self.local)
+
+    def __repr__(self) -> str:
+        return f"OutputLocation({str(self)!r})"
+
+    def __getstate__(self):
+        if self.is_remote:
+            return (self.root.url, self.root.options, self.parts)
+        return (str(self.local), None, ())
+
+    def __setstate__(self, state) -> None:
+        # a Ray actor on another machine stages in its own cache
+        self.__init__(*state)
+
+    def child(self, name: str) -> OutputLocation:
+        """The folder ``name`` inside this one (a slide's)."""
+        if not self.is_remote:
+            return OutputLocation(self.local / name)
+        return OutputLocation(self.root.url, self.root.options, (*self.parts, name))
+
+    def words(self, text: str) -> str:
+        """``text`` with the staging folder named as the remote prefix it stands for."""
+        if not self.is_remote:
+            return text
+        return text.replace(str(self.local), str(self))
+
+    def translated(self, exc: BaseException) -> BaseException:
+        """``exc`` (a cyto error met while writing here) naming the remote prefix, not the
+        staging folder."""
+        if self.is_remote and isinstance(exc, CytoError) and exc.args:
+            exc.args = (self.words(str(exc.args[0])), *exc.args[1:])
+        return exc
+
+    # ----- the remote side
+    def fs(self):
+        if self._fs is None:
+            self._fs, self._path, _ = _filesystem(self.ref)
+            self._path = self._path.rstrip("/")
+        return self._fs
+
+    def _key(self, name: str) -> str:
+        self.fs()
+        return f"{self._path}/{name}"
+
+    def _listing(self) -> dict[str, dict]:
+        """The files directly under this prefix (name -> their info), none when there is none;
+        hidden names (a temporary of a client) are not cyto's outputs."""
+        found = {}
+        for entry in self._entries():
+            name = entry["name"].rstrip("/").rpartition("/")[2]
+            if entry.get("type") == "file" and name and not name.startswith("."):
+                found[name] = entry
+        return found
+
+    def folders(self) -> list[str]:
+        """The names of the folders directly under this prefix."""
+        if not self.is_remote:
+            return (
+                sorted(p.name for p in self.local.iterdir() if p.is_dir())
+                if (self.local.is_dir())
+                else []
+            )
+        return sorted(
+            e["name"].rstrip("/").rpartition("/")[2]
+            for e in self._entries()
+            if e.get("type") == "directory"
+        )
+
+    def _entries(self) -> list[dict]:
+        """What the server lists directly under this prefix now (not a cached listing)."""
+        fs = self.fs()
+
+        def ls():
+            fs.invalidate_cache(self._path)
+            try:
+                return fs.ls(self._path, detail=True)
+            except FileNotFoundError:
+                return []
+
+        return self._call(ls, "list")
+
+    def check(self) -> None:
+        """Before any work: the bucket answers and can be listed with these credentials."""
+        if not self.is_remote:
+            return
+        fs = self.fs()
+        bucket = self._path.split("/", 1)[0]
+        try:
+            self._call(lambda: fs.info(bucket), "info")
+        except CytoError as exc:
+            raise OutputWriteError(f"cannot write --out {self}: {_reason(exc, self)}") from None
+
+    def pull(self, names: tuple[str, ...] | None = None) -> None:
+        """Make the staging folder a copy of the remote folder's files (``names``: only these,
+        when they are there); a file unchanged since it was last pulled or pushed is not
+        fetched again. Nothing for a local folder."""
+        if not self.is_remote:
+            return
+        if names is not None:
+            self._pull(names)
+            return
+        from cyto.locks import OutputLock
+
+        # a run on this machine writing the folder now keeps it: refused as locally
+        with OutputLock(self.local):
+            self._pull(None)
+
+    def _pull(self, names: tuple[str, ...] | None) -> None:
+        remote = self._listing()
+        if names is not None:
+            remote = {k: v for k, v in remote.items() if k in names}
+        record = self._record()
+        kept = {}
+        self.local.mkdir(parents=True, exist_ok=True)
+        for name, info in remote.items():
+            path, etag = self.local / name, _etag(info)
+            known = record.get(name) or {}
+            if (
+                path.is_file()
+                and etag is not None
+                and known.get("etag") == etag
+                and path.stat().st_size == info.get("size")
+                and known.get("sha256") == _hash(path)
+            ):
+                kept[name] = known
+                continue
+            tmp = self.local / f".{name}.pull"
+            try:
+                self._call(lambda n=name, t=tmp: self.fs().get_file(self._key(n), str(t)), "get")
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
+            kept[name] = {"etag": etag, "sha256": _hash(path)}
+        for path in list(self.local.iterdir()):  # what the remote folder no longer holds
+            if (
+                path.is_file()
+                and not path.name.startswith(".")
+                and path.name not in remote
+                and (names is None or path.name in names)
+            ):
+                path.unlink()
+        if names is not None:
+            kept = {**{k: v for k, v in record.items() if k not in names}, **kept}
+        self._write_record(kept)
+
+    def publish(self, names: tuple[str, ...] | None = None) -> None:
+        """Upload this folder's outputs to the remote prefix. A sealed slide folder: the old
+        seal is removed first, each sealed file then goes to its final key (skipped when the
+        remote one is the bytes last pushed), outputs of cyto no longer sealed are removed, and
+        ``seal.json`` goes last. ``names``: plain files of no seal (``cohort.csv``)."""
+        if not self.is_remote:
+            return
+        try:
+            self._publish(names)
+        except CytoError as exc:
+            raise OutputWriteError(
+                f"cannot write the outputs to {self}: {_reason(exc, self)}; a folder left "
+                "there without its seal is scored again when run again"
+            ) from None
+
+    def _publish(self, names) -> None:
+        fs, record = self.fs(), self._record()
+        remote = self._listing()
+        if names is None:
+            seal = json.loads((self.local / SEAL).read_text())
+            files = [n for n in seal["files"] if n != SEAL]
+            stale = [n for n in seal.get("owned", []) if n not in seal["files"] and n in remote]
+            # a seal must never vouch for files half replaced: it goes first, comes back last
+            changing = [n for n in files if not self._same(n, remote, record)]
+            if not changing and not stale and self._same(SEAL, remote, record):
+                return
+            if SEAL in remote:
+                self._call(lambda: fs.rm_file(self._key(SEAL)), "delete")
+                record.pop(SEAL, None)
+                self._write_record(record)
+            order = [*changing, SEAL]
+        else:
+            stale, order = [], [n for n in names if not self._same(n, remote, record)]
+        for name in stale:
+            self._call(lambda n=name: fs.rm_file(self._key(n)), "delete")
+            record.pop(name, None)
+        for name in order:
+            path = self.local / name
+            self._call(lambda p=path, n=name: fs.put_file(str(p), self._key(n)), "put")
+            fs.invalidate_cache(self._path)
+            info = self._call(lambda n=name: fs.info(self._key(n)), "info")
+            record[name] = {"etag": _etag(info), "sha256": _hash(path)}
+            self._write_record(record)
+
+    def release(self) -> None:
+        """Once a slide's folder is published, its staged copy goes (the prefix holds it: a
+        cohort does not keep a second copy of every table in the cache), unless another run on
+        this machine holds the folder now. Nothing for a local folder."""
+        if not self.is_remote or not self.local.is_dir():
+            return
+        from cyto.errors import OutputBusyError
+        from cyto.locks import OutputLock
+
+        try:
+            lock = OutputLock(self.local).acquire()
+        except OutputBusyError:
+            return
+        try:
+            for path in self.local.iterdir():
+                if path != lock.path:
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        path.unlink(missing_ok=True)
+        finally:
+            lock.release()
+        with contextlib.suppress(OSError):  # a file another run put there since
+            self.local.rmdir()
+
+    def _same(self, name: str, remote: dict, record: dict) -> bool:
+        """Whether the remote ``name`` holds the bytes of the local one (by the record of the
+        last push or pull: the same ETag, and the local file unchanged since)."""
+        known, info, path = record.get(name) or {}, remote.get(name), self.local / name
+        return (
+            info is not None
+            and path.is_file()
+            and known.get("etag") is not None
+            and known.get("etag") == _etag(info)
+            and known.get("sha256") == _hash(path)
+        )
+
+    def _record(self) -> dict:
+        try:
+            data = json.loads((self.local / RECORD).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _write_record(self, record: dict) -> None:
+        from cyto.bundle import atomic_write
+
+        self.local.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.local / RECORD, json.dumps(record, sort_keys=True).encode())
+
+
+def _etag(info: dict) -> str | None:
+    etag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
+    return str(etag).strip('"') if etag else None
+
+
+def _reason(exc: CytoError, where: OutputLocation) -> str:
+    """A request's one-line error, without the URL it starts with (the caller names it)."""
+    text = str(exc)
+    for prefix in (f"{where.ref}: ", f"{where}: "):
+        if text.startswith(prefix):
+            return text[len(prefix) :]
+    return text
+
+
+def staging_root(ref: SlideURL) -> Path:
+    """The staging folder of the prefix ``ref`` in cyto's cache: named by the printed URL and
+    the endpoint it is read from (one bucket name on two servers is two places)."""
+    from cyto import cache_dir
+
+    endpoint = (
+        ref.options.get("endpoint_url")
+        or (ref.options.get("client_kwargs") or {}).get("endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or ""
+    )
+    shown = str(ref).rstrip("/")
+    key = hashlib.sha256(f"{shown}\t{redact(str(endpoint))}".encode()).hexdigest()[:20]
+    root = Path(cache_dir()) / "outputs" / key
+    root.mkdir(parents=True, exist_ok=True)
+    mark = root / MARK
+    if not mark.is_file():
+        from cyto.bundle import atomic_write
+
+        atomic_write(mark, json.dumps({"url": shown}).encode())
+    return root
+
+
+def shown(path: str | os.PathLike) -> str:
+    """``path`` as it may be printed and recorded: a staging folder (or a file in it) as the
+    remote prefix it stands for; any other path as it is."""
+    from cyto import cache_dir
+
+    path = Path(path)
+    base = Path(cache_dir()) / "outputs"
+    try:
+        rel = path.resolve().relative_to(base.resolve())
+    except (ValueError, OSError, RuntimeError):
+        return str(path)
+    if not rel.parts:
+        return str(path)
+    try:
+        url = json.loads((base / rel.parts[0] / MARK).read_text())["url"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return str(path)
+    return "/".join([url, *rel.parts[1:]])
+
+
+def output_location(out: str | os.PathLike | OutputLocation, options: dict | None = None):
+    """The one reading of an ``--out``: an :class:`OutputLocation` (a URL: a prefix in object
+    storage, with the storage options; anything else: a local folder)."""
+    if isinstance(out, OutputLocation):
+        return out
+    return OutputLocation(out, options)

@@ -1,0 +1,320 @@
+"""Outputs to object storage: ``cyto score SLIDE --out s3://bucket/prefix/`` against a real S3
+server (moto's standalone server, the one s3fs's own test suite runs; tests/servers.py), on
+loopback. The prefix holds what a local run's folder holds, sealed, and ``--resume`` trusts it only
+through the seal, read from the server."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.errors import OutputWriteError
+from cyto.location import output_location
+from tests.cli_runner import run_cyto
+from tests.servers import moto_s3
+from tests.tables import same_table
+
+pytestmark = pytest.mark.pyvips
+
+
+@pytest.fixture(scope="module")
+def slides(tmp_path_factory):
+    """Two small pyramidal JPEG-tiled TIFFs (four tiles of 512 px each)."""
+    root = tmp_path_factory.mktemp("slides")
+    for i, name in enumerate(("a", "b")):
+        write_slide(
+            root / f"{name}.tif",
+            SlideSynthConfig(width=1024, height=1024, seed=5 + i, abnormal_fraction=0.1),
+            workers=0,
+        )
+    return root / "a.tif", root / "b.tif"
+
+
+@pytest.fixture(scope="module")
+def local(slides, exported_dsvdd, tmp_path_factory):
+    """The local run the remote ones are compared with."""
+    out = tmp_path_factory.mktemp("local")
+    proc = _score(slides, exported_dsvdd, out)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    with moto_s3(tmp_path_factory.mktemp("moto")) as server:
+        server.client().create_bucket(Bucket="out")
+        yield server
+
+
+@pytest.fixture
+def aws(s3, monkeypatch, tmp_path):
+    """The standard AWS variables pointing at the server; a cache of this test's own (a fresh
+    machine's staging folders)."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    return s3
+
+
+def _score(slides, model, out, *extra):
+    return run_cyto(
+        "score", *map(str, slides), "--model", str(model), "--out", str(out),
+        "--workers", "0", "--mosaic", "0", "--tile", "512", *extra,
+    )  # fmt: skip
+
+
+def _objects(s3, prefix: str) -> dict[str, bytes]:
+    client = s3.client()
+    listed = client.list_objects_v2(Bucket="out", Prefix=prefix).get("Contents", [])
+    return {
+        o["Key"][len(prefix) :]: client.get_object(Bucket="out", Key=o["Key"])["Body"].read()
+        for o in listed
+    }
+
+
+def _table(data: bytes):
+    return pq.read_table(io.BytesIO(data))
+
+
+def _forget_staging(tmp_path: Path) -> None:
+    """What this machine staged is gone: what follows reads the prefix alone."""
+    shutil.rmtree(tmp_path / "cache" / "outputs", ignore_errors=True)
+
+
+def test_a_cohort_to_s3_is_the_local_run(slides, local, exported_dsvdd, aws, tmp_path):
+    """Each slide's folder under the prefix holds the local run's tables, cell for cell, and a
+    seal over its files; cohort.csv is at the prefix, naming the remote folders; the summary
+    records where it went. The secret key appears nowhere: output, objects, staging files."""
+    proc = _score(slides, exported_dsvdd, "s3://out/run1/")
+    assert proc.returncode == 0, proc.stderr
+    objects = _objects(aws, "run1/")
+    for name in ("a", "b"):
+        for table in ("scores.parquet", "topk.parquet"):
+            remote = _table(objects[f"{name}/{table}"])
+            assert remote.num_rows > 0
+            assert same_table(remote, pq.read_table(local / name / table)), (name, table)
+        seal = json.loads(objects[f"{name}/seal.json"])
+        names = {k.split("/", 1)[1] for k in objects if k.startswith(f"{name}/")}
+        assert {*seal["files"], "seal.json"} == names
+        assert json.loads(objects[f"{name}/summary.json"])["output"] == f"s3://out/run1/{name}"
+    rows = objects["cohort.csv"].decode().splitlines()
+    assert len(rows) == 3 and "s3://out/run1/a," in rows[1] + rows[2]
+    assert "-> s3://out/run1/a" in proc.stdout
+    assert not any(k.rpartition("/")[2].startswith(".") for k in objects)  # no temporaries
+    written = [proc.stdout, proc.stderr, *(b.decode("latin-1") for b in objects.values())]
+    written += [f.read_bytes().decode("latin-1") for f in tmp_path.rglob("*") if f.is_file()]
+    assert not any(aws.SECRET in text for text in written)
+    assert str(tmp_path / "cache" / "outputs") not in proc.stdout + proc.stderr  # not staging
+
+
+def test_resume_trusts_the_prefix_only_through_its_seal(
+    slides, local, exported_dsvdd, aws, tmp_path
+):
+    """Read back from the server on a machine that staged nothing: a sealed slide is skipped;
+    a slide whose remote summary was edited, or whose publish stopped before its seal, is
+    scored again, saying why, and sealed again; without --resume the finished prefix is
+    refused in one line naming it."""
+    a, b = slides
+    assert _score(slides, exported_dsvdd, "s3://out/run2/").returncode == 0
+    _forget_staging(tmp_path)
+    again = _score(slides, exported_dsvdd, "s3://out/run2/", "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "a.tif: already scored in s3://out/run2/a; skipping" in again.stdout
+    assert "b.tif: already scored in s3://out/run2/b; skipping" in again.stdout
+
+    client = aws.client()
+    summary = json.loads(client.get_object(Bucket="out", Key="run2/a/summary.json")["Body"].read())
+    summary["cells_scored"] += 1  # an edit by hand
+    client.put_object(Bucket="out", Key="run2/a/summary.json", Body=json.dumps(summary).encode())
+    client.delete_object(Bucket="out", Key="run2/b/seal.json")  # a publish stopped half way
+    _forget_staging(tmp_path)
+    redo = _score(slides, exported_dsvdd, "s3://out/run2/", "--resume")
+    assert redo.returncode == 0, redo.stderr
+    assert "already scored" not in redo.stdout
+    assert "a.tif: s3://out/run2/a: its outputs changed since they were written (summary.json)" in (
+        redo.stdout
+    )
+    assert "b.tif: s3://out/run2/b: its outputs carry no seal" in redo.stdout
+    objects = _objects(aws, "run2/")
+    for name in ("a", "b"):
+        expected = pq.read_table(local / name / "scores.parquet")
+        assert same_table(_table(objects[f"{name}/scores.parquet"]), expected)
+        seal = json.loads(objects[f"{name}/seal.json"])
+        assert seal["files"]["summary.json"]["bytes"] == len(objects[f"{name}/summary.json"])
+
+    refused = _score([a], exported_dsvdd, "s3://out/run2/")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: --out s3://out/run2/a (the finished results of a.tif) exists (pass --overwrite "
+        "to replace it, or --resume to keep them where they still hold)"
+    ]
+    gone = _score([a], exported_dsvdd, "s3://nobucket/run/")  # said before any work
+    assert gone.returncode == 1
+    assert gone.stderr.strip() == "error: cannot write --out s3://nobucket/run: not found (404)"
+
+
+def test_the_python_api_writes_to_s3(slides, local, exported_dsvdd, aws):
+    """cyto.score_slide(out="s3://...") takes the same path: the table it returns and the one
+    under the prefix are the local run's."""
+    import cyto
+
+    table = cyto.score_slide(
+        slides[0], exported_dsvdd, "s3://out/api/a/", workers=0, mosaic=0, tile=512, echo=None
+    )
+    expected = pq.read_table(local / "a" / "scores.parquet")
+    assert same_table(table, expected)
+    objects = _objects(aws, "api/a/")
+    assert same_table(_table(objects["scores.parquet"]), expected)
+    assert "seal.json" in objects
+
+
+def test_a_publish_that_fails_half_way_leaves_no_seal(
+    slides, local, exported_dsvdd, aws, monkeypatch
+):
+    """The second upload of a slide's files is refused: one line naming the prefix, no seal
+    under it, and the next run scores the slide again and seals it."""
+    import s3fs
+
+    import cyto
+
+    put = s3fs.S3FileSystem.put_file
+    calls = []
+
+    def refused(self, *args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise PermissionError("Access Denied")
+        return put(self, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "put_file", refused)
+    with pytest.raises(OutputWriteError) as info:
+        cyto.score_slide(
+            slides[1], exported_dsvdd, "s3://out/half/b/", workers=0, mosaic=0, tile=512, echo=None
+        )
+    assert str(info.value).startswith(
+        "cannot write the outputs to s3://out/half/b: access denied (403)"
+    )
+    assert "cache" not in str(info.value)
+    objects = _objects(aws, "half/b/")
+    assert len(objects) == 1 and "seal.json" not in objects
+    monkeypatch.setattr(s3fs.S3FileSystem, "put_file", put)
+    said: list[str] = []
+    table = cyto.score_slide(
+        slides[1],
+        exported_dsvdd,
+        "s3://out/half/b/",
+        workers=0,
+        mosaic=0,
+        tile=512,
+        resume=True,
+        echo=said.append,
+    )
+    assert same_table(table, pq.read_table(local / "b" / "scores.parquet"))
+    assert "seal.json" in _objects(aws, "half/b/")
+
+
+class _Killer(threading.Thread):
+    """SIGKILLs the process that holds a staged folder's lock once a chunk of the slide is
+    there: an engine dying mid-slide, with part of the slide scored."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(daemon=True)
+        self.folder, self.killed = folder, None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if any(self.folder.glob(".partial/chunk-*.parquet")):
+                try:
+                    pid = json.loads((self.folder / ".lock").read_text())["pid"]
+                except (OSError, ValueError, KeyError):
+                    continue
+                os.kill(pid, signal.SIGKILL)
+                self.killed = pid
+                return
+            time.sleep(0.01)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_ray_cohort_from_and_to_s3_shares_no_folder(
+    slides, local, exported_dsvdd, s3, tmp_path, monkeypatch
+):
+    """Slides and outputs in the S3 server, the driver and the engines with caches of their own
+    (no folder shared): the engine killed mid-slide is replaced and the slide resumed from the
+    chunks its node staged; the prefix holds a local run's tables and cohort.csv; a rerun with
+    --resume, with nothing staged, skips every slide, read back from the prefix."""
+    ray = pytest.importorskip("ray")
+    from dataclasses import replace
+
+    from cyto.cohort import score_cohort
+    from cyto.cohort.ray import score_cohort_ray
+    from cyto.infer import ScoreOptions
+    from cyto.slides.remote import slide_ref
+
+    client = s3.client()
+    client.create_bucket(Bucket="slides")
+    for s in slides:
+        client.put_object(Bucket="slides", Key=f"ray/{s.name}", Body=s.read_bytes())
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    driver, node = tmp_path / "driver-cache", tmp_path / "node-cache"
+    # the local run's options (_score), a chunk per few cells: the kill lands mid-slide
+    opts = ScoreOptions(mosaic=0, workers=0, tile=512, chunk_cells=4)
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(node))
+    staged_b = output_location("s3://out/ray/").child("b").local
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(driver))
+    urls = [slide_ref(f"s3://slides/ray/{s.name}") for s in slides]
+    env = {**s3.env(), "CYTO_CACHE_DIR": str(node), "CYTO_PROGRESS": "0"}
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": env},
+    )
+    killer = _Killer(staged_b)
+    killer.start()
+    said: list[str] = []
+    try:
+        done, failed = score_cohort_ray(
+            urls, exported_dsvdd, "s3://out/ray/", opts, "auto", said.append
+        )
+        killer.stop.set()
+        assert killer.killed is not None and not failed, said
+        assert sum("died" in m and "resumes from the finished chunks" in m for m in said) == 1
+        by_slide = {Path(s["slide"]).stem: s for s in done}
+        assert by_slide["b"]["cells_resumed"] > 0
+        objects = _objects(s3, "ray/")
+        for name in ("a", "b"):
+            expected = pq.read_table(local / name / "scores.parquet")
+            assert same_table(_table(objects[f"{name}/scores.parquet"]), expected), name
+        rows = objects["cohort.csv"].decode().splitlines()
+        assert len(rows) == 3 and all(",s3://out/ray/" in r for r in rows[1:])
+        # nothing of the slides' outputs on the driver, nor left staged on the node
+        assert not any(driver.rglob("*.parquet")) and not any(node.rglob("*.parquet"))
+        # resumed from the prefix alone (here by the plain runner: a second cluster's start
+        # would double the test's time), nothing of the slides staged here
+        shutil.rmtree(node / "outputs")
+        said.clear()
+        done, failed = score_cohort(
+            urls, exported_dsvdd, "s3://out/ray/", replace(opts, resume=True), said.append
+        )
+        assert not failed and len(done) == 2
+        for name in ("a", "b"):
+            assert any(
+                f"{name}.tif: already scored in s3://out/ray/{name}; skipping" in m for m in said
+            )
+    finally:
+        killer.stop.set()
+        ray.shutdown()

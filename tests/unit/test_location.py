@@ -1,0 +1,55 @@
+"""An output location (cyto.location) without a server: what it prints, where it stages, what it
+refuses, and that it travels to another process (a Ray actor) as the prefix, not as a path."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from cyto.errors import InputPathError
+from cyto.location import OutputLocation, output_location, shown
+
+
+def test_a_prefix_stages_in_the_cache_and_prints_as_itself(tmp_path, monkeypatch):
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    where = output_location("s3://bucket/scored", {"endpoint_url": "http://127.0.0.1:9"})
+    assert where.is_remote and str(where) == "s3://bucket/scored"
+    assert where.local.is_relative_to(tmp_path / "cache" / "outputs")
+    slide = where.child("s1")
+    assert str(slide) == "s3://bucket/scored/s1" and slide.local == where.local / "s1"
+    # the summary and cohort.csv record the prefix, never the staging folder
+    assert shown(slide.local) == "s3://bucket/scored/s1"
+    assert shown(slide.local / "scores.parquet") == "s3://bucket/scored/s1/scores.parquet"
+    assert shown(tmp_path / "elsewhere") == str(tmp_path / "elsewhere")
+    assert slide.words(f"cannot write {slide.local}/x") == "cannot write s3://bucket/scored/s1/x"
+    # the same bucket on another endpoint is another place
+    other = output_location("s3://bucket/scored", {"endpoint_url": "http://127.0.0.1:10"})
+    assert other.local != where.local
+
+
+def test_a_location_travels_as_the_prefix(tmp_path, monkeypatch):
+    """Unpickled under another cache (another node), a slide's folder stages there, with its
+    storage options."""
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "a"))
+    slide = output_location("s3://bucket/p/", {"key": "k"}).child("s1")
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "b"))
+    there = pickle.loads(pickle.dumps(slide))
+    assert str(there) == "s3://bucket/p/s1" and there.ref.options == {"key": "k"}
+    assert there.local.is_relative_to(tmp_path / "b") and there.local.name == "s1"
+    local = pickle.loads(pickle.dumps(output_location(tmp_path / "out").child("s1")))
+    assert not local.is_remote and local.local == tmp_path / "out" / "s1"
+
+
+@pytest.mark.parametrize(
+    ("out", "words"),
+    [
+        ("https://host/out/", "to a local folder or to s3:// or gs:// prefixes, not https://"),
+        ("s3://bucket/out/?X-Amz-Signature=abc", "without a query string"),
+    ],
+)
+def test_what_cannot_be_an_output_is_one_line(out, words, tmp_path, monkeypatch):
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path))
+    with pytest.raises(InputPathError, match=words) as info:
+        OutputLocation(out)
+    assert "abc" not in str(info.value)
