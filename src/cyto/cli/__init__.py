@@ -20,7 +20,7 @@ import typer
 
 # isort: off
 # the command modules register their commands on the app; this order is the order of `cyto --help`
-from cyto.cli import train, export, score, review, view, synth  # noqa: F401
+from cyto.cli import train, export, score, calibrate, review, view, synth  # noqa: F401
 from cyto.cli import data, eval, bench  # noqa: F401  (command groups)
 
 # isort: on

@@ -1,5 +1,5 @@
-"""``cyto predict``, ``cyto score`` and ``cyto calibrate``: scoring patches and whole slides, and
-calibrating a model on slide-negative slides."""
+"""``cyto predict`` and ``cyto score``: scoring patches and whole slides (``cyto calibrate``
+is in :mod:`cyto.cli.calibrate`)."""
 
 from __future__ import annotations
 
@@ -443,61 +443,3 @@ def score_cmd(
         typer.secho(f"failed: {why}", err=True, fg=typer.colors.RED)
     if failed:  # the most serious failure's code: 2 for bad input, 3 for a busy folder, else 1
         raise typer.Exit(max(exc.exit_code for _, exc in failed))
-
-
-@app.command("calibrate", short_help="Calibrate on negative slides: p-values, FDR flags, burden.")
-def calibrate_cmd(
-    model: Annotated[Path, typer.Argument(help="Model bundle to calibrate.")],
-    tables: Annotated[
-        list[Path],
-        typer.Argument(
-            help="scores.parquet of slide-negative (healthy) slides, or their cyto score "
-            "folders; one per slide."
-        ),
-    ],
-    normalize: Annotated[
-        str,
-        typer.Option(
-            help="median: centre each slide's scores on its own median (absorbs stain shifts "
-            "between slides); median-iqr: also divide by its IQR; none: raw scores."
-        ),
-    ] = "median",
-    overwrite: Annotated[
-        bool, typer.Option(help="Replace the bundle's calibration if it has one.")
-    ] = False,
-) -> None:
-    """Calibrate a model on slides known to be negative, for p-values, FDR flags and burden.
-
-    Keeps every score of those slides in the bundle (calibration.npz) and records the model,
-    graph and scoring options they were made with. cyto score then gives each cell a conformal
-    p-value, flags cells at a false discovery rate, and reports the abnormal burden with an
-    interval and a slide-level test. Give several slides: the spread between normal slides is
-    part of the interval, and each slide is checked against the others (leave one out).
-    """
-    from cyto.stats.calibrate import calibrate_from_tables
-
-    cal = calibrate_from_tables(model, tables, normalization=normalize, overwrite=overwrite)
-    q = cal["quantiles"]
-    typer.echo(
-        f"calibrated {model} on {cal['source']} ({cal['normalization']} normalization): median "
-        f"{q['0.5']:.4g}, 99th percentile {q['0.99']:.4g}"
-    )
-    loso = cal.get("leave_one_slide_out")
-    if loso:
-        typer.echo(
-            f"leave one slide out: BH at {loso['alpha']} flagged cells on "
-            f"{loso['slides_with_false_flags']}/{loso['slides']} normal slides (all flags false; "
-            f"expected at most {loso['alpha']:.0%} of slides), burden interval held 0 on "
-            f"{loso['burden_interval_holds_zero']}/{loso['slides_with_a_burden']}"
-        )
-    if cal.get("evaluable_cells") is not None:
-        typer.echo(
-            f"the burden counts evaluable cells: {cal['evaluable_cells']:,} of the {cal['n']:,} "
-            "calibration cells are (in focus, not crowded, at the model's scale)"
-        )
-    else:
-        typer.echo(
-            "the burden counts every cell: a table marks no evaluable cells (scored with "
-            "--adequacy none?)"
-        )
-    typer.echo(f"assumes: {cal['assumes']}")
