@@ -224,7 +224,23 @@ def main() -> None:
     ap.add_argument("--mpp", type=float, default=MPP, help="the crops' um/px (0: not known)")
     ap.add_argument("--size", type=int, default=100, help="crops are padded or resized to this")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument(
+        "--rows",
+        type=Path,
+        help="rebuild the result files from the rows a run printed (its log: one JSON row a "
+        "line), for a run stopped before its end; nothing is trained",
+    )
     args = ap.parse_args()
+    if args.rows is not None:
+        rows = [json.loads(ln) for ln in args.rows.read_text().splitlines() if ln.startswith("{")]
+        if not rows:
+            raise SystemExit(f"{args.rows} holds no result row")
+        folds = list(dict.fromkeys(r["fold"] for r in rows))
+        rankings = list(dict.fromkeys(r["ranking"] for r in rows))
+        args.out.mkdir(parents=True, exist_ok=True)
+        meta = {**machine(), "command": " ".join(sys.argv), "rows_from": str(args.rows)}
+        report(args.out, rows[0]["stage"], meta, rows, folds, rankings)
+        return
     rankings = [r for r in args.rankings.split(",") if r]
     unknown = sorted(set(rankings) - set(RANKINGS))
     if unknown:
@@ -243,6 +259,8 @@ def main() -> None:
     classes = np.array(ds.classes)
     labels = np.asarray(ds.labels)
     args.out.mkdir(parents=True, exist_ok=True)
+    meta = {**machine(), "command": " ".join(sys.argv), "mpp": args.mpp,
+            "blocks": {"dev": int(len(dev)), "final": int(len(final))}}  # fmt: skip
     rows = []
     for fold, (tr, te) in folds.items():
         for ranking in rankings:
@@ -254,11 +272,15 @@ def main() -> None:
                        **metrics(labels[te], s, classes[te], args.draws, seed)}  # fmt: skip
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    meta = {**machine(), "command": " ".join(sys.argv), "mpp": args.mpp,
-            "blocks": {"dev": int(len(dev)), "final": int(len(final))}}  # fmt: skip
+                # after every row: a run stopped later keeps what it measured
+                report(args.out, args.stage, meta, rows, folds, rankings)
+
+
+def report(out: Path, stage: str, meta: dict, rows: list[dict], folds, rankings) -> None:
+    """The result files (JSON and Markdown) of ``rows``: mean ± sd over seeds per ranking."""
     per_class = sorted({k for r in rows for k in r if k.startswith("auroc_")})  # each lesion
     md = [
-        f"# Pap rankings, {args.stage}", "", f"`{meta['command']}`", "",
+        f"# Pap rankings, {stage}", "", f"`{meta['command']}`", "",
         "| fold | ranking | seeds | AUROC | " + " | ".join(k[6:] for k in per_class)
         + " | Recall@5% WR 1% | WR 0.1% | nDCG WR 1% |",
         "|---|---|---|---|" + "---|" * len(per_class) + "---|---|---|",
@@ -273,7 +295,7 @@ def main() -> None:
                 for k in ("auroc", *per_class, "recall_wr1", "recall_wr0.1", "ndcg_wr1")
             ]
             md.append(f"| {fold} | {ranking} | {len(got)} | " + " | ".join(cols) + " |")
-    write(args.out, f"pap_{args.stage}", meta, rows, md)
+    write(out, f"pap_{stage}", meta, rows, md)
 
 
 if __name__ == "__main__":
