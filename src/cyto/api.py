@@ -140,7 +140,7 @@ def score_slide(
     import pyarrow.parquet as pq
 
     from cyto.cohort.run import refuse_finished, refuse_resume_and_overwrite
-    from cyto.errors import CytoError
+    from cyto.errors import ConfigError, CytoError
     from cyto.infer.options import ScoreOptions, detection_for
     from cyto.infer.pipeline import score_slide as run
     from cyto.location import output_location
@@ -149,6 +149,10 @@ def score_slide(
     # every option checked (name, type, range) before any file is read; detection by kind
     # name, as cyto score takes it (default auto: the model's stain's, known once it is read)
     kind = options.get("detection", "auto")
+    if not isinstance(kind, str) and type(kind).__name__ != "NucleusParams":
+        raise ConfigError(
+            f"detection= must be one of auto, smear, tissue, pap (the kind of cells), got {kind!r}"
+        )
     if isinstance(kind, str):
         options.pop("detection", None)
         if kind != "auto":

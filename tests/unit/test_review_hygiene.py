@@ -186,3 +186,23 @@ def test_a_review_is_found_when_the_folder_lost_its_record_or_the_slide_was_scor
     assert review_blocking([other_model], [other_model]) is None
     other_slide = _identified(tmp_path / "b" / "b", identity="slide-b")
     assert review_blocking([other_slide], [other_slide]) is None
+
+
+def test_a_registry_that_cannot_be_read_fails_closed_in_one_line(tmp_path, monkeypatch):
+    """A hostile check: the registry's record of a slide cut short, or CYTO_REVIEW_REGISTRY
+    naming a file, and cyto view served every rank with no word."""
+    from cyto.review.session import _registry_file
+
+    first = _identified(tmp_path / "scored" / "a")
+    record_review([first], _review(tmp_path / "far" / "rv", [first]))
+    (first / REVIEWS_FILE).unlink()
+    record = _registry_file("slide-a")
+    record.write_text(record.read_text()[:20])
+    with pytest.raises(InputPathError, match="review registry's record .* cannot be read") as err:
+        review_blocking([first], [first])
+    assert "\n" not in str(err.value)
+    not_a_folder = tmp_path / "registry-file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("CYTO_REVIEW_REGISTRY", str(not_a_folder))
+    with pytest.raises(InputPathError, match="is not a folder"):
+        review_blocking([first], [first])

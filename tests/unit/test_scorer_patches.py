@@ -42,7 +42,7 @@ def test_a_rectangle_and_a_bad_batch_size_are_one_line_in_python_words(scorer):
     with pytest.raises(ConfigError, match="must be square crops") as err:
         scorer.score(np.zeros((2, size, size + 8, 3), np.uint8))
     assert "\n" not in str(err.value)
-    with pytest.raises(ConfigError, match=r"^batch_size= must be >= 1, got 0$"):
+    with pytest.raises(ConfigError, match=r"^batch_size= must be an int >= 1, got 0$"):
         scorer.score(np.zeros((1, size, size, 3), np.uint8), batch_size=0)
 
 
@@ -83,3 +83,18 @@ def test_exports_refusals_name_keywords_from_python_and_flags_from_the_command_l
         export_variant(exported_dsvdd, "int8", calib=None)
     assert "calib=" in str(py.value) and "--" not in str(py.value), str(py.value)
     assert "--calib-class LYT" in str(cli.value)
+
+
+def test_wrong_kinds_of_values_are_one_line_in_python_words(scorer, tmp_path):
+    """A hostile check (round 2): batch_size="8" was a raw TypeError; detection=5 named an
+    internal class; train(weights=<missing>) read every image, then a raw FileNotFoundError."""
+    import cyto
+    from cyto.errors import InputPathError
+
+    size = scorer.spec.crop_size
+    with pytest.raises(ConfigError, match=r"^batch_size= must be an int >= 1, got '8'$"):
+        scorer.score(np.zeros((1, size, size, 3), np.uint8), batch_size="8")
+    with pytest.raises(ConfigError, match="detection= must be one of auto, smear, tissue, pap"):
+        cyto.score_slide(tmp_path / "s.tif", tmp_path / "m", tmp_path / "o", detection=5)
+    with pytest.raises(InputPathError, match=r"^weights='.*nosuch.safetensors': no such file"):
+        cyto.train("dsvdd", tmp_path, tmp_path / "t.cyto", normal="n", weights="nosuch.safetensors")

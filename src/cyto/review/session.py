@@ -421,12 +421,28 @@ def _registry_file(identity: str) -> Path:
 
 
 def _registered(identity: str) -> list[dict]:
+    """The registry's entries for a slide identity; a registry that is there but cannot be
+    read fails closed (one line naming it): a damaged record must not unblind a review."""
+    path = _registry_file(identity)
+    if path.parent.exists() and not path.parent.is_dir():
+        raise InputPathError(
+            f"the review registry {path.parent} is not a folder (CYTO_REVIEW_REGISTRY): "
+            "point it at a folder"
+        )
     try:
-        data = json.loads(_registry_file(identity).read_text())
-    except (OSError, ValueError):
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
         return []
+    except (OSError, ValueError) as exc:
+        raise InputPathError(
+            f"the review registry's record {path} cannot be read ({first_line(exc)}): it may "
+            "name a blinded review of this slide; restore it, or remove it to forget them"
+        ) from None
     if not isinstance(data, dict) or data.get("format") != REVIEWS_FORMAT:
-        return []
+        raise InputPathError(
+            f"the review registry's record {path} is not one cyto wrote: it may name a blinded "
+            "review of this slide; restore it, or remove it to forget them"
+        )
     return [e for e in data.get("reviews", []) if isinstance(e, dict) and "review" in e]
 
 

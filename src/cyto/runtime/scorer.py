@@ -71,8 +71,8 @@ class Scorer:
     ) -> np.ndarray:
         """(N,) float64 scores of uint8 (N, H, W, 3) patches, ``batch_size`` per network call;
         with ``progress``, a progress bar of that name advances after each call."""
-        if batch_size < 1:
-            raise ConfigError(f"batch_size= must be >= 1, got {batch_size!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size= must be an int >= 1, got {batch_size!r}")
         images = np.asarray(images)
         if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
             raise ConfigError(
@@ -128,8 +128,8 @@ class Scorer:
         """(N,) float64 scores of a uint8 (N, H, W, 3) torch tensor. On the backend's device
         the network and the head's torch finish both run there, and only the scores come
         back; a backend that takes host arrays (ONNX Runtime) gets the crops copied to it."""
-        if batch_size < 1:
-            raise ConfigError(f"batch_size= must be >= 1, got {batch_size!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size= must be an int >= 1, got {batch_size!r}")
         if not self.takes_tensors or crops.device.type != self.backend.dev.type:
             return self.score(crops.cpu().numpy(), batch_size)
         if len(crops) == 0:

@@ -14,7 +14,7 @@ import numpy as np
 
 from cyto.bundle import bundle_names, save_bundle
 from cyto.data.dataset import PatchDataset
-from cyto.errors import ConfigError
+from cyto.errors import ConfigError, InputPathError
 from cyto.outputs_check import refuse_to_replace
 from cyto.train.calibration import normal_calibration
 from cyto.train.config import TrainConfig, resolve_config
@@ -232,6 +232,13 @@ def train(
     what a stopped run kept."""
     cls = get_method(method)
     cfg = resolve_config(cls.Config, preset, config_file, overrides)
+    if weights is not None and not Path(weights).is_file():  # before any image is read
+        from cyto.flags import passing
+
+        raise InputPathError(
+            f"{passing('weights', Path(weights))}: no such file (a .safetensors file of "
+            "initial encoder weights)"
+        )
     out = Path(out)
     refuse_to_replace(out, overwrite, known=bundle_names(out))
     ckpt = checkpoint_dir(out)
