@@ -331,7 +331,7 @@ def test_the_command_a_missing_fp16_graph_suggests_works(bundle, synth_patches):
     hint = export_hint(load_bundle(made_up, weights=False), "fp16")
     assert hint.endswith("--precision fp16 --parity-cells CELLS"), hint
     proc = run_cyto("export", str(made_up), "--no-onnx", "--precision", "fp16")
-    assert proc.returncode == 2 and "pass --parity-cells CELLS" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "pass --parity-cells with cells" in proc.stderr, proc.stderr
 
 
 def test_two_exports_of_one_bundle_at_once_keep_both_graphs(bundle, synth_patches, monkeypatch):

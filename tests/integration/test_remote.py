@@ -125,9 +125,14 @@ def test_a_changed_object_is_scored_again(slide, http, exported_dsvdd, tmp_path)
     assert after != before
 
 
-def test_an_object_that_changes_while_scored_stops_that_slide(slide, exported_dsvdd, tmp_path):
+def test_an_object_that_changes_while_scored_stops_that_slide(
+    slide, exported_dsvdd, tmp_path, monkeypatch
+):
     """An object replaced after the first range stops its slide in one line; nothing of the
-    run is kept (no output folder, no chunks)."""
+    run is kept (no output folder, no chunks). Without read-ahead: it may fetch every block in
+    one range before the change (a whole old version, rightly scored), and the fresh-clone
+    check's run did so."""
+    monkeypatch.setenv("CYTO_READ_AHEAD_MB", "0")
     out = tmp_path / "out"
     # a slide of several blocks: the plan and the tile worker read it in more than one range
     # (the module's slide, two blocks, could come whole in one: no change to see)

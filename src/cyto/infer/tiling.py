@@ -394,7 +394,7 @@ class TileFeed:
         # parts of dense tiles read within their tile's region, fetched with it)
         self.ahead = (
             read_ahead(ctx.slide, [job_region(ctx, j) for j in jobs if j[4] is None])
-            if ctx.decode == "cpu"
+            if ctx.decode == "cpu" and isinstance(ctx.slide, SlideURL)  # only a remote slide's
             else None
         )
 
