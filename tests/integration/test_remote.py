@@ -15,7 +15,7 @@ import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.slides import open_slide
-from cyto.slides.remote import BLOCK, drop_blocks, open_object, pinned_ref, slide_ref
+from cyto.slides.remote import BLOCK, drop_blocks, forget, open_object, pinned_ref, slide_ref
 from tests.cli_runner import run_cyto
 from tests.servers import fault_server, moto_s3, nginx
 from tests.tables import same_table
@@ -205,6 +205,40 @@ def test_a_dropped_connection_is_retried_and_said_once(slide):
             logging.getLogger("cyto.remote").removeHandler(handler)
     assert len(records) == 1 and "connection was dropped" in records[0], records
     assert server.ranges >= 2
+
+
+def test_a_damaged_shared_block_is_fetched_again_never_read_as_the_slide(slide, monkeypatch):
+    """A hostile check: 3 bytes flipped in a kept block (remote-blocks/ID/0.blk) were read as
+    the slide's, and the top score moved with no word. Each shared block is sealed."""
+    import logging
+
+    from cyto import cache_dir
+
+    monkeypatch.setenv("CYTO_READ_AHEAD_MB", "0")
+    local = open_slide(slide)
+    w, h = local.info.level_dims[0]
+    want = local.read_region(0, 0, w, h)
+    with fault_server(slide.read_bytes()) as server:
+        url = f"{server.url}/damaged.tif"
+        assert np.array_equal(open_slide(url).read_region(0, 0, w, h), want)
+        kept = sorted((cache_dir() / "remote-blocks").rglob("*.blk"))
+        assert kept
+        for block in kept:  # every block of every slide read here: ours among them
+            data = bytearray(block.read_bytes())
+            data[10:13] = bytes(b ^ 0xFF for b in data[10:13])
+            block.write_bytes(bytes(data))
+        records: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda r: records.append(r.getMessage())
+        logging.getLogger("cyto.remote").addHandler(handler)
+        try:
+            before = server.ranges
+            forget(slide_ref(url))  # another process: nothing of the slide in memory
+            assert np.array_equal(open_slide(url).read_region(0, 0, w, h), want)
+        finally:
+            logging.getLogger("cyto.remote").removeHandler(handler)
+    assert server.ranges > before  # fetched again
+    assert sum("did not match its seal" in r for r in records) == 1, records
 
 
 def test_a_server_that_cannot_be_reached_is_said_so_once_not_a_dropped_connection():

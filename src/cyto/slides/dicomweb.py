@@ -52,6 +52,7 @@ from cyto.slides.remote import (
     open_object,
     release,
     share,
+    shared,
     timeout,
 )
 
@@ -340,9 +341,8 @@ class DicomWebSeries(Requests):
 
     def _from_shared(self, index: int, tile: tuple[int, int]) -> tuple[bytes, str | None] | None:
         """(bytes, transfer syntax) of a shared frame, if it is there."""
-        try:
-            raw = (self.shared() / self._name(index, tile)).read_bytes()
-        except OSError:
+        raw = shared(self.shared(), self._name(index, tile))
+        if raw is None:
             return None
         syntax, _, data = raw.partition(b"\n")
         return data, (syntax.decode() or None)

@@ -19,6 +19,7 @@ a timeout or a 5xx answer is retried with backoff and said once; 403 and 404 are
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -511,10 +512,10 @@ class RemoteObject(Requests):
 
     def _from_shared(self, b: int) -> bool:
         """Block ``b`` from the shared folder into this process's cache, if it is there."""
-        try:
-            self._blocks[b] = (self.shared() / f"{b}.blk").read_bytes()
-        except OSError:
+        data = shared(self.shared(), f"{b}.blk")
+        if data is None:
             return False
+        self._blocks[b] = data
         return True
 
     def _fetch_run(self, run: list[int]) -> None:
@@ -608,15 +609,50 @@ def claim(folder: Path, names: list[str], wait: bool) -> list[str]:
     return mine
 
 
+#: what ends every shared block or frame: this, then 16 bytes of sha256 (:func:`share`)
+SEAL = b"cyto-shared-seal/1"
+_said_damaged: set[str] = set()
+
+
+def _seal_of(folder: Path, name: str, data: bytes) -> bytes:
+    return hashlib.sha256(f"{folder.name}/{name}".encode() + b"\0" + data).digest()[:16]
+
+
 def share(folder: Path, name: str, data: bytes) -> None:
     """Put ``data`` in the shared folder as ``name`` (written under a temporary name and
-    renamed: a reader sees all of it or nothing); a folder that cannot be written is skipped."""
+    renamed: a reader sees all of it or nothing), sealed: followed by :data:`SEAL` and the
+    sha256 of the object's folder, the name and the bytes, so a block damaged, cut or copied
+    from elsewhere is never read as the slide's (:func:`shared`); a folder that cannot be
+    written is skipped."""
     tmp = folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
-        tmp.write_bytes(data)
+        tmp.write_bytes(data + SEAL + _seal_of(folder, name, data))
         os.replace(tmp, folder / name)
     except OSError:
         tmp.unlink(missing_ok=True)
+
+
+def shared(folder: Path, name: str) -> bytes | None:
+    """The bytes of ``name`` in the shared folder when its seal holds; None when it is not
+    there, or when it was damaged (then removed, so it is fetched again, and said once)."""
+    path = folder / name
+    try:
+        blob = path.read_bytes()
+    except OSError:
+        return None
+    n = len(SEAL) + 16
+    data = blob[:-n]
+    if len(blob) > n and blob[-n:-16] == SEAL and _seal_of(folder, name, data) == blob[-16:]:
+        return data
+    path.unlink(missing_ok=True)
+    if folder.name not in _said_damaged:
+        _said_damaged.add(folder.name)
+        log.warning(
+            "note: a kept block of a remote slide (%s) did not match its seal (damaged, or put "
+            "there from elsewhere): fetched again",
+            path.relative_to(folder.parent.parent) if len(path.parts) > 2 else path,
+        )
+    return None
 
 
 def release(folder: Path, names: list[str]) -> None:
