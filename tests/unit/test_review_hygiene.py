@@ -206,3 +206,15 @@ def test_a_registry_that_cannot_be_read_fails_closed_in_one_line(tmp_path, monke
     monkeypatch.setenv("CYTO_REVIEW_REGISTRY", str(not_a_folder))
     with pytest.raises(InputPathError, match="is not a folder"):
         review_blocking([first], [first])
+
+
+def test_a_report_out_that_is_a_file_is_one_line_and_the_file_kept(tmp_path):
+    """A hostile check (round 2): `cyto review report REV --out FILE --overwrite` ended in a
+    raw FileExistsError."""
+    from cyto.review.report import write_report
+
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine\n")
+    with pytest.raises(InputPathError, match="is a file: the report is a folder") as err:
+        write_report(tmp_path / "rv", out=mine)
+    assert "\n" not in str(err.value) and mine.read_text() == "mine\n"

@@ -257,9 +257,17 @@ def write_report(
 ) -> dict:
     """Unblind ``root`` and write the report files; returns the report (paths included)."""
     root = Path(root)
+    out = Path(out) if out is not None else root / "report"
+    if out.exists() and not out.is_dir():  # a folder of report files; never a file replaced
+        from cyto.errors import InputPathError
+        from cyto.flags import passing
+
+        raise InputPathError(
+            f"{passing('out', out)} is a file: the report is a folder (expert_table.csv, "
+            "report.json, figures/); give a folder"
+        )
     report = build_report(root, reviewers, include_unfinished)
     marked, session = report.pop("_marked"), report.pop("_session")
-    out = Path(out) if out is not None else root / "report"
     with OutputLock(out, "cyto review report", "wait for it to finish, or give another --out"):
         # what a killed run (SIGKILL, power loss) left half made: every writer holds the lock
         clear_temp_dirs_beside(out)
