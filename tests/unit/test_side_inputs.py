@@ -460,3 +460,18 @@ def test_any_geojson_gives_points_or_one_line(doc):
             assert got.ndim == 2 and got.shape[1] == 2 and np.isfinite(got).all()
 
     _in_tmp(write)
+
+
+def test_a_bad_truth_table_is_named_in_the_callers_words(tmp_path):
+    """A hostile check (round 2): score_slide(truth="nosuch.parquet") answered "--truth ... does
+    not exist", a flag in a Python call."""
+    from cyto.errors import InputPathError
+    from cyto.flags import python_words
+    from cyto.infer.outputs import read_truth
+
+    missing = tmp_path / "nosuch.parquet"
+    with pytest.raises(InputPathError, match=r"^--truth .*nosuch.parquet does not exist"):
+        read_truth(missing)
+    with python_words("score_slide"), pytest.raises(InputPathError) as err:
+        read_truth(missing)
+    assert str(err.value).startswith("truth='") and "--" not in str(err.value)

@@ -50,20 +50,21 @@ def read_truth(path: Path) -> dict[str, np.ndarray]:
     import pyarrow as pa
 
     path = Path(path)
+    given = passing("truth", path)  # --truth PATH, or truth='PATH' from Python
     if not path.is_file():
-        raise InputPathError(f"--truth {path} does not exist (a CSV or Parquet of x, y, label)")
+        raise InputPathError(f"{given} does not exist (a CSV or Parquet of x, y, label)")
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".parquet", ".pq"):
-        raise InputPathError(f"--truth {path}: expected a .csv or .parquet table of x, y, label")
+        raise InputPathError(f"{given}: expected a .csv or .parquet table of x, y, label")
     try:
         gt = read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise InputPathError(f"--truth {path} cannot be read as a table: {one_line(exc)}") from exc
-    cols = named_columns(gt, f"--truth {path}")
+        raise InputPathError(f"{given} cannot be read as a table: {one_line(exc)}") from exc
+    cols = named_columns(gt, given)
     missing = [c for c in ("x", "y", "label") if c not in cols]
     if missing:
         raise InputPathError(
-            f"--truth {path} needs columns x, y (level-0 pixels) and label (1 = abnormal); it "
+            f"{given} needs columns x, y (level-0 pixels) and label (1 = abnormal); it "
             f"lacks {', '.join(missing)} (has {', '.join(gt.column_names) or 'none'})"
         )
     out = {}
@@ -73,13 +74,11 @@ def read_truth(path: Path) -> dict[str, np.ndarray]:
         try:
             out[name] = number_column(gt[cols[name]])
         except (TypeError, ValueError, OverflowError) as exc:
-            raise InputPathError(
-                f"--truth {path}: {name} must be numbers: {one_line(exc)}"
-            ) from exc
+            raise InputPathError(f"{given}: {name} must be numbers: {one_line(exc)}") from exc
         if not np.isfinite(out[name]).all():
-            raise InputPathError(f"--truth {path}: {name} has empty or non-numeric values")
+            raise InputPathError(f"{given}: {name} has empty or non-numeric values")
     if not np.isin(out["label"], (0, 1)).all():
-        raise InputPathError(f"--truth {path}: label must be 0 (normal) or 1 (abnormal)")
+        raise InputPathError(f"{given}: label must be 0 (normal) or 1 (abnormal)")
     out["label"] = out["label"].astype(np.int64)
     if "slide_id" in cols:  # an empty value belongs to no slide; a column of none, to this one
         ids = ["" if v is None else str(v) for v in gt[cols["slide_id"]].to_pylist()]
@@ -165,7 +164,7 @@ def truth_inside(
     abnormal = int(np.asarray(gt["label"])[~inside].sum()) if "label" in gt else 0
     warnings.warn(
         CytoWarning(
-            f"--truth {path}: {n_out} of its {n} cell(s) of slide {slide_id!r} "
+            f"{passing('truth', path)}: {n_out} of its {n} cell(s) of slide {slide_id!r} "
             f"({abnormal} abnormal) lie outside the slide ({w} x {h} px at level 0), where no "
             "detection can match them: left out (are its x, y level-0 pixels of this slide?)"
         ),

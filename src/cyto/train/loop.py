@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from cyto.errors import DeviceError, TrainingError
+from cyto.flags import passing
 from cyto.progress import progress
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -32,7 +33,7 @@ def resolve_device(name: str = "auto") -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise DeviceError(
             f"device {name!r} was asked for but CUDA is not available here (no NVIDIA GPU or "
-            "driver, or a CPU-only torch build); use --device cpu"
+            f"driver, or a CPU-only torch build); use {passing('device', 'cpu')}"
         )
     return torch.device(name)
 

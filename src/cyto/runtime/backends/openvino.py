@@ -53,6 +53,7 @@ import numpy as np
 
 from cyto.bundle import Bundle, GraphSpec
 from cyto.errors import BundleError, ConfigError, DeviceError, MissingDependencyError
+from cyto.flags import passing
 from cyto.runtime.heads import head_class
 from cyto.runtime.machine import openvino_cpu
 
@@ -214,7 +215,9 @@ class OpenVinoBackend:
         cache: bool = True,
     ) -> None:
         if device != "cpu":
-            raise ConfigError("the openvino backend runs on the CPU only: use --device cpu")
+            raise ConfigError(
+                f"the openvino backend runs on the CPU only: use {passing('device', 'cpu')}"
+            )
         if precision not in PRECISIONS:
             raise ConfigError(
                 f"the openvino backend runs {', '.join(PRECISIONS)}; --precision {precision} "
