@@ -218,3 +218,24 @@ def test_a_report_out_that_is_a_file_is_one_line_and_the_file_kept(tmp_path):
     with pytest.raises(InputPathError, match="is a file: the report is a folder") as err:
         write_report(tmp_path / "rv", out=mine)
     assert "\n" not in str(err.value) and mine.read_text() == "mine\n"
+
+
+def test_a_folder_scored_from_a_url_is_one_line_naming_it_without_secrets(tmp_path):
+    """A hostile check (round 2): cyto view, data cells and review of a folder scored from a URL
+    said the slide "http:/host/... is not there" (the URL read as a path)."""
+    from cyto.review.session import local_slide, read_source
+
+    url = "http://ann:pw@127.0.0.1:8931/s.tif?sig=SECRET"
+    folder = _scored_folder(tmp_path / "s", {"status": "ok"})
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["slide"] = url
+    (folder / "summary.json").write_text(json.dumps(summary))
+    from cyto.seal import seal_outputs
+
+    seal_outputs(folder, summary["outputs"])
+    for call in (lambda: read_source(folder), lambda: local_slide(url, folder, "cyto view")):
+        with pytest.raises(InputPathError, match="its slide was scored from http://127.0.0.1") as e:
+            call()
+        said = str(e.value)
+        assert "http:/1" not in said and "pw" not in said and "SECRET" not in said, said
+        assert "local slide files only" in said and "\n" not in said

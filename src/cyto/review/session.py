@@ -149,7 +149,7 @@ def read_source(folder: Path) -> Source:
             folder=folder,
             model=model[: -len(".cyto")] if model.endswith(".cyto") else model,
             method=str(s["method"]),
-            slide=str(_slide_path(Path(s["slide"]), folder)),
+            slide=str(local_slide(s["slide"], folder, "cyto review and cyto data cells")),
             identity=str(s["slide_identity"]),
             crop_px=int(s["resolution"]["crop_px_level0"]),
             mpp=s["resolution"].get("slide_mpp"),
@@ -170,6 +170,20 @@ def _adequacy_words(block: dict | None) -> str | None:
         return None
     reasons = "; ".join(block.get("reasons") or ())
     return f"{block['result']}: {reasons}" if reasons else str(block["result"])
+
+
+def local_slide(slide: str, folder: Path, command: str) -> Path:
+    """The local slide file a scored folder's summary names; a slide scored from a URL is one
+    line naming it (without credentials or query): ``command`` reads local slide files only
+    (a URL read as a path became ``http:/...``, "not there")."""
+    from cyto.slides.remote import is_url, redact
+
+    if is_url(slide):
+        raise InputPathError(
+            f"{folder}: its slide was scored from {redact(str(slide))}; {command} reads local "
+            "slide files only: copy the slide here, score it again, and give that folder"
+        )
+    return _slide_path(Path(slide), folder)
 
 
 def _slide_path(slide: Path, folder: Path) -> Path:

@@ -152,7 +152,9 @@ class ViewSlide:
                 "(cyto score --resume scores again only what changed)"
             )
         self.summary = summary
-        self.slide = Path(summary.get("slide", ""))
+        from cyto.review.session import local_slide
+
+        self.slide = local_slide(summary.get("slide", ""), self.folder, "cyto view")
         if not self.slide.exists():
             raise InputPathError(
                 f"{self.folder}: the slide it was scored from, {self.slide}, is not there "
