@@ -172,7 +172,8 @@ class FaultServer(ThreadingHTTPServer):
     """Serves ``data`` at every path with range requests and an ETag, except as ``mode`` says:
     ``ok``; ``403``/``404``; ``drop-once`` (the first range request's connection is closed
     mid-answer, the next ones are served); ``stall`` (range requests are never answered);
-    ``change`` (after ``change_after`` range requests the object has another ETag)."""
+    ``change`` (after ``change_after`` range requests the object has another ETag),
+    ``no-ranges`` (the whole object, 200, whatever range is asked: ``python -m http.server``)."""
 
     daemon_threads = True
 
@@ -213,7 +214,7 @@ class _FaultHandler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        rng = self.headers.get("Range")
+        rng = None if s.mode == "no-ranges" else self.headers.get("Range")  # whole, as 200
         if rng and not head:
             s.ranges += 1
             if s.mode == "stall":
@@ -244,7 +245,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
             body = s.data
             self.send_response(200)
         self.send_header("ETag", self._etag())
-        self.send_header("Accept-Ranges", "bytes")
+        if s.mode != "no-ranges":
+            self.send_header("Accept-Ranges", "bytes")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if not head:

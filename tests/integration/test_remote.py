@@ -241,6 +241,20 @@ def test_a_damaged_shared_block_is_fetched_again_never_read_as_the_slide(slide, 
     assert sum("did not match its seal" in r for r in records) == 1, records
 
 
+def test_a_server_without_byte_ranges_is_said_so_not_a_changed_object(slide):
+    """A hostile check (round 2): `python -m http.server` answers a range with the whole file
+    (200), and cyto said the object "changed (or was cut short) while it was read"."""
+    from cyto.errors import UnsupportedSlideError
+
+    with (
+        fault_server(slide.read_bytes(), "no-ranges") as server,
+        pytest.raises(UnsupportedSlideError, match="does not serve ranges") as err,
+    ):
+        open_slide(f"{server.url}/whole.tif").read_region(0, 0, 64, 64)
+    said = str(err.value)
+    assert "changed" not in said and "--download" in said and "\n" not in said
+
+
 def test_a_server_that_cannot_be_reached_is_said_so_once_not_a_dropped_connection():
     """A hostile check: with nothing listening, "the connection was dropped; retrying (said once
     per slide)" came twice (two readers of the slide), then "the connection was dropped"."""

@@ -36,7 +36,9 @@ from cyto.errors import (
     CytoError,
     InputPathError,
     MissingDependencyError,
+    UnsupportedSlideError,
 )
+from cyto.flags import passing
 
 #: URL schemes read in place, and the fsspec file system each needs
 SCHEMES = {"http": "aiohttp", "https": "aiohttp", "s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
@@ -458,6 +460,13 @@ class RemoteObject(Requests):
             return self._fs.cat_file(self._path, start=start, end=end)
 
         data = self._call(get, "read")
+        if len(data) != end - start and len(data) == self.size:  # a 200 with the whole body
+            raise UnsupportedSlideError(
+                f"{self.ref}: the server answered the whole object ({len(data):,} bytes) to a "
+                "byte-range request: it does not serve ranges, by which cyto reads a remote "
+                f"slide in place; serve it from one that does (nginx, an S3 server), or pass "
+                f"{passing('download')}"
+            )
         if len(data) != end - start:
             raise SlideChangedError(
                 f"{self.ref}: asked for bytes {start:,}-{end - 1:,} and got {len(data):,}: the "
