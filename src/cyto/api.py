@@ -140,7 +140,7 @@ def score_slide(
     import pyarrow.parquet as pq
 
     from cyto.cohort.run import refuse_finished, refuse_resume_and_overwrite
-    from cyto.errors import ConfigError, CytoError
+    from cyto.errors import ConfigError
     from cyto.infer.options import ScoreOptions, detection_for
     from cyto.infer.pipeline import score_slide as run
     from cyto.location import output_location
@@ -170,8 +170,7 @@ def score_slide(
     # the prefix's files are pulled where they are checked, and published when scored
     where = output_location(out)
     where.check()
-    try:
-        where.pull()
+    with where.writing():
         # a folder holding finished results (this slide's or another's) is not scored over
         # unasked
         refuse_finished(where.local, Path(str(slide)).name, overwrite or opts.resume)
@@ -182,11 +181,6 @@ def score_slide(
         said = echo or (lambda _line: None)
         run(slide_ref(slide), model, where.local, opts, echo=lambda m: said(where.words(m)))
         table = pq.read_table(where.local / "scores.parquet")
-        where.publish()
-        where.release()
-    except CytoError as exc:
-        where.translated(exc)
-        raise
     return table
 
 

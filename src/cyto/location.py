@@ -118,6 +118,20 @@ class OutputLocation(Requests):
             return text
         return text.replace(str(self.local), str(self))
 
+    @contextlib.contextmanager
+    def writing(self):
+        """The block writes this location's outputs into :attr:`local`: its files pulled first
+        (what is reused is what the prefix holds), published after (``seal.json`` last) and the
+        staged copy released; an error inside names the prefix, never the staging folder."""
+        try:
+            self.pull()
+            yield self
+            self.publish()
+            self.release()
+        except CytoError as exc:
+            self.translated(exc)
+            raise
+
     def translated(self, exc: BaseException) -> BaseException:
         """``exc`` (a cyto error met while writing here) naming the remote prefix, not the
         staging folder."""

@@ -155,14 +155,8 @@ def score_at(
     def said(message: str) -> None:
         echo(where.words(message))
 
-    try:
-        where.pull()
+    with where.writing():
         summary = score_one(slide, where.local, scorer, opts, said, metrics)
-        where.publish()
-        where.release()
-    except CytoError as exc:
-        where.translated(exc)
-        raise
     return summary
 
 
