@@ -475,3 +475,18 @@ def test_a_bad_truth_table_is_named_in_the_callers_words(tmp_path):
     with python_words("score_slide"), pytest.raises(InputPathError) as err:
         read_truth(missing)
     assert str(err.value).startswith("truth='") and "--" not in str(err.value)
+
+
+def test_a_truth_table_given_as_a_url_is_one_line_without_secrets():
+    """A hostile check (round 2): --truth http://... said "does not exist" and printed the URL
+    with one slash (http:/), as a path."""
+    from pathlib import Path
+
+    from cyto.errors import InputPathError
+    from cyto.infer.outputs import read_truth
+
+    for url in ("http://ann:pw@host:8000/t.parquet?sig=X", Path("http://host/t.parquet")):
+        with pytest.raises(InputPathError, match=r"read from a local file") as err:
+            read_truth(url)
+        said = str(err.value)
+        assert "http://host" in said and "pw" not in said and "sig=X" not in said, said

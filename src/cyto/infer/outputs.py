@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from cyto.errors import CytoWarning, InputPathError
 from cyto.flags import passing
 from cyto.slides import SLIDE_SUFFIXES, open_slide
 from cyto.slides.base import printable
-from cyto.slides.remote import slide_bytes
+from cyto.slides.remote import redact, slide_bytes
 from cyto.tables import named_columns, number_column, one_line, read_table
 
 MOSAIC_SIDE, MOSAIC_COLS = 96, 10
@@ -49,6 +50,12 @@ def read_truth(path: Path) -> dict[str, np.ndarray]:
     so a bad table costs nothing."""
     import pyarrow as pa
 
+    if re.match(r"^(https?|s3|gs|gcs|dicomweb\+https?):/", str(path)):  # a URL read as a path
+        url = re.sub(r"^([a-z0-9+]+):/+", r"\1://", str(path))
+        raise InputPathError(
+            f"{passing('truth', redact(url))}: a truth table is read from a local file; "
+            "download it first"
+        )
     path = Path(path)
     given = passing("truth", path)  # --truth PATH, or truth='PATH' from Python
     if not path.is_file():
