@@ -255,6 +255,25 @@ def test_a_server_without_byte_ranges_is_said_so_not_a_changed_object(slide):
     assert "changed" not in said and "--download" in said and "\n" not in said
 
 
+@pytest.mark.parametrize(
+    "body, said",
+    [
+        (b"PAR1" + b"\0" * 64, "a Parquet table, not a slide"),
+        (b"<!DOCTYPE HTML>\n<html><body>" + b"x" * 64, "an HTML page"),
+    ],
+)
+def test_an_object_that_is_no_slide_is_said_so_without_download_advice(body, said):
+    """A hostile check (round 2): a URL to a .parquet table was told to pass --download."""
+    from cyto.errors import UnsupportedSlideError
+
+    with (
+        fault_server(body) as server,
+        pytest.raises(UnsupportedSlideError, match=said) as err,
+    ):
+        open_slide(f"{server.url}/thing")
+    assert "--download" not in str(err.value)
+
+
 def test_a_server_that_cannot_be_reached_is_said_so_once_not_a_dropped_connection():
     """A hostile check: with nothing listening, "the connection was dropped; retrying (said once
     per slide)" came twice (two readers of the slide), then "the connection was dropped"."""

@@ -441,6 +441,13 @@ def _open_remote(ref: SlideURL, backend: str) -> SlideReader:
     if obj.size < 16:
         raise UnsupportedSlideError(f"{ref}: empty or truncated object ({obj.size} bytes)")
     head = obj.read(0, 4)
+    other = {b"PAR1": "a Parquet table"}.get(head) or (
+        "an HTML page (a server's folder listing?)"
+        if head.lower() in (b"<!do", b"<htm", b"<hea", b"<bod")
+        else None
+    )
+    if other:  # no slide at all: --download would not help
+        raise UnsupportedSlideError(f"{ref}: {other}, not a slide: give a slide file's URL")
     vendor, what = (None, "not a TIFF")
     if head in TIFF_MAGIC:
         vendor, what = tiff_vendor(ref, obj.size, obj.file())
