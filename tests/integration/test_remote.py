@@ -140,7 +140,9 @@ def test_an_object_that_changes_while_scored_stops_that_slide(
     write_slide(big, SlideSynthConfig(width=4096, height=3072, seed=2), workers=0)
     assert big.stat().st_size > 6 * BLOCK
     with fault_server(big.read_bytes(), "change", change_after=1) as server:
-        proc = _score([f"{server.url}/s.tif"], exported_dsvdd, out)
+        # a process of its own: nothing this test process opened before (a RemoteObject of an
+        # address a port reused) stands in for the object served here
+        proc = _score([f"{server.url}/s.tif"], exported_dsvdd, out, process=True)
     assert proc.returncode == 1
     failed = [ln for ln in proc.stderr.splitlines() if ln.startswith("failed:")]
     assert len(failed) == 1 and "changed while it was" in failed[0], proc.stderr
