@@ -8,13 +8,11 @@ node started with ``ray start`` on this machine (two Ray nodes, one engine each)
 from __future__ import annotations
 
 import csv
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import pytest
 from cyto.cohort import score_cohort
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.infer import ScoreOptions
+from tests.killers import ChunkKiller
 from tests.tables import same_table
 
 ray = pytest.importorskip("ray")
@@ -205,30 +204,6 @@ def _wait_for_nodes(address: str, n: int, logs: Path) -> None:
     raise AssertionError(f"the Ray cluster did not reach {n} nodes:\n{text}")
 
 
-class _Killer(threading.Thread):
-    """Kills (SIGKILL) the process that holds a folder's lock once a chunk has been written
-    there (renamed into place, not a .tmp): a worker dying mid-slide, with part of the slide
-    already on disk."""
-
-    def __init__(self, folder: Path, chunks_glob: str) -> None:
-        super().__init__(daemon=True)
-        self.folder, self.glob, self.killed = folder, chunks_glob, None
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            for chunk in self.folder.glob(self.glob):
-                lock = chunk.parent.parent / ".lock"
-                try:
-                    pid = json.loads(lock.read_text())["pid"]
-                except (OSError, ValueError, KeyError):
-                    continue
-                os.kill(pid, signal.SIGKILL)
-                self.killed = pid
-                return
-            time.sleep(0.01)
-
-
 def test_a_worker_killed_mid_slide_is_replaced_and_the_slide_resumed(
     exported_dsvdd, cohort, plain, two_nodes, tmp_path, shutdown_ray
 ):
@@ -241,8 +216,8 @@ def test_a_worker_killed_mid_slide_is_replaced_and_the_slide_resumed(
     opts = replace(OPTS, chunk_cells=4)  # a chunk per tile: kills land mid-slide
     # s0 is scored in parts of 8 tiles (.parts/*/.partial), s2 whole (its .partial)
     killers = [
-        _Killer(out / "s0", ".parts/*/.partial/chunk-*.parquet"),
-        _Killer(out / "s2", ".partial/chunk-*.parquet"),
+        ChunkKiller(out / "s0", ".parts/*/.partial/chunk-*.parquet"),
+        ChunkKiller(out / "s2", ".partial/chunk-*.parquet"),
     ]
     for k in killers:
         k.start()

@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import shutil
-import signal
-import threading
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -22,6 +18,7 @@ from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.errors import OutputWriteError
 from cyto.location import output_location
 from tests.cli_runner import run_cyto
+from tests.killers import ChunkKiller
 from tests.servers import moto_s3
 from tests.tables import same_table
 
@@ -227,28 +224,6 @@ def test_a_publish_that_fails_half_way_leaves_no_seal(
     assert "seal.json" in _objects(aws, "half/b/")
 
 
-class _Killer(threading.Thread):
-    """SIGKILLs the process that holds a staged folder's lock once a chunk of the slide is
-    there: an engine dying mid-slide, with part of the slide scored."""
-
-    def __init__(self, folder: Path) -> None:
-        super().__init__(daemon=True)
-        self.folder, self.killed = folder, None
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            if any(self.folder.glob(".partial/chunk-*.parquet")):
-                try:
-                    pid = json.loads((self.folder / ".lock").read_text())["pid"]
-                except (OSError, ValueError, KeyError):
-                    continue
-                os.kill(pid, signal.SIGKILL)
-                self.killed = pid
-                return
-            time.sleep(0.01)
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_ray_cohort_from_and_to_s3_shares_no_folder(
@@ -287,7 +262,7 @@ def test_a_ray_cohort_from_and_to_s3_shares_no_folder(
         configure_logging=False,
         runtime_env={"env_vars": env},
     )
-    killer = _Killer(staged_b)
+    killer = ChunkKiller(staged_b, ".partial/chunk-*.parquet")
     killer.start()
     said: list[str] = []
     try:
