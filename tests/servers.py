@@ -117,6 +117,7 @@ http {{
             if ($http_authorization != "Bearer s3cr3t-t0ken") {{ return 403; }}
             alias {self.root}/;
         }}
+        location /listed/ {{ alias {self.root}/; autoindex on; }}
     }}
 }}
 """

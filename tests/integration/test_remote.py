@@ -300,6 +300,21 @@ def test_a_server_that_cannot_be_reached_is_said_so_once_not_a_dropped_connectio
     assert len(records) == 1 and "could not be reached" in records[0], records
 
 
+def test_an_http_prefix_lists_its_slides_by_their_own_urls(slide, http):
+    """A hostile check (round 2): `cyto score http://HOST/folder/` over a server's folder
+    listing named each slide `http://http://HOST/...` and said "could not be reached"; and a
+    prefix on a server that cannot be reached said "holds no slide"."""
+    from cyto.errors import CytoError
+    from cyto.slides import slide_files
+    from cyto.slides.remote import SlideURL
+    from tests.servers import free_port
+
+    assert slide_files([SlideURL(f"{http.url}/listed/")]) == [SlideURL(f"{http.url}/listed/s.tif")]
+    with pytest.raises(CytoError) as err:
+        slide_files([SlideURL(f"http://127.0.0.1:{free_port()}/listed/")])
+    assert "could not be reached" in str(err.value), str(err.value)
+
+
 def test_a_stalled_server_fails_its_slide_alone(slide, exported_dsvdd, tmp_path):
     """A server that never answers a range is timed out (CYTO_REMOTE_TIMEOUT), retried and
     given up: that slide fails in one line, and the cohort goes on."""

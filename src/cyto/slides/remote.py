@@ -818,10 +818,16 @@ def list_prefix(ref: SlideURL, suffixes: tuple[str, ...]) -> list[SlideURL]:
     fs, path, _ = _filesystem(ref)
     probe = RemoteObject.__new__(RemoteObject)
     probe.ref, probe._said_retry = ref, False
-    names = probe._call(lambda: fs.find(path.rstrip("/")), "list")
     scheme = ref.scheme
+    if scheme in ("http", "https"):
+        # a server's folder listing: the folder's own URL (without its slash it is a file,
+        # 404), and a listing that cannot be read is an error, never an empty folder
+        names = probe._call(lambda: fs.find(path.rstrip("/") + "/", on_error="raise"), "list")
+    else:
+        names = probe._call(lambda: fs.find(path.rstrip("/")), "list")
     out = [
-        SlideURL(f"{scheme}://{n}", ref.options, ref.download)
+        # HTTP lists full URLs, object stores bucket/key
+        SlideURL(n if "://" in n else f"{scheme}://{n}", ref.options, ref.download)
         for n in sorted(names)
         if n.lower().endswith(suffixes)
     ]
