@@ -109,6 +109,24 @@ def test_miniature_sweep_and_resume(tmp_path, synth_patches):
         assert len(list(csv.DictReader(f))) == len(rows)
     assert (out / "models" / "fs-sil-wr9.cyto" / "manifest.json").stat().st_mtime == stamp
 
+    # a hand-edited result is never taken for one (a hostile check, round 2: a rerun kept the
+    # edited AUROC and drew it into the tables): that cell is computed again, said in one line
+    text = (out / "results.csv").read_text()
+    lines = text.splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("fs-sil,9.0,0,") and ",auroc," in ln)
+    true_value = lines[at].rstrip("\n").rsplit(",", 1)[1]
+    lines[at] = lines[at].rsplit(",", 1)[0] + ",0.999\n"
+    (out / "results.csv").write_text("".join(lines))
+    healed = run_cyto(*args)
+    assert healed.returncode == 0, healed.stderr
+    assert "fs-sil WR 9 are not as this sweep wrote them" in healed.stdout + healed.stderr
+    assert (out / "results.csv").read_text().count(",0.999\n") == 0
+    with open(out / "results.csv", newline="") as f:
+        back = [r for r in csv.DictReader(f) if (r["method"], r["wr"], r["trial"], r["metric"])
+                == ("fs-sil", "9.0", "0", "auroc")]  # fmt: skip
+    assert [r["value"] for r in back] == [true_value]
+    assert (out / "models" / "fs-sil-wr9.cyto" / "manifest.json").stat().st_mtime == stamp
+
     other = run_cyto(*[a if a != "20" else "30" for a in args])
     assert other.returncode != 0 and "other settings" in other.stderr
 

@@ -10,6 +10,7 @@ finished cells and reloads bundles; a second sweep into a folder in use is refus
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from dataclasses import MISSING, dataclass, fields
@@ -110,11 +111,77 @@ def method_configs(spec: SweepSpec) -> dict:
     }
 
 
-def _finished(results: Path) -> set[tuple[str, float]]:
+SEAL_FORMAT = "cyto-sweep-seal/1"
+
+
+def _seal_file(results: Path) -> Path:
+    return results.with_name("results.seal.json")
+
+
+def _cell_key(row: list[str]) -> str | None:
+    """``method@wr`` of a results row (None: a row without a method or a number for its WR)."""
+    try:
+        return f"{row[0]}@{float(row[1]):g}"
+    except (IndexError, ValueError):
+        return None
+
+
+def _cell_digests(rows: list[list[str]]) -> dict[str, str]:
+    """sha256 of each cell's rows (``method@wr``) as the csv module writes them: what
+    ``results.seal.json`` records when the cell's rows are written and compares on every rerun."""
+    import hashlib
+
+    lines: dict[str, list[str]] = {}
+    for row in rows:
+        buf = io.StringIO()
+        csv.writer(buf).writerow(row)
+        lines.setdefault(str(_cell_key(row)), []).append(buf.getvalue())
+    return {k: hashlib.sha256("".join(v).encode()).hexdigest() for k, v in lines.items()}
+
+
+def _read_rows(results: Path) -> list[list[str]]:
+    with open(results, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows or tuple(rows[0]) != FIELDS:
+        raise ConfigError(
+            f"{results} is not a sweep's results table (its header is not cyto's): delete it "
+            "and rerun, or use another --out"
+        )
+    return rows[1:]
+
+
+def _finished(results: Path, echo) -> set[tuple[str, float]]:
+    """The cells of ``results.csv`` whose rows are as this sweep wrote them (their digests in
+    ``results.seal.json``): those are kept. Rows that differ (edited by hand, added, a cell whose
+    seal a stopped run did not write) are dropped from the table, said in one line, and their
+    cells computed again: a rerun never takes a hand-edited row for a result."""
     if not results.exists():
         return set()
-    with open(results, newline="") as f:
-        return {(r["method"], float(r["wr"])) for r in csv.DictReader(f)}
+    rows = _read_rows(results)
+    try:
+        record = json.loads(_seal_file(results).read_text())
+        sealed = dict(record["cells"]) if record.get("format") == SEAL_FORMAT else {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        sealed = {}
+    digests = _cell_digests(rows)
+    good = {k for k, d in digests.items() if k != "None" and sealed.get(k) == d}
+    bad = sorted(set(digests) - good)
+    if bad:
+        named = [
+            b.replace("@", " WR ") if b != "None" else "rows without a method or WR" for b in bad
+        ]
+        echo(
+            f"{results.name}: the rows of {', '.join(named[:4])}{' ...' if len(bad) > 4 else ''} "
+            "are not as this sweep wrote them (edited, or not sealed): computed again"
+        )
+        _write_rows(results, [r for r in rows if _cell_key(r) in good])
+        _write_seal(results, {k: sealed[k] for k in good})
+    return {(k.rsplit("@", 1)[0], float(k.rsplit("@", 1)[1])) for k in good}
+
+
+def _write_seal(results: Path, cells: dict[str, str]) -> None:
+    record = {"format": SEAL_FORMAT, "cells": dict(sorted(cells.items()))}
+    atomic_write(_seal_file(results), json.dumps(record, indent=1).encode())
 
 
 def _train_data(method: str, trial, images: np.ndarray, labels: np.ndarray, fp: str):
@@ -216,7 +283,7 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
             f"{c.effective_test_wr:.3g}%)"
         )
     results = out / "results.csv"
-    done = _finished(results)
+    done = _finished(results, echo)
     cells = [(m, wr) for m in spec.methods for wr in spec.wrs]
     held_out = np.concatenate([protocol.test_normals, protocol.test_abnormals])
     with progress("sweep", total=len(cells), unit="cells") as bar:
@@ -267,7 +334,8 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
 def _add_rows(results: Path, rows: list[dict]) -> None:
     """A finished cell's rows join the table at once: the table is written again beside itself
     and renamed, so a run stopped mid-write leaves the cells before it whole, never a cell with
-    some of its trials (which a rerun would take as finished)."""
+    some of its trials (which a rerun would take as finished). Then the cell's digest joins
+    ``results.seal.json`` (a run stopped between the two computes the cell again)."""
     tmp = results.with_name(f".{results.name}.partial")  # one writer: the folder is locked
     try:
         with open(tmp, "w", newline="") as f:
@@ -281,3 +349,19 @@ def _add_rows(results: Path, rows: list[dict]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    buf = io.StringIO()
+    csv.DictWriter(buf, fieldnames=FIELDS).writerows(rows)
+    added = _cell_digests(list(csv.reader(io.StringIO(buf.getvalue()))))
+    try:
+        sealed = json.loads(_seal_file(results).read_text())["cells"]
+    except (OSError, ValueError, KeyError, TypeError):
+        sealed = {}
+    _write_seal(results, {**sealed, **added})
+
+
+def _write_rows(results: Path, rows: list[list[str]]) -> None:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(FIELDS)
+    w.writerows(rows)
+    atomic_write(results, buf.getvalue().encode())
