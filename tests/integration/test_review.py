@@ -743,6 +743,41 @@ def test_data_cells_cuts_the_cells_of_negative_slides_into_a_training_folder(
     assert bad.returncode == 2 and "--per-slide" in bad.stderr
 
 
+def test_calibrate_refuses_the_slides_a_model_was_trained_on(exported_dsvdd, tmp_path):
+    """A hostile check (round 2): `cyto data cells` from a negative slide, `cyto train` on those
+    cells, then `cyto calibrate` on that very slide's scores was accepted: the model has seen
+    those cells, so the null is too low and negative slides are called "excess" too often."""
+    from cyto.data.dataset import PatchDataset, source_slides
+    from cyto.train.api import train
+
+    neg = write_slide(
+        tmp_path / "neg.ndpi",
+        SlideSynthConfig(width=1024, height=1024, n_cells=110, abnormal_fraction=0.0, seed=6),
+    )
+    opts = ScoreOptions(mosaic=0, workers=0, top_k=K, backend="torch", device="cpu")
+    first = tmp_path / "first"
+    score_slide(neg.paths[0], exported_dsvdd, first, opts, echo=lambda _: None)
+    identity = json.loads((first / "summary.json").read_text())["slide_identity"]
+    ds = tmp_path / "ds"
+    assert run_cyto("data", "cells", str(first), "--out", str(ds)).returncode == 0
+    shutil.move(ds, tmp_path / "moved")  # a dataset folder moved keeps its slides
+    ds = tmp_path / "moved"
+    assert source_slides(ds, PatchDataset.from_path(ds, normal="normal").records) == [identity]
+    model = tmp_path / "own.cyto"
+    tiny = {"backbone": "smallcnn", "input_size": 32, "batch_size": 16, "epochs": 2,
+            "ae_epochs": 1, "n_seeds": 1, "embedding_dim": 16}  # fmt: skip
+    train("dsvdd", ds, model, normal="normal", overrides=tiny, device="cpu")
+    assert json.loads((model / "manifest.json").read_text())["training_data"]["slides"] == [
+        identity
+    ]
+    again = tmp_path / "again"
+    score_slide(neg.paths[0], model, again, opts, echo=lambda _: None)
+    proc = run_cyto("calibrate", str(model), str(again / "scores.parquet"))
+    assert proc.returncode == 2 and "its cells trained this model" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (model / "calibration.npz").exists()
+
+
 def _rank_guesses(public: dict) -> dict[str, list[int]]:
     """An attacker's best guess of each grid position's rank from what the page can read (the
     case sizes, a seed if one is public, cyto's code): the order cyto drew cells in before,

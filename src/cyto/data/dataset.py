@@ -8,6 +8,7 @@ dropped silently.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import logging
 import os
@@ -597,3 +598,26 @@ def data_info(source: Path | str, workers: int | None = None) -> DataInfo:
         unreadable=unreadable,
         bags=len({r.bag for r in records if r.bag is not None}),
     )
+
+
+def source_slides(source: Path, records: list[PatchRecord]) -> list[str]:
+    """The content identities of the slides ``records``' cells were cut from, as ``cyto data
+    cells`` wrote them (``cells-LABEL.csv`` beside the class folders, or a manifest ``source``
+    with a ``slide_identity`` column); [] where no such record is kept. A cell is known by its
+    class folder and file name, so a dataset folder moved elsewhere keeps its slides."""
+    source = Path(source)
+    tables = sorted(source.glob("cells-*.csv")) if source.is_dir() else [source]
+    wanted = {(r.path.parent.name, r.path.name) for r in records}
+    found: set[str] = set()
+    for table in tables:
+        if table.suffix.lower() != ".csv":
+            continue
+        try:
+            with open(table, newline="") as f:
+                for row in csv.DictReader(f):
+                    ident, path = row.get("slide_identity"), row.get("path")
+                    if ident and path and (Path(path).parent.name, Path(path).name) in wanted:
+                        found.add(ident)
+        except (OSError, UnicodeDecodeError, csv.Error):
+            continue  # a table that is no cut record: it names no slide
+    return sorted(found)

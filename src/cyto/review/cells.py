@@ -92,13 +92,15 @@ def _harvest(sources, out: Path, label: str, per_slide, seed: int, overwrite: bo
                 centres = list(zip(xs, ys, strict=True))
                 crop_cells(s.slide, centres, s.crop_px, [tmp / n for n in names], bar.advance)
                 rows += [
-                    (str((target / n).resolve()), label, s.slide, cid, x, y)
+                    (str((target / n).resolve()), label, s.slide, cid, x, y, s.identity)
                     for n, cid, (x, y) in zip(names, ids, centres, strict=True)
                 ]
                 echo(f"{Path(s.slide).name}: {len(ids)} cells ({s.crop_px} px)")
         with open(partial, "w", newline="") as fh:
             w = csv.writer(fh)
-            w.writerow(["path", "label", "slide", "cell_id", "x", "y"])
+            # slide_identity: cyto train records the slides its cells came from, so that
+            # cyto calibrate refuses a model's own training slides
+            w.writerow(["path", "label", "slide", "cell_id", "x", "y", "slide_identity"])
             w.writerows(rows)
         if target.exists():
             shutil.rmtree(target)

@@ -278,6 +278,20 @@ def refuse_planted(
         )
 
 
+def refuse_training_slide(manifest: dict, identity: str, name: object) -> None:
+    """A slide whose cells trained the model (``cyto data cells`` -> ``cyto train``: the bundle's
+    ``training_data.slides``) is no calibration slide: the model has seen its cells, so they
+    score lower than an unseen negative slide's, and the null drawn from them would call
+    "excess" on negative slides too often."""
+    trained = (manifest.get("training_data") or {}).get("slides") or ()
+    if identity in trained:
+        raise ConfigError(
+            f"{name}: its cells trained this model (cut by cyto data cells), so its scores are "
+            "not those of an unseen negative slide: calibrate on negative slides the model did "
+            "not train on"
+        )
+
+
 def refuse_repeated_slides(given: list[tuple[str, object]]) -> None:
     """Where each slide counts once (a calibration's negative slides, training cells cut from
     slides): refuse two of ``given`` ((slide identity, what the user named)) that are the same
@@ -313,6 +327,7 @@ def calibrate_from_tables(
         scores, meta, identity, ev = _read_table(Path(t), bundle)
         seen.append((identity, t))
         refuse_repeated_slides(seen)
+        refuse_training_slide(bundle.manifest, identity, meta.get("cyto.slide", str(t)))
         parts.append(scores)
         evaluable.append(ev)
         metas.append(meta)

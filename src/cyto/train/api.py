@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from cyto.bundle import bundle_names, save_bundle
-from cyto.data.dataset import PatchDataset
+from cyto.data.dataset import PatchDataset, source_slides
 from cyto.errors import ConfigError, InputPathError
 from cyto.outputs_check import refuse_to_replace
 from cyto.train.calibration import normal_calibration
@@ -302,6 +302,8 @@ def train(
             # the training patches' own side: the crop cyto score cuts at the model's mpp
             "patch_px": side,
             **training_nuclei(train_data, cfg.stain, crop_mpp),
+            # the slides the normal cells were cut from (cyto data cells): never a calibration's
+            "slides": source_slides(data, [r for r in ds.records if r.cls in ds.normal]),
         }
     )
     if chosen is not None:
