@@ -410,3 +410,26 @@ def output_location(out: str | os.PathLike | OutputLocation, options: dict | Non
     if isinstance(out, OutputLocation):
         return out
     return OutputLocation(out, options)
+
+
+def scored_here(
+    where: str | os.PathLike, options: dict | None = None
+) -> tuple[Path, OutputLocation]:
+    """A scored folder given by a path or by its URL (``s3://bucket/out/slide``), as a local
+    folder: a URL's files are pulled into its staging folder in cyto's cache (a file unchanged
+    since it was last pulled is not fetched again), and its sub-folders too when it is a
+    cohort's prefix. What the folder holds is then trusted only through its seal, as a local
+    folder's is. Returns (the local folder, its location: ``translated`` names the URL in
+    errors)."""
+    loc = output_location(where, options)
+    if not loc.is_remote:
+        return loc.local, loc
+    loc.check()
+    loc.pull()
+    if not (loc.local / "summary.json").is_file():
+        children = loc.folders()
+        for name in children:
+            loc.child(name).pull()
+        if not children and not any(p for p in loc.local.iterdir() if not p.name.startswith(".")):
+            raise InputPathError(f"{loc}: holds no outputs of cyto score (nothing under it)")
+    return loc.local, loc

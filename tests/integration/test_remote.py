@@ -92,6 +92,51 @@ def test_score_over_http_is_the_local_table(slide, http, exported_dsvdd, tmp_pat
     assert not blocks.is_dir() or not any(blocks.rglob("*.blk"))
 
 
+def test_view_and_data_cells_read_a_folder_scored_from_a_url(slide, http, exported_dsvdd, tmp_path):
+    """cyto view and cyto data cells (and review, through the same door) of a slide scored from
+    a URL read its pixels from that URL (they said "reads local slide files only"): the view's
+    pixels and the cut cells are the local file's; an object changed since it was scored is one
+    line, and nothing is cut from it."""
+    import csv
+
+    from PIL import Image
+
+    from cyto.errors import CytoError
+    from cyto.view.folder import open_view
+
+    out = tmp_path / "out"
+    proc = _score([f"{http.url}/s.tif"], exported_dsvdd, out)
+    assert proc.returncode == 0, proc.stderr
+    folder = out / "s"
+    (view,) = open_view(folder)
+    local = open_slide(slide)
+    try:
+        assert np.array_equal(view.reader(0).read_region(0, 0, 300, 200),
+                              local.read_region(0, 0, 300, 200))  # fmt: skip
+        view.close()
+        ds = tmp_path / "ds"
+        cut = run_cyto("data", "cells", str(folder), "--out", str(ds), "--per-slide", "4")
+        assert cut.returncode == 0, cut.stderr
+        crop = json.loads((folder / "summary.json").read_text())["resolution"]["crop_px_level0"]
+        with open(ds / "cells-normal.csv") as fh:
+            rows = list(csv.DictReader(fh))
+        assert len(rows) == 4
+        for r in rows:
+            x0, y0 = round(float(r["x"])) - crop // 2, round(float(r["y"])) - crop // 2
+            want = local.read_region(x0, y0, crop, crop)
+            assert np.array_equal(np.asarray(Image.open(r["path"]).convert("RGB")), want)
+    finally:
+        local.close()
+    st = slide.stat()  # another version of the object (nginx's ETag: time of change and size)
+    os.utime(slide, ns=(st.st_atime_ns, st.st_mtime_ns + 7_000_000_000))
+    bad = run_cyto("data", "cells", str(folder), "--out", str(tmp_path / "ds2"))
+    assert bad.returncode == 2 and "is not the slide it was scored as" in bad.stderr, bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "ds2" / "normal").exists()
+    with pytest.raises(CytoError, match="the slide changed since it was scored"):
+        open_view(folder)
+
+
 def _score(source, model, out, *extra, **kw):
     return run_cyto(
         "score", *source, "--model", str(model), "--out", str(out), "--workers", "1", *extra, **kw

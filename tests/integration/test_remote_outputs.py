@@ -164,6 +164,43 @@ def test_resume_trusts_the_prefix_only_through_its_seal(
     assert gone.stderr.strip() == "error: cannot write --out s3://nobucket/run: not found (404)"
 
 
+def test_calibrate_and_view_take_a_scored_folder_by_its_url(
+    slides, local, exported_dsvdd, aws, tmp_path
+):
+    """Issue 67: cyto calibrate and cyto view read local folders only. A slide's folder (or its
+    scores.parquet, or a cohort's prefix) given by URL is pulled to cyto's cache and trusted
+    through its seal: the calibration is the local tables' own; an edited remote table is
+    refused in one line naming the URL, never the staging folder."""
+    from cyto.location import scored_here
+    from cyto.stats.calibrate import calibrate_from_tables
+    from cyto.view.folder import open_view
+
+    assert _score(slides, exported_dsvdd, "s3://out/run3/").returncode == 0
+    _forget_staging(tmp_path)
+    records = {}
+    for how, tables in (
+        ("local", [local / "a" / "scores.parquet", local / "b"]),
+        ("url", ["s3://out/run3/a/scores.parquet", "s3://out/run3/b"]),
+    ):
+        model = tmp_path / f"{how}.cyto"
+        shutil.copytree(exported_dsvdd, model)
+        records[how] = calibrate_from_tables(model, tables, min_cells=10)
+    assert records["url"]["quantiles"] == records["local"]["quantiles"]
+    assert records["url"]["n"] == records["local"]["n"]
+
+    folder, _ = scored_here("s3://out/run3/")  # a cohort's prefix: each slide's folder
+    assert sorted(v.name for v in open_view(folder)) == ["a", "b"]
+
+    client = aws.client()
+    other = client.get_object(Bucket="out", Key="run3/b/scores.parquet")["Body"].read()
+    client.put_object(Bucket="out", Key="run3/a/scores.parquet", Body=other)  # a forgery
+    proc = run_cyto("calibrate", str(tmp_path / "url.cyto"), "s3://out/run3/a", "--overwrite")
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "s3://out/run3/a" in line and "scores.parquet" in line, line
+    assert str(tmp_path / "cache") not in line
+
+
 def test_the_python_api_writes_to_s3(slides, local, exported_dsvdd, aws):
     """cyto.score_slide(out="s3://...") takes the same path: the table it returns and the one
     under the prefix are the local run's."""

@@ -220,12 +220,15 @@ def test_a_report_out_that_is_a_file_is_one_line_and_the_file_kept(tmp_path):
     assert "\n" not in str(err.value) and mine.read_text() == "mine\n"
 
 
-def test_a_folder_scored_from_a_url_is_one_line_naming_it_without_secrets(tmp_path):
+def test_a_folder_scored_from_a_url_reads_the_url_and_says_it_without_secrets(tmp_path):
     """A hostile check (round 2): cyto view, data cells and review of a folder scored from a URL
-    said the slide "http:/host/... is not there" (the URL read as a path)."""
-    from cyto.review.session import local_slide, read_source
+    said the slide "http:/host/... is not there" (the URL read as a path). Now the URL is read
+    (issue 67); a server that cannot be reached is one line, without user info or query."""
+    from cyto.errors import CytoError
+    from cyto.review.session import as_scored, read_source
+    from tests.servers import free_port
 
-    url = "http://ann:pw@127.0.0.1:8931/s.tif?sig=SECRET"
+    url = f"http://ann:pw@127.0.0.1:{free_port()}/s.tif?sig=SECRET"
     folder = _scored_folder(tmp_path / "s", {"status": "ok"})
     summary = json.loads((folder / "summary.json").read_text())
     summary["slide"] = url
@@ -233,9 +236,30 @@ def test_a_folder_scored_from_a_url_is_one_line_naming_it_without_secrets(tmp_pa
     from cyto.seal import seal_outputs
 
     seal_outputs(folder, summary["outputs"])
-    for call in (lambda: read_source(folder), lambda: local_slide(url, folder, "cyto view")):
-        with pytest.raises(InputPathError, match="its slide was scored from http://127.0.0.1") as e:
-            call()
-        said = str(e.value)
-        assert "http:/1" not in said and "pw" not in said and "SECRET" not in said, said
-        assert "local slide files only" in said and "\n" not in said
+    source = read_source(folder)
+    assert source.slide.startswith("http://127.0.0.1:") and "pw" not in source.slide
+    with pytest.raises(CytoError, match="could not be reached") as e:
+        as_scored(source.slide, source.identity)
+    said = str(e.value)
+    assert "http:/1" not in said and "pw" not in said and "SECRET" not in said, said
+    assert "\n" not in said
+
+
+def test_cells_are_never_cut_from_a_slide_replaced_since_it_was_scored(tmp_path):
+    """cyto data cells and cyto review cut cells at the places a scored table names: from a
+    slide file replaced since it was scored they cut another slide's pixels, without a word."""
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+    from cyto.infer.store import slide_identity
+    from cyto.review.session import crop_cells
+
+    path = tmp_path / "a.tif"
+    write_slide(path, SlideSynthConfig(width=512, height=512, seed=1), workers=0)
+    scored_as = slide_identity(path)
+    crop_cells(path, [(100, 100)], 32, [tmp_path / "same.png"], identity=scored_as)
+    assert (tmp_path / "same.png").is_file()
+    other = tmp_path / "other" / "a.tif"
+    write_slide(other, SlideSynthConfig(width=512, height=512, seed=2), workers=0)
+    other.replace(path)
+    with pytest.raises(InputPathError, match="is not the slide it was scored as") as err:
+        crop_cells(path, [(100, 100)], 32, [tmp_path / "other.png"], identity=scored_as)
+    assert "\n" not in str(err.value) and not (tmp_path / "other.png").exists()

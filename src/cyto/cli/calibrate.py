@@ -7,17 +7,18 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import app
+from cyto.cli._app import StorageOption, app
 
 
 @app.command("calibrate", short_help="Calibrate on negative slides: p-values, FDR flags, burden.")
 def calibrate_cmd(
     model: Annotated[Path, typer.Argument(help="Model bundle to calibrate.")],
     tables: Annotated[
-        list[Path],
+        list[str],
         typer.Argument(
             help="scores.parquet of slide-negative (healthy) slides, or their cyto score "
-            "folders; one per slide."
+            "folders; one per slide; a path or a URL (s3://BUCKET/OUT/SLIDE, gs://...).",
+            metavar="TABLES...",
         ),
     ],
     normalize: Annotated[
@@ -30,6 +31,7 @@ def calibrate_cmd(
     overwrite: Annotated[
         bool, typer.Option(help="Replace the bundle's calibration if it has one.")
     ] = False,
+    storage_option: StorageOption = None,
 ) -> None:
     """Calibrate a model on slides known to be negative, for p-values, FDR flags and burden.
 
@@ -39,9 +41,16 @@ def calibrate_cmd(
     interval and a slide-level test. Give several slides: the spread between normal slides is
     part of the interval, and each slide is checked against the others (leave one out).
     """
+    from cyto.slides.remote import parse_options
     from cyto.stats.calibrate import calibrate_from_tables
 
-    cal = calibrate_from_tables(model, tables, normalization=normalize, overwrite=overwrite)
+    cal = calibrate_from_tables(
+        model,
+        tables,
+        normalization=normalize,
+        overwrite=overwrite,
+        storage_options=parse_options(storage_option),
+    )
     q = cal["quantiles"]
     typer.echo(
         f"calibrated {model} on {cal['source']} ({cal['normalization']} normalization): median "

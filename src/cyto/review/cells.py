@@ -90,7 +90,9 @@ def _harvest(sources, out: Path, label: str, per_slide, seed: int, overwrite: bo
             for s, prefix, ids, xs, ys in plan:
                 names = [f"{prefix}_{cid}.png" for cid in ids]
                 centres = list(zip(xs, ys, strict=True))
-                crop_cells(s.slide, centres, s.crop_px, [tmp / n for n in names], bar.advance)
+                crop_cells(
+                    s.slide, centres, s.crop_px, [tmp / n for n in names], bar.advance, s.identity
+                )
                 rows += [
                     (str((target / n).resolve()), label, s.slide, cid, x, y, s.identity)
                     for n, cid, (x, y) in zip(names, ids, centres, strict=True)

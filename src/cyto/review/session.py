@@ -149,7 +149,7 @@ def read_source(folder: Path) -> Source:
             folder=folder,
             model=model[: -len(".cyto")] if model.endswith(".cyto") else model,
             method=str(s["method"]),
-            slide=str(local_slide(s["slide"], folder, "cyto review and cyto data cells")),
+            slide=str(scored_slide(s["slide"], folder)),
             identity=str(s["slide_identity"]),
             crop_px=int(s["resolution"]["crop_px_level0"]),
             mpp=s["resolution"].get("slide_mpp"),
@@ -172,18 +172,35 @@ def _adequacy_words(block: dict | None) -> str | None:
     return f"{block['result']}: {reasons}" if reasons else str(block["result"])
 
 
-def local_slide(slide: str, folder: Path, command: str) -> Path:
-    """The local slide file a scored folder's summary names; a slide scored from a URL is one
-    line naming it (without credentials or query): ``command`` reads local slide files only
-    (a URL read as a path became ``http:/...``, "not there")."""
-    from cyto.slides.remote import is_url, redact
+def scored_slide(slide: str, folder: Path, options: dict | None = None):
+    """The slide a scored folder's summary names: a local path (an older summary's relative
+    path resolved as :func:`_slide_path` does), or the URL it was scored from, as a
+    :class:`~cyto.slides.remote.SlideURL` with the storage ``options`` (``--storage-option``);
+    its credentials come from the standard chains, never from the summary, which holds the URL
+    without them."""
+    from cyto.slides.remote import is_url, slide_ref
 
     if is_url(slide):
-        raise InputPathError(
-            f"{folder}: its slide was scored from {redact(str(slide))}; {command} reads local "
-            "slide files only: copy the slide here, score it again, and give that folder"
-        )
+        return slide_ref(str(slide), options or None)
     return _slide_path(Path(slide), folder)
+
+
+def as_scored(slide, identity: str | None, what: str = "its cells"):
+    """``slide`` (a path or a URL) opened as the slide it was scored from: a URL pinned to the
+    version the server has now, and its content identity compared with the summary's
+    ``identity``; a slide replaced since it was scored is one line (the cells' places would be
+    read from another slide's pixels). ``identity`` None: nothing to compare (as it was)."""
+    from cyto.infer.store import slide_identity
+    from cyto.slides.remote import pinned_ref, redact, slide_ref
+
+    ref = pinned_ref(slide_ref(slide))
+    if identity is not None and slide_identity(ref) != identity:
+        raise InputPathError(
+            f"{redact(str(slide))} is not the slide it was scored as (its content changed since, "
+            f"or another file is at its place): {what} would be cut from other pixels; score it "
+            "again"
+        )
+    return ref
 
 
 def _slide_path(slide: Path, folder: Path) -> Path:
@@ -350,7 +367,7 @@ def build_session(
             cells = [cells[i] for i in rng.permutation(len(cells))]
             crop = max(s.crop_px for s in group)
             echo(f"{case}: {len(cells)} cells from {', '.join(s.model for s in group)}")
-            _write_crops(group[0].slide, cells, crop, tmp / CROPS / case)
+            _write_crops(group[0].slide, cells, crop, tmp / CROPS / case, group[0].identity)
             key_cases[case] = {
                 "slide": group[0].slide,
                 "slide_identity": group[0].identity,
@@ -558,14 +575,17 @@ def _radius_px(group: list[Source], merge_um: float) -> float:
     return max(s.crop_px for s in group) / 8  # no scale known: an eighth of the model's view
 
 
-def crop_cells(slide: str | Path, centres, crop: int, paths, each=None) -> None:
+def crop_cells(
+    slide: str | Path, centres, crop: int, paths, each=None, identity: str | None = None
+) -> None:
     """Write the ``crop`` x ``crop`` level-0 square about each (x, y) of ``centres`` on ``slide``
-    to the matching path of ``paths`` (PNG); ``each()``, if given, is called after every cell."""
+    to the matching path of ``paths`` (PNG); ``each()``, if given, is called after every cell.
+    ``identity``: the slide's content identity when it was scored (:func:`as_scored`)."""
     from PIL import Image
 
     from cyto.slides import open_slide
 
-    reader = open_slide(slide)
+    reader = open_slide(as_scored(slide, identity))
     try:
         half = crop // 2
         for (x, y), path in zip(centres, paths, strict=True):
@@ -577,10 +597,10 @@ def crop_cells(slide: str | Path, centres, crop: int, paths, each=None) -> None:
         reader.close()
 
 
-def _write_crops(slide: str, cells: list[dict], crop: int, folder: Path) -> None:
+def _write_crops(slide: str, cells: list[dict], crop: int, folder: Path, identity: str) -> None:
     folder.mkdir(parents=True)
     paths = [folder / f"{p:03d}.png" for p in range(len(cells))]
-    crop_cells(slide, [(c["x"], c["y"]) for c in cells], crop, paths)
+    crop_cells(slide, [(c["x"], c["y"]) for c in cells], crop, paths, identity=identity)
 
 
 def open_session(root: Path) -> Session:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.bundle import CALIBRATION_FILE, CALIBRATION_QUANTILES, add_files, load_bundle
-from cyto.errors import ConfigError, InputPathError
+from cyto.errors import ConfigError, CytoError, InputPathError
 from cyto.outputs_check import refuse_to_replace
 from cyto.stats import conformal
 from cyto.tables import read_table
@@ -162,6 +162,23 @@ CALIBRATION_KEY_NAMES = {
     "graph": "the graph scored with (--backend, --precision)",
     "options": "",
 }
+
+
+def _table_here(given, options: dict | None):
+    """(a local path, its location) of a table given by a path or a URL: the folder of a URL
+    (a slide's ``scores.parquet`` in object storage, or the slide's folder) is pulled to cyto's
+    cache with its seal (:func:`cyto.location.scored_here`), so it is checked as a local one."""
+    from cyto.location import scored_here
+    from cyto.slides.remote import is_url
+
+    if not is_url(given):
+        return Path(given), scored_here(Path(given))[1]
+    url = str(given)
+    name = ""
+    if url.rstrip("/").endswith(".parquet"):
+        url, _, name = url.rstrip("/").rpartition("/")
+    folder, where = scored_here(url, options)
+    return (folder / name if name else folder), where
 
 
 def _table_of(path: Path) -> Path:
@@ -310,8 +327,11 @@ def calibrate_from_tables(
     alpha: float = FDR_ALPHA,
     normalization: str = conformal.DEFAULT_NORMALIZATION,
     overwrite: bool = False,
+    storage_options: dict | None = None,
 ) -> dict:
     """Store the slide-negative calibration of ``tables`` in the bundle; returns its record.
+    A table may be given by its URL (``s3://bucket/out/slide/scores.parquet`` or the slide's
+    folder, with fsspec ``storage_options``): it is read through its seal, as a local one.
     A bundle's calibration is replaced only with ``overwrite``; a table whose slide was scored
     with truth holding abnormal cells is refused (:func:`refuse_planted`)."""
     if normalization not in conformal.NORMALIZATIONS:
@@ -323,9 +343,13 @@ def calibrate_from_tables(
     if not tables:
         raise ConfigError("give at least one scores.parquet of a slide-negative slide")
     parts, evaluable, metas, names, seen = [], [], [], [], []
-    for t in tables:
-        scores, meta, identity, ev = _read_table(Path(t), bundle)
-        seen.append((identity, t))
+    for given in tables:
+        t, where = _table_here(given, storage_options)
+        try:
+            scores, meta, identity, ev = _read_table(Path(t), bundle)
+        except CytoError as exc:
+            raise where.translated(exc) from None
+        seen.append((identity, given))
         refuse_repeated_slides(seen)
         refuse_training_slide(bundle.manifest, identity, meta.get("cyto.slide", str(t)))
         parts.append(scores)

@@ -81,9 +81,10 @@ def review_blocking(scored: list[Path], roots: list[Path]) -> str | None:
     return None
 
 
-def open_view(folder: Path, unblind: bool = False) -> list[ViewSlide]:
+def open_view(folder: Path, unblind: bool = False, options: dict | None = None) -> list[ViewSlide]:
     """The scored slides of ``folder`` (a slide's output folder, or a cohort's folder of them),
-    checked; a one-line error when none is whole, a slide file changed, or a review is open."""
+    checked; a one-line error when none is whole, a slide file changed, or a review is open.
+    ``options``: storage options of slides scored from URLs (``--storage-option``)."""
     from cyto.review.session import KEY_FILE, find_scored
 
     folder = Path(folder)
@@ -98,7 +99,7 @@ def open_view(folder: Path, unblind: bool = False) -> list[ViewSlide]:
             f"{why}: cyto view shows every cell's rank and score, which would unblind it; "
             "finish the review first, or pass --unblind"
         )
-    return [ViewSlide(f) for f in scored]
+    return [ViewSlide(f, options) for f in scored]
 
 
 def top_cells(table, n: int, flag_column: str | None, rank_by: str | None = None):
@@ -134,7 +135,7 @@ def top_cells(table, n: int, flag_column: str | None, rank_by: str | None = None
 class ViewSlide:
     """One scored slide: its summary, its cells (in rank order) and its slide file's readers."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, options: dict | None = None) -> None:
 
         from cyto.infer.outputs import output_artifacts
         from cyto.infer.store import slide_key
@@ -152,10 +153,15 @@ class ViewSlide:
                 "(cyto score --resume scores again only what changed)"
             )
         self.summary = summary
-        from cyto.review.session import local_slide
+        from cyto.review.session import scored_slide
+        from cyto.slides.remote import SlideURL, pinned_ref
 
-        self.slide = local_slide(summary.get("slide", ""), self.folder, "cyto view")
-        if not self.slide.exists():
+        # a URL is read where it is, pinned to the version the server has now: the identity
+        # below is that version's, and a read after it changes stops (never other pixels)
+        self.slide = scored_slide(summary.get("slide", ""), self.folder, options)
+        if isinstance(self.slide, SlideURL):
+            self.slide = pinned_ref(self.slide)
+        elif not self.slide.exists():
             raise InputPathError(
                 f"{self.folder}: the slide it was scored from, {self.slide}, is not there "
                 "(moved or deleted): cyto view reads its pixels from it"
