@@ -707,10 +707,29 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def test_a_damaged_chunk_is_scored_again_on_resume(exported_dsvdd, slides, tmp_path):
-    """A 0-byte chunk in .partial (a disk that filled while it was written) then --resume: the
-    chunk's tiles are scored again and the table equals an uninterrupted run's (issue 34: an
-    ArrowInvalid traceback aborted the cohort)."""
+def _scores_times_100(path):
+    import pyarrow.compute as pc
+
+    t = pq.read_table(path)
+    i = t.schema.get_field_index("score")
+    pq.write_table(t.set_column(i, "score", pc.multiply(t["score"], 100.0)), path)
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        (lambda p: p.write_bytes(b""), "is damaged"),  # a disk that filled while it was written
+        # a hostile check (round 3): the same rows and columns, every score x100, were resumed
+        # into the sealed table with no word
+        (_scores_times_100, "is not as this run wrote it"),
+    ],
+)
+def test_a_damaged_or_edited_chunk_is_scored_again_on_resume(
+    exported_dsvdd, slides, tmp_path, damage, said
+):
+    """A chunk in .partial that is cut short or edited, then --resume: the chunk's tiles are
+    scored again and the table equals an uninterrupted run's (issue 34: an ArrowInvalid
+    traceback aborted the cohort)."""
     from cyto.runtime import load_scorer
 
     opts = ScoreOptions(mosaic=0, workers=0, tile=256, chunk_cells=8, batch_size=8)
@@ -718,11 +737,11 @@ def test_a_damaged_chunk_is_scored_again_on_resume(exported_dsvdd, slides, tmp_p
     _interrupted_at(5, slides[0].paths[0], scorer, tmp_path / "r", opts)
     chunks = sorted((tmp_path / "r" / ".partial").glob("chunk-*.parquet"))
     assert len(chunks) >= 2, chunks
-    chunks[1].write_bytes(b"")  # the second of them, 0 bytes
+    damage(chunks[1])  # the second of them
     msgs = []
     resume = ScoreOptions(**{**opts.__dict__, "resume": True})
     s = score_slide(slides[0].paths[0], scorer, tmp_path / "r", resume, msgs.append)
-    assert any(f"{chunks[1].name} is damaged" in m for m in msgs), msgs
+    assert any(f"{chunks[1].name} {said}" in m for m in msgs), msgs
     ref = score_slide(slides[0].paths[0], scorer, tmp_path / "ref", opts)
     got, want = (
         pq.read_table(p / "scores.parquet").sort_by([("x", "ascending"), ("y", "ascending")])

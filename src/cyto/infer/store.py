@@ -19,7 +19,7 @@ import re
 import shutil
 from pathlib import Path
 
-from cyto.bundle import atomic_write
+from cyto.bundle import atomic_write, sha256_file
 from cyto.detect.morphometry import COLUMNS as MORPHOMETRY_COLUMNS
 from cyto.errors import CytoError, first_line
 from cyto.flags import passing
@@ -29,6 +29,8 @@ from cyto.slides.remote import SlideURL, remote_identity, slide_ref
 from cyto.tables import parquet_file
 
 PARTIAL = ".partial"
+#: each chunk's bytes and sha256 as written, in ``.partial`` (see :meth:`ChunkStore.write`)
+CHUNKS = "chunks.json"
 #: the fields of a chunk store's key by the user's names (the options keep their flag names)
 STORE_KEY_NAMES = {
     "model": "MODEL (its manifest)",
@@ -162,24 +164,45 @@ class ChunkStore:
 
     def _drop_damaged(self, echo) -> None:
         """A chunk that cannot be read (0 bytes or cut short: a disk that filled, a copy that
-        stopped) is treated as never written: it and the chunks after it go, and their tiles are
-        scored again (chunks must follow each other without a gap)."""
+        stopped), or whose bytes are not those its run recorded (``chunks.json``: edited by
+        hand, or the run stopped between the chunk and its record), is treated as never
+        written: it and the chunks after it go, and their tiles are scored again (chunks must
+        follow each other without a gap). A resumed run never takes rows it did not write."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         files = self._files()
+        record = self._record()
         for i, f in enumerate(files):
             try:
                 pq.read_metadata(f)
+                known = record.get(f.name) or {}
+                size, digest = known.get("bytes"), known.get("sha256")
+                why = ""
+                if size != f.stat().st_size or digest != sha256_file(f):
+                    why = "is not as this run wrote it (edited, or stopped before its record)"
             except (pa.ArrowInvalid, OSError) as exc:
+                why = f"is damaged ({first_line(exc)})"
+            if why:
                 for later in files[i:]:
                     later.unlink(missing_ok=True)
-                why = first_line(exc)
+                self._write_record({k: v for k, v in record.items() if (self.dir / k).is_file()})
                 echo(
-                    f"resume: {f.name} is damaged ({why}): its tiles and those of the "
+                    f"resume: {f.name} {why}: its {self.unit} and those of the "
                     f"{len(files) - i - 1} chunk(s) after it are scored again"
                 )
                 return
+
+    def _record(self) -> dict:
+        """``chunks.json``: each chunk's bytes and sha256 as its run wrote it ({} when none)."""
+        try:
+            record = json.loads((self.dir / CHUNKS).read_text())
+        except (OSError, ValueError):
+            return {}
+        return record if isinstance(record, dict) else {}
+
+    def _write_record(self, record: dict) -> None:
+        atomic_write(self.dir / CHUNKS, json.dumps(record, indent=1, sort_keys=True).encode())
 
     def _files(self) -> list[Path]:
         return sorted(f for f in self.dir.glob("chunk-*.parquet") if _CHUNK.match(f.name))
@@ -213,7 +236,10 @@ class ChunkStore:
             raise CytoError(f"{self.dir / name} exists: another writer is in this folder")
         tmp = self.dir / f"{name}.tmp"
         pq.write_table(table, tmp)
+        written = {"bytes": tmp.stat().st_size, "sha256": sha256_file(tmp)}
         os.replace(tmp, self.dir / name)
+        # then its record: a chunk without one (a run stopped in between) is scored again
+        self._write_record({**self._record(), name: written})
 
     def save_checks(self, checks: dict) -> None:
         """The first tiles' crowding and cell-scale checks (``checks.json``): a resumed run
