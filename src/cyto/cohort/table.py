@@ -141,11 +141,31 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
         # (a staging folder's: the prefix in object storage it stands for, cyto.location)
         home = path.parent.resolve()
         merged: dict[str, dict] = {}
+        given = {Path(r["output"]).name for r in rows}
+        dropped = []
         for old in read_cohort_table(path):
             row = {k: old.get(k, "") for k in COHORT_COLUMNS}
             name = Path(row["output"]).name
             row["output"] = shown(home / name) if name else row["output"]
+            if name not in given:  # another run's row: as its folder's seal vouches for it
+                row = _as_sealed(row, home / name)
+                if row is None:
+                    dropped.append(name)
+                    continue
             merged[name] = row
+        if dropped:
+            import warnings
+
+            from cyto.errors import CytoWarning
+
+            warnings.warn(
+                f"{path}: the rows of {', '.join(sorted(dropped)[:4])}"
+                f"{' ...' if len(dropped) > 4 else ''} are left out: their folders hold no "
+                "sealed summary that says what the rows said (edited by hand, or the folders "
+                "moved or changed); score them again with --resume to have their rows back",
+                CytoWarning,
+                stacklevel=2,
+            )
         for row in rows:
             merged[Path(row["output"]).name] = {
                 **row,
@@ -160,6 +180,38 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
             writer.writerows(merged.values())
         os.replace(partial, path)
     return path
+
+
+def _as_sealed(row: dict, folder: Path) -> dict | None:
+    """An earlier run's row of ``cohort.csv`` drawn again from its folder's sealed summary (a
+    row edited by hand is the summary's again), None when a "scored" row's folder holds no
+    sealed summary (the row is left out). A failed slide's row (no sealed folder) and the row
+    of a folder staged for object storage that this machine has not pulled are kept as they
+    are."""
+    from cyto.seal import read_sealed
+
+    if not folder.exists() and shown(folder) != str(folder):
+        return row  # another machine's slide in the prefix: not here to check
+    sealed = read_sealed(folder, summary_only=True)
+    if not sealed.ok:
+        # a failed slide leaves no sealed folder (a run that rewrites one unseals it first)
+        return None if row.get("status") == "scored" else row
+    try:
+        attempts = int(row.get("attempts") or 1)
+    except ValueError:
+        attempts = 1
+    summary = sealed.summary
+    recorded = printable(str(summary.get("slide") or ""))
+    # the slide as the run named it (a relative path), unless the row names another file
+    slide = row["slide"] if Path(row["slide"]).name == Path(recorded).name else recorded
+    fresh = cohort_row(
+        slide,
+        row["output"],
+        summary,
+        node=row.get("node") or None,
+        attempts=attempts,
+    )
+    return {k: fresh.get(k, "") for k in COHORT_COLUMNS}
 
 
 def read_cohort_table(path: Path) -> list[dict]:
