@@ -106,6 +106,7 @@ def refuse_to_replace(
     error: type[CytoError] = InputPathError,
     other: str = "",
     known: Iterable[str] | None = None,
+    inputs: dict[str, object] | None = None,
 ) -> None:
     """Raise ``error`` (exit 2 by default) when ``path`` holds a result and ``overwrite`` is
     not set: one line naming it (``name``, by default ``--out PATH``) and the flag (``other``:
@@ -116,14 +117,50 @@ def refuse_to_replace(
     there; ``()``: only what its record lists): a folder holding a file cyto did not write
     (:func:`foreign_files`) is then refused whether ``overwrite`` is set or not, naming that
     file. ``None``: ``path`` is a file, or a folder whose writer replaces only its own named
-    files and deletes nothing else."""
+    files and deletes nothing else. ``inputs``: the command's inputs (option name -> path), of
+    which ``path`` may be none, with or without ``overwrite`` (:func:`refuse_input_as_output`)."""
     from cyto.flags import passing
 
     path = Path(path)
     label = name or passing("out", path)
+    refuse_input_as_output(path, label, inputs or {}, error)
     if known is not None and path.is_dir() and not path.is_symlink():
         refuse_foreign(foreign_files(path, known), label, error)
     if overwrite or not exists(path):
         return
     alternative = f", or {other}" if other else ""
     raise error(f"{label} exists (pass {passing('overwrite')} to replace it{alternative})")
+
+
+def _same_or_inside(inner: Path, outer: Path) -> bool:
+    """Whether ``inner`` is the file or folder ``outer``, or lies inside the folder ``outer``
+    (links and other spellings resolved)."""
+    try:
+        a, b = inner.resolve(), outer.resolve()
+    except (OSError, RuntimeError):
+        return False
+    return a == b or b in a.parents
+
+
+def refuse_input_as_output(
+    out: Path, label: str, inputs: dict[str, object], error: type[CytoError] = InputPathError
+) -> None:
+    """An output never replaces an input: ``out`` that is one of ``inputs`` (option name ->
+    path; None and URLs skipped), or a folder holding one, is refused in one line naming both in
+    the caller's words, ``--overwrite`` or not (``cyto predict --data m.parquet --out m.parquet
+    --overwrite`` replaced the user's manifest with its score table)."""
+    from cyto.flags import passing, python_call
+
+    for option, given in inputs.items():
+        if given is None or "://" in str(given):
+            continue
+        if _same_or_inside(Path(given), Path(out)):
+            what = "is" if Path(given).resolve() == Path(out).resolve() else "holds"
+            if option.isupper():  # an argument by position at the command line: MODEL
+                named = f"{option.lower()}={str(given)!r}" if python_call() else f"{option} {given}"
+            else:
+                named = passing(option, Path(given))
+            raise error(
+                f"{label} {what} the input {named}: an output never replaces an input; give "
+                "another place to write to"
+            )

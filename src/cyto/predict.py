@@ -86,7 +86,7 @@ def predict(
     check_out_file(out)
     run = out.with_name(f".{out.name}.run")
     if not (resume and run.is_dir()):  # resuming a stopped run finishes what it was asked
-        refuse_to_replace(out, overwrite)
+        refuse_to_replace(out, overwrite, inputs={"data": data, "MODEL": _path_of(model)})
     if out.suffix.lower() not in (".parquet", ".pq"):  # x.csv was given Parquet bytes
         raise ConfigError(
             f"{passing('out', out)}: cyto predict writes a Parquet table, with the model and the "
@@ -472,3 +472,11 @@ def _write_table(
         if morph_scores is not None and rank_by != "morphometry":
             summary["auroc_morphometry"] = float(roc_auc_score(labels, morph_scores))
     return summary
+
+
+def _path_of(model) -> Path | None:
+    """A model argument's bundle folder (a loaded scorer's), None when it names none."""
+    bundle = getattr(model, "bundle", None)
+    if bundle is not None:
+        return getattr(bundle, "path", None)
+    return Path(model) if isinstance(model, (str, Path)) else None

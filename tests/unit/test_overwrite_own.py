@@ -127,3 +127,54 @@ def test_a_bundle_is_replaced_only_with_what_cyto_wrote_in_it(tmp_path):
     (folder / "scorer.npz").write_bytes(b"mine")
     with pytest.raises(InputPathError, match=r"holds scorer\.npz that cyto did not write"):
         save_bundle(folder, *parts, overwrite=True)
+
+
+# --- an output never replaces an input (hostile round 3: `cyto predict --data m.parquet --out
+# m.parquet --overwrite` replaced the user's own manifest with the score table) -----------------
+
+
+@given(
+    spelling=st.sampled_from(["same", "absolute", "dot", "link", "parent"]),
+    overwrite=st.booleans(),
+)
+def test_an_output_that_is_an_input_is_refused_however_it_is_spelled(spelling, overwrite):
+    from cyto.outputs_check import refuse_input_as_output
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "d").mkdir()
+        data = root / "d" / "m.parquet"
+        data.write_bytes(b"the user's manifest")
+        (root / "ln").symlink_to(root / "d")
+        out = {
+            "same": data,
+            "absolute": data.absolute(),
+            "dot": root / "d" / "." / "m.parquet",
+            "link": root / "ln" / "m.parquet",
+            "parent": root / "d",  # a folder output holding the input
+        }[spelling]
+        with pytest.raises(InputPathError, match="an output never replaces an input") as err:
+            refuse_to_replace(out, overwrite, inputs={"data": data, "MODEL": root / "x.cyto"})
+        assert "\n" not in str(err.value) and "--data" in str(err.value)
+        assert data.read_bytes() == b"the user's manifest"
+        refuse_input_as_output(root / "other.parquet", "--out", {"data": data})  # elsewhere: fine
+
+
+def test_predict_refuses_to_write_over_its_own_manifest(tmp_path):
+    """From the CLI and from Python, in each one's words; the manifest is kept."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import cyto
+    from cyto.errors import CytoError
+    from tests.cli_runner import run_cyto
+
+    manifest = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"path": ["a.png"], "label": ["normal"]}), manifest)
+    before = manifest.read_bytes()
+    proc = run_cyto("predict", str(tmp_path / "none.cyto"), "--data", str(manifest),
+                    "--out", str(manifest), "--overwrite")  # fmt: skip
+    assert proc.returncode == 2 and f"is the input --data {manifest}" in proc.stderr, proc.stderr
+    with pytest.raises(CytoError, match=r"is the input data='.*m.parquet'"):
+        cyto.predict(tmp_path / "none.cyto", manifest, out=manifest, overwrite=True)
+    assert manifest.read_bytes() == before

@@ -73,7 +73,7 @@ def class_mosaic(
         raise ConfigError(f"--per-class must be >= 1 and --tile >= 16, got {per_class} and {tile}")
     if out.suffix.lower() not in IMAGE_ENDINGS:
         raise ConfigError(f"--out {out}: a mosaic is a .png, .jpg or .jpeg file")
-    refuse_to_replace(out, overwrite)
+    refuse_to_replace(out, overwrite, inputs={"PATH": source})
     rows = class_rows(load_records(Path(source)), per_class, tile, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     drawn = io.BytesIO()  # written at once: a stopped run leaves the last mosaic whole

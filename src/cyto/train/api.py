@@ -240,7 +240,9 @@ def train(
             "initial encoder weights)"
         )
     out = Path(out)
-    refuse_to_replace(out, overwrite, known=bundle_names(out))
+    refuse_to_replace(
+        out, overwrite, known=bundle_names(out), inputs={"data": data, "weights": weights}
+    )
     ckpt = checkpoint_dir(out)
     if resume and not ckpt.is_dir():
         raise ConfigError(f"--resume: no interrupted run to continue at {ckpt}")
