@@ -326,3 +326,31 @@ def test_two_calibrations_of_one_bundle_at_once_leave_one_whole(cohort, tmp_path
     manifest = verify_bundle(model)
     assert len(manifest["calibration"]["slides"]) == 3
     assert [p.name for p in tmp_path.rglob("*.partial")] == []
+
+
+def test_of_two_calibrations_at_once_without_overwrite_the_second_is_refused(
+    cohort, tmp_path, monkeypatch
+):
+    """A hostile check (round 3): two `cyto calibrate` runs (no --overwrite) on one bundle at
+    once both said "calibrated" and one calibration was lost; run one after the other, the
+    second is refused. The check that a calibration exists is made again under the bundle's
+    lock, where it is written."""
+    import cyto.stats.calibrate as cal
+    from cyto.bundle import verify_bundle
+    from cyto.errors import CytoError
+
+    model = tmp_path / "m.cyto"
+    shutil.copytree(cohort["model"], model)
+    tables = [cohort["root"] / "negs" / f"neg{i}" / "scores.parquet" for i in range(3)]
+    real, started = cal.add_files, []
+
+    def meanwhile(*args, **kwargs):
+        if not started:  # the other run, past its own first check too, writes first
+            started.append(True)
+            cal.calibrate_from_tables(model, tables[:2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cal, "add_files", meanwhile)
+    with pytest.raises(CytoError, match=r"calibration.npz\) exists \(pass --overwrite"):
+        cal.calibrate_from_tables(model, tables)
+    assert len(verify_bundle(model)["calibration"]["slides"]) == 2  # the first one's, whole

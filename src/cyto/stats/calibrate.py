@@ -367,11 +367,9 @@ def calibrate_from_tables(
     n = sum(len(p) for p in parts)
     if n < min_cells:
         raise ConfigError(f"need at least {min_cells} scored cells to calibrate, got {n}")
-    refuse_to_replace(  # after the tables are checked: what is wrong with them first
-        bundle.path / CALIBRATION_FILE,
-        overwrite,
-        name=f"the calibration of {bundle.path} ({CALIBRATION_FILE})",
-    )
+    replaced = f"the calibration of {bundle.path} ({CALIBRATION_FILE})"
+    # after the tables are checked: what is wrong with them first
+    refuse_to_replace(bundle.path / CALIBRATION_FILE, overwrite, name=replaced)
     allv, slide, order = _pooled(parts)
     # the burden counts evaluable cells only when every calibration table says which they are
     marked = None if any(e is None for e in evaluable) else evaluable
@@ -409,10 +407,18 @@ def calibrate_from_tables(
     arrays = {"scores": allv, "slide": slide}
     if marked is not None:
         arrays["evaluable"] = np.concatenate(marked)[order]
+
+    def unless_calibrated(manifest: dict) -> dict:
+        # again under the bundle's lock: another calibration written since the check above
+        # (two runs at once) is refused as one written before, never replaced unasked
+        if not overwrite and ("calibration" in manifest or CALIBRATION_FILE in manifest["files"]):
+            refuse_to_replace(bundle.path / CALIBRATION_FILE, False, name=replaced)
+        return {"calibration": record}
+
     with tempfile.TemporaryDirectory(dir=bundle.path.parent) as tmp:  # one per run
         target = Path(tmp) / CALIBRATION_FILE
         np.savez(target, **arrays)
-        add_files(bundle.path, {CALIBRATION_FILE: target}, {"calibration": record})
+        add_files(bundle.path, {CALIBRATION_FILE: target}, unless_calibrated)
     return record
 
 
