@@ -24,3 +24,49 @@ def test_overwrite_replaces_its_own_slide_and_refuses_a_users_file(tmp_path, suf
     assert "u.cells.parquet" in str(err.value) and "\n" not in str(err.value)
     assert ground_truth_path(user).read_text() == "my notes\n"
     assert not synthetic_file(ground_truth_path(user))
+
+
+def test_two_runs_into_one_folder_at_once_write_one_dataset_and_refuse_the_other(
+    tmp_path, monkeypatch
+):
+    """A hostile check (round 3): two `cyto synth patches OUT` at once both said "wrote 90
+    patches" and the folder held one seed's images. The later one now waits for the first and
+    is refused as a later run is; the folder is the first run's, whole."""
+    import threading
+
+    import cyto.data.synth.patches as patches
+    from cyto.data.synth.patches import PatchSynthConfig, write_patches
+
+    real, first_drawn, go = patches.render_patch, threading.Event(), threading.Event()
+
+    def slow(*args, **kwargs):
+        if threading.current_thread().name == "first" and not first_drawn.is_set():
+            first_drawn.set()
+            go.wait(10)  # the second run starts while the first draws
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(patches, "render_patch", slow)
+    out, results = tmp_path / "ds", {}
+
+    def run(name, seed):
+        try:
+            results[name] = write_patches(out, PatchSynthConfig(n_normal=3, n_abnormal=0,
+                                                                size=32, seed=seed))  # fmt: skip
+        except InputPathError as exc:
+            results[name] = exc
+
+    a = threading.Thread(target=run, args=("first", 1), name="first")
+    a.start()
+    assert first_drawn.wait(10)
+    b = threading.Thread(target=run, args=("second", 2), name="second")
+    b.start()
+    b.join(0.5)  # it waits on the first run's lock
+    go.set()
+    a.join(30)
+    b.join(30)
+    assert results["first"] == {"normal": 3}
+    assert isinstance(results["second"], InputPathError) and "exists" in str(results["second"])
+    alone = tmp_path / "alone"
+    write_patches(alone, PatchSynthConfig(n_normal=3, n_abnormal=0, size=32, seed=1))
+    for f in sorted((alone / "normal").iterdir()):
+        assert (out / "normal" / f.name).read_bytes() == f.read_bytes()

@@ -129,11 +129,20 @@ def write_patches(out: Path, config: PatchSynthConfig, overwrite: bool = False) 
     The folder is written under a temporary name and renamed when complete, so an interrupted run
     never leaves a dataset that looks finished.
     """
+    from cyto.locks import file_lock
+
     out = Path(out)
     refuse_to_replace(out, overwrite, known=patch_names())
     out.parent.mkdir(parents=True, exist_ok=True)
-    # a name of this run's own: another run drawing into ``out`` at the same time does not
-    # delete or mix into it
+    # one run at a time draws into ``out``: another one waits, then finds the dataset this
+    # one wrote and is refused as a later run is (both said "wrote", one dataset was lost)
+    with file_lock(out.parent / f".{out.name}.lock"):
+        refuse_to_replace(out, overwrite, known=patch_names())
+        return _write_patches(out, config)
+
+
+def _write_patches(out: Path, config: PatchSynthConfig) -> dict[str, int]:
+    # a name of this run's own: a stopped run's leftovers never look like a dataset
     tmp = temp_dir_beside(out)
     jobs: list[tuple[str, int]] = [(NORMAL_CLASS, i) for i in range(config.n_normal)]
     for cls in config.abnormal_classes:
