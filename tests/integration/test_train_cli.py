@@ -283,3 +283,20 @@ def test_weakly_supervised_training_never_sees_instance_labels(
     n_negative_bag_cells = sum(1 for i in range(len(normals)) if i % 6 < 3)
     assert cal["source"].startswith("training cells of negative bags")
     assert cal["n"] == n_negative_bag_cells
+
+
+def test_a_second_training_into_one_out_is_refused_before_it_trains(tmp_path, synth_patches):
+    """A hostile check (round 3): a second `cyto train` into the --out another one is training
+    into shared its checkpoints, trained to the end, then said "--out exists (pass --overwrite
+    ...)", advice that would replace the first run's bundle. It is refused at once (exit 3)."""
+    from cyto.locks import OutputLock
+    from cyto.train.api import checkpoint_dir
+
+    out = tmp_path / "m.cyto"
+    with OutputLock(checkpoint_dir(out), "cyto train"):  # the first run, training
+        proc = run_cyto("train", "dsvdd", "--data", str(synth_patches), "--normal", "normal",
+                        "--out", str(out), "--preset", "fast")  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "being written by another cyto train" in line and "--overwrite" not in line, line
+    assert not out.exists()

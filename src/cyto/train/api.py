@@ -15,6 +15,7 @@ import numpy as np
 from cyto.bundle import bundle_names, save_bundle
 from cyto.data.dataset import PatchDataset, source_slides
 from cyto.errors import ConfigError, InputPathError
+from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_to_replace
 from cyto.train.calibration import normal_calibration
 from cyto.train.config import TrainConfig, resolve_config
@@ -205,8 +206,13 @@ def start_checkpoints(ckpt: Path, key: dict, resume: bool) -> None:
                 "rerun with its settings, or without --resume to start over"
             )
         return
-    shutil.rmtree(ckpt, ignore_errors=True)
-    ckpt.mkdir(parents=True)
+    # anew, keeping the lock file of the run that holds the folder (cyto.locks.LOCK)
+    from cyto.locks import LOCK
+
+    ckpt.mkdir(parents=True, exist_ok=True)
+    for old in ckpt.iterdir():
+        if old.name != LOCK:
+            shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
     atomic_write(ckpt / RUN_KEY, json.dumps(key, indent=1, sort_keys=True).encode())
 
 
@@ -263,61 +269,75 @@ def train(
     if not cls.instance_labels:
         # weakly supervised: the method, its calibration and its manifest never see them
         train_data = dataclasses.replace(train_data, labels=None)
-    start_checkpoints(ckpt, run_key(method, cfg, train_data, weights), resume)
-    t0 = time.perf_counter()
-    chosen = None
-    try:
-        if probe_data is not None:  # the held-out model: it ranks the held-back cells
-            probe = cls(cfg).fit(
-                probe_data, device=dev, ckpt_dir=ckpt / "held-out", resume=resume, weights=weights
-            )
-            chosen = validation(probe, ds, all_data, held, cfg.stain, held_mpp(cfg, ds, all_data))
-            if echo is not None:
-                from cyto.data.morphometry import choose_ranking
+    # one run at a time trains into OUT: a second one is refused now (exit 3), never after
+    # training to the end into the first one's checkpoints
+    with OutputLock(ckpt, "cyto train", "wait for it to finish, or give another --out"):
+        refuse_to_replace(out, overwrite, known=bundle_names(out))  # written meanwhile?
+        start_checkpoints(ckpt, run_key(method, cfg, train_data, weights), resume)
+        t0 = time.perf_counter()
+        chosen = None
+        try:
+            if probe_data is not None:  # the held-out model: it ranks the held-back cells
+                probe = cls(cfg).fit(
+                    probe_data,
+                    device=dev,
+                    ckpt_dir=ckpt / "held-out",
+                    resume=resume,
+                    weights=weights,
+                )
+                chosen = validation(
+                    probe, ds, all_data, held, cfg.stain, held_mpp(cfg, ds, all_data)
+                )
+                if echo is not None:
+                    from cyto.data.morphometry import choose_ranking
 
-                how, why = choose_ranking(chosen)
-                again = "; training again on every normal cell" if cfg.refit else ""
-                echo(f"{why}: --rank-by auto ranks by {how}{again}")
-        model = (
-            probe
-            if probe_data is not None and not cfg.refit
-            else cls(cfg).fit(train_data, device=dev, ckpt_dir=ckpt, resume=resume, weights=weights)
+                    how, why = choose_ranking(chosen)
+                    again = "; training again on every normal cell" if cfg.refit else ""
+                    echo(f"{why}: --rank-by auto ranks by {how}{again}")
+            model = (
+                probe
+                if probe_data is not None and not cfg.refit
+                else cls(cfg).fit(
+                    train_data, device=dev, ckpt_dir=ckpt, resume=resume, weights=weights
+                )
+            )
+        except BaseException as exc:  # Ctrl-C or an error: say what a rerun with --resume finds
+            if echo is not None:
+                stop = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
+                echo(f"{stop}: {checkpoint_words(ckpt)}")
+            raise
+        seconds = time.perf_counter() - t0
+        manifest, tensors, scorer = model.bundle_parts(train_data)
+        side = patch_px(ds)
+        crop_mpp = held_mpp(
+            cfg, ds, train_data
+        )  # the crops' pixel size, as ModelSpec.crop_mpp reads
+        manifest["training_data"].update(
+            {
+                "source": str(data),
+                "normal": list(ds.normal),
+                "abnormal": list(ds.abnormal),
+                "skipped_unreadable": len(ds.skipped),
+                "load_size": cfg.load_size,
+                "n_images": len(ds),  # with the cells held back
+                "held_back": int(len(held)),
+                # the training patches' own side: the crop cyto score cuts at the model's mpp
+                "patch_px": side,
+                **training_nuclei(train_data, cfg.stain, crop_mpp),
+                # the slides the normal cells were cut from (cyto data cells): never a calibration's
+                "slides": source_slides(data, [r for r in ds.records if r.cls in ds.normal]),
+            }
         )
-    except BaseException as exc:  # Ctrl-C or an error: say what a rerun with --resume finds
-        if echo is not None:
-            stop = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
-            echo(f"{stop}: {checkpoint_words(ckpt)}")
-        raise
-    seconds = time.perf_counter() - t0
-    manifest, tensors, scorer = model.bundle_parts(train_data)
-    side = patch_px(ds)
-    crop_mpp = held_mpp(cfg, ds, train_data)  # the crops' pixel size, as ModelSpec.crop_mpp reads
-    manifest["training_data"].update(
-        {
-            "source": str(data),
-            "normal": list(ds.normal),
-            "abnormal": list(ds.abnormal),
-            "skipped_unreadable": len(ds.skipped),
-            "load_size": cfg.load_size,
-            "n_images": len(ds),  # with the cells held back
-            "held_back": int(len(held)),
-            # the training patches' own side: the crop cyto score cuts at the model's mpp
-            "patch_px": side,
-            **training_nuclei(train_data, cfg.stain, crop_mpp),
-            # the slides the normal cells were cut from (cyto data cells): never a calibration's
-            "slides": source_slides(data, [r for r in ds.records if r.cls in ds.normal]),
-        }
-    )
-    if chosen is not None:
-        manifest["validation"] = chosen | {"refit": cfg.refit}
-    manifest["calibration"] = normal_calibration(model, train_data)
-    manifest["training_seconds"] = round(seconds, 2)
-    manifest["device"] = str(dev)
-    if weights is not None:
-        manifest["initial_weights"] = str(weights)
-    manifest.update(extra_manifest or {})
-    save_bundle(out, manifest, tensors, scorer, overwrite=overwrite)
-    shutil.rmtree(ckpt, ignore_errors=True)
+        if chosen is not None:
+            manifest["validation"] = chosen | {"refit": cfg.refit}
+        manifest["calibration"] = normal_calibration(model, train_data)
+        manifest["training_seconds"] = round(seconds, 2)
+        manifest["device"] = str(dev)
+        if weights is not None:
+            manifest["initial_weights"] = str(weights)
+        manifest.update(extra_manifest or {})
+        save_bundle(out, manifest, tensors, scorer, overwrite=overwrite)
+    shutil.rmtree(ckpt, ignore_errors=True)  # after the lock: its file is in the folder
     n_used = manifest["training_data"]["n_used"]
     return TrainResult(
         out,
