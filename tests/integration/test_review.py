@@ -109,6 +109,29 @@ def test_what_the_page_may_know_names_no_slide_and_no_model(scored, session):
     assert session.order_for("ann") == session.order_for("ann")
 
 
+def test_a_review_key_edited_by_hand_is_refused_in_one_line(scored, session, tmp_path):
+    """A hostile check (round 3): truth labels edited in key.json raised a reviewer's precision
+    in `cyto review report` from 0.40 to 1.00 with no word. The key and the cases are sealed
+    when the review is built; an edited one is refused; a folder without a seal is said."""
+    from cyto.errors import CytoWarning
+    from cyto.review.report import build_report
+
+    copy = tmp_path / "review"
+    shutil.copytree(session.root, copy)
+    open_session(copy)  # whole: opens quietly
+    key = json.loads((copy / "key.json").read_text())
+    case = next(iter(key["cases"]))
+    for cell in key["cases"][case]["cells"][:5]:
+        cell["label"] = 1
+    (copy / "key.json").write_text(json.dumps(key, indent=1))
+    for call in (lambda: open_session(copy), lambda: build_report(copy)):
+        with pytest.raises(InputPathError, match=r"key.json changed since the review was built"):
+            call()
+    (copy / "seal.json").unlink()
+    with pytest.warns(CytoWarning, match="carries no seal"):
+        open_session(copy)
+
+
 def test_the_folder_is_reused_and_refuses_other_scored_folders(scored, session):
     again = build_session(
         [scored["outs"]["fs-sil"], scored["outs"]["dsvdd"]],

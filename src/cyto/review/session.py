@@ -401,6 +401,7 @@ def build_session(
         (tmp / CASES_FILE).write_text(
             json.dumps({**meta, "details": list(DETAILS), "cases": public}, indent=1)
         )
+        _seal_review(tmp)  # last: a folder renamed into place is whole and sealed
         try:
             if root.is_dir():
                 root.rmdir()  # empty (checked above); a non-empty one means another build won
@@ -603,9 +604,60 @@ def _write_crops(slide: str, cells: list[dict], crop: int, folder: Path, identit
     crop_cells(slide, [(c["x"], c["y"]) for c in cells], crop, paths, identity=identity)
 
 
+#: a review folder's seal: the sha256 of its key and its public cases as built
+REVIEW_SEAL, REVIEW_SEAL_FORMAT = "seal.json", "cyto-review-seal/1"
+
+
+def _seal_review(folder: Path) -> None:
+    from cyto.bundle import atomic_write, sha256_file
+
+    files = {n: sha256_file(folder / n) for n in (KEY_FILE, CASES_FILE)}
+    record = {"format": REVIEW_SEAL_FORMAT, "files": files}
+    atomic_write(folder / REVIEW_SEAL, json.dumps(record, indent=1).encode())
+
+
+def _check_review_seal(root: Path) -> None:
+    """A review's key (the truth of each grid position, its rank and score) and its cases are
+    read only as they were built: a file that differs from the folder's seal is one line (its
+    report would count edited truth: a precision of 0.40 read as 1.00). A folder without a seal
+    (built by a cyto before reviews were sealed) is said once, and read."""
+    import warnings
+
+    from cyto.bundle import sha256_file
+    from cyto.errors import CytoWarning
+
+    try:
+        record = json.loads((root / REVIEW_SEAL).read_text())
+    except FileNotFoundError:
+        warnings.warn(
+            CytoWarning(
+                f"{root} carries no seal (built by an older cyto, or its seal was removed): "
+                "its key cannot be checked against edits"
+            ),
+            stacklevel=3,
+        )
+        return
+    except (OSError, ValueError):
+        record = None
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or record.get("format") != REVIEW_SEAL_FORMAT:
+        raise InputPathError(f"{root}: its seal {REVIEW_SEAL} is not one cyto writes")
+    changed = [
+        n for n in (KEY_FILE, CASES_FILE)
+        if not (root / n).is_file() or sha256_file(root / n) != files.get(n)
+    ]  # fmt: skip
+    if changed:
+        raise InputPathError(
+            f"{root}: {', '.join(changed)} changed since the review was built (edited by hand?): "
+            "its truth and ranks cannot be trusted; start a new review with --session NEW_FOLDER"
+        )
+
+
 def open_session(root: Path) -> Session:
-    """Open a built review folder."""
+    """Open a built review folder, checked against its seal (:func:`_check_review_seal`)."""
     root = Path(root)
+    if (root / KEY_FILE).is_file() and (root / CASES_FILE).is_file():
+        _check_review_seal(root)
     try:
         public = json.loads((root / CASES_FILE).read_text())
         key = json.loads((root / KEY_FILE).read_text())
