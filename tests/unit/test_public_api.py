@@ -501,3 +501,90 @@ def _library_options(name: str) -> set[str]:
 
     target = {"export": cyto.export.api.export_bundle, "predict": cyto.predict.predict}[name]
     return set(inspect.signature(target).parameters)
+
+
+# --- a refusal names the option as the caller gave it (hostile round 3, MIS-4 to MIS-8) ----------
+
+#: calls whose refusal names an option the caller gave as a keyword; each said the command line's
+#: flag to a Python caller ("--out ... is a folder", "use --device cuda", "--adequacy ...")
+REFUSALS = {
+    "predict(out=FOLDER)": ("out", lambda b, t: cyto.predict(b, t, t, echo=None)),
+    "predict(out=UNDER A FILE)": (
+        "out",
+        lambda b, t: cyto.predict(b, t, t / "s.tif" / "p.parquet", echo=None),
+    ),
+    "predict(backend=trt) on a CPU": (
+        "device",
+        lambda b, t: cyto.predict(b, t, t / "p.parquet", backend="trt", echo=None),
+    ),
+    "load_model(backend=trt) on a CPU": ("device", lambda b, t: cyto.load_model(b, backend="trt")),
+    "load_model(device=cuda) with no GPU": (
+        "device",
+        lambda b, t: cyto.load_model(b, device="cuda"),
+    ),
+    "load_model(precision=bf16, backend=torch)": (
+        "precision",
+        lambda b, t: cyto.load_model(b, backend="torch", precision="bf16"),
+    ),
+    "score_slide(adequacy=MISSING)": ("adequacy", lambda b, t: _slide(b, t, adequacy="no.toml")),
+    "score_slide(adequacy=NOT-TOML)": ("adequacy", lambda b, t: _slide(b, t, adequacy="bad.toml")),
+    "score_slide(adequacy=NO-TABLE)": ("adequacy", lambda b, t: _slide(b, t, adequacy="x.toml")),
+    "score_slide(truth=FOLDER)": ("truth", lambda b, t: _slide(b, t, truth=t)),
+    "score_slide(out=s3 with a query)": ("out", lambda b, t: _slide(b, t, out="s3://b/o/?v=1")),
+}
+
+
+def _slide(bundle: Path, tmp: Path, out: str | Path | None = None, **options):
+    """score_slide of a slide that is never reached (what is refused is refused first)."""
+    (tmp / "bad.toml").write_text("[adequacy\n")
+    (tmp / "x.toml").write_text("[other]\nmin_cells = 1\n")
+    if "adequacy" in options:
+        options["adequacy"] = str(tmp / options["adequacy"])
+    out = out or tmp / "o"
+    return cyto.score_slide(tmp / "s.tif", bundle, out, workers=0, echo=None, **options)
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_a_refusal_names_the_keyword_a_python_caller_gave(
+    case, exported_dsvdd, tmp_path, monkeypatch
+):
+    """Hostile round 3: predict(out=FOLDER) said "--out ... is a folder", load_model(device=
+    "cuda") "--device cuda asked for", score_slide(truth=FOLDER) called it a bad slide."""
+    from cyto.errors import CytoError
+
+    monkeypatch.setattr("cyto.runtime.devices.cuda_available", lambda: False)  # as on a CPU
+    (tmp_path / "s.tif").write_bytes(b"x")
+    field, call = REFUSALS[case]
+    with pytest.raises(CytoError) as err:
+        call(exported_dsvdd, tmp_path)
+    message = str(err.value)
+    assert "\n" not in message, message
+    _in_python_words(message, field)
+
+
+def test_the_same_refusals_name_flags_at_the_command_line(exported_dsvdd, tmp_path, monkeypatch):
+    """One message, two callers: the CLI keeps --truth, --device, --adequacy and --out."""
+    from cyto.errors import ConfigError, DeviceError
+    from cyto.runtime.devices import resolve_device
+    from cyto.runtime.scorer import make_backend
+    from cyto.stats.adequacy import read_rule
+    from tests.cli_runner import run_cyto
+
+    monkeypatch.setattr("cyto.runtime.devices.cuda_available", lambda: False)
+    with pytest.raises(DeviceError, match=r"^--device cuda asked for, but no CUDA GPU"):
+        resolve_device("cuda")
+    with pytest.raises(ConfigError, match=r"runs on CUDA only: use --device cuda$"):
+        make_backend("trt", None, "cpu")
+    with pytest.raises(ConfigError, match=r"^--adequacy .*no.toml: cannot read it"):
+        read_rule(tmp_path / "no.toml")
+    slide = tmp_path / "s.tif"
+    slide.write_bytes(b"x")
+    got = run_cyto(
+        "score", str(slide), "--model", str(exported_dsvdd), "--out", str(tmp_path / "o"),
+        "--truth", str(tmp_path),
+    )  # fmt: skip
+    assert got.returncode != 0
+    assert f"--truth {tmp_path} is a folder: a truth table is a .parquet or .csv file" in (
+        got.stderr
+    ), got.stderr
+    assert "does not exist" not in got.stderr and "DICOM" not in got.stderr

@@ -76,8 +76,10 @@ def slide_identity(path: Path, block: int = 1 << 16, samples: int = 32) -> str:
 
 def file_identity(path: Path | None) -> str | None:
     """:func:`slide_identity` of a side file, None when none is given or it cannot be read
-    (a missing file fails on its own, by name, where it is read)."""
-    if path is None:
+    (a missing file fails on its own, by name, where it is read). A side file is a file: a
+    folder given for one is not hashed as a DICOM slide (it was refused as a bad slide, naming
+    neither ``--truth`` nor ``--nuclei``); it fails where it is read, as what it was given for."""
+    if path is None or not Path(path).is_file():
         return None
     try:
         return slide_identity(Path(path))

@@ -29,7 +29,7 @@ import numpy as np
 
 from cyto.bundle import PRECISIONS, Bundle, GraphSpec, ModelSpec, load_bundle
 from cyto.errors import ConfigError, CytoError, ScaleWarning
-from cyto.flags import Range
+from cyto.flags import Range, passing, said
 from cyto.runtime.backends import CHOICES, Backend
 from cyto.runtime.devices import resolve_device
 from cyto.runtime.heads import Head, head_for
@@ -247,7 +247,7 @@ def make_backend(
     ``graph``: for ONNX Runtime or OpenVINO on the CPU, another form of ``precision`` than this
     CPU's default (:func:`other_cpu_int8`)."""
     if name in ("trt", "onnx-trt") and device == "cpu":
-        raise ConfigError(f"the {name} backend runs on CUDA only: use --device cuda")
+        raise ConfigError(f"the {name} backend runs on CUDA only: use {passing('device', 'cuda')}")
     if name in ("onnx", "onnx-trt"):
         from cyto.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
@@ -263,8 +263,9 @@ def make_backend(
         return OpenVinoBackend(bundle, device, precision, threads, graph=graph)
     if precision == "bf16":
         raise ConfigError(
-            f"--precision bf16 runs in OpenVINO on the CPU, not in {name}: use --backend "
-            "openvino --device cpu (or --backend auto)"
+            f"{passing('precision', 'bf16')} runs in OpenVINO on the CPU, not in {name}: use "
+            f"{passing('backend', 'openvino')} and {passing('device', 'cpu')} "
+            f"(or {passing('backend', 'auto')})"
         )
     if name == "trt":
         from cyto.runtime.backends.tensorrt import TensorRTBackend
@@ -289,8 +290,8 @@ def ort_cuda_left_out(bundle: Bundle, precision: str, graph: GraphSpec) -> str |
     if precision == "int8":
         return (
             "ONNX Runtime's CUDA provider with the int8 graph (TensorRT's Q/DQ form) was not "
-            "measured faster than fp16: auto leaves it out (--backend onnx --precision int8 "
-            "runs it)"
+            "measured faster than fp16: auto leaves it out "
+            f"({passing('backend', 'onnx')} and {passing('precision', 'int8')} run it)"
         )
     rotated = any(v.startswith("rot") for v in bundle.spec.tta_views)
     if precision == "fp16" and rotated and "GridSample" not in graph.float32_ops:
@@ -543,7 +544,7 @@ def load_scorer(
         scorer = Scorer(bundle, head, chosen, notes, golden=golden)
         if not verify:
             scorer.verification = Verification(
-                "skipped", "verification turned off by the user (--skip-verify)"
+                "skipped", f"verification turned off by the user ({passing('verify', False)})"
             )
             scorer.warm()
             return scorer
@@ -589,8 +590,8 @@ def load_scorer(
         raise VerificationError(
             f"{bundle.path}: nothing here reproduces the bundle's golden cells; "
             + "; ".join(failures)
-            + f" (gate: {check.record.get('gate')}). Use another --precision or --backend, or "
-            "--skip-verify to score anyway (recorded)"
+            + f" (gate: {check.record.get('gate')}). Use another {said('precision')} or "
+            f"{said('backend')}, or {passing('verify', False)} to score anyway (recorded)"
         )
     if precision != "fp32" and graph_for(bundle.spec, precision, device) is None:
         raise ConfigError(
