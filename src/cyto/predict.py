@@ -108,7 +108,7 @@ def predict(
         "options": {"load": load, "zoom": zoom, "patch_mpp": patch_mpp, "rank_by": rank_by},
         "format": "rows with each image's sha256 and morphometry",  # checked on resume
     }
-    lock = OutputLock(run, "cyto predict", f"wait for it to finish, or give another {said('out')}")
+    lock = OutputLock(run, "cyto predict")
     lock.acquire()  # two runs into one --out: the second is refused, never a mixed table
     store = ChunkStore(run, key, unit="images", rows=None)
     try:

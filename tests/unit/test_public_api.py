@@ -588,3 +588,33 @@ def test_the_same_refusals_name_flags_at_the_command_line(exported_dsvdd, tmp_pa
         got.stderr
     ), got.stderr
     assert "does not exist" not in got.stderr and "DICOM" not in got.stderr
+
+
+def test_a_backends_advice_names_the_keyword_from_python():
+    """The backends' own advice (ONNX Runtime's TensorRT provider) named --backend to Python."""
+    from cyto.flags import python_words
+    from cyto.runtime.backends.onnxruntime import _tensorrt_remedy
+
+    assert "use --backend onnx (its CUDA provider)" in _tensorrt_remedy(10)
+    with python_words("load_model"):
+        _in_python_words(_tensorrt_remedy(10), "backend")
+
+
+def test_a_busy_output_names_out_in_the_callers_words(tmp_path):
+    """predict(out=<a table another run writes>) said "give another --out" (and "wait for it to
+    finish" twice); the lock says the way out when it refuses, in the caller's words."""
+    from cyto.errors import OutputBusyError
+    from cyto.flags import python_words
+    from cyto.locks import OutputLock
+
+    held = OutputLock(tmp_path, "cyto predict").acquire()
+    try:
+        with pytest.raises(OutputBusyError) as cli:
+            OutputLock(tmp_path, "cyto predict").acquire()
+        with python_words("predict"), pytest.raises(OutputBusyError) as py:
+            OutputLock(tmp_path, "cyto predict").acquire()
+    finally:
+        held.release()
+    assert str(cli.value).endswith("; wait for it to finish, or give another --out")
+    assert str(py.value).endswith("; wait for it to finish, or give another out=")
+    _in_python_words(str(py.value), "out")
