@@ -618,3 +618,21 @@ def test_a_busy_output_names_out_in_the_callers_words(tmp_path):
     assert str(cli.value).endswith("; wait for it to finish, or give another --out")
     assert str(py.value).endswith("; wait for it to finish, or give another out=")
     _in_python_words(str(py.value), "out")
+
+
+def test_a_refused_resume_names_what_changed_in_the_callers_words():
+    """score_slide(resume=True) over chunks of another rank_by or nuclei file said --rank-by and
+    "the --nuclei file's content" (the names were written once, as flags)."""
+    from cyto.flags import python_words
+    from cyto.infer.store import store_key_names
+    from cyto.reuse import differences
+
+    was = {"rank_by": "model", "nuclei_file": "a", "sharpness": True}
+    now = {"rank_by": "fused", "nuclei_file": "b", "sharpness": False}
+    cli = differences(was, now, store_key_names())
+    with python_words("score_slide"):
+        py = differences(was, now, store_key_names())
+    assert cli[0].startswith("--rank-by ") and "the --nuclei file's content" in cli[1], cli
+    assert "--adequacy none does not" in cli[2], cli
+    assert py[0].startswith("rank_by ") and "the nuclei file's content" in py[1], py
+    assert not any(re.search(r"(^|\s|\()--[a-z]", d) for d in py), py
