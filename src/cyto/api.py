@@ -142,6 +142,7 @@ def score_slide(
     from cyto.cohort.run import refuse_finished, refuse_resume_and_overwrite
     from cyto.errors import ConfigError
     from cyto.infer.options import ScoreOptions, detection_for
+    from cyto.infer.outputs import read_truth
     from cyto.infer.pipeline import score_slide as run
     from cyto.location import output_location
     from cyto.slides.remote import slide_ref
@@ -166,6 +167,8 @@ def score_slide(
         ),
     )
     refuse_resume_and_overwrite(opts.resume, overwrite)
+    if opts.truth is not None:  # a bad truth table costs nothing: read before the slide, as
+        read_truth(opts.truth)  # cyto score reads it (it was read after the slide was scored)
     # a folder, or a prefix in object storage, as cyto score --out takes it (cyto.location):
     # the prefix's files are pulled where they are checked, and published when scored
     where = output_location(out)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import difflib
+import functools
 import inspect
 import math
 import numbers
@@ -287,13 +288,22 @@ def check_options(call: str, given: Mapping[str, Any], target: Any) -> dict[str,
     return {k: check_value(k, v, hints[k]) for k, v in given.items()}
 
 
+@functools.cache
+def _schema(func: Callable) -> tuple[inspect.Signature, dict[str, Any]]:
+    """The signature and annotations of a call bound often (a scorer's ``score``), read once."""
+    return inspect.signature(func), hints_of(func)
+
+
 def bind_call(
     func: Callable, args: tuple, kwargs: dict, localns: Mapping[str, Any] | None = None
 ) -> inspect.BoundArguments:
     """The arguments of a public call bound to its signature, each held to its annotation; a
     wrong count, an unknown keyword or a wrong type is one :class:`ConfigError` line. A
     ``**options`` catch-all is bound as given: the callee checks it (:func:`check_options`)."""
-    sig = inspect.signature(func)
+    if localns is None:
+        sig, hints = _schema(func)
+    else:
+        sig, hints = inspect.signature(func), hints_of(func, localns)
     name = func.__name__
     params = sig.parameters
     named = [p for p in params.values() if p.kind is not p.VAR_KEYWORD]
@@ -317,7 +327,6 @@ def bind_call(
         raise ConfigError(
             f"{name} needs {', '.join(f'{m}=' for m in missing)} (given once each)"
         ) from None
-    hints = hints_of(func, localns)
     for key, value in list(bound.arguments.items()):
         if params[key].kind is params[key].VAR_KEYWORD or key not in hints:
             continue

@@ -34,6 +34,7 @@ import shutil
 from pathlib import Path
 
 from cyto.errors import CytoError, InputPathError, OutputWriteError
+from cyto.flags import passing
 from cyto.seal import SEAL
 from cyto.slides.remote import (
     Requests,
@@ -76,11 +77,13 @@ class OutputLocation(Requests):
         root = SlideURL(url.rstrip("/") + "/", options)
         if root.scheme not in SCHEMES:
             raise InputPathError(
-                f"--out {redact(url)}: cyto writes outputs to a local folder or to s3:// or "
-                f"gs:// prefixes, not {root.scheme}://"
+                f"{passing('out', redact(url))}: cyto writes outputs to a local folder or to "
+                f"s3:// or gs:// prefixes, not {root.scheme}://"
             )
         if "?" in url:
-            raise InputPathError(f"--out {redact(url)}: give the prefix without a query string")
+            raise InputPathError(
+                f"{passing('out', redact(url))}: give the prefix without a query string"
+            )
         self.root = root
         self.ref = SlideURL(root.url + "".join(f"{p}/" for p in self.parts), options)
         self.remote = self.ref.url
@@ -196,7 +199,9 @@ class OutputLocation(Requests):
         try:
             self._call(lambda: fs.info(bucket), "info")
         except CytoError as exc:
-            raise OutputWriteError(f"cannot write --out {self}: {_reason(exc, self)}") from None
+            raise OutputWriteError(
+                f"cannot write {passing('out', str(self))}: {_reason(exc, self)}"
+            ) from None
 
     def pull(self, names: tuple[str, ...] | None = None) -> None:
         """Make the staging folder a copy of the remote folder's files (``names``: only these,

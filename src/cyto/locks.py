@@ -59,12 +59,20 @@ def file_lock(path: Path) -> Iterator[None]:
         yield
 
 
+def another_out() -> str:
+    """The way out of a busy output, in the caller's words (said when refused, not when made)."""
+    from cyto.flags import said
+
+    return f"give another {said('out')}"
+
+
 class OutputLock:
     """One writer per output folder (see the module docstring): ``command`` names the kind of
-    run in the refusal, ``instead`` what the user can do about it."""
+    run in the refusal, ``instead`` what the user can do about it (None: give another output,
+    in the caller's words: ``--out`` at the command line, ``out=`` from Python)."""
 
     def __init__(
-        self, folder: Path, command: str = "cyto score", instead: str = "give another --out"
+        self, folder: Path, command: str = "cyto score", instead: str | None = None
     ) -> None:
         self.folder = Path(folder)
         self.command, self.instead = command, instead
@@ -95,7 +103,8 @@ class OutputLock:
             raise OutputBusyError(
                 f"{self.folder} is being written by another {self.command} (pid "
                 f"{holder.get('pid', '?')} on {holder.get('host', '?')}, since "
-                f"{holder.get('started', '?')}); wait for it to finish, or {self.instead}"
+                f"{holder.get('started', '?')}); wait for it to finish, or "
+                f"{self.instead or another_out()}"
             ) from None
         fh.seek(0)
         fh.truncate()

@@ -26,6 +26,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from cyto.errors import CytoError, InputPathError
+from cyto.flags import passing
 
 #: the record of what cyto wrote in a folder it made (relative POSIX paths), written last
 RECORD = ".cyto-outputs.json"
@@ -164,3 +165,18 @@ def refuse_input_as_output(
                 f"{label} {what} the input {named}: an output never replaces an input; give "
                 "another place to write to"
             )
+
+
+def check_out_file(out: Path, field: str = "out") -> None:
+    """A file ``out`` (the option ``field``) that can be written, checked before any work: a
+    folder given for it, or a missing or read-only folder above it, used to end in a traceback
+    after the scoring. Named in the caller's words (``--out PATH``, ``out='PATH'``)."""
+    from cyto.cohort.local import check_writable
+
+    out = Path(out)
+    given = passing(field, out)
+    if out.is_dir():
+        raise InputPathError(
+            f"{given} is a folder; give a file name, e.g. {out / 'scores.parquet'}"
+        )
+    check_writable(out.parent, flag=f"{given}:")

@@ -35,7 +35,7 @@ from cyto.errors import (
 from cyto.flags import Range, check_value, hints_of, passing, said
 from cyto.infer.store import ChunkStore, kept_words
 from cyto.locks import OutputLock
-from cyto.outputs_check import refuse_to_replace
+from cyto.outputs_check import check_out_file, refuse_to_replace
 
 ZOOM_FILE = "zoom.json"
 
@@ -71,7 +71,6 @@ def predict(
     more, first, to measure its nuclei. ``chunk`` images are decoded and kept at a time;
     ``resume`` continues a stopped run (see the module docstring); an existing ``out`` is
     replaced only with ``overwrite``."""
-    from cyto.cohort.local import check_out_file
     from cyto.data.morphometry import RANK_BY, RANK_BY_ALIASES, resolve_rank_by, scorer_rank_by
     from cyto.runtime import Scorer, load_scorer
 
@@ -109,7 +108,7 @@ def predict(
         "options": {"load": load, "zoom": zoom, "patch_mpp": patch_mpp, "rank_by": rank_by},
         "format": "rows with each image's sha256 and morphometry",  # checked on resume
     }
-    lock = OutputLock(run, "cyto predict", "wait for it to finish, or give another --out")
+    lock = OutputLock(run, "cyto predict")
     lock.acquire()  # two runs into one --out: the second is refused, never a mixed table
     store = ChunkStore(run, key, unit="images", rows=None)
     try:
@@ -458,7 +457,9 @@ def _write_table(
         pq.write_table(table, sink)
         atomic_write(out, sink.getvalue().to_pybytes())
     except OSError as exc:
-        raise OutputWriteError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
+        raise OutputWriteError(
+            f"cannot write {passing('out', out)}: {exc.strerror or exc}"
+        ) from exc
     summary: dict[str, object] = {"n": len(scores), "out": out}
     if labels is not None and 0 < labels.sum() < len(labels):
         from sklearn.metrics import roc_auc_score

@@ -501,3 +501,138 @@ def _library_options(name: str) -> set[str]:
 
     target = {"export": cyto.export.api.export_bundle, "predict": cyto.predict.predict}[name]
     return set(inspect.signature(target).parameters)
+
+
+# --- a refusal names the option as the caller gave it (hostile round 3, MIS-4 to MIS-8) ----------
+
+#: calls whose refusal names an option the caller gave as a keyword; each said the command line's
+#: flag to a Python caller ("--out ... is a folder", "use --device cuda", "--adequacy ...")
+REFUSALS = {
+    "predict(out=FOLDER)": ("out", lambda b, t: cyto.predict(b, t, t, echo=None)),
+    "predict(out=UNDER A FILE)": (
+        "out",
+        lambda b, t: cyto.predict(b, t, t / "s.tif" / "p.parquet", echo=None),
+    ),
+    "predict(backend=trt) on a CPU": (
+        "device",
+        lambda b, t: cyto.predict(b, t, t / "p.parquet", backend="trt", echo=None),
+    ),
+    "load_model(backend=trt) on a CPU": ("device", lambda b, t: cyto.load_model(b, backend="trt")),
+    "load_model(device=cuda) with no GPU": (
+        "device",
+        lambda b, t: cyto.load_model(b, device="cuda"),
+    ),
+    "load_model(precision=bf16, backend=torch)": (
+        "precision",
+        lambda b, t: cyto.load_model(b, backend="torch", precision="bf16"),
+    ),
+    "score_slide(adequacy=MISSING)": ("adequacy", lambda b, t: _slide(b, t, adequacy="no.toml")),
+    "score_slide(adequacy=NOT-TOML)": ("adequacy", lambda b, t: _slide(b, t, adequacy="bad.toml")),
+    "score_slide(adequacy=NO-TABLE)": ("adequacy", lambda b, t: _slide(b, t, adequacy="x.toml")),
+    "score_slide(truth=FOLDER)": ("truth", lambda b, t: _slide(b, t, truth=t)),
+    "score_slide(out=s3 with a query)": ("out", lambda b, t: _slide(b, t, out="s3://b/o/?v=1")),
+}
+
+
+def _slide(bundle: Path, tmp: Path, out: str | Path | None = None, **options):
+    """score_slide of a slide that is never reached (what is refused is refused first)."""
+    (tmp / "bad.toml").write_text("[adequacy\n")
+    (tmp / "x.toml").write_text("[other]\nmin_cells = 1\n")
+    if "adequacy" in options:
+        options["adequacy"] = str(tmp / options["adequacy"])
+    out = out or tmp / "o"
+    return cyto.score_slide(tmp / "s.tif", bundle, out, workers=0, echo=None, **options)
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_a_refusal_names_the_keyword_a_python_caller_gave(
+    case, exported_dsvdd, tmp_path, monkeypatch
+):
+    """Hostile round 3: predict(out=FOLDER) said "--out ... is a folder", load_model(device=
+    "cuda") "--device cuda asked for", score_slide(truth=FOLDER) called it a bad slide."""
+    from cyto.errors import CytoError
+
+    monkeypatch.setattr("cyto.runtime.devices.cuda_available", lambda: False)  # as on a CPU
+    (tmp_path / "s.tif").write_bytes(b"x")
+    field, call = REFUSALS[case]
+    with pytest.raises(CytoError) as err:
+        call(exported_dsvdd, tmp_path)
+    message = str(err.value)
+    assert "\n" not in message, message
+    _in_python_words(message, field)
+
+
+def test_the_same_refusals_name_flags_at_the_command_line(exported_dsvdd, tmp_path, monkeypatch):
+    """One message, two callers: the CLI keeps --truth, --device, --adequacy and --out."""
+    from cyto.errors import ConfigError, DeviceError
+    from cyto.runtime.devices import resolve_device
+    from cyto.runtime.scorer import make_backend
+    from cyto.stats.adequacy import read_rule
+    from tests.cli_runner import run_cyto
+
+    monkeypatch.setattr("cyto.runtime.devices.cuda_available", lambda: False)
+    with pytest.raises(DeviceError, match=r"^--device cuda asked for, but no CUDA GPU"):
+        resolve_device("cuda")
+    with pytest.raises(ConfigError, match=r"runs on CUDA only: use --device cuda$"):
+        make_backend("trt", None, "cpu")
+    with pytest.raises(ConfigError, match=r"^--adequacy .*no.toml: cannot read it"):
+        read_rule(tmp_path / "no.toml")
+    slide = tmp_path / "s.tif"
+    slide.write_bytes(b"x")
+    got = run_cyto(
+        "score", str(slide), "--model", str(exported_dsvdd), "--out", str(tmp_path / "o"),
+        "--truth", str(tmp_path),
+    )  # fmt: skip
+    assert got.returncode != 0
+    assert f"--truth {tmp_path} is a folder: a truth table is a .parquet or .csv file" in (
+        got.stderr
+    ), got.stderr
+    assert "does not exist" not in got.stderr and "DICOM" not in got.stderr
+
+
+def test_a_backends_advice_names_the_keyword_from_python():
+    """The backends' own advice (ONNX Runtime's TensorRT provider) named --backend to Python."""
+    from cyto.flags import python_words
+    from cyto.runtime.backends.onnxruntime import _tensorrt_remedy
+
+    assert "use --backend onnx (its CUDA provider)" in _tensorrt_remedy(10)
+    with python_words("load_model"):
+        _in_python_words(_tensorrt_remedy(10), "backend")
+
+
+def test_a_busy_output_names_out_in_the_callers_words(tmp_path):
+    """predict(out=<a table another run writes>) said "give another --out" (and "wait for it to
+    finish" twice); the lock says the way out when it refuses, in the caller's words."""
+    from cyto.errors import OutputBusyError
+    from cyto.flags import python_words
+    from cyto.locks import OutputLock
+
+    held = OutputLock(tmp_path, "cyto predict").acquire()
+    try:
+        with pytest.raises(OutputBusyError) as cli:
+            OutputLock(tmp_path, "cyto predict").acquire()
+        with python_words("predict"), pytest.raises(OutputBusyError) as py:
+            OutputLock(tmp_path, "cyto predict").acquire()
+    finally:
+        held.release()
+    assert str(cli.value).endswith("; wait for it to finish, or give another --out")
+    assert str(py.value).endswith("; wait for it to finish, or give another out=")
+    _in_python_words(str(py.value), "out")
+
+
+def test_a_refused_resume_names_what_changed_in_the_callers_words():
+    """score_slide(resume=True) over chunks of another rank_by or nuclei file said --rank-by and
+    "the --nuclei file's content" (the names were written once, as flags)."""
+    from cyto.flags import python_words
+    from cyto.infer.store import store_key_names
+    from cyto.reuse import differences
+
+    was = {"rank_by": "model", "nuclei_file": "a", "sharpness": True}
+    now = {"rank_by": "fused", "nuclei_file": "b", "sharpness": False}
+    cli = differences(was, now, store_key_names())
+    with python_words("score_slide"):
+        py = differences(was, now, store_key_names())
+    assert cli[0].startswith("--rank-by ") and "the --nuclei file's content" in cli[1], cli
+    assert "--adequacy none does not" in cli[2], cli
+    assert py[0].startswith("rank_by ") and "the nuclei file's content" in py[1], py
+    assert not any(re.search(r"(^|\s|\()--[a-z]", d) for d in py), py

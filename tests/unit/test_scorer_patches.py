@@ -42,7 +42,7 @@ def test_a_rectangle_and_a_bad_batch_size_are_one_line_in_python_words(scorer):
     with pytest.raises(ConfigError, match="must be square crops") as err:
         scorer.score(np.zeros((2, size, size + 8, 3), np.uint8))
     assert "\n" not in str(err.value)
-    with pytest.raises(ConfigError, match=r"^batch_size= must be an int >= 1, got 0$"):
+    with pytest.raises(ConfigError, match=r"^batch_size= must be >= 1, got 0$"):
         scorer.score(np.zeros((1, size, size, 3), np.uint8), batch_size=0)
 
 
@@ -92,9 +92,52 @@ def test_wrong_kinds_of_values_are_one_line_in_python_words(scorer, tmp_path):
     from cyto.errors import InputPathError
 
     size = scorer.spec.crop_size
-    with pytest.raises(ConfigError, match=r"^batch_size= must be an int >= 1, got '8'$"):
+    with pytest.raises(ConfigError, match=r"^batch_size= must be an integer, got '8'$"):
         scorer.score(np.zeros((1, size, size, 3), np.uint8), batch_size="8")
     with pytest.raises(ConfigError, match="detection= must be one of auto, smear, tissue, pap"):
         cyto.score_slide(tmp_path / "s.tif", tmp_path / "m", tmp_path / "o", detection=5)
     with pytest.raises(InputPathError, match=r"^weights='.*nosuch.safetensors': no such file"):
         cyto.train("dsvdd", tmp_path, tmp_path / "t.cyto", normal="n", weights="nosuch.safetensors")
+
+
+def test_a_wrong_keyword_of_the_scorer_is_one_line_through_the_schema(scorer):
+    """A hostile check (round 3, TB-2): score(x, batchsize=8) was Python's TypeError; the
+    scorer's methods bind their arguments through cyto.flags, as the public calls do."""
+    size = scorer.spec.crop_size
+    x = np.zeros((1, size, size, 3), np.uint8)
+    with pytest.raises(ConfigError, match=r"^Scorer.score: unknown option\(s\) batchsize= "):
+        scorer.score(x, batchsize=8)
+    with pytest.raises(ConfigError, match="did you mean batch_size="):
+        scorer.raw(x, batchsize=8)
+    with pytest.raises(ConfigError, match=r"^progress= must be a string or None, got 3$"):
+        scorer.score(x, progress=3)
+    with pytest.raises(ConfigError, match=r"^Scorer.score needs images="):
+        scorer.score()
+    assert scorer.score(x, batch_size=np.int64(1)).shape == (1,)  # a numpy int is an int
+
+
+def _backends_here() -> list[str]:
+    import importlib.util
+
+    return [
+        b
+        for b, module in (("onnx", "onnxruntime"), ("openvino", "openvino"), ("torch", "torch"))
+        if importlib.util.find_spec(module) is not None
+    ]
+
+
+@pytest.mark.parametrize("backend", _backends_here())
+def test_a_closed_scorer_refuses_in_one_line_whatever_its_backend(exported_dsvdd, backend):
+    """A hostile check (round 3, TB-3): score() after close() was an IndexError from inside
+    OpenVINO and an AttributeError from inside ONNX Runtime."""
+    from cyto.runtime import load_scorer
+    from cyto.runtime.scorer import CLOSED
+
+    closed = load_scorer(exported_dsvdd, backend, "cpu", verify=False)
+    size = closed.spec.crop_size
+    closed.close()
+    closed.close()  # twice is once
+    x = np.zeros((1, size, size, 3), np.uint8)
+    for call in (lambda: closed.score(x), lambda: closed.raw(x), closed.warm):
+        with pytest.raises(ConfigError, match=f"^{CLOSED}$"):
+            call()

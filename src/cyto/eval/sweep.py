@@ -222,7 +222,7 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> SweepFiles:
     configs = method_configs(spec)  # a bad --set fails here, before anything is written
     made = not out.exists()
     try:
-        with OutputLock(out, "cyto eval sweep", "give another --out"):  # one sweep per folder
+        with OutputLock(out, "cyto eval sweep"):  # one sweep per folder
             results = _sweep(spec, out, configs, echo)
             tables = tp_table(results, out, spec.k)
             return SweepFiles(results, tables, plots(results, out, spec.k))

@@ -58,6 +58,10 @@ def read_truth(path: Path) -> dict[str, np.ndarray]:
         )
     path = Path(path)
     given = passing("truth", path)  # --truth PATH, or truth='PATH' from Python
+    if path.is_dir():
+        raise InputPathError(
+            f"{given} is a folder: a truth table is a .parquet or .csv file of x, y, label"
+        )
     if not path.is_file():
         raise InputPathError(f"{given} does not exist (a CSV or Parquet of x, y, label)")
     suffix = path.suffix.lower()

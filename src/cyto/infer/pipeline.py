@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import SYSTEM_ERRORS, OutputWriteError
-from cyto.flags import passing
+from cyto.flags import passing, said
 from cyto.infer.batcher import CellBatcher
 from cyto.infer.finish import Metrics, finish_slide, rank_by
 from cyto.infer.memory import trim_malloc
@@ -247,8 +247,8 @@ def _check_crowding(
             f"{report['median_others_per_crop']:.0f} other detections (nearest neighbours "
             f"{report['median_nn']} {report['nn_unit']} apart), where a cytology smear at the "
             "model's scale shows about one cell per crop. A tissue section? Then pass "
-            "--detection tissue. Otherwise is the slide's resolution wrong? Check --mpp and "
-            "--rescale, or give the nuclei with --nuclei"
+            f"{passing('detection', 'tissue')}. Otherwise is the slide's resolution wrong? Check "
+            f"{said('slide_mpp')} and {said('rescale')}, or give the nuclei with {said('nuclei')}"
         )
     return report
 

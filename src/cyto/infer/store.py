@@ -22,7 +22,7 @@ from pathlib import Path
 from cyto.bundle import atomic_write, sha256_file
 from cyto.detect.morphometry import COLUMNS as MORPHOMETRY_COLUMNS
 from cyto.errors import CytoError, first_line
-from cyto.flags import passing
+from cyto.flags import named, passing
 from cyto.reuse import check_reuse, read_record
 from cyto.slides.base import PLANE_SEP
 from cyto.slides.remote import SlideURL, remote_identity, slide_ref
@@ -31,18 +31,24 @@ from cyto.tables import parquet_file
 PARTIAL = ".partial"
 #: each chunk's bytes and sha256 as written, in ``.partial`` (see :meth:`ChunkStore.write`)
 CHUNKS = "chunks.json"
-#: the fields of a chunk store's key by the user's names (the options keep their flag names)
-STORE_KEY_NAMES = {
-    "model": "MODEL (its manifest)",
-    "slide": "the slide's (or a plane's) file content:",
-    "options": "",
-    "tiles": "the tile list's length",
-    "columns": "the table layout (an older cyto)",
-    "rank_by": "--rank-by",
-    "nuclei_file": "the --nuclei file's content",
-    "data": "the images of DATA (added, removed or changed)",
-    "sharpness": "the crops' sharpness measured (--adequacy none does not)",
-}
+
+
+def store_key_names() -> dict[str, str]:
+    """The fields of a chunk store's key by the user's names, in the caller's words when the
+    resume is refused (an option, ``rank_by`` or those under ``options``, keeps its own name:
+    :func:`cyto.flags.named`, ``--rank-by`` at the command line, ``rank_by`` from Python)."""
+    return {
+        "model": "MODEL (its manifest)",
+        "slide": "the slide's (or a plane's) file content:",
+        "options": "",
+        "tiles": "the tile list's length",
+        "columns": "the table layout (an older cyto)",
+        "nuclei_file": f"the {named('nuclei')} file's content",
+        "data": "the images of DATA (added, removed or changed)",
+        "sharpness": f"the crops' sharpness measured ({passing('adequacy', 'none')} does not)",
+    }
+
+
 _CHUNK = re.compile(r"^chunk-(\d+)-(\d+)\.parquet$")
 
 
@@ -76,8 +82,10 @@ def slide_identity(path: Path, block: int = 1 << 16, samples: int = 32) -> str:
 
 def file_identity(path: Path | None) -> str | None:
     """:func:`slide_identity` of a side file, None when none is given or it cannot be read
-    (a missing file fails on its own, by name, where it is read)."""
-    if path is None:
+    (a missing file fails on its own, by name, where it is read). A side file is a file: a
+    folder given for one is not hashed as a DICOM slide (it was refused as a bad slide, naming
+    neither ``--truth`` nor ``--nuclei``); it fails where it is read, as what it was given for."""
+    if path is None or not Path(path).is_file():
         return None
     try:
         return slide_identity(Path(path))
@@ -142,7 +150,7 @@ class ChunkStore:
 
         state = self.dir / "state.json"
         if resume and state.is_file():
-            reuse = check_reuse(read_record(state), self.key, names=STORE_KEY_NAMES)
+            reuse = check_reuse(read_record(state), self.key, names=store_key_names())
             if reuse.ok:
                 for f in self.dir.glob("*.tmp"):
                     f.unlink()

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 
 from cyto.errors import ConfigError, DeviceError
+from cyto.flags import passing
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
 
@@ -59,14 +60,16 @@ def resolve_device(device: str) -> str:
     if kind == "cpu":
         return "cpu"
     if not cuda_available():
-        raise DeviceError(f"--device {device} asked for, but no CUDA GPU is available here")
+        raise DeviceError(
+            f"{passing('device', device)} asked for, but no CUDA GPU is available here"
+        )
     import torch
 
     index = index or 0
     count = torch.cuda.device_count()
     if index >= count:
         raise DeviceError(
-            f"--device {device} asked for, but this machine has {count} CUDA GPU(s) "
+            f"{passing('device', device)} asked for, but this machine has {count} CUDA GPU(s) "
             f"(cuda:0 to cuda:{count - 1})"
         )
     return f"cuda:{index}"

@@ -16,20 +16,60 @@ for, and never an int8, fp16 or bf16 network unless that precision (or ``auto``)
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
+import inspect
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 
 from cyto.bundle import PRECISIONS, Bundle, GraphSpec, ModelSpec, load_bundle
 from cyto.errors import ConfigError, CytoError, ScaleWarning
+from cyto.flags import Range, passing, said
 from cyto.runtime.backends import CHOICES, Backend
 from cyto.runtime.devices import resolve_device
 from cyto.runtime.heads import Head, head_for
 from cyto.runtime.machine import graph_for
 from cyto.runtime.verify import Golden, Verification, export_hint
+
+if TYPE_CHECKING:  # patches are what np.asarray takes; the method checks them (read as Any)
+    from numpy.typing import ArrayLike
+
+#: what a closed scorer answers, whatever its backend
+CLOSED = "this scorer was closed: load it again with cyto.load_model"
+
+
+def _open_method(method: Callable) -> Callable:
+    """A public method of a :class:`Scorer`: refused on a closed scorer (one line, whatever its
+    backend: each backend let its session go in its own way), and its arguments bound through
+    the schema of the public calls (:func:`cyto.flags.bind_call`), so a wrong keyword or type is
+    one :class:`ConfigError` line in a Python caller's words, never Python's ``TypeError``."""
+    # the method as the caller sees it: named Scorer.score, without self
+    view = functools.wraps(method)(lambda *args, **kwargs: None)
+    view.__signature__ = inspect.signature(method).replace(
+        parameters=list(inspect.signature(method).parameters.values())[1:]
+    )
+    view.__name__ = f"Scorer.{method.__name__}"
+
+    @functools.wraps(method)
+    def call(self: Scorer, *args: Any, **kwargs: Any) -> Any:
+        from cyto.flags import bind_call, python_words
+
+        if self._closed:
+            raise ConfigError(CLOSED)
+        with python_words(view.__name__):  # only the binding: the body keeps its caller's words
+            bound = bind_call(view, args, kwargs)
+        return method(self, *bound.args, **bound.kwargs)
+
+    return call
+
+
+#: a network call's cells (the backend may take fewer at a time)
+BatchSize = Annotated[int, Range(1, None)]
 
 
 @dataclass
@@ -47,6 +87,8 @@ class Scorer:
     golden: Golden | None = None
     #: whether patches of another side than the model's crops were said (once per scorer)
     _said_side: bool = field(default=False, repr=False, compare=False)
+    #: whether :meth:`close` let the backend go (its methods then refuse: :data:`CLOSED`)
+    _closed: bool = field(default=False, repr=False, compare=False)
 
     @property
     def spec(self) -> ModelSpec:
@@ -66,13 +108,12 @@ class Scorer:
         graph = getattr(self.backend, "graph", None)
         return graph.file if graph is not None else None
 
+    @_open_method
     def score(
-        self, images: np.ndarray, batch_size: int = 64, progress: str | None = None
+        self, images: ArrayLike, batch_size: BatchSize = 64, progress: str | None = None
     ) -> np.ndarray:
         """(N,) float64 scores of uint8 (N, H, W, 3) patches, ``batch_size`` per network call;
         with ``progress``, a progress bar of that name advances after each call."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size= must be an int >= 1, got {batch_size!r}")
         images = np.asarray(images)
         if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
             raise ConfigError(
@@ -124,12 +165,11 @@ class Scorer:
         """Whether the backend runs on tensors already on its device (PyTorch, TensorRT)."""
         return hasattr(self.backend, "run_tensor")
 
-    def score_tensor(self, crops, batch_size: int = 64) -> np.ndarray:
+    @_open_method
+    def score_tensor(self, crops, batch_size: BatchSize = 64) -> np.ndarray:
         """(N,) float64 scores of a uint8 (N, H, W, 3) torch tensor. On the backend's device
         the network and the head's torch finish both run there, and only the scores come
         back; a backend that takes host arrays (ONNX Runtime) gets the crops copied to it."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size= must be an int >= 1, got {batch_size!r}")
         if not self.takes_tensors or crops.device.type != self.backend.dev.type:
             return self.score(crops.cpu().numpy(), batch_size)
         if len(crops) == 0:
@@ -142,12 +182,14 @@ class Scorer:
         ]
         return torch.cat(parts).to(torch.float64).cpu().numpy()
 
-    def raw(self, images: np.ndarray, batch_size: int = 64) -> list[np.ndarray]:
+    @_open_method
+    def raw(self, images: ArrayLike, batch_size: BatchSize = 64) -> list[np.ndarray]:
         """The network's output per batch (for parity checks)."""
         return [
             self.backend.run(images[i : i + batch_size]) for i in range(0, len(images), batch_size)
         ]
 
+    @_open_method
     def warm(self) -> None:
         """Run one blank cell through the backend and the head, so that the first batch of a
         slide pays only for itself. The head's numba kernel loads in its first call (1-2 s in a
@@ -172,7 +214,11 @@ class Scorer:
         return f"{text} ({self.precision}{f', {graph}' if graph else ''})"
 
     def close(self) -> None:
-        self.backend.close()
+        """Let the backend's session and memory go; the scorer's methods then refuse
+        (:data:`CLOSED`). Closing twice is closing once."""
+        if not self._closed:
+            self._closed = True
+            self.backend.close()
 
 
 def _has_onnxruntime() -> bool:
@@ -201,7 +247,7 @@ def make_backend(
     ``graph``: for ONNX Runtime or OpenVINO on the CPU, another form of ``precision`` than this
     CPU's default (:func:`other_cpu_int8`)."""
     if name in ("trt", "onnx-trt") and device == "cpu":
-        raise ConfigError(f"the {name} backend runs on CUDA only: use --device cuda")
+        raise ConfigError(f"the {name} backend runs on CUDA only: use {passing('device', 'cuda')}")
     if name in ("onnx", "onnx-trt"):
         from cyto.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
@@ -217,8 +263,9 @@ def make_backend(
         return OpenVinoBackend(bundle, device, precision, threads, graph=graph)
     if precision == "bf16":
         raise ConfigError(
-            f"--precision bf16 runs in OpenVINO on the CPU, not in {name}: use --backend "
-            "openvino --device cpu (or --backend auto)"
+            f"{passing('precision', 'bf16')} runs in OpenVINO on the CPU, not in {name}: use "
+            f"{passing('backend', 'openvino')} and {passing('device', 'cpu')} "
+            f"(or {passing('backend', 'auto')})"
         )
     if name == "trt":
         from cyto.runtime.backends.tensorrt import TensorRTBackend
@@ -243,8 +290,8 @@ def ort_cuda_left_out(bundle: Bundle, precision: str, graph: GraphSpec) -> str |
     if precision == "int8":
         return (
             "ONNX Runtime's CUDA provider with the int8 graph (TensorRT's Q/DQ form) was not "
-            "measured faster than fp16: auto leaves it out (--backend onnx --precision int8 "
-            "runs it)"
+            "measured faster than fp16: auto leaves it out "
+            f"({passing('backend', 'onnx')} and {passing('precision', 'int8')} run it)"
         )
     rotated = any(v.startswith("rot") for v in bundle.spec.tta_views)
     if precision == "fp16" and rotated and "GridSample" not in graph.float32_ops:
@@ -497,7 +544,7 @@ def load_scorer(
         scorer = Scorer(bundle, head, chosen, notes, golden=golden)
         if not verify:
             scorer.verification = Verification(
-                "skipped", "verification turned off by the user (--skip-verify)"
+                "skipped", f"verification turned off by the user ({passing('verify', False)})"
             )
             scorer.warm()
             return scorer
@@ -543,8 +590,8 @@ def load_scorer(
         raise VerificationError(
             f"{bundle.path}: nothing here reproduces the bundle's golden cells; "
             + "; ".join(failures)
-            + f" (gate: {check.record.get('gate')}). Use another --precision or --backend, or "
-            "--skip-verify to score anyway (recorded)"
+            + f" (gate: {check.record.get('gate')}). Use another {said('precision')} or "
+            f"{said('backend')}, or {passing('verify', False)} to score anyway (recorded)"
         )
     if precision != "fp32" and graph_for(bundle.spec, precision, device) is None:
         raise ConfigError(

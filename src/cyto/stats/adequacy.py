@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from cyto.errors import ConfigError
-from cyto.flags import said
+from cyto.flags import passing, said
 
 SATISFACTORY, LIMITED, UNSATISFACTORY = "satisfactory", "limited", "unsatisfactory"
 RESULTS = (SATISFACTORY, LIMITED, UNSATISFACTORY)
@@ -197,29 +197,29 @@ def read_rule(path: Path) -> AdequacyRule:
     """A rule from a TOML file's ``[adequacy]`` table (``base = "PRESET"`` to override one)."""
     import tomllib
 
+    given = passing("adequacy", Path(path))  # --adequacy PATH, or adequacy='PATH' from Python
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ConfigError(f"--adequacy {path}: cannot read it ({exc.strerror or exc})") from exc
+        raise ConfigError(f"{given}: cannot read it ({exc.strerror or exc})") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--adequacy {path}: not a TOML file ({exc})") from exc
+        raise ConfigError(f"{given}: not a TOML file ({exc})") from exc
     table = data.get("adequacy")
     if not isinstance(table, dict):
-        raise ConfigError(f"--adequacy {path}: no [adequacy] table (see docs/how-to/adequacy.md)")
+        raise ConfigError(f"{given}: no [adequacy] table (see docs/how-to/adequacy.md)")
     table = dict(table)
     base_name = table.pop("base", None)
     known = {f.name for f in fields(AdequacyRule)} - {"sources"}
     unknown = sorted(set(table) - known)
     if unknown:
         raise ConfigError(
-            f"--adequacy {path}: unknown key(s) {', '.join(unknown)}; known: "
-            f"base, {', '.join(sorted(known))}"
+            f"{given}: unknown key(s) {', '.join(unknown)}; known: base, {', '.join(sorted(known))}"
         )
     if base_name is not None:
         base = PRESETS.get(base_name) if isinstance(base_name, str) else None
         if base is None:
             names = ", ".join(k for k, v in PRESETS.items() if v is not None)
-            raise ConfigError(f"--adequacy {path}: base must be one of {names}, got {base_name!r}")
+            raise ConfigError(f"{given}: base must be one of {names}, got {base_name!r}")
     else:
         base = AdequacyRule(Path(path).stem)
     # a number a file states is the file's, not the preset's source
@@ -233,7 +233,7 @@ def read_rule(path: Path) -> AdequacyRule:
     try:
         return replace(base, **table, sources=sources)
     except ConfigError as exc:  # a bad value: said with the file it is in
-        raise ConfigError(f"--adequacy {path}: {exc}") from exc
+        raise ConfigError(f"{given}: {exc}") from exc
 
 
 def judge(rule: AdequacyRule, m: dict) -> dict:

@@ -17,6 +17,7 @@ import numpy as np
 
 from cyto.bundle import Bundle, GraphSpec
 from cyto.errors import BundleError, DeviceError, MissingDependencyError
+from cyto.flags import passing
 from cyto.runtime.machine import graph_for
 
 CPU, CUDA, TRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
@@ -91,8 +92,9 @@ def tensorrt_provider_mismatch() -> str | None:
         return None
     return (
         f"onnxruntime-gpu's TensorRT provider is built for TensorRT {linked}, but TensorRT "
-        f"{have} is installed: --backend onnx-trt cannot load here. Use --backend trt (cyto's "
-        f"own TensorRT engines), or install TensorRT {linked} (pip install 'cyto[gpu]')"
+        f"{have} is installed: {passing('backend', 'onnx-trt')} cannot load here. Use "
+        f"{passing('backend', 'trt')} (cyto's own TensorRT engines), or install TensorRT "
+        f"{linked} (pip install 'cyto[gpu]')"
     )
 
 
@@ -129,8 +131,8 @@ def tensorrt_libraries_missing() -> str | None:
 def _tensorrt_remedy(linked: int | None) -> str:
     version = f" {linked}" if linked else ""
     return (
-        f"install TensorRT{version} (pip install 'cyto[gpu]'), or use --backend onnx (its CUDA "
-        "provider)"
+        f"install TensorRT{version} (pip install 'cyto[gpu]'), or use "
+        f"{passing('backend', 'onnx')} (its CUDA provider)"
     )
 
 

@@ -220,14 +220,15 @@ class OpenVinoBackend:
             )
         if precision not in PRECISIONS:
             raise ConfigError(
-                f"the openvino backend runs {', '.join(PRECISIONS)}; --precision {precision} "
-                "runs through ONNX Runtime or TensorRT"
+                f"the openvino backend runs {', '.join(PRECISIONS)}; "
+                f"{passing('precision', precision)} runs through ONNX Runtime or TensorRT"
             )
         require_openvino()
         if precision == "bf16" and "bf16" not in precisions_here():
             raise DeviceError(
-                "--precision bf16 needs a CPU with AMX or AVX512-BF16: OpenVINO reports "
-                f"{', '.join(cpu_capabilities())} here; use --precision fp32 or int8"
+                f"{passing('precision', 'bf16')} needs a CPU with AMX or AVX512-BF16: OpenVINO "
+                f"reports {', '.join(cpu_capabilities())} here; use "
+                f"{passing('precision', 'fp32')} or {passing('precision', 'int8')}"
             )
         graph = graph or graph_for_openvino(bundle, precision)
         if graph is None:
@@ -272,7 +273,8 @@ class OpenVinoBackend:
         got, want = self._computes_in(), INFERENCE_PRECISION[precision]
         if got != want:  # never a silent change of precision
             raise DeviceError(
-                f"OpenVINO compiled {graph.file} in {got}, not {want} (--precision {precision})"
+                f"OpenVINO compiled {graph.file} in {got}, not {want} "
+                f"({passing('precision', precision)})"
             )
         self.requests = [self.compiled.create_infer_request() for _ in range(self.streams)]
         # the output axis that indexes cells, along which the streams' parts are joined
