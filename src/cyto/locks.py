@@ -66,6 +66,24 @@ def another_out() -> str:
     return f"give another {said('out')}"
 
 
+@contextlib.contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on the folder ``folder`` itself for the block (no lock file is
+    left beside what it guards): one writer at a time of what is made in it; unlocked where
+    the file system cannot lock."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        flock_or_not(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
 class OutputLock:
     """One writer per output folder (see the module docstring): ``command`` names the kind of
     run in the refusal, ``instead`` what the user can do about it (None: give another output,

@@ -171,8 +171,6 @@ def check_out_file(out: Path, field: str = "out") -> None:
     """A file ``out`` (the option ``field``) that can be written, checked before any work: a
     folder given for it, or a missing or read-only folder above it, used to end in a traceback
     after the scoring. Named in the caller's words (``--out PATH``, ``out='PATH'``)."""
-    from cyto.cohort.local import check_writable
-
     out = Path(out)
     given = passing(field, out)
     if out.is_dir():
@@ -180,3 +178,23 @@ def check_out_file(out: Path, field: str = "out") -> None:
             f"{given} is a folder; give a file name, e.g. {out / 'scores.parquet'}"
         )
     check_writable(out.parent, flag=f"{given}:")
+
+
+def check_writable(out: Path, flag: str | None = None) -> None:
+    """``out``, or the nearest folder above it that exists, must take new files: a read-only
+    --out used to fail on its lock file with a traceback after the slides were scored."""
+    import os
+
+    here = Path(out).absolute()
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    from cyto.errors import OutputWriteError
+    from cyto.flags import passing
+
+    where = flag or f"{passing('out', out)}:"
+    if not here.is_dir():
+        raise OutputWriteError(f"cannot write {where.rstrip(':')}: {here} is a file, not a folder")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise OutputWriteError(
+            f"{where} {here} is read-only for this user; give a folder you can write to"
+        )

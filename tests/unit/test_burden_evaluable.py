@@ -178,13 +178,15 @@ def test_cyto_calibrate_keeps_each_cells_evaluable_mark_with_its_score(tmp_path,
         for i, (p, m) in enumerate(zip(parts, marks, strict=True))
     ]
     saved = {}
-    bundle = SimpleNamespace(method="dsvdd", scoring_id="m1", path=tmp_path / "m.cyto")
+    bundle = SimpleNamespace(
+        method="dsvdd", scoring_id="m1", path=tmp_path / "m.cyto", manifest={"files": {}}
+    )
     bundle.path.mkdir()
 
     def add_files(path, files, manifest):
         name = calibrate.CALIBRATION_FILE
         (bundle.path / name).write_bytes(Path(files[name]).read_bytes())
-        saved.update(manifest)
+        saved.update(manifest(bundle.manifest) if callable(manifest) else manifest)
 
     monkeypatch.setattr(calibrate, "load_bundle", lambda *a, **k: bundle)
     monkeypatch.setattr(calibrate, "add_files", add_files)

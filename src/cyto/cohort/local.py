@@ -11,7 +11,6 @@ from cyto.errors import (
     CytoError,
     InputPathError,
     OutputBusyError,
-    OutputWriteError,
     SlideFailedError,
 )
 from cyto.infer import ScoreOptions, score_slide
@@ -21,6 +20,7 @@ from cyto.infer.outputs import read_truth
 from cyto.infer.plan import NO_MODEL_MPP
 from cyto.infer.store import PARTIAL, slide_identity
 from cyto.location import OutputLocation, output_location
+from cyto.outputs_check import check_writable
 from cyto.runtime import Scorer, load_scorer
 from cyto.slides.base import printable
 from cyto.slides.remote import SlideURL, slide_ref
@@ -184,34 +184,6 @@ def stage(where: OutputLocation, slides: list[Path]) -> None:
 def check_out_folder(out: Path) -> None:
     if Path(out).exists() and not Path(out).is_dir():
         raise InputPathError(f"--out {out} is a file; give a folder (it is created if missing)")
-
-
-def check_out_file(out: Path, flag: str = "--out") -> None:
-    """A file ``out`` that can be written, checked before any work: a folder given as --out, or
-    a missing or read-only folder above it, used to end in a traceback after the scoring."""
-    out = Path(out)
-    if out.is_dir():
-        raise InputPathError(
-            f"{flag} {out} is a folder; give a file name, e.g. {out / 'scores.parquet'}"
-        )
-    check_writable(out.parent, flag=f"{flag} {out}:")
-
-
-def check_writable(out: Path, flag: str | None = None) -> None:
-    """``out``, or the nearest folder above it that exists, must take new files: a read-only
-    --out used to fail on its lock file with a traceback after the slides were scored."""
-    import os
-
-    here = Path(out).absolute()
-    while not here.exists() and here != here.parent:
-        here = here.parent
-    where = flag or f"--out {out}:"
-    if not here.is_dir():
-        raise OutputWriteError(f"cannot write {where.rstrip(':')}: {here} is a file, not a folder")
-    if not os.access(here, os.W_OK | os.X_OK):
-        raise OutputWriteError(
-            f"{where} {here} is read-only for this user; give a folder you can write to"
-        )
 
 
 def check_inputs(out: Path, opts: ScoreOptions) -> None:

@@ -129,14 +129,15 @@ def write_patches(out: Path, config: PatchSynthConfig, overwrite: bool = False) 
     The folder is written under a temporary name and renamed when complete, so an interrupted run
     never leaves a dataset that looks finished.
     """
-    from cyto.locks import file_lock
+    from cyto.locks import folder_lock
 
     out = Path(out)
     refuse_to_replace(out, overwrite, known=patch_names())
     out.parent.mkdir(parents=True, exist_ok=True)
-    # one run at a time draws into ``out``: another one waits, then finds the dataset this
-    # one wrote and is refused as a later run is (both said "wrote", one dataset was lost)
-    with file_lock(out.parent / f".{out.name}.lock"):
+    # one run at a time draws into the folder above ``out``: another one waits, then finds
+    # the dataset this one wrote and is refused as a later run is (both said "wrote", one
+    # dataset was lost); no lock file is left beside the dataset
+    with folder_lock(out.parent):
         refuse_to_replace(out, overwrite, known=patch_names())
         return _write_patches(out, config)
 
