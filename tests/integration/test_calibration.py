@@ -225,6 +225,12 @@ def test_calibrate_refuses_what_cannot_calibrate(cohort, tmp_path):
     assert whole.returncode == 2 and len(whole.stderr.strip().splitlines()) == 1, whole.stderr
     assert "holds the scores of 3 slide(s) (neg0, neg1, neg2)" in whole.stderr
     assert "never the whole folder" in whole.stderr
+    # a slide given for its scores (the natural mistake) is said to be one, to be scored first
+    # (it was "the file is corrupted"; issue 68, hostile round 3)
+    slide = run_cyto("calibrate", str(model), str(cohort["negs"][1]))
+    assert slide.returncode == 2 and len(slide.stderr.strip().splitlines()) == 1, slide.stderr
+    assert "neg1.ndpi is a slide, not a score table: score it first (cyto score" in slide.stderr
+    assert "corrupted" not in slide.stderr and "/neg1 or its scores.parquet" in slide.stderr
     empty = run_cyto("calibrate", str(model), str(tmp_path))
     assert empty.returncode == 2 and "a folder without scores.parquet" in empty.stderr
     table = pq.read_table(t0)

@@ -227,6 +227,14 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
     try:
         table = read_table(path)
     except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+        from cyto.slides.readers import SLIDE_SUFFIXES
+
+        if path.suffix.lower() in SLIDE_SUFFIXES:  # the natural mistake: the slide, unscored
+            raise ConfigError(
+                f"{path} is a slide, not a score table: score it first (cyto score {path} "
+                f"--model {bundle.path} --out DIR), then give DIR/{path.stem} or its "
+                "scores.parquet"
+            ) from exc
         raise ConfigError(f"{path} is not a readable Parquet score table ({exc})") from exc
     if "score" not in table.column_names:
         raise ConfigError(f"{path} has no 'score' column: pass scores.parquet from cyto score")
