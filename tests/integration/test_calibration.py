@@ -332,3 +332,33 @@ def test_two_calibrations_of_one_bundle_at_once_leave_one_whole(cohort, tmp_path
     manifest = verify_bundle(model)
     assert len(manifest["calibration"]["slides"]) == 3
     assert [p.name for p in tmp_path.rglob("*.partial")] == []
+
+
+def test_a_damaged_calibration_is_replaced_by_the_calibrate_its_checksum_error_names(
+    cohort, tmp_path
+):
+    """Failed before: the line advised 're-export or retrain', and cyto calibrate --overwrite
+    refused with the same line (issue 68, hostile round 3): the command advised now repairs it,
+    a removed calibration alike."""
+    root = cohort["root"]
+    model = tmp_path / "c.cyto"
+    shutil.copytree(cohort["model"], model)
+    tables = [str(root / "negs" / f"neg{i}") for i in range(3)]
+    assert run_cyto("calibrate", str(model), *tables).returncode == 0
+    cal = model / "calibration.npz"
+    z = dict(np.load(cal))
+    z["scores"] = z["scores"] * 0.5
+    np.savez(cal, **z)
+    info = run_cyto("info", str(model))
+    assert info.returncode != 0 and "calibration.npz does not match its checksum" in info.stderr
+    assert f"calibrate it again: cyto calibrate {model} NEGATIVE_SCORES... --overwrite" in (
+        info.stderr
+    )
+    proc = run_cyto("calibrate", str(model), *tables, "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert run_cyto("info", str(model)).returncode == 0
+    cal.unlink()
+    info = run_cyto("info", str(model))
+    assert "calibration.npz is missing" in info.stderr and "--overwrite" in info.stderr
+    assert run_cyto("calibrate", str(model), *tables, "--overwrite").returncode == 0
+    assert run_cyto("info", str(model)).returncode == 0

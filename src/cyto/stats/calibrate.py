@@ -23,7 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.bundle import CALIBRATION_FILE, CALIBRATION_QUANTILES, add_files, load_bundle
+from cyto.bundle import (
+    CALIBRATION_FILE,
+    CALIBRATION_QUANTILES,
+    add_files,
+    load_bundle,
+    rewriting,
+)
 from cyto.errors import ConfigError, CytoError, InputPathError
 from cyto.outputs_check import refuse_to_replace
 from cyto.stats import conformal
@@ -347,7 +353,9 @@ def calibrate_from_tables(
             f"--normalize must be one of {', '.join(conformal.NORMALIZATIONS)}, "
             f"got {normalization!r}"
         )
-    bundle = load_bundle(Path(model), weights=False)
+    # --overwrite replaces the calibration: a damaged or missing one is what it repairs
+    with rewriting([CALIBRATION_FILE] if overwrite else []):
+        bundle = load_bundle(Path(model), weights=False)
     if not tables:
         raise ConfigError("give at least one scores.parquet of a slide-negative slide")
     parts, evaluable, metas, names, seen = [], [], [], [], []
