@@ -237,7 +237,7 @@ def test_a_moved_cohort_folder_reused_names_the_folder_it_is_in_now(calibrated, 
     """Failed before: the slide's line named the folder the summary was written in (issue 68,
     hostile round 3: '... cells -> OLD/s1' while cohort.csv named NEW/s1)."""
     from cyto.cohort import score_cohort
-    from cyto.cohort.run import as_found, slide_line
+    from cyto.cohort.run import slide_line
     from cyto.view.folder import view_words
 
     model, slide, scored, opts = calibrated
@@ -249,5 +249,7 @@ def test_a_moved_cohort_folder_reused_names_the_folder_it_is_in_now(calibrated, 
     line = slide_line(summary, out)
     assert line.endswith(f"-> {out.resolve() / 's1'}") or f"-> {out.resolve() / 's1'};" in line
     assert str(scored) not in line, line
+    from cyto.cohort.run import as_found  # what cyto score prints its other lines from
+
     assert str(scored) not in view_words([as_found(summary, out)], out)
     assert _rows(out)[0]["output"] == str(out.resolve() / "s1")
