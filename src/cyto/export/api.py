@@ -76,8 +76,9 @@ def _rewritten(manifest: dict | None, onnx: bool, precisions) -> set[str]:
     names = {ONNX_FILE, GOLDEN_FILE} if onnx else set()
     asked = {p for p in precisions if p not in ("fp32", "bf16")}
     for key, entry in _graph_entries(manifest).items():
-        if key != "fp32" and str(entry.get("precision", key)).split("-")[0] in asked:
-            names.add(entry.get("file"))
+        made = str(entry.get("precision", key)).split("-")[0]  # int8-cpu: an int8 form
+        if key != "fp32" and entry.get("file") and made in asked:
+            names.add(entry["file"])
     return names
 
 

@@ -23,13 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.bundle import (
-    CALIBRATION_FILE,
-    CALIBRATION_QUANTILES,
-    add_files,
-    load_bundle,
-    rewriting,
-)
+from cyto.bundle import CALIBRATION_FILE, CALIBRATION_QUANTILES, add_files, load_bundle
 from cyto.errors import ConfigError, CytoError, InputPathError
 from cyto.outputs_check import refuse_to_replace
 from cyto.stats import conformal
@@ -353,6 +347,8 @@ def calibrate_from_tables(
             f"--normalize must be one of {', '.join(conformal.NORMALIZATIONS)}, "
             f"got {normalization!r}"
         )
+    from cyto.bundle import rewriting
+
     # --overwrite replaces the calibration: a damaged or missing one is what it repairs
     with rewriting([CALIBRATION_FILE] if overwrite else []):
         bundle = load_bundle(Path(model), weights=False)
