@@ -247,7 +247,7 @@ def test_a_moved_cohort_folder_reused_names_the_folder_it_is_in_now(calibrated, 
     [summary], _ = score_cohort([slide], model, out, opts, said.append)
     assert any("already scored" in m for m in said), said
     line = slide_line(summary, out)
-    assert line.endswith(f"-> {out.resolve() / 's1'}") or f"-> {out.resolve() / 's1'};" in line
+    assert line.endswith(f"-> {out / 's1'}") or f"-> {out / 's1'};" in line, line
     assert str(scored) not in line, line
     from cyto.cohort.run import as_found  # what cyto score prints its other lines from
 

@@ -115,7 +115,7 @@ def as_found(summary: dict, out) -> dict:
 
     if not summary.get(REUSED) or not summary.get("output"):
         return summary
-    home = Path(getattr(out, "local", out)).resolve()
+    home = Path(getattr(out, "local", out))
     return {**summary, "output": shown(home / Path(str(summary["output"])).name)}
 
 
