@@ -10,6 +10,7 @@ refuses anything that does not match. Nothing is ever unpickled.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import hashlib
 import json
@@ -17,7 +18,7 @@ import os
 import platform
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -514,20 +515,64 @@ def verify_bundle(path: Path) -> dict[str, Any]:
         return _verified(path)
 
 
-def _verified(path: Path) -> dict[str, Any]:
+#: the bundle files the step running now writes again (cyto export its graphs and golden
+#: cells, cyto calibrate --overwrite the calibration): a damaged or missing copy of one of them
+#: is no reason to refuse the very step that repairs it (:func:`rewriting`)
+_REWRITING: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "cyto_bundle_rewriting", default=frozenset()
+)
+
+
+@contextlib.contextmanager
+def rewriting(names: Iterable[str]) -> Iterator[None]:
+    """Bundles are loaded, inside, without holding ``names`` to their checksums: the caller
+    writes them again (and :func:`add_files` seals what it writes)."""
+    token = _REWRITING.set(_REWRITING.get() | frozenset(names))
+    try:
+        yield
+    finally:
+        _REWRITING.reset(token)
+
+
+def repair_words(path: Path, name: str, manifest: dict[str, Any]) -> str:
+    """The step that writes the bundle file ``name`` again, which runs on a bundle whose copy
+    of it is damaged or missing (:func:`rewriting`); what was trained cannot be remade."""
+    if name == CALIBRATION_FILE:
+        return f"calibrate it again: cyto calibrate {path} NEGATIVE_SCORES... --overwrite"
+    if name == ONNX_FILE:
+        return f"export it again: cyto export {path}"
+    if name == "golden.npz":  # the cells it held are gone with it: real ones, given again
+        return f"export it again with real cells: cyto export {path} --cells CELLS"
+    made = {e.get("file"): str(e.get("precision", k)) for k, e in _graph_entries(manifest).items()}
+    if name in made:
+        cells = " --calib CELLS" if made[name] == "int8" else ""
+        return f"export it again: cyto export {path} --precision {made[name]}{cells}"
+    return "restore the bundle from a copy, or train it again"
+
+
+def _verified(path: Path, rewritten: frozenset[str] | None = None) -> dict[str, Any]:
+    """The manifest of the bundle at ``path``, every file it lists held to its checksum but
+    ``rewritten`` (None: those of :func:`rewriting`)."""
     manifest = read_manifest(path)
     files = manifest.get("files", {})
+    skip = _REWRITING.get() if rewritten is None else rewritten
     for name, digest in files.items():
         f = path / name
         if Path(name).name != name:
             raise BundleError(f"{path}: manifest lists a file outside the bundle: {name!r}")
+        if name in skip:
+            continue
         if not f.is_file():
-            raise BundleError(f"{path}: {name} is missing (the bundle is incomplete)")
+            raise BundleError(
+                f"{path}: {name} is missing (the bundle is incomplete): "
+                + repair_words(path, name, manifest)
+            )
         actual = sha256_file(f)
         if actual != digest:
             raise BundleError(
                 f"{path}: {name} does not match its checksum (expected {digest[:12]}..., got "
-                f"{actual[:12]}...): the file was changed or corrupted; re-export or retrain"
+                f"{actual[:12]}...): the file was changed or corrupted; "
+                + repair_words(path, name, manifest)
             )
     return manifest
 
@@ -582,7 +627,7 @@ def add_files(
     path = Path(path)
     _manifest_file(path)
     with bundle_lock(path, exclusive=True):
-        manifest = _verified(path)
+        manifest = _verified(path, frozenset(new))  # what is replaced may be damaged
         sealed = SEAL in manifest
         update = manifest_update(manifest) if callable(manifest_update) else manifest_update
         manifest.update(update or {})

@@ -365,7 +365,7 @@ def model_rows(
                         graph=form if len(forms) > 1 else None,  # each CPU int8 form alone
                     )
                 except VerificationError as exc:
-                    row.status, row.detail = FAILED, str(exc)
+                    row.status, row.detail = FAILED, _row_failure(str(exc), bundle.path)
                     if cpu and form is not graph:  # a form this CPU would not take: why
                         row.detail = f"{_not_taken(bundle.spec.graphs, form.file)}{exc}"
                 except CytoError as exc:
@@ -399,6 +399,21 @@ def model_rows(
         except CytoError as exc:
             auto[f"{model} on {device}"] = f"nothing: {exc}"
     return rows, auto, problems
+
+
+def _row_failure(words: str, path) -> str:
+    """A failed verification said of its own row: the scorer's refusal speaks for the whole
+    machine ("nothing here reproduces the bundle's golden cells"), which the table's other rows
+    may contradict (three passed beside a failed bf16 record: issue 68, hostile round 3)."""
+    whole = f"{path}: nothing here reproduces the bundle's golden cells; "
+    if not words.startswith(whole):
+        return words
+    failed = words[len(whole) :].split(". Use another --precision", 1)[0]
+    return (
+        f"this row does not reproduce the bundle's golden cells: {failed}; score with a row "
+        "that passed (its --backend and --precision), or --skip-verify to score anyway "
+        "(recorded)"
+    )
 
 
 def verified_how(v) -> str:

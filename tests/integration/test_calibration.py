@@ -225,6 +225,12 @@ def test_calibrate_refuses_what_cannot_calibrate(cohort, tmp_path):
     assert whole.returncode == 2 and len(whole.stderr.strip().splitlines()) == 1, whole.stderr
     assert "holds the scores of 3 slide(s) (neg0, neg1, neg2)" in whole.stderr
     assert "never the whole folder" in whole.stderr
+    # a slide given for its scores (the natural mistake) is said to be one, to be scored first
+    # (it was "the file is corrupted"; issue 68, hostile round 3)
+    slide = run_cyto("calibrate", str(model), str(cohort["negs"][1]))
+    assert slide.returncode == 2 and len(slide.stderr.strip().splitlines()) == 1, slide.stderr
+    assert "neg1.ndpi is a slide, not a score table: score it first (cyto score" in slide.stderr
+    assert "corrupted" not in slide.stderr and "/neg1 or its scores.parquet" in slide.stderr
     empty = run_cyto("calibrate", str(model), str(tmp_path))
     assert empty.returncode == 2 and "a folder without scores.parquet" in empty.stderr
     table = pq.read_table(t0)
@@ -354,3 +360,34 @@ def test_of_two_calibrations_at_once_without_overwrite_the_second_is_refused(
     with pytest.raises(CytoError, match=r"calibration.npz\) exists \(pass --overwrite"):
         cal.calibrate_from_tables(model, tables)
     assert len(verify_bundle(model)["calibration"]["slides"]) == 2  # the first one's, whole
+
+
+def test_a_damaged_calibration_is_replaced_by_the_calibrate_its_checksum_error_names(
+    cohort, tmp_path
+):
+    """Failed before: the line advised 're-export or retrain', and cyto calibrate --overwrite
+    refused with the same line (issue 68, hostile round 3): the command advised now repairs it,
+    a removed calibration alike."""
+    root = cohort["root"]
+    model = tmp_path / "c.cyto"
+    shutil.copytree(cohort["model"], model)
+    tables = [str(root / "negs" / f"neg{i}") for i in range(3)]
+    # the module's model may be calibrated already (by a test before): replaced, whole
+    assert run_cyto("calibrate", str(model), *tables, "--overwrite").returncode == 0
+    cal = model / "calibration.npz"
+    z = dict(np.load(cal))
+    z["scores"] = z["scores"] * 0.5
+    np.savez(cal, **z)
+    info = run_cyto("info", str(model))
+    assert info.returncode != 0 and "calibration.npz does not match its checksum" in info.stderr
+    assert f"calibrate it again: cyto calibrate {model} NEGATIVE_SCORES... --overwrite" in (
+        info.stderr
+    )
+    proc = run_cyto("calibrate", str(model), *tables, "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert run_cyto("info", str(model)).returncode == 0
+    cal.unlink()
+    info = run_cyto("info", str(model))
+    assert "calibration.npz is missing" in info.stderr and "--overwrite" in info.stderr
+    assert run_cyto("calibrate", str(model), *tables, "--overwrite").returncode == 0
+    assert run_cyto("info", str(model)).returncode == 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import sys
 
@@ -329,3 +330,22 @@ def test_doctor_says_which_verifications_ran_now_and_which_it_read(bundle):
     assert "passed (from the record of " in text
     last = text.splitlines()[-1]
     assert last.startswith("everything asked for runs here (") and "not run now" in last, last
+
+
+def test_doctor_says_a_failed_row_of_that_row_alone(ov_bundle):
+    """A bf16 record edited to fail, beside rows that pass: its line said "nothing here
+    reproduces the bundle's golden cells" (issue 68, hostile round 3); it speaks of its row."""
+    from cyto.doctor import Report, model_rows, render
+
+    model_rows(ov_bundle, ["cpu"], None)  # the records, bf16's among them
+    [record] = [
+        f for f in (ov_bundle / "verified").glob("*.json") if '"precision": "bf16"' in f.read_text()
+    ]
+    record.write_text(re.sub(r'"spearman": 0\.9[0-9]*', '"spearman": 0.5', record.read_text()))
+    rows, auto, problems = model_rows(ov_bundle, ["cpu"], None)
+    text = render(Report(rows=rows, auto=auto, problems=problems))
+    [bf16] = [r for r in rows if r.precision == "bf16"]
+    assert bf16.status == "FAILED" and any(r.status == "passed" for r in rows), text
+    assert "nothing here" not in text, text
+    assert "this row does not reproduce the bundle's golden cells: openvino bf16" in bf16.detail
+    assert "Spearman 0.5000" in bf16.detail and "score with a row that passed" in bf16.detail

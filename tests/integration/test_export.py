@@ -90,6 +90,42 @@ def test_changed_onnx_byte_is_refused(bundles, tmp_path):
         load_scorer(copy, "onnx", "cpu")
 
 
+def test_a_damaged_graph_is_repaired_by_the_export_its_checksum_error_names(
+    exported_dsvdd, synth_patches, tmp_path
+):
+    """Failed before: the line advised 're-export or retrain', and cyto export refused with the
+    same line (issue 68, hostile round 3): the export advised now runs, and repairs it."""
+    from tests.cli_runner import run_cyto
+
+    copy = tmp_path / "d.cyto"
+    shutil.copytree(exported_dsvdd, copy)
+    raw = bytearray((copy / "encoder.onnx").read_bytes())
+    raw[len(raw) // 2] ^= 1
+    (copy / "encoder.onnx").write_bytes(bytes(raw))
+    info = run_cyto("info", str(copy))
+    assert info.returncode != 0 and "does not match its checksum" in info.stderr
+    assert f"export it again: cyto export {copy}" in info.stderr and "retrain" not in info.stderr
+    proc = run_cyto("export", str(copy))
+    assert proc.returncode == 0, proc.stderr
+    assert run_cyto("info", str(copy)).returncode == 0
+    assert load_scorer(copy, "onnx", "cpu").verification.status == "passed"
+    # the golden cells the export wrote: damaged, the same export writes them again
+    raw = bytearray((copy / "golden.npz").read_bytes())
+    raw[len(raw) // 2] ^= 1
+    (copy / "golden.npz").write_bytes(bytes(raw))
+    said = run_cyto("info", str(copy)).stderr
+    assert f"export it again with real cells: cyto export {copy} --cells CELLS" in said
+    proc = run_cyto("export", str(copy), "--cells", str(synth_patches))
+    assert proc.returncode == 0, proc.stderr
+    assert run_cyto("info", str(copy)).returncode == 0
+    # what was trained cannot be made again: a copy of the bundle, or training, is the way back
+    weights = next(copy.glob("weights-*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-4] + b"XXXX")
+    info = run_cyto("info", str(copy))
+    assert "restore the bundle from a copy, or train it again" in info.stderr, info.stderr
+    assert "cyto export" not in info.stderr
+
+
 def test_dsvdd_kernel_equals_the_pytorch_scorer(bundles, patches):
     import torch
 

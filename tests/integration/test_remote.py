@@ -302,6 +302,30 @@ def test_a_server_without_byte_ranges_is_said_so_not_a_changed_object(slide):
     assert "changed" not in said and "--download" in said and "\n" not in said
 
 
+def test_a_server_without_byte_ranges_is_read_through_a_copy_with_download(
+    slide, tmp_path, monkeypatch
+):
+    """The advice of the test above holds: with --download a TIFF from a server that serves no
+    ranges is fetched whole to cyto's cache and read there, the file's pixels (failed before,
+    issue 68, hostile round 3: --download gave the very same error)."""
+    from cyto.slides.remote import SlideURL
+
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    with fault_server(slide.read_bytes(), "no-ranges") as server:
+        url = f"{server.url}/whole.tif"
+        remote = open_slide(SlideURL(url, download=True))
+        local = open_slide(slide)
+        try:
+            assert str(remote.info.path) == url
+            w, h = local.info.level_dims[0]
+            assert np.array_equal(remote.read_region(0, 0, w, h), local.read_region(0, 0, w, h))
+        finally:
+            remote.close()
+            local.close()
+    copies = list((tmp_path / "cache" / "remote").rglob("whole.tif"))
+    assert len(copies) == 1 and copies[0].read_bytes() == slide.read_bytes()
+
+
 @pytest.mark.parametrize(
     "body, said",
     [

@@ -442,6 +442,20 @@ def test_score_says_when_the_cells_are_at_another_scale(tmp_path, synth_patches)
             true_mpp = mpp / 0.6
             est = float(re.search(r"as if at about ([0-9.]+[0-9])", said).group(1))
             assert true_mpp * 0.8 < est < true_mpp * 1.1
+    # the slide at the training scale cut with half the model's crop side: its cells look twice
+    # as large, and the warning names --patch-size, not the slide's resolution (it said "is its
+    # resolution right? ... pass its true --mpp"; issue 68, hostile round 3)
+    from cyto.bundle import load_bundle
+    from cyto.infer.options import DEFAULT_PATCH
+
+    half = (load_bundle(bundle, weights=False).spec.patch_px or DEFAULT_PATCH) // 2
+    same = tmp_path / "same.tif"
+    proc = score_cli(same, bundle, tmp_path / "cut", "--workers", "0", "--patch-size", str(half))
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "the cells of same.tif look" in said, said
+    assert "larger" in said and f"--patch-size {half} cuts crops 0.5x the side" in said, said
+    assert "leave out --patch-size" in said and "resolution" not in said and "--mpp" not in said
+    assert f"--patch-size {half} cuts them unlike the model's {2 * half} px crops" in said
 
 
 def test_the_scoring_loop_trims_malloc_as_it_goes(model, slide, tmp_path, monkeypatch):

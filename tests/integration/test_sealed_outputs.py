@@ -231,3 +231,25 @@ def test_view_review_and_calibrate_refuse_or_ignore_a_forged_folder(calibrated, 
     (folder / "seal.json").unlink()
     with pytest.raises(ConfigError, match="carry no seal"):
         ViewSlide(folder)
+
+
+def test_a_moved_cohort_folder_reused_names_the_folder_it_is_in_now(calibrated, tmp_path):
+    """Failed before: the slide's line named the folder the summary was written in (issue 68,
+    hostile round 3: '... cells -> OLD/s1' while cohort.csv named NEW/s1)."""
+    from cyto.cohort import score_cohort
+    from cyto.cohort.run import slide_line
+    from cyto.view.folder import view_words
+
+    model, slide, scored, opts = calibrated
+    out = tmp_path / "moved"
+    shutil.copytree(scored, out)
+    said: list[str] = []
+    [summary], _ = score_cohort([slide], model, out, opts, said.append)
+    assert any("already scored" in m for m in said), said
+    line = slide_line(summary, out)
+    assert line.endswith(f"-> {out / 's1'}") or f"-> {out / 's1'};" in line, line
+    assert str(scored) not in line, line
+    from cyto.cohort.run import as_found  # what cyto score prints its other lines from
+
+    assert str(scored) not in view_words([as_found(summary, out)], out)
+    assert _rows(out)[0]["output"] == str(out.resolve() / "s1")

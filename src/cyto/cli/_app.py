@@ -126,7 +126,8 @@ Download = Annotated[
     bool,
     typer.Option(
         help="URL slides in a format read from a local file (OpenSlide's vendors, DICOM "
-        "files) are fetched to cyto's cache first; TIFFs are always read in place.",
+        "files), and any slide of a server that serves no byte ranges, are fetched to cyto's "
+        "cache first; other TIFFs are read in place.",
     ),
 ]
 

@@ -342,7 +342,7 @@ def score_cmd(
     --fdr-confidence 0.9 holds it for this calibration with probability 0.9.
     """
 
-    from cyto.cohort.run import refuse_resume_and_overwrite, run_cohort, slide_line
+    from cyto.cohort.run import as_found, refuse_resume_and_overwrite, run_cohort, slide_line
     from cyto.infer import ScoreOptions
     from cyto.infer.options import check_rank_by, detection_for
     from cyto.infer.qupath import qupath_words
@@ -430,6 +430,7 @@ def score_cmd(
         part_tiles=ray_part_tiles,
         overwrite=overwrite,
     )
+    done = [as_found(s, out) for s in done]  # a reused slide's: where it is now
     for s in done:
         typer.echo(slide_line(s, out))
     opened = qupath_words(done)

@@ -106,9 +106,22 @@ def refuse_finished(folder: Path, slide_name: str, overwrite: bool) -> None:
     )
 
 
+def as_found(summary: dict, out) -> dict:
+    """``summary`` naming the folder under ``out`` (a folder, or an :class:`OutputLocation`) it
+    was found in: a reused slide's summary records the folder it was written in, which a copied
+    or moved cohort folder no longer is (its row in cohort.csv is taken by the folder's name
+    under OUT, the same rule)."""
+    from cyto.location import shown
+
+    if not summary.get(REUSED) or not summary.get("output"):
+        return summary
+    home = Path(getattr(out, "local", out))
+    return {**summary, "output": shown(home / Path(str(summary["output"])).name)}
+
+
 def slide_line(summary: dict, out: Path) -> str:
     """A scored slide in one line: cells, time, rates, where it went, its burden and truth."""
-    s = summary
+    s = as_found(summary, out)
     where = s.get("output") or Path(str(out)) / Path(s["slide"]).stem
     if s.get(REUSED):  # kept from an earlier run: its time is not this run's
         line = f"{Path(s['slide']).name}: already scored ({s[REUSED]}): {s['cells_scored']} cells"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import tempfile
 from pathlib import Path
 from typing import Annotated
 
-from cyto.bundle import ONNX_FILE, load_bundle, staged_files
+from cyto.bundle import ONNX_FILE, load_bundle, read_manifest, rewriting, staged_files
 from cyto.data.dataset import load_records
 from cyto.errors import ConfigError, CytoError
 from cyto.export.conformance import problem_words
@@ -44,6 +46,43 @@ def stopped_words(path: Path, echo):
         raise
 
 
+def _repairing(export):
+    """``export`` run on a bundle whose graphs it writes again may be damaged or missing
+    (:func:`cyto.bundle.rewriting`): ``cyto export`` is the step that repairs them."""
+
+    @functools.wraps(export)
+    def run(*args, **kwargs):
+        bound = inspect.signature(export).bind(*args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
+        try:
+            manifest = read_manifest(Path(given["path"]))
+        except (CytoError, OSError):
+            manifest = None  # the export itself says what is wrong with the folder
+        with rewriting(_rewritten(manifest, given["onnx"], given["precisions"])):
+            return export(*bound.args, **bound.kwargs)
+
+    return run
+
+
+def _rewritten(manifest: dict | None, onnx: bool, precisions) -> set[str]:
+    """The bundle files an export of ``precisions`` writes again (``onnx``: the fp32 graph and
+    the golden cells that verify it; each quantized graph asked for, every int8 form)."""
+    from cyto.bundle import _graph_entries
+    from cyto.runtime.verify import GOLDEN_FILE
+
+    if manifest is None:
+        return set()
+    names = {ONNX_FILE, GOLDEN_FILE} if onnx else set()
+    asked = {p for p in precisions if p not in ("fp32", "bf16")}
+    for key, entry in _graph_entries(manifest).items():
+        made = str(entry.get("precision", key)).split("-")[0]  # int8-cpu: an int8 form
+        if key != "fp32" and entry.get("file") and made in asked:
+            names.add(entry["file"])
+    return names
+
+
+@_repairing
 def export_bundle(
     path: Path,
     onnx: bool = True,

@@ -134,6 +134,14 @@ def write_golden(
 
 
 def needs_real_cells(path: Path) -> bool:
-    """Whether the bundle's golden set is missing or random patches."""
-    golden = read_golden(load_bundle(Path(path), weights=False))
+    """Whether the bundle's golden set is missing, damaged (an export writes it again:
+    :func:`cyto.bundle.rewriting`) or random patches."""
+    from cyto.bundle import sha256_file
+
+    bundle = load_bundle(Path(path), weights=False)
+    listed = bundle.manifest.get("files", {}).get(GOLDEN_FILE)
+    kept = Path(path) / GOLDEN_FILE
+    if listed and (not kept.is_file() or sha256_file(kept) != listed):
+        return True
+    golden = read_golden(bundle)
     return golden is None or golden.kind == "random"

@@ -28,7 +28,7 @@ from cyto.flags import passing, said
 from cyto.infer.batcher import CellBatcher
 from cyto.infer.finish import Metrics, finish_slide, rank_by
 from cyto.infer.memory import trim_malloc
-from cyto.infer.options import ScoreOptions, as_cut, patch_side
+from cyto.infer.options import DEFAULT_PATCH, ScoreOptions, as_cut, patch_side
 from cyto.infer.plan import SlidePlan, ThresholdAhead, TileRun
 from cyto.infer.store import PARTIAL, ChunkStore, kept_words
 from cyto.infer.tiling import Resolution, TileFeed, broken_worker_error, start_workers
@@ -316,17 +316,29 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
         return None
     check["advised"] = bool(check["advised"] and opts.detection.kind in ("smear", "pap"))
     res = plan.res
-    if check["advised"]:
-        said = f"It is read at {res.slide_mpp:.3g} um/px" if res.slide_mpp else "It has no mpp"
+    # a --patch-size other than the model's cuts its cells at another scale (a crop half the
+    # side shows cells twice as large): that, not the slide's mpp, is then the cause
+    own = scorer.spec.patch_px or DEFAULT_PATCH
+    cut = opts.patch_size / own if opts.patch_size else 1.0
+    if check["advised"] and cut != 1 and (cut < 1) == (check["factor"] < 1):
+        check["cut_by"] = {"patch_size": opts.patch_size, "model_patch_size": own}
+        echo(
+            f"warning: the cells of {plan.slide.name} {look_words(check)}: "
+            f"{passing('patch_size', opts.patch_size)} cuts crops {cut:.2g}x the side of the "
+            f"model's ({own} px), so its cells look {1 / cut:.2g}x as large as it saw them; "
+            f"leave out {said('patch_size')} to cut crops as the model was trained"
+        )
+    elif check["advised"]:
+        reading = f"It is read at {res.slide_mpp:.3g} um/px" if res.slide_mpp else "It has no mpp"
         if res.model_mpp:
             # the crop's pixels are factor x the size the model expects
             est = (
                 res.model_mpp * check["factor"] * patch_side(opts, scorer.spec) / res.crop_px_level0
             )
-            said += f"; its cells look as if at about {est:.2g}"
+            reading += f"; its cells look as if at about {est:.2g}"
         echo(
             f"warning: the cells of {plan.slide.name} {look_words(check)}: is its resolution "
-            f"right? {said}. Pass its true --mpp UM_PER_PX with --rescale to resample the "
+            f"right? {reading}. Pass its true --mpp UM_PER_PX with --rescale to resample the "
             "crops to the model's scale; a one-class model can rank cells at another scale as "
             "the most abnormal"
         )

@@ -262,6 +262,8 @@ def slide_adequacy(
             # the model's mpp over the slide's, crops not resampled (None: --rescale, or unknown)
             "mpp_ratio": mpp_ratio,
             "mpp_off_scale": mpp_off,
+            # the --patch-size that makes them look so (None: not one the user gave)
+            "cut_by": (scale or {}).get("cut_by"),
         },
     }
     if reference is None:

@@ -42,7 +42,14 @@ from cyto.slides.dicom import (
 )
 from cyto.slides.dicomweb import DicomWebReader  # and open_object's type for its URLs
 from cyto.slides.ndpi import NdpiPlaneReader
-from cyto.slides.remote import SlideURL, list_prefix, open_object, slide_ref, vips_source
+from cyto.slides.remote import (
+    NoRangesError,
+    SlideURL,
+    list_prefix,
+    open_object,
+    slide_ref,
+    vips_source,
+)
 
 BACKENDS = ("auto", "pyvips", "openslide")
 TIFF_MAGIC = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")
@@ -440,7 +447,14 @@ def _open_remote(ref: SlideURL, backend: str) -> SlideReader:
     obj = open_object(ref)
     if obj.size < 16:
         raise UnsupportedSlideError(f"{ref}: empty or truncated object ({obj.size} bytes)")
-    head = obj.read(0, 4)
+    try:
+        head = obj.read(0, 4)
+    except NoRangesError:  # no slide is read in place from it: a copy fetched whole, any format
+        if not ref.download:
+            raise
+        from cyto.slides.remote import download
+
+        return _reopened(open_slide(download(obj), backend), ref)
     other = {b"PAR1": "a Parquet table"}.get(head) or (
         "an HTML page (a server's folder listing?)"
         if head.lower() in (b"<!do", b"<htm", b"<hea", b"<bod")

@@ -69,6 +69,11 @@ class SlideChangedError(CytoError):
     """A remote slide was replaced while it was read: nothing read from it is kept."""
 
 
+class NoRangesError(UnsupportedSlideError):
+    """A server answers a byte-range request with the whole object: the slide cannot be read
+    in place, only through a copy fetched whole (``--download``: :func:`download`)."""
+
+
 def is_url(text: object) -> bool:
     """Whether ``text`` is a URL (``scheme://...``), which :func:`slide_ref` reads as one."""
     return isinstance(text, SlideURL) or bool(_URL.match(str(text)))
@@ -461,7 +466,7 @@ class RemoteObject(Requests):
 
         data = self._call(get, "read")
         if len(data) != end - start and len(data) == self.size:  # a 200 with the whole body
-            raise UnsupportedSlideError(
+            raise NoRangesError(
                 f"{self.ref}: the server answered the whole object ({len(data):,} bytes) to a "
                 "byte-range request: it does not serve ranges, by which cyto reads a remote "
                 f"slide in place; serve it from one that does (nginx, an S3 server), or pass "
@@ -477,6 +482,32 @@ class RemoteObject(Requests):
             self.fetched_bytes += len(data)
             self.requests += 1
         return data
+
+    def fetch_whole(self, fh) -> None:
+        """The whole object into the binary file ``fh``, streamed in one request pinned to
+        the version opened: from a server that serves no byte ranges (:class:`NoRangesError`)."""
+        import shutil
+
+        kw = {}
+        if self.ref.scheme in ("http", "https") and self.etag:
+            kw["headers"] = {**(self._fs.kwargs.get("headers") or {}), "If-Match": self.etag}
+
+        def get() -> int:
+            fh.seek(0)
+            fh.truncate()
+            with self._fs.open(self._path, "rb", block_size=0, **kw) as src:
+                shutil.copyfileobj(src, fh, 8 << 20)
+            return fh.tell()
+
+        got = self._call(get, "read")
+        if got != self.size:
+            raise SlideChangedError(
+                f"{self.ref}: fetched {got:,} bytes of {self.size:,}: the object changed (or was "
+                "cut short) while it was read; nothing of this run of it is kept"
+            )
+        with self._count:
+            self.fetched_bytes += got
+            self.requests += 1
 
     def _s3_range(self, start: int, end: int) -> bytes:
         from fsspec.asyn import sync
@@ -852,8 +883,11 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
     tmp = folder / f".{target.name}.{os.getpid()}.part"
     try:
         with open(tmp, "wb") as fh:
-            for start in range(0, obj.size, chunk):
-                fh.write(obj._fetch(start, min(start + chunk, obj.size)))
+            try:
+                for start in range(0, obj.size, chunk):
+                    fh.write(obj._fetch(start, min(start + chunk, obj.size)))
+            except NoRangesError:  # the server sends the whole object: taken in one request
+                obj.fetch_whole(fh)
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)

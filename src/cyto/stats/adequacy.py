@@ -257,6 +257,12 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
             f = scale["factor"]  # the model's nucleus share over the slide's: > 1, smaller
             how = f"{f:.2f}x smaller" if f > 1 else f"{1 / f:.2f}x larger"
             why = "is the resolution right? --mpp, --rescale"
+            if scale.get("cut_by"):  # the crop side the user gave, not the slide's mpp
+                cut = scale["cut_by"]
+                why = (
+                    f"{passing('patch_size', cut['patch_size'])} cuts them unlike the model's "
+                    f"{cut['model_patch_size']} px crops: leave out {said('patch_size')}"
+                )
         unsat.append(
             f"cells off the model's scale (they look {how} than its training cells: {why})"
         )
@@ -273,17 +279,17 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
         )
     share = m["not_evaluable_share"]
     if n_det and share is not None:
-        said = _not_evaluable_words(m)
+        detail = _not_evaluable_words(m)
         if rule.unsatisfactory_not_evaluable is not None and share > (
             rule.unsatisfactory_not_evaluable
         ):
             unsat.append(
-                f"{share:.0%} of the detected cells not evaluable ({said}), more than "
+                f"{share:.0%} of the detected cells not evaluable ({detail}), more than "
                 f"{rule.unsatisfactory_not_evaluable:.0%}"
             )
         elif rule.limited_not_evaluable is not None and share > rule.limited_not_evaluable:
             limited.append(
-                f"{share:.0%} of the detected cells not evaluable ({said}), more than "
+                f"{share:.0%} of the detected cells not evaluable ({detail}), more than "
                 f"{rule.limited_not_evaluable:.0%}"
             )
     crowded = m.get("crowded_area_share")

@@ -227,6 +227,14 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
     try:
         table = read_table(path)
     except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+        from cyto.slides.readers import SLIDE_SUFFIXES
+
+        if path.suffix.lower() in SLIDE_SUFFIXES:  # the natural mistake: the slide, unscored
+            raise ConfigError(
+                f"{path} is a slide, not a score table: score it first (cyto score {path} "
+                f"--model {bundle.path} --out DIR), then give DIR/{path.stem} or its "
+                "scores.parquet"
+            ) from exc
         raise ConfigError(f"{path} is not a readable Parquet score table ({exc})") from exc
     if "score" not in table.column_names:
         raise ConfigError(f"{path} has no 'score' column: pass scores.parquet from cyto score")
@@ -339,7 +347,11 @@ def calibrate_from_tables(
             f"--normalize must be one of {', '.join(conformal.NORMALIZATIONS)}, "
             f"got {normalization!r}"
         )
-    bundle = load_bundle(Path(model), weights=False)
+    from cyto.bundle import rewriting
+
+    # --overwrite replaces the calibration: a damaged or missing one is what it repairs
+    with rewriting([CALIBRATION_FILE] if overwrite else []):
+        bundle = load_bundle(Path(model), weights=False)
     if not tables:
         raise ConfigError("give at least one scores.parquet of a slide-negative slide")
     parts, evaluable, metas, names, seen = [], [], [], [], []
