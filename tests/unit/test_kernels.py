@@ -113,3 +113,39 @@ def test_a_run_after_numba_kernels_are_damaged_scores_the_same_and_says_why(tmp_
     third = run()  # compiled anew and recorded: nothing more to say
     assert third.returncode == 0 and third.stdout == first.stdout
     assert "did not match its record" not in third.stderr
+
+
+@pytest.mark.parametrize("suffix", [".nbi", ".nbc"])
+def test_damaged_kernels_whose_record_was_forged_to_match_still_score_the_same(tmp_path, suffix):
+    """A hostile check (round 3): machine code damaged and its sha256 and size written into
+    cyto-kernels.json passed the guard, and numba's load ended cyto score and doctor in an
+    80-line LLVM bitcode traceback. A kept kernel that does not load is removed and compiled
+    anew, said in one line."""
+    import hashlib
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONWARNINGS": "always"}
+
+    def run():
+        return subprocess.run(
+            [sys.executable, "-c", SCORE], env=env, capture_output=True, text=True, timeout=300
+        )
+
+    first = run()
+    assert first.returncode == 0, first.stderr
+    folder = tmp_path / "numba"
+    (kept,) = sorted(folder.rglob(f"dsvdd.dsvdd_scores*{suffix}"))
+    data = bytearray(kept.read_bytes())
+    for at in range(len(data) // 3, len(data) // 3 + 64):
+        data[at] ^= 0x5A
+    kept.write_bytes(bytes(data))
+    record = json.loads((folder / kernels.RECORD).read_text())
+    name = kept.relative_to(folder).as_posix()
+    record["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    (folder / kernels.RECORD).write_text(json.dumps(record))
+    second = run()
+    assert second.returncode == 0, second.stderr
+    assert "Traceback" not in second.stderr
+    assert second.stdout == first.stdout
+    said = [ln for ln in second.stderr.splitlines() if "compiled anew" in ln]
+    if suffix == ".nbc":  # a damaged index numba reads as a miss itself, and compiles anew
+        assert len(said) == 1 and "did not load" in said[0], second.stderr

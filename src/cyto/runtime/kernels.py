@@ -136,3 +136,51 @@ def record(folder: Path | None = None) -> None:
 def _record_quietly(folder: Path) -> None:
     with contextlib.suppress(OSError):
         record(folder)
+
+
+def kept(dispatcher):
+    """``dispatcher`` (a numba kernel compiled with ``cache=True``) as a function whose kept
+    machine code, when it fails to load (a file damaged in a way its record vouches for: a
+    record edited to match it), is removed and compiled anew, said once in one line, never a
+    raw LLVM or unpickling traceback. An error that the kernel compiled anew meets too is the
+    kernel's own, and raised as it is."""
+    import functools
+
+    @functools.wraps(dispatcher.py_func)
+    def run(*args):
+        try:
+            return dispatcher(*args)
+        except Exception as exc:  # noqa: BLE001 - which of them a damaged file raises varies
+            removed = _forget_kept(dispatcher)
+            if not removed:
+                raise
+            result = dispatcher(*args)  # compiled anew; its own error, if any, is raised
+            from cyto.errors import CytoWarning, first_line
+
+            warnings.warn(
+                f"kept numba kernel {removed[0]} did not load ({first_line(exc)}): removed "
+                "and compiled anew",
+                CytoWarning,
+                stacklevel=2,
+            )
+            return result
+
+    run.dispatcher = dispatcher
+    return run
+
+
+def _forget_kept(dispatcher) -> list[str]:
+    """Remove the kept files (index and machine code) of ``dispatcher``'s kernel; their names."""
+    files = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    folder, index = getattr(files, "_cache_path", None), getattr(files, "_index_name", None)
+    if not folder or not isinstance(index, str):
+        return []
+    folder = Path(folder)
+    stem = index[: -len(".nbi")] if index.endswith(".nbi") else index
+    removed = []
+    for path in sorted(folder.glob(f"{stem}*")):
+        if path.suffix in SUFFIXES:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path.name)
+    return removed

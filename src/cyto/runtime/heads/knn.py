@@ -12,10 +12,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from cyto.runtime import kernels
 from cyto.runtime.heads.base import Head
 from cyto.runtime.heads.registry import register_head
 
 
+@kernels.kept
 @njit(cache=True, parallel=True)
 def knn_scores(
     emb: np.ndarray, reference: np.ndarray, shift: np.ndarray, scale: np.ndarray, k: int

@@ -13,10 +13,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from cyto.runtime import kernels
 from cyto.runtime.heads.base import Head
 from cyto.runtime.heads.registry import register_head
 
 
+@kernels.kept
 @njit(cache=True, parallel=True, fastmath=True)
 def _rbf_finish(
     cross: np.ndarray,

@@ -9,10 +9,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from cyto.runtime import kernels
 from cyto.runtime.heads.base import Head
 from cyto.runtime.heads.registry import register_head
 
 
+@kernels.kept
 @njit(cache=True)
 def softmax_abnormal(logits: np.ndarray) -> np.ndarray:
     """P(abnormal) from (N, 2) logits, numerically stable."""
