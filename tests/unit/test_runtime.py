@@ -102,7 +102,7 @@ def test_numba_kernels_are_cached_in_the_user_cache_not_the_source_tree(tmp_path
     code = (
         "import numpy as np, numba\n"
         "from cyto.runtime.heads import dsvdd\n"
-        "f = dsvdd.dsvdd_scores\n"
+        "f = dsvdd.dsvdd_scores.dispatcher\n"
         "print(f._cache._cache_path)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME")}
