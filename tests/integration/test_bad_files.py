@@ -486,7 +486,8 @@ def test_a_cohort_table_with_bytes_that_are_not_utf8_is_updated(scored, made, ex
     (the odd bytes as \\xe9) instead of a traceback."""
     table = scored / "cohort.csv"
     rows = table.read_bytes().splitlines(keepends=True)
-    rows.append(b"/old/Pr\xe9parat.tif," + str(scored / "old").encode() + b",scored\r\n")
+    # a failed slide's row (no folder: kept as written; a "scored" row needs its sealed folder)
+    rows.append(b"/old/Pr\xe9parat.tif," + str(scored / "old").encode() + b",failed\r\n")
     table.write_bytes(b"".join(rows))
     proc = run_cyto(
         "score", str(made), "--model", str(exported_dsvdd), "--out", str(scored),

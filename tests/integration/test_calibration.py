@@ -335,7 +335,7 @@ def test_two_calibrations_of_one_bundle_at_once_leave_one_whole(cohort, tmp_path
 
 
 def test_of_two_calibrations_at_once_without_overwrite_the_second_is_refused(
-    cohort, tmp_path, monkeypatch
+    cohort, exported_dsvdd, tmp_path, monkeypatch
 ):
     """A hostile check (round 3): two `cyto calibrate` runs (no --overwrite) on one bundle at
     once both said "calibrated" and one calibration was lost; run one after the other, the
@@ -346,7 +346,8 @@ def test_of_two_calibrations_at_once_without_overwrite_the_second_is_refused(
     from cyto.errors import CytoError
 
     model = tmp_path / "m.cyto"
-    shutil.copytree(cohort["model"], model)
+    shutil.copytree(exported_dsvdd, model)  # never calibrated (other tests calibrate cohort's)
+    assert not (model / "calibration.npz").exists()
     tables = [cohort["root"] / "negs" / f"neg{i}" / "scores.parquet" for i in range(3)]
     real, started = cal.add_files, []
 

@@ -172,8 +172,8 @@ class ChunkStore:
 
     def _drop_damaged(self, echo) -> None:
         """A chunk that cannot be read (0 bytes or cut short: a disk that filled, a copy that
-        stopped), or whose bytes are not those its run recorded (``chunks.json``: edited by
-        hand, or the run stopped between the chunk and its record), is treated as never
+        stopped), or whose bytes are not those its run recorded (``chunks.json``, written before
+        the chunk is renamed into place: edited by hand), is treated as never
         written: it and the chunks after it go, and their tiles are scored again (chunks must
         follow each other without a gap). A resumed run never takes rows it did not write."""
         import pyarrow as pa
@@ -188,7 +188,7 @@ class ChunkStore:
                 size, digest = known.get("bytes"), known.get("sha256")
                 why = ""
                 if size != f.stat().st_size or digest != sha256_file(f):
-                    why = "is not as this run wrote it (edited, or stopped before its record)"
+                    why = "is not as this run wrote it (edited, or written by an older cyto)"
             except (pa.ArrowInvalid, OSError) as exc:
                 why = f"is damaged ({first_line(exc)})"
             if why:
@@ -245,9 +245,10 @@ class ChunkStore:
         tmp = self.dir / f"{name}.tmp"
         pq.write_table(table, tmp)
         written = {"bytes": tmp.stat().st_size, "sha256": sha256_file(tmp)}
-        os.replace(tmp, self.dir / name)
-        # then its record: a chunk without one (a run stopped in between) is scored again
+        # its record first, then the chunk into place: a run stopped in between leaves a
+        # record of a chunk that is not there (nothing reads it), never a chunk without one
         self._write_record({**self._record(), name: written})
+        os.replace(tmp, self.dir / name)
 
     def save_checks(self, checks: dict) -> None:
         """The first tiles' crowding and cell-scale checks (``checks.json``): a resumed run

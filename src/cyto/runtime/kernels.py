@@ -138,23 +138,35 @@ def _record_quietly(folder: Path) -> None:
         record(folder)
 
 
-def kept(dispatcher):
-    """``dispatcher`` (a numba kernel compiled with ``cache=True``) as a function whose kept
-    machine code, when it fails to load (a file damaged in a way its record vouches for: a
-    record edited to match it), is removed and compiled anew, said once in one line, never a
-    raw LLVM or unpickling traceback. An error that the kernel compiled anew meets too is the
-    kernel's own, and raised as it is."""
-    import functools
+def kept(dispatcher) -> KeptKernel:
+    """``dispatcher`` (a numba kernel compiled with ``cache=True``) as a :class:`KeptKernel`."""
+    return KeptKernel(dispatcher)
 
-    @functools.wraps(dispatcher.py_func)
-    def run(*args):
+
+class KeptKernel:
+    """A numba kernel whose kept machine code, when it fails to load (a file damaged in a way
+    its record vouches for: a record edited to match it), is removed and compiled anew, said
+    once in one line, never a raw LLVM or unpickling traceback. An error the kernel compiled
+    anew meets too is the kernel's own, and raised as it is. Anything else (``signatures``,
+    ``py_func``) is the dispatcher's."""
+
+    def __init__(self, dispatcher) -> None:
+        self.dispatcher = dispatcher
+        self.__doc__ = dispatcher.py_func.__doc__
+        self.__name__ = dispatcher.py_func.__name__
+        self.__wrapped__ = dispatcher.py_func
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["dispatcher"], name)
+
+    def __call__(self, *args):
         try:
-            return dispatcher(*args)
+            return self.dispatcher(*args)
         except Exception as exc:  # noqa: BLE001 - which of them a damaged file raises varies
-            removed = _forget_kept(dispatcher)
+            removed = _forget_kept(self.dispatcher)
             if not removed:
                 raise
-            result = dispatcher(*args)  # compiled anew; its own error, if any, is raised
+            result = self.dispatcher(*args)  # compiled anew; its own error, if any, is raised
             from cyto.errors import CytoWarning, first_line
 
             warnings.warn(
@@ -164,9 +176,6 @@ def kept(dispatcher):
                 stacklevel=2,
             )
             return result
-
-    run.dispatcher = dispatcher
-    return run
 
 
 def _forget_kept(dispatcher) -> list[str]:
