@@ -212,3 +212,21 @@ def read_sealed(folder: Path, summary_only: bool = False) -> Sealed:
         changed=tuple(changed.values()),
         changed_names=tuple(changed),
     )
+
+
+def check_sealed_table(table: Path) -> None:
+    """A table in a scored slide's folder is trusted only through its seal (the one door of
+    :func:`read_sealed`): an edited folder is refused in one line; a table copied out on its own
+    carries no seal to check, and is taken as it is. For every reader of a scored table
+    (``cyto calibrate``, ``cyto eval scores``)."""
+    from cyto.errors import ConfigError
+
+    folder = Path(table).parent
+    if not ((folder / SEAL).exists() or (folder / SUMMARY).exists()):
+        return
+    sealed = read_sealed(folder)
+    if not sealed.ok:
+        raise ConfigError(
+            f"{folder}: {sealed.words()}: score it again (cyto score --resume scores again "
+            "only what changed)"
+        )

@@ -253,3 +253,22 @@ def test_a_moved_cohort_folder_reused_names_the_folder_it_is_in_now(calibrated, 
 
     assert str(scored) not in view_words([as_found(summary, out)], out)
     assert _rows(out)[0]["output"] == str(out.resolve() / "s1")
+
+
+def test_eval_scores_reads_a_scored_folders_table_only_through_its_seal(calibrated, tmp_path):
+    """A hostile check (round 4): `cyto eval scores` of a scored folder's edited scores.parquet
+    raised the AUROC from 0.60 to 1.00 with no word; the folder itself was "does not exist"."""
+    import pyarrow.parquet as pq
+
+    from cyto.eval.scores import evaluate_table
+
+    _, _, scored, _ = calibrated
+    folder = tmp_path / "s1"
+    shutil.copytree(scored / "s1", folder)
+    whole = evaluate_table(folder, [10])  # the folder is its table
+    assert whole == evaluate_table(folder / "scores.parquet", [10])
+    t = pq.read_table(folder / "scores.parquet")
+    i = t.schema.get_field_index("score")
+    pq.write_table(t.set_column(i, "score", t["label"].cast("float64")), folder / "scores.parquet")
+    with pytest.raises(ConfigError, match=r"its outputs changed since they were written"):
+        evaluate_table(folder / "scores.parquet", [10])

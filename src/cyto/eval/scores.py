@@ -31,9 +31,16 @@ def read_score_table(path: Path, score_column: str, label_column: str, need_labe
     None when the table has no ``label_column`` and ``need_label`` is False."""
     import pyarrow as pa
 
+    from cyto.seal import check_sealed_table
+
     path = Path(path)
+    if path.is_dir() and (path / "scores.parquet").is_file():  # a slide's cyto score folder
+        path = path / "scores.parquet"
+    if path.is_dir():
+        raise InputPathError(f"{path} is a folder without scores.parquet: give a score table")
     if not path.is_file():
         raise InputPathError(f"score table {path} does not exist")
+    check_sealed_table(path)  # a scored folder's table only as it was written
     try:
         table = read_table(path)
     except (pa.ArrowException, OSError) as exc:
@@ -97,7 +104,8 @@ def evaluate_by_class(
     import pyarrow as pa
 
     scores, labels = read_score_table(path, score_column, label_column, need_label=False)
-    table = _read(Path(path))
+    path = Path(path) / "scores.parquet" if Path(path).is_dir() else Path(path)
+    table = _read(path)
     if class_column not in table.column_names:
         raise MetricError(
             f"{path} has no column {class_column!r} (--class-column); columns: "

@@ -202,20 +202,10 @@ def _table_of(path: Path) -> Path:
 
 
 def _sealed_or_loose(table: Path) -> None:
-    """A table in a scored slide's folder is trusted only through its seal (the one door of
-    :func:`cyto.seal.read_sealed`): an edited folder is refused in one line; a table copied out
-    on its own carries no seal to check, and is taken as it is."""
-    from cyto.seal import SEAL, SUMMARY, read_sealed
+    """:func:`cyto.seal.check_sealed_table`: a scored folder's table only through its seal."""
+    from cyto.seal import check_sealed_table
 
-    folder = table.parent
-    if not ((folder / SEAL).exists() or (folder / SUMMARY).exists()):
-        return
-    sealed = read_sealed(folder)
-    if not sealed.ok:
-        raise ConfigError(
-            f"{folder}: {sealed.words()}: score it again (cyto score --resume scores again "
-            "only what changed)"
-        )
+    check_sealed_table(table)
 
 
 def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np.ndarray | None]:
