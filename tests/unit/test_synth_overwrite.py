@@ -70,3 +70,43 @@ def test_two_runs_into_one_folder_at_once_write_one_dataset_and_refuse_the_other
     write_patches(alone, PatchSynthConfig(n_normal=3, n_abnormal=0, size=32, seed=1))
     for f in sorted((alone / "normal").iterdir()):
         assert (out / "normal" / f.name).read_bytes() == f.read_bytes()
+
+
+def test_two_slides_written_to_one_path_at_once_keep_one_and_refuse_the_other(
+    tmp_path, monkeypatch
+):
+    """A hostile check (round 4): two `cyto synth slide OUT` at once both said "wrote" and one
+    run's slide was lost (as `synth patches` did in round 3): the later one waits and is refused."""
+    import threading
+
+    import cyto.data.synth.slide as slide
+
+    real, first_in, go = slide.layout, threading.Event(), threading.Event()
+
+    def slow(config):
+        if threading.current_thread().name == "first":
+            first_in.set()
+            go.wait(10)
+        return real(config)
+
+    monkeypatch.setattr(slide, "layout", slow)
+    out, results = tmp_path / "s.tif", {}
+
+    def run(name, seed):
+        try:
+            results[name] = write_slide(out, SlideSynthConfig(width=512, height=512, seed=seed),
+                                        workers=0)  # fmt: skip
+        except InputPathError as exc:
+            results[name] = exc
+
+    a = threading.Thread(target=run, args=("first", 1), name="first")
+    a.start()
+    assert first_in.wait(10)
+    b = threading.Thread(target=run, args=("second", 2), name="second")
+    b.start()
+    b.join(0.5)
+    go.set()
+    a.join(60)
+    b.join(60)
+    assert not isinstance(results["first"], Exception)
+    assert isinstance(results["second"], InputPathError) and "exists" in str(results["second"])

@@ -531,7 +531,16 @@ def write_slide(
     refuse_to_replace_slide(out, fmt, config.planes, overwrite)
     check_memory(config, workers)
     out.parent.mkdir(parents=True, exist_ok=True)  # as every other command's outputs
+    from cyto.locks import folder_lock
 
+    # one run at a time writes slides into this folder: another one waits, then finds the
+    # slide written and is refused as a later run is (both said "wrote", one was lost)
+    with folder_lock(out.parent):
+        refuse_to_replace_slide(out, fmt, config.planes, overwrite)
+        return _write_slide(out, fmt, config, workers)
+
+
+def _write_slide(out: Path, fmt: str, config: SlideSynthConfig, workers: int) -> SlideResult:
     lay = layout(config)
     planes = sorted(config.planes, key=lambda z: (z != 0.0, z))
     # a defocused scan: every plane drawn that far from the cells' plane of best focus
