@@ -86,6 +86,10 @@ def predict(
     run = out.with_name(f".{out.name}.run")
     if not (resume and run.is_dir()):  # resuming a stopped run finishes what it was asked
         refuse_to_replace(out, overwrite, inputs={"data": data, "MODEL": _path_of(model)})
+        if overwrite and out.is_file() and not _predict_table(out):
+            from cyto.outputs_check import refuse_foreign
+
+            refuse_foreign([out.name], str(out.parent))  # a user's own file, even with it
     if out.suffix.lower() not in (".parquet", ".pq"):  # x.csv was given Parquet bytes
         raise ConfigError(
             f"{passing('out', out)}: cyto predict writes a Parquet table, with the model and the "
@@ -481,3 +485,15 @@ def _path_of(model) -> Path | None:
     if bundle is not None:
         return getattr(bundle, "path", None)
     return Path(model) if isinstance(model, (str, Path)) else None
+
+
+def _predict_table(path: Path) -> bool:
+    """Whether ``path`` is a table ``cyto predict`` wrote (its model and method in the Parquet
+    metadata): only such a file is replaced by ``overwrite`` (a user's Parquet file was)."""
+    try:
+        import pyarrow.parquet as pq
+
+        meta = pq.read_schema(path).metadata or {}
+    except Exception:  # noqa: BLE001 - anything that is no Parquet table is not predict's
+        return False
+    return b"cyto.model" in meta and b"cyto.method" in meta

@@ -178,3 +178,21 @@ def test_predict_refuses_to_write_over_its_own_manifest(tmp_path):
     with pytest.raises(CytoError, match=r"is the input data='.*m.parquet'"):
         cyto.predict(tmp_path / "none.cyto", manifest, out=manifest, overwrite=True)
     assert manifest.read_bytes() == before
+
+
+def test_predict_overwrite_replaces_only_a_table_predict_wrote(tmp_path):
+    """A hostile check (round 4): `cyto predict --out mine.parquet --overwrite` replaced any
+    Parquet file of the user's with its score table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.cli_runner import run_cyto
+
+    mine = tmp_path / "mine.parquet"
+    pq.write_table(pa.table({"a": [1, 2]}), mine)
+    before = mine.read_bytes()
+    (tmp_path / "d" / "normal").mkdir(parents=True)
+    proc = run_cyto("predict", str(tmp_path / "none.cyto"), "--data", str(tmp_path / "d"),
+                    "--out", str(mine), "--overwrite")  # fmt: skip
+    assert proc.returncode == 2 and "mine.parquet that cyto did not write" in proc.stderr
+    assert mine.read_bytes() == before
