@@ -151,3 +151,16 @@ def test_damaged_kernels_whose_record_was_forged_to_match_still_score_the_same(t
     said = [ln for ln in second.stderr.splitlines() if "compiled anew" in ln]
     if suffix == ".nbc":  # a damaged index numba reads as a miss itself, and compiles anew
         assert len(said) == 1 and "did not load" in said[0], second.stderr
+
+
+def test_a_folder_under_a_kernel_files_name_is_removed_and_said(tmp_path):
+    """A hostile check (round 4): a kept index replaced by a folder ended cyto predict and
+    doctor in a raw IsADirectoryError traceback from numba."""
+    _write(tmp_path)
+    kernels.record(tmp_path)
+    odd = tmp_path / "heads_abc/dsvdd.dsvdd_scores-19.py312.nbi"
+    odd.unlink()
+    (odd / "inside").mkdir(parents=True)
+    changed, said = _guard(tmp_path)
+    assert not odd.exists() and changed == ["heads_abc/dsvdd.dsvdd_scores-19.py312.nbi"]
+    assert len(said) == 1 and "compiled anew" in said[0]

@@ -92,6 +92,13 @@ def guard(folder: Path | None = None) -> list[str]:
     try:
         with _lock(folder):
             files = _read(folder)
+            # something else under a kernel file's name (a folder): numba's load would end in
+            # a raw IsADirectoryError; it is no kernel, and goes
+            for odd in [p for p in folder.rglob("*") if p.suffix in SUFFIXES and p.is_dir()]:
+                import shutil
+
+                shutil.rmtree(odd, ignore_errors=True)
+                changed.append(odd.relative_to(folder).as_posix())
             for name, path in _kept(folder).items():
                 known = files.get(name)
                 got = _digest(path)
