@@ -272,3 +272,23 @@ def test_eval_scores_reads_a_scored_folders_table_only_through_its_seal(calibrat
     pq.write_table(t.set_column(i, "score", t["label"].cast("float64")), folder / "scores.parquet")
     with pytest.raises(ConfigError, match=r"its outputs changed since they were written"):
         evaluate_table(folder / "scores.parquet", [10])
+
+
+def test_a_slide_folder_holding_a_users_files_under_output_names_is_never_written_over(
+    calibrated, tmp_path
+):
+    """A hostile check (round 4): `cyto score` into an OUT/SLIDE/ holding the user's own
+    cells.geojson (no run of cyto's there) wrote over it without --overwrite."""
+    from tests.cli_runner import run_cyto
+
+    model, slide, _, _ = calibrated
+    out = tmp_path / "out"
+    (out / "s1").mkdir(parents=True)
+    mine = out / "s1" / "cells.geojson"
+    mine.write_text('{"mine": true}')
+    for extra in ([], ["--overwrite"]):
+        proc = run_cyto("score", str(slide), "--model", str(model), "--out", str(out),
+                        "--workers", "0", "--mosaic", "0", *extra)  # fmt: skip
+        assert proc.returncode != 0, proc.stdout
+        assert "holds cells.geojson that cyto did not write" in proc.stdout + proc.stderr
+    assert mine.read_text() == '{"mine": true}'

@@ -33,6 +33,11 @@ def run_cohort(
 
     refuse_resume_and_overwrite(opts.resume, overwrite)
     where = output_location(out)
+    if not where.is_remote:  # resumed or overwritten too: a user's own files stay
+        from cyto.cohort.local import output_folders
+
+        for _, folder in output_folders(slides, where.local):
+            refuse_users_outputs(folder)
     if not (opts.resume or overwrite):
         stage(where, slides)  # a prefix's folders, read where they are checked
         try:
@@ -89,6 +94,7 @@ def refuse_finished(folder: Path, slide_name: str, overwrite: bool) -> None:
     folder = Path(folder)
     if not written_by_cyto(folder):  # a user's own summary.json: not results, never replaced
         refuse_foreign([SUMMARY], passing("out", folder))
+    refuse_users_outputs(folder)
     if overwrite or not (
         (folder / "summary.json").is_file() and (folder / "scores.parquet").is_file()
     ):
@@ -104,6 +110,29 @@ def refuse_finished(folder: Path, slide_name: str, overwrite: bool) -> None:
         name=f"{passing('out', folder)} (the finished results of {of})",
         other=f"{passing('resume')} to keep them where they still hold",
     )
+
+
+def refuse_users_outputs(folder: Path) -> None:
+    """A slide's folder where no run of cyto's is (none finished: no summary; none stopped: no
+    ``.partial``) that holds files under the names of its outputs holds the user's own files:
+    refused in one line naming one, with ``--overwrite``, ``--resume`` or neither (a user's
+    ``cells.geojson`` there was written over without a word). A folder staged from an object
+    store prefix is not checked (its files are a publish that stopped half way, cyto's)."""
+    from cyto.flags import passing
+    from cyto.infer.finish import written_outputs
+    from cyto.infer.qupath import QUPATH_FILES
+    from cyto.infer.store import PARTIAL
+    from cyto.location import shown
+    from cyto.outputs_check import refuse_foreign
+    from cyto.seal import SUMMARY
+
+    folder = Path(folder)
+    if (folder / SUMMARY).is_file() or (folder / PARTIAL).is_dir():
+        return
+    if shown(folder) != str(folder):  # staged from a prefix: a publish stopped half way
+        return
+    names = [*written_outputs(0, 0, True), *QUPATH_FILES.values()]
+    refuse_foreign([n for n in names if (folder / n).exists()], passing("out", folder))
 
 
 def as_found(summary: dict, out) -> dict:
