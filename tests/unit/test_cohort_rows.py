@@ -83,8 +83,15 @@ def test_an_edited_row_of_another_run_is_drawn_again_from_its_seal(tmp_path_fact
     again = cohort_row(
         root / "a.tif", root / "a", json.loads((root / "a" / "summary.json").read_text())
     )
-    write_cohort_table([again], table)  # a run of slide a only (--resume, --watch)
+    with warnings.catch_warnings(record=True) as said:  # a run of slide a only (--resume)
+        warnings.simplefilter("always")
+        write_cohort_table([again], table)
     assert _rows(table)["b"] == before
+    lines = [str(w.message) for w in said if issubclass(w.category, CytoWarning)]
+    if edited[column] != before[column]:  # what the row said was changed: said, by its slide
+        assert len(lines) == 1 and "the rows of b.tif are drawn again" in lines[0], lines
+    else:
+        assert lines == []
 
 
 def test_a_row_whose_folder_is_not_whole_is_left_out_and_said(tmp_path):
@@ -93,7 +100,7 @@ def test_a_row_whose_folder_is_not_whole_is_left_out_and_said(tmp_path):
     summary["burden"]["triage"] = "excess"  # the folder's own summary edited too
     (tmp_path / "b" / "summary.json").write_text(json.dumps(summary))
     a = json.loads((tmp_path / "a" / "summary.json").read_text())
-    with pytest.warns(CytoWarning, match=r"rows of b are left out") as said:
+    with pytest.warns(CytoWarning, match=r"the rows of b.tif are left out") as said:
         write_cohort_table([cohort_row(tmp_path / "a.tif", tmp_path / "a", a)], table)
     assert [str(w.message).count("\n") for w in said] == [0]
     assert set(_rows(table)) == {"a"}

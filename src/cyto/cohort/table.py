@@ -142,30 +142,25 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
         home = path.parent.resolve()
         merged: dict[str, dict] = {}
         given = {Path(r["output"]).name for r in rows}
-        dropped = []
+        dropped, redrawn = [], []
         for old in read_cohort_table(path):
             row = {k: old.get(k, "") for k in COHORT_COLUMNS}
             name = Path(row["output"]).name
             row["output"] = shown(home / name) if name else row["output"]
+            slide = Path(str(row["slide"])).name or name
             if name not in given:  # another run's row: as its folder's seal vouches for it
-                row = _as_sealed(row, home / name)
-                if row is None:
-                    dropped.append(name)
+                sealed = _as_sealed(row, home / name)
+                if sealed is None:
+                    dropped.append(slide)
                     continue
+                if name in merged or any(
+                    _text(sealed[c]) != _text(row[c]) for c in COHORT_COLUMNS if c not in KEPT
+                ):
+                    # edited, or a second row of one folder: named by the slide it is of
+                    redrawn.append(Path(str(sealed["slide"])).name or slide)
+                row = sealed
             merged[name] = row
-        if dropped:
-            import warnings
-
-            from cyto.errors import CytoWarning
-
-            warnings.warn(
-                f"{path}: the rows of {', '.join(sorted(dropped)[:4])}"
-                f"{' ...' if len(dropped) > 4 else ''} are left out: their folders hold no "
-                "sealed summary that says what the rows said (edited by hand, or the folders "
-                "moved or changed); score them again with --resume to have their rows back",
-                CytoWarning,
-                stacklevel=2,
-            )
+        _say_rows(path, sorted(set(dropped)), sorted(set(redrawn) - set(dropped)))
         for row in rows:
             merged[Path(row["output"]).name] = {
                 **row,
@@ -180,6 +175,37 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
             writer.writerows(merged.values())
         os.replace(partial, path)
     return path
+
+
+#: columns of a row not drawn from its folder's summary (compared as they are)
+KEPT = ("output", "node", "attempts")
+
+
+def _say_rows(path: Path, dropped: list[str], redrawn: list[str]) -> None:
+    """One line for the rows of other runs that were not as their folders' seals say."""
+    if not (dropped or redrawn):
+        return
+    import warnings
+
+    from cyto.errors import CytoWarning
+
+    def some(names: list[str]) -> str:
+        return ", ".join(names[:4]) + (" ..." if len(names) > 4 else "")
+
+    parts = []
+    if dropped:
+        parts.append(
+            f"the rows of {some(dropped)} are left out (their folders hold no sealed summary: "
+            "score them again with --resume to have them back)"
+        )
+    if redrawn:
+        parts.append(f"the rows of {some(redrawn)} are drawn again from their folders' seals")
+    warnings.warn(
+        f"{path}: rows not as cyto wrote them (edited by hand, or folders moved): "
+        + "; ".join(parts),
+        CytoWarning,
+        stacklevel=3,
+    )
 
 
 def _as_sealed(row: dict, folder: Path) -> dict | None:
@@ -244,6 +270,11 @@ def read_cohort_table(path: Path) -> list[dict]:
             f"header has no slide and output columns); {fix}"
         )
     return [row for row in rows if row.get("output")]
+
+
+def _text(value: object) -> str:
+    """A value as the table holds it once written (a number as its text, None as '')."""
+    return "" if value is None else printable(str(value))
 
 
 def _cell(value: object) -> object:
