@@ -140,12 +140,17 @@ def test_results_are_replaced_only_with_overwrite(exported_dsvdd, synth_patches,
     """cyto predict replaced an existing --out table without --overwrite (train, synth and
     data cells refuse); so did data mosaic, a review report into another folder and demo."""
     table = tmp_path / "t.parquet"
-    table.write_bytes(b"last run")
+    first = run_cyto(
+        "predict", str(exported_dsvdd), "--data", str(synth_patches), "--out", str(table),
+        "--skip-verify",
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    before = table.read_bytes()  # the last run's table
     proc = run_cyto(
         "predict", str(exported_dsvdd), "--data", str(synth_patches), "--out", str(table)
     )
     _one_line_error(proc, f"--out {table} exists", "--overwrite")
-    assert table.read_bytes() == b"last run"
+    assert table.read_bytes() == before
     proc = run_cyto(
         "predict", str(exported_dsvdd), "--data", str(synth_patches), "--out", str(table),
         "--overwrite", "--skip-verify",

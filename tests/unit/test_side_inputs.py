@@ -284,13 +284,18 @@ def test_refuse_to_replace(tmp_path):
 def test_predict_refuses_an_existing_table_before_the_model_loads(tmp_path):
     """`cyto predict --out T.parquet` replaced T without --overwrite (train, synth and data
     cells refuse). Refused before anything is loaded (the model here does not even exist)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from cyto.predict import predict
 
-    out = tmp_path / "t.parquet"
-    out.write_bytes(b"last run's table")
+    out = tmp_path / "t.parquet"  # last run's table (predict's: its model in the metadata)
+    meta = {b"cyto.model": b"m.cyto", b"cyto.method": b"dsvdd"}
+    pq.write_table(pa.table({"score": [1.0]}).replace_schema_metadata(meta), out)
+    before = out.read_bytes()
     with pytest.raises(InputPathError, match=r"--out .*t\.parquet exists \(pass --overwrite"):
         predict(tmp_path / "no.cyto", tmp_path, out)
-    assert out.read_bytes() == b"last run's table"
+    assert out.read_bytes() == before
     # with --overwrite (or resuming a stopped run of this --out) it goes on, to the model
     with pytest.raises(CytoError, match="no.cyto"):
         predict(tmp_path / "no.cyto", tmp_path, out, overwrite=True)
