@@ -137,6 +137,20 @@ def test_view_and_data_cells_read_a_folder_scored_from_a_url(slide, http, export
         open_view(folder)
 
 
+def _downloaded_reads_as(url: str, path) -> None:
+    """``url`` read through its local copy (``--download``) is the file ``path``, level 0."""
+    from cyto.slides.remote import SlideURL
+
+    remote, local = open_slide(SlideURL(url, download=True)), open_slide(path)
+    try:
+        assert str(remote.info.path) == url
+        w, h = local.info.level_dims[0]
+        assert np.array_equal(remote.read_region(0, 0, w, h), local.read_region(0, 0, w, h))
+    finally:
+        remote.close()
+        local.close()
+
+
 def _score(source, model, out, *extra, **kw):
     return run_cyto(
         "score", *source, "--model", str(model), "--out", str(out), "--workers", "1", *extra, **kw
@@ -308,20 +322,11 @@ def test_a_server_without_byte_ranges_is_read_through_a_copy_with_download(
     """The advice of the test above holds: with --download a TIFF from a server that serves no
     ranges is fetched whole to cyto's cache and read there, the file's pixels (failed before,
     issue 68, hostile round 3: --download gave the very same error)."""
-    from cyto.slides.remote import SlideURL
 
     monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
     with fault_server(slide.read_bytes(), "no-ranges") as server:
         url = f"{server.url}/whole.tif"
-        remote = open_slide(SlideURL(url, download=True))
-        local = open_slide(slide)
-        try:
-            assert str(remote.info.path) == url
-            w, h = local.info.level_dims[0]
-            assert np.array_equal(remote.read_region(0, 0, w, h), local.read_region(0, 0, w, h))
-        finally:
-            remote.close()
-            local.close()
+        _downloaded_reads_as(url, slide)
     copies = list((tmp_path / "cache" / "remote").rglob("whole.tif"))
     assert len(copies) == 1 and copies[0].read_bytes() == slide.read_bytes()
 
@@ -434,7 +439,6 @@ def test_a_format_that_needs_a_local_file_says_so_or_is_downloaded(tmp_path, mon
     """An NDPI by URL is refused in one line without --download; with it, a copy in cyto's
     cache (named by the object's version) is read, the pixels the file's."""
     from cyto.errors import UnsupportedSlideError
-    from cyto.slides.remote import SlideURL
 
     served = tmp_path / "served"
     write_slide(served / "n.ndpi", SlideSynthConfig(width=1024, height=512, seed=4), workers=0)
@@ -443,15 +447,7 @@ def test_a_format_that_needs_a_local_file_says_so_or_is_downloaded(tmp_path, mon
         url = f"{server.url}/n.ndpi"
         with pytest.raises(UnsupportedSlideError, match="pass --download"):
             open_slide(url)
-        remote = open_slide(SlideURL(url, download=True))
-        local = open_slide(served / "n.ndpi")
-        try:
-            assert str(remote.info.path) == url
-            w, h = local.info.level_dims[0]
-            assert np.array_equal(remote.read_region(0, 0, w, h), local.read_region(0, 0, w, h))
-        finally:
-            remote.close()
-            local.close()
+        _downloaded_reads_as(url, served / "n.ndpi")
     copies = list((tmp_path / "cache" / "remote").rglob("n.ndpi"))
     assert len(copies) == 1 and copies[0].read_bytes() == (served / "n.ndpi").read_bytes()
 

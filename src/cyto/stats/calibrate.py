@@ -26,6 +26,7 @@ import numpy as np
 from cyto.bundle import CALIBRATION_FILE, CALIBRATION_QUANTILES, add_files, load_bundle
 from cyto.errors import ConfigError, CytoError, InputPathError
 from cyto.outputs_check import refuse_to_replace
+from cyto.seal import check_sealed_table
 from cyto.stats import conformal
 from cyto.tables import read_table
 
@@ -168,11 +169,11 @@ def _table_here(given, options: dict | None):
     """(a local path, its location) of a table given by a path or a URL: the folder of a URL
     (a slide's ``scores.parquet`` in object storage, or the slide's folder) is pulled to cyto's
     cache with its seal (:func:`cyto.location.scored_here`), so it is checked as a local one."""
-    from cyto.location import scored_here
+    from cyto.location import output_location, scored_here
     from cyto.slides.remote import is_url
 
     if not is_url(given):
-        return Path(given), scored_here(Path(given))[1]
+        return Path(given), output_location(Path(given))
     url = str(given)
     name = ""
     if url.rstrip("/").endswith(".parquet"):
@@ -201,19 +202,12 @@ def _table_of(path: Path) -> Path:
     raise InputPathError(f"{path} is a folder without scores.parquet: give cyto score's tables")
 
 
-def _sealed_or_loose(table: Path) -> None:
-    """:func:`cyto.seal.check_sealed_table`: a scored folder's table only through its seal."""
-    from cyto.seal import check_sealed_table
-
-    check_sealed_table(table)
-
-
 def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np.ndarray | None]:
     """(scores, file metadata, slide identity, the ``evaluable`` column or None) of a
     slide-negative score table, or the one-line error of a table that cannot calibrate this
     bundle."""
     path = _table_of(Path(path))
-    _sealed_or_loose(path)
+    check_sealed_table(path)  # a scored folder's table only through its seal
     try:
         table = read_table(path)
     except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
