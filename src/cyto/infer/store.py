@@ -143,6 +143,7 @@ class ChunkStore:
         self.dir = Path(out_dir) / PARTIAL
         self.key = key
         self.unit, self.rows = unit, rows
+        self._chunks: dict | None = None  # chunks.json as this writer last read or wrote it
 
     def start(self, resume: bool, echo) -> tuple[int, int]:
         """(tiles done, cells done): what an earlier run left, when resuming a matching run."""
@@ -166,6 +167,7 @@ class ChunkStore:
         elif resume:
             echo("resume: no unfinished run here; starting from the beginning")
         shutil.rmtree(self.dir, ignore_errors=True)
+        self._chunks = {}
         self.dir.mkdir(parents=True)
         state.write_text(json.dumps(self.key, indent=1))
         return 0, 0
@@ -202,15 +204,19 @@ class ChunkStore:
                 return
 
     def _record(self) -> dict:
-        """``chunks.json``: each chunk's bytes and sha256 as its run wrote it ({} when none)."""
-        try:
-            record = json.loads((self.dir / CHUNKS).read_text())
-        except (OSError, ValueError):
-            return {}
-        return record if isinstance(record, dict) else {}
+        """``chunks.json``: each chunk's bytes and sha256 as its run wrote it ({} when none);
+        read once, then kept as this writer (the folder's only one) writes it."""
+        if self._chunks is None:
+            try:
+                record = json.loads((self.dir / CHUNKS).read_text())
+            except (OSError, ValueError):
+                record = {}
+            self._chunks = record if isinstance(record, dict) else {}
+        return dict(self._chunks)
 
     def _write_record(self, record: dict) -> None:
         atomic_write(self.dir / CHUNKS, json.dumps(record, indent=1, sort_keys=True).encode())
+        self._chunks = dict(record)
 
     def _files(self) -> list[Path]:
         return sorted(f for f in self.dir.glob("chunk-*.parquet") if _CHUNK.match(f.name))
@@ -280,3 +286,4 @@ class ChunkStore:
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+        self._chunks = None
