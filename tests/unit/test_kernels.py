@@ -89,15 +89,18 @@ kernels.record()
 """
 
 
+def _scoring(tmp_path):
+    """A fresh process scoring with the kept kernels under ``tmp_path/numba`` (then recording
+    them), as a call: its completed process."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONWARNINGS": "always"}
+    return lambda: subprocess.run(
+        [sys.executable, "-c", SCORE], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
 @pytest.mark.parametrize("suffix", [".nbi", ".nbc"])
 def test_a_run_after_numba_kernels_are_damaged_scores_the_same_and_says_why(tmp_path, suffix):
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONWARNINGS": "always"}
-
-    def run():
-        return subprocess.run(
-            [sys.executable, "-c", SCORE], env=env, capture_output=True, text=True, timeout=300
-        )
-
+    run = _scoring(tmp_path)
     first = run()
     assert first.returncode == 0, first.stderr
     kept = sorted((tmp_path / "numba").rglob(f"dsvdd.dsvdd_scores*{suffix}"))
@@ -123,13 +126,7 @@ def test_damaged_kernels_whose_record_was_forged_to_match_still_score_the_same(t
     anew, said in one line."""
     import hashlib
 
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONWARNINGS": "always"}
-
-    def run():
-        return subprocess.run(
-            [sys.executable, "-c", SCORE], env=env, capture_output=True, text=True, timeout=300
-        )
-
+    run = _scoring(tmp_path)
     first = run()
     assert first.returncode == 0, first.stderr
     folder = tmp_path / "numba"

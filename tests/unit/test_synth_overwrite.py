@@ -26,46 +26,56 @@ def test_overwrite_replaces_its_own_slide_and_refuses_a_users_file(tmp_path, suf
     assert not synthetic_file(ground_truth_path(user))
 
 
+def _race(monkeypatch, module, step: str, write) -> dict:
+    """Two runs of ``write(seed)`` at once: the first held inside ``module.step`` (a step it
+    takes after its checks) until the second has started; {"first": ..., "second": ...}: what
+    each returned, or the InputPathError it raised."""
+    import threading
+
+    real, first_in, go = getattr(module, step), threading.Event(), threading.Event()
+
+    def held(*args, **kwargs):
+        if threading.current_thread().name == "first" and not first_in.is_set():
+            first_in.set()
+            go.wait(10)  # the second run starts while the first writes
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, step, held)
+    results: dict = {}
+
+    def run(name, seed):
+        try:
+            results[name] = write(seed)
+        except InputPathError as exc:
+            results[name] = exc
+
+    a = threading.Thread(target=run, args=("first", 1), name="first")
+    a.start()
+    assert first_in.wait(10)
+    b = threading.Thread(target=run, args=("second", 2), name="second")
+    b.start()
+    b.join(0.5)  # it waits on the first run's lock
+    go.set()
+    a.join(60)
+    b.join(60)
+    return results
+
+
 def test_two_runs_into_one_folder_at_once_write_one_dataset_and_refuse_the_other(
     tmp_path, monkeypatch
 ):
     """A hostile check (round 3): two `cyto synth patches OUT` at once both said "wrote 90
     patches" and the folder held one seed's images. The later one now waits for the first and
     is refused as a later run is; the folder is the first run's, whole."""
-    import threading
-
     import cyto.data.synth.patches as patches
     from cyto.data.synth.patches import PatchSynthConfig, write_patches
 
-    real, first_drawn, go = patches.render_patch, threading.Event(), threading.Event()
-
-    def slow(*args, **kwargs):
-        if threading.current_thread().name == "first" and not first_drawn.is_set():
-            first_drawn.set()
-            go.wait(10)  # the second run starts while the first draws
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(patches, "render_patch", slow)
-    out, results = tmp_path / "ds", {}
-
-    def run(name, seed):
-        try:
-            results[name] = write_patches(out, PatchSynthConfig(n_normal=3, n_abnormal=0,
-                                                                size=32, seed=seed))  # fmt: skip
-        except InputPathError as exc:
-            results[name] = exc
-
-    a = threading.Thread(target=run, args=("first", 1), name="first")
-    a.start()
-    assert first_drawn.wait(10)
-    b = threading.Thread(target=run, args=("second", 2), name="second")
-    b.start()
-    b.join(0.5)  # it waits on the first run's lock
-    go.set()
-    a.join(30)
-    b.join(30)
+    out = tmp_path / "ds"
+    results = _race(monkeypatch, patches, "render_patch", lambda seed: write_patches(
+        out, PatchSynthConfig(n_normal=3, n_abnormal=0, size=32, seed=seed)))  # fmt: skip
     assert results["first"] == {"normal": 3}
     assert isinstance(results["second"], InputPathError) and "exists" in str(results["second"])
+    monkeypatch.undo()
     alone = tmp_path / "alone"
     write_patches(alone, PatchSynthConfig(n_normal=3, n_abnormal=0, size=32, seed=1))
     for f in sorted((alone / "normal").iterdir()):
@@ -77,36 +87,10 @@ def test_two_slides_written_to_one_path_at_once_keep_one_and_refuse_the_other(
 ):
     """A hostile check (round 4): two `cyto synth slide OUT` at once both said "wrote" and one
     run's slide was lost (as `synth patches` did in round 3): the later one waits and is refused."""
-    import threading
-
     import cyto.data.synth.slide as slide
 
-    real, first_in, go = slide.layout, threading.Event(), threading.Event()
-
-    def slow(config):
-        if threading.current_thread().name == "first":
-            first_in.set()
-            go.wait(10)
-        return real(config)
-
-    monkeypatch.setattr(slide, "layout", slow)
-    out, results = tmp_path / "s.tif", {}
-
-    def run(name, seed):
-        try:
-            results[name] = write_slide(out, SlideSynthConfig(width=512, height=512, seed=seed),
-                                        workers=0)  # fmt: skip
-        except InputPathError as exc:
-            results[name] = exc
-
-    a = threading.Thread(target=run, args=("first", 1), name="first")
-    a.start()
-    assert first_in.wait(10)
-    b = threading.Thread(target=run, args=("second", 2), name="second")
-    b.start()
-    b.join(0.5)
-    go.set()
-    a.join(60)
-    b.join(60)
+    out = tmp_path / "s.tif"
+    results = _race(monkeypatch, slide, "layout", lambda seed: write_slide(
+        out, SlideSynthConfig(width=512, height=512, seed=seed), workers=0))  # fmt: skip
     assert not isinstance(results["first"], Exception)
     assert isinstance(results["second"], InputPathError) and "exists" in str(results["second"])

@@ -145,11 +145,6 @@ def _record_quietly(folder: Path) -> None:
         record(folder)
 
 
-def kept(dispatcher) -> KeptKernel:
-    """``dispatcher`` (a numba kernel compiled with ``cache=True``) as a :class:`KeptKernel`."""
-    return KeptKernel(dispatcher)
-
-
 class KeptKernel:
     """A numba kernel whose kept machine code, when it fails to load (a file damaged in a way
     its record vouches for: a record edited to match it), is removed and compiled anew, said

@@ -17,7 +17,7 @@ from cyto.runtime.heads.base import Head
 from cyto.runtime.heads.registry import register_head
 
 
-@kernels.kept
+@kernels.KeptKernel
 @njit(cache=True, parallel=True)
 def dsvdd_scores(emb: np.ndarray, centres: np.ndarray, lam: float) -> np.ndarray:
     """``emb``: (seeds, views, N, d) float32; ``centres``: (seeds, d). Returns (N,) float64."""

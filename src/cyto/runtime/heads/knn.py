@@ -17,7 +17,7 @@ from cyto.runtime.heads.base import Head
 from cyto.runtime.heads.registry import register_head
 
 
-@kernels.kept
+@kernels.KeptKernel
 @njit(cache=True, parallel=True)
 def knn_scores(
     emb: np.ndarray, reference: np.ndarray, shift: np.ndarray, scale: np.ndarray, k: int

@@ -18,7 +18,7 @@ from cyto.runtime.heads.base import Head
 from cyto.runtime.heads.registry import register_head
 
 
-@kernels.kept
+@kernels.KeptKernel
 @njit(cache=True, parallel=True, fastmath=True)
 def _rbf_finish(
     cross: np.ndarray,

@@ -14,7 +14,7 @@ from cyto.runtime.heads.base import Head
 from cyto.runtime.heads.registry import register_head
 
 
-@kernels.kept
+@kernels.KeptKernel
 @njit(cache=True)
 def softmax_abnormal(logits: np.ndarray) -> np.ndarray:
     """P(abnormal) from (N, 2) logits, numerically stable."""
