@@ -139,12 +139,14 @@ def score_slide(
 
     import pyarrow.parquet as pq
 
+    from cyto.cohort.local import score_one
     from cyto.cohort.run import refuse_finished, refuse_resume_and_overwrite
     from cyto.errors import ConfigError
     from cyto.infer.options import ScoreOptions, detection_for
     from cyto.infer.outputs import read_truth
     from cyto.infer.pipeline import score_slide as run
     from cyto.location import output_location
+    from cyto.runtime import Scorer, load_scorer
     from cyto.slides.remote import slide_ref
 
     # every option checked (name, type, range) before any file is read; detection by kind
@@ -182,7 +184,17 @@ def score_slide(
             opts = replace(opts, detection=detection_for(kind, model))
         # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
         said = echo or (lambda _line: None)
-        run(slide_ref(slide), model, where.local, opts, echo=lambda m: said(where.words(m)))
+        words = lambda m: said(where.words(m))  # noqa: E731
+        if opts.resume:
+            # a finished folder is reused, or scored again saying why, by cyto score's own
+            # rule (cyto.cohort.local.finished_summary); it needs the model loaded to compare
+            if not isinstance(model, Scorer):
+                model = load_scorer(
+                    model, opts.backend, opts.device, opts.precision, verify=opts.verify
+                )
+            score_one(slide_ref(slide), where.local, model, opts, words, None)
+        else:
+            run(slide_ref(slide), model, where.local, opts, echo=words)
         table = pq.read_table(where.local / "scores.parquet")
     return table
 

@@ -545,8 +545,13 @@ def repair_words(path: Path, name: str, manifest: dict[str, Any]) -> str:
         return f"export it again with real cells: cyto export {path} --cells CELLS"
     made = {e.get("file"): str(e.get("precision", k)) for k, e in _graph_entries(manifest).items()}
     if name in made:
-        cells = " --calib CELLS" if made[name] == "int8" else ""
-        return f"export it again: cyto export {path} --precision {made[name]}{cells}"
+        cells = ""
+        if made[name].startswith("int8"):
+            cells = " --calib CELLS"
+        elif (manifest.get("golden") or {}).get("kind") != "cells":
+            # fp16 measures its parity on the golden cells only when they are real cells
+            cells = " --parity-cells CELLS"
+        return f"export it again: cyto export {path} --precision {made[name].split('-')[0]}{cells}"
     return "restore the bundle from a copy, or train it again"
 
 
@@ -627,7 +632,9 @@ def add_files(
     path = Path(path)
     _manifest_file(path)
     with bundle_lock(path, exclusive=True):
-        manifest = _verified(path, frozenset(new))  # what is replaced may be damaged
+        # what is replaced may be damaged, and so may what the step running now writes next
+        # (cyto export seals its fp32 graph before it writes the fp16 one again: rewriting)
+        manifest = _verified(path, frozenset(new) | _REWRITING.get())
         sealed = SEAL in manifest
         update = manifest_update(manifest) if callable(manifest_update) else manifest_update
         manifest.update(update or {})

@@ -292,3 +292,33 @@ def test_a_slide_folder_holding_a_users_files_under_output_names_is_never_writte
         assert proc.returncode != 0, proc.stdout
         assert "holds cells.geojson that cyto did not write" in proc.stdout + proc.stderr
     assert mine.read_text() == '{"mine": true}'
+
+
+def test_score_slide_resume_from_python_reuses_a_sealed_folder_and_says_why_not(
+    calibrated, tmp_path
+):
+    """``cyto.score_slide(resume=True)`` reuses a finished folder as ``cyto score --resume``
+    does (the same rule: :func:`cyto.cohort.local.finished_summary`). Failed before: it said
+    only 'no unfinished run here' and scored a sealed folder again, and gave no reason for a
+    forged one."""
+    import cyto
+
+    model, slide, scored, opts = calibrated
+    folder = tmp_path / "s1"
+    shutil.copytree(scored / "s1", folder)
+    kw = {"mosaic": 8, "fdr_alpha": 0.2, "qupath": "cells", "truth": opts.truth}
+    said: list[str] = []
+    before = (folder / "scores.parquet").stat().st_mtime_ns
+    table = cyto.score_slide(
+        slide, model, folder, resume=True, workers=0, tile=512, echo=said.append, **kw
+    )
+    assert any("already scored" in m for m in said), said
+    assert (folder / "scores.parquet").stat().st_mtime_ns == before  # nothing scored again
+    assert table.num_rows > 0
+    forged = _forge(folder)
+    said.clear()
+    cyto.score_slide(slide, model, folder, resume=True, workers=0, tile=512, echo=said.append, **kw)
+    line = next(m for m in said if "scoring it again" in m)
+    assert "summary.json" in line, line
+    summary = json.loads((folder / SUMMARY).read_text())
+    assert summary["burden"]["triage"] != forged["triage"]
