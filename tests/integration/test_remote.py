@@ -209,6 +209,33 @@ def test_an_object_that_changes_while_scored_stops_that_slide(
     assert not (out / "s").exists()
 
 
+def test_every_reader_of_a_run_reads_the_version_it_pinned(slide, tmp_path, monkeypatch):
+    """The tile workers and the threshold thread start first, each opening the slide itself;
+    they were given the URL unpinned, so one that met a change before the run pinned its version
+    left the run to open the new version and score it whole (the test above then failed, 1 run
+    in 3-6). Now the run pins the server's version before anything reads it."""
+    import cyto.infer.pipeline as pipeline
+
+    given: list = []
+
+    class Stop(Exception):
+        pass
+
+    def record(slide_arg, *_a, **_k):
+        given.append(slide_arg)
+        raise Stop
+
+    monkeypatch.setattr(pipeline, "start_workers", record)
+    with fault_server(slide.read_bytes()) as server:
+        with pytest.raises(Stop):
+            pipeline.score_slide(f"{server.url}/s.tif", None, tmp_path / "out")
+        monkeypatch.setattr(pipeline, "start_workers", lambda *_a, **_k: None)
+        monkeypatch.setattr(pipeline.ThresholdAhead, "start", record)
+        with pytest.raises(Stop):
+            pipeline.score_slide(f"{server.url}/s.tif", None, tmp_path / "out")
+    assert [g.etag for g in given] == ['"v1"', '"v1"']
+
+
 def test_a_run_asks_the_server_again_for_a_url_served_anew(slide):
     """A process that scored a URL before (cyto watch, a script) kept its opened object, and a
     later run of the same URL, served anew with other bytes, was pinned to the old version and

@@ -293,6 +293,7 @@ def test_a_ray_cohort_from_and_to_s3_shares_no_folder(
     urls = [slide_ref(f"s3://slides/ray/{s.name}") for s in slides]
     env = {**s3.env(), "CYTO_CACHE_DIR": str(node), "CYTO_PROGRESS": "0"}
     ray.init(
+        address="local",  # never a cluster another test (or the user) started on this machine
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,

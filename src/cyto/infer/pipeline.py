@@ -62,6 +62,10 @@ def score_slide(
     """
     # the summary names the slide by its absolute path: a review opened elsewhere finds it
     slide, out_dir = slide_ref(slide).absolute(), Path(out_dir)
+    # a remote slide is pinned to the server's version before anything reads it: the tile
+    # workers and the threshold thread below opened it on their own, and one that met a change
+    # before the run had pinned it left the run to open the new version and score it whole
+    slide = pinned_ref(slide)
     # the tile workers start first: a worker takes 1-3 s to start on 2 cores, which the model's
     # loading and the slide's plan now hide (the engine waited for it: 2.3 s of a 9 s slide)
     if pool is None and opts.decode == "cpu":
