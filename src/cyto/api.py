@@ -83,8 +83,12 @@ def load_model(
 
     Example:
         >>> import numpy as np, cyto
-        >>> scorer = cyto.load_model("dsvdd.cyto", backend="onnx", device="cpu")
-        >>> scores = scorer.score(np.zeros((4, 64, 64, 3), np.uint8))
+        >>> with cyto.load_model("dsvdd.cyto", backend="onnx", device="cpu") as scorer:
+        ...     scores = scorer.score(np.zeros((4, 64, 64, 3), np.uint8))
+
+        The scorer holds its engine's session and memory until ``close()`` (or the end of its
+        ``with`` block); it is given to :func:`score_slide` and :func:`predict` in place of a
+        path, loaded once for many slides.
     """
     from cyto.runtime import load_scorer
 

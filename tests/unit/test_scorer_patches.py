@@ -141,3 +141,24 @@ def test_a_closed_scorer_refuses_in_one_line_whatever_its_backend(exported_dsvdd
     for call in (lambda: closed.score(x), lambda: closed.raw(x), closed.warm):
         with pytest.raises(ConfigError, match=f"^{CLOSED}$"):
             call()
+
+
+def test_a_scorer_is_a_context_manager_that_closes_however_the_block_ends(exported_dsvdd):
+    """``with cyto.load_model(path) as scorer:`` (a known gap of issue 68: a Scorer was not a
+    context manager, TypeError): closed after the block, also when it raised; a closed scorer
+    is not entered again."""
+    import cyto
+    from cyto.runtime.scorer import CLOSED
+
+    with cyto.load_model(exported_dsvdd, backend="onnx", device="cpu") as scorer:
+        size = scorer.spec.crop_size
+        assert scorer.score(np.zeros((2, size, size, 3), np.uint8)).shape == (2,)
+    with pytest.raises(ConfigError, match=f"^{CLOSED}$"):
+        scorer.score(np.zeros((1, size, size, 3), np.uint8))
+    with pytest.raises(ConfigError, match=f"^{CLOSED}$"), scorer:
+        pass
+    other = cyto.load_model(exported_dsvdd, backend="onnx", device="cpu")
+    with pytest.raises(KeyError), other:
+        raise KeyError("the user's own error goes through")
+    with pytest.raises(ConfigError, match=f"^{CLOSED}$"):
+        other.warm()

@@ -220,6 +220,15 @@ class Scorer:
             self._closed = True
             self.backend.close()
 
+    def __enter__(self) -> Scorer:
+        """``with cyto.load_model(path) as scorer:``: closed when the block ends, however."""
+        if self._closed:
+            raise ConfigError(CLOSED)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
 
 def _has_onnxruntime() -> bool:
     return importlib.util.find_spec("onnxruntime") is not None
