@@ -164,6 +164,37 @@ def test_resume_trusts_the_prefix_only_through_its_seal(
     assert gone.stderr.strip() == "error: cannot write --out s3://nobucket/run: not found (404)"
 
 
+def test_an_edited_row_of_another_machines_slide_is_drawn_again_from_its_seal(
+    slides, exported_dsvdd, aws, tmp_path
+):
+    """A known gap of issue 68 (class 2): the cohort.csv row of a slide another machine scored
+    into the prefix was kept as it was, edited or not (its folder was not pulled here). Its
+    summary and seal are now pulled, and the row is drawn again from them, said in one line."""
+    import csv
+
+    a, b = slides
+    assert _score([a], exported_dsvdd, "s3://out/run5/").returncode == 0
+    _forget_staging(tmp_path)  # b is scored by "another machine": nothing of a staged here
+    client = aws.client()
+    text = client.get_object(Bucket="out", Key="run5/cohort.csv")["Body"].read().decode()
+    rows = list(csv.DictReader(io.StringIO(text)))
+    true_cells = rows[0]["cells"]
+    rows[0]["cells"] = str(int(true_cells) + 1000)  # an edit by hand
+    edited = io.StringIO()
+    writer = csv.DictWriter(edited, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    client.put_object(Bucket="out", Key="run5/cohort.csv", Body=edited.getvalue().encode())
+    proc = _score([b], exported_dsvdd, "s3://out/run5/")
+    assert proc.returncode == 0, proc.stderr
+    assert "rows of a.tif are drawn again from their folders' seals" in proc.stderr, proc.stderr
+    text = client.get_object(Bucket="out", Key="run5/cohort.csv")["Body"].read().decode()
+    got = {Path(r["slide"]).name: r for r in csv.DictReader(io.StringIO(text))}
+    assert got["a.tif"]["cells"] == true_cells and set(got) == {"a.tif", "b.tif"}
+    objects = _objects(aws, "run5/")  # nothing of a's folder was written again or removed
+    assert {"a/scores.parquet", "a/seal.json", "a/summary.json"} <= set(objects)
+
+
 def test_calibrate_and_view_take_a_scored_folder_by_its_url(
     slides, local, exported_dsvdd, aws, tmp_path
 ):

@@ -170,15 +170,27 @@ def stage(where: OutputLocation, slides: list[Path]) -> None:
     if not where.is_remote:
         return
     where.check()
+    from cyto.seal import SEAL
+
     stems = {printable(_resolved(s).stem) for s in slides}
     pattern = re.compile(r"(.*?)(-[0-9a-f]{8})?")
-    for name in where.folders():
+    folders = where.folders()
+    pulled = set()
+    for name in folders:
         if pattern.fullmatch(name).group(1) in stems or name in stems:
             try:
                 where.child(name).pull()
+                pulled.add(name)
             except OutputBusyError:  # that slide fails alone, saying so, when it is scored
                 continue
     where.pull(("cohort.csv",))
+    # the rows of slides other runs (other machines) scored into the prefix are checked
+    # against their folders' seals as local rows are (cohort.table): their summaries and
+    # seals, not their tables, are pulled for it
+    for row in read_cohort_table(where.local / "cohort.csv"):
+        name = Path(str(row.get("output") or "")).name
+        if name in folders and name not in pulled:
+            where.child(name).pull(("summary.json", SEAL))
 
 
 def check_out_folder(out: Path) -> None:
