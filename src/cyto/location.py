@@ -438,3 +438,12 @@ def scored_here(
         if not children and not any(p for p in loc.local.iterdir() if not p.name.startswith(".")):
             raise InputPathError(f"{loc}: holds no outputs of cyto score (nothing under it)")
     return loc.local, loc
+
+
+def scored_folders(given, options: dict | None = None) -> list[Path]:
+    """Scored folders (or cohort folders) given by paths or URLs, as local folders: each URL
+    through :func:`scored_here` (pulled to cyto's cache, trusted through its seal), each path
+    as it is. The one rule of every command that reads scored folders (``cyto review``,
+    ``cyto data cells``, ``cyto view``, ``cyto calibrate``): a URL is never read as a path
+    (``s3:/bucket/...`` "is not a folder")."""
+    return [scored_here(g, options)[0] if is_url(g) else Path(g) for g in given]

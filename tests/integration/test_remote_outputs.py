@@ -195,6 +195,44 @@ def test_an_edited_row_of_another_machines_slide_is_drawn_again_from_its_seal(
     assert {"a/scores.parquet", "a/seal.json", "a/summary.json"} <= set(objects)
 
 
+def test_data_cells_and_review_take_a_scored_folder_by_its_url(
+    slides, local, exported_dsvdd, aws, tmp_path, monkeypatch
+):
+    """``cyto data cells`` and ``cyto review`` read the URL as a path ("s3:/out/... is not a
+    folder"). Now the folder is pulled and trusted through its seal (location.scored_folders,
+    the rule of view and calibrate): the cells cut are the local run's; a review of a URL needs
+    a local --session for its marks, said in one line."""
+    import cyto.review.server as review_server
+    from tests.cli_runner import run_cyto
+
+    assert _score(slides, exported_dsvdd, "s3://out/run6/").returncode == 0
+    _forget_staging(tmp_path)
+    cut = {}
+    for name, source in (("local", str(local / "a")), ("url", "s3://out/run6/a")):
+        proc = run_cyto("data", "cells", source, "--out", str(tmp_path / name))
+        assert proc.returncode == 0, proc.stderr
+        cut[name] = {
+            f.relative_to(tmp_path / name).as_posix(): f.read_bytes()
+            for f in sorted((tmp_path / name / "normal").iterdir())
+        }
+    assert cut["url"] == cut["local"] and len(cut["url"]) > 10
+
+    refused = run_cyto("review", "s3://out/run6/", "--reviewer", "ann")
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        "error: s3://out/run6/ is a URL: give --session DIR, a local folder where the review "
+        "and its marks are kept"
+    )
+    served = []
+    monkeypatch.setattr(review_server, "serve", lambda opened, *a, **k: served.append(opened))
+    proc = run_cyto(
+        "review", "s3://out/run6/", "--reviewer", "ann", "--session", str(tmp_path / "rv")
+    )
+    assert proc.returncode == 0, proc.stderr
+    [opened] = served
+    assert (tmp_path / "rv" / "cases.json").is_file() and len(opened.cases) == 2
+
+
 def test_calibrate_and_view_take_a_scored_folder_by_its_url(
     slides, local, exported_dsvdd, aws, tmp_path
 ):

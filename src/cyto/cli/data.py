@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import data_app
+from cyto.cli._app import StorageOption, data_app
 
 
 @data_app.command("info")
@@ -87,10 +87,10 @@ def data_mosaic_cmd(
 )
 def data_cells_cmd(
     scored: Annotated[
-        list[Path],
+        list[str],
         typer.Argument(
             help="Output folders of cyto score (a slide's, or a cohort's) of slides "
-            "known to be negative."
+            "known to be negative, as paths or URLs (s3://BUCKET/OUT/SLIDE)."
         ),
     ],
     out: Annotated[Path, typer.Option(help="Dataset folder: OUT/LABEL/ and OUT/cells-LABEL.csv.")],
@@ -100,13 +100,17 @@ def data_cells_cmd(
     ] = None,
     seed: Annotated[int, typer.Option(help="Which cells --per-slide draws.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace OUT/LABEL if it exists.")] = False,
+    storage_option: StorageOption = None,
 ) -> None:
     """Training cells from negative slides: every cell cyto score found, cut at the area the
     model saw, into a class folder for cyto train (the paper trains on such cells)."""
     from cyto.eval.scores import check_parquet
+    from cyto.location import scored_folders
     from cyto.review.cells import harvest_cells
     from cyto.review.session import find_scored
+    from cyto.slides.remote import parse_options
 
+    scored = scored_folders(scored, parse_options(storage_option))
     for folder in find_scored(scored):  # a cut table: one line naming it, before any cell
         check_parquet(folder / "scores.parquet", "score its slide again with cyto score")
     res = harvest_cells(

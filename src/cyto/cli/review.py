@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import _csv, app, review_app
+from cyto.cli._app import StorageOption, _csv, app, review_app
 
 
 @review_app.command(
@@ -16,10 +16,10 @@ from cyto.cli._app import _csv, app, review_app
 )
 def review_serve_cmd(
     scored: Annotated[
-        list[Path],
+        list[str],
         typer.Argument(
-            help="Output folders of cyto score (a slide's folder or a cohort's), or a review "
-            "folder made before."
+            help="Output folders of cyto score (a slide's folder or a cohort's, as paths or "
+            "URLs: s3://BUCKET/OUT/SLIDE, with --session), or a review folder made before."
         ),
     ],
     reviewer: Annotated[
@@ -60,6 +60,7 @@ def review_serve_cmd(
         str, typer.Option(help="Address to listen on; the default keeps it on this computer.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: any free one).")] = 8765,
+    storage_option: StorageOption = None,
 ) -> None:
     """Serve the review page: each slide's top-K cells, shuffled, as a 10x10 grid to mark.
 
@@ -68,10 +69,20 @@ def review_serve_cmd(
     is written at once to REVIEW/marks.sqlite; stop and restart at any time. Each reviewer runs
     their own page (another --reviewer and --port) and sees only their own marks.
     """
+    from cyto.errors import ConfigError
+    from cyto.location import scored_folders
     from cyto.review.server import check_reviewer, serve
     from cyto.review.session import KEY_FILE, build_session, open_session
+    from cyto.slides.remote import is_url, parse_options, redact
 
     reviewer = check_reviewer(reviewer)
+    urls = [g for g in scored if is_url(g)]
+    if urls and session is None:  # its marks would go to cyto's cache, and be lost with it
+        raise ConfigError(
+            f"{redact(urls[0])} is a URL: give --session DIR, a local folder where the review "
+            "and its marks are kept"
+        )
+    scored = scored_folders(scored, parse_options(storage_option))
     if session is None and len(scored) == 1 and (scored[0] / KEY_FILE).is_file():
         opened = open_session(scored[0])
     else:
