@@ -246,6 +246,8 @@ class Bundle:
     weights: dict[str, dict[str, Any]] = field(default_factory=dict)
     scorer: dict[str, np.ndarray] = field(default_factory=dict)
     _spec: ModelSpec | None = field(default=None, repr=False, compare=False)
+    #: the manifest's sha256 as it was loaded (under the bundle's lock, with what was read)
+    _manifest_sha256: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def method(self) -> str:
@@ -271,7 +273,12 @@ class Bundle:
 
     @property
     def manifest_hash(self) -> str:
-        return hashlib.sha256((self.path / MANIFEST).read_bytes()).hexdigest()
+        """The sha256 of the manifest this bundle was loaded with: a bundle calibrated or
+        exported into while a run scores with it is not the bundle the run records (its
+        calibration, read at load, is the old one; the run's summary must say the old one)."""
+        if self._manifest_sha256 is None:
+            self._manifest_sha256 = hashlib.sha256((self.path / MANIFEST).read_bytes()).hexdigest()
+        return self._manifest_sha256
 
     @property
     def scoring_id(self) -> str:
@@ -597,6 +604,7 @@ def load_bundle(path: Path, weights: bool = True) -> Bundle:
 def _load_verified(path: Path, weights: bool) -> Bundle:
     manifest = _verified(path)
     bundle = Bundle(path=path, manifest=manifest)
+    bundle.manifest_hash  # noqa: B018 (kept as loaded, under the lock: Bundle.manifest_hash)
     for name in manifest["files"] if weights else ():
         if name.startswith("weights-") and name.endswith(".safetensors"):
             from safetensors import SafetensorError

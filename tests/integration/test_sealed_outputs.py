@@ -322,3 +322,30 @@ def test_score_slide_resume_from_python_reuses_a_sealed_folder_and_says_why_not(
     assert "summary.json" in line, line
     summary = json.loads((folder / SUMMARY).read_text())
     assert summary["burden"]["triage"] != forged["triage"]
+
+
+def test_a_bundle_calibrated_while_a_run_scores_is_recorded_as_it_was_loaded(calibrated, tmp_path):
+    """Hostile round 5 (WS 7.4): a bundle calibrated again while `cyto score` ran left a result
+    scored with the old calibration under the new manifest's hash, and `--resume` kept it
+    ("already scored"). The run records the manifest it loaded; a resume then sees the model
+    changed and scores the slide again."""
+    import hashlib
+
+    from cyto.cohort.local import finished_summary, open_model
+    from cyto.infer import score_slide
+    from cyto.stats.calibrate import calibrate_from_tables
+
+    model, slide, _, opts = calibrated
+    copy = tmp_path / "m.cyto"
+    shutil.copytree(model, copy)
+    loaded = hashlib.sha256((copy / "manifest.json").read_bytes()).hexdigest()
+    scorer = open_model(copy, opts, QUIET)  # loaded with the calibration of two slides
+    calibrate_from_tables(
+        copy, [model.parent / "neg0" / "scores.parquet"], min_cells=50, overwrite=True
+    )
+    summary = score_slide(slide, scorer, tmp_path / "s1", opts, echo=QUIET)
+    assert summary["model_sha256"] == loaded
+    said: list[str] = []
+    fresh = open_model(copy, opts, QUIET)
+    assert finished_summary(tmp_path / "s1", fresh, slide, opts, said.append) is None
+    assert "MODEL (its manifest)" in said[0] and "scoring it again" in said[0], said
