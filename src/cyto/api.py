@@ -143,7 +143,7 @@ def score_slide(
 
     import pyarrow.parquet as pq
 
-    from cyto.cohort.local import score_one
+    from cyto.cohort.local import check_inputs, score_one
     from cyto.cohort.run import refuse_finished, refuse_resume_and_overwrite
     from cyto.errors import ConfigError
     from cyto.infer.options import ScoreOptions, detection_for
@@ -179,6 +179,8 @@ def score_slide(
     # the prefix's files are pulled where they are checked, and published when scored
     where = output_location(out)
     where.check()
+    if not where.is_remote:  # never the model bundle nor inside it (as cyto score)
+        check_inputs(where.local, opts, model if isinstance(model, Scorer) else Path(model))
     with where.writing():
         # a folder holding finished results (this slide's or another's) is not scored over
         # unasked

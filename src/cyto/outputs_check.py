@@ -143,11 +143,17 @@ def _same_or_inside(inner: Path, outer: Path) -> bool:
     return a == b or b in a.parents
 
 
+def _is_bundle(path: Path) -> bool:
+    """A model bundle's folder: nothing but cyto's own steps writes inside it."""
+    return (path / "manifest.json").is_file()
+
+
 def refuse_input_as_output(
     out: Path, label: str, inputs: dict[str, object], error: type[CytoError] = InputPathError
 ) -> None:
     """An output never replaces an input: ``out`` that is one of ``inputs`` (option name ->
-    path; None and URLs skipped), or a folder holding one, is refused in one line naming both in
+    path; None and URLs skipped), a folder holding one, or a folder inside an input model
+    bundle (a slide's results written into the bundle), is refused in one line naming both in
     the caller's words, ``--overwrite`` or not (``cyto predict --data m.parquet --out m.parquet
     --overwrite`` replaced the user's manifest with its score table)."""
     from cyto.flags import passing, python_call
@@ -155,8 +161,11 @@ def refuse_input_as_output(
     for option, given in inputs.items():
         if given is None or "://" in str(given):
             continue
-        if _same_or_inside(Path(given), Path(out)):
+        inside_bundle = _is_bundle(Path(given)) and _same_or_inside(Path(out), Path(given))
+        if _same_or_inside(Path(given), Path(out)) or inside_bundle:
             what = "is" if Path(given).resolve() == Path(out).resolve() else "holds"
+            if inside_bundle and what != "is":
+                what = "lies inside"
             if option.isupper():  # an argument by position at the command line: MODEL
                 named = f"{option.lower()}={str(given)!r}" if python_call() else f"{option} {given}"
             else:

@@ -193,3 +193,30 @@ def test_a_scored_slide_is_scored_again_only_with_resume_or_overwrite(
     redone = score_cli(a.paths[0], exported_dsvdd, out, *args, "--overwrite")
     assert redone.returncode == 0, redone.stderr
     assert "already scored" not in redone.stdout
+
+
+@pytest.mark.parametrize("inside", ["", "scored", "scored/deeper"])
+def test_scores_are_never_written_into_the_model_bundle(exported_dsvdd, two, tmp_path, inside):
+    """Hostile round 5 (WS 5.9): `cyto score --out BUNDLE` and `score_slide(out=BUNDLE)` wrote a
+    slide's folder and cohort.csv into the model bundle. Refused in one line, CLI and API alike,
+    before anything is written."""
+    import shutil
+
+    import cyto
+    from cyto.errors import CytoError
+
+    slide = two[2].paths[0]
+    model = tmp_path / "m.cyto"
+    shutil.copytree(exported_dsvdd, model)
+    before = sorted(p.name for p in model.rglob("*"))
+    out = model / inside if inside else model
+    proc = run_cyto("score", str(slide), "--model", str(model), "--out", str(out))
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert line.startswith(f"error: --out {out} ") and f"MODEL {model}" in line, line
+    assert "an output never replaces an input" in line
+    with pytest.raises(CytoError, match=r"out=.*model="):
+        cyto.score_slide(slide, str(model), out / "s")
+    with pytest.raises(CytoError, match=r"out=.*model="):
+        cyto.score_slide(slide, cyto.load_model(model, device="cpu"), out / "s")
+    assert sorted(p.name for p in model.rglob("*")) == before

@@ -198,9 +198,16 @@ def check_out_folder(out: Path) -> None:
         raise InputPathError(f"--out {out} is a file; give a folder (it is created if missing)")
 
 
-def check_inputs(out: Path, opts: ScoreOptions) -> None:
+def check_inputs(out: Path, opts: ScoreOptions, model: Path | Scorer | None = None) -> None:
     """Every input the options name, checked before any work starts (a bad --truth or
-    --nuclei file used to surface only after a whole slide was scored)."""
+    --nuclei file used to surface only after a whole slide was scored); ``out`` is never the
+    model bundle nor inside it (:func:`cyto.outputs_check.refuse_input_as_output`)."""
+    from cyto.flags import passing
+    from cyto.outputs_check import refuse_input_as_output
+
+    if model is not None:
+        bundle = model.bundle.path if isinstance(model, Scorer) else model
+        refuse_input_as_output(Path(out), passing("out", out), {"MODEL": bundle})
     check_out_folder(out)
     check_writable(out)
     read_cohort_table(Path(out) / "cohort.csv")  # one it cannot update: said before any work
@@ -409,7 +416,7 @@ def score_cohort(
     object storage (:class:`~cyto.location.OutputLocation`)."""
     where = output_location(out)
     echo = echo_for(where, echo)
-    check_inputs(where.local, opts)
+    check_inputs(where.local, opts, model)
     stage(where, slides)
     out = where.local
     scorer = open_model(model, opts, echo)

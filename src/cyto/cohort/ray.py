@@ -387,7 +387,7 @@ def score_cohort_ray(
 
     where = output_location(out)
     echo = echo_for(where, echo)
-    check_inputs(where.local, opts)
+    check_inputs(where.local, opts, model)
     if split_tiles is not None and split_tiles < 1:
         raise ConfigError(f"split_tiles must be >= 1, got {split_tiles}")
     if where.is_remote and split_tiles is not None:

@@ -89,7 +89,7 @@ def watch_cohort(
             raise ConfigError(f"--watch takes folders to watch; {folder} is not a folder")
     if poll <= 0 or settle < 0:
         raise ConfigError(f"--poll must be > 0 and --settle >= 0, got {poll} and {settle}")
-    check_inputs(out, opts)
+    check_inputs(out, opts, model)
     Path(out).mkdir(parents=True, exist_ok=True)
     opts = ScoreOptions(**{**opts.__dict__, "resume": True})  # keep what is already scored
     scorer = open_model(model, opts, echo)
