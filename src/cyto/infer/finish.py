@@ -125,7 +125,7 @@ def _calibrated(scores: np.ndarray, run: _Run, quality: dict | None = None) -> d
     if any(d.startswith("MODEL ") for d in differs):
         return {
             "burden": {
-                "status": "calibration mismatch",
+                "status": calibrate.CALIBRATION_MISMATCH,
                 "reason": "the calibration was made with another model: calibrate again",
             }
         }

@@ -25,7 +25,7 @@ import numpy as np
 from cyto.bundle import clear_temp_dirs_beside, temp_dir_beside
 from cyto.errors import ConfigError
 from cyto.locks import OutputLock
-from cyto.outputs_check import refuse_to_replace
+from cyto.outputs_check import refuse_input_as_output, refuse_to_replace
 from cyto.progress import progress
 from cyto.review.session import crop_cells, find_scored, read_source
 from cyto.stats.calibrate import refuse_planted, refuse_repeated_slides
@@ -60,16 +60,27 @@ def harvest_cells(
         return _harvest(sources, out, label, per_slide, seed, overwrite, echo)
 
 
-#: the crops :func:`_harvest` writes (``003_SLIDE_CELLID.png``), by which a class folder is
-#: known as cyto's (a class folder holds images only, no record)
-CELL_NAMES = ("[0-9][0-9][0-9]_*.png",)
+def own_cells(out: Path, label: str) -> list[str]:
+    """The crops an earlier run wrote in ``out/label`` (``003_SLIDE_CELLID.png``), as its
+    manifest ``cells-LABEL.csv`` lists them: what ``--overwrite`` may replace. A name alone
+    says nothing (a user's own ``001_mycell.png`` was deleted by its pattern)."""
+    target = (Path(out) / label).resolve()
+    try:
+        with open(Path(out) / f"cells-{label}.csv", newline="") as fh:
+            paths = [row.get("path") or "" for row in csv.DictReader(fh)]
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []
+    return [Path(p).name for p in paths if p and Path(p).parent == target]
 
 
 def _harvest(sources, out: Path, label: str, per_slide, seed: int, overwrite: bool, echo) -> dict:
     import pyarrow.parquet as pq
 
     target = out / label
-    refuse_to_replace(target, overwrite, name=str(target), known=CELL_NAMES)
+    # a scored folder read is never the one written (it was called files "cyto did not write")
+    for s in sources:
+        refuse_input_as_output(target, str(target), {"SCORED": s.folder})
+    refuse_to_replace(target, overwrite, name=str(target), known=own_cells(out, label))
     rng = np.random.default_rng(seed)
     plan = []  # (source, file-name prefix, the cells' ids, x, y)
     for k, s in enumerate(sources):

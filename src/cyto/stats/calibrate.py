@@ -33,6 +33,8 @@ from cyto.tables import read_table
 FDR_ALPHA = 0.1  # default target false discovery rate of the flagged cells
 TRIAGE_LEVEL = 0.05  # default level of the slide test
 TRIAGE_EXCESS, TRIAGE_NONE = "excess", "no excess"  # slide test at the triage level
+#: the burden status of a slide whose scores do not look like the calibration slides'
+CALIBRATION_MISMATCH = "calibration mismatch"
 BURDEN_QUANTILE = 0.99  # the burden counts cells above this quantile of the normal scores
 #: fewer evaluable calibration cells than this: the burden counts every cell (see :func:`apply`)
 MIN_EVALUABLE = 100
@@ -284,6 +286,15 @@ def refuse_planted(
         raise ConfigError(
             f"{slide}: its calibrated scoring triaged the slide {TRIAGE_EXCESS!r}{p_words}; "
             f"{use} from negative slides only"
+        )
+    if isinstance(burden, dict) and burden.get("status") == CALIBRATION_MISMATCH:
+        # a slide whose scores do not look like the negatives' (a 30 % abnormal slide shifts
+        # them so) was cut as normal training cells without a word
+        why = str(burden.get("reason") or "").split(":")[0] or CALIBRATION_MISMATCH
+        raise ConfigError(
+            f"{slide}: its calibrated scoring could not judge the slide ({why}), so nothing "
+            f"says it is negative; {use} from slides it triaged 'no excess' (slides of another "
+            "preparation: calibrate the model on negative slides like them first)"
         )
 
 
@@ -615,7 +626,7 @@ def apply(
         }
     if mismatch:
         said = ", ".join(mismatch)
-        out["status"] = "calibration mismatch"
+        out["status"] = CALIBRATION_MISMATCH
         out["reason"] = (
             f"this slide's scores do not look like the calibration slides' ({said}): another "
             "stain, scanner or preparation? No burden or FDR flags are reported; calibrate on "
