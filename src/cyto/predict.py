@@ -36,6 +36,7 @@ from cyto.flags import Range, check_value, hints_of, passing, said
 from cyto.infer.store import ChunkStore, kept_words
 from cyto.locks import OutputLock
 from cyto.outputs_check import check_out_file, refuse_to_replace
+from cyto.seal import with_rows_seal
 
 ZOOM_FILE = "zoom.json"
 
@@ -458,7 +459,7 @@ def _write_table(
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
+        pq.write_table(with_rows_seal(table), sink)  # its rows sealed in its own metadata
         atomic_write(out, sink.getvalue().to_pybytes())
     except OSError as exc:
         raise OutputWriteError(

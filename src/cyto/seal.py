@@ -230,3 +230,59 @@ def check_sealed_table(table: Path) -> None:
             f"{folder}: {sealed.words()}: score it again (cyto score --resume scores again "
             "only what changed)"
         )
+
+
+#: a cyto table's own seal in its file metadata: the sha256 of its rows (:func:`rows_digest`),
+#: so a table copied out of its sealed folder (or one that never had a folder: ``cyto predict``'s)
+#: is still known to hold the rows cyto wrote
+ROWS_KEY = "cyto.rows_sha256"
+#: metadata that says a table is cyto's (a score table of cyto score or cyto predict)
+_CYTO_KEYS = (b"cyto.manifest_sha256", b"cyto.version", b"cyto.scoring_id")
+
+
+def rows_digest(table) -> str:
+    """The sha256 of a table's rows: every column (by name, sorted), its values as they read
+    back from Parquet (numbers by their bytes, the rest by their text)."""
+    import numpy as np
+
+    h = hashlib.sha256(b"cyto-rows-v1")
+    for name in sorted(table.column_names):
+        values = table.column(name).to_numpy(zero_copy_only=False)
+        h.update(name.encode() + b"\0")
+        if values.dtype.kind in "biuf":
+            h.update(values.dtype.str.encode() + np.ascontiguousarray(values).tobytes())
+        else:
+            h.update("\x1f".join(map(repr, values.tolist())).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def with_rows_seal(table, meta: dict | None = None):
+    """``table`` with ``meta`` (default: its own metadata) and its rows' seal, to be written."""
+    given = (table.schema.metadata or {}) if meta is None else meta
+    # one spelling of each key (pyarrow gives bytes): an old seal must not stand beside the new
+    fields = {k.decode() if isinstance(k, bytes) else k: v for k, v in given.items()}
+    fields[ROWS_KEY] = rows_digest(table)
+    return table.replace_schema_metadata(fields)
+
+
+def is_cyto_table(table) -> bool:
+    """Whether a table says it is cyto's (its file metadata names a cyto model or version)."""
+    meta = table.schema.metadata or {}
+    return any(k in meta for k in _CYTO_KEYS)
+
+
+def check_rows(table, path: Path, again: str) -> None:
+    """A cyto table holds the rows cyto wrote (its :data:`ROWS_KEY`), or one line says it does
+    not (``again``: how to make it anew). A table that is not cyto's is left to the caller."""
+    from cyto.errors import ConfigError
+
+    if not is_cyto_table(table):
+        return
+    recorded = (table.schema.metadata or {}).get(ROWS_KEY.encode())
+    if recorded is None:
+        raise ConfigError(
+            f"{path}: a cyto table whose rows carry no seal (written by an older cyto, or "
+            f"rewritten by another tool): {again}"
+        )
+    if recorded.decode(errors="replace") != rows_digest(table):
+        raise ConfigError(f"{path}: its rows are not as cyto wrote them (edited since): {again}")

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.seal import with_rows_seal
 from tests.cli_runner import run_cyto
 from tests.integration.test_score import score_cli
 
@@ -204,7 +205,7 @@ def test_bench_slide_and_calibrate(exported_dsvdd, tmp_path):
     assert refused.returncode == 2 and "abnormal cell(s)" in refused.stderr, refused.stderr
     scored = pq.read_table(tmp_path / "w" / "scores.parquet")
     table = tmp_path / "unlabelled.parquet"
-    pq.write_table(scored.drop_columns(["label"]), table)
+    pq.write_table(with_rows_seal(scored.drop_columns(["label"])), table)
     proc = run_cyto("calibrate", str(model), str(table))
     assert proc.returncode == 0, proc.stderr
     proc = score_cli(res.paths[0], model, tmp_path / "o", "--mosaic", "0")

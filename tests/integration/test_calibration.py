@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.seal import with_rows_seal
 from cyto.stats import conformal
 from tests.cli_runner import run_cyto
 from tests.integration.test_score import score_cli
@@ -250,7 +251,7 @@ def test_calibrate_refuses_what_cannot_calibrate(cohort, tmp_path):
     bad = run_cyto("calibrate", str(model), str(t1), "--normalize", "zscore")
     assert bad.returncode == 2 and "--normalize must be one of" in bad.stderr
     small = tmp_path / "small.parquet"
-    pq.write_table(pa.table({"score": [1.0, 2.0]}), small)
+    pq.write_table(with_rows_seal(table.slice(0, 2)), small)  # cyto's table, too few cells
     proc = run_cyto("calibrate", str(model), str(small))
     assert proc.returncode == 2 and "at least 100 scored cells" in proc.stderr
     fdr = score_cli(cohort["negs"][0], model, tmp_path / "x", "--fdr", "1.5")
@@ -273,7 +274,8 @@ def test_a_slide_unlike_the_calibration_slides_gets_no_burden(cohort, tmp_path):
         iqr = np.subtract(*np.percentile(s, [75, 25]))
         moved = table.set_column(table.column_names.index("score"), "score", pa.array(s + 10 * iqr))
         shifted.append(tmp_path / f"shifted{i}.parquet")
-        pq.write_table(moved.replace_schema_metadata(table.schema.metadata), shifted[-1])
+        # as cyto writes a table (its rows sealed): scores of another preparation
+        pq.write_table(with_rows_seal(moved, table.schema.metadata), shifted[-1])
     # the copy holds the module's calibration: this one replaces it
     assert run_cyto("calibrate", str(model), *map(str, shifted), "--overwrite").returncode == 0
     slide = cohort["negs"][0]

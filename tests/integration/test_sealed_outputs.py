@@ -349,3 +349,78 @@ def test_a_bundle_calibrated_while_a_run_scores_is_recorded_as_it_was_loaded(cal
     fresh = open_model(copy, opts, QUIET)
     assert finished_summary(tmp_path / "s1", fresh, slide, opts, said.append) is None
     assert "MODEL (its manifest)" in said[0] and "scoring it again" in said[0], said
+
+
+def _edit_column(src: Path, dst: Path, column: str, how) -> None:
+    """``src``'s table with ``column`` changed by ``how`` (its file metadata kept), at ``dst``."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(src)
+    values = np.asarray(table[column].to_numpy(zero_copy_only=False))
+    i = table.schema.get_field_index(column)
+    pq.write_table(table.set_column(i, column, pa.array(how(values))), dst)
+
+
+@hsettings(max_examples=8, deadline=None)
+@given(
+    column=st.sampled_from(["score", "x", "cell_id", "morphometry_score"]),
+    factor=st.sampled_from([3.0, -1.0, 1.0001]),
+)
+def test_a_score_table_copied_out_of_its_folder_and_edited_is_refused(
+    calibrated, tmp_path_factory, column, factor
+):
+    """Hostile round 5 (WS 2.3): a scores.parquet edited and copied out of its sealed folder
+    calibrated a bundle ("99th percentile 10.29"). A cyto table carries its rows' seal in its
+    own metadata: calibrate and eval refuse it edited, wherever it lies."""
+    from cyto.eval.scores import read_score_table
+    from cyto.stats.calibrate import calibrate_from_tables
+
+    model, _, _, _ = calibrated
+    root = tmp_path_factory.mktemp("loose")
+    copy = root / "m.cyto"
+    shutil.copytree(model, copy)
+    honest = model.parent / "neg0" / "scores.parquet"
+    shutil.copy(honest, root / "honest.parquet")  # copied out whole: still taken
+    calibrate_from_tables(copy, [root / "honest.parquet"], min_cells=50, overwrite=True)
+    _edit_column(honest, root / "a.parquet", column, lambda v: v * factor)
+    with pytest.raises(ConfigError, match="its rows are not as cyto wrote them"):
+        calibrate_from_tables(copy, [root / "a.parquet"], min_cells=50, overwrite=True)
+    with pytest.raises(ConfigError, match="its rows are not as cyto wrote them"):
+        read_score_table(root / "a.parquet", "score", "label", need_label=False)
+
+
+def test_calibrate_refuses_a_table_that_names_no_model(calibrated, tmp_path):
+    """Hostile round 5 (WS 2.14): another model's tables with their metadata stripped were
+    recorded as a calibration valid for this bundle. Refused in one line."""
+    import pyarrow.parquet as pq
+
+    from cyto.stats.calibrate import calibrate_from_tables
+
+    model, _, _, _ = calibrated
+    copy = tmp_path / "m.cyto"
+    shutil.copytree(model, copy)
+    table = pq.read_table(model.parent / "neg0" / "scores.parquet")
+    pq.write_table(table.replace_schema_metadata(None), tmp_path / "plain.parquet")
+    with pytest.raises(ConfigError, match="carries no record of the model that scored it"):
+        calibrate_from_tables(copy, [tmp_path / "plain.parquet"], min_cells=50, overwrite=True)
+
+
+def test_an_edited_predict_table_is_not_evaluated_as_cyto_s(
+    exported_dsvdd, synth_patches, tmp_path
+):
+    """Hostile round 5 (WS 2.10): a predict table with its abnormal cells' scores raised by
+    100 (cyto's metadata kept) gave AUROC 1.0 in `cyto eval scores`. Refused in one line; the
+    table as predict wrote it is evaluated."""
+    import cyto
+    from tests.cli_runner import run_cyto
+
+    out = tmp_path / "p.parquet"
+    cyto.predict(exported_dsvdd, synth_patches, out, normal="normal", echo=None)
+    assert run_cyto("eval", "scores", str(out)).returncode == 0
+    _edit_column(out, tmp_path / "forged.parquet", "score", lambda v: v + 100)
+    proc = run_cyto("eval", "scores", str(tmp_path / "forged.parquet"))
+    assert proc.returncode != 0 and "its rows are not as cyto wrote them" in proc.stderr, (
+        proc.stdout + proc.stderr
+    )

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
+from cyto.seal import with_rows_seal
 from tests.cli_runner import run_cyto
 from tests.integration.test_score import score_cli
 
@@ -88,7 +89,9 @@ def test_calibrate_refuses_a_slide_whose_truth_plants_abnormal_cells(exported_ds
     # a slide-negative table calibrates once; a second calibration needs --overwrite
     neg = tmp_path / "neg.parquet"
     scored = pq.read_table(out / "a" / "scores.parquet").drop_columns(["label"])
-    pq.write_table(pa.concat_tables([scored] * 3), neg)  # the 100 cells calibration needs
+    pq.write_table(
+        with_rows_seal(pa.concat_tables([scored] * 3)), neg
+    )  # the 100 cells calibration needs
     assert run_cyto("calibrate", str(model), str(neg)).returncode == 0
     again = run_cyto("calibrate", str(model), str(neg))
     _one_line_error(again, "calibration.npz", "exists", "--overwrite")

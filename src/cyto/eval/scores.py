@@ -31,7 +31,7 @@ def read_score_table(path: Path, score_column: str, label_column: str, need_labe
     None when the table has no ``label_column`` and ``need_label`` is False."""
     import pyarrow as pa
 
-    from cyto.seal import check_sealed_table
+    from cyto.seal import check_rows, check_sealed_table
 
     path = Path(path)
     if path.is_dir() and (path / "scores.parquet").is_file():  # a slide's cyto score folder
@@ -45,6 +45,8 @@ def read_score_table(path: Path, score_column: str, label_column: str, need_labe
         table = read_table(path)
     except (pa.ArrowException, OSError) as exc:
         raise InputPathError(f"cannot read {path} as Parquet or CSV: {exc}") from exc
+    # a cyto table (cyto score's, cyto predict's) holds the rows cyto wrote, wherever it lies
+    check_rows(table, path, "make it again (cyto score, cyto predict)")
     if score_column == "auto":
         meta = table.schema.metadata or {}
         rank_by = meta.get(b"cyto.rank_by", b"").decode(errors="replace") or None

@@ -208,8 +208,11 @@ def truth_report(
 def write_score_table(table, out_dir: Path, meta: dict[str, str]) -> None:
     import pyarrow.parquet as pq
 
+    from cyto.seal import with_rows_seal
+
     partial = out_dir / ".scores.parquet.tmp"
-    pq.write_table(table.replace_schema_metadata(meta), partial, row_group_size=8192)
+    # sealed in its own metadata too: a copy taken out of its folder is still checked
+    pq.write_table(with_rows_seal(table, meta), partial, row_group_size=8192)
     os.replace(partial, out_dir / "scores.parquet")
 
 
@@ -247,8 +250,10 @@ def write_top_k(table, order: np.ndarray, k: int, out_dir: Path, mpp: float | No
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from cyto.seal import with_rows_seal
+
     top = table.take(pa.array(order[:k])) if k else table.slice(0, 0)
-    pq.write_table(top, out_dir / "topk.parquet")
+    pq.write_table(with_rows_seal(top), out_dir / "topk.parquet")
     write_geojson(table, order, k, out_dir / "topk.geojson", mpp=mpp)
 
 

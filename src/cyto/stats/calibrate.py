@@ -26,7 +26,7 @@ import numpy as np
 from cyto.bundle import CALIBRATION_FILE, CALIBRATION_QUANTILES, add_files, load_bundle
 from cyto.errors import ConfigError, CytoError, InputPathError
 from cyto.outputs_check import refuse_to_replace
-from cyto.seal import check_sealed_table
+from cyto.seal import check_rows, check_sealed_table, is_cyto_table
 from cyto.stats import conformal
 from cyto.tables import read_table
 
@@ -224,6 +224,13 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
         raise ConfigError(f"{path} is not a readable Parquet score table ({exc})") from exc
     if "score" not in table.column_names:
         raise ConfigError(f"{path} has no 'score' column: pass scores.parquet from cyto score")
+    if not is_cyto_table(table):  # another model's scores, with their record stripped, were
+        raise ConfigError(  # recorded as a calibration valid for this one
+            f"{path} carries no record of the model that scored it (not a table cyto score "
+            f"wrote): calibrate from the score tables of this model's own runs (cyto score "
+            f"--model {bundle.path})"
+        )
+    check_rows(table, path, "score its slide again with cyto score")
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     method = meta.get("cyto.method", "")
     if method and method != bundle.method:
