@@ -22,6 +22,7 @@ Example:
     >>> table = cyto.score_slide("slide.ndpi", scorer, "scored/slide")
 """
 
+import errno as _errno
 import os as _os
 import sys as _sys
 import tempfile as _tempfile
@@ -127,7 +128,8 @@ def cache_dir(*given, **named) -> _Path:
             "cache_dir takes no arguments (set CYTO_CACHE_DIR to choose the folder), got "
             f"{len(given) + len(named)}"
         )
-    root = _os.environ.get("CYTO_CACHE_DIR") or _os.path.join(
+    asked = _os.environ.get("CYTO_CACHE_DIR")
+    root = asked or _os.path.join(
         _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache"),
         "cyto",
     )
@@ -135,10 +137,35 @@ def cache_dir(*given, **named) -> _Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
         if not _os.access(path, _os.W_OK):
-            raise PermissionError(path)
-    except OSError:  # a read-only home
+            raise PermissionError(_errno.EACCES, "not writable")
+    except OSError as exc:
+        why = "a file, not a folder" if path.is_file() else (exc.strerror or type(exc).__name__)
+        if asked:  # the folder the user named: never another one without a word
+            from cyto.errors import ConfigError
+
+            raise ConfigError(
+                f"CYTO_CACHE_DIR={asked} cannot be cyto's cache folder ({why}): point it at a "
+                "folder you can write, or unset it"
+            ) from None
+        # a read-only home: a private folder in the temp dir, said once per process
         path = _Path(_tempfile.gettempdir()) / f"cyto-cache-{getattr(_os, 'getuid', lambda: 0)()}"
+        if root not in _SAID_CACHE:
+            _SAID_CACHE.add(root)
+            import warnings
+
+            from cyto.errors import CytoWarning
+
+            warnings.warn(
+                f"cyto's cache folder {root} cannot be written ({why}); using {path} (set "
+                "CYTO_CACHE_DIR to choose one)",
+                CytoWarning,
+                stacklevel=2,
+            )
     return path
+
+
+#: the cache folders whose fallback was said (once per process)
+_SAID_CACHE: set[str] = set()
 
 
 def _numba_cache_dir() -> str:
@@ -146,7 +173,10 @@ def _numba_cache_dir() -> str:
     (:func:`cache_dir`)."""
     if _os.environ.get("NUMBA_CACHE_DIR"):
         return _os.environ["NUMBA_CACHE_DIR"]
-    path = cache_dir() / "numba"
+    try:
+        path = cache_dir() / "numba"
+    except Exception:  # noqa: BLE001 (an unusable CYTO_CACHE_DIR is said where cyto uses it)
+        path = _Path(_tempfile.gettempdir()) / f"cyto-numba-{getattr(_os, 'getuid', lambda: 0)()}"
     try:
         path.mkdir(parents=True, exist_ok=True)
         if not _os.access(path, _os.W_OK):

@@ -213,7 +213,27 @@ def runtime_checks(device_asked: str) -> list[Check]:
         out.append(Check("numba", "numba", OK, f"{numba.__version__}; compiles here"))
     except Exception as exc:  # noqa: BLE001 - any failure to compile is the finding
         out.append(Check("numba", "numba", FAILED, f"{type(exc).__name__}: {exc}", needed=True))
+    out.append(cache_check())
     return out
+
+
+def cache_check() -> Check:
+    """cyto's cache folder (kept engines, verifications, kernels): where it is, or why it
+    cannot be used (an unusable CYTO_CACHE_DIR stops every run that needs it)."""
+    import warnings
+
+    from cyto import cache_dir
+    from cyto.errors import CytoError
+
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            path = cache_dir()
+    except CytoError as exc:
+        return Check("cache", "folder", FAILED, str(exc), needed=True)
+    if said:  # the default folder cannot be written: a temporary one stands in
+        return Check("cache", "folder", INFO, str(said[0].message))
+    return Check("cache", "folder", OK, str(path))
 
 
 def openvino_check() -> Check:

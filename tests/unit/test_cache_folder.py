@@ -1,0 +1,62 @@
+"""cyto's cache folder (hostile round 5, WS 1.13): a CYTO_CACHE_DIR that cannot be used was
+passed over for a temporary folder without a word, and `cyto doctor` said "everything asked for
+runs here". The folder the user named is used or refused in one line; a default folder that
+cannot be written is said once, and doctor shows either."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from tests.cli_runner import run_cyto
+
+
+@pytest.mark.parametrize("kind", ["file", "read-only"])
+def test_a_cache_folder_the_user_named_is_used_or_refused_in_one_line(tmp_path, kind):
+    import os
+
+    bad = tmp_path / "cache"
+    if kind == "file":
+        bad.write_text("not a folder")
+    else:
+        bad.mkdir()
+        bad.chmod(0o500)
+        if os.access(bad, os.W_OK):  # root writes anywhere: nothing to refuse
+            pytest.skip("this user writes read-only folders (root)")
+    env = {"CYTO_CACHE_DIR": str(bad)}
+    proc = run_cyto("doctor", env=env, process=True)
+    assert f"cache folder                    FAILED   CYTO_CACHE_DIR={bad}" in proc.stdout
+    assert "everything asked for runs here" not in proc.stdout
+    proc = run_cyto("info", str(tmp_path / "missing.cyto"), env=env, process=True)
+    assert "Traceback" not in proc.stderr  # the cache is no reason for a traceback at import
+
+
+def test_cyto_refuses_an_unusable_cache_folder_before_any_work(exported_dsvdd, tmp_path):
+    bad = tmp_path / "cachefile"
+    bad.write_text("x")
+    proc = run_cyto(
+        "export", str(exported_dsvdd), "--precision", "fp16", env={"CYTO_CACHE_DIR": str(bad)},
+        process=True,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: CYTO_CACHE_DIR={bad} cannot be cyto's cache folder (a file, not a folder): "
+        "point it at a folder you can write, or unset it"
+    )
+
+
+def test_a_default_cache_folder_that_cannot_be_written_is_said_once(tmp_path, monkeypatch):
+    import cyto
+
+    home = tmp_path / "xdg"
+    home.write_text("a file where the cache home would be")
+    monkeypatch.delenv("CYTO_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    monkeypatch.setattr(cyto, "_SAID_CACHE", set())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        first, second = cyto.cache_dir(), cyto.cache_dir()
+    assert first == second and first.name.startswith("cyto-cache-")
+    [line] = [str(w.message) for w in said]
+    assert line.startswith(f"cyto's cache folder {home / 'cyto'} cannot be written")
