@@ -437,6 +437,14 @@ def _manifest_file(path: Path) -> Path:
     return mf
 
 
+#: what mends a manifest edited or damaged: nothing cyto runs (cyto export is checked against
+#: the manifest, and would refuse it with this very line)
+MANIFEST_REPAIR = (
+    "restore the bundle from a copy, or train it again (no cyto command mends a manifest: "
+    "every step is checked against it)"
+)
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     path = Path(path)
     mf = _manifest_file(path)
@@ -462,7 +470,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if SEAL not in manifest and version not in UNSEALED_VERSIONS:
         raise BundleError(
             f"{mf} has no {SEAL}: a format-{version} manifest is always sealed, so this one was "
-            "edited by hand; retrain or re-export instead of editing it"
+            f"edited by hand; {MANIFEST_REPAIR}"
         )
     if SEAL not in manifest:  # an older format that did not seal its manifest
         import warnings
@@ -479,7 +487,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if SEAL in manifest and manifest[SEAL] != _canonical_sha256(manifest):
         raise BundleError(
             f"{mf} does not match its own checksum ({SEAL}): the manifest was edited or "
-            "corrupted after it was written; retrain or re-export instead of editing it"
+            f"corrupted after it was written; {MANIFEST_REPAIR}"
         )
     return manifest
 

@@ -165,6 +165,25 @@ def test_every_damaged_file_is_repaired_by_the_command_its_error_advises(
     assert {"encoder.onnx", "golden.npz", "encoder-fp16.onnx"} <= set(repaired), repaired
 
 
+def test_an_edited_manifest_advises_no_command_that_cannot_mend_it(exported_dsvdd, tmp_path):
+    """Hostile round 5 (MIS 1.4): an edited manifest advised "retrain or re-export", and
+    cyto export refused with the same line. The advice names what mends it."""
+    import json
+
+    from tests.cli_runner import run_cyto
+
+    copy = tmp_path / "d.cyto"
+    shutil.copytree(exported_dsvdd, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["method"] = manifest["method"] + " "  # an edit by hand
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    for args in (("info", str(copy)), ("export", str(copy))):
+        proc = run_cyto(*args)
+        assert proc.returncode != 0
+        assert "restore the bundle from a copy, or train it again" in proc.stderr, proc.stderr
+        assert "re-export" not in proc.stderr
+
+
 def test_dsvdd_kernel_equals_the_pytorch_scorer(bundles, patches):
     import torch
 
