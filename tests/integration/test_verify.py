@@ -462,3 +462,27 @@ def test_doctor_times_a_backend_after_a_warm_up_of_the_same_batch_shape():
         )
         assert _speed(fake, np.zeros((100, 8, 8, 3), np.uint8)) > 0
         assert calls == [warm, 64], calls
+
+
+def test_skip_verify_is_named_and_its_unverified_results_are_not_reused_as_verified(
+    exported_dsvdd, tmp_path
+):
+    """Hostile round 5: with --skip-verify, bf16 was passed over "(no real golden cells:
+    re-export)", a false reason (MIS 1.14); and a --resume run that verified its graph kept the
+    unverified results under "verification: passed" (MIS 2.13)."""
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+    from tests.cli_runner import run_cyto
+
+    slide = write_slide(
+        tmp_path / "s.tif", SlideSynthConfig(width=512, height=512, n_cells=20, seed=1), workers=0
+    ).paths[0]
+    out = tmp_path / "out"
+    common = ("--model", str(exported_dsvdd), "--out", str(out), "--workers", "0", "--mosaic", "0")
+    first = run_cyto("score", str(slide), *common, "--skip-verify")
+    assert first.returncode == 0, first.stderr
+    assert "no real golden cells" not in first.stdout
+    again = run_cyto("score", str(slide), *common, "--resume")
+    assert again.returncode == 0, again.stderr
+    if "verification: passed" in again.stdout:
+        assert "already scored" not in again.stdout
+        assert "its scores were not verified when it was scored (skipped)" in again.stdout

@@ -68,6 +68,15 @@ def finished_summary(
     if not isinstance(data.get("output_key"), dict):
         echo(f"{slide.name}: {target} records no settings (an older cyto); scoring it again")
         return None
+    was = (data.get("verification") or {}).get("status")
+    now = scorer.verification.status if scorer.verification is not None else None
+    if now == "passed" and was != "passed":
+        # a run checked here is never answered with scores nothing checked (--skip-verify)
+        echo(
+            f"{slide.name}: {target}: its scores were not verified when it was scored "
+            f"({was or 'no record'}); scoring it again with the graph verified here"
+        )
+        return None
     recorded = {
         "model": data.get("model_sha256"),
         "slide": data.get("slide_identity"),

@@ -383,7 +383,7 @@ def graph_of(bundle: Bundle, backend: str, precision: str, device: str) -> Graph
 
 
 def precision_candidates(
-    bundle: Bundle, backend: str, device: str, golden, notes: list[str]
+    bundle: Bundle, backend: str, device: str, golden, notes: list[str], verify: bool = True
 ) -> list[str]:
     """The precisions ``auto`` tries, fastest first: on a CPU an int8 graph and OpenVINO's bf16
     (where this CPU has it), on a GPU fp16 (an exported graph, or PyTorch's autocast) then
@@ -418,12 +418,18 @@ def precision_candidates(
                 usable = False
         if not (usable or autocast):
             continue
-        if golden is None or golden.kind != "cells":
+        if not verify or golden is None or golden.kind != "cells":
             what = f"{p} ({g.file})" if g is not None else f"{p} (PyTorch autocast)"
-            notes.append(
-                f"{what} cannot be verified here (no real golden cells: re-export with this "
-                "cyto): not used"
-            )
+            if not verify:
+                notes.append(
+                    f"{what}: not used ({passing('verify', False)} turns its check off, and "
+                    "auto takes a reduced precision only where it is checked)"
+                )
+            else:
+                notes.append(
+                    f"{what} cannot be verified here (no real golden cells: re-export with "
+                    "this cyto): not used"
+                )
             continue
         out.append(p)
     return [*out, "fp32"]
@@ -460,7 +466,13 @@ def cpu_order() -> tuple[tuple[str, str], ...]:
 
 
 def attempt_plan(
-    bundle: Bundle, backend: str, device: str, precision: str, golden, notes: list[str]
+    bundle: Bundle,
+    backend: str,
+    device: str,
+    precision: str,
+    golden,
+    notes: list[str],
+    verify: bool = True,
 ) -> list[tuple[str, str, GraphSpec | None]]:
     """(backend, precision, graph) in the order :func:`load_scorer` tries them, fastest first:
     each precision's backends (:func:`precision_candidates`, :func:`backend_candidates`); on a
@@ -468,7 +480,7 @@ def attempt_plan(
     None: this machine's default for the precision (a CPU int8 form that fails here is
     followed by the other one)."""
     precisions = (
-        precision_candidates(bundle, backend, device, golden, notes)
+        precision_candidates(bundle, backend, device, golden, notes, verify)
         if precision == "auto"
         else [precision]
     )
@@ -538,7 +550,7 @@ def load_scorer(
     # ``graph``: that graph of the precision and no other
     attempts = [
         (name, p, graph)
-        for name, p, _ in attempt_plan(bundle, backend, device, precision, golden, notes)
+        for name, p, _ in attempt_plan(bundle, backend, device, precision, golden, notes, verify)
     ]
     while attempts:
         name, p, form = attempts.pop(0)
