@@ -1113,3 +1113,54 @@ def test_the_grid_fills_the_window_and_marks_the_judged_cell(session, tmp_path):
             browser.close()
     finally:
         server.kill()
+
+
+# --- a review folder is what was built: its crops, its marks, its slide (hostile round 5) -----
+
+
+def _copy_review(session, to):
+    shutil.copytree(session.root, to, ignore=shutil.ignore_patterns("marks.sqlite*", "report"))
+    return to
+
+
+def test_a_crop_swapped_added_or_removed_is_refused_in_one_line(session, tmp_path, monkeypatch):
+    """A hostile check (round 5, WS 2.8): five crops of one case overwritten with another
+    case's crop were served to the expert, who marked cells other than those the key unblinds
+    the marks to. Every crop is sealed when the review is built; serve, report and refine
+    refuse a changed, missing or added one in one line naming it."""
+    from cyto.review.report import build_report
+
+    rv = _copy_review(session, tmp_path / "rv")
+    s = open_session(rv)  # whole: opens quietly
+    c1, c2 = s.case_ids()
+    client = _client(s, "ann")
+    assert client.get(f"/crops/{c2}/0.png").status_code == 200
+    good = (rv / "crops" / c2 / "000.png").read_bytes()
+    (rv / "crops" / c2 / "000.png").write_bytes((rv / "crops" / c1 / "001.png").read_bytes())
+    # swapped while a page is open: the server checks the file it serves
+    got = client.get(f"/crops/{c2}/0.png")
+    assert got.status_code == 409 and "changed since the review was built" in got.text
+    want = rf"^{re.escape(str(rv))}: crops/{c2}/000.png changed since the review was built.*"
+    want += "build the review again into a new folder"
+    for call in (lambda: open_session(rv), lambda: build_report(rv)):
+        with pytest.raises(InputPathError, match=want):
+            call()
+    served = []
+    monkeypatch.setattr("cyto.review.server.serve", lambda *a, **k: served.append(a))
+    for args in (("review", "serve", str(rv), "--reviewer", "ann"), ("review", "report", str(rv))):
+        proc = run_cyto(*args)
+        assert proc.returncode == 2 and f"crops/{c2}/000.png changed" in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert served == []
+    (rv / "crops" / c2 / "000.png").write_bytes(good)
+    open_session(rv)
+    (rv / "crops" / c2 / "999.png").write_bytes(good)  # added
+    with pytest.raises(InputPathError, match=rf"crops/{c2}/999.png was added since"):
+        open_session(rv)
+    (rv / "crops" / c2 / "999.png").unlink()
+    (rv / "crops" / c1 / "002.png").unlink()  # removed
+    with pytest.raises(InputPathError, match=rf"crops/{c1}/002.png is missing since"):
+        open_session(rv)
+    (rv / "crops" / c1 / "002.png").symlink_to(rv / "crops" / c1 / "003.png")  # a link
+    with pytest.raises(InputPathError, match=rf"crops/{c1}/002.png changed since"):
+        open_session(rv)
