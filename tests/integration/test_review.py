@@ -1164,3 +1164,50 @@ def test_a_crop_swapped_added_or_removed_is_refused_in_one_line(session, tmp_pat
     (rv / "crops" / c1 / "002.png").symlink_to(rv / "crops" / c1 / "003.png")  # a link
     with pytest.raises(InputPathError, match=rf"crops/{c1}/002.png changed since"):
         open_session(rv)
+
+
+def test_marks_copied_from_another_review_are_refused_in_one_line(scored, tmp_path):
+    """A hostile check (round 5, WS 2.9): a marks.sqlite copied from another review of the same
+    slides (another secret order) was reported as this review's, its marks counted against
+    other cells. Each review has an id under its seal; its marks log is stamped with it."""
+    from cyto.review.report import build_report
+    from cyto.view.folder import open_view
+
+    keep = shutil.ignore_patterns("reviews.json", "review")  # no record of earlier reviews
+    outs = [tmp_path / "o" / m for m in ("dsvdd", "fs-sil")]
+    for out in outs:
+        shutil.copytree(scored["outs"][out.name], out, ignore=keep)
+    r4 = build_session(outs, tmp_path / "r4", k=5, echo=lambda _: None)
+    r5 = build_session(outs, tmp_path / "r5", k=5, echo=lambda _: None)
+    store = MarkStore(r4.root)
+    for case in r4.case_ids():
+        store.mark("ann", case, 0, True)
+        store.set_done("ann", case, True)
+    store.close()
+    build_report(r4.root)  # its own marks: counted
+    shutil.copy(r4.root / "marks.sqlite", r5.root / "marks.sqlite")
+    want = r"marks.sqlite belongs to another review .*: its marks would be counted against"
+    for call in (
+        lambda: build_report(r5.root),
+        lambda: _client(open_session(r5.root), "zed"),
+        lambda: open_view(outs[0]),  # r4 is finished, r5 is not: r4's marks do not finish it
+    ):
+        with pytest.raises(InputPathError, match=want):
+            call()
+    proc = run_cyto("review", "report", str(r5.root))
+    assert proc.returncode == 2 and "belongs to another review" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    # marks without any review's id (a log made elsewhere) are not taken as this review's
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    store = MarkStore(bare)
+    store.mark("ann", r5.case_ids()[0], 0, True)
+    store.close()
+    shutil.copy(bare / "marks.sqlite", r5.root / "marks.sqlite")
+    with pytest.raises(InputPathError, match="marks.sqlite carries no review id"):
+        build_report(r5.root)
+    (r5.root / "marks.sqlite").unlink()  # moved away: the review's marks start anew
+    store = MarkStore(r5.root)
+    store.mark("zed", r5.case_ids()[0], 1, True)
+    store.close()
+    assert {who for who, _, _ in MarkStore(r5.root).marks()} == {"zed"}

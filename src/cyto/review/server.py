@@ -70,7 +70,7 @@ def make_app(
     from starlette.staticfiles import StaticFiles
 
     reviewer = check_reviewer(reviewer)
-    store = MarkStore(session.root)
+    store = MarkStore(session.root, session.session_id)
     order = session.order_for(reviewer)
     page = (STATIC / "index.html").read_text()
     page = page.replace("{{token}}", html.escape(token)).replace(

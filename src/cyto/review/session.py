@@ -79,6 +79,9 @@ class Session:
     seed: int
     cols: int
     key: dict = field(repr=False)
+    #: the review's own id (drawn when it is built, under its seal): its marks log carries it,
+    #: so marks copied from another review are refused (None: built by an older cyto)
+    session_id: str | None = None
     #: the sha256 of each crop as built (``"CASE/POS.png"``), from the seal; None: not sealed
     crop_hashes: dict[str, str] | None = field(default=None, repr=False)
 
@@ -351,9 +354,9 @@ def build_session(
     k = DEFAULT_K if k is None else k
     merge_um = DEFAULT_MERGE_UM if merge_um is None else merge_um
     groups = _group([read_source(f) for f in folders])
-    if seed is None:
-        import secrets
+    import secrets
 
+    if seed is None:
         seed = secrets.randbits(63)  # kept in the key only
     rng = np.random.default_rng(seed)
     groups = [groups[i] for i in rng.permutation(len(groups))]  # case numbers say nothing
@@ -384,7 +387,14 @@ def build_session(
                 "cells": [{"position": p, **c} for p, c in enumerate(cells)],
             }
             public.append({"case": case, "n": len(cells)})
-        meta = {"format": FORMAT, "cols": COLS, "k": k, "merge_um": merge_um}
+        # the review's identity: its marks log is stamped with it (cyto.review.store)
+        meta = {
+            "format": FORMAT,
+            "cols": COLS,
+            "k": k,
+            "merge_um": merge_um,
+            "session_id": secrets.token_hex(16),
+        }
         (tmp / KEY_FILE).write_text(
             json.dumps(
                 {
@@ -745,6 +755,7 @@ def open_session(root: Path) -> Session:
         seed=int(key.get("seed", public.get("seed", 0))),  # older folders kept it public
         cols=int(public["cols"]),
         key=key,
+        session_id=key.get("session_id") if isinstance(key.get("session_id"), str) else None,
         crop_hashes=crop_hashes,
     )
 

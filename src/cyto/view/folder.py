@@ -68,7 +68,8 @@ def review_blocking(scored: list[Path], roots: list[Path]) -> str | None:
             return f"{review} is a blinded review nobody has started"
         from cyto.review.store import MarkStore
 
-        store = MarkStore(review)
+        sid = key.get("session_id")  # marks of another review say nothing of this one
+        store = MarkStore(review, sid if isinstance(sid, str) else None)
         try:
             reviewers, done = store.reviewers(), store.done()
         finally:
