@@ -1211,3 +1211,31 @@ def test_marks_copied_from_another_review_are_refused_in_one_line(scored, tmp_pa
     store.mark("zed", r5.case_ids()[0], 1, True)
     store.close()
     assert {who for who, _, _ in MarkStore(r5.root).marks()} == {"zed"}
+
+
+def test_a_slide_under_review_is_blinded_whichever_model_scored_it(scored, tmp_path):
+    """A hostile check (round 5, WS 4.5): with a review of one model's top cells of a slide
+    unfinished, cyto view showed the same slide scored by another model, every cell ranked.
+    The registry blinds the slide itself."""
+    from cyto.view.folder import open_view
+
+    def copy(model, slide):
+        to = tmp_path / model / slide
+        keep = shutil.ignore_patterns("reviews.json", "review")  # no record of earlier reviews
+        shutil.copytree(scored["outs"][model] / slide, to, ignore=keep)
+        return to
+
+    reviewed, other = copy("dsvdd", "slide0"), copy("fs-sil", "slide0")
+    other_slide = copy("fs-sil", "slide1")
+    rv = (tmp_path / "far" / "rv").resolve()
+    build_session([reviewed], rv, k=5, echo=lambda _: None)
+    for folder in (reviewed, other):
+        with pytest.raises(
+            ConfigError, match=rf"^{re.escape(str(rv))} is a blinded review.*--unblind"
+        ):
+            open_view(folder)
+    proc = run_cyto("view", str(other))
+    assert proc.returncode != 0 and str(rv) in proc.stderr and "--unblind" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert len(open_view(other, unblind=True)) == 1
+    assert len(open_view(other_slide)) == 1  # another slide is not under review

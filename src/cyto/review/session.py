@@ -13,10 +13,10 @@ and reused by every reviewer and by the report:
 Each scored folder records the reviews made of it, wherever their ``--session`` folder is
 (``reviews.json``, :func:`record_review`, written before the review is built): ``cyto view``
 learns of an unfinished blinded review from the folder it is asked to show, not by looking
-beside it. The review is also registered in cyto's cache by the slide's content identity and
-the model that scored it (:func:`registered_reviews`), so a scored folder that lost its
-``reviews.json``, or the same slide scored again by the same model into another folder, is still
-known to be under review on this machine.
+beside it. The review is also registered in cyto's cache by the slide's content identity
+(:func:`registered_reviews`), so a scored folder that lost its ``reviews.json``, or the same
+slide scored again by any model into another folder, is still known to be under review on this
+machine.
 
 As in the paper's evaluation, each slide's top-K cells are shown in a seeded random order, slides
 are anonymized and their order is randomized per reviewer. Several models' top-K of one slide are
@@ -516,18 +516,14 @@ def register_review(folders: list[Path], root: Path) -> None:
 
 
 def registered_reviews(folder: Path) -> list[Path]:
-    """The reviews registered on this machine of the slide a scored folder holds, by the same
-    model (its scoring id), that are still there: found whatever the folder records."""
+    """The reviews registered on this machine of the slide a scored folder holds, by any model,
+    that are still there: found whatever the folder records. A review blinds the slide, not one
+    model's ranking of it: another model's ranks would show the reviewed cells as high."""
     got = _slide_and_model(folder)
     if got is None:
         return []
-    identity, model = got
-    return [
-        Path(e["review"])
-        for e in _registered(identity)
-        if (e.get("scoring_id") is None or model is None or e.get("scoring_id") == model)
-        and Path(e["review"]).is_dir()
-    ]
+    identity, _ = got
+    return [Path(e["review"]) for e in _registered(identity) if Path(e["review"]).is_dir()]
 
 
 def record_review(folders: list[Path], root: Path) -> None:
