@@ -1113,3 +1113,129 @@ def test_the_grid_fills_the_window_and_marks_the_judged_cell(session, tmp_path):
             browser.close()
     finally:
         server.kill()
+
+
+# --- a review folder is what was built: its crops, its marks, its slide (hostile round 5) -----
+
+
+def _copy_review(session, to):
+    shutil.copytree(session.root, to, ignore=shutil.ignore_patterns("marks.sqlite*", "report"))
+    return to
+
+
+def test_a_crop_swapped_added_or_removed_is_refused_in_one_line(session, tmp_path, monkeypatch):
+    """A hostile check (round 5, WS 2.8): five crops of one case overwritten with another
+    case's crop were served to the expert, who marked cells other than those the key unblinds
+    the marks to. Every crop is sealed when the review is built; serve, report and refine
+    refuse a changed, missing or added one in one line naming it."""
+    from cyto.review.report import build_report
+
+    rv = _copy_review(session, tmp_path / "rv")
+    s = open_session(rv)  # whole: opens quietly
+    c1, c2 = s.case_ids()
+    client = _client(s, "ann")
+    assert client.get(f"/crops/{c2}/0.png").status_code == 200
+    good = (rv / "crops" / c2 / "000.png").read_bytes()
+    (rv / "crops" / c2 / "000.png").write_bytes((rv / "crops" / c1 / "001.png").read_bytes())
+    # swapped while a page is open: the server checks the file it serves
+    got = client.get(f"/crops/{c2}/0.png")
+    assert got.status_code == 409 and "changed since the review was built" in got.text
+    want = rf"^{re.escape(str(rv))}: crops/{c2}/000.png changed since the review was built.*"
+    want += "build the review again into a new folder"
+    for call in (lambda: open_session(rv), lambda: build_report(rv)):
+        with pytest.raises(InputPathError, match=want):
+            call()
+    served = []
+    monkeypatch.setattr("cyto.review.server.serve", lambda *a, **k: served.append(a))
+    for args in (("review", "serve", str(rv), "--reviewer", "ann"), ("review", "report", str(rv))):
+        proc = run_cyto(*args)
+        assert proc.returncode == 2 and f"crops/{c2}/000.png changed" in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert served == []
+    (rv / "crops" / c2 / "000.png").write_bytes(good)
+    open_session(rv)
+    (rv / "crops" / c2 / "999.png").write_bytes(good)  # added
+    with pytest.raises(InputPathError, match=rf"crops/{c2}/999.png was added since"):
+        open_session(rv)
+    (rv / "crops" / c2 / "999.png").unlink()
+    (rv / "crops" / c1 / "002.png").unlink()  # removed
+    with pytest.raises(InputPathError, match=rf"crops/{c1}/002.png is missing since"):
+        open_session(rv)
+    (rv / "crops" / c1 / "002.png").symlink_to(rv / "crops" / c1 / "003.png")  # a link
+    with pytest.raises(InputPathError, match=rf"crops/{c1}/002.png changed since"):
+        open_session(rv)
+
+
+def test_marks_copied_from_another_review_are_refused_in_one_line(scored, tmp_path):
+    """A hostile check (round 5, WS 2.9): a marks.sqlite copied from another review of the same
+    slides (another secret order) was reported as this review's, its marks counted against
+    other cells. Each review has an id under its seal; its marks log is stamped with it."""
+    from cyto.review.report import build_report
+    from cyto.view.folder import open_view
+
+    keep = shutil.ignore_patterns("reviews.json", "review")  # no record of earlier reviews
+    outs = [tmp_path / "o" / m for m in ("dsvdd", "fs-sil")]
+    for out in outs:
+        shutil.copytree(scored["outs"][out.name], out, ignore=keep)
+    r4 = build_session(outs, tmp_path / "r4", k=5, echo=lambda _: None)
+    r5 = build_session(outs, tmp_path / "r5", k=5, echo=lambda _: None)
+    store = MarkStore(r4.root)
+    for case in r4.case_ids():
+        store.mark("ann", case, 0, True)
+        store.set_done("ann", case, True)
+    store.close()
+    build_report(r4.root)  # its own marks: counted
+    shutil.copy(r4.root / "marks.sqlite", r5.root / "marks.sqlite")
+    want = r"marks.sqlite belongs to another review .*: its marks would be counted against"
+    for call in (
+        lambda: build_report(r5.root),
+        lambda: _client(open_session(r5.root), "zed"),
+        lambda: open_view(outs[0]),  # r4 is finished, r5 is not: r4's marks do not finish it
+    ):
+        with pytest.raises(InputPathError, match=want):
+            call()
+    proc = run_cyto("review", "report", str(r5.root))
+    assert proc.returncode == 2 and "belongs to another review" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    # marks without any review's id (a log made elsewhere) are not taken as this review's
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    store = MarkStore(bare)
+    store.mark("ann", r5.case_ids()[0], 0, True)
+    store.close()
+    shutil.copy(bare / "marks.sqlite", r5.root / "marks.sqlite")
+    with pytest.raises(InputPathError, match="marks.sqlite carries no review id"):
+        build_report(r5.root)
+    (r5.root / "marks.sqlite").unlink()  # moved away: the review's marks start anew
+    store = MarkStore(r5.root)
+    store.mark("zed", r5.case_ids()[0], 1, True)
+    store.close()
+    assert {who for who, _, _ in MarkStore(r5.root).marks()} == {"zed"}
+
+
+def test_a_slide_under_review_is_blinded_whichever_model_scored_it(scored, tmp_path):
+    """A hostile check (round 5, WS 4.5): with a review of one model's top cells of a slide
+    unfinished, cyto view showed the same slide scored by another model, every cell ranked.
+    The registry blinds the slide itself."""
+    from cyto.view.folder import open_view
+
+    def copy(model, slide):
+        to = tmp_path / model / slide
+        keep = shutil.ignore_patterns("reviews.json", "review")  # no record of earlier reviews
+        shutil.copytree(scored["outs"][model] / slide, to, ignore=keep)
+        return to
+
+    reviewed, other = copy("dsvdd", "slide0"), copy("fs-sil", "slide0")
+    other_slide = copy("fs-sil", "slide1")
+    rv = (tmp_path / "far" / "rv").resolve()
+    build_session([reviewed], rv, k=5, echo=lambda _: None)
+    for folder in (reviewed, other):
+        with pytest.raises(
+            ConfigError, match=rf"^{re.escape(str(rv))} is a blinded review.*--unblind"
+        ):
+            open_view(folder)
+    proc = run_cyto("view", str(other))
+    assert proc.returncode != 0 and str(rv) in proc.stderr and "--unblind" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert len(open_view(other, unblind=True)) == 1
+    assert len(open_view(other_slide)) == 1  # another slide is not under review

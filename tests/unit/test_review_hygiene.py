@@ -182,8 +182,11 @@ def test_a_review_is_found_when_the_folder_lost_its_record_or_the_slide_was_scor
     assert "blinded review nobody has started" in review_blocking([first], [first])
     again = _identified(tmp_path / "rescored" / "a")  # the same slide and model elsewhere
     assert "blinded review nobody has started" in review_blocking([again], [again])
+    # the slide is blinded, not one model's ranking of it (hostile round 5, WS 4.5)
     other_model = _identified(tmp_path / "other" / "a", scoring_id="m2")
-    assert review_blocking([other_model], [other_model]) is None
+    assert "rv is a blinded review nobody has started" in review_blocking(
+        [other_model], [other_model]
+    )
     other_slide = _identified(tmp_path / "b" / "b", identity="slide-b")
     assert review_blocking([other_slide], [other_slide]) is None
 

@@ -52,7 +52,7 @@ def review_examples(review: Path, agree: str = "any") -> dict:
     if agree not in AGREE:
         raise ConfigError(f"--agree must be one of {', '.join(AGREE)}, got {agree!r}")
     session = open_session(review)
-    store = MarkStore(session.root)
+    store = MarkStore(session.root, session.session_id)
     try:
         marks, done = store.marks(), store.done()
     finally:

@@ -112,7 +112,7 @@ def build_report(
     unmarked cells of an unfinished case are not known to be normal. ``include_unfinished``
     counts them all as they stand."""
     session = open_session(root)
-    store = MarkStore(session.root)
+    store = MarkStore(session.root, session.session_id)
     try:
         known = store.reviewers()
         if reviewers is None:

@@ -24,13 +24,19 @@ from cyto.errors import ConfigError
 from cyto.localserver import LOCAL_HOSTS, SECURITY_HEADERS, bind, posture  # noqa: F401
 from cyto.localserver import AccessKey as _AccessKey
 from cyto.localserver import SecurityHeaders as _SecurityHeaders
-from cyto.review.session import DETAILS, Session
+from cyto.review.session import CROPS, DETAILS, Session
 from cyto.review.store import MarkStore
 
 STATIC = Path(__file__).parent / "static"
 # letters of any script (Zoë, Łukasz, 李), digits, spaces, '.', '_', '-' and "'"
 REVIEWER_RE = re.compile(r"^[^\W_][\w .'-]{0,63}$")
 MAX_BODY = 64 * 1024  # a mark is a few dozen bytes
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
 
 
 def check_reviewer(name: str) -> str:
@@ -64,7 +70,7 @@ def make_app(
     from starlette.staticfiles import StaticFiles
 
     reviewer = check_reviewer(reviewer)
-    store = MarkStore(session.root)
+    store = MarkStore(session.root, session.session_id)
     order = session.order_for(reviewer)
     page = (STATIC / "index.html").read_text()
     page = page.replace("{{token}}", html.escape(token)).replace(
@@ -131,7 +137,17 @@ def make_app(
             or root not in path.resolve().parents
         ):
             return error(404, "no such cell")
-        return FileResponse(path, media_type="image/png")
+        data = path.read_bytes()
+        # the crop as built (its seal), checked as it is served: one swapped while the page is
+        # open would be marked as the cell the key names
+        name = f"{path.parent.name}/{path.name}"
+        if session.crop_hashes is not None and session.crop_hashes.get(name) != _sha256(data):
+            return error(
+                409,
+                f"{CROPS}/{name} changed since the review was built: build the review again "
+                "into a new folder",
+            )
+        return Response(data, media_type="image/png")
 
     async def context(request):
         from starlette.concurrency import run_in_threadpool

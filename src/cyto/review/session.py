@@ -13,10 +13,10 @@ and reused by every reviewer and by the report:
 Each scored folder records the reviews made of it, wherever their ``--session`` folder is
 (``reviews.json``, :func:`record_review`, written before the review is built): ``cyto view``
 learns of an unfinished blinded review from the folder it is asked to show, not by looking
-beside it. The review is also registered in cyto's cache by the slide's content identity and
-the model that scored it (:func:`registered_reviews`), so a scored folder that lost its
-``reviews.json``, or the same slide scored again by the same model into another folder, is still
-known to be under review on this machine.
+beside it. The review is also registered in cyto's cache by the slide's content identity
+(:func:`registered_reviews`), so a scored folder that lost its ``reviews.json``, or the same
+slide scored again by any model into another folder, is still known to be under review on this
+machine.
 
 As in the paper's evaluation, each slide's top-K cells are shown in a seeded random order, slides
 are anonymized and their order is randomized per reviewer. Several models' top-K of one slide are
@@ -79,6 +79,11 @@ class Session:
     seed: int
     cols: int
     key: dict = field(repr=False)
+    #: the review's own id (drawn when it is built, under its seal): its marks log carries it,
+    #: so marks copied from another review are refused (None: built by an older cyto)
+    session_id: str | None = None
+    #: the sha256 of each crop as built (``"CASE/POS.png"``), from the seal; None: not sealed
+    crop_hashes: dict[str, str] | None = field(default=None, repr=False)
 
     def case_ids(self) -> list[str]:
         return [c["case"] for c in self.cases]
@@ -349,9 +354,9 @@ def build_session(
     k = DEFAULT_K if k is None else k
     merge_um = DEFAULT_MERGE_UM if merge_um is None else merge_um
     groups = _group([read_source(f) for f in folders])
-    if seed is None:
-        import secrets
+    import secrets
 
+    if seed is None:
         seed = secrets.randbits(63)  # kept in the key only
     rng = np.random.default_rng(seed)
     groups = [groups[i] for i in rng.permutation(len(groups))]  # case numbers say nothing
@@ -382,7 +387,14 @@ def build_session(
                 "cells": [{"position": p, **c} for p, c in enumerate(cells)],
             }
             public.append({"case": case, "n": len(cells)})
-        meta = {"format": FORMAT, "cols": COLS, "k": k, "merge_um": merge_um}
+        # the review's identity: its marks log is stamped with it (cyto.review.store)
+        meta = {
+            "format": FORMAT,
+            "cols": COLS,
+            "k": k,
+            "merge_um": merge_um,
+            "session_id": secrets.token_hex(16),
+        }
         (tmp / KEY_FILE).write_text(
             json.dumps(
                 {
@@ -504,18 +516,14 @@ def register_review(folders: list[Path], root: Path) -> None:
 
 
 def registered_reviews(folder: Path) -> list[Path]:
-    """The reviews registered on this machine of the slide a scored folder holds, by the same
-    model (its scoring id), that are still there: found whatever the folder records."""
+    """The reviews registered on this machine of the slide a scored folder holds, by any model,
+    that are still there: found whatever the folder records. A review blinds the slide, not one
+    model's ranking of it: another model's ranks would show the reviewed cells as high."""
     got = _slide_and_model(folder)
     if got is None:
         return []
-    identity, model = got
-    return [
-        Path(e["review"])
-        for e in _registered(identity)
-        if (e.get("scoring_id") is None or model is None or e.get("scoring_id") == model)
-        and Path(e["review"]).is_dir()
-    ]
+    identity, _ = got
+    return [Path(e["review"]) for e in _registered(identity) if Path(e["review"]).is_dir()]
 
 
 def record_review(folders: list[Path], root: Path) -> None:
@@ -604,23 +612,76 @@ def _write_crops(slide: str, cells: list[dict], crop: int, folder: Path, identit
     crop_cells(slide, [(c["x"], c["y"]) for c in cells], crop, paths, identity=identity)
 
 
-#: a review folder's seal: the sha256 of its key and its public cases as built
-REVIEW_SEAL, REVIEW_SEAL_FORMAT = "seal.json", "cyto-review-seal/1"
+#: a review folder's seal: the sha256 of its key, its public cases and every crop as built
+#: (``/1``, of an older cyto: the key and the cases only)
+REVIEW_SEAL, REVIEW_SEAL_FORMAT = "seal.json", "cyto-review-seal/2"
+_SEAL_FORMATS = ("cyto-review-seal/1", REVIEW_SEAL_FORMAT)
+
+
+def _crop_files(folder: Path) -> dict[str, Path]:
+    """Every entry under a review's ``crops/`` (files, links, anything but a real folder), by
+    its path in it (``CASE/POS.png``)."""
+    crops = folder / CROPS
+    if not crops.is_dir():
+        return {}
+    return {
+        p.relative_to(crops).as_posix(): p
+        for p in crops.rglob("*")
+        if p.is_symlink() or not p.is_dir()
+    }
 
 
 def _seal_review(folder: Path) -> None:
     from cyto.bundle import atomic_write, sha256_file
 
     files = {n: sha256_file(folder / n) for n in (KEY_FILE, CASES_FILE)}
-    record = {"format": REVIEW_SEAL_FORMAT, "files": files}
+    crops = {
+        name: {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        for name, path in sorted(_crop_files(folder).items())
+    }
+    record = {"format": REVIEW_SEAL_FORMAT, "files": files, "crops": crops}
     atomic_write(folder / REVIEW_SEAL, json.dumps(record, indent=1).encode())
 
 
-def _check_review_seal(root: Path) -> None:
-    """A review's key (the truth of each grid position, its rank and score) and its cases are
-    read only as they were built: a file that differs from the folder's seal is one line (its
-    report would count edited truth: a precision of 0.40 read as 1.00). A folder without a seal
-    (built by a cyto before reviews were sealed) is said once, and read."""
+def _check_crops(root: Path, sealed: dict) -> dict[str, str]:
+    """The crops as built (``sealed``: the seal's record of each), or one line naming the first
+    crop changed, missing or added since: the page would show the expert other cells than
+    those the key unblinds the marks to. Returns each crop's sha256 (the server checks the
+    file it serves against it)."""
+    from cyto.bundle import sha256_file
+
+    found = _crop_files(root)
+    wrong: list[str] = []
+    for name in sorted(set(sealed) | set(found)):
+        want, path = sealed.get(name), found.get(name)
+        if not isinstance(want, dict):
+            wrong.append(f"{CROPS}/{name} was added")
+        elif path is None:
+            wrong.append(f"{CROPS}/{name} is missing")
+        elif (
+            path.is_symlink()
+            or not path.is_file()
+            or path.stat().st_size != want.get("size")
+            or sha256_file(path) != want.get("sha256")
+        ):
+            wrong.append(f"{CROPS}/{name} changed")
+    if wrong:
+        more = f" (and {len(wrong) - 1} more crop(s) differ)" if len(wrong) > 1 else ""
+        raise InputPathError(
+            f"{root}: {wrong[0]} since the review was built{more}: the expert would mark other "
+            "cells than its key names; build the review again into a new folder (cyto review "
+            "SCORED_DIR... --session NEW_FOLDER)"
+        )
+    return {name: str(want["sha256"]) for name, want in sealed.items()}
+
+
+def _check_review_seal(root: Path) -> dict[str, str] | None:
+    """A review's key (the truth of each grid position, its rank and score), its cases and its
+    crops are read only as they were built: a file that differs from the folder's seal is one
+    line (its report would count edited truth: a precision of 0.40 read as 1.00; a swapped crop
+    is marked as the cell the key names). A folder without a seal, or with one of a cyto before
+    crops were sealed, is said once, and read. Returns the sealed crops' sha256, by
+    ``CASE/POS.png`` (None: not sealed)."""
     import warnings
 
     from cyto.bundle import sha256_file
@@ -636,11 +697,11 @@ def _check_review_seal(root: Path) -> None:
             ),
             stacklevel=3,
         )
-        return
+        return None
     except (OSError, ValueError):
         record = None
     files = record.get("files") if isinstance(record, dict) else None
-    if not isinstance(files, dict) or record.get("format") != REVIEW_SEAL_FORMAT:
+    if not isinstance(files, dict) or record.get("format") not in _SEAL_FORMATS:
         raise InputPathError(f"{root}: its seal {REVIEW_SEAL} is not one cyto writes")
     changed = [
         n for n in (KEY_FILE, CASES_FILE)
@@ -651,13 +712,27 @@ def _check_review_seal(root: Path) -> None:
             f"{root}: {', '.join(changed)} changed since the review was built (edited by hand?): "
             "its truth and ranks cannot be trusted; start a new review with --session NEW_FOLDER"
         )
+    crops = record.get("crops")
+    if record["format"] != REVIEW_SEAL_FORMAT:  # sealed by an older cyto: key and cases only
+        warnings.warn(
+            CytoWarning(
+                f"{root}: its seal ({record['format']}, an older cyto's) does not cover the "
+                "crops: a crop replaced by hand cannot be found"
+            ),
+            stacklevel=3,
+        )
+        return None
+    if not isinstance(crops, dict):
+        raise InputPathError(f"{root}: its seal {REVIEW_SEAL} is not one cyto writes")
+    return _check_crops(root, crops)
 
 
 def open_session(root: Path) -> Session:
     """Open a built review folder, checked against its seal (:func:`_check_review_seal`)."""
     root = Path(root)
+    crop_hashes = None
     if (root / KEY_FILE).is_file() and (root / CASES_FILE).is_file():
-        _check_review_seal(root)
+        crop_hashes = _check_review_seal(root)
     try:
         public = json.loads((root / CASES_FILE).read_text())
         key = json.loads((root / KEY_FILE).read_text())
@@ -676,6 +751,8 @@ def open_session(root: Path) -> Session:
         seed=int(key.get("seed", public.get("seed", 0))),  # older folders kept it public
         cols=int(public["cols"]),
         key=key,
+        session_id=key.get("session_id") if isinstance(key.get("session_id"), str) else None,
+        crop_hashes=crop_hashes,
     )
 
 

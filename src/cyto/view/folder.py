@@ -48,7 +48,7 @@ def review_blocking(scored: list[Path], roots: list[Path]) -> str | None:
     for f in scored:  # reviews made with --session elsewhere, as the folder records them
         recorded.update(p.resolve() for p in recorded_reviews(f))
         places += recorded_reviews(f)
-        # and as this machine registered them by the slide and model, whatever the folder says
+        # and as this machine registered them by the slide (any model), whatever the folder says
         registered.update(p.resolve() for p in registered_reviews(f))
     places += sorted(registered)
     names = {str(f) for f in scored}
@@ -68,7 +68,8 @@ def review_blocking(scored: list[Path], roots: list[Path]) -> str | None:
             return f"{review} is a blinded review nobody has started"
         from cyto.review.store import MarkStore
 
-        store = MarkStore(review)
+        sid = key.get("session_id")  # marks of another review say nothing of this one
+        store = MarkStore(review, sid if isinstance(sid, str) else None)
         try:
             reviewers, done = store.reviewers(), store.done()
         finally:
