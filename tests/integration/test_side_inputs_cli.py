@@ -223,3 +223,32 @@ def test_scores_are_never_written_into_the_model_bundle(exported_dsvdd, two, tmp
     with pytest.raises(CytoError, match=r"out=.*model="):
         cyto.score_slide(slide, cyto.load_model(model, device="cpu"), out / "s")
     assert sorted(p.name for p in model.rglob("*")) == before
+
+
+def test_model_mpp_that_contradicts_the_bundle_is_refused_in_one_line(
+    exported_dsvdd, two, tmp_path
+):
+    """Hostile round 5 (MIS 6.6): `--model-mpp 0.5` on a bundle that records 0.12 um/px was
+    taken over the record without a word ("the model was trained at 0.5 um/px") and every cell
+    was unevaluable. Refused in one line, CLI and API; the recorded value itself is accepted."""
+    import json
+    import shutil
+
+    import cyto
+    from cyto.bundle import add_files
+    from cyto.errors import ConfigError
+
+    model = tmp_path / "m.cyto"
+    shutil.copytree(exported_dsvdd, model)  # trained at 0.12 um/px, as recorded
+    add_files(model, {}, lambda m: {"config": {**m["config"], "mpp": 0.12}})
+    slide = two[2].paths[0]
+    proc = run_cyto("score", str(slide), "--model", str(model), "--out", str(tmp_path / "o"),
+                    "--model-mpp", "0.5")  # fmt: skip
+    line = _one_line_error(proc, "--model-mpp 0.5", "records its training resolution, 0.12")
+    assert "leave it out" in line
+    with pytest.raises(ConfigError, match=r"model_mpp=0\.5"):
+        cyto.score_slide(slide, str(model), tmp_path / "p", model_mpp=0.5)
+    same = run_cyto("score", str(slide), "--model", str(model), "--out", str(tmp_path / "q"),
+                    "--model-mpp", "0.12", "--workers", "0")  # fmt: skip
+    assert same.returncode == 0, same.stderr
+    assert json.loads((tmp_path / "q" / "b" / "summary.json").read_text())

@@ -17,7 +17,7 @@ from cyto.infer import ScoreOptions, score_slide
 from cyto.infer.finish import Metrics
 from cyto.infer.options import as_cut
 from cyto.infer.outputs import read_truth
-from cyto.infer.plan import NO_MODEL_MPP
+from cyto.infer.plan import NO_MODEL_MPP, check_model_mpp
 from cyto.infer.store import PARTIAL, slide_identity
 from cyto.location import OutputLocation, output_location
 from cyto.outputs_check import check_writable
@@ -377,6 +377,7 @@ def once_per_cohort(echo):
 def open_model(model: Path, opts: ScoreOptions, echo) -> Scorer:
     """The cohort's scorer, loaded (and verified) once; the console says which engine and why."""
     scorer = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
+    check_model_mpp(scorer, opts)  # once for the cohort, not once per slide
     echo(f"model {model} ({scorer.bundle.method}) on {scorer.describe()}")
     for note in scorer.notes:
         echo(f"  backend choice: {note}")

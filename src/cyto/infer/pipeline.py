@@ -29,7 +29,7 @@ from cyto.infer.batcher import CellBatcher
 from cyto.infer.finish import Metrics, finish_slide, rank_by
 from cyto.infer.memory import trim_malloc
 from cyto.infer.options import DEFAULT_PATCH, ScoreOptions, as_cut, patch_side
-from cyto.infer.plan import SlidePlan, ThresholdAhead, TileRun
+from cyto.infer.plan import SlidePlan, ThresholdAhead, TileRun, check_model_mpp
 from cyto.infer.store import PARTIAL, ChunkStore, kept_words
 from cyto.infer.tiling import Resolution, TileFeed, broken_worker_error, start_workers
 from cyto.locks import OutputLock
@@ -90,6 +90,7 @@ def _score_slide(slide: Path, model, out_dir: Path, opts, echo, metrics, pool, a
         else load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
     )
     rank_by(scorer, opts)  # a --rank-by this bundle cannot take fails before any work
+    check_model_mpp(scorer, opts)  # and so does a --model-mpp the bundle contradicts
     # the crop side as cut (--patch-size, else the model's training patches'): what the table,
     # --resume and a calibration record and compare, whether the flag was given or not
     opts = as_cut(opts, scorer.spec)

@@ -44,6 +44,22 @@ NO_MODEL_MPP = (
 )
 
 
+def check_model_mpp(scorer, opts) -> None:
+    """``--model-mpp`` is for a bundle trained without a resolution: given with one that
+    records another, it was taken over the record without a word (and said "the model was
+    trained at" the value given). Refused in one line, in the caller's words."""
+    from cyto.errors import ConfigError
+    from cyto.flags import passing
+
+    given, recorded = opts.model_mpp, scorer.spec.mpp
+    if given and recorded and abs(given - recorded) > 0.01 * recorded:
+        raise ConfigError(
+            f"{passing('model_mpp', given)}: {scorer.bundle.path} records its training "
+            f"resolution, {recorded:g} um/px; {passing('model_mpp')} is for a bundle trained "
+            "without one: leave it out"
+        )
+
+
 class ThresholdAhead:
     """The slide's detection threshold (:func:`~cyto.infer.tiling.slide_threshold_of`: 16
     windows read and smoothed, 0.3-1.2 s on 2 cores) measured in a thread of its own, with a
