@@ -358,6 +358,31 @@ def test_a_server_without_byte_ranges_is_read_through_a_copy_with_download(
     assert len(copies) == 1 and copies[0].read_bytes() == slide.read_bytes()
 
 
+def test_a_damaged_download_is_fetched_again_and_said_once(slide, tmp_path, monkeypatch):
+    """Hostile round 5 (MIS 1.8): bytes of the --download copy in cyto's cache zeroed, every
+    run failed "cannot be decoded", blaming the slide. The copy is checked against the bytes
+    fetched; a damaged one is fetched again, said once."""
+    import warnings
+
+    from cyto.errors import CytoWarning
+
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    with fault_server(slide.read_bytes(), "no-ranges") as server:
+        url = f"{server.url}/whole.tif"
+        _downloaded_reads_as(url, slide)
+        [copy] = list((tmp_path / "cache" / "remote").rglob("whole.tif"))
+        data = bytearray(copy.read_bytes())
+        data[len(data) // 3 : len(data) // 3 + 4096] = bytes(4096)
+        copy.write_bytes(bytes(data))
+        forget(slide_ref(url))
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            _downloaded_reads_as(url, slide)
+    lines = [str(w.message) for w in said if issubclass(w.category, CytoWarning)]
+    assert len(lines) == 1 and "is not as it was fetched; fetching it again" in lines[0], lines
+    assert copy.read_bytes() == slide.read_bytes()
+
+
 @pytest.mark.parametrize(
     "body, said",
     [

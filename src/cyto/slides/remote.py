@@ -875,10 +875,27 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
 
     from cyto import cache_dir
 
+    from cyto.bundle import atomic_write, sha256_file
+
     folder = Path(cache_dir()) / "remote" / obj.identity()[:24]
     target = folder / (obj.ref.name or "slide")
-    if target.is_file() and target.stat().st_size == obj.size:
-        return target
+    record = folder / f".{target.name}.sha256"  # the bytes as fetched: a copy is checked
+    if target.is_file():
+        kept = record.read_text().strip() if record.is_file() else None
+        if target.stat().st_size == obj.size and kept == sha256_file(target):
+            return target
+        # a damaged copy was read as the slide's on every run ("cannot be decoded"), with no
+        # word that the fault was cyto's own copy: it is fetched again, said once
+        import warnings
+
+        from cyto.errors import CytoWarning
+
+        warnings.warn(
+            f"{obj.ref}: the copy in cyto's cache ({target}) is not as it was fetched; "
+            "fetching it again",
+            CytoWarning,
+            stacklevel=2,
+        )
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{target.name}.{os.getpid()}.part"
     try:
@@ -888,6 +905,8 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
                     fh.write(obj._fetch(start, min(start + chunk, obj.size)))
             except NoRangesError:  # the server sends the whole object: taken in one request
                 obj.fetch_whole(fh)
+        # its record first, then the copy into place: never a copy without one
+        atomic_write(record, sha256_file(tmp).encode())
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
