@@ -875,7 +875,12 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
 
     from cyto import cache_dir
 
-    from cyto.bundle import atomic_write, sha256_file
+    def sha256_file(path: Path) -> str:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(8 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
 
     folder = Path(cache_dir()) / "remote" / obj.identity()[:24]
     target = folder / (obj.ref.name or "slide")
@@ -906,7 +911,9 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
             except NoRangesError:  # the server sends the whole object: taken in one request
                 obj.fetch_whole(fh)
         # its record first, then the copy into place: never a copy without one
-        atomic_write(record, sha256_file(tmp).encode())
+        part = folder / f".{record.name}.{os.getpid()}"
+        part.write_text(sha256_file(tmp))
+        os.replace(part, record)
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
