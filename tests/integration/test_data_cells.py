@@ -74,3 +74,16 @@ def test_a_slide_its_calibration_could_not_judge_is_not_cut_as_normal():
     with pytest.raises(ConfigError, match="could not judge the slide .* harvest normal cells"):
         refuse_planted("hot.tif", 0, "harvest normal cells", burden)
     refuse_planted("n1.tif", 0, "harvest normal cells", {"status": "ok", "triage": "no excess"})
+
+
+def test_a_busy_folder_is_said_once_in_plain_words(cohort, tmp_path):
+    """Hostile round 5 (7.6): "wait for it to finish, or wait for it to finish, or give another
+    --out" (data cells, train, review report, refine)."""
+    from cyto.locks import OutputLock
+
+    ds = tmp_path / "ds"
+    with OutputLock(ds):
+        proc = run_cyto("data", "cells", str(cohort / "n1"), "--out", str(ds))
+    assert proc.returncode == 3, proc.stderr
+    line = proc.stderr.strip()
+    assert line.count("wait for it to finish") == 1 and line.endswith("give another --out"), line
