@@ -24,7 +24,6 @@ import numpy as np
 
 from cyto.bundle import clear_temp_dirs_beside, temp_dir_beside
 from cyto.errors import ConfigError
-from cyto.flags import said
 from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_input_as_output, refuse_to_replace
 from cyto.progress import progress
@@ -55,7 +54,7 @@ def harvest_cells(
     for s in sources:
         refuse_planted(s.folder, s.planted, f"harvest {label} cells", s.burden)
     out = Path(out)
-    with OutputLock(out, "cyto data cells", f"give another {said('out')}"):
+    with OutputLock(out, "cyto data cells"):
         # what a killed run (SIGKILL, power loss) left half cut: every writer holds the lock
         clear_temp_dirs_beside(out / label)
         return _harvest(sources, out, label, per_slide, seed, overwrite, echo)

@@ -36,7 +36,7 @@ import shutil
 from pathlib import Path
 
 from cyto.errors import ConfigError
-from cyto.flags import passing, said
+from cyto.flags import passing
 from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_to_replace
 from cyto.review.session import CROPS, open_session
@@ -200,7 +200,7 @@ def refine(
     refuse_to_replace(out, overwrite, known=bundle_names(out))
     work = out.with_name(out.name + ".refine")
     # one refine at a time into OUT: another cleared this one's cells while it trained on them
-    with OutputLock(work, "cyto refine", f"give another {said('out')}"):
+    with OutputLock(work, "cyto refine"):
         shutil.rmtree(work / "cells", ignore_errors=True)
         (work / "cells").mkdir()
         one_class = get_method(method).one_class

@@ -260,7 +260,7 @@ def write_report(
     out = Path(out) if out is not None else root / "report"
     if out.exists() and not out.is_dir():  # a folder of report files; never a file replaced
         from cyto.errors import InputPathError
-        from cyto.flags import passing, said
+        from cyto.flags import passing
 
         raise InputPathError(
             f"{passing('out', out)} is a file: the report is a folder (expert_table.csv, "
@@ -268,7 +268,7 @@ def write_report(
         )
     report = build_report(root, reviewers, include_unfinished)
     marked, session = report.pop("_marked"), report.pop("_session")
-    with OutputLock(out, "cyto review report", f"give another {said('out')}"):
+    with OutputLock(out, "cyto review report"):
         # what a killed run (SIGKILL, power loss) left half made: every writer holds the lock
         clear_temp_dirs_beside(out)
         _write_files(report, marked, session, out)

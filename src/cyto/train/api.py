@@ -239,7 +239,7 @@ def train(
     cls = get_method(method)
     cfg = resolve_config(cls.Config, preset, config_file, overrides)
     if weights is not None and not Path(weights).is_file():  # before any image is read
-        from cyto.flags import passing, said
+        from cyto.flags import passing
 
         raise InputPathError(
             f"{passing('weights', Path(weights))}: no such file (a .safetensors file of "
@@ -271,7 +271,7 @@ def train(
         train_data = dataclasses.replace(train_data, labels=None)
     # one run at a time trains into OUT: a second one is refused now (exit 3), never after
     # training to the end into the first one's checkpoints
-    with OutputLock(ckpt, "cyto train", f"give another {said('out')}"):
+    with OutputLock(ckpt, "cyto train"):
         refuse_to_replace(out, overwrite, known=bundle_names(out))  # written meanwhile?
         start_checkpoints(ckpt, run_key(method, cfg, train_data, weights), resume)
         t0 = time.perf_counter()
