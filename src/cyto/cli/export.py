@@ -8,12 +8,14 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import _csv, app, used_words
+from cyto.cli._app import BUNDLE, _csv, app, used_words
 
 
 @app.command("info")
 def info_cmd(
-    model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
+    model: Annotated[
+        Path, typer.Argument(parser=BUNDLE, help="A model bundle folder (NAME.cyto).")
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")] = False,
     seal: Annotated[
         bool,
@@ -206,7 +208,9 @@ def doctor_cmd(
 
 @app.command("export", short_help="Export a bundle for inference: ONNX, fp16 and int8, TensorRT.")
 def export_cmd(
-    model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
+    model: Annotated[
+        Path, typer.Argument(parser=BUNDLE, help="A model bundle folder (NAME.cyto).")
+    ],
     onnx: Annotated[bool, typer.Option(help="Export encoder.onnx (uint8 NHWC in).")] = True,
     precision: Annotated[
         str,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import app, used_words
+from cyto.cli._app import LocalPath, app, used_words
 
 METHOD_NAMES = ("fs-sil", "ws-sil", "dsvdd", "droc", "its2clr")
 
@@ -15,8 +15,20 @@ METHOD_NAMES = ("fs-sil", "ws-sil", "dsvdd", "droc", "its2clr")
 @app.command("train")
 def train_cmd(
     method: Annotated[str, typer.Argument(help=f"One of: {', '.join(METHOD_NAMES)}.")],
-    data: Annotated[Path, typer.Option(help="Folder of class sub-folders, or a manifest.")],
-    out: Annotated[Path, typer.Option(help="Bundle folder to write, e.g. dsvdd.cyto.")],
+    data: Annotated[
+        Path,
+        typer.Option(
+            parser=LocalPath("data", "a folder of cells or a manifest: copy it here first"),
+            help="Folder of class sub-folders, or a manifest.",
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            parser=LocalPath("out", "the bundle to write: cyto train writes a local folder"),
+            help="Bundle folder to write, e.g. dsvdd.cyto.",
+        ),
+    ],
     normal: Annotated[str, typer.Option(help="Normal class(es), comma-separated.")],
     abnormal: Annotated[
         str | None, typer.Option(help="Abnormal classes (default: every other class).")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cyto.cohort.local import REUSED, score_cohort
-from cyto.errors import ConfigError, CytoError
+from cyto.errors import ConfigError, CytoError, InputPathError
 from cyto.infer import ScoreOptions
 from cyto.infer.finish import Metrics
 from cyto.location import OutputLocation
@@ -59,13 +59,14 @@ def refuse_resume_and_overwrite(resume: bool, overwrite: bool) -> None:
     """A slide's finished results are either kept (``resume``) or scored over (``overwrite``):
     asked for both, ``--overwrite`` was silently ignored. Refused in one line naming both in
     the caller's words (``cyto score`` and :func:`cyto.score_slide` alike)."""
-    from cyto.flags import passing
+    from cyto.outputs_check import refuse_keep_and_replace
 
-    if resume and overwrite:
-        raise ConfigError(
-            f"{passing('resume')} keeps a slide's finished results where they still hold and "
-            f"{passing('overwrite')} scores it again: give one of them, not both"
-        )
+    refuse_keep_and_replace(
+        resume,
+        overwrite,
+        "keeps a slide's finished results where they still hold",
+        "scores it again",
+    )
 
 
 def refuse_rescoring(slides: list[Path], out: Path) -> None:
@@ -79,15 +80,17 @@ def refuse_rescoring(slides: list[Path], out: Path) -> None:
         refuse_finished(folder, slide.name, False)
 
 
-def refuse_finished(folder: Path, slide_name: str, overwrite: bool) -> None:
+def refuse_finished(folder: Path, slide_name: str, overwrite: bool, resume: bool = False) -> None:
     """``folder`` holding a slide's finished results (a summary and a score table) is refused
-    unless ``overwrite``: one line, in the caller's words (:mod:`cyto.flags`), naming the slide
-    the results are of (another slide's, when its summary says so). ``cyto score`` and
-    :func:`cyto.score_slide` alike. A ``summary.json`` cyto did not write
-    (:func:`cyto.seal.written_by_cyto`) is refused even with ``overwrite``, naming it."""
+    unless ``overwrite``, or ``resume`` where they are this slide's (``slide_name``): resume
+    keeps a slide's own results where they still hold and never replaces another slide's. One
+    line, in the caller's words (:mod:`cyto.flags`), naming the slide the results are of
+    (another slide's, when its summary says so). ``cyto score`` and :func:`cyto.score_slide`
+    alike. A ``summary.json`` cyto did not write (:func:`cyto.seal.written_by_cyto`) is refused
+    even with ``overwrite``, naming it."""
     import json
 
-    from cyto.flags import passing
+    from cyto.flags import passing, said
     from cyto.outputs_check import refuse_foreign, refuse_to_replace
     from cyto.seal import SUMMARY, written_by_cyto
 
@@ -104,6 +107,14 @@ def refuse_finished(folder: Path, slide_name: str, overwrite: bool) -> None:
     except (OSError, ValueError, AttributeError):
         recorded = None
     of = Path(str(recorded)).name if recorded else slide_name
+    if resume and of != slide_name:
+        raise InputPathError(
+            f"{passing('out', folder)} holds the finished results of {of}: "
+            f"{passing('resume')} keeps the results of {slide_name}, never another slide's "
+            f"(give another {said('out')}, or pass {passing('overwrite')} to replace them)"
+        )
+    if resume:
+        return  # this slide's: resume keeps what still holds (cyto.cohort.local.score_one)
     refuse_to_replace(
         folder,
         False,

@@ -122,7 +122,7 @@ def export_bundle(
         check_opset(opset)
     bundle = load_bundle(path, weights=False)
     if not onnx and ONNX_FILE not in bundle.manifest["files"]:
-        raise ConfigError(f"{path} has no {ONNX_FILE}: export it first (--onnx)")
+        raise ConfigError(f"{path} has no {ONNX_FILE}: export it first ({passing('onnx')})")
     if "int8" in precisions and calib is None:
         raise ConfigError(
             f"{passing('precisions', 'int8')} needs {said('calib')}: real cells of the kind the "
@@ -248,7 +248,7 @@ def export_bundle(
             except CytoError as exc:
                 # an engine that does not reproduce the golden cells is never kept
                 if accept_parity_loss:
-                    echo(f"kept below the gate (--accept-parity-loss): {exc}")
+                    echo(f"kept below the gate ({passing('accept_parity_loss')}): {exc}")
                     index.update_info(entry.key, {"verification": {"status": "failed"}})
                     continue
                 index.remove(entry.key)
@@ -282,6 +282,6 @@ def _golden(path, cells, parity_cells, parity_normal, calib, echo, stage) -> dic
     if entry["kind"] == "random":
         echo(
             "note: no real cells given and the training folder is gone: the golden cells are "
-            "random patches (fp32 checks only); pass --cells to keep real ones"
+            f"random patches (fp32 checks only); pass {passing('cells', 'CELLS')} to keep real ones"
         )
     return entry
