@@ -192,7 +192,8 @@ def score_slide(
     with where.writing():
         # a folder holding finished results (this slide's or another's) is not scored over
         # unasked; resume keeps this slide's, never another's
-        refuse_finished(where.local, Path(str(slide)).name, overwrite, opts.resume)
+        resumed = slide if opts.resume else None
+        refuse_finished(where.local, Path(str(slide)).name, overwrite, resumed)
         model = model if not isinstance(model, str) else Path(model)
         if kind == "auto":
             opts = replace(opts, detection=detection_for(kind, model))

@@ -103,6 +103,18 @@ def said(field: str) -> str:
     return f"{field}=" if python_call() else flag(field)
 
 
+class Placeholder(str):
+    """A value's placeholder in advice (``UM_PER_PX``): written bare in both callers' words
+    (``--mpp UM_PER_PX``, ``slide_mpp=UM_PER_PX``), never quoted as if it were a string."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+#: the placeholders of numbers in advice
+UM_PER_PX, FACTOR = Placeholder("UM_PER_PX"), Placeholder("FACTOR")
+
+
 def passing(field: str, value: Any = True) -> str:
     """How the caller passes ``field`` with ``value``: ``--overwrite`` / ``overwrite=True``,
     ``--top-k 100`` / ``top_k=100``, ``--skip-verify`` / ``verify=False``."""

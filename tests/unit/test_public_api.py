@@ -553,6 +553,10 @@ REFUSALS = {
         "skip_unreadable",
         lambda b, t: cyto.predict(b, _missing_image(t), t / "p.parquet", echo=None),
     ),
+    "predict(patch_mpp=) of a model without mpp": (
+        "patch_mpp",
+        lambda b, t: cyto.predict(b, _cells(t), t / "p.parquet", patch_mpp=0.5, echo=None),
+    ),
 }
 #: hostile round 5, MIS 3.2 and 3.3: a URL given where a local path is taken was turned into a
 #: path (``https:/host/...``) and reported missing; each is refused by name, the URL printed
@@ -792,10 +796,30 @@ def test_resume_never_replaces_another_slides_finished_results(tmp_path):
     with pytest.raises(InputPathError) as err:
         cyto.score_slide(tmp_path / "n3.tif", tmp_path / "m.cyto", out, resume=True, echo=None)
     words = str(err.value)
-    assert words.startswith(f"out={str(out)!r} holds the finished results of case.tif: "), words
-    assert "resume=True keeps the results of n3.tif, never another slide's" in words
-    assert "overwrite=True" in words and "--" not in words
+    assert words == (
+        f"out={str(out)!r} holds the results of another slide (/scans/case.tif): resume=True "
+        "keeps the results of n3.tif, never another slide's (give another out=, or pass "
+        "overwrite=True to replace them)"
+    )
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    # this slide's own results: resume goes on to compare them (here: the model is missing)
-    with pytest.raises(BundleError):
+    # a namesake elsewhere is another slide too (the rule that gives each its own folder)
+    with pytest.raises(InputPathError, match="another slide"):
         cyto.score_slide(tmp_path / "case.tif", tmp_path / "m.cyto", out, resume=True, echo=None)
+    # this slide's own results: resume goes on to compare them (here: the model is missing)
+    slide = tmp_path / "case.tif"
+    slide.write_bytes(b"the slide")
+    summary = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").write_text(json.dumps({**summary, "slide": str(slide)}))
+    with pytest.raises(BundleError):
+        cyto.score_slide(slide, tmp_path / "m.cyto", out, resume=True, echo=None)
+
+
+def test_advice_writes_a_numbers_placeholder_bare(exported_dsvdd, tmp_path):
+    """predict(patch_mpp=) of a model without a training resolution said "--set mpp=UM_PER_PX",
+    "--zoom FACTOR": now the keywords, a number's placeholder unquoted."""
+    with pytest.raises(ConfigError) as err:
+        cyto.predict(exported_dsvdd, _cells(tmp_path), tmp_path / "p.parquet", patch_mpp=0.5)
+    assert str(err.value) == (
+        "patch_mpp=: the model records no training resolution (train it with "
+        "overrides={'mpp': UM_PER_PX}); pass zoom=FACTOR or zoom='auto' instead"
+    )

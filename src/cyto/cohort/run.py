@@ -80,14 +80,18 @@ def refuse_rescoring(slides: list[Path], out: Path) -> None:
         refuse_finished(folder, slide.name, False)
 
 
-def refuse_finished(folder: Path, slide_name: str, overwrite: bool, resume: bool = False) -> None:
+def refuse_finished(
+    folder: Path, slide_name: str, overwrite: bool, resumed: str | Path | None = None
+) -> None:
     """``folder`` holding a slide's finished results (a summary and a score table) is refused
-    unless ``overwrite``, or ``resume`` where they are this slide's (``slide_name``): resume
-    keeps a slide's own results where they still hold and never replaces another slide's. One
-    line, in the caller's words (:mod:`cyto.flags`), naming the slide the results are of
-    (another slide's, when its summary says so). ``cyto score`` and :func:`cyto.score_slide`
-    alike. A ``summary.json`` cyto did not write (:func:`cyto.seal.written_by_cyto`) is refused
-    even with ``overwrite``, naming it."""
+    unless ``overwrite``, or resume (``resumed``: the slide resumed, as given) where what it
+    holds is that slide's: resume keeps a slide's own results where they still hold and never
+    replaces another slide's finished or interrupted run (by the rule that gives each slide of a
+    cohort its own folder, :func:`cyto.cohort.local.held_by_another`: the same file, or the
+    same content). One line, in the caller's words (:mod:`cyto.flags`), naming the slide the
+    results are of (another slide's, when its summary says so). ``cyto score`` and
+    :func:`cyto.score_slide` alike. A ``summary.json`` cyto did not write
+    (:func:`cyto.seal.written_by_cyto`) is refused even with ``overwrite``, naming it."""
     import json
 
     from cyto.flags import passing, said
@@ -98,6 +102,17 @@ def refuse_finished(folder: Path, slide_name: str, overwrite: bool, resume: bool
     if not written_by_cyto(folder):  # a user's own summary.json: not results, never replaced
         refuse_foreign([SUMMARY], passing("out", folder))
     refuse_users_outputs(folder)
+    if resumed is not None and not overwrite:
+        from cyto.cohort.local import held_by_another
+
+        other = held_by_another(folder, resumed)
+        if other is not None:
+            raise InputPathError(
+                f"{passing('out', folder)} holds {other}: {passing('resume')} keeps the "
+                f"results of {slide_name}, never another slide's (give another {said('out')}, "
+                f"or pass {passing('overwrite')} to replace them)"
+            )
+        return
     if overwrite or not (
         (folder / "summary.json").is_file() and (folder / "scores.parquet").is_file()
     ):
@@ -107,14 +122,6 @@ def refuse_finished(folder: Path, slide_name: str, overwrite: bool, resume: bool
     except (OSError, ValueError, AttributeError):
         recorded = None
     of = Path(str(recorded)).name if recorded else slide_name
-    if resume and of != slide_name:
-        raise InputPathError(
-            f"{passing('out', folder)} holds the finished results of {of}: "
-            f"{passing('resume')} keeps the results of {slide_name}, never another slide's "
-            f"(give another {said('out')}, or pass {passing('overwrite')} to replace them)"
-        )
-    if resume:
-        return  # this slide's: resume keeps what still holds (cyto.cohort.local.score_one)
     refuse_to_replace(
         folder,
         False,

@@ -317,7 +317,7 @@ def train(
 
                     how, why = choose_ranking(chosen)
                     again = "; training again on every normal cell" if cfg.refit else ""
-                    echo(f"{why}: --rank-by auto ranks by {how}{again}")
+                    echo(f"{why}: {passing('rank_by', 'auto')} ranks by {how}{again}")
             model = (
                 probe
                 if probe_data is not None and not cfg.refit
