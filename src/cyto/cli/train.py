@@ -38,14 +38,21 @@ def train_cmd(
     ] = None,
     config: Annotated[
         Path | None,
-        typer.Option(help="TOML or YAML (.yaml, .yml) file with the same keys as the config."),
+        typer.Option(
+            parser=LocalPath("config_file", "a config file: copy it here first"),
+            help="TOML or YAML (.yaml, .yml) file with the same keys as the config.",
+        ),
     ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override one setting: key=value.")
     ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     weights: Annotated[
-        Path | None, typer.Option(help="Local backbone weights (state dict) to start from.")
+        Path | None,
+        typer.Option(
+            parser=LocalPath("weights", "a weights file: copy it here first"),
+            help="Local backbone weights (state dict) to start from.",
+        ),
     ] = None,
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run.")] = False,
     skip_unreadable: Annotated[

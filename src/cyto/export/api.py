@@ -14,7 +14,10 @@ from cyto.data.dataset import load_records
 from cyto.errors import ConfigError, CytoError
 from cyto.export.conformance import problem_words
 from cyto.export.onnx import OPSET, check_opset, export_onnx
-from cyto.flags import Range, check_value, passing, said
+from cyto.flags import Local, Range, check_value, passing, said
+
+#: cells on this machine (a folder of class folders or a manifest), as each option names them
+CELLS = "cells: a folder of class folders or a manifest: copy it here first"
 
 #: the cells int8 is calibrated on, at most (its range: the schema's, for the CLI and Python alike)
 CalibLimit = Annotated[int, Range(8, None, "quantization needs at least 8 cells")]
@@ -88,12 +91,12 @@ def export_bundle(
     onnx: bool = True,
     trt: bool = False,
     precisions: tuple[str, ...] = ("fp32",),
-    cells: Path | None = None,
+    cells: Annotated[Path | None, Local(CELLS)] = None,
     calib: Path | None = None,
     calib_class: str | None = None,
     calib_method: str = "percentile",
     calib_limit: CalibLimit = 512,
-    parity_cells: Path | None = None,
+    parity_cells: Annotated[Path | None, Local(CELLS)] = None,
     parity_normal: str | None = None,
     accept_parity_loss: bool = False,
     int8_keep_float: tuple[str, ...] | None = None,
