@@ -12,7 +12,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from cyto.flags import Range
+from cyto.flags import Local, Range
+
+#: a model bundle is a folder on this machine
+BUNDLE = Local("a model bundle folder: copy it to this machine first")
 
 if TYPE_CHECKING:  # for the annotations only: nothing heavy is imported at run time
     import pyarrow as pa
@@ -30,11 +33,15 @@ def _front_door(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
-        from cyto.flags import bind_call, python_words
+        from cyto.flags import bind_call, hints_of, python_words
+        from cyto.location import refuse_urls
         from cyto.runtime.scorer import Scorer
 
         with python_words(func.__name__):
             bound = bind_call(func, args, kwargs, {"Scorer": Scorer})
+            # a URL for an argument that takes a local path only, refused by name before it
+            # is turned into a path (https:/host/...) and reported missing
+            refuse_urls(bound.arguments, hints_of(func, {"Scorer": Scorer}))
             return func(*bound.args, **bound.kwargs)
 
     return call
@@ -51,7 +58,7 @@ def _options(call: str, given: dict[str, Any], target: Callable, named: Sequence
 
 @_front_door
 def load_model(
-    path: str | Path,
+    path: Annotated[str | Path, BUNDLE],
     backend: str = "auto",
     device: str = "auto",
     precision: str = "auto",
@@ -98,7 +105,7 @@ def load_model(
 @_front_door
 def score_slide(
     slide: str | Path,
-    model: str | Path | Scorer,
+    model: Annotated[str | Path | Scorer, BUNDLE],
     out: str | Path,
     *,
     overwrite: bool = False,
@@ -120,8 +127,9 @@ def score_slide(
             cache, each file uploaded whole, ``seal.json`` last; credentials from the
             standard AWS variables and profiles).
         overwrite: score again into an ``out`` that holds finished results (of this slide or
-            another); without it (or ``resume=True``, which keeps them where they still hold)
-            such a folder is refused, as ``cyto score`` refuses it. Not with ``resume=True``.
+            another); without it (or ``resume=True``, which keeps this slide's own results
+            where they still hold, and refuses another slide's) such a folder is refused, as
+            ``cyto score`` refuses it. Not with ``resume=True``.
         echo: where progress lines go (None: nowhere).
         **options: any field of :class:`cyto.infer.options.ScoreOptions`, named as the
             ``cyto score`` flag without its dashes: ``top_k=400``, ``backend="onnx"``,
@@ -146,10 +154,11 @@ def score_slide(
     from cyto.cohort.local import check_inputs, score_one
     from cyto.cohort.run import refuse_finished, refuse_resume_and_overwrite
     from cyto.errors import ConfigError
+    from cyto.flags import hints_of
     from cyto.infer.options import ScoreOptions, detection_for
     from cyto.infer.outputs import read_truth
     from cyto.infer.pipeline import score_slide as run
-    from cyto.location import output_location
+    from cyto.location import output_location, refuse_urls
     from cyto.runtime import Scorer, load_scorer
     from cyto.slides.remote import slide_ref
 
@@ -164,6 +173,7 @@ def score_slide(
         options.pop("detection", None)
         if kind != "auto":
             options["detection"] = detection_for(kind, None)
+    refuse_urls(options, hints_of(ScoreOptions))  # truth=, nuclei=: local tables only
     opts = ScoreOptions(**_options("score_slide", options, ScoreOptions, ()))
     # a loaded scorer's own backend, device and precision: what runs is what is recorded
     opts = replace(
@@ -183,8 +193,9 @@ def score_slide(
         check_inputs(where.local, opts, model if isinstance(model, Scorer) else Path(model))
     with where.writing():
         # a folder holding finished results (this slide's or another's) is not scored over
-        # unasked
-        refuse_finished(where.local, Path(str(slide)).name, overwrite or opts.resume)
+        # unasked; resume keeps this slide's, never another's
+        resumed = slide if opts.resume else None
+        refuse_finished(where.local, Path(str(slide)).name, overwrite, resumed)
         model = model if not isinstance(model, str) else Path(model)
         if kind == "auto":
             opts = replace(opts, detection=detection_for(kind, model))
@@ -231,17 +242,17 @@ def _scorer_runs(model: object, asked: dict[str, str]) -> dict[str, str]:
 @_front_door
 def train(
     method: str,
-    data: str | Path,
-    out: str | Path,
+    data: Annotated[str | Path, Local("a folder of cells or a manifest: copy it here first")],
+    out: Annotated[str | Path, Local("the bundle to write: cyto train writes a local folder")],
     *,
     normal: str | None = None,
     abnormal: str | None = None,
     preset: str | None = None,
-    config_file: str | Path | None = None,
+    config_file: Annotated[str | Path | None, Local("a config file: copy it here first")] = None,
     overrides: dict[str, Any] | None = None,
     device: str = "auto",
     resume: bool = False,
-    weights: str | Path | None = None,
+    weights: Annotated[str | Path | None, Local("a weights file: copy it here first")] = None,
     skip_unreadable: bool = False,
     overwrite: bool = False,
 ) -> TrainResult:
@@ -251,7 +262,7 @@ def train(
         method: ``dsvdd``, ``droc``, ``its2clr``, ``fs-sil`` or ``ws-sil`` (see the config
             reference for each method's settings and presets).
         data: a class-folder dataset (``data/normal/*.jpg``, ``data/ABN/*.jpg``) or a CSV
-            manifest (``path,label[,bag]``).
+            manifest (``path,label[,bag]``), on this machine (a URL is refused).
         out: the bundle to write (``dsvdd.cyto``).
         normal: the normal class name(s), comma-separated; the one-class methods learn from
             these only.
@@ -260,7 +271,8 @@ def train(
         config_file: a TOML or YAML file of config fields.
         overrides: config fields that win over the preset and the file (``{"epochs": 5}``).
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-        resume: continue an interrupted run from its per-epoch state.
+        resume: continue an interrupted run from its per-epoch state (replacing ``out`` only
+            where that run was started with ``overwrite``). Not with ``overwrite=True``.
         weights: initial encoder weights (a ``.safetensors`` file).
         skip_unreadable: leave out images that cannot be decoded instead of failing.
         overwrite: replace an existing ``out``.
@@ -296,11 +308,11 @@ def train(
 
 @_front_door
 def export(
-    bundle: str | Path,
+    bundle: Annotated[str | Path, BUNDLE],
     *,
     precisions: str | Sequence[str] = ("fp32",),
     trt: bool = False,
-    calib: str | Path | None = None,
+    calib: Annotated[str | Path | None, Local("calibration cells: copy them here first")] = None,
     calib_class: str | None = None,
     device: str = "cuda",
     echo: Callable[[str], None] | None = print,
@@ -336,8 +348,11 @@ def export(
         True
     """
     from cyto.export.api import export_bundle
+    from cyto.flags import hints_of
+    from cyto.location import refuse_urls
 
     named = ("path", "trt", "precisions", "calib", "calib_class", "device", "echo")
+    refuse_urls(options, hints_of(export_bundle))  # cells=, parity_cells=: local cells only
     options = _options("export", options, export_bundle, named)
     if isinstance(precisions, str):
         precisions = [p.strip() for p in precisions.split(",") if p.strip()]
@@ -355,9 +370,9 @@ def export(
 
 @_front_door
 def predict(
-    model: str | Path | Scorer,
-    data: str | Path,
-    out: str | Path,
+    model: Annotated[str | Path | Scorer, BUNDLE],
+    data: Annotated[str | Path, Local("a folder of cells or a manifest: copy it here first")],
+    out: Annotated[str | Path, Local("the table to write: cyto predict writes a local file")],
     *,
     normal: str | None = None,
     abnormal: str | None = None,

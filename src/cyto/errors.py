@@ -54,14 +54,16 @@ class DatasetError(CytoError):
 
 
 class UnreadableImageError(DatasetError):
-    """An image file cannot be decoded."""
+    """An image file cannot be decoded; ``skip``: how the caller skips such files, in its
+    words (``cyto.flags.passing("skip_unreadable")``: ``--skip-unreadable`` at the command line,
+    ``skip_unreadable=True`` from Python)."""
 
-    def __init__(self, path: object, reason: str) -> None:
+    def __init__(self, path: object, reason: str, skip: str) -> None:
         self.path = path
         self.reason = reason
         super().__init__(
             f"cannot read image {path}: {reason} "
-            "(fix or remove the file, or pass --skip-unreadable to skip and count such files)"
+            f"(fix or remove the file, or pass {skip} to skip and count such files)"
         )
 
 

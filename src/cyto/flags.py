@@ -103,6 +103,18 @@ def said(field: str) -> str:
     return f"{field}=" if python_call() else flag(field)
 
 
+class Placeholder(str):
+    """A value's placeholder in advice (``UM_PER_PX``): written bare in both callers' words
+    (``--mpp UM_PER_PX``, ``slide_mpp=UM_PER_PX``), never quoted as if it were a string."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+#: the placeholders of numbers in advice
+UM_PER_PX, FACTOR = Placeholder("UM_PER_PX"), Placeholder("FACTOR")
+
+
 def passing(field: str, value: Any = True) -> str:
     """How the caller passes ``field`` with ``value``: ``--overwrite`` / ``overwrite=True``,
     ``--top-k 100`` / ``top_k=100``, ``--skip-verify`` / ``verify=False``."""
@@ -111,6 +123,15 @@ def passing(field: str, value: Any = True) -> str:
     if isinstance(value, bool):
         return flag(field)
     return f"{flag(field)} {value}"
+
+
+def setting(key: str, value: Any = None) -> str:
+    """A training config setting in the caller's words: ``--set eps`` (``--set eps=0.1``) at the
+    command line, ``eps (in overrides=)`` (``overrides={'eps': 0.1}``) from Python; ``value``:
+    the text shown for it (None: the setting alone)."""
+    if python_call():
+        return f"{key} (in overrides=)" if value is None else f"overrides={{'{key}': {value}}}"
+    return f"{flag('overrides')} {key}" + ("" if value is None else f"={value}")
 
 
 @dataclass(frozen=True)
@@ -140,6 +161,24 @@ class Range:
         else:
             said_range = f"<= {self.hi:g}"
         return said_range + (f" ({self.note})" if self.note else "")
+
+
+@dataclass(frozen=True)
+class Local:
+    """A path argument that names a local file or folder only (a model bundle, training cells,
+    a table to write), written in its annotation (``Annotated[str | Path, Local("...")]``):
+    a URL given for it is refused in one line (:func:`cyto.location.local_path`: the Python
+    API's front door and the CLI alike), never turned into a path and reported missing;
+    ``what``: what it names and what to do instead."""
+
+    what: str
+
+
+def local_of(hint: Any) -> Local | None:
+    """The :class:`Local` mark of an annotation, or None."""
+    if typing.get_origin(hint) is typing.Annotated:
+        return next((m for m in typing.get_args(hint)[1:] if isinstance(m, Local)), None)
+    return None
 
 
 def _unannotated(hint: Any) -> tuple[Any, list[Range]]:
@@ -260,9 +299,26 @@ def hints_of(target: Any, localns: Mapping[str, Any] | None = None) -> dict[str,
     return out
 
 
+#: keywords no public call takes because that work is the command line's alone: what to use
+#: instead, said in place of a nearest spelling (``ray=`` was offered ``rank_by=``)
+ELSEWHERE: dict[str, str] = {
+    # a shell command, quoted: no flag offered as if it were a keyword
+    "ray": "score_slide scores one slide on this machine; a cohort on a Ray cluster is scored "
+    "from the command line: `cyto score SLIDE... --out OUT --ray ADDRESS`",
+}
+ELSEWHERE["ray_part_tiles"] = ELSEWHERE["ray"]
+#: how close a spelling must be to a known keyword to be offered as what was meant
+#: (difflib's ratio: ``topk``/``top_k`` 0.89; ``ray``/``rank_by`` 0.6 is no typo)
+NEAR = 0.75
+
+
 def unknown_words(call: str, unknown: list[str], known: list[str]) -> str:
-    """``call`` refuses keyword(s) it does not take, with the nearest it does."""
+    """``call`` refuses keyword(s) it does not take, with the nearest it does (only one that
+    is really close, :data:`NEAR`), or where that work is done (:data:`ELSEWHERE`)."""
     names = ", ".join(said(k) for k in unknown)
+    elsewhere = list(dict.fromkeys(ELSEWHERE[k] for k in unknown if k in ELSEWHERE))
+    if elsewhere:
+        return f"{call}: unknown option(s) {names}: {'; '.join(elsewhere)}"
     # a flag's own name (fdr= for --fdr) is the field it sets; else the nearest spelling
     by_flag = {
         f.lstrip("-").replace("-", "_"): field for field, f in FLAGS.items() if f and field in known
@@ -270,7 +326,9 @@ def unknown_words(call: str, unknown: list[str], known: list[str]) -> str:
     near = [
         m
         for k in unknown
-        for m in ([by_flag[k]] if k in by_flag else difflib.get_close_matches(k, known, n=1))
+        for m in (
+            [by_flag[k]] if k in by_flag else difflib.get_close_matches(k, known, n=1, cutoff=NEAR)
+        )
     ]
     hint = f" (did you mean {', '.join(said(m) for m in near)}?)" if near else ""
     return f"{call}: unknown option(s) {names}{hint}; known: {', '.join(known)}"

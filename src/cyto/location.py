@@ -447,3 +447,32 @@ def scored_folders(given, options: dict | None = None) -> list[Path]:
     ``cyto data cells``, ``cyto view``, ``cyto calibrate``): a URL is never read as a path
     (``s3:/bucket/...`` "is not a folder")."""
     return [scored_here(g, options)[0] if is_url(g) else Path(g) for g in given]
+
+
+def local_path(field: str, value: str | os.PathLike, what: str, cli_name: str = "") -> Path:
+    """``value`` of an argument that takes a local path only (a model bundle, training cells,
+    a table to write: :class:`cyto.flags.Local`), as a path; a URL is refused in one line naming
+    the argument in the caller's words (``data=`` from Python, ``--data`` at the command line,
+    ``cli_name`` for a command's positional argument) and the URL as it may be printed
+    (:func:`~cyto.slides.remote.redact`), never turned into a path (``https:/host/...``) and
+    reported missing. The one rule of the Python API (:func:`refuse_urls`) and the CLI
+    (``cyto.cli._app.LocalPath``); ``what``: what the argument names and what to do instead."""
+    from cyto.flags import python_call, said
+
+    if is_url(value):
+        label = cli_name if cli_name and not python_call() else said(field)
+        raise InputPathError(
+            f"{label} takes a local path, not a URL: {redact(str(value))} ({what})"
+        )
+    return Path(value)
+
+
+def refuse_urls(given: dict, hints: dict) -> None:
+    """Every argument in ``given`` whose annotation in ``hints`` marks it local-only
+    (:class:`cyto.flags.Local`) held to :func:`local_path`."""
+    from cyto.flags import local_of
+
+    for field, value in given.items():
+        mark = local_of(hints.get(field))
+        if mark is not None and isinstance(value, (str, os.PathLike)):
+            local_path(field, value, mark.what)

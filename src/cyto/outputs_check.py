@@ -100,6 +100,20 @@ def refuse_foreign(foreign: list[str], label: str, error: type[CytoError] = Inpu
         )
 
 
+def refuse_keep_and_replace(resume: bool, overwrite: bool, keeps: str, again: str) -> None:
+    """Asked both to continue what a place holds (``resume``: it ``keeps``) and to replace it
+    (``overwrite``: it does ``again``), one of them was silently ignored: refused in one line
+    naming both in the caller's words (``--resume`` / ``resume=True``). ``cyto score``,
+    ``cyto train`` and their Python calls alike."""
+    from cyto.errors import ConfigError
+
+    if resume and overwrite:
+        raise ConfigError(
+            f"{passing('resume')} {keeps} and {passing('overwrite')} {again}: give one of "
+            "them, not both"
+        )
+
+
 def refuse_to_replace(
     path: Path,
     overwrite: bool,

@@ -531,7 +531,74 @@ REFUSALS = {
     "score_slide(adequacy=NO-TABLE)": ("adequacy", lambda b, t: _slide(b, t, adequacy="x.toml")),
     "score_slide(truth=FOLDER)": ("truth", lambda b, t: _slide(b, t, truth=t)),
     "score_slide(out=s3 with a query)": ("out", lambda b, t: _slide(b, t, out="s3://b/o/?v=1")),
+    # hostile round 5, MIS 3.8 and 3.9: train and predict said --resume and --skip-unreadable
+    "train(resume=True) with no run": (
+        "resume",
+        lambda b, t: cyto.train("dsvdd", t, t / "t.cyto", normal="normal", resume=True),
+    ),
+    "train(resume=True, overwrite=True)": (
+        "resume",
+        lambda b, t: cyto.train("dsvdd", t, t / "t.cyto", resume=True, overwrite=True),
+    ),
+    "train(overrides= out of range)": (
+        "overrides",
+        lambda b, t: cyto.train("dsvdd", t, t / "t.cyto", normal="n", overrides={"eps": -1}),
+    ),
+    "train(normal=None)": ("normal", lambda b, t: cyto.train("dsvdd", _cells(t), t / "t.cyto")),
+    "train(data=A MISSING IMAGE)": (
+        "skip_unreadable",
+        lambda b, t: cyto.train("dsvdd", _missing_image(t), t / "t.cyto", normal="normal"),
+    ),
+    "predict(data=A MISSING IMAGE)": (
+        "skip_unreadable",
+        lambda b, t: cyto.predict(b, _missing_image(t), t / "p.parquet", echo=None),
+    ),
+    "predict(patch_mpp=) of a model without mpp": (
+        "patch_mpp",
+        lambda b, t: cyto.predict(b, _cells(t), t / "p.parquet", patch_mpp=0.5, echo=None),
+    ),
 }
+#: hostile round 5, MIS 3.2 and 3.3: a URL given where a local path is taken was turned into a
+#: path (``https:/host/...``) and reported missing; each is refused by name, the URL printed
+#: without its credentials and query string
+URL = "https://user:secret@example.com/d/m.cyto?sig=abc"
+LOCAL_ONLY = {
+    "load_model(path=URL)": ("path", lambda b, t: cyto.load_model(URL)),
+    "score_slide(model=URL)": ("model", lambda b, t: _slide(URL, t)),
+    "score_slide(truth=URL)": ("truth", lambda b, t: _slide(b, t, truth=URL)),
+    "train(data=URL)": ("data", lambda b, t: cyto.train("dsvdd", URL, t / "t.cyto", normal="n")),
+    "train(out=URL)": ("out", lambda b, t: cyto.train("dsvdd", t, URL, normal="n")),
+    "train(weights=URL)": ("weights", lambda b, t: cyto.train("dsvdd", t, t / "t", weights=URL)),
+    "export(bundle=URL)": ("bundle", lambda b, t: cyto.export(URL, echo=None)),
+    "export(cells=URL)": ("cells", lambda b, t: cyto.export(b, cells=URL, echo=None)),
+    "export(calib=URL)": ("calib", lambda b, t: cyto.export(b, calib=URL, echo=None)),
+    "predict(model=URL)": ("model", lambda b, t: cyto.predict(URL, t, t / "p.parquet")),
+    "predict(data=URL)": ("data", lambda b, t: cyto.predict(b, URL, t / "p.parquet")),
+    "predict(out=URL)": ("out", lambda b, t: cyto.predict(b, t, URL)),
+}
+REFUSALS.update(LOCAL_ONLY)
+
+
+def _cells(tmp: Path) -> Path:
+    """A class folder of two readable cell images."""
+    import numpy as np
+    from PIL import Image
+
+    for i in range(2):
+        (tmp / "cells" / "normal").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((32, 32, 3), 40 * i, np.uint8)).save(
+            tmp / "cells" / "normal" / f"c{i}.png"
+        )
+    return tmp / "cells"
+
+
+def _missing_image(tmp: Path) -> Path:
+    """A manifest of readable cells and one image that is not there."""
+    cells = _cells(tmp)
+    rows = [f"{p},normal" for p in sorted((cells / "normal").iterdir())]
+    manifest = tmp / "manifest.csv"
+    manifest.write_text("\n".join(["path,label", *rows, f"{tmp / 'nope.png'},normal"]) + "\n")
+    return manifest
 
 
 def _slide(bundle: Path, tmp: Path, out: str | Path | None = None, **options):
@@ -560,6 +627,9 @@ def test_a_refusal_names_the_keyword_a_python_caller_gave(
     message = str(err.value)
     assert "\n" not in message, message
     _in_python_words(message, field)
+    if case in LOCAL_ONLY:
+        assert f"{field}= takes a local path, not a URL: https://example.com/d/m.cyto (" in message
+        assert "secret" not in message and "sig=" not in message, message
 
 
 def test_the_same_refusals_name_flags_at_the_command_line(exported_dsvdd, tmp_path, monkeypatch):
@@ -636,3 +706,135 @@ def test_a_refused_resume_names_what_changed_in_the_callers_words():
     assert "--adequacy none does not" in cli[2], cli
     assert py[0].startswith("rank_by ") and "the nuclei file's content" in py[1], py
     assert not any(re.search(r"(^|\s|\()--[a-z]", d) for d in py), py
+
+
+# --- hostile round 5 (issue 68): MIS 3.2/3.3, 3.6, 3.8, 3.13 -----------------------------------
+
+
+def test_the_cli_refuses_a_url_for_a_local_path_by_its_flag(tmp_path):
+    """cyto train --data https://... said "https:/example.com/cells does not exist" (a URL made
+    a path); cyto info, export and predict read a bundle URL as a missing folder."""
+    from tests.cli_runner import run_cyto
+
+    cases = {
+        ("train", "dsvdd", "--data", URL, "--out", str(tmp_path / "t.cyto"), "--normal", "n"): (
+            "--data"
+        ),
+        ("info", URL): "MODEL",
+        ("export", str(tmp_path / "m.cyto"), "--cells", URL): "--cells",
+        (
+            "train",
+            "dsvdd",
+            "--data",
+            str(tmp_path),
+            "--out",
+            "t",
+            "--normal",
+            "n",
+            "--config",
+            URL,
+        ): ("--config"),
+        ("export", URL): "MODEL",
+        ("predict", URL, "--data", str(tmp_path)): "MODEL",
+        ("predict", str(tmp_path / "m.cyto"), "--data", URL): "--data",
+        ("score", str(tmp_path / "s.tif"), "--model", URL, "--out", str(tmp_path / "o")): (
+            "--model"
+        ),
+    }
+    for args, name in cases.items():
+        proc = run_cyto(*args)
+        last = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(last) == 1, (args, proc.stderr)
+        assert last[0].startswith(
+            f"error: {name} takes a local path, not a URL: https://example.com/d/m.cyto ("
+        ), (args, proc.stderr)
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_unknown_keyword_is_offered_only_a_close_spelling():
+    """score_slide(ray="local") was asked "did you mean rank_by=?"; a Ray cohort is the command
+    line's, and score_slide says so; a typo still gets its keyword."""
+    with pytest.raises(ConfigError) as err:
+        cyto.score_slide("s.tif", "m.cyto", "o", ray="local", echo=None)
+    message = str(err.value)
+    assert "rank_by" not in message.split("known:")[0] and "did you mean" not in message
+    assert "`cyto score SLIDE... --out OUT --ray ADDRESS`" in message, message
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) topk= \(did you mean top_k=\?\)"):
+        cyto.score_slide("s.tif", "m.cyto", "o", topk=5, echo=None)
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) bogus=; known"):
+        cyto.score_slide("s.tif", "m.cyto", "o", bogus=5, echo=None)
+
+
+def test_train_refuses_resume_with_overwrite_at_the_cli_too(tmp_path):
+    """cyto.train(resume=True, overwrite=True) said "--resume: no interrupted run ..." and took
+    the pair; both callers are refused, each in its words."""
+    from tests.cli_runner import run_cyto
+
+    args = ["train", "dsvdd", "--data", str(tmp_path), "--out", str(tmp_path / "t.cyto")]
+    proc = run_cyto(*args, "--normal", "n", "--resume", "--overwrite")
+    last = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(last) == 1, proc.stderr
+    assert last[0] == (
+        "error: --resume continues an interrupted run and --overwrite starts a new one over the "
+        "bundle: give one of them, not both"
+    )
+    proc = run_cyto(*args, "--normal", "n", "--resume")
+    assert "--resume: no interrupted run to continue at" in proc.stderr, proc.stderr
+
+
+def test_a_resumed_training_replaces_the_bundle_its_run_was_asked_to(tmp_path):
+    """resume and overwrite are not given together: a run started with overwrite over an
+    existing bundle and stopped is resumed with resume alone, as it was asked to replace it."""
+    from cyto.errors import InputPathError
+    from cyto.train.api import REPLACES, checkpoint_dir
+
+    out = tmp_path / "t.cyto"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    ckpt = checkpoint_dir(out)
+    ckpt.mkdir()
+    with pytest.raises(InputPathError, match="overwrite=True"):  # not asked: refused
+        cyto.train("dsvdd", tmp_path / "none", out, normal="n", resume=True)
+    (ckpt / REPLACES).write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"^resume=True: .* records no key"):  # got past it
+        cyto.train("dsvdd", _cells(tmp_path), out, normal="normal", resume=True)
+
+
+def test_resume_never_replaces_another_slides_finished_results(tmp_path):
+    """score_slide(n3.tif, OUT, resume=True) into the folder of case.tif's finished results
+    scored n3 over them ("scored with other settings or inputs"); without resume it was refused.
+    Resume keeps this slide's results where they hold: another slide's are refused by name."""
+    from cyto.errors import BundleError, InputPathError
+
+    out = tmp_path / "slide"
+    before = _finished(out, "case.tif")
+    with pytest.raises(InputPathError) as err:
+        cyto.score_slide(tmp_path / "n3.tif", tmp_path / "m.cyto", out, resume=True, echo=None)
+    words = str(err.value)
+    assert words == (
+        f"out={str(out)!r} holds the results of another slide (/scans/case.tif): resume=True "
+        "keeps the results of n3.tif, never another slide's (give another out=, or pass "
+        "overwrite=True to replace them)"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # a namesake elsewhere is another slide too (the rule that gives each its own folder)
+    with pytest.raises(InputPathError, match="another slide"):
+        cyto.score_slide(tmp_path / "case.tif", tmp_path / "m.cyto", out, resume=True, echo=None)
+    # this slide's own results: resume goes on to compare them (here: the model is missing)
+    slide = tmp_path / "case.tif"
+    slide.write_bytes(b"the slide")
+    summary = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").write_text(json.dumps({**summary, "slide": str(slide)}))
+    with pytest.raises(BundleError):
+        cyto.score_slide(slide, tmp_path / "m.cyto", out, resume=True, echo=None)
+
+
+def test_advice_writes_a_numbers_placeholder_bare(exported_dsvdd, tmp_path):
+    """predict(patch_mpp=) of a model without a training resolution said "--set mpp=UM_PER_PX",
+    "--zoom FACTOR": now the keywords, a number's placeholder unquoted."""
+    with pytest.raises(ConfigError) as err:
+        cyto.predict(exported_dsvdd, _cells(tmp_path), tmp_path / "p.parquet", patch_mpp=0.5)
+    assert str(err.value) == (
+        "patch_mpp=: the model records no training resolution (train it with "
+        "overrides={'mpp': UM_PER_PX}); pass zoom=FACTOR or zoom='auto' instead"
+    )

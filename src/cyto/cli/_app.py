@@ -19,6 +19,29 @@ def _typer(**kwargs) -> typer.Typer:
     return typer.Typer(rich_markup_mode=None, no_args_is_help=True, **kwargs)
 
 
+class LocalPath:
+    """The parser of a path argument that takes a local path only (a model bundle, training
+    cells, a table to write; ``typer.Option(parser=LocalPath(...))``): a URL is refused in one
+    line naming the flag (:func:`cyto.location.local_path`, the rule the Python API keeps too),
+    never turned into a path (``https:/host/...``) and reported missing. ``cli_name``: a
+    positional argument's name (``MODEL``)."""
+
+    def __init__(self, field: str, what: str, cli_name: str = "") -> None:
+        self.field, self.what, self.cli_name = field, what, cli_name
+        self.__name__ = "path"  # the metavar of its values in the help, as a Path's (PATH)
+
+    def __call__(self, value: str | Path) -> Path:
+        if isinstance(value, Path):
+            return value
+        from cyto.location import local_path
+
+        return local_path(self.field, value, self.what, self.cli_name)
+
+
+#: a model bundle, as cyto info, export, predict, score and calibrate take it
+BUNDLE = LocalPath("model", "a model bundle folder: copy it to this machine first", "MODEL")
+
+
 app = _typer(
     name="cyto",
     help="Find the few malignant cells among ~10^5 normal ones on a whole-slide cytology image.",

@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import StorageOption, app
+from cyto.cli._app import BUNDLE, StorageOption, app
 
 
 @app.command("calibrate", short_help="Calibrate on negative slides: p-values, FDR flags, burden.")
 def calibrate_cmd(
-    model: Annotated[Path, typer.Argument(help="Model bundle to calibrate.")],
+    model: Annotated[Path, typer.Argument(parser=BUNDLE, help="Model bundle to calibrate.")],
     tables: Annotated[
         list[str],
         typer.Argument(

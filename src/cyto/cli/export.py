@@ -8,12 +8,19 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import _csv, app, used_words
+from cyto.cli._app import BUNDLE, LocalPath, _csv, app, used_words
+
+
+def _cells(field: str) -> LocalPath:
+    """Cells read from this machine (a URL refused by name)."""
+    return LocalPath(field, "cells: a folder of class folders or a manifest: copy it here first")
 
 
 @app.command("info")
 def info_cmd(
-    model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
+    model: Annotated[
+        Path, typer.Argument(parser=BUNDLE, help="A model bundle folder (NAME.cyto).")
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")] = False,
     seal: Annotated[
         bool,
@@ -206,7 +213,9 @@ def doctor_cmd(
 
 @app.command("export", short_help="Export a bundle for inference: ONNX, fp16 and int8, TensorRT.")
 def export_cmd(
-    model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
+    model: Annotated[
+        Path, typer.Argument(parser=BUNDLE, help="A model bundle folder (NAME.cyto).")
+    ],
     onnx: Annotated[bool, typer.Option(help="Export encoder.onnx (uint8 NHWC in).")] = True,
     precision: Annotated[
         str,
@@ -219,7 +228,8 @@ def export_cmd(
     calib: Annotated[
         Path | None,
         typer.Option(
-            help="int8: real cells to calibrate on (folder of class folders or manifest)."
+            parser=_cells("calib"),
+            help="int8: real cells to calibrate on (folder of class folders or manifest).",
         ),
     ] = None,
     calib_class: Annotated[
@@ -232,9 +242,10 @@ def export_cmd(
     parity_cells: Annotated[
         Path | None,
         typer.Option(
+            parser=_cells("parity_cells"),
             help="Held-out cells to measure fp16/int8 ranking parity on (default: a quarter of "
             "--calib that calibration does not use; for fp16 without --calib, the bundle's "
-            "golden cells)."
+            "golden cells).",
         ),
     ] = None,
     parity_normal: Annotated[
@@ -259,9 +270,10 @@ def export_cmd(
     cells: Annotated[
         Path | None,
         typer.Option(
+            parser=_cells("cells"),
             help="Real cells to keep as the bundle's golden cells (256 drawn, with their fp32 "
             "PyTorch scores), which every graph and engine must reproduce on each machine that "
-            "loads it. Default: --parity-cells, --calib, else the training folder if present."
+            "loads it. Default: --parity-cells, --calib, else the training folder if present.",
         ),
     ] = None,
     batch: Annotated[str, typer.Option(help="TensorRT batch profile min,opt,max.")] = "1,64,256",

@@ -8,16 +8,36 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import Download, RankBy, SkipVerify, StorageOption, app
+from cyto.cli._app import (
+    BUNDLE,
+    Download,
+    LocalPath,
+    RankBy,
+    SkipVerify,
+    StorageOption,
+    app,
+)
 
 
 @app.command("predict", short_help="Score every patch of a folder or manifest with a bundle.")
 def predict_cmd(
-    model: Annotated[Path, typer.Argument(help="A model bundle folder (NAME.cyto).")],
-    data: Annotated[Path, typer.Option(help="Folder of class sub-folders, or a manifest.")],
-    out: Annotated[Path, typer.Option(help="Parquet score table to write.")] = Path(
-        "scores.parquet"
-    ),
+    model: Annotated[
+        Path, typer.Argument(parser=BUNDLE, help="A model bundle folder (NAME.cyto).")
+    ],
+    data: Annotated[
+        Path,
+        typer.Option(
+            parser=LocalPath("data", "a folder of cells or a manifest: copy it here first"),
+            help="Folder of class sub-folders, or a manifest.",
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            parser=LocalPath("out", "the table to write: cyto predict writes a local file"),
+            help="Parquet score table to write.",
+        ),
+    ] = Path("scores.parquet"),
     normal: Annotated[
         str | None, typer.Option(help="Normal class(es): adds labels, AUROC and Recall@K.")
     ] = None,
@@ -135,7 +155,12 @@ def score_cmd(
             "prefix ending in / is the slides under it)."
         ),
     ],
-    model: Annotated[Path, typer.Option(help="Model bundle (exported: cyto export).")],
+    model: Annotated[
+        Path,
+        typer.Option(
+            parser=LocalPath("model", BUNDLE.what), help="Model bundle (exported: cyto export)."
+        ),
+    ],
     out: Annotated[
         str, typer.Option(help="Output folder, a sub-folder per slide; or a prefix s3://BUCKET/P/.")
     ],

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import app, used_words
+from cyto.cli._app import LocalPath, app, used_words
 
 METHOD_NAMES = ("fs-sil", "ws-sil", "dsvdd", "droc", "its2clr")
 
@@ -15,8 +15,20 @@ METHOD_NAMES = ("fs-sil", "ws-sil", "dsvdd", "droc", "its2clr")
 @app.command("train")
 def train_cmd(
     method: Annotated[str, typer.Argument(help=f"One of: {', '.join(METHOD_NAMES)}.")],
-    data: Annotated[Path, typer.Option(help="Folder of class sub-folders, or a manifest.")],
-    out: Annotated[Path, typer.Option(help="Bundle folder to write, e.g. dsvdd.cyto.")],
+    data: Annotated[
+        Path,
+        typer.Option(
+            parser=LocalPath("data", "a folder of cells or a manifest: copy it here first"),
+            help="Folder of class sub-folders, or a manifest.",
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            parser=LocalPath("out", "the bundle to write: cyto train writes a local folder"),
+            help="Bundle folder to write, e.g. dsvdd.cyto.",
+        ),
+    ],
     normal: Annotated[str, typer.Option(help="Normal class(es), comma-separated.")],
     abnormal: Annotated[
         str | None, typer.Option(help="Abnormal classes (default: every other class).")
@@ -26,14 +38,21 @@ def train_cmd(
     ] = None,
     config: Annotated[
         Path | None,
-        typer.Option(help="TOML or YAML (.yaml, .yml) file with the same keys as the config."),
+        typer.Option(
+            parser=LocalPath("config_file", "a config file: copy it here first"),
+            help="TOML or YAML (.yaml, .yml) file with the same keys as the config.",
+        ),
     ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override one setting: key=value.")
     ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     weights: Annotated[
-        Path | None, typer.Option(help="Local backbone weights (state dict) to start from.")
+        Path | None,
+        typer.Option(
+            parser=LocalPath("weights", "a weights file: copy it here first"),
+            help="Local backbone weights (state dict) to start from.",
+        ),
     ] = None,
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run.")] = False,
     skip_unreadable: Annotated[

@@ -17,7 +17,7 @@ from cyto.infer import ScoreOptions, score_slide
 from cyto.infer.finish import Metrics
 from cyto.infer.options import as_cut
 from cyto.infer.outputs import read_truth
-from cyto.infer.plan import NO_MODEL_MPP, check_model_mpp
+from cyto.infer.plan import check_model_mpp, no_model_mpp
 from cyto.infer.store import PARTIAL, slide_identity
 from cyto.location import OutputLocation, output_location
 from cyto.outputs_check import check_writable
@@ -288,6 +288,13 @@ def _held_by_another(folder: Path, slide: Path) -> str | None:
     return f"the results of another slide ({path or 'an unnamed slide'})"
 
 
+def held_by_another(folder: Path, slide) -> str | None:
+    """What ``folder`` holds of another slide than ``slide`` (a path or URL as given), in words,
+    or None: the rule that keeps :func:`output_folders` from giving one slide's folder to
+    another, for a caller that names the folder itself (``cyto.score_slide(..., resume=True)``)."""
+    return _held_by_another(folder, _resolved(slide))
+
+
 #: a folder holding a summary.json cyto did not write, as :func:`_held_by_another` says it
 FOREIGN_WORDS = "summary.json, which cyto did not write"
 
@@ -365,7 +372,7 @@ def once_per_cohort(echo):
     seen: set[str] = set()
 
     def say(message: str) -> None:
-        if message == NO_MODEL_MPP:
+        if message == no_model_mpp():
             if message in seen:
                 return
             seen.add(message)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cyto.cohort.local import REUSED, score_cohort
-from cyto.errors import ConfigError, CytoError
+from cyto.errors import ConfigError, CytoError, InputPathError
 from cyto.infer import ScoreOptions
 from cyto.infer.finish import Metrics
 from cyto.location import OutputLocation
@@ -59,13 +59,14 @@ def refuse_resume_and_overwrite(resume: bool, overwrite: bool) -> None:
     """A slide's finished results are either kept (``resume``) or scored over (``overwrite``):
     asked for both, ``--overwrite`` was silently ignored. Refused in one line naming both in
     the caller's words (``cyto score`` and :func:`cyto.score_slide` alike)."""
-    from cyto.flags import passing
+    from cyto.outputs_check import refuse_keep_and_replace
 
-    if resume and overwrite:
-        raise ConfigError(
-            f"{passing('resume')} keeps a slide's finished results where they still hold and "
-            f"{passing('overwrite')} scores it again: give one of them, not both"
-        )
+    refuse_keep_and_replace(
+        resume,
+        overwrite,
+        "keeps a slide's finished results where they still hold",
+        "scores it again",
+    )
 
 
 def refuse_rescoring(slides: list[Path], out: Path) -> None:
@@ -79,15 +80,21 @@ def refuse_rescoring(slides: list[Path], out: Path) -> None:
         refuse_finished(folder, slide.name, False)
 
 
-def refuse_finished(folder: Path, slide_name: str, overwrite: bool) -> None:
+def refuse_finished(
+    folder: Path, slide_name: str, overwrite: bool, resumed: str | Path | None = None
+) -> None:
     """``folder`` holding a slide's finished results (a summary and a score table) is refused
-    unless ``overwrite``: one line, in the caller's words (:mod:`cyto.flags`), naming the slide
-    the results are of (another slide's, when its summary says so). ``cyto score`` and
+    unless ``overwrite``, or resume (``resumed``: the slide resumed, as given) where what it
+    holds is that slide's: resume keeps a slide's own results where they still hold and never
+    replaces another slide's finished or interrupted run (by the rule that gives each slide of a
+    cohort its own folder, :func:`cyto.cohort.local.held_by_another`: the same file, or the
+    same content). One line, in the caller's words (:mod:`cyto.flags`), naming the slide the
+    results are of (another slide's, when its summary says so). ``cyto score`` and
     :func:`cyto.score_slide` alike. A ``summary.json`` cyto did not write
     (:func:`cyto.seal.written_by_cyto`) is refused even with ``overwrite``, naming it."""
     import json
 
-    from cyto.flags import passing
+    from cyto.flags import passing, said
     from cyto.outputs_check import refuse_foreign, refuse_to_replace
     from cyto.seal import SUMMARY, written_by_cyto
 
@@ -95,6 +102,17 @@ def refuse_finished(folder: Path, slide_name: str, overwrite: bool) -> None:
     if not written_by_cyto(folder):  # a user's own summary.json: not results, never replaced
         refuse_foreign([SUMMARY], passing("out", folder))
     refuse_users_outputs(folder)
+    if resumed is not None and not overwrite:
+        from cyto.cohort.local import held_by_another
+
+        other = held_by_another(folder, resumed)
+        if other is not None:
+            raise InputPathError(
+                f"{passing('out', folder)} holds {other}: {passing('resume')} keeps the "
+                f"results of {slide_name}, never another slide's (give another {said('out')}, "
+                f"or pass {passing('overwrite')} to replace them)"
+            )
+        return
     if overwrite or not (
         (folder / "summary.json").is_file() and (folder / "scores.parquet").is_file()
     ):

@@ -8,6 +8,7 @@ dropped silently.
 
 from __future__ import annotations
 
+import contextvars
 import csv
 import hashlib
 import logging
@@ -30,6 +31,7 @@ from cyto.errors import (
     InputPathError,
     UnreadableImageError,
 )
+from cyto.flags import passing, setting
 from cyto.tables import read_table
 
 log = logging.getLogger(__name__)
@@ -300,7 +302,7 @@ def resolve_classes(
     known_s = sorted(set(known))
     normal_t = parse_classes(normal)
     if not normal_t:
-        raise DatasetError("no normal class given: pass --normal CLASS[,CLASS...]")
+        raise DatasetError(f"no normal class given: pass {passing('normal', 'CLASS[,CLASS...]')}")
     abnormal_t = parse_classes(abnormal)
     unknown = [c for c in (*normal_t, *(abnormal_t or ())) if c not in known_s]
     if unknown:
@@ -340,7 +342,9 @@ def _decode_one(
     try:
         data = record.path.read_bytes()
     except OSError as exc:
-        raise UnreadableImageError(record.path, exc.strerror or str(exc)) from exc
+        raise UnreadableImageError(
+            record.path, exc.strerror or str(exc), passing("skip_unreadable")
+        ) from exc
     notes: list = []
     img = decode_image(data, record.path, notes)
     native = img.shape[:2]
@@ -403,7 +407,8 @@ def decode_stream(
         if i is None:
             return None
         part = records[i : i + chunk]
-        return i, part, [pool.submit(job, r) for r in part]
+        # each decode in the caller's words (cyto.flags.python_words): a context per task
+        return i, part, [pool.submit(contextvars.copy_context().run, job, r) for r in part]
 
     try:
         ahead = submit()
@@ -479,8 +484,8 @@ def _decode_all(
             + (
                 "each is padded to a square with its edge colour, never stretched"
                 if size is not None
-                else "they keep their size, so pass a load size (--set load_size=N) to pad them "
-                "to one square size"
+                else "they keep their size, so pass a load size "
+                f"({setting('load_size', 'N')}) to pad them to one square size"
             ),
             CytoWarning,
             stacklevel=3,

@@ -9,6 +9,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from cyto.errors import UnreadableImageError
+from cyto.flags import passing
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
 
@@ -38,7 +39,9 @@ def decode_image(
                 notes.append((Path(path), im.mode))
             return _to_rgb(im)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise UnreadableImageError(path, str(exc) or type(exc).__name__) from exc
+        raise UnreadableImageError(
+            path, str(exc) or type(exc).__name__, passing("skip_unreadable")
+        ) from exc
 
 
 def _to_rgb(im: Image.Image) -> np.ndarray:
@@ -65,7 +68,9 @@ def read_image(path: Path | str) -> np.ndarray:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise UnreadableImageError(path, exc.strerror or str(exc)) from exc
+        raise UnreadableImageError(
+            path, exc.strerror or str(exc), passing("skip_unreadable")
+        ) from exc
     return decode_image(data, path)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from cyto.errors import ConfigError
-from cyto.flags import said
+from cyto.flags import FACTOR, UM_PER_PX, passing, said, setting
 
 #: a pixel is nucleus when its optical density (summed over R, G, B) exceeds this share of the
 #: patch's own high percentile: stain intensity varies between labs, the nucleus is the darkest
@@ -138,7 +138,7 @@ def share_advice(model_nuclei: float | None, shares) -> str | None:
     if check is None or not check["advised"]:
         return None
     advice = (
-        "--zoom auto is advised (or --patch-mpp UM_PER_PX)"
+        f"{passing('zoom', 'auto')} is advised (or {passing('patch_mpp', UM_PER_PX)})"
         if check["factor"] > 1
         else "a model trained at this scale is advised (a zoom below 1 ranked worse than none)"
     )
@@ -203,8 +203,9 @@ def resolve_zoom(
             raise ConfigError(f"{said('patch_mpp')} must be > 0 um per pixel, got {patch_mpp}")
         if model_mpp is None:
             raise ConfigError(
-                "--patch-mpp: the model records no training resolution (train it with "
-                "--set mpp=UM_PER_PX); pass --zoom FACTOR or --zoom auto instead"
+                f"{said('patch_mpp')}: the model records no training resolution (train it with "
+                f"{setting('mpp', UM_PER_PX)}); pass {passing('zoom', FACTOR)} or "
+                f"{passing('zoom', 'auto')} instead"
             )
         return check_zoom(patch_mpp / model_mpp), (
             f"the pixel sizes: {patch_mpp:g} / {model_mpp:g} um per pixel"
@@ -214,8 +215,9 @@ def resolve_zoom(
     if str(zoom).strip().lower() == "auto":
         if model_nuclei is None:
             raise ConfigError(
-                "--zoom auto: the model records no nucleus size of its training cells (trained "
-                "by an older cyto); pass --zoom FACTOR or --patch-mpp UM_PER_PX"
+                f"{passing('zoom', 'auto')}: the model records no nucleus size of its training "
+                f"cells (trained by an older cyto); pass {passing('zoom', FACTOR)} or "
+                f"{passing('patch_mpp', UM_PER_PX)}"
             )
         factor = zoom_from_shares(model_nuclei, shares() if callable(shares) else shares)
         if factor > ADVISE_ZOOM:

@@ -14,7 +14,10 @@ from cyto.data.dataset import load_records
 from cyto.errors import ConfigError, CytoError
 from cyto.export.conformance import problem_words
 from cyto.export.onnx import OPSET, check_opset, export_onnx
-from cyto.flags import Range, check_value, passing, said
+from cyto.flags import Local, Range, check_value, passing, said
+
+#: cells on this machine (a folder of class folders or a manifest), as each option names them
+CELLS = "cells: a folder of class folders or a manifest: copy it here first"
 
 #: the cells int8 is calibrated on, at most (its range: the schema's, for the CLI and Python alike)
 CalibLimit = Annotated[int, Range(8, None, "quantization needs at least 8 cells")]
@@ -88,12 +91,12 @@ def export_bundle(
     onnx: bool = True,
     trt: bool = False,
     precisions: tuple[str, ...] = ("fp32",),
-    cells: Path | None = None,
+    cells: Annotated[Path | None, Local(CELLS)] = None,
     calib: Path | None = None,
     calib_class: str | None = None,
     calib_method: str = "percentile",
     calib_limit: CalibLimit = 512,
-    parity_cells: Path | None = None,
+    parity_cells: Annotated[Path | None, Local(CELLS)] = None,
     parity_normal: str | None = None,
     accept_parity_loss: bool = False,
     int8_keep_float: tuple[str, ...] | None = None,
@@ -122,7 +125,7 @@ def export_bundle(
         check_opset(opset)
     bundle = load_bundle(path, weights=False)
     if not onnx and ONNX_FILE not in bundle.manifest["files"]:
-        raise ConfigError(f"{path} has no {ONNX_FILE}: export it first (--onnx)")
+        raise ConfigError(f"{path} has no {ONNX_FILE}: export it first ({passing('onnx')})")
     if "int8" in precisions and calib is None:
         raise ConfigError(
             f"{passing('precisions', 'int8')} needs {said('calib')}: real cells of the kind the "
@@ -248,7 +251,7 @@ def export_bundle(
             except CytoError as exc:
                 # an engine that does not reproduce the golden cells is never kept
                 if accept_parity_loss:
-                    echo(f"kept below the gate (--accept-parity-loss): {exc}")
+                    echo(f"kept below the gate ({passing('accept_parity_loss')}): {exc}")
                     index.update_info(entry.key, {"verification": {"status": "failed"}})
                     continue
                 index.remove(entry.key)
@@ -282,6 +285,6 @@ def _golden(path, cells, parity_cells, parity_normal, calib, echo, stage) -> dic
     if entry["kind"] == "random":
         echo(
             "note: no real cells given and the training folder is gone: the golden cells are "
-            "random patches (fp32 checks only); pass --cells to keep real ones"
+            f"random patches (fp32 checks only); pass {passing('cells', 'CELLS')} to keep real ones"
         )
     return entry

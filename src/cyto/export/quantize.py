@@ -541,8 +541,8 @@ def export_variant(
             raise ParityError(
                 f"the {key} graph does not keep the ranking ({line}; the gate is Spearman "
                 f">= {GATE['spearman']} and top-10% overlap >= {GATE['top10_overlap']}): not "
-                "added. Try another --calib-method or more calibration cells, or pass "
-                "--accept-parity-loss to keep it anyway (recorded)"
+                f"added. Try another {said('calib_method')} or more calibration cells, or pass "
+                f"{passing('accept_parity_loss')} to keep it anyway (recorded)"
             )
         entry = {
             "file": variant_file(key),
@@ -599,7 +599,7 @@ def bf16_gate(path: Path, held: Cells | None = None, accept_loss: bool = False, 
         return {"measured": False, "why": why}
     golden = read_golden(bundle)
     if golden is None or golden.kind != "cells":
-        why = "the bundle has no real golden cells (pass --cells)"
+        why = f"the bundle has no real golden cells (pass {passing('cells', 'CELLS')})"
         if held is None:
             echo(f"bf16: not measured ({why})")
             return {"measured": False, "why": why}
@@ -628,7 +628,7 @@ def bf16_gate(path: Path, held: Cells | None = None, accept_loss: bool = False, 
     if failed and not accept_loss:
         raise ParityError(
             "; ".join(failed) + f" (gate: {GATE}): auto will not run bf16 here; "
-            "--accept-parity-loss records it anyway"
+            f"{passing('accept_parity_loss')} records it anyway"
         )
     report["accepted_loss"] = bool(failed)
     return report

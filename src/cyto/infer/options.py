@@ -12,7 +12,7 @@ from cyto.bundle import PRECISIONS
 from cyto.data.morphometry import RANK_BY, RANK_BY_ALIASES
 from cyto.detect import NucleusParams
 from cyto.errors import ConfigError
-from cyto.flags import Range, check_value, hints_of, said
+from cyto.flags import Local, Range, check_value, hints_of, said
 from cyto.runtime.backends import CHOICES
 from cyto.stats.calibrate import BURDEN_CELLS, FDR_ALPHA, TRIAGE_LEVEL
 
@@ -45,8 +45,9 @@ class ScoreOptions:
     precision: str = "auto"
     workers: int | None = None  # None: default_workers(); 0: all in the main process
     queue: int | None = None  # tiles in flight (None: 2 per worker, at least 16)
-    nuclei: Path | None = None
-    truth: Path | None = None  # ground-truth cells (x, y, label) to report Recall@K
+    nuclei: Annotated[Path | None, Local("a table of nuclei: copy it to this machine first")] = None
+    # ground-truth cells (x, y, label) to report Recall@K
+    truth: Annotated[Path | None, Local("a table of cells: copy it to this machine first")] = None
     truth_radius: Annotated[float, Range(0, None, "px")] = 20.0
     detection: NucleusParams = field(default_factory=NucleusParams)
     decode: str = "cpu"  # cpu (the slide readers) | torch (JPEG tiles by torchvision, else cpu)

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cyto.data.morphometry import scorer_rank_by
+from cyto.flags import UM_PER_PX, passing
 from cyto.infer.options import STAGES, ScoreOptions, patch_side
 from cyto.infer.store import schema, slide_key
 from cyto.infer.tiling import (
@@ -37,11 +38,14 @@ def decode_device(device: str) -> str:
     return "cuda" if device == "auto" else device
 
 
-#: said for every slide scored by a bundle without a training resolution; a cohort says it once
-NO_MODEL_MPP = (
-    "warning: the model records no training resolution (mpp), so the slide's scale cannot be "
-    "checked against it; pass --model-mpp UM_PER_PX (that of the training patches)"
-)
+def no_model_mpp() -> str:
+    """Said for every slide scored by a bundle without a training resolution, in the caller's
+    words (``--model-mpp`` / ``model_mpp=``); a cohort says it once."""
+    return (
+        "warning: the model records no training resolution (mpp), so the slide's scale cannot "
+        f"be checked against it; pass {passing('model_mpp', UM_PER_PX)} (that of the "
+        "training patches)"
+    )
 
 
 def check_model_mpp(scorer, opts) -> None:
@@ -129,10 +133,10 @@ class SlidePlan:
             echo(
                 f"warning: {slide.name} records no resolution (mpp): nucleus sizes assume "
                 f"{opts.detection.mpp} um/px and its scale cannot be checked against the "
-                "model's; pass --mpp UM_PER_PX"
+                f"model's; pass {passing('slide_mpp', UM_PER_PX)}"
             )
         if model_mpp is None:
-            echo(NO_MODEL_MPP)
+            echo(no_model_mpp())
         self.slide, self.planes, self.slide_mpp = slide, planes, slide_mpp
         self.res = resolution(
             slide_mpp,
@@ -187,7 +191,7 @@ class SlidePlan:
             grid, why = open_device_tiles(slide)
             if grid is None:
                 self.decode = why
-                echo(f"{slide.name}: --decode torch: {why}")
+                echo(f"{slide.name}: {passing('decode', 'torch')}: {why}")
             else:
                 device = decode_device(opts.device)
                 self.decode = f"{why} ({device})"

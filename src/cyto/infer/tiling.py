@@ -23,7 +23,7 @@ from cyto.data.images import resize_rgb
 from cyto.detect import NucleusParams, detect_in_tile, in_core, read_nuclei_file
 from cyto.detect.morphometry import measure_stain
 from cyto.errors import CytoError, UnsupportedSlideError
-from cyto.flags import said
+from cyto.flags import passing, said
 from cyto.infer.memory import peak_rss_mb
 from cyto.infer.patches import crop_cells
 from cyto.infer.quality import crop_sharpness
@@ -80,12 +80,12 @@ def resolution(
                 echo(
                     f"warning: slide at {slide_mpp:.3g} um/px but the model was trained at "
                     f"{model_mpp:.3g} um/px ({ratio:.2f}x); cells will look "
-                    f"{'larger' if ratio > 1 else 'smaller'} than in training. Pass --rescale "
-                    "to resample the crops"
+                    f"{'larger' if ratio > 1 else 'smaller'} than in training. Pass "
+                    f"{passing('rescale')} to resample the crops"
                 )
     elif rescale:
         echo(
-            "warning: --rescale needs the mpp of both the slide and the model "
+            f"warning: {said('rescale')} needs the mpp of both the slide and the model "
             f"(slide: {slide_mpp}, model: {model_mpp}); crops are not resampled"
         )
     return Resolution(slide_mpp, model_mpp, objective, src, ratio)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import ConfigError
+from cyto.flags import passing
 from cyto.slides.base import PLANE_SEP
 from cyto.slides.dicom import is_dicom_file
 from cyto.slides.ndpi import ndpi_planes
@@ -35,7 +36,10 @@ def find_planes(slide: Path, spec: str) -> list[tuple[float, str]]:
     if isinstance(slide, SlideURL):
         if spec == "auto":
             return []  # a remote slide's focal planes are not searched for
-        raise ConfigError(f"{slide}: --planes FILES is for local slides; pass --planes none")
+        raise ConfigError(
+            f"{slide}: {passing('planes', 'FILES')} is for local slides; pass "
+            f"{passing('planes', 'none')}"
+        )
     slide = Path(slide)
     if spec == "auto" and slide.suffix.lower() == ".ndpi":
         return ndpi_planes(slide)

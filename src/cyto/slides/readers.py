@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import InputPathError, MissingDependencyError, UnsupportedSlideError
+from cyto.flags import passing, python_call
 from cyto.slides.base import (
     PLANE_SEP,
     SlideInfo,
@@ -415,12 +416,22 @@ def _holds_dicom_slide(folder: Path) -> bool:
     return bool(series)
 
 
+def _download_words() -> str:
+    """How a caller reads a remote slide from a local copy: ``cyto score --download`` fetches it
+    to cyto's cache; the Python calls take no such option (a flag-only remedy is not offered to
+    them as a keyword), so they copy it first."""
+    if python_call():
+        return "copy it to this machine and give its path"
+    return "pass --download to fetch it to cyto's cache"
+
+
 def _open_dicom(path: Path, backend: str) -> SlideReader:
     """A DICOM slide: ``path`` is its folder, or one of its ``.dcm`` files (the slide is then
     that file's series, named by the file, as OpenSlide reads it)."""
     if backend == "pyvips":
         raise UnsupportedSlideError(
-            f"{path}: a DICOM slide is read by openslide-python only; use --backend auto"
+            f"{path}: a DICOM slide is read by openslide-python only; use "
+            f"{passing('backend', 'auto')}"
         )
     if path.is_dir():
         entry = entry_file(slide_instances(path))
@@ -472,13 +483,13 @@ def _open_remote(ref: SlideURL, backend: str) -> SlideReader:
     if head not in TIFF_MAGIC or vendor is not None:
         kind = f"{what}, read by OpenSlide" if vendor else f"{what} (OpenSlide's formats, DICOM)"
         raise UnsupportedSlideError(
-            f"{ref}: {kind}: this format is read from a local file; pass --download to fetch "
-            "it to cyto's cache (read in place: pyramidal TIFF and OME-TIFF)"
+            f"{ref}: {kind}: this format is read from a local file; {_download_words()} "
+            "(read in place: pyramidal TIFF and OME-TIFF)"
         )
     if backend == "openslide":
         raise UnsupportedSlideError(
-            f"{ref}: a remote TIFF is read by libvips in place; use --backend auto, or "
-            "--download to read a local copy with OpenSlide"
+            f"{ref}: a remote TIFF is read by libvips in place; use "
+            f"{passing('backend', 'auto')}, or {_download_words()} to read it with OpenSlide"
         )
     check_tiff_data(ref, obj.size, obj.file())
     _, pyvips = load_libraries()
@@ -555,6 +566,6 @@ def open_slide(path: Path | str | SlideURL, backend: str = "auto") -> SlideReade
     if vendor and not vips_openslide:
         raise UnsupportedSlideError(
             f"{path}: a {vendor} slide, but this libvips has no "
-            "openslideload; use --backend openslide"
+            f"openslideload; use {passing('backend', 'openslide')}"
         )
     return PyvipsReader(path, pyvips, vendor)

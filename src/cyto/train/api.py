@@ -15,8 +15,9 @@ import numpy as np
 from cyto.bundle import bundle_names, save_bundle
 from cyto.data.dataset import PatchDataset, source_slides
 from cyto.errors import ConfigError, InputPathError
+from cyto.flags import passing, python_call, said
 from cyto.locks import OutputLock
-from cyto.outputs_check import refuse_to_replace
+from cyto.outputs_check import refuse_keep_and_replace, refuse_to_replace
 from cyto.train.calibration import normal_calibration
 from cyto.train.config import TrainConfig, resolve_config
 from cyto.train.data import TrainData
@@ -148,14 +149,28 @@ def validation(
     }
 
 
-#: the key fields of a training run by the user's names for them
-RUN_KEY_NAMES = {
-    "method": "METHOD",
-    "data": "the training cells (DATA, --normal, --abnormal, --skip-unreadable)",
-    "weights": "--weights",
-    "config": "--set",  # with --preset and --config: the resolved config, field by field
-}
+def run_key_names() -> dict[str, str]:
+    """The key fields of a training run by the caller's names for them (:mod:`cyto.flags`:
+    ``--weights`` at the command line, ``weights=`` from Python)."""
+    cells = ", ".join(said(k) for k in ("data", "normal", "abnormal", "skip_unreadable"))
+    return {
+        "method": said("method") if python_call() else "METHOD",
+        "data": f"the training cells ({cells})",
+        "weights": said("weights"),
+        # with the preset and the config file: the resolved config, field by field
+        "config": said("overrides"),
+    }
+
+
 RUN_KEY = "run-key.json"
+#: a run started with ``overwrite`` over an existing bundle leaves this beside its key, so that
+#: ``resume`` (never given with ``overwrite``) replaces that bundle as the run was asked to
+REPLACES = "replaces-bundle"
+
+
+def replaces_bundle(ckpt: Path, resume: bool) -> bool:
+    """Whether a resumed run in ``ckpt`` was asked to replace its bundle when it started."""
+    return resume and (Path(ckpt) / REPLACES).is_file()
 
 
 def run_key(method: str, cfg: TrainConfig, data: TrainData, weights: Path | None) -> dict:
@@ -183,27 +198,28 @@ def checkpoint_words(ckpt: Path) -> str:
         return "no epoch was finished yet: rerun to start over"
     return (
         f"the last finished epoch of {len(phases)} training phase(s) ({', '.join(phases)}) is "
-        f"kept in {ckpt}: rerun the same command with --resume to continue"
+        f"kept in {ckpt}: rerun the same command with {passing('resume')} to continue"
     )
 
 
-def start_checkpoints(ckpt: Path, key: dict, resume: bool) -> None:
+def start_checkpoints(ckpt: Path, key: dict, resume: bool, replaces: bool = False) -> None:
     """``--resume`` continues the checkpoints in ``ckpt`` only when they were written by a run
     with this very ``key`` (:func:`cyto.reuse.check_reuse`); a run without it starts anew."""
     from cyto.bundle import atomic_write
     from cyto.reuse import check_reuse, read_record
 
     if resume:
-        reuse = check_reuse(read_record(ckpt / RUN_KEY), key, names=RUN_KEY_NAMES)
+        reuse = check_reuse(read_record(ckpt / RUN_KEY), key, names=run_key_names())
+        asked = passing("resume")
         if reuse.missing:
             raise ConfigError(
-                f"--resume: {ckpt} records no key of the run that wrote it (an older cyto, or a "
-                "damaged folder), so it cannot be shown to be this run's: rerun without --resume"
+                f"{asked}: {ckpt} records no key of the run that wrote it (an older cyto, or a "
+                f"damaged folder), so it cannot be shown to be this run's: rerun without {asked}"
             )
         if not reuse.ok:
             raise ConfigError(
-                f"--resume: the interrupted run in {ckpt} was another run ({reuse.words()}); "
-                "rerun with its settings, or without --resume to start over"
+                f"{asked}: the interrupted run in {ckpt} was another run ({reuse.words()}); "
+                f"rerun with its settings, or without {asked} to start over"
             )
         return
     # anew, keeping the lock file of the run that holds the folder (cyto.locks.LOCK)
@@ -214,6 +230,8 @@ def start_checkpoints(ckpt: Path, key: dict, resume: bool) -> None:
         if old.name != LOCK:
             shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
     atomic_write(ckpt / RUN_KEY, json.dumps(key, indent=1, sort_keys=True).encode())
+    if replaces:  # the bundle this run replaces, asked with overwrite: resume replaces it too
+        atomic_write(ckpt / REPLACES, b"")
 
 
 def train(
@@ -236,22 +254,26 @@ def train(
     """Train ``method`` on a patch folder or manifest and write the bundle ``out``;
     ``extra_manifest``: more top-level manifest fields (e.g. ``refined_from``); ``echo`` says
     what a stopped run kept."""
+    # resume continues the interrupted run as it was started (replacing the bundle where that
+    # run was asked to); overwrite starts a new one over it
+    refuse_keep_and_replace(
+        resume, overwrite, "continues an interrupted run", "starts a new one over the bundle"
+    )
     cls = get_method(method)
     cfg = resolve_config(cls.Config, preset, config_file, overrides)
     if weights is not None and not Path(weights).is_file():  # before any image is read
-        from cyto.flags import passing
-
         raise InputPathError(
             f"{passing('weights', Path(weights))}: no such file (a .safetensors file of "
             "initial encoder weights)"
         )
     out = Path(out)
-    refuse_to_replace(
-        out, overwrite, known=bundle_names(out), inputs={"data": data, "weights": weights}
-    )
     ckpt = checkpoint_dir(out)
+    replaces = overwrite or replaces_bundle(ckpt, resume)
+    refuse_to_replace(
+        out, replaces, known=bundle_names(out), inputs={"data": data, "weights": weights}
+    )
     if resume and not ckpt.is_dir():
-        raise ConfigError(f"--resume: no interrupted run to continue at {ckpt}")
+        raise ConfigError(f"{passing('resume')}: no interrupted run to continue at {ckpt}")
     dev = resolve_device(device)
     ds = PatchDataset.from_path(
         data, normal=normal, abnormal=abnormal, size=cfg.load_size, skip_unreadable=skip_unreadable
@@ -272,8 +294,10 @@ def train(
     # one run at a time trains into OUT: a second one is refused now (exit 3), never after
     # training to the end into the first one's checkpoints
     with OutputLock(ckpt, "cyto train"):
-        refuse_to_replace(out, overwrite, known=bundle_names(out))  # written meanwhile?
-        start_checkpoints(ckpt, run_key(method, cfg, train_data, weights), resume)
+        refuse_to_replace(out, replaces, known=bundle_names(out))  # written meanwhile?
+        start_checkpoints(
+            ckpt, run_key(method, cfg, train_data, weights), resume, overwrite and out.exists()
+        )
         t0 = time.perf_counter()
         chosen = None
         try:
@@ -293,7 +317,7 @@ def train(
 
                     how, why = choose_ranking(chosen)
                     again = "; training again on every normal cell" if cfg.refit else ""
-                    echo(f"{why}: --rank-by auto ranks by {how}{again}")
+                    echo(f"{why}: {passing('rank_by', 'auto')} ranks by {how}{again}")
             model = (
                 probe
                 if probe_data is not None and not cfg.refit

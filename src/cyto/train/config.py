@@ -17,6 +17,7 @@ from types import UnionType
 from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 from cyto.errors import ConfigError
+from cyto.flags import said, setting
 from cyto.models.backbones import BACKBONES
 
 if sys.version_info >= (3, 11):
@@ -64,23 +65,27 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.input_size < 16:
-            raise ConfigError(f"--set input_size must be >= 16, got {self.input_size}")
+            raise ConfigError(f"{setting('input_size')} must be >= 16, got {self.input_size}")
         if not 0 <= self.stain_jitter <= 1:
-            raise ConfigError(f"--set stain_jitter must be in [0, 1], got {self.stain_jitter}")
+            raise ConfigError(
+                f"{setting('stain_jitter')} must be in [0, 1], got {self.stain_jitter}"
+            )
         from cyto.data.stain import METHODS
 
         if self.stain_norm not in METHODS:
             raise ConfigError(
-                f"--set stain_norm must be {' or '.join(METHODS)}, got {self.stain_norm!r}"
+                f"{setting('stain_norm')} must be {' or '.join(METHODS)}, got {self.stain_norm!r}"
             )
         from cyto.data.morphometry import STAINS
 
         if self.stain not in STAINS:
-            raise ConfigError(f"--set stain must be one of {', '.join(STAINS)}, got {self.stain!r}")
+            raise ConfigError(
+                f"{setting('stain')} must be one of {', '.join(STAINS)}, got {self.stain!r}"
+            )
         if not 0 <= self.holdout < 1:
-            raise ConfigError(f"--set holdout must be in [0, 1), got {self.holdout}")
+            raise ConfigError(f"{setting('holdout')} must be in [0, 1), got {self.holdout}")
         if self.mpp is not None and self.mpp <= 0:
-            raise ConfigError(f"--set mpp must be > 0 (um per pixel), got {self.mpp}")
+            raise ConfigError(f"{setting('mpp')} must be > 0 (um per pixel), got {self.mpp}")
         if self.lr <= 0 or self.weight_decay < 0:
             raise ConfigError(
                 f"lr must be > 0 and weight_decay >= 0, got {self.lr}, {self.weight_decay}"
@@ -198,9 +203,9 @@ def resolve_config(
         apply(str(path), read_config_file(path))
     if overrides:
         if isinstance(overrides, dict):
-            apply("overrides", overrides)
+            apply(said("overrides"), overrides)
         else:
-            apply("--set", parse_overrides(overrides))
+            apply(said("overrides"), parse_overrides(overrides))
     return cls(**values)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from cyto.data.dataset import PatchDataset
 from cyto.errors import DatasetError
+from cyto.flags import said, setting
 
 
 @dataclass
@@ -29,7 +30,7 @@ class TrainData:
         if not isinstance(self.images, np.ndarray) or self.images.ndim != 4:
             raise DatasetError(
                 "training images must share one size: pass a load size "
-                "(e.g. --set load_size=96) for datasets of mixed sizes"
+                f"(e.g. {setting('load_size', 96)}) for datasets of mixed sizes"
             )
         if len(self.images) == 0:
             raise DatasetError("no training images")
@@ -76,7 +77,7 @@ class TrainData:
             raise DatasetError("this method trains on normal cells and needs instance labels")
         idx = np.flatnonzero(self.labels == 0)
         if len(idx) == 0:
-            raise DatasetError("no normal images to train on: check --normal")
+            raise DatasetError(f"no normal images to train on: check {said('normal')}")
         return idx
 
 

@@ -44,6 +44,7 @@ from torch import nn
 
 from cyto.data.augment import pseudo_abnormal_view
 from cyto.errors import ConfigError
+from cyto.flags import setting
 from cyto.models.backbones import build_backbone
 from cyto.models.graphs import EmbeddingModel, ScoreModule, run_batched
 from cyto.runtime.heads.ocsvm import OCSVMHead
@@ -90,9 +91,9 @@ class DROCConfig(TrainConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.temperature <= 0 or self.alpha < 0:
-            raise ConfigError("--set temperature must be > 0 and alpha >= 0")
+            raise ConfigError(f"{setting('temperature')} must be > 0 and alpha >= 0")
         if not 0 < self.nu <= 1:
-            raise ConfigError(f"--set nu must be in (0, 1], got {self.nu}")
+            raise ConfigError(f"{setting('nu')} must be in (0, 1], got {self.nu}")
         if self.gamma not in ("auto", "scale"):
             try:
                 if float(self.gamma) <= 0:
@@ -107,7 +108,9 @@ class DROCConfig(TrainConfig):
                 "folded into the encoder, and unit-normalizing after it would undo it"
             )
         if self.strong_mode not in ("one", "all"):
-            raise ConfigError(f"--set strong_mode must be 'one' or 'all', got {self.strong_mode!r}")
+            raise ConfigError(
+                f"{setting('strong_mode')} must be 'one' or 'all', got {self.strong_mode!r}"
+            )
 
 
 def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:

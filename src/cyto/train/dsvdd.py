@@ -35,6 +35,7 @@ from torch import nn
 
 from cyto.data.augment import size_preserving_view
 from cyto.errors import ConfigError, TrainingError
+from cyto.flags import setting
 from cyto.models.backbones import build_backbone
 from cyto.models.graphs import TTA_VIEWS, DSVDDEmbeddings, EmbeddingModel, ScoreModule, run_batched
 from cyto.runtime.heads.dsvdd import DSVDDHead
@@ -93,9 +94,9 @@ class DSVDDConfig(TrainConfig):
         if self.n_seeds < 1 or self.embedding_dim < 1 or self.ae_epochs < 0:
             raise ConfigError("n_seeds and embedding_dim must be >= 1, ae_epochs >= 0")
         if self.eps <= 0:
-            raise ConfigError(f"--set eps must be > 0, got {self.eps}")
+            raise ConfigError(f"{setting('eps')} must be > 0, got {self.eps}")
         if not self.tta_views or self.tta_views[0] != "orig":
-            raise ConfigError("--set tta_views must start with 'orig' (the blend's d0)")
+            raise ConfigError(f"{setting('tta_views')} must start with 'orig' (the blend's d0)")
         unknown = [
             v for v in self.tta_views if v != "orig" and v != "hflip" and not v.startswith("rot")
         ]
@@ -103,10 +104,10 @@ class DSVDDConfig(TrainConfig):
             raise ConfigError(f"unknown tta view(s) {unknown}; e.g. {', '.join(TTA_VIEWS)}")
         if not self.known_abnormal_eta >= 0:
             raise ConfigError(
-                f"--set known_abnormal_eta must be >= 0, got {self.known_abnormal_eta}"
+                f"{setting('known_abnormal_eta')} must be >= 0, got {self.known_abnormal_eta}"
             )
         if not 0.0 <= self.tta_lambda <= 1.0:
-            raise ConfigError(f"--set tta_lambda must be in [0, 1], got {self.tta_lambda}")
+            raise ConfigError(f"{setting('tta_lambda')} must be in [0, 1], got {self.tta_lambda}")
 
 
 def clamp_centre(c: torch.Tensor, eps: float) -> torch.Tensor:

@@ -79,6 +79,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cyto.errors import ConfigError, DatasetError
+from cyto.flags import setting
 from cyto.models.backbones import build_backbone
 from cyto.models.graphs import EmbeddingModel, InstanceLogit, ScoreModule, run_batched
 from cyto.runtime.heads.knn import KnnHead
@@ -145,7 +146,7 @@ class ItS2CLRConfig(TrainConfig):
         if self.refit_every < 1 or self.warmup_epochs < 0 or self.agg_epochs < 1:
             raise ConfigError("refit_every and agg_epochs must be >= 1, warmup_epochs >= 0")
         if self.pretrain_epochs < 0:
-            raise ConfigError("--set pretrain_epochs must be >= 0")
+            raise ConfigError(f"{setting('pretrain_epochs')} must be >= 0")
         if self.anchor_k < 0 or self.neg_instance_weight < 0:
             raise ConfigError("anchor_k and neg_instance_weight must be >= 0")
         if self.instance_score not in INSTANCE_SCORES:

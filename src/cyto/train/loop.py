@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from cyto.errors import DeviceError, TrainingError
-from cyto.flags import passing
+from cyto.flags import passing, setting
 from cyto.progress import progress
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -128,7 +128,8 @@ def run_phase(
                 if not math.isfinite(value):
                     raise TrainingError(
                         f"{phase}: the loss became {value} at epoch {epoch + 1}, batch {count + 1};"
-                        " lower the learning rate (--set lr=...) or check the input images"
+                        f" lower the learning rate ({setting('lr', '...')}) or check the input "
+                        "images"
                     )
                 if scaler is not None:
                     scaler.scale(loss).backward()

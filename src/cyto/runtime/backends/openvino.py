@@ -77,7 +77,9 @@ def has_openvino() -> bool:
 
 def require_openvino():
     """Import openvino, or raise the one error naming the extra to install."""
-    missing = MissingDependencyError("openvino", "OpenVINO scoring (--backend openvino)", INSTALL)
+    missing = MissingDependencyError(
+        "openvino", f"OpenVINO scoring ({passing('backend', 'openvino')})", INSTALL
+    )
     if not has_openvino():
         raise missing
     try:
