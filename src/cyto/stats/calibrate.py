@@ -161,7 +161,9 @@ class Calibration:
 #: the fields of a calibration's record by the user's names
 CALIBRATION_KEY_NAMES = {
     "model": "MODEL (its trained arrays)",
-    "precision": "--precision",
+    # auto chooses the precision when --precision is not given: named as what ran, not as a
+    # flag the user never passed ("--precision bf16 -> int8" after an int8 export)
+    "precision": "the precision run (auto's choice, or --precision)",
     "graph": "the graph scored with (--backend, --precision)",
     "options": "",
 }
