@@ -35,7 +35,7 @@ from cyto.errors import (
 from cyto.flags import Range, check_value, hints_of, passing, said
 from cyto.infer.store import ChunkStore, kept_words
 from cyto.locks import OutputLock
-from cyto.outputs_check import check_out_file, refuse_keep_and_replace, refuse_to_replace
+from cyto.outputs_check import check_out_file, refuse_to_replace
 from cyto.seal import with_rows_seal
 
 ZOOM_FILE = "zoom.json"
@@ -82,10 +82,6 @@ def predict(
     patch_mpp = check_value("patch_mpp", patch_mpp, hints_of(predict)["patch_mpp"])
     if RANK_BY_ALIASES.get(rank_by, rank_by) not in RANK_BY:
         resolve_rank_by(rank_by, None, None)  # the one-line error, before the model loads
-    # one rule with cyto score and cyto train: continue, or replace, not both
-    refuse_keep_and_replace(
-        resume, overwrite, "continues a stopped run of this table", "scores every image again"
-    )
     out = Path(out)
     check_out_file(out)
     run = out.with_name(f".{out.name}.run")

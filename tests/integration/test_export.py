@@ -622,21 +622,3 @@ def test_predict_takes_a_loaded_scorer_as_score_slide_does(exported_dsvdd, tiny,
     a, b = pq.read_table(tmp_path / "a.parquet"), pq.read_table(tmp_path / "b.parquet")
     assert a.column("score").to_pylist() == pytest.approx(b.column("score").to_pylist())
     assert a.schema.metadata[b"cyto.model"] == str(exported_dsvdd).encode()
-
-
-def test_predict_refuses_resume_with_overwrite_as_score_and_train_do(
-    exported_dsvdd, synth_patches, tmp_path
-):
-    """Hostile round 5 (6.5): `cyto predict --resume --overwrite` was taken silently (one of
-    them ignored), where score and train refuse the pair. One rule, in the caller's words."""
-    import cyto
-    from cyto.errors import ConfigError
-    from tests.cli_runner import run_cyto
-
-    out = tmp_path / "p.parquet"
-    with pytest.raises(ConfigError, match=r"resume=True .* overwrite=True .*not both"):
-        cyto.predict(exported_dsvdd, synth_patches, out, resume=True, overwrite=True, echo=None)
-    proc = run_cyto("predict", str(exported_dsvdd), "--data", str(synth_patches), "--out",
-                    str(out), "--resume", "--overwrite")  # fmt: skip
-    assert proc.returncode == 2 and "--resume" in proc.stderr and "not both" in proc.stderr
-    assert not out.exists()
