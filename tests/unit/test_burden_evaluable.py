@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from cyto.seal import with_rows_seal
 from cyto.stats import calibrate
 from cyto.stats.calibrate import MIN_EVALUABLE, Calibration, leave_one_slide_out
 
@@ -163,7 +164,8 @@ def _table(path: Path, scores, evaluable, slide: str) -> Path:
     if evaluable is not None:
         cols["evaluable"] = pa.array(evaluable, pa.bool_())
     meta = {"cyto.slide": slide, "cyto.method": "dsvdd", "cyto.scoring_id": "m1"}
-    pq.write_table(pa.table(cols).replace_schema_metadata(meta), path)
+    # as cyto score writes it: its rows sealed in its metadata
+    pq.write_table(with_rows_seal(pa.table(cols), meta), path)
     return path
 
 

@@ -112,14 +112,15 @@ def test_synthetic_truth_of_two_slides_in_one_table(tmp_path):
 
 def _scored_table(folder: Path, planted: int | None, labels: list[int] | None = None) -> Path:
     """A slide's cyto score folder: scores.parquet (with its metadata) and summary.json."""
-    from cyto.seal import seal_outputs
+    from cyto.seal import seal_outputs, with_rows_seal
 
     folder.mkdir(parents=True)
     cols = {"slide_id": ["s"] * 4, "score": [0.1, 0.2, 0.3, 0.4]}
     if labels is not None:
         cols["label"] = labels
     meta = {"cyto.slide": "/data/s.ndpi", "cyto.method": "dsvdd", "cyto.scoring_id": "m1"}
-    pq.write_table(pa.table(cols).replace_schema_metadata(meta), folder / "scores.parquet")
+    # as cyto score writes it: its rows sealed in its metadata (cyto.seal.with_rows_seal)
+    pq.write_table(with_rows_seal(pa.table(cols), meta), folder / "scores.parquet")
     summary = {"slide": "/data/s.ndpi"}
     if planted is not None:
         summary["truth"] = {"planted_abnormal": planted}
