@@ -40,6 +40,14 @@ class LocalPath:
 
 #: a model bundle, as cyto info, export, predict, score and calibrate take it
 BUNDLE = LocalPath("model", "a model bundle folder: copy it to this machine first", "MODEL")
+#: ``--data``: a folder of cells or a manifest on this machine (cyto train, cyto predict)
+CellsData = Annotated[
+    Path,
+    typer.Option(
+        parser=LocalPath("data", "a folder of cells or a manifest: copy it here first"),
+        help="Folder of class sub-folders, or a manifest.",
+    ),
+]
 
 
 app = _typer(

@@ -10,6 +10,7 @@ import typer
 
 from cyto.cli._app import (
     BUNDLE,
+    CellsData,
     Download,
     LocalPath,
     RankBy,
@@ -24,13 +25,7 @@ def predict_cmd(
     model: Annotated[
         Path, typer.Argument(parser=BUNDLE, help="A model bundle folder (NAME.cyto).")
     ],
-    data: Annotated[
-        Path,
-        typer.Option(
-            parser=LocalPath("data", "a folder of cells or a manifest: copy it here first"),
-            help="Folder of class sub-folders, or a manifest.",
-        ),
-    ],
+    data: CellsData,
     out: Annotated[
         Path,
         typer.Option(

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import LocalPath, app, used_words
+from cyto.cli._app import CellsData, LocalPath, app, used_words
 
 METHOD_NAMES = ("fs-sil", "ws-sil", "dsvdd", "droc", "its2clr")
 
@@ -15,13 +15,7 @@ METHOD_NAMES = ("fs-sil", "ws-sil", "dsvdd", "droc", "its2clr")
 @app.command("train")
 def train_cmd(
     method: Annotated[str, typer.Argument(help=f"One of: {', '.join(METHOD_NAMES)}.")],
-    data: Annotated[
-        Path,
-        typer.Option(
-            parser=LocalPath("data", "a folder of cells or a manifest: copy it here first"),
-            help="Folder of class sub-folders, or a manifest.",
-        ),
-    ],
+    data: CellsData,
     out: Annotated[
         Path,
         typer.Option(
