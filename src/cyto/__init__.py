@@ -24,6 +24,7 @@ Example:
 
 import errno as _errno
 import os as _os
+import re as _re
 import sys as _sys
 import tempfile as _tempfile
 import types as _types
@@ -133,6 +134,13 @@ def cache_dir(*given, **named) -> _Path:
         _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache"),
         "cyto",
     )
+    if asked and _re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", asked):  # made ./s3:/b/cache here
+        from cyto.errors import ConfigError
+
+        raise ConfigError(
+            f"CYTO_CACHE_DIR={asked} is a URL: cyto's cache is a folder on this machine; point "
+            "it at one, or unset it"
+        )
     path = _Path(root)
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -24,9 +24,11 @@ from cyto.cli import train, export, score, calibrate, review, view, synth  # noq
 from cyto.cli import data, eval, bench  # noqa: F401  (command groups)
 
 # isort: on
-from cyto.cli._app import app
+from cyto.cli._app import app, guard_local_paths
 from cyto.cli.train import METHOD_NAMES
 from cyto.errors import CytoError
+
+guard_local_paths(app)  # every Path argument of every command: a local path, never a URL
 
 __all__ = ["METHOD_NAMES", "app", "main"]
 

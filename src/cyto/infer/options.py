@@ -52,7 +52,8 @@ class ScoreOptions:
     detection: NucleusParams = field(default_factory=NucleusParams)
     decode: str = "cpu"  # cpu (the slide readers) | torch (JPEG tiles by torchvision, else cpu)
     overlap: str = "auto"  # the engine in a thread of its own: auto (on a GPU) | on | off
-    planes: str = "auto"  # auto (sibling files NAME_z+1.00um.ext) | none | comma-separated files
+    # auto (sibling files NAME_z+1.00um.ext) | none | comma-separated files
+    planes: Annotated[str, Local("focal-plane files: copy them to this machine first")] = "auto"
     rescale: bool = False  # resample crops to the model's training mpp when the slide differs
     slide_mpp: float | None = None  # um/px of the slide, when its metadata lacks or misstates it
     model_mpp: float | None = None  # um/px of the training patches, when the bundle lacks it
@@ -65,7 +66,7 @@ class ScoreOptions:
     verify: bool = True  # check the graph on the bundle's golden cells here before scoring
     rank_by: str = "auto"  # model | morphometry | model+morphometry | auto (cyto.data.morphometry)
     # the specimen-adequacy rule: a preset of cyto.stats.adequacy (none: no rule) or RULE.toml
-    adequacy: str = "general"
+    adequacy: Annotated[str, Local("a rule preset, or a RULE.toml on this machine")] = "general"
     # the cells the burden and slide test count: evaluable (the adequacy's) | all
     burden_cells: str = "evaluable"
 

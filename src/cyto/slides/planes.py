@@ -54,6 +54,14 @@ def find_planes(slide: Path, spec: str) -> list[tuple[float, str]]:
         return sorted(found)
     out = []
     for i, name in enumerate(p for p in spec.split(",") if p.strip()):
+        from cyto.flags import said
+        from cyto.slides.remote import is_url, redact
+
+        if is_url(name.strip()):  # it was turned into a path (s3:/...) and said missing
+            raise ConfigError(
+                f"{said('planes')} takes local files, not a URL: {redact(name.strip())} (copy "
+                "the focal planes to this machine first)"
+            )
         f = Path(name.strip())
         if not f.is_file():
             raise ConfigError(f"focal plane file {f} does not exist")

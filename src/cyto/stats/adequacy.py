@@ -184,7 +184,9 @@ def resolve(spec: str) -> AdequacyRule | None:
     """The rule ``--adequacy`` names: a preset (None for ``none``) or a TOML file's."""
     if spec in PRESETS:
         return PRESETS[spec]
-    path = Path(spec)
+    from cyto.location import local_path
+
+    path = local_path("adequacy", spec, "a rule preset, or a RULE.toml on this machine")
     if path.suffix.lower() != ".toml":
         raise ConfigError(
             f"{said('adequacy')} must be one of {', '.join(PRESETS)} or a TOML file (RULE.toml), "

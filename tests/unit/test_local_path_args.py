@@ -1,0 +1,82 @@
+"""Every ``Path`` argument of every command is a local path (hostile round 6): a URL given for
+one was turned into ``./s3:/b/x`` and written to (data cells, data mosaic, eval sweep, synth
+slide), or reported missing as ``s3:/b/x`` (eval scores, data info, review report, refine,
+score --nuclei). One rule over the whole CLI (``cli._app.guard_local_paths``)."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+
+from tests.cli_runner import run_cyto
+
+
+def _path_params():
+    """(command words, parameter name, is positional) of every Path parameter of every command."""
+    from cyto.cli import app
+
+    out = []
+
+    def walk(typer_app, words):
+        for info in typer_app.registered_commands:
+            name = info.name or info.callback.__name__.removesuffix("_cmd").replace("_", "-")
+            hints = typing.get_type_hints(info.callback, include_extras=True)
+            for param, hint in hints.items():
+                base = typing.get_args(hint)[0] if hasattr(hint, "__metadata__") else hint
+                if Path in (base, *typing.get_args(base)) or base == list[Path]:
+                    meta = getattr(hint, "__metadata__", ())
+                    positional = any(type(m).__name__ == "ArgumentInfo" for m in meta)
+                    out.append(((*words, name), param, positional))
+        for group in typer_app.registered_groups:
+            walk(group.typer_instance, (*words, group.name))
+
+    walk(app, ())
+    return out
+
+
+PARAMS = _path_params()
+
+
+def test_the_cli_has_path_parameters_to_guard():
+    assert len(PARAMS) > 20 and any(p for _, p, pos in PARAMS if pos)
+
+
+@pytest.mark.parametrize(("words", "param", "positional"), PARAMS, ids=lambda v: str(v))
+def test_a_url_for_any_path_argument_is_refused_in_one_line_naming_it(
+    words, param, positional, tmp_path, monkeypatch
+):
+    from cyto.cli import app
+    from cyto.cli._app import local_paths_only
+    from cyto.errors import InputPathError
+
+    def find(typer_app, words):
+        for info in typer_app.registered_commands:
+            name = info.name or info.callback.__name__.removesuffix("_cmd").replace("_", "-")
+            if (name,) == tuple(words):
+                return info.callback
+        for group in typer_app.registered_groups:
+            if words and group.name == words[0]:
+                return find(group.typer_instance, words[1:])
+        return None
+
+    callback = find(app, words)
+    assert getattr(callback, "_local_paths", False), words  # guarded
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputPathError) as err:
+        callback(**{param: Path("s3://bucket/key")})
+    said = str(err.value)
+    assert said.startswith(param.upper() if positional else f"--{param.replace('_', '-')}")
+    assert "takes a local path, not a URL: s3://bucket/key" in said
+    assert not list(tmp_path.iterdir())  # nothing written here
+    assert local_paths_only  # the rule's one implementation
+
+
+def test_the_guard_runs_at_the_command_line(tmp_path):
+    proc = run_cyto("data", "mosaic", str(tmp_path), "--out", "s3://b/m.png")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "error: --out takes a local path, not a URL: s3://b/m.png (copy it to this machine "
+        "first, or write here and copy it there after)"
+    )
