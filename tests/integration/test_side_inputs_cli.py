@@ -252,3 +252,17 @@ def test_model_mpp_that_contradicts_the_bundle_is_refused_in_one_line(
                     "--model-mpp", "0.12", "--workers", "0")  # fmt: skip
     assert same.returncode == 0, same.stderr
     assert json.loads((tmp_path / "q" / "b" / "summary.json").read_text())
+
+
+def test_a_slides_own_folder_given_as_out_is_refused(exported_dsvdd, two, tmp_path):
+    """Hostile round 6 (N22): `cyto score b.tif --out o/b` where o/b is b's finished folder
+    wrote o/b/b/ and a cohort.csv inside it. --out is the folder that holds the slides'."""
+    slide = two[2].paths[0]
+    common = ("--model", str(exported_dsvdd), "--workers", "0", "--mosaic", "0")
+    assert run_cyto("score", str(slide), "--out", str(tmp_path / "o"), *common).returncode == 0
+    inside = tmp_path / "o" / "b"
+    before = sorted(p.name for p in inside.iterdir())
+    proc = run_cyto("score", str(slide), "--out", str(inside), *common)
+    line = _one_line_error(proc, f"--out {inside} is the output folder of one slide (b.tif)")
+    assert f"give the folder that holds it ({tmp_path / 'o'})" in line
+    assert sorted(p.name for p in inside.iterdir()) == before

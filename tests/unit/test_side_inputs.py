@@ -317,6 +317,22 @@ def test_a_class_mosaic_is_not_written_over(tmp_path, synth_patches):
     assert out.read_bytes() != b"a mosaic"
 
 
+def test_a_class_mosaic_never_replaces_one_of_its_own_images(tmp_path, synth_patches):
+    """Hostile round 6 (N9): `cyto data mosaic p --out p/normal/normal_00001.jpg --overwrite`
+    replaced a training image with the mosaic. An output never replaces an input."""
+    import shutil
+
+    from cyto.data.mosaic import class_mosaic
+
+    data = tmp_path / "p"
+    shutil.copytree(synth_patches, data)
+    image = sorted((data / "normal").iterdir())[0]
+    before = image.read_bytes()
+    with pytest.raises(InputPathError, match=r"is the input PATH .*an output never replaces"):
+        class_mosaic(data, image, per_class=1, tile=16, overwrite=True)
+    assert image.read_bytes() == before
+
+
 def test_the_demo_refuses_a_folder_that_holds_files(tmp_path):
     from cyto.demo import run_demo
 

@@ -202,6 +202,30 @@ def stage(where: OutputLocation, slides: list[Path]) -> None:
             where.child(name).pull(("summary.json", SEAL))
 
 
+def refuse_slide_folder(out: Path) -> None:
+    """``cyto score --out`` names the folder each slide gets a folder in: a slide's own output
+    folder given there (a finished, sealed one) had the slide's folder and ``cohort.csv``
+    written inside it (``o/s2/s2/``). Refused in one line naming the folder that holds it."""
+    import json
+
+    from cyto.flags import passing
+    from cyto.seal import SEAL, SUMMARY
+
+    out = Path(out)
+    finished = (out / SUMMARY).is_file() and (out / "scores.parquet").is_file()
+    if not ((out / SEAL).is_file() or finished):
+        return
+    try:
+        slide = Path(str(json.loads((out / SUMMARY).read_text()).get("slide") or "")).name
+    except (OSError, ValueError, AttributeError):
+        slide = ""
+    of = f" ({slide})" if slide else ""
+    raise InputPathError(
+        f"{passing('out', out)} is the output folder of one slide{of}: give the folder that "
+        f"holds it ({out.parent}), where each slide gets a folder of its own"
+    )
+
+
 def check_out_folder(out: Path) -> None:
     if Path(out).exists() and not Path(out).is_dir():
         raise InputPathError(f"--out {out} is a file; give a folder (it is created if missing)")
@@ -434,6 +458,7 @@ def score_cohort(
     where = output_location(out)
     echo = echo_for(where, echo)
     check_inputs(where.local, opts, model)
+    refuse_slide_folder(where.local)
     stage(where, slides)
     out = where.local
     scorer = open_model(model, opts, echo)

@@ -382,12 +382,13 @@ def score_cohort_ray(
     ``split_tiles`` tiles is scored in parts of that many tiles by several actors at once
     (None: never)."""
     from cyto.bundle import verify_bundle
-    from cyto.cohort.local import check_inputs, echo_for, slide_folders, stage
+    from cyto.cohort.local import check_inputs, echo_for, refuse_slide_folder, slide_folders, stage
     from cyto.location import output_location
 
     where = output_location(out)
     echo = echo_for(where, echo)
     check_inputs(where.local, opts, model)
+    refuse_slide_folder(where.local)
     if split_tiles is not None and split_tiles < 1:
         raise ConfigError(f"split_tiles must be >= 1, got {split_tiles}")
     if where.is_remote and split_tiles is not None:

@@ -23,6 +23,7 @@ from cyto.cohort.local import (
     check_inputs,
     once_per_cohort,
     open_model,
+    refuse_slide_folder,
     score_one,
     slide_folders,
     unforeseen,
@@ -90,6 +91,7 @@ def watch_cohort(
     if poll <= 0 or settle < 0:
         raise ConfigError(f"--poll must be > 0 and --settle >= 0, got {poll} and {settle}")
     check_inputs(out, opts, model)
+    refuse_slide_folder(out)
     Path(out).mkdir(parents=True, exist_ok=True)
     opts = ScoreOptions(**{**opts.__dict__, "resume": True})  # keep what is already scored
     scorer = open_model(model, opts, echo)

@@ -12,7 +12,8 @@ from cyto.bundle import atomic_write
 from cyto.data.dataset import PatchRecord, load_records
 from cyto.data.images import read_image, resize_rgb
 from cyto.errors import ConfigError
-from cyto.outputs_check import refuse_to_replace
+from cyto.flags import passing
+from cyto.outputs_check import refuse_input_as_output, refuse_to_replace
 
 
 def class_rows(
@@ -74,7 +75,12 @@ def class_mosaic(
     if out.suffix.lower() not in IMAGE_ENDINGS:
         raise ConfigError(f"--out {out}: a mosaic is a .png, .jpg or .jpeg file")
     refuse_to_replace(out, overwrite, inputs={"PATH": source})
-    rows = class_rows(load_records(Path(source)), per_class, tile, seed)
+    records = load_records(Path(source))
+    if out.exists():  # one of the folder's own images (it was replaced by the mosaic)
+        mine = out.resolve()
+        hit = next((r.path for r in records if Path(r.path).resolve() == mine), None)
+        refuse_input_as_output(out, passing("out", out), {"PATH": hit})
+    rows = class_rows(records, per_class, tile, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     drawn = io.BytesIO()  # written at once: a stopped run leaves the last mosaic whole
     image = render_rows(rows, title=str(source))
