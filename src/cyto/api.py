@@ -182,6 +182,10 @@ def score_slide(
             model, {"backend": opts.backend, "device": opts.device, "precision": opts.precision}
         ),
     )
+    if isinstance(model, Scorer) and model._closed:  # before the slide is read (it was after)
+        from cyto.runtime.scorer import CLOSED
+
+        raise ConfigError(CLOSED)
     refuse_resume_and_overwrite(opts.resume, overwrite)
     if opts.truth is not None:  # a bad truth table costs nothing: read before the slide, as
         read_truth(opts.truth)  # cyto score reads it (it was read after the slide was scored)

@@ -424,3 +424,17 @@ def test_an_edited_predict_table_is_not_evaluated_as_cyto_s(
     assert proc.returncode != 0 and "its rows are not as cyto wrote them" in proc.stderr, (
         proc.stdout + proc.stderr
     )
+
+
+def test_calibrate_names_a_predict_table_as_one(exported_dsvdd, synth_patches, tmp_path):
+    """Hostile round 6 (N27): a `cyto predict` table given to calibrate was said to be "a slide
+    scored with --truth holding 120 abnormal cell(s)"."""
+    import cyto
+    from cyto.stats.calibrate import calibrate_from_tables
+
+    out = tmp_path / "p.parquet"
+    cyto.predict(exported_dsvdd, synth_patches, out, normal="normal", echo=None)
+    copy = tmp_path / "m.cyto"
+    shutil.copytree(exported_dsvdd, copy)
+    with pytest.raises(ConfigError, match=r"is a table of patches \(cyto predict\), not a slide"):
+        calibrate_from_tables(copy, [out], min_cells=10)

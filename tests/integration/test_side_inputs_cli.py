@@ -266,3 +266,26 @@ def test_a_slides_own_folder_given_as_out_is_refused(exported_dsvdd, two, tmp_pa
     line = _one_line_error(proc, f"--out {inside} is the output folder of one slide (b.tif)")
     assert f"give the folder that holds it ({tmp_path / 'o'})" in line
     assert sorted(p.name for p in inside.iterdir()) == before
+
+
+def test_score_slide_refusals_come_first_and_in_python_words(exported_dsvdd, two, tmp_path):
+    """Hostile round 6: `score_slide(out=FILE)` said "--out ... is a file" (N3); `nuclei=FOLDER`
+    said it "does not exist" (N4); a closed scorer read the slide and warned before it was
+    refused, leaving a .partial folder (N6)."""
+    import cyto
+    from cyto.errors import ConfigError, InputPathError
+    from cyto.runtime.scorer import CLOSED
+
+    slide = two[2].paths[0]
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("x")
+    with pytest.raises(InputPathError, match=r"^out='.*f\.txt' is a file; give a folder"):
+        cyto.score_slide(slide, str(exported_dsvdd), a_file)
+    with pytest.raises(InputPathError, match=r"^nuclei='.*' is a folder, not a table$"):
+        cyto.score_slide(slide, str(exported_dsvdd), tmp_path / "o", nuclei=tmp_path)
+    scorer = cyto.load_model(exported_dsvdd, device="cpu")
+    scorer.close()
+    said: list[str] = []
+    with pytest.raises(ConfigError, match=f"^{CLOSED}$"):
+        cyto.score_slide(slide, scorer, tmp_path / "c", echo=said.append)
+    assert said == [] and not (tmp_path / "c").exists()

@@ -227,8 +227,12 @@ def refuse_slide_folder(out: Path) -> None:
 
 
 def check_out_folder(out: Path) -> None:
+    from cyto.flags import passing
+
     if Path(out).exists() and not Path(out).is_dir():
-        raise InputPathError(f"--out {out} is a file; give a folder (it is created if missing)")
+        raise InputPathError(
+            f"{passing('out', out)} is a file; give a folder (it is created if missing)"
+        )
 
 
 def check_inputs(out: Path, opts: ScoreOptions, model: Path | Scorer | None = None) -> None:
@@ -247,7 +251,10 @@ def check_inputs(out: Path, opts: ScoreOptions, model: Path | Scorer | None = No
     if opts.truth is not None:
         read_truth(opts.truth)
     if opts.nuclei is not None and not Path(opts.nuclei).is_file():
-        raise InputPathError(f"nuclei file {opts.nuclei} does not exist")
+        from cyto.flags import passing
+
+        what = "is a folder, not a table" if Path(opts.nuclei).is_dir() else "does not exist"
+        raise InputPathError(f"{passing('nuclei', opts.nuclei)} {what}")
 
 
 def _resolved(path):

@@ -234,6 +234,13 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
         )
     check_rows(table, path, "score its slide again with cyto score")
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    if "cyto.slide" not in meta and "cyto.slide_identity" not in meta:
+        # a cyto predict table (patches) was taken for a slide's, its labels called "--truth"
+        raise ConfigError(
+            f"{path} is a table of patches (cyto predict), not a slide's score table: a "
+            f"calibration is made from slide-negative slides scored with cyto score --model "
+            f"{bundle.path}"
+        )
     method = meta.get("cyto.method", "")
     if method and method != bundle.method:
         raise ConfigError(
