@@ -1239,3 +1239,16 @@ def test_a_slide_under_review_is_blinded_whichever_model_scored_it(scored, tmp_p
     assert len(proc.stderr.strip().splitlines()) == 1
     assert len(open_view(other, unblind=True)) == 1
     assert len(open_view(other_slide)) == 1  # another slide is not under review
+
+
+def test_a_second_page_of_one_reviewer_is_refused_in_one_line(session):
+    """Hostile round 6 (N59): two `cyto review` pages of one reviewer on one review started
+    without a word; each kept its own view and the last mark won. One page per reviewer."""
+    from cyto.locks import OutputLock
+
+    with OutputLock(session.root / ".reviewer-ann"):
+        proc = run_cyto("review", str(session.root), "--reviewer", "ANN ", "--port", "0")
+    assert proc.returncode == 3, proc.stderr
+    line = proc.stderr.strip()
+    assert "cyto review page of reviewer 'ann'" in line and "use the page already open" in line
+    assert "\n" not in line

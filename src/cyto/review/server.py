@@ -248,7 +248,23 @@ def serve(session: Session, reviewer: str, host: str = "127.0.0.1", port: int = 
     """Serve the review page until Ctrl-C; prints the address first."""
     import uvicorn
 
-    check_reviewer(reviewer)
+    from cyto.locks import OutputLock
+
+    reviewer = check_reviewer(reviewer)
+    # one page per reviewer and review: two pages of one reviewer each kept its own view of the
+    # marks, and the last write won without a word (other reviewers' pages are theirs)
+    lock = OutputLock(
+        session.root / f".reviewer-{reviewer}",
+        f"cyto review page of reviewer {reviewer!r}",
+        "use the page already open, or stop it (Ctrl-C) before opening another",
+    )
+    with lock:
+        _serve(session, reviewer, host, port, echo)
+
+
+def _serve(session: Session, reviewer: str, host: str, port: int, echo) -> None:
+    import uvicorn
+
     sock = bind(host, port)
     port = sock.getsockname()[1]
     # beyond this computer the Host check cannot stand guard: a secret in the address does
