@@ -246,7 +246,6 @@ def make_app(
 
 def serve(session: Session, reviewer: str, host: str = "127.0.0.1", port: int = 8765, echo=print):
     """Serve the review page until Ctrl-C; prints the address first."""
-    import uvicorn
 
     from cyto.locks import OutputLock
 
