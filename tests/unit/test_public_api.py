@@ -513,11 +513,12 @@ REFUSALS = {
         "out",
         lambda b, t: cyto.predict(b, t, t / "s.tif" / "p.parquet", echo=None),
     ),
+    # no GPU here: the backend is what to leave out (device=cuda would be refused next)
     "predict(backend=trt) on a CPU": (
-        "device",
+        "backend",
         lambda b, t: cyto.predict(b, t, t / "p.parquet", backend="trt", echo=None),
     ),
-    "load_model(backend=trt) on a CPU": ("device", lambda b, t: cyto.load_model(b, backend="trt")),
+    "load_model(backend=trt) on a CPU": ("backend", lambda b, t: cyto.load_model(b, backend="trt")),
     "load_model(device=cuda) with no GPU": (
         "device",
         lambda b, t: cyto.load_model(b, device="cuda"),
@@ -643,8 +644,13 @@ def test_the_same_refusals_name_flags_at_the_command_line(exported_dsvdd, tmp_pa
     monkeypatch.setattr("cyto.runtime.devices.cuda_available", lambda: False)
     with pytest.raises(DeviceError, match=r"^--device cuda asked for, but no CUDA GPU"):
         resolve_device("cuda")
+    # no GPU here: advice to pass --device cuda would end in the next refusal (hostile round 6)
+    with pytest.raises(ConfigError, match=r"there is none here: leave --backend out"):
+        make_backend("trt", None, "cpu")
+    monkeypatch.setattr("cyto.runtime.devices.cuda_available", lambda: True)
     with pytest.raises(ConfigError, match=r"runs on CUDA only: use --device cuda$"):
         make_backend("trt", None, "cpu")
+    monkeypatch.setattr("cyto.runtime.devices.cuda_available", lambda: False)
     with pytest.raises(ConfigError, match=r"^--adequacy .*no.toml: cannot read it"):
         read_rule(tmp_path / "no.toml")
     slide = tmp_path / "s.tif"
@@ -838,3 +844,15 @@ def test_advice_writes_a_numbers_placeholder_bare(exported_dsvdd, tmp_path):
         "patch_mpp=: the model records no training resolution (train it with "
         "overrides={'mpp': UM_PER_PX}); pass zoom=FACTOR or zoom='auto' instead"
     )
+
+
+def test_queue_is_named_alone_when_it_is_the_one_given():
+    """Hostile round 6 (N49): `score_slide(queue=0)` said "chunk_cells= and queue= must be >= 1,
+    got 4096 and 0", naming an argument the caller did not pass."""
+    from cyto.errors import ConfigError
+    from cyto.flags import python_words
+    from cyto.infer.options import ScoreOptions
+
+    with python_words("score_slide"), pytest.raises(ConfigError) as err:
+        ScoreOptions(queue=0)
+    assert str(err.value) == "queue= must be >= 1, got 0"

@@ -119,11 +119,10 @@ class ScoreOptions:
             raise ConfigError(f"{said('map_um')} must be in um (1 to 10000), got {self.map_um}")
         if self.workers is not None and self.workers < 0:
             raise ConfigError(f"{said('workers')} must be >= 0, got {self.workers}")
-        if self.chunk_cells < 1 or (self.queue is not None and self.queue < 1):
-            raise ConfigError(
-                f"{said('chunk_cells')} and {said('queue')} must be >= 1, got "
-                f"{self.chunk_cells} and {self.queue}"
-            )
+        for name in ("chunk_cells", "queue"):  # each named alone: the one given is the one said
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{said(name)} must be >= 1, got {value}")
         if self.max_cells is not None and self.max_cells < 1:
             raise ConfigError(f"{said('max_cells')} must be >= 1, got {self.max_cells}")
         for name in ("fdr_alpha", "triage_level"):

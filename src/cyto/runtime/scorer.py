@@ -256,6 +256,13 @@ def make_backend(
     ``graph``: for ONNX Runtime or OpenVINO on the CPU, another form of ``precision`` than this
     CPU's default (:func:`other_cpu_int8`)."""
     if name in ("trt", "onnx-trt") and device == "cpu":
+        from cyto.runtime.devices import cuda_available
+
+        if not cuda_available():  # advice that ends in the next refusal is none (hostile round 6)
+            raise ConfigError(
+                f"the {name} backend runs on an NVIDIA GPU, and there is none here: leave "
+                f"{said('backend')} out (auto picks the fastest backend this machine has)"
+            )
         raise ConfigError(f"the {name} backend runs on CUDA only: use {passing('device', 'cuda')}")
     if name in ("onnx", "onnx-trt"):
         from cyto.runtime.backends.onnxruntime import OnnxRuntimeBackend
