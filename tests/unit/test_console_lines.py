@@ -117,3 +117,22 @@ def test_fdr_confidence_without_a_calibration_is_said_and_recorded_as_ignored():
     ]
     run.opts, said[:] = ScoreOptions(), []
     assert "ignored" not in _calibrated(np.zeros(3), run)["burden"] and said == []
+    # hostile round 6 (N23): --fdr did nothing either, and was not said
+    run.opts = ScoreOptions(fdr_confidence=0.9, fdr_alpha=0.01)
+    burden = _calibrated(np.zeros(3), run)["burden"]
+    assert burden["ignored"] == ["--fdr-confidence 0.9", "--fdr 0.01"]
+    assert said == [
+        "note: s.tif: --fdr-confidence 0.9 and --fdr 0.01 do nothing without a calibration (the "
+        "bundle has none)"
+    ]
+
+
+def test_a_resume_names_the_model_in_the_callers_words():
+    """Hostile round 6 (N61): a Python `score_slide(resume=True)` over another model's stopped
+    run was told "MODEL (its manifest) ... -> ...", the command line's placeholder."""
+    from cyto.flags import python_words
+    from cyto.infer.store import store_key_names
+
+    assert store_key_names()["model"] == "MODEL (its manifest)"
+    with python_words("score_slide"):
+        assert store_key_names()["model"] == "model= (its manifest)"

@@ -112,13 +112,24 @@ def _calibrated(scores: np.ndarray, run: _Run, quality: dict | None = None) -> d
             "reason": "no slide-negative calibration in this bundle: run cyto calibrate "
             f"{bundle.path} NEGATIVE/scores.parquet ... for p-values, FDR flags and burden",
         }
-        if run.opts.fdr_confidence is not None:  # asked for, and nothing it could act on
-            from cyto.flags import passing
+        # each option asked for that nothing here can act on (--fdr too: it was not said)
+        from cyto.flags import passing
 
-            burden["ignored"] = [passing("fdr_confidence", run.opts.fdr_confidence)]
+        ignored = [
+            passing(name, getattr(run.opts, name))
+            for name, default in (
+                ("fdr_confidence", None),
+                ("fdr_alpha", calibrate.FDR_ALPHA),
+                ("triage_level", calibrate.TRIAGE_LEVEL),
+            )
+            if getattr(run.opts, name) != default
+        ]
+        if ignored:
+            burden["ignored"] = ignored
             run.echo(
-                f"note: {run.slide.name}: {burden['ignored'][0]} does nothing without a "
-                "calibration (the bundle has none)"
+                f"note: {run.slide.name}: {' and '.join(ignored)} "
+                f"{'does' if len(ignored) == 1 else 'do'} nothing without a calibration (the "
+                "bundle has none)"
             )
         return {"burden": burden}
     differs = cal.differences(run.scorer, run.opts.result_key())

@@ -22,7 +22,7 @@ from pathlib import Path
 from cyto.bundle import atomic_write, sha256_file
 from cyto.detect.morphometry import COLUMNS as MORPHOMETRY_COLUMNS
 from cyto.errors import CytoError, first_line
-from cyto.flags import named, passing
+from cyto.flags import named, passing, python_call
 from cyto.reuse import check_reuse, read_record
 from cyto.slides.base import PLANE_SEP
 from cyto.slides.remote import SlideURL, remote_identity, slide_ref
@@ -38,7 +38,9 @@ def store_key_names() -> dict[str, str]:
     resume is refused (an option, ``rank_by`` or those under ``options``, keeps its own name:
     :func:`cyto.flags.named`, ``--rank-by`` at the command line, ``rank_by`` from Python)."""
     return {
-        "model": "MODEL (its manifest)",
+        # the model argument as the caller gave it (MODEL at the command line, model= from
+        # Python: a Python resume was told "MODEL")
+        "model": f"{'model=' if python_call() else 'MODEL'} (its manifest)",
         "slide": "the slide's (or a plane's) file content:",
         "options": "",
         "tiles": "the tile list's length",
