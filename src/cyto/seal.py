@@ -51,10 +51,14 @@ def seal_outputs(folder: Path, names: Iterable[str], owned: Iterable[str] = ()) 
     for name in dict.fromkeys([*names, SUMMARY]):
         path = folder / name
         files[name] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    import datetime
+
     record = {
         "format": FORMAT,
         "files": files,
         "owned": sorted({*owned, *files, SEAL}),
+        # when the run finished: a copied folder's files carry the time of the copy
+        "sealed_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
     atomic_write(folder / SEAL, json.dumps(record, indent=1, sort_keys=True).encode())
     return record

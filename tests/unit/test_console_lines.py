@@ -136,3 +136,21 @@ def test_a_resume_names_the_model_in_the_callers_words():
     assert store_key_names()["model"] == "MODEL (its manifest)"
     with python_words("score_slide"):
         assert store_key_names()["model"] == "model= (its manifest)"
+
+
+def test_already_scored_says_when_it_was_scored_not_when_it_was_copied(tmp_path):
+    """Hostile round 6 (N58): `already scored (06:18)` after a cohort was copied at 06:18; it
+    was scored at 06:12. The seal records when the run finished."""
+    import json
+    import os
+
+    from cyto.cohort.local import scored_when
+    from cyto.seal import SEAL, seal_outputs
+
+    (tmp_path / "summary.json").write_text(json.dumps({"slide": "s.tif"}))
+    seal_outputs(tmp_path, [])
+    recorded = json.loads((tmp_path / SEAL).read_text())["sealed_at"]
+    later = (tmp_path / SEAL).stat().st_mtime + 3 * 86400  # the copy, three days on
+    for f in tmp_path.iterdir():
+        os.utime(f, (later, later))
+    assert scored_when(tmp_path) == recorded

@@ -148,6 +148,12 @@ def scored_when(target: Path) -> str:
 
     from cyto.seal import SEAL
 
+    try:  # the time the seal records (a copied folder's files carry the copy's time)
+        sealed_at = json.loads((target / SEAL).read_text()).get("sealed_at")
+    except (OSError, ValueError, AttributeError):
+        sealed_at = None
+    if isinstance(sealed_at, str) and sealed_at:
+        return sealed_at
     stamp = (target / SEAL) if (target / SEAL).is_file() else (target / "summary.json")
     when = datetime.datetime.fromtimestamp(stamp.stat().st_mtime, datetime.UTC)
     return when.strftime("%Y-%m-%d %H:%M UTC")
