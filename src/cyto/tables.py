@@ -50,6 +50,14 @@ def read_table(path: Path, csv_options=None, columns: list[str] | None = None):
     path = Path(path)
     if not path.is_file():  # Arrow's own message for a missing file names no flag
         raise FileNotFoundError(2, "No such file or directory", str(path))
+    if path.suffix.lower() == ".csv":
+        with open(path, "rb") as fh:
+            if fh.read(4) == b"PAR1":  # its bytes went into the CSV parser's message
+                import pyarrow as pa
+
+                raise pa.ArrowInvalid(
+                    "it holds a Parquet table under a .csv name: rename it .parquet"
+                )
     source = arrow_source(path)
     if path.suffix.lower() == ".csv":
         if csv_options is None:

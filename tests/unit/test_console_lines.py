@@ -154,3 +154,20 @@ def test_already_scored_says_when_it_was_scored_not_when_it_was_copied(tmp_path)
     for f in tmp_path.iterdir():
         os.utime(f, (later, later))
     assert scored_when(tmp_path) == recorded
+
+
+def test_a_parquet_table_named_csv_is_said_so_without_its_bytes(tmp_path):
+    """Hostile round 6 (N28): `cyto eval scores t.csv` (Parquet bytes) put the file's binary
+    bytes into its one line. Said what it is."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.cli_runner import run_cyto
+
+    path = tmp_path / "t.csv"
+    pq.write_table(pa.table({"score": [0.1, 0.2], "label": [0, 1]}), path)
+    proc = run_cyto("eval", "scores", str(path))
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert line.endswith("it holds a Parquet table under a .csv name: rename it .parquet"), line
+    assert line.isprintable()
