@@ -252,8 +252,8 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
             f"{path} was scored by another model (other weights) than {bundle.path}: "
             "score the slide-negative slides with this bundle first"
         )
-    planted = _planted(path, table, meta.get("cyto.slide"))
-    refuse_planted(meta.get("cyto.slide") or path, planted, "calibrate")
+    planted, labelled = _planted(path, table, meta.get("cyto.slide"))
+    refuse_planted(meta.get("cyto.slide") or path, planted, "calibrate", labelled=labelled)
     slide = meta.get("cyto.slide_identity") or meta.get("cyto.slide") or str(path)
     evaluable = None
     if "evaluable" in table.column_names:
@@ -262,12 +262,12 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
     return np.asarray(table["score"], dtype=np.float64), meta, slide, evaluable
 
 
-def _planted(path: Path, table, slide: str | None) -> int:
+def _planted(path: Path, table, slide: str | None) -> tuple[int, bool]:
     """The abnormal cells of the ground truth a score table's slide was scored with: the count
     in its summary (``summary.json`` beside ``scores.parquet``, of the same slide, trusted only
     when the folder's seal holds: :func:`cyto.seal.read_sealed`), else the cells its ``label``
-    column marks abnormal (a table copied on its own, or a folder edited since); 0 without
-    truth."""
+    column marks abnormal (a table copied on its own, or a folder edited since: then
+    ``labelled``, as two detections may match one planted cell); 0 without truth."""
     from cyto.seal import read_sealed
 
     sealed = read_sealed(path.parent)
@@ -275,15 +275,19 @@ def _planted(path: Path, table, slide: str | None) -> int:
     if isinstance(data, dict) and data.get("slide") == slide:
         truth = data.get("truth")
         if isinstance(truth, dict) and isinstance(truth.get("planted_abnormal"), int):
-            return truth["planted_abnormal"]
+            return truth["planted_abnormal"], False
     if "label" in table.column_names:
         labels = np.asarray(table["label"].to_numpy(zero_copy_only=False), dtype=np.float64)
-        return int(np.sum(labels == 1))
-    return 0
+        return int(np.sum(labels == 1)), True
+    return 0, False
 
 
 def refuse_planted(
-    slide: object, planted: int | None, use: str, burden: dict | None = None
+    slide: object,
+    planted: int | None,
+    use: str,
+    burden: dict | None = None,
+    labelled: bool = False,
 ) -> None:
     """A scored slide whose own ground truth (``cyto score --truth``) holds abnormal cells is
     no negative slide: refused in one line naming it and the count. ``cyto calibrate`` takes
@@ -291,6 +295,11 @@ def refuse_planted(
     command does with them). Nor is a slide whose own calibrated scoring triaged it
     ``excess`` (its summary's ``burden``): ``cyto data cells`` gives it; ``cyto calibrate``
     does not, as a new calibration may be what corrects the one that triaged it."""
+    if planted and labelled:  # counted from a loose table's label column: detections
+        raise ConfigError(
+            f"{slide}: its score table marks {planted} detected cell(s) abnormal (its label "
+            f"column, from --truth); {use} from negative slides only"
+        )
     if planted:
         raise ConfigError(
             f"{slide}: the slide was scored with --truth holding {planted} abnormal cell(s); "
