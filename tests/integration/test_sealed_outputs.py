@@ -219,15 +219,16 @@ def test_view_review_and_calibrate_refuse_or_ignore_a_forged_folder(calibrated, 
     table = read_table(folder / "scores.parquet")
     summary = json.loads((folder / SUMMARY).read_text())
     planted = summary["truth"]["planted_abnormal"]
-    assert _planted(folder / "scores.parquet", table, summary["slide"]) == planted
+    assert _planted(folder / "scores.parquet", table, summary["slide"]) == (planted, False)
     summary["truth"]["planted_abnormal"] = 0  # calibrate would then take a planted slide
     (folder / SUMMARY).write_text(json.dumps(summary))
     with pytest.raises(ConfigError, match=r"changed since they were written \(summary.json\)"):
         ViewSlide(folder)
     with pytest.raises(InputPathError, match=r"changed since they were written \(summary.json\)"):
         read_source(folder)
-    # calibrate does not take the forged count: it counts the table's labels
-    assert _planted(folder / "scores.parquet", table, summary["slide"]) > 0
+    # calibrate does not take the forged count: it counts the table's labels (detections)
+    counted, labelled = _planted(folder / "scores.parquet", table, summary["slide"])
+    assert counted > 0 and labelled
     (folder / "seal.json").unlink()
     with pytest.raises(ConfigError, match="carry no seal"):
         ViewSlide(folder)
