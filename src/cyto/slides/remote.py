@@ -875,12 +875,9 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
 
     from cyto import cache_dir
 
-    def sha256_file(path: Path) -> str:
-        h = hashlib.sha256()
+    def sha256_file(path: Path) -> str:  # bundle.sha256_file is a layer above this one
         with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(8 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
+            return hashlib.file_digest(fh, "sha256").hexdigest()
 
     folder = Path(cache_dir()) / "remote" / obj.identity()[:24]
     target = folder / (obj.ref.name or "slide")
