@@ -147,6 +147,13 @@ def test_the_folder_is_reused_and_refuses_other_scored_folders(scored, session):
     # one model's ranking of the same slide given twice: which one to show is ambiguous
     dup = scored["root"] / "dup"
     shutil.copytree(scored["outs"]["dsvdd"], dup)
+    with pytest.raises(ConfigError, match="copies of one scoring run"):
+        build_session([scored["outs"]["dsvdd"], dup], scored["root"] / "r3", echo=lambda _: None)
+    for f in dup.iterdir():  # each slide scored again by the same model (another run)
+        summary = json.loads((f / "summary.json").read_text())
+        summary["seconds"] = float(summary["seconds"]) + 1.0
+        (f / "summary.json").write_text(json.dumps(summary))
+        seal_outputs(f, summary["outputs"])
     with pytest.raises(ConfigError, match="scored more than once by model"):
         build_session([scored["outs"]["dsvdd"], dup], scored["root"] / "r3", echo=lambda _: None)
     assert not (scored["root"] / "r3").exists()

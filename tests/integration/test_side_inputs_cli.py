@@ -69,6 +69,25 @@ def test_a_truth_table_of_two_slides_gives_each_its_own_cells(exported_dsvdd, tw
     assert len(said) == 1 and said[0].startswith("warning: --truth "), proc.stderr
     summary = json.loads((tmp_path / "o2" / "a" / "summary.json").read_text())
     assert summary["truth"]["planted_abnormal"] == 0
+    assert summary["truth"]["truth_cells_of_slide"] == 0
+    assert "--truth holds no cell of this slide" in proc.stdout, proc.stdout
+    # unknown, not negative: no label column, so an expert's marks on the slide are not judged
+    # against it (a hostile check: a review report said "0/2 truly abnormal, precision 0.00")
+    assert "label" not in pq.read_schema(tmp_path / "o2" / "a" / "scores.parquet").names
+    from cyto.review.report import write_report
+    from cyto.review.session import build_session
+    from cyto.review.store import MarkStore
+
+    rv = build_session([tmp_path / "o2" / "a"], tmp_path / "rv", k=5, echo=lambda _: None)
+    (case,) = rv.case_ids()
+    store = MarkStore(rv.root, rv.key.get("session_id"))
+    store.mark("ann", case, 0, True)
+    store.mark("ann", case, 1, True)
+    store.set_done("ann", case, True)
+    store.close()
+    rep = write_report(rv.root)
+    assert not (rep["truth"] or {}).get("per_slide") and not (rep["truth"] or {}).get("overall")
+    assert "true abnormal marked" not in (rv.root / "report" / "expert_table.md").read_text()
 
 
 def test_calibrate_refuses_a_slide_whose_truth_plants_abnormal_cells(exported_dsvdd, two, tmp_path):

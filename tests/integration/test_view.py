@@ -5,6 +5,7 @@ the page is sent."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 from pathlib import Path
@@ -285,10 +286,22 @@ SUMMARY_ROWS = """() => Object.fromEntries(Array.from(document.querySelectorAll(
     .map((tr) => [tr.cells[0].textContent, tr.cells[1].textContent]))"""
 
 
+def _another_run(folder: Path, out: Path) -> Path:
+    """A copy of a scored folder as another run of its slide would write it (its own timings,
+    sealed): a plain copy is one run counted twice, which every reader refuses."""
+    shutil.copytree(folder, out)
+    summary = out / "summary.json"
+    s = json.loads(summary.read_text())
+    s["seconds"] = float(s["seconds"]) + 1.0
+    summary.write_text(json.dumps(s, indent=2))
+    _reseal(out)
+    return out
+
+
 def _with_flags(folder: Path, out: Path, flags_by_rank: dict) -> Path:
     """A copy of a calibrated slide's folder whose ``flagged_bh`` column is ``flags_by_rank``
     (rank -> True, False or None), False for the ranks not given."""
-    shutil.copytree(folder, out)
+    _another_run(folder, out)
     path = out / "scores.parquet"
     t = pq.read_table(path)
     flags = [flags_by_rank.get(r, False) for r in t["rank"].to_pylist()]
@@ -635,8 +648,8 @@ def test_a_cohort_folder_lists_its_slides_and_beyond_loopback_needs_the_key(scor
     from cyto.view.folder import open_view
 
     cohort = tmp_path / "cohort"
-    for name in ("a", "b"):
-        shutil.copytree(scored, cohort / name)
+    shutil.copytree(scored, cohort / "a")
+    _another_run(scored, cohort / "b")
     slides = open_view(cohort)
     assert [s.name for s in slides] == ["a", "b"]
     with _client(slides, tmp_path / "cache") as c:

@@ -137,10 +137,49 @@ def test_data_cells_refuses_the_same_slide_twice_as_calibrate_does(tmp_path):
     folder = _scored_folder(tmp_path / "n1", {"status": "ok"})
     copy = tmp_path / "elsewhere" / "n1copy"
     shutil.copytree(folder, copy)
-    with pytest.raises(ConfigError, match="score the same slide: give it once") as err:
+    with pytest.raises(ConfigError, match="copies of one scoring run.*: give one of them") as err:
         harvest_cells([folder, copy], tmp_path / "ds")
     assert "\n" not in str(err.value) and "n1copy" in str(err.value)
     assert not (tmp_path / "ds").exists()
+
+
+def _view(folder, tmp_path):
+    from cyto.view.folder import open_view
+
+    open_view(folder)
+
+
+def _cells(folder, tmp_path):
+    from cyto.review.cells import harvest_cells
+
+    harvest_cells([folder], tmp_path / "ds")
+
+
+def _review_of(folder, tmp_path):
+    from cyto.review.session import build_session
+
+    build_session([folder], tmp_path / "rv")
+
+
+@pytest.mark.parametrize("reader", [_view, _cells, _review_of], ids=["view", "cells", "review"])
+def test_a_copy_beside_its_original_in_a_cohort_folder_is_one_line_not_a_second_slide(
+    tmp_path, reader
+):
+    """A hostile check: with `cp -r o/s3 o/s3copy`, `cyto view o` listed s3 twice ("viewer of
+    4 slide(s)") and `cyto data cells o` said "give it once" of a folder nobody gave twice.
+    Every reader of a cohort folder says which two folders are copies of one run."""
+    import shutil
+
+    cohort = tmp_path / "o"
+    _scored_folder(cohort / "s3", {"status": "ok"})
+    _scored_folder(cohort / "s4", {"status": "ok"})
+    shutil.copytree(cohort / "s3", cohort / "s3copy_keep")
+    with pytest.raises(ConfigError) as err:
+        reader(cohort, tmp_path)
+    said = str(err.value)
+    assert "\n" not in said and "s3copy_keep" in said and "copies of one scoring run" in said
+    assert said.startswith(f"{cohort.resolve()} holds s3 and s3copy_keep")
+    assert not (tmp_path / "ds").exists() and not (tmp_path / "rv").exists()
 
 
 def test_refines_refusal_names_the_flag_the_review_is_given_by(monkeypatch):

@@ -199,6 +199,8 @@ def _findings(s: dict) -> str:
                 f"; planted abnormal found in the top {t['k']}: "
                 f"{t['planted_found_in_top_k']}/{t['planted_abnormal']}"
             )
+        elif t.get("truth_cells_of_slide") == 0:  # no truth: not a negative slide either
+            line += "; --truth holds no cell of this slide (no truth for it)"
         else:  # "found 0/0" read as a miss
             line += "; --truth holds no abnormal cell of this slide"
     return line

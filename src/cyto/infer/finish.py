@@ -15,6 +15,7 @@ from cyto.infer.memory import peak_rss_mb
 from cyto.infer.options import STAGES, ScoreOptions
 from cyto.infer.outputs import (
     MOSAIC_FILES,
+    NO_TRUTH_OF_SLIDE,
     labels_from_truth,
     ranks,
     table_metadata,
@@ -256,8 +257,11 @@ def _finish(table, run: _Run) -> dict:
     if opts.truth is not None and n_cells:
         size = getattr(run.plan, "size", None)  # truth cells off the slide are said, left out
         labels, truth_idx, planted = labels_from_truth(table, opts.truth, opts.truth_radius, size)
-        table = table.append_column("label", pa.array(labels.astype(np.int8)))
-        truth = truth_report(ranked, order, labels, truth_idx, planted, k, run.metrics)
+        if labels is None:  # no truth cell of this slide (said): no label column, no metrics
+            truth = {"k": k, **NO_TRUTH_OF_SLIDE}
+        else:
+            table = table.append_column("label", pa.array(labels.astype(np.int8)))
+            truth = truth_report(ranked, order, labels, truth_idx, planted, k, run.metrics)
     meta = table_metadata(run.scorer, run.slide, run.identity, timings, opts.result_key())
     meta["cyto.rank_by"] = how  # what the rank follows (cyto eval scores reads it)
     # the folder stops reading as a finished run until this run's summary and seal are written,

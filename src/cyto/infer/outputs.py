@@ -98,6 +98,16 @@ def read_truth(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+#: a slide's ``summary.json`` truth block when ``--truth`` holds no cell of it: nothing planted,
+#: and no label column in its table (unknown, not negative)
+NO_TRUTH_OF_SLIDE = {
+    "truth_cells_of_slide": 0,
+    "planted_abnormal": 0,
+    "planted_found_in_top_k": 0,
+    "planted_recall_at_k": None,
+}
+
+
 def truth_of_slide(gt: dict[str, np.ndarray], slide_id: str, path: Path) -> dict[str, np.ndarray]:
     """The rows of a truth table (:func:`read_truth`) that belong to the slide the score table
     names ``slide_id`` (the slide's file name without its suffix, as ``cyto synth slide`` writes
@@ -137,7 +147,10 @@ def labels_from_truth(
     truth table gives it). Truth cells outside the slide (``size``: its level-0 width and
     height) can match no detection: they are left out, said in one warning.
 
-    Returns (label per detection, matched truth index or -1, number of planted abnormal cells).
+    Returns (label per detection, matched truth index or -1, number of planted abnormal cells);
+    labels None when the table holds no cell of this slide (or none on it, both said): such a
+    slide has no truth, and labels of 0 would pass it off as a slide known to be negative
+    (an expert's marks on it were judged false by a review's report).
     """
     from scipy.spatial import cKDTree
 
@@ -145,7 +158,7 @@ def labels_from_truth(
     gt = truth_inside(truth_of_slide(read_truth(truth), slide_id, truth), slide_id, truth, size)
     truth_labels = gt["label"]
     if len(truth_labels) == 0:
-        return np.zeros(table.num_rows, np.int64), np.full(table.num_rows, -1), 0
+        return None, np.full(table.num_rows, -1), 0
     pts = np.stack([gt["x"], gt["y"]], axis=1)
     dist, idx = cKDTree(pts).query(np.stack([np.asarray(table["x"]), np.asarray(table["y"])], 1))
     reach = np.full(len(pts), radius)

@@ -129,7 +129,34 @@ def find_scored(folders: list[Path]) -> list[Path]:
         found += subs
     if len(set(found)) != len(found):
         raise ConfigError("a scored folder was given twice")
+    refuse_copies(found)
     return found
+
+
+def refuse_copies(found: list[Path]) -> None:
+    """Two of ``found`` that are copies of one scoring run (the same ``summary.json``, whose
+    timings change whenever a slide is scored again) are one slide counted twice: listed
+    twice by ``cyto view``, its cells cut twice by ``cyto data cells``, its cells reviewed as
+    two models' by ``cyto review``. One line naming both, whether the user gave both or a
+    cohort folder that holds a copy beside the original."""
+    seen: dict[str, Path] = {}
+    for folder in found:
+        try:
+            print_ = _fingerprint(folder)
+        except OSError:
+            continue  # read again (and refused in its words) by whatever reads it
+        if print_ in seen:
+            first = seen[print_]
+            if first.parent == folder.parent:
+                where = f"{first.parent} holds {first.name} and {folder.name},"
+                do = f"keep one of them in {first.parent.name}"
+            else:
+                where, do = f"{first} and {folder} are", "give one of them"
+            raise ConfigError(
+                f"{where} copies of one scoring run of the same slide (the same "
+                f"summary.json): {do} (each scored slide counts once)"
+            )
+        seen[print_] = folder
 
 
 def _is_scored(folder: Path) -> bool:
