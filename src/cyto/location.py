@@ -277,20 +277,24 @@ class OutputLocation(Requests):
         if names is None:
             seal = json.loads((self.local / SEAL).read_text())
             files = [n for n in seal["files"] if n != SEAL]
-            stale = [n for n in seal.get("owned", []) if n not in seal["files"] and n in remote]
+            stale = [
+                n
+                for n in seal.get("owned", [])
+                if n not in seal["files"] and n != SEAL and n in remote
+            ]
             # a seal must never vouch for files half replaced: it goes first, comes back last
             changing = [n for n in files if not self._same(n, remote, record)]
             if not changing and not stale and self._same(SEAL, remote, record):
                 return
             if SEAL in remote:
-                self._call(lambda: fs.rm_file(self._key(SEAL)), "delete")
+                self._delete(SEAL)
                 record.pop(SEAL, None)
                 self._write_record(record)
             order = [*changing, SEAL]
         else:
             stale, order = [], [n for n in names if not self._same(n, remote, record)]
         for name in stale:
-            self._call(lambda n=name: fs.rm_file(self._key(n)), "delete")
+            self._delete(name)
             record.pop(name, None)
         for name in order:
             path = self.local / name
@@ -299,6 +303,17 @@ class OutputLocation(Requests):
             info = self._call(lambda n=name: fs.info(self._key(n)), "info")
             record[name] = {"etag": _etag(info), "sha256": _hash(path)}
             self._write_record(record)
+
+    def _delete(self, name: str) -> None:
+        """Remove the key ``name``; one already gone is what was asked (S3 answers a delete of a
+        missing key with success, Google Cloud Storage with 404)."""
+        fs = self.fs()
+
+        def rm() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(self._key(name))
+
+        self._call(rm, "delete")
 
     def release(self) -> None:
         """Once a slide's folder is published, its staged copy goes (the prefix holds it: a

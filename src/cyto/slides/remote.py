@@ -12,9 +12,10 @@ S3 and S3-compatible servers, gcsfs for Google Cloud Storage, its HTTP file syst
 for ``http(s)://``): the reasons are the credential chains they already implement (the AWS
 environment variables and profiles, Google's default credentials) and one interface over all of
 them. Every range is pinned to the version seen when the slide was opened (``If-Match`` on the
-ETag), so an object replaced while it is read stops that slide (:class:`SlideChangedError`)
-instead of mixing two versions. Ranges are held in a bounded block cache; a dropped connection,
-a timeout or a 5xx answer is retried with backoff and said once; 403 and 404 are one line each.
+ETag over HTTP and S3, the generation on Google Cloud Storage), so an object replaced while it
+is read stops that slide (:class:`SlideChangedError`) instead of mixing two versions. Ranges
+are held in a bounded block cache; a dropped connection, a timeout or a 5xx answer is retried
+with backoff and said once; 403 and 404 are one line each.
 """
 
 from __future__ import annotations
@@ -248,6 +249,10 @@ def _filesystem(ref: SlideURL):
         raise MissingDependencyError(
             f"fsspec and {need}", f"reading {scheme}:// slides", "pip install 'cyto[remote]'"
         )
+    if scheme in ("gs", "gcs") and os.environ.get("STORAGE_EMULATOR_HOST"):
+        # an emulator (fake-gcs-server) speaks the JSON API only: gcsfs's zonal-bucket probe
+        # over gRPC would stall each bucket's first call for a minute before falling back
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     import fsspec
 
     t = timeout()
@@ -407,8 +412,11 @@ class RemoteObject(Requests):
             raise InputPathError(f"{ref}: not an object (a folder, or a size the server hides)")
         self.size = int(size)
         self.etag = info.get("ETag") or info.get("etag")
-        self.version = self._version or info.get("VersionId") or None
-        self.modified = str(info.get("LastModified") or info.get("Last-Modified") or "")
+        # S3's version id; Google Cloud Storage's generation, which every range then names
+        self.version = self._version or info.get("VersionId") or info.get("generation") or None
+        self.modified = str(
+            info.get("LastModified") or info.get("Last-Modified") or info.get("updated") or ""
+        )
         self.check_pin(ref)
         self._shared: Path | None = None
 
@@ -462,6 +470,17 @@ class RemoteObject(Requests):
                 return self._fs.cat_file(self._path, start=start, end=end, headers=headers)
             if scheme == "s3":
                 return self._s3_range(start, end)
+            if scheme in ("gs", "gcs") and self.version:
+                try:  # the generation opened; replaced, it is gone (404) or another object
+                    return self._fs.cat_file(
+                        self._path, start=start, end=end, generation=self.version
+                    )
+                except FileNotFoundError:
+                    raise SlideChangedError(
+                        f"{self.ref}: the object changed while it was read (generation "
+                        f"{self.version} is gone); nothing of this run of it is kept: score "
+                        "it again"
+                    ) from None
             return self._fs.cat_file(self._path, start=start, end=end)
 
         data = self._call(get, "read")
