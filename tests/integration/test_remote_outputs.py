@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shutil
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -405,3 +409,87 @@ def test_a_ray_cohort_from_and_to_s3_shares_no_folder(
     finally:
         killer.stop.set()
         ray.shutdown()
+
+
+@pytest.mark.ray
+def test_a_ray_node_killed_mid_slide_on_a_cluster_of_several_nodes(
+    slides, local, exported_dsvdd, s3, tmp_path, monkeypatch
+):
+    """A cluster of three Ray nodes on this machine (Ray's own ``cluster_utils``: a raylet each,
+    each with a cache of its own, as separate machines have), slides and outputs in the S3
+    server: the node scoring slide b is killed (raylet and workers) once a chunk of b is staged
+    there. What it staged dies with it; the slide goes to a node still alive and is scored
+    there whole; the prefix holds the local run's tables."""
+    pytest.importorskip("ray")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from cyto.cohort.ray import score_cohort_ray
+    from cyto.infer import ScoreOptions
+    from cyto.slides.remote import slide_ref
+
+    client = s3.client()
+    client.create_bucket(Bucket="slides")
+    for s in slides:
+        client.put_object(Bucket="slides", Key=f"nodes/{s.name}", Body=s.read_bytes())
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CYTO_PROGRESS", "0")
+    opts = ScoreOptions(mosaic=0, workers=0, tile=512, chunk_cells=4)
+    caches = {name: tmp_path / f"{name}-cache" for name in ("head", "n1", "n2")}
+    nodes = {}
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(caches["head"]))  # what each raylet inherits
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": False},
+    )
+    try:
+        for name in ("n1", "n2"):
+            monkeypatch.setenv("CYTO_CACHE_DIR", str(caches[name]))
+            nodes[name] = cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        staged = {}  # where each node stages slide b's folder
+        for name in ("n1", "n2"):
+            monkeypatch.setenv("CYTO_CACHE_DIR", str(caches[name]))
+            staged[name] = output_location("s3://out/nodes/").child("b").local
+        monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "driver-cache"))
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        killed: list[str] = []
+        stop = threading.Event()
+
+        def kill_the_node_of_b() -> None:
+            while not stop.is_set():
+                for name in ("n1", "n2"):
+                    for chunk in staged[name].glob(".partial/chunk-*.parquet"):
+                        try:  # b is being scored there, by this process
+                            pid = json.loads((chunk.parent.parent / ".lock").read_text())["pid"]
+                        except (OSError, ValueError, KeyError):
+                            continue
+                        killed.append(name)
+                        os.kill(pid, signal.SIGKILL)  # the node's raylet and workers, at once
+                        cluster.remove_node(nodes[name], allow_graceful=False)
+                        return
+                time.sleep(0.005)
+
+        watcher = threading.Thread(target=kill_the_node_of_b, daemon=True)
+        watcher.start()
+        said: list[str] = []
+        urls = [slide_ref(f"s3://slides/nodes/{s.name}") for s in slides]
+        done, failed = score_cohort_ray(
+            urls, exported_dsvdd, "s3://out/nodes/", opts, "auto", said.append
+        )
+        stop.set()
+        assert killed and not failed, said
+        (died,) = [m for m in said if "b.tif" in m and "died" in m]
+        # where the node is known dead by then, the line says its chunks went with it
+        assert "resumes from the finished chunks" in died or "its node is gone" in died, died
+        assert any("b.tif" in m and "starting from the beginning" in m for m in said), said
+        objects = _objects(s3, "nodes/")
+        for name in ("a", "b"):
+            expected = pq.read_table(local / name / "scores.parquet")
+            assert same_table(_table(objects[f"{name}/scores.parquet"]), expected), name
+        rows = objects["cohort.csv"].decode().splitlines()
+        assert len(rows) == 3 and all(",s3://out/nodes/" in r for r in rows[1:])
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

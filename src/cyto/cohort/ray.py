@@ -514,10 +514,16 @@ class _Cohort:
             why = _first_line(exc)
             what = f"tiles {task.part[0]}..{task.part[1] - 1} of " if task.part else ""
             if task.attempt < MAX_ATTEMPTS:
+                alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
+                then = (
+                    "another worker resumes from the finished chunks"
+                    if place.node_id in alive
+                    else "its node is gone, and the chunks it staged with it: another worker "
+                    "scores the slide again"
+                )
                 self.echo(
                     f"{what}{item.slide.name}: its worker on {place.node_ip} died ({why}); "
-                    f"another worker resumes from the finished chunks (attempt "
-                    f"{task.attempt + 1} of {MAX_ATTEMPTS})"
+                    f"{then} (attempt {task.attempt + 1} of {MAX_ATTEMPTS})"
                 )
                 task.attempt += 1
                 task.resume = True
