@@ -394,3 +394,46 @@ def test_a_damaged_calibration_is_replaced_by_the_calibrate_its_checksum_error_n
     assert "calibration.npz is missing" in info.stderr and "--overwrite" in info.stderr
     assert run_cyto("calibrate", str(model), *tables, "--overwrite").returncode == 0
     assert run_cyto("info", str(model)).returncode == 0
+
+
+def test_a_calibration_slide_scored_again_is_said_to_be_no_test_of_itself(cohort, tmp_path):
+    """Hostile round 7 (H9): one of a bundle's own calibration slides, scored with it, was
+    triaged "no excess" (its cells are in the null it is held against) and nothing said so.
+    It is said in one warning line and recorded in its burden; another slide is not."""
+    root = cohort["root"]
+    model = tmp_path / "m.cyto"
+    shutil.copytree(cohort["model"], model)
+    tables = [root / "negs" / f"neg{i}" / "scores.parquet" for i in range(3)]
+    assert run_cyto("calibrate", str(model), *map(str, tables), "--overwrite").returncode == 0
+    out = tmp_path / "o"
+    proc = score_cli(cohort["negs"][1], model, out, "--mosaic", "0")
+    assert proc.returncode == 0, proc.stderr
+    said = [ln for ln in proc.stdout.splitlines() if "own negative slides" in ln]
+    assert len(said) == 1 and said[0].startswith("warning: neg1.ndpi is one of this"), said
+    b = json.loads((out / "neg1" / "summary.json").read_text())["burden"]
+    assert b.get("calibration_slide") is True
+    proc = score_cli(cohort["pos"].paths[0], model, out, "--mosaic", "0")
+    assert proc.returncode == 0 and "own negative slides" not in proc.stdout
+    b = json.loads((out / "pos" / "summary.json").read_text())["burden"]
+    assert "calibration_slide" not in b
+
+
+def test_calibrate_says_when_a_slide_its_adequacy_rule_judged_unsatisfactory(cohort, tmp_path):
+    """Hostile round 7 (H28): a slide judged unsatisfactory (0 evaluable cells, off scale) was
+    taken as a negative slide with no word; the count of evaluable cells was said as counted
+    though the burden counts every cell below 100. One warning line naming it and why."""
+    root = cohort["root"]
+    model = tmp_path / "m.cyto"
+    shutil.copytree(cohort["model"], model)
+    tables = [root / "negs" / f"neg{i}" / "scores.parquet" for i in range(3)]
+    proc = run_cyto("calibrate", str(model), *map(str, tables), "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    said = [ln for ln in proc.stderr.splitlines() if "its adequacy is unsatisfactory" in ln]
+    # the test slides are judged unsatisfactory for this tiny model (off its scale)
+    summaries = [json.loads((t.parent / "summary.json").read_text()) for t in tables]
+    judged = [s for s in summaries if (s.get("adequacy") or {}).get("result") == "unsatisfactory"]
+    assert judged and len(said) == len(judged), proc.stderr
+    assert said[0].startswith("warning: ") and "neg" in said[0]
+    cal = json.loads((model / "manifest.json").read_text())["calibration"]
+    if cal["evaluable_cells"] is not None and cal["evaluable_cells"] < 100:
+        assert "the burden counts every cell: only" in proc.stdout, proc.stdout

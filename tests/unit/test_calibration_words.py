@@ -23,3 +23,36 @@ def test_a_precision_auto_chose_is_not_named_as_a_flag_the_user_passed():
     [line] = cal.differences(scorer, {})
     assert "--precision bf16" not in line and "bf16 -> int8" in line, line
     assert line.startswith("the precision run (auto's choice, or --precision)"), line
+
+
+def test_what_the_burden_counts_is_said_by_the_rule_the_burden_applies():
+    """Hostile round 7 (H28): a calibration with 0 evaluable cells of 643 was said as "the
+    burden counts evaluable cells: 0 of the 643", while with fewer than MIN_EVALUABLE the
+    burden counts every cell. The line follows Calibration.counted, for any count."""
+    import numpy as np
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from cyto.stats.calibrate import (
+        COUNTED_EVALUABLE,
+        MIN_EVALUABLE,
+        Calibration,
+        burden_counts_words,
+    )
+
+    @given(st.integers(1, 3 * MIN_EVALUABLE), st.data())
+    def check(n, data):
+        ev = data.draw(st.integers(0, n))
+        cal = Calibration([np.linspace(0, 1, n)], {}, [np.arange(n) < ev])
+        counted, _ = cal.counted(np.ones(4, bool))
+        line = burden_counts_words({"n": n, "evaluable_cells": ev})
+        if counted == COUNTED_EVALUABLE:
+            assert line.startswith(f"the burden counts evaluable cells: {ev:,} of the {n:,}")
+        else:
+            assert line.startswith("the burden counts every cell: only"), line
+            assert f"fewer than {MIN_EVALUABLE}" in line
+
+    check()
+    assert burden_counts_words({"n": 5, "evaluable_cells": None}).startswith(
+        "the burden counts every cell: a table marks no evaluable cells"
+    )

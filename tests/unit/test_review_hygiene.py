@@ -305,3 +305,28 @@ def test_cells_are_never_cut_from_a_slide_replaced_since_it_was_scored(tmp_path)
     with pytest.raises(InputPathError, match="is not the slide it was scored as") as err:
         crop_cells(path, [(100, 100)], 32, [tmp_path / "other.png"], identity=scored_as)
     assert "\n" not in str(err.value) and not (tmp_path / "other.png").exists()
+
+
+def test_data_cells_says_when_a_slide_its_adequacy_rule_judged_unsatisfactory(tmp_path):
+    """Hostile round 7 (H27): `cyto data cells` cut all 643 cells of a slide judged
+    "unsatisfactory, 0 evaluable cells ... all off scale" as normal training cells, no word.
+    It says so in one warning naming the slide and the rule's reasons."""
+    from cyto.errors import CytoWarning
+    from cyto.review.cells import harvest_cells
+    from cyto.seal import seal_outputs
+
+    folder = _scored_folder(tmp_path / "s", {"status": "ok"})
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["adequacy"] = {
+        "result": "unsatisfactory",
+        "reasons": ["0 evaluable cells: cells off the model's scale"],
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+    seal_outputs(folder, summary["outputs"])  # as a run that judged it so seals it
+    with (
+        pytest.warns(CytoWarning, match=r"its adequacy is unsatisfactory \(0 evaluable") as said,
+        pytest.raises(Exception),  # noqa: B017 - the made-up slide has no pixels to cut
+    ):
+        harvest_cells([folder], tmp_path / "ds")
+    [w] = [w for w in said if "adequacy" in str(w.message)]
+    assert "\n" not in str(w.message) and str(folder) in str(w.message)

@@ -42,7 +42,7 @@ def calibrate_cmd(
     part of the interval, and each slide is checked against the others (leave one out).
     """
     from cyto.slides.remote import parse_options
-    from cyto.stats.calibrate import calibrate_from_tables
+    from cyto.stats.calibrate import burden_counts_words, calibrate_from_tables
 
     cal = calibrate_from_tables(
         model,
@@ -64,14 +64,5 @@ def calibrate_cmd(
             f"expected at most {loso['alpha']:.0%} of slides), burden interval held 0 on "
             f"{loso['burden_interval_holds_zero']}/{loso['slides_with_a_burden']}"
         )
-    if cal.get("evaluable_cells") is not None:
-        typer.echo(
-            f"the burden counts evaluable cells: {cal['evaluable_cells']:,} of the {cal['n']:,} "
-            "calibration cells are (in focus, not crowded, at the model's scale)"
-        )
-    else:
-        typer.echo(
-            "the burden counts every cell: a table marks no evaluable cells (scored with "
-            "--adequacy none?)"
-        )
+    typer.echo(burden_counts_words(cal))
     typer.echo(f"assumes: {cal['assumes']}")

@@ -163,6 +163,10 @@ def _calibrated(scores: np.ndarray, run: _Run, quality: dict | None = None) -> d
             "slide-negative slides scored this way"
         )
         out["burden"]["scored_unlike_calibration"] = differs
+    own = calibrate.calibration_slide_words(cal.info, run.identity, run.slide.name)
+    if own:  # triaged "no excess" against a null holding its own cells, with no word
+        out["burden"]["calibration_slide"] = True
+        run.echo(f"warning: {own}")
     if out["burden"]["status"] != "ok":
         run.echo(f"warning: {run.slide.name}: {out['burden']['reason']}")
     elif "note" in out["burden"]:

@@ -28,7 +28,7 @@ from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_input_as_output, refuse_to_replace
 from cyto.progress import progress
 from cyto.review.session import crop_cells, find_scored, read_source
-from cyto.stats.calibrate import refuse_planted, refuse_repeated_slides
+from cyto.stats.calibrate import refuse_planted, refuse_repeated_slides, warn_unsatisfactory
 
 
 def harvest_cells(
@@ -53,6 +53,7 @@ def harvest_cells(
     refuse_repeated_slides([(s.identity, s.folder) for s in sources])  # its cells twice
     for s in sources:
         refuse_planted(s.folder, s.planted, f"harvest {label} cells", s.burden)
+        warn_unsatisfactory(s.folder, s.adequacy, f"harvest {label} cells")
     out = Path(out)
     with OutputLock(out, "cyto data cells"):
         # what a killed run (SIGKILL, power loss) left half cut: every writer holds the lock

@@ -254,6 +254,8 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
         )
     planted, labelled = _planted(path, table, meta.get("cyto.slide"))
     refuse_planted(meta.get("cyto.slide") or path, planted, "calibrate", labelled=labelled)
+    adequacy = _sealed_summary(path, meta.get("cyto.slide")).get("adequacy")
+    warn_unsatisfactory(meta.get("cyto.slide") or path, adequacy, "calibrate")
     slide = meta.get("cyto.slide_identity") or meta.get("cyto.slide") or str(path)
     evaluable = None
     if "evaluable" in table.column_names:
@@ -268,11 +270,8 @@ def _planted(path: Path, table, slide: str | None) -> tuple[int, bool]:
     when the folder's seal holds: :func:`cyto.seal.read_sealed`), else the cells its ``label``
     column marks abnormal (a table copied on its own, or a folder edited since: then
     ``labelled``, as two detections may match one planted cell); 0 without truth."""
-    from cyto.seal import read_sealed
-
-    sealed = read_sealed(path.parent)
-    data = sealed.summary if sealed.ok else {}
-    if isinstance(data, dict) and data.get("slide") == slide:
+    data = _sealed_summary(path, slide)
+    if data:
         truth = data.get("truth")
         if isinstance(truth, dict) and isinstance(truth.get("planted_abnormal"), int):
             return truth["planted_abnormal"], False
@@ -280,6 +279,17 @@ def _planted(path: Path, table, slide: str | None) -> tuple[int, bool]:
         labels = np.asarray(table["label"].to_numpy(zero_copy_only=False), dtype=np.float64)
         return int(np.sum(labels == 1)), True
     return 0, False
+
+
+def _sealed_summary(path: Path, slide: str | None) -> dict:
+    """The ``summary.json`` beside a score table, when its folder's seal holds and it is of
+    the same slide (:func:`cyto.seal.read_sealed`); {} otherwise (a table copied on its own,
+    or a folder edited since)."""
+    from cyto.seal import read_sealed
+
+    sealed = read_sealed(path.parent)
+    data = sealed.summary if sealed.ok else {}
+    return data if isinstance(data, dict) and data.get("slide") == slide else {}
 
 
 def refuse_planted(
@@ -320,6 +330,67 @@ def refuse_planted(
             f"{slide}: its calibrated scoring could not judge the slide ({why}), so nothing "
             f"says it is negative; {use} from slides it triaged 'no excess' (slides of another "
             "preparation: calibrate the model on negative slides like them first)"
+        )
+
+
+def calibration_slide_words(info: dict, identity: str, name: str) -> str | None:
+    """Why a slide's calibrated result is no test of it, when ``identity`` is one of the slides
+    the calibration ``info`` was made from (its cells are in the null it is held against, so
+    it reads "no excess" whatever it holds); None otherwise, or for a calibration that did not
+    record its slides' identities."""
+    slides = info.get("slides") or ()
+    if identity and any(isinstance(s, dict) and s.get("identity") == identity for s in slides):
+        return (
+            f"{name} is one of this calibration's own negative slides: its cells are in the "
+            "null its p-values, flags and burden are held against, so they are no test of it"
+        )
+    return None
+
+
+def burden_counts_words(record: dict) -> str:
+    """What the burden of slides scored against the calibration ``record`` counts, by the rule
+    :meth:`Calibration.counted` applies (evaluable cells where at least :data:`MIN_EVALUABLE`
+    of the calibration's are, else every cell), in one line."""
+    n, ev = record.get("n"), record.get("evaluable_cells")
+    if ev is None:
+        return (
+            "the burden counts every cell: a table marks no evaluable cells (scored with "
+            "--adequacy none?)"
+        )
+    if ev < MIN_EVALUABLE:
+        return (
+            f"the burden counts every cell: only {ev:,} of the {n:,} calibration cells are "
+            f"evaluable (in focus, not crowded, at the model's scale), fewer than {MIN_EVALUABLE}"
+        )
+    return (
+        f"the burden counts evaluable cells: {ev:,} of the {n:,} calibration cells are (in "
+        "focus, not crowded, at the model's scale)"
+    )
+
+
+def warn_unsatisfactory(slide: object, adequacy: dict | str | None, use: str) -> None:
+    """A scored slide its own adequacy rule judged unsatisfactory (too few evaluable cells:
+    out of focus, crowded, off the model's scale) is a poor sample of a negative slide's
+    normal cells: said in one warning with the rule's reasons (its cells are still taken: a
+    lab may judge otherwise, and a slide read at the wrong scale is scored again first).
+    ``adequacy``: the summary's block (``result``, ``reasons``) or its words
+    (``unsatisfactory: REASONS``); None: not judged."""
+    if isinstance(adequacy, dict):
+        reasons = "; ".join(map(str, adequacy.get("reasons") or ()))
+        adequacy = f"{adequacy.get('result')}: {reasons}"
+    if isinstance(adequacy, str) and adequacy.startswith("unsatisfactory"):
+        import warnings
+
+        from cyto.errors import CytoWarning
+
+        why = adequacy.partition(":")[2].strip() or "unsatisfactory"
+        warnings.warn(
+            CytoWarning(
+                f"{slide}: its adequacy is unsatisfactory ({why}): its cells are a poor "
+                f"sample of a negative slide's; {use} from satisfactory negative slides (a "
+                "slide read at the wrong scale: score it again with its true --mpp)"
+            ),
+            stacklevel=2,
         )
 
 
@@ -418,6 +489,8 @@ def calibrate_from_tables(
         "slides": [
             {
                 "slide": names[i],
+                # what a slide scored later is known by (a calibration slide is no test of it)
+                "identity": seen[i][0],
                 "table": str(tables[i]),
                 "cells": int(len(p)),
                 "evaluable_cells": None if marked is None else int(marked[i].sum()),
