@@ -305,3 +305,29 @@ def test_cells_are_never_cut_from_a_slide_replaced_since_it_was_scored(tmp_path)
     with pytest.raises(InputPathError, match="is not the slide it was scored as") as err:
         crop_cells(path, [(100, 100)], 32, [tmp_path / "other.png"], identity=scored_as)
     assert "\n" not in str(err.value) and not (tmp_path / "other.png").exists()
+
+
+@pytest.mark.parametrize("onto", ["model", "marks", "data"])
+def test_refine_never_writes_onto_its_own_inputs(tmp_path, onto):
+    """``cyto refine M --out M --overwrite`` replaced its own input model, whose new manifest
+    then named itself as its parent (hostile round 7, H1): an output that is an input is
+    refused, --overwrite or not, before anything is read or written."""
+    from tests.cli_runner import run_cyto
+
+    model, marks, data = tmp_path / "m.cyto", tmp_path / "rv", tmp_path / "cells"
+    for folder in (model, marks, data):
+        folder.mkdir()
+    (model / "manifest.json").write_text('{"kept": true}')
+    target = {"model": model, "marks": marks, "data": data}[onto]
+    res = run_cyto(
+        "refine", str(model), "--marks", str(marks), "--data", str(data), "--out", str(target),
+        "--overwrite",
+    )  # fmt: skip
+    assert res.returncode == 2, res.stdout + res.stderr
+    named = {"model": f"MODEL {model}", "marks": f"--marks {marks}", "data": f"--data {data}"}
+    assert res.stderr.strip() == (
+        f"error: --out {target} is the input {named[onto]}: an output never replaces an input; "
+        "give another place to write to"
+    )
+    assert (model / "manifest.json").read_text() == '{"kept": true}'
+    assert not (tmp_path / f"{target.name}.refine").exists()

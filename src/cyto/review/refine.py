@@ -158,12 +158,20 @@ def refine(
     trained with, without autoencoder pretraining; ``False``: train anew.
     ``hard_normals=False``: learn from the marked cells only; the unmarked reviewed cells are
     not added to the normal training cells."""
-    from cyto.bundle import load_bundle
+    from cyto.bundle import bundle_names, load_bundle
     from cyto.data.dataset import load_records
     from cyto.train.api import train
     from cyto.train.config import parse_overrides
     from cyto.train.registry import get_method
 
+    out = Path(out)
+    # before anything is read: OUT replaced MODEL itself, which then named itself as its parent
+    refuse_to_replace(
+        out,
+        overwrite,
+        known=bundle_names(out),
+        inputs={"MODEL": model, "review": review, "data": data},
+    )
     bundle = load_bundle(model, weights=False)
     method = bundle.method
     if finetune is None:
@@ -194,10 +202,6 @@ def refine(
         raise ConfigError(f"{model} does not record its normal class: pass --normal")
     abnormal_cls = [c for c in abnormal.split(",") if c] if abnormal else None
 
-    from cyto.bundle import bundle_names
-
-    out = Path(out)
-    refuse_to_replace(out, overwrite, known=bundle_names(out))
     work = out.with_name(out.name + ".refine")
     # one refine at a time into OUT: another cleared this one's cells while it trained on them
     with OutputLock(work, "cyto refine"):
