@@ -331,3 +331,23 @@ def test_refine_never_writes_onto_its_own_inputs(tmp_path, onto):
     )
     assert (model / "manifest.json").read_text() == '{"kept": true}'
     assert not (tmp_path / f"{target.name}.refine").exists()
+
+
+def test_refines_eta_is_refused_by_its_own_flag(tmp_path):
+    """``cyto refine --eta -1`` said "--set known_abnormal_eta must be >= 0", a setting the user
+    never wrote (hostile round 7, H33): --eta is checked as given, before the model is read."""
+    from tests.cli_runner import run_cyto
+
+    model, marks, data = tmp_path / "m.cyto", tmp_path / "rv", tmp_path / "cells"
+    for folder in (model, marks, data):
+        folder.mkdir()
+    res = run_cyto(
+        "refine", str(model), "--marks", str(marks), "--data", str(data), "--out",
+        str(tmp_path / "r.cyto"), "--eta", "-1",
+    )  # fmt: skip
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.strip() == (
+        "error: --eta must be >= 0 (the Deep SAD weight of the known abnormal cells; 0: they "
+        "weigh nothing), got -1.0"
+    )
+    assert not (tmp_path / "r.cyto").exists() and not (tmp_path / "r.cyto.refine").exists()
