@@ -44,6 +44,7 @@ FLAGS: dict[str, str | None] = {
     "precisions": "--precision",  # cyto export's
     "review": "--marks",  # cyto refine's: the review folder whose marks it learns from
     "overrides": "--set",  # cyto train's and refine's config overrides
+    "wrs": "--wr",  # cyto eval sweep's witness rates
     "config_file": "--config",  # cyto train's
     "fdr_alpha": "--fdr",
     "verify": "--skip-verify",

@@ -394,3 +394,31 @@ def test_the_fp16_graph_keeps_gridsample_in_float32(exported_bundles, tmp_path):
         for f in (src, dst)
     ]
     np.testing.assert_allclose(outs[1], outs[0], rtol=0.05, atol=0.05)
+
+
+def test_an_int8_export_records_the_cells_it_calibrated_on(exported_dsvdd, synth_patches, tmp_path):
+    """Hostile round 7 (H24): calibration takes equal batches and left the last partial one
+    out (312 of 315 cells), yet the manifest and `cyto info` said 315. What is recorded is the
+    number the ranges were measured on, the one the progress bar counts."""
+    from cyto.export.quantize import int8_graph
+
+    size = load_bundle(exported_dsvdd, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal", limit=11)  # 8 in batches of 4
+    record = int8_graph(exported_dsvdd / "encoder.onnx", tmp_path / "q.onnx", calib.images)
+    assert record["cells"] == 8 and record["cells_left_out"] == 3
+    path = tmp_path / "d.cyto"
+    shutil.copytree(exported_dsvdd, path)
+    proc = run_cyto(
+        "export", str(path), "--no-onnx", "--precision", "int8", "--calib", str(synth_patches),
+        "--calib-class", "normal", "--accept-parity-loss",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((path / "manifest.json").read_text())
+    given = len(load_cells(synth_patches, size, classes="normal").split(0.25)[0].images)
+    used = given - given % 4
+    assert used != given  # the case under test: a partial last batch
+    for entry in manifest["onnx_variants"].values():
+        assert entry["quantization"]["cells"] == used
+    info = run_cyto("info", str(path))
+    assert f"percentile calibration on {used} cells" in info.stdout, info.stdout
+    assert f"calibration on {given} cells" not in info.stdout

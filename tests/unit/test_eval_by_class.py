@@ -65,3 +65,54 @@ def test_bad_choices_are_one_line(tmp_path):
     proc = run_cyto("eval", "scores", str(path), "--by-class", "--normal", "Normal")
     assert proc.returncode == 2 and "no such class" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_by_class_also_gives_the_overall_metrics(tmp_path):
+    """--by-class is "also each abnormal class": the overall line and table were dropped
+    (hostile round 7, H4); they are printed first, and --json holds both."""
+    import json
+
+    path = _table(tmp_path / "t.parquet", ["NILM", "LSIL", "NILM", "HSIL"], [0.1, 0.9, 0.2, 0.8])
+    plain = run_cyto("eval", "scores", str(path), "--k", "2")
+    both = run_cyto("eval", "scores", str(path), "--by-class", "--k", "2")
+    assert plain.returncode == 0 and both.returncode == 0, both.stderr
+    assert both.stdout.startswith(plain.stdout)
+    assert f"{path}: 4 cells, 2 abnormal, AUROC 1.0000" in both.stdout
+    assert "each abnormal class against NILM" in both.stdout
+    got = json.loads(run_cyto("eval", "scores", str(path), "--by-class", "--json").stdout)
+    alone = json.loads(run_cyto("eval", "scores", str(path), "--json").stdout)
+    assert got["overall"] == alone
+    assert [c["class"] for c in got["by_class"]] == ["HSIL", "LSIL"]
+    # without labels there is no overall to give: said in one line, the classes still scored
+    bare = _table(tmp_path / "b.parquet", ["NILM", "LSIL"], [0.1, 0.9], labels=False)
+    proc = run_cyto("eval", "scores", str(bare), "--by-class", "--normal", "NILM")
+    assert proc.returncode == 0 and "against NILM" in proc.stdout
+    assert f"{bare}: no 'label' column, so no overall metrics" in proc.stdout
+
+
+def test_a_normal_class_the_labels_contradict_is_refused(tmp_path):
+    """--normal naming a class whose rows are labelled 1 scored the table's own label-0 class
+    as an abnormal one, with no word (hostile round 7, H5)."""
+    path = _table(tmp_path / "t.parquet", ["NILM", "LSIL", "NILM", "HSIL"], [0.1, 0.9, 0.2, 0.8])
+    proc = run_cyto("eval", "scores", str(path), "--by-class", "--normal", "LSIL")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == (
+        f"error: --normal LSIL: the rows of LSIL are labelled 1 (abnormal) in {path}'s 'label' "
+        "column, whose label-0 class is NILM; give --normal NILM (or leave --normal out)"
+    )
+    with pytest.raises(MetricError, match="^--normal HSIL,NILM: the rows of HSIL are labelled 1"):
+        evaluate_by_class(path, [1], normal="HSIL,NILM")
+    # a label-0 class left out of --normal would be scored as an abnormal class
+    two = _table(tmp_path / "two.parquet", ["NILM", "LSIL"], [0.1, 0.9])
+    mixed = pa.table(
+        {"class": ["NILM", "SUP", "LSIL"], "score": [0.1, 0.2, 0.9], "label": [0, 0, 1]}
+    )
+    pq.write_table(mixed, two)
+    with pytest.raises(MetricError) as err:
+        evaluate_by_class(two, [1], normal="NILM")
+    assert str(err.value) == (
+        f"--normal NILM leaves out SUP, whose rows are all labelled 0 (normal) in {two}'s 'label' "
+        "column: it would be scored as an abnormal class; add it to --normal (or leave --normal "
+        "out)"
+    )
+    assert [r["class"] for r in evaluate_by_class(two, [1], normal="NILM,SUP")] == ["LSIL"]

@@ -856,3 +856,34 @@ def test_queue_is_named_alone_when_it_is_the_one_given():
     with python_words("score_slide"), pytest.raises(ConfigError) as err:
         ScoreOptions(queue=0)
     assert str(err.value) == "queue= must be >= 1, got 0"
+
+
+def test_export_refuses_a_device_that_is_no_gpu_and_a_calib_class_without_calib(tmp_path):
+    """Hostile round 7 (H18): export(device='tpu') and ``cyto export --device tpu`` ran with no
+    word, and calib_class= without calib= was dropped. Each is one line, in the caller's
+    words, before the bundle is touched."""
+    from tests.cli_runner import run_cyto
+
+    model = tmp_path / "m.cyto"
+    model.mkdir()
+    (model / "manifest.json").write_text("{}")
+    device = "device='tpu' is not a GPU: TensorRT engines are built on cuda or cuda:N"
+    with pytest.raises(ConfigError) as err:
+        cyto.export(model, device="tpu")
+    assert str(err.value) == device
+    with pytest.raises(ConfigError) as err:
+        cyto.export(model, calib_class="normal")
+    assert str(err.value) == (
+        "calib_class= picks the classes of calib=, which is not given: pass calib=CELLS "
+        "(cells to calibrate int8 on) or leave calib_class= out"
+    )
+    got = run_cyto("export", str(model), "--device", "tpu")
+    assert got.returncode == 2 and got.stderr.strip() == (
+        "error: --device tpu is not a GPU: TensorRT engines are built on cuda or cuda:N"
+    )
+    got = run_cyto("export", str(model), "--calib-class", "LYT")
+    assert got.returncode == 2 and got.stderr.strip() == (
+        "error: --calib-class picks the classes of --calib, which is not given: pass --calib "
+        "CELLS (cells to calibrate int8 on) or leave --calib-class out"
+    )
+    assert (model / "manifest.json").read_text() == "{}" and len(list(model.iterdir())) == 1

@@ -330,3 +330,49 @@ def test_data_cells_says_when_a_slide_its_adequacy_rule_judged_unsatisfactory(tm
         harvest_cells([folder], tmp_path / "ds")
     [w] = [w for w in said if "adequacy" in str(w.message)]
     assert "\n" not in str(w.message) and str(folder) in str(w.message)
+
+
+@pytest.mark.parametrize("onto", ["model", "marks", "data"])
+def test_refine_never_writes_onto_its_own_inputs(tmp_path, onto):
+    """``cyto refine M --out M --overwrite`` replaced its own input model, whose new manifest
+    then named itself as its parent (hostile round 7, H1): an output that is an input is
+    refused, --overwrite or not, before anything is read or written."""
+    from tests.cli_runner import run_cyto
+
+    model, marks, data = tmp_path / "m.cyto", tmp_path / "rv", tmp_path / "cells"
+    for folder in (model, marks, data):
+        folder.mkdir()
+    (model / "manifest.json").write_text('{"kept": true}')
+    target = {"model": model, "marks": marks, "data": data}[onto]
+    res = run_cyto(
+        "refine", str(model), "--marks", str(marks), "--data", str(data), "--out", str(target),
+        "--overwrite",
+    )  # fmt: skip
+    assert res.returncode == 2, res.stdout + res.stderr
+    named = {"model": f"MODEL {model}", "marks": f"--marks {marks}", "data": f"--data {data}"}
+    assert res.stderr.strip() == (
+        f"error: --out {target} is the input {named[onto]}: an output never replaces an input; "
+        "give another place to write to"
+    )
+    assert (model / "manifest.json").read_text() == '{"kept": true}'
+    assert not (tmp_path / f"{target.name}.refine").exists()
+
+
+def test_refines_eta_is_refused_by_its_own_flag(tmp_path):
+    """``cyto refine --eta -1`` said "--set known_abnormal_eta must be >= 0", a setting the user
+    never wrote (hostile round 7, H33): --eta is checked as given, before the model is read."""
+    from tests.cli_runner import run_cyto
+
+    model, marks, data = tmp_path / "m.cyto", tmp_path / "rv", tmp_path / "cells"
+    for folder in (model, marks, data):
+        folder.mkdir()
+    res = run_cyto(
+        "refine", str(model), "--marks", str(marks), "--data", str(data), "--out",
+        str(tmp_path / "r.cyto"), "--eta", "-1",
+    )  # fmt: skip
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.strip() == (
+        "error: --eta must be >= 0 (the Deep SAD weight of the known abnormal cells; 0: they "
+        "weigh nothing), got -1.0"
+    )
+    assert not (tmp_path / "r.cyto").exists() and not (tmp_path / "r.cyto.refine").exists()

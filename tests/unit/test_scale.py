@@ -132,3 +132,48 @@ def test_the_optical_density_lookup_is_the_logarithm_for_every_colour():
     x = every.astype(np.float32)
     assert np.array_equal(_od(every), -np.log((x + 1.0) / 256.0).sum(axis=-1))
     assert _od(every).dtype == np.float32
+
+
+def test_a_zoom_the_caller_gave_is_named_as_given_never_told_to_give_one():
+    """Hostile round 7 (H46): predict(zoom=0) was refused "... or pass zoom= explicitly",
+    which the caller did. A given zoom is named as given with what to give instead; one from
+    --patch-mpp names it; only an estimated one advises passing a factor."""
+    from cyto.flags import python_words
+
+    shares = nucleus_fraction(np.stack([_cell(48, 8)] * 3))
+    with python_words("predict"), pytest.raises(ConfigError) as err:
+        resolve_zoom(0, None, None, None, shares)
+    assert str(err.value) == (
+        "zoom=0 is outside 0.25..4: give a factor within it (1: the patches as they are; "
+        "zoom='auto': estimated from their nucleus sizes)"
+    )
+    with pytest.raises(ConfigError) as err:
+        resolve_zoom("9", None, None, None, shares)
+    assert str(err.value).startswith("--zoom 9 is outside 0.25..4: give a factor within it")
+    with pytest.raises(ConfigError) as err:
+        resolve_zoom(None, 2.0, 0.25, None, shares)
+    assert str(err.value) == (
+        "--patch-mpp 2.0 over the model's 0.25 um per pixel, a zoom of 8, is outside 0.25..4: "
+        "these patches are not at a scale a resampling can fix (check the pixel sizes)"
+    )
+    with pytest.raises(ConfigError, match=r"^the estimated zoom 9 is outside .* pass --zoom "):
+        check_zoom(9.0)
+
+
+def test_predict_names_the_zoom_it_was_given(exported_dsvdd, synth_patches, tmp_path):
+    """The same through the public call and the command line, before anything is written."""
+    import cyto
+    from tests.cli_runner import run_cyto
+
+    out = tmp_path / "z.parquet"
+    with pytest.raises(ConfigError, match=r"^zoom=0.0 is outside 0.25..4: give a factor") as err:
+        cyto.predict(exported_dsvdd, synth_patches, out, normal="normal", zoom=0)
+    assert "explicitly" not in str(err.value)
+    proc = run_cyto(
+        "predict", str(exported_dsvdd), "--data", str(synth_patches), "--out", str(out),
+        "--zoom", "0",
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "error: --zoom 0 is outside 0.25..4: give a factor within it"
+    ), proc.stderr
+    assert not out.exists()

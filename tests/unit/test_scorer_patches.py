@@ -162,3 +162,32 @@ def test_a_scorer_is_a_context_manager_that_closes_however_the_block_ends(export
         raise KeyError("the user's own error goes through")
     with pytest.raises(ConfigError, match=f"^{CLOSED}$"):
         other.warm()
+
+
+def test_the_scorers_array_methods_refuse_what_is_not_patches_in_python_words(scorer):
+    """A hostile check (round 7, H17): score_tensor(<numpy array>) and score_tensor(None) were
+    AttributeErrors from inside, raw(None) a TypeError; score checked its patches, they did
+    not. Each names its argument and says what to give."""
+    import torch
+
+    size = scorer.spec.crop_size
+    x = np.zeros((1, size, size, 3), np.uint8)
+    tensor = "crops= must be a uint8 (N, H, W, 3) torch tensor"
+    array = "images= must be uint8 (N, H, W, 3) patches (a numpy array)"
+    for call, said in (
+        (lambda: scorer.score_tensor(x), f"{tensor}, got numpy.ndarray: score a numpy array "
+         "with Scorer.score"),
+        (lambda: scorer.score_tensor(None), f"{tensor}, got None"),
+        (lambda: scorer.score_tensor(torch.zeros((1, size, size, 3))),
+         f"{tensor}, got torch.float32 (1, {size}, {size}, 3)"),
+        (lambda: scorer.raw(None), f"{array}, got None"),
+        (lambda: scorer.raw(x[0]), f"{array}, got uint8 ({size}, {size}, 3)"),
+        (lambda: scorer.score(None), f"{array}, got None"),
+        (lambda: scorer.score(torch.from_numpy(x)), f"{array}, got torch.Tensor: score a "
+         "torch tensor with Scorer.score_tensor"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError) as err:
+            call()
+        assert str(err.value) == said
+    assert scorer.score_tensor(torch.from_numpy(x)).shape == (1,)
+    assert len(scorer.raw(x)) == 1

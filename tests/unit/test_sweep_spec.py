@@ -79,3 +79,51 @@ def test_a_damaged_sweep_record_is_one_line_that_says_what_to_do(tmp_path, synth
     spec = SweepSpec(data=synth_patches, normal="normal", abnormal=None, methods=("dsvdd",))
     with pytest.raises(ConfigError, match="sweep.json is damaged .*delete it and rerun"):
         run_sweep(spec, out)
+
+
+def _sweep_args(data, out, *more):
+    return (
+        "eval", "sweep", "--data", str(data), "--normal", "normal", "--out", str(out),
+        "--methods", "dsvdd", "--device", "cpu", *more,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("wr", ["0", "100", "nan"])
+def test_a_witness_rate_out_of_range_is_refused_by_its_flag_before_anything_is_written(
+    tmp_path, synth_patches, wr
+):
+    """Hostile round 7 (H34): ``--wr 0`` was refused only after sweep.json and models/ were
+    written, so the corrected command was turned away as "a sweep with other settings"."""
+    from tests.cli_runner import run_cyto
+
+    out = tmp_path / "swx"
+    proc = run_cyto(*_sweep_args(synth_patches, out, "--wr", f"9,{wr}"))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"error: --wr takes witness rates in percent, each in (0, 100), got {float(wr):g}"
+    )
+    assert not out.exists()
+    with pytest.raises(ConfigError, match=r"^wrs= takes witness rates in percent"):
+        from cyto.flags import python_words
+
+        with python_words("sweep"):
+            SweepSpec(data=".", normal="n", abnormal=None, methods=METHODS, wrs=(float(wr),))
+
+
+def test_a_sweep_the_data_cannot_run_leaves_nothing_behind_and_names_flags(tmp_path, synth_patches):
+    """A witness rate the data has too few abnormal cells for was refused after the folder was
+    claimed; and a folder that holds another sweep names the flags that differ (--wr, not
+    --wrs)."""
+    from tests.cli_runner import run_cyto
+
+    out = tmp_path / "swx"
+    proc = run_cyto(*_sweep_args(synth_patches, out, "--wr", "99", "--set", "epochs=1"))
+    assert proc.returncode == 2 and "abnormal" in proc.stderr, proc.stderr
+    assert not out.exists()
+    out.mkdir()
+    spec = {"wrs": [5.0], "trials": 10, "methods": ["dsvdd"]}
+    (out / "sweep.json").write_text(__import__("json").dumps(spec))
+    proc = run_cyto(*_sweep_args(synth_patches, out, "--wr", "9", "--trials", "1"))
+    assert proc.returncode == 2
+    said = proc.stderr.strip()
+    assert "--wr 5 -> 9" in said and "--trials 10 -> 1" in said and "--wrs" not in said, said

@@ -118,33 +118,33 @@ def eval_scores_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """TP@K, Recall@K, Precision@K, nDCG@K, AUTK@K, normalized AUFROC@K and AUROC."""
-    from cyto.eval.scores import evaluate_by_class, evaluate_table
+    from cyto.eval.scores import evaluate_table, evaluate_with_classes
 
     ks = k or [400]
-    if by_class:
-        classes = evaluate_by_class(table, ks, normal, score_column, class_column, label_column)
-        if as_json:
-            import json
-
-            typer.echo(json.dumps(classes, indent=2))
-            return
-        typer.echo(
-            f"{table}: each abnormal class against {classes[0]['normal'] if classes else '-'}"
-        )
-        head = "".join(
-            f" {'Recall@' + str(r['k']):>12}" for r in (classes[0]["by_k"] if classes else [])
-        )
-        typer.echo(f"{'class':>16} {'cells':>6} {'AUROC':>7}{head}")
-        for c in classes:
-            recalls = "".join(f" {r['recall_at_k']:>12.4f}" for r in c["by_k"])
-            typer.echo(f"{c['class']:>16} {c['n_class']:>6} {c['auroc']:>7.4f}{recalls}")
-        return
-    rows = evaluate_table(table, ks, score_column, label_column)
+    classes = None
+    if by_class:  # "also": the overall metrics too, where the table has its 0/1 labels
+        both = evaluate_with_classes(table, ks, normal, score_column, class_column, label_column)
+        rows, classes = both["overall"], both["by_class"]
+    else:
+        rows = evaluate_table(table, ks, score_column, label_column)
     if as_json:
         import json
 
-        typer.echo(json.dumps(rows, indent=2))
+        done = rows if classes is None else {"overall": rows, "by_class": classes}
+        typer.echo(json.dumps(done, indent=2))
         return
+    if rows is None:
+        typer.echo(
+            f"{table}: no {label_column!r} column, so no overall metrics "
+            "(--label-column: the column of 0/1 labels)"
+        )
+    else:
+        _overall(table, rows)
+    if classes is not None:
+        _by_class(table, classes)
+
+
+def _overall(table: Path, rows: list[dict]) -> None:
     first = rows[0]
     typer.echo(
         f"{table}: {first['n']} cells, {first['positives']} abnormal, AUROC {first['auroc']:.4f}"
@@ -158,3 +158,14 @@ def eval_scores_cmd(
             f"{r['precision_at_k']:>8.4f} {r['ndcg_at_k']:>8.4f} {r['autk_at_k']:>9.3f} "
             f"{r['aufroc_at_k']:>8.4f}"
         )
+
+
+def _by_class(table: Path, classes: list[dict]) -> None:
+    typer.echo(f"{table}: each abnormal class against {classes[0]['normal'] if classes else '-'}")
+    head = "".join(
+        f" {'Recall@' + str(r['k']):>12}" for r in (classes[0]["by_k"] if classes else [])
+    )
+    typer.echo(f"{'class':>16} {'cells':>6} {'AUROC':>7}{head}")
+    for c in classes:
+        recalls = "".join(f" {r['recall_at_k']:>12.4f}" for r in c["by_k"])
+        typer.echo(f"{c['class']:>16} {c['n_class']:>6} {c['auroc']:>7.4f}{recalls}")

@@ -148,14 +148,22 @@ def share_advice(model_nuclei: float | None, shares) -> str | None:
     )
 
 
-def check_zoom(zoom: float) -> float:
+def check_zoom(zoom: float, given: str | None = None, fix: str | None = None) -> float:
+    """``zoom`` within :data:`ZOOM_RANGE`, or one line saying what is wrong with it in the
+    caller's words: ``given`` says how the caller gave it (``--zoom 0``; None: estimated from
+    the nucleus sizes, ``--zoom auto``) and ``fix`` what to do. A zoom the caller gave is named
+    as given, never met with advice to give one (hostile round 7: ``predict(zoom=0)`` was told
+    to "pass zoom= explicitly")."""
     lo, hi = ZOOM_RANGE
-    if not lo <= zoom <= hi:
-        raise ConfigError(
-            f"zoom {zoom:.3g} is outside {lo:g}..{hi:g}: these patches are not at a scale a "
-            f"resampling can fix (check the pixel sizes, or pass {said('zoom')} explicitly)"
+    if lo <= zoom <= hi:
+        return zoom
+    if given is None:
+        given = f"the estimated zoom {zoom:.3g}"
+        fix = (
+            "these patches are not at a scale a resampling can fix (check their pixel sizes, "
+            f"or pass {passing('zoom', FACTOR)} within it)"
         )
-    return zoom
+    raise ConfigError(f"{given} is outside {lo:g}..{hi:g}: {fix}")
 
 
 def zoom_patch(img: np.ndarray, zoom: float, size: int | None = None) -> np.ndarray:
@@ -207,7 +215,13 @@ def resolve_zoom(
                 f"{setting('mpp', UM_PER_PX)}); pass {passing('zoom', FACTOR)} or "
                 f"{passing('zoom', 'auto')} instead"
             )
-        return check_zoom(patch_mpp / model_mpp), (
+        factor = patch_mpp / model_mpp
+        given = (
+            f"{passing('patch_mpp', patch_mpp)} over the model's {model_mpp:g} um per pixel, a "
+            f"zoom of {factor:.3g},"
+        )
+        fix = "these patches are not at a scale a resampling can fix (check the pixel sizes)"
+        return check_zoom(factor, given, fix), (
             f"the pixel sizes: {patch_mpp:g} / {model_mpp:g} um per pixel"
         )
     if zoom is None:
@@ -245,4 +259,8 @@ def resolve_zoom(
         raise ConfigError(
             f"{said('zoom')} takes a factor (e.g. 1.7) or auto, got {zoom!r}"
         ) from None
-    return check_zoom(value), "given"
+    fix = (
+        f"give a factor within it (1: the patches as they are; {passing('zoom', 'auto')}: "
+        "estimated from their nucleus sizes)"
+    )
+    return check_zoom(value, passing("zoom", zoom), fix), "given"

@@ -133,6 +133,8 @@ def evaluate_by_class(
         raise MetricError(
             f"no normal class in {path} (every class has abnormal rows): give --normal"
         )
+    if normal and labels is not None:
+        _check_normal_against_labels(normal, normals, known, classes, labels, path, label_column)
     is_normal = np.isin(classes, normals)
     rows = []
     for cls in known:
@@ -152,6 +154,56 @@ def evaluate_by_class(
             }
         )
     return rows
+
+
+def evaluate_with_classes(
+    path: Path,
+    k: list[int],
+    normal: str | None = None,
+    score_column: str = "auto",
+    class_column: str = "class",
+    label_column: str = "label",
+) -> dict:
+    """``cyto eval scores --by-class``: the overall metrics (``overall``: as
+    :func:`evaluate_table`; None when the table has no ``label_column``) and each abnormal
+    class against the normal class alone (``by_class``: :func:`evaluate_by_class`)."""
+    classes = evaluate_by_class(path, k, normal, score_column, class_column, label_column)
+    scores, labels = read_score_table(path, score_column, label_column, need_label=False)
+    overall = None if labels is None else [all_metrics(scores, labels, kk) for kk in k]
+    return {"overall": overall, "by_class": classes}
+
+
+def _check_normal_against_labels(
+    given: str, normals: list[str], known: list[str], classes, labels, path: Path, column: str
+) -> None:
+    """``--normal`` that the table's own labels contradict scored a label-0 class as an
+    abnormal one, with no word: a named class with rows labelled 1, or a class left out whose
+    rows are all labelled 0, is refused in one line naming the classes the labels call normal."""
+    from cyto.flags import said
+
+    flagged = {c: bool(np.any(labels[classes == c] == 1)) for c in known}
+    zero = [c for c in known if not flagged[c]]
+    where = f"in {path}'s {column!r} column"
+    wrong = [c for c in normals if flagged[c]]
+    if wrong:
+        if zero:
+            are = "class is" if len(zero) == 1 else "classes are"
+            fix = f"whose label-0 {are} {', '.join(zero)}; give {said('normal')} {','.join(zero)}"
+            fix += f" (or leave {said('normal')} out)"
+        else:
+            fix = f"where no class is labelled 0 throughout; check {said('label_column')}"
+        raise MetricError(
+            f"{said('normal')} {given}: the rows of {', '.join(wrong)} are labelled 1 "
+            f"(abnormal) {where}, {fix}"
+        )
+    left = [c for c in zero if c not in normals]
+    if left:
+        it = "it" if len(left) == 1 else "each"
+        raise MetricError(
+            f"{said('normal')} {given} leaves out {', '.join(left)}, whose rows are all labelled "
+            f"0 (normal) {where}: {it} would be scored as an abnormal class; add it to "
+            f"{said('normal')} (or leave {said('normal')} out)"
+        )
 
 
 def _read(path: Path):

@@ -23,6 +23,7 @@ from cyto.data.dataset import PatchDataset
 from cyto.errors import ConfigError
 from cyto.eval.metrics import all_metrics
 from cyto.eval.protocol import PAPER_WRS, WRProtocol
+from cyto.flags import said
 from cyto.locks import OutputLock
 from cyto.progress import progress
 from cyto.reuse import check_reuse
@@ -70,6 +71,12 @@ class SweepSpec:
             raise ConfigError("a sweep needs methods, WRs, trials >= 1 and K >= 1")
         if not 0 < self.train_fraction < 1:
             raise ConfigError(f"train fraction must be in (0, 1), got {self.train_fraction}")
+        bad = [w for w in self.wrs if not 0 < w < 100]  # (NaN too) before anything is written
+        if bad:
+            raise ConfigError(
+                f"{said('wrs')} takes witness rates in percent, each in (0, 100), got "
+                + ", ".join(f"{w:g}" for w in bad)
+            )
 
 
 def method_overrides(
@@ -263,19 +270,19 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
             datasets[cfg.load_size] = PatchDataset.from_path(
                 spec.data, normal=spec.normal, abnormal=spec.abnormal, size=cfg.load_size
             )
+    labels = next(iter(datasets.values())).labels.astype(np.int64)
+    protocol = WRProtocol(labels, seed=spec.seed, train_fraction=spec.train_fraction)
+    counts = {wr: protocol.counts(wr) for wr in spec.wrs}  # too few abnormal cells: refused here
     # only a sweep that can run claims the folder: a refused command leaves nothing that
     # would turn its corrected rerun away as "other settings"
     (out / "models").mkdir(parents=True, exist_ok=True)
     atomic_write(spec_file, json.dumps(spec_json, indent=2).encode())  # whole, or the last
-    labels = next(iter(datasets.values())).labels.astype(np.int64)
-    protocol = WRProtocol(labels, seed=spec.seed, train_fraction=spec.train_fraction)
     n_bag_normals = sum(len(b) for b in protocol.normal_bags)
     echo(
         f"{n_bag_normals} training normals in 10 bags, {len(protocol.test_normals)} held-out "
         "normals"
     )
-    for wr in spec.wrs:
-        c = protocol.counts(wr)
+    for wr, c in counts.items():
         echo(
             f"WR {wr:g}%: train {c.train} abnormal in 5 of 10 bags (effective "
             f"{c.effective_train_wr:.3g}% of all bags, {c.positive_bag_wr:.3g}% of the positive "

@@ -85,6 +85,29 @@ def _rewritten(manifest: dict | None, onnx: bool, precisions) -> set[str]:
     return names
 
 
+def check_export_choices(device: str, calib: Path | None, calib_class: str | None) -> None:
+    """What ``cyto export`` and ``cyto.export`` would otherwise drop with no word: a device that
+    is no device at all (``--device tpu``: only TensorRT uses it, and ran without it), and
+    ``calib_class`` without the ``calib`` cells it picks from; one line each, in the caller's
+    words, before the bundle is read."""
+    from cyto.flags import Placeholder
+    from cyto.runtime.devices import parse_device
+
+    try:
+        parse_device(device)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{passing('device', device)} is not a GPU: TensorRT engines are built on cuda or "
+            "cuda:N"
+        ) from exc
+    if calib_class is not None and calib is None:
+        cells = passing("calib", Placeholder("CELLS"))
+        raise ConfigError(
+            f"{said('calib_class')} picks the classes of {said('calib')}, which is not given: "
+            f"pass {cells} (cells to calibrate int8 on) or leave {said('calib_class')} out"
+        )
+
+
 @_repairing
 def export_bundle(
     path: Path,
@@ -121,6 +144,7 @@ def export_bundle(
         raise ConfigError(
             f"{said('precisions')} takes {', '.join(PRECISIONS)} (comma-separated), got {bad}"
         )
+    check_export_choices(device, calib, calib_class)
     if onnx:
         check_opset(opset)
     bundle = load_bundle(path, weights=False)

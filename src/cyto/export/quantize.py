@@ -236,6 +236,7 @@ def int8_graph(
     # equal batches: ONNX Runtime's histogram calibrators stack them
     batch = min(batch, len(calib))
     batches = [calib[i : i + batch] for i in range(0, len(calib) - batch + 1, batch)]
+    used = len(batches) * batch  # the last partial batch is left out: recorded as such
 
     class Reader(CalibrationDataReader):
         """Batches, in ranges: ONNX Runtime's histogram calibrators keep every activation of the
@@ -264,7 +265,7 @@ def int8_graph(
     }[method]
     t0 = time.perf_counter()
     with (
-        progress("int8 calibration", total=len(batches) * batch, unit="cells") as bar,
+        progress("int8 calibration", total=used, unit="cells") as bar,
         tempfile.TemporaryDirectory() as tmp,
         contextlib.redirect_stdout(io.StringIO()),
     ):
@@ -322,6 +323,8 @@ def int8_graph(
             else {}
         ),
         "excluded_nodes": kept,
+        "cells": used,  # those the ranges were measured on
+        **({"cells_left_out": len(calib) - used} if used < len(calib) else {}),
         "calibration_seconds": round(time.perf_counter() - t0, 1),
     }
 
@@ -488,13 +491,8 @@ def export_variant(
                 src, target, calib.images, method, fp32.input, exclude, form=key,
                 calib_cache=calib_cache,
             )  # fmt: skip
-            record.update(
-                {
-                    "cells": int(len(calib.images)),
-                    "source": calib.source,
-                    "fingerprint": calib.fingerprint,
-                }
-            )
+            # record["cells"]: those calibrated on (int8_graph), the fingerprint: those given
+            record.update({"source": calib.source, "fingerprint": calib.fingerprint})
         model = onnx.load(str(target))
         onnx.checker.check_model(model)
         problems = check_model(model, profile_inputs={fp32.input})

@@ -34,9 +34,10 @@ import csv
 import json
 import shutil
 from pathlib import Path
+from typing import Annotated
 
 from cyto.errors import ConfigError
-from cyto.flags import passing
+from cyto.flags import Range, check_value, passing
 from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_to_replace
 from cyto.review.session import CROPS, open_session
@@ -45,6 +46,10 @@ from cyto.review.store import MarkStore
 REVIEW_ABNORMAL = "review-marked"
 AGREE = ("any", "all")
 BAG_METHODS = ("ws-sil", "its2clr")  # bag labels only: a reviewed cell has no bag to join
+#: Deep SVDD's Deep SAD weight of the known abnormal cells (its setting ``known_abnormal_eta``)
+Eta = Annotated[
+    float, Range(0, None, "the Deep SAD weight of the known abnormal cells; 0: they weigh nothing")
+]
 
 
 def review_examples(review: Path, agree: str = "any") -> dict:
@@ -143,7 +148,7 @@ def refine(
     normal: str | None = None,
     abnormal: str | None = None,
     agree: str = "any",
-    eta: float = 1.0,
+    eta: Eta = 1.0,
     overrides: list[str] | None = None,
     device: str = "auto",
     overwrite: bool = False,
@@ -158,12 +163,21 @@ def refine(
     trained with, without autoencoder pretraining; ``False``: train anew.
     ``hard_normals=False``: learn from the marked cells only; the unmarked reviewed cells are
     not added to the normal training cells."""
-    from cyto.bundle import load_bundle
+    from cyto.bundle import bundle_names, load_bundle
     from cyto.data.dataset import load_records
     from cyto.train.api import train
     from cyto.train.config import parse_overrides
     from cyto.train.registry import get_method
 
+    eta = check_value("eta", eta, Eta)  # as given (--eta), not as the setting it becomes
+    out = Path(out)
+    # before anything is read: OUT replaced MODEL itself, which then named itself as its parent
+    refuse_to_replace(
+        out,
+        overwrite,
+        known=bundle_names(out),
+        inputs={"MODEL": model, "review": review, "data": data},
+    )
     bundle = load_bundle(model, weights=False)
     method = bundle.method
     if finetune is None:
@@ -194,10 +208,6 @@ def refine(
         raise ConfigError(f"{model} does not record its normal class: pass --normal")
     abnormal_cls = [c for c in abnormal.split(",") if c] if abnormal else None
 
-    from cyto.bundle import bundle_names
-
-    out = Path(out)
-    refuse_to_replace(out, overwrite, known=bundle_names(out))
     work = out.with_name(out.name + ".refine")
     # one refine at a time into OUT: another cleared this one's cells while it trained on them
     with OutputLock(work, "cyto refine"):

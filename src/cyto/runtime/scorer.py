@@ -68,6 +68,51 @@ def _open_method(method: Callable) -> Callable:
     return call
 
 
+def _what(value: Any) -> str:
+    """A value's kind as a refusal names it: ``None``, ``numpy.ndarray``, ``list``."""
+    kind = type(value)
+    return (
+        "None"
+        if value is None
+        else f"{kind.__module__}.{kind.__qualname__}".removeprefix("builtins.")
+    )
+
+
+def _patches(images: Any, call: str) -> np.ndarray:
+    """``images`` of a Scorer method ``call`` as uint8 (N, H, W, 3) patches, or one
+    :class:`ConfigError` line naming the argument as the Python caller wrote it (None or a
+    tensor was an AttributeError or TypeError from inside the backend)."""
+    from cyto.flags import python_words
+
+    with python_words(call):
+        want = f"{said('images')} must be uint8 (N, H, W, 3) patches (a numpy array)"
+        if images is None or type(images).__module__.startswith("torch"):
+            fix = ": score a torch tensor with Scorer.score_tensor" if images is not None else ""
+            raise ConfigError(f"{want}, got {_what(images)}{fix}")
+        arr = np.asarray(images)
+        if arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[-1] != 3:
+            raise ConfigError(f"{want}, got {arr.dtype} {arr.shape}")
+    return arr
+
+
+def _check_tensor(crops: Any) -> None:
+    """``crops`` of :meth:`Scorer.score_tensor`: a uint8 (N, H, W, 3) torch tensor, or one
+    :class:`ConfigError` line in the Python caller's words (a numpy array or None was an
+    AttributeError from inside). Torch is not imported here: a tensor means it already is."""
+    import sys
+
+    from cyto.flags import python_words
+
+    torch = sys.modules.get("torch")
+    with python_words("Scorer.score_tensor"):
+        want = f"{said('crops')} must be a uint8 (N, H, W, 3) torch tensor"
+        if torch is None or not isinstance(crops, torch.Tensor):
+            fix = ": score a numpy array with Scorer.score" if crops is not None else ""
+            raise ConfigError(f"{want}, got {_what(crops)}{fix}")
+        if crops.dtype != torch.uint8 or crops.ndim != 4 or crops.shape[-1] != 3:
+            raise ConfigError(f"{want}, got {crops.dtype} {tuple(crops.shape)}")
+
+
 #: a network call's cells (the backend may take fewer at a time)
 BatchSize = Annotated[int, Range(1, None)]
 
@@ -114,11 +159,7 @@ class Scorer:
     ) -> np.ndarray:
         """(N,) float64 scores of uint8 (N, H, W, 3) patches, ``batch_size`` per network call;
         with ``progress``, a progress bar of that name advances after each call."""
-        images = np.asarray(images)
-        if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
-            raise ConfigError(
-                f"patches must be uint8 (N, H, W, 3), got {images.dtype} {images.shape}"
-            )
+        images = _patches(images, "Scorer.score")
         self._check_side(images.shape[1], images.shape[2])
         if len(images) == 0:
             return np.empty(0, dtype=np.float64)
@@ -170,6 +211,8 @@ class Scorer:
         """(N,) float64 scores of a uint8 (N, H, W, 3) torch tensor. On the backend's device
         the network and the head's torch finish both run there, and only the scores come
         back; a backend that takes host arrays (ONNX Runtime) gets the crops copied to it."""
+        _check_tensor(crops)
+        self._check_side(int(crops.shape[1]), int(crops.shape[2]))
         if not self.takes_tensors or crops.device.type != self.backend.dev.type:
             return self.score(crops.cpu().numpy(), batch_size)
         if len(crops) == 0:
@@ -185,6 +228,7 @@ class Scorer:
     @_open_method
     def raw(self, images: ArrayLike, batch_size: BatchSize = 64) -> list[np.ndarray]:
         """The network's output per batch (for parity checks)."""
+        images = _patches(images, "Scorer.raw")
         return [
             self.backend.run(images[i : i + batch_size]) for i in range(0, len(images), batch_size)
         ]
