@@ -106,6 +106,22 @@ class AdequacyRule:
             raise ConfigError(
                 f"{where}: check_scale must be true or false, got {self.check_scale!r}"
             )
+        # a band that starts where the harsher one already ends can never be given
+        for low, high, band, fix in (
+            ("min_cells", "limited_cells", "limited_cells", "raise"),
+            (
+                "limited_not_evaluable",
+                "unsatisfactory_not_evaluable",
+                "limited_not_evaluable",
+                "lower",
+            ),
+        ):
+            a, b = getattr(self, low), getattr(self, high)
+            if a is not None and b is not None and a >= b:
+                raise ConfigError(
+                    f"{where}: {low} ({a}) must be below {high} ({b}), or {band} can never make "
+                    f"a slide limited; {fix} {band} or turn it off (false)"
+                )
 
     def as_json(self) -> dict:
         return asdict(self)
