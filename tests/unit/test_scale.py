@@ -167,6 +167,16 @@ def test_the_scale_warning_advises_only_the_flags_not_given(given, model_mpp, ad
 
     line = said(ScoreOptions(patch_size=96, **given))
     assert "look 2.20x smaller" in line and advice in line, line
+    # the adequacy rule's reason gives the same advice (it said "--mpp, --rescale" to all)
+    from cyto.stats import adequacy
+
+    check = _check_scale(shares, plan, scorer, ScoreOptions(patch_size=96, **given), print)
+    m = {"cells_detected": 100, "cells_evaluable": 0, "not_evaluable_share": 1.0,
+         "crowded_share": 0.0, "cell_scale": {**check, "off_scale": True}}  # fmt: skip
+    (reason, *_) = adequacy.judge(adequacy.PRESETS["general"], m)["reasons"]
+    todo = advice.removeprefix("Pass ").removesuffix(" to resample")
+    want = f"pass {todo}" if advice.startswith("Pass") else "check --mpp"
+    assert reason.endswith(f"is the resolution right? {want})"), reason
     with python_words("score_slide"):  # a Python caller is told its own argument names
         line = said(ScoreOptions(patch_size=96, **given))
     assert "--" not in line and "UM_PER_PX'" not in line, line

@@ -349,6 +349,7 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
             *((("model_mpp", UM_PER_PX),) if not res.model_mpp else ()),
             ("rescale", True),
         )
+        check["to_pass"] = todo  # for the adequacy rule's reason (None: all were given)
         fix = (
             f"Pass {todo} to resample the crops to the model's scale"
             if todo
