@@ -129,7 +129,20 @@ def cache_dir(*given, **named) -> _Path:
             "cache_dir takes no arguments (set CYTO_CACHE_DIR to choose the folder), got "
             f"{len(given) + len(named)}"
         )
-    asked = _os.environ.get("CYTO_CACHE_DIR")
+    # blanks around the path (a .env line `CYTO_CACHE_DIR= /x`) are not the folder's, and ~ is
+    # the home as a shell would make it (they made ./~/x and './ /x' here, with no word)
+    asked = (_os.environ.get("CYTO_CACHE_DIR") or "").strip() or None
+    if asked is not None and asked.startswith("~"):
+        home = _os.path.expanduser(asked)
+        if home.startswith("~"):
+            from cyto.errors import ConfigError
+
+            who = "no home folder" if asked == "~" or asked.startswith("~/") else "no such user"
+            raise ConfigError(
+                f"CYTO_CACHE_DIR={asked} starts with a ~ that cannot be expanded here ({who}): "
+                "give the folder's absolute path"
+            )
+        asked = home
     root = asked or _os.path.join(
         _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache"),
         "cyto",

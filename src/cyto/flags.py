@@ -126,6 +126,21 @@ def passing(field: str, value: Any = True) -> str:
     return f"{flag(field)} {value}"
 
 
+def to_pass(given: Any, *wanted: tuple[str, Any]) -> str | None:
+    """Advice to pass ``wanted`` (``(field, value)`` pairs, in the order said) in the caller's
+    words, leaving out each field ``given`` already holds (not None, not False): ``given`` is
+    the options as passed (a mapping or an object of fields). Advice to pass what was passed
+    misleads (``--mpp 0.25 --rescale`` was told "pass its true --mpp with --rescale" when the
+    model's mpp was what lacked). ``'--mpp UM_PER_PX and --rescale'``; None: all were given."""
+
+    def held(field: str) -> bool:
+        value = given.get(field) if isinstance(given, Mapping) else getattr(given, field, None)
+        return value is not None and value is not False
+
+    todo = [passing(f, v) for f, v in wanted if not held(f)]
+    return " and ".join(todo) or None
+
+
 def setting(key: str, value: Any = None) -> str:
     """A training config setting in the caller's words: ``--set eps`` (``--set eps=0.1``) at the
     command line, ``eps (in overrides=)`` (``overrides={'eps': 0.1}``) from Python; ``value``:

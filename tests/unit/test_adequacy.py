@@ -154,6 +154,18 @@ def test_a_rule_file_overrides_a_preset_and_names_its_own_numbers(tmp_path):
         ("[adequacy]\nlimited_glass = 1.5\n", "limited_glass must be a share between 0 and 1"),
         ('[adequacy]\nmin_cells = "many"\n', "min_cells must be a whole number"),
         ("[adequacy\n", "not a TOML file"),
+        (
+            '[adequacy]\nbase = "general"\nmin_cells = 4000\nlimited_cells = 2000\n',
+            "min_cells \\(4000\\) must be below limited_cells \\(2000\\)",
+        ),
+        (  # the preset's limited_cells (12000) under the file's min_cells
+            '[adequacy]\nbase = "smear-conventional"\nmin_cells = 12000\n',
+            "min_cells \\(12000\\) must be below limited_cells \\(12000\\)",
+        ),
+        (
+            "[adequacy]\nunsatisfactory_not_evaluable = 0.4\nlimited_not_evaluable = 0.6\n",
+            "limited_not_evaluable \\(0.6\\) must be below unsatisfactory_not_evaluable \\(0.4\\)",
+        ),
     ],
 )
 def test_a_bad_rule_file_is_one_line_naming_it(tmp_path, text, said):

@@ -60,3 +60,38 @@ def test_a_default_cache_folder_that_cannot_be_written_is_said_once(tmp_path, mo
     assert first == second and first.name.startswith("cyto-cache-")
     [line] = [str(w.message) for w in said]
     assert line.startswith(f"cyto's cache folder {home / 'cyto'} cannot be written")
+
+
+@pytest.mark.parametrize("written", ["~/c", " {home}/c", "{home}/c \n", "~/c "])
+def test_a_cache_folder_is_the_one_the_user_meant(tmp_path, monkeypatch, written):
+    """CYTO_CACHE_DIR='~/c' (as .env files and systemd units write it) or with blanks around it
+    made ./~/c or './ /abs/c' in the current folder with no word (hostile round 7, H43): ~ is
+    the home, surrounding blanks are not the folder's, in cyto.cache_dir and doctor alike."""
+    import cyto
+    from cyto.doctor import OK, cache_check
+
+    home, here = tmp_path / "home", tmp_path / "here"
+    home.mkdir()
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("CYTO_CACHE_DIR", written.format(home=home))
+    assert cyto.cache_dir() == home / "c" and (home / "c").is_dir()
+    check = cache_check()
+    assert check.status == OK and check.detail == str(home / "c")
+    assert list(here.iterdir()) == []  # nothing made where cyto was started
+
+
+def test_a_home_that_cannot_be_found_is_one_line(tmp_path, monkeypatch):
+    import cyto
+    from cyto.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CYTO_CACHE_DIR", "~nosuchuser4711/c")
+    with pytest.raises(ConfigError) as info:
+        cyto.cache_dir()
+    assert str(info.value) == (
+        "CYTO_CACHE_DIR=~nosuchuser4711/c starts with a ~ that cannot be expanded here (no such "
+        "user): give the folder's absolute path"
+    )
+    assert list(tmp_path.iterdir()) == []

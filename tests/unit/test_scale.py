@@ -177,3 +177,62 @@ def test_predict_names_the_zoom_it_was_given(exported_dsvdd, synth_patches, tmp_
         "error: --zoom 0 is outside 0.25..4: give a factor within it"
     ), proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "model_mpp", "advice"),
+    [
+        # the slide's mpp and --rescale given, the model's mpp lacking: only --model-mpp is
+        # advised (it said "Pass its true --mpp UM_PER_PX with --rescale"; hostile round 7, H26)
+        ({"slide_mpp": 0.25, "rescale": True}, None, "Pass --model-mpp UM_PER_PX to resample"),
+        ({}, None, "Pass --mpp UM_PER_PX and --model-mpp UM_PER_PX and --rescale to resample"),
+        ({"rescale": True}, 0.25, "Pass --mpp UM_PER_PX to resample"),
+        ({"slide_mpp": 0.25, "rescale": True}, 0.25, "If --mpp 0.25 is not its true um/px"),
+    ],
+)
+def test_the_scale_warning_advises_only_the_flags_not_given(given, model_mpp, advice):
+    from types import SimpleNamespace
+
+    from cyto.flags import python_words
+    from cyto.infer import ScoreOptions
+    from cyto.infer.pipeline import _check_scale
+    from cyto.infer.tiling import Resolution
+
+    plan = SimpleNamespace(
+        slide=SimpleNamespace(name="pap.tif"), res=Resolution(0.25, model_mpp, None, 96)
+    )
+    scorer = SimpleNamespace(spec=SimpleNamespace(centre_nucleus_fraction=0.2, patch_px=96))
+    shares = [np.full(50, 0.2 / 2.2**2)]  # cells 2.2x smaller than the model's
+
+    def said(opts) -> str:
+        lines: list[str] = []
+        assert _check_scale(shares, plan, scorer, opts, lines.append)["advised"]
+        (line,) = lines
+        return line
+
+    line = said(ScoreOptions(patch_size=96, **given))
+    assert "look 2.20x smaller" in line and advice in line, line
+    # the adequacy rule's reason gives the same advice (it said "--mpp, --rescale" to all)
+    from cyto.stats import adequacy
+
+    check = _check_scale(shares, plan, scorer, ScoreOptions(patch_size=96, **given), print)
+    m = {"cells_detected": 100, "cells_evaluable": 0, "not_evaluable_share": 1.0,
+         "crowded_share": 0.0, "cell_scale": {**check, "off_scale": True}}  # fmt: skip
+    (reason, *_) = adequacy.judge(adequacy.PRESETS["general"], m)["reasons"]
+    todo = advice.removeprefix("Pass ").removesuffix(" to resample")
+    want = f"pass {todo}" if advice.startswith("Pass") else "check --mpp"
+    assert reason.endswith(f"is the resolution right? {want})"), reason
+    with python_words("score_slide"):  # a Python caller is told its own argument names
+        line = said(ScoreOptions(patch_size=96, **given))
+    assert "--" not in line and "UM_PER_PX'" not in line, line
+
+
+def test_rescale_without_an_mpp_names_the_one_lacking():
+    from cyto.infer.tiling import resolution
+
+    lines: list[str] = []
+    resolution(0.25, None, None, 96, True, lines.append)
+    assert lines == [
+        "warning: --rescale needs the mpp of both the slide and the model (slide: 0.25, model: "
+        "None); crops are not resampled: pass --model-mpp UM_PER_PX"
+    ]

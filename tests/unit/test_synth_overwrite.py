@@ -94,3 +94,36 @@ def test_two_slides_written_to_one_path_at_once_keep_one_and_refuse_the_other(
         out, SlideSynthConfig(width=512, height=512, seed=seed), workers=0))  # fmt: skip
     assert not isinstance(results["first"], Exception)
     assert isinstance(results["second"], InputPathError) and "exists" in str(results["second"])
+
+
+def test_a_drawn_slide_s_option_with_cells_lists_every_option_a_composed_slide_takes(tmp_path):
+    """The refusal listed --normal ... --height but not --seed, --tile or --quality, which a
+    composed slide takes (hostile round 7, H47): every flag of `cyto synth slide` is a drawn
+    slide's (refused, named), a composed slide's (listed), or every slide's."""
+    import click
+    import typer
+
+    from cyto.cli import app
+    from tests.cli_runner import run_cyto
+
+    proc = run_cyto(
+        "synth", "slide", str(tmp_path / "x.tif"), "--cells", str(tmp_path), "--normal", "NILM",
+        "--mpp", "0.25", "--classes", "a", "--planes", "-1,0", "--defocus", "1", "--scale", "3",
+        "--smear-extent", "0.2",
+    )  # fmt: skip
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    refused, taken = line.removeprefix("error: ").split(": options of a drawn slide; ")
+    one = run_cyto("synth", "slide", str(tmp_path / "x.tif"), "--cells", str(tmp_path),
+                   "--normal", "NILM", "--mpp", "0.25", "--scale", "3")  # fmt: skip
+    assert one.stderr.startswith("error: --scale: an option of a drawn slide; "), one.stderr
+    assert taken.startswith("a slide composed from --cells takes ")
+    taken = taken.removeprefix("a slide composed from --cells takes ").replace(" and ", ", ")
+    assert {"--seed", "--tile", "--quality"} <= set(taken.split(", "))
+    command = typer.main.get_command(app)
+    for part in ("synth", "slide"):
+        command = command.get_command(click.Context(command), part)
+    flags = {o for p in command.params for o in p.opts if o.startswith("--")}
+    every = {"--cells", "--format", "--workers", "--overwrite"}
+    assert set(refused.split(", ")) | set(taken.split(", ")) | every == flags
+    assert not set(refused.split(", ")) & set(taken.split(", "))

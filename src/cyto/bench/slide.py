@@ -88,16 +88,30 @@ class NvmlSampler:
 
 
 def bench_slide(
-    slide: Path, model: Path, work: Path, opts, naive_cells: int = 2000, echo=print
+    slide: Path,
+    model: Path,
+    work: Path,
+    opts,
+    naive_cells: int = 2000,
+    echo=print,
+    overwrite: bool = False,
 ) -> dict:
+    """Score ``slide`` into ``work`` and time it (see the module). A ``work`` folder holding
+    finished results (a ``cyto score`` output folder, or an earlier bench's) is refused unless
+    ``overwrite``, and one holding files cyto did not write even then, by the rule ``cyto score``
+    holds its ``--out`` to (:func:`cyto.cohort.run.refuse_finished`): a finished score folder
+    given as ``--work`` was scored over in place, its mosaics deleted."""
     import pyarrow.parquet as pq
     from scipy.stats import spearmanr
 
+    from cyto.cohort.run import refuse_finished
     from cyto.eval.metrics import all_metrics
     from cyto.infer import score_slide
     from cyto.infer.plan import ThresholdAhead
     from cyto.infer.tiling import start_workers
     from cyto.runtime import load_scorer
+
+    refuse_finished(Path(work), Path(slide).name, overwrite, field="work", resumable=False)
 
     # the tile workers start while the model loads, as in `cyto score` (score_slide)
     pool = start_workers(Path(slide).absolute(), opts.n_workers()) if opts.decode == "cpu" else None

@@ -166,7 +166,13 @@ def bench_slide_cmd(
     ] = "fp32",
     workers: Annotated[int | None, typer.Option(help="Decode/detect/crop processes.")] = None,
     batch_size: Annotated[int, typer.Option(help="Cells per engine batch.")] = 64,
-    patch_size: Annotated[int, typer.Option(help="Cell crop size, level-0 px.")] = 192,
+    patch_size: Annotated[
+        int | None,
+        typer.Option(
+            help="Cell crop size, level-0 px at the model's mpp (default: the side of the "
+            "training patches the bundle records, as for cyto score)."
+        ),
+    ] = None,
     decode: Annotated[
         str, typer.Option(help="cpu, or torch (JPEG tiles decoded on the engine's device).")
     ] = "cpu",
@@ -183,6 +189,10 @@ def bench_slide_cmd(
     work: Annotated[
         Path | None, typer.Option(help="Where the score outputs go (default: a temp folder).")
     ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(help="Score again a slide whose finished results are in --work."),
+    ] = False,
     results: ResultsOpt = Path("bench-results"),
     rank_by: RankBy = "auto",
 ) -> None:
@@ -212,7 +222,9 @@ def bench_slide_cmd(
         rank_by=rank_by,
     )
     with tempfile.TemporaryDirectory() as tmp:
-        row = bench_slide(slide, model, work or Path(tmp) / "out", opts, naive_cells, typer.echo)
+        row = bench_slide(
+            slide, model, work or Path(tmp) / "out", opts, naive_cells, typer.echo, overwrite
+        )
     meta = machine(" ".join(["cyto bench slide", *sys.argv[3:]]))
     meta["model"] = str(model)
     lines = header("cyto bench slide", meta) + slide_markdown([row])

@@ -81,7 +81,13 @@ def refuse_rescoring(slides: list[Path], out: Path) -> None:
 
 
 def refuse_finished(
-    folder: Path, slide_name: str, overwrite: bool, resumed: str | Path | None = None
+    folder: Path,
+    slide_name: str,
+    overwrite: bool,
+    resumed: str | Path | None = None,
+    *,
+    field: str = "out",
+    resumable: bool = True,
 ) -> None:
     """``folder`` holding a slide's finished results (a summary and a score table) is refused
     unless ``overwrite``, or resume (``resumed``: the slide resumed, as given) where what it
@@ -90,8 +96,10 @@ def refuse_finished(
     cohort its own folder, :func:`cyto.cohort.local.held_by_another`: the same file, or the
     same content). One line, in the caller's words (:mod:`cyto.flags`), naming the slide the
     results are of (another slide's, when its summary says so). ``cyto score`` and
-    :func:`cyto.score_slide` alike. A ``summary.json`` cyto did not write
-    (:func:`cyto.seal.written_by_cyto`) is refused even with ``overwrite``, naming it."""
+    :func:`cyto.score_slide` alike, and ``cyto bench slide --work`` (``field``: the option
+    naming the folder; ``resumable``: whether the caller can resume, and is told so). A
+    ``summary.json`` cyto did not write (:func:`cyto.seal.written_by_cyto`) is refused even with
+    ``overwrite``, naming it."""
     import json
 
     from cyto.flags import passing, said
@@ -100,16 +108,16 @@ def refuse_finished(
 
     folder = Path(folder)
     if not written_by_cyto(folder):  # a user's own summary.json: not results, never replaced
-        refuse_foreign([SUMMARY], passing("out", folder))
-    refuse_users_outputs(folder)
+        refuse_foreign([SUMMARY], passing(field, folder))
+    refuse_users_outputs(folder, field)
     if resumed is not None and not overwrite:
         from cyto.cohort.local import held_by_another
 
         other = held_by_another(folder, resumed)
         if other is not None:
             raise InputPathError(
-                f"{passing('out', folder)} holds {other}: {passing('resume')} keeps the "
-                f"results of {slide_name}, never another slide's (give another {said('out')}, "
+                f"{passing(field, folder)} holds {other}: {passing('resume')} keeps the "
+                f"results of {slide_name}, never another slide's (give another {said(field)}, "
                 f"or pass {passing('overwrite')} to replace them)"
             )
         return
@@ -125,12 +133,12 @@ def refuse_finished(
     refuse_to_replace(
         folder,
         False,
-        name=f"{passing('out', folder)} (the finished results of {of})",
-        other=f"{passing('resume')} to keep them where they still hold",
+        name=f"{passing(field, folder)} (the finished results of {of})",
+        other=f"{passing('resume')} to keep them where they still hold" if resumable else "",
     )
 
 
-def refuse_users_outputs(folder: Path) -> None:
+def refuse_users_outputs(folder: Path, field: str = "out") -> None:
     """A slide's folder where no run of cyto's is (none finished: no summary; none stopped: no
     ``.partial``) that holds files under the names of its outputs holds the user's own files:
     refused in one line naming one, with ``--overwrite``, ``--resume`` or neither (a user's
@@ -150,7 +158,7 @@ def refuse_users_outputs(folder: Path) -> None:
     if shown(folder) != str(folder):  # staged from a prefix: a publish stopped half way
         return
     names = [*written_outputs(0, 0, True), *QUPATH_FILES.values()]
-    refuse_foreign([n for n in names if (folder / n).exists()], passing("out", folder))
+    refuse_foreign([n for n in names if (folder / n).exists()], passing(field, folder))
 
 
 def as_found(summary: dict, out) -> dict:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cyto.cohort.local import (
+    REUSED,
     check_inputs,
     once_per_cohort,
     open_model,
@@ -82,8 +83,9 @@ def watch_cohort(
     on_slide: Callable[[dict], None] | None = None,
 ) -> tuple[list[dict], list[tuple[Path, CytoError]]]:
     """Score the slides of ``folders`` as they appear, until Ctrl-C (or ``stop`` is set).
-    Returns (summaries, failures as (slide, error)) of this watch; ``on_slide`` is called with
-    each slide's summary as it finishes."""
+    Returns (summaries, failures as (slide, error)) of this watch, a failure being a slide
+    whose last try failed (one scored once its files were whole is not); ``on_slide`` is called
+    with each slide's summary as it finishes."""
     folders = [Path(f) for f in folders]
     for folder in folders:
         if not folder.is_dir():
@@ -103,7 +105,9 @@ def watch_cohort(
     seen: dict[Path, tuple[Stamp, float]] = {}  # slide -> (its stamp, when first seen so)
     handled: dict[Path, Stamp] = {}  # slide -> the stamp it was scored (or failed) at
     done: list[dict] = []
-    failed: list[tuple[Path, CytoError]] = []
+    # slide -> its last outcome: "scored" (by this watch), "kept" (already scored) or the
+    # error of its last try; a slide that failed and was scored once whole counts as scored
+    outcome: dict[Path, str | CytoError] = {}
     warned: set[str] = set()
     busy: set[Path] = set()  # slides another run was scoring when last looked at
     once = once_per_cohort(echo)
@@ -137,11 +141,14 @@ def watch_cohort(
                 except Exception as exc:  # whatever one slide does, the watch goes on
                     if not isinstance(exc, CytoError):
                         exc = unforeseen(real, exc)
-                    failed.append((real, exc))
+                    outcome[real] = exc
                     row = cohort_row(real, target, None, str(exc))
                     echo(f"failed: {exc}" if str(real) in str(exc) else f"failed: {real}: {exc}")
                 else:
                     done.append(summary)
+                    # kept from a run before: a slide this watch scored stays scored
+                    kept = summary.get(REUSED) and outcome.get(real) != "scored"
+                    outcome[real] = "kept" if kept else "scored"
                     row = cohort_row(real, target, summary)
                     echo(slide_line(summary, out))
                     if on_slide is not None:
@@ -149,6 +156,17 @@ def watch_cohort(
                 write_cohort_table([row], Path(out) / "cohort.csv")
             stop.wait(poll)
     except KeyboardInterrupt:
-        echo(f"stopped watching: {len(done)} slide(s) scored, {len(failed)} failed")
-        return done, failed
+        echo(f"stopped watching: {_tally(outcome)}")
+    failed = [(slide, exc) for slide, exc in outcome.items() if isinstance(exc, CytoError)]
     return done, failed
+
+
+def _tally(outcome: dict[Path, str | CytoError]) -> str:
+    """What a watch did, by each slide's last outcome: '1 slide(s) scored, 1 already scored,
+    0 failed' (a slide kept from an earlier run is not one this watch scored, and one that
+    failed half-written and was scored once whole did not fail)."""
+    scored = sum(o == "scored" for o in outcome.values())
+    kept = sum(o == "kept" for o in outcome.values())
+    failed = sum(isinstance(o, CytoError) for o in outcome.values())
+    also = f", {kept} already scored" if kept else ""
+    return f"{scored} slide(s) scored{also}, {failed} failed"

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import SYSTEM_ERRORS, OutputWriteError
-from cyto.flags import passing, said
+from cyto.flags import UM_PER_PX, passing, said, to_pass
 from cyto.infer.batcher import CellBatcher
 from cyto.infer.finish import Metrics, finish_slide, rank_by
 from cyto.infer.memory import trim_malloc
@@ -341,10 +341,23 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
                 res.model_mpp * check["factor"] * patch_side(opts, scorer.spec) / res.crop_px_level0
             )
             reading += f"; its cells look as if at about {est:.2g}"
+        # what is left to pass: the slide's true mpp, the model's where the bundle lacks it, and
+        # --rescale; all given (crops resampled from them), the slide's mpp given is in doubt
+        todo = to_pass(
+            opts,
+            ("slide_mpp", UM_PER_PX),
+            *((("model_mpp", UM_PER_PX),) if not res.model_mpp else ()),
+            ("rescale", True),
+        )
+        check["to_pass"] = todo  # for the adequacy rule's reason (None: all were given)
+        fix = (
+            f"Pass {todo} to resample the crops to the model's scale"
+            if todo
+            else f"If {passing('slide_mpp', opts.slide_mpp)} is not its true um/px, pass that"
+        )
         echo(
             f"warning: the cells of {plan.slide.name} {look_words(check)}: is its resolution "
-            f"right? {reading}. Pass its true --mpp UM_PER_PX with --rescale to resample the "
-            "crops to the model's scale; a one-class model can rank cells at another scale as "
+            f"right? {reading}. {fix}; a one-class model can rank cells at another scale as "
             "the most abnormal"
         )
     return check

@@ -264,6 +264,8 @@ def slide_adequacy(
             "mpp_off_scale": mpp_off,
             # the --patch-size that makes them look so (None: not one the user gave)
             "cut_by": (scale or {}).get("cut_by"),
+            # what is left to pass, in the caller's words (cyto.flags.to_pass; None: all given)
+            **({"to_pass": scale["to_pass"]} if scale and "to_pass" in scale else {}),
         },
     }
     if reference is None:

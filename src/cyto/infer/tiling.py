@@ -23,7 +23,7 @@ from cyto.data.images import resize_rgb
 from cyto.detect import NucleusParams, detect_in_tile, in_core, read_nuclei_file
 from cyto.detect.morphometry import measure_stain
 from cyto.errors import CytoError, UnsupportedSlideError
-from cyto.flags import passing, said
+from cyto.flags import UM_PER_PX, passing, said, to_pass
 from cyto.infer.memory import peak_rss_mb
 from cyto.infer.patches import crop_cells
 from cyto.infer.quality import crop_sharpness
@@ -84,9 +84,14 @@ def resolution(
                     f"{passing('rescale')} to resample the crops"
                 )
     elif rescale:
+        todo = to_pass(
+            {"slide_mpp": slide_mpp, "model_mpp": model_mpp},
+            ("slide_mpp", UM_PER_PX),
+            ("model_mpp", UM_PER_PX),
+        )
         echo(
             f"warning: {said('rescale')} needs the mpp of both the slide and the model "
-            f"(slide: {slide_mpp}, model: {model_mpp}); crops are not resampled"
+            f"(slide: {slide_mpp}, model: {model_mpp}); crops are not resampled: pass {todo}"
         )
     return Resolution(slide_mpp, model_mpp, objective, src, ratio)
 

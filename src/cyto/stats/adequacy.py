@@ -106,6 +106,22 @@ class AdequacyRule:
             raise ConfigError(
                 f"{where}: check_scale must be true or false, got {self.check_scale!r}"
             )
+        # a band that starts where the harsher one already ends can never be given
+        for low, high, band, fix in (
+            ("min_cells", "limited_cells", "limited_cells", "raise"),
+            (
+                "limited_not_evaluable",
+                "unsatisfactory_not_evaluable",
+                "limited_not_evaluable",
+                "lower",
+            ),
+        ):
+            a, b = getattr(self, low), getattr(self, high)
+            if a is not None and b is not None and a >= b:
+                raise ConfigError(
+                    f"{where}: {low} ({a}) must be below {high} ({b}), or {band} can never make "
+                    f"a slide limited; {fix} {band} or turn it off (false)"
+                )
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -254,11 +270,17 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
         if scale.get("mpp_off_scale"):  # the recorded resolutions, crops not resampled
             r = scale["mpp_ratio"]  # the model's mpp over the slide's: < 1, cells smaller
             how = f"{1 / r:.2f}x smaller" if r < 1 else f"{r:.2f}x larger"
-            why = "the slide's mpp against the model's: pass --rescale"
+            why = f"the slide's mpp against the model's: pass {passing('rescale')}"
         else:
             f = scale["factor"]  # the model's nucleus share over the slide's: > 1, smaller
             how = f"{f:.2f}x smaller" if f > 1 else f"{1 / f:.2f}x larger"
-            why = "is the resolution right? --mpp, --rescale"
+            why = f"is the resolution right? {said('slide_mpp')}, {said('rescale')}"
+            if "to_pass" in scale:  # advice only for what was not passed (cyto.flags.to_pass)
+                why = (
+                    f"is the resolution right? pass {scale['to_pass']}"
+                    if scale["to_pass"]
+                    else f"is the resolution right? check {said('slide_mpp')}"
+                )
             if scale.get("cut_by"):  # the crop side the user gave, not the slide's mpp
                 cut = scale["cut_by"]
                 why = (

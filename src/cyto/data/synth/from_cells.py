@@ -312,6 +312,23 @@ def write_cell_slide(
     return write_pyramid(out, fmt, config, renderer, truth, n_abn, workers)
 
 
+#: compose_from_cli's parameters that are no option of a composed slide's own: the slide and
+#: the crops, the options of every slide (container, workers, overwrite) and the plumbing
+_NOT_COMPOSED = frozenset({"out", "cells", "fmt", "overwrite", "workers", "echo", "drawn"})
+
+
+def composed_options() -> list[str]:
+    """The flags of ``cyto synth slide`` a slide composed from ``--cells`` takes, beside those
+    of every slide: read from :func:`compose_from_cli`'s parameters, so the refusal of a drawn
+    slide's option lists what is taken (it left out ``--seed``, ``--tile`` and ``--quality``)."""
+    import inspect
+
+    from cyto.flags import flag
+
+    names = inspect.signature(compose_from_cli).parameters
+    return [flag(name) for name in names if name not in _NOT_COMPOSED]
+
+
 def compose_from_cli(
     out, cells, normal, abnormal, mpp, n_cells, abnormal_fraction, width, height, seed, tile,
     quality, fmt, overwrite, workers, echo, drawn: dict,
@@ -320,9 +337,11 @@ def compose_from_cli(
     given, which a composed slide does not take), then :func:`write_cell_slide`."""
     given = [flag for flag, value in drawn.items() if value]
     if given:
+        *most, last = composed_options()
         raise ConfigError(
-            f"{', '.join(given)}: options of a drawn slide; a slide composed from --cells takes "
-            "--normal, --abnormal, --abnormal-fraction, --mpp, --n-cells, --width and --height"
+            f"{', '.join(given)}: {'options' if len(given) > 1 else 'an option'} of a drawn "
+            "slide; a slide composed from --cells takes "
+            f"{', '.join(most)} and {last}"
         )
     if not Path(cells).exists() and str(cells).isdigit():
         raise ConfigError(

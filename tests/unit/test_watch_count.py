@@ -1,0 +1,68 @@
+"""The line ``cyto score FOLDER --watch`` ends with counts what the watch did, by each slide's
+last outcome (hostile round 7, H31: "2 slide(s) scored, 1 failed" after it scored one, kept one
+scored before, and scored the one that failed once its file was whole)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cyto.cohort import watch
+from cyto.cohort.local import REUSED
+from cyto.errors import UnsupportedSlideError
+from cyto.infer import ScoreOptions
+
+
+class _Polls:
+    """A stop event whose wait is Ctrl-C after ``n`` polls."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+    def is_set(self) -> bool:
+        return False
+
+    def wait(self, _seconds: float) -> None:
+        self.left -= 1
+        if self.left == 0:
+            raise KeyboardInterrupt
+
+
+def test_the_watch_ends_counting_scored_already_scored_and_failed(tmp_path, monkeypatch):
+    folder, out = tmp_path / "wd", tmp_path / "ow"
+    folder.mkdir()
+    for name in ("half.tif", "new.tif", "old.tif"):
+        (folder / name).write_bytes(b"II*\0" + b"\0" * 100)
+    tries: dict[str, int] = {}
+
+    def score_one(slide, target, scorer, opts, echo, metrics):
+        slide = Path(slide)
+        tries[slide.name] = tries.get(slide.name, 0) + 1
+        if slide.name == "half.tif" and tries["half.tif"] == 1:
+            with open(slide, "ab") as fh:  # the scanner finishes writing it
+                fh.write(b"\0" * 100)
+            raise UnsupportedSlideError(f"{slide}: damaged or truncated TIFF")
+        summary = {"slide": str(slide), "cells_scored": 258, "seconds": 1.0, "cells_per_s": 258}
+        if slide.name == "old.tif":  # scored by a run before this watch
+            summary[REUSED] = "2026-12-01 10:00"
+        return {**summary, "output": str(target)}
+
+    monkeypatch.setattr(watch, "open_model", lambda model, opts, echo: object())
+    monkeypatch.setattr(watch, "score_one", score_one)
+    rows: list[dict] = []
+    monkeypatch.setattr(watch, "write_cohort_table", lambda new, _path: rows.extend(new))
+    said: list[str] = []
+    opts = ScoreOptions(workers=0, mosaic=0)
+    done, failed = watch.watch_cohort(
+        [folder], tmp_path / "m.cyto", out, opts, said.append, poll=0.01, settle=0.0,
+        stop=_Polls(3),
+    )  # fmt: skip
+    assert tries == {"half.tif": 2, "new.tif": 1, "old.tif": 1}, said
+    assert said[-1] == "stopped watching: 2 slide(s) scored, 1 already scored, 0 failed"
+    assert failed == [] and len(done) == 3
+    # cohort.csv's rows: half.tif failed, then scored
+    assert [(Path(r["slide"]).name, r["status"]) for r in rows] == [
+        ("half.tif", "failed"),
+        ("new.tif", "scored"),
+        ("old.tif", "scored"),
+        ("half.tif", "scored"),
+    ]
