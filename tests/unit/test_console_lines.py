@@ -54,6 +54,12 @@ def test_fewer_cells_than_tissue_tiles_gets_a_word_on_why():
     assert few_cells_words(19, 19, None, opts) is None  # one a tile: no word
     assert few_cells_words(0, 3, None, opts) is None  # a slide of three tiles says little
     assert few_cells_words(2, 19, None, ScoreOptions(nuclei="n.csv")) is None  # points given
+    from cyto.flags import python_words
+
+    with python_words("score_slide"):  # a Python caller is told its keywords, not flags
+        words = few_cells_words(7, 19, None, opts)
+    assert "slide_mpp=UM_PER_PX" in words and "detection='tissue'" in words, words
+    assert "nuclei=" in words and "--" not in words, words
 
 
 def test_a_bad_score_option_is_named_as_the_flag_the_user_typed():

@@ -204,13 +204,18 @@ def few_cells_words(n_cells: int, n_tiles: int, slide_mpp, opts) -> str | None:
     resolution gave 7 cells and no word (QA). None otherwise, or with --nuclei."""
     if opts.nuclei is not None or n_tiles < FEW_CELLS_TILES or n_cells >= n_tiles:
         return None
+    from cyto.flags import UM_PER_PX, passing, said
+
     mpp = slide_mpp or opts.detection.mpp
-    return (
+    section = (
+        f" A section ({passing('detection', 'tissue')})?" if opts.detection.kind != "tissue" else ""
+    )
+    return (  # in the caller's words: flags at the command line, keywords from Python
         f"only {n_cells} cells found in {n_tiles} tiles with tissue (fewer than one a tile), "
         f"with nucleus sizes for {opts.detection.kind} at {mpp:g} um/px"
         + ("" if slide_mpp else " (assumed: the slide records none)")
-        + ". Is the resolution right (--mpp UM_PER_PX)? A section (--detection tissue)? Or "
-        "give the nuclei with --nuclei"
+        + f". Is the resolution right ({passing('slide_mpp', UM_PER_PX)})?{section} Or "
+        f"give the nuclei with {said('nuclei')}"
     )
 
 
