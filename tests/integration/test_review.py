@@ -1015,17 +1015,35 @@ def test_unfinished_cases_are_named_and_left_out_of_agreement(tmp_path, session)
     assert rows[(c2, "pooled")]["unfinished"] == "bob" and rows[(c1, "pooled")]["unfinished"] == ""
     (k,) = rep["kappa"]
     assert k["cases"] == 1 and k["cells"] == s.n_cells(c1)  # c1 only: both finished it
+    # the truth of c2 (its abnormal cells) is withheld while bob is at it (hostile round 8:
+    # a report made during a review drew the true abnormal cells on the reviewer's own grid)
+    assert rep["truth_withheld"] == [c2]
     truth = {e["case"]: e for e in rep["truth"]["per_slide"]}
-    assert truth[c2]["bob"] is None and truth[c2]["ann"] is not None and truth[c2]["both"] is None
-    assert rep["truth"]["overall"]["bob"]["marked"] == 1  # c1's mark only
-    assert rep["truth"]["overall"]["ann"]["marked"] == 4
+    assert set(truth) == {c1} and truth[c1]["both"] is not None
+    assert rep["truth"]["overall"] is None  # not every case's truth can be counted yet
+    assert all("abnormal_shown" not in r for r in rep["expert_table"] if r["case"] == c2)
+    assert all("abnormal_shown" in r for r in rep["expert_table"] if r["case"] == c1)
+    green = np.array([46, 125, 50])
+
+    def framed(case: str, root: Path) -> bool:
+        from PIL import Image
+
+        img = np.asarray(Image.open(root / "figures" / f"{case}.png").convert("RGB"))
+        return bool(np.all(img == green, axis=-1).sum() > 100)
+
+    assert not framed(c2, rv / "report")
+    labels_c1 = [c["label"] for c in s.key["cases"][c1]["cells"]]
+    assert framed(c1, rv / "report") == (1 in labels_c1)
     md = (rv / "report" / "expert_table.md").read_text()
     assert "unfinished" in md and "left out of that reviewer's kappa" in md
     counted = write_report(rv, tmp_path / "all", include_unfinished=True)
-    assert counted["kappa"][0]["cases"] == 2
+    assert counted["kappa"][0]["cases"] == 2 and counted["truth_withheld"] == []
     assert counted["truth"]["overall"]["bob"]["marked"] == 2
+    labels_c2 = [c["label"] for c in s.key["cases"][c2]["cells"]]
+    assert framed(c2, tmp_path / "all") == (1 in labels_c2)
     proc = run_cyto("review", "report", str(rv))
     assert proc.returncode == 0 and f"bob has not finished 1 case(s) ({c2})" in proc.stdout
+    assert f"the truth of 1 case(s) a reviewer has not finished ({c2})" in proc.stdout
 
 
 def test_beyond_this_computer_the_page_needs_its_access_key(session, tmp_path):

@@ -110,7 +110,8 @@ def review_report_cmd(
         typer.Option(
             "--include-unfinished",
             help="Count cases a reviewer has not marked done in their kappa, precision and "
-            "recall (their unmarked cells taken as normal). Default: left out, and named.",
+            "recall (their unmarked cells taken as normal), and show their truth (unblinding "
+            "them). Default: left out, and named.",
         ),
     ] = False,
     overwrite: Annotated[
@@ -140,6 +141,12 @@ def review_report_cmd(
                 f"note: {who} has not finished {len(cases)} case(s) ({', '.join(cases)}): left "
                 "out of their kappa, precision and recall (--include-unfinished counts them)"
             )
+    if rep["truth_withheld"]:
+        typer.echo(
+            f"note: the truth of {len(rep['truth_withheld'])} case(s) a reviewer has not "
+            f"finished ({', '.join(rep['truth_withheld'])}) is left out of the table and the "
+            "figures (it would unblind them); --include-unfinished shows it"
+        )
     for t in rep["totals"]:
         typer.echo(
             f"{t['model']}: {t['cells_shown']} cells shown over {t['slide']}, marks "

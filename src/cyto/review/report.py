@@ -133,8 +133,17 @@ def build_report(
     def finished(r: str, case: str) -> bool:
         return include_unfinished or (r, case) in done
 
+    # the truth of a case (its abnormal cells: frames in the figure, counts in the table) is
+    # shown only once every reviewer of the session has finished it: a report made while a
+    # reviewer is still at it would unblind them, as cyto view would
+    withheld = {
+        c["case"]
+        for c in session.cases
+        if not include_unfinished and any((r, c["case"]) not in done for r in known)
+    }
+
     names = slide_names({c: i["slide"] for c, i in session.key["cases"].items()})
-    rows, truth_rows = [], []
+    rows, truth_rows, any_truth = [], [], False
     all_labels, all_marks = [], {r: [] for r in reviewers}
     for c in session.cases:
         case = c["case"]
@@ -144,6 +153,7 @@ def build_report(
             [-1 if x["label"] is None else int(x["label"]) for x in cells], dtype=np.int64
         )
         has_truth = len(cells) > 0 and bool(np.all(labels >= 0))
+        any_truth = any_truth or has_truth
         models = [m["model"] for m in info["models"]]
         for model in [*models, POOLED]:
             sel = np.array([model == POOLED or model in x["sources"] for x in cells], bool)
@@ -160,13 +170,13 @@ def build_report(
                 "either": int(stack.any(axis=0).sum()),
                 "unfinished": ", ".join(r for r in reviewers if (r, case) not in done),
             }
-            if has_truth:
+            if has_truth and case not in withheld:
                 row["abnormal_shown"] = int(np.sum(labels[sel] == 1))
             said = _adequacy(info["models"], model)
             if said is not None:  # the slide's adequacy, as the run that scored it judged it
                 row["adequacy"] = said
             rows.append(row)
-        if has_truth:
+        if has_truth and case not in withheld:
             planted = info.get("planted_abnormal")
             entry = {"case": case, "slide": names[case]}
             for r in reviewers:  # None: this reviewer has not finished the case
@@ -240,6 +250,8 @@ def build_report(
         "suspicious": SUSPICIOUS,
         "unfinished": {r: [c for c in ids if (r, c) not in done] for r in reviewers},
         "include_unfinished": include_unfinished,
+        # cases whose truth is left out until every reviewer has finished them (blinding)
+        "truth_withheld": sorted(withheld) if any_truth else [],
         "expert_table": rows,
         "totals": totals,
         "kappa": kappa,
@@ -293,7 +305,10 @@ def _write_files(report: dict, marked: dict, session, out: Path) -> None:
         for c in session.cases:
             name = Path("figures") / f"{c['case']}.png"
             review_figure(
-                session, c["case"], {r: marked[c["case"]][r] for r in report["reviewers"]}
+                session,
+                c["case"],
+                {r: marked[c["case"]][r] for r in report["reviewers"]},
+                truth=c["case"] not in report["truth_withheld"],
             ).save(tmp / name)
             figures.append(name)
         report["figures"] = [str(out / f) for f in figures]
@@ -424,8 +439,11 @@ def _markdown(report: dict, fields: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def review_figure(session: Session, case: str, marks: dict[str, np.ndarray], side: int = 96):
-    """The case's grid as reviewed: one stroke per reviewer on each cell they marked."""
+def review_figure(
+    session: Session, case: str, marks: dict[str, np.ndarray], side: int = 96, truth: bool = True
+):
+    """The case's grid as reviewed: one stroke per reviewer on each cell they marked, and a
+    green frame on each truly abnormal cell (``truth``: not while a reviewer is at the case)."""
     from PIL import Image, ImageDraw
 
     info = session.key["cases"][case]
@@ -441,13 +459,15 @@ def review_figure(session: Session, case: str, marks: dict[str, np.ndarray], sid
         label = f"{strokes[i % 4]} {r}"
         draw.text((x, 22), label, fill=STROKE_COLOURS[i % len(STROKE_COLOURS)])
         x += 12 + 7 * len(label)
-    if any(c["label"] is not None for c in info["cells"]):
+    if truth and any(c["label"] is not None for c in info["cells"]):
         draw.text((x + 8, 22), "green frame: abnormal (truth)", fill=(46, 125, 50))
+    elif any(c["label"] is not None for c in info["cells"]):
+        draw.text((x + 8, 22), "truth withheld: not every reviewer has finished", fill="black")
     for pos, cell in enumerate(info["cells"]):
         cx, cy = (pos % cols) * side, top + (pos // cols) * side
         crop = session.root / CROPS / case / f"{pos:03d}.png"
         canvas.paste(Image.open(crop).convert("RGB").resize((side, side)), (cx, cy))
-        if cell["label"] == 1:
+        if truth and cell["label"] == 1:
             draw.rectangle(
                 [cx + 1, cy + 1, cx + side - 2, cy + side - 2], outline=(46, 125, 50), width=3
             )
