@@ -322,7 +322,7 @@ def model_rows(
     from cyto.bundle import PRECISIONS, load_bundle
     from cyto.runtime.machine import graph_for
     from cyto.runtime.scorer import load_scorer, scorer_artifact
-    from cyto.runtime.verify import read_golden
+    from cyto.runtime.verify import export_hint, read_golden
 
     rows, auto, problems = [], {}, []
     try:
@@ -406,7 +406,16 @@ def model_rows(
                     if row.status == "unverified" and unchecked not in problems:
                         problems.append(unchecked)
                 rows.append(row)
-        if precision_asked and not any(r.status == "passed" for r in rows if r.device == device):
+        if (
+            precision_asked
+            and precision_asked != "fp32"
+            and graph_for(bundle.spec, precision_asked, device) is None
+        ):  # none made: "none passes verification" read as one made that failed
+            problems.append(
+                f"{model} has no {precision_asked} graph: make one with "
+                f"'{export_hint(bundle, precision_asked)}'"
+            )
+        elif precision_asked and not any(r.status == "passed" for r in rows if r.device == device):
             problems.append(f"{model}: no {precision_asked} graph passes verification on {device}")
         elif not passed_any and not any(r.status == "unverified" for r in rows):
             problems.append(f"{model}: nothing here can score it on {device}")

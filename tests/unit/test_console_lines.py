@@ -131,6 +131,16 @@ def test_fdr_confidence_without_a_calibration_is_said_and_recorded_as_ignored():
         "note: s.tif: --fdr-confidence 0.9 and --fdr 0.01 do nothing without a calibration (the "
         "bundle has none)"
     ]
+    # hostile round 8 (N15): a value given that equals the default was not said (--fdr 0.1,
+    # as the README types it)
+    for given, words in (
+        ({"fdr_alpha": 0.1}, "--fdr 0.1"),
+        ({"triage_level": 0.05}, "--triage-level 0.05"),
+    ):
+        run.opts, said[:] = ScoreOptions(**given), []
+        assert _calibrated(np.zeros(3), run)["burden"]["ignored"] == [words]
+        assert said == [f"note: s.tif: {words} does nothing without a calibration (the bundle "
+                        "has none)"]  # fmt: skip
 
 
 def test_a_resume_names_the_model_in_the_callers_words():

@@ -273,12 +273,13 @@ def score_cmd(
         Path | None, typer.Option(help="Ground-truth cells (x, y, label) to report Recall@K.")
     ] = None,
     fdr: Annotated[
-        float,
+        float | None,
         typer.Option(
             help="Calibrated bundles: flag cells at this false discovery rate (Benjamini-Hochberg "
-            "on conformal p-values against the slide-negative slides)."
+            "on conformal p-values against the slide-negative slides). Default: 0.1.",
+            show_default=False,
         ),
-    ] = 0.1,
+    ] = None,
     fdr_confidence: Annotated[
         float | None,
         typer.Option(
@@ -288,12 +289,13 @@ def score_cmd(
         ),
     ] = None,
     triage_level: Annotated[
-        float,
+        float | None,
         typer.Option(
             help="Calibrated bundles: a slide whose test 'more high-scoring cells than normal "
-            "slides' has p at or below this is triaged 'excess'."
+            "slides' has p at or below this is triaged 'excess'. Default: 0.05.",
+            show_default=False,
         ),
-    ] = 0.05,
+    ] = None,
     ray: Annotated[
         str | None,
         typer.Option(

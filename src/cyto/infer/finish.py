@@ -116,14 +116,10 @@ def _calibrated(scores: np.ndarray, run: _Run, quality: dict | None = None) -> d
         # each option asked for that nothing here can act on (--fdr too: it was not said)
         from cyto.flags import passing
 
-        ignored = [
+        ignored = [  # each one given, whatever its value (--fdr 0.1 is the default's too)
             passing(name, getattr(run.opts, name))
-            for name, default in (
-                ("fdr_confidence", None),
-                ("fdr_alpha", calibrate.FDR_ALPHA),
-                ("triage_level", calibrate.TRIAGE_LEVEL),
-            )
-            if getattr(run.opts, name) != default
+            for name in ("fdr_confidence", "fdr_alpha", "triage_level")
+            if getattr(run.opts, name) is not None
         ]
         if ignored:
             burden["ignored"] = ignored
@@ -149,8 +145,8 @@ def _calibrated(scores: np.ndarray, run: _Run, quality: dict | None = None) -> d
     out = calibrate.apply(
         scores,
         cal,
-        alpha=run.opts.fdr_alpha,
-        triage_level=run.opts.triage_level,
+        alpha=run.opts.alpha,
+        triage_level=run.opts.triage,
         confidence=run.opts.fdr_confidence,
         evaluable=evaluable,
         why_all=why_all,

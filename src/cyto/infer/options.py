@@ -60,8 +60,10 @@ class ScoreOptions:
     resume: bool = False
     chunk_cells: int = 4096  # rows per resumable chunk (a crash loses at most these)
     max_cells: int | None = None  # crops per tile result (None: what bounds memory in flight)
-    fdr_alpha: float = FDR_ALPHA  # target false discovery rate of flagged cells (when calibrated)
-    triage_level: float = TRIAGE_LEVEL  # level of the slide test "more high-scoring cells"
+    # target false discovery rate of flagged cells (when calibrated); None: not given, FDR_ALPHA
+    fdr_alpha: float | None = None
+    # level of the slide test "more high-scoring cells"; None: not given, TRIAGE_LEVEL
+    triage_level: float | None = None
     fdr_confidence: float | None = None  # FDR for this calibration with this probability
     verify: bool = True  # check the graph on the bundle's golden cells here before scoring
     rank_by: str = "auto"  # model | morphometry | model+morphometry | auto (cyto.data.morphometry)
@@ -126,7 +128,7 @@ class ScoreOptions:
         if self.max_cells is not None and self.max_cells < 1:
             raise ConfigError(f"{said('max_cells')} must be >= 1, got {self.max_cells}")
         for name in ("fdr_alpha", "triage_level"):
-            if not 0.0 < getattr(self, name) < 1.0:
+            if getattr(self, name) is not None and not 0.0 < getattr(self, name) < 1.0:
                 raise ConfigError(
                     f"{said(name)} must be between 0 and 1, got {getattr(self, name)}"
                 )
@@ -208,8 +210,8 @@ class ScoreOptions:
             "rank_by": self.rank_by,
             "truth": str(self.truth) if self.truth else None,
             "truth_radius": self.truth_radius,
-            "fdr_alpha": self.fdr_alpha,
-            "triage_level": self.triage_level,
+            "fdr_alpha": self.alpha,
+            "triage_level": self.triage,
             "fdr_confidence": self.fdr_confidence,
             "burden_cells": self.burden_cells,
             **self.side_files_key(),
@@ -228,6 +230,17 @@ class ScoreOptions:
             "nuclei_file": file_identity(self.nuclei),
             "truth_file": file_identity(self.truth),
         }
+
+    @property
+    def alpha(self) -> float:
+        """The FDR flags are held at: ``fdr_alpha``, or FDR_ALPHA when it was not given (None:
+        a note on an uncalibrated bundle names only what the user gave, default value or not)."""
+        return FDR_ALPHA if self.fdr_alpha is None else self.fdr_alpha
+
+    @property
+    def triage(self) -> float:
+        """The slide test's level: ``triage_level``, or TRIAGE_LEVEL when it was not given."""
+        return TRIAGE_LEVEL if self.triage_level is None else self.triage_level
 
     def as_json(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
