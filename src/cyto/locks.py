@@ -84,6 +84,26 @@ def folder_lock(folder: Path) -> Iterator[None]:
         os.close(fd)  # closing drops the lock
 
 
+def held(folder: Path) -> bool:
+    """Whether a run holds ``folder``'s lock now (an :class:`OutputLock`), asked without taking
+    it or writing to it: a shared lock tried and let go at once. False where there is no lock
+    file, or the file system cannot lock."""
+    import fcntl
+
+    try:
+        fh = open(Path(folder) / LOCK)  # noqa: SIM115 - closed below
+    except OSError:
+        return False
+    try:
+        if flock_or_not(fh, fcntl.LOCK_SH | fcntl.LOCK_NB):
+            fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        fh.close()
+
+
 class OutputLock:
     """One writer per output folder (see the module docstring): ``command`` names the kind of
     run in the refusal, ``instead`` what the user can do about it (None: give another output,

@@ -498,7 +498,7 @@ def test_an_unfinished_review_is_not_unblinded(scored, tmp_path):
     folder = tmp_path / "out"
     shutil.copytree(scored, folder)
     session = build_session([folder], folder / "review", k=10, seed=0, echo=lambda _: None)
-    with pytest.raises(ConfigError, match="blinded review nobody has started.*--unblind"):
+    with pytest.raises(ConfigError, match="blinded review with nothing marked yet.*--unblind"):
         open_view(folder)
     store = MarkStore(session.root)
     store.mark("ann", session.case_ids()[0], 0, True)
@@ -523,7 +523,7 @@ def test_an_unfinished_review_with_its_session_elsewhere_is_not_unblinded(scored
     shutil.copytree(scored, folder)
     elsewhere = tmp_path / "other" / "place" / "rv"
     build_session([folder], elsewhere, k=5, seed=0, echo=lambda _: None)
-    with pytest.raises(ConfigError, match="rv is a blinded review nobody has started"):
+    with pytest.raises(ConfigError, match="rv is a blinded review with nothing marked yet"):
         open_view(folder)
     proc = run_cyto("view", str(folder))
     assert proc.returncode != 0 and "--unblind" in proc.stderr

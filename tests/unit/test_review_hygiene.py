@@ -29,7 +29,7 @@ def test_a_review_made_elsewhere_is_found_from_the_scored_folder(tmp_path):
     record_review([folder], elsewhere)
     record_review([folder], elsewhere)  # once is enough
     assert recorded_reviews(folder) == [elsewhere.absolute()]
-    assert "blinded review nobody has started" in review_blocking([folder], [folder.parent])
+    assert "blinded review with nothing marked yet" in review_blocking([folder], [folder.parent])
 
 
 def test_a_recorded_review_whose_key_is_not_written_yet_blocks(tmp_path):
@@ -218,12 +218,12 @@ def test_a_review_is_found_when_the_folder_lost_its_record_or_the_slide_was_scor
     review = _review(tmp_path / "far" / "rv", [first])
     record_review([first], review)
     (first / REVIEWS_FILE).unlink()  # the folder's own record lost
-    assert "blinded review nobody has started" in review_blocking([first], [first])
+    assert "blinded review with nothing marked yet" in review_blocking([first], [first])
     again = _identified(tmp_path / "rescored" / "a")  # the same slide and model elsewhere
-    assert "blinded review nobody has started" in review_blocking([again], [again])
+    assert "blinded review with nothing marked yet" in review_blocking([again], [again])
     # the slide is blinded, not one model's ranking of it (hostile round 5, WS 4.5)
     other_model = _identified(tmp_path / "other" / "a", scoring_id="m2")
-    assert "rv is a blinded review nobody has started" in review_blocking(
+    assert "rv is a blinded review with nothing marked yet" in review_blocking(
         [other_model], [other_model]
     )
     other_slide = _identified(tmp_path / "b" / "b", identity="slide-b")
@@ -376,3 +376,22 @@ def test_refines_eta_is_refused_by_its_own_flag(tmp_path):
         "weigh nothing), got -1.0"
     )
     assert not (tmp_path / "r.cyto").exists() and not (tmp_path / "r.cyto.refine").exists()
+
+
+def test_a_review_a_reviewer_has_open_is_said_so_not_called_unstarted(tmp_path):
+    """Hostile round 8 (N16): `cyto view` during a review whose page was open, nothing marked
+    yet, said it was "a blinded review nobody has started", which reads as an abandoned review
+    and invites --unblind. It names who has the page open (the page holds its lock)."""
+    from cyto.locks import OutputLock, held
+
+    folder = tmp_path / "cohort" / "slide1"
+    folder.mkdir(parents=True)
+    rv = _review(tmp_path / "rv", [folder])
+    record_review([folder], rv)
+    page = OutputLock(rv / ".reviewer-ann", "cyto review page of reviewer 'ann'")
+    with page:
+        assert held(rv / ".reviewer-ann")
+        said = review_blocking([folder], [folder])
+        assert said.endswith("is a blinded review that ann has open now (nothing marked yet)")
+    assert not held(rv / ".reviewer-ann")  # the page stopped: nothing marked, no one at it
+    assert review_blocking([folder], [folder]).endswith("with nothing marked yet")

@@ -65,7 +65,7 @@ def review_blocking(scored: list[Path], roots: list[Path]) -> str | None:
             continue
         cases = sorted((key.get("cases") or {}).keys())
         if not (review / "marks.sqlite").is_file():
-            return f"{review} is a blinded review nobody has started"
+            return _nothing_marked(review)
         from cyto.review.store import MarkStore
 
         sid = key.get("session_id")  # marks of another review say nothing of this one
@@ -75,11 +75,29 @@ def review_blocking(scored: list[Path], roots: list[Path]) -> str | None:
         finally:
             store.close()
         if not reviewers:
-            return f"{review} is a blinded review nobody has started"
+            return _nothing_marked(review)
         left = [r for r in reviewers if any((r, c) not in done for c in cases)]
         if left:
             return f"{review} is a blinded review that {', '.join(left)} has not finished"
     return None
+
+
+def _nothing_marked(review: Path) -> str:
+    """A review with no mark yet, in words that say whether a reviewer has its page open now
+    (``cyto review`` holds ``.reviewer-NAME``'s lock while it serves): "nobody has started"
+    read as an abandoned review while a reviewer was at it."""
+    from cyto.locks import held
+
+    prefix = ".reviewer-"
+    open_now = sorted(
+        p.name[len(prefix) :] for p in review.glob(f"{prefix}*") if p.is_dir() and held(p)
+    )
+    if open_now:
+        return (
+            f"{review} is a blinded review that {', '.join(open_now)} "
+            f"{'has' if len(open_now) == 1 else 'have'} open now (nothing marked yet)"
+        )
+    return f"{review} is a blinded review with nothing marked yet"
 
 
 def open_view(folder: Path, unblind: bool = False, options: dict | None = None) -> list[ViewSlide]:
