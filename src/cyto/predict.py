@@ -72,6 +72,7 @@ def predict(
     more, first, to measure its nuclei. ``chunk`` images are decoded and kept at a time;
     ``resume`` continues a stopped run (see the module docstring); an existing ``out`` is
     replaced only with ``overwrite``."""
+    from cyto.data.dataset import refuse_listed_output
     from cyto.data.morphometry import RANK_BY, RANK_BY_ALIASES, resolve_rank_by, scorer_rank_by
     from cyto.runtime import Scorer, load_scorer
 
@@ -86,6 +87,7 @@ def predict(
     check_out_file(out)
     run = out.with_name(f".{out.name}.run")
     if not (resume and run.is_dir()):  # resuming a stopped run finishes what it was asked
+        refuse_listed_output(out, data)  # one of the images a manifest lists
         refuse_to_replace(out, overwrite, inputs={"data": data, "MODEL": _path_of(model)})
         if overwrite and out.is_file() and not _predict_table(out):
             from cyto.outputs_check import refuse_foreign

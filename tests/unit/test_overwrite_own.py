@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from PIL import Image
 
 from cyto.data.synth.cells import CELL_CLASSES
 from cyto.data.synth.patches import PatchSynthConfig, patch_names, write_patches
@@ -178,6 +179,33 @@ def test_predict_refuses_to_write_over_its_own_manifest(tmp_path):
     with pytest.raises(CytoError, match=r"is the input data='.*m.parquet'"):
         cyto.predict(tmp_path / "none.cyto", manifest, out=manifest, overwrite=True)
     assert manifest.read_bytes() == before
+
+
+def test_an_output_onto_an_image_a_manifest_lists_is_named_as_that_input(tmp_path):
+    """Hostile round 8 (N28): `cyto predict --data man.csv --out P/normal/normal_00001.jpg
+    --overwrite` said "P/normal holds normal_00001.jpg that cyto did not write ... move it
+    away": a training image the manifest lists, told to be moved. predict and data mosaic name
+    it as an input, in each caller's words, and keep it."""
+    import cyto
+    from cyto.errors import CytoError
+    from tests.cli_runner import run_cyto
+
+    (tmp_path / "p" / "normal").mkdir(parents=True)
+    image = tmp_path / "p" / "normal" / "normal_00001.png"
+    Image.new("RGB", (32, 32), (200, 100, 120)).save(image)
+    before = image.read_bytes()
+    manifest = tmp_path / "man.csv"
+    manifest.write_text("path,label\np/normal/normal_00001.png,normal\n")
+    proc = run_cyto("predict", str(tmp_path / "none.cyto"), "--data", str(manifest),
+                    "--out", str(image), "--overwrite")  # fmt: skip
+    [line] = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and line.startswith(f"error: --out {image} is normal_00001.png")
+    assert f"an image the input --data {manifest} lists" in line and "move it" not in line
+    with pytest.raises(CytoError, match=r"an image the input data='.*man.csv' lists"):
+        cyto.predict(tmp_path / "none.cyto", manifest, out=image, overwrite=True)
+    proc = run_cyto("data", "mosaic", str(manifest), "--out", str(image), "--overwrite")
+    assert proc.returncode == 2 and f"an image the input PATH {manifest} lists" in proc.stderr
+    assert image.read_bytes() == before
 
 
 def test_predict_overwrite_replaces_only_a_table_predict_wrote(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from cyto.bundle import atomic_write
-from cyto.data.dataset import PatchRecord, load_records
+from cyto.data.dataset import PatchRecord, load_records, refuse_listed_output
 from cyto.data.images import read_image, resize_rgb
 from cyto.errors import ConfigError
 from cyto.flags import passing
@@ -74,6 +74,7 @@ def class_mosaic(
         raise ConfigError(f"--per-class must be >= 1 and --tile >= 16, got {per_class} and {tile}")
     if out.suffix.lower() not in IMAGE_ENDINGS:
         raise ConfigError(f"--out {out}: a mosaic is a .png, .jpg or .jpeg file")
+    refuse_listed_output(out, source, "PATH")  # one of the images a manifest lists
     refuse_to_replace(out, overwrite, inputs={"PATH": source})
     records = load_records(Path(source))
     if out.exists():  # one of the folder's own images (it was replaced by the mosaic)
