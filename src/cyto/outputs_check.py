@@ -139,6 +139,13 @@ def refuse_to_replace(
     path = Path(path)
     label = name or passing("out", path)
     refuse_input_as_output(path, label, inputs or {}, error)
+    if known is not None and path.exists() and not path.is_dir():
+        # a folder output given a file (a user's slide): with --overwrite it ended in a raw
+        # FileExistsError, without it the advice to pass --overwrite led there
+        raise error(
+            f"{label} is a file: this command writes a folder there; give a folder (it is "
+            "created if missing)"
+        )
     if known is not None and path.is_dir() and not path.is_symlink():
         refuse_foreign(foreign_files(path, known), label, error)
     if overwrite or not exists(path):

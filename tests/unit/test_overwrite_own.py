@@ -224,3 +224,24 @@ def test_predict_overwrite_replaces_only_a_table_predict_wrote(tmp_path):
                     "--out", str(mine), "--overwrite")  # fmt: skip
     assert proc.returncode == 2 and "mine.parquet that cyto did not write" in proc.stderr
     assert mine.read_bytes() == before
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_folder_output_given_a_file_is_one_line_and_the_file_kept(tmp_path, overwrite):
+    """Hostile round 9 (N28): `cyto demo --out SLIDE.tif --overwrite` ended in a raw
+    FileExistsError; without --overwrite it advised passing --overwrite. Every command that
+    writes a folder as a whole (``known`` given) says the output is a file, and keeps it."""
+    from tests.cli_runner import run_cyto
+
+    victim = tmp_path / "victim.tif"
+    victim.write_bytes(b"a user's slide")
+    args = ["demo", "--out", str(victim)] + (["--overwrite"] if overwrite else [])
+    proc = run_cyto(*args)
+    [line] = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and line == (
+        f"error: --out {victim} is a file: this command writes a folder there; give a folder "
+        "(it is created if missing)"
+    ), proc.stderr
+    with pytest.raises(InputPathError, match="is a file: this command writes a folder"):
+        refuse_to_replace(victim, overwrite, known=())
+    assert victim.read_bytes() == b"a user's slide"
