@@ -1043,7 +1043,13 @@ def test_unfinished_cases_are_named_and_left_out_of_agreement(tmp_path, session)
     assert framed(c2, tmp_path / "all") == (1 in labels_c2)
     proc = run_cyto("review", "report", str(rv))
     assert proc.returncode == 0 and f"bob has not finished 1 case(s) ({c2})" in proc.stdout
-    assert f"the truth of 1 case(s) a reviewer has not finished ({c2})" in proc.stdout
+    assert f"the slide and truth of 1 case(s) a reviewer has not finished ({c2})" in proc.stdout
+    # nor which slide the open case is (hostile round 9, N1: "case-003 | s1.tif")
+    assert rep["withheld"] == [c2]
+    slide_c2 = Path(s.key["cases"][c2]["slide"]).name
+    assert all(r["slide"].startswith("(withheld") for r in rep["expert_table"] if r["case"] == c2)
+    assert slide_c2 not in json.dumps([r for r in rep["expert_table"] if r["case"] == c2])
+    assert any(slide_c2 in r["slide"] for r in counted["expert_table"] if r["case"] == c2)
 
 
 def test_beyond_this_computer_the_page_needs_its_access_key(session, tmp_path):

@@ -141,10 +141,11 @@ def review_report_cmd(
                 f"note: {who} has not finished {len(cases)} case(s) ({', '.join(cases)}): left "
                 "out of their kappa, precision and recall (--include-unfinished counts them)"
             )
-    if rep["truth_withheld"]:
+    if rep["withheld"]:
+        what = "slide and truth" if rep["truth_withheld"] else "slide"
         typer.echo(
-            f"note: the truth of {len(rep['truth_withheld'])} case(s) a reviewer has not "
-            f"finished ({', '.join(rep['truth_withheld'])}) is left out of the table and the "
+            f"note: the {what} of {len(rep['withheld'])} case(s) a reviewer has not "
+            f"finished ({', '.join(rep['withheld'])}) is left out of the table and the "
             "figures (it would unblind them); --include-unfinished shows it"
         )
     for t in rep["totals"]:

@@ -143,6 +143,8 @@ def build_report(
     }
 
     names = slide_names({c: i["slide"] for c, i in session.key["cases"].items()})
+    for case in withheld:  # which slide a case is: kept from a reviewer still at it too
+        names[case] = "(withheld until every reviewer has finished it)"
     rows, truth_rows, any_truth = [], [], False
     all_labels, all_marks = [], {r: [] for r in reviewers}
     for c in session.cases:
@@ -252,6 +254,8 @@ def build_report(
         "include_unfinished": include_unfinished,
         # cases whose truth is left out until every reviewer has finished them (blinding)
         "truth_withheld": sorted(withheld) if any_truth else [],
+        # cases whose slide is not named until every reviewer has finished them (blinding)
+        "withheld": sorted(withheld),
         "expert_table": rows,
         "totals": totals,
         "kappa": kappa,
@@ -308,7 +312,7 @@ def _write_files(report: dict, marked: dict, session, out: Path) -> None:
                 session,
                 c["case"],
                 {r: marked[c["case"]][r] for r in report["reviewers"]},
-                truth=c["case"] not in report["truth_withheld"],
+                truth=c["case"] not in report["withheld"],
             ).save(tmp / name)
             figures.append(name)
         report["figures"] = [str(out / f) for f in figures]
@@ -452,7 +456,8 @@ def review_figure(
     top = 44
     canvas = Image.new("RGB", (cols * side, top + rows * side), "white")
     draw = ImageDraw.Draw(canvas)
-    draw.text((6, 4), f"{case}: {Path(info['slide']).name}", fill="black")
+    slide = Path(info["slide"]).name if truth else "slide withheld"
+    draw.text((6, 4), f"{case}: {slide}", fill="black")
     x = 6
     strokes = ("/", "\\", "-", "|")
     for i, r in enumerate(marks):
