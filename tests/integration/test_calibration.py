@@ -437,3 +437,27 @@ def test_calibrate_says_when_a_slide_its_adequacy_rule_judged_unsatisfactory(coh
     cal = json.loads((model / "manifest.json").read_text())["calibration"]
     if cal["evaluable_cells"] is not None and cal["evaluable_cells"] < 100:
         assert "the burden counts every cell: only" in proc.stdout, proc.stdout
+
+
+def test_calibrate_says_when_a_slide_was_triaged_excess(cohort, tmp_path):
+    """Hostile round 9 (N27): a slide cyto's own calibrated scoring triaged 'excess'
+    (p=4e-06) was taken as slide-negative with no word (`cyto data cells` refuses it). It is
+    still taken (a new calibration may correct the one that triaged it), and said in one line."""
+    from cyto.seal import seal_outputs
+
+    root = cohort["root"]
+    model = tmp_path / "m.cyto"
+    shutil.copytree(cohort["model"], model)
+    folder = tmp_path / "neg0"
+    shutil.copytree(root / "negs" / "neg0", folder)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["burden"] = {"status": "ok", "triage": "excess", "slide_p_value": 4e-06}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    seal_outputs(folder, summary["outputs"])  # as the run that triaged it sealed it
+    tables = [folder / "scores.parquet"] + [
+        root / "negs" / f"neg{i}" / "scores.parquet" for i in (1, 2)
+    ]
+    proc = run_cyto("calibrate", str(model), *map(str, tables), "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    said = [ln for ln in proc.stderr.splitlines() if "triaged it 'excess'" in ln]
+    assert len(said) == 1 and "slide p=4e-06" in said[0] and said[0].startswith("warning: ")

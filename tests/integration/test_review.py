@@ -801,7 +801,12 @@ def test_calibrate_refuses_the_slides_a_model_was_trained_on(exported_dsvdd, tmp
         identity
     ]
     again = tmp_path / "again"
-    score_slide(neg.paths[0], model, again, opts, echo=lambda _: None)
+    said: list[str] = []
+    score_slide(neg.paths[0], model, again, opts, echo=said.append)
+    # scored with the model its cells trained: said (hostile round 9, N23: no word)
+    warned = [m for m in said if "training cells were cut from" in m]
+    assert len(warned) == 1 and warned[0].startswith("warning: neg.ndpi is one of"), said
+    assert json.loads((again / "summary.json").read_text())["burden"]["training_slide"] is True
     proc = run_cyto("calibrate", str(model), str(again / "scores.parquet"))
     assert proc.returncode == 2 and "its cells trained this model" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

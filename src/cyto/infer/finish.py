@@ -256,6 +256,10 @@ def _finish(table, run: _Run) -> dict:
         values = [None] * n_cells if column is None else column
         table = table.append_column(name, pa.array(values, type=_COLUMN_TYPES[name]))
     burden = calibrated["burden"]
+    trained = calibrate.training_slide_words(bundle.manifest, run.identity, run.slide.name)
+    if trained:  # ranked low for having been learned, with no word
+        burden["training_slide"] = True
+        run.echo(f"warning: {trained}")
     table = _with_quality(table, quality, burden, adequacy)
     labels = None
     truth = None

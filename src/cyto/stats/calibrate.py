@@ -254,8 +254,27 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
         )
     planted, labelled = _planted(path, table, meta.get("cyto.slide"))
     refuse_planted(meta.get("cyto.slide") or path, planted, "calibrate", labelled=labelled)
-    adequacy = _sealed_summary(path, meta.get("cyto.slide")).get("adequacy")
-    warn_unsatisfactory(meta.get("cyto.slide") or path, adequacy, "calibrate")
+    summary = _sealed_summary(path, meta.get("cyto.slide"))
+    warn_unsatisfactory(meta.get("cyto.slide") or path, summary.get("adequacy"), "calibrate")
+    burden = summary.get("burden")
+    if isinstance(burden, dict) and str(burden.get("triage") or "").startswith(TRIAGE_EXCESS):
+        # taken (a new calibration may be what corrects the one that triaged it), but said:
+        # a slide of abnormal cells taken as negative raises the null for every slide after
+        import warnings
+
+        from cyto.errors import CytoWarning
+
+        p = burden.get("slide_p_value")
+        p_words = f", slide p={p:.2g}" if isinstance(p, (int, float)) else ""
+        warnings.warn(
+            CytoWarning(
+                f"{meta.get('cyto.slide') or path}: its calibrated scoring triaged it "
+                f"{TRIAGE_EXCESS!r}{p_words}, yet it is taken as a negative slide: calibrate "
+                "on slides known to be negative (leave it out, unless that calibration was "
+                "wrong)"
+            ),
+            stacklevel=2,
+        )
     slide = meta.get("cyto.slide_identity") or meta.get("cyto.slide") or str(path)
     evaluable = None
     if "evaluable" in table.column_names:
@@ -343,6 +362,20 @@ def calibration_slide_words(info: dict, identity: str, name: str) -> str | None:
         return (
             f"{name} is one of this calibration's own negative slides: its cells are in the "
             "null its p-values, flags and burden are held against, so they are no test of it"
+        )
+    return None
+
+
+def training_slide_words(manifest: dict, identity: str, name: str) -> str | None:
+    """Why a slide's ranking is no test of the model, when its cells trained it (``cyto data
+    cells`` -> ``cyto train``: the bundle's ``training_data.slides``): its cells score low for
+    having been learned, not for being normal. None otherwise."""
+    trained = (manifest.get("training_data") or {}).get("slides") or ()
+    if identity and identity in trained:
+        return (
+            f"{name} is one of the slides this model's training cells were cut from (cyto data "
+            "cells): its cells score low for having been learned, so its ranking and burden "
+            "are no test of the model; score slides it did not train on"
         )
     return None
 
