@@ -131,8 +131,11 @@ def score_slide(
             where they still hold, and refuses another slide's) such a folder is refused, as
             ``cyto score`` refuses it. Not with ``resume=True``.
         echo: where progress lines go (None: nowhere).
-        **options: any field of :class:`cyto.infer.options.ScoreOptions`, named as the
-            ``cyto score`` flag without its dashes: ``top_k=400``, ``backend="onnx"``,
+        **options: any field of :class:`cyto.infer.options.ScoreOptions`, by its field name,
+            which is mostly the ``cyto score`` flag without its dashes, but not always
+            (``fdr_alpha=`` is ``--fdr``, ``slide_mpp=`` is ``--mpp``, ``verify=False`` is
+            ``--skip-verify``; an unknown name is answered with the nearest field):
+            ``top_k=400``, ``backend="onnx"``,
             ``device="cpu"``, ``precision="fp16"``, ``workers=0``, ``resume=True``,
             ``truth=Path("truth.parquet")``, ``rank_by="model"``, ``detection="pap"``
             (default ``auto``: the detection of the stain the model was trained on), ...
@@ -394,7 +397,8 @@ def predict(
     Args:
         model: the bundle folder, or a scorer from :func:`load_model` (loaded once, reused
             across folders; ``backend``, ``device`` and ``precision`` are then its own).
-        data: a class-folder dataset, a flat folder of images, or a CSV manifest.
+        data: a class-folder dataset (one sub-folder of images per class), or a CSV or
+            Parquet manifest (``path``, ``label``).
         out: the table to write (a name ending in ``.parquet``): ``path, class, score, rank``
             (1 = most abnormal), and ``label`` when ``normal`` is given.
         normal: the normal class name(s); with them the summary has AUROC and Recall@K.

@@ -205,7 +205,8 @@ def check_out_file(out: Path, field: str = "out") -> None:
     given = passing(field, out)
     if out.is_dir():
         raise InputPathError(
-            f"{given} is a folder; give a file name, e.g. {out / 'scores.parquet'}"
+            f"{given} is a folder; give a file name beside it, e.g. "
+            f"{out.with_name(out.name + '-scores.parquet')}"
         )
     check_writable(out.parent, flag=f"{given}:")
 

@@ -261,3 +261,33 @@ def test_a_dataset_is_held_once_while_it_is_read(tmp_path):
     # a list and its stack: 2x and more; one array: 1x and the chunks being decoded
     assert peak < 1.6 * held, (peak, held)
     assert np.array_equal(ds.images[-1], read_image(tmp_path / "B" / "0599.png"))
+
+
+def test_a_flat_folder_of_images_is_said_so_not_called_empty(tmp_path):
+    """Hostile round 9 (N5): `cyto predict --data p/normal` (300 images, no class sub-folders)
+    said "no images found in p/normal". It names the images it holds and what to do."""
+    flat = tmp_path / "normal"
+    flat.mkdir()
+    for i in range(3):
+        Image.new("RGB", (16, 16), (i, 0, 0)).save(flat / f"c{i}.png")
+    with pytest.raises(InputPathError) as err:
+        load_records(flat)
+    said = str(err.value)
+    assert said.startswith(f"{flat} holds 3 images but no class sub-folders"), said
+    assert "no images found" not in said and "\n" not in said
+    empty = tmp_path / "empty"
+    (empty / "normal").mkdir(parents=True)  # a class folder with no image in it
+    with pytest.raises(InputPathError, match="no images found in"):
+        load_records(empty)
+
+
+def test_an_output_file_given_a_folder_is_advised_a_name_beside_it_not_inside(tmp_path):
+    """Hostile round 9 (N29): `cyto predict --data p --out p` advised "e.g. p/scores.parquet",
+    which puts the table inside the input dataset."""
+    from cyto.outputs_check import check_out_file
+
+    data = tmp_path / "p"
+    data.mkdir()
+    with pytest.raises(InputPathError) as err:
+        check_out_file(data)
+    assert str(err.value).endswith(f"e.g. {tmp_path / 'p-scores.parquet'}"), str(err.value)

@@ -75,6 +75,13 @@ def scan_folder(root: Path) -> list[PatchRecord]:
         for f in sorted(sub.iterdir()):
             if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES:
                 records.append(PatchRecord(path=f, cls=sub.name))
+    loose = [f for f in root.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES]
+    if not records and loose:  # "no images found" in a folder of 300 images misled
+        raise InputPathError(
+            f"{root} holds {len(loose)} images but no class sub-folders: put them in a "
+            f"sub-folder named by their class ({root}/normal/{loose[0].name}), or list them "
+            "in a manifest (.csv/.parquet with path and label)"
+        )
     if not records:
         raise InputPathError(
             f"no images found in {root}: expected class sub-folders holding "
