@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
+from contextvars import ContextVar
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -31,6 +32,13 @@ from cyto.flags import passing
 #: the record of what cyto wrote in a folder it made (relative POSIX paths), written last
 RECORD = ".cyto-outputs.json"
 RECORD_FORMAT = "cyto-outputs"
+
+
+#: set by a run that checked, before any work, that none of its slides' folders held finished
+#: results (no --resume, no --overwrite): the pipeline checks it again once it holds a
+#: folder's lock, so a second run started seconds later cannot replace what the first has
+#: finished since (the check and the lock were seconds apart)
+FRESH_ONLY: ContextVar[bool] = ContextVar("cyto_fresh_only", default=False)
 
 
 def exists(path: Path) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cyto.cohort.run import slide_line
 from cyto.infer import ScoreOptions
 from cyto.infer.finish import few_cells_words
@@ -187,3 +189,40 @@ def test_a_parquet_table_named_csv_is_said_so_without_its_bytes(tmp_path):
     line = proc.stderr.strip()
     assert line.endswith("it holds a Parquet table under a .csv name: rename it .parquet"), line
     assert line.isprintable()
+
+
+@pytest.mark.parametrize("resume, overwrite, fresh", [(False, False, True), (True, False, False),
+                                                      (False, True, False)])  # fmt: skip
+def test_a_folder_finished_by_another_run_after_the_check_is_refused_under_the_lock(
+    tmp_path, monkeypatch, resume, overwrite, fresh
+):
+    """Hostile round 9 (N25): two `cyto score` into one --out 2.5-3.2 s apart: the second, with
+    no --overwrite, replaced the first's finished results (its check ran before the lock).
+    The run says, to the pipeline, that it found no finished results; under the folder's lock
+    the pipeline refuses a folder finished since, in one line."""
+    from pathlib import Path
+
+    import cyto.cohort.run as run
+    from cyto.errors import InputPathError
+    from cyto.infer.pipeline import _refuse_finished_since
+    from cyto.outputs_check import FRESH_ONLY
+
+    seen = []
+    monkeypatch.setattr(run, "score_cohort", lambda *a, **k: seen.append(FRESH_ONLY.get()))
+    monkeypatch.setattr(run, "refuse_rescoring", lambda *a: None)
+    run.run_cohort([], Path("m.cyto"), tmp_path / "o", ScoreOptions(resume=resume),
+                   overwrite=overwrite)  # fmt: skip
+    assert seen == [fresh] and FRESH_ONLY.get() is False  # set for the run only
+    folder = tmp_path / "o" / "s1"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text("{}")
+    (folder / "scores.parquet").write_bytes(b"")
+    token = FRESH_ONLY.set(True)
+    try:
+        with pytest.raises(InputPathError) as err:
+            _refuse_finished_since(Path("s1.tif"), folder)
+    finally:
+        FRESH_ONLY.reset(token)
+    assert "was finished by another run after this one began" in str(err.value)
+    assert "--overwrite" in str(err.value) and "\n" not in str(err.value)
+    _refuse_finished_since(Path("s1.tif"), folder)  # not a fresh-only run: nothing to refuse

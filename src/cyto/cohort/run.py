@@ -47,7 +47,13 @@ def run_cohort(
             raise
     out = where
     if ray is None:
-        return score_cohort(slides, model, out, opts, echo=echo, metrics=metrics)
+        from cyto.outputs_check import FRESH_ONLY
+
+        token = FRESH_ONLY.set(not (opts.resume or overwrite))
+        try:
+            return score_cohort(slides, model, out, opts, echo=echo, metrics=metrics)
+        finally:
+            FRESH_ONLY.reset(token)
     from cyto.cohort.ray import score_cohort_ray
 
     if part_tiles < 0:

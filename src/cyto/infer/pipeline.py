@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.errors import SYSTEM_ERRORS, OutputWriteError
+from cyto.errors import SYSTEM_ERRORS, InputPathError, OutputWriteError
 from cyto.flags import UM_PER_PX, passing, said, to_pass
 from cyto.infer.batcher import CellBatcher
 from cyto.infer.finish import Metrics, finish_slide, rank_by
@@ -101,6 +101,7 @@ def _score_slide(slide: Path, model, out_dir: Path, opts, echo, metrics, pool, a
     made = not out_dir.exists()
     try:
         with OutputLock(out_dir):
+            _refuse_finished_since(slide, out_dir)
             return _score_locked(
                 slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start, pool, ahead
             )
@@ -286,6 +287,27 @@ def _some_crops(tile: dict) -> np.ndarray:
     pick = np.unique(np.linspace(0, len(crops) - 1, STAIN_CROPS_PER_TILE).astype(int))
     crops = crops[pick]
     return crops.cpu().numpy() if hasattr(crops, "cpu") else np.asarray(crops)
+
+
+def _refuse_finished_since(slide, out_dir: Path) -> None:
+    """Under the folder's lock: a run that found no finished results before it began
+    (:data:`cyto.outputs_check.FRESH_ONLY`) refuses the folder another run has finished since,
+    in the words of the check it passed: two `cyto score` into one --out 3 s apart replaced the
+    first's results without --overwrite (the check ran before the lock was taken)."""
+    from cyto.flags import passing
+    from cyto.outputs_check import FRESH_ONLY
+    from cyto.seal import SUMMARY
+
+    if (
+        FRESH_ONLY.get()
+        and (out_dir / SUMMARY).is_file()
+        and (out_dir / "scores.parquet").is_file()
+    ):
+        raise InputPathError(
+            f"{passing('out', out_dir)} (the finished results of {Path(str(slide)).name}) was "
+            "finished by another run after this one began; pass "
+            f"{passing('overwrite')} to replace it, or {passing('resume')} to keep it"
+        )
 
 
 def _check_stain(stained: list[np.ndarray], plan, scorer, echo) -> dict | None:
