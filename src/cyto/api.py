@@ -198,6 +198,14 @@ def score_slide(
     where.check()
     if not where.is_remote:  # never the model bundle nor inside it (as cyto score)
         check_inputs(where.local, opts, model if isinstance(model, Scorer) else Path(model))
+        if overwrite:  # a review cut from the results about to be replaced: said
+            import warnings
+
+            from cyto.errors import CytoWarning
+            from cyto.view.folder import rescoring_words
+
+            for line in rescoring_words([where.local]):
+                warnings.warn(CytoWarning(line), stacklevel=2)
     with where.writing():
         # a folder holding finished results (this slide's or another's) is not scored over
         # unasked; resume keeps this slide's, never another's

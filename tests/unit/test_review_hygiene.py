@@ -395,3 +395,23 @@ def test_a_review_a_reviewer_has_open_is_said_so_not_called_unstarted(tmp_path):
         assert said.endswith("is a blinded review that ann has open now (nothing marked yet)")
     assert not held(rv / ".reviewer-ann")  # the page stopped: nothing marked, no one at it
     assert review_blocking([folder], [folder]).endswith("with nothing marked yet")
+
+
+def test_scoring_again_under_an_open_review_is_said_and_the_view_advice_waits(tmp_path):
+    """Hostile round 9 (N2, N3): `cyto score --overwrite` replaced a slide folder under an open
+    blinded review with no word, then advised `cyto view` of it, which refuses until the review
+    is finished. Both say the review."""
+    from cyto.view.folder import rescoring_words, view_words
+
+    folder = tmp_path / "o" / "s1"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text("{}")
+    assert rescoring_words([folder]) == []  # no review: nothing to say
+    assert view_words([{"output": str(folder)}], folder.parent).startswith("see the whole slide")
+    rv = _review(tmp_path / "rv", [folder.resolve()])
+    record_review([folder], rv)
+    [line] = rescoring_words([folder])
+    assert line.startswith(f"{folder} is being scored again under an open review (")
+    assert "blinded review with nothing marked yet" in line and "\n" not in line
+    words = view_words([{"output": str(folder)}], folder.parent)
+    assert words.startswith(f"cyto view {folder} shows every cell's rank, so it waits"), words

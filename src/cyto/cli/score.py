@@ -441,6 +441,16 @@ def score_cmd(
 
         names = ", ".join(str(s) for s in slides[:3]) + (" ..." if len(slides) > 3 else "")
         raise InputPathError(f"no slide to score: {names}: no such file")
+    if overwrite:  # a review cut from the results about to be replaced: said
+        from cyto.cohort.local import output_folders
+        from cyto.location import output_location
+        from cyto.view.folder import rescoring_words
+
+        here = output_location(out)
+        present = [s for s in slides if not is_url(s)]
+        if not here.is_remote:
+            for line in rescoring_words([f for _, f in output_folders(present, here.local)]):
+                typer.echo(f"warning: {line}")
     done, failed = run_cohort(
         slides,
         model,

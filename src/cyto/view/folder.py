@@ -480,7 +480,39 @@ def view_words(summaries: list[dict], out: Path) -> str | None:
     if not folders:
         return None
     where = folders[0] if len(folders) == 1 else str(out)
+    local = [Path(f) for f in folders if "://" not in f]
+    try:  # a slide under a blinded review: cyto view refuses it until the review is finished
+        why = review_blocking(local, [Path(where)]) if local else None
+    except (CytoError, OSError):
+        why = None
+    if why:
+        return (
+            f"cyto view {shlex.quote(where)} shows every cell's rank, so it waits for the "
+            f"review: {why}"
+        )
     return (
         f"see the whole slide, every cell on it: cyto view {shlex.quote(where)} "
         "(shows ranks: unblinded; docs/how-to/view-slide.md)"
     )
+
+
+def rescoring_words(folders: list[Path]) -> list[str]:
+    """Warnings for slide folders about to be scored again (``--overwrite``, or a resume that
+    scores again) that an unfinished blinded review was cut from: the review's cases come from
+    the results being replaced. One line per folder; none where no review is open."""
+    out = []
+    for folder in folders:
+        folder = Path(folder)
+        if not (folder / "summary.json").is_file():
+            continue
+        try:
+            why = review_blocking([folder.resolve()], [folder.resolve()])
+        except (CytoError, OSError):
+            continue
+        if why:
+            out.append(
+                f"{folder} is being scored again under an open review ({why}): its cases were "
+                "cut from the results this run replaces; rebuild the review afterwards "
+                "(cyto review with a new --session)"
+            )
+    return out
