@@ -937,3 +937,26 @@ def test_bad_tile_cache_sizes_give_one_readable_line(scored, monkeypatch):
         500 * 2**20,
         2000,
     ]
+
+
+def test_a_running_viewer_says_when_its_folder_is_scored_again(scored, tmp_path):
+    """Hostile round 9 (N19): a running `cyto view` kept serving the old ranks after its
+    folder was scored again with other ranking (rank 2 was cell 10 in the viewer, cell 182 on
+    disk), with no word. The ranks are refused in one line once the folder's seal changes."""
+    from cyto.view.folder import open_view
+
+    folder = tmp_path / "s"
+    shutil.copytree(scored, folder)
+    slides = open_view(folder)
+    with _client(slides, tmp_path / "cache") as c:
+        assert c.get("/api/slides/0/cells.bin").status_code == 200
+        assert c.get("/api/slides/0").status_code == 200
+        summary = folder / "summary.json"
+        s = json.loads(summary.read_text())
+        s["seconds"] = float(s["seconds"]) + 1.0  # scored again: a new summary, sealed anew
+        summary.write_text(json.dumps(s))
+        _reseal(folder)
+        for path in ("/api/slides/0/cells.bin", "/api/slides/0"):
+            r = c.get(path)
+            assert r.status_code == 409, (path, r.status_code)
+            assert "was scored again since cyto view opened it" in r.text, r.text

@@ -213,6 +213,7 @@ class ViewSlide:
         self._readers: dict[int, object] = {}
         self._cached: dict[str, bytes] = {}
         self._stamp = self._stamps()
+        self._results = self._results_stamp()
         info = self.reader(0).info
         self.width, self.height = info.width, info.height
         self.mpp = (summary.get("resolution") or {}).get("slide_mpp") or info.mpp
@@ -266,6 +267,24 @@ class ViewSlide:
         self._readers.clear()
         self._stamp = now
 
+    def _results_stamp(self) -> tuple | None:
+        """Size, modification time and inode of the folder's seal (written last by every run
+        that finishes it): a stat per request for the ranks."""
+        try:
+            st = os.stat(self.folder / "seal.json")
+        except OSError:
+            return None
+        return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+    def _results_unchanged(self) -> None:
+        """Refuse to serve ranks read before the folder was scored again (a running viewer
+        served the old ranks, rank 2 another cell than on disk, with no word)."""
+        if self._results_stamp() != self._results:
+            raise InputPathError(
+                f"{self.folder} was scored again since cyto view opened it: these ranks are "
+                "the old run's; stop cyto view and open it again to see the new ones"
+            )
+
     def close(self) -> None:
         for r in self._readers.values():
             r.close()
@@ -277,6 +296,7 @@ class ViewSlide:
         """The page's description of the slide: size, planes, summary, top cells, legend."""
         from cyto.view.tiles import max_level
 
+        self._results_unchanged()
         s, t = self.summary, self.table
         n = t.num_rows
         scores = np.asarray(t["score"], np.float64) if n else np.zeros(0)
@@ -322,6 +342,7 @@ class ViewSlide:
     def cells_bin(self) -> bytes:
         """Every cell as four little-endian float32 (x, y, score, flag: 1, 0, or NaN when the
         table has no flags), in rank order: 16 bytes a cell, sent once per slide."""
+        self._results_unchanged()
         if "cells" not in self._cached:
             t, n = self.table, self.table.num_rows
             out = np.empty((n, 4), "<f4")

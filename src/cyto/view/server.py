@@ -81,13 +81,20 @@ def make_app(
         s, p = slide_of(request)
         if s is None:
             return error(404, "no such slide")
-        return JSONResponse({**s.info(request.path_params["i"], p.tile), "tiles_key": p.dir.name})
+        try:
+            info = s.info(request.path_params["i"], p.tile)
+        except CytoError as exc:  # its results written again since: one line, not stale ranks
+            return error(409, str(exc))
+        return JSONResponse({**info, "tiles_key": p.dir.name})
 
     def cells(request):
         s, _ = slide_of(request)
         if s is None:
             return error(404, "no such slide")
-        return Response(s.cells_bin(), media_type="application/octet-stream")
+        try:
+            return Response(s.cells_bin(), media_type="application/octet-stream")
+        except CytoError as exc:
+            return error(409, str(exc))
 
     def layer(request):
         s, _ = slide_of(request)
