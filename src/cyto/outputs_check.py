@@ -177,6 +177,16 @@ def _is_bundle(path: Path) -> bool:
     return (path / "manifest.json").is_file()
 
 
+def named_input(option: str, given: object) -> str:
+    """An input as the caller gave it: ``--data PATH`` / ``data='PATH'``, or an argument by
+    position (upper case: ``MODEL PATH`` at the command line, ``model='PATH'`` from Python)."""
+    from cyto.flags import passing, python_call
+
+    if option.isupper():
+        return f"{option.lower()}={str(given)!r}" if python_call() else f"{option} {given}"
+    return passing(option, Path(given))
+
+
 def refuse_input_as_output(
     out: Path, label: str, inputs: dict[str, object], error: type[CytoError] = InputPathError
 ) -> None:
@@ -185,7 +195,6 @@ def refuse_input_as_output(
     bundle (a slide's results written into the bundle), is refused in one line naming both in
     the caller's words, ``--overwrite`` or not (``cyto predict --data m.parquet --out m.parquet
     --overwrite`` replaced the user's manifest with its score table)."""
-    from cyto.flags import passing, python_call
 
     for option, given in inputs.items():
         if given is None or "://" in str(given):
@@ -195,10 +204,7 @@ def refuse_input_as_output(
             what = "is" if Path(given).resolve() == Path(out).resolve() else "holds"
             if inside_bundle and what != "is":
                 what = "lies inside"
-            if option.isupper():  # an argument by position at the command line: MODEL
-                named = f"{option.lower()}={str(given)!r}" if python_call() else f"{option} {given}"
-            else:
-                named = passing(option, Path(given))
+            named = named_input(option, given)
             raise error(
                 f"{label} {what} the input {named}: an output never replaces an input; give "
                 "another place to write to"

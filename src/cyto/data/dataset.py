@@ -171,7 +171,8 @@ def refuse_listed_output(out: Path, source: Path, field: str = "data") -> None:
     option ``field``) is refused in one line naming both as input and output, ``--overwrite``
     or not: written there, the run would replace one of its own inputs (a folder's own images
     are :func:`cyto.outputs_check.refuse_input_as_output`'s, as lying inside the input)."""
-    from cyto.flags import passing, python_call
+    from cyto.flags import passing
+    from cyto.outputs_check import named_input
 
     source, out = Path(source), Path(out)
     if not source.is_file() or not out.exists() or source.suffix.lower() not in MANIFEST_SUFFIXES:
@@ -182,10 +183,7 @@ def refuse_listed_output(out: Path, source: Path, field: str = "data") -> None:
         return  # said in its own words when the run reads it
     for r in records:
         if r.path.exists() and r.path.samefile(out):
-            if field.isupper():  # an argument by position at the command line: PATH
-                named = f"{field.lower()}={str(source)!r}" if python_call() else f"{field} {source}"
-            else:
-                named = passing(field, source)
+            named = named_input(field, source)
             raise InputPathError(
                 f"{passing('out', out)} is {r.path.name}, an image the input {named} lists: an "
                 "output never replaces an input; give another place to write to"
