@@ -383,9 +383,11 @@ def model_rows(
                         device,
                         precision,
                         graph=form if len(forms) > 1 else None,  # each CPU int8 form alone
+                        recheck=True,  # a failure on record is found again, or not, here
                     )
                 except VerificationError as exc:
                     row.status, row.detail = FAILED, _row_failure(str(exc), bundle.path)
+                    row.source = "ran now"
                     if cpu and form is not graph:  # a form this CPU would not take: why
                         row.detail = f"{_not_taken(bundle.spec.graphs, form.file)}{exc}"
                 except CytoError as exc:

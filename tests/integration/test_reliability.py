@@ -875,3 +875,24 @@ def test_resume_scores_again_when_the_settings_changed(exported_dsvdd, slides, t
     )
     assert plain["cells_scored"] == first["cells_scored"] > third["cells_scored"] > 0
     assert third["cells_scored"] == pq.read_table(out / "s" / "scores.parquet").num_rows
+
+
+def test_a_console_closed_by_its_reader_is_not_an_output_error(exported_dsvdd, slides, tmp_path):
+    """`cyto score ... 2>&1 | head`: the reader goes, and the slide was recorded "failed ...
+    cannot write o/s: Broken pipe" (hostile round 9, N4). A closed console is no error of the
+    outputs: the slide is scored whole, sealed, and its cohort row says so."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before the first line
+    out = tmp_path / "o"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cyto", "score", str(slides[0].paths[0]), "--model",
+         str(exported_dsvdd), "--out", str(out), "--workers", "0", "--mosaic", "0"],
+        stdout=write, stderr=write, timeout=300,
+    )  # fmt: skip
+    os.close(write)
+    assert proc.returncode == 0
+    assert (out / "s" / "seal.json").is_file() and not (out / "s" / ".partial").exists()
+    [row] = _cohort_rows(out)
+    assert "Broken pipe" not in str(row) and "fail" not in str(row).lower(), row

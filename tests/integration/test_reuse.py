@@ -309,6 +309,30 @@ def test_a_hand_edited_verification_record_is_judged_by_its_numbers(golden_bundl
     assert again.verification.status == "passed" and not again.verification.cached
 
 
+def test_a_failure_on_record_says_so_and_doctor_runs_the_check_again(golden_bundle):
+    """Hostile round 9, N6: a record edited to fail (or a stale one) refused a passing graph
+    for good; doctor showed it as FAILED with no word that it was read, not run, and nothing
+    said how to check again. The refusal now says it was read and names doctor, and doctor
+    runs the check (and keeps what it found)."""
+    from cyto.doctor import diagnose, render
+    from cyto.errors import VerificationError
+    from cyto.runtime import load_scorer
+
+    load_scorer(golden_bundle, "onnx", "cpu").close()
+    [record_file] = (golden_bundle / "verified").glob("*.json")
+    record = json.loads(record_file.read_text())
+    record["parity"].update(spearman=0.5, top10_overlap=0.2, max_diff_of_range=0.4)
+    record_file.write_text(json.dumps(record))
+    with pytest.raises(VerificationError, match="not run now") as refused:
+        load_scorer(golden_bundle, "onnx", "cpu")
+    assert f"'cyto doctor {golden_bundle}' runs the check again" in str(refused.value)
+    report = diagnose([golden_bundle], "cpu", "fp32")
+    [row] = [r for r in report.rows if r.backend == "onnx"]
+    assert row.status == "passed" and row.source == "ran now", render(report)
+    again = load_scorer(golden_bundle, "onnx", "cpu")  # the record doctor wrote
+    assert again.verification.passed and again.verification.cached
+
+
 def test_a_changed_scoring_setting_is_verified_again(golden_bundle):
     """Example 4b: a bundle whose scorer settings changed (an unsealed format-1 manifest with
     another TTA blend) still read "passed (cached)" while most of its scores differed."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import typer
 
@@ -82,12 +82,59 @@ def _names_shown() -> None:
             stream.reconfigure(errors="cyto-names")
 
 
+class _Console:
+    """stdout or stderr whose reader may go (``cyto score ... | head``): the first write that
+    finds the pipe closed points the stream at the null device, and the work goes on. A closed
+    console is never an error of the command's own outputs, nor a reason to stop halfway."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def _gone(self) -> None:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, self._stream.fileno())  # this process's later writes, C's too
+        finally:
+            os.close(null)
+        with suppress(OSError):
+            self._stream.flush()  # what was buffered goes to the null device
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+
+def _console_may_close() -> None:
+    """Route stdout and stderr through :class:`_Console` (a test's StringIO is left as it is)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        try:
+            stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            continue
+        if not isinstance(stream, _Console):
+            setattr(sys, name, _Console(stream))
+
+
 def main() -> None:
     """Entry point: run the app, turning library errors into one line and an exit code. A Ctrl-C
     exits with 130, also one that something swallowed on its way (:mod:`cyto.interrupts`)."""
     from cyto import interrupts
 
     _names_shown()
+    _console_may_close()
     interrupts.install()
     try:
         try:

@@ -570,6 +570,7 @@ def load_scorer(
     threads: int | None = None,
     verify: bool = True,
     graph: GraphSpec | None = None,
+    recheck: bool = False,
 ) -> Scorer:
     """Load the whole model for ``backend`` on ``device`` (cpu, cuda, cuda:N or auto), verified
     on this machine (:mod:`cyto.runtime.verify`) before it is returned.
@@ -581,7 +582,8 @@ def load_scorer(
     export. ``auto`` (backend or precision) takes the fastest choice that passed here, and
     ``notes`` say what was passed over and why. ``verify=False`` skips the check (recorded in
     ``scorer.verification``). ``graph`` runs that graph of the bundle's ``precision`` graphs and
-    no other (``cyto doctor`` checks each CPU int8 form so).
+    no other (``cyto doctor`` checks each CPU int8 form so). ``recheck``: a failure on this
+    machine's record is run again rather than read (``cyto doctor``).
     """
     from cyto.errors import VerificationError
     from cyto.runtime.verify import Verification, read_golden, verify_scorer
@@ -620,7 +622,7 @@ def load_scorer(
             )
             scorer.warm()
             return scorer
-        check = verify_scorer(scorer, golden)
+        check = verify_scorer(scorer, golden, recheck=recheck)
         scorer.verification = check
         # PyTorch runs its network (fp16: autocast), no exported graph
         ran = getattr(chosen, "graph", None)
@@ -659,11 +661,13 @@ def load_scorer(
         if other is not None:
             attempts.insert(0, (name, p, other))
     if failures:
+        read = any(", not run now)" in f for f in failures)
         raise VerificationError(
             f"{bundle.path}: nothing here reproduces the bundle's golden cells; "
             + "; ".join(failures)
             + f" (gate: {check.record.get('gate')}). Use another {said('precision')} or "
             f"{said('backend')}, or {passing('verify', False)} to score anyway (recorded)"
+            + (f"; 'cyto doctor {bundle.path}' runs the check again" if read else "")
         )
     if precision != "fp32" and graph_for(bundle.spec, precision, device) is None:
         raise ConfigError(

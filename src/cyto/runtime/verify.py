@@ -188,6 +188,10 @@ class Verification:
         if self.status in ("passed", "failed"):
             r = self.record
             where = " (cached for this machine)" if self.cached else ""
+            if self.cached and self.status == "failed":
+                # a failure read, not found: a stale or edited record must not pass for a run
+                when = str(r.get("when", ""))[:16].replace("T", " ")
+                where = f" (from this machine's record{' of ' + when if when else ''}, not run now)"
             return (
                 f"{self.status} on {r['cells']} golden cells here{where}: "
                 f"{parity_words(r['parity'])}"
@@ -319,9 +323,12 @@ def _write_cached(bundle_path: Path, sha: str, record: dict) -> Path | None:
     return None
 
 
-def verify_scorer(scorer, golden: Golden | None, use_cache: bool = True) -> Verification:
+def verify_scorer(
+    scorer, golden: Golden | None, use_cache: bool = True, recheck: bool = False
+) -> Verification:
     """Run ``scorer`` on the golden cells here and judge it by its precision's gate (see the
-    module docstring); the result comes from, and goes to, the verification cache."""
+    module docstring); the result comes from, and goes to, the verification cache. ``recheck``:
+    a failure on record is run again (``cyto doctor``), a pass on record is taken."""
     from cyto.runtime.machine import fingerprint
 
     if golden is None:
@@ -346,7 +353,8 @@ def verify_scorer(scorer, golden: Golden | None, use_cache: bool = True) -> Veri
             # record's own "passed" is never trusted
             ok, gate = judge(record["parity"], scorer.precision)
             record = {**record, "passed": bool(ok), "gate": gate}
-            return Verification("passed" if ok else "failed", record=record, cached=True)
+            if ok or not recheck:
+                return Verification("passed" if ok else "failed", record=record, cached=True)
     t0 = time.perf_counter()
     # with a progress line: once per machine, and minutes for a paper-recipe network, before
     # the first cell of a slide is scored
