@@ -217,7 +217,7 @@ def test_int8_tries_every_openvino_form_before_onnx_runtime(bundle, synth_patche
     real = verify.verify_scorer
     saturated = ("encoder-int8.onnx", "encoder-int8-cpu.onnx")
 
-    def as_on_avx2(scorer, golden, use_cache=True):
+    def as_on_avx2(scorer, golden, use_cache=True, recheck=False):
         check = real(scorer, golden, use_cache=False)
         if scorer.backend.name == "openvino" and scorer.graph_file in saturated:
             return verify.Verification("failed", "saturated in int16", check.record)
