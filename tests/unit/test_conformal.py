@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import false_discovery_control
 
 from cyto.stats import conformal
@@ -171,6 +173,32 @@ def test_a_calibration_too_small_to_flag_anything_is_named():
     assert too_few_to_flag(1000, 5000, 0.1) == 9999
     assert too_few_to_flag(1000, 9999, 0.1) == 0
     assert too_few_to_flag(0, 10, 0.1) == 0
+
+
+@given(
+    cells=st.integers(1, 3000),
+    calibration=st.integers(1, 5000),
+    alpha=st.sampled_from([0.01, 0.05, 0.1, 0.2]),
+    extreme=st.integers(0, 400),
+    seed=st.integers(0, 2**31),
+)
+@settings(max_examples=200, deadline=None)
+def test_the_fewest_cells_bh_can_flag_is_what_bh_does(cells, calibration, alpha, extreme, seed):
+    """Hostile round 10, N34: the note said "no cell can be flagged" (BH's first step out of
+    reach) beside "7 cells flagged": BH is a step-up. With no p-value below the calibration's
+    smallest, BH flags none or at least ``fewest_flagged`` cells, and that many at the smallest
+    p-value are flagged."""
+    from cyto.stats.calibrate import fewest_flagged
+
+    extreme = min(extreme, cells)
+    p_min = conformal.smallest_p(calibration)
+    rng = np.random.default_rng(seed)
+    p = np.concatenate([np.full(extreme, p_min), rng.uniform(p_min, 1.0, cells - extreme)])
+    fewest = fewest_flagged(cells, calibration, alpha)
+    flagged = int(conformal.bh(p, alpha).sum())
+    assert flagged == 0 or flagged >= fewest
+    if extreme >= fewest:
+        assert flagged >= fewest
 
 
 def test_the_simes_band_holds_every_order_statistic_at_its_level():

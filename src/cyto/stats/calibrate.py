@@ -706,6 +706,20 @@ def too_few_to_flag(
     return 2 * k - 1
 
 
+def fewest_flagged(
+    cells: int, calibration_cells: int, alpha: float, confidence: float | None = None
+) -> int:
+    """The fewest cells BH can flag at once on a slide of ``cells`` at FDR ``alpha`` when no
+    p-value falls below :func:`conformal.smallest_p` of ``calibration_cells``: BH flags ``k``
+    cells when ``k`` of them have p <= k alpha / cells (a step-up: its first step, alpha / cells,
+    need not be reached), so fewer than ``ceil(cells * p_min / alpha)`` are never flagged."""
+    if cells == 0:
+        return 0
+    p_min = conformal.smallest_p(calibration_cells, confidence)
+    # the smallest k with p_min <= k alpha / cells (a hair of slack for the division's rounding)
+    return max(1, int(np.ceil(cells * p_min / alpha - 1e-9)))
+
+
 def apply(
     scores: np.ndarray,
     calibration: Calibration,
@@ -803,10 +817,12 @@ def apply(
     n_cal = len(calibration.reference)
     needed = too_few_to_flag(len(scores), n_cal, alpha, confidence)
     if needed:
+        fewest = fewest_flagged(len(scores), n_cal, alpha, confidence)
         out["note"] = (
-            f"BH on {len(scores)} cells at FDR {alpha} needs a p-value of {alpha / len(scores):.2g}"
-            f" for its first flag, and {n_cal} calibration cells cannot give"
-            f" one below {conformal.smallest_p(n_cal, confidence):.2g}: no cell can be flagged. "
-            f"Calibrate on at least {needed} cells (more slide-negative slides)"
+            f"BH on {len(scores)} cells at FDR {alpha} flags k cells only when k of them have "
+            f"p-values at most k x {alpha / len(scores):.2g}, and {n_cal} calibration cells give "
+            f"none below {conformal.smallest_p(n_cal, confidence):.2g}: fewer than {fewest} "
+            f"abnormal-looking cells are never flagged. Calibrate on at least {needed} cells "
+            "(more slide-negative slides) to flag a single cell"
         )
     return {"columns": columns, "burden": out}
