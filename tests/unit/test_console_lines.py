@@ -138,6 +138,9 @@ def test_fdr_confidence_without_a_calibration_is_said_and_recorded_as_ignored():
     for given, words in (
         ({"fdr_alpha": 0.1}, "--fdr 0.1"),
         ({"triage_level": 0.05}, "--triage-level 0.05"),
+        # hostile round 10 (N35): --burden-cells did nothing either, and was not said
+        ({"burden_cells": "all"}, "--burden-cells all"),
+        ({"burden_cells": "evaluable"}, "--burden-cells evaluable"),
     ):
         run.opts, said[:] = ScoreOptions(**given), []
         assert _calibrated(np.zeros(3), run)["burden"]["ignored"] == [words]

@@ -324,13 +324,15 @@ def score_cmd(
         ),
     ] = "general",
     burden_cells: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="Calibrated bundles: the cells the burden and slide test count: evaluable (in "
             "focus, not crowded, at the model's scale; against the calibration slides' "
-            "evaluable cells) or all. Every cell keeps its p-value and flag either way.",
+            "evaluable cells) or all. Every cell keeps its p-value and flag either way. "
+            "Default: evaluable.",
+            show_default=False,
         ),
-    ] = "evaluable",
+    ] = None,
     watch: Annotated[
         bool,
         typer.Option(

@@ -118,7 +118,7 @@ def _calibrated(scores: np.ndarray, run: _Run, quality: dict | None = None) -> d
 
         ignored = [  # each one given, whatever its value (--fdr 0.1 is the default's too)
             passing(name, getattr(run.opts, name))
-            for name in ("fdr_confidence", "fdr_alpha", "triage_level")
+            for name in ("fdr_confidence", "fdr_alpha", "triage_level", "burden_cells")
             if getattr(run.opts, name) is not None
         ]
         if ignored:
@@ -138,7 +138,7 @@ def _calibrated(scores: np.ndarray, run: _Run, quality: dict | None = None) -> d
             }
         }
     evaluable, why_all = None, None
-    if run.opts.burden_cells == calibrate.COUNTED_ALL:
+    if run.opts.counting == calibrate.COUNTED_ALL:
         why_all = "--burden-cells all"
     elif quality is not None:
         evaluable = quality["evaluable"]

@@ -69,8 +69,9 @@ class ScoreOptions:
     rank_by: str = "auto"  # model | morphometry | model+morphometry | auto (cyto.data.morphometry)
     # the specimen-adequacy rule: a preset of cyto.stats.adequacy (none: no rule) or RULE.toml
     adequacy: Annotated[str, Local("a rule preset, or a RULE.toml on this machine")] = "general"
-    # the cells the burden and slide test count: evaluable (the adequacy's) | all
-    burden_cells: str = "evaluable"
+    # the cells the burden and slide test count: evaluable (the adequacy's) | all; None: not
+    # given, evaluable (.counting)
+    burden_cells: str | None = None
 
     def __post_init__(self) -> None:
         # every field of the type its annotation says, then in its range; the messages name
@@ -138,7 +139,7 @@ class ScoreOptions:
                 f"{self.fdr_confidence}"
             )
         self.adequacy_rule()  # an unknown preset or a bad rule file fails here, by name
-        if self.burden_cells not in BURDEN_CELLS:
+        if self.burden_cells is not None and self.burden_cells not in BURDEN_CELLS:
             raise ConfigError(
                 f"{said('burden_cells')} must be {' or '.join(BURDEN_CELLS)}, got "
                 f"{self.burden_cells!r}"
@@ -213,7 +214,7 @@ class ScoreOptions:
             "fdr_alpha": self.alpha,
             "triage_level": self.triage,
             "fdr_confidence": self.fdr_confidence,
-            "burden_cells": self.burden_cells,
+            "burden_cells": self.counting,
             **self.side_files_key(),
         }
         rule = self.adequacy_rule()
@@ -241,6 +242,11 @@ class ScoreOptions:
     def triage(self) -> float:
         """The slide test's level: ``triage_level``, or TRIAGE_LEVEL when it was not given."""
         return TRIAGE_LEVEL if self.triage_level is None else self.triage_level
+
+    @property
+    def counting(self) -> str:
+        """The cells the burden counts: ``burden_cells``, or evaluable when it was not given."""
+        return BURDEN_CELLS[0] if self.burden_cells is None else self.burden_cells
 
     def as_json(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
