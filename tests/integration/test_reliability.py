@@ -896,3 +896,34 @@ def test_a_console_closed_by_its_reader_is_not_an_output_error(exported_dsvdd, s
     assert (out / "s" / "seal.json").is_file() and not (out / "s" / ".partial").exists()
     [row] = _cohort_rows(out)
     assert "Broken pipe" not in str(row) and "fail" not in str(row).lower(), row
+
+
+def test_ctrl_c_in_a_cohort_advises_what_a_rerun_needs(
+    exported_dsvdd, slides, tmp_path, monkeypatch
+):
+    """Hostile round 10, N41: a Ctrl-C on the second slide said "no chunk was finished yet:
+    rerun to start over", and a plain rerun was refused for the finished first slide. The
+    cohort says --resume keeps the finished slides; that advice, followed, finishes the run."""
+    from cyto.cohort import local
+
+    a, b = slides[0].paths[0], slides[1].paths[0]
+    out = tmp_path / "o"
+    real, calls = local.score_at, {"n": 0}
+
+    def stopped_at_the_second(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(local, "score_at", stopped_at_the_second)
+    said: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        score_cohort([a, b], exported_dsvdd, out, OPTS, said.append)
+    assert said[-1] == (
+        f"interrupted after 1 of 2 slides were finished in {out}: rerun with --resume to keep "
+        "them and continue"
+    ), said
+    monkeypatch.setattr(local, "score_at", real)
+    done, failed = score_cohort([a, b], exported_dsvdd, out, replace(OPTS, resume=True), print)
+    assert len(done) == 2 and not failed

@@ -468,6 +468,8 @@ def score_cohort(
     """Score several slides with one model load; a slide that fails is reported, the next goes
     on. Returns (summaries, failures as (slide, error)). ``out``: a folder, or a prefix in
     object storage (:class:`~cyto.location.OutputLocation`)."""
+    from cyto.flags import passing
+
     where = output_location(out)
     echo = echo_for(where, echo)
     check_inputs(where.local, opts, model)
@@ -487,6 +489,13 @@ def score_cohort(
             summary = score_at(slide, where.child(target.name), scorer, opts, said, metrics)
             done.append(summary)
             rows.append(cohort_row(slide, target, summary))
+        except KeyboardInterrupt:
+            if done:  # a plain rerun refuses their folders (hostile round 10, N41)
+                echo(
+                    f"interrupted after {len(done)} of {len(pairs)} slides were finished in "
+                    f"{where}: rerun with {passing('resume')} to keep them and continue"
+                )
+            raise
         except CytoError as exc:
             failed.append((slide, exc))
             rows.append(cohort_row(slide, target, None, str(exc)))

@@ -126,12 +126,13 @@ def slide_key(slide: Path, planes: list[tuple[float, str]]) -> dict:
 
 def kept_words(store_dir: Path) -> str:
     """What a stopped run leaves for ``--resume``, in words: the finished chunks, or that
-    there are none yet (then a rerun starts over)."""
+    there are none yet (then a rerun starts it over; a cohort says what its other slides
+    need: :func:`cyto.cohort.local.score_cohort`)."""
     n = len(list(Path(store_dir).glob("chunk-*"))) if Path(store_dir).is_dir() else 0
     if n:
         again = passing("resume")
         return f"{n} finished chunk(s) are kept in {store_dir}: rerun with {again} to continue"
-    return "no chunk was finished yet: rerun to start over"
+    return "no chunk was finished yet: a rerun starts it over"
 
 
 class ChunkStore:
