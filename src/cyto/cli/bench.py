@@ -31,7 +31,11 @@ def bench_engine_cmd(
     ] = "fp32,fp16,bf16,int8",
     batches: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1,8,32,128",
     sizes: Annotated[
-        str | None, typer.Option(help="Patch sides in px (default: the model's input size).")
+        str | None,
+        typer.Option(
+            help="Patch sides in px (default: the model's crop size, the side of the cells it "
+            "takes; its graph resizes them to the network's input size).",
+        ),
     ] = None,
     repeats: Annotated[int, typer.Option(help="Timed calls per configuration (median).")] = 10,
     budget: Annotated[float, typer.Option(help="Seconds per configuration at most.")] = 5.0,
