@@ -188,21 +188,28 @@ def named_input(option: str, given: object) -> str:
 
 
 def refuse_input_as_output(
-    out: Path, label: str, inputs: dict[str, object], error: type[CytoError] = InputPathError
+    out: Path,
+    label: str,
+    inputs: dict[str, object],
+    error: type[CytoError] = InputPathError,
+    inside: Iterable[str] = (),
 ) -> None:
     """An output never replaces an input: ``out`` that is one of ``inputs`` (option name ->
     path; None and URLs skipped), a folder holding one, or a folder inside an input model
     bundle (a slide's results written into the bundle), is refused in one line naming both in
     the caller's words, ``--overwrite`` or not (``cyto predict --data m.parquet --out m.parquet
-    --overwrite`` replaced the user's manifest with its score table)."""
+    --overwrite`` replaced the user's manifest with its score table). ``inside``: the inputs
+    an output may not lie inside either (a sweep's plots written into a class folder of its
+    ``--data`` would be read as cells by the next run)."""
 
     for option, given in inputs.items():
         if given is None or "://" in str(given):
             continue
-        inside_bundle = _is_bundle(Path(given)) and _same_or_inside(Path(out), Path(given))
-        if _same_or_inside(Path(given), Path(out)) or inside_bundle:
+        within = _is_bundle(Path(given)) or option in inside
+        inside_input = within and _same_or_inside(Path(out), Path(given))
+        if _same_or_inside(Path(given), Path(out)) or inside_input:
             what = "is" if Path(given).resolve() == Path(out).resolve() else "holds"
-            if inside_bundle and what != "is":
+            if inside_input and what != "is":
                 what = "lies inside"
             named = named_input(option, given)
             raise error(

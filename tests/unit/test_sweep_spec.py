@@ -127,3 +127,79 @@ def test_a_sweep_the_data_cannot_run_leaves_nothing_behind_and_names_flags(tmp_p
     assert proc.returncode == 2
     said = proc.stderr.strip()
     assert "--wr 5 -> 9" in said and "--trials 10 -> 1" in said and "--wrs" not in said, said
+
+
+def _contents(folder):
+    return {
+        str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None)
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def test_a_sweep_refused_for_a_users_results_table_leaves_their_folder_as_it_was(
+    tmp_path, synth_patches
+):
+    """Hostile round 10 (N27): refused for a user's results.csv, the sweep had already written
+    sweep.json into the user's folder. Every refusal comes before the first write."""
+    from tests.cli_runner import run_cyto
+
+    out = tmp_path / "mine"
+    (out / "models").mkdir(parents=True)
+    (out / "models" / "notes.txt").write_text("mine\n")
+    (out / "results.csv").write_text("mine\n")
+    before = _contents(out)
+    proc = run_cyto(*_sweep_args(synth_patches, out, "--wr", "5", "--trials", "1", *FAST))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"error: {out / 'results.csv'} is not a sweep's results table (its header is not "
+        "cyto's): delete it and rerun, or use another --out"
+    )
+    assert _contents(out) == before
+    # a user's file where the sweep keeps a model: refused the same way, before any write
+    (out / "results.csv").unlink()
+    (out / "models" / "dsvdd.cyto").write_text("mine\n")
+    before = _contents(out)
+    proc = run_cyto(*_sweep_args(synth_patches, out, "--wr", "5", "--trials", "1", *FAST))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"error: {out / 'models' / 'dsvdd.cyto'} is not a model bundle this sweep wrote: "
+        "delete it and rerun, or use another --out"
+    )
+    assert _contents(out) == before
+
+
+FAST = ("--set", "epochs=1", "--set", "ae_epochs=1", "--set", "n_seeds=1")
+
+
+def test_a_sweep_never_writes_into_its_data(tmp_path, synth_patches):
+    """Hostile round 10 (N26): ``--out`` equal to ``--data``, or inside it, wrote results,
+    models and plots (images) into the dataset, its class folders included; train refuses its
+    own ``--data`` as ``--out`` ("an output never replaces an input"), and so does the sweep."""
+    import shutil
+
+    from cyto.eval.sweep import run_sweep
+    from cyto.flags import python_words
+    from tests.cli_runner import run_cyto
+
+    data = tmp_path / "cells"
+    shutil.copytree(synth_patches, data)
+    before = _contents(data)
+    for out, what in (
+        (data, "is"),
+        (data / "normal", "lies inside"),
+        (data / "normal" / "r", "lies inside"),
+    ):
+        proc = run_cyto(*_sweep_args(data, out, "--wr", "5", "--trials", "1", *FAST))
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip() == (
+            f"error: --out {out} {what} the input --data {data}: an output never replaces an "
+            "input; give another place to write to"
+        )
+        assert _contents(data) == before
+    spec = SweepSpec(data=data, normal="normal", abnormal=None, methods=("dsvdd",), wrs=(5.0,))
+    with (
+        python_words("sweep"),
+        pytest.raises(Exception, match=r"^out=.* lies inside the input data="),
+    ):
+        run_sweep(spec, data / "normal")
+    assert _contents(data) == before

@@ -91,8 +91,9 @@ def eval_scores_cmd(
     score_column: Annotated[
         str,
         typer.Option(
-            help="Column with scores (higher = abnormal); auto: what cyto's rank follows "
-            "(fused_score where the model was ranked with the nucleus size, else score)."
+            help="Column with scores (higher = abnormal; cyto's rank, 1 = most abnormal, is read "
+            "as such); auto: what cyto's rank follows (fused_score where the model was ranked "
+            "with the nucleus size, else score)."
         ),
     ] = "auto",
     label_column: Annotated[str, typer.Option(help="Column with 0/1 labels (1 = abnormal).")] = (
@@ -122,11 +123,17 @@ def eval_scores_cmd(
 
     ks = k or [400]
     classes = None
+
+    def note(line: str) -> None:  # beside --json's JSON, never in it
+        typer.echo(line, err=as_json)
+
     if by_class:  # "also": the overall metrics too, where the table has its 0/1 labels
-        both = evaluate_with_classes(table, ks, normal, score_column, class_column, label_column)
+        both = evaluate_with_classes(
+            table, ks, normal, score_column, class_column, label_column, note
+        )
         rows, classes = both["overall"], both["by_class"]
     else:
-        rows = evaluate_table(table, ks, score_column, label_column)
+        rows = evaluate_table(table, ks, score_column, label_column, note)
     if as_json:
         import json
 

@@ -57,6 +57,9 @@ RANKED_COLUMN = {
     "model+morphometry": "fused_score",
     "model+nucleus": "fused_score",
 }
+#: the columns of a cyto table that hold a rank, 1 = most abnormal (lower = more abnormal, the
+#: other way round from every score column): a reader of a chosen score column reads them so
+RANK_COLUMNS = ("rank",)
 RANKED_LABEL = {
     "score": "score",
     "morphometry_score": "morphometric score",

@@ -23,7 +23,7 @@ from cyto.data.dataset import PatchDataset
 from cyto.errors import ConfigError
 from cyto.eval.metrics import all_metrics
 from cyto.eval.protocol import PAPER_WRS, WRProtocol
-from cyto.flags import said
+from cyto.flags import passing, said
 from cyto.locks import OutputLock
 from cyto.progress import progress
 from cyto.reuse import check_reuse
@@ -152,7 +152,7 @@ def _read_rows(results: Path) -> list[list[str]]:
     if not rows or tuple(rows[0]) != FIELDS:
         raise ConfigError(
             f"{results} is not a sweep's results table (its header is not cyto's): delete it "
-            "and rerun, or use another --out"
+            f"and rerun, or use another {said('out')}"
         )
     return rows[1:]
 
@@ -224,9 +224,12 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> SweepFiles:
     """Run (or continue) a sweep into ``out``, then make its tables and plots from the results
     table, all under the folder's lock (two sweeps never draw into one folder)."""
     from cyto.eval.report import plots, tp_table
+    from cyto.outputs_check import refuse_input_as_output
 
     out = Path(out)
     configs = method_configs(spec)  # a bad --set fails here, before anything is written
+    # its results, models and plots (images) never go into the dataset it reads
+    refuse_input_as_output(out, passing("out", out), {"data": spec.data}, inside=("data",))
     made = not out.exists()
     try:
         with OutputLock(out, "cyto eval sweep"):  # one sweep per folder
@@ -273,8 +276,19 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
     labels = next(iter(datasets.values())).labels.astype(np.int64)
     protocol = WRProtocol(labels, seed=spec.seed, train_fraction=spec.train_fraction)
     counts = {wr: protocol.counts(wr) for wr in spec.wrs}  # too few abnormal cells: refused here
-    # only a sweep that can run claims the folder: a refused command leaves nothing that
-    # would turn its corrected rerun away as "other settings"
+    results = out / "results.csv"
+    if results.exists():
+        _read_rows(results)  # a user's results.csv: refused here
+    for name in sorted({_bundle_name(m, w) for m in spec.methods for w in spec.wrs}):
+        bundle = out / "models" / f"{name}.cyto"
+        if bundle.exists() and not (bundle / "manifest.json").is_file():
+            raise ConfigError(
+                f"{bundle} is not a model bundle this sweep wrote: delete it and rerun, or use "
+                f"another {said('out')}"
+            )
+    # only a sweep that can run claims the folder: a refused command (above) leaves nothing
+    # behind, neither a record that would turn its corrected rerun away as "other settings"
+    # nor a file in a user's folder
     (out / "models").mkdir(parents=True, exist_ok=True)
     atomic_write(spec_file, json.dumps(spec_json, indent=2).encode())  # whole, or the last
     n_bag_normals = sum(len(b) for b in protocol.normal_bags)
@@ -289,7 +303,6 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
             f"bags), test {c.test} abnormal among {len(protocol.test_normals)} normal (effective "
             f"{c.effective_test_wr:.3g}%)"
         )
-    results = out / "results.csv"
     done = _finished(results, echo)
     cells = [(m, wr) for m in spec.methods for wr in spec.wrs]
     held_out = np.concatenate([protocol.test_normals, protocol.test_abnormals])
@@ -300,7 +313,7 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
                 continue
             ds = datasets[configs[method].load_size]
             images = np.asarray(ds.images)
-            name = method if get_method(method).one_class else f"{method}-wr{wr:g}"
+            name = _bundle_name(method, wr)
             bundle = out / "models" / f"{name}.cyto"
             if not bundle.exists():
                 trial0 = protocol.trial(wr, 0)
@@ -336,6 +349,14 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
             _add_rows(results, rows)
             bar.advance()
     return results
+
+
+def _bundle_name(method: str, wr: float) -> str:
+    """A sweep's model of ``method`` at ``wr`` (``OUT/models/NAME.cyto``): one per one-class
+    method (it trains on the normal bags alone, whatever the WR), else one per WR."""
+    from cyto.train.registry import get_method
+
+    return method if get_method(method).one_class else f"{method}-wr{wr:g}"
 
 
 def _add_rows(results: Path, rows: list[dict]) -> None:
