@@ -141,30 +141,31 @@ def test_a_sweep_refused_for_a_users_results_table_leaves_their_folder_as_it_was
 ):
     """Hostile round 10 (N27): refused for a user's results.csv, the sweep had already written
     sweep.json into the user's folder. Every refusal comes before the first write."""
-    from tests.cli_runner import run_cyto
 
     out = tmp_path / "mine"
     (out / "models").mkdir(parents=True)
     (out / "models" / "notes.txt").write_text("mine\n")
     (out / "results.csv").write_text("mine\n")
-    before = _contents(out)
-    proc = run_cyto(*_sweep_args(synth_patches, out, "--wr", "5", "--trials", "1", *FAST))
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip() == (
-        f"error: {out / 'results.csv'} is not a sweep's results table (its header is not "
-        "cyto's): delete it and rerun, or use another --out"
-    )
-    assert _contents(out) == before
+    refused_as_it_was(synth_patches, out, f"{out / 'results.csv'} is not a sweep's results table "
+                      "(its header is not cyto's)")  # fmt: skip
     # a user's file where the sweep keeps a model: refused the same way, before any write
     (out / "results.csv").unlink()
     (out / "models" / "dsvdd.cyto").write_text("mine\n")
-    before = _contents(out)
-    proc = run_cyto(*_sweep_args(synth_patches, out, "--wr", "5", "--trials", "1", *FAST))
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip() == (
-        f"error: {out / 'models' / 'dsvdd.cyto'} is not a model bundle this sweep wrote: "
-        "delete it and rerun, or use another --out"
+    refused_as_it_was(
+        synth_patches,
+        out,
+        f"{out / 'models' / 'dsvdd.cyto'} is not a model bundle this sweep wrote",
     )
+
+
+def refused_as_it_was(data, out, why: str) -> None:
+    """The sweep into ``out`` is refused with ``why`` and leaves ``out`` as it was."""
+    from tests.cli_runner import run_cyto
+
+    before = _contents(out)
+    proc = run_cyto(*_sweep_args(data, out, "--wr", "5", "--trials", "1", *FAST))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"error: {why}: delete it and rerun, or use another --out"
     assert _contents(out) == before
 
 
