@@ -1048,7 +1048,8 @@ def test_unfinished_cases_are_named_and_left_out_of_agreement(tmp_path, session)
     assert framed(c2, tmp_path / "all") == (1 in labels_c2)
     proc = run_cyto("review", "report", str(rv))
     assert proc.returncode == 0 and f"bob has not finished 1 case(s) ({c2})" in proc.stdout
-    assert f"the slide and truth of 1 case(s) a reviewer has not finished ({c2})" in proc.stdout
+    assert f"note: 1 case(s) a reviewer has not finished ({c2}): its marks so far" in proc.stdout
+    assert "its slide and truth withheld" in proc.stdout
     # nor which slide the open case is (hostile round 9, N1: "case-003 | s1.tif")
     assert rep["withheld"] == [c2]
     slide_c2 = Path(s.key["cases"][c2]["slide"]).name
@@ -1288,3 +1289,49 @@ def test_a_second_page_of_one_reviewer_is_refused_in_one_line(session):
     line = proc.stderr.strip()
     assert "cyto review page of reviewer 'ann'" in line and "use the page already open" in line
     assert "\n" not in line
+
+
+def test_the_note_on_an_unfinished_case_says_what_the_report_shows_of_it(tmp_path, session):
+    """Hostile round 10, N22: with case-002 unfinished the note said its slide "is left out of
+    the table and the figures" while the table held its rows and its figure was drawn. The rule:
+    an unfinished case shows its marks so far (rows, figure); its slide and truth are withheld."""
+    from cyto.review.report import write_report
+
+    rv = _copy_review(session, tmp_path / "rv")
+    s = open_session(rv)
+    c1, c2 = s.case_ids()
+    store = MarkStore(rv)
+    store.mark("ann", c1, 0, True)
+    store.mark("ann", c2, 3, True)
+    store.set_done("ann", c1, True)  # c2 left open
+    store.close()
+    proc = run_cyto("review", "report", str(rv))
+    assert proc.returncode == 0, proc.stderr
+    (note,) = [ln for ln in proc.stdout.splitlines() if c2 in ln and "withheld" in ln]
+    assert note == (
+        f"note: 1 case(s) a reviewer has not finished ({c2}): its marks so far are in the table "
+        "and the figures, its slide and truth withheld (naming them would unblind the "
+        "reviewer); --include-unfinished shows them"
+    )
+    # what the note says, the files hold: c2's rows with its mark, its figure, no slide name
+    with open(rv / "report" / "expert_table.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["case"] == c2]
+    assert rows and {r["marks"] for r in rows if r["model"] == "pooled"} == {"(1)"}
+    assert (rv / "report" / "figures" / f"{c2}.png").is_file()
+    slide_c2 = Path(s.key["cases"][c2]["slide"]).name
+    assert all(slide_c2 not in r["slide"] and not r.get("abnormal_shown") for r in rows)
+    md = (rv / "report" / "expert_table.md").read_text()
+    assert f"({c2}): its marks so far are in the table" in md
+    rep = write_report(rv, tmp_path / "py")  # the library says it in the same words
+    assert rep["withheld_note"] == note.removeprefix("note: ")
+    # two cases open: both keep their rows in the paper's layout too (one withheld name each)
+    store = MarkStore(rv)
+    store.set_done("ann", c1, False)
+    store.close()
+    rep = write_report(rv, tmp_path / "two")
+    assert rep["withheld_note"].startswith(
+        f"2 case(s) a reviewer has not finished ({c1}, {c2}): their marks so far are in the table"
+    )
+    md = (tmp_path / "two" / "expert_table.md").read_text()
+    layout = md[md.index("In the paper's Table 4 layout") : md.index("The paper's Table 4 (its")]
+    assert sum(ln.startswith("| (withheld") for ln in layout.splitlines()) == 2
