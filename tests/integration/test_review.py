@@ -1335,3 +1335,60 @@ def test_the_note_on_an_unfinished_case_says_what_the_report_shows_of_it(tmp_pat
     md = (tmp_path / "two" / "expert_table.md").read_text()
     layout = md[md.index("In the paper's Table 4 layout") : md.index("The paper's Table 4 (its")]
     assert sum(ln.startswith("| (withheld") for ln in layout.splitlines()) == 2
+
+
+def test_refine_names_the_cases_and_marks_it_does_not_use(
+    session, synth_patches, tmp_path, monkeypatch
+):
+    """Hostile round 10, N21: refine said "1 finished case(s): 99 hard normal(s), 1 known
+    abnormal cell(s), 0 left out" while a whole unfinished case was ignored, never named. The
+    line names what it does not use, and each count left out says what it counts."""
+    import cyto.train.api
+    from cyto.review.refine import refine
+
+    rv = _copy_review(session, tmp_path / "rv")
+    s = open_session(rv)
+    model = s.key["cases"][s.case_ids()[0]]["models"][0]["folder"]
+    model = json.loads((Path(model) / "summary.json").read_text())["model"]
+    c1, c2 = s.case_ids()
+    store = MarkStore(rv)
+    store.mark("ann", c1, 0, True)
+    store.mark("ann", c1, 1, True, "malignant")
+    store.mark("bob", c1, 1, True)
+    store.mark("bob", c1, 2, True, "artifact")
+    store.mark("carol", c1, 5, True)  # carol is still on c1
+    store.mark("ann", c2, 0, True)  # nobody has finished c2
+    store.set_done("ann", c1, True)
+    store.set_done("bob", c1, True)
+    store.close()
+    n1 = s.n_cells(c1)
+    proc = run_cyto(
+        "refine", str(model), "--marks", str(rv), "--data", str(synth_patches),
+        "--out", str(tmp_path / "r.cyto"), "--normal", "normal", "--device", "cpu",
+        "--set", "epochs=1", "--set", "ae_epochs=0",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("refine ")]
+    assert line == (
+        f"refine dsvdd: 1 finished case(s) ({c1}): {n1 - 3} hard normal(s), 2 known abnormal "
+        "cell(s), 1 cell(s) marked artifact only left out; 1 unfinished case(s) "
+        f"({c2}) not used: finish it in cyto review serve to use its marks; carol's marks on "
+        f"{c1} not used: carol has not finished it"
+    )
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(cyto.train.api, "train", stop)
+    said = []
+    with pytest.raises(Stop):  # --agree all: a cell one reviewer marked is left out, counted
+        refine(model, rv, synth_patches, tmp_path / "r2.cyto", normal="normal", agree="all",
+               device="cpu", echo=said.append)  # fmt: skip
+    assert said[-1].startswith(
+        f"refine dsvdd: 1 finished case(s) ({c1}): {n1 - 3} hard normal(s), 1 known abnormal "
+        "cell(s), 1 cell(s) marked artifact only left out, 1 cell(s) marked by some reviewers "
+        f"only left out (--agree all); 1 unfinished case(s) ({c2}) not used"
+    )
