@@ -1048,7 +1048,8 @@ def test_unfinished_cases_are_named_and_left_out_of_agreement(tmp_path, session)
     assert framed(c2, tmp_path / "all") == (1 in labels_c2)
     proc = run_cyto("review", "report", str(rv))
     assert proc.returncode == 0 and f"bob has not finished 1 case(s) ({c2})" in proc.stdout
-    assert f"the slide and truth of 1 case(s) a reviewer has not finished ({c2})" in proc.stdout
+    assert f"note: 1 case(s) a reviewer has not finished ({c2}): its marks so far" in proc.stdout
+    assert "its slide and truth withheld" in proc.stdout
     # nor which slide the open case is (hostile round 9, N1: "case-003 | s1.tif")
     assert rep["withheld"] == [c2]
     slide_c2 = Path(s.key["cases"][c2]["slide"]).name
@@ -1288,3 +1289,106 @@ def test_a_second_page_of_one_reviewer_is_refused_in_one_line(session):
     line = proc.stderr.strip()
     assert "cyto review page of reviewer 'ann'" in line and "use the page already open" in line
     assert "\n" not in line
+
+
+def test_the_note_on_an_unfinished_case_says_what_the_report_shows_of_it(tmp_path, session):
+    """Hostile round 10, N22: with case-002 unfinished the note said its slide "is left out of
+    the table and the figures" while the table held its rows and its figure was drawn. The rule:
+    an unfinished case shows its marks so far (rows, figure); its slide and truth are withheld."""
+    from cyto.review.report import write_report
+
+    rv = _copy_review(session, tmp_path / "rv")
+    s = open_session(rv)
+    c1, c2 = s.case_ids()
+    store = MarkStore(rv)
+    store.mark("ann", c1, 0, True)
+    store.mark("ann", c2, 3, True)
+    store.set_done("ann", c1, True)  # c2 left open
+    store.close()
+    proc = run_cyto("review", "report", str(rv))
+    assert proc.returncode == 0, proc.stderr
+    (note,) = [ln for ln in proc.stdout.splitlines() if c2 in ln and "withheld" in ln]
+    assert note == (
+        f"note: 1 case(s) a reviewer has not finished ({c2}): its marks so far are in the table "
+        "and the figures, its slide and truth withheld (naming them would unblind the "
+        "reviewer); --include-unfinished shows them"
+    )
+    # what the note says, the files hold: c2's rows with its mark, its figure, no slide name
+    with open(rv / "report" / "expert_table.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["case"] == c2]
+    assert rows and {r["marks"] for r in rows if r["model"] == "pooled"} == {"(1)"}
+    assert (rv / "report" / "figures" / f"{c2}.png").is_file()
+    slide_c2 = Path(s.key["cases"][c2]["slide"]).name
+    assert all(slide_c2 not in r["slide"] and not r.get("abnormal_shown") for r in rows)
+    md = (rv / "report" / "expert_table.md").read_text()
+    assert f"({c2}): its marks so far are in the table" in md
+    rep = write_report(rv, tmp_path / "py")  # the library says it in the same words
+    assert rep["withheld_note"] == note.removeprefix("note: ")
+    # two cases open: both keep their rows in the paper's layout too (one withheld name each)
+    store = MarkStore(rv)
+    store.set_done("ann", c1, False)
+    store.close()
+    rep = write_report(rv, tmp_path / "two")
+    assert rep["withheld_note"].startswith(
+        f"2 case(s) a reviewer has not finished ({c1}, {c2}): their marks so far are in the table"
+    )
+    md = (tmp_path / "two" / "expert_table.md").read_text()
+    layout = md[md.index("In the paper's Table 4 layout") : md.index("The paper's Table 4 (its")]
+    assert sum(ln.startswith("| (withheld") for ln in layout.splitlines()) == 2
+
+
+def test_refine_names_the_cases_and_marks_it_does_not_use(
+    session, synth_patches, tmp_path, monkeypatch
+):
+    """Hostile round 10, N21: refine said "1 finished case(s): 99 hard normal(s), 1 known
+    abnormal cell(s), 0 left out" while a whole unfinished case was ignored, never named. The
+    line names what it does not use, and each count left out says what it counts."""
+    import cyto.train.api
+    from cyto.review.refine import refine
+
+    rv = _copy_review(session, tmp_path / "rv")
+    s = open_session(rv)
+    model = s.key["cases"][s.case_ids()[0]]["models"][0]["folder"]
+    model = json.loads((Path(model) / "summary.json").read_text())["model"]
+    c1, c2 = s.case_ids()
+    store = MarkStore(rv)
+    store.mark("ann", c1, 0, True)
+    store.mark("ann", c1, 1, True, "malignant")
+    store.mark("bob", c1, 1, True)
+    store.mark("bob", c1, 2, True, "artifact")
+    store.mark("carol", c1, 5, True)  # carol is still on c1
+    store.mark("ann", c2, 0, True)  # nobody has finished c2
+    store.set_done("ann", c1, True)
+    store.set_done("bob", c1, True)
+    store.close()
+    n1 = s.n_cells(c1)
+    proc = run_cyto(
+        "refine", str(model), "--marks", str(rv), "--data", str(synth_patches),
+        "--out", str(tmp_path / "r.cyto"), "--normal", "normal", "--device", "cpu",
+        "--set", "epochs=1", "--set", "ae_epochs=0",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("refine ")]
+    assert line == (
+        f"refine dsvdd: 1 finished case(s) ({c1}): {n1 - 3} hard normal(s), 2 known abnormal "
+        "cell(s), 1 cell(s) marked artifact only left out; 1 unfinished case(s) "
+        f"({c2}) not used: finish it in cyto review serve to use its marks; carol's marks on "
+        f"{c1} not used: carol has not finished it"
+    )
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(cyto.train.api, "train", stop)
+    said = []
+    with pytest.raises(Stop):  # --agree all: a cell one reviewer marked is left out, counted
+        refine(model, rv, synth_patches, tmp_path / "r2.cyto", normal="normal", agree="all",
+               device="cpu", echo=said.append)  # fmt: skip
+    assert said[-1].startswith(
+        f"refine dsvdd: 1 finished case(s) ({c1}): {n1 - 3} hard normal(s), 1 known abnormal "
+        "cell(s), 1 cell(s) marked artifact only left out, 1 cell(s) marked by some reviewers "
+        f"only left out (--agree all); 1 unfinished case(s) ({c2}) not used"
+    )

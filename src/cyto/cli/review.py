@@ -141,13 +141,8 @@ def review_report_cmd(
                 f"note: {who} has not finished {len(cases)} case(s) ({', '.join(cases)}): left "
                 "out of their kappa, precision and recall (--include-unfinished counts them)"
             )
-    if rep["withheld"]:
-        what = "slide and truth" if rep["truth_withheld"] else "slide"
-        typer.echo(
-            f"note: the {what} of {len(rep['withheld'])} case(s) a reviewer has not "
-            f"finished ({', '.join(rep['withheld'])}) is left out of the table and the "
-            "figures (it would unblind them); --include-unfinished shows it"
-        )
+    if rep["withheld_note"]:
+        typer.echo(f"note: {rep['withheld_note']}")
     for t in rep["totals"]:
         typer.echo(
             f"{t['model']}: {t['cells_shown']} cells shown over {t['slide']}, marks "

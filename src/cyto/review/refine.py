@@ -10,7 +10,8 @@ top-ranked cells, fed back into the model. From the finished cases of a review:
   SAD (labelled abnormal cells pushed away from the centre), FS-SIL learns it as abnormal; DROC is
   one-class only and takes the hard normals alone. A cell marked only as ``artifact`` is neither;
 - cases no reviewer marked "done" are left out: an unmarked cell there may just not have been
-  looked at.
+  looked at; so are a reviewer's marks on a case they have not finished. Both are named in the
+  line refine prints (:func:`examples_line`).
 
 A Deep SVDD model is fine-tuned by default: its encoders and centres are continued, at a tenth
 of its learning rate, without autoencoder pretraining (``--retrain``: train anew). Other methods
@@ -62,13 +63,18 @@ def review_examples(review: Path, agree: str = "any") -> dict:
         marks, done = store.marks(), store.done()
     finally:
         store.close()
-    normals, abnormal, excluded, cases = [], [], 0, []
+    normals, abnormal, cases = [], [], []
+    artifacts = disagreed = 0
+    unfinished, not_done = [], {}  # cases nobody finished; marks of a reviewer not finished
     for c in session.cases:
         case = c["case"]
         finished = sorted(r for r, cs in done if cs == case)
         if not finished:
+            unfinished.append(case)
             continue
         cases.append({"case": case, "reviewers": finished})
+        for r in sorted({r for r, cs, _ in marks if cs == case} - set(finished)):
+            not_done.setdefault(r, []).append(case)
         for pos in range(int(c["n"])):
             said = [marks.get((r, case, pos)) for r in finished]
             marked = [m for m in said if m is not None]
@@ -76,11 +82,11 @@ def review_examples(review: Path, agree: str = "any") -> dict:
             if not marked:
                 normals.append((case, pos, crop))
             elif all(d == "artifact" for _, d in marked):
-                excluded += 1
+                artifacts += 1
             elif agree == "any" or len(marked) == len(finished):
                 abnormal.append((case, pos, crop))
             else:
-                excluded += 1  # the reviewers disagree and --agree all asks for all
+                disagreed += 1  # the reviewers disagree and --agree all asks for all
     if not cases:
         raise ConfigError(
             f"{review}: no case is marked done yet; refine uses finished cases only "
@@ -90,9 +96,46 @@ def review_examples(review: Path, agree: str = "any") -> dict:
         "session": session,
         "hard_normals": normals,
         "known_abnormal": abnormal,
-        "excluded": excluded,
+        "excluded": artifacts + disagreed,
+        "excluded_artifact": artifacts,
+        "excluded_disagreed": disagreed,
         "cases": cases,
+        "unfinished_cases": unfinished,
+        "marks_not_finished": not_done,
     }
+
+
+def examples_line(method: str, ex: dict, normals: int, known: int, hard_normals: bool) -> str:
+    """What refine takes from the review, and what it leaves out and why, in one line: the
+    finished cases, the cells it learns from, the marked cells it does not (each reason
+    counted apart), the cases nobody finished and the marks of a reviewer on a case they have
+    not finished (named, with what to do)."""
+    from cyto.flags import passing
+
+    done = ", ".join(c["case"] for c in ex["cases"])
+    line = (
+        f"refine {method}: {len(ex['cases'])} finished case(s) ({done}): {normals} hard "
+        "normal(s)"
+        + ("" if hard_normals else f" (and {len(ex['hard_normals'])} unmarked: --no-hard-normals)")
+        + f", {known} known abnormal cell(s), {ex['excluded_artifact']} cell(s) marked artifact "
+        "only left out"
+    )
+    if ex["excluded_disagreed"]:
+        line += (
+            f", {ex['excluded_disagreed']} cell(s) marked by some reviewers only left out "
+            f"({passing('agree', 'all')})"
+        )
+    if ex["unfinished_cases"]:
+        n, names = len(ex["unfinished_cases"]), ", ".join(ex["unfinished_cases"])
+        it = "it" if n == 1 else "them"
+        line += (
+            f"; {n} unfinished case(s) ({names}) not used: finish {it} in cyto review serve to "
+            f"use {'its' if n == 1 else 'their'} marks"
+        )
+    for who, cs in ex["marks_not_finished"].items():
+        it = "it" if len(cs) == 1 else "them"
+        line += f"; {who}'s marks on {', '.join(cs)} not used: {who} has not finished {it}"
+    return line
 
 
 def lineage(bundle, depth: int = 32) -> list[str]:
@@ -271,18 +314,11 @@ def refine(
             "known_abnormal": len(known),
             "marked_not_used": len(ex["known_abnormal"]) - len(known),
             "excluded": ex["excluded"],
+            "unfinished_cases": ex["unfinished_cases"],
             "original_data": str(Path(data).resolve()),
             "training_manifest": str(manifest),
         }
-        echo(
-            f"refine {method}: {len(ex['cases'])} finished case(s): {len(normals)} hard "
-            f"normal(s), {len(known)} known abnormal cell(s), {ex['excluded']} left out"
-            + (
-                ""
-                if hard_normals
-                else f" (and {len(ex['hard_normals'])} unmarked: --no-hard-normals)"
-            )
-        )
+        echo(examples_line(method, ex, len(normals), len(known), hard_normals))
         res = train(
             method,
             manifest,

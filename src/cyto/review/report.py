@@ -240,6 +240,7 @@ def build_report(
     return {
         "review": str(session.root),
         "reviewers": reviewers,
+        "withheld_note": withheld_note(sorted(withheld), bool(any_truth)),
         "progress": {
             r: {
                 "cases_done": sum((r, c["case"]) in done for c in session.cases),
@@ -263,6 +264,25 @@ def build_report(
         "_marked": marked,
         "_session": session,
     }
+
+
+def withheld_note(cases: list[str], truth: bool) -> str | None:
+    """What the report shows of the ``cases`` a reviewer has not finished, in one line (None:
+    every case is finished). The rule :func:`build_report` keeps: such a case's marks so far are
+    in the table and its figure; its slide's name, and its truth where the slides have one, are
+    withheld, since either would unblind the reviewer still at it."""
+    if not cases:
+        return None
+    from cyto.flags import passing
+
+    one = len(cases) == 1
+    its = "its" if one else "their"
+    what = ("slide" if one else "slides") + (" and truth" if truth else "")
+    return (
+        f"{len(cases)} case(s) a reviewer has not finished ({', '.join(cases)}): {its} marks so "
+        f"far are in the table and the figures, {its} {what} withheld (naming them would "
+        f"unblind the reviewer); {passing('include_unfinished', True)} shows them"
+    )
 
 
 def write_report(
@@ -351,7 +371,9 @@ def paper_layout(report: dict) -> list[str]:
     cells: dict[str, dict[str, str]] = {}
     for r in report["expert_table"]:
         if r["model"] != POOLED:
-            cells.setdefault(r["slide"], {})[r["model"]] = f"{r['marks']} of {r['cells_shown']}"
+            # a row per case: cases whose slide is withheld share one name, not one row
+            slide = f"(withheld: {r['case']})" if r["case"] in report["withheld"] else r["slide"]
+            cells.setdefault(slide, {})[r["model"]] = f"{r['marks']} of {r['cells_shown']}"
     lines = [
         "## In the paper's Table 4 layout",
         "",
@@ -413,6 +435,11 @@ def _markdown(report: dict, fields: list[str]) -> str:
         "",
         f"unfinished = reviewers who have not marked the case done; such cases are {left_out}.",
         "",
+        *(
+            [report["withheld_note"][0].upper() + report["withheld_note"][1:] + ".", ""]
+            if report["withheld_note"]
+            else []
+        ),
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
