@@ -118,10 +118,13 @@ UM_PER_PX, FACTOR = Placeholder("UM_PER_PX"), Placeholder("FACTOR")
 
 def passing(field: str, value: Any = True) -> str:
     """How the caller passes ``field`` with ``value``: ``--overwrite`` / ``overwrite=True``,
-    ``--top-k 100`` / ``top_k=100``, ``--skip-verify`` / ``verify=False``."""
+    ``--top-k 100`` / ``top_k=100``, ``--skip-verify`` / ``verify=False``, ``--no-hard-normals``
+    / ``hard_normals=False``."""
     if python_call():
         return f"{field}={str(value)!r}" if isinstance(value, Path) else f"{field}={value!r}"
     if isinstance(value, bool):
+        if value is False and field not in NEGATED and flag(field).startswith("--"):
+            return f"--no-{flag(field)[2:]}"  # a --x/--no-x switch turned off
         return flag(field)
     return f"{flag(field)} {value}"
 

@@ -351,6 +351,9 @@ def test_the_cli_keeps_its_flags_where_python_gets_keywords():
     )
     with python_words("x"):
         assert (said("fdr_alpha"), passing("verify", False)) == ("fdr_alpha=", "verify=False")
+        assert passing("hard_normals", False) == "hard_normals=False"
+    # a --x/--no-x switch turned off (refine told a Python caller "--no-hard-normals")
+    assert passing("hard_normals", False) == "--no-hard-normals"
 
 
 #: each command and the library function it calls with its options (by the same names)

@@ -116,7 +116,11 @@ def examples_line(method: str, ex: dict, normals: int, known: int, hard_normals:
     line = (
         f"refine {method}: {len(ex['cases'])} finished case(s) ({done}): {normals} hard "
         "normal(s)"
-        + ("" if hard_normals else f" (and {len(ex['hard_normals'])} unmarked: --no-hard-normals)")
+        + (
+            ""
+            if hard_normals
+            else f" (and {len(ex['hard_normals'])} unmarked: {passing('hard_normals', False)})"
+        )
         + f", {known} known abnormal cell(s), {ex['excluded_artifact']} cell(s) marked artifact "
         "only left out"
     )
@@ -242,7 +246,11 @@ def refine(
         raise ConfigError(
             "nothing to learn: no known abnormal cell "
             + ("(droc uses none) " if method == "droc" else "")
-            + ("and --no-hard-normals" if not hard_normals else "and no hard normal")
+            + (
+                f"and {passing('hard_normals', False)}"
+                if not hard_normals
+                else "and no hard normal"
+            )
         )
     check_reviewed_model(bundle, model, review, ex["session"])
     td = bundle.manifest.get("training_data", {})
