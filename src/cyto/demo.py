@@ -183,10 +183,13 @@ def run_demo(
         table = pq.read_table(out / "scores" / "scores.parquet", columns=["flagged_bh", "label"])
         flagged = np.asarray(table["flagged_bh"])
         true_flags = int(np.sum(flagged & (np.asarray(table["label"]) == 1)))
+        from cyto.stats.calibrate import above_words
+
         lo, hi = b["abnormal_fraction_interval"]
         counted = "evaluable cells" if b.get("counted") == "evaluable" else "cells"
         echo(
             f"      abnormal burden {100 * b['abnormal_fraction']:.1f}% of {b['cells']} {counted} "
+            f"{above_words(b.get('threshold_quantile_of_normals'))} "
             f"(95% CI {100 * lo:.1f}-{100 * hi:.1f}%; planted "
             f"{100 * t['planted_abnormal'] / max(res.n_cells, 1):.1f}% of the slide's cells); "
             f"{b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}, {true_flags} of them "

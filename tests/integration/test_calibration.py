@@ -118,6 +118,12 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
     table = pq.read_table(out / "pos" / "scores.parquet")
     assert b["status"] == "ok", b
     assert "abnormal burden" in proc.stdout and "flagged at FDR 0.2" in proc.stdout
+    # what the burden counts is said (hostile round 11, N32: "0.00% (95% CI 0.00-0.00%)" on a
+    # slide with planted abnormal cells read as none): the cells above the normal threshold
+    q = f"{100 * b['threshold_quantile_of_normals']:g}"
+    assert re.search(rf"abnormal burden [0-9.]+% above the normal {q}th percentile \(95% CI",
+                     proc.stdout), proc.stdout  # fmt: skip
+    assert b["counts"].endswith("so the burden and its interval are a lower bound")
     # about 360 calibration cells cannot give a p-value small enough for BH on about 120 cells
     assert "abnormal-looking cells are never flagged. Calibrate on at least" in proc.stdout
     assert "to flag a single cell" in b["note"]

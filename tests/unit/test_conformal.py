@@ -269,3 +269,14 @@ def test_the_calibration_size_said_to_be_needed_is_the_smallest_that_can_flag():
         n = too_few_to_flag(300, 100, 0.1, confidence)
         assert conformal.smallest_p(n, confidence) <= step < conformal.smallest_p(n - 1, confidence)
         assert too_few_to_flag(300, n, 0.1, confidence) == 0
+
+
+def test_what_the_burden_counts_is_said_with_its_percentile():
+    from cyto.stats.calibrate import above_words
+
+    assert above_words(0.99) == "above the normal 99th percentile"
+    assert above_words(0.999) == "above the normal 99.9th percentile"
+    assert [above_words(q).split()[-2] for q in (0.91, 0.92, 0.93, 0.95)] == [
+        "91st", "92nd", "93rd", "95th"
+    ]  # fmt: skip
+    assert above_words(None) == "above the normal cells' threshold"

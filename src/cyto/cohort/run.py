@@ -237,8 +237,11 @@ def burden_words(b: dict | None) -> str:
         rests = f", of all {b['cells']:,} cells, {b['evaluable_cells']:,} evaluable"
     else:
         rests = ""
+    from cyto.stats.calibrate import above_words
+
     return (
-        f"; abnormal burden {100 * b['abnormal_fraction']:.2f}% (95% CI {100 * lo:.2f}-"
+        f"; abnormal burden {100 * b['abnormal_fraction']:.2f}% "
+        f"{above_words(b.get('threshold_quantile_of_normals'))} (95% CI {100 * lo:.2f}-"
         f"{100 * hi:.2f}%{rests}), {b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}{given}, "
         f"slide p={b['slide_p_value']:.2g} ({b['triage']})"
     )

@@ -401,6 +401,28 @@ def burden_counts_words(record: dict) -> str:
     )
 
 
+def above_words(quantile: float | None) -> str:
+    """What the burden counts, in a few words: the cells above the normal cells' threshold
+    (``above the normal 99th percentile``). Its interval is of those cells; an abnormal cell the
+    model scores as normal is not counted, so the burden is a lower bound (hostile round 10,
+    N32: "0.00% (95% CI 0.00-0.00%)" read as no abnormal cell on a slide with three)."""
+    if quantile is None:
+        return "above the normal cells' threshold"
+    pct = 100 * float(quantile)
+    shown = f"{pct:.1f}".rstrip("0").rstrip(".")
+    suffix = "th"
+    if shown.isdigit() and int(shown) % 100 not in (11, 12, 13):
+        suffix = {1: "st", 2: "nd", 3: "rd"}.get(int(shown) % 10, "th")
+    return f"above the normal {shown}{suffix} percentile"
+
+
+#: what a burden counts, recorded beside it (summary.json ``burden.counts``)
+BURDEN_COUNTS = (
+    "cells scoring {above}; an abnormal cell the model scores as normal is not counted, so the "
+    "burden and its interval are a lower bound"
+)
+
+
 def warn_unsatisfactory(slide: object, adequacy: dict | str | None, use: str) -> None:
     """A scored slide its own adequacy rule judged unsatisfactory (too few evaluable cells:
     out of focus, crowded, off the model's scale) is a poor sample of a negative slide's
@@ -805,6 +827,9 @@ def apply(
             "fdr_guarantee": "on average over calibrations"
             if confidence is None
             else f"for this calibration with probability {confidence:g}",
+            "counts": BURDEN_COUNTS.format(
+                above=above_words(b.get("threshold_quantile_of_normals"))
+            ),
             "flagged_bh": int(c["flagged"].sum()),
             "flagged_adaptive": int(flagged_adaptive.sum()),
             "null_share_storey": round(pi0, 4),

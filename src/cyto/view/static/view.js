@@ -225,7 +225,9 @@ function showSummary() {
     const ci = b.abnormal_fraction_interval;
     row(t, "abnormal burden", `${(100 * b.abnormal_fraction).toFixed(1)}%` +
       (Array.isArray(ci) ? ` (95% CI ${(100 * ci[0]).toFixed(1)}-${(100 * ci[1]).toFixed(1)}%)`
-        : ""));
+        : "") + (typeof b.threshold_quantile_of_normals === "number"
+        ? ` of cells above the normal ${+(100 * b.threshold_quantile_of_normals).toFixed(1)}th ` +
+          "percentile (a lower bound)" : ""));
   }
   if (typeof b.flagged_bh === "number") row(t, `flagged at FDR ${b.fdr_alpha}`, b.flagged_bh);
   row(t, "", b.reason);
