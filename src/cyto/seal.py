@@ -167,6 +167,19 @@ def written_by_cyto(folder: Path) -> bool:
     return isinstance(data, dict) and isinstance(data.get("slide"), str) and "cells_scored" in data
 
 
+def sealed_output_of(path: Path) -> Path | None:
+    """The scored folder whose seal lists the file ``path`` (one of cyto's own outputs: an
+    abnormality map, a mosaic, a table), or None. A local path only."""
+    path = Path(path)
+    if "://" in str(path) or not path.is_file():
+        return None
+    record, _ = _read_seal(path.parent)
+    if record is None:
+        return None
+    listed = {*record["files"], *(record.get("owned") or [])}
+    return path.parent if path.name in listed else None
+
+
 def read_sealed(folder: Path, summary_only: bool = False) -> Sealed:
     """A finished folder's summary, when every file its seal lists still holds the bytes sealed
     and no file under one of cyto's own output names was added; otherwise what is wrong (see

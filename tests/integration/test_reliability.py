@@ -927,3 +927,39 @@ def test_ctrl_c_in_a_cohort_advises_what_a_rerun_needs(
     monkeypatch.setattr(local, "score_at", real)
     done, failed = score_cohort([a, b], exported_dsvdd, out, replace(OPTS, resume=True), print)
     assert len(done) == 2 and not failed
+
+
+def test_cyto_s_own_outputs_are_no_slide(exported_dsvdd, slides, tmp_path):
+    """Hostile round 11, N30: cyto's own abnormality map given as a slide was read at 50 um/px
+    ("0.00x", then "416.67x smaller", and advice to pass --rescale). A file a scored folder's
+    seal lists is refused in one line naming the slide it came from."""
+    out = tmp_path / "o"
+    done = score_cli(slides[0].paths[0], exported_dsvdd, out, "--mosaic", "0", "--qupath", "map")
+    assert done.returncode == 0, done.stderr
+    own = out / "s" / "abnormality.ome.tif"
+    proc = score_cli(own, exported_dsvdd, tmp_path / "again", "--mosaic", "0")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (
+        f"{own} is one of cyto's own outputs of the scored folder {out / 's'} (its seal lists "
+        f"it), not a slide: give the slide it was scored from ({slides[0].paths[0]})"
+    ) in proc.stderr, proc.stderr
+
+
+def test_a_scale_no_resampling_bridges_is_said_so_in_one_measure():
+    """N30's words: "(0.00x)" beside "416.67x smaller", and --rescale advised where the crops
+    it would cut are under 16 px. One measure (times larger or smaller), and advice that helps."""
+    from cyto.infer.tiling import resolution
+
+    said: list[str] = []
+    resolution(50.0, None, 0.12, 96, False, said.append)
+    assert said == [
+        "warning: slide at 50 um/px but the model was trained at 0.12 um/px; cells will look "
+        "417x smaller than in training. No resampling bridges that: check that this is a slide "
+        "and its pixel size (--mpp)"
+    ]
+    said.clear()
+    resolution(0.25, None, 0.12, 96, False, said.append)
+    assert said == [
+        "warning: slide at 0.25 um/px but the model was trained at 0.12 um/px; cells will look "
+        "2.08x smaller than in training. Pass --rescale to resample the crops"
+    ]

@@ -16,6 +16,7 @@ score and the burden estimate. Many slides: :mod:`cyto.cohort`.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from concurrent.futures.process import BrokenProcessPool
@@ -66,6 +67,7 @@ def score_slide(
     # workers and the threshold thread below opened it on their own, and one that met a change
     # before the run had pinned it left the run to open the new version and score it whole
     slide = pinned_ref(slide)
+    refuse_own_output(slide)
     # the tile workers start first: a worker takes 1-3 s to start on 2 cores, which the model's
     # loading and the slide's plan now hide (the engine waited for it: 2.3 s of a 9 s slide)
     if pool is None and opts.decode == "cpu":
@@ -122,6 +124,26 @@ def _score_slide(slide: Path, model, out_dir: Path, opts, echo, metrics, pool, a
     finally:
         reader.close()
         drop_blocks(slide)
+
+
+def refuse_own_output(slide: Path) -> None:
+    """A file a scored folder's seal lists (cyto's abnormality map, a mosaic) is no slide:
+    refused in one line naming the slide it came from. Scored, its map read as a slide at
+    50 um/px, "416.67x smaller", with advice to pass --rescale (hostile round 11, N30)."""
+    from cyto.seal import SUMMARY, sealed_output_of
+
+    folder = sealed_output_of(Path(str(slide)))
+    if folder is None:
+        return
+    try:
+        source = json.loads((folder / SUMMARY).read_text()).get("slide")
+    except (OSError, ValueError, AttributeError):
+        source = None
+    came = f": give the slide it was scored from ({source})" if isinstance(source, str) else ""
+    raise InputPathError(
+        f"{slide} is one of cyto's own outputs of the scored folder {folder} (its seal lists "
+        f"it), not a slide{came}"
+    )
 
 
 def write_error(slide: Path, out_dir: Path, exc: OSError) -> OutputWriteError:

@@ -77,11 +77,21 @@ def resolution(
                     f"cutting {src} px crops and resampling them to {patch}"
                 )
             else:
+                # how many times, said as the scale check says it ("0.00x" beside "416.67x
+                # smaller": hostile round 11, N30)
+                times = ratio if ratio > 1 else 1.0 / ratio
+                # resampling that would cut crops under 16 px, or 8x the patch, cannot help
+                helps = 16 <= patch * ratio <= 8 * patch
                 echo(
                     f"warning: slide at {slide_mpp:.3g} um/px but the model was trained at "
-                    f"{model_mpp:.3g} um/px ({ratio:.2f}x); cells will look "
-                    f"{'larger' if ratio > 1 else 'smaller'} than in training. Pass "
-                    f"{passing('rescale')} to resample the crops"
+                    f"{model_mpp:.3g} um/px; cells will look {times:.3g}x "
+                    f"{'larger' if ratio > 1 else 'smaller'} than in training. "
+                    + (
+                        f"Pass {passing('rescale')} to resample the crops"
+                        if helps
+                        else "No resampling bridges that: check that this is a slide and its "
+                        f"pixel size ({said('slide_mpp')})"
+                    )
                 )
     elif rescale:
         todo = to_pass(
