@@ -172,13 +172,16 @@ class Range:
         return above and (self.hi is None or value <= self.hi)
 
     def words(self) -> str:
+        def num(x: float) -> str:  # 4294967295, not 4.29497e+09
+            return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
         if self.lo is not None and self.hi is not None and not self.open_lo:
-            said_range = f"between {self.lo:g} and {self.hi:g}"
+            said_range = f"between {num(self.lo)} and {num(self.hi)}"
         elif self.lo is not None:
-            said_range = f"{'>' if self.open_lo else '>='} {self.lo:g}"
-            said_range += f" and <= {self.hi:g}" if self.hi is not None else ""
+            said_range = f"{'>' if self.open_lo else '>='} {num(self.lo)}"
+            said_range += f" and <= {num(self.hi)}" if self.hi is not None else ""
         else:
-            said_range = f"<= {self.hi:g}"
+            said_range = f"<= {num(self.hi)}"
         return said_range + (f" ({self.note})" if self.note else "")
 
 

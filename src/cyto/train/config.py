@@ -17,7 +17,7 @@ from types import UnionType
 from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 from cyto.errors import ConfigError
-from cyto.flags import said, setting
+from cyto.flags import Range, said, setting
 from cyto.models.backbones import BACKBONES
 
 if sys.version_info >= (3, 11):
@@ -55,8 +55,36 @@ class TrainConfig:
     refit: bool = True
 
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: the range of each numeric setting; a method's config adds its own fields' (merged over
+    #: the classes it derives from: :meth:`ranges`). Every numeric field has one
+    #: (tests/unit/test_train_ranges.py): a negative seed reached numpy raw, a negative learning
+    #: rate or embedding size reached torch (hostile round 11, N17)
+    RANGES: ClassVar[dict[str, Range]] = {
+        "input_size": Range(16),
+        "load_size": Range(16, note="px, or none: the patches' own size"),
+        "mpp": Range(0, open_lo=True, note="um per pixel"),
+        "epochs": Range(1),
+        "batch_size": Range(1),
+        "lr": Range(0, open_lo=True),
+        "weight_decay": Range(0),
+        "seed": Range(0, 2**32 - 1),
+        "stain_jitter": Range(0, 1),
+        "holdout": Range(0, 1),
+    }
+
+    @classmethod
+    def ranges(cls) -> dict[str, Range]:
+        """Every numeric setting's range, a subclass's over its bases'."""
+        out: dict[str, Range] = {}
+        for klass in reversed(cls.__mro__):
+            out.update(vars(klass).get("RANGES", {}))
+        return out
 
     def __post_init__(self) -> None:
+        for name, bounds in self.ranges().items():
+            value = getattr(self, name)
+            if not bounds.holds(value):
+                raise ConfigError(f"{setting(name)} must be {bounds.words()}, got {value!r}")
         if self.backbone not in BACKBONES:
             raise ConfigError(
                 f"backbone must be one of {', '.join(BACKBONES)}, got {self.backbone!r}"

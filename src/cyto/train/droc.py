@@ -44,7 +44,7 @@ from torch import nn
 
 from cyto.data.augment import pseudo_abnormal_view
 from cyto.errors import ConfigError
-from cyto.flags import setting
+from cyto.flags import Range, setting
 from cyto.models.backbones import build_backbone
 from cyto.models.graphs import EmbeddingModel, ScoreModule, run_batched
 from cyto.runtime.heads.ocsvm import OCSVMHead
@@ -69,6 +69,15 @@ class DROCConfig(TrainConfig):
     normalize_embeddings: bool = False  # unit vectors into the OC-SVM (Sohn et al.) or raw
     crop_min: float = 0.5  # RandomResizedCrop keeps at least this share of the area
     whiten: bool = False  # Ledoit-Wolf whitening of the embeddings before the OC-SVM (not in paper)
+
+    RANGES = {
+        "embedding_dim": Range(1),
+        "proj_dim": Range(1),
+        "temperature": Range(0, open_lo=True),
+        "alpha": Range(0),
+        "nu": Range(0, 1, open_lo=True),
+        "crop_min": Range(0, 1, open_lo=True),
+    }
 
     presets = {
         "fast": {

@@ -35,7 +35,7 @@ from torch import nn
 
 from cyto.data.augment import size_preserving_view
 from cyto.errors import ConfigError, TrainingError
-from cyto.flags import setting
+from cyto.flags import Range, setting
 from cyto.models.backbones import build_backbone
 from cyto.models.graphs import TTA_VIEWS, DSVDDEmbeddings, EmbeddingModel, ScoreModule, run_batched
 from cyto.runtime.heads.dsvdd import DSVDDHead
@@ -63,6 +63,16 @@ class DSVDDConfig(TrainConfig):
     # a Deep SVDD bundle to continue from (expert-in-the-loop refinement): each seed's encoder
     # starts from the bundle's and keeps its centre; no autoencoder pretraining
     warm_start: str = ""
+
+    RANGES = {
+        "embedding_dim": Range(1),
+        "ae_epochs": Range(0),
+        "ae_lr": Range(0, open_lo=True),
+        "eps": Range(0, open_lo=True),
+        "n_seeds": Range(1),
+        "tta_lambda": Range(0, 1),
+        "known_abnormal_eta": Range(0),
+    }
 
     presets = {
         "fast": {

@@ -19,6 +19,7 @@ from torch import nn
 
 from cyto.data.augment import weak_view
 from cyto.errors import ConfigError, DatasetError
+from cyto.flags import Range
 from cyto.models.backbones import build_backbone
 from cyto.models.graphs import ClassifierFeatures, ClassifierLogits, ScoreModule
 from cyto.runtime.heads.softmax import SoftmaxHead
@@ -37,6 +38,8 @@ class SILConfig(TrainConfig):
     weight_decay: float = 1e-4
     class_weights: str = "balanced"  # "balanced" or "none"
     crop_min: float = 0.5  # RandomResizedCrop keeps at least this share of the area
+
+    RANGES = {"momentum": Range(0, 1), "crop_min": Range(0, 1, open_lo=True)}
 
     # fast: epochs 24 (was 12) chosen by benchmarks/science/preset_choice.py on development splits
     # (bone marrow + the other lab, seeds 0-4: criterion +0.028 +- 0.022, t 2.84)

@@ -79,7 +79,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cyto.errors import ConfigError, DatasetError
-from cyto.flags import setting
+from cyto.flags import Range, setting
 from cyto.models.backbones import build_backbone
 from cyto.models.graphs import EmbeddingModel, InstanceLogit, ScoreModule, run_batched
 from cyto.runtime.heads.knn import KnnHead
@@ -119,6 +119,27 @@ class ItS2CLRConfig(TrainConfig):
     instance_score: str = "negatives"  # the score: negatives (kNN distance) or aggregator
     score_k: int = 5  # instance_score=negatives: neighbours averaged
     score_ref: int = 4096  # instance_score=negatives: negative-bag cells kept in the bundle
+
+    RANGES = {
+        "embedding_dim": Range(1),
+        "temperature": Range(0, open_lo=True),
+        "momentum": Range(0, 1),
+        "warmup_epochs": Range(0),
+        "refit_every": Range(1),
+        "r_start": Range(0, 0.5, open_lo=True),
+        "r_end": Range(0, 0.5, open_lo=True),
+        "agg_hidden": Range(1),
+        "agg_lr": Range(0, open_lo=True),
+        "agg_weight_decay": Range(0),
+        "agg_epochs": Range(1),
+        "pretrain_epochs": Range(0),
+        "pretrain_lr": Range(0, open_lo=True),
+        "crop_min": Range(0, 1, open_lo=True),
+        "neg_instance_weight": Range(0),
+        "anchor_k": Range(0),
+        "score_k": Range(1),
+        "score_ref": Range(1),
+    }
 
     presets = {
         "fast": {
