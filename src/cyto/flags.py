@@ -172,14 +172,44 @@ class Range:
         return above and (self.hi is None or value <= self.hi)
 
     def words(self) -> str:
+        lo, hi = _number(self.lo), _number(self.hi)
         if self.lo is not None and self.hi is not None and not self.open_lo:
-            said_range = f"between {self.lo:g} and {self.hi:g}"
+            said_range = f"between {lo} and {hi}"
         elif self.lo is not None:
-            said_range = f"{'>' if self.open_lo else '>='} {self.lo:g}"
-            said_range += f" and <= {self.hi:g}" if self.hi is not None else ""
+            said_range = f"{'>' if self.open_lo else '>='} {lo}"
+            said_range += f" and <= {hi}" if self.hi is not None else ""
         else:
-            said_range = f"<= {self.hi:g}"
+            said_range = f"<= {hi}"
         return said_range + (f" ({self.note})" if self.note else "")
+
+
+def _number(bound: float | None) -> str:
+    """A bound as a person reads it: a whole number in full (4294967295, not 4.29497e+09)."""
+    if bound is None:
+        return ""
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+
+
+#: the range of a random seed: what numpy's generators take
+SEED_RANGE = Range(0, 2**32 - 1, "a random seed")
+#: the annotation of a seed argument (``seed: Seed = 0``)
+Seed = typing.Annotated[int, SEED_RANGE]
+
+
+#: the annotation of a JPEG quality argument (what PIL and pyvips take)
+JpegQuality = typing.Annotated[int, Range(1, 100, "JPEG quality")]
+
+
+def check_seed(value: Any, field: str = "seed", name: str | None = None) -> int:
+    """A random seed held to :data:`Seed` (an integer 0 .. 2**32 - 1, as numpy takes it), the
+    one rule for every seed that enters cyto (each ``--seed``, ``seed=``, the training setting):
+    refused in one :class:`ConfigError` line naming ``field`` in the caller's words (``--seed``,
+    ``seed=``), or as ``name`` says (a training setting: :func:`setting`)."""
+    got = _coerce(value, int)
+    if got is _WRONG or not SEED_RANGE.holds(got):
+        what = name or said(field)
+        raise ConfigError(f"{what} must be an integer {SEED_RANGE.words()}, got {_show(value)}")
+    return got
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from types import UnionType
 from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 from cyto.errors import ConfigError
-from cyto.flags import said, setting
+from cyto.flags import check_seed, said, setting
 from cyto.models.backbones import BACKBONES
 
 if sys.version_info >= (3, 11):
@@ -82,6 +82,7 @@ class TrainConfig:
             raise ConfigError(
                 f"{setting('stain')} must be one of {', '.join(STAINS)}, got {self.stain!r}"
             )
+        check_seed(self.seed, name=setting("seed"))
         if not 0 <= self.holdout < 1:
             raise ConfigError(f"{setting('holdout')} must be in [0, 1), got {self.holdout}")
         if self.mpp is not None and self.mpp <= 0:
