@@ -316,6 +316,12 @@ def check_value(field: str, value: Any, hint: Any) -> Any:
     (``threads= must be between 0 and 1024 (...), got -1``)."""
     got = _coerce(value, hint)
     if got is _WRONG:
+        item = _item_hint(hint) if isinstance(value, (list, tuple)) else None
+        wrong = [v for v in value if _coerce(v, item) is _WRONG] if item is not None else []
+        if wrong:  # a list where a list is taken: the item that is wrong is named
+            raise ConfigError(
+                f"each item of {said(field)} must be {_kind_words(item)}, got {_show(wrong[0])}"
+            )
         # several values where the call takes one (score_slide([a, b], ...)): one per call
         one = " (one per call)" if isinstance(value, (list, tuple)) else ""
         raise ConfigError(f"{said(field)} must be {_kind_words(hint)}{one}, got {_show(value)}")
@@ -323,6 +329,20 @@ def check_value(field: str, value: Any, hint: Any) -> Any:
         if not bounds.holds(got):
             raise ConfigError(f"{said(field)} must be {bounds.words()}, got {_show(value)}")
     return got
+
+
+def _item_hint(hint: Any) -> Any:
+    """The annotation of a list's items where ``hint`` takes a list (``str | Sequence[str]``:
+    ``str``), else None."""
+    hint = _unannotated(hint)[0]
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        arms = [_item_hint(a) for a in typing.get_args(hint)]
+        return next((a for a in arms if a is not None), None)
+    if origin in (tuple, list, Sequence) or hint in (tuple, list):
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        return args[0] if args else Any
+    return None
 
 
 def _show(value: Any) -> str:
