@@ -50,6 +50,7 @@ def run_demo(
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
     from cyto.eval.metrics import all_metrics
     from cyto.export.api import export_bundle
+    from cyto.flags import check_seed
     from cyto.infer import ScoreOptions, score_slide
     from cyto.outputs_check import record_outputs, refuse_to_replace
     from cyto.predict import predict
@@ -58,6 +59,7 @@ def run_demo(
     from cyto.train.api import train
 
     out = Path(out)
+    seed = check_seed(seed)
     refuse_to_replace(out, overwrite, known=DEMO_NAMES)
     out.mkdir(parents=True, exist_ok=True)
     made: dict[str, object] = {}

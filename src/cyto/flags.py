@@ -172,17 +172,44 @@ class Range:
         return above and (self.hi is None or value <= self.hi)
 
     def words(self) -> str:
-        def num(x: float) -> str:  # 4294967295, not 4.29497e+09
-            return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
-
+        lo, hi = _number(self.lo), _number(self.hi)
         if self.lo is not None and self.hi is not None and not self.open_lo:
-            said_range = f"between {num(self.lo)} and {num(self.hi)}"
+            said_range = f"between {lo} and {hi}"
         elif self.lo is not None:
-            said_range = f"{'>' if self.open_lo else '>='} {num(self.lo)}"
-            said_range += f" and <= {num(self.hi)}" if self.hi is not None else ""
+            said_range = f"{'>' if self.open_lo else '>='} {lo}"
+            said_range += f" and <= {hi}" if self.hi is not None else ""
         else:
-            said_range = f"<= {num(self.hi)}"
+            said_range = f"<= {hi}"
         return said_range + (f" ({self.note})" if self.note else "")
+
+
+def _number(bound: float | None) -> str:
+    """A bound as a person reads it: a whole number in full (4294967295, not 4.29497e+09)."""
+    if bound is None:
+        return ""
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+
+
+#: the range of a random seed: what numpy's generators take
+SEED_RANGE = Range(0, 2**32 - 1, "a random seed")
+#: the annotation of a seed argument (``seed: Seed = 0``)
+Seed = typing.Annotated[int, SEED_RANGE]
+
+
+#: the annotation of a JPEG quality argument (what PIL and pyvips take)
+JpegQuality = typing.Annotated[int, Range(1, 100, "JPEG quality")]
+
+
+def check_seed(value: Any, field: str = "seed", name: str | None = None) -> int:
+    """A random seed held to :data:`Seed` (an integer 0 .. 2**32 - 1, as numpy takes it), the
+    one rule for every seed that enters cyto (each ``--seed``, ``seed=``, the training setting):
+    refused in one :class:`ConfigError` line naming ``field`` in the caller's words (``--seed``,
+    ``seed=``), or as ``name`` says (a training setting: :func:`setting`)."""
+    got = _coerce(value, int)
+    if got is _WRONG or not SEED_RANGE.holds(got):
+        what = name or said(field)
+        raise ConfigError(f"{what} must be an integer {SEED_RANGE.words()}, got {_show(value)}")
+    return got
 
 
 @dataclass(frozen=True)
@@ -289,6 +316,12 @@ def check_value(field: str, value: Any, hint: Any) -> Any:
     (``threads= must be between 0 and 1024 (...), got -1``)."""
     got = _coerce(value, hint)
     if got is _WRONG:
+        item = _item_hint(hint) if isinstance(value, (list, tuple)) else None
+        wrong = [v for v in value if _coerce(v, item) is _WRONG] if item is not None else []
+        if wrong:  # a list where a list is taken: the item that is wrong is named
+            raise ConfigError(
+                f"each item of {said(field)} must be {_kind_words(item)}, got {_show(wrong[0])}"
+            )
         # several values where the call takes one (score_slide([a, b], ...)): one per call
         one = " (one per call)" if isinstance(value, (list, tuple)) else ""
         raise ConfigError(f"{said(field)} must be {_kind_words(hint)}{one}, got {_show(value)}")
@@ -296,6 +329,20 @@ def check_value(field: str, value: Any, hint: Any) -> Any:
         if not bounds.holds(got):
             raise ConfigError(f"{said(field)} must be {bounds.words()}, got {_show(value)}")
     return got
+
+
+def _item_hint(hint: Any) -> Any:
+    """The annotation of a list's items where ``hint`` takes a list (``str | Sequence[str]``:
+    ``str``), else None."""
+    hint = _unannotated(hint)[0]
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        arms = [_item_hint(a) for a in typing.get_args(hint)]
+        return next((a for a in arms if a is not None), None)
+    if origin in (tuple, list, Sequence) or hint in (tuple, list):
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        return args[0] if args else Any
+    return None
 
 
 def _show(value: Any) -> str:

@@ -890,3 +890,19 @@ def test_export_refuses_a_device_that_is_no_gpu_and_a_calib_class_without_calib(
         "CELLS (cells to calibrate int8 on) or leave --calib-class out"
     )
     assert (model / "manifest.json").read_text() == "{}" and len(list(model.iterdir())) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "bad"), [(["fp16", None], "None"), (("fp16", 3), "3"), ([b"fp16"], "b'fp16'")]
+)
+def test_a_list_argument_with_a_wrong_item_names_the_item(value, bad, tmp_path):
+    # it said "precisions= must be a string or a list (one per call)": it was a list
+    with pytest.raises(ConfigError) as err:
+        cyto.export(tmp_path / "m.cyto", precisions=value)
+    assert str(err.value) == f"each item of precisions= must be a string, got {bad}"
+
+
+def test_several_values_for_an_argument_that_takes_one_still_say_one_per_call(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        cyto.score_slide(["a.tif", "b.tif"], tmp_path / "m.cyto", tmp_path / "out")
+    assert str(err.value).startswith("slide= must be a path (str or Path) (one per call)")

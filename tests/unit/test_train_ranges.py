@@ -67,5 +67,7 @@ def test_a_negative_seed_is_refused_at_the_command_line(tmp_path, synth_patches)
         "fast", "--set", "seed=-1", "--out", str(tmp_path / "m.cyto"),
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip() == "error: --set seed must be between 0 and 4294967295, got -1"
+    assert proc.stderr.strip() == (
+        "error: --set seed must be an integer between 0 and 4294967295 (a random seed), got -1"
+    )
     assert not (tmp_path / "m.cyto").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -144,6 +144,19 @@ review_app = _typer(
     short_help="Blinded expert review of the top-K cells, and its report.",
 )
 app.add_typer(review_app, name="review")
+
+
+def _checked_seed(value: int | None) -> int | None:
+    from cyto.flags import check_seed
+
+    return None if value is None else check_seed(value)
+
+
+def seed_option(help: str, **kwargs: Any) -> Any:
+    """A ``--seed`` option, held to the one rule for a seed (:func:`cyto.flags.check_seed`) as
+    it is parsed: a negative seed is one line naming ``--seed``, before any work is done."""
+    return typer.Option(help=help, callback=_checked_seed, **kwargs)
+
 
 #: fsspec storage options of URL slides (``--storage-option KEY=VALUE``, repeatable)
 StorageOption = Annotated[

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import StorageOption, data_app
+from cyto.cli._app import StorageOption, data_app, seed_option
 
 
 @data_app.command("info")
@@ -72,13 +72,15 @@ def data_mosaic_cmd(
     out: Annotated[Path, typer.Option(help="PNG to write.")] = Path("mosaic.png"),
     per_class: Annotated[int, typer.Option(help="Images per class (one row each).")] = 8,
     tile: Annotated[int, typer.Option(help="Side of each image in the mosaic, px.")] = 128,
-    seed: Annotated[int, typer.Option(help="Which images are picked.")] = 0,
+    seed: Annotated[int, seed_option("Which images are picked.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out image.")] = False,
 ) -> None:
     """A PNG with one labelled row of sample images per class, for a first look at a dataset."""
     from cyto.data.mosaic import class_mosaic
 
-    class_mosaic(path, out, per_class=per_class, tile=tile, seed=seed, overwrite=overwrite)
+    class_mosaic(
+        path, out, per_class=per_class, tile=tile, seed=seed, overwrite=overwrite, echo=typer.echo
+    )
     typer.echo(f"wrote {out}")
 
 
@@ -98,7 +100,7 @@ def data_cells_cmd(
     per_slide: Annotated[
         int | None, typer.Option(help="At most this many cells per slide, drawn at random.")
     ] = None,
-    seed: Annotated[int, typer.Option(help="Which cells --per-slide draws.")] = 0,
+    seed: Annotated[int, seed_option("Which cells --per-slide draws.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace OUT/LABEL if it exists.")] = False,
     storage_option: StorageOption = None,
 ) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import eval_app
+from cyto.cli._app import eval_app, seed_option
 
 
 @eval_app.command("sweep", short_help="The paper's witness-rate sweep: train, rank, tables, plots.")
@@ -41,7 +41,7 @@ def eval_sweep_cmd(
             "(e.g. dsvdd:ae_epochs=2).",
         ),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the split, bags and trials.")] = 0,
+    seed: Annotated[int, seed_option("Seed of the split, bags and trials.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     train_fraction: Annotated[
         float,

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import StorageOption, _csv, app, review_app
+from cyto.cli._app import StorageOption, _csv, app, review_app, seed_option
 
 
 @review_app.command(
@@ -43,8 +43,8 @@ def review_serve_cmd(
     ] = None,
     seed: Annotated[
         int | None,
-        typer.Option(
-            help="Seed of the case ids and cell order. Default: a secret one, kept in the "
+        seed_option(
+            "Seed of the case ids and cell order. Default: a secret one, kept in the "
             "review's key only (a known seed would tell each grid position's rank)."
         ),
     ] = None,

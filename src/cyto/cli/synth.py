@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import _csv, app, synth_app
+from cyto.cli._app import _csv, app, seed_option, synth_app
 from cyto.data.synth.formats import SlideFormat
 
 
@@ -24,7 +24,7 @@ def synth_patches(
     ] = None,
     size: Annotated[int, typer.Option(help="Patch side in pixels.")] = 192,
     scale: Annotated[float, typer.Option(help="Cell size (1.5: 100x oil look, 0.12 um/px).")] = 1.5,
-    seed: Annotated[int, typer.Option(help="Same seed, same bytes.")] = 0,
+    seed: Annotated[int, seed_option("Same seed, same bytes.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty OUT.")] = False,
 ) -> None:
     """Draw a class-folder dataset of stained cells: 'normal' plus abnormal morphologies."""
@@ -120,7 +120,7 @@ def synth_slide(
             "(0.46: nearly covered; 0.1: mostly glass). The default cell count follows its area."
         ),
     ] = 0.46,
-    seed: Annotated[int, typer.Option(help="Same seed, same bytes.")] = 0,
+    seed: Annotated[int, seed_option("Same seed, same bytes.")] = 0,
     workers: Annotated[
         int | None, typer.Option(help="Drawing processes (default: one per CPU, at most 4).")
     ] = None,
@@ -188,7 +188,7 @@ def demo_cmd(
     out: Annotated[Path, typer.Option(help="Folder for everything the demo makes.")] = Path(
         "demo_out"
     ),
-    seed: Annotated[int, typer.Option(help="Seed of the synthetic data.")] = 0,
+    seed: Annotated[int, seed_option("Seed of the synthetic data.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace what a non-empty OUT holds.")] = False,
 ) -> None:
     """The main job on built-in synthetic data, end to end, on the CPU."""

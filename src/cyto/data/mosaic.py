@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,18 +14,21 @@ from cyto.bundle import atomic_write
 from cyto.data.dataset import PatchRecord, load_records, refuse_listed_output
 from cyto.data.images import read_image, resize_rgb
 from cyto.errors import ConfigError
-from cyto.flags import passing
+from cyto.flags import check_seed, passing
 from cyto.outputs_check import refuse_input_as_output, refuse_to_replace
 
 
 def class_rows(
     records: list[PatchRecord], per_class: int, tile: int, seed: int
 ) -> list[tuple[str, np.ndarray]]:
-    """``[(class, (tile, per_class*tile, 3) uint8 row)]`` with images picked by ``seed``."""
-    rng = np.random.default_rng(seed)
+    """``[(class, (tile, per_class*tile, 3) uint8 row)]`` with images picked by ``seed``; a
+    row is as long as ``per_class`` or the largest class, whichever is shorter (memory follows
+    the images there are, not the number asked for)."""
+    rng = np.random.default_rng(check_seed(seed))
     by_class: dict[str, list[PatchRecord]] = {}
     for r in records:
         by_class.setdefault(r.cls, []).append(r)
+    per_class = min(per_class, max((len(v) for v in by_class.values()), default=1))
     rows = []
     for cls in sorted(by_class):
         items = by_class[cls]
@@ -65,11 +70,14 @@ def class_mosaic(
     tile: int = 128,
     seed: int = 0,
     overwrite: bool = False,
+    echo: Callable[[str], None] | None = None,
 ) -> Path:
     """Write a PNG (or JPEG, by ``out``'s ending) with ``per_class`` sample images of every
     class in ``source``; the folders above ``out`` are made, an existing ``out`` is replaced
-    only with ``overwrite``."""
+    only with ``overwrite``. ``per_class`` above the largest class's count draws that many
+    (said through ``echo``)."""
     out = Path(out)
+    check_seed(seed)
     if per_class < 1 or tile < 16:
         raise ConfigError(f"--per-class must be >= 1 and --tile >= 16, got {per_class} and {tile}")
     if out.suffix.lower() not in IMAGE_ENDINGS:
@@ -81,6 +89,12 @@ def class_mosaic(
         mine = out.resolve()
         hit = next((r.path for r in records if Path(r.path).resolve() == mine), None)
         refuse_input_as_output(out, passing("out", out), {"PATH": hit})
+    largest = max(Counter(r.cls for r in records).values(), default=0)
+    if per_class > largest > 0 and echo is not None:
+        echo(
+            f"{passing('per_class', per_class)}: the largest class holds {largest} images; "
+            f"drawing at most {largest} per class"
+        )
     rows = class_rows(records, per_class, tile, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     drawn = io.BytesIO()  # written at once: a stopped run leaves the last mosaic whole

@@ -23,7 +23,7 @@ from cyto.data.dataset import PatchDataset
 from cyto.errors import ConfigError
 from cyto.eval.metrics import all_metrics
 from cyto.eval.protocol import PAPER_WRS, WRProtocol
-from cyto.flags import passing, said
+from cyto.flags import check_seed, passing, said
 from cyto.locks import OutputLock
 from cyto.progress import progress
 from cyto.reuse import check_reuse
@@ -71,6 +71,7 @@ class SweepSpec:
             raise ConfigError("a sweep needs methods, WRs, trials >= 1 and K >= 1")
         if not 0 < self.train_fraction < 1:
             raise ConfigError(f"train fraction must be in (0, 1), got {self.train_fraction}")
+        check_seed(self.seed)
         bad = [w for w in self.wrs if not 0 < w < 100]  # (NaN too) before anything is written
         if bad:
             raise ConfigError(

@@ -24,6 +24,7 @@ import numpy as np
 
 from cyto.bundle import clear_temp_dirs_beside, temp_dir_beside
 from cyto.errors import ConfigError
+from cyto.flags import check_seed
 from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_input_as_output, refuse_to_replace
 from cyto.progress import progress
@@ -49,6 +50,7 @@ def harvest_cells(
         raise ConfigError(f"--label must be a plain folder name, got {label!r}")
     if per_slide is not None and per_slide < 1:
         raise ConfigError(f"--per-slide must be >= 1, got {per_slide}")
+    seed = check_seed(seed)
     sources = [read_source(f) for f in find_scored(scored)]
     refuse_repeated_slides([(s.identity, s.folder) for s in sources])  # its cells twice
     for s in sources:

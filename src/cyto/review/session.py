@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import ConfigError, InputPathError, first_line
+from cyto.flags import check_seed
 from cyto.reuse import check_reuse
 
 CASES_FILE, KEY_FILE, CROPS = "cases.json", "key.json", "crops"
@@ -341,6 +342,8 @@ def build_session(
     order carries no rank either."""
     if k is not None and k < 1:
         raise ConfigError(f"--k must be at least 1, got {k}")
+    if seed is not None:
+        seed = check_seed(seed)
     if merge_um is not None and not merge_um >= 0:
         raise ConfigError(f"--merge-um must be >= 0, got {merge_um}")
     folders = find_scored(scored)

@@ -17,7 +17,7 @@ from types import UnionType
 from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 from cyto.errors import ConfigError
-from cyto.flags import Range, said, setting
+from cyto.flags import SEED_RANGE, Range, check_seed, said, setting
 from cyto.models.backbones import BACKBONES
 
 if sys.version_info >= (3, 11):
@@ -67,7 +67,7 @@ class TrainConfig:
         "batch_size": Range(1),
         "lr": Range(0, open_lo=True),
         "weight_decay": Range(0),
-        "seed": Range(0, 2**32 - 1),
+        "seed": SEED_RANGE,
         "stain_jitter": Range(0, 1),
         "holdout": Range(0, 1),
     }
@@ -81,6 +81,7 @@ class TrainConfig:
         return out
 
     def __post_init__(self) -> None:
+        check_seed(self.seed, name=setting("seed"))  # the one rule for a seed, its type too
         for name, bounds in self.ranges().items():
             value = getattr(self, name)
             if not bounds.holds(value):

@@ -30,6 +30,7 @@ import numpy as np
 
 from cyto.data.synth.slide import BLOCK, SlideResult
 from cyto.errors import ConfigError, DatasetError
+from cyto.flags import JpegQuality, check_seed, check_value
 
 #: the share of a crop's side over which its border fades into the glass
 FEATHER = 0.1
@@ -83,6 +84,8 @@ class CellSlideConfig:
             raise ConfigError(f"spacing must be in [1, 4] crop sides, got {self.spacing}")
         if self.tile % 16 or not 64 <= self.tile <= BLOCK:
             raise ConfigError(f"tile must be a multiple of 16 in [64, {BLOCK}], got {self.tile}")
+        check_value("quality", self.quality, JpegQuality)
+        check_seed(self.seed)
 
     @property
     def microns_per_px(self) -> float:

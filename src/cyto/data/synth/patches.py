@@ -27,6 +27,7 @@ from cyto.data.synth.scene import (
     render_od,
 )
 from cyto.errors import ConfigError
+from cyto.flags import JpegQuality, check_seed, check_value
 from cyto.outputs_check import refuse_to_replace
 from cyto.progress import progress
 
@@ -67,8 +68,8 @@ class PatchSynthConfig:
                 f"unknown abnormal class(es) {', '.join(unknown)}; known: "
                 f"{', '.join(ABNORMAL_CLASSES)}"
             )
-        if not 1 <= self.quality <= 100:
-            raise ConfigError(f"JPEG quality must be in 1..100, got {self.quality}")
+        check_value("quality", self.quality, JpegQuality)
+        check_seed(self.seed)
 
 
 def render_patch(

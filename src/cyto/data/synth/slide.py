@@ -59,6 +59,7 @@ from cyto.data.synth.tiffio import (
     assemble,
 )
 from cyto.errors import ConfigError, InputPathError
+from cyto.flags import JpegQuality, check_seed, check_value
 from cyto.outputs_check import refuse_to_replace
 from cyto.progress import progress
 
@@ -134,6 +135,10 @@ class SlideSynthConfig:
             raise ConfigError(f"--smear-extent must be in [0.02, 0.5], got {self.smear_extent}")
         if not abs(self.defocus) <= 20.0:
             raise ConfigError(f"--defocus must be within 20 um of focus, got {self.defocus}")
+        check_value("quality", self.quality, JpegQuality)
+        check_seed(self.seed)
+        if self.stain_seed is not None:
+            check_seed(self.stain_seed, "stain_seed")
 
     @property
     def microns_per_px(self) -> float:
