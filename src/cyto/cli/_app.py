@@ -152,6 +152,23 @@ def _checked_seed(value: int | None) -> int | None:
     return None if value is None else check_seed(value)
 
 
+def ranged_option(help: str, bounds: Any, **kwargs: Any) -> Any:
+    """A numeric option held to ``bounds`` (a :class:`cyto.flags.Range`) as it is parsed: a
+    value outside is one line naming the flag, before any work (``cyto bench scorer --dims -1``
+    ended in numpy's raw ValueError, ``--repeats -1`` timed nothing and wrote a table)."""
+
+    def checked(ctx: typer.Context, param: Any, value: Any) -> Any:
+        from cyto.errors import ConfigError
+        from cyto.flags import said
+
+        if value is not None and not bounds.holds(value):
+            raise ConfigError(f"{said(param.name)} must be {bounds.words()}, got {value!r}")
+        return value
+
+    checked.bounds = bounds  # type: ignore[attr-defined]  (tests walk the options by it)
+    return typer.Option(help=help, callback=checked, **kwargs)
+
+
 def seed_option(help: str, **kwargs: Any) -> Any:
     """A ``--seed`` option, held to the one rule for a seed (:func:`cyto.flags.check_seed`) as
     it is parsed: a negative seed is one line naming ``--seed``, before any work is done."""

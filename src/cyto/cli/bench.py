@@ -8,8 +8,9 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import RankBy, ResultsOpt, _csv, _ints, bench_app
+from cyto.cli._app import RankBy, ResultsOpt, _csv, _ints, bench_app, ranged_option
 from cyto.errors import ConfigError
+from cyto.flags import Range
 
 
 @bench_app.command(
@@ -37,8 +38,12 @@ def bench_engine_cmd(
             "takes; its graph resizes them to the network's input size).",
         ),
     ] = None,
-    repeats: Annotated[int, typer.Option(help="Timed calls per configuration (median).")] = 10,
-    budget: Annotated[float, typer.Option(help="Seconds per configuration at most.")] = 5.0,
+    repeats: Annotated[
+        int, ranged_option("Timed calls per configuration (median).", Range(1))
+    ] = 10,
+    budget: Annotated[
+        float, ranged_option("Seconds per configuration at most.", Range(0, open_lo=True))
+    ] = 5.0,
     results: ResultsOpt = Path("bench-results"),
 ) -> None:
     """Patches/s and p50/p99 batch latency of every backend, precision and batch size."""
@@ -117,8 +122,10 @@ def bench_scorer_cmd(
     support_vectors: Annotated[
         str, typer.Option(help="OC-SVM support-vector counts, comma-separated.")
     ] = "100,1000,2000",
-    dims: Annotated[int, typer.Option(help="Embedding dimension.")] = 512,
-    repeats: Annotated[int, typer.Option(help="Timed calls of the numba kernels (median).")] = 3,
+    dims: Annotated[int, ranged_option("Embedding dimension.", Range(1))] = 512,
+    repeats: Annotated[
+        int, ranged_option("Timed calls of the numba kernels (median).", Range(1))
+    ] = 3,
     results: ResultsOpt = Path("bench-results"),
 ) -> None:
     """The numba scoring kernels vs sklearn vs a plain numpy reference."""
@@ -185,7 +192,7 @@ def bench_slide_cmd(
     ] = "auto",
     detector: Annotated[str, typer.Option(help="Nucleus detector: scipy or torch.")] = "scipy",
     naive_cells: Annotated[
-        int, typer.Option(help="Cells for the naive baseline (0: skip it).")
+        int, ranged_option("Cells for the naive baseline (0: skip it).", Range(0))
     ] = 2000,
     truth: Annotated[
         Path | None, typer.Option(help="Ground-truth cells, to report Recall@K too.")
@@ -248,14 +255,14 @@ def bench_cohort_cmd(
         str, typer.Option(help="The Ray cluster: auto, local or HOST:PORT (as for cyto score).")
     ] = "local",
     synthetic: Annotated[
-        int, typer.Option(help="Score N synthetic slides made here instead of SLIDES.")
+        int, ranged_option("Score N synthetic slides made here instead of SLIDES.", Range(0))
     ] = 0,
     size: Annotated[int, typer.Option(help="Side of each synthetic slide, px.")] = 4096,
     workers: Annotated[int | None, typer.Option(help="Decode/detect/crop processes.")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "auto",
     tile: Annotated[int, typer.Option(help="Tile size, px.")] = 1024,
     ray_part_tiles: Annotated[
-        int, typer.Option(help="Parts of this many tiles for larger slides (0: never).")
+        int, ranged_option("Parts of this many tiles for larger slides (0: never).", Range(0))
     ] = 256,
     work: Annotated[
         Path | None, typer.Option(help="Where the score outputs go (default: a temp folder).")
