@@ -29,6 +29,7 @@ from cyto import __version__
 from cyto.errors import BundleError, BundlePathError
 from cyto.locks import flock_or_not
 from cyto.outputs_check import refuse_to_replace
+from cyto.tables import finite, json_text
 
 FORMAT = "cyto-bundle"
 # 2: the manifest must carry its seal; TensorRT engines live in engines/, outside the seal.
@@ -402,11 +403,13 @@ def _canonical_sha256(manifest: dict[str, Any]) -> str:
 
 
 def _manifest_text(manifest: dict[str, Any], seal: bool = True) -> str:
-    """The manifest as written: sealed with the checksum of its canonical form."""
-    body = {k: v for k, v in manifest.items() if k != SEAL}
+    """The manifest as written: sealed with the checksum of its canonical form, made of what is
+    written (a number that is not finite as ``null``, so that what is read back holds the seal;
+    an older manifest's ``NaN`` is read back as written, and its seal holds as before)."""
+    body = finite({k: v for k, v in manifest.items() if k != SEAL})
     if seal:
         body[SEAL] = _canonical_sha256(body)
-    return json.dumps(body, indent=2, sort_keys=True, default=_json)
+    return json_text(body, indent=2, sort_keys=True, default=_json)
 
 
 def _json(obj: Any) -> Any:

@@ -43,6 +43,7 @@ from cyto.slides.remote import (
     is_url,
     redact,
 )
+from cyto.tables import json_text
 
 #: at the root of a staging folder: the printed URL of the prefix it mirrors
 MARK = ".cyto-location.json"
@@ -363,7 +364,7 @@ class OutputLocation(Requests):
         from cyto.bundle import atomic_write
 
         self.local.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.local / RECORD, json.dumps(record, sort_keys=True).encode())
+        atomic_write(self.local / RECORD, json_text(record, sort_keys=True).encode())
 
 
 def _etag(info: dict) -> str | None:
@@ -400,7 +401,7 @@ def staging_root(ref: SlideURL) -> Path:
     if not mark.is_file():
         from cyto.bundle import atomic_write
 
-        atomic_write(mark, json.dumps({"url": shown}).encode())
+        atomic_write(mark, json_text({"url": shown}).encode())
     return root
 
 

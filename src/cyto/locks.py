@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from cyto.errors import CytoWarning, OutputBusyError
+from cyto.tables import json_text
 
 LOCK = ".lock"
 #: what flock answers on a file system that cannot lock
@@ -147,7 +148,7 @@ class OutputLock:
         fh.seek(0)
         fh.truncate()
         fh.write(
-            json.dumps(
+            json_text(
                 {
                     "pid": os.getpid(),
                     "host": socket.gethostname(),

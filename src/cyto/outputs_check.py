@@ -28,6 +28,7 @@ from pathlib import Path
 
 from cyto.errors import CytoError, InputPathError
 from cyto.flags import passing
+from cyto.tables import json_text
 
 #: the record of what cyto wrote in a folder it made (relative POSIX paths), written last
 RECORD = ".cyto-outputs.json"
@@ -66,7 +67,7 @@ def record_outputs(folder: Path, command: str) -> None:
     wrote. Called last, on the folder cyto built (before it is renamed into place)."""
     folder = Path(folder)
     files = [f for f in _files(folder) if f != RECORD]
-    text = json.dumps({"format": RECORD_FORMAT, "command": command, "files": files}, indent=1)
+    text = json_text({"format": RECORD_FORMAT, "command": command, "files": files}, indent=1)
     (folder / RECORD).write_text(text + "\n")
 
 

@@ -37,6 +37,7 @@ from cyto.infer.store import ChunkStore, kept_words
 from cyto.locks import OutputLock
 from cyto.outputs_check import check_out_file, refuse_to_replace
 from cyto.seal import with_rows_seal
+from cyto.tables import json_text
 
 ZOOM_FILE = "zoom.json"
 
@@ -332,7 +333,7 @@ def _zoom(store: ChunkStore, zoom, patch_mpp, spec, records, skip: bool, name: s
         zoom, patch_mpp, spec.mpp, spec.nucleus_fraction,
         lambda: _nucleus_shares(records, spec.crop_size, spec.stain, skip, name),  # auto only
     )  # fmt: skip
-    atomic_write(saved, json.dumps({"factor": factor, "how": how}).encode())
+    atomic_write(saved, json_text({"factor": factor, "how": how}).encode())
     return factor, how
 
 
@@ -452,8 +453,8 @@ def _write_table(
             "cyto.zoom": f"{factor:.4g} ({how})",
             "cyto.rank_by": rank_by,
             # the files left out (--skip-unreadable), so no reader mistakes the table for all
-            "cyto.skipped": json.dumps([[str(p), why] for p, why in skipped]),
-            "cyto.verification": json.dumps(
+            "cyto.skipped": json_text([[str(p), why] for p, why in skipped]),
+            "cyto.verification": json_text(
                 scorer.verification.as_json() if scorer.verification else None
             ),
         }

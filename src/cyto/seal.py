@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cyto.bundle import atomic_write, sha256_file
+from cyto.tables import json_text
 
 SEAL = "seal.json"
 SUMMARY = "summary.json"
@@ -60,7 +61,7 @@ def seal_outputs(folder: Path, names: Iterable[str], owned: Iterable[str] = ()) 
         # when the run finished: a copied folder's files carry the time of the copy
         "sealed_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
-    atomic_write(folder / SEAL, json.dumps(record, indent=1, sort_keys=True).encode())
+    atomic_write(folder / SEAL, json_text(record, indent=1, sort_keys=True).encode())
     return record
 
 

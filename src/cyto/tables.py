@@ -4,11 +4,19 @@
 Arrow takes a path as UTF-8 text only: a file whose name is not UTF-8 (``b'cells-\\xff.csv'``,
 which Python holds with surrogate escapes) failed with a UnicodeEncodeError traceback wherever
 a table was read by name; such a file is read whole into a buffer Arrow owns.
+
+Every JSON file cyto writes (summaries, reports, manifests, records) is made by :func:`json_text`:
+strict JSON, a number that is not finite (NaN, inf) written as ``null``, which every JSON parser
+reads (``NaN`` is no JSON: a browser's ``JSON.parse`` refuses it).
 """
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -96,3 +104,31 @@ def number_column(column) -> np.ndarray:
 def one_line(exc: BaseException) -> str:
     """An exception's message on one line (a library's may span several)."""
     return " ".join(str(exc).split())
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every number that is not finite (NaN, inf, -inf, numpy's too) as ``None``,
+    through nested dicts, lists and tuples; numpy scalars and arrays as plain Python values."""
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return finite(obj.tolist())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def json_text(obj: Any, *, default: Callable[[Any], Any] | None = None, **options: Any) -> str:
+    """``obj`` as strict JSON (``json.dumps`` ``options``): what is not finite as ``null``
+    (:func:`finite`), and a value that still is not (from ``default``) refused, never ``NaN``."""
+
+    def convert(value: Any) -> Any:
+        if default is None:
+            raise TypeError(f"not JSON serializable: {type(value).__name__}")
+        return finite(default(value))
+
+    return json.dumps(finite(obj), allow_nan=False, default=convert, **options)

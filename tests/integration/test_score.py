@@ -596,3 +596,23 @@ def test_a_cohort_names_each_slide_and_says_the_models_warning_once(model, tmp_p
     one = score_cli(paths[0], model, tmp_path / "p", "--workers", "0", "--mosaic", "0")
     assert one.returncode == 0 and "slide 1/1" not in one.stdout
     assert "records no training resolution" in one.stdout
+
+
+def _strict(text: str):
+    """``text`` parsed as strict JSON: ``NaN`` or ``Infinity`` refused, as a browser refuses."""
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_truth_outside_the_slide_gives_strict_json(model, slide, tmp_path):
+    """A truth table with no abnormal cell inside the slide leaves recall undefined: summary.json
+    says null for it, never NaN (issue 68, hostile round 11, N31)."""
+    truth = tmp_path / "truth.csv"
+    truth.write_text("x,y,label\n999999,999999,1\n-50,-50,1\n100,100,0\n")
+    proc = score_cli(slide.paths[0], model, tmp_path / "out", "--truth", str(truth))
+    assert proc.returncode == 0, proc.stderr
+    summary = _strict((tmp_path / "out" / "s" / "summary.json").read_text())
+    assert "truth" in summary

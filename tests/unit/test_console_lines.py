@@ -229,3 +229,28 @@ def test_a_folder_finished_by_another_run_after_the_check_is_refused_under_the_l
     assert "was finished by another run after this one began" in str(err.value)
     assert "--overwrite" in str(err.value) and "\n" not in str(err.value)
     _refuse_finished_since(Path("s1.tif"), folder)  # not a fresh-only run: nothing to refuse
+
+
+def test_a_summary_with_undefined_numbers_reads_back_and_is_told():
+    """Hostile round 11 (N31): a number the run could not define (NaN) is written as null in
+    summary.json (strict JSON); the one-line report of a summary read back says it is unknown."""
+    import json
+
+    from cyto.tables import json_text
+
+    nan = float("nan")
+    burden = {
+        "status": "ok",
+        "abnormal_fraction": nan,
+        "abnormal_fraction_interval": [nan, nan],
+        "flagged_bh": 0,
+        "fdr_alpha": 0.1,
+        "slide_p_value": nan,
+        "triage": "routine",
+    }
+    truth = {"k": 20, "planted_found_in_top_k": 0, "planted_abnormal": 0, "recall_at_k": nan}
+    summary = json.loads(json_text(_summary(burden=burden, truth=truth)))
+    line = slide_line(summary, "/o")
+    unknown = "abnormal burden unknown above the normal cells' threshold (95% CI unknown)"
+    assert f"{unknown}, 0 cells flagged" in line, line
+    assert "slide p=unknown (routine)" in line, line

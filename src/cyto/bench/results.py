@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 import uuid
 from pathlib import Path
+
+from cyto.tables import json_text
 
 
 def _slug(text: str) -> str:
@@ -24,7 +25,7 @@ def write_results(out: Path, kind: str, meta: dict, rows: list[dict], markdown: 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     base = f"{kind}_{_slug(str(meta['host']))}_{meta['date']}"
-    text = json.dumps({"kind": kind, "meta": meta, "results": rows}, indent=2, default=str)
+    text = json_text({"kind": kind, "meta": meta, "results": rows}, indent=2, default=str)
     tmp = out / f".{base}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
     try:
         with open(tmp, "x") as fh:  # the mode a plain open gives (others may read results)

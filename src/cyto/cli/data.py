@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from cyto.cli._app import StorageOption, data_app, seed_option
+from cyto.tables import json_text
 
 
 @data_app.command("info")
@@ -29,8 +30,6 @@ def data_info_cmd(
     info = data_info(path)
     split = one_class_split(info.classes, normal, abnormal, path) if normal or abnormal else None
     if as_json:
-        import json
-
         payload = {
             "source": str(info.source),
             "files": info.n_files,
@@ -41,7 +40,7 @@ def data_info_cmd(
             "unreadable": [{"path": str(p), "reason": r} for p, r in info.unreadable],
             "split": split,
         }
-        typer.echo(json.dumps(payload, indent=2))
+        typer.echo(json_text(payload, indent=2))
         return
     typer.echo(
         f"{info.source}: {info.n_files} files, {len(info.classes)} classes"

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from cyto.cli._app import eval_app, seed_option
+from cyto.tables import json_text
 
 
 @eval_app.command("sweep", short_help="The paper's witness-rate sweep: train, rank, tables, plots.")
@@ -135,10 +136,8 @@ def eval_scores_cmd(
     else:
         rows = evaluate_table(table, ks, score_column, label_column, note)
     if as_json:
-        import json
-
         done = rows if classes is None else {"overall": rows, "by_class": classes}
-        typer.echo(json.dumps(done, indent=2))
+        typer.echo(json_text(done, indent=2))
         return
     if rows is None:
         typer.echo(

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from cyto.cli._app import BUNDLE, LocalPath, _csv, app, used_words
+from cyto.tables import json_text
 
 
 def _cells(field: str) -> LocalPath:
@@ -32,7 +33,6 @@ def info_cmd(
     ] = False,
 ) -> None:
     """Describe a model bundle (verifying every checksum)."""
-    import json
 
     from cyto.bundle import seal_bundle, verify_bundle
 
@@ -40,7 +40,7 @@ def info_cmd(
         typer.echo(f"{model}: {'sealed' if seal_bundle(model) else 'already sealed'}")
     m = verify_bundle(model)
     if as_json:
-        typer.echo(json.dumps(m, indent=2, sort_keys=True))
+        typer.echo(json_text(m, indent=2, sort_keys=True))
         return
     cfg = m.get("config", {})
     typer.echo(
@@ -201,12 +201,11 @@ def doctor_cmd(
     """What this machine can run: slide readers, ONNX Runtime, CUDA, TensorRT, numba, the CPU's
     instruction sets; for each model, every graph and engine verified here on its golden cells,
     with its speed. Exits 1 when something asked for cannot run here."""
-    import json
 
     from cyto.doctor import diagnose, render
 
     report = diagnose(list(models or []), device, precision)
-    typer.echo(json.dumps(report.as_json(), indent=2) if as_json else render(report))
+    typer.echo(json_text(report.as_json(), indent=2) if as_json else render(report))
     if report.exit_code:
         raise typer.Exit(report.exit_code)
 

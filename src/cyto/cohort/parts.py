@@ -28,6 +28,7 @@ from cyto.infer.store import ChunkStore
 from cyto.locks import OutputLock
 from cyto.runtime import Scorer
 from cyto.slides import open_slide, open_with_planes
+from cyto.tables import json_text
 
 PARTS = ".parts"
 DONE = "done.json"
@@ -103,7 +104,7 @@ def score_part(
                     store = ChunkStore(folder, key)
                     run = score_tiles(plan, plan.jobs[start:stop], store, scorer, opts, echo)
                     tmp = folder / f".{DONE}.tmp"
-                    tmp.write_text(json.dumps({"key": key, "run": run.as_json()}))
+                    tmp.write_text(json_text({"key": key, "run": run.as_json()}))
                     os.replace(tmp, folder / DONE)
     except OSError as exc:
         raise write_error(slide, out_dir, exc) from exc

@@ -239,9 +239,21 @@ def burden_words(b: dict | None) -> str:
         rests = ""
     from cyto.stats.calibrate import above_words
 
+    share, p = _number(b["abnormal_fraction"], ".2%"), _number(b["slide_p_value"], ".2g")
+    ci = f"{100 * lo:.2f}-{100 * hi:.2f}%" if _defined(lo) and _defined(hi) else "unknown"
     return (
-        f"; abnormal burden {100 * b['abnormal_fraction']:.2f}% "
-        f"{above_words(b.get('threshold_quantile_of_normals'))} (95% CI {100 * lo:.2f}-"
-        f"{100 * hi:.2f}%{rests}), {b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}{given}, "
-        f"slide p={b['slide_p_value']:.2g} ({b['triage']})"
+        f"; abnormal burden {share} {above_words(b.get('threshold_quantile_of_normals'))} "
+        f"(95% CI {ci}{rests}), {b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}{given}, "
+        f"slide p={p} ({b['triage']})"
     )
+
+
+def _number(value: float | None, spec: str) -> str:
+    """A summary's number as the line shows it; "unknown" where the run could not define it
+    (written as null: summary.json is strict JSON, see :func:`cyto.tables.json_text`)."""
+    return format(value, spec) if _defined(value) else "unknown"
+
+
+def _defined(value: float | None) -> bool:
+    """Not null (as read back) nor NaN (in a summary not yet written)."""
+    return value is not None and value == value

@@ -27,6 +27,7 @@ from cyto.flags import check_seed, passing, said
 from cyto.locks import OutputLock
 from cyto.progress import progress
 from cyto.reuse import check_reuse
+from cyto.tables import json_text
 
 METRIC_COLUMNS = (
     "tp_at_k",
@@ -189,7 +190,7 @@ def _finished(results: Path, echo) -> set[tuple[str, float]]:
 
 def _write_seal(results: Path, cells: dict[str, str]) -> None:
     record = {"format": SEAL_FORMAT, "cells": dict(sorted(cells.items()))}
-    atomic_write(_seal_file(results), json.dumps(record, indent=1).encode())
+    atomic_write(_seal_file(results), json_text(record, indent=1).encode())
 
 
 def _train_data(method: str, trial, images: np.ndarray, labels: np.ndarray, fp: str):
@@ -291,7 +292,7 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
     # behind, neither a record that would turn its corrected rerun away as "other settings"
     # nor a file in a user's folder
     (out / "models").mkdir(parents=True, exist_ok=True)
-    atomic_write(spec_file, json.dumps(spec_json, indent=2).encode())  # whole, or the last
+    atomic_write(spec_file, json_text(spec_json, indent=2).encode())  # whole, or the last
     n_bag_normals = sum(len(b) for b in protocol.normal_bags)
     echo(
         f"{n_bag_normals} training normals in 10 bags, {len(protocol.test_normals)} held-out "

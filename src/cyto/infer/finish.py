@@ -3,7 +3,6 @@ summary (:func:`finish_slide`)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ from cyto.location import shown
 from cyto.runtime import Scorer
 from cyto.seal import SEAL, seal_outputs, unseal
 from cyto.stats import calibrate
+from cyto.tables import json_text
 
 Metrics = Callable[[np.ndarray, np.ndarray, int], dict]
 SUMMARY = "summary.json"
@@ -413,7 +413,7 @@ def write_summary(out_dir: Path, summary: dict) -> None:
 
     out_dir = Path(out_dir)
     unseal(out_dir)
-    atomic_write(out_dir / SUMMARY, json.dumps(summary, indent=2, default=str).encode())
+    atomic_write(out_dir / SUMMARY, json_text(summary, indent=2, default=str).encode())
     owned = [*written_outputs(0, 0, True), *QUPATH_FILES.values()]
     seal_outputs(out_dir, (summary.get("outputs") or {}).keys(), owned)
 

@@ -7,7 +7,6 @@ checksum, the backend, device and precision, and the stage timings.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from cyto.flags import passing
 from cyto.slides import SLIDE_SUFFIXES, open_slide
 from cyto.slides.base import printable
 from cyto.slides.remote import redact, slide_bytes
-from cyto.tables import named_columns, number_column, one_line, read_table
+from cyto.tables import json_text, named_columns, number_column, one_line, read_table
 
 MOSAIC_SIDE, MOSAIC_COLS = 96, 10
 
@@ -241,7 +240,7 @@ def table_metadata(
         "cyto.manifest_sha256": bundle.manifest_hash,
         "cyto.method": bundle.method,
         "cyto.scoring_id": bundle.scoring_id,
-        "cyto.result_key": json.dumps(result_key, default=str, sort_keys=True),
+        "cyto.result_key": json_text(result_key, default=str, sort_keys=True),
         "cyto.slide": printable(slide),  # Parquet metadata is UTF-8: a name that is not, shown
         "cyto.slide_identity": identity,
         "cyto.slide_bytes": str(slide_bytes(slide)),
@@ -250,10 +249,10 @@ def table_metadata(
         "cyto.precision": scorer.precision,
         "cyto.graph": scorer.graph_file or "pytorch",
         # the graph's check on the golden cells here: status and its numbers
-        "cyto.verification": json.dumps(
+        "cyto.verification": json_text(
             scorer.verification.as_json() if scorer.verification is not None else None
         ),
-        "cyto.timings": json.dumps(timings),
+        "cyto.timings": json_text(timings),
     }
 
 
@@ -389,5 +388,5 @@ def write_mosaics(
         }
         for pos, k in enumerate(shuffled)
     ]
-    (out_dir / key_file).write_text(json.dumps(key, indent=1))
+    (out_dir / key_file).write_text(json_text(key, indent=1))
     return path

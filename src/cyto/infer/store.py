@@ -26,7 +26,7 @@ from cyto.flags import named, passing, python_call
 from cyto.reuse import check_reuse, read_record
 from cyto.slides.base import PLANE_SEP
 from cyto.slides.remote import SlideURL, remote_identity, slide_ref
-from cyto.tables import parquet_file
+from cyto.tables import json_text, parquet_file
 
 PARTIAL = ".partial"
 #: each chunk's bytes and sha256 as written, in ``.partial`` (see :meth:`ChunkStore.write`)
@@ -172,7 +172,7 @@ class ChunkStore:
         shutil.rmtree(self.dir, ignore_errors=True)
         self._chunks = {}
         self.dir.mkdir(parents=True)
-        state.write_text(json.dumps(self.key, indent=1))
+        state.write_text(json_text(self.key, indent=1))
         return 0, 0
 
     def _drop_damaged(self, echo) -> None:
@@ -218,7 +218,7 @@ class ChunkStore:
         return dict(self._chunks)
 
     def _write_record(self, record: dict) -> None:
-        atomic_write(self.dir / CHUNKS, json.dumps(record, indent=1, sort_keys=True).encode())
+        atomic_write(self.dir / CHUNKS, json_text(record, indent=1, sort_keys=True).encode())
         self._chunks = dict(record)
 
     def _files(self) -> list[Path]:

@@ -32,7 +32,6 @@ on synthetic patches neither moved it (+0.019 ± 0.080, +0.006 ± 0.094).
 from __future__ import annotations
 
 import csv
-import json
 import shutil
 from pathlib import Path
 from typing import Annotated
@@ -43,6 +42,7 @@ from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_to_replace
 from cyto.review.session import CROPS, open_session
 from cyto.review.store import MarkStore
+from cyto.tables import json_text
 
 REVIEW_ABNORMAL = "review-marked"
 AGREE = ("any", "all")
@@ -340,5 +340,5 @@ def refine(
             overwrite=overwrite,
             extra_manifest={"refined_from": provenance},
         )
-        (work / "refined_from.json").write_text(json.dumps(provenance, indent=1))
+        (work / "refined_from.json").write_text(json_text(provenance, indent=1))
         return {**provenance, "bundle": str(res.bundle), "seconds": res.seconds}

@@ -17,7 +17,6 @@ Writes, into ``REVIEW_DIR/report/``:
 from __future__ import annotations
 
 import csv
-import json
 import os
 import shutil
 from itertools import combinations
@@ -30,6 +29,7 @@ from cyto.errors import ConfigError
 from cyto.locks import OutputLock
 from cyto.review.session import CROPS, Session, open_session
 from cyto.review.store import MarkStore
+from cyto.tables import json_text
 
 POOLED = "pooled"
 STROKE_COLOURS = ((215, 38, 61), (27, 118, 209), (255, 160, 0), (140, 60, 200))
@@ -341,7 +341,7 @@ def _write_files(report: dict, marked: dict, session, out: Path) -> None:
             "expert_table_md": str(out / "expert_table.md"),
             "report_json": str(out / "report.json"),
         }
-        (tmp / "report.json").write_text(json.dumps(report, indent=1))
+        (tmp / "report.json").write_text(json_text(report, indent=1))
         (out / "figures").mkdir(exist_ok=True)
         for name in [*figures, Path("expert_table.csv"), Path("expert_table.md")]:
             os.replace(tmp / name, out / name)

@@ -41,6 +41,7 @@ import numpy as np
 from cyto.errors import ConfigError, InputPathError, first_line
 from cyto.flags import check_seed
 from cyto.reuse import check_reuse
+from cyto.tables import json_text
 
 CASES_FILE, KEY_FILE, CROPS = "cases.json", "key.json", "crops"
 #: in a scored folder: the review folders made of it (:func:`record_review`)
@@ -426,7 +427,7 @@ def build_session(
             "session_id": secrets.token_hex(16),
         }
         (tmp / KEY_FILE).write_text(
-            json.dumps(
+            json_text(
                 {
                     **meta,
                     "seed": seed,
@@ -441,7 +442,7 @@ def build_session(
             )
         )
         (tmp / CASES_FILE).write_text(
-            json.dumps({**meta, "details": list(DETAILS), "cases": public}, indent=1)
+            json_text({**meta, "details": list(DETAILS), "cases": public}, indent=1)
         )
         _seal_review(tmp)  # last: a folder renamed into place is whole and sealed
         try:
@@ -542,7 +543,7 @@ def register_review(folders: list[Path], root: Path) -> None:
                 entry = {"review": root_s, "scoring_id": model}
                 if entry not in entries:
                     body = {"format": REVIEWS_FORMAT, "reviews": [*entries, entry]}
-                    atomic_write(path, json.dumps(body, indent=1).encode())
+                    atomic_write(path, json_text(body, indent=1).encode())
 
 
 def registered_reviews(folder: Path) -> list[Path]:
@@ -569,7 +570,7 @@ def record_review(folders: list[Path], root: Path) -> None:
         known = [str(p) for p in recorded_reviews(folder)]
         if root in known:
             continue
-        text = json.dumps({"format": REVIEWS_FORMAT, "reviews": [*known, root]}, indent=1)
+        text = json_text({"format": REVIEWS_FORMAT, "reviews": [*known, root]}, indent=1)
         try:
             atomic_write(Path(folder) / REVIEWS_FILE, text.encode())
         except OSError as exc:
@@ -670,7 +671,7 @@ def _seal_review(folder: Path) -> None:
         for name, path in sorted(_crop_files(folder).items())
     }
     record = {"format": REVIEW_SEAL_FORMAT, "files": files, "crops": crops}
-    atomic_write(folder / REVIEW_SEAL, json.dumps(record, indent=1).encode())
+    atomic_write(folder / REVIEW_SEAL, json_text(record, indent=1).encode())
 
 
 def _check_crops(root: Path, sealed: dict) -> dict[str, str]:

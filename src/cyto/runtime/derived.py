@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cyto.tables import json_text
+
 RECORD_FORMAT = "cyto-derived-engine"
 RECORD_VERSION = 1
 
@@ -134,7 +136,7 @@ class KeptEngine:
                 "sha256": engine.sha256,
                 "size": engine.size,
             }
-            atomic_write(self.record_path, json.dumps(record, indent=1, sort_keys=True).encode())
+            atomic_write(self.record_path, json_text(record, indent=1, sort_keys=True).encode())
             for old in self.folder.glob(f"{self.stem}-*{self.suffix}"):
                 if old != path:
                     with contextlib.suppress(OSError):

@@ -32,6 +32,7 @@ from cyto.errors import BundleError, ConfigError
 from cyto.flags import said
 from cyto.locks import file_lock
 from cyto.runtime.derived import read_engine
+from cyto.tables import json_text
 
 ENGINES_DIR = "engines"
 INDEX = "index.json"
@@ -321,4 +322,4 @@ class EngineIndex:
             "version": INDEX_VERSION,
             "engines": [e.to_json() for e in entries],
         }
-        atomic_write(self.dir / INDEX, json.dumps(data, indent=1).encode())
+        atomic_write(self.dir / INDEX, json_text(data, indent=1).encode())

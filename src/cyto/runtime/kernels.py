@@ -26,6 +26,8 @@ import os
 import warnings
 from pathlib import Path
 
+from cyto.tables import json_text
+
 RECORD = "cyto-kernels.json"
 RECORD_FORMAT = "cyto-numba-kernels"
 SUFFIXES = (".nbi", ".nbc")
@@ -137,7 +139,7 @@ def record(folder: Path | None = None) -> None:
         if files == _read(folder):
             return
         body = {"format": RECORD_FORMAT, "version": 1, "files": files}
-        atomic_write(folder / RECORD, json.dumps(body, indent=1, sort_keys=True).encode())
+        atomic_write(folder / RECORD, json_text(body, indent=1, sort_keys=True).encode())
 
 
 def _record_quietly(folder: Path) -> None:

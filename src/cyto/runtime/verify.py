@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from cyto.errors import BundleError
+from cyto.tables import json_text
 
 GOLDEN_FILE = "golden.npz"
 #: the ranking gate of reduced-precision graphs, at export and here
@@ -316,7 +317,7 @@ def _write_cached(bundle_path: Path, sha: str, record: dict) -> Path | None:
             if not os.access(folder, os.W_OK):
                 continue
             path = folder / f"{sha[:32]}.json"
-            atomic_write(path, json.dumps(record, indent=1, sort_keys=True).encode())
+            atomic_write(path, json_text(record, indent=1, sort_keys=True).encode())
             return path
         except OSError:
             continue

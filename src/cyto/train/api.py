@@ -18,6 +18,7 @@ from cyto.errors import ConfigError, InputPathError
 from cyto.flags import passing, python_call, said
 from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_keep_and_replace, refuse_to_replace
+from cyto.tables import json_text
 from cyto.train.calibration import normal_calibration
 from cyto.train.config import TrainConfig, resolve_config
 from cyto.train.data import TrainData
@@ -229,7 +230,7 @@ def start_checkpoints(ckpt: Path, key: dict, resume: bool, replaces: bool = Fals
     for old in ckpt.iterdir():
         if old.name != LOCK:
             shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
-    atomic_write(ckpt / RUN_KEY, json.dumps(key, indent=1, sort_keys=True).encode())
+    atomic_write(ckpt / RUN_KEY, json_text(key, indent=1, sort_keys=True).encode())
     if replaces:  # the bundle this run replaces, asked with overwrite: resume replaces it too
         atomic_write(ckpt / REPLACES, b"")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import ConfigError, CytoError, InputPathError
-from cyto.tables import read_table
+from cyto.tables import json_text, read_table
 
 #: the table's FDR flag columns, the first found is drawn (cyto.stats.calibrate)
 FLAG_COLUMNS = ("flagged_bh", "flagged_adaptive")
@@ -414,7 +414,7 @@ class ViewSlide:
             rgba[..., :3] = (ramp(u) * 255).round().astype(np.uint8)
             rgba[..., 3] = np.where(ok, 200, 0)
             self._cached["map"] = _png(rgba)
-            self._cached["map_legend"] = json.dumps(
+            self._cached["map_legend"] = json_text(
                 {
                     "kind": m.kind,
                     "window_um": m.window_um if self.mpp else None,
@@ -443,7 +443,7 @@ class ViewSlide:
             every = list(tile_grid(self.width, self.height, tile))
             visited = {i for i, _, _ in tile_grid(self.width, self.height, tile, mask, ds)}
             skipped = [(x0, y0) for i, x0, y0 in every if i not in visited]
-            self._cached["skipped"] = json.dumps(
+            self._cached["skipped"] = json_text(
                 {
                     "tile": tile,
                     "tiles": len(every),

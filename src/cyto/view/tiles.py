@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import math
 import os
 import shutil
@@ -34,6 +33,8 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+
+from cyto.tables import json_text
 
 FORMAT = "cyto-view-tiles/2"  # 2: each tile sealed (_seal)
 TILE = 256
@@ -75,7 +76,7 @@ class TilePyramid:
                     shutil.rmtree(e, ignore_errors=True)
                 elif e.name != LOCK:
                     e.unlink(missing_ok=True)
-            _atomic(record, json.dumps(key, indent=1).encode())
+            _atomic(record, json_text(key, indent=1).encode())
         self.used = Touch(self.dir)
         self._rendering = threading.Semaphore(RENDERING)
         self._said_damaged = False

@@ -62,6 +62,7 @@ from cyto.errors import ConfigError, InputPathError
 from cyto.flags import JpegQuality, check_seed, check_value
 from cyto.outputs_check import refuse_to_replace
 from cyto.progress import progress
+from cyto.tables import json_text
 
 BLOCK = 512
 
@@ -695,7 +696,7 @@ def write_pyramid(
         gt = ground_truth_path(out)
         table = gt_table.replace_schema_metadata(
             {
-                b"cyto.synthetic": json.dumps(describe).encode(),
+                b"cyto.synthetic": json_text(describe).encode(),
                 b"cyto.slide": _utf8(out.name).encode(),
             }
         )
@@ -727,7 +728,7 @@ def _common_tags(
         Tag(258, SHORT, (8, 8, 8)),
         Tag(259, SHORT, (7,)),  # JPEG
         Tag(262, SHORT, (6,)),  # YCbCr
-        Tag(270, ASCII, json.dumps(describe | {"level": level})),
+        Tag(270, ASCII, json_text(describe | {"level": level})),
         Tag(277, SHORT, (3,)),
         Tag(282, RATIONAL, ((int(round(px_per_cm * 1000)), 1000),)),
         Tag(283, RATIONAL, ((int(round(px_per_cm * 1000)), 1000),)),
