@@ -415,3 +415,22 @@ def test_scoring_again_under_an_open_review_is_said_and_the_view_advice_waits(tm
     assert "blinded review with nothing marked yet" in line and "\n" not in line
     words = view_words([{"output": str(folder)}], folder.parent)
     assert words.startswith(f"cyto view {folder} shows every cell's rank, so it waits"), words
+
+
+def test_scoring_the_reviewed_slide_into_another_folder_says_no_review_is_cut(tmp_path):
+    """Hostile round 11 (N21): with a review made from oc/s1 open, `cyto score` of the same slide
+    into another folder o11 with --overwrite said o11/s1 was "scored again under an open review":
+    the review's cases come from oc/s1, which nothing replaced. Only the folder the review was
+    cut from is said; the view of the other folder still waits (it shows the slide's ranks)."""
+    from cyto.view.folder import rescoring_words, view_words
+
+    reviewed = _identified(tmp_path / "oc" / "s1")
+    rv = _review(tmp_path / "rv", [reviewed.resolve()])
+    record_review([reviewed], rv)
+    elsewhere = _identified(tmp_path / "o11" / "s1")  # the same slide, scored into another folder
+    assert rescoring_words([elsewhere]) == []
+    assert "shows every cell's rank, so it waits" in view_words(
+        [{"output": str(elsewhere)}], elsewhere.parent
+    )
+    [line] = rescoring_words([reviewed])
+    assert line.startswith(f"{reviewed} is being scored again under an open review (")

@@ -32,12 +32,17 @@ TOP_LIST = 100
 WINDOW_PX_NO_MPP = 256
 
 
-def review_blocking(scored: list[Path], roots: list[Path]) -> str | None:
+def review_blocking(scored: list[Path], roots: list[Path], *, cut_from: bool = False) -> str | None:
     """Why a blinded review forbids showing ``scored`` (one line naming the review and who has
     not finished), or None. The reviews looked at are those each scored folder records
     (:func:`cyto.review.session.recorded_reviews`, wherever their --session is) and a
     ``review`` folder beside it; one counts when its key lists one of the folders; it is
-    finished when someone has reviewed and every reviewer has marked every case done."""
+    finished when someone has reviewed and every reviewer has marked every case done.
+
+    With ``cut_from`` only the reviews whose cases were cut from one of ``scored`` count: its key
+    lists the folder (or, before its key, the folder records it). The slide's own reviews made
+    from another folder (found by the slide's identity) blind it, but replacing this folder
+    changes nothing of them."""
     from cyto.reuse import read_record
     from cyto.review.session import recorded_reviews, registered_reviews
 
@@ -54,14 +59,13 @@ def review_blocking(scored: list[Path], roots: list[Path]) -> str | None:
     names = {str(f) for f in scored}
     for review in dict.fromkeys(p.resolve() for p in places):
         key = read_record(review / "key.json")
-        if key is None and review in recorded | registered:  # before its key, or moved
+        if key is None and review in (recorded if cut_from else recorded | registered):
             return (
                 f"{review} is a blinded review of these slides that has no key yet (being "
                 "made, or moved away)"
             )
-        if key is None or not (
-            names & set(map(str, key.get("scored") or [])) or review in registered
-        ):
+        listed = key is not None and bool(names & set(map(str, key.get("scored") or [])))
+        if key is None or not (listed or (review in registered and not cut_from)):
             continue
         cases = sorted((key.get("cases") or {}).keys())
         if not (review / "marks.sqlite").is_file():
@@ -520,14 +524,15 @@ def view_words(summaries: list[dict], out: Path) -> str | None:
 def rescoring_words(folders: list[Path]) -> list[str]:
     """Warnings for slide folders about to be scored again (``--overwrite``, or a resume that
     scores again) that an unfinished blinded review was cut from: the review's cases come from
-    the results being replaced. One line per folder; none where no review is open."""
+    the results being replaced. One line per folder; none where no review is open, nor where the
+    open review of the slide was cut from another folder (that one is left as it was)."""
     out = []
     for folder in folders:
         folder = Path(folder)
         if not (folder / "summary.json").is_file():
             continue
         try:
-            why = review_blocking([folder.resolve()], [folder.resolve()])
+            why = review_blocking([folder.resolve()], [folder.resolve()], cut_from=True)
         except (CytoError, OSError):
             continue
         if why:
