@@ -422,3 +422,21 @@ def test_an_int8_export_records_the_cells_it_calibrated_on(exported_dsvdd, synth
     info = run_cyto("info", str(path))
     assert f"percentile calibration on {used} cells" in info.stdout, info.stdout
     assert f"calibration on {given} cells" not in info.stdout
+
+
+def test_info_says_the_cells_an_fp16_parity_was_measured_on(bundle, synth_patches):
+    """Hostile round 11 (N29): after `cyto export M --precision fp16`, `cyto info M` said "vs fp32
+    on 256 held-out cells" while the parity record says the bundle's golden cells measured it
+    (cells the model trained on). Info says the cells as the record does."""
+    from cyto.export.golden import write_golden
+
+    write_golden(bundle, synth_patches, normal="normal", n=64)  # as cyto export keeps them
+    proc = run_cyto("export", str(bundle), "--no-onnx", "--precision", "fp16")
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads((bundle / "manifest.json").read_text())
+    source = m["onnx_variants"]["fp16"]["parity_vs_fp32"]["cells_source"]
+    assert source.startswith("the bundle's golden cells ("), source
+    info = run_cyto("info", str(bundle))
+    assert info.returncode == 0, info.stderr
+    [line] = [x.strip() for x in info.stdout.splitlines() if x.strip().startswith("fp16:")]
+    assert "; vs fp32 on 64 golden cells: Spearman " in line, line

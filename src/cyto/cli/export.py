@@ -121,6 +121,8 @@ def info_cmd(
                 f"    graph vs TensorRT import rules ({conf['targets']}): "
                 + ("conforms" if conf["ok"] else problem_words(conf))
             )
+        from cyto.export.quantize import parity_cells_words
+
         for p, v in sorted((m.get("onnx_variants") or {}).items()):
             par, gate = v["parity_vs_fp32"], v["gate"]
             verdict = "passed" if gate["passed"] else "BELOW the gate, accepted by the user"
@@ -129,7 +131,7 @@ def info_cmd(
             if q.get("kept_float"):
                 how += f", {'/'.join(q['kept_float'])} kept in float"
             typer.echo(
-                f"    {p}: {v['file']}{how}; vs fp32 on {par['cells']} held-out cells: Spearman "
+                f"    {p}: {v['file']}{how}; vs fp32 on {parity_cells_words(par)}: Spearman "
                 f"{par['spearman']:.4f}, top-10% overlap {par['top10_overlap']:.2f} ({verdict})"
             )
     else:

@@ -82,6 +82,18 @@ class Cells:
         )
 
 
+#: how a parity record's ``cells_source`` begins when the bundle's golden cells measured it
+GOLDEN_SOURCE = "the bundle's golden cells"
+
+
+def parity_cells_words(parity: dict) -> str:
+    """``N golden cells`` or ``N held-out cells``: the cells a graph's parity with fp32 was
+    measured on, as its record (``cells_source``) says; every line that reports a parity says it
+    so (an fp16 graph's are the golden cells, which are no held-out cells)."""
+    golden = str(parity.get("cells_source") or "").startswith(GOLDEN_SOURCE)
+    return f"{parity['cells']} {'golden' if golden else 'held-out'} cells"
+
+
 def _golden_cells(bundle) -> Cells | None:
     """The bundle's golden cells as parity cells, when they are real cells (an fp16 graph is
     not calibrated, so cells the model trained on measure its parity as well as any)."""
@@ -93,7 +105,7 @@ def _golden_cells(bundle) -> Cells | None:
     return Cells(
         golden.images,
         golden.labels,
-        f"the bundle's golden cells ({golden.source})",
+        f"{GOLDEN_SOURCE} ({golden.source})",
         golden.sha256,
     )
 
@@ -472,9 +484,8 @@ def export_variant(
     held = parity_cells
     if calib is not None and held is None:
         calib, held = calib.split(0.25)
-    held_words = "held-out"
     if held is None and precision == "fp16":  # nothing calibrated: the golden cells serve
-        held, held_words = _golden_cells(bundle), "golden"
+        held = _golden_cells(bundle)
     if held is None:
         raise ConfigError(
             f"{precision}: parity needs held-out cells: pass {said('parity_cells')} with cells "
@@ -504,7 +515,7 @@ def export_variant(
         parity["cells_source"] = held.source
         ok = passes(parity)
         line = (
-            f"{key} vs fp32 on {parity['cells']} {held_words} cells: Spearman "
+            f"{key} vs fp32 on {parity_cells_words(parity)}: Spearman "
             f"{parity['spearman']:.4f}, top-10% overlap {parity['top10_overlap']:.2f}, top-1% "
             f"{parity['top1_overlap']:.2f}, max score difference {parity['max_abs_diff']:.3g}"
         )
