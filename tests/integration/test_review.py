@@ -598,9 +598,7 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
 
     rv = tmp_path / "rv"
     shutil.copytree(session.root, rv, ignore=shutil.ignore_patterns("marks.sqlite*", "context"))
-    s = open_session(rv)
-    model = s.key["cases"][s.case_ids()[0]]["models"][0]["folder"]
-    model = json.loads((Path(model) / "summary.json").read_text())["model"]
+    s, model = _reviewed_model(rv)
     c1, c2 = s.case_ids()
     store = MarkStore(rv)
     store.mark("ann", c2, 0, True)
@@ -1155,6 +1153,14 @@ def test_the_grid_fills_the_window_and_marks_the_judged_cell(session, tmp_path):
 # --- a review folder is what was built: its crops, its marks, its slide (hostile round 5) -----
 
 
+def _reviewed_model(rv):
+    """The review at ``rv``, opened, and the model its cases were cut from (its first case's
+    first run)."""
+    s = open_session(rv)
+    folder = s.key["cases"][s.case_ids()[0]]["models"][0]["folder"]
+    return s, json.loads((Path(folder) / "summary.json").read_text())["model"]
+
+
 def _copy_review(session, to):
     shutil.copytree(session.root, to, ignore=shutil.ignore_patterns("marks.sqlite*", "report"))
     return to
@@ -1347,9 +1353,7 @@ def test_refine_names_the_cases_and_marks_it_does_not_use(
     from cyto.review.refine import refine
 
     rv = _copy_review(session, tmp_path / "rv")
-    s = open_session(rv)
-    model = s.key["cases"][s.case_ids()[0]]["models"][0]["folder"]
-    model = json.loads((Path(model) / "summary.json").read_text())["model"]
+    s, model = _reviewed_model(rv)
     c1, c2 = s.case_ids()
     store = MarkStore(rv)
     store.mark("ann", c1, 0, True)
