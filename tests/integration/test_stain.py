@@ -101,9 +101,11 @@ def test_stain_jitter_is_seeded_and_changes_colours_not_shapes(tiny):
 
 
 def test_a_model_trains_with_stain_jitter(tiny):
+    from cyto.errors import ConfigError
+
     model = make("dsvdd", epochs=2, ae_epochs=1, n_seeds=1, stain_jitter=0.2).fit(tiny)
     assert np.isfinite(model.score(tiny.images[:8])).all()
-    with pytest.raises(Exception, match="stain_jitter must be in"):
+    with pytest.raises(ConfigError, match="stain_jitter must be between 0 and 1, got 2.0"):
         make("dsvdd", stain_jitter=2.0)
 
 
