@@ -75,8 +75,22 @@ def test_a_non_finite_setting_is_refused_before_any_data_is_read(value):
     from cyto.train.config import resolve_config
     from cyto.train.dsvdd import DSVDDConfig
 
-    with pytest.raises(ConfigError, match=f"lr='{value}' is not a valid finite number"):
+    with pytest.raises(ConfigError) as refused:
         resolve_config(DSVDDConfig, "fast", overrides=[f"lr={value}"])
+    # named as the user wrote it (hostile round 12, N19: "lr='nan' is not a valid ...")
+    assert str(refused.value) == f"--set lr must be a finite number, got '{value}'"
+
+
+def test_a_setting_refused_by_value_names_its_set_flag():
+    from cyto.train.config import resolve_config
+    from cyto.train.dsvdd import DSVDDConfig
+
+    with pytest.raises(ConfigError) as refused:
+        resolve_config(DSVDDConfig, "fast", overrides=["backbone="])
+    assert str(refused.value).startswith("--set backbone must be one of ")
+    with pytest.raises(ConfigError) as refused:
+        resolve_config(DSVDDConfig, "fast", overrides=["epochs=two"])
+    assert str(refused.value) == "--set epochs must be an integer, got 'two'"
 
 
 def test_a_missing_onnxruntime_is_one_line_naming_the_extras(exported_dsvdd, tmp_path):
