@@ -472,9 +472,15 @@ def _write_table(
     if labels is not None and 0 < labels.sum() < len(labels):
         from sklearn.metrics import roc_auc_score
 
+        from cyto.eval.metrics import recall_at_k, ties_words
+
         k = int(labels.sum())
         summary["auroc"] = float(roc_auc_score(labels, ranked))
-        summary["recall_at_k"] = float(labels[order[:k]].mean())
+        # the metrics' own ranking: ties broken as `cyto eval scores` breaks them
+        summary["recall_at_k"] = float(recall_at_k(ranked, labels, k))
+        ties = ties_words(ranked, k)
+        if ties is not None:
+            summary["ties"] = ties
         summary["k"] = k
         if rank_by != "model":  # what the model alone gives, beside
             summary["auroc_model"] = float(roc_auc_score(labels, scores))

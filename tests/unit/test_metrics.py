@@ -148,3 +148,17 @@ def test_eval_scores_cli(tmp_path):
     assert proc.returncode == 0 and "Recall" in proc.stdout
     bad = run_cyto("eval", "scores", str(tmp_path / "s.parquet"), "--label-column", "y")
     assert bad.returncode == 2 and "no column 'y'" in bad.stderr
+
+
+def test_ties_at_k_are_broken_one_way_and_said():
+    """Hostile round 12, N6: on one table of equal scores `cyto predict` said Recall@5 1.000 and
+    `cyto eval scores` 0.000, each breaking ties its own way without a word."""
+    from cyto.eval.metrics import recall_at_k, tied_at_k, ties_words
+
+    scores, labels = np.zeros(10), np.array([1] * 5 + [0] * 5)
+    assert recall_at_k(scores, labels, 5) == 0.0  # normal cells first among ties
+    assert tied_at_k(scores, 5) == 10
+    assert ties_words(scores, 5).startswith("note: 10 cells share the score at rank 5")
+    assert tied_at_k(np.arange(10.0), 5) == 0 and ties_words(np.arange(10.0), 5) is None
+    assert tied_at_k(np.array([3, 2, 2, 2, 1.0]), 2) == 3
+    assert tied_at_k(np.array([3, 2, 2, 1, 1.0]), 3) == 0  # the top 3 is the same any order

@@ -138,6 +138,8 @@ def predict_cmd(
         if "auroc_model" in res:
             line += f" (the model alone: AUROC {res['auroc_model']:.3f})"
     typer.echo(line)
+    if "ties" in res:
+        typer.echo(res["ties"])
 
 
 @app.command("score", short_help="Score every cell of each slide: score tables, top-K, mosaics.")

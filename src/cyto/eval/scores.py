@@ -98,6 +98,10 @@ def evaluate_table(
 ) -> list[dict[str, float]]:
     """Every metric at each of ``k`` for the table at ``path`` (:func:`read_score_table`)."""
     scores, labels = read_score_table(path, score_column, label_column, echo=echo)
+    from cyto.eval.metrics import ties_words
+
+    for said in dict.fromkeys(filter(None, (ties_words(scores, kk) for kk in k))):
+        echo(said)
     return [all_metrics(scores, labels, kk) for kk in k]
 
 
