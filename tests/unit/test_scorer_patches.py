@@ -26,7 +26,7 @@ def test_patches_of_the_crop_size_score_without_a_word(scorer):
     assert scores.shape == (2,) and np.isfinite(scores).all()
 
 
-@pytest.mark.parametrize("side", [10, 97])
+@pytest.mark.parametrize("side", [20, 97])
 def test_patches_of_another_side_are_said_once_as_another_scale(scorer, side):
     scorer._said_side = False
     x = np.zeros((2, side, side, 3), np.uint8)
@@ -191,3 +191,10 @@ def test_the_scorers_array_methods_refuse_what_is_not_patches_in_python_words(sc
         assert str(err.value) == said
     assert scorer.score_tensor(torch.from_numpy(x)).shape == (1,)
     assert len(scorer.raw(x)) == 1
+
+
+def test_patches_too_small_to_hold_a_cell_are_refused(scorer):
+    """Hostile round 12, N5: 1 x 1 px patches were scored (resized 96x) without a word."""
+    for side in (1, 2, 15):
+        with pytest.raises(ConfigError, match=rf"^patches of {side} x {side} px hold no cell"):
+            scorer.score(np.zeros((2, side, side, 3), np.uint8))

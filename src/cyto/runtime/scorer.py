@@ -186,6 +186,11 @@ class Scorer:
                 f"{self.spec.crop_size} px), got {h} x {w} px: a rectangle would be stretched"
             )
         size = self.spec.crop_size
+        if h < MIN_PATCH_SIDE:  # 1 x 1 px patches were scored, resized 96x, without a word
+            raise ConfigError(
+                f"patches of {h} x {w} px hold no cell (the model's crops are {size} px; at "
+                f"least {MIN_PATCH_SIDE} px a side): give crops cut around cells"
+            )
         if h != size and not self._said_side:
             self._said_side = True
             warnings.warn(
@@ -560,6 +565,10 @@ def attempt_plan(
 def _gated(bundle: Bundle, backend: str, precision: str, device: str) -> bool:
     g = graph_of(bundle, backend, precision, device)
     return g is not None and g.parity_passed
+
+
+#: the smallest patch side a scorer takes (a network's smallest input: ``input_size >= 16``)
+MIN_PATCH_SIDE = 16
 
 
 def load_scorer(
