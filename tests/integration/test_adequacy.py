@@ -273,3 +273,21 @@ def test_the_review_report_says_each_slides_adequacy(model, slides, tmp_path):
     )
     md = (session.root / "report" / "expert_table.md").read_text()
     assert "| adequacy |" in md and "unsatisfactory: " in md
+
+
+def test_crops_cut_smaller_than_the_models_are_said_off_scale_not_out_of_focus(
+    model, slides, tmp_path
+):
+    """Hostile round 12, N23: `--patch-size 64` for a model of 96 px crops read "100% out of
+    focus" (the resize's blur), while the cause, recorded as the cell scale, went unsaid. The
+    scale is judged when the crops were cut unlike the model's, however blurred the cells look
+    (here a defocused slide: most cells out of focus, where larger-looking cells are otherwise
+    not judged off scale)."""
+    slide = slides["defocused"]
+    summary, _, said = _score(slide, model, tmp_path / "o", patch_size=PATCH * 2 // 3)
+    assert summary["adequacy"]["out_of_focus_share"] > 0.5
+    a = summary["adequacy"]
+    assert summary["cell_scale"]["cut_by"]["patch_size"] == PATCH * 2 // 3, said
+    assert a["result"] == "unsatisfactory", a
+    assert a["reasons"][0].startswith("cells off the model's scale"), a["reasons"]
+    assert f"--patch-size {PATCH * 2 // 3} cuts them unlike the model's" in a["reasons"][0]

@@ -229,7 +229,11 @@ def slide_adequacy(
     blurred = float(flags["out_of_focus"].mean()) if n else 0.0
     packed = float(flags["crowded"].mean()) if n and counted else 0.0
     larger = bool(scale and (scale.get("factor") or 1.0) < 1.0)
-    scale_judged = not larger or (blurred <= 0.5 and packed <= 0.5)
+    # ... unless the crops were cut at another side than the model's (--patch-size): then the
+    # blur is the resize's, and the scale is the cause to say (a 64 px cut for a 96 px model
+    # read "100% out of focus": hostile round 12, N23)
+    cut = bool(scale and scale.get("cut_by"))
+    scale_judged = not larger or (blurred <= 0.5 and packed <= 0.5) or cut
     from cyto.data.scale import ADVISE_ZOOM
 
     mpp_off = mpp_ratio is not None and not 1 / ADVISE_ZOOM <= mpp_ratio <= ADVISE_ZOOM
