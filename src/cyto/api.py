@@ -154,9 +154,9 @@ def score_slide(
 
     import pyarrow.parquet as pq
 
-    from cyto.cohort.local import check_inputs, score_one
+    from cyto.cohort.local import check_inputs, score_one, unforeseen
     from cyto.cohort.run import refuse_finished, refuse_resume_and_overwrite
-    from cyto.errors import ConfigError
+    from cyto.errors import ConfigError, out_of_memory
     from cyto.flags import hints_of
     from cyto.infer.options import ScoreOptions, detection_for
     from cyto.infer.outputs import read_truth
@@ -217,16 +217,21 @@ def score_slide(
         # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
         said = echo or (lambda _line: None)
         words = lambda m: said(where.words(m))  # noqa: E731
-        if opts.resume:
-            # a finished folder is reused, or scored again saying why, by cyto score's own
-            # rule (cyto.cohort.local.finished_summary); it needs the model loaded to compare
-            if not isinstance(model, Scorer):
-                model = load_scorer(
-                    model, opts.backend, opts.device, opts.precision, verify=opts.verify
-                )
-            score_one(slide_ref(slide), where.local, model, opts, words, None)
-        else:
-            run(slide_ref(slide), model, where.local, opts, echo=words)
+        try:
+            if opts.resume:
+                # a finished folder is reused, or scored again saying why, by cyto score's own
+                # rule (cyto.cohort.local.finished_summary); it needs the model loaded to compare
+                if not isinstance(model, Scorer):
+                    model = load_scorer(
+                        model, opts.backend, opts.device, opts.precision, verify=opts.verify
+                    )
+                score_one(slide_ref(slide), where.local, model, opts, words, None)
+            else:
+                run(slide_ref(slide), model, where.local, opts, echo=words)
+        except Exception as exc:  # out of memory: said as cyto score says it, sizes named
+            if not out_of_memory(exc):
+                raise
+            raise unforeseen(Path(str(slide)), exc) from exc
         table = pq.read_table(where.local / "scores.parquet")
     return table
 

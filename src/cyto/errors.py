@@ -19,6 +19,18 @@ SYSTEM_ERRORS = {
 }
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says the machine ran out of memory: Python's ``MemoryError``, torch's
+    ``OutOfMemoryError``, OpenCV's failed allocation. Said in one line naming the sizes to
+    lower (:func:`cyto.cohort.local.unforeseen`, training), never as a bug to report."""
+    if isinstance(exc, MemoryError):
+        return True
+    name, text = type(exc).__name__, str(exc)
+    return name == "OutOfMemoryError" or (
+        name == "error" and ("Failed to allocate" in text or "Insufficient memory" in text)
+    )
+
+
 class CytoError(Exception):
     """Base class of every error cyto raises on purpose."""
 

@@ -550,3 +550,95 @@ def test_the_memory_check_follows_the_machine(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())
     monkeypatch.setattr(synth, "available_memory", lambda: None)  # unknown: not refused
     synth.check_memory(config, 0)
+
+
+# --- sizes with no bound reached the allocator (issue 68, hostile round 12) ------------------
+
+
+def test_a_tile_or_crop_no_machine_holds_is_refused_up_front(made, exported_dsvdd, tmp_path):
+    """`--tile 100000000` failed the slide "unforeseen (MemoryError: ... 26.6 PiB)"; with
+    `--patch-size 100000` the advice to raise --tile led to the same crash. Both are refused
+    in one line, exit 2, naming the flag and its range, before a slide is read."""
+    cases = {
+        ("--tile", "100000000"): "error: --tile must be between 16 and 16384 (px), got 100000000",
+        ("--patch-size", "100000"): (
+            "error: --patch-size must be between 16 and 1024 (px), got 100000"
+        ),
+        ("--patch-size", "100000", "--tile", "100000"): "error: --patch-size must be between",
+    }
+    for i, (flags, words) in enumerate(cases.items()):
+        out = tmp_path / f"o{i}"
+        r = run_cyto("score", str(made), "--model", str(exported_dsvdd), "--out", str(out), *flags)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1, (flags, r.stderr)
+        assert lines[0].startswith(words), (flags, lines)
+        assert not out.exists(), flags
+
+
+def test_an_input_size_no_machine_holds_is_refused_up_front(synth_patches, tmp_path):
+    """`cyto train --set input_size=100000` printed "stopped: ... rerun to start over" and an
+    80-line traceback (cv2 failing to allocate 30 GB); it is refused in one line, exit 2."""
+    for key in ("input_size", "load_size"):
+        r = run_cyto(
+            "train", "dsvdd", "--data", str(synth_patches), "--normal", "normal",
+            "--set", f"{key}=100000", "--out", str(tmp_path / "m.cyto"),
+        )  # fmt: skip
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1, r.stderr
+        assert lines[0].startswith(f"error: --set {key} must be between 16 and 1024 (px"), lines
+        assert "rerun" not in r.stdout + r.stderr
+
+
+def test_out_of_memory_in_one_slide_is_said_as_such(made, exported_dsvdd, tmp_path, monkeypatch):
+    """A MemoryError in one slide was "failed unforeseen ... Please report it": it is the
+    machine's limit, said in one line naming what to lower (at the CLI and from Python), and
+    the other slides go on."""
+    import cyto
+    import cyto.cohort.local as local
+    import cyto.infer.pipeline as pipeline
+
+    real = local.score_slide
+
+    def hungry(slide, *args, **kwargs):
+        if Path(str(slide)).stem == "b":
+            raise MemoryError("Unable to allocate 26.6 PiB for an array")
+        return real(slide, *args, **kwargs)
+
+    monkeypatch.setattr(local, "score_slide", hungry)
+    slides = []
+    for name in ("a.tif", "b.tif"):
+        shutil.copyfile(made, tmp_path / name)
+        slides.append(tmp_path / name)
+    r = run_cyto("score", *map(str, slides), "--model", str(exported_dsvdd), "--out",
+                 str(tmp_path / "o"), "--workers", "0", "--mosaic", "0")  # fmt: skip
+    said = f"out of memory scoring {tmp_path / 'b.tif'}: lower --tile, --batch-size or --workers"
+    assert said in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "unforeseen" not in r.stdout + r.stderr and "report" not in r.stdout + r.stderr
+    assert (tmp_path / "o" / "a" / "summary.json").is_file()
+    monkeypatch.setattr(pipeline, "score_slide", hungry)
+    with pytest.raises(CytoError) as err:
+        cyto.score_slide(slides[1], exported_dsvdd, tmp_path / "p", workers=0, echo=None)
+    assert str(err.value).startswith(
+        f"out of memory scoring {slides[1]}: lower tile=, batch_size= or workers="
+    ), str(err.value)
+
+
+def test_out_of_memory_in_training_is_one_line(synth_patches, tmp_path, monkeypatch):
+    """A MemoryError in training printed "stopped: no epoch was finished yet: rerun to start
+    over" (a rerun does the same) and a traceback; it is one line naming what to lower."""
+    from cyto.train.registry import get_method
+
+    def hungry(self, *args, **kwargs):
+        raise MemoryError("Failed to allocate 30000000000 bytes")
+
+    monkeypatch.setattr(get_method("dsvdd"), "fit", hungry)
+    r = run_cyto(
+        "train", "dsvdd", "--data", str(synth_patches), "--normal", "normal",
+        "--out", str(tmp_path / "m.cyto"),
+    )  # fmt: skip
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stdout + r.stderr
+    assert lines[0] == (
+        "error: out of memory training dsvdd: lower --set batch_size or --set input_size"
+    ), lines
+    assert "rerun" not in r.stdout + r.stderr

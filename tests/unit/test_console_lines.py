@@ -78,7 +78,7 @@ def test_a_bad_score_option_is_named_as_the_flag_the_user_typed():
         "model_mpp": (500.0, "--model-mpp must be in um per pixel"),
         "fdr_alpha": (2.0, "--fdr must be between 0 and 1, got 2.0"),
         "triage_level": (0.0, "--triage-level must be between 0 and 1"),
-        "patch_size": (8, "--patch-size must be >= 16 px, got 8"),
+        "patch_size": (8, "--patch-size must be between 16 and 1024 (px), got 8"),
         "tile": (100, "--tile must be at least --patch-size (192 px), got 100"),  # with 192 below
         "batch_size": (0, "--batch-size must be >= 1"),
         "workers": (-2, "--workers must be >= 0, got -2"),

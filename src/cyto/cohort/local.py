@@ -12,6 +12,7 @@ from cyto.errors import (
     InputPathError,
     OutputBusyError,
     SlideFailedError,
+    out_of_memory,
 )
 from cyto.infer import ScoreOptions, score_slide
 from cyto.infer.finish import Metrics
@@ -451,6 +452,14 @@ def unforeseen(slide: Path, exc: Exception) -> SlideFailedError:
     interrupts.check()
     if os.environ.get("CYTO_DEBUG") == "1":
         raise exc
+    if out_of_memory(exc):  # the machine's limit, not a bug: the sizes that take memory named
+        from cyto.flags import said
+
+        lower = ", ".join(said(f) for f in ("tile", "batch_size"))
+        return SlideFailedError(
+            f"out of memory scoring {printable(slide)}: lower {lower} or {said('workers')}; "
+            "the other slides go on"
+        )
     return SlideFailedError(
         f"{printable(slide)}: failed unforeseen ({type(exc).__name__}: {printable(exc)}); the "
         "other slides go on. Please report it, with the traceback CYTO_DEBUG=1 shows"

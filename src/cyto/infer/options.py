@@ -19,6 +19,10 @@ from cyto.stats.calibrate import BURDEN_CELLS, FDR_ALPHA, TRIAGE_LEVEL
 DECODERS = ("cpu", "torch")
 OVERLAP = ("auto", "on", "off")
 
+#: the largest crop side and tile side cyto score takes, in level-0 px: a size above them would
+#: only reach the allocator (a 100000-px tile asked 112 GiB), never a slide's cells
+MAX_PATCH, MAX_TILE = 1024, 16384
+
 STAGES = ("mask", "read", "detect", "crop", "nucleus", "engine", "write", "wait", "finish")
 
 
@@ -31,8 +35,10 @@ def default_workers() -> int:
 class ScoreOptions:
     #: the cell crop's side in level-0 px at the model's scale; None: the training patches'
     #: side the bundle records (:func:`patch_side`)
-    patch_size: int | None = None
-    tile: Annotated[int, Range(16, None, "px")] = 1024
+    #: (a crop is copied per cell, batch_size at a time: 1024 px is over 50x any cell's side)
+    patch_size: Annotated[int | None, Range(16, MAX_PATCH, "px")] = None
+    #: a tile is read whole into memory, queue of them in flight: 16384 px is 800 MB each
+    tile: Annotated[int, Range(16, MAX_TILE, "px")] = 1024
     batch_size: int = 64
     top_k: int = 400
     mosaic: int = 100
@@ -82,8 +88,6 @@ class ScoreOptions:
             object.__setattr__(
                 self, f.name, check_value(f.name, getattr(self, f.name), hints[f.name])
             )
-        if self.patch_size is not None and self.patch_size < 16:
-            raise ConfigError(f"{said('patch_size')} must be >= 16 px, got {self.patch_size}")
         if self.patch_size is not None and self.tile < self.patch_size:
             raise ConfigError(
                 f"{said('tile')} must be at least {said('patch_size')} ({self.patch_size} px), "

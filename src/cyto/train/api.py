@@ -14,8 +14,8 @@ import numpy as np
 
 from cyto.bundle import bundle_names, save_bundle
 from cyto.data.dataset import PatchDataset, source_slides
-from cyto.errors import ConfigError, InputPathError
-from cyto.flags import passing, python_call, said
+from cyto.errors import ConfigError, InputPathError, TrainingError, out_of_memory
+from cyto.flags import passing, python_call, said, setting
 from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_keep_and_replace, refuse_to_replace
 from cyto.tables import json_text
@@ -327,6 +327,9 @@ def train(
                 )
             )
         except BaseException as exc:  # Ctrl-C or an error: say what a rerun with --resume finds
+            if out_of_memory(exc):  # a rerun does the same: the sizes that take memory named
+                lower = " or ".join(setting(k) for k in ("batch_size", "input_size"))
+                raise TrainingError(f"out of memory training {method}: lower {lower}") from exc
             if echo is not None:
                 stop = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
                 echo(f"{stop}: {checkpoint_words(ckpt)}")

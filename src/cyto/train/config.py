@@ -60,8 +60,9 @@ class TrainConfig:
     #: (tests/unit/test_train_ranges.py): a negative seed reached numpy raw, a negative learning
     #: rate or embedding size reached torch (hostile round 11, N17)
     RANGES: ClassVar[dict[str, Range]] = {
-        "input_size": Range(16),
-        "load_size": Range(16, note="px, or none: the patches' own size"),
+        # a patch side above 1024 px only reaches the allocator (100000 asked cv2 for 30 GB)
+        "input_size": Range(16, 1024, "px: the side the model sees"),
+        "load_size": Range(16, 1024, "px, or none: the patches' own size"),
         "mpp": Range(0, open_lo=True, note="um per pixel"),
         "epochs": Range(1),
         "batch_size": Range(1),
