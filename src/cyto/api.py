@@ -156,6 +156,7 @@ def score_slide(
 
     from cyto.cohort.local import check_inputs, score_one
     from cyto.cohort.run import refuse_finished, refuse_resume_and_overwrite
+    from cyto.detect.params import DETECTION_CHOICES
     from cyto.errors import ConfigError
     from cyto.flags import hints_of
     from cyto.infer.options import ScoreOptions, detection_for
@@ -170,7 +171,8 @@ def score_slide(
     kind = options.get("detection", "auto")
     if not isinstance(kind, str) and type(kind).__name__ != "NucleusParams":
         raise ConfigError(
-            f"detection= must be one of auto, smear, tissue, pap (the kind of cells), got {kind!r}"
+            f"detection= must be one of {', '.join(DETECTION_CHOICES)} (the kind of cells), "
+            f"got {kind!r}"
         )
     if isinstance(kind, str):
         options.pop("detection", None)
