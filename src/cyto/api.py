@@ -365,14 +365,14 @@ def export(
         True
     """
     from cyto.export.api import export_bundle
-    from cyto.flags import hints_of
+    from cyto.flags import comma_list, hints_of
     from cyto.location import refuse_urls
 
     named = ("path", "trt", "precisions", "calib", "calib_class", "device", "echo")
     refuse_urls(options, hints_of(export_bundle))  # cells=, parity_cells=: local cells only
     options = _options("export", options, export_bundle, named)
     if isinstance(precisions, str):
-        precisions = [p.strip() for p in precisions.split(",") if p.strip()]
+        precisions = list(comma_list(precisions, "precisions"))
     return export_bundle(
         Path(bundle),
         trt=trt,

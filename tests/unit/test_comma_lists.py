@@ -120,3 +120,14 @@ def test_synth_names_the_flag_given(tmp_path, kind, args, said):
     proc = run_cyto("synth", kind, str(out), *args)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == f"error: {said}"
+
+
+def test_export_from_python_refuses_a_precision_list_with_an_empty_item(tmp_path):
+    import cyto
+
+    with pytest.raises(ConfigError) as err:
+        cyto.export(tmp_path / "m.cyto", precisions="fp32,,fp16")
+    assert str(err.value) == "precisions= has an empty item in 'fp32,,fp16'"
+    with pytest.raises(ConfigError) as err:
+        cyto.export(tmp_path / "m.cyto", precisions="fp16,fp16")
+    assert str(err.value) == "precisions= lists fp16 twice"
