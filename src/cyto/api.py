@@ -156,6 +156,7 @@ def score_slide(
 
     from cyto.cohort.local import check_inputs, score_one, unforeseen
     from cyto.cohort.run import refuse_finished, refuse_resume_and_overwrite
+    from cyto.detect.params import DETECTION_CHOICES
     from cyto.errors import ConfigError, out_of_memory
     from cyto.flags import hints_of
     from cyto.infer.options import ScoreOptions, detection_for
@@ -170,7 +171,8 @@ def score_slide(
     kind = options.get("detection", "auto")
     if not isinstance(kind, str) and type(kind).__name__ != "NucleusParams":
         raise ConfigError(
-            f"detection= must be one of auto, smear, tissue, pap (the kind of cells), got {kind!r}"
+            f"detection= must be one of {', '.join(DETECTION_CHOICES)} (the kind of cells), "
+            f"got {kind!r}"
         )
     if isinstance(kind, str):
         options.pop("detection", None)
@@ -368,14 +370,14 @@ def export(
         True
     """
     from cyto.export.api import export_bundle
-    from cyto.flags import hints_of
+    from cyto.flags import comma_list, hints_of
     from cyto.location import refuse_urls
 
     named = ("path", "trt", "precisions", "calib", "calib_class", "device", "echo")
     refuse_urls(options, hints_of(export_bundle))  # cells=, parity_cells=: local cells only
     options = _options("export", options, export_bundle, named)
     if isinstance(precisions, str):
-        precisions = [p.strip() for p in precisions.split(",") if p.strip()]
+        precisions = list(comma_list(precisions, "precisions"))
     return export_bundle(
         Path(bundle),
         trt=trt,

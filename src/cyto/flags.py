@@ -56,6 +56,7 @@ FLAGS: dict[str, str | None] = {
     "chunk": None,  # cyto.predict's images per chunk
     "calib_limit": None,  # cyto.export's cells to calibrate int8 on, at most
     "extra_manifest": None,
+    "objective": None,  # the synthetic slide's recorded magnification (SlideSynthConfig's)
 }
 #: options recorded as a group of settings (a dataclass), of which some are flags of their own:
 #: ``--detection KIND`` sets the detection preset, ``--detector`` its implementation; the rest
@@ -194,6 +195,10 @@ def _number(bound: float | None) -> str:
 SEED_RANGE = Range(0, 2**32 - 1, "a random seed")
 #: the annotation of a seed argument (``seed: Seed = 0``)
 Seed = typing.Annotated[int, SEED_RANGE]
+
+
+#: the annotation of a size or scale that must be above 0 (``--scale``, ``--mpp``)
+Positive = typing.Annotated[float, Range(0, open_lo=True)]
 
 
 #: the annotation of a JPEG quality argument (what PIL and pyvips take)
@@ -461,3 +466,33 @@ def bind_call(
             continue  # a default is what the call chose
         bound.arguments[key] = check_value(key, value, hints[key])
     return bound
+
+
+def comma_list(
+    text: str,
+    field: str,
+    convert: Callable[[str], Any] = str,
+    *,
+    fold: bool = False,
+    name: str | None = None,
+) -> tuple[Any, ...]:
+    """The items of a comma-separated option (``--methods dsvdd,ocsvm``, ``--wr 1,2``), the one
+    parser of every comma list: each item stripped, and ``convert``-ed (a ``ValueError`` is
+    left to the caller, who knows what the items are); ``fold``: items compared without case.
+    Refused in one :class:`ConfigError` line naming ``field`` in the caller's words: a list
+    that names nothing (``''``), an empty item (``'1,,2'``: a typo, never dropped silently)
+    and an item given twice (``dsvdd,dsvdd`` would train it twice, or record what it did not
+    do)."""
+    what = name or said(field)
+    if not str(text).strip():
+        raise ConfigError(f"{what} names nothing, got {_show(text)}: give one or more items")
+    out: list[Any] = []
+    for raw in str(text).split(","):
+        item = raw.strip()
+        if not item:
+            raise ConfigError(f"{what} has an empty item in {_show(text)}")
+        value = convert(item.lower() if fold else item)
+        if value in out:
+            raise ConfigError(f"{what} lists {item} twice")
+        out.append(value)
+    return tuple(out)

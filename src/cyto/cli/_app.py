@@ -11,6 +11,7 @@ from typer.core import TyperGroup
 
 from cyto import __version__
 from cyto.errors import ConfigError
+from cyto.flags import comma_list
 
 
 def _typer(**kwargs) -> typer.Typer:
@@ -99,10 +100,10 @@ SkipVerify = Annotated[
 
 def _ints(text: str, what: str) -> list[int]:
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        values = list(comma_list(text, what, int, name=what))
     except ValueError as exc:
         raise ConfigError(f"{what} expects comma-separated integers, got {text!r}") from exc
-    if not values or min(values) < 1:
+    if min(values) < 1:
         raise ConfigError(f"{what} expects positive integers, got {text!r}")
     return values
 
@@ -116,10 +117,12 @@ ResultsOpt = Annotated[
 ]
 
 
-def _csv(text: str | None) -> tuple[str, ...] | None:
+def _csv(text: str | None, what: str) -> tuple[str, ...] | None:
+    """The items of the comma list ``text`` of the flag ``what`` (:func:`cyto.flags.comma_list`:
+    an empty item or one given twice is refused); None: not given."""
     if text is None:
         return None
-    return tuple(s.strip() for s in text.split(",") if s.strip())
+    return comma_list(text, what, name=what)
 
 
 def used_words(n_used: int | None, n_images: int | None) -> str:

@@ -51,14 +51,14 @@ def bench_engine_cmd(
     from cyto.bench.engine import BACKENDS, PRECISIONS, bench_engine, canonical_backend, ratios
     from cyto.bench.results import header, markdown_table, write_results
 
-    chosen = [canonical_backend(b) for b in _csv(backends) or ()]
+    chosen = [canonical_backend(b) for b in _csv(backends, "--backends") or ()]
     bad = [b for b in chosen if b not in BACKENDS]
     if bad:
         raise ConfigError(f"unknown backend(s) {', '.join(bad)}; known: {', '.join(BACKENDS)}")
-    precs = list(_csv(precisions) or ())
+    precs = list(_csv(precisions, "--precisions") or ())
     if any(p not in PRECISIONS for p in precs):
         raise ConfigError(f"precisions must be among {', '.join(PRECISIONS)}, got {precisions!r}")
-    devs = list(_csv(devices) or ())
+    devs = list(_csv(devices, "--devices") or ())
     if devs == ["auto"]:
         from cyto.runtime.devices import cuda_available
 

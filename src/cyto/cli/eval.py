@@ -58,16 +58,17 @@ def eval_sweep_cmd(
     """
     from cyto.errors import ConfigError
     from cyto.eval.sweep import SweepSpec, run_sweep
+    from cyto.flags import comma_list
 
     try:
-        wrs = tuple(float(w) for w in wr.split(",") if w.strip())
+        wrs = comma_list(wr, "wrs", float)
     except ValueError as exc:
         raise ConfigError(f"--wr must be numbers separated by commas, got {wr!r}") from exc
     spec = SweepSpec(
         data=data,
         normal=normal,
         abnormal=abnormal,
-        methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+        methods=comma_list(methods, "methods"),
         wrs=wrs,
         trials=trials,
         k=k,

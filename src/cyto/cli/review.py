@@ -133,7 +133,7 @@ def review_report_cmd(
         refuse_to_replace(out, overwrite)
 
     rep = write_report(
-        review, out, list(_csv(reviewers)) if reviewers else None, include_unfinished
+        review, out, list(_csv(reviewers, "--reviewers")) if reviewers else None, include_unfinished
     )
     for who, cases in rep["unfinished"].items():
         if cases and not include_unfinished:

@@ -34,7 +34,7 @@ def synth_patches(
     config = PatchSynthConfig(
         n_normal=n_normal,
         n_abnormal=n_abnormal,
-        abnormal_classes=_csv(classes) or ABNORMAL_CLASSES,
+        abnormal_classes=_csv(classes, "--classes") or ABNORMAL_CLASSES,
         size=size,
         seed=seed,
         scale=scale,
@@ -160,9 +160,10 @@ def _draw_synthetic(
     from cyto.data.synth.cells import ABNORMAL_CLASSES
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
     from cyto.errors import ConfigError
+    from cyto.flags import comma_list
 
     try:
-        zs = tuple(float(z) for z in planes.split(",") if z.strip())
+        zs = comma_list(planes, "planes", float)
     except ValueError as exc:
         raise ConfigError(f"--planes must be numbers separated by commas, got {planes!r}") from exc
     config = SlideSynthConfig(
@@ -170,7 +171,7 @@ def _draw_synthetic(
         height=height,
         n_cells=n_cells,
         abnormal_fraction=abnormal_fraction,
-        abnormal_classes=_csv(classes) or ABNORMAL_CLASSES,
+        abnormal_classes=_csv(classes, "--classes") or ABNORMAL_CLASSES,
         planes=zs,
         tile=tile,
         quality=quality,

@@ -102,6 +102,8 @@ class NucleusParams:
 
 
 DETECTION_KINDS = ("smear", "tissue", "pap")
+#: what ``--detection`` / ``detection=`` takes: a kind, or ``auto`` (the model's stain's kind)
+DETECTION_CHOICES = ("auto", *DETECTION_KINDS)
 CHANNELS = ("haematoxylin", "od")
 #: the detection a bundle's stain gets by default (``--detection auto``)
 DETECTION_OF_STAIN = {"mgg": "smear", "pap": "pap", "he": "tissue"}

@@ -9,6 +9,7 @@ import numpy as np
 from cyto.data.morphometry import RANK_COLUMNS, ranked_column
 from cyto.errors import InputPathError, first_line
 from cyto.eval.metrics import MetricError, all_metrics
+from cyto.flags import comma_list
 from cyto.tables import parquet_file, read_table
 
 
@@ -135,7 +136,7 @@ def evaluate_by_class(
     classes = np.asarray(table[class_column].cast(pa.string()).to_pylist(), dtype=object)
     known = sorted({c for c in classes if c is not None})
     if normal:
-        normals = [c.strip() for c in normal.split(",") if c.strip()]
+        normals = list(comma_list(normal, "normal"))
         unknown = [c for c in normals if c not in known]
         if unknown:
             raise MetricError(

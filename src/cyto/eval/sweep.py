@@ -15,6 +15,7 @@ import json
 import os
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from cyto.data.dataset import PatchDataset
 from cyto.errors import ConfigError
 from cyto.eval.metrics import all_metrics
 from cyto.eval.protocol import PAPER_WRS, WRProtocol
-from cyto.flags import check_seed, passing, said
+from cyto.flags import Range, check_seed, check_value, passing, said
 from cyto.locks import OutputLock
 from cyto.progress import progress
 from cyto.reuse import check_reuse
@@ -68,8 +69,16 @@ class SweepSpec:
     train_fraction: float = 0.5  # of the normal cells, into the 10 training bags
 
     def __post_init__(self) -> None:
-        if not self.methods or not self.wrs or self.trials < 1 or self.k < 1:
-            raise ConfigError("a sweep needs methods, WRs, trials >= 1 and K >= 1")
+        for name in ("methods", "wrs"):  # each refused by its own flag, with the value
+            items = getattr(self, name)
+            if not items:
+                raise ConfigError(f"{said(name)} names nothing: give one or more, comma-separated")
+            twice = next((v for i, v in enumerate(items) if v in items[:i]), None)
+            if twice is not None:
+                shown = f"{twice:g}" if isinstance(twice, float) else twice
+                raise ConfigError(f"{said(name)} lists {shown} twice")
+        for name in ("trials", "k"):
+            check_value(name, getattr(self, name), Annotated[int, Range(1)])
         if not 0 < self.train_fraction < 1:
             raise ConfigError(f"train fraction must be in (0, 1), got {self.train_fraction}")
         check_seed(self.seed)

@@ -12,7 +12,7 @@ from cyto.bundle import PRECISIONS
 from cyto.data.morphometry import RANK_BY, RANK_BY_ALIASES
 from cyto.detect import NucleusParams
 from cyto.errors import ConfigError
-from cyto.flags import Local, Range, check_value, hints_of, said
+from cyto.flags import Local, Range, check_value, comma_list, hints_of, said
 from cyto.runtime.backends import CHOICES
 from cyto.stats.calibrate import BURDEN_CELLS, FDR_ALPHA, TRIAGE_LEVEL
 
@@ -93,6 +93,9 @@ class ScoreOptions:
                 f"{said('tile')} must be at least {said('patch_size')} ({self.patch_size} px), "
                 f"got {self.tile}"
             )
+        if self.planes not in ("auto", "none"):
+            comma_list(self.planes, "planes")  # files: an empty item or one twice is refused
+        comma_list(self.qupath, "qupath", fold=True)
         if self.batch_size < 1:
             raise ConfigError(f"{said('batch_size')} must be >= 1, got {self.batch_size}")
         if self.backend not in CHOICES:
@@ -173,7 +176,7 @@ class ScoreOptions:
         both)."""
         from cyto.infer.qupath import QUPATH_FILES
 
-        names = {n.strip() for n in self.qupath.lower().split(",") if n.strip()}
+        names = set(comma_list(self.qupath, "qupath", fold=True))
         if names == {"all"}:
             return tuple(QUPATH_FILES)
         if names <= {"none"}:
@@ -279,8 +282,12 @@ def detection_for(kind: str, model, detector: str = "scipy") -> NucleusParams:
     from dataclasses import replace
 
     from cyto.detect import detection_preset
-    from cyto.detect.params import DETECTION_OF_STAIN
+    from cyto.detect.params import DETECTION_CHOICES, DETECTION_OF_STAIN
 
+    if kind not in DETECTION_CHOICES:  # every value it takes, auto (the default) too
+        raise ConfigError(
+            f"{said('detection')} must be one of {', '.join(DETECTION_CHOICES)}, got {kind!r}"
+        )
     if kind == "auto":
         kind = DETECTION_OF_STAIN.get(model_spec(model).stain, "smear")
     return replace(detection_preset(kind), detector=detector)

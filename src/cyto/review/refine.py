@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Annotated
 
 from cyto.errors import ConfigError
-from cyto.flags import Range, check_value, passing
+from cyto.flags import Range, check_value, comma_list, passing
 from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_to_replace
 from cyto.review.session import CROPS, open_session
@@ -254,10 +254,12 @@ def refine(
         )
     check_reviewed_model(bundle, model, review, ex["session"])
     td = bundle.manifest.get("training_data", {})
-    normal_cls = [c for c in (normal.split(",") if normal else td.get("normal", [])) if c]
+    normal_cls = (
+        list(comma_list(normal, "normal")) if normal else [c for c in td.get("normal", []) if c]
+    )
     if not normal_cls:
         raise ConfigError(f"{model} does not record its normal class: pass --normal")
-    abnormal_cls = [c for c in abnormal.split(",") if c] if abnormal else None
+    abnormal_cls = list(comma_list(abnormal, "abnormal")) if abnormal else None
 
     work = out.with_name(out.name + ".refine")
     # one refine at a time into OUT: another cleared this one's cells while it trained on them

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import ConfigError
-from cyto.flags import passing
+from cyto.flags import comma_list, passing
 from cyto.slides.base import PLANE_SEP
 from cyto.slides.dicom import is_dicom_file
 from cyto.slides.ndpi import ndpi_planes
@@ -53,7 +53,7 @@ def find_planes(slide: Path, spec: str) -> list[tuple[float, str]]:
                 found.append((float(m.group(1)), str(f)))
         return sorted(found)
     out = []
-    for i, name in enumerate(p for p in spec.split(",") if p.strip()):
+    for i, name in enumerate(comma_list(spec, "planes")):
         from cyto.flags import said
         from cyto.slides.remote import is_url, redact
 

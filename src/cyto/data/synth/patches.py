@@ -27,7 +27,7 @@ from cyto.data.synth.scene import (
     render_od,
 )
 from cyto.errors import ConfigError
-from cyto.flags import JpegQuality, check_seed, check_value
+from cyto.flags import JpegQuality, Positive, check_seed, check_value
 from cyto.outputs_check import refuse_to_replace
 from cyto.progress import progress
 
@@ -68,6 +68,7 @@ class PatchSynthConfig:
                 f"unknown abnormal class(es) {', '.join(unknown)}; known: "
                 f"{', '.join(ABNORMAL_CLASSES)}"
             )
+        check_value("scale", self.scale, Positive)
         check_value("quality", self.quality, JpegQuality)
         check_seed(self.seed)
 

@@ -59,7 +59,7 @@ from cyto.data.synth.tiffio import (
     assemble,
 )
 from cyto.errors import ConfigError, InputPathError
-from cyto.flags import JpegQuality, check_seed, check_value
+from cyto.flags import JpegQuality, Positive, check_seed, check_value
 from cyto.outputs_check import refuse_to_replace
 from cyto.progress import progress
 from cyto.tables import json_text
@@ -130,8 +130,9 @@ class SlideSynthConfig:
                 f"abnormal classes must be among {', '.join(ABNORMAL_CLASSES)}, "
                 f"got {', '.join(self.abnormal_classes) or 'none'}"
             )
-        if (self.mpp is not None and self.mpp <= 0) or self.objective <= 0 or self.scale <= 0:
-            raise ConfigError("mpp, objective and scale must be positive")
+        for name in ("scale", "mpp", "objective"):  # each named by its own flag, with its value
+            if getattr(self, name) is not None:
+                check_value(name, getattr(self, name), Positive)
         if not 0.02 <= self.smear_extent <= 0.5:
             raise ConfigError(f"--smear-extent must be in [0.02, 0.5], got {self.smear_extent}")
         if not abs(self.defocus) <= 20.0:
