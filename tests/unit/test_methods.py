@@ -247,7 +247,7 @@ def test_config_errors(tmp_path):
         resolve_config(DSVDDConfig, overrides=["epoch=3"])
     with pytest.raises(ConfigError, match="unknown preset"):
         resolve_config(DSVDDConfig, "turbo")
-    with pytest.raises(ConfigError, match="not a valid int"):
+    with pytest.raises(ConfigError, match="--set epochs must be an integer, got .many."):
         resolve_config(DSVDDConfig, overrides=["epochs=many"])
     with pytest.raises(ConfigError, match="backbone"):
         resolve_config(SILConfig, overrides={"backbone": "vgg"})
