@@ -1396,3 +1396,25 @@ def test_refine_names_the_cases_and_marks_it_does_not_use(
         "cell(s), 1 cell(s) marked artifact only left out, 1 cell(s) marked by some reviewers "
         f"only left out (--agree all); 1 unfinished case(s) ({c2}) not used"
     )
+
+
+def test_a_report_never_goes_into_the_reviews_sealed_parts(tmp_path, session):
+    """Hostile round 13, #14: `cyto review report R --out R/crops --overwrite` wrote the report
+    into the review's sealed crops, and the review then refused itself, marks and all. The
+    report goes to R/report or outside the review; elsewhere inside it is refused."""
+    rv = _copy_review(session, tmp_path / "rv")
+    c1, _ = open_session(rv).case_ids()
+    store = MarkStore(rv)
+    store.mark("ann", c1, 0, True)
+    store.close()
+    before = {p: p.read_bytes() for p in (rv / "crops").rglob("*") if p.is_file()}
+    for inside in (rv / "crops", rv, rv / "crops" / "x"):
+        proc = run_cyto("review", "report", str(rv), "--out", str(inside), "--overwrite")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"lies inside the review {rv.resolve()}, whose crops and key are sealed" in (
+            proc.stderr
+        )
+    assert {p: p.read_bytes() for p in (rv / "crops").rglob("*") if p.is_file()} == before
+    ok = run_cyto("review", "report", str(rv), "--out", str(rv / "report" / "again"))
+    assert ok.returncode == 0, ok.stderr
+    assert run_cyto("review", "report", str(rv), "--out", str(tmp_path / "outside")).returncode == 0

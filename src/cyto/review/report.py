@@ -285,6 +285,24 @@ def withheld_note(cases: list[str], truth: bool) -> str | None:
     )
 
 
+def _refuse_inside_the_review(root: Path, out: Path) -> None:
+    """The report goes to ``REVIEW/report`` or outside the review, never elsewhere inside it:
+    written into its sealed ``crops/`` (``--out REVIEW/crops --overwrite``), it made the review
+    refuse itself, marks and all (hostile round 13, #14)."""
+    from cyto.errors import InputPathError
+    from cyto.flags import passing, said
+
+    root, target = root.resolve(), out.resolve()
+    own = root / "report"
+    inside = target == root or root in target.parents
+    if inside and not (target == own or own in target.parents):
+        raise InputPathError(
+            f"{passing('out', out)} lies inside the review {root}, whose crops and key are "
+            f"sealed: an output never goes into its input; leave out {said('out')} (the "
+            f"report goes to {own}) or give a folder outside the review"
+        )
+
+
 def write_report(
     root: Path,
     out: Path | None = None,
@@ -302,6 +320,7 @@ def write_report(
             f"{passing('out', out)} is a file: the report is a folder (expert_table.csv, "
             "report.json, figures/); give a folder"
         )
+    _refuse_inside_the_review(root, out)
     report = build_report(root, reviewers, include_unfinished)
     marked, session = report.pop("_marked"), report.pop("_session")
     with OutputLock(out, "cyto review report"):
