@@ -430,6 +430,11 @@ def _manifest_file(path: Path) -> Path:
             "one with 'cyto train'"
         )
     if not path.is_dir():
+        if (path.parent / MANIFEST).is_file():  # a file of a bundle (its encoder.onnx)
+            raise BundlePathError(
+                f"{path} is a file of the model bundle {path.parent}: give the bundle folder "
+                f"{path.parent}"
+            )
         raise BundlePathError(
             f"{path} is not a model bundle folder (expected NAME.cyto/ with "
             f"{MANIFEST}); train one with 'cyto train'"

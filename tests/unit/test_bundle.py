@@ -248,3 +248,24 @@ def test_a_bundle_written_by_another_run_meanwhile_is_kept_and_so_is_this_one(
     (kept,) = tmp_path.glob("m-*.cyto")
     assert load_bundle(kept).manifest["method"] == "dsvdd"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_file_of_a_bundle_given_as_the_model_names_its_folder(tmp_path):
+    """Hostile round 13, #18: `--model m.cyto/encoder.onnx` was told to train a model with
+    'cyto train'; the file lies in a bundle, whose folder is what to give."""
+    from cyto.bundle import load_bundle
+    from cyto.errors import BundlePathError
+
+    bundle = tmp_path / "m.cyto"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text("{}")
+    (bundle / "encoder.onnx").write_bytes(b"x")
+    with pytest.raises(BundlePathError) as refused:
+        load_bundle(bundle / "encoder.onnx", weights=False)
+    assert str(refused.value) == (
+        f"{bundle / 'encoder.onnx'} is a file of the model bundle {bundle}: give the bundle "
+        f"folder {bundle}"
+    )
+    (tmp_path / "loose.onnx").write_bytes(b"x")
+    with pytest.raises(BundlePathError, match="train one with 'cyto train'"):
+        load_bundle(tmp_path / "loose.onnx", weights=False)
