@@ -355,3 +355,21 @@ def test_doctor_says_a_failed_row_of_that_row_alone(ov_bundle, monkeypatch):
     assert "nothing here" not in text, text
     assert "this row does not reproduce the bundle's golden cells: openvino bf16" in bf16.detail
     assert "Spearman -" in bf16.detail and "score with a row that passed" in bf16.detail
+
+
+def test_a_kept_models_record_edited_to_other_settings_is_said_as_damaged(ov_bundle):
+    """Hostile round 13, #5: compiled.json edited ("precision" bf16 -> fp32) was said as "it was
+    built for other settings or inputs: --precision fp32 -> bf16", a flag nobody passed. The
+    folder is its key's own: a record naming another was changed or damaged."""
+    s = load_scorer(ov_bundle, "openvino", "cpu", "fp32")
+    kept = s.backend.engine_file
+    s.close()
+    record_path = kept.path.parent / "compiled.json"
+    record = json.loads(record_path.read_text())
+    record["key"]["precision"] = "bf16"
+    record_path.write_text(json.dumps(record))
+    again = load_scorer(ov_bundle, "openvino", "cpu", "fp32")
+    notes = " ".join(again.notes)
+    again.close()
+    assert "compiled.json does not match the folder it is kept in (changed or damaged:" in notes
+    assert "--precision" not in notes, notes

@@ -107,9 +107,16 @@ class KeptEngine:
             or Path(record["file"]).name != record["file"]
         ):
             return None, None, f"its record {self.record_path.name} does not read back"
-        reuse = check_reuse(record.get("key"), self.key, names=self.names)
+        # the key's fields by their own names: no flag chose them
+        reuse = check_reuse(record.get("key"), self.key, names={k: k for k in self.key})
         if not reuse.ok:
-            return None, None, f"it was built for {reuse.words()}"
+            # the folder is this key's own: a record naming another was changed or damaged,
+            # never a choice of the user's ("built for --precision fp32 -> bf16", which nobody
+            # passed: hostile round 13, #5)
+            return None, None, (
+                f"its record {self.record_path.name} does not match the folder it is kept in "
+                f"(changed or damaged: {'; '.join(reuse.differs)})"
+            )
         path = self.folder / record["file"]
         data, why = read_engine(path, record["sha256"], record["size"])
         if data is None:
