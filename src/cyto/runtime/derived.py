@@ -113,9 +113,13 @@ class KeptEngine:
             # the folder is this key's own: a record naming another was changed or damaged,
             # never a choice of the user's ("built for --precision fp32 -> bf16", which nobody
             # passed: hostile round 13, #5)
-            return None, None, (
-                f"its record {self.record_path.name} does not match the folder it is kept in "
-                f"(changed or damaged: {'; '.join(reuse.differs)})"
+            return (
+                None,
+                None,
+                (
+                    f"its record {self.record_path.name} does not match the folder it is kept in "
+                    f"(changed or damaged: {'; '.join(reuse.differs)})"
+                ),
             )
         path = self.folder / record["file"]
         data, why = read_engine(path, record["sha256"], record["size"])
