@@ -94,7 +94,7 @@ def test_a_deleted_engine_or_a_forged_record_is_never_trusted(tmp_path):
     kept.record_path.write_text("{not json")
     assert "does not read back" in kept.load()[2]
     # another model's engine and record copied in: built for another graph
-    kept = KeptEngine(kept.folder, "compiled", ".blob", KEY, {"graph_sha256": "the graph"})
+    kept = KeptEngine(kept.folder, "compiled", ".blob", KEY)
     other = _kept(tmp_path / "other", {**KEY, "graph_sha256": "b" * 64})
     other.keep(b"another model")
     kept.record_path.write_bytes(other.record_path.read_bytes())

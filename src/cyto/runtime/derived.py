@@ -80,11 +80,8 @@ class KeptEngine:
         stem: str,
         suffix: str,
         key: dict[str, Any],
-        names: dict[str, str] | None = None,
     ) -> None:
         self.folder = Path(folder)
-        #: the user's words for the key's fields (what a kept engine was built for otherwise)
-        self.names = names or {}
         self.stem = stem
         self.suffix = suffix
         self.key = json.loads(json.dumps(key))  # as it reads back from the record

@@ -186,13 +186,7 @@ def kept_model(graph: GraphSpec, precision: str):
         "precision": precision,
         "cpu": list(cpu_capabilities()),
     }
-    names = {
-        "graph_sha256": f"the graph ({graph.file})",
-        "openvino": "OpenVINO",
-        "precision": "--precision",
-        "cpu": "the CPU's capabilities",
-    }
-    return KeptEngine(cache_folder(graph, precision), "compiled", ".blob", key, names)
+    return KeptEngine(cache_folder(graph, precision), "compiled", ".blob", key)
 
 
 def _first(exc: BaseException) -> str:
