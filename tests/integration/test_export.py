@@ -524,8 +524,9 @@ def test_predict_takes_patches_of_mixed_sizes(exported_dsvdd, tiny, tmp_path):
 
 
 def test_predict_skips_unreadable_images_when_asked(bundles, tiny, tmp_path):
-    """cyto predict on a folder with a broken JPEG: the error names --skip-unreadable, which
-    predict now has (it was train's only); the table lists what it left out."""
+    """cyto predict on a folder with a broken JPEG and an 8 px image: the error names
+    --skip-unreadable, which predict now has (it was train's only); the table lists what it
+    left out, and why."""
     import json
 
     import pyarrow.parquet as pq
@@ -538,6 +539,8 @@ def test_predict_skips_unreadable_images_when_asked(bundles, tiny, tmp_path):
     for i in range(4):
         Image.fromarray(tiny.images[i]).save(folder / f"c{i}.png")
     (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a whole jpeg")
+    # an 8 x 8 px file holds no cell: it was enlarged and scored as one without a word
+    Image.fromarray(tiny.images[0][:8, :8]).save(folder / "speck.png")
     out = tmp_path / "s.parquet"
     base = ("predict", str(bundles["dsvdd"]), "--data", str(tmp_path / "cells"), "--out", str(out))
     proc = run_cyto(*base)
@@ -548,7 +551,8 @@ def test_predict_skips_unreadable_images_when_asked(bundles, tiny, tmp_path):
     table = pq.read_table(out)
     assert table.num_rows == 4
     skipped = json.loads(table.schema.metadata[b"cyto.skipped"])
-    assert [p.endswith("broken.jpg") for p, _ in skipped] == [True]
+    assert sorted(Path(p).name for p, _ in skipped) == ["broken.jpg", "speck.png"]
+    assert "too small to hold a cell" in dict((Path(p).name, r) for p, r in skipped)["speck.png"]
 
 
 def test_predict_checks_its_out_before_scoring(bundles, tiny, tmp_path):

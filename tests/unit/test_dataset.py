@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import shutil
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from cyto.data.dataset import PatchDataset, data_info, load_records
-from cyto.data.images import decode_image, read_image
+from cyto.data.images import MIN_CELL_SIDE, decode_image, read_image
 from cyto.errors import DatasetError, InputPathError, UnreadableImageError
 
 
@@ -137,23 +140,42 @@ def test_class_choice_errors(synth_patches):
 def test_grayscale_rgba_and_16bit_are_converted(tmp_path):
     gray = np.tile(np.arange(0, 256, 16, dtype=np.uint8), (16, 1))
     Image.fromarray(gray, "L").save(tmp_path / "g.png")
-    rgba = np.zeros((8, 8, 4), dtype=np.uint8)
+    rgba = np.zeros((16, 16, 4), dtype=np.uint8)
     rgba[..., 0] = 200
     rgba[..., 3] = 0
-    rgba[:4, :, 3] = 255
+    rgba[:8, :, 3] = 255
     Image.fromarray(rgba, "RGBA").save(tmp_path / "a.png")
-    sixteen = np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000
+    sixteen = np.arange(256, dtype=np.uint16).reshape(16, 16) * 250
     Image.fromarray(sixteen).save(tmp_path / "s.tif")
 
     g = read_image(tmp_path / "g.png")
     assert g.shape == (16, 16, 3) and (g[..., 0] == g[..., 2]).all()
     a = read_image(tmp_path / "a.png")
-    assert a.shape == (8, 8, 3)
+    assert a.shape == (16, 16, 3)
     assert tuple(a[0, 0]) == (200, 0, 0)  # opaque pixels keep their colour
-    assert tuple(a[7, 0]) == (255, 255, 255)  # transparent pixels become white glass
+    assert tuple(a[15, 0]) == (255, 255, 255)  # transparent pixels become white glass
     s = read_image(tmp_path / "s.tif")
-    assert s.dtype == np.uint8 and s.shape == (8, 8, 3)
-    assert s[7, 7, 0] == round(63000 * 255 / 65535)
+    assert s.dtype == np.uint8 and s.shape == (16, 16, 3)
+    assert s[15, 15, 0] == round(63750 * 255 / 65535)
+
+
+@settings(max_examples=40, deadline=None)
+@given(h=st.integers(1, 40), w=st.integers(1, 40))
+def test_an_image_too_small_to_hold_a_cell_is_refused_by_name(h, w):
+    """An image whose longer side is under 16 px holds no cell: every reader of cell images
+    refuses it naming the file, as an unreadable one (cyto predict scored 8 x 8 px files,
+    enlarged 12x, as cells without a word); a crop cut at its image's edge (100 x 10) is read."""
+    buf = io.BytesIO()
+    Image.fromarray(np.full((h, w, 3), 120, np.uint8)).save(buf, format="PNG")
+    if max(h, w) < MIN_CELL_SIDE:
+        with pytest.raises(UnreadableImageError) as err:
+            decode_image(buf.getvalue(), "cells/x.png")
+        assert str(err.value).startswith(
+            f"cannot read image cells/x.png: {w} x {h} px is too small"
+        )
+        assert "skip" in str(err.value)
+    else:
+        assert decode_image(buf.getvalue(), "cells/x.png").shape == (h, w, 3)
 
 
 def test_decode_image_rejects_garbage():
@@ -209,7 +231,7 @@ def test_decode_stream_keeps_order_and_positions_and_stops_decoding_when_left(
 
     (tmp_path / "A").mkdir()
     for i in range(10):
-        Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(tmp_path / "A" / f"{i}.png")
+        Image.fromarray(np.full((16, 16, 3), i, np.uint8)).save(tmp_path / "A" / f"{i}.png")
     (tmp_path / "A" / "5.png").write_bytes(b"not a png")
     records = load_records(tmp_path)
     assert [r.path.name for r in records][:3] == ["0.png", "1.png", "2.png"]
@@ -233,7 +255,7 @@ def test_decode_stream_keeps_order_and_positions_and_stops_decoding_when_left(
     stream.close()  # the caller leaves after one chunk
     assert len(decoded) <= 20, len(decoded)  # the chunk read and the next, no more
 
-    Image.fromarray(np.full((9, 8, 3), 0, np.uint8)).save(tmp_path / "A" / "z.png")
+    Image.fromarray(np.full((17, 16, 3), 0, np.uint8)).save(tmp_path / "A" / "z.png")
     assert not one_size(load_records(tmp_path))
 
 

@@ -12,6 +12,10 @@ from cyto.errors import UnreadableImageError
 from cyto.flags import passing
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
+#: the fewest pixels a cell crop's longer side may have: a smaller image holds no cell (a crop
+#: of 1 x 1 px was enlarged 96x and scored as a cell); every reader of cell images and the
+#: scorer's patches (cyto.runtime.scorer) hold to it
+MIN_CELL_SIDE = 16
 
 
 #: image modes without a stain's colours (one channel): a cell crop of these was saved grayscale
@@ -30,18 +34,28 @@ def decode_image(
     an image of a mode in :data:`GRAY_MODES` (said by :func:`mode_words`).
 
     Raises:
-        UnreadableImageError: the bytes are not a complete image.
+        UnreadableImageError: the bytes are not a complete image, or one too small to hold a
+            cell (:data:`MIN_CELL_SIDE`).
     """
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()
             if notes is not None and im.mode in GRAY_MODES:
                 notes.append((Path(path), im.mode))
-            return _to_rgb(im)
+            rgb = _to_rgb(im)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise UnreadableImageError(
             path, str(exc) or type(exc).__name__, passing("skip_unreadable")
         ) from exc
+    h, w = rgb.shape[:2]
+    if max(h, w) < MIN_CELL_SIDE:
+        raise UnreadableImageError(
+            path,
+            f"{w} x {h} px is too small to hold a cell (a cell crop has at least "
+            f"{MIN_CELL_SIDE} px a side)",
+            passing("skip_unreadable"),
+        )
+    return rgb
 
 
 def _to_rgb(im: Image.Image) -> np.ndarray:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import numpy as np
 
 from cyto.bundle import PRECISIONS, Bundle, GraphSpec, ModelSpec, load_bundle
+from cyto.data.images import MIN_CELL_SIDE
 from cyto.errors import ConfigError, CytoError, ScaleWarning
 from cyto.flags import Range, passing, said
 from cyto.runtime.backends import CHOICES, Backend
@@ -567,8 +568,8 @@ def _gated(bundle: Bundle, backend: str, precision: str, device: str) -> bool:
     return g is not None and g.parity_passed
 
 
-#: the smallest patch side a scorer takes (a network's smallest input: ``input_size >= 16``)
-MIN_PATCH_SIDE = 16
+#: the smallest patch side a scorer takes (a cell image's: cyto.data.images.MIN_CELL_SIDE)
+MIN_PATCH_SIDE = MIN_CELL_SIDE
 
 
 def load_scorer(
