@@ -198,14 +198,16 @@ def test_bench_slide_and_calibrate(exported_dsvdd, tmp_path):
     assert fp16.returncode == 2 and "fp16 on CUDA" in fp16.stderr, fp16.stderr
 
     # calibrate a copy of the model on this slide's table, as if it were slide-negative (a
-    # copy without its truth labels: the slide's own truth marks abnormal cells, refused)
+    # copy without its truth labels and of another slide's name: the slide's own truth, in
+    # its labels or beside it, marks abnormal cells, refused)
     model = tmp_path / "m.cyto"
     shutil.copytree(exported_dsvdd, model)
     refused = run_cyto("calibrate", str(model), str(tmp_path / "w" / "scores.parquet"))
     assert refused.returncode == 2 and "abnormal cell(s)" in refused.stderr, refused.stderr
     scored = pq.read_table(tmp_path / "w" / "scores.parquet")
     table = tmp_path / "unlabelled.parquet"
-    pq.write_table(with_rows_seal(scored.drop_columns(["label"])), table)
+    meta = {**scored.schema.metadata, b"cyto.slide": str(tmp_path / "neg.ndpi").encode()}
+    pq.write_table(with_rows_seal(scored.drop_columns(["label"]), meta), table)
     proc = run_cyto("calibrate", str(model), str(table))
     assert proc.returncode == 0, proc.stderr
     proc = score_cli(res.paths[0], model, tmp_path / "o", "--mosaic", "0")

@@ -87,3 +87,34 @@ def test_a_busy_folder_is_said_once_in_plain_words(cohort, tmp_path):
     assert proc.returncode == 3, proc.stderr
     line = proc.stderr.strip()
     assert line.count("wait for it to finish") == 1 and line.endswith("give another --out"), line
+
+
+def test_a_slide_whose_own_ground_truth_beside_it_marks_abnormal_cells_gives_no_normals(
+    exported_dsvdd, tmp_path
+):
+    """Hostile round 14 (15): a slide cyto synth planted abnormal cells in, scored without
+    --truth, gave all its cells to `cyto data cells` as normal, its truth table
+    (NAME.cells.parquet) beside it; `cyto calibrate` took them as negatives the same way. The
+    table beside the slide is known as --truth is; one without abnormal cells refuses nothing."""
+    from cyto.infer import ScoreOptions, score_slide
+
+    slide = write_slide(
+        tmp_path / "s1.tif",
+        SlideSynthConfig(width=768, height=768, n_cells=60, abnormal_fraction=0.1, seed=3),
+        workers=0,
+    ).paths[0]
+    opts = ScoreOptions(mosaic=0, workers=0, top_k=10)
+    score_slide(slide, exported_dsvdd, tmp_path / "out" / "s1", opts, echo=lambda _: 0)
+    truth = tmp_path / "s1.cells.parquet"
+    model = shutil.copytree(exported_dsvdd, tmp_path / "m.cyto")  # calibrate writes into it
+    for args in (
+        ("data", "cells", str(tmp_path / "out" / "s1"), "--out", str(tmp_path / "ds")),
+        ("calibrate", str(model), str(tmp_path / "out" / "s1")),
+    ):
+        proc = run_cyto(*args)
+        assert proc.returncode == 2, proc.stderr
+        line = proc.stderr.strip()
+        assert f"ground truth beside it ({truth}) marks" in line, line
+        assert "from negative slides only" in line, line
+    assert not (tmp_path / "ds" / "normal").exists()
+    assert not (model / "calibration.npz").exists()

@@ -31,12 +31,12 @@ pytestmark = pytest.mark.pyvips
 
 @pytest.fixture(scope="module")
 def slides(tmp_path_factory):
-    """Two small pyramidal JPEG-tiled TIFFs (four tiles of 512 px each)."""
+    """Two small negative slides: pyramidal JPEG-tiled TIFFs (four tiles of 512 px each)."""
     root = tmp_path_factory.mktemp("slides")
     for i, name in enumerate(("a", "b")):
         write_slide(
             root / f"{name}.tif",
-            SlideSynthConfig(width=1024, height=1024, seed=5 + i, abnormal_fraction=0.1),
+            SlideSynthConfig(width=1024, height=1024, seed=5 + i, abnormal_fraction=0.0),
             workers=0,
         )
     return root / "a.tif", root / "b.tif"

@@ -105,11 +105,13 @@ def test_calibrate_refuses_a_slide_whose_truth_plants_abnormal_cells(exported_ds
     _one_line_error(proc, str(a.paths[0]), f"{a.n_abnormal} abnormal cell(s)", "--truth")
     assert "calibration" not in json.loads((model / "manifest.json").read_text())
 
-    # a slide-negative table calibrates once; a second calibration needs --overwrite
+    # a slide-negative table calibrates once; a second calibration needs --overwrite (its
+    # rows of another slide: a.tif's own truth, beside it, marks abnormal cells)
     neg = tmp_path / "neg.parquet"
     scored = pq.read_table(out / "a" / "scores.parquet").drop_columns(["label"])
+    meta = {**scored.schema.metadata, b"cyto.slide": str(tmp_path / "neg.tif").encode()}
     pq.write_table(
-        with_rows_seal(pa.concat_tables([scored] * 3)), neg
+        with_rows_seal(pa.concat_tables([scored] * 3), meta), neg
     )  # the 100 cells calibration needs
     assert run_cyto("calibrate", str(model), str(neg)).returncode == 0
     again = run_cyto("calibrate", str(model), str(neg))

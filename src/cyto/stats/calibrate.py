@@ -253,7 +253,13 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
             "score the slide-negative slides with this bundle first"
         )
     planted, labelled = _planted(path, table, meta.get("cyto.slide"))
-    refuse_planted(meta.get("cyto.slide") or path, planted, "calibrate", labelled=labelled)
+    refuse_planted(
+        meta.get("cyto.slide") or path,
+        planted,
+        "calibrate",
+        labelled=labelled,
+        slide_path=meta.get("cyto.slide"),
+    )
     summary = _sealed_summary(path, meta.get("cyto.slide"))
     warn_unsatisfactory(meta.get("cyto.slide") or path, summary.get("adequacy"), "calibrate")
     burden = summary.get("burden")
@@ -311,19 +317,43 @@ def _sealed_summary(path: Path, slide: str | None) -> dict:
     return data if isinstance(data, dict) and data.get("slide") == slide else {}
 
 
+def truth_beside(slide: object) -> tuple[Path, int] | None:
+    """The ground truth cyto synth wrote beside a local slide (``NAME.cells.parquet``,
+    :func:`cyto.data.synth.slide.ground_truth_path`) and the cells it marks abnormal, when it
+    marks any; None otherwise (no such table, one without a ``label`` column, a URL). A slide
+    scored without ``--truth`` holds its planted cells all the same."""
+    from cyto.data.synth.slide import ground_truth_path
+
+    text = str(slide or "")
+    if not text or "://" in text or text.startswith("dicomweb+"):
+        return None
+    path = ground_truth_path(Path(text))
+    try:
+        if not path.is_file():
+            return None
+        table = read_table(path, columns=["label"])
+        labels = np.asarray(table["label"].to_numpy(zero_copy_only=False), dtype=np.float64)
+    except Exception:  # noqa: BLE001 - not a truth table of cyto's: nothing known of the slide
+        return None
+    n = int(np.sum(labels == 1))
+    return (path, n) if n else None
+
+
 def refuse_planted(
     slide: object,
     planted: int | None,
     use: str,
     burden: dict | None = None,
     labelled: bool = False,
+    slide_path: object = None,
 ) -> None:
-    """A scored slide whose own ground truth (``cyto score --truth``) holds abnormal cells is
-    no negative slide: refused in one line naming it and the count. ``cyto calibrate`` takes
-    every cell it is given as normal, and so does ``cyto data cells`` (``use``: what the
-    command does with them). Nor is a slide whose own calibrated scoring triaged it
-    ``excess`` (its summary's ``burden``): ``cyto data cells`` gives it; ``cyto calibrate``
-    does not, as a new calibration may be what corrects the one that triaged it."""
+    """A scored slide whose own ground truth (``cyto score --truth``, or the table cyto synth
+    wrote beside ``slide_path``: :func:`truth_beside`) holds abnormal cells is no negative
+    slide: refused in one line naming it and the count. ``cyto calibrate`` takes every cell it
+    is given as normal, and so does ``cyto data cells`` (``use``: what the command does with
+    them). Nor is a slide whose own calibrated scoring triaged it ``excess`` (its summary's
+    ``burden``): ``cyto data cells`` gives it; ``cyto calibrate`` does not, as a new
+    calibration may be what corrects the one that triaged it."""
     if planted and labelled:  # counted from a loose table's label column: detections
         raise ConfigError(
             f"{slide}: its score table marks {planted} detected cell(s) abnormal (its label "
@@ -333,6 +363,12 @@ def refuse_planted(
         raise ConfigError(
             f"{slide}: the slide was scored with --truth holding {planted} abnormal cell(s); "
             f"{use} from negative slides only"
+        )
+    beside = truth_beside(slide_path) if slide_path is not None else None
+    if beside is not None:  # cyto synth's planted cells were cut as normal, without a word
+        raise ConfigError(
+            f"{slide}: the slide's ground truth beside it ({beside[0]}) marks {beside[1]} "
+            f"cell(s) abnormal; {use} from negative slides only"
         )
     if isinstance(burden, dict) and burden.get("triage") == TRIAGE_EXCESS:
         p = burden.get("slide_p_value")
