@@ -186,7 +186,7 @@ def test_int8_takes_the_bundles_forms_in_openvinos_order(bundle, synth_patches):
     size = load_bundle(bundle, weights=False).spec.crop_size
     calib = load_cells(synth_patches, size, classes="normal")
     for key in ("int8-cpu7", "int8"):
-        export_variant(bundle, key, calib, None, "minmax", echo=lambda m: None)
+        export_variant(bundle, key, calib, None, "minmax", accept_loss=True, echo=lambda m: None)
     s = load_scorer(bundle, "openvino", "cpu", "int8")
     notes = " | ".join(s.notes)
     # TensorRT's symmetric form first (INT8_ORDER, measured fastest); where it fails here, the
@@ -196,9 +196,18 @@ def test_int8_takes_the_bundles_forms_in_openvinos_order(bundle, synth_patches):
     else:
         assert "failed verification, not used: openvino int8 (encoder-int8.onnx)" in notes
         assert s.graph_file == "encoder-int8-cpu7.onnx" and s.verification.passed
+    # auto takes that graph where it kept the ranking at export; one kept with a parity loss
+    # (accept_loss: the tiny model's int8 ranking is borderline, and its training's numerics
+    # follow the machine's threads and kernels) is never auto's choice
     auto = load_scorer(bundle, "auto", "cpu", "auto")
-    assert (auto.backend.name, auto.precision) == ("openvino", "int8")
-    assert auto.graph_file == s.graph_file
+    kept = {
+        g.file: g.parity_passed for g in load_bundle(bundle, weights=False).spec.graphs.values()
+    }
+    if kept[s.graph_file]:
+        got = (auto.backend.name, auto.precision, auto.graph_file)
+        assert got == ("openvino", "int8", s.graph_file), (kept, auto.notes)
+    else:
+        assert auto.precision != "int8", auto.notes
 
 
 def test_int8_tries_every_openvino_form_before_onnx_runtime(bundle, synth_patches, monkeypatch):
@@ -213,7 +222,7 @@ def test_int8_tries_every_openvino_form_before_onnx_runtime(bundle, synth_patche
     size = load_bundle(bundle, weights=False).spec.crop_size
     calib = load_cells(synth_patches, size, classes="normal")
     for key in ("int8-cpu7", "int8-cpu", "int8"):
-        export_variant(bundle, key, calib, None, "minmax", echo=lambda m: None)
+        export_variant(bundle, key, calib, calib, "minmax", echo=lambda m: None)
     real = verify.verify_scorer
     saturated = ("encoder-int8.onnx", "encoder-int8-cpu.onnx")
 

@@ -440,3 +440,37 @@ def test_info_says_the_cells_an_fp16_parity_was_measured_on(bundle, synth_patche
     assert info.returncode == 0, info.stderr
     [line] = [x.strip() for x in info.stdout.splitlines() if x.strip().startswith("fp16:")]
     assert "; vs fp32 on 64 golden cells: Spearman " in line, line
+
+
+def test_auto_runs_openvinos_int8_where_only_onnx_runtimes_form_is_below_its_gate(
+    bundle, synth_patches
+):
+    """Each CPU backend runs its own int8 form: ONNX Runtime the one made for this CPU's
+    instruction set, OpenVINO the first of INT8_ORDER. auto judged int8 by ONNX Runtime's form
+    alone, so one below its gate left OpenVINO's verified int8 untried (it chose bf16). The
+    gate's verdicts are set here, whatever this CPU's numerics give."""
+    import dataclasses
+
+    pytest.importorskip("openvino", reason="OpenVINO's int8 form needs openvino")
+    from cyto.export.golden import read_golden, write_golden
+    from cyto.runtime.machine import graph_for
+    from cyto.runtime.scorer import attempt_plan
+
+    write_golden(bundle, synth_patches, normal="normal", n=64)
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, normal="normal")
+    for key in ("int8", "int8-cpu", "int8-cpu7"):
+        export_variant(bundle, key, calib, None, "minmax", accept_loss=True, echo=lambda m: None)
+    b = load_bundle(bundle, weights=False)
+    ort_form = graph_for(b.spec, "int8", "cpu").file  # ONNX Runtime's, on this CPU
+    below = {"encoder-int8-cpu.onnx", "encoder-int8-cpu7.onnx"}  # both: whichever ORT runs
+    graphs = {
+        k: dataclasses.replace(g, parity_passed=g.file not in below)
+        for k, g in b.spec.graphs.items()
+    }
+    b._spec = dataclasses.replace(b.spec, graphs=graphs)
+    notes: list[str] = []
+    plan = [(n, p) for n, p, _ in attempt_plan(b, "auto", "cpu", "auto", read_golden(b), notes)]
+    assert ("openvino", "int8") in plan, (plan, notes)
+    assert ("onnx", "int8") not in plan, plan
+    assert f"int8 ({ort_form}) is below the parity gate (accepted at export): not used" in notes

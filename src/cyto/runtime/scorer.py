@@ -459,8 +459,17 @@ def precision_candidates(
             if left_out is not None:
                 continue
         g = graph_of(bundle, backend if backend != "auto" else "onnx", p, device)
-        if g is None and backend == "auto" and device == "cpu":
-            g = graph_of(bundle, "openvino", p, device)
+        if backend == "auto" and device == "cpu":
+            # each CPU backend runs its own int8 form (ONNX Runtime's, OpenVINO's INT8_ORDER):
+            # one below its gate leaves the precision to the other (attempt_plan's _gated
+            # drops the backend whose form it is); OpenVINO's verified int8 was never tried
+            forms = [f for f in (g, graph_of(bundle, "openvino", p, device)) if f is not None]
+            for f in forms:
+                if not f.parity_passed and any(o.parity_passed for o in forms):
+                    notes.append(
+                        f"{p} ({f.file}) is below the parity gate (accepted at export): not used"
+                    )
+            g = next((f for f in forms if f.parity_passed), forms[0] if forms else None)
         autocast = p == "fp16" and device != "cpu" and backend in ("auto", "torch")
         usable = g is not None
         if g is not None:
