@@ -42,7 +42,15 @@ def _front_door(func: Callable) -> Callable:
             # a URL for an argument that takes a local path only, refused by name before it
             # is turned into a path (https:/host/...) and reported missing
             refuse_urls(bound.arguments, hints_of(func, {"Scorer": Scorer}))
-            return func(*bound.args, **bound.kwargs)
+            try:
+                return func(*bound.args, **bound.kwargs)
+            except OSError as exc:  # the machine's, as the CLI says it (a name too long)
+                from cyto.errors import PathError, system_words
+
+                words = system_words(exc)
+                if words is None:
+                    raise
+                raise PathError(words) from exc
 
     return call
 

@@ -16,7 +16,23 @@ SYSTEM_ERRORS = {
     errno.EROFS: "the file system is read-only",
     errno.EACCES: "no permission",
     errno.EPERM: "no permission",
+    errno.ENAMETOOLONG: "a name in the path is longer than the file system allows (255 bytes "
+    "a name, 4096 a path)",
+    errno.ELOOP: "too many levels of symbolic links (a link that leads back to itself?)",
 }
+
+
+def system_words(exc: OSError) -> str | None:
+    """One line for an OSError of the machine (:data:`SYSTEM_ERRORS`): the file it names, cut
+    to a length a line can hold, and what the error means; None for any other OSError. The
+    CLI's last word and the Python API's front door say it so (:class:`PathError`)."""
+    why = SYSTEM_ERRORS.get(exc.errno)
+    if why is None:
+        return None
+    name = "" if exc.filename is None else str(exc.filename)
+    if len(name) > 120:  # a name of 300 x's, said whole, is no longer one line
+        name = f"{name[:60]}...{name[-40:]} ({len(name)} characters)"
+    return f"{name}: {why}" if name else why
 
 
 def out_of_memory(exc: BaseException) -> bool:
@@ -111,6 +127,11 @@ class BundlePathError(BundleError):
 
 class TrainingError(CytoError):
     """Training cannot go on (NaN loss, collapsed scores, unusable data for the method)."""
+
+
+class PathError(CytoError):
+    """The machine refused a path (a name too long, a loop of links, no permission, a full
+    disk): :func:`system_words`, raised by the Python API where the CLI prints it."""
 
 
 class OutputWriteError(CytoError):

@@ -906,3 +906,44 @@ def test_several_values_for_an_argument_that_takes_one_still_say_one_per_call(tm
     with pytest.raises(ConfigError) as err:
         cyto.score_slide(["a.tif", "b.tif"], tmp_path / "m.cyto", tmp_path / "out")
     assert str(err.value).startswith("slide= must be a path (str or Path) (one per call)")
+
+
+@given(
+    name=st.text(alphabet="abcxyz_-.0123456789", min_size=256, max_size=400),
+    call=st.sampled_from(["load_model", "score_slide", "predict", "export"]),
+)
+def test_a_name_too_long_for_the_file_system_is_one_typed_line(name, call, tmp_path_factory):
+    """Hostile round 15 (10): a path with a name over 255 bytes was pathlib's raw OSError
+    (Errno 36) from `cyto info`, `score --model`, `predict` and the Python calls alike. The
+    machine's refusal is one line, the name cut to fit it: the CLI prints it, and the Python
+    API raises it as cyto's PathError."""
+    from cyto.errors import PathError
+
+    tmp = tmp_path_factory.mktemp("long")
+    model = str(tmp / name)
+    args = {
+        "load_model": (model,),
+        "score_slide": (str(tmp / "s.tif"), model, str(tmp / "o")),
+        "predict": (model, str(tmp), str(tmp / "t.parquet")),
+        "export": (model,),
+    }[call]
+    with pytest.raises(PathError) as err:
+        getattr(cyto, call)(*args)
+    line = str(err.value)
+    assert "\n" not in line and len(line) < 300, line
+    assert "longer than the file system allows" in line, line
+
+
+def test_the_cli_says_a_name_too_long_in_one_line(tmp_path):
+    from tests.cli_runner import run_cyto
+
+    model = str(tmp_path / ("x" * 300 + ".cyto"))
+    out = str(tmp_path / "t.parquet")
+    for args in (("info", model), ("predict", model, "--data", str(tmp_path), "--out", out)):
+        proc = run_cyto(*args)
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert lines[0].startswith(f"error: {str(tmp_path)[:20]}"), lines[0]
+        assert "characters)" in lines[0], lines[0]  # the name cut to fit the line
+        assert "longer than the file system allows" in lines[0] and len(lines[0]) < 300, lines[0]

@@ -153,12 +153,12 @@ def main() -> None:
         typer.secho("interrupted", err=True)
         sys.exit(130)
     except OSError as exc:  # the machine's (a full disk, a read-only folder), said in one line
-        from cyto.errors import SYSTEM_ERRORS
+        from cyto.errors import system_words
 
-        if exc.errno not in SYSTEM_ERRORS or os.environ.get("CYTO_DEBUG") == "1":
+        words = system_words(exc)
+        if words is None or os.environ.get("CYTO_DEBUG") == "1":
             raise
-        where = f"{exc.filename}: " if exc.filename else ""
-        typer.secho(f"error: {where}{SYSTEM_ERRORS[exc.errno]}", err=True, fg=typer.colors.RED)
+        typer.secho(f"error: {words}", err=True, fg=typer.colors.RED)
         sys.exit(1)
 
 
