@@ -128,6 +128,37 @@ def _console_may_close() -> None:
             setattr(sys, name, _Console(stream))
 
 
+def _argument_given_as_flag(argv: list[str]) -> str | None:
+    """One line for ``--NAME VALUE`` given to a command that takes NAME as an argument
+    (``cyto predict CELLS --model M``, as ``cyto score`` takes it): click said "No such option:
+    --model (Possible options: --help)". Which argument, and the command's usage; None when
+    every flag is the command's own (or no command is named). Typer carries a click of its own:
+    its classes are read from the app, not imported."""
+    if not any(a.startswith("--") for a in argv):
+        return None
+    cmd = typer.main.get_command(app)
+    path, rest = ["cyto"], list(argv)
+    while hasattr(cmd, "list_commands") and rest and not rest[0].startswith("-"):  # a group
+        cmd = cmd.get_command(cmd.context_class(cmd), rest[0])
+        if cmd is None:
+            return None
+        path.append(rest.pop(0))
+    if hasattr(cmd, "list_commands"):
+        return None
+    own = {o for p in cmd.params for o in (*p.opts, *getattr(p, "secondary_opts", ()))}
+    arguments = {p.name: p for p in cmd.params if p.param_type_name == "argument"}
+    for a in rest:
+        flag = a.split("=")[0]
+        arg = arguments.get(flag[2:].replace("-", "_")) if flag.startswith("--") else None
+        if arg is not None and flag not in own:
+            usage = " ".join(cmd.collect_usage_pieces(cmd.context_class(cmd)))
+            return (
+                f"{' '.join(path)} takes {arg.name} as an argument, not {flag}: usage "
+                f"{' '.join(path)} {usage}"
+            )
+    return None
+
+
 def main() -> None:
     """Entry point: run the app, turning library errors into one line and an exit code. A Ctrl-C
     exits with 130, also one that something swallowed on its way (:mod:`cyto.interrupts`)."""
@@ -141,6 +172,9 @@ def main() -> None:
             with _warnings_as_lines():
                 app()
         except SystemExit as exc:
+            if exc.code == 2 and (words := _argument_given_as_flag(sys.argv[1:])):
+                # the usage error click printed named no argument: say which one it is
+                typer.secho(f"error: {words}", err=True, fg=typer.colors.RED)
             if exc.code not in (0, None):
                 raise
         interrupts.check()  # the command finished, but a Ctrl-C came and was swallowed

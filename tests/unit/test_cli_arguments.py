@@ -1,0 +1,51 @@
+"""An argument given as a flag (``cyto predict CELLS --model M``, the way ``cyto score`` takes its
+model) is named as the command's argument, with its usage (hostile round 15, case 21: click
+said "No such option: --model (Possible options: --help)")."""
+
+from __future__ import annotations
+
+import typer
+
+from cyto.cli import app
+from tests.cli_runner import run_cyto
+
+
+def _arguments() -> list[tuple[list[str], str, list[str]]]:
+    """(command path, an argument's name, the command's own flags) of every command that takes
+    an argument with no flag of the same name."""
+    found = []
+
+    def walk(cmd, path):
+        if hasattr(cmd, "commands"):
+            for name, sub in cmd.commands.items():
+                walk(sub, [*path, name])
+            return
+        own = {o for p in cmd.params for o in p.opts}
+        for p in cmd.params:
+            flag = "--" + p.name.replace("_", "-")
+            if p.param_type_name == "argument" and flag not in own:
+                found.append((path, p.name, sorted(own)))
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+def test_every_argument_given_as_a_flag_is_named_with_the_usage(tmp_path):
+    found = _arguments()
+    assert any(path == ["predict"] and name == "model" for path, name, _ in found), found
+    for path, name, _ in found:
+        flag = "--" + name.replace("_", "-")
+        proc = run_cyto(*path, flag, str(tmp_path / "x"))
+        assert proc.returncode == 2, (path, proc.stderr)
+        last = proc.stderr.strip().splitlines()[-1]
+        cmd = " ".join(["cyto", *path])
+        assert last.startswith(
+            f"error: {cmd} takes {name} as an argument, not {flag}: usage {cmd} "
+        )
+        assert "Traceback" not in proc.stderr
+
+
+def test_a_flag_a_command_has_is_not_called_an_argument(tmp_path):
+    proc = run_cyto("predict", str(tmp_path / "m.cyto"), "--dat", str(tmp_path))
+    assert proc.returncode == 2
+    assert "as an argument" not in proc.stderr, proc.stderr
