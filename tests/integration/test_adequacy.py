@@ -135,7 +135,7 @@ def test_a_mostly_glass_slide_is_limited_for_its_glass(model, slides, tmp_path):
     a = summary["adequacy"]
     assert a["result"] == "limited", a
     assert a["glass_or_skipped_share"] > 0.9
-    assert len(a["reasons"]) == 1 and "glass or skipped" in a["reasons"][0]
+    assert len(a["reasons"]) == 1 and "skipped as glass" in a["reasons"][0]
 
 
 def test_adequacy_none_writes_what_cyto_wrote_before(model, slides, tmp_path):

@@ -102,6 +102,26 @@ def test_mostly_glass_limits_a_smear_but_not_a_liquid_based_circle():
     assert _judge("lbc-cervical", glass_or_skipped_share=0.97)["result"] == "satisfactory"
 
 
+def test_tissue_where_no_cell_was_found_is_not_called_glass():
+    """Hostile round 15 (23): a real tissue slide with no mpp, its nuclei looked for at another
+    size, gave no cell in 19 tiles of tissue; the reason said "100% of the slide glass or
+    skipped" (cohort.csv too). Where the share lies is said: skipped as glass, or tissue read
+    with no cell found."""
+    shares = {"tiles_scanned": 19, "skipped_share": 0.05, "empty_scanned_share": 1.0}
+    none = _judge("general", cells_detected=0, glass_or_skipped_share=1.0, **shares)
+    words = next(r for r in none["reasons"] if "no cell to read" in r)
+    assert words == (
+        "100% of the slide with no cell to read (5% skipped as glass; no cell found in any of "
+        "the 19 tiles with tissue: is the resolution right?), more than 90%"
+    )
+    shares = {"tiles_scanned": 40, "skipped_share": 0.9, "empty_scanned_share": 0.5}
+    some = _judge("general", glass_or_skipped_share=0.95, **shares)
+    assert some["reasons"] == [
+        "95% of the slide with no cell to read (90% skipped as glass; no cell found in 50% of "
+        "the 40 tiles with tissue), more than 90%"
+    ]
+
+
 def test_cells_off_the_model_s_scale_make_the_slide_unsatisfactory():
     block = _judge("general", cell_scale={"factor": 0.6, "off_scale": True})
     assert block["result"] == "unsatisfactory"

@@ -329,8 +329,7 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
     glass = m.get("glass_or_skipped_share")
     if rule.limited_glass is not None and glass is not None and glass > rule.limited_glass:
         limited.append(
-            f"{glass:.0%} of the slide glass or skipped (no cells to read), more than "
-            f"{rule.limited_glass:.0%}"
+            f"{glass:.0%} of the slide {_no_cell_words(m)}, more than {rule.limited_glass:.0%}"
         )
     result = UNSATISFACTORY if unsat else LIMITED if limited else SATISFACTORY
     return {
@@ -340,6 +339,25 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
         **m,
         "rule": rule.as_json(),
     }
+
+
+def _no_cell_words(m: dict) -> str:
+    """Where the slide's share with no cell to read lies: skipped as glass (never read), or
+    tissue read where no cell was found. A slide of tissue whose cells were all missed (its
+    resolution unknown, so nuclei looked for at another size) was said "100% glass"."""
+    skipped, empty = m.get("skipped_share"), m.get("empty_scanned_share")
+    scanned = m.get("tiles_scanned")
+    if skipped is None or empty is None or not scanned:
+        return "glass or skipped (no cells to read)"
+    if m.get("cells_detected") == 0:
+        return (
+            f"with no cell to read ({skipped:.0%} skipped as glass; no cell found in any of the "
+            f"{scanned:,} tiles with tissue: is the resolution right?)"
+        )
+    return (
+        f"with no cell to read ({skipped:.0%} skipped as glass; no cell found in {empty:.0%} of "
+        f"the {scanned:,} tiles with tissue)"
+    )
 
 
 def _not_evaluable_words(m: dict) -> str:
