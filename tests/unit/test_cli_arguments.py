@@ -49,3 +49,19 @@ def test_a_flag_a_command_has_is_not_called_an_argument(tmp_path):
     proc = run_cyto("predict", str(tmp_path / "m.cyto"), "--dat", str(tmp_path))
     assert proc.returncode == 2
     assert "as an argument" not in proc.stderr, proc.stderr
+
+
+def test_an_option_of_the_python_api_only_is_said_so_not_matched_to_another_flag(tmp_path):
+    """`cyto score S --chunk-cells 200`: click offered --burden-cells (round 15, case 21);
+    chunk_cells= is an option of the Python API only (FLAGS: None), and is said so."""
+    from cyto.flags import FLAGS
+
+    for field in [f for f, flag in FLAGS.items() if flag is None and f != "echo"]:
+        flag = "--" + field.replace("_", "-")
+        proc = run_cyto("score", str(tmp_path / "s.tif"), flag, "1")
+        assert proc.returncode == 2, proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last == (
+            f"error: {flag} is no flag of cyto score: {field}= is an option of cyto's Python "
+            "API only (docs/reference/api.md)"
+        ), last

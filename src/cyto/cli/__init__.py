@@ -131,8 +131,10 @@ def _console_may_close() -> None:
 def _argument_given_as_flag(argv: list[str]) -> str | None:
     """One line for ``--NAME VALUE`` given to a command that takes NAME as an argument
     (``cyto predict CELLS --model M``, as ``cyto score`` takes it): click said "No such option:
-    --model (Possible options: --help)". Which argument, and the command's usage; None when
-    every flag is the command's own (or no command is named). Typer carries a click of its own:
+    --model (Possible options: --help)". Which argument, and the command's usage; or, for an
+    option of the Python API only (``--chunk-cells``, :data:`cyto.flags.FLAGS` None), that it
+    is one (click offered ``--burden-cells``). None when every flag is the command's own (or
+    no command is named). Typer carries a click of its own:
     its classes are read from the app, not imported."""
     if not any(a.startswith("--") for a in argv):
         return None
@@ -145,16 +147,25 @@ def _argument_given_as_flag(argv: list[str]) -> str | None:
         path.append(rest.pop(0))
     if hasattr(cmd, "list_commands"):
         return None
+    from cyto.flags import FLAGS
+
     own = {o for p in cmd.params for o in (*p.opts, *getattr(p, "secondary_opts", ()))}
     arguments = {p.name: p for p in cmd.params if p.param_type_name == "argument"}
     for a in rest:
         flag = a.split("=")[0]
-        arg = arguments.get(flag[2:].replace("-", "_")) if flag.startswith("--") else None
-        if arg is not None and flag not in own:
+        if not flag.startswith("--") or flag in own:
+            continue
+        field = flag[2:].replace("-", "_")
+        if field in arguments:
             usage = " ".join(cmd.collect_usage_pieces(cmd.context_class(cmd)))
             return (
-                f"{' '.join(path)} takes {arg.name} as an argument, not {flag}: usage "
+                f"{' '.join(path)} takes {field} as an argument, not {flag}: usage "
                 f"{' '.join(path)} {usage}"
+            )
+        if field in FLAGS and FLAGS[field] is None:  # click offered a flag of another name
+            return (
+                f"{flag} is no flag of {' '.join(path)}: {field}= is an option of cyto's Python "
+                "API only (docs/reference/api.md)"
             )
     return None
 
