@@ -103,6 +103,7 @@ def predict(
         scorer, model = model, model.bundle.path
     else:
         scorer = load_scorer(model, backend, device, precision, verify=verify)
+    asked = rank_by
     rank_by, morph = scorer_rank_by(scorer, rank_by)
     records, labels = _chosen(Path(data), normal, abnormal)
     size = scorer.bundle.manifest["config"].get("load_size")
@@ -163,6 +164,8 @@ def predict(
             None if labels is None else labels[kept], column, morph, rank_by, factor, how,
             skipped,
         )  # fmt: skip
+        if "auroc" in summary:
+            _better_ranking(summary, rank_by, RANK_BY_ALIASES.get(asked, asked) == "auto")
         store.remove()  # the table is whole: the chunks are not needed again
     finally:
         if not any(store.dir.glob("chunk-*")):
@@ -487,6 +490,39 @@ def _write_table(
         if morph_scores is not None and rank_by != "morphometry":
             summary["auroc_morphometry"] = float(roc_auc_score(labels, morph_scores))
     return summary
+
+
+#: AUROC by which another ranking must beat the one used on a labelled folder to be said
+BETTER_BY = 0.05
+
+
+def _better_ranking(summary: dict, rank_by: str, auto: bool) -> None:
+    """Say (a ``CytoWarning``, and the summary's ``better_ranking``) when a labelled folder is
+    ranked clearly better by the model alone or the morphometric score than by ``rank_by``:
+    auto chose it by the bundle's held-back cells, and on cells unlike them (another lab,
+    another scale) it ranked worse than chance without a word (bone marrow by a synthetic
+    model: 0.236 by morphometry, 0.785 by the model)."""
+    from cyto.errors import CytoWarning
+    from cyto.flags import passing
+
+    chosen = summary["auroc"]
+    others = {"model": summary.get("auroc_model"), "morphometry": summary.get("auroc_morphometry")}
+    best = max(((a, name) for name, a in others.items() if a is not None), default=None)
+    if best is None or best[0] < chosen + BETTER_BY:
+        return
+    summary["better_ranking"] = best[1]
+    why = (
+        f" (auto took {rank_by}: it ranked the bundle's held-back cells best, cyto info; cells "
+        "unlike them, of another lab or scale, can be ranked otherwise)"
+        if auto
+        else ""
+    )
+    warnings.warn(
+        f"{passing('rank_by', best[1])} ranks these labelled cells better: AUROC {best[0]:.3f} "
+        f"against {chosen:.3f} by {rank_by}{why}",
+        CytoWarning,
+        stacklevel=3,
+    )
 
 
 def _path_of(model) -> Path | None:
