@@ -87,3 +87,24 @@ def _in_process(args: list[str], env: dict) -> subprocess.CompletedProcess:
         if torch is not None and threads is not None and torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
     return subprocess.CompletedProcess(["cyto", *args], code, out.getvalue(), err.getvalue())
+
+
+def leaf_commands() -> list[tuple[list[str], object]]:
+    """(path, command) of every command of the ``cyto`` app that is no group (``["data",
+    "cells"]``), read from the app itself: a command added later is walked too. Typer carries a
+    click of its own: a group is what has ``commands``."""
+    import typer
+
+    from cyto.cli import app
+
+    found: list[tuple[list[str], object]] = []
+
+    def walk(cmd, path: list[str]) -> None:
+        if hasattr(cmd, "commands"):
+            for name, sub in cmd.commands.items():
+                walk(sub, [*path, name])
+        else:
+            found.append((path, cmd))
+
+    walk(typer.main.get_command(app), [])
+    return found

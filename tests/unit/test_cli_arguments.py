@@ -4,29 +4,19 @@ said "No such option: --model (Possible options: --help)")."""
 
 from __future__ import annotations
 
-import typer
-
-from cyto.cli import app
-from tests.cli_runner import run_cyto
+from tests.cli_runner import leaf_commands, run_cyto
 
 
 def _arguments() -> list[tuple[list[str], str, list[str]]]:
     """(command path, an argument's name, the command's own flags) of every command that takes
     an argument with no flag of the same name."""
     found = []
-
-    def walk(cmd, path):
-        if hasattr(cmd, "commands"):
-            for name, sub in cmd.commands.items():
-                walk(sub, [*path, name])
-            return
+    for path, cmd in leaf_commands():
         own = {o for p in cmd.params for o in p.opts}
         for p in cmd.params:
             flag = "--" + p.name.replace("_", "-")
             if p.param_type_name == "argument" and flag not in own:
                 found.append((path, p.name, sorted(own)))
-
-    walk(typer.main.get_command(app), [])
     return found
 
 

@@ -5,30 +5,21 @@ ended in numpy's raw ValueError, `--repeats -1` timed nothing and wrote a table)
 from __future__ import annotations
 
 import pytest
-import typer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cyto.cli import app
-from tests.cli_runner import run_cyto
+from tests.cli_runner import leaf_commands, run_cyto
 
 
 def _ranged() -> list[tuple[list[str], str, object, list[str]]]:
     """(command path, flag, bounds, its arguments filled) of every ranged option."""
     found = []
-
-    def walk(cmd, path):
-        if hasattr(cmd, "commands"):
-            for name, sub in cmd.commands.items():
-                walk(sub, [*path, name])
-            return
+    for path, cmd in leaf_commands():
         args = ["/nonexistent/x" for p in cmd.params if type(p).__name__.endswith("Argument")]
         for p in cmd.params:
             bounds = getattr(p.callback, "bounds", None)
             if bounds is not None:
                 found.append((path, p.opts[0], bounds, args))
-
-    walk(typer.main.get_command(app), [])
     return found
 
 

@@ -18,21 +18,13 @@ SEED_WORDS = "must be an integer between 0 and 4294967295 (a random seed)"
 def _commands_with_seed() -> list[list[str]]:
     """The path (``["synth", "slide"]``) of every cyto command that takes ``--seed``, walked
     from the app itself, so a command added later is held to the rule too."""
-    import typer
+    from tests.cli_runner import leaf_commands
 
-    from cyto.cli import app
-
-    found: list[list[str]] = []
-
-    def walk(cmd, path: list[str]) -> None:  # typer's own click: groups have commands
-        if hasattr(cmd, "commands"):
-            for name, sub in cmd.commands.items():
-                walk(sub, [*path, name])
-        elif any("--seed" in getattr(p, "opts", ()) for p in cmd.params):
-            found.append(path)
-
-    walk(typer.main.get_command(app), [])
-    return found
+    return [
+        path
+        for path, cmd in leaf_commands()
+        if any("--seed" in getattr(p, "opts", ()) for p in cmd.params)
+    ]
 
 
 COMMANDS = _commands_with_seed()
