@@ -323,11 +323,11 @@ def truth_beside(slide: object) -> tuple[Path, int] | None:
     marks any; None otherwise (no such table, one without a ``label`` column, a URL). A slide
     scored without ``--truth`` holds its planted cells all the same."""
     from cyto.data.synth.slide import ground_truth_path
+    from cyto.slides.remote import is_url
 
-    text = str(slide or "")
-    if not text or "://" in text or text.startswith("dicomweb+"):
+    if not slide or is_url(slide):
         return None
-    path = ground_truth_path(Path(text))
+    path = ground_truth_path(Path(str(slide)))
     try:
         if not path.is_file():
             return None
