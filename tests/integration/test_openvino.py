@@ -179,35 +179,42 @@ def test_the_bf16_export_gate_reports_its_ranking_and_bench_engine_has_openvino_
     assert got["bf16"]["available"] == ("bf16" in openvino.precisions_here())
 
 
-def test_int8_takes_the_bundles_forms_in_openvinos_order(bundle, synth_patches):
+def test_int8_takes_the_bundles_forms_in_openvinos_order(bundle, synth_patches, monkeypatch):
+    """TensorRT's symmetric form first (INT8_ORDER, measured fastest); where it fails its check
+    here, the next form the bundle has scores instead, and the notes say so. The check's
+    verdicts are set here: each CPU's int8 kernels give their own numbers (on an AVX2-only CPU
+    neither form of this tiny model reproduces its golden cells), and the order is the subject."""
     from cyto.bundle import load_bundle
     from cyto.export.quantize import export_variant, load_cells
+    from cyto.runtime import verify
 
     size = load_bundle(bundle, weights=False).spec.crop_size
     calib = load_cells(synth_patches, size, classes="normal")
-    for key in ("int8-cpu7", "int8"):
-        export_variant(bundle, key, calib, None, "minmax", accept_loss=True, echo=lambda m: None)
+    for key in ("int8-cpu7", "int8"):  # parity on the calibration cells: the gate passes
+        export_variant(bundle, key, calib, calib, "minmax", echo=lambda m: None)
+    real, failing = verify.verify_scorer, set()
+
+    def as_set(scorer, golden, use_cache=True, recheck=False):
+        check = real(scorer, golden, use_cache=False)
+        if scorer.backend.name != "openvino" or scorer.precision != "int8":
+            return check
+        if scorer.graph_file in failing:
+            return verify.Verification("failed", "set by the test", check.record)
+        return verify.Verification("passed", "", check.record)
+
+    monkeypatch.setattr(verify, "verify_scorer", as_set)
     s = load_scorer(bundle, "openvino", "cpu", "int8")
-    notes = " | ".join(s.notes)
-    # TensorRT's symmetric form first (INT8_ORDER, measured fastest); where it fails here, the
-    # next form the bundle has scores instead, and the notes say so
-    if s.graph_file == "encoder-int8.onnx":
-        assert s.verification.passed
-    else:
-        assert "failed verification, not used: openvino int8 (encoder-int8.onnx)" in notes
-        assert s.graph_file == "encoder-int8-cpu7.onnx" and s.verification.passed
-    # auto takes that graph where it kept the ranking at export; one kept with a parity loss
-    # (accept_loss: the tiny model's int8 ranking is borderline, and its training's numerics
-    # follow the machine's threads and kernels) is never auto's choice
+    assert s.graph_file == "encoder-int8.onnx" and s.verification.passed
+    failing.add("encoder-int8.onnx")
+    s = load_scorer(bundle, "openvino", "cpu", "int8")
+    assert "failed verification, not used: openvino int8 (encoder-int8.onnx)" in " | ".join(s.notes)
+    assert s.graph_file == "encoder-int8-cpu7.onnx" and s.verification.passed
+    # auto takes that graph: it kept the ranking at export and passes here (one kept with a
+    # parity loss is never auto's: test_quantize sets that case's verdicts)
+    failing.clear()
     auto = load_scorer(bundle, "auto", "cpu", "auto")
-    kept = {
-        g.file: g.parity_passed for g in load_bundle(bundle, weights=False).spec.graphs.values()
-    }
-    if kept[s.graph_file]:
-        got = (auto.backend.name, auto.precision, auto.graph_file)
-        assert got == ("openvino", "int8", s.graph_file), (kept, auto.notes)
-    else:
-        assert auto.precision != "int8", auto.notes
+    got = (auto.backend.name, auto.precision, auto.graph_file)
+    assert got == ("openvino", "int8", "encoder-int8.onnx"), auto.notes
 
 
 def test_int8_tries_every_openvino_form_before_onnx_runtime(bundle, synth_patches, monkeypatch):
