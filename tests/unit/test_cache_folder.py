@@ -32,18 +32,38 @@ def test_a_cache_folder_the_user_named_is_used_or_refused_in_one_line(tmp_path, 
     assert "Traceback" not in proc.stderr  # the cache is no reason for a traceback at import
 
 
+def _files(folder):
+    return {p: p.stat().st_mtime_ns for p in sorted(folder.rglob("*"))}
+
+
 def test_cyto_refuses_an_unusable_cache_folder_before_any_work(exported_dsvdd, tmp_path):
+    """The refusal came after `cyto export` had written the bundle's graph again (where it
+    first used the cache): the CLI and the Python API refuse before they touch anything."""
+    import cyto
+    from cyto.errors import ConfigError
+
     bad = tmp_path / "cachefile"
     bad.write_text("x")
+    line = (
+        f"CYTO_CACHE_DIR={bad} cannot be cyto's cache folder (a file, not a folder): "
+        "point it at a folder you can write, or unset it"
+    )
+    before = _files(exported_dsvdd)
     proc = run_cyto(
         "export", str(exported_dsvdd), "--precision", "fp16", env={"CYTO_CACHE_DIR": str(bad)},
         process=True,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == (
-        f"error: CYTO_CACHE_DIR={bad} cannot be cyto's cache folder (a file, not a folder): "
-        "point it at a folder you can write, or unset it"
-    )
+    assert proc.stderr.strip().splitlines() == [f"error: {line}"]
+    assert _files(exported_dsvdd) == before
+    proc = run_cyto("export", "--help", env={"CYTO_CACHE_DIR": str(bad)}, process=True)
+    assert proc.returncode == 0 and "--precision" in proc.stdout  # help is no work
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("CYTO_CACHE_DIR", str(bad))
+        with pytest.raises(ConfigError) as err:
+            cyto.export(exported_dsvdd, precisions="fp16", echo=None)
+    assert str(err.value) == line
+    assert _files(exported_dsvdd) == before
 
 
 def test_a_default_cache_folder_that_cannot_be_written_is_said_once(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -79,12 +80,18 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
     ] = False,
 ) -> None:
     """cyto: one-class models rank every cell of a slide by how abnormal it looks."""
+    asks_help = any(a in ctx.help_option_names for a in sys.argv[1:])
+    if ctx.invoked_subcommand != "doctor" and not asks_help:  # doctor shows the cache's state
+        from cyto import _refuse_unusable_cache
+
+        _refuse_unusable_cache()
 
 
 # cyto score and cyto predict: the one switch that scores without the check on golden cells
