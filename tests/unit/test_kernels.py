@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -98,11 +99,29 @@ def _scoring(tmp_path):
     )
 
 
-@pytest.mark.parametrize("suffix", [".nbi", ".nbc"])
-def test_a_run_after_numba_kernels_are_damaged_scores_the_same_and_says_why(tmp_path, suffix):
-    run = _scoring(tmp_path)
-    first = run()
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """One process's kept kernels, compiled and recorded, and what it printed: each test
+    damages a copy (numba's index is keyed on the source file, not the folder)."""
+    folder = tmp_path_factory.mktemp("compiled")
+    first = _scoring(folder)()
     assert first.returncode == 0, first.stderr
+    return folder / "numba", first
+
+
+def _kept_copy(compiled, tmp_path):
+    """``compiled``'s kernels copied under ``tmp_path/numba``; the first run's output."""
+    folder, first = compiled
+    shutil.copytree(folder, tmp_path / "numba")
+    return first
+
+
+@pytest.mark.parametrize("suffix", [".nbi", ".nbc"])
+def test_a_run_after_numba_kernels_are_damaged_scores_the_same_and_says_why(
+    compiled, tmp_path, suffix
+):
+    run = _scoring(tmp_path)
+    first = _kept_copy(compiled, tmp_path)
     kept = sorted((tmp_path / "numba").rglob(f"dsvdd.dsvdd_scores*{suffix}"))
     assert kept, "numba kept no kernel to damage"
     data = bytearray(kept[0].read_bytes())
@@ -119,7 +138,9 @@ def test_a_run_after_numba_kernels_are_damaged_scores_the_same_and_says_why(tmp_
 
 
 @pytest.mark.parametrize("suffix", [".nbi", ".nbc"])
-def test_damaged_kernels_whose_record_was_forged_to_match_still_score_the_same(tmp_path, suffix):
+def test_damaged_kernels_whose_record_was_forged_to_match_still_score_the_same(
+    compiled, tmp_path, suffix
+):
     """A hostile check (round 3): machine code damaged and its sha256 and size written into
     cyto-kernels.json passed the guard, and numba's load ended cyto score and doctor in an
     80-line LLVM bitcode traceback. A kept kernel that does not load is removed and compiled
@@ -127,8 +148,7 @@ def test_damaged_kernels_whose_record_was_forged_to_match_still_score_the_same(t
     import hashlib
 
     run = _scoring(tmp_path)
-    first = run()
-    assert first.returncode == 0, first.stderr
+    first = _kept_copy(compiled, tmp_path)
     folder = tmp_path / "numba"
     (kept,) = sorted(folder.rglob(f"dsvdd.dsvdd_scores*{suffix}"))
     data = bytearray(kept.read_bytes())
