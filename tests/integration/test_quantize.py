@@ -45,12 +45,14 @@ def test_int8_and_fp16_graphs_keep_the_ranking_or_are_refused(
     added = []
     ranges = tmp_path / "ranges"  # one calibration pass for the three int8 forms, as in export
     ranges.mkdir()
+    references: dict = {}  # encoder.onnx's scores of the held-out cells, run once as in export
     for key in ("int8-cpu", "int8-cpu7", "int8", "fp16"):
         files = (path / "manifest.json").read_bytes()
         try:
             entry = export_variant(
-                path, key, calib, held, "percentile", echo=lambda m: None, calib_cache=ranges
-            )
+                path, key, calib, held, "percentile", echo=lambda m: None, calib_cache=ranges,
+                references=references,
+            )  # fmt: skip
         except ParityError as exc:
             # the gate runs Q/DQ unfused, the same on every CPU: only the forms with 8-bit
             # weights may lose what the fixture's 7-bit form keeps (test_isa_mask: the same gate
@@ -272,12 +274,25 @@ def test_an_int8_export_measures_the_activation_ranges_once_for_its_three_forms(
 ):
     """Calibration is most of an int8 export: the three forms share one pass of the cells
     through the graph (where ONNX Runtime can keep its ranges), and each graph is the same,
-    byte for byte, as one calibrated on its own."""
+    byte for byte, as one calibrated on its own. The three measure their parity against one run
+    of encoder.onnx on the held-out cells (it ran once a form)."""
     import importlib
     import inspect
 
+    from cyto.export import quantize
     from cyto.export.api import export_bundle
     from cyto.export.quantize import int8_graph, variant_file
+
+    references = []
+    scores = quantize._scores
+    monkeypatch.setattr(
+        quantize,
+        "_scores",
+        lambda b, graph, *a, **k: (
+            references.append(graph) if graph.name == "encoder.onnx" else None,
+            scores(b, graph, *a, **k),
+        )[1],
+    )
 
     ort_quantize = importlib.import_module(
         "onnxruntime.quantization.quantize"
@@ -291,6 +306,7 @@ def test_an_int8_export_measures_the_activation_ranges_once_for_its_three_forms(
     report = export_bundle(bundle, onnx=False, precisions=("int8",), echo=lambda m: None, **kw)
     shared = "calibration_cache_path" in inspect.signature(ort_quantize.quantize_static).parameters
     assert len(calls) == (1 if shared else 3)
+    assert len(references) == 1
     size = load_bundle(bundle, weights=False).spec.crop_size
     calib, _ = load_cells(synth_patches, size, classes="normal", limit=32).split(0.25)
     for form in ("int8", "int8-cpu", "int8-cpu7"):

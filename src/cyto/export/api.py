@@ -232,6 +232,7 @@ def export_bundle(
         # so the cells are run through the graph once for all three (same bytes, 40% less time)
         keys.sort(key=lambda k: k == "int8")
         refused: dict[str, str] = {}
+        references: dict = {}  # encoder.onnx's scores of the parity cells, run once
         with tempfile.TemporaryDirectory(prefix="cyto-calibration-") as cache:
             for key in keys:
                 try:
@@ -247,6 +248,7 @@ def export_bundle(
                         exclude=int8_keep_float if key.startswith("int8") else (),
                         echo=echo,
                         calib_cache=Path(cache),
+                        references=references,
                     )
                 except ParityError as exc:
                     refused[key] = str(exc)
