@@ -404,9 +404,11 @@ def test_report_cli_and_its_errors(tmp_path, session):
 
 
 class Server:
-    """``cyto review REVIEW --reviewer NAME --port 0`` in a subprocess; ``url`` once it listens."""
+    """``cyto review REVIEW --reviewer NAME --port 0`` in a subprocess; ``url`` once it listens
+    (``wait=False``: started, and ``url`` set by :meth:`wait`, so that its start-up overlaps the
+    test's own)."""
 
-    def __init__(self, review, reviewer):
+    def __init__(self, review, reviewer, wait=True):
         import os
         import subprocess
         import sys
@@ -428,7 +430,11 @@ class Server:
             text=True,
             env={**os.environ, "CYTO_PROGRESS": "0"},
         )
+        self.url = self._address() if wait else None
+
+    def wait(self):
         self.url = self._address()
+        return self
 
     def _address(self, timeout=60.0):
         import queue
@@ -470,7 +476,8 @@ def test_review_in_a_real_browser(session, tmp_path):
     shutil.copytree(session.root, rv, ignore=shutil.ignore_patterns("marks.sqlite*", "context"))
     s = open_session(rv)
     first, second = s.order_for("ann")
-    servers = [Server(rv, "ann")]
+    # bob's server starts now, beside ann's and the browser, and is used from its turn below
+    servers = [Server(rv, "ann"), Server(rv, "bob", wait=False)]
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -532,8 +539,8 @@ def test_review_in_a_real_browser(session, tmp_path):
             expect(page.locator("#done")).to_have_class("is-done")
 
             # a second reviewer, at the same time, sees none of ann's marks, and ann none of bob's
-            servers.append(Server(rv, "bob"))
             bob = browser.new_page()
+            servers[1].wait()
             bob.goto(servers[1].url)
             expect(bob.locator("#grid .cell")).to_have_count(s.n_cells(s.order_for("bob")[0]))
             expect(bob.locator("#grid .cell.marked")).to_have_count(0)
@@ -1398,12 +1405,15 @@ def test_refine_names_the_cases_and_marks_it_does_not_use(
     store.set_done("bob", c1, True)
     store.close()
     n1 = s.n_cells(c1)
-    proc = run_cyto(
-        "refine", str(model), "--marks", str(rv), "--data", str(synth_patches),
-        "--out", str(tmp_path / "r.cyto"), "--normal", "normal", "--device", "cpu",
-        "--set", "epochs=1", "--set", "ae_epochs=0",
-    )  # fmt: skip
+    with monkeypatch.context() as stubbed:  # the line is said before training: none is run
+        asked = _untrained(stubbed)
+        proc = run_cyto(
+            "refine", str(model), "--marks", str(rv), "--data", str(synth_patches),
+            "--out", str(tmp_path / "r.cyto"), "--normal", "normal", "--device", "cpu",
+            "--set", "epochs=1", "--set", "ae_epochs=0",
+        )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    assert [a["out"] for a in asked] == [tmp_path / "r.cyto"]
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("refine ")]
     assert line == (
         f"refine dsvdd: 1 finished case(s) ({c1}): {n1 - 3} hard normal(s), 2 known abnormal "
