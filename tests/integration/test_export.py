@@ -144,6 +144,8 @@ def test_every_damaged_file_is_repaired_by_the_command_its_error_advises(
     assert run_cyto("export", str(copy), *fp16).returncode == 0
     names = sorted(read_manifest(copy)["files"])
     assert "encoder-fp16.onnx" in names
+    whole = tmp_path / "whole.cyto"  # the exported bundle, to start again from (not re-exported)
+    shutil.copytree(copy, whole)
     repaired = []
     for name in names:
         raw = bytearray((copy / name).read_bytes())
@@ -153,8 +155,7 @@ def test_every_damaged_file_is_repaired_by_the_command_its_error_advises(
         assert "does not match its checksum" in said, said
         if "cyto export" not in said:  # what was trained cannot be made again
             shutil.rmtree(copy)
-            shutil.copytree(exported_dsvdd, copy)
-            assert run_cyto("export", str(copy), *fp16).returncode == 0
+            shutil.copytree(whole, copy)
             continue
         advice = shlex.split(said.split("cyto export", 1)[1].strip().splitlines()[0])
         advice = [str(synth_patches) if a == "CELLS" else a for a in advice]

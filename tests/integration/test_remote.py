@@ -37,6 +37,16 @@ def slide(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def local_table(slide, exported_dsvdd, tmp_path_factory):
+    """The module's slide scored from its file (`_score`, one tile worker): the table every
+    remote run of it is compared with, scored once for the module."""
+    out = tmp_path_factory.mktemp("local")
+    proc = _score([str(slide)], exported_dsvdd, out)
+    assert proc.returncode == 0, proc.stderr
+    return pq.read_table(out / "s" / "scores.parquet")
+
+
+@pytest.fixture(scope="module")
 def http(slide, tmp_path_factory):
     with nginx(slide.parent, tmp_path_factory.mktemp("nginx")) as server:
         yield server
@@ -67,26 +77,24 @@ def test_remote_tiff_reads_as_the_file(slide, http):
     assert sum(size for _, size, *_ in served) <= slide.stat().st_size
 
 
-def test_score_over_http_is_the_local_table(slide, http, exported_dsvdd, tmp_path):
+def test_score_over_http_is_the_local_table(slide, http, exported_dsvdd, local_table, tmp_path):
     """`cyto score http://...` writes the table `cyto score FILE` writes, cell for cell; the
     summary names the URL. The plan and two tile workers share the blocks they fetch: the
     bytes over the wire are the file's at most once (no level read twice), and none of them
     stays in cyto's cache after the run."""
-    tables = {}
     before = len(http.served())
-    for name, source in (("local", str(slide)), ("http", f"{http.url}/s.tif")):
-        out = tmp_path / name
-        proc = run_cyto(
-            *("score", source, "--model", str(exported_dsvdd), "--out", str(out)),
-            *("--workers", "2"),
-            process=True,  # its own process: no object this test process opened before
-        )
-        assert proc.returncode == 0, proc.stderr
-        tables[name] = pq.read_table(out / "s" / "scores.parquet")
-        summary = json.loads((out / "s" / "summary.json").read_text())
-        assert summary["slide"] == source if name == "http" else True
-    assert tables["local"].num_rows > 20
-    assert same_table(tables["http"], tables["local"])  # NaN where a nucleus had no measure
+    out, source = tmp_path / "http", f"{http.url}/s.tif"
+    proc = run_cyto(
+        *("score", source, "--model", str(exported_dsvdd), "--out", str(out)),
+        *("--workers", "2"),
+        process=True,  # its own process: no object this test process opened before
+    )
+    assert proc.returncode == 0, proc.stderr
+    table = pq.read_table(out / "s" / "scores.parquet")
+    assert json.loads((out / "s" / "summary.json").read_text())["slide"] == source
+    assert local_table.num_rows > 20
+    # the file's table (scored with one tile worker: the workers change no cell)
+    assert same_table(table, local_table)  # NaN where a nucleus had no measure
     fetched = sum(size for _, size, *_ in http.served()[before:])
     assert 0 < fetched <= slide.stat().st_size
     blocks = Path(os.environ["CYTO_CACHE_DIR"]) / "remote-blocks"
@@ -442,17 +450,14 @@ def test_an_http_prefix_lists_its_slides_by_their_own_urls(slide, http):
     assert "could not be reached" in str(err.value), str(err.value)
 
 
-def test_a_stalled_server_fails_its_slide_alone(slide, exported_dsvdd, tmp_path):
+def test_a_stalled_server_fails_its_slide_alone(slide, exported_dsvdd, tmp_path, monkeypatch):
     """A server that never answers a range is timed out (CYTO_REMOTE_TIMEOUT), retried and
     given up: that slide fails in one line, and the cohort goes on."""
     out = tmp_path / "out"
+    # read at each request: the run goes in this process (no process start to wait for)
+    monkeypatch.setenv("CYTO_REMOTE_TIMEOUT", "0.25")
     with fault_server(slide.read_bytes(), "stall") as server:
-        proc = _score(
-            [f"{server.url}/stalled.tif", str(slide)],
-            exported_dsvdd,
-            out,
-            env={"CYTO_REMOTE_TIMEOUT": "0.5"},
-        )
+        proc = _score([f"{server.url}/stalled.tif", str(slide)], exported_dsvdd, out)
     assert proc.returncode == 1, proc.stderr
     failed = [ln for ln in proc.stderr.splitlines() if ln.startswith("failed:")]
     assert failed == [
@@ -548,17 +553,19 @@ def test_s3_slide_reads_as_the_file_with_storage_options(slide, s3, monkeypatch)
         moving.read(moving.size - 4, 4)
 
 
-def test_score_from_s3_prefix_with_env_credentials(slide, s3, exported_dsvdd, tmp_path):
+def test_score_from_s3_prefix_with_env_credentials(
+    slide, s3, exported_dsvdd, local_table, tmp_path
+):
     """`cyto score s3://bucket/prefix/` with the standard AWS variables (endpoint and keys)
     scores the slides under the prefix; the table is the local file's, cell for cell, and
     the secret key appears in no output."""
-    local = tmp_path / "local"
-    assert _score([str(slide)], exported_dsvdd, local).returncode == 0
     out = tmp_path / "s3"
+    # a process of its own (the variables alone say where and who): every line it and its
+    # tile worker print is searched for the secret
     proc = _score(["s3://slides/cohort/"], exported_dsvdd, out, env=s3.env())
     assert proc.returncode == 0, proc.stderr
     a = pq.read_table(out / "s" / "scores.parquet").to_pydict()
-    assert a == pq.read_table(local / "s" / "scores.parquet").to_pydict()
+    assert a == local_table.to_pydict()
     assert json.loads((out / "s" / "summary.json").read_text())["slide"] == (
         "s3://slides/cohort/s.tif"
     )
@@ -576,33 +583,26 @@ def gcs(slide):
 
 
 def test_score_from_gcs_is_the_local_table_and_its_output_goes_back_there(
-    slide, gcs, exported_dsvdd, tmp_path
+    slide, gcs, exported_dsvdd, local_table, monkeypatch
 ):
     """`cyto score gs://bucket/prefix/` (gcsfs, pointed at the emulator by the standard
     STORAGE_EMULATOR_HOST) scores the slide under the prefix to the local file's table, cell
     for cell; `--out gs://...` writes the outputs there, and `--resume` trusts them through
-    their seal."""
-    local = tmp_path / "local"
-    assert _score([str(slide)], exported_dsvdd, local).returncode == 0
+    their seal. (One scoring run does both: the prefix in, the outputs back to the server.)"""
     token = ("--storage-option", "token=anon")
-    out = tmp_path / "gcs"
-    proc = _score(["gs://slides/cohort/"], exported_dsvdd, out, *token, env=gcs.env())
-    assert proc.returncode == 0, proc.stderr
-    table = pq.read_table(out / "s" / "scores.parquet")
-    assert same_table(table, pq.read_table(local / "s" / "scores.parquet"))
-    summary = json.loads((out / "s" / "summary.json").read_text())
-    assert summary["slide"] == "gs://slides/cohort/s.tif"
+    for name, value in gcs.env().items():
+        monkeypatch.setenv(name, value)
     remote_out = "gs://results/run1"
     gcs.fs.mkdir("results")
-    proc = _score(["gs://slides/cohort/s.tif"], exported_dsvdd, remote_out, *token, env=gcs.env())
+    proc = _score(["gs://slides/cohort/"], exported_dsvdd, remote_out, *token)
     assert proc.returncode == 0, proc.stderr
     written = {p.rpartition("/")[2] for p in gcs.fs.find("results/run1")}
     assert {"scores.parquet", "summary.json"} <= written, written
     got = pq.read_table(io.BytesIO(gcs.fs.cat("results/run1/s/scores.parquet")))
-    assert same_table(got, table)
-    again = _score(
-        ["gs://slides/cohort/s.tif"], exported_dsvdd, remote_out, *token, "--resume", env=gcs.env()
-    )
+    assert same_table(got, local_table)
+    summary = json.loads(gcs.fs.cat("results/run1/s/summary.json"))
+    assert summary["slide"] == "gs://slides/cohort/s.tif"
+    again = _score(["gs://slides/cohort/s.tif"], exported_dsvdd, remote_out, *token, "--resume")
     assert again.returncode == 0 and "already scored" in again.stdout + again.stderr, again.stderr
 
 

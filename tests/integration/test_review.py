@@ -404,9 +404,11 @@ def test_report_cli_and_its_errors(tmp_path, session):
 
 
 class Server:
-    """``cyto review REVIEW --reviewer NAME --port 0`` in a subprocess; ``url`` once it listens."""
+    """``cyto review REVIEW --reviewer NAME --port 0`` in a subprocess; ``url`` once it listens
+    (``wait=False``: started, and ``url`` set by :meth:`wait`, so that its start-up overlaps the
+    test's own)."""
 
-    def __init__(self, review, reviewer):
+    def __init__(self, review, reviewer, wait=True):
         import os
         import subprocess
         import sys
@@ -428,7 +430,11 @@ class Server:
             text=True,
             env={**os.environ, "CYTO_PROGRESS": "0"},
         )
+        self.url = self._address() if wait else None
+
+    def wait(self):
         self.url = self._address()
+        return self
 
     def _address(self, timeout=60.0):
         import queue
@@ -470,7 +476,8 @@ def test_review_in_a_real_browser(session, tmp_path):
     shutil.copytree(session.root, rv, ignore=shutil.ignore_patterns("marks.sqlite*", "context"))
     s = open_session(rv)
     first, second = s.order_for("ann")
-    servers = [Server(rv, "ann")]
+    # bob's server starts now, beside ann's and the browser, and is used from its turn below
+    servers = [Server(rv, "ann"), Server(rv, "bob", wait=False)]
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -532,8 +539,8 @@ def test_review_in_a_real_browser(session, tmp_path):
             expect(page.locator("#done")).to_have_class("is-done")
 
             # a second reviewer, at the same time, sees none of ann's marks, and ann none of bob's
-            servers.append(Server(rv, "bob"))
             bob = browser.new_page()
+            servers[1].wait()
             bob.goto(servers[1].url)
             expect(bob.locator("#grid .cell")).to_have_count(s.n_cells(s.order_for("bob")[0]))
             expect(bob.locator("#grid .cell.marked")).to_have_count(0)
@@ -592,7 +599,28 @@ def test_review_in_a_real_browser(session, tmp_path):
 # --- cyto refine ------------------------------------------------------------------------------
 
 
-def test_refine_learns_from_finished_cases_only(session, synth_patches, exported_bundles, tmp_path):
+def _untrained(monkeypatch):
+    """``cyto.train.api.train`` replaced by a recorder of what refine asks of it (its keyword
+    arguments; ``overrides``: the config refine resolved), which trains nothing: for the refines
+    whose test is what refine decides (the cells, the rate, the warm start), once one real
+    refine has shown that train records that config in the bundle it writes."""
+    import types
+
+    import cyto.train.api
+
+    asked: list[dict] = []
+
+    def record(method, data, out, **kwargs):
+        asked.append({"method": method, "data": data, "out": out, **kwargs})
+        return types.SimpleNamespace(bundle=Path(out), seconds=0.0)
+
+    monkeypatch.setattr(cyto.train.api, "train", record)
+    return asked
+
+
+def test_refine_learns_from_finished_cases_only(
+    session, synth_patches, exported_bundles, tmp_path, monkeypatch
+):
     from cyto.bundle import load_bundle
     from cyto.review.refine import refine
 
@@ -639,55 +667,66 @@ def test_refine_learns_from_finished_cases_only(session, synth_patches, exported
         refine(model, rv, synth_patches, tmp_path / "r1.cyto", overwrite=True, **args)
     assert (work / "train.csv").read_text().splitlines() == rows
     assert len(list((work / "cells").iterdir())) == n1 - 3 + 2
-    # --agree all: only the cell both finished reviewers marked
-    res = refine(model, rv, synth_patches, tmp_path / "r2.cyto", agree="all",
-                 overrides=["epochs=1"], **args)  # fmt: skip
-    assert (res["known_abnormal"], res["excluded"]) == (1, 2)
-    with pytest.raises(ConfigError, match="bag labels"):
-        refine(exported_bundles["ws-sil"], rv, synth_patches, tmp_path / "r3.cyto", **args)
-    # a model whose top-K was not reviewed learns nothing from this review (issue 56)
-    with pytest.raises(ConfigError, match="^--marks .* another model's top-K cells"):
-        refine(exported_bundles["droc"], rv, synth_patches, tmp_path / "r4.cyto", **args)
-    # --no-hard-normals: the marked cells alone join the training normals
-    ko = refine(model, rv, synth_patches, tmp_path / "ko.cyto", hard_normals=False,
-                overrides=["epochs=1", "ae_epochs=0"], **args)  # fmt: skip
-    assert (ko["hard_normals"], ko["hard_normals_left_out"], ko["known_abnormal"]) == (
-        0,
-        n1 - 3,
-        2,
-    )
-    rows = (tmp_path / "ko.cyto.refine" / "train.csv").read_text().splitlines()
-    assert len(rows) == 1 + n_normal + 2
-    with pytest.raises(ConfigError, match="nothing to learn"):
-        refine(exported_bundles["droc"], rv, synth_patches, tmp_path / "r6.cyto",
-               hard_normals=False, **args)  # fmt: skip
-    # fine-tuning: the model's own encoders and centres, continued at a tenth of its rate (r1:
-    # the default refine, fine-tuned for one epoch)
-    base = load_bundle(Path(model))
-    ft = res_r1
-    tuned = load_bundle(Path(ft["bundle"]))
-    assert ft["finetune"] and tuned.manifest["config"]["warm_start"] == str(Path(model).resolve())
-    assert tuned.manifest["config"]["lr"] == pytest.approx(base.manifest["config"]["lr"] / 10)
-    np.testing.assert_array_equal(tuned.scorer["centres"], base.scorer["centres"])
-    for name, state in base.weights.items():  # one epoch moved the weights, a little
-        keys = [k for k, v in state.items() if v.is_floating_point() and "running" not in k]
-        w0 = torch.cat([state[k].flatten() for k in keys])
-        w1 = torch.cat([tuned.weights[name][k].flatten() for k in keys])
-        assert 0 < float((w1 - w0).norm() / w0.norm()) < 0.05, name
-    # a second round goes on at the same tenth; --retrain starts anew, at the first rate
-    ft2 = refine(ft["bundle"], rv, synth_patches, tmp_path / "ft2.cyto", overrides=["epochs=1"],
-                 **args)  # fmt: skip
-    c2 = load_bundle(Path(ft2["bundle"]), weights=False).manifest["config"]
-    assert c2["warm_start"] == str(Path(ft["bundle"]).resolve())
-    assert c2["lr"] == pytest.approx(tuned.manifest["config"]["lr"])
-    anew = refine(ft["bundle"], rv, synth_patches, tmp_path / "anew.cyto", finetune=False,
-                  overrides=["epochs=1", "ae_epochs=0"], **args)  # fmt: skip
-    c3 = load_bundle(Path(anew["bundle"]), weights=False).manifest["config"]
-    assert not anew["finetune"] and c3["warm_start"] == ""
-    assert c3["lr"] == pytest.approx(base.manifest["config"]["lr"])
-    with pytest.raises(ConfigError, match="continues a Deep SVDD model"):
-        refine(exported_bundles["fs-sil"], rv, synth_patches, tmp_path / "r4.cyto",
-               finetune=True, **args)  # fmt: skip
+    # from here to r5, what refine decides is read from what it asks train for, untrained (r1
+    # trained for real, and its bundle records the config refine gave it)
+    with monkeypatch.context() as stubbed:
+        asked = _untrained(stubbed)
+        # --agree all: only the cell both finished reviewers marked
+        res = refine(model, rv, synth_patches, tmp_path / "r2.cyto", agree="all",
+                     overrides=["epochs=1"], **args)  # fmt: skip
+        assert (res["known_abnormal"], res["excluded"]) == (1, 2)
+        assert [a["out"] for a in asked] == [tmp_path / "r2.cyto"]
+        r2_rows = (tmp_path / "r2.cyto.refine" / "train.csv").read_text().splitlines()
+        assert len(r2_rows) == 1 + n_normal + n1 - 3 + 1
+        with pytest.raises(ConfigError, match="bag labels"):
+            refine(exported_bundles["ws-sil"], rv, synth_patches, tmp_path / "r3.cyto", **args)
+        # a model whose top-K was not reviewed learns nothing from this review (issue 56)
+        with pytest.raises(ConfigError, match="^--marks .* another model's top-K cells"):
+            refine(exported_bundles["droc"], rv, synth_patches, tmp_path / "r4.cyto", **args)
+        # --no-hard-normals: the marked cells alone join the training normals
+        ko = refine(model, rv, synth_patches, tmp_path / "ko.cyto", hard_normals=False,
+                    overrides=["epochs=1", "ae_epochs=0"], **args)  # fmt: skip
+        assert (ko["hard_normals"], ko["hard_normals_left_out"], ko["known_abnormal"]) == (
+            0,
+            n1 - 3,
+            2,
+        )
+        rows = (tmp_path / "ko.cyto.refine" / "train.csv").read_text().splitlines()
+        assert len(rows) == 1 + n_normal + 2
+        with pytest.raises(ConfigError, match="nothing to learn"):
+            refine(exported_bundles["droc"], rv, synth_patches, tmp_path / "r6.cyto",
+                   hard_normals=False, **args)  # fmt: skip
+        # fine-tuning: the model's own encoders and centres, continued at a tenth of its rate (r1:
+        # the default refine, fine-tuned for one epoch)
+        base = load_bundle(Path(model))
+        ft = res_r1
+        tuned = load_bundle(Path(ft["bundle"]))
+        assert ft["finetune"] and tuned.manifest["config"]["warm_start"] == str(
+            Path(model).resolve()
+        )
+        assert tuned.manifest["config"]["lr"] == pytest.approx(base.manifest["config"]["lr"] / 10)
+        np.testing.assert_array_equal(tuned.scorer["centres"], base.scorer["centres"])
+        for name, state in base.weights.items():  # one epoch moved the weights, a little
+            keys = [k for k, v in state.items() if v.is_floating_point() and "running" not in k]
+            w0 = torch.cat([state[k].flatten() for k in keys])
+            w1 = torch.cat([tuned.weights[name][k].flatten() for k in keys])
+            assert 0 < float((w1 - w0).norm() / w0.norm()) < 0.05, name
+        # a second round goes on at the same tenth; --retrain starts anew, at the first rate
+        ft2 = refine(ft["bundle"], rv, synth_patches, tmp_path / "ft2.cyto", overrides=["epochs=1"],
+                     **args)  # fmt: skip
+        assert asked[-1]["out"] == tmp_path / "ft2.cyto" and ft2["finetune"]
+        c2 = asked[-1]["overrides"]
+        assert c2["warm_start"] == str(Path(ft["bundle"]).resolve())
+        assert c2["lr"] == pytest.approx(tuned.manifest["config"]["lr"])
+        anew = refine(ft["bundle"], rv, synth_patches, tmp_path / "anew.cyto", finetune=False,
+                      overrides=["epochs=1", "ae_epochs=0"], **args)  # fmt: skip
+        assert asked[-1]["out"] == tmp_path / "anew.cyto"
+        c3 = asked[-1]["overrides"]
+        assert not anew["finetune"] and c3["warm_start"] == ""
+        assert c3["lr"] == pytest.approx(base.manifest["config"]["lr"])
+        with pytest.raises(ConfigError, match="continues a Deep SVDD model"):
+            refine(exported_bundles["fs-sil"], rv, synth_patches, tmp_path / "r4.cyto",
+                   finetune=True, **args)  # fmt: skip
     with pytest.raises(ConfigError, match="warm_start .* this config needs dsvdd"):
         refine(model, rv, synth_patches, tmp_path / "r5.cyto", finetune=True,
                overrides=["n_seeds=3"], **args)  # fmt: skip
@@ -1366,12 +1405,15 @@ def test_refine_names_the_cases_and_marks_it_does_not_use(
     store.set_done("bob", c1, True)
     store.close()
     n1 = s.n_cells(c1)
-    proc = run_cyto(
-        "refine", str(model), "--marks", str(rv), "--data", str(synth_patches),
-        "--out", str(tmp_path / "r.cyto"), "--normal", "normal", "--device", "cpu",
-        "--set", "epochs=1", "--set", "ae_epochs=0",
-    )  # fmt: skip
+    with monkeypatch.context() as stubbed:  # the line is said before training: none is run
+        asked = _untrained(stubbed)
+        proc = run_cyto(
+            "refine", str(model), "--marks", str(rv), "--data", str(synth_patches),
+            "--out", str(tmp_path / "r.cyto"), "--normal", "normal", "--device", "cpu",
+            "--set", "epochs=1", "--set", "ae_epochs=0",
+        )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    assert [a["out"] for a in asked] == [tmp_path / "r.cyto"]
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("refine ")]
     assert line == (
         f"refine dsvdd: 1 finished case(s) ({c1}): {n1 - 3} hard normal(s), 2 known abnormal "

@@ -27,6 +27,38 @@ def bundle(golden_bundle):
     return golden_bundle
 
 
+@pytest.fixture(scope="module")
+def _cells(golden_dsvdd, synth_patches):
+    """The calibration cells (48 normals) and held-out cells the int8 tests export with."""
+    size = load_bundle(golden_dsvdd, weights=False).spec.crop_size
+    calib = load_cells(synth_patches, size, classes="normal", limit=48)
+    return size, calib, load_cells(synth_patches, size, normal="normal")
+
+
+@pytest.fixture(scope="module")
+def _with_int8_cpu7(golden_dsvdd, _cells, tmp_path_factory):
+    """``golden_dsvdd`` with its 7-bit x86 int8 form, exported once for the module's tests."""
+    path = tmp_path_factory.mktemp("int8") / "d.cyto"
+    shutil.copytree(golden_dsvdd, path)
+    _, calib, held = _cells
+    export_variant(path, "int8-cpu7", calib, held, echo=lambda m: None)
+    return path
+
+
+@pytest.fixture
+def bundle_int8(_with_int8_cpu7, tmp_path):
+    """The test's own copy of a golden Deep SVDD bundle with its int8-cpu7 form (as
+    ``export_variant(bundle, "int8-cpu7", calib, held)`` leaves it)."""
+    return shutil.copytree(_with_int8_cpu7, tmp_path / "d.cyto")
+
+
+@pytest.fixture(scope="module")
+def _wrong_int8_graph(exported_bundles, _cells, tmp_path_factory):
+    """``_wrong_int8``'s graph, made once for the module (tests copy it in with add_files)."""
+    size, _, held = _cells
+    return _wrong_int8(exported_bundles, size, held, tmp_path_factory.mktemp("wrong"))
+
+
 def _reseal_golden(path, change) -> None:
     """Rewrite golden.npz with ``change(arrays)`` applied and seal it again (as an exporter on a
     machine that computed other numbers would have)."""
@@ -156,17 +188,13 @@ def _wrong_int8(exported_bundles, size, held, tmp_path):
 
 
 def test_a_swapped_int8_graph_is_refused_when_asked_and_passed_over_by_auto(
-    bundle, exported_bundles, synth_patches, tmp_path
+    bundle_int8, _wrong_int8_graph
 ):
-    size = load_bundle(bundle, weights=False).spec.crop_size
-    calib = load_cells(synth_patches, size, classes="normal", limit=48)
-    held = load_cells(synth_patches, size, normal="normal")
-    export_variant(bundle, "int8-cpu7", calib, held, echo=lambda m: None)
+    bundle = bundle_int8
     assert load_scorer(bundle, "onnx", "cpu", "int8").verification.passed
     # another int8 graph under this one's name, sealed again: what a wrong copy or export
     # would leave
-    wrong = _wrong_int8(exported_bundles, size, held, tmp_path)
-    add_files(bundle, {"encoder-int8-cpu7.onnx": wrong})
+    add_files(bundle, {"encoder-int8-cpu7.onnx": _wrong_int8_graph})
     for f in ("encoder-int8-cpu.onnx", "encoder-int8.onnx"):
         assert not (bundle / f).exists()
     with pytest.raises(VerificationError, match=r"encoder-int8-cpu7.onnx.*failed"):
@@ -180,21 +208,18 @@ def test_a_swapped_int8_graph_is_refused_when_asked_and_passed_over_by_auto(
 
 
 def test_a_cpu_int8_form_that_fails_here_gives_way_to_the_other_form(
-    bundle, exported_bundles, synth_patches, tmp_path, monkeypatch
+    bundle_int8, _wrong_int8_graph, monkeypatch
 ):
     """The CPU's flags pick the int8 form (VNNI: 8-bit weights), but verification judges: when
     that form fails here (an emulator reports the host's VNNI while running AVX2 kernels) and the
     bundle has the other form, which passes, `--precision int8` scores with it and says so."""
-    size = load_bundle(bundle, weights=False).spec.crop_size
-    calib = load_cells(synth_patches, size, classes="normal", limit=48)
-    held = load_cells(synth_patches, size, normal="normal")
-    export_variant(bundle, "int8-cpu7", calib, held, echo=lambda m: None)  # holds on any x86
+    bundle = bundle_int8  # its int8-cpu7 form holds on any x86
     # an 8-bit form under its name that does not reproduce the golden cells here
     variants = verify_bundle(bundle)["onnx_variants"]
     entry = {**variants["int8-cpu7"], "file": "encoder-int8-cpu.onnx"}  # its gate passed
     add_files(
         bundle,
-        {"encoder-int8-cpu.onnx": _wrong_int8(exported_bundles, size, held, tmp_path)},
+        {"encoder-int8-cpu.onnx": _wrong_int8_graph},
         {"onnx_variants": {**variants, "int8-cpu": entry}},
     )
     vnni = machine.CpuInfo("Intel Xeon", "x86_64", ("avx2", "avx512f", "avx512_vnni"))
@@ -231,13 +256,10 @@ def test_score_refuses_before_any_output_and_records_the_override(bundle, tmp_pa
     assert summary["verification"]["status"] == "skipped"
 
 
-def test_the_int8_form_follows_the_cpu(bundle, synth_patches, monkeypatch):
+def test_the_int8_form_follows_the_cpu(bundle_int8, _cells, monkeypatch):
     """VNNI or AMX: the 8-bit-weight form; any other x86 CPU: the 7-bit one, whose int16 pair
     sums cannot saturate. Bundles with one form fall back to it, and verification judges."""
-    size = load_bundle(bundle, weights=False).spec.crop_size
-    calib = load_cells(synth_patches, size, classes="normal", limit=48)
-    held = load_cells(synth_patches, size, normal="normal")
-    export_variant(bundle, "int8-cpu7", calib, held, echo=lambda m: None)
+    bundle, (_, calib, held) = bundle_int8, _cells  # bundle_int8: its int8-cpu7 form exported
     export_variant(bundle, "int8-cpu", calib, held, accept_loss=True, echo=lambda m: None)
     spec = load_bundle(bundle, weights=False).spec
     vnni = machine.CpuInfo("Intel Xeon", "x86_64", ("avx2", "avx512f", "avx512_vnni"))
