@@ -3,6 +3,7 @@ the truth says, the one-line refusals, and a Pap slide of CRIC cells scored end 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -70,9 +71,24 @@ def test_every_crop_is_used_once_before_any_twice(tmp_path):
         cells=cells, normal=("normal",), mpp=0.25, abnormal_fraction=0.0, width=1024,
         height=1024, n_cells=50,
     )  # fmt: skip
-    _, truth, n_abn = place_cells(config)
+    said: list[str] = []
+    _, truth, n_abn = place_cells(config, said.append)
     used = np.unique(truth["source"].to_pylist(), return_counts=True)[1]
     assert n_abn == 0 and used.min() >= 2 and used.max() <= 3  # 50 = 2.5 rounds of 20
+    # said: 34 planted cells that were 7 crops, each ~5 times, went without a word (round 18)
+    assert said == [
+        "note: 50 normal cells from 20 crop(s) of normal: each crop is used up to 3 times, so "
+        "the slide holds copies of one cell (the recall counts them each); give more crops, a "
+        "smaller slide or a lower --abnormal-fraction"
+    ]
+    config = dataclasses.replace(config, abnormal_fraction=0.2, n_cells=20)
+    said.clear()
+    place_cells(config, said.append)
+    assert said == [
+        "note: 4 planted abnormal cells from 3 crop(s) of big: each crop is used up to 2 times, "
+        "so the slide holds copies of one cell (the recall counts them each); give more crops, "
+        "a smaller slide or a lower --abnormal-fraction"
+    ]
 
 
 @pytest.mark.parametrize(

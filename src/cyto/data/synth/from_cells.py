@@ -246,6 +246,11 @@ def place_cells(config: CellSlideConfig, echo=None):
         *(normals[i] for i in _draw(rng, len(normals), n - n_abn)),
         *(abnormals[i] for i in _draw(rng, len(abnormals), n_abn)),
     ]
+    if echo is not None:
+        for words in _reused(n - n_abn, len(normals), "normal", normal_t) + _reused(
+            n_abn, len(abnormals), "planted abnormal", abnormal_t
+        ):
+            echo(words)
     order = rng.permutation(n)  # planted cells anywhere on the grid
     chosen = [chosen[i] for i in order]
     label = np.array([0 if r.cls in normal_t else 1 for r in chosen], dtype=np.int8)
@@ -268,6 +273,19 @@ def place_cells(config: CellSlideConfig, echo=None):
         }
     )
     return place, truth, n_abn
+
+
+def _reused(k: int, pool: int, what: str, classes) -> list[str]:
+    """A note when ``k`` places take crops from a pool of ``pool``: each crop is used more than
+    once, so the slide holds copies of one cell (a recall then counts copies: 34 planted ASC-H
+    cells were 7 crops, said nowhere)."""
+    if k <= pool:
+        return []
+    return [
+        f"note: {k} {what} cells from {pool} crop(s) of {', '.join(classes)}: each crop is used "
+        f"up to {-(-k // pool)} times, so the slide holds copies of one cell (the recall counts "
+        "them each); give more crops, a smaller slide or a lower --abnormal-fraction"
+    ]
 
 
 def _draw(rng, pool: int, k: int) -> np.ndarray:
