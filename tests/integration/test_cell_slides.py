@@ -175,3 +175,17 @@ def test_a_pap_slide_of_real_cells_is_ranked_end_to_end(tmp_path, cric):
     truth = summary["truth"]
     chance = min(400, table.num_rows) / table.num_rows
     assert truth["planted_recall_at_k"] > 1.5 * chance and truth["auroc"] > 0.55
+    # the MGG detection on this Pap slide: its cells look another size because that preset
+    # measures their nuclei otherwise; the warning and the adequacy reason say so, not the
+    # slide's resolution, whose advice (pass --mpp, --rescale) would be wrong (round 18)
+    proc = run_cyto(
+        "score", str(slide), "--model", str(model), "--out", str(tmp_path / "smear"),
+        "--workers", "0", "--mosaic", "0", "--detection", "smear",
+    )  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
+    assert "--detection smear is not the detection of the model's pap-stained training cells" in (
+        said
+    )
+    assert "leave out --detection (auto takes pap)" in said
+    assert "resolution" not in said and "--rescale" not in said, said

@@ -358,6 +358,7 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
     tissue section; not said under ``--detection tissue``, whose nuclei touch. None when the
     bundle records no training share."""
     from cyto.data.scale import look_words, share_check
+    from cyto.detect.params import DETECTION_OF_STAIN
 
     model = scorer.spec.centre_nucleus_fraction
     check = share_check(model, np.concatenate(shares)) if model is not None and shares else None
@@ -369,7 +370,20 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
     # side shows cells twice as large): that, not the slide's mpp, is then the cause
     own = scorer.spec.patch_px or DEFAULT_PATCH
     cut = opts.patch_size / own if opts.patch_size else 1.0
-    if check["advised"] and cut != 1 and (cut < 1) == (check["factor"] < 1):
+    # a --detection other than the one of the model's stain finds and measures nuclei otherwise
+    # (the MGG preset on Pap cells takes their cytoplasm for nucleus): that is said first, not
+    # the slide's resolution, which its advice would then make wrong (hostile round 18)
+    stain = scorer.spec.stain
+    model_kind = DETECTION_OF_STAIN.get(stain)
+    if check["advised"] and model_kind and opts.detection.kind != model_kind:
+        check["detection_differs"] = {"detection": opts.detection.kind, "model": model_kind}
+        echo(
+            f"warning: the cells of {plan.slide.name} {look_words(check)}: "
+            f"{passing('detection', opts.detection.kind)} is not the detection of the model's "
+            f"{stain}-stained training cells ({model_kind}): it finds and measures their nuclei "
+            f"otherwise; leave out {said('detection')} (auto takes {model_kind})"
+        )
+    elif check["advised"] and cut != 1 and (cut < 1) == (check["factor"] < 1):
         check["cut_by"] = {"patch_size": opts.patch_size, "model_patch_size": own}
         echo(
             f"warning: the cells of {plan.slide.name} {look_words(check)}: "

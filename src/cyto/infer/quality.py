@@ -232,7 +232,7 @@ def slide_adequacy(
     # ... unless the crops were cut at another side than the model's (--patch-size): then the
     # blur is the resize's, and the scale is the cause to say (a 64 px cut for a 96 px model
     # read "100% out of focus": hostile round 12, N23)
-    cut = bool(scale and scale.get("cut_by"))
+    cut = bool(scale and (scale.get("cut_by") or scale.get("detection_differs")))
     scale_judged = not larger or (blurred <= 0.5 and packed <= 0.5) or cut
     from cyto.data.scale import ADVISE_ZOOM
 
@@ -268,6 +268,8 @@ def slide_adequacy(
             "mpp_off_scale": mpp_off,
             # the --patch-size that makes them look so (None: not one the user gave)
             "cut_by": (scale or {}).get("cut_by"),
+            # the --detection that makes them look so (None: the model's stain's own)
+            "detection_differs": (scale or {}).get("detection_differs"),
             # what is left to pass, in the caller's words (cyto.flags.to_pass; None: all given)
             **({"to_pass": scale["to_pass"]} if scale and "to_pass" in scale else {}),
         },

@@ -281,7 +281,13 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
                     if scale["to_pass"]
                     else f"is the resolution right? check {said('slide_mpp')}"
                 )
-            if scale.get("cut_by"):  # the crop side the user gave, not the slide's mpp
+            if scale.get("detection_differs"):  # the detection the user gave, not the mpp
+                d = scale["detection_differs"]
+                why = (
+                    f"{passing('detection', d['detection'])} is not the detection of the "
+                    f"model's training cells ({d['model']}): leave out {said('detection')}"
+                )
+            elif scale.get("cut_by"):  # the crop side the user gave, not the slide's mpp
                 cut = scale["cut_by"]
                 why = (
                     f"{passing('patch_size', cut['patch_size'])} cuts them unlike the model's "
