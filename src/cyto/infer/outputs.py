@@ -164,6 +164,13 @@ def labels_from_truth(
     if "cell_radius" in gt:  # a big cell's nucleus may be found off its centre
         reach = np.maximum(reach, 0.8 * gt["cell_radius"])
     hit = dist <= reach[idx]
+    # one detection per truth cell, its nearest: a planted crop's other nuclei (a neighbour's,
+    # debris) within its reach are not that cell (51 labelled abnormal of 34 planted cells)
+    rows = np.flatnonzero(hit)
+    rows = rows[np.lexsort((rows, dist[rows], idx[rows]))]  # by truth cell, nearest first
+    _, first = np.unique(idx[rows], return_index=True)
+    hit = np.zeros_like(hit)
+    hit[rows[first]] = True
     labels = np.where(hit, truth_labels[idx], 0).astype(np.int64)
     return labels, np.where(hit, idx, -1), int(truth_labels.sum())
 
