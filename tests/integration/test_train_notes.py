@@ -89,3 +89,12 @@ def test_predict_says_auto_chose_on_too_few_abnormal_cells(grey_bundle):
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("ranked by ")]
     assert line.startswith("ranked by model (cyto.data.morphometry; --rank-by); warning: "
                            "--rank-by auto's choice rests on 3 held-back"), line  # fmt: skip
+
+
+def test_score_says_auto_chose_on_too_few_abnormal_cells_before_any_slide(grey_bundle):
+    from cyto.infer.options import check_rank_by
+
+    root, _, _ = grey_bundle
+    line = check_rank_by(root / "grey.cyto", "auto")  # cyto score prints it as a warning
+    assert line.startswith("ranked by model: --rank-by auto's choice rests on 3 held-back"), line
+    assert check_rank_by(root / "grey.cyto", "model") is None  # chosen by the user: no word
