@@ -287,6 +287,7 @@ def train(
     weights: Annotated[str | Path | None, Local("a weights file: copy it here first")] = None,
     skip_unreadable: bool = False,
     overwrite: bool = False,
+    echo: Callable[[str], None] | None = print,
 ) -> TrainResult:
     """Train a registered method on a patch folder or manifest and write its model bundle.
 
@@ -308,10 +309,13 @@ def train(
         weights: initial encoder weights (a ``.safetensors`` file).
         skip_unreadable: leave out images that cannot be decoded instead of failing.
         overwrite: replace an existing ``out``.
+        echo: where the lines said while training go (None: nowhere): the ranking
+            ``rank_by='auto'`` takes, and what could not be fitted on the normal cells.
 
     Returns:
         A ``TrainResult``: ``bundle`` (its path), ``method``, ``config``, ``seconds``,
-        ``n_images``, ``n_used`` and the loss ``history``.
+        ``n_images``, ``n_used``, the loss ``history``, and ``notes``: what could not be
+        fitted on the normal cells, or a ranking chosen on too few abnormal cells.
 
     Example:
         >>> import cyto
@@ -335,6 +339,7 @@ def train(
         weights=None if weights is None else Path(weights),
         skip_unreadable=skip_unreadable,
         overwrite=overwrite,
+        echo=echo,
     )
 
 

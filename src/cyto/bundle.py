@@ -135,6 +135,8 @@ class ModelSpec:
     stain: str = "mgg"
     #: the morphometric score of the training normals (cyto.data.morphometry.Morphometric)
     morphometry: dict | None = None
+    #: why training fitted no morphometric score (None: it did, or an earlier cyto)
+    morphometry_why: str | None = None
     #: how the model, the morphometric score and their fusion ranked the held-back cells
     #: (``cyto train`` with abnormal classes): what ``--rank-by auto`` chooses from
     validation: dict | None = None
@@ -194,6 +196,7 @@ class ModelSpec:
                 nucleus_size=training.get("nucleus_size"),
                 stain=str(cfg.get("stain") or "mgg"),
                 morphometry=training.get("morphometry"),
+                morphometry_why=training.get("morphometry_why"),
                 validation=manifest.get("validation"),
                 stain_vectors=training.get("stain_vectors"),
                 patch_px=int(training["patch_px"]) if training.get("patch_px") else None,

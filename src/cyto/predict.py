@@ -74,7 +74,13 @@ def predict(
     ``resume`` continues a stopped run (see the module docstring); an existing ``out`` is
     replaced only with ``overwrite``."""
     from cyto.data.dataset import refuse_listed_output
-    from cyto.data.morphometry import RANK_BY, RANK_BY_ALIASES, resolve_rank_by, scorer_rank_by
+    from cyto.data.morphometry import (
+        RANK_BY,
+        RANK_BY_ALIASES,
+        few_abnormal_words,
+        resolve_rank_by,
+        scorer_rank_by,
+    )
     from cyto.runtime import Scorer, load_scorer
 
     for name, value in (("batch_size", batch_size), ("chunk", chunk)):
@@ -105,6 +111,12 @@ def predict(
         scorer = load_scorer(model, backend, device, precision, verify=verify)
     asked = rank_by
     rank_by, morph = scorer_rank_by(scorer, rank_by)
+    # auto's choice on too few held-back abnormal cells: said beside the ranking it took
+    caution = (
+        few_abnormal_words(scorer.spec.validation)
+        if RANK_BY_ALIASES.get(asked, asked) == "auto"
+        else None
+    )
     records, labels = _chosen(Path(data), normal, abnormal)
     size = scorer.bundle.manifest["config"].get("load_size")
     zooming = zoom is not None or patch_mpp is not None
@@ -178,6 +190,7 @@ def predict(
             "zoom": factor,
             "zoom_from": how,
             "rank_by": rank_by,
+            "rank_by_caution": caution,
             "notes": list(scorer.notes),
             "skipped": skipped,
             "resumed": done,

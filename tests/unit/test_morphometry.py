@@ -9,8 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cyto.data.morphometry import (
+    MIN_ABNORMAL,
+    Feature,
     Morphometric,
     choose_ranking,
+    few_abnormal_words,
     fused_score,
     ranked_values,
     resolve_rank_by,
@@ -19,6 +22,7 @@ from cyto.data.morphometry import (
 from cyto.data.scale import nucleus_fraction, zoom_patch
 from cyto.detect.morphometry import CELL_MASKS, COLUMNS, _otsu, measure, measure_stain
 from cyto.errors import ConfigError
+from cyto.flags import python_words
 
 NUCLEUS = (70, 30, 110)
 GLASS = (235, 228, 232)
@@ -292,3 +296,28 @@ def test_tied_cells_are_ranked_by_the_models_score_not_by_where_they_come_from(c
     pairs = set(zip(ranked.tolist(), model.tolist(), strict=True))
     if len(pairs) == len(cells):  # no full ties: the same rank whatever the input order
         assert np.array_equal(again, rank[perm])
+
+
+def test_a_log_share_is_shown_as_a_share_with_its_transform_named():
+    """cyto info printed the mean and sd of log(share + floor) as the share: 'nucleus_share
+    (up) -2.935 +- 1.022' (hostile round 18, case 2)."""
+    words = Feature("nucleus_share", "up", -2.935, 1.022).words()
+    assert words == (
+        "nucleus_share (up) 0.0521 (0.0181 to 0.147 within one sd; "
+        "log(nucleus_share + 0.001) -2.935 +- 1.022)"
+    ), words
+    nc = Feature("nc_ratio", "up", 0.0, 1.0).words()
+    assert nc.startswith("nc_ratio (up) 0.5 (") and "logit of nc_ratio 0.000 +- 1.000" in nc
+
+
+def test_auto_on_too_few_held_back_abnormal_cells_is_said_in_the_callers_words():
+    few = {"auroc": {"model": 0.775, "model+morphometry": 0.975}, "abnormal_cells": 1}
+    assert few_abnormal_words(few) == (
+        "--rank-by auto's choice rests on 1 held-back abnormal cell(s), fewer than 20 (an "
+        "AUROC's standard error on so few is about 0.1 or more): train with more abnormal "
+        "cells (--abnormal), or choose the ranking with --rank-by"
+    )
+    with python_words("train"):
+        assert "(abnormal=), or choose the ranking with rank_by=" in few_abnormal_words(few)
+    assert few_abnormal_words({**few, "abnormal_cells": MIN_ABNORMAL}) is None
+    assert few_abnormal_words(None) is None  # nothing held back: said elsewhere

@@ -81,16 +81,24 @@ def info_cmd(
         else "  training resolution: not recorded (trained without --set mpp); cyto score cannot "
         "check a slide's scale unless given --model-mpp"
     )
-    from cyto.data.morphometry import Morphometric, choose_ranking
+    from cyto.data.morphometry import (
+        Morphometric,
+        choose_ranking,
+        few_abnormal_words,
+        unfitted_words,
+    )
 
     morph = Morphometric.from_record(td.get("morphometry"), td.get("nucleus_size"))
     if morph is not None:
-        features = "; ".join(
-            f"{f.name} ({f.direction}) {f.mean:.3f} +- {f.sd:.3f}" for f in morph.features
-        )
+        features = "; ".join(f.words() for f in morph.features)
         typer.echo(f"  stain {morph.stain}; morphometry of the training normals: {features}")
+    for line in unfitted_words(td):  # what training could not fit, as it said then
+        typer.echo(f"  warning: {line}")
     how, why = choose_ranking(m.get("validation"))
     typer.echo(f"  --rank-by auto ranks by {how}: {why}")
+    few = few_abnormal_words(m.get("validation"))
+    if few is not None:
+        typer.echo(f"  warning: {few}")
     if m.get("bag_check"):
         typer.echo(f"  {m['bag_check']['message']}")
     ref = m.get("refined_from")

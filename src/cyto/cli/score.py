@@ -130,8 +130,12 @@ def predict_cmd(
             "(bone marrow by a blood model: AUROC 0.60 against 0.71). Prefer a model trained at "
             "this scale"
         )
-    if res["rank_by"] != "model":
-        typer.echo(f"ranked by {res['rank_by']} (cyto.data.morphometry; --rank-by)")
+    caution = res.get("rank_by_caution")
+    if res["rank_by"] != "model" or caution:
+        typer.echo(
+            f"ranked by {res['rank_by']} (cyto.data.morphometry; --rank-by)"
+            + (f"; warning: {caution}" if caution else "")
+        )
     line = f"scored {res['n']} patches -> {res['out']}"
     if "auroc" in res:
         line += f"; AUROC {res['auroc']:.3f}, Recall@{res['k']} {res['recall_at_k']:.3f}"
@@ -408,7 +412,9 @@ def score_cmd(
         adequacy=adequacy,
         burden_cells=burden_cells,
     )
-    check_rank_by(model, rank_by)
+    caution = check_rank_by(model, rank_by)
+    if caution is not None:
+        typer.echo(f"warning: {caution}")
     metrics = None
     if truth is not None:
         from cyto.eval.metrics import all_metrics as metrics

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cyto.errors import ConfigError
-from cyto.flags import passing, said
+from cyto.flags import passing, said, setting
 
 #: added to a share before its log, so a crop without a nucleus near its centre (share 0) scores
 #: far out but finite
@@ -89,6 +89,25 @@ def _transform(name: str, values) -> np.ndarray:
     return v
 
 
+#: how each feature's transform (:func:`_transform`) is named where its mean and sd are shown
+_TRANSFORM_WORDS = {
+    "nucleus_share": f"log({{}} + {SHARE_FLOOR:g})",
+    "nucleus_area_um2": f"log({{}} + {SHARE_FLOOR:g})",
+    "nucleus_od_ratio": f"log({{}} + {SHARE_FLOOR:g})",
+    "nc_ratio": "logit of {}",
+}
+
+
+def _inverse(name: str, t: float) -> float:
+    """The feature's value whose :func:`_transform` is ``t``."""
+    if name in ("nucleus_share", "nucleus_area_um2", "nucleus_od_ratio"):
+        return float(np.exp(t) - SHARE_FLOOR)
+    if name == "nc_ratio":
+        e = float(np.exp(t))
+        return (1.01 * e - 0.01) / (1.0 + e)
+    return float(t)
+
+
 @dataclass(frozen=True)
 class Feature:
     """One feature of the score: its transform's mean and spread over the normals, and the side
@@ -98,6 +117,18 @@ class Feature:
     direction: str
     mean: float
     sd: float
+
+    def words(self) -> str:
+        """The feature in its own units (a share as a share): the value its transform's mean
+        maps back to, the span of one sd either side, then the transform's own mean and sd
+        (what the score measures against). A log share printed as the share read as a negative
+        share (hostile round 18, case 2)."""
+        lo, mid, hi = (_inverse(self.name, self.mean + k * self.sd) for k in (-1, 0, 1))
+        return (
+            f"{self.name} ({self.direction}) {mid:.3g} ({lo:.3g} to {hi:.3g} within one sd; "
+            f"{_TRANSFORM_WORDS.get(self.name, self.name).format(self.name)} "
+            f"{self.mean:.3f} +- {self.sd:.3f})"
+        )
 
 
 @dataclass(frozen=True)
@@ -274,15 +305,72 @@ def choose_ranking(validation: dict | None) -> tuple[str, str]:
     )
 
 
-def resolve_rank_by(rank_by: str, morph: Morphometric | None, validation: dict | None) -> str:
+#: fewer held-back abnormal cells than this, and ``--rank-by auto``'s choice is said to rest on
+#: too few. An AUROC over n abnormal cells has a standard error of at least about
+#: sqrt(A (1 - A) / n) (Hanley and McNeil 1982, the abnormal cells' term, many normal cells):
+#: 0.09 at A = 0.8 and n = 20, 0.4 at n = 1, about the gaps between the rankings it chooses
+#: among (CRIC Pap, 80 abnormal cells: morphometry 0.81, model+morphometry 0.71, model 0.47)
+MIN_ABNORMAL = 20
+
+
+def few_abnormal_words(validation: dict | None) -> str | None:
+    """One line where ``--rank-by auto``'s choice rests on fewer than :data:`MIN_ABNORMAL`
+    held-back abnormal cells (recomputed from the bundle's record each time), else None."""
+    if not validation or not validation.get("auroc"):
+        return None
+    n = int(validation.get("abnormal_cells") or 0)
+    if n >= MIN_ABNORMAL:
+        return None
+    return (
+        f"{passing('rank_by', 'auto')}'s choice rests on {n} held-back abnormal cell(s), fewer "
+        f"than {MIN_ABNORMAL} (an AUROC's standard error on so few is about 0.1 or more): train "
+        f"with more abnormal cells ({said('abnormal')}), or choose the ranking with "
+        f"{said('rank_by')}"
+    )
+
+
+def unfitted_words(training: dict | None) -> list[str]:
+    """One line for each thing ``cyto train`` could not fit on its training normals (their
+    stain vectors, their morphometric score), with why and what falls back; [] when both were
+    fitted (or a bundle of an earlier cyto records no reason)."""
+    training = training or {}
+    lines = []
+    stain = training.get("stain_vectors") or {}
+    if stain and not stain.get("separable", True):
+        lines.append(
+            f"the stain of the training cells could not be estimated ({stain.get('why')}), so "
+            "cells scored with this model are not checked for another stain or lab; train on "
+            "colour crops of the stain to have them checked"
+        )
+    why = training.get("morphometry_why")
+    if training.get("morphometry") is None and why:
+        lines.append(
+            f"no morphometric score was fitted on the training normals ({why}): "
+            f"{passing('rank_by', 'auto')} ranks by the model alone and "
+            f"{said('rank_by')} morphometry is refused; check that the crops are cells of the "
+            f"stain {setting('stain')} names, at its scale, and train again"
+        )
+    return lines
+
+
+def resolve_rank_by(
+    rank_by: str, morph: Morphometric | None, validation: dict | None, why: str | None = None
+) -> str:
     """``model``, ``morphometry`` or ``model+morphometry`` for ``--rank-by``; an explicit ranking
-    that needs a morphometric score the bundle does not record is a one-line error."""
+    that needs a morphometric score the bundle does not record is a one-line error, with the
+    reason training recorded (``why``, ``training_data.morphometry_why``) where there is one."""
     rank_by = RANK_BY_ALIASES.get(rank_by, rank_by)
     if rank_by not in RANK_BY:
         raise ConfigError(f"{said('rank_by')} must be one of {', '.join(RANK_BY)}, got {rank_by!r}")
     if rank_by == "auto":
         how = choose_ranking(validation)[0]
         return how if how == "model" or morph is not None else "model"
+    if rank_by != "model" and morph is None and why:
+        raise ConfigError(
+            f"{passing('rank_by', rank_by)}: this bundle has no morphometric score of its "
+            f"training normals: at training {why}; train again on crops of cells, or rank by the "
+            "model alone"
+        )
     if rank_by != "model" and morph is None:
         raise ConfigError(
             f"{passing('rank_by', rank_by)}: this bundle records no morphometry of its training "
@@ -295,5 +383,6 @@ def resolve_rank_by(rank_by: str, morph: Morphometric | None, validation: dict |
 def scorer_rank_by(scorer, rank_by: str) -> tuple[str, Morphometric | None]:
     """``rank_by`` resolved for a loaded scorer's bundle (:func:`resolve_rank_by`), and the
     bundle's morphometric score (None when it records none): every table carries its score."""
-    morph = Morphometric.of_spec(scorer.spec)
-    return resolve_rank_by(rank_by, morph, scorer.spec.validation), morph
+    spec = scorer.spec
+    morph = Morphometric.of_spec(spec)
+    return resolve_rank_by(rank_by, morph, spec.validation, spec.morphometry_why), morph

@@ -293,12 +293,20 @@ def detection_for(kind: str, model, detector: str = "scipy") -> NucleusParams:
     return replace(detection_preset(kind), detector=detector)
 
 
-def check_rank_by(model, rank_by: str) -> None:
-    """A --rank-by the bundle cannot take, refused before any slide (every cohort path)."""
-    from cyto.data.morphometry import Morphometric, resolve_rank_by
+def check_rank_by(model, rank_by: str) -> str | None:
+    """A --rank-by the bundle cannot take, refused before any slide (every cohort path).
+    Returns the line to say where ``auto``'s choice rests on too few held-back abnormal cells
+    (:func:`cyto.data.morphometry.few_abnormal_words`), else None."""
+    from cyto.data.morphometry import Morphometric, few_abnormal_words, resolve_rank_by
 
     spec = model_spec(model)
-    resolve_rank_by(rank_by, Morphometric.of_spec(spec), spec.validation)
+    how = resolve_rank_by(
+        rank_by, Morphometric.of_spec(spec), spec.validation, spec.morphometry_why
+    )
+    if RANK_BY_ALIASES.get(rank_by, rank_by) != "auto":
+        return None
+    few = few_abnormal_words(spec.validation)
+    return None if few is None else f"ranked by {how}: {few}"
 
 
 #: the crop side of a bundle that records no training patch side (cyto before it did): the

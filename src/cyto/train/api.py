@@ -38,6 +38,10 @@ class TrainResult:
     bag_check: dict[str, Any] | None = None  # weakly supervised methods: see cyto.train.bagcheck
     #: how the held-back cells ranked (cyto.data.morphometry.validation_record), or None
     validation: dict[str, Any] | None = None
+    #: one line each for what training could not fit on its normals, why, and what falls back
+    #: (:func:`cyto.data.morphometry.unfitted_words`), and for a ranking chosen on too few
+    #: abnormal cells (:func:`cyto.data.morphometry.few_abnormal_words`): said as it trained
+    notes: tuple[str, ...] = ()
 
 
 def checkpoint_dir(out: Path) -> Path:
@@ -53,7 +57,8 @@ def training_nuclei(
     the median share of a patch the scale check compares another folder's or a slide's cells
     with (``nucleus_fraction``: every nucleus of the patch for MGG, as before, else the centre
     nucleus; ``centre_nucleus_fraction``: the centre nucleus), and the morphometric score
-    (:class:`cyto.data.morphometry.Morphometric`)."""
+    (:class:`cyto.data.morphometry.Morphometric`), or why there is none (``morphometry_why``,
+    said at training and by ``cyto info``: :func:`cyto.data.morphometry.unfitted_words`)."""
     from cyto.data.morphometry import Morphometric
     from cyto.detect.morphometry import measure_stain, scale_shares
 
@@ -64,16 +69,18 @@ def training_nuclei(
             "stain_vectors": None,
         }  # fmt: skip
     measures = measure_stain(images, mpp, stain)
+    why = None
     try:
         morph = Morphometric.fit(measures, stain).as_record()
-    except ConfigError:
-        morph = None
+    except ConfigError as exc:  # recorded and said (unfitted_words): ranked by the model alone
+        morph, why = None, str(exc)
     from cyto.detect.stain import estimate_images
 
     return {
         "nucleus_fraction": round(float(np.median(scale_shares(images, stain))), 5),
         "centre_nucleus_fraction": round(float(np.median(measures["nucleus_share"])), 5),
         "morphometry": morph,
+        "morphometry_why": why,
         # what another folder's or slide's stain is compared with (cyto.detect.stain)
         "stain_vectors": estimate_images(images).as_record(),
     }
@@ -365,6 +372,12 @@ def train(
             manifest["initial_weights"] = str(weights)
         manifest.update(extra_manifest or {})
         save_bundle(out, manifest, tensors, scorer, overwrite=overwrite)
+    from cyto.data.morphometry import few_abnormal_words, unfitted_words
+
+    said_notes = [*unfitted_words(manifest["training_data"]), few_abnormal_words(chosen)]
+    notes = tuple(n for n in said_notes if n)
+    for line in notes if echo is not None else ():
+        echo(f"warning: {line}")
     shutil.rmtree(ckpt, ignore_errors=True)  # after the lock: its file is in the folder
     n_used = manifest["training_data"]["n_used"]
     return TrainResult(
@@ -377,4 +390,5 @@ def train(
         model.history_,
         getattr(model, "bag_check_", None),
         manifest.get("validation"),
+        notes,
     )

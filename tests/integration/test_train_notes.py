@@ -1,0 +1,100 @@
+"""What ``cyto train`` could not fit on its training cells is said, at training and after
+(hostile round 18): crops of one colour (no stain vectors, no morphometric score) said in one
+line each with why and what falls back; a ``--rank-by auto`` chosen on too few held-back
+abnormal cells said by train, info and predict; a refused ``--rank-by morphometry`` gives the
+reason training recorded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.cli_runner import run_cyto
+
+
+@pytest.fixture(scope="module")
+def grey_bundle(tmp_path_factory):
+    """A bundle trained on crops that are each one flat colour (60 normal, 3 abnormal), with
+    the lines the Python API said while training."""
+    import cyto
+
+    root = tmp_path_factory.mktemp("grey")
+    rng = np.random.default_rng(0)
+    for cls, n, lo, hi in (("NILM", 60, 120, 200), ("LSIL", 3, 60, 120)):
+        (root / "cells" / cls).mkdir(parents=True)
+        for i in range(n):
+            grey = np.full((40, 40, 3), rng.integers(lo, hi), np.uint8)
+            Image.fromarray(grey).save(root / "cells" / cls / f"{i}.png")
+    said: list[str] = []
+    res = cyto.train(
+        "dsvdd", root / "cells", root / "grey.cyto", normal="NILM", preset="fast",
+        overrides={"epochs": 1, "ae_epochs": 1, "n_seeds": 1, "input_size": 32, "stain": "pap",
+                   "mpp": 0.258},
+        device="cpu", echo=said.append,
+    )  # fmt: skip
+    return root, res, said
+
+
+def test_one_colour_crops_are_said_at_training_with_why_and_what_falls_back(grey_bundle):
+    root, res, said = grey_bundle
+    warned = [line for line in said if line.startswith("warning: ")]
+    stain, morph, few = warned  # one line each, in the caller's words (Python: rank_by=)
+    assert stain.startswith("warning: the stain of the training cells could not be estimated "
+                            "(the stained pixels are all of one colour"), stain  # fmt: skip
+    assert "not checked for another stain or lab" in stain
+    assert morph.startswith("warning: no morphometric score was fitted on the training normals "
+                            "(the normal cells' nucleus_share does not vary"), morph  # fmt: skip
+    assert "rank_by='auto' ranks by the model alone" in morph and "--" not in morph
+    assert few.startswith("warning: rank_by='auto''s choice rests on 3 held-back abnormal cell(s)")
+    assert "abnormal=" in few and "--abnormal" not in few
+    assert res.notes == tuple(line.removeprefix("warning: ") for line in warned)
+
+    info = run_cyto("info", str(root / "grey.cyto"))
+    assert info.returncode == 0, info.stderr
+    lines = info.stdout.splitlines()
+    assert any(
+        ln.startswith("  warning: the stain of the training cells could not be") for ln in lines
+    )
+    assert any(
+        ln.startswith("  warning: no morphometric score was fitted") and "--rank-by auto" in ln
+        for ln in lines
+    ), info.stdout
+    assert any(
+        ln.startswith("  warning: --rank-by auto's choice rests on 3 held-back abnormal cell(s), "
+                      "fewer than 20") and "--abnormal" in ln and "--rank-by" in ln
+        for ln in lines
+    ), info.stdout  # fmt: skip
+
+
+def test_a_refused_morphometric_ranking_gives_the_reason_training_recorded(grey_bundle):
+    root, _, _ = grey_bundle
+    proc = run_cyto(
+        "predict", str(root / "grey.cyto"), "--data", str(root / "cells"), "--normal", "NILM",
+        "--out", str(root / "m.parquet"), "--rank-by", "morphometry",
+    )  # fmt: skip
+    assert proc.returncode != 0
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "at training the normal cells' nucleus_share does not vary" in line, line
+    assert "trained before cyto recorded it" not in line
+
+
+def test_predict_says_auto_chose_on_too_few_abnormal_cells(grey_bundle):
+    root, _, _ = grey_bundle
+    proc = run_cyto(
+        "predict", str(root / "grey.cyto"), "--data", str(root / "cells"), "--normal", "NILM",
+        "--out", str(root / "a.parquet"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("ranked by ")]
+    assert line.startswith("ranked by model (cyto.data.morphometry; --rank-by); warning: "
+                           "--rank-by auto's choice rests on 3 held-back"), line  # fmt: skip
+
+
+def test_score_says_auto_chose_on_too_few_abnormal_cells_before_any_slide(grey_bundle):
+    from cyto.infer.options import check_rank_by
+
+    root, _, _ = grey_bundle
+    line = check_rank_by(root / "grey.cyto", "auto")  # cyto score prints it as a warning
+    assert line.startswith("ranked by model: --rank-by auto's choice rests on 3 held-back"), line
+    assert check_rank_by(root / "grey.cyto", "model") is None  # chosen by the user: no word
