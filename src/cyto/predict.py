@@ -106,14 +106,14 @@ def predict(
             f"{passing('out', out)}: cyto predict writes a Parquet table, with the model and the "
             "verification in its metadata; give a name ending in .parquet"
         )
-    records, labels = _chosen(Path(data), normal, abnormal)  # before the model loads
-    refuse_mixed_sizes(records, data)  # the rule every reader of a crop folder holds to
     if isinstance(model, Scorer):  # loaded once by the caller (cyto.load_model)
         scorer, model = model, model.bundle.path
     else:
         scorer = load_scorer(model, backend, device, precision, verify=verify)
     asked = rank_by
     rank_by, morph = scorer_rank_by(scorer, rank_by)
+    records, labels = _chosen(Path(data), normal, abnormal)
+    refuse_mixed_sizes(records, data)  # the rule every reader of a crop folder holds to
     size = scorer.bundle.manifest["config"].get("load_size")
     zooming = zoom is not None or patch_mpp is not None
     if size is None and not zooming and not one_size(records):

@@ -530,7 +530,7 @@ def test_predict_refuses_crops_of_several_sizes_in_one_line(exported_dsvdd, tiny
     each resized to the model's input as if they spanned its crop: nuclear area 222 -> 25 um^2,
     N/C 0.515 -> 0.039, rank 2 -> 16, without a word. `cyto predict` and cyto.predict read the
     folder through the rule training holds to (cyto.data.dataset.refuse_mixed_sizes), before
-    the model loads, with or without a zoom."""
+    any image is decoded, with or without a zoom."""
     from PIL import Image
 
     import cyto
