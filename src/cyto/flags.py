@@ -56,6 +56,7 @@ FLAGS: dict[str, str | None] = {
     "chunk": None,  # cyto.predict's images per chunk
     "calib_limit": None,  # cyto.export's cells to calibrate int8 on, at most
     "extra_manifest": None,
+    "mixed_sizes": None,  # refine's slide crops beside training patches (one field of view)
     "objective": None,  # the synthetic slide's recorded magnification (SlideSynthConfig's)
 }
 #: options recorded as a group of settings (a dataclass), of which some are flags of their own:

@@ -21,7 +21,14 @@ from typing import Annotated
 import numpy as np
 
 from cyto.bundle import atomic_write
-from cyto.data.dataset import PatchRecord, decode_stream, load_records, one_size, resolve_classes
+from cyto.data.dataset import (
+    PatchRecord,
+    decode_stream,
+    load_records,
+    one_size,
+    refuse_mixed_sizes,
+    resolve_classes,
+)
 from cyto.data.images import resize_rgb
 from cyto.data.scale import resolve_zoom, share_advice, zoom_patches
 from cyto.errors import (
@@ -118,6 +125,7 @@ def predict(
         else None
     )
     records, labels = _chosen(Path(data), normal, abnormal)
+    refuse_mixed_sizes(records, data)  # the rule every reader of a crop folder holds to
     size = scorer.bundle.manifest["config"].get("load_size")
     zooming = zoom is not None or patch_mpp is not None
     if size is None and not zooming and not one_size(records):

@@ -502,7 +502,8 @@ def test_predict_resume_finds_an_image_rewritten_with_its_size_and_time(
 
 def test_predict_takes_patches_of_mixed_sizes(exported_dsvdd, tiny, tmp_path):
     """A bundle trained on patches of one native size (no load size) given a folder of two
-    sizes: every patch is brought to the model's input size, whichever chunk it falls in."""
+    sizes a few px apart (one field of view, cyto.data.dataset.SIZE_SPREAD): every patch is
+    brought to the model's input size, whichever chunk it falls in."""
     import pyarrow.parquet as pq
     from PIL import Image
 
@@ -512,7 +513,7 @@ def test_predict_takes_patches_of_mixed_sizes(exported_dsvdd, tiny, tmp_path):
     folder = tmp_path / "cells" / "normal"
     folder.mkdir(parents=True)
     for i in range(6):
-        cell = tiny.images[i] if i % 3 else tiny.images[i].repeat(2, 0).repeat(2, 1)
+        cell = tiny.images[i] if i % 3 else np.pad(tiny.images[i], ((1, 1), (1, 1), (0, 0)), "edge")
         Image.fromarray(cell).save(folder / f"c{i}.png")
     predict(exported_dsvdd, tmp_path / "cells", tmp_path / "s.parquet", chunk=2, verify=False)
     table = pq.read_table(tmp_path / "s.parquet")
@@ -522,6 +523,42 @@ def test_predict_takes_patches_of_mixed_sizes(exported_dsvdd, tiny, tmp_path):
         np.stack([resize_rgb(read_image(p), size) for p in table["path"].to_pylist()])
     )
     assert np.allclose(table["score"].to_numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_predict_refuses_crops_of_several_sizes_in_one_line(exported_dsvdd, tiny, tmp_path):
+    """Hostile round 18 (case 21): two 100 px crops padded to 300 px beside 30 of 100 px were
+    each resized to the model's input as if they spanned its crop: nuclear area 222 -> 25 um^2,
+    N/C 0.515 -> 0.039, rank 2 -> 16, without a word. `cyto predict` and cyto.predict read the
+    folder through the rule training holds to (cyto.data.dataset.refuse_mixed_sizes), before
+    any image is decoded, with or without a zoom."""
+    from PIL import Image
+
+    import cyto
+    from cyto.errors import DatasetError
+    from tests.cli_runner import run_cyto
+
+    data = tmp_path / "cells"
+    for cls in ("NILM", "LSIL"):
+        (data / cls).mkdir(parents=True)
+    for i in range(5):
+        Image.fromarray(tiny.images[i]).save(data / "NILM" / f"c{i}.png")
+    wide = np.pad(tiny.images[5], ((40, 40), (40, 40), (0, 0)), "edge")  # 120 px, same scale
+    Image.fromarray(wide).save(data / "LSIL" / "pad.png")
+    first = (
+        f"{data} holds cell crops of 2 sizes (5 at 40 px, 1 at 120 px; the longer side), "
+        f"e.g. {data / 'LSIL' / 'pad.png'}: "
+    )
+    for kw in ({}, {"zoom": 1.0}):
+        with pytest.raises(DatasetError) as err:
+            cyto.predict(exported_dsvdd, data, tmp_path / "s.parquet", normal="NILM", **kw)
+        assert str(err.value).startswith(first) and "3x smaller" in str(err.value)
+    proc = run_cyto(
+        "predict", str(exported_dsvdd), "--data", str(data), "--normal", "NILM", "--out",
+        str(tmp_path / "s.parquet"),
+    )  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {first}"), proc.stderr
+    assert not (tmp_path / "s.parquet").exists()
 
 
 def test_predict_skips_unreadable_images_when_asked(bundles, tiny, tmp_path):

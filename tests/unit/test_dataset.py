@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import shutil
 
 import numpy as np
@@ -207,13 +208,14 @@ def test_fingerprint_follows_content_and_choice(tmp_path, synth_patches):
 
 
 def test_mixed_sizes_stay_a_list_unless_resized(tmp_path):
-    for cls, side in (("A", 20), ("B", 30)):
+    """Sides a few px apart (within SIZE_SPREAD: one field of view)."""
+    for cls, side in (("A", 30), ("B", 32)):
         (tmp_path / cls).mkdir()
         Image.fromarray(np.full((side, side, 3), 100, np.uint8)).save(tmp_path / cls / "x.png")
     ds = PatchDataset.from_path(tmp_path, normal="A")
     assert isinstance(ds.images, list) and [im.shape for im in ds.images] == [
-        (20, 20, 3),
         (30, 30, 3),
+        (32, 32, 3),
     ]
     ds = PatchDataset.from_path(tmp_path, normal="A", size=24)
     assert ds.images.shape == (2, 24, 24, 3)
@@ -313,3 +315,117 @@ def test_an_output_file_given_a_folder_is_advised_a_name_beside_it_not_inside(tm
     with pytest.raises(InputPathError) as err:
         check_out_file(data)
     assert str(err.value).endswith(f"e.g. {tmp_path / 'p-scores.parquet'}"), str(err.value)
+
+
+def _crops(root, sides: dict[str, list[int]]) -> None:
+    """Class folders of plain crops: ``{"NILM": [100, 100, 300]}``, one PNG per side."""
+    for cls, list_ in sides.items():
+        (root / cls).mkdir(parents=True, exist_ok=True)
+        for i, side in enumerate(list_):
+            img = np.full((side, side, 3), 200, np.uint8)
+            img[side // 3 : 2 * side // 3, side // 3 : 2 * side // 3] = (90, 40, 120)
+            Image.fromarray(img).save(root / cls / f"c{i:02d}_{side}.png")
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    common=st.integers(MIN_CELL_SIDE, 60),
+    ratio=st.floats(0.4, 2.5),
+    n_common=st.integers(2, 4),
+    n_rare=st.integers(1, 2),
+)
+def test_crops_of_several_sizes_are_refused_naming_sizes_counts_and_a_file(
+    tmp_path_factory, common, ratio, n_common, n_rare
+):
+    """Hostile round 18 (case 21): a folder of 100 px crops with two padded to 300 px (the same
+    pixel size) was resized crop by crop to the model's input, so the padded cells measured
+    nuclear area 222 -> 25 um^2 and dropped in rank, without a word. Crops whose longer sides
+    differ by more than SIZE_SPREAD are refused in one line; sides within it are read."""
+    from cyto.data.dataset import SIZE_SPREAD
+
+    rare = max(MIN_CELL_SIDE, round(common * ratio))
+    root = tmp_path_factory.mktemp("mixed")
+    _crops(root, {"A": [common] * n_common, "B": [rare] * n_rare + [common]})
+    spread = max(common, rare) / min(common, rare)
+    if spread <= SIZE_SPREAD:
+        assert len(PatchDataset.from_path(root, normal="A", size=24)) == n_common + n_rare + 1
+        return
+    with pytest.raises(DatasetError) as err:
+        PatchDataset.from_path(root, normal="A", size=24)
+    said = str(err.value)
+    assert "\n" not in said
+    assert said.startswith(
+        f"{root} holds cell crops of 2 sizes ({n_common + 1} at {common} px, "
+        f"{n_rare} at {rare} px; the longer side), e.g. {root / 'B' / f'c00_{rare}.png'}: "
+    ), said
+    assert said.endswith(
+        "cut the crops alike (one side at one pixel size), or sort them into folders by size "
+        "and run each"
+    ), said
+
+
+def test_crops_cut_at_their_image_edge_or_a_few_px_apart_are_one_size(tmp_path):
+    """A CRIC crop cut at its image's edge (100 x 46 px) is padded, never resized, and PBC's
+    363 and 369 px crops span one field of view: neither is refused."""
+    _crops(tmp_path, {"A": [100, 100, 103], "B": [100]})
+    Image.new("RGB", (100, 46), (200, 200, 200)).save(tmp_path / "B" / "edge.png")
+    assert len(PatchDataset.from_path(tmp_path, normal="A", size=32)) == 5
+
+
+def test_training_on_crops_of_several_sizes_is_refused_in_one_line_cli_and_python(tmp_path):
+    """`cyto train` and cyto.train read the folder through the one rule, before any training."""
+    import cyto
+    from tests.cli_runner import run_cyto
+
+    data = tmp_path / "mix"
+    _crops(data, {"NILM": [40] * 6, "LSIL": [40, 120]})
+    first = f"{data} holds cell crops of 2 sizes (7 at 40 px, 1 at 120 px; the longer side)"
+    with pytest.raises(DatasetError, match=re.escape(first)):
+        cyto.train("dsvdd", data, tmp_path / "m.cyto", normal="NILM", preset="fast")
+    proc = run_cyto(
+        "train", "dsvdd", "--data", str(data), "--normal", "NILM", "--out",
+        str(tmp_path / "m.cyto"), "--preset", "fast",
+    )  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: {first}, e.g. {data / 'LSIL' / 'c01_120.png'}: ")
+    assert "the 1 crop(s) of 120 px would look 3x smaller than those of 40 px" in lines[0]
+    assert not (tmp_path / "m.cyto").exists()
+
+
+@pytest.mark.parametrize("what", ["empty", "txt"])
+def test_a_class_folder_without_images_is_said_so_not_called_an_unknown_name(tmp_path, what):
+    """Hostile round 18 (case 26): `--abnormal ASC-H` where ASC-H/ is empty (or `--normal
+    NILM` where NILM/ holds only a .txt) was "unknown class name(s) ASC-H in DIR": the name was
+    right, the folder holds no image."""
+    import cyto
+    from cyto.data.dataset import one_class_split
+    from tests.cli_runner import run_cyto
+
+    _crops(tmp_path, {"LSIL": [32, 32], "NILM": [32, 32]})
+    (tmp_path / "ASC-H").mkdir()
+    if what == "txt":
+        (tmp_path / "ASC-H" / "notes.txt").write_text("to scan")
+    line = (
+        f"the class folder(s) ASC-H in {tmp_path} exist but hold no image (readable types: "
+        ".jpg, .jpeg, .png, .tif, .tiff, .bmp): put the class's cell crops there, or name a "
+        "class that has them (LSIL, NILM)"
+    )
+    for call in (
+        lambda: PatchDataset.from_path(tmp_path, normal="NILM", abnormal="ASC-H"),
+        lambda: PatchDataset.from_path(tmp_path, normal="ASC-H"),
+        lambda: one_class_split({"LSIL": 2, "NILM": 2}, "NILM", "ASC-H", tmp_path),
+        lambda: cyto.train("dsvdd", tmp_path, tmp_path / "m.cyto", normal="ASC-H"),
+    ):
+        with pytest.raises(DatasetError) as err:
+            call()
+        assert str(err.value) == line
+    for args in (
+        ("train", "dsvdd", "--data", str(tmp_path), "--normal", "NILM", "--abnormal", "ASC-H",
+         "--out", str(tmp_path / "m.cyto")),
+        ("data", "info", str(tmp_path), "--normal", "NILM", "--abnormal", "ASC-H"),
+    ):  # fmt: skip
+        proc = run_cyto(*args)
+        assert proc.stderr.strip().splitlines() == [f"error: {line}"], proc.stderr
+    with pytest.raises(DatasetError, match="unknown class name"):  # a wrong name stays one
+        PatchDataset.from_path(tmp_path, normal="NILLM")

@@ -279,6 +279,7 @@ class PatchDataset:
         skip_unreadable: bool = False,
         cache_dir: Path | None = None,
         workers: int | None = None,
+        mixed_sizes: bool = False,
     ) -> PatchDataset:
         """Load a class folder or manifest.
 
@@ -291,11 +292,15 @@ class PatchDataset:
             skip_unreadable: skip (and count) unreadable files instead of failing.
             cache_dir: keep the decoded array as a ``.npy`` there and memory-map it next time.
             workers: decoding threads (default: the number of CPUs).
+            mixed_sizes: take crops of several sizes as spanning one field of view (each is
+                brought to ``size``); by default they are refused (:func:`refuse_mixed_sizes`).
         """
         records = load_records(Path(source))
         normal_t, abnormal_t = resolve_classes({r.cls for r in records}, normal, abnormal, source)
         chosen = [r for r in records if r.cls in normal_t or r.cls in abnormal_t]
         excluded = len(records) - len(chosen)
+        if not mixed_sizes:
+            refuse_mixed_sizes(chosen, source)
 
         images, keep, skipped, digests = _decode_all(chosen, size, skip_unreadable, workers)
         chosen = [chosen[i] for i in keep]
@@ -337,6 +342,16 @@ def resolve_classes(
         raise DatasetError(f"no normal class given: pass {passing('normal', 'CLASS[,CLASS...]')}")
     abnormal_t = parse_classes(abnormal)
     unknown = [c for c in (*normal_t, *(abnormal_t or ())) if c not in known_s]
+    # a class folder that exists but holds no image is not a wrong name: "unknown class ASC-H"
+    # sent a user hunting for a typo in a name that was right
+    folder = Path(source) if isinstance(source, (str, Path)) else None
+    empty = [c for c in unknown if folder is not None and (folder / c).is_dir()]
+    if empty:
+        raise DatasetError(
+            f"the class folder(s) {', '.join(empty)} in {source} exist but hold no image "
+            f"(readable types: {', '.join(IMAGE_SUFFIXES)}): put the class's cell crops there, "
+            f"or name a class that has them ({', '.join(known_s)})"
+        )
     if unknown:
         raise DatasetError(
             f"unknown class name(s) {', '.join(unknown)} in {source}; classes there: "
@@ -529,6 +544,52 @@ def _decode_all(
     if n < len(stack):  # files skipped: the rows they would have filled go, in place
         stack.resize((n, *stack.shape[1:]), refcheck=False)
     return stack, keep, skipped, digests
+
+
+#: the most the longer sides of a folder's crops may differ (longest over shortest) and still
+#: be read as one field of view: areas within 1.21x, inside the 0.8-1.25x band in which the
+#: scale check (cyto.data.scale) calls nuclei alike. PBC's 363 and 369 px crops pass; CRIC's
+#: 100 px crops padded to 300 px (the same pixel size) measured their nuclei 9x too small
+SIZE_SPREAD = 1.1
+
+
+def refuse_mixed_sizes(records: Sequence[PatchRecord], source: object = "the data") -> None:
+    """Refuse crops whose sides differ by more than :data:`SIZE_SPREAD`, from the file headers
+    alone: every reader brings each crop to one size, as if every crop spanned the same field
+    of view, so the cells of a crop of another size were measured and ranked at another scale
+    without a word. A crop cut at its image's edge (100 x 46 px) counts by its longer side: it
+    is padded, never resized. An unreadable file is left to the decoder to report.
+
+    Raises:
+        DatasetError: one line naming the sizes, their counts, an image of the rarest size and
+            what to do."""
+    from PIL import Image
+
+    sides: Counter[int] = Counter()
+    first: dict[int, Path] = {}
+    for r in records:
+        try:
+            with Image.open(r.path) as im:
+                side = max(im.size)
+        except Exception:  # noqa: BLE001 - decoding reports it with its path
+            continue
+        sides[side] += 1
+        first.setdefault(side, r.path)
+    if not sides or max(sides) <= SIZE_SPREAD * min(sides):
+        return
+    ranked = sides.most_common()
+    common, rare = ranked[0][0], ranked[-1][0]
+    ratio = max(common, rare) / min(common, rare)
+    look = "smaller" if rare > common else "larger"
+    counts = ", ".join(f"{n} at {s} px" for s, n in ranked[:4])
+    more = f" and {len(ranked) - 4} more sizes" if len(ranked) > 4 else ""
+    raise DatasetError(
+        f"{source} holds cell crops of {len(ranked)} sizes ({counts}{more}; the longer side), "
+        f"e.g. {first[rare]}: each crop is brought to one size as if all spanned the same field "
+        f"of view, so the cells of the {sides[rare]} crop(s) of {rare} px would look {ratio:.3g}x "
+        f"{look} than those of {common} px and be measured and ranked so; cut the crops alike "
+        "(one side at one pixel size), or sort them into folders by size and run each"
+    )
 
 
 def one_size(records: Iterable[PatchRecord]) -> bool:

@@ -341,6 +341,7 @@ def refine(
             device=device,
             overwrite=overwrite,
             extra_manifest={"refined_from": provenance},
+            mixed_sizes=True,  # the slide crops span the training patches' field of view
         )
         (work / "refined_from.json").write_text(json_text(provenance, indent=1))
         return {**provenance, "bundle": str(res.bundle), "seconds": res.seconds}

@@ -258,10 +258,12 @@ def train(
     overwrite: bool = False,
     extra_manifest: dict[str, Any] | None = None,
     echo=None,
+    mixed_sizes: bool = False,
 ) -> TrainResult:
     """Train ``method`` on a patch folder or manifest and write the bundle ``out``;
     ``extra_manifest``: more top-level manifest fields (e.g. ``refined_from``); ``echo`` says
-    what a stopped run kept."""
+    what a stopped run kept; ``mixed_sizes``: crops of several sizes span one field of view
+    (``cyto refine``'s slide crops beside the training patches), else they are refused."""
     # resume continues the interrupted run as it was started (replacing the bundle where that
     # run was asked to); overwrite starts a new one over it
     refuse_keep_and_replace(
@@ -284,7 +286,12 @@ def train(
         raise ConfigError(f"{passing('resume')}: no interrupted run to continue at {ckpt}")
     dev = resolve_device(device)
     ds = PatchDataset.from_path(
-        data, normal=normal, abnormal=abnormal, size=cfg.load_size, skip_unreadable=skip_unreadable
+        data,
+        normal=normal,
+        abnormal=abnormal,
+        size=cfg.load_size,
+        skip_unreadable=skip_unreadable,
+        mixed_sizes=mixed_sizes,
     )
     train_data = TrainData.from_dataset(ds)
     held = np.zeros(0, dtype=np.int64)
