@@ -30,7 +30,7 @@ from cyto.data.dataset import (
     resolve_classes,
 )
 from cyto.data.images import resize_rgb
-from cyto.data.scale import resolve_zoom, share_advice, zoom_patches
+from cyto.data.scale import normal_only, resolve_zoom, share_advice, zoom_patch, zoom_patches
 from cyto.errors import (
     ConfigError,
     DatasetError,
@@ -149,13 +149,16 @@ def predict(
                 f"({changed[0]}{', ...' if len(changed) > 1 else ''}); starting over"
             )
             done, _ = store.start(False, echo)
+        # the crops' side, where their pixel size is given: the zoom is the ratio of the fields
+        side = _common_side(records) if patch_mpp is not None else None
         if zooming:
             factor, how = _zoom(
-                store, zoom, patch_mpp, scorer.spec, records, skip_unreadable, Path(data).name
-            )
+                store, zoom, patch_mpp, scorer.spec, records, labels, normal, side,
+                skip_unreadable, Path(data).name,
+            )  # fmt: skip
         else:
             factor, how = 1.0, "none"
-        job = _Job(scorer, load, factor if zooming else None, batch_size, chunk, patch_mpp)
+        job = _Job(scorer, load, factor if zooming else None, batch_size, chunk, patch_mpp, side)
         try:
             job.run(records, store, done, skip_unreadable, Path(data).name)
             _say_inputs(job)
@@ -174,8 +177,10 @@ def predict(
         if labels is not None and not (labels[kept] == 0).any():
             raise DatasetError(f"no readable image of the normal class(es) {normal}")
         column = {c: rows[c].to_numpy(zero_copy_only=False)[kept] for c in _numbers()}
-        if not zooming:
-            advice = share_advice(scorer.spec.nucleus_fraction, column["scale_share"])
+        if not zooming:  # a labelled folder's scale is its normal class's
+            shares = normal_only(column["scale_share"], None if labels is None else labels[kept])
+            who = "these cells" if labels is None else f"the normal cells ({normal})"
+            advice = share_advice(scorer.spec.nucleus_fraction, shares, who)
             if advice is not None:
                 warnings.warn(advice, ScaleWarning, stacklevel=2)
         stain = _stain_check(scorer, records, kept, skip_unreadable)
@@ -249,11 +254,17 @@ def _numbers() -> tuple[str, ...]:
 class _Job:
     """Scores records chunk by chunk into a store: one row per record, read or skipped."""
 
-    def __init__(self, scorer, load, factor, batch_size: int, chunk: int, patch_mpp) -> None:
+    def __init__(
+        self, scorer, load, factor, batch_size: int, chunk: int, patch_mpp, side=None
+    ) -> None:
         self.scorer, self.load = scorer, load
         self.factor, self.batch_size, self.chunk = factor, batch_size, chunk
         #: the patches' own pixel size: the one given, else the model's training patches'
         self.mpp = patch_mpp or scorer.spec.mpp
+        self.given_mpp = patch_mpp
+        #: the crops' side ``factor`` is for (``patch_mpp``): a crop of another side spans
+        #: another field at that pixel size, and is zoomed by its own field
+        self.side = side
         #: what this run decoded that a user should hear of: grayscale or 16-bit images, and
         #: images that are not square (padded, never stretched)
         self.modes: list = []
@@ -263,8 +274,18 @@ class _Job:
     def patches(self, images: list[np.ndarray]) -> np.ndarray:
         """The chunk's images as the network takes them: zoomed, or at the load size."""
         if self.factor is not None:
-            return zoom_patches(images, self.factor, self.scorer.spec.crop_size)
+            size = self.scorer.spec.crop_size
+            zooms = self.zooms([max(im.shape[:2]) for im in images])
+            return np.stack([zoom_patch(im, z, size) for im, z in zip(images, zooms, strict=True)])
         return np.stack([resize_rgb(im, self.load) if self.load else im for im in images])
+
+    def zooms(self, sides) -> np.ndarray:
+        """The zoom of images of ``sides`` px (the longer side): ``factor``, scaled by the side
+        against :attr:`side` where the factor was found from the fields of view."""
+        sides = np.asarray(sides, dtype=np.float64)
+        if self.side is None:
+            return np.full(len(sides), self.factor, dtype=np.float64)
+        return self.factor * sides / self.side
 
     def measures(self, batch: np.ndarray, sizes: list[tuple[int, int]]) -> dict[str, np.ndarray]:
         """Each patch's morphometry (:mod:`cyto.detect.morphometry`) with the bundle's stain,
@@ -273,10 +294,12 @@ class _Job:
         from cyto.detect.morphometry import measure_stain
 
         out = measure_stain(batch, self.scorer.spec.crop_mpp, self.scorer.spec.stain)
-        if self.mpp and self.scorer.spec.crop_mpp is None:
-            side = np.array(
-                [min(hw) / self.factor if self.factor is not None else max(hw) for hw in sizes]
-            )
+        # the crops' own pixel size where it is given (over the field their zoom keeps: a
+        # square of the longer side, zoom_patch), else the model's crops' where recorded
+        if self.mpp and (self.given_mpp or self.scorer.spec.crop_mpp is None):
+            side = np.array([max(hw) for hw in sizes], dtype=np.float64)
+            if self.factor is not None:
+                side = side / self.zooms(side)
             out["nucleus_area_um2"] = np.where(
                 np.isnan(out["nucleus_od"]), np.nan, out["nucleus_share"] * (side * self.mpp) ** 2
             )
@@ -346,19 +369,43 @@ def _say_inputs(job: _Job) -> None:
         )
 
 
-def _zoom(store: ChunkStore, zoom, patch_mpp, spec, records, skip: bool, name: str):
-    """(factor, how) for ``--zoom``/``--patch-mpp``; a resumed run's chunks keep the factor
-    they were scored at (``--zoom auto`` is not measured again)."""
+def _zoom(
+    store: ChunkStore, zoom, patch_mpp, spec, records, labels, normal, side, skip: bool, name: str
+):
+    """(factor, how) for ``--zoom``/``--patch-mpp`` (from the crops' ``side`` against the
+    model's training patches'); ``--zoom auto`` measures the normal class of a labelled folder
+    (:func:`~cyto.data.scale.normal_only`). A resumed run's chunks keep the factor they were
+    scored at (``--zoom auto`` is not measured again)."""
     saved = store.dir / ZOOM_FILE
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # none, or unreadable
         entry = json.loads(saved.read_text())
         return float(entry["factor"]), str(entry["how"])
+    judged = normal_only(records, labels)
     factor, how = resolve_zoom(
         zoom, patch_mpp, spec.mpp, spec.nucleus_fraction,
-        lambda: _nucleus_shares(records, spec.crop_size, spec.stain, skip, name),  # auto only
+        lambda: _nucleus_shares(judged, spec.crop_size, spec.stain, skip, name),  # auto only
+        patch_side=side, model_side=spec.patch_px,
+        normal=None if labels is None else normal,
     )  # fmt: skip
     atomic_write(saved, json_text({"factor": factor, "how": how}).encode())
     return factor, how
+
+
+def _common_side(records) -> int | None:
+    """The most common side (the longer one) of the records' images, from their headers, as
+    training records its patches' (``patch_px``); None when none can be read."""
+    from collections import Counter
+
+    from PIL import Image
+
+    sides: Counter = Counter()
+    for r in records:
+        try:
+            with Image.open(r.path) as im:
+                sides[max(im.size)] += 1
+        except Exception:  # noqa: BLE001 - decoding reports it with its path
+            continue
+    return sides.most_common(1)[0][0] if sides else None
 
 
 def _nucleus_shares(records, size: int, stain: str, skip: bool, name: str) -> np.ndarray:

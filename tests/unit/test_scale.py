@@ -164,6 +164,39 @@ def test_a_zoom_the_caller_gave_is_named_as_given_never_told_to_give_one():
         check_zoom(9.0)
 
 
+def test_the_zoom_from_pixel_sizes_is_the_ratio_of_the_fields_of_view():
+    """Hostile round 18 (case 10): crops of 200 px at 0.129 um/px (the model's 100 px at 0.258,
+    upsampled 2x) were zoomed 0.5x by the pixel sizes alone, halving the cells."""
+    shares = nucleus_fraction(np.stack([_cell(48, 8)] * 3))
+    same = resolve_zoom(None, 0.129, 0.258, None, shares, patch_side=200, model_side=100)
+    assert same == (
+        1.0,
+        "the fields of view: 200 px x 0.129 um against the model's 100 px x 0.258 um",
+    )
+    wider = resolve_zoom(None, 0.258, 0.258, None, shares, patch_side=200, model_side=100)
+    assert wider[0] == pytest.approx(2.0)  # twice the field: its centre half
+    with pytest.raises(ConfigError) as err:
+        resolve_zoom(None, 2.0, 0.25, None, shares, patch_side=100, model_side=100)
+    assert str(err.value) == (
+        "--patch-mpp 2.0 on crops of 100 px against the model's 100 px at 0.25 um per pixel, a "
+        "zoom of 8, is outside 0.25..4: these patches are not at a scale a resampling can fix "
+        "(check the pixel sizes)"
+    )
+
+
+def test_a_labelled_folders_scale_is_its_normal_classs():
+    """Hostile round 18 (case 9): the median took a labelled folder's abnormal cells too."""
+    from cyto.data.scale import normal_only
+
+    shares = np.array([0.1, 0.4, 0.1, 0.4, 0.4])
+    labels = np.array([0, 1, 0, 1, 1])
+    assert normal_only(shares, labels).tolist() == [0.1, 0.1]
+    assert normal_only(list("abcde"), labels) == ["a", "c"]
+    assert normal_only(shares, None) is shares  # no labels: every cell
+    factor, how = resolve_zoom("auto", None, None, 0.1, normal_only(shares, labels), normal="NILM")
+    assert factor == 1.0 and "these nuclei (the normal class, NILM) measure 1x" in how
+
+
 def test_predict_names_the_zoom_it_was_given(exported_dsvdd, synth_patches, tmp_path):
     """The same through the public call and the command line, before anything is written."""
     import cyto

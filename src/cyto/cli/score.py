@@ -58,13 +58,16 @@ def predict_cmd(
         typer.Option(
             help="Bring patches of another scanner to the training scale: a factor (1.7: the "
             "cells look 1.7x smaller than at training), or auto (from the median nucleus size "
-            "of the patches against the training normals'; assumes most patches are normal)."
+            "of the patches against the training normals'; of the --normal class where given, "
+            "else of every patch)."
         ),
     ] = None,
     patch_mpp: Annotated[
         float | None,
         typer.Option(
-            help="um per pixel of these patches: zoom by it over the model's training mpp."
+            help="um per pixel of these patches: zoom by their field (side x um per pixel) "
+            "over the model's training patches' (200 px at 0.129 on a model of 100 px at 0.258: "
+            "zoom 1)."
         ),
     ] = None,
     skip_verify: SkipVerify = False,

@@ -6,12 +6,16 @@ pixels per micron looks like a small, abnormal thing (bone marrow vs peripheral 
 its size: > 1 enlarges (centre crop), < 1 shrinks (the border filled with the patch's own
 background colour).
 
-The factor comes from the pixel sizes (``patch mpp / model mpp``) when both are known, or is
-estimated from the cells: :func:`nucleus_fraction` measures the share of a patch covered by
+The factor comes from the fields of view when the pixel sizes are known
+(:func:`field_zoom`: the patches' side in px times their um per pixel, against the model's
+training patches'; crops of 200 px at 0.129 um/px show the model's 100 px at 0.258, zoom 1), or
+is estimated from the cells: :func:`nucleus_fraction` measures the share of a patch covered by
 nucleus, and :func:`zoom_from_nuclei` compares the median over a folder with the median over
-the training normals that the bundle records. The median over a folder stands for its normal
-cells when most of them are normal (a slide, a screening folder); a folder balanced between
-classes shifts it, and that is said where it is used.
+the training normals that the bundle records. Where a folder's labels say which cells are
+normal, the median is over those alone (:func:`normal_only`: a labelled folder half of
+enlarged nuclei looked 1.28x larger than its own training scale); without labels it stands for
+the normal cells when most of them are normal (a slide, a screening folder), and a folder
+balanced between classes shifts it, which is said where it is used.
 """
 
 from __future__ import annotations
@@ -83,6 +87,32 @@ def zoom_from_shares(reference: float, shares) -> float:
     return check_zoom(factor)
 
 
+def normal_only(items, labels):
+    """The cells a folder's scale is judged by (the scale check, ``zoom auto``): those of the
+    normal class (label 0) where ``labels`` are known, every one where they are None. An
+    abnormal class's enlarged nuclei are not the scale of the folder (hostile round 18: half
+    LSIL at the training scale was told "these cells look 1.28x larger")."""
+    if labels is None:
+        return items
+    keep = np.asarray(labels) == 0
+    if isinstance(items, np.ndarray):
+        return items[keep]
+    return [item for item, normal in zip(items, keep, strict=True) if normal]
+
+
+def field_zoom(
+    patch_mpp: float, model_mpp: float, patch_side: int | None, model_side: int | None
+) -> float:
+    """The zoom that shows patches of ``patch_side`` px at ``patch_mpp`` um/px as the model's
+    training patches (``model_side`` px at ``model_mpp``): the ratio of their fields of view, so
+    a crop of the model's field at another pixel size gets 1 (it is resized, not zoomed) and a
+    wider field its centre. Either side unknown: the ratio of pixel sizes (the sides taken as
+    equal)."""
+    if patch_side and model_side:
+        return patch_side * patch_mpp / (model_side * model_mpp)
+    return patch_mpp / model_mpp
+
+
 def _factor(reference: float, median: float) -> float | None:
     if not reference > 0 or not median > 0:
         return None
@@ -132,8 +162,10 @@ def scale_advice(model_nuclei: float | None, images) -> str | None:
     return share_advice(model_nuclei, nucleus_fraction(images))
 
 
-def share_advice(model_nuclei: float | None, shares) -> str | None:
-    """:func:`scale_advice` from the patches' nucleus shares (:func:`nucleus_fraction`)."""
+def share_advice(model_nuclei: float | None, shares, who: str = "these cells") -> str | None:
+    """:func:`scale_advice` from the patches' nucleus shares (:func:`nucleus_fraction`);
+    ``who`` names the cells they are of (a labelled folder's normal class:
+    :func:`normal_only`)."""
     check = None if model_nuclei is None else share_check(model_nuclei, shares)
     if check is None or not check["advised"]:
         return None
@@ -143,7 +175,7 @@ def share_advice(model_nuclei: float | None, shares) -> str | None:
         else "a model trained at this scale is advised (a zoom below 1 ranked worse than none)"
     )
     return (
-        f"these cells {look_words(check)}; a one-class model can rank another scale's normal "
+        f"{who} {look_words(check)}; a one-class model can rank another scale's normal "
         f"cells as the most abnormal: {advice}"
     )
 
@@ -200,10 +232,16 @@ def resolve_zoom(
     model_mpp: float | None,
     model_nuclei: float | None,
     shares,
+    patch_side: int | None = None,
+    model_side: int | None = None,
+    normal: str | None = None,
 ) -> tuple[float, str]:
-    """(factor, how it was found) for ``--zoom FACTOR|auto`` or ``--patch-mpp UM``; ``shares``
+    """(factor, how it was found) for ``--zoom FACTOR|auto`` or ``--patch-mpp UM``. ``shares``
     (the nucleus shares of the patches at the model's load size, :func:`nucleus_fraction`, or
-    a function that gives them) serve ``auto`` only."""
+    a function that gives them) serve ``auto`` only: those of the normal class ``normal`` where
+    the folder is labelled (:func:`normal_only`), else of every patch. ``patch_side`` (the
+    patches' side in px) and ``model_side`` (the training patches') serve ``patch_mpp``: the
+    zoom is the ratio of the fields of view (:func:`field_zoom`)."""
     if zoom is not None and patch_mpp is not None:
         raise ConfigError(f"give {said('zoom')} or {said('patch_mpp')}, not both")
     if patch_mpp is not None:
@@ -215,15 +253,27 @@ def resolve_zoom(
                 f"{setting('mpp', UM_PER_PX)}); pass {passing('zoom', FACTOR)} or "
                 f"{passing('zoom', 'auto')} instead"
             )
-        factor = patch_mpp / model_mpp
-        given = (
-            f"{passing('patch_mpp', patch_mpp)} over the model's {model_mpp:g} um per pixel, a "
-            f"zoom of {factor:.3g},"
-        )
+        factor = field_zoom(patch_mpp, model_mpp, patch_side, model_side)
+        if patch_side and model_side:
+            given = (
+                f"{passing('patch_mpp', patch_mpp)} on crops of {patch_side} px against the "
+                f"model's {model_side} px at {model_mpp:g} um per pixel, a zoom of {factor:.3g},"
+            )
+            how = (
+                f"the fields of view: {patch_side} px x {patch_mpp:g} um against the model's "
+                f"{model_side} px x {model_mpp:g} um"
+            )
+        else:
+            given = (
+                f"{passing('patch_mpp', patch_mpp)} over the model's {model_mpp:g} um per pixel, "
+                f"a zoom of {factor:.3g},"
+            )
+            how = (
+                f"the pixel sizes: {patch_mpp:g} / {model_mpp:g} um per pixel (the model "
+                "records no crop side: taken as these crops')"
+            )
         fix = "these patches are not at a scale a resampling can fix (check the pixel sizes)"
-        return check_zoom(factor, given, fix), (
-            f"the pixel sizes: {patch_mpp:g} / {model_mpp:g} um per pixel"
-        )
+        return check_zoom(factor, given, fix), how
     if zoom is None:
         return 1.0, "none"
     if str(zoom).strip().lower() == "auto":
@@ -234,22 +284,24 @@ def resolve_zoom(
                 f"{passing('patch_mpp', UM_PER_PX)}"
             )
         factor = zoom_from_shares(model_nuclei, shares() if callable(shares) else shares)
+        of = f" (the normal class, {normal})" if normal else ""
         if factor > ADVISE_ZOOM:
             return factor, (
-                "the median nucleus size of these patches against the training normals' "
-                "(assumes most patches show normal cells)"
-            )
+                f"the median nucleus size of these patches{of} against the training normals' "
+                + ("" if normal else "(assumes most patches show normal cells)")
+            ).rstrip()
         # a zoom below 1 shrinks the cells into a border the model never saw: measured, it
         # ranked worse than none (home patches at 0.927x: AUROC 0.842 against 0.885; bone
         # marrow by a blood model: 0.60 against 0.71), so auto never zooms out, nor within
         # the scatter of one lab's own nucleus sizes
         if factor >= 1 / ADVISE_ZOOM:
             return 1.0, (
-                f"auto, kept at 1: these nuclei measure {factor:.3g}x the training normals', "
+                f"auto, kept at 1: these nuclei{of} measure {factor:.3g}x the training "
+                "normals', "
                 f"within {1 / ADVISE_ZOOM:.2g}-{ADVISE_ZOOM:g}x (the training scale)"
             )
         return 1.0, (
-            f"auto, kept at 1: these cells look {1 / factor:.2f}x larger than the training "
+            f"auto, kept at 1: these cells{of} look {1 / factor:.2f}x larger than the training "
             "cells, and a zoom below 1 ranked worse than none where measured; a model trained "
             "at this scale is advised"
         )
