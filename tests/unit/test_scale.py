@@ -238,7 +238,9 @@ def test_the_scale_warning_advises_only_the_flags_not_given(given, model_mpp, ad
     plan = SimpleNamespace(
         slide=SimpleNamespace(name="pap.tif"), res=Resolution(0.25, model_mpp, None, 96)
     )
-    scorer = SimpleNamespace(spec=SimpleNamespace(centre_nucleus_fraction=0.2, patch_px=96))
+    scorer = SimpleNamespace(
+        spec=SimpleNamespace(centre_nucleus_fraction=0.2, patch_px=96, stain="mgg")
+    )
     shares = [np.full(50, 0.2 / 2.2**2)]  # cells 2.2x smaller than the model's
 
     def said(opts) -> str:
@@ -262,6 +264,50 @@ def test_the_scale_warning_advises_only_the_flags_not_given(given, model_mpp, ad
     with python_words("score_slide"):  # a Python caller is told its own argument names
         line = said(ScoreOptions(patch_size=96, **given))
     assert "--" not in line and "UM_PER_PX'" not in line, line
+
+
+def test_a_detection_other_than_the_models_stains_is_named_as_the_cause():
+    """Hostile round 18 (case 17): the MGG detection on a Pap model's slide made its cells look
+    2x larger, and the warning asked whether the resolution was right (pass --mpp, --rescale),
+    advice that makes a right slide wrong. The detection is named, here and in adequacy's reason;
+    the model's own detection (auto) gives the resolution's words as before."""
+    from types import SimpleNamespace
+
+    from cyto.detect import detection_preset
+    from cyto.infer import ScoreOptions
+    from cyto.infer.pipeline import _check_scale
+    from cyto.infer.tiling import Resolution
+    from cyto.stats import adequacy
+
+    plan = SimpleNamespace(
+        slide=SimpleNamespace(name="s.tif"), res=Resolution(0.25, 0.25, None, 96)
+    )
+    shares = [np.full(50, 0.2 * 2.0**2)]  # cells 2x larger than the model's
+    for stain, other, own in (("pap", "smear", "pap"), ("mgg", "pap", "smear")):
+        scorer = SimpleNamespace(
+            spec=SimpleNamespace(centre_nucleus_fraction=0.2, patch_px=96, stain=stain)
+        )
+        lines: list[str] = []
+        opts = ScoreOptions(patch_size=96, detection=detection_preset(other))
+        check = _check_scale(shares, plan, scorer, opts, lines.append)
+        assert lines == [
+            "warning: the cells of s.tif look 2.00x larger than the model's training cells "
+            "(median nucleus share 0.800 against 0.200): --detection "
+            f"{other} is not the detection of the model's {stain}-stained training cells "
+            f"({own}): it finds and measures their nuclei otherwise; leave out --detection "
+            f"(auto takes {own})"
+        ]
+        m = {"cells_detected": 100, "cells_evaluable": 0, "not_evaluable_share": 1.0,
+             "crowded_share": 0.0, "cell_scale": {**check, "off_scale": True}}  # fmt: skip
+        (reason, *_) = adequacy.judge(adequacy.PRESETS["general"], m)["reasons"]
+        assert reason.endswith(
+            f"--detection {other} is not the detection of the model's training cells ({own}): "
+            "leave out --detection)"
+        ), reason
+        lines.clear()
+        own_opts = ScoreOptions(patch_size=96, detection=detection_preset(own))
+        _check_scale(shares, plan, scorer, own_opts, lines.append)
+        assert "is its resolution right?" in lines[0] and "--detection" not in lines[0]
 
 
 def test_rescale_without_an_mpp_names_the_one_lacking():

@@ -23,7 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.data.images import IMAGE_SUFFIXES, decode_image, mode_words, resize_rgb
+from cyto.data.images import (
+    IMAGE_SUFFIXES,
+    MIN_CELL_SIDE,
+    decode_image,
+    mode_words,
+    resize_rgb,
+)
 from cyto.errors import (
     ConfigError,
     CytoError,
@@ -572,6 +578,8 @@ def refuse_mixed_sizes(records: Sequence[PatchRecord], source: object = "the dat
             with Image.open(r.path) as im:
                 side = max(im.size)
         except Exception:  # noqa: BLE001 - decoding reports it with its path
+            continue
+        if side < MIN_CELL_SIDE:  # no cell: the decoder refuses it as unreadable, by name
             continue
         sides[side] += 1
         first.setdefault(side, r.path)
