@@ -488,7 +488,7 @@ def test_the_scoring_loop_trims_malloc_as_it_goes(model, slide, tmp_path, monkey
 
 
 def test_the_ranking_is_what_the_held_back_cells_ranked_best_or_the_one_asked_for(
-    tmp_path, trained, slide, exported_bundles
+    tmp_path, trained, exported_bundles
 ):
     """`cyto train` with abnormal classes beside the normal ones holds back cells and records how
     the model, the morphometric score and their fusion rank them; `cyto score` ranks by the best
@@ -499,6 +499,12 @@ def test_the_ranking_is_what_the_held_back_cells_ranked_best_or_the_one_asked_fo
     from cyto.data.morphometry import choose_ranking
 
     bundle = trained  # `cyto train` with held-back cells (what ranks is tested, not how well)
+    # scored six times: a slide a third the module's, with its planted abnormal cells
+    slide = write_slide(
+        tmp_path / "slide" / "s.tif",
+        SlideSynthConfig(width=768, height=768, seed=2, abnormal_fraction=0.1),
+        workers=0,
+    )
     validation = load_bundle(bundle, weights=False).spec.validation
     assert validation["normal_cells"] == 24 and validation["abnormal_cells"] == 72
     tables, summaries = {}, {}
