@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from cyto.data.synth.cells import MPP_AT_SCALE_1
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.infer.patches import crop_cells
 from cyto.slides import open_slide
@@ -29,6 +30,23 @@ def score_cli(slides, model, out, *extra: str, process: bool = False):
 @pytest.fixture(scope="module")
 def model(exported_dsvdd):
     return exported_dsvdd
+
+
+@pytest.fixture(scope="module")
+def trained(synth_patches, tmp_path_factory):
+    """A Deep SVDD bundle from `cyto train`'s library call on the synthetic patches (normal
+    beside abnormal classes: it holds back cells and records how the model, the morphometric
+    score and their fusion rank them), at the synthetic slides' default resolution. What ranks
+    the cells and the scale check (the training normals' nuclei) are tested with it, not how
+    well it ranks: no autoencoder, one view. Trained once for the tests that only read it."""
+    from cyto.data.synth.cells import DEFAULT_SCALE, MPP_AT_SCALE_1
+    from cyto.train.api import train
+
+    mpp = round(MPP_AT_SCALE_1 / DEFAULT_SCALE, 4)
+    bundle = tmp_path_factory.mktemp("trained") / "m.cyto"
+    overrides = ["epochs=1", "ae_epochs=0", "n_seeds=1", "tta_views=orig", f"mpp={mpp}"]
+    train("dsvdd", synth_patches, bundle, normal="normal", preset="fast", overrides=overrides)
+    return bundle
 
 
 @pytest.fixture(scope="module")
@@ -413,18 +431,17 @@ def test_peak_memory_does_not_grow_with_slide_size(model, tmp_path):
         )
 
 
-def test_score_says_when_the_cells_are_at_another_scale(tmp_path, synth_patches):
+def test_score_says_when_the_cells_are_at_another_scale(tmp_path, trained):
     """Metadata that misstate a slide's resolution (its cells 0.6x the training cells' size at
     the model's stated mpp): `cyto score` warns that the cells look smaller and estimates the
     true mpp; at the training scale it says nothing. summary.json records the check either way."""
-    from cyto.data.synth.cells import DEFAULT_SCALE, MPP_AT_SCALE_1
-    from cyto.train.api import train
+    from cyto.bundle import load_bundle
+    from cyto.data.synth.cells import DEFAULT_SCALE
 
-    mpp = round(MPP_AT_SCALE_1 / DEFAULT_SCALE, 4)
-    bundle = tmp_path / "m.cyto"
+    bundle = trained
     # the check reads the training normals' nuclei, not the network: no autoencoder, one view
-    overrides = ["epochs=1", "ae_epochs=0", "n_seeds=1", "tta_views=orig", f"mpp={mpp}"]
-    train("dsvdd", synth_patches, bundle, normal="normal", preset="fast", overrides=overrides)
+    mpp = load_bundle(bundle, weights=False).spec.mpp
+    assert mpp == round(MPP_AT_SCALE_1 / DEFAULT_SCALE, 4)
     for name, scale in (("same", DEFAULT_SCALE), ("small", 0.6 * DEFAULT_SCALE)):
         cfg = SlideSynthConfig(width=1024, height=1024, seed=5, scale=scale, mpp=mpp)
         slide = write_slide(tmp_path / f"{name}.tif", cfg).paths[0]
@@ -445,7 +462,6 @@ def test_score_says_when_the_cells_are_at_another_scale(tmp_path, synth_patches)
     # the slide at the training scale cut with half the model's crop side: its cells look twice
     # as large, and the warning names --patch-size, not the slide's resolution (it said "is its
     # resolution right? ... pass its true --mpp"; issue 68, hostile round 3)
-    from cyto.bundle import load_bundle
     from cyto.infer.options import DEFAULT_PATCH
 
     half = (load_bundle(bundle, weights=False).spec.patch_px or DEFAULT_PATCH) // 2
@@ -472,7 +488,7 @@ def test_the_scoring_loop_trims_malloc_as_it_goes(model, slide, tmp_path, monkey
 
 
 def test_the_ranking_is_what_the_held_back_cells_ranked_best_or_the_one_asked_for(
-    tmp_path, synth_patches, slide, exported_bundles
+    tmp_path, trained, exported_bundles
 ):
     """`cyto train` with abnormal classes beside the normal ones holds back cells and records how
     the model, the morphometric score and their fusion rank them; `cyto score` ranks by the best
@@ -481,14 +497,14 @@ def test_the_ranking_is_what_the_held_back_cells_ranked_best_or_the_one_asked_fo
     ranked by the model, and refuses a morphometric ranking before any work."""
     from cyto.bundle import load_bundle
     from cyto.data.morphometry import choose_ranking
-    from cyto.train.api import train
 
-    bundle = tmp_path / "m.cyto"
-    # what ranks the cells is tested here, not how well they rank: no autoencoder, one view
-    train(
-        "dsvdd", synth_patches, bundle, normal="normal", preset="fast",
-        overrides=["epochs=1", "ae_epochs=0", "n_seeds=1", "tta_views=orig"],
-    )  # fmt: skip
+    bundle = trained  # `cyto train` with held-back cells (what ranks is tested, not how well)
+    # scored six times: a slide a third the module's, with its planted abnormal cells
+    slide = write_slide(
+        tmp_path / "slide" / "s.tif",
+        SlideSynthConfig(width=768, height=768, seed=2, abnormal_fraction=0.1),
+        workers=0,
+    )
     validation = load_bundle(bundle, weights=False).spec.validation
     assert validation["normal_cells"] == 24 and validation["abnormal_cells"] == 72
     tables, summaries = {}, {}

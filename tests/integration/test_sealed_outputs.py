@@ -408,17 +408,29 @@ def test_calibrate_refuses_a_table_that_names_no_model(calibrated, tmp_path):
         calibrate_from_tables(copy, [tmp_path / "plain.parquet"], min_cells=50, overwrite=True)
 
 
-def test_an_edited_predict_table_is_not_evaluated_as_cyto_s(
-    exported_dsvdd, synth_patches, tmp_path
-):
+@pytest.fixture(scope="module")
+def predicted(exported_dsvdd, synth_patches, tmp_path_factory) -> Path:
+    """A `cyto predict` table (read, never changed, by the tests that take it) of a sixth of the
+    synthetic patches: 20 normal and 12 abnormal, every class."""
+    import cyto
+
+    root = tmp_path_factory.mktemp("predicted")
+    for cls in sorted(synth_patches.iterdir()):
+        (root / "patches" / cls.name).mkdir(parents=True)
+        for f in sorted(cls.iterdir())[::6]:
+            shutil.copy(f, root / "patches" / cls.name / f.name)
+    out = root / "p.parquet"
+    cyto.predict(exported_dsvdd, root / "patches", out, normal="normal", echo=None)
+    return out
+
+
+def test_an_edited_predict_table_is_not_evaluated_as_cyto_s(predicted, tmp_path):
     """Hostile round 5 (WS 2.10): a predict table with its abnormal cells' scores raised by
     100 (cyto's metadata kept) gave AUROC 1.0 in `cyto eval scores`. Refused in one line; the
     table as predict wrote it is evaluated."""
-    import cyto
     from tests.cli_runner import run_cyto
 
-    out = tmp_path / "p.parquet"
-    cyto.predict(exported_dsvdd, synth_patches, out, normal="normal", echo=None)
+    out = predicted
     assert run_cyto("eval", "scores", str(out)).returncode == 0
     _edit_column(out, tmp_path / "forged.parquet", "score", lambda v: v + 100)
     proc = run_cyto("eval", "scores", str(tmp_path / "forged.parquet"))
@@ -427,14 +439,12 @@ def test_an_edited_predict_table_is_not_evaluated_as_cyto_s(
     )
 
 
-def test_calibrate_names_a_predict_table_as_one(exported_dsvdd, synth_patches, tmp_path):
+def test_calibrate_names_a_predict_table_as_one(exported_dsvdd, predicted, tmp_path):
     """Hostile round 6 (N27): a `cyto predict` table given to calibrate was said to be "a slide
     scored with --truth holding 120 abnormal cell(s)"."""
-    import cyto
     from cyto.stats.calibrate import calibrate_from_tables
 
-    out = tmp_path / "p.parquet"
-    cyto.predict(exported_dsvdd, synth_patches, out, normal="normal", echo=None)
+    out = predicted
     copy = tmp_path / "m.cyto"
     shutil.copytree(exported_dsvdd, copy)
     with pytest.raises(ConfigError, match=r"is a table of patches \(cyto predict\), not a slide"):

@@ -160,23 +160,35 @@ def test_another_slide_is_no_focal_plane(exported_dsvdd, two, tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
+def _every(src, dst, k: int):
+    """Every ``k``-th file of each class folder of ``src``, copied to ``dst``."""
+    import shutil
+
+    for cls in sorted(src.iterdir()):
+        (dst / cls.name).mkdir(parents=True)
+        for f in sorted(cls.iterdir())[::k]:
+            shutil.copy(f, dst / cls.name / f.name)
+    return dst
+
+
 def test_results_are_replaced_only_with_overwrite(exported_dsvdd, synth_patches, tmp_path):
     """cyto predict replaced an existing --out table without --overwrite (train, synth and
     data cells refuse); so did data mosaic, a review report into another folder and demo."""
+    # what is refused is the existing --out, not its size: a sixth of the patches (32 images,
+    # every class) makes each predict's table
+    data = _every(synth_patches, tmp_path / "patches", 6)
     table = tmp_path / "t.parquet"
     first = run_cyto(
-        "predict", str(exported_dsvdd), "--data", str(synth_patches), "--out", str(table),
+        "predict", str(exported_dsvdd), "--data", str(data), "--out", str(table),
         "--skip-verify",
     )  # fmt: skip
     assert first.returncode == 0, first.stderr
     before = table.read_bytes()  # the last run's table
-    proc = run_cyto(
-        "predict", str(exported_dsvdd), "--data", str(synth_patches), "--out", str(table)
-    )
+    proc = run_cyto("predict", str(exported_dsvdd), "--data", str(data), "--out", str(table))
     _one_line_error(proc, f"--out {table} exists", "--overwrite")
     assert table.read_bytes() == before
     proc = run_cyto(
-        "predict", str(exported_dsvdd), "--data", str(synth_patches), "--out", str(table),
+        "predict", str(exported_dsvdd), "--data", str(data), "--out", str(table),
         "--overwrite", "--skip-verify",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
