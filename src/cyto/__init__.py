@@ -189,15 +189,6 @@ def cache_dir(*given, **named) -> _Path:
 _SAID_CACHE: set[str] = set()
 
 
-def _refuse_unusable_cache() -> None:
-    """A ``CYTO_CACHE_DIR`` the user named that cannot be cyto's cache is refused before any
-    work: the CLI and the Python API's front door call this first (``cyto export`` wrote the
-    bundle's graph, then was refused where it first used the cache). The default folder is left
-    to :func:`cache_dir`, which falls back with a word where it is used."""
-    if (_os.environ.get("CYTO_CACHE_DIR") or "").strip():
-        cache_dir()
-
-
 def _numba_cache_dir() -> str:
     """Where numba keeps compiled kernels: ``$NUMBA_CACHE_DIR`` when set, else cyto's user cache
     (:func:`cache_dir`)."""

@@ -33,14 +33,13 @@ def _front_door(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
-        from cyto import _refuse_unusable_cache
         from cyto.flags import bind_call, hints_of, python_words
-        from cyto.location import refuse_urls
+        from cyto.location import refuse_unusable_cache, refuse_urls
         from cyto.runtime.scorer import Scorer
 
         with python_words(func.__name__):
             bound = bind_call(func, args, kwargs, {"Scorer": Scorer})
-            _refuse_unusable_cache()
+            refuse_unusable_cache()
             # a URL for an argument that takes a local path only, refused by name before it
             # is turned into a path (https:/host/...) and reported missing
             refuse_urls(bound.arguments, hints_of(func, {"Scorer": Scorer}))

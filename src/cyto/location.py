@@ -492,3 +492,16 @@ def refuse_urls(given: dict, hints: dict) -> None:
         mark = local_of(hints.get(field))
         if mark is not None and isinstance(value, (str, os.PathLike)):
             local_path(field, value, mark.what)
+
+
+def refuse_unusable_cache() -> None:
+    """A ``CYTO_CACHE_DIR`` the user named that cannot be cyto's cache is refused before any
+    work: the CLI and the Python API's front door call this first (``cyto export`` wrote the
+    bundle's graph, then was refused where it first used the cache). The default folder is left
+    to :func:`cyto.cache_dir`, which falls back with a word where it is used."""
+    import os
+
+    from cyto import cache_dir
+
+    if (os.environ.get("CYTO_CACHE_DIR") or "").strip():
+        cache_dir()

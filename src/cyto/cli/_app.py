@@ -89,9 +89,9 @@ def _root(
     """cyto: one-class models rank every cell of a slide by how abnormal it looks."""
     asks_help = any(a in ctx.help_option_names for a in sys.argv[1:])
     if ctx.invoked_subcommand != "doctor" and not asks_help:  # doctor shows the cache's state
-        from cyto import _refuse_unusable_cache
+        from cyto.location import refuse_unusable_cache
 
-        _refuse_unusable_cache()
+        refuse_unusable_cache()
 
 
 # cyto score and cyto predict: the one switch that scores without the check on golden cells
