@@ -632,3 +632,25 @@ def test_truth_outside_the_slide_gives_strict_json(model, slide, tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = _strict((tmp_path / "out" / "s" / "summary.json").read_text())
     assert "truth" in summary
+
+
+def test_cells_that_look_as_the_models_outweigh_a_misstated_resolution(trained, tmp_path):
+    """Hostile round 18 (case 18): a slide whose cells are at the model's scale but whose
+    metadata record twice the pixel size was "unsatisfactory, 0 evaluable cells: ... pass
+    --rescale" while its cells' own check matched the model. The cells are believed: the
+    recorded resolution is said to be the suspect, with the mpp to pass, and they are judged."""
+    from cyto.data.synth.cells import DEFAULT_SCALE
+
+    mpp = round(MPP_AT_SCALE_1 / DEFAULT_SCALE, 4)  # the model's
+    cfg = SlideSynthConfig(width=1024, height=1024, seed=5, mpp=2 * mpp)  # cells at the model's
+    wrong = write_slide(tmp_path / "w.tif", cfg).paths[0]
+    proc = score_cli(wrong, trained, tmp_path / "out", "--workers", "0", "--mosaic", "0")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
+    assert "the cells of w.tif look as the model's training cells" in said, said
+    assert "its recorded resolution is likely wrong" in said
+    assert f"pass --mpp {mpp:.3g}" in said, said
+    summary = json.loads((tmp_path / "out" / "w" / "summary.json").read_text())
+    scale = summary["adequacy"]["cell_scale"]
+    assert scale["mpp_contradicted"] and not scale["mpp_off_scale"] and not scale["off_scale"]
+    assert summary["adequacy"]["cells_evaluable"] > 0

@@ -366,6 +366,27 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
         return None
     check["advised"] = bool(check["advised"] and opts.detection.kind in ("smear", "pap"))
     res = plan.res
+    from cyto.data.scale import ADVISE_ZOOM
+
+    ratio = None if opts.rescale else res.mpp_ratio  # the model's mpp over the slide's
+    if (
+        ratio is not None
+        and not 1 / ADVISE_ZOOM <= ratio <= ADVISE_ZOOM
+        and opts.detection.kind in ("smear", "pap")
+        and not check["advised"]
+        and check["factor"] is not None
+    ):
+        # the recorded resolutions say the cells look another size; they look as the model's
+        check["mpp_contradicted"] = True
+        times, how = (ratio, "larger") if ratio > 1 else (1 / ratio, "smaller")
+        echo(
+            f"warning: the cells of {plan.slide.name} look as the model's training cells "
+            f"(median nucleus share {check['median_nucleus_share']:.3f} against "
+            f"{check['model_nucleus_share']:.3f}), though its recorded {res.slide_mpp:.3g} um/px "
+            f"against the model's {res.model_mpp:.3g} would make them {times:.3g}x {how}: its "
+            f"recorded resolution is likely wrong, and they are judged as they look (if they "
+            f"are at the model's, pass {passing('slide_mpp', res.model_mpp)})"
+        )
     # a --patch-size other than the model's cuts its cells at another scale (a crop half the
     # side shows cells twice as large): that, not the slide's mpp, is then the cause
     own = scorer.spec.patch_px or DEFAULT_PATCH

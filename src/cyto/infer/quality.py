@@ -237,6 +237,10 @@ def slide_adequacy(
     from cyto.data.scale import ADVISE_ZOOM
 
     mpp_off = mpp_ratio is not None and not 1 / ADVISE_ZOOM <= mpp_ratio <= ADVISE_ZOOM
+    # the cells look as the model's where the recorded resolutions say they cannot: the slide's
+    # recorded mpp is the suspect (a slide at 0.258 um/px recorded as 0.5 was "unsatisfactory,
+    # 0 evaluable cells" while its cells matched the model: hostile round 18); judged as they look
+    mpp_off = mpp_off and not bool(scale and scale.get("mpp_contradicted"))
     off_scale = (bool(scale and scale.get("advised")) and scale_judged) or mpp_off
     bad = flags["out_of_focus"] | (flags["crowded"] if counted else False)
     evaluable = ~bad & (not off_scale)
@@ -266,6 +270,8 @@ def slide_adequacy(
             # the model's mpp over the slide's, crops not resampled (None: --rescale, or unknown)
             "mpp_ratio": mpp_ratio,
             "mpp_off_scale": mpp_off,
+            # the cells' own look contradicts the recorded resolutions (the check's words)
+            "mpp_contradicted": bool((scale or {}).get("mpp_contradicted")),
             # the --patch-size that makes them look so (None: not one the user gave)
             "cut_by": (scale or {}).get("cut_by"),
             # the --detection that makes them look so (None: the model's stain's own)
