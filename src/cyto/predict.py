@@ -23,6 +23,7 @@ import numpy as np
 from cyto.bundle import atomic_write
 from cyto.data.dataset import (
     PatchRecord,
+    common_side,
     decode_stream,
     load_records,
     one_size,
@@ -125,7 +126,7 @@ def predict(
         else None
     )
     records, labels = _chosen(Path(data), normal, abnormal)
-    refuse_mixed_sizes(records, data)  # the rule every reader of a crop folder holds to
+    sides = refuse_mixed_sizes(records, data)  # the rule every reader of a crop folder holds to
     size = scorer.bundle.manifest["config"].get("load_size")
     zooming = zoom is not None or patch_mpp is not None
     if size is None and not zooming and not one_size(records):
@@ -150,7 +151,7 @@ def predict(
             )
             done, _ = store.start(False, echo)
         # the crops' side, where their pixel size is given: the zoom is the ratio of the fields
-        side = _common_side(records) if patch_mpp is not None else None
+        side = common_side(sides) if patch_mpp is not None else None
         if zooming:
             factor, how = _zoom(
                 store, zoom, patch_mpp, scorer.spec, records, labels, normal, side,
@@ -389,23 +390,6 @@ def _zoom(
     )  # fmt: skip
     atomic_write(saved, json_text({"factor": factor, "how": how}).encode())
     return factor, how
-
-
-def _common_side(records) -> int | None:
-    """The most common side (the longer one) of the records' images, from their headers, as
-    training records its patches' (``patch_px``); None when none can be read."""
-    from collections import Counter
-
-    from PIL import Image
-
-    sides: Counter = Counter()
-    for r in records:
-        try:
-            with Image.open(r.path) as im:
-                sides[max(im.size)] += 1
-        except Exception:  # noqa: BLE001 - decoding reports it with its path
-            continue
-    return sides.most_common(1)[0][0] if sides else None
 
 
 def _nucleus_shares(records, size: int, stain: str, skip: bool, name: str) -> np.ndarray:

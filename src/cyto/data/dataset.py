@@ -559,16 +559,10 @@ def _decode_all(
 SIZE_SPREAD = 1.1
 
 
-def refuse_mixed_sizes(records: Sequence[PatchRecord], source: object = "the data") -> None:
-    """Refuse crops whose sides differ by more than :data:`SIZE_SPREAD`, from the file headers
-    alone: every reader brings each crop to one size, as if every crop spanned the same field
-    of view, so the cells of a crop of another size were measured and ranked at another scale
-    without a word. A crop cut at its image's edge (100 x 46 px) counts by its longer side: it
-    is padded, never resized. An unreadable file is left to the decoder to report.
-
-    Raises:
-        DatasetError: one line naming the sizes, their counts, an image of the rarest size and
-            what to do."""
+def crop_sides(records: Iterable[PatchRecord]) -> tuple[Counter[int], dict[int, Path]]:
+    """How many images of ``records`` have each longer side, and the first image of each, from
+    the file headers alone (no pixel is decoded; an unreadable file, or one under
+    :data:`~cyto.data.images.MIN_CELL_SIDE`, is left to the decoder to report)."""
     from PIL import Image
 
     sides: Counter[int] = Counter()
@@ -583,8 +577,28 @@ def refuse_mixed_sizes(records: Sequence[PatchRecord], source: object = "the dat
             continue
         sides[side] += 1
         first.setdefault(side, r.path)
+    return sides, first
+
+
+def common_side(sides: Counter[int]) -> int | None:
+    """The most common longer side of :func:`crop_sides`' count; None when none was read."""
+    return sides.most_common(1)[0][0] if sides else None
+
+
+def refuse_mixed_sizes(records: Sequence[PatchRecord], source: object = "the data") -> Counter[int]:
+    """Refuse crops whose sides differ by more than :data:`SIZE_SPREAD`, from the file headers
+    alone: every reader brings each crop to one size, as if every crop spanned the same field
+    of view, so the cells of a crop of another size were measured and ranked at another scale
+    without a word. A crop cut at its image's edge (100 x 46 px) counts by its longer side: it
+    is padded, never resized. An unreadable file is left to the decoder to report. Returns the
+    count of sides (:func:`crop_sides`) for a caller that needs the common one.
+
+    Raises:
+        DatasetError: one line naming the sizes, their counts, an image of the rarest size and
+            what to do."""
+    sides, first = crop_sides(records)
     if not sides or max(sides) <= SIZE_SPREAD * min(sides):
-        return
+        return sides
     ranked = sides.most_common()
     common, rare = ranked[0][0], ranked[-1][0]
     ratio = max(common, rare) / min(common, rare)

@@ -94,19 +94,10 @@ def held_mpp(cfg, ds: PatchDataset, data: TrainData) -> float | None:
 
 def patch_px(ds: PatchDataset) -> int | None:
     """The most common side (the longer one) of the dataset's images before any resize, from
-    their headers; None when none can be read."""
-    from collections import Counter
+    their headers (:func:`cyto.data.dataset.crop_sides`); None when none can be read."""
+    from cyto.data.dataset import common_side, crop_sides
 
-    from PIL import Image
-
-    sides: Counter = Counter()
-    for r in ds.records:
-        try:
-            with Image.open(r.path) as im:
-                sides[max(im.size)] += 1
-        except Exception:  # noqa: BLE001 - the images were read once already; a header is enough
-            continue
-    return sides.most_common(1)[0][0] if sides else None
+    return common_side(crop_sides(ds.records)[0])
 
 
 def holdout_split(ds: PatchDataset, labels, share: float) -> tuple[np.ndarray, np.ndarray]:
