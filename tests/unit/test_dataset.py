@@ -359,8 +359,8 @@ def test_crops_of_several_sizes_are_refused_naming_sizes_counts_and_a_file(
         f"{n_rare} at {rare} px; the longer side), e.g. {root / 'B' / f'c00_{rare}.png'}: "
     ), said
     assert said.endswith(
-        "cut the crops alike (one side at one pixel size), or sort them into folders by size "
-        "and run each"
+        f"centre them in one field at their own scale (cyto data field {root} --out NEW); else "
+        "cut them alike, or sort them into folders by size and run each"
     ), said
 
 

@@ -1,4 +1,4 @@
-"""``cyto data info|mosaic|cells``: cell-patch datasets."""
+"""``cyto data info|mosaic|field|cells``: cell-patch datasets."""
 
 from __future__ import annotations
 
@@ -81,6 +81,40 @@ def data_mosaic_cmd(
         path, out, per_class=per_class, tile=tile, seed=seed, overwrite=overwrite, echo=typer.echo
     )
     typer.echo(f"wrote {out}")
+
+
+@data_app.command(
+    "field", short_help="Centre crops of several sizes in one field of view, at their own scale."
+)
+def data_field_cmd(
+    path: Annotated[Path, typer.Argument(help="Folder of class sub-folders, or a manifest.")],
+    out: Annotated[
+        Path, typer.Option(help="New folder: OUT/CLASS/*.png and OUT/field.csv (each source).")
+    ],
+    px: Annotated[
+        int | None,
+        typer.Option(help="Side of the field, px (default: the longest crop side: none is cut)."),
+    ] = None,
+    skip_unreadable: Annotated[
+        bool, typer.Option(help="Skip and count unreadable images instead of stopping.")
+    ] = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace OUT if cyto data field wrote it.")
+    ] = False,
+) -> None:
+    """Crops cut to each cell's box (SIPaKMeD, Herlev): every crop centred in one square field
+    at its own pixel size, padded with its edge colour or cut to its centre, never resampled,
+    so every cell keeps its scale. cyto train and cyto predict refuse a folder of crops of
+    several sizes; they take the new one."""
+    from cyto.data.field import fit_field
+
+    res = fit_field(
+        path, out, px=px, overwrite=overwrite, skip_unreadable=skip_unreadable, echo=typer.echo
+    )
+    typer.echo(
+        f"wrote {res['crops']} crops of {res['sizes']} size(s) in one {res['px']} px field "
+        f"to {res['folder']} and {res['table']}"
+    )
 
 
 @data_app.command(

@@ -609,8 +609,10 @@ def refuse_mixed_sizes(records: Sequence[PatchRecord], source: object = "the dat
         f"{source} holds cell crops of {len(ranked)} sizes ({counts}{more}; the longer side), "
         f"e.g. {first[rare]}: each crop is brought to one size as if all spanned the same field "
         f"of view, so the cells of the {sides[rare]} crop(s) of {rare} px would look {ratio:.3g}x "
-        f"{look} than those of {common} px and be measured and ranked so; cut the crops alike "
-        "(one side at one pixel size), or sort them into folders by size and run each"
+        f"{look} than those of {common} px and be measured and ranked so; if they are of one "
+        "pixel size, each cut to its cell's box, centre them in one field at their own scale "
+        f"(cyto data field {source} --out NEW); else cut them alike, or sort them into folders "
+        "by size and run each"
     )
 
 

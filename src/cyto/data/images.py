@@ -76,8 +76,9 @@ def _to_rgb(im: Image.Image) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def read_image(path: Path | str) -> np.ndarray:
-    """Read one image file as ``(H, W, 3)`` uint8 RGB (see :func:`decode_image`)."""
+def read_image(path: Path | str, notes: list | None = None) -> np.ndarray:
+    """Read one image file as ``(H, W, 3)`` uint8 RGB (see :func:`decode_image`, and its
+    ``notes``)."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -85,23 +86,32 @@ def read_image(path: Path | str) -> np.ndarray:
         raise UnreadableImageError(
             path, exc.strerror or str(exc), passing("skip_unreadable")
         ) from exc
-    return decode_image(data, path)
+    return decode_image(data, path, notes)
 
 
 def square_rgb(img: np.ndarray) -> np.ndarray:
-    """A non-square image made square without resampling: centred on a canvas of its longer
-    side, filled with the median colour of its edge (the glass or cytoplasm around the cell).
+    """A non-square image made square without resampling (:func:`field_rgb` at its longer side).
     A cell crop cut at the edge of its image (CRIC: 100 x 46 px and the like) keeps its cell's
     shape and scale; stretched to a square, its nucleus grew 2x along one axis."""
     h, w = img.shape[:2]
-    if h == w:
+    return img if h == w else field_rgb(img, max(h, w))
+
+
+def field_rgb(img: np.ndarray, side: int) -> np.ndarray:
+    """``img`` centred in a ``side x side`` field at its own pixel size, never resampled: a
+    shorter side is filled with the median colour of the image's edge (the glass or cytoplasm
+    around the cell), a longer one cut to its centre. Crops cut to each cell's bounding box
+    (SIPaKMeD, Herlev) so come to one field of view, each cell at its own scale."""
+    h, w = img.shape[:2]
+    if h == side and w == side:
         return img
-    side = max(h, w)
     edge = np.concatenate([img[0], img[-1], img[:, 0], img[:, -1]])
     canvas = np.empty((side, side, 3), dtype=np.uint8)
     canvas[:] = np.median(edge, axis=0).astype(np.uint8)
-    y0, x0 = (side - h) // 2, (side - w) // 2
-    canvas[y0 : y0 + h, x0 : x0 + w] = img
+    sy, sx = max(0, (h - side) // 2), max(0, (w - side) // 2)  # cut: the source's centre
+    dy, dx = max(0, (side - h) // 2), max(0, (side - w) // 2)  # pad: the canvas's centre
+    ch, cw = min(h, side), min(w, side)
+    canvas[dy : dy + ch, dx : dx + cw] = img[sy : sy + ch, sx : sx + cw]
     return canvas
 
 

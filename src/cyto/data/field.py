@@ -1,0 +1,160 @@
+"""One field of view for crops cut to each cell's bounding box (``cyto data field``).
+
+Public Pap sets (SIPaKMeD, Herlev) crop every cell to its own box: the crops' sizes follow the
+cells', at one pixel size. Every reader of a crop folder brings each crop to one size as if all
+spanned one field of view, so such a folder is refused (:func:`cyto.data.dataset.
+refuse_mixed_sizes`). Centred in one square field at their own pixel size, padded with their
+edge colour or cut to their centre, never resampled, the cells keep their scale: a large
+nucleus stays large. The new folder holds the class folders and ``field.csv``, which names each
+crop's source, class and bag."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+from cyto.bundle import clear_temp_dirs_beside, temp_dir_beside
+from cyto.data.dataset import crop_sides, load_records
+from cyto.data.images import field_rgb, mode_words, read_image
+from cyto.errors import ConfigError, DatasetError, UnreadableImageError
+from cyto.flags import passing
+from cyto.locks import LOCK, OutputLock
+from cyto.outputs_check import record_outputs, refuse_input_as_output, refuse_to_replace
+from cyto.progress import progress
+
+#: the table of a field folder: each crop's new path (relative), class, source file and bag
+FIELD_TABLE = "field.csv"
+#: the smallest field: a cell crop has at least this many pixels a side (images.MIN_CELL_SIDE)
+MIN_FIELD = 16
+MAX_FIELD = 4096
+
+
+def fit_field(
+    source: Path | str,
+    out: Path | str,
+    px: int | None = None,
+    overwrite: bool = False,
+    skip_unreadable: bool = False,
+    echo=print,
+) -> dict:
+    """Write every crop of ``source`` (a class folder or manifest) centred in one ``px x px``
+    field into ``out`` (class folders of PNGs and :data:`FIELD_TABLE`); ``px`` by default the
+    longest side among the crops, so no cell is cut. Returns the counts.
+
+    Raises:
+        ConfigError: ``px`` outside 16-4096.
+        InputPathError: ``out`` exists (without ``overwrite``), holds files cyto did not write,
+            or is, holds or lies inside ``source``.
+        DatasetError: two crops of a class would have one name; a crop unreadable (without
+            ``skip_unreadable``)."""
+    source, out = Path(source), Path(out)
+    if px is not None and not MIN_FIELD <= px <= MAX_FIELD:
+        raise ConfigError(f"{passing('px')} must be {MIN_FIELD}-{MAX_FIELD} px, got {px}")
+    records = load_records(source)
+    # inside SOURCE, the new crops would be read as cells of a class by the next run
+    refuse_input_as_output(out, passing("out", out), {"SOURCE": source}, inside=("SOURCE",))
+    refuse_to_replace(out, overwrite, known=())
+    names = _names(records)
+    sides, _ = crop_sides(records)
+    if px is None:
+        if not sides:
+            raise DatasetError(f"no readable image in {source}")
+        px = max(sides)
+    cut = sum(n for s, n in sides.items() if s > px)
+    made = not out.exists()
+    try:
+        with OutputLock(out, "cyto data field"):  # the lock lies in OUT: built beside, moved in
+            clear_temp_dirs_beside(out)  # what a killed run left half written
+            rows, skipped, notes = _build(records, names, out, px, skip_unreadable, source)
+    finally:
+        if made and out.is_dir() and not any(out.iterdir()):  # a failed first run leaves none
+            out.rmdir()
+    said = mode_words(notes, len(records))
+    if said:
+        echo(said)
+    if skipped:
+        echo(f"skipped {len(skipped)} unreadable file(s), e.g. {skipped[0][0]} ({skipped[0][1]})")
+    if cut:
+        echo(
+            f"{cut} crop(s) larger than {px} px were cut to their centre: a cell wider than "
+            "the field lost its edges"
+        )
+    return {
+        "crops": len(rows),
+        "skipped": len(skipped),
+        "cut": cut,
+        "px": px,
+        "sizes": len(sides),
+        "folder": str(out),
+        "table": str(out / FIELD_TABLE),
+    }
+
+
+def _build(records, names, out: Path, px: int, skip: bool, source: Path):
+    """The crops written into a folder beside ``out``, then moved in whole: a run stopped
+    halfway leaves ``out`` as it was."""
+    tmp = temp_dir_beside(out)
+    try:
+        rows, skipped, notes = _write(records, names, tmp, px, skip)
+        if not rows:
+            raise DatasetError(f"no readable image in {source}")
+        with open(tmp / FIELD_TABLE, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["path", "label", "source", "bag", "bag_label"])
+            w.writerows(rows)
+        for old in out.iterdir():  # an earlier run's, all cyto's own (refuse_to_replace)
+            if old.is_dir():
+                shutil.rmtree(old)
+            elif old.name != LOCK:
+                old.unlink()
+        for new in tmp.iterdir():
+            new.rename(out / new.name)
+        record_outputs(out, "cyto data field")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rows, skipped, notes
+
+
+def _names(records) -> list[str]:
+    """Each crop's new path, ``CLASS/STEM.png``: two crops of a class with one stem (a.png and
+    a.jpg, or a manifest's files of two folders) are refused by name, never renamed unseen."""
+    seen: dict[str, Path] = {}
+    names = []
+    for r in records:
+        if r.cls in ("", ".", "..") or any(c in r.cls for c in "/\\"):
+            raise DatasetError(f"class {r.cls!r} of {r.path} cannot name a folder")
+        name = f"{r.cls}/{r.path.stem}.png"
+        if name in seen:
+            raise DatasetError(
+                f"{seen[name]} and {r.path} would both be written as {name}: rename one of them"
+            )
+        seen[name] = r.path
+        names.append(name)
+    return names
+
+
+def _write(records, names, tmp: Path, px: int, skip: bool):
+    from PIL import Image
+
+    rows, skipped, notes = [], [], []
+    with progress("field", total=len(records), unit="crops") as bar:
+        for r, name in zip(records, names, strict=True):
+            try:
+                img = read_image(r.path, notes)
+            except UnreadableImageError as exc:
+                if not skip:
+                    raise
+                skipped.append((r.path, exc.reason))
+                bar.advance(1)
+                continue
+            dest = tmp / name
+            dest.parent.mkdir(exist_ok=True)
+            Image.fromarray(field_rgb(img, px)).save(dest)
+            rows.append((name, r.cls, str(r.path.resolve()), r.bag or "", _blank(r.bag_label)))
+            bar.advance(1)
+    return rows, skipped, notes
+
+
+def _blank(value) -> str:
+    return "" if value is None else str(value)
