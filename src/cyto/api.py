@@ -168,7 +168,7 @@ def score_slide(
     from cyto.detect.params import DETECTION_CHOICES
     from cyto.errors import ConfigError, out_of_memory
     from cyto.flags import hints_of
-    from cyto.infer.options import ScoreOptions, detection_for
+    from cyto.infer.options import ScoreOptions, check_rank_by, detection_for
     from cyto.infer.outputs import read_truth
     from cyto.infer.pipeline import score_slide as run
     from cyto.location import output_location, refuse_urls
@@ -201,6 +201,7 @@ def score_slide(
 
         raise ConfigError(CLOSED)
     refuse_resume_and_overwrite(opts.resume, overwrite)
+    _rank_by_caution(check_rank_by(model, opts.rank_by))  # as cyto score, before the slide
     if opts.truth is not None:  # a bad truth table costs nothing: read before the slide, as
         read_truth(opts.truth)  # cyto score reads it (it was read after the slide was scored)
     # a folder, or a prefix in object storage, as cyto score --out takes it (cyto.location):
@@ -245,6 +246,18 @@ def score_slide(
             raise unforeseen(Path(str(slide)), exc) from exc
         table = pq.read_table(where.local / "scores.parquet")
     return table
+
+
+def _rank_by_caution(line: str | None) -> None:
+    """``rank_by='auto'``'s choice resting on too few held-back abnormal cells
+    (:func:`cyto.data.morphometry.few_abnormal_words`), warned to a Python caller as the
+    command line says it."""
+    if line is not None:
+        import warnings
+
+        from cyto.errors import CytoWarning
+
+        warnings.warn(CytoWarning(line), stacklevel=3)
 
 
 def _scorer_runs(model: object, asked: dict[str, str]) -> dict[str, str]:
@@ -461,7 +474,7 @@ def predict(
     options = _options("predict", options, run, named)
     runs = _scorer_runs(model, {"backend": backend, "device": device, "precision": precision})
     backend, device, precision = runs["backend"], runs["device"], runs["precision"]
-    return run(
+    res = run(
         model if not isinstance(model, str) else Path(model),
         Path(data),
         Path(out),
@@ -476,3 +489,5 @@ def predict(
         echo=echo or (lambda _line: None),
         **options,
     )
+    _rank_by_caution(res.get("rank_by_caution"))  # cyto predict prints it beside its ranking
+    return res

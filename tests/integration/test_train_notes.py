@@ -6,6 +6,8 @@ reason training recorded."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -98,3 +100,36 @@ def test_score_says_auto_chose_on_too_few_abnormal_cells_before_any_slide(grey_b
     line = check_rank_by(root / "grey.cyto", "auto")  # cyto score prints it as a warning
     assert line.startswith("ranked by model: --rank-by auto's choice rests on 3 held-back"), line
     assert check_rank_by(root / "grey.cyto", "model") is None  # chosen by the user: no word
+
+
+def test_python_callers_are_warned_and_the_summary_records_it(grey_bundle, tmp_path):
+    """cyto.predict and cyto.score_slide warn as the command line says it (the Python API said
+    nothing: the choice rested on 3 held-back cells unseen), and each slide's summary.json
+    records it beside the ranking it qualifies (cohort runs too: one summary a slide)."""
+    import json
+
+    import cyto
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+    from cyto.errors import CytoWarning
+
+    root, _, _ = grey_bundle
+    with pytest.warns(CytoWarning, match=r"rank_by='auto''s choice rests on 3 held-back"):
+        res = cyto.predict(
+            root / "grey.cyto", root / "cells", tmp_path / "p.parquet", normal="NILM", echo=None
+        )
+    assert res["rank_by_caution"].startswith("rank_by='auto''s choice rests on 3")
+    slide = write_slide(
+        tmp_path / "s.tif", SlideSynthConfig(width=512, height=512, seed=1, n_cells=20)
+    ).paths[0]
+    with pytest.warns(CytoWarning, match=r"ranked by model: rank_by='auto''s choice rests on 3"):
+        cyto.score_slide(slide, root / "grey.cyto", tmp_path / "s", echo=None, workers=0, mosaic=0)
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["rank_by"] == "model"
+    assert summary["rank_by_caution"].startswith("ranked by model: rank_by='auto''s choice")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CytoWarning)  # asked by name: no word
+        cyto.score_slide(
+            slide, root / "grey.cyto", tmp_path / "m", echo=None, workers=0, mosaic=0,
+            rank_by="model",
+        )  # fmt: skip
+    assert json.loads((tmp_path / "m" / "summary.json").read_text())["rank_by_caution"] is None

@@ -11,7 +11,7 @@ import numpy as np
 
 from cyto.bundle import atomic_write
 from cyto.infer.memory import peak_rss_mb
-from cyto.infer.options import STAGES, ScoreOptions
+from cyto.infer.options import STAGES, ScoreOptions, check_rank_by
 from cyto.infer.outputs import (
     MOSAIC_FILES,
     NO_TRUTH_OF_SLIDE,
@@ -313,6 +313,8 @@ def _finish(table, run: _Run) -> dict:
         ),
         "cells_scored": int(n_cells),
         "rank_by": how,
+        # auto's choice resting on too few held-back abnormal cells: recorded where it ranked
+        "rank_by_caution": check_rank_by(run.scorer, opts.rank_by),
         "slide_score_mean_top_k": float(scores[order[:k]].mean()) if k else None,
         "burden": burden,
         "resolution": run.res.as_json(),
