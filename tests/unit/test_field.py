@@ -140,3 +140,17 @@ def test_unreadable_crops_stop_the_run_leaving_nothing_or_are_skipped_and_counte
     assert (res["crops"], res["skipped"]) == (2, 1)
     assert any(s.startswith("skipped 1 unreadable file(s), e.g. ") for s in said)
     assert sorted(p.name for p in (out / "NILM").iterdir()) == ["c00_24.png", "c02_60.png"]
+
+
+def test_a_field_set_by_one_outsized_crop_is_said_with_the_px_to_pass(tmp_path):
+    """One 200 px crop among 30 px ones made every cell a speck in a 200 px field."""
+    src = tmp_path / "boxed"
+    _boxed(src, {"NILM": [30, 30, 32, 200]})
+    said = []
+    assert fit_field(src, tmp_path / "f", echo=said.append)["px"] == 200
+    (line,) = [s for s in said if s.startswith("the field (200 px) is set by the largest crop")]
+    assert str(src / "NILM" / "c03_200.png") in line and "pass --px 30 or so" in line
+    said.clear()
+    fit_field(src, tmp_path / "g", px=30, echo=said.append)  # asked for: the cut is said
+    assert not any("largest crop" in s for s in said)
+    assert any(s.startswith("2 crop(s) larger than 30 px were cut") for s in said)

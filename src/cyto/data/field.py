@@ -18,7 +18,7 @@ from cyto.bundle import clear_temp_dirs_beside, temp_dir_beside
 from cyto.data.dataset import crop_sides, load_records
 from cyto.data.images import field_rgb, mode_words, read_image
 from cyto.errors import ConfigError, DatasetError, UnreadableImageError
-from cyto.flags import passing
+from cyto.flags import passing, said
 from cyto.locks import LOCK, OutputLock
 from cyto.outputs_check import record_outputs, refuse_input_as_output, refuse_to_replace
 from cyto.progress import progress
@@ -28,6 +28,9 @@ FIELD_TABLE = "field.csv"
 #: the smallest field: a cell crop has at least this many pixels a side (images.MIN_CELL_SIDE)
 MIN_FIELD = 16
 MAX_FIELD = 4096
+#: a default field (the longest side) past this many times the median side is said, with the
+#: --px that would cut the few larger crops instead
+OUTLIER = 2.0
 
 
 def fit_field(
@@ -50,17 +53,25 @@ def fit_field(
             ``skip_unreadable``)."""
     source, out = Path(source), Path(out)
     if px is not None and not MIN_FIELD <= px <= MAX_FIELD:
-        raise ConfigError(f"{passing('px')} must be {MIN_FIELD}-{MAX_FIELD} px, got {px}")
+        raise ConfigError(f"{said('px')} must be {MIN_FIELD}-{MAX_FIELD} px, got {px}")
     records = load_records(source)
     # inside SOURCE, the new crops would be read as cells of a class by the next run
     refuse_input_as_output(out, passing("out", out), {"SOURCE": source}, inside=("SOURCE",))
     refuse_to_replace(out, overwrite, known=())
     names = _names(records)
-    sides, _ = crop_sides(records)
+    sides, first = crop_sides(records)
+    outlier = None
     if px is None:
         if not sides:
             raise DatasetError(f"no readable image in {source}")
         px = max(sides)
+        typical = _median_side(sides)
+        if px > OUTLIER * typical:  # one huge crop made every cell a speck in its field
+            outlier = (
+                f"the field ({px} px) is set by the largest crop ({first[px]}); half the crops "
+                f"are {typical} px or less: pass {passing('px', typical)} or so to cut the few "
+                "larger ones to their centre instead"
+            )
     cut = sum(n for s, n in sides.items() if s > px)
     made = not out.exists()
     try:
@@ -70,9 +81,11 @@ def fit_field(
     finally:
         if made and out.is_dir() and not any(out.iterdir()):  # a failed first run leaves none
             out.rmdir()
-    said = mode_words(notes, len(records))
-    if said:
-        echo(said)
+    modes = mode_words(notes, len(records))
+    if outlier:
+        echo(outlier)
+    if modes:
+        echo(modes)
     if skipped:
         echo(f"skipped {len(skipped)} unreadable file(s), e.g. {skipped[0][0]} ({skipped[0][1]})")
     if cut:
@@ -114,6 +127,12 @@ def _build(records, names, out: Path, px: int, skip: bool, source: Path):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return rows, skipped, notes
+
+
+def _median_side(sides) -> int:
+    """The median longer side of :func:`crop_sides`' count."""
+    ordered = sorted(sides.elements())
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def _names(records) -> list[str]:
