@@ -253,11 +253,9 @@ def _rank_by_caution(line: str | None) -> None:
     (:func:`cyto.data.morphometry.few_abnormal_words`), warned to a Python caller as the
     command line says it."""
     if line is not None:
-        import warnings
+        from cyto.errors import warn_caller
 
-        from cyto.errors import CytoWarning
-
-        warnings.warn(CytoWarning(line), stacklevel=3)
+        warn_caller(line)  # at the caller's own line
 
 
 def _scorer_runs(model: object, asked: dict[str, str]) -> dict[str, str]:
@@ -458,7 +456,8 @@ def predict(
     Returns:
         The summary (a dict): ``n`` (cells scored), ``out``, the ``backend`` and ``precision``
         that scored, its ``verification``, and ``auroc``, ``recall_at_k`` and ``k`` when the
-        labels are known.
+        labels are known; ``rank_by_caution``: the line warned (a ``CytoWarning``) when
+        ``rank_by="auto"`` chose on too few held-back abnormal cells, else None.
 
     Example:
         >>> import cyto, pyarrow.parquet as pq

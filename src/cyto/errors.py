@@ -173,3 +173,18 @@ def first_line(exc: BaseException) -> str:
     when it has none: what a one-line error quotes of its cause."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def warn_caller(message: str, category: type[Warning] = CytoWarning) -> None:
+    """Warn pointing at the first frame outside cyto (the user's own line), however many of
+    cyto's frames lie between (the API function, its front door, the package's lazy
+    re-export): a fixed ``stacklevel`` pointed into cyto (``cyto/api.py:47``)."""
+    import os
+    import sys
+    import warnings
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from cyto.errors import CytoError, InputPathError
 from cyto.flags import passing
+from cyto.locks import LOCK
 from cyto.tables import json_text
 
 #: the record of what cyto wrote in a folder it made (relative POSIX paths), written last
@@ -47,7 +48,7 @@ def exists(path: Path) -> bool:
     folder made beforehand holds nothing to lose)."""
     path = Path(path)
     if path.is_dir():
-        return any(path.iterdir())
+        return any(p.name != LOCK for p in path.iterdir())  # a lock alone: a run, not a result
     return path.exists() or path.is_symlink()
 
 
@@ -88,7 +89,9 @@ def foreign_files(folder: Path, known: Iterable[str] = ()) -> list[str]:
     one of ``known`` (shell patterns over the relative POSIX path, ``*`` spanning folders)."""
     folder = Path(folder)
     own = recorded(folder)
-    patterns = [RECORD, *known]
+    # the lock of the folder's writer is cyto's own: a killed run's (its process gone) was
+    # called a file cyto did not write, and the folder could not be used again
+    patterns = [RECORD, LOCK, *known]
     return [
         f for f in _files(folder) if f not in own and not any(fnmatchcase(f, p) for p in patterns)
     ]

@@ -31,7 +31,14 @@ from cyto.data.dataset import (
     resolve_classes,
 )
 from cyto.data.images import resize_rgb
-from cyto.data.scale import normal_only, resolve_zoom, share_advice, zoom_patch, zoom_patches
+from cyto.data.scale import (
+    normal_only,
+    resolve_zoom,
+    share_advice,
+    side_words,
+    zoom_patch,
+    zoom_patches,
+)
 from cyto.errors import (
     ConfigError,
     DatasetError,
@@ -132,6 +139,10 @@ def predict(
     if size is None and not zooming and not one_size(records):
         size = scorer.spec.input_size  # a model of native-size patches, given several sizes
     load = None if zooming else size  # a zoom cuts the native image, then resizes
+    if not zooming:  # crops of another field than the model's, resized as if of its field
+        other = side_words(common_side(sides), scorer.spec.patch_px, scorer.spec.mpp)
+        if other is not None:
+            warnings.warn(other, ScaleWarning, stacklevel=2)
     key = {
         "model": f"{scorer.bundle.manifest_hash} {scorer.backend.name} {scorer.precision}",
         "data": _records_key(records),

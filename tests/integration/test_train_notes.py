@@ -113,10 +113,12 @@ def test_python_callers_are_warned_and_the_summary_records_it(grey_bundle, tmp_p
     from cyto.errors import CytoWarning
 
     root, _, _ = grey_bundle
-    with pytest.warns(CytoWarning, match=r"rank_by='auto''s choice rests on 3 held-back"):
+    with pytest.warns(CytoWarning, match=r"rank_by='auto''s choice rests on 3 held-back") as got:
         res = cyto.predict(
             root / "grey.cyto", root / "cells", tmp_path / "p.parquet", normal="NILM", echo=None
         )
+    # pointed at the caller's line, not into cyto (round 19: cyto/api.py:47)
+    assert [w.filename for w in got if "rests on" in str(w.message)] == [__file__]
     assert res["rank_by_caution"].startswith("rank_by='auto''s choice rests on 3")
     slide = write_slide(
         tmp_path / "s.tif", SlideSynthConfig(width=512, height=512, seed=1, n_cells=20)
@@ -133,3 +135,35 @@ def test_python_callers_are_warned_and_the_summary_records_it(grey_bundle, tmp_p
             rank_by="model",
         )  # fmt: skip
     assert json.loads((tmp_path / "m" / "summary.json").read_text())["rank_by_caution"] is None
+
+
+def test_predict_says_crops_of_another_field_than_the_models_and_the_flag_to_cut_them(
+    grey_bundle, tmp_path
+):
+    """Hostile round 19: crops fielded at 60 px (cyto data field's default: the longest crop)
+    for a model of 40 px crops at the same pixel size were resized to the model's crop, their
+    cells scored smaller and their areas misread, without a word."""
+    from cyto.data.field import fit_field
+    from cyto.errors import ScaleWarning
+
+    root, _, _ = grey_bundle
+    wide = fit_field(root / "cells", tmp_path / "wide", px=60, echo=lambda s: None)["folder"]
+    with pytest.warns(ScaleWarning) as got:
+        cyto_predict(root, wide, tmp_path / "w.parquet")
+    (line,) = [str(w.message) for w in got if "training crops" in str(w.message)]
+    assert line.startswith("these crops are 60 px a side, the model's training crops 40 px")
+    assert "scored 1.50x smaller" in line and "pass patch_mpp=0.258" in line, line
+    assert line.endswith("(cyto data field --px 40)")
+    with warnings.catch_warnings(record=True) as cut:  # cut to the model's field: no word
+        warnings.simplefilter("always")
+        cyto_predict(root, wide, tmp_path / "z.parquet", patch_mpp=0.258)
+    assert not [w for w in cut if "training crops" in str(w.message)]
+    out = str(tmp_path / "c.parquet")
+    proc = run_cyto("predict", str(root / "grey.cyto"), "--data", str(wide), "--out", out)
+    assert proc.returncode == 0 and "pass --patch-mpp 0.258 to cut each" in proc.stderr
+
+
+def cyto_predict(root, data, out, **options):
+    import cyto
+
+    return cyto.predict(root / "grey.cyto", data, out, rank_by="model", echo=None, **options)

@@ -429,3 +429,47 @@ def test_a_class_folder_without_images_is_said_so_not_called_an_unknown_name(tmp
         assert proc.stderr.strip().splitlines() == [f"error: {line}"], proc.stderr
     with pytest.raises(DatasetError, match="unknown class name"):  # a wrong name stays one
         PatchDataset.from_path(tmp_path, normal="NILLM")
+
+
+def test_images_outside_the_class_folders_and_broken_links_are_said_not_dropped(tmp_path):
+    """Hostile round 19: an image in a sub-folder of a class folder, one beside the class
+    folders and a link whose target is gone were in no count and no unreadable list."""
+    import warnings
+
+    from cyto.data.dataset import data_info
+    from cyto.errors import CytoWarning
+
+    _crops(tmp_path, {"A": [20, 20], "B": [20]})
+    (tmp_path / "A" / "sub").mkdir()
+    Image.new("RGB", (20, 20)).save(tmp_path / "A" / "sub" / "nested.png")
+    Image.new("RGB", (20, 20)).save(tmp_path / "loose.png")
+    (tmp_path / "B" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    with pytest.warns(CytoWarning) as got:
+        info = data_info(tmp_path)
+    (line,) = [str(w.message) for w in got if "outside its class folders" in str(w.message)]
+    assert line.startswith(f"2 image(s) of {tmp_path} lie outside its class folders' own files")
+    assert info.n_files == 4 and [p.name for p, _ in info.unreadable] == ["gone.png"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CytoWarning)
+        with pytest.raises(DatasetError, match=r"cannot read image .*gone.png: No such file"):
+            PatchDataset.from_path(tmp_path, normal="A")
+
+
+def test_a_crop_too_small_for_a_cell_is_unreadable_to_data_info_as_to_every_reader(tmp_path):
+    """data info listed a 3 x 3 px crop as a size; train refused it as unreadable (round 19).
+    A file PIL cannot identify is named by its path, not PIL's buffer (<_io.BytesIO ...>)."""
+    from cyto.data.dataset import data_info
+    from cyto.data.images import read_image
+    from cyto.errors import UnreadableImageError
+
+    _crops(tmp_path, {"A": [20]})
+    Image.new("RGB", (3, 3)).save(tmp_path / "A" / "speck.png")
+    (tmp_path / "A" / "junk.png").write_bytes(b"not an image")
+    info = data_info(tmp_path)
+    reasons = dict((p.name, why) for p, why in info.unreadable)
+    assert reasons["speck.png"].startswith("3 x 3 px is too small to hold a cell"), reasons
+    assert "3x3" not in info.sizes
+    with pytest.raises(UnreadableImageError) as err:
+        read_image(tmp_path / "A" / "junk.png")
+    assert "BytesIO" not in str(err.value)
+    assert f"cannot identify image file '{tmp_path / 'A' / 'junk.png'}'" in str(err.value)

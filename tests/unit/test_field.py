@@ -108,17 +108,23 @@ def test_field_from_the_command_line_then_train_takes_it(tmp_path):
 def test_field_refuses_bad_places_names_and_sizes_in_one_line(tmp_path):
     src = tmp_path / "boxed"
     _boxed(src, {"NILM": [24, 40]})
-    with pytest.raises(InputPathError, match="lies inside the input"):
+    with pytest.raises(InputPathError, match="lies inside the input PATH"):
         fit_field(src, src / "NILM" / "field")
     with pytest.raises(InputPathError, match="holds the input"):
         fit_field(src, tmp_path)
     with pytest.raises(ConfigError, match="px must be 16-4096 px, got 8"):
         fit_field(src, tmp_path / "f", px=8)
     Image.new("RGB", (30, 30), (200, 200, 200)).save(src / "NILM" / "c00_24.jpg")
-    with pytest.raises(
-        DatasetError, match=r"c00_24.png would both be written as NILM/c00_24.png: rename one"
-    ):
+    Image.new("RGB", (30, 30), (200, 200, 200)).save(src / "NILM" / "c00_24.tif")
+    Image.new("RGB", (30, 30), (200, 200, 200)).save(src / "NILM" / "c01_40.jpg")
+    with pytest.raises(DatasetError) as err:  # every clash counted: one rerun, not three
         fit_field(src, tmp_path / "f")
+    assert str(err.value).endswith(
+        f"{src / 'NILM' / 'c00_24.png'} would both be written as NILM/c00_24.png (3 crops share "
+        "a name so in all): rename them"
+    ), err.value
+    (src / "NILM" / "c00_24.tif").unlink()
+    (src / "NILM" / "c01_40.jpg").unlink()
     (src / "NILM" / "c00_24.jpg").unlink()
     out = tmp_path / "f"
     fit_field(src, out)
@@ -142,15 +148,62 @@ def test_unreadable_crops_stop_the_run_leaving_nothing_or_are_skipped_and_counte
     assert sorted(p.name for p in (out / "NILM").iterdir()) == ["c00_24.png", "c02_60.png"]
 
 
-def test_a_field_set_by_one_outsized_crop_is_said_with_the_px_to_pass(tmp_path):
-    """One 200 px crop among 30 px ones made every cell a speck in a 200 px field."""
+def test_a_field_set_by_one_outsized_crop_is_said_with_the_px_that_cuts_only_it(tmp_path):
+    """One 200 px crop among 30-50 px ones made every cell a speck in a 200 px field; the px
+    advised was the median, which cut half the crops (hostile round 19)."""
     src = tmp_path / "boxed"
-    _boxed(src, {"NILM": [30, 30, 32, 200]})
+    _boxed(src, {"NILM": [30, 30, 32, 50, 200]})
     said = []
     assert fit_field(src, tmp_path / "f", echo=said.append)["px"] == 200
     (line,) = [s for s in said if s.startswith("the field (200 px) is set by the largest crop")]
-    assert str(src / "NILM" / "c03_200.png") in line and "pass --px 30 or so" in line
+    assert str(src / "NILM" / "c04_200.png") in line, line
+    assert line.endswith("--px 50 cuts only the 1 crop(s) larger than 50 px to their centre"), line
     said.clear()
     fit_field(src, tmp_path / "g", px=30, echo=said.append)  # asked for: the cut is said
     assert not any("largest crop" in s for s in said)
-    assert any(s.startswith("2 crop(s) larger than 30 px were cut") for s in said)
+    assert any(s.startswith("3 crop(s) larger than 30 px were cut") for s in said)
+
+
+def test_a_killed_runs_lock_and_half_built_folder_never_block_the_next_run(tmp_path):
+    """A run killed outright (SIGKILL, out of memory) leaves OUT/.lock and .OUT.partial-*
+    beside it: the next run was refused ("holds .lock that cyto did not write"), even with
+    --overwrite, and the partial folder stayed (hostile round 19)."""
+    src = tmp_path / "boxed"
+    _boxed(src, {"NILM": [24, 40]})
+    out = tmp_path / "field"
+    out.mkdir()
+    (out / ".lock").write_text('{"pid": 999999}')  # its process gone: no flock held
+    (tmp_path / ".field.partial-dead").mkdir()
+    assert fit_field(src, out, echo=lambda s: None)["crops"] == 2
+    assert not list(tmp_path.glob(".field.partial-*")) and not (out / ".lock").exists()
+    assert sorted(p.name for p in (out / "NILM").iterdir()) == ["c00_24.png", "c01_40.png"]
+
+
+def test_a_second_run_into_a_folder_being_written_is_told_who_writes_it(tmp_path):
+    """Without --overwrite it was told the lock was a file cyto did not write (exit 2); a run
+    being written is refused as busy (exit 3), naming the other run, with or without it."""
+    from cyto.errors import OutputBusyError
+    from cyto.locks import OutputLock
+
+    src = tmp_path / "boxed"
+    _boxed(src, {"NILM": [24, 40]})
+    out = tmp_path / "field"
+    with OutputLock(out, "cyto data field"):  # the first run, writing
+        for overwrite in (False, True):
+            with pytest.raises(OutputBusyError, match="is being written by another cyto data"):
+                fit_field(src, out, overwrite=overwrite)
+
+
+def test_grayscale_crops_stay_grayscale_so_every_later_reader_says_so(tmp_path):
+    from cyto.errors import CytoWarning
+
+    src = tmp_path / "boxed"
+    _boxed(src, {"NILM": [24, 40]})
+    Image.open(src / "NILM" / "c00_24.png").convert("L").save(src / "NILM" / "c00_24.png")
+    said = []
+    fit_field(src, tmp_path / "f", echo=said.append)
+    assert any(s.startswith("1 of 2 images are grayscale") for s in said), said
+    assert Image.open(tmp_path / "f" / "NILM" / "c00_24.png").mode == "L"
+    assert Image.open(tmp_path / "f" / "NILM" / "c01_40.png").mode == "RGB"
+    with pytest.warns(CytoWarning, match="1 of 2 images are grayscale"):
+        PatchDataset.from_path(tmp_path / "f", normal="NILM")

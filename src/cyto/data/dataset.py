@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import re
+import shlex
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -29,6 +30,7 @@ from cyto.data.images import (
     decode_image,
     mode_words,
     resize_rgb,
+    too_small,
 )
 from cyto.errors import (
     ConfigError,
@@ -77,11 +79,32 @@ def scan_folder(root: Path) -> list[PatchRecord]:
     """Records of a folder whose sub-folders are classes (``root/LYT/LYT_00001.jpg``)."""
     root = Path(root)
     records = []
+    deeper: list[Path] = []  # images no class folder holds directly: never read
     for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         for f in sorted(sub.iterdir()):
-            if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES:
+            if f.suffix.lower() not in IMAGE_SUFFIXES:
+                continue
+            # a link whose target is gone is a file of the class the decoder cannot read
+            # (listed as unreadable, by name), not a file that is not there
+            if f.is_file() or (f.is_symlink() and not f.exists()):
                 records.append(PatchRecord(path=f, cls=sub.name))
+        deeper += [
+            f
+            for f in sorted(sub.glob("*/**/*"))
+            if f.suffix.lower() in IMAGE_SUFFIXES
+            and not any(part.startswith(".") for part in f.relative_to(sub).parts)
+        ]
     loose = [f for f in root.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES]
+    if records and (deeper or loose):
+        left = (loose + deeper)[0]
+        warnings.warn(
+            f"{len(loose) + len(deeper)} image(s) of {root} lie outside its class folders' own "
+            f"files (e.g. {left}) and are not read: a class is the images directly in "
+            f"{root}/CLASS/; move them there, or list every image in a manifest "
+            "(.csv/.parquet with path and label)",
+            CytoWarning,
+            stacklevel=3,
+        )
     if not records and loose:  # "no images found" in a folder of 300 images misled
         raise InputPathError(
             f"{root} holds {len(loose)} images but no class sub-folders: put them in a "
@@ -600,7 +623,10 @@ def refuse_mixed_sizes(records: Sequence[PatchRecord], source: object = "the dat
     if not sides or max(sides) <= SIZE_SPREAD * min(sides):
         return sides
     ranked = sides.most_common()
-    common, rare = ranked[0][0], ranked[-1][0]
+    common = ranked[0][0]
+    # the example: the size farthest from the common one (the rarest was named, 1.9x, where
+    # crops 2.4x apart were there too)
+    rare = max(sides, key=lambda s: (max(s, common) / min(s, common), -sides[s]))
     ratio = max(common, rare) / min(common, rare)
     look = "smaller" if rare > common else "larger"
     counts = ", ".join(f"{n} at {s} px" for s, n in ranked[:4])
@@ -611,8 +637,8 @@ def refuse_mixed_sizes(records: Sequence[PatchRecord], source: object = "the dat
         f"of view, so the cells of the {sides[rare]} crop(s) of {rare} px would look {ratio:.3g}x "
         f"{look} than those of {common} px and be measured and ranked so; if they are of one "
         "pixel size, each cut to its cell's box, centre them in one field at their own scale "
-        f"(cyto data field {source} --out NEW); else cut them alike, or sort them into folders "
-        "by size and run each"
+        f"(cyto data field {shlex.quote(str(source))} --out NEW); else cut them alike, or sort "
+        "them into folders by size and run each"
     )
 
 
@@ -694,9 +720,10 @@ def data_info(source: Path | str, workers: int | None = None) -> DataInfo:
             with Image.open(r.path) as im:
                 mode, size = im.mode, im.size
                 im.load()
-            return mode, size
         except Exception as exc:  # noqa: BLE001 - each unreadable file is reported by name
             return exc
+        small = too_small(*size)  # unreadable as every reader of cells reads it
+        return ValueError(small) if small else (mode, size)
 
     with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
         results = list(pool.map(probe, records))

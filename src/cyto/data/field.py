@@ -17,10 +17,15 @@ from pathlib import Path
 from cyto.bundle import clear_temp_dirs_beside, temp_dir_beside
 from cyto.data.dataset import crop_sides, load_records
 from cyto.data.images import field_rgb, mode_words, read_image
-from cyto.errors import ConfigError, DatasetError, UnreadableImageError
+from cyto.errors import ConfigError, DatasetError, OutputWriteError, UnreadableImageError
 from cyto.flags import passing, said
 from cyto.locks import LOCK, OutputLock
-from cyto.outputs_check import record_outputs, refuse_input_as_output, refuse_to_replace
+from cyto.outputs_check import (
+    check_writable,
+    record_outputs,
+    refuse_input_as_output,
+    refuse_to_replace,
+)
 from cyto.progress import progress
 
 #: the table of a field folder: each crop's new path (relative), class, source file and bag
@@ -55,9 +60,10 @@ def fit_field(
     if px is not None and not MIN_FIELD <= px <= MAX_FIELD:
         raise ConfigError(f"{said('px')} must be {MIN_FIELD}-{MAX_FIELD} px, got {px}")
     records = load_records(source)
-    # inside SOURCE, the new crops would be read as cells of a class by the next run
-    refuse_input_as_output(out, passing("out", out), {"SOURCE": source}, inside=("SOURCE",))
-    refuse_to_replace(out, overwrite, known=())
+    # inside PATH, the new crops would be read as cells of a class by the next run
+    refuse_input_as_output(out, passing("out", out), {"PATH": source}, inside=("PATH",))
+    refuse_to_replace(out, overwrite, known=())  # before any work; again under the lock
+    check_writable(out.parent, f"{passing('out', out)}:")  # built beside it, then moved in
     names = _names(records)
     sides, first = crop_sides(records)
     outlier = None
@@ -67,15 +73,21 @@ def fit_field(
         px = max(sides)
         typical = _median_side(sides)
         if px > OUTLIER * typical:  # one huge crop made every cell a speck in its field
+            # the largest side within OUTLIER x the median: only the outsized crops are cut
+            fits = max(s for s in sides if s <= OUTLIER * typical)
+            over = sum(n for s, n in sides.items() if s > fits)
             outlier = (
-                f"the field ({px} px) is set by the largest crop ({first[px]}); half the crops "
-                f"are {typical} px or less: pass {passing('px', typical)} or so to cut the few "
-                "larger ones to their centre instead"
+                f"the field ({px} px) is set by the largest crop ({first[px]}), "
+                f"{px / typical:.3g}x the median crop ({typical} px): the others' cells are "
+                "small in it; "
+                f"{passing('px', fits)} cuts only the {over} crop(s) larger than {fits} px to "
+                "their centre"
             )
     cut = sum(n for s, n in sides.items() if s > px)
     made = not out.exists()
     try:
         with OutputLock(out, "cyto data field"):  # the lock lies in OUT: built beside, moved in
+            refuse_to_replace(out, overwrite, known=())  # what a run finished since holds
             clear_temp_dirs_beside(out)  # what a killed run left half written
             rows, skipped, notes = _build(records, names, out, px, skip_unreadable, source)
     finally:
@@ -107,7 +119,13 @@ def fit_field(
 def _build(records, names, out: Path, px: int, skip: bool, source: Path):
     """The crops written into a folder beside ``out``, then moved in whole: a run stopped
     halfway leaves ``out`` as it was."""
-    tmp = temp_dir_beside(out)
+    try:
+        tmp = temp_dir_beside(out)
+    except OSError as exc:  # a folder the user may read but not write (chattr +i, a mount)
+        raise OutputWriteError(
+            f"{passing('out', out)}: cannot write in {out.parent} ({exc.strerror or exc}); "
+            "give a folder you can write to"
+        ) from exc
     try:
         rows, skipped, notes = _write(records, names, tmp, px, skip)
         if not rows:
@@ -139,17 +157,19 @@ def _names(records) -> list[str]:
     """Each crop's new path, ``CLASS/STEM.png``: two crops of a class with one stem (a.png and
     a.jpg, or a manifest's files of two folders) are refused by name, never renamed unseen."""
     seen: dict[str, Path] = {}
-    names = []
+    names, clashes = [], []
     for r in records:
         if r.cls in ("", ".", "..") or any(c in r.cls for c in "/\\"):
             raise DatasetError(f"class {r.cls!r} of {r.path} cannot name a folder")
         name = f"{r.cls}/{r.path.stem}.png"
         if name in seen:
-            raise DatasetError(
-                f"{seen[name]} and {r.path} would both be written as {name}: rename one of them"
-            )
-        seen[name] = r.path
+            clashes.append((seen[name], r.path, name))
+        seen.setdefault(name, r.path)
         names.append(name)
+    if clashes:  # all of them at once: one rerun, not one a pair
+        a, b, name = clashes[0]
+        more = f" ({len(clashes)} crops share a name so in all)" if len(clashes) > 1 else ""
+        raise DatasetError(f"{a} and {b} would both be written as {name}{more}: rename them")
     return names
 
 
@@ -160,6 +180,7 @@ def _write(records, names, tmp: Path, px: int, skip: bool):
     with progress("field", total=len(records), unit="crops") as bar:
         for r, name in zip(records, names, strict=True):
             try:
+                before = len(notes)
                 img = read_image(r.path, notes)
             except UnreadableImageError as exc:
                 if not skip:
@@ -169,7 +190,11 @@ def _write(records, names, tmp: Path, px: int, skip: bool):
                 continue
             dest = tmp / name
             dest.parent.mkdir(exist_ok=True)
-            Image.fromarray(field_rgb(img, px)).save(dest)
+            field = field_rgb(img, px)
+            # a grayscale crop stays grayscale (one channel): every later reader says so, as
+            # this one did (written as RGB, the word was lost for good)
+            gray = len(notes) > before
+            Image.fromarray(field[..., 0] if gray else field).save(dest)
             rows.append((name, r.cls, str(r.path.resolve()), r.bag or "", _blank(r.bag_label)))
             bar.advance(1)
     return rows, skipped, notes

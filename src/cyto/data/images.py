@@ -37,25 +37,33 @@ def decode_image(
         UnreadableImageError: the bytes are not a complete image, or one too small to hold a
             cell (:data:`MIN_CELL_SIDE`).
     """
+    buffer = io.BytesIO(data)
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with Image.open(buffer) as im:
             im.load()
             if notes is not None and im.mode in GRAY_MODES:
                 notes.append((Path(path), im.mode))
             rgb = _to_rgb(im)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise UnreadableImageError(
-            path, str(exc) or type(exc).__name__, passing("skip_unreadable")
-        ) from exc
+        # PIL names the buffer it was given ("<_io.BytesIO object at 0x...>"): the file instead
+        reason = (str(exc) or type(exc).__name__).replace(repr(buffer), repr(str(path)))
+        raise UnreadableImageError(path, reason, passing("skip_unreadable")) from exc
     h, w = rgb.shape[:2]
-    if max(h, w) < MIN_CELL_SIDE:
-        raise UnreadableImageError(
-            path,
-            f"{w} x {h} px is too small to hold a cell (a cell crop has at least "
-            f"{MIN_CELL_SIDE} px a side)",
-            passing("skip_unreadable"),
-        )
+    small = too_small(w, h)
+    if small:
+        raise UnreadableImageError(path, small, passing("skip_unreadable"))
     return rgb
+
+
+def too_small(w: int, h: int) -> str | None:
+    """Why a ``w x h`` image holds no cell (:data:`MIN_CELL_SIDE`), or None: the one rule of
+    the decoder and of ``cyto data info``."""
+    if max(w, h) >= MIN_CELL_SIDE:
+        return None
+    return (
+        f"{w} x {h} px is too small to hold a cell (a cell crop has at least {MIN_CELL_SIDE} px "
+        "a side)"
+    )
 
 
 def _to_rgb(im: Image.Image) -> np.ndarray:

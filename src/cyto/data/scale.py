@@ -113,6 +113,31 @@ def field_zoom(
     return patch_mpp / model_mpp
 
 
+def side_words(side: int | None, model_side: int | None, model_mpp: float | None) -> str | None:
+    """A crop folder of another side than the model's training crops (``model_side`` px, at
+    ``model_mpp`` um/px), given no zoom: each crop is brought to the model's crop as if both
+    spanned one field of view, which holds only for crops at another pixel size. Crops of the
+    training crops' pixel size in a wider field (``cyto data field`` with another ``--px``)
+    had their cells scored smaller and their nuclear areas misread, without a word. One line
+    saying so and the flag that cuts each to the model's field, or None within
+    :data:`cyto.data.dataset.SIZE_SPREAD`."""
+    from cyto.data.dataset import SIZE_SPREAD
+
+    if not side or not model_side or max(side, model_side) <= SIZE_SPREAD * min(side, model_side):
+        return None
+    ratio = side / model_side
+    at = f" ({model_mpp:g} um/px)" if model_mpp else ""
+    fix = passing("patch_mpp", model_mpp) if model_mpp else passing("zoom", round(ratio, 3))
+    return (
+        f"these crops are {side} px a side, the model's training crops {model_side} px: each "
+        "is brought to the model's crop as if both spanned one field of view; if they are at "
+        f"the training crops' pixel size{at}, their cells are scored {max(ratio, 1 / ratio):.2f}x "
+        f"{'smaller' if ratio > 1 else 'larger'} than they are and their areas misread: pass "
+        f"{fix} to cut each to the model's field, or cut them as the training crops were "
+        f"(cyto data field --px {model_side})"
+    )
+
+
 def _factor(reference: float, median: float) -> float | None:
     if not reference > 0 or not median > 0:
         return None
