@@ -107,9 +107,10 @@ def slide_threshold(
 
     Each tile's own Otsu threshold made the cells found depend on ``--tile``: on the CMU-1 H&E
     region the smear settings found 1,714 / 1,852 / 4,061 nuclei with 512 / 1,024 / 2,048 px
-    tiles; with this threshold, 4,090 with each. None when the windows hold nothing above the
-    floor (blank glass)."""
-    from cyto.detect.numpy_form import smoothed_haematoxylin
+    tiles; with this threshold, 4,090 with each. Opaque pixels (ink, black fill) are left out
+    (:func:`cyto.detect.numpy_form.threshold_values`). None when the windows hold nothing above
+    the floor (blank glass)."""
+    from cyto.detect.numpy_form import threshold_values
     from cyto.detect.params import otsu_cut
 
     info = reader.info
@@ -120,11 +121,11 @@ def slide_threshold(
     for x0, y0 in origins:
         w = min(THRESHOLD_WINDOW, info.width - x0)
         h = min(THRESHOLD_WINDOW, info.height - y0)
-        smooth = smoothed_haematoxylin(reader.read_region(x0, y0, w, h), params)
-        values.append(smooth.ravel()[:: max(1, smooth.size // 65536)])  # 64 k pixels a window
-    if not values:
+        smooth = threshold_values(reader.read_region(x0, y0, w, h), params)  # no ink
+        values.append(smooth[:: max(1, smooth.size // 65536)])  # 64 k pixels a window
+    pooled = np.concatenate(values) if values else np.empty(0)
+    if pooled.size == 0:
         return None
-    pooled = np.concatenate(values)
     if float(pooled.max()) < params.min_threshold or float(pooled.min()) == float(pooled.max()):
         return None
     return max(otsu_cut(pooled, params.classes), params.min_threshold)

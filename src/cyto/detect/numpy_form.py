@@ -61,10 +61,24 @@ def _reduced(rgb: np.ndarray, params: NucleusParams) -> tuple[np.ndarray, Nucleu
     return small, reduced_params(params, k), k
 
 
-def smoothed_haematoxylin(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
-    """The smoothed haematoxylin the detector thresholds, at its reduction of ``rgb``."""
+#: a pixel darker than this in every channel holds no stain: ink, a pen mark, the black fill of
+#: a crop tool. Its optical density (5.5 a channel at black) stretched Otsu's histogram: six
+#: black-barred crops of 177 on a slide raised its threshold 16x and lost 93 % of the cells
+OPAQUE_RGB = 24
+
+
+def threshold_values(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
+    """The smoothed nuclear signal the detector thresholds, at its reduction of ``rgb``, as a
+    threshold is measured on it: less the opaque pixels (:data:`OPAQUE_RGB`) and their blur."""
+    from scipy import ndimage
+
     small, at, _ = _reduced(rgb, params)
-    return _smooth(small, at)
+    smooth = _smooth(small, at)
+    opaque = small.max(axis=-1) < OPAQUE_RGB
+    if not opaque.any():
+        return smooth.ravel()
+    reach = max(1, int(np.ceil(3 * at.sigma)))  # the smoothing carries them this far
+    return smooth[~ndimage.binary_dilation(opaque, iterations=reach)]
 
 
 def _smooth(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
