@@ -201,7 +201,6 @@ def score_slide(
 
         raise ConfigError(CLOSED)
     refuse_resume_and_overwrite(opts.resume, overwrite)
-    _rank_by_caution(check_rank_by(model, opts.rank_by))  # as cyto score, before the slide
     if opts.truth is not None:  # a bad truth table costs nothing: read before the slide, as
         read_truth(opts.truth)  # cyto score reads it (it was read after the slide was scored)
     # a folder, or a prefix in object storage, as cyto score --out takes it (cyto.location):
@@ -226,6 +225,7 @@ def score_slide(
         model = model if not isinstance(model, str) else Path(model)
         if kind == "auto":
             opts = replace(opts, detection=detection_for(kind, model))
+        _rank_by_caution(check_rank_by(model, opts.rank_by))  # as cyto score, before the slide
         # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
         said = echo or (lambda _line: None)
         words = lambda m: said(where.words(m))  # noqa: E731
