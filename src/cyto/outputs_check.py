@@ -43,12 +43,13 @@ RECORD_FORMAT = "cyto-outputs"
 FRESH_ONLY: ContextVar[bool] = ContextVar("cyto_fresh_only", default=False)
 
 
-def exists(path: Path) -> bool:
+def exists(path: Path, locked: bool = False) -> bool:
     """Whether ``path`` holds a result: a file, or a folder with anything in it (an empty
-    folder made beforehand holds nothing to lose)."""
+    folder made beforehand holds nothing to lose). ``locked``: the caller holds the folder's
+    lock (:class:`cyto.locks.OutputLock`), whose file is then no result."""
     path = Path(path)
     if path.is_dir():
-        return any(p.name != LOCK for p in path.iterdir())  # a lock alone: a run, not a result
+        return any(not (locked and p.name == LOCK) for p in path.iterdir())
     return path.exists() or path.is_symlink()
 
 
@@ -84,14 +85,18 @@ def recorded(folder: Path) -> set[str]:
     return {f for f in data.get("files", []) if isinstance(f, str)}
 
 
-def foreign_files(folder: Path, known: Iterable[str] = ()) -> list[str]:
+def foreign_files(folder: Path, known: Iterable[str] = (), locked: bool = False) -> list[str]:
     """The files in ``folder`` cyto did not write: neither in its :data:`RECORD` nor matching
-    one of ``known`` (shell patterns over the relative POSIX path, ``*`` spanning folders)."""
+    one of ``known`` (shell patterns over the relative POSIX path, ``*`` spanning folders).
+    The folder's lock file is cyto's own when the caller holds it (``locked``) or no run does
+    (a killed run's: it was called a file cyto did not write, and the folder could not be used
+    again); held by a live run, it stays in the way."""
+    from cyto.locks import held
+
     folder = Path(folder)
     own = recorded(folder)
-    # the lock of the folder's writer is cyto's own: a killed run's (its process gone) was
-    # called a file cyto did not write, and the folder could not be used again
-    patterns = [RECORD, LOCK, *known]
+    stale = locked or ((folder / LOCK).exists() and not held(folder))
+    patterns = [RECORD, *([LOCK] if stale else []), *known]
     return [
         f for f in _files(folder) if f not in own and not any(fnmatchcase(f, p) for p in patterns)
     ]
@@ -134,6 +139,7 @@ def refuse_to_replace(
     other: str = "",
     known: Iterable[str] | None = None,
     inputs: dict[str, object] | None = None,
+    locked: bool = False,
 ) -> None:
     """Raise ``error`` (exit 2 by default) when ``path`` holds a result and ``overwrite`` is
     not set: one line naming it (``name``, by default ``--out PATH``) and the flag (``other``:
@@ -145,7 +151,8 @@ def refuse_to_replace(
     (:func:`foreign_files`) is then refused whether ``overwrite`` is set or not, naming that
     file. ``None``: ``path`` is a file, or a folder whose writer replaces only its own named
     files and deletes nothing else. ``inputs``: the command's inputs (option name -> path), of
-    which ``path`` may be none, with or without ``overwrite`` (:func:`refuse_input_as_output`)."""
+    which ``path`` may be none, with or without ``overwrite`` (:func:`refuse_input_as_output`).
+    ``locked``: the caller holds ``path``'s lock (:func:`exists`)."""
     from cyto.flags import passing
 
     path = Path(path)
@@ -159,8 +166,17 @@ def refuse_to_replace(
             "created if missing)"
         )
     if known is not None and path.is_dir() and not path.is_symlink():
-        refuse_foreign(foreign_files(path, known), label, error)
-    if overwrite or not exists(path):
+        from cyto.locks import another_out, held
+
+        if not locked and held(path):  # a live run's folder: busy, not foreign
+            from cyto.errors import OutputBusyError
+
+            raise OutputBusyError(
+                f"{label} is being written by another cyto run now; wait for it to finish, or "
+                f"{another_out()}"
+            )
+        refuse_foreign(foreign_files(path, known, locked), label, error)
+    if overwrite or not exists(path, locked):
         return
     alternative = f", or {other}" if other else ""
     raise error(f"{label} exists (pass {passing('overwrite')} to replace it{alternative})")

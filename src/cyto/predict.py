@@ -46,6 +46,7 @@ from cyto.errors import (
     OutputWriteError,
     ScaleWarning,
     StainWarning,
+    warn_caller,
 )
 from cyto.flags import Range, check_value, hints_of, passing, said
 from cyto.infer.store import ChunkStore, kept_words
@@ -142,7 +143,7 @@ def predict(
     if not zooming:  # crops of another field than the model's, resized as if of its field
         other = side_words(common_side(sides), scorer.spec.patch_px, scorer.spec.mpp)
         if other is not None:
-            warnings.warn(other, ScaleWarning, stacklevel=2)
+            warn_caller(other, ScaleWarning)
     key = {
         "model": f"{scorer.bundle.manifest_hash} {scorer.backend.name} {scorer.precision}",
         "data": _records_key(records),

@@ -447,7 +447,8 @@ def test_images_outside_the_class_folders_and_broken_links_are_said_not_dropped(
     with pytest.warns(CytoWarning) as got:
         info = data_info(tmp_path)
     (line,) = [str(w.message) for w in got if "outside its class folders" in str(w.message)]
-    assert line.startswith(f"2 image(s) of {tmp_path} lie outside its class folders' own files")
+    assert line.startswith(f"images of {tmp_path} lie outside its class folders' own files (e.g.")
+    assert got[0].filename == __file__  # the caller's line, not cyto's
     assert info.n_files == 4 and [p.name for p, _ in info.unreadable] == ["gone.png"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CytoWarning)
@@ -473,3 +474,16 @@ def test_a_crop_too_small_for_a_cell_is_unreadable_to_data_info_as_to_every_read
         read_image(tmp_path / "A" / "junk.png")
     assert "BytesIO" not in str(err.value)
     assert f"cannot identify image file '{tmp_path / 'A' / 'junk.png'}'" in str(err.value)
+
+
+def test_class_folders_one_level_too_high_are_said_with_the_folder_to_give(tmp_path):
+    """data/train/CLASS/*.png given as data: every class folder is empty at its own level, and
+    "no images found" was said of a folder of images (review of round 19)."""
+    from cyto.data.dataset import load_records
+
+    _crops(tmp_path / "train", {"A": [20], "B": [20]})
+    with pytest.raises(InputPathError) as err:
+        load_records(tmp_path)
+    said = str(err.value)
+    assert said.startswith(f"no images directly in the class sub-folders of {tmp_path}, but deeper")
+    assert f"give the folder whose sub-folders hold the images ({tmp_path / 'train'})" in said

@@ -207,3 +207,66 @@ def test_grayscale_crops_stay_grayscale_so_every_later_reader_says_so(tmp_path):
     assert Image.open(tmp_path / "f" / "NILM" / "c01_40.png").mode == "RGB"
     with pytest.warns(CytoWarning, match="1 of 2 images are grayscale"):
         PatchDataset.from_path(tmp_path / "f", normal="NILM")
+
+
+def test_a_linked_out_is_checked_in_the_folder_it_names_so_a_users_files_stay(tmp_path):
+    """--out LINK --overwrite emptied the folder the link named, a user's thesis in it: the
+    check of files cyto did not write does not look through a link (review of round 19)."""
+    src = tmp_path / "boxed"
+    _boxed(src, {"NILM": [24, 40]})
+    (tmp_path / "important").mkdir()
+    (tmp_path / "important" / "thesis.txt").write_text("precious")
+    (tmp_path / "link").symlink_to(tmp_path / "important")
+    with pytest.raises(InputPathError, match="thesis.txt that cyto did not write"):
+        fit_field(src, tmp_path / "link", overwrite=True)
+    assert (tmp_path / "important" / "thesis.txt").read_text() == "precious"
+
+
+def test_a_live_runs_lock_stays_in_the_way_of_every_other_command(tmp_path):
+    """The lock of a live run (cyto data field holds only it while it builds beside) is not a
+    stale one: --overwrite of another command into that folder is refused, not let through to
+    delete what the run moves in; a killed run's lock is cyto's own to replace."""
+    from cyto.errors import OutputBusyError
+    from cyto.locks import OutputLock
+    from cyto.outputs_check import refuse_to_replace
+
+    out = tmp_path / "busy"
+    with OutputLock(out, "cyto data field"):
+        for overwrite in (True, False):
+            with pytest.raises(OutputBusyError, match="is being written by another cyto run"):
+                refuse_to_replace(out, overwrite, known=())
+    out.mkdir(exist_ok=True)
+    (out / ".lock").write_text('{"pid": 999999}')  # a killed run's: no process holds it
+    refuse_to_replace(out, True, known=())
+
+
+def test_a_run_killed_while_moving_its_crops_in_leaves_a_folder_the_next_run_replaces(
+    tmp_path, monkeypatch
+):
+    """Killed between moving the old files aside and the new ones in, OUT held files no record
+    named, and every later run refused them as files cyto did not write."""
+    import pathlib
+
+    from cyto.outputs_check import foreign_files
+
+    src = tmp_path / "boxed"
+    _boxed(src, {"NILM": [24, 40], "HSIL": [30]})
+    out = tmp_path / "field"
+    fit_field(src, out, echo=lambda s: None)
+    rename = pathlib.Path.rename
+    for k in range(1, 9):  # killed at each rename of the move: 4 old entries out, 4 new in
+        calls = []
+
+        def dying(self, target, calls=calls, k=k):
+            calls.append(target)
+            if len(calls) == k:
+                raise KeyboardInterrupt
+            return rename(self, target)
+
+        monkeypatch.setattr(pathlib.Path, "rename", dying)
+        with pytest.raises(KeyboardInterrupt):
+            fit_field(src, out, overwrite=True, echo=lambda s: None)
+        monkeypatch.setattr(pathlib.Path, "rename", rename)
+        assert foreign_files(out) == [], k
+        fit_field(src, out, overwrite=True, echo=lambda s: None)  # replaces it
+        assert sorted(p.name for p in (out / "NILM").iterdir()) == ["c00_24.png", "c01_40.png"]

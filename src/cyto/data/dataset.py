@@ -26,7 +26,6 @@ import numpy as np
 
 from cyto.data.images import (
     IMAGE_SUFFIXES,
-    MIN_CELL_SIDE,
     decode_image,
     mode_words,
     resize_rgb,
@@ -39,6 +38,7 @@ from cyto.errors import (
     DatasetError,
     InputPathError,
     UnreadableImageError,
+    warn_caller,
 )
 from cyto.flags import passing, setting
 from cyto.tables import read_table
@@ -79,7 +79,7 @@ def scan_folder(root: Path) -> list[PatchRecord]:
     """Records of a folder whose sub-folders are classes (``root/LYT/LYT_00001.jpg``)."""
     root = Path(root)
     records = []
-    deeper: list[Path] = []  # images no class folder holds directly: never read
+    deeper = None  # an image no class folder holds directly: never read
     for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         for f in sorted(sub.iterdir()):
             if f.suffix.lower() not in IMAGE_SUFFIXES:
@@ -88,28 +88,26 @@ def scan_folder(root: Path) -> list[PatchRecord]:
             # (listed as unreadable, by name), not a file that is not there
             if f.is_file() or (f.is_symlink() and not f.exists()):
                 records.append(PatchRecord(path=f, cls=sub.name))
-        deeper += [
-            f
-            for f in sorted(sub.glob("*/**/*"))
-            if f.suffix.lower() in IMAGE_SUFFIXES
-            and not any(part.startswith(".") for part in f.relative_to(sub).parts)
-        ]
+        deeper = deeper or _image_below(sub)
     loose = [f for f in root.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES]
-    if records and (deeper or loose):
-        left = (loose + deeper)[0]
-        warnings.warn(
-            f"{len(loose) + len(deeper)} image(s) of {root} lie outside its class folders' own "
-            f"files (e.g. {left}) and are not read: a class is the images directly in "
-            f"{root}/CLASS/; move them there, or list every image in a manifest "
-            "(.csv/.parquet with path and label)",
-            CytoWarning,
-            stacklevel=3,
-        )
     if not records and loose:  # "no images found" in a folder of 300 images misled
         raise InputPathError(
             f"{root} holds {len(loose)} images but no class sub-folders: put them in a "
             f"sub-folder named by their class ({root}/normal/{loose[0].name}), or list them "
             "in a manifest (.csv/.parquet with path and label)"
+        )
+    if not records and deeper is not None:  # train/CLASS/*.png given as its parent
+        raise InputPathError(
+            f"no images directly in the class sub-folders of {root}, but deeper ({deeper}): "
+            f"give the folder whose sub-folders hold the images ({deeper.parent.parent}), or "
+            "list them in a manifest (.csv/.parquet with path and label)"
+        )
+    if loose or deeper is not None:
+        warn_caller(
+            f"images of {root} lie outside its class folders' own files (e.g. "
+            f"{(loose or [deeper])[0]}) and are not read: a class is the images directly in "
+            f"{root}/CLASS/; move them there, or list every image in a manifest "
+            "(.csv/.parquet with path and label)"
         )
     if not records:
         raise InputPathError(
@@ -117,6 +115,19 @@ def scan_folder(root: Path) -> list[PatchRecord]:
             f"{'/'.join(IMAGE_SUFFIXES)} files (e.g. {root}/LYT/LYT_00001.jpg), or a manifest file"
         )
     return records
+
+
+def _image_below(folder: Path) -> Path | None:
+    """The first image in a sub-folder of ``folder`` (links to folders not followed, hidden
+    folders skipped), or None: a walk that stops at the first one found."""
+    for here, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        if Path(here) == Path(folder):
+            continue
+        for name in sorted(files):
+            if Path(name).suffix.lower() in IMAGE_SUFFIXES:
+                return Path(here) / name
+    return None
 
 
 def _pick(columns: Sequence[str], options: Sequence[str]) -> str | None:
@@ -596,7 +607,7 @@ def crop_sides(records: Iterable[PatchRecord]) -> tuple[Counter[int], dict[int, 
                 side = max(im.size)
         except Exception:  # noqa: BLE001 - decoding reports it with its path
             continue
-        if side < MIN_CELL_SIDE:  # no cell: the decoder refuses it as unreadable, by name
+        if too_small(side, side):  # no cell: the decoder refuses it as unreadable, by name
             continue
         sides[side] += 1
         first.setdefault(side, r.path)

@@ -11,6 +11,7 @@ crop's source, class and bag."""
 from __future__ import annotations
 
 import csv
+import os
 import shutil
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from cyto.errors import ConfigError, DatasetError, OutputWriteError, UnreadableI
 from cyto.flags import passing, said
 from cyto.locks import LOCK, OutputLock
 from cyto.outputs_check import (
+    RECORD,
     check_writable,
     record_outputs,
     refuse_input_as_output,
@@ -62,7 +64,9 @@ def fit_field(
     records = load_records(source)
     # inside PATH, the new crops would be read as cells of a class by the next run
     refuse_input_as_output(out, passing("out", out), {"PATH": source}, inside=("PATH",))
-    refuse_to_replace(out, overwrite, known=())  # before any work; again under the lock
+    # a link is replaced in the folder it names, checked there (the files of a linked folder
+    # were deleted unchecked: refuse_to_replace does not look through a link)
+    out = Path(os.path.realpath(out))
     check_writable(out.parent, f"{passing('out', out)}:")  # built beside it, then moved in
     names = _names(records)
     sides, first = crop_sides(records)
@@ -87,7 +91,9 @@ def fit_field(
     made = not out.exists()
     try:
         with OutputLock(out, "cyto data field"):  # the lock lies in OUT: built beside, moved in
-            refuse_to_replace(out, overwrite, known=())  # what a run finished since holds
+            # under the lock: a second run is refused as busy, naming the first; a killed
+            # run's lock is taken over (it is no result)
+            refuse_to_replace(out, overwrite, known=(), locked=True)
             clear_temp_dirs_beside(out)  # what a killed run left half written
             rows, skipped, notes = _build(records, names, out, px, skip_unreadable, source)
     finally:
@@ -117,8 +123,9 @@ def fit_field(
 
 
 def _build(records, names, out: Path, px: int, skip: bool, source: Path):
-    """The crops written into a folder beside ``out``, then moved in whole: a run stopped
-    halfway leaves ``out`` as it was."""
+    """The crops written into a folder beside ``out``, then moved in: a run stopped while
+    writing leaves ``out`` as it was; one killed while moving leaves every file in ``out``
+    named by the record beside it, so the next run replaces them."""
     try:
         tmp = temp_dir_beside(out)
     except OSError as exc:  # a folder the user may read but not write (chattr +i, a mount)
@@ -134,16 +141,19 @@ def _build(records, names, out: Path, px: int, skip: bool, source: Path):
             w = csv.writer(fh)
             w.writerow(["path", "label", "source", "bag", "bag_label"])
             w.writerows(rows)
-        for old in out.iterdir():  # an earlier run's, all cyto's own (refuse_to_replace)
-            if old.is_dir():
-                shutil.rmtree(old)
-            elif old.name != LOCK:
-                old.unlink()
-        for new in tmp.iterdir():
+        record_outputs(tmp, "cyto data field")  # the new files, named before they move
+        aside = temp_dir_beside(out)  # the earlier run's, all cyto's own (refuse_to_replace)
+        # the old record goes last, the new one first: whenever a run is killed here, every
+        # file in OUT is named by the record there
+        for old in sorted(out.iterdir(), key=lambda e: e.name == RECORD):
+            if old.name != LOCK:
+                old.rename(aside / old.name)
+        for new in sorted(tmp.iterdir(), key=lambda e: e.name != RECORD):
             new.rename(out / new.name)
-        record_outputs(out, "cyto data field")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if "aside" in locals():
+            shutil.rmtree(aside, ignore_errors=True)
     return rows, skipped, notes
 
 

@@ -227,7 +227,7 @@ def zoom_patch(img: np.ndarray, zoom: float, size: int | None = None) -> np.ndar
     """``img`` (H, W, 3) uint8 magnified ``zoom`` x about its centre, returned at ``size``
     (default: its own). The centre 1/zoom of the image is cut at its native resolution before
     any resize, so enlarging loses no more detail than the crop itself."""
-    from cyto.data.images import resize_rgb, square_rgb
+    from cyto.data.images import field_rgb, resize_rgb, square_rgb
 
     img = square_rgb(img)  # a crop cut at its image's edge keeps its cell's shape
     h, w = img.shape[:2]
@@ -235,15 +235,8 @@ def zoom_patch(img: np.ndarray, zoom: float, size: int | None = None) -> np.ndar
     if zoom == 1.0:
         return img if (h, w) == (size, size) else resize_rgb(img, size)
     side = max(1, round(min(h, w) / zoom))
-    if side <= min(h, w):  # enlarge: the centre square
-        y0, x0 = (h - side) // 2, (w - side) // 2
-        return resize_rgb(np.ascontiguousarray(img[y0 : y0 + side, x0 : x0 + side]), size)
-    edge = np.concatenate([img[0], img[-1], img[:, 0], img[:, -1]])
-    canvas = np.empty((side, side, 3), dtype=np.uint8)
-    canvas[:] = np.median(edge, axis=0).astype(np.uint8)  # the background around the cell
-    y0, x0 = (side - h) // 2, (side - w) // 2
-    canvas[y0 : y0 + h, x0 : x0 + w] = img
-    return resize_rgb(canvas, size)
+    # enlarge: the centre square; shrink: the crop amid the background around its cell
+    return resize_rgb(field_rgb(img, side), size)
 
 
 def zoom_patches(images, zoom: float, size: int | None = None) -> np.ndarray:
