@@ -270,3 +270,12 @@ def test_a_run_killed_while_moving_its_crops_in_leaves_a_folder_the_next_run_rep
         assert foreign_files(out) == [], k
         fit_field(src, out, overwrite=True, echo=lambda s: None)  # replaces it
         assert sorted(p.name for p in (out / "NILM").iterdir()) == ["c00_24.png", "c01_40.png"]
+
+
+def test_a_manifest_class_that_cannot_be_a_class_folder_is_refused(tmp_path):
+    """A label ".hidden" became a folder every reader skips: its crops were lost unseen."""
+    _boxed(tmp_path / "boxed", {"NILM": [24]})
+    for label in (".hidden", "a/b"):
+        (tmp_path / "m.csv").write_text(f"path,label\nboxed/NILM/c00_24.png,{label}\n")
+        with pytest.raises(DatasetError, match=f"class '{label}' of .* cannot name a class"):
+            fit_field(tmp_path / "m.csv", tmp_path / "f")

@@ -169,8 +169,9 @@ def _names(records) -> list[str]:
     seen: dict[str, Path] = {}
     names, clashes = [], []
     for r in records:
-        if r.cls in ("", ".", "..") or any(c in r.cls for c in "/\\"):
-            raise DatasetError(f"class {r.cls!r} of {r.path} cannot name a folder")
+        if r.cls.startswith(".") or not r.cls or any(c in r.cls for c in "/\\"):
+            # a hidden folder is skipped by every reader of a class folder
+            raise DatasetError(f"class {r.cls!r} of {r.path} cannot name a class folder")
         name = f"{r.cls}/{r.path.stem}.png"
         if name in seen:
             clashes.append((seen[name], r.path, name))
