@@ -159,6 +159,7 @@ def score_slide(
         >>> table = cyto.score_slide("slide.ndpi", "dsvdd.cyto", "scored/slide", top_k=100)
         >>> top = table.sort_by("rank").slice(0, 10).to_pylist()  # the ten most abnormal cells
     """
+    import json
     from dataclasses import replace
 
     import pyarrow.parquet as pq
@@ -168,7 +169,7 @@ def score_slide(
     from cyto.detect.params import DETECTION_CHOICES
     from cyto.errors import ConfigError, out_of_memory
     from cyto.flags import hints_of
-    from cyto.infer.options import ScoreOptions, check_rank_by, detection_for
+    from cyto.infer.options import ScoreOptions, detection_for
     from cyto.infer.outputs import read_truth
     from cyto.infer.pipeline import score_slide as run
     from cyto.location import output_location, refuse_urls
@@ -225,7 +226,6 @@ def score_slide(
         model = model if not isinstance(model, str) else Path(model)
         if kind == "auto":
             opts = replace(opts, detection=detection_for(kind, model))
-        _rank_by_caution(check_rank_by(model, opts.rank_by))  # as cyto score, before the slide
         # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
         said = echo or (lambda _line: None)
         words = lambda m: said(where.words(m))  # noqa: E731
@@ -245,6 +245,9 @@ def score_slide(
                 raise
             raise unforeseen(Path(str(slide)), exc) from exc
         table = pq.read_table(where.local / "scores.parquet")
+        # what the slide's summary records of auto's choice, warned as cyto score says it
+        summary = json.loads((where.local / "summary.json").read_text())
+    _rank_by_caution(summary.get("rank_by_caution"))
     return table
 
 

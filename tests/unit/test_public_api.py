@@ -120,7 +120,7 @@ KINDS = {
         "batch_size": "int",
         "mosaic": "int",
         "workers": "int?",
-        "fdr_alpha": "float",
+        "fdr_alpha": "float?",  # None: the default level (ScoreOptions)
         "slide_mpp": "float?",
         "truth": "path?",
         "resume": "bool",
