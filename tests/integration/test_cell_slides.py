@@ -189,3 +189,27 @@ def test_a_pap_slide_of_real_cells_is_ranked_end_to_end(tmp_path, cric):
     )
     assert "leave out --detection (auto takes pap)" in said
     assert "resolution" not in said and "--rescale" not in said, said
+
+
+def test_crops_of_other_sides_are_said_padded_or_cut_by_count(tmp_path):
+    """Round 19 (case 16): "170 of 177 crops are not 94 px a side: padded ... or cut" left out
+    how many lost their edges; padded and cut are counted apart."""
+    from PIL import Image
+
+    cells = _crops(tmp_path / "crops", {"normal": 6, "big": 2})
+    for i, side in enumerate((30, 90, 100)):
+        Image.new("RGB", (side, side), (200, 190, 210)).save(cells / "normal" / f"odd{i}.png")
+    config = CellSlideConfig(
+        cells=cells, normal=("normal",), mpp=0.25, abnormal_fraction=0.0, width=512, height=512,
+        n_cells=10,
+    )  # fmt: skip
+    said: list[str] = []
+    place_cells(config, said.append)
+    side = Image.open(next((cells / "big").iterdir())).size[0]
+    (line,) = [s for s in said if "px a side" in s]
+    cut = sum(s > side for s in (30, 90, 100))
+    assert line == (
+        f"note: 3 of 11 crops are not {side} px a side, never resampled: {3 - cut} padded with "
+        f"their edge colour, {cut} cut about their centre (a cell wider than the field loses "
+        "its edges)"
+    ), line

@@ -126,23 +126,11 @@ def crop_side(records) -> tuple[int, Counter]:
 
 
 def _fit(img: np.ndarray, side: int) -> np.ndarray:
-    """``img`` as a ``side`` square without resampling: padded with its edge colour, or its
-    centre cut."""
-    from cyto.data.images import square_rgb
+    """``img`` as a ``side`` square without resampling: squared, then padded with its edge
+    colour or its centre cut (:func:`cyto.data.images.field_rgb`, the rule of every crop)."""
+    from cyto.data.images import field_rgb, square_rgb
 
-    img = square_rgb(img)
-    s = img.shape[0]
-    if s > side:
-        o = (s - side) // 2
-        return np.ascontiguousarray(img[o : o + side, o : o + side])
-    if s < side:
-        edge = np.concatenate([img[0], img[-1], img[:, 0], img[:, -1]])
-        canvas = np.empty((side, side, 3), dtype=np.uint8)
-        canvas[:] = np.median(edge, axis=0).astype(np.uint8)
-        o = (side - s) // 2
-        canvas[o : o + s, o : o + s] = img
-        return canvas
-    return img
+    return field_rgb(square_rgb(img), side)
 
 
 def _alpha(side: int) -> np.ndarray:
@@ -215,10 +203,12 @@ def place_cells(config: CellSlideConfig, echo=None):
         )
     side, sides = crop_side(normals + abnormals)
     odd = sum(n for s, n in sides.items() if s != side)
+    cut = sum(n for s, n in sides.items() if s > side)
     if odd and echo is not None:
         echo(
-            f"note: {odd} of {sum(sides.values())} crops are not {side} px a side: padded with "
-            "their edge colour or cut about their centre, never resampled"
+            f"note: {odd} of {sum(sides.values())} crops are not {side} px a side, never "
+            f"resampled: {odd - cut} padded with their edge colour, {cut} cut about their "
+            "centre (a cell wider than the field loses its edges)"
         )
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, 66]))
     w, h = config.size
