@@ -95,7 +95,7 @@ def foreign_files(folder: Path, known: Iterable[str] = (), locked: bool = False)
 
     folder = Path(folder)
     own = recorded(folder)
-    stale = locked or ((folder / LOCK).exists() and not held(folder))
+    stale = locked or not held(folder)  # held: False where there is no lock file
     patterns = [RECORD, *([LOCK] if stale else []), *known]
     return [
         f for f in _files(folder) if f not in own and not any(fnmatchcase(f, p) for p in patterns)

@@ -79,16 +79,20 @@ def scan_folder(root: Path) -> list[PatchRecord]:
     """Records of a folder whose sub-folders are classes (``root/LYT/LYT_00001.jpg``)."""
     root = Path(root)
     records = []
-    deeper = None  # an image no class folder holds directly: never read
+    below: list[Path] = []  # the class folders' own sub-folders (links to folders not followed)
     for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         for f in sorted(sub.iterdir()):
             if f.suffix.lower() not in IMAGE_SUFFIXES:
+                if f.is_dir() and not f.is_symlink() and not f.name.startswith("."):
+                    below.append(f)
                 continue
             # a link whose target is gone is a file of the class the decoder cannot read
             # (listed as unreadable, by name), not a file that is not there
             if f.is_file() or (f.is_symlink() and not f.exists()):
                 records.append(PatchRecord(path=f, cls=sub.name))
-        deeper = deeper or _image_below(sub)
+    # an image no class folder holds directly, never read: looked for only where there are
+    # sub-folders (a class folder is listed once, not walked again)
+    deeper = next((found for d in below if (found := _image_in(d)) is not None), None)
     loose = [f for f in root.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES]
     if not records and loose:  # "no images found" in a folder of 300 images misled
         raise InputPathError(
@@ -117,13 +121,11 @@ def scan_folder(root: Path) -> list[PatchRecord]:
     return records
 
 
-def _image_below(folder: Path) -> Path | None:
-    """The first image in a sub-folder of ``folder`` (links to folders not followed, hidden
+def _image_in(folder: Path) -> Path | None:
+    """The first image in ``folder`` or below it (links to folders not followed, hidden
     folders skipped), or None: a walk that stops at the first one found."""
     for here, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        if Path(here) == Path(folder):
-            continue
         for name in sorted(files):
             if Path(name).suffix.lower() in IMAGE_SUFFIXES:
                 return Path(here) / name

@@ -133,6 +133,7 @@ def _build(records, names, out: Path, px: int, skip: bool, source: Path):
             f"{passing('out', out)}: cannot write in {out.parent} ({exc.strerror or exc}); "
             "give a folder you can write to"
         ) from exc
+    aside = None
     try:
         rows, skipped, notes = _write(records, names, tmp, px, skip)
         if not rows:
@@ -152,7 +153,7 @@ def _build(records, names, out: Path, px: int, skip: bool, source: Path):
             new.rename(out / new.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        if "aside" in locals():
+        if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
     return rows, skipped, notes
 
@@ -188,6 +189,7 @@ def _write(records, names, tmp: Path, px: int, skip: bool):
     from PIL import Image
 
     rows, skipped, notes = [], [], []
+    made: set[Path] = set()  # each class folder made once, at its first readable crop
     with progress("field", total=len(records), unit="crops") as bar:
         for r, name in zip(records, names, strict=True):
             try:
@@ -200,7 +202,9 @@ def _write(records, names, tmp: Path, px: int, skip: bool):
                 bar.advance(1)
                 continue
             dest = tmp / name
-            dest.parent.mkdir(exist_ok=True)
+            if dest.parent not in made:
+                dest.parent.mkdir()
+                made.add(dest.parent)
             field = field_rgb(img, px)
             # a grayscale crop stays grayscale (one channel): every later reader says so, as
             # this one did (written as RGB, the word was lost for good)
