@@ -216,3 +216,8 @@ def test_black_ink_on_a_slide_moves_neither_its_threshold_nor_the_nuclei_found(p
     found = detect_nuclei(inked, replace(params, threshold=inked_t))
     recall, _ = _recall_precision(found, centres[far])
     assert recall >= 0.95
+    # a tile scored without a slide threshold (blank glass around it, or a Python caller's
+    # image) measures its own by the same rule, in both detectors
+    own = detect_nuclei(inked, params)
+    assert _recall_precision(own, centres[far])[0] >= 0.95
+    assert np.array_equal(nt.detect_nuclei_torch(torch.from_numpy(inked), params), own)

@@ -8,6 +8,7 @@ from cyto.detect.params import (
     _H_FROM_RGB,
     _HED_LOG,
     NucleusParams,
+    clear_of_opaque,
     from_reduced,
     nuclei_from_peaks,
     otsu_cut,
@@ -61,26 +62,11 @@ def _reduced(rgb: np.ndarray, params: NucleusParams) -> tuple[np.ndarray, Nucleu
     return small, reduced_params(params, k), k
 
 
-#: a pixel darker than this in every channel passed no light: the black fill of a crop tool or
-#: a scanner, opaque ink or debris. Its optical density (5.5 a channel at black) stretched Otsu's
-#: histogram: six black-barred crops of 177 on a slide raised its threshold 16x and lost 93 % of
-#: the cells. No pixel of CRIC's 2,827 Pap crops is this dark (16: 1,294 pixels of 49 crops,
-#: hyperchromatic nuclei, which must stay); a pen mark that lets some light through is not it
-OPAQUE_RGB = 8
-
-
 def threshold_values(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     """The smoothed nuclear signal the detector thresholds, at its reduction of ``rgb``, as a
     threshold is measured on it: less the opaque pixels (:data:`OPAQUE_RGB`) and their blur."""
-    from scipy import ndimage
-
     small, at, _ = _reduced(rgb, params)
-    smooth = _smooth(small, at)
-    opaque = small.max(axis=-1) < OPAQUE_RGB
-    if not opaque.any():
-        return smooth.ravel()
-    reach = max(1, int(np.ceil(3 * at.sigma)))  # the smoothing carries them this far
-    return smooth[~ndimage.binary_dilation(opaque, iterations=reach)]
+    return clear_of_opaque(_smooth(small, at), small, at.sigma)
 
 
 def _smooth(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
@@ -102,9 +88,12 @@ def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
         return np.empty((0, 3), dtype=np.float64)
     if params.threshold is not None:  # the slide's, the same for every tile
         t = max(params.threshold, params.min_threshold)
-    else:
+    else:  # the tile's own, less its opaque pixels as the slide's
+        values = clear_of_opaque(h, rgb, params.sigma)
         try:
-            t = max(otsu_cut(h, params.classes), params.min_threshold)
+            if values.size == 0:  # nothing but ink
+                raise ValueError
+            t = max(otsu_cut(values, params.classes), params.min_threshold)
         except ValueError:  # a constant tile
             return np.empty((0, 3), dtype=np.float64)
     mask = opening(h > t)

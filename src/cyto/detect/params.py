@@ -289,3 +289,25 @@ def in_core(points: np.ndarray, x0: int, y0: int, w: int, h: int) -> np.ndarray:
         & (points[:, 1] < y0 + h)
     )
     return points[keep]
+
+
+#: a pixel darker than this in every channel passed no light: the black fill of a crop tool or
+#: a scanner, opaque ink or debris. Its optical density (5.5 a channel at black) stretched Otsu's
+#: histogram: six black-barred crops of 177 on a slide raised its threshold 16x and lost 93 % of
+#: the cells. No pixel of CRIC's 2,827 Pap crops is this dark (16: 1,294 pixels of 49 crops,
+#: hyperchromatic nuclei, which must stay); a pen mark that lets some light through is not it
+OPAQUE_RGB = 8
+
+
+def clear_of_opaque(smooth: np.ndarray, rgb: np.ndarray, sigma: float) -> np.ndarray:
+    """The values of ``smooth`` (the nuclear signal of ``rgb``, smoothed at ``sigma``) that a
+    threshold is measured on, flat: all but the opaque pixels of ``rgb`` (:data:`OPAQUE_RGB`)
+    and what the smoothing carried from them. The one rule of the slide's threshold and of a
+    tile's own (when the slide has none)."""
+    from scipy import ndimage
+
+    opaque = rgb.max(axis=-1) < OPAQUE_RGB
+    if not opaque.any():
+        return smooth.ravel()
+    reach = max(1, int(np.ceil(3 * sigma)))  # the smoothing carries them this far
+    return smooth[~ndimage.binary_dilation(opaque, iterations=reach)]

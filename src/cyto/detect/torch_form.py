@@ -6,7 +6,8 @@ Every step is the SciPy/scikit-image detector's, as tensor operations:
 * haematoxylin through the same 256-entry tables; Gaussian smoothing with SciPy's kernel (radius
   ``int(4 sigma + 0.5)``, half-sample reflection at the borders);
 * Otsu's threshold on a 256-bin histogram between the tile's minimum and maximum, as
-  ``skimage.filters.threshold_otsu``, with the same floor;
+  ``skimage.filters.threshold_otsu``, with the same floor; a tile with opaque pixels (ink,
+  black fill) measures it on the host without them and their blur, by the SciPy detector's rule;
 * binary opening with the 4-neighbour cross (erosion, then dilation; outside the tile is
   background), as ``ndimage.binary_opening``;
 * connected components (4-neighbour) by label propagation with pointer jumping: each round takes
@@ -30,7 +31,9 @@ import torch.nn.functional as F
 from cyto.detect.params import (
     _H_FROM_RGB,
     _HED_LOG,
+    OPAQUE_RGB,
     NucleusParams,
+    clear_of_opaque,
     from_reduced,
     nuclei_from_peaks,
     otsu_cut,
@@ -221,7 +224,12 @@ def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
         t = max(params.threshold, params.min_threshold)
     else:
         try:
-            if params.classes == 3:  # the three-class cut on the host, as the SciPy detector
+            if bool((rgb.amax(dim=-1) < OPAQUE_RGB).any()):  # ink: left out on the host, as there
+                values = clear_of_opaque(h.cpu().numpy(), rgb.cpu().numpy(), params.sigma)
+                if values.size == 0:  # nothing but ink
+                    raise ValueError
+                t = max(otsu_cut(values, params.classes), params.min_threshold)
+            elif params.classes == 3:  # the three-class cut on the host, as the SciPy detector
                 t = max(otsu_cut(h.cpu().numpy(), 3), params.min_threshold)
             else:
                 t = max(otsu(h), params.min_threshold)
