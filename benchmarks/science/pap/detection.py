@@ -42,6 +42,7 @@ VARIANTS = {
         {"background": 0.0, "classes": 3, "min_threshold": 0.1},
     ),
     "pap, 3 classes": ("pap", {"classes": 3}),
+    "pap, 16 um background (before stop 79)": ("pap", {"background": 133.0}),
 }
 
 

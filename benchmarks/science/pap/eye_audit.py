@@ -2,7 +2,9 @@
 development crops drawn with ``--seed``, each enlarged 2x with the Pap preset's detections (green:
 centre and equivalent circle) and a yellow circle of 3 um around the crop's centre (the annotated
 point). A person then says, per crop, whether a nucleus lies under the yellow circle and whether
-the detector found it.
+the detector found it. With ``--blind`` the sheet has no detections: judge where the point lies
+on it first, then on the sheet with them whether that nucleus was found (the judgments of the
+sheets judged that way: ``eye_audit_<seed>.csv`` beside them).
 
     python benchmarks/science/pap/eye_audit.py --data ../shared/data/cric --seed 1 \\
         --out benchmarks/results/xeon-2core/pap/detection/eye_audit_1.jpg
@@ -31,6 +33,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--blind", action="store_true", help="draw no detections")
     args = ap.parse_args()
     ds = PatchDataset.from_path(args.data, normal="NILM", size=100)
     dev, _ = blocks(ds, 0.25, ("NILM", "ASC-US", "LSIL"))
@@ -47,7 +50,7 @@ def main() -> None:
     for j, i in enumerate(idx):
         img = np.asarray(ds.images[i])
         a = cv2.resize(img, (200, 200), interpolation=cv2.INTER_NEAREST)
-        for x, y, area in detect_nuclei(img, params):
+        for x, y, area in [] if args.blind else detect_nuclei(img, params):
             centre = (int(2 * x + 1), int(2 * y + 1))
             cv2.circle(a, centre, int(2 * np.sqrt(area / np.pi)), (0, 255, 0), 1)
             cv2.circle(a, centre, 3, (0, 255, 0), -1)

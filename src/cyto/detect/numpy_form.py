@@ -11,6 +11,7 @@ from cyto.detect.params import (
     clear_of_opaque,
     from_reduced,
     nuclei_from_peaks,
+    opaque_reach,
     otsu_cut,
     reduced_params,
     subtract_background,
@@ -66,7 +67,7 @@ def threshold_values(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     """The smoothed nuclear signal the detector thresholds, at its reduction of ``rgb``, as a
     threshold is measured on it: less the opaque pixels (:data:`OPAQUE_RGB`) and their blur."""
     small, at, _ = _reduced(rgb, params)
-    return clear_of_opaque(_smooth(small, at), small, at.sigma)
+    return clear_of_opaque(_smooth(small, at), opaque_reach(small, at.sigma))
 
 
 def _smooth(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
@@ -89,7 +90,7 @@ def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     if params.threshold is not None:  # the slide's, the same for every tile
         t = max(params.threshold, params.min_threshold)
     else:  # the tile's own, less its opaque pixels as the slide's
-        values = clear_of_opaque(h, rgb, params.sigma)
+        values = clear_of_opaque(h, opaque_reach(rgb, params.sigma))
         try:
             if values.size == 0:  # nothing but ink
                 raise ValueError

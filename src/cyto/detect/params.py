@@ -137,9 +137,12 @@ def detection_preset(kind: str) -> NucleusParams:
         # sizes at 0.12 um/px, like the defaults: 1 um = 8.33 px, 1 um^2 = 69.4 px. A squamous
         # nucleus: 15 (pyknotic superficial) to about 300 um^2 (a large low-grade lesion's).
         # Chosen on CRIC's development crops and generated Pap tiles
-        # (benchmarks/science/pap/detection.md): the background of a 16 um opening taken off,
+        # (benchmarks/science/pap/detection.md): the background of a 20 um opening taken off,
         # two classes; three classes of the plain density found fewer crops' centre nuclei
-        # (a NILM crop's annotated point is often off its nucleus: see there)
+        # (a NILM crop's annotated point is often off its nucleus: see there). A 16 um opening
+        # took off the large pale nuclei of low-grade lesions whole (2 of the 4 the eye audit
+        # saw missed, of 47 crops centred on a nucleus, are found at 20 um); at 22 um and more
+        # dense cytoplasm of the smallest squamous cells (parabasal, 20-30 um) stands out
         return NucleusParams(
             sigma=5.0,  # 0.6 um, as the Pap cell mask (cyto.detect.morphometry)
             min_distance=33,  # 4 um: the two nuclei of a binucleated cell stay two
@@ -150,7 +153,7 @@ def detection_preset(kind: str) -> NucleusParams:
             min_radius=10.0,  # 1.2 um: bacteria and strands of mucus are thinner
             channel="od",
             classes=2,
-            background=133.0,  # 16 um: wider than the largest nucleus
+            background=167.0,  # 20 um: a large low-grade nucleus (300 um^2: 19.5 um across)
         )
     # sizes at 0.12 um/px, like the defaults: 1 um = 8.33 px, 1 um^2 = 69.4 px
     return NucleusParams(
@@ -299,15 +302,20 @@ def in_core(points: np.ndarray, x0: int, y0: int, w: int, h: int) -> np.ndarray:
 OPAQUE_RGB = 8
 
 
-def clear_of_opaque(smooth: np.ndarray, rgb: np.ndarray, sigma: float) -> np.ndarray:
-    """The values of ``smooth`` (the nuclear signal of ``rgb``, smoothed at ``sigma``) that a
-    threshold is measured on, flat: all but the opaque pixels of ``rgb`` (:data:`OPAQUE_RGB`)
-    and what the smoothing carried from them. The one rule of the slide's threshold and of a
-    tile's own (when the slide has none)."""
+def opaque_reach(rgb: np.ndarray, sigma: float) -> np.ndarray | None:
+    """The opaque pixels of ``rgb`` (:data:`OPAQUE_RGB`) and what smoothing at ``sigma``
+    carries from them (H x W bool); None when it has none. A threshold is measured without
+    them (:func:`clear_of_opaque`): the one rule of the slide's threshold and of a tile's own."""
     from scipy import ndimage
 
     opaque = rgb.max(axis=-1) < OPAQUE_RGB
     if not opaque.any():
-        return smooth.ravel()
+        return None
     reach = max(1, int(np.ceil(3 * sigma)))  # the smoothing carries them this far
-    return smooth[~ndimage.binary_dilation(opaque, iterations=reach)]
+    return ndimage.binary_dilation(opaque, iterations=reach)
+
+
+def clear_of_opaque(smooth: np.ndarray, reach: np.ndarray | None) -> np.ndarray:
+    """The values of ``smooth`` that a threshold is measured on, flat: all but ``reach``
+    (:func:`opaque_reach`)."""
+    return smooth.ravel() if reach is None else smooth[~reach]

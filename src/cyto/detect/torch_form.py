@@ -36,6 +36,7 @@ from cyto.detect.params import (
     clear_of_opaque,
     from_reduced,
     nuclei_from_peaks,
+    opaque_reach,
     otsu_cut,
     reduced_params,
     subtract_background,
@@ -213,6 +214,11 @@ def reduce_like_pil(t: torch.Tensor, k: int) -> torch.Tensor:
     return small.clamp(0, 255).to(torch.uint8).permute(1, 2, 0)
 
 
+def _any_opaque(rgb: torch.Tensor) -> bool:
+    """Whether ``rgb`` has a pixel no light passed (:data:`OPAQUE_RGB`), asked on its device."""
+    return bool((rgb.amax(dim=-1) < OPAQUE_RGB).any())
+
+
 def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
     empty = np.empty((0, 3), dtype=np.float64)
     h = gaussian(haematoxylin(rgb, params.channel), params.sigma)
@@ -224,8 +230,9 @@ def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
         t = max(params.threshold, params.min_threshold)
     else:
         try:
-            if bool((rgb.amax(dim=-1) < OPAQUE_RGB).any()):  # ink: left out on the host, as there
-                values = clear_of_opaque(h.cpu().numpy(), rgb.cpu().numpy(), params.sigma)
+            if _any_opaque(rgb):  # ink: left out on the host, by the SciPy detector's rule
+                reach = opaque_reach(rgb.cpu().numpy(), params.sigma)
+                values = clear_of_opaque(h.cpu().numpy(), reach)
                 if values.size == 0:  # nothing but ink
                     raise ValueError
                 t = max(otsu_cut(values, params.classes), params.min_threshold)
