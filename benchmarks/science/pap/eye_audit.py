@@ -34,9 +34,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--blind", action="store_true", help="draw no detections")
+    ap.add_argument("--stage", choices=("dev", "final"), default="dev", help="the crops' block")
     args = ap.parse_args()
     ds = PatchDataset.from_path(args.data, normal="NILM", size=100)
-    dev, _ = blocks(ds, 0.25, ("NILM", "ASC-US", "LSIL"))
+    dev, final = blocks(ds, 0.25, ("NILM", "ASC-US", "LSIL"))
+    dev = dev if args.stage == "dev" else final  # the final block: once, after every choice
     classes = np.array(ds.classes)
     rng = np.random.default_rng(args.seed)
     idx = np.concatenate(
