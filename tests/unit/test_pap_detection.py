@@ -241,9 +241,31 @@ def test_black_ink_on_a_slide_moves_neither_its_threshold_nor_the_nuclei_found(p
             and _recall_precision(far(found), centres)[1] >= 0.95
         )
 
-    assert found_as_clean(detect_nuclei(inked, replace(params, threshold=inked_t)))
+    def on_ink(found):  # a blot of ink is no nucleus (round 20: 42 of a slide's top 50)
+        return ink[found[:, 1].astype(int), found[:, 0].astype(int)].sum()
+
+    slide = detect_nuclei(inked, replace(params, threshold=inked_t))
+    assert found_as_clean(slide) and on_ink(slide) == 0
     # a tile scored without a slide threshold (blank glass around it, or a Python caller's
     # image) measures its own by the same rule, in both detectors
     own = detect_nuclei(inked, params)
-    assert found_as_clean(own)
+    assert found_as_clean(own) and on_ink(own) == 0
     assert np.array_equal(nt.detect_nuclei_torch(torch.from_numpy(inked), params), own)
+
+
+@pytest.mark.parametrize("preset", ["pap", "smear"])
+def test_a_black_frame_is_no_nucleus_and_hides_none(preset):
+    """Round 20: a crop with a 10 px black frame (a crop tool's fill) gave 8 "nuclei" on the
+    frame and lost its own. The frame is left out of the threshold and no nucleus is found on
+    it, in both detectors; an alpha channel changes nothing."""
+    rgb, centres = pap_tile(4, size=384)
+    framed = rgb.copy()
+    framed[:10], framed[-10:], framed[:, :10], framed[:, -10:] = 0, 0, 0, 0
+    params = detection_preset(preset).at(MPP)
+    found = detect_nuclei(framed, params)
+    inside = centres[np.all((centres > 40) & (centres < 384 - 40), axis=1)]
+    assert _recall_precision(found, inside)[0] >= 0.95
+    assert not np.any((found[:, :2] < 10) | (found[:, :2] >= 374))
+    assert np.array_equal(nt.detect_nuclei_torch(torch.from_numpy(framed), params), found)
+    rgba = np.dstack([framed, np.full(framed.shape[:2], 255, np.uint8)])
+    assert np.array_equal(detect_nuclei(rgba, params), found)

@@ -11,6 +11,7 @@ from cyto.detect.params import (
     clear_of_opaque,
     from_reduced,
     nuclei_from_peaks,
+    off_ink,
     opaque_reach,
     otsu_cut,
     reduced_params,
@@ -65,7 +66,8 @@ def _reduced(rgb: np.ndarray, params: NucleusParams) -> tuple[np.ndarray, Nucleu
 
 def threshold_values(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     """The smoothed nuclear signal the detector thresholds, at its reduction of ``rgb``, as a
-    threshold is measured on it: less the opaque pixels (:data:`OPAQUE_RGB`) and their blur."""
+    threshold is measured on it: less the opaque pixels and their blur
+    (:func:`cyto.detect.params.opaque_reach`)."""
     small, at, _ = _reduced(rgb, params)
     return clear_of_opaque(_smooth(small, at), opaque_reach(small, at.sigma))
 
@@ -95,7 +97,7 @@ def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
             if values.size == 0:  # nothing but ink
                 raise ValueError
             t = max(otsu_cut(values, params.classes), params.min_threshold)
-        except ValueError:  # a constant tile
+        except ValueError:  # a constant tile, or all ink
             return np.empty((0, 3), dtype=np.float64)
     mask = opening(h > t)
     labels, n = ndimage.label(mask)
@@ -104,7 +106,8 @@ def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     areas = np.bincount(labels.ravel(), minlength=n + 1)[1:].astype(np.float64)  # pixels each
     dist = distance(mask)
     peaks = component_peaks(dist, labels, params.min_distance, sizes=areas)
-    return nuclei_from_peaks(peaks, dist, labels, areas, params)
+    found = nuclei_from_peaks(peaks, dist, labels, areas, params)
+    return off_ink(found, rgb[found[:, 1].astype(int), found[:, 0].astype(int)])
 
 
 def distance(mask: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ from cyto.detect.params import (
     clear_of_opaque,
     from_reduced,
     nuclei_from_peaks,
+    off_ink,
     opaque_reach,
     otsu_cut,
     reduced_params,
@@ -216,7 +217,7 @@ def reduce_like_pil(t: torch.Tensor, k: int) -> torch.Tensor:
 
 def _any_opaque(rgb: torch.Tensor) -> bool:
     """Whether ``rgb`` has a pixel no light passed (:data:`OPAQUE_RGB`), asked on its device."""
-    return bool((rgb.amax(dim=-1) < OPAQUE_RGB).any())
+    return bool((rgb[..., :3].amax(dim=-1) < OPAQUE_RGB).any())
 
 
 def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
@@ -240,7 +241,7 @@ def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
                 t = max(otsu_cut(h.cpu().numpy(), 3), params.min_threshold)
             else:
                 t = max(otsu(h), params.min_threshold)
-        except ValueError:  # a constant tile
+        except ValueError:  # a constant tile, or all ink
             return empty
     mask = binary_opening(h > t)
     if not bool(mask.any()):
@@ -255,4 +256,6 @@ def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
     peaks = component_peaks(dist_np, labels_np, params.min_distance, window_max=pooled, sizes=areas)
     if len(peaks) == 0:
         return empty
-    return nuclei_from_peaks(peaks, dist_np, labels_np, areas, params)
+    found = nuclei_from_peaks(peaks, dist_np, labels_np, areas, params)
+    at = torch.from_numpy(found[:, 1::-1].astype(np.int64)).to(rgb.device)  # (row, col) each
+    return off_ink(found, rgb[at[:, 0], at[:, 1]].cpu().numpy())
