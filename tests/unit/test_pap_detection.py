@@ -269,3 +269,26 @@ def test_a_black_frame_is_no_nucleus_and_hides_none(preset):
     assert np.array_equal(nt.detect_nuclei_torch(torch.from_numpy(framed), params), found)
     rgba = np.dstack([framed, np.full(framed.shape[:2], 255, np.uint8)])
     assert np.array_equal(detect_nuclei(rgba, params), found)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+    dtype=st.sampled_from(["uint8", "uint16", "float32", "float64", "bool", "int32"]),
+    detector=st.sampled_from(["scipy", "torch"]),
+)
+def test_an_image_the_detectors_cannot_read_is_refused_in_one_line(shape, dtype, detector):
+    """Round 20: a grey 2-D, uint16, float or empty image raised one of four library errors
+    (OpenCV, PIL, torch), and the torch detector found no nuclei in a 0-1 float image. An
+    H x W x 3 (or 4) uint8 image with pixels is read; anything else is one ConfigError."""
+    from cyto.errors import ConfigError
+
+    img = np.zeros(shape, dtype=dtype)
+    params = replace(detection_preset("pap").at(MPP), detector=detector)
+    readable = len(shape) == 3 and shape[2] in (3, 4) and dtype == "uint8" and min(shape[:2]) > 0
+    if readable:
+        assert detect_nuclei(img, params).shape[1] == 3
+    else:
+        with pytest.raises(ConfigError, match="^detect_nuclei takes") as err:
+            detect_nuclei(img, params)
+        assert "\n" not in str(err.value)

@@ -52,8 +52,12 @@ def detect_nuclei(rgb: np.ndarray, params: NucleusParams = NucleusParams()) -> n
     The tile is first reduced by ``params.reduction()`` (box filter) when nuclei are large
     enough, and the centres and areas are mapped back to the tile's pixels. With
     ``params.detector == "torch"`` the same steps run in torch (:mod:`cyto.detect.torch_form`),
-    on the device of ``rgb`` when it is a tensor, else on the CPU.
+    on the device of ``rgb`` when it is a tensor, else on the CPU. Anything but an H x W x 3
+    (or 4) uint8 image is refused in one line (:func:`cyto.detect.params.check_tile`).
     """
+    from cyto.detect.params import check_tile
+
+    check_tile(rgb)
     if params.detector == "torch":
         from cyto.detect.torch_form import detect_nuclei_torch
 

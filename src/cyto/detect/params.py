@@ -302,6 +302,26 @@ def in_core(points: np.ndarray, x0: int, y0: int, w: int, h: int) -> np.ndarray:
 OPAQUE_RGB = 8
 
 
+def check_tile(rgb) -> None:
+    """Refuse, in one line, what the detectors cannot read as an RGB tile: another shape, dtype
+    or an empty image (a numpy array or a torch tensor; only shape and dtype are looked at).
+    Round 20: a grey 2-D, uint16, float or empty image raised one of four library errors, and
+    the torch detector found no nuclei at all in a 0-1 float image."""
+    shape = tuple(int(n) for n in rgb.shape)
+    dtype = str(rgb.dtype).removeprefix("torch.")
+    what = f"got a {' x '.join(map(str, shape)) or 'scalar'} {dtype} image"
+    if len(shape) != 3 or shape[2] not in (3, 4):
+        grey = " (a grey image: np.dstack([g, g, g]))" if len(shape) == 2 else ""
+        raise ConfigError(f"detect_nuclei takes an H x W x 3 RGB image; {what}{grey}")
+    if dtype != "uint8":
+        raise ConfigError(
+            f"detect_nuclei takes 8-bit RGB (uint8, 0-255); {what}: scale it to 0-255 and "
+            "convert (a 16-bit image: img >> 8; a 0-1 float image: np.round(img * 255))"
+        )
+    if shape[0] == 0 or shape[1] == 0:
+        raise ConfigError(f"detect_nuclei takes an image with pixels; {what}")
+
+
 def is_opaque(rgb: np.ndarray) -> np.ndarray:
     """Whether each pixel of ``rgb`` (..., 3 or 4: an alpha channel is not a colour) passed no
     light: darker than :data:`OPAQUE_RGB` in every colour channel."""

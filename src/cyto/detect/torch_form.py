@@ -33,6 +33,7 @@ from cyto.detect.params import (
     _HED_LOG,
     OPAQUE_RGB,
     NucleusParams,
+    check_tile,
     clear_of_opaque,
     from_reduced,
     nuclei_from_peaks,
@@ -194,6 +195,7 @@ def detect_nuclei_torch(
 ) -> np.ndarray:
     """Nucleus centres in one RGB tile on ``device`` (default: the tensor's, else CPU): (N, 3)
     float array of x, y, area in tile pixels, like :func:`cyto.detect.detect_nuclei`."""
+    check_tile(rgb)
     t = rgb if isinstance(rgb, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(rgb))
     if device is not None:
         t = t.to(device)
