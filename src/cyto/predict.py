@@ -249,7 +249,7 @@ def _stain_check(scorer, records, kept, skip: bool) -> dict | None:
     pick = np.unique(kept[np.linspace(0, len(kept) - 1, min(STAIN_SAMPLE, len(kept))).astype(int)])
     chunks = decode_stream([records[i] for i in pick], None, skip, chunk=64)  # never all at once
     images = (im for part in chunks for im in part.images)
-    check = stain_check(model, estimate_images(images, STAIN_PIXELS, n=len(pick)))
+    check = stain_check(model, estimate_images(images, STAIN_PIXELS, n=len(pick)), len(pick))
     words = stain_words(check, "these cells")
     if words is not None:
         warnings.warn(words, StainWarning, stacklevel=3)

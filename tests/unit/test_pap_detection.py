@@ -149,10 +149,10 @@ def test_one_stain_or_a_grayscale_image_cannot_be_separated_and_says_why():
     est = estimate_images(glass)
     assert not est.separable and "stained pixels" in est.why
     model = estimate_images(pap_tile(0, 256)[0])
-    check = stain_check(model, est)
+    check = stain_check(model, est, 200)
     assert check["degrees"] is None and not check["advised"]
     assert "could not be estimated" in stain_words(check, "these cells")
-    assert stain_check(None, est) is None
+    assert stain_check(None, est, 200) is None
 
 
 def test_another_stain_is_said_and_the_same_is_not():
@@ -161,8 +161,8 @@ def test_another_stain_is_said_and_the_same_is_not():
     mgg, _ = pap_tile(2, 512, dyes=MGG_DYES)  # the same cells in another stain's colours
     a, b, c = (estimate_images(x) for x in (pap_a, pap_b, mgg))
     assert compare(a, b) < ADVISE_DEGREES
-    assert stain_words(stain_check(a, b), "these cells") is None
-    check = stain_check(a, c)
+    assert stain_words(stain_check(a, b, 200), "these cells") is None
+    check = stain_check(a, c, 200)
     assert check["advised"] and check["degrees"] > ADVISE_DEGREES
     assert "train a model on this lab's normal cells" in stain_words(check, "these cells")
     assert StainEstimate.from_record(a.as_record()).vectors == pytest.approx(
@@ -174,6 +174,30 @@ def test_another_stain_is_said_and_the_same_is_not():
                           od_pixels([pap_a, pap_b], most=1000))  # fmt: skip
 
 
+def test_a_few_cells_are_said_stained_otherwise_only_past_a_wider_angle():
+    """Round 20: a sparse slide's first 33 cells, of the training cells' own lab, read 16.2
+    degrees and were said to be stained otherwise. Fewer than FEW_CELLS cells are said so only
+    past ADVISE_DEGREES_FEW (labs apart read 20.5-34), and the line says how many were read."""
+    from cyto.detect.stain import ADVISE_DEGREES_FEW, FEW_CELLS
+
+    def turned(degrees):  # the model's stains turned by ``degrees`` about one axis
+        t = np.radians(degrees)
+        rot = np.array([[np.cos(t), -np.sin(t), 0], [np.sin(t), np.cos(t), 0], [0, 0, 1]])
+        return StainEstimate(tuple(tuple(rot @ np.array(v)) for v in model.vectors), 5000, True)
+
+    model = StainEstimate(((0.85, 0.51, 0.13), (0.26, 0.69, 0.68)), 5000, True)
+    model = StainEstimate(tuple(tuple(_unit(v)) for v in model.vectors), 5000, True)
+    between = (ADVISE_DEGREES + ADVISE_DEGREES_FEW) / 2
+    assert not stain_check(model, turned(between), FEW_CELLS - 1)["advised"]
+    check = stain_check(model, turned(between), FEW_CELLS)
+    assert check["advised"] and check["cells"] == FEW_CELLS
+    assert f"over {FEW_CELLS} cells, more than {ADVISE_DEGREES:g}" in stain_words(check, "x")
+    few = stain_check(model, turned(ADVISE_DEGREES_FEW + 3), 20)
+    assert few["advised"] and f"over 20 cells, more than {ADVISE_DEGREES_FEW:g}" in stain_words(
+        few, "x"
+    )
+
+
 def test_two_estimates_compare_whichever_stain_each_calls_first():
     """Which of two stains an estimate calls first can flip between two sets of one lab (Pap's
     two cytoplasm stains lie about as near haematoxylin): the comparison pairs them the nearer
@@ -181,7 +205,7 @@ def test_two_estimates_compare_whichever_stain_each_calls_first():
     a = StainEstimate(((0.88446, 0.44938, 0.12564), (0.28399, 0.66621, 0.68958)), 5000, True)
     b = StainEstimate(((0.3365, 0.6955, 0.6349), (0.9409, 0.3258, 0.092)), 5000, True)
     assert compare(a, b) < ADVISE_DEGREES and compare(b, a) == compare(a, b)
-    assert not stain_check(a, b)["advised"]
+    assert not stain_check(a, b, 200)["advised"]
 
 
 class _ArrayReader:

@@ -48,6 +48,12 @@ MIN_SPREAD_DEGREES = 3.0
 #: to 12.5 over the first tiles' (the check's sample); so past 15, midway. It misses a lab
 #: whose stain lies within the spread of one lab's own slides
 ADVISE_DEGREES = 15.0
+#: a sample of fewer cells than this reads a wider angle from its own lab's stain: 8-16 of a
+#: one-lab slide's cells drawn at random read up to 15.9 degrees (99th percentile 14.8), a
+#: sparse slide's 33 first cells 16.2 (hostile round 20); 64 up to 12.5. Fewer cells are said
+#: to be stained otherwise only past :data:`ADVISE_DEGREES_FEW`, below the labs apart (20.5-34)
+FEW_CELLS = 64
+ADVISE_DEGREES_FEW = 20.0
 
 
 @dataclass(frozen=True)
@@ -159,15 +165,22 @@ def compare(a: StainEstimate, b: StainEstimate) -> float | None:
     return min(max(angle(a1, b1), angle(a2, b2)), max(angle(a1, b2), angle(a2, b1)))
 
 
-def stain_check(model: StainEstimate | None, cells: StainEstimate) -> dict | None:
-    """How the stain of ``cells`` compares with the model's training cells': the angle, and
-    whether it is past :data:`ADVISE_DEGREES` (``advised``). None without the model's record."""
+def advise_degrees(n_cells: int) -> float:
+    """The angle past which ``n_cells`` cells are said to be stained otherwise."""
+    return ADVISE_DEGREES if n_cells >= FEW_CELLS else ADVISE_DEGREES_FEW
+
+
+def stain_check(model: StainEstimate | None, cells: StainEstimate, n_cells: int) -> dict | None:
+    """How the stain of ``cells`` (estimated from ``n_cells`` cells) compares with the model's
+    training cells': the angle, and whether it is past :func:`advise_degrees` (``advised``).
+    None without the model's record."""
     if model is None:
         return None
     angle = compare(model, cells)
     return {
         "degrees": None if angle is None else round(angle, 2),
-        "advised": angle is not None and angle > ADVISE_DEGREES,
+        "cells": int(n_cells),
+        "advised": angle is not None and angle > advise_degrees(n_cells),
         "separable": cells.separable,
         "why": cells.why or model.why,
         "cells_vectors": [[round(v, 4) for v in vec] for vec in cells.vectors],
@@ -186,9 +199,12 @@ def stain_words(check: dict, what: str) -> str | None:
         )
     if not check["advised"]:
         return None
+    n = check.get("cells")
+    past = ADVISE_DEGREES if n is None else advise_degrees(n)
+    on = "" if n is None else f" over {n} cells"
     return (
         f"{what} look stained otherwise than the model's training cells (stain vectors "
-        f"{check['degrees']:.1f} degrees apart, more than {ADVISE_DEGREES:g}): a one-class model "
+        f"{check['degrees']:.1f} degrees apart{on}, more than {past:g}): a one-class model "
         "can rank another lab's normal cells as the most abnormal; train a model on this lab's "
         "normal cells (docs/how-to/another-lab.md)"
     )

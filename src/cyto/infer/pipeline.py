@@ -342,7 +342,7 @@ def _check_stain(stained: list[np.ndarray], plan, scorer, echo) -> dict | None:
     crops = [c for c in stained if len(c)]
     if model is None or not crops:
         return None
-    check = stain_check(model, estimate_images(crops))
+    check = stain_check(model, estimate_images(crops), sum(len(c) for c in crops))
     words = stain_words(check, f"the cells of {plan.slide.name}")
     if words is not None:
         echo(f"warning: {words}")
