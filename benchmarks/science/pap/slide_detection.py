@@ -5,7 +5,8 @@ Per seed, 400 NILM, 50 ASC-US and 50 LSIL crops are drawn from CRIC's developmen
 the final block), composed into a 3,072 px slide at 0.258 um/px with the lesions at 10 %, and
 detected with the slide's threshold. A planted cell counts as found when a detection lies
 within 10 um of its crop's centre (a NILM crop's annotated point is often off its nucleus) and,
-stricter, within 5 um.
+stricter, within 5 um. The slide is detected whole (one tile, the slide's threshold from 1,024 px
+windows), not tiled as ``cyto score`` reads it.
 
     python benchmarks/science/pap/slide_detection.py --data ../shared/data/cric \\
         --out /tmp/slides > benchmarks/results/epyc-2core/pap/detection/slide_detection.txt
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,20 +60,20 @@ def main() -> None:
     for seed in map(int, args.seeds.split(",")):
         rng = np.random.default_rng(seed)
         d = args.out / f"s{seed}"
+        if d.exists():  # never a slide of an earlier run's crops
+            shutil.rmtree(d)
         for c, n in CLASSES.items():
             (d / "cells" / c).mkdir(parents=True, exist_ok=True)
             for i in rng.choice(dev[cl[dev] == c], n, replace=False):
                 dst = d / "cells" / c / ds.records[i].path.name
-                if not dst.exists():
-                    os.symlink(ds.records[i].path.resolve(), dst)
+                os.symlink(ds.records[i].path.resolve(), dst)
         slide = d / "s.tif"
-        if not slide.exists():
-            subprocess.run(
-                [str(cyto), "synth", "slide", str(slide), "--cells", str(d / "cells"),
-                 "--normal", "NILM", "--abnormal-fraction", "0.1", "--mpp", str(MPP),
-                 "--width", "3072", "--height", "3072", "--seed", str(seed)],
-                check=True, capture_output=True,
-            )  # fmt: skip
+        subprocess.run(
+            [str(cyto), "synth", "slide", str(slide), "--cells", str(d / "cells"),
+             "--normal", "NILM", "--abnormal-fraction", "0.1", "--mpp", str(MPP),
+             "--width", "3072", "--height", "3072", "--seed", str(seed)],
+            check=True, capture_output=True,
+        )  # fmt: skip
         a = pyvips.Image.new_from_file(str(slide)).numpy()[..., :3]
         gt = pq.read_table(d / "s.cells.parquet")
         centres = np.column_stack([np.asarray(gt["x"]), np.asarray(gt["y"])])
@@ -89,13 +91,14 @@ def main() -> None:
             rows[name].append(row)
             print(f"seed {seed}, {name}: {np.round(row, 3).tolist()}", flush=True)
     head = ["cells"] + [f"{c} within {um} um" for um in (10, 5) for c in CLASSES]
-    print("\nmean +- sd over seeds", args.seeds)
+    print("\nmean +- sd (sample) over seeds", args.seeds)
     for name, r in rows.items():
         r = np.array(r)
         print(
             name,
             "; ".join(
-                f"{h} {m:.3f} +- {s:.3f}" for h, m, s in zip(head, r.mean(0), r.std(0), strict=True)
+                f"{h} {m:.3f} +- {s:.3f}"
+                for h, m, s in zip(head, r.mean(0), r.std(0, ddof=1), strict=True)
             ),
         )
 
