@@ -115,7 +115,7 @@ def slide_threshold(
     (:func:`cyto.detect.numpy_form.threshold_values`). None when the windows hold nothing above
     the floor (blank glass)."""
     from cyto.detect.numpy_form import threshold_values
-    from cyto.detect.params import otsu_cut
+    from cyto.detect.params import own_threshold
 
     info = reader.info
     if len(origins) > THRESHOLD_WINDOWS:  # spread evenly over the slide's windows
@@ -132,4 +132,4 @@ def slide_threshold(
         return None
     if float(pooled.max()) < params.min_threshold or float(pooled.min()) == float(pooled.max()):
         return None
-    return max(otsu_cut(pooled, params.classes), params.min_threshold)
+    return own_threshold(pooled, params)

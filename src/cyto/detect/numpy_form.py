@@ -13,7 +13,7 @@ from cyto.detect.params import (
     nuclei_from_peaks,
     off_ink,
     opaque_reach,
-    otsu_cut,
+    own_threshold,
     reduced_params,
     subtract_background,
 )
@@ -92,11 +92,8 @@ def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     if params.threshold is not None:  # the slide's, the same for every tile
         t = max(params.threshold, params.min_threshold)
     else:  # the tile's own, less its opaque pixels as the slide's
-        values = clear_of_opaque(h, opaque_reach(rgb, params.sigma))
         try:
-            if values.size == 0:  # nothing but ink
-                raise ValueError
-            t = max(otsu_cut(values, params.classes), params.min_threshold)
+            t = own_threshold(clear_of_opaque(h, opaque_reach(rgb, params.sigma)), params)
         except ValueError:  # a constant tile, or all ink
             return np.empty((0, 3), dtype=np.float64)
     mask = opening(h > t)

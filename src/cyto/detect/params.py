@@ -351,6 +351,15 @@ def opaque_reach(rgb: np.ndarray, sigma: float) -> np.ndarray | None:
     return ndimage.binary_dilation(opaque, iterations=reach)
 
 
+def own_threshold(values: np.ndarray, params: NucleusParams) -> float:
+    """The threshold ``values`` give (the signal less its opaque pixels, :func:`clear_of_opaque`):
+    Otsu's cut in ``params.classes``, with the floor. ValueError when they give none: no values
+    (nothing but ink) or a constant tile. Both detectors' own threshold, and the slide's."""
+    if values.size == 0:
+        raise ValueError("nothing but opaque pixels")
+    return max(otsu_cut(values, params.classes), params.min_threshold)
+
+
 def clear_of_opaque(smooth: np.ndarray, reach: np.ndarray | None) -> np.ndarray:
     """The values of ``smooth`` that a threshold is measured on, flat: all but ``reach``
     (:func:`opaque_reach`)."""

@@ -39,7 +39,7 @@ from cyto.detect.params import (
     nuclei_from_peaks,
     off_ink,
     opaque_reach,
-    otsu_cut,
+    own_threshold,
     reduced_params,
     subtract_background,
 )
@@ -235,12 +235,9 @@ def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
         try:
             if _any_opaque(rgb):  # ink: left out on the host, by the SciPy detector's rule
                 reach = opaque_reach(rgb.cpu().numpy(), params.sigma)
-                values = clear_of_opaque(h.cpu().numpy(), reach)
-                if values.size == 0:  # nothing but ink
-                    raise ValueError
-                t = max(otsu_cut(values, params.classes), params.min_threshold)
+                t = own_threshold(clear_of_opaque(h.cpu().numpy(), reach), params)
             elif params.classes == 3:  # the three-class cut on the host, as the SciPy detector
-                t = max(otsu_cut(h.cpu().numpy(), 3), params.min_threshold)
+                t = own_threshold(h.cpu().numpy(), params)
             else:
                 t = max(otsu(h), params.min_threshold)
         except ValueError:  # a constant tile, or all ink
