@@ -324,3 +324,33 @@ def test_auto_on_too_few_held_back_abnormal_cells_is_said_in_the_callers_words()
         assert "(abnormal=), or choose the ranking with rank_by=" in few_abnormal_words(few)
     assert few_abnormal_words({**few, "abnormal_cells": MIN_ABNORMAL}) is None
     assert few_abnormal_words(None) is None  # nothing held back: said elsewhere
+
+
+@pytest.mark.parametrize("kind", ["smear", "pap", "tissue"])
+def test_ink_on_a_crop_is_neither_nucleus_nor_cell_and_moves_no_threshold(kind):
+    """A black bar, a pen stroke or a black frame on a crop (hostile round 20) took the upper
+    class of the crop's own threshold to itself: the cell's nucleus fell in with its cytoplasm
+    and the ink was measured. Opaque pixels are left out of the crop's thresholds and of both
+    masks (the detectors' rule, :func:`cyto.detect.params.clear_of_opaque`), so the centre
+    nucleus measures as on a clean crop, wherever the ink lies and however much of it."""
+    mpp, r = 0.25, 10.0
+    clean = _crop(nuclei=((0, 0, r),), cyto=34, cyto_colour=CYTOPLASM[kind])
+    want = measure(clean, mpp, CELL_MASKS[kind])
+    rng = np.random.default_rng(7)
+    inked = []
+    for _ in range(12):
+        crop = clean.copy()
+        width, at = int(rng.integers(2, 9)), int(rng.integers(0, 12))
+        if rng.random() < 0.5:
+            crop[:, at : at + width] = rng.integers(0, 8)  # a bar at the left edge
+        else:
+            crop[:width] = crop[-width:] = crop[:, :width] = crop[:, -width:] = 0  # a frame
+        inked.append(crop)
+    got = measure(np.stack(inked), mpp, CELL_MASKS[kind])
+    for name in ("nucleus_area_um2", "nucleus_share"):
+        assert got[name] == pytest.approx(np.full(12, want[name][0]), rel=0.12), name
+    assert (got["nuclei_in_cell"] == 1).all()
+    assert got["nucleus_od"] == pytest.approx(np.full(12, want["nucleus_od"][0]), rel=0.1)
+    # a crop of nothing but ink has no nucleus to measure
+    black = measure(np.zeros((1, 96, 96, 3), np.uint8), mpp, CELL_MASKS[kind])
+    assert black["nucleus_share"][0] == 0 and np.isnan(black["nucleus_area_um2"][0])

@@ -292,7 +292,7 @@ def test_a_detection_other_than_the_models_stains_is_named_as_the_cause():
         check = _check_scale(shares, plan, scorer, opts, lines.append)
         assert lines == [
             "warning: the cells of s.tif look 2.00x larger than the model's training cells "
-            "(median nucleus share 0.800 against 0.200): --detection "
+            "(median nucleus share 0.800 of 50 cells against 0.200): --detection "
             f"{other} is not the detection of the model's {stain}-stained training cells "
             f"({own}): it finds and measures their nuclei otherwise; leave out --detection "
             f"(auto takes {own})"
@@ -307,7 +307,60 @@ def test_a_detection_other_than_the_models_stains_is_named_as_the_cause():
         lines.clear()
         own_opts = ScoreOptions(patch_size=96, detection=detection_preset(own))
         _check_scale(shares, plan, scorer, own_opts, lines.append)
-        assert "is its resolution right?" in lines[0] and "--detection" not in lines[0]
+        assert "lesion-rich specimen" in lines[0] and "--detection" not in lines[0]
+
+
+def test_larger_cells_at_a_resolution_recorded_as_the_models_are_scored_as_they_are():
+    """Hostile round 20 (case 7): a slide of LSIL cells at its right 0.258 um/px (the model's)
+    was told "is its resolution right? ... pass --mpp and --rescale", advice that shrinks the
+    enlarged nuclei back, and rated unsatisfactory with 0 evaluable cells. Larger nuclei at a
+    resolution recorded as the model's are a lesion as much as a wrong mpp: both are said, the
+    cells stay evaluable and the slide is limited. Smaller cells, or a slide whose resolution
+    is unknown, are asked about the resolution as before."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from cyto.detect import detection_preset
+    from cyto.infer import ScoreOptions
+    from cyto.infer.pipeline import _check_scale
+    from cyto.infer.quality import slide_adequacy
+    from cyto.infer.tiling import Resolution
+    from cyto.stats import adequacy
+
+    scorer = SimpleNamespace(
+        spec=SimpleNamespace(centre_nucleus_fraction=0.07, patch_px=100, stain="pap")
+    )
+    opts = ScoreOptions(patch_size=100, detection=detection_preset("pap"))
+    n = 300
+    table = pa.table({"x": np.arange(n) * 40.0 % 3000, "y": np.arange(n) * 40.0 // 3000 * 40,
+                      "sharpness": np.full(n, 50.0), "tile": np.zeros(n, np.int64)})  # fmt: skip
+
+    def run(res, factor):
+        plan = SimpleNamespace(slide=SimpleNamespace(name="s.tif"), res=res)
+        lines: list[str] = []
+        shares = [np.random.default_rng(0).normal(0.07 / factor**2, 0.002, n)]
+        check = _check_scale(shares, plan, scorer, opts, lines.append)
+        _, block = slide_adequacy(
+            table, adequacy.PRESETS["general"], reference=None, scale=check, crop_px=100,
+            tile=1024, size=(3000, 3000), n_tissue_tiles=9, detection="pap",
+        )  # fmt: skip
+        return lines, block
+
+    for res in (Resolution(0.258, 0.258, None, 100), Resolution(0.25, 0.258, None, 100)):
+        lines, block = run(res, 1 / 1.33)
+        (line,) = lines
+        assert "look 1.33x larger" in line and "lesion-rich specimen" in line, line
+        assert "resolution right" not in line and "--mpp UM_PER_PX" in line, line
+        assert block["result"] == "limited" and block["cells_evaluable"] == n, block
+        assert block["cell_scale"]["larger_at_recorded_mpp"] is True
+        assert any("enlarged by a lesion" in r for r in block["reasons"]), block["reasons"]
+    # the cells 1.33x smaller, or no recorded resolution: the resolution is asked about
+    for res, factor in ((Resolution(0.258, 0.258, None, 100), 1.33),
+                        (Resolution(None, 0.258, None, 100), 1 / 1.33)):  # fmt: skip
+        lines, block = run(res, factor)
+        assert "is its resolution right?" in lines[0] and "lesion" not in lines[0], lines
+        assert block["result"] == "unsatisfactory" and block["cells_evaluable"] == 0
 
 
 def test_rescale_without_an_mpp_names_the_one_lacking():
@@ -319,3 +372,37 @@ def test_rescale_without_an_mpp_names_the_one_lacking():
         "warning: --rescale needs the mpp of both the slide and the model (slide: 0.25, model: "
         "None); crops are not resampled: pass --model-mpp UM_PER_PX"
     ]
+
+
+def test_a_few_cells_of_the_training_scale_are_not_told_another():
+    """12 same-lab Pap crops were told "look 1.47x smaller" (hostile round 20): the median
+    nucleus share of a few cells scatters widely (Pap crops: from a nucleus in a quarter of the
+    crop to none under the centre). The check speaks only when every median the sample allows
+    is past 1.25x on the same side, says over how many cells, and ``--zoom auto`` keeps 1 where
+    it cannot tell; the same shift over hundreds of cells is said and zoomed."""
+    from cyto.data.scale import median_bounds, resolve_zoom, share_advice, share_check
+
+    rng = np.random.default_rng(20)
+    population = rng.lognormal(np.log(0.07), 0.9, 200_000)  # one lab's crops, wide
+    reference = float(np.median(population))
+    said = 0
+    for _ in range(300):
+        few = rng.choice(population, 12)
+        said += share_advice(reference, few) is not None
+        assert resolve_zoom("auto", None, None, reference, few)[0] == 1.0
+        lo, hi = median_bounds(few)
+        assert lo <= np.median(few) <= hi
+    assert said <= 3, said  # the 1.25x rule on the median alone: about 1 in 6 of these draws
+    # the same crops at 1.7x fewer pixels per micron: nuclei 1.7^2 times smaller in area
+    smaller = population / 1.7**2
+    many = rng.choice(smaller, 400)
+    check = share_check(reference, many)
+    assert check["advised"] and check["factor"] == pytest.approx(1.7, rel=0.15)
+    assert "of 400 cells against" in share_advice(reference, many)
+    assert resolve_zoom("auto", None, None, reference, many)[0] == pytest.approx(1.7, rel=0.15)
+    few = np.sort(rng.choice(smaller, 12))
+    few[-4:] = reference  # a third of them read at the training scale: the median cannot be sure
+    check = share_check(reference, few)
+    assert not check["advised"] and check["too_few_cells"]
+    factor, how = resolve_zoom("auto", None, None, reference, few)
+    assert factor == 1.0 and "over only 12 cells, too few to tell" in how, how

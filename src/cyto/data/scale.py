@@ -34,6 +34,10 @@ ZOOM_RANGE = (0.25, 4.0)
 #: (from the nuclei) gets a warning that ``--zoom auto`` is advised: another lab's lymphocytes
 #: at 1.69x ranked at AUROC 0.44 unzoomed and 0.81 zoomed; the same lab's later files are at 0.9-1.1
 ADVISE_ZOOM = 1.25
+#: the scale check's confidence that the median of a folder's or a slide's cells is past
+#: :data:`ADVISE_ZOOM` (its normal quantile): 95 %
+MEDIAN_Z = 1.96
+MEDIAN_CONFIDENCE = 0.95
 
 
 #: each uint8 channel value's optical density, -log((v + 1) / 256) in float32
@@ -153,29 +157,56 @@ def scale_check(model_nuclei: float | None, images) -> dict | None:
     return share_check(model_nuclei, nucleus_fraction(images))
 
 
+def median_bounds(values) -> tuple[float, float]:
+    """The order statistics that hold the median of the population ``values`` were drawn from
+    with :data:`MEDIAN_CONFIDENCE` (distribution-free: the median's rank among n draws is
+    binomial(n, 1/2)); every value's range for fewer than 6."""
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    n = len(v)
+    k = max(0, int(np.floor((n - MEDIAN_Z * np.sqrt(n)) / 2)))
+    return float(v[k]), float(v[n - 1 - k])
+
+
 def share_check(model_nuclei: float, shares) -> dict | None:
-    """:func:`scale_check` from the cells' nucleus shares (:func:`nucleus_fraction`)."""
+    """:func:`scale_check` from the cells' nucleus shares (:func:`nucleus_fraction`). Advised
+    only when the zoom of every median the sample allows (:func:`median_bounds`) is past
+    :data:`ADVISE_ZOOM` on the same side: the median share of a few cells scatters (12
+    same-lab Pap crops read "1.47x smaller": hostile round 20; 11 % of 12-crop draws of one
+    lab's later crops were told so, none of 128)."""
     if len(shares) == 0:
         return None
     median = float(np.median(shares))
     factor = _factor(model_nuclei, median)
+    lo, hi = median_bounds(shares)
+    # both ends past the bound on the median's side (a share of 0, no nucleus: infinitely small)
+    outside = factor is not None and not 1 / ADVISE_ZOOM <= factor <= ADVISE_ZOOM
+    sure = outside and all(
+        (_factor(model_nuclei, s) or np.inf) > ADVISE_ZOOM
+        if factor > 1
+        else (_factor(model_nuclei, s) or np.inf) < 1 / ADVISE_ZOOM
+        for s in (lo, hi)
+    )
     return {
         "cells": len(shares),
         "median_nucleus_share": round(median, 5),
         "model_nucleus_share": model_nuclei,
         "factor": None if factor is None else round(factor, 3),
-        "advised": factor is not None and not 1 / ADVISE_ZOOM <= factor <= ADVISE_ZOOM,
+        "advised": bool(sure),
+        # past the bound, but the sample too small to say so
+        **({"too_few_cells": True} if outside and not sure else {}),
     }
 
 
 def look_words(check: dict) -> str:
-    """'look 1.69x smaller than the model's training cells (median nucleus share ...)'."""
+    """'look 1.69x smaller than the model's training cells (median nucleus share 0.034 of 412
+    cells against ...)'."""
     factor = check["factor"]
     how = "smaller" if factor > 1 else "larger"
     times = factor if factor > 1 else 1 / factor
     return (
         f"look {times:.2f}x {how} than the model's training cells (median nucleus share "
-        f"{check['median_nucleus_share']:.3f} against {check['model_nucleus_share']:.3f})"
+        f"{check['median_nucleus_share']:.3f} of {check['cells']} cells against "
+        f"{check['model_nucleus_share']:.3f})"
     )
 
 
@@ -301,8 +332,16 @@ def resolve_zoom(
                 f"cells (trained by an older cyto); pass {passing('zoom', FACTOR)} or "
                 f"{passing('patch_mpp', UM_PER_PX)}"
             )
-        factor = zoom_from_shares(model_nuclei, shares() if callable(shares) else shares)
+        shares = shares() if callable(shares) else shares
+        factor = zoom_from_shares(model_nuclei, shares)
         of = f" (the normal class, {normal})" if normal else ""
+        if share_check(model_nuclei, shares).get("too_few_cells"):
+            return 1.0, (
+                f"auto, kept at 1: these nuclei{of} measure {factor:.3g}x the training normals' "
+                f"over only {len(shares)} cells, too few to tell it from "
+                f"{1 / ADVISE_ZOOM:.2g}-{ADVISE_ZOOM:g}x (the training scale) with "
+                f"{MEDIAN_CONFIDENCE:.0%} confidence; pass {passing('zoom', FACTOR)} if known"
+            )
         if factor > ADVISE_ZOOM:
             return factor, (
                 f"the median nucleus size of these patches{of} against the training normals' "

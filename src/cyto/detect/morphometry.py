@@ -162,7 +162,7 @@ def measure(
         return out
     side = crops.shape[1]
     k = max(1, -(-side // mask.work_px))  # reduce by k: at most work_px a side
-    signal, total = _signals(crops, mask.weights, k)
+    signal, total, opaque = _signals(crops, mask.weights, k)
     work_mpp = None if mpp is None else mpp * side / signal.shape[1]
     px_um = work_mpp if work_mpp else 0.25  # sizes of an unknown scale: as at 0.25 um/px
     if mask.sigma_um > 0:
@@ -170,7 +170,10 @@ def measure(
 
         s = mask.sigma_um / px_um
         signal = ndimage.gaussian_filter(signal, (0, s, s), mode="nearest")
-    nuc, fg = _masks(signal, mask)
+        if opaque is not None:  # and what the smoothing carries from them (opaque_reach)
+            r = max(1, int(np.ceil(3 * s)))
+            opaque = ndimage.maximum_filter(opaque, size=(1, 2 * r + 1, 2 * r + 1))
+    nuc, fg = _masks(signal, mask, opaque)
     _measure_masks(nuc, fg, total, mask, px_um, work_mpp, out)
     return out
 
@@ -186,56 +189,84 @@ def _stack(crops) -> np.ndarray:
     return crops
 
 
-def _signals(crops: np.ndarray, weights, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _signals(crops: np.ndarray, weights, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(nuclear signal, total optical density), float32 (N, s, s), of the crops reduced ``k``
     times first (OpenCV's area resampling of the uint8 pixels: the optical density of a block's
-    mean colour, near the mean of its densities at these sizes)."""
+    mean colour, near the mean of its densities at these sizes), and which of those pixels are
+    opaque (ink, a black border: :func:`cyto.detect.params.is_opaque`), None where none is."""
+    from cyto.detect.params import is_opaque
+
     if k > 1:
         import cv2
 
         side = crops.shape[1] // k
         crops = np.stack([cv2.resize(c, (side, side), interpolation=cv2.INTER_AREA) for c in crops])
+    opaque = is_opaque(crops)
     w = np.asarray(weights, dtype=np.float32)
     r, g, b = _OD[crops[..., 0]], _OD[crops[..., 1]], _OD[crops[..., 2]]
     total = r + g
     total += b
-    if np.all(w == 1.0):
-        return total, total
-    signal = w[0] * r + w[1] * g + w[2] * b
-    return signal, total
+    signal = total if np.all(w == 1.0) else w[0] * r + w[1] * g + w[2] * b
+    return signal, total, (opaque if opaque.any() else None)
 
 
-def _masks(signal: np.ndarray, mask: CellMask) -> tuple[np.ndarray, np.ndarray]:
-    """(nucleus, stained) boolean (N, s, s) masks of each crop by its own threshold(s)."""
+def _masks(
+    signal: np.ndarray, mask: CellMask, opaque: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(nucleus, stained) boolean (N, s, s) masks of each crop by its own threshold(s), measured
+    without the ``opaque`` pixels (N, s, s; None: none), which are neither: ink on a Pap crop
+    took the upper class to itself, and the cell's nucleus fell in with its cytoplasm (the
+    rule of the detectors' own thresholds, :func:`cyto.detect.params.clear_of_opaque`)."""
     n = len(signal)
     flat = signal.reshape(n, -1)
+    keep = None if opaque is None else ~opaque.reshape(n, -1)
     # stained (cell) against glass: the lower cut of three classes, whatever rule the nucleus
     # follows, and never above the nucleus's
-    lo, hi = _otsu(flat, classes=3).T
+    lo, hi = _otsu(flat, classes=3, keep=keep).T
     if mask.threshold == "p99-share":
-        top = np.percentile(flat, 99, axis=1)
+        if keep is None:
+            top = np.percentile(flat, 99, axis=1)
+        else:  # a crop of nothing but ink: no percentile (NaN), no nucleus
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # "All-NaN slice"
+                top = np.nanpercentile(np.where(keep, flat, np.nan), 99, axis=1)
+            top = np.nan_to_num(top, nan=np.inf)
         hi = mask.share * np.maximum(top, 1e-6)
     elif mask.threshold == "otsu":
-        hi = _otsu(flat, classes=2)[:, 0]
+        hi = _otsu(flat, classes=2, keep=keep)[:, 0]
     lo = np.minimum(lo, hi)
     nuc = signal > hi[:, None, None]
     fg = signal > lo[:, None, None]
+    if opaque is not None:
+        nuc &= ~opaque
+        fg &= ~opaque
     if mask.threshold != "p99-share":  # the p99 rule is kept exactly as the nucleus-size score's
         nuc = _open_fill(nuc)
     return nuc, fg
 
 
-def _otsu(flat: np.ndarray, classes: int) -> np.ndarray:
+def _otsu(flat: np.ndarray, classes: int, keep: np.ndarray | None = None) -> np.ndarray:
     """Per row of ``flat``, the ``classes - 1`` Otsu thresholds (multi-Otsu for 3) over a
     histogram between the row's minimum and maximum (64 bins for two classes, 32 for three:
-    every pair of cuts is tried), (N, classes - 1)."""
+    every pair of cuts is tried), (N, classes - 1); of the values ``keep`` marks where given
+    (a row with none kept gets its cuts between 0 and 1e-6)."""
     n = len(flat)
     bins = 64 if classes == 2 else 32
-    lo = flat.min(axis=1, keepdims=True)
-    span = np.maximum(flat.max(axis=1, keepdims=True) - lo, 1e-6)
-    idx = np.minimum(((flat - lo) * (bins / span)).astype(np.int64), bins - 1)
+    if keep is None:
+        lo = flat.min(axis=1, keepdims=True)
+        hi = flat.max(axis=1, keepdims=True)
+    else:
+        lo = np.where(keep, flat, np.inf).min(axis=1, keepdims=True)
+        hi = np.where(keep, flat, -np.inf).max(axis=1, keepdims=True)
+        lo, hi = np.where(np.isfinite(lo), lo, 0), np.where(np.isfinite(hi), hi, 0)
+    span = np.maximum(hi - lo, 1e-6)
+    idx = np.clip(((flat - lo) * (bins / span)).astype(np.int64), 0, bins - 1)
     idx += (np.arange(n) * bins)[:, None]
-    hist = np.bincount(idx.ravel(), minlength=n * bins).reshape(n, bins).astype(np.float64)
+    counts = None if keep is None else keep.ravel().astype(np.float64)
+    hist = np.bincount(idx.ravel(), counts, minlength=n * bins).reshape(n, bins)
+    hist = hist.astype(np.float64)
     centres = (np.arange(bins) + 0.5) / bins
     w = np.cumsum(hist, axis=1)  # pixels at or below each bin
     m = np.cumsum(hist * centres, axis=1)

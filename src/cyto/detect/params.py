@@ -324,8 +324,9 @@ def check_tile(rgb) -> None:
 
 def is_opaque(rgb: np.ndarray) -> np.ndarray:
     """Whether each pixel of ``rgb`` (..., 3 or 4: an alpha channel is not a colour) passed no
-    light: darker than :data:`OPAQUE_RGB` in every colour channel."""
-    return rgb[..., :3].max(axis=-1) < OPAQUE_RGB
+    light: darker than :data:`OPAQUE_RGB` in every colour channel. (The channels' maximum pair
+    by pair: a reduction over the last axis of three is 20x slower.)"""
+    return np.maximum(np.maximum(rgb[..., 0], rgb[..., 1]), rgb[..., 2]) < OPAQUE_RGB
 
 
 def off_ink(found: np.ndarray, colours: np.ndarray) -> np.ndarray:

@@ -374,6 +374,9 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
         and not 1 / ADVISE_ZOOM <= ratio <= ADVISE_ZOOM
         and opts.detection.kind in ("smear", "pap")
         and not check["advised"]
+        and not check.get(
+            "too_few_cells"
+        )  # past the bound, too few to say so: not "as the model's"
         and check["factor"] is not None
     ):
         # the recorded resolutions say the cells look another size; they look as the model's
@@ -381,9 +384,10 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
         times, how = (ratio, "larger") if ratio > 1 else (1 / ratio, "smaller")
         echo(
             f"warning: the cells of {plan.slide.name} look as the model's training cells "
-            f"(median nucleus share {check['median_nucleus_share']:.3f} against "
-            f"{check['model_nucleus_share']:.3f}), though its recorded {res.slide_mpp:.3g} um/px "
-            f"against the model's {res.model_mpp:.3g} would make them {times:.3g}x {how}: its "
+            f"(median nucleus share {check['median_nucleus_share']:.3f} of {check['cells']} "
+            f"cells against {check['model_nucleus_share']:.3f}), though its recorded "
+            f"{res.slide_mpp:.3g} um/px against the model's {res.model_mpp:.3g} would make them "
+            f"{times:.3g}x {how}: its "
             f"recorded resolution is likely wrong, and they are judged as they look (if they "
             f"are at the model's, pass {passing('slide_mpp', res.model_mpp)})"
         )
@@ -411,6 +415,21 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
             f"{passing('patch_size', opts.patch_size)} cuts crops {cut:.2g}x the side of the "
             f"model's ({own} px), so its cells look {1 / cut:.2g}x as large as it saw them; "
             f"leave out {said('patch_size')} to cut crops as the model was trained"
+        )
+    elif check["advised"] and check["factor"] < 1 and _crops_at_model_mpp(res, opts):
+        # larger nuclei at a resolution the slide records as the model's: enlarged nuclei are
+        # what a lesion is (an all-LSIL slide at its right 0.258 um/px was told to --rescale,
+        # which shrinks them back, and rated unsatisfactory with 0 evaluable cells: hostile
+        # round 20); its cells are judged as they are, the slide limited, both causes said
+        check["larger_at_recorded_mpp"] = True
+        echo(
+            f"warning: the cells of {plan.slide.name} {look_words(check)}, though its "
+            f"resolution ({res.slide_mpp:.3g} um/px, the model's {res.model_mpp:.3g}) puts them "
+            "at the model's scale: nuclei enlarged by a lesion in most of its cells look so (a "
+            "lesion-rich specimen), and so does a wrong resolution; its cells are scored as they "
+            f"are and the slide rated limited (if {res.slide_mpp:.3g} um/px is not its true "
+            "resolution, pass "
+            f"{passing('slide_mpp', UM_PER_PX)}{'' if opts.rescale else ' ' + passing('rescale')})"
         )
     elif check["advised"]:
         reading = f"It is read at {res.slide_mpp:.3g} um/px" if res.slide_mpp else "It has no mpp"
@@ -440,3 +459,14 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
             "the most abnormal"
         )
     return check
+
+
+def _crops_at_model_mpp(res, opts) -> bool:
+    """The slide's and the model's resolutions are both known and the crops are cut at the
+    model's scale by them: resampled (``--rescale``) or within
+    :data:`~cyto.data.scale.ADVISE_ZOOM` as they are."""
+    from cyto.data.scale import ADVISE_ZOOM
+
+    if not res.slide_mpp or not res.model_mpp:
+        return False
+    return bool(opts.rescale) or 1 / ADVISE_ZOOM <= res.model_mpp / res.slide_mpp <= ADVISE_ZOOM

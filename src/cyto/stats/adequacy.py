@@ -296,6 +296,12 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
         unsat.append(
             f"cells off the model's scale (they look {how} than its training cells: {why})"
         )
+    if rule.check_scale and scale.get("larger_at_recorded_mpp"):
+        limited.append(
+            f"cells look {1 / scale['factor']:.2f}x larger than the model's training cells at "
+            "a resolution recorded as its scale: nuclei enlarged by a lesion, or a wrong "
+            f"resolution (check {said('slide_mpp')})"
+        )
     if rule.min_cells is not None and n_eval < rule.min_cells:
         unsat.append(
             "no evaluable cell"
