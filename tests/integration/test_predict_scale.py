@@ -96,9 +96,16 @@ def test_a_labelled_folder_is_checked_for_scale_by_its_normal_cells(exported_dsv
 
     summary, said = _scale_warnings(lambda: run("labelled", normal="normal"))
     assert said == [] and summary["auroc"] > 0.5
-    # no labels: the median of every cell is all there is, and it is said
+    # no labels: the median of every cell is all there is; half of them at the training scale,
+    # the median can be either (not said: 95 % sure, round 20), enlarged cells alone are said
     _, said = _scale_warnings(lambda: run("unlabelled"))
+    assert said == []
+    enlarged = _folder(tmp_path / "enlarged", 96, 0.25, {"abnormal": RADII["abnormal"]})
+    _, said = _scale_warnings(
+        lambda: cyto.predict(model, enlarged, tmp_path / "e.parquet", echo=None)
+    )
     assert len(said) == 1 and "larger than the model's training cells" in said[0]
+    assert "of 21 cells against" in said[0], said
     # --zoom auto measures the normal class too: the training scale, kept at 1
     summary = run("auto", normal="normal", zoom="auto")
     assert summary["zoom"] == 1.0 and summary["zoom_from"].startswith("auto, kept at 1: ")

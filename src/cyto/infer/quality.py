@@ -241,8 +241,9 @@ def slide_adequacy(
     # recorded mpp is the suspect (a slide at 0.258 um/px recorded as 0.5 was "unsatisfactory,
     # 0 evaluable cells" while its cells matched the model: hostile round 18); judged as they look
     mpp_off = mpp_off and not bool(scale and scale.get("mpp_contradicted"))
-    # larger at the recorded resolution: a lesion or a wrong mpp, judged as they are (limited)
-    lesion = bool(scale and scale.get("larger_at_recorded_mpp"))
+    # larger at the recorded resolution, not for blur or crowding: a lesion or a wrong mpp,
+    # judged as they are (limited)
+    lesion = bool(scale and scale.get("larger_at_recorded_mpp")) and scale_judged
     off_scale = (bool(scale and scale.get("advised")) and scale_judged and not lesion) or mpp_off
     bad = flags["out_of_focus"] | (flags["crowded"] if counted else False)
     evaluable = ~bad & (not off_scale)
