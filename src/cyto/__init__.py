@@ -172,15 +172,12 @@ def cache_dir(*given, **named) -> _Path:
         path = _Path(_tempfile.gettempdir()) / f"cyto-cache-{getattr(_os, 'getuid', lambda: 0)()}"
         if root not in _SAID_CACHE:
             _SAID_CACHE.add(root)
-            import warnings
+            from cyto.errors import CytoWarning, warn_caller
 
-            from cyto.errors import CytoWarning
-
-            warnings.warn(
+            warn_caller(
                 f"cyto's cache folder {root} cannot be written ({why}); using {path} (set "
                 "CYTO_CACHE_DIR to choose one)",
                 CytoWarning,
-                stacklevel=2,
             )
     return path
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+from cyto.errors import warn_caller
 from cyto.flags import Local, Range
 
 #: a model bundle is a folder on this machine
@@ -211,13 +212,11 @@ def score_slide(
     if not where.is_remote:  # never the model bundle nor inside it (as cyto score)
         check_inputs(where.local, opts, model if isinstance(model, Scorer) else Path(model))
         if overwrite:  # a review cut from the results about to be replaced: said
-            import warnings
-
             from cyto.errors import CytoWarning
             from cyto.view.folder import rescoring_words
 
             for line in rescoring_words([where.local]):
-                warnings.warn(CytoWarning(line), stacklevel=2)
+                warn_caller(line, CytoWarning)
     with where.writing():
         # a folder holding finished results (this slide's or another's) is not scored over
         # unasked; resume keeps this slide's, never another's

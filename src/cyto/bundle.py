@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from cyto import __version__
-from cyto.errors import BundleError, BundlePathError
+from cyto.errors import BundleError, BundlePathError, warn_caller
 from cyto.locks import flock_or_not
 from cyto.outputs_check import refuse_to_replace
 from cyto.tables import finite, json_text
@@ -484,16 +484,12 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"edited by hand; {MANIFEST_REPAIR}"
         )
     if SEAL not in manifest:  # an older format that did not seal its manifest
-        import warnings
-
         from cyto.errors import UnsealedBundleWarning
 
-        warnings.warn(
-            UnsealedBundleWarning(
-                f"{path} is an unsealed format-{version} bundle: an edit to its manifest cannot "
-                f"be detected. If it is as you trained it, seal it: cyto info {path} --seal"
-            ),
-            stacklevel=2,
+        warn_caller(
+            f"{path} is an unsealed format-{version} bundle: an edit to its manifest cannot "
+            f"be detected. If it is as you trained it, seal it: cyto info {path} --seal",
+            UnsealedBundleWarning,
         )
     if SEAL in manifest and manifest[SEAL] != _canonical_sha256(manifest):
         raise BundleError(

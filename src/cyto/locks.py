@@ -18,11 +18,10 @@ import json
 import os
 import socket
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from cyto.errors import CytoWarning, OutputBusyError
+from cyto.errors import CytoWarning, OutputBusyError, warn_caller
 from cyto.tables import json_text
 
 LOCK = ".lock"
@@ -125,12 +124,10 @@ class OutputLock:
         fh = open(self.path, "a+")  # noqa: SIM115 - held open for the whole run
         try:
             if not flock_or_not(fh, fcntl.LOCK_EX | fcntl.LOCK_NB):
-                warnings.warn(
-                    CytoWarning(
-                        f"{self.folder}: this file system cannot lock files, so another "
-                        f"{self.command} into this folder at the same time would not be refused"
-                    ),
-                    stacklevel=2,
+                warn_caller(
+                    f"{self.folder}: this file system cannot lock files, so another "
+                    f"{self.command} into this folder at the same time would not be refused",
+                    CytoWarning,
                 )
         except BlockingIOError:
             fh.seek(0)

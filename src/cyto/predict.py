@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -195,7 +194,7 @@ def predict(
             who = "these cells" if labels is None else f"the normal cells ({normal})"
             advice = share_advice(scorer.spec.nucleus_fraction, shares, who)
             if advice is not None:
-                warnings.warn(advice, ScaleWarning, stacklevel=2)
+                warn_caller(advice, ScaleWarning)
         stain = _stain_check(scorer, records, kept, skip_unreadable)
         summary = _write_table(
             out, model, scorer, [records[i] for i in kept],
@@ -252,7 +251,7 @@ def _stain_check(scorer, records, kept, skip: bool) -> dict | None:
     check = stain_check(model, estimate_images(images, STAIN_PIXELS, n=len(pick)), len(pick))
     words = stain_words(check, "these cells")
     if words is not None:
-        warnings.warn(words, StainWarning, stacklevel=3)
+        warn_caller(words, StainWarning)
     return check
 
 
@@ -365,20 +364,17 @@ class _Job:
 
 def _say_inputs(job: _Job) -> None:
     """One warning for the images read as grayscale or 16-bit, one for those not square."""
-    from cyto.data.images import mode_words
+    from cyto.data.images import mode_words, oblong_words
     from cyto.errors import CytoWarning
 
     said = mode_words(job.modes, job.read)
     if said:
-        warnings.warn(said, CytoWarning, stacklevel=3)
+        warn_caller(said, CytoWarning)
     if job.oblong:
-        path, (h, w) = job.oblong[0]
-        warnings.warn(
-            f"{len(job.oblong)} of {job.read} images are not square ({path.name}: {w}x{h} px, cut "
-            "at the edge of its image?): each is padded to a square with its edge colour, never "
-            "stretched",
+        warn_caller(
+            f"{oblong_words(job.oblong, job.read)}: each is padded to a square with its edge "
+            "colour, never stretched",
             CytoWarning,
-            stacklevel=3,
         )
 
 
@@ -581,11 +577,10 @@ def _better_ranking(summary: dict, rank_by: str, auto: bool) -> None:
         if auto
         else ""
     )
-    warnings.warn(
+    warn_caller(
         f"{passing('rank_by', best[1])} ranks these labelled cells better: AUROC {best[0]:.3f} "
         f"against {chosen:.3f} by {rank_by}{why}",
         CytoWarning,
-        stacklevel=3,
     )
 
 

@@ -101,11 +101,14 @@ def test_a_labelled_folder_is_checked_for_scale_by_its_normal_cells(exported_dsv
     _, said = _scale_warnings(lambda: run("unlabelled"))
     assert said == []
     enlarged = _folder(tmp_path / "enlarged", 96, 0.25, {"abnormal": RADII["abnormal"]})
-    _, said = _scale_warnings(
-        lambda: cyto.predict(model, enlarged, tmp_path / "e.parquet", echo=None)
-    )
-    assert len(said) == 1 and "larger than the model's training cells" in said[0]
-    assert "of 21 cells against" in said[0], said
+    from cyto.errors import ScaleWarning
+
+    with pytest.warns(ScaleWarning) as got:
+        cyto.predict(model, enlarged, tmp_path / "e.parquet", echo=None)
+    (w,) = [w for w in got if w.category is ScaleWarning and "these cells" in str(w.message)]
+    assert "larger than the model's training cells" in str(w.message)
+    assert "of 21 cells against" in str(w.message), w.message
+    assert w.filename == __file__  # the caller's line (it was cyto/api.py's: round 20)
     # --zoom auto measures the normal class too: the training scale, kept at 1
     summary = run("auto", normal="normal", zoom="auto")
     assert summary["zoom"] == 1.0 and summary["zoom_from"].startswith("auto, kept at 1: ")

@@ -35,12 +35,14 @@ __all__ = ["METHOD_NAMES", "app", "main"]
 
 @contextmanager
 def _warnings_as_lines():
-    """cyto's own warnings print as one ``warning: ...`` line (others as Python prints them)."""
+    """cyto's own warnings print as one ``warning: ...`` line (others as Python prints them),
+    every one: a command's lines are its output. (They point past cyto's frames,
+    :func:`cyto.errors.warn_caller`, which from the command line is the CLI library's one
+    line: Python's "once per location" would keep a second command in one process, a test's,
+    from saying what the first said.)"""
     import warnings
 
     from cyto.errors import CytoWarning
-
-    shown = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, CytoWarning):
@@ -48,11 +50,11 @@ def _warnings_as_lines():
         else:
             shown(message, category, filename, lineno, file, line)
 
-    warnings.showwarning = show
-    try:
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+        warnings.showwarning = show
+        warnings.filterwarnings("always", category=CytoWarning)
         yield
-    finally:
-        warnings.showwarning = shown
 
 
 def _shown_names(exc: UnicodeError) -> tuple[str, int]:

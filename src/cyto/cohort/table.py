@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from cyto.errors import warn_caller
 from cyto.location import shown
 from cyto.slides.base import printable
 
@@ -185,7 +186,6 @@ def _say_rows(path: Path, dropped: list[str], redrawn: list[str]) -> None:
     """One line for the rows of other runs that were not as their folders' seals say."""
     if not (dropped or redrawn):
         return
-    import warnings
 
     from cyto.errors import CytoWarning
 
@@ -200,11 +200,10 @@ def _say_rows(path: Path, dropped: list[str], redrawn: list[str]) -> None:
         )
     if redrawn:
         parts.append(f"the rows of {some(redrawn)} are drawn again from their folders' seals")
-    warnings.warn(
+    warn_caller(
         f"{path}: rows not as cyto wrote them (edited by hand, or folders moved): "
         + "; ".join(parts),
         CytoWarning,
-        stacklevel=3,
     )
 
 

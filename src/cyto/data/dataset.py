@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import shlex
-import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -564,12 +563,12 @@ def _decode_all(
             bar.advance(part.n)
     said = mode_words(modes, len(records))
     if said:
-        warnings.warn(said, CytoWarning, stacklevel=3)
+        warn_caller(said, CytoWarning)
     if oblong:
-        path, (h, w) = oblong[0]
-        warnings.warn(
-            f"{len(oblong)} of {len(records)} images are not square ({path.name}: {w}x{h} px, cut "
-            "at the edge of its image?): "
+        from cyto.data.images import oblong_words
+
+        warn_caller(
+            f"{oblong_words(oblong, len(records))}: "
             + (
                 "each is padded to a square with its edge colour, never stretched"
                 if size is not None
@@ -577,7 +576,6 @@ def _decode_all(
                 f"({setting('load_size', 'N')}) to pad them to one square size"
             ),
             CytoWarning,
-            stacklevel=3,
         )
     if listed is not None:
         return listed, keep, skipped, digests

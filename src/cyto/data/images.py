@@ -152,3 +152,20 @@ def mode_words(notes: list, total: int) -> str | None:
         "its morphometry) sees them as no real cell looks: convert them to the RGB they were "
         "scanned in, or leave them out"
     )
+
+
+def oblong_words(oblong: list, total: int) -> str:
+    """'N of M images are not square (...)' for the (path, (h, w)) of a set's images that are
+    not square: where most of the set shares one such size it is the set's own (PBC's 360 x 363
+    px), not a crop cut at the edge of its image (CRIC: 100 x 46 px and the like), which is
+    asked only of a few (hostile round 20 was told of 794 of 800 PBC images "cut at the edge of
+    its image?")."""
+    from collections import Counter
+
+    (h, w), common = Counter(tuple(hw) for _, hw in oblong).most_common(1)[0]
+    if common > total / 2:
+        how = f"{common} of them {w}x{h} px: the set's own size"
+    else:
+        path, (h, w) = oblong[0]
+        how = f"{Path(path).name}: {w}x{h} px, cut at the edge of its image?"
+    return f"{len(oblong)} of {total} images are not square ({how})"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.errors import CytoWarning, InputPathError
+from cyto.errors import CytoWarning, InputPathError, warn_caller
 from cyto.tables import named_columns, number_column, one_line, read_table
 
 #: points of a nuclei file closer than this (level-0 pixels, a quarter of a micrometre at 40x;
@@ -131,14 +131,10 @@ def read_nuclei_file(path: Path, width: int, height: int) -> np.ndarray:
     keep = distinct_points(pts)
     dropped = len(pts) - int(keep.sum())
     if dropped:
-        import warnings
-
-        warnings.warn(
-            CytoWarning(
-                f"--nuclei {path}: {dropped} of {len(pts)} point(s) repeat another point within "
-                f"{SAME_POINT_PX:g} level-0 pixel; each nucleus is scored once ({int(keep.sum())})"
-            ),
-            stacklevel=2,
+        warn_caller(
+            f"--nuclei {path}: {dropped} of {len(pts)} point(s) repeat another point within "
+            f"{SAME_POINT_PX:g} level-0 pixel; each nucleus is scored once ({int(keep.sum())})",
+            CytoWarning,
         )
     return pts[keep]
 

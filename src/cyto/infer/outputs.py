@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto import __version__
-from cyto.errors import CytoWarning, InputPathError
+from cyto.errors import CytoWarning, InputPathError, warn_caller
 from cyto.flags import passing
 from cyto.slides import SLIDE_SUFFIXES, open_slide
 from cyto.slides.base import printable
@@ -118,16 +118,12 @@ def truth_of_slide(gt: dict[str, np.ndarray], slide_id: str, path: Path) -> dict
     ids = gt["slide_id"]
     mine = np.array([v == slide_id or _stem(v) == slide_id for v in ids], dtype=bool)
     if not mine.any():
-        import warnings
-
         held = sorted(set(ids.tolist()))
         names = ", ".join(repr(v) for v in held[:3]) + (" ..." if len(held) > 3 else "")
-        warnings.warn(
-            CytoWarning(
-                f"{passing('truth', path)} holds no cell of slide {slide_id!r} (its slide_id: "
-                f"{names or 'none'}); this slide is scored without truth cells"
-            ),
-            stacklevel=2,
+        warn_caller(
+            f"{passing('truth', path)} holds no cell of slide {slide_id!r} (its slide_id: "
+            f"{names or 'none'}); this slide is scored without truth cells",
+            CytoWarning,
         )
     return {k: v[mine] for k, v in gt.items()}
 
@@ -188,17 +184,14 @@ def truth_inside(
     inside = (x >= 0) & (y >= 0) & (x < w) & (y < h)
     if inside.all():
         return gt
-    import warnings
 
     n_out, n = int((~inside).sum()), len(inside)
     abnormal = int(np.asarray(gt["label"])[~inside].sum()) if "label" in gt else 0
-    warnings.warn(
-        CytoWarning(
-            f"{passing('truth', path)}: {n_out} of its {n} cell(s) of slide {slide_id!r} "
-            f"({abnormal} abnormal) lie outside the slide ({w} x {h} px at level 0), where no "
-            "detection can match them: left out (are its x, y level-0 pixels of this slide?)"
-        ),
-        stacklevel=3,
+    warn_caller(
+        f"{passing('truth', path)}: {n_out} of its {n} cell(s) of slide {slide_id!r} "
+        f"({abnormal} abnormal) lie outside the slide ({w} x {h} px at level 0), where no "
+        "detection can match them: left out (are its x, y level-0 pixels of this slide?)",
+        CytoWarning,
     )
     return {k: v[inside] for k, v in gt.items()}
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.errors import ConfigError, InputPathError, first_line
+from cyto.errors import ConfigError, InputPathError, first_line, warn_caller
 from cyto.flags import check_seed
 from cyto.reuse import check_reuse
 from cyto.tables import json_text
@@ -713,7 +713,6 @@ def _check_review_seal(root: Path) -> dict[str, str] | None:
     is marked as the cell the key names). A folder without a seal, or with one of a cyto before
     crops were sealed, is said once, and read. Returns the sealed crops' sha256, by
     ``CASE/POS.png`` (None: not sealed)."""
-    import warnings
 
     from cyto.bundle import sha256_file
     from cyto.errors import CytoWarning
@@ -721,12 +720,10 @@ def _check_review_seal(root: Path) -> dict[str, str] | None:
     try:
         record = json.loads((root / REVIEW_SEAL).read_text())
     except FileNotFoundError:
-        warnings.warn(
-            CytoWarning(
-                f"{root} carries no seal (built by an older cyto, or its seal was removed): "
-                "its key cannot be checked against edits"
-            ),
-            stacklevel=3,
+        warn_caller(
+            f"{root} carries no seal (built by an older cyto, or its seal was removed): "
+            "its key cannot be checked against edits",
+            CytoWarning,
         )
         return None
     except (OSError, ValueError):
@@ -745,12 +742,10 @@ def _check_review_seal(root: Path) -> dict[str, str] | None:
         )
     crops = record.get("crops")
     if record["format"] != REVIEW_SEAL_FORMAT:  # sealed by an older cyto: key and cases only
-        warnings.warn(
-            CytoWarning(
-                f"{root}: its seal ({record['format']}, an older cyto's) does not cover the "
-                "crops: a crop replaced by hand cannot be found"
-            ),
-            stacklevel=3,
+        warn_caller(
+            f"{root}: its seal ({record['format']}, an older cyto's) does not cover the "
+            "crops: a crop replaced by hand cannot be found",
+            CytoWarning,
         )
         return None
     if not isinstance(crops, dict):

@@ -23,9 +23,9 @@ import contextlib
 import hashlib
 import json
 import os
-import warnings
 from pathlib import Path
 
+from cyto.errors import warn_caller
 from cyto.tables import json_text
 
 RECORD = "cyto-kernels.json"
@@ -113,13 +113,12 @@ def guard(folder: Path | None = None) -> list[str]:
     except OSError:  # a cache that cannot be written: numba cannot keep kernels there either
         return []
     if changed:
-        warnings.warn(
+        warn_caller(
             f"kept numba kernel {changed[0]}"
             + (f" and {len(changed) - 1} other(s)" if len(changed) > 1 else "")
             + f" in {folder} did not match its record (changed or damaged): not loaded; "
             "compiled anew",
             CytoWarning,
-            stacklevel=2,
         )
     return changed
 
@@ -173,11 +172,10 @@ class KeptKernel:
             result = self.dispatcher(*args)  # compiled anew; its own error, if any, is raised
             from cyto.errors import CytoWarning, first_line
 
-            warnings.warn(
+            warn_caller(
                 f"kept numba kernel {removed[0]} did not load ({first_line(exc)}): removed "
                 "and compiled anew",
                 CytoWarning,
-                stacklevel=2,
             )
             return result
 

@@ -19,7 +19,6 @@ import contextlib
 import functools
 import importlib.util
 import inspect
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ import numpy as np
 
 from cyto.bundle import PRECISIONS, Bundle, GraphSpec, ModelSpec, load_bundle
 from cyto.data.images import MIN_CELL_SIDE
-from cyto.errors import ConfigError, CytoError, ScaleWarning
+from cyto.errors import ConfigError, CytoError, ScaleWarning, warn_caller
 from cyto.flags import Range, passing, said
 from cyto.runtime.backends import CHOICES, Backend
 from cyto.runtime.devices import resolve_device
@@ -194,12 +193,11 @@ class Scorer:
             )
         if h != size and not self._said_side:
             self._said_side = True
-            warnings.warn(
+            warn_caller(
                 f"patches of {h} px are resized to the model's {size} px crops (x{size / h:.2f}): "
                 f"give {size} px crops cut at the scale of its training cells, or the scores are "
                 "of cells at another scale",
                 ScaleWarning,
-                stacklevel=3,
             )
 
     def _calls(self, n: int, batch_size: int) -> list[slice]:

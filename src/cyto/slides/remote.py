@@ -38,6 +38,7 @@ from cyto.errors import (
     InputPathError,
     MissingDependencyError,
     UnsupportedSlideError,
+    warn_caller,
 )
 from cyto.flags import passing
 
@@ -907,15 +908,13 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
             return target
         # a damaged copy was read as the slide's on every run ("cannot be decoded"), with no
         # word that the fault was cyto's own copy: it is fetched again, said once
-        import warnings
 
         from cyto.errors import CytoWarning
 
-        warnings.warn(
+        warn_caller(
             f"{obj.ref}: the copy in cyto's cache ({target}) is not as it was fetched; "
             "fetching it again",
             CytoWarning,
-            stacklevel=2,
         )
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{target.name}.{os.getpid()}.part"

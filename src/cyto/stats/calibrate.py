@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.bundle import CALIBRATION_FILE, CALIBRATION_QUANTILES, add_files, load_bundle
-from cyto.errors import ConfigError, CytoError, InputPathError
+from cyto.errors import ConfigError, CytoError, InputPathError, warn_caller
 from cyto.outputs_check import refuse_to_replace
 from cyto.seal import check_rows, check_sealed_table, is_cyto_table
 from cyto.stats import conformal
@@ -266,20 +266,17 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
     if isinstance(burden, dict) and str(burden.get("triage") or "").startswith(TRIAGE_EXCESS):
         # taken (a new calibration may be what corrects the one that triaged it), but said:
         # a slide of abnormal cells taken as negative raises the null for every slide after
-        import warnings
 
         from cyto.errors import CytoWarning
 
         p = burden.get("slide_p_value")
         p_words = f", slide p={p:.2g}" if isinstance(p, (int, float)) else ""
-        warnings.warn(
-            CytoWarning(
-                f"{meta.get('cyto.slide') or path}: its calibrated scoring triaged it "
-                f"{TRIAGE_EXCESS!r}{p_words}, yet it is taken as a negative slide: calibrate "
-                "on slides known to be negative (leave it out, unless that calibration was "
-                "wrong)"
-            ),
-            stacklevel=2,
+        warn_caller(
+            f"{meta.get('cyto.slide') or path}: its calibrated scoring triaged it "
+            f"{TRIAGE_EXCESS!r}{p_words}, yet it is taken as a negative slide: calibrate "
+            "on slides known to be negative (leave it out, unless that calibration was "
+            "wrong)",
+            CytoWarning,
         )
     slide = meta.get("cyto.slide_identity") or meta.get("cyto.slide") or str(path)
     evaluable = None
@@ -470,18 +467,14 @@ def warn_unsatisfactory(slide: object, adequacy: dict | str | None, use: str) ->
         reasons = "; ".join(map(str, adequacy.get("reasons") or ()))
         adequacy = f"{adequacy.get('result')}: {reasons}"
     if isinstance(adequacy, str) and adequacy.startswith("unsatisfactory"):
-        import warnings
-
         from cyto.errors import CytoWarning
 
         why = adequacy.partition(":")[2].strip() or "unsatisfactory"
-        warnings.warn(
-            CytoWarning(
-                f"{slide}: its adequacy is unsatisfactory ({why}): its cells are a poor "
-                f"sample of a negative slide's; {use} from satisfactory negative slides (a "
-                "slide read at the wrong scale: score it again with its true --mpp)"
-            ),
-            stacklevel=2,
+        warn_caller(
+            f"{slide}: its adequacy is unsatisfactory ({why}): its cells are a poor "
+            f"sample of a negative slide's; {use} from satisfactory negative slides (a "
+            "slide read at the wrong scale: score it again with its true --mpp)",
+            CytoWarning,
         )
 
 

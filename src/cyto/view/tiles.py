@@ -29,11 +29,11 @@ import math
 import os
 import shutil
 import threading
-import warnings
 from pathlib import Path
 
 import numpy as np
 
+from cyto.errors import warn_caller
 from cyto.tables import json_text
 
 FORMAT = "cyto-view-tiles/2"  # 2: each tile sealed (_seal)
@@ -140,12 +140,11 @@ class TilePyramid:
             self._said_damaged = True
             from cyto.errors import CytoWarning
 
-            warnings.warn(
+            warn_caller(
                 f"a kept viewer tile ({path.relative_to(self.dir.parent)}) does not match its "
                 "seal (damaged, or copied from elsewhere): not served; rendered from the slide "
                 "again",
                 CytoWarning,
-                stacklevel=3,
             )
         return data
 
