@@ -354,3 +354,9 @@ def test_ink_on_a_crop_is_neither_nucleus_nor_cell_and_moves_no_threshold(kind):
     # a crop of nothing but ink has no nucleus to measure
     black = measure(np.zeros((1, 96, 96, 3), np.uint8), mpp, CELL_MASKS[kind])
     assert black["nucleus_share"][0] == 0 and np.isnan(black["nucleus_area_um2"][0])
+    # ink across the centre nucleus hides it: no centre nucleus, not what is left of the cell
+    # (the Pap mask then measured the cytoplasm: 6x the nucleus's share; code review)
+    across = clean.copy()
+    across[46:51, 30:67] = 0
+    m = measure(across, mpp, CELL_MASKS[kind])
+    assert m["nucleus_share"][0] == 0 and np.isnan(m["nucleus_area_um2"][0]), m

@@ -60,7 +60,7 @@ def test_the_zoom_is_estimated_from_nucleus_sizes():
 
 
 def test_zoom_options_fail_in_one_clear_line():
-    imgs = np.stack([_cell(48, 8)] * 3)
+    imgs = np.stack([_cell(48, 8)] * 6)  # auto: 6 cells or more (fewer cannot bound a median)
     shares = nucleus_fraction(imgs)
     assert resolve_zoom(None, None, None, None, shares) == (1.0, "none")
     assert resolve_zoom("1.5", None, None, None, shares)[0] == 1.5
@@ -117,7 +117,7 @@ def test_auto_zoom_only_magnifies_cells_that_look_clearly_smaller():
         assert factor == pytest.approx(want, rel=0.06), (shrink, factor, how)
         if want == 1.0:
             assert how.startswith("auto, kept at 1"), how
-    large = nucleus_fraction(np.stack([_cell(80, 13 / 0.6)] * 5))
+    large = nucleus_fraction(np.stack([_cell(80, 13 / 0.6)] * 6))
     _, how = resolve_zoom("auto", None, None, reference, large)
     assert "look 1.6" in how and "larger" in how, how
 
@@ -355,12 +355,33 @@ def test_larger_cells_at_a_resolution_recorded_as_the_models_are_scored_as_they_
         assert block["result"] == "limited" and block["cells_evaluable"] == n, block
         assert block["cell_scale"]["larger_at_recorded_mpp"] is True
         assert any("enlarged by a lesion" in r for r in block["reasons"]), block["reasons"]
-    # the cells 1.33x smaller, or no recorded resolution: the resolution is asked about
+    # the cells 1.33x smaller, no recorded resolution, or 2.5x larger (nuclear area 6x: no
+    # lesion's): the resolution is asked about
     for res, factor in ((Resolution(0.258, 0.258, None, 100), 1.33),
-                        (Resolution(None, 0.258, None, 100), 1 / 1.33)):  # fmt: skip
+                        (Resolution(None, 0.258, None, 100), 1 / 1.33),
+                        (Resolution(0.258, 0.258, None, 100), 1 / 2.5)):  # fmt: skip
         lines, block = run(res, factor)
         assert "is its resolution right?" in lines[0] and "lesion" not in lines[0], lines
         assert block["result"] == "unsatisfactory" and block["cells_evaluable"] == 0
+    # the slide's mpp given: it is named to check, not asked for
+    plan = SimpleNamespace(slide=SimpleNamespace(name="s.tif"),
+                           res=Resolution(0.258, 0.258, None, 100))  # fmt: skip
+    given = ScoreOptions(patch_size=100, detection=detection_preset("pap"), slide_mpp=0.258)
+    lines: list[str] = []
+    _check_scale([np.full(n, 0.07 * 1.33**2)], plan, scorer, given, lines.append)
+    assert "lesion-rich" in lines[0] and lines[0].endswith("resolution, check --mpp)"), lines
+    # most cells out of focus: blur, not a lesion, may make them look larger; the rule does
+    # not hold it against the slide twice, and nothing says "limited"
+    blurred = table.set_column(2, "sharpness", pa.array(np.full(n, 0.01)))
+    lines = []
+    check = _check_scale([np.full(n, 0.07 * 1.33**2)], plan, scorer, opts, lines.append)
+    assert "limited" not in lines[0]
+    _, block = slide_adequacy(
+        blurred, adequacy.PRESETS["general"], reference={"threshold": 1.0}, scale=check,
+        crop_px=100, tile=1024, size=(3000, 3000), n_tissue_tiles=9, detection="pap",
+    )  # fmt: skip
+    assert block["cell_scale"]["off_scale"] is None, block["cell_scale"]
+    assert not any("lesion" in r for r in block["reasons"]), block["reasons"]
 
 
 def test_rescale_without_an_mpp_names_the_one_lacking():
@@ -406,3 +427,37 @@ def test_a_few_cells_of_the_training_scale_are_not_told_another():
     assert not check["advised"] and check["too_few_cells"]
     factor, how = resolve_zoom("auto", None, None, reference, few)
     assert factor == 1.0 and "over only 12 cells, too few to tell" in how, how
+
+
+def test_the_median_bounds_hold_it_with_95_percent_exactly_and_no_fewer_than_6_cells_speak():
+    """The bounds are the k-th smallest and largest values with the largest k whose coverage of
+    the median, 1 - 2 P(B <= k) for B ~ binomial(n, 1/2), is still 95 % (summed here from the
+    binomial coefficients); the normal approximation was a rank too narrow for half the n (n = 8
+    held it 93 %) and left 1-5 cells to the bare median rule: one cell was told "2.65x smaller"
+    and zoomed by it (code review)."""
+    from math import comb
+
+    from cyto.data.scale import median_bounds, resolve_zoom, share_check
+
+    for n in range(1, 160):
+        values = np.arange(n, dtype=float)
+        lo, hi = median_bounds(values)
+
+        def coverage(k, n=n):
+            return 1 - 2 * sum(comb(n, i) for i in range(k + 1)) / 2**n
+
+        if n < 6:
+            assert (lo, hi) == (-np.inf, np.inf), n
+            continue
+        k = int(lo)
+        assert hi == n - 1 - k and coverage(k) >= 0.95, n
+        assert k + 1 > n // 2 or coverage(k + 1) < 0.95, n  # the narrowest that holds it
+    for n in range(1, 6):
+        check = share_check(0.07, [0.01] * n)  # 2.6x smaller, but 5 cells or fewer
+        assert not check["advised"] and check["too_few_cells"], n
+        assert resolve_zoom("auto", None, None, 0.07, [0.01] * n)[0] == 1.0
+    assert share_check(0.07, [0.01] * 6)["advised"]
+    # a scattered dozen whose median is past the zoom range: kept at 1, not refused
+    factor, how = resolve_zoom("auto", None, None, 0.07, [0.002] * 7 + [0.07] * 5)
+    assert factor == 1.0 and "over only 12 cells" in how
+    assert "over only 1 cell," in resolve_zoom("auto", None, None, 0.07, [0.01])[1]

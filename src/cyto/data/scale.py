@@ -35,9 +35,12 @@ ZOOM_RANGE = (0.25, 4.0)
 #: at 1.69x ranked at AUROC 0.44 unzoomed and 0.81 zoomed; the same lab's later files are at 0.9-1.1
 ADVISE_ZOOM = 1.25
 #: the scale check's confidence that the median of a folder's or a slide's cells is past
-#: :data:`ADVISE_ZOOM` (its normal quantile): 95 %
-MEDIAN_Z = 1.96
+#: :data:`ADVISE_ZOOM`
 MEDIAN_CONFIDENCE = 0.95
+#: cells that look larger at a resolution recorded as the model's are taken for a lesion's
+#: enlarged nuclei up to this many times larger (nuclear area 4x: ASC-US 2.5-3x, LSIL 3x a
+#: normal intermediate nucleus); past it, for a resolution misstated
+LESION_LARGER = 2.0
 
 
 #: each uint8 channel value's optical density, -log((v + 1) / 256) in float32
@@ -159,11 +162,21 @@ def scale_check(model_nuclei: float | None, images) -> dict | None:
 
 def median_bounds(values) -> tuple[float, float]:
     """The order statistics that hold the median of the population ``values`` were drawn from
-    with :data:`MEDIAN_CONFIDENCE` (distribution-free: the median's rank among n draws is
-    binomial(n, 1/2)); every value's range for fewer than 6."""
+    with at least :data:`MEDIAN_CONFIDENCE` (distribution-free: how many of n draws lie below
+    the median is binomial(n, 1/2), so the k-th smallest and k-th largest hold it with
+    1 - 2 P(B < k), exactly). Fewer than 6 values hold it with no such confidence: (-inf, inf)."""
+    from scipy.special import bdtr  # P(B <= k) of binomial(n, p)
+
     v = np.sort(np.asarray(values, dtype=np.float64))
     n = len(v)
-    k = max(0, int(np.floor((n - MEDIAN_Z * np.sqrt(n)) / 2)))
+    tail = (1 - MEDIAN_CONFIDENCE) / 2
+    if n == 0 or bdtr(0, n, 0.5) > tail:
+        return -np.inf, np.inf
+    k = int(n // 2)  # the largest k (0-based) with P(B <= k) within the tail: bisected
+    lo = 0
+    while lo < k:
+        mid = (lo + k + 1) // 2
+        lo, k = (mid, k) if bdtr(mid, n, 0.5) <= tail else (lo, mid - 1)
     return float(v[k]), float(v[n - 1 - k])
 
 
@@ -172,20 +185,20 @@ def share_check(model_nuclei: float, shares) -> dict | None:
     only when the zoom of every median the sample allows (:func:`median_bounds`) is past
     :data:`ADVISE_ZOOM` on the same side: the median share of a few cells scatters (12
     same-lab Pap crops read "1.47x smaller": hostile round 20; 11 % of 12-crop draws of one
-    lab's later crops were told so, none of 128)."""
+    lab's later crops were told so, none of 128); never from fewer than 6 cells."""
     if len(shares) == 0:
         return None
     median = float(np.median(shares))
     factor = _factor(model_nuclei, median)
     lo, hi = median_bounds(shares)
-    # both ends past the bound on the median's side (a share of 0, no nucleus: infinitely small)
     outside = factor is not None and not 1 / ADVISE_ZOOM <= factor <= ADVISE_ZOOM
-    sure = outside and all(
-        (_factor(model_nuclei, s) or np.inf) > ADVISE_ZOOM
-        if factor > 1
-        else (_factor(model_nuclei, s) or np.inf) < 1 / ADVISE_ZOOM
-        for s in (lo, hi)
-    )
+    if outside and np.isfinite(lo) and np.isfinite(hi):
+        # the zooms of both ends (a larger share, a smaller zoom; a share of 0, no nucleus:
+        # infinitely small) past the bound on the median's side
+        near = [_factor(model_nuclei, s) if s > 0 else np.inf for s in (lo, hi)]
+        sure = all(f > ADVISE_ZOOM if factor > 1 else f < 1 / ADVISE_ZOOM for f in near)
+    else:  # within the bound, or too few cells to bound the median at all
+        sure = False
     return {
         "cells": len(shares),
         "median_nucleus_share": round(median, 5),
@@ -197,6 +210,11 @@ def share_check(model_nuclei: float, shares) -> dict | None:
     }
 
 
+def cells_words(n: int) -> str:
+    """'1 cell', '12 cells'."""
+    return f"{n:,} cell" + ("" if n == 1 else "s")
+
+
 def look_words(check: dict) -> str:
     """'look 1.69x smaller than the model's training cells (median nucleus share 0.034 of 412
     cells against ...)'."""
@@ -205,7 +223,7 @@ def look_words(check: dict) -> str:
     times = factor if factor > 1 else 1 / factor
     return (
         f"look {times:.2f}x {how} than the model's training cells (median nucleus share "
-        f"{check['median_nucleus_share']:.3f} of {check['cells']} cells against "
+        f"{check['median_nucleus_share']:.3f} of {cells_words(check['cells'])} against "
         f"{check['model_nucleus_share']:.3f})"
     )
 
@@ -333,15 +351,17 @@ def resolve_zoom(
                 f"{passing('patch_mpp', UM_PER_PX)}"
             )
         shares = shares() if callable(shares) else shares
-        factor = zoom_from_shares(model_nuclei, shares)
         of = f" (the normal class, {normal})" if normal else ""
-        if share_check(model_nuclei, shares).get("too_few_cells"):
+        check = share_check(model_nuclei, shares)
+        if check is not None and check.get("too_few_cells"):  # before the factor's range
+            factor = check["factor"]
             return 1.0, (
                 f"auto, kept at 1: these nuclei{of} measure {factor:.3g}x the training normals' "
-                f"over only {len(shares)} cells, too few to tell it from "
+                f"over only {cells_words(len(shares))}, too few to tell it from "
                 f"{1 / ADVISE_ZOOM:.2g}-{ADVISE_ZOOM:g}x (the training scale) with "
                 f"{MEDIAN_CONFIDENCE:.0%} confidence; pass {passing('zoom', FACTOR)} if known"
             )
+        factor = zoom_from_shares(model_nuclei, shares)
         if factor > ADVISE_ZOOM:
             return factor, (
                 f"the median nucleus size of these patches{of} against the training normals' "

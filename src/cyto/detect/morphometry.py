@@ -174,8 +174,27 @@ def measure(
             r = max(1, int(np.ceil(3 * s)))
             opaque = ndimage.maximum_filter(opaque, size=(1, 2 * r + 1, 2 * r + 1))
     nuc, fg = _masks(signal, mask, opaque)
+    if opaque is not None:
+        nuc = _clear_of_ink(nuc, opaque)
     _measure_masks(nuc, fg, total, mask, px_um, work_mpp, out)
     return out
+
+
+def _clear_of_ink(nuc: np.ndarray, opaque: np.ndarray) -> np.ndarray:
+    """``nuc`` (N, s, s) less every component that touches ``opaque``: ink over a nucleus hides
+    it, or part of it, and what is left would be measured as another thing (a bar across a
+    Pap nucleus left its cytoplasm to the upper class: 6x the nucleus's share; code review)."""
+    from scipy import ndimage
+
+    cross = np.zeros((3, 3, 3), dtype=bool)
+    cross[1] = ndimage.generate_binary_structure(2, 1)
+    labels, count = ndimage.label(nuc, structure=cross)
+    if count == 0:
+        return nuc
+    touched = np.zeros(count + 1, dtype=bool)
+    touched[labels[ndimage.binary_dilation(opaque, structure=cross)]] = True
+    touched[0] = False
+    return nuc & ~touched[labels]
 
 
 def _stack(crops) -> np.ndarray:
@@ -242,7 +261,9 @@ def _masks(
     if opaque is not None:
         nuc &= ~opaque
         fg &= ~opaque
-    if mask.threshold != "p99-share":  # the p99 rule is kept exactly as the nucleus-size score's
+    # the p99 rule is kept as the nucleus-size score's (cyto.data.scale.nucleus_fraction), but
+    # for the opaque pixels, which that whole-crop share still counts
+    if mask.threshold != "p99-share":
         nuc = _open_fill(nuc)
     return nuc, fg
 

@@ -296,7 +296,8 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
         unsat.append(
             f"cells off the model's scale (they look {how} than its training cells: {why})"
         )
-    if rule.check_scale and scale.get("larger_at_recorded_mpp"):
+    # judged (off_scale False, not None: blur or crowding did not explain the larger look)
+    if rule.check_scale and scale.get("larger_at_recorded_mpp") and scale.get("off_scale") is False:
         limited.append(
             f"cells look {1 / scale['factor']:.2f}x larger than the model's training cells at "
             "a resolution recorded as its scale: nuclei enlarged by a lesion, or a wrong "
