@@ -43,15 +43,26 @@ def _own_review_registry(tmp_path_factory, monkeypatch):
     )
 
 
-# Under pytest-xdist (``-n``) the workers share the cores: PyTorch in each worker takes its share
-# of them, not all (two workers of two threads each on 2 shared cores: test_train_contract's
-# trainings took 32 and 169 s, 7-10 s in one process). Subprocesses (`cyto train`) choose their own.
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and importlib.util.find_spec("torch") is not None:
-    import torch
+# Under pytest-xdist (``-n``) the workers share the cores: where there are as many cores as
+# workers or more, each worker runs on cores of its own (its processes too: tile workers, `cyto`
+# subprocesses, Ray), which every engine counts as its own threads (ONNX Runtime, OpenVINO,
+# numba take every core they may run on, and spin waiting for them). Two workers of two threads
+# each on 2 cores: the whole suite 470 s, pinned 432 s (epyc-2core, 2026-12-04). PyTorch in each
+# worker takes its share of them, not all (two workers of two threads each on 2 shared cores:
+# test_train_contract's trainings took 32 and 169 s, 7-10 s in one process).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    _cores = sorted(os.sched_getaffinity(0))
+    if len(_cores) >= _workers > 1:
+        _own = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")) % _workers
+        os.sched_setaffinity(0, set(_cores[_own::_workers]))
+        _threads = len(os.sched_getaffinity(0))
+    else:
+        _threads = max(1, len(_cores) // _workers)
+    if importlib.util.find_spec("torch") is not None:
+        import torch
 
-    torch.set_num_threads(
-        max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
-    )
+        torch.set_num_threads(_threads)
 
 # Property-based tests (Hypothesis): bounded examples, no deadline (2 shared cores time out), and
 # no example database in the working tree (a test run leaves no files behind).
