@@ -152,3 +152,23 @@ def test_patch_mpp_zooms_by_the_field_of_view(exported_dsvdd, tmp_path):
         assert summary["auroc"] == pytest.approx(runs["model"][0]["auroc"], abs=0.05)
         order = [np.argsort(np.argsort(t["score"])) for t in (table, base)]
         assert np.corrcoef(*order)[0, 1] > 0.9  # the same cells, ranked alike
+
+
+def test_crops_of_the_training_crops_side_are_not_told_another_scale(exported_dsvdd, tmp_path):
+    """Hostile round 21: a model trained on 100 px crops, loaded at 64 px, was told of its own
+    training crops "patches of 100 px are resized to the model's 64 px crops ... or the scores
+    are of cells at another scale". Crops of the training crops' side are resized as they were
+    in training; another side is said, with the side to give."""
+    import cyto
+    from cyto.errors import ScaleWarning
+
+    model = _model(exported_dsvdd, tmp_path)  # recorded as trained on 96 px crops
+    with cyto.load_model(model) as scorer:
+        size = scorer.spec.crop_size
+        assert size != 96
+        own = np.stack([_cell(96, 0.25, 2.2)] * 4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ScaleWarning)
+            scorer.score(own)
+        with pytest.warns(ScaleWarning, match=r"patches of 50 px .* give 96 px crops"):
+            scorer.score(np.stack([_cell(50, 0.25, 2.2)] * 4))

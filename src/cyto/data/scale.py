@@ -35,12 +35,13 @@ ZOOM_RANGE = (0.25, 4.0)
 #: at 1.69x ranked at AUROC 0.44 unzoomed and 0.81 zoomed; the same lab's later files are at 0.9-1.1
 ADVISE_ZOOM = 1.25
 #: the scale check's confidence that the median of a folder's or a slide's cells is past
-#: :data:`ADVISE_ZOOM`
-MEDIAN_CONFIDENCE = 0.95
-#: cells that look larger at a resolution recorded as the model's are taken for a lesion's
-#: enlarged nuclei up to this many times larger (nuclear area 4x: ASC-US 2.5-3x, LSIL 3x a
-#: normal intermediate nucleus); past it, for a resolution misstated
-LESION_LARGER = 2.0
+#: :data:`ADVISE_ZOOM`: chosen on one lab's later Pap crops (development blocks; 300 draws
+#: each, ``benchmarks/results/epyc-2core/pap/scale_rules.txt``): told another scale at the
+#: training scale 0.01 / 0 / 0 of draws of 12 / 33 / 64+ cells (the median alone: 0.14 / 0.03 /
+#: 0), a median 1.3x off said in 0.47 / 0.83 / 0.95 / 1.00 of draws of 12 / 33 / 64 / 142 (95 %
+#: confidence: 0.22 / 0.57 / 0.87 / 0.99). The Pap centre-nucleus share reads a real 1.6x as
+#: about 1.3x (hostile round 21): a stricter confidence left such slides unsaid
+MEDIAN_CONFIDENCE = 0.80
 
 
 #: each uint8 channel value's optical density, -log((v + 1) / 256) in float32
@@ -164,7 +165,7 @@ def median_bounds(values) -> tuple[float, float]:
     """The order statistics that hold the median of the population ``values`` were drawn from
     with at least :data:`MEDIAN_CONFIDENCE` (distribution-free: how many of n draws lie below
     the median is binomial(n, 1/2), so the k-th smallest and k-th largest hold it with
-    1 - 2 P(B < k), exactly). Fewer than 6 values hold it with no such confidence: (-inf, inf)."""
+    1 - 2 P(B < k), exactly). Too few values to hold it so (fewer than 4 at 80 %): (-inf, inf)."""
     from scipy.special import bdtr  # P(B <= k) of binomial(n, p)
 
     v = np.sort(np.asarray(values, dtype=np.float64))
@@ -185,7 +186,7 @@ def share_check(model_nuclei: float, shares) -> dict | None:
     only when the zoom of every median the sample allows (:func:`median_bounds`) is past
     :data:`ADVISE_ZOOM` on the same side: the median share of a few cells scatters (12
     same-lab Pap crops read "1.47x smaller": hostile round 20; 11 % of 12-crop draws of one
-    lab's later crops were told so, none of 128); never from fewer than 6 cells."""
+    lab's later crops were told so, 1 % now); never from fewer than 4 cells."""
     if len(shares) == 0:
         return None
     median = float(np.median(shares))
@@ -247,6 +248,12 @@ def share_advice(model_nuclei: float | None, shares, who: str = "these cells") -
         f"{passing('zoom', 'auto')} is advised (or {passing('patch_mpp', UM_PER_PX)})"
         if check["factor"] > 1
         else "a model trained at this scale is advised (a zoom below 1 ranked worse than none)"
+        + (
+            "; enlarged nuclei of abnormal cells look so too: name the normal class "
+            f"({passing('normal', 'CLASS')}) and the check reads it alone"
+            if who == "these cells"
+            else ""
+        )
     )
     return (
         f"{who} {look_words(check)}; a one-class model can rank another scale's normal "
@@ -354,10 +361,9 @@ def resolve_zoom(
         of = f" (the normal class, {normal})" if normal else ""
         check = share_check(model_nuclei, shares)
         if check is not None and check.get("too_few_cells"):  # before the factor's range
-            factor = check["factor"]
             return 1.0, (
-                f"auto, kept at 1: these nuclei{of} measure {factor:.3g}x the training normals' "
-                f"over only {cells_words(len(shares))}, too few to tell it from "
+                f"auto, kept at 1: these cells{of} {look_words(check)}, too few or too "
+                "scattered to tell it from "
                 f"{1 / ADVISE_ZOOM:.2g}-{ADVISE_ZOOM:g}x (the training scale) with "
                 f"{MEDIAN_CONFIDENCE:.0%} confidence; pass {passing('zoom', FACTOR)} if known"
             )

@@ -357,7 +357,7 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
     model's size at its stated mpp crowd a crop: 8 others), where it tells a misstated mpp from a
     tissue section; not said under ``--detection tissue``, whose nuclei touch. None when the
     bundle records no training share."""
-    from cyto.data.scale import LESION_LARGER, cells_words, look_words, share_check
+    from cyto.data.scale import cells_words, look_words, share_check
     from cyto.detect.params import DETECTION_OF_STAIN
 
     model = scorer.spec.centre_nucleus_fraction
@@ -417,30 +417,28 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
             f"model's ({own} px), so its cells look {1 / cut:.2g}x as large as it saw them; "
             f"leave out {said('patch_size')} to cut crops as the model was trained"
         )
-    elif (
-        check["advised"]
-        and 1 / LESION_LARGER <= check["factor"] < 1
-        and _crops_at_model_mpp(res, opts)
-    ):
+    elif check["advised"] and check["factor"] < 1 and _crops_at_model_mpp(res, opts):
         # larger nuclei at a resolution the slide records as the model's: enlarged nuclei are
-        # what a lesion is (an all-LSIL slide at its right 0.258 um/px was told to --rescale,
-        # which shrinks them back, and rated unsatisfactory with 0 evaluable cells: hostile
-        # round 20); its cells are judged as they are (limited, by the adequacy rule, unless
-        # blur or crowding explains them), both causes said. Past LESION_LARGER, the resolution
+        # what a lesion is, and the nucleus share cannot tell them from a wrong resolution (an
+        # all-LSIL slide read 1.76x, a slide 3x off 1.81x: hostile rounds 20 and 21); the cells
+        # stay off scale (the slide is read by eye), and --rescale is not advised blindly: it
+        # would shrink enlarged nuclei back
         check["larger_at_recorded_mpp"] = True
         fix = (
             f"check {said('slide_mpp')}"
             if opts.slide_mpp
-            else f"pass {passing('slide_mpp', UM_PER_PX)}"
-            + ("" if opts.rescale else f" {passing('rescale')}")
+            else f"pass its true {passing('slide_mpp', UM_PER_PX)}"
+            + ("" if opts.rescale else f" and {passing('rescale')}")
         )
         echo(
             f"warning: the cells of {plan.slide.name} {look_words(check)}, though its "
             f"resolution ({res.slide_mpp:.3g} um/px, the model's {res.model_mpp:.3g}) puts them "
             "at the model's scale: nuclei enlarged in most of its cells look so (a lesion-rich "
             "specimen: LSIL or HSIL on a Pap slide, blasts in marrow), and so does a wrong "
-            "resolution; its cells are scored as they are (if "
-            f"{res.slide_mpp:.3g} um/px is not its true resolution, {fix})"
+            "resolution, which this check cannot tell apart; its cells are held off scale, so "
+            f"read the slide by eye. Only if {res.slide_mpp:.3g} um/px is not its true "
+            f"resolution, {fix} (resampled at its right resolution, enlarged nuclei would "
+            "shrink back)"
         )
     elif check["advised"]:
         reading = f"It is read at {res.slide_mpp:.3g} um/px" if res.slide_mpp else "It has no mpp"

@@ -241,10 +241,7 @@ def slide_adequacy(
     # recorded mpp is the suspect (a slide at 0.258 um/px recorded as 0.5 was "unsatisfactory,
     # 0 evaluable cells" while its cells matched the model: hostile round 18); judged as they look
     mpp_off = mpp_off and not bool(scale and scale.get("mpp_contradicted"))
-    # larger at the recorded resolution: a lesion or a wrong mpp, judged as they are (the
-    # rule's limited reason, where blur or crowding does not explain them: off_scale False)
-    lesion = bool(scale and scale.get("larger_at_recorded_mpp"))
-    off_scale = (bool(scale and scale.get("advised")) and scale_judged and not lesion) or mpp_off
+    off_scale = (bool(scale and scale.get("advised")) and scale_judged) or mpp_off
     bad = flags["out_of_focus"] | (flags["crowded"] if counted else False)
     evaluable = ~bad & (not off_scale)
     measured = np.isfinite(sharp)
@@ -276,8 +273,7 @@ def slide_adequacy(
             # the cells' own look contradicts the recorded resolutions (the check's words)
             "mpp_contradicted": bool((scale or {}).get("mpp_contradicted")),
             # they look larger at a resolution recorded as the model's: a lesion or a wrong mpp
-            # (as the scale check saw it; the rule holds it against the slide where judged)
-            "larger_at_recorded_mpp": lesion,
+            "larger_at_recorded_mpp": bool((scale or {}).get("larger_at_recorded_mpp")),
             # the --patch-size that makes them look so (None: not one the user gave)
             "cut_by": (scale or {}).get("cut_by"),
             # the --detection that makes them look so (None: the model's stain's own)

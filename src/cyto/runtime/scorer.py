@@ -191,11 +191,14 @@ class Scorer:
                 f"patches of {h} x {w} px hold no cell (the model's crops are {size} px; at "
                 f"least {MIN_PATCH_SIDE} px a side): give crops cut around cells"
             )
-        if h != size and not self._said_side:
+        # the training crops' own side (resized to crop_size as these are) is no other scale:
+        # a model trained on 100 px crops loaded at 64 warned of its own crops (round 21)
+        own = getattr(self.spec, "patch_px", None) or size
+        if h not in (size, own) and not self._said_side:
             self._said_side = True
             warn_caller(
                 f"patches of {h} px are resized to the model's {size} px crops (x{size / h:.2f}): "
-                f"give {size} px crops cut at the scale of its training cells, or the scores are "
+                f"give {own} px crops cut at the scale of its training cells, or the scores are "
                 "of cells at another scale",
                 ScaleWarning,
             )

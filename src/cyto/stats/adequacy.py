@@ -287,6 +287,12 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
                     f"{passing('detection', d['detection'])} is not the detection of the "
                     f"model's training cells ({d['model']}): leave out {said('detection')}"
                 )
+            elif scale.get("larger_at_recorded_mpp"):  # a lesion or a wrong resolution
+                why = (
+                    "at a resolution recorded as its own: a lesion-rich specimen or a wrong "
+                    f"resolution, which the check cannot tell apart; read it by eye, or check "
+                    f"{said('slide_mpp')}"
+                )
             elif scale.get("cut_by"):  # the crop side the user gave, not the slide's mpp
                 cut = scale["cut_by"]
                 why = (
@@ -295,13 +301,6 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
                 )
         unsat.append(
             f"cells off the model's scale (they look {how} than its training cells: {why})"
-        )
-    # judged (off_scale False, not None: blur or crowding did not explain the larger look)
-    if rule.check_scale and scale.get("larger_at_recorded_mpp") and scale.get("off_scale") is False:
-        limited.append(
-            f"cells look {1 / scale['factor']:.2f}x larger than the model's training cells at "
-            "a resolution recorded as its scale: nuclei enlarged by a lesion, or a wrong "
-            f"resolution (check {said('slide_mpp')})"
         )
     if rule.min_cells is not None and n_eval < rule.min_cells:
         unsat.append(
