@@ -359,7 +359,7 @@ def test_larger_cells_at_a_resolution_recorded_as_the_models_name_a_lesion_and_n
             assert block["result"] == "unsatisfactory" and block["cells_evaluable"] == 0, block
             assert block["cell_scale"]["larger_at_recorded_mpp"] is True
             (reason,) = [r for r in block["reasons"] if "off the model's scale" in r]
-            assert "lesion-rich specimen or a wrong resolution" in reason, reason
+            assert "a lesion-rich specimen, or a wrong resolution recorded as" in reason, reason
             assert "read it by eye" in reason and "--rescale" not in reason, reason
     # the cells 1.33x smaller, or no recorded resolution: the resolution is asked about
     for res, factor in ((Resolution(0.258, 0.258, None, 100), 1.33),

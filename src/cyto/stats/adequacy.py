@@ -289,9 +289,9 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
                 )
             elif scale.get("larger_at_recorded_mpp"):  # a lesion or a wrong resolution
                 why = (
-                    "at a resolution recorded as its own: a lesion-rich specimen or a wrong "
-                    f"resolution, which the check cannot tell apart; read it by eye, or check "
-                    f"{said('slide_mpp')}"
+                    "a lesion-rich specimen, or a wrong resolution recorded as the model's, which "
+                    f"the check cannot tell apart; read it by eye, or check its resolution "
+                    f"({said('slide_mpp')})"
                 )
             elif scale.get("cut_by"):  # the crop side the user gave, not the slide's mpp
                 cut = scale["cut_by"]
