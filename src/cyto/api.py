@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from cyto.errors import warn_caller
+from cyto.errors import CytoWarning, warn_caller
 from cyto.flags import Local, Range
 
 #: a model bundle is a folder on this machine
@@ -140,7 +140,9 @@ def score_slide(
             another); without it (or ``resume=True``, which keeps this slide's own results
             where they still hold, and refuses another slide's) such a folder is refused, as
             ``cyto score`` refuses it. Not with ``resume=True``.
-        echo: where progress lines go (None: nowhere).
+        echo: where progress lines go (None: nowhere). What ``cyto score`` prints as a
+            ``warning:`` line (scale, stain, adequacy, calibration) is a ``CytoWarning`` at
+            the caller's line instead, whatever ``echo`` is.
         **options: any field of :class:`cyto.infer.options.ScoreOptions`, by its field name,
             which is mostly the ``cyto score`` flag without its dashes, but not always
             (``fdr_alpha=`` is ``--fdr``, ``slide_mpp=`` is ``--mpp``, ``verify=False`` is
@@ -212,7 +214,6 @@ def score_slide(
     if not where.is_remote:  # never the model bundle nor inside it (as cyto score)
         check_inputs(where.local, opts, model if isinstance(model, Scorer) else Path(model))
         if overwrite:  # a review cut from the results about to be replaced: said
-            from cyto.errors import CytoWarning
             from cyto.view.folder import rescoring_words
 
             for line in rescoring_words([where.local]):
@@ -227,7 +228,17 @@ def score_slide(
             opts = replace(opts, detection=detection_for(kind, model))
         # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
         said = echo or (lambda _line: None)
-        words = lambda m: said(where.words(m))  # noqa: E731
+
+        def words(message: str) -> None:
+            # a warning is a Python warning at the caller's line, as cyto.predict's are: with
+            # echo=None the scale, stain and adequacy warnings of a slide were nowhere but in
+            # its summary.json (hostile round 21)
+            line = where.words(message)
+            if line.startswith("warning: "):
+                warn_caller(line.removeprefix("warning: "), CytoWarning)
+            else:
+                said(line)
+
         try:
             if opts.resume:
                 # a finished folder is reused, or scored again saying why, by cyto score's own

@@ -291,3 +291,25 @@ def test_crops_cut_smaller_than_the_models_are_said_off_scale_not_out_of_focus(
     assert a["result"] == "unsatisfactory", a
     assert a["reasons"][0].startswith("cells off the model's scale"), a["reasons"]
     assert f"--patch-size {PATCH * 2 // 3} cuts them unlike the model's" in a["reasons"][0]
+
+
+def test_a_python_caller_is_warned_of_the_adequacy_at_its_own_line(model, slides, tmp_path):
+    """Hostile round 21: ``cyto.score_slide`` said a slide's warnings (adequacy, scale, stain)
+    only through ``echo``: with ``echo=None`` they were nowhere but in summary.json, and no
+    ``warnings`` filter could see them. They are ``CytoWarning``s at the caller's line, as
+    ``cyto.predict``'s are (the other lines still go to ``echo``)."""
+    import warnings
+
+    import cyto
+    from cyto.errors import CytoWarning
+
+    rule = tmp_path / "lab.toml"
+    rule.write_text('[adequacy]\nbase = "general"\nmin_cells = 100\n')
+    said: list[str] = []
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        cyto.score_slide(slides["few"], model, tmp_path / "f", adequacy=str(rule), workers=0,
+                         mosaic=0, patch_size=PATCH, echo=said.append)  # fmt: skip
+    (w,) = [w for w in got if "adequacy (lab): unsatisfactory" in str(w.message)]
+    assert w.category is CytoWarning and w.filename == __file__
+    assert not any("adequacy (lab)" in line for line in said), said  # not said twice
