@@ -225,27 +225,25 @@ def _signals(crops: np.ndarray, weights, k: int) -> tuple[np.ndarray, np.ndarray
     from cyto.detect.params import is_opaque
 
     opaque = is_opaque(crops)
+    opaque = opaque if opaque.any() else None
     if k > 1:
         import cv2
 
         side = crops.shape[1] // k
-        crops = np.stack([cv2.resize(c, (side, side), interpolation=cv2.INTER_AREA) for c in crops])
-        if opaque.any():  # a reduced pixel any opaque pixel went into (ink mixed with glass
-            # at a bar's edge is darker than any cell: filled as ink)
-            opaque = np.stack(
-                [
-                    cv2.resize(o.astype(np.float32), (side, side), interpolation=cv2.INTER_AREA) > 0
-                    for o in opaque
-                ]
-            )
-        else:
-            opaque = np.zeros(crops.shape[:3], dtype=bool)
+
+        def reduce(a):
+            return cv2.resize(a, (side, side), interpolation=cv2.INTER_AREA)
+
+        crops = np.stack([reduce(c) for c in crops])
+        if opaque is not None:  # a reduced pixel any opaque pixel went into (ink mixed with
+            # glass at a bar's edge is darker than any cell: filled as ink)
+            opaque = np.stack([reduce(o.astype(np.float32)) > 0 for o in opaque])
     w = np.asarray(weights, dtype=np.float32)
     r, g, b = _OD[crops[..., 0]], _OD[crops[..., 1]], _OD[crops[..., 2]]
     total = r + g
     total += b
     signal = total if np.all(w == 1.0) else w[0] * r + w[1] * g + w[2] * b
-    return signal, total, (opaque if opaque.any() else None)
+    return signal, total, opaque
 
 
 def _masks(

@@ -373,10 +373,9 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
         ratio is not None
         and not 1 / ADVISE_ZOOM <= ratio <= ADVISE_ZOOM
         and opts.detection.kind in ("smear", "pap")
+        # within the bound (not past it with too few cells to say so): "as the model's"
         and not check["advised"]
-        and not check.get(
-            "too_few_cells"
-        )  # past the bound, too few to say so: not "as the model's"
+        and not check.get("too_few_cells")
         and check["factor"] is not None
     ):
         # the recorded resolutions say the cells look another size; they look as the model's
@@ -386,10 +385,9 @@ def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | N
             f"warning: the cells of {plan.slide.name} look as the model's training cells "
             f"(median nucleus share {check['median_nucleus_share']:.3f} of "
             f"{cells_words(check['cells'])} against {check['model_nucleus_share']:.3f}), though "
-            "its recorded "
-            f"{res.slide_mpp:.3g} um/px against the model's {res.model_mpp:.3g} would make them "
-            f"{times:.3g}x {how}: its "
-            f"recorded resolution is likely wrong, and they are judged as they look (if they "
+            f"its recorded {res.slide_mpp:.3g} um/px against the model's {res.model_mpp:.3g} "
+            f"would make them {times:.3g}x {how}: its recorded resolution is likely wrong, and "
+            f"they are judged as they look (if they "
             f"are at the model's, pass {passing('slide_mpp', res.model_mpp)})"
         )
     # a --patch-size other than the model's cuts its cells at another scale (a crop half the
