@@ -952,7 +952,7 @@ def test_cyto_s_own_outputs_are_no_slide(exported_dsvdd, slides, tmp_path):
 def test_a_scale_no_resampling_bridges_is_said_so_in_one_measure():
     """N30's words: "(0.00x)" beside "416.67x smaller", and --rescale advised where the crops
     it would cut are under 16 px. One measure (times larger or smaller), and advice that helps."""
-    from cyto.infer.tiling import resolution
+    from cyto.infer.scale import resolution
 
     said: list[str] = []
     resolution(50.0, None, 0.12, 96, False, said.append)
@@ -965,5 +965,6 @@ def test_a_scale_no_resampling_bridges_is_said_so_in_one_measure():
     resolution(0.25, None, 0.12, 96, False, said.append)
     assert said == [
         "warning: slide at 0.25 um/px but the model was trained at 0.12 um/px; cells will look "
-        "2.08x smaller than in training. Pass --rescale to resample the crops"
+        "2.08x smaller than in training. If 0.25 um/px is its true resolution, pass --rescale "
+        "to resample the crops"
     ]

@@ -648,9 +648,54 @@ def test_cells_that_look_as_the_models_outweigh_a_misstated_resolution(trained, 
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0, said
     assert "the cells of w.tif look as the model's training cells" in said, said
-    assert "its recorded resolution is likely wrong" in said
+    assert f"its recorded {2 * mpp:.3g} um/px against the model's" in said, said
+    assert "that resolution is likely wrong" in said
     assert f"pass --mpp {mpp:.3g}" in said, said
     summary = json.loads((tmp_path / "out" / "w" / "summary.json").read_text())
     scale = summary["adequacy"]["cell_scale"]
     assert scale["mpp_contradicted"] and not scale["mpp_off_scale"] and not scale["off_scale"]
     assert summary["adequacy"]["cells_evaluable"] > 0
+    # hostile round 21, case 2.4: the warning before the first tiles advised --rescale on the
+    # resolution's word alone, and the cells' check then said the resolution was wrong; the
+    # first is conditional and the second says not to resample
+    assert f"If {2 * mpp:.3g} um/px is its true resolution, pass --rescale" in said, said
+    assert "not resampled (--rescale would put them off scale)" in said, said
+    # followed anyway, --rescale enlarges the cells 2x: said as the cause beside a lesion
+    proc = score_cli(wrong, trained, tmp_path / "r", "--workers", "0", "--mosaic", "0", "--rescale")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
+    assert (
+        f"resampled from its resolution ({2 * mpp:.3g} um/px) to the model's ({mpp:.3g}), "
+        "they should be at the model's scale (resampling enlarged them 2x)"
+    ) in said, said
+    assert "puts them at the model's scale" not in said, said
+
+
+def test_a_given_mpp_the_file_contradicts_is_said(trained, tmp_path):
+    """Hostile round 21, case 2.5: ``--mpp`` twice the file's own recorded resolution (the
+    model's) with ``--rescale`` gave "though its resolution (0.4 um/px, the model's 0.258) puts
+    them at the model's scale ... check --mpp" and never named the file's 0.258. The override
+    is noted, and the scale check's advice names what the file records."""
+    from cyto.data.synth.cells import DEFAULT_SCALE
+
+    mpp = round(MPP_AT_SCALE_1 / DEFAULT_SCALE, 4)  # the model's, and the file's
+    cfg = SlideSynthConfig(width=1024, height=1024, seed=5, mpp=mpp)
+    right = write_slide(tmp_path / "r.tif", cfg).paths[0]
+    given = round(2 * mpp, 4)
+    proc = score_cli(
+        right, trained, tmp_path / "o", "--workers", "0", "--mosaic", "0",
+        "--mpp", str(given), "--rescale",
+    )  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
+    assert (
+        f"note: --mpp {given} is taken over the {mpp:.3g} um/px the slide's file records"
+    ) in said, said
+    assert f"check --mpp {given}: the slide's file records {mpp:.3g} um/px" in said, said
+    summary = json.loads((tmp_path / "o" / "r" / "summary.json").read_text())
+    assert summary["adequacy"]["cell_scale"]["larger_at_recorded_mpp"] is True
+    # the file's own resolution given again: nothing to note
+    proc = score_cli(
+        right, trained, tmp_path / "p", "--workers", "0", "--mosaic", "0", "--mpp", str(mpp)
+    )
+    assert proc.returncode == 0 and "is taken over" not in proc.stdout + proc.stderr

@@ -232,8 +232,7 @@ def test_the_scale_warning_advises_only_the_flags_not_given(given, model_mpp, ad
 
     from cyto.flags import python_words
     from cyto.infer import ScoreOptions
-    from cyto.infer.pipeline import _check_scale
-    from cyto.infer.tiling import Resolution
+    from cyto.infer.scale import Resolution, check_scale
 
     plan = SimpleNamespace(
         slide=SimpleNamespace(name="pap.tif"), res=Resolution(0.25, model_mpp, None, 96)
@@ -245,7 +244,7 @@ def test_the_scale_warning_advises_only_the_flags_not_given(given, model_mpp, ad
 
     def said(opts) -> str:
         lines: list[str] = []
-        assert _check_scale(shares, plan, scorer, opts, lines.append)["advised"]
+        assert check_scale(shares, plan, scorer, opts, lines.append)["advised"]
         (line,) = lines
         return line
 
@@ -254,7 +253,7 @@ def test_the_scale_warning_advises_only_the_flags_not_given(given, model_mpp, ad
     # the adequacy rule's reason gives the same advice (it said "--mpp, --rescale" to all)
     from cyto.stats import adequacy
 
-    check = _check_scale(shares, plan, scorer, ScoreOptions(patch_size=96, **given), print)
+    check = check_scale(shares, plan, scorer, ScoreOptions(patch_size=96, **given), print)
     m = {"cells_detected": 100, "cells_evaluable": 0, "not_evaluable_share": 1.0,
          "crowded_share": 0.0, "cell_scale": {**check, "off_scale": True}}  # fmt: skip
     (reason, *_) = adequacy.judge(adequacy.PRESETS["general"], m)["reasons"]
@@ -275,8 +274,7 @@ def test_a_detection_other_than_the_models_stains_is_named_as_the_cause():
 
     from cyto.detect import detection_preset
     from cyto.infer import ScoreOptions
-    from cyto.infer.pipeline import _check_scale
-    from cyto.infer.tiling import Resolution
+    from cyto.infer.scale import Resolution, check_scale
     from cyto.stats import adequacy
 
     plan = SimpleNamespace(
@@ -289,7 +287,7 @@ def test_a_detection_other_than_the_models_stains_is_named_as_the_cause():
         )
         lines: list[str] = []
         opts = ScoreOptions(patch_size=96, detection=detection_preset(other))
-        check = _check_scale(shares, plan, scorer, opts, lines.append)
+        check = check_scale(shares, plan, scorer, opts, lines.append)
         assert lines == [
             "warning: the cells of s.tif look 2.00x larger than the model's training cells "
             "(median nucleus share 0.800 of 50 cells against 0.200): --detection "
@@ -306,7 +304,7 @@ def test_a_detection_other_than_the_models_stains_is_named_as_the_cause():
         ), reason
         lines.clear()
         own_opts = ScoreOptions(patch_size=96, detection=detection_preset(own))
-        _check_scale(shares, plan, scorer, own_opts, lines.append)
+        check_scale(shares, plan, scorer, own_opts, lines.append)
         assert "lesion-rich specimen" in lines[0] and "--detection" not in lines[0]
 
 
@@ -325,9 +323,8 @@ def test_larger_cells_at_a_resolution_recorded_as_the_models_name_a_lesion_and_n
 
     from cyto.detect import detection_preset
     from cyto.infer import ScoreOptions
-    from cyto.infer.pipeline import _check_scale
     from cyto.infer.quality import slide_adequacy
-    from cyto.infer.tiling import Resolution
+    from cyto.infer.scale import Resolution, check_scale
     from cyto.stats import adequacy
 
     scorer = SimpleNamespace(
@@ -342,7 +339,7 @@ def test_larger_cells_at_a_resolution_recorded_as_the_models_name_a_lesion_and_n
         plan = SimpleNamespace(slide=SimpleNamespace(name="s.tif"), res=res)
         lines: list[str] = []
         shares = [np.random.default_rng(0).normal(0.07 / factor**2, 0.002, n)]
-        check = _check_scale(shares, plan, scorer, opts, lines.append)
+        check = check_scale(shares, plan, scorer, opts, lines.append)
         _, block = slide_adequacy(
             table, adequacy.PRESETS["general"], reference=None, scale=check, crop_px=100,
             tile=1024, size=(3000, 3000), n_tissue_tiles=9, detection="pap",
@@ -372,12 +369,12 @@ def test_larger_cells_at_a_resolution_recorded_as_the_models_name_a_lesion_and_n
                            res=Resolution(0.258, 0.258, None, 100))  # fmt: skip
     given = ScoreOptions(patch_size=100, detection=detection_preset("pap"), slide_mpp=0.258)
     lines: list[str] = []
-    _check_scale([np.full(n, 0.07 * 1.33**2)], plan, scorer, given, lines.append)
-    assert "lesion-rich" in lines[0] and "resolution, check --mpp (" in lines[0], lines
+    check_scale([np.full(n, 0.07 * 1.33**2)], plan, scorer, given, lines.append)
+    assert "lesion-rich" in lines[0] and "resolution, check --mpp 0.258 (" in lines[0], lines
 
 
 def test_rescale_without_an_mpp_names_the_one_lacking():
-    from cyto.infer.tiling import resolution
+    from cyto.infer.scale import resolution
 
     lines: list[str] = []
     resolution(0.25, None, None, 96, True, lines.append)

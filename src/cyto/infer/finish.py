@@ -26,7 +26,7 @@ from cyto.infer.outputs import (
 )
 from cyto.infer.plan import TileRun
 from cyto.infer.qupath import write_qupath
-from cyto.infer.tiling import Resolution
+from cyto.infer.scale import Resolution
 from cyto.location import shown
 from cyto.runtime import Scorer
 from cyto.seal import SEAL, seal_outputs, unseal

@@ -5,6 +5,7 @@
 - :mod:`cyto.slides`: the slide and its focal planes, opened once;
 - :mod:`cyto.infer.plan`: resolution, tissue mask, tile list, the workers' context;
 - :mod:`cyto.infer.tiling`: worker processes that decode, detect (:mod:`cyto.detect`) and crop;
+- :mod:`cyto.infer.scale`: the slide's scale against the model's (the resolutions, the cells' size);
 - :mod:`cyto.infer.batcher`: crops through the scorer (:mod:`cyto.runtime`) in batches;
 - :mod:`cyto.infer.store`: resumable row chunks (``resume=True`` continues an interrupted run);
 - :mod:`cyto.infer.finish`: ranks, the calibration's columns (:mod:`cyto.stats`), every output
@@ -25,14 +26,15 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import SYSTEM_ERRORS, InputPathError, OutputWriteError
-from cyto.flags import UM_PER_PX, passing, said, to_pass
+from cyto.flags import passing, said
 from cyto.infer.batcher import CellBatcher
 from cyto.infer.finish import Metrics, finish_slide, rank_by
 from cyto.infer.memory import trim_malloc
-from cyto.infer.options import DEFAULT_PATCH, ScoreOptions, as_cut, patch_side
+from cyto.infer.options import ScoreOptions, as_cut
 from cyto.infer.plan import SlidePlan, ThresholdAhead, TileRun, check_model_mpp
+from cyto.infer.scale import Resolution, check_scale
 from cyto.infer.store import PARTIAL, ChunkStore, kept_words
-from cyto.infer.tiling import Resolution, TileFeed, broken_worker_error, start_workers
+from cyto.infer.tiling import TileFeed, broken_worker_error, start_workers
 from cyto.locks import OutputLock
 from cyto.progress import progress
 from cyto.runtime import Scorer, devices, load_scorer
@@ -197,7 +199,7 @@ def score_tiles(
                     stained.append(_some_crops(tile))
                     crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo)
                     if crowd is not None:
-                        out.scale = _check_scale(shares, plan, scorer, opts, echo)
+                        out.scale = check_scale(shares, plan, scorer, opts, echo)
                         out.stain = _check_stain(stained, plan, scorer, echo)
                         store.save_checks({"crowd": crowd, "scale": out.scale, "stain": out.stain})
                 cells.add(tile, position)
@@ -214,7 +216,7 @@ def score_tiles(
             bar.set_postfix(f"{cells.n_cells} cells, {rate:.0f} cells/s")
             if crowd is None:
                 crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo, last=True)
-                out.scale = _check_scale(shares, plan, scorer, opts, echo)
+                out.scale = check_scale(shares, plan, scorer, opts, echo)
                 out.stain = _check_stain(stained, plan, scorer, echo)
     except KeyboardInterrupt:
         echo(f"interrupted: {kept_words(store.dir)}")
@@ -347,133 +349,3 @@ def _check_stain(stained: list[np.ndarray], plan, scorer, echo) -> dict | None:
     if words is not None:
         echo(f"warning: {words}")
     return check
-
-
-def _check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | None:
-    """With the crowding check: say when the first tiles' cells look more than
-    :data:`~cyto.data.scale.ADVISE_ZOOM` times smaller or larger than the model's training
-    cells (the median share of the crop taken by its centre nucleus, against the bundle's),
-    which a wrong or missing mpp gives. Said beside the crowding warning too (cells 0.6x the
-    model's size at its stated mpp crowd a crop: 8 others), where it tells a misstated mpp from a
-    tissue section; not said under ``--detection tissue``, whose nuclei touch. None when the
-    bundle records no training share."""
-    from cyto.data.scale import cells_words, look_words, share_check
-    from cyto.detect.params import DETECTION_OF_STAIN
-
-    model = scorer.spec.centre_nucleus_fraction
-    check = share_check(model, np.concatenate(shares)) if model is not None and shares else None
-    if check is None:
-        return None
-    check["advised"] = bool(check["advised"] and opts.detection.kind in ("smear", "pap"))
-    res = plan.res
-    from cyto.data.scale import ADVISE_ZOOM
-
-    ratio = None if opts.rescale else res.mpp_ratio  # the model's mpp over the slide's
-    if (
-        ratio is not None
-        and not 1 / ADVISE_ZOOM <= ratio <= ADVISE_ZOOM
-        and opts.detection.kind in ("smear", "pap")
-        # within the bound (not past it with too few cells to say so): "as the model's"
-        and not check["advised"]
-        and not check.get("too_few_cells")
-        and check["factor"] is not None
-    ):
-        # the recorded resolutions say the cells look another size; they look as the model's
-        check["mpp_contradicted"] = True
-        times, how = (ratio, "larger") if ratio > 1 else (1 / ratio, "smaller")
-        echo(
-            f"warning: the cells of {plan.slide.name} look as the model's training cells "
-            f"(median nucleus share {check['median_nucleus_share']:.3f} of "
-            f"{cells_words(check['cells'])} against {check['model_nucleus_share']:.3f}), though "
-            f"its recorded {res.slide_mpp:.3g} um/px against the model's {res.model_mpp:.3g} "
-            f"would make them {times:.3g}x {how}: its recorded resolution is likely wrong, and "
-            f"they are judged as they look (if they "
-            f"are at the model's, pass {passing('slide_mpp', res.model_mpp)})"
-        )
-    # a --patch-size other than the model's cuts its cells at another scale (a crop half the
-    # side shows cells twice as large): that, not the slide's mpp, is then the cause
-    own = scorer.spec.patch_px or DEFAULT_PATCH
-    cut = opts.patch_size / own if opts.patch_size else 1.0
-    # a --detection other than the one of the model's stain finds and measures nuclei otherwise
-    # (the MGG preset on Pap cells takes their cytoplasm for nucleus): that is said first, not
-    # the slide's resolution, which its advice would then make wrong (hostile round 18)
-    stain = scorer.spec.stain
-    model_kind = DETECTION_OF_STAIN.get(stain)
-    if check["advised"] and model_kind and opts.detection.kind != model_kind:
-        check["detection_differs"] = {"detection": opts.detection.kind, "model": model_kind}
-        echo(
-            f"warning: the cells of {plan.slide.name} {look_words(check)}: "
-            f"{passing('detection', opts.detection.kind)} is not the detection of the model's "
-            f"{stain}-stained training cells ({model_kind}): it finds and measures their nuclei "
-            f"otherwise; leave out {said('detection')} (auto takes {model_kind})"
-        )
-    elif check["advised"] and cut != 1 and (cut < 1) == (check["factor"] < 1):
-        check["cut_by"] = {"patch_size": opts.patch_size, "model_patch_size": own}
-        echo(
-            f"warning: the cells of {plan.slide.name} {look_words(check)}: "
-            f"{passing('patch_size', opts.patch_size)} cuts crops {cut:.2g}x the side of the "
-            f"model's ({own} px), so its cells look {1 / cut:.2g}x as large as it saw them; "
-            f"leave out {said('patch_size')} to cut crops as the model was trained"
-        )
-    elif check["advised"] and check["factor"] < 1 and _crops_at_model_mpp(res, opts):
-        # larger nuclei at a resolution the slide records as the model's: enlarged nuclei are
-        # what a lesion is, and the nucleus share cannot tell them from a wrong resolution (an
-        # all-LSIL slide read 1.76x, a slide 3x off 1.81x: hostile rounds 20 and 21); the cells
-        # stay off scale (the slide is read by eye), and --rescale is not advised blindly: it
-        # would shrink enlarged nuclei back
-        check["larger_at_recorded_mpp"] = True
-        fix = (
-            f"check {said('slide_mpp')}"
-            if opts.slide_mpp
-            else f"pass its true {passing('slide_mpp', UM_PER_PX)}"
-            + ("" if opts.rescale else f" and {passing('rescale')}")
-        )
-        echo(
-            f"warning: the cells of {plan.slide.name} {look_words(check)}, though its "
-            f"resolution ({res.slide_mpp:.3g} um/px, the model's {res.model_mpp:.3g}) puts them "
-            "at the model's scale: nuclei enlarged in most of its cells look so (a lesion-rich "
-            "specimen: LSIL or HSIL on a Pap slide, blasts in marrow), and so does a wrong "
-            "resolution, which this check cannot tell apart; its cells are held off scale, so "
-            f"read the slide by eye. Only if {res.slide_mpp:.3g} um/px is not its true "
-            f"resolution, {fix} (resampled at its right resolution, enlarged nuclei would "
-            "shrink back)"
-        )
-    elif check["advised"]:
-        reading = f"It is read at {res.slide_mpp:.3g} um/px" if res.slide_mpp else "It has no mpp"
-        if res.model_mpp:
-            # the crop's pixels are factor x the size the model expects
-            est = (
-                res.model_mpp * check["factor"] * patch_side(opts, scorer.spec) / res.crop_px_level0
-            )
-            reading += f"; its cells look as if at about {est:.2g}"
-        # what is left to pass: the slide's true mpp, the model's where the bundle lacks it, and
-        # --rescale; all given (crops resampled from them), the slide's mpp given is in doubt
-        todo = to_pass(
-            opts,
-            ("slide_mpp", UM_PER_PX),
-            *((("model_mpp", UM_PER_PX),) if not res.model_mpp else ()),
-            ("rescale", True),
-        )
-        check["to_pass"] = todo  # for the adequacy rule's reason (None: all were given)
-        fix = (
-            f"Pass {todo} to resample the crops to the model's scale"
-            if todo
-            else f"If {passing('slide_mpp', opts.slide_mpp)} is not its true um/px, pass that"
-        )
-        echo(
-            f"warning: the cells of {plan.slide.name} {look_words(check)}: is its resolution "
-            f"right? {reading}. {fix}; a one-class model can rank cells at another scale as "
-            "the most abnormal"
-        )
-    return check
-
-
-def _crops_at_model_mpp(res, opts) -> bool:
-    """The slide's and the model's resolutions are both known and the crops are cut at the
-    model's scale by them: resampled (``--rescale``) or within
-    :data:`~cyto.data.scale.ADVISE_ZOOM` as they are."""
-    from cyto.data.scale import ADVISE_ZOOM
-
-    if not res.slide_mpp or not res.model_mpp:
-        return False
-    return bool(opts.rescale) or 1 / ADVISE_ZOOM <= res.model_mpp / res.slide_mpp <= ADVISE_ZOOM

@@ -11,12 +11,12 @@ from pathlib import Path
 from cyto.data.morphometry import scorer_rank_by
 from cyto.flags import UM_PER_PX, passing
 from cyto.infer.options import STAGES, ScoreOptions, patch_side
+from cyto.infer.scale import resolution
 from cyto.infer.store import schema, slide_key
 from cyto.infer.tiling import (
     QUEUE_MIN,
     TileContext,
     max_cells_per_result,
-    resolution,
     slide_threshold_of,
     tile_jobs,
 )
@@ -145,6 +145,7 @@ class SlidePlan:
             patch_side(opts, scorer.spec),
             opts.rescale,
             echo,
+            recorded_mpp=info.mpp if opts.slide_mpp else None,
         )
         t0 = time.perf_counter()
         mask, mask_ds = tissue_mask(reader)

@@ -23,7 +23,7 @@ from cyto.data.images import resize_rgb
 from cyto.detect import NucleusParams, detect_in_tile, in_core, read_nuclei_file
 from cyto.detect.morphometry import measure_stain
 from cyto.errors import CytoError, UnsupportedSlideError
-from cyto.flags import UM_PER_PX, passing, said, to_pass
+from cyto.flags import said
 from cyto.infer.memory import peak_rss_mb
 from cyto.infer.patches import crop_cells
 from cyto.infer.quality import crop_sharpness
@@ -33,78 +33,6 @@ from cyto.slides.ahead import read_ahead
 from cyto.slides.grid import tile_grid, tissue_mask
 from cyto.slides.planes import sharpest
 from cyto.slides.remote import SlideURL
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """The slide's and the model's resolution, and the crop size that follows at level 0."""
-
-    slide_mpp: float | None
-    model_mpp: float | None
-    objective: float | None
-    crop_px_level0: int
-    mpp_ratio: float | None = None
-
-    def as_json(self) -> dict:
-        out = {
-            "slide_mpp": self.slide_mpp,
-            "model_mpp": self.model_mpp,
-            "objective": self.objective,
-            "crop_px_level0": self.crop_px_level0,
-        }
-        if self.mpp_ratio is not None:
-            out["mpp_ratio"] = self.mpp_ratio
-        return out
-
-
-def resolution(
-    slide_mpp: float | None,
-    objective: float | None,
-    model_mpp: float | None,
-    patch: int,
-    rescale: bool,
-    echo,
-) -> Resolution:
-    """The level-0 crop size, after comparing the slide's mpp with the model's training mpp."""
-    src, ratio = patch, None
-    if model_mpp and slide_mpp:
-        ratio = round(model_mpp / slide_mpp, 4)
-        if abs(ratio - 1.0) > 0.1:
-            if rescale:
-                src = max(16, int(round(patch * ratio)))
-                echo(
-                    f"note: slide at {slide_mpp:.3g} um/px, model trained at {model_mpp:.3g}: "
-                    f"cutting {src} px crops and resampling them to {patch}"
-                )
-            else:
-                # how many times, said as the scale check says it ("0.00x" beside "416.67x
-                # smaller": hostile round 11, N30)
-                times = ratio if ratio > 1 else 1.0 / ratio
-                # resampling that would cut crops under 16 px, or 8x the patch, cannot help
-                helps = 16 <= patch * ratio <= 8 * patch
-                echo(
-                    f"warning: slide at {slide_mpp:.3g} um/px but the model was trained at "
-                    f"{model_mpp:.3g} um/px; cells will look {times:.3g}x "
-                    f"{'larger' if ratio > 1 else 'smaller'} than in training. "
-                    + (
-                        f"Pass {passing('rescale')} to resample the crops"
-                        if helps
-                        else "No resampling bridges that: check that this is a slide and its "
-                        f"pixel size ({said('slide_mpp')})"
-                    )
-                )
-    elif rescale:
-        todo = to_pass(
-            {"slide_mpp": slide_mpp, "model_mpp": model_mpp},
-            ("slide_mpp", UM_PER_PX),
-            ("model_mpp", UM_PER_PX),
-        )
-        echo(
-            f"warning: {said('rescale')} needs the mpp of both the slide and the model "
-            f"(slide: {slide_mpp}, model: {model_mpp}); crops are not resampled: pass {todo}"
-        )
-    return Resolution(slide_mpp, model_mpp, objective, src, ratio)
-
 
 # tile index, x0, y0, given nuclei (N, 3) or None, and (k, parts) when this job cuts the k-th
 # part of a dense tile's crops (its nuclei already found)

@@ -1,0 +1,259 @@
+"""A slide's scale against the model's: the recorded resolutions (before the first tile) and the
+cells' own size (the first tiles' centre-nucleus share, :mod:`cyto.data.scale`), said in one
+voice: advice on the resolution's word alone is conditional, and the cells' check says which
+resolution is in doubt (the file's recorded, or a ``--mpp`` given over it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cyto.flags import UM_PER_PX, passing, said, to_pass
+from cyto.infer.options import DEFAULT_PATCH, patch_side
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The slide's and the model's resolution, and the crop size that follows at level 0."""
+
+    slide_mpp: float | None
+    model_mpp: float | None
+    objective: float | None
+    crop_px_level0: int
+    mpp_ratio: float | None = None
+    # what the slide's file records, where --mpp was given otherwise (more than 10 % apart)
+    recorded_mpp: float | None = None
+
+    def as_json(self) -> dict:
+        out = {
+            "slide_mpp": self.slide_mpp,
+            "model_mpp": self.model_mpp,
+            "objective": self.objective,
+            "crop_px_level0": self.crop_px_level0,
+        }
+        if self.mpp_ratio is not None:
+            out["mpp_ratio"] = self.mpp_ratio
+        if self.recorded_mpp is not None:
+            out["recorded_mpp"] = self.recorded_mpp
+        return out
+
+
+def resolution(
+    slide_mpp: float | None,
+    objective: float | None,
+    model_mpp: float | None,
+    patch: int,
+    rescale: bool,
+    echo,
+    recorded_mpp: float | None = None,
+) -> Resolution:
+    """The level-0 crop size, after comparing the slide's mpp with the model's training mpp.
+    ``recorded_mpp``: the slide file's own, where ``slide_mpp`` was given otherwise (said)."""
+    src, ratio = patch, None
+    if recorded_mpp and slide_mpp and abs(slide_mpp / recorded_mpp - 1.0) > 0.1:
+        # a given mpp that contradicts the file's is said once, and named again by the scale
+        # check where the cells' size doubts it (hostile round 21, case 2.5)
+        echo(
+            f"note: {passing('slide_mpp', slide_mpp)} is taken over the {recorded_mpp:.3g} "
+            "um/px the slide's file records"
+        )
+    else:
+        recorded_mpp = None
+    if model_mpp and slide_mpp:
+        ratio = round(model_mpp / slide_mpp, 4)
+        if abs(ratio - 1.0) > 0.1:
+            if rescale:
+                src = max(16, int(round(patch * ratio)))
+                echo(
+                    f"note: slide at {slide_mpp:.3g} um/px, model trained at {model_mpp:.3g}: "
+                    f"cutting {src} px crops and resampling them to {patch}"
+                )
+            else:
+                # how many times, said as the scale check says it ("0.00x" beside "416.67x
+                # smaller": hostile round 11, N30)
+                times = ratio if ratio > 1 else 1.0 / ratio
+                # resampling that would cut crops under 16 px, or 8x the patch, cannot help
+                helps = 16 <= patch * ratio <= 8 * patch
+                # advice on the resolution's word alone: the cells' own size, checked on the
+                # first tiles, can say it is wrong (then --rescale is not to be passed: hostile
+                # round 21, case 2.4, was told both)
+                echo(
+                    f"warning: slide at {slide_mpp:.3g} um/px but the model was trained at "
+                    f"{model_mpp:.3g} um/px; cells will look {times:.3g}x "
+                    f"{'larger' if ratio > 1 else 'smaller'} than in training. "
+                    + (
+                        f"If {slide_mpp:.3g} um/px is its true resolution, pass "
+                        f"{passing('rescale')} to resample the crops"
+                        if helps
+                        else "No resampling bridges that: check that this is a slide and its "
+                        f"pixel size ({said('slide_mpp')})"
+                    )
+                )
+    elif rescale:
+        todo = to_pass(
+            {"slide_mpp": slide_mpp, "model_mpp": model_mpp},
+            ("slide_mpp", UM_PER_PX),
+            ("model_mpp", UM_PER_PX),
+        )
+        echo(
+            f"warning: {said('rescale')} needs the mpp of both the slide and the model "
+            f"(slide: {slide_mpp}, model: {model_mpp}); crops are not resampled: pass {todo}"
+        )
+    return Resolution(slide_mpp, model_mpp, objective, src, ratio, recorded_mpp)
+
+
+def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | None:
+    """With the crowding check: say when the first tiles' cells look more than
+    :data:`~cyto.data.scale.ADVISE_ZOOM` times smaller or larger than the model's training
+    cells (the median share of the crop taken by its centre nucleus, against the bundle's),
+    which a wrong or missing mpp gives. Said beside the crowding warning too (cells 0.6x the
+    model's size at its stated mpp crowd a crop: 8 others), where it tells a misstated mpp from a
+    tissue section; not said under ``--detection tissue``, whose nuclei touch. None when the
+    bundle records no training share."""
+    from cyto.data.scale import cells_words, look_words, share_check
+    from cyto.detect.params import DETECTION_OF_STAIN
+
+    model = scorer.spec.centre_nucleus_fraction
+    check = share_check(model, np.concatenate(shares)) if model is not None and shares else None
+    if check is None:
+        return None
+    check["advised"] = bool(check["advised"] and opts.detection.kind in ("smear", "pap"))
+    res = plan.res
+    from cyto.data.scale import ADVISE_ZOOM
+
+    ratio = None if opts.rescale else res.mpp_ratio  # the model's mpp over the slide's
+    if (
+        ratio is not None
+        and not 1 / ADVISE_ZOOM <= ratio <= ADVISE_ZOOM
+        and opts.detection.kind in ("smear", "pap")
+        # within the bound (not past it with too few cells to say so): "as the model's"
+        and not check["advised"]
+        and not check.get("too_few_cells")
+        and check["factor"] is not None
+    ):
+        # the recorded resolutions say the cells look another size; they look as the model's
+        check["mpp_contradicted"] = True
+        times, how = (ratio, "larger") if ratio > 1 else (1 / ratio, "smaller")
+        # the warning before the first tiles advised --rescale on the resolution's word: this
+        # one says not to (hostile round 21, case 2.4), and names a given --mpp as the suspect
+        whose = (
+            f"{passing('slide_mpp', opts.slide_mpp)}"
+            + (f" (its file records {res.recorded_mpp:.3g})" if res.recorded_mpp else "")
+            if opts.slide_mpp
+            else f"its recorded {res.slide_mpp:.3g} um/px"
+        )
+        echo(
+            f"warning: the cells of {plan.slide.name} look as the model's training cells "
+            f"(median nucleus share {check['median_nucleus_share']:.3f} of "
+            f"{cells_words(check['cells'])} against {check['model_nucleus_share']:.3f}), though "
+            f"{whose} against the model's {res.model_mpp:.3g} um/px would make them "
+            f"{times:.3g}x {how}: that resolution is likely wrong, and they are judged as they "
+            f"look, not resampled ({said('rescale')} would put them off scale); if they are at "
+            f"the model's, pass {passing('slide_mpp', res.model_mpp)}"
+        )
+    # a --patch-size other than the model's cuts its cells at another scale (a crop half the
+    # side shows cells twice as large): that, not the slide's mpp, is then the cause
+    own = scorer.spec.patch_px or DEFAULT_PATCH
+    cut = opts.patch_size / own if opts.patch_size else 1.0
+    # a --detection other than the one of the model's stain finds and measures nuclei otherwise
+    # (the MGG preset on Pap cells takes their cytoplasm for nucleus): that is said first, not
+    # the slide's resolution, which its advice would then make wrong (hostile round 18)
+    stain = scorer.spec.stain
+    model_kind = DETECTION_OF_STAIN.get(stain)
+    if check["advised"] and model_kind and opts.detection.kind != model_kind:
+        check["detection_differs"] = {"detection": opts.detection.kind, "model": model_kind}
+        echo(
+            f"warning: the cells of {plan.slide.name} {look_words(check)}: "
+            f"{passing('detection', opts.detection.kind)} is not the detection of the model's "
+            f"{stain}-stained training cells ({model_kind}): it finds and measures their nuclei "
+            f"otherwise; leave out {said('detection')} (auto takes {model_kind})"
+        )
+    elif check["advised"] and cut != 1 and (cut < 1) == (check["factor"] < 1):
+        check["cut_by"] = {"patch_size": opts.patch_size, "model_patch_size": own}
+        echo(
+            f"warning: the cells of {plan.slide.name} {look_words(check)}: "
+            f"{passing('patch_size', opts.patch_size)} cuts crops {cut:.2g}x the side of the "
+            f"model's ({own} px), so its cells look {1 / cut:.2g}x as large as it saw them; "
+            f"leave out {said('patch_size')} to cut crops as the model was trained"
+        )
+    elif check["advised"] and check["factor"] < 1 and crops_at_model_mpp(res, opts):
+        # larger nuclei at a resolution the slide records as the model's: enlarged nuclei are
+        # what a lesion is, and the nucleus share cannot tell them from a wrong resolution (an
+        # all-LSIL slide read 1.76x, a slide 3x off 1.81x: hostile rounds 20 and 21); the cells
+        # stay off scale (the slide is read by eye), and --rescale is not advised blindly: it
+        # would shrink enlarged nuclei back
+        check["larger_at_recorded_mpp"] = True
+        fix = (
+            f"check {passing('slide_mpp', opts.slide_mpp)}"
+            + (
+                f": the slide's file records {res.recorded_mpp:.3g} um/px"
+                if res.recorded_mpp
+                else ""
+            )
+            if opts.slide_mpp
+            else f"pass its true {passing('slide_mpp', UM_PER_PX)}"
+            + ("" if opts.rescale else f" and {passing('rescale')}")
+        )
+        ratio = res.mpp_ratio or 1.0
+        at = (
+            # resampled by the resolutions: "puts them at the model's scale" read as false
+            # where the slide's is far from the model's (hostile round 21, case 2.5)
+            f"resampled from its resolution ({res.slide_mpp:.3g} um/px) to the model's "
+            f"({res.model_mpp:.3g}), they should be at the model's scale"
+            if opts.rescale and not 1 / ADVISE_ZOOM <= ratio <= ADVISE_ZOOM
+            else f"its resolution ({res.slide_mpp:.3g} um/px, the model's "
+            f"{res.model_mpp:.3g}) puts them at the model's scale"
+        )
+        if opts.rescale and ratio < 1 / ADVISE_ZOOM:
+            # resampling enlarged them: without it they may be at the model's (case 2.4)
+            at += f" (resampling enlarged them {1 / ratio:.3g}x)"
+        echo(
+            f"warning: the cells of {plan.slide.name} {look_words(check)}, though {at}: nuclei "
+            "enlarged in most of its cells look so (a lesion-rich specimen: LSIL or HSIL on a "
+            "Pap slide, blasts in marrow), and so does a wrong resolution, which this check "
+            "cannot tell apart; its cells are held off scale, so read the slide by eye. Only if "
+            f"{res.slide_mpp:.3g} um/px is not its true resolution, {fix} (resampled at its "
+            "right resolution, enlarged nuclei would shrink back)"
+        )
+    elif check["advised"]:
+        reading = f"It is read at {res.slide_mpp:.3g} um/px" if res.slide_mpp else "It has no mpp"
+        if res.recorded_mpp:  # a given --mpp the file contradicts (hostile round 21, case 2.5)
+            reading += f" (its file records {res.recorded_mpp:.3g})"
+        if res.model_mpp:
+            # the crop's pixels are factor x the size the model expects
+            est = (
+                res.model_mpp * check["factor"] * patch_side(opts, scorer.spec) / res.crop_px_level0
+            )
+            reading += f"; its cells look as if at about {est:.2g}"
+        # what is left to pass: the slide's true mpp, the model's where the bundle lacks it, and
+        # --rescale; all given (crops resampled from them), the slide's mpp given is in doubt
+        todo = to_pass(
+            opts,
+            ("slide_mpp", UM_PER_PX),
+            *((("model_mpp", UM_PER_PX),) if not res.model_mpp else ()),
+            ("rescale", True),
+        )
+        check["to_pass"] = todo  # for the adequacy rule's reason (None: all were given)
+        fix = (
+            f"Pass {todo} to resample the crops to the model's scale"
+            if todo
+            else f"If {passing('slide_mpp', opts.slide_mpp)} is not its true um/px, pass that"
+        )
+        echo(
+            f"warning: the cells of {plan.slide.name} {look_words(check)}: is its resolution "
+            f"right? {reading}. {fix}; a one-class model can rank cells at another scale as "
+            "the most abnormal"
+        )
+    return check
+
+
+def crops_at_model_mpp(res, opts) -> bool:
+    """The slide's and the model's resolutions are both known and the crops are cut at the
+    model's scale by them: resampled (``--rescale``) or within
+    :data:`~cyto.data.scale.ADVISE_ZOOM` as they are."""
+    from cyto.data.scale import ADVISE_ZOOM
+
+    if not res.slide_mpp or not res.model_mpp:
+        return False
+    return bool(opts.rescale) or 1 / ADVISE_ZOOM <= res.model_mpp / res.slide_mpp <= ADVISE_ZOOM
