@@ -227,17 +227,10 @@ def score_slide(
         if kind == "auto":
             opts = replace(opts, detection=detection_for(kind, model))
         # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
-        said = echo or (lambda _line: None)
+        said = _said(echo)
 
         def words(message: str) -> None:
-            # a warning is a Python warning at the caller's line, as cyto.predict's are: with
-            # echo=None the scale, stain and adequacy warnings of a slide were nowhere but in
-            # its summary.json (hostile round 21)
-            line = where.words(message)
-            if line.startswith("warning: "):
-                warn_caller(line.removeprefix("warning: "), CytoWarning)
-            else:
-                said(line)
+            said(where.words(message))  # the staging folder's paths said as the prefix's
 
         try:
             if opts.resume:
@@ -259,6 +252,25 @@ def score_slide(
         summary = json.loads((where.local / "summary.json").read_text())
     _rank_by_caution(summary.get("rank_by_caution"))
     return table
+
+
+def _said(echo: Callable[[str], None] | None) -> Callable[[str], None]:
+    """The ``echo`` a library call hands its command's code: a ``warning:`` line is a
+    ``CytoWarning`` at the caller's line (as :func:`predict`'s are), whatever ``echo`` is, and
+    every other line goes to ``echo`` (None: nowhere). One rule for every call of this module
+    that takes ``echo`` (:func:`score_slide`, :func:`train`, :func:`export`, :func:`predict`):
+    with ``echo=None`` a slide's scale, stain and adequacy
+    warnings were nowhere but in its summary.json (hostile round 21), and a training's and an
+    export's were nowhere at all."""
+    quiet = echo or (lambda _line: None)
+
+    def said(line: str) -> None:
+        if line.startswith("warning: "):
+            warn_caller(line.removeprefix("warning: "), CytoWarning)
+        else:
+            quiet(line)
+
+    return said
 
 
 def _rank_by_caution(line: str | None) -> None:
@@ -333,7 +345,9 @@ def train(
         skip_unreadable: leave out images that cannot be decoded instead of failing.
         overwrite: replace an existing ``out``.
         echo: where the lines said while training go (None: nowhere): the ranking
-            ``rank_by='auto'`` takes, and what could not be fitted on the normal cells.
+            ``rank_by='auto'`` takes. What ``cyto train`` prints as a ``warning:`` line (what
+            could not be fitted on the normal cells, a ranking chosen on too few abnormal
+            cells) is a ``CytoWarning`` at the caller's line instead, whatever ``echo`` is.
 
     Returns:
         A ``TrainResult``: ``bundle`` (its path), ``method``, ``config``, ``seconds``,
@@ -362,7 +376,7 @@ def train(
         weights=None if weights is None else Path(weights),
         skip_unreadable=skip_unreadable,
         overwrite=overwrite,
-        echo=echo,
+        echo=_said(echo),
     )
 
 
@@ -392,7 +406,9 @@ def export(
             for it).
         calib_class: the class folder of ``calib`` to use.
         device: the GPU the TensorRT engines are built on (only with ``trt``).
-        echo: where progress lines go (None: nowhere).
+        echo: where progress lines go (None: nowhere). What ``cyto export`` prints as a
+            ``warning:`` line (a graph that breaks TensorRT's import rules) is a
+            ``CytoWarning`` at the caller's line instead, whatever ``echo`` is.
         **options: the other settings of ``cyto export``: ``cells`` (golden-cell source),
             ``calib_method``, ``calib_limit``, ``parity_cells``, ``parity_normal``,
             ``accept_parity_loss``, ``int8_keep_float``, ``batch``, ``opset``, ``onnx``.
@@ -423,7 +439,7 @@ def export(
         calib=None if calib is None else Path(calib),
         calib_class=calib_class,
         device=device,
-        echo=echo or (lambda _line: None),
+        echo=_said(echo),
         **options,
     )
 
@@ -498,7 +514,7 @@ def predict(
         batch_size=batch_size,
         rank_by=rank_by,
         overwrite=overwrite,
-        echo=echo or (lambda _line: None),
+        echo=_said(echo),
         **options,
     )
     _rank_by_caution(res.get("rank_by_caution"))  # cyto predict prints it beside its ranking

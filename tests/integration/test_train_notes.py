@@ -29,28 +29,36 @@ def grey_bundle(tmp_path_factory):
             grey = np.full((40, 40, 3), rng.integers(lo, hi), np.uint8)
             Image.fromarray(grey).save(root / "cells" / cls / f"{i}.png")
     said: list[str] = []
-    res = cyto.train(
-        "dsvdd", root / "cells", root / "grey.cyto", normal="NILM", preset="fast",
-        overrides={"epochs": 1, "ae_epochs": 1, "n_seeds": 1, "input_size": 32, "stain": "pap",
-                   "mpp": 0.258},
-        device="cpu", echo=said.append,
-    )  # fmt: skip
-    return root, res, said
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = cyto.train(
+            "dsvdd", root / "cells", root / "grey.cyto", normal="NILM", preset="fast",
+            overrides={"epochs": 1, "ae_epochs": 1, "n_seeds": 1, "input_size": 32,
+                       "stain": "pap", "mpp": 0.258},
+            device="cpu", echo=said.append,
+        )  # fmt: skip
+    return root, res, said, caught
 
 
 def test_one_colour_crops_are_said_at_training_with_why_and_what_falls_back(grey_bundle):
-    root, res, said = grey_bundle
-    warned = [line for line in said if line.startswith("warning: ")]
-    stain, morph, few = warned  # one line each, in the caller's words (Python: rank_by=)
-    assert stain.startswith("warning: the stain of the training cells could not be estimated "
+    from cyto.errors import CytoWarning
+
+    root, res, said, caught = grey_bundle
+    # Python warnings at the caller's line, not echo lines (hostile round 21: a library call's
+    # warnings are CytoWarnings whatever echo is; with echo=None they were nowhere)
+    assert not [line for line in said if line.startswith("warning: ")], said
+    warned = [w for w in caught if issubclass(w.category, CytoWarning)]
+    assert all(w.filename == __file__ for w in warned), [(w.filename, w.lineno) for w in warned]
+    stain, morph, few = (str(w.message) for w in warned)  # one each, in the caller's words
+    assert stain.startswith("the stain of the training cells could not be estimated "
                             "(the stained pixels are all of one colour"), stain  # fmt: skip
     assert "not checked for another stain or lab" in stain
-    assert morph.startswith("warning: no morphometric score was fitted on the training normals "
+    assert morph.startswith("no morphometric score was fitted on the training normals "
                             "(the normal cells' nucleus_share does not vary"), morph  # fmt: skip
     assert "rank_by='auto' ranks by the model alone" in morph and "--" not in morph
-    assert few.startswith("warning: rank_by='auto''s choice rests on 3 held-back abnormal cell(s)")
+    assert few.startswith("rank_by='auto''s choice rests on 3 held-back abnormal cell(s)")
     assert "abnormal=" in few and "--abnormal" not in few
-    assert res.notes == tuple(line.removeprefix("warning: ") for line in warned)
+    assert res.notes == (stain, morph, few)
 
     info = run_cyto("info", str(root / "grey.cyto"))
     assert info.returncode == 0, info.stderr
@@ -70,7 +78,7 @@ def test_one_colour_crops_are_said_at_training_with_why_and_what_falls_back(grey
 
 
 def test_a_refused_morphometric_ranking_gives_the_reason_training_recorded(grey_bundle):
-    root, _, _ = grey_bundle
+    root, *_ = grey_bundle
     proc = run_cyto(
         "predict", str(root / "grey.cyto"), "--data", str(root / "cells"), "--normal", "NILM",
         "--out", str(root / "m.parquet"), "--rank-by", "morphometry",
@@ -82,7 +90,7 @@ def test_a_refused_morphometric_ranking_gives_the_reason_training_recorded(grey_
 
 
 def test_predict_says_auto_chose_on_too_few_abnormal_cells(grey_bundle):
-    root, _, _ = grey_bundle
+    root, *_ = grey_bundle
     proc = run_cyto(
         "predict", str(root / "grey.cyto"), "--data", str(root / "cells"), "--normal", "NILM",
         "--out", str(root / "a.parquet"),
@@ -96,7 +104,7 @@ def test_predict_says_auto_chose_on_too_few_abnormal_cells(grey_bundle):
 def test_score_says_auto_chose_on_too_few_abnormal_cells_before_any_slide(grey_bundle):
     from cyto.infer.options import check_rank_by
 
-    root, _, _ = grey_bundle
+    root, *_ = grey_bundle
     line = check_rank_by(root / "grey.cyto", "auto")  # cyto score prints it as a warning
     assert line.startswith("ranked by model: --rank-by auto's choice rests on 3 held-back"), line
     assert check_rank_by(root / "grey.cyto", "model") is None  # chosen by the user: no word
@@ -112,7 +120,7 @@ def test_python_callers_are_warned_and_the_summary_records_it(grey_bundle, tmp_p
     from cyto.data.synth.slide import SlideSynthConfig, write_slide
     from cyto.errors import CytoWarning
 
-    root, _, _ = grey_bundle
+    root, *_ = grey_bundle
     with pytest.warns(CytoWarning, match=r"rank_by='auto''s choice rests on 3 held-back") as got:
         res = cyto.predict(
             root / "grey.cyto", root / "cells", tmp_path / "p.parquet", normal="NILM", echo=None
@@ -147,7 +155,7 @@ def test_predict_says_crops_of_another_field_than_the_models_and_the_flag_to_cut
     from cyto.data.field import fit_field
     from cyto.errors import ScaleWarning
 
-    root, _, _ = grey_bundle
+    root, *_ = grey_bundle
     wide = fit_field(root / "cells", tmp_path / "wide", px=60, echo=lambda s: None)["folder"]
     with pytest.warns(ScaleWarning) as got:
         cyto_predict(root, wide, tmp_path / "w.parquet")

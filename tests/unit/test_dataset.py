@@ -529,3 +529,38 @@ def test_cyto_warns_only_through_warn_caller_so_every_warning_points_at_the_user
             ):
                 fixed.append(f"{path.relative_to(src)}:{node.lineno}")
     assert fixed == [], fixed
+
+
+def test_every_library_call_hands_its_echo_on_through_one_rule():
+    """A library call's ``warning:`` lines are ``CytoWarning``s at the caller's line whatever
+    ``echo`` is (hostile round 21: ``cyto.score_slide`` with ``echo=None`` lost its scale and
+    adequacy warnings; ``cyto.train``'s and ``cyto.export``'s went only to ``echo``). Every
+    ``echo=`` that ``cyto/api.py`` hands to a command's code is :func:`cyto.api._said`'s, and
+    the rule warns ``warning:`` lines and passes every other line on."""
+    import ast
+    import warnings
+    from pathlib import Path
+
+    from cyto.api import _said
+    from cyto.errors import CytoWarning
+
+    api = Path(__file__).resolve().parents[2] / "src" / "cyto" / "api.py"
+    handed = []
+    for node in ast.walk(ast.parse(api.read_text())):
+        for kw in node.keywords if isinstance(node, ast.Call) else ():
+            if kw.arg == "echo":
+                handed.append(ast.unparse(kw.value))
+    assert handed and set(handed) <= {"_said(echo)", "words"}, handed
+    lines: list[str] = []
+    rng = np.random.default_rng(0)
+    for echo in (lines.append, None):
+        for _ in range(20):
+            text = "".join(rng.choice(list("ab :-warning"), size=int(rng.integers(1, 20))))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                _said(echo)(f"warning: {text}")
+                _said(echo)(text if not text.startswith("warning: ") else "note")
+            (w,) = caught
+            assert w.category is CytoWarning and str(w.message) == text
+            assert w.filename == __file__
+    assert len(lines) == 20 and not any(ln.startswith("warning: ") for ln in lines)
