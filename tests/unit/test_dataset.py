@@ -564,3 +564,44 @@ def test_every_library_call_hands_its_echo_on_through_one_rule():
             assert w.category is CytoWarning and str(w.message) == text
             assert w.filename == __file__
     assert len(lines) == 20 and not any(ln.startswith("warning: ") for ln in lines)
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])
+def test_a_wholly_transparent_crop_holds_no_cell_to_every_reader(tmp_path, mode):
+    """Hostile round 21 (case 3.5): crops whose every pixel is transparent were composited onto
+    white and scored and ranked without a word. They are unreadable, with why, to the decoder
+    (train, predict: ``--skip-unreadable`` leaves them out, counted) and to ``cyto data
+    info`` alike; a crop transparent only in part (a cut-out cell) is read as before."""
+    from cyto.data.dataset import data_info
+    from cyto.data.images import read_image
+    from cyto.errors import UnreadableImageError
+
+    rng = np.random.default_rng(len(mode))
+    _crops(tmp_path, {"A": [40, 40]})
+    rgba = rng.integers(0, 256, (40, 40, 4), dtype=np.uint8)
+    for name, alpha in (("none.png", 0), ("part.png", None)):
+        a = rgba.copy()
+        if alpha is None:
+            a[..., 3] = 0
+            a[10:30, 10:30, 3] = 255  # an opaque cell amid transparent pixels
+        else:
+            a[..., 3] = alpha
+        im = Image.fromarray(a, "RGBA")
+        if mode == "LA":
+            im = im.convert("LA")
+        elif mode == "P":  # a palette whose transparent entry is every pixel's (or not)
+            pal = im.convert("RGB").quantize(8)
+            idx = np.asarray(pal).copy()
+            idx[a[..., 3] == 0] = 8
+            im = Image.fromarray(idx, "P")
+            im.putpalette(pal.getpalette()[:24] + [255, 255, 255])
+            im.info["transparency"] = 8
+        im.save(tmp_path / "A" / name, transparency=8) if mode == "P" else im.save(
+            tmp_path / "A" / name
+        )
+    with pytest.raises(UnreadableImageError, match="every pixel of it is transparent"):
+        read_image(tmp_path / "A" / "none.png")
+    assert read_image(tmp_path / "A" / "part.png").shape == (40, 40, 3)
+    reasons = dict((p.name, why) for p, why in data_info(tmp_path).unreadable)
+    assert list(reasons) == ["none.png"], reasons
+    assert "every pixel of it is transparent (alpha 0): it shows no cell" in reasons["none.png"]

@@ -27,6 +27,7 @@ from cyto.data.images import (
     IMAGE_SUFFIXES,
     decode_image,
     mode_words,
+    no_cell,
     resize_rgb,
     too_small,
 )
@@ -731,10 +732,10 @@ def data_info(source: Path | str, workers: int | None = None) -> DataInfo:
             with Image.open(r.path) as im:
                 mode, size = im.mode, im.size
                 im.load()
+                empty = no_cell(im)  # unreadable as every reader of cells reads it
         except Exception as exc:  # noqa: BLE001 - each unreadable file is reported by name
             return exc
-        small = too_small(*size)  # unreadable as every reader of cells reads it
-        return ValueError(small) if small else (mode, size)
+        return ValueError(empty) if empty else (mode, size)
 
     with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
         results = list(pool.map(probe, records))

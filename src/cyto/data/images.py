@@ -34,8 +34,8 @@ def decode_image(
     an image of a mode in :data:`GRAY_MODES` (said by :func:`mode_words`).
 
     Raises:
-        UnreadableImageError: the bytes are not a complete image, or one too small to hold a
-            cell (:data:`MIN_CELL_SIDE`).
+        UnreadableImageError: the bytes are not a complete image, or one that holds no cell
+            (:func:`no_cell`: too small, or wholly transparent).
     """
     buffer = io.BytesIO(data)
     try:
@@ -43,16 +43,30 @@ def decode_image(
             im.load()
             if notes is not None and im.mode in GRAY_MODES:
                 notes.append((Path(path), im.mode))
-            rgb = _to_rgb(im)
+            empty = no_cell(im)
+            rgb = None if empty else _to_rgb(im)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         # PIL names the buffer it was given ("<_io.BytesIO object at 0x...>"): the file instead
         reason = (str(exc) or type(exc).__name__).replace(repr(buffer), repr(str(path)))
         raise UnreadableImageError(path, reason, passing("skip_unreadable")) from exc
-    h, w = rgb.shape[:2]
-    small = too_small(w, h)
-    if small:
-        raise UnreadableImageError(path, small, passing("skip_unreadable"))
+    if empty:
+        raise UnreadableImageError(path, empty, passing("skip_unreadable"))
     return rgb
+
+
+def no_cell(im: Image.Image) -> str | None:
+    """Why a loaded image holds no cell, or None: the one rule of the decoder and of ``cyto data
+    info``. Too small (:func:`too_small`), or not one pixel of it opaque: an alpha channel all
+    0 composited onto white is blank glass, and such crops were scored and ranked without a
+    word (hostile round 21, case 3.5)."""
+    small = too_small(*im.size)
+    if small:
+        return small
+    if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+        rgba = im if im.mode in ("RGBA", "LA", "PA") else im.convert("RGBA")
+        if rgba.getchannel("A").getextrema()[1] == 0:
+            return "every pixel of it is transparent (alpha 0): it shows no cell"
+    return None
 
 
 def too_small(w: int, h: int) -> str | None:
