@@ -38,7 +38,6 @@ from cyto.data.scale import (
     zoom_patch,
     zoom_patches,
 )
-from cyto.detect.morphometry import share_power
 from cyto.errors import (
     ConfigError,
     DatasetError,
@@ -193,8 +192,7 @@ def predict(
         if not zooming:  # a labelled folder's scale is its normal class's
             shares = normal_only(column["scale_share"], None if labels is None else labels[kept])
             who = "these cells" if labels is None else f"the normal cells ({normal})"
-            power = share_power(scorer.spec.stain)
-            advice = share_advice(scorer.spec.nucleus_fraction, shares, who, power)
+            advice = share_advice(scorer.spec.nucleus_fraction, shares, who)
             if advice is not None:
                 warn_caller(advice, ScaleWarning)
         stain = _stain_check(scorer, records, kept, skip_unreadable)
@@ -396,7 +394,7 @@ def _zoom(
         zoom, patch_mpp, spec.mpp, spec.nucleus_fraction,
         lambda: _nucleus_shares(judged, spec.crop_size, spec.stain, skip, name),  # auto only
         patch_side=side, model_side=spec.patch_px,
-        normal=None if labels is None else normal, power=share_power(spec.stain),
+        normal=None if labels is None else normal,
     )  # fmt: skip
     atomic_write(saved, json_text({"factor": factor, "how": how}).encode())
     return factor, how

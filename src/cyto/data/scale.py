@@ -39,9 +39,8 @@ ADVISE_ZOOM = 1.25
 #: each, ``benchmarks/results/epyc-2core/pap/scale_rules.txt``): told another scale at the
 #: training scale 0.01 / 0 / 0 of draws of 12 / 33 / 64+ cells (the median alone: 0.14 / 0.03 /
 #: 0), a median 1.3x off said in 0.47 / 0.83 / 0.95 / 1.00 of draws of 12 / 33 / 64 / 142 (95 %
-#: confidence: 0.22 / 0.57 / 0.87 / 0.99), all in share ratios (the square of these zooms).
-#: The Pap centre-nucleus share grows about as the zoom itself (a real 1.6x is a share ratio
-#: of about 1.5: hostile round 21): a stricter confidence left such slides unsaid
+#: confidence: 0.22 / 0.57 / 0.87 / 0.99). The Pap centre-nucleus share reads a real 1.6x as
+#: about 1.3x (hostile round 21): a stricter confidence left such slides unsaid
 MEDIAN_CONFIDENCE = 0.80
 
 
@@ -87,11 +86,10 @@ def zoom_from_nuclei(reference: float, images: np.ndarray) -> float:
     return zoom_from_shares(reference, nucleus_fraction(images))
 
 
-def zoom_from_shares(reference: float, shares, power: float = 2.0) -> float:
-    """:func:`zoom_from_nuclei` from the patches' nucleus shares already measured, e.g. chunk
-    by chunk over a folder too large to hold; ``power``: how the share answers a zoom
-    (:func:`_factor`; :func:`cyto.detect.morphometry.share_power` of the stain)."""
-    factor = _factor(reference, float(np.median(shares)) if len(shares) else 0.0, power)
+def zoom_from_shares(reference: float, shares) -> float:
+    """:func:`zoom_from_nuclei` from the patches' nucleus shares (:func:`nucleus_fraction`)
+    already measured, e.g. chunk by chunk over a folder too large to hold."""
+    factor = _factor(reference, float(np.median(shares)) if len(shares) else 0.0)
     if factor is None:
         raise ConfigError("cannot estimate a zoom: no nucleus pixels found in the patches")
     return check_zoom(factor)
@@ -148,14 +146,10 @@ def side_words(side: int | None, model_side: int | None, model_mpp: float | None
     )
 
 
-def _factor(reference: float, median: float, power: float = 2.0) -> float | None:
-    """The zoom that brings a median share to ``reference``, where a share grows as the zoom to
-    ``power`` (an area: 2; the MGG whole-crop share reads a known zoom so, within 1.7-1.9 below
-    1; the Pap centre-nucleus mask's share about as the zoom itself:
-    :func:`cyto.detect.morphometry.share_power`)."""
+def _factor(reference: float, median: float) -> float | None:
     if not reference > 0 or not median > 0:
         return None
-    return float((reference / median) ** (1.0 / power))
+    return float(np.sqrt(reference / median))
 
 
 def scale_check(model_nuclei: float | None, images) -> dict | None:
@@ -187,41 +181,23 @@ def median_bounds(values) -> tuple[float, float]:
     return float(v[k]), float(v[n - 1 - k])
 
 
-def advise_bound(power: float = 2.0) -> float:
-    """The zoom past which the scale check speaks, for shares that grow as the zoom to
-    ``power``: :data:`ADVISE_ZOOM` for an area (2), its square for the Pap mask's share (1)."""
-    return float(ADVISE_ZOOM ** (2.0 / power))
-
-
-def bound_words(power: float = 2.0) -> str:
-    """'0.8-1.25x', '0.64-1.56x': the scale check's quiet range in zooms."""
-    b = advise_bound(power)
-    return f"{1 / b:.2g}-{b:.3g}x"
-
-
-def share_check(model_nuclei: float, shares, power: float = 2.0) -> dict | None:
-    """:func:`scale_check` from the cells' nucleus shares (:func:`nucleus_fraction`, or the
-    stain's :func:`cyto.detect.morphometry.scale_shares` with its ``power``). Advised only
-    when the share ratio of every median the sample allows (:func:`median_bounds`) is past
-    :data:`ADVISE_ZOOM` squared on the same side: the median share of a few cells scatters (12
+def share_check(model_nuclei: float, shares) -> dict | None:
+    """:func:`scale_check` from the cells' nucleus shares (:func:`nucleus_fraction`). Advised
+    only when the zoom of every median the sample allows (:func:`median_bounds`) is past
+    :data:`ADVISE_ZOOM` on the same side: the median share of a few cells scatters (12
     same-lab Pap crops read "1.47x smaller": hostile round 20; 11 % of 12-crop draws of one
-    lab's later crops were told so, 1 % now); never from fewer than 4 cells. The bound is on
-    the shares, whatever the ``power``: one lab's own Pap blocks differ by a share ratio of
-    1.25 (0.079 and 0.063), which the Pap mask's power would read as a 1.25x zoom; the
-    ``factor`` said and zoomed by is the power's (a real 1.6x read 1.3x by the square root)."""
+    lab's later crops were told so, 1 % now); never from fewer than 4 cells."""
     if len(shares) == 0:
         return None
     median = float(np.median(shares))
-    ratio = _factor(model_nuclei, median, 1.0)  # the model's share over the cells'
-    factor = _factor(model_nuclei, median, power)
-    bound = ADVISE_ZOOM**2
+    factor = _factor(model_nuclei, median)
     lo, hi = median_bounds(shares)
-    outside = ratio is not None and not 1 / bound <= ratio <= bound
+    outside = factor is not None and not 1 / ADVISE_ZOOM <= factor <= ADVISE_ZOOM
     if outside and np.isfinite(lo) and np.isfinite(hi):
-        # the ratios of both ends (a larger share, a smaller ratio; a share of 0, no nucleus:
-        # infinitely small cells) past the bound on the median's side
-        near = [_factor(model_nuclei, s, 1.0) if s > 0 else np.inf for s in (lo, hi)]
-        sure = all(r > bound if ratio > 1 else r < 1 / bound for r in near)
+        # the zooms of both ends (a larger share, a smaller zoom; a share of 0, no nucleus:
+        # infinitely small) past the bound on the median's side
+        near = [_factor(model_nuclei, s) if s > 0 else np.inf for s in (lo, hi)]
+        sure = all(f > ADVISE_ZOOM if factor > 1 else f < 1 / ADVISE_ZOOM for f in near)
     else:  # within the bound, or too few cells to bound the median at all
         sure = False
     return {
@@ -266,13 +242,11 @@ def scale_advice(model_nuclei: float | None, images) -> str | None:
     return share_advice(model_nuclei, nucleus_fraction(images))
 
 
-def share_advice(
-    model_nuclei: float | None, shares, who: str = "these cells", power: float = 2.0
-) -> str | None:
-    """:func:`scale_advice` from the patches' nucleus shares (:func:`share_check`, with its
-    ``power``); ``who`` names the cells they are of (a labelled folder's normal class:
+def share_advice(model_nuclei: float | None, shares, who: str = "these cells") -> str | None:
+    """:func:`scale_advice` from the patches' nucleus shares (:func:`nucleus_fraction`);
+    ``who`` names the cells they are of (a labelled folder's normal class:
     :func:`normal_only`)."""
-    check = None if model_nuclei is None else share_check(model_nuclei, shares, power)
+    check = None if model_nuclei is None else share_check(model_nuclei, shares)
     if check is None or not check["advised"]:
         return None
     advice = (
@@ -340,12 +314,10 @@ def resolve_zoom(
     patch_side: int | None = None,
     model_side: int | None = None,
     normal: str | None = None,
-    power: float = 2.0,
 ) -> tuple[float, str]:
     """(factor, how it was found) for ``--zoom FACTOR|auto`` or ``--patch-mpp UM``. ``shares``
     (the nucleus shares of the patches at the model's load size, :func:`nucleus_fraction`, or
-    a function that gives them; ``power``: how they answer a zoom, :func:`share_check`) serve
-    ``auto`` only: those of the normal class ``normal`` where
+    a function that gives them) serve ``auto`` only: those of the normal class ``normal`` where
     the folder is labelled (:func:`normal_only`), else of every patch. ``patch_side`` (the
     patches' side in px) and ``model_side`` (the training patches') serve ``patch_mpp``: the
     zoom is the ratio of the fields of view (:func:`field_zoom`)."""
@@ -392,15 +364,16 @@ def resolve_zoom(
             )
         shares = shares() if callable(shares) else shares
         of = f" (the normal class, {normal})" if normal else ""
-        check = share_check(model_nuclei, shares, power)
+        check = share_check(model_nuclei, shares)
         if check is not None and check.get("too_few_cells"):  # before the factor's range
             return 1.0, (
                 f"auto, kept at 1: these cells{of} {look_words(check)}, too few or too "
-                f"scattered to tell it from {bound_words(power)} (the training scale) with "
+                "scattered to tell it from "
+                f"{1 / ADVISE_ZOOM:.2g}-{ADVISE_ZOOM:g}x (the training scale) with "
                 f"{MEDIAN_CONFIDENCE:.0%} confidence; pass {passing('zoom', FACTOR)} if known"
             )
-        factor = zoom_from_shares(model_nuclei, shares, power)
-        if check["advised"] and factor > 1:
+        factor = zoom_from_shares(model_nuclei, shares)
+        if factor > ADVISE_ZOOM:
             return factor, (
                 f"the median nucleus size of these patches{of} against the training normals' "
                 + ("" if normal else "(assumes most patches show normal cells)")
@@ -409,10 +382,11 @@ def resolve_zoom(
         # ranked worse than none (home patches at 0.927x: AUROC 0.842 against 0.885; bone
         # marrow by a blood model: 0.60 against 0.71), so auto never zooms out, nor within
         # the scatter of one lab's own nucleus sizes
-        if not check["advised"]:
+        if factor >= 1 / ADVISE_ZOOM:  # how the cells look, never the zoom as a size (round 21)
             return 1.0, (
                 f"auto, kept at 1: these cells{of} {look_words(check)}, within "
-                f"{bound_words(power)} (the training scale: one lab's own cells scatter so)"
+                f"{1 / ADVISE_ZOOM:.2g}-{ADVISE_ZOOM:g}x (the training scale: one lab's own "
+                "cells scatter so)"
             )
         return 1.0, (
             f"auto, kept at 1: these cells{of} look {1 / factor:.2f}x larger than the training "

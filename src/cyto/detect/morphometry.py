@@ -149,17 +149,6 @@ def scale_shares(crops: np.ndarray, stain: str) -> np.ndarray:
     return measure_stain(crops, None, stain)["nucleus_share"]
 
 
-def share_power(stain: str | None) -> float:
-    """How the share :func:`scale_shares` measures grows with a zoom s of the cells (as s to
-    this power), which the scale check and ``--zoom auto`` invert: an area's 2 for the MGG
-    whole-crop share (bone-marrow crops zoomed by known factors read s^1.7-1.9 below 1, and
-    s^1.2-1.7 above, where enlarged cells leave the crop), 1 for the centre-nucleus masks
-    (CRIC NILM development crops read s^1.1-1.4 below 1, s^0.7-0.9 above: its Otsu classes and
-    fixed smoothing follow the crop, not the cell; measured on Pap, taken alike for H&E).
-    ``benchmarks/results/epyc-2core/pap/scale_response.txt``."""
-    return 2.0 if stain in (None, "mgg") else 1.0
-
-
 def measure(
     crops: np.ndarray, mpp: float | None, mask: CellMask = CELL_MASKS["pap"]
 ) -> dict[str, np.ndarray]:

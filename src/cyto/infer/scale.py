@@ -112,14 +112,10 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
     tissue section; not said under ``--detection tissue``, whose nuclei touch. None when the
     bundle records no training share."""
     from cyto.data.scale import cells_words, look_words, share_check
-    from cyto.detect.morphometry import share_power
     from cyto.detect.params import DETECTION_OF_STAIN
 
     model = scorer.spec.centre_nucleus_fraction
-    power = share_power(scorer.spec.stain)
-    check = (
-        share_check(model, np.concatenate(shares), power) if model is not None and shares else None
-    )
+    check = share_check(model, np.concatenate(shares)) if model is not None and shares else None
     if check is None:
         return None
     check["advised"] = bool(check["advised"] and opts.detection.kind in ("smear", "pap"))
@@ -184,7 +180,7 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
     elif check["advised"] and check["factor"] < 1 and crops_at_model_mpp(res, opts):
         # larger nuclei at a resolution the slide records as the model's: enlarged nuclei are
         # what a lesion is, and the nucleus share cannot tell them from a wrong resolution (an
-        # all-LSIL slide read 3.1x, a slide 3x off 3.3x: hostile rounds 20 and 21); the cells
+        # all-LSIL slide read 1.76x, a slide 3x off 1.81x: hostile rounds 20 and 21); the cells
         # stay off scale (the slide is read by eye), and --rescale is not advised blindly: it
         # would shrink enlarged nuclei back
         check["larger_at_recorded_mpp"] = True
