@@ -195,7 +195,7 @@ def test_a_labelled_folders_scale_is_its_normal_classs():
     assert normal_only(shares, None) is shares  # no labels: every cell
     factor, how = resolve_zoom("auto", None, None, 0.1, normal_only(shares, labels), normal="NILM")
     assert factor == 1.0 and "these cells (the normal class, NILM) look the size of the" in how
-    assert "share 0.100 of 2 cells against 0.100), within 0.8-1.25x (the training" in how, how
+    assert "share 0.100 of 2 cells against 0.100), within 0.8-1.25x, which this check" in how
     # larger or smaller within the bound: how they look, never the zoom as a size (round 21,
     # case 1.4: "measure 0.9x the training normals'" of cells 1.1x larger)
     _, how = resolve_zoom("auto", None, None, 0.1, [0.12] * 40)
@@ -361,7 +361,7 @@ def test_larger_cells_at_a_resolution_recorded_as_the_models_name_a_lesion_and_n
             assert block["result"] == "unsatisfactory" and block["cells_evaluable"] == 0, block
             assert block["cell_scale"]["larger_at_recorded_mpp"] is True
             (reason,) = [r for r in block["reasons"] if "off the model's scale" in r]
-            assert "a lesion-rich specimen, or a wrong resolution recorded as" in reason, reason
+            assert "a lesion-rich specimen, or a wrong resolution, which the" in reason, reason
             assert "read it by eye" in reason and "--rescale" not in reason, reason
     # the cells 1.33x smaller, or no recorded resolution: the resolution is asked about
     for res, factor in ((Resolution(0.258, 0.258, None, 100), 1.33),
@@ -454,3 +454,46 @@ def test_the_median_bounds_hold_it_with_the_confidence_asked_exactly_and_3_cells
     factor, how = resolve_zoom("auto", None, None, 0.07, [0.002] * 6 + [0.07] * 6)
     assert factor == 1.0 and "of 12 cells against" in how, how
     assert "of 1 cell against" in resolve_zoom("auto", None, None, 0.07, [0.01])[1]
+
+
+@pytest.mark.parametrize(
+    ("stain", "slide_mpp", "doubted"),
+    [
+        # Pap: the centre-nucleus share grows about as the zoom, so a true 1.29x (0.2 um/px
+        # against 0.258) reads near 1x: the recorded resolution is not doubted for it
+        ("pap", 0.2, False),
+        ("pap", 0.33, False),  # 1.28x smaller
+        ("pap", 0.16, True),  # 1.61x larger: the check would have said that
+        ("pap", 0.45, True),  # 1.74x smaller
+        # MGG: the whole-crop share grows as an area; 1.29x is past the bound
+        ("mgg", 0.2, True),
+        ("mgg", 0.24, False),  # 1.075x: within it
+    ],
+)
+def test_a_recorded_resolution_is_doubted_only_where_the_cells_would_have_told(
+    stain, slide_mpp, doubted
+):
+    """Hostile round 22 (case 2.3): a Pap slide truly at 0.2 um/px (cells 1.29x the model's at
+    0.258) read 1.09x and was told "that resolution is likely wrong ... --rescale would put
+    them off scale", and scored 1.29x too large. Cells that look as the model's doubt the
+    recorded resolution only where it puts them past what the check would have said by the
+    stain's weakest answer to a real scale (doubted_past)."""
+    from types import SimpleNamespace
+
+    from cyto.detect import detection_preset
+    from cyto.infer import ScoreOptions
+    from cyto.infer.scale import Resolution, check_scale
+
+    model_mpp = 0.258
+    res = Resolution(slide_mpp, model_mpp, None, 100, round(model_mpp / slide_mpp, 4))
+    plan = SimpleNamespace(slide=SimpleNamespace(name="s.tif"), res=res)
+    scorer = SimpleNamespace(
+        spec=SimpleNamespace(centre_nucleus_fraction=0.06, patch_px=100, stain=stain)
+    )
+    kind = "pap" if stain == "pap" else "smear"
+    opts = ScoreOptions(patch_size=100, detection=detection_preset(kind))
+    shares = [np.random.default_rng(1).normal(0.06, 0.004, 300)]  # as the model's
+    lines: list[str] = []
+    check = check_scale(shares, plan, scorer, opts, lines.append)
+    assert bool(check.get("mpp_contradicted")) is doubted, (check, lines)
+    assert any("likely wrong" in line for line in lines) is doubted, lines

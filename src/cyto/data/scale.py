@@ -385,8 +385,9 @@ def resolve_zoom(
         if factor >= 1 / ADVISE_ZOOM:  # how the cells look, never the zoom as a size (round 21)
             return 1.0, (
                 f"auto, kept at 1: these cells{of} {look_words(check)}, within "
-                f"{1 / ADVISE_ZOOM:.2g}-{ADVISE_ZOOM:g}x (the training scale: one lab's own "
-                "cells scatter so)"
+                f"{1 / ADVISE_ZOOM:.2g}-{ADVISE_ZOOM:g}x, which this check cannot tell from the "
+                "training scale (one lab's own cells scatter so, and the Pap nucleus share reads a "
+                f"scale error smaller than it is); pass {passing('zoom', FACTOR)} if known"
             )
         return 1.0, (
             f"auto, kept at 1: these cells{of} look {1 / factor:.2f}x larger than the training "

@@ -289,7 +289,7 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
                 )
             elif scale.get("larger_at_recorded_mpp"):  # a lesion or a wrong resolution
                 why = (
-                    "a lesion-rich specimen, or a wrong resolution recorded as the model's, which "
+                    "a lesion-rich specimen, or a wrong resolution, which "
                     f"the check cannot tell apart; read it by eye, or check its resolution "
                     f"({said('slide_mpp')})"
                 )
