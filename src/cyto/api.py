@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from cyto.errors import CytoWarning, warn_caller
+from cyto.errors import CytoWarning, WarningLine, warn_caller
 from cyto.flags import Local, Range
 
 #: a model bundle is a folder on this machine
@@ -230,7 +230,9 @@ def score_slide(
         said = _said(echo)
 
         def words(message: str) -> None:
-            said(where.words(message))  # the staging folder's paths said as the prefix's
+            line = where.words(message)  # the staging folder's paths said as the prefix's
+            kind = getattr(message, "category", None)
+            said(line if kind is None else WarningLine(line, kind))
 
         try:
             if opts.resume:
@@ -265,8 +267,9 @@ def _said(echo: Callable[[str], None] | None) -> Callable[[str], None]:
     quiet = echo or (lambda _line: None)
 
     def said(line: str) -> None:
-        if line.startswith("warning: "):
-            warn_caller(line.removeprefix("warning: "), CytoWarning)
+        if line.startswith("warning: "):  # in its own category where the line knows it
+            kind = getattr(line, "category", CytoWarning)
+            warn_caller(str(line).removeprefix("warning: "), kind)
         else:
             quiet(line)
 

@@ -699,3 +699,32 @@ def test_a_given_mpp_the_file_contradicts_is_said(trained, tmp_path):
         right, trained, tmp_path / "p", "--workers", "0", "--mosaic", "0", "--mpp", str(mpp)
     )
     assert proc.returncode == 0 and "is taken over" not in proc.stdout + proc.stderr
+
+
+def test_a_slides_scale_warning_is_a_scale_warning_to_a_python_caller(trained, tmp_path):
+    """Hostile round 22 (case 3.2): ``cyto.score_slide``'s scale lines were plain
+    ``CytoWarning``s where ``cyto.predict``'s are ``ScaleWarning``s, so a filter on one missed
+    the other. Each warning line carries its category (``WarningLine``), as the command line
+    still prints it."""
+    import warnings
+
+    import cyto
+    from cyto.data.synth.cells import DEFAULT_SCALE
+    from cyto.errors import CytoWarning, ScaleWarning
+
+    mpp = round(MPP_AT_SCALE_1 / DEFAULT_SCALE, 4)
+    cfg = SlideSynthConfig(width=1024, height=1024, seed=5, mpp=2 * mpp)
+    wrong = write_slide(tmp_path / "w.tif", cfg).paths[0]
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        cyto.score_slide(wrong, trained, tmp_path / "o", workers=0, mosaic=0, echo=None)
+    scale = [w for w in got if "um/px" in str(w.message)]
+    assert len(scale) >= 2, [str(w.message) for w in got]  # before the tiles, and the cells'
+    assert all(w.category is ScaleWarning and w.filename == __file__ for w in scale), scale
+    others = [w for w in got if w not in scale]
+    assert all(issubclass(w.category, CytoWarning) for w in others)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        warnings.simplefilter("ignore", ScaleWarning)  # one filter, as for cyto.predict
+        cyto.score_slide(wrong, trained, tmp_path / "p", workers=0, mosaic=0, echo=None)
+    assert not [w for w in got if "um/px" in str(w.message)], [str(w.message) for w in got]

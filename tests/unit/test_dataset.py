@@ -564,6 +564,15 @@ def test_every_library_call_hands_its_echo_on_through_one_rule():
             assert w.category is CytoWarning and str(w.message) == text
             assert w.filename == __file__
     assert len(lines) == 20 and not any(ln.startswith("warning: ") for ln in lines)
+    # a line that knows its category is warned in it (a slide's scale lines: ScaleWarning)
+    from cyto.errors import ScaleWarning, StainWarning, WarningLine
+
+    for kind in (ScaleWarning, StainWarning, CytoWarning):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _said(None)(WarningLine("warning: look 2x smaller", kind))
+        (w,) = caught
+        assert w.category is kind and str(w.message) == "look 2x smaller"
 
 
 @pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])

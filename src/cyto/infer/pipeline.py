@@ -25,7 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.errors import SYSTEM_ERRORS, InputPathError, OutputWriteError
+from cyto.errors import (
+    SYSTEM_ERRORS,
+    InputPathError,
+    OutputWriteError,
+    StainWarning,
+    WarningLine,
+)
 from cyto.flags import passing, said
 from cyto.infer.batcher import CellBatcher
 from cyto.infer.finish import Metrics, finish_slide, rank_by
@@ -347,5 +353,5 @@ def _check_stain(stained: list[np.ndarray], plan, scorer, echo) -> dict | None:
     check = stain_check(model, estimate_images(crops), sum(len(c) for c in crops))
     words = stain_words(check, f"the cells of {plan.slide.name}")
     if words is not None:
-        echo(f"warning: {words}")
+        echo(WarningLine(f"warning: {words}", StainWarning))
     return check

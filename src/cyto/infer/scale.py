@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cyto.errors import ScaleWarning, warning_echo
 from cyto.flags import UM_PER_PX, passing, said, to_pass
 from cyto.infer.options import DEFAULT_PATCH, patch_side
 
@@ -50,6 +51,7 @@ def resolution(
 ) -> Resolution:
     """The level-0 crop size, after comparing the slide's mpp with the model's training mpp.
     ``recorded_mpp``: the slide file's own, where ``slide_mpp`` was given otherwise (said)."""
+    echo = warning_echo(echo, ScaleWarning)
     src, ratio = patch, None
     if recorded_mpp and slide_mpp and abs(slide_mpp / recorded_mpp - 1.0) > 0.1:
         # a given mpp that contradicts the file's is said once, and named again by the scale
@@ -112,6 +114,8 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
     tissue section; not said under ``--detection tissue``, whose nuclei touch. None when the
     bundle records no training share."""
     from cyto.data.scale import cells_words, look_words, share_check
+
+    echo = warning_echo(echo, ScaleWarning)
     from cyto.detect.params import DETECTION_OF_STAIN
 
     model = scorer.spec.centre_nucleus_fraction
