@@ -120,6 +120,11 @@ def test_auto_zoom_only_magnifies_cells_that_look_clearly_smaller():
     large = nucleus_fraction(np.stack([_cell(80, 13 / 0.6)] * 6))
     _, how = resolve_zoom("auto", None, None, reference, large)
     assert "look 1.6" in how and "larger" in how, how
+    # unlabelled, larger cells may be a lesion's: said with the class to name (hostile round
+    # 22, case 1.4: only the scale warning said so); a labelled folder's normals are not
+    assert "enlarged nuclei of abnormal cells look so too: name the normal class" in how, how
+    _, how = resolve_zoom("auto", None, None, reference, large, normal="LYT")
+    assert "look 1.6" in how and "enlarged nuclei" not in how, how
 
 
 def test_the_optical_density_lookup_is_the_logarithm_for_every_colour():

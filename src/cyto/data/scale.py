@@ -253,16 +253,21 @@ def share_advice(model_nuclei: float | None, shares, who: str = "these cells") -
         f"{passing('zoom', 'auto')} is advised (or {passing('patch_mpp', UM_PER_PX)})"
         if check["factor"] > 1
         else "a model trained at this scale is advised (a zoom below 1 ranked worse than none)"
-        + (
-            "; enlarged nuclei of abnormal cells look so too: name the normal class "
-            f"({passing('normal', 'CLASS')}) and the check reads it alone"
-            if who == "these cells"
-            else ""
-        )
+        + (lesion_words() if who == "these cells" else "")
     )
     return (
         f"{who} {look_words(check)}; a one-class model can rank another scale's normal "
         f"cells as the most abnormal: {advice}"
+    )
+
+
+def lesion_words() -> str:
+    """What else larger cells of an unlabelled folder may be, said wherever they are (the
+    scale warning and ``--zoom auto``'s kept-at-1 line: hostile round 22 found it only in the
+    first)."""
+    return (
+        "; enlarged nuclei of abnormal cells look so too: name the normal class "
+        f"({passing('normal', 'CLASS')}) and the check reads it alone"
     )
 
 
@@ -392,7 +397,7 @@ def resolve_zoom(
         return 1.0, (
             f"auto, kept at 1: these cells{of} look {1 / factor:.2f}x larger than the training "
             "cells, and a zoom below 1 ranked worse than none where measured; a model trained "
-            "at this scale is advised"
+            "at this scale is advised" + ("" if normal else lesion_words())
         )
     try:
         value = float(zoom)
