@@ -109,13 +109,12 @@ class UnreadableImageError(DatasetError):
     words (``cyto.flags.passing("skip_unreadable")``: ``--skip-unreadable`` at the command line,
     ``skip_unreadable=True`` from Python)."""
 
-    def __init__(self, path: object, reason: str, skip: str) -> None:
+    def __init__(self, path: object, reason: str, skip: str | None) -> None:
         self.path = path
         self.reason = reason
-        super().__init__(
-            f"cannot read image {path}: {reason} "
-            f"(fix or remove the file, or pass {skip} to skip and count such files)"
-        )
+        # None: the command has no such flag (cyto synth slide --cells)
+        also = f", or pass {skip} to skip and count such files" if skip else ""
+        super().__init__(f"cannot read image {path}: {reason} (fix or remove the file{also})")
 
 
 class ConfigError(CytoError):

@@ -218,3 +218,20 @@ def test_crops_of_other_sides_are_said_padded_or_cut_by_count(tmp_path):
         f"their edge colour, {cut} cut about their centre (a cell wider than the field loses "
         "its edges)"
     ), line
+
+
+def test_an_unreadable_crop_is_one_line_that_advises_only_what_synth_slide_has(tmp_path):
+    """Hostile round 23 (6.4): a transparent crop in --cells stopped `cyto synth slide` with
+    "pass --skip-unreadable", an option it does not have ("No such option"). The line names
+    the file and why, and advises fixing or removing it; no slide is left behind."""
+    crops = _crops(tmp_path / "crops", {"normal": 4, "big": 2})
+    blank = np.zeros((64, 64, 4), np.uint8)  # every pixel transparent
+    Image.fromarray(blank, "RGBA").save(crops / "normal" / "blank.png")
+    proc = run_cyto("synth", "slide", str(tmp_path / "s.tif"), "--width", "1024", "--height",
+                    "1024", "--cells", str(crops), "--normal", "normal",
+                    "--mpp", "0.25")  # fmt: skip
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"cannot read image {crops / 'normal' / 'blank.png'}: 0 of its pixels" in line, line
+    assert line.endswith("(fix or remove the file)") and "--skip-unreadable" not in line, line
+    assert not (tmp_path / "s.tif").exists()

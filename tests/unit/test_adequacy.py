@@ -296,9 +296,13 @@ def test_cells_off_scale_by_the_recorded_resolutions_name_rescale():
     scale = {"factor": None, "off_scale": True, "mpp_ratio": 0.24, "mpp_off_scale": True}
     block = _judge("general", cell_scale=scale)
     assert block["result"] == "unsatisfactory"
+    # by the recorded resolutions, not as the cells look, and --rescale only if the recorded
+    # one is true (hostile round 23: W04's right cells were told "pass --rescale" flatly)
     assert (
-        "they look 4.17x smaller than its training cells: the slide's mpp" in (block["reasons"][0])
-    )
+        "they are 4.17x smaller than its training cells by the slide's recorded mpp against the "
+        "model's: if that is its true resolution, pass --rescale; if not, pass its true --mpp "
+        "UM_PER_PX"
+    ) in block["reasons"][0], block["reasons"]
     table = quality.cell_quality(
         np.array([[500.0, 500.0]]),
         np.array([50.0]),
@@ -344,3 +348,19 @@ def test_synthetic_slides_draw_out_of_focus_and_mostly_glass():
         SlideSynthConfig(smear_extent=0.8)
     with pytest.raises(ConfigError, match="--defocus must be within 20 um"):
         SlideSynthConfig(defocus=50.0)
+
+
+def test_larger_cells_left_unjudged_for_blur_are_said_as_a_limit_to_read_by_eye():
+    """Hostile round 23 (B20): a slide of cells 2x larger at its recorded resolution was told
+    "its cells are held off scale, so read the slide by eye" while, most of its cells out of
+    focus (blur makes nuclei look larger too), adequacy did not judge the scale and said only
+    "limited" for focus. The larger look is a limit of its own, to read by eye."""
+    scale = {"factor": 0.5, "off_scale": None, "larger_at_recorded_mpp": True}
+    block = _judge("general", cell_scale=scale, out_of_focus_share=0.6)
+    (said,) = [r for r in block["reasons"] if "larger" in r]
+    assert block["result"] in ("limited", "unsatisfactory") and said.startswith(
+        "cells look 2.00x larger than its training cells, which blur or crowding gives too"
+    ), block
+    assert "read it by eye" in said
+    judged = _judge("general", cell_scale={**scale, "off_scale": False})
+    assert not [r for r in judged["reasons"] if "larger" in r], judged  # judged: within scale

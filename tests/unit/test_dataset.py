@@ -608,9 +608,38 @@ def test_a_wholly_transparent_crop_holds_no_cell_to_every_reader(tmp_path, mode)
         im.save(tmp_path / "A" / name, transparency=8) if mode == "P" else im.save(
             tmp_path / "A" / name
         )
-    with pytest.raises(UnreadableImageError, match="every pixel of it is transparent"):
+    with pytest.raises(UnreadableImageError, match="0 of its pixels are opaque"):
         read_image(tmp_path / "A" / "none.png")
     assert read_image(tmp_path / "A" / "part.png").shape == (40, 40, 3)
     reasons = dict((p.name, why) for p, why in data_info(tmp_path).unreadable)
     assert list(reasons) == ["none.png"], reasons
-    assert "every pixel of it is transparent (alpha 0): it shows no cell" in reasons["none.png"]
+    assert (
+        "0 of its pixels are opaque (a cell takes at least 64): the rest is transparent, so "
+        "it shows no cell" in reasons["none.png"]
+    )
+
+
+@pytest.mark.parametrize("variant", ["alpha1", "one_pixel", "rgb_key", "grey_key"])
+def test_a_crop_all_but_transparent_holds_no_cell_either(tmp_path, variant):
+    """Hostile round 23 (6.5, 6.6): alpha 1 everywhere, alpha 0 but for one opaque pixel, and an
+    RGB or grey PNG whose colour key makes every pixel transparent were still scored (the RGB
+    one a flat pink square ranked most abnormal). Fewer opaque pixels than the smallest
+    crop's holds no cell, to the decoder and to data info."""
+    from cyto.data.dataset import data_info
+    from cyto.data.images import read_image
+    from cyto.errors import UnreadableImageError
+
+    (tmp_path / "A").mkdir()
+    path = tmp_path / "A" / "x.png"
+    rgb = np.random.default_rng(3).integers(0, 256, (40, 40, 3), dtype=np.uint8)
+    if variant in ("alpha1", "one_pixel"):
+        alpha = np.full((40, 40, 1), 1 if variant == "alpha1" else 0, np.uint8)
+        alpha[20, 20] = 255
+        Image.fromarray(np.concatenate([rgb, alpha], axis=2), "RGBA").save(path)
+    elif variant == "rgb_key":
+        Image.new("RGB", (40, 40), (250, 200, 210)).save(path, transparency=(250, 200, 210))
+    else:
+        Image.new("L", (40, 40), 200).save(path, transparency=200)
+    with pytest.raises(UnreadableImageError, match="of its pixels are opaque"):
+        read_image(path)
+    assert [p.name for p, _ in data_info(tmp_path).unreadable] == ["x.png"]

@@ -469,6 +469,7 @@ def test_the_median_bounds_hold_it_with_the_confidence_asked_exactly_and_3_cells
         ("pap", 0.2, False),
         ("pap", 0.33, False),  # 1.28x smaller
         ("pap", 0.16, True),  # 1.61x larger: the check would have said that
+        ("pap", 0.4, True),  # 1.55x smaller: a file misrecording 0.4 (hostile round 23, W04)
         ("pap", 0.45, True),  # 1.74x smaller
         # MGG: the whole-crop share grows as an area; 1.29x is past the bound
         ("mgg", 0.2, True),

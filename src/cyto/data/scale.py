@@ -391,7 +391,7 @@ def resolve_zoom(
             return 1.0, (
                 f"auto, kept at 1: these cells{of} {look_words(check)}, within "
                 f"{1 / ADVISE_ZOOM:.2g}-{ADVISE_ZOOM:g}x, which this check cannot tell from the "
-                "training scale (one lab's own cells scatter so, and the Pap nucleus share reads a "
+                "training scale (one lab's own cells scatter so, and the nucleus share can read a "
                 f"scale error smaller than it is); pass {passing('zoom', FACTOR)} if known"
             )
         return 1.0, (

@@ -217,7 +217,8 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
             f"warning: the cells of {plan.slide.name} {look_words(check)}, though {at}: nuclei "
             "enlarged in most of its cells look so (a lesion-rich specimen: LSIL or HSIL on a "
             "Pap slide, blasts in marrow), and so does a wrong resolution, which this check "
-            "cannot tell apart; its cells are held off scale, so read the slide by eye. Only if "
+            "cannot tell apart; its cells are held off scale (unless most are out of focus or "
+            "crowded, which look larger too), so read the slide by eye. Only if "
             f"{res.slide_mpp:.3g} um/px is not its true resolution, {fix} (resampled at its "
             "right resolution, enlarged nuclei would shrink back)"
         )
@@ -253,18 +254,24 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
     return check
 
 
+#: how far a Pap slide's recorded resolution must put its cells off the model's scale before
+#: cells that look as the model's doubt it: between what the Pap centre-nucleus share could
+#: not tell on slides (truly 1.29x larger, at 0.2 um/px against 0.258, read 1.09x) and what it
+#: told (truly 1.55x smaller read 1.53x, 1.61x larger 1.40x; hostile rounds 22 and 23: at
+#: 1.5625 a file misrecording 0.4 for 0.258, 1.55x, went undoubted)
+PAP_DOUBT = 1.4
+
+
 def doubted_past(stain: str | None) -> float:
     """How far a slide's recorded resolution must put its cells from the model's scale before
     cells that look as the model's make it "likely wrong": as far as the check would then
-    have said them off scale by the weakest answer of the stain's nucleus share to a real
-    scale. The MGG whole-crop share grows about as an area (:data:`ADVISE_ZOOM`); the Pap
-    centre-nucleus share about as the zoom itself, a slide truly at 0.2 um/px (cells 1.29x
-    the model's 0.258) reading 1.09x and one at 0.16 (1.61x) 1.40x (hostile round 22): past
-    :data:`ADVISE_ZOOM` alone, a true 0.2 um/px slide was told its resolution was likely
-    wrong and not to resample."""
+    have said them off scale. The MGG whole-crop share grows about as an area
+    (:data:`ADVISE_ZOOM`); the Pap centre-nucleus share answers a larger scale weakly
+    (:data:`PAP_DOUBT`): past :data:`ADVISE_ZOOM` alone, a slide truly at 0.2 um/px was told
+    its resolution was likely wrong and not to resample (hostile round 22)."""
     from cyto.data.scale import ADVISE_ZOOM
 
-    return ADVISE_ZOOM if stain in (None, "mgg") else ADVISE_ZOOM**2
+    return ADVISE_ZOOM if stain in (None, "mgg") else PAP_DOUBT
 
 
 def crops_at_model_mpp(res, opts) -> bool:

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from cyto.errors import ConfigError
-from cyto.flags import passing, said
+from cyto.flags import UM_PER_PX, passing, said
 
 SATISFACTORY, LIMITED, UNSATISFACTORY = "satisfactory", "limited", "unsatisfactory"
 RESULTS = (SATISFACTORY, LIMITED, UNSATISFACTORY)
@@ -269,11 +269,21 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
     if rule.check_scale and scale.get("off_scale"):
         if scale.get("mpp_off_scale"):  # the recorded resolutions, crops not resampled
             r = scale["mpp_ratio"]  # the model's mpp over the slide's: < 1, cells smaller
+            # by the recorded resolutions, not as measured (they read 1.06x where this said
+            # "look 1.29x"), and --rescale only if the recorded one is true (hostile round 23)
             how = f"{1 / r:.2f}x smaller" if r < 1 else f"{r:.2f}x larger"
-            why = f"the slide's mpp against the model's: pass {passing('rescale')}"
+            are = "are"
+            how += " than its training cells by the slide's recorded mpp against the model's"
+            why = (
+                f"if that is its true resolution, pass {passing('rescale')}; if not, pass its "
+                f"true {passing('slide_mpp', UM_PER_PX)}"
+            )
         else:
             f = scale["factor"]  # the model's nucleus share over the slide's: > 1, smaller
-            how = f"{f:.2f}x smaller" if f > 1 else f"{1 / f:.2f}x larger"
+            are = "look"
+            how = (f"{f:.2f}x smaller" if f > 1 else f"{1 / f:.2f}x larger") + (
+                " than its training cells"
+            )
             why = f"is the resolution right? {said('slide_mpp')}, {said('rescale')}"
             if "to_pass" in scale:  # advice only for what was not passed (cyto.flags.to_pass)
                 why = (
@@ -299,8 +309,17 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
                     f"{passing('patch_size', cut['patch_size'])} cuts them unlike the model's "
                     f"{cut['model_patch_size']} px crops: leave out {said('patch_size')}"
                 )
-        unsat.append(
-            f"cells off the model's scale (they look {how} than its training cells: {why})"
+        unsat.append(f"cells off the model's scale (they {are} {how}: {why})")
+    elif (
+        rule.check_scale and scale.get("larger_at_recorded_mpp") and scale.get("off_scale") is None
+    ):
+        # larger cells not judged off scale where most are out of focus or crowded (which look
+        # larger too), while the scale warning asked for the slide to be read by eye: said here
+        # too, not left to the focus reason alone (hostile round 23: "limited" with no word)
+        limited.append(
+            f"cells look {1 / scale['factor']:.2f}x larger than its training cells, which blur "
+            "or crowding gives too, and so do a lesion-rich specimen and a wrong resolution: "
+            "read it by eye"
         )
     if rule.min_cells is not None and n_eval < rule.min_cells:
         unsat.append(

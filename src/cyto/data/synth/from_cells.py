@@ -181,8 +181,12 @@ class CellRowRenderer:
 @functools.lru_cache(maxsize=2048)
 def _read_crop(path: str, side: int) -> np.ndarray:
     from cyto.data.images import read_image
+    from cyto.errors import UnreadableImageError
 
-    return _fit(read_image(Path(path)), side)
+    try:
+        return _fit(read_image(Path(path)), side)
+    except UnreadableImageError as exc:  # no --skip-unreadable here: advise only what helps
+        raise UnreadableImageError(exc.path, exc.reason, None) from None
 
 
 def place_cells(config: CellSlideConfig, echo=None):
