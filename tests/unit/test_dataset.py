@@ -643,3 +643,24 @@ def test_a_crop_all_but_transparent_holds_no_cell_either(tmp_path, variant):
     with pytest.raises(UnreadableImageError, match="of its pixels are opaque"):
         read_image(path)
     assert [p.name for p, _ in data_info(tmp_path).unreadable] == ["x.png"]
+
+
+@pytest.mark.parametrize("suffix", [".webp", ".gif"])
+def test_webp_and_gif_crops_are_read_as_cells_not_left_out(tmp_path, suffix):
+    """Hostile round 23 (6.6): WebP and GIF crops in a class folder were left out without a
+    count (not among the image types), so a folder of them was "no images". They are cells
+    like PNG crops; a GIF whose transparent index covers it shows no cell."""
+    from cyto.data.dataset import PatchDataset, data_info
+    from cyto.data.images import read_image
+
+    (tmp_path / "A").mkdir()
+    rgb = np.random.default_rng(4).integers(0, 256, (40, 40, 3), dtype=np.uint8)
+    for i in range(3):
+        Image.fromarray(rgb).save(tmp_path / "A" / f"c{i}{suffix}")
+    info = data_info(tmp_path)
+    assert info.classes == {"A": 3} and not info.unreadable, info
+    assert len(PatchDataset.from_path(tmp_path, normal="A")) == 3
+    assert read_image(tmp_path / "A" / f"c0{suffix}").shape == (40, 40, 3)
+    if suffix == ".gif":
+        Image.new("P", (40, 40), 0).save(tmp_path / "A" / "blank.gif", transparency=0)
+        assert [p.name for p, _ in data_info(tmp_path).unreadable] == ["blank.gif"]

@@ -11,7 +11,9 @@ from PIL import Image, UnidentifiedImageError
 from cyto.errors import UnreadableImageError
 from cyto.flags import passing
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
+#: the cell-crop files every reader takes (PIL decodes them all; WebP and GIF crops were left
+#: out of a class folder without a count: hostile round 23)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".webp", ".gif")
 #: the fewest pixels a cell crop's longer side may have: a smaller image holds no cell (a crop
 #: of 1 x 1 px was enlarged 96x and scored as a cell); every reader of cell images and the
 #: scorer's patches (cyto.runtime.scorer) hold to it
