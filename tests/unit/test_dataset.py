@@ -408,8 +408,8 @@ def test_a_class_folder_without_images_is_said_so_not_called_an_unknown_name(tmp
         (tmp_path / "ASC-H" / "notes.txt").write_text("to scan")
     line = (
         f"the class folder(s) ASC-H in {tmp_path} exist but hold no image (readable types: "
-        ".jpg, .jpeg, .png, .tif, .tiff, .bmp): put the class's cell crops there, or name a "
-        "class that has them (LSIL, NILM)"
+        ".jpg, .jpeg, .png, .tif, .tiff, .bmp, .webp, .gif): put the class's cell crops there, "
+        "or name a class that has them (LSIL, NILM)"
     )
     for call in (
         lambda: PatchDataset.from_path(tmp_path, normal="NILM", abnormal="ASC-H"),
