@@ -301,7 +301,7 @@ def test_cells_off_scale_by_the_recorded_resolutions_name_rescale():
     assert (
         "they are 4.17x smaller than its training cells by the slide's recorded mpp against the "
         "model's: if that is its true resolution, pass --rescale; if not, pass its true --mpp "
-        "UM_PER_PX"
+        "UM_PER_PX and --rescale"
     ) in block["reasons"][0], block["reasons"]
     table = quality.cell_quality(
         np.array([[500.0, 500.0]]),

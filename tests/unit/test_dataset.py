@@ -608,18 +608,21 @@ def test_a_wholly_transparent_crop_holds_no_cell_to_every_reader(tmp_path, mode)
         im.save(tmp_path / "A" / name, transparency=8) if mode == "P" else im.save(
             tmp_path / "A" / name
         )
-    with pytest.raises(UnreadableImageError, match="0 of its pixels are opaque"):
+    with pytest.raises(UnreadableImageError, match="0 of its pixels are at least half opaque"):
         read_image(tmp_path / "A" / "none.png")
     assert read_image(tmp_path / "A" / "part.png").shape == (40, 40, 3)
     reasons = dict((p.name, why) for p, why in data_info(tmp_path).unreadable)
     assert list(reasons) == ["none.png"], reasons
     assert (
-        "0 of its pixels are opaque (a cell takes at least 64): the rest is transparent, so "
+        "0 of its pixels are at least half opaque (a cell takes at least 64): the rest is (nearly) "
+        "transparent, so "
         "it shows no cell" in reasons["none.png"]
     )
 
 
-@pytest.mark.parametrize("variant", ["alpha1", "one_pixel", "rgb_key", "grey_key"])
+@pytest.mark.parametrize(
+    "variant", ["alpha1", "one_pixel", "rgb_key", "grey_key", "grey16_key", "bilevel_key"]
+)
 def test_a_crop_all_but_transparent_holds_no_cell_either(tmp_path, variant):
     """Hostile round 23 (6.5, 6.6): alpha 1 everywhere, alpha 0 but for one opaque pixel, and an
     RGB or grey PNG whose colour key makes every pixel transparent were still scored (the RGB
@@ -638,9 +641,13 @@ def test_a_crop_all_but_transparent_holds_no_cell_either(tmp_path, variant):
         Image.fromarray(np.concatenate([rgb, alpha], axis=2), "RGBA").save(path)
     elif variant == "rgb_key":
         Image.new("RGB", (40, 40), (250, 200, 210)).save(path, transparency=(250, 200, 210))
+    elif variant == "grey16_key":  # round 24: a 16-bit grey PNG's colour key
+        Image.fromarray(np.full((40, 40), 5000, np.uint16)).save(path, transparency=5000)
+    elif variant == "bilevel_key":
+        Image.new("1", (40, 40), 1).save(path, transparency=1)
     else:
         Image.new("L", (40, 40), 200).save(path, transparency=200)
-    with pytest.raises(UnreadableImageError, match="of its pixels are opaque"):
+    with pytest.raises(UnreadableImageError, match="of its pixels are at least half opaque"):
         read_image(path)
     assert [p.name for p, _ in data_info(tmp_path).unreadable] == ["x.png"]
 

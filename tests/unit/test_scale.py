@@ -467,6 +467,7 @@ def test_the_median_bounds_hold_it_with_the_confidence_asked_exactly_and_3_cells
         # Pap: the centre-nucleus share grows about as the zoom, so a true 1.29x (0.2 um/px
         # against 0.258) reads near 1x: the recorded resolution is not doubted for it
         ("pap", 0.2, False),
+        ("pap", 0.18, False),  # 1.43x larger: read 1.22-1.29x on slides (hostile round 24)
         ("pap", 0.33, False),  # 1.28x smaller
         ("pap", 0.16, True),  # 1.61x larger: the check would have said that
         ("pap", 0.4, True),  # 1.55x smaller: a file misrecording 0.4 (hostile round 23, W04)
@@ -503,3 +504,38 @@ def test_a_recorded_resolution_is_doubted_only_where_the_cells_would_have_told(
     check = check_scale(shares, plan, scorer, opts, lines.append)
     assert bool(check.get("mpp_contradicted")) is doubted, (check, lines)
     assert any("likely wrong" in line for line in lines) is doubted, lines
+    # a median within the bound whose interval is not (a true 1.43x read 1.22-1.29x): the
+    # cells do not say the model's scale surely enough to doubt any recorded resolution
+    loose = [np.random.default_rng(2).normal(0.06 / 1.2**2, 0.03, 40).clip(0.001)]
+    lines.clear()
+    check = check_scale(loose, plan, scorer, opts, lines.append)
+    assert not check["sure_within"] and not check.get("mpp_contradicted"), check
+    assert not any("likely wrong" in line for line in lines), lines
+
+
+def test_cells_that_agree_with_the_recorded_resolution_are_told_to_resample_not_asked():
+    """Hostile round 24: a Pap slide truly at 0.4 um/px (cells 1.55x smaller than the model's
+    at 0.258) was asked "is its resolution right? It is read at 0.4 um/px; its cells look as if
+    at about 0.4": the cells agree with the recorded resolution, and --rescale is what is
+    left."""
+    from types import SimpleNamespace
+
+    from cyto.detect import detection_preset
+    from cyto.infer import ScoreOptions
+    from cyto.infer.scale import Resolution, check_scale
+
+    scorer = SimpleNamespace(
+        spec=SimpleNamespace(centre_nucleus_fraction=0.06, patch_px=100, stain="pap")
+    )
+    opts = ScoreOptions(patch_size=100, detection=detection_preset("pap"))
+    shares = [np.random.default_rng(0).normal(0.06 / 1.55**2, 0.002, 300)]
+    for slide_mpp, agrees in ((0.4, True), (0.258, False)):
+        res = Resolution(slide_mpp, 0.258, None, 100, round(0.258 / slide_mpp, 4))
+        plan = SimpleNamespace(slide=SimpleNamespace(name="s.tif"), res=res)
+        lines: list[str] = []
+        check_scale(shares, plan, scorer, opts, lines.append)
+        (line,) = lines
+        assert ("its recorded resolution says so too. It is read at 0.4 um/px" in line) is agrees
+        assert ("is its resolution right?" in line) is not agrees, line
+        if agrees:
+            assert "Pass --rescale to resample the crops to the model's scale" in line, line

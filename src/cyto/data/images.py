@@ -63,6 +63,23 @@ def _has_alpha(im: Image.Image) -> bool:
     )
 
 
+def _alpha(im: Image.Image) -> np.ndarray | None:
+    """The image's alpha (uint8), from its channel or its colour key of any mode (a 16-bit or
+    1-bit grey PNG's too: hostile round 24), None without either."""
+    if im.mode in ("RGBA", "LA", "PA"):
+        return np.asarray(im.getchannel("A"))
+    key = im.info.get("transparency")
+    if key is None:
+        return None
+    if isinstance(key, bytes):  # a palette's alpha per index
+        return np.asarray(im.convert("RGBA").getchannel("A"))
+    arr = np.asarray(im)
+    if im.mode == "1":  # its key is a grey level (255), its pixels booleans
+        key = bool(key)
+    same = (arr == np.asarray(key)).all(axis=-1) if arr.ndim == 3 else arr == key
+    return np.where(same, 0, 255).astype(np.uint8)
+
+
 def no_cell(im: Image.Image) -> str | None:
     """Why a loaded image holds no cell, or None: the one rule of the decoder and of ``cyto data
     info``. Too small (:func:`too_small`), or too little of it opaque: fewer pixels at least
@@ -72,13 +89,13 @@ def no_cell(im: Image.Image) -> str | None:
     small = too_small(*im.size)
     if small:
         return small
-    if _has_alpha(im):
-        alpha = np.asarray(im.convert("RGBA").getchannel("A"))
+    alpha = _alpha(im)
+    if alpha is not None:
         opaque, least = int((alpha >= 128).sum()), (MIN_CELL_SIDE // 2) ** 2
         if opaque < least:
             return (
-                f"{opaque} of its pixels are opaque (a cell takes at least {least}): the rest "
-                "is transparent, so it shows no cell"
+                f"{opaque} of its pixels are at least half opaque (a cell takes at least "
+                f"{least}): the rest is (nearly) transparent, so it shows no cell"
             )
     return None
 

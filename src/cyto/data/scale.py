@@ -200,6 +200,14 @@ def share_check(model_nuclei: float, shares) -> dict | None:
         sure = all(f > ADVISE_ZOOM if factor > 1 else f < 1 / ADVISE_ZOOM for f in near)
     else:  # within the bound, or too few cells to bound the median at all
         sure = False
+    # every median the sample allows within the bound: the cells look as the model's with the
+    # confidence the check needs to say another scale (what doubts a recorded resolution)
+    within = (
+        not outside
+        and np.isfinite(lo)
+        and lo > 0
+        and all(1 / ADVISE_ZOOM <= _factor(model_nuclei, s) <= ADVISE_ZOOM for s in (lo, hi))
+    )
     return {
         "cells": len(shares),
         "median_nucleus_share": round(median, 5),
@@ -208,6 +216,7 @@ def share_check(model_nuclei: float, shares) -> dict | None:
         "advised": bool(sure),
         # past the bound, but the sample too small to say so
         **({"too_few_cells": True} if outside and not sure else {}),
+        "sure_within": bool(within),
     }
 
 

@@ -127,14 +127,16 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
     from cyto.data.scale import ADVISE_ZOOM
 
     ratio = None if opts.rescale else res.mpp_ratio  # the model's mpp over the slide's
-    doubt = doubted_past(scorer.spec.stain)
     if (
         ratio is not None
-        and not 1 / doubt <= ratio <= doubt
+        and not 1 / doubted_past(scorer.spec.stain, False)
+        <= ratio
+        <= doubted_past(scorer.spec.stain, True)
         and opts.detection.kind in ("smear", "pap")
-        # within the bound (not past it with too few cells to say so): "as the model's"
-        and not check["advised"]
-        and not check.get("too_few_cells")
+        # every median the cells allow within the bound, with the check's confidence: "as the
+        # model's" (the median alone within it doubted a true 0.18 um/px Pap slide, read
+        # 1.22-1.29x of a true 1.43x: hostile round 24)
+        and check.get("sure_within")
         and check["factor"] is not None
     ):
         # the recorded resolutions say the cells look another size; they look as the model's
@@ -226,12 +228,19 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
         reading = f"It is read at {res.slide_mpp:.3g} um/px" if res.slide_mpp else "It has no mpp"
         if res.recorded_mpp:  # a given --mpp the file contradicts (hostile round 21, case 2.5)
             reading += f" (its file records {res.recorded_mpp:.3g})"
+        agree = False
         if res.model_mpp:
             # the crop's pixels are factor x the size the model expects
             est = (
                 res.model_mpp * check["factor"] * patch_side(opts, scorer.spec) / res.crop_px_level0
             )
             reading += f"; its cells look as if at about {est:.2g}"
+            # the cells agree with the recorded resolution: resampling is what is left, not a
+            # question of the resolution (T04 at 0.4 was asked "is its resolution right? ... as
+            # if at about 0.4": hostile round 24)
+            agree = bool(
+                res.slide_mpp and not opts.rescale and abs(est / res.slide_mpp - 1) <= 0.15
+            )
         # what is left to pass: the slide's true mpp, the model's where the bundle lacks it, and
         # --rescale; all given (crops resampled from them), the slide's mpp given is in doubt
         todo = to_pass(
@@ -246,32 +255,38 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
             if todo
             else f"If {passing('slide_mpp', opts.slide_mpp)} is not its true um/px, pass that"
         )
+        if agree:
+            fix = f"Pass {passing('rescale')} to resample the crops to the model's scale"
+        ask = "its recorded resolution says so too." if agree else "is its resolution right?"
         echo(
-            f"warning: the cells of {plan.slide.name} {look_words(check)}: is its resolution "
-            f"right? {reading}. {fix}; a one-class model can rank cells at another scale as "
-            "the most abnormal"
+            f"warning: the cells of {plan.slide.name} {look_words(check)}: {ask} {reading}. "
+            f"{fix}; a one-class model can rank cells at another scale as the most abnormal"
         )
     return check
 
 
-#: how far a Pap slide's recorded resolution must put its cells off the model's scale before
-#: cells that look as the model's doubt it: between what the Pap centre-nucleus share could
-#: not tell on slides (truly 1.29x larger, at 0.2 um/px against 0.258, read 1.09x) and what it
-#: told (truly 1.55x smaller read 1.53x, 1.61x larger 1.40x; hostile rounds 22 and 23: at
-#: 1.5625 a file misrecording 0.4 for 0.258, 1.55x, went undoubted)
-PAP_DOUBT = 1.4
+#: how far a Pap slide's recorded resolution must put its cells off the model's scale, smaller
+#: and larger, before cells that look as the model's doubt it: as far as the Pap centre-nucleus
+#: share, read on slides, would have said (hostile rounds 22-24): a smaller scale it reads
+#: about as it is (truly 1.55x smaller read 1.53x), a larger one weakly (truly 1.29x read 1.09x,
+#: 1.43x 1.22-1.29x, 1.61x 1.40x). A file misrecording 0.4 for 0.258 (1.55x smaller) is
+#: doubted, one recording 0.16 (1.61x larger) too; a true 0.2 or 0.18 never
+PAP_DOUBT_SMALLER, PAP_DOUBT_LARGER = 1.4, 1.5625
 
 
-def doubted_past(stain: str | None) -> float:
-    """How far a slide's recorded resolution must put its cells from the model's scale before
-    cells that look as the model's make it "likely wrong": as far as the check would then
-    have said them off scale. The MGG whole-crop share grows about as an area
-    (:data:`ADVISE_ZOOM`); the Pap centre-nucleus share answers a larger scale weakly
-    (:data:`PAP_DOUBT`): past :data:`ADVISE_ZOOM` alone, a slide truly at 0.2 um/px was told
-    its resolution was likely wrong and not to resample (hostile round 22)."""
+def doubted_past(stain: str | None, larger: bool) -> float:
+    """How far a slide's recorded resolution must put its cells from the model's scale
+    (``larger``: the side where they would look larger) before cells that look as the model's
+    make it "likely wrong": as far as the check would then have said them off scale. The MGG
+    whole-crop share grows about as an area (:data:`ADVISE_ZOOM` both sides); the Pap
+    centre-nucleus share answers a larger scale weakly (:data:`PAP_DOUBT_LARGER`): past
+    :data:`ADVISE_ZOOM` alone, a slide truly at 0.2 um/px was told its resolution was likely
+    wrong and not to resample (hostile round 22)."""
     from cyto.data.scale import ADVISE_ZOOM
 
-    return ADVISE_ZOOM if stain in (None, "mgg") else PAP_DOUBT
+    if stain in (None, "mgg"):
+        return ADVISE_ZOOM
+    return PAP_DOUBT_LARGER if larger else PAP_DOUBT_SMALLER
 
 
 def crops_at_model_mpp(res, opts) -> bool:

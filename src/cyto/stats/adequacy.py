@@ -276,7 +276,7 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
             how += " than its training cells by the slide's recorded mpp against the model's"
             why = (
                 f"if that is its true resolution, pass {passing('rescale')}; if not, pass its "
-                f"true {passing('slide_mpp', UM_PER_PX)}"
+                f"true {passing('slide_mpp', UM_PER_PX)} and {passing('rescale')}"
             )
         else:
             f = scale["factor"]  # the model's nucleus share over the slide's: > 1, smaller
