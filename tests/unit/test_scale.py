@@ -539,3 +539,16 @@ def test_cells_that_agree_with_the_recorded_resolution_are_told_to_resample_not_
         assert ("is its resolution right?" in line) is not agrees, line
         if agrees:
             assert "Pass --rescale to resample the crops to the model's scale" in line, line
+
+
+def test_a_check_against_a_model_share_of_zero_says_nothing_sure():
+    """A bundle trained on crops of one flat colour records a training nucleus share of 0:
+    the scale check of its slides raised a TypeError (None <= float) in the "as the model's"
+    rule (found by the fresh-clone run). Nothing is sure against it, and nothing raises."""
+    from cyto.data.scale import share_check
+
+    for model in (0.0, -1.0):
+        check = share_check(model, np.full(40, 0.05))
+        assert check["factor"] is None and not check["advised"] and not check["sure_within"]
+    check = share_check(0.05, np.zeros(40))  # cells of no nucleus against a real model share
+    assert check["factor"] is None and not check["sure_within"]

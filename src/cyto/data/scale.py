@@ -202,11 +202,12 @@ def share_check(model_nuclei: float, shares) -> dict | None:
         sure = False
     # every median the sample allows within the bound: the cells look as the model's with the
     # confidence the check needs to say another scale (what doubts a recorded resolution)
+    ends = [_factor(model_nuclei, s) for s in (lo, hi)] if np.isfinite(lo) and lo > 0 else []
     within = (
-        not outside
-        and np.isfinite(lo)
-        and lo > 0
-        and all(1 / ADVISE_ZOOM <= _factor(model_nuclei, s) <= ADVISE_ZOOM for s in (lo, hi))
+        factor is not None
+        and not outside
+        and len(ends) == 2
+        and all(f is not None and 1 / ADVISE_ZOOM <= f <= ADVISE_ZOOM for f in ends)
     )
     return {
         "cells": len(shares),
