@@ -671,3 +671,34 @@ def test_webp_and_gif_crops_are_read_as_cells_not_left_out(tmp_path, suffix):
     if suffix == ".gif":
         Image.new("P", (40, 40), 0).save(tmp_path / "A" / "blank.gif", transparency=0)
         assert [p.name for p, _ in data_info(tmp_path).unreadable] == ["blank.gif"]
+
+
+def test_images_of_a_type_not_read_as_cells_are_said_not_left_out_unsaid(tmp_path):
+    """Hostile round 24: .jp2, .tga, .ppm and .jfif crops in a class folder were left out
+    without a count. They are said once, by type, with what to do; other files (notes, a
+    hidden file) are not images and stay unsaid."""
+    import warnings
+
+    from cyto.data.dataset import load_records
+    from cyto.errors import CytoWarning
+
+    _crops(tmp_path, {"A": [20, 20]})
+    for name in ("x.ppm", "y.tga", "z.jfif"):
+        kind = {"z.jfif": "JPEG"}.get(name)
+        Image.new("RGB", (20, 20), (120, 90, 160)).save(tmp_path / "A" / name, format=kind)
+    (tmp_path / "A" / "notes.txt").write_text("scanned 2026")
+    (tmp_path / "A" / ".DS_Store").write_bytes(b"\0")
+    with pytest.warns(CytoWarning) as got:
+        records = load_records(tmp_path)
+    assert len(records) == 2
+    (line,) = [str(w.message) for w in got if "not read as cells" in str(w.message)]
+    assert line.startswith(
+        f"3 file(s) in the class folders of {tmp_path} are images of a type cyto does not read "
+        "as cells (.jfif, .ppm, .tga; e.g. "
+    ), line
+    assert "convert them to one of .jpg" in line and got[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a folder of crops and notes alone: nothing said
+        for name in ("x.ppm", "y.tga", "z.jfif"):
+            (tmp_path / "A" / name).unlink()
+        assert len(load_records(tmp_path)) == 2

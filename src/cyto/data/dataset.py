@@ -75,16 +75,27 @@ def acquisition_key(path: str | Path) -> tuple[int, str]:
     return (int(match.group(1)) if match else np.iinfo(np.int64).max, stem)
 
 
+#: image types PIL names that cyto does not read as cell crops: a class folder's files of these
+#: are said, not left out without a word
+_OTHER_IMAGES = frozenset(
+    {".apng", ".avif", ".j2c", ".j2k", ".jfif", ".jp2", ".jpe", ".jpf", ".jpx", ".pbm", ".pgm",
+     ".pnm", ".ppm", ".psd", ".qoi", ".tga", ".dib", ".pcx", ".sgi", ".ras", ".xbm", ".xpm"}
+)  # fmt: skip
+
+
 def scan_folder(root: Path) -> list[PatchRecord]:
     """Records of a folder whose sub-folders are classes (``root/LYT/LYT_00001.jpg``)."""
     root = Path(root)
     records = []
     below: list[Path] = []  # the class folders' own sub-folders (links to folders not followed)
+    other: list[Path] = []  # images of a type not read as cells (.jp2, .tga, .ppm, .jfif)
     for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         for f in sorted(sub.iterdir()):
             if f.suffix.lower() not in IMAGE_SUFFIXES:
                 if f.is_dir() and not f.is_symlink() and not f.name.startswith("."):
                     below.append(f)
+                elif f.suffix.lower() in _OTHER_IMAGES and not f.name.startswith("."):
+                    other.append(f)
                 continue
             # a link whose target is gone is a file of the class the decoder cannot read
             # (listed as unreadable, by name), not a file that is not there
@@ -112,6 +123,13 @@ def scan_folder(root: Path) -> list[PatchRecord]:
             f"{(loose or [deeper])[0]}) and are not read: a class is the images directly in "
             f"{root}/CLASS/; move them there, or list every image in a manifest "
             "(.csv/.parquet with path and label)"
+        )
+    if other:  # left out without a count (hostile round 24): said, with what to do
+        types = ", ".join(sorted({f.suffix.lower() for f in other}))
+        warn_caller(
+            f"{len(other):,} file(s) in the class folders of {root} are images of a type cyto "
+            f"does not read as cells ({types}; e.g. {other[0]}) and are left out: convert them "
+            f"to one of {', '.join(IMAGE_SUFFIXES)}"
         )
     if not records:
         raise InputPathError(
