@@ -193,22 +193,19 @@ def share_check(model_nuclei: float, shares) -> dict | None:
     factor = _factor(model_nuclei, median)
     lo, hi = median_bounds(shares)
     outside = factor is not None and not 1 / ADVISE_ZOOM <= factor <= ADVISE_ZOOM
-    if outside and np.isfinite(lo) and np.isfinite(hi):
-        # the zooms of both ends (a larger share, a smaller zoom; a share of 0, no nucleus:
-        # infinitely small) past the bound on the median's side
-        near = [_factor(model_nuclei, s) if s > 0 else np.inf for s in (lo, hi)]
-        sure = all(f > ADVISE_ZOOM if factor > 1 else f < 1 / ADVISE_ZOOM for f in near)
-    else:  # within the bound, or too few cells to bound the median at all
-        sure = False
-    # every median the sample allows within the bound: the cells look as the model's with the
-    # confidence the check needs to say another scale (what doubts a recorded resolution)
-    ends = [_factor(model_nuclei, s) for s in (lo, hi)] if np.isfinite(lo) and lo > 0 else []
-    within = (
-        factor is not None
-        and not outside
-        and len(ends) == 2
-        and all(f is not None and 1 / ADVISE_ZOOM <= f <= ADVISE_ZOOM for f in ends)
+    # the zooms of the interval's ends (a larger share, a smaller zoom; a share of 0, no
+    # nucleus: infinitely small); none where too few cells bound the median, or no factor
+    bounded = factor is not None and np.isfinite(lo) and np.isfinite(hi)
+    ends = [_factor(model_nuclei, s) if s > 0 else np.inf for s in (lo, hi)] if bounded else []
+    # past the bound on the median's side with the check's confidence: another scale said
+    sure = (
+        outside
+        and bool(ends)
+        and all(f > ADVISE_ZOOM if factor > 1 else f < 1 / ADVISE_ZOOM for f in ends)
     )
+    # every median the sample allows within the bound: the cells look as the model's with the
+    # same confidence (what doubts a recorded resolution)
+    within = not outside and bool(ends) and all(1 / ADVISE_ZOOM <= f <= ADVISE_ZOOM for f in ends)
     return {
         "cells": len(shares),
         "median_nucleus_share": round(median, 5),

@@ -113,19 +113,16 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
     model's size at its stated mpp crowd a crop: 8 others), where it tells a misstated mpp from a
     tissue section; not said under ``--detection tissue``, whose nuclei touch. None when the
     bundle records no training share."""
-    from cyto.data.scale import cells_words, look_words, share_check
-
-    echo = warning_echo(echo, ScaleWarning)
+    from cyto.data.scale import ADVISE_ZOOM, cells_words, look_words, share_check
     from cyto.detect.params import DETECTION_OF_STAIN
 
+    echo = warning_echo(echo, ScaleWarning)
     model = scorer.spec.centre_nucleus_fraction
     check = share_check(model, np.concatenate(shares)) if model is not None and shares else None
     if check is None:
         return None
     check["advised"] = bool(check["advised"] and opts.detection.kind in ("smear", "pap"))
     res = plan.res
-    from cyto.data.scale import ADVISE_ZOOM
-
     ratio = None if opts.rescale else res.mpp_ratio  # the model's mpp over the slide's
     if (
         ratio is not None
