@@ -673,6 +673,30 @@ def test_webp_and_gif_crops_are_read_as_cells_not_left_out(tmp_path, suffix):
         assert [p.name for p, _ in data_info(tmp_path).unreadable] == ["blank.gif"]
 
 
+@pytest.mark.parametrize("fmt", ["GIF", "TIFF", "WEBP", "PNG"])
+def test_a_crop_of_several_frames_is_no_one_cell_to_any_reader(tmp_path, fmt):
+    """Hostile round 24: an animated GIF crop was read from its first frame only, unsaid (the
+    cell might be any frame). A crop of several frames (animated GIF, WebP or PNG, a multi-page
+    TIFF) is unreadable with why to the decoder (train, predict: ``--skip-unreadable`` leaves it
+    out, counted) and to ``cyto data info``; a file of one frame is read as before."""
+    from cyto.data.dataset import data_info
+    from cyto.data.images import read_image
+    from cyto.errors import UnreadableImageError
+
+    (tmp_path / "A").mkdir()
+    rng = np.random.default_rng(5)
+    frames = [Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)) for _ in range(3)]
+    suffix = {"GIF": ".gif", "TIFF": ".tif", "WEBP": ".webp", "PNG": ".png"}[fmt]
+    many, one = tmp_path / "A" / f"many{suffix}", tmp_path / "A" / f"one{suffix}"
+    frames[0].save(many, format=fmt, save_all=True, append_images=frames[1:])
+    frames[1].save(one, format=fmt)
+    with pytest.raises(UnreadableImageError, match="it holds 3 frames") as err:
+        read_image(many)
+    assert "save the cell's frame as an image of its own" in str(err.value)
+    assert read_image(one).shape == (40, 40, 3)
+    assert [p.name for p, _ in data_info(tmp_path).unreadable] == [many.name]
+
+
 def test_images_of_a_type_not_read_as_cells_are_said_not_left_out_unsaid(tmp_path):
     """Hostile round 24: .jp2, .tga, .ppm and .jfif crops in a class folder were left out
     without a count. They are said once, by type, with what to do; other files (notes, a

@@ -81,14 +81,22 @@ def _alpha(im: Image.Image) -> np.ndarray | None:
 
 
 def no_cell(im: Image.Image) -> str | None:
-    """Why a loaded image holds no cell, or None: the one rule of the decoder and of ``cyto data
-    info``. Too small (:func:`too_small`), or too little of it opaque: fewer pixels at least
-    half opaque than a square of half the smallest crop's side (8 x 8), composited onto white,
-    is blank glass; such crops were scored and ranked without a word (hostile round
-    21, case 3.5; round 23: alpha 1 everywhere, one opaque pixel, an RGB colour key)."""
+    """Why a loaded image holds no one cell, or None: the one rule of the decoder and of ``cyto
+    data info``. Too small (:func:`too_small`); of several frames (an animated GIF, WebP or
+    PNG, a multi-page TIFF: which frame is the cell is not known, and the first was read
+    unsaid: hostile round 24); or too little of it opaque: fewer pixels at least half opaque
+    than a square of half the smallest crop's side (8 x 8), composited onto white, is blank
+    glass; such crops were scored and ranked without a word (hostile round 21, case 3.5; round
+    23: alpha 1 everywhere, one opaque pixel, an RGB colour key)."""
     small = too_small(*im.size)
     if small:
         return small
+    frames = getattr(im, "n_frames", 1)
+    if frames > 1:
+        return (
+            f"it holds {frames} frames (an animation or a multi-page file), and a cell crop is "
+            "one image: save the cell's frame as an image of its own"
+        )
     alpha = _alpha(im)
     if alpha is not None:
         opaque, least = int((alpha >= 128).sum()), (MIN_CELL_SIDE // 2) ** 2
