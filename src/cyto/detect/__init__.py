@@ -54,6 +54,13 @@ def detect_nuclei(rgb: np.ndarray, params: NucleusParams = NucleusParams()) -> n
     ``params.detector == "torch"`` the same steps run in torch (:mod:`cyto.detect.torch_form`),
     on the device of ``rgb`` when it is a tensor, else on the CPU. Anything but an H x W x 3
     (or 4) uint8 image is refused in one line (:func:`cyto.detect.params.check_tile`).
+
+    A nucleus cut by the image's edge is found at the centre of its visible part, with that
+    part's area: on a lone cell crop these are its neighbours' nuclei, cut off (on CRIC's
+    100 px Pap crops about a quarter of the detections lie within 3 px of the edge: hostile
+    round 20, case 16). To count or measure whole nuclei, read the image with a margin and keep
+    the centres inside it (:func:`detect_in_region`, as ``cyto score`` reads a slide's tiles),
+    or leave out the centres nearer the edge than a nucleus's radius.
     """
     from cyto.detect.params import check_tile
 
