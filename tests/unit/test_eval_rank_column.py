@@ -57,3 +57,48 @@ def test_cli_reads_rank_the_right_way_round_and_says_so(tmp_path):
     assert json.loads(js.stdout)[0]["auroc"] == pytest.approx(
         json.loads(run_cyto("eval", "scores", str(path), "--k", "10", "--json").stdout)[0]["auroc"]
     )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_table_that_lost_its_ranking_s_record_is_judged_by_the_column_its_rank_follows(
+    tmp_path, seed
+):
+    """Hostile round 25 (21): a predict table saved as CSV (or Parquet without its metadata)
+    lost ``cyto.rank_by``, and ``--score-column auto`` judged the model's ``score`` (AUROC
+    0.539) where cyto had ranked by ``morphometry_score`` (0.796), without a word. The column
+    cyto's ``rank`` follows is judged, and said; a rank that follows none is judged itself."""
+    import pyarrow.csv as pcsv
+
+    rng = np.random.default_rng(seed)
+    n = 120
+    labels = (rng.random(n) < 0.2).astype(np.int64)
+    cols = {
+        "score": rng.normal(0, 1, n),
+        "morphometry_score": np.maximum(rng.normal(0, 1, n) + 1.5 * labels, 0.0),  # ties at 0
+        "fused_score": rng.random(n),
+    }
+    followed = ["score", "morphometry_score", "fused_score", None][seed % 4]
+    if followed is None:  # a rank of its own (a user's, an edited table)
+        rank = rng.permutation(n) + 1
+    else:  # cyto's: ties broken by the model's score
+        rank = np.lexsort((-cols["score"], -cols[followed])).argsort() + 1
+    table = pa.table({**cols, "rank": rank.astype(np.int64), "label": labels})
+    csv, bare = tmp_path / "t.csv", tmp_path / "t.parquet"
+    pcsv.write_csv(table, csv)
+    pq.write_table(table, bare)
+    expected = evaluate_table(bare, [10], followed or "rank", echo=lambda m: None)
+    for path in (csv, bare):
+        said = []
+        got = evaluate_table(path, [10], echo=said.append)
+        assert got[0]["auroc"] == pytest.approx(expected[0]["auroc"]), (path, followed)
+        line = next(m for m in said if "records no ranking" in m)
+        if followed is None:
+            assert "its rank follows no score column: judged by rank" in line, line
+        else:
+            assert f"judged by {followed!r}, the column its rank follows" in line, line
+    # a table that records its ranking is judged by it, without a word about it
+    meta = {b"cyto.rank_by": b"model"}
+    pq.write_table(table.replace_schema_metadata(meta), tmp_path / "m.parquet")
+    said = []
+    evaluate_table(tmp_path / "m.parquet", [10], echo=said.append)
+    assert not any("records no ranking" in m for m in said)

@@ -94,8 +94,8 @@ def eval_scores_cmd(
         str,
         typer.Option(
             help="Column with scores (higher = abnormal; cyto's rank, 1 = most abnormal, is read "
-            "as such); auto: what cyto's rank follows (fused_score where the model was ranked "
-            "with the nucleus size, else score)."
+            "as such); auto: what cyto's rank follows (the ranking the table records; a CSV copy, "
+            "which loses that record, by the column its rank follows, said)."
         ),
     ] = "auto",
     label_column: Annotated[str, typer.Option(help="Column with 0/1 labels (1 = abnormal).")] = (
