@@ -78,17 +78,29 @@ def test_every_crop_is_used_once_before_any_twice(tmp_path):
     # said: 34 planted cells that were 7 crops, each ~5 times, went without a word (round 18)
     assert said == [
         "note: 50 normal cells from 20 crop(s) of normal: each crop is used up to 3 times, so "
-        "the slide holds copies of one cell (the recall counts them each); give more crops, a "
-        "smaller slide or a lower --abnormal-fraction"
+        "the slide holds copies of one cell (the recall counts them each); give more crops of "
+        "the normal class, a smaller slide or fewer --n-cells"
     ]
     config = dataclasses.replace(config, abnormal_fraction=0.2, n_cells=20)
     said.clear()
     place_cells(config, said.append)
     assert said == [
         "note: 4 planted abnormal cells from 3 crop(s) of big: each crop is used up to 2 times, "
-        "so the slide holds copies of one cell (the recall counts them each); give more crops, "
-        "a smaller slide or a lower --abnormal-fraction"
+        "so the slide holds copies of one cell (the recall counts them each); give more crops "
+        "of those classes or a lower --abnormal-fraction"
     ]
+    # a witness rate asked of too few cells plants none: said as it is placed, not left to
+    # cyto score --truth ("holds no abnormal cell"; hostile round 25, 22)
+    for n_cells, fraction in ((20, 0.01), (49, 0.01), (90, 0.001)):
+        config = dataclasses.replace(config, abnormal_fraction=fraction, n_cells=n_cells)
+        said.clear()
+        _, _, n_abn = place_cells(config, said.append)
+        assert n_abn == 0 and said[-1].startswith(
+            f"warning: --abnormal-fraction {fraction:g} of {n_cells} cells plants none ("
+        ), said
+    config = dataclasses.replace(config, abnormal_fraction=0.05, n_cells=20)
+    said.clear()
+    assert place_cells(config, said.append)[2] == 1 and said == []
 
 
 @pytest.mark.parametrize(

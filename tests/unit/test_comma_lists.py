@@ -109,7 +109,12 @@ def test_score_refuses_a_planes_list_of_nothing(tmp_path, exported_dsvdd, planes
     ("kind", "args", "said"),
     [
         ("slide", ("--scale", "0"), "--scale must be > 0, got 0.0"),
-        ("slide", ("--mpp", "-1"), "--mpp must be > 0, got -1.0"),
+        (
+            "slide",
+            ("--mpp", "-1"),
+            "--mpp must be between 0.01 and 10 (um per pixel: about 0.25 at a 40x objective, "
+            "0.5 at 20x), got -1.0",
+        ),
         ("patches", ("--scale", "0"), "--scale must be > 0, got 0.0"),
         ("slide", ("--planes", "0,,1"), "--planes has an empty item in '0,,1'"),
         ("slide", ("--planes", "0,1,1"), "--planes lists 1 twice"),

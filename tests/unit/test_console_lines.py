@@ -74,8 +74,8 @@ def test_a_bad_score_option_is_named_as_the_flag_the_user_typed():
     cases = {
         "top_k": (0, "--top-k must be >= 1, got 0"),
         "mosaic": (-1, "--mosaic must be >= 0"),
-        "slide_mpp": (0.0, "--mpp must be in um per pixel"),
-        "model_mpp": (500.0, "--model-mpp must be in um per pixel"),
+        "slide_mpp": (0.0, "--mpp must be between 0.01 and 10 (um per pixel"),
+        "model_mpp": (500.0, "--model-mpp must be between 0.01 and 10 (um per pixel"),
         "fdr_alpha": (2.0, "--fdr must be between 0 and 1, got 2.0"),
         "triage_level": (0.0, "--triage-level must be between 0 and 1"),
         "patch_size": (8, "--patch-size must be between 16 and 1024 (px), got 8"),

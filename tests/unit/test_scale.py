@@ -74,7 +74,7 @@ def test_zoom_options_fail_in_one_clear_line():
         (("auto", None, None, None), "records no nucleus size"),
         (("big", None, None, None), "takes a factor"),
         (("9", None, None, None), "outside 0.25..4"),
-        ((None, -1.0, 0.25, None), "must be > 0"),
+        ((None, -1.0, 0.25, None), "must be between 0.01 and 10 \\(um per pixel"),
     ]
     for args, match in bad:
         with pytest.raises(ConfigError, match=match):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from cyto.errors import ConfigError
-from cyto.flags import FACTOR, UM_PER_PX, passing, said, setting
+from cyto.flags import FACTOR, UM_PER_PX, check_mpp, passing, said, setting
 
 #: a pixel is nucleus when its optical density (summed over R, G, B) exceeds this share of the
 #: patch's own high percentile: stain intensity varies between labs, the nucleus is the darkest
@@ -336,8 +336,7 @@ def resolve_zoom(
     if zoom is not None and patch_mpp is not None:
         raise ConfigError(f"give {said('zoom')} or {said('patch_mpp')}, not both")
     if patch_mpp is not None:
-        if not patch_mpp > 0:
-            raise ConfigError(f"{said('patch_mpp')} must be > 0 um per pixel, got {patch_mpp}")
+        check_mpp("patch_mpp", patch_mpp)
         if model_mpp is None:
             raise ConfigError(
                 f"{said('patch_mpp')}: the model records no training resolution (train it with "

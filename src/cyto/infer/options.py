@@ -12,7 +12,7 @@ from cyto.bundle import PRECISIONS
 from cyto.data.morphometry import RANK_BY, RANK_BY_ALIASES
 from cyto.detect import NucleusParams
 from cyto.errors import ConfigError
-from cyto.flags import Local, Range, check_value, comma_list, hints_of, said
+from cyto.flags import Local, Range, check_mpp, check_value, comma_list, hints_of, said
 from cyto.runtime.backends import CHOICES
 from cyto.stats.calibrate import BURDEN_CELLS, FDR_ALPHA, TRIAGE_LEVEL
 
@@ -152,11 +152,7 @@ class ScoreOptions:
                 f"{self.burden_cells!r}"
             )
         for name in ("slide_mpp", "model_mpp"):
-            value = getattr(self, name)
-            if value is not None and not 0.01 <= value <= 100:
-                raise ConfigError(
-                    f"{said(name)} must be in um per pixel (0.01 to 100), got {value}"
-                )
+            check_mpp(name, getattr(self, name))
 
     def adequacy_rule(self):
         """The :class:`~cyto.stats.adequacy.AdequacyRule` ``--adequacy`` names (None: none)."""

@@ -17,7 +17,7 @@ from types import UnionType
 from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 from cyto.errors import ConfigError
-from cyto.flags import SEED_RANGE, Range, check_seed, said, setting
+from cyto.flags import MPP_RANGE, SEED_RANGE, Range, check_seed, said, setting
 from cyto.models.backbones import BACKBONES
 
 if sys.version_info >= (3, 11):
@@ -63,7 +63,7 @@ class TrainConfig:
         # a patch side above 1024 px only reaches the allocator (100000 asked cv2 for 30 GB)
         "input_size": Range(16, 1024, "px: the side the model sees"),
         "load_size": Range(16, 1024, "px, or none: the patches' own size"),
-        "mpp": Range(0, open_lo=True, note="um per pixel"),
+        "mpp": MPP_RANGE,
         "epochs": Range(1),
         "batch_size": Range(1),
         "lr": Range(0, open_lo=True),

@@ -30,7 +30,7 @@ import numpy as np
 
 from cyto.data.synth.slide import BLOCK, SlideResult
 from cyto.errors import ConfigError, DatasetError
-from cyto.flags import JpegQuality, check_seed, check_value
+from cyto.flags import JpegQuality, check_mpp, check_seed, check_value
 
 #: the share of a crop's side over which its border fades into the glass
 FEATHER = 0.1
@@ -76,8 +76,7 @@ class CellSlideConfig:
             raise ConfigError(
                 f"--abnormal-fraction must be in [0, 1], got {self.abnormal_fraction}"
             )
-        if not self.mpp > 0:
-            raise ConfigError(f"--mpp must be > 0 um per pixel, got {self.mpp}")
+        check_mpp("mpp", self.mpp)
         if self.n_cells is not None and self.n_cells < 1:
             raise ConfigError(f"--n-cells must be >= 1, got {self.n_cells}")
         if not 1.0 <= self.spacing <= 4.0:
@@ -241,10 +240,18 @@ def place_cells(config: CellSlideConfig, echo=None):
         *(abnormals[i] for i in _draw(rng, len(abnormals), n_abn)),
     ]
     if echo is not None:
-        for words in _reused(n - n_abn, len(normals), "normal", normal_t) + _reused(
-            n_abn, len(abnormals), "planted abnormal", abnormal_t
+        normal_fix = "give more crops of the normal class, a smaller slide or fewer --n-cells"
+        abnormal_fix = "give more crops of those classes or a lower --abnormal-fraction"
+        for words in _reused(n - n_abn, len(normals), "normal", normal_t, normal_fix) + _reused(
+            n_abn, len(abnormals), "planted abnormal", abnormal_t, abnormal_fix
         ):
             echo(words)
+        if n_abn == 0 and config.abnormal_fraction > 0:  # a witness rate asked, none planted
+            echo(
+                f"warning: --abnormal-fraction {config.abnormal_fraction:g} of {n} cells "
+                f"plants none ({n * config.abnormal_fraction:.2g} rounds to 0): give a larger "
+                "slide, more --n-cells or a higher --abnormal-fraction"
+            )
     order = rng.permutation(n)  # planted cells anywhere on the grid
     chosen = [chosen[i] for i in order]
     label = np.array([0 if r.cls in normal_t else 1 for r in chosen], dtype=np.int8)
@@ -269,16 +276,18 @@ def place_cells(config: CellSlideConfig, echo=None):
     return place, truth, n_abn
 
 
-def _reused(k: int, pool: int, what: str, classes) -> list[str]:
+def _reused(k: int, pool: int, what: str, classes, fix: str) -> list[str]:
     """A note when ``k`` places take crops from a pool of ``pool``: each crop is used more than
     once, so the slide holds copies of one cell (a recall then counts copies: 34 planted ASC-H
-    cells were 7 crops, said nowhere)."""
+    cells were 7 crops, said nowhere), and ``fix``: what lowers it for that pool (a lower
+    --abnormal-fraction was advised for the normal crops too, which it only draws more of:
+    hostile round 25)."""
     if k <= pool:
         return []
     return [
         f"note: {k} {what} cells from {pool} crop(s) of {', '.join(classes)}: each crop is used "
         f"up to {-(-k // pool)} times, so the slide holds copies of one cell (the recall counts "
-        "them each); give more crops, a smaller slide or a lower --abnormal-fraction"
+        f"them each); {fix}"
     ]
 
 

@@ -59,7 +59,7 @@ from cyto.data.synth.tiffio import (
     assemble,
 )
 from cyto.errors import ConfigError, InputPathError
-from cyto.flags import JpegQuality, Positive, check_seed, check_value
+from cyto.flags import JpegQuality, Positive, check_mpp, check_seed, check_value
 from cyto.outputs_check import refuse_to_replace
 from cyto.progress import progress
 from cyto.tables import json_text
@@ -130,9 +130,10 @@ class SlideSynthConfig:
                 f"abnormal classes must be among {', '.join(ABNORMAL_CLASSES)}, "
                 f"got {', '.join(self.abnormal_classes) or 'none'}"
             )
-        for name in ("scale", "mpp", "objective"):  # each named by its own flag, with its value
+        for name in ("scale", "objective"):  # each named by its own flag, with its value
             if getattr(self, name) is not None:
                 check_value(name, getattr(self, name), Positive)
+        check_mpp("mpp", self.mpp)
         if not 0.02 <= self.smear_extent <= 0.5:
             raise ConfigError(f"--smear-extent must be in [0.02, 0.5], got {self.smear_extent}")
         if not abs(self.defocus) <= 20.0:
