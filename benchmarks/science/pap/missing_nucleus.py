@@ -13,9 +13,9 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+import pap_ranking as pr
 from sklearn.metrics import roc_auc_score
 
-import pap_ranking as pr
 from cyto.data.dataset import PatchDataset
 from cyto.data.morphometry import Morphometric
 from cyto.detect.morphometry import measure_stain
