@@ -166,3 +166,57 @@ def test_a_calibrated_slide_maps_the_cells_above_the_burdens_threshold(seed):
     np.testing.assert_allclose(every.values, _reference(x, y, score, 400, 200, 100.0, hit)[0])
     for b in (None, {"status": "calibration mismatch"}):
         assert map_of_table(table, 400, 200, 1.0, 100.0, burden=b).kind == "fraction_flagged"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_map_shows_what_the_cells_are_ranked_by(seed):
+    """Hostile round 25 (7): a Pap slide ranked by its morphometric score drew its map from the
+    model's score (near chance there): QuPath's hot spots and its top-K cells disagreed, and
+    nothing said why. Without a burden or flags, the map is the maximum of what ranks the
+    cells (the summary's ``rank_by``): the morphometric or the fused score, or the model's."""
+    rng = np.random.default_rng(seed)
+    n = 400
+    x, y = rng.uniform(0, 1000, n), rng.uniform(0, 1000, n)
+    cols = {
+        "score": rng.uniform(0, 1, n),
+        "morphometry_score": rng.uniform(0, 1, n),
+        "fused_score": rng.uniform(0, 1, n),
+    }
+    hot = {c: int(rng.integers(n)) for c in cols}  # each column's own hottest cell
+    for c, i in hot.items():
+        cols[c][i] = 5.0
+    table = pa.table({"x": x, "y": y, **cols})
+    for rank_by, column in (
+        ("model", "score"),
+        ("morphometry", "morphometry_score"),
+        ("model+morphometry", "fused_score"),
+        (None, "fused_score"),  # a table that records none: fused where there is one
+    ):
+        m = map_of_table(table, 1000, 1000, 0.25, 50.0, rank_by=rank_by)
+        ref, _ = _reference(x, y, cols[column], 1000, 1000, 200.0)
+        np.testing.assert_allclose(m.values, ref, rtol=1e-6)
+    # the burden's threshold is on the model's score, as calibration holds it
+    burden = {"status": "ok", "threshold": 0.5}
+    m = map_of_table(table, 1000, 1000, 0.25, 50.0, burden=burden, rank_by="morphometry")
+    ref, _ = _reference(x, y, cols["score"], 1000, 1000, 200.0, hit=cols["score"] > 0.5)
+    np.testing.assert_allclose(m.values, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_slide_scores_are_each_of_one_kind_whatever_ranks_the_cells(seed):
+    """Hostile round 25 (7): ``slide_score_mean_top_k`` was the model's score of the cells the
+    morphometric score ranked first: neither the model's slide score nor a morphometric one.
+    Each is the mean of one score over its own top K; NaN (an unmeasured cell) is no score."""
+    from cyto.infer.finish import slide_scores
+
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(5, 300)), int(rng.integers(1, 400))
+    score = rng.normal(0, 1, n)
+    morph = np.maximum(rng.normal(0, 1, n), 0)
+    morph[rng.random(n) < 0.1] = np.nan
+    got = slide_scores(pa.table({"score": score, "morphometry_score": morph}), score, k)
+    assert got["slide_score_mean_top_k"] == pytest.approx(np.sort(score)[::-1][:k].mean())
+    finite = np.sort(morph[np.isfinite(morph)])[::-1]
+    assert got["slide_morphometry_mean_top_k"] == pytest.approx(finite[:k].mean())
+    assert "slide_morphometry_mean_top_k" not in slide_scores(pa.table({"score": score}), score, k)
+    assert slide_scores(pa.table({"score": score}), score, 0)["slide_score_mean_top_k"] is None

@@ -215,6 +215,30 @@ def few_cells_words(n_cells: int, n_tiles: int, slide_mpp, opts) -> str | None:
     )
 
 
+def slide_scores(table, scores: np.ndarray, k: int) -> dict:
+    """The slide's scores for a cohort: ``slide_score_mean_top_k``, the mean of the model's
+    score over its own top ``k`` cells, and, where the table holds a morphometric score,
+    ``slide_morphometry_mean_top_k``, the mean of that over its own top ``k``: each a score of
+    one kind, comparable across slides whatever ranked the cells (the model's scores of the
+    cells the morphometric score ranked first were neither: hostile round 25)."""
+    out: dict = {"slide_score_mean_top_k": _mean_top(scores, k)}
+    if "morphometry_score" in table.column_names:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        column = table["morphometry_score"].cast(pa.float64())
+        morph = pc.fill_null(column, float("nan")).to_numpy(zero_copy_only=False)
+        out["slide_morphometry_mean_top_k"] = _mean_top(morph, k)
+    return out
+
+
+def _mean_top(values: np.ndarray, k: int) -> float | None:
+    """The mean of the ``k`` highest finite ``values`` (None where there are none)."""
+    values = values[np.isfinite(values)]
+    k = min(k, len(values))
+    return float(np.sort(values)[-k:].mean()) if k else None
+
+
 def rank_by(scorer: Scorer, opts) -> str:
     """``opts.rank_by`` resolved for ``scorer``'s bundle (``model``, ``morphometry`` or
     ``model+morphometry``), or the one-line error: called before a slide is scored, so a bad
@@ -292,6 +316,7 @@ def _finish(table, run: _Run) -> dict:
         assumed_mpp=opts.detection.mpp,
         window_um=opts.map_um,
         burden=burden,
+        rank_by=how,
     )
     if n_cells == 0:
         run.echo(f"warning: no cells found in {run.slide}; wrote an empty score table")
@@ -315,7 +340,7 @@ def _finish(table, run: _Run) -> dict:
         "rank_by": how,
         # auto's choice resting on too few held-back abnormal cells: recorded where it ranked
         "rank_by_caution": check_rank_by(run.scorer, opts.rank_by),
-        "slide_score_mean_top_k": float(scores[order[:k]].mean()) if k else None,
+        **slide_scores(table, scores, k),
         "burden": burden,
         "resolution": run.res.as_json(),
     }
@@ -447,6 +472,7 @@ def rewrite_qupath(out_dir: Path, summary: dict, opts: ScoreOptions, slide: Path
         assumed_mpp=opts.detection.mpp,
         window_um=opts.map_um,
         burden=summary.get("burden"),
+        rank_by=summary.get("rank_by"),
     )
     files = set(QUPATH_FILES.values())
     outputs = {n: s for n, s in (summary.get("outputs") or {}).items() if n not in files}

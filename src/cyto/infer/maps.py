@@ -170,6 +170,7 @@ def map_of_table(
     mpp: float,
     window_um: float = WINDOW_UM,
     burden: dict | None = None,
+    rank_by: str | None = None,
 ) -> AbnormalityMap:
     """:func:`abnormality_grid` of a score table (pyarrow).
 
@@ -177,8 +178,13 @@ def map_of_table(
     above its ``threshold``, over its evaluable cells when it counted those
     (``counted == "evaluable"``, the table's ``evaluable`` column). Without one, a table that
     holds FDR flags (``flagged_bh``) gives the fraction flagged, and any other the maximum
-    score."""
+    of what the cells are ranked by (``rank_by``, the summary's: the morphometric or fused
+    score where the model's is not what ranks; the map followed the model's score while the
+    cells were ranked by their morphometry: hostile round 25). The burden's threshold and the
+    flags are of the model's score, which calibration holds."""
     import pyarrow.compute as pc
+
+    from cyto.data.morphometry import ranked_column
 
     names = set(table.column_names)
     xy = (table["x"].to_numpy(), table["y"].to_numpy(), table["score"].to_numpy())
@@ -201,4 +207,7 @@ def map_of_table(
         column = table[flag]
         if column.null_count < len(column):  # all null: the flags were withheld
             flagged = pc.fill_null(column, False).to_numpy(zero_copy_only=False)
+    if flagged is None:
+        ranked = table[ranked_column(table.column_names, rank_by)]
+        xy = (*xy[:2], pc.fill_null(ranked, float("nan")).to_numpy(zero_copy_only=False))
     return abnormality_grid(*xy, width, height, mpp, window_um, flagged=flagged)

@@ -321,6 +321,7 @@ def write_qupath(
     assumed_mpp: float,
     window_um: float,
     burden: dict | None = None,
+    rank_by: str | None = None,
 ) -> dict[str, dict]:
     """Write the QuPath outputs ``which`` names (``cells``, ``map``; :data:`QUPATH_FILES`) of a
     ranked score ``table`` (pyarrow) into ``out_dir``, and remove those it does not name (another
@@ -352,7 +353,9 @@ def write_qupath(
             width, height = reader.info.width, reader.info.height
         finally:
             reader.close()
-        m = map_of_table(table, width, height, mpp or assumed_mpp, window_um, burden=burden)
+        m = map_of_table(
+            table, width, height, mpp or assumed_mpp, window_um, burden=burden, rank_by=rank_by
+        )
         path = out_dir / MAP_TIFF
         scale = write_map_tiff(m, path)
         scale["slide_mpp_assumed"] = mpp is None

@@ -374,14 +374,14 @@ class ViewSlide:
         # the windows of the run's own map (cyto score --map-um), else the default
         key, opts = self.summary.get("output_key") or {}, self.summary.get("options") or {}
         window = float(key.get("map_um") or opts.get("map_um") or WINDOW_UM)
-        burden = self.summary.get("burden")
+        burden, rank_by = self.summary.get("burden"), self.summary.get("rank_by")
         if self.mpp:
             return map_of_table(
-                self.table, self.width, self.height, float(self.mpp), window, burden=burden
+                self.table, self.width, self.height, float(self.mpp), window, burden, rank_by
             )
         # no resolution: windows of a fixed pixel size (said on the page)
         return map_of_table(
-            self.table, self.width, self.height, 1.0, float(WINDOW_PX_NO_MPP), burden=burden
+            self.table, self.width, self.height, 1.0, float(WINDOW_PX_NO_MPP), burden, rank_by
         )
 
     def warm(self) -> None:
