@@ -139,10 +139,6 @@ def predict(
     if size is None and not zooming and not one_size(records):
         size = scorer.spec.input_size  # a model of native-size patches, given several sizes
     load = None if zooming else size  # a zoom cuts the native image, then resizes
-    if not zooming:  # crops of another field than the model's, resized as if of its field
-        other = side_words(common_side(sides), scorer.spec.patch_px, scorer.spec.mpp)
-        if other is not None:
-            warn_caller(other, ScaleWarning)
     key = {
         "model": f"{scorer.bundle.manifest_hash} {scorer.backend.name} {scorer.precision}",
         "data": _records_key(records),
@@ -170,6 +166,13 @@ def predict(
             )  # fmt: skip
         else:
             factor, how = 1.0, "none"
+        # crops of another field than the model's, resized as if of its field: no zoom, or
+        # --zoom auto kept at 1 (it compares the nuclei's share of a crop, which resizing
+        # keeps: the line went unsaid under auto; hostile round 25, 12)
+        if patch_mpp is None and (zoom is None or (zoom == "auto" and factor == 1.0)):
+            other = side_words(common_side(sides), scorer.spec.patch_px, scorer.spec.mpp)
+            if other is not None:
+                warn_caller(other, ScaleWarning)
         job = _Job(scorer, load, factor if zooming else None, batch_size, chunk, patch_mpp, side)
         try:
             job.run(records, store, done, skip_unreadable, Path(data).name)

@@ -172,3 +172,40 @@ def test_crops_of_the_training_crops_side_are_not_told_another_scale(exported_ds
             scorer.score(own)
         with pytest.warns(ScaleWarning, match=r"patches of 50 px .* give 96 px crops"):
             scorer.score(np.stack([_cell(50, 0.25, 2.2)] * 4))
+
+
+def test_zoom_auto_kept_at_1_still_says_crops_of_another_field(exported_dsvdd, tmp_path):
+    """Hostile round 25 (12): crops of 363 px for a model of 100 px were told "these crops are
+    363 px a side ... pass --patch-mpp" without a zoom, and nothing with ``--zoom auto``, which
+    compares the nuclei's share of each crop (what resizing keeps): kept at 1, the crops were
+    resized as if of the model's field all the same. The line is said under auto too."""
+    import cyto
+    from cyto.detect.morphometry import scale_shares
+    from cyto.runtime import load_scorer
+
+    spec = load_scorer(exported_dsvdd, "onnx", "cpu", verify=False).spec
+    wide = _folder(tmp_path / "wide", 192, 0.25, {"normal": list(np.linspace(4.0, 5.2, 16))})
+    normals = np.stack([_cell(192, 0.25, r) for r in np.linspace(4.0, 5.2, 16)])
+    from cyto.data.images import resize_rgb
+
+    reference = float(
+        np.median(scale_shares(np.stack([resize_rgb(c, spec.crop_size) for c in normals]), "mgg"))
+    )
+    model = _model(exported_dsvdd, tmp_path, nucleus_fraction=reference)
+    from cyto.errors import ScaleWarning
+
+    for zoom in (None, "auto"):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            summary = cyto.predict(
+                model, wide, tmp_path / f"{zoom}.parquet", normal="normal", zoom=zoom, echo=None
+            )
+        lines = [
+            str(w.message)
+            for w in got
+            if issubclass(w.category, ScaleWarning) and "training crops" in str(w.message)
+        ]
+        assert len(lines) == 1 and lines[0].startswith(
+            "these crops are 192 px a side, the model's training crops 96 px"
+        ), (zoom, lines)
+    assert summary["zoom"] == 1.0, summary["zoom_from"]
