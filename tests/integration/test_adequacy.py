@@ -77,6 +77,10 @@ def test_a_normal_slide_is_satisfactory_with_every_measure_and_a_quality_column(
     assert a["out_of_focus_share"] < 0.05 and a["crowded_area_share"] == 0.0
     assert a["glass_or_skipped_share"] == 0.0 and a["cell_scale"]["off_scale"] is False
     assert a["focus_reference"]["cells"] >= 8  # the golden cells' spread
+    # the stain check reads every cell of the first tiles up to 128 a tile: 32 a tile read 32
+    # cells of a Pap slide, so it held an H&E section (19.8 degrees) to the few cells' 20
+    # (hostile round 25, 14)
+    assert summary["cell_stain"]["cells"] >= 100, summary["cell_stain"]
     quality = table["quality"].to_pylist()
     assert set(quality) <= {
         ",".join(c)
