@@ -109,6 +109,14 @@ def test_cyto_train_prints_and_records_a_failed_check(tmp_path, synth_patches, m
     info = CliRunner().invoke(app, ["info", str(out)])
     assert "bag check FAILED" in info.output
     assert "training resolution: 0.12 um/px" in info.output
+    # the training shares each scale check compares with, named (cyto info showed the
+    # morphometric mean alone, and the warnings two other numbers: hostile round 25, 13)
+    td = json.loads((out / "manifest.json").read_text())["training_data"]
+    slide, folder = td["centre_nucleus_fraction"], td["nucleus_fraction"]
+    assert (
+        f"scale checks: a slide's cells against a median nucleus share of {slide:.3f} (cyto "
+        f"score: the centre nucleus), a folder's against {folder:.3f} (cyto predict"
+    ) in info.output, info.output
 
 
 def test_a_bag_auroc_just_under_half_is_weak_not_failed():

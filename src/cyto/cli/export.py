@@ -17,6 +17,11 @@ def _cells(field: str) -> LocalPath:
     return LocalPath(field, "cells: a folder of class folders or a manifest: copy it here first")
 
 
+def _share(value) -> str:
+    """A recorded nucleus share as the scale warnings print it (``none``: not recorded)."""
+    return "none" if value is None else f"{value:.3f}"
+
+
 @app.command("info")
 def info_cmd(
     model: Annotated[
@@ -81,6 +86,19 @@ def info_cmd(
         else "  training resolution: not recorded (trained without --set mpp); cyto score cannot "
         "check a slide's scale unless given --model-mpp"
     )
+    if td.get("centre_nucleus_fraction") or td.get("nucleus_fraction"):
+        # what each scale warning says its cells' share is "against" (hostile round 25, 13)
+        typer.echo(
+            "  scale checks: a slide's cells against a median nucleus share of "
+            f"{_share(td.get('centre_nucleus_fraction'))} (cyto score: the centre nucleus), a "
+            f"folder's against {_share(td.get('nucleus_fraction'))} (cyto predict: "
+            + (
+                "every nucleus of a crop"
+                if cfg.get("stain", "mgg") == "mgg"
+                else "the centre nucleus"
+            )
+            + ", at the model's crop size, as --zoom auto measures it)"
+        )
     from cyto.data.morphometry import (
         Morphometric,
         choose_ranking,
