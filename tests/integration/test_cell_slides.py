@@ -210,11 +210,12 @@ def test_a_pap_slide_of_real_cells_is_ranked_end_to_end(tmp_path, cric):
 
 def test_crops_of_other_sides_are_said_padded_or_cut_by_count(tmp_path):
     """Round 19 (case 16): "170 of 177 crops are not 94 px a side: padded ... or cut" left out
-    how many lost their edges; padded and cut are counted apart."""
+    how many lost their edges; padded and cut are counted apart (crops of sizes within one
+    field of view, :data:`cyto.data.dataset.SIZE_SPREAD`: farther apart they are refused)."""
     from PIL import Image
 
     cells = _crops(tmp_path / "crops", {"normal": 6, "big": 2})
-    for i, side in enumerate((30, 90, 100)):
+    for i, side in enumerate((60, 62, 66)):
         Image.new("RGB", (side, side), (200, 190, 210)).save(cells / "normal" / f"odd{i}.png")
     config = CellSlideConfig(
         cells=cells, normal=("normal",), mpp=0.25, abnormal_fraction=0.0, width=512, height=512,
@@ -224,7 +225,7 @@ def test_crops_of_other_sides_are_said_padded_or_cut_by_count(tmp_path):
     place_cells(config, said.append)
     side = Image.open(next((cells / "big").iterdir())).size[0]
     (line,) = [s for s in said if "px a side" in s]
-    cut = sum(s > side for s in (30, 90, 100))
+    cut = sum(s > side for s in (60, 62, 66))
     assert line == (
         f"note: 3 of 11 crops are not {side} px a side, never resampled: {3 - cut} padded with "
         f"their edge colour, {cut} cut about their centre (a cell wider than the field loses "
@@ -247,3 +248,23 @@ def test_an_unreadable_crop_is_one_line_that_advises_only_what_synth_slide_has(t
     assert f"cannot read image {crops / 'normal' / 'blank.png'}: 0 of its pixels" in line, line
     assert line.endswith("(fix or remove the file)") and "--skip-unreadable" not in line, line
     assert not (tmp_path / "s.tif").exists()
+
+
+def test_crops_of_sizes_apart_are_refused_as_train_and_predict_refuse_them(tmp_path):
+    """Hostile round 25 (24): `cyto train` and `cyto predict` refused a folder of 100 px and
+    363 px crops in one line, and `cyto synth slide --cells` cut the 363 px blood cells to
+    100 px Pap "NILM" crops with a note. One rule for every reader of a crop folder; crops
+    of one size beside a few cut at their image's edge are composed as before."""
+    crops = _crops(tmp_path / "crops", {"normal": 6})
+    _crops(tmp_path / "big", {"normal": 3}, size=160)
+    for i, f in enumerate(sorted((tmp_path / "big" / "normal").iterdir())):
+        f.rename(crops / "normal" / f"wide{i}.png")
+    out = tmp_path / "s.tif"
+    proc = run_cyto(
+        "synth", "slide", str(out), "--cells", str(crops), "--normal", "normal", "--mpp",
+        "0.25", "--width", "1024", "--height", "1024", "--abnormal-fraction", "0",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert "holds cell crops of 2 sizes" in line and "cyto data field" in line, line
+    assert not out.exists()

@@ -14,15 +14,16 @@ other fields, cut at the crop's edge, and the glass between crops is plain. Seve
 class often come from one image (CRIC): neighbouring crops of a slide share their colours only by
 chance.
 
-Crops of another size than the folder's most common one are padded (smaller, or not square) with
-their own edge colour or cut about their centre (larger), never resampled: all of a slide's pixels
-are of one size, ``mpp``, which the crops do not state and the caller gives.
+Crops of sizes apart (more than :data:`cyto.data.dataset.SIZE_SPREAD`) are refused, as every
+reader of a crop folder refuses them; a crop of another size within it than the folder's most
+common one is padded (smaller, or not square) with its own edge colour or cut about its centre
+(larger), never resampled: all of a slide's pixels are of one size, ``mpp``, which the crops do
+not state and the caller gives.
 """
 
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,22 +109,6 @@ class CellPlacement:
     glass: tuple[int, int, int]
 
 
-def crop_side(records) -> tuple[int, Counter]:
-    """The folder's most common crop side (the longer side of each crop), from the headers."""
-    from PIL import Image
-
-    sides: Counter = Counter()
-    for r in records:
-        try:
-            with Image.open(r.path) as im:
-                sides[max(im.size)] += 1
-        except Exception:  # noqa: BLE001 - an unreadable crop fails by name when it is read
-            continue
-    if not sides:
-        raise DatasetError("no readable crop among the chosen classes")
-    return sides.most_common(1)[0][0], sides
-
-
 def _fit(img: np.ndarray, side: int) -> np.ndarray:
     """``img`` as a ``side`` square without resampling: squared, then padded with its edge
     colour or its centre cut (:func:`cyto.data.images.field_rgb`, the rule of every crop)."""
@@ -192,7 +177,7 @@ def place_cells(config: CellSlideConfig, echo=None):
     """(placement, truth table, abnormal count) of a composed slide (see the module)."""
     import pyarrow as pa
 
-    from cyto.data.dataset import load_records, resolve_classes
+    from cyto.data.dataset import load_records, refuse_mixed_sizes, resolve_classes
 
     records = load_records(Path(config.cells))
     normal_t, abnormal_t = resolve_classes(
@@ -204,7 +189,12 @@ def place_cells(config: CellSlideConfig, echo=None):
         raise DatasetError(
             f"no crop of the normal class(es) {', '.join(normal_t)} in {config.cells}"
         )
-    side, sides = crop_side(normals + abnormals)
+    # crops of sizes apart are no one field of view: refused as every reader of a crop folder
+    # refuses them (363 px blood cells were cut into 100 px Pap "NILM" crops: round 25, 24)
+    sides = refuse_mixed_sizes(normals + abnormals, config.cells)  # the longer side of each
+    if not sides:
+        raise DatasetError("no readable crop among the chosen classes")
+    side = sides.most_common(1)[0][0]
     odd = sum(n for s, n in sides.items() if s != side)
     cut = sum(n for s, n in sides.items() if s > side)
     if odd and echo is not None:
