@@ -138,9 +138,10 @@ def evaluate_table(
     scores, labels = read_score_table(path, score_column, label_column, echo=echo)
     from cyto.eval.metrics import ties_words
 
+    rows = [all_metrics(scores, labels, kk) for kk in k]  # a table it refuses: its one line
     for said in dict.fromkeys(filter(None, (ties_words(scores, kk) for kk in k))):
         echo(said)
-    return [all_metrics(scores, labels, kk) for kk in k]
+    return rows
 
 
 def _first_words(exc: Exception) -> str:
