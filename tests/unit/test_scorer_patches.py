@@ -28,13 +28,17 @@ def test_patches_of_the_crop_size_score_without_a_word(scorer):
 
 @pytest.mark.parametrize("side", [20, 97])
 def test_patches_of_another_side_are_said_once_as_another_scale(scorer, side):
-    scorer._said_side = False
+    scorer._said_side = set()
     x = np.zeros((2, side, side, 3), np.uint8)
     with pytest.warns(ScaleWarning, match=f"patches of {side} px are resized") as said:
         scorer.score(x)
-        scorer.score(x)  # once per scorer
+        scorer.score(x)  # once per side and scorer
     assert len([w for w in said if w.category is ScaleWarning]) == 1
     assert str(scorer.spec.crop_size) in str(said[0].message)
+    # another side later is said too (once per scorer left it unsaid: hostile round 25, 31)
+    other = side + 13
+    with pytest.warns(ScaleWarning, match=f"patches of {other} px are resized"):
+        scorer.score(np.zeros((2, other, other, 3), np.uint8))
 
 
 def test_a_rectangle_and_a_bad_batch_size_are_one_line_in_python_words(scorer):
@@ -42,6 +46,8 @@ def test_a_rectangle_and_a_bad_batch_size_are_one_line_in_python_words(scorer):
     with pytest.raises(ConfigError, match="must be square crops") as err:
         scorer.score(np.zeros((2, size, size + 8, 3), np.uint8))
     assert "\n" not in str(err.value)
+    own = scorer.spec.patch_px or size  # the side the scale warning advises too
+    assert f"the model's training crops are {own} x {own} px" in str(err.value)
     with pytest.raises(ConfigError, match=r"^batch_size= must be >= 1, got 0$"):
         scorer.score(np.zeros((1, size, size, 3), np.uint8), batch_size=0)
 

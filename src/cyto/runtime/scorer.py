@@ -131,7 +131,7 @@ class Scorer:
     #: a slide's adequacy judges focus by them without reading and unpacking the file again
     golden: Golden | None = None
     #: whether patches of another side than the model's crops were said (once per scorer)
-    _said_side: bool = field(default=False, repr=False, compare=False)
+    _said_side: set = field(default_factory=set, repr=False, compare=False)
     #: whether :meth:`close` let the backend go (its methods then refuse: :data:`CLOSED`)
     _closed: bool = field(default=False, repr=False, compare=False)
 
@@ -179,23 +179,25 @@ class Scorer:
     def _check_side(self, h: int, w: int) -> None:
         """Patches are the model's crops: square (the graph resizes each to its input, so a
         rectangle would be stretched: refused), and of ``spec.crop_size`` px; another side is
-        scored at another scale (resized by crop_size / side), said once per scorer."""
+        scored at another scale (resized by crop_size / side), said once per side and scorer (once
+        per scorer left a later side unsaid: 200 px, then 64 px crops; hostile round 25)."""
+        size = self.spec.crop_size
+        # the training crops' own side (resized to crop_size as these are) is no other scale:
+        # a model trained on 100 px crops loaded at 64 warned of its own crops (round 21); each
+        # line names that side (a rectangle was told 80 px, another side 100: round 25)
+        own = getattr(self.spec, "patch_px", None) or size
         if h != w:
             raise ConfigError(
-                f"patches must be square crops (the model's are {self.spec.crop_size} x "
-                f"{self.spec.crop_size} px), got {h} x {w} px: a rectangle would be stretched"
+                f"patches must be square crops (the model's training crops are {own} x {own} "
+                f"px), got {h} x {w} px: a rectangle would be stretched"
             )
-        size = self.spec.crop_size
         if h < MIN_PATCH_SIDE:  # 1 x 1 px patches were scored, resized 96x, without a word
             raise ConfigError(
-                f"patches of {h} x {w} px hold no cell (the model's crops are {size} px; at "
-                f"least {MIN_PATCH_SIDE} px a side): give crops cut around cells"
+                f"patches of {h} x {w} px hold no cell (the model's training crops are {own} "
+                f"px; at least {MIN_PATCH_SIDE} px a side): give crops cut around cells"
             )
-        # the training crops' own side (resized to crop_size as these are) is no other scale:
-        # a model trained on 100 px crops loaded at 64 warned of its own crops (round 21)
-        own = getattr(self.spec, "patch_px", None) or size
-        if h not in (size, own) and not self._said_side:
-            self._said_side = True
+        if h not in (size, own) and h not in self._said_side:
+            self._said_side.add(h)
             warn_caller(
                 f"patches of {h} px are resized to the model's {size} px crops (x{size / h:.2f}): "
                 f"give {own} px crops cut at the scale of its training cells, or the scores are "
