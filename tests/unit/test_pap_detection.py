@@ -316,3 +316,31 @@ def test_an_image_the_detectors_cannot_read_is_refused_in_one_line(shape, dtype,
         with pytest.raises(ConfigError, match="^detect_nuclei takes") as err:
             detect_nuclei(img, params)
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["smear", "pap"])
+def test_a_detection_other_than_the_model_s_is_the_stain_line_s_cause_not_another_lab(kind):
+    """Hostile round 25 (16): ``--detection smear`` on a Pap slide of the model's own lab read
+    17.8 degrees (11.3 with the Pap detection), and the line told the user to train a model
+    on "this lab's" cells. The run's own cause is said first, as the scale check says it."""
+    from types import SimpleNamespace
+
+    from cyto.infer.pipeline import _check_stain
+
+    pap, _ = pap_tile(0, 512)
+    mgg, _ = pap_tile(2, 512, dyes=MGG_DYES)  # stained otherwise: the check is advised
+    model = estimate_images(pap)
+    scorer = SimpleNamespace(spec=SimpleNamespace(stain="pap", stain_vectors=model.as_record()))
+    plan = SimpleNamespace(slide=SimpleNamespace(name="s.tif"))
+    opts = SimpleNamespace(detection=SimpleNamespace(kind=kind))
+    said: list = []
+    crops = [mgg[i : i + 64, j : j + 64] for i in range(0, 448, 32) for j in range(0, 448, 32)]
+    check = _check_stain([np.stack(crops)], plan, scorer, opts, said.append)
+    assert check["advised"]
+    (line,) = [str(s) for s in said]
+    if kind == "smear":
+        assert "--detection smear is not the detection of the model's pap-stained" in line
+        assert "leave out --detection (auto takes pap)" in line
+        assert "this lab's normal cells" not in line, line
+    else:
+        assert "train a model on this lab's normal cells" in line and "--detection" not in line

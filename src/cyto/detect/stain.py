@@ -187,9 +187,12 @@ def stain_check(model: StainEstimate | None, cells: StainEstimate, n_cells: int)
     }
 
 
-def stain_words(check: dict, what: str) -> str | None:
+def stain_words(check: dict, what: str, cause: str | None = None) -> str | None:
     """One line for a stain check: another stain batch or lab (``advised``), or stains that
-    could not be separated; None when there is nothing to say."""
+    could not be separated; None when there is nothing to say. ``cause``: a cause of the run's
+    own to say first, and what to do about it, in place of another lab's (a ``--detection``
+    other than the model's finds other parts of the cells: a Pap slide of the model's own lab
+    was told to train on "this lab's" cells; hostile round 25)."""
     if check is None:
         return None
     if check["degrees"] is None:
@@ -202,9 +205,13 @@ def stain_words(check: dict, what: str) -> str | None:
     n = check.get("cells")
     past = ADVISE_DEGREES if n is None else advise_degrees(n)
     on = "" if n is None else f" over {n} cells"
-    return (
+    said = (
         f"{what} look stained otherwise than the model's training cells (stain vectors "
-        f"{check['degrees']:.1f} degrees apart{on}, more than {past:g}): a one-class model "
-        "can rank another lab's normal cells as the most abnormal; train a model on this lab's "
-        "normal cells (docs/how-to/another-lab.md)"
+        f"{check['degrees']:.1f} degrees apart{on}, more than {past:g})"
+    )
+    if cause is not None:
+        return f"{said}: {cause}"
+    return (
+        f"{said}: a one-class model can rank another lab's normal cells as the most abnormal; "
+        "train a model on this lab's normal cells (docs/how-to/another-lab.md)"
     )

@@ -38,7 +38,7 @@ from cyto.infer.finish import Metrics, finish_slide, rank_by
 from cyto.infer.memory import trim_malloc
 from cyto.infer.options import ScoreOptions, as_cut
 from cyto.infer.plan import SlidePlan, ThresholdAhead, TileRun, check_model_mpp
-from cyto.infer.scale import Resolution, check_scale
+from cyto.infer.scale import Resolution, check_scale, detection_cause
 from cyto.infer.store import PARTIAL, ChunkStore, kept_words
 from cyto.infer.tiling import TileFeed, broken_worker_error, start_workers
 from cyto.locks import OutputLock
@@ -206,7 +206,7 @@ def score_tiles(
                     crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo)
                     if crowd is not None:
                         out.scale = check_scale(shares, plan, scorer, opts, echo)
-                        out.stain = _check_stain(stained, plan, scorer, echo)
+                        out.stain = _check_stain(stained, plan, scorer, opts, echo)
                         store.save_checks({"crowd": crowd, "scale": out.scale, "stain": out.stain})
                 cells.add(tile, position)
                 if tile["final"] and time.perf_counter() - trimmed >= TRIM_SECONDS:
@@ -223,7 +223,7 @@ def score_tiles(
             if crowd is None:
                 crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo, last=True)
                 out.scale = check_scale(shares, plan, scorer, opts, echo)
-                out.stain = _check_stain(stained, plan, scorer, echo)
+                out.stain = _check_stain(stained, plan, scorer, opts, echo)
     except KeyboardInterrupt:
         echo(f"interrupted: {kept_words(store.dir)}")
         raise
@@ -343,7 +343,7 @@ def _refuse_finished_since(slide, out_dir: Path) -> None:
         )
 
 
-def _check_stain(stained: list[np.ndarray], plan, scorer, echo) -> dict | None:
+def _check_stain(stained: list[np.ndarray], plan, scorer, opts, echo) -> dict | None:
     """With the scale check: say when the first tiles' cells look stained otherwise than the
     model's training cells (:mod:`cyto.detect.stain`), or that their stain could not be
     estimated. None when the bundle records no training stain."""
@@ -354,7 +354,7 @@ def _check_stain(stained: list[np.ndarray], plan, scorer, echo) -> dict | None:
     if model is None or not crops:
         return None
     check = stain_check(model, estimate_images(crops), sum(len(c) for c in crops))
-    words = stain_words(check, f"the cells of {plan.slide.name}")
+    words = stain_words(check, f"the cells of {plan.slide.name}", detection_cause(scorer, opts))
     if words is not None:
         echo(WarningLine(f"warning: {words}", StainWarning))
     return check

@@ -105,6 +105,24 @@ def resolution(
     return Resolution(slide_mpp, model_mpp, objective, src, ratio, recorded_mpp)
 
 
+def detection_cause(scorer, opts) -> str | None:
+    """Where ``--detection`` is not the detection of the model's stain, what that does and what
+    to do, said before any other cause by the scale and the stain checks alike (the MGG preset
+    on Pap cells takes their cytoplasm for nucleus: hostile round 18; a Pap slide of the
+    model's own lab was told to train on "this lab's" cells: round 25); else None."""
+    from cyto.detect.params import DETECTION_OF_STAIN
+
+    stain = scorer.spec.stain
+    model_kind = DETECTION_OF_STAIN.get(stain)
+    if not model_kind or opts.detection.kind == model_kind:
+        return None
+    return (
+        f"{passing('detection', opts.detection.kind)} is not the detection of the model's "
+        f"{stain}-stained training cells ({model_kind}): it finds and measures their nuclei "
+        f"otherwise; leave out {said('detection')} (auto takes {model_kind})"
+    )
+
+
 def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | None:
     """With the crowding check: say when the first tiles' cells look more than
     :data:`~cyto.data.scale.ADVISE_ZOOM` times smaller or larger than the model's training
@@ -163,16 +181,11 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
     # a --detection other than the one of the model's stain finds and measures nuclei otherwise
     # (the MGG preset on Pap cells takes their cytoplasm for nucleus): that is said first, not
     # the slide's resolution, which its advice would then make wrong (hostile round 18)
-    stain = scorer.spec.stain
-    model_kind = DETECTION_OF_STAIN.get(stain)
-    if check["advised"] and model_kind and opts.detection.kind != model_kind:
+    differs = detection_cause(scorer, opts)
+    if check["advised"] and differs is not None:
+        model_kind = DETECTION_OF_STAIN[scorer.spec.stain]
         check["detection_differs"] = {"detection": opts.detection.kind, "model": model_kind}
-        echo(
-            f"warning: the cells of {plan.slide.name} {look_words(check)}: "
-            f"{passing('detection', opts.detection.kind)} is not the detection of the model's "
-            f"{stain}-stained training cells ({model_kind}): it finds and measures their nuclei "
-            f"otherwise; leave out {said('detection')} (auto takes {model_kind})"
-        )
+        echo(f"warning: the cells of {plan.slide.name} {look_words(check)}: {differs}")
     elif check["advised"] and cut != 1 and (cut < 1) == (check["factor"] < 1):
         check["cut_by"] = {"patch_size": opts.patch_size, "model_patch_size": own}
         echo(
