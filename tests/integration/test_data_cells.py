@@ -118,3 +118,23 @@ def test_a_slide_whose_own_ground_truth_beside_it_marks_abnormal_cells_gives_no_
         assert "from negative slides only" in line, line
     assert not (tmp_path / "ds" / "normal").exists()
     assert not (model / "calibration.npz").exists()
+
+
+def test_the_cells_pixel_size_is_said_with_how_to_train_on_it(cohort, tmp_path):
+    """Hostile round 25 (19): cells cut from slides read at a known resolution were trained on
+    with "no training resolution given ... --set mpp=UM_PER_PX", though `cyto data cells` had
+    read it. It says the crops' pixel size (their slides', cut at level 0) and the setting."""
+    import json
+
+    from cyto.review.cells import mpp_words
+
+    mpp = json.loads((cohort / "n1" / "summary.json").read_text())["resolution"]["slide_mpp"]
+    proc = run_cyto("data", "cells", str(cohort), "--out", str(tmp_path / "ds"))
+    assert proc.returncode == 0, proc.stderr
+    said = (
+        f"note: the crops are at {mpp:.4g} um/px, their slides' resolution: train on them "
+        f"with --set mpp={mpp:.4g}"
+    )
+    assert said in proc.stdout, proc.stdout
+    assert "--set mpp=UM_PER_PX" in mpp_words([None])
+    assert "several resolutions (0.25, unknown um/px)" in mpp_words([0.25, None])

@@ -141,7 +141,7 @@ def data_cells_cmd(
     model saw, into a class folder for cyto train (the paper trains on such cells)."""
     from cyto.eval.scores import check_parquet
     from cyto.location import scored_folders
-    from cyto.review.cells import harvest_cells
+    from cyto.review.cells import harvest_cells, mpp_words
     from cyto.review.session import find_scored
     from cyto.slides.remote import parse_options
 
@@ -161,3 +161,4 @@ def data_cells_cmd(
         f"wrote {res['cells']} cells of {res['slides']} slide(s) to {res['folder']} "
         f"and {res['manifest']}"
     )
+    typer.echo(f"note: {mpp_words(res['mpp'])}")

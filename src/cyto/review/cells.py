@@ -131,4 +131,27 @@ def _harvest(sources, out: Path, label: str, per_slide, seed: int, overwrite: bo
         "slides": len(plan),
         "folder": str(target),
         "manifest": str(manifest),
+        "mpp": sorted({s.mpp for s, *_ in plan}, key=lambda m: (m is None, m or 0.0)),
     }
+
+
+def mpp_words(mpps: list) -> str:
+    """What a folder of cells cut from slides at level 0 says of its pixel size (the slides'
+    resolutions, ``harvest_cells``'s ``mpp``), and how to train on it: a model trained on them
+    was told "no training resolution given" while the tool had read it (hostile round 25)."""
+    known = [m for m in mpps if m is not None]
+    if len(mpps) == 1 and known:
+        return (
+            f"the crops are at {known[0]:.4g} um/px, their slides' resolution: train on them "
+            f"with --set mpp={known[0]:.4g}"
+        )
+    if not known:
+        return (
+            "the slides record no resolution, so neither do the crops: train on them with "
+            "--set mpp=UM_PER_PX, the slides' true pixel size"
+        )
+    shown = ", ".join("unknown" if m is None else f"{m:.4g}" for m in mpps)
+    return (
+        f"the slides are at several resolutions ({shown} um/px), and so are the crops, each at "
+        "its slide's: harvest the slides of one resolution into a folder and train on each"
+    )
