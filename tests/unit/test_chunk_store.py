@@ -1,0 +1,37 @@
+"""What a run says of a stopped run's finished chunks it finds (cyto.infer.store.ChunkStore):
+kept with ``--resume``, and said when a run without it starts over (hostile round 25, 28: a
+`cyto predict` rerun without --resume discarded the stopped run's finished chunk unsaid)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from cyto.infer.store import ChunkStore
+
+
+@pytest.mark.parametrize("chunks", [0, 1, 3])
+def test_a_stopped_run_s_finished_chunks_are_said_when_a_run_starts_over(tmp_path, chunks):
+    key = {"test": 1}
+    first = ChunkStore(tmp_path, key, unit="images", rows=None)
+    first.start(False, lambda m: None)
+    for i in range(chunks):
+        first.write(pa.table({"x": [float(i)]}), i, i + 1)
+    said: list[str] = []
+    assert ChunkStore(tmp_path, key, unit="images", rows=None).start(False, said.append) == (0, 0)
+    if chunks:
+        assert said == [
+            f"note: the {chunks} finished chunk(s) ({chunks} images) of a stopped run here are "
+            "discarded: starting over (pass --resume to go on from them)"
+        ], said
+    else:
+        assert said == []
+    # kept and said so with --resume
+    again = ChunkStore(tmp_path, key, unit="images", rows=None)
+    again.start(False, lambda m: None)
+    for i in range(chunks):
+        again.write(pa.table({"x": [float(i)]}), i, i + 1)
+    said.clear()
+    assert ChunkStore(tmp_path, key, unit="images", rows=None).start(True, said.append)[0] == (
+        chunks
+    )
