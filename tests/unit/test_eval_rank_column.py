@@ -116,3 +116,13 @@ def test_a_column_it_refuses_is_one_line_without_notes_before_it(tmp_path):
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     [line] = (proc.stdout + proc.stderr).strip().splitlines()
     assert line.startswith("error: 10 score(s) are NaN or infinite"), line
+
+
+def test_a_k_above_the_table_is_said_as_the_whole_table(tmp_path):
+    """Hostile round 25 (26): ``--k 10000`` on a table of 420 cells printed a row of K 420,
+    the K asked for unsaid. The metrics of the whole table, and a note."""
+    path = _ranked_table(tmp_path / "t.parquet")
+    said: list[str] = []
+    rows = evaluate_table(path, [10, 500, 1000], "score", echo=said.append)
+    assert [r["k"] for r in rows] == [10, 100, 100]
+    assert said == ["note: --k 500, --k 1000 are more than the table's 100 cells: the whole table"]

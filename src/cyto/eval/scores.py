@@ -9,7 +9,7 @@ import numpy as np
 from cyto.data.morphometry import RANK_COLUMNS, ranked_column
 from cyto.errors import InputPathError, first_line
 from cyto.eval.metrics import MetricError, all_metrics
-from cyto.flags import comma_list
+from cyto.flags import comma_list, passing
 from cyto.tables import parquet_file, read_table
 
 
@@ -141,6 +141,11 @@ def evaluate_table(
     rows = [all_metrics(scores, labels, kk) for kk in k]  # a table it refuses: its one line
     for said in dict.fromkeys(filter(None, (ties_words(scores, kk) for kk in k))):
         echo(said)
+    above = sorted({kk for kk in k if kk > len(scores)})
+    if above:  # the rows say K as the pool; the K asked was not said (hostile round 25)
+        asked = ", ".join(passing("k", kk) for kk in above)
+        verb = "is" if len(above) == 1 else "are"
+        echo(f"note: {asked} {verb} more than the table's {len(scores)} cells: the whole table")
     return rows
 
 
