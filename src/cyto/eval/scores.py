@@ -122,7 +122,8 @@ def _column_of_rank(table, default: str, echo) -> str:
         )
         echo(
             "note: the table records no ranking (cyto.rank_by, in a cyto Parquet table's "
-            f"metadata, which a CSV copy loses): {how}; --score-column COLUMN to judge another"
+            f"metadata, which a CSV copy loses): {how}; {passing('score_column', 'COLUMN')} to "
+            "judge another"
         )
     return found
 

@@ -187,7 +187,8 @@ def map_of_table(
     from cyto.data.morphometry import ranked_column
 
     names = set(table.column_names)
-    xy = (table["x"].to_numpy(), table["y"].to_numpy(), table["score"].to_numpy())
+    x, y = table["x"].to_numpy(), table["y"].to_numpy()
+    xy = (x, y, table["score"].to_numpy())
     if burden and burden.get("status") == "ok" and burden.get("threshold") is not None:
         counted = None
         if burden.get("counted") == "evaluable" and "evaluable" in names:
@@ -207,7 +208,9 @@ def map_of_table(
         column = table[flag]
         if column.null_count < len(column):  # all null: the flags were withheld
             flagged = pc.fill_null(column, False).to_numpy(zero_copy_only=False)
-    if flagged is None:
-        ranked = table[ranked_column(table.column_names, rank_by)]
-        xy = (*xy[:2], pc.fill_null(ranked, float("nan")).to_numpy(zero_copy_only=False))
-    return abnormality_grid(*xy, width, height, mpp, window_um, flagged=flagged)
+    if flagged is not None:
+        return abnormality_grid(*xy, width, height, mpp, window_um, flagged=flagged)
+    ranked = pc.fill_null(table[ranked_column(names, rank_by)], float("nan"))
+    return abnormality_grid(
+        x, y, ranked.to_numpy(zero_copy_only=False), width, height, mpp, window_um
+    )

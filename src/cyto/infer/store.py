@@ -169,12 +169,10 @@ class ChunkStore:
             echo(f"resume: the earlier run had {reuse.words()}; starting over")
         elif resume:
             echo("resume: no unfinished run here; starting from the beginning")
-        elif state.is_file() and self._files():  # discarded unsaid: hostile round 25
-            done = sum(
-                int(m[2]) - int(m[1]) + 1 for f in self._files() if (m := _CHUNK.match(f.name))
-            )
+        elif state.is_file() and (files := self._files()):  # discarded unsaid: round 25
+            done = sum(int(m[2]) - int(m[1]) + 1 for f in files if (m := _CHUNK.match(f.name)))
             echo(
-                f"note: the {len(self._files())} finished chunk(s) ({done} {self.unit}) of a "
+                f"note: the {len(files)} finished chunk(s) ({done} {self.unit}) of a "
                 f"stopped run here are discarded: starting over (pass {passing('resume')} to go "
                 "on from them)"
             )
