@@ -62,6 +62,20 @@ def test_bad_choices_are_one_line(tmp_path):
         evaluate_by_class(bare, [1])
     proc = run_cyto("eval", "scores", str(path), "--by-class", "--k", "1")
     assert proc.returncode == 0 and "LSIL" in proc.stdout and "against NILM" in proc.stdout
+    # a column of file names, each its own "class" of one cell, is no column of classes: it
+    # printed ~300 names as "the normal class", then a row per file with cells 1 (round 25, 26)
+    for n in (30, 77, 300):
+        names = [f"{i:04d}.png" for i in range(n)]
+        t = pa.table({"path": names, "class": ["NILM", "LSIL"] * (n // 2) + ["NILM"] * (n % 2),
+                      "score": np.arange(n, dtype=float)})  # fmt: skip
+        t = t.append_column("label", pa.array([int(c == "LSIL") for c in t["class"].to_pylist()]))
+        pq.write_table(t, tmp_path / "p.parquet")
+        proc = run_cyto("eval", "scores", str(tmp_path / "p.parquet"), "--by-class",
+                        "--class-column", "path")  # fmt: skip
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert f"--class-column path: {n} distinct values in {n} rows" in line, line
+        assert run_cyto("eval", "scores", str(tmp_path / "p.parquet"), "--by-class").returncode == 0
     proc = run_cyto("eval", "scores", str(path), "--by-class", "--normal", "Normal")
     assert proc.returncode == 2 and "no such class" in proc.stderr
     assert "Traceback" not in proc.stderr

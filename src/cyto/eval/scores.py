@@ -155,6 +155,11 @@ def _first_words(exc: Exception) -> str:
     return first_line(exc).split(". ")[0].rstrip(".")
 
 
+#: more distinct values than this, and more than half the rows, are no column of classes (a
+#: column of file names or ids, each its own "class" of one cell: hostile round 25, 26)
+MANY_CLASSES = 20
+
+
 def evaluate_by_class(
     path: Path,
     k: list[int],
@@ -179,6 +184,12 @@ def evaluate_by_class(
         )
     classes = np.asarray(table[class_column].cast(pa.string()).to_pylist(), dtype=object)
     known = sorted({c for c in classes if c is not None})
+    if len(known) > MANY_CLASSES and len(known) > len(classes) / 2:
+        raise MetricError(
+            f"--class-column {class_column}: {len(known)} distinct values in {len(classes)} "
+            f"rows of {path} (e.g. {known[0]!r}): a column of classes names a few, each of "
+            "many cells; is it a file or id column? Name the column of class names"
+        )
     if normal:
         normals = list(comma_list(normal, "normal"))
         unknown = [c for c in normals if c not in known]
