@@ -130,18 +130,9 @@ class OutputLock:
                     CytoWarning,
                 )
         except BlockingIOError:
-            fh.seek(0)
-            try:
-                holder = json.loads(fh.read() or "{}")
-            except json.JSONDecodeError:
-                holder = {}
+            error = self._refusal(fh)
             fh.close()
-            raise OutputBusyError(
-                f"{self.folder} is being written by another {self.command} (pid "
-                f"{holder.get('pid', '?')} on {holder.get('host', '?')}, since "
-                f"{holder.get('started', '?')}); wait for it to finish, or "
-                f"{self.instead or another_out()}"
-            ) from None
+            raise error from None
         fh.seek(0)
         fh.truncate()
         fh.write(
@@ -156,6 +147,32 @@ class OutputLock:
         fh.flush()
         self._fh = fh
         return self
+
+    def _refusal(self, fh) -> OutputBusyError:
+        """The refusal of this run, naming the run that holds the lock (what it wrote in it)."""
+        fh.seek(0)
+        try:
+            holder = json.loads(fh.read() or "{}")
+        except json.JSONDecodeError:
+            holder = {}
+        return OutputBusyError(
+            f"{self.folder} is being written by another {self.command} (pid "
+            f"{holder.get('pid', '?')} on {holder.get('host', '?')}, since "
+            f"{holder.get('started', '?')}); wait for it to finish, or "
+            f"{self.instead or another_out()}"
+        )
+
+    def busy(self) -> OutputBusyError | None:
+        """The refusal :meth:`acquire` would raise now, asked without taking the lock or
+        writing anything (:func:`held`); None where the folder is free (or cannot lock). A run
+        asks before its slow start (loading a model) so that its refusal comes first."""
+        if not held(self.folder):
+            return None
+        try:
+            with open(self.path) as fh:
+                return self._refusal(fh)
+        except OSError:  # the holder finished between the two looks
+            return None
 
     def release(self) -> None:
         if self._fh is not None:

@@ -78,6 +78,41 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(
     assert summary["cells_scored"] > 0 and not (out / ".lock").exists()
 
 
+def test_a_run_whose_every_slide_is_busy_is_refused_before_its_model_loads(
+    exported_dsvdd, slides, tmp_path
+):
+    """Hostile round 25 (29): the second of two `cyto score` into one folder loaded the model
+    and printed its engine lines and the UNVERIFIED warning before its refusal. A run whose
+    every slide folder another run holds is refused first, in one line; a run with one free
+    slide scores it and reports the busy one as failed, as before."""
+    out = tmp_path / "o"
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold, args=(str(out / "s"), ready, stop))
+    holder.start()
+    try:
+        assert ready.wait(60)
+        proc = run_cyto("score", str(slides[0].paths[0]), "--model", str(exported_dsvdd),
+                        "--out", str(out), "--mosaic", "0", "--workers", "0")  # fmt: skip
+        assert proc.returncode == 3, proc.stderr
+        said = proc.stdout + proc.stderr
+        assert "model " not in proc.stdout and "UNVERIFIED" not in said, said
+        (line,) = proc.stderr.strip().splitlines()
+        assert f"being written by another cyto score (pid {holder.pid} on " in line, line
+        # a cohort with a free slide goes on: the model loads, the free slide is scored
+        other = tmp_path / "o2" / "t.tif"
+        other.parent.mkdir()
+        other.write_bytes(slides[1].paths[0].read_bytes())
+        proc = run_cyto("score", str(slides[0].paths[0]), str(other), "--model",
+                        str(exported_dsvdd), "--out", str(out), "--mosaic", "0", "--workers",
+                        "0")  # fmt: skip
+        assert proc.returncode == 3 and "being written by another" in proc.stdout + proc.stderr
+        assert (out / "t" / "scores.parquet").is_file()
+    finally:
+        stop.set()
+        holder.join(60)
+
+
 def test_two_runs_on_one_folder_never_write_a_cell_twice(exported_dsvdd, slides, tmp_path):
     """Two `cyto score` at once on the same --out (a double-click): one is refused with exit
     code 3 (the folder busy), or with exit 2 when the other finished it while this one waited

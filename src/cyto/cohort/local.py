@@ -21,6 +21,7 @@ from cyto.infer.outputs import read_truth
 from cyto.infer.plan import check_model_mpp, no_model_mpp
 from cyto.infer.store import PARTIAL, slide_identity
 from cyto.location import OutputLocation, output_location
+from cyto.locks import OutputLock
 from cyto.outputs_check import check_writable
 from cyto.runtime import Scorer, load_scorer
 from cyto.slides.base import printable
@@ -485,9 +486,12 @@ def score_cohort(
     refuse_slide_folder(where.local)
     stage(where, slides)
     out = where.local
+    pairs = slide_folders(slides, out, echo)
+    busy = [OutputLock(target).busy() for _, target in pairs]
+    if pairs and all(busy):  # every slide would be refused: before the model loads and talks
+        raise busy[0]
     scorer = open_model(model, opts, echo)
     done, failed, rows = [], [], []
-    pairs = slide_folders(slides, out, echo)
     if len(pairs) < len(slides):
         echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
     said = once_per_cohort(echo)
