@@ -257,6 +257,25 @@ def test_the_pap_score_discounts_a_large_outline_that_is_not_one_round_nucleus()
     assert [f.name for f in Morphometric.fit(flat, "pap").features] == ["nucleus_share"]
 
 
+def test_a_pap_bundle_without_the_contour_discount_says_so():
+    """A Pap bundle trained before the contour discount keeps its score (the share alone): it
+    ranks differently from one trained now, which cyto info and cyto train say in one line;
+    a bundle with the discount, or of another stain, says nothing of it."""
+    from cyto.data.morphometry import unfitted_words
+
+    fit = Morphometric.fit(measure_stain(_normals(), 0.25, "pap"), "pap").as_record()
+    share = {"name": "nucleus_share", "direction": "up", "mean": -3.2, "sd": 0.15}
+    irr = {"name": "contour_irregularity", "direction": "discount", "mean": 0.02, "sd": 0.02}
+    old = {"morphometry": {**fit, "stain": "pap", "features": [share]}}
+    (line,) = unfitted_words(old)
+    assert line.startswith(
+        "the morphometric score of these pap cells is without its contour_irregularity discount"
+    ), line
+    assert unfitted_words({"morphometry": {"stain": "pap", "features": [share, irr]}}) == []
+    mgg = Morphometric.fit(measure_stain(_normals(), 0.25, "mgg"), "mgg").as_record()
+    assert unfitted_words({"morphometry": mgg}) == [] and unfitted_words(None) == []
+
+
 def test_a_bundle_of_an_earlier_cyto_keeps_its_nucleus_size_score():
     """``nucleus_size`` (the log centre share's mean and sd) is the mgg score under its old name:
     the same numbers as before for every cell."""

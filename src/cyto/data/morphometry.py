@@ -378,6 +378,17 @@ def unfitted_words(training: dict | None) -> list[str]:
             f"{said('rank_by')} morphometry is refused; check that the crops are cells of the "
             f"stain {setting('stain')} names, at its scale, and train again"
         )
+    record = training.get("morphometry") or {}
+    kept = {f.get("name") for f in record.get("features", [])}
+    wanted = {name for name, side in MORPHOMETRY.get(record.get("stain"), ()) if side == "discount"}
+    if record and wanted - kept:
+        lines.append(
+            f"the morphometric score of these {record['stain']} cells is without its "
+            f"{', '.join(sorted(wanted - kept))} discount (a bundle of an earlier cyto, or "
+            "normals whose outlines did not vary), so a large irregular 'nucleus' (dense "
+            "cytoplasm, a fold, overlapping nuclei) ranks by its size alone; training again "
+            "adds it where the normals' outlines vary"
+        )
     return lines
 
 
