@@ -272,11 +272,18 @@ def fused_score(*scores: np.ndarray) -> np.ndarray:
 
 def ranked_column(columns, rank_by: str | None = None) -> str:
     """The column a cyto table's ``rank`` follows: the one of its ranking (``rank_by``, its
-    ``cyto.rank_by`` metadata), else ``fused_score`` where there is one, else ``score``."""
+    ``cyto.rank_by`` metadata), else ``fused_score`` where there is one, else ``score``, else
+    ``morphometry_score`` where it is the only one (a table of that score alone)."""
     column = RANKED_COLUMN.get(rank_by or "")
     if column is not None and column in columns:
         return column
-    return "fused_score" if "fused_score" in columns else "score"
+    if "fused_score" in columns:
+        return "fused_score"
+    return (
+        "morphometry_score"
+        if "morphometry_score" in columns and "score" not in columns
+        else ("score")
+    )
 
 
 def ranked_values(how: str, model: np.ndarray, morph: np.ndarray | None) -> np.ndarray:

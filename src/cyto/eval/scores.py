@@ -28,13 +28,19 @@ def check_parquet(path: Path, fix: str) -> None:
 
 
 def read_score_table(
-    path: Path, score_column: str, label_column: str, need_label: bool = True, echo=None
+    path: Path,
+    score_column: str,
+    label_column: str,
+    need_label: bool = True,
+    echo=None,
+    with_column: bool = False,
 ):
     """(scores, labels) of a table, higher = more abnormal; ``score_column`` ``auto``:
     :func:`ranked_column`; labels None when the table has no ``label_column`` and
     ``need_label`` is False. A rank column (:data:`RANK_COLUMNS`, 1 = most abnormal) is read
     the other way round, and ``echo`` told so: read as scores, cyto's own ``rank`` turned the
-    AUROC of a predict table from 0.7768 to 0.2232 without a word."""
+    AUROC of a predict table from 0.7768 to 0.2232 without a word. ``with_column``: also the
+    name of the column judged, (scores, labels, column)."""
     import pyarrow as pa
 
     from cyto.seal import check_rows, check_sealed_table
@@ -59,6 +65,8 @@ def read_score_table(
         score_column = ranked_column(table.column_names, rank_by)
         if rank_by is None and "rank" in table.column_names:
             score_column = _column_of_rank(table, score_column, echo)
+        elif rank_by is None and echo is not None:
+            _say_unranked(table, score_column, echo)
     if not need_label and label_column not in table.column_names:
         label_column = None
     for col in (c for c in (score_column, label_column) if c is not None):
@@ -86,10 +94,30 @@ def read_score_table(
         scores = -scores
         if echo is not None:
             echo(f"note: {score_column}: 1 = most abnormal, read as such (lower = more abnormal)")
-    if label_column is None:
-        return scores, None
-    labels = np.asarray(table[label_column].to_numpy(zero_copy_only=False))
-    return scores, labels
+    labels = (
+        None
+        if label_column is None
+        else np.asarray(table[label_column].to_numpy(zero_copy_only=False))
+    )
+    return (scores, labels, score_column) if with_column else (scores, labels)
+
+
+def _say_unranked(table, column: str, echo) -> None:
+    """A table that records no ranking and has no ``rank`` to follow (a CSV copy with its rank
+    dropped) is judged by ``column``; where it holds another of cyto's score columns, which
+    one was judged is said: judged by the model's score, a table cyto had ranked by its
+    morphometric score read AUROC 0.604 for 0.874, without a word (hostile round 26, 2)."""
+    from cyto.data.morphometry import RANKED_COLUMN
+
+    others = [c for c in dict.fromkeys(RANKED_COLUMN.values()) if c != column]
+    others = [c for c in others if c in table.column_names]
+    if others:
+        echo(
+            "note: the table records no ranking (cyto.rank_by, in a cyto Parquet table's "
+            f"metadata, which a CSV copy loses) and has no rank column: judged by {column!r}; "
+            f"it also holds {', '.join(repr(c) for c in others)}: "
+            f"{passing('score_column', 'COLUMN')} to judge another"
+        )
 
 
 def _column_of_rank(table, default: str, echo) -> str:
@@ -136,10 +164,13 @@ def evaluate_table(
     echo=print,
 ) -> list[dict[str, float]]:
     """Every metric at each of ``k`` for the table at ``path`` (:func:`read_score_table`)."""
-    scores, labels = read_score_table(path, score_column, label_column, echo=echo)
+    scores, labels, column = read_score_table(
+        path, score_column, label_column, echo=echo, with_column=True
+    )
     from cyto.eval.metrics import ties_words
 
-    rows = [all_metrics(scores, labels, kk) for kk in k]  # a table it refuses: its one line
+    # a table it refuses: its one line; each row names the column judged (--json too)
+    rows = [{**all_metrics(scores, labels, kk), "score_column": column} for kk in k]
     for said in dict.fromkeys(filter(None, (ties_words(scores, kk) for kk in k))):
         echo(said)
     above = sorted({kk for kk in k if kk > len(scores)})
@@ -174,7 +205,9 @@ def evaluate_by_class(
     normal class(es), comma-separated; None: the classes whose rows are all labelled 0."""
     import pyarrow as pa
 
-    scores, labels = read_score_table(path, score_column, label_column, False, echo)
+    scores, labels, column = read_score_table(
+        path, score_column, label_column, False, echo, with_column=True
+    )
     path = Path(path) / "scores.parquet" if Path(path).is_dir() else Path(path)
     table = _read(path)
     if class_column not in table.column_names:
@@ -226,6 +259,7 @@ def evaluate_by_class(
                 "n_class": int(y.sum()),
                 "auroc": per_k[0]["auroc"],
                 "by_k": per_k,
+                "score_column": column,
             }
         )
     return rows
@@ -244,8 +278,14 @@ def evaluate_with_classes(
     :func:`evaluate_table`; None when the table has no ``label_column``) and each abnormal
     class against the normal class alone (``by_class``: :func:`evaluate_by_class`)."""
     classes = evaluate_by_class(path, k, normal, score_column, class_column, label_column, echo)
-    scores, labels = read_score_table(path, score_column, label_column, need_label=False)
-    overall = None if labels is None else [all_metrics(scores, labels, kk) for kk in k]
+    scores, labels, column = read_score_table(
+        path, score_column, label_column, need_label=False, with_column=True
+    )
+    overall = (
+        None
+        if labels is None
+        else [{**all_metrics(scores, labels, kk), "score_column": column} for kk in k]
+    )
     return {"overall": overall, "by_class": classes}
 
 
