@@ -276,6 +276,68 @@ def test_a_pap_bundle_without_the_contour_discount_says_so():
     assert unfitted_words({"morphometry": mgg}) == [] and unfitted_words(None) == []
 
 
+@given(median=st.floats(1.0, 2000.0), mpp=st.floats(0.05, 2.0))
+def test_a_pap_training_whose_normal_nuclei_are_not_a_normal_size_doubts_its_pixel_size(
+    median, mpp
+):
+    """Hostile round 26 (1): `--set mpp=0.5` for CRIC's 0.258 um/px crops trained without a
+    word, its normal nuclei measured at a median of ~100 um^2 (a normal intermediate squamous
+    nucleus is about 35) and its held-back AUROC fell from 0.814 to 0.672. Past 2.25x either
+    way (a pixel size 1.5x off) the training and cyto info say so, with the pixel size that
+    would give a normal nucleus; MGG (normals of many sizes) is not checked."""
+    from cyto.data.morphometry import (
+        NORMAL_NUCLEUS_UM2,
+        NUCLEUS_AREA_SPREAD,
+        nucleus_size_check,
+        unfitted_words,
+    )
+
+    areas = np.full(40, median)
+    areas[::7] = np.nan  # crops without a measured nucleus are left out
+    check = nucleus_size_check("pap", areas, mpp)
+    lines = unfitted_words({"nucleus_size_check": check})
+    ratio = median / NORMAL_NUCLEUS_UM2["pap"]
+    if 1 / NUCLEUS_AREA_SPREAD * 1.001 < ratio < NUCLEUS_AREA_SPREAD * 0.999:
+        assert lines == []
+    elif not 1 / NUCLEUS_AREA_SPREAD <= ratio <= NUCLEUS_AREA_SPREAD:
+        (line,) = lines
+        likely = mpp * (1 / ratio) ** 0.5
+        assert line.startswith(
+            f"the training normals' nuclei measure a median of {median:.0f} um^2 at {mpp:.3g} "
+            "um/px, where a normal pap cell's is about 35 um^2: is the pixel size right? "
+            f"Nearer {likely:.2g} um/px"
+        ), line
+    assert nucleus_size_check("mgg", areas, mpp) is None
+    assert nucleus_size_check("pap", areas, None) is None
+    assert nucleus_size_check("pap", areas[:5], mpp) is None  # too few to say
+
+
+@pytest.mark.realdata
+def test_cric_normals_at_their_pixel_size_pass_and_at_twice_it_are_doubted(cric, tmp_path):
+    """The check on real Pap normals: CRIC's NILM crops at 0.258 um/px (found from the normal
+    nucleus's size) measure a median near 40 um^2 and pass; at 0.5 they are doubted, with a
+    pixel size near 0.25 named."""
+    import os
+
+    from cyto.data.dataset import PatchDataset
+    from cyto.data.morphometry import unfitted_words
+    from cyto.train.api import training_nuclei
+    from cyto.train.data import TrainData
+
+    (tmp_path / "NILM").mkdir()
+    for f in sorted((cric / "NILM").glob("*.png"))[:120]:
+        os.symlink(f, tmp_path / "NILM" / f.name)
+    ds = PatchDataset.from_path(tmp_path, normal="NILM", size=64)
+    data = TrainData(np.asarray(ds.images), np.zeros(len(ds), int), None, None, ds.fingerprint)
+    said = {}
+    for mpp in (0.258, 0.5):
+        nuclei = training_nuclei(data, "pap", mpp * 100 / 64, mpp)
+        said[mpp] = [w for w in unfitted_words(nuclei) if "median" in w]
+    assert said[0.258] == [], said
+    (line,) = said[0.5]
+    assert "at 0.5 um/px" in line and ("Nearer 0.25 um/px" in line or "Nearer 0.24 um/px" in line)
+
+
 def test_a_bundle_of_an_earlier_cyto_keeps_its_nucleus_size_score():
     """``nucleus_size`` (the log centre share's mean and sd) is the mgg score under its old name:
     the same numbers as before for every cell."""

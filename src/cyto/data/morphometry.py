@@ -88,6 +88,45 @@ MORPHOMETRY: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
+#: a normal cell's nucleus of each stain whose normals have one typical size, in um^2: the
+#: intermediate squamous cell's, about 35 um^2 in The Bethesda System (CRIC's NILM crops measure
+#: a median 40 at the 0.258 um/px found from it: ``benchmarks/science/pap/``). Marrow and blood
+#: normals differ too much by cell type for one
+NORMAL_NUCLEUS_UM2 = {"pap": 35.0}
+#: how far the training normals' median nucleus may lie from it before the pixel size is
+#: doubted: 2.25x in area, a pixel size 1.5x off (0.5 for CRIC's 0.258 read a median 99 um^2,
+#: and ranked the held-back cells at AUROC 0.672 for 0.814: hostile round 26, 1)
+NUCLEUS_AREA_SPREAD = 2.25
+
+
+def nucleus_size_check(stain: str, areas_um2, mpp: float | None) -> dict | None:
+    """What a bundle records to check its pixel size by its normals' nuclei: their median area
+    (``areas_um2``, NaN where none was measured) and the pixel size the user gave (``mpp``: a
+    wrong one scales the areas by its square); None for a stain without one typical normal
+    nucleus, or without a pixel size."""
+    areas = np.asarray(areas_um2, dtype=np.float64)
+    areas = areas[np.isfinite(areas)]
+    if stain not in NORMAL_NUCLEUS_UM2 or not mpp or len(areas) < 10:
+        return None
+    return {"stain": stain, "median_um2": round(float(np.median(areas)), 2), "mpp": mpp}
+
+
+def _nucleus_size_words(check: dict | None) -> str | None:
+    if not check or check.get("stain") not in NORMAL_NUCLEUS_UM2:
+        return None
+    typical, median = NORMAL_NUCLEUS_UM2[check["stain"]], float(check["median_um2"])
+    if 1 / NUCLEUS_AREA_SPREAD <= median / typical <= NUCLEUS_AREA_SPREAD:
+        return None
+    likely = float(check["mpp"]) * (typical / median) ** 0.5
+    return (
+        f"the training normals' nuclei measure a median of {median:.0f} um^2 at "
+        f"{check['mpp']:.3g} um/px, where a normal {check['stain']} cell's is about "
+        f"{typical:.0f} um^2: is the pixel size right? Nearer {likely:.2g} um/px would give "
+        f"them that size; a wrong one measures every nucleus wrong (give "
+        f"{setting('mpp')} the crops' own pixel size)"
+    )
+
+
 def _transform(name: str, values) -> np.ndarray:
     v = np.asarray(values, dtype=np.float64)
     if name == "nucleus_share":
@@ -385,6 +424,9 @@ def unfitted_words(training: dict | None) -> list[str]:
             f"{said('rank_by')} morphometry is refused; check that the crops are cells of the "
             f"stain {setting('stain')} names, at its scale, and train again"
         )
+    size = _nucleus_size_words(training.get("nucleus_size_check"))
+    if size:
+        lines.append(size)
     record = training.get("morphometry") or {}
     kept = {f.get("name") for f in record.get("features", [])}
     wanted = {name for name, side in MORPHOMETRY.get(record.get("stain"), ()) if side == "discount"}

@@ -50,7 +50,7 @@ def checkpoint_dir(out: Path) -> Path:
 
 
 def training_nuclei(
-    data: TrainData, stain: str = "mgg", mpp: float | None = None
+    data: TrainData, stain: str = "mgg", mpp: float | None = None, given_mpp: float | None = None
 ) -> dict[str, Any]:
     """What a bundle records of its training normals' nuclei (all cells when labels are
     withheld), measured with the cell mask of their ``stain`` (:mod:`cyto.detect.morphometry`):
@@ -58,8 +58,11 @@ def training_nuclei(
     with (``nucleus_fraction``: every nucleus of the patch for MGG, as before, else the centre
     nucleus; ``centre_nucleus_fraction``: the centre nucleus), and the morphometric score
     (:class:`cyto.data.morphometry.Morphometric`), or why there is none (``morphometry_why``,
-    said at training and by ``cyto info``: :func:`cyto.data.morphometry.unfitted_words`)."""
-    from cyto.data.morphometry import Morphometric
+    said at training and by ``cyto info``: :func:`cyto.data.morphometry.unfitted_words`), and
+    their nuclei's median size against a normal cell's of the stain, measured at ``mpp`` (the
+    patches'), for the pixel size the user gave (``given_mpp``;
+    :func:`~cyto.data.morphometry.nucleus_size_check`)."""
+    from cyto.data.morphometry import Morphometric, nucleus_size_check
     from cyto.detect.morphometry import measure_stain, scale_shares
 
     images = data.images if data.labels is None else data.images[np.asarray(data.labels) == 0]
@@ -81,6 +84,10 @@ def training_nuclei(
         "centre_nucleus_fraction": round(float(np.median(measures["nucleus_share"])), 5),
         "morphometry": morph,
         "morphometry_why": why,
+        # the normals' nucleus size against a normal cell's of the stain (unfitted_words)
+        "nucleus_size_check": nucleus_size_check(
+            stain, measures["nucleus_area_um2"], given_mpp or mpp
+        ),
         # what another folder's or slide's stain is compared with (cyto.detect.stain)
         "stain_vectors": estimate_images(images).as_record(),
     }
@@ -356,7 +363,7 @@ def train(
                 "held_back": int(len(held)),
                 # the training patches' own side: the crop cyto score cuts at the model's mpp
                 "patch_px": side,
-                **training_nuclei(train_data, cfg.stain, crop_mpp),
+                **training_nuclei(train_data, cfg.stain, crop_mpp, cfg.mpp),
                 # the slides the normal cells were cut from (cyto data cells): never a calibration's
                 "slides": source_slides(data, [r for r in ds.records if r.cls in ds.normal]),
             }
