@@ -192,6 +192,11 @@ def test_a_pap_slide_of_real_cells_is_ranked_end_to_end(tmp_path, cric):
     truth = summary["truth"]
     chance = min(400, table.num_rows) / table.num_rows
     assert truth["planted_recall_at_k"] > 1.5 * chance and truth["auroc"] > 0.55
+    # each class against the normals, from the slide's own table (round 26, 7: no class column)
+    assert set(table["class"].to_pylist()) <= {"NILM", "LSIL", "ASC-US", "unmatched"}
+    proc = run_cyto("eval", "scores", str(out / "pap"), "--by-class", "--k", "100")
+    assert proc.returncode == 0, proc.stderr
+    assert "against NILM,unmatched" in proc.stdout and "LSIL" in proc.stdout, proc.stdout
     # the MGG detection on this Pap slide: its cells look another size because that preset
     # measures their nuclei otherwise; the warning and the adequacy reason say so, not the
     # slide's resolution, whose advice (pass --mpp, --rescale) would be wrong (round 18)

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cyto.detect import read_nuclei_file
@@ -68,6 +68,40 @@ def test_a_truth_cell_labels_one_detection_its_nearest(offsets):
     nearest = int(np.flatnonzero(d == d.min())[0])
     assert planted == 1 and labels.sum() == 1 and labels[nearest] == 1
     assert (idx >= 0).sum() == 2 and idx[nearest] == 0 and idx[len(offsets)] == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(["NILM", "ASC-US", "LSIL"]), min_size=1, max_size=8),
+    missed=st.sets(st.integers(0, 7)),
+    extra=st.integers(0, 3),
+)
+def test_each_detection_carries_its_truth_cells_class(kinds, missed, extra):
+    """Hostile round 26 (7): a composed slide's table had no ``class``, so `cyto eval scores
+    --by-class` (the Bethesda breakdown the Pap how-to asks for) could not run on it, though the
+    truth names each planted crop's class. A detection matched to a truth cell carries its
+    class, any other ``unmatched`` (labelled 0: counted with the normals); a truth table
+    without ``class`` gives none."""
+    from cyto.infer.outputs import UNMATCHED
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [(100 + 100 * i, 100, int(k != "NILM"), k) for i, k in enumerate(kinds)]
+        truth = Path(tmp) / "t.csv"
+        truth.write_text(
+            "x,y,label,class\n" + "".join(f"{x},{y},{lab},{k}\n" for x, y, lab, k in rows)
+        )
+        xy = [(x + 2, y) for i, (x, y, _, _) in enumerate(rows) if i not in missed]
+        xy += [(50 + 100 * j, 900) for j in range(extra)]  # debris far from every truth cell
+        if not xy:
+            return
+        labels, idx, planted, classes = labels_from_truth(_scores("s", xy), truth, 10, classes=True)
+        seen = [k for i, (_, _, _, k) in enumerate(rows) if i not in missed]
+        assert classes.tolist() == seen + [UNMATCHED] * extra
+        assert labels.tolist() == [int(k != "NILM") for k in seen] + [0] * extra
+        plain = Path(tmp) / "p.csv"
+        plain.write_text("x,y,label\n" + "".join(f"{x},{y},{lab}\n" for x, y, lab, _ in rows))
+        assert labels_from_truth(_scores("s", xy), plain, 10, classes=True)[3] is None
+        assert len(labels_from_truth(_scores("s", xy), plain, 10)) == 3
 
 
 def test_truth_rows_of_another_slide_are_not_matched(tmp_path):

@@ -289,11 +289,15 @@ def _finish(table, run: _Run) -> dict:
     truth = None
     if opts.truth is not None and n_cells:
         size = getattr(run.plan, "size", None)  # truth cells off the slide are said, left out
-        labels, truth_idx, planted = labels_from_truth(table, opts.truth, opts.truth_radius, size)
+        labels, truth_idx, planted, classes = labels_from_truth(
+            table, opts.truth, opts.truth_radius, size, classes=True
+        )
         if labels is None:  # no truth cell of this slide (said): no label column, no metrics
             truth = {"k": k, **NO_TRUTH_OF_SLIDE}
         else:
             table = table.append_column("label", pa.array(labels.astype(np.int8)))
+            if classes is not None:  # cyto eval scores --by-class on a composed slide
+                table = table.append_column("class", pa.array(classes.tolist(), pa.string()))
             truth = truth_report(ranked, order, labels, truth_idx, planted, k, run.metrics)
     meta = table_metadata(run.scorer, run.slide, run.identity, timings, opts.result_key())
     meta["cyto.rank_by"] = how  # what the rank follows (cyto eval scores reads it)

@@ -90,6 +90,10 @@ def read_truth(path: Path) -> dict[str, np.ndarray]:
     if not np.isin(out["label"], (0, 1)).all():
         raise InputPathError(f"{given}: label must be 0 (normal) or 1 (abnormal)")
     out["label"] = out["label"].astype(np.int64)
+    if "class" in cols:  # each truth cell's class (cyto synth slide --cells: a Bethesda class)
+        out["class"] = np.array(
+            ["" if v is None else str(v) for v in gt[cols["class"]].to_pylist()], dtype=object
+        )
     if "slide_id" in cols:  # an empty value belongs to no slide; a column of none, to this one
         ids = ["" if v is None else str(v) for v in gt[cols["slide_id"]].to_pylist()]
         if any(ids):
@@ -134,9 +138,14 @@ def _stem(name: str) -> str:
     return p.stem if p.suffix.lower() in SLIDE_SUFFIXES else name
 
 
+#: the ``class`` of a detected cell that no truth cell matched (a planted crop's other nuclei,
+#: debris): labelled 0, so ``cyto eval scores --by-class`` counts it with the normal classes
+UNMATCHED = "unmatched"
+
+
 def labels_from_truth(
-    table, truth: Path, radius: float, size: tuple[int, int] | None = None
-) -> tuple[np.ndarray, np.ndarray, int]:
+    table, truth: Path, radius: float, size: tuple[int, int] | None = None, classes: bool = False
+) -> tuple:
     """Label each detected cell by the nearest ground-truth cell of this slide
     (:func:`truth_of_slide`), if within ``radius`` (or 0.8 of that cell's radius, when the
     truth table gives it). Truth cells outside the slide (``size``: its level-0 width and
@@ -145,7 +154,9 @@ def labels_from_truth(
     Returns (label per detection, matched truth index or -1, number of planted abnormal cells);
     labels None when the table holds no cell of this slide (or none on it, both said): such a
     slide has no truth, and labels of 0 would pass it off as a slide known to be negative
-    (an expert's marks on it were judged false by a review's report).
+    (an expert's marks on it were judged false by a review's report). ``classes``: a fourth,
+    each detection's truth class (its matched cell's; :data:`UNMATCHED` for none), or None
+    where the truth table has no ``class`` column.
     """
     from scipy.spatial import cKDTree
 
@@ -153,7 +164,8 @@ def labels_from_truth(
     gt = truth_inside(truth_of_slide(read_truth(truth), slide_id, truth), slide_id, truth, size)
     truth_labels = gt["label"]
     if len(truth_labels) == 0:
-        return None, np.full(table.num_rows, -1), 0
+        none = (None, np.full(table.num_rows, -1), 0)
+        return (*none, None) if classes else none
     pts = np.stack([gt["x"], gt["y"]], axis=1)
     dist, idx = cKDTree(pts).query(np.stack([np.asarray(table["x"]), np.asarray(table["y"])], 1))
     reach = np.full(len(pts), radius)
@@ -168,7 +180,12 @@ def labels_from_truth(
     hit = np.zeros_like(hit)
     hit[rows[first]] = True
     labels = np.where(hit, truth_labels[idx], 0).astype(np.int64)
-    return labels, np.where(hit, idx, -1), int(truth_labels.sum())
+    found = labels, np.where(hit, idx, -1), int(truth_labels.sum())
+    if not classes:
+        return found
+    if "class" not in gt:
+        return (*found, None)
+    return (*found, np.where(hit, gt["class"][idx], UNMATCHED).astype(object))
 
 
 def truth_inside(
