@@ -253,7 +253,19 @@ def score_slide(
         # what the slide's summary records of auto's choice, warned as cyto score says it
         summary = json.loads((where.local / "summary.json").read_text())
     _rank_by_caution(summary.get("rank_by_caution"))
+    _unverified(summary.get("verification"), model)
     return table
+
+
+def _unverified(record: dict | None, model) -> None:
+    """Scores from a graph nothing checked on this machine (a bundle without golden cells),
+    warned to a Python caller as `cyto score` prints it (it was said nowhere from Python:
+    hostile round 26, 8)."""
+    from cyto.runtime.verify import Verification
+
+    if isinstance(record, dict) and record.get("status") == "unverified":
+        path = model.bundle.path if hasattr(model, "bundle") else model
+        warn_caller(Verification("unverified", str(record.get("why", ""))).warning(path))
 
 
 def _said(echo: Callable[[str], None] | None) -> Callable[[str], None]:
@@ -267,9 +279,9 @@ def _said(echo: Callable[[str], None] | None) -> Callable[[str], None]:
     quiet = echo or (lambda _line: None)
 
     def said(line: str) -> None:
-        if line.startswith("warning: "):  # in its own category where the line knows it
+        if line.startswith(("warning: ", "WARNING: ")):  # its own category where it knows it
             kind = getattr(line, "category", CytoWarning)
-            warn_caller(str(line).removeprefix("warning: "), kind)
+            warn_caller(str(line)[len("warning: ") :], kind)
         else:
             quiet(line)
 

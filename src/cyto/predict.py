@@ -40,6 +40,7 @@ from cyto.data.scale import (
 )
 from cyto.errors import (
     ConfigError,
+    CytoWarning,
     DatasetError,
     InputPathError,
     OutputWriteError,
@@ -124,6 +125,9 @@ def predict(
         scorer, model = model, model.bundle.path
     else:
         scorer = load_scorer(model, backend, device, precision, verify=verify)
+    unverified = scorer.verification.warning(model) if scorer.verification else None
+    if unverified:  # as cyto score says it (a CytoWarning from Python)
+        warn_caller(unverified, CytoWarning)
     asked = rank_by
     rank_by, morph = scorer_rank_by(scorer, rank_by)
     # auto's choice on too few held-back abnormal cells: said beside the ranking it took

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import cyto.train.loop as loop_mod
 from cyto.errors import ConfigError
+from tests.cli_runner import run_cyto
 
 TINY = {
     "epochs": 2,
@@ -166,6 +167,44 @@ def test_resume_reuses_a_finished_slide_only_when_its_outputs_hold(
     )
     assert pq.read_table(folder / "scores.parquet").num_rows == first["cells_scored"]
     assert (folder / "topk.parquet").is_file() and (folder / "topk_mosaic_blinded.png").is_file()
+
+
+def test_python_callers_are_warned_of_unverified_scores_and_of_a_resume_that_scores_again(
+    exported_dsvdd, two_slides, synth_patches, tmp_path
+):
+    """Hostile round 26 (4, 8): from Python with ``echo=None``, scoring with a graph nothing
+    checked here (a bundle without golden cells) and ``resume=True`` replacing finished results
+    scored with other options (its truth block and label column gone) were said nowhere;
+    `cyto predict` did not say UNVERIFIED at all. Each is a ``CytoWarning`` at the caller's
+    line, and a `warning:` line at the command line."""
+    import warnings
+
+    import cyto
+    from cyto.errors import CytoWarning
+
+    a = two_slides[0].paths[0]
+    out = tmp_path / "o"
+
+    def warned(call) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+        return [str(w.message) for w in caught if issubclass(w.category, CytoWarning)]
+
+    first = warned(lambda: cyto.score_slide(a, exported_dsvdd, out, echo=None, mosaic=0,
+                                            workers=0, top_k=20))  # fmt: skip
+    assert any(m.startswith(f"UNVERIFIED: {exported_dsvdd} scores with a graph") for m in first)
+    again = warned(lambda: cyto.score_slide(a, exported_dsvdd, out, echo=None, mosaic=0,
+                                            workers=0, top_k=40, resume=True))  # fmt: skip
+    assert any("scored with other settings" in m and "scoring it again" in m for m in again), again
+    table = tmp_path / "p.parquet"
+    said = warned(lambda: cyto.predict(exported_dsvdd, synth_patches, table, normal="normal",
+                                       echo=None))  # fmt: skip
+    assert any(m.startswith("UNVERIFIED: ") for m in said), said
+    proc = run_cyto("predict", str(exported_dsvdd), "--data", str(synth_patches), "--out",
+                    str(tmp_path / "q.parquet"), "--normal", "normal")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: UNVERIFIED: " in proc.stdout + proc.stderr
 
 
 def test_resume_rescored_when_a_side_file_changed_under_its_name(

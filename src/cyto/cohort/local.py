@@ -121,7 +121,9 @@ def finished_summary(
         why.append(f"it was scored with other settings or inputs ({'; '.join(reuse.differs)})")
     if reuse.broken and sealed.ok:
         why.append(f"it does not hold what it wrote ({'; '.join(reuse.broken)})")
-    echo(f"{slide.name}: {target}: {' and '.join(why)}; scoring it again")
+    # a warning: --resume (resume=True) was asked to keep what it finds, and this replaces it
+    # (from Python with echo=None it was nowhere: hostile round 26, 4)
+    echo(f"warning: {slide.name}: {target}: {' and '.join(why)}; scoring it again")
     return None
 
 
@@ -429,17 +431,10 @@ def open_model(model: Path, opts: ScoreOptions, echo) -> Scorer:
         echo(f"  backend choice: {note}")
     if scorer.verification is not None:
         echo(f"  verification: {scorer.verification.words()}")
-        if scorer.verification.status == "unverified":
-            echo(unverified_warning(model, scorer.verification.why))
+        unverified = scorer.verification.warning(model)
+        if unverified:
+            echo(f"WARNING: {unverified}")
     return scorer
-
-
-def unverified_warning(model: Path, why: str) -> str:
-    """The warning a run prints when its scores come from a graph nothing checked here."""
-    return (
-        f"WARNING: UNVERIFIED: {model} scores with a graph that has not been checked on this "
-        f"machine ({why}); its scores may differ from the trained model's"
-    )
 
 
 def unforeseen(slide: Path, exc: Exception) -> SlideFailedError:

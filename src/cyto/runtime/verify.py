@@ -199,6 +199,17 @@ class Verification:
             )
         return f"{self.status}: {self.why}"
 
+    def warning(self, model) -> str | None:
+        """The warning every run that scores with an unverified graph says (``cyto score``,
+        ``cyto predict``, and from Python a ``CytoWarning``), or None: a bundle without golden
+        cells scored unsaid from Python (hostile round 26, 8)."""
+        if self.status != "unverified":
+            return None
+        return (
+            f"UNVERIFIED: {model} scores with a graph that has not been checked on this "
+            f"machine ({self.why}); its scores may differ from the trained model's"
+        )
+
     def as_json(self) -> dict:
         out = {"status": self.status, "cached": self.cached}
         if self.why:
