@@ -30,7 +30,8 @@ def _front_door(func: Callable) -> Callable:
     (:mod:`cyto.flags`): a wrong count, an unknown keyword or a value of the wrong type is one
     :class:`~cyto.errors.ConfigError` line, never Python's ``TypeError`` from deep inside; and
     every message raised inside names options as a Python caller writes them (``top_k=``, not
-    ``--top-k``)."""
+    ``--top-k``). ``echo=None`` silences its progress bars too (:func:`cyto.progress.quiet`):
+    "None: nowhere" left them on stderr (hostile round 26, 5)."""
 
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -44,8 +45,12 @@ def _front_door(func: Callable) -> Callable:
             # a URL for an argument that takes a local path only, refused by name before it
             # is turned into a path (https:/host/...) and reported missing
             refuse_urls(bound.arguments, hints_of(func, {"Scorer": Scorer}))
+            from cyto.progress import quiet
+
+            silent = "echo" in bound.arguments and bound.arguments["echo"] is None
             try:
-                return func(*bound.args, **bound.kwargs)
+                with quiet(silent):
+                    return func(*bound.args, **bound.kwargs)
             except OSError as exc:  # the machine's, as the CLI says it (a name too long)
                 from cyto.errors import PathError, system_words
 

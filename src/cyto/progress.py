@@ -7,8 +7,23 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from cyto import interrupts
+
+#: set for the length of a Python call with ``echo=None`` (:func:`quiet`): no bars
+_QUIET: ContextVar[bool] = ContextVar("cyto_progress_quiet", default=False)
+
+
+@contextmanager
+def quiet(on: bool = True) -> Iterator[None]:
+    """No progress bars in this thread while the block runs (``on``), as ``CYTO_PROGRESS=0``
+    for the whole process: a Python call given ``echo=None`` says nothing, bars included."""
+    token = _QUIET.set(_QUIET.get() or on)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
 
 
 class _Bar:
@@ -34,7 +49,7 @@ def progress(
     every 10 s, so logs stay readable. ``CYTO_PROGRESS=0`` silences it. ``done``: the part an
     earlier run finished (a resumed run): counted, but not in this run's rate and ETA.
     """
-    if os.environ.get("CYTO_PROGRESS", "1") == "0":
+    if os.environ.get("CYTO_PROGRESS", "1") == "0" or _QUIET.get():
         yield _Bar(lambda n: None, lambda t: None)
         return
     if sys.stderr.isatty():

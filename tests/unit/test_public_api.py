@@ -947,3 +947,29 @@ def test_the_cli_says_a_name_too_long_in_one_line(tmp_path):
         assert lines[0].startswith(f"error: {str(tmp_path)[:20]}"), lines[0]
         assert "characters)" in lines[0], lines[0]  # the name cut to fit the line
         assert "longer than the file system allows" in lines[0] and len(lines[0]) < 300, lines[0]
+
+
+def test_echo_none_silences_the_progress_bars_too(exported_dsvdd, synth_patches, tmp_path):
+    """Hostile round 26 (5): `echo=None` ("where progress lines go; None: nowhere") left
+    `train`'s, `predict`'s and `score_slide`'s progress bars on stderr. A call given
+    `echo=None` writes none; the next call without it keeps them (a process of its own, its
+    progress on as a user's is)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "quiet.py"
+    script.write_text(
+        "import sys, cyto\n"
+        "for how, echo in (('none', None), ('print', print)):\n"
+        f"    cyto.predict({str(exported_dsvdd)!r}, {str(synth_patches)!r}, "
+        f"{str(tmp_path)!r} + f'/{{how}}.parquet', normal='normal', echo=echo)\n"
+        "    print('--- after', how, file=sys.stderr, flush=True)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True,
+        env={**os.environ, "CYTO_PROGRESS": "1"}, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    quiet, loud = proc.stderr.split("--- after none")
+    assert "images (" not in quiet and "images (" in loud, proc.stderr
