@@ -48,7 +48,7 @@ from cyto.errors import (
     StainWarning,
     warn_caller,
 )
-from cyto.flags import Range, check_value, hints_of, passing, said
+from cyto.flags import MPP_RANGE, check_value, hints_of, passing, said
 from cyto.infer.store import ChunkStore, kept_words
 from cyto.locks import OutputLock
 from cyto.outputs_check import check_out_file, refuse_to_replace
@@ -69,7 +69,7 @@ def predict(
     backend: str = "auto",
     precision: str = "auto",
     zoom: str | float | None = None,
-    patch_mpp: Annotated[float | None, Range(0, None, "um per pixel", open_lo=True)] = None,
+    patch_mpp: Annotated[float | None, MPP_RANGE] = None,
     verify: bool = True,
     skip_unreadable: bool = False,
     rank_by: str = "auto",

@@ -29,14 +29,20 @@ def _entries():
     from cyto.data.scale import resolve_zoom
     from cyto.data.synth.from_cells import CellSlideConfig
     from cyto.data.synth.slide import SlideSynthConfig
+    from cyto.flags import check_value, hints_of
     from cyto.infer import ScoreOptions
+    from cyto.predict import predict
     from cyto.train.registry import get_method
+
+    patch_mpp = hints_of(predict)["patch_mpp"]  # what cyto.predict(patch_mpp=) is held to
 
     return {
         "--mpp": lambda v: ScoreOptions(slide_mpp=v),
         "--model-mpp": lambda v: ScoreOptions(model_mpp=v),
         "--set mpp": lambda v: get_method("dsvdd").Config(mpp=v),
         "--patch-mpp": lambda v: resolve_zoom(None, v, 0.258, None, None, 100, 100),
+        # hostile round 26 (11): patch_mpp=0 read "must be > 0", 25.8 "between 0.01 and 10"
+        "--patch-mpp (predict's signature)": lambda v: check_value("patch_mpp", v, patch_mpp),
         "--mpp (synth slide)": lambda v: SlideSynthConfig(mpp=v),
         "--mpp (synth slide --cells)": lambda v: CellSlideConfig(Path("c"), ("N",), v),
     }
