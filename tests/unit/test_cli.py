@@ -37,8 +37,29 @@ def test_folder_without_images_error(tmp_path):
 def test_unknown_class_name_lists_known_ones(synth_patches):
     proc = run_cyto("data", "info", str(synth_patches), "--normal", "normal", "--abnormal", "blast")
     assert proc.returncode == 2
-    assert "unknown class name(s) blast" in proc.stderr
+    assert "unknown class name(s) --abnormal blast in" in proc.stderr
     assert "enlarged" in proc.stderr and "normal" in proc.stderr
+
+
+def test_an_unknown_class_is_named_by_its_option_and_a_case_slip_answered(synth_patches):
+    """Hostile round 26 (12): `normal="nilm"` for NILM/ read "unknown class name(s) nilm",
+    naming neither the option nor the class meant. The option is named in the caller's words,
+    a name that differs only in case is offered, every wrong name is said."""
+    from cyto.data.dataset import PatchDataset
+    from cyto.errors import DatasetError
+    from cyto.flags import python_words
+
+    proc = run_cyto("data", "info", str(synth_patches), "--normal", "NORMAL", "--abnormal",
+                    "Enlarged,blast")  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "unknown class name(s) --normal NORMAL (did you mean normal?), --abnormal Enlarged " in (
+        line
+    )
+    assert "(did you mean enlarged?), --abnormal blast in " in line, line
+    with python_words("train"), pytest.raises(DatasetError) as err:
+        PatchDataset.from_path(synth_patches, normal="Normal")
+    assert "unknown class name(s) normal='Normal' (did you mean normal?)" in str(err.value)
 
 
 def test_debug_shows_traceback(tmp_path):

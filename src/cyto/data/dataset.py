@@ -270,6 +270,12 @@ def load_records(source: Path) -> list[PatchRecord]:
     )
 
 
+def _case_hint(name: str, known: Sequence[str]) -> str:
+    """`` (did you mean NILM?)`` where ``name`` is a known class in other letter case."""
+    same = [k for k in known if k.lower() == name.lower()]
+    return f" (did you mean {same[0]}?)" if same else ""
+
+
 def parse_classes(text: str | Iterable[str] | None) -> tuple[str, ...] | None:
     """``"BLA,PMO"`` or ``["BLA", "PMO"]`` to a tuple; ``None`` stays ``None``."""
     if text is None:
@@ -412,10 +418,16 @@ def resolve_classes(
             f"(readable types: {', '.join(IMAGE_SUFFIXES)}): put the class's cell crops there, "
             f"or name a class that has them ({', '.join(known_s)})"
         )
-    if unknown:
+    if unknown:  # named by the option that gave it, a case-only slip answered (round 26, 12)
+        given = [
+            f"{passing(which, c)}{_case_hint(c, known_s)}"
+            for which, names in (("normal", normal_t), ("abnormal", abnormal_t or ()))
+            for c in names
+            if c in unknown
+        ]
         raise DatasetError(
-            f"unknown class name(s) {', '.join(unknown)} in {source}; classes there: "
-            f"{', '.join(known_s)}"
+            f"unknown class name(s) {', '.join(given)} in {source}; classes there: "
+            f"{', '.join(known_s)} (names are case-sensitive)"
         )
     both = set(normal_t) & set(abnormal_t or ())
     if both:
