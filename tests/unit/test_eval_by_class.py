@@ -130,3 +130,26 @@ def test_a_normal_class_the_labels_contradict_is_refused(tmp_path):
         "out)"
     )
     assert [r["class"] for r in evaluate_by_class(two, [1], normal="NILM,SUP")] == ["LSIL"]
+
+
+@settings(max_examples=20, deadline=None)
+@given(n_mixed=st.integers(1, 3), seed=st.integers(0, 1000))
+def test_a_column_whose_values_mix_labels_is_no_column_of_classes(tmp_path_factory, n_mixed, seed):
+    """Hostile round 26 (13): `--class-column quality` (ok, crowded, tile_edge ...) gave an
+    AUROC per quality, each value with rows labelled 0 and 1 counted as an abnormal class, and
+    "against crowded,crowded,slide_edge,..." for the normals. A class of cells is one label
+    throughout: a column whose values mix them is refused in one line naming it."""
+    rng = np.random.default_rng(seed)
+    values = [f"q{i}" for i in range(5)]
+    classes = rng.choice(values, 200)
+    labels = (np.isin(classes, values[:2]) * 1).astype(int)  # q0, q1 abnormal, the rest normal
+    for v in values[2 : 2 + n_mixed]:  # some normal values get an abnormal row
+        labels[np.flatnonzero(classes == v)[:1]] = 1
+    path = tmp_path_factory.mktemp("t") / "t.parquet"
+    pq.write_table(pa.table({"quality": classes, "score": rng.random(200), "label": labels}), path)
+    with pytest.raises(MetricError) as err:
+        evaluate_by_class(path, [10], class_column="quality")
+    mixed = sum(len(set(labels[classes == v])) == 2 for v in values)
+    assert str(err.value).startswith(
+        f"--class-column quality: {mixed} of its 5 values hold cells labelled both 0 and 1"
+    ), str(err.value)

@@ -9,7 +9,7 @@ import numpy as np
 from cyto.data.morphometry import RANK_COLUMNS, ranked_column
 from cyto.errors import InputPathError, first_line
 from cyto.eval.metrics import MetricError, all_metrics
-from cyto.flags import comma_list, passing
+from cyto.flags import comma_list, passing, said
 from cyto.tables import parquet_file, read_table
 
 
@@ -171,8 +171,8 @@ def evaluate_table(
 
     # a table it refuses: its one line; each row names the column judged (--json too)
     rows = [{**all_metrics(scores, labels, kk), "score_column": column} for kk in k]
-    for said in dict.fromkeys(filter(None, (ties_words(scores, kk) for kk in k))):
-        echo(said)
+    for line in dict.fromkeys(filter(None, (ties_words(scores, kk) for kk in k))):
+        echo(line)
     above = sorted({kk for kk in k if kk > len(scores)})
     if above:  # the rows say K as the pool; the K asked was not said (hostile round 25)
         asked = ", ".join(passing("k", kk) for kk in above)
@@ -219,10 +219,21 @@ def evaluate_by_class(
     known = sorted({c for c in classes if c is not None})
     if len(known) > MANY_CLASSES and len(known) > len(classes) / 2:
         raise MetricError(
-            f"--class-column {class_column}: {len(known)} distinct values in {len(classes)} "
-            f"rows of {path} (e.g. {known[0]!r}): a column of classes names a few, each of "
-            "many cells; is it a file or id column? Name the column of class names"
+            f"{said('class_column')} {class_column}: {len(known)} distinct values in "
+            f"{len(classes)} rows of {path} (e.g. {known[0]!r}): a column of classes names a "
+            "few, each of many cells; is it a file or id column? Name the column of class names"
         )
+    if labels is not None:  # a class of cells is one label throughout (round 26, 13)
+        mixed = [c for c in known if len(set(labels[classes == c].tolist()) & {0, 1}) == 2]
+        if mixed:
+            c = mixed[0]
+            ones = int(np.sum(labels[classes == c] == 1))
+            raise MetricError(
+                f"{said('class_column')} {class_column}: {len(mixed)} of its {len(known)} values "
+                f"hold cells labelled both 0 and 1 ({c!r}: {ones} of "
+                f"{int(np.sum(classes == c))} labelled 1): a column of classes gives each "
+                f"class one label ({label_column!r}); name the column of class names"
+            )
     if normal:
         normals = list(comma_list(normal, "normal"))
         unknown = [c for c in normals if c not in known]
