@@ -125,9 +125,6 @@ def predict(
         scorer, model = model, model.bundle.path
     else:
         scorer = load_scorer(model, backend, device, precision, verify=verify)
-    unverified = scorer.verification.warning(model) if scorer.verification else None
-    if unverified:  # as cyto score says it (a CytoWarning from Python)
-        warn_caller(unverified, CytoWarning)
     asked = rank_by
     rank_by, morph = scorer_rank_by(scorer, rank_by)
     # auto's choice on too few held-back abnormal cells: said beside the ranking it took
@@ -177,6 +174,11 @@ def predict(
             other = side_words(common_side(sides), scorer.spec.patch_px, scorer.spec.mpp)
             if other is not None:
                 warn_caller(other, ScaleWarning)
+        # as cyto score says it (a CytoWarning from Python), once the inputs are taken: never
+        # before a refusal of them
+        unverified = scorer.verification.warning(model) if scorer.verification else None
+        if unverified:
+            warn_caller(unverified, CytoWarning)
         job = _Job(scorer, load, factor if zooming else None, batch_size, chunk, patch_mpp, side)
         try:
             job.run(records, store, done, skip_unreadable, Path(data).name)
