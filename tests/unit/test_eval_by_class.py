@@ -78,6 +78,9 @@ def test_bad_choices_are_one_line(tmp_path):
         assert run_cyto("eval", "scores", str(tmp_path / "p.parquet"), "--by-class").returncode == 0
     proc = run_cyto("eval", "scores", str(path), "--by-class", "--normal", "Normal")
     assert proc.returncode == 2 and "no such class" in proc.stderr
+    # a case slip answered, as train and predict answer it (round 27, 16)
+    proc = run_cyto("eval", "scores", str(path), "--by-class", "--normal", "nilm")
+    assert "--normal nilm (did you mean NILM?): no such class" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
 

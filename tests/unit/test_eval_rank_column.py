@@ -51,7 +51,11 @@ def test_cli_reads_rank_the_right_way_round_and_says_so(tmp_path):
     score = run_cyto("eval", "scores", str(path), "--k", "10", "--score-column", "score")
     rank = run_cyto("eval", "scores", str(path), "--k", "10", "--score-column", "rank")
     assert score.returncode == 0 and rank.returncode == 0, rank.stderr
-    assert rank.stdout == NOTE + "\n" + score.stdout
+    # the same numbers, each table line naming the column it judged (round 27, 14)
+    assert rank.stdout == NOTE + "\n" + score.stdout.replace(
+        "(judged by 'score')", "(judged by 'rank')"
+    )
+    assert "(judged by 'score')" in score.stdout
     both = run_cyto("eval", "scores", str(path), "--score-column", "rank", "--by-class")
     assert both.returncode == 0 and both.stdout.count(NOTE) == 1, both.stdout
     js = run_cyto("eval", "scores", str(path), "--k", "10", "--score-column", "rank", "--json")

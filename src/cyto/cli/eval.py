@@ -104,7 +104,9 @@ def eval_scores_cmd(
     by_class: Annotated[
         bool,
         typer.Option(
-            help="Also each abnormal class against the normal class alone (a multi-class table: "
+            help="Also each abnormal class against the normal classes alone (those whose rows are "
+            "all labelled 0, or --normal; on a composed slide NILM and 'unmatched') (a "
+            "multi-class table: "
             "the Bethesda classes of Pap cells, cell types): its AUROC and Recall@K."
         ),
     ] = False,
@@ -154,7 +156,8 @@ def eval_scores_cmd(
 def _overall(table: Path, rows: list[dict]) -> None:
     first = rows[0]
     typer.echo(
-        f"{table}: {first['n']} cells, {first['positives']} abnormal, AUROC {first['auroc']:.4f}"
+        f"{table}: {first['n']} cells, {first['positives']} abnormal, AUROC {first['auroc']:.4f} "
+        f"(judged by {first['score_column']!r})"
     )
     typer.echo(
         f"{'K':>6} {'TP@K':>6} {'Recall':>8} {'Prec':>8} {'nDCG':>8} {'AUTK':>9} {'AUFROC':>8}"

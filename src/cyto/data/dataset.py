@@ -270,7 +270,7 @@ def load_records(source: Path) -> list[PatchRecord]:
     )
 
 
-def _case_hint(name: str, known: Sequence[str]) -> str:
+def case_hint(name: str, known: Sequence[str]) -> str:
     """`` (did you mean NILM?)`` where ``name`` is a known class in other letter case."""
     same = [k for k in known if k.lower() == name.lower()]
     return f" (did you mean {same[0]}?)" if same else ""
@@ -420,7 +420,7 @@ def resolve_classes(
         )
     if unknown:  # named by the option that gave it, a case-only slip answered (round 26, 12)
         given = [
-            f"{passing(which, c)}{_case_hint(c, known_s)}"
+            f"{passing(which, c)}{case_hint(c, known_s)}"
             for which, names in (("normal", normal_t), ("abnormal", abnormal_t or ()))
             for c in names
             if c in unknown

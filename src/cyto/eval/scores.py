@@ -237,10 +237,12 @@ def evaluate_by_class(
     if normal:
         normals = list(comma_list(normal, "normal"))
         unknown = [c for c in normals if c not in known]
-        if unknown:
+        if unknown:  # a case slip answered, as train and predict answer it (round 27, 16)
+            from cyto.data.dataset import case_hint
+
             raise MetricError(
-                f"--normal {', '.join(unknown)}: no such class in {path}; classes: "
-                f"{', '.join(known)}"
+                f"--normal {', '.join(c + case_hint(c, known) for c in unknown)}: no such class "
+                f"in {path}; classes: {', '.join(known)} (names are case-sensitive)"
             )
     elif labels is not None:
         normals = [c for c in known if not np.any(labels[classes == c] == 1)]
