@@ -445,7 +445,7 @@ def test_a_log_share_is_shown_as_a_share_with_its_transform_named():
     (up) -2.935 +- 1.022' (hostile round 18, case 2)."""
     words = Feature("nucleus_share", "up", -2.935, 1.022).words()
     assert words == (
-        "nucleus_share (up) 0.0521 (0.0181 to 0.147 within one sd; "
+        "nucleus_share (up: nuclear enlargement) 0.0521 (0.0181 to 0.147 within one sd; "
         "log(nucleus_share + 0.001) -2.935 +- 1.022)"
     ), words
     nc = Feature("nc_ratio", "up", 0.0, 1.0).words()
@@ -453,9 +453,10 @@ def test_a_log_share_is_shown_as_a_share_with_its_transform_named():
     # a discount (1 - solidity in [0, 1]) has no span to show: "-0.00588 to 0.18" read as a
     # negative irregularity
     disc = Feature("contour_irregularity", "discount", 0.0871, 0.093).words()
+    # each part named in the cytologist's words too (round 27, 1)
     assert disc == (
-        "contour_irregularity (discount) 0.0871 +- 0.093: the score divided by 1 + 0.5 x its sds "
-        "above that"
+        "contour_irregularity (discount: 1 - solidity, an irregular outline is rarely one "
+        "nucleus) 0.0871 +- 0.093: the score divided by 1 + 0.5 x its sds above the normals'"
     ), disc
 
 

@@ -151,6 +151,18 @@ _TRANSFORM_WORDS = {
 }
 
 
+#: what a feature on a side means in the cytologist's words, where ``cyto info`` shows it (round
+#: 27, 1: "nucleus_share (up)" and "(discount)" needed methods.md open beside them)
+_MEANING = {
+    ("nucleus_share", "up"): "nuclear enlargement",
+    ("nucleus_share", "both"): "a nucleus larger or smaller",
+    (
+        "contour_irregularity",
+        "discount",
+    ): "1 - solidity, an irregular outline is rarely one nucleus",
+}
+
+
 def _inverse(name: str, t: float) -> float:
     """The feature's value whose :func:`_transform` is ``t``."""
     if name in ("nucleus_share", "nucleus_area_um2", "nucleus_od_ratio"):
@@ -176,14 +188,16 @@ class Feature:
         maps back to, the span of one sd either side, then the transform's own mean and sd
         (what the score measures against). A log share printed as the share read as a negative
         share (hostile round 18, case 2)."""
+        what = _MEANING.get((self.name, self.direction))
+        side = self.direction if what is None else f"{self.direction}: {what}"
         if self.direction == "discount":  # no span: below the mean it does nothing
             return (
-                f"{self.name} (discount) {self.mean:.3g} +- {self.sd:.3g}: the score divided by "
-                f"1 + {DISCOUNT:g} x its sds above that"
+                f"{self.name} ({side}) {self.mean:.3g} +- {self.sd:.3g}: the score divided by "
+                f"1 + {DISCOUNT:g} x its sds above the normals'"
             )
         lo, mid, hi = (_inverse(self.name, self.mean + k * self.sd) for k in (-1, 0, 1))
         return (
-            f"{self.name} ({self.direction}) {mid:.3g} ({lo:.3g} to {hi:.3g} within one sd; "
+            f"{self.name} ({side}) {mid:.3g} ({lo:.3g} to {hi:.3g} within one sd; "
             f"{_TRANSFORM_WORDS.get(self.name, self.name).format(self.name)} "
             f"{self.mean:.3f} +- {self.sd:.3f})"
         )
