@@ -56,7 +56,10 @@ def test_train_info_predict(tmp_path, synth_patches):
     assert "dsvdd" in info.stdout and "higher = more abnormal" in info.stdout
     assert "checksums verified" in info.stdout
     assert "training resolution: not recorded" in info.stdout  # trained without --set mpp
-    assert "stain mgg; morphometry of the training normals: nucleus_share (both: a nucleus larger or smaller)" in info.stdout
+    assert (
+        "stain mgg; morphometry of the training normals: nucleus_share (both: a nucleus larger or "
+        "smaller)"
+    ) in info.stdout
     assert "--rank-by auto ranks by " in info.stdout and "held-back cells" in info.stdout
     manifest = json.loads(run_cyto("info", str(out), "--json").stdout)
     assert manifest["config"]["epochs"] == 2 and manifest["config"]["backbone"] == "smallcnn"
