@@ -455,7 +455,7 @@ def test_a_log_share_is_shown_as_a_share_with_its_transform_named():
     disc = Feature("contour_irregularity", "discount", 0.0871, 0.093).words()
     # each part named in the cytologist's words too (round 27, 1)
     assert disc == (
-        "contour_irregularity (discount: 1 - solidity, an irregular outline is rarely one "
+        "contour_irregularity (discount: 1 - solidity: irregular outlines are rarely one "
         "nucleus) 0.0871 +- 0.093: the score divided by 1 + 0.5 x its sds above the normals'"
     ), disc
 

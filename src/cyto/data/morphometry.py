@@ -156,10 +156,7 @@ _TRANSFORM_WORDS = {
 _MEANING = {
     ("nucleus_share", "up"): "nuclear enlargement",
     ("nucleus_share", "both"): "a nucleus larger or smaller",
-    (
-        "contour_irregularity",
-        "discount",
-    ): "1 - solidity, an irregular outline is rarely one nucleus",
+    ("contour_irregularity", "discount"): "1 - solidity: irregular outlines are rarely one nucleus",
 }
 
 
@@ -335,11 +332,9 @@ def ranked_column(columns, rank_by: str | None = None) -> str:
         return column
     if "fused_score" in columns:
         return "fused_score"
-    return (
-        "morphometry_score"
-        if "morphometry_score" in columns and "score" not in columns
-        else ("score")
-    )
+    if "score" not in columns and "morphometry_score" in columns:
+        return "morphometry_score"
+    return "score"
 
 
 def ranked_values(how: str, model: np.ndarray, morph: np.ndarray | None) -> np.ndarray:
