@@ -217,9 +217,11 @@ class Morphometric:
         for name, direction in MORPHOMETRY[stain]:
             values = _transform(name, measures[name])
             values = values[np.isfinite(values)]
-            if direction == "discount" and (
-                len(values) < 2 or not float(values.std()) > 1e-9 * max(1.0, abs(values.mean()))
-            ):
+            # rounding is no spread
+            varies = len(values) >= 2 and float(values.std()) > 1e-9 * max(
+                1.0, abs(float(values.mean()))
+            )
+            if direction == "discount" and not varies:
                 # the normals give no spread to discount by (every outline convex): no discount
                 continue
             if len(values) < 2:
@@ -227,13 +229,12 @@ class Morphometric:
                     f"a morphometric score needs >= 2 normal cells with a measured {name}, got "
                     f"{len(values)} (are the patches blank, or at another scale?)"
                 )
-            sd = float(values.std())
-            if not sd > 1e-9 * max(1.0, abs(float(values.mean()))):  # rounding is no spread
+            if not varies:
                 raise ConfigError(
                     f"the normal cells' {name} does not vary: no spread to score against "
                     "(are the patches blank or identical?)"
                 )
-            fitted.append(Feature(name, direction, float(values.mean()), sd))
+            fitted.append(Feature(name, direction, float(values.mean()), float(values.std())))
         return cls(stain, tuple(fitted))
 
     def score(self, measures: dict[str, np.ndarray]) -> np.ndarray:

@@ -102,6 +102,19 @@ def read_score_table(
     return (scores, labels, score_column) if with_column else (scores, labels)
 
 
+#: how a note on a table without its ranking's record begins (:func:`_say_unranked`,
+#: :func:`_column_of_rank`)
+_UNRANKED = (
+    "note: the table records no ranking (cyto.rank_by, in a cyto Parquet table's metadata, "
+    "which a CSV copy loses)"
+)
+
+
+def _metric_rows(scores, labels, k: list[int], column: str) -> list[dict]:
+    """Every metric at each of ``k``, each row naming the column judged (``--json`` too)."""
+    return [{**all_metrics(scores, labels, kk), "score_column": column} for kk in k]
+
+
 def _say_unranked(table, column: str, echo) -> None:
     """A table that records no ranking and has no ``rank`` to follow (a CSV copy with its rank
     dropped) is judged by ``column``; where it holds another of cyto's score columns, which
@@ -113,8 +126,7 @@ def _say_unranked(table, column: str, echo) -> None:
     others = [c for c in others if c in table.column_names]
     if others:
         echo(
-            "note: the table records no ranking (cyto.rank_by, in a cyto Parquet table's "
-            f"metadata, which a CSV copy loses) and has no rank column: judged by {column!r}; "
+            f"{_UNRANKED} and has no rank column: judged by {column!r}; "
             f"it also holds {', '.join(repr(c) for c in others)}: "
             f"{passing('score_column', 'COLUMN')} to judge another"
         )
@@ -148,11 +160,7 @@ def _column_of_rank(table, default: str, echo) -> str:
             if found == "rank"
             else f"judged by {found!r}, the column its rank follows"
         )
-        echo(
-            "note: the table records no ranking (cyto.rank_by, in a cyto Parquet table's "
-            f"metadata, which a CSV copy loses): {how}; {passing('score_column', 'COLUMN')} to "
-            "judge another"
-        )
+        echo(f"{_UNRANKED}: {how}; {passing('score_column', 'COLUMN')} to judge another")
     return found
 
 
@@ -169,8 +177,7 @@ def evaluate_table(
     )
     from cyto.eval.metrics import ties_words
 
-    # a table it refuses: its one line; each row names the column judged (--json too)
-    rows = [{**all_metrics(scores, labels, kk), "score_column": column} for kk in k]
+    rows = _metric_rows(scores, labels, k, column)  # a table it refuses: its one line
     for line in dict.fromkeys(filter(None, (ties_words(scores, kk) for kk in k))):
         echo(line)
     above = sorted({kk for kk in k if kk > len(scores)})
@@ -294,11 +301,7 @@ def evaluate_with_classes(
     scores, labels, column = read_score_table(
         path, score_column, label_column, need_label=False, with_column=True
     )
-    overall = (
-        None
-        if labels is None
-        else [{**all_metrics(scores, labels, kk), "score_column": column} for kk in k]
-    )
+    overall = None if labels is None else _metric_rows(scores, labels, k, column)
     return {"overall": overall, "by_class": classes}
 
 
