@@ -302,9 +302,11 @@ def test_a_pap_training_whose_normal_nuclei_are_not_a_normal_size_doubts_its_pix
         assert lines == []
     elif not 1 / NUCLEUS_AREA_SPREAD <= ratio <= NUCLEUS_AREA_SPREAD:
         (line,) = lines
-        likely = mpp * (1 / ratio) ** 0.5
+        # from the median as the bundle records it (two decimals), as the line is worded
+        recorded = check["median_um2"]
+        likely = mpp * (NORMAL_NUCLEUS_UM2["pap"] / recorded) ** 0.5
         assert line.startswith(
-            f"the training normals' nuclei measure a median of {median:.0f} um^2 at {mpp:.3g} "
+            f"the training normals' nuclei measure a median of {recorded:.0f} um^2 at {mpp:.3g} "
             "um/px, where a normal pap cell's measures about 40 um^2: is the pixel size right? "
             f"Nearer {likely:.2g} um/px"
         ), line
