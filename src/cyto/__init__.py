@@ -11,9 +11,12 @@ and may change without notice):
 - :func:`train`: train a registered method on cell patches into a model bundle;
 - :func:`export`: export a bundle to ONNX (and reduced precisions, TensorRT engines);
 - :func:`predict`: score a folder of cell patches into a Parquet table;
+- :func:`info`: what a model bundle is and what ``rank_by="auto"`` ranks by (``cyto info``);
+- :func:`evaluate`: the paper's metrics of a score table, per class too (``cyto eval scores``);
+- :func:`synth_slide`: a slide with its truth, composed from real cell crops or drawn;
 - :func:`cache_dir` and ``__version__``.
 
-The five calls live in :mod:`cyto.api` and are imported on first use (PEP 562), so ``import cyto``
+The calls live in :mod:`cyto.api` and are imported on first use (PEP 562), so ``import cyto``
 loads no torch, onnxruntime, pyvips or numba.
 
 Example:
@@ -33,7 +36,16 @@ from pathlib import Path as _Path
 __version__ = "0.1.0"
 
 #: the public API, re-exported lazily from :mod:`cyto.api`
-_API = ("load_model", "score_slide", "train", "export", "predict")
+_API = (
+    "load_model",
+    "score_slide",
+    "train",
+    "export",
+    "predict",
+    "info",
+    "evaluate",
+    "synth_slide",
+)
 #: public calls that share their name with a subpackage or module of cyto (``cyto.train`` is
 #: also the training package): see :class:`_SharedName`
 _SHARED = ("train", "export", "predict")

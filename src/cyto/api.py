@@ -1,8 +1,9 @@
-"""The public Python API: five calls for notebooks and scripts, re-exported by :mod:`cyto`.
+"""The public Python API: the calls for notebooks and scripts, re-exported by :mod:`cyto`.
 
-``cyto.load_model``, ``cyto.score_slide``, ``cyto.train``, ``cyto.export`` and ``cyto.predict``
-are the stable names; the ``cyto`` commands call the same library functions underneath. Each
-call imports what it needs when it runs, so ``import cyto`` stays light.
+``cyto.load_model``, ``cyto.score_slide``, ``cyto.train``, ``cyto.export``, ``cyto.predict``,
+``cyto.info``, ``cyto.evaluate`` and ``cyto.synth_slide`` are the stable names; the ``cyto``
+commands call the same library functions underneath. Each call imports what it needs when it
+runs, so ``import cyto`` stays light.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from cyto.errors import CytoWarning, WarningLine, warn_caller
-from cyto.flags import Local, Range
+from cyto.flags import Local, Mpp, Range, Seed, Share, SlideSide
 
 #: a model bundle is a folder on this machine
 BUNDLE = Local("a model bundle folder: copy it to this machine first")
@@ -539,3 +540,169 @@ def predict(
     )
     _rank_by_caution(res.get("rank_by_caution"))  # cyto predict prints it beside its ranking
     return res
+
+
+@_front_door
+def info(model: Annotated[str | Path, BUNDLE]) -> dict[str, Any]:
+    """What a model bundle is, read with every checksum verified (``cyto info``).
+
+    Args:
+        model: the bundle folder (``NAME.cyto``).
+
+    Returns:
+        A dict: ``path`` (the bundle, absolute), ``manifest`` (its manifest: method, input
+        size, training data, ``validation``: how the model, the morphometric score and their
+        fusion ranked held-back cells), ``rank_by_auto`` (what ``rank_by="auto"`` ranks by:
+        ``model``, ``morphometry`` or ``model+morphometry``), ``rank_by_reason`` (why, in
+        words) and ``warnings`` (each a line: what training could not fit, a doubted pixel
+        size, a choice resting on too few held-back cells).
+
+    Example:
+        >>> import cyto
+        >>> about = cyto.info("pap.cyto")
+        >>> about["rank_by_auto"], about["warnings"]
+    """
+    from cyto.bundle import verify_bundle
+    from cyto.data.morphometry import ranking_said
+
+    path = Path(model)
+    manifest = verify_bundle(path)
+    return {"path": str(path.resolve()), "manifest": manifest, **ranking_said(manifest)}
+
+
+@_front_door
+def evaluate(
+    table: Annotated[str | Path, Local("a score table: copy it to this machine first")],
+    *,
+    k: int | Sequence[int] = 400,
+    score_column: str = "auto",
+    label_column: str = "label",
+    by_class: bool = False,
+    class_column: str = "class",
+    normal: str | None = None,
+    echo: Callable[[str], None] | None = print,
+) -> dict[str, Any]:
+    """The paper's metrics of a score table (``cyto eval scores``): TP@K, Recall@K,
+    Precision@K, nDCG@K, AUTK@K, normalized AUFROC@K and AUROC; and each abnormal class against
+    the normal classes (``by_class``).
+
+    Args:
+        table: a score table (Parquet or CSV; ``scores.parquet`` of ``cyto score``, the table
+            of ``cyto predict``), one row per cell.
+        k: K, or several.
+        score_column: the column of scores (higher: more abnormal); ``auto``: what the table's
+            ``rank`` follows (the ranking it records).
+        label_column: the column of 0/1 labels (1: abnormal).
+        by_class: also each abnormal class of ``class_column`` against the normal classes
+            alone: its AUROC and Recall@K.
+        class_column: the column of class names.
+        normal: the normal class(es), comma-separated (default: the classes whose rows are all
+            labelled 0).
+        echo: where notes go (which column was judged where the table does not say; None:
+            nowhere).
+
+    Returns:
+        A dict: ``overall`` (one row per K: ``k``, ``n``, ``positives``, ``auroc``,
+        ``tp_at_k``, ``recall_at_k``, ``precision_at_k``, ``ndcg_at_k``, ``autk_at_k``,
+        ``aufroc_at_k`` and the ``score_column`` judged; None without a label column) and
+        ``by_class`` (one row per abnormal class; None unless ``by_class``).
+
+    Example:
+        >>> import cyto
+        >>> done = cyto.evaluate("scored/slide/scores.parquet", k=[100, 400], by_class=True)
+        >>> [(c["class"], c["auroc"]) for c in done["by_class"]]
+    """
+    from cyto.eval.scores import evaluate_table, evaluate_with_classes
+
+    ks = [k] if isinstance(k, int) else list(k)
+    path, said = Path(table), _said(echo)
+    if not by_class:
+        return {"overall": evaluate_table(path, ks, score_column, label_column, said),
+                "by_class": None}  # fmt: skip
+    both = evaluate_with_classes(path, ks, normal, score_column, class_column, label_column, said)
+    return {"overall": both["overall"], "by_class": both["by_class"]}
+
+
+@_front_door
+def synth_slide(
+    out: Annotated[str | Path, Local("the slide to write: a local file")],
+    *,
+    cells: Annotated[str | Path | None, Local("a folder of cell crops: copy it here first")] = None,
+    normal: str | None = None,
+    abnormal: str | None = None,
+    mpp: Mpp | None = None,
+    abnormal_fraction: Share = 0.01,
+    width: SlideSide = 8192,
+    height: SlideSide = 8192,
+    n_cells: Annotated[int | None, Range(0)] = None,
+    seed: Seed = 0,
+    overwrite: bool = False,
+    echo: Callable[[str], None] | None = print,
+    **options: Any,
+) -> dict[str, Any]:
+    """A whole slide with a known truth (``cyto synth slide``): composed from a folder of real
+    cell crops (``cells``), or drawn.
+
+    Args:
+        out: the slide file to write: ``NAME.tif``, ``NAME.tiff`` or ``NAME.ndpi``; its truth
+            is ``NAME.cells.parquet`` beside it.
+        cells: a folder of cell crops, one sub-folder per class: ``normal``'s crops are the
+            background population, the ``abnormal`` classes are planted at
+            ``abnormal_fraction``. None: a slide of drawn cells.
+        normal: with ``cells``: the normal class(es), comma-separated.
+        abnormal: with ``cells``: the classes to plant (default: every other class).
+        mpp: microns per pixel of the slide; with ``cells`` the crops' (required: crops do not
+            state it).
+        abnormal_fraction: the share of planted abnormal cells (the witness rate), 0..1.
+        width: width in px (rounded up to a multiple of 512).
+        height: height in px (rounded up to a multiple of 512).
+        n_cells: nucleated cells (default: as many as fit, or one per 140x140 px of smear).
+        seed: the same seed gives the same bytes.
+        overwrite: replace an existing slide.
+        echo: where notes go (None: nowhere).
+        **options: the other settings of ``cyto synth slide``: ``fmt``, ``tile``, ``quality``,
+            ``workers``; of a drawn slide only: ``classes``, ``planes``, ``scale``,
+            ``defocus``, ``smear_extent``.
+
+    Returns:
+        A dict: ``slide`` (the file to score), ``paths`` (every file written: one per focal
+        plane), ``truth`` (the truth table), ``size`` ([width, height] in px), ``levels``,
+        ``n_cells`` and ``n_abnormal``.
+
+    Example:
+        >>> import cyto
+        >>> made = cyto.synth_slide("check.tif", cells="cric/", normal="NILM", mpp=0.258,
+        ...                         width=4096, height=4096, abnormal_fraction=0.02)
+        >>> cyto.score_slide(made["slide"], "pap.cyto", "scored/check", truth=made["truth"])
+    """
+    from cyto.data.synth.make import make_slide
+
+    named = (
+        "out", "cells", "normal", "abnormal", "mpp", "abnormal_fraction", "width", "height",
+        "n_cells", "seed", "overwrite", "echo",
+    )  # fmt: skip
+    options = _options("synth_slide", options, make_slide, named)
+    res = make_slide(
+        Path(out),
+        cells=None if cells is None else Path(cells),
+        normal=normal,
+        abnormal=abnormal,
+        mpp=mpp,
+        abnormal_fraction=abnormal_fraction,
+        width=width,
+        height=height,
+        n_cells=n_cells,
+        seed=seed,
+        overwrite=overwrite,
+        echo=_said(echo),
+        **options,
+    )
+    return {
+        "slide": str(res.paths[0]),
+        "paths": [str(p) for p in res.paths],
+        "truth": str(res.ground_truth),
+        "size": list(res.size),
+        "levels": [list(level) for level in res.levels],
+        "n_cells": int(res.n_cells),
+        "n_abnormal": int(res.n_abnormal),
+    }

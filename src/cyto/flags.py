@@ -42,6 +42,7 @@ from cyto.errors import ConfigError
 FLAGS: dict[str, str | None] = {
     "slide_mpp": "--mpp",
     "precisions": "--precision",  # cyto export's
+    "fmt": "--format",  # cyto synth slide's container
     "review": "--marks",  # cyto refine's: the review folder whose marks it learns from
     "overrides": "--set",  # cyto train's and refine's config overrides
     "wrs": "--wr",  # cyto eval sweep's witness rates
@@ -217,6 +218,11 @@ def check_mpp(field: str, value: Any) -> Any:
     mpp a user gives (``cyto score``, ``cyto predict``, ``cyto train``, ``cyto synth``)."""
     return value if value is None else check_value(field, value, Mpp)
 
+
+#: the annotation of a share of cells (``--abnormal-fraction``: the witness rate)
+Share = typing.Annotated[float, Range(0, 1, "a share of the cells")]
+#: the annotation of a synthetic slide's side in px (at least one 512 px block)
+SlideSide = typing.Annotated[int, Range(512, None, "px")]
 
 #: the annotation of a JPEG quality argument (what PIL and pyvips take)
 JpegQuality = typing.Annotated[int, Range(1, 100, "JPEG quality")]

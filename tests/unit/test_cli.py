@@ -144,7 +144,7 @@ def test_synth_slide_cli_errors(tmp_path):
     proc = run_cyto("synth", "slide", str(tmp_path / "slide.png"))
     assert proc.returncode == 2 and ".ndpi" in proc.stderr
     proc = run_cyto("synth", "slide", str(tmp_path / "s.tif"), "--abnormal-fraction", "2")
-    assert proc.returncode == 2 and "abnormal fraction" in proc.stderr
+    assert proc.returncode == 2 and "--abnormal-fraction must be in" in proc.stderr
     proc = run_cyto("synth", "slide", str(tmp_path / "s.tif"), "--planes", "1,2")
     assert proc.returncode == 2 and "include 0.0" in proc.stderr
 

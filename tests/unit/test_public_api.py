@@ -24,7 +24,8 @@ from tests.unit.test_cli_import import HEAVY
 PROBE = """
 import json, sys
 import cyto
-names = [cyto.load_model, cyto.score_slide, cyto.train, cyto.export, cyto.predict]
+names = [cyto.load_model, cyto.score_slide, cyto.train, cyto.export, cyto.predict, cyto.info,
+         cyto.evaluate, cyto.synth_slide]
 print("@@" + json.dumps([m for m in {heavy!r} if m in sys.modules]))
 """
 
@@ -50,6 +51,9 @@ def test_the_public_names_are_listed_and_documented():
         "train",
         "export",
         "predict",
+        "info",
+        "evaluate",
+        "synth_slide",
     }
     assert set(cyto.__all__) <= set(dir(cyto))
     for name in cyto._API:
@@ -155,6 +159,26 @@ KINDS = {
         "overrides": "dict?",
         "weights": "path?",
     },
+    "info": {"model": "path"},
+    "evaluate": {
+        "table": "path",
+        "score_column": "str",
+        "by_class": "bool",
+        "normal": "str?",
+        "echo": "callable?",
+    },
+    "synth_slide": {
+        "out": "path",
+        "cells": "path?",
+        "mpp": "float?",
+        "abnormal_fraction": "float",
+        "width": "int",
+        "n_cells": "int?",
+        "seed": "int",
+        "overwrite": "bool",
+        "tile": "int",
+        "defocus": "float",
+    },
 }
 #: values out of each option's range (the range is the option's, at the CLI and in Python alike)
 OUT_OF_RANGE = {
@@ -186,6 +210,25 @@ OUT_OF_RANGE = {
         "batch_size": st.integers(max_value=0),
         "chunk": st.integers(max_value=0),
         "patch_mpp": st.floats(max_value=0.0),
+    },
+    "evaluate": {
+        "k": st.one_of(
+            st.integers(max_value=0), st.lists(st.integers(max_value=0), min_size=1, max_size=2)
+        )
+    },
+    "synth_slide": {
+        "mpp": st.one_of(st.floats(max_value=0.0099), st.floats(min_value=10.5)),
+        "abnormal_fraction": st.one_of(st.floats(max_value=-1e-6), st.floats(min_value=1.001)),
+        "width": st.integers(max_value=511),
+        "height": st.integers(max_value=511),
+        "n_cells": st.integers(max_value=-1),
+        "seed": st.one_of(st.integers(max_value=-1), st.integers(min_value=2**32)),
+        "tile": st.one_of(st.integers(max_value=63), st.integers(min_value=513)),
+        "quality": st.one_of(st.integers(max_value=0), st.integers(min_value=101)),
+        "scale": st.floats(max_value=0.0),
+        "defocus": st.one_of(st.floats(max_value=-20.01), st.floats(min_value=20.01)),
+        "smear_extent": st.one_of(st.floats(max_value=0.0199), st.floats(min_value=0.501)),
+        "workers": st.integers(max_value=-1),
     },
     "export": {
         "opset": st.integers(max_value=10),
@@ -234,8 +277,15 @@ def _call(name: str, tmp: Path, **given):
         "export": {"bundle": tmp / "m.cyto"},
         "predict": {"model": tmp / "m.cyto", "data": tmp / "d", "out": tmp / "p.parquet"},
         "train": {"method": "dsvdd", "data": tmp / "d", "out": tmp / "t.cyto"},
+        "info": {"model": tmp / "m.cyto"},
+        "evaluate": {"table": tmp / "t.parquet"},
+        "synth_slide": {"out": tmp / "s.tif"},
     }[name]
-    quiet = {"echo": None} if name in ("score_slide", "export", "predict") else {}
+    quiet = (
+        {"echo": None}
+        if name in ("score_slide", "export", "predict", "evaluate", "synth_slide")
+        else {}
+    )
     return getattr(cyto, name)(**{**needs, **quiet, **given})
 
 
@@ -303,6 +353,7 @@ def test_every_numeric_argument_of_the_public_calls_has_its_range_tried():
     in OUT_OF_RANGE, so the test above tries values out of its range."""
     import cyto.export.api
     import cyto.predict
+    from cyto.data.synth.make import make_slide
     from cyto.flags import hints_of
     from cyto.infer.options import _hints
 
@@ -310,6 +361,7 @@ def test_every_numeric_argument_of_the_public_calls_has_its_range_tried():
     takes["score_slide"].update(_hints())
     takes["export"].update(hints_of(cyto.export.api.export_bundle))
     takes["predict"].update(hints_of(cyto.predict.predict))
+    takes["synth_slide"].update(hints_of(make_slide))
     untried = {
         f"{name}({field}=)"
         for name, hints in takes.items()

@@ -99,24 +99,16 @@ def info_cmd(
             )
             + ", at the model's crop size, as --zoom auto measures it)"
         )
-    from cyto.data.morphometry import (
-        Morphometric,
-        choose_ranking,
-        few_abnormal_words,
-        unfitted_words,
-    )
+    from cyto.data.morphometry import Morphometric, ranking_said
 
     morph = Morphometric.from_record(td.get("morphometry"), td.get("nucleus_size"))
     if morph is not None:
         features = "; ".join(f.words() for f in morph.features)
         typer.echo(f"  stain {morph.stain}; morphometry of the training normals: {features}")
-    for line in unfitted_words(td):  # what training could not fit, as it said then
+    ranking = ranking_said(m)
+    typer.echo(f"  --rank-by auto ranks by {ranking['rank_by_auto']}: {ranking['rank_by_reason']}")
+    for line in ranking["warnings"]:  # what training could not fit, as it said then
         typer.echo(f"  warning: {line}")
-    how, why = choose_ranking(m.get("validation"))
-    typer.echo(f"  --rank-by auto ranks by {how}: {why}")
-    few = few_abnormal_words(m.get("validation"))
-    if few is not None:
-        typer.echo(f"  warning: {few}")
     if m.get("bag_check"):
         typer.echo(f"  {m['bag_check']['message']}")
     ref = m.get("refined_from")

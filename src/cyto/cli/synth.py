@@ -127,61 +127,20 @@ def synth_slide(
     overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
 ) -> None:
     """Draw a whole slide with planted abnormal cells, plus NAME.cells.parquet (ground truth)."""
-    from cyto.errors import ConfigError
+    from cyto.data.synth.make import make_slide
 
-    if cells is not None:
-        from cyto.data.synth.from_cells import compose_from_cli
-
-        res = compose_from_cli(
-            out, cells, normal, abnormal, mpp, n_cells, abnormal_fraction, width, height, seed,
-            tile, quality, fmt, overwrite, workers, typer.echo,
-            drawn={"--classes": classes, "--planes": planes != "0", "--defocus": defocus,
-                   "--scale": scale != 1.5, "--smear-extent": smear_extent != 0.46},
-        )  # fmt: skip
-    else:
-        if normal is not None or abnormal is not None:
-            raise ConfigError("--normal and --abnormal name the classes of --cells DIR")
-        res = _draw_synthetic(
-            out, width, height, n_cells, abnormal_fraction, classes, planes, fmt, tile, quality,
-            scale, mpp, defocus, smear_extent, seed, workers, overwrite,
-        )  # fmt: skip
+    res = make_slide(
+        out, cells=cells, width=width, height=height, n_cells=n_cells, normal=normal,
+        abnormal=abnormal, mpp=mpp, abnormal_fraction=abnormal_fraction, classes=classes,
+        planes=planes, fmt=fmt, tile=tile, quality=quality, scale=scale, defocus=defocus,
+        smear_extent=smear_extent, seed=seed, workers=workers, overwrite=overwrite,
+        echo=typer.echo,
+    )  # fmt: skip
     w, h = res.size
     typer.echo(
         f"wrote {', '.join(map(str, res.paths))} ({w}x{h} px, {len(res.levels)} levels, "
         f"{res.n_cells} cells, {res.n_abnormal} abnormal) and {res.ground_truth}"
     )
-
-
-def _draw_synthetic(
-    out, width, height, n_cells, abnormal_fraction, classes, planes, fmt, tile, quality, scale,
-    mpp, defocus, smear_extent, seed, workers, overwrite,
-):  # fmt: skip
-    """A slide of drawn cells (:mod:`cyto.data.synth.slide`)."""
-    from cyto.data.synth.cells import ABNORMAL_CLASSES
-    from cyto.data.synth.slide import SlideSynthConfig, write_slide
-    from cyto.errors import ConfigError
-    from cyto.flags import comma_list
-
-    try:
-        zs = comma_list(planes, "planes", float)
-    except ValueError as exc:
-        raise ConfigError(f"--planes must be numbers separated by commas, got {planes!r}") from exc
-    config = SlideSynthConfig(
-        width=width,
-        height=height,
-        n_cells=n_cells,
-        abnormal_fraction=abnormal_fraction,
-        abnormal_classes=_csv(classes, "--classes") or ABNORMAL_CLASSES,
-        planes=zs,
-        tile=tile,
-        quality=quality,
-        scale=scale,
-        seed=seed,
-        defocus=defocus,
-        smear_extent=smear_extent,
-        mpp=mpp,
-    )
-    return write_slide(out, config, fmt=fmt, overwrite=overwrite, workers=workers)
 
 
 @app.command("demo", short_help="The main job on built-in synthetic data, end to end.")

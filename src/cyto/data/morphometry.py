@@ -454,6 +454,17 @@ def unfitted_words(training: dict | None) -> list[str]:
     return lines
 
 
+def ranking_said(manifest: dict) -> dict:
+    """What ``--rank-by auto`` ranks a bundle's cells by and why, and the warnings of what its
+    training could not fit or rests on too few cells: one record for ``cyto info``'s lines and
+    :func:`cyto.info`'s answer (``rank_by_auto``, ``rank_by_reason``, ``warnings``)."""
+    validation = manifest.get("validation")
+    how, why = choose_ranking(validation)
+    few = few_abnormal_words(validation)
+    warnings = unfitted_words(manifest.get("training_data")) + ([few] if few else [])
+    return {"rank_by_auto": how, "rank_by_reason": why, "warnings": warnings}
+
+
 def resolve_rank_by(
     rank_by: str, morph: Morphometric | None, validation: dict | None, why: str | None = None
 ) -> str:

@@ -164,6 +164,18 @@ def _column_of_rank(table, default: str, echo) -> str:
     return found
 
 
+def check_ks(k: list[int]) -> None:
+    """Each K at least 1, refused in one line in the caller's words (``--k``, ``k=``) before
+    the table is read: the metric's own "K must be >= 1" named no option."""
+    from cyto.errors import ConfigError
+
+    for kk in k:
+        if kk < 1:
+            raise ConfigError(
+                f"{said('k')} must be >= 1 (cells at the top of the ranking), got {kk}"
+            )
+
+
 def evaluate_table(
     path: Path,
     k: list[int],
@@ -172,6 +184,7 @@ def evaluate_table(
     echo=print,
 ) -> list[dict[str, float]]:
     """Every metric at each of ``k`` for the table at ``path`` (:func:`read_score_table`)."""
+    check_ks(k)
     scores, labels, column = read_score_table(
         path, score_column, label_column, echo=echo, with_column=True
     )
@@ -297,6 +310,7 @@ def evaluate_with_classes(
     """``cyto eval scores --by-class``: the overall metrics (``overall``: as
     :func:`evaluate_table`; None when the table has no ``label_column``) and each abnormal
     class against the normal class alone (``by_class``: :func:`evaluate_by_class`)."""
+    check_ks(k)
     classes = evaluate_by_class(path, k, normal, score_column, class_column, label_column, echo)
     scores, labels, column = read_score_table(
         path, score_column, label_column, need_label=False, with_column=True

@@ -31,7 +31,7 @@ import numpy as np
 
 from cyto.data.synth.slide import BLOCK, SlideResult
 from cyto.errors import ConfigError, DatasetError
-from cyto.flags import JpegQuality, check_mpp, check_seed, check_value
+from cyto.flags import JpegQuality, check_mpp, check_seed, check_value, named, passing, said
 
 #: the share of a crop's side over which its border fades into the glass
 FEATHER = 0.1
@@ -75,15 +75,17 @@ class CellSlideConfig:
             )
         if not 0.0 <= self.abnormal_fraction <= 1.0:
             raise ConfigError(
-                f"--abnormal-fraction must be in [0, 1], got {self.abnormal_fraction}"
+                f"{said('abnormal_fraction')} must be in [0, 1], got {self.abnormal_fraction}"
             )
         check_mpp("mpp", self.mpp)
         if self.n_cells is not None and self.n_cells < 1:
-            raise ConfigError(f"--n-cells must be >= 1, got {self.n_cells}")
+            raise ConfigError(f"{said('n_cells')} must be >= 1, got {self.n_cells}")
         if not 1.0 <= self.spacing <= 4.0:
             raise ConfigError(f"spacing must be in [1, 4] crop sides, got {self.spacing}")
         if self.tile % 16 or not 64 <= self.tile <= BLOCK:
-            raise ConfigError(f"tile must be a multiple of 16 in [64, {BLOCK}], got {self.tile}")
+            raise ConfigError(
+                f"{said('tile')} must be a multiple of 16 in [64, {BLOCK}], got {self.tile}"
+            )
         check_value("quality", self.quality, JpegQuality)
         check_seed(self.seed)
 
@@ -222,7 +224,8 @@ def place_cells(config: CellSlideConfig, echo=None):
     n_abn = int(round(n * config.abnormal_fraction))
     if n_abn and not abnormals:
         raise DatasetError(
-            f"--abnormal-fraction {config.abnormal_fraction}: no crop of the abnormal classes "
+            f"{passing('abnormal_fraction', config.abnormal_fraction)}: no crop of the abnormal "
+            "classes "
             f"{', '.join(abnormal_t) or '(none)'} to plant"
         )
     chosen = [
@@ -230,17 +233,19 @@ def place_cells(config: CellSlideConfig, echo=None):
         *(abnormals[i] for i in _draw(rng, len(abnormals), n_abn)),
     ]
     if echo is not None:
-        normal_fix = "give more crops of the normal class, a smaller slide or fewer --n-cells"
-        abnormal_fix = "give more crops of those classes or a lower --abnormal-fraction"
+        normal_fix = (
+            f"give more crops of the normal class, a smaller slide or fewer {named('n_cells')}"
+        )
+        abnormal_fix = f"give more crops of those classes or a lower {named('abnormal_fraction')}"
         for words in _reused(n - n_abn, len(normals), "normal", normal_t, normal_fix) + _reused(
             n_abn, len(abnormals), "planted abnormal", abnormal_t, abnormal_fix
         ):
             echo(words)
         if n_abn == 0 and config.abnormal_fraction > 0:  # a witness rate asked, none planted
             echo(
-                f"warning: --abnormal-fraction {config.abnormal_fraction:g} of {n} cells "
-                f"plants none ({n * config.abnormal_fraction:.2g} rounds to 0): give a larger "
-                "slide, more --n-cells or a higher --abnormal-fraction"
+                f"warning: {passing('abnormal_fraction', float(f'{config.abnormal_fraction:g}'))} "
+                f"of {n} cells plants none ({n * config.abnormal_fraction:.2g} rounds to 0): give "
+                f"a larger slide, more {named('n_cells')} or a higher {named('abnormal_fraction')}"
             )
     order = rng.permutation(n)  # planted cells anywhere on the grid
     chosen = [chosen[i] for i in order]
@@ -326,48 +331,57 @@ def write_cell_slide(
     return write_pyramid(out, fmt, config, renderer, truth, n_abn, workers)
 
 
-#: compose_from_cli's parameters that are no option of a composed slide's own: the slide and
+#: compose_slide's parameters that are no option of a composed slide's own: the slide and
 #: the crops, the options of every slide (container, workers, overwrite) and the plumbing
 _NOT_COMPOSED = frozenset({"out", "cells", "fmt", "overwrite", "workers", "echo", "drawn"})
 
 
 def composed_options() -> list[str]:
-    """The flags of ``cyto synth slide`` a slide composed from ``--cells`` takes, beside those
-    of every slide: read from :func:`compose_from_cli`'s parameters, so the refusal of a drawn
-    slide's option lists what is taken (it left out ``--seed``, ``--tile`` and ``--quality``)."""
+    """The options of ``cyto synth slide`` (and :func:`cyto.synth_slide`) a slide composed from
+    ``cells`` takes, beside those of every slide, in the caller's words: read from
+    :func:`compose_slide`'s parameters, so the refusal of a drawn slide's option lists what is
+    taken (it left out ``--seed``, ``--tile`` and ``--quality``)."""
     import inspect
 
-    from cyto.flags import flag
+    from cyto.flags import named
 
-    names = inspect.signature(compose_from_cli).parameters
-    return [flag(name) for name in names if name not in _NOT_COMPOSED]
+    names = inspect.signature(compose_slide).parameters
+    return [named(name) for name in names if name not in _NOT_COMPOSED]
 
 
-def compose_from_cli(
+def compose_slide(
     out, cells, normal, abnormal, mpp, n_cells, abnormal_fraction, width, height, seed, tile,
-    quality, fmt, overwrite, workers, echo, drawn: dict,
+    quality, fmt, overwrite, workers, echo, drawn: list[str],
 ) -> SlideResult:  # fmt: skip
-    """``cyto synth slide --cells``: the options checked (``drawn``: the drawn-slide options
-    given, which a composed slide does not take), then :func:`write_cell_slide`."""
-    given = [flag for flag, value in drawn.items() if value]
-    if given:
+    """A slide composed from the crops of ``cells``: the options checked (``drawn``: the
+    fields of a drawn slide's options given, which a composed slide does not take), then
+    :func:`write_cell_slide`. Messages name options in the caller's words (``--mpp`` at the
+    command line, ``mpp=`` from Python)."""
+    from cyto.flags import UM_PER_PX, Placeholder, named, passing, said
+
+    crops = passing("cells", Placeholder("DIR"))
+    if drawn:
         *most, last = composed_options()
         raise ConfigError(
-            f"{', '.join(given)}: {'options' if len(given) > 1 else 'an option'} of a drawn "
-            "slide; a slide composed from --cells takes "
-            f"{', '.join(most)} and {last}"
+            f"{', '.join(named(f) for f in drawn)}: "
+            f"{'options' if len(drawn) > 1 else 'an option'} of a drawn slide; a slide composed "
+            f"from {named('cells')} takes {', '.join(most)} and {last}"
         )
     if not Path(cells).exists() and str(cells).isdigit():
         raise ConfigError(
-            f"--cells {cells}: --cells takes a folder of cell crops now; give the number of "
-            f"cells with --n-cells {cells}"
+            f"{passing('cells', cells)}: {said('cells')} takes a folder of cell crops now; give "
+            f"the number of cells with {passing('n_cells', int(str(cells)))}"
         )
     if not normal:
-        raise ConfigError("--cells DIR needs --normal CLASS: the crops of the background cells")
+        raise ConfigError(
+            f"{crops} needs {passing('normal', Placeholder('CLASS'))}: the crops of the "
+            "background cells"
+        )
     if mpp is None:
         raise ConfigError(
-            "--cells DIR needs --mpp UM_PER_PX: the crops' pixel size (crops do not state it), "
-            "written as the slide's so cyto score measures and detects at the right size"
+            f"{crops} needs {passing('mpp', UM_PER_PX)}: the crops' pixel size (crops do "
+            "not state it), written as the slide's so cyto score measures and detects at the "
+            "right size"
         )
     from cyto.data.dataset import parse_classes
 

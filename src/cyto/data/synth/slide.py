@@ -59,7 +59,16 @@ from cyto.data.synth.tiffio import (
     assemble,
 )
 from cyto.errors import ConfigError, InputPathError
-from cyto.flags import JpegQuality, Positive, check_mpp, check_seed, check_value
+from cyto.flags import (
+    JpegQuality,
+    Positive,
+    check_mpp,
+    check_seed,
+    check_value,
+    named,
+    passing,
+    said,
+)
 from cyto.outputs_check import refuse_to_replace
 from cyto.progress import progress
 from cyto.tables import json_text
@@ -117,11 +126,15 @@ class SlideSynthConfig:
                 f"slide must be at least {BLOCK}x{BLOCK} px, got {self.width}x{self.height}"
             )
         if not 0.0 <= self.abnormal_fraction <= 1.0:
-            raise ConfigError(f"abnormal fraction must be in [0, 1], got {self.abnormal_fraction}")
+            raise ConfigError(
+                f"{said('abnormal_fraction')} must be in [0, 1], got {self.abnormal_fraction}"
+            )
         if self.n_cells is not None and self.n_cells < 0:
-            raise ConfigError(f"--n-cells must be >= 0, got {self.n_cells}")
+            raise ConfigError(f"{said('n_cells')} must be >= 0, got {self.n_cells}")
         if self.tile % 16 or not 64 <= self.tile <= BLOCK:
-            raise ConfigError(f"tile must be a multiple of 16 in [64, {BLOCK}], got {self.tile}")
+            raise ConfigError(
+                f"{said('tile')} must be a multiple of 16 in [64, {BLOCK}], got {self.tile}"
+            )
         if 0.0 not in self.planes or len(set(self.planes)) != len(self.planes):
             raise ConfigError(f"planes must be distinct and include 0.0, got {self.planes}")
         unknown = [c for c in self.abnormal_classes if c not in ABNORMAL_CLASSES]
@@ -135,9 +148,13 @@ class SlideSynthConfig:
                 check_value(name, getattr(self, name), Positive)
         check_mpp("mpp", self.mpp)
         if not 0.02 <= self.smear_extent <= 0.5:
-            raise ConfigError(f"--smear-extent must be in [0.02, 0.5], got {self.smear_extent}")
+            raise ConfigError(
+                f"{said('smear_extent')} must be in [0.02, 0.5], got {self.smear_extent}"
+            )
         if not abs(self.defocus) <= 20.0:
-            raise ConfigError(f"--defocus must be within 20 um of focus, got {self.defocus}")
+            raise ConfigError(
+                f"{said('defocus')} must be within 20 um of focus, got {self.defocus}"
+            )
         check_value("quality", self.quality, JpegQuality)
         check_seed(self.seed)
         if self.stain_seed is not None:
@@ -262,13 +279,14 @@ def check_memory(config: SlideSynthConfig, workers: int | None) -> None:
             lo = mid
         else:
             hi = mid
-    fewer = f" with {n} drawing processes (--workers)" if n > 1 else ""
+    fewer = f" with {n} drawing processes ({named('workers')})" if n > 1 else ""
     raise ConfigError(
-        f"--width {config.width} --height {config.height}: a {w:,} x {h:,} px slide of "
+        f"{passing('width', config.width)} {passing('height', config.height)}: a {w:,} x {h:,} "
+        "px slide of "
         f"{cell_count(config):,} cells needs about {_gib(need)} of memory to draw{fewer}, and "
         f"this machine has {_gib(avail)} available: the largest square slide that fits is "
         f"about {lo:,} x {lo:,} px; ask for a smaller one"
-        + (" or fewer --workers" if n > 1 else "")
+        + (f" or fewer {named('workers')}" if n > 1 else "")
     )
 
 
@@ -567,7 +585,7 @@ def slide_format(out: Path, fmt: SlideFormat | str | None) -> str:
         if fmt is None:
             raise InputPathError(
                 f"cannot tell the slide format from {out.name!r}: end the name "
-                "in .tif, .tiff or .ndpi, or pass --format"
+                f"in .tif, .tiff or .ndpi, or pass {said('fmt')}"
             )
     try:
         return SlideFormat(fmt).value
