@@ -276,6 +276,13 @@ class Bundle:
         )
 
     @property
+    def recorded_path(self) -> str:
+        """The bundle as a table or summary records it: absolute, so a record read from another
+        folder, or moved, still names its model (the path as given, relative, stood beside the
+        slide's absolute one: hostile round 26, 15)."""
+        return str(Path(self.path).resolve())
+
+    @property
     def manifest_hash(self) -> str:
         """The sha256 of the manifest this bundle was loaded with: a bundle calibrated or
         exported into while a run scores with it is not the bundle the run records (its

@@ -405,6 +405,14 @@ def staging_root(ref: SlideURL) -> Path:
     return root
 
 
+def recorded(path: str | os.PathLike) -> str:
+    """``path`` as a summary records it: a staging folder as the remote prefix it stands for
+    (:func:`shown`), any other path absolute (a record read from another folder still names
+    it)."""
+    said = shown(path)
+    return said if said != str(Path(path)) else str(Path(path).resolve())
+
+
 def shown(path: str | os.PathLike) -> str:
     """``path`` as it may be printed and recorded: a staging folder (or a file in it) as the
     remote prefix it stands for; any other path as it is."""

@@ -206,7 +206,7 @@ def predict(
                 warn_caller(advice, ScaleWarning)
         stain = _stain_check(scorer, records, kept, skip_unreadable)
         summary = _write_table(
-            out, model, scorer, [records[i] for i in kept],
+            out, scorer, [records[i] for i in kept],
             None if labels is None else labels[kept], column, morph, rank_by, factor, how,
             skipped,
         )  # fmt: skip
@@ -483,7 +483,7 @@ def _chosen(
 
 
 def _write_table(
-    out: Path, model: Path, scorer, records, labels, column: dict, morph, rank_by: str,
+    out: Path, scorer, records, labels, column: dict, morph, rank_by: str,
     factor: float, how: str, skipped: list,
 ) -> dict[str, object]:  # fmt: skip
     """Write the score table (at once: a stopped write leaves the last one) and return the
@@ -517,7 +517,7 @@ def _write_table(
         cols["bag"] = [r.bag for r in records]
     table = pa.table(cols).replace_schema_metadata(
         {
-            "cyto.model": str(model),
+            "cyto.model": scorer.bundle.recorded_path,
             "cyto.manifest_sha256": scorer.bundle.manifest_hash,
             "cyto.method": scorer.bundle.method,
             "cyto.backend": scorer.backend.name,

@@ -321,7 +321,9 @@ def test_a_bundle_without_golden_cells_scores_but_never_runs_an_unverifiable_int
     s = load_scorer(path, "auto", "cpu", "auto")
     assert s.precision == "fp32" and s.verification.status == "unverified"
     assert any("cannot be verified here" in n for n in s.notes), s.notes
-    assert any("cyto export" in n for n in s.notes), s.notes
+    # what to run is its UNVERIFIED warning's (once: not again in a note; round 27, 3)
+    assert "cyto export" in s.verification.warning(path)
+    assert not any("cyto export" in n for n in s.notes), s.notes
 
 
 def test_export_keeps_golden_cells_and_doctor_verifies_every_graph(

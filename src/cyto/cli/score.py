@@ -123,7 +123,9 @@ def predict_cmd(
         typer.echo(f"... and {len(res['skipped']) - 5} more unreadable file(s) skipped")
     for note in res.get("notes", []):
         typer.echo(f"backend choice: {note}")
-    typer.echo(f"verification: {res['verification']}")
+    from cyto.runtime.verify import line_of
+
+    typer.echo(f"verification: {line_of(res['verification'])}")
     if res["zoom"] != 1.0 or res["zoom_from"] != "none":
         typer.echo(f"zoom {res['zoom']:.3g}x, from {res['zoom_from']}")
     if res["zoom"] < 1.0:

@@ -430,7 +430,7 @@ def open_model(model: Path, opts: ScoreOptions, echo) -> Scorer:
     for note in scorer.notes:
         echo(f"  backend choice: {note}")
     if scorer.verification is not None:
-        echo(f"  verification: {scorer.verification.words()}")
+        echo(f"  verification: {scorer.verification.line()}")
         unverified = scorer.verification.warning(model)
         if unverified:
             echo(f"WARNING: {unverified}")

@@ -27,7 +27,7 @@ from cyto.infer.outputs import (
 from cyto.infer.plan import TileRun
 from cyto.infer.qupath import write_qupath
 from cyto.infer.scale import Resolution
-from cyto.location import shown
+from cyto.location import recorded
 from cyto.runtime import Scorer
 from cyto.seal import SEAL, seal_outputs, unseal
 from cyto.stats import calibrate
@@ -326,9 +326,9 @@ def _finish(table, run: _Run) -> dict:
         run.echo(f"warning: no cells found in {run.slide}; wrote an empty score table")
     summary = {
         "slide": str(run.slide),
-        "output": shown(run.out_dir),  # a staging folder: the prefix it stands for
+        "output": recorded(run.out_dir),  # a staging folder: the prefix it stands for
         "slide_identity": run.identity,
-        "model": str(bundle.path),
+        "model": bundle.recorded_path,
         "model_sha256": bundle.manifest_hash,
         "method": bundle.method,
         "backend": run.scorer.backend.name,

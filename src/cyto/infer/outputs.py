@@ -253,7 +253,7 @@ def table_metadata(
     bundle = scorer.bundle
     return {
         "cyto.version": __version__,
-        "cyto.model": str(bundle.path),
+        "cyto.model": bundle.recorded_path,
         "cyto.manifest_sha256": bundle.manifest_hash,
         "cyto.method": bundle.method,
         "cyto.scoring_id": bundle.scoring_id,

@@ -655,8 +655,7 @@ def load_scorer(
                     f"{ran.file} is below the gate here too ({check.words()}), as accepted "
                     "at export"
                 )
-            elif check.status != "passed":
-                notes.append(f"not verified here: {check.why}")
+            # an unverified graph's reason: its UNVERIFIED warning and the verification line
             if form is not None:
                 notes.append(
                     f"{form.file}, the bundle's other CPU int8 form, "

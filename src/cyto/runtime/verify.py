@@ -199,6 +199,13 @@ class Verification:
             )
         return f"{self.status}: {self.why}"
 
+    def line(self) -> str:
+        """The verification as a run's console line says it: :meth:`words`, but an unverified
+        graph's reason left to its warning (:meth:`warning`), which every run says beside it
+        (the reason was said three times: the warning, a backend-choice note and this line;
+        hostile round 27, 3)."""
+        return line_of(self.words())
+
     def warning(self, model) -> str | None:
         """The warning every run that scores with an unverified graph says (``cyto score``,
         ``cyto predict``, and from Python a ``CytoWarning``), or None: a bundle without golden
@@ -390,3 +397,12 @@ def verify_scorer(
     if use_cache:
         _write_cached(scorer.bundle.path, sha, record)
     return Verification("passed" if ok else "failed", record=record)
+
+
+def line_of(words: str) -> str:
+    """A verification's recorded words (:meth:`Verification.words`, a summary's
+    ``verification``) as the console line says them: an unverified graph's reason is its
+    UNVERIFIED warning's, not said again."""
+    if words.startswith("unverified"):
+        return "unverified (why: see UNVERIFIED)"
+    return words
