@@ -26,6 +26,31 @@ if TYPE_CHECKING:  # for the annotations only: nothing heavy is imported at run 
     from cyto.train.api import TrainResult
 
 
+#: class names as a Python caller gives them: one, comma-separated as the commands take them, or
+#: a list (``"NILM"``, ``"ASC-US,LSIL"``, ``["ASC-US", "LSIL"]``); a list was refused "(one per
+#: call)" (hostile round 26, 11)
+Classes = str | Sequence[str] | None
+
+
+def _classes(field: str, value: Classes) -> str | None:
+    """Class names as the library takes them (comma-separated): a list's items joined, each
+    one name (a comma inside one, or an empty list, refused in the caller's words)."""
+    if value is None or isinstance(value, str):
+        return value
+    from cyto.errors import ConfigError
+    from cyto.flags import said
+
+    if not value:
+        raise ConfigError(f"{said(field)} names no class, got []: give one or more class names")
+    for name in value:
+        if "," in name:
+            raise ConfigError(
+                f"each item of {said(field)} is one class name, got {name!r}: give "
+                f"{name.split(',')} as items of the list, or the string {name!r}"
+            )
+    return ",".join(value)
+
+
 def _front_door(func: Callable) -> Callable:
     """A public call checks its arguments once, on the way in, through the schema the CLI uses
     (:mod:`cyto.flags`): a wrong count, an unknown keyword or a value of the wrong type is one
@@ -333,8 +358,8 @@ def train(
     data: Annotated[str | Path, Local("a folder of cells or a manifest: copy it here first")],
     out: Annotated[str | Path, Local("the bundle to write: cyto train writes a local folder")],
     *,
-    normal: str | None = None,
-    abnormal: str | None = None,
+    normal: Classes = None,
+    abnormal: Classes = None,
     preset: str | None = None,
     config_file: Annotated[str | Path | None, Local("a config file: copy it here first")] = None,
     overrides: dict[str, Any] | None = None,
@@ -353,8 +378,8 @@ def train(
         data: a class-folder dataset (``data/normal/*.jpg``, ``data/ABN/*.jpg``) or a CSV
             manifest (``path,label[,bag]``), on this machine (a URL is refused).
         out: the bundle to write (``dsvdd.cyto``).
-        normal: the normal class name(s), comma-separated; the one-class methods learn from
-            these only.
+        normal: the normal class name(s), comma-separated or a list; the one-class methods
+            learn from these only.
         abnormal: the abnormal class name(s) (default: every class that is not normal).
         preset: a named preset of the method's config (e.g. ``fast``).
         config_file: a TOML or YAML file of config fields.
@@ -387,8 +412,8 @@ def train(
         method,
         Path(data),
         Path(out),
-        normal=normal,
-        abnormal=abnormal,
+        normal=_classes("normal", normal),
+        abnormal=_classes("abnormal", abnormal),
         preset=preset,
         config_file=None if config_file is None else Path(config_file),
         overrides=overrides,
@@ -471,8 +496,8 @@ def predict(
     data: Annotated[str | Path, Local("a folder of cells or a manifest: copy it here first")],
     out: Annotated[str | Path, Local("the table to write: cyto predict writes a local file")],
     *,
-    normal: str | None = None,
-    abnormal: str | None = None,
+    normal: Classes = None,
+    abnormal: Classes = None,
     backend: str = "auto",
     device: str = "auto",
     precision: str = "auto",
@@ -527,8 +552,8 @@ def predict(
         model if not isinstance(model, str) else Path(model),
         Path(data),
         Path(out),
-        normal=normal,
-        abnormal=abnormal,
+        normal=_classes("normal", normal),
+        abnormal=_classes("abnormal", abnormal),
         backend=backend,
         device=device,
         precision=precision,
@@ -579,7 +604,7 @@ def evaluate(
     label_column: str = "label",
     by_class: bool = False,
     class_column: str = "class",
-    normal: str | None = None,
+    normal: Classes = None,
     echo: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """The paper's metrics of a score table (``cyto eval scores``): TP@K, Recall@K,
@@ -619,6 +644,7 @@ def evaluate(
     if not by_class:
         return {"overall": evaluate_table(path, ks, score_column, label_column, said),
                 "by_class": None}  # fmt: skip
+    normal = _classes("normal", normal)
     both = evaluate_with_classes(path, ks, normal, score_column, class_column, label_column, said)
     return {"overall": both["overall"], "by_class": both["by_class"]}
 
@@ -628,8 +654,8 @@ def synth_slide(
     out: Annotated[str | Path, Local("the slide to write: a local file")],
     *,
     cells: Annotated[str | Path | None, Local("a folder of cell crops: copy it here first")] = None,
-    normal: str | None = None,
-    abnormal: str | None = None,
+    normal: Classes = None,
+    abnormal: Classes = None,
     mpp: Mpp | None = None,
     abnormal_fraction: Share = 0.01,
     width: SlideSide = 8192,
@@ -685,8 +711,8 @@ def synth_slide(
     res = make_slide(
         Path(out),
         cells=None if cells is None else Path(cells),
-        normal=normal,
-        abnormal=abnormal,
+        normal=_classes("normal", normal),
+        abnormal=_classes("abnormal", abnormal),
         mpp=mpp,
         abnormal_fraction=abnormal_fraction,
         width=width,

@@ -144,7 +144,7 @@ KINDS = {
         "model": "path",
         "data": "path",
         "out": "path",
-        "normal": "str?",
+        "normal": "classes?",
         "batch_size": "int",
         "overwrite": "bool",
         "chunk": "int",
@@ -164,7 +164,7 @@ KINDS = {
         "table": "path",
         "score_column": "str",
         "by_class": "bool",
-        "normal": "str?",
+        "normal": "classes?",
         "echo": "callable?",
     },
     "synth_slide": {
@@ -262,6 +262,12 @@ def _wrong(kind: str):
         ],
         "callable": [st.integers(), SCALARS["str"]],
         "dict": [st.integers(), st.lists(st.integers(), max_size=2), SCALARS["str"]],
+        # a string or a list of strings: class names (round 26, 11)
+        "classes": [
+            st.integers(),
+            st.floats(allow_nan=False),
+            st.lists(st.integers(), min_size=1, max_size=2),
+        ],
     }[kind]
     if not optional and kind != "callable":
         wrong.append(st.none())
@@ -369,6 +375,26 @@ def test_every_numeric_argument_of_the_public_calls_has_its_range_tried():
         if _numeric(hint) and field not in OUT_OF_RANGE.get(name, {})
     }
     assert not untried, sorted(untried)
+
+
+def test_class_names_are_a_string_or_a_list(monkeypatch, tmp_path):
+    """normal=["NILM"] was refused "(one per call)" where a list is the natural Python form;
+    each call takes the names comma-separated, as the commands do, or as a list."""
+    got: dict = {}
+    monkeypatch.setattr("cyto.predict.predict", lambda *a, **k: got.update(k) or {})
+    cyto.predict(tmp_path / "m.cyto", tmp_path / "d", tmp_path / "p.parquet", normal=["NILM"],
+                 abnormal=("ASC-US", "LSIL"), echo=None)  # fmt: skip
+    assert (got["normal"], got["abnormal"]) == ("NILM", "ASC-US,LSIL")
+    cyto.predict(tmp_path / "m.cyto", tmp_path / "d", tmp_path / "p.parquet", normal="NILM",
+                 abnormal="ASC-US,LSIL", echo=None)  # fmt: skip
+    assert (got["normal"], got["abnormal"]) == ("NILM", "ASC-US,LSIL")
+    with pytest.raises(ConfigError, match=r"^normal= names no class, got \[\]"):
+        cyto.train("dsvdd", tmp_path / "d", tmp_path / "t.cyto", normal=[])
+    with pytest.raises(ConfigError, match=r"^each item of abnormal= is one class name"):
+        cyto.synth_slide(tmp_path / "s.tif", abnormal=["ASC-US,LSIL"], echo=None)
+    with pytest.raises(ConfigError, match=r"^each item of normal= must be a string, got 3"):
+        cyto.evaluate(tmp_path / "t.parquet", normal=["NILM", 3], echo=None)
+    assert not any(tmp_path.iterdir())
 
 
 def test_wrong_counts_are_one_line(tmp_path):
