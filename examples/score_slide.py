@@ -11,7 +11,6 @@ top of the ranking beside the planted cells. Runs in about a minute on two CPU c
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,7 +20,6 @@ import pyarrow.parquet as pq
 import cyto
 from cyto.data.synth.cells import DEFAULT_SCALE, MPP_AT_SCALE_1
 from cyto.data.synth.patches import PatchSynthConfig, write_patches
-from cyto.data.synth.slide import SlideSynthConfig, write_slide
 
 PATCH = 96  # px: the training patches and the crops cut around each nucleus of the slide
 # a model small enough to train in seconds (the fast preset, made smaller still)
@@ -58,13 +56,11 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="cyto-slide-"))
     out.mkdir(parents=True, exist_ok=True)
 
-    slide = write_slide(
-        out / "slide.tif",
-        SlideSynthConfig(width=1024, height=1024, abnormal_fraction=0.05, seed=2),
-        overwrite=True,
-        workers=0,
+    slide = cyto.synth_slide(out / "slide.tif", width=1024, height=1024, abnormal_fraction=0.05,
+                             seed=2, overwrite=True, workers=0, echo=None)  # fmt: skip
+    print(
+        f"drew {slide['slide']}: {slide['n_cells']} cells, {slide['n_abnormal']} planted abnormal"
     )
-    print(f"drew {slide.paths[0]}: {slide.n_cells} cells, {slide.n_abnormal} planted abnormal")
     if args.model is None:
         print("training a tiny model (seconds of training: expect little of its ranking)")
     model = args.model or tiny_model(out)
@@ -72,30 +68,29 @@ def main() -> None:
     scored = out / "scored"
     shutil.rmtree(scored, ignore_errors=True)  # a rerun into the same --out scores anew
     table = cyto.score_slide(
-        slide.paths[0], model, scored, device="cpu", workers=0, patch_size=PATCH, top_k=20,
-        mosaic=0, truth=slide.ground_truth, echo=None,
+        slide["slide"], model, scored, device="cpu", workers=0, patch_size=PATCH, top_k=20,
+        mosaic=0, truth=slide["truth"], echo=None,
     )  # fmt: skip
     print(f"scored {table.num_rows} cells into {scored / 'scores.parquet'}")
 
-    truth = pq.read_table(slide.ground_truth).to_pylist()
+    truth = pq.read_table(slide["truth"]).to_pylist()
     planted = [(r["x"], r["y"]) for r in truth if r["label"] == 1]
 
     def near_planted(x: float, y: float) -> bool:
         return any((x - px) ** 2 + (y - py) ** 2 <= 20**2 for px, py in planted)
 
-    # the rank follows the column of the ranking the run used (--rank-by: the model's score,
-    # the morphometric score or their fusion), named in the table's metadata
-    from cyto.eval.scores import ranked_column
-
-    rank_by = table.schema.metadata[b"cyto.rank_by"].decode()
-    ranked_by = ranked_column(table.column_names, rank_by)
+    # the paper's metrics of the table against the truth it was scored with; the rank follows
+    # the column of the ranking the run used (rank_by: the model's score, the morphometric
+    # score or their fusion), which evaluate names as the column it judged
+    judged = cyto.evaluate(scored, k=[20, 100], echo=None)["overall"]
+    ranked_by = judged[0]["score_column"]
     print(f"the ten most abnormal-looking cells (ranked by {ranked_by}):")
     for row in table.sort_by("rank").slice(0, 10).to_pylist():
         mark = "planted abnormal" if near_planted(row["x"], row["y"]) else ""
         print(f"  rank {row['rank']:3d}  x {row['x']:6.0f}  y {row['y']:6.0f}  "
               f"{ranked_by} {row[ranked_by]:9.4f}  {mark}")  # fmt: skip
-    summary = json.loads((scored / "summary.json").read_text())
-    print("truth report:", json.dumps(summary.get("truth", {}), default=str)[:300])
+    for row in judged:
+        print(f"  Recall@{row['k']} {row['recall_at_k']:.3f}, AUROC {row['auroc']:.3f}")
 
 
 if __name__ == "__main__":
