@@ -238,13 +238,16 @@ def test_yaml_config_maps_onto_the_dataclass_like_toml(tmp_path):
         resolve_config(DSVDDConfig, config_file=listy)
     typo = tmp_path / "typo.yaml"
     typo.write_text("epoch: 3\n")
-    with pytest.raises(ConfigError, match="unknown setting 'epoch'"):
+    with pytest.raises(ConfigError, match=r"unknown setting 'epoch' \(did you mean epochs\?\)"):
         resolve_config(DSVDDConfig, config_file=typo)
 
 
 def test_config_errors(tmp_path):
-    with pytest.raises(ConfigError, match="unknown setting 'epoch'"):
+    with pytest.raises(ConfigError, match=r"unknown setting 'epoch' \(did you mean epochs\?\)"):
         resolve_config(DSVDDConfig, overrides=["epoch=3"])
+    # a name near none is listed with the known ones, not guessed at (round 26, 11)
+    with pytest.raises(ConfigError, match=r"unknown setting 'zzz'; known: backbone"):
+        resolve_config(DSVDDConfig, overrides={"zzz": 1})
     with pytest.raises(ConfigError, match="unknown preset"):
         resolve_config(DSVDDConfig, "turbo")
     with pytest.raises(ConfigError, match="--set epochs must be an integer, got .many."):

@@ -204,7 +204,15 @@ def resolve_config(
     def apply(source: str, items: dict[str, Any]) -> None:
         for key, value in items.items():
             if key not in known:
-                raise ConfigError(f"{source}: unknown setting {key!r}; known: {', '.join(known)}")
+                import difflib
+
+                from cyto.flags import NEAR
+
+                near = difflib.get_close_matches(str(key), known, n=1, cutoff=NEAR)
+                hint = f" (did you mean {near[0]}?)" if near else ""
+                raise ConfigError(
+                    f"{source}: unknown setting {key!r}{hint}; known: {', '.join(known)}"
+                )
             values[key] = _coerce(key, hints[key], value)
 
     if preset is not None:
