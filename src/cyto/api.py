@@ -259,6 +259,9 @@ def score_slide(
             opts = replace(opts, detection=detection_for(kind, model))
         # a URL (s3://, https://) is read in place, as by cyto score (cyto.slides.remote)
         said = _said(echo)
+        from cyto.eval.metrics import truth_metrics
+
+        metrics = truth_metrics(opts.truth)  # the truth report's metrics, as cyto score's
 
         def words(message: str) -> None:
             line = where.words(message)  # the staging folder's paths said as the prefix's
@@ -273,9 +276,9 @@ def score_slide(
                     model = load_scorer(
                         model, opts.backend, opts.device, opts.precision, verify=opts.verify
                     )
-                score_one(slide_ref(slide), where.local, model, opts, words, None)
+                score_one(slide_ref(slide), where.local, model, opts, words, metrics)
             else:
-                run(slide_ref(slide), model, where.local, opts, echo=words)
+                run(slide_ref(slide), model, where.local, opts, echo=words, metrics=metrics)
         except Exception as exc:  # out of memory: said as cyto score says it, sizes named
             if not out_of_memory(exc):
                 raise
@@ -380,7 +383,8 @@ def train(
         out: the bundle to write (``dsvdd.cyto``).
         normal: the normal class name(s), comma-separated or a list; the one-class methods
             learn from these only.
-        abnormal: the abnormal class name(s) (default: every class that is not normal).
+        abnormal: the abnormal class name(s), comma-separated or a list (default: every class
+            that is not normal).
         preset: a named preset of the method's config (e.g. ``fast``).
         config_file: a TOML or YAML file of config fields.
         overrides: config fields that win over the preset and the file (``{"epochs": 5}``).
@@ -516,8 +520,10 @@ def predict(
             Parquet manifest (``path``, ``label``).
         out: the table to write (a name ending in ``.parquet``): ``path, class, score, rank``
             (1 = most abnormal), and ``label`` when ``normal`` is given.
-        normal: the normal class name(s); with them the summary has AUROC and Recall@K.
-        abnormal: the abnormal class name(s) (default: every class that is not normal).
+        normal: the normal class name(s), comma-separated or a list; with them the summary has
+            AUROC and Recall@K.
+        abnormal: with ``normal``: the abnormal class name(s), comma-separated or a list
+            (default: every class that is not normal; a class in neither is left out, said).
         backend: as for :func:`load_model`.
         device: as for :func:`load_model`.
         precision: as for :func:`load_model`.
@@ -620,33 +626,33 @@ def evaluate(
         label_column: the column of 0/1 labels (1: abnormal).
         by_class: also each abnormal class of ``class_column`` against the normal classes
             alone: its AUROC and Recall@K.
-        class_column: the column of class names.
-        normal: the normal class(es), comma-separated (default: the classes whose rows are all
-            labelled 0).
+        class_column: the column of class names (with ``by_class``).
+        normal: with ``by_class``: the normal class(es), comma-separated or a list (default:
+            the classes whose rows are all labelled 0).
         echo: where notes go (which column was judged where the table does not say; None:
             nowhere).
 
     Returns:
         A dict: ``overall`` (one row per K: ``k``, ``n``, ``positives``, ``auroc``,
         ``tp_at_k``, ``recall_at_k``, ``precision_at_k``, ``ndcg_at_k``, ``autk_at_k``,
-        ``aufroc_at_k`` and the ``score_column`` judged; None without a label column) and
-        ``by_class`` (one row per abnormal class; None unless ``by_class``).
+        ``aufroc_at_k`` and the ``score_column`` judged; None where the table has no label
+        column and ``by_class`` judges its classes against ``normal``; without ``by_class`` a
+        table without labels is refused) and ``by_class`` (one row per abnormal class:
+        ``class``, ``normal``, ``n_normal``, ``n_class``, ``auroc`` and ``by_k``, its rows at
+        each K; None unless ``by_class``).
 
     Example:
         >>> import cyto
         >>> done = cyto.evaluate("scored/slide/scores.parquet", k=[100, 400], by_class=True)
         >>> [(c["class"], c["auroc"]) for c in done["by_class"]]
     """
-    from cyto.eval.scores import evaluate_table, evaluate_with_classes
+    from cyto.eval.scores import evaluate_scores
 
     ks = [k] if isinstance(k, int) else list(k)
-    path, said = Path(table), _said(echo)
-    if not by_class:
-        return {"overall": evaluate_table(path, ks, score_column, label_column, said),
-                "by_class": None}  # fmt: skip
-    normal = _classes("normal", normal)
-    both = evaluate_with_classes(path, ks, normal, score_column, class_column, label_column, said)
-    return {"overall": both["overall"], "by_class": both["by_class"]}
+    return evaluate_scores(
+        Path(table), ks, score_column, label_column, by_class, class_column,
+        _classes("normal", normal), _said(echo),
+    )  # fmt: skip
 
 
 @_front_door
@@ -675,8 +681,9 @@ def synth_slide(
         cells: a folder of cell crops, one sub-folder per class: ``normal``'s crops are the
             background population, the ``abnormal`` classes are planted at
             ``abnormal_fraction``. None: a slide of drawn cells.
-        normal: with ``cells``: the normal class(es), comma-separated.
-        abnormal: with ``cells``: the classes to plant (default: every other class).
+        normal: with ``cells``: the normal class(es), comma-separated or a list.
+        abnormal: with ``cells``: the classes to plant, comma-separated or a list (default:
+            every other class).
         mpp: microns per pixel of the slide; with ``cells`` the crops' (required: crops do not
             state it).
         abnormal_fraction: the share of planted abnormal cells (the witness rate), 0..1.

@@ -252,6 +252,15 @@ class Bundle:
     _spec: ModelSpec | None = field(default=None, repr=False, compare=False)
     #: the manifest's sha256 as it was loaded (under the bundle's lock, with what was read)
     _manifest_sha256: str | None = field(default=None, repr=False, compare=False)
+    #: the bundle as a table or summary records it: absolute, taken when it is loaded (a record
+    #: read from another folder, or moved, still names its model: the path as given, relative,
+    #: stood beside the slide's absolute one, hostile round 26, 15; resolved when a table was
+    #: written, it named the folder a script had since moved to, round 28, 1)
+    recorded_path: str = field(default="", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.recorded_path:
+            self.recorded_path = str(Path(self.path).resolve())
 
     @property
     def method(self) -> str:
@@ -274,13 +283,6 @@ class Bundle:
             "changed after the bundle was loaded (another run exported into it?): run again to "
             "load the bundle as it is now",
         )
-
-    @property
-    def recorded_path(self) -> str:
-        """The bundle as a table or summary records it: absolute, so a record read from another
-        folder, or moved, still names its model (the path as given, relative, stood beside the
-        slide's absolute one: hostile round 26, 15)."""
-        return str(Path(self.path).resolve())
 
     @property
     def manifest_hash(self) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -102,6 +103,11 @@ def predict(
     for name, value in (("batch_size", batch_size), ("chunk", chunk)):
         if value < 1:  # before the model loads
             raise ConfigError(f"{said(name)} must be >= 1, got {value}")
+    if abnormal and not normal:  # abnormal classes are abnormal against the normal ones
+        raise ConfigError(
+            f"{said('abnormal')} names the abnormal classes against {said('normal')}: give "
+            f"{said('normal')} too (without it every class is scored, unlabelled)"
+        )
     # the annotation's range, before the model loads (the API checked it on the way in too)
     patch_mpp = check_value("patch_mpp", patch_mpp, hints_of(predict)["patch_mpp"])
     if RANK_BY_ALIASES.get(rank_by, rank_by) not in RANK_BY:
@@ -133,7 +139,7 @@ def predict(
         if RANK_BY_ALIASES.get(asked, asked) == "auto"
         else None
     )
-    records, labels = _chosen(Path(data), normal, abnormal)
+    records, labels = _chosen(Path(data), normal, abnormal, echo)
     sides = refuse_mixed_sizes(records, data)  # the rule every reader of a crop folder holds to
     size = scorer.bundle.manifest["config"].get("load_size")
     zooming = zoom is not None or patch_mpp is not None
@@ -470,14 +476,23 @@ def _records_key(records: list[PatchRecord]) -> str:
 
 
 def _chosen(
-    data: Path, normal: str | None, abnormal: str | None
+    data: Path, normal: str | None, abnormal: str | None, echo=None
 ) -> tuple[list[PatchRecord], np.ndarray | None]:
     """The records to score and, with ``normal``, their labels (1 = abnormal): the classes in
-    neither ``normal`` nor ``abnormal`` are left out, as in training."""
+    neither ``normal`` nor ``abnormal`` are left out, as in training, and said (40 LSIL crops
+    went from the table without a word: hostile round 28, 8)."""
     records = load_records(data)
     if not normal:
         return records, None
     normal_t, abnormal_t = resolve_classes({r.cls for r in records}, normal, abnormal, data)
+    left = Counter(r.cls for r in records if r.cls not in normal_t and r.cls not in abnormal_t)
+    if left and echo is not None:
+        counts = ", ".join(f"{n} of {cls}" for cls, n in sorted(left.items()))
+        echo(
+            f"note: {counts} left out: {'that class is' if len(left) == 1 else 'those are'} "
+            f"neither {said('normal')} nor {said('abnormal')} (leave out {said('abnormal')} to "
+            "score every other class as abnormal)"
+        )
     records = [r for r in records if r.cls in normal_t or r.cls in abnormal_t]
     return records, np.array([0 if r.cls in normal_t else 1 for r in records], dtype=np.int8)
 

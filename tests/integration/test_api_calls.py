@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import warnings
 
 import pytest
 
 import cyto
-from cyto.errors import ConfigError
+from cyto.errors import ConfigError, CytoError, InputPathError
 from tests.cli_runner import run_cyto
 from tests.integration.test_cell_slides import _crops
 
@@ -36,6 +37,14 @@ def test_a_slide_made_scored_and_judged_from_python_is_the_commands(exported_dsv
         warnings.simplefilter("ignore")
         cyto.score_slide(made["slide"], exported_dsvdd, scored, truth=made["truth"], mosaic=0,
                          workers=0, echo=None)  # fmt: skip
+    # the truth report of the Python call is cyto score's, metrics and all (round 28, 2)
+    proc = run_cyto("score", made["slide"], "--model", str(exported_dsvdd), "--out",
+                    str(tmp_path / "cli"), "--truth", made["truth"], "--workers", "0",
+                    "--mosaic", "0")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    truth = json.loads((scored / "summary.json").read_text())["truth"]
+    assert truth == json.loads((tmp_path / "cli" / "s" / "summary.json").read_text())["truth"]
+    assert {"auroc", "recall_at_k", "planted_recall_at_k"} <= set(truth)
     done = cyto.evaluate(scored, k=[10, 50], by_class=True, echo=None)
     proc = run_cyto("eval", "scores", str(scored), "--k", "10", "--k", "50", "--by-class",
                     "--json")  # fmt: skip
@@ -106,6 +115,19 @@ def test_a_model_given_by_a_relative_path_is_recorded_absolute(
         cyto.predict(model, synth_patches, "p.parquet", echo=None)
     meta = pq.read_schema(tmp_path / "p.parquet").metadata
     assert meta[b"cyto.model"].decode() == str(exported_dsvdd.resolve())
+    # loaded here, used from another folder: the bundle as it was loaded (round 28, 1: the
+    # path was resolved when the table was written, against the folder moved to)
+    scorer = cyto.load_model(model)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cyto.predict(scorer, synth_patches, "q.parquet", echo=None)
+        cyto.score_slide(made["slide"], scorer, "again", workers=0, mosaic=0, echo=None)
+    meta = pq.read_schema(tmp_path / "elsewhere" / "q.parquet").metadata
+    assert meta[b"cyto.model"].decode() == str(exported_dsvdd.resolve())
+    summary = json.loads((tmp_path / "elsewhere" / "again" / "summary.json").read_text())
+    assert summary["model"] == str(exported_dsvdd.resolve())
 
 
 def test_an_unverified_graphs_reason_is_said_once_by_each_command(
@@ -126,3 +148,66 @@ def test_an_unverified_graphs_reason_is_said_once_by_each_command(
         assert said.count("the bundle has no golden cells") == 1, (name, said)
         assert "UNVERIFIED: " in said, name
         assert "verification: unverified (why: see UNVERIFIED)" in said, name
+
+
+@pytest.fixture(scope="module")
+def table(exported_dsvdd, synth_patches, tmp_path_factory):
+    """A predict table of the synthetic patches: class, label, score, rank."""
+    out = tmp_path_factory.mktemp("eval") / "p.parquet"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cyto.predict(exported_dsvdd, synth_patches, out, normal="normal", echo=None)
+    return out
+
+
+def test_evaluate_says_what_it_judged_and_refuses_what_it_would_ignore(table, tmp_path):
+    """Round 28: K clamped to a class's pool said (4), the review extract refused (5), k=[]
+    refused (6), the options named as the caller wrote them (7), a class option without
+    by_class refused (8)."""
+    said: list[str] = []
+    done = cyto.evaluate(table, k=10_000, by_class=True, echo=said.append)
+    pool = done["by_class"][0]["n_normal"] + done["by_class"][0]["n_class"]
+    assert done["by_class"][0]["by_k"][0]["k"] == pool
+    assert any(line.startswith("note: k=10000 is more than the cells of a class") for line in said)
+    proc = run_cyto("eval", "scores", str(table), "--by-class", "--k", "10000")
+    assert "note: --k 10000 is more than the cells of a class" in proc.stdout, proc.stdout
+    for given, words in (
+        ({"k": []}, "k= names no K"),
+        ({"normal": "normal"}, "normal= names the classes of the by-class rows: add by_class=True"),
+        ({"class_column": "cls"}, "class_column= names the classes"),
+        ({"by_class": True, "normal": "XYZ"}, "normal= XYZ: no such class"),
+        ({"by_class": True, "class_column": "nope"}, "has no column 'nope' (class_column=)"),
+        ({"score_column": "nope"}, "has no column 'nope' (score_column=)"),
+        ({"label_column": "nope"}, "has no column 'nope' (label_column=)"),
+    ):
+        with pytest.raises(CytoError) as err:  # ConfigError, or MetricError of the table
+            cyto.evaluate(table, echo=None, **given)
+        assert words in str(err.value), (given, str(err.value))
+        assert not re.search(r"(^|\s|\()--[a-z]", str(err.value)), err.value
+    proc = run_cyto("eval", "scores", str(table), "--normal", "normal")
+    assert proc.returncode == 2 and "--normal names the classes" in proc.stderr, proc.stderr
+    topk = tmp_path / "s" / "topk.parquet"
+    topk.parent.mkdir()
+    shutil.copy(table, topk)
+    with pytest.raises(InputPathError, match="holds a slide's top cells only"):
+        cyto.evaluate(topk, echo=None)
+
+
+def test_predict_says_the_classes_it_leaves_out(exported_dsvdd, synth_patches, tmp_path):
+    """abnormal= naming some abnormal classes left the others' crops out of the table without
+    a word; abnormal= without normal= was ignored (round 28, 8)."""
+    classes = sorted(p.name for p in synth_patches.iterdir() if p.name != "normal")
+    said: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = cyto.predict(exported_dsvdd, synth_patches, tmp_path / "p.parquet", normal="normal",
+                           abnormal=[classes[0]], echo=said.append)  # fmt: skip
+    left = [line for line in said if "left out" in line]
+    assert len(left) == 1 and all(c in left[0] for c in classes[1:]), said
+    assert "neither normal= nor abnormal=" in left[0]
+    n = {c: len(list((synth_patches / c).iterdir())) for c in ("normal", classes[0])}
+    assert res["n"] == sum(n.values())
+    with pytest.raises(ConfigError, match="abnormal= names the abnormal classes against normal="):
+        cyto.predict(exported_dsvdd, synth_patches, tmp_path / "q.parquet", abnormal=classes[0],
+                     echo=None)  # fmt: skip
+    assert not (tmp_path / "q.parquet").exists()

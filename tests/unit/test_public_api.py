@@ -213,7 +213,9 @@ OUT_OF_RANGE = {
     },
     "evaluate": {
         "k": st.one_of(
-            st.integers(max_value=0), st.lists(st.integers(max_value=0), min_size=1, max_size=2)
+            st.integers(max_value=0),
+            st.lists(st.integers(max_value=0), min_size=1, max_size=2),
+            st.just([]),  # no K at all (round 28, 6)
         )
     },
     "synth_slide": {

@@ -123,21 +123,18 @@ def eval_scores_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """TP@K, Recall@K, Precision@K, nDCG@K, AUTK@K, normalized AUFROC@K and AUROC."""
-    from cyto.eval.scores import evaluate_table, evaluate_with_classes
+    from cyto.eval.scores import evaluate_scores
 
     ks = k or [400]
-    classes = None
 
     def note(line: str) -> None:  # beside --json's JSON, never in it
         typer.echo(line, err=as_json)
 
-    if by_class:  # "also": the overall metrics too, where the table has its 0/1 labels
-        both = evaluate_with_classes(
-            table, ks, normal, score_column, class_column, label_column, note
-        )
-        rows, classes = both["overall"], both["by_class"]
-    else:
-        rows = evaluate_table(table, ks, score_column, label_column, note)
+    # "also": the overall metrics too, where the table has its 0/1 labels
+    both = evaluate_scores(
+        table, ks, score_column, label_column, by_class, class_column, normal, note
+    )
+    rows, classes = both["overall"], both["by_class"]
     if as_json:
         done = rows if classes is None else {"overall": rows, "by_class": classes}
         typer.echo(json_text(done, indent=2))

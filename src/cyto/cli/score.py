@@ -420,9 +420,9 @@ def score_cmd(
     caution = check_rank_by(model, rank_by)
     if caution is not None:
         typer.echo(f"warning: {caution}")
-    metrics = None
-    if truth is not None:
-        from cyto.eval.metrics import all_metrics as metrics
+    from cyto.eval.metrics import truth_metrics
+
+    metrics = truth_metrics(truth)
     if watch:
         from cyto.cohort.watch import watch_cohort
         from cyto.errors import ConfigError

@@ -52,6 +52,11 @@ def read_score_table(
         raise InputPathError(f"{path} is a folder without scores.parquet: give a score table")
     if not path.is_file():
         raise InputPathError(f"score table {path} does not exist")
+    if path.name == "topk.parquet":  # cyto score's review extract, beside its whole table
+        raise InputPathError(
+            f"{path} holds a slide's top cells only (cyto score's review extract): metrics over "
+            f"it are not the slide's; give {path.parent} (its scores.parquet)"
+        )
     check_sealed_table(path)  # a scored folder's table only as it was written
     try:
         table = read_table(path)
@@ -69,12 +74,14 @@ def read_score_table(
             _say_unranked(table, score_column, echo)
     if not need_label and label_column not in table.column_names:
         label_column = None
-    for col in (c for c in (score_column, label_column) if c is not None):
+    fields = ((score_column, "score_column"), (label_column, "label_column"))
+    for col, field in (c for c in fields if c[0] is not None):
         if col not in table.column_names:
             raise MetricError(
-                f"{path} has no column {col!r}; columns: {', '.join(table.column_names)}"
+                f"{path} has no column {col!r} ({said(field)}); columns: "
+                f"{', '.join(table.column_names)}"
             )
-    for col, flag in ((score_column, "--score-column"), (label_column, "--label-column")):
+    for col, field in fields:
         if col is None:
             continue
         kind = table.schema.field(col).type
@@ -86,7 +93,8 @@ def read_score_table(
             or pa.types.is_null(kind)
         ):
             raise MetricError(
-                f"{path}: column {col!r} ({flag}) holds {kind} values, not numbers; give the "
+                f"{path}: column {col!r} ({said(field)}) holds {kind} values, not numbers; give "
+                "the "
                 "column of numeric scores and 0/1 labels"
             )
     scores = np.asarray(table[score_column].to_numpy(zero_copy_only=False), dtype=np.float64)
@@ -169,6 +177,8 @@ def check_ks(k: list[int]) -> None:
     the table is read: the metric's own "K must be >= 1" named no option."""
     from cyto.errors import ConfigError
 
+    if not k:  # k=[]: no row, said as nothing judged (hostile round 28, 6)
+        raise ConfigError(f"{said('k')} names no K, got []: give one or more")
     for kk in k:
         if kk < 1:
             raise ConfigError(
@@ -188,17 +198,37 @@ def evaluate_table(
     scores, labels, column = read_score_table(
         path, score_column, label_column, echo=echo, with_column=True
     )
-    from cyto.eval.metrics import ties_words
 
     rows = _metric_rows(scores, labels, k, column)  # a table it refuses: its one line
+    _say_k(scores, k, echo)
+    return rows
+
+
+def _say_k(scores, k: list[int], echo, pools: dict[str, int] | None = None) -> None:
+    """What the rows at each K do not say: ties across the K-th place, and a K above the pool
+    judged (the rows say K as the pool; the K asked was not said: hostile round 25), for the
+    whole table, or ``pools``: each class with the normal cells (the by-class rows clamped K
+    without a word: round 28, 4)."""
+    from cyto.eval.metrics import ties_words
+
+    if echo is None:
+        return
     for line in dict.fromkeys(filter(None, (ties_words(scores, kk) for kk in k))):
         echo(line)
-    above = sorted({kk for kk in k if kk > len(scores)})
-    if above:  # the rows say K as the pool; the K asked was not said (hostile round 25)
-        asked = ", ".join(passing("k", kk) for kk in above)
-        verb = "is" if len(above) == 1 else "are"
-        echo(f"note: {asked} {verb} more than the table's {len(scores)} cells: the whole table")
-    return rows
+    n = len(scores) if pools is None else min(pools.values())
+    above = sorted({kk for kk in k if kk > n})
+    if not above:
+        return
+    asked = ", ".join(passing("k", kk) for kk in above)
+    verb = "is" if len(above) == 1 else "are"
+    if pools is None:
+        echo(f"note: {asked} {verb} more than the table's {n} cells: the whole table")
+    else:
+        small = ", ".join(f"{c} {p}" for c, p in pools.items() if p < max(above))
+        echo(
+            f"note: {asked} {verb} more than the cells of a class with the normal ones ({small}):"
+            " its row judges them all (Recall@K of that class is then 1 where K is its pool)"
+        )
 
 
 def _first_words(exc: Exception) -> str:
@@ -232,7 +262,7 @@ def evaluate_by_class(
     table = _read(path)
     if class_column not in table.column_names:
         raise MetricError(
-            f"{path} has no column {class_column!r} (--class-column); columns: "
+            f"{path} has no column {class_column!r} ({said('class_column')}); columns: "
             f"{', '.join(table.column_names)}"
         )
     classes = np.asarray(table[class_column].cast(pa.string()).to_pylist(), dtype=object)
@@ -261,18 +291,19 @@ def evaluate_by_class(
             from cyto.data.dataset import case_hint
 
             raise MetricError(
-                f"--normal {', '.join(c + case_hint(c, known) for c in unknown)}: no such class "
-                f"in {path}; classes: {', '.join(known)} (names are case-sensitive)"
+                f"{said('normal')} {', '.join(c + case_hint(c, known) for c in unknown)}: no such "
+                f"class in {path}; classes: {', '.join(known)} (names are case-sensitive)"
             )
     elif labels is not None:
         normals = [c for c in known if not np.any(labels[classes == c] == 1)]
     else:
         raise MetricError(
-            f"{path} has no {label_column!r} column: name the normal class(es) with --normal"
+            f"{path} has no {label_column!r} column: name the normal class(es) with "
+            f"{said('normal')}"
         )
     if not normals:
         raise MetricError(
-            f"no normal class in {path} (every class has abnormal rows): give --normal"
+            f"no normal class in {path} (every class has abnormal rows): give {said('normal')}"
         )
     if normal and labels is not None:
         _check_normal_against_labels(normal, normals, known, classes, labels, path, label_column)
@@ -316,7 +347,40 @@ def evaluate_with_classes(
         path, score_column, label_column, need_label=False, with_column=True
     )
     overall = None if labels is None else _metric_rows(scores, labels, k, column)
+    if overall is not None:
+        _say_k(scores, k, echo)
+    pools = {c["class"]: c["n_normal"] + c["n_class"] for c in classes}
+    if pools:
+        _say_k(np.zeros(0), k, echo, pools)
     return {"overall": overall, "by_class": classes}
+
+
+def evaluate_scores(
+    path: Path,
+    k: list[int],
+    score_column: str = "auto",
+    label_column: str = "label",
+    by_class: bool = False,
+    class_column: str = "class",
+    normal: str | None = None,
+    echo=print,
+) -> dict:
+    """``cyto eval scores`` and :func:`cyto.evaluate`: ``overall`` (:func:`evaluate_table`) and
+    ``by_class`` (:func:`evaluate_with_classes`; None unless asked). A class option given
+    without ``by_class`` is refused, not ignored (hostile round 28, 8)."""
+    if not by_class:
+        given = [f for f, v in (("normal", normal), ("class_column", class_column))
+                 if v is not None and v != "class"]  # fmt: skip
+        if given:
+            from cyto.errors import ConfigError
+
+            raise ConfigError(
+                f"{', '.join(said(f) for f in given)} name{'s' if len(given) == 1 else ''} the "
+                f"classes of the by-class rows: add {passing('by_class')}"
+            )
+        return {"overall": evaluate_table(path, k, score_column, label_column, echo),
+                "by_class": None}  # fmt: skip
+    return evaluate_with_classes(path, k, normal, score_column, class_column, label_column, echo)
 
 
 def _check_normal_against_labels(
