@@ -574,11 +574,12 @@ def predict(
 
 
 @_front_door
-def info(model: Annotated[str | Path, BUNDLE]) -> dict[str, Any]:
+def info(model: Annotated[str | Path | Scorer, BUNDLE]) -> dict[str, Any]:
     """What a model bundle is, read with every checksum verified (``cyto info``).
 
     Args:
-        model: the bundle folder (``NAME.cyto``).
+        model: the bundle folder (``NAME.cyto``), or a scorer from :func:`load_model` (its
+            bundle, read again from its folder).
 
     Returns:
         A dict: ``path`` (the bundle, absolute), ``manifest`` (its manifest: method, input
@@ -595,8 +596,9 @@ def info(model: Annotated[str | Path, BUNDLE]) -> dict[str, Any]:
     """
     from cyto.bundle import verify_bundle
     from cyto.data.morphometry import ranking_said
+    from cyto.runtime.scorer import Scorer
 
-    path = Path(model)
+    path = Path(model.bundle.recorded_path) if isinstance(model, Scorer) else Path(model)
     manifest = verify_bundle(path)
     return {"path": str(path.resolve()), "manifest": manifest, **ranking_said(manifest)}
 
@@ -700,7 +702,8 @@ def synth_slide(
     Returns:
         A dict: ``slide`` (the file to score), ``paths`` (every file written: one per focal
         plane), ``truth`` (the truth table), ``size`` ([width, height] in px), ``levels``,
-        ``n_cells`` and ``n_abnormal``.
+        ``n_cells``, ``n_abnormal`` and ``notes`` (what the slide holds that the numbers do not
+        say, such as crops used more than once: each a line, said to ``echo`` too).
 
     Example:
         >>> import cyto
@@ -715,6 +718,14 @@ def synth_slide(
         "n_cells", "seed", "overwrite", "echo",
     )  # fmt: skip
     options = _options("synth_slide", options, make_slide, named)
+    notes: list[str] = []  # what the slide holds that its numbers do not say (copies of a crop)
+    to_echo = _said(echo)
+
+    def said(line: str) -> None:
+        if line.startswith(("note: ", "warning: ")):  # kept with echo=None too (round 28, 11)
+            notes.append(str(line).split(": ", 1)[1])
+        to_echo(line)
+
     res = make_slide(
         Path(out),
         cells=None if cells is None else Path(cells),
@@ -727,10 +738,11 @@ def synth_slide(
         n_cells=n_cells,
         seed=seed,
         overwrite=overwrite,
-        echo=_said(echo),
+        echo=said,
         **options,
     )
     return {
+        "notes": notes,
         "slide": str(res.paths[0]),
         "paths": [str(p) for p in res.paths],
         "truth": str(res.ground_truth),

@@ -123,11 +123,15 @@ def test_a_model_given_by_a_relative_path_is_recorded_absolute(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cyto.predict(scorer, synth_patches, "q.parquet", echo=None)
-        cyto.score_slide(made["slide"], scorer, "again", workers=0, mosaic=0, echo=None)
+        cyto.score_slide(made["slide"], scorer, "again", workers=0, mosaic=4, echo=None)
     meta = pq.read_schema(tmp_path / "elsewhere" / "q.parquet").metadata
     assert meta[b"cyto.model"].decode() == str(exported_dsvdd.resolve())
     summary = json.loads((tmp_path / "elsewhere" / "again" / "summary.json").read_text())
     assert summary["model"] == str(exported_dsvdd.resolve())
+    # the mosaic beside them, absolute too (round 28, 16)
+    assert summary["mosaic"] == str(tmp_path / "elsewhere" / "again" / "topk_mosaic.png")
+    # cyto.info takes the loaded scorer as predict and score_slide do (round 28, 14)
+    assert cyto.info(scorer) == cyto.info(exported_dsvdd)
 
 
 def test_an_unverified_graphs_reason_is_said_once_by_each_command(
@@ -148,6 +152,8 @@ def test_an_unverified_graphs_reason_is_said_once_by_each_command(
         assert said.count("the bundle has no golden cells") == 1, (name, said)
         assert "UNVERIFIED: " in said, name
         assert "verification: unverified (why: see UNVERIFIED)" in said, name
+    # the slide's line advises what the warning does (it said "see cyto doctor"; round 28, 17)
+    assert "UNVERIFIED scores (no golden cells: cyto export the model)" in runs["score"].stdout
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +217,17 @@ def test_predict_says_the_classes_it_leaves_out(exported_dsvdd, synth_patches, t
         cyto.predict(exported_dsvdd, synth_patches, tmp_path / "q.parquet", abnormal=classes[0],
                      echo=None)  # fmt: skip
     assert not (tmp_path / "q.parquet").exists()
+
+
+def test_a_composed_slides_notes_come_back_and_its_format_matches_its_name(tmp_path):
+    """synth_slide(echo=None) said nowhere that each crop was used several times, which changes
+    what the recall counts (round 28, 11); fmt="ndpi" wrote an NDPI under .tif (12)."""
+    crops = _crops(tmp_path / "crops", {"normal": 6, "big": 2})
+    made = cyto.synth_slide(tmp_path / "s.tif", cells=crops, normal=["normal"], mpp=0.25,
+                            width=1024, height=1024, abnormal_fraction=0.05, echo=None)  # fmt: skip
+    assert any("each crop is used up to" in n for n in made["notes"]), made["notes"]
+    with pytest.raises(ConfigError, match=r"fmt='ndpi' and the name 't.tif' \(tiff\) disagree"):
+        cyto.synth_slide(tmp_path / "t.tif", width=1024, height=1024, fmt="ndpi", echo=None)
+    proc = run_cyto("synth", "slide", str(tmp_path / "t.tif"), "--format", "ndpi")
+    assert proc.returncode == 2 and "--format ndpi and the name 't.tif'" in proc.stderr
+    assert not (tmp_path / "t.tif").exists()

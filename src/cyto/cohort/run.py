@@ -205,7 +205,8 @@ def _findings(s: dict) -> str:
 
         line += adequacy_words(s["adequacy"])
     if (s.get("verification") or {}).get("status") == "unverified":
-        line += "; UNVERIFIED scores (no golden cells: see cyto doctor)"
+        # the advice of the UNVERIFIED warning, not another (round 28, 17)
+        line += "; UNVERIFIED scores (no golden cells: cyto export the model)"
     if "truth" in s:
         t = s["truth"]
         if t.get("planted_abnormal"):

@@ -353,7 +353,7 @@ def _finish(table, run: _Run) -> dict:
     if truth is not None:
         summary["truth"] = truth
     if opts.mosaic and n_cells:
-        summary["mosaic"] = str(
+        summary["mosaic"] = recorded(  # absolute, as the output beside it (round 28, 16)
             write_mosaics(
                 run.slide, table, order, labels, opts.mosaic, run.out_dir, run.res.crop_px_level0
             )

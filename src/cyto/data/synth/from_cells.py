@@ -79,7 +79,10 @@ class CellSlideConfig:
             )
         check_mpp("mpp", self.mpp)
         if self.n_cells is not None and self.n_cells < 1:
-            raise ConfigError(f"{said('n_cells')} must be >= 1, got {self.n_cells}")
+            raise ConfigError(
+                f"{said('n_cells')} must be >= 1 for a slide composed from crops, got "
+                f"{self.n_cells} (a slide of no cells is a drawn one)"
+            )
         if not 1.0 <= self.spacing <= 4.0:
             raise ConfigError(f"spacing must be in [1, 4] crop sides, got {self.spacing}")
         if self.tile % 16 or not 64 <= self.tile <= BLOCK:

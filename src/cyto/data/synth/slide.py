@@ -579,18 +579,27 @@ def _write_slide(out: Path, fmt: str, config: SlideSynthConfig, workers: int) ->
 
 
 def slide_format(out: Path, fmt: SlideFormat | str | None) -> str:
-    """The container of ``out``: ``fmt``, else from its suffix; one line when neither says."""
+    """The container of ``out``: ``fmt``, else from its suffix; one line when neither says, or
+    when they disagree (an NDPI written under ``.tif``: readers go by the name; round 28, 12)."""
+    named = SUFFIX_FORMATS.get(out.suffix.lower())
     if fmt is None:
-        fmt = SUFFIX_FORMATS.get(out.suffix.lower())
-        if fmt is None:
+        if named is None:
             raise InputPathError(
                 f"cannot tell the slide format from {out.name!r}: end the name "
                 f"in .tif, .tiff or .ndpi, or pass {said('fmt')}"
             )
+        fmt = named
     try:
-        return SlideFormat(fmt).value
+        fmt = SlideFormat(fmt)
     except ValueError as exc:
         raise ConfigError(f"unknown slide format {fmt!r}; known: tiff, ndpi") from exc
+    if named is not None and fmt != named:
+        suffix = ".ndpi" if fmt is SlideFormat.ndpi else ".tif"
+        raise ConfigError(
+            f"{passing('fmt', fmt.value)} and the name {out.name!r} ({named.value}) disagree: "
+            f"name the file {suffix}, or leave out {said('fmt')}"
+        )
+    return fmt.value
 
 
 def refuse_to_replace_slide(out: Path, fmt: str, planes, overwrite: bool) -> None:
