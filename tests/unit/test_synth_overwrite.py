@@ -24,6 +24,11 @@ def test_overwrite_replaces_its_own_slide_and_refuses_a_users_file(tmp_path, suf
     assert "u.cells.parquet" in str(err.value) and "\n" not in str(err.value)
     assert ground_truth_path(user).read_text() == "my notes\n"
     assert not synthetic_file(ground_truth_path(user))
+    # without overwrite too, at once: the advice to pass overwrite came first, which then
+    # refused it (hostile round 28, 13)
+    with pytest.raises(InputPathError, match="that cyto did not write") as err:
+        write_slide(user, config, workers=1)
+    assert "exists (pass" not in str(err.value)
 
 
 def _race(monkeypatch, module, step: str, write) -> dict:

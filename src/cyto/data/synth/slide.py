@@ -611,7 +611,9 @@ def refuse_to_replace_slide(out: Path, fmt: str, planes, overwrite: bool) -> Non
     targets = [out] if fmt == "ndpi" else [plane_path(out, z) for z in planes]
     targets.append(ground_truth_path(out))
     for target in targets:
-        if overwrite and target.exists() and not synthetic_file(target):
+        # a user's own file is refused as such at once: the advice to pass overwrite, which
+        # then refused it too, came first (hostile round 28, 13)
+        if target.exists() and not synthetic_file(target):
             refuse_foreign([target.name], str(target.parent))
         refuse_to_replace(target, overwrite, name=str(target))
 
