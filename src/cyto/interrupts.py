@@ -157,6 +157,16 @@ def spawn_pool(workers: int, initializer=None, initargs: tuple = ()) -> ProcessP
             f"its top (Python's spawn): call {call} under 'if __name__ == \"__main__\":' "
             f"(line {where[1]} is outside it), or pass {passing('workers', 0)}"
         )
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main and not os.path.isfile(main):  # python - < script.py: '<stdin>' (round 28, 3)
+        from cyto.errors import ConfigError
+
+        what = f"{call} starts" if call else "this starts"
+        raise ConfigError(
+            f"{what} worker processes, and each runs the main script again from its file, "
+            f"which a script read from {main} has not: save it as a .py file and run that, or "
+            f"pass {passing('workers', 0)}"
+        )
     return _Pool(
         workers,
         mp_context=mp.get_context("spawn"),

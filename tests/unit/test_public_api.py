@@ -562,6 +562,18 @@ def test_a_script_without_a_main_guard_is_told_so_before_any_worker_starts(tmp_p
     assert "bootstrapping" not in proc.stderr and "--workers" not in proc.stderr
 
 
+def test_a_script_read_from_standard_input_is_told_so_before_any_worker_starts(tmp_path):
+    """python - < script.py: each spawned worker looked for the file '<stdin>' and the run ended
+    in a BrokenProcessPool traceback (hostile round 28, 3)."""
+    script = "import cyto\ncyto.synth_slide('s.tif', width=2048, height=2048, echo=None)\n"
+    proc = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)  # fmt: skip
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and last.startswith("cyto.errors.ConfigError"), proc.stderr
+    assert "from <stdin>" in last and "workers=0" in last, last
+    assert "BrokenProcessPool" not in proc.stderr and not any(tmp_path.iterdir())
+
+
 def test_a_main_guard_is_recognised(tmp_path, monkeypatch):
     from cyto import interrupts
 
