@@ -302,17 +302,22 @@ def _unverified(record: dict | None, model) -> None:
         warn_caller(Verification("unverified", str(record.get("why", ""))).warning(path))
 
 
-def _said(echo: Callable[[str], None] | None) -> Callable[[str], None]:
+def _said(
+    echo: Callable[[str], None] | None, kept: list[str] | None = None
+) -> Callable[[str], None]:
     """The ``echo`` a library call hands its command's code: a ``warning:`` line is a
     ``CytoWarning`` at the caller's line (as :func:`predict`'s are), whatever ``echo`` is, and
     every other line goes to ``echo`` (None: nowhere). One rule for every call of this module
     that takes ``echo`` (:func:`score_slide`, :func:`train`, :func:`export`, :func:`predict`):
     with ``echo=None`` a slide's scale, stain and adequacy
     warnings were nowhere but in its summary.json (hostile round 21), and a training's and an
-    export's were nowhere at all."""
+    export's were nowhere at all. ``kept``: the ``note:`` and ``warning:`` lines are also kept
+    there, without their prefix, for the call's answer (:func:`synth_slide`'s ``notes``)."""
     quiet = echo or (lambda _line: None)
 
     def said(line: str) -> None:
+        if kept is not None and line.startswith(("note: ", "warning: ")):
+            kept.append(str(line).split(": ", 1)[1])
         if line.startswith(("warning: ", "WARNING: ")):  # its own category where it knows it
             kind = getattr(line, "category", CytoWarning)
             warn_caller(str(line)[len("warning: ") :], kind)
@@ -718,14 +723,9 @@ def synth_slide(
         "n_cells", "seed", "overwrite", "echo",
     )  # fmt: skip
     options = _options("synth_slide", options, make_slide, named)
-    notes: list[str] = []  # what the slide holds that its numbers do not say (copies of a crop)
-    to_echo = _said(echo)
-
-    def said(line: str) -> None:
-        if line.startswith(("note: ", "warning: ")):  # kept with echo=None too (round 28, 11)
-            notes.append(str(line).split(": ", 1)[1])
-        to_echo(line)
-
+    # what the slide holds that its numbers do not say (copies of a crop), kept with
+    # echo=None too (round 28, 11)
+    notes: list[str] = []
     res = make_slide(
         Path(out),
         cells=None if cells is None else Path(cells),
@@ -738,7 +738,7 @@ def synth_slide(
         n_cells=n_cells,
         seed=seed,
         overwrite=overwrite,
-        echo=said,
+        echo=_said(echo, notes),
         **options,
     )
     return {
