@@ -542,7 +542,8 @@ def predict(
     Returns:
         The summary (a dict): ``n`` (cells scored), ``out``, the ``backend`` and ``precision``
         that scored, its ``verification``, and ``auroc``, ``recall_at_k`` and ``k`` when the
-        labels are known; ``rank_by_caution``: the line warned (a ``CytoWarning``) when
+        labels are known; ``left_out``: the crops of classes in neither ``normal`` nor
+        ``abnormal``, by class; ``rank_by_caution``: the line warned (a ``CytoWarning``) when
         ``rank_by="auto"`` chose on too few held-back abnormal cells, else None.
 
     Example:
@@ -646,7 +647,9 @@ def evaluate(
         column and ``by_class`` judges its classes against ``normal``; without ``by_class`` a
         table without labels is refused) and ``by_class`` (one row per abnormal class:
         ``class``, ``normal``, ``n_normal``, ``n_class``, ``auroc`` and ``by_k``, its rows at
-        each K; None unless ``by_class``).
+        each K; None unless ``by_class``) and ``notes`` (what the rows do not say: a K above
+        the cells judged, ties across the K-th place, the column judged where the table does
+        not record it; each a line, said to ``echo`` too).
 
     Example:
         >>> import cyto
@@ -656,10 +659,12 @@ def evaluate(
     from cyto.eval.scores import evaluate_scores
 
     ks = [k] if isinstance(k, int) else list(k)
-    return evaluate_scores(
+    notes: list[str] = []  # what the rows do not say (K above a pool, ties), kept with echo=None
+    done = evaluate_scores(
         Path(table), ks, score_column, label_column, by_class, class_column,
-        _classes("normal", normal), _said(echo),
+        _classes("normal", normal), _said(echo, notes),
     )  # fmt: skip
+    return {**done, "notes": notes}
 
 
 @_front_door

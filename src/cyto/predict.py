@@ -103,7 +103,7 @@ def predict(
     for name, value in (("batch_size", batch_size), ("chunk", chunk)):
         if value < 1:  # before the model loads
             raise ConfigError(f"{said(name)} must be >= 1, got {value}")
-    if abnormal and not normal:  # abnormal classes are abnormal against the normal ones
+    if abnormal is not None and not normal:  # abnormal classes: against the normal ones
         raise ConfigError(
             f"{said('abnormal')} names the abnormal classes against {said('normal')}: give "
             f"{said('normal')} too (without it every class is scored, unlabelled)"
@@ -139,7 +139,7 @@ def predict(
         if RANK_BY_ALIASES.get(asked, asked) == "auto"
         else None
     )
-    records, labels = _chosen(Path(data), normal, abnormal, echo)
+    records, labels, left_out = _chosen(Path(data), normal, abnormal, echo)
     sides = refuse_mixed_sizes(records, data)  # the rule every reader of a crop folder holds to
     size = scorer.bundle.manifest["config"].get("load_size")
     zooming = zoom is not None or patch_mpp is not None
@@ -232,6 +232,8 @@ def predict(
             "rank_by": rank_by,
             "rank_by_caution": caution,
             "notes": list(scorer.notes),
+            # the crops of classes in neither normal nor abnormal, left out: {class: n}
+            "left_out": left_out,
             "skipped": skipped,
             "resumed": done,
             "backend": scorer.backend.name,
@@ -477,13 +479,13 @@ def _records_key(records: list[PatchRecord]) -> str:
 
 def _chosen(
     data: Path, normal: str | None, abnormal: str | None, echo=None
-) -> tuple[list[PatchRecord], np.ndarray | None]:
+) -> tuple[list[PatchRecord], np.ndarray | None, dict[str, int]]:
     """The records to score and, with ``normal``, their labels (1 = abnormal): the classes in
     neither ``normal`` nor ``abnormal`` are left out, as in training, and said (40 LSIL crops
     went from the table without a word: hostile round 28, 8)."""
     records = load_records(data)
     if not normal:
-        return records, None
+        return records, None, {}
     normal_t, abnormal_t = resolve_classes({r.cls for r in records}, normal, abnormal, data)
     left = Counter(r.cls for r in records if r.cls not in normal_t and r.cls not in abnormal_t)
     if left and echo is not None:
@@ -494,7 +496,8 @@ def _chosen(
             "score every other class as abnormal)"
         )
     records = [r for r in records if r.cls in normal_t or r.cls in abnormal_t]
-    return records, np.array([0 if r.cls in normal_t else 1 for r in records], dtype=np.int8)
+    labels = np.array([0 if r.cls in normal_t else 1 for r in records], dtype=np.int8)
+    return records, labels, dict(sorted(left.items()))
 
 
 def _write_table(

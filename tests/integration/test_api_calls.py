@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 import cyto
-from cyto.errors import ConfigError, CytoError, InputPathError
+from cyto.errors import ConfigError, CytoError, CytoWarning, InputPathError
 from tests.cli_runner import run_cyto
 from tests.integration.test_cell_slides import _crops
 
@@ -44,15 +44,19 @@ def test_a_slide_made_scored_and_judged_from_python_is_the_commands(exported_dsv
     assert proc.returncode == 0, proc.stderr
     truth = json.loads((scored / "summary.json").read_text())["truth"]
     assert truth == json.loads((tmp_path / "cli" / "s" / "summary.json").read_text())["truth"]
+    # the slide's topk.parquet under another name: judged, it was the slide's (round 29, 1)
+    shutil.copy(scored / "topk.parquet", tmp_path / "mine.parquet")
+    with pytest.raises(InputPathError, match="holds a slide's top cells only"):
+        cyto.evaluate(tmp_path / "mine.parquet", echo=None)
     assert {"auroc", "recall_at_k", "planted_recall_at_k"} <= set(truth)
     done = cyto.evaluate(scored, k=[10, 50], by_class=True, echo=None)
     proc = run_cyto("eval", "scores", str(scored), "--k", "10", "--k", "50", "--by-class",
                     "--json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert done == json.loads(proc.stdout)
+    assert {k: v for k, v in done.items() if k != "notes"} == json.loads(proc.stdout)
     assert [r["k"] for r in done["overall"]] == [10, 50] and done["by_class"]
     alone = cyto.evaluate(scored, k=50, echo=None)
-    assert alone == {"overall": done["overall"][1:], "by_class": None}
+    assert alone == {"overall": done["overall"][1:], "by_class": None, "notes": []}
 
     about = cyto.info(exported_dsvdd)
     proc = run_cyto("info", str(exported_dsvdd), "--json")
@@ -172,6 +176,10 @@ def test_evaluate_says_what_it_judged_and_refuses_what_it_would_ignore(table, tm
     by_class refused (8)."""
     said: list[str] = []
     done = cyto.evaluate(table, k=10_000, by_class=True, echo=said.append)
+    # the notes come back too, with echo=None (round 29, 3)
+    assert cyto.evaluate(table, k=10_000, by_class=True, echo=None)["notes"] == [
+        line.removeprefix("note: ") for line in said if line.startswith("note: ")
+    ]
     pool = done["by_class"][0]["n_normal"] + done["by_class"][0]["n_class"]
     assert done["by_class"][0]["by_k"][0]["k"] == pool
     assert any(line.startswith("note: k=10000 is more than the cells of a class") for line in said)
@@ -192,9 +200,12 @@ def test_evaluate_says_what_it_judged_and_refuses_what_it_would_ignore(table, tm
         assert not re.search(r"(^|\s|\()--[a-z]", str(err.value)), err.value
     proc = run_cyto("eval", "scores", str(table), "--normal", "normal")
     assert proc.returncode == 2 and "--normal names the classes" in proc.stderr, proc.stderr
-    topk = tmp_path / "s" / "topk.parquet"
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    topk = tmp_path / "s" / "topk.csv"  # a CSV copy keeps its name, not its metadata
     topk.parent.mkdir()
-    shutil.copy(table, topk)
+    pacsv.write_csv(pq.read_table(table), topk)
     with pytest.raises(InputPathError, match="holds a slide's top cells only"):
         cyto.evaluate(topk, echo=None)
 
@@ -210,6 +221,7 @@ def test_predict_says_the_classes_it_leaves_out(exported_dsvdd, synth_patches, t
                            abnormal=[classes[0]], echo=said.append)  # fmt: skip
     left = [line for line in said if "left out" in line]
     assert len(left) == 1 and all(c in left[0] for c in classes[1:]), said
+    assert res["left_out"] == {c: len(list((synth_patches / c).iterdir())) for c in classes[1:]}
     assert "neither normal= nor abnormal=" in left[0]
     n = {c: len(list((synth_patches / c).iterdir())) for c in ("normal", classes[0])}
     assert res["n"] == sum(n.values())
@@ -226,6 +238,18 @@ def test_a_composed_slides_notes_come_back_and_its_format_matches_its_name(tmp_p
     made = cyto.synth_slide(tmp_path / "s.tif", cells=crops, normal=["normal"], mpp=0.25,
                             width=1024, height=1024, abnormal_fraction=0.05, echo=None)  # fmt: skip
     assert any("each crop is used up to" in n for n in made["notes"]), made["notes"]
+    # greyscale crops make a grey slide: said, as predict says it of them (round 29, 4)
+    from PIL import Image
+
+    grey = tmp_path / "grey"
+    for cls in ("normal", "big"):
+        (grey / cls).mkdir(parents=True)
+        for f in sorted((crops / cls).iterdir()):
+            Image.open(f).convert("L").save(grey / cls / f.name)
+    with pytest.warns(CytoWarning, match="the crops are greyscale"):
+        made = cyto.synth_slide(tmp_path / "g.tif", cells=grey, normal="normal", mpp=0.25,
+                                width=1024, height=1024, echo=None)  # fmt: skip
+    assert any(n.startswith("the crops are greyscale") for n in made["notes"]), made["notes"]
     with pytest.raises(ConfigError, match=r"fmt='ndpi' and the name 't.tif' \(tiff\) disagree"):
         cyto.synth_slide(tmp_path / "t.tif", width=1024, height=1024, fmt="ndpi", echo=None)
     proc = run_cyto("synth", "slide", str(tmp_path / "t.tif"), "--format", "ndpi")

@@ -273,6 +273,10 @@ def table_metadata(
     }
 
 
+#: the metadata key of a table that holds the top cells of a slide's only (``topk.parquet``)
+EXTRACT_KEY = "cyto.extract"
+
+
 def write_top_k(table, order: np.ndarray, k: int, out_dir: Path, mpp: float | None = None) -> None:
     """``topk.parquet`` and ``topk.geojson`` (:func:`write_geojson`) of the ``k`` top cells;
     ``mpp``: the slide's, for the nucleus drawn where the table has no area."""
@@ -282,7 +286,10 @@ def write_top_k(table, order: np.ndarray, k: int, out_dir: Path, mpp: float | No
     from cyto.seal import with_rows_seal
 
     top = table.take(pa.array(order[:k])) if k else table.slice(0, 0)
-    pq.write_table(with_rows_seal(top), out_dir / "topk.parquet")
+    # an extract, said in its own metadata: judged as a slide's table its metrics are of the top
+    # cells alone, under any name (hostile round 29, 1)
+    meta = {**(top.schema.metadata or {}), EXTRACT_KEY: json_text({"of": "scores.parquet", "k": k})}
+    pq.write_table(with_rows_seal(top, meta), out_dir / "topk.parquet")
     write_geojson(table, order, k, out_dir / "topk.geojson", mpp=mpp)
 
 

@@ -178,6 +178,23 @@ def _read_crop(path: str, side: int) -> np.ndarray:
         raise UnreadableImageError(exc.path, exc.reason, None) from None
 
 
+def _grey(records, n: int = 16) -> bool:
+    """Whether the crops are greyscale: up to ``n`` of them, spread over the list, each with
+    (nearly) equal colour channels (round 29, 4: a grey slide was composed without a word, where
+    predict said it of the same crops)."""
+    from cyto.data.images import read_image
+
+    step = max(1, len(records) // n)
+    seen = []
+    for r in records[::step][:n]:
+        try:
+            img = read_image(Path(r.path)).astype(np.int16)
+        except Exception:  # noqa: BLE001 - an unreadable crop is said where it is drawn
+            continue
+        seen.append(int((img.max(axis=2) - img.min(axis=2)).max()) <= 2)
+    return bool(seen) and all(seen)
+
+
 def place_cells(config: CellSlideConfig, echo=None):
     """(placement, truth table, abnormal count) of a composed slide (see the module)."""
     import pyarrow as pa
@@ -207,6 +224,12 @@ def place_cells(config: CellSlideConfig, echo=None):
             f"note: {odd} of {sum(sides.values())} crops are not {side} px a side, never "
             f"resampled: {odd - cut} padded with their edge colour, {cut} cut about their "
             "centre (a cell wider than the field loses its edges)"
+        )
+    if echo is not None and _grey(normals + abnormals):
+        echo(
+            "warning: the crops are greyscale (one value in every colour channel), so the slide "
+            "is grey: its stain cannot be checked against a model's (cyto score says so), and "
+            "a model trained on colour crops sees other cells; compose from colour crops"
         )
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, 66]))
     w, h = config.size
