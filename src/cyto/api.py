@@ -298,7 +298,7 @@ def _unverified(record: dict | None, model) -> None:
     from cyto.runtime.verify import Verification
 
     if isinstance(record, dict) and record.get("status") == "unverified":
-        path = model.bundle.path if hasattr(model, "bundle") else model
+        path = model.bundle.where if hasattr(model, "bundle") else model
         warn_caller(Verification("unverified", str(record.get("why", ""))).warning(path))
 
 
@@ -728,6 +728,10 @@ def synth_slide(
         "n_cells", "seed", "overwrite", "echo",
     )  # fmt: skip
     options = _options("synth_slide", options, make_slide, named)
+    if options.get("workers", None) != 0:  # one rule at every size, not only where a pool starts
+        from cyto.interrupts import refuse_unguarded
+
+        refuse_unguarded()
     # what the slide holds that its numbers do not say (copies of a crop), kept with
     # echo=None too (round 28, 11)
     notes: list[str] = []

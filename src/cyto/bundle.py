@@ -263,6 +263,13 @@ class Bundle:
             self.recorded_path = str(Path(self.path).resolve())
 
     @property
+    def where(self) -> str:
+        """The bundle as advice names it: the path as given while it leads there, else where it
+        was loaded (a script that moved elsewhere was told to run 'cyto export' on a path that
+        led nowhere: hostile round 29, 11)."""
+        return str(self.path) if Path(self.path).exists() else self.recorded_path
+
+    @property
     def method(self) -> str:
         return str(self.manifest["method"])
 

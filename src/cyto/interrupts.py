@@ -146,6 +146,22 @@ def spawn_pool(workers: int, initializer=None, initargs: tuple = ()) -> ProcessP
     script outside ``if __name__ == "__main__":`` (:func:`unguarded_script`)."""
     import multiprocessing as mp
 
+    refuse_unguarded()
+    return _Pool(
+        workers,
+        mp_context=mp.get_context("spawn"),
+        initializer=_start_worker,
+        initargs=(initializer, initargs, os.getpid()),
+    )
+
+
+def refuse_unguarded() -> None:
+    """Refused in one line, before any worker process starts: a public Python call run from the
+    top level of a script outside ``if __name__ == "__main__":`` (:func:`unguarded_script`),
+    or from a script read from standard input, which no worker can import again. Called where
+    a pool starts, and by a public call that may start one (``synth_slide``, whose pool starts
+    only for a larger slide: a script tried on a small slide failed once the slide grew; round
+    29, 12)."""
     from cyto.flags import passing, python_call
 
     call, where = python_call(), unguarded_script()
@@ -167,12 +183,6 @@ def spawn_pool(workers: int, initializer=None, initargs: tuple = ()) -> ProcessP
             f"which a script read from {main} has not: save it as a .py file and run that, or "
             f"pass {passing('workers', 0)}"
         )
-    return _Pool(
-        workers,
-        mp_context=mp.get_context("spawn"),
-        initializer=_start_worker,
-        initargs=(initializer, initargs, os.getpid()),
-    )
 
 
 def unguarded_script() -> tuple[str, int] | None:

@@ -182,7 +182,9 @@ def predict(
                 warn_caller(other, ScaleWarning)
         # as cyto score says it (a CytoWarning from Python), once the inputs are taken: never
         # before a refusal of them
-        unverified = scorer.verification.warning(model) if scorer.verification else None
+        unverified = (
+            scorer.verification.warning(scorer.bundle.where) if scorer.verification else None
+        )
         if unverified:
             warn_caller(unverified, CytoWarning)
         job = _Job(scorer, load, factor if zooming else None, batch_size, chunk, patch_mpp, side)

@@ -124,10 +124,13 @@ def test_a_model_given_by_a_relative_path_is_recorded_absolute(
     scorer = cyto.load_model(model)
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         cyto.predict(scorer, synth_patches, "q.parquet", echo=None)
         cyto.score_slide(made["slide"], scorer, "again", workers=0, mosaic=4, echo=None)
+    # its UNVERIFIED advice names the bundle where it is, not as typed elsewhere (round 29, 11)
+    unverified = [str(w.message) for w in caught if "UNVERIFIED" in str(w.message)]
+    assert unverified and all(f"'cyto export {exported_dsvdd.resolve()}'" in u for u in unverified)
     meta = pq.read_schema(tmp_path / "elsewhere" / "q.parquet").metadata
     assert meta[b"cyto.model"].decode() == str(exported_dsvdd.resolve())
     summary = json.loads((tmp_path / "elsewhere" / "again" / "summary.json").read_text())
@@ -208,6 +211,14 @@ def test_evaluate_says_what_it_judged_and_refuses_what_it_would_ignore(table, tm
     pacsv.write_csv(pq.read_table(table), topk)
     with pytest.raises(InputPathError, match="holds a slide's top cells only"):
         cyto.evaluate(topk, echo=None)
+    # a cohort's folder and its cohort.csv: what to give instead (round 29, 13)
+    (tmp_path / "cohort" / "s1").mkdir(parents=True)
+    shutil.copy(table, tmp_path / "cohort" / "s1" / "scores.parquet")
+    with pytest.raises(InputPathError, match=r"is a cohort's folder .*: give one slide's, e\.g\."):
+        cyto.evaluate(tmp_path / "cohort", echo=None)
+    (tmp_path / "cohort" / "cohort.csv").write_text("slide,output\n")
+    with pytest.raises(InputPathError, match="is a cohort's table .*not a score table"):
+        cyto.evaluate(tmp_path / "cohort" / "cohort.csv", echo=None)
 
 
 def test_predict_says_the_classes_it_leaves_out(exported_dsvdd, synth_patches, tmp_path):
@@ -225,6 +236,12 @@ def test_predict_says_the_classes_it_leaves_out(exported_dsvdd, synth_patches, t
     assert "neither normal= nor abnormal=" in left[0]
     n = {c: len(list((synth_patches / c).iterdir())) for c in ("normal", classes[0])}
     assert res["n"] == sum(n.values())
+    # a table without labels is judged per class, and the refusal says how (round 29, 13)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cyto.predict(exported_dsvdd, synth_patches, tmp_path / "u.parquet", echo=None)
+    with pytest.raises(CytoError, match=r"judge its classes with by_class=True and normal=CLASS"):
+        cyto.evaluate(tmp_path / "u.parquet", echo=None)
     with pytest.raises(ConfigError, match="abnormal= names the abnormal classes against normal="):
         cyto.predict(exported_dsvdd, synth_patches, tmp_path / "q.parquet", abnormal=classes[0],
                      echo=None)  # fmt: skip

@@ -574,6 +574,24 @@ def test_a_script_read_from_standard_input_is_told_so_before_any_worker_starts(t
     assert "BrokenProcessPool" not in proc.stderr and not any(tmp_path.iterdir())
 
 
+def test_an_unguarded_synth_slide_is_refused_at_every_size(tmp_path):
+    """A top-level synth_slide of a small slide ran (no pool: fewer than four rows) and the same
+    script was refused once its slide grew (round 29, 12): one rule at every size."""
+    script = tmp_path / "small.py"
+    script.write_text("import cyto\ncyto.synth_slide('s.tif', width=512, height=512, echo=None)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)  # fmt: skip
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and "if __name__ ==" in last and "line 2" in last, proc.stderr
+    assert not (tmp_path / "s.tif").exists()
+    script.write_text(
+        "import cyto\ncyto.synth_slide('s.tif', width=512, height=512, workers=0, echo=None)\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0 and (tmp_path / "s.tif").is_file(), proc.stderr
+
+
 def test_a_main_guard_is_recognised(tmp_path, monkeypatch):
     from cyto import interrupts
 

@@ -9,7 +9,7 @@ import numpy as np
 from cyto.data.morphometry import RANK_COLUMNS, ranked_column
 from cyto.errors import InputPathError, first_line
 from cyto.eval.metrics import MetricError, all_metrics
-from cyto.flags import comma_list, passing, said
+from cyto.flags import Placeholder, comma_list, passing, said
 from cyto.tables import parquet_file, read_table
 
 
@@ -49,7 +49,18 @@ def read_score_table(
     if path.is_dir() and (path / "scores.parquet").is_file():  # a slide's cyto score folder
         path = path / "scores.parquet"
     if path.is_dir():
+        slides = sorted(p.parent.name for p in path.glob("*/scores.parquet"))
+        if slides:  # a cohort's folder (round 29, 13): its slides named
+            raise InputPathError(
+                f"{path} is a cohort's folder (a folder per slide: {', '.join(slides[:3])}"
+                f"{', ...' if len(slides) > 3 else ''}): give one slide's, e.g. {path / slides[0]}"
+            )
         raise InputPathError(f"{path} is a folder without scores.parquet: give a score table")
+    if path.name == "cohort.csv":  # a row per slide, not per cell
+        raise InputPathError(
+            f"{path} is a cohort's table (a row per slide), not a score table (a row per cell): "
+            f"give a slide's folder beside it"
+        )
     if not path.is_file():
         raise InputPathError(f"score table {path} does not exist")
     check_sealed_table(path)  # a scored folder's table only as it was written
@@ -73,9 +84,16 @@ def read_score_table(
     fields = ((score_column, "score_column"), (label_column, "label_column"))
     for col, field in (c for c in fields if c[0] is not None):
         if col not in table.column_names:
+            # a table of classes without labels (predict without normal=): judged per class
+            per_class = (
+                f"; judge its classes with {passing('by_class')} and "
+                f"{passing('normal', Placeholder('CLASS'))}"
+                if field == "label_column" and "class" in table.column_names
+                else ""
+            )
             raise MetricError(
                 f"{path} has no column {col!r} ({said(field)}); columns: "
-                f"{', '.join(table.column_names)}"
+                f"{', '.join(table.column_names)}{per_class}"
             )
     for col, field in fields:
         if col is None:
