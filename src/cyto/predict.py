@@ -25,6 +25,7 @@ from cyto.data.dataset import (
     PatchRecord,
     common_side,
     decode_stream,
+    empty_class_words,
     load_records,
     one_size,
     refuse_mixed_sizes,
@@ -489,6 +490,9 @@ def _chosen(
     if not normal:
         return records, None, {}
     normal_t, abnormal_t = resolve_classes({r.cls for r in records}, normal, abnormal, data)
+    empty = empty_class_words(data, {r.cls for r in records}, abnormal)
+    if empty and echo is not None:
+        echo(empty)
     left = Counter(r.cls for r in records if r.cls not in normal_t and r.cls not in abnormal_t)
     if left and echo is not None:
         counts = ", ".join(f"{n} of {cls}" for cls, n in sorted(left.items()))

@@ -272,3 +272,30 @@ def test_a_composed_slides_notes_come_back_and_its_format_matches_its_name(tmp_p
     proc = run_cyto("synth", "slide", str(tmp_path / "t.tif"), "--format", "ndpi")
     assert proc.returncode == 2 and "--format ndpi and the name 't.tif'" in proc.stderr
     assert not (tmp_path / "t.tif").exists()
+
+
+def test_an_empty_class_folder_left_out_of_every_other_class_is_said(exported_dsvdd, tmp_path):
+    """abnormal= left to its default (every other class) left an empty class folder out without
+    a word, where naming it is refused (round 29, 13): said by predict, synth_slide and train."""
+    crops = _crops(tmp_path / "crops", {"normal": 6, "big": 2})
+    (crops / "LSIL").mkdir()
+    lines: list[str] = []
+    cyto.synth_slide(tmp_path / "s.tif", cells=crops, normal="normal", mpp=0.25, width=1024,
+                     height=1024, abnormal_fraction=0.1, echo=lines.append)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cyto.predict(exported_dsvdd, crops, tmp_path / "p.parquet", normal="normal",
+                     echo=lines.append)  # fmt: skip
+    proc = run_cyto("train", "dsvdd", "--data", str(crops), "--normal", "normal", "--out",
+                    str(tmp_path / "t.cyto"), "--preset", "fast", "--set", "epochs=1", "--set",
+                    "ae_epochs=0", "--set", "n_seeds=1", "--set", "tta_views=orig", "--set",
+                    "input_size=32", "--set", "load_size=64")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = [ln for ln in [*lines, *proc.stdout.splitlines()] if "hold no image" in ln]
+    assert len(said) == 3, said
+    assert all("the class folder(s) LSIL in" in ln for ln in said)
+    assert "abnormal=" in said[0] and "--abnormal" in said[2]
+    # named, it is refused, as before
+    with pytest.raises(CytoError, match="exist but hold no image"):
+        cyto.synth_slide(tmp_path / "t.tif", cells=crops, normal="normal", abnormal="LSIL",
+                         mpp=0.25, width=1024, height=1024, echo=None)  # fmt: skip

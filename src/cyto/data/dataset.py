@@ -40,7 +40,7 @@ from cyto.errors import (
     UnreadableImageError,
     warn_caller,
 )
-from cyto.flags import passing, setting
+from cyto.flags import passing, said, setting
 from cyto.tables import read_table
 
 log = logging.getLogger(__name__)
@@ -435,6 +435,28 @@ def resolve_classes(
     if abnormal_t is None:
         abnormal_t = tuple(c for c in known_s if c not in normal_t)
     return normal_t, abnormal_t
+
+
+def empty_class_words(source: object, known: Iterable[str], abnormal) -> str | None:
+    """One line where ``abnormal`` is left to its default (every other class) and class folders
+    of ``source`` hold no image: they are left out of "every other class" (a class folder
+    emptied by mistake went unsaid, where naming it is refused: hostile round 29, 13); None
+    otherwise."""
+    folder = Path(source) if isinstance(source, (str, Path)) else None
+    if abnormal is not None or folder is None or not folder.is_dir():
+        return None
+    known_s = set(known)
+    empty = sorted(
+        d.name
+        for d in folder.iterdir()
+        if d.is_dir() and not d.name.startswith(".") and d.name not in known_s
+    )
+    if not empty:
+        return None
+    return (
+        f"note: the class folder(s) {', '.join(empty)} in {source} hold no image, so the "
+        f"abnormal classes ({said('abnormal')}: every other class) leave them out"
+    )
 
 
 def one_class_split(

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from cyto.bundle import bundle_names, save_bundle
-from cyto.data.dataset import PatchDataset, source_slides
+from cyto.data.dataset import PatchDataset, empty_class_words, source_slides
 from cyto.errors import ConfigError, InputPathError, TrainingError, out_of_memory
 from cyto.flags import passing, python_call, said, setting
 from cyto.locks import OutputLock
@@ -291,6 +291,9 @@ def train(
         skip_unreadable=skip_unreadable,
         mixed_sizes=mixed_sizes,
     )
+    empty = empty_class_words(data, ds.normal + ds.abnormal, abnormal)
+    if empty and echo is not None:
+        echo(empty)
     train_data = TrainData.from_dataset(ds)
     held = np.zeros(0, dtype=np.int64)
     probe_data = None

@@ -199,12 +199,20 @@ def place_cells(config: CellSlideConfig, echo=None):
     """(placement, truth table, abnormal count) of a composed slide (see the module)."""
     import pyarrow as pa
 
-    from cyto.data.dataset import load_records, refuse_mixed_sizes, resolve_classes
+    from cyto.data.dataset import (
+        empty_class_words,
+        load_records,
+        refuse_mixed_sizes,
+        resolve_classes,
+    )
 
     records = load_records(Path(config.cells))
     normal_t, abnormal_t = resolve_classes(
         {r.cls for r in records}, config.normal, config.abnormal, config.cells
     )
+    empty = empty_class_words(config.cells, {r.cls for r in records}, config.abnormal)
+    if empty and echo is not None:
+        echo(empty)
     normals = [r for r in records if r.cls in normal_t]
     abnormals = [r for r in records if r.cls in abnormal_t]
     if not normals:
