@@ -489,8 +489,9 @@ def _chosen(
     records = load_records(data)
     if not normal:
         return records, None, {}
-    normal_t, abnormal_t = resolve_classes({r.cls for r in records}, normal, abnormal, data)
-    empty = empty_class_words(data, {r.cls for r in records}, abnormal)
+    known = {r.cls for r in records}
+    normal_t, abnormal_t = resolve_classes(known, normal, abnormal, data)
+    empty = empty_class_words(data, known, abnormal)
     if empty and echo is not None:
         echo(empty)
     left = Counter(r.cls for r in records if r.cls not in normal_t and r.cls not in abnormal_t)

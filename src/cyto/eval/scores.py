@@ -230,31 +230,38 @@ def evaluate_table(
     return rows
 
 
-def _say_k(scores, k: list[int], echo, pools: dict[str, int] | None = None) -> None:
-    """What the rows at each K do not say: ties across the K-th place, and a K above the pool
-    judged (the rows say K as the pool; the K asked was not said: hostile round 25), for the
-    whole table, or ``pools``: each class with the normal cells (the by-class rows clamped K
-    without a word: round 28, 4)."""
+def _say_k(scores, k: list[int], echo) -> None:
+    """What the rows at each K do not say: ties across the K-th place, and a K above the
+    table's cells (the rows say K as the pool; the K asked was not said: hostile round 25)."""
     from cyto.eval.metrics import ties_words
 
     if echo is None:
         return
     for line in dict.fromkeys(filter(None, (ties_words(scores, kk) for kk in k))):
         echo(line)
-    n = len(scores) if pools is None else min(pools.values())
-    above = sorted({kk for kk in k if kk > n})
-    if not above:
-        return
-    asked = ", ".join(passing("k", kk) for kk in above)
-    verb = "is" if len(above) == 1 else "are"
-    if pools is None:
-        echo(f"note: {asked} {verb} more than the table's {n} cells: the whole table")
-    else:
-        small = ", ".join(f"{c} {p}" for c, p in pools.items() if p < max(above))
+    above = _above(k, len(scores))
+    if above:
+        echo(f"note: {above} more than the table's {len(scores)} cells: the whole table")
+
+
+def _say_k_of_classes(pools: dict[str, int], k: list[int], echo) -> None:
+    """A K above the cells of a class with the normal ones (``pools``): the by-class rows
+    clamped K without a word (round 28, 4)."""
+    above = _above(k, min(pools.values())) if pools and echo is not None else None
+    if above:
+        small = ", ".join(f"{c} {p}" for c, p in pools.items() if p < max(k))
         echo(
-            f"note: {asked} {verb} more than the cells of a class with the normal ones ({small}):"
+            f"note: {above} more than the cells of a class with the normal ones ({small}):"
             " its row judges them all (Recall@K of that class is then 1 where K is its pool)"
         )
+
+
+def _above(k: list[int], n: int) -> str | None:
+    """The Ks asked above ``n`` cells, as the caller gives them, with their verb; None: none."""
+    above = sorted({kk for kk in k if kk > n})
+    if not above:
+        return None
+    return f"{', '.join(passing('k', kk) for kk in above)} {'is' if len(above) == 1 else 'are'}"
 
 
 def _first_words(exc: Exception) -> str:
@@ -375,9 +382,7 @@ def evaluate_with_classes(
     overall = None if labels is None else _metric_rows(scores, labels, k, column)
     if overall is not None:
         _say_k(scores, k, echo)
-    pools = {c["class"]: c["n_normal"] + c["n_class"] for c in classes}
-    if pools:
-        _say_k(np.zeros(0), k, echo, pools)
+    _say_k_of_classes({c["class"]: c["n_normal"] + c["n_class"] for c in classes}, k, echo)
     return {"overall": overall, "by_class": classes}
 
 

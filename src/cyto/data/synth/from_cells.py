@@ -207,10 +207,9 @@ def place_cells(config: CellSlideConfig, echo=None):
     )
 
     records = load_records(Path(config.cells))
-    normal_t, abnormal_t = resolve_classes(
-        {r.cls for r in records}, config.normal, config.abnormal, config.cells
-    )
-    empty = empty_class_words(config.cells, {r.cls for r in records}, config.abnormal)
+    known = {r.cls for r in records}
+    normal_t, abnormal_t = resolve_classes(known, config.normal, config.abnormal, config.cells)
+    empty = empty_class_words(config.cells, known, config.abnormal)
     if empty and echo is not None:
         echo(empty)
     normals = [r for r in records if r.cls in normal_t]

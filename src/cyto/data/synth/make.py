@@ -13,15 +13,9 @@ from cyto.data.synth.formats import SlideFormat
 from cyto.data.synth.slide import SlideResult
 from cyto.flags import JpegQuality, Mpp, Positive, Range, Seed, Share, SlideSide
 
-#: the options of a drawn slide that a composed slide does not take, with their defaults: one
-#: given otherwise is refused by name for a slide composed from ``cells``
-DRAWN_DEFAULTS = {
-    "classes": None,
-    "planes": "0",
-    "defocus": 0.0,
-    "scale": 1.5,
-    "smear_extent": 0.46,
-}
+#: the options of a drawn slide that a composed slide does not take: one given otherwise than
+#: its default (:func:`make_slide`'s) is refused by name for a slide composed from ``cells``
+DRAWN_ONLY = ("classes", "planes", "defocus", "scale", "smear_extent")
 
 
 def make_slide(
@@ -54,12 +48,14 @@ def make_slide(
     from cyto.errors import ConfigError
     from cyto.flags import Placeholder, passing, said
 
-    given = {"classes": classes, "planes": planes, "defocus": defocus, "scale": scale,
-             "smear_extent": smear_extent}  # fmt: skip
     if cells is not None:
+        import inspect
+
         from cyto.data.synth.from_cells import compose_slide
 
-        drawn = [f for f, v in given.items() if not _same(v, DRAWN_DEFAULTS[f])]
+        given = locals()
+        defaults = inspect.signature(make_slide).parameters
+        drawn = [f for f in DRAWN_ONLY if not _same(given[f], defaults[f].default)]
         return compose_slide(
             out, cells, normal, abnormal, mpp, n_cells, abnormal_fraction, width, height, seed,
             tile, quality, fmt, overwrite, workers, echo, drawn,
