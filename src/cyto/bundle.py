@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from cyto import __version__
 from cyto.errors import BundleError, BundlePathError, warn_caller
 from cyto.locks import flock_or_not
 from cyto.outputs_check import refuse_to_replace
 from cyto.tables import finite, json_text
+from cyto.version import __version__
 
 FORMAT = "cyto-bundle"
 # 2: the manifest must carry its seal; TensorRT engines live in engines/, outside the seal.

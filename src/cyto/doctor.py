@@ -222,7 +222,7 @@ def cache_check() -> Check:
     cannot be used (an unusable CYTO_CACHE_DIR stops every run that needs it)."""
     import warnings
 
-    from cyto import cache_dir
+    from cyto.cachedir import cache_dir
     from cyto.errors import CytoError
 
     try:

@@ -384,7 +384,7 @@ def _reason(exc: CytoError, where: OutputLocation) -> str:
 def staging_root(ref: SlideURL) -> Path:
     """The staging folder of the prefix ``ref`` in cyto's cache: named by the printed URL and
     the endpoint it is read from (one bucket name on two servers is two places)."""
-    from cyto import cache_dir
+    from cyto.cachedir import cache_dir
 
     endpoint = (
         ref.options.get("endpoint_url")
@@ -416,7 +416,7 @@ def recorded(path: str | os.PathLike) -> str:
 def shown(path: str | os.PathLike) -> str:
     """``path`` as it may be printed and recorded: a staging folder (or a file in it) as the
     remote prefix it stands for; any other path as it is."""
-    from cyto import cache_dir
+    from cyto.cachedir import cache_dir
 
     path = Path(path)
     base = Path(cache_dir()) / "outputs"
@@ -509,7 +509,7 @@ def refuse_unusable_cache() -> None:
     to :func:`cyto.cache_dir`, which falls back with a word where it is used."""
     import os
 
-    from cyto import cache_dir
+    from cyto.cachedir import cache_dir
 
     if (os.environ.get("CYTO_CACHE_DIR") or "").strip():
         cache_dir()

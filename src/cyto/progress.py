@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from cyto import interrupts
+import cyto.interrupts as interrupts
 
 #: set for the length of a Python call with ``echo=None`` (:func:`quiet`): no bars
 _QUIET: ContextVar[bool] = ContextVar("cyto_progress_quiet", default=False)

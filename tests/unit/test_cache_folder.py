@@ -73,12 +73,13 @@ def test_cyto_refuses_an_unusable_cache_folder_before_any_work(exported_dsvdd, t
 
 def test_a_default_cache_folder_that_cannot_be_written_is_said_once(tmp_path, monkeypatch):
     import cyto
+    import cyto.cachedir
 
     home = tmp_path / "xdg"
     home.write_text("a file where the cache home would be")
     monkeypatch.delenv("CYTO_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(home))
-    monkeypatch.setattr(cyto, "_SAID_CACHE", set())
+    monkeypatch.setattr(cyto.cachedir, "_SAID_CACHE", set())
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         first, second = cyto.cache_dir(), cyto.cache_dir()

@@ -10,7 +10,8 @@ dependency). Layers, top to bottom:
     train  export  stats  location
     runtime  detect  slides
     models  data  bundle  seal
-    errors  progress  interrupts  locks  reuse  flags  outputs_check  localserver  (and the root)
+    errors  progress  interrupts  locks  reuse  flags  outputs_check  localserver  cachedir
+    version  (and the root)
 
 A module may import its own layer's package and anything below. On top of that:
 ``infer/``, ``cohort/`` and ``runtime/`` never import ``train/`` or ``eval/``; ``export/`` never
@@ -66,6 +67,8 @@ LAYERS = {
     "flags": 0,
     "tables": 0,
     "localserver": 0,
+    "cachedir": 0,
+    "version": 0,
     "__init__": 0,
 }
 # packages of one layer that must not import each other
@@ -169,6 +172,53 @@ def _violations(modules: dict[str, Path]) -> list[str]:
 
 def test_imports_point_down_only():
     assert _violations(_modules()) == []
+
+
+def _root_names(modules: dict[str, Path]) -> list[str]:
+    """``import cyto``, and ``from cyto import NAME`` where NAME is no module of cyto: the
+    package root itself, or a name it defines or re-exports, which would tie the importer to
+    the root and, through its lazy re-export, to the public API at the top."""
+    bad = []
+    for path in sorted(modules.values()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import) and any(a.name == "cyto" for a in node.names):
+                bad.append(f"{path.relative_to(SRC.parent)}:{node.lineno} imports the root")
+            elif isinstance(node, ast.ImportFrom) and node.module == "cyto" and not node.level:
+                bad += [
+                    f"{path.relative_to(SRC.parent)}:{node.lineno} takes {a.name} from the root"
+                    for a in node.names
+                    if f"cyto.{a.name}" not in modules
+                ]
+    return bad
+
+
+def test_no_module_takes_a_name_from_the_package_root(tmp_path):
+    """The root sits on top (it re-exports the public calls of :mod:`cyto.api`): what it offers
+    every layer (``cache_dir``, ``__version__``) lives in a bottom module of its own, and a
+    module imports it from there (sixteen modules took them from the root, an arrow back up
+    through the public API to each)."""
+    assert _root_names(_modules()) == []
+    # the check can fail: a name of the root is caught, a submodule taken from it is not
+    (tmp_path / "cyto").mkdir()
+    (tmp_path / "cyto" / "__init__.py").write_text("x = 1\n")
+    (tmp_path / "cyto" / "errors.py").write_text("")
+    (tmp_path / "cyto" / "bundle.py").write_text(
+        "from cyto import errors, x\nimport cyto.errors\n\n\ndef f():\n    import cyto\n"
+    )
+    mods = {
+        "cyto": tmp_path / "cyto" / "__init__.py",
+        "cyto.errors": tmp_path / "cyto" / "errors.py",
+        "cyto.bundle": tmp_path / "cyto" / "bundle.py",
+    }
+    global SRC
+    saved, SRC = SRC, tmp_path / "cyto"
+    try:
+        assert _root_names(mods) == [
+            "cyto/bundle.py:1 takes x from the root",
+            "cyto/bundle.py:6 imports the root",
+        ]
+    finally:
+        SRC = saved
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path):

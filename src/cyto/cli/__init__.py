@@ -175,7 +175,7 @@ def _argument_given_as_flag(argv: list[str]) -> str | None:
 def main() -> None:
     """Entry point: run the app, turning library errors into one line and an exit code. A Ctrl-C
     exits with 130, also one that something swallowed on its way (:mod:`cyto.interrupts`)."""
-    from cyto import interrupts
+    import cyto.interrupts as interrupts
 
     _names_shown()
     _console_may_close()

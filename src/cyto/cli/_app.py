@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from cyto import __version__
 from cyto.errors import ConfigError
 from cyto.flags import comma_list
+from cyto.version import __version__
 
 
 def _typer(**kwargs) -> typer.Typer:

@@ -443,7 +443,7 @@ def unforeseen(slide: Path, exc: Exception) -> SlideFailedError:
     into this error stops the cohort, as a Ctrl-C does."""
     import os
 
-    from cyto import interrupts
+    import cyto.interrupts as interrupts
 
     interrupts.check()
     if os.environ.get("CYTO_DEBUG") == "1":

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto import __version__
 from cyto.errors import CytoWarning, InputPathError, warn_caller
 from cyto.flags import passing
 from cyto.slides import SLIDE_SUFFIXES, open_slide
 from cyto.slides.base import printable
 from cyto.slides.remote import redact, slide_bytes
 from cyto.tables import json_text, named_columns, number_column, one_line, read_table
+from cyto.version import __version__
 
 MOSAIC_SIDE, MOSAIC_COLS = 96, 10
 

@@ -488,7 +488,7 @@ def _slide_and_model(folder: Path) -> tuple[str, str | None] | None:
 def _registry_file(identity: str) -> Path:
     """``$CYTO_REVIEW_REGISTRY`` (a folder: one shared by a lab's machines keeps the reviews
     of all of them), else ``reviews/`` in cyto's cache; one file per slide identity."""
-    from cyto import cache_dir
+    from cyto.cachedir import cache_dir
 
     name = hashlib.sha256(identity.encode()).hexdigest()[:32]
     root = os.environ.get("CYTO_REVIEW_REGISTRY")

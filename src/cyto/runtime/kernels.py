@@ -1,9 +1,9 @@
 """numba's kept kernels: derived engines too, loaded only from files a record vouches for.
 
 The scorer heads' finishes are numba kernels compiled with ``cache=True``: numba keeps their
-machine code in cyto's cache (``$NUMBA_CACHE_DIR``, :func:`cyto._numba_cache_dir`) as an index
-(``.nbi``) and pickled object code (``.nbc``), and loads it in the next process without any
-check of its own. A damaged index stops the run with a raw unpickling error; damaged machine
+machine code in cyto's cache (``$NUMBA_CACHE_DIR``, :func:`cyto.cachedir.numba_cache_dir`) as
+an index (``.nbi``) and pickled object code (``.nbc``), and loads it in the next process without
+any check of its own. A damaged index stops the run with a raw unpickling error; damaged machine
 code can load and compute other scores. So the rule of :mod:`cyto.runtime.derived` holds here
 too, in numba's own files:
 
@@ -22,7 +22,6 @@ import atexit
 import contextlib
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from cyto.errors import warn_caller
@@ -37,9 +36,9 @@ _guarded: set[Path] = set()
 
 def cache_folder() -> Path:
     """numba's cache folder as cyto set it (importing :mod:`cyto` sets ``NUMBA_CACHE_DIR``)."""
-    import cyto  # noqa: F401 - sets NUMBA_CACHE_DIR
+    from cyto.cachedir import numba_cache_dir
 
-    return Path(os.environ["NUMBA_CACHE_DIR"])
+    return Path(numba_cache_dir())
 
 
 def _kept(folder: Path) -> dict[str, Path]:

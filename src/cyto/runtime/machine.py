@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cyto import __version__
+from cyto.version import __version__
 
 #: the instruction-set flags that decide which kernels run (x86 names as in /proc/cpuinfo;
 #: aarch64's ``asimddp`` is its int8 dot product)

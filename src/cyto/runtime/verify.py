@@ -291,7 +291,7 @@ def _key_sha(key: dict) -> str:
 
 def cache_dirs(bundle_path: Path) -> list[Path]:
     """Where results are kept: in the bundle, and in the user's cache (read-only bundles)."""
-    from cyto import cache_dir
+    from cyto.cachedir import cache_dir
 
     return [Path(bundle_path) / CACHE_DIR, Path(cache_dir()) / CACHE_DIR]
 

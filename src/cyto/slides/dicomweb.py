@@ -329,7 +329,7 @@ class DicomWebSeries(Requests):
         if self._shared is None:
             from pathlib import Path
 
-            from cyto import cache_dir
+            from cyto.cachedir import cache_dir
 
             self._shared = Path(cache_dir()) / "remote-blocks" / self.identity()[:32]
             self._shared.mkdir(parents=True, exist_ok=True)

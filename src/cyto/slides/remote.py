@@ -425,7 +425,7 @@ class RemoteObject(Requests):
         """The folder of this version's blocks that every process reading it shares: a tile
         the plan read is not fetched again by a worker, nor a block by two workers."""
         if self._shared is None:
-            from cyto import cache_dir
+            from cyto.cachedir import cache_dir
 
             self._shared = Path(cache_dir()) / "remote-blocks" / self.identity()[:32]
             self._shared.mkdir(parents=True, exist_ok=True)
@@ -893,7 +893,7 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
     and renamed, each range pinned to the version opened."""
     from pathlib import Path
 
-    from cyto import cache_dir
+    from cyto.cachedir import cache_dir
 
     def sha256_file(path: Path) -> str:  # bundle.sha256_file is a layer above this one
         with open(path, "rb") as fh:

@@ -178,7 +178,7 @@ def serve(
 
     import uvicorn
 
-    from cyto import cache_dir
+    from cyto.cachedir import cache_dir
     from cyto.view.cache import size_words
 
     sock = bind(host, port)

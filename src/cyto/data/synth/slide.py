@@ -19,7 +19,6 @@ from typing import BinaryIO
 
 import numpy as np
 
-from cyto import __version__
 from cyto.data.synth.cells import (
     ABNORMAL_CLASSES,
     CELL_CLASSES,
@@ -72,6 +71,7 @@ from cyto.flags import (
 from cyto.outputs_check import refuse_to_replace
 from cyto.progress import progress
 from cyto.tables import json_text
+from cyto.version import __version__
 
 BLOCK = 512
 

@@ -129,7 +129,7 @@ def cache_folder(graph: GraphSpec, precision: str) -> Path:
     """Where the compiled model of ``graph`` at ``precision`` is kept: one folder per graph
     sha256, OpenVINO version, precision and CPU capabilities (the key the record beside the
     compiled model holds, :func:`kept_model`)."""
-    from cyto import cache_dir
+    from cyto.cachedir import cache_dir
 
     key = "\n".join((graph.sha256, version(), precision, ",".join(cpu_capabilities())))
     name = f"{graph.sha256[:16]}-{precision}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
