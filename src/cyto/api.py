@@ -8,6 +8,7 @@ runs, so ``import cyto`` stays light.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -318,7 +319,7 @@ def _said(
     def said(line: str) -> None:
         if kept is not None and line.startswith(("note: ", "warning: ")):
             kept.append(str(line).split(": ", 1)[1])
-        if line.startswith(("warning: ", "WARNING: ")):  # its own category where it knows it
+        if line.startswith("warning: "):  # its own category where it knows it
             kind = getattr(line, "category", CytoWarning)
             warn_caller(str(line)[len("warning: ") :], kind)
         else:
@@ -584,8 +585,8 @@ def info(model: Annotated[str | Path | Scorer, BUNDLE]) -> dict[str, Any]:
     """What a model bundle is, read with every checksum verified (``cyto info``).
 
     Args:
-        model: the bundle folder (``NAME.cyto``), or a scorer from :func:`load_model` (its
-            bundle, read again from its folder).
+        model: the bundle folder (``NAME.cyto``), or a scorer from :func:`load_model`: the
+            bundle it loaded (and verified), whatever its folder holds now.
 
     Returns:
         A dict: ``path`` (the bundle, absolute), ``manifest`` (its manifest: method, input
@@ -604,8 +605,11 @@ def info(model: Annotated[str | Path | Scorer, BUNDLE]) -> dict[str, Any]:
     from cyto.data.morphometry import ranking_said
     from cyto.runtime.scorer import Scorer
 
-    path = Path(model.bundle.recorded_path) if isinstance(model, Scorer) else Path(model)
-    manifest = verify_bundle(path)
+    if isinstance(model, Scorer):  # the model that scores: the folder may hold another since
+        path, manifest = Path(model.bundle.recorded_path), copy.deepcopy(model.bundle.manifest)
+    else:
+        path = Path(model)
+        manifest = verify_bundle(path)
     return {"path": str(path.resolve()), "manifest": manifest, **ranking_said(manifest)}
 
 

@@ -299,3 +299,23 @@ def test_an_empty_class_folder_left_out_of_every_other_class_is_said(exported_ds
     with pytest.raises(CytoError, match="exist but hold no image"):
         cyto.synth_slide(tmp_path / "t.tif", cells=crops, normal="normal", abnormal="LSIL",
                          mpp=0.25, width=1024, height=1024, echo=None)  # fmt: skip
+
+
+def test_info_of_a_scorer_is_the_model_it_loaded(exported_bundles, tmp_path):
+    """`cyto.info(scorer)` read the bundle's folder again: after the folder was swapped for
+    another bundle it described that one, while the scorer went on scoring with the model it
+    had loaded (hostile round 29, 13); after the folder was deleted it failed. It describes the
+    loaded model."""
+    path = tmp_path / "m.cyto"
+    shutil.copytree(exported_bundles["dsvdd"], path)
+    scorer = cyto.load_model(path, verify=False)
+    before = cyto.info(path)
+    shutil.rmtree(path)
+    other = next(name for name in exported_bundles if name != "dsvdd")
+    shutil.copytree(exported_bundles[other], path)
+    assert cyto.info(path)["manifest"]["method"] == other
+    assert cyto.info(scorer) == before and before["manifest"]["method"] == "dsvdd"
+    shutil.rmtree(path)
+    assert cyto.info(scorer) == before
+    cyto.info(scorer)["manifest"]["method"] = "changed"  # an answer of its own each call
+    assert cyto.info(scorer) == before

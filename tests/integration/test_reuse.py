@@ -309,7 +309,7 @@ def test_an_export_killed_before_its_golden_cells_leaves_the_bundle_as_it_was(
 
     said: list[str] = []
     open_model(path, ScoreOptions(), said.append).close()
-    assert any(m.startswith("WARNING: UNVERIFIED") for m in said), said
+    assert any(m.startswith("warning: UNVERIFIED") for m in said), said
     from cyto.cohort.run import slide_line
 
     summary = {

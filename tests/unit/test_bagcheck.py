@@ -101,7 +101,7 @@ def test_cyto_train_prints_and_records_a_failed_check(tmp_path, synth_patches, m
         args += ["--set", kv]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    assert "WARNING: bag check FAILED" in res.stderr
+    assert "warning: bag check FAILED" in res.stderr
     assert "no training resolution" not in res.output  # given with --set mpp
     check = json.loads((out / "manifest.json").read_text())["bag_check"]
     assert check["status"] == "failed" and check["bag_auroc"] <= 0.5

@@ -292,5 +292,22 @@ def test_a_usage_error_is_one_line_without_a_box():
     proc = run_cyto("score", "slide.ndpi", env={"COLUMNS": "80"})
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
-    assert errors == ["Error: Missing option '--model'."], proc.stderr
+    assert errors == ["error: Missing option '--model'."], proc.stderr
     assert not set("╭│╰") & set(proc.stderr)
+
+
+def test_every_usage_error_is_said_as_cyto_says_every_refusal():
+    """click's usage errors said `Error: ...` and cyto's own refusals `error: ...` (hostile
+    rounds 28 and 29): every command's usage error, an unknown command and a value click
+    cannot read, is one `error:` line after the usage and its hint, exit status 2."""
+    from tests.cli_runner import leaf_commands
+
+    cases = [[*path, "--no-such-flag"] for path, _ in leaf_commands()]
+    cases += [["nosuch"], ["synth", "nosuch"], ["eval", "scores", "t.parquet", "--json", "x"]]
+    for args in cases:
+        proc = run_cyto(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert lines[-1].startswith("error: ") and not lines[-1].startswith("error: error"), args
+        assert [line for line in lines if "error:" in line.lower()] == [lines[-1]], args
+        assert lines[0].startswith("Usage: cyto"), (args, lines)

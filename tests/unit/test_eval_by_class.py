@@ -156,3 +156,34 @@ def test_a_column_whose_values_mix_labels_is_no_column_of_classes(tmp_path_facto
     assert str(err.value).startswith(
         f"--class-column quality: {mixed} of its 5 values hold cells labelled both 0 and 1"
     ), str(err.value)
+
+
+def test_several_k_as_a_comma_list_or_repeated_and_a_k_given_twice_refused(tmp_path):
+    """`--k 100,400` was refused as "Input should be a valid integer" (hostile rounds 28 and
+    29), where every other list of cyto takes commas; a K given twice gave two identical rows.
+    Both forms give the same rows; a K twice, a K that is no whole number and an empty item
+    are one line naming the flag (the keyword from Python)."""
+    import json
+
+    import cyto
+    from cyto.errors import ConfigError
+
+    path = _table(tmp_path / "t.parquet", ["NILM", "LSIL", "NILM", "HSIL"], [0.1, 0.9, 0.2, 0.8])
+    comma = run_cyto("eval", "scores", str(path), "--k", "1,3", "--json")
+    repeated = run_cyto("eval", "scores", str(path), "--k", "1", "--k", "3", "--json")
+    assert comma.returncode == 0, comma.stderr
+    assert [r["k"] for r in json.loads(comma.stdout)] == [1, 3]
+    assert comma.stdout == repeated.stdout
+    for args, said in (
+        (("--k", "2,2"), "--k lists 2 twice"),
+        (("--k", "2", "--k", "2"), "--k lists 2 twice"),
+        (("--k", "1.5"), "--k takes whole numbers (--k 100,400), got '1.5'"),
+        (("--k", "1,,2"), "--k has an empty item in '1,,2'"),
+        (("--k", "0"), "--k must be >= 1 (cells at the top of the ranking), got 0"),
+    ):
+        proc = run_cyto("eval", "scores", str(path), *args)
+        assert proc.returncode == 2 and proc.stderr.strip() == f"error: {said}", (args, proc)
+    for k, said in (([2, 2], "k= lists 2 twice"), ((), "k= names no K: give one or more")):
+        with pytest.raises(ConfigError) as err:
+            cyto.evaluate(path, k=k, echo=None)
+        assert str(err.value) == said

@@ -77,7 +77,7 @@ def test_a_command_that_finishes_after_a_swallowed_ctrl_c_exits_130():
     r = _run(
         """
 import cyto.cli
-def app():
+def app(**_how):  # as cyto.cli runs its app: standalone_mode, prog_name
     callback()
     print("command done", flush=True)
     sys.exit(0)

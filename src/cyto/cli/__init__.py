@@ -13,6 +13,7 @@ non-zero exit code; ``CYTO_DEBUG=1`` shows the full traceback.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from contextlib import contextmanager, suppress
 
@@ -172,6 +173,32 @@ def _argument_given_as_flag(argv: list[str]) -> str | None:
     return None
 
 
+def _run_app() -> None:
+    """The app as click's standalone mode runs it, but a usage error is said in cyto's words:
+    click's usage and hint, then ``error: MESSAGE`` as every other refusal of cyto (click wrote
+    ``Error: MESSAGE``, hostile rounds 28 and 29). Typer carries a click of its own in some
+    versions: the exception classes are read from Typer's ``BadParameter``, not imported."""
+    import io
+
+    usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+    try:
+        code = app(standalone_mode=False, prog_name="cyto")
+    except usage_error as exc:
+        shown = io.StringIO()
+        exc.show(file=shown)
+        text = re.sub(r"(?m)^Error: ", "error: ", shown.getvalue())
+        if exc.exit_code == 2 and (words := _argument_given_as_flag(sys.argv[1:])):
+            # click's line named no argument ("No such option: --model"): say which one it is
+            text = re.sub(r"(?ms)^error: .*", lambda _m: f"error: {words}\n", text)
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("Aborted!\n")
+        sys.exit(1)
+    if isinstance(code, int) and code:  # an Exit(code) raised by a command, or a Ctrl-C's 130
+        sys.exit(code)
+
+
 def main() -> None:
     """Entry point: run the app, turning library errors into one line and an exit code. A Ctrl-C
     exits with 130, also one that something swallowed on its way (:mod:`cyto.interrupts`)."""
@@ -183,11 +210,8 @@ def main() -> None:
     try:
         try:
             with _warnings_as_lines():
-                app()
+                _run_app()
         except SystemExit as exc:
-            if exc.code == 2 and (words := _argument_given_as_flag(sys.argv[1:])):
-                # the usage error click printed named no argument: say which one it is
-                typer.secho(f"error: {words}", err=True, fg=typer.colors.RED)
             if exc.code not in (0, None):
                 raise
         interrupts.check()  # the command finished, but a Ctrl-C came and was swallowed

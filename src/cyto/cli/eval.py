@@ -89,7 +89,10 @@ def eval_sweep_cmd(
 )
 def eval_scores_cmd(
     table: Annotated[Path, typer.Argument(help="Score table (Parquet or CSV), one row per cell.")],
-    k: Annotated[list[int] | None, typer.Option("--k", help="K (repeat for several).")] = None,
+    k: Annotated[
+        list[str] | None,
+        typer.Option("--k", help="K; several comma-separated (--k 100,400) or repeated."),
+    ] = None,
     score_column: Annotated[
         str,
         typer.Option(
@@ -124,8 +127,9 @@ def eval_scores_cmd(
 ) -> None:
     """TP@K, Recall@K, Precision@K, nDCG@K, AUTK@K, normalized AUFROC@K and AUROC."""
     from cyto.eval.scores import evaluate_scores
+    from cyto.flags import comma_list
 
-    ks = k or [400]
+    ks = [kk for text in k for kk in comma_list(text, "k", _k)] if k else [400]
 
     def note(line: str) -> None:  # beside --json's JSON, never in it
         typer.echo(line, err=as_json)
@@ -148,6 +152,16 @@ def eval_scores_cmd(
         _overall(table, rows)
     if classes is not None:
         _by_class(table, classes)
+
+
+def _k(item: str) -> int:
+    """One K of ``--k``: a whole number, refused in one line naming the flag."""
+    from cyto.errors import ConfigError
+
+    try:
+        return int(item)
+    except ValueError:
+        raise ConfigError(f"--k takes whole numbers (--k 100,400), got {item!r}") from None
 
 
 def _overall(table: Path, rows: list[dict]) -> None:

@@ -103,7 +103,7 @@ def train_cmd(
     if check is not None:
         loud = check["status"] != "ok"
         typer.secho(
-            ("WARNING: " if loud else "") + check["message"],
+            ("warning: " if loud else "") + check["message"],
             err=loud,
             fg=typer.colors.RED if check["status"] == "failed" else None,
             bold=loud,

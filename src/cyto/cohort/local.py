@@ -433,7 +433,7 @@ def open_model(model: Path, opts: ScoreOptions, echo) -> Scorer:
         echo(f"  verification: {scorer.verification.line()}")
         unverified = scorer.verification.warning(model)
         if unverified:
-            echo(f"WARNING: {unverified}")
+            echo(f"warning: {unverified}")
     return scorer
 
 

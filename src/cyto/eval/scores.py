@@ -199,17 +199,19 @@ def _column_of_rank(table, default: str, echo) -> str:
 
 
 def check_ks(k: list[int]) -> None:
-    """Each K at least 1, refused in one line in the caller's words (``--k``, ``k=``) before
-    the table is read: the metric's own "K must be >= 1" named no option."""
+    """Each K at least 1 and given once, refused in one line in the caller's words (``--k``,
+    ``k=``) before the table is read: the metric's own "K must be >= 1" named no option."""
     from cyto.errors import ConfigError
 
     if not k:  # k=[]: no row, said as nothing judged (hostile round 28, 6)
-        raise ConfigError(f"{said('k')} names no K, got []: give one or more")
-    for kk in k:
+        raise ConfigError(f"{said('k')} names no K: give one or more")
+    for i, kk in enumerate(k):
         if kk < 1:
             raise ConfigError(
                 f"{said('k')} must be >= 1 (cells at the top of the ranking), got {kk}"
             )
+        if kk in k[:i]:  # two identical rows (hostile round 29, 13), as comma lists refuse
+            raise ConfigError(f"{said('k')} lists {kk} twice")
 
 
 def evaluate_table(

@@ -333,7 +333,7 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
                 save_bundle(bundle, *model.bundle_parts(data), overwrite=True)
                 check = getattr(model, "bag_check_", None)
                 if check is not None and check["status"] != "ok":
-                    echo(f"{name}: WARNING: {check['message']}")
+                    echo(f"warning: {name}: {check['message']}")
             scorer = load_scorer(bundle, "torch", str(dev))
             score_of = dict(zip(held_out.tolist(), scorer.score(images[held_out]), strict=True))
             rows = []
