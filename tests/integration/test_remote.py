@@ -394,6 +394,47 @@ def test_a_damaged_download_is_fetched_again_and_said_once(slide, tmp_path, monk
     assert copy.read_bytes() == slide.read_bytes()
 
 
+def test_two_threads_downloading_one_slide_share_one_copy(slide, tmp_path, monkeypatch):
+    """A slide's plan and its tiles open a --download slide in two threads of one process:
+    each wrote, then renamed or removed, the same temporary file, and a cohort's NDPI failed
+    "No such file or directory: .n.ndpi.PID.part" (hostile round 30). One fetches, the other
+    waits for its copy; both read the file's bytes, fetched once."""
+    import time
+
+    from cyto.slides.remote import RemoteObject, download
+
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    fetched, started = [], threading.Barrier(2)
+    real = RemoteObject._fetch
+
+    def slow(self, start, end):
+        fetched.append(start)
+        time.sleep(0.05)  # both threads are inside download() while the copy is written
+        return real(self, start, end)
+
+    monkeypatch.setattr(RemoteObject, "_fetch", slow)
+    with fault_server(slide.read_bytes(), "ok") as server:
+        obj = open_object(slide_ref(f"{server.url}/s.tif"))
+        got, failed = [], []
+
+        def fetch():
+            started.wait()
+            try:
+                got.append(download(obj, chunk=64 << 10))
+            except Exception as exc:  # noqa: BLE001 - what the other thread's rename left
+                failed.append(exc)
+
+        threads = [threading.Thread(target=fetch) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert failed == [] and len(got) == 2 and got[0] == got[1]
+    assert got[0].read_bytes() == slide.read_bytes()
+    assert len(fetched) == -(-len(slide.read_bytes()) // (64 << 10))  # fetched once
+    assert not [p for p in got[0].parent.iterdir() if p.name.endswith(".part")]
+
+
 @pytest.mark.parametrize(
     "body, said",
     [

@@ -497,3 +497,51 @@ def test_a_ray_node_killed_mid_slide_on_a_cluster_of_several_nodes(
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_a_slide_scored_by_url_is_read_back_as_it_was_scored(
+    slides, exported_dsvdd, s3, tmp_path, monkeypatch
+):
+    """Hostile round 30, 1 and 2: `cyto data cells` and `cyto review` pulled a scored folder
+    with --storage-option but read its slide without it (from AWS, "the server could not be
+    reached"), and an NDPI scored with --download could be neither viewed, reviewed nor cut
+    ("pass --download", which none of them takes). Each reads the slide as the run read it:
+    with the storage options given, an OpenSlide format through the copy in cyto's cache."""
+    import cyto.review.server as review_server
+    from cyto.view.folder import open_view
+    from tests.cli_runner import run_cyto
+
+    for name, value in s3.env().items():  # credentials only: the endpoint is an option
+        if name != "AWS_ENDPOINT_URL":
+            monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    where = ["--storage-option", f"endpoint_url={s3.endpoint}"]
+    client = s3.client()
+    client.create_bucket(Bucket="kept")
+    ndpi = tmp_path / "n.ndpi"
+    write_slide(ndpi, SlideSynthConfig(width=1024, height=1024, seed=8), workers=0)
+    for path in (slides[0], ndpi):
+        client.upload_file(str(path), "kept", f"case/{path.name}")
+    urls = ["s3://kept/case/a.tif", "s3://kept/case/n.ndpi"]
+    out = tmp_path / "scored"
+    proc = _score(urls, exported_dsvdd, out, "--download", *where)
+    assert proc.returncode == 0, proc.stderr
+    shutil.rmtree(tmp_path / "cache" / "remote")  # a fresh cache: the copy is fetched again
+    for name in ("a", "n"):
+        proc = run_cyto("data", "cells", str(out / name), "--out", str(tmp_path / f"c{name}"),
+                        *where)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        cells = list((tmp_path / f"c{name}" / "normal").iterdir())
+        assert len(cells) == pq.read_table(out / name / "scores.parquet").num_rows > 5
+    [view] = open_view(out / "n", options={"endpoint_url": s3.endpoint})
+    try:
+        assert view.width == 1024 and view.reader(0).read_region(0, 0, 8, 8).shape == (8, 8, 3)
+    finally:
+        view.close()
+    served = []
+    monkeypatch.setattr(review_server, "serve", lambda opened, *a, **k: served.append(opened))
+    proc = run_cyto("review", str(out), "--reviewer", "ann", "--session", str(tmp_path / "rv"),
+                    *where)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert len(served[0].cases) == 2

@@ -145,7 +145,8 @@ def data_cells_cmd(
     from cyto.review.session import find_scored
     from cyto.slides.remote import parse_options
 
-    scored = scored_folders(scored, parse_options(storage_option))
+    options = parse_options(storage_option)
+    scored = scored_folders(scored, options)
     for folder in find_scored(scored):  # a cut table: one line naming it, before any cell
         check_parquet(folder / "scores.parquet", "score its slide again with cyto score")
     res = harvest_cells(
@@ -156,6 +157,7 @@ def data_cells_cmd(
         seed=seed,
         overwrite=overwrite,
         echo=typer.echo,
+        options=options,
     )
     typer.echo(
         f"wrote {res['cells']} cells of {res['slides']} slide(s) to {res['folder']} "

@@ -82,14 +82,17 @@ def review_serve_cmd(
             f"{redact(urls[0])} is a URL: give --session DIR, a local folder where the review "
             "and its marks are kept"
         )
-    scored = scored_folders(scored, parse_options(storage_option))
+    options = parse_options(storage_option)
+    scored = scored_folders(scored, options)
     if session is None and len(scored) == 1 and (scored[0] / KEY_FILE).is_file():
         opened = open_session(scored[0])
     else:
         if session is None:
             common = Path(os.path.commonpath([p.resolve() for p in scored]))
             session = common / "review"
-        opened = build_session(scored, session, k=k, seed=seed, merge_um=merge_um, echo=typer.echo)
+        opened = build_session(
+            scored, session, k=k, seed=seed, merge_um=merge_um, echo=typer.echo, options=options
+        )
     serve(opened, reviewer, host=host, port=port, echo=typer.echo)
 
 

@@ -40,18 +40,20 @@ def harvest_cells(
     seed: int = 0,
     overwrite: bool = False,
     echo=print,
+    options: dict | None = None,
 ) -> dict:
     """Cut the detected cells of each scored slide into ``out/label/``; returns the counts.
 
     ``per_slide``: at most this many cells per slide, drawn at random with ``seed`` (default all).
     A slide scored with ground truth that holds planted abnormal cells, or one its own
-    calibrated scoring triaged ``excess``, is refused: its cells are not all normal."""
+    calibrated scoring triaged ``excess``, is refused: its cells are not all normal.
+    ``options``: the storage options of slides scored from URLs (``--storage-option``)."""
     if not label or any(c in label for c in "/\\") or label.startswith("."):
         raise ConfigError(f"--label must be a plain folder name, got {label!r}")
     if per_slide is not None and per_slide < 1:
         raise ConfigError(f"--per-slide must be >= 1, got {per_slide}")
     seed = check_seed(seed)
-    sources = [read_source(f) for f in find_scored(scored)]
+    sources = [read_source(f, options) for f in find_scored(scored)]
     refuse_repeated_slides([(s.identity, s.folder) for s in sources])  # its cells twice
     for s in sources:
         refuse_planted(s.folder, s.planted, f"harvest {label} cells", s.burden, slide_path=s.slide)
@@ -104,9 +106,8 @@ def _harvest(sources, out: Path, label: str, per_slide, seed: int, overwrite: bo
             for s, prefix, ids, xs, ys in plan:
                 names = [f"{prefix}_{cid}.png" for cid in ids]
                 centres = list(zip(xs, ys, strict=True))
-                crop_cells(
-                    s.slide, centres, s.crop_px, [tmp / n for n in names], bar.advance, s.identity
-                )
+                paths = [tmp / n for n in names]
+                crop_cells(s.slide, centres, s.crop_px, paths, bar.advance, s.identity, s.options)
                 rows += [
                     (str((target / n).resolve()), label, s.slide, cid, x, y, s.identity)
                     for n, cid, (x, y) in zip(names, ids, centres, strict=True)

@@ -70,6 +70,8 @@ class Source:
     adequacy: str | None = None
     #: the summary's burden block (its triage and slide p-value where the model is calibrated)
     burden: dict | None = None
+    #: the storage options its slide is read with (``--storage-option``; a URL slide's only)
+    options: dict | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -165,9 +167,10 @@ def _is_scored(folder: Path) -> bool:
     return (folder / "scores.parquet").is_file() and (folder / "summary.json").is_file()
 
 
-def read_source(folder: Path) -> Source:
+def read_source(folder: Path, options: dict | None = None) -> Source:
     """A scored folder, trusted only through its seal (:func:`cyto.seal.read_sealed`): the cases
-    of a review are cut from what the run wrote, never from outputs edited since."""
+    of a review are cut from what the run wrote, never from outputs edited since. ``options``:
+    the storage options its slide, a URL, is read with (``--storage-option``)."""
     from cyto.seal import read_sealed
 
     sealed = read_sealed(folder)
@@ -190,6 +193,7 @@ def read_source(folder: Path) -> Source:
             planted=(s.get("truth") or {}).get("planted_abnormal"),
             adequacy=_adequacy_words(s.get("adequacy")),
             burden=s.get("burden") if isinstance(s.get("burden"), dict) else None,
+            options=options or None,
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputPathError(
@@ -211,23 +215,38 @@ def scored_slide(slide: str, folder: Path, options: dict | None = None):
     path resolved as :func:`_slide_path` does), or the URL it was scored from, as a
     :class:`~cyto.slides.remote.SlideURL` with the storage ``options`` (``--storage-option``);
     its credentials come from the standard chains, never from the summary, which holds the URL
-    without them."""
-    from cyto.slides.remote import is_url, slide_ref
+    without them. A URL is read as :func:`as_scored` reads it (a format read from a local file
+    through the copy in cyto's cache)."""
+    from cyto.slides.remote import is_url
 
     if is_url(slide):
-        return slide_ref(str(slide), options or None)
+        return _scored_ref(slide, options)
     return _slide_path(Path(slide), folder)
 
 
-def as_scored(slide, identity: str | None, what: str = "its cells"):
-    """``slide`` (a path or a URL) opened as the slide it was scored from: a URL pinned to the
-    version the server has now, and its content identity compared with the summary's
-    ``identity``; a slide replaced since it was scored is one line (the cells' places would be
-    read from another slide's pixels). ``identity`` None: nothing to compare (as it was)."""
-    from cyto.infer.store import slide_identity
-    from cyto.slides.remote import pinned_ref, redact, slide_ref
+def _scored_ref(slide, options: dict | None = None):
+    """A scored slide as the commands that read it back open it (``cyto view``, ``cyto
+    review``, ``cyto data cells``): with the storage options given to them, and a URL in a
+    format read from a local file (SVS, NDPI, DICOM files) through a copy in cyto's cache, as
+    ``cyto score --download`` read it (the copy of that run is reused while the object is
+    unchanged): it was scored, so it is read (they said "pass --download", which none of them
+    takes, and read the slide without the storage options: hostile round 30, 1 and 2). A
+    pyramidal TIFF is read in place as ever."""
+    from cyto.slides.remote import slide_ref
 
-    ref = pinned_ref(slide_ref(slide))
+    return slide_ref(slide, options or None, download=True)
+
+
+def as_scored(slide, identity: str | None, what: str = "its cells", options: dict | None = None):
+    """``slide`` (a path or a URL) opened as the slide it was scored from: a URL pinned to the
+    version the server has now (read as :func:`_scored_ref` reads it, with the storage
+    ``options``), and its content identity compared with the summary's ``identity``; a slide
+    replaced since it was scored is one line (the cells' places would be read from another
+    slide's pixels). ``identity`` None: nothing to compare (as it was)."""
+    from cyto.infer.store import slide_identity
+    from cyto.slides.remote import pinned_ref, redact
+
+    ref = pinned_ref(_scored_ref(slide, options))
     if identity is not None and slide_identity(ref) != identity:
         raise InputPathError(
             f"{redact(str(slide))} is not the slide it was scored as (its content changed since, "
@@ -330,6 +349,7 @@ def build_session(
     seed: int | None = None,
     merge_um: float | None = None,
     echo=print,
+    options: dict | None = None,
 ) -> Session:
     """Build the review folder ``root`` from scored folders (or open it when it was already built
     from the same folders: its settings are kept, and a different ``k``, ``seed`` or ``merge_um``
@@ -340,7 +360,8 @@ def build_session(
     The order of cases and cells comes from ``seed``; by default a secret one is drawn and kept in
     the key only, so nothing the page can read (the code, the case sizes) tells a grid position's
     rank. Pooled cells are put in slide order (by position) before they are shuffled, so their
-    order carries no rank either."""
+    order carries no rank either. ``options``: the storage options of slides scored from URLs
+    (``--storage-option``)."""
     if k is not None and k < 1:
         raise ConfigError(f"--k must be at least 1, got {k}")
     if seed is not None:
@@ -384,7 +405,7 @@ def build_session(
         raise InputPathError(f"{root} exists and is not a review folder; choose another --session")
     k = DEFAULT_K if k is None else k
     merge_um = DEFAULT_MERGE_UM if merge_um is None else merge_um
-    groups = _group([read_source(f) for f in folders])
+    groups = _group([read_source(f, options) for f in folders])
     import secrets
 
     if seed is None:
@@ -403,7 +424,7 @@ def build_session(
             cells = [cells[i] for i in rng.permutation(len(cells))]
             crop = max(s.crop_px for s in group)
             echo(f"{case}: {len(cells)} cells from {', '.join(s.model for s in group)}")
-            _write_crops(group[0].slide, cells, crop, tmp / CROPS / case, group[0].identity)
+            _write_crops(group[0], cells, crop, tmp / CROPS / case)
             key_cases[case] = {
                 "slide": group[0].slide,
                 "slide_identity": group[0].identity,
@@ -616,16 +637,23 @@ def _radius_px(group: list[Source], merge_um: float) -> float:
 
 
 def crop_cells(
-    slide: str | Path, centres, crop: int, paths, each=None, identity: str | None = None
+    slide: str | Path,
+    centres,
+    crop: int,
+    paths,
+    each=None,
+    identity: str | None = None,
+    options: dict | None = None,
 ) -> None:
     """Write the ``crop`` x ``crop`` level-0 square about each (x, y) of ``centres`` on ``slide``
     to the matching path of ``paths`` (PNG); ``each()``, if given, is called after every cell.
-    ``identity``: the slide's content identity when it was scored (:func:`as_scored`)."""
+    ``identity``: the slide's content identity when it was scored (:func:`as_scored`);
+    ``options``: a URL slide's storage options."""
     from PIL import Image
 
     from cyto.slides import open_slide
 
-    reader = open_slide(as_scored(slide, identity))
+    reader = open_slide(as_scored(slide, identity, options=options))
     try:
         half = crop // 2
         for (x, y), path in zip(centres, paths, strict=True):
@@ -637,10 +665,11 @@ def crop_cells(
         reader.close()
 
 
-def _write_crops(slide: str, cells: list[dict], crop: int, folder: Path, identity: str) -> None:
+def _write_crops(src: Source, cells: list[dict], crop: int, folder: Path) -> None:
     folder.mkdir(parents=True)
     paths = [folder / f"{p:03d}.png" for p in range(len(cells))]
-    crop_cells(slide, [(c["x"], c["y"]) for c in cells], crop, paths, identity=identity)
+    centres = [(c["x"], c["y"]) for c in cells]
+    crop_cells(src.slide, centres, crop, paths, identity=src.identity, options=src.options)
 
 
 #: a review folder's seal: the sha256 of its key, its public cases and every crop as built

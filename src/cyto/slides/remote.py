@@ -890,10 +890,15 @@ def list_prefix(ref: SlideURL, suffixes: tuple[str, ...]) -> list[SlideURL]:
 def download(obj: RemoteObject, chunk: int = 8 << 20):
     """A local copy of ``obj`` in cyto's cache (``--download``), named by its identity, so a
     changed object is fetched again and an unchanged one once; written under a temporary name
-    and renamed, each range pinned to the version opened."""
+    and renamed, each range pinned to the version opened. One fetch at a time of a copy: the
+    slide's plan and its tiles open it in two threads at once, and each wrote, then renamed or
+    removed, the same temporary file (a cohort's NDPI failed "No such file", hostile round 30);
+    the second waits for the first's copy and takes it."""
+    import threading
     from pathlib import Path
 
     from cyto.cachedir import cache_dir
+    from cyto.locks import file_lock
 
     def sha256_file(path: Path) -> str:  # bundle.sha256_file is a layer above this one
         with open(path, "rb") as fh:
@@ -902,36 +907,38 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
     folder = Path(cache_dir()) / "remote" / obj.identity()[:24]
     target = folder / (obj.ref.name or "slide")
     record = folder / f".{target.name}.sha256"  # the bytes as fetched: a copy is checked
-    if target.is_file():
-        kept = record.read_text().strip() if record.is_file() else None
-        if target.stat().st_size == obj.size and kept == sha256_file(target):
-            return target
-        # a damaged copy was read as the slide's on every run ("cannot be decoded"), with no
-        # word that the fault was cyto's own copy: it is fetched again, said once
-
-        from cyto.errors import CytoWarning
-
-        warn_caller(
-            f"{obj.ref}: the copy in cyto's cache ({target}) is not as it was fetched; "
-            "fetching it again",
-            CytoWarning,
-        )
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{target.name}.{os.getpid()}.part"
-    try:
-        with open(tmp, "wb") as fh:
-            try:
-                for start in range(0, obj.size, chunk):
-                    fh.write(obj._fetch(start, min(start + chunk, obj.size)))
-            except NoRangesError:  # the server sends the whole object: taken in one request
-                obj.fetch_whole(fh)
-        # its record first, then the copy into place: never a copy without one
-        part = folder / f".{record.name}.{os.getpid()}"
-        part.write_text(sha256_file(tmp))
-        os.replace(part, record)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with file_lock(folder / f".{target.name}.lock"):  # other threads and processes too
+        if target.is_file():
+            kept = record.read_text().strip() if record.is_file() else None
+            if target.stat().st_size == obj.size and kept == sha256_file(target):
+                return target
+            # a damaged copy was read as the slide's on every run ("cannot be decoded"), with
+            # no word that the fault was cyto's own copy: it is fetched again, said once
+
+            from cyto.errors import CytoWarning
+
+            warn_caller(
+                f"{obj.ref}: the copy in cyto's cache ({target}) is not as it was fetched; "
+                "fetching it again",
+                CytoWarning,
+            )
+        mine = f"{os.getpid()}-{threading.get_ident()}"
+        tmp = folder / f".{target.name}.{mine}.part"
+        try:
+            with open(tmp, "wb") as fh:
+                try:
+                    for start in range(0, obj.size, chunk):
+                        fh.write(obj._fetch(start, min(start + chunk, obj.size)))
+                except NoRangesError:  # the server sends the whole object: one request
+                    obj.fetch_whole(fh)
+            # its record first, then the copy into place: never a copy without one
+            part = folder / f".{record.name}.{mine}"
+            part.write_text(sha256_file(tmp))
+            os.replace(part, record)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
     return target
 
 
