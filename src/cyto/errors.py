@@ -51,6 +51,9 @@ class CytoError(Exception):
     """Base class of every error cyto raises on purpose."""
 
     exit_code = 1
+    #: the output folder is another run's (it holds it, or finished it since this run began):
+    #: this run scored nothing there, and its cohort row yields to that run's
+    another_run = False
 
 
 class CytoWarning(UserWarning):
@@ -164,6 +167,14 @@ class OutputBusyError(CytoError):
     """Another process is writing the same output folder (one writer per folder)."""
 
     exit_code = 3
+    another_run = True
+
+
+class OutputTakenError(InputPathError):
+    """Another run finished the output folder after this one began (this one found it empty):
+    replaced only with ``--overwrite``."""
+
+    another_run = True
 
 
 class DeviceError(CytoError):

@@ -154,6 +154,54 @@ def test_two_runs_on_one_folder_never_write_a_cell_twice(exported_dsvdd, slides,
     assert summary["cells_scored"] == table.num_rows
 
 
+def test_a_run_refused_a_folder_leaves_the_other_runs_row(exported_dsvdd, tmp_path):
+    """Two runs on one --out: the one refused a slide's folder (another run holds it, or
+    finished it since) wrote its "failed" row last, over the row of the run that scored it,
+    and cohort.csv said failed beside a finished, sealed folder (hostile round 30, 6). The
+    refused run's row yields: to the sealed folder's row, to the table's row while the other
+    run is still at it; a slide no run has a row for is said failed."""
+    import csv
+
+    a, b = (
+        write_slide(tmp_path / f"{n}.tif", SlideSynthConfig(width=768, height=768, seed=i)).paths[0]
+        for i, n in enumerate("ab")
+    )
+    out = tmp_path / "out"
+
+    def rows() -> dict[str, str]:
+        with open(out / "cohort.csv", newline="") as fh:
+            return {Path(r["slide"]).name: r["status"] for r in csv.DictReader(fh)}
+
+    args = ("--model", str(exported_dsvdd), "--out", str(out), "--mosaic", "0")
+    with OutputLock(out / a.stem, "cyto score"):  # another run holds a's folder
+        proc = run_cyto("score", str(a), str(b), *args, "--workers", "0")
+    assert proc.returncode == 3, proc.stderr
+    assert rows() == {a.name: "failed", b.name: "scored"}  # nobody's row: said failed
+    assert run_cyto("score", str(a), *args, "--resume").returncode == 0
+    assert rows() == {a.name: "scored", b.name: "scored"}
+    with OutputLock(out / a.stem, "cyto score"):  # scored, and held by another run again
+        proc = run_cyto("score", str(a), str(b), *args, "--overwrite")
+    assert proc.returncode == 3 and "being written by another cyto score" in proc.stderr
+    assert rows() == {a.name: "scored", b.name: "scored"}
+    # a folder finished since this run began: the sealed folder's row, drawn from its seal
+    from cyto.cohort.table import cohort_row, write_cohort_table
+
+    refused = cohort_row(a, out / a.stem, None, "finished by another run", another_run=True)
+    write_cohort_table([refused], out / "cohort.csv")
+    assert rows() == {a.name: "scored", b.name: "scored"}
+    (out / "cohort.csv").unlink()
+    write_cohort_table([refused], out / "cohort.csv")
+    assert rows() == {a.name: "scored"}
+    # a folder the other run is still at (no seal): the table's row of it stands
+    theirs = cohort_row(tmp_path / "c.tif", out / "c", None, "their own failure")
+    write_cohort_table([theirs], out / "cohort.csv")
+    busy = cohort_row(tmp_path / "c.tif", out / "c", None, "busy", another_run=True)
+    write_cohort_table([busy], out / "cohort.csv")
+    with open(out / "cohort.csv", newline="") as fh:
+        errors = {Path(r["slide"]).name: r["error"] for r in csv.DictReader(fh)}
+    assert errors["c.tif"] == "their own failure"
+
+
 def test_slides_with_the_same_name_get_their_own_folders(exported_dsvdd, slides, tmp_path):
     a, b = (s.paths[0] for s in slides)
     msgs = []

@@ -506,7 +506,7 @@ def score_cohort(
             raise
         except CytoError as exc:
             failed.append((slide, exc))
-            rows.append(cohort_row(slide, target, None, str(exc)))
+            rows.append(cohort_row(slide, target, None, str(exc), another_run=exc.another_run))
         except Exception as exc:  # whatever one slide does, the next is scored
             failed.append((slide, where.translated(unforeseen(slide, exc))))
             rows.append(cohort_row(slide, target, None, str(failed[-1][1])))

@@ -234,7 +234,7 @@ class SlideWorker:
         try:
             out["result"] = fn(replace(self.opts, resume=resume), messages.append)
         except CytoError as exc:
-            out.update(error=str(exc), exit_code=exc.exit_code)
+            out.update(error=str(exc), exit_code=exc.exit_code, another_run=exc.another_run)
         return out
 
     def score(self, slide: str, target: str, resume: bool, metrics, split: int | None) -> dict:
@@ -542,7 +542,9 @@ class _Cohort:
         if "error" in res:
             if not item.failed:
                 item.failed = True
-                self._finish(item, None, res["error"], res["exit_code"])
+                self._finish(
+                    item, None, res["error"], res["exit_code"], res.get("another_run", False)
+                )
             return
         result = res["result"]
         if task.kind == "part":
@@ -561,7 +563,14 @@ class _Cohort:
         else:
             self._finish(item, result["summary"])
 
-    def _finish(self, item: _Slide, summary, error: str = "", exit_code: int = 1) -> None:
+    def _finish(
+        self,
+        item: _Slide,
+        summary,
+        error: str = "",
+        exit_code: int = 1,
+        another_run: bool = False,
+    ) -> None:
         node = " ".join(sorted(item.nodes))
         if summary is not None:
             self.done.append(summary)
@@ -570,7 +579,7 @@ class _Cohort:
             err = CytoError(error)
             err.exit_code = exit_code
             self.failed.append((item.slide, err))
-            row = cohort_row(item.slide, item.target, None, error, node, item.attempts)
+            row = cohort_row(item.slide, item.target, None, error, node, item.attempts, another_run)
         write_cohort_table([row], self.out / "cohort.csv")
         self.where.publish(("cohort.csv",))
         self.bar.advance(1)

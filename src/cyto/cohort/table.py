@@ -50,9 +50,12 @@ def cohort_row(
     error: str = "",
     node: str | None = None,
     attempts: int = 1,
+    another_run: bool = False,
 ) -> dict:
     """One slide's line of ``cohort.csv``: what it holds, or why it failed; ``node`` is the
-    machine that scored it (this one unless said), ``attempts`` how many workers it took."""
+    machine that scored it (this one unless said), ``attempts`` how many workers it took.
+    ``another_run``: it failed because its folder is another run's (:attr:`CytoError.
+    another_run`): the row yields to that run's when the table is merged."""
     import socket
 
     row = dict.fromkeys(COHORT_COLUMNS, "")
@@ -67,6 +70,8 @@ def cohort_row(
         }
     )
     if summary is None:
+        if another_run:
+            row[YIELDS] = True
         return row
     b = summary.get("burden") or {}
     row.update(
@@ -162,11 +167,21 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
                 row = sealed
             merged[name] = row
         _say_rows(path, sorted(set(dropped)), sorted(set(redrawn) - set(dropped)))
-        for row in rows:
-            merged[Path(row["output"]).name] = {
-                **row,
-                "output": shown(home / Path(row["output"]).name),
-            }
+        for given_row in rows:
+            row = {k: v for k, v in given_row.items() if k != YIELDS}
+            name = Path(row["output"]).name
+            row["output"] = shown(home / name)
+            if given_row.get(YIELDS):
+                # another run holds the folder, or finished it since this run began: its row
+                # stands (a slide that run scored was marked failed by the refused one, the
+                # last to write the table: hostile round 30, 6); its sealed folder's when done
+                drawn = _as_sealed(row, home / name)
+                if drawn is not row:
+                    merged[name] = drawn
+                    continue
+                if name in merged:
+                    continue
+            merged[name] = row
         partial = path.with_name(f".{path.name}.partial")
         # always UTF-8: a slide name that is not (b"slide-\xff.tif") is written as \xff
         merged = {k: {c: _cell(v) for c, v in row.items()} for k, row in merged.items()}
@@ -180,6 +195,8 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
 
 #: columns of a row not drawn from its folder's summary (compared as they are)
 KEPT = ("output", "node", "attempts")
+#: a row's mark (no column) that it yields to another run's row of its folder (cohort_row)
+YIELDS = "_yields"
 
 
 def _say_rows(path: Path, dropped: list[str], redrawn: list[str]) -> None:

@@ -327,6 +327,7 @@ def _refuse_finished_since(slide, out_dir: Path) -> None:
     (:data:`cyto.outputs_check.FRESH_ONLY`) refuses the folder another run has finished since,
     in the words of the check it passed: two `cyto score` into one --out 3 s apart replaced the
     first's results without --overwrite (the check ran before the lock was taken)."""
+    from cyto.errors import OutputTakenError
     from cyto.flags import passing
     from cyto.outputs_check import FRESH_ONLY
     from cyto.seal import SUMMARY
@@ -336,7 +337,7 @@ def _refuse_finished_since(slide, out_dir: Path) -> None:
         and (out_dir / SUMMARY).is_file()
         and (out_dir / "scores.parquet").is_file()
     ):
-        raise InputPathError(
+        raise OutputTakenError(
             f"{passing('out', out_dir)} (the finished results of {Path(str(slide)).name}) was "
             "finished by another run after this one began; pass "
             f"{passing('overwrite')} to replace it, or {passing('resume')} to keep it"
