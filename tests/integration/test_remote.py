@@ -218,6 +218,9 @@ def test_an_object_that_changes_while_scored_stops_that_slide(
     assert len(failed) == 1 and "changed while it was" in failed[0], proc.stderr
     assert f"{server.url}/s.tif" in failed[0]
     assert not (out / "s").exists()
+    # the fault met inside libvips' read callback: said in that one line, never as Python's
+    # "Exception ignored from cffi callback" traceback (hostile round 30, 4)
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
 
 
 def test_every_reader_of_a_run_reads_the_version_it_pinned(slide, tmp_path, monkeypatch):
@@ -433,6 +436,34 @@ def test_two_threads_downloading_one_slide_share_one_copy(slide, tmp_path, monke
     assert got[0].read_bytes() == slide.read_bytes()
     assert len(fetched) == -(-len(slide.read_bytes()) // (64 << 10))  # fetched once
     assert not [p for p in got[0].parent.iterdir() if p.name.endswith(".part")]
+
+
+def test_a_fault_inside_libvips_read_is_one_error_not_a_traceback(slide, monkeypatch):
+    """A server gone while libvips reads a tile through its source: the fault raised in the
+    read callback was printed by Python as "Exception ignored from cffi callback" with its
+    traceback, three times in a run, before the slide failed in one line (hostile round 30,
+    4). The callback keeps it and tells libvips the read failed; the reader raises it."""
+    import sys
+
+    from cyto.slides.remote import RemoteAccessError, RemoteIO
+
+    ignored = []
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    with fault_server(slide.read_bytes(), "ok") as server:
+        forget(slide_ref(f"{server.url}/gone.tif"))
+        reader = open_slide(slide_ref(f"{server.url}/gone.tif"))
+        try:
+
+            def gone(self, size=-1):
+                raise RemoteAccessError(f"{server.url}/gone.tif: the server could not be reached")
+
+            monkeypatch.setattr(RemoteIO, "read", gone)
+            w, h = reader.info.level_dims[0]
+            with pytest.raises(RemoteAccessError, match="could not be reached"):
+                reader.read_region(0, 0, w, h)
+        finally:
+            reader.close()
+    assert ignored == []
 
 
 @pytest.mark.parametrize(

@@ -782,21 +782,25 @@ class RemoteIO(io.RawIOBase):
 def vips_source(obj: RemoteObject):
     """A libvips source over ``obj`` (its own position): libvips' loaders read the remote
     object as they read a file, so its pixels are the local file's, bit for bit. A fault the
-    reads meet is kept on the source (``source.fault``): libvips only says it failed."""
+    reads meet is kept on the source (``source.fault``), and libvips told that the read failed
+    (-1): raised in the callback, it was printed by Python as "Exception ignored from cffi
+    callback" with its traceback, once per read libvips tried (hostile round 30, 4)."""
     import pyvips
 
     f = obj.file()
     source = pyvips.SourceCustom()
     source.fault = None
 
-    def on_read(size: int) -> bytes:
+    def on_read(buf) -> int:  # pyvips' "read" signal: fill buf, say how much (-1: failed)
         try:
-            return f.read(size)
-        except CytoError as exc:
+            chunk = f.read(len(buf))
+        except Exception as exc:  # noqa: BLE001 - kept, and raised by the reader after libvips
             source.fault = exc
-            raise
+            return -1
+        buf[: len(chunk)] = chunk
+        return len(chunk)
 
-    source.on_read(on_read)
+    source.signal_connect("read", on_read)
     source.on_seek(lambda offset, whence: f.seek(offset, whence))
     return source
 
