@@ -20,6 +20,7 @@ with backoff and said once; 403 and 404 are one line each.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -104,6 +105,7 @@ def parse_options(pairs: list[str] | None) -> dict:
             out[key.strip()] = json.loads(value)
         except ValueError:
             out[key.strip()] = value
+    refuse_unknown_options(out)  # before any work: a typo is said once, not per slide
     return out
 
 
@@ -240,6 +242,92 @@ def timeout() -> float:
         raise ConfigError(f"{TIMEOUT_ENV}={raw!r}: give seconds, e.g. 30") from exc
 
 
+def _before_gcsfs() -> None:
+    """What gcsfs reads when it is imported: an emulator (fake-gcs-server, named by
+    ``STORAGE_EMULATOR_HOST``) speaks the JSON API only, and gcsfs's zonal-bucket probe over
+    gRPC would stall each bucket's first call (a minute, or for good) before falling back."""
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+#: the storage options fsspec's base file system takes of every store
+_COMMON_OPTIONS = {"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths"}
+
+
+@functools.cache
+def _taken_by(scheme: str) -> frozenset[str] | None:
+    """The storage options the file system of ``scheme`` takes by name: its class's
+    parameters (and its bases'), and for HTTP what aiohttp takes of a request, where fsspec
+    hands them; None where its library is not installed."""
+    import importlib.util
+    import inspect
+
+    if (
+        importlib.util.find_spec("fsspec") is None
+        or importlib.util.find_spec(SCHEMES[scheme]) is None
+    ):
+        return None
+    _before_gcsfs()  # the class is imported to read its parameters
+    import fsspec
+
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    calls = [k.__dict__["__init__"] for k in fsspec.get_filesystem_class(scheme).__mro__
+             if "__init__" in k.__dict__]  # fmt: skip
+    if scheme in ("http", "https"):
+        import aiohttp
+
+        calls.append(aiohttp.ClientSession._request)
+    names = set(_COMMON_OPTIONS)
+    for call in calls:
+        try:
+            names |= {
+                p.name for p in inspect.signature(call).parameters.values() if p.kind in named
+            }
+        except (TypeError, ValueError):  # a builtin's __init__: no signature to read
+            continue
+    return frozenset(names - {"self", "method", "str_or_url"})
+
+
+def options_for(scheme: str, options: dict) -> dict:
+    """The ``--storage-option``s that the file system of ``scheme`` takes. One set is given for
+    every URL of a run (its slides, its ``--out``), so an option another store takes (an S3
+    ``endpoint_url`` beside an HTTP slide) is left out of this one's (it reached the HTTP file
+    system and failed its slide "cannot read it (TypeError)": hostile round 30, 3); an option
+    no store takes is refused (:func:`refuse_unknown_options`)."""
+    if not options:  # no store's library is imported to read its parameters for nothing
+        return {}
+    mine = _taken_by(scheme)
+    if mine is None:
+        return dict(options)
+    refuse_unknown_options(options, scheme)
+    return {k: v for k, v in options.items() if k in mine}
+
+
+def refuse_unknown_options(options: dict, scheme: str | None = None) -> None:
+    """Refuse, in one line naming the nearest, a storage option that no installed store's file
+    system takes (a misspelt ``endpont_url`` failed each slide "cannot read it (TypeError)",
+    hostile round 30, 8); ``scheme``: the store it is read for, whose options are offered."""
+    import difflib
+
+    if not options:
+        return
+    taken = {s: _taken_by(s) for s in SCHEMES}
+    known = set().union(*(t for t in taken.values() if t is not None))
+    if not known:
+        return  # no store installed: said where a URL is read
+    offered = sorted(taken.get(scheme) or known)
+    for key in options:
+        if key in known:
+            continue
+        near = difflib.get_close_matches(key, offered, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        store = f"a {scheme}:// store" if scheme else "cyto's remote stores (S3, GCS, HTTP)"
+        raise ConfigError(
+            f"--storage-option {key}: no option of {store}{hint}; fsspec's file systems take "
+            "endpoint_url, key, secret, anon, client_kwargs (S3), token (GCS), headers (HTTP)"
+        )
+
+
 def _filesystem(ref: SlideURL):
     """(fsspec file system, path in it, object version or None) of ``ref``."""
     import importlib.util
@@ -250,14 +338,11 @@ def _filesystem(ref: SlideURL):
         raise MissingDependencyError(
             f"fsspec and {need}", f"reading {scheme}:// slides", "pip install 'cyto[remote]'"
         )
-    if scheme in ("gs", "gcs") and os.environ.get("STORAGE_EMULATOR_HOST"):
-        # an emulator (fake-gcs-server) speaks the JSON API only: gcsfs's zonal-bucket probe
-        # over gRPC would stall each bucket's first call for a minute before falling back
-        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    _before_gcsfs()
     import fsspec
 
     t = timeout()
-    opts = dict(ref.options)
+    opts = options_for(scheme, ref.options)
     parts = urlsplit(ref.url)
     version = None
     if scheme in ("http", "https"):

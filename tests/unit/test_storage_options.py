@@ -1,0 +1,64 @@
+"""``--storage-option``: one set for every URL of a run, each store given the options its file
+system takes; an option no store takes is one line naming the nearest (hostile round 30, 3 and
+8: an S3 endpoint beside an HTTP slide, and a misspelt ``endpont_url``, each failed the slide
+"cannot read it (TypeError)", with nothing more under CYTO_DEBUG=1)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cyto.errors import ConfigError
+from cyto.slides.remote import SlideURL, _filesystem, _taken_by, options_for, parse_options
+from tests.cli_runner import run_cyto
+
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("fsspec", "s3fs", "aiohttp")),
+    reason="fsspec, s3fs and aiohttp are cyto's remote extra (pip install -e '.[test]')",
+)
+
+
+def test_each_store_takes_its_own_options_of_one_set():
+    both = {"endpoint_url": "http://127.0.0.1:9", "headers": {"X-Lab": "1"}}
+    assert options_for("s3", both) == {"endpoint_url": "http://127.0.0.1:9"}
+    assert options_for("http", both) == {"headers": {"X-Lab": "1"}}
+    # the file systems are made with them (no connection yet): no TypeError for either
+    fs, _, _ = _filesystem(SlideURL("s3://bucket/a.tif", both))
+    given_to = (getattr(fs, "endpoint_url", None), fs.client_kwargs.get("endpoint_url"))
+    assert "http://127.0.0.1:9" in given_to
+    _filesystem(SlideURL("http://127.0.0.1:9/a.tif", both))
+
+
+@given(st.sampled_from(sorted(_taken_by("s3") or ["endpoint_url"])), st.integers(0, 10**6))
+def test_a_misspelt_option_is_refused_naming_the_nearest(name, seed):
+    """A real S3 option with one letter dropped is no option of any store (unless it happens
+    to be another's): refused, naming the option it was nearest to, before any slide is read."""
+    if len(name) < 6:
+        return
+    i = 1 + seed % (len(name) - 2)
+    typo = name[:i] + name[i + 1 :]
+    known = set().union(*(_taken_by(s) or () for s in ("s3", "http", "gs")))
+    if typo in known:
+        return
+    with pytest.raises(ConfigError) as err:
+        parse_options([f"{typo}=1"])
+    line = str(err.value)
+    assert line.startswith(f"--storage-option {typo}: no option of") and "\n" not in line
+    with pytest.raises(ConfigError, match=r"did you mean endpoint_url\?"):
+        options_for("s3", {"endpont_url": "http://x"})
+
+
+def test_the_command_refuses_it_before_any_work(tmp_path, exported_dsvdd):
+    out = tmp_path / "out"
+    proc = run_cyto(
+        "score", "s3://bucket/a.tif", "--model", str(exported_dsvdd), "--out", str(out),
+        "--storage-option", "endpont_url=http://127.0.0.1:9",
+    )  # fmt: skip
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --storage-option endpont_url: no option of cyto's remote")
+    assert "(did you mean endpoint_url?)" in last
+    assert not out.exists()
