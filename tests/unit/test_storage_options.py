@@ -62,3 +62,20 @@ def test_the_command_refuses_it_before_any_work(tmp_path, exported_dsvdd):
     assert last.startswith("error: --storage-option endpont_url: no option of cyto's remote")
     assert "(did you mean endpoint_url?)" in last
     assert not out.exists()
+
+
+@given(
+    st.sampled_from(["s3", "gs", "http", "https", "S3", "dicomweb+https"]),
+    st.text("ab/.", max_size=8),
+)
+def test_a_url_with_one_slash_is_said_to_be_one(scheme, rest):
+    """`cyto score s3:/bucket/a.tif` was read as a local path and said "no such file" (hostile
+    round 30, 15): a known scheme with one slash is named as the URL it was meant to be."""
+    from cyto.errors import InputPathError
+    from cyto.slides.remote import slide_ref
+
+    with pytest.raises(InputPathError) as err:
+        slide_ref(f"{scheme}:/bucket{rest}")
+    assert f"a URL takes two slashes after {scheme}: ({scheme}://...)" in str(err.value)
+    assert isinstance(slide_ref(f"{scheme}://bucket/a.tif"), SlideURL)
+    assert not isinstance(slide_ref("c:/slides/a.tif"), SlideURL)  # no scheme of a store

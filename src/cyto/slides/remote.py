@@ -48,6 +48,8 @@ SCHEMES = {"http": "aiohttp", "https": "aiohttp", "s3": "s3fs", "gs": "gcsfs", "
 #: DICOMweb: the series of one slide, read by plain HTTP (:mod:`cyto.slides.dicomweb`)
 DICOMWEB_SCHEMES = ("dicomweb+http", "dicomweb+https")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+#: a URL's scheme with one slash after it (``s3:/bucket/key``): a URL mistyped
+_ONE_SLASH = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/(?!/)")
 #: the environment variable whose value is sent as a bearer token to http(s) servers
 TOKEN_ENV = "CYTO_BEARER_TOKEN"
 #: seconds a remote server may stay silent (connect or read) before the request is given up
@@ -231,6 +233,13 @@ def slide_ref(
         return Path(text)
     if _URL.match(str(text)):
         return SlideURL(str(text), options, download)
+    one = _ONE_SLASH.match(str(text))
+    if one and one.group(1).lower() in (*SCHEMES, *DICOMWEB_SCHEMES) and not Path(text).exists():
+        # read as a local path, it was "no such file" (hostile round 30, 15)
+        raise InputPathError(
+            f"{redact(str(text))}: no such file, and a URL takes two slashes after "
+            f"{one.group(1)}: ({one.group(1)}://...)"
+        )
     return Path(str(text))
 
 
