@@ -159,3 +159,22 @@ def test_a_pool_told_to_stop_early_is_waited_for_later():
     pool.shutdown(wait=False)
     pool.shutdown(wait=True)
     assert not {p.pid for p in mp.active_children()} & before
+
+
+def test_a_ctrl_c_inside_a_command_ends_with_a_line_and_130(exported_dsvdd, tmp_path, monkeypatch):
+    """Typer turns a Ctrl-C inside a command into exit 130 with nothing said: a `cyto score`
+    stopped in its slide's plan, or while writing its outputs, ended silently (hostile round
+    30, 16). It ends as every interrupted command does: `interrupted`, exit status 130."""
+    import cyto.cohort.run as run
+    from tests.cli_runner import run_cyto
+
+    def stopped(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "run_cohort", stopped)
+    slide = tmp_path / "s.tif"
+    slide.write_bytes(b"II*\x00" + bytes(64))
+    out = tmp_path / "o"
+    proc = run_cyto("score", str(slide), "--model", str(exported_dsvdd), "--out", str(out))
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.rstrip().splitlines()[-1] == "interrupted"

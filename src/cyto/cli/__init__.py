@@ -195,7 +195,9 @@ def _run_app() -> None:
     except typer.Abort:
         sys.stderr.write("Aborted!\n")
         sys.exit(1)
-    if isinstance(code, int) and code:  # an Exit(code) raised by a command, or a Ctrl-C's 130
+    if code == 130:  # a Ctrl-C, which Typer turns into Exit(130): said as main() says one
+        raise KeyboardInterrupt  # (it ended silently in a slide's plan, hostile round 30, 16)
+    if isinstance(code, int) and code:  # an Exit(code) raised by a command
         sys.exit(code)
 
 
