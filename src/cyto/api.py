@@ -151,6 +151,8 @@ def score_slide(
     out: str | Path,
     *,
     overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    download: bool = False,
     echo: Callable[[str], None] | None = print,
     **options: Any,
 ) -> pa.Table:
@@ -172,6 +174,11 @@ def score_slide(
             another); without it (or ``resume=True``, which keeps this slide's own results
             where they still hold, and refuses another slide's) such a folder is refused, as
             ``cyto score`` refuses it. Not with ``resume=True``.
+        storage_options: fsspec's options of a remote slide's and ``out``'s stores
+            (``--storage-option``): ``{"endpoint_url": "https://s3.lab.internal"}`` for an
+            S3-compatible store, credentials; each store is given those its file system takes.
+        download: read a remote slide in a format read from a local file (SVS, NDPI, DICOM
+            files) through a copy in cyto's cache (``--download``).
         echo: where progress lines go (None: nowhere). What ``cyto score`` prints as a
             ``warning:`` line (scale, stain, adequacy, calibration) is a ``CytoWarning`` at
             the caller's line instead, whatever ``echo`` is.
@@ -241,8 +248,12 @@ def score_slide(
         read_truth(opts.truth)  # cyto score reads it (it was read after the slide was scored)
     # a folder, or a prefix in object storage, as cyto score --out takes it (cyto.location):
     # the prefix's files are pulled where they are checked, and published when scored
-    where = output_location(out)
+    from cyto.slides.remote import refuse_unknown_options
+
+    refuse_unknown_options(storage_options or {})
+    where = output_location(out, storage_options or None)
     where.check()
+    slide = slide_ref(slide, storage_options or None, download)
     if not where.is_remote:  # never the model bundle nor inside it (as cyto score)
         check_inputs(where.local, opts, model if isinstance(model, Scorer) else Path(model))
         if overwrite:  # a review cut from the results about to be replaced: said
@@ -277,9 +288,9 @@ def score_slide(
                     model = load_scorer(
                         model, opts.backend, opts.device, opts.precision, verify=opts.verify
                     )
-                score_one(slide_ref(slide), where.local, model, opts, words, metrics)
+                score_one(slide, where.local, model, opts, words, metrics)
             else:
-                run(slide_ref(slide), model, where.local, opts, echo=words, metrics=metrics)
+                run(slide, model, where.local, opts, echo=words, metrics=metrics)
         except Exception as exc:  # out of memory: said as cyto score says it, sizes named
             if not out_of_memory(exc):
                 raise

@@ -43,6 +43,7 @@ FLAGS: dict[str, str | None] = {
     "slide_mpp": "--mpp",
     "precisions": "--precision",  # cyto export's
     "fmt": "--format",  # cyto synth slide's container
+    "storage_options": "--storage-option",  # fsspec's options of remote slides and outputs
     "review": "--marks",  # cyto refine's: the review folder whose marks it learns from
     "overrides": "--set",  # cyto train's and refine's config overrides
     "wrs": "--wr",  # cyto eval sweep's witness rates

@@ -318,6 +318,8 @@ def refuse_unknown_options(options: dict, scheme: str | None = None) -> None:
     hostile round 30, 8); ``scheme``: the store it is read for, whose options are offered."""
     import difflib
 
+    from cyto.flags import python_call
+
     if not options:
         return
     taken = {s: _taken_by(s) for s in SCHEMES}
@@ -331,8 +333,9 @@ def refuse_unknown_options(options: dict, scheme: str | None = None) -> None:
         near = difflib.get_close_matches(key, offered, n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
         store = f"a {scheme}:// store" if scheme else "cyto's remote stores (S3, GCS, HTTP)"
+        given = f"storage_options key {key!r}" if python_call() else f"--storage-option {key}"
         raise ConfigError(
-            f"--storage-option {key}: no option of {store}{hint}; fsspec's file systems take "
+            f"{given}: no option of {store}{hint}; fsspec's file systems take "
             "endpoint_url, key, secret, anon, client_kwargs (S3), token (GCS), headers (HTTP)"
         )
 
