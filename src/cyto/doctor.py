@@ -167,7 +167,26 @@ def slide_checks() -> list[Check]:
             needed=True,
         )
     )
+    out.append(remote_check())
     return out
+
+
+def remote_check() -> Check:
+    """Which URLs cyto reads slides from and writes outputs to here (``cyto[remote]``: fsspec
+    with s3fs, gcsfs, aiohttp): doctor said nothing of them (hostile round 30, 14)."""
+    import importlib.util
+
+    have = importlib.util.find_spec("fsspec") is not None
+    libs = {"s3://": "s3fs", "gs://": "gcsfs", "http(s)://, dicomweb+http(s)://": "aiohttp"}
+    found = [f"{url} ({lib} {_version(lib)})" for url, lib in libs.items()
+             if have and importlib.util.find_spec(lib) is not None]  # fmt: skip
+    missing = [
+        url for url, lib in libs.items() if not have or importlib.util.find_spec(lib) is None
+    ]
+    detail = "; ".join(found) if found else "none"
+    if missing:
+        detail += f"; not {', '.join(missing)}: pip install 'cyto[remote]'"
+    return Check("slides", "remote slides and outputs", INFO if missing else OK, detail)
 
 
 def runtime_checks(device_asked: str) -> list[Check]:

@@ -575,7 +575,11 @@ def test_the_python_api_takes_storage_options_and_download(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the small model's scale and adequacy words
         table = cyto.score_slide(
-            "s3://pyapi/case/a.tif", exported_dsvdd, "s3://pyapi/out/a", storage_options=where, **run
+            "s3://pyapi/case/a.tif",
+            exported_dsvdd,
+            "s3://pyapi/out/a",
+            storage_options=where,
+            **run,
         )
         assert same_table(table, pq.read_table(local / "a" / "scores.parquet"))
         assert client.head_object(Bucket="pyapi", Key="out/a/seal.json")

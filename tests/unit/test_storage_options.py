@@ -79,3 +79,22 @@ def test_a_url_with_one_slash_is_said_to_be_one(scheme, rest):
     assert f"a URL takes two slashes after {scheme}: ({scheme}://...)" in str(err.value)
     assert isinstance(slide_ref(f"{scheme}://bucket/a.tif"), SlideURL)
     assert not isinstance(slide_ref("c:/slides/a.tif"), SlideURL)  # no scheme of a store
+
+
+def test_doctor_says_which_stores_it_reads_and_what_to_install(monkeypatch):
+    """`cyto doctor` said nothing of remote slides (hostile round 30, 14): a line names each
+    store it reads here with its library, and what to install for those it does not."""
+    import importlib.util
+
+    from cyto.doctor import OK, remote_check
+    from cyto.slides.remote import SCHEMES
+
+    line = remote_check()
+    assert line.status == OK
+    assert all(lib in line.detail for lib in set(SCHEMES.values()))  # every store is named
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gcsfs" else real(name, *a)
+    )
+    line = remote_check()
+    assert line.status != OK and line.detail.endswith("; not gs://: pip install 'cyto[remote]'")
