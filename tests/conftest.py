@@ -29,6 +29,12 @@ SESSION_TMP = tempfile.mkdtemp(prefix="cyto-test-")
 os.environ["RAY_TMPDIR"] = SESSION_TMP
 os.environ["CYTO_CACHE_DIR"] = os.path.join(SESSION_TMP, "cache")
 os.environ["NUMBA_CACHE_DIR"] = os.path.join(SESSION_TMP, "cache", "numba")
+# The GCS tests run an emulator (fake-gcs-server), which speaks the JSON API only; gcsfs reads
+# whether to probe buckets over gRPC when it is imported, and a test before them may import it
+# (reading a storage option's store), which made their first call wait for good. cyto sets it
+# where it imports gcsfs while STORAGE_EMULATOR_HOST is set (cyto.slides.remote._before_gcsfs);
+# here it is set before any test can import gcsfs.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 from tests.conftest_paths import SHARED_DATA  # noqa: E402 - after the openslide import above
 

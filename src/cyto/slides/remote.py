@@ -322,14 +322,17 @@ def refuse_unknown_options(options: dict, scheme: str | None = None) -> None:
 
     if not options:
         return
-    taken = {s: _taken_by(s) for s in SCHEMES}
-    known = set().union(*(t for t in taken.values() if t is not None))
-    if not known:
-        return  # no store installed: said where a URL is read
-    offered = sorted(taken.get(scheme) or known)
+    # the stores' libraries in order, each imported only where the ones before do not take a
+    # key (gcsfs reads its settings when imported: not for an S3 endpoint)
+    order = [scheme] if scheme in SCHEMES else []
+    order += [s for s in ("s3", "http", "gs") if s not in order]
     for key in options:
-        if key in known:
+        if any(key in (_taken_by(s) or ()) for s in order):
             continue
+        known = set().union(*(_taken_by(s) or () for s in order))
+        if not known:
+            return  # no store installed: said where a URL is read
+        offered = sorted(_taken_by(scheme) or known) if scheme in SCHEMES else sorted(known)
         near = difflib.get_close_matches(key, offered, n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
         store = f"a {scheme}:// store" if scheme else "cyto's remote stores (S3, GCS, HTTP)"
