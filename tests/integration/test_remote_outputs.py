@@ -499,6 +499,24 @@ def test_a_ray_node_killed_mid_slide_on_a_cluster_of_several_nodes(
         cluster.shutdown()
 
 
+def _a_tif_and_an_ndpi_in(s3, bucket: str, tif: Path, tmp_path: Path, monkeypatch):
+    """``tif`` and a small NDPI uploaded as ``s3://BUCKET/case/``; the standard AWS variables
+    hold the credentials only (the endpoint is a storage option); a cache of the test's own.
+    Returns the S3 client."""
+    for name, value in s3.env().items():
+        if name != "AWS_ENDPOINT_URL":
+            monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    client = s3.client()
+    client.create_bucket(Bucket=bucket)
+    ndpi = tmp_path / "n.ndpi"
+    write_slide(ndpi, SlideSynthConfig(width=1024, height=1024, seed=8), workers=0)
+    for path in (tif, ndpi):
+        client.upload_file(str(path), bucket, f"case/{path.name}")
+    return client
+
+
 def test_a_slide_scored_by_url_is_read_back_as_it_was_scored(
     slides, exported_dsvdd, s3, tmp_path, monkeypatch
 ):
@@ -511,18 +529,8 @@ def test_a_slide_scored_by_url_is_read_back_as_it_was_scored(
     from cyto.view.folder import open_view
     from tests.cli_runner import run_cyto
 
-    for name, value in s3.env().items():  # credentials only: the endpoint is an option
-        if name != "AWS_ENDPOINT_URL":
-            monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    _a_tif_and_an_ndpi_in(s3, "kept", slides[0], tmp_path, monkeypatch)
     where = ["--storage-option", f"endpoint_url={s3.endpoint}"]
-    client = s3.client()
-    client.create_bucket(Bucket="kept")
-    ndpi = tmp_path / "n.ndpi"
-    write_slide(ndpi, SlideSynthConfig(width=1024, height=1024, seed=8), workers=0)
-    for path in (slides[0], ndpi):
-        client.upload_file(str(path), "kept", f"case/{path.name}")
     urls = ["s3://kept/case/a.tif", "s3://kept/case/n.ndpi"]
     out = tmp_path / "scored"
     proc = _score(urls, exported_dsvdd, out, "--download", *where)
@@ -559,17 +567,7 @@ def test_the_python_api_takes_storage_options_and_download(
     import cyto
     from cyto.errors import ConfigError
 
-    for name, value in s3.env().items():  # credentials only: the endpoint is an option
-        if name != "AWS_ENDPOINT_URL":
-            monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
-    client = s3.client()
-    client.create_bucket(Bucket="pyapi")
-    ndpi = tmp_path / "n.ndpi"
-    write_slide(ndpi, SlideSynthConfig(width=1024, height=1024, seed=8), workers=0)
-    for path in (slides[0], ndpi):
-        client.upload_file(str(path), "pyapi", f"case/{path.name}")
+    client = _a_tif_and_an_ndpi_in(s3, "pyapi", slides[0], tmp_path, monkeypatch)
     where = {"endpoint_url": s3.endpoint}
     run = {"workers": 0, "mosaic": 0, "tile": 512, "echo": None}
     with warnings.catch_warnings():
