@@ -190,6 +190,7 @@ class FaultServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), _FaultHandler)
         self.data, self.mode, self.change_after = data, mode, change_after
         self.ranges = 0
+        self.sent = 0  # bytes of bodies written to clients
         self.seen: list[str] = []  # every request line, with its query string
         self.stop_event = threading.Event()
 
@@ -259,7 +260,12 @@ class _FaultHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if not head:
-            self.wfile.write(body)
+            try:  # in pieces, counted: what a client that hangs up early was sent
+                for at in range(0, len(body), 1 << 16):
+                    self.wfile.write(body[at : at + (1 << 16)])
+                    s.sent += len(body[at : at + (1 << 16)])
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
 
 
 @contextlib.contextmanager

@@ -69,6 +69,8 @@ class OutputLocation(Requests):
     ) -> None:
         self._fs = None
         self._said_retry = False
+        #: set by :meth:`pull` when it kept a result sealed here that was never uploaded
+        self.kept_unpublished = False
         self.parts = tuple(parts)
         if not is_url(where):
             self.remote = self.ref = self.root = None
@@ -217,10 +219,28 @@ class OutputLocation(Requests):
 
         # a run on this machine writing the folder now keeps it: refused as locally
         with OutputLock(self.local):
-            self._pull(None)
+            remote = self._listing()
+            if SEAL not in remote and self.unpublished():
+                self.kept_unpublished = True
+                return  # a result this machine sealed and could not upload: kept, not lost
+            self._pull(None, remote)
 
-    def _pull(self, names: tuple[str, ...] | None) -> None:
-        remote = self._listing()
+    def unpublished(self) -> bool:
+        """Whether the staging folder holds a finished result sealed here and never uploaded
+        whole (its upload failed): its seal holds, and no record says it was pushed or pulled.
+        Such a folder is kept by :meth:`pull` while the prefix has no seal of its own, so that
+        ``--resume`` publishes it instead of scoring the slide again."""
+        if not self.is_remote or not (self.local / SEAL).is_file():
+            return False
+        known = self._record().get(SEAL) or {}
+        if known.get("etag") is not None and known.get("sha256") == _hash(self.local / SEAL):
+            return False  # it came from the prefix, or went there: the prefix decides
+        from cyto.seal import read_sealed
+
+        return read_sealed(self.local).ok
+
+    def _pull(self, names: tuple[str, ...] | None, remote: dict | None = None) -> None:
+        remote = self._listing() if remote is None else remote
         if names is not None:
             remote = {k: v for k, v in remote.items() if k in names}
         record = self._record()
@@ -267,9 +287,14 @@ class OutputLocation(Requests):
         try:
             self._publish(names)
         except CytoError as exc:
+            kept = (
+                f"; the finished result is kept on this machine: run again with "
+                f"{passing('resume')} to upload it"
+                if names is None
+                else ""
+            )
             raise OutputWriteError(
-                f"cannot write the outputs to {self}: {_reason(exc, self)}; a folder left "
-                "there without its seal is scored again when run again"
+                f"cannot write the outputs to {self}: {_reason(exc, self)}{kept}"
             ) from None
 
     def _publish(self, names) -> None:
@@ -454,13 +479,21 @@ def scored_here(
     if not loc.is_remote:
         return loc.local, loc
     loc.check()
+    pulled = [loc]
     loc.pull()
     if not (loc.local / "summary.json").is_file():
         children = loc.folders()
         for name in children:
-            loc.child(name).pull()
+            pulled.append(loc.child(name))
+            pulled[-1].pull()
         if not children and not any(p for p in loc.local.iterdir() if not p.name.startswith(".")):
             raise InputPathError(f"{loc}: holds no outputs of cyto score (nothing under it)")
+    for each in pulled:  # what the prefix does not hold is not read as if it did
+        if each.kept_unpublished:
+            raise InputPathError(
+                f"{each}: the result scored on this machine was never uploaded there (its "
+                f"upload failed): score it again with {passing('resume')} to upload it"
+            )
     return loc.local, loc
 
 

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -355,6 +356,23 @@ def test_a_server_without_byte_ranges_is_said_so_not_a_changed_object(slide):
         open_slide(f"{server.url}/whole.tif").read_region(0, 0, 64, 64)
     said = str(err.value)
     assert "changed" not in said and "--download" in said and "\n" not in said
+
+
+def test_a_server_without_byte_ranges_is_refused_before_its_whole_body_is_read(slide):
+    """Round 30 (10): the whole object a server sends instead of a range was read into memory
+    (fsspec's cat_file) before cyto refused it: a slide of gigabytes, in memory, to be thrown
+    away. The answer's status is read, its body left unread: the connection is closed after a
+    few of its megabytes (a socket's buffers)."""
+    from cyto.errors import UnsupportedSlideError
+
+    data = slide.read_bytes() + bytes(96 << 20)  # a TIFF of 96 MiB more: read by its offsets
+    with (
+        fault_server(data, "no-ranges") as server,
+        pytest.raises(UnsupportedSlideError, match=f"whole object \\({len(data):,} bytes\\)"),
+    ):
+        open_slide(f"{server.url}/big.tif").read_region(0, 0, 64, 64)
+    time.sleep(0.5)  # the server's last write fails once the client has hung up
+    assert server.sent < 24 << 20, server.sent
 
 
 def test_a_server_without_byte_ranges_is_read_through_a_copy_with_download(

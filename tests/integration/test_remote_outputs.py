@@ -290,10 +290,11 @@ def test_the_python_api_writes_to_s3(slides, local, exported_dsvdd, aws):
 
 
 def test_a_publish_that_fails_half_way_leaves_no_seal(
-    slides, local, exported_dsvdd, aws, monkeypatch
+    slides, local, exported_dsvdd, aws, monkeypatch, tmp_path
 ):
     """The second upload of a slide's files is refused: one line naming the prefix, no seal
-    under it, and the next run scores the slide again and seals it."""
+    under it; the finished result stays on this machine (it is not read back as the prefix's),
+    and ``resume`` uploads it without scoring the slide again."""
     import s3fs
 
     import cyto
@@ -315,10 +316,19 @@ def test_a_publish_that_fails_half_way_leaves_no_seal(
     assert str(info.value).startswith(
         "cannot write the outputs to s3://out/half/b: access denied (403)"
     )
+    assert "the finished result is kept on this machine: run again with resume=True" in str(
+        info.value
+    )
     assert "cache" not in str(info.value)
     objects = _objects(aws, "half/b/")
     assert len(objects) == 1 and "seal.json" not in objects
     monkeypatch.setattr(s3fs.S3FileSystem, "put_file", put)
+    proc = run_cyto("data", "cells", "s3://out/half/b/", "--out", str(tmp_path / "cells"))
+    assert proc.returncode != 0  # never read as the prefix's
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: s3://out/half/b: the result scored on this machine was never uploaded there "
+        "(its upload failed): score it again with --resume to upload it"
+    )
     said: list[str] = []
     table = cyto.score_slide(
         slides[1],
@@ -331,7 +341,10 @@ def test_a_publish_that_fails_half_way_leaves_no_seal(
         echo=said.append,
     )
     assert same_table(table, pq.read_table(local / "b" / "scores.parquet"))
-    assert "seal.json" in _objects(aws, "half/b/")
+    assert any("already scored" in line for line in said), said  # uploaded, not scored again
+    objects = _objects(aws, "half/b/")
+    assert "seal.json" in objects
+    assert same_table(_table(objects["scores.parquet"]), table)
 
 
 @pytest.mark.ray

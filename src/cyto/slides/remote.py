@@ -565,10 +565,7 @@ class RemoteObject(Requests):
 
         def get() -> bytes:
             if scheme in ("http", "https"):
-                headers = dict(self._fs.kwargs.get("headers") or {})
-                if self.etag:
-                    headers["If-Match"] = self.etag
-                return self._fs.cat_file(self._path, start=start, end=end, headers=headers)
+                return self._http_range(start, end)
             if scheme == "s3":
                 return self._s3_range(start, end)
             if scheme in ("gs", "gcs") and self.version:
@@ -585,9 +582,9 @@ class RemoteObject(Requests):
             return self._fs.cat_file(self._path, start=start, end=end)
 
         data = self._call(get, "read")
-        if len(data) != end - start and len(data) == self.size:  # a 200 with the whole body
-            raise NoRangesError(
-                f"{self.ref}: the server answered the whole object ({len(data):,} bytes) to a "
+        if data is None or (len(data) != end - start and len(data) == self.size):
+            raise NoRangesError(  # a 200 with the whole body (for HTTP: left unread)
+                f"{self.ref}: the server answered the whole object ({self.size:,} bytes) to a "
                 "byte-range request: it does not serve ranges, by which cyto reads a remote "
                 f"slide in place; serve it from one that does (nginx, an S3 server), or pass "
                 f"{passing('download')}"
@@ -602,6 +599,31 @@ class RemoteObject(Requests):
             self.fetched_bytes += len(data)
             self.requests += 1
         return data
+
+    def _http_range(self, start: int, end: int) -> bytes | None:
+        """Bytes ``start`` .. ``end - 1`` of an HTTP(S) object by a range request pinned to
+        the ETag opened (``If-Match``); None when the server answers with the whole object
+        (200) instead, whose body is then never read (fsspec's ``cat_file`` reads it all into
+        memory first: a slide of gigabytes, to be refused after)."""
+        from fsspec.asyn import sync
+
+        fs = self._fs
+        headers = dict(fs.kwargs.get("headers") or {})
+        if self.etag:
+            headers["If-Match"] = self.etag
+        headers["Range"] = f"bytes={start}-{end - 1}"
+        kw = {**fs.kwargs, "headers": headers}
+
+        async def get() -> bytes | None:
+            session = await fs.set_session()
+            async with session.get(fs.encode_url(self._path), **kw) as r:
+                if r.status == 200 and r.content_length != end - start:
+                    r.close()  # the connection goes, with what the server still sends
+                    return None
+                fs._raise_not_found_for_status(r, self._path)
+                return await r.read()
+
+        return sync(fs.loop, get)
 
     def fetch_whole(self, fh) -> None:
         """The whole object into the binary file ``fh``, streamed in one request pinned to
