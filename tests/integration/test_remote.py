@@ -710,3 +710,54 @@ def test_a_gcs_object_replaced_while_read_stops_the_read(slide, gcs):
     with pytest.raises(SlideChangedError, match="changed while it was read") as err:
         moving.read(moving.size - 4, 4)
     assert "\n" not in str(err.value) and "gs://slides/scratch/moving.tif" in str(err.value)
+
+
+def test_an_unreachable_gcs_is_tried_as_gcsfs_tries_it_and_said_in_one_line(
+    exported_dsvdd, monkeypatch, tmp_path
+):
+    """Round 30 (5): a `gs://` store that answers nothing took two and a half minutes and
+    printed gcsfs's tracebacks, six a request, under cyto's own four tries: gcsfs retries each
+    request itself (with its backoff, over half a minute), so cyto sends it once and says the
+    outcome in one line. (gcsfs's backoff is cut to nothing here; the requests are counted.)"""
+    import asyncio
+    import logging
+    import socket
+    import types
+
+    import gcsfs.retry
+
+    async def no_wait(_seconds):
+        await asyncio.sleep(0)
+
+    monkeypatch.setattr(gcsfs.retry, "asyncio", types.SimpleNamespace(sleep=no_wait))
+    # logging as in a user's process, where nothing set it up (pytest's capture is a handler)
+    monkeypatch.setattr(logging.root, "handlers", [])
+    listener = socket.create_server(("127.0.0.1", 0))
+    tries = []
+
+    def hang_up() -> None:  # every connection closed at once, unanswered
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            tries.append(conn.recv(300).split(b"\r\n")[0])
+            conn.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    try:
+        proc = _score(["gs://slides/a.tif"], exported_dsvdd, tmp_path / "o", "--storage-option",
+                      "token=anon")  # fmt: skip
+    finally:
+        listener.close()
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "gs://slides" in line]
+    assert any(
+        line.endswith("gs://slides/a.tif: the connection was dropped (6 tries by gcsfs); giving up")
+        for line in lines
+    ), lines
+    # one open of the object: gcsfs asks for it as an object and as a folder, six tries each
+    # (24 requests); never those under each of four tries of cyto's (96)
+    assert 0 < len(tries) <= 24, len(tries)

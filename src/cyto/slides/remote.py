@@ -64,6 +64,12 @@ SHARED_BYTES_ENV = "CYTO_REMOTE_BLOCKS_MB"
 SHARED_BYTES = 256 << 20
 
 log = logging.getLogger("cyto.remote")
+# the stores' libraries log what they retry and give up on (gcsfs: each failure with its
+# traceback, six a request) where no logging is set up: cyto says each request's outcome in
+# one line. A program that sets up logging still gets their records (they propagate).
+_QUIET = logging.NullHandler()
+for _name in ("gcsfs", "s3fs", "fsspec", "aiobotocore", "botocore"):
+    logging.getLogger(_name).addHandler(_QUIET)
 
 
 class RemoteAccessError(CytoError):
@@ -437,6 +443,14 @@ def _transient(exc: BaseException) -> str | None:
     return None
 
 
+def _gcsfs_tries() -> int:
+    """How many times gcsfs sends a request before it gives up (its class's ``retries``)."""
+    import gcsfs
+
+    tries = getattr(gcsfs.GCSFileSystem, "retries", None)
+    return tries if isinstance(tries, int) and tries > 0 else 6
+
+
 #: the slides whose retries were said in this process (a slide has several readers: its
 #: identity, its plan, its detection; "said once per slide" holds across them)
 _SAID_RETRY: set[str] = set()
@@ -451,10 +465,18 @@ class Requests:
     etag: str | None = None
     _said_retry: bool = False
 
+    def _tries(self) -> int:
+        """How many times a request is sent here: once for ``gs://``, whose library (gcsfs)
+        retries each request itself with its own backoff (six tries, over half a minute:
+        retried here too, an unreachable store took two and a half minutes), else
+        :data:`TRIES`."""
+        return 1 if self.ref.scheme in ("gs", "gcs") else TRIES
+
     def _call(self, fn, what: str):
         """``fn()`` with retries of what may pass; one line for what will not."""
         delay = 0.25
-        for attempt in range(TRIES):
+        tries = self._tries()
+        for attempt in range(tries):
             try:
                 return fn()
             except CytoError:
@@ -463,7 +485,7 @@ class Requests:
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
                 why = _transient(exc)
-                if why is None or attempt == TRIES - 1:
+                if why is None or attempt == tries - 1:
                     raise self._fault(exc, why, attempt + 1) from None
                 if not self._said_retry and str(self.ref) not in _SAID_RETRY:
                     self._said_retry = True
@@ -488,7 +510,11 @@ class Requests:
                 f"(environment, profile, --storage-option, {TOKEN_ENV})"
             )
         if transient is not None:
-            return RemoteAccessError(f"{self.ref}: {transient} ({tries} tries); giving up")
+            if self.ref.scheme in ("gs", "gcs"):
+                tries_said = f"{_gcsfs_tries()} tries by gcsfs"
+            else:
+                tries_said = f"{tries} tries"
+            return RemoteAccessError(f"{self.ref}: {transient} ({tries_said}); giving up")
         what = f"HTTP {status}" if status else type(exc).__name__
         return RemoteAccessError(f"{self.ref}: cannot read it ({what})")
 
