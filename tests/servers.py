@@ -191,12 +191,17 @@ class FaultServer(ThreadingHTTPServer):
         self.data, self.mode, self.change_after = data, mode, change_after
         self.ranges = 0
         self.sent = 0  # bytes of bodies written to clients
+        self.connections = 0  # connections accepted (a request or not)
         self.seen: list[str] = []  # every request line, with its query string
         self.stop_event = threading.Event()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def process_request(self, request, client_address) -> None:
+        self.connections += 1
+        super().process_request(request, client_address)
 
 
 class _FaultHandler(BaseHTTPRequestHandler):

@@ -193,8 +193,9 @@ class OutputLocation(Requests):
 
         return self._call(ls, "list")
 
-    def check(self) -> None:
-        """Before any work: the bucket answers and can be listed with these credentials."""
+    def check(self, reading: bool = False) -> None:
+        """Before any work: the bucket answers and can be listed with these credentials
+        (``reading``: outputs are to be read from it, not written to it, and are said so)."""
         if not self.is_remote:
             return
         fs = self.fs()
@@ -202,9 +203,12 @@ class OutputLocation(Requests):
         try:
             self._call(lambda: fs.info(bucket), "info")
         except CytoError as exc:
-            raise OutputWriteError(
-                f"cannot write {passing('out', str(self))}: {_reason(exc, self)}"
-            ) from None
+            reason = _reason(exc, self)
+            if reason == "not found (404)":  # the bucket itself: said so, by its name
+                reason = f"there is no bucket {bucket!r} (404)"
+            if reading:
+                raise InputPathError(f"cannot read {self}: {reason}") from None
+            raise OutputWriteError(f"cannot write {passing('out', str(self))}: {reason}") from None
 
     def pull(self, names: tuple[str, ...] | None = None) -> None:
         """Make the staging folder a copy of the remote folder's files (``names``: only these,
@@ -478,7 +482,7 @@ def scored_here(
     loc = output_location(where, options)
     if not loc.is_remote:
         return loc.local, loc
-    loc.check()
+    loc.check(reading=True)
     pulled = [loc]
     loc.pull()
     if not (loc.local / "summary.json").is_file():

@@ -485,13 +485,16 @@ def test_a_fault_inside_libvips_read_is_one_error_not_a_traceback(slide, monkeyp
 
 
 @pytest.mark.parametrize(
-    "body, said",
+    "body, name, said",
     [
-        (b"PAR1" + b"\0" * 64, "a Parquet table, not a slide"),
-        (b"<!DOCTYPE HTML>\n<html><body>" + b"x" * 64, "an HTML page"),
+        (b"PAR1" + b"\0" * 64, "thing", "a Parquet table, not a slide"),
+        (b"<!DOCTYPE HTML>\n<html><body>" + b"x" * 64, "thing", "an HTML page"),
+        # round 30 (15): a damaged .tif or .svs was told to pass --download
+        (b"\0garbage" * 16, "a.tif", "not a TIFF, although named .tif"),
+        (b"\0garbage" * 16, "b.SVS", "not a TIFF, although named .svs"),
     ],
 )
-def test_an_object_that_is_no_slide_is_said_so_without_download_advice(body, said):
+def test_an_object_that_is_no_slide_is_said_so_without_download_advice(body, name, said):
     """A hostile check (round 2): a URL to a .parquet table was told to pass --download."""
     from cyto.errors import UnsupportedSlideError
 
@@ -499,7 +502,7 @@ def test_an_object_that_is_no_slide_is_said_so_without_download_advice(body, sai
         fault_server(body) as server,
         pytest.raises(UnsupportedSlideError, match=said) as err,
     ):
-        open_slide(f"{server.url}/thing")
+        open_slide(f"{server.url}/{name}")
     assert "--download" not in str(err.value)
 
 
@@ -761,3 +764,25 @@ def test_an_unreachable_gcs_is_tried_as_gcsfs_tries_it_and_said_in_one_line(
     # one open of the object: gcsfs asks for it as an object and as a folder, six tries each
     # (24 requests); never those under each of four tries of cyto's (96)
     assert 0 < len(tries) <= 24, len(tries)
+
+
+@pytest.mark.parametrize("scheme", ["https", "dicomweb+https"])
+def test_an_https_url_of_a_plain_http_server_is_said_to_be_one_once(scheme):
+    """Round 30 (15): `dicomweb+https://` to a plain HTTP server said "cannot read it
+    (SSLError)", and `https://` "could not be reached" after four tries. A TLS handshake
+    that fails fails the same way again: said in one line, naming the plain scheme, and never
+    retried."""
+    from cyto.errors import CytoError
+
+    path = "/dicom-web/studies/1.2/series/1.2.3" if scheme.startswith("dicomweb") else "/a.tif"
+    with fault_server(b"x" * 4096) as server:
+        host = server.url.split("://", 1)[1]
+        with pytest.raises(CytoError) as err:
+            open_slide(f"{scheme}://{host}{path}").read_region(0, 0, 64, 64)
+        tried = server.connections
+    plain = scheme.replace("https", "http")
+    assert str(err.value) == (
+        f"{scheme}://{host}{path}: the TLS handshake failed: does the server speak HTTPS? (a "
+        f"plain HTTP server is named {plain}://)"
+    )
+    assert tried <= 3  # one open (fsspec's HEAD, then GET), not retried: it was four

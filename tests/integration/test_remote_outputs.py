@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
-from cyto.errors import OutputWriteError
+from cyto.errors import InputPathError, OutputWriteError
 from cyto.location import output_location
 from tests.cli_runner import run_cyto
 from tests.killers import ChunkKiller
@@ -165,7 +165,9 @@ def test_resume_trusts_the_prefix_only_through_its_seal(
     ]
     gone = _score([a], exported_dsvdd, "s3://nobucket/run/")  # said before any work
     assert gone.returncode == 1
-    assert gone.stderr.strip() == "error: cannot write --out s3://nobucket/run: not found (404)"
+    assert gone.stderr.strip() == (
+        "error: cannot write --out s3://nobucket/run: there is no bucket 'nobucket' (404)"
+    )
 
 
 def test_an_edited_row_of_another_machines_slide_is_drawn_again_from_its_seal(
@@ -263,6 +265,12 @@ def test_calibrate_and_view_take_a_scored_folder_by_its_url(
 
     folder, _ = scored_here("s3://out/run3/")  # a cohort's prefix: each slide's folder
     assert sorted(v.name for v in open_view(folder)) == ["a", "b"]
+    # a prefix read, not written, is said to be read (it said "cannot write --out")
+    with pytest.raises(InputPathError) as missing:
+        scored_here("s3://nobucket/run3/")
+    assert (
+        str(missing.value) == "cannot read s3://nobucket/run3: there is no bucket 'nobucket' (404)"
+    )
 
     client = aws.client()
     other = client.get_object(Bucket="out", Key="run3/b/scores.parquet")["Body"].read()

@@ -98,3 +98,28 @@ def test_doctor_says_which_stores_it_reads_and_what_to_install(monkeypatch):
     )
     line = remote_check()
     assert line.status != OK and line.detail.endswith("; not gs://: pip install 'cyto[remote]'")
+
+
+def test_a_refused_certificate_is_said_as_one_whatever_library_wraps_it():
+    """The TLS words of a failed request (round 30, 15) read the whole chain of the error: a
+    certificate refused under botocore's or aiohttp's own error is said to be a certificate,
+    not a server that speaks no HTTPS."""
+    import ssl
+
+    from cyto.slides.remote import SlideURL, _tls
+
+    ref = SlideURL("https://slides.lab/a.tif")
+
+    class SSLError(Exception):  # botocore.exceptions.SSLError, by its name
+        pass
+
+    try:
+        try:
+            raise ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed")
+        except ssl.SSLError as inner:
+            raise SSLError("SSL validation failed") from inner
+    except SSLError as outer:
+        said = _tls(outer, ref)
+    assert said.startswith("its TLS certificate was not accepted")
+    assert _tls(ssl.SSLError(1, "WRONG_VERSION_NUMBER"), ref).startswith("the TLS handshake")
+    assert _tls(ConnectionResetError(), ref) is None

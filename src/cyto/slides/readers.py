@@ -447,6 +447,11 @@ def _open_dicom(path: Path, backend: str) -> SlideReader:
     return OpenSlideReader(path, openslide, entry=entry)
 
 
+#: the names of slide formats that are TIFF files (whatever reads them): an object so named
+#: that does not start as a TIFF is no slide of any of them
+TIFF_NAMED = (".tif", ".tiff", ".svs", ".ndpi", ".scn", ".bif", ".qptiff")
+
+
 def _open_remote(ref: SlideURL, backend: str) -> SlideReader:
     """A slide by URL: a TIFF (pyramidal TIFF, OME-TIFF) read in place by byte range through
     libvips' TIFF loader, so its pixels are those of the same file read locally; a format that
@@ -473,6 +478,12 @@ def _open_remote(ref: SlideURL, backend: str) -> SlideReader:
     )
     if other:  # no slide at all: --download would not help
         raise UnsupportedSlideError(f"{ref}: {other}, not a slide: give a slide file's URL")
+    named = ref.suffix.lower()
+    if head not in TIFF_MAGIC and named in TIFF_NAMED:  # nor would it for a damaged one
+        raise UnsupportedSlideError(
+            f"{ref}: not a TIFF, although named {named} (its first bytes are no TIFF's): a "
+            "damaged or another file, not a slide; give a slide file's URL"
+        )
     vendor, what = (None, "not a TIFF")
     if head in TIFF_MAGIC:
         vendor, what = tiff_vendor(ref, obj.size, obj.file())

@@ -409,6 +409,30 @@ def _status(exc: BaseException) -> int | None:
     return None
 
 
+def _tls(exc: BaseException, ref) -> str | None:
+    """What went wrong in a TLS handshake, in words, when that is what ``exc`` (or an error
+    it came from) is: a certificate refused, or a server that speaks no TLS (an https:// URL
+    of a plain HTTP server). None otherwise. Never a reason to try again."""
+    names: set[str] = set()
+    for _ in range(8):  # the error and those it came from (botocore's wraps ssl's)
+        if exc is None:
+            break
+        names |= {c.__name__ for c in type(exc).__mro__}
+        exc = exc.__cause__ or exc.__context__
+    if names & {"SSLCertVerificationError", "ClientConnectorCertificateError"}:
+        return (
+            "its TLS certificate was not accepted (a private certificate authority is named "
+            "by SSL_CERT_FILE)"
+        )
+    if names & {"SSLError", "ClientConnectorSSLError", "ClientSSLError"}:
+        plain = str(ref).split("://", 1)[0].replace("https", "http")
+        return (
+            f"the TLS handshake failed: does the server speak HTTPS? (a plain HTTP server is "
+            f"named {plain}://)"
+        )
+    return None
+
+
 def _transient(exc: BaseException) -> str | None:
     """Why a failed request may succeed if tried again (a dropped connection, a timeout, a
     5xx), in words; None for an answer that will not change (403, 404, ...)."""
@@ -484,7 +508,7 @@ class Requests:
             except BaseException as exc:
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
-                why = _transient(exc)
+                why = None if _tls(exc, self.ref) else _transient(exc)
                 if why is None or attempt == tries - 1:
                     raise self._fault(exc, why, attempt + 1) from None
                 if not self._said_retry and str(self.ref) not in _SAID_RETRY:
@@ -509,6 +533,9 @@ class Requests:
                 f"{self.ref}: access denied ({status or 403}): check the credentials "
                 f"(environment, profile, --storage-option, {TOKEN_ENV})"
             )
+        tls = _tls(exc, self.ref)
+        if tls is not None:
+            return RemoteAccessError(f"{self.ref}: {tls}")
         if transient is not None:
             if self.ref.scheme in ("gs", "gcs"):
                 tries_said = f"{_gcsfs_tries()} tries by gcsfs"
