@@ -786,3 +786,21 @@ def test_an_https_url_of_a_plain_http_server_is_said_to_be_one_once(scheme):
         f"plain HTTP server is named {plain}://)"
     )
     assert tried <= 3  # one open (fsspec's HEAD, then GET), not retried: it was four
+
+
+@pytest.mark.parametrize("mode", ["ok", "no-ranges"])
+def test_a_download_counts_its_bytes(slide, mode, tmp_path, monkeypatch, capfd):
+    """Round 30 (9): a `--download` copy of a slide of gigabytes over a slow link was fetched
+    without a word. It is counted as it comes, by range or as one whole answer (a progress
+    bar; in a log, a line every ten seconds and one when it ends)."""
+    from cyto.slides.remote import download, open_object, slide_ref
+
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CYTO_PROGRESS", "1")
+    data = slide.read_bytes()
+    with fault_server(data, mode) as server:
+        copy = download(open_object(slide_ref(f"{server.url}/counted.tif")), chunk=64 << 10)
+    assert copy.read_bytes() == data
+    mib = f"{len(data) / (1 << 20):g}"
+    lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("fetching")]
+    assert lines and lines[-1].startswith(f"fetching counted.tif: {mib}/{mib} MiB ("), lines

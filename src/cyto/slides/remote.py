@@ -678,20 +678,42 @@ class RemoteObject(Requests):
 
         return sync(fs.loop, get)
 
-    def fetch_whole(self, fh) -> None:
+    def fetch_whole(self, fh, advance=None) -> None:
         """The whole object into the binary file ``fh``, streamed in one request pinned to
-        the version opened: from a server that serves no byte ranges (:class:`NoRangesError`)."""
-        import shutil
+        the version opened: from a server that serves no byte ranges (:class:`NoRangesError`).
+        ``advance(n)``: called with the count of each piece's bytes (a progress bar). Over
+        HTTP by a GET of cyto's own: fsspec's ``open`` takes no headers of a call where its
+        file system has some (it failed every such copy with "got multiple values for keyword
+        argument 'headers'", said "not found (404)")."""
+        from fsspec.asyn import sync
 
-        kw = {}
-        if self.ref.scheme in ("http", "https") and self.etag:
-            kw["headers"] = {**(self._fs.kwargs.get("headers") or {}), "If-Match": self.etag}
+        fs = self._fs
+
+        def wrote(piece: bytes) -> None:
+            fh.write(piece)
+            if advance is not None:
+                advance(len(piece))
+
+        async def http_get() -> None:
+            headers = dict(fs.kwargs.get("headers") or {})
+            if self.etag:
+                headers["If-Match"] = self.etag
+            session = await fs.set_session()
+            kw = {**fs.kwargs, "headers": headers}
+            async with session.get(fs.encode_url(self._path), **kw) as r:
+                fs._raise_not_found_for_status(r, self._path)
+                async for piece in r.content.iter_chunked(8 << 20):
+                    wrote(piece)
 
         def get() -> int:
             fh.seek(0)
             fh.truncate()
-            with self._fs.open(self._path, "rb", block_size=0, **kw) as src:
-                shutil.copyfileobj(src, fh, 8 << 20)
+            if self.ref.scheme in ("http", "https"):
+                sync(fs.loop, http_get)
+            else:
+                with fs.open(self._path, "rb", block_size=0) as src:
+                    while piece := src.read(8 << 20):
+                        wrote(piece)
             return fh.tell()
 
         got = self._call(get, "read")
@@ -1108,13 +1130,21 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
             )
         mine = f"{os.getpid()}-{threading.get_ident()}"
         tmp = folder / f".{target.name}.{mine}.part"
+        from cyto.progress import progress
+
         try:
-            with open(tmp, "wb") as fh:
+            # a slide of gigabytes over a slow link: its bytes counted on the way
+            with (
+                open(tmp, "wb") as fh,
+                progress(f"fetching {obj.ref.name}", total=obj.size / (1 << 20), unit="MiB") as bar,
+            ):
                 try:
                     for start in range(0, obj.size, chunk):
-                        fh.write(obj._fetch(start, min(start + chunk, obj.size)))
+                        data = obj._fetch(start, min(start + chunk, obj.size))
+                        fh.write(data)
+                        bar.advance(len(data) / (1 << 20))
                 except NoRangesError:  # the server sends the whole object: one request
-                    obj.fetch_whole(fh)
+                    obj.fetch_whole(fh, lambda n: bar.advance(n / (1 << 20)))
             # its record first, then the copy into place: never a copy without one
             part = folder / f".{record.name}.{mine}"
             part.write_text(sha256_file(tmp))
