@@ -804,3 +804,44 @@ def test_a_download_counts_its_bytes(slide, mode, tmp_path, monkeypatch, capfd):
     mib = f"{len(data) / (1 << 20):g}"
     lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("fetching")]
     assert lines and lines[-1].startswith(f"fetching counted.tif: {mib}/{mib} MiB ("), lines
+
+
+def test_download_copies_are_kept_within_their_bound_the_least_recently_used_going_first(
+    slide, tmp_path, monkeypatch, caplog
+):
+    """Round 30 (11): every `--download` copy was kept for good (a cohort of NDPI slides in
+    object storage filled the disk with its copies). They are kept within CYTO_DOWNLOAD_MB, the
+    least recently used going first, never the copy just fetched nor one being fetched."""
+    import fcntl
+    import logging
+
+    from cyto.errors import ConfigError
+    from cyto.slides.remote import download, open_object, slide_ref
+
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    data = slide.read_bytes()
+    size_mb = len(data) / (1 << 20)
+    monkeypatch.setenv("CYTO_DOWNLOAD_MB", f"{2.5 * size_mb}")  # room for two copies
+    with fault_server(data) as server:
+
+        def fetch(name: str):
+            return download(open_object(slide_ref(f"{server.url}/{name}")))
+
+        a, b = fetch("a.tif"), fetch("b.tif")
+        time.sleep(0.05)
+        assert fetch("a.tif") == a  # used again: b is now the least recently used
+        with caplog.at_level(logging.WARNING, logger="cyto.remote"):
+            c = fetch("c.tif")
+        assert a.is_file() and c.is_file() and not b.exists()
+        assert "removed 1 --download copy not used lately" in caplog.text
+        # a copy being fetched (its lock held) is never removed, even the least recently used
+        with open(a.parent / f".{a.name}.lock", "a+") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            time.sleep(0.05)
+            fetch("c.tif")
+            d = fetch("d.tif")
+            assert a.is_file() and d.is_file() and not c.exists()
+        assert fetch("b.tif").read_bytes() == data  # a removed copy is fetched again
+        monkeypatch.setenv("CYTO_DOWNLOAD_MB", "lots")
+        with pytest.raises(ConfigError, match=r"^CYTO_DOWNLOAD_MB='lots': give MiB, e.g. 20480$"):
+            fetch("e.tif")

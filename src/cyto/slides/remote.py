@@ -20,6 +20,7 @@ with backoff and said once; 403 and 404 are one line each.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
@@ -62,6 +63,10 @@ CACHE_BYTES = 64 << 20  # the block cache of one open slide (per process)
 #: on disk in cyto's cache under the object's identity, at most this many bytes in all
 SHARED_BYTES_ENV = "CYTO_REMOTE_BLOCKS_MB"
 SHARED_BYTES = 256 << 20
+#: the --download copies of every slide (``remote/`` in cyto's cache), at most this many bytes
+#: in all: the least recently used go first
+DOWNLOAD_BYTES_ENV = "CYTO_DOWNLOAD_MB"
+DOWNLOAD_BYTES = 20 << 30
 
 log = logging.getLogger("cyto.remote")
 # the stores' libraries log what they retry and give up on (gcsfs: each failure with its
@@ -917,11 +922,25 @@ def release(folder: Path, names: list[str]) -> None:
         (folder / f"{name}.lock").unlink(missing_ok=True)
 
 
+def _megabytes(name: str, default: int) -> int:
+    """Bytes from the environment variable ``name`` (in MiB; ``default`` bytes when unset); a
+    value that is no count of MiB is refused in one line."""
+    raw = (os.environ.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(f"{name}={raw!r}: give MiB, e.g. {default >> 20}")
+    return int(value * (1 << 20))
+
+
 def bound_shared(root: Path) -> None:
     """Keep the shared blocks of every slide under ``CYTO_REMOTE_BLOCKS_MB`` (default 256),
     the least recently written going first."""
-    raw = os.environ.get(SHARED_BYTES_ENV)
-    limit = int(float(raw) * (1 << 20)) if raw else SHARED_BYTES
+    limit = _megabytes(SHARED_BYTES_ENV, SHARED_BYTES)
     try:
         files = [
             (f.stat().st_mtime_ns, f.stat().st_size, f)
@@ -1094,9 +1113,12 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
     and renamed, each range pinned to the version opened. One fetch at a time of a copy: the
     slide's plan and its tiles open it in two threads at once, and each wrote, then renamed or
     removed, the same temporary file (a cohort's NDPI failed "No such file", hostile round 30);
-    the second waits for the first's copy and takes it."""
+    the second waits for the first's copy and takes it. The copies are kept within
+    ``CYTO_DOWNLOAD_MB`` (:func:`bound_downloads`)."""
     import threading
     from pathlib import Path
+
+    _megabytes(DOWNLOAD_BYTES_ENV, DOWNLOAD_BYTES)  # a bad bound is refused before any fetch
 
     from cyto.cachedir import cache_dir
     from cyto.locks import file_lock
@@ -1113,10 +1135,12 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
         if target.is_file():
             stamp = _stamp(target)
             if _CHECKED.get(target) == stamp:  # hashed in this process, untouched since
+                _used(record)
                 return target
             kept = record.read_text().strip() if record.is_file() else None
             if target.stat().st_size == obj.size and kept == sha256_file(target):
                 _CHECKED[target] = stamp
+                _used(record)
                 return target
             # a damaged copy was read as the slide's on every run ("cannot be decoded"), with
             # no word that the fault was cyto's own copy: it is fetched again, said once
@@ -1153,7 +1177,72 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
             _CHECKED[target] = _stamp(target)
         finally:
             tmp.unlink(missing_ok=True)
+    bound_downloads(folder.parent, target)
     return target
+
+
+def _used(record: Path) -> None:
+    """A copy was used now: its record's time says so (the copy's own time is part of what
+    says it is unchanged)."""
+    with contextlib.suppress(OSError):
+        os.utime(record)
+
+
+def bound_downloads(root: Path, keep: Path) -> list[Path]:
+    """Keep the ``--download`` copies under ``root`` within ``CYTO_DOWNLOAD_MB`` (default
+    20 GiB), the least recently used going first; never ``keep`` (the copy just fetched) nor
+    one another thread or process is fetching now (its lock is held). Said once a call, in a
+    note; returns the copies removed. A copy removed while a run reads it is read on through
+    the files it has open, and fetched again where it is opened again."""
+    limit = _megabytes(DOWNLOAD_BYTES_ENV, DOWNLOAD_BYTES)
+    copies = []
+    with contextlib.suppress(OSError):
+        for folder in root.iterdir():
+            for f in folder.iterdir() if folder.is_dir() else ():
+                if f.is_file() and not f.name.startswith("."):
+                    record = folder / f".{f.name}.sha256"
+                    used = (record if record.is_file() else f).stat().st_mtime_ns
+                    copies.append((used, f.stat().st_size, f, record))
+    total = sum(size for _, size, _, _ in copies)
+    removed: list[Path] = []
+    freed = 0
+    for _, size, f, record in sorted(copies, key=lambda c: c[0]):
+        if total <= limit:
+            break
+        if f == keep or not _remove_unless_busy(f, record):
+            continue
+        total -= size
+        freed += size
+        removed.append(f)
+    if removed:
+        log.warning(
+            "note: removed %d --download cop%s not used lately from cyto's cache (%.1f GiB), "
+            "to keep the copies within %s=%d",
+            len(removed),
+            "y" if len(removed) == 1 else "ies",
+            freed / (1 << 30),
+            DOWNLOAD_BYTES_ENV,
+            limit >> 20,
+        )
+    return removed
+
+
+def _remove_unless_busy(copy: Path, record: Path) -> bool:
+    """Remove a ``--download`` copy and its record, unless its fetch lock is held now."""
+    lock = copy.parent / f".{copy.name}.lock"
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        fcntl = None
+    with open(lock, "a+") as fh:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False  # being fetched (or checked) by another run now
+        record.unlink(missing_ok=True)
+        copy.unlink(missing_ok=True)
+    return True
 
 
 #: the --download copies this process hashed (or wrote), by their size, time and inode: a
