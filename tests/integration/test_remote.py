@@ -120,11 +120,25 @@ def test_view_and_data_cells_read_a_folder_scored_from_a_url(slide, http, export
     folder = out / "s"
     (view,) = open_view(folder)
     local = open_slide(slide)
+    truth = slide.with_name("s.cells.parquet")
     try:
         assert np.array_equal(view.reader(0).read_region(0, 0, 300, 200),
                               local.read_region(0, 0, 300, 200))  # fmt: skip
         view.close()
         ds = tmp_path / "ds"
+        # the slide's planted lesions, in the truth table cyto synth wrote beside it and served
+        # beside it, are never cut as normal cells (they were, for a slide by URL: round 30, 17)
+        planted = run_cyto("data", "cells", str(folder), "--out", str(ds), "--per-slide", "4")
+        assert planted.returncode == 2 and not (ds / "normal").exists()
+        assert (
+            planted.stderr.strip()
+            .splitlines()[-1]
+            .endswith(
+                f"the slide's ground truth beside it ({http.url}/s.cells.parquet) marks 10 cell(s) "
+                "abnormal; harvest normal cells from negative slides only"
+            )
+        )
+        truth.rename(truth.with_suffix(".kept"))  # from here, a slide served without its truth
         cut = run_cyto("data", "cells", str(folder), "--out", str(ds), "--per-slide", "4")
         assert cut.returncode == 0, cut.stderr
         crop = json.loads((folder / "summary.json").read_text())["resolution"]["crop_px_level0"]
@@ -135,11 +149,13 @@ def test_view_and_data_cells_read_a_folder_scored_from_a_url(slide, http, export
             x0, y0 = round(float(r["x"])) - crop // 2, round(float(r["y"])) - crop // 2
             want = local.read_region(x0, y0, crop, crop)
             assert np.array_equal(np.asarray(Image.open(r["path"]).convert("RGB")), want)
+        st = slide.stat()  # another version of the object (nginx's ETag: time of change, size)
+        os.utime(slide, ns=(st.st_atime_ns, st.st_mtime_ns + 7_000_000_000))
+        bad = run_cyto("data", "cells", str(folder), "--out", str(tmp_path / "ds2"))
     finally:
         local.close()
-    st = slide.stat()  # another version of the object (nginx's ETag: time of change and size)
-    os.utime(slide, ns=(st.st_atime_ns, st.st_mtime_ns + 7_000_000_000))
-    bad = run_cyto("data", "cells", str(folder), "--out", str(tmp_path / "ds2"))
+        if truth.with_suffix(".kept").exists():
+            truth.with_suffix(".kept").rename(truth)
     assert bad.returncode == 2 and "is not the slide it was scored as" in bad.stderr, bad.stderr
     # one line of error (the slide's adequacy warning, said by every command, beside it)
     errors = [x for x in bad.stderr.strip().splitlines() if not x.startswith("warning: ")]

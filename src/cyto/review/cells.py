@@ -56,7 +56,14 @@ def harvest_cells(
     sources = [read_source(f, options) for f in find_scored(scored)]
     refuse_repeated_slides([(s.identity, s.folder) for s in sources])  # its cells twice
     for s in sources:
-        refuse_planted(s.folder, s.planted, f"harvest {label} cells", s.burden, slide_path=s.slide)
+        refuse_planted(
+            s.folder,
+            s.planted,
+            f"harvest {label} cells",
+            s.burden,
+            slide_path=s.slide,
+            options=s.options,
+        )
         warn_unsatisfactory(s.folder, s.adequacy, f"harvest {label} cells")
     out = Path(out)
     with OutputLock(out, "cyto data cells"):

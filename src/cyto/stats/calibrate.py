@@ -314,26 +314,58 @@ def _sealed_summary(path: Path, slide: str | None) -> dict:
     return data if isinstance(data, dict) and data.get("slide") == slide else {}
 
 
-def truth_beside(slide: object) -> tuple[Path, int] | None:
-    """The ground truth cyto synth wrote beside a local slide (``NAME.cells.parquet``,
-    :func:`cyto.data.synth.slide.ground_truth_path`) and the cells it marks abnormal, when it
-    marks any; None otherwise (no such table, one without a ``label`` column, a URL). A slide
-    scored without ``--truth`` holds its planted cells all the same."""
+def truth_beside(slide: object, options: dict | None = None) -> tuple[object, int] | None:
+    """The ground truth cyto synth wrote beside a slide (``NAME.cells.parquet``,
+    :func:`cyto.data.synth.slide.ground_truth_path`; beside a slide's URL too, read with the
+    storage ``options``: a composed slide uploaded with its truth) and the cells it marks
+    abnormal, when it marks any; None otherwise (no such table, one without a ``label``
+    column, a DICOMweb series). A slide scored without ``--truth`` holds its planted cells all
+    the same."""
     from cyto.data.synth.slide import ground_truth_path
     from cyto.slides.remote import is_url
 
-    if not slide or is_url(slide):
+    if not slide:
         return None
+    if is_url(slide):
+        return _truth_at_url(str(slide), options)
     path = ground_truth_path(Path(str(slide)))
     try:
         if not path.is_file():
             return None
         table = read_table(path, columns=["label"])
-        labels = np.asarray(table["label"].to_numpy(zero_copy_only=False), dtype=np.float64)
     except Exception:  # noqa: BLE001 - not a truth table of cyto's: nothing known of the slide
         return None
+    return _abnormal(path, table)
+
+
+def _abnormal(where: object, table) -> tuple[object, int] | None:
+    try:
+        labels = np.asarray(table["label"].to_numpy(zero_copy_only=False), dtype=np.float64)
+    except Exception:  # noqa: BLE001 - no label column of numbers: nothing known
+        return None
     n = int(np.sum(labels == 1))
-    return (path, n) if n else None
+    return (where, n) if n else None
+
+
+def _truth_at_url(url: str, options: dict | None) -> tuple[object, int] | None:
+    """:func:`truth_beside` of a slide by URL: ``NAME.cells.parquet`` beside it on the same
+    server, read by byte range; None where there is none or it cannot be read."""
+    import pyarrow.parquet as pq
+
+    from cyto.errors import CytoError
+    from cyto.slides.remote import RemoteObject, SlideURL
+
+    ref = SlideURL(url, options)
+    if ref.dicomweb or "?" in url or not ref.name:
+        return None
+    head = url[: len(url) - len(url.rpartition("/")[2])]
+    truth = SlideURL(f"{head}{ref.stem}.cells.parquet", options)
+    try:
+        # asked of the server now (never an object opened earlier in this process)
+        table = pq.read_table(RemoteObject(truth).file(), columns=["label"])
+    except (CytoError, OSError, ValueError, KeyError):
+        return None
+    return _abnormal(truth, table)
 
 
 def refuse_planted(
@@ -343,6 +375,7 @@ def refuse_planted(
     burden: dict | None = None,
     labelled: bool = False,
     slide_path: object = None,
+    options: dict | None = None,
 ) -> None:
     """A scored slide whose own ground truth (``cyto score --truth``, or the table cyto synth
     wrote beside ``slide_path``: :func:`truth_beside`) holds abnormal cells is no negative
@@ -361,7 +394,7 @@ def refuse_planted(
             f"{slide}: the slide was scored with --truth holding {planted} abnormal cell(s); "
             f"{use} from negative slides only"
         )
-    beside = truth_beside(slide_path) if slide_path is not None else None
+    beside = truth_beside(slide_path, options) if slide_path is not None else None
     if beside is not None:  # cyto synth's planted cells were cut as normal, without a word
         raise ConfigError(
             f"{slide}: the slide's ground truth beside it ({beside[0]}) marks {beside[1]} "
