@@ -2,12 +2,14 @@
 
 An :class:`OutputLocation` is the one thing the pipeline is given as ``--out``. A local folder
 is written in place, as always. A prefix (``--out s3://bucket/scored/``) is written through a
-local *staging* folder in cyto's cache (keyed by the printed URL and its endpoint), which
-mirrors the prefix: every slide is scored into its staging folder by the very code of a local
-run (locks, resumable chunks, the seal), then :meth:`OutputLocation.publish` uploads each
-finished file to its final key, one object per file (an S3 PUT is atomic: an object is there
-whole or not at all), after removing the old seal, and ``seal.json`` last. A publish stopped
-half way leaves no seal, so what it left is never reused.
+local *staging* folder in cyto's cache (the bucket's, keyed by its printed URL and its
+endpoint, with the prefix's keys as folders in it), which mirrors the prefix: every slide
+is scored into its staging folder by the very code of a local run (locks, resumable chunks,
+the seal), then :meth:`OutputLocation.publish` uploads each finished file to its final key,
+one object per file (an S3 PUT is atomic: an object is there whole or not at all), after
+removing the old seal, and ``seal.json`` last. A publish stopped half way leaves no seal, so
+what it left is never reused; the finished result stays in the staging folder, and
+``--resume`` uploads it (:meth:`OutputLocation.unpublished`).
 
 Before outputs are reused or checked (``--resume``, the refusal of a finished folder, the
 folder names of a cohort), :meth:`OutputLocation.pull` makes the staging folder a copy of the
@@ -32,6 +34,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from cyto.errors import CytoError, InputPathError, OutputWriteError
 from cyto.flags import passing
@@ -49,6 +52,8 @@ from cyto.tables import json_text
 MARK = ".cyto-location.json"
 #: in each staged folder: per file, the sha256 and remote ETag when it was last pulled or pushed
 RECORD = ".cyto-remote.json"
+#: in a staged slide folder whose upload failed: the prefix's seal then (its ETag, or none)
+FAILED = ".cyto-upload-failed.json"
 #: URL schemes outputs can be written to
 SCHEMES = ("s3", "gs", "gcs")
 
@@ -71,6 +76,7 @@ class OutputLocation(Requests):
         self._said_retry = False
         #: set by :meth:`pull` when it kept a result sealed here that was never uploaded
         self.kept_unpublished = False
+        self._seal_before: str | None = None  # the prefix's seal when a publish began
         self.parts = tuple(parts)
         if not is_url(where):
             self.remote = self.ref = self.root = None
@@ -90,7 +96,18 @@ class OutputLocation(Requests):
         self.root = root
         self.ref = SlideURL(root.url + "".join(f"{p}/" for p in self.parts), options)
         self.remote = self.ref.url
-        self.local = staging_root(root).joinpath(*self.parts)
+        # staged by the bucket and the keys under it: one folder of objects is one staging
+        # folder however it is named (a cohort's prefix and a slide's folder under it, given
+        # to cyto score and to cyto.score_slide, kept two and missed each other's results)
+        split = urlsplit(root.url)
+        keys = [unquote(k) for k in split.path.split("/") if k]
+        if any(k in (".", "..") for k in keys):
+            raise InputPathError(
+                f"{passing('out', redact(url))}: a prefix of . or .. segments is not a folder "
+                "of objects cyto writes; name it without them"
+            )
+        bucket = SlideURL(f"{split.scheme}://{split.netloc}/", options)
+        self.local = staging_root(bucket).joinpath(*keys, *self.parts)
 
     # ----- what the pipeline asks of an output folder
     @property
@@ -224,24 +241,47 @@ class OutputLocation(Requests):
         # a run on this machine writing the folder now keeps it: refused as locally
         with OutputLock(self.local):
             remote = self._listing()
-            if SEAL not in remote and self.unpublished():
+            if self._kept_over(remote):
                 self.kept_unpublished = True
                 return  # a result this machine sealed and could not upload: kept, not lost
             self._pull(None, remote)
 
+    def _kept_over(self, remote: dict) -> bool:
+        """Whether the staging folder's finished result, sealed here and never uploaded
+        (:meth:`unpublished`), is newer than what the prefix holds: the prefix has no seal, or
+        still the seal it had when this result's upload failed (an older result, whose seal
+        a read-only bucket kept). A seal another machine published since wins."""
+        if not self.unpublished():
+            return False
+        if SEAL not in remote:
+            return True
+        failed = self._failed_upload()
+        return failed is not None and failed.get("seal_etag") == _etag(remote[SEAL])
+
     def unpublished(self) -> bool:
         """Whether the staging folder holds a finished result sealed here and never uploaded
-        whole (its upload failed): its seal holds, and no record says it was pushed or pulled.
-        Such a folder is kept by :meth:`pull` while the prefix has no seal of its own, so that
-        ``--resume`` publishes it instead of scoring the slide again."""
+        whole (its upload failed): its seal holds, and its upload is recorded as failed, or no
+        record says it was pushed or pulled. Such a folder is kept by :meth:`pull` (see
+        :meth:`_kept_over`), so that ``--resume`` publishes it instead of scoring the slide
+        again."""
         if not self.is_remote or not (self.local / SEAL).is_file():
             return False
         known = self._record().get(SEAL) or {}
-        if known.get("etag") is not None and known.get("sha256") == _hash(self.local / SEAL):
+        pushed = known.get("etag") is not None and known.get("sha256") == _hash(self.local / SEAL)
+        if pushed and self._failed_upload() is None:
             return False  # it came from the prefix, or went there: the prefix decides
         from cyto.seal import read_sealed
 
         return read_sealed(self.local).ok
+
+    def _failed_upload(self) -> dict | None:
+        """What :meth:`publish` recorded when this folder's upload failed (the prefix's seal
+        then), or None."""
+        try:
+            data = json.loads((self.local / FAILED).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
 
     def _pull(self, names: tuple[str, ...] | None, remote: dict | None = None) -> None:
         remote = self._listing() if remote is None else remote
@@ -291,6 +331,12 @@ class OutputLocation(Requests):
         try:
             self._publish(names)
         except CytoError as exc:
+            if names is None:  # the result stays here, newer than the seal the prefix holds
+                from cyto.bundle import atomic_write
+
+                seal = {"seal_etag": self._seal_before}
+                with contextlib.suppress(OSError):
+                    atomic_write(self.local / FAILED, json_text(seal).encode())
             kept = (
                 f"; the finished result is kept on this machine: run again with "
                 f"{passing('resume')} to upload it"
@@ -305,6 +351,7 @@ class OutputLocation(Requests):
         fs, record = self.fs(), self._record()
         remote = self._listing()
         if names is None:
+            self._seal_before = _etag(remote[SEAL]) if SEAL in remote else None
             seal = json.loads((self.local / SEAL).read_text())
             files = [n for n in seal["files"] if n != SEAL]
             stale = [
@@ -315,6 +362,7 @@ class OutputLocation(Requests):
             # a seal must never vouch for files half replaced: it goes first, comes back last
             changing = [n for n in files if not self._same(n, remote, record)]
             if not changing and not stale and self._same(SEAL, remote, record):
+                (self.local / FAILED).unlink(missing_ok=True)
                 return
             if SEAL in remote:
                 self._delete(SEAL)
@@ -333,6 +381,8 @@ class OutputLocation(Requests):
             info = self._call(lambda n=name: fs.info(self._key(n)), "info")
             record[name] = {"etag": _etag(info), "sha256": _hash(path)}
             self._write_record(record)
+        if names is None:  # uploaded whole, seal last
+            (self.local / FAILED).unlink(missing_ok=True)
 
     def _delete(self, name: str) -> None:
         """Remove the key ``name``; one already gone is what was asked (S3 answers a delete of a
@@ -411,8 +461,9 @@ def _reason(exc: CytoError, where: OutputLocation) -> str:
 
 
 def staging_root(ref: SlideURL) -> Path:
-    """The staging folder of the prefix ``ref`` in cyto's cache: named by the printed URL and
-    the endpoint it is read from (one bucket name on two servers is two places)."""
+    """The staging folder of the bucket ``ref`` in cyto's cache (its prefixes are folders in
+    it): named by the printed URL and the endpoint it is read from (one bucket name on two
+    servers is two places)."""
     from cyto.cachedir import cache_dir
 
     endpoint = (
@@ -490,6 +541,12 @@ def scored_here(
         for name in children:
             pulled.append(loc.child(name))
             pulled[-1].pull()
+        # a slide's folder this machine scored and failed to upload is not listed there
+        for path in sorted(loc.local.iterdir()):
+            if path.is_dir() and path.name not in children and not path.name.startswith("."):
+                child = loc.child(path.name)
+                child.kept_unpublished = child.unpublished()
+                pulled.append(child)
         if not children and not any(p for p in loc.local.iterdir() if not p.name.startswith(".")):
             raise InputPathError(f"{loc}: holds no outputs of cyto score (nothing under it)")
     for each in pulled:  # what the prefix does not hold is not read as if it did

@@ -612,3 +612,52 @@ def test_the_python_api_takes_storage_options_and_download(
                          storage_options={"endpont_url": s3.endpoint}, **run)  # fmt: skip
     assert str(err.value).startswith("storage_options key 'endpont_url': no option of")
     assert "(did you mean endpoint_url?)" in str(err.value) and not (tmp_path / "x").exists()
+
+
+def test_a_result_kept_after_a_failed_upload_outlives_the_older_seal_and_any_spelling(
+    slides, local, exported_dsvdd, aws, monkeypatch, tmp_path
+):
+    """Hostile round 31 (1-3): a slide scored again into a prefix that holds its earlier
+    result, to a bucket gone read-only: the old seal could not even be removed. `--resume`
+    then pulled the old result over the new one and scored again; readers of the cohort's
+    prefix served the result that was never uploaded (its folder is not listed there); and a
+    result kept under `--out s3://B/r/` was not found by `resume=True` on `s3://B/r/a/`
+    (two staging folders for one folder of objects)."""
+    import s3fs
+
+    import cyto
+    from cyto.location import scored_here
+
+    a = slides[0]
+    assert _score([a], exported_dsvdd, "s3://out/keep/").returncode == 0  # the earlier result
+    put, rm = s3fs.S3FileSystem.put_file, s3fs.S3FileSystem.rm_file
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError("Access Denied")
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "put_file", denied)
+    monkeypatch.setattr(s3fs.S3FileSystem, "rm_file", denied)
+    again = _score([a], exported_dsvdd, "s3://out/keep/", "--overwrite", "--top-k", "50")
+    assert again.returncode != 0
+    # the slide's own line first (it was never printed: cohort.csv's failed upload ended the
+    # run), then the table's
+    failed = [x for x in again.stderr.splitlines() if x.startswith("failed: ")]
+    assert len(failed) == 2, again.stderr
+    assert failed[0].startswith("failed: ") and failed[0].endswith(
+        "the finished result is kept on this machine: run again with --resume to upload it"
+    )
+    assert failed[1].startswith("failed: cohort.csv was not uploaded to s3://out/keep: access")
+    assert len(_table(_objects(aws, "keep/a/")["topk.parquet"])) != 50  # the old one, sealed
+    with pytest.raises(InputPathError, match="was never uploaded there"):
+        scored_here("s3://out/keep/")  # the cohort's prefix: never read as what it holds
+    monkeypatch.setattr(s3fs.S3FileSystem, "put_file", put)
+    monkeypatch.setattr(s3fs.S3FileSystem, "rm_file", rm)
+    said: list[str] = []
+    cyto.score_slide(a, exported_dsvdd, "s3://out/keep/a/", workers=0, mosaic=0, tile=512,
+                     top_k=50, resume=True, echo=said.append)  # fmt: skip
+    assert any("already scored" in line for line in said), said  # uploaded, not scored again
+    assert said[-1] == "a.tif: uploaded to s3://out/keep/a (the result kept on this machine)"
+    objects = _objects(aws, "keep/a/")
+    assert len(_table(objects["topk.parquet"])) == 50 and "seal.json" in objects
+    folder, _ = scored_here("s3://out/keep/")
+    assert len(pq.read_table(folder / "a" / "topk.parquet")) == 50

@@ -11,6 +11,7 @@ from cyto.errors import (
     CytoError,
     InputPathError,
     OutputBusyError,
+    OutputWriteError,
     SlideFailedError,
     out_of_memory,
 )
@@ -176,6 +177,8 @@ def score_at(
 
     with where.writing():
         summary = score_one(slide, where.local, scorer, opts, said, metrics)
+    if where.kept_unpublished:  # "already scored" said nothing of the upload
+        echo(f"{slide.name}: uploaded to {where} (the result kept on this machine)")
     return summary
 
 
@@ -487,6 +490,7 @@ def score_cohort(
         raise busy[0]
     scorer = open_model(model, opts, echo)
     done, failed, rows = [], [], []
+    table_failed: CytoError | None = None
     if len(pairs) < len(slides):
         echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
     said = once_per_cohort(echo)
@@ -512,8 +516,31 @@ def score_cohort(
             rows.append(cohort_row(slide, target, None, str(failed[-1][1])))
         if Path(out).is_dir():
             write_cohort_table(rows, Path(out) / "cohort.csv")
-            where.publish(("cohort.csv",))
+            table_failed = _publish_table(where, table_failed, echo)
+    if table_failed is not None:  # said after the slides' own lines, which it must not hide
+        failed.append((Path("cohort.csv"), table_failed))
     return done, failed
+
+
+def _publish_table(where: OutputLocation, before: CytoError | None, echo) -> CytoError | None:
+    """Upload ``cohort.csv`` to a prefix after a slide: an upload that fails ends no cohort
+    (a store gone read-only ended it after its first slide, and the slide's own line, saying
+    its result was kept, was never printed); it is said once, tried again after each slide,
+    and what the last try met is returned (None once it went)."""
+    from cyto.flags import passing
+
+    try:
+        where.publish(("cohort.csv",))
+    except CytoError as exc:
+        reason = str(exc).removeprefix(f"cannot write the outputs to {where}: ")
+        if before is None:
+            echo(f"warning: cohort.csv was not uploaded to {where}: {reason}; tried again "
+                 "after each slide")  # fmt: skip
+        return OutputWriteError(
+            f"cohort.csv was not uploaded to {where}: {reason}; each slide's folder is as "
+            f"said; run again with {passing('resume')} to upload it"
+        )
+    return None
 
 
 def echo_for(where: OutputLocation, echo):
