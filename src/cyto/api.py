@@ -62,8 +62,9 @@ def _front_door(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
+        from cyto.errors import CytoError
         from cyto.flags import bind_call, hints_of, python_words
-        from cyto.location import refuse_unusable_cache, refuse_urls
+        from cyto.location import refuse_unusable_cache, refuse_urls, urls_for_staging
         from cyto.runtime.scorer import Scorer
 
         with python_words(func.__name__):
@@ -78,6 +79,10 @@ def _front_door(func: Callable) -> Callable:
             try:
                 with quiet(silent):
                     return func(*bound.args, **bound.kwargs)
+            except CytoError as exc:  # a staging folder named as the prefix it stands for
+                if exc.args and isinstance(exc.args[0], str):
+                    exc.args = (urls_for_staging(exc.args[0]), *exc.args[1:])
+                raise
             except OSError as exc:  # the machine's, as the CLI says it (a name too long)
                 from cyto.errors import PathError, system_words
 

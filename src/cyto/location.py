@@ -513,6 +513,29 @@ def shown(path: str | os.PathLike) -> str:
     return "/".join([url, *rel.parts[1:]])
 
 
+def urls_for_staging(text: str) -> str:
+    """``text`` with every path into a staging folder (``CACHE/outputs/KEY/...``) written as
+    the remote prefix it stands for (:func:`shown`): the one rule of every message a command
+    or a public call ends with, so that none names cyto's cache where the user named a URL
+    (a lock's refusal, a reader's refusal of a folder pulled from a prefix)."""
+    import re
+
+    from cyto.cachedir import cache_dir
+
+    base = str(Path(cache_dir()) / "outputs")
+    if base not in text:
+        return text
+    pattern = re.compile(re.escape(base) + r"/[0-9a-f]{20}(?:/[^\s:;,()'\"]*)?")
+
+    def url(m: re.Match) -> str:
+        path = m.group(0)
+        trail = "/" if path.endswith("/") else ""
+        said = shown(path.rstrip("/"))
+        return said + trail if said != path.rstrip("/") else path
+
+    return pattern.sub(url, text)
+
+
 def output_location(out: str | os.PathLike | OutputLocation, options: dict | None = None):
     """The one reading of an ``--out``: an :class:`OutputLocation` (a URL: a prefix in object
     storage, with the storage options; anything else: a local folder)."""

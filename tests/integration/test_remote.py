@@ -861,3 +861,46 @@ def test_download_copies_are_kept_within_their_bound_the_least_recently_used_goi
         monkeypatch.setenv("CYTO_DOWNLOAD_MB", "lots")
         with pytest.raises(ConfigError, match=r"^CYTO_DOWNLOAD_MB='lots': give MiB, e.g. 20480$"):
             fetch("e.tif")
+
+
+def test_a_stalled_s3_endpoint_is_tried_as_cyto_says_not_five_times_more(
+    exported_dsvdd, monkeypatch, tmp_path
+):
+    """Hostile round 31 (5): an S3 endpoint that takes connections and never answers took 20
+    minutes a slide at the default timeout, saying "(4 tries)": s3fs retried each timed-out
+    request five times itself under each of cyto's four. Each request is sent as often as
+    cyto says."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held = []
+
+    def hold() -> None:  # every connection taken, never answered
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+
+    threading.Thread(target=hold, daemon=True).start()
+    for name, value in {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{listener.getsockname()[1]}",
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "CYTO_REMOTE_TIMEOUT": "0.25",
+    }.items():
+        monkeypatch.setenv(name, value)
+    try:
+        proc = _score(["s3://slides/a.tif"], exported_dsvdd, tmp_path / "o")
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "failed: s3://slides/a.tif: the server did not answer in time (4 tries); giving up"
+    )
+    # four tries of one open (s3fs asks for the object, then for it as a folder): it was forty
+    assert 0 < len(held) <= 8, len(held)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cyto.errors import InputPathError
 from cyto.location import OutputLocation, output_location, shown
@@ -53,3 +55,52 @@ def test_what_cannot_be_an_output_is_one_line(out, words, tmp_path, monkeypatch)
     with pytest.raises(InputPathError, match=words) as info:
         OutputLocation(out)
     assert "abc" not in str(info.value)
+
+
+KEY = "abcdefghijklmnopqrstuvwxyz0123456789-_."
+
+
+@given(
+    parts=st.lists(
+        st.text(KEY, min_size=1, max_size=12).filter(lambda k: k not in (".", "..")),
+        min_size=1,
+        max_size=4,
+    ),  # fmt: skip
+    spelled_as_prefix=st.booleans(),
+    tail=st.sampled_from(["", "/summary.json", "/"]),
+    around=st.sampled_from(["{} is being written", "x ({}) y", "{}: no seal", "'{}'"]),
+)
+def test_one_folder_of_objects_is_one_staging_folder_and_is_said_as_its_url(
+    parts, spelled_as_prefix, tail, around, tmp_path_factory
+):
+    """Hostile round 31 (3, 6): a slide's folder given as the cohort's prefix and a child, or
+    as its own URL, is one staging folder (they were two: a result kept in one was not found
+    by the other); and any message naming a path in it says the URL instead (a lock's
+    refusal named cyto's cache)."""
+    import os
+
+    from cyto.location import urls_for_staging
+
+    before = os.environ.get("CYTO_CACHE_DIR")
+    os.environ["CYTO_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    try:
+        url = "s3://bucket/" + "/".join(parts)
+        whole = output_location(url + "/")
+        head = output_location("s3://bucket/" + "/".join(parts[:-1]))
+        spelled = head.child(parts[-1]) if spelled_as_prefix else whole
+        assert spelled.local == whole.local and str(spelled) == url
+        message = around.format(f"{whole.local}{tail}")
+        assert urls_for_staging(message) == around.format(f"{url}{tail}")
+        elsewhere = around.format(f"{tmp_path_factory.getbasetemp()}/x{tail}")
+        assert urls_for_staging(elsewhere) == elsewhere
+    finally:
+        if before is None:
+            del os.environ["CYTO_CACHE_DIR"]
+        else:
+            os.environ["CYTO_CACHE_DIR"] = before
+
+
+def test_a_prefix_of_dot_segments_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(InputPathError, match="a prefix of . or .. segments"):
+        output_location("s3://bucket/a/../b/")

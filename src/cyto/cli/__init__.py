@@ -220,7 +220,9 @@ def main() -> None:
     except CytoError as exc:
         if os.environ.get("CYTO_DEBUG") == "1":
             raise
-        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        from cyto.location import urls_for_staging
+
+        typer.secho(f"error: {urls_for_staging(str(exc))}", err=True, fg=typer.colors.RED)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         typer.secho("interrupted", err=True)

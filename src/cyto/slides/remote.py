@@ -393,6 +393,8 @@ def _filesystem(ref: SlideURL):
         query = dict(p.partition("=")[::2] for p in parts.query.split("&") if p)
         version = query.get("versionId") or None
     fs = fsspec.filesystem(scheme, skip_instance_cache=True, **opts)
+    if scheme == "s3":  # s3fs retries a timeout five times itself, each under cyto's tries:
+        fs.retries = 1  # a stalled endpoint took 20 min a slide; cyto's tries are said once
     return fs, f"{parts.netloc.rpartition('@')[2]}{unquote(parts.path)}", version
 
 
