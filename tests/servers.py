@@ -193,6 +193,7 @@ class FaultServer(ThreadingHTTPServer):
         self.sent = 0  # bytes of bodies written to clients
         self.connections = 0  # connections accepted (a request or not)
         self.seen: list[str] = []  # every request line, with its query string
+        self.authorization: list[str | None] = []  # each request's Authorization header
         self.stop_event = threading.Event()
 
     @property
@@ -224,6 +225,7 @@ class _FaultHandler(BaseHTTPRequestHandler):
     def _answer(self, head: bool) -> None:
         s: FaultServer = self.server  # type: ignore[assignment]
         s.seen.append(self.requestline)
+        s.authorization.append(self.headers.get("Authorization"))
         if s.mode in ("403", "404"):
             self.send_response(int(s.mode))
             self.send_header("Content-Length", "0")

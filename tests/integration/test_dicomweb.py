@@ -271,10 +271,29 @@ def test_403_names_the_url_without_credentials(tmp_path, monkeypatch):
     said = str(err.value)
     assert said == (
         f"dicomweb+http://{host}/dw/studies/1.2/series/3.4: access denied (403): check the "
-        "credentials (environment, profile, --storage-option, CYTO_BEARER_TOKEN)"
+        "credentials (the URL's user:password, --storage-option headers=..., CYTO_BEARER_TOKEN)"
     )
     assert "5ecret" not in said
     assert any("/dw/studies/1.2/series/3.4/metadata?sig=q-5ecret" in line for line in seen)
+
+
+def test_a_series_takes_its_credentials_from_the_storage_options_too(monkeypatch):
+    """Hostile round 31 (8): a table records a DICOMweb URL without its user info, so `cyto
+    data cells` and `cyto view` of a slide scored from a PACS with basic auth had no way to be
+    given the password: `--storage-option headers=...` was taken without a word and not sent."""
+    from cyto.slides.remote import SlideURL
+
+    monkeypatch.delenv("CYTO_BEARER_TOKEN", raising=False)
+    with fault_server(b"x", "403") as denied:
+        host = denied.url.split("://", 1)[1]
+        url = f"dicomweb+http://{host}/dw/studies/1.2/series/3.4"
+        given = {"headers": {"Authorization": "Basic YWxpY2U6cHc="}}
+        with pytest.raises(InputPathError):
+            open_slide(SlideURL(url, given))
+        with pytest.raises(InputPathError):  # the URL's own user info, when nothing is given
+            open_slide(f"dicomweb+http://ann:pw@{host}/dw/studies/1.2/series/3.4")
+        sent = list(denied.authorization)
+    assert sent[0] == "Basic YWxpY2U6cHc=" and sent[-1] == "Basic YW5uOnB3"
 
 
 @needs_openslide_4

@@ -165,9 +165,14 @@ class DicomWebSeries(Requests):
         self.root = f"{ref.scheme.split('+', 1)[1]}://{host}{m.group('prefix')}"
         self.query = parts.query
         self.study, self.series = unquote(m.group("study")), unquote(m.group("series"))
-        self.headers = {}
+        # --storage-option headers={...} first (as an https:// slide's): what a read-back
+        # command is given, since a table records the URL without its user info
+        given = ref.options.get("headers") or {}
+        self.headers = {str(k): str(v) for k, v in given.items()} if isinstance(given, dict) else {}
         token = os.environ.get(TOKEN_ENV)
-        if token:
+        if any(k.lower() == "authorization" for k in self.headers):
+            pass
+        elif token:
             self.headers["Authorization"] = f"Bearer {token}"
         elif user:
             basic = base64.b64encode(unquote(user).encode()).decode()

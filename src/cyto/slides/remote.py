@@ -536,9 +536,13 @@ class Requests:
         if isinstance(exc, FileNotFoundError) or status == 404:
             return InputPathError(f"{self.ref}: not found (404)")
         if isinstance(exc, PermissionError) or status in (401, 403):
+            where = (
+                f"the URL's user:password, --storage-option headers=..., {TOKEN_ENV}"
+                if self.ref.dicomweb
+                else f"environment, profile, --storage-option, {TOKEN_ENV}"
+            )
             return InputPathError(
-                f"{self.ref}: access denied ({status or 403}): check the credentials "
-                f"(environment, profile, --storage-option, {TOKEN_ENV})"
+                f"{self.ref}: access denied ({status or 403}): check the credentials ({where})"
             )
         tls = _tls(exc, self.ref)
         if tls is not None:
