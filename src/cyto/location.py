@@ -522,7 +522,10 @@ def urls_for_staging(text: str) -> str:
 
     from cyto.cachedir import cache_dir
 
-    base = str(Path(cache_dir()) / "outputs")
+    try:
+        base = str(Path(cache_dir()) / "outputs")
+    except (CytoError, OSError):  # the message may be the refusal of the cache itself
+        return text
     if base not in text:
         return text
     pattern = re.compile(re.escape(base) + r"/[0-9a-f]{20}(?:/[^\s:;,()'\"]*)?")
