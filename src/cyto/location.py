@@ -76,6 +76,9 @@ class OutputLocation(Requests):
         self._said_retry = False
         #: set by :meth:`pull` when it kept a result sealed here that was never uploaded
         self.kept_unpublished = False
+        self._kept_seal: str | None = None
+        #: set by :meth:`writing` when what it published is the result :meth:`pull` kept
+        self.kept_uploaded = False
         self._seal_before: str | None = None  # the prefix's seal when a publish began
         self.parts = tuple(parts)
         if not is_url(where):
@@ -150,6 +153,7 @@ class OutputLocation(Requests):
             self.pull()
             yield self
             self.publish()
+            self.kept_uploaded = self._still_kept()  # said by the caller: "already scored"
             self.release()
         except CytoError as exc:
             self.translated(exc)
@@ -241,10 +245,20 @@ class OutputLocation(Requests):
         # a run on this machine writing the folder now keeps it: refused as locally
         with OutputLock(self.local):
             remote = self._listing()
+            # the prefix's seal now: what a failed upload of this run leaves it holding, even
+            # where the upload fails before it can list the prefix (a store down, not read-only)
+            self._seal_before = _etag(remote[SEAL]) if SEAL in remote else None
             if self._kept_over(remote):
                 self.kept_unpublished = True
+                self._kept_seal = _hash(self.local / SEAL)
                 return  # a result this machine sealed and could not upload: kept, not lost
             self._pull(None, remote)
+
+    def _still_kept(self) -> bool:
+        """Whether the folder's result is the one :meth:`pull` kept (not one scored again over
+        it: a slide changed since, or ``--overwrite``)."""
+        seal = self.local / SEAL
+        return self.kept_unpublished and seal.is_file() and _hash(seal) == self._kept_seal
 
     def _kept_over(self, remote: dict) -> bool:
         """Whether the staging folder's finished result, sealed here and never uploaded
@@ -410,11 +424,16 @@ class OutputLocation(Requests):
             return
         try:
             for path in self.local.iterdir():
-                if path != lock.path:
-                    if path.is_dir() and not path.is_symlink():
+                if path == lock.path:
+                    continue
+                if path.is_dir() and not path.is_symlink():
+                    # a slide's folder holds no folder of outputs: one of another name is the
+                    # staging of a prefix under this one (s3://B/r/a/x/ beside the slide a of
+                    # s3://B/r/), whose kept result or running chunks were removed with it
+                    if path.name.startswith("."):
                         shutil.rmtree(path, ignore_errors=True)
-                    else:
-                        path.unlink(missing_ok=True)
+                else:
+                    path.unlink(missing_ok=True)
         finally:
             lock.release()
         with contextlib.suppress(OSError):  # a file another run put there since

@@ -661,3 +661,59 @@ def test_a_result_kept_after_a_failed_upload_outlives_the_older_seal_and_any_spe
     assert len(_table(objects["topk.parquet"])) == 50 and "seal.json" in objects
     folder, _ = scored_here("s3://out/keep/")
     assert len(pq.read_table(folder / "a" / "topk.parquet")) == 50
+
+
+def test_a_result_kept_while_the_store_was_down_outlives_the_older_seal(
+    slides, local, exported_dsvdd, aws, monkeypatch
+):
+    """Hostile round 32 (1): an upload that failed before it could list the prefix (a store
+    down: 503, time-out) recorded no seal of the prefix, and `--resume` took the older seal
+    there for a newer one: the kept result was thrown away and the slide scored again. The
+    prefix's seal is recorded when the run pulls the folder."""
+    import cyto
+    from cyto.location import OutputLocation
+    from cyto.slides.remote import RemoteAccessError
+
+    a = slides[0]
+    assert _score([a], exported_dsvdd, "s3://out/down/").returncode == 0  # the earlier result
+
+    def down(self, names):
+        raise RemoteAccessError(f"{self}: the server answered 503 (4 tries); giving up")
+
+    real = OutputLocation._publish
+    monkeypatch.setattr(OutputLocation, "_publish", down)
+    again = _score([a], exported_dsvdd, "s3://out/down/", "--overwrite", "--top-k", "50")
+    assert again.returncode != 0 and "kept on this machine" in again.stderr
+    monkeypatch.setattr(OutputLocation, "_publish", real)
+    said: list[str] = []
+    cyto.score_slide(a, exported_dsvdd, "s3://out/down/a/", workers=0, mosaic=0, tile=512,
+                     top_k=50, resume=True, echo=said.append)  # fmt: skip
+    assert said[-1] == "a.tif: uploaded to s3://out/down/a (the result kept on this machine)"
+    assert len(_table(_objects(aws, "down/a/")["topk.parquet"])) == 50
+    # a kept result scored over (overwrite) is not said to be the one uploaded (round 32, 3)
+    monkeypatch.setattr(OutputLocation, "_publish", down)
+    assert _score([a], exported_dsvdd, "s3://out/down/", "--overwrite").returncode != 0
+    monkeypatch.setattr(OutputLocation, "_publish", real)
+    said.clear()
+    cyto.score_slide(a, exported_dsvdd, "s3://out/down/a/", workers=0, mosaic=0, tile=512,
+                     top_k=20, overwrite=True, echo=said.append)  # fmt: skip
+    assert not any("the result kept on this machine" in line for line in said), said
+    assert len(_table(_objects(aws, "down/a/")["topk.parquet"])) == 20
+
+
+def test_a_slide_folder_released_keeps_the_staging_of_a_prefix_under_it(tmp_path, monkeypatch):
+    """Hostile round 32 (2): staging is the bucket's, so `s3://B/r/a/x/` stages inside the
+    folder of the slide `a` of `s3://B/r/`; publishing that slide removed its staged copy with
+    every folder in it: a result kept under `r/a/x/` (and the chunks of a run scoring there)."""
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    slide = output_location("s3://bucket/r/").child("a")
+    nested = output_location("s3://bucket/r/a/x/")
+    assert nested.local.parent == slide.local
+    (nested.local / "b").mkdir(parents=True)
+    (nested.local / "b" / "scores.parquet").write_bytes(b"kept")
+    (slide.local / ".partial").mkdir()
+    (slide.local / "scores.parquet").write_bytes(b"published")
+    slide.release()
+    assert (nested.local / "b" / "scores.parquet").read_bytes() == b"kept"
+    assert not (slide.local / "scores.parquet").exists()
+    assert not (slide.local / ".partial").exists()

@@ -177,7 +177,7 @@ def score_at(
 
     with where.writing():
         summary = score_one(slide, where.local, scorer, opts, said, metrics)
-    if where.kept_unpublished:  # "already scored" said nothing of the upload
+    if where.kept_uploaded:  # "already scored" said nothing of the upload
         echo(f"{slide.name}: uploaded to {where} (the result kept on this machine)")
     return summary
 
