@@ -303,8 +303,9 @@ def score_slide(
         table = pq.read_table(where.local / "scores.parquet")
         # what the slide's summary records of auto's choice, warned as cyto score says it
         summary = json.loads((where.local / "summary.json").read_text())
-    if where.kept_uploaded:  # "already scored" said nothing of the upload
-        said(f"{Path(str(slide)).name}: uploaded to {where} (the result kept on this machine)")
+    uploaded = where.uploaded_words(Path(str(slide)).name)
+    if uploaded:
+        said(uploaded)
     _rank_by_caution(summary.get("rank_by_caution"))
     _unverified(summary.get("verification"), model)
     return table

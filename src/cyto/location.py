@@ -254,6 +254,14 @@ class OutputLocation(Requests):
                 return  # a result this machine sealed and could not upload: kept, not lost
             self._pull(None, remote)
 
+    def uploaded_words(self, slide_name: str) -> str | None:
+        """What :meth:`writing` did beyond the slide's own lines: the line that says the
+        result kept on this machine went up now (``--resume`` said only "already scored"), or
+        None. ``cyto score`` and :func:`cyto.score_slide` say it alike."""
+        if not self.kept_uploaded:
+            return None
+        return f"{slide_name}: uploaded to {self} (the result kept on this machine)"
+
     def _still_kept(self) -> bool:
         """Whether the folder's result is the one :meth:`pull` kept (not one scored again over
         it: a slide changed since, or ``--overwrite``)."""

@@ -177,8 +177,9 @@ def score_at(
 
     with where.writing():
         summary = score_one(slide, where.local, scorer, opts, said, metrics)
-    if where.kept_uploaded:  # "already scored" said nothing of the upload
-        echo(f"{slide.name}: uploaded to {where} (the result kept on this machine)")
+    uploaded = where.uploaded_words(slide.name)
+    if uploaded:
+        echo(uploaded)
     return summary
 
 

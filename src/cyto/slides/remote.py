@@ -664,6 +664,15 @@ class RemoteObject(Requests):
             self.requests += 1
         return data
 
+    def _http_kwargs(self, **headers: str) -> dict:
+        """The keywords of a GET of this HTTP(S) object by cyto's own request: the file
+        system's (its client options, its headers), pinned to the ETag opened (``If-Match``),
+        with ``headers`` added."""
+        given = dict(self._fs.kwargs.get("headers") or {})
+        if self.etag:
+            given["If-Match"] = self.etag
+        return {**self._fs.kwargs, "headers": {**given, **headers}}
+
     def _http_range(self, start: int, end: int) -> bytes | None:
         """Bytes ``start`` .. ``end - 1`` of an HTTP(S) object by a range request pinned to
         the ETag opened (``If-Match``); None when the server answers with the whole object
@@ -672,11 +681,7 @@ class RemoteObject(Requests):
         from fsspec.asyn import sync
 
         fs = self._fs
-        headers = dict(fs.kwargs.get("headers") or {})
-        if self.etag:
-            headers["If-Match"] = self.etag
-        headers["Range"] = f"bytes={start}-{end - 1}"
-        kw = {**fs.kwargs, "headers": headers}
+        kw = self._http_kwargs(Range=f"bytes={start}-{end - 1}")
 
         async def get() -> bytes | None:
             session = await fs.set_session()
@@ -706,12 +711,8 @@ class RemoteObject(Requests):
                 advance(len(piece))
 
         async def http_get() -> None:
-            headers = dict(fs.kwargs.get("headers") or {})
-            if self.etag:
-                headers["If-Match"] = self.etag
             session = await fs.set_session()
-            kw = {**fs.kwargs, "headers": headers}
-            async with session.get(fs.encode_url(self._path), **kw) as r:
+            async with session.get(fs.encode_url(self._path), **self._http_kwargs()) as r:
                 fs._raise_not_found_for_status(r, self._path)
                 async for piece in r.content.iter_chunked(8 << 20):
                     wrote(piece)
@@ -1234,18 +1235,18 @@ def bound_downloads(root: Path, keep: Path) -> list[Path]:
 
 
 def _remove_unless_busy(copy: Path, record: Path) -> bool:
-    """Remove a ``--download`` copy and its record, unless its fetch lock is held now."""
-    lock = copy.parent / f".{copy.name}.lock"
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        fcntl = None
-    with open(lock, "a+") as fh:
-        if fcntl is not None:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                return False  # being fetched (or checked) by another run now
+    """Remove a ``--download`` copy and its record, unless its fetch lock is held now (the
+    lock of :func:`download`, tried by :func:`cyto.locks.flock_or_not`: a file system that
+    cannot lock does not keep a copy for good)."""
+    import fcntl
+
+    from cyto.locks import flock_or_not
+
+    with open(copy.parent / f".{copy.name}.lock", "a+") as fh:
+        try:
+            flock_or_not(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # being fetched (or checked) by another run now
         record.unlink(missing_ok=True)
         copy.unlink(missing_ok=True)
     return True

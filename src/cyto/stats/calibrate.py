@@ -352,14 +352,15 @@ def _truth_at_url(url: str, options: dict | None) -> tuple[object, int] | None:
     server, read by byte range; None where there is none or it cannot be read."""
     import pyarrow.parquet as pq
 
+    from cyto.data.synth.slide import ground_truth_path
     from cyto.errors import CytoError
     from cyto.slides.remote import RemoteObject, SlideURL
 
     ref = SlideURL(url, options)
     if ref.dicomweb or "?" in url or not ref.name:
         return None
-    head = url[: len(url) - len(url.rpartition("/")[2])]
-    truth = SlideURL(f"{head}{ref.stem}.cells.parquet", options)
+    head = url[: len(url) - len(url.rpartition("/")[2])]  # the name beside it, as synth names it
+    truth = SlideURL(head + ground_truth_path(Path(ref.name)).name, options)
     try:
         # asked of the server now (never an object opened earlier in this process)
         table = pq.read_table(RemoteObject(truth).file(), columns=["label"])
