@@ -102,3 +102,11 @@ def set_numba_cache_dir() -> None:
     _os.environ["NUMBA_CACHE_DIR"] = numba_cache_dir()
     if "numba" in _sys.modules:  # numba read its settings already: tell it too
         _sys.modules["numba"].config.CACHE_DIR = _os.environ["NUMBA_CACHE_DIR"]
+
+
+def size_words(n: int) -> str:
+    """A size of what the cache holds, in words: ``1.5 GiB``, ``412.0 KiB``, ``12 B``."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

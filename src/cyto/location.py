@@ -69,6 +69,11 @@ class OutputLocation(Requests):
     itself, or its staging folder); ``remote`` the URL of the prefix, or None. ``str()`` is
     what may be printed. Pickles (to Ray actors) with its storage options."""
 
+    said_once = "said once"  # a prefix: no slide of its own
+
+    def said_as(self) -> str:
+        return str(self)
+
     def __init__(
         self, where: str | os.PathLike, options: dict | None = None, parts: tuple[str, ...] = ()
     ) -> None:
@@ -604,9 +609,10 @@ def scored_here(
             raise InputPathError(f"{loc}: holds no outputs of cyto score (nothing under it)")
     for each in pulled:  # what the prefix does not hold is not read as if it did
         if each.kept_unpublished:
+            older = "holds an older result; " if each._seal_before is not None else ""
             raise InputPathError(
-                f"{each}: the result scored on this machine was never uploaded there (its "
-                f"upload failed): score it again with {passing('resume')} to upload it"
+                f"{each}: {older}the result scored on this machine was never uploaded there "
+                f"(its upload failed): score it again with {passing('resume')} to upload it"
             )
     return loc.local, loc
 

@@ -39,6 +39,12 @@ class _Bar:
         self._postfix(text)
 
 
+def _amount(x: float) -> str:
+    """A count as a log line says it: whole as it is, else to one decimal (``0.4/0.4 MiB``,
+    never ``0.417671``)."""
+    return f"{x:g}" if float(x).is_integer() else f"{x:.1f}"
+
+
 @contextmanager
 def progress(
     description: str, total: float | None, unit: str = "items", done: float = 0
@@ -90,12 +96,12 @@ def progress(
 
     def line(now: float) -> None:
         rate = (state["done"] - done) / max(now - start, 1e-9)
-        of = f"/{total:g}" if total is not None else ""
+        of = f"/{_amount(total)}" if total is not None else ""
         eta = ""
         if total is not None and rate > 0:
             eta = f", eta {max(total - state['done'], 0) / rate:,.0f} s"
         print(
-            f"{description}: {state['done']:g}{of} {unit} ({rate:,.1f} {unit}/s{eta})"
+            f"{description}: {_amount(state['done'])}{of} {unit} ({rate:,.1f} {unit}/s{eta})"
             f" {state['postfix']}".rstrip(),
             file=sys.stderr,
             flush=True,

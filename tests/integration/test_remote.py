@@ -4,6 +4,7 @@ gives the same score table, cell for cell."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -817,7 +818,7 @@ def test_a_download_counts_its_bytes(slide, mode, tmp_path, monkeypatch, capfd):
     with fault_server(data, mode) as server:
         copy = download(open_object(slide_ref(f"{server.url}/counted.tif")), chunk=64 << 10)
     assert copy.read_bytes() == data
-    mib = f"{len(data) / (1 << 20):g}"
+    mib = f"{len(data) / (1 << 20):.1f}"  # to one decimal (it said 0.417671)
     lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("fetching")]
     assert lines and lines[-1].startswith(f"fetching counted.tif: {mib}/{mib} MiB ("), lines
 
@@ -863,19 +864,42 @@ def test_download_copies_are_kept_within_their_bound_the_least_recently_used_goi
             fetch("e.tif")
 
 
-def test_a_stalled_s3_endpoint_is_tried_as_cyto_says_not_five_times_more(
-    exported_dsvdd, monkeypatch, tmp_path
-):
-    """Hostile round 31 (5): an S3 endpoint that takes connections and never answers took 20
-    minutes a slide at the default timeout, saying "(4 tries)": s3fs retried each timed-out
-    request five times itself under each of cyto's four. Each request is sent as often as
-    cyto says."""
+def test_a_download_copy_is_never_removed_while_a_reader_has_it_open(slide, tmp_path, monkeypatch):
+    """Hostile round 32 (5): the bound on the `--download` copies removed a copy a viewer had
+    open (libvips opens the file again by name between reads): each of its tiles then said
+    "cannot be decoded". A copy is held while a reader of it is open, in any process."""
+    from cyto.slides.remote import slide_ref
+
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CYTO_DOWNLOAD_MB", "0")  # every copy but the newest goes, if it can
+    with fault_server(slide.read_bytes(), "no-ranges") as server:  # read through copies only
+
+        def reader(name: str):
+            return open_slide(slide_ref(f"{server.url}/{name}", download=True))
+
+        def copy(name: str) -> Path:
+            return next((tmp_path / "cache" / "remote").glob(f"*/{name}"))
+
+        viewed = reader("a.tif")
+        first = viewed.read_region(0, 0, 256, 256)
+        reader("b.tif").close()  # fetched after a: a is the least recently used
+        assert copy("a.tif").is_file()  # it was removed here
+        assert np.array_equal(viewed.read_region(0, 0, 256, 256), first)
+        viewed.close()
+        reader("c.tif").close()
+        assert not list((tmp_path / "cache" / "remote").glob("*/a.tif"))  # let go: removed
+
+
+@contextlib.contextmanager
+def _silent_server():
+    """A loopback port that takes every connection and never answers: (its URL, the
+    connections taken so far)."""
     import socket
 
     listener = socket.create_server(("127.0.0.1", 0))
-    held = []
+    held: list = []
 
-    def hold() -> None:  # every connection taken, never answered
+    def hold() -> None:
         while True:
             try:
                 conn, _ = listener.accept()
@@ -884,23 +908,64 @@ def test_a_stalled_s3_endpoint_is_tried_as_cyto_says_not_five_times_more(
             held.append(conn)
 
     threading.Thread(target=hold, daemon=True).start()
-    for name, value in {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{listener.getsockname()[1]}",
-        "AWS_ACCESS_KEY_ID": "k",
-        "AWS_SECRET_ACCESS_KEY": "s",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "CYTO_REMOTE_TIMEOUT": "0.25",
-    }.items():
-        monkeypatch.setenv(name, value)
     try:
-        proc = _score(["s3://slides/a.tif"], exported_dsvdd, tmp_path / "o")
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", held
     finally:
         listener.close()
         for conn in held:
             conn.close()
+
+
+def test_a_stalled_s3_endpoint_is_tried_as_cyto_says_not_five_times_more(
+    exported_dsvdd, monkeypatch, tmp_path
+):
+    """Hostile round 31 (5): an S3 endpoint that takes connections and never answers took 20
+    minutes a slide at the default timeout, saying "(4 tries)": s3fs retried each timed-out
+    request five times itself under each of cyto's four. Each request is sent as often as
+    cyto says."""
+    with _silent_server() as (endpoint, held):
+        for name, value in {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "k",
+            "AWS_SECRET_ACCESS_KEY": "s",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "CYTO_REMOTE_TIMEOUT": "0.25",
+        }.items():
+            monkeypatch.setenv(name, value)
+        proc = _score(["s3://slides/a.tif"], exported_dsvdd, tmp_path / "o")
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1] == (
         "failed: s3://slides/a.tif: the server did not answer in time (4 tries); giving up"
     )
     # four tries of one open (s3fs asks for the object, then for it as a folder): it was forty
     assert 0 < len(held) <= 8, len(held)
+
+
+def test_a_silent_http_server_is_asked_once_a_try(exported_dsvdd, monkeypatch, tmp_path):
+    """Hostile round 32 (4): an HTTP server that takes connections and never answers was
+    asked three times a try (fsspec's HEAD, its GET, cyto's probe of one byte), each timed
+    out in turn: twelve timeouts a slide, saying "(4 tries)". One request a try."""
+    monkeypatch.setenv("CYTO_REMOTE_TIMEOUT", "0.25")
+    with _silent_server() as (server, held):
+        proc = _score([f"{server}/a.tif"], exported_dsvdd, tmp_path / "o")
+        taken = len(held)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"failed: {server}/a.tif: the server did not answer in time (4 tries); giving up"
+    )
+    assert taken == 4, taken  # it was 12
+
+
+def test_gcs_requests_are_timed_out_by_cyto_remote_timeout(monkeypatch):
+    """Hostile round 32 (4): gs:// ignored CYTO_REMOTE_TIMEOUT (gcsfs waits for ever unless
+    told): its file system is given the timeout, and an option the user gives wins."""
+    pytest.importorskip("gcsfs")
+    from cyto.slides.remote import SlideURL, _filesystem
+
+    monkeypatch.setenv("CYTO_REMOTE_TIMEOUT", "1.5")
+    fs, _, _ = _filesystem(SlideURL("gs://bucket/a.tif", options={"token": "anon"}))
+    assert (fs.requests_timeout.connect, fs.requests_timeout.sock_read) == (1.5, 1.5)
+    fs, _, _ = _filesystem(
+        SlideURL("gs://bucket/a.tif", options={"token": "anon", "requests_timeout": 9})
+    )
+    assert fs.requests_timeout == 9

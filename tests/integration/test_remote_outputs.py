@@ -648,8 +648,13 @@ def test_a_result_kept_after_a_failed_upload_outlives_the_older_seal_and_any_spe
     )
     assert failed[1].startswith("failed: cohort.csv was not uploaded to s3://out/keep: access")
     assert len(_table(_objects(aws, "keep/a/")["topk.parquet"])) != 50  # the old one, sealed
-    with pytest.raises(InputPathError, match="was never uploaded there"):
-        scored_here("s3://out/keep/")  # the cohort's prefix: never read as what it holds
+    for where in ("s3://out/keep/", "s3://out/keep/a"):  # the prefix, the slide's folder
+        with pytest.raises(InputPathError) as err:  # never read as what they hold, and said
+            scored_here(where)  # to hold an older result (round 32, 6: as if they held none)
+        assert str(err.value) == (
+            "s3://out/keep/a: holds an older result; the result scored on this machine was "
+            "never uploaded there (its upload failed): score it again with --resume to upload it"
+        )
     monkeypatch.setattr(s3fs.S3FileSystem, "put_file", put)
     monkeypatch.setattr(s3fs.S3FileSystem, "rm_file", rm)
     said: list[str] = []

@@ -104,3 +104,27 @@ def test_a_prefix_of_dot_segments_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(InputPathError, match="a prefix of . or .. segments"):
         output_location("s3://bucket/a/../b/")
+
+
+def test_a_retried_prefix_is_said_as_a_prefix(tmp_path, monkeypatch, caplog):
+    """Hostile round 32 (6): a request to an output prefix that was retried was said "(said
+    once per slide)", where no slide is involved."""
+    import logging
+
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    loc = OutputLocation("s3://bucket/runs/")
+    calls: list[int] = []
+
+    def flaky() -> int:
+        calls.append(1)
+        if len(calls) < 3:
+            raise TimeoutError("no answer")
+        return 7
+
+    with caplog.at_level(logging.WARNING, logger="cyto"):
+        assert loc._call(flaky, "list") == 7
+    notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("note:")]
+    assert notes == [
+        "note: s3://bucket/runs: the server did not answer in time; retrying (said once)"
+    ]

@@ -468,9 +468,7 @@ def _open_remote(ref: SlideURL, backend: str) -> SlideReader:
     except NoRangesError:  # no slide is read in place from it: a copy fetched whole, any format
         if not ref.download:
             raise
-        from cyto.slides.remote import download
-
-        return _reopened(open_slide(download(obj), backend), ref)
+        return _reopened(obj, backend)
     other = {b"PAR1": "a Parquet table"}.get(head) or (
         "an HTML page (a server's folder listing?)"
         if head.lower() in (b"<!do", b"<htm", b"<hea", b"<bod")
@@ -488,9 +486,7 @@ def _open_remote(ref: SlideURL, backend: str) -> SlideReader:
     if head in TIFF_MAGIC:
         vendor, what = tiff_vendor(ref, obj.size, obj.file())
     if (vendor is not None or head not in TIFF_MAGIC) and ref.download:
-        from cyto.slides.remote import download
-
-        return _reopened(open_slide(download(obj), backend), ref)
+        return _reopened(obj, backend)
     if head not in TIFF_MAGIC or vendor is not None:
         kind = f"{what}, read by OpenSlide" if vendor else f"{what} (OpenSlide's formats, DICOM)"
         raise UnsupportedSlideError(
@@ -509,11 +505,32 @@ def _open_remote(ref: SlideURL, backend: str) -> SlideReader:
     return PyvipsReader(ref, pyvips, None, source=lambda: vips_source(obj))
 
 
-def _reopened(reader: SlideReader, ref: SlideURL) -> SlideReader:
-    """``reader`` of a downloaded copy, its slide named by the URL it came from."""
+def _reopened(obj, backend: str) -> SlideReader:
+    """The reader of ``obj``'s ``--download`` copy, its slide named by the URL it came from;
+    the copy is held (:func:`cyto.slides.remote.held_copy`) until the reader is closed or
+    collected, so no bound on the copies removes it while it is read."""
+    import weakref
     from dataclasses import replace
 
-    reader.info = replace(reader.info, path=ref)
+    from cyto.slides.remote import held_copy
+
+    copy, hold = held_copy(obj)
+    try:
+        reader = open_slide(copy, backend)
+    except BaseException:
+        hold.close()
+        raise
+    reader.info = replace(reader.info, path=obj.ref)
+    release = weakref.finalize(reader, hold.close)
+    close = reader.close
+
+    def closed() -> None:
+        try:
+            close()
+        finally:
+            release()
+
+    reader.close = closed
     return reader
 
 

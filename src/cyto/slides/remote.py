@@ -392,6 +392,10 @@ def _filesystem(ref: SlideURL):
         opts["config_kwargs"] = config
         query = dict(p.partition("=")[::2] for p in parts.query.split("&") if p)
         version = query.get("versionId") or None
+    if scheme in ("gs", "gcs"):  # gcsfs's requests wait for ever unless told
+        import aiohttp
+
+        opts.setdefault("requests_timeout", aiohttp.ClientTimeout(connect=t, sock_read=t))
     fs = fsspec.filesystem(scheme, skip_instance_cache=True, **opts)
     if scheme == "s3":  # s3fs retries a timeout five times itself, each under cyto's tries:
         fs.retries = 1  # a stalled endpoint took 20 min a slide; cyto's tries are said once
@@ -495,6 +499,12 @@ class Requests:
     ref: SlideURL
     etag: str | None = None
     _said_retry: bool = False
+    #: how often a retry is said: once for all readers of a slide (:data:`_SAID_RETRY`)
+    said_once = "said once per slide"
+
+    def said_as(self) -> str:
+        """How the notes name what is asked."""
+        return str(self.ref)
 
     def _tries(self) -> int:
         """How many times a request is sent here: once for ``gs://``, whose library (gcsfs)
@@ -521,7 +531,7 @@ class Requests:
                 if not self._said_retry and str(self.ref) not in _SAID_RETRY:
                     self._said_retry = True
                     _SAID_RETRY.add(str(self.ref))  # every reader of the slide in this process
-                    log.warning("note: %s: %s; retrying (said once per slide)", self.ref, why)
+                    log.warning("note: %s: %s; retrying (%s)", self.said_as(), why, self.said_once)
                 time.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
@@ -605,6 +615,10 @@ class RemoteObject(Requests):
 
     def _info(self) -> dict:
         kw = {"version_id": self._version} if self._version else {}
+        if self.ref.scheme in ("http", "https"):
+            head = self._http_head()
+            if head is not None:
+                return head
         try:
             return self._fs.info(self._path, **kw)
         except FileNotFoundError:
@@ -672,6 +686,37 @@ class RemoteObject(Requests):
         if self.etag:
             given["If-Match"] = self.etag
         return {**self._fs.kwargs, "headers": {**given, **headers}}
+
+    def _http_head(self) -> dict | None:
+        """The object's size and version by one HEAD request, as fsspec's ``info`` says them;
+        None when the answer does not tell them (an error status, no size: fsspec's ``info``
+        then asks in its ways). One request a try: fsspec's ``info`` sends a HEAD, then a
+        GET, then cyto one more to tell 403 from 404, each timed out in turn at a stalled
+        server (twelve timeouts a slide, saying "4 tries"). A 5xx is raised, to be retried."""
+        import aiohttp
+        from fsspec.asyn import sync
+
+        fs = self._fs
+        kw = self._http_kwargs(**{"Accept-Encoding": "identity"})
+
+        async def head() -> dict | None:
+            session = await fs.set_session()
+            async with session.head(fs.encode_url(self._path), allow_redirects=True, **kw) as r:
+                if r.status >= 500 or r.status == 429:
+                    raise aiohttp.ClientResponseError(
+                        r.request_info, (), status=r.status, message=r.reason or ""
+                    )
+                encoded = r.headers.get("Content-Encoding", "identity") not in ("identity", "")
+                if r.status != 200 or encoded or "Content-Length" not in r.headers:
+                    return None
+                info = {"name": self._path, "type": "file", "url": str(r.url)}
+                info["size"] = int(r.headers["Content-Length"])
+                for field in ("ETag", "Last-Modified"):
+                    if r.headers.get(field):
+                        info[field] = r.headers[field]
+                return info
+
+        return sync(fs.loop, head)
 
     def _http_range(self, start: int, end: int) -> bytes | None:
         """Bytes ``start`` .. ``end - 1`` of an HTTP(S) object by a range request pinned to
@@ -1188,6 +1233,30 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
     return target
 
 
+def held_copy(obj: RemoteObject) -> tuple[Path, object]:
+    """The ``--download`` copy of ``obj`` (:func:`download`) and its hold: an open file whose
+    shared lock (``.NAME.readers``) keeps :func:`bound_downloads` of every process from
+    removing the copy until it is closed. A reader holds it while it is open: libvips opens
+    a file again by its name between reads, and a copy removed under a viewer made each of
+    its tiles "cannot be decoded" (hostile round 32). A copy removed between its fetch and
+    the hold is fetched again."""
+    import fcntl
+
+    from cyto.locks import flock_or_not
+
+    while True:
+        copy = download(obj)
+        hold = open(copy.parent / f".{copy.name}.readers", "a+")  # noqa: SIM115 (held open)
+        try:
+            flock_or_not(hold, fcntl.LOCK_SH)
+        except BaseException:
+            hold.close()
+            raise
+        if copy.is_file():
+            return copy, hold
+        hold.close()
+
+
 def _used(record: Path) -> None:
     """A copy was used now: its record's time says so (the copy's own time is part of what
     says it is unchanged)."""
@@ -1198,9 +1267,8 @@ def _used(record: Path) -> None:
 def bound_downloads(root: Path, keep: Path) -> list[Path]:
     """Keep the ``--download`` copies under ``root`` within ``CYTO_DOWNLOAD_MB`` (default
     20 GiB), the least recently used going first; never ``keep`` (the copy just fetched) nor
-    one another thread or process is fetching now (its lock is held). Said once a call, in a
-    note; returns the copies removed. A copy removed while a run reads it is read on through
-    the files it has open, and fetched again where it is opened again."""
+    one another thread or process is fetching or reading now (its locks are held: see
+    :func:`held_copy`). Said once a call, in a note; returns the copies removed."""
     limit = _megabytes(DOWNLOAD_BYTES_ENV, DOWNLOAD_BYTES)
     copies = []
     with contextlib.suppress(OSError):
@@ -1222,12 +1290,14 @@ def bound_downloads(root: Path, keep: Path) -> list[Path]:
         freed += size
         removed.append(f)
     if removed:
+        from cyto.cachedir import size_words
+
         log.warning(
-            "note: removed %d --download cop%s not used lately from cyto's cache (%.1f GiB), "
+            "note: removed %d --download cop%s not used lately from cyto's cache (%s), "
             "to keep the copies within %s=%d",
             len(removed),
             "y" if len(removed) == 1 else "ies",
-            freed / (1 << 30),
+            size_words(freed),
             DOWNLOAD_BYTES_ENV,
             limit >> 20,
         )
@@ -1235,18 +1305,23 @@ def bound_downloads(root: Path, keep: Path) -> list[Path]:
 
 
 def _remove_unless_busy(copy: Path, record: Path) -> bool:
-    """Remove a ``--download`` copy and its record, unless its fetch lock is held now (the
-    lock of :func:`download`, tried by :func:`cyto.locks.flock_or_not`: a file system that
-    cannot lock does not keep a copy for good)."""
+    """Remove a ``--download`` copy and its record, unless its fetch lock (of
+    :func:`download`) or a reader's hold (:func:`held_copy`) is held now, tried by
+    :func:`cyto.locks.flock_or_not`: a file system that cannot lock does not keep a copy for
+    good. Its lock files stay: one removed while held would be taken by the next comer alone."""
     import fcntl
 
     from cyto.locks import flock_or_not
 
-    with open(copy.parent / f".{copy.name}.lock", "a+") as fh:
+    with (
+        open(copy.parent / f".{copy.name}.lock", "a+") as fetching,
+        open(copy.parent / f".{copy.name}.readers", "a+") as reading,
+    ):
         try:
-            flock_or_not(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            flock_or_not(fetching, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            flock_or_not(reading, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return False  # being fetched (or checked) by another run now
+            return False  # being fetched, checked or read by a run now
         record.unlink(missing_ok=True)
         copy.unlink(missing_ok=True)
     return True

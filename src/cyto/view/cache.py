@@ -81,13 +81,6 @@ def cap_from(value: str | int | None) -> int:
     return DEFAULT_CAP
 
 
-def size_words(n: int) -> str:
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
 def _flock(fd: int, operation: int) -> bool:
     """:func:`cyto.locks.flock_or_not` on a descriptor; True where there is no ``fcntl`` (not
     POSIX: there is no lock to take, and a vanished tile is rendered again)."""

@@ -178,8 +178,7 @@ def serve(
 
     import uvicorn
 
-    from cyto.cachedir import cache_dir
-    from cyto.view.cache import size_words
+    from cyto.cachedir import cache_dir, size_words
 
     sock = bind(host, port)
     port = sock.getsockname()[1]
