@@ -220,7 +220,12 @@ def predict(
             skipped,
         )  # fmt: skip
         if "auroc" in summary:
-            _better_ranking(summary, rank_by, RANK_BY_ALIASES.get(asked, asked) == "auto")
+            _better_ranking(
+                summary,
+                rank_by,
+                RANK_BY_ALIASES.get(asked, asked) == "auto",
+                scorer.spec.validation,
+            )
         store.remove()  # the table is whole: the chunks are not needed again
     finally:
         if not any(store.dir.glob("chunk-*")):
@@ -590,7 +595,7 @@ def _write_table(
 BETTER_BY = 0.05
 
 
-def _better_ranking(summary: dict, rank_by: str, auto: bool) -> None:
+def _better_ranking(summary: dict, rank_by: str, auto: bool, validation: dict | None) -> None:
     """Say (a ``CytoWarning``, and the summary's ``better_ranking``) when a labelled folder is
     ranked clearly better by the model alone or the morphometric score than by ``rank_by``:
     auto chose it by the bundle's held-back cells, and on cells unlike them (another lab,
@@ -605,12 +610,17 @@ def _better_ranking(summary: dict, rank_by: str, auto: bool) -> None:
     if best is None or best[0] < chosen + BETTER_BY:
         return
     summary["better_ranking"] = best[1]
-    why = (
-        f" (auto took {rank_by}: it ranked the bundle's held-back cells best, cyto info; cells "
-        "unlike them, of another lab or scale, can be ranked otherwise)"
-        if auto
-        else ""
-    )
+    from cyto.data.morphometry import choose_ranking
+
+    held = validation is not None and bool(validation.get("auroc"))
+    why = ""
+    if auto and held:
+        why = (
+            f" (auto took {rank_by}: it ranked the bundle's held-back cells best, cyto info; "
+            "cells unlike them, of another lab or scale, can be ranked otherwise)"
+        )
+    elif auto:  # nothing held back: the reason is not a comparison (hostile round 33)
+        why = f" (auto took {rank_by}; cyto info: {choose_ranking(validation)[1]})"
     warn_caller(
         f"{passing('rank_by', best[1])} ranks these labelled cells better: AUROC {best[0]:.3f} "
         f"against {chosen:.3f} by {rank_by}{why}",

@@ -57,6 +57,26 @@ def test_workers_start_while_the_model_loads_and_give_the_same_table(
     assert a.num_rows == ref["cells_scored"] > 0 and same_table(a, b)
 
 
+def test_a_slide_of_a_few_tiles_starts_no_worker_unless_asked(
+    exported_dsvdd, tif, tmp_path, monkeypatch
+):
+    """A worker takes 1-3 s to start on 2 cores, more than a field image of a few tiles takes
+    to score: with no --workers given, such a slide is scored in the main process (a 2048 px
+    image: 1.05 s against 1.90 s); a larger one, or --workers given, starts them as before."""
+    import cyto.infer.pipeline as pipeline
+    from cyto.infer.options import FEW_TILES, auto_workers, default_workers
+
+    assert auto_workers(2048, 2048, 1024) == 0 and FEW_TILES == 4
+    assert auto_workers(2049, 2048, 1024) == default_workers()  # 6 tiles
+    started: list[int] = []
+    real = pipeline.start_workers
+    monkeypatch.setattr(pipeline, "start_workers", lambda s, n: started.append(n) or real(s, n))
+    auto = ScoreOptions(**{**vars(OPTS), "tile": 1024})  # 1024 x 768: one tile
+    assert auto.workers is None
+    assert score_slide(tif, exported_dsvdd, tmp_path / "a", auto)["workers"] == 0
+    assert started == [0]  # the workers asked for (--workers 1: the test above) as before
+
+
 def test_a_bad_slide_fails_with_its_error_and_leaves_no_worker(exported_dsvdd, tmp_path):
     from cyto.errors import CytoError
 

@@ -176,3 +176,53 @@ def cyto_predict(root, data, out, **options):
     import cyto
 
     return cyto.predict(root / "grey.cyto", data, out, rank_by="model", echo=None, **options)
+
+
+def test_a_folder_too_small_to_hold_back_says_so_and_why_everywhere(synth_patches, tmp_path):
+    """Hostile round 33 (4, 5): 40 normal cells with abnormal classes beside them held nothing
+    back without a word; `--rank-by auto` then ranked by the model (near chance on Pap), and
+    predict said auto took it because "it ranked the bundle's held-back cells best". Train
+    says why nothing was held back and what to give; info and predict give that reason."""
+    import shutil
+
+    import cyto
+    from cyto.errors import CytoWarning
+    from cyto.predict import _better_ranking
+
+    cells = tmp_path / "cells"
+    for cls, n in (("normal", 40), ("enlarged", 6)):
+        (cells / cls).mkdir(parents=True)
+        for f in sorted((synth_patches / cls).glob("*.jpg"))[:n]:
+            shutil.copy(f, cells / cls / f.name)
+    said: list[str] = []
+    with pytest.warns(CytoWarning) as caught:
+        cyto.train(
+            "dsvdd", cells, tmp_path / "small.cyto", normal="normal", preset="fast",
+            overrides={"epochs": 1, "ae_epochs": 1, "n_seeds": 1, "input_size": 32},
+            device="cpu", echo=said.append,
+        )  # fmt: skip
+    why = (
+        "40 normal cells, of which 20% is 8, where a hold-back takes at least 10: give 48 or "
+        "more normal cells, or a larger holdout (in overrides=)"
+    )
+    texts = [str(w.message) for w in caught]
+    assert any(t.endswith(f"nothing was held back to compare them on: {why}") for t in texts), texts
+    info = cyto.info(tmp_path / "small.cyto")
+    assert info["rank_by_auto"] == "model"
+    assert info["rank_by_reason"] == f"nothing was held back at training: {why}"
+    proc = run_cyto("info", str(tmp_path / "small.cyto"))
+    assert (
+        "--rank-by auto ranks by model: nothing was held back at training: 40 normal cells, of "
+        "which 20% is 8, where a hold-back takes at least 10: give 48 or more normal cells, or a "
+        "larger --set holdout"
+    ) in proc.stdout, proc.stdout
+    summary = {"auroc": 0.48, "auroc_model": 0.48, "auroc_morphometry": 0.83}
+    with pytest.warns(CytoWarning) as caught:
+        _better_ranking(summary, "model", True, info["manifest"]["validation"])
+    (text,) = [str(w.message) for w in caught]
+    assert text.endswith(
+        "(auto took model; cyto info: nothing was held back at training: 40 normal cells, of "
+        "which 20% is 8, where a hold-back takes at least 10: give 48 or more normal cells, or a "
+        "larger --set holdout)"
+    ), text
+    assert "ranked the bundle's held-back cells best" not in text

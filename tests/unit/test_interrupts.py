@@ -77,11 +77,11 @@ def test_a_command_that_finishes_after_a_swallowed_ctrl_c_exits_130():
     r = _run(
         """
 import cyto.cli
-def app(**_how):  # as cyto.cli runs its app: standalone_mode, prog_name
+def app(**_how):  # as cyto.cli runs its app's click command: standalone_mode, prog_name
     callback()
     print("command done", flush=True)
     sys.exit(0)
-cyto.cli.app = app
+cyto.cli._click_app = lambda: app
 cyto.cli.main()
 """
     )

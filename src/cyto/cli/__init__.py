@@ -12,6 +12,7 @@ non-zero exit code; ``CYTO_DEBUG=1`` shows the full traceback.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -173,6 +174,13 @@ def _argument_given_as_flag(argv: list[str]) -> str | None:
     return None
 
 
+@functools.cache
+def _click_app():
+    """The click command Typer makes of the app (what ``app()`` makes anew at each call: a
+    tenth of a second, again for each command run in one process: a script, the tests)."""
+    return typer.main.get_command(app)
+
+
 def _run_app() -> None:
     """The app as click's standalone mode runs it, but a usage error is said in cyto's words:
     click's usage and hint, then ``error: MESSAGE`` as every other refusal of cyto (click wrote
@@ -182,7 +190,7 @@ def _run_app() -> None:
 
     usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
     try:
-        code = app(standalone_mode=False, prog_name="cyto")
+        code = _click_app()(standalone_mode=False, prog_name="cyto")
     except usage_error as exc:
         shown = io.StringIO()
         exc.show(file=shown)

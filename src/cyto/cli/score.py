@@ -250,7 +250,7 @@ def score_cmd(
         int | None,
         typer.Option(
             help="Decode/detect/crop processes (0: in the main process). Default: "
-            "one per spare core, at most 4."
+            "one per spare core, at most 4; none for a slide of 4 tiles or fewer."
         ),
     ] = None,
     resume: Annotated[

@@ -40,6 +40,7 @@ its parts, so ``auto`` never fuses its way below the model.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,9 +125,9 @@ def _nucleus_size_words(check: dict | None) -> str | None:
         f"the training normals' nuclei measure a median of {median:.0f} um^2 at "
         f"{check['mpp']:.3g} um/px, where a normal {check['stain']} cell's measures about "
         f"{typical:.0f} um^2: is the pixel size right? Nearer {likely:.2g} um/px would give "
-        f"them that size; a wrong one measures every nucleus wrong, and the morphometric score "
-        f"and the ranking {passing('rank_by', 'auto')} chose with it (give {setting('mpp')} the "
-        "crops' own pixel size)"
+        f"them that size; a wrong one measures every nucleus wrong, and with it the "
+        f"morphometric score (and a choice of {passing('rank_by', 'auto')} made by it) (give "
+        f"{setting('mpp')} the crops' own pixel size)"
     )
 
 
@@ -370,10 +371,45 @@ def validation_record(
     }
 
 
+#: the fewest normal cells a hold-back takes, and leaves to train
+MIN_HELD = 10
+
+
+def holdout_why(n_normal: int, share: float) -> str | None:
+    """Why ``n_normal`` normal cells hold none back at ``share`` (:func:`holdout_split`), in
+    words with what to give instead; None where they do. Said at training, and recorded (a
+    folder of 40 NILM with abnormal classes beside them held nothing back without a word, and
+    ``--rank-by auto`` then ranked by a model near chance: hostile round 33)."""
+    n_held = int(round(share * n_normal))
+    if n_held >= MIN_HELD and n_normal - n_held >= MIN_HELD:
+        return None
+    if n_held < MIN_HELD:
+        need = max(n_normal, math.ceil((MIN_HELD - 0.5) / share))
+        while round(share * need) < MIN_HELD:
+            need += 1
+        return (
+            f"{n_normal} normal cells, of which {share:.0%} is {n_held}, where a hold-back "
+            f"takes at least {MIN_HELD}: give {need} or more normal cells, or a larger "
+            f"{setting('holdout')}"
+        )
+    return (
+        f"{n_normal} normal cells, of which {share:.0%} would leave {n_normal - n_held} to "
+        f"train, fewer than {MIN_HELD}: give a smaller {setting('holdout')}"
+    )
+
+
+def _skipped_words(validation: dict) -> str:
+    """Why a bundle's training held nothing back (its record: the normal cells, the share)."""
+    n, share = int(validation["skipped"]["normal_cells"]), float(validation["skipped"]["holdout"])
+    return holdout_why(n, share) or f"{n} normal cells, {setting('holdout')} {share:g}"
+
+
 def choose_ranking(validation: dict | None) -> tuple[str, str]:
     """(ranking, why) for ``--rank-by auto``, recomputed from a bundle's held-back AUROCs each
     time (a recorded choice is never read): the best of the rankings; the model's unless another
     ranked the held-back cells strictly higher, and a fusion only above both of its parts."""
+    if validation and validation.get("skipped"):
+        return "model", f"nothing was held back at training: {_skipped_words(validation)}"
     if not validation or not validation.get("auroc"):
         return "model", "no held-back abnormal cells were recorded at training"
     auroc = {k: float(v) for k, v in validation["auroc"].items() if k in RANKINGS}
@@ -402,7 +438,15 @@ MIN_ABNORMAL = 20
 
 def few_abnormal_words(validation: dict | None) -> str | None:
     """One line where ``--rank-by auto``'s choice rests on fewer than :data:`MIN_ABNORMAL`
-    held-back abnormal cells (recomputed from the bundle's record each time), else None."""
+    held-back abnormal cells (recomputed from the bundle's record each time), or on none
+    where abnormal cells were given but too few normal ones to hold any back, else None."""
+    if validation and validation.get("skipped"):
+        return (
+            f"{passing('rank_by', 'auto')} ranks by the model, never compared with the "
+            f"morphometric score (on Pap cells the fast presets rank near chance, the "
+            f"morphometric score does not; choose with {said('rank_by')}): abnormal cells were "
+            f"given, but nothing was held back to compare them on: {_skipped_words(validation)}"
+        )
     if not validation or not validation.get("auroc"):
         return None
     n = int(validation.get("abnormal_cells") or 0)

@@ -21,6 +21,7 @@ import json
 import shutil
 import time
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +45,15 @@ from cyto.infer.tiling import TileFeed, broken_worker_error, start_workers
 from cyto.locks import OutputLock
 from cyto.progress import progress
 from cyto.runtime import Scorer, devices, load_scorer
-from cyto.slides import open_with_planes
+from cyto.slides import open_slide, open_with_planes
 from cyto.slides.base import printable
-from cyto.slides.remote import SlideChangedError, drop_blocks, pinned_ref, slide_ref
+from cyto.slides.remote import (
+    SlideChangedError,
+    SlideURL,
+    drop_blocks,
+    pinned_ref,
+    slide_ref,
+)
 
 
 def score_slide(
@@ -76,6 +83,8 @@ def score_slide(
     # before the run had pinned it left the run to open the new version and score it whole
     slide = pinned_ref(slide)
     refuse_own_output(slide)
+    if opts.workers is None and pool is None and not isinstance(slide, SlideURL):
+        opts = replace(opts, workers=_auto_workers(slide, opts.tile))
     # the tile workers start first: a worker takes 1-3 s to start on 2 cores, which the model's
     # loading and the slide's plan now hide (the engine waited for it: 2.3 s of a 9 s slide)
     if pool is None and opts.decode == "cpu":
@@ -91,6 +100,21 @@ def score_slide(
     if pool is not None:  # told to stop when the last tile came in; gone by now, or soon
         pool.shutdown(wait=True)
     return summary
+
+
+def _auto_workers(slide: Path, tile: int) -> int | None:
+    """:func:`~cyto.infer.options.auto_workers` of a local slide by its level-0 size; None (the
+    default) where it cannot be opened here: the plan meets that with the readable error."""
+    from cyto.infer.options import auto_workers
+
+    try:
+        reader = open_slide(slide)
+    except Exception:  # noqa: BLE001 - said by the plan, in its words
+        return None
+    try:
+        return auto_workers(reader.info.width, reader.info.height, tile)
+    finally:
+        reader.close()
 
 
 def _score_slide(slide: Path, model, out_dir: Path, opts, echo, metrics, pool, ahead) -> dict:

@@ -113,6 +113,7 @@ def holdout_split(ds: PatchDataset, labels, share: float) -> tuple[np.ndarray, n
     normal cells train. Nothing is held back without abnormal cells or with ``share`` 0, or when
     fewer than 10 normal cells would be held back or 10 left to train."""
     from cyto.data.dataset import acquisition_key
+    from cyto.data.morphometry import holdout_why
 
     everything = np.arange(len(ds))
     if labels is None or share <= 0:
@@ -121,7 +122,7 @@ def holdout_split(ds: PatchDataset, labels, share: float) -> tuple[np.ndarray, n
     normals = np.flatnonzero(labels == 0)
     abnormal = np.flatnonzero(labels == 1)
     n_held = int(round(share * len(normals)))
-    if not len(abnormal) or n_held < 10 or len(normals) - n_held < 10:
+    if not len(abnormal) or holdout_why(len(normals), share) is not None:
         return everything, everything[:0]
     order = sorted(normals, key=lambda i: acquisition_key(ds.records[i].path))
     held = np.sort(np.concatenate([np.asarray(order[-n_held:]), abnormal]))
@@ -297,8 +298,12 @@ def train(
     train_data = TrainData.from_dataset(ds)
     held = np.zeros(0, dtype=np.int64)
     probe_data = None
+    skipped = None  # why abnormal cells were given and none held back
     if cls.one_class:  # abnormal cells beside the normals: held back to choose the ranking
         keep, held = holdout_split(ds, train_data.labels, cfg.holdout)
+        labels = train_data.labels
+        if not len(held) and cfg.holdout > 0 and labels is not None and (labels == 1).any():
+            skipped = {"normal_cells": int((labels == 0).sum()), "holdout": cfg.holdout}
         if len(held):
             all_data = train_data
             probe_data = train_data.subset(keep[train_data.labels[keep] == 0])
@@ -373,6 +378,8 @@ def train(
         )
         if chosen is not None:
             manifest["validation"] = chosen | {"refit": cfg.refit}
+        elif skipped is not None:  # abnormal cells given, none held back: why, recorded
+            manifest["validation"] = {"skipped": skipped}
         manifest["calibration"] = normal_calibration(model, train_data)
         manifest["training_seconds"] = round(seconds, 2)
         manifest["device"] = str(dev)
@@ -382,7 +389,10 @@ def train(
         save_bundle(out, manifest, tensors, scorer, overwrite=overwrite)
     from cyto.data.morphometry import few_abnormal_words, unfitted_words
 
-    said_notes = [*unfitted_words(manifest["training_data"]), few_abnormal_words(chosen)]
+    said_notes = [
+        *unfitted_words(manifest["training_data"]),
+        few_abnormal_words(manifest.get("validation")),
+    ]
     notes = tuple(n for n in said_notes if n)
     for line in notes if echo is not None else ():
         echo(f"warning: {line}")
