@@ -148,6 +148,18 @@ class ModelSpec:
     patch_px: int | None = None
 
     @property
+    def folder_scale_reference(self) -> float | None:
+        """The training normals' median nucleus share a crop folder's cells are compared with
+        (``cyto predict``'s scale check, ``--zoom auto``: :func:`cyto.detect.morphometry.
+        scale_shares` at :attr:`crop_mpp`): every nucleus of a crop under the MGG rule, the
+        centre nucleus of the other stains, measured at the crops' pixel size as the slide
+        check's is. (Pap crops measured as of no pixel size read cells shrunk 0.6x as 1.1x
+        larger: the mask's sizes in um are what it finds a nucleus by; hostile round 33.)"""
+        if self.stain == "mgg":
+            return self.nucleus_fraction
+        return self.centre_nucleus_fraction
+
+    @property
     def crop_mpp(self) -> float | None:
         """um per pixel of the crops the model takes: the training patches' (``mpp``) times
         their side over the crop's (``patch_px`` / ``crop_size``); None where either is not

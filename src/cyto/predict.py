@@ -167,10 +167,16 @@ def predict(
             done, _ = store.start(False, echo)
         # the crops' side, where their pixel size is given: the zoom is the ratio of the fields
         side = common_side(sides) if patch_mpp is not None else None
+        # the stain before --zoom auto: a Pap (or H&E) nucleus mask, set on the model's stain,
+        # misreads another stain's sizes, so auto does not zoom by it there (hostile round 33: a
+        # hue shift alone was zoomed 1.35x); MGG's rule reads optical density whatever the hue
+        stain = None
+        if zoom is not None and str(zoom).strip().lower() == "auto" and scorer.spec.stain != "mgg":
+            stain = _stain_check(scorer, records, np.arange(len(records)), skip_unreadable)
         if zooming:
             factor, how = _zoom(
                 store, zoom, patch_mpp, scorer.spec, records, labels, normal, side,
-                skip_unreadable, Path(data).name,
+                skip_unreadable, Path(data).name, _stained_otherwise(scorer, stain),
             )  # fmt: skip
         else:
             factor, how = 1.0, "none"
@@ -207,13 +213,16 @@ def predict(
         if labels is not None and not (labels[kept] == 0).any():
             raise DatasetError(f"no readable image of the normal class(es) {normal}")
         column = {c: rows[c].to_numpy(zero_copy_only=False)[kept] for c in _numbers()}
+        if stain is None:
+            stain = _stain_check(scorer, records, kept, skip_unreadable)
         if not zooming:  # a labelled folder's scale is its normal class's
             shares = normal_only(column["scale_share"], None if labels is None else labels[kept])
             who = "these cells" if labels is None else f"the normal cells ({normal})"
-            advice = share_advice(scorer.spec.nucleus_fraction, shares, who)
+            advice = share_advice(
+                scorer.spec.folder_scale_reference, shares, who, _stained_otherwise(scorer, stain)
+            )
             if advice is not None:
                 warn_caller(advice, ScaleWarning)
-        stain = _stain_check(scorer, records, kept, skip_unreadable)
         summary = _write_table(
             out, scorer, [records[i] for i in kept],
             None if labels is None else labels[kept], column, morph, rank_by, factor, how,
@@ -260,6 +269,12 @@ STAIN_SAMPLE = 512
 #: percentile settle well before this (the training cells' record draws 200,000), and what the
 #: check holds stays at about 2 MB, whatever the folder and its images' size
 STAIN_PIXELS = 50_000
+
+
+def _stained_otherwise(scorer, stain: dict | None) -> bool:
+    """Whether a folder's stain check (:func:`_stain_check`) says another stain, where the
+    model's nucleus mask reads colour (not MGG's: optical density whatever the hue)."""
+    return bool(stain and stain.get("advised")) and scorer.spec.stain != "mgg"
 
 
 def _stain_check(scorer, records, kept, skip: bool) -> dict | None:
@@ -367,7 +382,8 @@ class _Job:
                     for c, v in self.measures(batch, part.sizes).items():
                         values[c][read] = v
                     if self.factor is None:  # for the scale advice
-                        values["scale_share"][read] = scale_shares(batch, self.scorer.spec.stain)
+                        spec = self.scorer.spec
+                        values["scale_share"][read] = scale_shares(batch, spec.stain, spec.crop_mpp)
                 why: list[str | None] = [None] * part.n
                 for at, (_, reason) in zip(np.flatnonzero(~read), part.skipped, strict=True):
                     why[at] = reason
@@ -404,7 +420,17 @@ def _say_inputs(job: _Job) -> None:
 
 
 def _zoom(
-    store: ChunkStore, zoom, patch_mpp, spec, records, labels, normal, side, skip: bool, name: str
+    store: ChunkStore,
+    zoom,
+    patch_mpp,
+    spec,
+    records,
+    labels,
+    normal,
+    side,
+    skip: bool,
+    name: str,
+    stained_otherwise: bool = False,
 ):
     """(factor, how) for ``--zoom``/``--patch-mpp`` (from the crops' ``side`` against the
     model's training patches'); ``--zoom auto`` measures the normal class of a labelled folder
@@ -416,18 +442,18 @@ def _zoom(
         return float(entry["factor"]), str(entry["how"])
     judged = normal_only(records, labels)
     factor, how = resolve_zoom(
-        zoom, patch_mpp, spec.mpp, spec.nucleus_fraction,
-        lambda: _nucleus_shares(judged, spec.crop_size, spec.stain, skip, name),  # auto only
+        zoom, patch_mpp, spec.mpp, spec.folder_scale_reference,
+        lambda: _nucleus_shares(judged, spec, skip, name),  # auto only
         patch_side=side, model_side=spec.patch_px,
-        normal=None if labels is None else normal,
+        normal=None if labels is None else normal, stained_otherwise=stained_otherwise,
     )  # fmt: skip
     atomic_write(saved, json_text({"factor": factor, "how": how}).encode())
     return factor, how
 
 
-def _nucleus_shares(records, size: int, stain: str, skip: bool, name: str) -> np.ndarray:
-    """The nucleus share of every readable patch at ``size`` (:func:`scale_shares` with the
-    model's stain), chunk by chunk (``--zoom auto``)."""
+def _nucleus_shares(records, spec, skip: bool, name: str) -> np.ndarray:
+    """The nucleus share of every readable patch at the model's crop size (:func:`scale_shares`
+    with the model's stain, at its crops' pixel size), chunk by chunk (``--zoom auto``)."""
     from cyto.detect.morphometry import scale_shares
     from cyto.progress import progress
 
@@ -435,7 +461,8 @@ def _nucleus_shares(records, size: int, stain: str, skip: bool, name: str) -> np
     with progress(f"measure nuclei {name}", total=len(records), unit="images") as bar:
         for part in decode_stream(records, None, skip):
             if part.images:
-                out.append(scale_shares(zoom_patches(part.images, 1.0, size), stain))
+                crops = zoom_patches(part.images, 1.0, spec.crop_size)
+                out.append(scale_shares(crops, spec.stain, spec.crop_mpp))
             bar.advance(part.n)
     return np.concatenate(out) if out else np.empty(0)
 

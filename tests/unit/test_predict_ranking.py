@@ -14,11 +14,14 @@ from cyto.errors import CytoWarning
 from cyto.flags import python_words
 from cyto.predict import BETTER_BY, _better_ranking
 
+#: a bundle's record of its held-back cells: auto chose among the rankings by them
+HELD = {"auroc": {"model": 0.7, "morphometry": 0.8}, "normal_cells": 40, "abnormal_cells": 40}
 
-def _said(summary: dict, rank_by: str, auto: bool) -> list[str]:
+
+def _said(summary: dict, rank_by: str, auto: bool, validation: dict | None = HELD) -> list[str]:
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
-        _better_ranking(summary, rank_by, auto)
+        _better_ranking(summary, rank_by, auto, validation)
     return [str(w.message) for w in got if issubclass(w.category, CytoWarning)]
 
 

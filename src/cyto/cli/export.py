@@ -86,18 +86,21 @@ def info_cmd(
         else "  training resolution: not recorded (trained without --set mpp); cyto score cannot "
         "check a slide's scale unless given --model-mpp"
     )
-    if td.get("centre_nucleus_fraction") or td.get("nucleus_fraction"):
+    if (td.get("centre_nucleus_fraction") or td.get("nucleus_fraction")) and cfg.get(
+        "stain", "mgg"
+    ) == "mgg":
         # what each scale warning says its cells' share is "against" (hostile round 25, 13)
         typer.echo(
             "  scale checks: a slide's cells against a median nucleus share of "
             f"{_share(td.get('centre_nucleus_fraction'))} (cyto score: the centre nucleus), a "
-            f"folder's against {_share(td.get('nucleus_fraction'))} (cyto predict: "
-            + (
-                "every nucleus of a crop"
-                if cfg.get("stain", "mgg") == "mgg"
-                else "the centre nucleus"
-            )
-            + ", at the model's crop size, as --zoom auto measures it)"
+            f"folder's against {_share(td.get('nucleus_fraction'))} (cyto predict: every "
+            "nucleus of a crop, at the model's crop size, as --zoom auto measures it)"
+        )
+    elif td.get("centre_nucleus_fraction"):  # one measure for both (ModelSpec's reference)
+        typer.echo(
+            "  scale checks: a slide's or a folder's cells against a median centre-nucleus "
+            f"share of {_share(td.get('centre_nucleus_fraction'))} (cyto score, cyto predict "
+            "and --zoom auto: at the model's crop size and pixel size)"
         )
     from cyto.data.morphometry import Morphometric, ranking_said
 

@@ -249,13 +249,32 @@ def scale_advice(model_nuclei: float | None, images) -> str | None:
     return share_advice(model_nuclei, nucleus_fraction(images))
 
 
-def share_advice(model_nuclei: float | None, shares, who: str = "these cells") -> str | None:
+#: why a scale is not judged from the nuclei of cells stained otherwise than the model's
+OTHER_STAIN = (
+    "the nucleus mask, set on the model's stain, can misread their nuclei's size (a hue shift "
+    "alone read as 1.35x smaller)"
+)
+
+
+def share_advice(
+    model_nuclei: float | None,
+    shares,
+    who: str = "these cells",
+    stained_otherwise: bool = False,
+) -> str | None:
     """:func:`scale_advice` from the patches' nucleus shares (:func:`nucleus_fraction`);
     ``who`` names the cells they are of (a labelled folder's normal class:
-    :func:`normal_only`)."""
+    :func:`normal_only`). ``stained_otherwise`` (their stain is not the model's): no zoom is
+    advised on the nuclei's word; the pixel size is to be checked."""
     check = None if model_nuclei is None else share_check(model_nuclei, shares)
     if check is None or not check["advised"]:
         return None
+    if stained_otherwise:
+        return (
+            f"{who} {look_words(check)}, but they are stained otherwise than the model's "
+            f"training cells, and {OTHER_STAIN}: check their pixel size "
+            f"({passing('patch_mpp', UM_PER_PX)}) rather than zoom by it"
+        )
     advice = (
         f"{passing('zoom', 'auto')} is advised (or {passing('patch_mpp', UM_PER_PX)})"
         if check["factor"] > 1
@@ -326,13 +345,15 @@ def resolve_zoom(
     patch_side: int | None = None,
     model_side: int | None = None,
     normal: str | None = None,
+    stained_otherwise: bool = False,
 ) -> tuple[float, str]:
     """(factor, how it was found) for ``--zoom FACTOR|auto`` or ``--patch-mpp UM``. ``shares``
     (the nucleus shares of the patches at the model's load size, :func:`nucleus_fraction`, or
     a function that gives them) serve ``auto`` only: those of the normal class ``normal`` where
     the folder is labelled (:func:`normal_only`), else of every patch. ``patch_side`` (the
     patches' side in px) and ``model_side`` (the training patches') serve ``patch_mpp``: the
-    zoom is the ratio of the fields of view (:func:`field_zoom`)."""
+    zoom is the ratio of the fields of view (:func:`field_zoom`). ``stained_otherwise``: the
+    patches' stain is not the model's (:mod:`cyto.detect.stain`): ``auto`` keeps 1, said."""
     if zoom is not None and patch_mpp is not None:
         raise ConfigError(f"give {said('zoom')} or {said('patch_mpp')}, not both")
     if patch_mpp is not None:
@@ -373,8 +394,14 @@ def resolve_zoom(
                 f"cells (trained by an older cyto); pass {passing('zoom', FACTOR)} or "
                 f"{passing('patch_mpp', UM_PER_PX)}"
             )
-        shares = shares() if callable(shares) else shares
         of = f" (the normal class, {normal})" if normal else ""
+        if stained_otherwise:
+            return 1.0, (
+                f"auto, kept at 1: these cells{of} are stained otherwise than the model's "
+                f"training cells, and {OTHER_STAIN}; pass {passing('zoom', FACTOR)} or "
+                f"{passing('patch_mpp', UM_PER_PX)} if known"
+            )
+        shares = shares() if callable(shares) else shares
         check = share_check(model_nuclei, shares)
         if check is not None and check.get("too_few_cells"):  # before the factor's range
             return 1.0, (

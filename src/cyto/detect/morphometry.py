@@ -137,16 +137,19 @@ def measure_stain(crops: np.ndarray, mpp: float | None, stain: str) -> dict[str,
     return measure(crops, mpp, cell_mask(MASK_OF_STAIN.get(stain, stain)))
 
 
-def scale_shares(crops: np.ndarray, stain: str) -> np.ndarray:
+def scale_shares(crops: np.ndarray, stain: str, mpp: float | None = None) -> np.ndarray:
     """(N,) what a folder's or a slide's scale is compared by: the share of each crop covered by
     nucleus, every nucleus of it under the MGG rule (:func:`cyto.data.scale.nucleus_fraction`,
     the smear's share as before), the centre nucleus under the other stains' masks (their
-    cytoplasm is stained too, so a whole crop's share measures the smear, not the cells)."""
+    cytoplasm is stained too, so a whole crop's share measures the smear, not the cells),
+    measured as at ``mpp`` um/px (the model's crops': the scale the check tests them for; the
+    training normals' reference is measured so, :attr:`cyto.bundle.ModelSpec.
+    folder_scale_reference`)."""
     if stain == "mgg":
         from cyto.data.scale import nucleus_fraction
 
         return nucleus_fraction(crops)
-    return measure_stain(crops, None, stain)["nucleus_share"]
+    return measure_stain(crops, mpp, stain)["nucleus_share"]
 
 
 def measure(

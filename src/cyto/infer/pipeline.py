@@ -326,7 +326,7 @@ def _nucleus_shares(tile: dict, scorer) -> np.ndarray:
         return tile["measures"]["nucleus_share"]
     if hasattr(crops, "cpu"):
         crops = crops.cpu().numpy()
-    return measure_stain(crops, None, scorer.spec.stain)["nucleus_share"]
+    return measure_stain(crops, scorer.spec.crop_mpp, scorer.spec.stain)["nucleus_share"]
 
 
 #: crops of each of the first tiles kept for the stain check: a sample of a hundred cells or

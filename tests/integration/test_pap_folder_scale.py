@@ -1,0 +1,85 @@
+"""The scale and stain checks of a crop folder of real Pap cells (CRIC) from another lab, as
+`cyto predict` meets them (hostile round 33): cells shrunk onto glass were read as larger (the
+folder's nucleus share was measured as of no pixel size); a hue shift alone was zoomed 1.35x."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+from PIL import Image
+
+
+@pytest.fixture(scope="module")
+def pap(cric, tmp_path_factory):
+    """A small Pap bundle trained on the first 150 NILM crops, and (name -> folder) of 120 later
+    NILM crops: as they are, shrunk 0.6x onto their own glass colour (cells 1.67x smaller, a
+    scanner at 0.43 um/px), and with their hue turned (the same scale, another stain)."""
+    import cyto
+
+    root = tmp_path_factory.mktemp("papscale")
+    files = sorted((cric / "NILM").glob("*.png"), key=lambda p: int(p.stem))
+    (root / "train" / "NILM").mkdir(parents=True)
+    for f in files[:150]:
+        os.symlink(f, root / "train" / "NILM" / f.name)
+    folders = {name: root / name / "NILM" for name in ("same", "shrunk", "hue")}
+    for folder in folders.values():
+        folder.mkdir(parents=True)
+    for f in files[800:920]:
+        im = Image.open(f).convert("RGB").resize((100, 100))
+        im.save(folders["same"] / f.name)
+        a = np.asarray(im)
+        glass = tuple(int(v) for v in np.percentile(a.reshape(-1, 3), 97, axis=0))
+        shrunk = Image.new("RGB", (100, 100), glass)
+        shrunk.paste(im.resize((60, 60), Image.BICUBIC), (20, 20))
+        shrunk.save(folders["shrunk"] / f.name)
+        h, s, v = im.convert("HSV").split()
+        turned = Image.merge("HSV", (h.point(lambda x: (x + 40) % 256), s, v)).convert("RGB")
+        turned.save(folders["hue"] / f.name)
+    cyto.train(
+        "dsvdd", root / "train", root / "pap.cyto", normal="NILM", preset="fast",
+        overrides={"epochs": 1, "ae_epochs": 1, "n_seeds": 1, "input_size": 32,
+                   "stain": "pap", "mpp": 0.258},
+        device="cpu", echo=None,
+    )  # fmt: skip
+    return root / "pap.cyto", {k: v.parent for k, v in folders.items()}
+
+
+def _predict(bundle, folder, out, **kw) -> tuple[list[str], dict]:
+    """What `cyto.predict` said (its lines and its warnings), in order of kind."""
+    import cyto
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        said: list[str] = []
+        result = cyto.predict(bundle, folder, out, normal="NILM", echo=said.append, **kw)
+    return said + [str(w.message) for w in caught], result
+
+
+def test_cells_shrunk_onto_glass_read_smaller_and_are_zoomed_back(pap, tmp_path):
+    bundle, folders = pap
+    said, _ = _predict(bundle, folders["same"], tmp_path / "a.parquet")
+    assert not [x for x in said if "look" in x and "x smaller" in x and "advised" in x], said
+    said, _ = _predict(bundle, folders["shrunk"], tmp_path / "b.parquet")
+    (line,) = [x for x in said if "look" in x and "training cells (median nucleus share" in x]
+    assert "x smaller than the model's training cells" in line and "is advised" in line, line
+    times = float(line.split(" look ")[1].split("x smaller")[0])
+    assert 1.35 <= times <= 2.0, line  # truly 1.67x; it read "1.10x larger"
+    _, result = _predict(bundle, folders["shrunk"], tmp_path / "c.parquet", zoom="auto")
+    assert 1.35 <= result["zoom"] <= 2.0, result["zoom_from"]
+
+
+def test_cells_stained_otherwise_are_never_zoomed_by_their_nuclei(pap, tmp_path):
+    bundle, folders = pap
+    said, result = _predict(bundle, folders["hue"], tmp_path / "a.parquet", zoom="auto")
+    assert any("look stained otherwise" in x for x in said), said
+    assert result["zoom"] == 1.0 and result["zoom_from"].startswith(
+        "auto, kept at 1: these cells (the normal class, NILM) are stained otherwise than the "
+        "model's training cells"
+    ), result["zoom_from"]
+    said, _ = _predict(bundle, folders["hue"], tmp_path / "b.parquet")
+    scale = [x for x in said if "training cells (median nucleus share" in x]
+    assert all("but they are stained otherwise" in x for x in scale), scale
+    assert not [x for x in scale if "is advised" in x], scale
