@@ -110,7 +110,10 @@ class DatasetError(CytoError):
 class UnreadableImageError(DatasetError):
     """An image file cannot be decoded; ``skip``: how the caller skips such files, in its
     words (``cyto.flags.passing("skip_unreadable")``: ``--skip-unreadable`` at the command line,
-    ``skip_unreadable=True`` from Python)."""
+    ``skip_unreadable=True`` from Python). Exit code 1, as a slide or bundle that exists but
+    cannot be read: the command line was right (it was 2, a usage error: hostile round 33)."""
+
+    exit_code = 1
 
     def __init__(self, path: object, reason: str, skip: str | None) -> None:
         self.path = path

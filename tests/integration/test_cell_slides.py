@@ -250,7 +250,8 @@ def test_an_unreadable_crop_is_one_line_that_advises_only_what_synth_slide_has(t
     proc = run_cyto("synth", "slide", str(tmp_path / "s.tif"), "--width", "1024", "--height",
                     "1024", "--cells", str(crops), "--normal", "normal",
                     "--mpp", "0.25")  # fmt: skip
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    # exit 1, as a slide that cannot be read (it was 2, a usage error: hostile round 33, 11)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert f"cannot read image {crops / 'normal' / 'blank.png'}: 0 of its pixels" in line, line
     assert line.endswith("(fix or remove the file)") and "--skip-unreadable" not in line, line

@@ -582,7 +582,7 @@ def test_predict_skips_unreadable_images_when_asked(bundles, tiny, tmp_path):
     out = tmp_path / "s.parquet"
     base = ("predict", str(bundles["dsvdd"]), "--data", str(tmp_path / "cells"), "--out", str(out))
     proc = run_cyto(*base)
-    assert proc.returncode == 2 and "--skip-unreadable" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and "--skip-unreadable" in proc.stderr, proc.stderr
     proc = run_cyto(*base, "--skip-unreadable")
     assert proc.returncode == 0, proc.stderr
     assert "skipped unreadable" in proc.stdout and "broken.jpg" in proc.stdout

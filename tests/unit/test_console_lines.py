@@ -98,6 +98,13 @@ def test_truth_without_planted_cells_is_not_reported_as_a_miss():
     assert "0/0" not in line and "--truth holds no abnormal cell of this slide" in line, line
     found = {"k": 20, "planted_found_in_top_k": 3, "planted_abnormal": 4}
     assert "planted abnormal found in the top 20: 3/4" in slide_line(_summary(truth=found), "/o")
+    # every cell in the top K (a slide of fewer cells than --top-k): "6/6" says nothing of the
+    # ranking, and the line says why (hostile round 33, 9)
+    every = {"k": 129, "planted_found_in_top_k": 6, "planted_abnormal": 6}
+    line = slide_line(_summary(truth=every, cells_scored=129), "/o")
+    assert "found in the top 129: 6/6 (every cell: --top-k over the 129 scored)" in line, line
+    line = slide_line(_summary(truth=found, cells_scored=1500), "/o")
+    assert line.endswith("found in the top 20: 3/4"), line
 
 
 def test_fdr_confidence_without_a_calibration_is_said_and_recorded_as_ignored():

@@ -728,3 +728,20 @@ def test_images_of_a_type_not_read_as_cells_are_said_not_left_out_unsaid(tmp_pat
         for name in ("x.ppm", "y.tga", "z.jfif"):
             (tmp_path / "A" / name).unlink()
         assert len(load_records(tmp_path)) == 2
+
+
+@given(st.text(min_size=1, max_size=12))
+def test_a_class_named_in_another_case_accent_or_unicode_form_is_offered(name):
+    """Hostile round 33 (12): "LSIL e grade" for the folder "LSIL é grade" got no "did you
+    mean" (a case slip did); nor would a name typed composed for a folder named on a Mac
+    (decomposed). Any spelling equal but for case, accents or Unicode form is offered."""
+    import unicodedata
+
+    from cyto.data.dataset import case_hint
+
+    offered = f" (did you mean {name}?)"
+    bare = "".join(c for c in unicodedata.normalize("NFKD", name) if not unicodedata.combining(c))
+    for typed in (name.upper(), name.casefold(), unicodedata.normalize("NFD", name), bare):
+        assert case_hint(typed, [name]) == offered, typed
+    assert case_hint("LSIL e grade", ["LSIL é grade", "NILM"]) == " (did you mean LSIL é grade?)"
+    assert case_hint("HSIL", ["LSIL é grade", "NILM"]) == ""

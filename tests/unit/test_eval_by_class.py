@@ -187,3 +187,29 @@ def test_several_k_as_a_comma_list_or_repeated_and_a_k_given_twice_refused(tmp_p
         with pytest.raises(ConfigError) as err:
             cyto.evaluate(path, k=k, echo=None)
         assert str(err.value) == said
+
+
+def test_a_morphometry_column_ranks_its_unmeasured_cells_lowest_and_says_how_many(tmp_path):
+    """Hostile round 33 (13): `--score-column nucleus_area_um2` refused the column cyto itself
+    writes, NaN where no nucleus was found near a crop's centre (documented): those cells rank
+    lowest, said in a note; NaN in any other column is still refused."""
+    classes = ["NILM"] * 6 + ["LSIL"] * 4
+    area = [20.0, 22.0, np.nan, 25.0, 19.0, np.nan, 80.0, 95.0, np.nan, 70.0]
+    cols = {
+        "class": classes,
+        "label": [0] * 6 + [1] * 4,
+        "nucleus_area_um2": area,
+        "score": area,
+    }
+    pq.write_table(pa.table(cols), tmp_path / "t.parquet")
+    proc = run_cyto("eval", "scores", str(tmp_path / "t.parquet"), "--score-column",
+                    "nucleus_area_um2", "--by-class")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout + proc.stderr
+    assert "note: nucleus_area_um2: 3 cell(s) with no nucleus measured (NaN) ranked lowest" in said
+    # the AUROC with the unmeasured cells ranked below every measured one
+    y = np.array([0] * 6 + [1] * 4)
+    lowest = np.where(np.isnan(area), -1e9, area)
+    assert f"AUROC {roc_auc_score(y, lowest):.4f}" in said, said
+    proc = run_cyto("eval", "scores", str(tmp_path / "t.parquet"), "--score-column", "score")
+    assert proc.returncode == 2 and "3 score(s) are NaN or infinite" in proc.stderr

@@ -196,6 +196,19 @@ def test_a_few_cells_are_said_stained_otherwise_only_past_a_wider_angle():
     assert few["advised"] and f"over 20 cells, more than {ADVISE_DEGREES_FEW:g}" in stain_words(
         few, "x"
     )
+    # a model's reference from few training cells scatters as widely (hostile round 33: 40
+    # training NILM read their own lab's 512 later cells 17.1 degrees apart, "another lab"):
+    # the fewer of the two sets decides, and the line says how few the model's were
+    import dataclasses
+
+    from_few = dataclasses.replace(model, cells=40)
+    assert StainEstimate.from_record(from_few.as_record()).cells == 40  # recorded, read back
+    assert not stain_check(from_few, turned(between), 512)["advised"]
+    assert stain_check(dataclasses.replace(model, cells=600), turned(between), 512)["advised"]
+    far = stain_check(from_few, turned(ADVISE_DEGREES_FEW + 3), 512)
+    assert f"over 512 cells against the model's 40, more than {ADVISE_DEGREES_FEW:g}" in (
+        stain_words(far, "x")
+    )
 
 
 def test_two_estimates_compare_whichever_stain_each_calls_first():

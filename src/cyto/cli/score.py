@@ -34,7 +34,10 @@ def predict_cmd(
         ),
     ] = Path("scores.parquet"),
     normal: Annotated[
-        str | None, typer.Option(help="Normal class(es): adds labels, AUROC and Recall@K.")
+        str | None,
+        typer.Option(
+            help="Normal class(es): adds labels, AUROC and Recall@K (K: the abnormal cells)."
+        ),
     ] = None,
     abnormal: Annotated[str | None, typer.Option(help="Abnormal classes.")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
@@ -143,7 +146,12 @@ def predict_cmd(
         )
     line = f"scored {res['n']} patches -> {res['out']}"
     if "auroc" in res:
-        line += f"; AUROC {res['auroc']:.3f}, Recall@{res['k']} {res['recall_at_k']:.3f}"
+        # K is the count of abnormal cells (R-precision), said so: it read as an unexplained
+        # number beside cyto eval's 400 (hostile round 33, 10)
+        line += (
+            f"; AUROC {res['auroc']:.3f}, Recall@{res['k']} {res['recall_at_k']:.3f} (K = the "
+            f"{res['k']} abnormal cells)"
+        )
         if "auroc_model" in res:
             line += f" (the model alone: AUROC {res['auroc_model']:.3f})"
     typer.echo(line)

@@ -92,7 +92,11 @@ def synth_slide(
         float, typer.Option(help="Share of planted abnormal cells (witness rate), 0..1.")
     ] = 0.01,
     classes: Annotated[
-        str | None, typer.Option(help="Abnormal classes to plant, comma-separated (default: all).")
+        str | None,
+        typer.Option(
+            help="A drawn slide's abnormal classes to plant, comma-separated (default: all); "
+            "with --cells, --abnormal names them."
+        ),
     ] = None,
     planes: Annotated[
         str, typer.Option(help="Focal planes in um, comma-separated, including 0 (e.g. -1,0,1).")

@@ -214,6 +214,11 @@ def _findings(s: dict) -> str:
                 f"; planted abnormal found in the top {t['k']}: "
                 f"{t['planted_found_in_top_k']}/{t['planted_abnormal']}"
             )
+            if s.get("cells_scored") and t["k"] >= s["cells_scored"]:
+                from cyto.flags import said
+
+                # every cell is in the top K: the count says nothing of the ranking (round 33)
+                line += f" (every cell: {said('top_k')} over the {s['cells_scored']} scored)"
         elif t.get("truth_cells_of_slide") == 0:  # no truth: not a negative slide either
             line += "; --truth holds no cell of this slide (no truth for it)"
         else:  # "found 0/0" read as a miss

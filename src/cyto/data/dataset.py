@@ -270,9 +270,19 @@ def load_records(source: Path) -> list[PatchRecord]:
     )
 
 
+def _folded(name: str) -> str:
+    """``name`` without letter case, accents or Unicode form (a folder named on a Mac is in
+    decomposed form: "é" as e and an accent, unequal to the composed "é" typed elsewhere)."""
+    import unicodedata
+
+    decomposed = unicodedata.normalize("NFKD", name)
+    return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
+
+
 def case_hint(name: str, known: Sequence[str]) -> str:
-    """`` (did you mean NILM?)`` where ``name`` is a known class in other letter case."""
-    same = [k for k in known if k.lower() == name.lower()]
+    """`` (did you mean NILM?)`` where ``name`` is a known class in other letter case, other
+    accents or another Unicode form ("LSIL e grade" for "LSIL é grade": hostile round 33)."""
+    same = [k for k in known if _folded(k) == _folded(name)]
     return f" (did you mean {same[0]}?)" if same else ""
 
 

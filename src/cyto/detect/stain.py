@@ -65,6 +65,8 @@ class StainEstimate:
     pixels: int
     separable: bool
     why: str = ""
+    #: how many cells gave it (None: not recorded, a bundle of an earlier cyto)
+    cells: int | None = None
 
     def as_record(self) -> dict:
         return {
@@ -73,6 +75,7 @@ class StainEstimate:
             "separable": self.separable,
             "why": self.why,
             "method": "Macenko 2009 (1st/99th percentile angles)",
+            **({"cells": self.cells} if self.cells is not None else {}),
         }
 
     @classmethod
@@ -80,7 +83,14 @@ class StainEstimate:
         if not record:
             return None
         a, b = (tuple(float(x) for x in v) for v in record["vectors"])
-        return cls((a, b), int(record["pixels"]), bool(record["separable"]), record.get("why", ""))
+        cells = record.get("cells")
+        return cls(
+            (a, b),
+            int(record["pixels"]),
+            bool(record["separable"]),
+            record.get("why", ""),
+            None if cells is None else int(cells),
+        )
 
 
 #: the haematoxylin direction (Ruifrok and Johnston), to tell the two estimated stains apart
@@ -172,15 +182,19 @@ def advise_degrees(n_cells: int) -> float:
 
 def stain_check(model: StainEstimate | None, cells: StainEstimate, n_cells: int) -> dict | None:
     """How the stain of ``cells`` (estimated from ``n_cells`` cells) compares with the model's
-    training cells': the angle, and whether it is past :func:`advise_degrees` (``advised``).
-    None without the model's record."""
+    training cells': the angle, and whether it is past :func:`advise_degrees` (``advised``) of
+    the fewer of the two sets of cells (a model's reference from 40 training cells read its
+    own lab's later cells 17 degrees apart, and told them to train on "this lab's" cells:
+    hostile round 33). None without the model's record."""
     if model is None:
         return None
     angle = compare(model, cells)
+    fewest = min(int(n_cells), model.cells) if model.cells is not None else int(n_cells)
     return {
         "degrees": None if angle is None else round(angle, 2),
         "cells": int(n_cells),
-        "advised": angle is not None and angle > advise_degrees(n_cells),
+        **({"model_cells": model.cells} if model.cells is not None else {}),
+        "advised": angle is not None and angle > advise_degrees(fewest),
         "separable": cells.separable,
         "why": cells.why or model.why,
         "cells_vectors": [[round(v, 4) for v in vec] for vec in cells.vectors],
@@ -202,9 +216,10 @@ def stain_words(check: dict, what: str, cause: str | None = None) -> str | None:
         )
     if not check["advised"]:
         return None
-    n = check.get("cells")
-    past = ADVISE_DEGREES if n is None else advise_degrees(n)
+    n, ref = check.get("cells"), check.get("model_cells")
+    past = ADVISE_DEGREES if n is None else advise_degrees(min(n, ref) if ref else n)
     on = "" if n is None else f" over {n} cells"
+    on += f" against the model's {ref}" if ref is not None and ref < FEW_CELLS else ""
     said = (
         f"{what} look stained otherwise than the model's training cells (stain vectors "
         f"{check['degrees']:.1f} degrees apart{on}, more than {past:g})"

@@ -112,6 +112,7 @@ def read_score_table(
                 "column of numeric scores and 0/1 labels"
             )
     scores = np.asarray(table[score_column].to_numpy(zero_copy_only=False), dtype=np.float64)
+    scores = _unmeasured_lowest(scores, score_column, echo)
     if score_column in RANK_COLUMNS:
         scores = -scores
         if echo is not None:
@@ -164,6 +165,25 @@ def _say_unranked(table, column: str, echo) -> None:
             f"it also holds {', '.join(repr(c) for c in others)}: "
             f"{passing('score_column', 'COLUMN')} to judge another"
         )
+
+
+def _unmeasured_lowest(scores: np.ndarray, column: str, echo) -> np.ndarray:
+    """A morphometry column cyto writes (:data:`cyto.detect.morphometry.COLUMNS`) is NaN where
+    no nucleus was measured near a crop's centre, as documented: those cells rank lowest, said
+    in a note (the column was refused, "remove or rescore those cells": hostile round 33). Any
+    other column's NaN is still refused, by the metrics."""
+    from cyto.detect.morphometry import COLUMNS
+
+    missing = np.isnan(scores)
+    if column not in COLUMNS or not missing.any() or missing.all():
+        return scores
+    if echo is not None:
+        echo(
+            f"note: {column}: {int(missing.sum())} cell(s) with no nucleus measured (NaN) "
+            "ranked lowest"
+        )
+    low = float(np.min(scores[~missing]))
+    return np.where(missing, low - 1.0 - abs(low), scores)
 
 
 def _column_of_rank(table, default: str, echo) -> str:

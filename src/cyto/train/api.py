@@ -89,7 +89,9 @@ def training_nuclei(
             stain, measures["nucleus_area_um2"], given_mpp or mpp
         ),
         # what another folder's or slide's stain is compared with (cyto.detect.stain)
-        "stain_vectors": estimate_images(images).as_record(),
+        "stain_vectors": dataclasses.replace(
+            estimate_images(images), cells=len(images)
+        ).as_record(),
     }
 
 
