@@ -511,6 +511,16 @@ def test_a_recorded_resolution_is_doubted_only_where_the_cells_would_have_told(
     check = check_scale(loose, plan, scorer, opts, lines.append)
     assert not check["sure_within"] and not check.get("mpp_contradicted"), check
     assert not any("likely wrong" in line for line in lines), lines
+    # ... but where the resolution puts them far off, a note says the cells read nearer the
+    # model's (a --mpp 0.4 given for 0.258 left a slide "0 evaluable" without a word of the
+    # cells' 1.16x: hostile round 33, 7)
+    notes = [line for line in lines if "nearer the model's training cells than" in line]
+    assert len(notes) == doubted, lines
+    if doubted:
+        assert notes[0].startswith("note: the cells of s.tif look ") and notes[0].endswith(
+            f"though too few or too scattered to be sure; if that resolution is wrong, pass "
+            f"--mpp {model_mpp:g}"
+        ), notes
 
 
 def test_cells_that_agree_with_the_recorded_resolution_are_told_to_resample_not_asked():

@@ -142,18 +142,18 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
     check["advised"] = bool(check["advised"] and opts.detection.kind in ("smear", "pap"))
     res = plan.res
     ratio = None if opts.rescale else res.mpp_ratio  # the model's mpp over the slide's
-    if (
+    far = (  # the recorded resolutions put the cells past what the check would have said
         ratio is not None
         and not 1 / doubted_past(scorer.spec.stain, False)
         <= ratio
         <= doubted_past(scorer.spec.stain, True)
         and opts.detection.kind in ("smear", "pap")
-        # every median the cells allow within the bound, with the check's confidence: "as the
-        # model's" (the median alone within it doubted a true 0.18 um/px Pap slide, read
-        # 1.22-1.29x of a true 1.43x: hostile round 24)
-        and check.get("sure_within")
         and check["factor"] is not None
-    ):
+    )
+    # every median the cells allow within the bound, with the check's confidence: "as the
+    # model's" (the median alone within it doubted a true 0.18 um/px Pap slide, read 1.22-1.29x
+    # of a true 1.43x: hostile round 24)
+    if far and check.get("sure_within"):
         # the recorded resolutions say the cells look another size; they look as the model's
         check["mpp_contradicted"] = True
         times, how = (ratio, "larger") if ratio > 1 else (1 / ratio, "smaller")
@@ -173,6 +173,22 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
             f"{times:.3g}x {how}: that resolution is likely wrong, and they are judged as they "
             f"look, not resampled ({said('rescale')} would put them off scale); if they are at "
             f"the model's, pass {passing('slide_mpp', res.model_mpp)}"
+        )
+    elif far and 1 / ADVISE_ZOOM <= check["factor"] <= ADVISE_ZOOM:
+        # the median within the bound, not surely: too weak to doubt the resolution, said as a
+        # note (a --mpp 0.4 given for 0.258 made the slide "0 evaluable" with no word that the
+        # cells read 1.16x: hostile round 33, 7)
+        times, how = (ratio, "larger") if ratio > 1 else (1 / ratio, "smaller")
+        given = (
+            passing("slide_mpp", opts.slide_mpp)
+            if opts.slide_mpp
+            else f"its recorded {res.slide_mpp:.3g} um/px"
+        )
+        echo(
+            f"note: the cells of {plan.slide.name} {look_words(check)}: nearer the model's "
+            f"training cells than {given} would make them ({times:.3g}x {how}), though too few "
+            f"or too scattered to be sure; if that resolution is wrong, pass "
+            f"{passing('slide_mpp', res.model_mpp)}"
         )
     # a --patch-size other than the model's cuts its cells at another scale (a crop half the
     # side shows cells twice as large): that, not the slide's mpp, is then the cause
