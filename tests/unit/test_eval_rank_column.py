@@ -112,13 +112,14 @@ def test_a_table_that_lost_its_ranking_s_record_is_judged_by_the_column_its_rank
 
 def test_a_column_it_refuses_is_one_line_without_notes_before_it(tmp_path):
     """Hostile round 25 (26): ``--score-column nucleus_area_um2`` (NaN where no nucleus was
-    measured) printed a note on ties at K, then the error: two lines for one refusal."""
+    measured) printed a note on ties at K, then the error: two lines for one refusal. (A
+    morphometry column's NaN now ranks lowest, round 33; any other column's is refused so.)"""
     n = 60
     area = np.r_[np.full(40, 30.0), np.linspace(40, 90, 10), np.full(10, np.nan)]
     labels = np.r_[np.zeros(40, np.int64), np.ones(20, np.int64)]
     path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"nucleus_area_um2": area[:n], "label": labels}), path)
-    proc = run_cyto("eval", "scores", str(path), "--k", "50", "--score-column", "nucleus_area_um2")
+    pq.write_table(pa.table({"my_score": area[:n], "label": labels}), path)
+    proc = run_cyto("eval", "scores", str(path), "--k", "50", "--score-column", "my_score")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     [line] = (proc.stdout + proc.stderr).strip().splitlines()
     assert line.startswith("error: 10 score(s) are NaN or infinite"), line

@@ -146,8 +146,7 @@ def predict_cmd(
         )
     line = f"scored {res['n']} patches -> {res['out']}"
     if "auroc" in res:
-        # K is the count of abnormal cells (R-precision), said so: it read as an unexplained
-        # number beside cyto eval's 400 (hostile round 33, 10)
+        # K: the abnormal cells (R-precision), said (hostile round 33, 10)
         line += (
             f"; AUROC {res['auroc']:.3f}, Recall@{res['k']} {res['recall_at_k']:.3f} (K = the "
             f"{res['k']} abnormal cells)"
