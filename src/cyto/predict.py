@@ -646,6 +646,8 @@ def _better_ranking(summary: dict, rank_by: str, auto: bool, validation: dict | 
             f" (auto took {rank_by}: it ranked the bundle's held-back cells best, cyto info; "
             "cells unlike them, of another lab or scale, can be ranked otherwise)"
         )
+    elif auto and validation and validation.get("skipped"):  # why: said beside the ranking
+        why = f" (auto took {rank_by}: nothing was held back at training; cyto info)"
     elif auto:  # nothing held back: the reason is not a comparison (hostile round 33)
         why = f" (auto took {rank_by}; cyto info: {choose_ranking(validation)[1]})"
     warn_caller(

@@ -299,7 +299,7 @@ def test_cells_off_scale_by_the_recorded_resolutions_name_rescale():
     # by the recorded resolutions, not as the cells look, and --rescale only if the recorded
     # one is true (hostile round 23: W04's right cells were told "pass --rescale" flatly)
     assert (
-        "they are 4.17x smaller than its training cells by the slide's recorded mpp against the "
+        "they are 4.17x smaller than its training cells by the slide's resolution against the "
         "model's: if that is its true resolution, pass --rescale; if not, pass its true --mpp "
         "UM_PER_PX and --rescale"
     ) in block["reasons"][0], block["reasons"]

@@ -742,6 +742,12 @@ def test_a_class_named_in_another_case_accent_or_unicode_form_is_offered(name):
     offered = f" (did you mean {name}?)"
     bare = "".join(c for c in unicodedata.normalize("NFKD", name) if not unicodedata.combining(c))
     for typed in (name.upper(), name.casefold(), unicodedata.normalize("NFD", name), bare):
-        assert case_hint(typed, [name]) == offered, typed
+        if typed != name:
+            assert case_hint(typed, [name]).startswith(offered[:-1]), typed
     assert case_hint("LSIL e grade", ["LSIL é grade", "NILM"]) == " (did you mean LSIL é grade?)"
+    assert case_hint("LSIL  é grade", ["LSIL é grade"]) == " (did you mean LSIL é grade?)"
     assert case_hint("HSIL", ["LSIL é grade", "NILM"]) == ""
+    # told apart by the Unicode form alone, it looks the same on screen: said so (round 34, 5)
+    typed = unicodedata.normalize("NFC", "LSIL é grade")
+    hint = case_hint(typed, [unicodedata.normalize("NFD", typed)])
+    assert "the same letters in another Unicode form" in hint, hint

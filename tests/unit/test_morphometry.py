@@ -516,3 +516,45 @@ def test_ink_on_a_crop_is_neither_nucleus_nor_cell_and_moves_no_threshold(kind):
         m = measure(crop, mpp, CELL_MASKS[kind])
         assert m["nucleus_area_um2"][0] == pytest.approx(want["nucleus_area_um2"][0], rel=0.17)
         assert m["nuclei_in_cell"][0] == 1
+
+
+@given(n=st.integers(0, 400), share=st.floats(0.01, 0.99))
+def test_the_hold_back_advice_names_counts_and_shares_that_hold_back(n, share):
+    """Hostile round 34 (2): 15 normal cells at holdout 0.5 were told "give 19", and 19 then
+    "a smaller holdout" (20 is the least that holds back; no share does below it), 10 at 0.9
+    "give 11" (100). Every count and share the advice names holds back, the count is the
+    least, and below 20 normal cells no share is offered."""
+    import re
+
+    from cyto.data.morphometry import MIN_HELD, holdout_why
+
+    why = holdout_why(n, share)
+    held = round(share * n)
+    assert (why is None) == (held >= MIN_HELD and n - held >= MIN_HELD)
+    if why is None:
+        return
+    if n < 2 * MIN_HELD:
+        assert "no share holds back from fewer than 20" in why and "from 0." not in why, why
+        return
+    lo, hi = (float(x) for x in re.search(r"from ([0-9.]+) to ([0-9.]+)", why).groups())
+    assert holdout_why(n, lo) is None and holdout_why(n, hi) is None, why
+    more = re.search(r"give (\d+) or more normal cells", why)
+    if more:
+        need = int(more[1])
+        assert holdout_why(need, share) is None and holdout_why(need - 1, share) is not None
+
+
+def test_a_hold_back_turned_off_is_the_reason_said():
+    """Hostile round 34 (6): `--set holdout=0` with abnormal classes said nothing at training,
+    and info a vague reason: the reason names the setting."""
+    from cyto.data.morphometry import choose_ranking, few_abnormal_words, holdout_why
+
+    assert holdout_why(300, 0.0) == "--set holdout is 0"
+    skipped = {"skipped": {"normal_cells": 300, "holdout": 0.0}}
+    assert choose_ranking(skipped) == (
+        "model",
+        "nothing was held back at training: --set holdout is 0",
+    )
+    assert few_abnormal_words(skipped).endswith(
+        "nothing was held back to compare them on: --set holdout is 0"
+    )

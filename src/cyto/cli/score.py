@@ -256,8 +256,8 @@ def score_cmd(
     workers: Annotated[
         int | None,
         typer.Option(
-            help="Decode/detect/crop processes (0: in the main process). Default: "
-            "one per spare core, at most 4; none for a slide of 4 tiles or fewer."
+            help="Decode/detect/crop processes (0: in the main process). Default: one per "
+            "spare core, at most 4; none for a local slide of up to 4 tiles (size over --tile)."
         ),
     ] = None,
     resume: Annotated[

@@ -276,14 +276,26 @@ def _folded(name: str) -> str:
     import unicodedata
 
     decomposed = unicodedata.normalize("NFKD", name)
-    return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
+    bare = "".join(c for c in decomposed if not unicodedata.combining(c))
+    return " ".join(bare.split()).casefold()
 
 
 def case_hint(name: str, known: Sequence[str]) -> str:
     """`` (did you mean NILM?)`` where ``name`` is a known class in other letter case, other
-    accents or another Unicode form ("LSIL e grade" for "LSIL é grade": hostile round 33)."""
+    accents, other spaces or another Unicode form ("LSIL e grade" for "LSIL é grade": hostile
+    round 33); one that only its Unicode form tells apart, which looks the same on screen, is
+    said so (round 34)."""
+    import unicodedata
+
     same = [k for k in known if _folded(k) == _folded(name)]
-    return f" (did you mean {same[0]}?)" if same else ""
+    if not same:
+        return ""
+    if unicodedata.normalize("NFC", same[0]) == unicodedata.normalize("NFC", name):
+        return (
+            f" (did you mean {same[0]}? the same letters in another Unicode form, as a folder "
+            "named on a Mac: type them as the folder's name is written, or rename the folder)"
+        )
+    return f" (did you mean {same[0]}?)"
 
 
 def parse_classes(text: str | Iterable[str] | None) -> tuple[str, ...] | None:

@@ -377,25 +377,38 @@ MIN_HELD = 10
 
 def holdout_why(n_normal: int, share: float) -> str | None:
     """Why ``n_normal`` normal cells hold none back at ``share`` (:func:`holdout_split`), in
-    words with what to give instead; None where they do. Said at training, and recorded (a
-    folder of 40 NILM with abnormal classes beside them held nothing back without a word, and
-    ``--rank-by auto`` then ranked by a model near chance: hostile round 33)."""
+    words with what would hold some back; None where they do. Said at training, and recorded
+    (a folder of 40 NILM with abnormal classes beside them held nothing back without a word,
+    and ``--rank-by auto`` then ranked by a model near chance: hostile round 33; the advice
+    holds both bounds, a hold-back and what is left to train: round 34)."""
+    if share <= 0:
+        return f"{setting('holdout')} is 0"
     n_held = int(round(share * n_normal))
     if n_held >= MIN_HELD and n_normal - n_held >= MIN_HELD:
         return None
-    if n_held < MIN_HELD:
-        need = max(n_normal, math.ceil((MIN_HELD - 0.5) / share))
-        while round(share * need) < MIN_HELD:
-            need += 1
-        return (
-            f"{n_normal} normal cells, of which {share:.0%} is {n_held}, where a hold-back "
-            f"takes at least {MIN_HELD}: give {need} or more normal cells, or a larger "
-            f"{setting('holdout')}"
-        )
-    return (
-        f"{n_normal} normal cells, of which {share:.0%} would leave {n_normal - n_held} to "
-        f"train, fewer than {MIN_HELD}: give a smaller {setting('holdout')}"
+    what = (
+        f"{n_normal} normal cells, of which {share:.0%} holds back {n_held} and leaves "
+        f"{n_normal - n_held} to train, where each takes at least {MIN_HELD}"
     )
+    if n_normal < 2 * MIN_HELD:
+        return (
+            f"{what}: no share holds back from fewer than {2 * MIN_HELD}; give more normal "
+            f"cells, or choose the ranking with {said('rank_by')}"
+        )
+    need = next(
+        (
+            n
+            for n in range(n_normal, 100 * MIN_HELD * 100)
+            if round(share * n) >= MIN_HELD and n - round(share * n) >= MIN_HELD
+        ),
+        None,
+    )
+    # the shares that hold back 10 to n - 10, to two decimals within them
+    lo = math.ceil(MIN_HELD / n_normal * 100) / 100
+    hi = math.floor((n_normal - MIN_HELD) / n_normal * 100) / 100
+    shares = f"a {setting('holdout')} from {lo:.2f} to {hi:.2f}"
+    more = f"give {need} or more normal cells, or " if need is not None else ""
+    return f"{what}: {more}{shares}"
 
 
 def _skipped_words(validation: dict) -> str:

@@ -251,8 +251,8 @@ def scale_advice(model_nuclei: float | None, images) -> str | None:
 
 #: why a scale is not judged from the nuclei of cells stained otherwise than the model's
 OTHER_STAIN = (
-    "the nucleus mask, set on the model's stain, can misread their nuclei's size (a hue shift "
-    "alone read as 1.35x smaller)"
+    "the nucleus mask, set on the model's stain, can misread their nuclei's size (other colours "
+    "alone, the same cells with their hue turned, read 1.35x smaller)"
 )
 
 

@@ -174,7 +174,18 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
             f"look, not resampled ({said('rescale')} would put them off scale); if they are at "
             f"the model's, pass {passing('slide_mpp', res.model_mpp)}"
         )
-    elif far and 1 / ADVISE_ZOOM <= check["factor"] <= ADVISE_ZOOM:
+    elif (far and 1 / ADVISE_ZOOM <= check["factor"] <= ADVISE_ZOOM) or (
+        # or off the model's scale by the resolution while the cells read the other way (a
+        # --mpp 0.2 for 0.258: 1.29x larger by it, 1.13x smaller as read: round 34, 3); a
+        # true 0.2 slide reads weakly larger, never smaller
+        ratio is not None
+        and not 1 / ADVISE_ZOOM <= ratio <= ADVISE_ZOOM
+        and opts.detection.kind in ("smear", "pap")
+        and check["factor"] is not None
+        and check["factor"] != 1
+        and (ratio > 1) == (check["factor"] > 1)
+        and 1 / ADVISE_ZOOM <= check["factor"] <= ADVISE_ZOOM
+    ):
         # the median within the bound, not surely: too weak to doubt the resolution, said as a
         # note (a --mpp 0.4 given for 0.258 made the slide "0 evaluable" with no word that the
         # cells read 1.16x: hostile round 33, 7)
@@ -184,11 +195,13 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
             if opts.slide_mpp
             else f"its recorded {res.slide_mpp:.3g} um/px"
         )
+        other_way = (ratio > 1) == (check["factor"] > 1)
         echo(
             f"note: the cells of {plan.slide.name} {look_words(check)}: nearer the model's "
-            f"training cells than {given} would make them ({times:.3g}x {how}), though too few "
-            f"or too scattered to be sure; if that resolution is wrong, pass "
-            f"{passing('slide_mpp', res.model_mpp)}"
+            f"training cells than {given} would make them ({times:.3g}x {how})"
+            + (", and the other way" if other_way else "")
+            + ("" if check.get("sure_within") else ", though too few or too scattered to be sure")
+            + f"; if that resolution is wrong, pass {passing('slide_mpp', res.model_mpp)}"
         )
     # a --patch-size other than the model's cuts its cells at another scale (a crop half the
     # side shows cells twice as large): that, not the slide's mpp, is then the cause

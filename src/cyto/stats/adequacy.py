@@ -273,7 +273,8 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
             # "look 1.29x"), and --rescale only if the recorded one is true (hostile round 23)
             how = f"{1 / r:.2f}x smaller" if r < 1 else f"{r:.2f}x larger"
             are = "are"
-            how += " than its training cells by the slide's recorded mpp against the model's"
+            # the slide's resolution as read: its file's, or a --mpp given (round 34, 3)
+            how += " than its training cells by the slide's resolution against the model's"
             why = (
                 f"if that is its true resolution, pass {passing('rescale')}; if not, pass its "
                 f"true {passing('slide_mpp', UM_PER_PX)} and {passing('rescale')}"

@@ -304,7 +304,7 @@ def train(
     if cls.one_class:  # abnormal cells beside the normals: held back to choose the ranking
         keep, held = holdout_split(ds, train_data.labels, cfg.holdout)
         labels = train_data.labels
-        if not len(held) and cfg.holdout > 0 and labels is not None and (labels == 1).any():
+        if not len(held) and labels is not None and (labels == 1).any():
             skipped = {"normal_cells": int((labels == 0).sum()), "holdout": cfg.holdout}
         if len(held):
             all_data = train_data
