@@ -383,9 +383,13 @@ def holdout_why(n_normal: int, share: float) -> str | None:
     holds both bounds, a hold-back and what is left to train: round 34)."""
     if share <= 0:
         return f"{setting('holdout')} is 0"
-    n_held = int(round(share * n_normal))
-    if n_held >= MIN_HELD and n_normal - n_held >= MIN_HELD:
+
+    def holds(n: int) -> bool:  # MIN_HELD held back, and as many left to train
+        return MIN_HELD <= round(share * n) <= n - MIN_HELD
+
+    if holds(n_normal):
         return None
+    n_held = int(round(share * n_normal))
     what = (
         f"{n_normal} normal cells, of which {share:.0%} holds back {n_held} and leaves "
         f"{n_normal - n_held} to train, where each takes at least {MIN_HELD}"
@@ -395,14 +399,8 @@ def holdout_why(n_normal: int, share: float) -> str | None:
             f"{what}: no share holds back from fewer than {2 * MIN_HELD}; give more normal "
             f"cells, or choose the ranking with {said('rank_by')}"
         )
-    need = next(
-        (
-            n
-            for n in range(n_normal, 100 * MIN_HELD * 100)
-            if round(share * n) >= MIN_HELD and n - round(share * n) >= MIN_HELD
-        ),
-        None,
-    )
+    # the least count at this share (none where a share near 0 or 1 needs over 100,000)
+    need = next((n for n in range(n_normal, 100_000) if holds(n)), None)
     # the shares that hold back 10 to n - 10, to two decimals within them
     lo = math.ceil(MIN_HELD / n_normal * 100) / 100
     hi = math.floor((n_normal - MIN_HELD) / n_normal * 100) / 100

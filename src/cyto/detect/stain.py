@@ -175,9 +175,11 @@ def compare(a: StainEstimate, b: StainEstimate) -> float | None:
     return min(max(angle(a1, b1), angle(a2, b2)), max(angle(a1, b2), angle(a2, b1)))
 
 
-def advise_degrees(n_cells: int) -> float:
-    """The angle past which ``n_cells`` cells are said to be stained otherwise."""
-    return ADVISE_DEGREES if n_cells >= FEW_CELLS else ADVISE_DEGREES_FEW
+def advise_degrees(n_cells: int, model_cells: int | None = None) -> float:
+    """The angle past which ``n_cells`` cells are said to be stained otherwise, against a
+    model's stain estimated from ``model_cells`` (None: not recorded): the fewer decides."""
+    fewest = n_cells if model_cells is None else min(n_cells, model_cells)
+    return ADVISE_DEGREES if fewest >= FEW_CELLS else ADVISE_DEGREES_FEW
 
 
 def stain_check(model: StainEstimate | None, cells: StainEstimate, n_cells: int) -> dict | None:
@@ -189,12 +191,11 @@ def stain_check(model: StainEstimate | None, cells: StainEstimate, n_cells: int)
     if model is None:
         return None
     angle = compare(model, cells)
-    fewest = min(int(n_cells), model.cells) if model.cells is not None else int(n_cells)
     return {
         "degrees": None if angle is None else round(angle, 2),
         "cells": int(n_cells),
         **({"model_cells": model.cells} if model.cells is not None else {}),
-        "advised": angle is not None and angle > advise_degrees(fewest),
+        "advised": angle is not None and angle > advise_degrees(int(n_cells), model.cells),
         "separable": cells.separable,
         "why": cells.why or model.why,
         "cells_vectors": [[round(v, 4) for v in vec] for vec in cells.vectors],
@@ -217,7 +218,7 @@ def stain_words(check: dict, what: str, cause: str | None = None) -> str | None:
     if not check["advised"]:
         return None
     n, ref = check.get("cells"), check.get("model_cells")
-    past = ADVISE_DEGREES if n is None else advise_degrees(min(n, ref) if ref else n)
+    past = ADVISE_DEGREES if n is None else advise_degrees(n, ref)
     on = "" if n is None else f" over {n} cells"
     on += f" against the model's {ref}" if ref is not None and ref < FEW_CELLS else ""
     said = (

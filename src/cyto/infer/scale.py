@@ -142,14 +142,18 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
     check["advised"] = bool(check["advised"] and opts.detection.kind in ("smear", "pap"))
     res = plan.res
     ratio = None if opts.rescale else res.mpp_ratio  # the model's mpp over the slide's
-    far = (  # the recorded resolutions put the cells past what the check would have said
-        ratio is not None
-        and not 1 / doubted_past(scorer.spec.stain, False)
-        <= ratio
-        <= doubted_past(scorer.spec.stain, True)
-        and opts.detection.kind in ("smear", "pap")
-        and check["factor"] is not None
+    judged = ratio is not None and opts.detection.kind in ("smear", "pap")
+    judged = judged and check["factor"] is not None
+    # the recorded resolutions put the cells past what the check would have said
+    far = judged and not (
+        1 / doubted_past(scorer.spec.stain, False) <= ratio <= doubted_past(scorer.spec.stain, True)
     )
+    # off the model's scale by the resolution (past the check's own bound), while the cells
+    # read the other way (a --mpp 0.2 for 0.258: 1.29x larger by it, 1.13x smaller as read:
+    # round 34, 3); a true 0.2 slide reads weakly larger, never smaller
+    other_way = judged and check["factor"] != 1 and (ratio > 1) == (check["factor"] > 1)
+    off = judged and not 1 / ADVISE_ZOOM <= ratio <= ADVISE_ZOOM
+    within = judged and 1 / ADVISE_ZOOM <= check["factor"] <= ADVISE_ZOOM
     # every median the cells allow within the bound, with the check's confidence: "as the
     # model's" (the median alone within it doubted a true 0.18 um/px Pap slide, read 1.22-1.29x
     # of a true 1.43x: hostile round 24)
@@ -174,18 +178,7 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
             f"look, not resampled ({said('rescale')} would put them off scale); if they are at "
             f"the model's, pass {passing('slide_mpp', res.model_mpp)}"
         )
-    elif (far and 1 / ADVISE_ZOOM <= check["factor"] <= ADVISE_ZOOM) or (
-        # or off the model's scale by the resolution while the cells read the other way (a
-        # --mpp 0.2 for 0.258: 1.29x larger by it, 1.13x smaller as read: round 34, 3); a
-        # true 0.2 slide reads weakly larger, never smaller
-        ratio is not None
-        and not 1 / ADVISE_ZOOM <= ratio <= ADVISE_ZOOM
-        and opts.detection.kind in ("smear", "pap")
-        and check["factor"] is not None
-        and check["factor"] != 1
-        and (ratio > 1) == (check["factor"] > 1)
-        and 1 / ADVISE_ZOOM <= check["factor"] <= ADVISE_ZOOM
-    ):
+    elif within and (far or (off and other_way)):
         # the median within the bound, not surely: too weak to doubt the resolution, said as a
         # note (a --mpp 0.4 given for 0.258 made the slide "0 evaluable" with no word that the
         # cells read 1.16x: hostile round 33, 7)
@@ -195,7 +188,6 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
             if opts.slide_mpp
             else f"its recorded {res.slide_mpp:.3g} um/px"
         )
-        other_way = (ratio > 1) == (check["factor"] > 1)
         echo(
             f"note: the cells of {plan.slide.name} {look_words(check)}: nearer the model's "
             f"training cells than {given} would make them ({times:.3g}x {how})"

@@ -1246,7 +1246,7 @@ def held_copy(obj: RemoteObject) -> tuple[Path, object]:
 
     while True:
         copy = download(obj)
-        hold = open(copy.parent / f".{copy.name}.readers", "a+")  # noqa: SIM115 (held open)
+        hold = open(_readers_lock(copy), "a+")  # noqa: SIM115 (held open)
         try:
             flock_or_not(hold, fcntl.LOCK_SH)
         except BaseException:
@@ -1255,6 +1255,11 @@ def held_copy(obj: RemoteObject) -> tuple[Path, object]:
         if copy.is_file():
             return copy, hold
         hold.close()
+
+
+def _readers_lock(copy: Path) -> Path:
+    """The file whose shared lock the readers of a ``--download`` copy hold (:func:`held_copy`)."""
+    return copy.parent / f".{copy.name}.readers"
 
 
 def _used(record: Path) -> None:
@@ -1315,7 +1320,7 @@ def _remove_unless_busy(copy: Path, record: Path) -> bool:
 
     with (
         open(copy.parent / f".{copy.name}.lock", "a+") as fetching,
-        open(copy.parent / f".{copy.name}.readers", "a+") as reading,
+        open(_readers_lock(copy), "a+") as reading,
     ):
         try:
             flock_or_not(fetching, fcntl.LOCK_EX | fcntl.LOCK_NB)
