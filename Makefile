@@ -96,11 +96,15 @@ LEFTOVERS = { ls -a "$$RAY_TMPDIR/ray/ray_current_cluster" 2>/dev/null; \
 # The suite on two pytest-xdist workers where the machine has two cores or more (one where it has
 # one), each test module on one worker; more workers were never measured (each holds about 2 GB).
 # `make test TEST_WORKERS="-n 0"` runs it in one process (CONTRIBUTING.md, Tests).
+# PYTHONDONTWRITEBYTECODE (set in some shells and CI images) is lifted for the run: with it every
+# process the suite starts (`python -m cyto`, pipeline workers, Ray workers) compiled cyto's
+# sources again; without it they are compiled once, into the tree's ignored __pycache__ folders.
 TEST_WORKERS ?= -n auto --maxprocesses 2 --dist loadscope
 
 test: system-deps browser-deps server-deps $(VENV)/.installed-test
 	@set +e; scratch=$$(mktemp -d "$${TMPDIR:-/tmp}/cyto-make-test-XXXXXX"); \
 	export CYTO_CACHE_DIR="$$scratch/cache" XDG_CACHE_HOME="$$scratch/xdg" RAY_TMPDIR="$$scratch/ray"; \
+	unset PYTHONDONTWRITEBYTECODE; \
 	before=$$scratch/leftovers-before; after=$$scratch/leftovers-after; $(LEFTOVERS) > $$before; \
 	$(PY) -m pytest -q $(TEST_WORKERS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; rm -rf "$$scratch"; exit 1; fi; \
