@@ -301,6 +301,62 @@ def test_a_slides_own_folder_given_as_out_is_refused(exported_dsvdd, two, tmp_pa
     assert sorted(p.name for p in inside.iterdir()) == before
 
 
+def test_a_cohorts_folder_given_as_one_slides_out_is_refused(exported_dsvdd, two, tmp_path):
+    """Hostile round 35 (1), the mirror of the test above: `score_slide(out=o)` where o is the
+    folder cyto score wrote for its slides wrote this slide's results among their folders, and
+    cyto score then refused the whole folder, --resume too."""
+    import cyto
+    from cyto.errors import InputPathError
+
+    slide = two[2].paths[0]
+    common = ("--model", str(exported_dsvdd), "--workers", "0", "--mosaic", "0")
+    assert run_cyto("score", str(slide), "--out", str(tmp_path / "o"), *common).returncode == 0
+    before = sorted(p.name for p in (tmp_path / "o").iterdir())
+    for overwrite in (False, True):  # overwrite replaces a slide's results, never a cohort's
+        with pytest.raises(InputPathError) as err:
+            cyto.score_slide(slide, exported_dsvdd, tmp_path / "o", overwrite=overwrite)
+        line = str(err.value)
+        assert f"out='{tmp_path / 'o'}' holds the results of several slides" in line, line
+        assert f"such as out='{tmp_path / 'o' / 'b'}'" in line and "\n" not in line
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == before
+    again = run_cyto("score", str(slide), "--out", str(tmp_path / "o"), "--resume", *common)
+    assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.parametrize(
+    "layout, refused",
+    [
+        (("cohort.csv",), True),
+        (("s1/summary.json",), True),
+        (("s1/seal.json",), True),
+        (("s1/.partial/plan.json",), True),
+        (("s1/notes.txt", "s2/"), False),  # folders of the user's own: not a cohort's
+        ((), False),
+    ],
+)
+def test_a_cohorts_layout_is_no_slides_folder_for_every_writer(tmp_path, layout, refused):
+    """The rule every writer of one slide's folder goes through (score_slide, bench --work,
+    each slide's folder of cyto score): any trace of cyto score's layout refuses it."""
+    from cyto.cohort.run import refuse_finished
+    from cyto.errors import InputPathError
+
+    folder = tmp_path / "o"
+    folder.mkdir()
+    for name in layout:
+        path = folder / name
+        if name.endswith("/"):
+            path.mkdir(parents=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("{}")
+    for field in ("out", "work"):
+        if refused:
+            with pytest.raises(InputPathError, match="holds the results of several slides"):
+                refuse_finished(folder, "b.tif", True, field=field)
+        else:
+            refuse_finished(folder, "b.tif", True, field=field)
+
+
 def test_score_slide_refusals_come_first_and_in_python_words(exported_dsvdd, two, tmp_path):
     """Hostile round 6: `score_slide(out=FILE)` said "--out ... is a file" (N3); `nuclei=FOLDER`
     said it "does not exist" (N4); a closed scorer read the slide and warned before it was

@@ -240,6 +240,36 @@ def refuse_slide_folder(out: Path) -> None:
     )
 
 
+def refuse_cohort_folder(out: Path, slide_name: str, field: str = "out") -> None:
+    """The mirror of :func:`refuse_slide_folder`: a slide's own output folder (``score_slide``'s
+    ``out``, ``cyto bench slide --work``) given as a folder ``cyto score`` wrote for several slides
+    (its ``cohort.csv``, or slide folders of results inside) had the slide's results written among
+    theirs, and ``cyto score`` then refused the whole folder as one slide's (hostile round 35, 1).
+    Refused in one line, whatever ``overwrite`` says, naming a folder of the slide's own."""
+    from cyto.flags import passing
+    from cyto.seal import SEAL, SUMMARY
+
+    out = Path(out)
+    if not out.is_dir():
+        return
+    if (out / "cohort.csv").is_file():
+        what = "its cohort.csv"
+    else:
+        held = [
+            p.name
+            for p in sorted(out.iterdir())
+            if p.is_dir() and any((p / n).exists() for n in (SUMMARY, SEAL, PARTIAL))
+        ]
+        if not held:
+            return
+        what = f"the results of {held[0]}/" + (f" and {len(held) - 1} more" if held[1:] else "")
+    raise InputPathError(
+        f"{passing(field, out)} holds the results of several slides, as cyto score writes them "
+        f"({what}): give a folder of this slide's own, such as "
+        f"{passing(field, out / Path(slide_name).stem)}"
+    )
+
+
 def check_out_folder(out: Path) -> None:
     from cyto.flags import passing
 

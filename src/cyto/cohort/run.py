@@ -108,11 +108,13 @@ def refuse_finished(
     ``overwrite``, naming it."""
     import json
 
+    from cyto.cohort.local import refuse_cohort_folder
     from cyto.flags import passing, said
     from cyto.outputs_check import refuse_foreign, refuse_to_replace
     from cyto.seal import SUMMARY, written_by_cyto
 
     folder = Path(folder)
+    refuse_cohort_folder(folder, slide_name, field)  # a cohort's folder is no slide's
     if not written_by_cyto(folder):  # a user's own summary.json: not results, never replaced
         refuse_foreign([SUMMARY], passing(field, folder))
     refuse_users_outputs(folder, field)
