@@ -29,10 +29,22 @@ def system_words(exc: OSError) -> str | None:
     why = SYSTEM_ERRORS.get(exc.errno)
     if why is None:
         return None
-    name = "" if exc.filename is None else str(exc.filename)
+    name = os_error_path(exc) or ""
     if len(name) > 120:  # a name of 300 x's, said whole, is no longer one line
         name = f"{name[:60]}...{name[-40:]} ({len(name)} characters)"
     return f"{name}: {why}" if name else why
+
+
+def os_error_path(exc: OSError) -> str | None:
+    """The file an OSError is about: its ``filename``, or the path a library's message quotes
+    where it gives none (Arrow: "Failed to open local file '/o/s/.partial/chunk-...'"; a chunk
+    that could not be written was said as the slide's folder: hostile round 35, 2)."""
+    if exc.filename is not None:
+        return str(exc.filename)
+    import re
+
+    found = re.search(r"'(/[^']+)'", str(exc))
+    return found.group(1) if found else None
 
 
 def out_of_memory(exc: BaseException) -> bool:

@@ -117,6 +117,10 @@ def _start_worker(initializer, initargs, parent: int | None = None) -> None:
 
 
 class _Pool(ProcessPoolExecutor):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        _lock_wakeup(self._executor_manager_thread_wakeup)
+
     # a worker process (and the pool's own threads) start inside submit
     def submit(self, fn, /, *args, **kwargs):
         with sigint_blocked():
@@ -137,6 +141,28 @@ class _Pool(ProcessPoolExecutor):
                 process.join()
             if self.__dict__.get("_cyto_manager") is not None:
                 self.__dict__["_cyto_manager"].join()
+
+
+def _lock_wakeup(wakeup) -> None:
+    """Python 3.11's pool wakes its manager thread at exit (``_python_exit``) through a pipe that
+    the thread may be closing meanwhile (a pool told to stop without waiting, as a failed slide's
+    is): the write met a closed pipe and Python printed an "Exception ignored ... Bad file
+    descriptor" traceback after cyto's one-line error (hostile round 35, 2). Waking and closing
+    are made one at a time, as Python 3.12 makes them (its ``_ThreadWakeup`` has a lock)."""
+    if hasattr(wakeup, "_lock"):  # Python 3.12 and later
+        return
+    lock = threading.Lock()
+    close, wake = wakeup.close, wakeup.wakeup
+
+    def locked_close() -> None:
+        with lock:
+            close()
+
+    def locked_wakeup() -> None:
+        with lock:
+            wake()
+
+    wakeup.close, wakeup.wakeup = locked_close, locked_wakeup
 
 
 def spawn_pool(workers: int, initializer=None, initargs: tuple = ()) -> ProcessPoolExecutor:

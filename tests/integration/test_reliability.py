@@ -389,7 +389,9 @@ def test_a_full_disk_keeps_the_chunks_and_resume_finishes(
     monkeypatch.setattr(pq_mod, "write_table", full)
     from cyto.errors import OutputWriteError
 
-    with pytest.raises(OutputWriteError, match="the disk is full; the finished chunks are kept"):
+    with pytest.raises(
+        OutputWriteError, match=r"the disk is full; \d+ finished chunk\(s\) are kept"
+    ):
         score_slide(slides[0].paths[0], exported_dsvdd, tmp_path / "o" / "s", opts)
     monkeypatch.setattr(pq_mod, "write_table", real)
     s = score_slide(
@@ -406,6 +408,45 @@ def test_a_full_disk_keeps_the_chunks_and_resume_finishes(
     # uninterrupted run did (it judged the cells at the model's scale: no check had run)
     for field in ("detection_crowding", "cell_scale", "adequacy"):
         assert s[field] == ref[field], field
+
+
+@pytest.mark.parametrize("failing", [0, 2])
+@pytest.mark.parametrize("library", ["arrow", "python"])
+def test_a_chunk_that_cannot_be_written_is_named_with_what_a_rerun_keeps(
+    exported_dsvdd, slides, tmp_path, monkeypatch, failing, library
+):
+    """Hostile round 35 (2): the folder of chunks turned unwritable mid-run was said as the
+    slide's folder (Arrow's error names no file), and nothing was said of what a rerun keeps."""
+    import errno
+
+    import pyarrow.parquet as pq_mod
+
+    from cyto.errors import OutputWriteError
+
+    real, written = pq_mod.write_table, []
+
+    def refused(table, where, *a, **k):
+        if ".partial" in str(where) and len(written) == failing:
+            if library == "arrow":  # as pyarrow raises it: no filename, the path in the text
+                raise PermissionError(
+                    errno.EPERM, f"Failed to open local file '{where}'. Detail: [errno 1]"
+                )
+            raise PermissionError(errno.EACCES, "Permission denied", str(where))
+        if ".partial" in str(where):
+            written.append(where)
+        return real(table, where, *a, **k)
+
+    monkeypatch.setattr(pq_mod, "write_table", refused)
+    opts = ScoreOptions(mosaic=0, workers=0, tile=256, chunk_cells=16)
+    with pytest.raises(OutputWriteError) as err:
+        score_slide(slides[0].paths[0], exported_dsvdd, tmp_path / "o", opts)
+    line = str(err.value)
+    assert f"cannot write {tmp_path / 'o' / '.partial'}/chunk-" in line, line
+    assert "no permission" in line and "\n" not in line
+    if failing:
+        assert f"; {failing} finished chunk(s) are kept in {tmp_path / 'o' / '.partial'}" in line
+    else:
+        assert line.endswith("; no chunk was finished yet: a rerun starts it over"), line
 
 
 def test_bad_output_folders_are_one_line(exported_dsvdd, slides, tmp_path):

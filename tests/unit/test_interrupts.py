@@ -178,3 +178,31 @@ def test_a_ctrl_c_inside_a_command_ends_with_a_line_and_130(exported_dsvdd, tmp_
     proc = run_cyto("score", str(slide), "--model", str(exported_dsvdd), "--out", str(out))
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr.rstrip().splitlines()[-1] == "interrupted"
+
+
+def test_a_pool_closing_its_wakeup_waits_for_a_wakeup_under_way():
+    """Hostile round 35 (2): a slide that failed told its pool to stop without waiting; at exit
+    Python woke the pool's manager thread through a pipe the thread was closing meanwhile, and
+    printed an "Exception ignored ... Bad file descriptor" traceback after cyto's one line.
+    The race, made certain: the close comes while a wakeup is writing, and waits for it."""
+    import threading
+
+    pool = spawn_pool(1)
+    try:
+        wakeup = pool._executor_manager_thread_wakeup
+        writer = wakeup._writer
+        real_send = writer.send_bytes
+        closer = threading.Thread(target=wakeup.close)
+
+        def send_while_closed(buf):
+            closer.start()
+            closer.join(0.3)  # a close that does not wait for this write closes the pipe now
+            real_send(buf)
+
+        writer.send_bytes = send_while_closed
+        wakeup.wakeup()  # raised OSError (the pipe closed under it) before
+        closer.join()
+        assert wakeup._closed
+        wakeup.wakeup()  # and after the close, a wakeup is nothing
+    finally:
+        pool.shutdown(wait=True)

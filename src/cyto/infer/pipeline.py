@@ -32,6 +32,7 @@ from cyto.errors import (
     OutputWriteError,
     StainWarning,
     WarningLine,
+    os_error_path,
 )
 from cyto.flags import passing, said
 from cyto.infer.batcher import CellBatcher
@@ -179,14 +180,19 @@ def refuse_own_output(slide: Path) -> None:
 
 
 def write_error(slide: Path, out_dir: Path, exc: OSError) -> OutputWriteError:
+    """One line for an OSError met writing ``out_dir``: the file it could not write (a chunk
+    under ``.partial`` too, whose error from Arrow names no file), why, and what a rerun keeps:
+    the finished chunks, or none (said either way: hostile round 35, 2)."""
     why = SYSTEM_ERRORS.get(exc.errno, exc.strerror or str(exc))
     kept = out_dir / PARTIAL
+    n = len(list(kept.glob("chunk-*.parquet"))) if kept.is_dir() else 0
     tail = (
-        f"; the finished chunks are kept in {kept}: fix that and rerun with {passing('resume')}"
-        if kept.is_dir() and any(kept.glob("chunk-*"))
-        else ""
+        f"; {n} finished chunk(s) are kept in {kept}: fix that and rerun with {passing('resume')}"
+        if n
+        else "; no chunk was finished yet: a rerun starts it over"
     )
-    where = Path(exc.filename) if exc.filename else out_dir
+    path = os_error_path(exc)
+    where = Path(path) if path else out_dir
     if out_dir.resolve() not in (where.resolve(), *where.resolve().parents):
         return OutputWriteError(f"{slide}: input/output error on {where}: {why}")
     return OutputWriteError(f"{slide}: cannot write {where}: {why}{tail}")
