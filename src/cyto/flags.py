@@ -108,6 +108,14 @@ def said(field: str) -> str:
     return f"{field}=" if python_call() else flag(field)
 
 
+def ran(field: str) -> str:
+    """A setting ``auto`` resolves (the precision), named in a list of what changed as what ran,
+    never as a flag the caller may not have passed: "the precision run (auto's choice, or
+    --precision)". A resume that started over after the backend auto took changed blamed
+    "--precision fp32 -> bf16" on a user who passed no --precision (hostile round 35, 3)."""
+    return f"the {field} run (auto's choice, or {said(field).rstrip('=')})"
+
+
 class Placeholder(str):
     """A value's placeholder in advice (``UM_PER_PX``): written bare in both callers' words
     (``--mpp UM_PER_PX``, ``slide_mpp=UM_PER_PX``), never quoted as if it were a string."""

@@ -35,3 +35,29 @@ def test_a_stopped_run_s_finished_chunks_are_said_when_a_run_starts_over(tmp_pat
     assert ChunkStore(tmp_path, key, unit="images", rows=None).start(True, said.append)[0] == (
         chunks
     )
+
+
+PRECISIONS = ["fp32", "fp16", "bf16", "int8"]
+
+
+@pytest.mark.parametrize("python", [False, True])
+@pytest.mark.parametrize("was, now", [(a, b) for a in PRECISIONS for b in PRECISIONS if a != b])
+def test_a_resume_names_the_precision_auto_took_as_what_ran(tmp_path, python, was, now):
+    """Hostile round 35 (3): a resume under another precision, which auto took (the backend it
+    chose changed), said "--precision fp32 -> bf16" to a user who passed no --precision."""
+    import contextlib
+
+    from cyto.flags import python_words
+
+    key = {"options": {"tile": 512, "precision": was}}
+    ChunkStore(tmp_path, key).start(False, lambda m: None)
+    said: list[str] = []
+    words = python_words("score_slide") if python else contextlib.nullcontext()
+    with words:
+        store = ChunkStore(tmp_path, {"options": {"tile": 512, "precision": now}})
+        assert store.start(True, said.append) == (0, 0)
+    flag = "precision" if python else "--precision"
+    assert said == [
+        "resume: the earlier run had other settings or inputs: the precision run (auto's "
+        f"choice, or {flag}) {was} -> {now}; starting over"
+    ], said

@@ -22,7 +22,7 @@ from pathlib import Path
 from cyto.bundle import atomic_write, sha256_file
 from cyto.detect.morphometry import COLUMNS as MORPHOMETRY_COLUMNS
 from cyto.errors import CytoError, first_line
-from cyto.flags import named, passing, python_call
+from cyto.flags import named, passing, python_call, ran
 from cyto.reuse import check_reuse, read_record
 from cyto.slides.base import PLANE_SEP
 from cyto.slides.remote import SlideURL, remote_identity, slide_ref
@@ -43,6 +43,7 @@ def store_key_names() -> dict[str, str]:
         "model": f"{'model=' if python_call() else 'MODEL'} (its manifest)",
         "slide": "the slide's (or a plane's) file content:",
         "options": "",
+        "precision": ran("precision"),  # the precision auto took, under "options"
         "tiles": "the tile list's length",
         "columns": "the table layout (an older cyto)",
         "nuclei_file": f"the {named('nuclei')} file's content",

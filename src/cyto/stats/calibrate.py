@@ -155,18 +155,21 @@ class Calibration:
         recorded = {k: valid[k] for k in now if k in valid}
         recorded["options"] = {k: calibrated[k] for k in options}
         current = {**{k: now[k] for k in recorded if k in now}, "options": options}
-        return list(check_reuse(recorded, current, names=CALIBRATION_KEY_NAMES).differs)
+        return list(check_reuse(recorded, current, names=calibration_key_names()).differs)
 
 
-#: the fields of a calibration's record by the user's names
-CALIBRATION_KEY_NAMES = {
-    "model": "MODEL (its trained arrays)",
-    # auto chooses the precision when --precision is not given: named as what ran, not as a
-    # flag the user never passed ("--precision bf16 -> int8" after an int8 export)
-    "precision": "the precision run (auto's choice, or --precision)",
-    "graph": "the graph scored with (--backend, --precision)",
-    "options": "",
-}
+def calibration_key_names() -> dict[str, str]:
+    """The fields of a calibration's record by the user's names."""
+    from cyto.flags import ran
+
+    return {
+        "model": "MODEL (its trained arrays)",
+        # auto chooses the precision when --precision is not given: named as what ran, not as
+        # a flag the user never passed ("--precision bf16 -> int8" after an int8 export)
+        "precision": ran("precision"),
+        "graph": "the graph scored with (--backend, --precision)",
+        "options": "",
+    }
 
 
 def _table_here(given, options: dict | None):
