@@ -125,8 +125,10 @@ def load_model(
             ``openvino``, ``trt`` or ``torch``.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``. Asking for a GPU that is absent is an
             error, never a silent fall-back to the CPU.
-        precision: ``auto`` (the fastest that passes verification here), ``fp32`` (exact
-            fp32), ``fp16``, ``bf16`` (OpenVINO on a CPU with AMX or AVX512-BF16) or ``int8``.
+        precision: ``auto`` (the fastest that passes verification here: bf16 on a CPU with
+            AMX or AVX512-BF16, whatever the export), ``fp32`` (exact fp32: the same scores on
+            every machine), ``fp16``, ``bf16`` (OpenVINO on a CPU with AMX or AVX512-BF16) or
+            ``int8``.
         threads: CPU threads of the backend (None: its default).
         verify: False skips the check on the golden cells (recorded in
             ``scorer.verification``).
