@@ -200,3 +200,17 @@ def test_a_read_only_out_through_the_cli(exported_dsvdd, tmp_path):  # pragma: n
         out.chmod(0o755)
     assert proc.returncode != 0 and "read-only" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("given, bad", [("fp64", "fp64"), ("fp32,fp64,int4", "fp64,int4")])
+def test_an_unknown_export_precision_is_said_as_typed(exported_dsvdd, given, bad):
+    """Hostile round 35 (5): `cyto export --precision fp64` answered "got ['fp64']"."""
+    import cyto
+
+    proc = run_cyto("export", str(exported_dsvdd), "--precision", given)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"error: --precision takes fp32, fp16, bf16, int8 (comma-separated), got {bad}"
+    ), proc.stderr
+    with pytest.raises(ConfigError, match=rf"takes fp32, fp16, bf16, int8 .*, got {bad}$"):
+        cyto.export(exported_dsvdd, precisions=given)

@@ -142,7 +142,8 @@ def export_bundle(
     bad = [p for p in precisions if p not in PRECISIONS]
     if bad or not precisions:
         raise ConfigError(
-            f"{said('precisions')} takes {', '.join(PRECISIONS)} (comma-separated), got {bad}"
+            f"{said('precisions')} takes {', '.join(PRECISIONS)} (comma-separated), got "
+            f"{','.join(bad) or 'none'}"  # as typed, never a Python list (hostile round 35, 5)
         )
     check_export_choices(device, calib, calib_class)
     if onnx:
