@@ -188,10 +188,9 @@ def score_cmd(
     precision: Annotated[
         str,
         typer.Option(
-            help="fp32, fp16, bf16 (OpenVINO), int8, or auto: the fastest that passes "
-            "verification on the golden cells here (the ranking against PyTorch fp32): bf16 on "
-            "a CPU with AMX or AVX512-BF16, whatever the export, a quantized graph only when "
-            "its recorded parity passed. fp32 keeps exact fp32 (the same table on every machine)."
+            help="fp32, fp16, bf16 (OpenVINO), int8, or auto: the fastest verified on the golden "
+            "cells here: bf16 on a CPU with AMX or AVX512-BF16 whatever the export, a quantized "
+            "graph only when its recorded parity passed. fp32: one table on every machine."
         ),
     ] = "auto",
     batch_size: Annotated[int, typer.Option(help="Cells per engine batch.")] = 64,
