@@ -43,7 +43,9 @@ def os_error_path(exc: OSError) -> str | None:
         return str(exc.filename)
     import re
 
-    found = re.search(r"'(/[^']+)'", str(exc))
+    # as the library was given it: absolute, or relative to the working folder (an --out of
+    # the docs' kind, "scored/": round 36, 1); a quoted word with no folder in it is no path
+    found = re.search(r"'([^']*/[^']*)'", str(exc))
     return found.group(1) if found else None
 
 

@@ -412,11 +412,14 @@ def test_a_full_disk_keeps_the_chunks_and_resume_finishes(
 
 @pytest.mark.parametrize("failing", [0, 2])
 @pytest.mark.parametrize("library", ["arrow", "python"])
+@pytest.mark.parametrize("relative", [False, True])
 def test_a_chunk_that_cannot_be_written_is_named_with_what_a_rerun_keeps(
-    exported_dsvdd, slides, tmp_path, monkeypatch, failing, library
+    exported_dsvdd, slides, tmp_path, monkeypatch, failing, library, relative
 ):
     """Hostile round 35 (2): the folder of chunks turned unwritable mid-run was said as the
-    slide's folder (Arrow's error names no file), and nothing was said of what a rerun keeps."""
+    slide's folder (Arrow's error names no file), and nothing was said of what a rerun keeps;
+    round 36 (1): with an output folder given relative to the working folder, as the docs give
+    it, Arrow quotes the chunk's path relative too."""
     import errno
 
     import pyarrow.parquet as pq_mod
@@ -438,13 +441,15 @@ def test_a_chunk_that_cannot_be_written_is_named_with_what_a_rerun_keeps(
 
     monkeypatch.setattr(pq_mod, "write_table", refused)
     opts = ScoreOptions(mosaic=0, workers=0, tile=256, chunk_cells=16)
+    monkeypatch.chdir(tmp_path)
+    out = Path("o") if relative else tmp_path / "o"
     with pytest.raises(OutputWriteError) as err:
-        score_slide(slides[0].paths[0], exported_dsvdd, tmp_path / "o", opts)
+        score_slide(slides[0].paths[0], exported_dsvdd, out, opts)
     line = str(err.value)
-    assert f"cannot write {tmp_path / 'o' / '.partial'}/chunk-" in line, line
+    assert f"cannot write {out / '.partial'}/chunk-" in line, line
     assert "no permission" in line and "\n" not in line
     if failing:
-        assert f"; {failing} finished chunk(s) are kept in {tmp_path / 'o' / '.partial'}" in line
+        assert f"; {failing} finished chunk(s) are kept in {out / '.partial'}" in line
     else:
         assert line.endswith("; no chunk was finished yet: a rerun starts it over"), line
 
