@@ -168,6 +168,15 @@ def written_by_cyto(folder: Path) -> bool:
     return isinstance(data, dict) and isinstance(data.get("slide"), str) and "cells_scored" in data
 
 
+def scored_by_cyto(folder: Path) -> bool:
+    """Whether ``folder`` holds a scored slide's results that cyto wrote: a seal cyto writes, or
+    a summary cyto wrote (:func:`written_by_cyto`); a user's own files of those names do not."""
+    folder = Path(folder)
+    if _read_seal(folder)[0] is not None:
+        return True
+    return (folder / SUMMARY).is_file() and written_by_cyto(folder)
+
+
 def sealed_output_of(path: Path) -> Path | None:
     """The scored folder whose seal lists the file ``path`` (one of cyto's own outputs: an
     abnormality map, a mosaic, a table), or None. A local path only."""

@@ -316,42 +316,48 @@ def test_a_cohorts_folder_given_as_one_slides_out_is_refused(exported_dsvdd, two
         with pytest.raises(InputPathError) as err:
             cyto.score_slide(slide, exported_dsvdd, tmp_path / "o", overwrite=overwrite)
         line = str(err.value)
-        assert f"out='{tmp_path / 'o'}' holds the results of several slides" in line, line
+        assert f"out='{tmp_path / 'o'}' is a folder cyto score wrote for the slides" in line, line
         assert f"such as out='{tmp_path / 'o' / 'b'}'" in line and "\n" not in line
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == before
     again = run_cyto("score", str(slide), "--out", str(tmp_path / "o"), "--resume", *common)
     assert again.returncode == 0, again.stderr
 
 
+CYTO_SUMMARY = '{"slide": "s1.tif", "cells_scored": 3}'
+
+
 @pytest.mark.parametrize(
     "layout, refused",
     [
-        (("cohort.csv",), True),
-        (("s1/summary.json",), True),
-        (("s1/seal.json",), True),
-        (("s1/.partial/plan.json",), True),
-        (("s1/notes.txt", "s2/"), False),  # folders of the user's own: not a cohort's
-        ((), False),
+        ({"cohort.csv": "slide,output,status\n"}, True),
+        ({"cohort.csv": "slide,patient,diagnosis\n"}, False),  # a lab's own table (round 36, 2)
+        ({"s1/summary.json": CYTO_SUMMARY}, True),
+        ({"s1/summary.json": "{}"}, False),  # a summary.json of the user's own (round 36, 2)
+        ({"s1/seal.json": "{}"}, False),  # no seal cyto writes
+        ({"s1/.partial/state.json": "{}"}, True),  # a stopped run's
+        ({"s1/notes.txt": "x", "s2/": ""}, False),  # folders of the user's own
+        ({}, False),
     ],
 )
 def test_a_cohorts_layout_is_no_slides_folder_for_every_writer(tmp_path, layout, refused):
     """The rule every writer of one slide's folder goes through (score_slide, bench --work,
-    each slide's folder of cyto score): any trace of cyto score's layout refuses it."""
+    each slide's folder of cyto score): what cyto score writes for its slides refuses it; files
+    of the same names a user wrote do not."""
     from cyto.cohort.run import refuse_finished
     from cyto.errors import InputPathError
 
     folder = tmp_path / "o"
     folder.mkdir()
-    for name in layout:
+    for name, text in layout.items():
         path = folder / name
         if name.endswith("/"):
             path.mkdir(parents=True)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("{}")
+            path.write_text(text)
     for field in ("out", "work"):
         if refused:
-            with pytest.raises(InputPathError, match="holds the results of several slides"):
+            with pytest.raises(InputPathError, match="is a folder cyto score wrote for the slides"):
                 refuse_finished(folder, "b.tif", True, field=field)
         else:
             refuse_finished(folder, "b.tif", True, field=field)

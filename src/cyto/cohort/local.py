@@ -242,32 +242,49 @@ def refuse_slide_folder(out: Path) -> None:
 
 def refuse_cohort_folder(out: Path, slide_name: str, field: str = "out") -> None:
     """The mirror of :func:`refuse_slide_folder`: a slide's own output folder (``score_slide``'s
-    ``out``, ``cyto bench slide --work``) given as a folder ``cyto score`` wrote for several slides
-    (its ``cohort.csv``, or slide folders of results inside) had the slide's results written among
-    theirs, and ``cyto score`` then refused the whole folder as one slide's (hostile round 35, 1).
-    Refused in one line, whatever ``overwrite`` says, naming a folder of the slide's own."""
+    ``out``, ``cyto bench slide --work``) given as a folder ``cyto score`` wrote for its slides
+    (its ``cohort.csv``, or slide folders of results inside) had the slide's results written
+    among theirs, and ``cyto score`` then refused the whole folder as one slide's (hostile round
+    35, 1). Refused in one line, whatever ``overwrite`` says, naming a folder of the slide's own.
+    What is cyto's is told by what cyto writes, never by a name alone: a ``cohort.csv`` with its
+    ``slide`` and ``output`` columns, a sub-folder of results cyto wrote (:func:`cyto.seal.
+    scored_by_cyto`) or a stopped run's record; a user's own ``summary.json`` or table of
+    patients is not (round 36, 2)."""
     from cyto.flags import passing
-    from cyto.seal import SEAL, SUMMARY
+    from cyto.seal import scored_by_cyto
 
     out = Path(out)
     if not out.is_dir():
         return
-    if (out / "cohort.csv").is_file():
+    if _cohort_table(out / "cohort.csv"):
         what = "its cohort.csv"
     else:
         held = [
             p.name
             for p in sorted(out.iterdir())
-            if p.is_dir() and any((p / n).exists() for n in (SUMMARY, SEAL, PARTIAL))
+            if p.is_dir() and (scored_by_cyto(p) or (p / PARTIAL / "state.json").is_file())
         ]
         if not held:
             return
         what = f"the results of {held[0]}/" + (f" and {len(held) - 1} more" if held[1:] else "")
     raise InputPathError(
-        f"{passing(field, out)} holds the results of several slides, as cyto score writes them "
-        f"({what}): give a folder of this slide's own, such as "
+        f"{passing(field, out)} is a folder cyto score wrote for the slides it scored ({what}): "
+        f"give a folder of this slide's own, such as "
         f"{passing(field, out / Path(slide_name).stem)}"
     )
+
+
+def _cohort_table(path: Path) -> bool:
+    """Whether ``path`` is a cohort table cyto writes (its header names ``slide`` and
+    ``output``), not a user's own table of the same name."""
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+            header = next(csv.reader(fh), [])
+    except (OSError, csv.Error):
+        return False
+    return {"slide", "output"} <= {h.strip() for h in header}
 
 
 def check_out_folder(out: Path) -> None:
