@@ -308,7 +308,12 @@ def score_slide(
     uploaded = where.uploaded_words(Path(str(slide)).name)
     if uploaded:
         said(uploaded)
-    _rank_by_caution(summary.get("rank_by_caution"))
+    caution = summary.get("rank_by_caution")
+    if caution is not None:  # a reused folder's line is in the words of the run that scored it
+        from cyto.infer.options import check_rank_by  # (cyto score's): said in this caller's
+
+        caution = check_rank_by(model, opts.rank_by) or caution
+    _rank_by_caution(caution)
     _unverified(summary.get("verification"), model)
     return table
 

@@ -6,6 +6,7 @@ reason training recorded."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -144,6 +145,31 @@ def test_python_callers_are_warned_and_the_summary_records_it(grey_bundle, tmp_p
         )  # fmt: skip
     assert not [w for w in got if "rests on" in str(w.message)]
     assert json.loads((tmp_path / "m" / "summary.json").read_text())["rank_by_caution"] is None
+
+
+def test_a_folder_cyto_score_scored_is_warned_in_python_words_when_reused(grey_bundle, tmp_path):
+    """Hostile round 36 (3): score_slide(resume=True) on a folder cyto score had scored warned the
+    line its summary records, in the command line's words (--rank-by auto)."""
+    import cyto
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+    from cyto.errors import CytoWarning
+
+    root, *_ = grey_bundle
+    slide = write_slide(
+        tmp_path / "s.tif", SlideSynthConfig(width=512, height=512, seed=1, n_cells=20)
+    ).paths[0]
+    proc = run_cyto("score", str(slide), "--model", str(root / "grey.cyto"),
+                    "--out", str(tmp_path / "c"), "--workers", "0", "--mosaic", "0")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "c" / "s" / "summary.json").read_text())
+    assert "--rank-by auto's choice" in summary["rank_by_caution"]  # as cyto score said it
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        cyto.score_slide(slide, root / "grey.cyto", tmp_path / "c" / "s", resume=True,
+                         echo=None, workers=0, mosaic=0)  # fmt: skip
+    said = [str(w.message) for w in got if issubclass(w.category, CytoWarning)]
+    assert [m for m in said if m.startswith("ranked by model: rank_by='auto''s choice")], said
+    assert not [m for m in said if "--rank-by" in m or "--set" in m], said
 
 
 def test_predict_says_crops_of_another_field_than_the_models_and_the_flag_to_cut_them(
