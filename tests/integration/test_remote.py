@@ -92,6 +92,9 @@ def test_score_over_http_is_the_local_table(slide, http, exported_dsvdd, local_t
         process=True,  # its own process: no object this test process opened before
     )
     assert proc.returncode == 0, proc.stderr
+    # what a slow link reads before the first tile (the bar starts with the tiles) is said
+    plan = "s.tif: planning its tiles: reading its overview and up to 16 windows from the server"
+    assert plan in proc.stdout.splitlines(), proc.stdout
     table = pq.read_table(out / "s" / "scores.parquet")
     assert json.loads((out / "s" / "summary.json").read_text())["slide"] == source
     assert local_table.num_rows > 20
