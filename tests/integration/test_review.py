@@ -272,7 +272,31 @@ def test_context_view_reads_the_slide(session):
     with _client(session, "ctx") as c:
         r = c.get(f"/context/{case}/1.png")
         assert r.status_code == 200 and r.content[:4] == b"\x89PNG"
-        assert (session.root / "context" / case / "001.png").is_file()
+        assert len(list((session.root / "context" / case).glob("001-*.png"))) == 1
+
+
+def test_a_context_view_is_never_read_from_another_slide_at_its_place(session, scored):
+    """Hostile round 37 (1): a slide replaced at its path (rescanned under its name) gave the
+    reviewer a context view of the other slide around the crop being marked, and its cached
+    image was served on after the right file was back."""
+    case = session.case_ids()[0]
+    slide = Path(session.key["cases"][case]["slide"])
+    other = next(p for p in scored["root"].glob("slide*.ndpi") if p.resolve() != slide.resolve())
+    kept = slide.read_bytes()
+    with _client(session, "ctx2") as c:
+        right = c.get(f"/context/{case}/2.png")
+        assert right.status_code == 200
+        try:
+            slide.write_bytes(other.read_bytes())
+            for pos in (2, 3):  # a view cached from the right slide, and one never read
+                r = c.get(f"/context/{case}/{pos}.png")
+                assert r.status_code == 409, (pos, r.status_code)
+                assert "is not the slide it was scored as" in r.json()["error"], r.json()
+        finally:
+            slide.write_bytes(kept)
+        assert not list((session.root / "context" / case).glob("003-*.png"))
+        again = c.get(f"/context/{case}/2.png")
+        assert again.status_code == 200 and again.content == right.content
 
 
 # --- the report -------------------------------------------------------------------------------

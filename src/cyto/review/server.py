@@ -13,6 +13,7 @@ the server listens on (no DNS rebinding), and the page may not be framed by anot
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import html
 import io
 import os
@@ -152,16 +153,27 @@ def make_app(
     async def context(request):
         from starlette.concurrency import run_in_threadpool
 
-        from cyto.errors import CytoError
-        from cyto.review.session import context_image
+        from cyto.errors import CytoError, InputPathError
+        from cyto.review.session import context_image, context_slide
+        from cyto.slides.remote import SlideChangedError
 
         case, pos = request.path_params["case"], request.path_params["pos"]
         if session.crop_path(case, pos) is None:
             return error(404, "no such cell")
-        cached = session.root / "context" / case / f"{pos:03d}.png"
+        # the slide at its place checked against the key on every view, cached or not: a view
+        # is kept under the identity of the slide it was read from, never served for another
+        try:
+            slide = await run_in_threadpool(context_slide, session, case)
+            identity = session.key["cases"][case].get("slide_identity") or "unknown"
+        except (InputPathError, SlideChangedError) as exc:
+            return error(409, f"no context view: {exc}")
+        except CytoError as exc:
+            return error(404, f"the slide cannot be read for a context view: {exc}")
+        tag = hashlib.sha256(str(identity).encode()).hexdigest()[:16]
+        cached = session.root / "context" / case / f"{pos:03d}-{tag}.png"
         if not cached.is_file():
             try:
-                img = await run_in_threadpool(context_image, session, case, pos)
+                img = await run_in_threadpool(context_image, session, case, pos, slide=slide)
             except CytoError as exc:
                 return error(404, f"the slide cannot be read for a context view: {exc}")
             buf = io.BytesIO()

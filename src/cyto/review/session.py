@@ -811,11 +811,26 @@ def open_session(root: Path) -> Session:
     )
 
 
+def context_slide(session: Session, case: str):
+    """The slide of ``case`` as it was scored (:func:`as_scored`): the file at its place is
+    compared with the identity the key records, and another file there (a slide rescanned
+    under its name) is one line. The context view read whatever file had the path, and showed
+    a reviewer another slide's cells around the crop being marked (hostile round 37, 1)."""
+    info = session.key["cases"][case]
+    return as_scored(info["slide"], info.get("slide_identity"), "the context view")
+
+
 def context_image(
-    session: Session, case: str, position: int, scale: int = 4, side: int | None = None
+    session: Session,
+    case: str,
+    position: int,
+    scale: int = 4,
+    side: int | None = None,
+    slide=None,
 ):
     """A larger view around one cell, read from the slide, with the cell boxed (PIL image):
-    ``scale`` times the crop, at the slide's own pixels (or ``side`` pixels wide)."""
+    ``scale`` times the crop, at the slide's own pixels (or ``side`` pixels wide). ``slide``:
+    the case's slide as :func:`context_slide` checked it (checked here when not given)."""
     from PIL import Image, ImageDraw
 
     from cyto.slides import open_slide
@@ -825,7 +840,7 @@ def context_image(
     crop = int(info["crop_px"])
     size = crop * scale
     x0, y0 = int(round(cell["x"])) - size // 2, int(round(cell["y"])) - size // 2
-    reader = open_slide(info["slide"])
+    reader = open_slide(slide if slide is not None else context_slide(session, case))
     try:
         img = Image.fromarray(reader.read_region(x0, y0, size, size))
     finally:
