@@ -259,7 +259,24 @@ def test_calibrate_refuses_what_cannot_calibrate(cohort, tmp_path):
     pq.write_table(table.replace_schema_metadata(meta), mixed)
     t1 = root / "negs" / "neg1" / "scores.parquet"
     proc = run_cyto("calibrate", str(model), str(mixed), str(t1))
-    assert proc.returncode == 2 and "differ in precision" in proc.stderr
+    # named as the table and what moved, as the user set it (hostile round 37, 3: two JSON dumps
+    # under "result_key"); the precision that ran here depends on the CPU (bf16 or fp32)
+    line = proc.stderr.strip().splitlines()[-1]  # after the slides' adequacy warnings
+    assert proc.returncode == 2 and line.startswith(
+        f"error: {t1} was scored otherwise than {mixed}"
+    )
+    assert "(the precision run (auto's choice, or --precision) int8 -> " in line, line
+    other_slide = pq.read_table(t1)  # another slide's table, scored with another --tile
+    meta = dict(other_slide.schema.metadata)
+    key = json.loads(meta[b"cyto.result_key"])
+    meta[b"cyto.result_key"] = json.dumps({**key, "tile": key["tile"] * 2}).encode()
+    tiled = tmp_path / "tiled.parquet"
+    pq.write_table(other_slide.replace_schema_metadata(meta), tiled)
+    proc = run_cyto("calibrate", str(model), str(t0), str(tiled))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        f"error: {tiled} was scored otherwise than {t0} (--tile {key['tile']} -> "
+        f"{key['tile'] * 2}): score every slide-negative slide the same way"
+    ), proc.stderr
     bad = run_cyto("calibrate", str(model), str(t1), "--normalize", "zscore")
     assert bad.returncode == 2 and "--normalize must be one of" in bad.stderr
     small = tmp_path / "small.parquet"

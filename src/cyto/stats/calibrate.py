@@ -17,6 +17,7 @@ slide's normal cells); they give quantiles for ``cyto info`` but no p-values or 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -44,6 +45,34 @@ COUNTED_EVALUABLE, COUNTED_ALL = "evaluable", "all"
 BURDEN_CELLS = (COUNTED_EVALUABLE, COUNTED_ALL)
 # scoring options that change scores; a calibration holds only for the same values
 _META_KEYS = ("cyto.scoring_id", "cyto.precision", "cyto.graph", "cyto.result_key")
+
+
+def _refuse_scored_otherwise(metas: list[dict], names: list[str]) -> None:
+    """Calibration tables scored otherwise than the first (another model, precision, graph or
+    setting) refused in one line naming the table and what differs as the user set it (``--tile
+    1024 -> 512``), as ``cyto score`` says a slide scored unlike its calibration; it printed the
+    two settings' whole JSON under an internal name (hostile round 37, 3)."""
+    from cyto.reuse import differences
+
+    fields = {"cyto.scoring_id": "model", "cyto.precision": "precision", "cyto.graph": "graph"}
+    first = metas[0]
+    for meta, name in zip(metas[1:], names[1:], strict=True):
+        for key in _META_KEYS:
+            was, now = first.get(key), meta.get(key)
+            if was == now:
+                continue
+            moved: list[str] = []
+            if key in fields:
+                field = fields[key]
+                moved = differences({field: was}, {field: now}, calibration_key_names())
+            else:  # the settings the table was scored with (cyto.result_key, JSON)
+                with contextlib.suppress(TypeError, ValueError):
+                    moved = differences(json.loads(was or "{}"), json.loads(now or "{}"))
+            why = "; ".join(moved) or f"{key.removeprefix('cyto.')} {was} -> {now}"
+            raise ConfigError(
+                f"{name} was scored otherwise than {names[0]} ({why}): score every "
+                "slide-negative slide the same way"
+            )
 
 
 def _pooled(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -580,14 +609,7 @@ def calibrate_from_tables(
         evaluable.append(ev)
         metas.append(meta)
         names.append(meta.get("cyto.slide", str(t)))
-    for key in _META_KEYS:
-        values = {m.get(key) for m in metas}
-        if len(values) > 1:
-            raise ConfigError(
-                f"the calibration tables differ in {key.removeprefix('cyto.')} "
-                f"({', '.join(sorted(str(v) for v in values))}): score every slide-negative "
-                "slide the same way"
-            )
+    _refuse_scored_otherwise(metas, [str(g) for g in tables])
     n = sum(len(p) for p in parts)
     if n < min_cells:
         raise ConfigError(f"need at least {min_cells} scored cells to calibrate, got {n}")
