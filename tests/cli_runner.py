@@ -57,6 +57,7 @@ def _in_process(args: list[str], env: dict) -> subprocess.CompletedProcess:
 
     saved_env, saved_argv = dict(os.environ), sys.argv
     saved_sigint, saved_hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
+    saved_sigterm = signal.getsignal(signal.SIGTERM)
     torch = sys.modules.get("torch")
     threads = torch.get_num_threads() if torch is not None else None
     out, err = io.StringIO(), io.StringIO()
@@ -81,8 +82,9 @@ def _in_process(args: list[str], env: dict) -> subprocess.CompletedProcess:
         os.environ.update(saved_env)
         sys.argv = saved_argv
         signal.signal(signal.SIGINT, saved_sigint)
+        signal.signal(signal.SIGTERM, saved_sigterm)
         sys.unraisablehook = saved_hook
-        interrupts._pending = False
+        interrupts._pending = interrupts._terminated = False
         torch = sys.modules.get("torch")
         if torch is not None and threads is not None and torch.get_num_threads() != threads:
             torch.set_num_threads(threads)

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 
 _SIGINT = {signal.SIGINT}
 _pending = False
+_terminated = False
 
 
 def _on_sigint(signum, frame) -> None:
@@ -36,11 +37,28 @@ def _on_sigint(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM (a service manager's stop: systemd, ``docker stop``, a batch scheduler) stops
+    as a Ctrl-C does: finished chunks kept, workers stopped, what was done said. It killed
+    the process where it stood, a watch saying nothing (hostile round 37, 5)."""
+    global _pending, _terminated
+    _pending = _terminated = True
+    raise KeyboardInterrupt
+
+
+def terminated() -> bool:
+    """Whether the stop that came was a SIGTERM (exit 143), not a Ctrl-C (130)."""
+    return _terminated
+
+
 def install() -> bool:
-    """Record every Ctrl-C from now on (the main thread of a command line program calls this).
-    A SIGINT that is ignored (a shell's background job) or handled by someone else stays so."""
+    """Record every Ctrl-C and SIGTERM from now on (the main thread of a command line program
+    calls this). A SIGINT that is ignored (a shell's background job) or handled by someone else
+    stays so; so does a SIGTERM."""
     if threading.current_thread() is not threading.main_thread():
         return False
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return False
     signal.signal(signal.SIGINT, _on_sigint)
@@ -110,6 +128,9 @@ def _start_worker(initializer, initargs, parent: int | None = None) -> None:
     if parent is not None:
         die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # discards a Ctrl-C that waited meanwhile
+    # a service manager's SIGTERM goes to every process of the service: the main process stops
+    # the workers (and they die with it); one dying first broke the pool, said as a failure
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGINT)
     if initializer is not None:

@@ -233,6 +233,9 @@ def main() -> None:
         typer.secho(f"error: {urls_for_staging(str(exc))}", err=True, fg=typer.colors.RED)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
+        if interrupts.terminated():  # a service manager's stop, said and exited as one
+            typer.secho("stopped (SIGTERM)", err=True)
+            sys.exit(143)
         typer.secho("interrupted", err=True)
         sys.exit(130)
     except OSError as exc:  # the machine's (a full disk, a read-only folder), said in one line
