@@ -173,7 +173,8 @@ def score_slide(
             ``gs://``, ``https://``: read in place; docs/how-to/remote-slides.md).
         model: a bundle path, or a scorer from :func:`load_model` (loaded once, reused across
             slides).
-        out: the output folder of this slide (one writer per folder), or a prefix in object
+        out: the output folder of this slide itself (one writer per folder; ``cyto score
+            --out`` names the folder that holds one per slide), or a prefix in object
             storage (``s3://bucket/scored/slide/``: written through a staging folder in cyto's
             cache, each file uploaded whole, ``seal.json`` last; credentials from the
             standard AWS variables and profiles).
