@@ -42,6 +42,8 @@ def _on_sigterm(signum, frame) -> None:
     as a Ctrl-C does: finished chunks kept, workers stopped, what was done said. It killed
     the process where it stood, a watch saying nothing (hostile round 37, 5)."""
     global _pending, _terminated
+    if _terminated:  # a second SIGTERM while the first stops the run: it is under way (raised
+        return  # inside the stop, it printed an "Exception ignored" traceback: round 38, 2)
     _pending = _terminated = True
     raise KeyboardInterrupt
 

@@ -297,6 +297,14 @@ def test_a_context_view_is_never_read_from_another_slide_at_its_place(session, s
         assert not list((session.root / "context" / case).glob("003-*.png"))
         again = c.get(f"/context/{case}/2.png")
         assert again.status_code == 200 and again.content == right.content
+        moved = slide.with_name(f"{slide.name}.moved")
+        try:  # a slide moved away (or deleted): one line, never a server error (round 38, 1)
+            slide.rename(moved)
+            gone = c.get(f"/context/{case}/2.png")
+            assert gone.status_code == 404, gone.status_code
+            assert gone.json()["error"].startswith("the slide cannot be read for a context view")
+        finally:
+            moved.rename(slide)
 
 
 # --- the report -------------------------------------------------------------------------------

@@ -206,3 +206,25 @@ def test_a_pool_closing_its_wakeup_waits_for_a_wakeup_under_way():
         wakeup.wakeup()  # and after the close, a wakeup is nothing
     finally:
         pool.shutdown(wait=True)
+
+
+def test_a_second_sigterm_while_the_first_stops_the_run_is_nothing(monkeypatch):
+    """Hostile round 38 (2): a second SIGTERM during the stop raised inside it and printed an
+    "Exception ignored ... KeyboardInterrupt" traceback."""
+    import signal
+
+    from cyto import interrupts
+
+    monkeypatch.setattr(interrupts, "_terminated", False)
+    monkeypatch.setattr(interrupts, "_pending", False)
+    try:
+        interrupts._on_sigterm(signal.SIGTERM, None)
+    except KeyboardInterrupt:
+        pass
+    else:  # pragma: no cover - the test fails here
+        raise AssertionError("the first SIGTERM did not stop the run")
+    assert interrupts.terminated()
+    try:  # the stop is under way: nothing more
+        interrupts._on_sigterm(signal.SIGTERM, None)
+    except KeyboardInterrupt:
+        raise AssertionError("a second SIGTERM raised inside the stop") from None

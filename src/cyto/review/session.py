@@ -816,8 +816,13 @@ def context_slide(session: Session, case: str):
     compared with the identity the key records, and another file there (a slide rescanned
     under its name) is one line. The context view read whatever file had the path, and showed
     a reviewer another slide's cells around the crop being marked (hostile round 37, 1)."""
+    from cyto.errors import CytoError, system_words
+
     info = session.key["cases"][case]
-    return as_scored(info["slide"], info.get("slide_identity"), "the context view")
+    try:
+        return as_scored(info["slide"], info.get("slide_identity"), "the context view")
+    except OSError as exc:  # gone or moved: one line, never a server error (round 38, 1)
+        raise CytoError(f"{info['slide']}: {system_words(exc) or exc.strerror or exc}") from None
 
 
 def context_image(
