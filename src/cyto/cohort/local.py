@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cyto.cohort.table import cohort_row, read_cohort_table, write_cohort_table
+from cyto.cohort.table import (
+    cohort_row,
+    is_cohort_table,
+    read_cohort_table,
+    write_cohort_table,
+)
 from cyto.errors import (
     CytoError,
     InputPathError,
@@ -256,7 +261,7 @@ def refuse_cohort_folder(out: Path, slide_name: str, field: str = "out") -> None
     out = Path(out)
     if not out.is_dir():
         return
-    if _cohort_table(out / "cohort.csv"):
+    if is_cohort_table(out / "cohort.csv"):
         what = "its cohort.csv"
     else:
         held = [
@@ -272,19 +277,6 @@ def refuse_cohort_folder(out: Path, slide_name: str, field: str = "out") -> None
         f"give a folder of this slide's own, such as "
         f"{passing(field, out / Path(slide_name).stem)}"
     )
-
-
-def _cohort_table(path: Path) -> bool:
-    """Whether ``path`` is a cohort table cyto writes (its header names ``slide`` and
-    ``output``), not a user's own table of the same name."""
-    import csv
-
-    try:
-        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
-            header = next(csv.reader(fh), [])
-    except (OSError, csv.Error):
-        return False
-    return {"slide", "output"} <= {h.strip() for h in header}
 
 
 def check_out_folder(out: Path) -> None:

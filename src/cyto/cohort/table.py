@@ -256,6 +256,23 @@ def _as_sealed(row: dict, folder: Path) -> dict | None:
     return {k: fresh.get(k, "") for k in COHORT_COLUMNS}
 
 
+#: the columns that make a CSV file a cohort table cyto writes (not a lab's own table)
+COHORT_KEY_COLUMNS = frozenset({"slide", "output"})
+
+
+def is_cohort_table(path: Path) -> bool:
+    """Whether ``path`` is a cohort table cyto writes: its header names
+    :data:`COHORT_KEY_COLUMNS` (a lab's own ``cohort.csv`` of patients does not)."""
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+            header = next(csv.reader(fh), [])
+    except (OSError, csv.Error):
+        return False
+    return {h.strip() for h in header} >= COHORT_KEY_COLUMNS
+
+
 def read_cohort_table(path: Path) -> list[dict]:
     """The rows of an existing ``cohort.csv`` (none when there is none). Bytes that are not
     UTF-8 (a hand edit in another encoding, a slide name written by an older cyto) are read as
@@ -280,7 +297,7 @@ def read_cohort_table(path: Path) -> list[dict]:
             f"cannot update the cohort table {printable(path)}: it is not a CSV file cyto can "
             f"read ({exc}); {fix}"
         ) from exc
-    if rows and not {"slide", "output"} <= set(header):
+    if rows and not set(header) >= COHORT_KEY_COLUMNS:
         raise OutputWriteError(
             f"cannot update the cohort table {printable(path)}: it is no cohort table (its "
             f"header has no slide and output columns); {fix}"

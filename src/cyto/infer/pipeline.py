@@ -184,13 +184,7 @@ def write_error(slide: Path, out_dir: Path, exc: OSError) -> OutputWriteError:
     under ``.partial`` too, whose error from Arrow names no file), why, and what a rerun keeps:
     the finished chunks, or none (said either way: hostile round 35, 2)."""
     why = SYSTEM_ERRORS.get(exc.errno, exc.strerror or str(exc))
-    kept = out_dir / PARTIAL
-    n = len(list(kept.glob("chunk-*.parquet"))) if kept.is_dir() else 0
-    tail = (
-        f"; {n} finished chunk(s) are kept in {kept}: fix that and rerun with {passing('resume')}"
-        if n
-        else "; no chunk was finished yet: a rerun starts it over"
-    )
+    tail = f"; {kept_words(out_dir / PARTIAL, then='fix that and ')}"
     path = os_error_path(exc)
     where = Path(path) if path else out_dir
     if out_dir.resolve() not in (where.resolve(), *where.resolve().parents):

@@ -125,14 +125,17 @@ def slide_key(slide: Path, planes: list[tuple[float, str]]) -> dict:
     return {str(f): slide_identity(f) for f in files}
 
 
-def kept_words(store_dir: Path) -> str:
-    """What a stopped run leaves for ``--resume``, in words: the finished chunks, or that
-    there are none yet (then a rerun starts it over; a cohort says what its other slides
-    need: :func:`cyto.cohort.local.score_cohort`)."""
-    n = len(list(Path(store_dir).glob("chunk-*"))) if Path(store_dir).is_dir() else 0
+def kept_words(store_dir: Path, then: str = "") -> str:
+    """What a stopped run leaves for ``--resume``, in words: the finished chunks (a chunk's
+    ``.tmp``, cut short, is none), or that there are none yet (then a rerun starts it over; a
+    cohort says what its other slides need: :func:`cyto.cohort.local.score_cohort`). ``then``:
+    what to do before the rerun ("fix that and "), said before it."""
+    n = len(list(Path(store_dir).glob("chunk-*.parquet"))) if Path(store_dir).is_dir() else 0
     if n:
         again = passing("resume")
-        return f"{n} finished chunk(s) are kept in {store_dir}: rerun with {again} to continue"
+        return f"{n} finished chunk(s) are kept in {store_dir}: {then}rerun with {again}" + (
+            "" if then else " to continue"
+        )
     return "no chunk was finished yet: a rerun starts it over"
 
 

@@ -43,8 +43,14 @@ MIN_EVALUABLE = 100
 COUNTED_EVALUABLE, COUNTED_ALL = "evaluable", "all"
 #: what ``cyto score --burden-cells`` may ask the burden to count
 BURDEN_CELLS = (COUNTED_EVALUABLE, COUNTED_ALL)
-# scoring options that change scores; a calibration holds only for the same values
-_META_KEYS = ("cyto.scoring_id", "cyto.precision", "cyto.graph", "cyto.result_key")
+# scoring options that change scores; a calibration holds only for the same values. Each by
+# its field of a calibration's record (calibration_key_names); the settings (JSON) by their flags
+_META_KEYS = {
+    "cyto.scoring_id": "model",
+    "cyto.precision": "precision",
+    "cyto.graph": "graph",
+    "cyto.result_key": None,
+}
 
 
 def _refuse_scored_otherwise(metas: list[dict], names: list[str]) -> None:
@@ -54,16 +60,14 @@ def _refuse_scored_otherwise(metas: list[dict], names: list[str]) -> None:
     two settings' whole JSON under an internal name (hostile round 37, 3)."""
     from cyto.reuse import differences
 
-    fields = {"cyto.scoring_id": "model", "cyto.precision": "precision", "cyto.graph": "graph"}
     first = metas[0]
     for meta, name in zip(metas[1:], names[1:], strict=True):
-        for key in _META_KEYS:
+        for key, field in _META_KEYS.items():
             was, now = first.get(key), meta.get(key)
             if was == now:
                 continue
             moved: list[str] = []
-            if key in fields:
-                field = fields[key]
+            if field is not None:
                 moved = differences({field: was}, {field: now}, calibration_key_names())
             else:  # the settings the table was scored with (cyto.result_key, JSON)
                 with contextlib.suppress(TypeError, ValueError):
