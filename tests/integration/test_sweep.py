@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 from cyto.locks import OutputLock
 from tests.cli_runner import run_cyto
@@ -48,6 +49,17 @@ def test_miniature_sweep_and_resume(tmp_path, synth_patches):
     proc = run_cyto(*args)
     assert proc.returncode == 0, proc.stderr
     assert "WR 9%" in proc.stdout and "of the positive bags" in proc.stdout
+    # the WR asked is the abnormal share of a positive bag, to a cell (hostile round 39, 1: the
+    # sweep put 9 % of all ten bags' normals in, 15-18 % of a positive bag on small data)
+    for wr in (9, 5):
+        said = re.search(
+            rf"WR {wr}%: train (\d+) abnormal .*?, ([\d.]+)% of the positive bags\), test (\d+) "
+            r"abnormal among (\d+) normal \(effective ([\d.]+)%\)",
+            proc.stdout,
+        )
+        train, share, test, held, test_share = (float(g) for g in said.groups())
+        assert abs(share - wr) <= 0.5 * 100 / (train / (share / 100)), said[0]
+        assert test_share < share  # about half of it, as the paper's pools hold
     assert "fs-sil (upper bound)" in proc.stdout
     with open(out / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -129,6 +141,18 @@ def test_miniature_sweep_and_resume(tmp_path, synth_patches):
 
     other = run_cyto(*[a if a != "20" else "30" for a in args])
     assert other.returncode != 0 and "other settings" in other.stderr
+
+    # a sweep of an earlier cyto, whose record holds no counts (its WR was twice a positive
+    # bag's), is not continued under this rule: its rows are at other witness rates
+    record = (out / "sweep.json").read_text()
+    spec = json.loads(record)
+    assert set(spec.pop("counts")) == {"9", "5"}
+    (out / "sweep.json").write_text(json.dumps(spec))
+    older = run_cyto(*args)
+    assert older.returncode != 0 and "other abnormal cells per witness rate" in older.stderr
+    assert "(none recorded (an earlier cyto's sweep" in older.stderr, older.stderr
+    assert (out / "results.csv").read_text().count("\n") == len(lines)
+    (out / "sweep.json").write_text(record)
 
     # a second sweep into a folder in use is refused (exit 3) and changes nothing
     before = (out / "results.csv").read_bytes()

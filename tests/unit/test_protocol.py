@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cyto.errors import ConfigError, DatasetError
-from cyto.eval.protocol import PAPER_COUNTS, WRProtocol
+from cyto.eval.protocol import PAPER_COUNTS, PAPER_WRS, WRProtocol
 
 LABELS = np.array([0] * 600 + [1] * 200)
 
@@ -39,29 +41,52 @@ def test_injection_is_uniform_and_one_class_training_is_pure(wr):
     assert not set(t.test.tolist()) & set(idx.tolist())
 
 
-def test_counts_scale_with_the_pools_and_the_paper_table_on_full_size():
+def test_counts_scale_with_the_pools_and_the_paper_table_on_its_pools():
     p = WRProtocol(LABELS, seed=0)
-    assert p.counts(9.0).train == round(0.09 * 300)
+    assert p.counts(9.0).train == round(9 / 91 * 150)  # 150 normals in the 5 positive bags
     assert p.counts(0.05).train == 1  # the floor of one cell
     assert p.counts(0.05).effective_train_wr > 0.05
-    big = np.array([0] * 29100 + [1] * 3000)
-    full = WRProtocol(big, seed=0, train_fraction=0.7)
+    # the paper's split (--train-fraction 0.7 of its 26,242 LYT): its table's counts
+    paper = np.array([0] * 26242 + [1] * 3000)
+    full = WRProtocol(paper, seed=0, train_fraction=0.7)
     for wr, (tr, te) in PAPER_COUNTS.items():
         c = full.counts(wr)
         assert (c.train, c.test) == (tr, te)
+    # pools a third larger than the paper's follow the rule, not the paper's counts (they took
+    # the table's 910 cells at "9 %", 6.9 % of a positive bag there)
+    larger = WRProtocol(np.array([0] * 35000 + [1] * 6000), seed=0, train_fraction=0.7)
+    assert larger.counts(9.0).positive_bag_wr == pytest.approx(9.0, abs=0.01)
 
 
-def test_paper_counts_need_both_pools_at_paper_size():
-    # a large training pool with a small test pool scales the counts (a tuple comparison took
-    # the paper's 396 test abnormals for a 2,200-cell test pool)
-    labels = np.array([0] * 22000 + [1] * 4000)
-    p = WRProtocol(labels, seed=0, train_fraction=0.9)
-    c = p.counts(9.0)
-    assert len(p.test_normals) == 2200
-    assert (c.train, c.test) == (round(0.09 * 19800), round(0.09 * 2200))
-    # the WR a bag-level learner sees: abnormal share of the positive bags
+@given(
+    n_normal=st.integers(50, 3000),
+    wr=st.sampled_from([*PAPER_WRS, 2.5, 20.0]),
+    fraction=st.floats(0.2, 0.8),
+)
+def test_the_witness_rate_is_the_abnormal_share_of_a_positive_bag(n_normal, wr, fraction):
+    """Hostile round 39 (1): the sweep injected round(WR x all ten bags' normals), so its "WR 9 %"
+    was 15-18 % of each positive bag and its test pools held twice the paper's abnormal share.
+    The WR asked is the abnormal share of a positive bag (the glossary's definition), to the
+    rounding of one cell; the test pool holds the share the training bags hold over all ten,
+    as the paper's pools do."""
+    labels = np.array([0] * n_normal + [1] * 4 * n_normal)
+    p = WRProtocol(labels, seed=0, train_fraction=fraction)
+    c = p.counts(wr)
     n_pos = sum(len(b) for b in p.normal_bags[:5])
+    n_bags = sum(len(b) for b in p.normal_bags)
     assert c.positive_bag_wr == pytest.approx(100 * c.train / (n_pos + c.train))
+    one_cell = 100 / (n_pos + c.train)  # what one cell more or less moves the share
+    if c.train > 1:
+        assert abs(c.positive_bag_wr - wr) <= one_cell / 2 + 1e-9
+    else:
+        assert c.positive_bag_wr >= wr or c.positive_bag_wr == pytest.approx(one_cell)
+    over_all_bags = c.train / n_bags
+    test_share = c.test / len(p.test_normals)
+    if c.test > 1:
+        assert abs(test_share - over_all_bags) <= 0.5 / len(p.test_normals) + 1e-9
+    # the test pool holds about half the positive bags' share, never more (the old rule's held
+    # as much as all the bags together, twice the paper's)
+    assert c.effective_test_wr <= c.positive_bag_wr + 100 * 0.5 / len(p.test_normals)
 
 
 def test_same_seed_same_split_and_trials_resample_only_the_test_abnormals():

@@ -10,11 +10,19 @@ Variation").
 * Test pool: all held-out normals plus a WR-specific sample of held-out abnormals, ranked as one
   pool. Each trial resamples the abnormal sample (training data stay fixed per WR).
 
-Counts: the paper's table (WR 9/5/1/0.5/0.1/0.05 % -> train 910/455/90/45/10/5, test
-396/198/40/20/4/2) belongs to its full dataset (about 10,111 training and 4,400 test cells).
-Elsewhere the counts scale by the same rule the table follows: count = round(WR x pool size), at
-least 1, where the pool is the training bags or the held-out normals. With few cells the smallest
-WRs therefore hit the floor of one cell; the effective WR is reported next to the asked one.
+Counts. The witness rate is the share of abnormal cells among a positive bag's cells (the
+glossary's definition, and what a bag-level learner sees): WR x = round(x / (100 - x) x the
+positive bags' normals) abnormal training cells, at least 1. The test pool holds the share of
+abnormal cells that the training bags hold over all ten, as the paper's does (its WR 9 %: 910
+training abnormal cells beside 18,369 training normals, 4.7 %; 396 beside 7,873 test normals,
+4.8 %): round(training abnormal cells x held-out normals / training normals), at least 1.
+On the paper's own pools (18,369 training normals and 7,873 held out, each within 1 %:
+``--train-fraction 0.7`` of 26,242 normal cells, as its LYT) the sweep takes its table's
+counts as printed (WR 9/5/1/0.5/0.1/0.05 % -> train 910/455/90/45/10/5, test
+396/198/40/20/4/2), which the rule gives within 6 %. With few cells the smallest WRs hit the
+floor of one cell; the effective WRs are reported beside the asked one. (Earlier cyto took
+round(WR x all ten bags' normals): twice the WR within a positive bag, and twice the paper's
+test share; hostile round 39.)
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ PAPER_COUNTS = {
     0.1: (10, 4),
     0.05: (5, 2),
 }
-PAPER_POOLS = (10111, 4400)
+#: the paper's training normals (18,369, in ten bags of 1,836 here) and held-out normals
+PAPER_POOLS = (18360, 7873)
 
 
 @dataclass(frozen=True)
@@ -104,24 +113,31 @@ class WRProtocol:
         half = len(abnormals) // 2
         self.train_abnormals, self.test_abnormals = abnormals[:half], abnormals[half:]
 
+    @property
+    def paper_pools(self) -> bool:
+        """Are the pools the paper's (each within 1 %)? Its table's counts are taken there."""
+        pools = (sum(len(b) for b in self.normal_bags), len(self.test_normals))
+        return all(
+            abs(n - paper) <= 0.01 * paper for n, paper in zip(pools, PAPER_POOLS, strict=True)
+        )
+
     def counts(self, wr: float) -> WRCounts:
         """Abnormal cells injected into the training bags and sampled into the test pool."""
         if not 0 < wr < 100:
             raise ConfigError(f"witness rate must be in (0, 100) percent, got {wr}")
         n_train_pool = sum(len(b) for b in self.normal_bags)
         n_test_pool = len(self.test_normals)
-        pools_at_paper_size = n_train_pool >= PAPER_POOLS[0] and n_test_pool >= PAPER_POOLS[1]
-        if pools_at_paper_size and wr in PAPER_COUNTS:
+        n_positive = sum(len(b) for b in self.normal_bags[: self.n_pos])
+        if self.paper_pools and wr in PAPER_COUNTS:
             train, test = PAPER_COUNTS[wr]
         else:
-            train = max(1, round(wr / 100 * n_train_pool))
-            test = max(1, round(wr / 100 * n_test_pool))
+            train = max(1, round(wr / (100 - wr) * n_positive))
+            test = max(1, round(train * n_test_pool / n_train_pool))
         if train > len(self.train_abnormals) or test > len(self.test_abnormals):
             raise DatasetError(
                 f"WR {wr}% needs {train} training and {test} test abnormal cells; the data hold "
                 f"{len(self.train_abnormals)} and {len(self.test_abnormals)}"
             )
-        n_positive = sum(len(b) for b in self.normal_bags[: self.n_pos])
         return WRCounts(
             wr,
             train,

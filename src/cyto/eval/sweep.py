@@ -23,7 +23,7 @@ from cyto.bundle import atomic_write
 from cyto.data.dataset import PatchDataset
 from cyto.errors import ConfigError
 from cyto.eval.metrics import all_metrics
-from cyto.eval.protocol import PAPER_WRS, WRProtocol
+from cyto.eval.protocol import PAPER_COUNTS, PAPER_WRS, WRProtocol
 from cyto.flags import Range, check_seed, check_value, passing, said
 from cyto.locks import OutputLock
 from cyto.progress import progress
@@ -252,6 +252,14 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> SweepFiles:
             out.rmdir()
 
 
+def _said_counts(counts) -> str:
+    """A record's abnormal cells per WR, as said: "WR 9 %: 3 training, 3 test; WR 5 %: ..."."""
+    try:
+        return "; ".join(f"WR {wr} %: {tr} training, {te} test" for wr, (tr, te) in counts.items())
+    except (AttributeError, TypeError, ValueError):
+        return repr(counts)  # a record edited by hand
+
+
 def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
     from cyto.bundle import save_bundle
     from cyto.runtime import load_scorer
@@ -271,6 +279,7 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
                 "finished cells"
             ) from None
         previous = {**json.loads(json.dumps(defaults)), **recorded}
+        recorded_counts = previous.pop("counts", None)
         reuse = check_reuse(previous, json.loads(json.dumps(spec_json)))
         if not reuse.ok:
             raise ConfigError(
@@ -287,6 +296,27 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
     labels = next(iter(datasets.values())).labels.astype(np.int64)
     protocol = WRProtocol(labels, seed=spec.seed, train_fraction=spec.train_fraction)
     counts = {wr: protocol.counts(wr) for wr in spec.wrs}  # too few abnormal cells: refused here
+    # each WR's cells, in the record: a sweep resumed under another count rule would mix rows of
+    # two witness rates under one name (hostile round 39, 1)
+    spec_json["counts"] = {f"{wr:g}": [c.train, c.test] for wr, c in counts.items()}
+    if spec_file.exists() and recorded_counts != spec_json["counts"]:
+        if recorded_counts is None:  # an earlier cyto's sweep: its counts were the paper's on
+            # the paper's pools (as now), twice the asked WR's elsewhere
+            paper = protocol.paper_pools and all(wr in PAPER_COUNTS for wr in spec.wrs)
+            was = (
+                None
+                if paper
+                else "none recorded (an earlier cyto's sweep: its WR was the abnormal share of "
+                "all ten bags, twice a positive bag's)"
+            )
+        else:
+            was = _said_counts(recorded_counts)
+        if was is not None:
+            raise ConfigError(
+                f"{out} holds a sweep of other abnormal cells per witness rate ({was} -> "
+                f"{_said_counts(spec_json['counts'])}; {spec_file}): its rows are at other "
+                "witness rates; use another --out or delete it"
+            )
     results = out / "results.csv"
     if results.exists():
         _read_rows(results)  # a user's results.csv: refused here
