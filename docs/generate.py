@@ -128,7 +128,8 @@ def _comments(cls: type) -> dict[str, str]:
         if tok.type == tokenize.COMMENT:
             row, col = tok.start
             whole = not lines[row - 1][:col].strip()
-            by_line[row] = (tok.string.lstrip("#").strip(), whole)
+            text = tok.string.lstrip("#")  # "#:" marks a field's doc-comment: not its text
+            by_line[row] = (text.removeprefix(":").strip(), whole)
     out: dict[str, str] = {}
     (node,) = ast.parse(source).body
     for stmt in node.body:

@@ -47,6 +47,28 @@ CALIBRATION_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 CALIBRATION_FILE = "calibration.npz"
 # the lock a bundle's writers take (one change of its manifest at a time) and its readers share
 LOCK = ".lock"
+#: the image files a model was trained on (and chose its ranking on): the first 64 bits of each
+#: file's sha256, sorted (:func:`cell_keys`); cyto predict says which scored images are among
+#: them (hostile round 39, 7: a model's own training cells were scored and measured unsaid)
+TRAINING_CELLS = "training_cells.npy"
+
+
+def cell_keys(digests: Iterable[str | None]) -> np.ndarray:
+    """The sha256 hex digests of image files as 64-bit keys (uint64; None: a key of 0, which no
+    digest of a 2^64 chance gives): what :data:`TRAINING_CELLS` holds, sorted and unique."""
+    return np.array([int(d[:16], 16) if d else 0 for d in digests], dtype=np.uint64)
+
+
+def training_cells(bundle: Bundle) -> np.ndarray | None:
+    """The keys of the images ``bundle`` was trained on, checked against its manifest; None for
+    a bundle that records none (an older cyto's, or one not trained by cyto train)."""
+    digest = bundle.manifest.get("files", {}).get(TRAINING_CELLS)
+    if digest is None:
+        return None
+    data = read_checked(Path(bundle.path) / TRAINING_CELLS, digest, "changed since it was loaded")
+    import io
+
+    return np.load(io.BytesIO(data), allow_pickle=False)
 
 
 def read_checked(path: Path, sha256: str, changed: str) -> bytes:
@@ -354,6 +376,7 @@ def save_bundle(
     weights: dict[str, dict[str, Any]],
     scorer: dict[str, np.ndarray],
     overwrite: bool = False,
+    cells: np.ndarray | None = None,
 ) -> Path:
     """Write a bundle atomically: built in a temporary folder, then renamed into place.
 
@@ -362,6 +385,7 @@ def save_bundle(
         manifest: method-specific fields; format, checksums and versions are added here.
         weights: ``{"encoder-seed0": state_dict, ...}``, each written as safetensors.
         scorer: arrays for ``scorer.npz``.
+        cells: the keys of the training images (:func:`cell_keys`), for :data:`TRAINING_CELLS`.
     """
     from safetensors.torch import save_file
 
@@ -379,6 +403,9 @@ def save_bundle(
         if scorer:
             np.savez(tmp / "scorer.npz", **{k: np.asarray(v) for k, v in scorer.items()})
             files["scorer.npz"] = sha256_file(tmp / "scorer.npz")
+        if cells is not None:
+            np.save(tmp / TRAINING_CELLS, np.unique(np.asarray(cells, dtype=np.uint64)))
+            files[TRAINING_CELLS] = sha256_file(tmp / TRAINING_CELLS)
         full = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,

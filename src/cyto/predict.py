@@ -223,11 +223,13 @@ def predict(
             )
             if advice is not None:
                 warn_caller(advice, ScaleWarning)
+        trained_on = _trained_on(scorer, rows["sha256"].to_pylist(), kept)
         summary = _write_table(
             out, scorer, [records[i] for i in kept],
             None if labels is None else labels[kept], column, morph, rank_by, factor, how,
             skipped,
         )  # fmt: skip
+        summary["trained_on"] = trained_on
         if "auroc" in summary:
             _better_ranking(
                 summary,
@@ -260,6 +262,33 @@ def predict(
         }
     )
     return summary
+
+
+def _trained_on(scorer, digests: list[str | None], kept: np.ndarray) -> int | None:
+    """How many of the images scored are images the model was trained on or chose its ranking
+    on (the same file bytes: :data:`cyto.bundle.TRAINING_CELLS`), warned where any are (a
+    model's own training cells were scored and measured without a word: hostile round 39, 7);
+    None where the bundle records none."""
+    from cyto.bundle import cell_keys, training_cells
+
+    trained = training_cells(scorer.bundle)
+    if trained is None:
+        return None
+    n = int(np.isin(cell_keys([digests[i] for i in kept]), trained).sum())
+    if n:
+        source = scorer.bundle.manifest.get("training_data", {}).get("source")
+        share = (
+            "every image scored is"
+            if n == len(kept)
+            else f"{n} of the {len(kept)} images scored {'is' if n == 1 else 'are'}"
+        )
+        warn_caller(
+            f"{share} among the images {scorer.bundle.where} was "
+            f"trained on or chose its ranking on (the same files{f' as {source}' if source else ''}"
+            "): a ranking or metric over them is not one of held-out cells",
+            CytoWarning,
+        )
+    return n
 
 
 #: the images a folder's stain is estimated from, drawn evenly (an estimate settles by a few

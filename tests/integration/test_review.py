@@ -759,6 +759,18 @@ def test_refine_learns_from_finished_cases_only(
         with pytest.raises(ConfigError, match="continues a Deep SVDD model"):
             refine(exported_bundles["fs-sil"], rv, synth_patches, tmp_path / "r4.cyto",
                    finetune=True, **args)  # fmt: skip
+        # an fs-sil bundle of an earlier cyto recorded the one-class settings, which fs-sil now
+        # refuses (hostile round 39, 5): refine leaves them out of the config it replays
+        from cyto.bundle import _write_manifest
+
+        old = tmp_path / "old-fs-sil.cyto"
+        shutil.copytree(exported_bundles["fs-sil"], old)
+        recorded = load_bundle(old, weights=False).manifest
+        recorded["config"] |= {"holdout": 0.2, "refit": True}
+        _write_manifest(old, recorded, seal=True)
+        refine(old, rv, synth_patches, tmp_path / "r7.cyto", overrides=["epochs=1"], **args)
+        assert asked[-1]["method"] == "fs-sil"
+        assert not {"holdout", "refit"} & set(asked[-1]["overrides"])
     with pytest.raises(ConfigError, match="warm_start .* this config needs dsvdd"):
         refine(model, rv, synth_patches, tmp_path / "r5.cyto", finetune=True,
                overrides=["n_seeds=3"], **args)  # fmt: skip

@@ -306,3 +306,26 @@ def test_a_second_training_into_one_out_is_refused_before_it_trains(tmp_path, sy
     (line,) = proc.stderr.strip().splitlines()
     assert "being written by another cyto train" in line and "--overwrite" not in line, line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("method", ["ws-sil", "its2clr"])
+def test_a_refused_training_says_no_resume_and_leaves_no_checkpoint_folder(
+    method, tmp_path, synth_patches
+):
+    """Hostile round 39 (6): a weakly supervised method given a folder without bags said
+    "stopped: no epoch was finished yet: rerun to start over" before its error, and left an
+    empty ``OUT.train-state`` behind: a refusal is its one line, nothing to resume."""
+    from cyto.errors import DatasetError
+    from cyto.train.api import train
+
+    out = tmp_path / "m.cyto"
+    args = ["--data", str(synth_patches), "--normal", "normal", "--out", str(out)]
+    proc = run_cyto("train", method, *args, "--preset", "fast", "--set", "epochs=1")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "needs" in proc.stderr and "bag" in proc.stderr
+    assert "stopped" not in proc.stdout + proc.stderr and "resume" not in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    said: list[str] = []
+    with pytest.raises(DatasetError):
+        train(method, synth_patches, out, normal="normal", preset="fast", echo=said.append)
+    assert not any("stopped" in line for line in said) and not list(tmp_path.iterdir())

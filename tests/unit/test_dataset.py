@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -127,6 +128,60 @@ def test_manifest_errors(tmp_path):
         load_records(lab)
     with pytest.raises(InputPathError, match="neither a folder nor a manifest"):
         load_records(tmp_path / "m.txt" if (tmp_path / "m.txt").write_text("x") else None)
+
+
+_PAD = st.sampled_from(["", " ", "  ", "\t"])
+
+
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["LYT", "BLA", "ASC-US"]), _PAD, _PAD, st.sampled_from(["s1", "s2"])
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    parquet=st.booleans(),
+)
+def test_labels_and_bags_are_read_without_the_spaces_around_them(rows, parquet):
+    """Hostile round 39 (2): a manifest label " LYT" (a spreadsheet's export) was a class of its
+    own, abnormal by default, beside LYT: normal cells counted as abnormal in training, predict
+    and every metric. A label and a bag name are what they say without the spaces around them,
+    from CSV and Parquet alike."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        table = pa.table(
+            {
+                "path": [f"c{i}.png" for i in range(len(rows))],
+                "label": [f"{a}{label}{b}" for label, a, b, _ in rows],
+                "bag": [f"{bag}{a}" for _, a, _, bag in rows],
+                "bag_label": [int(bag == "s1") for *_, bag in rows],
+            }
+        )
+        manifest = Path(tmp) / ("m.parquet" if parquet else "m.csv")
+        if parquet:
+            pq.write_table(table, manifest)
+        else:
+            import pyarrow.csv as pacsv
+
+            pacsv.write_csv(table, manifest)
+        records = load_records(manifest)
+    assert [r.cls for r in records] == [label for label, *_ in rows]
+    assert [r.bag for r in records] == [bag for *_, bag in rows]
+
+
+def test_a_bag_whose_rows_disagree_on_its_label_is_refused(tmp_path):
+    """Hostile round 39 (3): one row of a positive bag edited to bag_label 0 was read three
+    ways (WS-SIL each row's, ItS2CLR the first row's, the bag check the last row's)."""
+    m = tmp_path / "m.csv"
+    m.write_text("path,label,bag,bag_label\na.png,LYT,s1,1\nb.png,BLA,s1,1\nc.png,LYT,s2,0\n")
+    assert [r.bag_label for r in load_records(m)] == [1, 1, 0]
+    m.write_text("path,label,bag,bag_label\na.png,LYT,s1,0\nb.png,BLA,s1,1\nc.png,LYT,s2,0\n")
+    with pytest.raises(DatasetError) as err:
+        load_records(m)
+    assert "bag 's1' has bag_label 0 in row 2 and 1 in row 3" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_class_choice_errors(synth_patches):
@@ -493,7 +548,6 @@ def test_a_sets_own_oblong_size_is_not_taken_for_crops_cut_at_an_edge():
     """PBC's images are 360 x 363 px: 794 of 800 were "not square (BA_26315.jpg: 360x363 px,
     cut at the edge of its image?)" (hostile round 20). Where most of a set shares one oblong
     size it is named as the set's own; a few crops of sizes of their own are asked about."""
-    from pathlib import Path
 
     from cyto.data.images import oblong_words
 
@@ -513,7 +567,6 @@ def test_cyto_warns_only_through_warn_caller_so_every_warning_points_at_the_user
     module caught one and not the other). Every warning of ``src/cyto`` goes through
     :func:`cyto.errors.warn_caller`, which walks out of the package."""
     import ast
-    from pathlib import Path
 
     src = Path(__file__).resolve().parents[2] / "src" / "cyto"
     fixed = []
@@ -539,7 +592,6 @@ def test_every_library_call_hands_its_echo_on_through_one_rule():
     the rule warns ``warning:`` lines and passes every other line on."""
     import ast
     import warnings
-    from pathlib import Path
 
     from cyto.api import _said
     from cyto.errors import CytoWarning

@@ -213,3 +213,24 @@ def test_a_morphometry_column_ranks_its_unmeasured_cells_lowest_and_says_how_man
     assert f"AUROC {roc_auc_score(y, lowest):.4f}" in said, said
     proc = run_cyto("eval", "scores", str(tmp_path / "t.parquet"), "--score-column", "score")
     assert proc.returncode == 2 and "3 score(s) are NaN or infinite" in proc.stderr
+
+
+def test_the_by_class_table_is_headed_by_the_k_asked(tmp_path):
+    """Hostile round 39 (4): with K above a small class's pool, the console table was headed by
+    that pool ("Recall@63"), and a larger class's Recall at K sat under it (1.0 read as its
+    Recall@63, where that is 0.6). The header names the K asked; each row is the class's
+    Recall at K (its whole pool where that is smaller, as the note says)."""
+    rng = np.random.default_rng(3)
+    classes = np.repeat(["NILM", "ASC-H", "ASC-US"], [60, 3, 10])
+    scores = rng.normal(0, 1, len(classes)) + (classes != "NILM") * 0.8
+    path = _table(tmp_path / "t.parquet", classes, scores)
+    proc = run_cyto("eval", "scores", str(path), "--by-class", "--k", "65")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    head = next(ln for ln in lines if ln.split()[:3] == ["class", "cells", "AUROC"])
+    assert head.split()[3:] == ["Recall@65"]
+    for name, pool in (("ASC-H", 63), ("ASC-US", 70)):
+        pick = (classes == "NILM") | (classes == name)
+        y = (classes[pick] == name).astype(int)
+        row = next(ln.split() for ln in lines if ln.split()[:1] == [name])
+        assert float(row[3]) == pytest.approx(recall_at_k(scores[pick], y, min(65, pool)), abs=1e-4)

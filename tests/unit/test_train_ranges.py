@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from cyto.errors import ConfigError
 from cyto.train.registry import get_method, method_names
+from tests.cli_runner import run_cyto
 
 
 def _numeric_fields(cfg_cls) -> list[str]:
@@ -71,3 +72,30 @@ def test_a_negative_seed_is_refused_at_the_command_line(tmp_path, synth_patches)
         "error: --set seed must be an integer between 0 and 4294967295 (a random seed), got -1"
     )
     assert not (tmp_path / "m.cyto").exists()
+
+
+@pytest.mark.parametrize("method", sorted(CONFIGS))
+@pytest.mark.parametrize("setting", ["holdout=0.5", "refit=false"])
+def test_the_one_class_settings_are_refused_by_the_methods_that_hold_nothing_back(
+    method, setting, tmp_path, synth_patches
+):
+    """Hostile round 39 (5): fs-sil, ws-sil and its2clr took --set holdout and refit and ignored
+    them (the same losses and scores). A one-class method has them; the others refuse them in
+    one line, from Python as at the command line, before any cell is read."""
+    from cyto.train.api import train
+    from cyto.train.config import resolve_config
+
+    cls = CONFIGS[method]
+    if get_method(method).one_class:
+        cfg = resolve_config(cls, "fast", overrides=[setting])
+        assert cfg.holdout == 0.5 or cfg.refit is False
+        return
+    with pytest.raises(ConfigError) as err:
+        train(method, tmp_path / "no-data", tmp_path / "m.cyto", normal="x", overrides=[setting])
+    words = str(err.value)
+    assert f"{setting.split('=')[0]!r} is a setting of the one-class methods (dsvdd, droc)" in words
+    assert "\n" not in words and not (tmp_path / "m.cyto").exists()
+    proc = run_cyto("train", method, "--data", str(synth_patches), "--normal", "normal",
+                    "--out", str(tmp_path / "c.cyto"), "--set", setting)  # fmt: skip
+    assert proc.returncode == 2 and "a setting of the one-class methods" in proc.stderr
+    assert "stopped" not in proc.stdout + proc.stderr and not list(tmp_path.glob("c.cyto*"))

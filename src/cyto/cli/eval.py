@@ -91,7 +91,11 @@ def eval_scores_cmd(
     table: Annotated[Path, typer.Argument(help="Score table (Parquet or CSV), one row per cell.")],
     k: Annotated[
         list[str] | None,
-        typer.Option("--k", help="K; several comma-separated (--k 100,400) or repeated."),
+        typer.Option(
+            "--k",
+            help="K; several comma-separated (--k 100,400) or repeated. Default 400 (the "
+            "paper's); a K above the table's cells judges the whole table, said.",
+        ),
     ] = None,
     score_column: Annotated[
         str,
@@ -151,7 +155,7 @@ def eval_scores_cmd(
     else:
         _overall(table, rows)
     if classes is not None:
-        _by_class(table, classes)
+        _by_class(table, classes, ks)
 
 
 def _k(item: str) -> int:
@@ -181,11 +185,12 @@ def _overall(table: Path, rows: list[dict]) -> None:
         )
 
 
-def _by_class(table: Path, classes: list[dict]) -> None:
+def _by_class(table: Path, classes: list[dict], ks: list[int]) -> None:
+    """Each class's AUROC and Recall@K, headed by the K asked: a class with fewer cells (with the
+    normal ones) than K is judged whole, as the note before says (the header named the smallest
+    class's pool, which the other rows were not judged at: hostile round 39, 4)."""
     typer.echo(f"{table}: each abnormal class against {classes[0]['normal'] if classes else '-'}")
-    head = "".join(
-        f" {'Recall@' + str(r['k']):>12}" for r in (classes[0]["by_k"] if classes else [])
-    )
+    head = "".join(f" {'Recall@' + str(kk):>12}" for kk in ks)
     typer.echo(f"{'class':>16} {'cells':>6} {'AUROC':>7}{head}")
     for c in classes:
         recalls = "".join(f" {r['recall_at_k']:>12.4f}" for r in c["by_k"])

@@ -201,13 +201,16 @@ def read_manifest(path: Path) -> list[PatchRecord]:
                 raise DatasetError(
                     f"manifest {path}, row {i + 2}: bag_label must be 0 or 1, got {bag_label}"
                 )
-        records.append(
-            PatchRecord(
-                path=f, cls=str(lab), bag=None if bag is None else str(bag), bag_label=bag_label
-            )
-        )
+        # a label or bag name is read without the spaces around it: " LYT" from a spreadsheet
+        # was a class of its own, abnormal by default, beside LYT (hostile round 39, 2)
+        cls = str(lab).strip()
+        if not cls:
+            raise DatasetError(f"manifest {path}, row {i + 2}: empty path or label")
+        bag = None if bag is None else str(bag).strip()
+        records.append(PatchRecord(path=f, cls=cls, bag=bag, bag_label=bag_label))
     if not records:
         raise DatasetError(f"manifest {path} has no rows")
+    _refuse_split_bags(records, path)
     first_row: dict[Path, int] = {}
     repeats = []
     for i, r in enumerate(records):
@@ -224,6 +227,24 @@ def read_manifest(path: Path) -> list[PatchRecord]:
             "remove the repeated rows"
         )
     return records
+
+
+def _refuse_split_bags(records: Sequence[PatchRecord], path: Path) -> None:
+    """A bag's label is the bag's: rows of one bag that disagree on it are refused in one line
+    naming the bag and a row of each label (WS-SIL read each row's, ItS2CLR its first row's and
+    the bag check its last row's, so one edited row turned a positive bag negative for one
+    method while the check counted it positive: hostile round 39, 3)."""
+    first: dict[str, tuple[int, int]] = {}
+    for i, r in enumerate(records):
+        if r.bag is None or r.bag_label is None:
+            continue
+        seen = first.setdefault(r.bag, (r.bag_label, i))
+        if seen[0] != r.bag_label:
+            raise DatasetError(
+                f"manifest {path}: bag {r.bag!r} has bag_label {seen[0]} in row {seen[1] + 2} "
+                f"and {r.bag_label} in row {i + 2}; a bag's label is the same in all its rows "
+                "(1: the bag holds abnormal cells, 0: none)"
+            )
 
 
 def refuse_listed_output(out: Path, source: Path, field: str = "data") -> None:
@@ -323,6 +344,8 @@ class PatchDataset:
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     excluded: int = 0
     fingerprint: str = ""
+    #: each image file's sha256 (hex), in the order of ``records``
+    digests: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -355,6 +378,7 @@ class PatchDataset:
             normal=self.normal,
             abnormal=self.abnormal,
             fingerprint=_fingerprint_of(self.fingerprint, idx),
+            digests=[self.digests[i] for i in idx] if self.digests else [],
         )
 
     @classmethod
@@ -414,6 +438,7 @@ class PatchDataset:
             skipped=skipped,
             excluded=excluded,
             fingerprint=fp,
+            digests=list(digests),
         )
 
 

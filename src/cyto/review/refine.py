@@ -213,7 +213,7 @@ def refine(
     from cyto.bundle import bundle_names, load_bundle
     from cyto.data.dataset import load_records
     from cyto.train.api import train
-    from cyto.train.config import parse_overrides
+    from cyto.train.config import ONE_CLASS_ONLY, parse_overrides
     from cyto.train.registry import get_method
 
     eta = check_value("eta", eta, Eta)  # as given (--eta), not as the setting it becomes
@@ -289,6 +289,9 @@ def refine(
             w.writerows(rows)
 
         config = dict(bundle.manifest.get("config", {}))
+        if not one_class:  # an older cyto recorded them for every method
+            for key in ONE_CLASS_ONLY:
+                config.pop(key, None)
         if config.get("load_size") is None and rows:
             # the crops' size is the slide's, not the training patches': load all at the latter
             from PIL import Image

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from cyto.bundle import bundle_names, save_bundle
+from cyto.bundle import bundle_names, cell_keys, save_bundle
 from cyto.data.dataset import PatchDataset, empty_class_words, source_slides
-from cyto.errors import ConfigError, InputPathError, TrainingError, out_of_memory
+from cyto.errors import ConfigError, CytoError, InputPathError, TrainingError, out_of_memory
 from cyto.flags import passing, python_call, said, setting
 from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_keep_and_replace, refuse_to_replace
@@ -316,79 +316,94 @@ def train(
         train_data = dataclasses.replace(train_data, labels=None)
     # one run at a time trains into OUT: a second one is refused now (exit 3), never after
     # training to the end into the first one's checkpoints
-    with OutputLock(ckpt, "cyto train"):
-        refuse_to_replace(out, replaces, known=bundle_names(out))  # written meanwhile?
-        start_checkpoints(
-            ckpt, run_key(method, cfg, train_data, weights), resume, overwrite and out.exists()
-        )
-        t0 = time.perf_counter()
-        chosen = None
-        try:
-            if probe_data is not None:  # the held-out model: it ranks the held-back cells
-                probe = cls(cfg).fit(
-                    probe_data,
-                    device=dev,
-                    ckpt_dir=ckpt / "held-out",
-                    resume=resume,
-                    weights=weights,
-                )
-                chosen = validation(
-                    probe, ds, all_data, held, cfg.stain, held_mpp(cfg, ds, all_data)
-                )
-                if echo is not None:
-                    from cyto.data.morphometry import choose_ranking
-
-                    how, why = choose_ranking(chosen)
-                    again = "; training again on every normal cell" if cfg.refit else ""
-                    echo(f"{why}: {passing('rank_by', 'auto')} ranks by {how}{again}")
-            model = (
-                probe
-                if probe_data is not None and not cfg.refit
-                else cls(cfg).fit(
-                    train_data, device=dev, ckpt_dir=ckpt, resume=resume, weights=weights
-                )
+    refused = False
+    try:
+        with OutputLock(ckpt, "cyto train"):
+            refuse_to_replace(out, replaces, known=bundle_names(out))  # written meanwhile?
+            start_checkpoints(
+                ckpt, run_key(method, cfg, train_data, weights), resume, overwrite and out.exists()
             )
-        except BaseException as exc:  # Ctrl-C or an error: say what a rerun with --resume finds
-            if out_of_memory(exc):  # a rerun does the same: the sizes that take memory named
-                lower = " or ".join(setting(k) for k in ("batch_size", "input_size"))
-                raise TrainingError(f"out of memory training {method}: lower {lower}") from exc
-            if echo is not None:
-                stop = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
-                echo(f"{stop}: {checkpoint_words(ckpt)}")
-            raise
-        seconds = time.perf_counter() - t0
-        manifest, tensors, scorer = model.bundle_parts(train_data)
-        side = patch_px(ds)
-        crop_mpp = held_mpp(
-            cfg, ds, train_data
-        )  # the crops' pixel size, as ModelSpec.crop_mpp reads
-        manifest["training_data"].update(
-            {
-                "source": str(data),
-                "normal": list(ds.normal),
-                "abnormal": list(ds.abnormal),
-                "skipped_unreadable": len(ds.skipped),
-                "load_size": cfg.load_size,
-                "n_images": len(ds),  # with the cells held back
-                "held_back": int(len(held)),
-                # the training patches' own side: the crop cyto score cuts at the model's mpp
-                "patch_px": side,
-                **training_nuclei(train_data, cfg.stain, crop_mpp, cfg.mpp),
-                # the slides the normal cells were cut from (cyto data cells): never a calibration's
-                "slides": source_slides(data, [r for r in ds.records if r.cls in ds.normal]),
-            }
-        )
-        if chosen is not None:
-            manifest["validation"] = chosen | {"refit": cfg.refit}
-        elif skipped is not None:  # abnormal cells given, none held back: why, recorded
-            manifest["validation"] = {"skipped": skipped}
-        manifest["calibration"] = normal_calibration(model, train_data)
-        manifest["training_seconds"] = round(seconds, 2)
-        manifest["device"] = str(dev)
-        if weights is not None:
-            manifest["initial_weights"] = str(weights)
-        manifest.update(extra_manifest or {})
-        save_bundle(out, manifest, tensors, scorer, overwrite=overwrite)
+            t0 = time.perf_counter()
+            chosen = None
+            try:
+                if probe_data is not None:  # the held-out model: it ranks the held-back cells
+                    probe = cls(cfg).fit(
+                        probe_data,
+                        device=dev,
+                        ckpt_dir=ckpt / "held-out",
+                        resume=resume,
+                        weights=weights,
+                    )
+                    chosen = validation(
+                        probe, ds, all_data, held, cfg.stain, held_mpp(cfg, ds, all_data)
+                    )
+                    if echo is not None:
+                        from cyto.data.morphometry import choose_ranking
+
+                        how, why = choose_ranking(chosen)
+                        again = "; training again on every normal cell" if cfg.refit else ""
+                        echo(f"{why}: {passing('rank_by', 'auto')} ranks by {how}{again}")
+                model = (
+                    probe
+                    if probe_data is not None and not cfg.refit
+                    else cls(cfg).fit(
+                        train_data, device=dev, ckpt_dir=ckpt, resume=resume, weights=weights
+                    )
+                )
+            except BaseException as exc:  # Ctrl-C or an error: say what a rerun with --resume finds
+                if out_of_memory(exc):  # a rerun does the same: the sizes that take memory named
+                    lower = " or ".join(setting(k) for k in ("batch_size", "input_size"))
+                    raise TrainingError(f"out of memory training {method}: lower {lower}") from exc
+                if isinstance(exc, CytoError):  # a refusal, or a failure that other settings or
+                    # data answer (a loss gone to NaN, collapsed scores): nothing --resume continues
+                    # (its words said "stopped ... rerun with --resume": hostile round 39, 6)
+                    refused = True
+                    raise
+                if echo is not None:
+                    stop = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
+                    echo(f"{stop}: {checkpoint_words(ckpt)}")
+                raise
+            seconds = time.perf_counter() - t0
+            manifest, tensors, scorer = model.bundle_parts(train_data)
+            side = patch_px(ds)
+            crop_mpp = held_mpp(
+                cfg, ds, train_data
+            )  # the crops' pixel size, as ModelSpec.crop_mpp reads
+            manifest["training_data"].update(
+                {
+                    "source": str(data),
+                    "normal": list(ds.normal),
+                    "abnormal": list(ds.abnormal),
+                    "skipped_unreadable": len(ds.skipped),
+                    "load_size": cfg.load_size,
+                    "n_images": len(ds),  # with the cells held back
+                    "held_back": int(len(held)),
+                    # the training patches' own side: the crop cyto score cuts at the model's mpp
+                    "patch_px": side,
+                    **training_nuclei(train_data, cfg.stain, crop_mpp, cfg.mpp),
+                    # the slides the normal cells were cut from (cyto data cells): never a
+                    # calibration's
+                    "slides": source_slides(data, [r for r in ds.records if r.cls in ds.normal]),
+                }
+            )
+            if chosen is not None:
+                manifest["validation"] = chosen | {"refit": cfg.refit}
+            elif skipped is not None:  # abnormal cells given, none held back: why, recorded
+                manifest["validation"] = {"skipped": skipped}
+            manifest["calibration"] = normal_calibration(model, train_data)
+            manifest["training_seconds"] = round(seconds, 2)
+            manifest["device"] = str(dev)
+            if weights is not None:
+                manifest["initial_weights"] = str(weights)
+            manifest.update(extra_manifest or {})
+            # every image read from DATA: those trained on, and the held-back cells that chose
+            # the ranking (cyto predict says which of the images it scores are among them)
+            keys = cell_keys(ds.digests)
+            save_bundle(out, manifest, tensors, scorer, overwrite=overwrite, cells=keys)
+    except CytoError:
+        if refused and not resume:  # the checkpoints this run started keep nothing of use
+            shutil.rmtree(ckpt, ignore_errors=True)  # after the lock: its file is in the folder
+        raise
     from cyto.data.morphometry import few_abnormal_words, unfitted_words
 
     said_notes = [

@@ -49,14 +49,14 @@ from cyto.models.backbones import build_backbone
 from cyto.models.graphs import EmbeddingModel, ScoreModule, run_batched
 from cyto.runtime.heads.ocsvm import OCSVMHead
 from cyto.train.base import Method
-from cyto.train.config import TrainConfig
+from cyto.train.config import OneClassConfig
 from cyto.train.data import TrainData, apply_view, epoch_batches, weak_pair
 from cyto.train.loop import run_phase
 from cyto.train.registry import register
 
 
 @dataclass(frozen=True)
-class DROCConfig(TrainConfig):
+class DROCConfig(OneClassConfig):
     embedding_dim: int = 512
     proj_dim: int = 256
     temperature: float = 2.0

@@ -40,14 +40,14 @@ from cyto.models.backbones import build_backbone
 from cyto.models.graphs import TTA_VIEWS, DSVDDEmbeddings, EmbeddingModel, ScoreModule, run_batched
 from cyto.runtime.heads.dsvdd import DSVDDHead
 from cyto.train.base import Method
-from cyto.train.config import TrainConfig
+from cyto.train.config import OneClassConfig
 from cyto.train.data import TrainData, apply_view, epoch_batches
 from cyto.train.loop import run_phase, set_deterministic
 from cyto.train.registry import register
 
 
 @dataclass(frozen=True)
-class DSVDDConfig(TrainConfig):
+class DSVDDConfig(OneClassConfig):
     embedding_dim: int = 128
     ae_epochs: int = 100
     ae_lr: float = 1e-4
