@@ -223,13 +223,18 @@ def predict(
             )
             if advice is not None:
                 warn_caller(advice, ScaleWarning)
-        trained_on = _trained_on(scorer, rows["sha256"].to_pylist(), kept)
+        trained = _trained_on(scorer, rows["sha256"].to_pylist(), kept)
         summary = _write_table(
             out, scorer, [records[i] for i in kept],
             None if labels is None else labels[kept], column, morph, rank_by, factor, how,
-            skipped,
+            skipped, trained,
         )  # fmt: skip
-        summary["trained_on"] = trained_on
+        summary["trained_on"] = None if trained is None else int(trained.sum())
+        if trained is None and "auroc" in summary:  # the metrics: the overlap cannot be said
+            echo(
+                f"note: {scorer.bundle.where} records no training images (trained by an earlier "
+                "cyto, or not by cyto train): whether these images were among them cannot be said"
+            )
         if "auroc" in summary:
             _better_ranking(
                 summary,
@@ -264,17 +269,18 @@ def predict(
     return summary
 
 
-def _trained_on(scorer, digests: list[str | None], kept: np.ndarray) -> int | None:
-    """How many of the images scored are images the model was trained on or chose its ranking
-    on (the same file bytes: :data:`cyto.bundle.TRAINING_CELLS`), warned where any are (a
-    model's own training cells were scored and measured without a word: hostile round 39, 7);
-    None where the bundle records none."""
+def _trained_on(scorer, digests: list[str | None], kept: np.ndarray) -> np.ndarray | None:
+    """Which of the images scored are images the model was trained on or chose its ranking on
+    (the same file bytes: :data:`cyto.bundle.TRAINING_CELLS`), warned where any are (a model's
+    own training cells were scored and measured without a word: hostile round 39, 7); None
+    where the bundle records none."""
     from cyto.bundle import cell_keys, training_cells
 
     trained = training_cells(scorer.bundle)
     if trained is None:
         return None
-    n = int(np.isin(cell_keys([digests[i] for i in kept]), trained).sum())
+    flags = np.isin(cell_keys([digests[i] for i in kept]), trained)
+    n = int(flags.sum())
     if n:
         source = scorer.bundle.manifest.get("training_data", {}).get("source")
         share = (
@@ -285,10 +291,11 @@ def _trained_on(scorer, digests: list[str | None], kept: np.ndarray) -> int | No
         warn_caller(
             f"{share} among the images {scorer.bundle.where} was "
             f"trained on or chose its ranking on (the same files{f' as {source}' if source else ''}"
-            "): a ranking or metric over them is not one of held-out cells",
+            "): a ranking or metric over them is not one of held-out cells (the table's "
+            "trained_on column says which)",
             CytoWarning,
         )
-    return n
+    return flags
 
 
 #: the images a folder's stain is estimated from, drawn evenly (an estimate settles by a few
@@ -570,7 +577,7 @@ def _chosen(
 
 def _write_table(
     out: Path, scorer, records, labels, column: dict, morph, rank_by: str,
-    factor: float, how: str, skipped: list,
+    factor: float, how: str, skipped: list, trained: np.ndarray | None = None,
 ) -> dict[str, object]:  # fmt: skip
     """Write the score table (at once: a stopped write leaves the last one) and return the
     summary: its size, and AUROC and Recall@K when the labels are known."""
@@ -601,6 +608,8 @@ def _write_table(
         cols["label"] = labels.astype(np.int8)
     if any(r.bag is not None for r in records):
         cols["bag"] = [r.bag for r in records]
+    if trained is not None:  # the images the model was trained on (cyto.bundle.TRAINING_CELLS)
+        cols["trained_on"] = trained
     table = pa.table(cols).replace_schema_metadata(
         {
             "cyto.model": scorer.bundle.recorded_path,

@@ -142,6 +142,42 @@ def test_miniature_sweep_and_resume(tmp_path, synth_patches):
     other = run_cyto(*[a if a != "20" else "30" for a in args])
     assert other.returncode != 0 and "other settings" in other.stderr
 
+    # the sweep's models record the cells of their training bags, which cyto predict says it
+    # scores again (hostile round 40, 1): fs-sil at WR 9 trained on every bag's cells
+    import numpy as np
+
+    from cyto.bundle import TRAINING_CELLS
+
+    n_bags = int(re.search(r"(\d+) training normals in 10 bags", proc.stdout)[1])
+    n_wr9 = int(re.search(r"WR 9%: train (\d+) abnormal", proc.stdout)[1])
+    keys = np.load(out / "models" / "fs-sil-wr9.cyto" / TRAINING_CELLS)
+    assert len(keys) == n_bags + n_wr9
+
+    # rows sealed by an earlier cyto under another count rule, beside a record edited to this
+    # rule's counts (hostile round 40, 5): drawn with other cells, computed again
+    from cyto.eval.sweep import _cell_digests, _read_rows, _write_rows, _write_seal
+
+    rows = _read_rows(out / "results.csv")
+    for r in rows:
+        if r[0] == "fs-sil" and float(r[1]) == 9.0:
+            r[3] = str(int(r[3]) * 2)
+    _write_rows(out / "results.csv", rows)
+    _write_seal(out / "results.csv", _cell_digests(rows))
+    redrawn = run_cyto(*args)
+    assert redrawn.returncode == 0, redrawn.stderr
+    assert "fs-sil WR 9 were drawn with other abnormal cells than this sweep's" in redrawn.stdout
+    back = _read_rows(out / "results.csv")
+    assert {r[3] for r in back if r[0] == "fs-sil" and float(r[1]) == 9.0} == {str(n_wr9)}
+    # the record's counts written otherwise ("9.0", strings) are the same counts
+    record = json.loads((out / "sweep.json").read_text())
+    counts = record["counts"]
+    record["counts"] = {f"{float(w):.1f}": [str(a), str(b)] for w, (a, b) in counts.items()}
+    (out / "sweep.json").write_text(json.dumps(record))
+    same = run_cyto(*args)
+    assert same.returncode == 0, same.stderr
+    record["counts"] = counts
+    (out / "sweep.json").write_text(json.dumps(record))
+
     # a sweep of an earlier cyto, whose record holds no counts (its WR was twice a positive
     # bag's), is not continued under this rule: its rows are at other witness rates
     record = (out / "sweep.json").read_text()

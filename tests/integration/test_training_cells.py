@@ -61,12 +61,49 @@ def test_predict_says_which_scored_images_the_model_was_trained_on(folders, name
         return
     assert len(found) == 1 and found[0].startswith(said), found
     assert "not one of held-out cells" in found[0]
+    # the table flags the rows (the warning alone was lost by the next step: hostile round 40, 2)
+    import pyarrow.parquet as pq
+
+    flags = pq.read_table(tmp_path / "p.parquet")["trained_on"].to_pylist()
+    assert sum(flags) == summary["trained_on"]
+    if name != "mixed":
+        return
     proc = run_cyto(
         "predict", str(model), "--data", str(root / name), "--normal", "normal",
         "--out", str(tmp_path / "c.parquet"),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert said in proc.stdout + proc.stderr
+    judged = run_cyto("eval", "scores", str(tmp_path / "c.parquet"), "--k", "5")
+    assert judged.returncode == 0, judged.stderr
+    assert "note: 5 of the 17 rows of c.parquet are images its model was trained on" in (
+        judged.stdout
+    )
+
+
+def test_a_bundle_that_records_no_training_images_says_so_beside_its_metrics(folders, tmp_path):
+    """An earlier cyto's bundle cannot say which images it was trained on: where predict gives
+    metrics, it says the overlap cannot be said (hostile round 40, 10), and says nothing of it
+    for a folder without labels."""
+    from cyto.bundle import TRAINING_CELLS, _write_manifest, load_bundle
+
+    root, model = folders
+    old = tmp_path / "old.cyto"
+    shutil.copytree(model, old)
+    manifest = load_bundle(old, weights=False).manifest
+    del manifest["files"][TRAINING_CELLS]
+    (old / TRAINING_CELLS).unlink()
+    _write_manifest(old, manifest, seal=True)
+    said: list[str] = []
+    import cyto
+
+    summary = cyto.predict(old, root / "train", tmp_path / "p.parquet", normal="normal",
+                           echo=said.append)  # fmt: skip
+    assert summary["trained_on"] is None and "auroc" in summary
+    assert any("records no training images" in line for line in said), said
+    said.clear()
+    cyto.predict(old, root / "train", tmp_path / "q.parquet", echo=said.append)
+    assert not any("training images" in line for line in said), said
 
 
 def test_the_record_of_the_training_images_is_checked_as_the_bundle_is(folders, tmp_path):

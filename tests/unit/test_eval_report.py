@@ -70,3 +70,15 @@ def test_a_report_stopped_while_it_draws_leaves_every_file_whole(tmp_path, monke
     assert after[second] == before[second]  # the last run's, whole
     assert after[third] == before[third]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_plot_with_nothing_to_draw_is_drawn_without_a_warning(tmp_path):
+    """Hostile round 40 (11): a sweep whose every mean was 0 (nothing on a log axis) printed
+    matplotlib's "No artists with labels found to put in legend" with its source line."""
+    import warnings
+
+    results = _results(tmp_path / "results.csv", scale=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = plots(results, tmp_path, 20)
+    assert len(drawn) == 2 * len(PLOTTED)

@@ -204,3 +204,20 @@ def test_a_sweep_never_writes_into_its_data(tmp_path, synth_patches):
     ):
         run_sweep(spec, data / "normal")
     assert _contents(data) == before
+
+
+@pytest.mark.parametrize("item", ["holdout=0.5", "dsvdd:holdout=0.3", "refit=false"])
+def test_the_one_class_hold_back_settings_are_refused_by_the_sweep(item, tmp_path, synth_patches):
+    """Hostile round 40 (3): the sweep took --set holdout for Deep SVDD, recorded it in its
+    bundles and did nothing with it (its one-class methods train on the normal bags alone):
+    refused in one line, before anything is written."""
+    from cyto.eval.sweep import SweepSpec, run_sweep
+
+    spec = SweepSpec(data=synth_patches, normal="normal", abnormal=None,
+                     methods=("dsvdd", "fs-sil"), wrs=(9.0,), overrides=(item,))  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        run_sweep(spec, tmp_path / "sw", echo=lambda _: None)
+    assert f"--set {item!r}: the sweep's one-class methods train on its normal bags" in str(
+        err.value
+    )
+    assert not (tmp_path / "sw").exists()

@@ -94,6 +94,7 @@ def test_the_one_class_settings_are_refused_by_the_methods_that_hold_nothing_bac
         train(method, tmp_path / "no-data", tmp_path / "m.cyto", normal="x", overrides=[setting])
     words = str(err.value)
     assert f"{setting.split('=')[0]!r} is a setting of the one-class methods (dsvdd, droc)" in words
+    assert f"; {method} trains on the abnormal classes'" in words  # named (hostile round 40, 4)
     assert "\n" not in words and not (tmp_path / "m.cyto").exists()
     proc = run_cyto("train", method, "--data", str(synth_patches), "--normal", "normal",
                     "--out", str(tmp_path / "c.cyto"), "--set", setting)  # fmt: skip

@@ -98,8 +98,10 @@ def predict_cmd(
 
     The images stream through in chunks of 512, so memory does not grow with the folder.
     Each finished chunk is kept beside --out until the table is written: Ctrl-C, or a file
-    that cannot be read, keeps them, and --resume continues from there."""
+    that cannot be read, keeps them, and --resume continues from there. Images the model
+    was trained on (the same file bytes) are warned and flagged (column trained_on)."""
     from cyto.predict import predict
+    from cyto.runtime.verify import line_of
 
     res = predict(
         model,
@@ -126,8 +128,6 @@ def predict_cmd(
         typer.echo(f"... and {len(res['skipped']) - 5} more unreadable file(s) skipped")
     for note in res.get("notes", []):
         typer.echo(f"backend choice: {note}")
-    from cyto.runtime.verify import line_of
-
     typer.echo(f"verification: {line_of(res['verification'])}")
     if res["zoom"] != 1.0 or res["zoom_from"] != "none":
         typer.echo(f"zoom {res['zoom']:.3g}x, from {res['zoom_from']}")

@@ -62,7 +62,7 @@ def train_cmd(
     from cyto.train.registry import get_method
 
     if print_config:
-        cfg = resolve_config(get_method(method).Config, preset, config, set_)
+        cfg = resolve_config(get_method(method).Config, preset, config, set_, method=method)
         typer.echo(to_toml(cfg), nl=False)
         return
     from cyto.train.api import train

@@ -107,7 +107,8 @@ def plots(results: Path, out_dir: Path, k: int) -> list[Path]:
         ax.set_ylabel(title.replace("K", str(k)))
         ax.set_title(f"{title.replace('K', str(k))} vs witness rate")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # nothing drawn (every mean 0): no legend, and
+            ax.legend(fontsize=8)  # none of matplotlib's warning on the console
         fig.tight_layout()
         try:
             for ext in ("png", "svg"):

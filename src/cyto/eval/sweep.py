@@ -115,15 +115,26 @@ def method_overrides(
 def method_configs(spec: SweepSpec) -> dict:
     """Each method's resolved config: the preset (``paper``: the method's own recipe), then the
     ``--set`` items for it."""
-    from cyto.train.config import resolve_config
+    from cyto.train.config import ONE_CLASS_ONLY, resolve_config
     from cyto.train.registry import get_method
 
     preset = None if spec.preset in (None, "paper") else spec.preset
+    # nothing is held back in a sweep (it took holdout, recorded it in its bundles and did
+    # nothing with it: hostile round 40, 3)
+    for item in spec.overrides:
+        key = item.split("=", 1)[0].split(":")[-1].strip()
+        if key in ONE_CLASS_ONLY:
+            raise ConfigError(
+                f"--set {item!r}: the sweep's one-class methods train on its normal bags alone, "
+                "with no abnormal class beside them to hold normal cells back for, so "
+                f"{key!r} would do nothing here: leave it out"
+            )
     return {
         m: resolve_config(
             get_method(m).Config,
             preset,
             overrides=method_overrides(spec.overrides, m, spec.methods),
+            method=m,
         )
         for m in spec.methods
     }
@@ -168,11 +179,13 @@ def _read_rows(results: Path) -> list[list[str]]:
     return rows[1:]
 
 
-def _finished(results: Path, echo) -> set[tuple[str, float]]:
+def _finished(results: Path, echo, counts: dict | None = None) -> set[tuple[str, float]]:
     """The cells of ``results.csv`` whose rows are as this sweep wrote them (their digests in
-    ``results.seal.json``): those are kept. Rows that differ (edited by hand, added, a cell whose
-    seal a stopped run did not write) are dropped from the table, said in one line, and their
-    cells computed again: a rerun never takes a hand-edited row for a result."""
+    ``results.seal.json``) and were drawn with this sweep's abnormal cells per WR (``counts``,
+    {wr: WRCounts}): those are kept. Rows that differ (edited by hand, added, a cell whose seal a
+    stopped run did not write, another count rule's: hostile round 40, 5) are dropped from the
+    table, said in one line, and their cells computed again: a rerun never takes a hand-edited
+    row for a result."""
     if not results.exists():
         return set()
     rows = _read_rows(results)
@@ -192,14 +205,48 @@ def _finished(results: Path, echo) -> set[tuple[str, float]]:
             f"{results.name}: the rows of {', '.join(named[:4])}{' ...' if len(bad) > 4 else ''} "
             "are not as this sweep wrote them (edited, or not sealed): computed again"
         )
+    other = sorted(
+        {_cell_key(r) for r in rows if _cell_key(r) in good and _other_counts(r, counts)}
+    )
+    if other:
+        echo(
+            f"{results.name}: the rows of {', '.join(o.replace('@', ' WR ') for o in other[:4])}"
+            f"{' ...' if len(other) > 4 else ''} were drawn with other abnormal cells than this "
+            "sweep's for their WR: computed again"
+        )
+        good -= set(other)
+        bad = [*bad, *other]
+    if bad:
         _write_rows(results, [r for r in rows if _cell_key(r) in good])
         _write_seal(results, {k: sealed[k] for k in good})
     return {(k.rsplit("@", 1)[0], float(k.rsplit("@", 1)[1])) for k in good}
 
 
+def _other_counts(values: list[str], counts: dict | None) -> bool:
+    """Was a results row (``values``) drawn with other abnormal cells than ``counts`` gives its
+    WR?"""
+    row = dict(zip(FIELDS, values, strict=False))
+    try:
+        c = (counts or {}).get(float(row["wr"]))
+        return c is not None and (int(row["train_abnormal"]), int(row["test_abnormal"])) != (
+            c.train,
+            c.test,
+        )
+    except (KeyError, TypeError, ValueError):
+        return True
+
+
 def _write_seal(results: Path, cells: dict[str, str]) -> None:
     record = {"format": SEAL_FORMAT, "cells": dict(sorted(cells.items()))}
     atomic_write(_seal_file(results), json_text(record, indent=1).encode())
+
+
+def _training_cells(method: str, trial) -> np.ndarray:
+    """The dataset indices ``method`` trains on in ``trial``: the normal bags for a one-class
+    method, every bag for the others."""
+    from cyto.train.registry import get_method
+
+    return trial.normal_bags if get_method(method).one_class else trial.all_bag_cells[0]
 
 
 def _train_data(method: str, trial, images: np.ndarray, labels: np.ndarray, fp: str):
@@ -208,7 +255,7 @@ def _train_data(method: str, trial, images: np.ndarray, labels: np.ndarray, fp: 
 
     cls = get_method(method)
     if cls.one_class:
-        idx = trial.normal_bags
+        idx = _training_cells(method, trial)
         return TrainData(images[idx], labels[idx], fingerprint=fp)
     idx, bag, bag_label = trial.all_bag_cells
     if cls.instance_labels:
@@ -252,6 +299,15 @@ def run_sweep(spec: SweepSpec, out: Path, echo=print) -> SweepFiles:
             out.rmdir()
 
 
+def _normal_counts(counts):
+    """A record's counts as this sweep writes them ({"9": [train, test]}), so that a number
+    written otherwise ("9.0", "2") is the same count; as recorded where it is not one."""
+    try:
+        return {f"{float(wr):g}": [int(tr), int(te)] for wr, (tr, te) in counts.items()}
+    except (AttributeError, TypeError, ValueError):
+        return counts
+
+
 def _said_counts(counts) -> str:
     """A record's abnormal cells per WR, as said: "WR 9 %: 3 training, 3 test; WR 5 %: ..."."""
     try:
@@ -261,7 +317,7 @@ def _said_counts(counts) -> str:
 
 
 def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
-    from cyto.bundle import save_bundle
+    from cyto.bundle import cell_keys, save_bundle
     from cyto.runtime import load_scorer
     from cyto.train.loop import resolve_device
     from cyto.train.registry import get_method
@@ -299,7 +355,7 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
     # each WR's cells, in the record: a sweep resumed under another count rule would mix rows of
     # two witness rates under one name (hostile round 39, 1)
     spec_json["counts"] = {f"{wr:g}": [c.train, c.test] for wr, c in counts.items()}
-    if spec_file.exists() and recorded_counts != spec_json["counts"]:
+    if spec_file.exists() and _normal_counts(recorded_counts) != spec_json["counts"]:
         if recorded_counts is None:  # an earlier cyto's sweep: its counts were the paper's on
             # the paper's pools (as now), twice the asked WR's elsewhere
             paper = protocol.paper_pools and all(wr in PAPER_COUNTS for wr in spec.wrs)
@@ -344,7 +400,7 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
             f"bags), test {c.test} abnormal among {len(protocol.test_normals)} normal (effective "
             f"{c.effective_test_wr:.3g}%)"
         )
-    done = _finished(results, echo)
+    done = _finished(results, echo, {float(wr): c for wr, c in counts.items()})
     cells = [(m, wr) for m in spec.methods for wr in spec.wrs]
     held_out = np.concatenate([protocol.test_normals, protocol.test_abnormals])
     with progress("sweep", total=len(cells), unit="cells") as bar:
@@ -360,7 +416,12 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
                 trial0 = protocol.trial(wr, 0)
                 data = _train_data(method, trial0, images, labels, ds.fingerprint)
                 model = get_method(method)(configs[method]).fit(data, device=dev)
-                save_bundle(bundle, *model.bundle_parts(data), overwrite=True)
+                # the cells of its training bags, which cyto predict says it scores again
+                # (hostile round 40, 1)
+                trained = [ds.digests[i] for i in _training_cells(method, trial0)]
+                save_bundle(
+                    bundle, *model.bundle_parts(data), overwrite=True, cells=cell_keys(trained)
+                )
                 check = getattr(model, "bag_check_", None)
                 if check is not None and check["status"] != "ok":
                     echo(f"warning: {name}: {check['message']}")

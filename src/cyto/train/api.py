@@ -271,7 +271,7 @@ def train(
         resume, overwrite, "continues an interrupted run", "starts a new one over the bundle"
     )
     cls = get_method(method)
-    cfg = resolve_config(cls.Config, preset, config_file, overrides)
+    cfg = resolve_config(cls.Config, preset, config_file, overrides, method=method)
     if weights is not None and not Path(weights).is_file():  # before any image is read
         raise InputPathError(
             f"{passing('weights', Path(weights))}: no such file (a .safetensors file of "

@@ -212,8 +212,10 @@ def resolve_config(
     preset: str | None = None,
     config_file: Path | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
+    method: str | None = None,
 ) -> TrainConfig:
-    """Defaults, then the preset, then the TOML/YAML file, then ``key=value`` overrides."""
+    """Defaults, then the preset, then the TOML/YAML file, then ``key=value`` overrides
+    (``method``: the method's name, in a refusal)."""
     hints = get_type_hints(cls)
     known = [f.name for f in fields(cls)]
     values: dict[str, Any] = {}
@@ -223,8 +225,9 @@ def resolve_config(
             if key not in known and key in ONE_CLASS_ONLY:
                 raise ConfigError(
                     f"{source}: {key!r} is a setting of the one-class methods (dsvdd, droc), "
-                    "which hold normal cells back to rank beside the abnormal classes; this "
-                    "method trains on the abnormal classes' cells or bags and holds none back"
+                    "which hold normal cells back to rank beside the abnormal classes; "
+                    f"{method or 'this method'} trains on the abnormal classes' cells or bags "
+                    "and holds none back"
                 )
             if key not in known:
                 import difflib
