@@ -67,7 +67,11 @@ def test_train_info_predict(tmp_path, synth_patches):
     assert manifest["training_data"]["n_used"] == n_normal  # the held-out model only chose
     assert manifest["validation"]["refit"] is True
     assert manifest["training_data"]["n_images"] == n_normal + 72
-    assert set(manifest["files"]) == {"weights-encoder-seed0.safetensors", "scorer.npz"}
+    assert set(manifest["files"]) == {
+        "weights-encoder-seed0.safetensors",
+        "scorer.npz",
+        "training_cells.npy",  # every image read, held-back ones too
+    }
 
     scores = tmp_path / "s.parquet"
     pred = run_cyto(
@@ -83,10 +87,12 @@ def test_train_info_predict(tmp_path, synth_patches):
     )
     assert pred.returncode == 0, pred.stderr
     assert "AUROC" in pred.stdout
-    # the training scale: no scale advice; not exported, so no golden cells: UNVERIFIED, said
+    # the training scale: no scale advice; not exported, so no golden cells: UNVERIFIED, said;
+    # the model's own training folder: said, as the table's trained_on column says
     warned = [line for line in pred.stderr.splitlines() if line.startswith("warning")]
-    assert [w for w in warned if not w.startswith("warning: UNVERIFIED: ")] == [], warned
-    assert len(warned) == 1, warned
+    expected = ("warning: UNVERIFIED: ", "warning: every image scored is among the images")
+    assert [w for w in warned if not w.startswith(expected)] == [], warned
+    assert len(warned) == 2, warned
     n = 120 + 6 * 12
     # read and scored in one pass, the images streaming through
     assert f"predict {synth_patches.name}: {n}/{n} images (" in pred.stderr, pred.stderr
