@@ -93,8 +93,10 @@ def progress(
 
     start = last = time.perf_counter()
     state = {"done": float(done), "postfix": ""}
+    said: list[tuple[float, str]] = []  # the count and postfix of the last line printed
 
     def line(now: float) -> None:
+        said[:] = [(state["done"], state["postfix"])]
         rate = (state["done"] - done) / max(now - start, 1e-9)
         of = f"/{_amount(total)}" if total is not None else ""
         eta = ""
@@ -118,5 +120,6 @@ def progress(
     yield _Bar(adv_plain, lambda t: state.update(postfix=t))
     # the last line when the work ends, with what was said after the last step (the cells of a
     # slide's last tiles are counted once they are scored)
-    if state["done"] or state["postfix"]:
+    # (once: the last step's own line, printed just before, said it already: hostile round 40)
+    if (state["done"] or state["postfix"]) and said != [(state["done"], state["postfix"])]:
         line(time.perf_counter())

@@ -36,3 +36,23 @@ def test_a_resumed_bar_counts_the_earlier_part_but_not_in_its_rate(monkeypatch, 
         bar.advance(500)  # 500 in 5 s here
     line = capsys.readouterr().err.strip()
     assert line.startswith("predict cells: 9500/10000 images (25.0 images/s, eta 20 s)"), line
+
+
+def test_the_last_step_printed_is_not_printed_again_when_the_work_ends(monkeypatch, capsys):
+    """A sweep whose last cell ended more than 10 s after the line before printed "sweep: 1/1
+    cells" twice: the step's own line, then the same count when the work ended."""
+    from cyto import progress as module
+
+    clock = iter([0.0, 15.0, 15.2])  # start, the step (a line: 10 s since the last), the end
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setenv("CYTO_PROGRESS", "1")
+    with progress("sweep", total=1, unit="cells") as bar:
+        bar.advance(1)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sweep: 1/1 cells ("), lines
+    clock = iter([0.0, 15.0, 15.2])  # a postfix set after the step: the end says it
+    with progress("score", total=1, unit="tiles") as bar:
+        bar.advance(1)
+        bar.set_postfix("9 cells")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[1].endswith(" 9 cells"), lines
