@@ -129,7 +129,7 @@ def test_watch_takes_folders_on_this_machine_only(made, exported_dsvdd, tmp_path
     assert res.returncode == 2 and "does not take --ray" in res.stderr, res.stderr
     res = run_cyto("score", str(made.parent), "--model", str(exported_dsvdd), "--out",
                    str(tmp_path), "--watch", "--poll", "0")  # fmt: skip
-    assert res.returncode == 2 and "--poll must be > 0" in res.stderr, res.stderr
+    assert res.returncode == 2 and "--poll must be seconds > 0" in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cyto.cohort import watch
 from cyto.cohort.local import REUSED
-from cyto.errors import UnsupportedSlideError
+from cyto.errors import ConfigError, UnsupportedSlideError
 from cyto.infer import ScoreOptions
 
 
@@ -66,3 +66,42 @@ def test_the_watch_ends_counting_scored_already_scored_and_failed(tmp_path, monk
         ("old.tif", "scored"),
         ("half.tif", "scored"),
     ]
+
+
+def test_a_stopped_watch_exits_with_the_stops_code_mid_slide_and_after_a_failure(
+    tmp_path, monkeypatch, exported_dsvdd
+):
+    """Hostile round 41 (1-2): stopped while a slide was scored, a watch exited 0 with no
+    "stopped (SIGTERM)"; stopped after any slide of its life had failed, it exited 1, so a
+    service manager read every `systemctl stop` as a crash. The stop's code, whatever happened
+    on the way: Ctrl-C 130, SIGTERM 143, each after the watch's last line."""
+    import pytest
+
+    import cyto.interrupts as interrupts
+    from tests.cli_runner import run_cyto
+
+    folder = tmp_path / "wd"
+    folder.mkdir()
+    for name in ("a-bad.tif", "b-cut.tif"):
+        (folder / name).write_bytes(b"II*\0" + b"\0" * 100)
+
+    def score_one(slide, target, scorer, opts, echo, metrics):
+        if Path(slide).name == "a-bad.tif":
+            raise UnsupportedSlideError(f"{slide}: damaged or truncated TIFF")
+        raise KeyboardInterrupt  # the stop, while this slide is scored
+
+    model = exported_dsvdd  # read by the command's checks; the watch's scorer is stood in for
+    monkeypatch.setattr(watch, "open_model", lambda model, opts, echo: object())
+    monkeypatch.setattr(watch, "score_one", score_one)
+    args = ["--model", str(model), "--out", str(tmp_path / "o"), "--watch", "--poll", "0.01"]
+    for sigterm, code, last in ((False, 130, "interrupted"), (True, 143, "stopped (SIGTERM)")):
+        monkeypatch.setattr(interrupts, "_terminated", sigterm)
+        proc = run_cyto("score", str(folder), *args, "--settle", "0")
+        said = proc.stdout + proc.stderr
+        assert proc.returncode == code, said
+        assert "stopped watching: 0 slide(s) scored, 1 failed" in proc.stdout, said
+        assert proc.stderr.rstrip().endswith(last), said
+    for poll, settle in (("inf", "0"), ("nan", "0"), ("1", "nan"), ("1", "inf")):
+        with pytest.raises(ConfigError, match="--poll must be seconds > 0"):
+            watch.watch_cohort([folder], model, tmp_path / "o", ScoreOptions(workers=0),
+                               poll=float(poll), settle=float(settle))  # fmt: skip

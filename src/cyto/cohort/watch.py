@@ -14,6 +14,7 @@ a slide being scored then keeps its finished chunks for the next run.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -90,8 +91,12 @@ def watch_cohort(
     for folder in folders:
         if not folder.is_dir():
             raise ConfigError(f"--watch takes folders to watch; {folder} is not a folder")
-    if poll <= 0 or settle < 0:
-        raise ConfigError(f"--poll must be > 0 and --settle >= 0, got {poll} and {settle}")
+    # finite: inf overflowed the clock (a traceback), nan spun at 100 % CPU or let every slide
+    # through unsettled (hostile round 41, 8-9)
+    if not (math.isfinite(poll) and poll > 0) or not (math.isfinite(settle) and settle >= 0):
+        raise ConfigError(
+            f"--poll must be seconds > 0 and --settle seconds >= 0, got {poll:g} and {settle:g}"
+        )
     check_inputs(out, opts, model)
     refuse_slide_folder(out)
     Path(out).mkdir(parents=True, exist_ok=True)
