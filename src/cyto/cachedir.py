@@ -4,7 +4,6 @@ only :mod:`cyto.errors` (inside functions)."""
 
 import errno as _errno
 import os as _os
-import re as _re
 import sys as _sys
 import tempfile as _tempfile
 from pathlib import Path as _Path
@@ -22,31 +21,23 @@ def cache_dir(*given, **named) -> _Path:
             "cache_dir takes no arguments (set CYTO_CACHE_DIR to choose the folder), got "
             f"{len(given) + len(named)}"
         )
-    # blanks around the path (a .env line `CYTO_CACHE_DIR= /x`) are not the folder's, and ~ is
-    # the home as a shell would make it (they made ./~/x and './ /x' here, with no word)
-    asked = (_os.environ.get("CYTO_CACHE_DIR") or "").strip() or None
-    if asked is not None and asked.startswith("~"):
-        home = _os.path.expanduser(asked)
-        if home.startswith("~"):
-            from cyto.errors import ConfigError
+    return _cache_dir(say=True)
 
-            who = "no home folder" if asked == "~" or asked.startswith("~/") else "no such user"
-            raise ConfigError(
-                f"CYTO_CACHE_DIR={asked} starts with a ~ that cannot be expanded here ({who}): "
-                "give the folder's absolute path"
-            )
-        asked = home
+
+def _cache_dir(say: bool) -> _Path:
+    """:func:`cache_dir`; ``say``: warn of a fallback folder (not while cyto is imported, where
+    the warning was printed raw, ``<frozen runpy>:112: CytoWarning: ...``, before the command
+    line's one-line form was set up: hostile round 41, 4; the command's own first use says it)."""
+    # blanks around the path, ~, a URL and a relative path: one reading of every folder a
+    # variable names (cyto.envvars.env_folder; they made ./~/x, './ /x' and ./s3:/b here)
+    from cyto.envvars import env_folder
+
+    folder = env_folder("CYTO_CACHE_DIR")
+    asked = None if folder is None else str(folder)
     root = asked or _os.path.join(
         _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache"),
         "cyto",
     )
-    if asked and _re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", asked):  # made ./s3:/b/cache here
-        from cyto.errors import ConfigError
-
-        raise ConfigError(
-            f"CYTO_CACHE_DIR={asked} is a URL: cyto's cache is a folder on this machine; point "
-            "it at one, or unset it"
-        )
     path = _Path(root)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -62,8 +53,8 @@ def cache_dir(*given, **named) -> _Path:
                 "folder you can write, or unset it"
             ) from None
         # a read-only home: a private folder in the temp dir, said once per process
-        path = _Path(_tempfile.gettempdir()) / f"cyto-cache-{getattr(_os, 'getuid', lambda: 0)()}"
-        if root not in _SAID_CACHE:
+        path = private_temp("cyto-cache")
+        if say and root not in _SAID_CACHE:
             _SAID_CACHE.add(root)
             from cyto.errors import CytoWarning, warn_caller
 
@@ -85,16 +76,45 @@ def numba_cache_dir() -> str:
     if _os.environ.get("NUMBA_CACHE_DIR"):
         return _os.environ["NUMBA_CACHE_DIR"]
     try:
-        path = cache_dir() / "numba"
+        path = _cache_dir(say=False) / "numba"
     except Exception:  # noqa: BLE001 (an unusable CYTO_CACHE_DIR is said where cyto uses it)
-        path = _Path(_tempfile.gettempdir()) / f"cyto-numba-{getattr(_os, 'getuid', lambda: 0)()}"
+        return str(private_temp("cyto-numba"))
     try:
         path.mkdir(parents=True, exist_ok=True)
         if not _os.access(path, _os.W_OK):
             raise PermissionError(path)
     except OSError:
-        path = _Path(_tempfile.gettempdir()) / f"cyto-numba-{getattr(_os, 'getuid', lambda: 0)()}"
+        path = private_temp("cyto-numba")
     return str(path)
+
+
+def private_temp(name: str) -> _Path:
+    """``NAME-UID`` in the temp dir, this user's alone (0700): where a cache falls back to when
+    its folder cannot be written. It holds compiled kernels (code that is loaded), verification
+    records and slides' cells, so a folder of that name that another user made, or one others
+    could write into, is never taken: a fresh one of this user's is made beside it; one of this
+    user's that others could read is closed (the fallback was made 0755, and another user's 0777
+    folder was taken without a word: hostile round 41, 3)."""
+    import stat
+
+    uid = getattr(_os, "getuid", lambda: 0)()
+    path = _Path(_tempfile.gettempdir()) / f"{name}-{uid}"
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return _Path(_tempfile.mkdtemp(prefix=f"{name}-{uid}-"))
+    try:
+        st = _os.lstat(path)
+        # not this user's, or one others could write into (what is in it may be theirs)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
+            return _Path(_tempfile.mkdtemp(prefix=f"{name}-{uid}-"))  # 0700, this user's
+        if st.st_mode & 0o077:  # this user's, readable by others (an earlier cyto's): closed
+            _os.chmod(path, 0o700)
+    except OSError:
+        return _Path(_tempfile.mkdtemp(prefix=f"{name}-{uid}-"))
+    return path
 
 
 def set_numba_cache_dir() -> None:

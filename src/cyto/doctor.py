@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import importlib.util
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -229,7 +230,14 @@ def runtime_checks(device_asked: str) -> list[Check]:
             return a + b
 
         _add(1, 2)
-        out.append(Check("numba", "numba", OK, f"{numba.__version__}; compiles here"))
+        # where its kernels are kept: a cache another user made moved them to a private
+        # folder in the temp dir without a word (hostile round 41, 5)
+        kept = os.environ.get("NUMBA_CACHE_DIR") or "numba's default"
+        out.append(
+            Check(
+                "numba", "numba", OK, f"{numba.__version__}; compiles here; kernels kept in {kept}"
+            )
+        )
     except Exception as exc:  # noqa: BLE001 - any failure to compile is the finding
         out.append(Check("numba", "numba", FAILED, f"{type(exc).__name__}: {exc}", needed=True))
     out.append(cache_check())
@@ -252,6 +260,19 @@ def cache_check() -> Check:
         return Check("cache", "folder", FAILED, str(exc), needed=True)
     if said:  # the default folder cannot be written: a temporary one stands in
         return Check("cache", "folder", INFO, str(said[0].message))
+    # its folders this user cannot write (another user's, in a cache shared by several): what
+    # is compiled here is not kept there (hostile round 41, 5: doctor said "ok")
+    try:
+        theirs = sorted(p.name for p in path.iterdir() if p.is_dir() and not os.access(p, os.W_OK))
+    except OSError:
+        theirs = []
+    if theirs:
+        return Check(
+            "cache", "folder", INFO,
+            f"{path}: this user cannot write its {', '.join(f + '/' for f in theirs)} (another "
+            "user's?): what is compiled or verified here is not kept there; give each user a "
+            "cache of their own (CYTO_CACHE_DIR)",
+        )  # fmt: skip
     return Check("cache", "folder", OK, str(path))
 
 

@@ -926,8 +926,14 @@ def test_bad_tile_cache_sizes_give_one_readable_line(scored, monkeypatch):
     proc = run_cyto("view", str(scored))
     err = proc.stderr.strip()
     assert proc.returncode == 2 and "\n" not in err and f"${CAP_ENV} 'big' is not a size" in err
+    from cyto.view.cache import cap_source
+
     monkeypatch.setenv(CAP_ENV, "2GiB")
     assert cap_from(None) == 2 * 2**30 and cap_from("1.5G") == 3 * 2**29  # the option first
+    # said by what set it (the variable's cap was credited to --tile-cache: hostile round 41)
+    assert (cap_source(None), cap_source("1.5G")) == (f"${CAP_ENV}", "--tile-cache")
+    monkeypatch.setenv(CAP_ENV, "  ")  # blank: unset
+    assert cap_from(None) == DEFAULT_CAP and cap_source(None).startswith("the default")
     monkeypatch.delenv(CAP_ENV)
     assert cap_from(None) == DEFAULT_CAP == parse_size("4GiB")
     assert [parse_size(s) for s in ("0", "4096", "500MB", "500 MiB", "2kb")] == [

@@ -121,3 +121,101 @@ def test_a_home_that_cannot_be_found_is_one_line(tmp_path, monkeypatch):
         "user): give the folder's absolute path"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_temp_fallback_is_this_users_alone(tmp_path, monkeypatch):
+    """Hostile round 41 (3): the fallback for a cache that cannot be written was made 0755, and
+    another user's 0777 folder of its name was taken without a word (it holds compiled kernels,
+    verification records and slides' cells). It is this user's alone: made 0700, an open one
+    of this user's closed, one open to others (or not this user's) passed over for a fresh one."""
+    import os
+    import stat
+    import tempfile
+
+    from cyto.cachedir import private_temp
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    uid = os.getuid()
+
+    def mode(path):
+        return stat.S_IMODE(os.lstat(path).st_mode)
+
+    fresh = private_temp("cyto-cache")
+    assert fresh == tmp_path / f"cyto-cache-{uid}" and mode(fresh) == 0o700
+    fresh.chmod(0o755)  # an earlier cyto's: this user's, closed now
+    assert private_temp("cyto-cache") == fresh and mode(fresh) == 0o700
+    planted = tmp_path / f"cyto-numba-{uid}"
+    planted.mkdir()
+    planted.chmod(0o777)
+    os.chmod(planted, 0o777 | stat.S_ISVTX)
+    other = private_temp("cyto-numba")
+    assert other != planted and other.name.startswith(f"cyto-numba-{uid}-")
+    assert mode(other) == 0o700 and other.is_dir()
+    (tmp_path / f"cyto-x-{uid}").write_text("a file of that name")
+    assert private_temp("cyto-x").is_dir()
+
+
+@pytest.mark.parametrize("variable", ["CYTO_CACHE_DIR", "CYTO_REVIEW_REGISTRY"])
+def test_every_folder_variable_is_read_alike(variable, tmp_path, monkeypatch):
+    """Hostile round 41 (11, 13): CYTO_REVIEW_REGISTRY='~/x' made ./~/x where the review was
+    started, and a relative CYTO_CACHE_DIR moved with the working folder. One reading
+    (cyto.envvars.env_folder): blanks around it are not its, ~ is the home, and a relative path
+    or a URL is refused in one line naming the variable."""
+    from cyto.envvars import env_folder
+    from cyto.errors import ConfigError
+    from cyto.review.session import _registry_file
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    read = {"CYTO_CACHE_DIR": lambda: __import__("cyto").cache_dir(),
+            "CYTO_REVIEW_REGISTRY": lambda: _registry_file("x").parent}[variable]  # fmt: skip
+    monkeypatch.setenv(variable, " ~/kept \n")
+    assert env_folder(variable) == home / "kept" and read() == home / "kept"
+    for bad, words in (("relative/x", "is a relative path"), ("s3://b/c", "is a URL")):
+        monkeypatch.setenv(variable, bad)
+        with pytest.raises(ConfigError) as info:
+            read()
+        assert str(info.value).startswith(f"{variable}={bad} {words}"), info.value
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]  # nothing made here
+
+
+def test_doctor_says_a_cache_folder_this_user_cannot_write_and_where_kernels_go(
+    tmp_path, monkeypatch
+):
+    """Hostile round 41 (5): in a cache shared by two users, the second could not add compiled
+    engines to the first one's openvino/ and numba moved to the temp dir without a word, while
+    `cyto doctor` said "cache folder ok" and "numba ok". It says which folders this user cannot
+    write, and where numba keeps its kernels."""
+    import os
+
+    import cyto.doctor as doctor
+
+    cache = tmp_path / "shared"
+    (cache / "openvino").mkdir(parents=True)
+    (cache / "numba").mkdir()
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(cache))
+    real = os.access
+    # the other user's folder (root here writes anywhere: the check is stood in for)
+    monkeypatch.setattr(
+        doctor.os, "access", lambda p, mode: real(p, mode) and "openvino" not in str(p)
+    )
+    check = doctor.cache_check()
+    assert check.status == doctor.INFO, check
+    assert "this user cannot write its openvino/" in check.detail and "numba/" not in check.detail
+    rows = {c.item: c.detail for c in doctor.runtime_checks("cpu")}
+    assert "kernels kept in " in rows["numba"], rows
+
+
+def test_the_fallback_is_said_by_the_command_not_raw_at_import(tmp_path):
+    """Hostile round 41 (4): said while cyto was imported, before the command line's warning
+    form was set up, the fallback printed as ``<frozen runpy>:112: CytoWarning: ...``, which a
+    log filter on ``warning:`` misses."""
+    home = tmp_path / "xdg"
+    home.write_text("a file where the cache home would be")
+    env = {"CYTO_CACHE_DIR": "", "XDG_CACHE_HOME": str(home), "NUMBA_CACHE_DIR": ""}
+    proc = run_cyto("doctor", env=env, process=True)  # said in its cache row
+    row = r"^  cache folder +info +cyto's cache folder .* cannot be written"
+    assert re.search(row, proc.stdout, re.M), proc.stdout
+    assert "CytoWarning" not in proc.stderr and "runpy" not in proc.stderr, proc.stderr

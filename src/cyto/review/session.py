@@ -510,10 +510,11 @@ def _registry_file(identity: str) -> Path:
     """``$CYTO_REVIEW_REGISTRY`` (a folder: one shared by a lab's machines keeps the reviews
     of all of them), else ``reviews/`` in cyto's cache; one file per slide identity."""
     from cyto.cachedir import cache_dir
+    from cyto.envvars import env_folder
 
     name = hashlib.sha256(identity.encode()).hexdigest()[:32]
-    root = os.environ.get("CYTO_REVIEW_REGISTRY")
-    return (Path(root) if root else cache_dir() / REGISTRY) / f"{name}.json"
+    root = env_folder("CYTO_REVIEW_REGISTRY")  # ~ as a shell makes it (it made ./~/...)
+    return (root or cache_dir() / REGISTRY) / f"{name}.json"
 
 
 def _registered(identity: str) -> list[dict]:

@@ -24,12 +24,16 @@ cache, :meth:`cyto.slides.remote.RemoteObject.shared`), before the workers ask.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Sequence
 
-from cyto.errors import ConfigError
-from cyto.slides.remote import SHARED_BYTES, SHARED_BYTES_ENV, SlideURL, open_object
+from cyto.slides.remote import (
+    SHARED_BYTES,
+    SHARED_BYTES_ENV,
+    SlideURL,
+    megabytes,
+    open_object,
+)
 
 #: megabytes fetched ahead of the regions consumed, at most (0: no read-ahead)
 AHEAD_ENV = "CYTO_READ_AHEAD_MB"
@@ -46,14 +50,7 @@ def budget() -> int:
     """Bytes read-ahead may hold ahead of the run: ``CYTO_READ_AHEAD_MB``, at most half the
     shared block folder's bound."""
 
-    def mb(env: str, default: int) -> int:
-        raw = os.environ.get(env)
-        try:
-            return int(float(raw) * (1 << 20)) if raw else default
-        except ValueError as exc:
-            raise ConfigError(f"{env}={raw!r}: give megabytes, e.g. 32") from exc
-
-    return max(0, min(mb(AHEAD_ENV, AHEAD_BYTES), mb(SHARED_BYTES_ENV, SHARED_BYTES) // 2))
+    return min(megabytes(AHEAD_ENV, AHEAD_BYTES), megabytes(SHARED_BYTES_ENV, SHARED_BYTES) // 2)
 
 
 class _Blocks:

@@ -255,11 +255,11 @@ def slide_ref(
 
 
 def timeout() -> float:
-    raw = os.environ.get(TIMEOUT_ENV)
-    try:
-        return float(raw) if raw else DEFAULT_TIMEOUT
-    except ValueError as exc:
-        raise ConfigError(f"{TIMEOUT_ENV}={raw!r}: give seconds, e.g. 30") from exc
+    """``CYTO_REMOTE_TIMEOUT``: seconds above 0 (a negative one "timed out" every request at
+    once, blamed on the server: hostile round 41, 6)."""
+    from cyto.envvars import env_number
+
+    return env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT, "seconds", "30", positive=True)
 
 
 def _before_gcsfs() -> None:
@@ -974,25 +974,18 @@ def release(folder: Path, names: list[str]) -> None:
         (folder / f"{name}.lock").unlink(missing_ok=True)
 
 
-def _megabytes(name: str, default: int) -> int:
+def megabytes(name: str, default: int) -> int:
     """Bytes from the environment variable ``name`` (in MiB; ``default`` bytes when unset); a
     value that is no count of MiB is refused in one line."""
-    raw = (os.environ.get(name) or "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise ConfigError(f"{name}={raw!r}: give MiB, e.g. {default >> 20}")
-    return int(value * (1 << 20))
+    from cyto.envvars import env_number
+
+    return int(env_number(name, default / (1 << 20), "MiB", str(default >> 20)) * (1 << 20))
 
 
 def bound_shared(root: Path) -> None:
     """Keep the shared blocks of every slide under ``CYTO_REMOTE_BLOCKS_MB`` (default 256),
     the least recently written going first."""
-    limit = _megabytes(SHARED_BYTES_ENV, SHARED_BYTES)
+    limit = megabytes(SHARED_BYTES_ENV, SHARED_BYTES)
     try:
         files = [
             (f.stat().st_mtime_ns, f.stat().st_size, f)
@@ -1170,7 +1163,7 @@ def download(obj: RemoteObject, chunk: int = 8 << 20):
     import threading
     from pathlib import Path
 
-    _megabytes(DOWNLOAD_BYTES_ENV, DOWNLOAD_BYTES)  # a bad bound is refused before any fetch
+    megabytes(DOWNLOAD_BYTES_ENV, DOWNLOAD_BYTES)  # a bad bound is refused before any fetch
 
     from cyto.cachedir import cache_dir
     from cyto.locks import file_lock
@@ -1274,7 +1267,7 @@ def bound_downloads(root: Path, keep: Path) -> list[Path]:
     20 GiB), the least recently used going first; never ``keep`` (the copy just fetched) nor
     one another thread or process is fetching or reading now (its locks are held: see
     :func:`held_copy`). Said once a call, in a note; returns the copies removed."""
-    limit = _megabytes(DOWNLOAD_BYTES_ENV, DOWNLOAD_BYTES)
+    limit = megabytes(DOWNLOAD_BYTES_ENV, DOWNLOAD_BYTES)
     copies = []
     with contextlib.suppress(OSError):
         for folder in root.iterdir():

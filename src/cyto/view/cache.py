@@ -66,6 +66,17 @@ def parse_size(text: str, what: str = "--tile-cache") -> int:
     return int(float(number) * scale)
 
 
+def cap_source(value: str | int | None) -> str:
+    """What set the cap :func:`cap_from` gives for ``value``, as said beside it: the flag, the
+    variable, or the default (the variable's cap was credited to --tile-cache: hostile round
+    41, 12)."""
+    if value is not None:
+        return "--tile-cache"
+    if (os.environ.get(CAP_ENV) or "").strip():
+        return f"${CAP_ENV}"
+    return "the default; --tile-cache or $" + CAP_ENV + " sets it"
+
+
 def cap_from(value: str | int | None) -> int:
     """The cap in bytes: ``value`` (``--tile-cache``), else ``$CYTO_VIEW_TILE_CACHE``, else
     :data:`DEFAULT_CAP`."""
@@ -75,7 +86,7 @@ def cap_from(value: str | int | None) -> int:
         return value
     if value is not None:
         return parse_size(value)
-    env = os.environ.get(CAP_ENV)
+    env = (os.environ.get(CAP_ENV) or "").strip()
     if env:
         return parse_size(env, f"${CAP_ENV}")
     return DEFAULT_CAP

@@ -206,9 +206,11 @@ def serve(
         "(unblinded)"
     )
     cache = app.state.tile_cache
+    from cyto.view.cache import cap_source
+
     echo(
         f"tiles cached in {cache.root} ({size_words(cache.total)} of at most "
-        f"{size_words(cache.cap)}: --tile-cache)"
+        f"{size_words(cache.cap)}: {cap_source(tile_cache)})"
     )
     address = f"http://{shown}:{port}/" + (f"?key={access_key}" if access_key else "")
     echo(f"open {address}  (Ctrl-C stops)")

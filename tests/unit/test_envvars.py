@@ -1,0 +1,75 @@
+"""Every number cyto reads from its environment is read alike (cyto.envvars.env_number): the
+blanks around it are not its, a value that is not a finite number of 0 or more (above 0 for a
+timeout) is refused in one line naming the variable (hostile round 41, 6-7: a negative or nan
+CYTO_REMOTE_TIMEOUT was taken and every request "timed out" at once, blamed on the server;
+CYTO_READ_AHEAD_MB=inf overflowed; CYTO_REMOTE_BLOCKS_MB=-1 was refused by one reader and read
+as 0 by another)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cyto.errors import ConfigError
+
+
+def _readers():
+    from cyto.slides import ahead, remote
+
+    return {
+        "CYTO_REMOTE_TIMEOUT": (remote.timeout, 1.0, True),
+        "CYTO_REMOTE_BLOCKS_MB": (
+            lambda: remote.megabytes(remote.SHARED_BYTES_ENV, 0),
+            2**20,
+            False,
+        ),
+        "CYTO_DOWNLOAD_MB": (lambda: remote.megabytes(remote.DOWNLOAD_BYTES_ENV, 0), 2**20, False),
+        "CYTO_READ_AHEAD_MB": (ahead.budget, 2**20, False),
+    }
+
+
+@pytest.mark.parametrize("variable", sorted(_readers()))
+@given(
+    value=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True, width=32),
+        st.sampled_from(["abc", "1e999", "-inf", "nan", " 7 ", "", "0", "-0"]),
+    )
+)
+def test_a_number_of_the_environment_is_taken_or_refused_by_one_rule(variable, value):
+    import os
+
+    read, scale, positive = _readers()[variable]
+    text = value if isinstance(value, str) else repr(value)
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    ok = text.strip() == "" or (
+        math.isfinite(number) and number >= 0 and (number > 0 or not positive)
+    )
+    saved = os.environ.get(variable)
+    os.environ[variable] = text
+    try:
+        if variable == "CYTO_READ_AHEAD_MB":
+            os.environ["CYTO_REMOTE_BLOCKS_MB"] = "1000000"  # its bound: half of this
+        if ok:
+            got = read()
+            if text.strip():
+                want = int(number * scale) if scale > 1 else number
+                if variable == "CYTO_READ_AHEAD_MB":  # at most half the shared blocks' bound
+                    want = min(want, (1_000_000 << 20) // 2)
+                assert got == pytest.approx(want, abs=1)
+        else:
+            with pytest.raises(ConfigError) as info:
+                read()
+            assert str(info.value).startswith(f"{variable}={text.strip()!r}: give ")
+            assert "\n" not in str(info.value)
+    finally:
+        os.environ.pop("CYTO_REMOTE_BLOCKS_MB", None)
+        if saved is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = saved
