@@ -105,3 +105,45 @@ def test_a_stopped_watch_exits_with_the_stops_code_mid_slide_and_after_a_failure
         with pytest.raises(ConfigError, match="--poll must be seconds > 0"):
             watch.watch_cohort([folder], model, tmp_path / "o", ScoreOptions(workers=0),
                                poll=float(poll), settle=float(settle))  # fmt: skip
+
+
+def test_a_slide_another_run_holds_is_said_once_and_one_removed_is_no_failure(
+    tmp_path, monkeypatch
+):
+    """Hostile round 41 (10, 14): a second watch said "slide X" at every poll while the other
+    run held it (60 lines for a 10-minute slide); a slide deleted while it was scored was a
+    failure ("the image data there cannot be decoded"), a failed row in cohort.csv and exit 1."""
+    from cyto.errors import OutputBusyError
+
+    folder, out = tmp_path / "wd", tmp_path / "ow"
+    folder.mkdir()
+    for name in ("held.tif", "gone.tif"):
+        (folder / name).write_bytes(b"II*\0" + b"\0" * 100)
+    tries: dict[str, int] = {}
+
+    def score_one(slide, target, scorer, opts, echo, metrics):
+        slide = Path(slide)
+        tries[slide.name] = tries.get(slide.name, 0) + 1
+        if slide.name == "held.tif" and tries["held.tif"] < 4:
+            raise OutputBusyError(f"{target} is being written by another cyto score")
+        if slide.name == "gone.tif":
+            slide.unlink()  # removed while it is scored
+            raise UnsupportedSlideError(f"{slide}: the image data there cannot be decoded")
+        summary = {"slide": str(slide), "cells_scored": 9, "seconds": 1.0, "cells_per_s": 9}
+        return {**summary, "output": str(target)}
+
+    monkeypatch.setattr(watch, "open_model", lambda model, opts, echo: object())
+    monkeypatch.setattr(watch, "score_one", score_one)
+    rows: list[dict] = []
+    monkeypatch.setattr(watch, "write_cohort_table", lambda new, _path: rows.extend(new))
+    said: list[str] = []
+    done, failed = watch.watch_cohort(
+        [folder], tmp_path / "m.cyto", out, ScoreOptions(workers=0, mosaic=0), said.append,
+        poll=0.01, settle=0.0, stop=_Polls(6),
+    )  # fmt: skip
+    assert tries["held.tif"] == 4, said
+    assert sum(line.startswith("slide ") and "held.tif" in line for line in said) == 1, said
+    assert any(line.endswith("gone.tif was removed while it was scored: not counted")
+               for line in said), said  # fmt: skip
+    assert failed == [] and said[-1].endswith(", 0 failed"), said
+    assert [Path(r["slide"]).name for r in rows] == ["held.tif"], rows

@@ -15,6 +15,7 @@ a slide being scored then keeps its finished chunks for the next run.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -134,7 +135,8 @@ def watch_cohort(
                     continue  # still being written, or not for long enough unchanged
                 handled[slide] = st
                 ((real, target),) = slide_folders([slide], out, echo)  # its real path
-                echo(f"slide {real}")
+                if slide not in busy:  # (a slide another run holds: said once, not each poll)
+                    echo(f"slide {real}")
                 try:
                     summary = score_one(real, target, scorer, opts, said, metrics)
                 except OutputBusyError as exc:  # another run (another watch) is scoring it
@@ -144,6 +146,13 @@ def watch_cohort(
                         echo(f"{slide.name}: left to the run that holds {target} ({exc})")
                     continue
                 except Exception as exc:  # whatever one slide does, the watch goes on
+                    if not os.path.lexists(real):  # removed while scored: no failure of its
+                        # own (it was "undecodable image data", a failed row and exit 1:
+                        # hostile round 41, 14); scored again if it comes back
+                        handled.pop(slide, None)
+                        seen.pop(slide, None)
+                        echo(f"{real} was removed while it was scored: not counted")
+                        continue
                     if not isinstance(exc, CytoError):
                         exc = unforeseen(real, exc)
                     outcome[real] = exc
