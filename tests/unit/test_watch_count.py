@@ -27,8 +27,23 @@ class _Polls:
             raise KeyboardInterrupt
 
 
+def _watch(monkeypatch, tmp_path, folder, score_one, polls: int):
+    """``watch_cohort`` over ``folder`` with ``score_one`` standing in for the scoring, until
+    Ctrl-C after ``polls`` polls: (summaries, failures, what it said, cohort rows written)."""
+    monkeypatch.setattr(watch, "open_model", lambda model, opts, echo: object())
+    monkeypatch.setattr(watch, "score_one", score_one)
+    rows: list[dict] = []
+    monkeypatch.setattr(watch, "write_cohort_table", lambda new, _path: rows.extend(new))
+    said: list[str] = []
+    done, failed = watch.watch_cohort(
+        [folder], tmp_path / "m.cyto", tmp_path / "ow", ScoreOptions(workers=0, mosaic=0),
+        said.append, poll=0.01, settle=0.0, stop=_Polls(polls),
+    )  # fmt: skip
+    return done, failed, said, rows
+
+
 def test_the_watch_ends_counting_scored_already_scored_and_failed(tmp_path, monkeypatch):
-    folder, out = tmp_path / "wd", tmp_path / "ow"
+    folder = tmp_path / "wd"
     folder.mkdir()
     for name in ("half.tif", "new.tif", "old.tif"):
         (folder / name).write_bytes(b"II*\0" + b"\0" * 100)
@@ -46,16 +61,7 @@ def test_the_watch_ends_counting_scored_already_scored_and_failed(tmp_path, monk
             summary[REUSED] = "2026-12-01 10:00"
         return {**summary, "output": str(target)}
 
-    monkeypatch.setattr(watch, "open_model", lambda model, opts, echo: object())
-    monkeypatch.setattr(watch, "score_one", score_one)
-    rows: list[dict] = []
-    monkeypatch.setattr(watch, "write_cohort_table", lambda new, _path: rows.extend(new))
-    said: list[str] = []
-    opts = ScoreOptions(workers=0, mosaic=0)
-    done, failed = watch.watch_cohort(
-        [folder], tmp_path / "m.cyto", out, opts, said.append, poll=0.01, settle=0.0,
-        stop=_Polls(3),
-    )  # fmt: skip
+    done, failed, said, rows = _watch(monkeypatch, tmp_path, folder, score_one, 3)
     assert tries == {"half.tif": 2, "new.tif": 1, "old.tif": 1}, said
     assert said[-1] == "stopped watching: 2 slide(s) scored, 1 already scored, 0 failed"
     assert failed == [] and len(done) == 3
@@ -115,7 +121,7 @@ def test_a_slide_another_run_holds_is_said_once_and_one_removed_is_no_failure(
     failure ("the image data there cannot be decoded"), a failed row in cohort.csv and exit 1."""
     from cyto.errors import OutputBusyError
 
-    folder, out = tmp_path / "wd", tmp_path / "ow"
+    folder = tmp_path / "wd"
     folder.mkdir()
     for name in ("held.tif", "gone.tif"):
         (folder / name).write_bytes(b"II*\0" + b"\0" * 100)
@@ -132,15 +138,7 @@ def test_a_slide_another_run_holds_is_said_once_and_one_removed_is_no_failure(
         summary = {"slide": str(slide), "cells_scored": 9, "seconds": 1.0, "cells_per_s": 9}
         return {**summary, "output": str(target)}
 
-    monkeypatch.setattr(watch, "open_model", lambda model, opts, echo: object())
-    monkeypatch.setattr(watch, "score_one", score_one)
-    rows: list[dict] = []
-    monkeypatch.setattr(watch, "write_cohort_table", lambda new, _path: rows.extend(new))
-    said: list[str] = []
-    done, failed = watch.watch_cohort(
-        [folder], tmp_path / "m.cyto", out, ScoreOptions(workers=0, mosaic=0), said.append,
-        poll=0.01, settle=0.0, stop=_Polls(6),
-    )  # fmt: skip
+    done, failed, said, rows = _watch(monkeypatch, tmp_path, folder, score_one, 6)
     assert tries["held.tif"] == 4, said
     assert sum(line.startswith("slide ") and "held.tif" in line for line in said) == 1, said
     assert any(line.endswith("gone.tif was removed while it was scored: not counted")
