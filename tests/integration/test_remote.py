@@ -863,7 +863,10 @@ def test_download_copies_are_kept_within_their_bound_the_least_recently_used_goi
             assert a.is_file() and d.is_file() and not c.exists()
         assert fetch("b.tif").read_bytes() == data  # a removed copy is fetched again
         monkeypatch.setenv("CYTO_DOWNLOAD_MB", "lots")
-        with pytest.raises(ConfigError, match=r"^CYTO_DOWNLOAD_MB='lots': give MiB, e.g. 20480$"):
+        with pytest.raises(
+            ConfigError,
+            match=r"^CYTO_DOWNLOAD_MB='lots': give MiB, a number 0 or more, e.g. 20480$",
+        ):
             fetch("e.tif")
 
 
