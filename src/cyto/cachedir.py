@@ -92,29 +92,48 @@ def private_temp(name: str) -> _Path:
     """``NAME-UID`` in the temp dir, this user's alone (0700): where a cache falls back to when
     its folder cannot be written. It holds compiled kernels (code that is loaded), verification
     records and slides' cells, so a folder of that name that another user made, or one others
-    could write into, is never taken: a fresh one of this user's is made beside it; one of this
-    user's that others could read is closed (the fallback was made 0755, and another user's 0777
-    folder was taken without a word: hostile round 41, 3)."""
+    could write into, is never taken; one of this user's that others could read is closed (the
+    fallback was made 0755, and another user's 0777 folder was taken without a word: hostile
+    round 41, 3). Passed over, the next of ``NAME-UID-1`` .. ``-15`` that can be this user's is
+    taken, so that the next run finds it again (a fresh random folder at every call kept
+    nothing and filled the temp dir: hostile round 42, 1); the same folder all the process."""
+    if name in _PRIVATE:
+        return _PRIVATE[name]
+    uid = getattr(_os, "getuid", lambda: 0)()
+    root = _Path(_tempfile.gettempdir())
+    for candidate in [root / f"{name}-{uid}", *(root / f"{name}-{uid}-{i}" for i in range(1, 16))]:
+        if _own_private(candidate, uid):
+            _PRIVATE[name] = candidate
+            return candidate
+    _PRIVATE[name] = _Path(_tempfile.mkdtemp(prefix=f"{name}-{uid}-"))  # 0700, this user's
+    return _PRIVATE[name]
+
+
+#: the private temp folder of each name, chosen once per process (:func:`private_temp`)
+_PRIVATE: dict[str, _Path] = {}
+
+
+def _own_private(path: _Path, uid: int) -> bool:
+    """Made (0700), or found this user's and closed to others' writes (closed to their reads
+    too); False for a folder another user made or others could write into, or a file."""
     import stat
 
-    uid = getattr(_os, "getuid", lambda: 0)()
-    path = _Path(_tempfile.gettempdir()) / f"{name}-{uid}"
     try:
         path.mkdir(mode=0o700)
     except FileExistsError:
         pass
     except OSError:
-        return _Path(_tempfile.mkdtemp(prefix=f"{name}-{uid}-"))
+        return False
     try:
         st = _os.lstat(path)
         # not this user's, or one others could write into (what is in it may be theirs)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
-            return _Path(_tempfile.mkdtemp(prefix=f"{name}-{uid}-"))  # 0700, this user's
+            return False
         if st.st_mode & 0o077:  # this user's, readable by others (an earlier cyto's): closed
             _os.chmod(path, 0o700)
     except OSError:
-        return _Path(_tempfile.mkdtemp(prefix=f"{name}-{uid}-"))
-    return path
+        return False
+    return True
 
 
 def set_numba_cache_dir() -> None:

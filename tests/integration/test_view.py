@@ -119,6 +119,7 @@ class Server:
             seen.append(line)
             if line.startswith("open http://"):
                 self.url = line.split()[1]
+                self.said = seen
                 return
         self.proc.wait()
         raise AssertionError("cyto view did not start: " + "".join(seen))
@@ -912,6 +913,22 @@ def test_a_kept_tile_damaged_or_copied_from_elsewhere_is_rendered_again_and_said
         assert all(r.status_code == 200 for r in again.values())
         assert {xy: r.content for xy, r in again.items()} == first
         assert len([w for w in said if "does not match its seal" in str(w.message)]) == 1
+
+
+def test_the_viewer_says_what_set_its_tile_cache_bound(scored, tmp_path, monkeypatch):
+    """Hostile rounds 41 (12) and 42 (2): `cyto view` said "--tile-cache" of a bound the
+    variable or the default set (the command resolved the bound before the server said it)."""
+    from cyto.view.cache import CAP_ENV
+
+    for env, words in ((None, "4.0 GiB: the default"), ("1GiB", f"1.0 GiB: ${CAP_ENV})")):
+        if env is None:
+            monkeypatch.delenv(CAP_ENV, raising=False)
+        else:
+            monkeypatch.setenv(CAP_ENV, env)
+        server = Server(scored, cache=tmp_path / "c")
+        server.kill()
+        line = next(ln for ln in server.said if ln.startswith("tiles cached in"))
+        assert f"of at most {words}" in line, line
 
 
 def test_bad_tile_cache_sizes_give_one_readable_line(scored, monkeypatch):

@@ -132,6 +132,7 @@ def test_the_temp_fallback_is_this_users_alone(tmp_path, monkeypatch):
     import stat
     import tempfile
 
+    import cyto.cachedir as cachedir
     from cyto.cachedir import private_temp
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -140,17 +141,29 @@ def test_the_temp_fallback_is_this_users_alone(tmp_path, monkeypatch):
     def mode(path):
         return stat.S_IMODE(os.lstat(path).st_mode)
 
+    def next_process():  # what a process chose is its own
+        monkeypatch.setattr(cachedir, "_PRIVATE", {})
+
+    next_process()
     fresh = private_temp("cyto-cache")
     assert fresh == tmp_path / f"cyto-cache-{uid}" and mode(fresh) == 0o700
     fresh.chmod(0o755)  # an earlier cyto's: this user's, closed now
+    next_process()
     assert private_temp("cyto-cache") == fresh and mode(fresh) == 0o700
     planted = tmp_path / f"cyto-numba-{uid}"
     planted.mkdir()
-    planted.chmod(0o777)
     os.chmod(planted, 0o777 | stat.S_ISVTX)
     other = private_temp("cyto-numba")
-    assert other != planted and other.name.startswith(f"cyto-numba-{uid}-")
-    assert mode(other) == 0o700 and other.is_dir()
+    assert other == tmp_path / f"cyto-numba-{uid}-1" and mode(other) == 0o700
+    # the same folder at every call, and in the next run (round 42, 1: a fresh random folder
+    # at every call kept nothing and filled the temp dir)
+    assert {private_temp("cyto-numba") for _ in range(5)} == {other}
+    next_process()
+    assert private_temp("cyto-numba") == other
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("cyto-numba")) == [
+        f"cyto-numba-{uid}",
+        f"cyto-numba-{uid}-1",
+    ]
     (tmp_path / f"cyto-x-{uid}").write_text("a file of that name")
     assert private_temp("cyto-x").is_dir()
 

@@ -58,7 +58,7 @@ def view_cmd(
     from cyto.view.folder import open_view
     from cyto.view.server import serve
 
-    cap = cap_from(tile_cache)  # a bad size fails before anything opens
+    cap_from(tile_cache)  # a bad size fails before anything opens
     from cyto.errors import CytoError
     from cyto.location import scored_here
     from cyto.slides.remote import parse_options
@@ -69,4 +69,4 @@ def view_cmd(
         slides = open_view(folder, unblind=unblind, options=options)
     except CytoError as exc:
         raise where.translated(exc) from None
-    serve(slides, host=host, port=port, echo=typer.echo, tile_cache=cap)
+    serve(slides, host=host, port=port, echo=typer.echo, tile_cache=tile_cache)
