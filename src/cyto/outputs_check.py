@@ -41,6 +41,16 @@ RECORD_FORMAT = "cyto-outputs"
 #: folder's lock, so a second run started seconds later cannot replace what the first has
 #: finished since (the check and the lock were seconds apart)
 FRESH_ONLY: ContextVar[bool] = ContextVar("cyto_fresh_only", default=False)
+#: set by a resumed run (``--resume``, a watch) that found no finished results to reuse before
+#: it began: once it holds the folder's lock, a folder another run has finished since raises
+#: :class:`FinishedMeanwhile`, so the run can reuse it rather than score the slide again (two
+#: watches of one folder scored each slide twice, the second right after the first finished:
+#: hostile round 42, 3)
+UNFINISHED_AT_START: ContextVar[bool] = ContextVar("cyto_unfinished_at_start", default=False)
+
+
+class FinishedMeanwhile(Exception):  # noqa: N818 - a signal, not an error
+    """A slide's folder was finished by another run while this one waited for its lock."""
 
 
 def exists(path: Path, locked: bool = False) -> bool:

@@ -174,3 +174,35 @@ def test_ctrl_c_ends_the_watch_with_what_it_scored(made, exported_dsvdd, tmp_pat
     assert said.rstrip().endswith("interrupted" if stop == "ctrl-c" else "stopped (SIGTERM)")
     assert "Traceback" not in said and "leaked" not in said, said
     assert (tmp_path / "out" / "a" / "scores.parquet").is_file()
+
+
+def test_a_slide_finished_by_another_run_while_waiting_for_its_lock_is_reused(
+    made, exported_dsvdd, tmp_path, monkeypatch
+):
+    """Hostile round 42 (3): two watches of one folder scored each slide twice: the second
+    looked for finished results while the first still wrote them, waited for the lock, and
+    scored the slide again once it was free (a `.partial` in the finished folder meanwhile).
+    A resumed run that found nothing to reuse looks again once it holds the lock."""
+    import cyto.cohort.local as local
+    from cyto.cohort.local import REUSED, score_one
+    from cyto.runtime import load_scorer
+
+    target = tmp_path / "out" / "a"
+    score_slide(made, exported_dsvdd, target, OPTS, echo=lambda _: None)  # the other run's
+    scores = (target / "scores.parquet").read_bytes()
+    real = local.finished_summary
+    looks: list[bool] = []
+
+    def not_yet_then_real(*args, **kwargs):  # the first look: before the other run finished
+        looks.append(True)
+        return None if len(looks) == 1 else real(*args, **kwargs)
+
+    monkeypatch.setattr(local, "finished_summary", not_yet_then_real)
+    said: list[str] = []
+    scorer = load_scorer(exported_dsvdd, "auto", "cpu", "auto")
+    opts = ScoreOptions(**{**OPTS.__dict__, "resume": True})
+    summary = score_one(made, target, scorer, opts, said.append, None)
+    assert summary.get(REUSED) and len(looks) == 2, said
+    assert any("already scored" in line for line in said), said
+    assert (target / "scores.parquet").read_bytes() == scores
+    assert not (target / ".partial").exists()

@@ -107,7 +107,7 @@ def test_a_stopped_watch_exits_with_the_stops_code_mid_slide_and_after_a_failure
         assert proc.returncode == code, said
         assert "stopped watching: 0 slide(s) scored, 1 failed" in proc.stdout, said
         assert proc.stderr.rstrip().endswith(last), said
-    for poll, settle in (("inf", "0"), ("nan", "0"), ("1", "nan"), ("1", "inf")):
+    for poll, settle in (("inf", "0"), ("nan", "0"), ("1", "nan"), ("1", "inf"), ("1e10", "0")):
         with pytest.raises(ConfigError, match="--poll must be seconds > 0"):
             watch.watch_cohort([folder], model, tmp_path / "o", ScoreOptions(workers=0),
                                poll=float(poll), settle=float(settle))  # fmt: skip

@@ -136,14 +136,33 @@ def finished_summary(
 def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, echo, metrics) -> dict:
     """One slide of a cohort into ``target``: with ``opts.resume``, a finished run of this model
     on this very slide is reused, an interrupted one continued."""
+    from cyto.outputs_check import UNFINISHED_AT_START, FinishedMeanwhile
+
     if slide.exists() and opts.resume:  # a file, or a DICOM slide's folder
-        previous = finished_summary(target, scorer, slide, opts, echo)
+        previous = _reused(target, scorer, slide, opts, echo)
         if previous is not None:
-            # when it was scored, not how long that took: the report says nothing ran now
-            when = scored_when(target)
-            echo(f"{slide.name}: already scored ({when}) in {target}; skipping")
-            return {**previous, REUSED: when}
+            return previous
+        token = UNFINISHED_AT_START.set(True)  # finished by another run meanwhile: reused
+        try:
+            return score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics)
+        except FinishedMeanwhile:
+            previous = _reused(target, scorer, slide, opts, echo)
+            if previous is not None:
+                return previous
+        finally:
+            UNFINISHED_AT_START.reset(token)
     return score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics)
+
+
+def _reused(target: Path, scorer: Scorer, slide: Path, opts: ScoreOptions, echo) -> dict | None:
+    """The summary of the finished run in ``target`` that this one reuses (said), else None."""
+    previous = finished_summary(target, scorer, slide, opts, echo)
+    if previous is None:
+        return None
+    # when it was scored, not how long that took: the report says nothing ran now
+    when = scored_when(target)
+    echo(f"{slide.name}: already scored ({when}) in {target}; skipping")
+    return {**previous, REUSED: when}
 
 
 #: the key a reused slide's summary gets in a run's report (when its outputs were written);

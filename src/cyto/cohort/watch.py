@@ -72,6 +72,10 @@ def _listed(folders: list[Path], warned: set[str], echo) -> list[Path]:
     return found
 
 
+#: the longest --poll (seconds)
+DAY = 86_400.0
+
+
 def watch_cohort(
     folders: list[Path],
     model: Path,
@@ -94,9 +98,11 @@ def watch_cohort(
             raise ConfigError(f"--watch takes folders to watch; {folder} is not a folder")
     # finite: inf overflowed the clock (a traceback), nan spun at 100 % CPU or let every slide
     # through unsettled (hostile round 41, 8-9)
-    if not (math.isfinite(poll) and poll > 0) or not (math.isfinite(settle) and settle >= 0):
+    # and a poll within a day (1e10 s overflowed the clock too: hostile round 42, 4)
+    if not (math.isfinite(poll) and 0 < poll <= DAY) or not (math.isfinite(settle) and settle >= 0):
         raise ConfigError(
-            f"--poll must be seconds > 0 and --settle seconds >= 0, got {poll:g} and {settle:g}"
+            f"--poll must be seconds > 0 (a day at most) and --settle seconds >= 0, got "
+            f"{poll:g} and {settle:g}"
         )
     check_inputs(out, opts, model)
     refuse_slide_folder(out)

@@ -125,9 +125,9 @@ def method_configs(spec: SweepSpec) -> dict:
         key = item.split("=", 1)[0].split(":")[-1].strip()
         if key in ONE_CLASS_ONLY:
             raise ConfigError(
-                f"--set {item!r}: the sweep's one-class methods train on its normal bags alone, "
-                "with no abnormal class beside them to hold normal cells back for, so "
-                f"{key!r} would do nothing here: leave it out"
+                f"--set {item!r}: {key!r} holds normal cells back at training (cyto train "
+                "dsvdd or droc with abnormal classes); the sweep holds none back for any method "
+                f"({', '.join(spec.methods)}), so it would do nothing here: leave it out"
             )
     return {
         m: resolve_config(

@@ -353,14 +353,13 @@ def _refuse_finished_since(slide, out_dir: Path) -> None:
     first's results without --overwrite (the check ran before the lock was taken)."""
     from cyto.errors import OutputTakenError
     from cyto.flags import passing
-    from cyto.outputs_check import FRESH_ONLY
+    from cyto.outputs_check import FRESH_ONLY, UNFINISHED_AT_START, FinishedMeanwhile
     from cyto.seal import SUMMARY
 
-    if (
-        FRESH_ONLY.get()
-        and (out_dir / SUMMARY).is_file()
-        and (out_dir / "scores.parquet").is_file()
-    ):
+    finished = (out_dir / SUMMARY).is_file() and (out_dir / "scores.parquet").is_file()
+    if finished and UNFINISHED_AT_START.get():  # a resumed run: reused, not scored again
+        raise FinishedMeanwhile(str(out_dir))
+    if FRESH_ONLY.get() and finished:
         raise OutputTakenError(
             f"{passing('out', out_dir)} (the finished results of {Path(str(slide)).name}) was "
             "finished by another run after this one began; pass "
