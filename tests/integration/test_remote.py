@@ -576,7 +576,8 @@ def test_a_stalled_server_fails_its_slide_alone(slide, exported_dsvdd, tmp_path,
     assert proc.returncode == 1, proc.stderr
     failed = [ln for ln in proc.stderr.splitlines() if ln.startswith("failed:")]
     assert failed == [
-        f"failed: {server.url}/stalled.tif: the server did not answer in time (4 tries); giving up"
+        f"failed: {server.url}/stalled.tif: the server did not answer within "
+        "CYTO_REMOTE_TIMEOUT=0.25 s (4 tries); giving up"
     ], proc.stderr
     assert (out / "s" / "scores.parquet").is_file()
 
@@ -941,7 +942,8 @@ def test_a_stalled_s3_endpoint_is_tried_as_cyto_says_not_five_times_more(
         proc = _score(["s3://slides/a.tif"], exported_dsvdd, tmp_path / "o")
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1] == (
-        "failed: s3://slides/a.tif: the server did not answer in time (4 tries); giving up"
+        "failed: s3://slides/a.tif: the server did not answer within CYTO_REMOTE_TIMEOUT=0.25 s "
+        "(4 tries); giving up"
     )
     # four tries of one open (s3fs asks for the object, then for it as a folder): it was forty
     assert 0 < len(held) <= 8, len(held)
@@ -957,7 +959,8 @@ def test_a_silent_http_server_is_asked_once_a_try(exported_dsvdd, monkeypatch, t
         taken = len(held)
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"failed: {server}/a.tif: the server did not answer in time (4 tries); giving up"
+        f"failed: {server}/a.tif: the server did not answer within CYTO_REMOTE_TIMEOUT=0.25 s "
+        "(4 tries); giving up"
     )
     assert taken == 4, taken  # it was 12
 
