@@ -79,6 +79,13 @@ def test_predict_says_which_scored_images_the_model_was_trained_on(folders, name
     assert "note: 5 of the 17 rows of c.parquet are images its model was trained on" in (
         judged.stdout
     )
+    # and in the JSON a script reads (the note alone went to stderr there: round 42, 7)
+    import json
+
+    rows = json.loads(run_cyto("eval", "scores", str(tmp_path / "c.parquet"), "--json").stdout)
+    assert [r["trained_on"] for r in rows] == [5]
+    classes = run_cyto("eval", "scores", str(tmp_path / "c.parquet"), "--json", "--by-class")
+    assert json.loads(classes.stdout)["overall"][0]["trained_on"] == 5
 
 
 def test_a_bundle_that_records_no_training_images_says_so_beside_its_metrics(folders, tmp_path):

@@ -34,6 +34,7 @@ def read_score_table(
     need_label: bool = True,
     echo=None,
     with_column: bool = False,
+    seen: dict | None = None,
 ):
     """(scores, labels) of a table, higher = more abnormal; ``score_column`` ``auto``:
     :func:`ranked_column`; labels None when the table has no ``label_column`` and
@@ -71,7 +72,9 @@ def read_score_table(
     # a cyto table (cyto score's, cyto predict's) holds the rows cyto wrote, wherever it lies
     check_rows(table, path, "make it again (cyto score, cyto predict)")
     _refuse_extract(table, path)
-    _say_trained_on(table, path, echo)
+    trained = _say_trained_on(table, path, echo)
+    if seen is not None:  # what the table says beside its rows, for the caller's JSON
+        seen["trained_on"] = trained
     if score_column == "auto":
         meta = table.schema.metadata or {}
         rank_by = meta.get(b"cyto.rank_by", b"").decode(errors="replace") or None
@@ -134,20 +137,22 @@ _UNRANKED = (
 )
 
 
-def _say_trained_on(table, path: Path, echo) -> None:
+def _say_trained_on(table, path: Path, echo) -> int | None:
     """A cyto predict table's rows of images its model was trained on (its ``trained_on``
     column): said before any metric over them (the warning predict gave was lost by the next
-    step, and the metrics over the mix went unsaid: hostile round 40, 2)."""
-    if echo is None or "trained_on" not in table.column_names:
-        return
+    step, and the metrics over the mix went unsaid: hostile round 40, 2); how many (None: a
+    table without the column)."""
+    if "trained_on" not in table.column_names:
+        return None
     flags = np.asarray(table["trained_on"].to_numpy(zero_copy_only=False))
     n = int(np.nansum(flags.astype(float)))
-    if n:
+    if n and echo is not None:
         echo(
             f"note: {n} of the {len(flags)} rows of {path.name} are images its model was "
             "trained on or chose its ranking on (its trained_on column): a metric over them is "
             "not one of held-out cells; leave those rows out to measure held-out cells"
         )
+    return n
 
 
 def _refuse_extract(table, path: Path) -> None:
@@ -162,9 +167,11 @@ def _refuse_extract(table, path: Path) -> None:
         )
 
 
-def _metric_rows(scores, labels, k: list[int], column: str) -> list[dict]:
-    """Every metric at each of ``k``, each row naming the column judged (``--json`` too)."""
-    return [{**all_metrics(scores, labels, kk), "score_column": column} for kk in k]
+def _metric_rows(scores, labels, k: list[int], column: str, seen: dict | None = None) -> list[dict]:
+    """Every metric at each of ``k``, each row naming the column judged (``--json`` too), and
+    the table's rows of training images where it flags them (``trained_on``: round 42, 7)."""
+    extra = {} if seen is None or seen.get("trained_on") is None else seen
+    return [{**all_metrics(scores, labels, kk), "score_column": column, **extra} for kk in k]
 
 
 def _say_unranked(table, column: str, echo) -> None:
@@ -260,11 +267,12 @@ def evaluate_table(
 ) -> list[dict[str, float]]:
     """Every metric at each of ``k`` for the table at ``path`` (:func:`read_score_table`)."""
     check_ks(k)
+    seen: dict = {}
     scores, labels, column = read_score_table(
-        path, score_column, label_column, echo=echo, with_column=True
+        path, score_column, label_column, echo=echo, with_column=True, seen=seen
     )
 
-    rows = _metric_rows(scores, labels, k, column)  # a table it refuses: its one line
+    rows = _metric_rows(scores, labels, k, column, seen)  # a table it refuses: its one line
     _say_k(scores, k, echo)
     return rows
 
@@ -415,10 +423,11 @@ def evaluate_with_classes(
     class against the normal class alone (``by_class``: :func:`evaluate_by_class`)."""
     check_ks(k)
     classes = evaluate_by_class(path, k, normal, score_column, class_column, label_column, echo)
+    seen: dict = {}
     scores, labels, column = read_score_table(
-        path, score_column, label_column, need_label=False, with_column=True
+        path, score_column, label_column, need_label=False, with_column=True, seen=seen
     )
-    overall = None if labels is None else _metric_rows(scores, labels, k, column)
+    overall = None if labels is None else _metric_rows(scores, labels, k, column, seen)
     if overall is not None:
         _say_k(scores, k, echo)
     _say_k_of_classes({c["class"]: c["n_normal"] + c["n_class"] for c in classes}, k, echo)
