@@ -55,7 +55,8 @@ TRAINING_CELLS = "training_cells.npy"
 
 def cell_keys(digests: Iterable[str | None]) -> np.ndarray:
     """The sha256 hex digests of image files as 64-bit keys (uint64; None: a key of 0, which no
-    digest of a 2^64 chance gives): what :data:`TRAINING_CELLS` holds, sorted and unique."""
+    digest of a 2^64 chance gives), in their order: :func:`save_bundle` keeps them sorted and
+    unique as :data:`TRAINING_CELLS`."""
     return np.array([int(d[:16], 16) if d else 0 for d in digests], dtype=np.uint64)
 
 

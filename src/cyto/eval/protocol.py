@@ -21,9 +21,8 @@ On the paper's own pools (18,369 training normals and 7,873 held out, each withi
 counts as printed (WR 9/5/1/0.5/0.1/0.05 % -> train 910/455/90/45/10/5, test
 396/198/40/20/4/2), which the rule gives to within 6 % or one cell. With few cells the
 smallest WRs hit the floor of one cell; the effective WRs are reported beside the asked one.
-(Earlier cyto took
-round(WR x all ten bags' normals): twice the WR within a positive bag, and twice the paper's
-test share; hostile round 39.)
+(Earlier cyto took round(WR x all ten bags' normals): twice the WR within a positive bag, and
+twice the paper's test share; hostile round 39.)
 """
 
 from __future__ import annotations
