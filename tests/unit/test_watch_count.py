@@ -118,19 +118,24 @@ def test_a_slide_another_run_holds_is_said_once_and_one_removed_is_no_failure(
 ):
     """Hostile round 41 (10, 14): a second watch said "slide X" at every poll while the other
     run held it (60 lines for a 10-minute slide); a slide deleted while it was scored was a
-    failure ("the image data there cannot be decoded"), a failed row in cohort.csv and exit 1."""
+    failure ("the image data there cannot be decoded"), a failed row in cohort.csv and exit 1.
+    Round 42 (3): once the other run let it go, this watch scored it without a "slide X" line."""
     from cyto.errors import OutputBusyError
+    from cyto.locks import OutputLock
 
     folder = tmp_path / "wd"
     folder.mkdir()
     for name in ("held.tif", "gone.tif"):
         (folder / name).write_bytes(b"II*\0" + b"\0" * 100)
     tries: dict[str, int] = {}
+    other_run = OutputLock(tmp_path / "ow" / "held").acquire()  # held by another run
 
     def score_one(slide, target, scorer, opts, echo, metrics):
         slide = Path(slide)
         tries[slide.name] = tries.get(slide.name, 0) + 1
         if slide.name == "held.tif" and tries["held.tif"] < 4:
+            if tries["held.tif"] == 3:
+                other_run.release()  # it stops: the next look finds the slide free
             raise OutputBusyError(f"{target} is being written by another cyto score")
         if slide.name == "gone.tif":
             slide.unlink()  # removed while it is scored
@@ -140,7 +145,12 @@ def test_a_slide_another_run_holds_is_said_once_and_one_removed_is_no_failure(
 
     done, failed, said, rows = _watch(monkeypatch, tmp_path, folder, score_one, 6)
     assert tries["held.tif"] == 4, said
-    assert sum(line.startswith("slide ") and "held.tif" in line for line in said) == 1, said
+    # said when first tried, and again when taken up once the other run let it go
+    announced = [
+        i for i, line in enumerate(said) if line.startswith("slide ") and "held.tif" in line
+    ]
+    left = [i for i, line in enumerate(said) if line.startswith("held.tif: left to the run")]
+    assert len(announced) == 2 and len(left) == 1 and announced[0] < left[0] < announced[1], said
     assert any(line.endswith("gone.tif was removed while it was scored: not counted")
                for line in said), said  # fmt: skip
     assert failed == [] and said[-1].endswith(", 0 failed"), said

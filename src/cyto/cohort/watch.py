@@ -36,6 +36,7 @@ from cyto.cohort.table import cohort_row, write_cohort_table
 from cyto.errors import ConfigError, CytoError, InputPathError, OutputBusyError
 from cyto.infer import ScoreOptions
 from cyto.infer.finish import Metrics
+from cyto.locks import OutputLock
 from cyto.slides import slide_files
 from cyto.slides.dicom import dicom_files
 
@@ -141,6 +142,10 @@ def watch_cohort(
                     continue  # still being written, or not for long enough unchanged
                 handled[slide] = st
                 ((real, target),) = slide_folders([slide], out, echo)  # its real path
+                if slide in busy and OutputLock(target).busy() is None:
+                    # that run let it go (stopped, or finished it): this watch takes it up, and
+                    # says so (the slide was scored here unannounced: hostile round 42, 3)
+                    busy.discard(slide)
                 if slide not in busy:  # (a slide another run holds: said once, not each poll)
                     echo(f"slide {real}")
                 try:
