@@ -19,9 +19,17 @@ from pathlib import Path
 from cyto.errors import ConfigError
 
 
-def env_number(name: str, default: float, unit: str, example: str, positive: bool = False):
-    """The number ``$name`` gives in ``unit`` (``default`` when unset or blank): finite, and 0
-    or more (above 0 where ``positive``); anything else refused in one line."""
+def env_number(
+    name: str,
+    default: float,
+    unit: str,
+    example: str,
+    positive: bool = False,
+    most: float = math.inf,
+):
+    """The number ``$name`` gives in ``unit`` (``default`` when unset or blank): finite, 0 or
+    more (above 0 where ``positive``) and at most ``most``; anything else refused in one line.
+    (A timeout of 1e10 s overflowed the clock in a traceback: seconds take a bound, a day.)"""
     raw = (os.environ.get(name) or "").strip()
     if not raw:
         return default
@@ -29,9 +37,10 @@ def env_number(name: str, default: float, unit: str, example: str, positive: boo
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+    if not math.isfinite(value) or value < 0 or (positive and value == 0) or value > most:
         least = "above 0" if positive else "0 or more"
-        raise ConfigError(f"{name}={raw!r}: give {unit}, a number {least}, e.g. {example}")
+        bound = f" and at most {most:g}" if math.isfinite(most) else ""
+        raise ConfigError(f"{name}={raw!r}: give {unit}, a number {least}{bound}, e.g. {example}")
     return value
 
 

@@ -1,9 +1,10 @@
 """Every number cyto reads from its environment is read alike (cyto.envvars.env_number): the
 blanks around it are not its, a value that is not a finite number of 0 or more (above 0 for a
-timeout) is refused in one line naming the variable (hostile round 41, 6-7: a negative or nan
-CYTO_REMOTE_TIMEOUT was taken and every request "timed out" at once, blamed on the server;
-CYTO_READ_AHEAD_MB=inf overflowed; CYTO_REMOTE_BLOCKS_MB=-1 was refused by one reader and read
-as 0 by another)."""
+timeout, a day at most for seconds) is refused in one line naming the variable (hostile round
+41, 6-7: a negative or nan CYTO_REMOTE_TIMEOUT was taken and every request "timed out" at once,
+blamed on the server; CYTO_READ_AHEAD_MB=inf overflowed; CYTO_REMOTE_BLOCKS_MB=-1 was refused by
+one reader and read as 0 by another; round 42, 5: a timeout of 1e10 s overflowed the clock in a
+traceback)."""
 
 from __future__ import annotations
 
@@ -20,14 +21,21 @@ def _readers():
     from cyto.slides import ahead, remote
 
     return {
-        "CYTO_REMOTE_TIMEOUT": (remote.timeout, 1.0, True),
+        # reader, scale, above 0, at most
+        "CYTO_REMOTE_TIMEOUT": (remote.timeout, 1.0, True, 86400.0),
         "CYTO_REMOTE_BLOCKS_MB": (
             lambda: remote.megabytes(remote.SHARED_BYTES_ENV, 0),
             2**20,
             False,
+            math.inf,
         ),
-        "CYTO_DOWNLOAD_MB": (lambda: remote.megabytes(remote.DOWNLOAD_BYTES_ENV, 0), 2**20, False),
-        "CYTO_READ_AHEAD_MB": (ahead.budget, 2**20, False),
+        "CYTO_DOWNLOAD_MB": (
+            lambda: remote.megabytes(remote.DOWNLOAD_BYTES_ENV, 0),
+            2**20,
+            False,
+            math.inf,
+        ),
+        "CYTO_READ_AHEAD_MB": (ahead.budget, 2**20, False, math.inf),
     }
 
 
@@ -35,20 +43,20 @@ def _readers():
 @given(
     value=st.one_of(
         st.floats(allow_nan=True, allow_infinity=True, width=32),
-        st.sampled_from(["abc", "1e999", "-inf", "nan", " 7 ", "", "0", "-0"]),
+        st.sampled_from(["abc", "1e999", "-inf", "nan", " 7 ", "", "0", "-0", "86400", "1e10"]),
     )
 )
 def test_a_number_of_the_environment_is_taken_or_refused_by_one_rule(variable, value):
     import os
 
-    read, scale, positive = _readers()[variable]
+    read, scale, positive, most = _readers()[variable]
     text = value if isinstance(value, str) else repr(value)
     try:
         number = float(text)
     except ValueError:
         number = math.nan
     ok = text.strip() == "" or (
-        math.isfinite(number) and number >= 0 and (number > 0 or not positive)
+        math.isfinite(number) and number >= 0 and (number > 0 or not positive) and number <= most
     )
     saved = os.environ.get(variable)
     os.environ[variable] = text

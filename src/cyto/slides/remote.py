@@ -256,10 +256,11 @@ def slide_ref(
 
 def timeout() -> float:
     """``CYTO_REMOTE_TIMEOUT``: seconds above 0 (a negative one "timed out" every request at
-    once, blamed on the server: hostile round 41, 6)."""
+    once, blamed on the server: hostile round 41, 6), a day at most (1e10 s overflowed the
+    clock of the first request in a traceback)."""
     from cyto.envvars import env_number
 
-    return env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT, "seconds", "30", positive=True)
+    return env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT, "seconds", "30", positive=True, most=86400)
 
 
 def _before_gcsfs() -> None:
