@@ -464,7 +464,13 @@ def test_bad_output_folders_are_one_line(exported_dsvdd, slides, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_ctrl_c_to_the_process_group_prints_no_worker_traceback(exported_dsvdd, big, tmp_path):
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_to_the_process_group_prints_no_worker_traceback(
+    exported_dsvdd, big, tmp_path, stop
+):
+    """Ctrl-C in a terminal, or a service manager's SIGTERM (systemd stops a service so: every
+    process of it at once), mid-slide with tile workers: no worker's traceback, the exit code a
+    shell or service manager reads (130, 143) and what is left to resume, in words."""
     import os
     import signal
 
@@ -499,9 +505,9 @@ def test_ctrl_c_to_the_process_group_prints_no_worker_traceback(exported_dsvdd, 
     while time.time() < deadline and not state.exists():  # the tile loop is starting
         time.sleep(0.1)
     time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    os.killpg(proc.pid, getattr(signal, stop))  # what Ctrl-C in a terminal does
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == {"SIGINT": 130, "SIGTERM": 143}[stop], err
     assert "Traceback" not in err, err
     # what is left to resume, in words: the finished chunks, or none yet
     assert "rerun with --resume" in out + err or "no chunk was finished yet" in out + err
