@@ -64,15 +64,15 @@ def _front_door(func: Callable) -> Callable:
     def call(*args: Any, **kwargs: Any) -> Any:
         from cyto.errors import CytoError
         from cyto.flags import bind_call, hints_of, python_words
-        from cyto.location import refuse_unusable_cache, refuse_urls, urls_for_staging
+        from cyto.location import local_args, refuse_unusable_cache, urls_for_staging
         from cyto.runtime.scorer import Scorer
 
         with python_words(func.__name__):
             bound = bind_call(func, args, kwargs, {"Scorer": Scorer})
             refuse_unusable_cache()
             # a URL for an argument that takes a local path only, refused by name before it
-            # is turned into a path (https:/host/...) and reported missing
-            refuse_urls(bound.arguments, hints_of(func, {"Scorer": Scorer}))
+            # is turned into a path (https:/host/...) and reported missing; ~ the home folder
+            bound.arguments.update(local_args(bound.arguments, hints_of(func, {"Scorer": Scorer})))
             from cyto.progress import quiet
 
             silent = "echo" in bound.arguments and bound.arguments["echo"] is None
@@ -222,7 +222,7 @@ def score_slide(
     from cyto.infer.options import ScoreOptions, detection_for
     from cyto.infer.outputs import read_truth
     from cyto.infer.pipeline import score_slide as run
-    from cyto.location import output_location, refuse_urls
+    from cyto.location import local_args, output_location
     from cyto.runtime import Scorer, load_scorer
     from cyto.slides.remote import slide_ref
 
@@ -238,7 +238,7 @@ def score_slide(
         options.pop("detection", None)
         if kind != "auto":
             options["detection"] = detection_for(kind, None)
-    refuse_urls(options, hints_of(ScoreOptions))  # truth=, nuclei=: local tables only
+    options.update(local_args(options, hints_of(ScoreOptions)))  # truth=, nuclei=: local
     opts = ScoreOptions(**_options("score_slide", options, ScoreOptions, ()))
     # a loaded scorer's own backend, device and precision: what runs is what is recorded
     opts = replace(
@@ -508,10 +508,10 @@ def export(
     """
     from cyto.export.api import export_bundle
     from cyto.flags import comma_list, hints_of
-    from cyto.location import refuse_urls
+    from cyto.location import local_args
 
     named = ("path", "trt", "precisions", "calib", "calib_class", "device", "echo")
-    refuse_urls(options, hints_of(export_bundle))  # cells=, parity_cells=: local cells only
+    options.update(local_args(options, hints_of(export_bundle)))  # cells=, parity_cells=
     options = _options("export", options, export_bundle, named)
     if isinstance(precisions, str):
         precisions = list(comma_list(precisions, "precisions"))

@@ -1,6 +1,7 @@
 """The one reading of cyto's environment variables (docs/reference/environment.md): a number
-(:func:`env_number`: seconds, MiB) and a folder (:func:`env_folder`). A bottom module: it imports
-only :mod:`cyto.errors`.
+(:func:`env_number`: seconds, MiB) and a folder (:func:`env_folder`); and of a local path a user
+gives cyto anywhere (:func:`user_path`: ``~`` is the home folder, as in a variable). A bottom
+module: it imports only :mod:`cyto.errors`.
 
 Every variable goes through one of them, so that every one is read alike: the blanks around a
 value (a ``.env`` line ``X= 5``) are not its, an empty value is an unset one, and what cannot be
@@ -16,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from cyto.errors import ConfigError
+from cyto.errors import ConfigError, InputPathError
 
 
 def env_number(
@@ -44,6 +45,36 @@ def env_number(
     return value
 
 
+def home_expanded(text: str) -> str | None:
+    """``text`` with a leading ``~`` (``~``, ``~/x``, ``~user/x``) expanded as a shell expands
+    it; None where that ``~`` cannot be expanded here; any other text as it is."""
+    if not text.startswith("~"):
+        return text
+    path = os.path.expanduser(text)
+    return None if path.startswith("~") else path
+
+
+def _why_no_home(text: str) -> str:
+    return "no home folder" if text == "~" or text.startswith("~/") else "no such user"
+
+
+def user_path(value: str | os.PathLike) -> Path:
+    """The one reading of a local path a user gives cyto (a command's argument or option, a
+    Python call's argument): a leading ``~`` is the home folder, as a shell expands it where it
+    can (``--out=~/x`` and ``out="~/x"`` reach cyto unexpanded: a folder named ``~`` was made
+    under the working folder, and pyarrow, which expands it, then wrote elsewhere and failed
+    in a traceback: hostile round 43, 1). A ``~`` that cannot be expanded is refused in one
+    line."""
+    text = os.fspath(value)
+    path = home_expanded(text)
+    if path is None:
+        raise InputPathError(
+            f"{text} starts with a ~ that cannot be expanded here ({_why_no_home(text)}): give "
+            "the absolute path"
+        )
+    return Path(path)
+
+
 def env_folder(name: str) -> Path | None:
     """The folder ``$name`` names (None when unset or blank), with ``~`` expanded as a shell
     would; a ``~`` that cannot be expanded, a URL or a relative path (the folder would follow
@@ -51,15 +82,12 @@ def env_folder(name: str) -> Path | None:
     raw = (os.environ.get(name) or "").strip()
     if not raw:
         return None
-    path = raw
-    if raw.startswith("~"):
-        path = os.path.expanduser(raw)
-        if path.startswith("~"):
-            who = "no home folder" if raw == "~" or raw.startswith("~/") else "no such user"
-            raise ConfigError(
-                f"{name}={raw} starts with a ~ that cannot be expanded here ({who}): give the "
-                "folder's absolute path"
-            )
+    path = home_expanded(raw)
+    if path is None:
+        raise ConfigError(
+            f"{name}={raw} starts with a ~ that cannot be expanded here ({_why_no_home(raw)}): "
+            "give the folder's absolute path"
+        )
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", path):  # made ./s3:/b/cache here
         raise ConfigError(
             f"{name}={raw} is a URL: it names a folder on this machine; point it at one, or "

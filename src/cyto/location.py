@@ -36,6 +36,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from cyto.envvars import user_path
 from cyto.errors import CytoError, InputPathError, OutputWriteError
 from cyto.flags import passing
 from cyto.seal import SEAL
@@ -88,7 +89,7 @@ class OutputLocation(Requests):
         self.parts = tuple(parts)
         if not is_url(where):
             self.remote = self.ref = self.root = None
-            self.local = Path(where).joinpath(*self.parts)
+            self.local = user_path(where).joinpath(*self.parts)
             return
         url = str(where.url if isinstance(where, SlideURL) else where)
         root = SlideURL(url.rstrip("/") + "/", options)
@@ -623,7 +624,7 @@ def scored_folders(given, options: dict | None = None) -> list[Path]:
     as it is. The one rule of every command that reads scored folders (``cyto review``,
     ``cyto data cells``, ``cyto view``, ``cyto calibrate``): a URL is never read as a path
     (``s3:/bucket/...`` "is not a folder")."""
-    return [scored_here(g, options)[0] if is_url(g) else Path(g) for g in given]
+    return [scored_here(g, options)[0] if is_url(g) else user_path(g) for g in given]
 
 
 def local_path(field: str, value: str | os.PathLike, what: str, cli_name: str = "") -> Path:
@@ -632,7 +633,7 @@ def local_path(field: str, value: str | os.PathLike, what: str, cli_name: str = 
     the argument in the caller's words (``data=`` from Python, ``--data`` at the command line,
     ``cli_name`` for a command's positional argument) and the URL as it may be printed
     (:func:`~cyto.slides.remote.redact`), never turned into a path (``https:/host/...``) and
-    reported missing. The one rule of the Python API (:func:`refuse_urls`) and the CLI
+    reported missing. The one rule of the Python API (:func:`local_args`) and the CLI
     (``cyto.cli._app.LocalPath``); ``what``: what the argument names and what to do instead."""
     from cyto.flags import python_call, said
 
@@ -641,18 +642,22 @@ def local_path(field: str, value: str | os.PathLike, what: str, cli_name: str = 
         raise InputPathError(
             f"{label} takes a local path, not a URL: {redact(str(value))} ({what})"
         )
-    return Path(value)
+    return user_path(value)
 
 
-def refuse_urls(given: dict, hints: dict) -> None:
+def local_args(given: dict, hints: dict) -> dict:
     """Every argument in ``given`` whose annotation in ``hints`` marks it local-only
-    (:class:`cyto.flags.Local`) held to :func:`local_path`."""
+    (:class:`cyto.flags.Local`) held to :func:`local_path`: the arguments read so (``~`` the
+    home folder), each of the type it was given (a ``str`` stays one), to put in their place."""
     from cyto.flags import local_of
 
+    read = {}
     for field, value in given.items():
         mark = local_of(hints.get(field))
         if mark is not None and isinstance(value, (str, os.PathLike)):
-            local_path(field, value, mark.what)
+            path = local_path(field, value, mark.what)
+            read[field] = path if isinstance(value, os.PathLike) else str(path)
+    return read
 
 
 def refuse_unusable_cache() -> None:

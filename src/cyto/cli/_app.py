@@ -238,6 +238,7 @@ def local_paths_only(callback):
 
     @functools.wraps(callback)
     def run(*args, **kwargs):
+        from cyto.envvars import user_path
         from cyto.errors import InputPathError
         from cyto.slides.remote import redact
 
@@ -249,6 +250,13 @@ def local_paths_only(callback):
                         f"{label(name)} takes a local path, not a URL: {redact(url)} (copy it "
                         "to this machine first, or write here and copy it there after)"
                     )
+            # ~ is the home folder, as a shell expands it (--out=~/x reaches cyto unexpanded)
+            if isinstance(value, Path):
+                kwargs[name] = user_path(value)
+            elif isinstance(value, (list, tuple)) and any(isinstance(v, Path) for v in value):
+                kwargs[name] = type(value)(
+                    user_path(v) if isinstance(v, Path) else v for v in value
+                )
         return callback(*args, **kwargs)
 
     return run

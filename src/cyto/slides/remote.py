@@ -240,8 +240,10 @@ def slide_ref(
             return text
         opts = {**text.options, **(options or {})}
         return SlideURL(text.url, opts, download or text.download, text.etag)
+    from cyto.envvars import user_path
+
     if isinstance(text, os.PathLike):
-        return Path(text)
+        return user_path(text)
     if _URL.match(str(text)):
         return SlideURL(str(text), options, download)
     one = _ONE_SLASH.match(str(text))
@@ -251,7 +253,7 @@ def slide_ref(
             f"{redact(str(text))}: no such file, and a URL takes two slashes after "
             f"{one.group(1)}: ({one.group(1)}://...)"
         )
-    return Path(str(text))
+    return user_path(str(text))
 
 
 def timeout() -> float:
