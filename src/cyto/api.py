@@ -72,7 +72,13 @@ def _front_door(func: Callable) -> Callable:
             refuse_unusable_cache()
             # a URL for an argument that takes a local path only, refused by name before it
             # is turned into a path (https:/host/...) and reported missing; ~ the home folder
-            bound.arguments.update(local_args(bound.arguments, hints_of(func, {"Scorer": Scorer})))
+            local = local_args(bound.arguments, hints_of(func, {"Scorer": Scorer}))
+            bound.arguments.update(local)
+            if "out" in local:  # the folder above a local output takes it, before any work
+                from cyto.flags import passing
+                from cyto.outputs_check import check_writable
+
+                check_writable(Path(local["out"]).parent, flag=f"{passing('out', local['out'])}:")
             from cyto.progress import quiet
 
             silent = "echo" in bound.arguments and bound.arguments["echo"] is None

@@ -39,6 +39,21 @@ def _path_params():
 PARAMS = _path_params()
 
 
+def _find(words, typer_app=None):
+    """The callback of the command ``words`` (as the CLI runs it: guarded)."""
+    from cyto.cli import app
+
+    typer_app = typer_app or app
+    for info in typer_app.registered_commands:
+        name = info.name or info.callback.__name__.removesuffix("_cmd").replace("_", "-")
+        if (name,) == tuple(words):
+            return info.callback
+    for group in typer_app.registered_groups:
+        if words and group.name == words[0]:
+            return _find(words[1:], group.typer_instance)
+    return None
+
+
 def test_the_cli_has_path_parameters_to_guard():
     assert len(PARAMS) > 20 and any(p for _, p, pos in PARAMS if pos)
 
@@ -47,21 +62,10 @@ def test_the_cli_has_path_parameters_to_guard():
 def test_a_url_for_any_path_argument_is_refused_in_one_line_naming_it(
     words, param, positional, tmp_path, monkeypatch
 ):
-    from cyto.cli import app
     from cyto.cli._app import local_paths_only
     from cyto.errors import InputPathError
 
-    def find(typer_app, words):
-        for info in typer_app.registered_commands:
-            name = info.name or info.callback.__name__.removesuffix("_cmd").replace("_", "-")
-            if (name,) == tuple(words):
-                return info.callback
-        for group in typer_app.registered_groups:
-            if words and group.name == words[0]:
-                return find(group.typer_instance, words[1:])
-        return None
-
-    callback = find(app, words)
+    callback = _find(words)
     assert getattr(callback, "_local_paths", False), words  # guarded
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InputPathError) as err:
@@ -80,3 +84,44 @@ def test_the_guard_runs_at_the_command_line(tmp_path):
         "error: --out takes a local path, not a URL: s3://b/m.png (copy it to this machine "
         "first, or write here and copy it there after)"
     )
+
+
+OUTS = [p for p in PARAMS if p[1] == "out"]
+
+
+@pytest.mark.parametrize(("words", "param", "positional"), OUTS, ids=lambda v: str(v))
+def test_an_output_under_a_file_is_refused_in_one_line_before_any_work(
+    words, param, positional, tmp_path, monkeypatch
+):
+    """Hostile round 43 (3): ``--out`` under a regular file ended cyto train, synth slide and
+    data mosaic in a traceback (predict and score said it in one line); now every command's
+    output, by the CLI's guard, and the Python calls' ``out=`` by their front door."""
+    from cyto.errors import OutputWriteError
+
+    callback = _find(words)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OutputWriteError) as err:
+        callback(**{param: Path("afile/x")})
+    flag = "OUT" if positional else "--out"
+    assert str(err.value) == (
+        f"cannot write {flag} afile/x: {tmp_path / 'afile'} is a file, not a folder"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written
+
+
+def test_the_python_calls_refuse_an_output_under_a_file_in_one_line(tmp_path):
+    import cyto
+    from cyto.errors import OutputWriteError
+
+    (tmp_path / "afile").write_text("x")
+    calls = {
+        "train": lambda out: cyto.train("dsvdd", tmp_path, out, normal="n", echo=None),
+        "synth_slide": lambda out: cyto.synth_slide(out, width=512, height=512, echo=None),
+        "predict": lambda out: cyto.predict(tmp_path / "m.cyto", tmp_path, out, echo=None),
+    }
+    for name, call in calls.items():
+        with pytest.raises(OutputWriteError) as err:
+            call(str(tmp_path / "afile" / "x"))
+        assert str(err.value).startswith(f"cannot write out='{tmp_path}/afile/x': "), name
+        assert str(err.value).endswith("afile is a file, not a folder"), name

@@ -222,7 +222,11 @@ def local_paths_only(callback):
     """``callback`` (a command) refusing a URL given for any of its ``Path`` parameters: a
     ``Path`` argument is a local one (those that take URLs are typed ``str``); a URL there was
     turned into ``./s3:/b/x`` and written to, or reported missing as ``s3:/b/x`` (hostile round
-    6). One line naming the flag (:func:`cyto.location.local_path`'s words)."""
+    6). One line naming the flag (:func:`cyto.location.local_path`'s words). Each is read
+    through :func:`cyto.envvars.user_path` (``~`` the home folder), and the folder above an
+    ``out`` must be a folder this user can write to (:func:`cyto.outputs_check.check_writable`):
+    an ``--out`` under a file ended train, synth slide and data mosaic in a traceback (hostile
+    round 43, 3)."""
     import functools
     import typing
 
@@ -257,6 +261,11 @@ def local_paths_only(callback):
                 kwargs[name] = type(value)(
                     user_path(v) if isinstance(v, Path) else v for v in value
                 )
+        out = kwargs.get("out")
+        if isinstance(out, Path):  # the folder above an output takes it, before any work
+            from cyto.outputs_check import check_writable
+
+            check_writable(out.parent, flag=f"{label('out')} {out}:")
         return callback(*args, **kwargs)
 
     return run
