@@ -31,7 +31,7 @@ from cyto.data.dataset import (
     refuse_mixed_sizes,
     resolve_classes,
 )
-from cyto.data.images import resize_rgb
+from cyto.data.images import copies_words, resize_rgb
 from cyto.data.scale import (
     normal_only,
     resolve_zoom,
@@ -223,7 +223,11 @@ def predict(
             )
             if advice is not None:
                 warn_caller(advice, ScaleWarning)
-        trained = _trained_on(scorer, rows["sha256"].to_pylist(), kept)
+        digests = rows["sha256"].to_pylist()
+        copies = copies_words([records[i].path for i in kept], [digests[i] for i in kept])
+        if copies:
+            warn_caller(copies, CytoWarning)
+        trained = _trained_on(scorer, digests, kept)
         summary = _write_table(
             out, scorer, [records[i] for i in kept],
             None if labels is None else labels[kept], column, morph, rank_by, factor, how,

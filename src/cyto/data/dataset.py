@@ -25,6 +25,7 @@ import numpy as np
 
 from cyto.data.images import (
     IMAGE_SUFFIXES,
+    copies_words,
     decode_image,
     mode_words,
     no_cell,
@@ -89,8 +90,14 @@ def scan_folder(root: Path) -> list[PatchRecord]:
     records = []
     below: list[Path] = []  # the class folders' own sub-folders (links to folders not followed)
     other: list[Path] = []  # images of a type not read as cells (.jp2, .tga, .ppm, .jfif)
-    for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    hidden: list[Path] = []  # ._x.jpg: a Mac's metadata of x.jpg, copied with it; never a cell
+    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    _refuse_case_twins(root, [p.name for p in classes])
+    for sub in classes:
         for f in sorted(sub.iterdir()):
+            if f.name.startswith(".") and f.suffix.lower() in IMAGE_SUFFIXES:
+                hidden.append(f)
+                continue
             if f.suffix.lower() not in IMAGE_SUFFIXES:
                 if f.is_dir() and not f.is_symlink() and not f.name.startswith("."):
                     below.append(f)
@@ -124,6 +131,11 @@ def scan_folder(root: Path) -> list[PatchRecord]:
             f"{root}/CLASS/; move them there, or list every image in a manifest "
             "(.csv/.parquet with path and label)"
         )
+    if hidden:  # a Mac's ._x.jpg stopped train and predict as an unreadable image (round 43)
+        warn_caller(
+            f"{len(hidden):,} hidden file(s) in the class folders of {root} (names starting with "
+            f"'.', e.g. {hidden[0].name}: a Mac's metadata of a copied file) are not read as cells"
+        )
     if other:  # left out without a count (hostile round 24): said, with what to do
         types = ", ".join(sorted({f.suffix.lower() for f in other}))
         warn_caller(
@@ -137,6 +149,22 @@ def scan_folder(root: Path) -> list[PatchRecord]:
             f"{'/'.join(IMAGE_SUFFIXES)} files (e.g. {root}/LYT/LYT_00001.jpg), or a manifest file"
         )
     return records
+
+
+def _refuse_case_twins(root: Path, names: list[str]) -> None:
+    """Class folders whose names differ only in case (``NILM`` and ``nilm``: a folder merged
+    from machines that tell case apart and machines that do not) refused in one line: read as
+    two classes, ``--normal NILM`` made the ``nilm`` cells abnormal without a word (hostile
+    round 43, 2)."""
+    seen: dict[str, str] = {}
+    for name in names:
+        twin = seen.setdefault(name.casefold(), name)
+        if twin != name:
+            raise DatasetError(
+                f"class folders {twin} and {name} of {root} differ only in case: cyto would "
+                "read them as two classes (and a Windows or Mac disk as one folder); merge "
+                "them, or rename one"
+            )
 
 
 def _image_in(folder: Path) -> Path | None:
@@ -664,6 +692,9 @@ def _decode_all(
     said = mode_words(modes, len(records))
     if said:
         warn_caller(said, CytoWarning)
+    copies = copies_words([records[i].path for i in keep], digests)
+    if copies:
+        warn_caller(copies, CytoWarning)
     if oblong:
         from cyto.data.images import oblong_words
 

@@ -207,6 +207,30 @@ def mode_words(notes: list, total: int) -> str | None:
     )
 
 
+def copies_words(paths: list, digests: list) -> str | None:
+    """One line for the images of a set that are byte-identical copies of another of its images
+    (by their sha256 ``digests``, beside their ``paths``; a link to a file of the set is one
+    too), or None: each copy is one more cell in training and in the metrics, unlike a
+    manifest's repeated row, which is refused (hostile round 43, 6)."""
+    first: dict[str, object] = {}
+    copies = []
+    for path, digest in zip(paths, digests, strict=True):
+        if digest is None:
+            continue
+        if digest in first:
+            copies.append((path, first[digest]))
+        else:
+            first[digest] = path
+    if not copies:
+        return None
+    copy, original = copies[0]
+    return (
+        f"{len(copies)} of {len(paths)} images are byte-identical copies of another image of the "
+        f"set ({Path(copy).name} = {Path(original).name}): each copy counts as one more cell, in "
+        "training and in the metrics; remove the copies, or list each image once in a manifest"
+    )
+
+
 def oblong_words(oblong: list, total: int) -> str:
     """'N of M images are not square (...)' for the (path, (h, w)) of a set's images that are
     not square: where most of the set shares one such size it is the set's own (PBC's 360 x 363

@@ -195,6 +195,25 @@ def _grey(records, n: int = 16) -> bool:
     return bool(seen) and all(seen)
 
 
+def _grey_modes(paths: list[str]) -> str | None:
+    """The line predict and train say of grayscale or 16-bit images (:func:`mode_words`), for
+    the crops a slide is composed of, from their files' headers: such crops among colour ones
+    went onto the slide without a word (hostile round 43, 5)."""
+    from PIL import Image
+
+    from cyto.data.images import GRAY_MODES, mode_words
+
+    notes = []
+    for path in paths:
+        try:
+            with Image.open(path) as im:
+                if im.mode in GRAY_MODES:
+                    notes.append((path, im.mode))
+        except Exception:  # noqa: BLE001, S112 - an unreadable crop is said where it is drawn
+            continue
+    return mode_words(notes, len(paths))
+
+
 def place_cells(config: CellSlideConfig, echo=None):
     """(placement, truth table, abnormal count) of a composed slide (see the module)."""
     import pyarrow as pa
@@ -280,6 +299,10 @@ def place_cells(config: CellSlideConfig, echo=None):
                 f"of {n} cells plants none ({n * config.abnormal_fraction:.2g} rounds to 0): give "
                 f"a larger slide, more {named('n_cells')} or a higher {named('abnormal_fraction')}"
             )
+        if not _grey(normals + abnormals):  # some grey crops among colour ones: said too
+            grey = _grey_modes(sorted({str(r.path) for r in chosen}))
+            if grey:
+                echo(f"warning: {grey}")
     order = rng.permutation(n)  # planted cells anywhere on the grid
     chosen = [chosen[i] for i in order]
     label = np.array([0 if r.cls in normal_t else 1 for r in chosen], dtype=np.int8)

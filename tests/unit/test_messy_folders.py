@@ -1,0 +1,97 @@
+"""Crop folders as labs keep them (hostile round 43): class folders whose names differ only in
+case (merged from a Windows or Mac disk), a Mac's ``._x.jpg`` metadata beside each copied crop,
+byte-identical copies of a crop, grey crops among colour ones. Each is said, or refused, by the
+one reader of class folders (``cyto.data.dataset.scan_folder``, ``_decode_all``) and by every
+command that reads such a folder (predict, train, synth slide --cells)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from PIL import Image
+
+from cyto.data.dataset import PatchDataset, scan_folder
+from cyto.errors import CytoWarning, DatasetError
+
+
+def _crop(path: Path, seed: int, size: int = 32, grey: bool = False) -> None:
+    rng = np.random.default_rng(seed)
+    img = rng.integers(0, 255, (size, size, 3), dtype=np.uint8)
+    img[size // 3 : 2 * size // 3, size // 3 : 2 * size // 3] = (60, 30, 100)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (Image.fromarray(img).convert("L") if grey else Image.fromarray(img)).save(path)
+
+
+@given(names=st.lists(st.text("aAbB", min_size=1, max_size=3), min_size=1, max_size=4, unique=True))
+def test_class_folders_differing_only_in_case_are_refused_in_one_line(names):
+    """``NILM`` and ``nilm`` were read as two classes: ``--normal NILM`` made the ``nilm``
+    cells abnormal, and the metrics were of them, without a word (round 43, 2)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for i, name in enumerate(names):
+            _crop(root / name / "c.png", i)
+        folded = [n.casefold() for n in sorted(names)]
+        if len(set(folded)) == len(folded):
+            assert {r.cls for r in scan_folder(root)} == set(names)
+            return
+        with pytest.raises(DatasetError) as err:
+            scan_folder(root)
+        said = str(err.value)
+        assert "\n" not in said and "differ only in case" in said
+        a, b = said.removeprefix("class folders ").split(" of ")[0].split(" and ")
+        assert a != b and a.casefold() == b.casefold() and {a, b} <= set(names)
+
+
+def test_hidden_files_are_no_cells_and_are_said(tmp_path):
+    """A Mac's ``._x.jpg`` (its metadata of x.jpg, copied onto every USB stick with it) stopped
+    cyto train and predict as an unreadable image, where ``.DS_Store`` was passed over."""
+    for i in range(3):
+        _crop(tmp_path / "normal" / f"n{i}.png", i)
+    (tmp_path / "normal" / "._n0.png").write_bytes(b"\0\5\26\7" + b"\0" * 60)
+    (tmp_path / "normal" / ".DS_Store").write_bytes(b"\0" * 30)
+    with pytest.warns(
+        CytoWarning, match=r"1 hidden file\(s\) in the class folders of .*\._n0\.png"
+    ):
+        ds = PatchDataset.from_path(tmp_path, normal="normal", size=32)
+    assert sorted(r.path.name for r in ds.records) == ["n0.png", "n1.png", "n2.png"]
+
+
+def test_copies_of_a_crop_are_said_where_the_cells_are_read(tmp_path, exported_dsvdd):
+    """Byte-identical copies (a copied file, a link to one) were each another cell in training
+    and in predict's metrics without a note, where a manifest's repeated row is refused."""
+    for i in range(4):
+        _crop(tmp_path / "d" / "normal" / f"n{i}.png", i)
+        _crop(tmp_path / "d" / "odd" / f"a{i}.png", 10 + i)
+    shutil.copy(tmp_path / "d" / "normal" / "n0.png", tmp_path / "d" / "normal" / "n0 copy.png")
+    (tmp_path / "d" / "odd" / "link.png").symlink_to(tmp_path / "d" / "normal" / "n1.png")
+    words = r"2 of 10 images are byte-identical copies of another image of the set \("
+    with pytest.warns(CytoWarning, match=words):
+        PatchDataset.from_path(tmp_path / "d", normal="normal", size=32)
+    import cyto
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cyto.predict(exported_dsvdd, tmp_path / "d", tmp_path / "p.parquet", normal="normal",
+                     echo=None)  # fmt: skip
+    copies = [str(w.message) for w in seen if "byte-identical" in str(w.message)]
+    assert len(copies) == 1 and copies[0].startswith("2 of 10 images"), copies
+
+
+def test_grey_crops_among_colour_ones_are_said_when_a_slide_is_composed(tmp_path):
+    """The grey crops of a colour folder went onto a composed slide without a word, where
+    predict and train said them (round 43, 5)."""
+    import cyto
+
+    for i in range(30):
+        _crop(tmp_path / "c" / "normal" / f"n{i:02d}.png", i, grey=i < 2)
+    words = r"^2 of 30 images are grayscale \(n00\.png: mode L\)"
+    with pytest.warns(CytoWarning, match=words):  # from Python: a warning ("warning: " said)
+        cyto.synth_slide(tmp_path / "s.tif", cells=tmp_path / "c", normal="normal", mpp=0.25,
+                         width=512, height=512, abnormal_fraction=0, echo=None)  # fmt: skip
