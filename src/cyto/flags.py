@@ -32,7 +32,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from cyto.errors import ConfigError
@@ -382,8 +382,24 @@ def _item_hint(hint: Any) -> Any:
     return None
 
 
+#: values a refusal shows as written (repr); any other object is named by its type
+_PLAIN = (str, bytes, int, float, bool, type(None), list, tuple, dict, set, frozenset, PurePath)
+
+
 def _show(value: Any) -> str:
-    text = repr(value)
+    """A given value as a one-line refusal shows it: as written, up to 60 characters, or, an
+    object, by its type (``a pyarrow.Table``: its repr, the table's schema and rows over several
+    lines, was printed whole: hostile round 43, 7)."""
+    if isinstance(value, _PLAIN):
+        text = repr(value).replace("\r", "\\r").replace("\n", "\\n")
+    else:
+        kind = type(value)
+        package = kind.__module__.split(".")[0]
+        text = (
+            f"a {kind.__qualname__}"
+            if package == "builtins"
+            else f"a {package}.{kind.__qualname__}"
+        )
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 

@@ -168,3 +168,17 @@ def test_a_table_without_its_ranking_or_a_rank_says_which_column_it_judged(tmp_p
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)[0]["score_column"] == judged
     assert ("records no ranking" in proc.stderr) == (len(present) > 1)
+
+
+def test_non_finite_scores_are_named_by_the_tables_rows(tmp_path):
+    """Hostile round 43 (8): a CSV's NaN and inf scores at its data rows 2, 4 and 6 were said
+    "at [1, 3, 5]", the metrics' 0-based positions, with nothing to say so."""
+    path = tmp_path / "e.csv"
+    path.write_text("path,score,label\na.png,0.9,1\nb.png,NaN,1\nc.png,0.1,0\nd.png,,0\n"
+                    "e.png,0.5,0\nf.png,inf,0\n")  # fmt: skip
+    proc = run_cyto("eval", "scores", str(path), "--k", "2")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"error: 3 score(s) are NaN or infinite in 'score' of {path} (e.g. its row(s) 2, 4, 6, "
+        "counted from 1 below the header); remove or rescore those cells"
+    )

@@ -273,7 +273,26 @@ def _wrong(kind: str):
     }[kind]
     if not optional and kind != "callable":
         wrong.append(st.none())
-    return st.one_of(*wrong)
+    return st.one_of(*wrong, _OBJECTS)
+
+
+class _Lines:
+    def __repr__(self) -> str:
+        return "a thing\nof three\nlines"
+
+
+def _objects():
+    """Objects a notebook holds, each with a repr of several lines: a table (what score_slide
+    returns, given to evaluate: the refusal printed its whole schema, round 43, 7), an array."""
+    import numpy as np
+    import pyarrow as pa
+
+    return st.sampled_from(
+        [pa.table({"path": ["a.png"], "score": [0.5]}), np.zeros((3, 3)), _Lines()]
+    )
+
+
+_OBJECTS = st.deferred(_objects)
 
 
 def _call(name: str, tmp: Path, **given):
@@ -313,6 +332,7 @@ def test_a_wrong_type_is_one_typed_line_in_the_callers_words(data, tmp_path):
     with pytest.raises(ConfigError) as err:
         _call(name, tmp_path, **{field: value})
     _in_python_words(str(err.value), field)
+    assert "\n" not in str(err.value)  # one line, whatever the value's repr
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 

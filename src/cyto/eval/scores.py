@@ -117,6 +117,13 @@ def read_score_table(
             )
     scores = np.asarray(table[score_column].to_numpy(zero_copy_only=False), dtype=np.float64)
     scores = _unmeasured_lowest(scores, score_column, echo)
+    bad = np.flatnonzero(~np.isfinite(scores))
+    if bad.size:  # named as the table's rows: the metrics' 0-based positions misled (round 43)
+        rows = ", ".join(str(i + 1) for i in bad[:5])
+        raise MetricError(
+            f"{bad.size} score(s) are NaN or infinite in {score_column!r} of {path} (e.g. its "
+            f"row(s) {rows}, counted from 1 below the header); remove or rescore those cells"
+        )
     if score_column in RANK_COLUMNS:
         scores = -scores
         if echo is not None:
