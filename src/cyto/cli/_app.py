@@ -203,6 +203,16 @@ Download = Annotated[
     ),
 ]
 
+#: ``--backend`` of every command that scores cells (cyto score, predict, bench slide): one text,
+#: which named OpenVINO nowhere in score's and predict's help, though auto chose it on a CPU
+#: (hostile round 44, 2)
+BACKEND = typer.Option(
+    help="auto (the fastest engine that passes verification here: on a GPU a TensorRT engine "
+    "for it or ONNX Runtime; on a CPU ONNX Runtime or OpenVINO; PyTorch where no exported graph "
+    "serves), onnx, onnx-trt (ONNX Runtime's TensorRT provider), openvino (CPU), trt or torch "
+    "(the trained network)."
+)
+
 RankBy = Annotated[
     str,
     typer.Option(

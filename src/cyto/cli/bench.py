@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import RankBy, ResultsOpt, _csv, _ints, bench_app, ranged_option
+from cyto.cli._app import BACKEND, RankBy, ResultsOpt, _csv, _ints, bench_app, ranged_option
 from cyto.errors import ConfigError
 from cyto.flags import Range
 
@@ -167,10 +167,7 @@ def bench_scorer_cmd(
 def bench_slide_cmd(
     slide: Annotated[Path, typer.Argument(help="Whole-slide image to score.")],
     model: Annotated[Path, typer.Option(help="Model bundle (exported).")],
-    backend: Annotated[
-        str,
-        typer.Option(help="auto, onnx, onnx-trt, openvino, trt or torch (as for cyto score)."),
-    ] = "auto",
+    backend: Annotated[str, BACKEND] = "auto",
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "auto",
     precision: Annotated[
         str, typer.Option(help="fp32, fp16, bf16 (OpenVINO), int8, or auto (as for cyto score).")

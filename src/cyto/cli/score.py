@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from cyto.cli._app import (
+    BACKEND,
     BUNDLE,
     CellsData,
     Download,
@@ -42,13 +43,7 @@ def predict_cmd(
     abnormal: Annotated[str | None, typer.Option(help="Abnormal classes.")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     batch_size: Annotated[int, typer.Option(help="Patches per batch.")] = 128,
-    backend: Annotated[
-        str,
-        typer.Option(
-            help="auto (the fastest engine verified here: the exported graph when there is "
-            "one, else PyTorch), torch (the trained network), onnx, onnx-trt or trt."
-        ),
-    ] = "auto",
+    backend: Annotated[str, BACKEND] = "auto",
     precision: Annotated[
         str,
         typer.Option(
@@ -177,13 +172,7 @@ def score_cmd(
     out: Annotated[
         str, typer.Option(help="Output folder, a sub-folder per slide; or a prefix s3://BUCKET/P/.")
     ],
-    backend: Annotated[
-        str,
-        typer.Option(
-            help="auto (a TensorRT engine for this GPU, else ONNX Runtime, else PyTorch), onnx, "
-            "onnx-trt (ONNX Runtime's TensorRT provider), trt or torch."
-        ),
-    ] = "auto",
+    backend: Annotated[str, BACKEND] = "auto",
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "auto",
     precision: Annotated[
         str,
