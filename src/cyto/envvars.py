@@ -1,5 +1,6 @@
 """The one reading of cyto's environment variables (docs/reference/environment.md): a number
-(:func:`env_number`: seconds, MiB) and a folder (:func:`env_folder`); and of a local path a user
+(:func:`env_number`: seconds, MiB), a folder (:func:`env_folder`), a switch (:func:`env_is`) and
+a text (:func:`env_text`: a token); and of a local path a user
 gives cyto anywhere (:func:`user_path`: ``~`` is the home folder, as in a variable). A bottom
 module: it imports only :mod:`cyto.errors`.
 
@@ -43,6 +44,17 @@ def env_number(
         bound = f" and at most {most:g}" if math.isfinite(most) else ""
         raise ConfigError(f"{name}={raw!r}: give {unit}, a number {least}{bound}, e.g. {example}")
     return value
+
+
+def env_text(name: str) -> str | None:
+    """``$name`` without the blanks around it; None when unset or blank."""
+    return (os.environ.get(name) or "").strip() or None
+
+
+def env_is(name: str, value: str) -> bool:
+    """Whether ``$name`` is ``value`` (``CYTO_DEBUG=1``, ``CYTO_PROGRESS=0``), read as every
+    variable is: ``CYTO_DEBUG=" 1 "`` printed no traceback (hostile round 44, 4)."""
+    return env_text(name) == value
 
 
 def home_expanded(text: str) -> str | None:

@@ -36,7 +36,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from cyto.envvars import user_path
+from cyto.envvars import env_text, user_path
 from cyto.errors import CytoError, InputPathError, OutputWriteError
 from cyto.flags import passing
 from cyto.seal import SEAL
@@ -665,9 +665,8 @@ def refuse_unusable_cache() -> None:
     work: the CLI and the Python API's front door call this first (``cyto export`` wrote the
     bundle's graph, then was refused where it first used the cache). The default folder is left
     to :func:`cyto.cache_dir`, which falls back with a word where it is used."""
-    import os
 
     from cyto.cachedir import cache_dir
 
-    if (os.environ.get("CYTO_CACHE_DIR") or "").strip():
+    if env_text("CYTO_CACHE_DIR"):
         cache_dir()

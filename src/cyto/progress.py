@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -10,6 +9,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 import cyto.interrupts as interrupts
+from cyto.envvars import env_is
 
 #: set for the length of a Python call with ``echo=None`` (:func:`quiet`): no bars
 _QUIET: ContextVar[bool] = ContextVar("cyto_progress_quiet", default=False)
@@ -55,7 +55,7 @@ def progress(
     every 10 s, so logs stay readable. ``CYTO_PROGRESS=0`` silences it. ``done``: the part an
     earlier run finished (a resumed run): counted, but not in this run's rate and ETA.
     """
-    if os.environ.get("CYTO_PROGRESS", "1") == "0" or _QUIET.get():
+    if env_is("CYTO_PROGRESS", "0") or _QUIET.get():
         yield _Bar(lambda n: None, lambda t: None)
         return
     if sys.stderr.isatty():

@@ -81,3 +81,49 @@ def test_a_number_of_the_environment_is_taken_or_refused_by_one_rule(variable, v
             os.environ.pop(variable, None)
         else:
             os.environ[variable] = saved
+
+
+def test_every_cyto_variable_is_read_through_the_one_rule():
+    """Hostile round 44 (4): CYTO_DEBUG was compared raw (``" 1 "`` printed no traceback) where
+    every other variable is read without its blanks; every read of a CYTO_ variable (by name or
+    by a ``*_ENV`` constant) goes through cyto.envvars, never os.environ directly."""
+    import re
+    from pathlib import Path
+
+    import cyto
+
+    src = Path(cyto.__file__).parent
+    read = re.compile(r"os\.(environ\.get|getenv)\((\"CYTO_|[A-Z_]*_ENV\b)")
+    found = [
+        f"{p.relative_to(src)}:{n}"
+        for p in sorted(src.rglob("*.py"))
+        if p.name != "envvars.py"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if read.search(line)
+    ]
+    assert found == [], found
+
+
+@given(blank=st.sampled_from(["", " ", "\t", "  \n"]), value=st.sampled_from(["1", "0", "yes"]))
+def test_a_switch_is_read_without_its_blanks(blank, value):
+    import os
+
+    from cyto.envvars import env_is
+
+    saved = os.environ.get("CYTO_DEBUG")
+    os.environ["CYTO_DEBUG"] = f"{blank}{value}{blank}"
+    try:
+        assert env_is("CYTO_DEBUG", "1") == (value == "1")
+    finally:
+        if saved is None:
+            os.environ.pop("CYTO_DEBUG", None)
+        else:
+            os.environ["CYTO_DEBUG"] = saved
+
+
+def test_cyto_debug_with_blanks_shows_the_traceback(tmp_path):
+    from tests.cli_runner import run_cyto
+
+    (tmp_path / "junk.cyto").mkdir()
+    proc = run_cyto("info", str(tmp_path / "junk.cyto"), env={"CYTO_DEBUG": " 1 "}, process=True)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr, proc.stderr

@@ -28,6 +28,7 @@ from cyto.cli import data, eval, bench  # noqa: F401  (command groups)
 # isort: on
 from cyto.cli._app import app, guard_local_paths
 from cyto.cli.train import METHOD_NAMES
+from cyto.envvars import env_is
 from cyto.errors import CytoError
 
 guard_local_paths(app)  # every Path argument of every command: a local path, never a URL
@@ -226,7 +227,7 @@ def main() -> None:
                 raise
         interrupts.check()  # the command finished, but a Ctrl-C came and was swallowed
     except CytoError as exc:
-        if os.environ.get("CYTO_DEBUG") == "1":
+        if env_is("CYTO_DEBUG", "1"):
             raise
         from cyto.location import urls_for_staging
 
@@ -242,7 +243,7 @@ def main() -> None:
         from cyto.errors import system_words
 
         words = system_words(exc)
-        if words is None or os.environ.get("CYTO_DEBUG") == "1":
+        if words is None or env_is("CYTO_DEBUG", "1"):
             raise
         typer.secho(f"error: {words}", err=True, fg=typer.colors.RED)
         sys.exit(1)

@@ -12,6 +12,7 @@ from cyto.cohort.table import (
     read_cohort_table,
     write_cohort_table,
 )
+from cyto.envvars import env_is
 from cyto.errors import (
     CytoError,
     InputPathError,
@@ -503,12 +504,11 @@ def unforeseen(slide: Path, exc: Exception) -> SlideFailedError:
     """A failure of one slide that cyto does not foresee, as the one line its cohort reports
     (``CYTO_DEBUG=1`` raises it instead, with its traceback). A Ctrl-C that a library turned
     into this error stops the cohort, as a Ctrl-C does."""
-    import os
 
     import cyto.interrupts as interrupts
 
     interrupts.check()
-    if os.environ.get("CYTO_DEBUG") == "1":
+    if env_is("CYTO_DEBUG", "1"):
         raise exc
     if out_of_memory(exc):  # the machine's limit, not a bug: the sizes that take memory named
         from cyto.flags import said

@@ -27,7 +27,6 @@ import base64
 import hashlib
 import io
 import json
-import os
 import re
 import threading
 import urllib.error
@@ -37,6 +36,7 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
+from cyto.envvars import env_text
 from cyto.errors import InputPathError, UnsupportedSlideError
 from cyto.slides.base import SlideInfo, _to_rgb, in_slide, padded
 from cyto.slides.dicom import WSI_SOP_CLASS, WsiLevel, downsamples, mpp_of, pyramid
@@ -169,7 +169,7 @@ class DicomWebSeries(Requests):
         # command is given, since a table records the URL without its user info
         given = ref.options.get("headers") or {}
         self.headers = {str(k): str(v) for k, v in given.items()} if isinstance(given, dict) else {}
-        token = os.environ.get(TOKEN_ENV)
+        token = env_text(TOKEN_ENV)
         if any(k.lower() == "authorization" for k in self.headers):
             pass
         elif token:

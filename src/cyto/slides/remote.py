@@ -380,7 +380,9 @@ def _filesystem(ref: SlideURL):
         client = dict(opts.pop("client_kwargs", {}) or {})
         client.setdefault("timeout", aiohttp.ClientTimeout(total=None, connect=t, sock_read=t))
         headers = dict(opts.pop("headers", {}) or {})
-        token = os.environ.get(TOKEN_ENV)
+        from cyto.envvars import env_text
+
+        token = env_text(TOKEN_ENV)
         if token and "Authorization" not in headers:
             headers["Authorization"] = f"Bearer {token}"
         fs = fsspec.filesystem(
@@ -462,7 +464,9 @@ def _transient(exc: BaseException) -> str | None:
         "ConnectTimeoutError",
     }:
         # the bound named where it was set: a tiny one failed as the server's fault (round 42)
-        asked = (os.environ.get(TIMEOUT_ENV) or "").strip()
+        from cyto.envvars import env_text
+
+        asked = env_text(TIMEOUT_ENV)
         return (
             f"the server did not answer {f'within {TIMEOUT_ENV}={asked} s' if asked else 'in time'}"
         )

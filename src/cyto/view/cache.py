@@ -28,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+from cyto.envvars import env_text
 from cyto.errors import ConfigError
 
 #: the environment variable that sets the cap when ``--tile-cache`` is not given
@@ -72,7 +73,7 @@ def cap_source(value: str | int | None) -> str:
     41, 12)."""
     if value is not None:
         return "--tile-cache"
-    if (os.environ.get(CAP_ENV) or "").strip():
+    if env_text(CAP_ENV):
         return f"${CAP_ENV}"
     return "the default; --tile-cache or $" + CAP_ENV + " sets it"
 
@@ -86,7 +87,7 @@ def cap_from(value: str | int | None) -> int:
         return value
     if value is not None:
         return parse_size(value)
-    env = (os.environ.get(CAP_ENV) or "").strip()
+    env = env_text(CAP_ENV)
     if env:
         return parse_size(env, f"${CAP_ENV}")
     return DEFAULT_CAP
