@@ -664,7 +664,8 @@ def evaluate(
 
     Args:
         table: a score table (Parquet or CSV; ``scores.parquet`` of ``cyto score``, the table
-            of ``cyto predict``), one row per cell.
+            of ``cyto predict``), one row per cell, or a slide's folder of ``cyto score`` (its
+            ``scores.parquet``).
         k: K, or several.
         score_column: the column of scores (higher: more abnormal); ``auto``: what the table's
             ``rank`` follows (the ranking it records).

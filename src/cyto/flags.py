@@ -296,6 +296,8 @@ def _kind_words(hint: Any) -> str:
         return words + (" or None" if type(None) in typing.get_args(hint) else "")
     if origin in (tuple, list, Sequence) or hint in (tuple, list):
         return "a list"
+    if origin is dict or hint is dict:  # overrides=, storage_options=: --set, --storage-option
+        return "a dict ({'key': value}, where the command line takes key=value)"
     if isinstance(origin, type):
         return f"a {origin.__name__.lower()}"
     return f"a {getattr(hint, '__name__', str(hint))}"
@@ -359,8 +361,14 @@ def check_value(field: str, value: Any, hint: Any) -> Any:
             raise ConfigError(
                 f"each item of {said(field)} must be {_kind_words(item)}, got {_show(wrong[0])}"
             )
-        # several values where the call takes one (score_slide([a, b], ...)): one per call
-        one = " (one per call)" if isinstance(value, (list, tuple)) else ""
+        # several values where the call takes one (score_slide([a, b], ...)): one per call;
+        # not where it takes a dict (overrides=["epochs=1"]: "a dict ... (one per call)")
+        takes = _unannotated(hint)[0]
+        many = typing.get_origin(takes) in (typing.Union, types.UnionType) and any(
+            typing.get_origin(a) is dict or a is dict for a in typing.get_args(takes)
+        )
+        many = many or typing.get_origin(takes) is dict or takes is dict
+        one = " (one per call)" if isinstance(value, (list, tuple)) and not many else ""
         raise ConfigError(f"{said(field)} must be {_kind_words(hint)}{one}, got {_show(value)}")
     for bounds in _unannotated(hint)[1]:
         if not bounds.holds(got):

@@ -1103,3 +1103,14 @@ def test_echo_none_silences_the_progress_bars_too(exported_dsvdd, synth_patches,
     assert proc.returncode == 0, proc.stderr
     quiet, loud = proc.stderr.split("--- after none")
     assert "images (" not in quiet and "images (" in loud, proc.stderr
+
+
+def test_a_list_for_a_dict_is_told_the_dict_and_its_command_line_form(tmp_path):
+    """Hostile round 43 (10): ``overrides=["epochs=1"]`` (the command line's --set, as a list)
+    was told "must be a dict or None (one per call)": one per call said of a dict misled."""
+    with pytest.raises(ConfigError) as err:
+        cyto.train("dsvdd", tmp_path, tmp_path / "t.cyto", normal="n", overrides=["epochs=1"])
+    assert str(err.value) == (
+        "overrides= must be a dict ({'key': value}, where the command line takes key=value) or "
+        "None, got ['epochs=1']"
+    )

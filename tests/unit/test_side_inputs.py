@@ -574,3 +574,19 @@ def test_a_truth_table_given_as_a_url_is_one_line_without_secrets():
             read_truth(url)
         said = str(err.value)
         assert "http://host" in said and "pw" not in said and "sig=X" not in said, said
+
+
+def test_a_class_mosaic_is_never_written_inside_the_folder_it_shows(tmp_path, synth_patches):
+    """Hostile round 43 (11): a mosaic written into a class folder was read as one more cell
+    of that class by the next command (a 642x280 "cell")."""
+    import shutil
+
+    from cyto.data.mosaic import class_mosaic
+
+    data = tmp_path / "p"
+    shutil.copytree(synth_patches, data)
+    for out in (data / "normal" / "mosaic.png", data / "mosaic.png"):
+        with pytest.raises(InputPathError, match=r"lies inside the input PATH .*never replaces"):
+            class_mosaic(data, out, per_class=1, tile=16)
+        assert not out.exists()
+    class_mosaic(data, tmp_path / "m.png", per_class=1, tile=16)  # beside it: written

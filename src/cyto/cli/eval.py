@@ -88,7 +88,13 @@ def eval_sweep_cmd(
     "scores", short_help="TP@K, Recall@K, Precision@K, nDCG@K, AUTK@K, AUFROC@K, AUROC."
 )
 def eval_scores_cmd(
-    table: Annotated[Path, typer.Argument(help="Score table (Parquet or CSV), one row per cell.")],
+    table: Annotated[
+        Path,
+        typer.Argument(
+            help="Score table (Parquet or CSV), one row per cell; or a slide's folder of cyto "
+            "score (its scores.parquet)."
+        ),
+    ],
     k: Annotated[
         list[str] | None,
         typer.Option(

@@ -234,7 +234,7 @@ def score_cmd(
         str,
         typer.Option(
             help="QuPath outputs to write: cells (cells.geojson: every cell as a detection with "
-            "its measurements; about 0.5 kB a cell), map (abnormality.ome.tif: the abnormality "
+            "its measurements; about 0.8 kB a cell), map (abnormality.ome.tif: the abnormality "
             "map as a pyramidal OME-TIFF), comma-separated, all or none.",
         ),
     ] = "cells,map",

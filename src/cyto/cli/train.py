@@ -38,7 +38,14 @@ def train_cmd(
         ),
     ] = None,
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override one setting: key=value.")
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override one setting: key=value, repeatable (--print-config lists them; a "
+            "quick trial: --set epochs=2 --set ae_epochs=1 --set n_seeds=1, since Deep SVDD's "
+            "autoencoder start and its seeds take time of their own). From Python: "
+            "overrides={'epochs': 2}.",
+        ),
     ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     weights: Annotated[

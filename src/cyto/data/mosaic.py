@@ -89,6 +89,8 @@ def class_mosaic(
         mine = out.resolve()
         hit = next((r.path for r in records if Path(r.path).resolve() == mine), None)
         refuse_input_as_output(out, passing("out", out), {"PATH": hit})
+    if Path(source).is_dir():  # a mosaic in a class folder is read as a cell next (round 43, 11)
+        refuse_input_as_output(out, passing("out", out), {"PATH": source}, inside=("PATH",))
     largest = max(Counter(r.cls for r in records).values(), default=0)
     if per_class > largest > 0 and echo is not None:
         echo(
