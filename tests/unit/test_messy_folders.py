@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from cyto.data.dataset import PatchDataset, scan_folder
+from cyto.data.dataset import PatchDataset, load_records
 from cyto.errors import CytoWarning, DatasetError
 
 
@@ -39,14 +39,19 @@ def test_class_folders_differing_only_in_case_are_refused_in_one_line(names):
             _crop(root / name / "c.png", i)
         folded = [n.casefold() for n in sorted(names)]
         if len(set(folded)) == len(folded):
-            assert {r.cls for r in scan_folder(root)} == set(names)
+            assert {r.cls for r in load_records(root)} == set(names)
             return
         with pytest.raises(DatasetError) as err:
-            scan_folder(root)
+            load_records(root)
         said = str(err.value)
         assert "\n" not in said and "differ only in case" in said
         a, b = said.removeprefix("class folders ").split(" of ")[0].split(" and ")
         assert a != b and a.casefold() == b.casefold() and {a, b} <= set(names)
+        # the same labels in a manifest: refused alike
+        rows = "".join(f"{n}/c.png,{n}\n" for n in names)
+        (root / "m.csv").write_text("path,label\n" + rows)
+        with pytest.raises(DatasetError, match=r"^labels .* of .*m\.csv differ only in case"):
+            load_records(root / "m.csv")
 
 
 def test_hidden_files_are_no_cells_and_are_said(tmp_path):
@@ -95,3 +100,12 @@ def test_grey_crops_among_colour_ones_are_said_when_a_slide_is_composed(tmp_path
     with pytest.warns(CytoWarning, match=words):  # from Python: a warning ("warning: " said)
         cyto.synth_slide(tmp_path / "s.tif", cells=tmp_path / "c", normal="normal", mpp=0.25,
                          width=512, height=512, abnormal_fraction=0, echo=None)  # fmt: skip
+
+
+def test_a_macs_decomposed_class_name_beside_a_typed_one_is_refused_and_accents_are_not(tmp_path):
+    for name in ("LSIL \u00e9", "LSIL e\u0301", "LSIL e"):  # typed é, a Mac's é, no accent
+        _crop(tmp_path / "d" / name / "c.png", 0)
+    with pytest.raises(DatasetError, match="differ only in case or form"):
+        load_records(tmp_path / "d")
+    shutil.rmtree(tmp_path / "d" / "LSIL e\u0301")
+    assert {r.cls for r in load_records(tmp_path / "d")} == {"LSIL \u00e9", "LSIL e"}

@@ -92,7 +92,6 @@ def scan_folder(root: Path) -> list[PatchRecord]:
     other: list[Path] = []  # images of a type not read as cells (.jp2, .tga, .ppm, .jfif)
     hidden: list[Path] = []  # ._x.jpg: a Mac's metadata of x.jpg, copied with it; never a cell
     classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    _refuse_case_twins(root, [p.name for p in classes])
     for sub in classes:
         for f in sorted(sub.iterdir()):
             if f.name.startswith(".") and f.suffix.lower() in IMAGE_SUFFIXES:
@@ -151,17 +150,22 @@ def scan_folder(root: Path) -> list[PatchRecord]:
     return records
 
 
-def _refuse_case_twins(root: Path, names: list[str]) -> None:
-    """Class folders whose names differ only in case (``NILM`` and ``nilm``: a folder merged
-    from machines that tell case apart and machines that do not) refused in one line: read as
-    two classes, ``--normal NILM`` made the ``nilm`` cells abnormal without a word (hostile
-    round 43, 2)."""
+def _refuse_case_twins(where: str, names: set[str]) -> None:
+    """Classes whose names differ only in letter case, Unicode form or spaces (``NILM`` and
+    ``nilm``: a folder merged from machines that tell case apart and machines that do not; a
+    Mac's decomposed "é" beside a typed one) refused in one line, of a folder or a manifest
+    (``where``, with a ``{}`` for the two names): read as two classes, ``--normal NILM`` made
+    the ``nilm`` cells abnormal without a word (hostile round 43, 2). Accents still tell two
+    names apart."""
+    import unicodedata
+
     seen: dict[str, str] = {}
-    for name in names:
-        twin = seen.setdefault(name.casefold(), name)
+    for name in sorted(names):
+        key = " ".join(unicodedata.normalize("NFC", name).split()).casefold()
+        twin = seen.setdefault(key, name)
         if twin != name:
             raise DatasetError(
-                f"class folders {twin} and {name} of {root} differ only in case: cyto would "
+                f"{where.format(f'{twin} and {name}')} differ only in case or form: cyto would "
                 "read them as two classes (and a Windows or Mac disk as one folder); merge "
                 "them, or rename one"
             )
@@ -310,9 +314,13 @@ def load_records(source: Path) -> list[PatchRecord]:
     if source.is_dir():
         if not any(source.iterdir()):
             raise InputPathError(f"{source} is an empty folder: expected class sub-folders")
-        return scan_folder(source)
+        records = scan_folder(source)
+        _refuse_case_twins(f"class folders {{}} of {source}", {r.cls for r in records})
+        return records
     if source.suffix.lower() in MANIFEST_SUFFIXES:
-        return read_manifest(source)
+        records = read_manifest(source)
+        _refuse_case_twins(f"labels {{}} of {source}", {r.cls for r in records})
+        return records
     raise InputPathError(
         f"{source} is neither a folder nor a manifest: expected a folder of class sub-folders or a "
         f"file ending in {', '.join(MANIFEST_SUFFIXES)}"
