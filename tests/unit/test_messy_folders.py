@@ -109,3 +109,23 @@ def test_a_macs_decomposed_class_name_beside_a_typed_one_is_refused_and_accents_
         load_records(tmp_path / "d")
     shutil.rmtree(tmp_path / "d" / "LSIL e\u0301")
     assert {r.cls for r in load_records(tmp_path / "d")} == {"LSIL \u00e9", "LSIL e"}
+
+
+def test_data_info_splits_the_images_that_can_be_read(tmp_path):
+    """Round 43 (4): ``cyto data info --normal`` counted the unreadable files in its one-class
+    split ("normal 37", of which 4 train and predict could not read), listed only below it."""
+    import json
+
+    from tests.cli_runner import run_cyto
+
+    for i in range(3):
+        _crop(tmp_path / "normal" / f"n{i}.png", i)
+        _crop(tmp_path / "odd" / f"a{i}.png", 10 + i)
+    (tmp_path / "normal" / "zero.png").write_bytes(b"")
+    proc = run_cyto("data", "info", str(tmp_path), "--normal", "normal")
+    assert proc.returncode == 0, proc.stderr
+    assert "one-class split of the readable images: normal 3 (normal), abnormal 3" in proc.stdout
+    assert "  normal       4" in proc.stdout  # the files, as listed
+    proc = run_cyto("data", "info", str(tmp_path), "--normal", "normal", "--json")
+    split = json.loads(proc.stdout)["split"]
+    assert (split["normal"], split["abnormal"]) == (3, 3)

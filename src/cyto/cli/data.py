@@ -28,7 +28,8 @@ def data_info_cmd(
     from cyto.data.dataset import data_info, one_class_split
 
     info = data_info(path)
-    split = one_class_split(info.classes, normal, abnormal, path) if normal or abnormal else None
+    # the split of what train and predict read: the readable images
+    split = one_class_split(info.readable, normal, abnormal, path) if normal or abnormal else None
     if as_json:
         payload = {
             "source": str(info.source),
@@ -52,10 +53,11 @@ def data_info_cmd(
     typer.echo("sizes: " + ", ".join(f"{s} ({n})" for s, n in info.sizes.items()))
     typer.echo("modes: " + ", ".join(f"{m} ({n})" for m, n in info.modes.items()))
     if split is not None:
+        of = " of the readable images" if info.unreadable else ""
         typer.echo(
-            f"one-class split: normal {split['normal']} ({', '.join(split['normal_classes'])}),"
-            f" abnormal {split['abnormal']} ({', '.join(split['abnormal_classes'])}),"
-            f" left out {split['excluded']}"
+            f"one-class split{of}: normal {split['normal']} "
+            f"({', '.join(split['normal_classes'])}), abnormal {split['abnormal']} "
+            f"({', '.join(split['abnormal_classes'])}), left out {split['excluded']}"
         )
     if info.unreadable:
         typer.echo(f"unreadable: {len(info.unreadable)}")
