@@ -6,36 +6,18 @@ from __future__ import annotations
 import re
 import typing
 
-from tests.unit.test_local_path_args import _find
+from tests.unit.test_local_path_args import commands
 
 
 def _options_named(name: str):
     """(command words, help) of every command's option ``name``."""
     found = []
-    for words, param, _ in _all_params():
-        if param == name:
-            hint = typing.get_type_hints(_find(words), include_extras=True)[param]
+    for words, callback in commands():
+        hint = typing.get_type_hints(callback, include_extras=True).get(name)
+        if hint is not None:
             info = next(m for m in hint.__metadata__ if type(m).__name__ == "OptionInfo")
             found.append((words, info.help))
     return found
-
-
-def _all_params():
-    """(command words, parameter name, is positional) of every parameter of every command."""
-    from cyto.cli import app
-
-    out = []
-
-    def walk(typer_app, words):
-        for info in typer_app.registered_commands:
-            name = info.name or info.callback.__name__.removesuffix("_cmd").replace("_", "-")
-            hints = typing.get_type_hints(info.callback, include_extras=True)
-            out.extend(((*words, name), p, False) for p in hints if p != "return")
-        for group in typer_app.registered_groups:
-            walk(group.typer_instance, (*words, group.name))
-
-    walk(app, ())
-    return out
 
 
 def test_every_backend_option_names_every_backend_it_takes():

@@ -13,45 +13,37 @@ import pytest
 from tests.cli_runner import run_cyto
 
 
-def _path_params():
-    """(command words, parameter name, is positional) of every Path parameter of every command."""
+def commands(typer_app=None, words=()):
+    """(command words, callback as the CLI runs it) of every command of the CLI."""
     from cyto.cli import app
 
+    typer_app = typer_app or app
+    for info in typer_app.registered_commands:
+        name = info.name or info.callback.__name__.removesuffix("_cmd").replace("_", "-")
+        yield (*words, name), info.callback
+    for group in typer_app.registered_groups:
+        yield from commands(group.typer_instance, (*words, group.name))
+
+
+def _path_params():
+    """(command words, parameter name, is positional) of every Path parameter of every command."""
     out = []
-
-    def walk(typer_app, words):
-        for info in typer_app.registered_commands:
-            name = info.name or info.callback.__name__.removesuffix("_cmd").replace("_", "-")
-            hints = typing.get_type_hints(info.callback, include_extras=True)
-            for param, hint in hints.items():
-                base = typing.get_args(hint)[0] if hasattr(hint, "__metadata__") else hint
-                if Path in (base, *typing.get_args(base)) or base == list[Path]:
-                    meta = getattr(hint, "__metadata__", ())
-                    positional = any(type(m).__name__ == "ArgumentInfo" for m in meta)
-                    out.append(((*words, name), param, positional))
-        for group in typer_app.registered_groups:
-            walk(group.typer_instance, (*words, group.name))
-
-    walk(app, ())
+    for words, callback in commands():
+        for param, hint in typing.get_type_hints(callback, include_extras=True).items():
+            base = typing.get_args(hint)[0] if hasattr(hint, "__metadata__") else hint
+            if Path in (base, *typing.get_args(base)) or base == list[Path]:
+                meta = getattr(hint, "__metadata__", ())
+                positional = any(type(m).__name__ == "ArgumentInfo" for m in meta)
+                out.append((words, param, positional))
     return out
 
 
 PARAMS = _path_params()
 
 
-def _find(words, typer_app=None):
+def _find(words):
     """The callback of the command ``words`` (as the CLI runs it: guarded)."""
-    from cyto.cli import app
-
-    typer_app = typer_app or app
-    for info in typer_app.registered_commands:
-        name = info.name or info.callback.__name__.removesuffix("_cmd").replace("_", "-")
-        if (name,) == tuple(words):
-            return info.callback
-    for group in typer_app.registered_groups:
-        if words and group.name == words[0]:
-            return _find(words[1:], group.typer_instance)
-    return None
+    return dict(commands()).get(tuple(words))
 
 
 def test_the_cli_has_path_parameters_to_guard():
