@@ -26,8 +26,9 @@ def grey_bundle(tmp_path_factory):
     rng = np.random.default_rng(0)
     for cls, n, lo, hi in (("NILM", 60, 120, 200), ("LSIL", 3, 60, 120)):
         (root / "cells" / cls).mkdir(parents=True)
-        for i in range(n):
-            grey = np.full((40, 40, 3), rng.integers(lo, hi), np.uint8)
+        # each its own colour: two of one colour are one image twice, said as a copy
+        for i, level in enumerate(rng.choice(np.arange(lo, hi), n, replace=False)):
+            grey = np.full((40, 40, 3), level, np.uint8)
             Image.fromarray(grey).save(root / "cells" / cls / f"{i}.png")
     said: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
