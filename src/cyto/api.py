@@ -78,7 +78,9 @@ def _front_door(func: Callable) -> Callable:
                 from cyto.flags import passing
                 from cyto.outputs_check import check_writable
 
-                check_writable(Path(local["out"]).parent, flag=f"{passing('out', local['out'])}:")
+                out = Path(local["out"])
+                dangling = out.is_symlink() and not out.exists()
+                check_writable(out if dangling else out.parent, flag=f"{passing('out', out)}:")
             from cyto.progress import quiet
 
             silent = "echo" in bound.arguments and bound.arguments["echo"] is None

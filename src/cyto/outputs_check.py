@@ -267,13 +267,20 @@ def check_writable(out: Path, flag: str | None = None) -> None:
     --out used to fail on its lock file with a traceback after the slides were scored."""
     import os
 
-    here = Path(out).absolute()
-    while not here.exists() and here != here.parent:
-        here = here.parent
     from cyto.errors import OutputWriteError
     from cyto.flags import passing
 
     where = flag or f"{passing('out', out)}:"
+    here = Path(out).absolute()
+    while not here.exists() and here != here.parent:
+        # a link to nothing: a folder made through it was made where it points (data field
+        # made /nonexistent/zz/f), or mkdir failed in a traceback (hostile round 45, 3)
+        if here.is_symlink():
+            raise OutputWriteError(
+                f"cannot write {where.rstrip(':')}: {here} is a link to {os.readlink(here)}, "
+                "which does not exist"
+            )
+        here = here.parent
     if not here.is_dir():
         raise OutputWriteError(f"cannot write {where.rstrip(':')}: {here} is a file, not a folder")
     if not os.access(here, os.W_OK | os.X_OK):

@@ -78,7 +78,13 @@ def test_the_guard_runs_at_the_command_line(tmp_path):
     )
 
 
-OUTS = [p for p in PARAMS if p[1] == "out"]
+def _outs():
+    from cyto.cli._app import OUTPUTS
+
+    return [p for p in PARAMS if p[1] in OUTPUTS]
+
+
+OUTS = _outs()
 
 
 @pytest.mark.parametrize(("words", "param", "positional"), OUTS, ids=lambda v: str(v))
@@ -87,19 +93,30 @@ def test_an_output_under_a_file_is_refused_in_one_line_before_any_work(
 ):
     """Hostile round 43 (3): ``--out`` under a regular file ended cyto train, synth slide and
     data mosaic in a traceback (predict and score said it in one line); now every command's
-    output, by the CLI's guard, and the Python calls' ``out=`` by their front door."""
+    output, by the CLI's guard, and the Python calls' ``out=`` by their front door. Round 45
+    (1-3): review serve's ``--session`` and bench's ``--results`` and ``--work`` too (bench ran
+    for minutes first), and an output through a link to nothing (data field made the link's
+    target, /nonexistent/zz/f)."""
     from cyto.errors import OutputWriteError
 
     callback = _find(words)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("x")
+    (tmp_path / "dang").symlink_to(tmp_path / "nowhere" / "zz")
+    flag = param.upper() if positional else f"--{param}"
     with pytest.raises(OutputWriteError) as err:
         callback(**{param: Path("afile/x")})
-    flag = "OUT" if positional else "--out"
     assert str(err.value) == (
         f"cannot write {flag} afile/x: {tmp_path / 'afile'} is a file, not a folder"
     )
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written
+    for given in ("dang/x", "dang"):
+        with pytest.raises(OutputWriteError) as err:
+            callback(**{param: Path(given)})
+        assert str(err.value) == (
+            f"cannot write {flag} {given}: {tmp_path / 'dang'} is a link to "
+            f"{tmp_path / 'nowhere' / 'zz'}, which does not exist"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "dang"]  # nothing written
 
 
 def test_the_python_calls_refuse_an_output_under_a_file_in_one_line(tmp_path):

@@ -228,6 +228,12 @@ RankBy = Annotated[
 _MANGLED_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")
 
 
+#: the parameters that name what a command writes (``--out``/``OUT``, review serve's
+#: ``--session``, bench's ``--results`` and ``--work``): the folder above each is checked before
+#: any work (bench ran for minutes, then ended in a traceback: hostile round 45, 2)
+OUTPUTS = ("out", "session", "results", "work")
+
+
 def local_paths_only(callback):
     """``callback`` (a command) refusing a URL given for any of its ``Path`` parameters: a
     ``Path`` argument is a local one (those that take URLs are typed ``str``); a URL there was
@@ -271,11 +277,13 @@ def local_paths_only(callback):
                 kwargs[name] = type(value)(
                     user_path(v) if isinstance(v, Path) else v for v in value
                 )
-        out = kwargs.get("out")
-        if isinstance(out, Path):  # the folder above an output takes it, before any work
-            from cyto.outputs_check import check_writable
+        for name in OUTPUTS:  # the folder above an output takes it, before any work
+            if isinstance(kwargs.get(name), Path):
+                from cyto.outputs_check import check_writable
 
-            check_writable(out.parent, flag=f"{label('out')} {out}:")
+                out = kwargs[name]
+                dangling = out.is_symlink() and not out.exists()
+                check_writable(out if dangling else out.parent, flag=f"{label(name)} {out}:")
         return callback(*args, **kwargs)
 
     return run
