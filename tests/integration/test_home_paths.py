@@ -102,3 +102,27 @@ def test_predict_writes_an_out_given_with_tilde_in_the_home_folder(
         f"error: {NO_USER}/d starts with a ~ that cannot be expanded here (no such user): give "
         "the absolute path"
     ), proc.stderr
+
+
+def test_a_manifests_rows_and_calibrates_tables_take_tilde_as_home(tmp_path, monkeypatch):
+    """Round 45 (5-6): ``cyto calibrate MODEL '~/scored/slide'`` was "does not exist"; a
+    manifest's ``~/x.png`` row was read as ``~/x.png`` beside the manifest (silently, where such a
+    folder was there), while ``--data '~/x'`` read the home folder."""
+    from PIL import Image
+
+    from cyto.data.dataset import read_manifest
+    from cyto.stats.calibrate import _table_here
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    (home / "cells").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(home / "cells" / "a.png")
+    (tmp_path / "~" / "cells").mkdir(parents=True)  # a folder named ~ beside the manifest
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("path,label\n~/cells/a.png,n\ncells/b.png,n\n")
+    rows = read_manifest(manifest)
+    assert [r.path for r in rows] == [home / "cells" / "a.png", tmp_path / "cells" / "b.png"]
+    manifest.write_text(f"path,label\n{NO_USER}/a.png,n\n")
+    with pytest.raises(Exception, match=r"row 2: ~no-such-user-of-cyto/a\.png starts with a ~"):
+        read_manifest(manifest)
+    assert _table_here("~/scored/s", None)[0] == home / "scored" / "s"

@@ -32,6 +32,7 @@ from cyto.data.images import (
     resize_rgb,
     too_small,
 )
+from cyto.envvars import user_path
 from cyto.errors import (
     ConfigError,
     CytoError,
@@ -194,7 +195,8 @@ def read_manifest(path: Path) -> list[PatchRecord]:
     """Records of a CSV or Parquet manifest.
 
     Columns: ``path`` and ``label`` (required), ``bag`` (or ``slide_id``) and ``bag_label``
-    (optional). Relative paths are resolved against the manifest's folder.
+    (optional). Relative paths are resolved against the manifest's folder; a leading ``~`` is
+    the home folder.
     """
     import pyarrow as pa
     import pyarrow.csv as pacsv
@@ -217,7 +219,12 @@ def read_manifest(path: Path) -> list[PatchRecord]:
     for i, (p, lab) in enumerate(zip(data[pcol], data[lcol], strict=True)):
         if p is None or lab is None:
             raise DatasetError(f"manifest {path}, row {i + 2}: empty path or label")
-        f = Path(str(p))
+        # a row's ~ is the home folder, as --data's (round 45, 6: read as ./~ beside the
+        # manifest, silently where such a folder was there); other relative rows lie beside it
+        try:
+            f = user_path(str(p))
+        except InputPathError as exc:
+            raise DatasetError(f"manifest {path}, row {i + 2}: {exc}") from None
         if not f.is_absolute():
             f = path.parent / f
         bag = data[bcol][i] if bcol else None

@@ -213,7 +213,10 @@ def _table_here(given, options: dict | None):
     from cyto.slides.remote import is_url
 
     if not is_url(given):
-        return Path(given), output_location(Path(given))
+        from cyto.envvars import user_path
+
+        here = user_path(given)  # ~ the home folder, as every local path (round 45, 5)
+        return here, output_location(here)
     url = str(given)
     name = ""
     if url.rstrip("/").endswith(".parquet"):
