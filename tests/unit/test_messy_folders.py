@@ -102,13 +102,43 @@ def test_grey_crops_among_colour_ones_are_said_when_a_slide_is_composed(tmp_path
                          width=512, height=512, abnormal_fraction=0, echo=None)  # fmt: skip
 
 
-def test_a_macs_decomposed_class_name_beside_a_typed_one_is_refused_and_accents_are_not(tmp_path):
-    for name in ("LSIL \u00e9", "LSIL e\u0301", "LSIL e"):  # typed é, a Mac's é, no accent
+@pytest.mark.parametrize(
+    "twin",
+    ["LSIL e\u0301", "\uff2c\uff33\uff29\uff2c \u00e9", "LSIL\u200b \u00e9"],
+    ids=["decomposed", "full-width", "zero-width"],
+)
+def test_a_class_name_that_looks_like_another_is_refused_spelled_out_and_accents_are_not(
+    tmp_path, twin
+):
+    """A Mac's decomposed "é" beside a typed one; round 45 (9): full-width letters and a
+    zero-width space passed as a class of their own, and the refusal showed two names that look
+    the same ("Ünorm and Ünorm")."""
+    for name in ("LSIL \u00e9", twin, "LSIL e"):  # typed é, its twin, no accent
         _crop(tmp_path / "d" / name / "c.png", 0)
-    with pytest.raises(DatasetError, match="differ only in case or form"):
+    with pytest.raises(DatasetError, match="differ only in case or form") as err:
         load_records(tmp_path / "d")
-    shutil.rmtree(tmp_path / "d" / "LSIL e\u0301")
+    typed = ascii("LSIL \u00e9")
+    said = str(err.value)
+    assert f"{typed} and {ascii(twin)}" in said or f"{ascii(twin)} and {typed}" in said, said
+    shutil.rmtree(tmp_path / "d" / twin)
     assert {r.cls for r in load_records(tmp_path / "d")} == {"LSIL \u00e9", "LSIL e"}
+
+
+def test_a_link_to_another_class_folder_and_a_hidden_folder_of_images_are_said(tmp_path):
+    for i in range(2):
+        _crop(tmp_path / "NILM" / f"n{i}.png", i)
+    (tmp_path / "nilm").symlink_to(tmp_path / "NILM")
+    with pytest.raises(DatasetError, match=r"^class folders NILM and nilm .* are one folder"):
+        load_records(tmp_path)
+    (tmp_path / "nilm").unlink()
+    _crop(tmp_path / "._LSIL" / "a.png", 5)
+    _crop(tmp_path / "NILM" / ".n9.png", 9)  # a hidden image, no Mac's metadata
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert {r.cls for r in load_records(tmp_path)} == {"NILM"}
+    said = [str(w.message) for w in seen]
+    assert any(s.startswith("hidden folder(s) ._LSIL of ") for s in said), said
+    assert any("(names starting with '.', e.g. .n9.png)" in s for s in said), said
 
 
 def test_data_info_splits_the_images_that_can_be_read(tmp_path):

@@ -132,9 +132,18 @@ def scan_folder(root: Path) -> list[PatchRecord]:
             "(.csv/.parquet with path and label)"
         )
     if hidden:  # a Mac's ._x.jpg stopped train and predict as an unreadable image (round 43)
+        mac = sum(f.name.startswith("._") for f in hidden)
+        why = f"; {mac} named ._*: a Mac's metadata of a copied file" if mac else ""
         warn_caller(
             f"{len(hidden):,} hidden file(s) in the class folders of {root} (names starting with "
-            f"'.', e.g. {hidden[0].name}: a Mac's metadata of a copied file) are not read as cells"
+            f"'.', e.g. {hidden[0].name}{why}) are not read as cells"
+        )
+    # a hidden folder of images is no class either: said (round 45, 10)
+    unread = [p for p in root.iterdir() if p.name.startswith(".") and _holds_images(p)]
+    if unread:
+        warn_caller(
+            f"hidden folder(s) {', '.join(sorted(p.name for p in unread))} of {root} hold "
+            "images and are not read as classes: rename them without the leading '.' to use them"
         )
     if other:  # left out without a count (hostile round 24): said, with what to do
         types = ", ".join(sorted({f.suffix.lower() for f in other}))
@@ -151,25 +160,51 @@ def scan_folder(root: Path) -> list[PatchRecord]:
     return records
 
 
-def _refuse_case_twins(where: str, names: set[str]) -> None:
-    """Classes whose names differ only in letter case, Unicode form or spaces (``NILM`` and
-    ``nilm``: a folder merged from machines that tell case apart and machines that do not; a
-    Mac's decomposed "é" beside a typed one) refused in one line, of a folder or a manifest
-    (``where``, with a ``{}`` for the two names): read as two classes, ``--normal NILM`` made
-    the ``nilm`` cells abnormal without a word (hostile round 43, 2). Accents still tell two
-    names apart."""
+def _holds_images(folder: Path) -> bool:
+    """Whether ``folder`` is a folder holding image files directly (False where it cannot be
+    listed)."""
+    try:
+        return folder.is_dir() and any(f.suffix.lower() in IMAGE_SUFFIXES for f in folder.iterdir())
+    except OSError:
+        return False
+
+
+def _twin_key(name: str) -> str:
+    """``name`` as a reader sees it: without letter case, Unicode form (a Mac's decomposed "é",
+    full-width "ＮＩＬＭ"), invisible characters (a zero-width space) or extra spaces. Accents
+    still tell two names apart."""
     import unicodedata
 
+    shown = unicodedata.normalize("NFKC", name)
+    shown = "".join(c for c in shown if unicodedata.category(c) != "Cf")
+    return " ".join(shown.split()).casefold()
+
+
+def _refuse_case_twins(where: str, names: set[str], folder: Path | None = None) -> None:
+    """Classes whose names differ only as :func:`_twin_key` reads them (``NILM`` and ``nilm``:
+    a folder merged from machines that tell case apart and machines that do not) refused in
+    one line, of a folder (``folder``) or a manifest (``where``, with a ``{}`` for the two
+    names): read as two classes, ``--normal NILM`` made the ``nilm`` cells abnormal without a
+    word (hostile round 43, 2). Two names that look the same are shown escaped, and a link to
+    the other class's folder is named so (round 45, 9)."""
     seen: dict[str, str] = {}
     for name in sorted(names):
-        key = " ".join(unicodedata.normalize("NFC", name).split()).casefold()
-        twin = seen.setdefault(key, name)
-        if twin != name:
+        twin = seen.setdefault(_twin_key(name), name)
+        if twin == name:
+            continue
+        pair = f"{twin} and {name}"
+        if not (twin.isascii() and name.isascii()):  # they may look the same: spelled out
+            pair += f" ({ascii(twin)} and {ascii(name)})"
+        if folder is not None and (folder / twin).resolve() == (folder / name).resolve():
             raise DatasetError(
-                f"{where.format(f'{twin} and {name}')} differ only in case or form: cyto would "
-                "read them as two classes (and a Windows or Mac disk as one folder); merge "
-                "them, or rename one"
+                f"{where.format(pair)} are one folder (a link to the other): cyto would read "
+                "its cells twice, as two classes; remove the link"
             )
+        disk = " (and a Windows or Mac disk as one folder)" if folder is not None else ""
+        raise DatasetError(
+            f"{where.format(pair)} differ only in case or form: cyto would read them as two "
+            f"classes{disk}; merge them, or rename one"
+        )
 
 
 def _image_in(folder: Path) -> Path | None:
@@ -322,7 +357,7 @@ def load_records(source: Path) -> list[PatchRecord]:
         if not any(source.iterdir()):
             raise InputPathError(f"{source} is an empty folder: expected class sub-folders")
         records = scan_folder(source)
-        _refuse_case_twins(f"class folders {{}} of {source}", {r.cls for r in records})
+        _refuse_case_twins(f"class folders {{}} of {source}", {r.cls for r in records}, source)
         return records
     if source.suffix.lower() in MANIFEST_SUFFIXES:
         records = read_manifest(source)
