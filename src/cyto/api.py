@@ -62,6 +62,7 @@ def _front_door(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
+        from cyto.envvars import check_switches
         from cyto.errors import CytoError
         from cyto.flags import bind_call, hints_of, python_words
         from cyto.location import local_args, refuse_unusable_cache, urls_for_staging
@@ -69,6 +70,7 @@ def _front_door(func: Callable) -> Callable:
 
         with python_words(func.__name__):
             bound = bind_call(func, args, kwargs, {"Scorer": Scorer})
+            check_switches()  # CYTO_DEBUG=true: one line, not passed over (round 45, 11)
             refuse_unusable_cache()
             # a URL for an argument that takes a local path only, refused by name before it
             # is turned into a path (https:/host/...) and reported missing; ~ the home folder

@@ -1,5 +1,5 @@
 """The one reading of cyto's environment variables (docs/reference/environment.md): a number
-(:func:`env_number`: seconds, MiB), a folder (:func:`env_folder`), a switch (:func:`env_is`) and
+(:func:`env_number`: seconds, MiB), a folder (:func:`env_folder`), a switch (:func:`env_switch`) and
 a text (:func:`env_text`: a token); and of a local path a user
 gives cyto anywhere (:func:`user_path`: ``~`` is the home folder, as in a variable). A bottom
 module: it imports only :mod:`cyto.errors`.
@@ -51,10 +51,30 @@ def env_text(name: str) -> str | None:
     return (os.environ.get(name) or "").strip() or None
 
 
-def env_is(name: str, value: str) -> bool:
-    """Whether ``$name`` is ``value`` (``CYTO_DEBUG=1``, ``CYTO_PROGRESS=0``), read as every
-    variable is: ``CYTO_DEBUG=" 1 "`` printed no traceback (hostile round 44, 4)."""
-    return env_text(name) == value
+#: cyto's switches and their value when unset: on or off (docs/reference/environment.md)
+SWITCHES = {"CYTO_DEBUG": False, "CYTO_PROGRESS": True}
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_switch(name: str) -> bool:
+    """Whether the switch ``$name`` (:data:`SWITCHES`) is on: 1, true, yes or on; 0, false, no
+    or off; its default when unset, blank, or another word (refused before any work by
+    :func:`check_switches`, so read here where an error is being said). ``CYTO_DEBUG=" 1 "``
+    printed no traceback (hostile round 44, 4); ``CYTO_DEBUG=true`` and ``CYTO_PROGRESS=off``
+    were passed over without a word (round 45, 11)."""
+    word = (env_text(name) or "").lower()
+    return True if word in _ON else False if word in _OFF else SWITCHES[name]
+
+
+def check_switches() -> None:
+    """Every switch of :data:`SWITCHES` set to a word it takes, or one line naming it: called
+    where a command or a Python call starts."""
+    for name in SWITCHES:
+        raw = env_text(name)
+        if raw is not None and raw.lower() not in (*_ON, *_OFF):
+            raise ConfigError(
+                f"{name}={raw!r}: give 1 (or true, yes, on) or 0 (or false, no, off), or unset it"
+            )
 
 
 def home_expanded(text: str) -> str | None:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 import cyto.interrupts as interrupts
-from cyto.envvars import env_is
+from cyto.envvars import env_switch
 
 #: set for the length of a Python call with ``echo=None`` (:func:`quiet`): no bars
 _QUIET: ContextVar[bool] = ContextVar("cyto_progress_quiet", default=False)
@@ -55,7 +55,7 @@ def progress(
     every 10 s, so logs stay readable. ``CYTO_PROGRESS=0`` silences it. ``done``: the part an
     earlier run finished (a resumed run): counted, but not in this run's rate and ETA.
     """
-    if env_is("CYTO_PROGRESS", "0") or _QUIET.get():
+    if not env_switch("CYTO_PROGRESS") or _QUIET.get():
         yield _Bar(lambda n: None, lambda t: None)
         return
     if sys.stderr.isatty():

@@ -104,21 +104,34 @@ def test_every_cyto_variable_is_read_through_the_one_rule():
     assert found == [], found
 
 
-@given(blank=st.sampled_from(["", " ", "\t", "  \n"]), value=st.sampled_from(["1", "0", "yes"]))
-def test_a_switch_is_read_without_its_blanks(blank, value):
+@given(
+    blank=st.sampled_from(["", " ", "\t", "  \n"]),
+    word=st.sampled_from(["1", "0", "true", "False", "YES", "no", "on", "Off", "2", "debug"]),
+    name=st.sampled_from(["CYTO_DEBUG", "CYTO_PROGRESS"]),
+)
+def test_a_switch_is_read_without_its_blanks_and_refused_in_one_line_otherwise(blank, word, name):
+    """Round 44 (4): ``CYTO_DEBUG=" 1 "`` printed no traceback; round 45 (11): ``true`` and
+    ``off`` were passed over without a word, where the docs said anything else is refused."""
     import os
 
-    from cyto.envvars import env_is
+    from cyto.envvars import SWITCHES, check_switches, env_switch
 
-    saved = os.environ.get("CYTO_DEBUG")
-    os.environ["CYTO_DEBUG"] = f"{blank}{value}{blank}"
+    saved = os.environ.get(name)
+    os.environ[name] = f"{blank}{word}{blank}"
     try:
-        assert env_is("CYTO_DEBUG", "1") == (value == "1")
+        on = word.lower() in ("1", "true", "yes", "on")
+        off = word.lower() in ("0", "false", "no", "off")
+        assert env_switch(name) == (on or (not off and SWITCHES[name]))
+        if on or off:
+            check_switches()
+        else:
+            with pytest.raises(ConfigError, match=rf"^{name}='{word}': give 1 \(or true"):
+                check_switches()
     finally:
         if saved is None:
-            os.environ.pop("CYTO_DEBUG", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["CYTO_DEBUG"] = saved
+            os.environ[name] = saved
 
 
 def test_cyto_debug_with_blanks_shows_the_traceback(tmp_path):
@@ -127,3 +140,7 @@ def test_cyto_debug_with_blanks_shows_the_traceback(tmp_path):
     (tmp_path / "junk.cyto").mkdir()
     proc = run_cyto("info", str(tmp_path / "junk.cyto"), env={"CYTO_DEBUG": " 1 "}, process=True)
     assert proc.returncode != 0 and "Traceback" in proc.stderr, proc.stderr
+    proc = run_cyto("info", str(tmp_path / "junk.cyto"), env={"CYTO_DEBUG": "maybe"}, process=True)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "error: CYTO_DEBUG='maybe': give 1 (or true, yes, on) or 0 (or false, no, off), or unset it"
+    ), proc.stderr

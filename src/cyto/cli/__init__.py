@@ -28,7 +28,7 @@ from cyto.cli import data, eval, bench  # noqa: F401  (command groups)
 # isort: on
 from cyto.cli._app import app, guard_local_paths
 from cyto.cli.train import METHOD_NAMES
-from cyto.envvars import env_is
+from cyto.envvars import env_switch
 from cyto.errors import CytoError
 
 guard_local_paths(app)  # every Path argument of every command: a local path, never a URL
@@ -220,6 +220,9 @@ def main() -> None:
     interrupts.install()
     try:
         try:
+            from cyto.envvars import check_switches
+
+            check_switches()
             with _warnings_as_lines():
                 _run_app()
         except SystemExit as exc:
@@ -227,7 +230,7 @@ def main() -> None:
                 raise
         interrupts.check()  # the command finished, but a Ctrl-C came and was swallowed
     except CytoError as exc:
-        if env_is("CYTO_DEBUG", "1"):
+        if env_switch("CYTO_DEBUG"):
             raise
         from cyto.location import urls_for_staging
 
@@ -243,7 +246,7 @@ def main() -> None:
         from cyto.errors import system_words
 
         words = system_words(exc)
-        if words is None or env_is("CYTO_DEBUG", "1"):
+        if words is None or env_switch("CYTO_DEBUG"):
             raise
         typer.secho(f"error: {words}", err=True, fg=typer.colors.RED)
         sys.exit(1)

@@ -12,7 +12,7 @@ from cyto.cohort.table import (
     read_cohort_table,
     write_cohort_table,
 )
-from cyto.envvars import env_is
+from cyto.envvars import env_switch
 from cyto.errors import (
     CytoError,
     InputPathError,
@@ -508,7 +508,7 @@ def unforeseen(slide: Path, exc: Exception) -> SlideFailedError:
     import cyto.interrupts as interrupts
 
     interrupts.check()
-    if env_is("CYTO_DEBUG", "1"):
+    if env_switch("CYTO_DEBUG"):
         raise exc
     if out_of_memory(exc):  # the machine's limit, not a bug: the sizes that take memory named
         from cyto.flags import said
