@@ -95,3 +95,16 @@ print("@@" + json.dumps([out, "torch" in sys.modules]))
     (onnx, auto), imported_torch = json.loads(line[2:])
     assert onnx == ["onnx", "cpu", 3] and auto[1:] == ["cpu", 3] and not imported_torch
     assert auto[0] in ("onnx", "openvino")
+
+
+def test_a_backend_asked_for_is_said_as_asked_not_as_the_fastest(exported_dsvdd):
+    """Hostile round 45 (13): ``--backend torch`` was said "chose torch on cpu: the fastest
+    choice that passed verification here", where nothing chose it and it is not the fastest."""
+    from cyto.runtime import load_scorer
+
+    asked = load_scorer(exported_dsvdd, "torch", "cpu", precision="auto")
+    said = " ".join(asked.notes)
+    assert "torch on cpu as asked (--backend torch), at its fastest precision" in said, said
+    assert "fastest choice" not in said
+    chosen = load_scorer(exported_dsvdd, "auto", "cpu")
+    assert any(n.startswith("chose ") and "the fastest choice" in n for n in chosen.notes)

@@ -662,10 +662,13 @@ def load_scorer(
                     + ("passed verification here" if check.passed else "runs here")
                     + " and scores instead"
                 )
-            if backend == "auto" or precision == "auto":
+            passed = "passed verification here" if check.passed else "runs here"
+            if backend == "auto":
+                notes.append(f"chose {scorer.describe()}: the fastest choice that {passed}")
+            elif precision == "auto":  # the backend was asked for: only its precision chosen
                 notes.append(
-                    f"chose {scorer.describe()}: the fastest choice that "
-                    + ("passed verification here" if check.passed else "runs here")
+                    f"{scorer.describe()} as asked ({passing('backend', backend)}), at its "
+                    f"fastest precision that {passed}"
                 )
             if check.cached or check.status == "unverified":  # nothing ran on it yet
                 scorer.warm()
