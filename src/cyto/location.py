@@ -92,12 +92,13 @@ class OutputLocation(Requests):
             self.local = user_path(where).joinpath(*self.parts)
             return
         url = str(where.url if isinstance(where, SlideURL) else where)
-        root = SlideURL(url.rstrip("/") + "/", options)
-        if root.scheme not in SCHEMES:
+        scheme = urlsplit(url).scheme.lower()  # before SlideURL, whose refusal is of slides'
+        if scheme not in SCHEMES:  # (file:// was told "cyto reads slides from": round 45, 14)
             raise InputPathError(
                 f"{passing('out', redact(url))}: cyto writes outputs to a local folder or to "
-                f"s3:// or gs:// prefixes, not {root.scheme}://"
+                f"s3:// or gs:// prefixes, not {scheme}://"
             )
+        root = SlideURL(url.rstrip("/") + "/", options)
         if "?" in url:
             raise InputPathError(
                 f"{passing('out', redact(url))}: give the prefix without a query string"

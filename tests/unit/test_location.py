@@ -128,3 +128,15 @@ def test_a_retried_prefix_is_said_as_a_prefix(tmp_path, monkeypatch, caplog):
     assert notes == [
         "note: s3://bucket/runs: the server did not answer in time; retrying (said once)"
     ]
+
+
+@pytest.mark.parametrize("scheme", ["file", "ftp", "dicomweb+http"])
+def test_an_out_of_a_scheme_cyto_does_not_write_to_says_where_outputs_go(scheme):
+    """Hostile round 45 (14): ``--out file:///x`` was told "cyto reads slides from s3://, ...",
+    the refusal of a slide, not of an output."""
+    with pytest.raises(InputPathError) as err:
+        OutputLocation(f"{scheme}://host/work/o")
+    assert str(err.value) == (
+        f"--out {scheme}://host/work/o: cyto writes outputs to a local folder or to s3:// or "
+        f"gs:// prefixes, not {scheme}://"
+    )
