@@ -134,3 +134,13 @@ def test_the_python_calls_refuse_an_output_under_a_file_in_one_line(tmp_path):
             call(str(tmp_path / "afile" / "x"))
         assert str(err.value).startswith(f"cannot write out='{tmp_path}/afile/x': "), name
         assert str(err.value).endswith("afile is a file, not a folder"), name
+
+
+def test_a_positional_output_is_named_as_the_command_line_names_it(tmp_path):
+    """Hostile round 45 (18): ``cyto synth patches FILE`` was told ``--out FILE is a file``, a
+    flag the command does not have (its output is the positional OUT)."""
+    (tmp_path / "afile").write_text("x")
+    proc = run_cyto("synth", "patches", str(tmp_path / "afile"), "--n-normal", "5")
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: OUT {tmp_path / 'afile'} is"), (
+        proc.stderr
+    )

@@ -39,7 +39,7 @@ def synth_patches(
         seed=seed,
         scale=scale,
     )
-    counts = write_patches(out, config, overwrite=overwrite)
+    counts = write_patches(out, config, overwrite=overwrite, name=f"OUT {out}")
     total = sum(counts.values())
     mpp = round(MPP_AT_SCALE_1 / scale, 4)
     typer.echo(

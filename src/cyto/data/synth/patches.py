@@ -125,22 +125,25 @@ def patch_names() -> list[str]:
     return [f"{c}/{c}_[0-9][0-9][0-9][0-9][0-9]*.jpg" for c in CELL_CLASSES]
 
 
-def write_patches(out: Path, config: PatchSynthConfig, overwrite: bool = False) -> dict[str, int]:
+def write_patches(
+    out: Path, config: PatchSynthConfig, overwrite: bool = False, name: str | None = None
+) -> dict[str, int]:
     """Draw a class-folder dataset into ``out``; returns the count per class.
 
     The folder is written under a temporary name and renamed when complete, so an interrupted run
-    never leaves a dataset that looks finished.
-    """
+    never leaves a dataset that looks finished. ``name``: ``out`` in the caller's words (``OUT
+    PATH`` of ``cyto synth patches``, whose output is positional: it was said ``--out PATH``,
+    hostile round 45, 18)."""
     from cyto.locks import folder_lock
 
     out = Path(out)
-    refuse_to_replace(out, overwrite, known=patch_names())
+    refuse_to_replace(out, overwrite, name=name, known=patch_names())
     out.parent.mkdir(parents=True, exist_ok=True)
     # one run at a time draws into the folder above ``out``: another one waits, then finds
     # the dataset this one wrote and is refused as a later run is (both said "wrote", one
     # dataset was lost); no lock file is left beside the dataset
     with folder_lock(out.parent):
-        refuse_to_replace(out, overwrite, known=patch_names())
+        refuse_to_replace(out, overwrite, name=name, known=patch_names())
         return _write_patches(out, config)
 
 
