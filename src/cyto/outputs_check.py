@@ -283,7 +283,22 @@ def check_writable(out: Path, flag: str | None = None) -> None:
         here = here.parent
     if not here.is_dir():
         raise OutputWriteError(f"cannot write {where.rstrip(':')}: {here} is a file, not a folder")
-    if not os.access(here, os.W_OK | os.X_OK):
+    if not os.access(here, os.W_OK | os.X_OK) or not _takes_a_file(here):
         raise OutputWriteError(
             f"{where} {here} is read-only for this user; give a folder you can write to"
         )
+
+
+def _takes_a_file(folder: Path) -> bool:
+    """Whether a file can be made in ``folder`` (made and removed at once): the mode bits do
+    not say it for root, nor for a read-only mount or an immutable folder, where export and
+    calibrate failed after their work, naming a temporary file (hostile round 45, 17)."""
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".cyto-probe-")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True

@@ -664,3 +664,39 @@ def test_predict_takes_a_loaded_scorer_as_score_slide_does(exported_dsvdd, tiny,
     a, b = pq.read_table(tmp_path / "a.parquet"), pq.read_table(tmp_path / "b.parquet")
     assert a.column("score").to_pylist() == pytest.approx(b.column("score").to_pylist())
     assert a.schema.metadata[b"cyto.model"] == str(exported_dsvdd).encode()
+
+
+def test_a_bundle_that_cannot_be_written_is_said_before_export_or_calibrate_work(
+    exported_dsvdd, tmp_path, monkeypatch
+):
+    """Hostile round 45 (17): export and calibrate into a bundle that takes no file (read-only,
+    immutable, a read-only mount: the mode bits do not say it for root) worked for 17 s, then
+    failed naming a temporary file of theirs."""
+    import tempfile
+
+    import cyto
+    from cyto.errors import OutputWriteError
+    from tests.cli_runner import run_cyto
+
+    bundle = tmp_path / "ro.cyto"
+    shutil.copytree(exported_dsvdd, bundle)
+    before = sorted(p.name for p in bundle.iterdir())
+    real = tempfile.mkstemp
+
+    def refuse_in_bundle(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).resolve() == bundle.resolve():
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse_in_bundle)
+    with pytest.raises(OutputWriteError) as err:
+        cyto.export(bundle)
+    assert str(err.value) == (
+        f"bundle='{bundle}': {bundle} is read-only for this user; give a folder you can write to"
+    )
+    proc = run_cyto("calibrate", str(bundle), str(tmp_path / "no-such-table"))
+    assert proc.returncode != 0 and proc.stderr.strip() == (
+        f"error: MODEL {bundle}: {bundle} is read-only for this user; give a folder you can "
+        "write to"
+    ), proc.stderr
+    assert sorted(p.name for p in bundle.iterdir()) == before

@@ -14,7 +14,8 @@ from cyto.data.dataset import load_records
 from cyto.errors import ConfigError, CytoError
 from cyto.export.conformance import problem_words
 from cyto.export.onnx import OPSET, check_opset, export_onnx
-from cyto.flags import Local, Range, check_value, passing, said
+from cyto.flags import Local, Range, check_value, passing, python_call, said
+from cyto.outputs_check import check_writable, named_input
 
 #: cells on this machine (a folder of class folders or a manifest), as each option names them
 CELLS = "cells: a folder of class folders or a manifest: copy it here first"
@@ -149,6 +150,9 @@ def export_bundle(
     if onnx:
         check_opset(opset)
     bundle = load_bundle(path, weights=False)
+    # a bundle it cannot write to, said before the work (round 45, 17); MODEL, or bundle=
+    given = named_input("BUNDLE" if python_call() else "MODEL", path)
+    check_writable(bundle.path, flag=f"{given}:")
     if not onnx and ONNX_FILE not in bundle.manifest["files"]:
         raise ConfigError(f"{path} has no {ONNX_FILE}: export it first ({passing('onnx')})")
     if "int8" in precisions and calib is None:

@@ -600,6 +600,9 @@ def calibrate_from_tables(
     # --overwrite replaces the calibration: a damaged or missing one is what it repairs
     with rewriting([CALIBRATION_FILE] if overwrite else []):
         bundle = load_bundle(Path(model), weights=False)
+    from cyto.outputs_check import check_writable, named_input
+
+    check_writable(bundle.path, flag=f"{named_input('MODEL', model)}:")  # before the work
     if not tables:
         raise ConfigError("give at least one scores.parquet of a slide-negative slide")
     parts, evaluable, metas, names, seen = [], [], [], [], []
