@@ -144,3 +144,21 @@ def test_cyto_debug_with_blanks_shows_the_traceback(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "error: CYTO_DEBUG='maybe': give 1 (or true, yes, on) or 0 (or false, no, off), or unset it"
     ), proc.stderr
+
+
+def test_a_bad_remote_timeout_is_one_line_before_any_work(tmp_path, exported_dsvdd):
+    """Hostile round 45 (12): ``CYTO_REMOTE_TIMEOUT=1e10`` was said once per URL slide, each a
+    failed slide, after the model had loaded and been verified."""
+    from tests.cli_runner import run_cyto
+
+    proc = run_cyto(
+        "score", "http://127.0.0.1:9/a.tif", "http://127.0.0.1:9/b.tif", "--model",
+        str(exported_dsvdd), "--out", str(tmp_path / "o"),
+        env={"CYTO_REMOTE_TIMEOUT": "1e10"},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: CYTO_REMOTE_TIMEOUT='1e10': give seconds, a number above 0 and at most 86400, "
+        "e.g. 30"
+    ]
+    assert not (tmp_path / "o").exists()

@@ -146,6 +146,8 @@ class SlideURL:
         parts = urlsplit(url)
         if not parts.netloc.rpartition("@")[2]:
             raise InputPathError(f"{redact(url)}: a URL without a host (or bucket)")
+        timeout()  # a bad CYTO_REMOTE_TIMEOUT: one line as the URL is read, before any work
+        # (it was said once per slide, after the model had loaded: hostile round 45, 12)
         self.url = url
         self.options = dict(options or {})
         self.download = download
