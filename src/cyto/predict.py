@@ -224,7 +224,11 @@ def predict(
             if advice is not None:
                 warn_caller(advice, ScaleWarning)
         digests = rows["sha256"].to_pylist()
-        copies = copies_words([records[i].path for i in kept], [digests[i] for i in kept])
+        copies = copies_words(
+            [records[i].path for i in kept],
+            [digests[i] for i in kept],
+            [records[i].cls for i in kept],
+        )
         if copies:
             warn_caller(copies, CytoWarning)
         trained = _trained_on(scorer, digests, kept)

@@ -742,7 +742,7 @@ def _decode_all(
     said = mode_words(modes, len(records))
     if said:
         warn_caller(said, CytoWarning)
-    copies = copies_words([records[i].path for i in keep], digests)
+    copies = copies_words([records[i].path for i in keep], digests, [records[i].cls for i in keep])
     if copies:
         warn_caller(copies, CytoWarning)
     if oblong:

@@ -207,26 +207,40 @@ def mode_words(notes: list, total: int) -> str | None:
     )
 
 
-def copies_words(paths: list, digests: list) -> str | None:
+def copies_words(paths: list, digests: list, classes: list | None = None) -> str | None:
     """One line for the images of a set that are byte-identical copies of another of its images
-    (by their sha256 ``digests``, beside their ``paths``; a link to a file of the set is one
-    too), or None: each copy is one more cell in training and in the metrics, unlike a
-    manifest's repeated row, which is refused (hostile round 43, 6)."""
-    first: dict[str, object] = {}
-    copies = []
-    for path, digest in zip(paths, digests, strict=True):
+    (by their sha256 ``digests``, beside their ``paths`` and ``classes``; a link to a file of
+    the set is one too), or None: each copy is one more cell in training and in the metrics,
+    unlike a manifest's repeated row, which is refused (hostile round 43, 6); one in another
+    class than its original is that cell under two labels, said first (round 45, 8)."""
+    classes = classes if classes is not None else [None] * len(paths)
+    first: dict[str, tuple] = {}
+    copies, crossed = [], []
+    for path, digest, cls in zip(paths, digests, classes, strict=True):
         if digest is None:
             continue
         if digest in first:
-            copies.append((path, first[digest]))
+            copies.append(((path, cls), first[digest]))
+            if cls != first[digest][1]:
+                crossed.append(copies[-1])
         else:
-            first[digest] = path
+            first[digest] = (path, cls)
     if not copies:
         return None
-    copy, original = copies[0]
+
+    def shown(path) -> str:
+        return f"{Path(path).parent.name}/{Path(path).name}"
+
+    (copy, c1), (original, c2) = (crossed or copies)[0]
+    across = (
+        f"; {len(crossed)} of them in another class than their original ({shown(copy)} = "
+        f"{shown(original)}: one cell labelled {c2} and {c1})"
+        if crossed
+        else ""
+    )
     return (
         f"{len(copies)} of {len(paths)} images are byte-identical copies of another image of the "
-        f"set ({Path(copy).name} = {Path(original).name}): each copy counts as one more cell, in "
+        f"set ({shown(copy)} = {shown(original)}){across}: each copy counts as one more cell, in "
         "training and in the metrics; remove the copies, or list each image once in a manifest"
     )
 

@@ -195,6 +195,22 @@ def _grey(records, n: int = 16) -> bool:
     return bool(seen) and all(seen)
 
 
+def _copies(records) -> str | None:
+    """The line train and predict say of byte-identical crops (:func:`copies_words`), for the
+    crops a slide is composed from."""
+    import hashlib
+
+    from cyto.data.images import copies_words
+
+    digests = []
+    for r in records:
+        try:
+            digests.append(hashlib.sha256(Path(r.path).read_bytes()).hexdigest())
+        except OSError:  # an unreadable crop is said where it is drawn
+            digests.append(None)
+    return copies_words([r.path for r in records], digests, [r.cls for r in records])
+
+
 def _grey_modes(paths: list[str]) -> str | None:
     """The line predict and train say of grayscale or 16-bit images (:func:`mode_words`), for
     the crops a slide is composed of, from their files' headers: such crops among colour ones
@@ -303,6 +319,9 @@ def place_cells(config: CellSlideConfig, echo=None):
             grey = _grey_modes(sorted({str(r.path) for r in chosen}))
             if grey:
                 echo(f"warning: {grey}")
+        copies = _copies(normals + abnormals)  # "each crop used up to 7 times" undercounted
+        if copies:  # a cell whose crop is in the folder 8 times (round 45, 7)
+            echo(f"warning: {copies}")
     order = rng.permutation(n)  # planted cells anywhere on the grid
     chosen = [chosen[i] for i in order]
     label = np.array([0 if r.cls in normal_t else 1 for r in chosen], dtype=np.int8)
