@@ -19,6 +19,11 @@ SYSTEM_ERRORS = {
     errno.ENAMETOOLONG: "a name in the path is longer than the file system allows (255 bytes "
     "a name, 4096 a path)",
     errno.ELOOP: "too many levels of symbolic links (a link that leads back to itself?)",
+    # a file where cyto makes a folder (data field --out FILE, a stray OUT.train-state file):
+    # tracebacks of mkdir (hostile round 45, 4)
+    errno.EEXIST: "a file is in the way of a folder cyto makes there: move it, or give another "
+    "output",
+    errno.ENOTDIR: "a file stands where the path needs a folder",
 }
 
 

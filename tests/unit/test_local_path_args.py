@@ -144,3 +144,28 @@ def test_a_positional_output_is_named_as_the_command_line_names_it(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: OUT {tmp_path / 'afile'} is"), (
         proc.stderr
     )
+
+
+def test_a_file_in_the_way_of_a_folder_cyto_makes_is_one_line(tmp_path, monkeypatch):
+    """Hostile round 45 (4): ``data field --out FILE``, a stray ``OUT.train-state`` or
+    ``.OUT.run`` file ended in mkdir's FileExistsError traceback; any file in the way of a
+    folder cyto makes is now said by the CLI's last word, as the machine's other errors are."""
+    import errno
+
+    from PIL import Image
+
+    from cyto.errors import system_words
+
+    for n in ("a", "b"):
+        (tmp_path / "d" / "normal").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (32, 32), (9, 9, 9) if n == "a" else (99, 9, 9)).save(
+            tmp_path / "d" / "normal" / f"{n}.png"
+        )
+    (tmp_path / "afile").write_text("x")
+    proc = run_cyto("data", "field", str(tmp_path / "d"), "--out", str(tmp_path / "afile"))
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        f"error: {tmp_path / 'afile'}: a file is in the way of a folder cyto makes there: move "
+        "it, or give another output"
+    ), proc.stderr
+    err = NotADirectoryError(errno.ENOTDIR, "Not a directory", "x/y")
+    assert system_words(err) == "x/y: a file stands where the path needs a folder"
