@@ -175,6 +175,31 @@ def _group_differences(key: str, name: str, was: Mapping, now: Mapping) -> list[
     return out
 
 
+#: the key fields that hold files by their paths, each its content's identity (a slide and its
+#: planes: :func:`cyto.infer.store.slide_key`), not settings whose absence is their default
+FILES_BY_PATH = ("slide",)
+
+
+def _keyed_differences(name: str, was: Mapping, now: Mapping) -> list[str]:
+    """What moved in a field keyed by the user's own names (the slide's files by path, each its
+    content's identity): the same contents read from other files said so, a key on one side
+    only as added or gone, not as a setting's "default" (a watch that took up a slide another
+    run had scored from another folder said "file content: A default -> b1b7...; B b1b7... ->
+    default": hostile round 45, 15)."""
+    gone = [k for k in was if k not in now]
+    added = [k for k in now if k not in was]
+    if gone and added and _same(sorted(map(str, was.values())), sorted(map(str, now.values()))):
+        return [f"{name} the same content, read from {', '.join(added)} (was {', '.join(gone)})"]
+    out = [
+        f"{name} {k} {_show(was[k])} -> {_show(now[k])}"
+        for k in now
+        if k in was and not _same(was[k], now[k])
+    ]
+    out += [f"{name} {k} added ({_show(now[k])})" for k in added]
+    out += [f"{name} {k} gone (was {_show(was[k])})" for k in gone]
+    return out
+
+
 def differences(
     recorded: Mapping[str, Any],
     current: Mapping[str, Any],
@@ -202,6 +227,8 @@ def differences(
             out += differences(was, now, names, secret)  # a group of options with own flags
         elif isinstance(was, Mapping) and isinstance(now, Mapping) and key in GROUPS:
             out += _group_differences(key, name, was, now)
+        elif isinstance(was, Mapping) and isinstance(now, Mapping) and key in FILES_BY_PATH:
+            out += _keyed_differences(name, was, now)
         elif isinstance(was, Mapping) and isinstance(now, Mapping):
             out += [f"{name} {d}" for d in differences(was, now, {k: k for k in {*was, *now}})]
         else:

@@ -155,3 +155,32 @@ def test_a_change_list_says_the_detection_by_its_flags():
     ]
     pap = replace(smear, detection=detection_preset("pap"))
     assert differences(smear.output_key(), pap.output_key()) == ["--detection smear -> pap"]
+
+
+@given(
+    paths=st.lists(
+        st.sampled_from(["/a/s.tif", "/b/s.tif", "/c/p.tif"]), min_size=1, max_size=3, unique=True
+    ),  # fmt: skip
+    moved=st.sampled_from(["/d/s.tif", "/e/s.tif"]),
+)
+def test_a_slide_read_from_another_file_of_the_same_content_is_said_so(paths, moved):
+    """Hostile round 45 (15): a watch took up a slide another run had scored from another
+    folder and said "file content: /wf2/big.tif default -> b1b7...; /wf/big.tif b1b7... ->
+    default": the same content, its path moved, and "default" for a file not there."""
+    from cyto.reuse import differences
+
+    ids = {p: f"{i:064x}" for i, p in enumerate(paths)}
+    names = {"slide": "the slide's file content:"}
+    was = {"slide": ids}
+    now = {"slide": {**{p: v for p, v in ids.items() if p != paths[0]}, moved: ids[paths[0]]}}
+    assert differences(was, now, names) == [
+        f"the slide's file content: the same content, read from {moved} (was {paths[0]})"
+    ]
+    changed = {"slide": {**ids, paths[0]: "f" * 64}}
+    assert differences(was, changed, names) == [
+        f"the slide's file content: {paths[0]} {ids[paths[0]][:12]} -> ffffffffffff"
+    ]
+    grown = {"slide": {**ids, moved: "e" * 64}}
+    assert differences(was, grown, names) == [
+        f"the slide's file content: {moved} added (eeeeeeeeeeee)"
+    ]
