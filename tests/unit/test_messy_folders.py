@@ -160,10 +160,15 @@ def test_data_info_splits_the_images_that_can_be_read(tmp_path):
         _crop(tmp_path / "normal" / f"n{i}.png", i)
         _crop(tmp_path / "odd" / f"a{i}.png", 10 + i)
     (tmp_path / "normal" / "zero.png").write_bytes(b"")
+    shutil.copy(tmp_path / "odd" / "a0.png", tmp_path / "odd" / "a0 copy.png")
     proc = run_cyto("data", "info", str(tmp_path), "--normal", "normal")
     assert proc.returncode == 0, proc.stderr
-    assert "one-class split of the readable images: normal 3 (normal), abnormal 3" in proc.stdout
+    assert "one-class split of the readable images: normal 3 (normal), abnormal 4" in proc.stdout
     assert "  normal       4" in proc.stdout  # the files, as listed
+    # round 45 (7): copies said before any training, as train and predict say them
+    assert "copies: 1 of 7 images are byte-identical copies of another image of the set (" in (
+        proc.stdout
+    )
     proc = run_cyto("data", "info", str(tmp_path), "--normal", "normal", "--json")
     split = json.loads(proc.stdout)["split"]
-    assert (split["normal"], split["abnormal"]) == (3, 3)
+    assert (split["normal"], split["abnormal"]) == (3, 4)

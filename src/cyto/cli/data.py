@@ -40,6 +40,7 @@ def data_info_cmd(
             "bags": info.bags,
             "unreadable": [{"path": str(p), "reason": r} for p, r in info.unreadable],
             "split": split,
+            "copies": info.copies,
         }
         typer.echo(json_text(payload, indent=2))
         return
@@ -59,6 +60,8 @@ def data_info_cmd(
             f"({', '.join(split['normal_classes'])}), abnormal {split['abnormal']} "
             f"({', '.join(split['abnormal_classes'])}), left out {split['excluded']}"
         )
+    if info.copies:
+        typer.echo(f"copies: {info.copies}")
     if info.unreadable:
         typer.echo(f"unreadable: {len(info.unreadable)}")
         for p, reason in info.unreadable:

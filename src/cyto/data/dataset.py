@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import csv
 import hashlib
+import io
 import logging
 import os
 import re
@@ -902,6 +903,9 @@ class DataInfo:
     #: each class's images that can be read (what train and predict take): the one-class split
     #: counted the unreadable files too, listed only below it (hostile round 43, 4)
     readable: dict[str, int] = field(default_factory=dict)
+    #: the line train and predict say of byte-identical images (None: none), said by data info
+    #: too, before any training (round 45, 7)
+    copies: str | None = None
 
 
 def data_info(source: Path | str, workers: int | None = None) -> DataInfo:
@@ -912,13 +916,14 @@ def data_info(source: Path | str, workers: int | None = None) -> DataInfo:
 
     def probe(r: PatchRecord):
         try:
-            with Image.open(r.path) as im:
+            data = r.path.read_bytes()
+            with Image.open(io.BytesIO(data)) as im:
                 mode, size = im.mode, im.size
                 im.load()
                 empty = no_cell(im)  # unreadable as every reader of cells reads it
         except Exception as exc:  # noqa: BLE001 - each unreadable file is reported by name
             return exc
-        return ValueError(empty) if empty else (mode, size)
+        return ValueError(empty) if empty else (mode, size, hashlib.sha256(data).hexdigest())
 
     with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
         results = list(pool.map(probe, records))
@@ -927,12 +932,14 @@ def data_info(source: Path | str, workers: int | None = None) -> DataInfo:
     sizes: Counter[str] = Counter()
     modes: Counter[str] = Counter()
     unreadable = []
+    read: list[tuple[PatchRecord, str]] = []
     for r, res in zip(records, results, strict=True):
         classes[r.cls] += 1
         if isinstance(res, Exception):
             unreadable.append((r.path, str(res) or type(res).__name__))
             continue
         readable[r.cls] += 1
+        read.append((r, res[2]))
         modes[res[0]] += 1
         sizes[f"{res[1][0]}x{res[1][1]}"] += 1
     return DataInfo(
@@ -944,6 +951,9 @@ def data_info(source: Path | str, workers: int | None = None) -> DataInfo:
         unreadable=unreadable,
         bags=len({r.bag for r in records if r.bag is not None}),
         readable={c: readable[c] for c in sorted(classes)},
+        copies=copies_words(
+            [r.path for r, _ in read], [d for _, d in read], [r.cls for r, _ in read]
+        ),
     )
 
 
