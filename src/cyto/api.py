@@ -78,11 +78,9 @@ def _front_door(func: Callable) -> Callable:
             bound.arguments.update(local)
             if "out" in local:  # the folder above a local output takes it, before any work
                 from cyto.flags import passing
-                from cyto.outputs_check import check_writable
+                from cyto.outputs_check import check_output
 
-                out = Path(local["out"])
-                dangling = out.is_symlink() and not out.exists()
-                check_writable(out if dangling else out.parent, flag=f"{passing('out', out)}:")
+                check_output(local["out"], flag=f"{passing('out', Path(local['out']))}:")
             from cyto.progress import quiet
 
             silent = "echo" in bound.arguments and bound.arguments["echo"] is None

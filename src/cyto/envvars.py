@@ -32,8 +32,8 @@ def env_number(
     """The number ``$name`` gives in ``unit`` (``default`` when unset or blank): finite, 0 or
     more (above 0 where ``positive``) and at most ``most``; anything else refused in one line.
     (A timeout of 1e10 s overflowed the clock in a traceback: seconds take a bound, a day.)"""
-    raw = (os.environ.get(name) or "").strip()
-    if not raw:
+    raw = env_text(name)
+    if raw is None:
         return default
     try:
         value = float(raw)
@@ -111,8 +111,8 @@ def env_folder(name: str) -> Path | None:
     """The folder ``$name`` names (None when unset or blank), with ``~`` expanded as a shell
     would; a ``~`` that cannot be expanded, a URL or a relative path (the folder would follow
     the working folder of each run) refused in one line."""
-    raw = (os.environ.get(name) or "").strip()
-    if not raw:
+    raw = env_text(name)
+    if raw is None:
         return None
     path = home_expanded(raw)
     if path is None:

@@ -259,7 +259,17 @@ def check_out_file(out: Path, field: str = "out") -> None:
             f"{given} is a folder; give a file name beside it, e.g. "
             f"{out.with_name(out.name + '-scores.parquet')}"
         )
-    check_writable(out.parent, flag=f"{given}:")
+    check_output(out, flag=f"{given}:")
+
+
+def check_output(out: Path, flag: str) -> None:
+    """The place of an output ``out``, checked before any work (:func:`check_writable`): the
+    folder above it takes new files, and ``out`` is no link to nothing (what is made through
+    one lands where it points: hostile round 45, 3). ``flag``: ``out`` in the caller's words,
+    with a colon."""
+    out = Path(out)
+    dangling = out.is_symlink() and not out.exists()
+    check_writable(out if dangling else out.parent, flag=flag)
 
 
 def check_writable(out: Path, flag: str | None = None) -> None:

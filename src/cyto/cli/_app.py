@@ -279,11 +279,9 @@ def local_paths_only(callback):
                 )
         for name in OUTPUTS:  # the folder above an output takes it, before any work
             if isinstance(kwargs.get(name), Path):
-                from cyto.outputs_check import check_writable
+                from cyto.outputs_check import check_output
 
-                out = kwargs[name]
-                dangling = out.is_symlink() and not out.exists()
-                check_writable(out if dangling else out.parent, flag=f"{label(name)} {out}:")
+                check_output(kwargs[name], flag=f"{label(name)} {kwargs[name]}:")
         return callback(*args, **kwargs)
 
     return run
