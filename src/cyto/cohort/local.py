@@ -86,6 +86,16 @@ def finished_summary(
             f"({was or 'no record'}); scoring it again with the graph verified here"
         )
         return None
+    ran = (data.get("backend"), data.get("precision"))
+    if ran[1] is not None and ran[1] != scorer.precision:
+        # scores of another precision are not this run's (the chunks of an unfinished one are
+        # not continued either: ChunkStore's key): `--backend onnx --resume` had kept what
+        # OpenVINO scored at bf16, unsaid
+        echo(
+            f"{slide.name}: {target}: scored on {ran[0]} at {ran[1]}, this run's engine is "
+            f"{scorer.backend.name} at {scorer.precision}; scoring it again"
+        )
+        return None
     recorded = {
         "model": data.get("model_sha256"),
         "slide": data.get("slide_identity"),
@@ -162,7 +172,15 @@ def _reused(target: Path, scorer: Scorer, slide: Path, opts: ScoreOptions, echo)
         return None
     # when it was scored, not how long that took: the report says nothing ran now
     when = scored_when(target)
-    echo(f"{slide.name}: already scored ({when}) in {target}; skipping")
+    # scored by another backend at this precision: the same scores within what verification
+    # allows, said as such (the line said nothing of the engine that ran)
+    other = previous.get("backend")
+    by = (
+        f", on {other} at {previous.get('precision')}"
+        if other not in (None, scorer.backend.name)
+        else ""
+    )
+    echo(f"{slide.name}: already scored ({when}{by}) in {target}; skipping")
     return {**previous, REUSED: when}
 
 
