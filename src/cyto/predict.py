@@ -151,7 +151,8 @@ def predict(
         "model": f"{scorer.bundle.manifest_hash} {scorer.backend.name} {scorer.precision}",
         "data": _records_key(records),
         "options": {"load": load, "zoom": zoom, "patch_mpp": patch_mpp, "rank_by": rank_by},
-        "format": "rows with each image's sha256 and morphometry",  # checked on resume
+        # checked on resume: chunks of another layout are not continued
+        "format": "rows with each image's sha256, its pixels' sha256 and morphometry",
     }
     lock = OutputLock(run, "cyto predict")
     lock.acquire()  # two runs into one --out: the second is refused, never a mixed table
@@ -231,7 +232,7 @@ def predict(
         )
         if copies:
             warn_caller(copies, CytoWarning)
-        trained = _trained_on(scorer, digests, kept)
+        trained = _trained_on(scorer, digests, rows["pixels"].to_pylist(), kept)
         summary = _write_table(
             out, scorer, [records[i] for i in kept],
             None if labels is None else labels[kept], column, morph, rank_by, factor, how,
@@ -277,17 +278,22 @@ def predict(
     return summary
 
 
-def _trained_on(scorer, digests: list[str | None], kept: np.ndarray) -> np.ndarray | None:
+def _trained_on(
+    scorer, digests: list[str | None], pixels: list[str | None], kept: np.ndarray
+) -> np.ndarray | None:
     """Which of the images scored are images the model was trained on or chose its ranking on
-    (the same file bytes: :data:`cyto.bundle.TRAINING_CELLS`), warned where any are (a model's
-    own training cells were scored and measured without a word: hostile round 39, 7); None
-    where the bundle records none."""
+    (the same file bytes, or the same decoded pixels: a training crop saved again losslessly,
+    JPEG to PNG; :data:`cyto.bundle.TRAINING_CELLS`), warned where any are (a model's own
+    training cells were scored and measured without a word: hostile round 39, 7); None where
+    the bundle records none."""
     from cyto.bundle import cell_keys, training_cells
 
     trained = training_cells(scorer.bundle)
     if trained is None:
         return None
-    flags = np.isin(cell_keys([digests[i] for i in kept]), trained)
+    flags = np.isin(cell_keys([digests[i] for i in kept]), trained) | np.isin(
+        cell_keys([pixels[i] for i in kept]), trained
+    )
     n = int(flags.sum())
     if n:
         source = scorer.bundle.manifest.get("training_data", {}).get("source")
@@ -298,8 +304,9 @@ def _trained_on(scorer, digests: list[str | None], kept: np.ndarray) -> np.ndarr
         )
         warn_caller(
             f"{share} among the images {scorer.bundle.where} was "
-            f"trained on or chose its ranking on (the same files{f' as {source}' if source else ''}"
-            "): a ranking or metric over them is not one of held-out cells (the table's "
+            f"trained on or chose its ranking on (the same files or pixels"
+            f"{f' as in {source}' if source else ''}): a ranking or metric over them is not one "
+            "of held-out cells (the table's "
             "trained_on column says which)",
             CytoWarning,
         )
@@ -432,14 +439,18 @@ class _Job:
                 for at, (_, reason) in zip(np.flatnonzero(~read), part.skipped, strict=True):
                     why[at] = reason
                 sha: list[str | None] = [None] * part.n
-                for at, digest in zip(np.flatnonzero(read), part.digests, strict=True):
-                    sha[at] = digest
+                pixels: list[str | None] = [None] * part.n
+                for at, digest, px in zip(
+                    np.flatnonzero(read), part.digests, part.pixels, strict=True
+                ):
+                    sha[at], pixels[at] = digest, px
                 table = pa.table(
                     {
                         "read": read,
                         **values,
                         "why": pa.array(why, pa.string()),
                         "sha256": pa.array(sha, pa.string()),
+                        "pixels": pa.array(pixels, pa.string()),
                     }
                 )
                 first = done + part.start

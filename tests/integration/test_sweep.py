@@ -151,7 +151,7 @@ def test_miniature_sweep_and_resume(tmp_path, synth_patches):
     n_bags = int(re.search(r"(\d+) training normals in 10 bags", proc.stdout)[1])
     n_wr9 = int(re.search(r"WR 9%: train (\d+) abnormal", proc.stdout)[1])
     keys = np.load(out / "models" / "fs-sil-wr9.cyto" / TRAINING_CELLS)
-    assert len(keys) == n_bags + n_wr9
+    assert len(keys) == 2 * (n_bags + n_wr9)  # each image by its file's bytes and its pixels
 
     # rows sealed by an earlier cyto under another count rule, beside a record edited to this
     # rule's counts (hostile round 40, 5): drawn with other cells, computed again

@@ -15,8 +15,10 @@ from tests.cli_runner import run_cyto
 
 @pytest.fixture(scope="module")
 def folders(synth_patches, tmp_path_factory):
-    """A training folder (30 normal, 6 abnormal cells), a held-out one of other cells, and a
-    mixed one: 5 training images (copied, under other names) among 15 held-out ones."""
+    """A training folder (30 normal, 6 abnormal cells), a held-out one of other cells, a
+    mixed one: 5 training images (copied, under other names) among 15 held-out ones, and a
+    converted one: 4 training images saved again as TIFF (the same pixels in other bytes)
+    among 10 held-out ones."""
     root = tmp_path_factory.mktemp("trained-on")
     normal = sorted((synth_patches / "normal").iterdir())
     enlarged = sorted((synth_patches / "enlarged").iterdir())
@@ -30,6 +32,13 @@ def folders(synth_patches, tmp_path_factory):
             (root / name / cls).mkdir(parents=True)
             for i, f in enumerate(files):
                 shutil.copy(f, root / name / cls / f"{name}-{i}{f.suffix}")
+    from PIL import Image
+
+    for cls, files in (("normal", normal[:4] + normal[60:68]), ("enlarged", enlarged[10:12])):
+        (root / "converted" / cls).mkdir(parents=True)
+        for i, f in enumerate(files):
+            with Image.open(f) as im:
+                im.convert("RGB").save(root / "converted" / cls / f"c-{i}.tif")
     from cyto.train.api import train
 
     model = root / "m.cyto"
@@ -44,6 +53,8 @@ def folders(synth_patches, tmp_path_factory):
         ("held", None),
         ("train", "every image scored is among the images"),
         ("mixed", "5 of the 17 images scored are among the images"),
+        # a training crop saved again losslessly was a held-out cell: the bytes alone were known
+        ("converted", "4 of the 14 images scored are among the images"),
     ],
 )
 def test_predict_says_which_scored_images_the_model_was_trained_on(folders, name, said, tmp_path):
@@ -55,7 +66,7 @@ def test_predict_says_which_scored_images_the_model_was_trained_on(folders, name
         summary = cyto.predict(model, root / name, tmp_path / "p.parquet", normal="normal")
     lines = [str(w.message) for w in caught if issubclass(w.category, CytoWarning)]
     found = [ln for ln in lines if "was trained on or chose its ranking on" in ln]
-    assert summary["trained_on"] == {"held": 0, "train": 36, "mixed": 5}[name]
+    assert summary["trained_on"] == {"held": 0, "train": 36, "mixed": 5, "converted": 4}[name]
     if said is None:
         assert not found, found
         return

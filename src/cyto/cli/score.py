@@ -94,7 +94,8 @@ def predict_cmd(
     The images stream through in chunks of 512, so memory does not grow with the folder.
     Each finished chunk is kept beside --out until the table is written: Ctrl-C, or a file
     that cannot be read, keeps them, and --resume continues from there. Images the model
-    was trained on (the same file bytes) are warned and flagged (column trained_on)."""
+    was trained on (the same file bytes, or the same pixels saved again losslessly) are warned
+    and flagged (column trained_on)."""
     from cyto.predict import predict
     from cyto.runtime.verify import line_of
 

@@ -30,6 +30,7 @@ from cyto.data.images import (
     decode_image,
     mode_words,
     no_cell,
+    pixel_digest,
     resize_rgb,
     too_small,
 )
@@ -425,6 +426,8 @@ class PatchDataset:
     fingerprint: str = ""
     #: each image file's sha256 (hex), in the order of ``records``
     digests: list[str] = field(default_factory=list)
+    #: each image's decoded pixels' sha256 (:func:`cyto.data.images.pixel_digest`), in order
+    pixels: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -458,6 +461,7 @@ class PatchDataset:
             abnormal=self.abnormal,
             fingerprint=_fingerprint_of(self.fingerprint, idx),
             digests=[self.digests[i] for i in idx] if self.digests else [],
+            pixels=[self.pixels[i] for i in idx] if self.pixels else [],
         )
 
     @classmethod
@@ -493,7 +497,7 @@ class PatchDataset:
         if not mixed_sizes:
             refuse_mixed_sizes(chosen, source)
 
-        images, keep, skipped, digests = _decode_all(chosen, size, skip_unreadable, workers)
+        images, keep, skipped, digests, pixels = _decode_all(chosen, size, skip_unreadable, workers)
         chosen = [chosen[i] for i in keep]
         labels = np.array([0 if r.cls in normal_t else 1 for r in chosen], dtype=np.int8)
         if not (labels == 0).any():
@@ -518,6 +522,7 @@ class PatchDataset:
             excluded=excluded,
             fingerprint=fp,
             digests=list(digests),
+            pixels=list(pixels),
         )
 
 
@@ -603,9 +608,10 @@ def one_class_split(
 
 def _decode_one(
     record: PatchRecord, size: int | None
-) -> tuple[np.ndarray, str, tuple[int, int], str | None]:
+) -> tuple[np.ndarray, str, tuple[int, int], str | None, str]:
     """(image, sha256 of the file, the image's own height and width, its mode where it was
-    grayscale or 16-bit: :data:`cyto.data.images.GRAY_MODES`)."""
+    grayscale or 16-bit: :data:`cyto.data.images.GRAY_MODES`, the sha256 of its decoded pixels
+    before any resize: :func:`cyto.data.images.pixel_digest`)."""
     try:
         data = record.path.read_bytes()
     except OSError as exc:
@@ -614,10 +620,10 @@ def _decode_one(
         ) from exc
     notes: list = []
     img = decode_image(data, record.path, notes)
-    native = img.shape[:2]
+    native, pixels = img.shape[:2], pixel_digest(img)
     if size is not None:
         img = resize_rgb(img, size)
-    return img, hashlib.sha256(data).hexdigest(), native, notes[0][1] if notes else None
+    return img, hashlib.sha256(data).hexdigest(), native, notes[0][1] if notes else None, pixels
 
 
 @dataclass
@@ -636,6 +642,8 @@ class DecodedChunk:
     sizes: list[tuple[int, int]] = field(default_factory=list)
     #: (path, mode) of the images that were grayscale or 16-bit (cyto.data.images.mode_words)
     modes: list[tuple[Path, str]] = field(default_factory=list)
+    #: each read image's decoded pixels' sha256 (cyto.data.images.pixel_digest)
+    pixels: list[str] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -694,6 +702,7 @@ def decode_stream(
                 out.images.append(res[0])
                 out.digests.append(res[1])
                 out.sizes.append(res[2])
+                out.pixels.append(res[4])
                 if res[3] is not None:
                     out.modes.append((r.path, res[3]))
             yield out
@@ -703,9 +712,10 @@ def decode_stream(
 
 def _decode_all(
     records: list[PatchRecord], size: int | None, skip: bool, workers: int | None
-) -> tuple[np.ndarray | list[np.ndarray], list[int], list[tuple[Path, str]], list[str]]:
+) -> tuple[np.ndarray | list[np.ndarray], list[int], list[tuple[Path, str]], list[str], list[str]]:
     """Every record decoded (in :func:`decode_stream`'s chunks, under one progress bar):
-    the images, the indices of the records read, the skipped files and the digests.
+    the images, the indices of the records read, the skipped files, the files' digests and
+    the pixels' digests.
 
     The images of one size go straight into one (N, H, W, 3) array as they are decoded, not
     into a list stacked at the end: a list and its stack held every image twice at the peak
@@ -715,7 +725,7 @@ def _decode_all(
     stack: np.ndarray | None = None
     listed: list[np.ndarray] | None = None
     n = 0
-    keep, skipped, digests = [], [], []
+    keep, skipped, digests, pixels = [], [], [], []
     oblong: list[tuple[Path, tuple[int, int]]] = []
     modes: list[tuple[Path, str]] = []
     with progress("read images", total=len(records), unit="images") as bar:
@@ -731,6 +741,7 @@ def _decode_all(
                     listed.append(im)
                 n += 1
             digests += part.digests
+            pixels += part.pixels
             keep += part.index
             skipped += part.skipped
             modes += part.modes
@@ -760,12 +771,12 @@ def _decode_all(
             CytoWarning,
         )
     if listed is not None:
-        return listed, keep, skipped, digests
+        return listed, keep, skipped, digests, pixels
     if stack is None:
-        return [], keep, skipped, digests
+        return [], keep, skipped, digests, pixels
     if n < len(stack):  # files skipped: the rows they would have filled go, in place
         stack.resize((n, *stack.shape[1:]), refcheck=False)
-    return stack, keep, skipped, digests
+    return stack, keep, skipped, digests, pixels
 
 
 #: the most the longer sides of a folder's crops may differ (longest over shortest) and still

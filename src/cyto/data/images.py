@@ -26,6 +26,19 @@ GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
 DEEP_MODES = ("I", "I;16", "I;16B", "I;16L", "F")
 
 
+def pixel_digest(img: np.ndarray) -> str:
+    """The sha256 (hex) of a decoded image's pixels and its height and width: the same for the
+    same cell saved again losslessly (a JPEG crop converted to PNG, a PNG to TIFF), where the
+    file's bytes differ. What a model records of its training images besides their files'
+    bytes (:func:`cyto.bundle.cell_keys`), so `cyto predict` knows them in another format."""
+    import hashlib
+
+    a = np.ascontiguousarray(img, dtype=np.uint8)
+    h = hashlib.sha256(f"{a.shape[0]}x{a.shape[1]}x{a.shape[2] if a.ndim == 3 else 1};".encode())
+    h.update(a.data)
+    return h.hexdigest()
+
+
 def decode_image(
     data: bytes, path: Path | str = "<bytes>", notes: list | None = None
 ) -> np.ndarray:

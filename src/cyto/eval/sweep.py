@@ -418,7 +418,11 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
                 model = get_method(method)(configs[method]).fit(data, device=dev)
                 # the cells of its training bags, which cyto predict says it scores again
                 # (hostile round 40, 1)
-                trained = [ds.digests[i] for i in _training_cells(method, trial0)]
+                trained = [
+                    d
+                    for i in _training_cells(method, trial0)
+                    for d in (ds.digests[i], ds.pixels[i])
+                ]
                 save_bundle(
                     bundle, *model.bundle_parts(data), overwrite=True, cells=cell_keys(trained)
                 )

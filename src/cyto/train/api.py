@@ -397,8 +397,9 @@ def train(
                 manifest["initial_weights"] = str(weights)
             manifest.update(extra_manifest or {})
             # every image read from DATA: those trained on, and the held-back cells that chose
-            # the ranking (cyto predict says which of the images it scores are among them)
-            keys = cell_keys(ds.digests)
+            # the ranking (cyto predict says which of the images it scores are among them), by
+            # their files' bytes and their decoded pixels (the same cell saved again losslessly)
+            keys = cell_keys([*ds.digests, *ds.pixels])
             save_bundle(out, manifest, tensors, scorer, overwrite=overwrite, cells=keys)
     except CytoError:
         if refused and not resume:  # the checkpoints this run started keep nothing of use
