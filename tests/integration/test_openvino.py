@@ -246,3 +246,67 @@ def test_int8_tries_every_openvino_form_before_onnx_runtime(bundle, synth_patche
     assert s.verification.passed
     for graph in saturated:
         assert f"failed verification, not used: openvino int8 ({graph})" in notes
+
+
+def test_threads_of_one_process_enter_openvino_one_at_a_time(bundle):
+    """Hostile round 46, 1: two threads that each loaded the same bundle and ran their first
+    inferences at once hung for good inside OpenVINO's input dispatch (two `cyto.score_slide`
+    calls on threads, 2 of 8 tries). A process's threads take turns inside OpenVINO; each
+    request is watched here from the moment its inputs are set until its result is read."""
+    import threading
+    import time
+
+    inside: dict[int, int] = {}  # thread -> requests it has inside OpenVINO now
+    most = [0]
+    guard = threading.Lock()
+
+    def enter() -> None:
+        with guard:
+            me = threading.get_ident()
+            inside[me] = inside.get(me, 0) + 1
+            most[0] = max(most[0], sum(1 for n in inside.values() if n))
+        time.sleep(0.01)  # long enough for the other thread to come in, were it let
+
+    def leave() -> None:
+        with guard:
+            inside[threading.get_ident()] -= 1
+
+    class Watched:
+        def __init__(self, request):
+            self.request = request
+
+        def infer(self, inputs):
+            enter()
+            self.request.infer(inputs)
+            leave()
+
+        def start_async(self, inputs):
+            enter()
+            self.request.start_async(inputs)
+
+        def wait(self):
+            self.request.wait()
+            leave()
+
+        def get_tensor(self, port):
+            return self.request.get_tensor(port)
+
+    backends = [load_scorer(bundle, "openvino", "cpu", "fp32").backend for _ in range(2)]
+    for b in backends:
+        b.requests = [Watched(r) for r in b.requests]
+    cells = read_golden(load_scorer(bundle, "onnx", "cpu", "fp32").bundle).images[:8]
+    want = backends[0].run(cells)
+    got: list[np.ndarray] = []
+
+    def score(b) -> None:
+        for _ in range(10):
+            got.append(b.run(cells))
+
+    threads = [threading.Thread(target=score, args=(b,)) for b in backends]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert most[0] == 1, f"{most[0]} threads were inside OpenVINO at once"
+    assert len(got) == 20 and all(np.array_equal(g, want) for g in got)

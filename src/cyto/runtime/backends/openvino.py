@@ -46,6 +46,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -92,6 +93,15 @@ def require_openvino():
 @functools.lru_cache(maxsize=1)
 def _core():
     return require_openvino().Core()
+
+
+#: one thread of a process inside OpenVINO at a time (compiling, setting a request's inputs,
+#: inferring, letting go): two threads that each loaded the same bundle and ran their first
+#: inferences at once hung for good, each in OpenVINO's Python input dispatch, the GIL held
+#: (hostile round 46, 1: two `cyto.score_slide` calls on threads, 2 of 8 tries; 1 of 10 here
+#: with a cold cache). Each request already runs on every core its streams have, so two
+#: threads gain nothing from entering together.
+ONE_AT_A_TIME = threading.RLock()
 
 
 def version() -> str:
@@ -250,6 +260,11 @@ class OpenVinoBackend:
         #: the kept compiled model this backend runs (None: compiled from the graph now)
         self.engine_file = None
         self.loaded_from_cache = False
+        with ONE_AT_A_TIME:
+            self._load(bundle, graph, precision, config, cache)
+
+    def _load(self, bundle, graph, precision, config, cache: bool) -> None:
+        """The compiled model (kept, or compiled now) and a request per stream."""
         kept = kept_model(graph, precision) if cache else None
         why = ""
         if kept is not None:
@@ -314,6 +329,10 @@ class OpenVinoBackend:
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(batch, dtype=np.uint8)
+        with ONE_AT_A_TIME:
+            return self._run(x)
+
+    def _run(self, x: np.ndarray) -> np.ndarray:
         parts = np.array_split(x, min(self.streams, len(x))) if len(x) else [x]
         if len(parts) == 1:
             self.requests[0].infer({self.input: x})
@@ -331,5 +350,6 @@ class OpenVinoBackend:
         )
 
     def close(self) -> None:
-        self.requests = []
-        self.compiled = None
+        with ONE_AT_A_TIME:
+            self.requests = []
+            self.compiled = None
