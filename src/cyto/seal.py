@@ -35,6 +35,8 @@ from cyto.tables import json_text
 
 SEAL = "seal.json"
 SUMMARY = "summary.json"
+#: where a run keeps its finished chunks until its outputs are written and sealed
+PARTIAL = ".partial"
 FORMAT = "cyto-outputs-seal/1"
 
 
@@ -94,9 +96,23 @@ class Sealed:
         return ""
 
 
+def unfinished(folder: Path) -> str | None:
+    """Why ``folder`` holds no finished run while a run's chunks are in it (its :data:`PARTIAL`
+    folder, no seal: being scored, or stopped, perhaps as it wrote its outputs), else None."""
+    folder = Path(folder)
+    if (folder / PARTIAL).exists() and not (folder / SEAL).exists():
+        return (
+            f"it holds an unfinished cyto score run (its {PARTIAL} folder, no seal): it is being "
+            "scored, or was stopped; finish it with cyto score --resume"
+        )
+    return None
+
+
 def _read_seal(folder: Path) -> tuple[dict | None, str]:
     path = folder / SEAL
     if not path.is_file():
+        if unfinished(folder):
+            return None, unfinished(folder)
         if (folder / SUMMARY).is_file():
             return None, (
                 "its outputs carry no seal (a run stopped while it wrote them, or a cyto before "
@@ -243,12 +259,17 @@ def read_sealed(folder: Path, summary_only: bool = False) -> Sealed:
 
 def check_sealed_table(table: Path) -> None:
     """A table in a scored slide's folder is trusted only through its seal (the one door of
-    :func:`read_sealed`): an edited folder is refused in one line; a table copied out on its own
-    carries no seal to check, and is taken as it is. For every reader of a scored table
-    (``cyto calibrate``, ``cyto eval scores``)."""
+    :func:`read_sealed`): an edited folder is refused in one line, and so is one that holds an
+    unfinished run (its :data:`PARTIAL` chunks, no seal yet: a run killed while it wrote its
+    outputs left a table beside them that calibrate took without a word, hostile round 46, 2);
+    a table copied out on its own carries no seal to check, and is taken as it is. For every
+    reader of a scored table (``cyto calibrate``, ``cyto eval scores``)."""
     from cyto.errors import ConfigError
 
     folder = Path(table).parent
+    why = unfinished(folder)
+    if why:
+        raise ConfigError(f"{folder}: {why}, then read its table")
     if not ((folder / SEAL).exists() or (folder / SUMMARY).exists()):
         return
     sealed = read_sealed(folder)

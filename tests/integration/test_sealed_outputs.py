@@ -449,3 +449,51 @@ def test_calibrate_names_a_predict_table_as_one(exported_dsvdd, predicted, tmp_p
     shutil.copytree(exported_dsvdd, copy)
     with pytest.raises(ConfigError, match=r"is a table of patches \(cyto predict\), not a slide"):
         calibrate_from_tables(copy, [out], min_cells=10)
+
+
+def test_a_folder_of_a_run_stopped_as_it_wrote_its_outputs_is_refused_by_its_readers(
+    calibrated, tmp_path, monkeypatch
+):
+    """Hostile round 46, 2: `cyto score` killed after its table was written, before its seal:
+    the folder holds scores.parquet beside the run's .partial chunks, and `cyto calibrate` and
+    `cyto eval scores` took the table without a word (the table is read only through its seal;
+    a folder with neither seal nor summary was taken as a table copied out alone)."""
+    import cyto.infer.finish as finish
+    from cyto.eval.scores import evaluate_table
+    from cyto.infer import score_slide
+    from cyto.stats.calibrate import calibrate_from_tables
+
+    model, slide, _, _ = calibrated
+
+    def stopped(out_dir, summary):
+        raise KeyboardInterrupt  # as Ctrl-C or a kill between the table and the seal
+
+    monkeypatch.setattr(finish, "write_summary", stopped)
+    folder = tmp_path / "s1"
+    with pytest.raises(KeyboardInterrupt):
+        score_slide(slide, model, folder, _opts(resume=False), echo=QUIET)
+    monkeypatch.undo()
+    assert (folder / "scores.parquet").is_file() and (folder / ".partial").is_dir()
+    assert not (folder / "seal.json").exists() and not (folder / SUMMARY).exists()
+    unfinished = r"holds an unfinished cyto score run .*finish it with cyto score --resume"
+    with pytest.raises(ConfigError, match=unfinished):
+        evaluate_table(folder / "scores.parquet", [10])
+    with pytest.raises(ConfigError, match=unfinished):
+        evaluate_table(folder, [10])
+    bundle = tmp_path / "m.cyto"
+    shutil.copytree(model, bundle)
+    with pytest.raises(ConfigError, match=unfinished):
+        calibrate_from_tables(bundle, [folder / "scores.parquet"], min_cells=50)
+    # the viewer, review and data cells say the same of it (they said "holds no scored slide")
+    from cyto.review.session import find_scored
+    from cyto.view.folder import ViewSlide
+
+    with pytest.raises(ConfigError, match=unfinished):
+        ViewSlide(folder)
+    with pytest.raises(InputPathError, match=unfinished):
+        find_scored([folder])
+    # finished by a resume, it is read
+    score_slide(slide, model, folder, _opts(resume=True), echo=QUIET)
+    assert not (folder / ".partial").exists()
+    with pytest.raises(ConfigError, match="calibrate from negative slides only"):  # read, judged
+        calibrate_from_tables(bundle, [folder / "scores.parquet"], min_cells=50)

@@ -24,11 +24,11 @@ from cyto.detect.morphometry import COLUMNS as MORPHOMETRY_COLUMNS
 from cyto.errors import CytoError, first_line
 from cyto.flags import named, passing, python_call, ran
 from cyto.reuse import check_reuse, read_record
+from cyto.seal import PARTIAL
 from cyto.slides.base import PLANE_SEP
 from cyto.slides.remote import SlideURL, remote_identity, slide_ref
 from cyto.tables import json_text, parquet_file
 
-PARTIAL = ".partial"
 #: each chunk's bytes and sha256 as written, in ``.partial`` (see :meth:`ChunkStore.write`)
 CHUNKS = "chunks.json"
 

@@ -41,6 +41,7 @@ import numpy as np
 from cyto.errors import ConfigError, InputPathError, first_line, warn_caller
 from cyto.flags import check_seed
 from cyto.reuse import check_reuse
+from cyto.seal import unfinished
 from cyto.tables import json_text
 
 CASES_FILE, KEY_FILE, CROPS = "cases.json", "key.json", "crops"
@@ -125,6 +126,8 @@ def find_scored(folders: list[Path]) -> list[Path]:
             found.append(folder.resolve())
             continue
         subs = sorted(p.resolve() for p in folder.iterdir() if p.is_dir() and _is_scored(p))
+        if not subs and unfinished(folder):
+            raise InputPathError(f"{folder}: {unfinished(folder)}")
         if not subs:
             raise InputPathError(
                 f"{folder} holds no scored slide (no scores.parquet with summary.json in it or in "
