@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from cyto import staging
 from cyto.errors import BundleError, BundlePathError, warn_caller
 from cyto.locks import flock_or_not
 from cyto.outputs_check import refuse_to_replace
@@ -393,7 +394,7 @@ def save_bundle(
     out = Path(out)
     refuse_to_replace(out, overwrite, known=bundle_names(out))
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = staging.dir_beside(out, "saving")
     try:
         files = {}
         for name, state in weights.items():
@@ -749,8 +750,8 @@ class Staged:
 def staged_files(path: Path) -> Iterator[Staged]:
     """A :class:`Staged` set for the bundle at ``path``, added in one step at the end."""
     path = Path(path)
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.staged-", dir=path.parent) as tmp:
-        stage = Staged(path, Path(tmp))
+    with staging.staged_dir(path, "staged") as tmp:
+        stage = Staged(path, tmp)
         yield stage
         if stage.files:
             add_files(path, stage.files, stage.fields)
@@ -774,13 +775,9 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def temp_dir_beside(path: Path) -> Path:
-    """A new empty folder beside ``path`` (``.NAME.partial-XXXX``) to build it in, then rename
-    into place. Its mode is what a plain ``mkdir`` gives under the umask: mkdtemp's 0700 would
-    hide the renamed result from the other users of a shared workstation."""
-    path = Path(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
-    os.chmod(tmp, 0o777 & ~_umask())
-    return tmp
+    """A new empty folder beside ``path`` (``.NAME.partial-PID@HOST-XXXX``: :mod:`cyto.staging`)
+    to build it in, then rename into place, with the mode a plain ``mkdir`` gives."""
+    return staging.dir_beside(path, "partial")
 
 
 def clear_temp_dirs_beside(path: Path) -> None:

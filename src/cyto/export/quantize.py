@@ -48,6 +48,7 @@ from cyto.errors import ConfigError, DatasetError, ParityError
 from cyto.flags import passing, said
 from cyto.runtime.machine import cpu_info, int8_kernels_exact
 from cyto.runtime.verify import GATE, passes, ranking_parity
+from cyto.staging import staged_dir
 
 CALIB_METHODS = ("entropy", "percentile", "minmax")
 QUANTIZED = ("fp16", "int8", "int8-cpu", "int8-cpu7")
@@ -509,8 +510,8 @@ def export_variant(
             + (" (the bundle's golden cells are made-up patches)" if precision == "fp16" else "")
         )
     src = bundle.path / fp32.file
-    with tempfile.TemporaryDirectory(dir=bundle.path.parent) as tmp:
-        target = Path(tmp) / variant_file(key)
+    with staged_dir(bundle.path, "exporting") as tmp:
+        target = tmp / variant_file(key)
         if precision == "fp16":
             record = fp16_graph(src, target)
         else:

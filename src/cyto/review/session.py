@@ -31,13 +31,13 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
+from cyto import staging
 from cyto.errors import ConfigError, InputPathError, first_line, warn_caller
 from cyto.flags import check_seed
 from cyto.reuse import check_reuse
@@ -417,7 +417,7 @@ def build_session(
     groups = [groups[i] for i in rng.permutation(len(groups))]  # case numbers say nothing
     record_review(folders, root)  # first: a review the scored folders do not know is no review
     root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.building-", dir=root.parent))
+    tmp = staging.dir_beside(root, "building")
     try:
         public, key_cases = [], {}
         for n, group in enumerate(groups, start=1):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ from cyto.bundle import CALIBRATION_FILE, CALIBRATION_QUANTILES, add_files, load
 from cyto.errors import ConfigError, CytoError, InputPathError, warn_caller
 from cyto.outputs_check import refuse_to_replace
 from cyto.seal import check_rows, check_sealed_table, is_cyto_table
+from cyto.staging import staged_dir
 from cyto.stats import conformal
 from cyto.tables import read_table
 
@@ -673,8 +673,8 @@ def calibrate_from_tables(
             refuse_to_replace(bundle.path / CALIBRATION_FILE, False, name=replaced)
         return {"calibration": record}
 
-    with tempfile.TemporaryDirectory(dir=bundle.path.parent) as tmp:  # one per run
-        target = Path(tmp) / CALIBRATION_FILE
+    with staged_dir(bundle.path, "calibrating") as tmp:  # one per run
+        target = tmp / CALIBRATION_FILE
         np.savez(target, **arrays)
         add_files(bundle.path, {CALIBRATION_FILE: target}, unless_calibrated)
     return record

@@ -12,7 +12,6 @@ import functools
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -70,6 +69,7 @@ from cyto.flags import (
 )
 from cyto.outputs_check import refuse_to_replace
 from cyto.progress import progress
+from cyto.staging import dir_beside
 from cyto.tables import json_text
 from cyto.version import __version__
 
@@ -652,7 +652,7 @@ def write_pyramid(
     w, h = config.size
     sizes = _level_sizes(config, fmt)
     planes = sorted(config.planes, key=lambda z: (z != 0.0, z))
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmpdir = dir_beside(out, "writing")
     spools: dict[tuple[int, int], tuple[Path, BinaryIO]] = {}
     levels: dict[tuple[int, int], TiledLevel | NdpiLevel] = {}
     try:
