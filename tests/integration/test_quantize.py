@@ -490,3 +490,15 @@ def test_auto_runs_openvinos_int8_where_only_onnx_runtimes_form_is_below_its_gat
     assert ("openvino", "int8") in plan, (plan, notes)
     assert ("onnx", "int8") not in plan, plan
     assert f"int8 ({ort_form}) is below the parity gate (accepted at export): not used" in notes
+
+
+def test_parity_cells_are_said_held_out_from_calibration_not_from_training():
+    """Hostile round 46, 4: `cyto export --calib p`, p the model's own training folder, said its
+    parity was "on 240 held-out cells": held out from the calibration, which the line now says,
+    not from training (cells the model trained on measure a parity as well as any)."""
+    from cyto.export.quantize import GOLDEN_SOURCE, parity_cells_words
+
+    given = {"cells": 240, "cells_source": "p (the cells calibration did not use)"}
+    assert parity_cells_words(given) == "240 cells held out from calibration"
+    golden = {"cells": 64, "cells_source": f"{GOLDEN_SOURCE} (synthetic patches)"}
+    assert parity_cells_words(golden) == "64 golden cells"

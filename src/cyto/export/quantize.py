@@ -88,11 +88,17 @@ GOLDEN_SOURCE = "the bundle's golden cells"
 
 
 def parity_cells_words(parity: dict) -> str:
-    """``N golden cells`` or ``N held-out cells``: the cells a graph's parity with fp32 was
-    measured on, as its record (``cells_source``) says; every line that reports a parity says it
-    so (an fp16 graph's are the golden cells, which are no held-out cells)."""
+    """``N golden cells`` or ``N cells held out from calibration``: the cells a graph's parity
+    with fp32 was measured on, as its record (``cells_source``) says; every line that reports a
+    parity says it so (an fp16 graph's are the golden cells). Held out from the calibration, not
+    from training: cells the model trained on measure a parity as well as any, and "held-out"
+    alone read as the latter (hostile round 46, 4)."""
     golden = str(parity.get("cells_source") or "").startswith(GOLDEN_SOURCE)
-    return f"{parity['cells']} {'golden' if golden else 'held-out'} cells"
+    return (
+        f"{parity['cells']} golden cells"
+        if golden
+        else f"{parity['cells']} cells held out from calibration"
+    )
 
 
 def _golden_cells(bundle) -> Cells | None:
