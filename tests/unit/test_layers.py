@@ -11,7 +11,7 @@ dependency). Layers, top to bottom:
     runtime  detect  slides
     models  data  bundle  seal
     errors  progress  interrupts  locks  reuse  flags  outputs_check  localserver  cachedir
-    envvars  version  (and the root)
+    envvars  staging  version  (and the root)
 
 A module may import its own layer's package and anything below. On top of that:
 ``infer/``, ``cohort/`` and ``runtime/`` never import ``train/`` or ``eval/``; ``export/`` never
@@ -69,6 +69,7 @@ LAYERS = {
     "localserver": 0,
     "cachedir": 0,
     "envvars": 0,  # cyto's environment variables, read by one rule
+    "staging": 0,  # folders a run builds an output in, named for their process
     "version": 0,
     "__init__": 0,
 }
