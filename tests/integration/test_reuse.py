@@ -542,3 +542,54 @@ def test_side_tables_whose_names_are_not_utf8_are_read(tmp_path, suffix):
         (pacsv.write_csv if suffix == ".csv" else pq.write_table)(table, fh)
     assert list(read_truth(path)["x"]) == [10.0, 50.0]
     assert len(read_nuclei_file(path, 100, 100)) == 2
+
+
+def test_a_full_disk_under_trainings_checkpoint_is_one_line_naming_it(
+    tmp_path, synth_patches, monkeypatch
+):
+    """Hostile round 47, 2: `cyto train --out` on a full disk printed "stopped: ..." and then 60
+    lines of torch's traceback ("unexpected pos"), named no disk, and left the half-written
+    checkpoint. A checkpoint is written as any file: one line naming it, nothing half-written,
+    and a --resume with room continues."""
+    import errno
+
+    from cyto.train.api import checkpoint_dir
+    from tests.cli_runner import run_cyto
+
+    real_open = open
+    room = {"bytes": 4096}  # what the disk takes before it is full
+
+    class FullDisk:
+        def __init__(self, path, mode):
+            self.fh = real_open(path, mode)
+
+        def write(self, data):
+            if len(data) > room["bytes"]:
+                self.fh.write(bytes(data[: room["bytes"]]))
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.fh.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    monkeypatch.setattr(loop_mod, "open", FullDisk, raising=False)
+    out = tmp_path / "m.cyto"
+    sets = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
+    args = ["train", "dsvdd", "--data", str(synth_patches), "--out", str(out), "--normal",
+            "normal", "--preset", "fast", "--device", "cpu", *sets]  # fmt: skip
+    proc = run_cyto(*args)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "unexpected pos" not in proc.stderr, proc.stderr
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert line.endswith(": the disk is full") and str(checkpoint_dir(out)) in line, line
+    assert not list(checkpoint_dir(out).rglob("*.partial"))
+    room["bytes"] = 1 << 40
+    again = run_cyto(*args, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert out.is_dir()

@@ -8,6 +8,7 @@ augmentations are seeded by (seed, epoch), so a resumed run repeats the uninterr
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import time
@@ -165,6 +166,20 @@ def save_checkpoint(path, modules, optimizer, scheduler, epoch, history) -> None
         "epoch": epoch,
         "history": history,
     }
+    # serialized in memory, then written as any file: torch.save onto a full disk raised its own
+    # RuntimeError ("unexpected pos") in a 60-line traceback and left the half-written file
+    # (hostile round 47, 2); a write's OSError is the machine's, said in one line
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
     tmp = path.with_suffix(".partial")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(buffer.getbuffer())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)
+        raise
