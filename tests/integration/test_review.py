@@ -1367,6 +1367,35 @@ def test_a_slide_under_review_is_blinded_whichever_model_scored_it(scored, tmp_p
     assert len(open_view(other_slide)) == 1  # another slide is not under review
 
 
+def test_a_review_that_failed_to_build_blinds_nothing(scored, tmp_path, monkeypatch):
+    """Hostile round 47, 4: a review whose build failed on a full disk (its folder never made)
+    stayed recorded in its slides' folders and cyto's registry: `cyto view` of them was refused
+    ("a blinded review ... that has no key yet") and every later scoring said it waited for it,
+    for good unless the same --session was built again. A build that makes no review takes its
+    record back; one that did is kept (the test above)."""
+    import errno
+
+    import cyto.review.session as session_mod
+    from cyto.view.folder import open_view
+
+    folder = tmp_path / "slide0"
+    keep = shutil.ignore_patterns("reviews.json", "review")
+    shutil.copytree(scored["outs"]["dsvdd"] / "slide0", folder, ignore=keep)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(session_mod, "_write_crops", full)
+    rv = tmp_path / "rv"
+    with pytest.raises(OSError):
+        session_mod.build_session([folder], rv, k=5, echo=lambda _: None)
+    monkeypatch.undo()
+    assert not rv.exists()
+    assert session_mod.recorded_reviews(folder) == []
+    assert session_mod.registered_reviews(folder) == []
+    assert len(open_view(folder)) == 1  # not blinded by a review that never was
+
+
 def test_a_second_page_of_one_reviewer_is_refused_in_one_line(session):
     """Hostile round 6 (N59): two `cyto review` pages of one reviewer on one review started
     without a word; each kept its own view and the last mark won. One page per reviewer."""

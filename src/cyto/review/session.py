@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto import staging
-from cyto.errors import ConfigError, InputPathError, first_line, warn_caller
+from cyto.errors import ConfigError, CytoError, InputPathError, first_line, warn_caller
 from cyto.flags import check_seed
 from cyto.reuse import check_reuse
 from cyto.seal import unfinished
@@ -416,7 +416,22 @@ def build_session(
     rng = np.random.default_rng(seed)
     groups = [groups[i] for i in rng.permutation(len(groups))]  # case numbers say nothing
     record_review(folders, root)  # first: a review the scored folders do not know is no review
-    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        return _build(folders, root, groups, rng, k, merge_um, seed, echo)
+    except BaseException:
+        if not (root / KEY_FILE).is_file():
+            # no review came to be (a full disk, Ctrl-C): the record that blinds its slides
+            # goes with it; it held every view of them, and every later scoring said it
+            # waited for a review that was never made (hostile round 47, 4)
+            forget_review(folders, root)
+        raise
+
+
+def _build(folders, root: Path, groups, rng, k: int, merge_um: float, seed: int, echo):
+    """The review's folder built beside ``root`` and renamed into place, sealed."""
+    import secrets
+
     tmp = staging.dir_beside(root, "building")
     try:
         public, key_cases = [], {}
@@ -580,6 +595,36 @@ def registered_reviews(folder: Path) -> list[Path]:
         return []
     identity, _ = got
     return [Path(e["review"]) for e in _registered(identity) if Path(e["review"]).is_dir()]
+
+
+def forget_review(folders: list[Path], root: Path) -> None:
+    """Take the review ``root`` out of each scored folder's :data:`REVIEWS_FILE` and out of
+    the registry (:func:`register_review`): for a build that made no review. Best effort:
+    what cannot be written stays, blinding as before."""
+    import contextlib
+
+    from cyto.bundle import atomic_write
+    from cyto.locks import file_lock
+
+    root_s = str(Path(root).absolute())
+    for folder in folders:
+        known = [str(p) for p in recorded_reviews(folder)]
+        if root_s in known:
+            text = json_text(
+                {"format": REVIEWS_FORMAT, "reviews": [p for p in known if p != root_s]}, indent=1
+            )
+            with contextlib.suppress(OSError):
+                atomic_write(Path(folder) / REVIEWS_FILE, text.encode())
+        got = _slide_and_model(folder)
+        if got is None:
+            continue
+        path = _registry_file(got[0])
+        with contextlib.suppress(OSError, CytoError), file_lock(path.parent / ".lock"):
+            entries = _registered(got[0])
+            kept = [e for e in entries if e.get("review") != root_s]
+            if kept != entries:
+                body = {"format": REVIEWS_FORMAT, "reviews": kept}
+                atomic_write(path, json_text(body, indent=1).encode())
 
 
 def record_review(folders: list[Path], root: Path) -> None:
