@@ -108,6 +108,22 @@ def unfinished(folder: Path) -> str | None:
     return None
 
 
+def refuse_being_written(folder: Path, error=None) -> None:
+    """Refuse to read a scored folder that a run is writing now (its lock held: a `cyto score
+    --overwrite` rewriting it, or a run scoring it again): its outputs are those of the run
+    before, about to be replaced, and a review cut from them outlived the tables it came from
+    (hostile round 47, 3). For the readers that show or take a folder's outputs (view, review,
+    data cells, calibrate, eval); never under the lock of the reader's own run. ``error``: the
+    exception class (default ConfigError)."""
+    from cyto.errors import ConfigError
+    from cyto.locks import OutputLock
+
+    busy = OutputLock(Path(folder)).busy()
+    if busy is not None:
+        words = str(busy).split("; wait for it")[0]
+        raise (error or ConfigError)(f"{words}: wait for it to finish, then read it")
+
+
 def _read_seal(folder: Path) -> tuple[dict | None, str]:
     path = folder / SEAL
     if not path.is_file():
@@ -267,6 +283,7 @@ def check_sealed_table(table: Path) -> None:
     from cyto.errors import ConfigError
 
     folder = Path(table).parent
+    refuse_being_written(folder)
     why = unfinished(folder)
     if why:
         raise ConfigError(f"{folder}: {why}, then read its table")

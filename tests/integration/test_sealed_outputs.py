@@ -497,3 +497,33 @@ def test_a_folder_of_a_run_stopped_as_it_wrote_its_outputs_is_refused_by_its_rea
     assert not (folder / ".partial").exists()
     with pytest.raises(ConfigError, match="calibrate from negative slides only"):  # read, judged
         calibrate_from_tables(bundle, [folder / "scores.parquet"], min_cells=50)
+
+
+def test_a_folder_a_run_is_writing_now_is_read_by_no_reader(calibrated, tmp_path):
+    """Hostile round 47, 3: while `cyto score --overwrite` rewrote a slide's folder (its lock
+    held, the earlier run's outputs and seal still there), `cyto review` built a session from
+    the earlier run's cells without a word, and the review outlived the tables it came from;
+    `cyto view` and `cyto data cells` read the folder too. Every reader waits for the run."""
+    from cyto.eval.scores import evaluate_table
+    from cyto.locks import OutputLock
+    from cyto.review.session import read_source
+    from cyto.stats.calibrate import calibrate_from_tables
+    from cyto.view.folder import ViewSlide
+
+    model, _, scored, _ = calibrated
+    folder = tmp_path / "s1"
+    shutil.copytree(scored / "s1", folder)
+    bundle = tmp_path / "m.cyto"
+    shutil.copytree(model, bundle)
+    busy = r"is being written by another cyto score \(pid .*wait for it to finish, then read it"
+    with OutputLock(folder):  # as the rewriting run holds it
+        with pytest.raises(ConfigError, match=busy):
+            ViewSlide(folder)
+        with pytest.raises(InputPathError, match=busy):
+            read_source(folder)
+        with pytest.raises(ConfigError, match=busy):
+            evaluate_table(folder / "scores.parquet", [10])
+        with pytest.raises(ConfigError, match=busy):
+            calibrate_from_tables(bundle, [folder / "scores.parquet"], min_cells=50)
+    ViewSlide(folder)  # the run gone, the folder is read again
+    read_source(folder)

@@ -174,8 +174,9 @@ def read_source(folder: Path, options: dict | None = None) -> Source:
     """A scored folder, trusted only through its seal (:func:`cyto.seal.read_sealed`): the cases
     of a review are cut from what the run wrote, never from outputs edited since. ``options``:
     the storage options its slide, a URL, is read with (``--storage-option``)."""
-    from cyto.seal import read_sealed
+    from cyto.seal import read_sealed, refuse_being_written
 
+    refuse_being_written(folder, InputPathError)
     sealed = read_sealed(folder)
     if not sealed.ok:
         raise InputPathError(

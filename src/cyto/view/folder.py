@@ -163,11 +163,12 @@ class ViewSlide:
         from cyto.infer.outputs import output_artifacts
         from cyto.infer.store import slide_key
         from cyto.reuse import check_reuse
-        from cyto.seal import read_sealed
+        from cyto.seal import read_sealed, refuse_being_written
         from cyto.slides import find_planes
 
         self.folder = Path(folder)
         self.name = self.folder.name
+        refuse_being_written(self.folder)
         sealed = read_sealed(self.folder)  # the one door to a finished folder's outputs
         summary = sealed.summary
         if not sealed.ok or summary is None:
