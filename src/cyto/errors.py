@@ -7,7 +7,9 @@ traceback); so are the machine's own failures in :data:`SYSTEM_ERRORS` (a full d
 
 from __future__ import annotations
 
+import contextvars
 import errno
+import os
 
 #: what an OSError of the machine (not of cyto) means, by errno: the CLI says it in one line
 SYSTEM_ERRORS = {
@@ -27,6 +29,45 @@ SYSTEM_ERRORS = {
 }
 
 
+#: the local paths the running command or call was given (its path arguments, set by the CLI's
+#: guard and the API's front door): where a full disk without a file named is looked for
+PLACES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("cyto_places", default=())
+#: a file system with less room than this is the full one a write without a file named met
+FULL_BYTES = 4 << 20
+
+
+def _full_places(exc: OSError) -> str:
+    """' (PLACE: N kB free)' for the file systems among the command's paths and cyto's cache
+    that are (nearly) full, for a full disk's error that names no file: a write on an open file
+    carries none, and "the disk is full" alone did not say which, the output's or the cache's
+    (hostile round 47, 5); '' where none is found."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return ""
+    places = list(PLACES.get())
+    try:
+        from cyto.cachedir import cache_dir
+
+        places.append(str(cache_dir()))
+    except Exception:  # noqa: BLE001 - a cache that cannot be named is no place to name
+        pass
+    seen, full = set(), []
+    for place in places:
+        at = os.path.abspath(place)
+        while not os.path.exists(at) and os.path.dirname(at) != at:
+            at = os.path.dirname(at)
+        try:
+            st, vfs = os.stat(at), os.statvfs(at)
+        except OSError:
+            continue
+        if st.st_dev in seen:
+            continue
+        seen.add(st.st_dev)
+        free = vfs.f_bavail * vfs.f_frsize
+        if free < FULL_BYTES:
+            full.append(f"{place}: {free // 1024:,} kB free")
+    return f" ({'; '.join(full[:2])})" if full else ""
+
+
 def system_words(exc: OSError) -> str | None:
     """One line for an OSError of the machine (:data:`SYSTEM_ERRORS`): the file it names, cut
     to a length a line can hold, and what the error means; None for any other OSError. The
@@ -37,7 +78,7 @@ def system_words(exc: OSError) -> str | None:
     name = os_error_path(exc) or ""
     if len(name) > 120:  # a name of 300 x's, said whole, is no longer one line
         name = f"{name[:60]}...{name[-40:]} ({len(name)} characters)"
-    return f"{name}: {why}" if name else why
+    return f"{name}: {why}" if name else why + _full_places(exc)
 
 
 def os_error_path(exc: OSError) -> str | None:
