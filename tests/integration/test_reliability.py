@@ -78,6 +78,26 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(
     assert summary["cells_scored"] > 0 and not (out / ".lock").exists()
 
 
+def test_a_busy_slide_is_refused_before_any_thread_or_worker_starts_for_it(
+    exported_dsvdd, slides, tmp_path
+):
+    """Hostile round 47, 1: a cohort `cyto score` whose slide another run held said so, then
+    aborted as it exited ("terminate called without an active exception", rc 134, on a busy
+    machine): the refused slide's threshold thread and tile workers were started before the
+    refusal and left running. A folder another run holds is refused before either starts."""
+    import threading
+
+    from cyto.infer import ScoreOptions
+    from cyto.locks import OutputLock
+
+    out = tmp_path / "o" / "s"
+    before = set(threading.enumerate())
+    with OutputLock(out), pytest.raises(OutputBusyError):
+        score_slide(slides[0].paths[0], exported_dsvdd, out, ScoreOptions(mosaic=0, workers=1))
+    started = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert not started, started
+
+
 def test_a_run_whose_every_slide_is_busy_is_refused_before_its_model_loads(
     exported_dsvdd, slides, tmp_path
 ):

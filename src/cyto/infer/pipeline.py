@@ -84,6 +84,13 @@ def score_slide(
     # before the run had pinned it left the run to open the new version and score it whole
     slide = pinned_ref(slide)
     refuse_own_output(slide)
+    # a folder another run is writing is refused before anything starts for it: the tile
+    # workers and the threshold thread of a refused slide were left running as a cohort ended,
+    # and the process aborted as it exited ("terminate called without an active exception",
+    # rc 134: hostile round 47, 1); the lock itself is taken below, as before
+    busy = OutputLock(out_dir).busy()
+    if busy is not None:
+        raise busy
     if opts.workers is None and pool is None and not isinstance(slide, SlideURL):
         opts = replace(opts, workers=_auto_workers(slide, opts.tile))
     # the tile workers start first: a worker takes 1-3 s to start on 2 cores, which the model's
@@ -97,6 +104,8 @@ def score_slide(
     except BaseException:
         if pool is not None:  # a worker still starting exits once started
             pool.shutdown(wait=False, cancel_futures=True)
+        if ahead is not None:  # its reader let go before the process may exit (0.3-1.2 s)
+            ahead.join()
         raise
     if pool is not None:  # told to stop when the last tile came in; gone by now, or soon
         pool.shutdown(wait=True)

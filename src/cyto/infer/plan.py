@@ -99,6 +99,10 @@ class ThresholdAhead:
         except Exception:  # noqa: BLE001 (the plan measures it again, and meets the error)
             self._params = None
 
+    def join(self) -> None:
+        """Wait for the measurement to end (a run that stops before its plan took it)."""
+        self._thread.join()
+
     def threshold_for(self, detection) -> tuple | None:
         """(threshold,) once measured, when it was measured with ``detection`` (the same
         parameters: the same windows, the same number); None when it failed (the plan measures
