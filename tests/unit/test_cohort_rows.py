@@ -117,3 +117,22 @@ def test_failed_rows_and_untouched_rows_stay_as_written(tmp_path):
         warnings.simplefilter("error")
         write_cohort_table([cohort_row(tmp_path / "a.tif", tmp_path / "a", a)], table)
     assert table.read_text() == before
+
+
+def test_a_cohort_table_that_cannot_be_written_says_what_the_slides_folders_hold(tmp_path):
+    """Hostile round 47, 6: `cyto score` onto a disk full from the start said "every slide's
+    own folder holds its outputs" where no slide was scored."""
+    from cyto.errors import OutputWriteError
+
+    (tmp_path / "file").write_text("")
+    table = tmp_path / "file" / "cohort.csv"  # under a file: cannot be written
+    a_folder, a = _folder(tmp_path, "a", 0.5)
+    failed = cohort_row(tmp_path / "c.tif", tmp_path / "c", None, "the disk is full")
+    scored = cohort_row(tmp_path / "a.tif", a_folder, a)
+    for rows, said in (
+        ([failed], "no slide was scored"),
+        ([scored, failed], "the scored slide's own folder holds its outputs"),
+        ([scored], "every slide's own folder holds its outputs"),
+    ):
+        with pytest.raises(OutputWriteError, match=f"; {said}: give an --out"):
+            write_cohort_table(rows, table)

@@ -130,9 +130,21 @@ def write_cohort_table(rows: list[dict], path: Path) -> Path:
     except OSError as exc:  # a read-only or full --out: one line, the slides' outputs are kept
         from cyto.errors import OutputWriteError
 
+        # what the slides' folders hold, as the rows say (a disk full from the start let no
+        # slide be scored, and the line said each folder held its outputs: round 47, 6)
+        scored = sum(1 for r in rows if r.get("status") == "scored")
+        kept = (
+            "no slide was scored"
+            if not scored
+            else "every slide's own folder holds its outputs"
+            if scored == len(rows)
+            else "the scored slide's own folder holds its outputs"
+            if scored == 1
+            else f"the {scored} scored slides' own folders hold their outputs"
+        )
         raise OutputWriteError(
-            f"cannot write the cohort table {path} ({exc.strerror or exc}); every slide's own "
-            "folder holds its outputs: give an --out you can write to"
+            f"cannot write the cohort table {path} ({exc.strerror or exc}); {kept}: give an "
+            "--out you can write to"
         ) from exc
 
 
