@@ -181,3 +181,33 @@ def test_a_folder_under_a_kernel_files_name_is_removed_and_said(tmp_path):
     changed, said = _guard(tmp_path)
     assert not odd.exists() and changed == ["heads_abc/dsvdd.dsvdd_scores-19.py312.nbi"]
     assert len(said) == 1 and "compiled anew" in said[0]
+
+
+def test_a_kernel_that_could_not_be_kept_is_said_so_not_as_one_that_did_not_load(monkeypatch):
+    """Hostile round 47, 8: with cyto's cache on a full disk, the line said a kept kernel "did
+    not load ... removed and compiled anew", where none was ever kept: numba could not write it."""
+    import errno
+    import warnings
+
+    calls = []
+
+    class Dispatcher:
+        def py_func(self):
+            """doc"""
+
+        def __call__(self, *args):
+            calls.append(args)
+            if len(calls) == 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return 7
+
+    monkeypatch.setattr(kernels, "_forget_kept", lambda d: ["softmax.softmax_abnormal-17.nbi"])
+    kernel = kernels.KeptKernel(Dispatcher())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert kernel(1) == 7
+    [said] = [str(w.message) for w in caught]
+    assert said == (
+        "numba kernel softmax.softmax_abnormal-17.nbi could not be kept in cyto's cache (the "
+        "disk is full): compiled for this run only"
+    ), said

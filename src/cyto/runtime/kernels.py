@@ -169,13 +169,21 @@ class KeptKernel:
             if not removed:
                 raise
             result = self.dispatcher(*args)  # compiled anew; its own error, if any, is raised
-            from cyto.errors import CytoWarning, first_line
+            from cyto.errors import SYSTEM_ERRORS, CytoWarning, first_line
 
-            warn_caller(
-                f"kept numba kernel {removed[0]} did not load ({first_line(exc)}): removed "
-                "and compiled anew",
-                CytoWarning,
-            )
+            if isinstance(exc, OSError) and exc.errno in SYSTEM_ERRORS:
+                # the kernel could not be written (a full cache disk): none was kept to load
+                # (the line said a kept kernel "did not load": hostile round 47, 8)
+                said = (
+                    f"numba kernel {removed[0]} could not be kept in cyto's cache "
+                    f"({SYSTEM_ERRORS[exc.errno]}): compiled for this run only"
+                )
+            else:
+                said = (
+                    f"kept numba kernel {removed[0]} did not load ({first_line(exc)}): removed "
+                    "and compiled anew"
+                )
+            warn_caller(said, CytoWarning)
             return result
 
 
