@@ -527,3 +527,18 @@ def test_a_folder_a_run_is_writing_now_is_read_by_no_reader(calibrated, tmp_path
             calibrate_from_tables(bundle, [folder / "scores.parquet"], min_cells=50)
     ViewSlide(folder)  # the run gone, the folder is read again
     read_source(folder)
+    # a cohort's folder: the slide being written is left out and said, the others shown
+    import warnings
+
+    from cyto.errors import CytoWarning
+    from cyto.view.folder import open_view
+
+    cohort = tmp_path / "cohort"
+    for name in ("s1", "s2"):
+        shutil.copytree(scored / "s1", cohort / name)
+    with OutputLock(cohort / "s2"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shown = open_view(cohort, unblind=True)
+    assert [s.folder.name for s in shown] == ["s1"]
+    said = [str(w.message) for w in caught if issubclass(w.category, CytoWarning)]
+    assert any("1 slide folder(s) of" in m and "left out (s2)" in m for m in said), said

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto import staging
-from cyto.errors import ConfigError, CytoError, InputPathError, first_line, warn_caller
+from cyto.errors import ConfigError, CytoError, CytoWarning, InputPathError, first_line, warn_caller
 from cyto.flags import check_seed
 from cyto.reuse import check_reuse
 from cyto.seal import unfinished
@@ -126,6 +126,19 @@ def find_scored(folders: list[Path]) -> list[Path]:
             found.append(folder.resolve())
             continue
         subs = sorted(p.resolve() for p in folder.iterdir() if p.is_dir() and _is_scored(p))
+        # a cohort's slide that a run is writing now (an --overwrite, a resume scoring it
+        # again) is left out, said; the others are read (one such slide refused them all)
+        from cyto.locks import OutputLock
+
+        busy = [p for p in subs if OutputLock(p).busy() is not None]
+        if busy and len(busy) < len(subs):
+            warn_caller(
+                f"{len(busy)} slide folder(s) of {folder} are being written by another cyto "
+                f"score now and are left out ({', '.join(p.name for p in busy[:3])}"
+                f"{', ...' if len(busy) > 3 else ''}): read them again once it has finished",
+                CytoWarning,
+            )
+            subs = [p for p in subs if p not in busy]
         if not subs and unfinished(folder):
             raise InputPathError(f"{folder}: {unfinished(folder)}")
         if not subs:
