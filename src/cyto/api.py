@@ -81,13 +81,14 @@ def _front_door(func: Callable) -> Callable:
                 from cyto.outputs_check import check_output
 
                 check_output(local["out"], flag=f"{passing('out', Path(local['out']))}:")
+            from cyto.cachedir import places_of
             from cyto.errors import PLACES
             from cyto.progress import quiet
 
             silent = "echo" in bound.arguments and bound.arguments["echo"] is None
             # where a full disk that names no file is looked for: the call's local paths
             given = [*map(Path, local.values()), *bound.arguments.values()]
-            places = PLACES.set(tuple(dict.fromkeys(str(v) for v in given if isinstance(v, Path))))
+            places = PLACES.set(places_of(v for v in given if isinstance(v, Path)))
             try:
                 with quiet(silent):
                     return func(*bound.args, **bound.kwargs)

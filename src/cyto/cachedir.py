@@ -149,3 +149,10 @@ def size_words(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
+
+
+def places_of(paths) -> tuple:
+    """:data:`cyto.errors.PLACES` of a command or call given ``paths``: those, then cyto's
+    cache (where a full disk that names no file is looked for), named only if one is met:
+    resolved now, the cache's fallback was said before the command ran (doctor's row)."""
+    return (*dict.fromkeys(str(p) for p in paths), cache_dir)

@@ -29,9 +29,10 @@ SYSTEM_ERRORS = {
 }
 
 
-#: the local paths the running command or call was given (its path arguments, set by the CLI's
-#: guard and the API's front door): where a full disk without a file named is looked for
-PLACES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("cyto_places", default=())
+#: the local paths the running command or call was given (its path arguments) and cyto's
+#: cache, set by the CLI's guard and the API's front door (:func:`cyto.cachedir.places_of`):
+#: where a full disk without a file named is looked for
+PLACES: contextvars.ContextVar[tuple] = contextvars.ContextVar("cyto_places", default=())
 #: a file system with less room than this is the full one a write without a file named met
 FULL_BYTES = 4 << 20
 
@@ -43,15 +44,13 @@ def _full_places(exc: OSError) -> str:
     (hostile round 47, 5); '' where none is found."""
     if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
         return ""
-    places = list(PLACES.get())
-    try:
-        from cyto.cachedir import cache_dir
-
-        places.append(str(cache_dir()))
-    except Exception:  # noqa: BLE001 - a cache that cannot be named is no place to name
-        pass
     seen, full = set(), []
-    for place in places:
+    for place in PLACES.get():
+        if callable(place):  # cyto's cache, named only now
+            try:
+                place = str(place())
+            except Exception:  # noqa: BLE001 - a cache that cannot be named is no place to name
+                continue
         at = os.path.abspath(place)
         while not os.path.exists(at) and os.path.dirname(at) != at:
             at = os.path.dirname(at)

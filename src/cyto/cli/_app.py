@@ -282,13 +282,14 @@ def local_paths_only(callback):
                 from cyto.outputs_check import check_output
 
                 check_output(kwargs[name], flag=f"{label(name)} {kwargs[name]}:")
+        from cyto.cachedir import places_of
         from cyto.errors import PLACES
 
         # where a full disk that names no file is looked for (the CLI's last word says it,
         # after this command returned: set for the command, not reset)
         PLACES.set(
-            tuple(
-                str(v)
+            places_of(
+                v
                 for value in kwargs.values()
                 for v in (value if isinstance(value, (list, tuple)) else (value,))
                 if isinstance(v, Path)
