@@ -78,6 +78,42 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(
     assert summary["cells_scored"] > 0 and not (out / ".lock").exists()
 
 
+def test_two_slides_scored_at_once_on_threads_each_get_their_own_cells(
+    exported_dsvdd, slides, tmp_path
+):
+    """Hostile round 48, 1: two `cyto.score_slide` calls on threads of one process, tiles in
+    the process (workers=0, a small slide's default), read their tiles through one
+    process-wide context: each slide's folder got the other's cells, sealed as its own. Each
+    thread scores its own slide, as one at a time does."""
+    import threading
+
+    alone = {}
+    for name, s in zip("ab", slides, strict=True):
+        score_slide(s.paths[0], exported_dsvdd, tmp_path / "alone" / name, OPTS)
+        alone[name] = pq.read_table(tmp_path / "alone" / name / "scores.parquet")
+    for attempt in range(3):  # the tiles of the two interleave differently each time
+        out = tmp_path / f"threads{attempt}"
+        errors: list[BaseException] = []
+
+        def run(name, s, out=out, errors=errors):
+            try:
+                score_slide(s.paths[0], exported_dsvdd, out / name, OPTS, echo=lambda m: None)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=run, args=(n, s)) for n, s in zip("ab", slides, strict=True)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not errors, errors
+        for name in "ab":
+            table = pq.read_table(out / name / "scores.parquet")
+            assert same_table(table, alone[name]), (attempt, name)
+
+
 def test_a_busy_slide_is_refused_before_any_thread_or_worker_starts_for_it(
     exported_dsvdd, slides, tmp_path
 ):

@@ -10,6 +10,7 @@ size the model takes.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -99,9 +100,17 @@ class TileContext:
     sharpness: bool = False
 
 
-_CTX: TileContext | None = None
-_READERS: list | None = None
-_READERS_KEY: tuple | None = None  # the slide, planes and decoding _READERS were opened for
+#: a tile worker's slide context and open readers (``ctx``, ``readers``, ``key``: the slide,
+#: planes and decoding the readers were opened for), each thread's own: two slides scored at
+#: once on threads of one process (two ``cyto.score_slide`` calls, tiles in the process) read
+#: each other's tiles through one process-wide context, and each slide's folder got the
+#: other's cells, sealed as its own (hostile round 48, 1). A worker process runs its tiles in
+#: one thread; the part thread of a slide holds its own.
+_TILES = threading.local()
+
+
+def _state(name: str):
+    return getattr(_TILES, name, None)
 
 
 def _init_worker(ctx: TileContext | None) -> None:
@@ -111,31 +120,30 @@ def _init_worker(ctx: TileContext | None) -> None:
     only oversubscribed the cores (benchmarks/results/vm-2core/cv-threads)."""
     import cv2
 
-    global _CTX
-    _CTX = ctx
+    _TILES.ctx = ctx
     _close_readers()
     cv2.setNumThreads(1)
 
 
 def _close_readers() -> None:
-    global _READERS, _READERS_KEY
-    for r in _READERS or []:
+    """This thread's readers closed."""
+    for r in _state("readers") or []:
         r.close()
-    _READERS, _READERS_KEY = None, None
+    _TILES.readers, _TILES.key = None, None
 
 
 def _readers(ctx: TileContext) -> list:
-    """The slide's readers (main plane first, then each extra plane), opened once per worker."""
-    global _READERS, _READERS_KEY
+    """The slide's readers (main plane first, then each extra plane), opened once per worker
+    (per thread)."""
     key = (ctx.slide, ctx.planes, ctx.decode, ctx.decode_device)
-    if _READERS is None or key != _READERS_KEY:
+    if _state("readers") is None or key != _state("key"):
         _close_readers()
         if ctx.decode == "torch":
             main = _TorchDecoded(ctx.slide, ctx.decode_device)
         else:
             main = open_slide(ctx.slide)
-        _READERS, _READERS_KEY = [main] + [open_plane(p) for p in ctx.planes], key
-    return _READERS
+        _TILES.readers, _TILES.key = [main] + [open_plane(p) for p in ctx.planes], key
+    return _TILES.readers
 
 
 def _warm_worker(slide: str | SlideURL) -> None:
@@ -231,10 +239,9 @@ def run_tile(job: Job, ctx: TileContext | None = None) -> dict:
     At most ``max_cells`` crops come back; the nuclei of a denser tile beyond those come back as
     ``rest``, for part jobs that read just the region around them and cut their crops. ``ctx``:
     the slide's context, sent with each job (None: the one the worker started with)."""
-    global _CTX
     if ctx is not None:
-        _CTX = ctx
-    ctx = _CTX
+        _TILES.ctx = ctx
+    ctx = _state("ctx")
     readers = _readers(ctx)
     t_index, x0, y0, given, part = job
     size = ctx.tile
@@ -401,8 +408,10 @@ class TileFeed:
             # a pool handed in is waited for by its owner (score_slide), after the slide is
             # finished: the workers' exit (0.2-0.7 s on 2 cores) runs beside the finishing
             self.pool.shutdown(wait=not self.handed, cancel_futures=True)
+            # the part thread's readers are its own: closed there, then the thread goes
+            self.parts_here.submit(_close_readers).result()
             self.parts_here.shutdown(wait=True, cancel_futures=True)
-        _close_readers()  # this process's: the workers=0 tiles', or the part thread's
+        _close_readers()  # this thread's: the workers=0 tiles'
 
 
 def broken_worker_error(slide, store_dir, exc: BrokenProcessPool) -> CytoError:
