@@ -25,6 +25,8 @@ from cyto.errors import CytoWarning, OutputBusyError, warn_caller
 from cyto.tables import json_text
 
 LOCK = ".lock"
+#: how long a run tries again for a lock that a reader's look (:func:`held`) may hold
+PROBE_GRACE_S = 0.25
 #: what flock answers on a file system that cannot lock
 NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
@@ -122,17 +124,28 @@ class OutputLock:
 
         self.folder.mkdir(parents=True, exist_ok=True)
         fh = open(self.path, "a+")  # noqa: SIM115 - held open for the whole run
-        try:
-            if not flock_or_not(fh, fcntl.LOCK_EX | fcntl.LOCK_NB):
-                warn_caller(
-                    f"{self.folder}: this file system cannot lock files, so another "
-                    f"{self.command} into this folder at the same time would not be refused",
-                    CytoWarning,
-                )
-        except BlockingIOError:
-            error = self._refusal(fh)
-            fh.close()
-            raise error from None
+        # a reader's look (held(): a shared lock taken and let go at once, by view, review,
+        # data cells, calibrate, eval or a watch's poll) holds it for microseconds: a run
+        # that met one was refused as busy, "pid ? on ?" (hostile round 48, 3: 289 of 3000
+        # tries beside a polling process). A run's own holds for the whole run: tried again
+        # for a moment before the refusal
+        deadline = time.monotonic() + PROBE_GRACE_S
+        while True:
+            try:
+                if not flock_or_not(fh, fcntl.LOCK_EX | fcntl.LOCK_NB):
+                    warn_caller(
+                        f"{self.folder}: this file system cannot lock files, so another "
+                        f"{self.command} into this folder at the same time would not be refused",
+                        CytoWarning,
+                    )
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.005)
+                    continue
+                error = self._refusal(fh)
+                fh.close()
+                raise error from None
         fh.seek(0)
         fh.truncate()
         fh.write(
