@@ -5,9 +5,10 @@ beside the target (``.NAME.KIND-PID@HOST-XXXX``) and renames it into place, or r
 it fails. A run killed outright (SIGKILL, power loss) removes nothing: a killed ``cyto synth
 slide`` left its spool files (hostile round 46, 3: 460 KB for a 4096 px slide, growing with the
 slide), a killed export its staging folder, and no later run took them away. The folder's name
-says whose it is, so the next run of the same target removes those whose process is gone from
-this machine (:func:`dir_beside` does, before it makes its own), and never one of a live run:
-not of another run beside it, nor of another machine sharing the folder.
+says whose it is (``HOST``: this machine and its process-id namespace, :func:`_host`), so the
+next run of the same target removes those whose process is gone from this machine (:func:`dir_
+beside` does, before it makes its own), and never one of a live run: not of another run beside
+it, nor of another machine or container sharing the folder (theirs are left, never guessed).
 """
 
 from __future__ import annotations
@@ -23,8 +24,17 @@ from pathlib import Path
 
 
 def _host() -> str:
-    """This machine's name as a folder name takes it (letters and digits, at most 16)."""
-    return re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:16] or "host"
+    """Where a process id means one process: this machine (its whole name) and its process-id
+    namespace (containers sharing a name and a volume each have their own), as 12 hex digits.
+    The name cut to 16 letters made ``cyto-scoring-worker-0`` and ``-1`` one machine, and a
+    run on one removed the other's live staging folder (hostile round 48, 2)."""
+    import hashlib
+
+    try:
+        space = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        space = ""
+    return hashlib.sha256(f"{socket.gethostname()}\0{space}".encode()).hexdigest()[:12]
 
 
 def prefix(path: Path, kind: str) -> str:
@@ -46,7 +56,7 @@ def sweep(path: Path) -> list[Path]:
     """Remove the staging folders (and files) beside ``path`` that runs of this machine left
     when they were killed: those named by :func:`prefix` whose process is gone. Returns them."""
     path = Path(path)
-    pattern = re.compile(rf"^\.{re.escape(path.name)}\.[a-z]+-(\d+)@([A-Za-z0-9]+)-")
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.[a-z]+-(\d+)@([0-9a-f]{{12}})-")
     host = _host()
     gone = []
     try:

@@ -24,6 +24,11 @@ def _dead_pid() -> int:
     return proc.pid
 
 
+def _other(host: str) -> str:
+    """Another machine's (or container's) tag."""
+    return "0" * 12 if host != "0" * 12 else "1" * 12
+
+
 names = st.text(
     alphabet=st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="/\\\0"),
     min_size=1,
@@ -41,7 +46,7 @@ def test_the_next_run_removes_what_killed_runs_left_and_nothing_else(tmp_path_fa
         "dead": root / f".{name}.writing-{dead}@{host}-x1",  # a killed run's: removed
         "dead file": root / f".{name}.saving-{dead}@{host}-x2",
         "live": root / f".{name}.writing-{live}@{host}-x3",  # a live run's: kept
-        "other host": root / f".{name}.writing-{dead}@elsewhere{host}-x4",  # kept
+        "other host": root / f".{name}.writing-{dead}@{_other(host)}-x4",  # kept
         "users": root / f".{name}.bak",  # kept
         "other target": root / f".{name}x.writing-{dead}@{host}-x5",  # another output's: kept
     }
@@ -99,3 +104,22 @@ def test_a_bundles_staging_of_a_killed_run_goes_with_the_next_write(tmp_path, ki
     else:
         save_bundle(path, {"method": "dsvdd"}, {}, {"c": np.ones(2)}, overwrite=True)
     assert not stale.exists()
+
+
+def test_machines_whose_names_begin_alike_and_containers_of_one_name_are_told_apart(
+    monkeypatch,
+):
+    """Hostile round 48, 2: names cut to 16 letters made `cyto-scoring-worker-0` and `-1` one
+    machine (pods sharing a volume, each with its own process ids), and a run on one removed the
+    other's live staging folder."""
+    import socket
+
+    tags = set()
+    for name in ("cyto-scoring-worker-0", "cyto-scoring-worker-1"):
+        monkeypatch.setattr(socket, "gethostname", lambda name=name: name)
+        tags.add(staging._host())
+    spaces = iter(["pid:[4026531836]", "pid:[4026532999]"])
+    monkeypatch.setattr(socket, "gethostname", lambda: "same-name")
+    monkeypatch.setattr(os, "readlink", lambda path: next(spaces))
+    tags |= {staging._host(), staging._host()}
+    assert len(tags) == 4, tags
