@@ -169,19 +169,20 @@ def test_resume_reuses_a_finished_slide_only_when_its_outputs_hold(
     assert (folder / "topk.parquet").is_file() and (folder / "topk_mosaic_blinded.png").is_file()
 
 
-def test_a_resume_keeps_scores_of_this_precision_only_and_names_the_engine_that_made_them(
+def test_a_resume_keeps_scores_as_exact_as_its_engines_and_names_the_engine_that_made_them(
     exported_dsvdd, two_slides, tmp_path, monkeypatch
 ):
     """`cyto score --backend onnx --resume` kept a slide OpenVINO had scored at bf16 (as
-    `--backend auto` picks it on a CPU with bf16), unsaid: a finished run's scores are reused
-    only at the precision this run's engine has (as an unfinished run's chunks are), and one
-    kept from another backend says which."""
+    `--backend auto` picks it on a CPU with bf16), unsaid: a finished run's scores are kept
+    only where they are as exact as this run's engine makes them (the same precision, or a
+    finer one: a plain --resume that auto took to bf16 scored a cohort finished at fp32 again,
+    hostile round 48, 5), and one kept from another engine says which; the line that a slide
+    is scored again is said once (it was said twice)."""
     import cyto.cohort.local as local
     from cyto.cohort import score_cohort
 
     a = two_slides[0].paths[0]
     out = tmp_path / "o"
-    score_cohort([a], exported_dsvdd, out, _opts(backend="onnx"), lambda m: None)
     real = local.load_scorer
     engine: dict[str, str] = {}
 
@@ -192,20 +193,27 @@ def test_a_resume_keeps_scores_of_this_precision_only_and_names_the_engine_that_
         return scorer
 
     monkeypatch.setattr(local, "load_scorer", loaded)
-    engine.update(name="openvino")  # another backend at the same precision: kept, and said
-    said: list[str] = []
-    score_cohort([a], exported_dsvdd, out, _opts(backend="onnx"), said.append)
-    [kept] = [m for m in said if "already scored" in m]
-    assert ", on onnx at fp32) in " in kept, kept
-    engine.update(precision="bf16")  # another precision: scored again, each engine named
-    said.clear()
-    [again], _ = score_cohort([a], exported_dsvdd, out, _opts(backend="onnx"), said.append)
+
+    def run() -> tuple[dict, list[str]]:
+        said: list[str] = []
+        [summary], _ = score_cohort([a], exported_dsvdd, out, _opts(backend="onnx"), said.append)
+        return summary, said
+
+    engine.update(name="openvino", precision="bf16")  # as auto takes it on a bf16 CPU
+    first, _ = run()
+    assert (first["backend"], first["precision"]) == ("openvino", "bf16")
+    engine.clear()  # onnx at fp32: finer than bf16, scored again, each engine named once
+    again, said = run()
+    line = "scored on openvino at bf16, this run's engine is onnx at fp32; scoring it again"
+    assert sum(line in m for m in said) == 1, said
     assert not any("already scored" in m for m in said), said
-    assert any(
-        "scored on onnx at fp32, this run's engine is openvino at bf16; scoring it again" in m
-        for m in said
-    ), said
-    assert again["precision"] == "bf16" and again.get(local.REUSED) is None
+    assert again["precision"] == "fp32" and again.get(local.REUSED) is None
+    for field, value in (("name", "openvino"), ("precision", "int8")):
+        engine.update({field: value})  # another backend at fp32, then a coarser precision
+        kept, said = run()
+        [line] = [m for m in said if "already scored" in m]
+        assert ", on onnx at fp32) in " in line, line
+        assert kept.get(local.REUSED) is not None
 
 
 def test_python_callers_are_warned_of_unverified_scores_and_of_a_resume_that_scores_again(

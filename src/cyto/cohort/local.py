@@ -87,10 +87,11 @@ def finished_summary(
         )
         return None
     ran = (data.get("backend"), data.get("precision"))
-    if ran[1] is not None and ran[1] != scorer.precision:
-        # scores of another precision are not this run's (the chunks of an unfinished one are
-        # not continued either: ChunkStore's key): `--backend onnx --resume` had kept what
-        # OpenVINO scored at bf16, unsaid
+    if ran[1] is not None and not _as_exact(ran[1], scorer.precision):
+        # scores of a coarser precision than this run's engine has are not kept (`--backend
+        # onnx --resume` had kept what OpenVINO scored at bf16, unsaid); a finer one's are,
+        # said (a plain --resume that auto took to bf16 scored a cohort finished at fp32 again:
+        # hostile round 48, 5)
         echo(
             f"{slide.name}: {target}: scored on {ran[0]} at {ran[1]}, this run's engine is "
             f"{scorer.backend.name} at {scorer.precision}; scoring it again"
@@ -150,19 +151,36 @@ def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, ech
     from cyto.outputs_check import UNFINISHED_AT_START, FinishedMeanwhile
 
     if slide.exists() and opts.resume:  # a file, or a DICOM slide's folder
-        previous = _reused(target, scorer, slide, opts, echo)
+        said: set[str] = set()
+
+        def once(line: str) -> None:  # why a finished run is not reused, said at one look
+            if line not in said:
+                said.add(line)
+                echo(line)
+
+        previous = _reused(target, scorer, slide, opts, once)
         if previous is not None:
             return previous
         token = UNFINISHED_AT_START.set(True)  # finished by another run meanwhile: reused
         try:
             return score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics)
         except FinishedMeanwhile:
-            previous = _reused(target, scorer, slide, opts, echo)
+            previous = _reused(target, scorer, slide, opts, once)
             if previous is not None:
                 return previous
         finally:
             UNFINISHED_AT_START.reset(token)
     return score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics)
+
+
+#: how exact each precision's scores are: a finished run's are kept by a run whose engine's
+#: are no more exact (fp16 and bf16 apart: neither is the other's)
+_EXACTNESS = {"fp32": 3, "fp16": 2, "bf16": 2, "int8": 1}
+
+
+def _as_exact(was: str, now: str) -> bool:
+    """Whether scores made at ``was`` serve a run at ``now``: the same precision, or finer."""
+    return was == now or _EXACTNESS.get(was, 0) > _EXACTNESS.get(now, 0)
 
 
 def _reused(target: Path, scorer: Scorer, slide: Path, opts: ScoreOptions, echo) -> dict | None:
@@ -172,12 +190,12 @@ def _reused(target: Path, scorer: Scorer, slide: Path, opts: ScoreOptions, echo)
         return None
     # when it was scored, not how long that took: the report says nothing ran now
     when = scored_when(target)
-    # scored by another backend at this precision: the same scores within what verification
-    # allows, said as such (the line said nothing of the engine that ran)
-    other = previous.get("backend")
+    # scored by another engine (another backend at this precision, the same scores within
+    # what verification allows; or a finer precision), said as such
+    other, at = previous.get("backend"), previous.get("precision")
     by = (
-        f", on {other} at {previous.get('precision')}"
-        if other not in (None, scorer.backend.name)
+        f", on {other} at {at}"
+        if other is not None and (other, at) != (scorer.backend.name, scorer.precision)
         else ""
     )
     echo(f"{slide.name}: already scored ({when}{by}) in {target}; skipping")
