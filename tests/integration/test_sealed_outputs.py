@@ -541,4 +541,20 @@ def test_a_folder_a_run_is_writing_now_is_read_by_no_reader(calibrated, tmp_path
         shown = open_view(cohort, unblind=True)
     assert [s.folder.name for s in shown] == ["s1"]
     said = [str(w.message) for w in caught if issubclass(w.category, CytoWarning)]
-    assert any("1 slide folder(s) of" in m and "left out (s2)" in m for m in said), said
+    assert any("1 slide folder(s) of" in m and "left out (s2), being written" in m for m in said)
+    # a slide scored for the first time (no outputs yet), or left unfinished by a stopped run:
+    # left out and said (round 48, 4: it was left out unsaid)
+    shutil.rmtree(cohort / "s2")  # a copy of s1's run: one of them is shown
+    (cohort / "s3" / ".partial").mkdir(parents=True)
+    with OutputLock(cohort / "s4"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shown = open_view(cohort, unblind=True)
+    assert [s.folder.name for s in shown] == ["s1"]
+    said = " | ".join(str(w.message) for w in caught if issubclass(w.category, CytoWarning))
+    assert "left out (s4), being written by another cyto score now" in said, said
+    assert "left out (s3), unfinished (a run stopped)" in said, said
+    # a cohort of nothing finished says why, not "holds no scored slide"
+    lone = tmp_path / "lone"
+    (lone / "s3" / ".partial").mkdir(parents=True)
+    with pytest.raises(InputPathError, match=r"s3: it holds an unfinished cyto score run"):
+        open_view(lone, unblind=True)

@@ -41,7 +41,7 @@ from cyto import staging
 from cyto.errors import ConfigError, CytoError, CytoWarning, InputPathError, first_line, warn_caller
 from cyto.flags import check_seed
 from cyto.reuse import check_reuse
-from cyto.seal import unfinished
+from cyto.seal import refuse_being_written, unfinished
 from cyto.tables import json_text
 
 CASES_FILE, KEY_FILE, CROPS = "cases.json", "key.json", "crops"
@@ -125,20 +125,31 @@ def find_scored(folders: list[Path]) -> list[Path]:
         if _is_scored(folder):
             found.append(folder.resolve())
             continue
-        subs = sorted(p.resolve() for p in folder.iterdir() if p.is_dir() and _is_scored(p))
+        dirs = sorted(p.resolve() for p in folder.iterdir() if p.is_dir())
+        subs = [p for p in dirs if _is_scored(p)]
         # a cohort's slide that a run is writing now (an --overwrite, a resume scoring it
-        # again) is left out, said; the others are read (one such slide refused them all)
+        # again, a first scoring) or that a stopped run left unfinished is left out, said;
+        # the others are read (a slide being scored again refused them all, one scored for
+        # the first time was left out unsaid: hostile round 48, 4)
         from cyto.locks import OutputLock
 
-        busy = [p for p in subs if OutputLock(p).busy() is not None]
-        if busy and len(busy) < len(subs):
-            warn_caller(
-                f"{len(busy)} slide folder(s) of {folder} are being written by another cyto "
-                f"score now and are left out ({', '.join(p.name for p in busy[:3])}"
-                f"{', ...' if len(busy) > 3 else ''}): read them again once it has finished",
-                CytoWarning,
-            )
-            subs = [p for p in subs if p not in busy]
+        busy = [p for p in dirs if OutputLock(p).busy() is not None]
+        stopped = [p for p in dirs if p not in busy and not _is_scored(p) and unfinished(p)]
+        subs = [p for p in subs if p not in busy]
+        for left, why in (
+            (busy, "being written by another cyto score now: read them again once it has finished"),
+            (stopped, "unfinished (a run stopped): finish them with cyto score --resume"),
+        ):
+            if left and subs:
+                names = ", ".join(p.name for p in left[:3]) + (", ..." if len(left) > 3 else "")
+                warn_caller(
+                    f"{len(left)} slide folder(s) of {folder} are left out ({names}), {why}",
+                    CytoWarning,
+                )
+        if not subs and (busy or stopped):
+            first = (busy or stopped)[0]
+            refuse_being_written(first, InputPathError)
+            raise InputPathError(f"{first}: {unfinished(first)}")
         if not subs and unfinished(folder):
             raise InputPathError(f"{folder}: {unfinished(folder)}")
         if not subs:
@@ -187,7 +198,7 @@ def read_source(folder: Path, options: dict | None = None) -> Source:
     """A scored folder, trusted only through its seal (:func:`cyto.seal.read_sealed`): the cases
     of a review are cut from what the run wrote, never from outputs edited since. ``options``:
     the storage options its slide, a URL, is read with (``--storage-option``)."""
-    from cyto.seal import read_sealed, refuse_being_written
+    from cyto.seal import read_sealed
 
     refuse_being_written(folder, InputPathError)
     sealed = read_sealed(folder)
