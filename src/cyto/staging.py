@@ -81,7 +81,13 @@ def dir_beside(path: Path, kind: str) -> Path:
     from the other users of a shared workstation."""
     path = Path(path)
     sweep(path)
-    tmp = Path(tempfile.mkdtemp(prefix=prefix(path, kind), dir=path.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=prefix(path, kind), dir=path.parent))
+    except OSError as exc:
+        # named by the folder that must take it, not the hidden name it was to have (a
+        # writable bundle in a read-only folder was told ".X.cyto.staged-...: read-only":
+        # hostile round 48, 6)
+        raise OSError(exc.errno, exc.strerror, str(path.parent)) from exc
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(tmp, 0o777 & ~mask)

@@ -123,3 +123,21 @@ def test_machines_whose_names_begin_alike_and_containers_of_one_name_are_told_ap
     monkeypatch.setattr(os, "readlink", lambda path: next(spaces))
     tags |= {staging._host(), staging._host()}
     assert len(tags) == 4, tags
+
+
+def test_a_folder_that_takes_no_staging_is_named_itself(tmp_path, monkeypatch):
+    """Hostile round 48, 6: a writable bundle in a read-only folder: export and calibrate named
+    the hidden staging folder they could not make (".X.cyto.staged-...: read-only"). The
+    error names the folder that must take it."""
+    import errno
+    import tempfile
+
+    from cyto.errors import system_words
+
+    def read_only(prefix, dir):
+        raise OSError(errno.EROFS, "Read-only file system", f"{dir}/{prefix}abc")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    with pytest.raises(OSError) as caught:
+        staging.dir_beside(tmp_path / "X.cyto", "staged")
+    assert system_words(caught.value) == f"{tmp_path}: the file system is read-only"
