@@ -211,3 +211,32 @@ def test_a_kernel_that_could_not_be_kept_is_said_so_not_as_one_that_did_not_load
         "numba kernel softmax.softmax_abnormal-17.nbi could not be kept in cyto's cache (the "
         "disk is full): compiled for this run only"
     ), said
+
+
+def test_a_first_run_on_a_cache_that_takes_nothing_compiles_for_itself(monkeypatch):
+    """Hostile round 48: a first run whose cache disk was full stopped at the kernel (nothing
+    was kept to remove): the kernel is compiled for that run alone, and said."""
+    import errno
+    import warnings
+
+    def add_one(x):
+        return x + 1
+
+    class Dispatcher:
+        py_func = staticmethod(add_one)
+        targetoptions = {"cache": True}
+
+        def __call__(self, *args):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(kernels, "_forget_kept", lambda d: [])
+    kernel = kernels.KeptKernel(Dispatcher())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert kernel(1) == 2
+        assert kernel(2) == 3  # the run's own kernel from then on, said once
+    said = [str(w.message) for w in caught]
+    assert said == [
+        "numba kernel add_one could not be kept in cyto's cache (the disk is full): compiled "
+        "for this run only"
+    ], said

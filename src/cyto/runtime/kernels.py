@@ -166,6 +166,13 @@ class KeptKernel:
             return self.dispatcher(*args)
         except Exception as exc:  # noqa: BLE001 - which of them a damaged file raises varies
             removed = _forget_kept(self.dispatcher)
+            from cyto.errors import SYSTEM_ERRORS
+
+            if not removed and isinstance(exc, OSError) and exc.errno in SYSTEM_ERRORS:
+                # nothing kept, and the cache takes nothing (a full disk, a read-only
+                # folder): compiled for this run alone, not kept (a first run on a full cache
+                # stopped here: hostile round 48)
+                return self._uncached(exc, args)
             if not removed:
                 raise
             result = self.dispatcher(*args)  # compiled anew; its own error, if any, is raised
@@ -185,6 +192,21 @@ class KeptKernel:
                 )
             warn_caller(said, CytoWarning)
             return result
+
+    def _uncached(self, exc: OSError, args):
+        import numba
+
+        from cyto.errors import SYSTEM_ERRORS, CytoWarning
+
+        options = {k: v for k, v in self.dispatcher.targetoptions.items() if k != "cache"}
+        self.dispatcher = numba.njit(**options)(self.dispatcher.py_func)
+        result = self.dispatcher(*args)
+        warn_caller(
+            f"numba kernel {self.__name__} could not be kept in cyto's cache "
+            f"({SYSTEM_ERRORS[exc.errno]}): compiled for this run only",
+            CytoWarning,
+        )
+        return result
 
 
 def _forget_kept(dispatcher) -> list[str]:
