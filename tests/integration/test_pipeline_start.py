@@ -184,9 +184,10 @@ def test_a_dense_tiles_parts_are_cut_here_not_behind_the_workers_queue(
     here = []
 
     class Recording(ThreadPoolExecutor):
-        def submit(self, fn, job, ctx):
-            here.append(job)
-            return super().submit(fn, job, ctx)
+        def submit(self, fn, *args):
+            if fn is tiling.run_tile:  # (the thread also closes its readers at the end)
+                here.append(args[0])
+            return super().submit(fn, *args)
 
     sent = []  # the jobs the worker got
     real_submit = interrupts._Pool.submit
