@@ -447,7 +447,7 @@ def _readable_by_all(folder: Path) -> None:
     """The modes a plain ``mkdir`` and ``open`` would give under the user's umask: mkdtemp makes
     the folder 0700 and safetensors writes 0600, which other users of a shared workstation
     cannot read."""
-    umask = _umask()
+    umask = staging.umask()
     folder.chmod(0o777 & ~umask)
     for f in folder.iterdir():
         if f.is_file():
@@ -767,7 +767,7 @@ def atomic_write(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~staging.umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -787,12 +787,6 @@ def clear_temp_dirs_beside(path: Path) -> None:
     path = Path(path)
     for stale in path.parent.glob(f".{path.name}.partial-*"):
         shutil.rmtree(stale, ignore_errors=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _write_manifest(path: Path, manifest: dict[str, Any], seal: bool) -> None:

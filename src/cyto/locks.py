@@ -161,31 +161,45 @@ class OutputLock:
         self._fh = fh
         return self
 
-    def _refusal(self, fh) -> OutputBusyError:
-        """The refusal of this run, naming the run that holds the lock (what it wrote in it)."""
+    def _holder(self, fh) -> str:
+        """'FOLDER is being written by another COMMAND (pid N on HOST, since T)': the run that
+        holds the lock, by what it wrote in it."""
         fh.seek(0)
         try:
             holder = json.loads(fh.read() or "{}")
         except json.JSONDecodeError:
             holder = {}
-        return OutputBusyError(
+        return (
             f"{self.folder} is being written by another {self.command} (pid "
             f"{holder.get('pid', '?')} on {holder.get('host', '?')}, since "
-            f"{holder.get('started', '?')}); wait for it to finish, or "
-            f"{self.instead or another_out()}"
+            f"{holder.get('started', '?')})"
         )
 
-    def busy(self) -> OutputBusyError | None:
-        """The refusal :meth:`acquire` would raise now, asked without taking the lock or
-        writing anything (:func:`held`); None where the folder is free (or cannot lock). A run
-        asks before its slow start (loading a model) so that its refusal comes first."""
+    def _refusal(self, fh) -> OutputBusyError:
+        """The refusal of this run, naming the run that holds the lock."""
+        return OutputBusyError(
+            f"{self._holder(fh)}; wait for it to finish, or {self.instead or another_out()}"
+        )
+
+    def holder(self) -> str | None:
+        """Who holds the folder now (:meth:`_holder`'s words), asked without taking the lock or
+        writing anything (:func:`held`); None where the folder is free (or cannot lock)."""
         if not held(self.folder):
             return None
         try:
             with open(self.path) as fh:
-                return self._refusal(fh)
+                return self._holder(fh)
         except OSError:  # the holder finished between the two looks
             return None
+
+    def busy(self) -> OutputBusyError | None:
+        """The refusal :meth:`acquire` would raise now (:meth:`holder`); None where the folder
+        is free. A run asks before its slow start (loading a model) so that its refusal comes
+        first."""
+        who = self.holder()
+        if who is None:
+            return None
+        return OutputBusyError(f"{who}; wait for it to finish, or {self.instead or another_out()}")
 
     def release(self) -> None:
         if self._fh is not None:

@@ -118,10 +118,9 @@ def refuse_being_written(folder: Path, error=None) -> None:
     from cyto.errors import ConfigError
     from cyto.locks import OutputLock
 
-    busy = OutputLock(Path(folder)).busy()
-    if busy is not None:
-        words = str(busy).split("; wait for it")[0]
-        raise (error or ConfigError)(f"{words}: wait for it to finish, then read it")
+    who = OutputLock(Path(folder)).holder()
+    if who is not None:
+        raise (error or ConfigError)(f"{who}: wait for it to finish, then read it")
 
 
 def _read_seal(folder: Path) -> tuple[dict | None, str]:

@@ -88,10 +88,15 @@ def dir_beside(path: Path, kind: str) -> Path:
         # writable bundle in a read-only folder was told ".X.cyto.staged-...: read-only":
         # hostile round 48, 6)
         raise OSError(exc.errno, exc.strerror, str(path.parent)) from exc
+    os.chmod(tmp, 0o777 & ~umask())
+    return tmp
+
+
+def umask() -> int:
+    """This process's umask (read by setting it, and set back)."""
     mask = os.umask(0)
     os.umask(mask)
-    os.chmod(tmp, 0o777 & ~mask)
-    return tmp
+    return mask
 
 
 @contextlib.contextmanager

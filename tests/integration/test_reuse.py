@@ -560,16 +560,19 @@ def test_a_full_disk_under_trainings_checkpoint_is_one_line_naming_it(
     checkpoint. A checkpoint is written as any file: one line naming it, nothing half-written,
     and a --resume with room continues."""
     import errno
+    import os
+    import types
 
+    import cyto.bundle as bundle_mod
     from cyto.train.api import checkpoint_dir
     from tests.cli_runner import run_cyto
 
-    real_open = open
+    real_fdopen = os.fdopen
     room = {"bytes": 4096}  # what the disk takes before it is full
 
-    class FullDisk:
-        def __init__(self, path, mode):
-            self.fh = real_open(path, mode)
+    class FullDisk:  # a file written by cyto.bundle.atomic_write, on a disk that fills
+        def __init__(self, fd, mode):
+            self.fh = real_fdopen(fd, mode)
 
         def write(self, data):
             if len(data) > room["bytes"]:
@@ -586,7 +589,11 @@ def test_a_full_disk_under_trainings_checkpoint_is_one_line_naming_it(
         def __exit__(self, *exc):
             self.fh.close()
 
-    monkeypatch.setattr(loop_mod, "open", FullDisk, raising=False)
+    full_os = types.SimpleNamespace(
+        **{k: getattr(os, k) for k in dir(os) if not k.startswith("__")}
+    )
+    full_os.fdopen = FullDisk
+    monkeypatch.setattr(bundle_mod, "os", full_os)
     out = tmp_path / "m.cyto"
     sets = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
     args = ["train", "dsvdd", "--data", str(synth_patches), "--out", str(out), "--normal",
@@ -597,6 +604,7 @@ def test_a_full_disk_under_trainings_checkpoint_is_one_line_naming_it(
     [line] = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
     assert line.endswith(": the disk is full") and str(checkpoint_dir(out)) in line, line
     assert not list(checkpoint_dir(out).rglob("*.partial"))
+    assert not [p for p in checkpoint_dir(out).rglob(".*") if p.name != ".lock"]
     room["bytes"] = 1 << 40
     again = run_cyto(*args, "--resume")
     assert again.returncode == 0, again.stderr

@@ -133,7 +133,7 @@ def find_scored(folders: list[Path]) -> list[Path]:
         # the first time was left out unsaid: hostile round 48, 4)
         from cyto.locks import OutputLock
 
-        busy = [p for p in dirs if OutputLock(p).busy() is not None]
+        busy = [p for p in dirs if OutputLock(p).holder() is not None]
         stopped = [p for p in dirs if p not in busy and not _is_scored(p) and unfinished(p)]
         subs = [p for p in subs if p not in busy]
         for left, why in (

@@ -176,15 +176,12 @@ class KeptKernel:
             if not removed:
                 raise
             result = self.dispatcher(*args)  # compiled anew; its own error, if any, is raised
-            from cyto.errors import SYSTEM_ERRORS, CytoWarning, first_line
+            from cyto.errors import CytoWarning, first_line
 
             if isinstance(exc, OSError) and exc.errno in SYSTEM_ERRORS:
                 # the kernel could not be written (a full cache disk): none was kept to load
                 # (the line said a kept kernel "did not load": hostile round 47, 8)
-                said = (
-                    f"numba kernel {removed[0]} could not be kept in cyto's cache "
-                    f"({SYSTEM_ERRORS[exc.errno]}): compiled for this run only"
-                )
+                said = _not_kept_words(removed[0], exc)
             else:
                 said = (
                     f"kept numba kernel {removed[0]} did not load ({first_line(exc)}): removed "
@@ -196,17 +193,23 @@ class KeptKernel:
     def _uncached(self, exc: OSError, args):
         import numba
 
-        from cyto.errors import SYSTEM_ERRORS, CytoWarning
+        from cyto.errors import CytoWarning
 
         options = {k: v for k, v in self.dispatcher.targetoptions.items() if k != "cache"}
         self.dispatcher = numba.njit(**options)(self.dispatcher.py_func)
         result = self.dispatcher(*args)
-        warn_caller(
-            f"numba kernel {self.__name__} could not be kept in cyto's cache "
-            f"({SYSTEM_ERRORS[exc.errno]}): compiled for this run only",
-            CytoWarning,
-        )
+        warn_caller(_not_kept_words(self.__name__, exc), CytoWarning)
         return result
+
+
+def _not_kept_words(name: str, exc: OSError) -> str:
+    """The line for a kernel the cache could not take (a full disk, a read-only folder)."""
+    from cyto.errors import SYSTEM_ERRORS
+
+    return (
+        f"numba kernel {name} could not be kept in cyto's cache "
+        f"({SYSTEM_ERRORS[exc.errno]}): compiled for this run only"
+    )
 
 
 def _forget_kept(dispatcher) -> list[str]:

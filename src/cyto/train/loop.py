@@ -166,20 +166,16 @@ def save_checkpoint(path, modules, optimizer, scheduler, epoch, history) -> None
         "epoch": epoch,
         "history": history,
     }
-    # serialized in memory, then written as any file: torch.save onto a full disk raised its own
-    # RuntimeError ("unexpected pos") in a 60-line traceback and left the half-written file
-    # (hostile round 47, 2); a write's OSError is the machine's, said in one line
+    # serialized in memory, then written as any file is (atomic_write): torch.save onto a full
+    # disk raised its own RuntimeError ("unexpected pos") in a 60-line traceback and left the
+    # half-written file (hostile round 47, 2); a write's OSError is the machine's, one line
+    from cyto.bundle import atomic_write
+
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    tmp = path.with_suffix(".partial")
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(buffer.getbuffer())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.filename is None:
+        atomic_write(path, buffer.getvalue())
+    except OSError as exc:
+        if exc.filename is None:  # a write on an open file names none: the checkpoint's
             exc.filename = str(path)
         raise
