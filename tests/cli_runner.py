@@ -85,6 +85,7 @@ def _in_process(args: list[str], env: dict) -> subprocess.CompletedProcess:
         signal.signal(signal.SIGTERM, saved_sigterm)
         sys.unraisablehook = saved_hook
         interrupts._pending = interrupts._terminated = False
+        interrupts._late = 0
         torch = sys.modules.get("torch")
         if torch is not None and threads is not None and torch.get_num_threads() != threads:
             torch.set_num_threads(threads)

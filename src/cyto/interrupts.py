@@ -19,6 +19,7 @@ whole process group):
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -29,6 +30,7 @@ from contextlib import contextmanager
 _SIGINT = {signal.SIGINT}
 _pending = False
 _terminated = False
+_late = 0  # the exit code of a stop that came while a finished command's Python closed
 
 
 def _on_sigint(signum, frame) -> None:
@@ -59,6 +61,8 @@ def install() -> bool:
     stays so; so does a SIGTERM."""
     if threading.current_thread() is not threading.main_thread():
         return False
+    if not _late_exit_registered:  # registered first, so it runs after every other atexit
+        _register_late_exit()
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
@@ -67,6 +71,54 @@ def install() -> bool:
     if getattr(sys.unraisablehook, "__wrapped__", None) is None:
         sys.unraisablehook = _quiet_when_recorded(sys.unraisablehook)
     return True
+
+
+_late_exit_registered = False
+
+
+def _register_late_exit() -> None:
+    global _late_exit_registered
+    _late_exit_registered = True
+    atexit.register(_exit_late)
+
+
+def _exit_late() -> None:
+    """The last thing Python does at exit before it frees its modules (and resets the signal
+    handlers it set to the default, which dies of the signal with no word): a stop that came
+    while a finished command's Python closed exits with its code (130, or 143 for SIGTERM)
+    rather than 0; otherwise a stop from here on is ignored, the command's outputs complete.
+    Nothing changes for a process whose handlers are no longer cyto's (a test runner)."""
+    if _late:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_late)
+    if signal.getsignal(signal.SIGINT) is _while_closing:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # left as it is by Python's freeing
+    if signal.getsignal(signal.SIGTERM) is _while_closing:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def closing() -> None:
+    """The command has finished, its outputs complete; Python closes (joins threads and pools'
+    processes, runs what waits for exit, frees modules). A Ctrl-C or SIGTERM from now on is
+    said in one line and the exit code is the stop's, once Python has closed: it died of the
+    signal with no word before (hostile round 47, 7). A second one ends it at once."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(sig) in (_on_sigint, _on_sigterm):
+            signal.signal(sig, _while_closing)
+
+
+def _while_closing(signum, frame) -> None:
+    global _late
+    code = 143 if signum == signal.SIGTERM else 130
+    if _late:
+        os._exit(_late)
+    _late = code
+    what = "stopped (SIGTERM)" if code == 143 else "interrupted"
+    sys.stderr.write(f"{what} while closing: the command had finished; what it wrote is complete\n")
+    sys.stderr.flush()
 
 
 def _quiet_when_recorded(hook):

@@ -228,3 +228,77 @@ def test_a_second_sigterm_while_the_first_stops_the_run_is_nothing(monkeypatch):
         interrupts._on_sigterm(signal.SIGTERM, None)
     except KeyboardInterrupt:
         raise AssertionError("a second SIGTERM raised inside the stop") from None
+
+
+# a command that finished, then a Python that takes its time to close (joining a thread, as it
+# joins a pool's, freeing modules): a Ctrl-C or SIGTERM that comes meanwhile (hostile round 47, 7)
+CLOSING = """
+import threading
+import cyto.cli
+def app(**_how):
+    print("command done", flush=True)
+    sys.exit(0)
+cyto.cli._click_app = lambda: app
+threading.Thread(target=time.sleep, args=(SECONDS,)).start()  # Python joins it when closing
+cyto.cli.main()
+import time
+for sig in SIGNALS:
+    os.kill(os.getpid(), sig)
+    time.sleep(0.2)
+"""
+
+
+def _closing(seconds: float, *signals: int) -> tuple[subprocess.CompletedProcess, float]:
+    code = CLOSING.replace("SECONDS", str(seconds)).replace(
+        "SIGNALS", repr([int(s) for s in signals])
+    )
+    start = time.monotonic()
+    r = _run("import time\n" + code)
+    return r, time.monotonic() - start
+
+
+def test_a_ctrl_c_while_a_finished_command_closes_is_said_in_one_line_and_exits_130():
+    """It died of the signal (130 to the shell) with no word: the outputs are complete, and the
+    line says so. Python goes on closing (a record numba's kernels keep is written at exit)."""
+    r, _ = _closing(1.0, signal.SIGINT)
+    assert "command done" in r.stdout
+    assert r.returncode == 130, (r.returncode, r.stderr)
+    assert r.stderr.strip() == (
+        "interrupted while closing: the command had finished; what it wrote is complete"
+    ), r.stderr
+
+
+def test_a_sigterm_while_closing_exits_143_and_a_second_ctrl_c_ends_it_at_once():
+    r, _ = _closing(1.0, signal.SIGTERM)
+    assert r.returncode == 143 and r.stderr.strip().startswith("stopped (SIGTERM) while closing")
+    r, took = _closing(60.0, signal.SIGINT, signal.SIGINT)  # a thread that would hold it 60 s
+    assert r.returncode == 130 and r.stderr.count("interrupted while closing") == 1, r.stderr
+    assert took < 30, took
+
+
+def test_a_ctrl_c_in_the_last_stretch_of_closing_is_ignored_not_a_silent_death():
+    """Past its exit callbacks Python frees its modules (a third of a second with torch and
+    OpenVINO) and puts back the default handler of every signal it handled but ignored ones: a
+    Ctrl-C there killed the finished command (130 to the shell, no word). From cyto's last
+    exit callback on, a stop is ignored: what runs after it (here a callback registered before
+    cyto's, so run after it) finishes, and the command exits 0."""
+    r = _run(
+        """
+import atexit, time
+import cyto.cli
+
+def after_cyto():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.3)
+    print("closed", flush=True)
+
+atexit.register(after_cyto)
+def app(**_how):
+    print("command done", flush=True)
+    sys.exit(0)
+cyto.cli._click_app = lambda: app
+cyto.cli.main()
+"""
+    )
+    assert r.stdout.split() == ["command", "done", "closed"], r.stdout
+    assert (r.returncode, r.stderr) == (0, ""), (r.returncode, r.stderr)

@@ -229,6 +229,7 @@ def main() -> None:
             if exc.code not in (0, None):
                 raise
         interrupts.check()  # the command finished, but a Ctrl-C came and was swallowed
+        interrupts.closing()  # a stop from here on comes while Python closes: said as such
     except CytoError as exc:
         if env_switch("CYTO_DEBUG"):
             raise
