@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -117,7 +118,8 @@ def test_a_cohort_folder_with_such_a_name_scores_every_slide(made, exported_dsvd
 
 def test_whatever_one_slide_does_the_cohort_goes_on(made, exported_dsvdd, tmp_path, monkeypatch):
     """A slide that fails in a way nobody foresaw (here: a RuntimeError from inside scoring) is
-    one failed row and one line naming it; the slides after it are scored."""
+    one failed row and one line naming it, said before the next slide starts (it was said only
+    at the end of the cohort, hostile round 49, 2); the slides after it are scored."""
     import cyto.cohort.local as local
 
     real = local.score_slide
@@ -132,8 +134,13 @@ def test_whatever_one_slide_does_the_cohort_goes_on(made, exported_dsvdd, tmp_pa
     for name in ("a.tif", "b.tif", "c.tif"):
         shutil.copyfile(made, tmp_path / name)
         slides.append(tmp_path / name)
-    done, failed = score_cohort(slides, exported_dsvdd, tmp_path / "o", OPTS, echo=lambda m: None)
+    said: list[str] = []
+    done, failed = score_cohort(slides, exported_dsvdd, tmp_path / "o", OPTS, echo=said.append)
     assert [Path(s["slide"]).name for s in done] == ["a.tif", "c.tif"]
+    headers = [i for i, m in enumerate(said) if re.match(r"slide \d/3: ", m)]
+    between = said[headers[1] : headers[2]]  # what was said of b.tif
+    assert sum("(failed; the next slide goes on)" in m for m in between) == 1, said
+    assert sum("failed; the next slide goes on" in m for m in said) == 1  # not after the last
     ((slide, exc),) = failed
     assert slide.name == "b.tif" and isinstance(exc, CytoError)
     assert "failed unforeseen (RuntimeError: something nobody foresaw)" in str(exc)

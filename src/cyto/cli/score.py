@@ -375,6 +375,7 @@ def score_cmd(
     """
 
     from cyto.cohort.run import as_found, refuse_resume_and_overwrite, run_cohort, slide_line
+    from cyto.cohort.table import failure_words
     from cyto.infer import ScoreOptions
     from cyto.infer.options import check_rank_by, detection_for
     from cyto.infer.qupath import qupath_words
@@ -483,7 +484,6 @@ def score_cmd(
     if shown:
         typer.echo(shown)
     for slide, exc in failed:
-        why = str(exc) if str(slide) in str(exc) else f"{slide}: {exc}"  # the path once
-        typer.secho(f"failed: {why}", err=True, fg=typer.colors.RED)
+        typer.secho(f"failed: {failure_words(slide, exc)}", err=True, fg=typer.colors.RED)
     if failed:  # the most serious failure's code: 2 for bad input, 3 for a busy folder, else 1
         raise typer.Exit(max(exc.exit_code for _, exc in failed))

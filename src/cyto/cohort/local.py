@@ -8,6 +8,7 @@ from pathlib import Path
 
 from cyto.cohort.table import (
     cohort_row,
+    failure_words,
     is_cohort_table,
     read_cohort_table,
     write_cohort_table,
@@ -609,12 +610,21 @@ def score_cohort(
         except Exception as exc:  # whatever one slide does, the next is scored
             failed.append((slide, where.translated(unforeseen(slide, exc))))
             rows.append(cohort_row(slide, target, None, str(failed[-1][1])))
+        if failed and failed[-1][0] is slide and i < len(pairs):
+            # said when it happens, not only at the end of a long cohort (hostile round 49, 2)
+            echo(failed_now(slide, failed[-1][1]))
         if Path(out).is_dir():
             write_cohort_table(rows, Path(out) / "cohort.csv")
             table_failed = _publish_table(where, table_failed, echo)
     if table_failed is not None:  # said after the slides' own lines, which it must not hide
         failed.append((Path("cohort.csv"), table_failed))
     return done, failed
+
+
+def failed_now(slide, exc: Exception) -> str:
+    """The line said when a slide of a cohort fails, before the next slide starts (each is said
+    again with the others at the end)."""
+    return f"{failure_words(slide, exc)} (failed; the next slide goes on)"
 
 
 def _publish_table(where: OutputLocation, before: CytoError | None, echo) -> CytoError | None:

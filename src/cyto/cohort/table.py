@@ -10,6 +10,13 @@ from cyto.errors import warn_caller
 from cyto.location import shown
 from cyto.slides.base import printable
 
+
+def failure_words(slide, exc: Exception) -> str:
+    """A slide's failure in words: the error's, the slide named once (first, where the error
+    does not name it)."""
+    return str(exc) if str(slide) in str(exc) else f"{slide}: {exc}"
+
+
 COHORT_COLUMNS = (
     "slide",
     "output",

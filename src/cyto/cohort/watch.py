@@ -32,7 +32,7 @@ from cyto.cohort.local import (
     unforeseen,
 )
 from cyto.cohort.run import slide_line
-from cyto.cohort.table import cohort_row, write_cohort_table
+from cyto.cohort.table import cohort_row, failure_words, write_cohort_table
 from cyto.errors import ConfigError, CytoError, InputPathError, OutputBusyError
 from cyto.infer import ScoreOptions
 from cyto.infer.finish import Metrics
@@ -168,7 +168,7 @@ def watch_cohort(
                         exc = unforeseen(real, exc)
                     outcome[real] = exc
                     row = cohort_row(real, target, None, str(exc))
-                    echo(f"failed: {exc}" if str(real) in str(exc) else f"failed: {real}: {exc}")
+                    echo(f"failed: {failure_words(real, exc)}")
                 else:
                     done.append(summary)
                     # kept from a run before: a slide this watch scored stays scored
