@@ -609,16 +609,25 @@ def test_credentials_and_query_strings_are_never_printed(slide, http, exported_d
 
 
 @pytest.mark.openslide
-def test_a_format_that_needs_a_local_file_says_so_or_is_downloaded(tmp_path, monkeypatch):
-    """An NDPI by URL is refused in one line without --download; with it, a copy in cyto's
-    cache (named by the object's version) is read, the pixels the file's."""
+def test_a_format_that_needs_a_local_file_says_so_or_is_downloaded(
+    exported_dsvdd, tmp_path, monkeypatch
+):
+    """An NDPI by URL is refused in one line without --download, and the run leaves none of
+    the blocks it read to tell its format in cyto's cache (a folder of them was left for each
+    refused slide, hostile round 49, 1); with it, a copy in cyto's cache (named by the object's
+    version) is read, the pixels the file's."""
     from cyto.errors import UnsupportedSlideError
+    from cyto.infer import ScoreOptions, score_slide
 
     served = tmp_path / "served"
     write_slide(served / "n.ndpi", SlideSynthConfig(width=1024, height=512, seed=4), workers=0)
     monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
     with nginx(served, tmp_path / "nginx") as server:
         url = f"{server.url}/n.ndpi"
+        with pytest.raises(UnsupportedSlideError, match="pass --download"):
+            score_slide(url, exported_dsvdd, tmp_path / "o", ScoreOptions(mosaic=0))
+        assert not any((tmp_path / "cache" / "remote-blocks").rglob("*.blk"))
+        assert not (tmp_path / "o").exists()
         with pytest.raises(UnsupportedSlideError, match="pass --download"):
             open_slide(url)
         _downloaded_reads_as(url, served / "n.ndpi")

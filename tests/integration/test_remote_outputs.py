@@ -556,6 +556,10 @@ def test_a_slide_scored_by_url_is_read_back_as_it_was_scored(
     out = tmp_path / "scored"
     proc = _score(urls, exported_dsvdd, out, "--download", *where)
     assert proc.returncode == 0, proc.stderr
+    # the TIFF is read in place, the NDPI from its copy here: no "from the server" of it
+    # (hostile round 49, 3)
+    planned = [ln.split(":")[0] for ln in proc.stdout.splitlines() if "from the server" in ln]
+    assert planned == ["a.tif"], proc.stdout
     shutil.rmtree(tmp_path / "cache" / "remote")  # a fresh cache: the copy is fetched again
     for name in ("a", "n"):
         proc = run_cyto("data", "cells", str(out / name), "--out", str(tmp_path / f"c{name}"),

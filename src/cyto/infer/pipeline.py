@@ -106,6 +106,9 @@ def score_slide(
             pool.shutdown(wait=False, cancel_futures=True)
         if ahead is not None:  # its reader let go before the process may exit (0.3-1.2 s)
             ahead.join()
+        # a remote slide refused before its run began (its format, read from its first
+        # blocks: an NDPI without --download) left those blocks (hostile round 49, 1)
+        drop_blocks(slide)
         raise
     if pool is not None:  # told to stop when the last tile came in; gone by now, or soon
         pool.shutdown(wait=True)

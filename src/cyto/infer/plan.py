@@ -23,6 +23,7 @@ from cyto.infer.tiling import (
 from cyto.runtime import Scorer
 from cyto.slides import open_slide
 from cyto.slides.grid import tissue_mask
+from cyto.slides.readers import reads_from_server
 from cyto.slides.remote import SlideURL, slide_ref
 
 
@@ -151,9 +152,9 @@ class SlidePlan:
             echo,
             recorded_mpp=info.mpp if opts.slide_mpp else None,
         )
-        if isinstance(slide, SlideURL):  # the bar starts with the tiles: what a slow link reads
-            from cyto.detect import THRESHOLD_WINDOWS  # before them is said (12 s of nothing at
-            # 600 KB/s for a 9 MB slide, longer on a larger one)
+        if reads_from_server(slide, reader):  # the bar starts with the tiles: what a slow link
+            from cyto.detect import THRESHOLD_WINDOWS  # reads before them is said (12 s of nothing
+            # at 600 KB/s for a 9 MB slide, longer on a larger one; not of a --download copy)
 
             echo(
                 f"{slide.name}: planning its tiles: reading its overview and up to "

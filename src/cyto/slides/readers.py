@@ -505,6 +505,12 @@ def _open_remote(ref: SlideURL, backend: str) -> SlideReader:
     return PyvipsReader(ref, pyvips, None, source=lambda: vips_source(obj))
 
 
+def reads_from_server(slide, reader) -> bool:
+    """Whether ``reader`` (of ``slide``) reads its pixels over the network: a URL read in place,
+    not through its ``--download`` copy."""
+    return isinstance(slide, SlideURL) and getattr(reader, "local_copy", None) is None
+
+
 def _reopened(obj, backend: str) -> SlideReader:
     """The reader of ``obj``'s ``--download`` copy, its slide named by the URL it came from;
     the copy is held (:func:`cyto.slides.remote.held_copy`) until the reader is closed or
@@ -521,6 +527,7 @@ def _reopened(obj, backend: str) -> SlideReader:
         hold.close()
         raise
     reader.info = replace(reader.info, path=obj.ref)
+    reader.local_copy = copy  # read here, not from the server (reads_from_server)
     release = weakref.finalize(reader, hold.close)
     close = reader.close
 
