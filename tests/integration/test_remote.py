@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -165,8 +166,10 @@ def test_view_and_data_cells_read_a_folder_scored_from_a_url(slide, http, export
     errors = [x for x in bad.stderr.strip().splitlines() if not x.startswith("warning: ")]
     assert len(errors) == 1, bad.stderr
     assert not (tmp_path / "ds2" / "normal").exists()
-    with pytest.raises(CytoError, match="the slide changed since it was scored"):
+    with pytest.raises(CytoError, match="the slide changed since it was scored") as err:
         open_view(folder)
+    said = r"the slide changed since it was scored \(the slide file s\.tif \w{12} -> \w{12}\)"
+    assert re.search(rf"cannot be shown: {said}: score it again$", str(err.value))
 
 
 def _downloaded_reads_as(url: str, path) -> None:

@@ -199,10 +199,16 @@ class ViewSlide:
             output_artifacts(self.folder, summary),
             names={"slide_identity": f"the slide file {self.slide.name}"},
         )
+        if reuse.differs:  # said as what it is (it read "other settings or inputs: ...",
+            # of the slide alone: hostile round 49, 4)
+            raise ConfigError(
+                f"{self.folder} cannot be shown: the slide changed since it was scored "
+                f"({'; '.join(reuse.differs)}): score it again"
+            )
         if not reuse.ok:
             raise ConfigError(
-                f"{self.folder} cannot be shown: {reuse.words()} (the slide changed since it "
-                "was scored, or the folder is not whole): score it again"
+                f"{self.folder} cannot be shown: {reuse.words()} (the folder is not whole): "
+                "score it again"
             )
         self.tile = int(key.get("tile") or 0) or None
         self.nuclei_given = bool(key.get("nuclei"))
