@@ -185,7 +185,9 @@ def score_slide(
 
     Args:
         slide: the slide file (``.ndpi``, ``.svs``, ``.tif``, ...), or its URL (``s3://``,
-            ``gs://``, ``https://``: read in place; docs/how-to/remote-slides.md).
+            ``gs://``, ``https://``: read in place; a series in a DICOM archive:
+            ``dicomweb+https://SERVER/PREFIX/studies/STUDY_UID/series/SERIES_UID``;
+            docs/how-to/remote-slides.md).
         model: a bundle path, or a scorer from :func:`load_model` (loaded once, reused across
             slides).
         out: the output folder of this slide itself (one writer per folder; ``cyto score

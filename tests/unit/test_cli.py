@@ -311,3 +311,19 @@ def test_every_usage_error_is_said_as_cyto_says_every_refusal():
         assert lines[-1].startswith("error: ") and not lines[-1].startswith("error: error"), args
         assert [line for line in lines if "error:" in line.lower()] == [lines[-1]], args
         assert lines[0].startswith("Usage: cyto"), (args, lines)
+
+
+def test_the_help_of_scoring_names_every_kind_of_url_cyto_reads_slides_from():
+    """`cyto score --help` and ``cyto.score_slide``'s docstring named s3, gs and https URLs, not
+    the DICOMweb ones that work as well (hostile round 49, 5): every scheme cyto reads slides
+    from is named in both."""
+    import re
+
+    import cyto
+    from cyto.slides.remote import DICOMWEB_SCHEMES, SCHEMES
+
+    helped = run_cyto("score", "--help", env={"COLUMNS": "200"}).stdout
+    helped = re.sub(r"\s*│\s*", " ", helped)  # the help's box, its lines joined
+    for scheme in [*SCHEMES.keys() - {"gcs", "http"}, *DICOMWEB_SCHEMES[1:]]:
+        assert f"{scheme}://" in helped, scheme
+        assert f"{scheme}://" in cyto.score_slide.__doc__, scheme

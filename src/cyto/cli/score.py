@@ -161,7 +161,8 @@ def score_cmd(
         typer.Argument(
             help="Whole-slide images (NDPI, SVS, TIFF...), folders of them, or a DICOM slide's "
             "folder (its .dcm files); or URLs: s3://BUCKET/KEY, gs://..., https://... (a "
-            "prefix ending in / is the slides under it)."
+            "prefix ending in / is the slides under it), or a slide in a DICOM archive: "
+            "dicomweb+https://SERVER/PREFIX/studies/STUDY_UID/series/SERIES_UID."
         ),
     ],
     model: Annotated[
