@@ -4,6 +4,7 @@ never stretched."""
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import pytest
 from PIL import Image
@@ -41,6 +42,8 @@ def odd_folder(tmp_path_factory):
     Image.fromarray(_cell(64, 64, 7)[..., 0]).save(root / "NILM" / "gray.png")  # mode L
     deep = (_cell(64, 64, 7)[..., 1].astype(np.uint16) * 257).astype(np.uint16)
     Image.fromarray(deep).save(root / "NILM" / "deep.png")  # 16-bit grayscale
+    camera = _cell(64, 64, 7).astype(np.uint16) * 16  # a 12-bit camera's, in 16-bit colour
+    cv2.imwrite(str(root / "NILM" / "camera.png"), camera[..., ::-1])
     Image.fromarray(_cell(64, 40, 7)).save(root / "NILM" / "edge.png")
     return root
 
@@ -54,15 +57,23 @@ def test_grayscale_16_bit_and_oblong_crops_are_said_in_one_line_each(tmp_path, o
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     said = proc.stdout + proc.stderr
-    assert "2 of 55 images are grayscale (1 of them 16-bit)" in said
+    assert "2 of 56 images are grayscale (1 of them 16-bit)" in said
     assert "scaled to 8 bits" in said and "leave them out" in said
-    assert "1 of 55 images are not square (edge.png: 40x64 px" in said and "padded" in said
+    assert "1 of 56 images are not square (edge.png: 40x64 px" in said and "padded" in said
+    # read by its 12 bits, not nearly black (hostile round 50, 1); said in the same line
+    assert "1 of 56 images are colour of 16 bits a channel (camera.png: RGB;16, 12-bit" in said
     proc = run_cyto("predict", str(model), "--data", str(odd_folder), "--normal", "NILM",
                     "--out", str(tmp_path / "p.parquet"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     lines = [x for x in proc.stderr.splitlines() if x.startswith("warning:")]
-    assert any("2 of 55 images are grayscale" in x for x in lines), proc.stderr
-    assert any("1 of 55 images are not square" in x for x in lines), proc.stderr
+    assert any("2 of 56 images are grayscale" in x for x in lines), proc.stderr
+    assert any("1 of 56 images are not square" in x for x in lines), proc.stderr
+
+
+def test_data_info_says_16_bit_colour_as_such(odd_folder):
+    from cyto.data.dataset import data_info
+
+    assert data_info(odd_folder).modes == {"RGB": 53, "L": 1, "I;16": 1, "RGB;16": 1}
 
 
 def test_a_class_that_is_not_there_is_one_line(odd_folder, tmp_path):

@@ -803,3 +803,40 @@ def test_a_class_named_in_another_case_accent_or_unicode_form_is_offered(name):
     typed = unicodedata.normalize("NFC", "LSIL é grade")
     hint = case_hint(typed, [unicodedata.normalize("NFD", typed)])
     assert "the same letters in another Unicode form" in hint, hint
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    depth=st.sampled_from([8, 10, 12, 14, 16]),
+    fmt=st.sampled_from([".png", ".tif"]),
+    alpha=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_16_bit_colour_crops_are_read_by_the_bits_their_values_take(depth, fmt, alpha, seed):
+    """A 12-bit camera's crops saved as 16-bit colour (values 0-4095) were read by their top
+    byte: nearly black (a maximum of 15), with no word, and a model "told" NILM from LSIL by it
+    (hostile round 50, 1). Any 8-bit crop saved at a camera's depth in a 16-bit colour PNG or
+    TIFF (white at the depth's top), opaque or not, reads back as itself, and is
+    said (its depth) in the one line of modes."""
+    import tempfile
+
+    import cv2
+
+    from cyto.data.images import mode_words, read_image
+
+    rng = np.random.default_rng(seed)
+    rgb = rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)
+    rgb[0, 0] = 255  # the glass
+    deep = np.rint(rgb * ((2.0**depth - 1) / 255)).astype(np.uint16)  # the depth's full scale
+    if alpha:
+        deep = np.concatenate([deep, np.full((24, 24, 1), 65535, np.uint16)], axis=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"c{fmt}"
+        assert cv2.imwrite(str(path), deep[..., [2, 1, 0, 3][: deep.shape[2]]])
+        notes: list = []
+        got = read_image(path, notes)
+    assert np.array_equal(got, rgb)
+    assert notes == [(path, f"RGB;16, {depth}-bit values")]
+    said = mode_words(notes, 3)
+    assert said.startswith(f"1 of 3 images are colour of 16 bits a channel (c{fmt}: RGB;16, ")
+    assert f"({depth}-bit values), not by their top byte" in said

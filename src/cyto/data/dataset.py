@@ -30,6 +30,7 @@ from cyto.data.images import (
     decode_image,
     mode_words,
     no_cell,
+    noted_mode,
     pixel_digest,
     resize_rgb,
     too_small,
@@ -929,7 +930,7 @@ def data_info(source: Path | str, workers: int | None = None) -> DataInfo:
         try:
             data = r.path.read_bytes()
             with Image.open(io.BytesIO(data)) as im:
-                mode, size = im.mode, im.size
+                mode, size = noted_mode(im) or im.mode, im.size  # 16-bit colour: RGB;16
                 im.load()
                 empty = no_cell(im)  # unreadable as every reader of cells reads it
         except Exception as exc:  # noqa: BLE001 - each unreadable file is reported by name

@@ -22,8 +22,48 @@ MIN_CELL_SIDE = 16
 
 #: image modes without a stain's colours (one channel): a cell crop of these was saved grayscale
 GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
-#: image modes of more than 8 bits a channel, brought to 8 bits by the image's own maximum
+#: image modes of more than 8 bits a channel, brought to 8 bits by their bit depth (bit_depth)
 DEEP_MODES = ("I", "I;16", "I;16B", "I;16L", "F")
+#: the mode said of a colour image of 16 bits a channel (PIL opens it as "RGB", its top bytes)
+DEEP_COLOUR = "RGB;16"
+#: the bit depths cameras save: a 16-bit file's values are read as the least that holds them
+CAMERA_DEPTHS = (8, 10, 12, 14, 16)
+
+
+def bit_depth(highest: float) -> int:
+    """The bits a channel's values take, from the highest of an image's (16-bit files hold a
+    camera's 10, 12 or 14 bits as they are: 0-4095 for 12): the least of
+    :data:`CAMERA_DEPTHS` that holds it. 12-bit crops, read by their top byte, were nearly
+    black (a maximum of 15), and a model "told" NILM from LSIL by it (hostile round 50, 1)."""
+    return next((d for d in CAMERA_DEPTHS if highest < 2**d), 16)
+
+
+def to_8_bits(values: np.ndarray) -> np.ndarray:
+    """``values`` (a 16-bit or integer image) as 8 bits by their :func:`bit_depth`: the depth's
+    full scale to 255 (12-bit 4095 is white, as 16-bit 65535 is)."""
+    arr = np.clip(np.asarray(values, dtype=np.float64), 0, 65535)
+    top = 2.0 ** bit_depth(float(arr.max(initial=0))) - 1
+    return np.clip(np.rint(arr * (255.0 / top)), 0, 255).astype(np.uint8)
+
+
+def noted_mode(im: Image.Image) -> str | None:
+    """The mode said of an image that is not 8-bit colour (:func:`mode_words`): a grey one's
+    (:data:`GRAY_MODES`), or :data:`DEEP_COLOUR` for a colour image of 16 bits a channel; None
+    for 8-bit colour. Read from the header (the file's raw mode), before its pixels."""
+    if im.mode in GRAY_MODES:
+        return im.mode
+    return DEEP_COLOUR if _deep_colour(im) else None
+
+
+def _deep_colour(im: Image.Image) -> bool:
+    """A colour image of 16 bits a channel (PNG, TIFF), which PIL reads as 8-bit RGB by keeping
+    each value's top byte: its raw mode, as the file states it, says so."""
+    for tile in getattr(im, "tile", None) or []:
+        args = tile.args if hasattr(tile, "args") else tile[3]
+        raw = args[0] if isinstance(args, tuple) and args else args
+        if isinstance(raw, str) and ";16" in raw and not raw.startswith(("I", "L", "F")):
+            return True
+    return False
 
 
 def pixel_digest(img: np.ndarray) -> str:
@@ -55,11 +95,20 @@ def decode_image(
     buffer = io.BytesIO(data)
     try:
         with Image.open(buffer) as im:
+            deep = _deep_colour(im)  # from the header, before PIL reads its top bytes
             im.load()
-            if notes is not None and im.mode in GRAY_MODES:
-                notes.append((Path(path), im.mode))
+            mode = im.mode if im.mode in GRAY_MODES else None
             empty = no_cell(im)
-            rgb = None if empty else _to_rgb(im)
+            rgb = None
+            if empty:
+                pass
+            elif deep:
+                rgb, highest = _deep_rgb(data)
+                mode = f"{DEEP_COLOUR}, {bit_depth(highest)}-bit values"
+            else:
+                rgb = _to_rgb(im)
+            if notes is not None and mode is not None:
+                notes.append((Path(path), mode))
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         # PIL names the buffer it was given ("<_io.BytesIO object at 0x...>"): the file instead
         reason = (str(exc) or type(exc).__name__).replace(repr(buffer), repr(str(path)))
@@ -132,12 +181,28 @@ def too_small(w: int, h: int) -> str | None:
     )
 
 
+def _deep_rgb(data: bytes) -> tuple[np.ndarray, float]:
+    """A colour image of 16 bits a channel as 8-bit RGB by its :func:`bit_depth` (OpenCV reads
+    the 16 bits PIL does not; alpha composited onto white as for 8-bit images), and the highest
+    value its colour channels held."""
+    import cv2
+
+    arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    if arr is None or arr.ndim != 3 or arr.shape[2] not in (3, 4):
+        raise OSError("a 16-bit colour image that OpenCV cannot decode")
+    colour = arr[..., 2::-1]  # BGR(A) -> RGB
+    highest = float(colour.max(initial=0))
+    rgb = to_8_bits(colour)
+    if arr.shape[2] == 4:
+        alpha = to_8_bits(arr[..., 3:4]).astype(np.float32) / 255.0
+        mixed = rgb.astype(np.float32) * alpha + 255.0 * (1.0 - alpha)
+        rgb = np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
+    return np.ascontiguousarray(rgb), highest
+
+
 def _to_rgb(im: Image.Image) -> np.ndarray:
     if im.mode in ("I;16", "I;16B", "I;16L", "I"):
-        arr = np.asarray(im, dtype=np.float64)
-        hi = float(arr.max()) or 1.0
-        scale = 255.0 / (65535.0 if hi > 255 else 255.0)
-        gray = np.clip(np.rint(arr * scale), 0, 255).astype(np.uint8)
+        gray = to_8_bits(np.asarray(im))
         return np.repeat(gray[..., None], 3, axis=2)
     if _has_alpha(im):
         rgba = np.asarray(im.convert("RGBA"), dtype=np.float32)
@@ -203,21 +268,34 @@ def resize_rgb(img: np.ndarray, size: int) -> np.ndarray:
 def mode_words(notes: list, total: int) -> str | None:
     """One line for the images of a set that were grayscale or 16-bit (``notes`` from
     :func:`decode_image`), or None: what was done with them, and what it means for a model of
-    stained cells."""
-    if not notes:
-        return None
-    path, mode = notes[0]
-    deep = sum(1 for _, m in notes if m in DEEP_MODES)
-    what = "16-bit grayscale" if deep == len(notes) else "grayscale"
-    if 0 < deep < len(notes):
-        what = f"grayscale ({deep} of them 16-bit)"
-    scaled = ", scaled to 8 bits by each image's own maximum" if deep else ""
-    return (
-        f"{len(notes)} of {total} images are {what} ({Path(path).name}: mode {mode}): replicated "
-        f"to three channels{scaled}; they carry no stain colour, so a model of stained cells (and "
-        "its morphometry) sees them as no real cell looks: convert them to the RGB they were "
-        "scanned in, or leave them out"
-    )
+    stained cells. Colour of 16 bits a channel is said too (read by the bits its values take:
+    a 12-bit camera's crops were read nearly black without a word, hostile round 50, 1)."""
+    gray = [(p, m) for p, m in notes if not m.startswith(DEEP_COLOUR)]
+    colour = [(p, m) for p, m in notes if m.startswith(DEEP_COLOUR)]
+    said = []
+    if colour:
+        path, mode = colour[0]
+        depths = sorted({m.rsplit(", ", 1)[-1] for _, m in colour if ", " in m})
+        said.append(
+            f"{len(colour)} of {total} images are colour of 16 bits a channel "
+            f"({Path(path).name}: {mode}): read as 8 bits by the bits their values take"
+            + (f" ({' or '.join(depths)})" if depths else "")
+            + ", not by their top byte"
+        )
+    if gray:
+        path, mode = gray[0]
+        deep = sum(1 for _, m in gray if m in DEEP_MODES)
+        what = "16-bit grayscale" if deep == len(gray) else "grayscale"
+        if 0 < deep < len(gray):
+            what = f"grayscale ({deep} of them 16-bit)"
+        scaled = ", scaled to 8 bits by the bits their values take" if deep else ""
+        said.append(
+            f"{len(gray)} of {total} images are {what} ({Path(path).name}: mode {mode}): "
+            f"replicated to three channels{scaled}; they carry no stain colour, so a model of "
+            "stained cells (and its morphometry) sees them as no real cell looks: convert them "
+            "to the RGB they were scanned in, or leave them out"
+        )
+    return "; ".join(said) or None
 
 
 def copies_words(paths: list, digests: list, classes: list | None = None) -> str | None:

@@ -217,14 +217,15 @@ def _grey_modes(paths: list[str]) -> str | None:
     went onto the slide without a word (hostile round 43, 5)."""
     from PIL import Image
 
-    from cyto.data.images import GRAY_MODES, mode_words
+    from cyto.data.images import mode_words, noted_mode
 
     notes = []
     for path in paths:
         try:
             with Image.open(path) as im:
-                if im.mode in GRAY_MODES:
-                    notes.append((path, im.mode))
+                mode = noted_mode(im)
+                if mode is not None:
+                    notes.append((path, mode))
         except Exception:  # noqa: BLE001, S112 - an unreadable crop is said where it is drawn
             continue
     return mode_words(notes, len(paths))
