@@ -558,3 +558,19 @@ def test_a_hold_back_turned_off_is_the_reason_said():
     assert few_abnormal_words(skipped).endswith(
         "nothing was held back to compare them on: --set holdout is 0"
     )
+
+
+def test_the_nucleus_od_is_in_the_natural_log_units_its_documentation_names():
+    """`nucleus_od` is -ln(I / I0) summed over R, G, B; it was documented as "OD", which a lab
+    reads as log10 (QuPath's), 2.3x off (hostile round 50, 2). The measured value of a flat
+    nucleus is the natural-log sum, and the unit names it, in the code and in the outputs page."""
+    from pathlib import Path
+
+    crop = _crop(nuclei=((0, 0, 16.0),), cyto=40, cyto_colour=CYTOPLASM["pap"])
+    got = measure(crop, 0.25, CELL_MASKS["pap"])["nucleus_od"][0]
+    natural = sum(-np.log((v + 1) / 256) for v in NUCLEUS)
+    assert got == pytest.approx(natural, rel=0.05)
+    unit, words = COLUMNS["nucleus_od"]
+    assert unit == "OD, natural log" and "x 0.434" in words
+    page = Path(__file__).parents[2] / "docs" / "reference" / "outputs.md"
+    assert "| `nucleus_od` | OD, natural log |" in page.read_text()

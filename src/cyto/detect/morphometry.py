@@ -12,7 +12,8 @@ channel, smoothed, above a threshold of the crop's own), and the numbers follow 
   than any other (a Voronoi split of the cytoplasm), as far as the crop shows it: a large squamous
   cell reaches beyond a 25 um crop, so the ratio is an upper bound there, and comparable between
   cells cut alike.
-* ``nucleus_od``: the nucleus's mean optical density summed over R, G and B (hyperchromasia), and
+* ``nucleus_od``: the nucleus's mean optical density summed over R, G and B (hyperchromasia), in
+  natural-log units, -ln(I / I0) (0.434 times it is the log10 OD that QuPath measures), and
   ``nucleus_od_ratio``: that over the cytoplasm's, which a stain batch moves less.
 * ``contour_irregularity``: 1 - solidity, the share of the nucleus's convex hull it leaves empty
   (0 for a convex outline; notches and folds raise it).
@@ -64,7 +65,11 @@ from cyto.errors import ConfigError
 COLUMNS: dict[str, tuple[str, str]] = {
     "nucleus_area_um2": ("um^2", "area of the cell's nucleus"),
     "nc_ratio": ("ratio", "nucleus area / cell area (the cell as far as its crop shows it)"),
-    "nucleus_od": ("OD", "mean optical density of the nucleus, summed over R, G, B"),
+    "nucleus_od": (
+        "OD, natural log",
+        "mean optical density of the nucleus, -ln(I / I0) summed over R, G, B (x 0.434: the "
+        "log10 OD that QuPath and densitometry measure)",
+    ),
     "nucleus_od_ratio": ("ratio", "nucleus optical density / cytoplasm optical density"),
     "contour_irregularity": ("ratio", "1 - solidity of the nucleus outline (0: convex)"),
     "nuclei_in_cell": ("count", "nuclei within one nuclear diameter in the same stained region"),
