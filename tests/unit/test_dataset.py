@@ -789,9 +789,9 @@ def test_a_class_named_in_another_case_accent_or_unicode_form_is_offered(name):
     (decomposed). Any spelling equal but for case, accents or Unicode form is offered."""
     import unicodedata
 
-    from cyto.data.dataset import case_hint
+    from cyto.data.dataset import case_hint, shown_class
 
-    offered = f" (did you mean {name}?)"
+    offered = f" (did you mean {shown_class(name)}?)"
     bare = "".join(c for c in unicodedata.normalize("NFKD", name) if not unicodedata.combining(c))
     for typed in (name.upper(), name.casefold(), unicodedata.normalize("NFD", name), bare):
         if typed != name:
@@ -840,3 +840,31 @@ def test_16_bit_colour_crops_are_read_by_the_bits_their_values_take(depth, fmt, 
     said = mode_words(notes, 3)
     assert said.startswith(f"1 of 3 images are colour of 16 bits a channel (c{fmt}: RGB;16, ")
     assert f"({depth}-bit values), not by their top byte" in said
+
+
+@given(
+    name=st.text(st.characters(categories=["Lu", "Nd"]), min_size=1, max_size=8),
+    before=st.sampled_from(["", " ", "  "]),
+    after=st.sampled_from(["", " ", "\t"]),
+)
+def test_a_class_folder_whose_name_begins_or_ends_in_a_space_is_said_so(name, before, after):
+    """A folder ``NILM `` (a trailing space) answered ``--normal NILM`` with "did you mean
+    NILM ?", the name the user had typed (hostile round 50, 3): the folder's name is quoted
+    where a space begins or ends it, the hint says which, and so does the list of classes."""
+    import tempfile
+
+    from cyto.data.dataset import resolve_classes
+    from cyto.errors import DatasetError
+
+    folder = f"{before}{name}{after}"
+    if folder == name:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / folder).mkdir()
+        (Path(tmp) / "OTHER").mkdir()
+        with pytest.raises(DatasetError) as err:
+            resolve_classes([folder, "OTHER"], name, None, Path(tmp))
+    said = str(err.value)
+    edge = "begins and ends" if before and after else "begins" if before else "ends"
+    assert f"(did you mean '{folder}'? the folder's name {edge} with a space" in said, said
+    assert f"classes there: '{folder}', OTHER" in said or f"OTHER, '{folder}'" in said, said

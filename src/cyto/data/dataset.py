@@ -394,10 +394,24 @@ def case_hint(name: str, known: Sequence[str]) -> str:
         return ""
     if unicodedata.normalize("NFC", same[0]) == unicodedata.normalize("NFC", name):
         return (
-            f" (did you mean {same[0]}? the same letters in another Unicode form, as a folder "
+            f" (did you mean {shown_class(same[0])}? the same letters in another Unicode form, "
+            "as a folder "
             "named on a Mac: type them as the folder's name is written, or rename the folder)"
         )
-    return f" (did you mean {same[0]}?)"
+    if same[0].strip() == name.strip() and same[0] != same[0].strip():
+        first, last = same[0][0].isspace(), same[0][-1].isspace()
+        edge = "begins and ends" if first and last else "begins" if first else "ends"
+        return (
+            f" (did you mean {shown_class(same[0])}? the folder's name {edge} with a space: "
+            "rename the folder, or give the name quoted as it is)"
+        )
+    return f" (did you mean {shown_class(same[0])}?)"
+
+
+def shown_class(name: str) -> str:
+    """A class name as messages show it: quoted where a space begins or ends it (a folder
+    ``NILM `` was shown as "NILM", the very name the user had typed: hostile round 50, 3)."""
+    return f"'{name}'" if name != name.strip() else name
 
 
 def parse_classes(text: str | Iterable[str] | None) -> tuple[str, ...] | None:
@@ -559,7 +573,7 @@ def resolve_classes(
         ]
         raise DatasetError(
             f"unknown class name(s) {', '.join(given)} in {source}; classes there: "
-            f"{', '.join(known_s)} (names are case-sensitive)"
+            f"{', '.join(map(shown_class, known_s))} (names are case-sensitive)"
         )
     both = set(normal_t) & set(abnormal_t or ())
     if both:
