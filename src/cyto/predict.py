@@ -340,7 +340,7 @@ def _stain_check(scorer, records, kept, skip: bool) -> dict | None:
     chunks = decode_stream([records[i] for i in pick], None, skip, chunk=64)  # never all at once
     images = (im for part in chunks for im in part.images)
     check = stain_check(model, estimate_images(images, STAIN_PIXELS, n=len(pick)), len(pick))
-    words = stain_words(check, "these cells")
+    words = stain_words(check, "these cells", model_stain=scorer.spec.stain)
     if words is not None:
         warn_caller(words, StainWarning)
     return check

@@ -75,6 +75,10 @@ def test_cells_stained_otherwise_are_never_zoomed_by_their_nuclei(pap, tmp_path)
     bundle, folders = pap
     said, result = _predict(bundle, folders["hue"], tmp_path / "a.parquet", zoom="auto")
     assert any("look stained otherwise" in x for x in said), said
+    # the model's own stain named (only "another lab" was said: hostile round 50, 4)
+    (stained,) = [x for x in said if "look stained otherwise" in x]
+    assert "training cells, Papanicolaou-stained (stain=pap) (stain vectors" in stained
+    assert stained.endswith("normal cells of this stain and this lab (docs/how-to/another-lab.md)")
     assert result["zoom"] == 1.0 and result["zoom_from"].startswith(
         "auto, kept at 1: these cells (the normal class, NILM) are stained otherwise than the "
         "model's training cells"

@@ -355,5 +355,7 @@ def test_a_detection_other_than_the_model_s_is_the_stain_line_s_cause_not_anothe
         assert "--detection smear is not the detection of the model's pap-stained" in line
         assert "leave out --detection (auto takes pap)" in line
         assert "this lab's normal cells" not in line, line
-    else:
-        assert "train a model on this lab's normal cells" in line and "--detection" not in line
+    else:  # the model's stain named: cells of another stain, or of another lab (round 50, 4)
+        assert "the model's training cells, Papanicolaou-stained (stain=pap) (" in line, line
+        assert "train a model on normal cells of this stain and this lab" in line
+        assert "--detection" not in line

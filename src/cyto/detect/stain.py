@@ -202,12 +202,20 @@ def stain_check(model: StainEstimate | None, cells: StainEstimate, n_cells: int)
     }
 
 
-def stain_words(check: dict, what: str, cause: str | None = None) -> str | None:
+#: the stains a model records (its ``stain`` setting), as the stain lines name them
+STAIN_NAMES = {"mgg": "May-Grünwald-Giemsa", "pap": "Papanicolaou", "he": "H&E"}
+
+
+def stain_words(
+    check: dict, what: str, cause: str | None = None, model_stain: str | None = None
+) -> str | None:
     """One line for a stain check: another stain batch or lab (``advised``), or stains that
     could not be separated; None when there is nothing to say. ``cause``: a cause of the run's
     own to say first, and what to do about it, in place of another lab's (a ``--detection``
     other than the model's finds other parts of the cells: a Pap slide of the model's own lab
-    was told to train on "this lab's" cells; hostile round 25)."""
+    was told to train on "this lab's" cells; hostile round 25). ``model_stain``: the stain the
+    model records, named in the line (Pap cells given to a model of MGG-stained blood cells were
+    told only "another lab": hostile round 50, 4)."""
     if check is None:
         return None
     if check["degrees"] is None:
@@ -221,12 +229,21 @@ def stain_words(check: dict, what: str, cause: str | None = None) -> str | None:
     past = ADVISE_DEGREES if n is None else advise_degrees(n, ref)
     on = "" if n is None else f" over {n} cells"
     on += f" against the model's {ref}" if ref is not None and ref < FEW_CELLS else ""
+    trained = ""
+    if model_stain in STAIN_NAMES:
+        trained = f", {STAIN_NAMES[model_stain]}-stained (stain={model_stain})"
     said = (
-        f"{what} look stained otherwise than the model's training cells (stain vectors "
-        f"{check['degrees']:.1f} degrees apart{on}, more than {past:g})"
+        f"{what} look stained otherwise than the model's training cells{trained} (stain "
+        f"vectors {check['degrees']:.1f} degrees apart{on}, more than {past:g})"
     )
     if cause is not None:
         return f"{said}: {cause}"
+    if trained:
+        return (
+            f"{said}: cells of another stain or another lab; a one-class model can rank such "
+            "normal cells as the most abnormal: train a model on normal cells of this stain "
+            "and this lab (docs/how-to/another-lab.md)"
+        )
     return (
         f"{said}: a one-class model can rank another lab's normal cells as the most abnormal; "
         "train a model on this lab's normal cells (docs/how-to/another-lab.md)"

@@ -390,7 +390,9 @@ def _check_stain(stained: list[np.ndarray], plan, scorer, opts, echo) -> dict | 
     if model is None or not crops:
         return None
     check = stain_check(model, estimate_images(crops), sum(len(c) for c in crops))
-    words = stain_words(check, f"the cells of {plan.slide.name}", detection_cause(scorer, opts))
+    words = stain_words(
+        check, f"the cells of {plan.slide.name}", detection_cause(scorer, opts), scorer.spec.stain
+    )
     if words is not None:
         echo(WarningLine(f"warning: {words}", StainWarning))
     return check
