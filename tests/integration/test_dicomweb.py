@@ -6,6 +6,7 @@ folder's pixels and the folder's score table."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -220,10 +221,26 @@ def test_not_a_slide_404_and_a_bad_url_are_one_line_each(served):
         "1.2.840.10008.5.1.4.1.1.7, none a VL Whole Slide Microscopy Image "
         "(1.2.840.10008.5.1.4.1.1.77.1.6)"
     )
+    # a 404 says which part the server does not know: the series, the study or the root (they
+    # read alike: hostile round 49, 4)
+    study = url.split("/studies/")[1].split("/")[0]
     gone = url.rsplit("/", 1)[0] + "/1.2.3.4.5"
     with pytest.raises(InputPathError) as err:
         open_slide(gone)
-    assert str(err.value) == f"{gone}: not found (404)"
+    assert re.fullmatch(
+        rf"{re.escape(gone)}: not found \(404\): the study {re.escape(study)} holds no series "
+        r"1\.2\.3\.4\.5 \(\d other series in it\): check the series UID",
+        str(err.value),
+    ), str(err.value)
+    no_study = url.replace(f"/studies/{study}/", "/studies/1.2.3/")
+    with pytest.raises(InputPathError) as err:
+        open_slide(no_study)
+    assert str(err.value).endswith("not found (404): no study 1.2.3 on the server: check the "
+                                   "study UID")  # fmt: skip
+    no_root = url.replace("/dicom-web/", "/nope/")
+    with pytest.raises(InputPathError) as err:
+        open_slide(no_root)
+    assert "answers no DICOMweb search: check the server's DICOMweb root" in str(err.value)
     with pytest.raises(InputPathError, match="a DICOMweb URL names one series"):
         open_slide(url.split("/series/")[0])
 

@@ -186,7 +186,12 @@ class DicomWebSeries(Requests):
         self._shared = None  # the frames shared by the processes reading it (shared())
         self._count = threading.Lock()
         self._accept = FRAMES_ACCEPT
-        instances = self._call(lambda: self._json(self._series_url("metadata")), "metadata")
+        try:
+            instances = self._call(lambda: self._json(self._series_url("metadata")), "metadata")
+        except InputPathError as exc:
+            if str(exc) != f"{ref}: not found (404)":
+                raise
+            raise InputPathError(f"{ref}: not found (404): {self._what_is_missing()}") from None
         if not isinstance(instances, list) or not instances:
             raise InputPathError(f"{ref}: no such series on the server (no instance in it)")
         described = [attributes(d) for d in instances]
@@ -218,6 +223,39 @@ class DicomWebSeries(Requests):
         self.etag = "uids:" + self._uid_digest()[:32]
         self.version = None
         self.check_pin(ref)
+
+    def _what_is_missing(self) -> str:
+        """Which part of a series URL the server does not know, asked of it (QIDO-RS, one
+        request each, no retries): the series in the study, the study, or the DICOMweb root
+        itself. A 404 read the same for a wrong study, series or root (hostile round 49, 4)."""
+
+        def found(url: str) -> list | None:
+            """The answers of a search (an empty list for none), None where it is not one."""
+            try:
+                body, _ = self._get(url, "application/dicom+json")
+            except _Status as exc:
+                return [] if exc.status in (204, 404) and url.endswith("/series") else None
+            except OSError:
+                return None
+            try:
+                answer = json.loads(body) if body.strip() else []
+            except ValueError:
+                return None
+            return answer if isinstance(answer, list) else None
+
+        query = f"?{self.query}" if self.query else ""
+        series = found(f"{self.root}/studies/{self.study}/series{query}")
+        if series:
+            return (
+                f"the study {self.study} holds no series {self.series} ({len(series)} other "
+                "series in it): check the series UID"
+            )
+        if series is not None and found(f"{self.root}/studies?limit=1") is not None:
+            return f"no study {self.study} on the server: check the study UID"
+        return (
+            f"{self.root} answers no DICOMweb search: check the server's DICOMweb root "
+            "(Orthanc's is /dicom-web)"
+        )
 
     # -- identity ---------------------------------------------------------------------------
     def _uid_digest(self) -> str:
