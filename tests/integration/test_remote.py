@@ -990,3 +990,33 @@ def test_gcs_requests_are_timed_out_by_cyto_remote_timeout(monkeypatch):
         SlideURL("gs://bucket/a.tif", options={"token": "anon", "requests_timeout": 9})
     )
     assert fs.requests_timeout == 9
+
+
+def test_a_retry_is_said_once_for_the_processes_of_a_run(tmp_path):
+    """Orthanc stopped mid-slide: the plan's process and a tile worker each said "...;
+    retrying (said once per slide)", for two causes (hostile round 49, 4). Readers in other
+    processes (each with its own record of what it said) that share the slide's blocks' folder
+    say it once between them; a reader with no shared folder says it as before."""
+    import cyto.slides.remote as remote
+
+    class Reader(remote.Requests):
+        def __init__(self, shared):
+            self.ref, self._shared = remote.slide_ref("http://127.0.0.1:9/s.tif"), shared
+
+    saved = set(remote._SAID_RETRY)
+    try:
+        said = []
+        for _ in range(3):  # three processes of one run: none knows what the others said
+            remote._SAID_RETRY.clear()
+            said.append(Reader(tmp_path)._first_to_say_retry())
+        assert said == [True, False, False]
+        old = time.time() - remote.RETRY_SAID_S - 5  # a run killed long ago left its marker
+        os.utime(tmp_path / remote.RETRY_SAID, (old, old))
+        remote._SAID_RETRY.clear()
+        assert Reader(tmp_path)._first_to_say_retry()
+        remote._SAID_RETRY.clear()
+        assert Reader(None)._first_to_say_retry()  # no folder shared: said here
+        assert not Reader(None)._first_to_say_retry()  # and once in this process
+    finally:
+        remote._SAID_RETRY.clear()
+        remote._SAID_RETRY.update(saved)

@@ -502,6 +502,10 @@ def _gcsfs_tries() -> int:
 #: the slides whose retries were said in this process (a slide has several readers: its
 #: identity, its plan, its detection; "said once per slide" holds across them)
 _SAID_RETRY: set[str] = set()
+#: the marker in a slide's shared blocks' folder: its retry was said by a process of the run
+RETRY_SAID = ".retry-said"
+#: how long that marker holds (a run killed before it removed its folder left one)
+RETRY_SAID_S = 600
 
 
 class Requests:
@@ -541,13 +545,35 @@ class Requests:
                 why = None if _tls(exc, self.ref) else _transient(exc)
                 if why is None or attempt == tries - 1:
                     raise self._fault(exc, why, attempt + 1) from None
-                if not self._said_retry and str(self.ref) not in _SAID_RETRY:
-                    self._said_retry = True
-                    _SAID_RETRY.add(str(self.ref))  # every reader of the slide in this process
+                if self._first_to_say_retry():
                     log.warning("note: %s: %s; retrying (%s)", self.said_as(), why, self.said_once)
                 time.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
+
+    def _first_to_say_retry(self) -> bool:
+        """Whether a retry of this slide is said here: once for every reader of it in this
+        process, and once for the processes of a run (the tile workers) where they share its
+        blocks' folder, by a marker made there first. The plan's process and a tile worker
+        each said it, for two causes, "said once per slide" twice (hostile round 49, 4)."""
+        if self._said_retry or str(self.ref) in _SAID_RETRY:
+            return False
+        self._said_retry = True
+        _SAID_RETRY.add(str(self.ref))  # every reader of the slide in this process
+        folder = getattr(self, "_shared", None)  # gone with the slide's run (drop_blocks)
+        if folder is None:
+            return True
+        marker = Path(folder) / RETRY_SAID
+        with contextlib.suppress(OSError):  # one a killed run left is no run's of now
+            if time.time() - marker.stat().st_mtime > RETRY_SAID_S:
+                marker.unlink()
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        except OSError:  # a folder that takes nothing: said, as before
+            return True
+        return True
 
     def _fault(self, exc: BaseException, transient: str | None, tries: int) -> CytoError:
         status = _status(exc)
