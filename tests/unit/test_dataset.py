@@ -866,5 +866,66 @@ def test_a_class_folder_whose_name_begins_or_ends_in_a_space_is_said_so(name, be
             resolve_classes([folder, "OTHER"], name, None, Path(tmp))
     said = str(err.value)
     edge = "begins and ends" if before and after else "begins" if before else "ends"
-    assert f"(did you mean '{folder}'? the folder's name {edge} with a space" in said, said
-    assert f"classes there: '{folder}', OTHER" in said or f"OTHER, '{folder}'" in said, said
+    shown = "'" + folder.replace("\t", "\\t") + "'"  # a tab seen, not blank
+    assert f"(did you mean {shown}? the folder's name {edge} with a space or tab" in said, said
+    assert shown in said.split("; classes there: ")[1], said  # the list quotes it too
+    # a folder beside its twin without the space: both shown, the difference named (round 51)
+    with pytest.raises(DatasetError) as err:
+        from cyto.data.dataset import _refuse_case_twins
+
+        _refuse_case_twins("class folders {} of X", {name, folder})
+    assert f"{name} and {shown}" in str(err.value) or f"{shown} and {name}" in str(err.value)
+    assert "differ only in spaces at an end" in str(err.value)
+
+
+def _png_grey_alpha_16(path: Path, grey: np.ndarray, alpha: np.ndarray) -> None:
+    """A 16-bit grey-and-alpha PNG (colour type 4), which neither PIL nor OpenCV writes."""
+    import struct
+    import zlib
+
+    rows = np.dstack([grey, alpha]).astype(">u2")
+    raw = b"".join(b"\0" + row.tobytes() for row in rows)
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body) & 0xFFFFFFFF
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+    head = struct.pack(">IIBBBBB", grey.shape[1], grey.shape[0], 16, 4, 0, 0, 0)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head) + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )  # fmt: skip
+
+
+def test_a_16_bit_grey_crop_with_alpha_is_read_by_its_bits_and_said_grey(tmp_path):
+    """PIL opens a 16-bit grey-and-alpha PNG as RGBA of its top bytes: a 12-bit camera's such
+    crop was read nearly black (a maximum of 15) with no word, its nucleus measured 5x too
+    large (hostile round 51, 1). It reads as the 8-bit crop it holds, said as 16-bit grey."""
+    from cyto.data.dataset import data_info
+    from cyto.data.images import mode_words, read_image
+
+    grey = np.random.default_rng(5).integers(0, 256, (24, 24), dtype=np.uint8)
+    grey[0, 0] = 255
+    (tmp_path / "A").mkdir()
+    path = tmp_path / "A" / "c.png"
+    _png_grey_alpha_16(path, np.rint(grey * (4095 / 255)), np.full((24, 24), 65535))
+    notes: list = []
+    got = read_image(path, notes)
+    assert np.array_equal(got, np.repeat(grey[..., None], 3, axis=2))
+    assert notes == [(path, "LA;16")]
+    assert mode_words(notes, 2).startswith("1 of 2 images are 16-bit grayscale (c.png: mode LA;")
+    assert data_info(tmp_path).modes == {"LA;16": 1}
+
+
+def test_colour_crops_read_at_several_depths_are_told_to_be_converted_by_their_cameras():
+    """Each 16-bit crop's depth is read from its own values: a dim 12-bit crop (brightest at
+    1020) read as 10-bit, 4x brighter than its neighbour at 1030 (hostile round 51, 4). Where
+    a set's crops read at several depths, the line says so and what to do."""
+    from cyto.data.images import mode_words
+
+    one = [(Path("a.png"), "RGB;16, 12-bit values"), (Path("b.png"), "RGB;16, 12-bit values")]
+    two = [*one, (Path("c.png"), "RGB;16, 10-bit values")]
+    assert "one depth" not in mode_words(one, 3)
+    said = mode_words(two, 3)
+    assert "(10-bit values or 12-bit values), not by their top byte; images of one camera " in said
+    assert said.endswith("convert them to 8 bits by it yourself")

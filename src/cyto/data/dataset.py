@@ -195,7 +195,7 @@ def _refuse_case_twins(where: str, names: set[str], folder: Path | None = None) 
         twin = seen.setdefault(_twin_key(name), name)
         if twin == name:
             continue
-        pair = f"{twin} and {name}"
+        pair = f"{shown_class(twin)} and {shown_class(name)}"
         if not (twin.isascii() and name.isascii()):  # they may look the same: spelled out
             pair += f" ({ascii(twin)} and {ascii(name)})"
         if folder is not None and (folder / twin).resolve() == (folder / name).resolve():
@@ -204,8 +204,9 @@ def _refuse_case_twins(where: str, names: set[str], folder: Path | None = None) 
                 "its cells twice, as two classes; remove the link"
             )
         disk = " (and a Windows or Mac disk as one folder)" if folder is not None else ""
+        how = "spaces at an end" if twin.strip() == name.strip() else "case or form"
         raise DatasetError(
-            f"{where.format(pair)} differ only in case or form: cyto would read them as two "
+            f"{where.format(pair)} differ only in {how}: cyto would read them as two "
             f"classes{disk}; merge them, or rename one"
         )
 
@@ -401,9 +402,10 @@ def case_hint(name: str, known: Sequence[str]) -> str:
     if same[0].strip() == name.strip() and same[0] != same[0].strip():
         first, last = same[0][0].isspace(), same[0][-1].isspace()
         edge = "begins and ends" if first and last else "begins" if first else "ends"
+        # a name given is stripped of its spaces (a comma list's): the folder is renamed
         return (
-            f" (did you mean {shown_class(same[0])}? the folder's name {edge} with a space: "
-            "rename the folder, or give the name quoted as it is)"
+            f" (did you mean {shown_class(same[0])}? the folder's name {edge} with a space or "
+            "tab, which a class name given cannot hold: rename the folder)"
         )
     return f" (did you mean {shown_class(same[0])}?)"
 
@@ -411,7 +413,9 @@ def case_hint(name: str, known: Sequence[str]) -> str:
 def shown_class(name: str) -> str:
     """A class name as messages show it: quoted where a space begins or ends it (a folder
     ``NILM `` was shown as "NILM", the very name the user had typed: hostile round 50, 3)."""
-    return f"'{name}'" if name != name.strip() else name
+    if name == name.strip():
+        return name
+    return "'" + name.replace("\t", "\\t").replace("\n", "\\n") + "'"  # a tab seen
 
 
 def parse_classes(text: str | Iterable[str] | None) -> tuple[str, ...] | None:

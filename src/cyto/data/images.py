@@ -21,11 +21,13 @@ MIN_CELL_SIDE = 16
 
 
 #: image modes without a stain's colours (one channel): a cell crop of these was saved grayscale
-GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
+GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F", "LA;16")
 #: image modes of more than 8 bits a channel, brought to 8 bits by their bit depth (bit_depth)
-DEEP_MODES = ("I", "I;16", "I;16B", "I;16L", "F")
+DEEP_MODES = ("I", "I;16", "I;16B", "I;16L", "F", "LA;16")
 #: the mode said of a colour image of 16 bits a channel (PIL opens it as "RGB", its top bytes)
 DEEP_COLOUR = "RGB;16"
+#: the mode said of a grey image with alpha of 16 bits a channel (PIL opens it as "RGBA")
+DEEP_GREY_ALPHA = "LA;16"
 #: the bit depths cameras save: a 16-bit file's values are read as the least that holds them
 CAMERA_DEPTHS = (8, 10, 12, 14, 16)
 
@@ -48,22 +50,28 @@ def to_8_bits(values: np.ndarray) -> np.ndarray:
 
 def noted_mode(im: Image.Image) -> str | None:
     """The mode said of an image that is not 8-bit colour (:func:`mode_words`): a grey one's
-    (:data:`GRAY_MODES`), or :data:`DEEP_COLOUR` for a colour image of 16 bits a channel; None
-    for 8-bit colour. Read from the header (the file's raw mode), before its pixels."""
-    if im.mode in GRAY_MODES:
-        return im.mode
-    return DEEP_COLOUR if _deep_colour(im) else None
+    (:data:`GRAY_MODES`), :data:`DEEP_COLOUR` for a colour image of 16 bits a channel,
+    :data:`DEEP_GREY_ALPHA` for a grey one with alpha; None for 8-bit colour. Read from the
+    header (the file's raw mode), before its pixels."""
+    raw = _sixteen_read_as_eight(im)
+    if raw is not None:
+        return DEEP_GREY_ALPHA if raw.startswith("LA") else DEEP_COLOUR
+    return im.mode if im.mode in GRAY_MODES else None
 
 
-def _deep_colour(im: Image.Image) -> bool:
-    """A colour image of 16 bits a channel (PNG, TIFF), which PIL reads as 8-bit RGB by keeping
-    each value's top byte: its raw mode, as the file states it, says so."""
+def _sixteen_read_as_eight(im: Image.Image) -> str | None:
+    """The raw mode of an image of 16 bits a channel that PIL reads as 8 bits by keeping each
+    value's top byte (colour, ``RGB;16B``; grey with alpha, ``LA;16B``, opened as RGBA: a
+    12-bit camera's values read nearly black, hostile rounds 50, 1 and 51, 1), as the file
+    states it; None for any other image (16-bit grey without alpha PIL reads whole)."""
+    if im.mode in DEEP_MODES:
+        return None
     for tile in getattr(im, "tile", None) or []:
         args = tile.args if hasattr(tile, "args") else tile[3]
         raw = args[0] if isinstance(args, tuple) and args else args
-        if isinstance(raw, str) and ";16" in raw and not raw.startswith(("I", "L", "F")):
-            return True
-    return False
+        if isinstance(raw, str) and ";16" in raw:
+            return raw
+    return None
 
 
 def pixel_digest(img: np.ndarray) -> str:
@@ -95,16 +103,16 @@ def decode_image(
     buffer = io.BytesIO(data)
     try:
         with Image.open(buffer) as im:
-            deep = _deep_colour(im)  # from the header, before PIL reads its top bytes
+            mode = noted_mode(im)  # from the header, before PIL reads its top bytes
             im.load()
-            mode = im.mode if im.mode in GRAY_MODES else None
             empty = no_cell(im)
             rgb = None
             if empty:
                 pass
-            elif deep:
+            elif mode in (DEEP_COLOUR, DEEP_GREY_ALPHA):
                 rgb, highest = _deep_rgb(data)
-                mode = f"{DEEP_COLOUR}, {bit_depth(highest)}-bit values"
+                if mode == DEEP_COLOUR:
+                    mode = f"{DEEP_COLOUR}, {bit_depth(highest)}-bit values"
             else:
                 rgb = _to_rgb(im)
             if notes is not None and mode is not None:
@@ -188,8 +196,10 @@ def _deep_rgb(data: bytes) -> tuple[np.ndarray, float]:
     import cv2
 
     arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    if arr is not None and arr.ndim == 3 and arr.shape[2] == 2:  # grey and alpha
+        arr = arr[..., [0, 0, 0, 1]]
     if arr is None or arr.ndim != 3 or arr.shape[2] not in (3, 4):
-        raise OSError("a 16-bit colour image that OpenCV cannot decode")
+        raise OSError("a 16-bit image that OpenCV cannot decode")
     colour = arr[..., 2::-1]  # BGR(A) -> RGB
     highest = float(colour.max(initial=0))
     rgb = to_8_bits(colour)
@@ -281,6 +291,14 @@ def mode_words(notes: list, total: int) -> str | None:
             f"({Path(path).name}: {mode}): read as 8 bits by the bits their values take"
             + (f" ({' or '.join(depths)})" if depths else "")
             + ", not by their top byte"
+            # each image's own depth: a dim crop of a 12-bit camera reads as 10-bit, 4x
+            # brighter than its neighbours (hostile round 51, 4)
+            + (
+                "; images of one camera have one depth: if these do, convert them to 8 bits "
+                "by it yourself"
+                if len(depths) > 1
+                else ""
+            )
         )
     if gray:
         path, mode = gray[0]
