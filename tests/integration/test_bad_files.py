@@ -437,6 +437,34 @@ def test_a_cohort_of_gray_16_bit_and_cmyk_tiffs(made, level0, exported_dsvdd, tm
     assert cells["a-gray"] > 0 and cells["b-rgb16"] == cells["d-rgb8"] > 0, cells
 
 
+@pytest.mark.pyvips
+def test_a_slide_of_12_bit_values_in_16_bit_samples_is_read_as_its_8_bit_pixels(
+    level0, exported_dsvdd, tmp_path
+):
+    """A scanner's 12-bit values stored as 16 bits were read 16x dark (65535 taken as white),
+    with no word: another stain angle, other cells (hostile round 51, 3). The slide's white is
+    the top of the bits its values take (read from its smallest level), said in a note, and its
+    cells are those of its 8-bit original."""
+    eight = _write_tiff(tmp_path / "s8.tif", level0, "rgb", tile=(256, 256))
+    twelve = np.rint(level0 * (4095 / 255)).astype(np.uint16)
+    deep = _write_tiff(tmp_path / "s12.tif", twelve, "rgb", tile=(256, 256))
+    reader = open_slide(deep)
+    h, w = level0.shape[:2]
+    assert np.array_equal(reader.read_region(0, 0, w, h), level0)
+    reader.close()
+    tables = {}
+    for path in (eight, deep):
+        out = tmp_path / path.stem
+        proc = run_cyto("score", str(path), "--model", str(exported_dsvdd), "--out", str(out),
+                        "--workers", "0", "--mosaic", "0", "--mpp", "0.12")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        tables[path.stem] = pq.read_table(out / path.stem / "scores.parquet")
+        said = "its 16-bit samples take 12 bits: read as such (4095 is white)"
+        assert (said in proc.stdout + proc.stderr) == (path == deep), proc.stdout
+    for column in ("x", "y", "score"):
+        assert tables["s12"][column].equals(tables["s8"][column]), column
+
+
 # --- c. a score column that is not numbers ---------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from cyto.infer.tiling import (
 )
 from cyto.runtime import Scorer
 from cyto.slides import open_slide
+from cyto.slides.base import BITS_KEY
 from cyto.slides.grid import tissue_mask
 from cyto.slides.readers import reads_from_server
 from cyto.slides.remote import SlideURL, slide_ref
@@ -152,6 +153,12 @@ class SlidePlan:
             echo,
             recorded_mpp=info.mpp if opts.slide_mpp else None,
         )
+        top = info.properties.get(BITS_KEY)
+        if top is not None:  # said as a crop's 16 bits are (hostile round 51, 3)
+            echo(
+                f"note: {slide.name}: its 16-bit samples take {int(top).bit_length()} bits: "
+                f"read as such ({top} is white), not by their top byte"
+            )
         if reads_from_server(slide, reader):  # the bar starts with the tiles: what a slow link
             from cyto.detect import THRESHOLD_WINDOWS  # reads before them is said (12 s of nothing
             # at 600 KB/s for a 9 MB slide, longer on a larger one; not of a --download copy)

@@ -100,13 +100,38 @@ def check_pixels(path: object, bands: int, sample_format: str, interpretation: s
         )
 
 
-def _to_rgb(pixels: np.ndarray) -> np.ndarray:
+#: the property a reader of 16-bit samples records where their white is below 65535 (its value)
+BITS_KEY = "cyto.sixteen-bit-white"
+
+
+def sixteen_bit_top(level) -> int:
+    """The white of a slide of 16-bit samples: the top of the bits its values take
+    (:func:`cyto.data.images.bit_depth`: a scanner's 12-bit values stored as 16 bits are read
+    to 4095, as a camera's crops are; they were read 16x dark, hostile round 51, 3), read from
+    ``level`` (a libvips image: the slide's smallest level, whose glass holds its brightest
+    values; of one that large, an 8 x 8 grid of windows of it)."""
+    from cyto.data.images import bit_depth
+
+    if level.width * level.height <= 4096 * 4096:
+        highest = level.max()
+    else:
+        side = 256
+        xs = np.linspace(0, max(0, level.width - side), 8).astype(int)
+        ys = np.linspace(0, max(0, level.height - side), 8).astype(int)
+        highest = max(
+            level.crop(int(x), int(y), min(side, level.width), min(side, level.height)).max()
+            for x in xs
+            for y in ys
+        )
+    return 2 ** bit_depth(float(highest)) - 1
+
+
+def _to_rgb(pixels: np.ndarray, top: int = 65535) -> np.ndarray:
     """uint8 RGB from a region as a reader decodes it (H x W, or H x W x bands), so every
     slide a reader opens is read as the 8-bit RGB the models were trained on:
 
-    - 16-bit samples are scaled by the bit depth (``round(v * 255 / 65535)``: 65535 is white),
-      not by the data's range, which is only known once the whole slide is read (a scanner's
-      12-bit data stored as 16 bits reads dark);
+    - 16-bit samples are scaled by the slide's bit depth (``round(v * 255 / top)``, ``top``
+      its white: :func:`sixteen_bit_top`), one for the whole slide, never a region's own;
     - one band (grayscale, bilevel, a gray palette) is replicated into R, G and B;
     - alpha (grayscale + alpha, RGBA) is composited on white, the slide's padding.
     Palettes and min-is-white are resolved by the decoder (libvips) before this.
@@ -114,7 +139,8 @@ def _to_rgb(pixels: np.ndarray) -> np.ndarray:
     if pixels.ndim == 2:
         pixels = pixels[..., None]
     if pixels.dtype == np.uint16:
-        pixels = ((pixels.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
+        scaled = (pixels.astype(np.uint32) * 255 + top // 2) // top
+        pixels = np.minimum(scaled, 255).astype(np.uint8)
     elif pixels.dtype != np.uint8:
         raise UnsupportedSlideError(f"slide samples are {pixels.dtype}; expected 8 or 16 bits")
     bands = pixels.shape[2]

@@ -23,6 +23,7 @@ import numpy as np
 from cyto.errors import InputPathError, MissingDependencyError, UnsupportedSlideError
 from cyto.flags import passing, python_call
 from cyto.slides.base import (
+    BITS_KEY,
     PLANE_SEP,
     SlideInfo,
     SlideReader,
@@ -31,6 +32,7 @@ from cyto.slides.base import (
     check_pixels,
     in_slide,
     padded,
+    sixteen_bit_top,
 )
 from cyto.slides.dicom import (
     WSI_SOP_CLASS,
@@ -170,6 +172,16 @@ class PyvipsReader:
         self._levels = [im for im in self._levels if im.width <= base.width]
         for im in self._levels:  # refused here, in one line, before anything is scored
             check_pixels(path, im.bands, str(im.format), str(im.interpretation))
+        # 16-bit samples: one white for the slide, the top of the bits its values take
+        self._top = 65535
+        if str(base.format) == "ushort":
+            try:
+                self._top = sixteen_bit_top(self._levels[-1])
+            except pyvips.Error as exc:
+                self._raise_fault()
+                raise UnsupportedSlideError(
+                    f"{path}: libvips cannot read it ({vips_words(exc)})"
+                ) from exc
         # grayscale with extra samples: the gray and the first extra one, its alpha (libvips'
         # reading); _to_rgb takes 2 bands as gray + alpha, 4 as RGB + alpha
         self._bands = [
@@ -191,7 +203,7 @@ class PyvipsReader:
             level_downsamples=tuple(base.width / im.width for im in self._levels),
             mpp=mpp,
             objective=_float(props.get("openslide.objective-power")),
-            properties=props,
+            properties=props if self._top == 65535 else {**props, BITS_KEY: str(self._top)},
         )
 
     def read_region(self, x: int, y: int, w: int, h: int, level: int = 0) -> np.ndarray:
@@ -203,7 +215,7 @@ class PyvipsReader:
                 if self._bands[level] is not None:
                     region = region.extract_band(0, n=self._bands[level])
                 # numpy() drops the axes of length 1 (a 1 x 1 region is a scalar)
-                return _to_rgb(region.numpy().reshape(rh, rw, region.bands))
+                return _to_rgb(region.numpy().reshape(rh, rw, region.bands), self._top)
             except self._pv.Error as exc:
                 self._raise_fault()
                 raise UnsupportedSlideError(
