@@ -677,3 +677,25 @@ def test_out_of_memory_in_training_is_one_line(synth_patches, tmp_path, monkeypa
         "error: out of memory training dsvdd: lower --set batch_size or --set input_size"
     ), lines
     assert "rerun" not in r.stdout + r.stderr
+
+
+@pytest.mark.pyvips
+def test_a_tiff_cut_before_its_second_directory_is_said_without_a_python_repr(tmp_path):
+    """The line quoted tifffile's warning whole, "<tifffile.TiffPages @144112> invalid page
+    offset 195820" (hostile round 51, 6): its words alone."""
+    import pyvips
+
+    from cyto.errors import UnsupportedSlideError
+    from cyto.slides.readers import check_tiff_data
+
+    pixels = np.random.default_rng(0).integers(0, 256, (512, 512, 3), dtype=np.uint8)
+    whole = tmp_path / "whole.tif"
+    image = pyvips.Image.new_from_array(pixels).copy(interpretation="srgb")
+    image.tiffsave(str(whole), tile=True, pyramid=True, tile_width=256, tile_height=256)
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.tif"
+    cut.write_bytes(data[: len(data) - 1000])  # the second directory is written last
+    with pytest.raises(UnsupportedSlideError) as err:
+        check_tiff_data(cut, len(data) - 1000)
+    assert "damaged or truncated TIFF (invalid page offset " in str(err.value), str(err.value)
+    assert "<" not in str(err.value) and "@" not in str(err.value)

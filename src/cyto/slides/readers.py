@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -361,7 +362,13 @@ def check_tiff_data(path, size: int, fh=None) -> None:
         raise UnsupportedSlideError(f"{path}: damaged TIFF structure ({exc})") from exc
     finally:
         log.removeHandler(handler)
-    bad = [p for p in problems if "invalid" in p.lower() or "corrupt" in p.lower()]
+    # tifffile's warnings begin with its object's repr ("<tifffile.TiffPages @144112> invalid
+    # page offset 195820"): the words alone (hostile round 51, 6)
+    bad = [
+        re.sub(r"<tifffile\.[^>]*>\s*", "", p)
+        for p in problems
+        if "invalid" in p.lower() or "corrupt" in p.lower()
+    ]
     if bad:
         raise UnsupportedSlideError(
             f"{path}: damaged or truncated TIFF ({bad[0]}; {size:,} bytes): refusing to score "
