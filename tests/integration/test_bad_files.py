@@ -448,10 +448,14 @@ def test_a_slide_of_12_bit_values_in_16_bit_samples_is_read_as_its_8_bit_pixels(
     eight = _write_tiff(tmp_path / "s8.tif", level0, "rgb", tile=(256, 256))
     twelve = np.rint(level0 * (4095 / 255)).astype(np.uint16)
     deep = _write_tiff(tmp_path / "s12.tif", twelve, "rgb", tile=(256, 256))
-    reader = open_slide(deep)
     h, w = level0.shape[:2]
-    assert np.array_equal(reader.read_region(0, 0, w, h), level0)
-    reader.close()
+    opaque = np.full((h, w, 1), 65535, np.uint16)  # alpha at 16 bits tells no depth
+    with_alpha = _write_tiff(tmp_path / "s12a.tif", np.concatenate([twelve, opaque], axis=2),
+                             "rgb", tile=(256, 256), extrasamples=["unassalpha"])  # fmt: skip
+    for path in (deep, with_alpha):
+        reader = open_slide(path)
+        assert np.array_equal(reader.read_region(0, 0, w, h), level0), path.name
+        reader.close()
     tables = {}
     for path in (eight, deep):
         out = tmp_path / path.stem

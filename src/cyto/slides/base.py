@@ -112,6 +112,8 @@ def sixteen_bit_top(level) -> int:
     values; of one that large, an 8 x 8 grid of windows of it)."""
     from cyto.data.images import bit_depth
 
+    if level.bands in (2, 4):  # alpha, at its full 65535 where opaque, tells no depth
+        level = level.extract_band(0, n=level.bands - 1)
     if level.width * level.height <= 4096 * 4096:
         highest = level.max()
     else:
