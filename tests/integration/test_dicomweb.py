@@ -240,7 +240,10 @@ def test_not_a_slide_404_and_a_bad_url_are_one_line_each(served):
     no_root = url.replace("/dicom-web/", "/nope/")
     with pytest.raises(InputPathError) as err:
         open_slide(no_root)
-    assert "answers no DICOMweb search: check the server's DICOMweb root" in str(err.value)
+    assert str(err.value).endswith(
+        "answers no DICOMweb search (QIDO-RS), so which part is unknown cannot be asked: check "
+        "the study UID, the series UID and the DICOMweb root (Orthanc's is /dicom-web)"
+    )
     with pytest.raises(InputPathError, match="a DICOMweb URL names one series"):
         open_slide(url.split("/series/")[0])
 

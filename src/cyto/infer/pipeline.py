@@ -101,13 +101,16 @@ def score_slide(
         if ahead is None:  # measured while the model loads (0.3-1.2 s of the plan on 2 cores)
             ahead = ThresholdAhead.start(slide, opts)
         summary = _score_slide(slide, model, out_dir, opts, echo, metrics, pool, ahead)
-    except BaseException:
+    except BaseException as exc:
+        # a remote slide refused before its run began (its format, read from its first
+        # blocks: an NDPI without --download) left those blocks (hostile round 49, 1), and a
+        # tile worker still starting read them again once started (round 52, 1): its workers
+        # end before its blocks go (not on a Ctrl-C, which leaves them to the bound)
+        settle = isinstance(slide, SlideURL) and not isinstance(exc, KeyboardInterrupt)
         if pool is not None:  # a worker still starting exits once started
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown(wait=settle, cancel_futures=True)
         if ahead is not None:  # its reader let go before the process may exit (0.3-1.2 s)
             ahead.join()
-        # a remote slide refused before its run began (its format, read from its first
-        # blocks: an NDPI without --download) left those blocks (hostile round 49, 1)
         drop_blocks(slide)
         raise
     if pool is not None:  # told to stop when the last tile came in; gone by now, or soon

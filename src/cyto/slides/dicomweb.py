@@ -252,8 +252,11 @@ class DicomWebSeries(Requests):
             )
         if series is not None and found(f"{self.root}/studies?limit=1") is not None:
             return f"no study {self.study} on the server: check the study UID"
+        # a server without searches (QIDO-RS) may serve metadata and frames all the same: it
+        # cannot be asked which part is wrong (round 52, 2: "check the root" of a right root)
         return (
-            f"{self.root} answers no DICOMweb search: check the server's DICOMweb root "
+            f"{self.root} answers no DICOMweb search (QIDO-RS), so which part is unknown "
+            "cannot be asked: check the study UID, the series UID and the DICOMweb root "
             "(Orthanc's is /dicom-web)"
         )
 
