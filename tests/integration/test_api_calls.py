@@ -120,8 +120,15 @@ def test_a_model_given_by_a_relative_path_is_recorded_absolute(
     meta = pq.read_schema(tmp_path / "p.parquet").metadata
     assert meta[b"cyto.model"].decode() == str(exported_dsvdd.resolve())
     # loaded here, used from another folder: the bundle as it was loaded (round 28, 1: the
-    # path was resolved when the table was written, against the folder moved to)
-    scorer = cyto.load_model(model)
+    # path was resolved when the table was written, against the folder moved to); its load
+    # warns UNVERIFIED as every run with it does (it was silent: hostile round 53, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scorer = cyto.load_model(model)
+    said = [str(w.message) for w in caught if issubclass(w.category, CytoWarning)]
+    assert len(said) == 1 and said[0].startswith("UNVERIFIED: "), said
+    assert f"'cyto export {exported_dsvdd.resolve()}'" in said[0]
+    assert caught[0].filename == __file__  # at the caller's line
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     with warnings.catch_warnings(record=True) as caught:
