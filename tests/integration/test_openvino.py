@@ -88,6 +88,18 @@ def test_a_changed_graph_compiles_anew_and_a_cached_one_loads(bundle, tmp_path):
     assert len(folders) == 2 and all("-fp32-" in f for f in folders)
 
 
+def test_a_cache_where_a_compiled_model_cannot_be_kept_is_named(bundle, tmp_path):
+    """cyto's cache with a file where its openvino folder goes: the compiled model is used and
+    not kept, said with the place (it said "not kept: Not a directory", of no path: hostile
+    round 53, 6)."""
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "openvino").write_text("not a folder")
+    s = load_scorer(bundle, "openvino", "cpu", "fp32", verify=False)
+    (note,) = [n for n in s.notes if "OpenVINO compiled encoder.onnx (fp32)" in n]
+    assert f"(not kept in {tmp_path / 'cache' / 'openvino'}" in note, note
+    assert note.endswith(": Not a directory)"), note
+
+
 def test_auto_takes_a_verified_choice_and_passes_over_a_failing_one(bundle, monkeypatch):
     from cyto.runtime import verify
     from cyto.runtime.backends import openvino

@@ -519,3 +519,15 @@ def test_skip_verify_is_named_and_its_unverified_results_are_not_reused_as_verif
     if "verification: passed" in again.stdout:
         assert "already scored" not in again.stdout
         assert "its scores were not verified when it was scored (skipped)" in again.stdout
+
+
+def test_doctor_names_a_damaged_bundle_once(exported_dsvdd, tmp_path):
+    """A bundle its doctor cannot load: the line named it twice, "m3.cyto: m3.cyto:
+    encoder-fp16.onnx is missing" (hostile round 53, 7)."""
+    path = tmp_path / "m.cyto"
+    shutil.copytree(exported_dsvdd, path)
+    (path / "encoder.onnx").unlink()
+    proc = run_cyto("doctor", str(path), "--device", "cpu")
+    said = proc.stdout + proc.stderr
+    assert "encoder.onnx is missing" in said, said
+    assert f"{path}: {path}:" not in said and said.count(f"{path}: encoder.onnx") == 1, said

@@ -53,7 +53,13 @@ from pathlib import Path
 import numpy as np
 
 from cyto.bundle import Bundle, GraphSpec
-from cyto.errors import BundleError, ConfigError, DeviceError, MissingDependencyError
+from cyto.errors import (
+    BundleError,
+    ConfigError,
+    DeviceError,
+    MissingDependencyError,
+    os_error_path,
+)
 from cyto.flags import passing
 from cyto.runtime.heads import head_class
 from cyto.runtime.machine import openvino_cpu
@@ -314,7 +320,9 @@ class OpenVinoBackend:
             try:
                 engine = kept.keep(blob)
             except OSError as exc:  # a cache that cannot be written: compiled again next time
-                where = f" (not kept: {exc.strerror or exc})"
+                # the place named (it said "not kept: Not a directory", of no path: round 53, 6)
+                place = os_error_path(exc) or kept.folder
+                where = f" (not kept in {place}: {exc.strerror or exc})"
             else:
                 # what runs is the kept bytes, as every later run will: the verification made
                 # now vouches for exactly them
