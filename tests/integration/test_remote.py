@@ -630,6 +630,11 @@ def test_a_format_that_needs_a_local_file_says_so_or_is_downloaded(
         with pytest.raises(UnsupportedSlideError, match="pass --download"):
             score_slide(url, exported_dsvdd, tmp_path / "o", ScoreOptions(mosaic=0))
         assert not any((tmp_path / "cache" / "remote-blocks").rglob("*.blk"))
+        # from Python, the keyword score_slide takes (it said only to copy it: round 52, 9)
+        import cyto
+
+        with pytest.raises(UnsupportedSlideError, match="pass download=True to score_slide"):
+            cyto.score_slide(url, exported_dsvdd, tmp_path / "o", mosaic=0, echo=None)
         # cyto score's tile workers, one still starting, read them too (round 52, 1)
         proc = run_cyto("score", url, "--model", str(exported_dsvdd), "--out",
                         str(tmp_path / "o"), "--mosaic", "0", "--workers", "2")  # fmt: skip

@@ -436,11 +436,14 @@ def _holds_dicom_slide(folder: Path) -> bool:
 
 
 def _download_words() -> str:
-    """How a caller reads a remote slide from a local copy: ``cyto score --download`` fetches it
-    to cyto's cache; the Python calls take no such option (a flag-only remedy is not offered to
-    them as a keyword), so they copy it first."""
+    """How a caller reads a remote slide from a local copy: ``cyto score --download`` and
+    ``cyto.score_slide(..., download=True)`` fetch it to cyto's cache (the Python refusal said
+    only to copy it by hand: hostile round 52, 9); other calls read it from a copy made first."""
     if python_call():
-        return "copy it to this machine and give its path"
+        return (
+            "pass download=True to score_slide to fetch it to cyto's cache, or copy it to "
+            "this machine and give its path"
+        )
     return "pass --download to fetch it to cyto's cache"
 
 
