@@ -88,7 +88,7 @@ def _front_door(func: Callable) -> Callable:
             silent = "echo" in bound.arguments and bound.arguments["echo"] is None
             # where a full disk that names no file is looked for: the call's local paths
             given = [*map(Path, local.values()), *bound.arguments.values()]
-            places = PLACES.set(places_of(v for v in given if isinstance(v, Path)))
+            places = PLACES.set(places_of(given))
             try:
                 with quiet(silent):
                     return func(*bound.args, **bound.kwargs)

@@ -151,8 +151,15 @@ def size_words(n: int) -> str:
     return f"{n} B"
 
 
-def places_of(paths) -> tuple:
-    """:data:`cyto.errors.PLACES` of a command or call given ``paths``: those, then cyto's
-    cache (where a full disk that names no file is looked for), named only if one is met:
-    resolved now, the cache's fallback was said before the command ran (doctor's row)."""
+def places_of(values) -> tuple:
+    """:data:`cyto.errors.PLACES` of a command or call given ``values`` (its arguments as
+    given: the paths among them, and in lists of them): those paths, then cyto's cache (where
+    a full disk that names no file is looked for), named only if one is met: resolved now, the
+    cache's fallback was said before the command ran (doctor's row)."""
+    paths = (
+        v
+        for value in values
+        for v in (value if isinstance(value, (list, tuple)) else (value,))
+        if isinstance(v, _Path)
+    )
     return (*dict.fromkeys(str(p) for p in paths), cache_dir)

@@ -143,7 +143,7 @@ class OutputLock:
                 if time.monotonic() < deadline:
                     time.sleep(0.005)
                     continue
-                error = self._refusal(fh)
+                error = self._refusal(self._holder(fh))
                 fh.close()
                 raise error from None
         fh.seek(0)
@@ -175,11 +175,9 @@ class OutputLock:
             f"{holder.get('started', '?')})"
         )
 
-    def _refusal(self, fh) -> OutputBusyError:
-        """The refusal of this run, naming the run that holds the lock."""
-        return OutputBusyError(
-            f"{self._holder(fh)}; wait for it to finish, or {self.instead or another_out()}"
-        )
+    def _refusal(self, who: str) -> OutputBusyError:
+        """The refusal of this run, naming the run that holds the lock (:meth:`_holder`)."""
+        return OutputBusyError(f"{who}; wait for it to finish, or {self.instead or another_out()}")
 
     def holder(self) -> str | None:
         """Who holds the folder now (:meth:`_holder`'s words), asked without taking the lock or
@@ -197,9 +195,7 @@ class OutputLock:
         is free. A run asks before its slow start (loading a model) so that its refusal comes
         first."""
         who = self.holder()
-        if who is None:
-            return None
-        return OutputBusyError(f"{who}; wait for it to finish, or {self.instead or another_out()}")
+        return None if who is None else self._refusal(who)
 
     def release(self) -> None:
         if self._fh is not None:

@@ -287,14 +287,7 @@ def local_paths_only(callback):
 
         # where a full disk that names no file is looked for (the CLI's last word says it,
         # after this command returned: set for the command, not reset)
-        PLACES.set(
-            places_of(
-                v
-                for value in kwargs.values()
-                for v in (value if isinstance(value, (list, tuple)) else (value,))
-                if isinstance(v, Path)
-            )
-        )
+        PLACES.set(places_of(kwargs.values()))
         return callback(*args, **kwargs)
 
     return run

@@ -168,7 +168,9 @@ class KeptKernel:
             removed = _forget_kept(self.dispatcher)
             from cyto.errors import SYSTEM_ERRORS
 
-            if not removed and isinstance(exc, OSError) and exc.errno in SYSTEM_ERRORS:
+            # the cache took nothing (a full disk, a read-only folder): the machine's error
+            unkept = isinstance(exc, OSError) and exc.errno in SYSTEM_ERRORS
+            if not removed and unkept:
                 # nothing kept, and the cache takes nothing (a full disk, a read-only
                 # folder): compiled for this run alone, not kept (a first run on a full cache
                 # stopped here: hostile round 48)
@@ -178,7 +180,7 @@ class KeptKernel:
             result = self.dispatcher(*args)  # compiled anew; its own error, if any, is raised
             from cyto.errors import CytoWarning, first_line
 
-            if isinstance(exc, OSError) and exc.errno in SYSTEM_ERRORS:
+            if unkept:
                 # the kernel could not be written (a full cache disk): none was kept to load
                 # (the line said a kept kernel "did not load": hostile round 47, 8)
                 said = _not_kept_words(removed[0], exc)
