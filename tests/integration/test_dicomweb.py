@@ -237,6 +237,10 @@ def test_not_a_slide_404_and_a_bad_url_are_one_line_each(served):
         open_slide(no_study)
     assert str(err.value).endswith("not found (404): no study 1.2.3 on the server: check the "
                                    "study UID")  # fmt: skip
+    with pytest.raises(InputPathError) as err:  # a query string rides along to the searches
+        open_slide(f"{no_study}?includefield=all")
+    assert "no study 1.2.3 on the server: check the study UID" in str(err.value), str(err.value)
+
     no_root = url.replace("/dicom-web/", "/nope/")
     with pytest.raises(InputPathError) as err:
         open_slide(no_root)
@@ -246,6 +250,33 @@ def test_not_a_slide_404_and_a_bad_url_are_one_line_each(served):
     )
     with pytest.raises(InputPathError, match="a DICOMweb URL names one series"):
         open_slide(url.split("/series/")[0])
+
+
+def test_a_server_that_answers_404_for_an_unknown_studys_series_names_the_study():
+    """Servers answer a search of an unknown study's series with 404 (Orthanc with 200 and
+    none): "no study" either way, also where the URL carries a query string (the search was
+    told by its URL's end, which a query string hid: the root was blamed)."""
+    from cyto.slides.dicomweb import DicomWebSeries, _Status
+
+    asked = []
+
+    def get(url, accept):
+        asked.append(url)
+        if "/studies/1.2.3/series" in url:
+            raise _Status(404, url)
+        return b"[]", "application/dicom+json"  # the search of studies answers
+
+    for query in ("", "token=x"):
+        series = DicomWebSeries.__new__(DicomWebSeries)
+        series.root, series.study, series.series, series.query = (
+            "http://h/dw",
+            "1.2.3",
+            "4.5",
+            query,
+        )
+        series._get = get
+        assert series._what_is_missing() == "no study 1.2.3 on the server: check the study UID"
+    assert asked[-2] == "http://h/dw/studies/1.2.3/series?token=x"
 
 
 def test_a_series_that_changes_is_another_slide_and_stops_a_pinned_run(served, tmp_path):

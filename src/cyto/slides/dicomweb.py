@@ -229,12 +229,14 @@ class DicomWebSeries(Requests):
         request each, no retries): the series in the study, the study, or the DICOMweb root
         itself. A 404 read the same for a wrong study, series or root (hostile round 49, 4)."""
 
-        def found(url: str) -> list | None:
-            """The answers of a search (an empty list for none), None where it is not one."""
+        def found(url: str, none_is_404: bool = False) -> list | None:
+            """The answers of a search (an empty list for none, and for a 404 where
+            ``none_is_404``), None where it is not one."""
             try:
                 body, _ = self._get(url, "application/dicom+json")
             except _Status as exc:
-                return [] if exc.status in (204, 404) and url.endswith("/series") else None
+                # (told by the URL's end, a query string after /series made it no search)
+                return [] if exc.status in (204, 404) and none_is_404 else None
             except OSError:
                 return None
             try:
@@ -244,7 +246,7 @@ class DicomWebSeries(Requests):
             return answer if isinstance(answer, list) else None
 
         query = f"?{self.query}" if self.query else ""
-        series = found(f"{self.root}/studies/{self.study}/series{query}")
+        series = found(f"{self.root}/studies/{self.study}/series{query}", none_is_404=True)
         if series:
             return (
                 f"the study {self.study} holds no series {self.series} ({len(series)} other "
