@@ -4,7 +4,8 @@ A directory (e.g. ``dsvdd.cyto/``) holding ``manifest.json``, one ``weights-*.sa
 seed/network, ``scorer.npz`` (centres, or support vectors...) and, after export, ``encoder.onnx``
 and TensorRT engines. The manifest lists the sha256 of every other file and carries its own
 (``manifest_sha256``, over its canonical JSON without that field); loading verifies each one and
-refuses anything that does not match. Nothing is ever unpickled.
+refuses anything that does not match (but a damaged fp16 or int8 graph, passed over where the bundle
+is loaded to score: :class:`SetAside`). Nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -193,7 +194,10 @@ class ModelSpec:
         return self.mpp * self.patch_px / self.crop_size
 
     @classmethod
-    def from_manifest(cls, manifest: dict[str, Any], where: object = "bundle") -> ModelSpec:
+    def from_manifest(
+        cls, manifest: dict[str, Any], where: object = "bundle", leave_out: Iterable[str] = ()
+    ) -> ModelSpec:
+        """``leave_out``: graphs (by precision key) the spec does not offer."""
         try:
             cfg = manifest.get("config", {})
             norm = manifest.get("normalization") or {}
@@ -201,6 +205,8 @@ class ModelSpec:
             size = int(manifest["input_size"])
             graphs = {}
             for key, entry in _graph_entries(manifest).items():
+                if key in leave_out:
+                    continue
                 graphs[key] = GraphSpec(
                     file=entry["file"],
                     sha256=manifest["files"][entry["file"]],
@@ -286,6 +292,9 @@ class Bundle:
     weights: dict[str, dict[str, Any]] = field(default_factory=dict)
     scorer: dict[str, np.ndarray] = field(default_factory=dict)
     _spec: ModelSpec | None = field(default=None, repr=False, compare=False)
+    #: the fp16 / int8 graphs left out of :attr:`spec` as damaged or missing, by precision key
+    #: (``load_bundle(..., for_scoring=True)``)
+    set_aside: dict[str, SetAside] = field(default_factory=dict, repr=False, compare=False)
     #: the manifest's sha256 as it was loaded (under the bundle's lock, with what was read)
     _manifest_sha256: str | None = field(default=None, repr=False, compare=False)
     #: the bundle as a table or summary records it: absolute, taken when it is loaded (a record
@@ -312,8 +321,16 @@ class Bundle:
     @property
     def spec(self) -> ModelSpec:
         if self._spec is None:
-            self._spec = ModelSpec.from_manifest(self.manifest, self.path)
+            self._spec = ModelSpec.from_manifest(self.manifest, self.path, set(self.set_aside))
         return self._spec
+
+    def set_aside_for(self, precision: str) -> list[tuple[str, SetAside]]:
+        """The graphs of ``precision`` (int8: each of its forms) left out as damaged."""
+        return [
+            (key, gone)
+            for key, gone in self.set_aside.items()
+            if key == precision or key.startswith(f"{precision}-")
+        ]
 
     def graph_bytes(self, graph: GraphSpec) -> bytes:
         """The graph file's bytes, checked against the sha256 the manifest gave when the bundle
@@ -634,12 +651,18 @@ def repair_words(path: Path, name: str, manifest: dict[str, Any]) -> str:
     return "restore the bundle from a copy, or train it again"
 
 
-def _verified(path: Path, rewritten: frozenset[str] | None = None) -> dict[str, Any]:
+def _verified(
+    path: Path,
+    rewritten: frozenset[str] | None = None,
+    set_aside: dict[str, SetAside] | None = None,
+) -> dict[str, Any]:
     """The manifest of the bundle at ``path``, every file it lists held to its checksum but
-    ``rewritten`` (None: those of :func:`rewriting`)."""
+    ``rewritten`` (None: those of :func:`rewriting`). ``set_aside`` (a dict to fill): a damaged
+    or missing fp16 or int8 graph is put there by its precision key, not refused."""
     manifest = read_manifest(path)
     files = manifest.get("files", {})
     skip = _REWRITING.get() if rewritten is None else rewritten
+    optional = {e.get("file"): key for key, e in _graph_entries(manifest).items() if key != "fp32"}
     for name, digest in files.items():
         f = path / name
         if Path(name).name != name:
@@ -647,35 +670,63 @@ def _verified(path: Path, rewritten: frozenset[str] | None = None) -> dict[str, 
         if name in skip:
             continue
         if not f.is_file():
-            raise BundleError(
-                f"{path}: {name} is missing (the bundle is incomplete): "
-                + repair_words(path, name, manifest)
+            problem = f"{name} is missing (the bundle is incomplete)"
+        else:
+            actual = sha256_file(f)
+            if actual == digest:
+                continue
+            problem = (
+                f"{name} does not match its checksum (expected {digest[:12]}..., got "
+                f"{actual[:12]}...): the file was changed or corrupted"
             )
-        actual = sha256_file(f)
-        if actual != digest:
-            raise BundleError(
-                f"{path}: {name} does not match its checksum (expected {digest[:12]}..., got "
-                f"{actual[:12]}...): the file was changed or corrupted; "
-                + repair_words(path, name, manifest)
-            )
+        repair = repair_words(path, name, manifest)
+        if set_aside is not None and name in optional:
+            set_aside[optional[name]] = SetAside(path, problem, repair)
+            continue
+        raise BundleError(f"{path}: {problem}{':' if problem.endswith(')') else ';'} {repair}")
     return manifest
 
 
-def load_bundle(path: Path, weights: bool = True) -> Bundle:
+@dataclass(frozen=True)
+class SetAside:
+    """A bundle's fp16 or int8 graph that failed its checksum (or is missing) where the bundle
+    was loaded to score (``load_bundle(..., for_scoring=True)``): every file a run uses is still
+    held to its checksum, so the bundle scores with its intact graphs and this one is passed
+    over with a warning, or refused in these words where it was asked for by name."""
+
+    path: Path
+    problem: str
+    repair: str
+
+    def refusal(self) -> str:
+        return f"{self.path}: {self.problem}; {self.repair}"
+
+    def warning(self, precision: str) -> str:
+        return (
+            f"{self.path}: {self.problem}; its {precision} graph is passed over and the intact "
+            f"ones score; {self.repair}"
+        )
+
+
+def load_bundle(path: Path, weights: bool = True, for_scoring: bool = False) -> Bundle:
     """Verify and load a bundle: tensors as torch tensors (safetensors), arrays without pickle.
 
     ``weights=False`` verifies every checksum but leaves the tensors out (and torch unimported):
-    the exported ONNX path needs only the manifest and the scorer arrays.
+    the exported ONNX path needs only the manifest and the scorer arrays. ``for_scoring``: a
+    damaged or missing fp16 or int8 graph does not refuse the bundle; it is left out of its
+    graphs (:attr:`Bundle.set_aside`), and what scores is still held to its checksum. Steps
+    that write into the bundle (export, calibrate) load it whole.
     """
     path = Path(path)
     _manifest_file(path)
     with bundle_lock(path, exclusive=False):  # the files as the manifest lists them
-        return _load_verified(path, weights)
+        return _load_verified(path, weights, for_scoring)
 
 
-def _load_verified(path: Path, weights: bool) -> Bundle:
-    manifest = _verified(path)
-    bundle = Bundle(path=path, manifest=manifest)
+def _load_verified(path: Path, weights: bool, for_scoring: bool = False) -> Bundle:
+    set_aside: dict[str, SetAside] = {}
+    manifest = _verified(path, set_aside=set_aside if for_scoring else None)
+    bundle = Bundle(path=path, manifest=manifest, set_aside=set_aside)
     bundle.manifest_hash  # noqa: B018 (kept as loaded, under the lock: Bundle.manifest_hash)
     for name in manifest["files"] if weights else ():
         if name.startswith("weights-") and name.endswith(".safetensors"):

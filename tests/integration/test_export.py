@@ -166,6 +166,59 @@ def test_every_damaged_file_is_repaired_by_the_command_its_error_advises(
     assert {"encoder.onnx", "golden.npz", "encoder-fp16.onnx"} <= set(repaired), repaired
 
 
+def test_a_damaged_fp16_graph_is_passed_over_and_the_intact_graphs_score(
+    exported_dsvdd, synth_patches, tmp_path
+):
+    """A bundle whose fp16 graph was damaged (a disk error, half a copy) was refused by every run,
+    even one that never reads that graph, though the files that score were intact. Now a run
+    scores the same table with the intact graphs and one warning naming the file and the export
+    that makes it again; asking for fp16 by name is refused in those words; from Python
+    (``cyto.load_model``) a missing fp16 graph is warned of the same way."""
+    import warnings
+
+    import pyarrow.parquet as pq
+
+    import cyto
+    from tests.cli_runner import run_cyto
+
+    copy = tmp_path / "d.cyto"
+    shutil.copytree(exported_dsvdd, copy)
+    fp16 = ("--precision", "fp16", "--parity-cells", str(synth_patches))
+    assert run_cyto("export", str(copy), *fp16).returncode == 0
+
+    def predict(name: str, *more: str):
+        out = tmp_path / f"{name}.parquet"
+        args = ("predict", str(copy), "--data", str(synth_patches), "--out", str(out), *more)
+        return run_cyto(*args, "--backend", "onnx"), out
+
+    whole, whole_out = predict("whole")
+    assert whole.returncode == 0, whole.stderr
+    graph = copy / "encoder-fp16.onnx"
+    raw = bytearray(graph.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    graph.write_bytes(bytes(raw))
+    proc, out = predict("damaged")
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "encoder-fp16.onnx" in line]
+    assert len(said) == 1 and said[0].startswith("warning: "), proc.stderr
+    assert "does not match its checksum" in said[0] and "fp16 graph is passed over" in said[0]
+    assert f"cyto export {copy} --precision fp16" in said[0], said
+    assert np.array_equal(pq.read_table(out)["score"], pq.read_table(whole_out)["score"])
+
+    asked, _ = predict("asked", "--precision", "fp16")
+    assert asked.returncode != 0
+    last = asked.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "encoder-fp16.onnx does not match its checksum" in last
+    assert f"cyto export {copy} --precision fp16" in last, asked.stderr
+
+    graph.unlink()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cyto.load_model(copy, backend="onnx").close()
+    words = [str(w.message) for w in seen if "encoder-fp16.onnx" in str(w.message)]
+    assert len(words) == 1 and "is missing" in words[0] and "passed over" in words[0], words
+
+
 def test_an_edited_manifest_advises_no_command_that_cannot_mend_it(exported_dsvdd, tmp_path):
     """Hostile round 5 (MIS 1.4): an edited manifest advised "retrain or re-export", and
     cyto export refused with the same line. The advice names what mends it."""

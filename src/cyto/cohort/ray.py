@@ -381,7 +381,7 @@ def score_cohort_ray(
     the same outputs, (summaries, failures as (slide, error)). A slide with more than
     ``split_tiles`` tiles is scored in parts of that many tiles by several actors at once
     (None: never)."""
-    from cyto.bundle import verify_bundle
+    from cyto.bundle import load_bundle
     from cyto.cohort.local import check_inputs, echo_for, refuse_slide_folder, slide_folders, stage
     from cyto.location import output_location
 
@@ -394,7 +394,7 @@ def score_cohort_ray(
     if where.is_remote and split_tiles is not None:
         split_tiles = None  # the parts of a slide meet in one folder, which nodes do not share
         echo(f"--out {where}: each slide is scored whole by one engine (not in parts)")
-    verify_bundle(Path(model))  # a bad bundle fails here in one line, not in every actor
+    load_bundle(Path(model), weights=False, for_scoring=True)  # a bad bundle: one line here
     stage(where, slides)
     ray = import_ray()
     echo(f"joined the {connect(address, num_cpus)}")

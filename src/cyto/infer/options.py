@@ -282,7 +282,7 @@ def model_spec(model):
         return model.spec
     from cyto.bundle import load_bundle
 
-    return load_bundle(model, weights=False).spec
+    return load_bundle(model, weights=False, for_scoring=True).spec
 
 
 def detection_for(kind: str, model, detector: str = "scipy") -> NucleusParams:

@@ -616,8 +616,13 @@ def load_scorer(
         raise ConfigError(
             f"precision must be one of {', '.join(PRECISIONS)} or auto, got {precision!r}"
         )
-    bundle = model if isinstance(model, Bundle) else load_bundle(Path(model), weights=False)
+    bundle = (
+        model
+        if isinstance(model, Bundle)
+        else load_bundle(Path(model), weights=False, for_scoring=True)
+    )
     device = resolve_device(device)
+    _passing_over_set_aside(bundle, precision, device)
     golden = read_golden(bundle) if verify else None
     head = head_for(bundle)
     notes: list[str] = []
@@ -704,6 +709,23 @@ def load_scorer(
             + (f" ({'; '.join(notes)})" if notes else "")
         )
     raise ConfigError(f"no backend here can score {bundle.path} on {device}: {'; '.join(notes)}")
+
+
+def _passing_over_set_aside(bundle: Bundle, precision: str, device: str) -> None:
+    """A graph of the bundle left out as damaged (:attr:`cyto.bundle.Bundle.set_aside`): refused
+    in its own words where its precision was asked for and no intact form of it is left, else
+    passed over with a warning (what scores is intact)."""
+    from cyto.errors import BundleError
+
+    if (
+        precision not in ("auto", "fp32", "bf16")
+        and graph_for(bundle.spec, precision, device) is None
+    ):
+        gone = bundle.set_aside_for(precision)
+        if gone:
+            raise BundleError(gone[0][1].refusal())
+    for key, gone in bundle.set_aside.items():
+        warn_caller(gone.warning(key))
 
 
 def other_cpu_int8(spec, chosen: Backend, device: str, precision: str):

@@ -42,7 +42,7 @@ class TorchBackend:
                 f"{precision} on {device} runs through ONNX Runtime or TensorRT"
             )
         if not bundle.weights:
-            bundle = load_bundle(bundle.path)
+            bundle = load_bundle(bundle.path, for_scoring=True)
         if threads:
             torch.set_num_threads(threads)
         self.torch = torch
