@@ -366,11 +366,13 @@ def model_rows(
 
     rows, auto, problems = [], {}, []
     try:
-        bundle = load_bundle(Path(model), weights=False)
+        bundle = load_bundle(Path(model), weights=False, for_scoring=True)
         golden = read_golden(bundle)
     except CytoError as exc:  # the error names the bundle first, as a rule: once (round 53, 7)
         said = str(exc)
         return [], {}, [said if said.startswith(str(model)) else f"{model}: {said}"]
+    # a damaged fp16 / int8 graph: a problem, and the rows say what scores without it
+    problems.extend(gone.refusal() for gone in bundle.set_aside.values())
     images = (
         golden.images
         if golden is not None
@@ -449,7 +451,9 @@ def model_rows(
                     if row.status == "unverified" and unchecked not in problems:
                         problems.append(unchecked)
                 rows.append(row)
-        if (
+        if precision_asked and bundle.set_aside_for(precision_asked):
+            pass  # made, and damaged: said above
+        elif (
             precision_asked
             and precision_asked != "fp32"
             and graph_for(bundle.spec, precision_asked, device) is None

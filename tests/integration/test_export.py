@@ -172,7 +172,8 @@ def test_a_damaged_fp16_graph_is_passed_over_and_the_intact_graphs_score(
     """A bundle whose fp16 graph was damaged (a disk error, half a copy) was refused by every run,
     even one that never reads that graph, though the files that score were intact. Now a run
     scores the same table with the intact graphs and one warning naming the file and the export
-    that makes it again; asking for fp16 by name is refused in those words; from Python
+    that makes it again; asking for fp16 by name is refused in those words; ``cyto doctor`` names
+    it as a problem and checks the graphs that score (it had only the refusal to show); from Python
     (``cyto.load_model``) a missing fp16 graph is warned of the same way."""
     import warnings
 
@@ -210,6 +211,15 @@ def test_a_damaged_fp16_graph_is_passed_over_and_the_intact_graphs_score(
     last = asked.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "encoder-fp16.onnx does not match its checksum" in last
     assert f"cyto export {copy} --precision fp16" in last, asked.stderr
+
+    # cyto doctor names it as a problem once, and checks what still scores
+    doctor = run_cyto("doctor", str(copy), "--device", "cpu")
+    assert doctor.returncode != 0
+    named = [line for line in doctor.stdout.splitlines() if "encoder-fp16.onnx" in line]
+    assert len(named) == 1 and "does not match its checksum" in named[0], doctor.stdout
+    assert any(
+        line.split()[:4] == ["cpu", "onnx", "fp32", "passed"] for line in doctor.stdout.splitlines()
+    ), doctor.stdout
 
     graph.unlink()
     with warnings.catch_warnings(record=True) as seen:

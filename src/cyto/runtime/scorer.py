@@ -616,13 +616,10 @@ def load_scorer(
         raise ConfigError(
             f"precision must be one of {', '.join(PRECISIONS)} or auto, got {precision!r}"
         )
-    bundle = (
-        model
-        if isinstance(model, Bundle)
-        else load_bundle(Path(model), weights=False, for_scoring=True)
-    )
+    loaded_here = not isinstance(model, Bundle)
+    bundle = load_bundle(Path(model), weights=False, for_scoring=True) if loaded_here else model
     device = resolve_device(device)
-    _passing_over_set_aside(bundle, precision, device)
+    _passing_over_set_aside(bundle, precision, device, warn=loaded_here)
     golden = read_golden(bundle) if verify else None
     head = head_for(bundle)
     notes: list[str] = []
@@ -711,10 +708,11 @@ def load_scorer(
     raise ConfigError(f"no backend here can score {bundle.path} on {device}: {'; '.join(notes)}")
 
 
-def _passing_over_set_aside(bundle: Bundle, precision: str, device: str) -> None:
+def _passing_over_set_aside(bundle: Bundle, precision: str, device: str, warn: bool) -> None:
     """A graph of the bundle left out as damaged (:attr:`cyto.bundle.Bundle.set_aside`): refused
     in its own words where its precision was asked for and no intact form of it is left, else
-    passed over with a warning (what scores is intact)."""
+    passed over (what scores is intact), with a warning where ``warn`` (the bundle was loaded
+    for this scorer: a caller that loaded it, ``cyto doctor``, says it once itself)."""
     from cyto.errors import BundleError
 
     if (
@@ -724,7 +722,7 @@ def _passing_over_set_aside(bundle: Bundle, precision: str, device: str) -> None
         gone = bundle.set_aside_for(precision)
         if gone:
             raise BundleError(gone[0][1].refusal())
-    for key, gone in bundle.set_aside.items():
+    for key, gone in bundle.set_aside.items() if warn else ():
         warn_caller(gone.warning(key))
 
 
