@@ -82,10 +82,20 @@ def numba_cache_dir() -> str:
     try:
         path.mkdir(parents=True, exist_ok=True)
         if not _os.access(path, _os.W_OK):
-            raise PermissionError(path)
-    except OSError:
-        path = private_temp("cyto-numba")
+            raise PermissionError(_errno.EACCES, "not writable")
+    except OSError as exc:
+        # said where a kernel is first used (cyto.runtime.kernels.guard) and by cyto doctor:
+        # the kernels moved to the temp dir without a word (hostile round 53, 6)
+        why = "a file, not a folder" if path.is_file() else (exc.strerror or type(exc).__name__)
+        fallback = private_temp("cyto-numba")
+        NUMBA_MOVED[str(fallback)] = f"{path} cannot be written ({why})"
+        path = fallback
     return str(path)
+
+
+#: numba's kernel folder in the temp dir, by that folder, with why cyto's cache could not keep
+#: them (:func:`numba_cache_dir`)
+NUMBA_MOVED: dict[str, str] = {}
 
 
 def private_temp(name: str) -> _Path:

@@ -233,6 +233,10 @@ def runtime_checks(device_asked: str) -> list[Check]:
         # where its kernels are kept: a cache another user made moved them to a private
         # folder in the temp dir without a word (hostile round 41, 5)
         kept = os.environ.get("NUMBA_CACHE_DIR") or "numba's default"
+        from cyto.runtime.kernels import moved_why
+
+        if moved_why(kept):
+            kept = f"{kept} ({moved_why(kept)})"
         out.append(
             Check(
                 "numba", "numba", OK, f"{numba.__version__}; compiles here; kernels kept in {kept}"

@@ -41,6 +41,14 @@ def cache_folder() -> Path:
     return Path(numba_cache_dir())
 
 
+def moved_why(folder: Path | str) -> str | None:
+    """Why numba's kernels are kept in ``folder``, a temp folder, not in cyto's cache (None:
+    they are not moved)."""
+    from cyto.cachedir import NUMBA_MOVED
+
+    return NUMBA_MOVED.get(str(folder))
+
+
 def _kept(folder: Path) -> dict[str, Path]:
     """numba's kernel files under ``folder``, by their path relative to it."""
     if not folder.is_dir():
@@ -89,6 +97,13 @@ def guard(folder: Path | None = None) -> list[str]:
         return []
     _guarded.add(folder)
     atexit.register(_record_quietly, folder)
+    moved = moved_why(folder)
+    if moved:
+        warn_caller(
+            f"{moved}: numba's kernels are kept in {folder} instead (remove what is there, or "
+            "make it a folder you can write, to keep them in cyto's cache)",
+            CytoWarning,
+        )
     changed = []
     try:
         with _lock(folder):
