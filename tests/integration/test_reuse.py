@@ -399,7 +399,7 @@ def test_a_failure_on_record_says_so_and_doctor_runs_the_check_again(golden_bund
     """Hostile round 9, N6: a record edited to fail (or a stale one) refused a passing graph
     for good; doctor showed it as FAILED with no word that it was read, not run, and nothing
     said how to check again. The refusal now says it was read and names doctor, and doctor
-    runs the check (and keeps what it found)."""
+    runs the check (and keeps what it found); so does auto's note of a choice it passes over."""
     from cyto.doctor import diagnose, render
     from cyto.errors import VerificationError
     from cyto.runtime import load_scorer
@@ -417,6 +417,25 @@ def test_a_failure_on_record_says_so_and_doctor_runs_the_check_again(golden_bund
     assert row.status == "passed" and row.source == "ran now", render(report)
     again = load_scorer(golden_bundle, "onnx", "cpu")  # the record doctor wrote
     assert again.verification.passed and again.verification.cached
+    again.close()
+    # auto passes over a choice whose record fails, and names doctor there too (round 53, 4)
+    first = load_scorer(golden_bundle, "auto", "cpu")
+    first.close()
+    sha = first.verification.record["key_sha256"]
+    [record_file] = [
+        f
+        for f in (golden_bundle / "verified").glob("*.json")
+        if json.loads(f.read_text())["key_sha256"] == sha
+    ]
+    record = json.loads(record_file.read_text())
+    record["parity"].update(spearman=0.5, top10_overlap=0.2, max_diff_of_range=0.4)
+    record_file.write_text(json.dumps(record))
+    other = load_scorer(golden_bundle, "auto", "cpu")
+    other.close()
+    [over] = [n for n in other.notes if n.startswith("failed verification, not used: ")]
+    assert "not run now" in over and over.endswith(
+        f"; 'cyto doctor {golden_bundle}' runs the check again"
+    ), other.notes
 
 
 def test_a_changed_scoring_setting_is_verified_again(golden_bundle):

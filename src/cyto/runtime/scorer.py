@@ -678,7 +678,10 @@ def load_scorer(
         scorer.close()
         words = f"{name} {p} ({scorer_artifact(chosen)}) on {device}: {check.words()}"
         failures.append(words)
-        notes.append(f"failed verification, not used: {words}")
+        # a failure read from the record may be stale (a driver or library since updated):
+        # the command that runs the check again is named (hostile round 53, 4)
+        again = f"; 'cyto doctor {bundle.path}' runs the check again" if check.cached else ""
+        notes.append(f"failed verification, not used: {words}{again}")
         # ONNX Runtime's two forms: the other one once; OpenVINO's: each later one of its order
         # (on an AVX2-only CPU TensorRT's form and the 8-bit form both fail there, the 7-bit
         # form passes); never another than the ``graph`` asked for
