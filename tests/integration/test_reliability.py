@@ -265,6 +265,9 @@ def test_slides_with_the_same_name_get_their_own_folders(exported_dsvdd, slides,
     assert not failed and len(done) == 2
     folders = sorted(p for p in (tmp_path / "c").iterdir() if p.is_dir())
     assert len(folders) == 2 and all(f.name.startswith("s-") for f in folders)
+    # beside them the cohort table alone: its lock left no empty .cohort.csv.lock behind
+    files = {p.name for p in (tmp_path / "c").iterdir() if not p.is_dir()}
+    assert files == {"cohort.csv"}, files
     seen = {pq.read_schema(f / "scores.parquet").metadata[b"cyto.slide"].decode() for f in folders}
     assert seen == {str(a.resolve()), str(b.resolve())}
     assert {d["output"] for d in done} == {str(f) for f in folders}  # what the console names

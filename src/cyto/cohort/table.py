@@ -158,9 +158,11 @@ def write_cohort_table(rows: list[dict], path: Path) -> Path:
 def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
     import csv
 
-    from cyto.locks import file_lock
+    from cyto.locks import folder_lock
 
-    with file_lock(path.with_name(f".{path.name}.lock")):
+    # the folder's own lock: a lock file beside the table was left in every output folder
+    with folder_lock(path.parent):
+        path.with_name(f".{path.name}.lock").unlink(missing_ok=True)  # an earlier cyto's
         # a row per output folder, known by its name in this folder: an --out spelled another
         # way (relative from elsewhere, absolute) is the same folder, and the same row
         # (a staging folder's: the prefix in object storage it stands for, cyto.location)
