@@ -572,6 +572,16 @@ def test_a_slide_scored_by_url_is_read_back_as_it_was_scored(
         assert view.width == 1024 and view.reader(0).read_region(0, 0, 8, 8).shape == (8, 8, 3)
     finally:
         view.close()
+    # the TIFF is read in place: its blocks kept on disk while it is viewed go when the viewer
+    # lets it go (Ctrl-C left them to the cache's bound: hostile round 52, 9)
+    blocks = tmp_path / "cache" / "remote-blocks"
+    [view] = open_view(out / "a", options={"endpoint_url": s3.endpoint})
+    try:
+        assert view.reader(0).read_region(0, 0, 512, 512).shape == (512, 512, 3)
+        assert list(blocks.rglob("*.blk"))
+    finally:
+        view.close()
+    assert not list(blocks.rglob("*.blk")), list(blocks.rglob("*"))
     served = []
     monkeypatch.setattr(review_server, "serve", lambda opened, *a, **k: served.append(opened))
     proc = run_cyto("review", str(out), "--reviewer", "ann", "--session", str(tmp_path / "rv"),

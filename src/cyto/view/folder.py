@@ -297,9 +297,15 @@ class ViewSlide:
             )
 
     def close(self) -> None:
+        """Let the slide go: its readers closed, and a remote slide's blocks kept on disk while
+        it was viewed removed (Ctrl-C left them to the cache's bound: hostile round 52, 9)."""
+        from cyto.slides.remote import drop_blocks
+
         for r in self._readers.values():
             r.close()
         self._readers.clear()
+        for slide in (self.slide, *(path for _, path in self.planes)):
+            drop_blocks(slide)
 
     # --- what the page asks for ---------------------------------------------------------------
 
