@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from cyto import staging
-from cyto.errors import BundleError, BundlePathError, warn_caller
+from cyto.errors import BundleError, BundlePathError, as_arg, warn_caller
 from cyto.locks import flock_or_not
 from cyto.outputs_check import refuse_to_replace
 from cyto.tables import finite, json_text
@@ -562,7 +562,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
         warn_caller(
             f"{path} is an unsealed format-{version} bundle: an edit to its manifest cannot "
-            f"be detected. If it is as you trained it, seal it: cyto info {path} --seal",
+            f"be detected. If it is as you trained it, seal it: cyto info {as_arg(path)} --seal",
             UnsealedBundleWarning,
         )
     if SEAL in manifest and manifest[SEAL] != _canonical_sha256(manifest):
@@ -634,11 +634,11 @@ def repair_words(path: Path, name: str, manifest: dict[str, Any]) -> str:
     """The step that writes the bundle file ``name`` again, which runs on a bundle whose copy
     of it is damaged or missing (:func:`rewriting`); what was trained cannot be remade."""
     if name == CALIBRATION_FILE:
-        return f"calibrate it again: cyto calibrate {path} NEGATIVE_SCORES... --overwrite"
+        return f"calibrate it again: cyto calibrate {as_arg(path)} NEGATIVE_SCORES... --overwrite"
     if name == ONNX_FILE:
-        return f"export it again: cyto export {path}"
+        return f"export it again: cyto export {as_arg(path)}"
     if name == "golden.npz":  # the cells it held are gone with it: real ones, given again
-        return f"export it again with real cells: cyto export {path} --cells CELLS"
+        return f"export it again with real cells: cyto export {as_arg(path)} --cells CELLS"
     made = {e.get("file"): str(e.get("precision", k)) for k, e in _graph_entries(manifest).items()}
     if name in made:
         cells = ""
@@ -647,7 +647,8 @@ def repair_words(path: Path, name: str, manifest: dict[str, Any]) -> str:
         elif (manifest.get("golden") or {}).get("kind") != "cells":
             # fp16 measures its parity on the golden cells only when they are real cells
             cells = " --parity-cells CELLS"
-        return f"export it again: cyto export {path} --precision {made[name].split('-')[0]}{cells}"
+        precision = made[name].split("-")[0]
+        return f"export it again: cyto export {as_arg(path)} --precision {precision}{cells}"
     return "restore the bundle from a copy, or train it again"
 
 

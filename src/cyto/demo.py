@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cyto.errors import as_arg
+
 #: what :func:`run_demo` writes in its folder (its record says so once it is done; these names
 #: know a demo stopped half-way as cyto's too), and the hidden temporaries of its steps
 DEMO_NAMES = (
@@ -206,7 +208,7 @@ def run_demo(
     record_outputs(out, "cyto demo")
     echo(f"done in {time.perf_counter() - t0:.1f} s; everything is in {out}/")
     echo(
-        f"next: review the top cells blinded in your browser: cyto review {out / 'scores'} "
+        f"next: review the top cells blinded in your browser: cyto review {as_arg(out / 'scores')} "
         "--reviewer YOUR_NAME"
     )
     return made

@@ -263,6 +263,15 @@ class ParityError(ConfigError):
     """A reduced-precision graph or engine does not keep the fp32 ranking (not added)."""
 
 
+def as_arg(value: object) -> str:
+    """``value`` (a path) as a command that a message advises takes it, to be pasted into a
+    shell: quoted where a shell would split or read it (a bundle under ``sp ace/`` was advised
+    ``cyto export sp ace/m.cyto``, which failed as pasted: hostile round 54, 4)."""
+    import shlex
+
+    return shlex.quote(str(value))
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (a library's may be a page), or its type's name
     when it has none: what a one-line error quotes of its cause."""

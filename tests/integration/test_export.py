@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cyto.bundle import load_bundle
-from cyto.errors import MissingDependencyError
+from cyto.errors import MissingDependencyError, as_arg
 from cyto.runtime import load_scorer
 from cyto.runtime.backends.tensorrt import require_tensorrt
 from cyto.runtime.heads import dsvdd, ocsvm, softmax
@@ -132,13 +132,15 @@ def test_every_damaged_file_is_repaired_by_the_command_its_error_advises(
     """Each bundle file whose checksum error advises a ``cyto export``, damaged, is made whole by
     running that very command. Failed before for a quantized graph: ``cyto export B --precision
     fp16`` refused with the line that advised it (the fp32 step sealed its files first, and that
-    seal held the fp16 graph, about to be written again, to its checksum)."""
+    seal held the fp16 graph, about to be written again, to its checksum). The bundle's folder
+    has a space and accents: the command is run as a shell reads it pasted (it was printed
+    unquoted, and failed so: hostile round 54, 4)."""
     import shlex
 
     from cyto.bundle import read_manifest
     from tests.cli_runner import run_cyto
 
-    copy = tmp_path / "d.cyto"
+    copy = tmp_path / "sp ace é" / "d 1.cyto"
     shutil.copytree(exported_dsvdd, copy)
     fp16 = ("--precision", "fp16", "--parity-cells", str(synth_patches))
     assert run_cyto("export", str(copy), *fp16).returncode == 0
@@ -182,7 +184,7 @@ def test_a_damaged_fp16_graph_is_passed_over_and_the_intact_graphs_score(
     import cyto
     from tests.cli_runner import run_cyto
 
-    copy = tmp_path / "d.cyto"
+    copy = tmp_path / "my models" / "d.cyto"
     shutil.copytree(exported_dsvdd, copy)
     fp16 = ("--precision", "fp16", "--parity-cells", str(synth_patches))
     assert run_cyto("export", str(copy), *fp16).returncode == 0
@@ -203,14 +205,14 @@ def test_a_damaged_fp16_graph_is_passed_over_and_the_intact_graphs_score(
     said = [line for line in proc.stderr.splitlines() if "encoder-fp16.onnx" in line]
     assert len(said) == 1 and said[0].startswith("warning: "), proc.stderr
     assert "does not match its checksum" in said[0] and "fp16 graph is passed over" in said[0]
-    assert f"cyto export {copy} --precision fp16" in said[0], said
+    assert f"cyto export {as_arg(copy)} --precision fp16" in said[0], said
     assert np.array_equal(pq.read_table(out)["score"], pq.read_table(whole_out)["score"])
 
     asked, _ = predict("asked", "--precision", "fp16")
     assert asked.returncode != 0
     last = asked.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "encoder-fp16.onnx does not match its checksum" in last
-    assert f"cyto export {copy} --precision fp16" in last, asked.stderr
+    assert f"cyto export {as_arg(copy)} --precision fp16" in last, asked.stderr
 
     # cyto doctor names it as a problem once, and checks what still scores
     doctor = run_cyto("doctor", str(copy), "--device", "cpu")

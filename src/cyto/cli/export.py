@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from cyto.cli._app import BUNDLE, LocalPath, _csv, app, used_words
+from cyto.errors import as_arg
 from cyto.tables import json_text
 
 
@@ -156,7 +157,7 @@ def info_cmd(
                 f"{par['spearman']:.4f}, top-10% overlap {par['top10_overlap']:.2f} ({verdict})"
             )
     else:
-        typer.echo(f"    onnxruntime: run 'cyto export {model}' first")
+        typer.echo(f"    onnxruntime: run 'cyto export {as_arg(model)}' first")
     from cyto.runtime.engines import EngineIndex
 
     engines = EngineIndex(model).entries()
@@ -169,7 +170,8 @@ def info_cmd(
         )
     if not engines:
         typer.echo(
-            f"    tensorrt: run 'cyto export {model} --trt' on an NVIDIA GPU (needs 'cyto[gpu]')"
+            f"    tensorrt: run 'cyto export {as_arg(model)} --trt' on an NVIDIA GPU (needs "
+            "'cyto[gpu]')"
         )
     cal = m.get("calibration") or {}
     if cal.get("kind") == "slides":
@@ -187,7 +189,7 @@ def info_cmd(
         )
     else:
         typer.echo(
-            f"  calibration: none on slide-negative slides (cyto calibrate {model} "
+            f"  calibration: none on slide-negative slides (cyto calibrate {as_arg(model)} "
             "NEGATIVE/scores.parquet ...); no p-values or burden"
         )
     typer.echo("  libraries: " + ", ".join(f"{k} {v}" for k, v in m.get("libraries", {}).items()))
@@ -198,8 +200,8 @@ def info_cmd(
             f" from {g['source']}; every graph is verified on them where it runs"
         )
     else:
-        typer.echo(f"  golden cells: none (cyto export {model} adds them)")
-    typer.echo(f"  what runs on this machine: cyto doctor {model}")
+        typer.echo(f"  golden cells: none (cyto export {as_arg(model)} adds them)")
+    typer.echo(f"  what runs on this machine: cyto doctor {as_arg(model)}")
 
 
 @app.command(

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from cyto.cli._app import StorageOption, _csv, app, review_app, seed_option
+from cyto.errors import as_arg
 
 
 @review_app.command(
@@ -235,5 +236,5 @@ def refine_cmd(
     typer.echo(
         f"wrote {res['bundle']} in {res['seconds']:.0f} s: +{res['hard_normals']} hard normal, "
         f"+{res['known_abnormal']} known abnormal cell(s); export it before cyto score "
-        f"(cyto export {res['bundle']})"
+        f"(cyto export {as_arg(res['bundle'])})"
     )

@@ -28,7 +28,7 @@ import numpy as np
 
 from cyto.bundle import PRECISIONS, Bundle, GraphSpec, ModelSpec, load_bundle
 from cyto.data.images import MIN_CELL_SIDE
-from cyto.errors import ConfigError, CytoError, ScaleWarning, warn_caller
+from cyto.errors import ConfigError, CytoError, ScaleWarning, as_arg, warn_caller
 from cyto.flags import Range, passing, said
 from cyto.runtime.backends import CHOICES, Backend
 from cyto.runtime.devices import resolve_device
@@ -680,7 +680,9 @@ def load_scorer(
         failures.append(words)
         # a failure read from the record may be stale (a driver or library since updated):
         # the command that runs the check again is named (hostile round 53, 4)
-        again = f"; 'cyto doctor {bundle.path}' runs the check again" if check.cached else ""
+        again = (
+            f"; 'cyto doctor {as_arg(bundle.path)}' runs the check again" if check.cached else ""
+        )
         notes.append(f"failed verification, not used: {words}{again}")
         # ONNX Runtime's two forms: the other one once; OpenVINO's: each later one of its order
         # (on an AVX2-only CPU TensorRT's form and the 8-bit form both fail there, the 7-bit
@@ -696,7 +698,7 @@ def load_scorer(
             + "; ".join(failures)
             + f" (gate: {check.record.get('gate')}). Use another {said('precision')} or "
             f"{said('backend')}, or {passing('verify', False)} to score anyway (recorded)"
-            + (f"; 'cyto doctor {bundle.path}' runs the check again" if read else "")
+            + (f"; 'cyto doctor {as_arg(bundle.path)}' runs the check again" if read else "")
         )
     if precision != "fp32" and graph_for(bundle.spec, precision, device) is None:
         raise ConfigError(

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from cyto.errors import BundleError
+from cyto.errors import BundleError, as_arg
 from cyto.tables import json_text
 
 GOLDEN_FILE = "golden.npz"
@@ -91,8 +91,8 @@ def export_hint(bundle, precision: str) -> str:
     plain export (``encoder.onnx``); int8 needs calibration cells; fp16 measures its parity on
     the golden cells when they are real cells, else it needs cells too."""
     if precision == "fp32":
-        return f"cyto export {bundle.path}"
-    command = f"cyto export {bundle.path} --no-onnx --precision {precision}"
+        return f"cyto export {as_arg(bundle.path)}"
+    command = f"cyto export {as_arg(bundle.path)} --no-onnx --precision {precision}"
     if precision == "int8":
         return command + " --calib CELLS"
     golden = read_golden(bundle)
@@ -354,7 +354,7 @@ def verify_scorer(
         return Verification(
             "unverified",
             "the bundle has no golden cells (exported by an older cyto, or not exported): "
-            f"run 'cyto export {scorer.bundle.recorded_path}' to add them",
+            f"run 'cyto export {as_arg(scorer.bundle.recorded_path)}' to add them",
         )
     if golden.kind == "random" and scorer.precision != "fp32":
         return Verification(

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.bundle import CALIBRATION_FILE, CALIBRATION_QUANTILES, add_files, load_bundle
-from cyto.errors import ConfigError, CytoError, InputPathError, warn_caller
+from cyto.errors import ConfigError, CytoError, InputPathError, as_arg, warn_caller
 from cyto.outputs_check import refuse_to_replace
 from cyto.seal import check_rows, check_sealed_table, is_cyto_table
 from cyto.staging import staged_dir
@@ -258,8 +258,8 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
 
         if path.suffix.lower() in SLIDE_SUFFIXES:  # the natural mistake: the slide, unscored
             raise ConfigError(
-                f"{path} is a slide, not a score table: score it first (cyto score {path} "
-                f"--model {bundle.path} --out DIR), then give DIR/{path.stem} or its "
+                f"{path} is a slide, not a score table: score it first (cyto score {as_arg(path)} "
+                f"--model {as_arg(bundle.path)} --out DIR), then give DIR/{path.stem} or its "
                 "scores.parquet"
             ) from exc
         raise ConfigError(f"{path} is not a readable Parquet score table ({exc})") from exc

@@ -20,7 +20,7 @@ import re
 import numpy as np
 
 from cyto.bundle import Bundle, GraphSpec
-from cyto.errors import ConfigError, DeviceError, MissingDependencyError
+from cyto.errors import ConfigError, DeviceError, MissingDependencyError, as_arg
 from cyto.runtime import devices
 from cyto.runtime.derived import EngineFile
 from cyto.runtime.engines import EngineEntry, EngineIndex, EngineWant, plan_batches
@@ -341,7 +341,7 @@ class TensorRTBackend:
             raise ConfigError(
                 f"{bundle.path} has no {precision} TensorRT engine for this {gpu.name} "
                 f"({gpu.sm}) and TensorRT {trt.__version__} ({why}): run "
-                f"'cyto export {bundle.path} --trt --device {device}' here"
+                f"'cyto export {as_arg(bundle.path)} --trt --device {device}' here"
             )
         self.entry = entry
         self.graph = graph
