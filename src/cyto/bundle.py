@@ -536,7 +536,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(mf.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError(f"{mf} is not valid JSON: {exc}") from exc
+        # a copy cut short (an interrupted rsync) ends mid-way: said as what it likely is
+        raise BundleError(
+            f"{mf} is not valid JSON ({exc}): a copy cut short or an edit; copy the bundle again "
+            "from where it was made"
+        ) from exc
     if not isinstance(manifest, dict):
         raise BundleError(f"{mf} is not a JSON object: not a cyto bundle manifest")
     if manifest.get("format") != FORMAT:
@@ -670,22 +674,35 @@ def _verified(
             raise BundleError(f"{path}: manifest lists a file outside the bundle: {name!r}")
         if name in skip:
             continue
-        if not f.is_file():
-            problem = f"{name} is missing (the bundle is incomplete)"
-        else:
-            actual = sha256_file(f)
-            if actual == digest:
-                continue
-            problem = (
-                f"{name} does not match its checksum (expected {digest[:12]}..., got "
-                f"{actual[:12]}...): the file was changed or corrupted"
-            )
+        problem = _file_problem(f, digest)
+        if problem is None:
+            continue
         repair = repair_words(path, name, manifest)
         if set_aside is not None and name in optional:
             set_aside[optional[name]] = SetAside(path, problem, repair)
             continue
-        raise BundleError(f"{path}: {problem}{':' if problem.endswith(')') else ';'} {repair}")
+        raise BundleError(f"{path}: {problem}; {repair}")
     return manifest
+
+
+def _file_problem(f: Path, digest: str) -> str | None:
+    """What is wrong with the bundle file ``f`` against its checksum ``digest`` (None: it
+    matches), said as what stands there (a folder was called missing, an empty copy only a
+    checksum: hostile round 54, 7)."""
+    name = f.name
+    if f.is_dir():
+        return f"{name} is a folder, not the file it should be (the bundle is incomplete)"
+    if not f.is_file():
+        return f"{name} is missing (the bundle is incomplete)"
+    actual = sha256_file(f)
+    if actual == digest:
+        return None
+    if f.stat().st_size == 0:
+        return f"{name} is empty (0 bytes: a copy cut short?), not the file it should be"
+    return (
+        f"{name} does not match its checksum (expected {digest[:12]}..., got "
+        f"{actual[:12]}...): the file was changed or corrupted"
+    )
 
 
 @dataclass(frozen=True)
@@ -770,6 +787,12 @@ def add_files(
         sealed = SEAL in manifest
         update = manifest_update(manifest) if callable(manifest_update) else manifest_update
         manifest.update(update or {})
+        for name in new:  # before any is written: one line, not a raw IsADirectoryError
+            if (path / name).is_dir() and not (path / name).is_symlink():
+                raise BundleError(
+                    f"{path}: {name} is a folder, not the file it should be: remove it "
+                    f"(rm -r {as_arg(path / name)}) and run this again"
+                )
         for name, src in new.items():
             if Path(src).resolve() != (path / name).resolve():
                 atomic_write(path / name, Path(src).read_bytes())

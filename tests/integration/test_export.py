@@ -4,6 +4,7 @@ out), numba kernels equal their references, TensorRT logic around the build."""
 from __future__ import annotations
 
 import importlib.util
+import shlex
 import shutil
 from pathlib import Path
 
@@ -168,8 +169,73 @@ def test_every_damaged_file_is_repaired_by_the_command_its_error_advises(
     assert {"encoder.onnx", "golden.npz", "encoder-fp16.onnx"} <= set(repaired), repaired
 
 
+@pytest.fixture(scope="module")
+def fp16_bundle(exported_dsvdd, synth_patches, tmp_path_factory) -> Path:
+    """``exported_dsvdd`` with an fp16 graph too."""
+    from tests.cli_runner import run_cyto
+
+    path = tmp_path_factory.mktemp("fp16") / "d.cyto"
+    shutil.copytree(exported_dsvdd, path)
+    fp16 = ("--precision", "fp16", "--parity-cells", str(synth_patches))
+    assert run_cyto("export", str(path), *fp16).returncode == 0
+    return path
+
+
+def _damage(file: Path, how: str) -> None:
+    """``file`` made a folder, removed, emptied or changed by one bit."""
+    raw = bytearray(file.read_bytes())
+    file.unlink()
+    if how == "folder":
+        file.mkdir()
+    elif how == "empty":
+        file.write_bytes(b"")
+    elif how == "changed":
+        raw[len(raw) // 2] ^= 1
+        file.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("how", ["folder", "missing", "empty", "changed"])
+def test_each_kind_of_damage_to_a_bundle_file_is_said_as_what_it_is(fp16_bundle, tmp_path, how):
+    """Hostile round 54, 2 and 7: a folder where a graph should be was called missing, and the
+    export advised to mend it ended in a raw IsADirectoryError; an empty file (a copy cut short)
+    got only a checksum; a manifest cut short only a JSON parser's words. Each is said as what
+    stands there, with the step that mends it, in one line."""
+    from tests.cli_runner import run_cyto
+
+    said = {
+        "folder": "is a folder, not the file it should be",
+        "missing": "is missing (the bundle is incomplete)",
+        "empty": "is empty (0 bytes: a copy cut short?)",
+        "changed": "does not match its checksum",
+    }[how]
+    for name in ("encoder.onnx", "encoder-fp16.onnx"):
+        copy = tmp_path / name / "d.cyto"
+        shutil.copytree(fp16_bundle, copy)
+        _damage(copy / name, how)
+        proc = run_cyto("info", str(copy))
+        assert proc.returncode != 0
+        [line] = proc.stderr.strip().splitlines()
+        assert line.startswith(f"error: {copy}: {name} {said}"), line
+        assert f"; export it again: cyto export {copy}" in line, line
+        if how == "folder":  # the export advised: one line, and the bundle left as it was
+            proc = run_cyto("export", *shlex.split(line.split("cyto export ", 1)[1]))
+            assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+            last = proc.stderr.strip().splitlines()[-1]
+            assert last == (
+                f"error: {copy}: {name} is a folder, not the file it should be: remove it "
+                f"(rm -r {copy / name}) and run this again"
+            ), proc.stderr
+    if how == "empty":  # the manifest, cut short by an interrupted copy
+        copy = tmp_path / "manifest" / "d.cyto"
+        shutil.copytree(fp16_bundle, copy)
+        text = (copy / "manifest.json").read_text()
+        (copy / "manifest.json").write_text(text[: len(text) // 2])
+        [line] = run_cyto("info", str(copy)).stderr.strip().splitlines()
+        assert "is not valid JSON" in line and "a copy cut short" in line, line
+
+
 def test_a_damaged_fp16_graph_is_passed_over_and_the_intact_graphs_score(
-    exported_dsvdd, synth_patches, tmp_path
+    fp16_bundle, synth_patches, tmp_path
 ):
     """A bundle whose fp16 graph was damaged (a disk error, half a copy) was refused by every run,
     even one that never reads that graph, though the files that score were intact. Now a run
@@ -185,9 +251,7 @@ def test_a_damaged_fp16_graph_is_passed_over_and_the_intact_graphs_score(
     from tests.cli_runner import run_cyto
 
     copy = tmp_path / "my models" / "d.cyto"
-    shutil.copytree(exported_dsvdd, copy)
-    fp16 = ("--precision", "fp16", "--parity-cells", str(synth_patches))
-    assert run_cyto("export", str(copy), *fp16).returncode == 0
+    shutil.copytree(fp16_bundle, copy)
 
     def predict(name: str, *more: str):
         out = tmp_path / f"{name}.parquet"
