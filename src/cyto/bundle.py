@@ -719,10 +719,13 @@ class SetAside:
     def refusal(self) -> str:
         return f"{self.path}: {self.problem}; {self.repair}"
 
-    def warning(self, precision: str) -> str:
+    def warning(self, precision: str, instead: str | None = None) -> str:
+        """The warning of a run that passes it over; ``instead``: the graph of the same
+        precision (another CPU int8 form) that scores in its place."""
+        scores = f"{instead} scores in its place" if instead else "the intact ones score"
         return (
-            f"{self.path}: {self.problem}; its {precision} graph is passed over and the intact "
-            f"ones score; {self.repair}"
+            f"{self.path}: {self.problem}; its {precision} graph is passed over and {scores}; "
+            f"{self.repair}"
         )
 
 

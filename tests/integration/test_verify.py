@@ -531,3 +531,26 @@ def test_doctor_names_a_damaged_bundle_once(exported_dsvdd, tmp_path):
     said = proc.stdout + proc.stderr
     assert "encoder.onnx is missing" in said, said
     assert f"{path}: {path}:" not in said and said.count(f"{path}: encoder.onnx") == 1, said
+
+
+def test_an_int8_form_set_aside_names_the_form_that_scores_in_its_place(bundle_int8, _cells):
+    """Hostile round 54, 3: with one CPU int8 form damaged, ``--precision int8`` scored with the
+    other (rightly: a form the CPU does not prefer is still int8, verified here), but the warning
+    said "the intact ones score" and only the run's summary named the form that did, whose
+    scores differ from the damaged one's. The warning names it."""
+    import warnings
+
+    _, calib, held = _cells
+    export_variant(bundle_int8, "int8-cpu", calib, held, echo=lambda m: None)
+    graph = bundle_int8 / "encoder-int8-cpu.onnx"
+    raw = bytearray(graph.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    graph.write_bytes(bytes(raw))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        scorer = load_scorer(bundle_int8, "onnx", "cpu", "int8")
+    scorer.close()
+    assert scorer.backend.graph.file == "encoder-int8-cpu7.onnx"
+    [said] = [str(w.message) for w in seen if "encoder-int8-cpu.onnx" in str(w.message)]
+    assert "does not match its checksum" in said, said
+    assert "encoder-int8-cpu7.onnx scores in its place" in said, said

@@ -720,15 +720,16 @@ def _passing_over_set_aside(bundle: Bundle, precision: str, device: str, warn: b
     for this scorer: a caller that loaded it, ``cyto doctor``, says it once itself)."""
     from cyto.errors import BundleError
 
-    if (
-        precision not in ("auto", "fp32", "bf16")
-        and graph_for(bundle.spec, precision, device) is None
-    ):
-        gone = bundle.set_aside_for(precision)
-        if gone:
-            raise BundleError(gone[0][1].refusal())
+    instead = {}
+    if precision not in ("auto", "fp32", "bf16") and bundle.set_aside_for(precision):
+        graph = graph_for(bundle.spec, precision, device)
+        if graph is None:
+            raise BundleError(bundle.set_aside_for(precision)[0][1].refusal())
+        # another form of the precision asked for scores: named (only the run's summary said
+        # which, and its scores differ from the form set aside: hostile round 54, 3)
+        instead = {key: graph.file for key, _ in bundle.set_aside_for(precision)}
     for key, gone in bundle.set_aside.items() if warn else ():
-        warn_caller(gone.warning(key))
+        warn_caller(gone.warning(key, instead.get(key)))
 
 
 def other_cpu_int8(spec, chosen: Backend, device: str, precision: str):
