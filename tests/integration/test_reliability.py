@@ -4,6 +4,7 @@ failure, exit codes that follow the error."""
 
 from __future__ import annotations
 
+import csv
 import json
 import multiprocessing as mp
 import re
@@ -1162,3 +1163,39 @@ def test_a_scale_no_resampling_bridges_is_said_so_in_one_measure():
         "2.08x smaller than in training. If 0.25 um/px is its true resolution, pass --rescale "
         "to resample the crops"
     ]
+
+
+def test_a_cohort_table_says_which_model_scored_each_slide_and_warns_of_two(
+    exported_dsvdd, slides, tmp_path
+):
+    """Hostile round 54, 1: two bundles of one name scored slides into one --out, and cohort.csv
+    held their rows side by side, with no model column and not a word; --resume with the other
+    model scored again only the slides it was given. Each row names its model; a table that
+    comes to hold two says so in one warning."""
+    import warnings
+
+    from cyto.bundle import add_files, load_bundle
+
+    a = slides[0].paths[0]
+    b = shutil.copy(slides[1].paths[0], tmp_path / "b.tif")  # its own name, its own folder
+    other = tmp_path / "B" / exported_dsvdd.name
+    shutil.copytree(exported_dsvdd, other)
+    add_files(other, {}, {"description": "the same network, another bundle"})
+    out = tmp_path / "co"
+    with warnings.catch_warnings(record=True) as first:
+        warnings.simplefilter("always")
+        score_cohort([a], exported_dsvdd, out, OPTS, lambda m: None)
+    assert not [w for w in first if "models" in str(w.message)]
+    with warnings.catch_warnings(record=True) as second:
+        warnings.simplefilter("always")
+        score_cohort([b], other, out, OPTS, lambda m: None)
+    with open(out / "cohort.csv", newline="") as fh:
+        rows = {Path(r["slide"]).name: r for r in csv.DictReader(fh)}
+    shas = {load_bundle(p).manifest_hash: str(p.resolve()) for p in (exported_dsvdd, other)}
+    assert len(shas) == 2
+    assert {(r["model"], r["model_sha256"]) for r in rows.values()} == {
+        (m, sha) for sha, m in shas.items()
+    }
+    [said] = [str(w.message) for w in second if "models" in str(w.message)]
+    assert f"{out / 'cohort.csv'} now holds slides scored by 2 models" in said, said
+    assert all(sha[:12] in said for sha in shas), said

@@ -21,6 +21,10 @@ COHORT_COLUMNS = (
     "slide",
     "output",
     "status",
+    # the model bundle that scored it (summary["model"], ["model_sha256"]): rows of another
+    # model in one table were not said apart (hostile round 54, 1)
+    "model",
+    "model_sha256",
     "cells",
     "seconds",
     "cells_per_s",
@@ -89,6 +93,8 @@ def cohort_row(
             "cells_per_s": summary.get("cells_per_s"),
             "slide_score_mean_top_k": summary.get("slide_score_mean_top_k"),
             "calibration": b.get("status", ""),
+            "model": summary.get("model", ""),
+            "model_sha256": summary.get("model_sha256", ""),
         }
     )
     a = summary.get("adequacy")
@@ -181,7 +187,9 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
                     dropped.append(slide)
                     continue
                 if name in merged or any(
-                    _text(sealed[c]) != _text(row[c]) for c in COHORT_COLUMNS if c not in KEPT
+                    _text(sealed[c]) != _text(row[c])
+                    for c in COHORT_COLUMNS
+                    if c not in KEPT and c in old  # an earlier cyto's table had fewer columns
                 ):
                     # edited, or a second row of one folder: named by the slide it is of
                     redrawn.append(Path(str(sealed["slide"])).name or slide)
@@ -203,6 +211,7 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
                 if name in merged:
                     continue
             merged[name] = row
+        _say_models(path, list(merged.values()))
         partial = path.with_name(f".{path.name}.partial")
         # always UTF-8: a slide name that is not (b"slide-\xff.tif") is written as \xff
         merged = {k: {c: _cell(v) for c, v in row.items()} for k, row in merged.items()}
@@ -241,6 +250,28 @@ def _say_rows(path: Path, dropped: list[str], redrawn: list[str]) -> None:
     warn_caller(
         f"{path}: rows not as cyto wrote them (edited by hand, or folders moved): "
         + "; ".join(parts),
+        CytoWarning,
+    )
+
+
+def _say_models(path: Path, rows: list[dict]) -> None:
+    """One line where the table's scored slides come from more than one model (or one bundle
+    calibrated or exported again between runs): their scores, flags and burden are not on one
+    scale, and the table said nothing of it (hostile round 54, 1)."""
+    models: dict[str, str] = {}
+    for row in rows:
+        sha = _text(row.get("model_sha256"))
+        if row.get("status") == "scored" and sha:
+            models.setdefault(sha, _text(row.get("model")) or "a model")
+    if len(models) < 2:
+        return
+    from cyto.errors import CytoWarning
+
+    shown_models = "; ".join(f"{m} (manifest {sha[:12]})" for sha, m in models.items())
+    warn_caller(
+        f"{path} now holds slides scored by {len(models)} models or versions of one "
+        f"({shown_models}): their scores, flags and burden are not on one scale (its model "
+        "columns say which is which); give each model its own --out",
         CytoWarning,
     )
 
