@@ -307,6 +307,10 @@ class Bundle:
         if not self.recorded_path:
             self.recorded_path = str(Path(self.path).resolve())
 
+    def __repr__(self) -> str:
+        """One line: the folder and its method (not the manifest and every tensor)."""
+        return f"<Bundle {self.recorded_path} ({self.manifest.get('method', '?')})>"
+
     @property
     def where(self) -> str:
         """The bundle as advice names it: the path as given while it leads there, else where it

@@ -326,3 +326,19 @@ def test_info_of_a_scorer_is_the_model_it_loaded(exported_bundles, tmp_path):
     assert cyto.info(scorer) == before
     cyto.info(scorer)["manifest"]["method"] = "changed"  # an answer of its own each call
     assert cyto.info(scorer) == before
+
+
+def test_a_scorer_and_its_bundle_print_in_one_line(exported_dsvdd):
+    """Hostile round 54, 10: a loaded model shown in a notebook printed the whole manifest, the
+    verification record and the golden cells' pixels (about 20,000 characters)."""
+    import cyto
+
+    scorer = cyto.load_model(exported_dsvdd)
+    shown = repr(scorer)
+    assert "\n" not in shown and len(shown) < 300, shown[:400]
+    assert str(exported_dsvdd.resolve()) in shown and scorer.describe() in shown, shown
+    assert scorer.verification.status in shown, shown
+    bundle = repr(scorer.bundle)
+    assert "\n" not in bundle and len(bundle) < 300 and "dsvdd" in bundle, bundle[:400]
+    scorer.close()
+    assert repr(scorer).endswith(", closed>"), repr(scorer)

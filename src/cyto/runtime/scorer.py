@@ -258,6 +258,17 @@ class Scorer:
         with contextlib.suppress(OSError):  # a cache that cannot be written keeps no kernels
             kernels.record()  # what numba kept of the kernels just run (cyto.runtime.kernels)
 
+    def __repr__(self) -> str:
+        """One line, as a notebook shows it: the bundle, what scores and how it was verified
+        (the generated one printed the manifest and the golden cells, about 20,000 characters:
+        hostile round 54, 10)."""
+        v = self.verification
+        state = "closed" if self._closed else (v.status if v is not None else "not verified")
+        return (
+            f"<Scorer {self.bundle.recorded_path} ({self.bundle.method}): {self.describe()}, "
+            f"{state}>"
+        )
+
     def describe(self) -> str:
         """``onnx on cpu``; a quantized graph is named, since a CPU can run either int8 form."""
         text = f"{self.backend.name} on {self.device}"
