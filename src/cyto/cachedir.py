@@ -44,7 +44,7 @@ def _cache_dir(say: bool) -> _Path:
         if not _os.access(path, _os.W_OK):
             raise PermissionError(_errno.EACCES, "not writable")
     except OSError as exc:
-        why = "a file, not a folder" if path.is_file() else (exc.strerror or type(exc).__name__)
+        why = _why_not_a_folder(path, exc)
         if asked:  # the folder the user named: never another one without a word
             from cyto.errors import ConfigError
 
@@ -64,6 +64,16 @@ def _cache_dir(say: bool) -> _Path:
                 CytoWarning,
             )
     return path
+
+
+def _why_not_a_folder(path: _Path, exc: OSError) -> str:
+    """Why the folder ``path`` could not be made or written, as what stands there (a broken
+    link read "File exists": hostile round 54, 6)."""
+    if path.is_symlink() and not path.exists():
+        return f"a broken link to {_os.readlink(path)}"
+    if path.is_file():
+        return "a file, not a folder"
+    return exc.strerror or type(exc).__name__
 
 
 #: the cache folders whose fallback was said (once per process)
@@ -86,7 +96,7 @@ def numba_cache_dir() -> str:
     except OSError as exc:
         # said where a kernel is first used (cyto.runtime.kernels.guard) and by cyto doctor:
         # the kernels moved to the temp dir without a word (hostile round 53, 6)
-        why = "a file, not a folder" if path.is_file() else (exc.strerror or type(exc).__name__)
+        why = _why_not_a_folder(path, exc)
         fallback = private_temp("cyto-numba")
         NUMBA_MOVED[str(fallback)] = f"{path} cannot be written ({why})"
         path = fallback

@@ -237,14 +237,20 @@ def test_the_fallback_is_said_by_the_command_not_raw_at_import(tmp_path):
     assert "CytoWarning" not in proc.stderr and "runpy" not in proc.stderr, proc.stderr
 
 
-def test_numba_kernels_moved_out_of_the_cache_are_said_with_why(tmp_path):
+@pytest.mark.parametrize("what", ["file", "broken link"])
+def test_numba_kernels_moved_out_of_the_cache_are_said_with_why(tmp_path, what):
     """Hostile round 53, 6: with cyto's ``numba`` folder made a file, numba's kernels moved to a
     folder in the temp dir without a word (cyto doctor said only where they were). The first
     kernel used says what could not be written and where the kernels went, and doctor's numba
     row gives the same reason."""
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "numba").write_text("not a folder")
+    if what == "file":
+        (cache / "numba").write_text("not a folder")
+        why = "a file, not a folder"
+    else:  # it read "File exists" (hostile round 54, 6)
+        (cache / "numba").symlink_to(tmp_path / "gone")
+        why = f"a broken link to {tmp_path / 'gone'}"
     temp = tmp_path / "temp"  # the fallback folder, kept out of the machine's temp dir
     temp.mkdir()
     env = {"CYTO_CACHE_DIR": str(cache), "TMPDIR": str(temp)}
@@ -258,8 +264,8 @@ def test_numba_kernels_moved_out_of_the_cache_are_said_with_why(tmp_path):
     assert proc.returncode == 0, proc.stderr
     moved = [line for line in proc.stderr.splitlines() if "cannot be written" in line]
     assert len(moved) == 1, proc.stderr
-    assert f"{cache / 'numba'} cannot be written (a file, not a folder)" in moved[0]
+    assert f"{cache / 'numba'} cannot be written ({why})" in moved[0]
     assert f"kept in {temp}/cyto-numba-" in moved[0], moved
     proc = run_cyto("doctor", env=env, unset=("NUMBA_CACHE_DIR",))
     row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("numba "))
-    assert f"({cache / 'numba'} cannot be written (a file, not a folder))" in row, row
+    assert f"({cache / 'numba'} cannot be written ({why}))" in row, row
