@@ -516,14 +516,36 @@ def _manifest_file(path: Path) -> Path:
                 f"{path} is a file of the model bundle {path.parent}: give the bundle folder "
                 f"{path.parent}"
             )
+        if _is_archive(path):  # a bundle sent zipped (hostile round 54, 8)
+            raise BundlePathError(
+                f"{path} is an archive, not a model bundle folder: unpack it and give the "
+                "NAME.cyto folder it holds"
+            )
         raise BundlePathError(
             f"{path} is not a model bundle folder (expected NAME.cyto/ with "
             f"{MANIFEST}); train one with 'cyto train'"
         )
     mf = path / MANIFEST
     if not mf.is_file():
+        inside = sorted(p for p in path.glob(f"*/{MANIFEST}"))[:2]
+        if len(inside) == 1:  # the folder an archive was unpacked into, holding the bundle
+            raise BundlePathError(
+                f"{path} has no {MANIFEST}: the model bundle is the folder in it, give "
+                f"{inside[0].parent}"
+            )
         raise BundleError(f"{path} has no {MANIFEST}: not a cyto model bundle")
     return mf
+
+
+def _is_archive(path: Path) -> bool:
+    """Whether the file ``path`` is a zip or tar archive (by its bytes, not its name)."""
+    import tarfile
+    import zipfile
+
+    try:
+        return zipfile.is_zipfile(path) or tarfile.is_tarfile(path)
+    except OSError:
+        return False
 
 
 #: what mends a manifest edited or damaged: nothing cyto runs (cyto export is checked against

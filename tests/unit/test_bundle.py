@@ -269,3 +269,34 @@ def test_a_file_of_a_bundle_given_as_the_model_names_its_folder(tmp_path):
     (tmp_path / "loose.onnx").write_bytes(b"x")
     with pytest.raises(BundlePathError, match="train one with 'cyto train'"):
         load_bundle(tmp_path / "loose.onnx", weights=False)
+
+
+@pytest.mark.parametrize("archive", ["zip", "gztar", "tar"])
+def test_a_bundle_sent_as_an_archive_is_told_to_be_unpacked(tmp_path, archive):
+    """Hostile round 54, 8: a zipped bundle was told to "train one with 'cyto train'", and the
+    folder it was unpacked into only that it has no manifest. The archive is told to be
+    unpacked (known by its bytes, whatever its name), the folder is told the bundle in it."""
+    import shutil
+    from pathlib import Path
+
+    from cyto.bundle import load_bundle
+    from cyto.errors import BundlePathError
+
+    bundle = tmp_path / "made" / "m.cyto"
+    bundle.mkdir(parents=True)
+    (bundle / "manifest.json").write_text("{}")
+    sent = shutil.make_archive(str(tmp_path / "sent"), archive, tmp_path / "made")
+    renamed = Path(sent).with_name("model.bin")  # the name says nothing
+    Path(sent).rename(renamed)
+    with pytest.raises(BundlePathError) as refused:
+        load_bundle(renamed, weights=False)
+    assert str(refused.value) == (
+        f"{renamed} is an archive, not a model bundle folder: unpack it and give the NAME.cyto "
+        "folder it holds"
+    )
+    with pytest.raises(BundlePathError) as refused:
+        load_bundle(tmp_path / "made", weights=False)
+    assert str(refused.value) == (
+        f"{tmp_path / 'made'} has no manifest.json: the model bundle is the folder in it, give "
+        f"{bundle}"
+    )
