@@ -669,11 +669,16 @@ def repair_words(path: Path, name: str, manifest: dict[str, Any]) -> str:
         return f"export it again: cyto export {as_arg(path)}"
     if name == "golden.npz":  # the cells it held are gone with it: real ones, given again
         return f"export it again with real cells: cyto export {as_arg(path)} --cells CELLS"
-    made = {e.get("file"): str(e.get("precision", k)) for k, e in _graph_entries(manifest).items()}
+    entries = {e.get("file"): (k, e) for k, e in _graph_entries(manifest).items()}
+    made = {f: str(e.get("precision", k)) for f, (k, e) in entries.items()}
     if name in made:
         cells = ""
         if made[name].startswith("int8"):
-            cells = " --calib CELLS"
+            # the classes it was calibrated on, as given then (all, when none were named)
+            classes = (entries[name][1].get("quantization") or {}).get("classes") or []
+            cells = " --calib CELLS" + (
+                f" --calib-class {as_arg(','.join(classes))}" if classes else ""
+            )
         elif (manifest.get("golden") or {}).get("kind") != "cells":
             # fp16 measures its parity on the golden cells only when they are real cells
             cells = " --parity-cells CELLS"

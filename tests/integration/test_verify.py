@@ -554,3 +554,15 @@ def test_an_int8_form_set_aside_names_the_form_that_scores_in_its_place(bundle_i
     [said] = [str(w.message) for w in seen if "encoder-int8-cpu.onnx" in str(w.message)]
     assert "does not match its checksum" in said, said
     assert "encoder-int8-cpu7.onnx scores in its place" in said, said
+
+
+def test_an_int8_graphs_repair_gives_the_classes_it_was_calibrated_on(bundle_int8):
+    """Hostile round 54, 5: the export advised to make a damaged int8 graph again left out the
+    --calib-class it was calibrated on (the normal cells), so it calibrated on every class."""
+    graph = bundle_int8 / "encoder-int8-cpu7.onnx"
+    graph.write_bytes(graph.read_bytes()[:-1])
+    proc = run_cyto("info", str(bundle_int8))
+    [line] = proc.stderr.strip().splitlines()
+    assert line.endswith(
+        f"cyto export {bundle_int8} --precision int8 --calib CELLS --calib-class normal"
+    ), line

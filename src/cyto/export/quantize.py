@@ -69,6 +69,9 @@ class Cells:
     labels: np.ndarray | None
     source: str
     fingerprint: str
+    #: the classes drawn from (``--calib-class``; empty: all): what an export that makes the
+    #: graph again is told to give (a repair advised without them calibrated on every class)
+    classes: tuple[str, ...] = ()
 
     def split(self, held_out: float, seed: int = 0) -> tuple[Cells, Cells]:
         """(calibration part, held-out part), both non-empty."""
@@ -78,8 +81,20 @@ class Cells:
         a, b = np.sort(order[k:]), np.sort(order[:k])
         lab = self.labels
         return (
-            Cells(self.images[a], None if lab is None else lab[a], self.source, self.fingerprint),
-            Cells(self.images[b], None if lab is None else lab[b], self.source, self.fingerprint),
+            Cells(
+                self.images[a],
+                None if lab is None else lab[a],
+                self.source,
+                self.fingerprint,
+                self.classes,
+            ),
+            Cells(
+                self.images[b],
+                None if lab is None else lab[b],
+                self.source,
+                self.fingerprint,
+                self.classes,
+            ),
         )
 
 
@@ -150,7 +165,8 @@ def load_cells(
     if normals:
         labels = np.array([0 if r.cls in normals else 1 for r in records], dtype=np.int8)
     fingerprint = hashlib.sha256("\n".join(str(r.path) for r in records).encode()).hexdigest()
-    return Cells(images, labels, f"{path}" + (f" ({', '.join(keep)})" if keep else ""), fingerprint)
+    source = f"{path}" + (f" ({', '.join(keep)})" if keep else "")
+    return Cells(images, labels, source, fingerprint, tuple(keep or ()))
 
 
 # ops kept in float32 in the fp16 graph: ONNX Runtime's CUDA provider has no fp16 GridSample (the
@@ -527,6 +543,8 @@ def export_variant(
             )  # fmt: skip
             # record["cells"]: those calibrated on (int8_graph), the fingerprint: those given
             record.update({"source": calib.source, "fingerprint": calib.fingerprint})
+            if calib.classes:
+                record["classes"] = list(calib.classes)
         model = onnx.load(str(target))
         onnx.checker.check_model(model)
         problems = check_model(model, profile_inputs={fp32.input})
