@@ -756,7 +756,8 @@ class SetAside:
         scores = f"{instead} scores in its place" if instead else "the intact ones score"
         return (
             f"{self.path}: {self.problem}; its {precision} graph is passed over and {scores}; "
-            f"{self.repair}"
+            f"{self.repair}, or leave it out for good: cyto info {as_arg(self.path)} "
+            f"--drop-graph {precision}"
         )
 
 
@@ -900,6 +901,49 @@ def clear_temp_dirs_beside(path: Path) -> None:
 
 def _write_manifest(path: Path, manifest: dict[str, Any], seal: bool) -> None:
     atomic_write(path / MANIFEST, _manifest_text(manifest, seal=seal).encode())
+
+
+def drop_graphs(path: Path, precisions: Iterable[str]) -> list[str]:
+    """Leave the fp16 / int8 graphs of ``precisions`` (``int8``: every int8 form; ``int8-cpu``:
+    that form) out of the bundle for good: their manifest entries go, the manifest is sealed
+    again, then their files are removed; every other file is still held to its checksum. For a
+    copy made without them (a run warned of each on every run: hostile round 54, 9). Returns
+    the files left out. The fp32 graph, which the others are made from, stays."""
+    from cyto.errors import ConfigError
+
+    path = Path(path)
+    asked = [p.strip() for p in precisions if p.strip()]
+    if "fp32" in asked:
+        raise ConfigError(
+            f"{ONNX_FILE} (fp32) is the graph every other one is made from: it cannot be "
+            "dropped (cyto export writes it again)"
+        )
+    _manifest_file(path)
+    with bundle_lock(path, exclusive=True):
+        manifest = read_manifest(path)
+        variants = manifest.get("onnx_variants") or {}
+
+        def of(precision: str) -> list[str]:
+            return [k for k in variants if k == precision or k.startswith(f"{precision}-")]
+
+        unknown = [p for p in asked if not of(p)]
+        if unknown:
+            have = ", ".join(sorted(variants)) or "none but fp32"
+            raise ConfigError(f"{path} has no {unknown[0]} graph to drop (its graphs: {have})")
+        keys = sorted({k for p in asked for k in of(p)})
+        files = [str(variants[k].get("file")) for k in keys]
+        manifest = _verified(path, frozenset(files))  # the rest as sealed
+        for key in keys:
+            del manifest["onnx_variants"][key]
+        if not manifest["onnx_variants"]:
+            del manifest["onnx_variants"]
+        for name in files:
+            manifest["files"].pop(name, None)
+        _write_manifest(path, manifest, seal=SEAL in manifest)
+        for name in files:  # after the manifest: a file left by a crash is listed nowhere
+            if (path / name).is_file() or (path / name).is_symlink():
+                (path / name).unlink()
+    return files
 
 
 def seal_bundle(path: Path) -> bool:

@@ -293,6 +293,20 @@ def test_a_damaged_fp16_graph_is_passed_over_and_the_intact_graphs_score(
         cyto.load_model(copy, backend="onnx").close()
     words = [str(w.message) for w in seen if "encoder-fp16.onnx" in str(w.message)]
     assert len(words) == 1 and "is missing" in words[0] and "passed over" in words[0], words
+    # left out for good, as the warning offers (a copy made without it warned on every run:
+    # hostile round 54, 9); the fp32 graph and a graph it does not have are refused
+    assert words[0].endswith(
+        f"or leave it out for good: cyto info {as_arg(copy)} --drop-graph fp16"
+    )
+    for bad, said in (("fp32", "cannot be dropped"), ("int8", "has no int8 graph to drop")):
+        refused = run_cyto("info", str(copy), "--drop-graph", bad)
+        assert refused.returncode != 0 and said in refused.stderr, refused.stderr
+    dropped = run_cyto("info", str(copy), "--drop-graph", "fp16")
+    assert dropped.returncode == 0, dropped.stderr
+    assert f"{copy}: left out encoder-fp16.onnx; sealed again" in dropped.stdout
+    quiet, out = predict("dropped")
+    assert quiet.returncode == 0 and "encoder-fp16.onnx" not in quiet.stderr, quiet.stderr
+    assert np.array_equal(pq.read_table(out)["score"], pq.read_table(whole_out)["score"])
 
 
 def test_an_edited_manifest_advises_no_command_that_cannot_mend_it(exported_dsvdd, tmp_path):

@@ -37,13 +37,23 @@ def info_cmd(
             "later edits to its manifest are then refused.",
         ),
     ] = False,
+    drop_graph: Annotated[
+        str | None,
+        typer.Option(
+            help="Leave these fp16 / int8 graphs out of the bundle for good (comma-separated: "
+            "fp16, int8, or one int8 form such as int8-cpu): for a copy made without them.",
+        ),
+    ] = None,
 ) -> None:
     """Describe a model bundle (verifying every checksum)."""
 
-    from cyto.bundle import seal_bundle, verify_bundle
+    from cyto.bundle import drop_graphs, seal_bundle, verify_bundle
 
     if seal:
         typer.echo(f"{model}: {'sealed' if seal_bundle(model) else 'already sealed'}")
+    if drop_graph is not None:
+        dropped = drop_graphs(model, _csv(drop_graph, "--drop-graph") or ())
+        typer.echo(f"{model}: left out {', '.join(dropped)}; sealed again")
     m = verify_bundle(model)
     if as_json:
         typer.echo(json_text(m, indent=2, sort_keys=True))
