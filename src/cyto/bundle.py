@@ -527,11 +527,19 @@ def _manifest_file(path: Path) -> Path:
         )
     mf = path / MANIFEST
     if not mf.is_file():
-        inside = sorted(p for p in path.glob(f"*/{MANIFEST}"))[:2]
-        if len(inside) == 1:  # the folder an archive was unpacked into, holding the bundle
+        # the folder an archive was unpacked into, holding the bundle (one or two down), or a
+        # folder of bundles (hostile round 55, 10)
+        inside = sorted(path.glob(f"*/{MANIFEST}")) or sorted(path.glob(f"*/*/{MANIFEST}"))
+        if len(inside) == 1:
             raise BundlePathError(
                 f"{path} has no {MANIFEST}: the model bundle is the folder in it, give "
                 f"{inside[0].parent}"
+            )
+        if inside:
+            shown_bundles = ", ".join(str(m.parent) for m in inside[:4])
+            raise BundlePathError(
+                f"{path} has no {MANIFEST}: it holds {len(inside)} model bundles "
+                f"({shown_bundles}{', ...' if len(inside) > 4 else ''}): give one of them"
             )
         raise BundleError(f"{path} has no {MANIFEST}: not a cyto model bundle")
     return mf
@@ -709,6 +717,8 @@ def _verified(
         if problem is None:
             continue
         repair = repair_words(path, name, manifest)
+        if f.is_dir() and not f.is_symlink():  # the export refuses a folder in the way
+            repair = f"remove it (rm -r {as_arg(f)}), then {repair}"
         if set_aside is not None and name in optional:
             set_aside[optional[name]] = SetAside(path, problem, repair)
             continue
@@ -822,18 +832,28 @@ def add_files(
         sealed = SEAL in manifest
         update = manifest_update(manifest) if callable(manifest_update) else manifest_update
         manifest.update(update or {})
-        for name in new:  # before any is written: one line, not a raw IsADirectoryError
-            if (path / name).is_dir() and not (path / name).is_symlink():
-                raise BundleError(
-                    f"{path}: {name} is a folder, not the file it should be: remove it "
-                    f"(rm -r {as_arg(path / name)}) and run this again"
-                )
+        refuse_folders_in_place(path, [*new, *manifest["files"]])  # before any is written
         for name, src in new.items():
             if Path(src).resolve() != (path / name).resolve():
                 atomic_write(path / name, Path(src).read_bytes())
             manifest["files"][name] = sha256_file(path / name)
         _write_manifest(path, manifest, sealed)
     return manifest
+
+
+def refuse_folders_in_place(path: Path, names: Iterable[str] = ()) -> None:
+    """Refuse, in one line, a folder where the bundle at ``path`` keeps, or is to be given, one
+    of its files (``names``: those its manifest lists, those a step adds; and the graphs and
+    cells an export writes): the write would end in a raw ``IsADirectoryError``, after the
+    export's work (hostile round 54, 2 and 55, 5)."""
+    path = Path(path)
+    written = {p.name for p in path.glob("encoder*.onnx")} | {"golden.npz", CALIBRATION_FILE}
+    for name in sorted({*names, *written}):
+        if (path / name).is_dir() and not (path / name).is_symlink():
+            raise BundleError(
+                f"{path}: {name} is a folder, not the file it should be: remove it "
+                f"(rm -r {as_arg(path / name)}) and run this again"
+            )
 
 
 class Staged:
@@ -908,8 +928,10 @@ def drop_graphs(path: Path, precisions: Iterable[str]) -> list[str]:
     that form) out of the bundle for good: their manifest entries go, the manifest is sealed
     again, then their files are removed; every other file is still held to its checksum. For a
     copy made without them (a run warned of each on every run: hostile round 54, 9). Returns
-    the files left out. The fp32 graph, which the others are made from, stays."""
-    from cyto.errors import ConfigError
+    what was left out (:class:`Dropped`). The fp32 graph, which the others are made from, stays."""
+    import warnings
+
+    from cyto.errors import ConfigError, UnsealedBundleWarning
 
     path = Path(path)
     asked = [p.strip() for p in precisions if p.strip()]
@@ -919,7 +941,9 @@ def drop_graphs(path: Path, precisions: Iterable[str]) -> list[str]:
             "dropped (cyto export writes it again)"
         )
     _manifest_file(path)
-    with bundle_lock(path, exclusive=True):
+    with warnings.catch_warnings(), bundle_lock(path, exclusive=True):
+        # an unsealed bundle is said once, by the command's own look after (it was said thrice)
+        warnings.simplefilter("ignore", UnsealedBundleWarning)
         manifest = read_manifest(path)
         variants = manifest.get("onnx_variants") or {}
 
@@ -932,7 +956,9 @@ def drop_graphs(path: Path, precisions: Iterable[str]) -> list[str]:
             raise ConfigError(f"{path} has no {unknown[0]} graph to drop (its graphs: {have})")
         keys = sorted({k for p in asked for k in of(p)})
         files = [str(variants[k].get("file")) for k in keys]
-        manifest = _verified(path, frozenset(files))  # the rest as sealed
+        # the rest as sealed, but another damaged optional graph, which stays listed (each
+        # drop refused for the other's damage: hostile round 55, 2)
+        manifest = _verified(path, frozenset(files), set_aside={})
         for key in keys:
             del manifest["onnx_variants"][key]
         if not manifest["onnx_variants"]:
@@ -940,10 +966,33 @@ def drop_graphs(path: Path, precisions: Iterable[str]) -> list[str]:
         for name in files:
             manifest["files"].pop(name, None)
         _write_manifest(path, manifest, seal=SEAL in manifest)
+        folders = []
         for name in files:  # after the manifest: a file left by a crash is listed nowhere
             if (path / name).is_file() or (path / name).is_symlink():
                 (path / name).unlink()
-    return files
+            elif (path / name).is_dir():  # not cyto's to remove: said
+                folders.append(path / name)
+    return Dropped(files, SEAL in manifest, folders)
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """What :func:`drop_graphs` left out: the files, whether the manifest is sealed (an older
+    unsealed bundle stays unsealed), and folders that stood in their place (left there)."""
+
+    files: list[str]
+    sealed: bool
+    folders: list[Path]
+
+    def words(self, path: Path) -> str:
+        text = f"{path}: left out {', '.join(self.files)}; " + (
+            "sealed again"
+            if self.sealed
+            else f"the bundle stays unsealed (cyto info {as_arg(path)} --seal seals it)"
+        )
+        for folder in self.folders:
+            text += f"; the folder in its place is left: remove it (rm -r {as_arg(folder)})"
+        return text
 
 
 def seal_bundle(path: Path) -> bool:

@@ -269,7 +269,10 @@ def as_arg(value: object) -> str:
     ``cyto export sp ace/m.cyto``, which failed as pasted: hostile round 54, 4)."""
     import shlex
 
-    return shlex.quote(str(value))
+    text = str(value)
+    if text.startswith("-"):  # read as an option, not a path (hostile round 55, 7)
+        text = f"./{text}"
+    return shlex.quote(text)
 
 
 def first_line(exc: BaseException) -> str:

@@ -127,7 +127,7 @@ def test_a_model_given_by_a_relative_path_is_recorded_absolute(
         scorer = cyto.load_model(model)
     said = [str(w.message) for w in caught if issubclass(w.category, CytoWarning)]
     assert len(said) == 1 and said[0].startswith("UNVERIFIED: "), said
-    assert f"'cyto export {exported_dsvdd.resolve()}'" in said[0]
+    assert f"cyto export {exported_dsvdd.resolve()} to add them" in said[0]
     assert caught[0].filename == __file__  # at the caller's line
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
@@ -137,7 +137,9 @@ def test_a_model_given_by_a_relative_path_is_recorded_absolute(
         cyto.score_slide(made["slide"], scorer, "again", workers=0, mosaic=4, echo=None)
     # its UNVERIFIED advice names the bundle where it is, not as typed elsewhere (round 29, 11)
     unverified = [str(w.message) for w in caught if "UNVERIFIED" in str(w.message)]
-    assert unverified and all(f"'cyto export {exported_dsvdd.resolve()}'" in u for u in unverified)
+    assert unverified and all(
+        f"cyto export {exported_dsvdd.resolve()} to add" in u for u in unverified
+    )
     meta = pq.read_schema(tmp_path / "elsewhere" / "q.parquet").metadata
     assert meta[b"cyto.model"].decode() == str(exported_dsvdd.resolve())
     summary = json.loads((tmp_path / "elsewhere" / "again" / "summary.json").read_text())

@@ -306,7 +306,7 @@ def test_a_tensorrt_plan_is_verified_on_its_own_bytes(bundle, fake_trt):
     assert forged.verification.record["key"]["artifact"]["engine_sha256"] == _sha(wrong)
     # a plan damaged alone: never deserialized
     index.plan_path(entry).write_bytes(wrong[: len(wrong) // 2])
-    with pytest.raises(ConfigError, match=r"\.plan is cut short .*: run 'cyto export .* --trt"):
+    with pytest.raises(ConfigError, match=r"\.plan is cut short .*: run cyto export .* --trt"):
         _trt_scorer(bundle)
 
 

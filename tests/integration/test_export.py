@@ -199,7 +199,8 @@ def test_each_kind_of_damage_to_a_bundle_file_is_said_as_what_it_is(fp16_bundle,
     """Hostile round 54, 2 and 7: a folder where a graph should be was called missing, and the
     export advised to mend it ended in a raw IsADirectoryError; an empty file (a copy cut short)
     got only a checksum; a manifest cut short only a JSON parser's words. Each is said as what
-    stands there, with the step that mends it, in one line."""
+    stands there, with the step that mends it, in one line (a folder: removed first, and the
+    export refuses it before its work, not after: round 55, 5)."""
     from tests.cli_runner import run_cyto
 
     said = {
@@ -216,15 +217,24 @@ def test_each_kind_of_damage_to_a_bundle_file_is_said_as_what_it_is(fp16_bundle,
         assert proc.returncode != 0
         [line] = proc.stderr.strip().splitlines()
         assert line.startswith(f"error: {copy}: {name} {said}"), line
-        assert f"; export it again: cyto export {copy}" in line, line
-        if how == "folder":  # the export advised: one line, and the bundle left as it was
+        first = f"; remove it (rm -r {copy / name}), then" if how == "folder" else ";"
+        assert f"{first} export it again: cyto export {copy}" in line, line
+        if how == "folder":  # the export: one line before any work, the bundle as it was
+            before = {f.name: f.stat().st_mtime_ns for f in copy.iterdir() if f.is_file()}
             proc = run_cyto("export", *shlex.split(line.split("cyto export ", 1)[1]))
             assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
-            last = proc.stderr.strip().splitlines()[-1]
+            [last] = proc.stderr.strip().splitlines()
             assert last == (
                 f"error: {copy}: {name} is a folder, not the file it should be: remove it "
                 f"(rm -r {copy / name}) and run this again"
             ), proc.stderr
+            assert {f.name: f.stat().st_mtime_ns for f in copy.iterdir() if f.is_file()} == before
+    if how == "folder":  # left out for good, the folder is said, not removed (round 55, 6)
+        proc = run_cyto("info", str(copy), "--drop-graph", "fp16")
+        assert proc.stdout.strip() == (
+            f"{copy}: left out encoder-fp16.onnx; sealed again; the folder in its place is left: "
+            f"remove it (rm -r {copy / 'encoder-fp16.onnx'})"
+        ), proc.stdout
     if how == "empty":  # the manifest, cut short by an interrupted copy
         copy = tmp_path / "manifest" / "d.cyto"
         shutil.copytree(fp16_bundle, copy)
@@ -843,3 +853,26 @@ def test_a_bundle_that_cannot_be_written_is_said_before_export_or_calibrate_work
         "write to"
     ), proc.stderr
     assert sorted(p.name for p in bundle.iterdir()) == before
+
+
+def test_drop_graph_keeps_an_unsealed_bundle_unsealed_and_says_so(fp16_bundle, tmp_path):
+    """Hostile round 55, 4: on an older unsealed bundle `--drop-graph` said "sealed again" while
+    it rightly left it unsealed, and the unsealed warning came three times."""
+    import json
+
+    from tests.cli_runner import run_cyto
+
+    copy = tmp_path / "old.cyto"
+    shutil.copytree(fp16_bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest["manifest_sha256"]
+    manifest["format_version"] = 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_cyto("info", str(copy), "--drop-graph", "fp16")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (
+        f"{copy}: left out encoder-fp16.onnx; the bundle stays unsealed "
+        f"(cyto info {copy} --seal seals it)"
+    ), proc.stdout
+    assert proc.stderr.count("is an unsealed format-1 bundle") <= 1, proc.stderr
+    assert "manifest_sha256" not in json.loads((copy / "manifest.json").read_text())

@@ -1171,7 +1171,7 @@ def test_a_cohort_table_says_which_model_scored_each_slide_and_warns_of_two(
     """Hostile round 54, 1: two bundles of one name scored slides into one --out, and cohort.csv
     held their rows side by side, with no model column and not a word; --resume with the other
     model scored again only the slides it was given. Each row names its model; a table that
-    comes to hold two says so in one warning."""
+    comes to hold two says so in one warning, of the table as the run leaves it."""
     import warnings
 
     from cyto.bundle import add_files, load_bundle
@@ -1197,5 +1197,14 @@ def test_a_cohort_table_says_which_model_scored_each_slide_and_warns_of_two(
         (m, sha) for sha, m in shas.items()
     }
     [said] = [str(w.message) for w in second if "models" in str(w.message)]
-    assert f"{out / 'cohort.csv'} now holds slides scored by 2 models" in said, said
+    assert f"{out / 'cohort.csv'} holds slides scored by 2 models" in said, said
     assert all(sha[:12] in said for sha in shas), said
+    # said of the table as a run leaves it: a run that resumes both with the one model (b kept,
+    # a scored again) is mixed after its first slide only (it was said so there: round 55, 1)
+    again = ScoreOptions(**{**OPTS.__dict__, "resume": True})
+    with warnings.catch_warnings(record=True) as third:
+        warnings.simplefilter("always")
+        score_cohort([b, a], other, out, again, lambda m: None)
+    assert not [str(w.message) for w in third if "models" in str(w.message)]
+    with open(out / "cohort.csv", newline="") as fh:
+        assert {r["model"] for r in csv.DictReader(fh)} == {str(other.resolve())}

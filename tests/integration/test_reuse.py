@@ -411,7 +411,7 @@ def test_a_failure_on_record_says_so_and_doctor_runs_the_check_again(golden_bund
     record_file.write_text(json.dumps(record))
     with pytest.raises(VerificationError, match="not run now") as refused:
         load_scorer(golden_bundle, "onnx", "cpu")
-    assert f"'cyto doctor {golden_bundle}' runs the check again" in str(refused.value)
+    assert f"cyto doctor {golden_bundle} runs the check again" in str(refused.value)
     report = diagnose([golden_bundle], "cpu", "fp32")
     [row] = [r for r in report.rows if r.backend == "onnx"]
     assert row.status == "passed" and row.source == "ran now", render(report)
@@ -434,7 +434,7 @@ def test_a_failure_on_record_says_so_and_doctor_runs_the_check_again(golden_bund
     other.close()
     [over] = [n for n in other.notes if n.startswith("failed verification, not used: ")]
     assert "not run now" in over and over.endswith(
-        f"; 'cyto doctor {golden_bundle}' runs the check again"
+        f"; cyto doctor {golden_bundle} runs the check again"
     ), other.notes
 
 

@@ -533,27 +533,49 @@ def test_doctor_names_a_damaged_bundle_once(exported_dsvdd, tmp_path):
     assert f"{path}: {path}:" not in said and said.count(f"{path}: encoder.onnx") == 1, said
 
 
-def test_an_int8_form_set_aside_names_the_form_that_scores_in_its_place(bundle_int8, _cells):
+@pytest.mark.parametrize("backend", ["onnx", "auto"])
+def test_an_int8_form_set_aside_names_the_form_that_scores_in_its_place(
+    bundle_int8, _cells, backend
+):
     """Hostile round 54, 3: with one CPU int8 form damaged, ``--precision int8`` scored with the
     other (rightly: a form the CPU does not prefer is still int8, verified here), but the warning
     said "the intact ones score" and only the run's summary named the form that did, whose
-    scores differ from the damaged one's. The warning names it."""
+    scores differ from the damaged one's. The warning names the graph that scores, whichever
+    backend runs it (named before the choice, it was ONNX Runtime's form while OpenVINO ran
+    another: round 55, 3)."""
     import warnings
 
     _, calib, held = _cells
-    export_variant(bundle_int8, "int8-cpu", calib, held, echo=lambda m: None)
+    # with the TensorRT form too, OpenVINO runs that one (ONNX Runtime the other CPU form)
+    for form in ("int8-cpu", "int8") if backend == "auto" else ("int8-cpu",):
+        export_variant(bundle_int8, form, calib, held, echo=lambda m: None)
     graph = bundle_int8 / "encoder-int8-cpu.onnx"
     raw = bytearray(graph.read_bytes())
     raw[len(raw) // 2] ^= 1
     graph.write_bytes(bytes(raw))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        scorer = load_scorer(bundle_int8, "onnx", "cpu", "int8")
+        scorer = load_scorer(bundle_int8, backend, "cpu", "int8")
     scorer.close()
-    assert scorer.backend.graph.file == "encoder-int8-cpu7.onnx"
+    ran = scorer.graph_file
+    assert ran is not None and ran != "encoder-int8-cpu.onnx" and scorer.precision == "int8"
     [said] = [str(w.message) for w in seen if "encoder-int8-cpu.onnx" in str(w.message)]
     assert "does not match its checksum" in said, said
-    assert "encoder-int8-cpu7.onnx scores in its place" in said, said
+    assert f"its int8-cpu graph is passed over and {ran} scores in its place" in said, said
+
+
+def test_drop_graph_leaves_one_damaged_graph_out_beside_another(bundle_int8, _cells):
+    """Hostile round 55, 2: with the fp16 and an int8 graph both missing, each advised
+    `cyto info --drop-graph` was refused for the other's damage: neither could be left out."""
+    _, _, held = _cells
+    export_variant(bundle_int8, "fp16", None, held, echo=lambda m: None)
+    for name in ("encoder-fp16.onnx", "encoder-int8-cpu7.onnx"):
+        (bundle_int8 / name).unlink()
+    for precision, name in (("fp16", "encoder-fp16.onnx"), ("int8", "encoder-int8-cpu7.onnx")):
+        proc = run_cyto("info", str(bundle_int8), "--drop-graph", precision)
+        assert proc.returncode == 0, proc.stderr
+        assert f"{bundle_int8}: left out {name}; sealed again" in proc.stdout, proc.stdout
+    assert not (verify_bundle(bundle_int8).get("onnx_variants") or {})
 
 
 def test_an_int8_graphs_repair_gives_the_classes_it_was_calibrated_on(bundle_int8):

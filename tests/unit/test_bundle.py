@@ -300,3 +300,16 @@ def test_a_bundle_sent_as_an_archive_is_told_to_be_unpacked(tmp_path, archive):
         f"{tmp_path / 'made'} has no manifest.json: the model bundle is the folder in it, give "
         f"{bundle}"
     )
+    # two levels down (a zip of the bundle's parent), and a folder of two (round 55, 10)
+    (tmp_path / "up").mkdir()
+    shutil.move(tmp_path / "made", tmp_path / "up" / "made")
+    with pytest.raises(BundlePathError, match=f"give {tmp_path / 'up' / 'made' / 'm.cyto'}$"):
+        load_bundle(tmp_path / "up", weights=False)
+    shutil.copytree(tmp_path / "up" / "made" / "m.cyto", tmp_path / "up" / "made" / "n.cyto")
+    with pytest.raises(BundlePathError) as refused:
+        load_bundle(tmp_path / "up" / "made", weights=False)
+    made = tmp_path / "up" / "made"
+    assert str(refused.value) == (
+        f"{made} has no manifest.json: it holds 2 model bundles ({made / 'm.cyto'}, "
+        f"{made / 'n.cyto'}): give one of them"
+    )

@@ -308,3 +308,29 @@ def test_every_console_line_says_warning_note_and_error_in_one_case():
         'echo("warning: fine")\n'
     )
     assert [h.split(":")[0] for h in _shouted(probe)] == ["1", "2", "3"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["m.cyto", "sp ace/m 1.cyto", "it's.cyto", "$HOME/x.cyto", 'q"u.cyto', "Лаб é.cyto", "-d.cyto",
+     "--help", "a;rm -r b.cyto", "~/m.cyto", "*.cyto"],
+)  # fmt: skip
+def test_an_advised_path_pastes_into_a_shell_as_that_path(name, tmp_path):
+    """Every path an advised command names (cyto.errors.as_arg) is one word to a shell and
+    leads to that file: a space split it, a leading dash read as an option (hostile rounds
+    54, 4 and 55, 7)."""
+    import os
+    import shlex
+    import subprocess
+
+    from cyto.errors import as_arg
+
+    words = shlex.split(f"cyto export {as_arg(name)} --precision fp16")
+    assert len(words) == 5 and not words[2].startswith("-"), words
+    assert os.path.normpath(words[2]) == os.path.normpath(name)
+    # the shell itself, with a file of that name here: printf gets the word as one argument
+    got = subprocess.run(
+        ["bash", "-c", f"printf '%s\\n' {as_arg(name)}"], capture_output=True, text=True,
+        cwd=tmp_path, env={"HOME": "/nowhere", "PATH": os.environ["PATH"]},
+    )  # fmt: skip
+    assert os.path.normpath(got.stdout.rstrip("\n")) == os.path.normpath(name), got

@@ -41,7 +41,8 @@ def info_cmd(
         str | None,
         typer.Option(
             help="Leave these fp16 / int8 graphs out of the bundle for good (comma-separated: "
-            "fp16, int8, or one int8 form such as int8-cpu): for a copy made without them.",
+            "fp16, int8, or one int8 form such as int8-cpu), for a copy made without them, and "
+            "say what was left out (no description).",
         ),
     ] = None,
 ) -> None:
@@ -52,8 +53,10 @@ def info_cmd(
     if seal:
         typer.echo(f"{model}: {'sealed' if seal_bundle(model) else 'already sealed'}")
     if drop_graph is not None:
-        dropped = drop_graphs(model, _csv(drop_graph, "--drop-graph") or ())
-        typer.echo(f"{model}: left out {', '.join(dropped)}; sealed again")
+        # an action, said alone: the description waits for a bundle whose other damage (a
+        # second graph missing) would refuse it after a drop that worked (round 55, 2)
+        typer.echo(drop_graphs(model, _csv(drop_graph, "--drop-graph") or ()).words(model))
+        return
     m = verify_bundle(model)
     if as_json:
         typer.echo(json_text(m, indent=2, sort_keys=True))
@@ -167,7 +170,7 @@ def info_cmd(
                 f"{par['spearman']:.4f}, top-10% overlap {par['top10_overlap']:.2f} ({verdict})"
             )
     else:
-        typer.echo(f"    onnxruntime: run 'cyto export {as_arg(model)}' first")
+        typer.echo(f"    onnxruntime: run cyto export {as_arg(model)} first")
     from cyto.runtime.engines import EngineIndex
 
     engines = EngineIndex(model).entries()
@@ -180,7 +183,7 @@ def info_cmd(
         )
     if not engines:
         typer.echo(
-            f"    tensorrt: run 'cyto export {as_arg(model)} --trt' on an NVIDIA GPU (needs "
+            f"    tensorrt: run cyto export {as_arg(model)} --trt on an NVIDIA GPU (needs "
             "'cyto[gpu]')"
         )
     cal = m.get("calibration") or {}

@@ -11,6 +11,7 @@ from cyto.cohort.table import (
     failure_words,
     is_cohort_table,
     read_cohort_table,
+    say_models,
     write_cohort_table,
 )
 from cyto.envvars import env_switch
@@ -618,6 +619,7 @@ def score_cohort(
             table_failed = _publish_table(where, table_failed, echo)
     if table_failed is not None:  # said after the slides' own lines, which it must not hide
         failed.append((Path("cohort.csv"), table_failed))
+    say_models(Path(out) / "cohort.csv")  # the table as this run leaves it
     return done, failed
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cyto.cohort.parts import tile_ranges
-from cyto.cohort.table import cohort_row, write_cohort_table
+from cyto.cohort.table import cohort_row, say_models, write_cohort_table
 from cyto.errors import ConfigError, CytoError, MissingDependencyError, first_line
 from cyto.infer.options import ScoreOptions
 from cyto.progress import progress
@@ -470,6 +470,7 @@ class _Cohort:
                     self.engines.started(ready[0])
                 else:
                     self._collect(ready[0])
+        say_models(self.out / "cohort.csv")  # the table as this run leaves it
         return self.done, self.failed
 
     def _give_up(self) -> None:

@@ -211,7 +211,6 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
                 if name in merged:
                     continue
             merged[name] = row
-        _say_models(path, list(merged.values()))
         partial = path.with_name(f".{path.name}.partial")
         # always UTF-8: a slide name that is not (b"slide-\xff.tif") is written as \xff
         merged = {k: {c: _cell(v) for c, v in row.items()} for k, row in merged.items()}
@@ -254,26 +253,34 @@ def _say_rows(path: Path, dropped: list[str], redrawn: list[str]) -> None:
     )
 
 
-def _say_models(path: Path, rows: list[dict]) -> None:
-    """One line where the table's scored slides come from more than one model (or one bundle
-    calibrated or exported again between runs): their scores, flags and burden are not on one
-    scale, and the table said nothing of it (hostile round 54, 1)."""
+def say_models(path: Path) -> None:
+    """One line where the cohort table at ``path`` holds scored slides of more than one model
+    (or of one bundle calibrated or exported again between runs): their scores, flags and
+    burden are not on one scale, and the table said nothing of it (hostile round 54, 1). Called
+    when a run's slides are all in the table (a watch: after each), so it is the table as the
+    run leaves it (said after each slide, it named mixes a run then replaced: round 55, 1);
+    said again in a process only when the mix changes."""
     models: dict[str, str] = {}
-    for row in rows:
+    for row in read_cohort_table(path) if path.is_file() else ():
         sha = _text(row.get("model_sha256"))
         if row.get("status") == "scored" and sha:
             models.setdefault(sha, _text(row.get("model")) or "a model")
-    if len(models) < 2:
+    if len(models) < 2 or _SAID_MODELS.get(str(path)) == set(models):
         return
+    _SAID_MODELS[str(path)] = set(models)
     from cyto.errors import CytoWarning
 
     shown_models = "; ".join(f"{m} (manifest {sha[:12]})" for sha, m in models.items())
     warn_caller(
-        f"{path} now holds slides scored by {len(models)} models or versions of one "
+        f"{shown(path)} holds slides scored by {len(models)} models or versions of one "
         f"({shown_models}): their scores, flags and burden are not on one scale (its model "
         "columns say which is which); give each model its own --out",
         CytoWarning,
     )
+
+
+#: the models each cohort table was said to mix, in this process (:func:`say_models`)
+_SAID_MODELS: dict[str, set[str]] = {}
 
 
 def _as_sealed(row: dict, folder: Path) -> dict | None:

@@ -32,7 +32,7 @@ from cyto.cohort.local import (
     unforeseen,
 )
 from cyto.cohort.run import slide_line
-from cyto.cohort.table import cohort_row, failure_words, write_cohort_table
+from cyto.cohort.table import cohort_row, failure_words, say_models, write_cohort_table
 from cyto.errors import ConfigError, CytoError, InputPathError, OutputBusyError
 from cyto.infer import ScoreOptions
 from cyto.infer.finish import Metrics
@@ -179,6 +179,7 @@ def watch_cohort(
                     if on_slide is not None:
                         on_slide(summary)
                 write_cohort_table([row], Path(out) / "cohort.csv")
+                say_models(Path(out) / "cohort.csv")  # when the mix changes
             stop.wait(poll)
     except KeyboardInterrupt:
         echo(f"stopped watching: {_tally(outcome)}")

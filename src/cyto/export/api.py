@@ -9,7 +9,14 @@ import tempfile
 from pathlib import Path
 from typing import Annotated
 
-from cyto.bundle import ONNX_FILE, load_bundle, read_manifest, rewriting, staged_files
+from cyto.bundle import (
+    ONNX_FILE,
+    load_bundle,
+    read_manifest,
+    refuse_folders_in_place,
+    rewriting,
+    staged_files,
+)
 from cyto.data.dataset import load_records
 from cyto.errors import ConfigError, CytoError
 from cyto.export.conformance import problem_words
@@ -153,6 +160,7 @@ def export_bundle(
     # a bundle it cannot write to, said before the work (round 45, 17); MODEL, or bundle=
     given = named_input("BUNDLE" if python_call() else "MODEL", path)
     check_writable(bundle.path, flag=f"{given}:")
+    refuse_folders_in_place(bundle.path, bundle.manifest["files"])  # so is a folder in the way
     if not onnx and ONNX_FILE not in bundle.manifest["files"]:
         raise ConfigError(f"{path} has no {ONNX_FILE}: export it first ({passing('onnx')})")
     if "int8" in precisions and calib is None:

@@ -630,7 +630,7 @@ def load_scorer(
     loaded_here = not isinstance(model, Bundle)
     bundle = load_bundle(Path(model), weights=False, for_scoring=True) if loaded_here else model
     device = resolve_device(device)
-    _passing_over_set_aside(bundle, precision, device, warn=loaded_here)
+    _refuse_set_aside(bundle, precision, device)
     golden = read_golden(bundle) if verify else None
     head = head_for(bundle)
     notes: list[str] = []
@@ -656,6 +656,7 @@ def load_scorer(
                 "skipped", f"verification turned off by the user ({passing('verify', False)})"
             )
             scorer.warm()
+            _say_set_aside(scorer, loaded_here)
             return scorer
         check = verify_scorer(scorer, golden, recheck=recheck)
         scorer.verification = check
@@ -685,15 +686,14 @@ def load_scorer(
                 )
             if check.cached or check.status == "unverified":  # nothing ran on it yet
                 scorer.warm()
+            _say_set_aside(scorer, loaded_here)
             return scorer
         scorer.close()
         words = f"{name} {p} ({scorer_artifact(chosen)}) on {device}: {check.words()}"
         failures.append(words)
         # a failure read from the record may be stale (a driver or library since updated):
         # the command that runs the check again is named (hostile round 53, 4)
-        again = (
-            f"; 'cyto doctor {as_arg(bundle.path)}' runs the check again" if check.cached else ""
-        )
+        again = f"; cyto doctor {as_arg(bundle.path)} runs the check again" if check.cached else ""
         notes.append(f"failed verification, not used: {words}{again}")
         # ONNX Runtime's two forms: the other one once; OpenVINO's: each later one of its order
         # (on an AVX2-only CPU TensorRT's form and the 8-bit form both fail there, the 7-bit
@@ -709,7 +709,7 @@ def load_scorer(
             + "; ".join(failures)
             + f" (gate: {check.record.get('gate')}). Use another {said('precision')} or "
             f"{said('backend')}, or {passing('verify', False)} to score anyway (recorded)"
-            + (f"; 'cyto doctor {as_arg(bundle.path)}' runs the check again" if read else "")
+            + (f"; cyto doctor {as_arg(bundle.path)} runs the check again" if read else "")
         )
     if precision != "fp32" and graph_for(bundle.spec, precision, device) is None:
         raise ConfigError(
@@ -724,23 +724,28 @@ def load_scorer(
     raise ConfigError(f"no backend here can score {bundle.path} on {device}: {'; '.join(notes)}")
 
 
-def _passing_over_set_aside(bundle: Bundle, precision: str, device: str, warn: bool) -> None:
-    """A graph of the bundle left out as damaged (:attr:`cyto.bundle.Bundle.set_aside`): refused
-    in its own words where its precision was asked for and no intact form of it is left, else
-    passed over (what scores is intact), with a warning where ``warn`` (the bundle was loaded
-    for this scorer: a caller that loaded it, ``cyto doctor``, says it once itself)."""
+def _refuse_set_aside(bundle: Bundle, precision: str, device: str) -> None:
+    """A graph of the bundle left out as damaged (:attr:`cyto.bundle.Bundle.set_aside`) whose
+    precision was asked for, with no intact form of it left: refused in its own words."""
     from cyto.errors import BundleError
 
-    instead = {}
-    if precision not in ("auto", "fp32", "bf16") and bundle.set_aside_for(precision):
-        graph = graph_for(bundle.spec, precision, device)
-        if graph is None:
-            raise BundleError(bundle.set_aside_for(precision)[0][1].refusal())
-        # another form of the precision asked for scores: named (only the run's summary said
-        # which, and its scores differ from the form set aside: hostile round 54, 3)
-        instead = {key: graph.file for key, _ in bundle.set_aside_for(precision)}
-    for key, gone in bundle.set_aside.items() if warn else ():
-        warn_caller(gone.warning(key, instead.get(key)))
+    if precision in ("auto", "fp32", "bf16") or not bundle.set_aside_for(precision):
+        return
+    if graph_for(bundle.spec, precision, device) is None:
+        raise BundleError(bundle.set_aside_for(precision)[0][1].refusal())
+
+
+def _say_set_aside(scorer: Scorer, warn: bool) -> None:
+    """The warning of each graph of the bundle left out as damaged and passed over, once the
+    scorer is chosen: where it runs another graph of the same precision (another CPU int8
+    form), that graph is named, as the one that scores in its place (named before the choice,
+    it was the form ONNX Runtime would take while OpenVINO ran another: hostile round 55, 3).
+    ``warn``: the bundle was loaded for this scorer (a caller that loaded it, ``cyto doctor``,
+    says it once itself)."""
+    ran = scorer.graph_file
+    for key, gone in scorer.bundle.set_aside.items() if warn else ():
+        same = key.split("-")[0] == scorer.precision and ran is not None
+        warn_caller(gone.warning(key, ran if same else None))
 
 
 def other_cpu_int8(spec, chosen: Backend, device: str, precision: str):

@@ -354,7 +354,7 @@ def verify_scorer(
         return Verification(
             "unverified",
             "the bundle has no golden cells (exported by an older cyto, or not exported): "
-            f"run 'cyto export {as_arg(scorer.bundle.recorded_path)}' to add them",
+            f"run cyto export {as_arg(scorer.bundle.recorded_path)} to add them",
         )
     if golden.kind == "random" and scorer.precision != "fp32":
         return Verification(

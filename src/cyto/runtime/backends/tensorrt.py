@@ -341,7 +341,7 @@ class TensorRTBackend:
             raise ConfigError(
                 f"{bundle.path} has no {precision} TensorRT engine for this {gpu.name} "
                 f"({gpu.sm}) and TensorRT {trt.__version__} ({why}): run "
-                f"'cyto export {as_arg(bundle.path)} --trt --device {device}' here"
+                f"cyto export {as_arg(bundle.path)} --trt --device {device} here"
             )
         self.entry = entry
         self.graph = graph
