@@ -106,6 +106,10 @@ def numba_cache_dir() -> str:
 #: numba's kernel folder in the temp dir, by that folder, with why cyto's cache could not keep
 #: them (:func:`numba_cache_dir`)
 NUMBA_MOVED: dict[str, str] = {}
+#: such folders whose move a caller says itself (cyto doctor, in its numba row: the warning at
+#: the first kernel used was said beside it, hostile round 54, 11); set before cyto.runtime
+#: is imported, which uses the first kernel
+NUMBA_MOVE_SAID_ELSEWHERE: set[str] = set()
 
 
 def private_temp(name: str) -> _Path:

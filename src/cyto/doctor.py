@@ -519,6 +519,9 @@ def _not_taken(graphs: dict, file: str) -> str:
 
 def diagnose(models: list[Path], device: str = "auto", precision: str | None = None) -> Report:
     """The machine checks and, for each model, every graph verified here (see the module)."""
+    from cyto.cachedir import NUMBA_MOVE_SAID_ELSEWHERE, numba_cache_dir
+
+    NUMBA_MOVE_SAID_ELSEWHERE.add(numba_cache_dir())  # a move of the kernels: in its row alone
     from cyto.bundle import PRECISIONS
     from cyto.errors import ConfigError
     from cyto.runtime.devices import cuda_available, parse_device

@@ -269,3 +269,5 @@ def test_numba_kernels_moved_out_of_the_cache_are_said_with_why(tmp_path, what):
     proc = run_cyto("doctor", env=env, unset=("NUMBA_CACHE_DIR",))
     row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("numba "))
     assert f"({cache / 'numba'} cannot be written ({why}))" in row, row
+    # there, in the row alone (it was said twice, as a warning too: hostile round 54, 11)
+    assert (proc.stdout + proc.stderr).count("cannot be written") == 1, proc.stderr

@@ -24,6 +24,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from cyto.cachedir import NUMBA_MOVE_SAID_ELSEWHERE
 from cyto.errors import warn_caller
 from cyto.tables import json_text
 
@@ -98,7 +99,7 @@ def guard(folder: Path | None = None) -> list[str]:
     _guarded.add(folder)
     atexit.register(_record_quietly, folder)
     moved = moved_why(folder)
-    if moved:
+    if moved and str(folder) not in NUMBA_MOVE_SAID_ELSEWHERE:
         warn_caller(
             f"{moved}: numba's kernels are kept in {folder} instead (remove what is there, or "
             "make it a folder you can write, to keep them in cyto's cache)",
