@@ -62,51 +62,62 @@ def _front_door(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
-        from cyto.envvars import check_switches
-        from cyto.errors import CytoError
-        from cyto.flags import bind_call, hints_of, python_words
-        from cyto.location import local_args, refuse_unusable_cache, urls_for_staging
-        from cyto.runtime.scorer import Scorer
+        try:
+            return _through(func, args, kwargs)
+        except KeyboardInterrupt:  # a later call imports again what this one left half-way
+            from cyto.interrupts import forget_broken_imports
 
-        with python_words(func.__name__):
-            bound = bind_call(func, args, kwargs, {"Scorer": Scorer})
-            check_switches()  # CYTO_DEBUG=true: one line, not passed over (round 45, 11)
-            refuse_unusable_cache()
-            # a URL for an argument that takes a local path only, refused by name before it
-            # is turned into a path (https:/host/...) and reported missing; ~ the home folder
-            local = local_args(bound.arguments, hints_of(func, {"Scorer": Scorer}))
-            bound.arguments.update(local)
-            if "out" in local:  # the folder above a local output takes it, before any work
-                from cyto.flags import passing
-                from cyto.outputs_check import check_output
-
-                check_output(local["out"], flag=f"{passing('out', Path(local['out']))}:")
-            from cyto.cachedir import places_of
-            from cyto.errors import PLACES
-            from cyto.progress import quiet
-
-            silent = "echo" in bound.arguments and bound.arguments["echo"] is None
-            # where a full disk that names no file is looked for: the call's local paths
-            given = [*map(Path, local.values()), *bound.arguments.values()]
-            places = PLACES.set(places_of(given))
-            try:
-                with quiet(silent):
-                    return func(*bound.args, **bound.kwargs)
-            except CytoError as exc:  # a staging folder named as the prefix it stands for
-                if exc.args and isinstance(exc.args[0], str):
-                    exc.args = (urls_for_staging(exc.args[0]), *exc.args[1:])
-                raise
-            except OSError as exc:  # the machine's, as the CLI says it (a name too long)
-                from cyto.errors import PathError, system_words
-
-                words = system_words(exc)
-                if words is None:
-                    raise
-                raise PathError(words) from exc
-            finally:
-                PLACES.reset(places)
+            forget_broken_imports()
+            raise
 
     return call
+
+
+def _through(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """:func:`_front_door`'s call of ``func``."""
+    from cyto.envvars import check_switches
+    from cyto.errors import CytoError
+    from cyto.flags import bind_call, hints_of, python_words
+    from cyto.location import local_args, refuse_unusable_cache, urls_for_staging
+    from cyto.runtime.scorer import Scorer
+
+    with python_words(func.__name__):
+        bound = bind_call(func, args, kwargs, {"Scorer": Scorer})
+        check_switches()  # CYTO_DEBUG=true: one line, not passed over (round 45, 11)
+        refuse_unusable_cache()
+        # a URL for an argument that takes a local path only, refused by name before it
+        # is turned into a path (https:/host/...) and reported missing; ~ the home folder
+        local = local_args(bound.arguments, hints_of(func, {"Scorer": Scorer}))
+        bound.arguments.update(local)
+        if "out" in local:  # the folder above a local output takes it, before any work
+            from cyto.flags import passing
+            from cyto.outputs_check import check_output
+
+            check_output(local["out"], flag=f"{passing('out', Path(local['out']))}:")
+        from cyto.cachedir import places_of
+        from cyto.errors import PLACES
+        from cyto.progress import quiet
+
+        silent = "echo" in bound.arguments and bound.arguments["echo"] is None
+        # where a full disk that names no file is looked for: the call's local paths
+        given = [*map(Path, local.values()), *bound.arguments.values()]
+        places = PLACES.set(places_of(given))
+        try:
+            with quiet(silent):
+                return func(*bound.args, **bound.kwargs)
+        except CytoError as exc:  # a staging folder named as the prefix it stands for
+            if exc.args and isinstance(exc.args[0], str):
+                exc.args = (urls_for_staging(exc.args[0]), *exc.args[1:])
+            raise
+        except OSError as exc:  # the machine's, as the CLI says it (a name too long)
+            from cyto.errors import PathError, system_words
+
+            words = system_words(exc)
+            if words is None:
+                raise
+            raise PathError(words) from exc
+        finally:
+            PLACES.reset(places)
 
 
 def _options(call: str, given: dict[str, Any], target: Callable, named: Sequence[str]) -> dict:

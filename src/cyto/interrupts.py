@@ -135,6 +135,23 @@ def _quiet_when_recorded(hook):
     return quiet
 
 
+def forget_broken_imports() -> list[str]:
+    """Drop from ``sys.modules`` the submodules of packages that are not there themselves: what
+    an import stopped half-way (Ctrl-C in a notebook while numba loaded) leaves behind. Python
+    drops the package whose import failed but keeps its finished submodules, and the next
+    import of the package then lacks them as attributes (``module 'numba' has no attribute
+    'core'`` at every later call, until a restart: hostile round 56, 1); dropped, they are
+    imported again with it. Returns the names dropped."""
+    orphans = [
+        name
+        for name in list(sys.modules)
+        if "." in name and name.split(".", 1)[0] not in sys.modules
+    ]
+    for name in orphans:
+        sys.modules.pop(name, None)
+    return orphans
+
+
 def check() -> None:
     """Raise KeyboardInterrupt if a Ctrl-C came since the last check: one swallowed on its way,
     or one that code caught and went on from. Once per Ctrl-C: a Ctrl-C means stop."""

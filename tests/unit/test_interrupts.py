@@ -302,3 +302,41 @@ cyto.cli.main()
     )
     assert r.stdout.split() == ["command", "done", "closed"], r.stdout
     assert (r.returncode, r.stderr) == (0, ""), (r.returncode, r.stderr)
+
+
+def test_a_call_stopped_while_it_imports_leaves_the_next_call_whole(tmp_path, monkeypatch):
+    """Hostile round 56, 1: Ctrl-C in a notebook while cyto's first call imported numba left
+    numba's finished submodules behind without numba itself, and every later call failed with
+    "module 'numba' has no attribute 'core'" until a restart. A public call stopped so drops
+    what the stopped import left; the next imports it whole."""
+    import sys
+
+    import pytest
+
+    from cyto.api import _front_door
+
+    pkg = tmp_path / "halfpkg"
+    pkg.mkdir()
+    (pkg / "sub.py").write_text("value = 7\n")
+    marker = tmp_path / "stopped-once"
+    (pkg / "__init__.py").write_text(
+        "import pathlib\nimport halfpkg.sub\n"
+        f"_m = pathlib.Path({str(marker)!r})\n"
+        "if not _m.exists():\n    _m.write_text('x')\n    raise KeyboardInterrupt\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    @_front_door
+    def uses_it() -> int:
+        import halfpkg
+
+        return halfpkg.sub.value
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            uses_it()
+        assert "halfpkg.sub" not in sys.modules  # what the stopped import left, dropped
+        assert uses_it() == 7
+    finally:
+        for name in [n for n in sys.modules if n.split(".")[0] == "halfpkg"]:
+            del sys.modules[name]
