@@ -158,12 +158,18 @@ def test_fdr_confidence_without_a_calibration_is_said_and_recorded_as_ignored():
 def test_a_resume_names_the_model_in_the_callers_words():
     """Hostile round 6 (N61): a Python `score_slide(resume=True)` over another model's stopped
     run was told "MODEL (its manifest) ... -> ...", the command line's placeholder."""
+    from cyto.cohort.local import score_key_names
     from cyto.flags import python_words
     from cyto.infer.store import store_key_names
 
-    assert store_key_names()["model"] == "MODEL (its manifest)"
-    with python_words("score_slide"):
-        assert store_key_names()["model"] == "model= (its manifest)"
+    # a stopped run's store, and a finished slide's key (round 56, 2: it said "MODEL" and "the
+    # --truth file" to a Python caller)
+    for names in (store_key_names, score_key_names):
+        assert names()["model"] == "MODEL (its manifest)"
+        with python_words("score_slide"):
+            assert names()["model"] == "model= (its manifest)"
+            assert "--" not in " ".join(names().values()), names()
+    assert score_key_names()["truth_file"] == "the --truth file's content"
 
 
 def test_already_scored_says_when_it_was_scored_not_when_it_was_copied(tmp_path):

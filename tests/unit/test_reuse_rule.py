@@ -129,11 +129,11 @@ def test_a_change_list_names_only_flags_cyto_score_takes(a, b):
     cyto score's, through the one map of fields to flags (cyto.flags)."""
     import re
 
-    from cyto.cohort.local import SCORE_KEY_NAMES
+    from cyto.cohort.local import score_key_names
     from cyto.reuse import differences
 
     flags = _score_flags()
-    for line in differences(a.output_key(), b.output_key(), SCORE_KEY_NAMES):
+    for line in differences(a.output_key(), b.output_key(), score_key_names()):
         named = set(re.findall(r"--[a-z][a-z0-9-]*", line))
         assert named <= flags, (line, named - flags)  # a setting no flag sets: by its name
 

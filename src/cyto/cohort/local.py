@@ -36,14 +36,20 @@ from cyto.runtime import Scorer, load_scorer
 from cyto.slides.base import printable
 from cyto.slides.remote import SlideURL, slide_ref
 
-#: the key fields of a finished slide, by the user's names (the options keep their flag names)
-SCORE_KEY_NAMES = {
-    "model": "MODEL (its manifest)",
-    "slide": "the slide file's content",
-    "nuclei_file": "the --nuclei file's content",
-    "truth_file": "the --truth file's content",
-    "adequacy": "--adequacy (the rule, or its file's content)",
-}
+
+def score_key_names() -> dict[str, str]:
+    """The key fields of a finished slide by the caller's names (the options keep their own:
+    ``--top-k`` at the command line, ``top_k`` from Python); from Python, ``model=`` and
+    ``truth=``, not MODEL and the --truth file (hostile round 56, 2)."""
+    from cyto.flags import named, python_call
+
+    return {
+        "model": f"{'model=' if python_call() else 'MODEL'} (its manifest)",
+        "slide": "the slide file's content",
+        "nuclei_file": f"the {named('nuclei')} file's content",
+        "truth_file": f"the {named('truth')} file's content",
+        "adequacy": f"{named('adequacy')} (the rule, or its file's content)",
+    }
 
 
 def finished_summary(
@@ -110,7 +116,7 @@ def finished_summary(
         **opts.output_key(),
     }
     artifacts = output_artifacts(target, data)
-    reuse = check_reuse(recorded, current, artifacts, SCORE_KEY_NAMES)
+    reuse = check_reuse(recorded, current, artifacts, score_key_names())
     if reuse.ok and sealed.ok:
         return data
     # all that differs is the QuPath outputs (other ones asked for, or a file changed, missing
@@ -120,7 +126,7 @@ def finished_summary(
         {**recorded, **{f: current.get(f) for f in QUPATH_KEYS}},
         current,
         [a for a in artifacts if Path(a.path).name not in qupath_files],
-        SCORE_KEY_NAMES,
+        score_key_names(),
     )
     if (
         rest.ok
