@@ -191,6 +191,10 @@ def test_the_scorers_array_methods_refuse_what_is_not_patches_in_python_words(sc
         (lambda: scorer.score(None), f"{array}, got None"),
         (lambda: scorer.score(torch.from_numpy(x)), f"{array}, got torch.Tensor: score a "
          "torch tensor with Scorer.score_tensor"),
+        # a list of crops of several sizes: numpy's raw ValueError (hostile round 56, 5)
+        (lambda: scorer.score([x[0], np.zeros((size + 4, size + 4, 3), np.uint8)]),
+         f"{array}, got a list of crops of 2 sizes ({size} x {size}, {size + 4} x {size + 4} "
+         "px): give crops of one size, cut alike"),
     ):  # fmt: skip
         with pytest.raises(ConfigError) as err:
             call()

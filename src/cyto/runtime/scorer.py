@@ -89,7 +89,15 @@ def _patches(images: Any, call: str) -> np.ndarray:
         if images is None or type(images).__module__.startswith("torch"):
             fix = ": score a torch tensor with Scorer.score_tensor" if images is not None else ""
             raise ConfigError(f"{want}, got {_what(images)}{fix}")
-        arr = np.asarray(images)
+        try:
+            arr = np.asarray(images)
+        except ValueError:  # crops of several sizes: numpy's "inhomogeneous shape" (round 56, 5)
+            sides = sorted({np.shape(i)[:2] for i in images})
+            shown = ", ".join(f"{h} x {w}" for h, w in sides[:3]) + (", ..." * (len(sides) > 3))
+            raise ConfigError(
+                f"{want}, got a list of crops of {len(sides)} sizes ({shown} px): give crops "
+                "of one size, cut alike"
+            ) from None
         if arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[-1] != 3:
             raise ConfigError(f"{want}, got {arr.dtype} {arr.shape}")
     return arr
