@@ -508,7 +508,7 @@ def _manifest_file(path: Path) -> Path:
     if not path.exists():
         raise BundlePathError(
             f"model bundle {path} does not exist (expected NAME.cyto/ with {MANIFEST}); train "
-            "one with 'cyto train'"
+            f"one with {_train_words()}"
         )
     if not path.is_dir():
         if (path.parent / MANIFEST).is_file():  # a file of a bundle (its encoder.onnx)
@@ -523,7 +523,7 @@ def _manifest_file(path: Path) -> Path:
             )
         raise BundlePathError(
             f"{path} is not a model bundle folder (expected NAME.cyto/ with "
-            f"{MANIFEST}); train one with 'cyto train'"
+            f"{MANIFEST}); train one with {_train_words()}"
         )
     mf = path / MANIFEST
     if not mf.is_file():
@@ -543,6 +543,14 @@ def _manifest_file(path: Path) -> Path:
             )
         raise BundleError(f"{path} has no {MANIFEST}: not a cyto model bundle")
     return mf
+
+
+def _train_words() -> str:
+    """How a caller trains a bundle: 'cyto train' at the command line, cyto.train from Python
+    (a Python caller was told the command: hostile round 56, 3)."""
+    from cyto.flags import python_call
+
+    return "cyto.train" if python_call() else "'cyto train'"
 
 
 def _is_archive(path: Path) -> bool:
@@ -673,25 +681,25 @@ def repair_words(path: Path, name: str, manifest: dict[str, Any]) -> str:
     of it is damaged or missing (:func:`rewriting`); what was trained cannot be remade."""
     if name == CALIBRATION_FILE:
         return f"calibrate it again: cyto calibrate {as_arg(path)} NEGATIVE_SCORES... --overwrite"
+    from cyto.flags import export_words  # in the caller's words (Python's: round 56, 3)
+
     if name == ONNX_FILE:
-        return f"export it again: cyto export {as_arg(path)}"
+        return f"export it again: {export_words(path)}"
     if name == "golden.npz":  # the cells it held are gone with it: real ones, given again
-        return f"export it again with real cells: cyto export {as_arg(path)} --cells CELLS"
+        return f"export it again with real cells: {export_words(path, cells='cells')}"
     entries = {e.get("file"): (k, e) for k, e in _graph_entries(manifest).items()}
     made = {f: str(e.get("precision", k)) for f, (k, e) in entries.items()}
     if name in made:
-        cells = ""
+        precision = made[name].split("-")[0]
         if made[name].startswith("int8"):
             # the classes it was calibrated on, as given then (all, when none were named)
             classes = (entries[name][1].get("quantization") or {}).get("classes") or []
-            cells = " --calib CELLS" + (
-                f" --calib-class {as_arg(','.join(classes))}" if classes else ""
-            )
-        elif (manifest.get("golden") or {}).get("kind") != "cells":
+            given = {"calib_class": ",".join(classes)} if classes else {}
+            return f"export it again: {export_words(path, precision, 'calib', **given)}"
+        if (manifest.get("golden") or {}).get("kind") != "cells":
             # fp16 measures its parity on the golden cells only when they are real cells
-            cells = " --parity-cells CELLS"
-        precision = made[name].split("-")[0]
-        return f"export it again: cyto export {as_arg(path)} --precision {precision}{cells}"
+            return f"export it again: {export_words(path, precision, 'parity_cells')}"
+        return f"export it again: {export_words(path, precision)}"
     return "restore the bundle from a copy, or train it again"
 
 

@@ -464,7 +464,7 @@ def model_rows(
         ):  # none made: "none passes verification" read as one made that failed
             problems.append(
                 f"{model} has no {precision_asked} graph: make one with "
-                f"'{export_hint(bundle, precision_asked)}'"
+                f"{export_hint(bundle, precision_asked)}"
             )
         elif precision_asked and not any(r.status == "passed" for r in rows if r.device == device):
             problems.append(f"{model}: no {precision_asked} graph passes verification on {device}")

@@ -89,6 +89,31 @@ def python_call() -> str | None:
     return _PYTHON.get()
 
 
+def export_words(
+    path, precision: str | None = None, cells: str | None = None, onnx: bool = True, **given: str
+) -> str:
+    """The export that makes a bundle's graph, in the caller's words: ``cyto export PATH
+    --precision fp16 --parity-cells CELLS`` at the command line, ``cyto.export('PATH',
+    precisions='fp16', parity_cells=CELLS)`` from Python (a Python caller was told the command
+    line's: hostile round 56, 3). ``precision``: None for the plain export (fp32 and the golden
+    cells); ``cells``: the option the cells go to (``calib``, ``parity_cells``, ``cells``);
+    ``onnx=False``: the fp32 graph is not exported again; ``given``: more options with their
+    values (``calib_class="normal"``)."""
+    from cyto.errors import as_arg
+
+    if python_call():
+        more = "" if onnx else ", onnx=False"
+        more += f", precisions={precision!r}" if precision else ""
+        more += f", {cells}=CELLS" if cells else ""
+        more += "".join(f", {k}={v!r}" for k, v in given.items())
+        return f"cyto.export({str(path)!r}{more})"
+    more = "" if onnx else " --no-onnx"
+    more += f" --precision {precision}" if precision else ""
+    more += f" {flag(cells)} CELLS" if cells else ""
+    more += "".join(f" {flag(k)} {as_arg(v)}" for k, v in given.items())
+    return f"cyto export {as_arg(path)}{more}"
+
+
 def flag(field: str) -> str:
     """The command-line flag of ``field`` (its field name where no command takes it)."""
     if field in FLAGS:

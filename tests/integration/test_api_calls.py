@@ -127,7 +127,7 @@ def test_a_model_given_by_a_relative_path_is_recorded_absolute(
         scorer = cyto.load_model(model)
     said = [str(w.message) for w in caught if issubclass(w.category, CytoWarning)]
     assert len(said) == 1 and said[0].startswith("UNVERIFIED: "), said
-    assert f"cyto export {exported_dsvdd.resolve()} to add them" in said[0]
+    assert f"cyto.export({str(exported_dsvdd.resolve())!r}) to add them" in said[0], said
     assert caught[0].filename == __file__  # at the caller's line
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
@@ -138,7 +138,7 @@ def test_a_model_given_by_a_relative_path_is_recorded_absolute(
     # its UNVERIFIED advice names the bundle where it is, not as typed elsewhere (round 29, 11)
     unverified = [str(w.message) for w in caught if "UNVERIFIED" in str(w.message)]
     assert unverified and all(
-        f"cyto export {exported_dsvdd.resolve()} to add" in u for u in unverified
+        f"cyto.export({str(exported_dsvdd.resolve())!r}) to add" in u for u in unverified
     )
     meta = pq.read_schema(tmp_path / "elsewhere" / "q.parquet").metadata
     assert meta[b"cyto.model"].decode() == str(exported_dsvdd.resolve())
@@ -344,3 +344,21 @@ def test_a_scorer_and_its_bundle_print_in_one_line(exported_dsvdd):
     assert "\n" not in bundle and len(bundle) < 300 and "dsvdd" in bundle, bundle[:400]
     scorer.close()
     assert repr(scorer).endswith(", closed>"), repr(scorer)
+
+
+def test_python_callers_are_advised_python_calls(exported_dsvdd, tmp_path):
+    """Hostile round 56, 3: a Python caller was advised the command line's steps ('cyto export
+    ... --no-onnx --precision int8 --calib CELLS', "train one with 'cyto train'")."""
+    import cyto
+    from cyto.errors import BundleError, CytoError
+
+    with pytest.raises(CytoError) as refused:
+        cyto.load_model(exported_dsvdd, "onnx", "cpu", "int8")
+    said = str(refused.value)
+    assert (
+        f"cyto.export({str(exported_dsvdd)!r}, onnx=False, precisions='int8', calib=CELLS)" in said
+    ), said
+    assert "cyto export" not in said and "--" not in said, said
+    with pytest.raises(BundleError) as refused:
+        cyto.load_model(tmp_path / "none.cyto")
+    assert str(refused.value).endswith("train one with cyto.train"), refused.value

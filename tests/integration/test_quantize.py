@@ -333,7 +333,7 @@ def test_the_command_a_missing_fp16_graph_suggests_works(bundle, synth_patches):
     write_golden(bundle, synth_patches, normal="normal", n=64)  # as cyto export keeps them
     with pytest.raises(CytoError, match="has no fp16 graph") as missing:
         load_scorer(bundle, "onnx", "cpu", "fp16")
-    command = str(missing.value).split("make one with '")[1].rstrip("'")
+    command = str(missing.value).split("make one with ")[1]
     assert command == f"cyto export {bundle} --no-onnx --precision fp16", command
     proc = run_cyto(*shlex.split(command)[1:])
     assert proc.returncode == 0, proc.stderr

@@ -101,7 +101,7 @@ def _runtime_runner(bundle: Bundle, backend: str, device: str, precision: str) -
         from cyto.runtime.verify import export_hint
 
         make = export_hint(bundle, precision)
-        raise Unavailable(f"the bundle has no {precision} ONNX graph: make one with '{make}'")
+        raise Unavailable(f"the bundle has no {precision} ONNX graph: make one with {make}")
     try:  # verified on the golden cells first, as cyto score does: a failing graph is not timed
         scorer = load_scorer(bundle, backend, device, precision)
     except VerificationError as exc:

@@ -722,7 +722,7 @@ def load_scorer(
     if precision != "fp32" and graph_for(bundle.spec, precision, device) is None:
         raise ConfigError(
             f"{bundle.path} has no {precision} graph: make one with "
-            f"'{export_hint(bundle, precision)}'"
+            f"{export_hint(bundle, precision)}"
         )
     if precision != "fp32":
         raise ConfigError(

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from cyto.errors import BundleError, as_arg
+from cyto.errors import BundleError
 from cyto.tables import json_text
 
 GOLDEN_FILE = "golden.npz"
@@ -90,15 +90,16 @@ def export_hint(bundle, precision: str) -> str:
     """The ``cyto export`` command that adds ``precision``'s graph to ``bundle``: fp32 is the
     plain export (``encoder.onnx``); int8 needs calibration cells; fp16 measures its parity on
     the golden cells when they are real cells, else it needs cells too."""
+    from cyto.flags import export_words
+
     if precision == "fp32":
-        return f"cyto export {as_arg(bundle.path)}"
-    command = f"cyto export {as_arg(bundle.path)} --no-onnx --precision {precision}"
+        return export_words(bundle.path)
     if precision == "int8":
-        return command + " --calib CELLS"
+        return export_words(bundle.path, precision, "calib", onnx=False)
     golden = read_golden(bundle)
     if golden is None or golden.kind != "cells":
-        return command + " --parity-cells CELLS"
-    return command
+        return export_words(bundle.path, precision, "parity_cells", onnx=False)
+    return export_words(bundle.path, precision, onnx=False)
 
 
 def _topk_overlap(a: np.ndarray, b: np.ndarray, frac: float) -> float:
@@ -348,13 +349,14 @@ def verify_scorer(
     """Run ``scorer`` on the golden cells here and judge it by its precision's gate (see the
     module docstring); the result comes from, and goes to, the verification cache. ``recheck``:
     a failure on record is run again (``cyto doctor``), a pass on record is taken."""
+    from cyto.flags import export_words
     from cyto.runtime.machine import fingerprint
 
     if golden is None:
         return Verification(
             "unverified",
             "the bundle has no golden cells (exported by an older cyto, or not exported): "
-            f"run cyto export {as_arg(scorer.bundle.recorded_path)} to add them",
+            f"run {export_words(scorer.bundle.recorded_path)} to add them",
         )
     if golden.kind == "random" and scorer.precision != "fp32":
         return Verification(

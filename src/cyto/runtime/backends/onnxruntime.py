@@ -267,11 +267,11 @@ def _no_graph(bundle: Bundle, precision: str) -> str:
 
     if precision == "fp32":
         return (
-            f"{bundle.path} has no encoder.onnx: run '{export_hint(bundle, precision)}' first "
+            f"{bundle.path} has no encoder.onnx: run {export_hint(bundle, precision)} first "
             f"(exported graphs: {have})"
         )
 
     return (
         f"{bundle.path} has no {precision} graph (exported graphs: {have}): make one with "
-        f"'{export_hint(bundle, precision)}'"
+        f"{export_hint(bundle, precision)}"
     )

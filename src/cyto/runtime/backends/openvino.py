@@ -250,7 +250,7 @@ class OpenVinoBackend:
             hint = export_hint(bundle, "fp32" if precision == "bf16" else precision)
             raise BundleError(
                 f"{bundle.path} has no {precision} graph for OpenVINO (exported graphs: {have}): "
-                f"make one with '{hint}'"
+                f"make one with {hint}"
             )
         self.graph = graph
         self.device = device
