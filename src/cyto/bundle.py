@@ -273,6 +273,12 @@ class ModelSpec:
 CPU_INT8_FORMS = ("int8-cpu", "int8-cpu7")
 
 
+def of_precision(key: str, asked: str) -> bool:
+    """Whether the graph ``key`` (``fp16``, ``int8-cpu7``) is one ``asked`` names: a precision
+    (``int8``: each of its forms) or one form (``int8-cpu``)."""
+    return key == asked or key.startswith(f"{asked}-")
+
+
 def _graph_entries(manifest: dict[str, Any]) -> dict[str, dict]:
     """The exported graphs by precision: ``onnx`` is the fp32 graph, ``onnx_variants`` the rest."""
     out = {}
@@ -330,11 +336,7 @@ class Bundle:
 
     def set_aside_for(self, precision: str) -> list[tuple[str, SetAside]]:
         """The graphs of ``precision`` (int8: each of its forms) left out as damaged."""
-        return [
-            (key, gone)
-            for key, gone in self.set_aside.items()
-            if key == precision or key.startswith(f"{precision}-")
-        ]
+        return [(key, gone) for key, gone in self.set_aside.items() if of_precision(key, precision)]
 
     def graph_bytes(self, graph: GraphSpec) -> bytes:
         """The graph file's bytes, checked against the sha256 the manifest gave when the bundle
@@ -931,7 +933,7 @@ def _write_manifest(path: Path, manifest: dict[str, Any], seal: bool) -> None:
     atomic_write(path / MANIFEST, _manifest_text(manifest, seal=seal).encode())
 
 
-def drop_graphs(path: Path, precisions: Iterable[str]) -> list[str]:
+def drop_graphs(path: Path, precisions: Iterable[str]) -> Dropped:
     """Leave the fp16 / int8 graphs of ``precisions`` (``int8``: every int8 form; ``int8-cpu``:
     that form) out of the bundle for good: their manifest entries go, the manifest is sealed
     again, then their files are removed; every other file is still held to its checksum. For a
@@ -956,7 +958,7 @@ def drop_graphs(path: Path, precisions: Iterable[str]) -> list[str]:
         variants = manifest.get("onnx_variants") or {}
 
         def of(precision: str) -> list[str]:
-            return [k for k in variants if k == precision or k.startswith(f"{precision}-")]
+            return [k for k in variants if of_precision(k, precision)]
 
         unknown = [p for p in asked if not of(p)]
         if unknown:

@@ -38,7 +38,7 @@ import hashlib
 import io
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -81,20 +81,8 @@ class Cells:
         a, b = np.sort(order[k:]), np.sort(order[:k])
         lab = self.labels
         return (
-            Cells(
-                self.images[a],
-                None if lab is None else lab[a],
-                self.source,
-                self.fingerprint,
-                self.classes,
-            ),
-            Cells(
-                self.images[b],
-                None if lab is None else lab[b],
-                self.source,
-                self.fingerprint,
-                self.classes,
-            ),
+            replace(self, images=self.images[a], labels=None if lab is None else lab[a]),
+            replace(self, images=self.images[b], labels=None if lab is None else lab[b]),
         )
 
 

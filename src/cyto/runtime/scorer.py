@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 
-from cyto.bundle import PRECISIONS, Bundle, GraphSpec, ModelSpec, load_bundle
+from cyto.bundle import PRECISIONS, Bundle, GraphSpec, ModelSpec, load_bundle, of_precision
 from cyto.data.images import MIN_CELL_SIDE
 from cyto.errors import ConfigError, CytoError, ScaleWarning, as_arg, warn_caller
 from cyto.flags import Range, passing, said
@@ -752,7 +752,7 @@ def _say_set_aside(scorer: Scorer, warn: bool) -> None:
     says it once itself)."""
     ran = scorer.graph_file
     for key, gone in scorer.bundle.set_aside.items() if warn else ():
-        same = key.split("-")[0] == scorer.precision and ran is not None
+        same = of_precision(key, scorer.precision) and ran is not None
         warn_caller(gone.warning(key, ran if same else None))
 
 
