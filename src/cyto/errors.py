@@ -263,6 +263,30 @@ class ParityError(ConfigError):
     """A reduced-precision graph or engine does not keep the fp32 ranking (not added)."""
 
 
+class NotFittedError(CytoError):
+    """A method was asked to embed or score before ``fit``."""
+
+
+class MetricError(CytoError, ValueError):
+    """Inputs a metric cannot rank (NaN scores, non-binary labels, K < 1, ...)."""
+
+    exit_code = 2
+
+
+class RemoteAccessError(CytoError):
+    """A remote slide cannot be read: the server does not answer, or answers with an error."""
+
+
+class SlideChangedError(CytoError):
+    """A remote slide was replaced while it was read: nothing read from it is kept."""
+
+
+class NoRangesError(UnsupportedSlideError):
+    """A server answers a byte-range request with the whole object: the slide cannot be read
+    in place, only through a copy fetched whole (``--download``:
+    :func:`cyto.slides.remote.download`)."""
+
+
 def as_arg(value: object) -> str:
     """``value`` (a path) as a command that a message advises takes it, to be pasted into a
     shell: quoted where a shell would split or read it (a bundle under ``sp ace/`` was advised

@@ -17,13 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cyto.errors import CytoError
-
-
-class MetricError(CytoError, ValueError):
-    """Inputs a metric cannot rank (NaN scores, non-binary labels, K < 1, ...)."""
-
-    exit_code = 2
+from cyto.errors import MetricError
 
 
 def _check(scores, labels, k: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:

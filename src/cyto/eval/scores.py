@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from cyto.data.morphometry import RANK_COLUMNS, ranked_column
-from cyto.errors import InputPathError, first_line
-from cyto.eval.metrics import MetricError, all_metrics
+from cyto.errors import InputPathError, MetricError, first_line
+from cyto.eval.metrics import all_metrics
 from cyto.flags import Placeholder, comma_list, passing, said
 from cyto.tables import parquet_file, read_table
 

@@ -153,9 +153,8 @@ def make_app(
     async def context(request):
         from starlette.concurrency import run_in_threadpool
 
-        from cyto.errors import CytoError, InputPathError
+        from cyto.errors import CytoError, InputPathError, SlideChangedError
         from cyto.review.session import context_image, context_slide
-        from cyto.slides.remote import SlideChangedError
 
         case, pos = request.path_params["case"], request.path_params["pos"]
         if session.crop_path(case, pos) is None:

@@ -39,7 +39,9 @@ from cyto.errors import (
     CytoError,
     InputPathError,
     MissingDependencyError,
-    UnsupportedSlideError,
+    NoRangesError,
+    RemoteAccessError,
+    SlideChangedError,
     warn_caller,
 )
 from cyto.flags import passing
@@ -75,19 +77,6 @@ log = logging.getLogger("cyto.remote")
 _QUIET = logging.NullHandler()
 for _name in ("gcsfs", "s3fs", "fsspec", "aiobotocore", "botocore"):
     logging.getLogger(_name).addHandler(_QUIET)
-
-
-class RemoteAccessError(CytoError):
-    """A remote slide cannot be read: the server does not answer, or answers with an error."""
-
-
-class SlideChangedError(CytoError):
-    """A remote slide was replaced while it was read: nothing read from it is kept."""
-
-
-class NoRangesError(UnsupportedSlideError):
-    """A server answers a byte-range request with the whole object: the slide cannot be read
-    in place, only through a copy fetched whole (``--download``: :func:`download`)."""
 
 
 def is_url(text: object) -> bool:

@@ -12,14 +12,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from cyto.errors import CytoError
+from cyto.errors import NotFittedError
 from cyto.models.graphs import run_batched
 from cyto.train.config import TrainConfig
 from cyto.train.data import TrainData
-
-
-class NotFittedError(CytoError):
-    """A method was asked to embed or score before ``fit``."""
 
 
 class Method(ABC):
