@@ -94,6 +94,12 @@ class _SharedName:
     def __repr__(self) -> str:
         return f"<cyto.{self._name}: the public call (cyto.api.{self._name}) and the module>"
 
+    def __get__(self, obj, objtype=None):
+        # a descriptor without __set__ is what inspect.isroutine calls a method descriptor:
+        # help() then documents this as the call, signature first, where it showed the doc
+        # under no parameters (hostile round 56, 8)
+        return self
+
 
 class _Package(_types.ModuleType):
     """The ``cyto`` module: its shared names answer with a :class:`_SharedName`, whatever the

@@ -88,6 +88,18 @@ def test_a_name_shared_with_a_subpackage_stays_the_call(name, attr, monkeypatch)
     assert getattr(module, attr) == "patched"
 
 
+@pytest.mark.parametrize("name", cyto._API)
+def test_help_of_every_public_call_shows_its_parameters(name):
+    """``help(cyto.train)`` lists the call's parameters as ``help(cyto.load_model)`` does: the
+    names shared with a subpackage showed the docstring under no signature (round 56, 8)."""
+    import pydoc
+
+    text = pydoc.render_doc(getattr(cyto, name), renderer=pydoc.plaintext)
+    params = list(inspect.signature(getattr(api, name)).parameters)
+    head = next(line for line in text.splitlines() if f"{name}(" in line)
+    assert all(f"{p}:" in head or f"**{p}" in head for p in params), head
+
+
 def test_dotted_imports_of_shared_subpackages_reach_their_modules():
     import cyto.predict as predict_module
     import cyto.train.config as config
