@@ -96,14 +96,16 @@ def _through(func: Callable, args: tuple, kwargs: dict) -> Any:
             check_output(local["out"], flag=f"{passing('out', Path(local['out']))}:")
         from cyto.cachedir import places_of
         from cyto.errors import PLACES
-        from cyto.progress import quiet
+        from cyto.progress import quiet, through
 
-        silent = "echo" in bound.arguments and bound.arguments["echo"] is None
+        echo = bound.arguments.get("echo", print)
+        silent = "echo" in bound.arguments and echo is None
         # where a full disk that names no file is looked for: the call's local paths
         given = [*map(Path, local.values()), *bound.arguments.values()]
         places = PLACES.set(places_of(given))
         try:
-            with quiet(silent):
+            # a caller's own echo (a logger) gets the progress lines too; print: stderr's
+            with quiet(silent), through(None if echo is print else echo):
                 return func(*bound.args, **bound.kwargs)
         except CytoError as exc:  # a staging folder named as the prefix it stands for
             if exc.args and isinstance(exc.args[0], str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -24,6 +24,24 @@ def quiet(on: bool = True) -> Iterator[None]:
         yield
     finally:
         _QUIET.reset(token)
+
+
+#: set for the length of a Python call given its own ``echo`` (:func:`through`): progress is
+#: said in lines through it
+_ECHO: ContextVar[Callable[[str], object] | None] = ContextVar("cyto_progress_echo", default=None)
+
+
+@contextmanager
+def through(echo: Callable[[str], object] | None) -> Iterator[None]:
+    """Progress in this thread while the block runs is said as lines through ``echo`` (a Python
+    call given its own, a logger's method): it went to stderr, past the caller's ``echo``, so a
+    notebook that logs a call's lines saw none of its progress (hostile round 56, 6). None: as
+    before (a bar on a terminal, lines on stderr elsewhere)."""
+    token = _ECHO.set(echo or _ECHO.get())
+    try:
+        yield
+    finally:
+        _ECHO.reset(token)
 
 
 class _Bar:
@@ -58,7 +76,8 @@ def progress(
     if not env_switch("CYTO_PROGRESS") or _QUIET.get():
         yield _Bar(lambda n: None, lambda t: None)
         return
-    if sys.stderr.isatty():
+    echo = _ECHO.get()
+    if echo is None and sys.stderr.isatty():
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -102,12 +121,14 @@ def progress(
         eta = ""
         if total is not None and rate > 0:
             eta = f", eta {max(total - state['done'], 0) / rate:,.0f} s"
-        print(
+        text = (
             f"{description}: {_amount(state['done'])}{of} {unit} ({rate:,.1f} {unit}/s{eta})"
-            f" {state['postfix']}".rstrip(),
-            file=sys.stderr,
-            flush=True,
+            f" {state['postfix']}".rstrip()
         )
+        if echo is None:
+            print(text, file=sys.stderr, flush=True)
+        else:
+            echo(text)
 
     def adv_plain(n: float) -> None:
         nonlocal last
