@@ -560,6 +560,49 @@ def test_a_sets_own_oblong_size_is_not_taken_for_crops_cut_at_an_edge():
     )
 
 
+def _crop(side_h: int, side_w: int, value: int = 200) -> np.ndarray:
+    img = np.full((side_h, side_w, 3), value, np.uint8)
+    img[side_h // 2 - 4 : side_h // 2 + 4, side_w // 2 - 4 : side_w // 2 + 4] = 40  # a nucleus
+    return img
+
+
+def test_crops_cut_at_an_edge_are_padded_square_without_a_load_size(tmp_path):
+    """CRIC's crops cut at its images' edges (100 x 52 px) kept their shape without a load
+    size, and training stacked them beside the square ones in a traceback (hostile round 57,
+    1): each is padded to a square of its longer side with its edge colour, never resampled."""
+    import warnings
+
+    from cyto.train.data import TrainData
+
+    (tmp_path / "NILM").mkdir()
+    for i in range(4):
+        Image.fromarray(_crop(64, 64)).save(tmp_path / "NILM" / f"{i}.png")
+    Image.fromarray(_crop(64, 40)).save(tmp_path / "NILM" / "edge.png")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ds = PatchDataset.from_path(tmp_path, normal="NILM", workers=1)
+    assert any("edge.png: 40x64 px" in str(w.message) and "padded" in str(w.message) for w in seen)
+    data = TrainData.from_dataset(ds)
+    assert data.images.shape == (5, 64, 64, 3)
+    edge = data.images[[r.path.name for r in ds.records].index("edge.png")]
+    assert (edge[:, :12] == 200).all() and (edge[:, -12:] == 200).all()  # the edge colour
+    assert (edge[28:36, 28:36] == 40).all()  # the nucleus where it was, not stretched
+
+
+def test_square_crops_of_near_sizes_are_one_line_for_training(tmp_path):
+    """Crops within the size check's spread (64 and 62 px) reach training as several sizes:
+    one line naming them and the load size, not numpy's "inhomogeneous shape" ValueError."""
+    from cyto.train.data import TrainData
+
+    (tmp_path / "NILM").mkdir()
+    for i, side in enumerate((64, 64, 62)):
+        Image.fromarray(_crop(side, side)).save(tmp_path / "NILM" / f"{i}.png")
+    ds = PatchDataset.from_path(tmp_path, normal="NILM", workers=1)
+    with pytest.raises(DatasetError, match=r"share one size \(they are 62x62, 64x64 px\): pass a "
+                       r"load size"):  # fmt: skip
+        TrainData.from_dataset(ds)
+
+
 def test_cyto_warns_only_through_warn_caller_so_every_warning_points_at_the_users_line():
     """A fixed ``stacklevel`` points into cyto whenever the path to the warning is one frame
     longer or shorter (hostile round 20: ``cyto.predict``'s scale and stain warnings were

@@ -33,6 +33,7 @@ from cyto.data.images import (
     noted_mode,
     pixel_digest,
     resize_rgb,
+    square_rgb,
     too_small,
 )
 from cyto.envvars import user_path
@@ -45,7 +46,7 @@ from cyto.errors import (
     UnreadableImageError,
     warn_caller,
 )
-from cyto.flags import passing, said, setting
+from cyto.flags import passing, said
 from cyto.tables import read_table
 
 log = logging.getLogger(__name__)
@@ -750,6 +751,10 @@ def _decode_all(
     with progress("read images", total=len(records), unit="images") as bar:
         for part in decode_stream(records, size, skip, workers, chunk=256):
             for im in part.images:
+                # a crop cut at its image's edge (CRIC: 100 x 52 px) padded to a square of its
+                # longer side with its edge colour, as at a load size: it kept its shape, and
+                # training stacked it beside the square crops in a traceback (round 57, 1)
+                im = square_rgb(im)
                 if stack is None and listed is None:
                     stack = np.empty((len(records), *im.shape), dtype=np.uint8)
                 if listed is None and im.shape == stack.shape[1:]:
@@ -780,13 +785,8 @@ def _decode_all(
         from cyto.data.images import oblong_words
 
         warn_caller(
-            f"{oblong_words(oblong, len(records))}: "
-            + (
-                "each is padded to a square with its edge colour, never stretched"
-                if size is not None
-                else "they keep their size, so pass a load size "
-                f"({setting('load_size', 'N')}) to pad them to one square size"
-            ),
+            f"{oblong_words(oblong, len(records))}: each is padded to a square with its edge "
+            "colour, never stretched",
             CytoWarning,
         )
     if listed is not None:

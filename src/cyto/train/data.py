@@ -28,9 +28,11 @@ class TrainData:
 
     def __post_init__(self) -> None:
         if not isinstance(self.images, np.ndarray) or self.images.ndim != 4:
+            sides = sorted({f"{im.shape[0]}x{im.shape[1]}" for im in self.images})
+            seen = f" (they are {', '.join(sides[:4])}{' ...' if len(sides) > 4 else ''} px)"
             raise DatasetError(
-                "training images must share one size: pass a load size "
-                f"(e.g. {setting('load_size', 96)}) for datasets of mixed sizes"
+                f"training images must share one size{seen if len(sides) > 1 else ''}: pass a "
+                f"load size (e.g. {setting('load_size', 96)}) for datasets of mixed sizes"
             )
         if len(self.images) == 0:
             raise DatasetError("no training images")
@@ -54,8 +56,11 @@ class TrainData:
                 )
             bags = np.asarray(ds.bags, dtype=object)
             bag_labels = np.asarray(ds.bag_labels, dtype=np.int8)
+        images = ds.images
+        if not isinstance(images, np.ndarray) and len({im.shape for im in images}) <= 1:
+            images = np.asarray(images)  # a list of one size (or none): stacked
         return cls(
-            images=np.asarray(ds.images),
+            images=images,  # several sizes stay a list, refused in one line (hostile round 57, 1)
             labels=np.asarray(ds.labels, dtype=np.int8),
             bags=bags,
             bag_labels=bag_labels,
