@@ -233,6 +233,9 @@ def predict(
         if copies:
             warn_caller(copies, CytoWarning)
         trained = _trained_on(scorer, digests, rows["pixels"].to_pylist(), kept)
+        unmeasured = unmeasured_words(morph, column, rank_by)
+        if unmeasured is not None:
+            warn_caller(unmeasured, CytoWarning)
         summary = _write_table(
             out, scorer, [records[i] for i in kept],
             None if labels is None else labels[kept], column, morph, rank_by, factor, how,
@@ -673,6 +676,33 @@ def _write_table(
         if morph_scores is not None and rank_by != "morphometry":
             summary["auroc_morphometry"] = float(roc_auc_score(labels, morph_scores))
     return summary
+
+
+#: a folder ranked by morphometry where more of its crops than this share have no nucleus
+#: measured near their centre is warned (CRIC's development NILM crops: 2 %)
+UNMEASURED_SHARE = 0.25
+
+
+def unmeasured_words(morph, column: dict, rank_by: str) -> str | None:
+    """The warning of a folder ranked by morphometry though most of its crops have no nucleus
+    measured near their centre (each scores 0, as a typical normal cell), or None. Uniform grey
+    or pure red crops were "ranked by morphometry", every score 0 and AUROC 0.5, without a word
+    (hostile round 57, 3)."""
+    if morph is None or rank_by == "model":
+        return None
+    # no nucleus near a crop's centre: its area NaN (its share 0, which scores as typical)
+    measured = ~np.isnan(np.asarray(column["nucleus_area_um2"], dtype=np.float64))
+    n, total = int((~measured).sum()), len(measured)
+    if total == 0 or n <= UNMEASURED_SHARE * total:
+        return None
+    which = f"any of the {total} crops" if n == total else f"{n} of the {total} crops"
+    return (
+        f"no nucleus was measured near the centre of {which}: each scores 0 by "
+        f"morphometry, as a typical normal cell, so the ranking by {rank_by} says "
+        f"{'nothing' if n == total else 'little'} of them; check that the crops are centred on "
+        f"stained cells as the model's training cells were, or rank by the model alone "
+        f"({passing('rank_by', 'model')})"
+    )
 
 
 #: AUROC by which another ranking must beat the one used on a labelled folder to be said

@@ -87,3 +87,19 @@ def test_cells_stained_otherwise_are_never_zoomed_by_their_nuclei(pap, tmp_path)
     scale = [x for x in said if "training cells (median nucleus share" in x]
     assert all("but they are stained otherwise" in x for x in scale), scale
     assert not [x for x in scale if "is advised" in x], scale
+
+
+def test_crops_without_a_nucleus_ranked_by_morphometry_are_said(pap, tmp_path):
+    """Uniform grey crops: no nucleus measured, every morphometric score 0, "ranked by
+    morphometry" without a word (hostile round 57, 3); CRIC's own crops are not warned."""
+    bundle, folders = pap
+    (tmp_path / "blank" / "NILM").mkdir(parents=True)
+    for i in range(30):
+        grey = np.full((100, 100, 3), 150 + i, np.uint8)
+        Image.fromarray(grey).save(tmp_path / "blank" / "NILM" / f"{i}.png")
+    said, _ = _predict(bundle, tmp_path / "blank", tmp_path / "a.parquet", rank_by="morphometry")
+    assert any(
+        x.startswith("no nucleus was measured near the centre of any of the 30 crops") for x in said
+    ), said
+    said, _ = _predict(bundle, folders["same"], tmp_path / "b.parquet", rank_by="morphometry")
+    assert not [x for x in said if x.startswith("no nucleus was measured")], said

@@ -147,7 +147,11 @@ def test_one_stain_or_a_grayscale_image_cannot_be_separated_and_says_why():
     assert not est.separable and "one colour" in est.why
     glass = np.full((40, 40, 3), 240, dtype=np.uint8)
     est = estimate_images(glass)
-    assert not est.separable and "stained pixels" in est.why
+    assert not est.separable and "0 pixels absorb in all three colour channels" in est.why
+    # pure red is all colour, not unstained: it was said to have "0 stained pixels" (round 57, 3)
+    red = np.zeros((40, 40, 3), np.uint8) + np.array([220, 20, 20], np.uint8)
+    est = estimate_images(red)
+    assert not est.separable and "a pure colour that absorbs in one or two of them" in est.why
     model = estimate_images(pap_tile(0, 256)[0])
     check = stain_check(model, est, 200)
     assert check["degrees"] is None and not check["advised"]

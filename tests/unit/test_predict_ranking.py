@@ -55,3 +55,31 @@ def test_said_exactly_when_another_ranking_is_better_by_the_margin(chosen, model
     best = max((a for a in (model, morph) if a is not None), default=None)
     assert bool(lines) == (best is not None and best >= chosen + BETTER_BY)
     assert ("better_ranking" in summary) == bool(lines)
+
+
+def test_a_folder_ranked_by_morphometry_with_few_nuclei_measured_is_warned():
+    """Uniform grey or pure red crops were "ranked by morphometry", every score 0 and AUROC 0.5,
+    without a word (hostile round 57, 3): past a quarter of the crops without a nucleus
+    measured, the ranking is said to say little of them (nothing, where none was)."""
+    import numpy as np
+
+    from cyto.data.morphometry import Feature, Morphometric
+    from cyto.predict import UNMEASURED_SHARE, unmeasured_words
+
+    morph = Morphometric("pap", (Feature("nucleus_share", "up", -2.9, 1.0),))
+
+    def column(missing: int, n: int = 100) -> dict:
+        area = np.full(n, 30.0)
+        area[:missing] = np.nan
+        share = np.where(np.isnan(area), 0.0, 0.2)  # none near the centre: share 0, not NaN
+        return {"score": np.zeros(n), "nucleus_area_um2": area, "nucleus_share": share}
+
+    line = unmeasured_words(morph, column(100), "morphometry")
+    assert line.startswith("no nucleus was measured near the centre of any of the 100 crops: ")
+    assert "the ranking by morphometry says nothing of them" in line and "--rank-by model" in line
+    with python_words("predict"):
+        line = unmeasured_words(morph, column(60), "model+morphometry")
+    assert "60 of the 100 crops" in line and "says little" in line and "rank_by='model'" in line
+    assert unmeasured_words(morph, column(int(UNMEASURED_SHARE * 100)), "morphometry") is None
+    assert unmeasured_words(morph, column(100), "model") is None  # not ranked by it
+    assert unmeasured_words(None, column(100), "morphometry") is None

@@ -130,7 +130,11 @@ def estimate(od: np.ndarray) -> StainEstimate:
     fallback = ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
     if len(od) < MIN_PIXELS:
         return StainEstimate(
-            fallback, len(od), False, f"{len(od)} stained pixels (fewer than {MIN_PIXELS})"
+            fallback,
+            len(od),
+            False,
+            f"{len(od)} pixels absorb in all three colour channels, fewer than {MIN_PIXELS}: "
+            "too pale, or of a pure colour that absorbs in one or two of them",
         )
     _, vecs = np.linalg.eigh(np.cov(od.T))
     plane = vecs[:, [2, 1]]  # the two largest axes
