@@ -105,6 +105,16 @@ def test_truth_without_planted_cells_is_not_reported_as_a_miss():
     assert "found in the top 129: 6/6 (every cell: --top-k over the 129 scored)" in line, line
     line = slide_line(_summary(truth=found, cells_scored=1500), "/o")
     assert line.endswith("found in the top 20: 3/4"), line
+    # the top 400 of a 680-cell slide: 11/14 read well where its top 20 held none; said beside
+    # what K cells drawn at random find (hostile round 57, 4)
+    most = {"k": 400, "planted_found_in_top_k": 11, "planted_abnormal": 14}
+    line = slide_line(_summary(truth=most, cells_scored=680), "/o")
+    assert line.endswith(
+        "found in the top 400: 11/14 (the top 400 is 59% of the 680 cells scored: chance "
+        "alone finds 8.2)"
+    ), line
+    line = slide_line(_summary(truth=found, cells_scored=400), "/o")  # 20 is 5 %: said
+    assert line.endswith("3/4 (the top 20 is 5% of the 400 cells scored: chance alone finds 0.2)")
 
 
 def test_fdr_confidence_without_a_calibration_is_said_and_recorded_as_ignored():

@@ -199,6 +199,10 @@ def slide_line(summary: dict, out: Path) -> str:
     return line + f"-> {where}" + _findings(s)
 
 
+#: a top K of at least this share of a slide's cells is said beside what chance finds there
+TOP_K_SHARE = 0.05
+
+
 def _findings(s: dict) -> str:
     """What a slide's summary found, as clauses of its one-line report."""
     line = burden_words(s.get("burden"))
@@ -221,6 +225,14 @@ def _findings(s: dict) -> str:
 
                 # every cell is in the top K: the count says nothing of the ranking (round 33)
                 line += f" (every cell: {said('top_k')} over the {s['cells_scored']} scored)"
+            elif s.get("cells_scored") and t["k"] >= TOP_K_SHARE * s["cells_scored"]:
+                # the top 400 of a 680-cell slide found 11/14 though its top 20 held none:
+                # the count beside what drawing K cells at random finds (hostile round 57, 4)
+                share = t["k"] / s["cells_scored"]
+                line += (
+                    f" (the top {t['k']} is {share:.0%} of the {s['cells_scored']} cells "
+                    f"scored: chance alone finds {share * t['planted_abnormal']:.1f})"
+                )
         elif t.get("truth_cells_of_slide") == 0:  # no truth: not a negative slide either
             line += "; --truth holds no cell of this slide (no truth for it)"
         else:  # "found 0/0" read as a miss
