@@ -690,8 +690,9 @@ def unmeasured_words(morph, column: dict, rank_by: str) -> str | None:
     (hostile round 57, 3)."""
     if morph is None or rank_by == "model":
         return None
-    # no nucleus near a crop's centre: its area NaN (its share 0, which scores as typical)
-    measured = ~np.isnan(np.asarray(column["nucleus_area_um2"], dtype=np.float64))
+    # no nucleus near a crop's centre: its share 0 (its area NaN, as every area of a model
+    # without a pixel size), which scores as a typical normal cell
+    measured = np.asarray(column["nucleus_share"], dtype=np.float64) > 0
     n, total = int((~measured).sum()), len(measured)
     if total == 0 or n <= UNMEASURED_SHARE * total:
         return None

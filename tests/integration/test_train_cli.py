@@ -93,6 +93,12 @@ def test_train_info_predict(tmp_path, synth_patches):
     expected = ("warning: UNVERIFIED: ", "warning: every image scored is among the images")
     assert [w for w in warned if not w.startswith(expected)] == [], warned
     assert len(warned) == 2, warned
+    # the trained network itself scores: not "may differ from the trained model's"; the graphs
+    # it lacks said once as one cause, not a line per OpenVINO precision (hostile round 57, 5)
+    assert "scores with its PyTorch network, not checked on this machine" in warned[0], warned
+    said = pred.stdout + pred.stderr
+    assert said.count("backend choice: the bundle is not exported (its PyTorch weights") == 1
+    assert "graph for OpenVINO" not in said, said
     n = 120 + 6 * 12
     # read and scored in one pass, the images streaming through
     assert f"predict {synth_patches.name}: {n}/{n} images (" in pred.stderr, pred.stderr

@@ -72,7 +72,12 @@ def test_a_folder_ranked_by_morphometry_with_few_nuclei_measured_is_warned():
         area = np.full(n, 30.0)
         area[:missing] = np.nan
         share = np.where(np.isnan(area), 0.0, 0.2)  # none near the centre: share 0, not NaN
-        return {"score": np.zeros(n), "nucleus_area_um2": area, "nucleus_share": share}
+        # every area NaN where the model records no pixel size: the share says it
+        return {
+            "score": np.zeros(n),
+            "nucleus_area_um2": np.full(n, np.nan),
+            "nucleus_share": share,
+        }
 
     line = unmeasured_words(morph, column(100), "morphometry")
     assert line.startswith("no nucleus was measured near the centre of any of the 100 crops: ")

@@ -437,6 +437,13 @@ def openvino_left_out(bundle: Bundle, precision: str) -> str | None:
     """Why ``auto`` does not give OpenVINO ``precision`` on this CPU, or None."""
     from cyto.runtime.backends import openvino
 
+    if not bundle.spec.graphs:  # said once, for every precision (hostile round 57, 5)
+        from cyto.flags import export_words
+
+        return (
+            "the bundle is not exported (its PyTorch weights only): "
+            f"{export_words(bundle.recorded_path)} adds ONNX and OpenVINO graphs, faster here"
+        )
     if not openvino.has_openvino():
         return f"OpenVINO is not installed ({openvino.INSTALL})"
     if precision not in openvino.precisions_here():

@@ -181,6 +181,8 @@ class Verification:
     why: str = ""
     record: dict[str, Any] = field(default_factory=dict)
     cached: bool = False
+    #: the scorer runs the model's own PyTorch network (no exported graph)
+    pytorch: bool = False
 
     @property
     def passed(self) -> bool:
@@ -213,6 +215,13 @@ class Verification:
         cells scored unsaid from Python (hostile round 26, 8)."""
         if self.status != "unverified":
             return None
+        if self.pytorch:  # the trained network itself: "may differ from the trained model's"
+            # read as false of it (hostile round 57, 5)
+            return (
+                f"UNVERIFIED: {model} scores with its PyTorch network, not checked on this "
+                f"machine ({self.why}): whether it gives here the scores it gave where it was "
+                "trained is not shown"
+            )
         return (
             f"UNVERIFIED: {model} scores with a graph that has not been checked on this "
             f"machine ({self.why}); its scores may differ from the trained model's"
@@ -357,6 +366,7 @@ def verify_scorer(
             "unverified",
             "the bundle has no golden cells (exported by an older cyto, or not exported): "
             f"run {export_words(scorer.bundle.recorded_path)} to add them",
+            pytorch=scorer.backend.name == "torch",
         )
     if golden.kind == "random" and scorer.precision != "fp32":
         return Verification(
