@@ -103,3 +103,19 @@ def test_crops_without_a_nucleus_ranked_by_morphometry_are_said(pap, tmp_path):
     ), said
     said, _ = _predict(bundle, folders["same"], tmp_path / "b.parquet", rank_by="morphometry")
     assert not [x for x in said if x.startswith("no nucleus was measured")], said
+
+
+def test_a_zoom_the_caller_gave_is_checked_by_the_zoomed_nuclei(pap, tmp_path):
+    """A wrong zoom (or the one a wrong patch_mpp gives) put the crops off the model's scale
+    without a word: only unzoomed crops were checked (hostile round 57, 6). A zoom that shrinks
+    the cells is said; enlarging is read short by the Pap nucleus mask (a 1.9x zoom read 1.2x)
+    and is not caught by this check."""
+    bundle, folders = pap
+    said, _ = _predict(bundle, folders["same"], tmp_path / "a.parquet", zoom=0.6)
+    (line,) = [x for x in said if "zoomed 0.6x by zoom=0.6, look " in x]
+    assert "x smaller than the model's training cells" in line and "check zoom=0.6" in line
+    said, _ = _predict(bundle, folders["same"], tmp_path / "b.parquet", zoom=1.0)
+    assert not [x for x in said if "zoomed" in x], said
+    said, _ = _predict(bundle, folders["same"], tmp_path / "c.parquet", patch_mpp=0.15)
+    (line,) = [x for x in said if "by patch_mpp=0.15, look " in x]
+    assert "check patch_mpp=0.15 (the crops' pixel size)" in line, line
