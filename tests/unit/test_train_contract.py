@@ -142,3 +142,21 @@ def test_one_class_methods_train_on_normals_only(tiny, name, monkeypatch):
     make(name, epochs=1, **({"ae_epochs": 1, "n_seeds": 1} if name == "dsvdd" else {})).fit(tiny)
     normals = {im.tobytes() for im in tiny.images[tiny.labels == 0]}
     assert seen and all(im.tobytes() in normals for batch in seen for im in batch)
+
+
+def test_a_resumed_run_says_what_it_continues_from(tmp_path):
+    """``cyto train --resume`` went straight to "dsvdd-seed0 ... epoch 6/6", unsaid (hostile
+    round 57, 7): each phase's last finished epoch kept is named."""
+    import torch
+
+    from cyto.train.api import resumed_words
+
+    ckpt = tmp_path / "m.cyto.train-state"
+    assert resumed_words(ckpt).startswith("no epoch of the interrupted run in ")
+    (ckpt / "held-out").mkdir(parents=True)
+    torch.save({"epoch": 2}, ckpt / "held-out" / "ae-seed0.pt")
+    torch.save({"epoch": 4}, ckpt / "dsvdd-seed0.pt")
+    assert resumed_words(ckpt) == (
+        f"continuing the interrupted run in {ckpt}: dsvdd-seed0 after epoch 5, "
+        "held-out/ae-seed0 after epoch 3"
+    )

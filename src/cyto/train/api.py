@@ -211,6 +211,24 @@ def checkpoint_words(ckpt: Path) -> str:
     )
 
 
+def resumed_words(ckpt: Path) -> str:
+    """What a resumed run continues from: each phase's last finished epoch kept in ``ckpt``."""
+    import torch
+
+    kept = []
+    for p in sorted(Path(ckpt).rglob("*.pt")):
+        name = p.relative_to(ckpt).with_suffix("").as_posix()
+        try:
+            epoch = int(torch.load(p, map_location="cpu", weights_only=True)["epoch"]) + 1
+        except Exception:  # noqa: BLE001 - the loop reports a damaged checkpoint when it loads it
+            kept.append(name)
+            continue
+        kept.append(f"{name} after epoch {epoch}")
+    if not kept:
+        return f"no epoch of the interrupted run in {ckpt} was finished: training from the start"
+    return f"continuing the interrupted run in {ckpt}: {', '.join(kept)}"
+
+
 def start_checkpoints(ckpt: Path, key: dict, resume: bool, replaces: bool = False) -> None:
     """``--resume`` continues the checkpoints in ``ckpt`` only when they were written by a run
     with this very ``key`` (:func:`cyto.reuse.check_reuse`); a run without it starts anew."""
@@ -323,6 +341,8 @@ def train(
             start_checkpoints(
                 ckpt, run_key(method, cfg, train_data, weights), resume, overwrite and out.exists()
             )
+            if resume and echo is not None:  # it went straight on, unsaid (hostile round 57, 7)
+                echo(f"resume: {resumed_words(ckpt)}")
             t0 = time.perf_counter()
             chosen = None
             try:
