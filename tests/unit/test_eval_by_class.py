@@ -93,7 +93,9 @@ def test_by_class_also_gives_the_overall_metrics(tmp_path):
     plain = run_cyto("eval", "scores", str(path), "--k", "2")
     both = run_cyto("eval", "scores", str(path), "--by-class", "--k", "2")
     assert plain.returncode == 0 and both.returncode == 0, both.stderr
-    assert both.stdout.startswith(plain.stdout)
+    # (past the notes of its one-cell classes, said first as every note of eval is)
+    rest = "".join(x for x in both.stdout.splitlines(True) if not x.startswith("note: "))
+    assert rest.startswith(plain.stdout)
     assert f"{path}: 4 cells, 2 abnormal, AUROC 1.0000" in both.stdout
     assert "each abnormal class against NILM" in both.stdout
     got = json.loads(run_cyto("eval", "scores", str(path), "--by-class", "--json").stdout)
@@ -234,3 +236,21 @@ def test_the_by_class_table_is_headed_by_the_k_asked(tmp_path):
         y = (classes[pick] == name).astype(int)
         row = next(ln.split() for ln in lines if ln.split()[:1] == [name])
         assert float(row[3]) == pytest.approx(recall_at_k(scores[pick], y, min(65, pool)), abs=1e-4)
+
+
+def test_a_class_of_few_cells_is_said_too_few_to_measure(tmp_path):
+    """ASC-H's one cell on a composed slide printed AUROC 0.248 as if it measured the class
+    (hostile round 57, 8): a class of fewer than ten cells is said so, one cell as its rank."""
+    classes = ["NILM"] * 30 + ["ASC-H"] + ["LSIL"] * 4 + ["HSIL"] * 12
+    path = _table(tmp_path / "t.parquet", classes, np.arange(len(classes), dtype=float))
+    proc = run_cyto("eval", "scores", str(path), "--by-class", "--k", "5")
+    assert proc.returncode == 0, proc.stderr
+    notes = [x for x in proc.stdout.splitlines() if x.startswith("note: ") and "cell" in x]
+    assert (
+        "note: ASC-H has 1 cell: its AUROC is where that one cell ranks among the 30 normal "
+        "cells, not how the class ranks" in notes
+    ), proc.stdout
+    assert any(
+        x.startswith("note: LSIL has 4 cells: each moves its AUROC by up to 0.25") for x in notes
+    )
+    assert not [x for x in notes if "HSIL" in x], notes

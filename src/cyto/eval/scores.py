@@ -438,7 +438,31 @@ def evaluate_with_classes(
     if overall is not None:
         _say_k(scores, k, echo)
     _say_k_of_classes({c["class"]: c["n_normal"] + c["n_class"] for c in classes}, k, echo)
+    for c in classes:
+        words = few_cells_words(c["class"], c["n_class"], c["n_normal"])
+        if words is not None and echo is not None:
+            echo(f"note: {words}")
     return {"overall": overall, "by_class": classes}
+
+
+#: a class of fewer cells than this is said to be too few for its metrics to measure it
+FEW_CLASS_CELLS = 10
+
+
+def few_cells_words(cls: str, n: int, n_normal: int) -> str | None:
+    """Why a class of few cells' AUROC does not measure the class, or None: ASC-H's one cell
+    on a composed slide printed AUROC 0.248 as if it did (hostile round 57, 8)."""
+    if n >= FEW_CLASS_CELLS:
+        return None
+    if n == 1:
+        return (
+            f"{cls} has 1 cell: its AUROC is where that one cell ranks among the {n_normal} "
+            "normal cells, not how the class ranks"
+        )
+    return (
+        f"{cls} has {n} cells: each moves its AUROC by up to {1 / n:.2g}, too few to measure "
+        f"the class (fewer than {FEW_CLASS_CELLS})"
+    )
 
 
 def evaluate_scores(
