@@ -250,3 +250,26 @@ def test_a_folder_too_small_to_hold_back_says_so_and_why_everywhere(synth_patche
     # the reason is said beside the ranking (predict's caution): here only that it is so
     assert text.endswith("(auto took model: nothing was held back at training; cyto info)"), text
     assert "ranked the bundle's held-back cells best" not in text
+
+
+def test_the_training_folder_given_relative_is_recorded_absolute(tmp_path, monkeypatch):
+    """A bundle trained on "cells" recorded "cells": export run from another folder could not
+    find its golden cells there, and a bundle read elsewhere named no place (hostile round
+    56, 9)."""
+    import cyto
+
+    rng = np.random.default_rng(1)
+    (tmp_path / "cells" / "NILM").mkdir(parents=True)
+    for i in range(40):
+        crop = rng.integers(60, 220, (40, 40, 3), dtype=np.uint8)
+        Image.fromarray(crop).save(tmp_path / "cells" / "NILM" / f"{i}.png")
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cyto.train(
+            "dsvdd", "cells", "m.cyto", normal="NILM", preset="fast",
+            overrides={"epochs": 1, "ae_epochs": 1, "n_seeds": 1, "input_size": 32},
+            device="cpu", echo=None,
+        )  # fmt: skip
+    manifest = json.loads((tmp_path / "m.cyto" / "manifest.json").read_text())
+    assert manifest["training_data"]["source"] == str(tmp_path / "cells")

@@ -391,7 +391,9 @@ def train(
             )  # the crops' pixel size, as ModelSpec.crop_mpp reads
             manifest["training_data"].update(
                 {
-                    "source": str(data),
+                    # absolute: export finds its golden cells here from any folder, and a
+                    # bundle read elsewhere names where it was trained (hostile round 56, 9)
+                    "source": str(Path(data).absolute()),
                     "normal": list(ds.normal),
                     "abnormal": list(ds.abnormal),
                     "skipped_unreadable": len(ds.skipped),
