@@ -39,20 +39,46 @@ def _on_sigint(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+#: the stops cyto takes as a Ctrl-C is taken, besides SIGINT: a service manager's SIGTERM and
+#: the SIGHUP of a terminal or SSH session that closed (it killed ``cyto view`` where it stood,
+#: its remote slide's fetched blocks left on disk: hostile round 55, 2)
+_STOPS = (signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
+#: the signal that stopped the run, where not a Ctrl-C
+_stopped_by: int | None = None
+
+
 def _on_sigterm(signum, frame) -> None:
-    """SIGTERM (a service manager's stop: systemd, ``docker stop``, a batch scheduler) stops
-    as a Ctrl-C does: finished chunks kept, workers stopped, what was done said. It killed
-    the process where it stood, a watch saying nothing (hostile round 37, 5)."""
-    global _pending, _terminated
-    if _terminated:  # a second SIGTERM while the first stops the run: it is under way (raised
+    """SIGTERM (a service manager's stop: systemd, ``docker stop``, a batch scheduler), or the
+    SIGHUP of a closed terminal, stops as a Ctrl-C does: finished chunks kept, workers stopped,
+    what was done said. It killed the process where it stood, a watch saying nothing (hostile
+    round 37, 5)."""
+    global _pending, _terminated, _stopped_by
+    if _terminated:  # a second stop while the first stops the run: it is under way (raised
         return  # inside the stop, it printed an "Exception ignored" traceback: round 38, 2)
     _pending = _terminated = True
+    _stopped_by = signum
     raise KeyboardInterrupt
 
 
 def terminated() -> bool:
-    """Whether the stop that came was a SIGTERM (exit 143), not a Ctrl-C (130)."""
+    """Whether the stop that came was a SIGTERM or SIGHUP (exit 143, 129), not a Ctrl-C."""
     return _terminated
+
+
+def stop_code(signum: int | None = None) -> int:
+    """The exit code of a stop by ``signum`` (default: the one that came): 128 + the signal's
+    number, as a shell reads a death by it (130 a Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
+    if signum is None:
+        signum = _stopped_by if _terminated and _stopped_by is not None else signal.SIGINT
+    return 128 + int(signum)
+
+
+def stop_words() -> str:
+    """The one line a stopped command ends with: ``interrupted`` (a Ctrl-C), else ``stopped
+    (SIGTERM)`` or ``stopped (SIGHUP)``."""
+    if not _terminated or _stopped_by is None:
+        return "interrupted"
+    return f"stopped ({signal.Signals(_stopped_by).name})"
 
 
 def install() -> bool:
@@ -63,8 +89,9 @@ def install() -> bool:
         return False
     if not _late_exit_registered:  # registered first, so it runs after every other atexit
         _register_late_exit()
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    for sig in _STOPS:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _on_sigterm)
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return False
     signal.signal(signal.SIGINT, _on_sigint)
@@ -92,10 +119,9 @@ def _exit_late() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_late)
-    if signal.getsignal(signal.SIGINT) is _while_closing:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # left as it is by Python's freeing
-    if signal.getsignal(signal.SIGTERM) is _while_closing:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in (signal.SIGINT, *_STOPS):  # left as they are by Python's freeing
+        if signal.getsignal(sig) is _while_closing:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def closing() -> None:
@@ -105,18 +131,18 @@ def closing() -> None:
     signal with no word before (hostile round 47, 7). A second one ends it at once."""
     if threading.current_thread() is not threading.main_thread():
         return
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, *_STOPS):
         if signal.getsignal(sig) in (_on_sigint, _on_sigterm):
             signal.signal(sig, _while_closing)
 
 
 def _while_closing(signum, frame) -> None:
     global _late
-    code = 143 if signum == signal.SIGTERM else 130
+    code = stop_code(signum)
     if _late:
         os._exit(_late)
     _late = code
-    what = "stopped (SIGTERM)" if code == 143 else "interrupted"
+    what = "interrupted" if signum == signal.SIGINT else f"stopped ({signal.Signals(signum).name})"
     sys.stderr.write(f"{what} while closing: the command had finished; what it wrote is complete\n")
     sys.stderr.flush()
 
@@ -201,7 +227,8 @@ def _start_worker(initializer, initargs, parent: int | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # discards a Ctrl-C that waited meanwhile
     # a service manager's SIGTERM goes to every process of the service: the main process stops
     # the workers (and they die with it); one dying first broke the pool, said as a failure
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in _STOPS:  # a closed terminal's SIGHUP goes to the whole group as well
+        signal.signal(sig, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGINT)
     if initializer is not None:
@@ -265,12 +292,31 @@ def spawn_pool(workers: int, initializer=None, initargs: tuple = ()) -> ProcessP
     import multiprocessing as mp
 
     refuse_unguarded()
+    _start_resource_tracker()
     return _Pool(
         workers,
         mp_context=mp.get_context("spawn"),
         initializer=_start_worker,
         initargs=(initializer, initargs, os.getpid()),
     )
+
+
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (the helper process every spawned pool uses)
+    ignoring SIGHUP, as it ignores SIGINT and SIGTERM itself: a closed terminal's SIGHUP,
+    sent to the whole process group, killed it, and it printed tracebacks as it came back
+    (a handler is not inherited across exec; SIG_IGN is)."""
+    from multiprocessing import resource_tracker
+
+    hup = getattr(signal, "SIGHUP", None)
+    if hup is None or threading.current_thread() is not threading.main_thread():
+        resource_tracker.ensure_running()
+        return
+    before = signal.signal(hup, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(hup, before)
 
 
 def refuse_unguarded() -> None:

@@ -524,13 +524,15 @@ def test_bad_output_folders_are_one_line(exported_dsvdd, slides, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM", "SIGHUP"])
 def test_ctrl_c_to_the_process_group_prints_no_worker_traceback(
     exported_dsvdd, big, tmp_path, stop
 ):
-    """Ctrl-C in a terminal, or a service manager's SIGTERM (systemd stops a service so: every
-    process of it at once), mid-slide with tile workers: no worker's traceback, the exit code a
-    shell or service manager reads (130, 143) and what is left to resume, in words."""
+    """Ctrl-C in a terminal, a service manager's SIGTERM (systemd stops a service so: every
+    process of it at once), or the SIGHUP of a terminal or SSH session that closed, mid-slide
+    with tile workers: no worker's traceback, the exit code a shell or service manager reads
+    (130, 143, 129) and what is left to resume, in words. SIGHUP killed cyto where it stood,
+    saying nothing and leaving what it held (hostile round 55, 2)."""
     import os
     import signal
 
@@ -567,8 +569,9 @@ def test_ctrl_c_to_the_process_group_prints_no_worker_traceback(
     time.sleep(0.5)
     os.killpg(proc.pid, getattr(signal, stop))  # what Ctrl-C in a terminal does
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == {"SIGINT": 130, "SIGTERM": 143}[stop], err
+    assert proc.returncode == {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}[stop], err
     assert "Traceback" not in err, err
+    assert err.rstrip().endswith({"SIGINT": "interrupted"}.get(stop, f"stopped ({stop})")), err
     # what is left to resume, in words: the finished chunks, or none yet
     assert "rerun with --resume" in out + err or "no chunk was finished yet" in out + err
 

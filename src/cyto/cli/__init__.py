@@ -237,12 +237,9 @@ def main() -> None:
 
         typer.secho(f"error: {urls_for_staging(str(exc))}", err=True, fg=typer.colors.RED)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        if interrupts.terminated():  # a service manager's stop, said and exited as one
-            typer.secho("stopped (SIGTERM)", err=True)
-            sys.exit(143)
-        typer.secho("interrupted", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt:  # a Ctrl-C, a service manager's SIGTERM, a closed terminal's
+        typer.secho(interrupts.stop_words(), err=True)  # SIGHUP: said and exited as each
+        sys.exit(interrupts.stop_code())
     except OSError as exc:  # the machine's (a full disk, a read-only folder), said in one line
         from cyto.errors import system_words
 
