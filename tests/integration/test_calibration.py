@@ -490,3 +490,55 @@ def test_calibrate_says_when_a_slide_was_triaged_excess(cohort, tmp_path):
     assert proc.returncode == 0, proc.stderr
     said = [ln for ln in proc.stderr.splitlines() if "triaged it 'excess'" in ln]
     assert len(said) == 1 and "slide p=4e-06" in said[0] and said[0].startswith("warning: ")
+
+
+def test_a_calibration_holds_the_score_the_cells_are_ranked_by(cohort, tmp_path):
+    """A Pap bundle ranked by its morphometry was calibrated on the model's score, which its
+    held-back cells put at chance: a slide of 5 % lesions was triaged "no excess" while its
+    ranking found 12 of 14 (hostile round 58, 1). The calibration holds what ranks the cells
+    (the morphometric score here), says so, and a slide ranked otherwise is told what its
+    burden follows."""
+    model = tmp_path / "m.cyto"
+    shutil.copytree(cohort["model"], model)
+    for name in ("calibration.npz",):
+        assert not (model / name).exists()
+    negs = tmp_path / "negs"
+    proc = run_cyto("score", *map(str, cohort["negs"]), "--model", str(model), "--out",
+                    str(negs), "--mosaic", "0", "--rank-by", "morphometry")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    tables = [negs / f"neg{i}" / "scores.parquet" for i in range(3)]
+    # one table ranked otherwise: a calibration holds one score
+    other = tmp_path / "other"
+    proc = run_cyto("score", str(cohort["negs"][0]), "--model", str(model), "--out", str(other),
+                    "--mosaic", "0", "--rank-by", "model")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cyto("calibrate", str(model), str(tables[1]), str(other / "neg0"))
+    assert proc.returncode == 2 and "is ranked by morphometry and" in proc.stderr, proc.stderr
+    assert "score the slide-negative slides with one --rank-by" in proc.stderr
+    proc = run_cyto("calibrate", str(model), *map(str, tables))
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "holding the morphometric score (morphometry_score), which ranks the cells" in proc.stdout
+    )
+    cal = json.loads((model / "manifest.json").read_text())["calibration"]
+    assert cal["column"] == "morphometry_score" and cal["rank_by"] == "morphometry"
+    with np.load(model / "calibration.npz") as z:
+        held = np.sort(z["scores"])
+    morph = np.concatenate([pq.read_table(t)["morphometry_score"].to_numpy() for t in tables])
+    np.testing.assert_allclose(held, np.sort(morph))
+    out = tmp_path / "o"
+    proc = score_cli(cohort["pos"].paths[0], model, out, "--mosaic", "0", "--rank-by",
+                     "morphometry")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    b = json.loads((out / "pos" / "summary.json").read_text())["burden"]
+    assert b["status"] == "ok" and b["column"] == "morphometry_score", b
+    assert "ranked_otherwise" not in b and "calibration holds" not in proc.stdout
+    table = pq.read_table(out / "pos" / "scores.parquet")
+    p = table["p_value"].to_numpy()
+    morph = table["morphometry_score"].to_numpy()
+    assert np.all(np.diff(p[np.argsort(-morph, kind="stable")]) >= -1e-12)  # p follows morph
+    proc = score_cli(cohort["pos"].paths[0], model, tmp_path / "m", "--mosaic", "0",
+                     "--rank-by", "model")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert ("the cells are ranked by model, but the calibration holds 'morphometry_score': "
+            "p-values, FDR flags and burden follow 'morphometry_score'") in proc.stdout  # fmt: skip

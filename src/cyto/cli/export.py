@@ -188,11 +188,14 @@ def info_cmd(
         )
     cal = m.get("calibration") or {}
     if cal.get("kind") == "slides":
+        from cyto.stats.calibrate import held_words
+
         v = cal.get("valid_for", {})
         marked = cal.get("evaluable_cells")
         typer.echo(
             f"  calibration: {cal['source']}, {cal['normalization']} normalization, scored with "
             f"{v.get('graph')} ({v.get('precision')}): p-values, FDR flags and burden in cyto score"
+            f", of {held_words(cal)}"
             + (
                 f"; {marked:,} evaluable cells for the burden"
                 if marked is not None

@@ -100,7 +100,7 @@ def engine_lane(runs: list[TileRun], device: str) -> dict:
 _COLUMN_TYPES = {"p_value": "float64", "flagged_bh": "bool", "flagged_adaptive": "bool"}
 
 
-def _calibrated(scores: np.ndarray, run: _Run, quality: dict | None = None) -> dict:
+def _calibrated(scores: np.ndarray, run: _Run, quality=None, table=None, how="model") -> dict:
     """The calibration's columns and burden block (:func:`cyto.stats.calibrate.apply`; the
     burden over the cells ``quality`` marks evaluable, under ``--burden-cells evaluable`` and
     where the calibration marks its own), or why there are none; says out loud when the run
@@ -137,6 +137,12 @@ def _calibrated(scores: np.ndarray, run: _Run, quality: dict | None = None) -> d
                 "reason": "the calibration was made with another model: calibrate again",
             }
         }
+    scores, lacking = calibrate.held_values(cal, scores, table)  # the score it holds
+    if lacking:
+        return {"burden": {"status": calibrate.CALIBRATION_MISMATCH, "reason": lacking}}
+    other = calibrate.ranking_words(cal.column, how)
+    if other is not None:
+        run.echo(f"warning: {run.slide.name}: {other}")
     evaluable, why_all = None, None
     if run.opts.counting == calibrate.COUNTED_ALL:
         why_all = "--burden-cells all"
@@ -159,6 +165,8 @@ def _calibrated(scores: np.ndarray, run: _Run, quality: dict | None = None) -> d
             "slide-negative slides scored this way"
         )
         out["burden"]["scored_unlike_calibration"] = differs
+    # what its threshold and p-values are of (the map's), and why not of the ranking
+    out["burden"].update(column=cal.column, **({"ranked_otherwise": other} if other else {}))
     own = calibrate.calibration_slide_words(cal.info, run.identity, run.slide.name)
     if own:  # triaged "no excess" against a null holding its own cells, with no word
         out["burden"]["calibration_slide"] = True
@@ -275,7 +283,7 @@ def _finish(table, run: _Run) -> dict:
     table = table.append_column("rank", pa.array(rank))
     k = min(opts.top_k, n_cells)
     quality, adequacy = _adequacy(table, run)
-    calibrated = _calibrated(scores, run, quality)
+    calibrated = _calibrated(scores, run, quality, table, how)
     for name, column in calibrated.get("columns", {}).items():  # None: the flags are withheld
         values = [None] * n_cells if column is None else column
         table = table.append_column(name, pa.array(values, type=_COLUMN_TYPES[name]))

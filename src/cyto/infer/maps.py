@@ -181,14 +181,18 @@ def map_of_table(
     of what the cells are ranked by (``rank_by``, the summary's: the morphometric or fused
     score where the model's is not what ranks; the map followed the model's score while the
     cells were ranked by their morphometry: hostile round 25). The burden's threshold and the
-    flags are of the model's score, which calibration holds."""
+    flags are of the score the calibration holds (the burden's ``column``: the model's, or the
+    morphometric score of a bundle ranked by it)."""
     import pyarrow.compute as pc
 
     from cyto.data.morphometry import ranked_column
 
     names = set(table.column_names)
     x, y = table["x"].to_numpy(), table["y"].to_numpy()
-    xy = (x, y, table["score"].to_numpy())
+    # the burden's threshold is of the score its calibration holds (cyto.stats.calibrate.
+    # calibrated_column: the morphometric score of a bundle ranked by it)
+    held = (burden or {}).get("column") or "score"
+    xy = (x, y, table[held if held in names else "score"].to_numpy())
     if burden and burden.get("status") == "ok" and burden.get("threshold") is not None:
         counted = None
         if burden.get("counted") == "evaluable" and "evaluable" in names:

@@ -123,6 +123,12 @@ class Calibration:
         )
 
     @property
+    def column(self) -> str:
+        """The score table's column the calibration holds (:func:`calibrated_column`): the
+        model's ``score`` for a calibration made before it was recorded."""
+        return str(self.info.get("column") or "score")
+
+    @property
     def evaluable_cells(self) -> int | None:
         """How many calibration cells are evaluable (None: not recorded)."""
         return None if self.evaluable is None else int(sum(e.sum() for e in self.evaluable))
@@ -189,6 +195,54 @@ class Calibration:
         recorded["options"] = {k: calibrated[k] for k in options}
         current = {**{k: now[k] for k in recorded if k in now}, "options": options}
         return list(check_reuse(recorded, current, names=calibration_key_names()).differs)
+
+
+def calibrated_column(rank_by: str | None) -> str:
+    """The score table's column a calibration holds under the ranking ``rank_by`` (a table's
+    ``cyto.rank_by``): what ranks its cells where that is each cell's own score (the model's
+    ``score``, the ``morphometry_score``); a fused ranking ranks cells within their slide, so
+    no calibration of other slides can hold it, and the model's score is held. A Pap bundle
+    ranked by its morphometry was calibrated on the model's score, which its own held-back
+    cells put at chance: a slide of 5 % lesions was triaged "no excess" (hostile round 58, 1)."""
+    return "morphometry_score" if rank_by == "morphometry" else "score"
+
+
+def held_values(cal: Calibration, scores: np.ndarray, table) -> tuple[np.ndarray, str | None]:
+    """(the values of a slide's cells that ``cal`` holds, why they are not there or None): its
+    ``score`` (``scores``), or the column of ``table`` its :attr:`Calibration.column` names."""
+    if cal.column == "score":
+        return scores, None
+    if table is None or cal.column not in table.column_names:
+        return (
+            scores,
+            f"the calibration holds {cal.column!r}, which this table has not: calibrate again",
+        )
+    return np.asarray(table[cal.column].to_numpy(zero_copy_only=False), dtype=np.float64), None
+
+
+def held_words(info: dict) -> str:
+    """What a calibration (its manifest record) holds, in words: what its p-values, flags and
+    burden are of (``cyto calibrate``, ``cyto info``)."""
+    if (info.get("column") or "score") == "morphometry_score":
+        return "the morphometric score (morphometry_score), which ranks the cells"
+    fused = info.get("rank_by") == "model+morphometry"
+    return "the model's score" + (" (a fused ranking ranks within each slide)" if fused else "")
+
+
+def ranking_words(column: str, rank_by: str) -> str | None:
+    """Why p-values, flags and burden follow another score than the cells' ranking, or None."""
+    if calibrated_column(rank_by) == column:
+        return None
+    if rank_by == "model+morphometry":
+        return (
+            "the cells are ranked by the fused score, which ranks them within the slide: no "
+            f"calibration holds it, so p-values, FDR flags and burden follow {column!r}"
+        )
+    return (
+        f"the cells are ranked by {rank_by}, but the calibration holds {column!r}: p-values, "
+        f"FDR flags and burden follow {column!r}, not the ranking; calibrate again (cyto "
+        "calibrate --overwrite) on slide-negative slides scored with this ranking"
+    )
 
 
 def calibration_key_names() -> dict[str, str]:
@@ -265,6 +319,13 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
         raise ConfigError(f"{path} is not a readable Parquet score table ({exc})") from exc
     if "score" not in table.column_names:
         raise ConfigError(f"{path} has no 'score' column: pass scores.parquet from cyto score")
+    meta0 = table.schema.metadata or {}
+    held = calibrated_column(meta0.get(b"cyto.rank_by", b"").decode(errors="replace") or None)
+    if held not in table.column_names:
+        raise ConfigError(
+            f"{path} is ranked by its {held} but has no such column: score the slide again "
+            "with cyto score"
+        )
     if not is_cyto_table(table):  # another model's scores, with their record stripped, were
         raise ConfigError(  # recorded as a calibration valid for this one
             f"{path} carries no record of the model that scored it (not a table cyto score "
@@ -322,7 +383,7 @@ def _read_table(path: Path, bundle) -> tuple[np.ndarray, dict[str, str], str, np
     if "evaluable" in table.column_names:
         column = table["evaluable"]
         evaluable = np.asarray(column.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
-    return np.asarray(table["score"], dtype=np.float64), meta, slide, evaluable
+    return np.asarray(table[held], dtype=np.float64), meta, slide, evaluable
 
 
 def _planted(path: Path, table, slide: str | None) -> tuple[int, bool]:
@@ -620,6 +681,14 @@ def calibrate_from_tables(
         metas.append(meta)
         names.append(meta.get("cyto.slide", str(t)))
     _refuse_scored_otherwise(metas, [str(g) for g in tables])
+    rankings = [m.get("cyto.rank_by") or "model" for m in metas]
+    columns = [calibrated_column(r) for r in rankings]
+    if len(set(columns)) > 1:
+        other = next(i for i, c in enumerate(columns) if c != columns[0])
+        raise ConfigError(
+            f"{tables[0]} is ranked by {rankings[0]} and {tables[other]} by {rankings[other]}: "
+            "a calibration holds one score; score the slide-negative slides with one --rank-by"
+        )
     n = sum(len(p) for p in parts)
     if n < min_cells:
         raise ConfigError(f"need at least {min_cells} scored cells to calibrate, got {n}")
@@ -639,6 +708,9 @@ def calibrate_from_tables(
         # None: a table did not mark its evaluable cells, and the burden counts every cell
         "evaluable_cells": None if marked is None else int(sum(e.sum() for e in marked)),
         "normalization": normalization,
+        # the score table's column held (calibrated_column), and the ranking it was made under
+        "column": columns[0],
+        "rank_by": rankings[0],
         "slides": [
             {
                 "slide": names[i],
