@@ -581,3 +581,35 @@ def test_a_check_against_a_model_share_of_zero_says_nothing_sure():
         assert check["factor"] is None and not check["advised"] and not check["sure_within"]
     check = share_check(0.05, np.zeros(40))  # cells of no nucleus against a real model share
     assert check["factor"] is None and not check["sure_within"]
+
+
+def test_cells_stained_otherwise_doubt_no_resolution():
+    """A bone-marrow (MGG) model on a Pap slide at its right 0.258 um/px: its cells "look as
+    the model's training cells", so the recorded resolution was called likely wrong and
+    ``--mpp 0.1`` advised, before the stain warning said the stain differs (hostile round 58,
+    2). Another stain's nuclei are read otherwise: their size doubts no resolution."""
+    from types import SimpleNamespace
+
+    from cyto.infer import ScoreOptions
+    from cyto.infer.scale import Resolution, check_scale
+
+    plan = SimpleNamespace(
+        slide=SimpleNamespace(name="pap.tif"),
+        res=Resolution(0.258, 0.1, None, 74, mpp_ratio=round(0.1 / 0.258, 4)),
+    )
+    scorer = SimpleNamespace(
+        spec=SimpleNamespace(centre_nucleus_fraction=0.2, patch_px=192, stain="mgg")
+    )
+    rng = np.random.default_rng(0)
+    shares = [rng.normal(0.2, 0.01, 400)]  # as the model's, surely
+    lines: list[str] = []
+    check_scale(shares, plan, scorer, ScoreOptions(), lines.append)
+    assert any("that resolution is likely wrong" in x for x in lines), lines  # as before
+    lines.clear()
+    check = check_scale(shares, plan, scorer, ScoreOptions(), lines.append, {"advised": True})
+    assert lines == [] and check["stained_otherwise"] and not check["advised"]
+    smaller = [rng.normal(0.05, 0.003, 400)]  # 2x smaller: said, but as the stain's
+    check = check_scale(smaller, plan, scorer, ScoreOptions(), lines.append, {"advised": True})
+    assert len(lines) == 1 and lines[0].startswith("note: the cells of pap.tif look 2.00x smaller")
+    assert lines[0].endswith("stained otherwise than the model's training cells, so their size "
+                             "says nothing of the slide's resolution")  # fmt: skip

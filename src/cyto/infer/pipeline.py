@@ -243,9 +243,9 @@ def score_tiles(
                     shares.append(_nucleus_shares(tile, scorer))
                     stained.append(_some_crops(tile))
                     crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo)
-                    if crowd is not None:
-                        out.scale = check_scale(shares, plan, scorer, opts, echo)
+                    if crowd is not None:  # the stain first: another's sizes say nothing
                         out.stain = _check_stain(stained, plan, scorer, opts, echo)
+                        out.scale = check_scale(shares, plan, scorer, opts, echo, out.stain)
                         store.save_checks({"crowd": crowd, "scale": out.scale, "stain": out.stain})
                 cells.add(tile, position)
                 if tile["final"] and time.perf_counter() - trimmed >= TRIM_SECONDS:
@@ -261,8 +261,8 @@ def score_tiles(
             bar.set_postfix(f"{cells.n_cells} cells, {rate:.0f} cells/s")
             if crowd is None:
                 crowd = _check_crowding(first_xy, plan.res, plan.slide_mpp, opts, echo, last=True)
-                out.scale = check_scale(shares, plan, scorer, opts, echo)
                 out.stain = _check_stain(stained, plan, scorer, opts, echo)
+                out.scale = check_scale(shares, plan, scorer, opts, echo, out.stain)
     except KeyboardInterrupt:
         echo(f"interrupted: {kept_words(store.dir)}")
         raise

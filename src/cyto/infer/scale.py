@@ -123,7 +123,9 @@ def detection_cause(scorer, opts) -> str | None:
     )
 
 
-def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | None:
+def check_scale(
+    shares: list[np.ndarray], plan, scorer, opts, echo, stain: dict | None = None
+) -> dict | None:
     """With the crowding check: say when the first tiles' cells look more than
     :data:`~cyto.data.scale.ADVISE_ZOOM` times smaller or larger than the model's training
     cells (the median share of the crop taken by its centre nucleus, against the bundle's),
@@ -140,6 +142,18 @@ def check_scale(shares: list[np.ndarray], plan, scorer, opts, echo) -> dict | No
     if check is None:
         return None
     check["advised"] = bool(check["advised"] and opts.detection.kind in ("smear", "pap"))
+    if stain and stain.get("advised") and detection_cause(scorer, opts) is None:
+        # the stain check (:func:`_check_stain`, before this) says another stain: the nucleus
+        # mask reads its cells otherwise, so their size doubts no resolution (an MGG model on a
+        # Pap slide at its right 0.258 um/px was told it was "likely wrong": round 58, 2)
+        check["stained_otherwise"], check["advised"] = True, False
+        if check["factor"] is not None and not 1 / ADVISE_ZOOM <= check["factor"] <= ADVISE_ZOOM:
+            echo(
+                f"note: the cells of {plan.slide.name} {look_words(check)}, but they are "
+                "stained otherwise than the model's training cells, so their size says "
+                "nothing of the slide's resolution"
+            )
+        return check
     res = plan.res
     ratio = None if opts.rescale else res.mpp_ratio  # the model's mpp over the slide's
     judged = ratio is not None and opts.detection.kind in ("smear", "pap")
