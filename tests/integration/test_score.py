@@ -650,7 +650,9 @@ def test_cells_that_look_as_the_models_outweigh_a_misstated_resolution(trained, 
     assert "the cells of w.tif look as the model's training cells" in said, said
     assert f"its recorded {2 * mpp:.3g} um/px against the model's" in said, said
     assert "that resolution is likely wrong" in said
-    assert f"pass --mpp {mpp:.3g}" in said, said
+    assert f"score again with --mpp {mpp:.3g}" in said, said
+    # not "judged as they look" alone: found and measured at the wrong one (round 58, 4)
+    assert "but found and measured at it (the um^2 columns, cells.geojson: a wrong size)" in said
     summary = json.loads((tmp_path / "out" / "w" / "summary.json").read_text())
     scale = summary["adequacy"]["cell_scale"]
     assert scale["mpp_contradicted"] and not scale["mpp_off_scale"] and not scale["off_scale"]

@@ -188,9 +188,10 @@ def check_scale(
             f"(median nucleus share {check['median_nucleus_share']:.3f} of "
             f"{cells_words(check['cells'])} against {check['model_nucleus_share']:.3f}), though "
             f"{whose} against the model's {res.model_mpp:.3g} um/px would make them "
-            f"{times:.3g}x {how}: that resolution is likely wrong, and they are judged as they "
-            f"look, not resampled ({said('rescale')} would put them off scale); if they are at "
-            f"the model's, pass {passing('slide_mpp', res.model_mpp)}"
+            f"{times:.3g}x {how}: that resolution is likely wrong. They are scored as they "
+            f"look, not resampled ({said('rescale')} would put them off scale), but found and "
+            f"measured at it (the um^2 columns, cells.geojson: a wrong size); if they are at "
+            f"the model's, score again with {passing('slide_mpp', res.model_mpp)}"
         )
     elif within and (far or (off and other_way)):
         # the median within the bound, not surely: too weak to doubt the resolution, said as a
