@@ -113,6 +113,14 @@ def test_truth_without_planted_cells_is_not_reported_as_a_miss():
         "found in the top 400: 11/14 (the top 400 is 59% of the 680 cells scored: chance "
         "alone finds 8.2)"
     ), line
+    # the review's top K holds some of a tie the metrics count pessimistically: said (a Pap
+    # slide's console 12/14 beside summary.json's tp_at_k 11: hostile round 58, 5)
+    tied = {**found, "tied_at_k": 354}
+    line = slide_line(_summary(truth=tied, cells_scored=1500), "/o")
+    assert line.endswith(
+        "found in the top 20: 3/4 (354 cells share the score at rank 20: the tp_at_k of "
+        "summary.json counts their tie pessimistically)"
+    ), line
     line = slide_line(_summary(truth=found, cells_scored=400), "/o")  # 20 is 5 %: said
     assert line.endswith("3/4 (the top 20 is 5% of the 400 cells scored: chance alone finds 0.2)")
 

@@ -162,3 +162,15 @@ def test_ties_at_k_are_broken_one_way_and_said():
     assert tied_at_k(np.arange(10.0), 5) == 0 and ties_words(np.arange(10.0), 5) is None
     assert tied_at_k(np.array([3, 2, 2, 2, 1.0]), 2) == 3
     assert tied_at_k(np.array([3, 2, 2, 1, 1.0]), 3) == 0  # the top 3 is the same any order
+
+
+def test_a_slides_truth_report_counts_the_tie_at_k():
+    """A Pap slide's review top 400 held 12 planted cells of a tie at morphometric score 0 that
+    summary.json's tp_at_k (pessimistic) counted as 11, unsaid (hostile round 58, 5): the truth
+    report's metrics carry how many cells share the K-th score."""
+    scores = np.array([5.0, 4.0, 0.0, 0.0, 0.0, 0.0])
+    labels = np.array([0, 1, 1, 0, 0, 1])
+    row = M.truth_metrics("truth.parquet")(scores, labels, 3)
+    assert row["tied_at_k"] == 4 and row["tp_at_k"] == 1  # normal cells first in the tie
+    assert M.truth_metrics("t")(scores, labels, 2)["tied_at_k"] == 0
+    assert M.truth_metrics(None) is None

@@ -220,6 +220,14 @@ def _findings(s: dict) -> str:
                 f"; planted abnormal found in the top {t['k']}: "
                 f"{t['planted_found_in_top_k']}/{t['planted_abnormal']}"
             )
+            if t.get("tied_at_k"):
+                # the review's top K holds some of them in no order of the ranking's, and the
+                # summary's tp_at_k counts them pessimistically: 12/14 here, 11 there, unsaid
+                # (a Pap slide's cells at morphometric score 0: hostile round 58, 5)
+                line += (
+                    f" ({t['tied_at_k']} cells share the score at rank {t['k']}: the tp_at_k "
+                    "of summary.json counts their tie pessimistically)"
+                )
             if s.get("cells_scored") and t["k"] >= s["cells_scored"]:
                 from cyto.flags import said
 

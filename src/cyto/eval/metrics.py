@@ -180,5 +180,12 @@ def all_metrics(scores, labels, k: int) -> dict[str, float]:
 def truth_metrics(truth) -> Callable | None:
     """The metrics a slide's truth report adds (:func:`all_metrics`) when it is scored with a
     truth table, else None: one rule for ``cyto score --truth`` and ``cyto.score_slide(truth=)``
-    (the Python call's summary had the planted counts only: hostile round 28, 2)."""
-    return all_metrics if truth is not None else None
+    (the Python call's summary had the planted counts only: hostile round 28, 2); with
+    ``tied_at_k``, the cells sharing the K-th score across K, which the metrics count
+    pessimistically where the review's top K holds some of them (0: none)."""
+    return truth_report_metrics if truth is not None else None
+
+
+def truth_report_metrics(scores, labels, k: int) -> dict:
+    """:func:`all_metrics` with ``tied_at_k`` (module level: a cohort's workers take it)."""
+    return {**all_metrics(scores, labels, k), "tied_at_k": tied_at_k(scores, k)}
