@@ -76,6 +76,12 @@ def test_score_end_to_end(model, slide, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "planted abnormal found in the top 20" in proc.stdout
+    # what ranks the cells, said before the slide (it was in summary.json only: round 58, 6)
+    summary = json.loads((out / "s" / "summary.json").read_text())
+    how = summary["rank_by"]
+    column = {"model": "score", "morphometry": "morphometry_score"}.get(how, "fused_score")
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("ranked by ")]
+    assert line.startswith(f"ranked by {how} (the {column} column; --rank-by auto: "), line
     folder = out / "s"
     table = pq.read_table(folder / "scores.parquet")
     assert table.column_names[:6] == ["slide_id", "cell_id", "x", "y", "nucleus_area", "score"]

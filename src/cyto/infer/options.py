@@ -12,7 +12,7 @@ from cyto.bundle import PRECISIONS
 from cyto.data.morphometry import RANK_BY, RANK_BY_ALIASES
 from cyto.detect import NucleusParams
 from cyto.errors import ConfigError
-from cyto.flags import Local, Range, check_mpp, check_value, comma_list, hints_of, said
+from cyto.flags import Local, Range, check_mpp, check_value, comma_list, hints_of, passing, said
 from cyto.runtime.backends import CHOICES
 from cyto.stats.calibrate import BURDEN_CELLS, FDR_ALPHA, TRIAGE_LEVEL
 
@@ -318,6 +318,23 @@ def check_rank_by(model, rank_by: str) -> str | None:
         return None
     few = few_abnormal_words(spec.validation)
     return None if few is None else f"ranked by {how}: {few}"
+
+
+def rank_by_line(model, rank_by: str) -> str:
+    """What the cells will be ranked by, and why, in the line ``cyto score`` says before any
+    slide: it said nothing of it, while ``score``, the first score column, is the model's (a
+    Pap bundle ranked by its morphometry: hostile round 58, 6)."""
+    from cyto.data.morphometry import Morphometric, choose_ranking, resolve_rank_by
+
+    spec = model_spec(model)
+    how = resolve_rank_by(
+        rank_by, Morphometric.of_spec(spec), spec.validation, spec.morphometry_why
+    )
+    column = {"model": "score", "morphometry": "morphometry_score"}.get(how, "fused_score")
+    if RANK_BY_ALIASES.get(rank_by, rank_by) != "auto":
+        return f"ranked by {how} (the {column} column; {passing('rank_by', rank_by)})"
+    why = choose_ranking(spec.validation)[1]
+    return f"ranked by {how} (the {column} column; {said('rank_by')} auto: {why})"
 
 
 #: the crop side of a bundle that records no training patch side (cyto before it did): the
