@@ -85,6 +85,10 @@ def test_score_end_to_end(model, slide, tmp_path):
     folder = out / "s"
     table = pq.read_table(folder / "scores.parquet")
     assert table.column_names[:6] == ["slide_id", "cell_id", "x", "y", "nucleus_area", "score"]
+    # the summary names every column its tables hold (6 of a Pap table's 22: round 58, 8)
+    written = summary["outputs"]
+    assert written["scores.parquet"]["columns"] == table.column_names
+    assert written["topk.parquet"]["columns"] == pq.read_table(folder / "topk.parquet").column_names
     assert {"rank", "label", "tile"} <= set(table.column_names)
     n = table.num_rows
     assert abs(n - slide.n_cells) <= 0.25 * slide.n_cells  # about one detection per cell

@@ -343,8 +343,7 @@ def _finish(table, run: _Run) -> dict:
         "device": run.scorer.device,
         "precision": run.scorer.precision,
         "graph": run.scorer.graph_file,
-        # the check of this graph on the bundle's golden cells, on this machine ("skipped":
-        # the user's explicit override)
+        # the check of this graph on the golden cells here ("skipped": the user's override)
         "verification": (
             run.scorer.verification.as_json() if run.scorer.verification is not None else None
         ),
@@ -390,7 +389,9 @@ def _finish(table, run: _Run) -> dict:
             "peak_rss_mb": peak_rss_mb(),
             "options": opts.as_json(),
             "output_key": opts.output_key(),
-            "outputs": written_outputs(n_cells, k, bool(opts.mosaic and n_cells), qupath),
+            "outputs": written_outputs(
+                n_cells, k, bool(opts.mosaic and n_cells), qupath, table.column_names
+            ),
         }
     )
     return summary  # written, and the folder sealed, by finish_slide

@@ -313,14 +313,20 @@ TABLE_COLUMNS = ("slide_id", "cell_id", "x", "y", "score", "rank")
 
 
 def written_outputs(
-    n_cells: int, k: int, mosaics: bool, qupath: dict[str, dict] | None = None
+    n_cells: int,
+    k: int,
+    mosaics: bool,
+    qupath: dict[str, dict] | None = None,
+    columns: tuple[str, ...] | list[str] = TABLE_COLUMNS,
 ) -> dict[str, dict]:
-    """What a finished run writes into a slide's folder, with the rows each table holds:
-    recorded in ``summary.json`` so a reuse can check the files are still these. ``qupath``:
-    the QuPath outputs written (:func:`cyto.infer.qupath.write_qupath`, with their sizes)."""
+    """What a finished run writes into a slide's folder, with the rows and columns each table
+    holds: recorded in ``summary.json`` so a reuse can check the files are still these.
+    ``qupath``: the QuPath outputs written (:func:`cyto.infer.qupath.write_qupath`, with their
+    sizes); ``columns``: the tables' (it named 6 of a Pap table's 22: hostile round 58, 8)."""
+    columns = list(columns)
     out = {
-        "scores.parquet": {"kind": "parquet", "rows": int(n_cells), "columns": TABLE_COLUMNS},
-        "topk.parquet": {"kind": "parquet", "rows": int(k), "columns": TABLE_COLUMNS},
+        "scores.parquet": {"kind": "parquet", "rows": int(n_cells), "columns": columns},
+        "topk.parquet": {"kind": "parquet", "rows": int(k), "columns": columns},
         "topk.geojson": {"kind": "json"},
     }
     for name in MOSAIC_FILES if mosaics else ():
