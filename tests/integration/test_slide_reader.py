@@ -99,8 +99,18 @@ def test_bad_inputs(tmp_path, wsi_dir):
         open_slide(text)
     empty = tmp_path / "empty.svs"
     empty.write_bytes(b"")
-    with pytest.raises(UnsupportedSlideError, match="empty or truncated"):
+    with pytest.raises(UnsupportedSlideError, match=r"empty file \(0 bytes\)"):
         open_slide(empty)
+    # a few bytes: a TIFF's start cut short, or no slide at all (a text file of 6 bytes named
+    # .tif was "empty or truncated": hostile round 58, 9)
+    (tmp_path / "hello.tif").write_bytes(b"hello\n")
+    with pytest.raises(UnsupportedSlideError, match=r"not a whole-slide image \(6 bytes, neither"):
+        open_slide(tmp_path / "hello.tif")
+    (tmp_path / "cut.tif").write_bytes(b"II*\x00\x08\x00")
+    with pytest.raises(
+        UnsupportedSlideError, match=r"truncated file \(6 bytes: the start of a TIFF"
+    ):
+        open_slide(tmp_path / "cut.tif")
     with pytest.raises(UnsupportedSlideError, match="unknown slide backend"):
         open_slide(wsi_dir / "cmu1_small_region.svs", backend="gdal")
     truncated = tmp_path / "cut.ndpi"

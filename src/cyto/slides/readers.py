@@ -484,7 +484,8 @@ def _open_remote(ref: SlideURL, backend: str) -> SlideReader:
         return DicomWebReader(ref)
     obj = open_object(ref)
     if obj.size < 16:
-        raise UnsupportedSlideError(f"{ref}: empty or truncated object ({obj.size} bytes)")
+        head = obj.read(0, obj.size) if obj.size else b""
+        raise UnsupportedSlideError(f"{ref}: {short_words(head, 'object')}")
     try:
         head = obj.read(0, 4)
     except NoRangesError:  # no slide is read in place from it: a copy fetched whole, any format
@@ -563,6 +564,24 @@ def _reopened(obj, backend: str) -> SlideReader:
     return reader
 
 
+#: the first bytes of a TIFF (little-, big-endian) and a BigTIFF
+_TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+
+
+def short_words(data: bytes, what: str = "file") -> str:
+    """Why a file (or object) of fewer than 16 bytes is no slide: empty; a TIFF's start, cut
+    short; else no slide at all (a text file named ``.tif`` was called "empty or truncated
+    (6 bytes)": hostile round 58, 9)."""
+    if not data:
+        return f"empty {what} (0 bytes)"
+    if any(data.startswith(m[: len(data)]) or data.startswith(m) for m in _TIFF_MAGIC):
+        return f"truncated {what} ({len(data)} bytes: the start of a TIFF, cut short)"
+    return (
+        f"not a whole-slide image ({len(data)} bytes, neither a TIFF nor a format OpenSlide "
+        "recognizes)"
+    )
+
+
 def open_slide(path: Path | str | SlideURL, backend: str = "auto") -> SlideReader:
     """Open a whole-slide image with the best available backend (see the module docstring);
     a URL (:func:`~cyto.slides.remote.slide_ref`) is read in place (:func:`_open_remote`)."""
@@ -582,9 +601,7 @@ def open_slide(path: Path | str | SlideURL, backend: str = "auto") -> SlideReade
     if not path.is_file():
         raise InputPathError(f"slide {path} is not a file")
     if path.stat().st_size < 16:
-        raise UnsupportedSlideError(
-            f"{path}: empty or truncated file ({path.stat().st_size} bytes)"
-        )
+        raise UnsupportedSlideError(f"{path}: {short_words(path.read_bytes())}")
     openslide, pyvips = load_libraries()
     if openslide is None and pyvips is None:
         raise MissingDependencyError(
