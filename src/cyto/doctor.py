@@ -473,6 +473,15 @@ def model_rows(
         try:
             s = load_scorer(bundle, "auto", device, "auto")
             how = verified_how(s.verification)
+            ran = [
+                r
+                for r in rows
+                if (r.device, r.backend, r.precision) == (device, s.backend.name, s.precision)
+            ]
+            if how.startswith("from") and ran and ran[0].source == "ran now":
+                # the record its row above just made: "ran now" there, "from the record of"
+                # the same minute here read as a contradiction (hostile round 58, 10)
+                how = "ran now, its row above"
             status = f"{s.verification.status}, {how}" if how else s.verification.status
             auto[f"{model} on {device}"] = f"{s.describe()} ({status})"
             s.close()

@@ -355,6 +355,9 @@ def test_export_keeps_golden_cells_and_doctor_verifies_every_graph(
     out = doctor.stdout
     assert "cpu int8 form" in out and "onnxruntime" in out and "numba" in out
     assert "auto for" in out and "everything asked for runs here" in out
+    # the row auto takes ran now, above: not "from the record of" the same minute (round 58, 10)
+    (auto,) = [ln for ln in out.splitlines() if ln.startswith("  auto for ")]
+    assert "(passed, ran now, its row above)" in auto and "from the record" not in auto, auto
     rows = [ln.split() for ln in out.splitlines() if ln.startswith("    cpu ")]
     assert {(r[1], r[2]) for r in rows} >= {("onnx", "fp32"), ("torch", "fp32"), ("onnx", "int8")}
     assert all(r[3] == "passed" for r in rows if r[2] == "fp32"), rows
