@@ -136,3 +136,14 @@ def test_a_cohort_table_that_cannot_be_written_says_what_the_slides_folders_hold
     ):
         with pytest.raises(OutputWriteError, match=f"; {said}: give an --out"):
             write_cohort_table(rows, table)
+
+
+def test_a_row_says_what_ranked_the_cells_and_the_morphometric_slide_score(tmp_path):
+    """A Pap cohort had only the model's slide score, which its bundle had rejected, and no word
+    of what ranked the cells (hostile round 58, 1)."""
+    folder, summary = _folder(tmp_path, "a", 0.2)
+    summary.update(rank_by="morphometry", slide_morphometry_mean_top_k=4.25)
+    row = cohort_row(tmp_path / "a.tif", folder, summary)
+    assert row["rank_by"] == "morphometry" and row["slide_morphometry_mean_top_k"] == 4.25
+    summary.pop("slide_morphometry_mean_top_k")
+    assert cohort_row(tmp_path / "a.tif", folder, summary)["slide_morphometry_mean_top_k"] == ""

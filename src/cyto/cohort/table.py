@@ -29,6 +29,11 @@ COHORT_COLUMNS = (
     "seconds",
     "cells_per_s",
     "slide_score_mean_top_k",
+    # what ranked the cells, and the mean morphometric score of the slide's top K cells by it
+    # (a Pap cohort sorted by the model's slide score sorted by a score its bundle rejected:
+    # hostile round 58, 1)
+    "rank_by",
+    "slide_morphometry_mean_top_k",
     "calibration",
     "burden_counted",  # the cells the burden counts: evaluable | all (summary["burden"])
     "abnormal_cells",
@@ -92,6 +97,8 @@ def cohort_row(
             "seconds": summary.get("seconds"),
             "cells_per_s": summary.get("cells_per_s"),
             "slide_score_mean_top_k": summary.get("slide_score_mean_top_k"),
+            "rank_by": summary.get("rank_by", ""),
+            "slide_morphometry_mean_top_k": _blank(summary.get("slide_morphometry_mean_top_k")),
             "calibration": b.get("status", ""),
             "model": summary.get("model", ""),
             "model_sha256": summary.get("model_sha256", ""),
