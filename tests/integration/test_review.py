@@ -1537,3 +1537,19 @@ def test_a_report_never_goes_into_the_reviews_sealed_parts(tmp_path, session):
     ok = run_cyto("review", "report", str(rv), "--out", str(rv / "report" / "again"))
     assert ok.returncode == 0, ok.stderr
     assert run_cyto("review", "report", str(rv), "--out", str(tmp_path / "outside")).returncode == 0
+
+
+def test_a_cases_line_names_the_models_whose_top_k_it_holds(scored, tmp_path):
+    """ "case-001: 100 cells from pap" read as a stain, where "pap" was the model's name (hostile
+    round 58, 11)."""
+    said: list[str] = []
+    build_session([scored["outs"]["dsvdd"]], tmp_path / "one", k=K, seed=0, echo=said.append)
+    name = scored["names"]["dsvdd"]
+    assert any(re.match(rf"case-001: \d+ cells, the top {K} by model {name}$", x) for x in said)
+    said.clear()
+    build_session(
+        [scored["outs"]["dsvdd"], scored["outs"]["fs-sil"]], tmp_path / "two", k=K, seed=0,
+        echo=said.append,
+    )  # fmt: skip
+    models = f"models {name}, {scored['names']['fs-sil']}, pooled"
+    assert any(x.endswith(f"the top {K} by {models}") for x in said), said

@@ -466,7 +466,9 @@ def _build(folders, root: Path, groups, rng, k: int, merge_um: float, seed: int,
             cells.sort(key=lambda c: (c["y"], c["x"]))  # pooled in rank order: forget it
             cells = [cells[i] for i in rng.permutation(len(cells))]
             crop = max(s.crop_px for s in group)
-            echo(f"{case}: {len(cells)} cells from {', '.join(s.model for s in group)}")
+            models = [s.model for s in group]  # "100 cells from pap" read as a stain: round 58
+            by = f"model {models[0]}" if len(models) == 1 else f"models {', '.join(models)}, pooled"
+            echo(f"{case}: {len(cells)} cells, the top {k} by {by}")
             _write_crops(group[0], cells, crop, tmp / CROPS / case)
             key_cases[case] = {
                 "slide": group[0].slide,
