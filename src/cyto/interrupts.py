@@ -69,16 +69,16 @@ def stop_code(signum: int | None = None) -> int:
     """The exit code of a stop by ``signum`` (default: the one that came): 128 + the signal's
     number, as a shell reads a death by it (130 a Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
     if signum is None:
-        signum = _stopped_by if _terminated and _stopped_by is not None else signal.SIGINT
+        signum = (_stopped_by or signal.SIGTERM) if _terminated else signal.SIGINT
     return 128 + int(signum)
 
 
 def stop_words() -> str:
     """The one line a stopped command ends with: ``interrupted`` (a Ctrl-C), else ``stopped
     (SIGTERM)`` or ``stopped (SIGHUP)``."""
-    if not _terminated or _stopped_by is None:
+    if not _terminated:
         return "interrupted"
-    return f"stopped ({signal.Signals(_stopped_by).name})"
+    return f"stopped ({signal.Signals(_stopped_by or signal.SIGTERM).name})"
 
 
 def install() -> bool:

@@ -80,8 +80,8 @@ def test_score_end_to_end(model, slide, tmp_path):
     summary = json.loads((out / "s" / "summary.json").read_text())
     how = summary["rank_by"]
     column = {"model": "score", "morphometry": "morphometry_score"}.get(how, "fused_score")
-    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("ranked by ")]
-    assert line.startswith(f"ranked by {how} (the {column} column; --rank-by auto: "), line
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("  ranked by ")]
+    assert line.startswith(f"  ranked by {how} (the {column} column; --rank-by auto: "), line
     folder = out / "s"
     table = pq.read_table(folder / "scores.parquet")
     assert table.column_names[:6] == ["slide_id", "cell_id", "x", "y", "nucleus_area", "score"]

@@ -378,7 +378,7 @@ def score_cmd(
     from cyto.cohort.run import as_found, refuse_resume_and_overwrite, run_cohort, slide_line
     from cyto.cohort.table import failure_words
     from cyto.infer import ScoreOptions
-    from cyto.infer.options import check_rank_by, detection_for, rank_by_line
+    from cyto.infer.options import check_rank_by, detection_for
     from cyto.infer.qupath import qupath_words
     from cyto.location import output_location
     from cyto.slides import slide_files
@@ -419,8 +419,6 @@ def score_cmd(
     caution = check_rank_by(model, rank_by)
     if caution is not None:
         typer.echo(f"warning: {caution}")
-    else:
-        typer.echo(rank_by_line(model, rank_by))
     from cyto.eval.metrics import truth_metrics
 
     metrics = truth_metrics(truth)

@@ -25,7 +25,7 @@ from cyto.errors import (
 )
 from cyto.infer import ScoreOptions, score_slide
 from cyto.infer.finish import Metrics
-from cyto.infer.options import as_cut
+from cyto.infer.options import as_cut, rank_by_line
 from cyto.infer.outputs import read_truth
 from cyto.infer.plan import check_model_mpp, no_model_mpp
 from cyto.infer.store import PARTIAL, slide_identity
@@ -534,6 +534,9 @@ def open_model(model: Path, opts: ScoreOptions, echo) -> Scorer:
     scorer = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
     check_model_mpp(scorer, opts)  # once for the cohort, not once per slide
     echo(f"model {model} ({scorer.bundle.method}) on {scorer.describe()}")
+    # what ranks the cells, and why (in summary.json alone, while ``score``, the first score
+    # column, is the model's: a Pap bundle ranked by its morphometry, hostile round 58, 6)
+    echo(f"  {rank_by_line(scorer, opts.rank_by)}")
     for note in scorer.notes:
         echo(f"  backend choice: {note}")
     if scorer.verification is not None:
