@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import signal
 import socket
+import threading
 
 from cyto.errors import ConfigError
 
@@ -139,3 +141,33 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(64)
     sock.set_inheritable(True)
     return sock
+
+
+def run_server(app, sock: socket.socket) -> None:
+    """Serve ``app`` on ``sock`` with uvicorn until a stop: Ctrl-C, SIGTERM, or the SIGHUP of a
+    closed terminal, which uvicorn does not take itself: it reached cyto's handler inside the
+    event loop and printed a traceback before "stopped (SIGHUP)" (hostile round 59, 1). A
+    SIGHUP is the server's stop as the others are, then raised again once it has shut down, so
+    the command ends as any command a closed terminal stops (exit 129)."""
+    import uvicorn
+
+    hup = getattr(signal, "SIGHUP", None)
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if hup is None or threading.current_thread() is not threading.main_thread():
+                with super().capture_signals():
+                    yield
+                return
+            before = signal.signal(hup, self.handle_exit)
+            try:
+                with super().capture_signals():
+                    yield
+            finally:
+                signal.signal(hup, before)
+            if hup in self._captured_signals:
+                signal.raise_signal(hup)
+
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    _Server(config).run(sockets=[sock])

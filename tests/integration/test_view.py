@@ -983,3 +983,25 @@ def test_a_running_viewer_says_when_its_folder_is_scored_again(scored, tmp_path)
             r = c.get(path)
             assert r.status_code == 409, (path, r.status_code)
             assert "was scored again since cyto view opened it" in r.text, r.text
+
+
+@pytest.mark.parametrize("stop", ["SIGHUP", "SIGTERM"])
+def test_a_closed_terminal_stops_the_viewer_as_sigterm_does(scored, tmp_path, stop):
+    """A closed terminal's SIGHUP reached cyto's handler inside the server's event loop: a
+    traceback (CancelledError) before "stopped (SIGHUP)" (hostile round 59, 1). The server
+    takes it as its own stop, as SIGTERM: no traceback, the stop's line and exit code."""
+    import signal
+    import urllib.request
+
+    server = Server(scored, cache=tmp_path / "cache")
+    try:
+        with urllib.request.urlopen(server.url, timeout=30) as r:  # serving
+            assert r.status == 200
+        server.proc.send_signal(getattr(signal, stop))
+        rest = server.proc.stdout.read()
+        code = server.proc.wait(timeout=60)
+    finally:
+        if server.proc.poll() is None:
+            server.kill()
+    assert code == {"SIGHUP": 129, "SIGTERM": 143}[stop], rest
+    assert "Traceback" not in rest and rest.rstrip().endswith(f"stopped ({stop})"), rest

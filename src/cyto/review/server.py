@@ -22,7 +22,7 @@ import secrets
 from pathlib import Path
 
 from cyto.errors import ConfigError
-from cyto.localserver import LOCAL_HOSTS, SECURITY_HEADERS, bind, posture  # noqa: F401
+from cyto.localserver import LOCAL_HOSTS, SECURITY_HEADERS, bind, posture, run_server  # noqa: F401
 from cyto.localserver import AccessKey as _AccessKey
 from cyto.localserver import SecurityHeaders as _SecurityHeaders
 from cyto.review.session import CROPS, DETAILS, Session
@@ -273,8 +273,6 @@ def serve(session: Session, reviewer: str, host: str = "127.0.0.1", port: int = 
 
 
 def _serve(session: Session, reviewer: str, host: str, port: int, echo) -> None:
-    import uvicorn
-
     sock = bind(host, port)
     port = sock.getsockname()[1]
     # beyond this computer the Host check cannot stand guard: a secret in the address does
@@ -293,5 +291,4 @@ def _serve(session: Session, reviewer: str, host: str, port: int, echo) -> None:
     )
     address = f"http://{shown}:{port}/" + (f"?key={access_key}" if access_key else "")
     echo(f"open {address}  (Ctrl-C stops; marks are already saved)")
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])
+    run_server(app, sock)

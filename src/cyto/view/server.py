@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from cyto.localserver import LOCAL_HOSTS, AccessKey, SecurityHeaders, bind, posture
+from cyto.localserver import LOCAL_HOSTS, AccessKey, SecurityHeaders, bind, posture, run_server
 
 STATIC = Path(__file__).parent / "static"
 MAX_BODY = 0  # the viewer takes no uploads: a request with a body is refused
@@ -176,8 +176,6 @@ def serve(
     cache's cap (:func:`cyto.view.cache.cap_from`)."""
     import threading
 
-    import uvicorn
-
     from cyto.cachedir import cache_dir, size_words
 
     sock = bind(host, port)
@@ -214,5 +212,4 @@ def serve(
     )
     address = f"http://{shown}:{port}/" + (f"?key={access_key}" if access_key else "")
     echo(f"open {address}  (Ctrl-C stops)")
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])
+    run_server(app, sock)
