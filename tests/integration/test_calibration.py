@@ -520,6 +520,13 @@ def test_a_calibration_holds_the_score_the_cells_are_ranked_by(cohort, tmp_path)
     )
     cal = json.loads((model / "manifest.json").read_text())["calibration"]
     assert cal["column"] == "morphometry_score" and cal["rank_by"] == "morphometry"
+    # a calibration of another score than auto ranks by is said by calibrate and info, not
+    # only by a slide scored later (hostile round 59, 2)
+    auto = json.loads((cohort["root"] / "negs" / "neg0" / "summary.json").read_text())["rank_by"]
+    info = run_cyto("info", str(model))
+    other = "its calibration holds 'morphometry_score' (slides scored with --rank-by morphometry)"
+    assert (other in proc.stderr + proc.stdout) == (auto != "morphometry"), proc.stderr
+    assert (other in info.stdout) == (auto != "morphometry"), info.stdout
     with np.load(model / "calibration.npz") as z:
         held = np.sort(z["scores"])
     morph = np.concatenate([pq.read_table(t)["morphometry_score"].to_numpy() for t in tables])

@@ -1545,11 +1545,11 @@ def test_a_cases_line_names_the_models_whose_top_k_it_holds(scored, tmp_path):
     said: list[str] = []
     build_session([scored["outs"]["dsvdd"]], tmp_path / "one", k=K, seed=0, echo=said.append)
     name = scored["names"]["dsvdd"]
-    assert any(re.match(rf"case-001: \d+ cells, the top {K} by model {name}$", x) for x in said)
+    assert any(re.match(rf"case-001: \d+ cells, the top {K} of {name}'s ranking$", x) for x in said)
     said.clear()
     build_session(
         [scored["outs"]["dsvdd"], scored["outs"]["fs-sil"]], tmp_path / "two", k=K, seed=0,
         echo=said.append,
     )  # fmt: skip
-    models = f"models {name}, {scored['names']['fs-sil']}, pooled"
-    assert any(x.endswith(f"the top {K} by {models}") for x in said), said
+    models = f"each of {name}, {scored['names']['fs-sil']}'s ranking"
+    assert any(x.endswith(f"the top {K} of {models}") for x in said), said

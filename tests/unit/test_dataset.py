@@ -598,8 +598,11 @@ def test_square_crops_of_near_sizes_are_one_line_for_training(tmp_path):
     for i, side in enumerate((64, 64, 62)):
         Image.fromarray(_crop(side, side)).save(tmp_path / "NILM" / f"{i}.png")
     ds = PatchDataset.from_path(tmp_path, normal="NILM", workers=1)
-    with pytest.raises(DatasetError, match=r"share one size \(they are 62x62, 64x64 px\): pass a "
-                       r"load size"):  # fmt: skip
+    words = (
+        r"share one size \(they are 62x62, 64x64 px, crops cut at an edge padded square\): "
+        r"pass a load size \(--set load_size=64\)"
+    )
+    with pytest.raises(DatasetError, match=words):
         TrainData.from_dataset(ds)
 
 

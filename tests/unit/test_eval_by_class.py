@@ -254,3 +254,8 @@ def test_a_class_of_few_cells_is_said_too_few_to_measure(tmp_path):
         x.startswith("note: LSIL has 4 cells: each moves its AUROC by up to 0.25") for x in notes
     )
     assert not [x for x in notes if "HSIL" in x], notes
+    import json
+
+    rows = json.loads(run_cyto("eval", "scores", str(path), "--by-class", "--json").stdout)
+    few = {r["class"]: r["too_few"] for r in rows["by_class"]}
+    assert few["HSIL"] is None and few["ASC-H"].startswith("ASC-H has 1 cell: its AUROC is")

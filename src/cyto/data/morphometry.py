@@ -509,6 +509,16 @@ def unfitted_words(training: dict | None) -> list[str]:
     return lines
 
 
+def calibrated_column(rank_by: str | None) -> str:
+    """The score table's column a calibration holds under the ranking ``rank_by`` (a table's
+    ``cyto.rank_by``): what ranks its cells where that is each cell's own score (the model's
+    ``score``, the ``morphometry_score``); a fused ranking ranks cells within their slide, so
+    no calibration of other slides can hold it, and the model's score is held. A Pap bundle
+    ranked by its morphometry was calibrated on the model's score, which its own held-back
+    cells put at chance: a slide of 5 % lesions was triaged "no excess" (hostile round 58, 1)."""
+    return "morphometry_score" if rank_by == "morphometry" else "score"
+
+
 def ranking_said(manifest: dict) -> dict:
     """What ``--rank-by auto`` ranks a bundle's cells by and why, and the warnings of what its
     training could not fit or rests on too few cells: one record for ``cyto info``'s lines and
@@ -517,7 +527,29 @@ def ranking_said(manifest: dict) -> dict:
     how, why = choose_ranking(validation)
     few = few_abnormal_words(validation)
     warnings = unfitted_words(manifest.get("training_data")) + ([few] if few else [])
-    return {"rank_by_auto": how, "rank_by_reason": why, "warnings": warnings}
+    other = held_otherwise(manifest.get("calibration"), validation)
+    return {
+        "rank_by_auto": how,
+        "rank_by_reason": why,
+        "warnings": warnings + ([other] if other else []),
+    }
+
+
+def held_otherwise(cal: dict | None, validation: dict | None) -> str | None:
+    """Why a bundle's calibration (its manifest record) holds another score than ``--rank-by
+    auto`` ranks its cells by, or None: said by ``cyto score`` alone, after the slide, where
+    ``cyto info`` read "auto ranks by morphometry" beside "of the model's score" and ``cyto
+    calibrate`` said nothing (hostile round 59, 2)."""
+    cal = cal or {}
+    held, how = cal.get("column") or "score", choose_ranking(validation)[0]
+    if cal.get("kind") != "slides" or held == calibrated_column(how):
+        return None
+    return (
+        f"its calibration holds {held!r} (slides scored with --rank-by "
+        f"{cal.get('rank_by') or 'model'}), but --rank-by auto ranks by {how}: p-values, FDR "
+        "flags and burden of slides ranked so will not follow their ranking; calibrate again "
+        "(--overwrite) on slide-negative slides scored with --rank-by auto"
+    )
 
 
 def resolve_rank_by(

@@ -411,6 +411,9 @@ def evaluate_by_class(
                 "auroc": per_k[0]["auroc"],
                 "by_k": per_k,
                 "score_column": column,
+                # fewer cells than measure a class (FEW_CLASS_CELLS): its note, in the row a
+                # script reads too (it went to stderr beside --json only: round 59, 10)
+                "too_few": few_cells_words(cls, int(y.sum()), int(is_normal.sum())),
             }
         )
     return rows

@@ -189,7 +189,7 @@ def map_of_table(
 
     names = set(table.column_names)
     x, y = table["x"].to_numpy(), table["y"].to_numpy()
-    # the burden's threshold is of the score its calibration holds (cyto.stats.calibrate.
+    # the burden's threshold is of the score its calibration holds (cyto.data.morphometry.
     # calibrated_column: the morphometric score of a bundle ranked by it)
     held = (burden or {}).get("column") or "score"
     xy = (x, y, table[held if held in names else "score"].to_numpy())

@@ -467,8 +467,8 @@ def _build(folders, root: Path, groups, rng, k: int, merge_um: float, seed: int,
             cells = [cells[i] for i in rng.permutation(len(cells))]
             crop = max(s.crop_px for s in group)
             models = [s.model for s in group]  # "100 cells from pap" read as a stain: round 58
-            by = f"model {models[0]}" if len(models) == 1 else f"models {', '.join(models)}, pooled"
-            echo(f"{case}: {len(cells)} cells, the top {k} by {by}")
+            by = f"{models[0]}'s" if len(models) == 1 else f"each of {', '.join(models)}'s"
+            echo(f"{case}: {len(cells)} cells, the top {k} of {by} ranking")
             _write_crops(group[0], cells, crop, tmp / CROPS / case)
             key_cases[case] = {
                 "slide": group[0].slide,

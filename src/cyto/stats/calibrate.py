@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.bundle import CALIBRATION_FILE, CALIBRATION_QUANTILES, add_files, load_bundle
+from cyto.data.morphometry import calibrated_column
 from cyto.errors import ConfigError, CytoError, InputPathError, as_arg, warn_caller
 from cyto.outputs_check import refuse_to_replace
 from cyto.seal import check_rows, check_sealed_table, is_cyto_table
@@ -195,16 +196,6 @@ class Calibration:
         recorded["options"] = {k: calibrated[k] for k in options}
         current = {**{k: now[k] for k in recorded if k in now}, "options": options}
         return list(check_reuse(recorded, current, names=calibration_key_names()).differs)
-
-
-def calibrated_column(rank_by: str | None) -> str:
-    """The score table's column a calibration holds under the ranking ``rank_by`` (a table's
-    ``cyto.rank_by``): what ranks its cells where that is each cell's own score (the model's
-    ``score``, the ``morphometry_score``); a fused ranking ranks cells within their slide, so
-    no calibration of other slides can hold it, and the model's score is held. A Pap bundle
-    ranked by its morphometry was calibrated on the model's score, which its own held-back
-    cells put at chance: a slide of 5 % lesions was triaged "no excess" (hostile round 58, 1)."""
-    return "morphometry_score" if rank_by == "morphometry" else "score"
 
 
 def held_values(cal: Calibration, scores: np.ndarray, table) -> tuple[np.ndarray, str | None]:
@@ -749,6 +740,13 @@ def calibrate_from_tables(
         target = tmp / CALIBRATION_FILE
         np.savez(target, **arrays)
         add_files(bundle.path, {CALIBRATION_FILE: target}, unless_calibrated)
+    from cyto.data.morphometry import held_otherwise
+
+    other = held_otherwise(record, bundle.manifest.get("validation"))
+    if other is not None:
+        from cyto.errors import CytoWarning
+
+        warn_caller(f"{bundle.path}: {other}", CytoWarning)
     return record
 
 

@@ -29,10 +29,13 @@ class TrainData:
     def __post_init__(self) -> None:
         if not isinstance(self.images, np.ndarray) or self.images.ndim != 4:
             sides = sorted({f"{im.shape[0]}x{im.shape[1]}" for im in self.images})
-            seen = f" (they are {', '.join(sides[:4])}{' ...' if len(sides) > 4 else ''} px)"
+            seen = f" (they are {', '.join(sides[:4])}{' ...' if len(sides) > 4 else ''} px"
+            seen += ", crops cut at an edge padded square)" if len(sides) > 1 else ""
+            # the largest side: each brought to it, none cut (96 was named whatever they were)
+            side = max((max(im.shape[:2]) for im in self.images), default=96)
             raise DatasetError(
-                f"training images must share one size{seen if len(sides) > 1 else ''}: pass a "
-                f"load size (e.g. {setting('load_size', 96)}) for datasets of mixed sizes"
+                f"training images must share one size{seen}: pass a load size "
+                f"({setting('load_size', side)}) for datasets of mixed sizes"
             )
         if len(self.images) == 0:
             raise DatasetError("no training images")
