@@ -106,6 +106,9 @@ def test_bad_inputs(tmp_path, wsi_dir):
     (tmp_path / "hello.tif").write_bytes(b"hello\n")
     with pytest.raises(UnsupportedSlideError, match=r"not a whole-slide image \(6 bytes, neither"):
         open_slide(tmp_path / "hello.tif")
+    (tmp_path / "one.tif").write_bytes(b"I")  # one byte, said as one (round 59, 11)
+    with pytest.raises(UnsupportedSlideError, match=r"truncated file \(1 byte: the start"):
+        open_slide(tmp_path / "one.tif")
     (tmp_path / "cut.tif").write_bytes(b"II*\x00\x08\x00")
     with pytest.raises(
         UnsupportedSlideError, match=r"truncated file \(6 bytes: the start of a TIFF"

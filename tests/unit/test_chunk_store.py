@@ -35,6 +35,12 @@ def test_a_stopped_run_s_finished_chunks_are_said_when_a_run_starts_over(tmp_pat
     assert ChunkStore(tmp_path, key, unit="images", rows=None).start(True, said.append)[0] == (
         chunks
     )
+    # none finished: not "resuming: 0 tiles and 0 cells already scored" (hostile round 59, 11)
+    assert said == (
+        [f"resuming: {chunks} images already scored"]
+        if chunks
+        else ["resume: the stopped run finished no chunk yet; starting from the beginning"]
+    ), said
 
 
 PRECISIONS = ["fp32", "fp16", "bf16", "int8"]

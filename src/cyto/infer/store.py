@@ -168,7 +168,12 @@ class ChunkStore:
                 done = f"{done_tiles} {self.unit}"
                 if self.rows:
                     done += f" and {done_cells} {self.rows}"
-                echo(f"resuming: {done} already scored")
+                if done_tiles:
+                    echo(f"resuming: {done} already scored")
+                else:  # "resuming: 0 tiles and 0 cells already scored" (hostile round 59, 11)
+                    echo(
+                        "resume: the stopped run finished no chunk yet; starting from the beginning"
+                    )
                 return done_tiles, done_cells
             echo(f"resume: the earlier run had {reuse.words()}; starting over")
         elif resume:

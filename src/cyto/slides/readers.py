@@ -574,12 +574,10 @@ def short_words(data: bytes, what: str = "file") -> str:
     (6 bytes)": hostile round 58, 9)."""
     if not data:
         return f"empty {what} (0 bytes)"
+    n = f"{len(data)} byte{'s' if len(data) > 1 else ''}"  # "1 bytes" (hostile round 59, 11)
     if any(data.startswith(m[: len(data)]) or data.startswith(m) for m in _TIFF_MAGIC):
-        return f"truncated {what} ({len(data)} bytes: the start of a TIFF, cut short)"
-    return (
-        f"not a whole-slide image ({len(data)} bytes, neither a TIFF nor a format OpenSlide "
-        "recognizes)"
-    )
+        return f"truncated {what} ({n}: the start of a TIFF, cut short)"
+    return f"not a whole-slide image ({n}, neither a TIFF nor a format OpenSlide recognizes)"
 
 
 def open_slide(path: Path | str | SlideURL, backend: str = "auto") -> SlideReader:
