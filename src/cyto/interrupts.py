@@ -65,20 +65,22 @@ def terminated() -> bool:
     return _terminated
 
 
+def _stop_signal() -> int:
+    """The signal of the stop that came: SIGINT for a Ctrl-C, else the one recorded."""
+    return (_stopped_by or signal.SIGTERM) if _terminated else signal.SIGINT
+
+
 def stop_code(signum: int | None = None) -> int:
     """The exit code of a stop by ``signum`` (default: the one that came): 128 + the signal's
     number, as a shell reads a death by it (130 a Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
-    if signum is None:
-        signum = (_stopped_by or signal.SIGTERM) if _terminated else signal.SIGINT
-    return 128 + int(signum)
+    return 128 + int(signum or _stop_signal())
 
 
-def stop_words() -> str:
-    """The one line a stopped command ends with: ``interrupted`` (a Ctrl-C), else ``stopped
-    (SIGTERM)`` or ``stopped (SIGHUP)``."""
-    if not _terminated:
-        return "interrupted"
-    return f"stopped ({signal.Signals(_stopped_by or signal.SIGTERM).name})"
+def stop_words(signum: int | None = None) -> str:
+    """The one line a command stopped by ``signum`` (default: the one that came) ends with:
+    ``interrupted`` (a Ctrl-C), else ``stopped (SIGTERM)`` or ``stopped (SIGHUP)``."""
+    signum = signum or _stop_signal()
+    return "interrupted" if signum == signal.SIGINT else f"stopped ({signal.Signals(signum).name})"
 
 
 def install() -> bool:
@@ -142,7 +144,7 @@ def _while_closing(signum, frame) -> None:
     if _late:
         os._exit(_late)
     _late = code
-    what = "interrupted" if signum == signal.SIGINT else f"stopped ({signal.Signals(signum).name})"
+    what = stop_words(signum)
     sys.stderr.write(f"{what} while closing: the command had finished; what it wrote is complete\n")
     sys.stderr.flush()
 

@@ -144,6 +144,7 @@ def predict(
     sides = refuse_mixed_sizes(records, data)  # the rule every reader of a crop folder holds to
     size = scorer.bundle.manifest["config"].get("load_size")
     zooming = zoom is not None or patch_mpp is not None
+    auto_zoom = zoom is not None and str(zoom).strip().lower() == "auto"
     if size is None and not zooming and not one_size(records):
         size = scorer.spec.input_size  # a model of native-size patches, given several sizes
     load = None if zooming else size  # a zoom cuts the native image, then resizes
@@ -172,7 +173,7 @@ def predict(
         # misreads another stain's sizes, so auto does not zoom by it there (hostile round 33: a
         # hue shift alone was zoomed 1.35x); MGG's rule reads optical density whatever the hue
         stain = None
-        if zoom is not None and str(zoom).strip().lower() == "auto" and scorer.spec.stain != "mgg":
+        if auto_zoom and scorer.spec.stain != "mgg":
             stain = _stain_check(scorer, records, np.arange(len(records)), skip_unreadable)
         if zooming:
             factor, how = _zoom(
@@ -197,7 +198,7 @@ def predict(
             warn_caller(unverified, CytoWarning)
         job = _Job(
             scorer, load, factor if zooming else None, batch_size, chunk, patch_mpp, side,
-            shares=str(zoom).strip().lower() != "auto",  # auto's zoom is read from them
+            shares=not auto_zoom,  # auto's zoom is read from them
         )  # fmt: skip
         try:
             job.run(records, store, done, skip_unreadable, Path(data).name)
@@ -226,7 +227,7 @@ def predict(
             advice = share_advice(
                 scorer.spec.folder_scale_reference, shares, who, _stained_otherwise(scorer, stain)
             )
-        elif str(zoom).strip().lower() != "auto" and not _stained_otherwise(scorer, stain):
+        elif not auto_zoom and not _stained_otherwise(scorer, stain):
             given = passing("zoom", zoom) if zoom is not None else passing("patch_mpp", patch_mpp)
             advice = given_zoom_words(
                 scorer.spec.folder_scale_reference, shares, who, factor, given

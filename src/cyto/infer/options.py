@@ -324,13 +324,13 @@ def rank_by_line(model, rank_by: str) -> str:
     """What the cells will be ranked by, and why, in the line ``cyto score`` says before any
     slide: it said nothing of it, while ``score``, the first score column, is the model's (a
     Pap bundle ranked by its morphometry: hostile round 58, 6)."""
-    from cyto.data.morphometry import Morphometric, choose_ranking, resolve_rank_by
+    from cyto.data.morphometry import RANKED_COLUMN, Morphometric, choose_ranking, resolve_rank_by
 
     spec = model_spec(model)
     how = resolve_rank_by(
         rank_by, Morphometric.of_spec(spec), spec.validation, spec.morphometry_why
     )
-    column = {"model": "score", "morphometry": "morphometry_score"}.get(how, "fused_score")
+    column = RANKED_COLUMN[how]
     if RANK_BY_ALIASES.get(rank_by, rank_by) != "auto":
         return f"ranked by {how} (the {column} column; {passing('rank_by', rank_by)})"
     why = choose_ranking(spec.validation)[1]

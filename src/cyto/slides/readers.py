@@ -564,10 +564,6 @@ def _reopened(obj, backend: str) -> SlideReader:
     return reader
 
 
-#: the first bytes of a TIFF (little-, big-endian) and a BigTIFF
-_TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
-
-
 def short_words(data: bytes, what: str = "file") -> str:
     """Why a file (or object) of fewer than 16 bytes is no slide: empty; a TIFF's start, cut
     short; else no slide at all (a text file named ``.tif`` was called "empty or truncated
@@ -575,7 +571,7 @@ def short_words(data: bytes, what: str = "file") -> str:
     if not data:
         return f"empty {what} (0 bytes)"
     n = f"{len(data)} byte{'s' if len(data) > 1 else ''}"  # "1 bytes" (hostile round 59, 11)
-    if any(data.startswith(m[: len(data)]) or data.startswith(m) for m in _TIFF_MAGIC):
+    if any(m.startswith(data[:4]) for m in TIFF_MAGIC):  # a TIFF's first bytes, or all of them
         return f"truncated {what} ({n}: the start of a TIFF, cut short)"
     return f"not a whole-slide image ({n}, neither a TIFF nor a format OpenSlide recognizes)"
 
