@@ -106,12 +106,19 @@ class _Package(_types.ModuleType):
     import system bound there (a property outranks the module's own attributes)."""
 
 
+#: one class per shared name, named as the call: ``help(cyto.train)`` is headed "train in
+#: cyto", where it was "_SharedName in cyto" (help names an object of no function's type by it)
+_SHARED_TYPES = {
+    n: type(n, (_SharedName,), {"__slots__": (), "__doc__": _SharedName.__dict__["__doc__"]})
+    for n in _SHARED
+}
+
 for _name in _SHARED:
     setattr(
         _Package,
         _name,
         property(
-            lambda _self, _n=_name: _SharedName(_n),
+            lambda _self, _n=_name: _SHARED_TYPES[_n](_n),
             lambda self, value, _n=_name: self.__dict__.__setitem__(_n, value),
         ),
     )

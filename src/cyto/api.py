@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -70,7 +71,45 @@ def _front_door(func: Callable) -> Callable:
             forget_broken_imports()
             raise
 
+    call.__signature__ = _plain_signature(func)  # type: ignore[attr-defined]
     return call
+
+
+def _plain_signature(func: Callable) -> inspect.Signature:
+    """``func``'s signature as ``help()`` and ``inspect.signature`` show it: each
+    ``Annotated[T, ...]`` as ``T`` (help(cyto.predict) printed the checks' own metadata,
+    ``Annotated[str | Path, Local('a folder of cells or a manifest: copy it here first')]``).
+    The checks read the function's own annotations (:func:`cyto.flags.hints_of`), untouched."""
+    sig = inspect.signature(func)
+    return sig.replace(
+        parameters=[p.replace(annotation=_bare(p.annotation)) for p in sig.parameters.values()],
+        return_annotation=_bare(sig.return_annotation),
+    )
+
+
+def _bare(annotation: Any) -> Any:
+    """An annotation's text with every ``Annotated[T, ...]`` cut to ``T`` (an annotation that
+    is no text, as it is under ``from __future__ import annotations``, as it is)."""
+    if not isinstance(annotation, str):
+        return annotation
+    text, head = annotation, "Annotated["
+    while head in text:
+        start = text.index(head)
+        depth, i, comma = 0, start + len(head), None
+        while i < len(text):
+            c = text[i]
+            if c in "[(":
+                depth += 1
+            elif c in "])":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif c == "," and depth == 0 and comma is None:
+                comma = i
+            i += 1
+        inner = text[start + len(head) : comma if comma is not None else i].strip()
+        text = text[:start] + inner + text[i + 1 :]
+    return text
 
 
 def _through(func: Callable, args: tuple, kwargs: dict) -> Any:

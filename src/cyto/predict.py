@@ -53,7 +53,7 @@ from cyto.errors import (
 from cyto.flags import MPP_RANGE, check_value, hints_of, passing, said
 from cyto.infer.store import ChunkStore, kept_words
 from cyto.locks import OutputLock
-from cyto.outputs_check import check_out_file, refuse_to_replace
+from cyto.outputs_check import check_out_file, refuse_keep_and_replace, refuse_to_replace
 from cyto.seal import with_rows_seal
 from cyto.tables import json_text
 
@@ -101,6 +101,8 @@ def predict(
     )
     from cyto.runtime import Scorer, load_scorer
 
+    # a stopped run's chunks are either continued (resume) or the table scored over (overwrite)
+    refuse_keep_and_replace(resume, overwrite, "continues a stopped run", "scores it over")
     for name, value in (("batch_size", batch_size), ("chunk", chunk)):
         if value < 1:  # before the model loads
             raise ConfigError(f"{said(name)} must be >= 1, got {value}")

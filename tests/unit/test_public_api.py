@@ -98,6 +98,27 @@ def test_help_of_every_public_call_shows_its_parameters(name):
     params = list(inspect.signature(getattr(api, name)).parameters)
     head = next(line for line in text.splitlines() if f"{name}(" in line)
     assert all(f"{p}:" in head or f"**{p}" in head for p in params), head
+    # headed by the call's name, its types as written, without the checks' own metadata
+    # ("_SharedName in cyto"; "Annotated[str | Path, Local('a folder of cells ...')]")
+    title = text.splitlines()[0]
+    assert title.endswith((f"{name} in cyto", f"{name} in module cyto.api")), title
+    assert "Annotated" not in head and "Local(" not in head and "Range(" not in head, head
+    assert inspect.getdoc(getattr(cyto, name)) == inspect.getdoc(getattr(api, name))
+
+
+@pytest.mark.parametrize(
+    ("text", "bare"),
+    [
+        ("Annotated[str | Path, Local('a, b [c]')]", "str | Path"),
+        ("Annotated[int | None, Range(0, 1024, '0 or None')] | None", "int | None | None"),
+        ("dict[str, Annotated[float, X(1, 2)]]", "dict[str, float]"),
+        ("Annotated[Annotated[int, A], B]", "int"),
+        ("str | Path", "str | Path"),
+    ],
+)
+def test_a_signature_shows_each_annotated_type_bare(text, bare):
+    assert api._bare(text) == bare
+    assert api._bare(int) is int
 
 
 def test_dotted_imports_of_shared_subpackages_reach_their_modules():
@@ -1126,3 +1147,38 @@ def test_a_list_for_a_dict_is_told_the_dict_and_its_command_line_form(tmp_path):
         "overrides= must be a dict ({'key': value}, where the command line takes key=value) or "
         "None, got ['epochs=1']"
     )
+
+
+def test_every_command_that_keeps_or_replaces_refuses_both(tmp_path):
+    """``cyto predict --resume --overwrite`` continued a stopped run and dropped --overwrite
+    unsaid (as train and score once did; round 56 left it). Every command that takes both flags,
+    found from the app itself, refuses the pair in one line before reading anything; the Python
+    calls alike."""
+    from tests.cli_runner import leaf_commands, run_cyto
+
+    both = [
+        (path, cmd)
+        for path, cmd in leaf_commands()
+        if {"--resume", "--overwrite"} <= {o for p in cmd.params for o in getattr(p, "opts", [])}
+    ]
+    assert {" ".join(path) for path, _ in both} >= {"train", "predict", "score"}
+    missing = tmp_path / "absent"
+    for path, cmd in both:
+        args = []
+        for p in cmd.params:  # every required argument: a path nothing is at (train's method)
+            if not p.required:
+                continue
+            value = "dsvdd" if p.name == "method" else str(missing / p.name)
+            args += [value] if p.param_type_name == "argument" else [p.opts[0], value]
+        proc = run_cyto(*path, *args, "--resume", "--overwrite")
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, (path, proc.stderr)
+        assert lines[0].startswith("error: --resume ") and lines[0].endswith(
+            "give one of them, not both"
+        ), (path, lines)
+    with pytest.raises(ConfigError, match="resume=True continues a stopped run and overwrite="):
+        cyto.predict(missing / "m.cyto", missing, missing / "o.parquet", resume=True,
+                     overwrite=True, echo=None)  # fmt: skip
+    with pytest.raises(ConfigError, match="not both"):
+        cyto.score_slide(missing / "s.tif", missing / "m.cyto", missing / "o", resume=True,
+                         overwrite=True, echo=None)  # fmt: skip
