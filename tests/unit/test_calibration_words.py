@@ -56,3 +56,55 @@ def test_what_the_burden_counts_is_said_by_the_rule_the_burden_applies():
     assert burden_counts_words({"n": 5, "evaluable_cells": None}).startswith(
         "the burden counts every cell: a table marks no evaluable cells"
     )
+
+
+def test_the_quantiles_said_are_of_the_cells_the_burden_counts():
+    """``cyto calibrate`` said the 99th percentile of every calibration cell beside a burden
+    that counts the evaluable cells against theirs (hostile round 58). Where the burden counts
+    the evaluable cells (:meth:`Calibration.counted`), their quantiles are said beside all
+    cells'; where it counts every cell, those alone; for any count."""
+    import numpy as np
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from cyto.stats.calibrate import (
+        COUNTED_EVALUABLE,
+        MIN_EVALUABLE,
+        Calibration,
+        _quantiles,
+        quantile_words,
+    )
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.integers(1, 3 * MIN_EVALUABLE), st.integers(1, 3), st.data())
+    def check(n, slides, data):
+        rng = np.random.default_rng(n)
+        parts = [rng.normal(size=n) for _ in range(slides)]
+        marked = [rng.random(n) < data.draw(st.floats(0, 1)) for _ in range(slides)]
+        ev = int(sum(m.sum() for m in marked))
+        every = np.concatenate(parts)
+        record = {
+            "quantiles": {
+                "0.5": float(np.quantile(every, 0.5)),
+                "0.99": float(np.quantile(every, 0.99)),
+            },
+            "evaluable_cells": ev,
+            "quantiles_evaluable": _quantiles(parts, marked),
+        }
+        line = quantile_words(record)
+        assert line.startswith(
+            f"median {np.quantile(every, 0.5):.4g}, 99th percentile {np.quantile(every, 0.99):.4g}"
+        )
+        counted, _ = Calibration(parts, {}, marked).counted(np.ones(4, bool))
+        if counted == COUNTED_EVALUABLE:
+            kept = np.concatenate([p[m] for p, m in zip(parts, marked, strict=True)])
+            assert line.endswith(
+                f" (of the {ev:,} evaluable cells the burden counts: "
+                f"{np.quantile(kept, 0.5):.4g}, {np.quantile(kept, 0.99):.4g})"
+            ), line
+        else:
+            assert "evaluable" not in line, line
+
+    check()
+    assert _quantiles([np.ones(3)], None) is None
+    assert _quantiles([np.ones(3)], [np.zeros(3, bool)]) is None

@@ -42,7 +42,12 @@ def calibrate_cmd(
     part of the interval, and each slide is checked against the others (leave one out).
     """
     from cyto.slides.remote import parse_options
-    from cyto.stats.calibrate import burden_counts_words, calibrate_from_tables, held_words
+    from cyto.stats.calibrate import (
+        burden_counts_words,
+        calibrate_from_tables,
+        held_words,
+        quantile_words,
+    )
 
     cal = calibrate_from_tables(
         model,
@@ -51,10 +56,9 @@ def calibrate_cmd(
         overwrite=overwrite,
         storage_options=parse_options(storage_option),
     )
-    q = cal["quantiles"]
     typer.echo(
         f"calibrated {model} on {cal['source']} ({cal['normalization']} normalization), holding "
-        f"{held_words(cal)}: median {q['0.5']:.4g}, 99th percentile {q['0.99']:.4g}"
+        f"{held_words(cal)}: {quantile_words(cal)}"
     )
     loso = cal.get("leave_one_slide_out")
     if loso:

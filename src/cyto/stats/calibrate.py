@@ -538,6 +538,31 @@ def training_slide_words(manifest: dict, identity: str, name: str) -> str | None
     return None
 
 
+def _quantiles(parts: list[np.ndarray], marked: list[np.ndarray] | None) -> dict | None:
+    """:data:`CALIBRATION_QUANTILES` of the cells ``marked`` evaluable in ``parts`` (None:
+    not marked, or none evaluable)."""
+    if marked is None:
+        return None
+    kept = np.concatenate([p[e] for p, e in zip(parts, marked, strict=True)])
+    if not len(kept):
+        return None
+    return {str(q): float(np.quantile(kept, q)) for q in CALIBRATION_QUANTILES}
+
+
+def quantile_words(record: dict) -> str:
+    """The median and 99th percentile of a calibration ``record``'s cells, as
+    ``cyto calibrate`` says them: of every cell, and of the evaluable cells where the burden
+    counts those (:func:`burden_counts_words`)."""
+    q = record["quantiles"]
+    said = f"median {q['0.5']:.4g}, 99th percentile {q['0.99']:.4g}"
+    ev, qe = record.get("evaluable_cells"), record.get("quantiles_evaluable")
+    if ev is not None and ev >= MIN_EVALUABLE and qe:
+        said += (
+            f" (of the {ev:,} evaluable cells the burden counts: {qe['0.5']:.4g}, {qe['0.99']:.4g})"
+        )
+    return said
+
+
 def burden_counts_words(record: dict) -> str:
     """What the burden of slides scored against the calibration ``record`` counts, by the rule
     :meth:`Calibration.counted` applies (evaluable cells where at least :data:`MIN_EVALUABLE`
@@ -716,6 +741,9 @@ def calibrate_from_tables(
             for i, p in enumerate(parts)
         ],
         "quantiles": {str(q): float(np.quantile(allv, q)) for q in CALIBRATION_QUANTILES},
+        # of the evaluable cells, which the burden counts (calibrate printed all cells' 99th
+        # percentile beside a burden of the evaluable ones: round 58); None: none marked
+        "quantiles_evaluable": _quantiles(parts, marked),
         "ties": conformal.TIES,
         "valid_for": {
             "model": bundle.scoring_id,
