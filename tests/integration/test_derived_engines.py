@@ -332,29 +332,30 @@ def test_doctor_says_which_verifications_ran_now_and_which_it_read(bundle):
 
 
 def test_doctor_says_a_failed_row_of_that_row_alone(ov_bundle, monkeypatch):
-    """A bf16 graph that fails here, beside rows that pass: its line said "nothing here
-    reproduces the bundle's golden cells" (issue 68, hostile round 3); it speaks of its row.
-    (A record edited to fail no longer makes a failed row: doctor runs failures again.)"""
+    """A graph that fails here, beside rows that pass: its line said "nothing here reproduces
+    the bundle's golden cells" (issue 68, hostile round 3); it speaks of its row. (A record
+    edited to fail no longer makes a failed row: doctor runs failures again.) OpenVINO's fp32
+    row, which runs on any x86 CPU (bf16 "cannot run" on one without AMX or AVX512-BF16)."""
     from cyto.doctor import Report, model_rows, render
     from cyto.runtime import verify
 
     real = verify.verify_scorer
 
-    def bf16_reversed(scorer, golden, use_cache=True, recheck=False):
-        if scorer.precision == "bf16":  # scores in the reverse order: a graph that fails
-            score = scorer.score
+    def openvino_reversed(scorer, golden, use_cache=True, recheck=False):
+        if scorer.backend.name == "openvino" and scorer.precision == "fp32":
+            score = scorer.score  # scores in the reverse order: a graph that fails
             scorer.score = lambda images, **kw: score(images, **kw)[::-1].copy()
         return real(scorer, golden, use_cache=use_cache, recheck=recheck)
 
-    monkeypatch.setattr(verify, "verify_scorer", bf16_reversed)
+    monkeypatch.setattr(verify, "verify_scorer", openvino_reversed)
     rows, auto, problems = model_rows(ov_bundle, ["cpu"], None)
     text = render(Report(rows=rows, auto=auto, problems=problems))
-    [bf16] = [r for r in rows if r.precision == "bf16"]
-    assert bf16.status == "FAILED" and any(r.status == "passed" for r in rows), text
-    assert bf16.source == "ran now", text
+    [failed] = [r for r in rows if r.backend == "openvino" and r.precision == "fp32"]
+    assert failed.status == "FAILED" and any(r.status == "passed" for r in rows), text
+    assert failed.source == "ran now", text
     assert "nothing here" not in text, text
-    assert "this row does not reproduce the bundle's golden cells: openvino bf16" in bf16.detail
-    assert "Spearman -" in bf16.detail and "score with a row that passed" in bf16.detail
+    assert "this row does not reproduce the bundle's golden cells: openvino fp32" in failed.detail
+    assert "Spearman -" in failed.detail and "score with a row that passed" in failed.detail
 
 
 def test_a_kept_models_record_edited_to_other_settings_is_said_as_damaged(ov_bundle):

@@ -197,7 +197,9 @@ def test_a_bundle_moved_to_a_cpu_without_vnni_scores_with_the_form_made_for_it(
     proc = run_cyto("doctor", str(bundle), "--device", "cpu", env=env, timeout=LONG)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert "8-bit weights would saturate in int16 here" in out and "masked CPU" in out, out
+    assert "8-bit weights would saturate in int16 here" in out, out
+    # said masked where the host's flags say VNNI; an AVX2-only host is what it is
+    assert ("masked CPU" in out) == bool(machine.cpu_info().int8_dot), out
     rows = {  # (backend, graph): status
         (ln.split()[1], ln.split()[-1]): ln.split()[3]
         for ln in out.splitlines()

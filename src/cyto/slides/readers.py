@@ -131,6 +131,18 @@ class OpenSlideReader:
         self._s.close()
 
 
+def _palette(path) -> bool:
+    """Whether the local TIFF ``path``'s first image is a palette image (libvips reads it as
+    the 16-bit RGB of its colormap)."""
+    import tifffile
+
+    try:
+        with tifffile.TiffFile(path) as tf:
+            return tf.pages.first.photometric == tifffile.PHOTOMETRIC.PALETTE
+    except Exception:  # noqa: BLE001 - tifffile's many errors: not known as a palette
+        return False
+
+
 class PyvipsReader:
     def __init__(self, path, pyvips, vendor: str | None, source=None) -> None:
         """``source``: for a remote TIFF, a function giving a new libvips source over it
@@ -175,7 +187,11 @@ class PyvipsReader:
             check_pixels(path, im.bands, str(im.format), str(im.interpretation))
         # 16-bit samples: one white for the slide, the top of the bits its values take
         self._top = 65535
-        if str(base.format) == "ushort":
+        # ... but a palette's colours are its colormap's, 16 bits full scale whatever values
+        # they take (a one-pixel palette image was read 4x bright, as 14-bit)
+        if str(base.format) == "ushort" and not (
+            source is None and vendor is None and _palette(path)
+        ):
             try:
                 self._top = sixteen_bit_top(self._levels[-1])
             except pyvips.Error as exc:
