@@ -345,6 +345,10 @@ def test_view_a_calibrated_slide_in_a_real_browser(calibrated, tmp_path):
             assert rows["burden"] == burden["status"] and rows["triage"] == burden["triage"]
             assert rows[f"flagged at FDR {burden['fdr_alpha']}"] == str(burden["flagged_bh"])
             assert rows["abnormal burden"].startswith(f"{100 * burden['abnormal_fraction']:.1f}%")
+            # what the p-values follow, from summary.json (sent, not drawn: round 58)
+            assert (
+                burden["column"] == "score" and rows["p-values of"] == "the model's score (score)"
+            )
             words = page.locator("#legend-words").text_content()
             assert "cells: red flagged at the FDR (flagged_bh), blue not, grey unknown" in words
 
@@ -432,6 +436,12 @@ def test_the_cells_sent_are_the_score_table_in_rank_order(scored, tmp_path):
     assert [c["cell_id"] for c in info["top"]] == list(t["cell_id"][:K])
     assert [z["z_um"] for z in info["planes"]] == [0.0, -1.0]
     assert info["summary"]["adequacy"] is None or "result" in info["summary"]["adequacy"]
+    # the morphometric slide score is sent beside the model's (round 58)
+    summary = json.loads((scored / "summary.json").read_text())
+    assert "slide_morphometry_mean_top_k" in summary, sorted(summary)
+    assert (
+        info["summary"]["slide_morphometry_mean_top_k"] == (summary["slide_morphometry_mean_top_k"])
+    )
     # the map is cyto.infer.maps' own: one pixel per window
     from PIL import Image
 

@@ -349,6 +349,8 @@ class ViewSlide:
                 "method": s.get("method"),
                 "rank_by": s.get("rank_by"),
                 "slide_score_mean_top_k": s.get("slide_score_mean_top_k"),
+                # the morphometric slide score (a bundle that records one): not drawn (round 58)
+                "slide_morphometry_mean_top_k": s.get("slide_morphometry_mean_top_k"),
                 "burden": s.get("burden"),
                 "adequacy": s.get("adequacy"),
                 "tiles": s.get("tiles"),

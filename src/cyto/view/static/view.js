@@ -215,8 +215,16 @@ function showSummary() {
   row(t, "model", `${s.model} (${s.method})`);
   row(t, "ranked by", s.rank_by);
   row(t, "mean top-K score", s.slide_score_mean_top_k);
+  row(t, "mean top-K morphometric score", s.slide_morphometry_mean_top_k);
   const b = s.burden || {};
   row(t, "burden", b.status);
+  // the score the calibration holds, which p-values, flags and burden follow (summary.json's
+  // burden.column), and why not the ranking where it differs: sent, not drawn (round 58)
+  if (b.column) {
+    row(t, "p-values of", b.column === "morphometry_score"
+      ? "the morphometric score (morphometry_score)" : `the model's score (${b.column})`);
+  }
+  row(t, "", b.ranked_otherwise);
   row(t, "triage", b.triage);
   row(t, "slide p-value", b.slide_p_value);
   // the burden's headline numbers only (summary.json holds the rest): the list of top cells
