@@ -213,6 +213,26 @@ def test_a_pap_slide_of_real_cells_is_ranked_end_to_end(tmp_path, cric):
     )
     assert "leave out --detection (auto takes pap)" in said
     assert "resolution" not in said and "--rescale" not in said, said
+    # an MGG slide given to this Pap model: the stain warning, and the adequacy says what was
+    # read of the cells is limited by it ("satisfactory" beside the warning: round 58)
+    mgg = tmp_path / "mgg.tif"
+    proc = run_cyto(
+        "synth", "slide", str(mgg), "--width", "1024", "--height", "1024", "--mpp", "0.258"
+    )  # at the model's resolution: the stain, not the scale, is what differs
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cyto(
+        "score", str(mgg), "--model", str(model), "--out", str(tmp_path / "other"),
+        "--workers", "0", "--mosaic", "0", "--detection", "pap",
+    )  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
+    assert "stained otherwise than the model's" in said, said
+    adequacy = json.loads((tmp_path / "other" / "mgg" / "summary.json").read_text())["adequacy"]
+    assert adequacy["cell_stain"]["advised"], adequacy
+    assert adequacy["result"] != "satisfactory", adequacy
+    assert any(
+        "stained otherwise than the model's training cells" in r for r in adequacy["reasons"]
+    )
 
 
 def test_crops_of_other_sides_are_said_padded_or_cut_by_count(tmp_path):

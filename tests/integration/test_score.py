@@ -667,6 +667,10 @@ def test_cells_that_look_as_the_models_outweigh_a_misstated_resolution(trained, 
     scale = summary["adequacy"]["cell_scale"]
     assert scale["mpp_contradicted"] and not scale["mpp_off_scale"] and not scale["off_scale"]
     assert summary["adequacy"]["cells_evaluable"] > 0
+    # judged as they look, but measured at the doubted resolution: limited, said ("satisfactory"
+    # beside the warning: round 58)
+    assert summary["adequacy"]["result"] == "limited", summary["adequacy"]
+    assert any("that resolution is likely wrong" in r for r in summary["adequacy"]["reasons"])
     # hostile round 21, case 2.4: the warning before the first tiles advised --rescale on the
     # resolution's word alone, and the cells' check then said the resolution was wrong; the
     # first is conditional and the second says not to resample

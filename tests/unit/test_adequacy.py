@@ -132,6 +132,67 @@ def test_cells_off_the_model_s_scale_make_the_slide_unsatisfactory():
     )
 
 
+@pytest.mark.parametrize("preset", [k for k, v in adequacy.PRESETS.items() if v is not None])
+def test_what_the_first_cells_checks_doubted_limits_the_slide(preset, tmp_path):
+    """An MGG model on a Pap slide (39-69 cells found of 682), or a slide whose resolution the
+    cells contradict (found and measured at it), was "satisfactory" beside the stain or scale
+    warning (hostile round 58). Each limits the slide under every preset, said; a rule file turns
+    either off; an angle within the stain check's bound is not held."""
+    evaluable = {"cells_evaluable": 20000, "cells_detected": 21000}
+    stained = {"cell_stain": {"degrees": 27.4, "advised": True}, **evaluable}
+    block = _judge(preset, **stained)
+    assert block["result"] == "limited", block
+    assert block["reasons"] == [
+        "cells stained otherwise than the model's training cells (27 degrees apart): found, "
+        "measured and scored as cells of another stain or lab; read it by eye, or train on this "
+        "lab's normal cells"
+    ]
+    near = {"cell_stain": {"degrees": 9.0, "advised": False}, **evaluable}
+    assert _judge(preset, **near)["result"] == "satisfactory"
+    doubted = {"factor": 1.0, "off_scale": False, "mpp_contradicted": True}
+    block = _judge(preset, cell_scale=doubted, **evaluable)
+    assert block["result"] == "limited" and "that resolution is likely wrong" in block["reasons"][0]
+    path = tmp_path / "r.toml"
+    path.write_text(f'[adequacy]\nbase = "{preset}"\ncheck_stain = false\ncheck_scale = false\n')
+    rule = adequacy.resolve(str(path))
+    assert adequacy.judge(rule, _measures(**stained))["result"] == "satisfactory"
+    assert adequacy.judge(rule, _measures(cell_scale=doubted, **evaluable))["result"] == (
+        "satisfactory"
+    )
+    assert "stain" in adequacy.PRESETS[preset].sources["check_stain"]
+
+
+def test_the_stain_check_reaches_the_adequacy_block():
+    """:func:`cyto.infer.quality.slide_adequacy` carries the first cells' stain check into the
+    measures the rule judges (the score run passes it)."""
+    import pyarrow as pa
+
+    table = pa.table(
+        {
+            "x": np.array([500.0]),
+            "y": np.array([500.0]),
+            "sharpness": np.array([50.0]),
+            "tile": np.array([0]),
+        }
+    )
+    args = {
+        "reference": None,
+        "scale": None,
+        "crop_px": 192,
+        "tile": 1024,
+        "size": (1024, 1024),
+        "n_tissue_tiles": 1,
+        "detection": "smear",
+    }
+    rule = adequacy.PRESETS["general"]
+    _, block = quality.slide_adequacy(table, rule, **args)
+    assert block["result"] == "satisfactory" and "cell_stain" not in block
+    stain = {"degrees": 31.0, "advised": True, "cells": 40, "cells_vectors": [[1, 0, 0]]}
+    _, block = quality.slide_adequacy(table, rule, stain=stain, **args)
+    assert block["cell_stain"] == {"degrees": 31.0, "advised": True}
+    assert block["result"] == "limited" and "31 degrees apart" in block["reasons"][0]
+
+
 def test_an_unsatisfactory_slide_is_never_triaged_negative():
     unsat = _judge("lbc-cervical", cells_evaluable=100)
     said = adequacy.triage_words(TRIAGE_NONE, unsat)

@@ -47,7 +47,7 @@ def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_star
     run = _Run(plan.slide, out_dir, scorer, opts, timings, t_start, plan.res, echo, metrics)
     run.identity = plan.identity
     run.resumed_cells = sum(r.resumed_cells for r in runs)
-    run.plan, run.scale = plan, runs[0].scale
+    run.plan, run.scale, run.stain = plan, runs[0].scale, getattr(runs[0], "stain", None)
     summary = _finish(table, run)
     few = few_cells_words(table.num_rows, len(plan.jobs), plan.slide_mpp, opts)
     if few:
@@ -194,7 +194,8 @@ class _Run:
         self.identity: str = ""
         self.resumed_cells: int = 0
         self.plan = None  # the slide's plan (its geometry, for the adequacy's area shares)
-        self.scale: dict | None = None  # the cell-scale check
+        self.scale: dict | None = None  # the first cells' scale and stain checks
+        self.stain: dict | None = None
 
 
 #: tiles with tissue from which fewer cells than tiles is worth a word
@@ -242,9 +243,8 @@ def slide_scores(table, scores: np.ndarray, k: int) -> dict:
 
 def _mean_top(values: np.ndarray, k: int) -> float | None:
     """The mean of the ``k`` highest finite ``values`` (None where there are none)."""
-    values = values[np.isfinite(values)]
-    k = min(k, len(values))
-    return float(np.sort(values)[-k:].mean()) if k else None
+    top = np.sort(values[np.isfinite(values)])[-k:] if k > 0 else values[:0]
+    return float(top.mean()) if len(top) else None
 
 
 def rank_by(scorer: Scorer, opts) -> str:
@@ -398,9 +398,8 @@ def _finish(table, run: _Run) -> dict:
 
 
 def _adequacy(table, run: _Run) -> tuple[dict | None, dict | None]:
-    """(the per-cell ``quality`` and ``evaluable`` columns, the adequacy block) of the slide
-    under the run's ``--adequacy`` rule (:mod:`cyto.stats.adequacy`), said on the console when
-    it is not satisfactory; ``none``: (None, None)."""
+    """(the ``quality`` and ``evaluable`` columns, the adequacy block) of the slide under the
+    ``--adequacy`` rule (:mod:`cyto.stats.adequacy`), said when not satisfactory; or None."""
     from cyto.infer.quality import focus_reference, slide_adequacy
     from cyto.runtime.verify import read_golden
     from cyto.stats.adequacy import adequacy_words
@@ -414,6 +413,7 @@ def _adequacy(table, run: _Run) -> tuple[dict | None, dict | None]:
         rule,
         reference=focus_reference(run.scorer.golden or read_golden(run.scorer.bundle)),
         scale=run.scale,
+        stain=run.stain,
         crop_px=run.res.crop_px_level0,
         tile=run.opts.tile,
         size=plan.size,

@@ -180,6 +180,7 @@ def slide_adequacy(
     *,
     reference: dict | None,
     scale: dict | None,
+    stain: dict | None = None,
     crop_px: int,
     tile: int,
     size: tuple[int, int],
@@ -195,7 +196,8 @@ def slide_adequacy(
     section (``--detection tissue``) touch by nature; the flag is still written. ``mpp_ratio``:
     the model's mpp over the slide's when the crops are not resampled to it (``--rescale``):
     more than :data:`~cyto.data.scale.ADVISE_ZOOM` off, the cells are off scale whatever the
-    detection."""
+    detection. ``stain``: the first cells' stain check (:func:`cyto.detect.stain.stain_check`),
+    its angle and whether it was said, as ``cell_stain``."""
     from cyto.stats.adequacy import judge
 
     width, height = size
@@ -282,6 +284,8 @@ def slide_adequacy(
             **({"to_pass": scale["to_pass"]} if scale and "to_pass" in scale else {}),
         },
     }
+    if stain is not None:
+        m["cell_stain"] = {"degrees": stain.get("degrees"), "advised": bool(stain.get("advised"))}
     if reference is None:
         m["focus_not_checked"] = "the bundle has no real golden cells to hold sharpness against"
     block = judge(rule, m)

@@ -56,6 +56,10 @@ _ICSH = (
     "Int J Lab Hematol 2008; 30:349-364): a 500-cell differential count"
 )
 _CYTO = "a cyto choice (docs/how-to/adequacy.md)"
+_STAIN_SOURCE = (
+    "the model has learned its training cells' stain only; cells of another stain are found "
+    "and measured otherwise (" + _CYTO + ")"
+)
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,11 @@ class AdequacyRule:
         limited_not_evaluable: a larger share not evaluable: limited.
         limited_crowded_area: a larger share of the scanned tiles crowded: limited.
         limited_glass: a larger share of the slide glass or skipped: limited.
-        check_scale: cells off the model's scale (the cell-scale check): unsatisfactory.
+        check_scale: cells off the model's scale (the cell-scale check): unsatisfactory; cells
+            that look as the model's where the slide's resolution says otherwise (that
+            resolution is likely wrong, and every um^2 measure with it): limited.
+        check_stain: cells stained otherwise than the model's training cells (the stain
+            check): limited (they are found, measured and scored as cells of another stain).
         sources: where each number comes from, by field name.
     """
 
@@ -83,6 +91,7 @@ class AdequacyRule:
     limited_crowded_area: float | None = 0.5
     limited_glass: float | None = 0.9
     check_scale: bool = True
+    check_stain: bool = True
     sources: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -102,10 +111,11 @@ class AdequacyRule:
                 raise ConfigError(f"{where}: {name} must be a share between 0 and 1, got {v!r}")
             if v is not None and not 0.0 <= v <= 1.0:
                 raise ConfigError(f"{where}: {name} must be a share between 0 and 1, got {v!r}")
-        if not isinstance(self.check_scale, bool):
-            raise ConfigError(
-                f"{where}: check_scale must be true or false, got {self.check_scale!r}"
-            )
+        for name in ("check_scale", "check_stain"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"{where}: {name} must be true or false, got {getattr(self, name)!r}"
+                )
         # a band that starts where the harsher one already ends can never be given
         for low, high, band, fix in (
             ("min_cells", "limited_cells", "limited_cells", "raise"),
@@ -138,6 +148,7 @@ PRESETS: dict[str, AdequacyRule | None] = {
             "limited_crowded_area": _CYTO,
             "limited_glass": _CYTO,
             "check_scale": "the model ranks cells at its training scale only (" + _CYTO + ")",
+            "check_stain": _STAIN_SOURCE,
         },
     ),
     "lbc-cervical": AdequacyRule(
@@ -151,6 +162,7 @@ PRESETS: dict[str, AdequacyRule | None] = {
             "limited_not_evaluable": _BETHESDA_OBSCURED,
             "limited_crowded_area": _CYTO,
             "check_scale": _CYTO,
+            "check_stain": _STAIN_SOURCE,
         },
     ),
     "smear-conventional": AdequacyRule(
@@ -166,6 +178,7 @@ PRESETS: dict[str, AdequacyRule | None] = {
             "limited_crowded_area": _CYTO,
             "limited_glass": _CYTO,
             "check_scale": _CYTO,
+            "check_stain": _STAIN_SOURCE,
         },
     ),
     "bone-marrow": AdequacyRule(
@@ -181,6 +194,7 @@ PRESETS: dict[str, AdequacyRule | None] = {
             "limited_not_evaluable": "Bethesda's obscuring shares, borrowed (" + _CYTO + ")",
             "limited_crowded_area": _CYTO,
             "check_scale": _CYTO,
+            "check_stain": _STAIN_SOURCE,
         },
     ),
 }
@@ -321,6 +335,22 @@ def judge(rule: AdequacyRule, m: dict) -> dict:
             f"cells look {1 / scale['factor']:.2f}x larger than its training cells, which blur "
             "or crowding gives too, and so do a lesion-rich specimen and a wrong resolution: "
             "read it by eye"
+        )
+    if rule.check_scale and scale.get("mpp_contradicted"):
+        # the scale check said the resolution is likely wrong; the cells were scored as they
+        # look, but found and measured at it: "satisfactory" with no word (hostile round 58)
+        limited.append(
+            "cells that look as the model's training cells where the slide's resolution says "
+            "otherwise: that resolution is likely wrong, and every um^2 measure with it"
+        )
+    stain = m.get("cell_stain") or {}
+    if rule.check_stain and stain.get("advised"):
+        # an MGG model on a Pap slide found 39-69 cells of 682 and was "satisfactory"
+        # (hostile round 58): the stain check's warning was the only word
+        limited.append(
+            f"cells stained otherwise than the model's training cells ({stain['degrees']:.0f} "
+            "degrees apart): found, measured and scored as cells of another stain or lab; "
+            "read it by eye, or train on this lab's normal cells"
         )
     if rule.min_cells is not None and n_eval < rule.min_cells:
         unsat.append(
