@@ -65,6 +65,10 @@ def test_bench_engine(exported_dsvdd, tmp_path):
     assert missing[("onnx", "int8")].endswith("--precision int8 --calib CELLS")
     assert "CUDA only" in missing[("trt", "fp16")]
     assert "fp16" in missing[("torch", "fp16")]
+    # which backend runs which precision is the runtime's one rule: PyTorch was told bf16 "runs
+    # through ONNX Runtime or TensorRT", which refuse it (hostile round 60, 2)
+    for name in ("torch", "onnx"):
+        assert missing[(name, "bf16")].startswith("--precision bf16 runs in OpenVINO, on the CPU")
 
     bad = run_cyto("bench", "engine", "--model", str(exported_dsvdd), "--backends", "tpu")
     assert bad.returncode != 0 and "unknown backend" in bad.stderr

@@ -551,9 +551,17 @@ def test_predict_stopped_halfway_resumes_after_its_last_chunk(
         Image.fromarray(tiny.images[i]).save(folder / f"c{i:02d}.png")
     data, out, said = tmp_path / "cells", tmp_path / "s.parquet", []
 
-    def run(**kw):  # each run replaces the last one's table
+    def run(**kw):  # each run replaces the last one's table; a resume finishes what it was asked
+        again = not kw.get("resume")  # (resume with overwrite is refused)
         return predict(
-            exported_dsvdd, data, out, chunk=4, verify=False, echo=said.append, overwrite=True, **kw
+            exported_dsvdd,
+            data,
+            out,
+            chunk=4,
+            verify=False,
+            echo=said.append,
+            overwrite=again,
+            **kw,
         )
 
     whole = pq.read_table(run()["out"])

@@ -138,17 +138,62 @@ def test_a_tensorrt_beside_onnxruntime_gpu_of_another_major_is_named(tmp_path, m
     assert ortb.tensorrt_provider_mismatch() is None
 
 
-def test_a_precision_a_backend_does_not_run_is_not_recorded_as_run(exported_dsvdd):
-    """--precision bf16 --backend onnx ran encoder.onnx in fp32 and printed and recorded bf16
-    (issue 68): the scorer (whose precision the summary and the table's metadata record) says
-    fp32, and a note says once that bf16 is not run by onnx."""
+def test_a_precision_a_backend_does_not_run_is_refused_by_every_caller(exported_dsvdd):
+    """--precision bf16 --backend onnx ran encoder.onnx in fp32 with a note (issue 68), exit 0,
+    and nothing at all from cyto.load_model, while --backend torch was refused (hostile round
+    60, 1). One rule (:func:`cyto.runtime.backends.precision_refused`) refuses it before
+    anything loads, in the caller's words, for the scorer, the CLI and the Python call."""
+    import cyto
+    from cyto.errors import ConfigError
     from cyto.runtime import load_scorer
+    from tests.cli_runner import run_cyto
 
-    scorer = load_scorer(exported_dsvdd, "onnx", "cpu", "bf16", verify=False)
-    try:
-        assert scorer.precision == "fp32" and scorer.backend.graph.file == "encoder.onnx"
-        said = [n for n in scorer.notes if "bf16" in n]
-        assert said == ["bf16 is not run by onnx (OpenVINO's only); fp32"], scorer.notes
-        assert "bf16" not in scorer.describe()
-    finally:
-        scorer.close()
+    with pytest.raises(ConfigError) as err:
+        load_scorer(exported_dsvdd, "onnx", "cpu", "bf16", verify=False)
+    assert str(err.value) == (
+        "--precision bf16 runs in OpenVINO, on the CPU, not in ONNX Runtime: use --backend "
+        "openvino (or --backend auto)"
+    )
+    with pytest.raises(ConfigError, match=r"precision='bf16' runs in OpenVINO, on the CPU, not"):
+        cyto.load_model(exported_dsvdd, backend="onnx", device="cpu", precision="bf16")
+    proc = run_cyto("info", str(exported_dsvdd))  # a command that loads nothing: unaffected
+    assert proc.returncode == 0
+    proc = run_cyto(
+        "predict", str(exported_dsvdd), "--data", str(exported_dsvdd), "--out",
+        str(exported_dsvdd.parent / "p.parquet"), "--backend", "onnx", "--precision", "bf16",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: --precision bf16 runs in OpenVINO, on the CPU, not in ONNX Runtime: use "
+        "--backend openvino (or --backend auto)"
+    ], proc.stderr
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_which_backend_runs_which_precision_is_one_rule(device):
+    """Every backend x precision: refused exactly where :data:`RUN_BY` says it does not run
+    (PyTorch's fp16 on CUDA only), in one line naming a backend that does run it."""
+    from cyto.runtime.backends import BACKENDS, RUN_BY, precision_refused
+
+    for precision, runs in RUN_BY.items():
+        for name in BACKENDS:
+            refused = precision_refused(name, precision, device)
+            cpu_fp16_torch = name == "torch" and precision == "fp16" and device == "cpu"
+            assert (refused is None) == (name in runs and not cpu_fp16_torch), (name, precision)
+            if refused:
+                assert "\n" not in refused and f"--precision {precision}" in refused
+                use = refused.split("use --backend ")[1].split(" ")[0]
+                assert use in runs, refused
+
+
+def test_bench_says_openvino_runs_no_fp16_not_that_a_graph_is_missing(exported_dsvdd):
+    """``cyto bench engine`` said OpenVINO's fp16 was "unavailable (the bundle has no fp16 ONNX
+    graph: make one with cyto export ...)" of a bundle that had it (hostile round 60, 2)."""
+    from cyto.bench.engine import Unavailable, make_runner
+    from cyto.bundle import load_bundle
+
+    bundle = load_bundle(exported_dsvdd, weights=False, for_scoring=True)
+    with pytest.raises(Unavailable) as err:
+        make_runner(bundle, "openvino", "cpu", "fp16")
+    assert str(err.value).startswith("--precision fp16 runs in ONNX Runtime and TensorRT"), err
+    assert "cyto export" not in str(err.value)

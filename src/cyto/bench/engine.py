@@ -89,14 +89,16 @@ def _torch_runner(bundle: Bundle, device: str, precision: str, variant: str) -> 
 def _runtime_runner(bundle: Bundle, backend: str, device: str, precision: str) -> Runner:
     """A backend of the runtime exactly as ``cyto score`` runs it (no head: the network only)."""
     from cyto.errors import CytoError, VerificationError
+    from cyto.runtime.backends import precision_refused
     from cyto.runtime.scorer import graph_of, load_scorer
 
     if backend == "openvino" and device != "cpu":
         raise Unavailable("openvino runs on the CPU only")
     if backend not in ("onnx", "openvino") and not device.startswith("cuda"):
         raise Unavailable(f"{backend} runs on CUDA only")
-    if precision == "bf16" and backend != "openvino":
-        raise Unavailable("bf16 runs in OpenVINO on the CPU (--backends openvino)")
+    refused = precision_refused(backend, precision, device)
+    if refused:  # the runtime's rule: OpenVINO's fp16 is no missing graph (round 60, 2)
+        raise Unavailable(refused)
     if graph_of(bundle, backend, precision, device) is None:
         from cyto.runtime.verify import export_hint
 

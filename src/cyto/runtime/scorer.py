@@ -30,7 +30,7 @@ from cyto.bundle import PRECISIONS, Bundle, GraphSpec, ModelSpec, load_bundle, o
 from cyto.data.images import MIN_CELL_SIDE
 from cyto.errors import ConfigError, CytoError, ScaleWarning, as_arg, warn_caller
 from cyto.flags import Range, passing, said
-from cyto.runtime.backends import CHOICES, Backend
+from cyto.runtime.backends import CHOICES, Backend, precision_refused
 from cyto.runtime.devices import resolve_device
 from cyto.runtime.heads import Head, head_for
 from cyto.runtime.machine import graph_for
@@ -306,16 +306,6 @@ def _has_onnxruntime() -> bool:
     return importlib.util.find_spec("onnxruntime") is not None
 
 
-def precision_run_by(name: str, precision: str) -> tuple[str, str | None]:
-    """The precision backend ``name`` runs when ``precision`` is asked for, and a note when
-    that is another: bf16 is OpenVINO's compilation of ``encoder.onnx``, which ONNX Runtime runs
-    in fp32 (``--precision bf16 --backend onnx`` ran fp32 and recorded bf16: issue 68). What
-    is printed and recorded (``scorer.precision``, the summary, the verification) is what ran."""
-    if precision == "bf16" and name in ("onnx", "onnx-trt"):
-        return "fp32", f"bf16 is not run by {name} (OpenVINO's only); fp32"
-    return precision, None
-
-
 def make_backend(
     name: str,
     bundle: Bundle,
@@ -336,25 +326,20 @@ def make_backend(
                 f"{said('backend')} out (auto picks the fastest backend this machine has)"
             )
         raise ConfigError(f"the {name} backend runs on CUDA only: use {passing('device', 'cuda')}")
+    refused = precision_refused(name, precision, device)
+    if refused:  # before anything loads; a precision never runs as another (issue 68)
+        raise ConfigError(refused)
     if name in ("onnx", "onnx-trt"):
         from cyto.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
-        ran, note = precision_run_by(name, precision)
         provider = "tensorrt" if name == "onnx-trt" else "cuda"
-        made = OnnxRuntimeBackend(bundle, device, ran, threads, provider=provider, graph=graph)
-        if note:  # said once, with the backend choice; recorded is the precision that ran
-            made.notes = [*getattr(made, "notes", ()), note]
-        return made
+        return OnnxRuntimeBackend(
+            bundle, device, precision, threads, provider=provider, graph=graph
+        )
     if name == "openvino":
         from cyto.runtime.backends.openvino import OpenVinoBackend
 
         return OpenVinoBackend(bundle, device, precision, threads, graph=graph)
-    if precision == "bf16":
-        raise ConfigError(
-            f"{passing('precision', 'bf16')} runs in OpenVINO on the CPU, not in {name}: use "
-            f"{passing('backend', 'openvino')} and {passing('device', 'cpu')} "
-            f"(or {passing('backend', 'auto')})"
-        )
     if name == "trt":
         from cyto.runtime.backends.tensorrt import TensorRTBackend
 

@@ -61,6 +61,7 @@ from cyto.errors import (
     os_error_path,
 )
 from cyto.flags import passing
+from cyto.runtime.backends import precision_refused
 from cyto.runtime.heads import head_class
 from cyto.runtime.machine import openvino_cpu
 
@@ -230,11 +231,9 @@ class OpenVinoBackend:
             raise ConfigError(
                 f"the openvino backend runs on the CPU only: use {passing('device', 'cpu')}"
             )
-        if precision not in PRECISIONS:
-            raise ConfigError(
-                f"the openvino backend runs {', '.join(PRECISIONS)}; "
-                f"{passing('precision', precision)} runs through ONNX Runtime or TensorRT"
-            )
+        refused = precision_refused("openvino", precision, device)
+        if refused:
+            raise ConfigError(refused)
         require_openvino()
         if precision == "bf16" and "bf16" not in precisions_here():
             raise DeviceError(

@@ -34,13 +34,12 @@ class TorchBackend:
 
         from cyto.errors import ConfigError
         from cyto.models.from_bundle import build_graph
+        from cyto.runtime.backends import precision_refused
 
+        refused = precision_refused("torch", precision, device)
+        if refused:
+            raise ConfigError(refused)
         gpu = str(device).startswith("cuda")
-        if precision not in ("fp32", "fp16") or (precision == "fp16" and not gpu):
-            raise ConfigError(
-                f"the PyTorch backend runs fp32{' (and fp16 on CUDA)' if not gpu else ''}; "
-                f"{precision} on {device} runs through ONNX Runtime or TensorRT"
-            )
         if not bundle.weights:
             bundle = load_bundle(bundle.path, for_scoring=True)
         if threads:
