@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.errors import CytoError, VerificationError
+from cyto.flags import passing
 
 OK, MISSING, FAILED, INFO = "ok", "missing", "FAILED", "info"
 
@@ -435,8 +436,15 @@ def model_rows(
                 except VerificationError as exc:
                     row.status, row.detail = FAILED, _row_failure(str(exc), bundle.path)
                     row.source = "ran now"
-                    if cpu and form is not graph:  # a form this CPU would not take: why
-                        row.detail = f"{_not_taken(bundle.spec.graphs, form.file)}{exc}"
+                    taken = _taken(bundle, backend, graph) if precision == "int8" else None
+                    if cpu and taken is not None and form.file != taken.file:
+                        # a form this backend does not take here: why, and which it takes, not
+                        # "nothing here reproduces ... --skip-verify" (hostile round 60, 4)
+                        row.detail = (
+                            f"{_not_taken(bundle.spec.graphs, form.file)}"
+                            f"{_failed_words(str(exc), bundle.path)}; not the form {backend} "
+                            f"takes for {passing('precision', 'int8')} here ({taken.file})"
+                        )
                 except CytoError as exc:
                     row.status, row.detail = "cannot run", str(exc)
                 else:
@@ -490,19 +498,38 @@ def model_rows(
     return rows, auto, problems
 
 
+def _failed_words(words: str, path) -> str:
+    """The failure itself of the scorer's refusal ``words`` (the backend, graph and numbers),
+    without what it says of the whole machine; ``words`` as they are where it is no such
+    refusal."""
+    whole = f"{path}: nothing here reproduces the bundle's golden cells; "
+    if not words.startswith(whole):
+        return words
+    return words[len(whole) :].split(". Use another --precision", 1)[0]
+
+
 def _row_failure(words: str, path) -> str:
     """A failed verification said of its own row: the scorer's refusal speaks for the whole
     machine ("nothing here reproduces the bundle's golden cells"), which the table's other rows
     may contradict (three passed beside a failed bf16 record: issue 68, hostile round 3)."""
-    whole = f"{path}: nothing here reproduces the bundle's golden cells; "
-    if not words.startswith(whole):
+    failed = _failed_words(words, path)
+    if failed is words:
         return words
-    failed = words[len(whole) :].split(". Use another --precision", 1)[0]
     return (
         f"this row does not reproduce the bundle's golden cells: {failed}; score with a row "
         "that passed (its --backend and --precision), or --skip-verify to score anyway "
         "(recorded)"
     )
+
+
+def _taken(bundle, backend: str, graph):
+    """The int8 form ``backend`` takes first on this CPU (OpenVINO its own order, ONNX Runtime
+    the form of this CPU's kernels: ``graph``), or None."""
+    if backend == "openvino":
+        from cyto.runtime.backends.openvino import graph_for_openvino
+
+        return graph_for_openvino(bundle, "int8")
+    return graph
 
 
 def verified_how(v) -> str:

@@ -763,9 +763,10 @@ def other_cpu_int8(spec, chosen: Backend, device: str, precision: str):
         return None
     keys = [k for k, g in spec.graphs.items() if g.file == graph.file]
     if chosen.name == "openvino" and keys:  # its own order of forms, TensorRT's included
-        from cyto.runtime.backends.openvino import INT8_ORDER
+        from cyto.runtime.backends.openvino import int8_order
 
-        later = INT8_ORDER[INT8_ORDER.index(keys[0]) + 1 :] if keys[0] in INT8_ORDER else ()
+        order = int8_order()
+        later = order[order.index(keys[0]) + 1 :] if keys[0] in order else ()
         return next((spec.graphs[k] for k in later if k in spec.graphs), None)
     if not keys or keys[0] not in CPU_INT8_FORMS:
         return None
