@@ -379,3 +379,33 @@ def test_doctor_says_a_form_a_backend_does_not_take_here_as_such(
             f"not the form {r.backend} takes for --precision int8 here (encoder-int8-cpu7.onnx)"
         ), r.detail
     assert "encoder-int8-cpu7.onnx" in auto[f"{bundle} on cpu"]
+
+
+def test_fp16_on_a_cpu_is_said_as_the_only_choice_and_a_slow_one(bundle, synth_patches):
+    """``--precision fp16`` on a CPU said "chose onnx (fp16): the fastest choice that passed
+    verification here", the only candidate and 2x slower than fp32 there, and OpenVINO was left
+    out as offering "no fp16 on this CPU (... bf16 needs AMX or AVX512-BF16)" (hostile round 60,
+    3): the only choice is said as such, fp16's cost on a CPU is said, and OpenVINO runs no fp16
+    graph anywhere."""
+    from cyto.bundle import load_bundle
+    from cyto.export.quantize import export_variant, load_cells
+    from cyto.runtime.scorer import CPU_FP16
+
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    cells = load_cells(synth_patches, size, classes="normal")
+    export_variant(bundle, "fp16", None, cells, echo=lambda m: None)
+    s = load_scorer(bundle, "auto", "cpu", "fp16")
+    try:
+        assert (s.backend.name, s.precision) == ("onnx", "fp16")
+        chose = "chose onnx on cpu (fp16, encoder-fp16.onnx): the only fp16 choice, which passed"
+        assert f"{chose} verification here" in s.notes, s.notes
+        assert CPU_FP16 in s.notes and not any("bf16 needs" in n for n in s.notes), s.notes
+        assert "OpenVINO runs no fp16 graph (it runs fp32, int8 and, on some CPUs, bf16)" in s.notes
+    finally:
+        s.close()
+    s = load_scorer(bundle, "auto", "cpu", "fp32")  # several choices: the fastest
+    try:
+        assert any(n.endswith("the fastest choice that passed verification here") for n in s.notes)
+        assert CPU_FP16 not in s.notes
+    finally:
+        s.close()

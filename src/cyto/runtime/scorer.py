@@ -431,6 +431,8 @@ def openvino_left_out(bundle: Bundle, precision: str) -> str | None:
         )
     if not openvino.has_openvino():
         return f"OpenVINO is not installed ({openvino.INSTALL})"
+    if precision_refused("openvino", precision, "cpu"):  # not "no fp16 on this CPU ... bf16"
+        return f"OpenVINO runs no {precision} graph (it runs fp32, int8 and, on some CPUs, bf16)"
     if precision not in openvino.precisions_here():
         caps = ", ".join(openvino.cpu_capabilities())
         return (
@@ -545,6 +547,15 @@ def cpu_order() -> tuple[tuple[str, str], ...]:
     return (*rest[:at], ("openvino", "bf16"), *rest[at:])
 
 
+#: said where fp16 runs on a CPU: ONNX Runtime's CPU kernels compute an fp16 graph through
+#: conversions to fp32 (a 2-core AVX2-only AMD EPYC: 27 against 95 patches/s for fp32 by cyto
+#: bench engine at batch 64, a slide 13.7 s against 10.4 s; hostile round 60, 3)
+CPU_FP16 = (
+    "fp16 graphs are made for GPUs: on a CPU ONNX Runtime runs them slower than fp32 (1.6-3.5x "
+    "on a 2-core AVX2 EPYC; cyto doctor times each here): leave --precision out (auto) here"
+)
+
+
 def attempt_plan(
     bundle: Bundle,
     backend: str,
@@ -640,6 +651,7 @@ def load_scorer(
         (name, p, graph)
         for name, p, _ in attempt_plan(bundle, backend, device, precision, golden, notes, verify)
     ]
+    planned = len(attempts)  # one: the only choice, not "the fastest" (hostile round 60, 3)
     while attempts:
         name, p, form = attempts.pop(0)
         try:
@@ -678,7 +690,12 @@ def load_scorer(
                 )
             passed = "passed verification here" if check.passed else "runs here"
             if backend == "auto":
-                notes.append(f"chose {scorer.describe()}: the fastest choice that {passed}")
+                why = f"the fastest choice that {passed}"
+                if planned == 1:
+                    why = f"the only {scorer.precision} choice, which {passed}"
+                notes.append(f"chose {scorer.describe()}: {why}")
+                if scorer.precision == "fp16" and device == "cpu":
+                    notes.append(CPU_FP16)
             elif precision == "auto":  # the backend was asked for: only its precision chosen
                 notes.append(
                     f"{scorer.describe()} as asked ({passing('backend', backend)}), at its "
