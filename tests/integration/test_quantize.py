@@ -5,6 +5,7 @@ ranking (a deliberately broken calibration), and `auto` only runs a graph that p
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -507,3 +508,38 @@ def test_parity_cells_are_said_held_out_from_calibration_not_from_training():
     assert parity_cells_words(given) == "240 cells held out from calibration"
     golden = {"cells": 64, "cells_source": f"{GOLDEN_SOURCE} (synthetic patches)"}
     assert parity_cells_words(golden) == "64 golden cells"
+    # an fp16 graph is not calibrated: its cells are not "held out" of anything (round 60, 7)
+    fp16 = {**given, "uncalibrated": True}
+    assert parity_cells_words(fp16) == (
+        "240 cells of the calibration folder (fp16 is not calibrated)"
+    )
+
+
+def test_parity_normal_without_parity_cells_is_refused_and_one_class_is_said(
+    exported_dsvdd, synth_patches, tmp_path
+):
+    """``cyto export --parity-normal LYT`` without ``--parity-cells`` was accepted and did
+    nothing; parity cells all of one class gave no AUROC or Recall@K delta, unsaid (hostile
+    round 60, 6)."""
+    from cyto.export.api import export_bundle
+
+    bundle = tmp_path / "d.cyto"
+    shutil.copytree(exported_dsvdd, bundle)
+    with pytest.raises(ConfigError, match=r"^--parity-normal names the normal classes of "):
+        export_bundle(bundle, onnx=False, precisions=("fp16",), parity_normal="normal")
+    normals = tmp_path / "normals"
+    (normals / "normal").mkdir(parents=True)
+    for f in sorted((synth_patches / "normal").iterdir())[:40]:
+        os.symlink(f, normals / "normal" / f.name)
+    said: list[str] = []
+    export_bundle(
+        bundle,
+        onnx=False,
+        precisions=("fp16",),
+        parity_cells=normals,
+        parity_normal="normal",
+        echo=said.append,
+    )
+    assert any(
+        m.startswith("warning: every cell of --parity-cells is of the normal class") for m in said
+    ), said

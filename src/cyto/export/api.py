@@ -154,6 +154,12 @@ def export_bundle(
             f"{','.join(bad) or 'none'}"  # as typed, never a Python list (hostile round 35, 5)
         )
     check_export_choices(device, calib, calib_class)
+    if parity_normal is not None and parity_cells is None:  # accepted, and unused (round 60, 6)
+        raise ConfigError(
+            f"{said('parity_normal')} names the normal classes of {said('parity_cells')}: give "
+            f"{said('parity_cells')} too, cells of normal and abnormal classes (the AUROC and "
+            "Recall@K deltas are measured on them)"
+        )
     if onnx:
         check_opset(opset)
     bundle = load_bundle(path, weights=False)
@@ -185,6 +191,13 @@ def export_bundle(
         if calib is not None:
             calib_cells = load_cells(calib, size, classes=calib_class, limit=calib_limit)
         held = load_cells(parity_cells, size, normal=parity_normal) if parity_cells else None
+        if held is not None and held.labels is not None and len(set(held.labels.tolist())) < 2:
+            one = "normal" if not held.labels.any() else "abnormal"
+            echo(
+                f"warning: every cell of {said('parity_cells')} is of the {one} class "
+                f"({passing('parity_normal', parity_normal)}): no AUROC or Recall@K delta can be "
+                "measured on them, only the ranking parity"
+            )
     # every export ends in ONNX Runtime's parity check: without it, say so before the slow export
     from cyto.runtime.backends.onnxruntime import require_onnxruntime
 
