@@ -475,7 +475,16 @@ def model_rows(
                 f"{export_hint(bundle, precision_asked)}"
             )
         elif precision_asked and not any(r.status == "passed" for r in rows if r.device == device):
-            problems.append(f"{model}: no {precision_asked} graph passes verification on {device}")
+            here = [r for r in rows if r.device == device]
+            if here and all(r.status == "cannot run" for r in here):
+                # nothing was verified: bf16 on a CPU without it was "no bf16 graph passes
+                # verification", of a precision that makes no graph (hostile round 60, 10)
+                problems.append(f"{model}: {precision_asked} cannot run on {device} here: "
+                                f"{here[0].detail}")  # fmt: skip
+            else:
+                problems.append(
+                    f"{model}: no {precision_asked} graph passes verification on {device}"
+                )
         elif not passed_any and not any(r.status == "unverified" for r in rows):
             problems.append(f"{model}: nothing here can score it on {device}")
         try:

@@ -409,3 +409,18 @@ def test_fp16_on_a_cpu_is_said_as_the_only_choice_and_a_slow_one(bundle, synth_p
         assert CPU_FP16 not in s.notes
     finally:
         s.close()
+
+
+def test_doctor_says_a_precision_that_cannot_run_here_not_that_it_fails(bundle, monkeypatch):
+    """``cyto doctor --precision bf16`` on a CPU without bf16 said "no bf16 graph passes
+    verification on cpu": nothing was verified, and bf16 makes no graph (hostile round 60, 10).
+    The CPU's lack is set here."""
+    from cyto.doctor import model_rows
+    from cyto.runtime.backends import openvino
+
+    monkeypatch.setattr(openvino, "precisions_here", lambda: ("fp32", "int8"))
+    rows, _, problems = model_rows(bundle, ["cpu"], "bf16")
+    assert rows and all(r.status == "cannot run" for r in rows), rows
+    assert not any("passes verification" in p for p in problems), problems
+    [said] = [p for p in problems if "bf16" in p]
+    assert said.startswith(f"{bundle}: bf16 cannot run on cpu here: --precision bf16 needs a CPU")

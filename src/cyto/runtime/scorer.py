@@ -733,9 +733,10 @@ def load_scorer(
             f"{bundle.path} has no {precision} graph: make one with "
             f"{export_hint(bundle, precision)}"
         )
-    if precision != "fp32":
+    if precision != "fp32":  # bf16 has no graph: OpenVINO's compile of encoder.onnx
+        what = f"{precision} for" if precision == "bf16" else f"the {precision} graph of"
         raise ConfigError(
-            f"no backend here runs the {precision} graph of {bundle.path} on {device}"
+            f"no backend here runs {what} {bundle.path} on {device}"
             + (f" ({'; '.join(notes)})" if notes else "")
         )
     raise ConfigError(f"no backend here can score {bundle.path} on {device}: {'; '.join(notes)}")
