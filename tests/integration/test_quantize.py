@@ -198,6 +198,15 @@ def test_the_export_cli_and_info(bundle, synth_patches):
     assert m["onnx_variants"]["int8-cpu7"]["gate"]["passed"]
     assert m["onnx_variants"]["int8-cpu"]["quantization"]["form"] == "ONNX Runtime on x86 CPUs"
     assert m["onnx_variants"]["int8"]["quantization"]["kept_float"] == ["Gemm"]
+    # what auto takes first on most CPUs is listed; an x86 form below the gate on the
+    # exporting CPU's own kernels (an AVX2-only one: the 8-bit form) is said by info too, as
+    # export said it, not "(passed)" alone (hostile round 60, 8)
+    assert "openvino: ready on the CPU" in info.stdout, info.stdout
+    below = m["onnx_variants"]["int8-cpu"].get("below_gate_on")
+    assert (below is not None) == ("int8-cpu on this CPU's own int8 kernels" in proc.stdout)
+    if below is not None:
+        [line] = [x for x in info.stdout.splitlines() if x.strip().startswith("int8-cpu:")]
+        assert "below the gate on the CPU it was exported on" in line, line
 
 
 def test_score_says_which_graph_scored(bundle, synth_patches, tmp_path):

@@ -165,10 +165,21 @@ def info_cmd(
             how = f", {q['method']} calibration on {q['cells']} cells" if "cells" in q else ""
             if q.get("kept_float"):
                 how += f", {'/'.join(q['kept_float'])} kept in float"
+            below = v.get("below_gate_on")  # the exporting CPU's own int8 kernels: unlike it
+            if below:
+                verdict += (
+                    f"; below the gate on the CPU it was exported on, {below['cpu']}: Spearman "
+                    f"{below['spearman']:.4f}, checked on its golden cells wherever it scores"
+                )
             typer.echo(
                 f"    {p}: {v['file']}{how}; vs fp32 on {parity_cells_words(par)}: Spearman "
                 f"{par['spearman']:.4f}, top-10% overlap {par['top10_overlap']:.2f} ({verdict})"
             )
+        # what auto takes first on most CPUs was left out of the list (hostile round 60, 8)
+        typer.echo(
+            "    openvino: ready on the CPU (encoder.onnx in fp32, and bf16 where the CPU offers "
+            "it; the int8 graphs; needs 'cyto[cpu]')"
+        )
     else:
         typer.echo(f"    onnxruntime: run cyto export {as_arg(model)} first")
     from cyto.runtime.engines import EngineIndex
