@@ -424,3 +424,22 @@ def test_doctor_says_a_precision_that_cannot_run_here_not_that_it_fails(bundle, 
     assert not any("passes verification" in p for p in problems), problems
     [said] = [p for p in problems if "bf16" in p]
     assert said.startswith(f"{bundle}: bf16 cannot run on cpu here: --precision bf16 needs a CPU")
+
+
+def test_export_of_bf16_where_it_cannot_run_says_nothing_was_made_and_why(bundle, monkeypatch):
+    """``cyto export --precision bf16`` on a CPU without bf16 printed "bf16: not measured here"
+    and exited 0 with no file, the user left to guess whether anything was made (hostile round
+    60, 13). The CPU's lack is set here."""
+    from cyto.export.quantize import bf16_gate
+    from cyto.runtime.backends import openvino
+
+    monkeypatch.setattr(openvino, "precisions_here", lambda: ("fp32", "int8"))
+    said: list[str] = []
+    report = bf16_gate(bundle, echo=said.append)
+    assert report["measured"] is False
+    [line] = said
+    assert line.startswith("bf16: not measured here (OpenVINO offers no bf16 on this CPU")
+    assert line.endswith(
+        "bf16 makes no file, and a CPU that runs it verifies it on the golden cells before it "
+        "scores"
+    )
