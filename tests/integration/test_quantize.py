@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -187,6 +188,10 @@ def test_the_export_cli_and_info(bundle, synth_patches):
     )
     assert proc.returncode == 0, proc.stderr
     assert "int8 vs fp32 on" in proc.stdout and "int8-cpu vs fp32 on" in proc.stdout
+    # each top's size beside its overlap: "top-1% 1.00" of 128 cells was one cell (round 60, 9)
+    n = int(re.search(r"int8 vs fp32 on (\d+) cells", proc.stdout).group(1))
+    assert f"(of {max(1, round(n / 10))}), top-1% " in proc.stdout, proc.stdout
+    assert f"(of {max(1, round(n / 100))}), max score difference" in proc.stdout, proc.stdout
     # the activation ranges are measured once, with a progress line, for the three forms
     assert proc.stderr.count("int8 calibration: ") == 1, proc.stderr
     assert "Number of histogram" not in proc.stdout

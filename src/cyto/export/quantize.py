@@ -47,7 +47,7 @@ from cyto.bundle import Bundle, add_files, load_bundle
 from cyto.errors import ConfigError, DatasetError, ParityError
 from cyto.flags import passing, said
 from cyto.runtime.machine import cpu_info, int8_kernels_exact
-from cyto.runtime.verify import GATE, passes, ranking_parity
+from cyto.runtime.verify import GATE, passes, ranking_parity, top_cells
 from cyto.staging import staged_dir
 
 CALIB_METHODS = ("entropy", "percentile", "minmax")
@@ -547,10 +547,13 @@ def export_variant(
             # had used most of them (hostile round 60, 7)
             parity["uncalibrated"] = True
         ok = passes(parity)
+        # the top's size beside its overlap: "top-1% 1.00" of 128 cells is one cell (round 60, 9)
+        n = parity["cells"]
         line = (
             f"{key} vs fp32 on {parity_cells_words(parity)}: Spearman "
-            f"{parity['spearman']:.4f}, top-10% overlap {parity['top10_overlap']:.2f}, top-1% "
-            f"{parity['top1_overlap']:.2f}, max score difference {parity['max_abs_diff']:.3g}"
+            f"{parity['spearman']:.4f}, top-10% overlap {parity['top10_overlap']:.2f} (of "
+            f"{top_cells(n, 0.1)}), top-1% {parity['top1_overlap']:.2f} (of "
+            f"{top_cells(n, 0.01)}), max score difference {parity['max_abs_diff']:.3g}"
         )
         if "auroc_delta" in parity:
             line += (

@@ -102,8 +102,13 @@ def export_hint(bundle, precision: str) -> str:
     return export_words(bundle.path, precision, onnx=False)
 
 
+def top_cells(n: int, frac: float) -> int:
+    """How many cells the top ``frac`` of ``n`` is, as a top-k overlap counts them."""
+    return max(1, int(round(n * frac)))
+
+
 def _topk_overlap(a: np.ndarray, b: np.ndarray, frac: float) -> float:
-    k = max(1, int(round(len(a) * frac)))
+    k = top_cells(len(a), frac)
     top_a = set(np.argsort(-a, kind="stable")[:k].tolist())
     top_b = set(np.argsort(-b, kind="stable")[:k].tolist())
     return len(top_a & top_b) / k
