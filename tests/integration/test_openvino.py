@@ -240,14 +240,9 @@ def test_int8_tries_every_openvino_form_before_onnx_runtime(bundle, synth_patche
     it, comes first: the 8-bit forms saturate there (a real AVX2-only EPYC: Spearman 0.93-0.98)
     and were said as failed verifications before every run (hostile round 60, 5). The CPU and
     the verdicts are set here; the order is the subject."""
-    from cyto.bundle import load_bundle
-    from cyto.export.quantize import export_variant, load_cells
     from cyto.runtime import machine, verify
 
-    size = load_bundle(bundle, weights=False).spec.crop_size
-    calib = load_cells(synth_patches, size, classes="normal")
-    for key in ("int8-cpu7", "int8-cpu", "int8"):
-        export_variant(bundle, key, calib, calib, "minmax", echo=lambda m: None)
+    _three_int8_forms(bundle, synth_patches)
     real = verify.verify_scorer
     saturated = ("encoder-int8.onnx", "encoder-int8-cpu.onnx")
     tried: list[str] = []
@@ -349,15 +344,10 @@ def test_doctor_says_a_form_a_backend_does_not_take_here_as_such(
     """On an AVX2-only CPU each failed row of the 8-bit forms said "nothing here reproduces the
     bundle's golden cells ... or --skip-verify to score anyway" beside the 7-bit form's passed
     rows (hostile round 60, 4): such a row says which form its backend takes here instead."""
-    from cyto.bundle import load_bundle
     from cyto.doctor import FAILED, model_rows
-    from cyto.export.quantize import export_variant, load_cells
     from cyto.runtime import machine, verify
 
-    size = load_bundle(bundle, weights=False).spec.crop_size
-    calib = load_cells(synth_patches, size, classes="normal")
-    for key in ("int8-cpu7", "int8-cpu", "int8"):
-        export_variant(bundle, key, calib, calib, "minmax", echo=lambda m: None)
+    _three_int8_forms(bundle, synth_patches)
     real = verify.verify_scorer
     saturated = ("encoder-int8.onnx", "encoder-int8-cpu.onnx")
 
@@ -443,3 +433,15 @@ def test_export_of_bf16_where_it_cannot_run_says_nothing_was_made_and_why(bundle
         "bf16 makes no file, and a CPU that runs it verifies it on the golden cells before it "
         "scores"
     )
+
+
+def _three_int8_forms(bundle, cells) -> None:
+    """The bundle's three int8 forms (TensorRT's, the 8-bit and the 7-bit x86 ones), calibrated
+    and gated on ``cells``' normal class."""
+    from cyto.bundle import load_bundle
+    from cyto.export.quantize import export_variant, load_cells
+
+    size = load_bundle(bundle, weights=False).spec.crop_size
+    calib = load_cells(cells, size, classes="normal")
+    for key in ("int8-cpu7", "int8-cpu", "int8"):
+        export_variant(bundle, key, calib, calib, "minmax", echo=lambda m: None)
