@@ -76,6 +76,8 @@ def test_int8_and_fp16_graphs_keep_the_ranking_or_are_refused(
         assert par["cells"] == len(held.images)
         assert {"auroc_delta", "recall_at_k_delta"} <= set(par)
         assert entry["measured_on"]  # the CPU (and its flags) the parity was measured on
+        # fp16 is not calibrated: its cells are no "held out from calibration" (round 60, 7)
+        assert par.get("uncalibrated", False) == (key == "fp16"), par
     assert {"int8-cpu7", "fp16"} <= set(added)
     verify_bundle(path)
     assert (path / "manifest.json").stat().st_size < 64_000  # a file people read
@@ -525,7 +527,7 @@ def test_parity_cells_are_said_held_out_from_calibration_not_from_training():
     # an fp16 graph is not calibrated: its cells are not "held out" of anything (round 60, 7)
     fp16 = {**given, "uncalibrated": True}
     assert parity_cells_words(fp16) == (
-        "240 cells of the calibration folder (fp16 is not calibrated)"
+        "240 cells of p (the cells calibration did not use) (fp16 is not calibrated)"
     )
 
 

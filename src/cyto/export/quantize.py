@@ -100,7 +100,7 @@ def parity_cells_words(parity: dict) -> str:
     if golden:
         return f"{parity['cells']} golden cells"
     if parity.get("uncalibrated"):  # an fp16 graph's: no calibration to hold cells out of
-        return f"{parity['cells']} cells of the calibration folder (fp16 is not calibrated)"
+        return f"{parity['cells']} cells of {parity.get('cells_source')} (fp16 is not calibrated)"
     return f"{parity['cells']} cells held out from calibration"
 
 
@@ -542,7 +542,7 @@ def export_variant(
         got = _scores(bundle, target, held.images, int8_kernels=fused)
         parity = ranking_parity(ref, got, held.labels)
         parity["cells_source"] = held.source
-        if precision == "fp16" and parity_cells is None:
+        if precision == "fp16":
             # "held out from calibration" of a graph never calibrated, while int8's calibration
             # had used most of them (hostile round 60, 7)
             parity["uncalibrated"] = True
