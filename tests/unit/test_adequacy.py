@@ -425,3 +425,26 @@ def test_larger_cells_left_unjudged_for_blur_are_said_as_a_limit_to_read_by_eye(
     assert "read it by eye" in said
     judged = _judge("general", cell_scale={**scale, "off_scale": False})
     assert not [r for r in judged["reasons"] if "larger" in r], judged  # judged: within scale
+
+
+@pytest.mark.parametrize("preset", [k for k, v in adequacy.PRESETS.items() if v is not None])
+def test_a_check_added_later_voids_no_earlier_key_at_its_default(preset, tmp_path):
+    """``check_stain`` joined the rule after output keys and calibrations held it: at its
+    default it is left out of the key, so a slide or calibration of the cyto before it still
+    matches (a calibrated slide was told it was "scored unlike the calibration slides"); turned
+    off, it is another rule."""
+    from cyto.reuse import differences
+
+    rule = adequacy.PRESETS[preset]
+    before = rule.as_json()  # what the cyto before check_stain recorded
+    del before["check_stain"]
+    before["sources"].pop("check_stain", None)
+    assert differences({"adequacy": before}, {"adequacy": rule.key()}) == []
+    path = tmp_path / "r.toml"
+    path.write_text(f'[adequacy]\nbase = "{preset}"\ncheck_stain = false\n')
+    off = adequacy.resolve(str(path))
+    assert differences({"adequacy": before}, {"adequacy": off.key()}), off.key()
+    assert rule.as_json()["check_stain"] is True  # summary.json's rule says it whole
+    from cyto.infer import ScoreOptions
+
+    assert ScoreOptions(adequacy=preset).output_key()["adequacy"] == rule.key()

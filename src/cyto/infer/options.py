@@ -237,7 +237,7 @@ class ScoreOptions:
         }
         rule = self.adequacy_rule()
         if rule is not None:  # the rule itself, not its name: a rule file edited is another
-            key["adequacy"] = rule.as_json()
+            key["adequacy"] = rule.key()
         return json.loads(json.dumps(key, default=str))
 
     def side_files_key(self) -> dict:

@@ -136,6 +136,21 @@ class AdequacyRule:
     def as_json(self) -> dict:
         return asdict(self)
 
+    def key(self) -> dict:
+        """The rule as a result's output key holds it (:mod:`cyto.reuse`): :meth:`as_json`, less
+        each check added after keys were recorded while it is at its default, with its source
+        (a slide or a calibration of the cyto before ``check_stain`` matched no later run, and a
+        calibrated slide was told it was "scored unlike the calibration slides")."""
+        out = self.as_json()
+        for name, default in ADDED_LATER.items():
+            if out.get(name) == default:
+                del out[name]
+                out["sources"].pop(name, None)
+        return out
+
+
+#: checks added to the rule after output keys held it, with their defaults (AdequacyRule.key)
+ADDED_LATER = {"check_stain": True}
 
 PRESETS: dict[str, AdequacyRule | None] = {
     "none": None,
