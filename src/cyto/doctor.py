@@ -366,7 +366,7 @@ def model_rows(
     """Every (device, backend, precision) of ``model`` that exists here, verified and timed."""
     from cyto.bundle import PRECISIONS, load_bundle
     from cyto.runtime.machine import graph_for
-    from cyto.runtime.scorer import load_scorer, scorer_artifact
+    from cyto.runtime.scorer import graph_of, load_scorer, scorer_artifact
     from cyto.runtime.verify import export_hint, read_golden
 
     rows, auto, problems = [], {}, []
@@ -436,7 +436,9 @@ def model_rows(
                 except VerificationError as exc:
                     row.status, row.detail = FAILED, _row_failure(str(exc), bundle.path)
                     row.source = "ran now"
-                    taken = _taken(bundle, backend, graph) if precision == "int8" else None
+                    taken = (
+                        graph_of(bundle, backend, "int8", device) if precision == "int8" else None
+                    )
                     if cpu and taken is not None and form.file != taken.file:
                         # a form this backend does not take here: why, and which it takes, not
                         # "nothing here reproduces ... --skip-verify" (hostile round 60, 4)
@@ -529,16 +531,6 @@ def _row_failure(words: str, path) -> str:
         "that passed (its --backend and --precision), or --skip-verify to score anyway "
         "(recorded)"
     )
-
-
-def _taken(bundle, backend: str, graph):
-    """The int8 form ``backend`` takes first on this CPU (OpenVINO its own order, ONNX Runtime
-    the form of this CPU's kernels: ``graph``), or None."""
-    if backend == "openvino":
-        from cyto.runtime.backends.openvino import graph_for_openvino
-
-        return graph_for_openvino(bundle, "int8")
-    return graph
 
 
 def verified_how(v) -> str:

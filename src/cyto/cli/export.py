@@ -157,6 +157,7 @@ def info_cmd(
                 + ("conforms" if conf["ok"] else problem_words(conf))
             )
         from cyto.export.quantize import parity_cells_words
+        from cyto.runtime.verify import passes
 
         for p, v in sorted((m.get("onnx_variants") or {}).items()):
             par, gate = v["parity_vs_fp32"], v["gate"]
@@ -165,11 +166,12 @@ def info_cmd(
             how = f", {q['method']} calibration on {q['cells']} cells" if "cells" in q else ""
             if q.get("kept_float"):
                 how += f", {'/'.join(q['kept_float'])} kept in float"
-            below = v.get("below_gate_on")  # the exporting CPU's own int8 kernels: unlike it
-            if below:
+            here = v.get("parity_here")  # the exporting CPU's own int8 kernels (round 60, 8)
+            if gate["passed"] and here and not passes(here):
                 verdict += (
-                    f"; below the gate on the CPU it was exported on, {below['cpu']}: Spearman "
-                    f"{below['spearman']:.4f}, checked on its golden cells wherever it scores"
+                    f"; below the gate on the CPU it was exported on, {v.get('measured_on')}: "
+                    f"Spearman {here['spearman']:.4f}, checked on its golden cells wherever it "
+                    "scores"
                 )
             typer.echo(
                 f"    {p}: {v['file']}{how}; vs fp32 on {parity_cells_words(par)}: Spearman "

@@ -611,12 +611,6 @@ def export_variant(
             ),
             "tensorrt_conformance": conformance_record(problems),
         }
-        if ok and here is not None and not passes(here):  # said by cyto info too (round 60, 8)
-            entry["below_gate_on"] = {
-                "cpu": cpu_info().words(),
-                "spearman": here["spearman"],
-                "top10_overlap": here["top10_overlap"],
-            }
         if here is not None:  # this CPU's own kernels (fused), beside the gate's numbers
             entry["parity_here"] = {
                 k: here[k] for k in ("cells", "spearman", "top10_overlap", "max_abs_diff")
