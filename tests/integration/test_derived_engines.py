@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cyto.errors import ConfigError, VerificationError
+from cyto.errors import ConfigError
 from cyto.runtime import load_scorer
 from cyto.runtime.verify import FP32_TOLERANCE, read_golden
 
@@ -161,10 +161,19 @@ def test_a_damaged_kept_model_is_compiled_anew_and_verified_on_what_runs(
     s.close()
 
 
+def _forge(kept, data: bytes) -> None:
+    """The kept model's bytes replaced by ``data`` and its record rewritten to match them."""
+    kept.path.write_bytes(data)
+    record_path = kept.path.parent / "compiled.json"
+    record = json.loads(record_path.read_text())
+    record.update(sha256=_sha(data), size=len(data))
+    record_path.write_text(json.dumps(record))
+
+
 def test_a_forged_record_for_damaged_bytes_gets_no_cached_pass(ov_bundle):
     """The kept model's bytes are changed and its record rewritten to match them: it loads,
     but the verification record of the bytes it replaced does not vouch for it; it is run on
-    the golden cells here and refused when it scores wrong."""
+    the golden cells here, and where it scores wrong the graph is compiled anew."""
     s = load_scorer(ov_bundle, "openvino", "cpu", "fp32")
     kept = s.backend.engine_file
     s.close()
@@ -173,21 +182,41 @@ def test_a_forged_record_for_damaged_bytes_gets_no_cached_pass(ov_bundle):
     tail = len(data) // 2  # the weights: the header and the graph's text come first
     for i in rng.choice(np.arange(tail, len(data)), size=len(data) // 50, replace=False):
         data[i] ^= 0x40
-    kept.path.write_bytes(bytes(data))
-    record_path = kept.path.parent / "compiled.json"
-    record = json.loads(record_path.read_text())
-    record.update(sha256=_sha(bytes(data)), size=len(data))
-    record_path.write_text(json.dumps(record))
-    try:
-        forged = load_scorer(ov_bundle, "openvino", "cpu", "fp32")
-    except VerificationError as exc:  # it ran on the golden cells and scored wrong
-        assert "failed on 64 golden cells here:" in str(exc) and "cached" not in str(exc)
-        return
-    # it loaded and passed a verification run now (flips that changed nothing that counts)
-    # or did not load and was compiled anew: either way nothing cached vouches for it
+    _forge(kept, bytes(data))
+    forged = load_scorer(ov_bundle, "openvino", "cpu", "fp32")
+    # it passed a verification run now (flips that changed nothing that counts), or did not
+    # load, or failed and was compiled anew: either way nothing cached vouches for it
     assert not forged.verification.cached
     _vouches_for_what_runs(forged)
     _scores_right(forged)
+
+
+def test_a_kept_model_that_scores_wrong_is_named_and_compiled_anew(ov_bundle, other_model):
+    """Another model's compiled bytes kept with a record forged to match (as a damaged cache or
+    a changed OpenVINO could leave them): they load, score wrong on the golden cells, and are
+    named as the cause; the graph is compiled anew, verified, and kept in their place, so
+    OpenVINO, asked for by name, still scores (it was refused with the numbers, and the
+    failing compiled model stayed in the cache to fail every later run)."""
+    s = load_scorer(ov_bundle, "openvino", "cpu", "fp32")
+    kept = s.backend.engine_file
+    s.close()
+    blob, _ = other_model
+    _forge(kept, blob)
+    again = load_scorer(ov_bundle, "openvino", "cpu", "fp32")
+    said = [n for n in again.notes if "the kept compiled model was not used" in n]
+    assert len(said) == 1 and "\n" not in said[0], again.notes
+    assert f"{kept.path.name} failed verification here (failed on 64 golden cells" in said[0]
+    assert not any("failed verification, not used" in n for n in again.notes), again.notes
+    assert not again.backend.loaded_from_cache and again.verification.passed
+    _vouches_for_what_runs(again)
+    _scores_right(again)
+    again.close()
+    # the failing bytes are gone from the cache: the next run loads the new ones, cached
+    assert not any(_sha(f.read_bytes()) == _sha(blob) for f in kept.path.parent.glob("*.blob"))
+    third = load_scorer(ov_bundle, "openvino", "cpu", "fp32")
+    assert third.backend.loaded_from_cache and third.verification.cached
+    assert third.backend.engine_file == again.backend.engine_file
+    third.close()
 
 
 def test_cyto_predict_says_why_and_scores_right_after_the_kept_model_is_damaged(

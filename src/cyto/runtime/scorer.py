@@ -313,10 +313,12 @@ def make_backend(
     precision: str = "fp32",
     threads: int | None = None,
     graph=None,
+    anew: str = "",
 ) -> Backend:
     """The backend ``name`` for ``bundle`` on a resolved ``device`` (no head, no fallback);
     ``graph``: for ONNX Runtime or OpenVINO on the CPU, another form of ``precision`` than this
-    CPU's default (:func:`other_cpu_int8`)."""
+    CPU's default (:func:`other_cpu_int8`); ``anew``: why OpenVINO's kept compiled model is not
+    to be used (it is compiled anew from the graph)."""
     if name in ("trt", "onnx-trt") and device == "cpu":
         from cyto.runtime.devices import cuda_available
 
@@ -339,7 +341,7 @@ def make_backend(
     if name == "openvino":
         from cyto.runtime.backends.openvino import OpenVinoBackend
 
-        return OpenVinoBackend(bundle, device, precision, threads, graph=graph)
+        return OpenVinoBackend(bundle, device, precision, threads, graph=graph, not_kept=anew)
     if name == "trt":
         from cyto.runtime.backends.tensorrt import TensorRTBackend
 
@@ -647,15 +649,16 @@ def load_scorer(
     notes: list[str] = []
     failures: list[str] = []
     # ``graph``: that graph of the precision and no other
+    # (backend, precision, graph form, why a kept compiled engine is not to be used)
     attempts = [
-        (name, p, graph)
+        (name, p, graph, "")
         for name, p, _ in attempt_plan(bundle, backend, device, precision, golden, notes, verify)
     ]
     planned = len(attempts)  # one: the only choice, not "the fastest" (hostile round 60, 3)
     while attempts:
-        name, p, form = attempts.pop(0)
+        name, p, form, anew = attempts.pop(0)
         try:
-            chosen = make_backend(name, bundle, device, p, threads, graph=form)
+            chosen = make_backend(name, bundle, device, p, threads, graph=form, anew=anew)
         except CytoError as exc:
             if backend != "auto":
                 raise
@@ -706,6 +709,14 @@ def load_scorer(
             _say_set_aside(scorer, loaded_here)
             return scorer
         scorer.close()
+        kept = getattr(chosen, "engine_file", None)
+        if getattr(chosen, "loaded_from_cache", False) and kept is not None:
+            # a kept compiled model (its bytes as recorded) that scores wrong here was taken
+            # for the graph's own failure, and stayed in the cache (hostile round 53): it is
+            # named, and the graph is compiled anew, once, and verified in turn
+            why = f"{kept.path.name} failed verification here ({check.words()})"
+            attempts.insert(0, (name, p, form, why))
+            continue
         words = f"{name} {p} ({scorer_artifact(chosen)}) on {device}: {check.words()}"
         failures.append(words)
         # a failure read from the record may be stale (a driver or library since updated):
@@ -718,7 +729,7 @@ def load_scorer(
         follow = form is None or (graph is None and name == "openvino")
         other = other_cpu_int8(bundle.spec, chosen, device, p) if follow else None
         if other is not None:
-            attempts.insert(0, (name, p, other))
+            attempts.insert(0, (name, p, other, ""))
     if failures:
         read = any(", not run now)" in f for f in failures)
         raise VerificationError(

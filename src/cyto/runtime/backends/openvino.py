@@ -241,7 +241,10 @@ class OpenVinoBackend:
         threads: int | None = None,
         graph: GraphSpec | None = None,
         cache: bool = True,
+        not_kept: str = "",
     ) -> None:
+        """``cache``: load the kept compiled model and keep a new one; ``not_kept``: why the
+        kept one is not to be loaded (compiled anew and kept in its place)."""
         if device != "cpu":
             raise ConfigError(
                 f"the openvino backend runs on the CPU only: use {passing('device', 'cpu')}"
@@ -281,13 +284,13 @@ class OpenVinoBackend:
         self.engine_file = None
         self.loaded_from_cache = False
         with ONE_AT_A_TIME:
-            self._load(bundle, graph, precision, config, cache)
+            self._load(bundle, graph, precision, config, cache, not_kept)
 
-    def _load(self, bundle, graph, precision, config, cache: bool) -> None:
+    def _load(self, bundle, graph, precision, config, cache: bool, not_kept: str) -> None:
         """The compiled model (kept, or compiled now) and a request per stream."""
         kept = kept_model(graph, precision) if cache else None
-        why = ""
-        if kept is not None:
+        why = not_kept
+        if kept is not None and not not_kept:
             blob, engine, why = kept.load()
             if blob is not None:
                 try:
