@@ -179,6 +179,7 @@ def load_model(
     *,
     threads: Annotated[int | None, Range(0, 1024, "0 or None: the backend's default")] = None,
     verify: bool = True,
+    echo: Callable[[str], None] | None = print,
 ) -> Scorer:
     """Load a model bundle as a scorer, verified on this machine before it is returned.
 
@@ -199,6 +200,9 @@ def load_model(
         threads: CPU threads of the backend (None: its default).
         verify: False skips the check on the golden cells (recorded in
             ``scorer.verification``).
+        echo: where the lines ``cyto score`` says of the model go (None: nowhere): each choice
+            passed over and why (a graph that failed verification here), what was chosen, the
+            verification's outcome; they are in ``scorer.notes`` too.
 
     Returns:
         A :class:`cyto.runtime.Scorer`: ``scorer.score(patches)`` takes uint8 (N, H, W, 3)
@@ -214,8 +218,12 @@ def load_model(
         path, loaded once for many slides.
     """
     from cyto.runtime import load_scorer
+    from cyto.runtime.scorer import choice_lines
 
     scorer = load_scorer(Path(path), backend, device, precision, threads=threads, verify=verify)
+    said = _said(echo)
+    for line in choice_lines(scorer):
+        said(line)
     # a scorer whose graph nothing checked here (a bundle without golden cells) was handed back
     # unsaid, where cyto score, score_slide and predict warn (hostile round 53, 3)
     unverified = scorer.verification.warning(scorer.bundle.where) if scorer.verification else None

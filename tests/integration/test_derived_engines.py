@@ -192,7 +192,7 @@ def test_a_forged_record_for_damaged_bytes_gets_no_cached_pass(ov_bundle):
 
 
 def test_a_kept_model_that_scores_wrong_is_named_and_compiled_anew(ov_bundle, other_model):
-    """Another model's compiled bytes kept with a record forged to match (as a damaged cache or
+    """(The Python API's load_model says so as cyto score does.) Another model's compiled bytes kept with a record forged to match (as a damaged cache or
     a changed OpenVINO could leave them): they load, score wrong on the golden cells, and are
     named as the cause; the graph is compiled anew, verified, and kept in their place, so
     OpenVINO, asked for by name, still scores (it was refused with the numbers, and the
@@ -202,9 +202,14 @@ def test_a_kept_model_that_scores_wrong_is_named_and_compiled_anew(ov_bundle, ot
     s.close()
     blob, _ = other_model
     _forge(kept, blob)
-    again = load_scorer(ov_bundle, "openvino", "cpu", "fp32")
+    import cyto
+
+    lines: list[str] = []  # a Python caller is told what cyto score says (it was told nothing)
+    again = cyto.load_model(ov_bundle, "openvino", "cpu", "fp32", echo=lines.append)
     said = [n for n in again.notes if "the kept compiled model was not used" in n]
     assert len(said) == 1 and "\n" not in said[0], again.notes
+    assert f"backend choice: {said[0]}" in lines, lines
+    assert lines[-1] == f"verification: {again.verification.line()}", lines
     assert f"{kept.path.name} failed verification here (failed on 64 golden cells" in said[0]
     assert not any("failed verification, not used" in n for n in again.notes), again.notes
     assert not again.backend.loaded_from_cache and again.verification.passed

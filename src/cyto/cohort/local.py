@@ -33,6 +33,7 @@ from cyto.location import OutputLocation, output_location
 from cyto.locks import OutputLock
 from cyto.outputs_check import check_writable
 from cyto.runtime import Scorer, load_scorer
+from cyto.runtime.scorer import choice_lines
 from cyto.slides.base import printable
 from cyto.slides.remote import SlideURL, slide_ref
 
@@ -537,10 +538,9 @@ def open_model(model: Path, opts: ScoreOptions, echo) -> Scorer:
     # what ranks the cells, and why (in summary.json alone, while ``score``, the first score
     # column, is the model's: a Pap bundle ranked by its morphometry, hostile round 58, 6)
     echo(f"  {rank_by_line(scorer, opts.rank_by)}")
-    for note in scorer.notes:
-        echo(f"  backend choice: {note}")
+    for line in choice_lines(scorer):
+        echo(f"  {line}")
     if scorer.verification is not None:
-        echo(f"  verification: {scorer.verification.line()}")
         unverified = scorer.verification.warning(model)
         if unverified:
             echo(f"warning: {unverified}")

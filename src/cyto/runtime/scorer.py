@@ -753,6 +753,17 @@ def load_scorer(
     raise ConfigError(f"no backend here can score {bundle.path} on {device}: {'; '.join(notes)}")
 
 
+def choice_lines(scorer: Scorer) -> list[str]:
+    """What a run says of a loaded scorer's choice, a line each: the notes (a choice passed
+    over and why, a compile, what was chosen) and the verification. One list for ``cyto
+    score`` and :func:`cyto.load_model` (a Python caller was told none of it: a choice that
+    failed verification stayed in ``scorer.notes``; hostile round 53, 9)."""
+    lines = [f"backend choice: {note}" for note in scorer.notes]
+    if scorer.verification is not None:
+        lines.append(f"verification: {scorer.verification.line()}")
+    return lines
+
+
 def _refuse_set_aside(bundle: Bundle, precision: str, device: str) -> None:
     """A graph of the bundle left out as damaged (:attr:`cyto.bundle.Bundle.set_aside`) whose
     precision was asked for, with no intact form of it left: refused in its own words."""
