@@ -192,11 +192,12 @@ def test_a_forged_record_for_damaged_bytes_gets_no_cached_pass(ov_bundle):
 
 
 def test_a_kept_model_that_scores_wrong_is_named_and_compiled_anew(ov_bundle, other_model):
-    """(The Python API's load_model says so as cyto score does.) Another model's compiled bytes kept with a record forged to match (as a damaged cache or
-    a changed OpenVINO could leave them): they load, score wrong on the golden cells, and are
-    named as the cause; the graph is compiled anew, verified, and kept in their place, so
-    OpenVINO, asked for by name, still scores (it was refused with the numbers, and the
-    failing compiled model stayed in the cache to fail every later run)."""
+    """Another model's compiled bytes kept with a record forged to match (as a damaged cache
+    or a changed OpenVINO could leave them): they load, score wrong on the golden cells, and
+    are named as the cause (to a Python caller too, as cyto score says it); the graph is
+    compiled anew, verified, and kept in their place, so OpenVINO, asked for by name, still
+    scores (it was refused with the numbers, and the failing compiled model stayed in the
+    cache to fail every later run)."""
     s = load_scorer(ov_bundle, "openvino", "cpu", "fp32")
     kept = s.backend.engine_file
     s.close()

@@ -558,3 +558,35 @@ def test_a_folder_a_run_is_writing_now_is_read_by_no_reader(calibrated, tmp_path
     (lone / "s3" / ".partial").mkdir(parents=True)
     with pytest.raises(InputPathError, match=r"s3: it holds an unfinished cyto score run"):
         open_view(lone, unblind=True)
+
+
+def test_a_slide_that_failed_after_it_was_scored_stays_failed_in_cohort_csv(calibrated, tmp_path):
+    """Hostile round 61, 2: a slide scored, then failing on a later run (its file gone bad, a
+    URL answering 404), left its earlier sealed folder and a row cyto wrote "failed"; the next
+    run of any other slide into the folder said "rows not as cyto wrote them (edited by hand)"
+    and drew the row again from the earlier seal, as "scored": the table hid the failure."""
+    import warnings
+
+    from cyto.cohort import score_cohort
+
+    model, slide, _, opts = calibrated
+    out = tmp_path / "out"
+    bad = tmp_path / slide.name
+    shutil.copy(slide, bad)
+    [summary], _ = score_cohort([bad], model, out, opts, QUIET)
+    assert _rows(out)[0]["status"] == "scored"
+    bad.write_bytes(slide.read_bytes()[:4096])  # the same file, cut short since
+    _, failed = score_cohort([bad], model, out, opts, QUIET)
+    assert failed and _rows(out)[0]["status"] == "failed", _rows(out)
+    error = _rows(out)[0]["error"]
+    other = tmp_path / "other" / "s2.tif"
+    other.parent.mkdir()
+    other.write_bytes(b"not a slide")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        score_cohort([other], model, out, opts, QUIET)
+    assert not [str(w.message) for w in caught if "as cyto wrote" in str(w.message)]
+    rows = {Path(r["output"]).name: r for r in _rows(out)}
+    assert set(rows) == {"s1", "s2"}, (_rows(out), [str(w.message) for w in caught])
+    assert rows["s1"]["status"] == "failed" and rows["s1"]["error"] == error, rows["s1"]
+    assert rows["s2"]["status"] == "failed", rows

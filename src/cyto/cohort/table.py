@@ -293,13 +293,19 @@ _SAID_MODELS: dict[str, set[str]] = {}
 def _as_sealed(row: dict, folder: Path) -> dict | None:
     """An earlier run's row of ``cohort.csv`` drawn again from its folder's sealed summary (a
     row edited by hand is the summary's again), None when a "scored" row's folder holds no
-    sealed summary (the row is left out). A failed slide's row (no sealed folder) and the row
-    of a folder staged for object storage that this machine has not pulled are kept as they
-    are."""
+    sealed summary (the row is left out). A failed slide's row (its folder unsealed, or holding
+    an earlier run's sealed outputs) and the row of a folder staged for object storage that
+    this machine has not pulled are kept as they are."""
     from cyto.seal import read_sealed
 
     if not folder.exists() and shown(folder) != str(folder):
         return row  # another machine's slide in the prefix: not here to check
+    if row.get("status") == "failed":
+        # cyto's own row of a later attempt: a slide scored, then failing on a later run (its
+        # file gone bad, a URL answering 404, a series grown) keeps its earlier sealed folder,
+        # and the row drawn from that seal said "scored", the failure called a hand edit
+        # (hostile round 61, 2)
+        return row
     sealed = read_sealed(folder, summary_only=True)
     if not sealed.ok:
         # a failed slide leaves no sealed folder (a run that rewrites one unseals it first)
