@@ -182,7 +182,9 @@ class FaultServer(ThreadingHTTPServer):
     ``ok``; ``403``/``404``; ``drop-once`` (the first range request's connection is closed
     mid-answer, the next ones are served); ``stall`` (range requests are never answered);
     ``change`` (after ``change_after`` range requests the object has another ETag),
-    ``no-ranges`` (the whole object, 200, whatever range is asked: ``python -m http.server``)."""
+    ``no-ranges`` (the whole object, 200, whatever range is asked: ``python -m http.server``),
+    ``no-version`` (no ETag, and never a Last-Modified: the object's version is not stated).
+    ``data`` may be replaced between requests (another object at the same address)."""
 
     daemon_threads = True
 
@@ -261,7 +263,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
         else:
             body = s.data
             self.send_response(200)
-        self.send_header("ETag", self._etag())
+        if s.mode != "no-version":
+            self.send_header("ETag", self._etag())
         if s.mode != "no-ranges":
             self.send_header("Accept-Ranges", "bytes")
         self.send_header("Content-Length", str(len(body)))

@@ -219,6 +219,34 @@ def test_a_changed_object_is_scored_again(slide, http, exported_dsvdd, tmp_path)
     assert after != before
 
 
+def test_an_object_whose_server_states_no_version_is_known_by_its_bytes(
+    slide, exported_dsvdd, tmp_path
+):
+    """Hostile round 61, 1: a server that states no version of an object (no ETag, no
+    Last-Modified) had it known by its URL and size alone: a slide replaced by another of the
+    same size was "already scored" under --resume, and its cells were cut from the other's
+    pixels. Now it is known by its sampled bytes (as a local file is), said once."""
+    other = tmp_path / "o.tif"
+    write_slide(other, SlideSynthConfig(width=1536, height=1024, seed=7), workers=0)
+    a, b = slide.read_bytes(), other.read_bytes()
+    size = max(len(a), len(b))  # the same size: a TIFF's reader ignores what follows its data
+    a, b = a.ljust(size, b"\0"), b.ljust(size, b"\0")
+    out = tmp_path / "out"
+    with fault_server(a, "no-version") as server:
+        url = f"{server.url}/s.tif"
+        first = _score([url], exported_dsvdd, out, process=True)  # its own console
+        assert first.returncode == 0, first.stderr
+        said = [ln for ln in first.stderr.splitlines() if "states no version" in ln]
+        assert len(said) == 1 and said[0].startswith(f"note: {url}: "), first.stderr
+        again = _score([url], exported_dsvdd, out, "--resume")
+        assert again.returncode == 0 and "already scored" in again.stdout, again.stderr
+        server.data = b  # another slide of the same size at the same address
+        changed = _score([url], exported_dsvdd, out, "--resume")
+    assert changed.returncode == 0, changed.stderr
+    assert "already scored" not in changed.stdout, changed.stdout
+    assert "the slide file's content" in changed.stdout, changed.stdout
+
+
 def test_an_object_that_changes_while_scored_stops_that_slide(
     slide, exported_dsvdd, tmp_path, monkeypatch
 ):

@@ -25,7 +25,7 @@ from cyto.errors import CytoError, first_line
 from cyto.flags import named, passing, python_call, ran
 from cyto.reuse import check_reuse, read_record
 from cyto.seal import PARTIAL
-from cyto.slides.base import PLANE_SEP
+from cyto.slides.base import PLANE_SEP, sampled_digest
 from cyto.slides.remote import SlideURL, remote_identity, slide_ref
 from cyto.tables import json_text, parquet_file
 
@@ -71,16 +71,13 @@ def slide_identity(path: Path, block: int = 1 << 16, samples: int = 32) -> str:
             h.update(f"{f.name}\t{slide_identity(f, block, samples)}\n".encode())
         return h.hexdigest()
     size = path.stat().st_size
-    h = hashlib.sha256(f"cyto-slide-identity-v1:{size}".encode())
     with open(path, "rb") as fh:
-        edge = 1 << 20
-        h.update(fh.read(edge))
-        for i in range(samples):
-            fh.seek(edge + (max(size - 2 * edge, 0) * i) // samples)
-            h.update(fh.read(block))
-        fh.seek(max(size - edge, 0))
-        h.update(fh.read(edge))
-    return h.hexdigest()
+
+        def read(start: int, n: int) -> bytes:
+            fh.seek(start)
+            return fh.read(n)
+
+        return sampled_digest(read, size, str(size), block, samples).hexdigest()
 
 
 def file_identity(path: Path | None) -> str | None:

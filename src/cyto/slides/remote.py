@@ -497,6 +497,12 @@ RETRY_SAID = ".retry-said"
 RETRY_SAID_S = 600
 
 
+#: the slides said in this process to have no version on their server (RemoteObject._sampled)
+_SAID_UNVERSIONED: set[str] = set()
+#: its marker in a slide's shared blocks' folder: said by a process of the run
+UNVERSIONED_SAID = ".unversioned-said"
+
+
 class Requests:
     """Requests to the server of one slide (``ref``): what may pass is retried with backoff and
     said once; what will not is one line (:meth:`_fault`). Shared by :class:`RemoteObject` and
@@ -545,14 +551,22 @@ class Requests:
         process, and once for the processes of a run (the tile workers) where they share its
         blocks' folder, by a marker made there first. The plan's process and a tile worker
         each said it, for two causes, "said once per slide" twice (hostile round 49, 4)."""
-        if self._said_retry or str(self.ref) in _SAID_RETRY:
+        if self._said_retry:
             return False
         self._said_retry = True
-        _SAID_RETRY.add(str(self.ref))  # every reader of the slide in this process
+        return self._first_to_say(_SAID_RETRY, RETRY_SAID)
+
+    def _first_to_say(self, said: set[str], marker_name: str) -> bool:
+        """Whether a note of this slide is said here: once in this process (``said``: the
+        slides it was said of) and once for the processes of a run that share the slide's
+        blocks' folder (the marker ``marker_name`` made there first)."""
+        if str(self.ref) in said:
+            return False
+        said.add(str(self.ref))  # every reader of the slide in this process
         folder = getattr(self, "_shared", None)  # gone with the slide's run (drop_blocks)
         if folder is None:
             return True
-        marker = Path(folder) / RETRY_SAID
+        marker = Path(folder) / marker_name
         with contextlib.suppress(OSError):  # one a killed run left is no run's of now
             if time.time() - marker.stat().st_mtime > RETRY_SAID_S:
                 marker.unlink()
@@ -658,12 +672,38 @@ class RemoteObject(Requests):
 
     def identity(self) -> str:
         """The object's identity for resume and caches: its URL (printed form), size and
-        version (S3 version id, else ETag, else time of change)."""
+        version (S3 version id, else ETag, else time of change; a server that states none of
+        them: its sampled bytes, :func:`cyto.slides.base.sampled_digest`)."""
         import hashlib
 
-        stamp = self.version or self.etag or self.modified
+        stamp = self.version or self.etag or self.modified or self._sampled()
         text = f"cyto-slide-identity-v1:remote\t{self.ref}\t{self.size}\t{stamp}"
         return hashlib.sha256(text.encode()).hexdigest()
+
+    def _sampled(self) -> str:
+        """The object's sampled bytes, for a server that states no version of it (no ETag, no
+        time of change): known by its URL and size alone, a slide replaced by another of the
+        same size was "already scored", and its cells were cut from the other's pixels
+        (hostile round 61, 1). Read once per process (about 3 MiB, past the block cache), and
+        said once per slide: a change while it is read cannot be seen."""
+        if getattr(self, "_sampled_stamp", None) is None:
+            from cyto.slides.base import sampled_digest
+
+            def read(start: int, n: int) -> bytes:
+                end = min(start + n, self.size)
+                return self._fetch(start, end) if start < end else b""
+
+            digest = sampled_digest(read, self.size, "remote-bytes").hexdigest()
+            self._sampled_stamp = f"sampled:{digest}"
+            self.shared()  # the run's folder of the slide, where the note's marker is made
+            if self._first_to_say(_SAID_UNVERSIONED, UNVERSIONED_SAID):
+                log.warning(
+                    "note: %s: the server states no version of it (no ETag, no "
+                    "Last-Modified): it is known by its size and sampled bytes, and a change "
+                    "while it is scored cannot be seen",
+                    self.said_as(),
+                )
+        return self._sampled_stamp
 
     def _fetch(self, start: int, end: int) -> bytes:
         """Bytes ``start`` .. ``end - 1`` from the server, pinned to the version opened."""
