@@ -610,6 +610,9 @@ def test_a_stalled_server_fails_its_slide_alone(slide, exported_dsvdd, tmp_path,
         f"failed: {server.url}/stalled.tif: the server did not answer within "
         "CYTO_REMOTE_TIMEOUT=0.25 s (4 tries); giving up"
     ], proc.stderr
+    # four tries in all, as said: the plan's reader, the threshold thread ahead of it and a
+    # tile worker each tried four times, 12 ranges asked (hostile round 61, 4)
+    assert server.ranges == 4, server.seen
     assert (out / "s" / "scores.parquet").is_file()
 
 

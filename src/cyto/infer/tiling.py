@@ -149,13 +149,18 @@ def _readers(ctx: TileContext) -> list:
 def _warm_worker(slide: str | SlideURL) -> None:
     """What a worker's first tile waited for (0.4 s on 2 cores), done while the main process
     loads the model and plans the slide: the detector's modules imported, the slide opened (its
-    focal planes open with the first tile). A slide that fails to open fails in the main
-    process, or with its first tile, with the readable error, as before."""
+    focal planes open with the first tile; a remote slide too). A slide that fails to open
+    fails in the main process, or with its first tile, with the readable error, as before."""
     import scipy.ndimage  # noqa: F401 (imported for the first tile)
     import scipy.spatial  # noqa: F401
     import skimage.filters  # noqa: F401
     from PIL import Image  # noqa: F401
 
+    if isinstance(slide, SlideURL):
+        # opened with the first tile, from the blocks the plan fetched: a server that stalls
+        # was asked by the worker too, its own four tries beside the plan's, and the run
+        # waited for them after the plan gave up (hostile round 61, 4)
+        return
     _readers(TileContext(slide, (), (0.0,), 1, 0, 1, 1, NucleusParams()))
 
 

@@ -526,7 +526,14 @@ class Requests:
         return 1 if self.ref.scheme in ("gs", "gcs") else TRIES
 
     def _call(self, fn, what: str):
-        """``fn()`` with retries of what may pass; one line for what will not."""
+        """``fn()`` with retries of what may pass; one line for what will not. Once the
+        retries of a fault that may pass are spent, every later request of this reader gives
+        up at once with the same line: the readers of a run share one object per process
+        (its plan, the threshold thread ahead of it), and each tried again in turn, a stalled
+        server taking 3 x 4 tries where 4 were said (hostile round 61, 4)."""
+        spent = getattr(self, "_gave_up", None)
+        if spent is not None:
+            raise type(spent)(*spent.args)
         delay = 0.25
         tries = self._tries()
         for attempt in range(tries):
@@ -539,7 +546,10 @@ class Requests:
                     raise
                 why = None if _tls(exc, self.ref) else _transient(exc)
                 if why is None or attempt == tries - 1:
-                    raise self._fault(exc, why, attempt + 1) from None
+                    fault = self._fault(exc, why, attempt + 1)
+                    if why is not None:
+                        self._gave_up = fault
+                    raise fault from None
                 if self._first_to_say_retry():
                     log.warning("note: %s: %s; retrying (%s)", self.said_as(), why, self.said_once)
                 time.sleep(delay)
