@@ -427,3 +427,19 @@ def test_qupath_option_is_checked_by_name():
         ScoreOptions(qupath="cells,heatmap")
     with pytest.raises(ConfigError, match="--map-um"):
         ScoreOptions(map_um=0.0)
+
+
+def test_the_qupath_line_of_a_folder_in_object_storage_says_to_copy_it_first():
+    """Hostile round 61, 6: after --out s3://..., the line said to drag cells.geojson from an
+    S3 prefix, where there is nothing to drag."""
+    from cyto.infer.qupath import CELLS_GEOJSON, MAP_TIFF, qupath_words
+
+    outputs = {CELLS_GEOJSON: {}, MAP_TIFF: {}}
+    remote = qupath_words([{"outputs": outputs, "output": "s3://results/run/s1"}])
+    assert remote.startswith(
+        "QuPath: in s3://results/run/s1: copy it to this machine, then drag"
+    ), remote
+    assert f"copy it to this machine, then open {MAP_TIFF}" in remote, remote
+    local = qupath_words([{"outputs": outputs, "output": "/data/out/s1"}])
+    assert local.startswith(f"QuPath: in /data/out/s1: drag {CELLS_GEOJSON}"), local
+    assert "copy" not in local

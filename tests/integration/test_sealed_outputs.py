@@ -590,3 +590,27 @@ def test_a_slide_that_failed_after_it_was_scored_stays_failed_in_cohort_csv(cali
     assert set(rows) == {"s1", "s2"}, (_rows(out), [str(w.message) for w in caught])
     assert rows["s1"]["status"] == "failed" and rows["s1"]["error"] == error, rows["s1"]
     assert rows["s2"]["status"] == "failed", rows
+
+
+def test_a_row_this_run_scores_next_is_not_said_to_need_a_resume(calibrated, tmp_path):
+    """Hostile round 61, 3: a --resume run of two slides, the second's summary edited since,
+    said after the first "the rows of s2.tif are left out (...: score them again with --resume
+    to have them back)", of the slide it was about to score again."""
+    import warnings
+
+    from cyto.cohort import score_cohort
+
+    model, slide, _, opts = calibrated
+    out = tmp_path / "out"
+    slides = [tmp_path / "s1.tif", tmp_path / "s2.tif"]
+    for s in slides:
+        shutil.copy(slide, s)
+    score_cohort(slides, model, out, opts, QUIET)
+    _forge(out / "s2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        done, failed = score_cohort(slides, model, out, opts, QUIET)
+    assert not failed and len(done) == 2
+    said = [str(w.message) for w in caught if "as cyto wrote" in str(w.message)]
+    assert not said, said
+    assert [r["status"] for r in _rows(out)] == ["scored", "scored"]

@@ -624,7 +624,8 @@ def score_cohort(
             # said when it happens, not only at the end of a long cohort (hostile round 49, 2)
             echo(failed_now(slide, failed[-1][1]))
         if Path(out).is_dir():
-            write_cohort_table(rows, Path(out) / "cohort.csv")
+            later = (t.name for _, t in pairs[i:])  # scored next: their rows not said now
+            write_cohort_table(rows, Path(out) / "cohort.csv", later)
             table_failed = _publish_table(where, table_failed, echo)
     if table_failed is not None:  # said after the slides' own lines, which it must not hide
         failed.append((Path("cohort.csv"), table_failed))

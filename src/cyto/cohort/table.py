@@ -4,6 +4,7 @@ lock so that two runs into one folder never lose each other's rows."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from cyto.errors import warn_caller
@@ -141,12 +142,14 @@ def _blank(value: object) -> object:
     return "" if value is None else value
 
 
-def write_cohort_table(rows: list[dict], path: Path) -> Path:
+def write_cohort_table(rows: list[dict], path: Path, pending: Iterable[str] = ()) -> Path:
     """Merge ``rows`` into ``cohort.csv`` (a row per output folder; a slide scored again
     replaces its row, rows of other runs into the same folder stay), under a lock so that two
-    runs never lose each other's rows; written by atomic rename."""
+    runs never lose each other's rows; written by atomic rename. ``pending``: the output
+    folders (names) this run has still to score: their earlier rows are drawn from their
+    seals as any other run's, but not said (this run scores them next)."""
     try:
-        return _merge_cohort_table(rows, path)
+        return _merge_cohort_table(rows, path, set(pending))
     except OSError as exc:  # a read-only or full --out: one line, the slides' outputs are kept
         from cyto.errors import OutputWriteError
 
@@ -168,7 +171,7 @@ def write_cohort_table(rows: list[dict], path: Path) -> Path:
         ) from exc
 
 
-def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
+def _merge_cohort_table(rows: list[dict], path: Path, pending: set[str]) -> Path:
     import csv
 
     from cyto.locks import folder_lock
@@ -191,7 +194,7 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
             if name not in given:  # another run's row: as its folder's seal vouches for it
                 sealed = _as_sealed(row, home / name)
                 if sealed is None:
-                    dropped.append(slide)
+                    dropped.append((slide, name))
                     continue
                 if name in merged or any(
                     _text(sealed[c]) != _text(row[c])
@@ -199,10 +202,15 @@ def _merge_cohort_table(rows: list[dict], path: Path) -> Path:
                     if c not in KEPT and c in old  # an earlier cyto's table had fewer columns
                 ):
                     # edited, or a second row of one folder: named by the slide it is of
-                    redrawn.append(Path(str(sealed["slide"])).name or slide)
+                    redrawn.append((Path(str(sealed["slide"])).name or slide, name))
                 row = sealed
             merged[name] = row
-        _say_rows(path, sorted(set(dropped)), sorted(set(redrawn) - set(dropped)))
+        # said of the table as the user named it (a staging folder's: its prefix in object
+        # storage), and never of a slide this run scores next ("score them again with
+        # --resume", said to a --resume run about to: hostile round 61, 3)
+        dropped = [d for d, name in dropped if name not in pending]
+        redrawn = [r for r, name in redrawn if name not in pending]
+        _say_rows(shown(path), sorted(set(dropped)), sorted(set(redrawn) - set(dropped)))
         for given_row in rows:
             row = {k: v for k, v in given_row.items() if k != YIELDS}
             name = Path(row["output"]).name
@@ -235,7 +243,7 @@ KEPT = ("output", "node", "attempts")
 YIELDS = "_yields"
 
 
-def _say_rows(path: Path, dropped: list[str], redrawn: list[str]) -> None:
+def _say_rows(path: str, dropped: list[str], redrawn: list[str]) -> None:
     """One line for the rows of other runs that were not as their folders' seals say."""
     if not (dropped or redrawn):
         return

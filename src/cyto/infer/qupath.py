@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from cyto.infer.maps import AbnormalityMap
+from cyto.slides.remote import is_url
 from cyto.tables import parquet_file
 
 CELLS_GEOJSON = "cells.geojson"
@@ -375,12 +376,14 @@ def qupath_words(summaries: list[dict]) -> str | None:
         return None
     folders = sorted({str(s.get("output")) for s in summaries if s.get("output")})
     where = folders[0] if len(folders) == 1 else "each slide's folder"
+    # a folder in object storage holds nothing to drag: its files are fetched first (round 61)
+    fetch = "copy it to this machine, then " if folders and all(map(is_url, folders)) else ""
     parts = []
     if CELLS_GEOJSON in names:
         parts.append(
-            f"drag {CELLS_GEOJSON} onto the slide open in QuPath (or File > Import objects from "
-            "file...), then Measure > Show measurement maps"
+            f"{fetch}drag {CELLS_GEOJSON} onto the slide open in QuPath (or File > Import "
+            "objects from file...), then Measure > Show measurement maps"
         )
     if MAP_TIFF in names:
-        parts.append(f"open {MAP_TIFF} as an image (one pixel per map window)")
+        parts.append(f"{fetch}open {MAP_TIFF} as an image (one pixel per map window)")
     return f"QuPath: in {where}: " + "; ".join(parts) + " (docs/how-to/open-in-qupath.md)"
