@@ -38,8 +38,9 @@ class SlideReader(Protocol):
 
 
 def sampled_digest(read, size: int, kind: str, block: int = 1 << 16, samples: int = 32):
-    """A sha256 of an object's bytes that is fast on 10 GB slides: ``kind`` and its size, its
-    first and last MiB, and ``samples`` blocks spread evenly between them (about 3 MiB read).
+    """A sha256 of an object of ``size`` bytes that is fast on 10 GB slides: ``kind`` (the
+    words hashed first), its first and last MiB, and ``samples`` blocks spread evenly between
+    them (about 3 MiB read).
     ``read(start, n)``: up to ``n`` bytes from ``start`` (none past the end). One rule for a
     local slide file (:func:`cyto.infer.store.slide_identity`) and a remote object whose server
     states no version of it (:meth:`cyto.slides.remote.RemoteObject.identity`)."""
