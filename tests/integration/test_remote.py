@@ -247,6 +247,34 @@ def test_an_object_whose_server_states_no_version_is_known_by_its_bytes(
     assert "the slide file's content" in changed.stdout, changed.stdout
 
 
+def test_a_region_read_after_the_object_changed_is_refused_never_half_decoded(tmp_path):
+    """Hostile round 62, 1: after the object was replaced, a viewer's tile came back mostly
+    black, served as the slide: libvips' TIFF loader decoded a tile whose reads had failed
+    (412) from what it had, without an error. Every region read after the change is the
+    file's own pixels (blocks fetched before it) or refused as a change, never other pixels."""
+    from cyto.slides.remote import SlideChangedError, pinned_ref, slide_ref
+
+    big = tmp_path / "s.tif"
+    write_slide(big, SlideSynthConfig(width=4096, height=3072, seed=3), workers=0)
+    local = open_slide(big)
+    places = [(0, 0), (2048, 1024), (3500, 2600), (1024, 2800), (3800, 100), (300, 1500)]
+    refused = 0
+    try:
+        with fault_server(big.read_bytes(), "change", change_after=5) as server:
+            remote = open_slide(pinned_ref(slide_ref(f"{server.url}/s.tif")))
+            for x, y in places:
+                try:
+                    got = remote.read_region(x, y, 256, 256)
+                except SlideChangedError:
+                    refused += 1
+                    continue
+                assert np.array_equal(got, local.read_region(x, y, 256, 256)), (x, y)
+            remote.close()
+    finally:
+        local.close()
+    assert server.ranges > 5 and refused, (server.ranges, refused)
+
+
 def test_an_object_that_changes_while_scored_stops_that_slide(
     slide, exported_dsvdd, tmp_path, monkeypatch
 ):

@@ -232,13 +232,19 @@ class PyvipsReader:
                 if self._bands[level] is not None:
                     region = region.extract_band(0, n=self._bands[level])
                 # numpy() drops the axes of length 1 (a 1 x 1 region is a scalar)
-                return _to_rgb(region.numpy().reshape(rh, rw, region.bands), self._top)
+                pixels = region.numpy().reshape(rh, rw, region.bands)
             except self._pv.Error as exc:
                 self._raise_fault()
                 raise UnsupportedSlideError(
                     f"{self.path}: cannot read region at ({rx}, {ry}) level {level}: the image "
                     f"data there cannot be decoded ({vips_words(exc)})"
                 ) from exc
+            # a remote read that failed is not always an error of libvips': its TIFF loader
+            # may decode the tile from what it had, and the region came back mostly black, a
+            # viewer serving it as the slide after the object was replaced (hostile round 62,
+            # 1): a fault any read met fails the region
+            self._raise_fault()
+            return _to_rgb(pixels, self._top)
 
         box = in_slide(x, y, w, h, im.width, im.height)
         return padded(read(*box) if box else None, box, x, y, w, h)
