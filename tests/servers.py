@@ -183,7 +183,8 @@ class FaultServer(ThreadingHTTPServer):
     mid-answer, the next ones are served); ``stall`` (range requests are never answered);
     ``change`` (after ``change_after`` range requests the object has another ETag),
     ``no-ranges`` (the whole object, 200, whatever range is asked: ``python -m http.server``),
-    ``no-version`` (no ETag, and never a Last-Modified: the object's version is not stated).
+    ``no-version`` (no ETag, and never a Last-Modified: the object's version is not stated),
+    ``change-dated`` (as ``change``, its version said by Last-Modified alone, no ETag).
     ``data`` may be replaced between requests (another object at the same address)."""
 
     daemon_threads = True
@@ -213,10 +214,15 @@ class _FaultHandler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # quiet
         pass
 
-    def _etag(self) -> str:
+    def _changed(self) -> bool:
         s: FaultServer = self.server  # type: ignore[assignment]
-        changed = s.mode == "change" and s.ranges >= s.change_after
-        return '"v2"' if changed else '"v1"'
+        return s.mode in ("change", "change-dated") and s.ranges >= s.change_after
+
+    def _etag(self) -> str:
+        return '"v2"' if self._changed() else '"v1"'
+
+    def _modified(self) -> str:
+        return f"Tue, 01 Dec 2026 10:00:0{2 if self._changed() else 1} GMT"
 
     def do_HEAD(self) -> None:
         self._answer(head=True)
@@ -250,7 +256,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
                 return
             etag = self._etag()
             wanted = self.headers.get("If-Match")
-            if wanted and wanted != etag:
+            since = self.headers.get("If-Unmodified-Since")  # the date as sent, compared so
+            if (wanted and wanted != etag) or (since and since != self._modified()):
                 self.send_response(412)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -263,7 +270,9 @@ class _FaultHandler(BaseHTTPRequestHandler):
         else:
             body = s.data
             self.send_response(200)
-        if s.mode != "no-version":
+        if s.mode == "change-dated":  # a time of change and no ETag (nginx with etag off)
+            self.send_header("Last-Modified", self._modified())
+        elif s.mode != "no-version":
             self.send_header("ETag", self._etag())
         if s.mode != "no-ranges":
             self.send_header("Accept-Ranges", "bytes")

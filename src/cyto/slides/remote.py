@@ -503,6 +503,13 @@ _SAID_UNVERSIONED: set[str] = set()
 UNVERSIONED_SAID = ".unversioned-said"
 
 
+def _pin_words(pin: str | None) -> str:
+    """A pinned version as said: ``ETag "..."``, or ``Last-Modified DATE``."""
+    if pin is not None and pin.startswith("modified:"):
+        return f"Last-Modified {pin.split(':', 1)[1]}"
+    return f"ETag {pin}"
+
+
 class Requests:
     """Requests to the server of one slide (``ref``): what may pass is retried with backoff and
     said once; what will not is one line (:meth:`_fault`). Shared by :class:`RemoteObject` and
@@ -591,9 +598,11 @@ class Requests:
     def _fault(self, exc: BaseException, transient: str | None, tries: int) -> CytoError:
         status = _status(exc)
         if status == 412 or type(exc).__name__ == "PreconditionFailed":
+            pin = getattr(self, "pin", None) or getattr(self, "etag", None)
+            name, _, value = _pin_words(pin).partition(" ")
             return SlideChangedError(
-                f"{self.ref}: the object changed while it was read (its ETag is no longer "
-                f"{getattr(self, 'etag', None)}); nothing of this run of it is kept: score it again"
+                f"{self.ref}: the object changed while it was read (its {name} is no longer "
+                f"{value}); nothing of this run of it is kept: score it again"
             )
         if isinstance(exc, FileNotFoundError) or status == 404:
             return InputPathError(f"{self.ref}: not found (404)")
@@ -657,12 +666,24 @@ class RemoteObject(Requests):
             self._shared.mkdir(parents=True, exist_ok=True)
         return self._shared
 
+    @property
+    def pin(self) -> str | None:
+        """The version a run pins (:meth:`SlideURL.pinned`): the ETag; on an HTTP(S) server
+        that sends none, its time of change (``modified:DATE``, each range then asked with
+        ``If-Unmodified-Since``: nothing was pinned there, and an object replaced while it
+        was scored was read half from each, or said as a slide that cannot be decoded;
+        hostile round 62, 2); None where neither is stated."""
+        if self.etag or not (self.modified and self.ref.scheme in ("http", "https")):
+            return self.etag
+        return f"modified:{self.modified}"
+
     def check_pin(self, ref: SlideURL) -> None:
         """A run pinned to another version of the object than this one: it changed."""
-        if ref.etag is not None and ref.etag != self.etag:
+        if ref.etag is not None and ref.etag != self.pin:
             raise SlideChangedError(
-                f"{ref}: the object changed while it was scored (ETag {ref.etag} when the run "
-                f"began, {self.etag} now); nothing of this run of it is kept: score it again"
+                f"{ref}: the object changed while it was scored ({_pin_words(ref.etag)} when "
+                f"the run began, {_pin_words(self.pin)} now); nothing of this run of it is "
+                "kept: score it again"
             )
 
     def _info(self) -> dict:
@@ -763,6 +784,8 @@ class RemoteObject(Requests):
         given = dict(self._fs.kwargs.get("headers") or {})
         if self.etag:
             given["If-Match"] = self.etag
+        elif getattr(self, "modified", ""):  # set once opened: a server that sends no ETag
+            given["If-Unmodified-Since"] = self.modified
         return {**self._fs.kwargs, "headers": {**given, **headers}}
 
     def _http_head(self) -> dict | None:
@@ -1174,7 +1197,8 @@ def pinned_ref(slide):
     # a run starts from the server's version now, never from an object this process opened
     # for an earlier run (a long-lived process: cyto watch, a script; a URL served anew)
     forget(slide)
-    return slide.pinned(open_object(slide).etag)
+    obj = open_object(slide)
+    return slide.pinned(getattr(obj, "pin", obj.etag))
 
 
 def forget(ref: SlideURL) -> None:
