@@ -67,3 +67,33 @@ def test_a_resume_names_the_precision_auto_took_as_what_ran(tmp_path, python, wa
         "resume: the earlier run had other settings or inputs: the precision run (auto's "
         f"choice, or {flag}) {was} -> {now}; starting over"
     ], said
+
+
+def test_chunks_kept_for_a_prefix_in_object_storage_are_said_to_be_on_this_machine(
+    tmp_path, monkeypatch
+):
+    """Hostile round 62, 4: a run into --out s3://... stopped with "1 finished chunk(s) are
+    kept in s3://results/api/big2/.partial", where the bucket held nothing: the chunks are in
+    the staging folder on the machine that scored them, and a rerun elsewhere starts over."""
+    import json
+
+    from cyto.infer.store import kept_words
+    from cyto.location import MARK, urls_for_staging
+
+    monkeypatch.setenv("CYTO_CACHE_DIR", str(tmp_path / "cache"))
+    staged = tmp_path / "cache" / "outputs" / ("a" * 20)
+    (staged / "big2" / ".partial").mkdir(parents=True)
+    (staged / MARK).write_text(json.dumps({"url": "s3://results/api"}))
+    (staged / "big2" / ".partial" / "chunk-0000000-0000009.parquet").write_bytes(b"x")
+    said = urls_for_staging(kept_words(staged / "big2" / ".partial"))
+    assert said == (
+        "1 finished chunk(s) are kept on this machine, in the staging folder of "
+        "s3://results/api/big2: rerun with --resume here to continue"
+    ), said
+    local = tmp_path / "out" / ".partial"
+    local.mkdir(parents=True)
+    (local / "chunk-0000000-0000009.parquet").write_bytes(b"x")
+    assert (
+        kept_words(local) == f"1 finished chunk(s) are kept in {local}: rerun with --resume"
+        " to continue"
+    )

@@ -127,10 +127,19 @@ def kept_words(store_dir: Path, then: str = "") -> str:
     ``.tmp``, cut short, is none), or that there are none yet (then a rerun starts it over; a
     cohort says what its other slides need: :func:`cyto.cohort.local.score_cohort`). ``then``:
     what to do before the rerun ("fix that and "), said before it."""
+    from cyto.location import shown
+
     n = len(list(Path(store_dir).glob("chunk-*.parquet"))) if Path(store_dir).is_dir() else 0
     if n:
         again = passing("resume")
-        return f"{n} finished chunk(s) are kept in {store_dir}: {then}rerun with {again}" + (
+        where = f"in {store_dir}"
+        prefix = shown(Path(store_dir).parent)
+        if prefix != str(Path(store_dir).parent):
+            # a folder staged for object storage: the chunks are on this machine, not in the
+            # prefix ("kept in s3://.../.partial", where the bucket held nothing: round 62, 4)
+            where = f"on this machine, in the staging folder of {prefix}"
+            again += " here"
+        return f"{n} finished chunk(s) are kept {where}: {then}rerun with {again}" + (
             "" if then else " to continue"
         )
     return "no chunk was finished yet: a rerun starts it over"
