@@ -182,10 +182,14 @@ def forget_broken_imports() -> list[str]:
 
 def check() -> None:
     """Raise KeyboardInterrupt if a Ctrl-C came since the last check: one swallowed on its way,
-    or one that code caught and went on from. Once per Ctrl-C: a Ctrl-C means stop."""
+    or one that code caught and went on from. Once per Ctrl-C in the main thread: a Ctrl-C
+    means stop. A helper thread (the threshold thread that opens a slide, a --download's
+    progress in it) is stopped too, but leaves the Ctrl-C to the main thread: one it took
+    was lost there, where a C callback had swallowed it (hostile round 62, 3)."""
     global _pending
     if _pending:
-        _pending = False
+        if threading.current_thread() is threading.main_thread():
+            _pending = False
         raise KeyboardInterrupt
 
 

@@ -208,3 +208,24 @@ def test_a_dense_tiles_parts_are_cut_here_not_behind_the_workers_queue(
     a = pq.read_table(tmp_path / "w1" / "scores.parquet").replace_schema_metadata(None)
     b = pq.read_table(tmp_path / "w0" / "scores.parquet").replace_schema_metadata(None)
     assert a.num_rows == one["cells_scored"] == ref["cells_scored"] > 0 and same_table(a, b)
+
+
+def test_a_ctrl_c_met_by_the_threshold_thread_prints_no_traceback(tmp_path, monkeypatch):
+    """Hostile round 62, 3: Ctrl-C during a --download, whose progress checks for it in the
+    threshold thread that opened the slide, printed that thread's traceback ("Exception in
+    thread cyto-threshold: ... KeyboardInterrupt") above "interrupted". The main thread says
+    the interrupt; the thread ends quietly, its threshold not taken."""
+    import threading
+
+    import cyto.infer.plan as plan_module
+    from cyto.infer.plan import ThresholdAhead
+
+    def interrupted(_slide):
+        raise KeyboardInterrupt
+
+    printed = []
+    monkeypatch.setattr(plan_module, "open_slide", interrupted)
+    monkeypatch.setattr(threading, "excepthook", printed.append)
+    job = ThresholdAhead(tmp_path / "s.tif", ScoreOptions())
+    assert job.threshold_for(ScoreOptions().detection) is None
+    assert not printed, printed

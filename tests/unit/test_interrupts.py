@@ -10,6 +10,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from cyto.interrupts import spawn_pool
 
 # a Ctrl-C that arrives while Python runs a callback from C: the KeyboardInterrupt is printed
@@ -242,6 +244,8 @@ cyto.cli._click_app = lambda: app
 threading.Thread(target=time.sleep, args=(SECONDS,)).start()  # Python joins it when closing
 cyto.cli.main()
 import time
+
+import pytest
 for sig in SIGNALS:
     os.kill(os.getpid(), sig)
     time.sleep(0.2)
@@ -340,3 +344,30 @@ def test_a_call_stopped_while_it_imports_leaves_the_next_call_whole(tmp_path, mo
     finally:
         for name in [n for n in sys.modules if n.split(".")[0] == "halfpkg"]:
             del sys.modules[name]
+
+
+def test_a_helper_thread_stops_at_a_ctrl_c_but_leaves_it_to_the_main_thread(monkeypatch):
+    """Hostile round 62, 3: a helper thread (the threshold thread, a --download's progress in
+    it) took the recorded Ctrl-C for itself: where the main thread's had been swallowed in a C
+    callback, nothing was left for it, and the run went on. A helper stops; the main thread
+    still meets the Ctrl-C, once."""
+    import threading
+
+    from cyto import interrupts
+
+    monkeypatch.setattr(interrupts, "_pending", True)
+    met = []
+
+    def helper():
+        try:
+            interrupts.check()
+        except KeyboardInterrupt:
+            met.append("helper")
+
+    t = threading.Thread(target=helper)
+    t.start()
+    t.join()
+    assert met == ["helper"]
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.check()
+    interrupts.check()  # once: the main thread took it

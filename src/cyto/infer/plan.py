@@ -100,6 +100,10 @@ class ThresholdAhead:
                 reader.close()
         except Exception:  # noqa: BLE001 (the plan measures it again, and meets the error)
             self._params = None
+        except KeyboardInterrupt:
+            # a Ctrl-C met here (a --download's progress checks for it) is the main thread's
+            # to say: Python printed this thread's traceback above "interrupted" (round 62, 3)
+            self._params = None
 
     def join(self) -> None:
         """Wait for the measurement to end (a run that stops before its plan took it)."""

@@ -164,6 +164,19 @@ def make_app(
     return app
 
 
+def _warm_quietly(slides) -> None:
+    """The other slides' maps and masks, in a thread: a slide that fails is met, in its own
+    words, when it is shown, and a Ctrl-C is the main thread's to say (a thread's traceback
+    was printed: hostile round 62, 3)."""
+    for s in slides:
+        try:
+            s.warm()
+        except KeyboardInterrupt:
+            return
+        except Exception:  # noqa: BLE001 - said when the slide is asked for
+            continue
+
+
 def serve(
     slides,
     host: str = "127.0.0.1",
@@ -185,7 +198,7 @@ def serve(
     # neither; a cohort's other slides in the background
     if slides:
         slides[0].warm()
-        threading.Thread(target=lambda: [s.warm() for s in slides[1:]], daemon=True).start()
+        threading.Thread(target=_warm_quietly, args=(slides[1:],), daemon=True).start()
     app = make_app(
         slides,
         cache_root or cache_dir(),
