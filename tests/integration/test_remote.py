@@ -168,7 +168,13 @@ def test_view_and_data_cells_read_a_folder_scored_from_a_url(slide, http, export
     assert not (tmp_path / "ds2" / "normal").exists()
     with pytest.raises(CytoError, match="the slide changed since it was scored") as err:
         open_view(folder)
-    said = r"the slide changed since it was scored \(the slide file s\.tif \w{12} -> \w{12}\)"
+    # a URL's identity is the version its server states, named so (round 62, 5)
+    said = (
+        r"the slide changed since it was scored \(the version of "
+        + re.escape(f"{http.url}/s.tif")
+        + r" its server states \(its ETag or time of change: the same bytes copied anew are "
+        r"another version\) \w{12} -> \w{12}\)"
+    )
     assert re.search(rf"cannot be shown: {said}: score it again$", str(err.value))
 
 
@@ -214,7 +220,7 @@ def test_a_changed_object_is_scored_again(slide, http, exported_dsvdd, tmp_path)
     changed = _score([url], exported_dsvdd, out, "--resume")
     assert changed.returncode == 0, changed.stderr
     assert "already scored" not in changed.stdout
-    assert "the slide file's content" in changed.stdout
+    assert f"the version of {url} its server states" in changed.stdout, changed.stdout
     after = json.loads((out / "s" / "summary.json").read_text())["slide_identity"]
     assert after != before
 
@@ -244,7 +250,7 @@ def test_an_object_whose_server_states_no_version_is_known_by_its_bytes(
         changed = _score([url], exported_dsvdd, out, "--resume")
     assert changed.returncode == 0, changed.stderr
     assert "already scored" not in changed.stdout, changed.stdout
-    assert "the slide file's content" in changed.stdout, changed.stdout
+    assert f"the version of {url} its server states" in changed.stdout, changed.stdout
 
 
 def test_a_region_read_after_the_object_changed_is_refused_never_half_decoded(tmp_path):

@@ -560,7 +560,7 @@ def test_a_changed_slide_or_a_review_folder_is_refused(scored, tmp_path):
         overwrite=True,
         workers=1,
     )
-    with pytest.raises(ConfigError, match="the slide file slide.tif .*score it again"):
+    with pytest.raises(ConfigError, match="the slide file slide.tif's content .*score it again"):
         open_view(folder)
     # its tiles would be another cache folder: the key holds the slide's identity
     slide.identity = {str(root / "slide.tif"): "another"}

@@ -38,15 +38,16 @@ from cyto.slides.base import printable
 from cyto.slides.remote import SlideURL, slide_ref
 
 
-def score_key_names() -> dict[str, str]:
-    """The key fields of a finished slide by the caller's names (the options keep their own:
-    ``--top-k`` at the command line, ``top_k`` from Python); from Python, ``model=`` and
+def score_key_names(slide) -> dict[str, str]:
+    """The key fields of a finished ``slide`` by the caller's names (the options keep their
+    own: ``--top-k`` at the command line, ``top_k`` from Python); from Python, ``model=`` and
     ``truth=``, not MODEL and the --truth file (hostile round 56, 2)."""
     from cyto.flags import named, python_call
+    from cyto.infer.store import identity_name
 
     return {
         "model": f"{'model=' if python_call() else 'MODEL'} (its manifest)",
-        "slide": "the slide file's content",
+        "slide": identity_name(slide),
         "nuclei_file": f"the {named('nuclei')} file's content",
         "truth_file": f"the {named('truth')} file's content",
         "adequacy": f"{named('adequacy')} (the rule, or its file's content)",
@@ -117,7 +118,7 @@ def finished_summary(
         **opts.output_key(),
     }
     artifacts = output_artifacts(target, data)
-    reuse = check_reuse(recorded, current, artifacts, score_key_names())
+    reuse = check_reuse(recorded, current, artifacts, score_key_names(slide))
     if reuse.ok and sealed.ok:
         return data
     # all that differs is the QuPath outputs (other ones asked for, or a file changed, missing
@@ -127,7 +128,7 @@ def finished_summary(
         {**recorded, **{f: current.get(f) for f in QUPATH_KEYS}},
         current,
         [a for a in artifacts if Path(a.path).name not in qupath_files],
-        score_key_names(),
+        score_key_names(slide),
     )
     if (
         rest.ok

@@ -80,6 +80,20 @@ def slide_identity(path: Path, block: int = 1 << 16, samples: int = 32) -> str:
         return sampled_digest(read, size, str(size), block, samples).hexdigest()
 
 
+def identity_name(slide) -> str:
+    """How a slide's identity is named where it differs (a resume, a viewer, a review): a
+    local file by its content; a URL by the version its server states, which a copy of the
+    same bytes made anew changes too (nginx's ETag is the time of change and the size: a
+    re-copied slide was said "the slide file view.tif" that "changed": hostile round 62, 5)."""
+    slide = slide_ref(slide)
+    if isinstance(slide, SlideURL):
+        return (
+            f"the version of {slide} its server states (its ETag or time of change: the same "
+            "bytes copied anew are another version)"
+        )
+    return f"the slide file {Path(slide).name}'s content"
+
+
 def file_identity(path: Path | None) -> str | None:
     """:func:`slide_identity` of a side file, None when none is given or it cannot be read
     (a missing file fails on its own, by name, where it is read). A side file is a file: a

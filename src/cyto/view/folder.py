@@ -161,7 +161,7 @@ class ViewSlide:
     def __init__(self, folder: Path, options: dict | None = None) -> None:
 
         from cyto.infer.outputs import output_artifacts
-        from cyto.infer.store import slide_key
+        from cyto.infer.store import identity_name, slide_key
         from cyto.reuse import check_reuse
         from cyto.seal import read_sealed, refuse_being_written
         from cyto.slides import find_planes
@@ -197,7 +197,7 @@ class ViewSlide:
             {"slide_identity": summary.get("slide_identity")},
             {"slide_identity": self.identity[str(self.slide)]},
             output_artifacts(self.folder, summary),
-            names={"slide_identity": f"the slide file {self.slide.name}"},
+            names={"slide_identity": identity_name(self.slide)},
         )
         if reuse.differs:  # said as what it is (it read "other settings or inputs: ...",
             # of the slide alone: hostile round 49, 4)
