@@ -958,6 +958,13 @@ def test_download_copies_are_kept_within_their_bound_the_least_recently_used_goi
             d = fetch("d.tif")
             assert a.is_file() and d.is_file() and not c.exists()
         assert fetch("b.tif").read_bytes() == data  # a removed copy is fetched again
+        # a bound below one copy is said (the cache stayed over it unsaid: round 62, 6)
+        monkeypatch.setenv("CYTO_DOWNLOAD_MB", "0.25")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="cyto.remote"):
+            fetch("f.tif")
+        assert "the --download copy of f.tif" in caplog.text, caplog.text
+        assert "alone is over CYTO_DOWNLOAD_MB=0.25: " in caplog.text, caplog.text
         monkeypatch.setenv("CYTO_DOWNLOAD_MB", "lots")
         with pytest.raises(
             ConfigError,

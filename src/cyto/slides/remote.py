@@ -1389,17 +1389,30 @@ def bound_downloads(root: Path, keep: Path) -> list[Path]:
         total -= size
         freed += size
         removed.append(f)
-    if removed:
-        from cyto.cachedir import size_words
+    from cyto.cachedir import size_words
 
+    if removed:
         log.warning(
             "note: removed %d --download cop%s not used lately from cyto's cache (%s), "
-            "to keep the copies within %s=%d",
+            "to keep the copies within %s=%s",
             len(removed),
             "y" if len(removed) == 1 else "ies",
             size_words(freed),
             DOWNLOAD_BYTES_ENV,
-            limit >> 20,
+            f"{limit / (1 << 20):g}",
+        )
+    alone = next((size for _, size, f, _ in copies if f == keep), 0)
+    if alone > limit:
+        # the bound cannot hold the copy being read: the cache stayed over it, unsaid (hostile
+        # round 62, 6)
+        log.warning(
+            "note: the --download copy of %s (%s) alone is over %s=%s: it is kept while it is "
+            "read, and goes when the next copy needs the room; raise %s to keep a slide's copy",
+            keep.name,
+            size_words(alone),
+            DOWNLOAD_BYTES_ENV,
+            f"{limit / (1 << 20):g}",
+            DOWNLOAD_BYTES_ENV,
         )
     return removed
 
