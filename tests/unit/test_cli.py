@@ -283,6 +283,25 @@ def test_every_help_reads_on_an_80_column_terminal():
     assert seen >= 25
 
 
+def test_no_word_of_a_help_text_is_longer_than_its_column():
+    """A word longer than the help's column (about 53 characters at any terminal width: the
+    help is at most 80 wide, options take the first 25) is cut in the middle where it reaches
+    the edge: `dicomweb+https://SERVER/PRE` / `FIX/studies/...` (hostile round 52). Every
+    option's and argument's help, of every command, holds only words that fit."""
+    import typer
+
+    from cyto.cli import app
+
+    root = typer.main.get_command(app)
+    long = []
+    for path, command in _commands(root):
+        for param in command.params:
+            for word in (getattr(param, "help", None) or "").split():
+                if len(word) > 50:
+                    long.append((" ".join(path), param.name, word))
+    assert not long, long
+
+
 def _section(line: str) -> bool:
     """A help section's first line: 'Options:' (click) or '╭─ Options ───╮' (rich)."""
     return line.startswith("╭") or (bool(line) and line[0] != " " and line.endswith(":"))

@@ -162,7 +162,8 @@ def score_cmd(
             help="Whole-slide images (NDPI, SVS, TIFF...), folders of them, or a DICOM slide's "
             "folder (its .dcm files); or URLs: s3://BUCKET/KEY, gs://..., https://... (a "
             "prefix ending in / is the slides under it), or a slide in a DICOM archive: "
-            "dicomweb+https://SERVER/PREFIX/studies/STUDY_UID/series/SERIES_UID."
+            # short enough for the help's column: longer, it was cut "PRE FIX" (round 52)
+            "dicomweb+https://SERVER/studies/UID/series/UID, SERVER with its DICOMweb root."
         ),
     ],
     model: Annotated[
