@@ -339,10 +339,18 @@ STAIN_SAMPLE = 512
 STAIN_PIXELS = 50_000
 
 
-def _stained_otherwise(scorer, stain: dict | None) -> bool:
-    """Whether a folder's stain check (:func:`_stain_check`) says another stain, where the
-    model's nucleus mask reads colour (not MGG's: optical density whatever the hue)."""
-    return bool(stain and stain.get("advised")) and scorer.spec.stain != "mgg"
+def _stained_otherwise(scorer, stain: dict | None) -> str:
+    """Why a folder's nuclei are not the model's nucleus mask's to size, where the mask reads
+    colour (not MGG's: optical density whatever the hue), said of the cells: its stain check
+    (:func:`_stain_check`) says another stain, or could not read the stain (grayscale crops
+    read 1.37x smaller, and --zoom auto zoomed them: hostile round 63, 1); empty else."""
+    from cyto.data.scale import OTHERWISE, unread_stain
+
+    if not stain or scorer.spec.stain == "mgg":
+        return ""
+    if stain.get("advised"):
+        return OTHERWISE
+    return unread_stain(stain.get("why")) if stain.get("degrees") is None else ""
 
 
 def _stain_check(scorer, records, kept, skip: bool) -> dict | None:
@@ -505,7 +513,7 @@ def _zoom(
     side,
     skip: bool,
     name: str,
-    stained_otherwise: bool = False,
+    stained_otherwise: str = "",
 ):
     """(factor, how) for ``--zoom``/``--patch-mpp`` (from the crops' ``side`` against the
     model's training patches'); ``--zoom auto`` measures the normal class of a labelled folder

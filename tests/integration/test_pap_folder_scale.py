@@ -16,7 +16,8 @@ from PIL import Image
 def pap(cric, tmp_path_factory):
     """A small Pap bundle trained on the first 150 NILM crops, and (name -> folder) of 120 later
     NILM crops: as they are, shrunk 0.6x onto their own glass colour (cells 1.67x smaller, a
-    scanner at 0.43 um/px), and with their hue turned (the same scale, another stain)."""
+    scanner at 0.43 um/px), with their hue turned (the same scale, another stain), and grey
+    (the same scale, no stain to read)."""
     import cyto
 
     root = tmp_path_factory.mktemp("papscale")
@@ -24,7 +25,7 @@ def pap(cric, tmp_path_factory):
     (root / "train" / "NILM").mkdir(parents=True)
     for f in files[:150]:
         os.symlink(f, root / "train" / "NILM" / f.name)
-    folders = {name: root / name / "NILM" for name in ("same", "shrunk", "hue")}
+    folders = {name: root / name / "NILM" for name in ("same", "shrunk", "hue", "gray")}
     for folder in folders.values():
         folder.mkdir(parents=True)
     for f in files[800:920]:
@@ -38,6 +39,7 @@ def pap(cric, tmp_path_factory):
         h, s, v = im.convert("HSV").split()
         turned = Image.merge("HSV", (h.point(lambda x: (x + 40) % 256), s, v)).convert("RGB")
         turned.save(folders["hue"] / f.name)
+        im.convert("L").save(folders["gray"] / f.name)
     cyto.train(
         "dsvdd", root / "train", root / "pap.cyto", normal="NILM", preset="fast",
         overrides={"epochs": 1, "ae_epochs": 1, "n_seeds": 1, "input_size": 32,
@@ -87,6 +89,23 @@ def test_cells_stained_otherwise_are_never_zoomed_by_their_nuclei(pap, tmp_path)
     scale = [x for x in said if "training cells (median nucleus share" in x]
     assert all("but they are stained otherwise" in x for x in scale), scale
     assert not [x for x in scale if "is advised" in x], scale
+
+
+def test_grey_cells_are_never_zoomed_by_their_nuclei(pap, tmp_path):
+    """Hostile round 63, 1: grey crops at the training scale, whose stain could not be read,
+    were said to "look 1.37x smaller ... --zoom auto is advised", and --zoom auto zoomed them
+    (the Pap mask reads colour). As cells of another stain: kept at 1, the pixel size asked."""
+    bundle, folders = pap
+    said, result = _predict(bundle, folders["gray"], tmp_path / "a.parquet", zoom="auto")
+    assert result["zoom"] == 1.0, result["zoom_from"]
+    assert result["zoom_from"].startswith(
+        "auto, kept at 1: these cells (the normal class, NILM) have a stain that could not be "
+        "read ("
+    ), result["zoom_from"]
+    said, _ = _predict(bundle, folders["gray"], tmp_path / "b.parquet")
+    scale = [x for x in said if "training cells (median nucleus share" in x]
+    assert not [x for x in scale if "is advised" in x], scale
+    assert all("but they have a stain that could not be read" in x for x in scale), scale
 
 
 def test_crops_without_a_nucleus_ranked_by_morphometry_are_said(pap, tmp_path):

@@ -249,6 +249,17 @@ def scale_advice(model_nuclei: float | None, images) -> str | None:
     return share_advice(model_nuclei, nucleus_fraction(images))
 
 
+#: cells stained otherwise than the model's, said of them ("they ...", "these cells ...")
+OTHERWISE = "are stained otherwise than the model's training cells"
+
+
+def unread_stain(why: str | None) -> str:
+    """Cells whose stain could not be read (grayscale crops, stains not separated), said of
+    them: a colour-reading nucleus mask misreads them as it does another stain (grey NILM
+    crops read 1.37x smaller, and --zoom auto zoomed them: hostile round 63, 1)."""
+    return f"have a stain that could not be read ({why or 'no colours to separate'})"
+
+
 #: why a scale is not judged from the nuclei of cells stained otherwise than the model's
 OTHER_STAIN = (
     "the nucleus mask, set on the model's stain, can misread their nuclei's size (other colours "
@@ -260,20 +271,20 @@ def share_advice(
     model_nuclei: float | None,
     shares,
     who: str = "these cells",
-    stained_otherwise: bool = False,
+    stained_otherwise: str = "",
 ) -> str | None:
     """:func:`scale_advice` from the patches' nucleus shares (:func:`nucleus_fraction`);
     ``who`` names the cells they are of (a labelled folder's normal class:
-    :func:`normal_only`). ``stained_otherwise`` (their stain is not the model's): no zoom is
+    :func:`normal_only`). ``stained_otherwise``: why their nuclei's size is not the model's
+    mask's to read, said of them (:data:`OTHERWISE`, :func:`unread_stain`): no zoom is
     advised on the nuclei's word; the pixel size is to be checked."""
     check = None if model_nuclei is None else share_check(model_nuclei, shares)
     if check is None or not check["advised"]:
         return None
     if stained_otherwise:
         return (
-            f"{who} {look_words(check)}, but they are stained otherwise than the model's "
-            f"training cells, and {OTHER_STAIN}: check their pixel size "
-            f"({passing('patch_mpp', UM_PER_PX)}) rather than zoom by it"
+            f"{who} {look_words(check)}, but they {stained_otherwise}, and {OTHER_STAIN}: "
+            f"check their pixel size ({passing('patch_mpp', UM_PER_PX)}) rather than zoom by it"
         )
     advice = (
         f"{passing('zoom', 'auto')} is advised (or {passing('patch_mpp', UM_PER_PX)})"
@@ -345,15 +356,16 @@ def resolve_zoom(
     patch_side: int | None = None,
     model_side: int | None = None,
     normal: str | None = None,
-    stained_otherwise: bool = False,
+    stained_otherwise: str = "",
 ) -> tuple[float, str]:
     """(factor, how it was found) for ``--zoom FACTOR|auto`` or ``--patch-mpp UM``. ``shares``
     (the nucleus shares of the patches at the model's load size, :func:`nucleus_fraction`, or
     a function that gives them) serve ``auto`` only: those of the normal class ``normal`` where
     the folder is labelled (:func:`normal_only`), else of every patch. ``patch_side`` (the
     patches' side in px) and ``model_side`` (the training patches') serve ``patch_mpp``: the
-    zoom is the ratio of the fields of view (:func:`field_zoom`). ``stained_otherwise``: the
-    patches' stain is not the model's (:mod:`cyto.detect.stain`): ``auto`` keeps 1, said."""
+    zoom is the ratio of the fields of view (:func:`field_zoom`). ``stained_otherwise``: why
+    the patches' nuclei are not the model's mask's to size (:data:`OTHERWISE`: their stain is
+    not the model's, :mod:`cyto.detect.stain`; :func:`unread_stain`): ``auto`` keeps 1, said."""
     if zoom is not None and patch_mpp is not None:
         raise ConfigError(f"give {said('zoom')} or {said('patch_mpp')}, not both")
     if patch_mpp is not None:
@@ -397,9 +409,8 @@ def resolve_zoom(
         of = f" (the normal class, {normal})" if normal else ""
         if stained_otherwise:
             return 1.0, (
-                f"auto, kept at 1: these cells{of} are stained otherwise than the model's "
-                f"training cells, and {OTHER_STAIN}; pass {passing('zoom', FACTOR)} or "
-                f"{passing('patch_mpp', UM_PER_PX)} if known"
+                f"auto, kept at 1: these cells{of} {stained_otherwise}, and {OTHER_STAIN}; "
+                f"pass {passing('zoom', FACTOR)} or {passing('patch_mpp', UM_PER_PX)} if known"
             )
         shares = shares() if callable(shares) else shares
         check = share_check(model_nuclei, shares)
