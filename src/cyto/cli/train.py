@@ -95,17 +95,6 @@ def train_cmd(
         f"trained {res.method} on {used_words(res.n_used, res.n_images)} in {res.seconds:.1f} s; "
         f"final losses {last}; wrote {res.bundle}"
     )
-    # a one-class method's (the others hold nothing back: fs-sil said "no abnormal classes"
-    # beside four of them, hostile round 39, 5)
-    if (
-        res.validation is None
-        and getattr(res.config, "holdout", 0) > 0
-        and (res.n_used == res.n_images)
-    ):
-        typer.echo(
-            "note: no abnormal classes beside the normal ones, so nothing was held back to "
-            "compare rankings: --rank-by auto ranks by the model alone"
-        )
     if res.config.mpp is None:
         typer.echo(
             "note: no training resolution given, so cyto score cannot check a slide's scale "

@@ -109,6 +109,28 @@ def patch_px(ds: PatchDataset) -> int | None:
     return common_side(crop_sides(ds.records)[0])
 
 
+def nothing_held_back_words(stain: str | None) -> str:
+    """What a one-class model trained without abnormal classes ranks by, and, for Pap cells,
+    what was measured there: the networks of cyto's presets ranked CRIC's lesions near chance
+    and the morphometric score well, and a Pap model trained on NILM alone ranked by its
+    network unsaid where `cyto predict` had no labels to warn by (hostile round 63, 6). Said
+    by ``cyto train`` and :func:`cyto.train` alike (it was the command line's alone)."""
+    from cyto.flags import passing
+
+    words = (
+        "no abnormal classes beside the normal ones, so nothing was held back to compare "
+        f"rankings: {passing('rank_by', 'auto')} ranks by the model alone"
+    )
+    if stain == "pap":
+        words += (
+            "; on Pap cells the networks of cyto's presets were measured near chance and the "
+            "morphometric score well (CRIC: AUROC 0.84; docs/how-to/pap-cytology.md): rank by "
+            f"{passing('rank_by', 'morphometry')}, or train with abnormal classes beside the "
+            "normal ones, so held-back cells choose"
+        )
+    return words
+
+
 def holdout_split(ds: PatchDataset, labels, share: float) -> tuple[np.ndarray, np.ndarray]:
     """(training, held back) indices: the latest ``share`` of the normal cells by file number
     (:func:`cyto.data.dataset.acquisition_key`) and every abnormal cell are held back, the other
@@ -436,6 +458,8 @@ def train(
     notes = tuple(n for n in said_notes if n)
     for line in notes if echo is not None else ():
         echo(f"warning: {line}")
+    if echo is not None and cls.one_class and cfg.holdout > 0 and not ds.abnormal:
+        echo(f"note: {nothing_held_back_words(cfg.stain)}")
     shutil.rmtree(ckpt, ignore_errors=True)  # after the lock: its file is in the folder
     n_used = manifest["training_data"]["n_used"]
     return TrainResult(
