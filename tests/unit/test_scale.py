@@ -613,3 +613,32 @@ def test_cells_stained_otherwise_doubt_no_resolution():
     assert len(lines) == 1 and lines[0].startswith("note: the cells of pap.tif look 2.00x smaller")
     assert lines[0].endswith("stained otherwise than the model's training cells, so their size "
                              "says nothing of the slide's resolution")  # fmt: skip
+
+
+def test_a_reading_far_off_the_training_scale_that_the_sample_cannot_confirm_is_asked():
+    """Hostile round 63, 2: 60 NILM crops at half size read 1.69x smaller, a reading the
+    sample could not confirm at 80 %, and `cyto predict` said nothing while they ranked at
+    chance (AUROC 0.50 against 0.85 at their size). Such a reading, far past the bound (1.56x)
+    on 20 cells or more, is asked as a question; same-scale draws of that size almost never."""
+    from cyto.data.scale import share_advice, share_check
+
+    rng = np.random.default_rng(63)
+    population = rng.lognormal(np.log(0.07), 0.9, 200_000)  # one lab's crops, wide
+    reference = float(np.median(population))
+    for n in (20, 30, 60):
+        said = sum(
+            share_advice(reference, rng.choice(population, n)) is not None for _ in range(1000)
+        )
+        assert said <= 5, (n, said)
+    smaller = population / 1.7**2
+    few = np.sort(rng.choice(smaller, 60))
+    few[-25:] = reference  # many read at the training scale: the median cannot be sure
+    check = share_check(reference, few)
+    assert not check["advised"] and check["too_few_cells"] and check["factor"] > 1.5625, check
+    line = share_advice(reference, few, "the normal cells (NILM)")
+    assert line.startswith("the normal cells (NILM) look "), line
+    assert "of 60 cells against" in line and "too few or too scattered" in line, line
+    assert "is their pixel size the model's?" in line and "--zoom auto" not in line, line
+    fewer = np.r_[few[:12], few[-7:]]  # 19 cells, as unsure: not said
+    assert share_check(reference, fewer)["too_few_cells"], share_check(reference, fewer)
+    assert share_advice(reference, fewer) is None

@@ -279,8 +279,10 @@ def share_advice(
     mask's to read, said of them (:data:`OTHERWISE`, :func:`unread_stain`): no zoom is
     advised on the nuclei's word; the pixel size is to be checked."""
     check = None if model_nuclei is None else share_check(model_nuclei, shares)
-    if check is None or not check["advised"]:
+    if check is None:
         return None
+    if not check["advised"]:
+        return _unsure_words(check, who) if not stained_otherwise else None
     if stained_otherwise:
         return (
             f"{who} {look_words(check)}, but they {stained_otherwise}, and {OTHER_STAIN}: "
@@ -295,6 +297,32 @@ def share_advice(
     return (
         f"{who} {look_words(check)}; a one-class model can rank another scale's normal "
         f"cells as the most abnormal: {advice}"
+    )
+
+
+#: cells in a folder's scale check below which an unsure reading is not said (its median
+#: scatters: hostile round 20), and how far past the bound an unsure reading must be to be said
+UNSURE_CELLS = 20
+UNSURE_ZOOM = ADVISE_ZOOM**2
+
+
+def _unsure_words(check: dict, who: str) -> str | None:
+    """A reading past the bound that the sample cannot confirm (``too_few_cells``), said as a
+    question where the cells look far smaller (past :data:`UNSURE_ZOOM`; larger nuclei are
+    what lesions show) on at least :data:`UNSURE_CELLS` cells: 60 NILM crops at half size
+    read 1.69x smaller, unconfirmed, and `cyto predict` said nothing while they ranked at
+    chance; only --zoom auto's kept-at-1 line said it (hostile round 63, 2)."""
+    factor = check.get("factor")
+    # smaller only: larger nuclei are what lesions show, and a folder of many was asked so
+    far = factor is not None and factor > UNSURE_ZOOM
+    if not (check.get("too_few_cells") and far and check["cells"] >= UNSURE_CELLS):
+        return None
+    return (
+        f"{who} {look_words(check)}, too few or too scattered to tell it from "
+        f"{1 / ADVISE_ZOOM:.2g}-{ADVISE_ZOOM:g}x (the training scale) with "
+        f"{MEDIAN_CONFIDENCE:.0%} confidence: is their pixel size the model's? A one-class model "
+        f"can rank another scale's normal cells as the most abnormal; pass "
+        f"{passing('patch_mpp', UM_PER_PX)} if known"
     )
 
 
