@@ -759,7 +759,8 @@ BETTER_BY = 0.05
 
 def _better_ranking(summary: dict, rank_by: str, auto: bool, validation: dict | None) -> None:
     """Say (a ``CytoWarning``, and the summary's ``better_ranking``) when a labelled folder is
-    ranked clearly better by the model alone or the morphometric score than by ``rank_by``:
+    ranked clearly better by the model alone or the morphometric score than by ``rank_by``
+    (where both are below chance, that, and no switch advised):
     auto chose it by the bundle's held-back cells, and on cells unlike them (another lab,
     another scale) it ranked worse than chance without a word (bone marrow by a synthetic
     model: 0.236 by morphometry, 0.785 by the model)."""
@@ -770,6 +771,17 @@ def _better_ranking(summary: dict, rank_by: str, auto: bool, validation: dict | 
     others = {"model": summary.get("auroc_model"), "morphometry": summary.get("auroc_morphometry")}
     best = max(((a, name) for name, a in others.items() if a is not None), default=None)
     if best is None or best[0] < chosen + BETTER_BY:
+        return
+    if best[0] <= 0.5:
+        # both below chance: no ranking of this bundle is better on them, and a switch between
+        # the two was advised (Pap crops given to a bone-marrow model: 0.357 against 0.301;
+        # hostile round 63, 5)
+        warn_caller(
+            f"these labelled cells are ranked below chance by {rank_by} (AUROC {chosen:.3f}) "
+            f"and by {best[1]} ({best[0]:.3f}): the model's cells are not these (another stain, "
+            "lab or scale?); train on normal cells of their own",
+            CytoWarning,
+        )
         return
     summary["better_ranking"] = best[1]
     from cyto.data.morphometry import choose_ranking

@@ -54,7 +54,23 @@ def test_said_exactly_when_another_ranking_is_better_by_the_margin(chosen, model
     lines = _said(summary, "model+morphometry", auto=True)
     best = max((a for a in (model, morph) if a is not None), default=None)
     assert bool(lines) == (best is not None and best >= chosen + BETTER_BY)
-    assert ("better_ranking" in summary) == bool(lines)
+    # a switch is advised only to a ranking above chance (round 63, 5)
+    assert ("better_ranking" in summary) == (bool(lines) and best > 0.5)
+    assert all(("below chance" in line) == (best <= 0.5) for line in lines), lines
+
+
+def test_two_rankings_below_chance_are_said_so_and_no_switch_is_advised():
+    """Hostile round 63, 5: Pap crops given to a bone-marrow model were told "--rank-by model
+    ranks these labelled cells better: AUROC 0.357 against 0.301", a switch between two
+    rankings both below chance."""
+    summary = {"auroc": 0.301, "auroc_model": 0.357}
+    (line,) = _said(summary, "morphometry", auto=True)
+    assert line == (
+        "these labelled cells are ranked below chance by morphometry (AUROC 0.301) and by model "
+        "(0.357): the model's cells are not these (another stain, lab or scale?); train on "
+        "normal cells of their own"
+    ), line
+    assert "better_ranking" not in summary
 
 
 def test_a_folder_ranked_by_morphometry_with_few_nuclei_measured_is_warned():
