@@ -306,3 +306,30 @@ def test_a_pap_model_trained_on_normal_cells_alone_is_told_what_was_measured(cri
     assert proc.returncode == 0, proc.stderr
     (line,) = [x for x in proc.stdout.splitlines() if "nothing was held back to compare" in x]
     assert "rank by --rank-by morphometry" in line, line
+
+
+def test_a_normal_class_of_one_image_is_refused_naming_it(cric, tmp_path):
+    """Hostile round 63, 3: a normal class of one image trained until Deep SVDD's scores
+    collapsed, and the error spoke of the backbone's bias terms. It is refused before any
+    training, naming the class and its count, at the command line and from Python alike."""
+    import os
+
+    import cyto
+    from cyto.errors import DatasetError
+    from tests.cli_runner import run_cyto
+
+    files = sorted(cric.glob("*/*.png"))
+    for cls, n in (("ASC-H", 1), ("LSIL", 5)):
+        (tmp_path / "cells" / cls).mkdir(parents=True)
+        for f in [f for f in files if f.parent.name == cls][:n]:
+            os.symlink(f, tmp_path / "cells" / cls / f.name)
+    proc = run_cyto(
+        "train", "dsvdd", "--data", str(tmp_path / "cells"), "--out", str(tmp_path / "m.cyto"),
+        "--normal", "ASC-H", "--preset", "fast", "--device", "cpu", "--set", "epochs=1",
+    )  # fmt: skip
+    assert proc.returncode != 0, proc.stdout
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert "the normal class(es) ASC-H hold 1 image(s): a one-class model" in line, line
+    assert "bias" not in proc.stderr and not (tmp_path / "m.cyto").exists()
+    with pytest.raises(DatasetError, match=r"ASC-H hold 1 image\(s\)"):
+        cyto.train("droc", tmp_path / "cells", tmp_path / "d.cyto", normal="ASC-H", echo=None)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,14 @@ import numpy as np
 
 from cyto.bundle import bundle_names, cell_keys, save_bundle
 from cyto.data.dataset import PatchDataset, empty_class_words, source_slides
-from cyto.errors import ConfigError, CytoError, InputPathError, TrainingError, out_of_memory
+from cyto.errors import (
+    ConfigError,
+    CytoError,
+    DatasetError,
+    InputPathError,
+    TrainingError,
+    out_of_memory,
+)
 from cyto.flags import passing, python_call, said, setting
 from cyto.locks import OutputLock
 from cyto.outputs_check import refuse_keep_and_replace, refuse_to_replace
@@ -107,6 +115,28 @@ def patch_px(ds: PatchDataset) -> int | None:
     from cyto.data.dataset import common_side, crop_sides
 
     return common_side(crop_sides(ds.records)[0])
+
+
+#: the fewest normal images a one-class model is trained on: it learns their spread, and one
+#: image has none (Deep SVDD's scores collapsed, and the error spoke of bias terms: hostile
+#: round 63, 3)
+MIN_NORMAL_IMAGES = 2
+
+
+def refuse_too_few_normals(cls, train_data, normal: Sequence[str], data) -> None:
+    """One line where a one-class method is given fewer than :data:`MIN_NORMAL_IMAGES` normal
+    images, naming the class and its count, before any training."""
+    if not cls.one_class:
+        return
+    labels = train_data.labels
+    n = len(train_data) if labels is None else int((labels == 0).sum())
+    if n >= MIN_NORMAL_IMAGES:
+        return
+    raise DatasetError(
+        f"{data}: the normal class(es) {', '.join(normal)} hold {n} image(s): a one-class model "
+        f"learns the spread of normal cells, and needs at least {MIN_NORMAL_IMAGES} (cyto's "
+        "presets were measured on hundreds)"
+    )
 
 
 def nothing_held_back_words(stain: str | None) -> str:
@@ -338,6 +368,7 @@ def train(
     if empty and echo is not None:
         echo(empty)
     train_data = TrainData.from_dataset(ds)
+    refuse_too_few_normals(cls, train_data, ds.normal, data)
     held = np.zeros(0, dtype=np.int64)
     probe_data = None
     skipped = None  # why abnormal cells were given and none held back
