@@ -696,6 +696,11 @@ def _write_table(
         if ties is not None:
             summary["ties"] = ties
         summary["k"] = k
+        from cyto.eval.scores import few_cells_words
+
+        few = few_cells_words(None, k, len(labels) - k)  # its AUROC was said bare (round 63)
+        if few is not None:
+            summary["few_abnormal"] = few
         if rank_by != "model":  # what the model alone gives, beside
             summary["auroc_model"] = float(roc_auc_score(labels, scores))
         if morph_scores is not None and rank_by != "morphometry":

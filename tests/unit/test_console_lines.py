@@ -182,12 +182,15 @@ def test_a_resume_names_the_model_in_the_callers_words():
 
     # a stopped run's store, and a finished slide's key (round 56, 2: it said "MODEL" and "the
     # --truth file" to a Python caller)
-    for names in (store_key_names, score_key_names):
+    def scored_names():
+        return score_key_names("s.tif")
+
+    for names in (store_key_names, scored_names):
         assert names()["model"] == "MODEL (its manifest)"
         with python_words("score_slide"):
             assert names()["model"] == "model= (its manifest)"
             assert "--" not in " ".join(names().values()), names()
-    assert score_key_names()["truth_file"] == "the --truth file's content"
+    assert scored_names()["truth_file"] == "the --truth file's content"
 
 
 def test_already_scored_says_when_it_was_scored_not_when_it_was_copied(tmp_path):

@@ -95,7 +95,7 @@ def test_by_class_also_gives_the_overall_metrics(tmp_path):
     assert plain.returncode == 0 and both.returncode == 0, both.stderr
     # (past the notes of its one-cell classes, said first as every note of eval is)
     rest = "".join(x for x in both.stdout.splitlines(True) if not x.startswith("note: "))
-    assert rest.startswith(plain.stdout)
+    assert rest.startswith("".join(x for x in plain.stdout.splitlines(True) if x[:6] != "note: "))
     assert f"{path}: 4 cells, 2 abnormal, AUROC 1.0000" in both.stdout
     assert "each abnormal class against NILM" in both.stdout
     got = json.loads(run_cyto("eval", "scores", str(path), "--by-class", "--json").stdout)
@@ -259,3 +259,23 @@ def test_a_class_of_few_cells_is_said_too_few_to_measure(tmp_path):
     rows = json.loads(run_cyto("eval", "scores", str(path), "--by-class", "--json").stdout)
     few = {r["class"]: r["too_few"] for r in rows["by_class"]}
     assert few["HSIL"] is None and few["ASC-H"].startswith("ASC-H has 1 cell: its AUROC is")
+
+
+def test_a_table_of_few_abnormal_cells_is_said_so_without_by_class(tmp_path):
+    """Hostile round 63, 4: a table with one abnormal cell got a bare AUROC from `cyto eval
+    scores` (and `cyto.evaluate`'s notes were empty); only --by-class said the one cell."""
+    import cyto
+
+    classes = ["NILM"] * 30 + ["ASC-H"]
+    path = _table(tmp_path / "t.parquet", classes, np.arange(len(classes), dtype=float))
+    proc = run_cyto("eval", "scores", str(path), "--k", "5")
+    assert proc.returncode == 0, proc.stderr
+    said = (
+        "note: the table has 1 abnormal cell: the AUROC is where that one cell ranks among the "
+        "30 normal cells, not how abnormal cells rank"
+    )
+    assert said in proc.stdout.splitlines(), proc.stdout
+    result = cyto.evaluate(path, k=[5], echo=None)
+    assert said[len("note: ") :] in result["notes"], result
+    many = _table(tmp_path / "m.parquet", ["NILM"] * 30 + ["LSIL"] * 10, np.arange(40.0))
+    assert "abnormal cell" not in run_cyto("eval", "scores", str(many), "--k", "5").stdout

@@ -133,7 +133,7 @@ def test_a_change_list_names_only_flags_cyto_score_takes(a, b):
     from cyto.reuse import differences
 
     flags = _score_flags()
-    for line in differences(a.output_key(), b.output_key(), score_key_names()):
+    for line in differences(a.output_key(), b.output_key(), score_key_names("s.tif")):
         named = set(re.findall(r"--[a-z][a-z0-9-]*", line))
         assert named <= flags, (line, named - flags)  # a setting no flag sets: by its name
 

@@ -152,6 +152,8 @@ def predict_cmd(
     typer.echo(line)
     if "ties" in res:
         typer.echo(res["ties"])
+    if "few_abnormal" in res:
+        typer.echo(f"note: {res['few_abnormal']}")
 
 
 @app.command("score", short_help="Score every cell of each slide: score tables, top-K, mosaics.")

@@ -281,6 +281,9 @@ def evaluate_table(
 
     rows = _metric_rows(scores, labels, k, column, seen)  # a table it refuses: its one line
     _say_k(scores, k, echo)
+    few = few_cells_words(None, int((labels == 1).sum()), int((labels == 0).sum()))
+    if few is not None and echo is not None:
+        echo(f"note: {few}")
     return rows
 
 
@@ -452,19 +455,25 @@ def evaluate_with_classes(
 FEW_CLASS_CELLS = 10
 
 
-def few_cells_words(cls: str, n: int, n_normal: int) -> str | None:
+def few_cells_words(cls: str | None, n: int, n_normal: int) -> str | None:
     """Why a class of few cells' AUROC does not measure the class, or None: ASC-H's one cell
-    on a composed slide printed AUROC 0.248 as if it did (hostile round 57, 8)."""
+    on a composed slide printed AUROC 0.248 as if it did (hostile round 57, 8). ``cls`` None:
+    the abnormal cells of a whole table (its overall AUROC was said bare: round 63, 4)."""
     if n >= FEW_CLASS_CELLS:
         return None
+    if cls is None:
+        who, cells, its, what = "the table has", "abnormal cell", "the", "a ranking"
+    else:
+        who, cells, its, what = f"{cls} has", "cell", "its", "the class"
     if n == 1:
+        ranks = "how the class ranks" if cls else "how abnormal cells rank"
         return (
-            f"{cls} has 1 cell: its AUROC is where that one cell ranks among the {n_normal} "
-            "normal cells, not how the class ranks"
+            f"{who} 1 {cells}: {its} AUROC is where that one cell ranks among the {n_normal} "
+            f"normal cells, not {ranks}"
         )
     return (
-        f"{cls} has {n} cells: each moves its AUROC by up to {1 / n:.2g}, too few to measure "
-        f"the class (fewer than {FEW_CLASS_CELLS})"
+        f"{who} {n} {cells}s: each moves {its} AUROC by up to {1 / n:.2g}, too few to measure "
+        f"{what} (fewer than {FEW_CLASS_CELLS})"
     )
 
 
