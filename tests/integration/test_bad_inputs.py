@@ -178,7 +178,7 @@ def test_a_read_only_out_is_one_line_before_any_work(exported_dsvdd, tmp_path, m
     assert loaded == []  # refused before the model was loaded
     monkeypatch.setattr(os, "access", real)
 
-    def full(rows, path):
+    def full(rows, path, pending=()):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(cohort_table, "_merge_cohort_table", full)

@@ -219,7 +219,7 @@ def _merge_cohort_table(rows: list[dict], path: Path, pending: set[str]) -> Path
                 # another run holds the folder, or finished it since this run began: its row
                 # stands (a slide that run scored was marked failed by the refused one, the
                 # last to write the table: hostile round 30, 6); its sealed folder's when done
-                drawn = _as_sealed(row, home / name)
+                drawn = _as_sealed(row, home / name, yields=True)
                 if drawn is not row:
                     merged[name] = drawn
                     continue
@@ -298,20 +298,23 @@ def say_models(path: Path) -> None:
 _SAID_MODELS: dict[str, set[str]] = {}
 
 
-def _as_sealed(row: dict, folder: Path) -> dict | None:
+def _as_sealed(row: dict, folder: Path, yields: bool = False) -> dict | None:
     """An earlier run's row of ``cohort.csv`` drawn again from its folder's sealed summary (a
     row edited by hand is the summary's again), None when a "scored" row's folder holds no
     sealed summary (the row is left out). A failed slide's row (its folder unsealed, or holding
     an earlier run's sealed outputs) and the row of a folder staged for object storage that
-    this machine has not pulled are kept as they are."""
+    this machine has not pulled are kept as they are; ``yields``: a failed row of this run
+    that yields to the run that holds or finished the folder (its sealed row stands)."""
     from cyto.seal import read_sealed
 
     if not folder.exists() and shown(folder) != str(folder):
         return row  # another machine's slide in the prefix: not here to check
-    if row.get("status") == "failed":
-        # cyto's own row of a later attempt: a slide scored, then failing on a later run (its
-        # file gone bad, a URL answering 404, a series grown) keeps its earlier sealed folder,
-        # and the row drawn from that seal said "scored", the failure called a hand edit
+    if row.get("status") == "failed" and not yields:
+        # cyto's own row of a later attempt (not one that yields to the run that holds or
+        # finished the folder: that run's sealed row stands): a slide scored, then failing on
+        # a later run (its file gone bad, a URL answering 404, a series grown) keeps its
+        # earlier sealed folder, and the row drawn from that seal said "scored", the failure
+        # called a hand edit
         # (hostile round 61, 2)
         return row
     sealed = read_sealed(folder, summary_only=True)

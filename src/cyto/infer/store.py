@@ -25,7 +25,7 @@ from cyto.errors import CytoError, first_line
 from cyto.flags import named, passing, python_call, ran
 from cyto.reuse import check_reuse, read_record
 from cyto.seal import PARTIAL
-from cyto.slides.base import PLANE_SEP, sampled_digest
+from cyto.slides.base import PLANE_SEP, sampled_ranges
 from cyto.slides.remote import SlideURL, remote_identity, slide_ref
 from cyto.tables import json_text, parquet_file
 
@@ -71,13 +71,12 @@ def slide_identity(path: Path, block: int = 1 << 16, samples: int = 32) -> str:
             h.update(f"{f.name}\t{slide_identity(f, block, samples)}\n".encode())
         return h.hexdigest()
     size = path.stat().st_size
+    h = hashlib.sha256(f"cyto-slide-identity-v1:{size}".encode())
     with open(path, "rb") as fh:
-
-        def read(start: int, n: int) -> bytes:
+        for start, n in sampled_ranges(size, block, samples):
             fh.seek(start)
-            return fh.read(n)
-
-        return sampled_digest(read, size, str(size), block, samples).hexdigest()
+            h.update(fh.read(n))
+    return h.hexdigest()
 
 
 def identity_name(slide) -> str:

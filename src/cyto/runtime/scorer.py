@@ -710,10 +710,11 @@ def load_scorer(
             return scorer
         scorer.close()
         kept = getattr(chosen, "engine_file", None)
-        if getattr(chosen, "loaded_from_cache", False) and kept is not None:
+        if getattr(chosen, "loaded_from_cache", False) and kept is not None and not check.cached:
             # a kept compiled model (its bytes as recorded) that scores wrong here was taken
             # for the graph's own failure, and stayed in the cache (hostile round 53): it is
-            # named, and the graph is compiled anew, once, and verified in turn
+            # named, and the graph is compiled anew, once, and verified in turn (a failure
+            # read from a record is said with the command that runs the check again)
             why = f"{kept.path.name} failed verification here ({check.words()})"
             attempts.insert(0, (name, p, form, why))
             continue

@@ -37,22 +37,15 @@ class SlideReader(Protocol):
     def close(self) -> None: ...
 
 
-def sampled_digest(read, size: int, kind: str, block: int = 1 << 16, samples: int = 32):
-    """A sha256 of an object of ``size`` bytes that is fast on 10 GB slides: ``kind`` (the
-    words hashed first), its first and last MiB, and ``samples`` blocks spread evenly between
-    them (about 3 MiB read).
-    ``read(start, n)``: up to ``n`` bytes from ``start`` (none past the end). One rule for a
-    local slide file (:func:`cyto.infer.store.slide_identity`) and a remote object whose server
-    states no version of it (:meth:`cyto.slides.remote.RemoteObject.identity`)."""
-    import hashlib
-
-    h = hashlib.sha256(f"cyto-slide-identity-v1:{kind}".encode())
+def sampled_ranges(size: int, block: int = 1 << 16, samples: int = 32) -> list[tuple[int, int]]:
+    """The (start, length) byte ranges whose bytes identify an object of ``size`` bytes, fast
+    on 10 GB slides: its first and last MiB and ``samples`` blocks spread evenly between them
+    (about 3 MiB). One rule for a local slide file (:func:`cyto.infer.store.slide_identity`)
+    and a remote object whose server states no version of it
+    (:meth:`cyto.slides.remote.RemoteObject.identity`); a range past the end reads nothing."""
     edge = 1 << 20
-    h.update(read(0, edge))
-    for i in range(samples):
-        h.update(read(edge + (max(size - 2 * edge, 0) * i) // samples, block))
-    h.update(read(max(size - edge, 0), edge))
-    return h
+    middle = [(edge + (max(size - 2 * edge, 0) * i) // samples, block) for i in range(samples)]
+    return [(0, edge), *middle, (max(size - edge, 0), edge)]
 
 
 def printable(text: object) -> str:

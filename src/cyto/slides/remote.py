@@ -704,7 +704,7 @@ class RemoteObject(Requests):
     def identity(self) -> str:
         """The object's identity for resume and caches: its URL (printed form), size and
         version (S3 version id, else ETag, else time of change; a server that states none of
-        them: its sampled bytes, :func:`cyto.slides.base.sampled_digest`)."""
+        them: its sampled bytes, :func:`cyto.slides.base.sampled_ranges`)."""
         import hashlib
 
         stamp = self.version or self.etag or self.modified or self._sampled()
@@ -718,14 +718,15 @@ class RemoteObject(Requests):
         (hostile round 61, 1). Read once per process (about 3 MiB, past the block cache), and
         said once per slide: a change while it is read cannot be seen."""
         if getattr(self, "_sampled_stamp", None) is None:
-            from cyto.slides.base import sampled_digest
+            import hashlib
 
-            def read(start: int, n: int) -> bytes:
+            from cyto.slides.base import sampled_ranges
+
+            h = hashlib.sha256(b"cyto-slide-identity-v1:remote-bytes")
+            for start, n in sampled_ranges(self.size):
                 end = min(start + n, self.size)
-                return self._fetch(start, end) if start < end else b""
-
-            digest = sampled_digest(read, self.size, "remote-bytes").hexdigest()
-            self._sampled_stamp = f"sampled:{digest}"
+                h.update(self._fetch(start, end) if start < end else b"")
+            self._sampled_stamp = f"sampled:{h.hexdigest()}"
             self.shared()  # the run's folder of the slide, where the note's marker is made
             if self._first_to_say(_SAID_UNVERSIONED, UNVERSIONED_SAID):
                 log.warning(
