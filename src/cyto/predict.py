@@ -225,11 +225,10 @@ def predict(
         # a labelled folder's scale is its normal class's
         shares = normal_only(column["scale_share"], None if labels is None else labels[kept])
         who = "these cells" if labels is None else f"the normal cells ({normal})"
+        otherwise = _stained_otherwise(scorer, stain)
         if not zooming:
-            advice = share_advice(
-                scorer.spec.folder_scale_reference, shares, who, _stained_otherwise(scorer, stain)
-            )
-        elif not auto_zoom and not _stained_otherwise(scorer, stain):
+            advice = share_advice(scorer.spec.folder_scale_reference, shares, who, otherwise)
+        elif not auto_zoom and not otherwise:
             given = passing("zoom", zoom) if zoom is not None else passing("patch_mpp", patch_mpp)
             advice = given_zoom_words(
                 scorer.spec.folder_scale_reference, shares, who, factor, given

@@ -314,8 +314,7 @@ def _as_sealed(row: dict, folder: Path, yields: bool = False) -> dict | None:
         # finished the folder: that run's sealed row stands): a slide scored, then failing on
         # a later run (its file gone bad, a URL answering 404, a series grown) keeps its
         # earlier sealed folder, and the row drawn from that seal said "scored", the failure
-        # called a hand edit
-        # (hostile round 61, 2)
+        # called a hand edit (hostile round 61, 2)
         return row
     sealed = read_sealed(folder, summary_only=True)
     if not sealed.ok:

@@ -463,10 +463,11 @@ def few_cells_words(cls: str | None, n: int, n_normal: int) -> str | None:
         return None
     if cls is None:
         who, cells, its, what = "the table has", "abnormal cell", "the", "a ranking"
+        ranks = "how abnormal cells rank"
     else:
         who, cells, its, what = f"{cls} has", "cell", "its", "the class"
+        ranks = "how the class ranks"
     if n == 1:
-        ranks = "how the class ranks" if cls else "how abnormal cells rank"
         return (
             f"{who} 1 {cells}: {its} AUROC is where that one cell ranks among the {n_normal} "
             f"normal cells, not {ranks}"

@@ -503,11 +503,12 @@ _SAID_UNVERSIONED: set[str] = set()
 UNVERSIONED_SAID = ".unversioned-said"
 
 
-def _pin_words(pin: str | None) -> str:
-    """A pinned version as said: ``ETag "..."``, or ``Last-Modified DATE``."""
+def _pin_named(pin: str | None) -> tuple[str, str]:
+    """A pinned version as said, (what, value): ``("ETag", '"..."')``, or
+    ``("Last-Modified", DATE)``."""
     if pin is not None and pin.startswith("modified:"):
-        return f"Last-Modified {pin.split(':', 1)[1]}"
-    return f"ETag {pin}"
+        return "Last-Modified", pin.split(":", 1)[1]
+    return "ETag", str(pin)
 
 
 class Requests:
@@ -599,7 +600,7 @@ class Requests:
         status = _status(exc)
         if status == 412 or type(exc).__name__ == "PreconditionFailed":
             pin = getattr(self, "pin", None) or getattr(self, "etag", None)
-            name, _, value = _pin_words(pin).partition(" ")
+            name, value = _pin_named(pin)
             return SlideChangedError(
                 f"{self.ref}: the object changed while it was read (its {name} is no longer "
                 f"{value}); nothing of this run of it is kept: score it again"
@@ -680,10 +681,10 @@ class RemoteObject(Requests):
     def check_pin(self, ref: SlideURL) -> None:
         """A run pinned to another version of the object than this one: it changed."""
         if ref.etag is not None and ref.etag != self.pin:
+            began, now = (" ".join(_pin_named(v)) for v in (ref.etag, self.pin))
             raise SlideChangedError(
-                f"{ref}: the object changed while it was scored ({_pin_words(ref.etag)} when "
-                f"the run began, {_pin_words(self.pin)} now); nothing of this run of it is "
-                "kept: score it again"
+                f"{ref}: the object changed while it was scored ({began} when the run began, "
+                f"{now} now); nothing of this run of it is kept: score it again"
             )
 
     def _info(self) -> dict:
@@ -1392,6 +1393,7 @@ def bound_downloads(root: Path, keep: Path) -> list[Path]:
         removed.append(f)
     from cyto.cachedir import size_words
 
+    bound = f"{limit / (1 << 20):g}"  # as given: 0.25, not 0
     if removed:
         log.warning(
             "note: removed %d --download cop%s not used lately from cyto's cache (%s), "
@@ -1400,7 +1402,7 @@ def bound_downloads(root: Path, keep: Path) -> list[Path]:
             "y" if len(removed) == 1 else "ies",
             size_words(freed),
             DOWNLOAD_BYTES_ENV,
-            f"{limit / (1 << 20):g}",
+            bound,
         )
     alone = next((size for _, size, f, _ in copies if f == keep), 0)
     if alone > limit:
@@ -1412,7 +1414,7 @@ def bound_downloads(root: Path, keep: Path) -> list[Path]:
             keep.name,
             size_words(alone),
             DOWNLOAD_BYTES_ENV,
-            f"{limit / (1 << 20):g}",
+            bound,
             DOWNLOAD_BYTES_ENV,
         )
     return removed
