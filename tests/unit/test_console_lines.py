@@ -361,3 +361,26 @@ def test_an_advised_path_pastes_into_a_shell_as_that_path(name, tmp_path):
         cwd=tmp_path, env={"HOME": "/nowhere", "PATH": os.environ["PATH"]},
     )  # fmt: skip
     assert os.path.normpath(got.stdout.rstrip("\n")) == os.path.normpath(name), got
+
+
+@pytest.mark.parametrize(
+    "slide, words",
+    [
+        ("http://127.0.0.1:9/s.tif", "the version its server states"),
+        ("s3://bucket/slides/s.tif", "the version its server states"),
+        ("/slides/s.tif", "the slide's (or a plane's) file content"),
+    ],
+)
+def test_a_stopped_run_over_a_slide_changed_since_names_what_changed(tmp_path, slide, words):
+    """A resume over a URL whose version moved said "the slide's (or a plane's) file content:",
+    where cyto never read the content, only the version the server states (the finished slide's
+    check and the viewer named it rightly: round 62, 5)."""
+    from cyto.infer.store import ChunkStore
+
+    ChunkStore(tmp_path, {"slide": {slide: "a" * 64}}).start(resume=False, echo=print)
+    said: list[str] = []
+    ChunkStore(tmp_path, {"slide": {slide: "b" * 64}}).start(resume=True, echo=said.append)
+    assert len(said) == 1 and said[0].startswith("resume: the earlier run had"), said
+    assert f"{words}" in said[0] and f"{slide} aaaaaaaaaaaa -> bbbbbbbbbbbb" in said[0], said
+    if "version" in words:
+        assert "content" not in said[0], said

@@ -33,15 +33,27 @@ from cyto.tables import json_text, parquet_file
 CHUNKS = "chunks.json"
 
 
-def store_key_names() -> dict[str, str]:
-    """The fields of a chunk store's key by the user's names, in the caller's words when the
+#: what a URL's version is, said wherever a slide by URL is known by it
+_VERSION_IS = "its ETag or time of change: the same bytes copied anew are another version"
+
+
+def store_key_names(key: dict | None = None) -> dict[str, str]:
+    """The fields of a chunk store's ``key`` by the user's names, in the caller's words when the
     resume is refused (an option, ``rank_by`` or those under ``options``, keeps its own name:
-    :func:`cyto.flags.named`, ``--rank-by`` at the command line, ``rank_by`` from Python)."""
+    :func:`cyto.flags.named`, ``--rank-by`` at the command line, ``rank_by`` from Python). A
+    slide by URL is known by the version its server states, not by its content: a resume over
+    one whose version moved was told "the slide's (or a plane's) file content"."""
+    files = list((key or {}).get("slide") or {})
+    by_url = any(isinstance(slide_ref(f), SlideURL) for f in files)
     return {
         # the model argument as the caller gave it (MODEL at the command line, model= from
         # Python: a Python resume was told "MODEL")
         "model": f"{'model=' if python_call() else 'MODEL'} (its manifest)",
-        "slide": "the slide's (or a plane's) file content:",
+        "slide": (
+            f"the version its server states of the slide ({_VERSION_IS}):"
+            if by_url
+            else "the slide's (or a plane's) file content:"
+        ),
         "options": "",
         "precision": ran("precision"),  # the precision auto took, under "options"
         "tiles": "the tile list's length",
@@ -86,10 +98,7 @@ def identity_name(slide) -> str:
     re-copied slide was said "the slide file view.tif" that "changed": hostile round 62, 5)."""
     slide = slide_ref(slide)
     if isinstance(slide, SlideURL):
-        return (
-            f"the version of {slide} its server states (its ETag or time of change: the same "
-            "bytes copied anew are another version)"
-        )
+        return f"the version of {slide} its server states ({_VERSION_IS})"
     return f"the slide file {Path(slide).name}'s content"
 
 
@@ -177,7 +186,7 @@ class ChunkStore:
 
         state = self.dir / "state.json"
         if resume and state.is_file():
-            reuse = check_reuse(read_record(state), self.key, names=store_key_names())
+            reuse = check_reuse(read_record(state), self.key, names=store_key_names(self.key))
             if reuse.ok:
                 for f in self.dir.glob("*.tmp"):
                     f.unlink()
