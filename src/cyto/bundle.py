@@ -53,6 +53,9 @@ LOCK = ".lock"
 #: file's sha256, sorted (:func:`cell_keys`); cyto predict says which scored images are among
 #: them (hostile round 39, 7: a model's own training cells were scored and measured unsaid)
 TRAINING_CELLS = "training_cells.npy"
+#: the files a loaded bundle keeps as they were when it loaded (:meth:`Bundle.file_bytes`): read
+#: later, as each slide is scored or a folder predicted, from a folder that may have changed
+HELD_AT_LOAD = (CALIBRATION_FILE, TRAINING_CELLS)
 
 
 def cell_keys(digests: Iterable[str | None]) -> np.ndarray:
@@ -68,10 +71,9 @@ def training_cells(bundle: Bundle) -> np.ndarray | None:
     digest = bundle.manifest.get("files", {}).get(TRAINING_CELLS)
     if digest is None:
         return None
-    data = read_checked(Path(bundle.path) / TRAINING_CELLS, digest, "changed since it was loaded")
     import io
 
-    return np.load(io.BytesIO(data), allow_pickle=False)
+    return np.load(io.BytesIO(bundle.file_bytes(TRAINING_CELLS)), allow_pickle=False)
 
 
 def read_checked(path: Path, sha256: str, changed: str) -> bytes:
@@ -308,6 +310,9 @@ class Bundle:
     #: stood beside the slide's absolute one, hostile round 26, 15; resolved when a table was
     #: written, it named the folder a script had since moved to, round 28, 1)
     recorded_path: str = field(default="", repr=False, compare=False)
+    #: the files read whole when the bundle was loaded, checked (:data:`HELD_AT_LOAD`): what a
+    #: loaded model scores with (:meth:`file_bytes`)
+    held: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.recorded_path:
@@ -344,10 +349,30 @@ class Bundle:
         here, never run under the verification of the graph it replaced. Callers hand these
         bytes to ONNX Runtime or TensorRT instead of the path, so what runs is what was checked."""
         return read_checked(
-            self.path / graph.file,
+            Path(self.recorded_path) / graph.file,
             graph.sha256,
             "changed after the bundle was loaded (another run exported into it?): run again to "
             "load the bundle as it is now",
+        )
+
+    def file_bytes(self, name: str) -> bytes:
+        """The bytes of a file the manifest lists, as the bundle was loaded: held since the load
+        (:data:`HELD_AT_LOAD`), else read from the folder it was loaded from (absolute: a script
+        that changed its working folder since) and checked against the manifest loaded. A
+        loaded model read its calibration from disk at each slide, by the path as given: a
+        bundle calibrated again since was scored with the new calibration and recorded as the
+        old one, and a script that moved elsewhere failed after a whole slide, or took another
+        bundle's calibration found at the same relative path (hostile round 64, 1 and 2)."""
+        if name in self.held:
+            return self.held[name]
+        digest = self.manifest.get("files", {}).get(name)
+        if digest is None:
+            raise BundleError(f"{self.where} lists no {name}")
+        return read_checked(
+            Path(self.recorded_path) / name,
+            digest,
+            "changed since the model was loaded (calibrated or exported into again?): load the "
+            "model again to use the bundle as it is now",
         )
 
     @property
@@ -801,6 +826,10 @@ def _load_verified(path: Path, weights: bool, for_scoring: bool = False) -> Bund
     manifest = _verified(path, set_aside=set_aside if for_scoring else None)
     bundle = Bundle(path=path, manifest=manifest, set_aside=set_aside)
     bundle.manifest_hash  # noqa: B018 (kept as loaded, under the lock: Bundle.manifest_hash)
+    for name in HELD_AT_LOAD:  # what a loaded model scores with later, as it was loaded
+        # (not a file a step is writing anew: unchecked at load, it is not read from there)
+        if name in manifest["files"] and name not in _REWRITING.get():
+            bundle.held[name] = read_checked(path / name, manifest["files"][name], "changed")
     for name in manifest["files"] if weights else ():
         if name.startswith("weights-") and name.endswith(".safetensors"):
             from safetensors import SafetensorError

@@ -547,3 +547,43 @@ def test_a_calibration_holds_the_score_the_cells_are_ranked_by(cohort, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert ("the cells are ranked by model, but the calibration holds 'morphometry_score': "
             "p-values, FDR flags and burden follow 'morphometry_score'") in proc.stdout  # fmt: skip
+
+
+def test_a_loaded_model_scores_with_the_calibration_it_loaded_wherever_it_is_used(
+    cohort, tmp_path, monkeypatch
+):
+    """Hostile round 64 (1, 2): a scorer read its bundle's calibration from disk at each
+    slide, by the path as given: recalibrated after `load_model`, its p-values were the new
+    calibration's while its summary recorded the old one's slides and manifest; loaded by a
+    relative path, a script that moved to another folder scored a whole slide and then failed
+    ("input/output error on m.cyto/calibration.npz"), or took another bundle's calibration
+    that stood at the same relative path there. What a loaded model scores with is read when
+    it loads."""
+    import cyto
+
+    root = cohort["root"]
+    tables = [root / "negs" / f"neg{i}" for i in range(3)]
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    model = home / "models" / "m.cyto"
+    shutil.copytree(cohort["model"], model)
+    proc = run_cyto("calibrate", str(model), *map(str, tables), "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    expected = cyto.score_slide(cohort["pos"].paths[0], str(model), tmp_path / "expected")
+    assert "p_value" in expected.column_names
+
+    monkeypatch.chdir(home)
+    scorer = cyto.load_model("models/m.cyto", echo=None)
+    # recalibrated on two of the slides after the model was loaded
+    proc = run_cyto("calibrate", str(model), *map(str, tables[:2]), "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    # and another bundle at the same relative path of the folder the script moves to
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(model, elsewhere / "models" / "m.cyto")
+    monkeypatch.chdir(elsewhere)
+    got = cyto.score_slide(cohort["pos"].paths[0], scorer, tmp_path / "got")
+    assert np.array_equal(got.column("p_value").to_numpy(), expected.column("p_value").to_numpy())
+    summary = json.loads((tmp_path / "got" / "summary.json").read_text())
+    want = json.loads((tmp_path / "expected" / "summary.json").read_text())
+    assert summary["burden"] == want["burden"]
+    assert summary["model_sha256"] == want["model_sha256"]

@@ -18,6 +18,7 @@ slide's normal cells); they give quantiles for ``cyto info`` but no p-values or 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -113,7 +114,7 @@ class Calibration:
         info = bundle.manifest.get("calibration") or {}
         if info.get("kind") != "slides" or CALIBRATION_FILE not in bundle.manifest["files"]:
             return None
-        with np.load(bundle.path / CALIBRATION_FILE, allow_pickle=False) as z:
+        with np.load(io.BytesIO(bundle.file_bytes(CALIBRATION_FILE)), allow_pickle=False) as z:
             scores, slide = z["scores"], z["slide"]
             ev = z["evaluable"] if "evaluable" in z.files else None
         n = len(info.get("slides", []))
