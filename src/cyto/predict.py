@@ -33,6 +33,7 @@ from cyto.data.dataset import (
 )
 from cyto.data.images import copies_words, resize_rgb
 from cyto.data.scale import (
+    SHRINK_WORDS,
     normal_only,
     resolve_zoom,
     share_advice,
@@ -198,6 +199,8 @@ def predict(
         )
         if unverified:
             warn_caller(unverified, CytoWarning)
+        if zooming and factor < 1.0:  # the command's line alone until hostile round 64, 3
+            warn_caller(SHRINK_WORDS, ScaleWarning)
         job = _Job(
             scorer, load, factor if zooming else None, batch_size, chunk, patch_mpp, side,
             shares=not auto_zoom,  # auto's zoom is read from them

@@ -184,7 +184,13 @@ def test_train_info_predict(tmp_path, synth_patches):
     shrink = run_cyto(
         "predict", str(out), "--data", str(small), "--zoom", "0.8", "--out", str(tmp_path / "s.pq")
     )  # a table in the test's own folder, never the working directory
-    assert shrink.returncode == 0 and "warning: a zoom below 1" in shrink.stdout
+    assert shrink.returncode == 0 and "warning: a zoom below 1" in shrink.stderr
+    # from Python too (hostile round 64, 3: the command's own line, the call said nothing)
+    import cyto
+    from cyto.errors import ScaleWarning
+
+    with pytest.warns(ScaleWarning, match="a zoom below 1 shrinks the cells"):
+        cyto.predict(out, small, tmp_path / "s2.pq", zoom=0.8, echo=None)
 
     again = run_cyto(
         "train",

@@ -127,13 +127,6 @@ def predict_cmd(
     typer.echo(f"verification: {line_of(res['verification'])}")
     if res["zoom"] != 1.0 or res["zoom_from"] != "none":
         typer.echo(f"zoom {res['zoom']:.3g}x, from {res['zoom_from']}")
-    if res["zoom"] < 1.0:
-        typer.echo(
-            "warning: a zoom below 1 shrinks the cells and fills the border with plain "
-            "background, which the model never saw; measured here it ranked worse than no zoom "
-            "(bone marrow by a blood model: AUROC 0.60 against 0.71). Prefer a model trained at "
-            "this scale"
-        )
     caution = res.get("rank_by_caution")
     if res["rank_by"] != "model" or caution:
         typer.echo(
