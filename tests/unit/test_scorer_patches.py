@@ -149,6 +149,56 @@ def test_a_closed_scorer_refuses_in_one_line_whatever_its_backend(exported_dsvdd
             call()
 
 
+@pytest.mark.parametrize("backend", _backends_here())
+def test_a_close_from_another_thread_waits_for_the_running_call(
+    exported_dsvdd, backend, monkeypatch
+):
+    """Hostile round 64 (6): close() from another thread (a ``with`` block ending while a
+    worker thread scored) let the backend go under the running call, which failed in each
+    backend's own raw way (AttributeError, IndexError, TypeError). The call ends, then the
+    close; a call after it is refused in one line."""
+    import threading
+
+    from cyto.runtime import load_scorer
+    from cyto.runtime.scorer import CLOSED
+
+    scorer = load_scorer(exported_dsvdd, backend, "cpu", verify=False)
+    size = scorer.spec.crop_size
+    x = np.random.default_rng(0).integers(0, 255, (6, size, size, 3), dtype=np.uint8)
+    expected = scorer.score(x)
+    started, release = threading.Event(), threading.Event()
+    run = scorer.backend.run
+
+    def held(batch):  # the first network call waits until the close has begun
+        started.set()
+        assert release.wait(30)
+        return run(batch)
+
+    monkeypatch.setattr(scorer.backend, "run", held)
+    got: dict = {}
+
+    def score():
+        try:
+            got["scores"] = scorer.score(x, batch_size=2)
+        except BaseException as exc:  # what the user's thread would see
+            got["scores"] = exc
+
+    worker = threading.Thread(target=score)
+    worker.start()
+    assert started.wait(30)
+    closer = threading.Thread(target=scorer.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()  # waiting for the call, not letting the backend go under it
+    release.set()
+    worker.join(30)
+    closer.join(30)
+    assert not closer.is_alive()
+    assert np.allclose(got["scores"], expected, rtol=1e-5, atol=1e-6), got
+    with pytest.raises(ConfigError, match=f"^{CLOSED}$"):
+        scorer.score(x)
+
+
 def test_a_scorer_is_a_context_manager_that_closes_however_the_block_ends(exported_dsvdd):
     """``with cyto.load_model(path) as scorer:`` (a known gap of issue 68: a Scorer was not a
     context manager, TypeError): closed after the block, also when it raised; a closed scorer

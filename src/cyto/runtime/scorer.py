@@ -19,6 +19,7 @@ import contextlib
 import functools
 import importlib.util
 import inspect
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +64,8 @@ def _open_method(method: Callable) -> Callable:
             raise ConfigError(CLOSED)
         with python_words(view.__name__):  # only the binding: the body keeps its caller's words
             bound = bind_call(view, args, kwargs)
-        return method(self, *bound.args, **bound.kwargs)
+        with self._running():
+            return method(self, *bound.args, **bound.kwargs)
 
     return call
 
@@ -142,6 +144,28 @@ class Scorer:
     _said_side: set = field(default_factory=set, repr=False, compare=False)
     #: whether :meth:`close` let the backend go (its methods then refuse: :data:`CLOSED`)
     _closed: bool = field(default=False, repr=False, compare=False)
+    #: the calls running now, by thread, and what :meth:`close` waits on for them to end
+    _calls_of: dict = field(default_factory=dict, repr=False, compare=False)
+    _idle: threading.Condition = field(
+        default_factory=threading.Condition, repr=False, compare=False
+    )
+
+    @contextlib.contextmanager
+    def _running(self):
+        """A public method's call, refused on a closed scorer; :meth:`close` waits for it."""
+        me = threading.get_ident()
+        with self._idle:
+            if self._closed:
+                raise ConfigError(CLOSED)
+            self._calls_of[me] = self._calls_of.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._calls_of[me] -= 1
+                if not self._calls_of[me]:
+                    del self._calls_of[me]
+                self._idle.notify_all()
 
     @property
     def spec(self) -> ModelSpec:
@@ -287,10 +311,17 @@ class Scorer:
 
     def close(self) -> None:
         """Let the backend's session and memory go; the scorer's methods then refuse
-        (:data:`CLOSED`). Closing twice is closing once."""
-        if not self._closed:
+        (:data:`CLOSED`). A call running in another thread ends first (its backend was let go
+        under it: each backend failed in its own raw way, hostile round 64, 6); a call made
+        after is refused. Closing twice is closing once."""
+        me = threading.get_ident()
+        with self._idle:
+            if self._closed:
+                return
             self._closed = True
-            self.backend.close()
+            # not this thread's own call (a close from within one would wait for itself)
+            self._idle.wait_for(lambda: not set(self._calls_of) - {me})
+        self.backend.close()
 
     def __enter__(self) -> Scorer:
         """``with cyto.load_model(path) as scorer:``: closed when the block ends, however."""
