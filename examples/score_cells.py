@@ -62,14 +62,13 @@ def main() -> None:
         print("training a tiny model (seconds of training: expect little of its ranking)")
     model = args.model or tiny_model(cells, out / "dsvdd.cyto")
 
-    # in memory: uint8 (N, H, W, 3) patches at the model's crop size -> one score each
+    # in memory: uint8 RGB (N, H, W, 3) patches -> one score each; patches of another side
+    # than the model's crop size are resized as cyto predict resizes its files (an area
+    # filter), so each scores as in the table below
     scorer = cyto.load_model(model, device="cpu")
     print(f"loaded {model}: {scorer.describe()}, verification {scorer.verification.status}")
     files = sorted(cells.rglob("*.jpg"))
-    size = scorer.spec.crop_size
-    patches = np.stack(
-        [np.asarray(Image.open(f).convert("RGB").resize((size, size))) for f in files]
-    )
+    patches = np.stack([np.asarray(Image.open(f).convert("RGB")) for f in files])
     scores = scorer.score(patches)
     print("the five most abnormal-looking cells (in memory):")
     for i in np.argsort(-scores)[:5]:

@@ -229,7 +229,7 @@ def test_the_scorers_array_methods_refuse_what_is_not_patches_in_python_words(sc
     size = scorer.spec.crop_size
     x = np.zeros((1, size, size, 3), np.uint8)
     tensor = "crops= must be a uint8 (N, H, W, 3) torch tensor"
-    array = "images= must be uint8 (N, H, W, 3) patches (a numpy array)"
+    array = "images= must be uint8 RGB (N, H, W, 3) patches (a numpy array)"
     for call, said in (
         (lambda: scorer.score_tensor(x), f"{tensor}, got numpy.ndarray: score a numpy array "
          "with Scorer.score"),
@@ -237,7 +237,10 @@ def test_the_scorers_array_methods_refuse_what_is_not_patches_in_python_words(sc
         (lambda: scorer.score_tensor(torch.zeros((1, size, size, 3))),
          f"{tensor}, got torch.float32 (1, {size}, {size}, 3)"),
         (lambda: scorer.raw(None), f"{array}, got None"),
-        (lambda: scorer.raw(x[0]), f"{array}, got uint8 ({size}, {size}, 3)"),
+        # one patch: its batch is said (hostile round 64, 8), and an empty list as one
+        (lambda: scorer.raw(x[0]), f"{array}, got uint8 ({size}, {size}, 3): one patch is "
+         "images[None]"),
+        (lambda: scorer.score([]), f"{array}, got an empty list"),
         (lambda: scorer.score(None), f"{array}, got None"),
         (lambda: scorer.score(torch.from_numpy(x)), f"{array}, got torch.Tensor: score a "
          "torch tensor with Scorer.score_tensor"),
@@ -258,3 +261,38 @@ def test_patches_too_small_to_hold_a_cell_are_refused(scorer):
     for side in (1, 2, 15):
         with pytest.raises(ConfigError, match=rf"^patches of {side} x {side} px hold no cell"):
             scorer.score(np.zeros((2, side, side, 3), np.uint8))
+
+
+@pytest.mark.filterwarnings("ignore::cyto.errors.ScaleWarning")
+def test_crops_of_the_training_side_score_as_cyto_predict_scores_their_files(scorer, tmp_path):
+    """Hostile round 64 (4): crops of the model's own training side (no scale warning) were
+    shrunk by the graph (bilinear, no antialiasing), where cyto predict and cyto score shrink
+    them with an area filter: the same image scored up to 0.08 apart, unsaid. Every path now
+    brings a crop to the model's crop size the one way (cyto.data.images.resize_rgb)."""
+    from PIL import Image
+
+    import cyto
+    from cyto.data.images import resize_rgb
+
+    size = scorer.spec.crop_size
+    # the model's training side where it records one (the demo's 192 px for its 80), else
+    # another side: every side but the crop size takes the one resize
+    own = scorer.spec.patch_px if scorer.spec.patch_px not in (None, size) else 2 * size + 3
+    rng = np.random.default_rng(3)
+    # smooth and sharp detail alike (a shrink without antialiasing aliases the sharp)
+    x = rng.integers(0, 255, (6, own, own, 3), dtype=np.uint8)
+    block = np.repeat(np.repeat(x[:3, : own // 4 + 1, : own // 4 + 1], 4, 1), 4, 2)
+    x[:3] = block[:, :own, :own]
+    folder = tmp_path / "cells" / "normal"
+    folder.mkdir(parents=True)
+    for i, im in enumerate(x):
+        Image.fromarray(im).save(folder / f"c{i}.png")
+    table = cyto.predict(scorer, tmp_path / "cells", tmp_path / "t.parquet", echo=None)
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(tmp_path / "t.parquet").to_pydict()
+    by_file = dict(zip([p.rsplit("/", 1)[-1] for p in t["path"]], t["score"], strict=True))
+    direct = scorer.score(x)
+    assert table["n"] == 6
+    assert np.array_equal(direct, scorer.score(np.stack([resize_rgb(im, size) for im in x])))
+    assert np.allclose(direct, [by_file[f"c{i}.png"] for i in range(6)], rtol=1e-6, atol=1e-7)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import numpy as np
 
 from cyto.bundle import PRECISIONS, Bundle, GraphSpec, ModelSpec, load_bundle, of_precision
-from cyto.data.images import MIN_CELL_SIDE
+from cyto.data.images import MIN_CELL_SIDE, resize_rgb
 from cyto.errors import ConfigError, CytoError, ScaleWarning, as_arg, warn_caller
 from cyto.flags import Range, passing, said
 from cyto.runtime.backends import CHOICES, Backend, precision_refused
@@ -87,7 +87,7 @@ def _patches(images: Any, call: str) -> np.ndarray:
     from cyto.flags import python_words
 
     with python_words(call):
-        want = f"{said('images')} must be uint8 (N, H, W, 3) patches (a numpy array)"
+        want = f"{said('images')} must be uint8 RGB (N, H, W, 3) patches (a numpy array)"
         if images is None or type(images).__module__.startswith("torch"):
             fix = ": score a torch tensor with Scorer.score_tensor" if images is not None else ""
             raise ConfigError(f"{want}, got {_what(images)}{fix}")
@@ -101,7 +101,14 @@ def _patches(images: Any, call: str) -> np.ndarray:
                 "of one size, cut alike"
             ) from None
         if arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[-1] != 3:
-            raise ConfigError(f"{want}, got {arr.dtype} {arr.shape}")
+            got = (
+                f"an empty {_what(images)}"
+                if arr.size == 0 and not isinstance(images, np.ndarray)
+                else f"{arr.dtype} {arr.shape}"
+            )
+            # one patch, (H, W, 3): the batch of it is images[None] (round 64, 8)
+            one = arr.ndim == 3 and arr.shape[-1] == 3 and arr.dtype == np.uint8
+            raise ConfigError(f"{want}, got {got}" + (": one patch is images[None]" if one else ""))
     return arr
 
 
@@ -121,6 +128,16 @@ def _check_tensor(crops: Any) -> None:
             raise ConfigError(f"{want}, got {_what(crops)}{fix}")
         if crops.dtype != torch.uint8 or crops.ndim != 4 or crops.shape[-1] != 3:
             raise ConfigError(f"{want}, got {crops.dtype} {tuple(crops.shape)}")
+
+
+def _at_side(images: np.ndarray, size: int) -> np.ndarray:
+    """Square patches at ``size`` px, resized the one way every path resizes its crops
+    (:func:`cyto.data.images.resize_rgb`): the graph's own resize (bilinear, no antialiasing)
+    scored a model's 192 px training crops up to 0.08 from what cyto predict gave their files
+    (hostile round 64, 4)."""
+    if len(images) == 0 or images.shape[1] == size:
+        return images
+    return np.stack([resize_rgb(im, size) for im in images])
 
 
 #: a network call's cells (the backend may take fewer at a time)
@@ -189,10 +206,14 @@ class Scorer:
     def score(
         self, images: ArrayLike, batch_size: BatchSize = 64, progress: str | None = None
     ) -> np.ndarray:
-        """(N,) float64 scores of uint8 (N, H, W, 3) patches, ``batch_size`` per network call;
-        with ``progress``, a progress bar of that name advances after each call."""
+        """(N,) float64 scores of uint8 RGB (N, H, W, 3) patches, ``batch_size`` per network
+        call; with ``progress``, a progress bar of that name advances after each call. Patches
+        of another side than the model's crop size (``spec.crop_size``) are brought to it as
+        ``cyto predict`` and ``cyto score`` bring their crops (an area filter shrinking:
+        :func:`cyto.data.images.resize_rgb`), so an image scores the same by every path."""
         images = _patches(images, "Scorer.score")
         self._check_side(images.shape[1], images.shape[2])
+        images = _at_side(images, self.spec.crop_size)
         if len(images) == 0:
             return np.empty(0, dtype=np.float64)
         calls = self._calls(len(images), batch_size)
@@ -254,7 +275,9 @@ class Scorer:
         back; a backend that takes host arrays (ONNX Runtime) gets the crops copied to it."""
         _check_tensor(crops)
         self._check_side(int(crops.shape[1]), int(crops.shape[2]))
-        if not self.takes_tensors or crops.device.type != self.backend.dev.type:
+        # crops of another side are resized on the host, the one way (:func:`_at_side`)
+        other_side = int(crops.shape[1]) != self.spec.crop_size
+        if not self.takes_tensors or crops.device.type != self.backend.dev.type or other_side:
             return self.score(crops.cpu().numpy(), batch_size)
         if len(crops) == 0:
             return np.empty(0, dtype=np.float64)
