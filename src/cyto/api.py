@@ -11,6 +11,9 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import re
+import types
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -109,7 +112,20 @@ def _bare(annotation: Any) -> Any:
             i += 1
         inner = text[start + len(head) : comma if comma is not None else i].strip()
         text = text[:start] + inner + text[i + 1 :]
-    return text
+    return re.sub(r"\b[A-Z]\w*\b", _alias_text, text)
+
+
+def _alias_text(name: re.Match) -> str:
+    """A type alias of this module's annotations as what it takes: ``Mpp`` as ``float``,
+    ``Classes`` as ``str | Sequence[str] | None`` (help() showed ``Mpp``, ``Share``, ``Seed``,
+    names a reader cannot look up: hostile round 64, 9); a class keeps its name."""
+    value = globals().get(name.group(0))
+    if typing.get_origin(value) is typing.Annotated:
+        value = typing.get_args(value)[0]
+    elif not isinstance(value, types.UnionType):
+        return name.group(0)
+    text = value.__name__ if isinstance(value, type) else repr(value)
+    return text.replace("collections.abc.", "").replace("typing.", "").replace("NoneType", "None")
 
 
 def _through(func: Callable, args: tuple, kwargs: dict) -> Any:

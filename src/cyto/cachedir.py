@@ -3,6 +3,7 @@ keeps its compiled kernels. A bottom module: the package root and every layer im
 only :mod:`cyto.errors` (inside functions)."""
 
 import errno as _errno
+import inspect as _inspect
 import os as _os
 import sys as _sys
 import tempfile as _tempfile
@@ -22,6 +23,10 @@ def cache_dir(*given, **named) -> _Path:
             f"{len(given) + len(named)}"
         )
     return _cache_dir(say=True)
+
+
+# help() and inspect.signature show what it takes, nothing (round 64, 9: "(*given, **named)")
+cache_dir.__signature__ = _inspect.Signature(return_annotation=_Path)  # type: ignore[attr-defined]
 
 
 def _cache_dir(say: bool) -> _Path:

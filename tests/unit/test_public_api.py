@@ -1182,3 +1182,25 @@ def test_every_command_that_keeps_or_replaces_refuses_both(tmp_path):
     with pytest.raises(ConfigError, match="not both"):
         cyto.score_slide(missing / "s.tif", missing / "m.cyto", missing / "o", resume=True,
                          overwrite=True, echo=None)  # fmt: skip
+
+
+def test_help_shows_each_call_with_types_a_reader_can_look_up():
+    """Hostile round 64 (9): help() and inspect.signature showed cyto's own aliases (``mpp:
+    Mpp | None``, ``abnormal_fraction: Share``, ``width: SlideSide``, ``seed: Seed``, ``normal:
+    Classes``), names no page defines, and ``cache_dir(*given, **named)``, which takes
+    nothing."""
+    import inspect
+    import re
+
+    import cyto
+
+    public = {"Path", "Sequence", "Callable", "Any", "Scorer", "TrainResult", "Table"}
+    public |= {"None", "True", "False"}
+    for name in cyto.__all__:
+        call = getattr(cyto, name)
+        if not callable(call):
+            continue
+        text = str(inspect.signature(call))
+        assert set(re.findall(r"\b[A-Z]\w*\b", text)) <= public, (name, text)
+    assert str(inspect.signature(cyto.cache_dir)) == "() -> pathlib.Path"
+    assert "mpp: 'float | None'" in str(inspect.signature(cyto.synth_slide))
