@@ -590,3 +590,18 @@ def test_a_class_mosaic_is_never_written_inside_the_folder_it_shows(tmp_path, sy
             class_mosaic(data, out, per_class=1, tile=16)
         assert not out.exists()
     class_mosaic(data, tmp_path / "m.png", per_class=1, tile=16)  # beside it: written
+
+
+def test_a_missing_plane_file_is_refused_by_the_name_the_caller_gave(tmp_path):
+    """Hostile round 64 (8): score_slide(planes="x") was told "focal plane file x does not
+    exist", the one refusal of its sweep that named neither the keyword nor the flag."""
+    from cyto.errors import ConfigError
+    from cyto.flags import python_words
+    from cyto.slides.planes import find_planes
+
+    slide = tmp_path / "s.tif"
+    slide.write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"^--planes: focal plane file x does not exist$"):
+        find_planes(slide, "x")
+    with python_words("score_slide"), pytest.raises(ConfigError, match=r"^planes=: focal plane"):
+        find_planes(slide, "x")

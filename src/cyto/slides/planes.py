@@ -64,7 +64,7 @@ def find_planes(slide: Path, spec: str) -> list[tuple[float, str]]:
             )
         f = Path(name.strip())
         if not f.is_file():
-            raise ConfigError(f"focal plane file {f} does not exist")
+            raise ConfigError(f"{said('planes')}: focal plane file {f} does not exist")
         m = _PLANE_RE.search(f.stem)
         out.append((float(m.group(1)) if m else float(i + 1), str(f)))
     return out
