@@ -40,6 +40,17 @@ def slide(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def big_slide(tmp_path_factory):
+    """A slide of many blocks (the plan and the tile workers read it in more than one range;
+    the module's slide, two blocks, could come whole in one), with few cells: drawing the
+    default's 1,500 took 9 s a test, and what these tests judge is its ranges, not its cells."""
+    big = tmp_path_factory.mktemp("big") / "s.tif"
+    write_slide(big, SlideSynthConfig(width=4096, height=3072, seed=2, n_cells=200), workers=0)
+    assert big.stat().st_size > 6 * BLOCK
+    return big
+
+
+@pytest.fixture(scope="module")
 def local_table(slide, exported_dsvdd, tmp_path_factory):
     """The module's slide scored from its file (`_score`, one tile worker): the table every
     remote run of it is compared with, scored once for the module."""
@@ -253,15 +264,14 @@ def test_an_object_whose_server_states_no_version_is_known_by_its_bytes(
     assert f"the version of {url} its server states" in changed.stdout, changed.stdout
 
 
-def test_a_region_read_after_the_object_changed_is_refused_never_half_decoded(tmp_path):
+def test_a_region_read_after_the_object_changed_is_refused_never_half_decoded(big_slide):
     """Hostile round 62, 1: after the object was replaced, a viewer's tile came back mostly
     black, served as the slide: libvips' TIFF loader decoded a tile whose reads had failed
     (412) from what it had, without an error. Every region read after the change is the
     file's own pixels (blocks fetched before it) or refused as a change, never other pixels."""
     from cyto.slides.remote import SlideChangedError, pinned_ref, slide_ref
 
-    big = tmp_path / "s.tif"
-    write_slide(big, SlideSynthConfig(width=4096, height=3072, seed=3), workers=0)
+    big = big_slide
     local = open_slide(big)
     places = [(0, 0), (2048, 1024), (3500, 2600), (1024, 2800), (3800, 100), (300, 1500)]
     refused = 0
@@ -283,7 +293,7 @@ def test_a_region_read_after_the_object_changed_is_refused_never_half_decoded(tm
 
 @pytest.mark.parametrize("mode", ["change", "change-dated"])
 def test_an_object_that_changes_while_scored_stops_that_slide(
-    slide, exported_dsvdd, tmp_path, monkeypatch, mode
+    big_slide, exported_dsvdd, tmp_path, monkeypatch, mode
 ):
     """An object replaced after the first range stops its slide in one line; nothing of the
     run is kept (no output folder, no chunks). Without read-ahead: it may fetch every block in
@@ -293,9 +303,7 @@ def test_an_object_that_changes_while_scored_stops_that_slide(
     out = tmp_path / "out"
     # a slide of several blocks: the plan and the tile worker read it in more than one range
     # (the module's slide, two blocks, could come whole in one: no change to see)
-    big = tmp_path / "s.tif"
-    write_slide(big, SlideSynthConfig(width=4096, height=3072, seed=2), workers=0)
-    assert big.stat().st_size > 6 * BLOCK
+    big = big_slide
     # change-dated: a server that states the time of change and no ETag (hostile round 62,
     # 2: nothing was pinned; the run failed as "cannot be decoded", or mixed the versions)
     with fault_server(big.read_bytes(), mode, change_after=1) as server:
