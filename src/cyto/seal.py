@@ -335,6 +335,20 @@ def is_cyto_table(table) -> bool:
     return any(k in meta for k in _CYTO_KEYS)
 
 
+def is_cyto_table_file(path: Path) -> bool:
+    """Whether the file at ``path`` is a Parquet table cyto wrote: its schema (alone read)
+    carries cyto's metadata (a score table's, or a top-K extract's row seal); False for
+    anything else."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowException):
+        return False
+    return any(k.startswith(b"cyto.") for k in meta)
+
+
 def check_rows(table, path: Path, again: str) -> None:
     """A cyto table holds the rows cyto wrote (its :data:`ROWS_KEY`), or one line says it does
     not (``again``: how to make it anew). A table that is not cyto's is left to the caller."""

@@ -295,6 +295,40 @@ def test_a_slide_folder_holding_a_users_files_under_output_names_is_never_writte
     assert mine.read_text() == '{"mine": true}'
 
 
+@pytest.mark.parametrize("flags", [[], ["--overwrite"], ["--resume"]])
+def test_tables_of_a_failed_run_whose_chunks_were_removed_are_cytos_to_replace(
+    calibrated, tmp_path, flags
+):
+    """Hostile round 65 (2): a run that failed as it wrote its outputs (a full disk) left its
+    tables and its .partial; the user removed .partial, and every rerun (plain, --overwrite,
+    --resume) was refused: the folder "holds scores.parquet and 1 other file(s) that cyto did
+    not write". They carry cyto's metadata: they are a failed run's, scored again. A table of
+    the user's own under that name is still never written over."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.cli_runner import run_cyto
+
+    model, slide, scored, _ = calibrated
+    out = tmp_path / "out"
+    (out / "s1").mkdir(parents=True)
+    for name in ("scores.parquet", "topk.parquet"):
+        shutil.copy(scored / "s1" / name, out / "s1" / name)
+    args = ["score", str(slide), "--model", str(model), "--out", str(out), "--workers", "0"]
+    proc = run_cyto(*args, "--mosaic", "0", *flags)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (out / "s1" / "summary.json").is_file()
+    # a table of the user's own under the name: refused, and kept
+    mine = tmp_path / "mine"
+    (mine / "s1").mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1, 2]}), mine / "s1" / "scores.parquet")
+    proc = run_cyto(*args[:4], "--out", str(mine), "--workers", "0", "--mosaic", "0", *flags)
+    assert proc.returncode != 0 and "holds scores.parquet that cyto did not write" in (
+        proc.stdout + proc.stderr
+    )
+    assert pq.read_table(mine / "s1" / "scores.parquet").column_names == ["x"]
+
+
 def test_score_slide_resume_from_python_reuses_a_sealed_folder_and_says_why_not(
     calibrated, tmp_path
 ):

@@ -158,7 +158,7 @@ def refuse_users_outputs(folder: Path, field: str = "out") -> None:
     from cyto.infer.store import PARTIAL
     from cyto.location import shown
     from cyto.outputs_check import refuse_foreign
-    from cyto.seal import SUMMARY
+    from cyto.seal import SUMMARY, is_cyto_table_file
 
     folder = Path(folder)
     if (folder / SUMMARY).is_file() or (folder / PARTIAL).is_dir():
@@ -166,7 +166,11 @@ def refuse_users_outputs(folder: Path, field: str = "out") -> None:
     if shown(folder) != str(folder):  # staged from a prefix: a publish stopped half way
         return
     names = [*written_outputs(0, 0, True), *QUPATH_FILES.values()]
-    refuse_foreign([n for n in names if (folder / n).exists()], passing(field, folder))
+    # a table that says it is cyto's is a failed run's (its outputs written, then the disk
+    # filled; its .partial removed by hand), never the user's: it was refused as "cyto did
+    # not write", with or without --overwrite (hostile round 65, 2)
+    theirs = [n for n in names if (folder / n).exists() and not is_cyto_table_file(folder / n)]
+    refuse_foreign(theirs, passing(field, folder))
 
 
 def as_found(summary: dict, out) -> dict:
