@@ -105,7 +105,29 @@ def unfinished(folder: Path) -> str | None:
             f"it holds an unfinished cyto score run (its {PARTIAL} folder, no seal): it is being "
             "scored, or was stopped; finish it with cyto score --resume"
         )
+    # a run that failed as it wrote its outputs, its chunks removed by hand: its tables and no
+    # seal nor summary (cyto calibrate took its table as one copied out, where cyto view said
+    # the folder held no scored slide: hostile round 65, 5)
+    tables = [folder / name for name in ("scores.parquet", "topk.parquet")]
+    if (
+        not (folder / SEAL).exists()
+        and not (folder / SUMMARY).exists()
+        and all(t.is_file() and is_cyto_table_file(t) for t in tables)
+    ):
+        return (
+            "it holds the outputs of a cyto score run that did not finish (its tables, no "
+            "summary.json nor seal); score the slide again"
+        )
     return None
+
+
+#: what to do with a scored folder whose outputs changed since they were written: a slide is
+#: scored again whole (a run said "scores again only what changed" of one slide, whose every
+#: cell it then scored again: hostile round 65, 3; a cohort's unchanged slides are kept)
+SCORE_AGAIN = (
+    "score it again (cyto score --resume scores again only the slides whose outputs changed, "
+    "each whole)"
+)
 
 
 def refuse_being_written(folder: Path, error=None) -> None:
@@ -290,10 +312,7 @@ def check_sealed_table(table: Path) -> None:
         return
     sealed = read_sealed(folder)
     if not sealed.ok:
-        raise ConfigError(
-            f"{folder}: {sealed.words()}: score it again (cyto score --resume scores again "
-            "only what changed)"
-        )
+        raise ConfigError(f"{folder}: {sealed.words()}: {SCORE_AGAIN}")
 
 
 #: a cyto table's own seal in its file metadata: the sha256 of its rows (:func:`rows_digest`),

@@ -222,9 +222,12 @@ def test_view_review_and_calibrate_refuse_or_ignore_a_forged_folder(calibrated, 
     assert _planted(folder / "scores.parquet", table, summary["slide"]) == (planted, False)
     summary["truth"]["planted_abnormal"] = 0  # calibrate would then take a planted slide
     (folder / SUMMARY).write_text(json.dumps(summary))
+    # what --resume then does said as it is: the slide scored again whole (hostile round 65,
+    # 3: "scores again only what changed" preceded a run that scored every cell again)
+    again = r"score it again \(cyto score --resume scores again only the slides whose outputs"
     with pytest.raises(ConfigError, match=r"changed since they were written \(summary.json\)"):
         ViewSlide(folder)
-    with pytest.raises(InputPathError, match=r"changed since they were written \(summary.json\)"):
+    with pytest.raises(InputPathError, match=again):
         read_source(folder)
     # calibrate does not take the forged count: it counts the table's labels (detections)
     counted, labelled = _planted(folder / "scores.parquet", table, summary["slide"])
@@ -314,6 +317,13 @@ def test_tables_of_a_failed_run_whose_chunks_were_removed_are_cytos_to_replace(
     (out / "s1").mkdir(parents=True)
     for name in ("scores.parquet", "topk.parquet"):
         shutil.copy(scored / "s1" / name, out / "s1" / name)
+    if not flags:  # read as what it is: no finished run (round 65, 5: calibrate took it)
+        copy = tmp_path / "m.cyto"
+        shutil.copytree(model, copy)
+        for given in (out / "s1", out / "s1" / "scores.parquet"):
+            proc = run_cyto("calibrate", str(copy), str(given), "--overwrite")
+            assert proc.returncode == 2, proc.stdout + proc.stderr
+            assert "a cyto score run that did not finish" in proc.stderr, proc.stderr
     args = ["score", str(slide), "--model", str(model), "--out", str(out), "--workers", "0"]
     proc = run_cyto(*args, "--mosaic", "0", *flags)
     assert proc.returncode == 0, proc.stdout + proc.stderr

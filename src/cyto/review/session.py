@@ -198,15 +198,12 @@ def read_source(folder: Path, options: dict | None = None) -> Source:
     """A scored folder, trusted only through its seal (:func:`cyto.seal.read_sealed`): the cases
     of a review are cut from what the run wrote, never from outputs edited since. ``options``:
     the storage options its slide, a URL, is read with (``--storage-option``)."""
-    from cyto.seal import read_sealed
+    from cyto.seal import SCORE_AGAIN, read_sealed
 
     refuse_being_written(folder, InputPathError)
     sealed = read_sealed(folder)
     if not sealed.ok:
-        raise InputPathError(
-            f"{folder}: {sealed.words()}: score it again (cyto score --resume scores again only "
-            "what changed)"
-        )
+        raise InputPathError(f"{folder}: {sealed.words()}: {SCORE_AGAIN}")
     try:
         s = sealed.summary
         model = Path(s["model"]).name

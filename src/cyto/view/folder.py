@@ -163,7 +163,7 @@ class ViewSlide:
         from cyto.infer.outputs import output_artifacts
         from cyto.infer.store import identity_name, slide_key
         from cyto.reuse import check_reuse
-        from cyto.seal import read_sealed, refuse_being_written
+        from cyto.seal import SCORE_AGAIN, read_sealed, refuse_being_written
         from cyto.slides import find_planes
 
         self.folder = Path(folder)
@@ -172,10 +172,7 @@ class ViewSlide:
         sealed = read_sealed(self.folder)  # the one door to a finished folder's outputs
         summary = sealed.summary
         if not sealed.ok or summary is None:
-            raise ConfigError(
-                f"{self.folder} cannot be shown: {sealed.words()}: score it again "
-                "(cyto score --resume scores again only what changed)"
-            )
+            raise ConfigError(f"{self.folder} cannot be shown: {sealed.words()}: {SCORE_AGAIN}")
         self.summary = summary
         from cyto.review.session import scored_slide
         from cyto.slides.remote import SlideURL, pinned_ref
