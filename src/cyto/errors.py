@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import errno
 import os
+import re
 
 #: what an OSError of the machine (not of cyto) means, by errno: the CLI says it in one line
 SYSTEM_ERRORS = {
@@ -299,11 +300,20 @@ def as_arg(value: object) -> str:
     return shlex.quote(text)
 
 
+#: a line of a C++ library's message that says only where it was raised (OpenVINO stacks them
+#: before what went wrong: "Exception from src/inference/src/cpp/core.cpp:217:")
+_WHERE_ONLY = re.compile(r"^(Exception from \S+:\d+:|Check '.*' failed at \S+:\d+:)$")
+
+
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (a library's may be a page), or its type's name
-    when it has none: what a one-line error quotes of its cause."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    """The first line of an exception's message that says what went wrong (a library's may be
+    a page, and OpenVINO's open with lines naming its source files: a damaged kept engine was
+    said "(Exception from src/inference/src/cpp/core.cpp:217:)", hostile round 65, 4), or its
+    type's name when it has none: what a one-line error quotes of its cause."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    return next((ln for ln in lines if not _WHERE_ONLY.match(ln)), lines[0])
 
 
 def warn_caller(message: str, category: type[Warning] = CytoWarning) -> None:

@@ -59,6 +59,7 @@ from cyto.errors import (
     ConfigError,
     DeviceError,
     MissingDependencyError,
+    first_line,
     os_error_path,
 )
 from cyto.flags import passing
@@ -221,12 +222,6 @@ def kept_model(graph: GraphSpec, precision: str):
     return KeptEngine(cache_folder(graph, precision), "compiled", ".blob", key)
 
 
-def _first(exc: BaseException) -> str:
-    """The first line of an exception's message (OpenVINO's run to a dozen lines)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 class OpenVinoBackend:
     """One of the bundle's ONNX graphs compiled by OpenVINO for this CPU."""
 
@@ -297,7 +292,7 @@ class OpenVinoBackend:
                     self.compiled = _core().import_model(blob, "CPU", config)
                     self.engine_file, self.loaded_from_cache = engine, True
                 except Exception as exc:  # noqa: BLE001 - OpenVINO raises its own untyped errors
-                    why = f"{engine.path.name} does not load in OpenVINO ({_first(exc)})"
+                    why = f"{engine.path.name} does not load in OpenVINO ({first_line(exc)})"
             want = INFERENCE_PRECISION[precision]
             if self.loaded_from_cache and self._computes_in() != want:
                 why = f"{engine.path.name} computes in {self._computes_in()}, not {want}"
