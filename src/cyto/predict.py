@@ -145,7 +145,7 @@ def predict(
     )
     records, labels, left_out = _chosen(Path(data), normal, abnormal, echo)
     sides = refuse_mixed_sizes(records, data)  # the rule every reader of a crop folder holds to
-    size = scorer.bundle.manifest["config"].get("load_size")
+    size = scorer.load_size  # the one rule of Scorer.score (round 64, 4)
     zooming = zoom is not None or patch_mpp is not None
     auto_zoom = zoom is not None and str(zoom).strip().lower() == "auto"
     if size is None and not zooming and not one_size(records):

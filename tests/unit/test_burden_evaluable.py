@@ -184,6 +184,8 @@ def test_cyto_calibrate_keeps_each_cells_evaluable_mark_with_its_score(tmp_path,
         method="dsvdd", scoring_id="m1", path=tmp_path / "m.cyto", manifest={"files": {}}
     )
     bundle.path.mkdir()
+    # a loaded bundle's calibration, as it was when it loaded (cyto.bundle.Bundle.file_bytes)
+    bundle.file_bytes = lambda name: (bundle.path / name).read_bytes()
 
     def add_files(path, files, manifest):
         name = calibrate.CALIBRATION_FILE

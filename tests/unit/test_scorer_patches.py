@@ -264,20 +264,30 @@ def test_patches_too_small_to_hold_a_cell_are_refused(scorer):
 
 
 @pytest.mark.filterwarnings("ignore::cyto.errors.ScaleWarning")
-def test_crops_of_the_training_side_score_as_cyto_predict_scores_their_files(scorer, tmp_path):
-    """Hostile round 64 (4): crops of the model's own training side (no scale warning) were
-    shrunk by the graph (bilinear, no antialiasing), where cyto predict and cyto score shrink
-    them with an area filter: the same image scored up to 0.08 apart, unsaid. Every path now
-    brings a crop to the model's crop size the one way (cyto.data.images.resize_rgb)."""
+@pytest.mark.parametrize("load_size", [48, None])
+def test_crops_of_another_side_score_as_cyto_predict_scores_their_files(tiny, tmp_path, load_size):
+    """Hostile round 64 (4): a model trained on crops loaded at 80 px (cyto train's presets)
+    given its own 192 px training crops (no scale warning) had them shrunk by the graph
+    (bilinear, no antialiasing), where cyto predict loads files at 80 px with an area filter, as
+    training did: the same image scored up to 0.08 apart, unsaid. Scorer.score now brings them
+    to the load size the one way (cyto.data.images.resize_rgb); a model that kept its patches'
+    own size (no load size) has them resized by its graph, as it was trained and as predict
+    does."""
     from PIL import Image
 
     import cyto
+    from cyto.bundle import save_bundle
     from cyto.data.images import resize_rgb
+    from cyto.runtime import load_scorer
+    from tests.train_helpers import make
 
-    size = scorer.spec.crop_size
-    # the model's training side where it records one (the demo's 192 px for its 80), else
-    # another side: every side but the crop size takes the one resize
-    own = scorer.spec.patch_px if scorer.spec.patch_px not in (None, size) else 2 * size + 3
+    model = make(
+        "dsvdd", epochs=1, ae_epochs=0, n_seeds=1, tta_views=("orig",), load_size=load_size
+    )
+    path = save_bundle(tmp_path / "m.cyto", *model.fit(tiny).bundle_parts(tiny))
+    scorer = load_scorer(path, "torch", "cpu")
+    assert scorer.load_size == load_size
+    own = 2 * tiny.images.shape[1] + 3  # crops of another side than the training patches'
     rng = np.random.default_rng(3)
     # smooth and sharp detail alike (a shrink without antialiasing aliases the sharp)
     x = rng.integers(0, 255, (6, own, own, 3), dtype=np.uint8)
@@ -294,5 +304,8 @@ def test_crops_of_the_training_side_score_as_cyto_predict_scores_their_files(sco
     by_file = dict(zip([p.rsplit("/", 1)[-1] for p in t["path"]], t["score"], strict=True))
     direct = scorer.score(x)
     assert table["n"] == 6
-    assert np.array_equal(direct, scorer.score(np.stack([resize_rgb(im, size) for im in x])))
+    if load_size:
+        assert np.array_equal(
+            direct, scorer.score(np.stack([resize_rgb(im, load_size) for im in x]))
+        )
     assert np.allclose(direct, [by_file[f"c{i}.png"] for i in range(6)], rtol=1e-6, atol=1e-7)

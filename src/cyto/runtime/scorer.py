@@ -130,12 +130,14 @@ def _check_tensor(crops: Any) -> None:
             raise ConfigError(f"{want}, got {crops.dtype} {tuple(crops.shape)}")
 
 
-def _at_side(images: np.ndarray, size: int) -> np.ndarray:
-    """Square patches at ``size`` px, resized the one way every path resizes its crops
-    (:func:`cyto.data.images.resize_rgb`): the graph's own resize (bilinear, no antialiasing)
-    scored a model's 192 px training crops up to 0.08 from what cyto predict gave their files
-    (hostile round 64, 4)."""
-    if len(images) == 0 or images.shape[1] == size:
+def _at_side(images: np.ndarray, size: int | None) -> np.ndarray:
+    """Square patches brought to the side the model's training patches were loaded at
+    (``size``: its ``load_size``), as ``cyto predict`` and ``cyto train`` load image files
+    (:func:`cyto.data.images.resize_rgb`, an area filter shrinking); ``size`` None: as they are,
+    the graph resizing them as it resized the training patches. The graph's own resize
+    (bilinear, no antialiasing) scored a model's 192 px training crops up to 0.08 from what cyto
+    predict gave their files (hostile round 64, 4)."""
+    if size is None or len(images) == 0 or images.shape[1] == size:
         return images
     return np.stack([resize_rgb(im, size) for im in images])
 
@@ -189,6 +191,14 @@ class Scorer:
         return self.bundle.spec
 
     @property
+    def load_size(self) -> int | None:
+        """The side the model's training patches were loaded at (its config's ``load_size``),
+        where patches of another side are resized to before the graph; None: the patches' own
+        size was kept, and the graph resized them (:func:`_at_side`; ``cyto predict`` alike)."""
+        size = (self.bundle.manifest.get("config") or {}).get("load_size")
+        return int(size) if size else None
+
+    @property
     def device(self) -> str:
         return self.backend.device
 
@@ -208,12 +218,13 @@ class Scorer:
     ) -> np.ndarray:
         """(N,) float64 scores of uint8 RGB (N, H, W, 3) patches, ``batch_size`` per network
         call; with ``progress``, a progress bar of that name advances after each call. Patches
-        of another side than the model's crop size (``spec.crop_size``) are brought to it as
-        ``cyto predict`` and ``cyto score`` bring their crops (an area filter shrinking:
-        :func:`cyto.data.images.resize_rgb`), so an image scores the same by every path."""
+        of another side than the model's training patches were loaded at (:attr:`load_size`)
+        are brought to it as ``cyto predict`` and ``cyto train`` load their image files (an area
+        filter shrinking: :func:`cyto.data.images.resize_rgb`), so an image scores the same by
+        every path."""
         images = _patches(images, "Scorer.score")
         self._check_side(images.shape[1], images.shape[2])
-        images = _at_side(images, self.spec.crop_size)
+        images = _at_side(images, self.load_size)
         if len(images) == 0:
             return np.empty(0, dtype=np.float64)
         calls = self._calls(len(images), batch_size)
@@ -276,7 +287,7 @@ class Scorer:
         _check_tensor(crops)
         self._check_side(int(crops.shape[1]), int(crops.shape[2]))
         # crops of another side are resized on the host, the one way (:func:`_at_side`)
-        other_side = int(crops.shape[1]) != self.spec.crop_size
+        other_side = self.load_size not in (None, int(crops.shape[1]))
         if not self.takes_tensors or crops.device.type != self.backend.dev.type or other_side:
             return self.score(crops.cpu().numpy(), batch_size)
         if len(crops) == 0:
