@@ -679,7 +679,7 @@ def bundle_lock(path: Path, exclusive: bool) -> Iterator[None]:
 def verify_bundle(path: Path) -> dict[str, Any]:
     """Check every listed file's sha256; returns the manifest."""
     path = Path(path)
-    _manifest_file(path)  # a missing or foreign folder is its own error, before any lock file
+    _entered(path)  # a missing or foreign folder is its own error, before any lock file
     with bundle_lock(path, exclusive=False):
         return _verified(path)
 
@@ -816,7 +816,7 @@ def load_bundle(path: Path, weights: bool = True, for_scoring: bool = False) -> 
     that write into the bundle (export, calibrate) load it whole.
     """
     path = Path(path)
-    _manifest_file(path)
+    _entered(path)
     with bundle_lock(path, exclusive=False):  # the files as the manifest lists them
         return _load_verified(path, weights, for_scoring)
 
@@ -863,7 +863,7 @@ def add_files(
     lost. An unsealed (format 1) bundle stays format 1: sealing it now would vouch for edits
     made before."""
     path = Path(path)
-    _manifest_file(path)
+    _entered(path)
     with bundle_lock(path, exclusive=True):
         # what is replaced may be damaged, and so may what the step running now writes next
         # (cyto export seals its fp32 graph before it writes the fp16 one again: rewriting)
@@ -872,12 +872,89 @@ def add_files(
         update = manifest_update(manifest) if callable(manifest_update) else manifest_update
         manifest.update(update or {})
         refuse_folders_in_place(path, [*new, *manifest["files"]])  # before any is written
+        kept = []
         for name, src in new.items():
             if Path(src).resolve() != (path / name).resolve():
+                kept += _keep_previous(path, name, manifest["files"])
                 atomic_write(path / name, Path(src).read_bytes())
             manifest["files"][name] = sha256_file(path / name)
         _write_manifest(path, manifest, sealed)
+        for previous in kept:  # the manifest names the new files now
+            previous.unlink(missing_ok=True)
     return manifest
+
+
+def _previous(path: Path, name: str) -> Path:
+    """Where :func:`add_files` keeps the file ``name`` it replaces until the manifest names the
+    new one: hidden beside it (``.calibration.npz.prev``)."""
+    target = Path(path) / name
+    return target.with_name(f".{target.name}{PREVIOUS}")
+
+
+#: the suffix of a replaced bundle file kept until its step's manifest is written
+PREVIOUS = ".prev"
+
+
+def _keep_previous(path: Path, name: str, listed: dict) -> list[Path]:
+    """Keep the file ``name`` that is about to be replaced, when the manifest lists it, as a
+    second link to its bytes (:func:`_previous`): a step killed after the new file was renamed
+    into place and before the manifest was written left the manifest naming bytes no longer
+    there (a ``cyto calibrate --overwrite`` killed so lost the calibration it replaced and left
+    the bundle refused: hostile round 65, 1); :func:`_recover_interrupted` puts it back."""
+    target = Path(path) / name
+    if name not in listed or not target.is_file() or target.is_symlink():
+        return []
+    previous = _previous(path, name)
+    previous.unlink(missing_ok=True)
+    try:
+        os.link(target, previous)
+    except OSError:  # a file system without hard links: a copy
+        shutil.copy2(target, previous)
+    return [previous]
+
+
+def _entered(path: Path) -> None:
+    """Before a step takes a bundle's lock: the folder is a bundle (:func:`_manifest_file`), and
+    what a step stopped inside :func:`add_files` left is undone (:func:`_recover_interrupted`)."""
+    _manifest_file(path)
+    _recover_interrupted(path)
+
+
+def _recover_interrupted(path: Path) -> None:
+    """Undo what a step stopped inside :func:`add_files` left: each replaced file kept
+    (:func:`_previous`) goes back in place where the manifest still names its bytes (the step
+    died before it wrote the manifest), said once; otherwise (it died after) it is removed.
+    Under the bundle's exclusive lock; a bundle that cannot be locked for writing (a read-only
+    copy) is left as it is, its checksums saying what is wrong."""
+    path = Path(path)
+    if not any(path.rglob(f".*{PREVIOUS}")):
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(bundle_lock(path, exclusive=True))
+        except OSError:
+            return
+        listed = read_manifest(path).get("files", {})
+        restored = []
+        for previous in sorted(path.rglob(f".*{PREVIOUS}")):
+            target = previous.with_name(previous.name[1 : -len(PREVIOUS)])
+            name = target.relative_to(path).as_posix()
+            want = listed.get(name)
+            now = sha256_file(target) if target.is_file() else None
+            try:
+                if want is not None and now != want and sha256_file(previous) == want:
+                    os.replace(previous, target)
+                    restored.append(name)
+                else:
+                    previous.unlink(missing_ok=True)
+            except OSError:  # left as it is: the checksums say what is wrong
+                continue
+        if restored:
+            warn_caller(
+                f"{path}: a cyto step stopped as it replaced {', '.join(restored)} (before it "
+                "recorded the new one in the manifest): the earlier file is back in place; run "
+                "the step again"
+            )
 
 
 def refuse_folders_in_place(path: Path, names: Iterable[str] = ()) -> None:
@@ -979,7 +1056,7 @@ def drop_graphs(path: Path, precisions: Iterable[str]) -> Dropped:
             f"{ONNX_FILE} (fp32) is the graph every other one is made from: it cannot be "
             "dropped (cyto export writes it again)"
         )
-    _manifest_file(path)
+    _entered(path)
     with warnings.catch_warnings(), bundle_lock(path, exclusive=True):
         # an unsealed bundle is said once, by the command's own look after (it was said thrice)
         warnings.simplefilter("ignore", UnsealedBundleWarning)
@@ -1046,7 +1123,7 @@ def seal_bundle(path: Path) -> bool:
     path = Path(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsealedBundleWarning)
-        _manifest_file(path)
+        _entered(path)
         with bundle_lock(path, exclusive=True):
             manifest = _verified(path)
             if SEAL in manifest:

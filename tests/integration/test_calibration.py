@@ -587,3 +587,44 @@ def test_a_loaded_model_scores_with_the_calibration_it_loaded_wherever_it_is_use
     want = json.loads((tmp_path / "expected" / "summary.json").read_text())
     assert summary["burden"] == want["burden"]
     assert summary["model_sha256"] == want["model_sha256"]
+
+
+class _Killed(BaseException):
+    """The process dying where it is raised (no handler of cyto's runs after it)."""
+
+
+def test_a_calibrate_killed_before_its_manifest_leaves_the_calibration_it_replaced(
+    cohort, tmp_path, monkeypatch
+):
+    """Hostile round 65 (1): `cyto calibrate --overwrite` killed after the new calibration.npz
+    was renamed into place and before the manifest named it lost the calibration it replaced,
+    and the bundle was refused ("does not match its checksum ... changed or corrupted") until it
+    was calibrated again. The replaced file is kept until the manifest is written; the next
+    load puts it back, said once, and the step runs again as if never begun."""
+    import cyto.bundle as bundle
+    from cyto.stats.calibrate import calibrate_from_tables
+
+    root = cohort["root"]
+    tables = [root / "negs" / f"neg{i}" / "scores.parquet" for i in range(3)]
+    model = tmp_path / "m.cyto"
+    shutil.copytree(cohort["model"], model)
+    assert run_cyto("calibrate", str(model), *map(str, tables), "--overwrite").returncode == 0
+    before = {n: (model / n).read_bytes() for n in ("manifest.json", "calibration.npz")}
+
+    def killed(*_a, **_k):
+        raise _Killed
+
+    monkeypatch.setattr(bundle, "_write_manifest", killed)
+    with pytest.raises(_Killed):
+        calibrate_from_tables(model, tables[:2], overwrite=True)
+    monkeypatch.undo()
+    assert (model / "calibration.npz").read_bytes() != before["calibration.npz"]  # the new one
+    info = run_cyto("info", str(model))
+    assert info.returncode == 0, info.stderr
+    assert "stopped as it replaced calibration.npz" in info.stderr, info.stderr
+    assert {n: (model / n).read_bytes() for n in before} == before
+    assert not list(model.glob(".*.prev"))
+    again = run_cyto("calibrate", str(model), *map(str, tables[:2]), "--overwrite")
+    assert again.returncode == 0 and "stopped as it replaced" not in again.stderr, again.stderr
+    manifest = json.loads((model / "manifest.json").read_text())
+    assert len(manifest["calibration"]["slides"]) == 2 and not list(model.glob(".*.prev"))
