@@ -642,3 +642,23 @@ def test_a_reading_far_off_the_training_scale_that_the_sample_cannot_confirm_is_
     fewer = np.r_[few[:12], few[-7:]]  # 19 cells, as unsure: not said
     assert share_check(reference, fewer)["too_few_cells"], share_check(reference, fewer)
     assert share_advice(reference, fewer) is None
+
+
+def test_a_given_mpp_against_the_files_own_the_models_names_both_ways_out():
+    """An --mpp 0.5 given for a slide whose file records the model's 0.12 um/px was told
+    "pass --rescale" before the first tiles, then, by the cells' check, that --rescale would
+    put them off scale (two warnings, the first advising what the second refused: left open
+    since hostile round 21). The first now names the file's own resolution as the other way."""
+    from cyto.infer.scale import resolution
+
+    lines: list[str] = []
+    resolution(0.5, None, 0.12, 96, False, lines.append, recorded_mpp=0.12)
+    warning = [ln for ln in lines if ln.startswith("warning:")]
+    assert len(warning) == 1, lines
+    assert "pass --rescale to resample the crops" in warning[0]
+    assert "its file records 0.12 um/px, the model's own: if that is right, leave out --mpp" in (
+        warning[0]
+    ), warning
+    lines.clear()  # a file that records another resolution than the model's: one way out
+    resolution(0.5, None, 0.12, 96, False, lines.append, recorded_mpp=0.25)
+    assert "leave out --mpp" not in " ".join(lines)

@@ -77,6 +77,16 @@ def resolution(
                 times = ratio if ratio > 1 else 1.0 / ratio
                 # resampling that would cut crops under 16 px, or 8x the patch, cannot help
                 helps = 16 <= patch * ratio <= 8 * patch
+                # a given resolution over the file's own, which is the model's: the other way
+                # out, said here too (the cells' check then refused --rescale: round 21's
+                # two warnings, the first advising what the second refused)
+                own = recorded_mpp and abs(recorded_mpp / model_mpp - 1.0) <= 0.1
+                own_words = (
+                    f"; its file records {recorded_mpp:.3g} um/px, the model's own: if that is "
+                    f"right, leave out {said('slide_mpp')}"
+                    if own
+                    else ""
+                )
                 # advice on the resolution's word alone: the cells' own size, checked on the
                 # first tiles, can say it is wrong (then --rescale is not to be passed: hostile
                 # round 21, case 2.4, was told both)
@@ -91,6 +101,7 @@ def resolution(
                         else "No resampling bridges that: check that this is a slide and its "
                         f"pixel size ({said('slide_mpp')})"
                     )
+                    + own_words
                 )
     elif rescale:
         todo = to_pass(
