@@ -231,7 +231,9 @@ def test_a_changed_object_is_scored_again(slide, http, exported_dsvdd, tmp_path)
     changed = _score([url], exported_dsvdd, out, "--resume")
     assert changed.returncode == 0, changed.stderr
     assert "already scored" not in changed.stdout
-    assert f"the version of {url} its server states" in changed.stdout, changed.stdout
+    # named as what it is known by (it was "the version its server states", of a server
+    # that states none)
+    assert f"the content of {url} (its size and sampled bytes" in changed.stdout, changed.stdout
     after = json.loads((out / "s" / "summary.json").read_text())["slide_identity"]
     assert after != before
 
@@ -261,7 +263,9 @@ def test_an_object_whose_server_states_no_version_is_known_by_its_bytes(
         changed = _score([url], exported_dsvdd, out, "--resume")
     assert changed.returncode == 0, changed.stderr
     assert "already scored" not in changed.stdout, changed.stdout
-    assert f"the version of {url} its server states" in changed.stdout, changed.stdout
+    # named as what it is known by (it was "the version its server states", of a server
+    # that states none)
+    assert f"the content of {url} (its size and sampled bytes" in changed.stdout, changed.stdout
 
 
 def test_a_region_read_after_the_object_changed_is_refused_never_half_decoded(big_slide):

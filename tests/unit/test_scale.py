@@ -656,8 +656,9 @@ def test_a_given_mpp_against_the_files_own_the_models_names_both_ways_out():
     warning = [ln for ln in lines if ln.startswith("warning:")]
     assert len(warning) == 1, lines
     assert "pass --rescale to resample the crops" in warning[0]
-    assert "its file records 0.12 um/px, the model's own: if that is right, leave out --mpp" in (
-        warning[0]
+    assert (
+        "its file records 0.12 um/px, the model's own: if that is right, leave out --mpp"
+        in (warning[0])
     ), warning
     lines.clear()  # a file that records another resolution than the model's: one way out
     resolution(0.5, None, 0.12, 96, False, lines.append, recorded_mpp=0.25)

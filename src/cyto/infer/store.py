@@ -26,7 +26,7 @@ from cyto.flags import named, passing, python_call, ran
 from cyto.reuse import check_reuse, read_record
 from cyto.seal import PARTIAL
 from cyto.slides.base import PLANE_SEP, sampled_ranges
-from cyto.slides.remote import SlideURL, remote_identity, slide_ref
+from cyto.slides.remote import SlideURL, known_by_bytes, remote_identity, slide_ref
 from cyto.tables import json_text, parquet_file
 
 #: each chunk's bytes and sha256 as written, in ``.partial`` (see :meth:`ChunkStore.write`)
@@ -97,6 +97,11 @@ def identity_name(slide) -> str:
     same bytes made anew changes too (nginx's ETag is the time of change and the size: a
     re-copied slide was said "the slide file view.tif" that "changed": hostile round 62, 5)."""
     slide = slide_ref(slide)
+    if isinstance(slide, SlideURL) and known_by_bytes(slide):  # no version stated (round 61, 1)
+        return (
+            f"the content of {slide} (its size and sampled bytes: its server states no version "
+            "of it)"
+        )
     if isinstance(slide, SlideURL):
         return f"the version of {slide} its server states ({_VERSION_IS})"
     return f"the slide file {Path(slide).name}'s content"

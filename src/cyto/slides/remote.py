@@ -1191,6 +1191,16 @@ def open_object(ref: SlideURL) -> RemoteObject:
     return obj
 
 
+def known_by_bytes(ref: SlideURL) -> bool:
+    """Whether this process knows ``ref``'s object by its sampled bytes (its server states no
+    version of it: :meth:`RemoteObject._sampled`), from the object it opened; False where it
+    opened none (nothing is asked of the server for it)."""
+    key = (os.getpid(), ref.url, json.dumps(ref.options, sort_keys=True, default=str))
+    with _OPEN_LOCK:
+        obj = _OPEN.get(key)
+    return getattr(obj, "_sampled_stamp", None) is not None
+
+
 def pinned_ref(slide):
     """``slide`` pinned to the version this process opened (:meth:`SlideURL.pinned`), so the
     tile workers read that version or stop; a local path as it is."""
