@@ -231,9 +231,7 @@ def test_a_changed_object_is_scored_again(slide, http, exported_dsvdd, tmp_path)
     changed = _score([url], exported_dsvdd, out, "--resume")
     assert changed.returncode == 0, changed.stderr
     assert "already scored" not in changed.stdout
-    # named as what it is known by (it was "the version its server states", of a server
-    # that states none)
-    assert f"the content of {url} (its size and sampled bytes" in changed.stdout, changed.stdout
+    assert f"the version of {url} its server states" in changed.stdout, changed.stdout
     after = json.loads((out / "s" / "summary.json").read_text())["slide_identity"]
     assert after != before
 
