@@ -927,7 +927,8 @@ def _recover_interrupted(path: Path) -> None:
     Under the bundle's exclusive lock; a bundle that cannot be locked for writing (a read-only
     copy) is left as it is, its checksums saying what is wrong."""
     path = Path(path)
-    if not any(path.rglob(f".*{PREVIOUS}")):
+    kept = sorted(path.rglob(f".*{PREVIOUS}"))
+    if not kept:
         return
     with contextlib.ExitStack() as stack:
         try:
@@ -936,7 +937,9 @@ def _recover_interrupted(path: Path) -> None:
             return
         listed = read_manifest(path).get("files", {})
         restored = []
-        for previous in sorted(path.rglob(f".*{PREVIOUS}")):
+        for previous in kept:
+            if not previous.is_file():  # another process undid it while this one waited
+                continue
             target = previous.with_name(previous.name[1 : -len(PREVIOUS)])
             name = target.relative_to(path).as_posix()
             want = listed.get(name)

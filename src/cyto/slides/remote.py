@@ -1176,11 +1176,17 @@ _OPEN_LOCK = threading.Lock()
 OPENERS: dict[str, type] = {}
 
 
+def _open_key(ref: SlideURL) -> tuple:
+    """The key of ``ref``'s object among those this process opened (:data:`_OPEN`): a fork
+    starts afresh, and other storage options are another object."""
+    return (os.getpid(), ref.url, json.dumps(ref.options, sort_keys=True, default=str))
+
+
 def open_object(ref: SlideURL) -> RemoteObject:
     """The :class:`RemoteObject` of ``ref`` (a DICOMweb series: its
     :class:`~cyto.slides.dicomweb.DicomWebSeries`) in this process: opened once (one request for its
     version), then shared by its readers (one block cache). A fork starts afresh."""
-    key = (os.getpid(), ref.url, json.dumps(ref.options, sort_keys=True, default=str))
+    key = _open_key(ref)
     with _OPEN_LOCK:
         obj = _OPEN.get(key)
     if obj is None:
@@ -1195,9 +1201,8 @@ def known_by_bytes(ref: SlideURL) -> bool:
     """Whether this process knows ``ref``'s object by its sampled bytes (its server states no
     version of it: :meth:`RemoteObject._sampled`), from the object it opened; False where it
     opened none (nothing is asked of the server for it)."""
-    key = (os.getpid(), ref.url, json.dumps(ref.options, sort_keys=True, default=str))
     with _OPEN_LOCK:
-        obj = _OPEN.get(key)
+        obj = _OPEN.get(_open_key(ref))
     return getattr(obj, "_sampled_stamp", None) is not None
 
 
