@@ -238,7 +238,9 @@ def load_model(
 
     scorer = load_scorer(Path(path), backend, device, precision, threads=threads, verify=verify)
     said = _said(echo)
-    for line in choice_lines(scorer):
+    # the verification line says an unverified graph's reason: the CytoWarning below, which
+    # says it too, may be silenced by the caller
+    for line in choice_lines(scorer, warned_beside=False):
         said(line)
     # a scorer whose graph nothing checked here (a bundle without golden cells) was handed back
     # unsaid, where cyto score, score_slide and predict warn (hostile round 53, 3)

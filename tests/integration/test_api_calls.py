@@ -189,6 +189,21 @@ def test_an_unverified_graphs_reason_is_said_once_by_each_command(
     assert "UNVERIFIED scores (no golden cells: cyto export the model)" in runs["score"].stdout
 
 
+def test_load_model_says_why_a_graph_is_unverified_where_its_warning_is_silenced(exported_dsvdd):
+    """``load_model(echo=print)`` said "verification: unverified (why: see UNVERIFIED)" of a
+    warning that a caller who silenced warnings never saw (hostile round 64, 10): its line says
+    the reason itself; the CytoWarning is still raised for a caller without echo."""
+    said: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cyto.load_model(exported_dsvdd, backend="onnx", echo=said.append).close()
+    line = next(x for x in said if x.startswith("verification: "))
+    assert "see UNVERIFIED" not in line, said
+    assert "unverified: the bundle has no golden cells" in line, line
+    assert "run cyto.export(" in line, line  # in Python's words
+    assert any("UNVERIFIED: " in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
 @pytest.fixture(scope="module")
 def table(exported_dsvdd, synth_patches, tmp_path_factory):
     """A predict table of the synthetic patches: class, label, score, rank."""

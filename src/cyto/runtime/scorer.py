@@ -819,14 +819,18 @@ def load_scorer(
     raise ConfigError(f"no backend here can score {bundle.path} on {device}: {'; '.join(notes)}")
 
 
-def choice_lines(scorer: Scorer) -> list[str]:
+def choice_lines(scorer: Scorer, warned_beside: bool = True) -> list[str]:
     """What a run says of a loaded scorer's choice, a line each: the notes (a choice passed
     over and why, a compile, what was chosen) and the verification. One list for ``cyto
     score`` and :func:`cyto.load_model` (a Python caller was told none of it: a choice that
-    failed verification stayed in ``scorer.notes``; hostile round 53, 9)."""
+    failed verification stayed in ``scorer.notes``; hostile round 53, 9). ``warned_beside``:
+    an unverified graph's UNVERIFIED warning is said on the same console, which the line
+    then points to; where it is a Python warning that a caller may have silenced, the line
+    says the reason itself (it said "see UNVERIFIED" of a warning never shown; round 64, 10)."""
     lines = [f"backend choice: {note}" for note in scorer.notes]
     if scorer.verification is not None:
-        lines.append(f"verification: {scorer.verification.line()}")
+        check = scorer.verification
+        lines.append(f"verification: {check.line() if warned_beside else check.words()}")
     return lines
 
 
