@@ -1,5 +1,6 @@
-"""An engine dying mid-slide, for the tests of resume on Ray: SIGKILL the process that holds a
-slide folder's lock once a finished chunk of the slide is there."""
+"""Signals in the tests: an engine dying mid-slide, for the tests of resume on Ray (SIGKILL the
+process that holds a slide folder's lock once a finished chunk of the slide is there), and a
+child started with the signal dispositions of a terminal's command."""
 
 from __future__ import annotations
 
@@ -9,6 +10,15 @@ import signal
 import threading
 import time
 from pathlib import Path
+
+
+def as_in_a_terminal() -> None:
+    """``preexec_fn`` of a child that a test stops by a signal as a terminal would: SIGINT and
+    SIGHUP handled as a shell's foreground command has them. A child inherits SIG_IGN, so a
+    suite run in a background job (SIGINT) or under ``nohup`` (SIGHUP) started cyto with them
+    ignored, which cyto rightly keeps, and the tests of Ctrl-C and a closed terminal failed."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 class ChunkKiller(threading.Thread):

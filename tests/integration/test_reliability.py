@@ -29,6 +29,7 @@ from cyto.locks import OutputLock
 from cyto.runtime import load_scorer
 from tests.cli_runner import run_cyto
 from tests.integration.test_score import score_cli
+from tests.killers import as_in_a_terminal
 from tests.tables import same_table
 
 OPTS = ScoreOptions(mosaic=0, workers=0, tile=512)
@@ -560,8 +561,7 @@ def test_ctrl_c_to_the_process_group_prints_no_worker_traceback(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        # as in a terminal: SIGINT not ignored (children of a background job inherit SIG_IGN)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=as_in_a_terminal,
     )
     deadline = time.time() + 120
     state = tmp_path / "o" / "big" / ".partial" / "state.json"

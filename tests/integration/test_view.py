@@ -19,6 +19,7 @@ from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.errors import ConfigError
 from cyto.infer import ScoreOptions, score_slide
 from tests.cli_runner import run_cyto
+from tests.killers import as_in_a_terminal
 from tests.raw_http import raw_get
 
 K = 30
@@ -113,6 +114,7 @@ class Server:
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, "CYTO_PROGRESS": "0", "CYTO_CACHE_DIR": str(cache)},
+            preexec_fn=as_in_a_terminal,
         )
         seen = []
         for line in self.proc.stdout:

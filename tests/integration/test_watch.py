@@ -15,6 +15,7 @@ from cyto.data.synth.slide import SlideSynthConfig, write_slide
 from cyto.infer import ScoreOptions, score_slide
 from cyto.locks import OutputLock
 from tests.cli_runner import run_cyto
+from tests.killers import as_in_a_terminal
 from tests.tables import same_table
 
 OPTS = ScoreOptions(workers=0, mosaic=0, top_k=20)
@@ -151,8 +152,7 @@ def test_ctrl_c_ends_the_watch_with_what_it_scored(made, exported_dsvdd, tmp_pat
          "--workers", "0" if stop == "ctrl-c" else "1", "--mosaic", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "CYTO_PROGRESS": "0"},
-        # as in a terminal: SIGINT not ignored (children of a background job inherit SIG_IGN)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=as_in_a_terminal,
         start_new_session=stop == "sigterm",  # a group of its own, signalled whole
     )  # fmt: skip
     lines = []
