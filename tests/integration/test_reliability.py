@@ -1024,6 +1024,30 @@ def test_one_out_folder_spelled_three_ways_is_one_cohort(
     assert [p.name for p in (tmp_path / "o").iterdir() if p.is_dir()] == ["s"]
 
 
+def test_a_slide_linked_under_a_case_name_is_named_by_the_link(exported_dsvdd, slides, tmp_path):
+    """A lab links an archive's slide in under a case number to pseudonymize it: its output
+    folder, cohort row, summary and every line were named by the link's target, the archive's
+    file name (hostile round 66, 6). The link names them; its target listed beside it is the
+    same slide, scored once."""
+    target = slides[0].paths[0]
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "case-017.tif").symlink_to(target)
+    out = tmp_path / "o"
+    said: list[str] = []
+    opts = ScoreOptions(mosaic=0, workers=0, tile=512)
+    done, failed = score_cohort([cases / "case-017.tif", target], exported_dsvdd, out, opts,
+                                said.append)  # fmt: skip
+    assert len(done) == 1 and not failed
+    assert [p.name for p in out.iterdir() if p.is_dir()] == ["case-017"]
+    [row] = _cohort_rows(out)
+    assert row["slide"] == str(cases / "case-017.tif")
+    summary = json.loads((out / "case-017" / "summary.json").read_text())
+    assert summary["slide"] == str(cases / "case-017.tif")
+    assert not [m for m in said if str(target) in m or "s.tif" in m], said
+    assert any("case-017.tif" in m for m in said), "\n".join(said)
+
+
 @pytest.mark.pyvips
 def test_a_damaged_tile_is_one_line_in_the_decoders_words(exported_dsvdd, slides, tmp_path):
     """A slide with a damaged JPEG tile: the error began with libvips' "unable to write to

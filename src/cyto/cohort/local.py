@@ -4,6 +4,7 @@ kept apart), a slide that fails reported while the next goes on, ``cohort.csv`` 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from cyto.cohort.table import (
@@ -266,7 +267,7 @@ def stage(where: OutputLocation, slides: list[Path]) -> None:
     where.check()
     from cyto.seal import SEAL
 
-    stems = {printable(_resolved(s).stem) for s in slides}
+    stems = {printable(_as_named(s).stem) for s in slides}
     pattern = re.compile(r"(.*?)(-[0-9a-f]{8})?")
     folders = where.folders()
     pulled = set()
@@ -388,6 +389,17 @@ def _resolved(path):
         return path.absolute()
 
 
+def _as_named(path):
+    """The slide as the user named it, made absolute: a symbolic link stays the link, whose
+    name (a case number linked to an archive's file) names its output folder and every line
+    and table of its run; its target is read (the real file's name was said everywhere: a
+    link made to pseudonymize a slide did not; hostile round 66, 6). A URL is itself."""
+    path = slide_ref(path)
+    if isinstance(path, SlideURL):
+        return path
+    return Path(os.path.abspath(path))
+
+
 #: what :func:`_holder` says of a folder whose ``summary.json`` cyto did not write
 FOREIGN = ("", "foreign")
 
@@ -428,7 +440,7 @@ def _held_by_another(folder: Path, slide: Path) -> str | None:
     if isinstance(slide, SlideURL) and path == str(slide):
         return None  # the same URL (its changed content is scored again there)
     local = path and not isinstance(slide_ref(path), SlideURL)
-    if local and Path(path).is_absolute() and _resolved(Path(path)) == slide:
+    if local and Path(path).is_absolute() and _resolved(Path(path)) == _resolved(slide):
         return None
     try:
         if identity and identity == slide_identity(slide):
@@ -442,7 +454,7 @@ def held_by_another(folder: Path, slide) -> str | None:
     """What ``folder`` holds of another slide than ``slide`` (a path or URL as given), in words,
     or None: the rule that keeps :func:`output_folders` from giving one slide's folder to
     another, for a caller that names the folder itself (``cyto.score_slide(..., resume=True)``)."""
-    return _held_by_another(folder, _resolved(slide))
+    return _held_by_another(folder, _as_named(slide))
 
 
 #: a folder holding a summary.json cyto did not write, as :func:`_held_by_another` says it
@@ -453,12 +465,16 @@ def output_folders(slides: list[Path], out: Path, echo=None) -> list[tuple[Path,
     """(slide, its output folder): ``OUT/STEM``, or ``OUT/STEM-<hash of the path>`` for a slide
     whose name collides with another of the cohort (``a/slide.ndpi`` and ``b/slide.ndpi``) or
     with the slide an earlier run left in ``OUT/STEM``, so no slide's results can replace
-    another's. Slides and ``out`` are taken by their real paths (one folder spelled two ways is
-    one cohort); the same slide listed twice is scored once. ``echo`` says why a folder is not
-    ``OUT/STEM``."""
+    another's. ``out`` is taken by its real path (one folder spelled two ways is one cohort);
+    the same slide listed twice (or by a link to it) is scored once, by the name
+    it was first given. A slide is named by its path as given, a link by its own name
+    (:func:`_as_named`). ``echo`` says why a folder is not ``OUT/STEM``."""
     import hashlib
 
-    unique = list(dict.fromkeys(_resolved(s) for s in slides))
+    first: dict = {}
+    for s in slides:
+        first.setdefault(_resolved(s), _as_named(s))
+    unique = list(first.values())
     stems: dict[str, int] = {}
     for s in unique:
         stems[s.stem] = stems.get(s.stem, 0) + 1
