@@ -82,10 +82,28 @@ def test_out_of_focus_cells_beyond_the_bethesda_shares():
     bad = _judge("general", not_evaluable_share=0.8, out_of_focus_share=0.8, crowded_share=0.0)
     assert bad["result"] == "unsatisfactory"
     assert bad["reasons"] == [
-        "80% of the detected cells not evaluable (80% out of focus, 0% crowded), more than 75%"
+        "80% of the detected cells not evaluable (80% out of focus against the model's golden "
+        "cells, 0% crowded), more than 75%"
     ]
     some = _judge("general", not_evaluable_share=0.6, out_of_focus_share=0.6)
     assert some["result"] == "limited" and "60% out of focus" in some["reasons"][0]
+
+
+def test_the_shares_not_evaluable_say_they_are_measured_against_the_model():
+    """Focus is held against the model's golden cells and crowding counted within the model's
+    crop: one slide was "satisfactory" under one model and "76% crowded, 36% out of focus"
+    under another, said as facts of the slide (hostile round 66, 4)."""
+    block = _judge(
+        "general",
+        not_evaluable_share=0.8,
+        out_of_focus_share=0.36,
+        crowded_share=0.76,
+        crowding_crop_px=250,
+        crowding_others=4,
+    )
+    [why] = block["reasons"]
+    assert "36% out of focus against the model's golden cells" in why, why
+    assert "76% crowded: more than 4 other cells within the model's 250 px crop" in why, why
 
 
 def test_a_crowded_scanned_area_limits_the_slide():

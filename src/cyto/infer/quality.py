@@ -257,6 +257,8 @@ def slide_adequacy(
         ),
         "crowded_share": round(float(flags["crowded"].mean()), 4) if n else 0.0,
         "crowding_counted": counted,
+        "crowding_crop_px": int(crop_px),
+        "crowding_others": CROWDED_OTHERS,
         "at_tile_edge_share": round(float(flags["tile_edge"].mean()), 4) if n else 0.0,
         "at_slide_edge_share": round(float(flags["slide_edge"].mean()), 4) if n else 0.0,
         **shares,

@@ -438,11 +438,21 @@ def _no_cell_words(m: dict) -> str:
 
 
 def _not_evaluable_words(m: dict) -> str:
+    """The shares of cells not evaluable, each with what it is measured against: the model's
+    golden cells (focus) and its crop (crowding). Both are the model's, so one slide can be
+    satisfactory under one model and not under another; the words said it as a fact of the
+    slide (hostile round 66, 4)."""
     parts = []
     if m.get("out_of_focus_share") is not None:
-        parts.append(f"{m['out_of_focus_share']:.0%} out of focus")
+        parts.append(f"{m['out_of_focus_share']:.0%} out of focus against the model's golden cells")
     if m.get("crowding_counted", True):
-        parts.append(f"{m['crowded_share']:.0%} crowded")
+        crop, others = m.get("crowding_crop_px"), m.get("crowding_others")
+        within = (
+            f": more than {others} other cells within the model's {crop} px crop"
+            if crop and others is not None
+            else ""
+        )
+        parts.append(f"{m['crowded_share']:.0%} crowded{within}")
     if (m.get("cell_scale") or {}).get("off_scale"):
         parts.append("all off scale")
     return ", ".join(parts)
