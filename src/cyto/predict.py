@@ -532,6 +532,12 @@ def _zoom(
         patch_side=side, model_side=spec.patch_px,
         normal=None if labels is None else normal, stained_otherwise=stained_otherwise,
     )  # fmt: skip
+    if factor != 1.0 and str(zoom).strip().lower() == "auto" and spec.stain == "mgg":
+        # zoomed where a stain warning may stand beside it, unexplained (hostile round 66, 5)
+        how += (
+            "; an MGG model's nuclei are read by their optical density, whatever the stain, so "
+            "a stain check of these cells does not keep the zoom at 1"
+        )
     atomic_write(saved, json_text({"factor": factor, "how": how}).encode())
     return factor, how
 

@@ -209,3 +209,29 @@ def test_zoom_auto_kept_at_1_still_says_crops_of_another_field(exported_dsvdd, t
             "these crops are 192 px a side, the model's training crops 96 px"
         ), (zoom, lines)
     assert summary["zoom"] == 1.0, summary["zoom_from"]
+
+
+def test_zoom_auto_under_an_mgg_model_says_why_a_stain_check_does_not_hold_it(
+    exported_dsvdd, tmp_path
+):
+    """Under an MGG model, ``--zoom auto`` zoomed a folder (1.75x) right after its stain
+    warning, where the docs said a folder of another stain is kept at 1 (hostile round 66, 5):
+    MGG's nucleus rule reads optical density whatever the hue, so it zooms, and says why."""
+    import cyto
+    from cyto.data.images import resize_rgb
+    from cyto.detect.morphometry import scale_shares
+    from cyto.runtime import load_scorer
+
+    spec = load_scorer(exported_dsvdd, "onnx", "cpu", verify=False).spec
+    assert spec.stain == "mgg"
+    normals = np.stack([resize_rgb(_cell(96, 0.25, r), spec.crop_size) for r in RADII["normal"]])
+    model = _model(
+        exported_dsvdd, tmp_path, nucleus_fraction=float(np.median(scale_shares(normals, "mgg")))
+    )
+    # the same cells at 1.6 times the pixel size: they look smaller
+    data = _folder(tmp_path / "small", 96, 0.4, {"normal": RADII["normal"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        summary = cyto.predict(model, data, tmp_path / "z.parquet", echo=None, zoom="auto")
+    assert summary["zoom"] > 1.25, summary["zoom_from"]
+    assert "read by their optical density, whatever the stain" in summary["zoom_from"]
