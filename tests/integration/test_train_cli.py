@@ -207,6 +207,24 @@ def test_train_info_predict(tmp_path, synth_patches):
     assert again.returncode != 0 and "--overwrite" in again.stderr
 
 
+def test_print_config_needs_no_data_out_or_normal(tmp_path, synth_patches):
+    """``--print-config`` reads no cells and writes no bundle, yet it was refused "Missing option
+    '--out'" (hostile round 66, 3); a training without them is refused as before."""
+    alone = run_cyto("train", "dsvdd", "--preset", "fast", "--print-config")
+    assert alone.returncode == 0, alone.stderr
+    assert 'backbone = "smallcnn"' in alone.stdout
+    data, out = str(synth_patches), str(tmp_path / "x.cyto")
+    for args, flag in (
+        (("--out", out, "--normal", "normal"), "--data"),
+        (("--data", data, "--normal", "normal"), "--out"),
+        (("--data", data, "--out", out), "--normal"),
+    ):
+        proc = run_cyto("train", "dsvdd", *args)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.rstrip().endswith(f"error: Missing option '{flag}'."), proc.stderr
+    assert not (tmp_path / "x.cyto").exists()
+
+
 def test_print_config_and_errors(tmp_path, synth_patches):
     proc = run_cyto(
         "train",

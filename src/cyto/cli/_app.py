@@ -44,13 +44,9 @@ class LocalPath:
 #: a model bundle, as cyto info, export, predict, score and calibrate take it
 BUNDLE = LocalPath("model", "a model bundle folder: copy it to this machine first", "MODEL")
 #: ``--data``: a folder of cells or a manifest on this machine (cyto train, cyto predict)
-CellsData = Annotated[
-    Path,
-    typer.Option(
-        parser=LocalPath("data", "a folder of cells or a manifest: copy it here first"),
-        help="Folder of class sub-folders, or a manifest.",
-    ),
-]
+CELLS_DATA = LocalPath("data", "a folder of cells or a manifest: copy it here first")
+CELLS_DATA_HELP = "Folder of class sub-folders, or a manifest."
+CellsData = Annotated[Path, typer.Option(parser=CELLS_DATA, help=CELLS_DATA_HELP)]
 
 
 app = _typer(

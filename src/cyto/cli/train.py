@@ -2,28 +2,48 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from cyto.cli._app import CellsData, LocalPath, app, used_words
+from cyto.cli._app import CELLS_DATA, CELLS_DATA_HELP, LocalPath, app, used_words
 
 METHOD_NAMES = ("fs-sil", "ws-sil", "dsvdd", "droc", "its2clr")
+#: what the help says of --data, --out and --normal, which --print-config reads none of
+REQUIRED = "[required but with --print-config]"
 
 
 @app.command("train")
 def train_cmd(
+    ctx: typer.Context,
     method: Annotated[str, typer.Argument(help=f"One of: {', '.join(METHOD_NAMES)}.")],
-    data: CellsData,
+    # --data, --out and --normal are required but by --print-config, which reads none of them
+    # (it asked for a bundle path it never writes: hostile round 66, 3)
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            parser=CELLS_DATA,
+            help=f"{CELLS_DATA_HELP} {REQUIRED}",
+            show_default=False,
+        ),
+    ] = None,
     out: Annotated[
-        Path,
+        Path | None,
         typer.Option(
             parser=LocalPath("out", "the bundle to write: cyto train writes a local folder"),
-            help="Bundle folder to write, e.g. dsvdd.cyto.",
+            help=f"Bundle folder to write, e.g. dsvdd.cyto. {REQUIRED}",
+            show_default=False,
         ),
-    ],
-    normal: Annotated[str, typer.Option(help="Normal class(es), comma-separated.")],
+    ] = None,
+    normal: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Normal class(es), comma-separated. {REQUIRED}",
+            show_default=False,
+        ),
+    ] = None,
     abnormal: Annotated[
         str | None, typer.Option(help="Abnormal classes (default: every other class).")
     ] = None,
@@ -72,6 +92,11 @@ def train_cmd(
         cfg = resolve_config(get_method(method).Config, preset, config, set_, method=method)
         typer.echo(to_toml(cfg), nl=False)
         return
+    # said as click says a required option left out (Typer may carry a click of its own)
+    missing = sys.modules[typer.BadParameter.__module__].MissingParameter
+    for flag, value in (("--data", data), ("--out", out), ("--normal", normal)):
+        if value is None:
+            raise missing(ctx=ctx, param_hint=f"'{flag}'", param_type="option")
     from cyto.train.api import train
 
     res = train(
