@@ -54,7 +54,7 @@ def scored(exported_dsvdd, exported_bundles, tmp_path_factory):
                 echo=lambda _: None,
             )
     names = {"dsvdd": exported_dsvdd.stem, "fs-sil": exported_bundles["fs-sil"].stem}
-    return {"root": root, "slides": slides, "outs": outs, "names": names}
+    return {"root": root, "slides": slides, "outs": outs, "names": names, "dsvdd": exported_dsvdd}
 
 
 @pytest.fixture(scope="module")
@@ -1551,5 +1551,15 @@ def test_a_cases_line_names_the_models_whose_top_k_it_holds(scored, tmp_path):
         [scored["outs"]["dsvdd"], scored["outs"]["fs-sil"]], tmp_path / "two", k=K, seed=0,
         echo=said.append,
     )  # fmt: skip
-    models = f"each of {name}, {scored['names']['fs-sil']}'s ranking"
+    models = f"each: {name}'s ranking, {scored['names']['fs-sil']}'s ranking"
     assert any(x.endswith(f"the top {K} of {models}") for x in said), said
+    # cells ranked by their morphometry were said to be "the top 100 of dsvdd's ranking"
+    # (hostile round 66, 7)
+    slide = scored["slides"][0]
+    by_morph = tmp_path / "morph" / slide.paths[0].stem
+    score_slide(slide.paths[0], scored["dsvdd"], by_morph,
+                ScoreOptions(mosaic=0, workers=0, top_k=K, rank_by="morphometry"),
+                echo=lambda _: None)  # fmt: skip
+    said.clear()
+    build_session([tmp_path / "morph"], tmp_path / "three", k=K, seed=0, echo=said.append)
+    assert any(x.endswith(f"the top {K} of {name}'s ranking by morphometry") for x in said), said

@@ -73,6 +73,17 @@ class Source:
     burden: dict | None = None
     #: the storage options its slide is read with (``--storage-option``; a URL slide's only)
     options: dict | None = field(default=None, repr=False, compare=False)
+    #: what its ``rank`` column follows (the summary's ``rank_by``: ``model``, ``morphometry``,
+    #: ``model+morphometry``; None from a cyto that did not record it)
+    rank_by: str | None = None
+
+    def ranking(self) -> str:
+        """Its ranking as the console names it: the model's, and by what where that is not the
+        network's score ("the top 100 of dsvdd's ranking" of cells ranked by their morphometry:
+        hostile round 66, 7)."""
+        if self.rank_by in (None, "model"):
+            return f"{self.model}'s ranking"
+        return f"{self.model}'s ranking by {self.rank_by}"
 
 
 @dataclass
@@ -219,6 +230,7 @@ def read_source(folder: Path, options: dict | None = None) -> Source:
             adequacy=_adequacy_words(s.get("adequacy")),
             burden=s.get("burden") if isinstance(s.get("burden"), dict) else None,
             options=options or None,
+            rank_by=str(s["rank_by"]) if s.get("rank_by") else None,
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputPathError(
@@ -463,9 +475,10 @@ def _build(folders, root: Path, groups, rng, k: int, merge_um: float, seed: int,
             cells.sort(key=lambda c: (c["y"], c["x"]))  # pooled in rank order: forget it
             cells = [cells[i] for i in rng.permutation(len(cells))]
             crop = max(s.crop_px for s in group)
-            models = [s.model for s in group]  # "100 cells from pap" read as a stain: round 58
-            by = f"{models[0]}'s" if len(models) == 1 else f"each of {', '.join(models)}'s"
-            echo(f"{case}: {len(cells)} cells, the top {k} of {by} ranking")
+            # "100 cells from pap" read as a stain: round 58
+            rankings = [s.ranking() for s in group]
+            by = rankings[0] if len(rankings) == 1 else f"each: {', '.join(rankings)}"
+            echo(f"{case}: {len(cells)} cells, the top {k} of {by}")
             _write_crops(group[0], cells, crop, tmp / CROPS / case)
             key_cases[case] = {
                 "slide": group[0].slide,
