@@ -12,7 +12,7 @@ from cyto.cli._app import CELLS_DATA, CELLS_DATA_HELP, LocalPath, app, used_word
 
 METHOD_NAMES = ("fs-sil", "ws-sil", "dsvdd", "droc", "its2clr")
 #: what the help says of --data, --out and --normal, which --print-config reads none of
-REQUIRED = "[required but with --print-config]"
+REQUIRED = "Required unless --print-config."
 
 
 @app.command("train")
@@ -25,7 +25,7 @@ def train_cmd(
         Path | None,
         typer.Option(
             parser=CELLS_DATA,
-            help=f"{CELLS_DATA_HELP} {REQUIRED}",
+            help=f"{REQUIRED} {CELLS_DATA_HELP}",
             show_default=False,
         ),
     ] = None,
@@ -33,14 +33,14 @@ def train_cmd(
         Path | None,
         typer.Option(
             parser=LocalPath("out", "the bundle to write: cyto train writes a local folder"),
-            help=f"Bundle folder to write, e.g. dsvdd.cyto. {REQUIRED}",
+            help=f"{REQUIRED} Bundle folder to write, e.g. dsvdd.cyto.",
             show_default=False,
         ),
     ] = None,
     normal: Annotated[
         str | None,
         typer.Option(
-            help=f"Normal class(es), comma-separated. {REQUIRED}",
+            help=f"{REQUIRED} Normal class(es), comma-separated.",
             show_default=False,
         ),
     ] = None,
