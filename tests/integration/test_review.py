@@ -109,6 +109,19 @@ def test_what_the_page_may_know_names_no_slide_and_no_model(scored, session):
     assert session.order_for("ann") == session.order_for("ann")
 
 
+def test_a_review_opened_by_a_relative_path_is_held_by_its_absolute_one(
+    session, tmp_path, monkeypatch
+):
+    """``cyto review review/`` said "marks go to review/marks.sqlite" where a built review said
+    the absolute path (hostile round 66, 10); a relative root also named another folder once
+    the working folder changed."""
+    shutil.copytree(session.root, tmp_path / "rv")
+    monkeypatch.chdir(tmp_path)
+    opened = open_session(Path("rv"))
+    monkeypatch.chdir(tmp_path.parent)
+    assert opened.root == tmp_path / "rv" and opened.root.is_absolute()
+
+
 def test_a_review_key_edited_by_hand_is_refused_in_one_line(scored, session, tmp_path):
     """A hostile check (round 3): truth labels edited in key.json raised a reviewer's precision
     in `cyto review report` from 0.40 to 1.00 with no word. The key and the cases are sealed

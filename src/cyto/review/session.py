@@ -869,8 +869,11 @@ def _check_review_seal(root: Path) -> dict[str, str] | None:
 
 
 def open_session(root: Path) -> Session:
-    """Open a built review folder, checked against its seal (:func:`_check_review_seal`)."""
-    root = Path(root)
+    """Open a built review folder, checked against its seal (:func:`_check_review_seal`). Its
+    root is held absolute, as a built one's is: the marks' path was said relative when the
+    folder was given so ("marks go to review/marks.sqlite"; hostile round 66, 10), and a
+    relative root names another folder once the working folder changes."""
+    root = Path(os.path.abspath(root))
     crop_hashes = None
     if (root / KEY_FILE).is_file() and (root / CASES_FILE).is_file():
         crop_hashes = _check_review_seal(root)
