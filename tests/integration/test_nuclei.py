@@ -74,6 +74,17 @@ def test_blank_glass_has_no_nuclei():
     glass = np.full((256, 256, 3), 236, dtype=np.uint8)
     glass += np.random.default_rng(0).integers(0, 4, glass.shape, dtype=np.uint8)
     assert len(detect_nuclei(glass)) == 0
+    # tinted glass, as the synthetic and real smears' backgrounds are, with more noise, and
+    # red cells alone on it: nothing under the floor of the smear preset
+    rng = np.random.default_rng(1)
+    for tint in ((226, 230, 215), (225, 220, 232), (215, 215, 225)):
+        tinted = np.clip(np.array(tint) + rng.normal(0, 3, (256, 256, 3)), 0, 255).astype(np.uint8)
+        assert len(detect_nuclei(tinted)) == 0, tint
+        yy, xx = np.mgrid[:256, :256]
+        red = tinted.copy()
+        for cx, cy in ((60, 60), (180, 90), (110, 190)):
+            red[(xx - cx) ** 2 + (yy - cy) ** 2 <= 30**2] = (205, 120, 140)  # an erythrocyte
+        assert len(detect_nuclei(red)) == 0, tint
 
 
 def test_nuclei_files(tmp_path):
