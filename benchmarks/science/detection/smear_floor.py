@@ -7,8 +7,8 @@ For each seed of a block, a synthetic MGG smear (``cyto synth slide``, its truth
 as ``cyto score`` reads it (the slide's one threshold over its tissue windows, each tile with a
 margin) under each floor, and the detections are matched to the drawn cells within 15 px
 (1.8 um): recall (cells found), precision (detections on a cell), the detections per cell.
-Choices are made on ``--block dev`` (seeds 1-12); ``--block final`` (seeds 101-112) is kept
-for the floor or rule that is chosen, read once. None is chosen yet: see ``README.md`` here.
+Choices are made on ``--block dev`` (seeds 1-12); ``--block final`` (seeds 101-112) was read
+once, for the rule chosen (``floor_share`` 0.6) against the fixed floor (``--floor-share 0``).
 
     PYTHONPATH=src python benchmarks/science/detection/smear_floor.py --block dev --out DIR
 """
@@ -73,6 +73,12 @@ def main() -> None:
     ap.add_argument("--extent", type=float, default=None, help="smear_extent (0.1: mostly glass)")
     ap.add_argument("--n-cells", type=int, default=None, help="nucleated cells (few: sparse)")
     ap.add_argument("--seeds", type=int, default=None, help="the block's first N seeds only")
+    ap.add_argument(
+        "--floor-share",
+        type=float,
+        default=None,
+        help="NucleusParams.floor_share (0: the fixed floor of cyto before it; default: cyto's)",
+    )
     args = ap.parse_args()
     import pyarrow.parquet as pq
 
@@ -90,14 +96,19 @@ def main() -> None:
         truth = np.column_stack([t["x"].to_numpy(), t["y"].to_numpy()])
         for floor in floors:
             t0 = time.perf_counter()
-            found, thr = detect_slide(made.paths[0], NucleusParams(min_threshold=floor))
+            share = {} if args.floor_share is None else {"floor_share": args.floor_share}
+            params = NucleusParams(min_threshold=floor, **share)
+            found, thr = detect_slide(made.paths[0], params)
             row = {"seed": seed, "floor": floor, "threshold": thr, "cells": len(truth),
                    **match(truth, found),
                    "seconds": round(time.perf_counter() - t0, 2)}  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
         made.paths[0].unlink()
-    print(f"# block {args.block}, side {args.side}, {extra or 'default smear'}")
+    share = NucleusParams().floor_share if args.floor_share is None else args.floor_share
+    print(
+        f"# block {args.block}, side {args.side}, {extra or 'default smear'}, floor_share {share}"
+    )
     (args.out / f"{args.block}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"# {platform.processor() or platform.machine()}")
     for floor in floors:

@@ -114,7 +114,7 @@ def slide_threshold(
     """One haematoxylin threshold for a whole slide: Otsu's over the smoothed haematoxylin of
     up to :data:`THRESHOLD_WINDOWS` windows of :data:`THRESHOLD_WINDOW` px whose top-left
     corners are ``origins`` (level 0; those of a fixed grid's windows with tissue, spread
-    evenly), pooled, with the floor.
+    evenly), pooled, with the floor (:func:`cyto.detect.params.floor_of`: lower on a pale slide).
 
     Each tile's own Otsu threshold made the cells found depend on ``--tile``: on the CMU-1 H&E
     region the smear settings found 1,714 / 1,852 / 4,061 nuclei with 512 / 1,024 / 2,048 px
@@ -122,7 +122,7 @@ def slide_threshold(
     (:func:`cyto.detect.numpy_form.threshold_values`). None when the windows hold nothing above
     the floor (blank glass)."""
     from cyto.detect.numpy_form import threshold_values
-    from cyto.detect.params import own_threshold
+    from cyto.detect.params import lowest_floor, own_threshold
 
     info = reader.info
     if len(origins) > THRESHOLD_WINDOWS:  # spread evenly over the slide's windows
@@ -137,6 +137,6 @@ def slide_threshold(
     pooled = np.concatenate(values) if values else np.empty(0)
     if pooled.size == 0:
         return None
-    if float(pooled.max()) < params.min_threshold or float(pooled.min()) == float(pooled.max()):
+    if float(pooled.max()) < lowest_floor(params) or float(pooled.min()) == float(pooled.max()):
         return None
     return own_threshold(pooled, params)

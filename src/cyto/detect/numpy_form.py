@@ -10,6 +10,7 @@ from cyto.detect.params import (
     NucleusParams,
     clear_of_opaque,
     from_reduced,
+    lowest_floor,
     nuclei_from_peaks,
     off_ink,
     opaque_reach,
@@ -87,10 +88,10 @@ def _detect(rgb: np.ndarray, params: NucleusParams) -> np.ndarray:
     from scipy import ndimage
 
     h = _smooth(rgb, params)
-    if float(h.max()) < params.min_threshold:
+    if float(h.max()) < lowest_floor(params):
         return np.empty((0, 3), dtype=np.float64)
     if params.threshold is not None:  # the slide's, the same for every tile
-        t = max(params.threshold, params.min_threshold)
+        t = max(params.threshold, lowest_floor(params))
     else:  # the tile's own, less its opaque pixels as the slide's
         try:
             t = own_threshold(clear_of_opaque(h, opaque_reach(rgb, params.sigma)), params)

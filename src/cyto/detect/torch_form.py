@@ -35,7 +35,9 @@ from cyto.detect.params import (
     NucleusParams,
     check_tile,
     clear_of_opaque,
+    floor_of,
     from_reduced,
+    lowest_floor,
     nuclei_from_peaks,
     off_ink,
     opaque_reach,
@@ -227,10 +229,10 @@ def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
     h = gaussian(haematoxylin(rgb, params.channel), params.sigma)
     if params.background > 0:  # the SciPy detector's top-hat, on the host
         h = torch.from_numpy(subtract_background(h.cpu().numpy(), params.background)).to(h.device)
-    if float(h.max()) < params.min_threshold:
+    if float(h.max()) < lowest_floor(params):
         return empty
     if params.threshold is not None:  # the slide's, the same for every tile
-        t = max(params.threshold, params.min_threshold)
+        t = max(params.threshold, lowest_floor(params))
     else:
         try:
             if _any_opaque(rgb):  # ink: left out on the host, by the SciPy detector's rule
@@ -239,7 +241,7 @@ def _detect(rgb: torch.Tensor, params: NucleusParams) -> np.ndarray:
             elif params.classes == 3:  # the three-class cut on the host, as the SciPy detector
                 t = own_threshold(h.cpu().numpy(), params)
             else:
-                t = max(otsu(h), params.min_threshold)
+                t = max(otsu(h), floor_of(h, params))
         except ValueError:  # a constant tile, or all ink
             return empty
     mask = binary_opening(h > t)
