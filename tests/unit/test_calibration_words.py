@@ -106,5 +106,10 @@ def test_the_quantiles_said_are_of_the_cells_the_burden_counts():
             assert "evaluable" not in line, line
 
     check()
+    # under a normalization the figures are the raw scores', which read the same whatever it
+    # is (the median-iqr calibration said median's figures unlabelled: hostile round 67, 12)
+    record = {"quantiles": {"0.5": 0.4133, "0.99": 2.26}, "normalization": "median-iqr"}
+    assert quantile_words(record) == "raw scores: median 0.4133, 99th percentile 2.26"
+    assert quantile_words({**record, "normalization": "none"}).startswith("median 0.4133")
     assert _quantiles([np.ones(3)], None) is None
     assert _quantiles([np.ones(3)], [np.zeros(3, bool)]) is None

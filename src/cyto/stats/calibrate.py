@@ -553,9 +553,13 @@ def _quantiles(parts: list[np.ndarray], marked: list[np.ndarray] | None) -> dict
 def quantile_words(record: dict) -> str:
     """The median and 99th percentile of a calibration ``record``'s cells, as
     ``cyto calibrate`` says them: of every cell, and of the evaluable cells where the burden
-    counts those (:func:`burden_counts_words`)."""
+    counts those (:func:`burden_counts_words`); said to be of the raw scores where the record
+    normalizes each slide's."""
     q = record["quantiles"]
-    said = f"median {q['0.5']:.4g}, 99th percentile {q['0.99']:.4g}"
+    # of the scores as scored: under a normalization they read the same whatever it is, and
+    # were taken for its (hostile round 67, 12)
+    raw = "" if record.get("normalization", "none") == "none" else "raw scores: "
+    said = f"{raw}median {q['0.5']:.4g}, 99th percentile {q['0.99']:.4g}"
     ev, qe = record.get("evaluable_cells"), record.get("quantiles_evaluable")
     if ev is not None and ev >= MIN_EVALUABLE and qe:
         said += (
