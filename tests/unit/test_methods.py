@@ -218,6 +218,9 @@ def test_config_precedence_preset_file_set(tmp_path):
     back = tmp_path / "back.toml"
     back.write_text(to_toml(cfg))
     assert resolve_config(DSVDDConfig, config_file=back) == cfg  # one-to-one round trip
+    # every key --set takes is listed, an unset one as a comment (mpp was left out, though
+    # cyto asks for it: hostile round 67, 7)
+    assert cfg.mpp is None and "# mpp = (unset: --set mpp=...)" in back.read_text()
 
 
 def test_yaml_config_maps_onto_the_dataclass_like_toml(tmp_path):

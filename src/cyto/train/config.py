@@ -261,10 +261,13 @@ def resolve_config(
 
 
 def to_toml(config: TrainConfig) -> str:
-    """The config as TOML, readable back by :func:`resolve_config`."""
+    """The config as TOML, readable back by :func:`resolve_config`. A setting left unset (None,
+    which TOML cannot write) is a comment naming it, so every key ``--set`` takes is listed
+    (``mpp``, which cyto asks for, was missing: hostile round 67, 7)."""
     lines = []
     for key, value in config.to_dict().items():
         if value is None:
+            lines.append(f"# {key} = (unset: --set {key}=...)")
             continue
         if isinstance(value, bool):
             text = "true" if value else "false"
