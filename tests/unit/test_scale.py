@@ -330,6 +330,11 @@ def test_a_detection_other_than_the_models_stains_is_named_as_the_cause():
         "--detection (auto takes pap)"
     ]
     assert check["detection_differs"] == {"detection": "tissue", "model": "pap"}
+    # where the slide's stain warning, said just before, names it as its cause, not again (an
+    # MGG model on an H&E section with --detection tissue was told it twice: round 67, 9)
+    lines.clear()
+    check = check_scale(shares, plan, scorer, opts, lines.append, stain={"advised": True})
+    assert lines == [] and check["detection_differs"] == {"detection": "tissue", "model": "pap"}
 
 
 def test_larger_cells_at_a_resolution_recorded_as_the_models_name_a_lesion_and_no_rescale():
