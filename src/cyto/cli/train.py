@@ -92,12 +92,14 @@ def train_cmd(
         cfg = resolve_config(get_method(method).Config, preset, config, set_, method=method)
         typer.echo(to_toml(cfg), nl=False)
         return
+    from cyto.train.api import refuse_resume_and_overwrite, train
+
+    refuse_resume_and_overwrite(resume, overwrite)  # before anything else, as it was
     # said as click says a required option left out (Typer may carry a click of its own)
     missing = sys.modules[typer.BadParameter.__module__].MissingParameter
     for flag, value in (("--data", data), ("--out", out), ("--normal", normal)):
         if value is None:
             raise missing(ctx=ctx, param_hint=f"'{flag}'", param_type="option")
-    from cyto.train.api import train
 
     res = train(
         method,

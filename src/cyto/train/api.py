@@ -313,6 +313,16 @@ def start_checkpoints(ckpt: Path, key: dict, resume: bool, replaces: bool = Fals
         atomic_write(ckpt / REPLACES, b"")
 
 
+def refuse_resume_and_overwrite(resume: bool, overwrite: bool) -> None:
+    """Both asked of a training, refused in one line, before anything is read (``cyto train``
+    before its missing options, :func:`train` first): resume continues the interrupted run as
+    it was started (replacing the bundle where that run was asked to); overwrite starts a new
+    one over it."""
+    refuse_keep_and_replace(
+        resume, overwrite, "continues an interrupted run", "starts a new one over the bundle"
+    )
+
+
 def train(
     method: str,
     data: Path,
@@ -335,11 +345,7 @@ def train(
     ``extra_manifest``: more top-level manifest fields (e.g. ``refined_from``); ``echo`` says
     what a stopped run kept; ``mixed_sizes``: crops of several sizes span one field of view
     (``cyto refine``'s slide crops beside the training patches), else they are refused."""
-    # resume continues the interrupted run as it was started (replacing the bundle where that
-    # run was asked to); overwrite starts a new one over it
-    refuse_keep_and_replace(
-        resume, overwrite, "continues an interrupted run", "starts a new one over the bundle"
-    )
+    refuse_resume_and_overwrite(resume, overwrite)
     cls = get_method(method)
     cfg = resolve_config(cls.Config, preset, config_file, overrides, method=method)
     if weights is not None and not Path(weights).is_file():  # before any image is read
