@@ -326,6 +326,25 @@ def test_a_bundle_without_golden_cells_scores_but_never_runs_an_unverifiable_int
     assert not any("cyto export" in n for n in s.notes), s.notes
 
 
+def test_golden_cells_of_another_folder_than_the_training_one_are_said_to_judge_focus(
+    exported_dsvdd, synth_patches, tmp_path
+):
+    """Golden cells taken from --calib (bone-marrow cells for a model of other cells) became the
+    focus reference of every slide's adequacy: a slide in focus went from 257 to 161 evaluable
+    cells, at fp32 too, unsaid (hostile round 67, 2). The export says what they also are."""
+    from cyto.bundle import add_files
+
+    path = tmp_path / "d.cyto"
+    shutil.copytree(exported_dsvdd, path)
+    own = tmp_path / "own_cells"  # what cyto train records: the folder it trained on
+    add_files(path, {}, lambda m: {"training_data": {**m["training_data"], "source": str(own)}})
+    proc = run_cyto("export", str(path), "--no-onnx", "--cells", str(synth_patches))
+    assert proc.returncode == 0, proc.stderr
+    assert "also the sharpness each slide's cells are held against for focus" in proc.stdout
+    assert "these are not the model's training cells" in proc.stdout, proc.stdout
+    assert "--cells CELLS" in proc.stdout
+
+
 def test_export_keeps_golden_cells_and_doctor_verifies_every_graph(
     exported_bundles, synth_patches, tmp_path
 ):
@@ -348,6 +367,9 @@ def test_export_keeps_golden_cells_and_doctor_verifies_every_graph(
     )
     assert proc.returncode == 0, proc.stderr
     assert "golden cells: " in proc.stdout and "with their PyTorch fp32 scores" in proc.stdout
+    # what else they are, said; of the model's own training folder here
+    assert "also the sharpness each slide's cells are held against for focus" in proc.stdout
+    assert "not the model's training cells" not in proc.stdout, proc.stdout
     m = verify_bundle(path)
     assert m["golden"]["kind"] == "cells" and "int8-cpu7" in m["onnx_variants"], proc.stdout
     doctor = run_cyto("doctor", str(path), "--device", "cpu")

@@ -339,4 +339,21 @@ def _golden(path, cells, parity_cells, parity_normal, calib, echo, stage) -> dic
             "note: no real cells given and the training folder is gone: the golden cells are "
             f"random patches (fp32 checks only); pass {passing('cells', 'CELLS')} to keep real ones"
         )
+        return entry
+    # real golden cells are also what a slide's focus is judged against (adequacy): cells of
+    # another lab or kind than the model's changed which of a slide's cells count, unsaid
+    # (the bone-marrow calibration cells of an int8 export: 257 -> 161 evaluable cells of a
+    # slide in focus, at fp32 too; hostile round 67, 2)
+    trained = (load_bundle(path, weights=False).manifest.get("training_data") or {}).get("source")
+    other = trained and source is not None and Path(source).resolve() != Path(trained).resolve()
+    echo(
+        "note: the golden cells are also the sharpness each slide's cells are held against "
+        "for focus (adequacy: out of focus, evaluable, the burden's count)"
+        + (
+            f"; these are not the model's training cells ({trained}): where they are of another "
+            f"kind, lab or scanner, pass the model's own with {passing('cells', 'CELLS')}"
+            if other
+            else ""
+        )
+    )
     return entry
