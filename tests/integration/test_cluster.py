@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -99,6 +100,9 @@ def test_a_local_ray_cohort_equals_the_plain_run(
     assert "parts" not in by_slide["s1"]["tiles"]
     assert not (out / "s0" / ".parts").exists()
     assert any("16 tiles, scored in 2 parts" in m for m in said)
+    # the cluster --ray local started is said so: "joined the Ray cluster at ..." read as
+    # another's (hostile round 67, 10)
+    assert any(re.match(r"started a local Ray cluster at \S+ \(2 CPUs\)$", m) for m in said), said
     rows = _rows(out)
     assert {k: r["status"] for k, r in rows.items()} == {
         "s0": "scored",

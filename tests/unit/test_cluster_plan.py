@@ -101,7 +101,8 @@ def test_auto_starts_a_local_cluster_when_the_recorded_head_is_gone(tmp_path, mo
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
     record = recorded_cluster()
     assert record == tmp_path / "ray" / "ray_current_cluster"
-    assert auto_target() == (None, "")  # no record: Ray's own choice, a new local cluster
+    # no record: a new local cluster, which the run says it started (it said "joined")
+    assert auto_target() == ("local", "")
     record.parent.mkdir()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -51,7 +51,9 @@ def import_ray():
 
 
 def connect(address: str, num_cpus: int | None = None) -> str:
-    """Join (or start) a Ray cluster; returns what was joined, in words.
+    """Join (or start) a Ray cluster; returns what was done, in words: "started a local Ray
+    cluster at ..." or "joined the Ray cluster at ..." (a started one was said "joined":
+    hostile round 67, 10).
 
     ``auto``: the cluster in ``RAY_ADDRESS`` or the one ``ray start`` left on this machine, else a
     new local one; ``local``: always a new local one (``num_cpus`` of this machine's cores);
@@ -59,7 +61,7 @@ def connect(address: str, num_cpus: int | None = None) -> str:
     ray = import_ray()
     _send_token_if_any()
     if ray.is_initialized():
-        return "the Ray cluster this process already joined"
+        return "joined the Ray cluster this process already joined"
     kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     # the driver's environment goes to the actors; CYTO_PROGRESS=0 keeps per-tile bars out of logs
     kwargs["runtime_env"] = {"env_vars": {"CYTO_PROGRESS": "0"}}
@@ -80,7 +82,12 @@ def connect(address: str, num_cpus: int | None = None) -> str:
             "`ray start --head`, or use --ray local"
         ) from None
     where = getattr(ctx, "address_info", {}).get("gcs_address") or address
-    return f"Ray cluster at {where}" + (f" ({note})" if note else "")
+    if target == "local":
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        return f"started a local Ray cluster at {where} ({cpus} CPUs" + (
+            f"; {note})" if note else ")"
+        )
+    return f"joined the Ray cluster at {where}" + (f" ({note})" if note else "")
 
 
 def recorded_cluster() -> Path:
@@ -110,17 +117,15 @@ def auto_target() -> tuple[str | None, str]:
     record = recorded_cluster()
     try:
         recorded = record.read_text().strip()
-    except OSError:
-        return None, ""
+    except OSError:  # no cluster recorded: Ray would start a local one (said so)
+        return "local", ""
     if not recorded:
-        return "local", f"{record} is empty: started a local cluster"
+        return "local", f"{record} is empty"
     host, _, port = recorded.rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=2.0).close()
     except (OSError, ValueError):
-        return "local", (
-            f"the cluster recorded in {record} ({recorded}) is gone: started a local one"
-        )
+        return "local", (f"the cluster recorded in {record} ({recorded}) is gone")
     return None, ""
 
 
@@ -397,7 +402,7 @@ def score_cohort_ray(
     load_bundle(Path(model), weights=False, for_scoring=True)  # a bad bundle: one line here
     stage(where, slides)
     ray = import_ray()
-    echo(f"joined the {connect(address, num_cpus)}")
+    echo(connect(address, num_cpus))
     pairs = slide_folders(slides, where.local, echo)
     if len(pairs) < len(slides):
         echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
