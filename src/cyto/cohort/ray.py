@@ -125,7 +125,7 @@ def auto_target() -> tuple[str | None, str]:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=2.0).close()
     except (OSError, ValueError):
-        return "local", (f"the cluster recorded in {record} ({recorded}) is gone")
+        return "local", f"the cluster recorded in {record} ({recorded}) is gone"
     return None, ""
 
 

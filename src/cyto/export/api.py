@@ -324,7 +324,8 @@ def _golden(path, cells, parity_cells, parity_normal, calib, echo, stage) -> dic
     needed = needs_real_cells(path)
     if cells is None and not needed:
         return None
-    source = golden_source(load_bundle(path, weights=False), [cells, parity_cells, calib])
+    bundle = load_bundle(path, weights=False)
+    source = golden_source(bundle, [cells, parity_cells, calib])
     if source is None and not needed:
         return None
     # the normal classes: --parity-normal for --parity-cells, else the bundle's training ones
@@ -344,7 +345,7 @@ def _golden(path, cells, parity_cells, parity_normal, calib, echo, stage) -> dic
     # another lab or kind than the model's changed which of a slide's cells count, unsaid
     # (the bone-marrow calibration cells of an int8 export: 257 -> 161 evaluable cells of a
     # slide in focus, at fp32 too; hostile round 67, 2)
-    trained = (load_bundle(path, weights=False).manifest.get("training_data") or {}).get("source")
+    trained = (bundle.manifest.get("training_data") or {}).get("source")  # as loaded above
     other = trained and source is not None and Path(source).resolve() != Path(trained).resolve()
     echo(
         "note: the golden cells are also the sharpness each slide's cells are held against "
