@@ -280,3 +280,26 @@ def test_what_the_burden_counts_is_said_with_its_percentile():
         "91st", "92nd", "93rd", "95th"
     ]  # fmt: skip
     assert above_words(None) == "above the normal cells' threshold"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(0, 3000),
+    above_share=st.floats(0.0, 1.0),
+    rate=st.floats(1e-4, 0.2),
+    tau2=st.sampled_from([0.0, 1e-6, 1e-4]),
+    interval=st.sampled_from(conformal.INTERVALS),
+)
+def test_the_burden_and_its_interval_lie_within_the_cells_above_the_threshold(
+    n, above_share, rate, tau2, interval
+):
+    """The abnormal cells the burden counts score above the threshold: its estimate and both
+    ends of its interval lie in [0, cells above] whatever the slide (one cell above once read
+    [0, 1.01], hostile round 67, 13)."""
+    above = round(n * above_share)
+    s = np.r_[np.zeros(n - above), np.full(above, 2.0)]
+    law = conformal.NormalRate(1.0, 0.99, rate, tau2=tau2, rate_var=tau2 / 10, slides=5)
+    b = conformal.burden(s, law, interval=interval)
+    lo, hi = b["abnormal_cells_interval"]
+    assert b["cells_above"] == above
+    assert 0.0 <= lo <= b["abnormal_cells"] <= hi <= above, b

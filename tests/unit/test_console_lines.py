@@ -384,3 +384,24 @@ def test_a_stopped_run_over_a_slide_changed_since_names_what_changed(tmp_path, s
     assert f"{words}" in said[0] and f"{slide} aaaaaaaaaaaa -> bbbbbbbbbbbb" in said[0], said
     if "version" in words:
         assert "content" not in said[0], said
+
+
+def test_a_burden_of_no_cell_above_the_threshold_says_why_its_interval_is_zero_wide():
+    """ "95% CI 0.00-0.00%" read as certainty that a slide holds no abnormal cell: the line says
+    that no cell scored above the threshold (hostile round 67, 13)."""
+    burden = {
+        "status": "ok",
+        "cells": 254,
+        "cells_above": 0,
+        "abnormal_fraction": 0.0,
+        "abnormal_fraction_interval": [0.0, 0.0],
+        "flagged_bh": 0,
+        "fdr_alpha": 0.1,
+        "slide_p_value": 1.0,
+        "triage": "no excess",
+        "threshold_quantile_of_normals": 0.99,
+    }
+    line = slide_line(_summary(burden=burden), "/o")
+    assert "(95% CI 0.00-0.00%: no cell scored above it)" in line, line
+    burden.update(cells_above=3, abnormal_fraction_interval=[0.0, 0.01])
+    assert "(95% CI 0.00-1.00%)" in slide_line(_summary(burden=burden), "/o")

@@ -273,6 +273,8 @@ def burden_words(b: dict | None) -> str:
 
     share, p = _number(b["abnormal_fraction"], ".2%"), _number(b["slide_p_value"], ".2g")
     ci = f"{100 * lo:.2f}-{100 * hi:.2f}%" if _defined(lo) and _defined(hi) else "unknown"
+    if b.get("cells_above") == 0:  # a zero-width interval, said why (hostile round 67, 13)
+        ci += ": no cell scored above it"
     return (
         f"; abnormal burden {share} {above_words(b.get('threshold_quantile_of_normals'))} "
         f"(95% CI {ci}{rests}), {b['flagged_bh']} cells flagged at FDR {b['fdr_alpha']}{given}, "

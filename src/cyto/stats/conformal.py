@@ -232,7 +232,7 @@ def burden(
 
     ``beta-binomial``: the interval's ends are the cells above the threshold less the upper and
     lower ``level`` quantiles of :func:`normal_count` (skewed, as counts of a few cells are);
-    ``normal``: estimate +- z standard errors."""
+    ``normal``: estimate +- z standard errors. Both are clipped to [0, cells above]."""
     from scipy.stats import norm
 
     if interval not in INTERVALS:
@@ -253,8 +253,11 @@ def burden(
         law = normal_count(n, rate)
         lo = (above - float(law.ppf(1.0 - tail))) / (1.0 - r)
         hi = (above - float(law.ppf(tail))) / (1.0 - r)
-    lo, hi = max(0.0, lo), min(float(n), max(0.0, hi))
-    est_c = min(float(n), max(0.0, est))
+    # the abnormal cells above the threshold are some of the cells above it: no bound exceeds
+    # their count (the 1 / (1 - r) correction put one cell above at [0, 1.01], round 67, 13),
+    # and the interval holds its estimate (a count's quantiles are whole cells)
+    est_c = min(float(above), max(0.0, est))
+    lo, hi = min(est_c, max(0.0, lo)), max(est_c, min(float(above), hi))
     return {
         "cells": n,
         "threshold": rate.threshold,
