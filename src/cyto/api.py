@@ -835,12 +835,14 @@ def synth_slide(
         width: width in px (rounded up to a multiple of 512).
         height: height in px (rounded up to a multiple of 512).
         n_cells: nucleated cells (default: as many as fit, or one per 140x140 px of smear).
-        seed: the same seed gives the same bytes.
+        seed: the same seed gives the same bytes; with another ``abnormal_fraction``, the same
+            slide but for the cells planted.
         overwrite: replace an existing slide.
         echo: where notes go (None: nowhere).
         **options: the other settings of ``cyto synth slide``: ``fmt``, ``tile``, ``quality``,
             ``workers``; of a drawn slide only: ``classes``, ``planes``, ``scale``,
-            ``defocus``, ``smear_extent``.
+            ``defocus``, ``smear_extent``, ``stain_seed`` (the stain and illumination drawn
+            from it: slides of one stain seed are one staining batch).
 
     Returns:
         A dict: ``slide`` (the file to score), ``paths`` (every file written: one per focal

@@ -103,6 +103,32 @@ def test_every_crop_is_used_once_before_any_twice(tmp_path):
     assert place_cells(config, said.append)[2] == 1 and said == []
 
 
+def test_one_seed_places_the_same_normal_cells_with_or_without_lesions(tmp_path):
+    """A composed negative and case of one seed differ only where cells are planted: the same
+    places, the same normal crop and turn at every other place (the normal crops were drawn for
+    the places left after planting, so the case's whole background was another draw; round 67,
+    4). Copies are counted among the places each pool fills."""
+    cells = _crops(tmp_path / "crops", {"normal": 30, "big": 10})
+    config = CellSlideConfig(
+        cells=cells, normal=("normal",), mpp=0.25, abnormal_fraction=0.0, width=1024,
+        height=1024, n_cells=30, seed=9,
+    )  # fmt: skip
+    neg_place, neg, _ = place_cells(config)
+    said: list[str] = []
+    case_place, case, n_abn = place_cells(
+        dataclasses.replace(config, abnormal_fraction=0.1), said.append
+    )
+    assert n_abn == 3 and said == []  # 27 normal places from 30 crops: none used twice
+    planted = np.asarray(case["label"].to_pylist(), bool)
+    classes = np.asarray(case["class"].to_pylist())
+    assert planted.sum() == 3 and set(classes[planted]) == {"big"}
+    for col in ("x", "y"):
+        assert neg[col].to_pylist() == case[col].to_pylist()
+    np.testing.assert_array_equal(neg_place.turn, case_place.turn)
+    same = np.asarray(neg["source"].to_pylist())[~planted]
+    np.testing.assert_array_equal(same, np.asarray(case["source"].to_pylist())[~planted])
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import struct
@@ -252,6 +253,45 @@ def test_a_staining_batch_shares_one_style_and_keeps_each_layout():
     assert a2.style == b2.style != a.style
     np.testing.assert_array_equal(a2.cell_x, a.cell_x)  # the cells stay where they were
     np.testing.assert_array_equal(a2.cell_class, a.cell_class)
+
+
+def test_one_seed_is_one_slide_with_or_without_its_lesions(tmp_path):
+    """A negative and a case of one seed (``--abnormal-fraction 0`` and the default) are the
+    same slide but for the cells planted: the same places, cell looks, clutter and stain, and
+    the same pixels away from the planted cells. Planting drew from the layout's generator, so
+    every normal cell and the stain of the case were drawn otherwise, and the case of seed 9 was
+    refused against a calibration as "another stain" while its negative passed (round 67, 4)."""
+    import pyvips
+
+    from cyto.data.synth.cells import CELL_CLASSES, NORMAL_CLASS
+    from cyto.data.synth.slide import layout
+
+    cfg = SlideSynthConfig(width=1024, height=1024, seed=9, abnormal_fraction=0.0)
+    neg, case = layout(cfg), layout(dataclasses.replace(cfg, abnormal_fraction=0.05))
+    assert neg.style == case.style
+    for name in ("cell_x", "cell_y"):
+        np.testing.assert_array_equal(getattr(neg, name), getattr(case, name))
+    for name in ("x", "y", "kind", "seed", "size", "focus_z"):
+        np.testing.assert_array_equal(getattr(neg.scene, name), getattr(case.scene, name))
+    planted = case.cell_class != CELL_CLASSES.index(NORMAL_CLASS)
+    assert planted.sum() == round(0.05 * len(planted)) > 0
+    assert (neg.cell_class == CELL_CLASSES.index(NORMAL_CLASS)).all()
+
+    def pixels(name, fraction):
+        out = write_slide(tmp_path / name, dataclasses.replace(cfg, abnormal_fraction=fraction))
+        img = pyvips.Image.new_from_file(str(out.paths[0]))
+        return np.ndarray(
+            buffer=img.write_to_memory(), dtype=np.uint8, shape=(img.height, img.width, img.bands)
+        )
+
+    a, b = pixels("neg.tif", 0.0), pixels("case.tif", 0.05)
+    yy, xx = np.mgrid[: a.shape[0], : a.shape[1]]
+    away = np.ones(a.shape[:2], bool)
+    for x, y in zip(case.cell_x[planted], case.cell_y[planted], strict=True):
+        away &= np.hypot(xx - x, yy - y) > 80  # a cell's reach, JPEG blocks beside it included
+    assert away.mean() > 0.5
+    np.testing.assert_array_equal(a[away], b[away])
+    assert not np.array_equal(a[~away], b[~away])
 
 
 def test_each_object_is_drawn_only_for_the_rows_of_blocks_it_reaches(monkeypatch):

@@ -223,3 +223,19 @@ def test_burden_cells_is_an_output_option_and_a_bad_value_is_one_line():
     # a finished slide counted otherwise is another output (resume scores it again)
     assert ScoreOptions().output_key() != ScoreOptions(burden_cells="all").output_key()
     assert ScoreOptions().result_key() == ScoreOptions(burden_cells="all").result_key()
+
+
+def test_a_refusal_against_a_few_calibration_slides_says_their_spread_is_measured_roughly():
+    """A slide refused against 3 calibration slides: the reason says that so few slides measure
+    how normal slides vary only roughly (a same-preparation slide refused as "another stain" by
+    a 3-slide calibration, hostile round 67, 4); against 8 it names the preparation alone."""
+    rng = np.random.default_rng(5)
+    for n, said in ((3, True), (8, False)):
+        parts, marks = _calibration_slides(rng, n=n)
+        cal = _calibration(parts, marks)
+        scores, evaluable = _slide(rng, blur=0.0)
+        b = calibrate.apply(scores * 3.0, cal, evaluable=evaluable)["burden"]
+        assert b["status"] == "calibration mismatch", b
+        few = f"a calibration of {n} slides measures how much normal slides vary only roughly"
+        assert (few in b["reason"]) is said, b["reason"]
+        assert "another stain, scanner or preparation?" in b["reason"]

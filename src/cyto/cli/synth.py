@@ -124,7 +124,20 @@ def synth_slide(
             "(0.46: nearly covered; 0.1: mostly glass). The default cell count follows its area."
         ),
     ] = 0.46,
-    seed: Annotated[int, seed_option("Same seed, same bytes.")] = 0,
+    seed: Annotated[
+        int,
+        seed_option(
+            "Same seed, same bytes; with another --abnormal-fraction, the same slide but for "
+            "the cells planted."
+        ),
+    ] = 0,
+    stain_seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Draw the stain and illumination from this seed, not from --seed: slides of "
+            "one stain seed are one staining batch (default: each slide its own)."
+        ),
+    ] = None,
     workers: Annotated[
         int | None, typer.Option(help="Drawing processes (default: one per CPU, at most 4).")
     ] = None,
@@ -137,7 +150,8 @@ def synth_slide(
         out, cells=cells, width=width, height=height, n_cells=n_cells, normal=normal,
         abnormal=abnormal, mpp=mpp, abnormal_fraction=abnormal_fraction, classes=classes,
         planes=planes, fmt=fmt, tile=tile, quality=quality, scale=scale, defocus=defocus,
-        smear_extent=smear_extent, seed=seed, workers=workers, overwrite=overwrite,
+        smear_extent=smear_extent, seed=seed, stain_seed=stain_seed, workers=workers,
+        overwrite=overwrite,
         echo=typer.echo,
     )  # fmt: skip
     w, h = res.size

@@ -36,6 +36,9 @@ from cyto.tables import read_table
 FDR_ALPHA = 0.1  # default target false discovery rate of the flagged cells
 TRIAGE_LEVEL = 0.05  # default level of the slide test
 TRIAGE_EXCESS, TRIAGE_NONE = "excess", "no excess"  # slide test at the triage level
+#: fewer calibration slides than this measure the spread between normal slides (the bulk
+#: check's tolerance) only roughly, and a refusal says so
+FEW_CALIBRATION_SLIDES = 5
 #: the burden status of a slide whose scores do not look like the calibration slides'
 CALIBRATION_MISMATCH = "calibration mismatch"
 BURDEN_QUANTILE = 0.99  # the burden counts cells above this quantile of the normal scores
@@ -995,10 +998,17 @@ def apply(
     if mismatch:
         said = ", ".join(mismatch)
         out["status"] = CALIBRATION_MISMATCH
+        n_slides = len(calibration.info.get("slides") or ())
+        few = (  # the tolerance of a few slides is their spread measured roughly (round 67, 4)
+            f" (a calibration of {n_slides} slides measures how much normal slides vary only "
+            "roughly: calibrate on more)"
+            if 0 < n_slides < FEW_CALIBRATION_SLIDES
+            else ""
+        )
         out["reason"] = (
             f"this slide's scores do not look like the calibration slides' ({said}): another "
             "stain, scanner or preparation? No burden or FDR flags are reported; calibrate on "
-            "slide-negative slides like this one"
+            f"slide-negative slides like this one{few}"
         )
         return {
             "columns": {"p_value": c["p"], "flagged_bh": None, "flagged_adaptive": None},

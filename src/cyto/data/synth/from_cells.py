@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.data.synth.slide import BLOCK, SlideResult
+from cyto.data.synth.slide import BLOCK, PLANT_STREAM, SlideResult
 from cyto.errors import ConfigError, DatasetError
 from cyto.flags import JpegQuality, check_mpp, check_seed, check_value, named, passing, said
 
@@ -297,17 +297,26 @@ def place_cells(config: CellSlideConfig, echo=None):
             "classes "
             f"{', '.join(abnormal_t) or '(none)'} to plant"
         )
-    chosen = [
-        *(normals[i] for i in _draw(rng, len(normals), n - n_abn)),
-        *(abnormals[i] for i in _draw(rng, len(abnormals), n_abn)),
-    ]
+    # every place takes a normal crop, then the planted cells replace some, drawn from a stream
+    # of their own: one seed's slide with and without lesions is the same slide but for the
+    # planted cells (round 67, 4)
+    chosen = [normals[i] for i in _draw(rng, len(normals), n)]
+    order = rng.permutation(n)  # the normal crops' places
+    chosen = [chosen[i] for i in order]
+    plant = np.random.default_rng(np.random.SeedSequence([config.seed, PLANT_STREAM]))
+    where = np.sort(plant.choice(n, size=n_abn, replace=False))  # anywhere on the grid
+    for at, i in zip(where, _draw(plant, len(abnormals), n_abn), strict=True):
+        chosen[at] = abnormals[i]
     if echo is not None:
         normal_fix = (
             f"give more crops of the normal class, a smaller slide or fewer {named('n_cells')}"
         )
         abnormal_fix = f"give more crops of those classes or a lower {named('abnormal_fraction')}"
-        for words in _reused(n - n_abn, len(normals), "normal", normal_t, normal_fix) + _reused(
-            n_abn, len(abnormals), "planted abnormal", abnormal_t, abnormal_fix
+        planted = set(where.tolist())
+        used_normal = [str(r.path) for k, r in enumerate(chosen) if k not in planted]
+        used_abnormal = [str(chosen[k].path) for k in where]
+        for words in _reused(used_normal, len(normals), "normal", normal_t, normal_fix) + _reused(
+            used_abnormal, len(abnormals), "planted abnormal", abnormal_t, abnormal_fix
         ):
             echo(words)
         if n_abn == 0 and config.abnormal_fraction > 0:  # a witness rate asked, none planted
@@ -323,8 +332,6 @@ def place_cells(config: CellSlideConfig, echo=None):
         copies = _copies(normals + abnormals)  # "each crop used up to 7 times" undercounted
         if copies:  # a cell whose crop is in the folder 8 times (round 45, 7)
             echo(f"warning: {copies}")
-    order = rng.permutation(n)  # planted cells anywhere on the grid
-    chosen = [chosen[i] for i in order]
     label = np.array([0 if r.cls in normal_t else 1 for r in chosen], dtype=np.int8)
     glass = _glass([r.path for r in normals[:: max(1, len(normals) // 200)]], side)
     x0 = np.rint(X - side / 2).astype(np.int64)
@@ -347,17 +354,20 @@ def place_cells(config: CellSlideConfig, echo=None):
     return place, truth, n_abn
 
 
-def _reused(k: int, pool: int, what: str, classes, fix: str) -> list[str]:
-    """A note when ``k`` places take crops from a pool of ``pool``: each crop is used more than
-    once, so the slide holds copies of one cell (a recall then counts copies: 34 planted ASC-H
-    cells were 7 crops, said nowhere), and ``fix``: what lowers it for that pool (a lower
-    --abnormal-fraction was advised for the normal crops too, which it only draws more of:
-    hostile round 25)."""
-    if k <= pool:
+def _reused(used: list[str], pool: int, what: str, classes, fix: str) -> list[str]:
+    """A note when the places of ``used`` (the crop each takes) take a crop of a pool of
+    ``pool`` more than once, so the slide holds copies of one cell (a recall then counts
+    copies: 34 planted ASC-H cells were 7 crops, said nowhere), and ``fix``: what lowers it for
+    that pool (a lower --abnormal-fraction was advised for the normal crops too, which it only
+    draws more of: hostile round 25)."""
+    from collections import Counter
+
+    most = max(Counter(used).values(), default=0)
+    if most <= 1:
         return []
     return [
-        f"note: {k} {what} cells from {pool} crop(s) of {', '.join(classes)}: each crop is used "
-        f"up to {-(-k // pool)} times, so the slide holds copies of one cell (the recall counts "
+        f"note: {len(used)} {what} cells from {pool} crop(s) of {', '.join(classes)}: each crop "
+        f"is used up to {most} times, so the slide holds copies of one cell (the recall counts "
         f"them each); {fix}"
     ]
 

@@ -15,7 +15,7 @@ from cyto.flags import JpegQuality, Mpp, Positive, Range, Seed, Share, SlideSide
 
 #: the options of a drawn slide that a composed slide does not take: one given otherwise than
 #: its default (:func:`make_slide`'s) is refused by name for a slide composed from ``cells``
-DRAWN_ONLY = ("classes", "planes", "defocus", "scale", "smear_extent")
+DRAWN_ONLY = ("classes", "planes", "defocus", "scale", "smear_extent", "stain_seed")
 
 
 def make_slide(
@@ -38,6 +38,7 @@ def make_slide(
     defocus: Annotated[float, Range(-20, 20, "um from the plane of best focus")] = 0.0,
     smear_extent: Annotated[float, Range(0.02, 0.5, "a share of the slide's sides")] = 0.46,
     seed: Seed = 0,
+    stain_seed: Seed | None = None,
     workers: Annotated[int | None, Range(0)] = None,
     overwrite: bool = False,
     echo: Callable[[str], None] | None = None,
@@ -64,7 +65,8 @@ def make_slide(
         crops = passing("cells", Placeholder("DIR"))
         raise ConfigError(f"{said('normal')} and {said('abnormal')} name the classes of {crops}")
     return _draw(out, width, height, n_cells, abnormal_fraction, classes, planes, fmt, tile,
-                 quality, scale, mpp, defocus, smear_extent, seed, workers, overwrite)  # fmt: skip
+                 quality, scale, mpp, defocus, smear_extent, seed, stain_seed, workers,
+                 overwrite)  # fmt: skip
 
 
 def _same(value, default) -> bool:
@@ -76,7 +78,7 @@ def _same(value, default) -> bool:
 
 def _draw(
     out, width, height, n_cells, abnormal_fraction, classes, planes, fmt, tile, quality, scale,
-    mpp, defocus, smear_extent, seed, workers, overwrite,
+    mpp, defocus, smear_extent, seed, stain_seed, workers, overwrite,
 ) -> SlideResult:  # fmt: skip
     """A slide of drawn cells (:mod:`cyto.data.synth.slide`)."""
     from cyto.data.synth.cells import ABNORMAL_CLASSES
@@ -105,6 +107,7 @@ def _draw(
         quality=quality,
         scale=scale,
         seed=seed,
+        stain_seed=stain_seed,
         defocus=defocus,
         smear_extent=smear_extent,
         mpp=mpp,

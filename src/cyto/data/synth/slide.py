@@ -89,7 +89,8 @@ class SlideSynthConfig:
         planes: focal planes in um (e.g. ``(-1.0, 0.0, 1.0)``); 0 is the main plane.
         tile: tile size of the TIFF pyramid, and restart-interval width of NDPI levels.
         quality: JPEG quality.
-        seed: the same seed gives the same bytes.
+        seed: the same seed gives the same bytes; with another ``abnormal_fraction``, the same
+            slide but for the cells planted.
         scale: length scale of cells, as for synthetic patches.
         mpp: microns per pixel written in the metadata; default: 0.18 / scale.
         objective: objective magnification written in the metadata.
@@ -303,8 +304,16 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):,.1f} GiB"
 
 
+#: the seed-sequence key of the planted cells' own generator (which cells and their classes),
+#: apart from the layout's ``7``: lesions planted or not, the rest of the slide is drawn the same
+PLANT_STREAM = 13
+
+
 def layout(config: SlideSynthConfig) -> SlideLayout:
-    """Place cells on a jittered grid inside the smear, plant abnormal cells, scatter clutter."""
+    """Place cells on a jittered grid inside the smear, plant abnormal cells, scatter clutter.
+
+    One seed gives one slide whatever ``abnormal_fraction`` plants in it: the cells' places,
+    their looks, the clutter and the stain are drawn alike (a paired negative)."""
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, 7]))
     w, h = config.size
     e = config.smear_extent
@@ -336,10 +345,12 @@ def layout(config: SlideSynthConfig) -> SlideLayout:
 
     n_abn = int(round(n * config.abnormal_fraction))
     cls = np.full(n, CELL_CLASSES.index(NORMAL_CLASS), dtype=np.int8)
-    if n_abn:
-        where = rng.choice(n, size=n_abn, replace=False)
+    if n_abn:  # from a stream of their own: one seed's slide with and without lesions is the
+        # same slide, cell for cell, but for the planted ones (round 67, 4)
+        plant = np.random.default_rng(np.random.SeedSequence([config.seed, PLANT_STREAM]))
+        where = plant.choice(n, size=n_abn, replace=False)
         kinds = np.resize([CELL_CLASSES.index(c) for c in config.abnormal_classes], n_abn)
-        cls[where] = rng.permutation(kinds)
+        cls[where] = plant.permutation(kinds)
     cells = cell_objects(xs, ys, cls, rng)
 
     def scatter(count: int) -> tuple[np.ndarray, np.ndarray]:
