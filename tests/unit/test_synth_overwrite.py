@@ -114,7 +114,7 @@ def test_a_drawn_slide_s_option_with_cells_lists_every_option_a_composed_slide_t
     proc = run_cyto(
         "synth", "slide", str(tmp_path / "x.tif"), "--cells", str(tmp_path), "--normal", "NILM",
         "--mpp", "0.25", "--classes", "a", "--planes", "-1,0", "--defocus", "1", "--scale", "3",
-        "--smear-extent", "0.2",
+        "--smear-extent", "0.2", "--stain-seed", "1",
     )  # fmt: skip
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
