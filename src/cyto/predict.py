@@ -33,6 +33,7 @@ from cyto.data.dataset import (
 )
 from cyto.data.images import copies_words, resize_rgb
 from cyto.data.scale import (
+    PAP_DRIFT,
     SHRINK_WORDS,
     normal_only,
     resolve_zoom,
@@ -51,7 +52,7 @@ from cyto.errors import (
     StainWarning,
     warn_caller,
 )
-from cyto.flags import MPP_RANGE, check_value, hints_of, passing, said
+from cyto.flags import MPP_RANGE, UM_PER_PX, check_value, hints_of, passing, said
 from cyto.infer.store import ChunkStore, kept_words
 from cyto.locks import OutputLock
 from cyto.outputs_check import check_out_file, refuse_keep_and_replace, refuse_to_replace
@@ -230,7 +231,9 @@ def predict(
         who = "these cells" if labels is None else f"the normal cells ({normal})"
         otherwise = _stained_otherwise(scorer, stain)
         if not zooming:
-            advice = share_advice(scorer.spec.folder_scale_reference, shares, who, otherwise)
+            advice = share_advice(
+                scorer.spec.folder_scale_reference, shares, who, otherwise, scorer.spec.stain
+            )
         elif not auto_zoom and not otherwise:
             given = passing("zoom", zoom) if zoom is not None else passing("patch_mpp", patch_mpp)
             advice = given_zoom_words(
@@ -532,6 +535,9 @@ def _zoom(
         patch_side=side, model_side=spec.patch_px,
         normal=None if labels is None else normal, stained_otherwise=stained_otherwise,
     )  # fmt: skip
+    if factor != 1.0 and str(zoom).strip().lower() == "auto" and spec.stain == "pap":
+        sure = passing("patch_mpp", UM_PER_PX)
+        how += f"; {PAP_DRIFT} (if known, the pixel size is the sure zoom: {sure})"
     if factor != 1.0 and str(zoom).strip().lower() == "auto" and spec.stain == "mgg":
         # zoomed where a stain warning may stand beside it, unexplained (hostile round 66, 5)
         how += (

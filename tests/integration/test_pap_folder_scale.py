@@ -61,16 +61,26 @@ def _predict(bundle, folder, out, **kw) -> tuple[list[str], dict]:
 
 
 def test_cells_shrunk_onto_glass_read_smaller_and_are_zoomed_back(pap, tmp_path):
+    """Cells 1.67x smaller read smaller, and --zoom auto zooms them back; the line asks for
+    their pixel size first, as one lab's own Pap batches read up to 1.25x apart: the same lab's
+    later crops read 1.30x smaller and --zoom auto, then advised, ranked them at AUROC 0.800
+    for 0.862 (hostile round 68, 3)."""
     bundle, folders = pap
     said, _ = _predict(bundle, folders["same"], tmp_path / "a.parquet")
-    assert not [x for x in said if "look" in x and "x smaller" in x and "advised" in x], said
+    assert not [x for x in said if "look" in x and "x smaller" in x], said
     said, _ = _predict(bundle, folders["shrunk"], tmp_path / "b.parquet")
     (line,) = [x for x in said if "look" in x and "training cells (median nucleus share" in x]
-    assert "x smaller than the model's training cells" in line and "is advised" in line, line
+    assert "x smaller than the model's training cells" in line, line
+    assert "is advised" not in line and "so this may be the batch, not the scale" in line, line
+    assert "is their pixel size the model's? If not, pass patch_mpp=UM_PER_PX" in line, line
+    assert line.endswith("zoom='auto' zooms by this reading where the pixel size is not known")
     times = float(line.split(" look ")[1].split("x smaller")[0])
     assert 1.35 <= times <= 2.0, line  # truly 1.67x; it read "1.10x larger"
     _, result = _predict(bundle, folders["shrunk"], tmp_path / "c.parquet", zoom="auto")
     assert 1.35 <= result["zoom"] <= 2.0, result["zoom_from"]
+    assert "may be the batch, not the scale (if known, the pixel size is the sure zoom: " in (
+        result["zoom_from"]
+    ), result["zoom_from"]
 
 
 def test_cells_stained_otherwise_are_never_zoomed_by_their_nuclei(pap, tmp_path):

@@ -267,17 +267,31 @@ OTHER_STAIN = (
 )
 
 
+#: why a Pap folder's nucleus reading is a question, not a zoom to apply: one lab's own NILM
+#: crops drift so with acquisition (CRIC's development blocks of 200 by id read 0.92-1.14x of
+#: the first: ``benchmarks/results/xeon-icelake-2core/pap/zoom_advice.txt``), and the later
+#: crops of the same lab read 1.30x smaller, where --zoom auto, as advised, ranked them at AUROC
+#: 0.800 for 0.862 unzoomed (hostile round 68, 3); cells 1.4x larger read within the bound
+PAP_DRIFT = (
+    "one lab's own Pap cells read up to 1.25x apart between batches of slides, so this may be "
+    "the batch, not the scale"
+)
+
+
 def share_advice(
     model_nuclei: float | None,
     shares,
     who: str = "these cells",
     stained_otherwise: str = "",
+    stain: str | None = None,
 ) -> str | None:
     """:func:`scale_advice` from the patches' nucleus shares (:func:`nucleus_fraction`);
     ``who`` names the cells they are of (a labelled folder's normal class:
     :func:`normal_only`). ``stained_otherwise``: why their nuclei's size is not the model's
     mask's to read, said of them (:data:`OTHERWISE`, :func:`unread_stain`): no zoom is
-    advised on the nuclei's word; the pixel size is to be checked."""
+    advised on the nuclei's word; the pixel size is to be checked. ``stain``: the model's; on
+    Pap cells the reading drifts within one lab (:data:`PAP_DRIFT`): the pixel size is asked
+    for first, and ``--zoom auto`` offered only where it is not known."""
     check = None if model_nuclei is None else share_check(model_nuclei, shares)
     if check is None:
         return None
@@ -287,6 +301,13 @@ def share_advice(
         return (
             f"{who} {look_words(check)}, but they {stained_otherwise}, and {OTHER_STAIN}: "
             f"check their pixel size ({passing('patch_mpp', UM_PER_PX)}) rather than zoom by it"
+        )
+    if stain == "pap" and check["factor"] > 1:
+        return (
+            f"{who} {look_words(check)}, but {PAP_DRIFT}: is their pixel size the model's? If "
+            f"not, pass {passing('patch_mpp', UM_PER_PX)} (a one-class model can rank another "
+            f"scale's normal cells as the most abnormal); {passing('zoom', 'auto')} zooms by "
+            "this reading where the pixel size is not known"
         )
     advice = (
         f"{passing('zoom', 'auto')} is advised (or {passing('patch_mpp', UM_PER_PX)})"
