@@ -101,6 +101,14 @@ def test_every_crop_is_used_once_before_any_twice(tmp_path):
     config = dataclasses.replace(config, abnormal_fraction=0.05, n_cells=20)
     said.clear()
     assert place_cells(config, said.append)[2] == 1 and said == []
+    # rounded up as far, said too: 0.008 of 64 planted 1, a slide at 1.6 % (round 68, 9)
+    config = dataclasses.replace(config, abnormal_fraction=0.008, n_cells=64)
+    said.clear()
+    assert place_cells(config, said.append)[2] == 1
+    assert said[-1] == (
+        "note: --abnormal-fraction 0.008 of 64 cells plants 1 (0.51 rounded): the slide's "
+        "witness rate is 1.56%, not 0.80%"
+    ), said
 
 
 def test_one_seed_places_the_same_normal_cells_with_or_without_lesions(tmp_path):

@@ -78,8 +78,9 @@ def test_cells_shrunk_onto_glass_read_smaller_and_are_zoomed_back(pap, tmp_path)
     assert 1.35 <= times <= 2.0, line  # truly 1.67x; it read "1.10x larger"
     _, result = _predict(bundle, folders["shrunk"], tmp_path / "c.parquet", zoom="auto")
     assert 1.35 <= result["zoom"] <= 2.0, result["zoom_from"]
-    assert "may be the batch, not the scale (if known, the pixel size is the sure zoom: " in (
-        result["zoom_from"]
+    assert (
+        "may be the batch, not the scale (if known, the pixel size is the sure zoom: "
+        in (result["zoom_from"])
     ), result["zoom_from"]
 
 

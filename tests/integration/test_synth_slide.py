@@ -294,6 +294,28 @@ def test_one_seed_is_one_slide_with_or_without_its_lesions(tmp_path):
     assert not np.array_equal(a[~away], b[~away])
 
 
+def test_a_drawn_slide_says_a_witness_rate_its_count_rounds_far_off(tmp_path):
+    """A drawn slide's planted count rounded to none, or a quarter or more off the rate asked,
+    is said as the composed slide's is (hostile round 68, 9); a near rate says nothing."""
+    from cyto.data.synth.make import make_slide
+
+    said: list[str] = []
+    res = make_slide(tmp_path / "a.tif", width=512, height=512, n_cells=30,
+                     abnormal_fraction=0.05, workers=0, echo=said.append)  # fmt: skip
+    assert res.n_abnormal == 2 and said == [
+        "note: --abnormal-fraction 0.05 of 30 cells plants 2 (1.5 rounded): the slide's "
+        "witness rate is 6.67%, not 5.00%"
+    ], said
+    said.clear()
+    make_slide(tmp_path / "b.tif", width=512, height=512, n_cells=30, abnormal_fraction=0.01,
+               workers=0, echo=said.append)  # fmt: skip
+    assert said and said[0].startswith("warning: --abnormal-fraction 0.01 of 30 cells plants none")
+    said.clear()
+    make_slide(tmp_path / "c.tif", width=512, height=512, n_cells=40, abnormal_fraction=0.05,
+               workers=0, echo=said.append)  # fmt: skip
+    assert said == []
+
+
 def test_each_object_is_drawn_only_for_the_rows_of_blocks_it_reaches(monkeypatch):
     """Every window fits the scene's reach (in and out of focus), and an object is drawn once
     per row of blocks within that reach, not for every region of the coarser index."""

@@ -8,6 +8,7 @@ cells; every cell keeps its p-value and flag. Generated slides, several seeds.""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -239,3 +240,17 @@ def test_a_refusal_against_a_few_calibration_slides_says_their_spread_is_measure
         few = f"a calibration of {n} slides measures how much normal slides vary only roughly"
         assert (few in b["reason"]) is said, b["reason"]
         assert "another stain, scanner or preparation?" in b["reason"]
+
+
+def test_a_refused_iqr_is_said_as_a_factor_of_the_normal_slides():
+    """ "iqr_log_ratio -19.82" alone meant nothing to a user (an H&E section through a Pap
+    model, its scores nearly all 0: hostile round 68, 8): the refusal says the IQR as a
+    factor of the calibration slides', or that the scores hardly spread."""
+    rng = np.random.default_rng(6)
+    parts, marks = _calibration_slides(rng, n=8)
+    cal = _calibration(parts, marks)
+    scores, evaluable = _slide(rng, blur=0.0)
+    wide = calibrate.apply(scores * 3.0, cal, evaluable=evaluable)["burden"]["reason"]
+    assert re.search(r"iqr_log_ratio \+1\.\d\d: its IQR 3\.\dx the normal slides' \(", wide), wide
+    flat = calibrate.apply(np.zeros_like(scores), cal, evaluable=evaluable)["burden"]["reason"]
+    assert "iqr_log_ratio -" in flat and "its scores hardly spread between their quartiles" in flat

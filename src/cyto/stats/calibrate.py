@@ -908,12 +908,24 @@ def leave_one_slide_out(
 
 
 def _mismatch_words(deviations: dict[str, float], tolerance: dict[str, float], of="") -> list:
-    """Each bulk statistic out of its tolerance, said with its value and the tolerance."""
+    """Each bulk statistic out of its tolerance, said with its value and the tolerance; the
+    IQR's log ratio as a factor too (an H&E section's Pap scores, nearly all 0, read
+    "iqr_log_ratio -19.82" alone: hostile round 68, 8)."""
     return [
-        f"{k}{of} {deviations[k]:+.2f} (normal slides: within "
+        f"{k}{of} {deviations[k]:+.2f}{_iqr_words(k, deviations[k])} (normal slides: within "
         f"{conformal.tolerance_of(tolerance, k):.2f})"
         for k in conformal.bulk_mismatch(deviations, tolerance)
     ]
+
+
+def _iqr_words(name: str, value: float) -> str:
+    """What an ``iqr_log_ratio`` says: the slide's IQR as a multiple of the normal slides'."""
+    if name != "iqr_log_ratio":
+        return ""
+    factor = float(np.exp(value))
+    if factor < 0.01:
+        return ": its scores hardly spread between their quartiles (an IQR of about 0)"
+    return f": its IQR {factor:.2g}x the normal slides'"
 
 
 def too_few_to_flag(

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cyto.data.synth.slide import BLOCK, PLANT_STREAM, SlideResult
+from cyto.data.synth.slide import BLOCK, PLANT_STREAM, SlideResult, planted_words
 from cyto.errors import ConfigError, DatasetError
 from cyto.flags import JpegQuality, check_mpp, check_seed, check_value, named, passing, said
 
@@ -319,12 +319,9 @@ def place_cells(config: CellSlideConfig, echo=None):
             used_abnormal, len(abnormals), "planted abnormal", abnormal_t, abnormal_fix
         ):
             echo(words)
-        if n_abn == 0 and config.abnormal_fraction > 0:  # a witness rate asked, none planted
-            echo(
-                f"warning: {passing('abnormal_fraction', float(f'{config.abnormal_fraction:g}'))} "
-                f"of {n} cells plants none ({n * config.abnormal_fraction:.2g} rounds to 0): give "
-                f"a larger slide, more {named('n_cells')} or a higher {named('abnormal_fraction')}"
-            )
+        planted = planted_words(config.abnormal_fraction, n, n_abn)  # none, or off the rate
+        if planted:
+            echo(planted)
         if not _grey(normals + abnormals):  # some grey crops among colour ones: said too
             grey = _grey_modes(sorted({str(r.path) for r in chosen}))
             if grey:

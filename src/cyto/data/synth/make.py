@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 from cyto.data.synth.formats import SlideFormat
-from cyto.data.synth.slide import SlideResult
+from cyto.data.synth.slide import SlideResult, planted_words
 from cyto.flags import JpegQuality, Mpp, Positive, Range, Seed, Share, SlideSide
 
 #: the options of a drawn slide that a composed slide does not take: one given otherwise than
@@ -64,9 +64,13 @@ def make_slide(
     if normal is not None or abnormal is not None:
         crops = passing("cells", Placeholder("DIR"))
         raise ConfigError(f"{said('normal')} and {said('abnormal')} name the classes of {crops}")
-    return _draw(out, width, height, n_cells, abnormal_fraction, classes, planes, fmt, tile,
-                 quality, scale, mpp, defocus, smear_extent, seed, stain_seed, workers,
-                 overwrite)  # fmt: skip
+    res = _draw(out, width, height, n_cells, abnormal_fraction, classes, planes, fmt, tile,
+                quality, scale, mpp, defocus, smear_extent, seed, stain_seed, workers,
+                overwrite)  # fmt: skip
+    planted = planted_words(abnormal_fraction, res.n_cells, res.n_abnormal)
+    if planted and echo is not None:
+        echo(planted)
+    return res
 
 
 def _same(value, default) -> bool:

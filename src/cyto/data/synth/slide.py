@@ -304,6 +304,30 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):,.1f} GiB"
 
 
+def planted_words(fraction: float, n: int, planted: int) -> str | None:
+    """What a slide's planted count says of the witness rate asked (``fraction`` of ``n``
+    cells, rounded to ``planted``): a warning where none is planted, a note where the count
+    puts the slide's own rate a quarter or more off the one asked (0.008 of 64 cells planted
+    1, a slide at 1.6 %, unsaid: hostile round 68, 9); None otherwise."""
+    from cyto.flags import named, passing
+
+    if fraction <= 0 or n == 0:
+        return None
+    asked = passing("abnormal_fraction", float(f"{fraction:g}"))
+    if planted == 0:
+        return (
+            f"warning: {asked} of {n} cells plants none ({n * fraction:.2g} rounds to 0): give "
+            f"a larger slide, more {named('n_cells')} or a higher {named('abnormal_fraction')}"
+        )
+    share = planted / n
+    if abs(share - fraction) < 0.25 * fraction:
+        return None
+    return (
+        f"note: {asked} of {n} cells plants {planted} ({n * fraction:.2g} rounded): the slide's "
+        f"witness rate is {share:.2%}, not {fraction:.2%}"
+    )
+
+
 #: the seed-sequence key of the planted cells' own generator (which cells and their classes),
 #: apart from the layout's ``7``: lesions planted or not, the rest of the slide is drawn the same
 PLANT_STREAM = 13
