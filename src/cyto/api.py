@@ -832,8 +832,8 @@ def synth_slide(
         mpp: microns per pixel of the slide; with ``cells`` the crops' (required: crops do not
             state it).
         abnormal_fraction: the share of planted abnormal cells (the witness rate), 0..1.
-        width: width in px (rounded up to a multiple of 512).
-        height: height in px (rounded up to a multiple of 512).
+        width: width in px, at least 512 (rounded up to a multiple of 512).
+        height: height in px, at least 512 (rounded up to a multiple of 512).
         n_cells: nucleated cells (default: as many as fit, or one per 140x140 px of smear).
         seed: the same seed gives the same bytes; with another ``abnormal_fraction``, the same
             slide but for the cells planted.

@@ -57,10 +57,10 @@ def synth_slide(
         Path, typer.Argument(help="Slide file to write: NAME.tif, NAME.tiff or NAME.ndpi.")
     ],
     width: Annotated[
-        int, typer.Option(help="Width in px (rounded up to a multiple of 512).")
+        int, typer.Option(help="Width in px, at least 512 (rounded up to a multiple of 512).")
     ] = 8192,
     height: Annotated[
-        int, typer.Option(help="Height in px (rounded up to a multiple of 512).")
+        int, typer.Option(help="Height in px, at least 512 (rounded up to a multiple of 512).")
     ] = 8192,
     cells: Annotated[
         Path | None,

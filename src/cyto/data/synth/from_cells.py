@@ -47,7 +47,7 @@ class CellSlideConfig:
         abnormal: the classes planted (None: every other class).
         mpp: the crops' microns per pixel, written as the slide's (crops do not state it).
         abnormal_fraction: the share of planted cells (the witness rate), planted exactly.
-        width, height: level-0 size in px, rounded up to a multiple of 512.
+        width, height: level-0 size in px, at least 512, rounded up to a multiple of 512.
         n_cells: cells placed (default: as many as the grid holds).
         spacing: the grid's step as a multiple of a crop's side (> 1: crops never overlap).
         seed: the same seed and crops give the same bytes.

@@ -81,7 +81,7 @@ class SlideSynthConfig:
     """What ``cyto synth slide`` draws.
 
     Attributes:
-        width, height: level-0 size in px, rounded up to a multiple of 512.
+        width, height: level-0 size in px, at least 512, rounded up to a multiple of 512.
         n_cells: nucleated cells; default: one per (69 x scale)^2 px of smear (about 10^5 on a
             40,000 x 40,000 px slide at the default scale).
         abnormal_fraction: share of abnormal cells (the witness rate), planted exactly.
