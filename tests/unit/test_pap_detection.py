@@ -197,10 +197,10 @@ def test_a_few_cells_are_said_stained_otherwise_only_past_a_wider_angle():
     assert check["advised"] and check["cells"] == FEW_CELLS
     assert f"over {FEW_CELLS} cells, more than {ADVISE_DEGREES:g}" in stain_words(check, "x")
     # a batch of one lab's cells taken together scatters wider than cells drawn at random: 80
-    # of CRIC's later crops read 19.0 degrees, "another lab" (hostile round 68, 2); up to 22.8
-    # over 64 of its development crops in a row
+    # of CRIC's later crops read 19.0 degrees, "another lab" (hostile round 68, 2); up to 18.3
+    # over 80 of its development crops in a row
     assert not stain_check(model, turned(19.0), 80)["advised"]
-    assert not stain_check(model, turned(22.8), 64)["advised"]
+    assert not stain_check(model, turned(19.0), 127)["advised"]
     few = stain_check(model, turned(ADVISE_DEGREES_FEW + 3), 20)
     assert few["advised"] and f"over 20 cells, more than {ADVISE_DEGREES_FEW:g}" in stain_words(
         few, "x"

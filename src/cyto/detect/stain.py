@@ -55,10 +55,11 @@ ADVISE_DEGREES = 15.0
 #: against a model of the first 240 read up to 24.8 degrees over 40 cells, 22.8 over 64 and
 #: 18.3 over 80, 13.4 over 128 and 14.0 over 200 (80 later crops read 19.0 and were told
 #: "another lab": hostile round 68, 2). Fewer cells are said to be stained otherwise only past
-#: :data:`ADVISE_DEGREES_FEW`, among the labs apart (20.5-34): a batch of fewer than 128 cells
-#: from a lab within 25 degrees goes unsaid
+#: :data:`ADVISE_DEGREES_FEW`, below the labs apart (20.5-34; an MGG slide's 81 cells against a
+#: Pap model's stain, 21-34 apart, must still be told): batches of 40-64 of one lab in a row
+#: still pass it now and then (6 of 57), and a lab within 20 degrees goes unsaid
 FEW_CELLS = 128
-ADVISE_DEGREES_FEW = 25.0
+ADVISE_DEGREES_FEW = 20.0
 
 
 @dataclass(frozen=True)
