@@ -312,8 +312,8 @@ def place_cells(config: CellSlideConfig, echo=None):
             f"give more crops of the normal class, a smaller slide or fewer {named('n_cells')}"
         )
         abnormal_fix = f"give more crops of those classes or a lower {named('abnormal_fraction')}"
-        planted = set(where.tolist())
-        used_normal = [str(r.path) for k, r in enumerate(chosen) if k not in planted]
+        planted_at = set(where.tolist())
+        used_normal = [str(r.path) for k, r in enumerate(chosen) if k not in planted_at]
         used_abnormal = [str(chosen[k].path) for k in where]
         for words in _reused(used_normal, len(normals), "normal", normal_t, normal_fix) + _reused(
             used_abnormal, len(abnormals), "planted abnormal", abnormal_t, abnormal_fix
