@@ -239,7 +239,7 @@ def test_a_refusal_against_a_few_calibration_slides_says_their_spread_is_measure
         assert b["status"] == "calibration mismatch", b
         few = f"a calibration of {n} slides measures how much normal slides vary only roughly"
         assert (few in b["reason"]) is said, b["reason"]
-        assert "another stain, scanner or preparation?" in b["reason"]
+        assert "another stain, scanner or preparation, or many abnormal cells" in b["reason"]
 
 
 def test_a_refused_iqr_is_said_as_a_factor_of_the_normal_slides():
@@ -254,3 +254,34 @@ def test_a_refused_iqr_is_said_as_a_factor_of_the_normal_slides():
     assert re.search(r"iqr_log_ratio \+1\.\d\d: its IQR 3\.\dx the normal slides' \(", wide), wide
     flat = calibrate.apply(np.zeros_like(scores), cal, evaluable=evaluable)["burden"]["reason"]
     assert "iqr_log_ratio -" in flat and "its scores hardly spread between their quartiles" in flat
+
+
+def test_a_refusal_names_many_abnormal_cells_or_the_cause_the_run_knows():
+    """A slide of calibration slide n1's own stain with 80 % of its cells planted abnormal was
+    refused as "another stain, scanner or preparation?" (hostile round 69, 1): a slide whose
+    scores sit higher or wider than the calibration's names many abnormal cells too, one whose
+    scores sit lower does not; and where the run knows the cause (scored otherwise than the
+    calibration slides, cells off the model's scale: round 69, 4), that cause is said instead."""
+    rng = np.random.default_rng(7)
+    parts, marks = _calibration_slides(rng, n=6)
+    cal = _calibration(parts, marks)
+    scores, evaluable = _slide(rng, blur=0.0)
+    raised = calibrate.apply(scores * 3.0 + 2.0, cal, evaluable=evaluable)["burden"]
+    assert raised["status"] == "calibration mismatch"
+    assert "or many abnormal cells (they raise a slide's median and spread" in raised["reason"]
+    lowered = calibrate.apply(scores * 0.2 - 3.0, cal, evaluable=evaluable)["burden"]
+    assert lowered["status"] == "calibration mismatch"
+    assert "abnormal cells" not in lowered["reason"]
+    assert "another stain, scanner or preparation?" in lowered["reason"]
+    known = calibrate.known_cause(["--patch-size 192 -> 48"], None)
+    assert known == "it was scored unlike them (--patch-size 192 -> 48)"
+    told = calibrate.apply(scores * 3.0, cal, evaluable=evaluable, cause=known)["burden"]
+    assert told["reason"].endswith(
+        "it was scored unlike them (--patch-size 192 -> 48). No burden or FDR flags are reported"
+    )
+    assert "another stain" not in told["reason"]
+    off = {"advised": True, "factor": 0.68}
+    assert calibrate.known_cause([], off) == (
+        "its cells look 1.47x larger than the model's training cells"
+    )
+    assert calibrate.known_cause([], {"advised": False, "factor": 1.1}) is None

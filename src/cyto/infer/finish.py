@@ -143,11 +143,8 @@ def _calibrated(scores: np.ndarray, run: _Run, quality=None, table=None, how="mo
     other = calibrate.ranking_words(cal.column, how)
     if other is not None:
         run.echo(f"warning: {run.slide.name}: {other}")
-    evaluable, why_all = None, None
-    if run.opts.counting == calibrate.COUNTED_ALL:
-        why_all = "--burden-cells all"
-    elif quality is not None:
-        evaluable = quality["evaluable"]
+    why_all = "--burden-cells all" if run.opts.counting == calibrate.COUNTED_ALL else None
+    evaluable = quality["evaluable"] if quality is not None and why_all is None else None
     out = calibrate.apply(
         scores,
         cal,
@@ -156,6 +153,7 @@ def _calibrated(scores: np.ndarray, run: _Run, quality=None, table=None, how="mo
         confidence=run.opts.fdr_confidence,
         evaluable=evaluable,
         why_all=why_all,
+        cause=calibrate.known_cause(differs, run.scale),
     )
     if differs:
         run.echo(

@@ -918,6 +918,25 @@ def _mismatch_words(deviations: dict[str, float], tolerance: dict[str, float], o
     ]
 
 
+def known_cause(differs: list[str], scale: dict | None) -> str | None:
+    """What this run knows makes a slide's scores unlike the calibration slides', said in
+    place of "another stain, scanner or preparation?" (a slide off the model's scale, or cut
+    with another --patch-size, was asked so: hostile round 69, 4)."""
+    if differs:
+        return f"it was scored unlike them ({'; '.join(differs)})"
+    factor = (scale or {}).get("factor")
+    if (scale or {}).get("advised") and factor:
+        times, how = (factor, "smaller") if factor > 1 else (1 / factor, "larger")
+        return f"its cells look {times:.2f}x {how} than the model's training cells"
+    return None
+
+
+def _raised(deviations: dict[str, float], tolerance: dict[str, float]) -> bool:
+    """Some bulk statistic out of its tolerance on the abnormal side: the slide's scores
+    higher or wider than the calibration slides' (as many abnormal cells make them)."""
+    return any(deviations[k] > 0 for k in conformal.bulk_mismatch(deviations, tolerance))
+
+
 def _iqr_words(name: str, value: float) -> str:
     """What an ``iqr_log_ratio`` says: the slide's IQR as a multiple of the normal slides'."""
     if name != "iqr_log_ratio":
@@ -967,6 +986,7 @@ def apply(
     confidence: float | None = None,
     evaluable: np.ndarray | None = None,
     why_all: str | None = None,
+    cause: str | None = None,
 ) -> dict:
     """``{"columns": {name: per-cell array}, "burden": summary block}`` for one slide: columns
     ``p_value``, ``flagged_bh``, ``flagged_adaptive``. On a bulk mismatch the flags are None
@@ -978,7 +998,9 @@ def apply(
     test count the evaluable cells only, against the calibration's evaluable cells, when the
     calibration marks them (``burden["counted"]`` says which, ``counted_why`` why all); a
     slide with none gets no burden. Every cell keeps its p-value and flag. ``why_all``: why
-    ``evaluable`` is None, for ``counted_why``."""
+    ``evaluable`` is None, for ``counted_why``. ``cause``: what the caller knows makes this
+    slide's scores differ (scored otherwise, off the model's scale), said as the likely cause
+    of a bulk mismatch in place of the question of another stain."""
     if evaluable is not None:
         evaluable = np.asarray(evaluable, dtype=bool)
         if len(evaluable) != len(scores):
@@ -987,6 +1009,7 @@ def apply(
     tol = calibration.info.get("bulk_tolerance") or {}
     # every cell's bulk guards the flags; the evaluable cells' the burden over them
     mismatch = _mismatch_words(c["bulk"], tol)
+    raised = _raised(c["bulk"], tol)
     out = {
         "calibration": calibration.info.get("source"),
         "normalization": calibration.normalization,
@@ -997,6 +1020,7 @@ def apply(
     if c["bulk_counted"] is not None:
         tol_e = calibration.info.get("bulk_tolerance_evaluable") or {}
         mismatch += _mismatch_words(c["bulk_counted"], tol_e, " of the evaluable cells")
+        raised = raised or _raised(c["bulk_counted"], tol_e)
         out["bulk_deviation_evaluable"] = {k: round(v, 4) for k, v in c["bulk_counted"].items()}
         out["bulk_tolerance_evaluable"] = {k: round(v, 4) for k, v in tol_e.items()}
     if len(scores) == 0:
@@ -1017,10 +1041,21 @@ def apply(
             if 0 < n_slides < FEW_CALIBRATION_SLIDES
             else ""
         )
+        if cause:
+            why = f"{cause}. No burden or FDR flags are reported"
+        else:  # many abnormal cells raise a slide's scores as a stain does (round 69, 1)
+            lesions = (
+                ", or many abnormal cells (they raise a slide's median and spread as a stain "
+                "does: read its ranking)"
+                if raised
+                else ""
+            )
+            why = (
+                f"another stain, scanner or preparation{lesions}? No burden or FDR flags are "
+                f"reported; calibrate on slide-negative slides like this one{few}"
+            )
         out["reason"] = (
-            f"this slide's scores do not look like the calibration slides' ({said}): another "
-            "stain, scanner or preparation? No burden or FDR flags are reported; calibrate on "
-            f"slide-negative slides like this one{few}"
+            f"this slide's scores do not look like the calibration slides' ({said}): {why}"
         )
         return {
             "columns": {"p_value": c["p"], "flagged_bh": None, "flagged_adaptive": None},
