@@ -159,6 +159,20 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
     # why, and the cohort table says what it counted
     assert b["counted"] == row["burden_counted"] == "all" and "fewer than 100" in b["counted_why"]
     assert b["cells"] == table.num_rows and cal["evaluable_cells"] == 0
+    # the levels its flags and triage were drawn at, and the cells above (hostile round 69, 3
+    # and 7): a second run into the table at other levels is said
+    assert (row["fdr_alpha"], row["triage_level"]) == ("0.2", "0.05")
+    assert int(row["cells_above"]) == b["cells_above"]
+    proc = score_cli(
+        cohort["negs"][0], model, out, "--mosaic", "0", "--fdr", "0.5", "--triage-level", "0.2"
+    )
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert (
+        f"{out / 'cohort.csv'} holds slides flagged and triaged at 2 levels (--fdr 0.2, "
+        "--triage-level 0.05; --fdr 0.5, --triage-level 0.2): their flags and triage labels do "
+        "not compare"
+    ) in said, said
 
     # --fdr-confidence: flags from calibration-conditional p-values, p_value stays marginal
     proc = score_cli(

@@ -37,13 +37,18 @@ COHORT_COLUMNS = (
     "slide_morphometry_mean_top_k",
     "calibration",
     "burden_counted",  # the cells the burden counts: evaluable | all (summary["burden"])
+    "cells_above",  # of them, above the threshold: a 0-0 interval's why (round 69, 7)
     "abnormal_cells",
     "abnormal_cells_low",
     "abnormal_cells_high",
     "abnormal_fraction",
+    # the levels its flags and triage were drawn at: rows of two runs at other levels read
+    # p=0.18 "excess" beside p=0.20 "no excess", the levels nowhere (hostile round 69, 3)
+    "fdr_alpha",
     "flagged_bh",
     "flagged_adaptive",
     "slide_p_value",
+    "triage_level",
     "triage",
     # the specimen-adequacy rule (summary["adequacy"]; empty under --adequacy none)
     "adequacy_preset",
@@ -124,6 +129,9 @@ def cohort_row(
         row.update(
             {
                 "burden_counted": b.get("counted", "all"),
+                "cells_above": b.get("cells_above", ""),
+                "fdr_alpha": b.get("fdr_alpha", ""),
+                "triage_level": b.get("triage_level", ""),
                 "abnormal_cells": b["abnormal_cells"],
                 "abnormal_cells_low": lo,
                 "abnormal_cells_high": hi,
@@ -274,16 +282,30 @@ def say_models(path: Path) -> None:
     burden are not on one scale, and the table said nothing of it (hostile round 54, 1). Called
     when a run's slides are all in the table (a watch: after each), so it is the table as the
     run leaves it (said after each slide, it named mixes a run then replaced: round 55, 1);
-    said again in a process only when the mix changes."""
+    said again in a process only when the mix changes. Slides flagged and triaged at other
+    levels (``--fdr``, ``--triage-level``) are said so too (round 69, 3)."""
     models: dict[str, str] = {}
-    for row in read_cohort_table(path) if path.is_file() else ():
+    levels: set[str] = set()
+    rows = read_cohort_table(path) if path.is_file() else []
+    for row in rows:
         sha = _text(row.get("model_sha256"))
         if row.get("status") == "scored" and sha:
             models.setdefault(sha, _text(row.get("model")) or "a model")
+        if row.get("status") == "scored" and _text(row.get("fdr_alpha")):
+            levels.add(_levels(row))
+    from cyto.errors import CytoWarning
+
+    if len(levels) > 1 and _SAID_LEVELS.get(str(path)) != levels:
+        _SAID_LEVELS[str(path)] = levels
+        warn_caller(
+            f"{shown(path)} holds slides flagged and triaged at {len(levels)} levels "
+            f"({'; '.join(sorted(levels))}): their flags and triage labels do not compare (its "
+            "fdr_alpha and triage_level columns say which is which); score them again at one",
+            CytoWarning,
+        )
     if len(models) < 2 or _SAID_MODELS.get(str(path)) == set(models):
         return
     _SAID_MODELS[str(path)] = set(models)
-    from cyto.errors import CytoWarning
 
     shown_models = "; ".join(f"{m} (manifest {sha[:12]})" for sha, m in models.items())
     warn_caller(
@@ -296,6 +318,13 @@ def say_models(path: Path) -> None:
 
 #: the models each cohort table was said to mix, in this process (:func:`say_models`)
 _SAID_MODELS: dict[str, set[str]] = {}
+#: the FDR and triage levels each cohort table was said to mix, in this process
+_SAID_LEVELS: dict[str, set[str]] = {}
+
+
+def _levels(row: dict) -> str:
+    """A scored row's FDR and triage levels, in words."""
+    return f"--fdr {_text(row.get('fdr_alpha'))}, --triage-level {_text(row.get('triage_level'))}"
 
 
 def _as_sealed(row: dict, folder: Path, yields: bool = False) -> dict | None:
