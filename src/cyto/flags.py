@@ -318,7 +318,9 @@ def _kind_words(hint: Any) -> str:
         if Path in parts and str in parts:  # a path's words say str
             parts.remove(str)
         words = " or ".join(dict.fromkeys(_kind_words(a) for a in parts))
-        return words + (" or None" if type(None) in typing.get_args(hint) else "")
+        # None is a Python caller's to give; at the command line it is the option left out
+        # ("--fdr must be a finite number or None": hostile round 69, 8)
+        return words + (" or None" if type(None) in typing.get_args(hint) and python_call() else "")
     if origin in (tuple, list, Sequence) or hint in (tuple, list):
         return "a list"
     if origin is dict or hint is dict:  # overrides=, storage_options=: --set, --storage-option

@@ -55,3 +55,23 @@ def test_an_option_of_the_python_api_only_is_said_so_not_matched_to_another_flag
             f"error: {flag} is no flag of cyto score: {field}= is an option of cyto's Python "
             "API only (docs/reference/api.md)"
         ), last
+
+
+def test_a_refusal_at_the_command_line_names_no_python_value():
+    """ "--fdr must be a finite number or None": None is a Python caller's to give, and
+    "n_normal must be >= 1" named no flag (hostile round 69, 8). The command line's words name
+    flags and no None; a Python call's keep None."""
+    import pytest
+
+    from cyto.errors import ConfigError
+    from cyto.flags import check_value, python_words
+
+    with pytest.raises(ConfigError) as cli:
+        check_value("fdr_alpha", float("nan"), float | None)
+    assert str(cli.value) == "--fdr must be a finite number, got nan"
+    with python_words("score_slide"), pytest.raises(ConfigError) as api:
+        check_value("fdr_alpha", float("nan"), float | None)
+    assert str(api.value) == "fdr_alpha= must be a finite number or None, got nan"
+    made = run_cyto("synth", "patches", "p", "--n-normal", "-5", "--n-abnormal", "2")
+    assert made.returncode == 2
+    assert "error: --n-normal must be >= 1 and --n-abnormal >= 0, got -5 and 2" in made.stderr

@@ -56,9 +56,11 @@ class PatchSynthConfig:
 
     def __post_init__(self) -> None:
         if self.n_normal < 1 or self.n_abnormal < 0:
-            raise ConfigError(
-                f"n_normal must be >= 1 and n_abnormal >= 0, got {self.n_normal} and "
-                f"{self.n_abnormal}"
+            from cyto.flags import said
+
+            raise ConfigError(  # in the caller's words (round 69, 8)
+                f"{said('n_normal')} must be >= 1 and {said('n_abnormal')} >= 0, got "
+                f"{self.n_normal} and {self.n_abnormal}"
             )
         if self.size < 32:
             raise ConfigError(f"patch size must be at least 32 px, got {self.size}")
