@@ -285,3 +285,27 @@ def test_a_refusal_names_many_abnormal_cells_or_the_cause_the_run_knows():
         "its cells look 1.47x larger than the model's training cells"
     )
     assert calibrate.known_cause([], {"advised": False, "factor": 1.1}) is None
+
+
+def test_the_leave_one_out_line_names_a_normal_slide_the_slide_test_calls_an_excess():
+    """One of five negative slides read p=0.011 against the others, an excess at the default
+    level, and `cyto calibrate`'s line said nothing of it nor which slide (hostile round 69,
+    5): the line counts them and names each with its p-value."""
+    loso = {
+        "alpha": 0.1,
+        "slides": 5,
+        "slides_with_false_flags": 1,
+        "slides_with_a_burden": 5,
+        "burden_interval_holds_zero": 4,
+        "per_slide": [
+            {"slide": f"n{i}", "slide_p_value": p}
+            for i, p in enumerate((1.0, 0.7044, 0.6962, 0.2664, 0.0114), start=1)
+        ],
+    }
+    line = calibrate.loso_words({"leave_one_slide_out": loso})
+    assert line.endswith(
+        "burden interval held 0 on 4/5; the slide test at 0.05 would call 1/5 normal slides an "
+        "excess (n5 p=0.011)"
+    ), line
+    assert "at most 10% of slides; more here" in line  # 1 of 5 flagged: 20 %
+    assert calibrate.loso_words({"leave_one_slide_out": None}) is None

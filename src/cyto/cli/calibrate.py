@@ -46,6 +46,7 @@ def calibrate_cmd(
         burden_counts_words,
         calibrate_from_tables,
         held_words,
+        loso_words,
         quantile_words,
     )
 
@@ -60,13 +61,8 @@ def calibrate_cmd(
         f"calibrated {model} on {cal['source']} ({cal['normalization']} normalization), holding "
         f"{held_words(cal)}: {quantile_words(cal)}"
     )
-    loso = cal.get("leave_one_slide_out")
+    loso = loso_words(cal)
     if loso:
-        typer.echo(
-            f"leave one slide out: BH at {loso['alpha']} flagged cells on "
-            f"{loso['slides_with_false_flags']}/{loso['slides']} normal slides (all flags false; "
-            f"expected at most {loso['alpha']:.0%} of slides), burden interval held 0 on "
-            f"{loso['burden_interval_holds_zero']}/{loso['slides_with_a_burden']}"
-        )
+        typer.echo(loso)
     typer.echo(burden_counts_words(cal))
     typer.echo(f"assumes: {cal['assumes']}")

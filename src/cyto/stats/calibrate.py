@@ -761,6 +761,8 @@ def calibrate_from_tables(
         },
     }
     record.update(leave_one_slide_out(parts, normalization, alpha, marked))
+    for i, row in enumerate((record["leave_one_slide_out"] or {}).get("per_slide", ())):
+        row["slide"] = names[i]  # which slide each is (round 69, 5)
     arrays = {"scores": allv, "slide": slide}
     if marked is not None:
         arrays["evaluable"] = np.concatenate(marked)[order]
@@ -835,6 +837,33 @@ def _against(
             else None
         ),
     }
+
+
+def loso_words(cal: dict, level: float = TRIAGE_LEVEL) -> str | None:
+    """The leave-one-slide-out check of a calibration record in one line: how often BH flagged
+    a normal slide's cells, whether the burden interval held 0, and the normal slides the
+    slide test would call an excess at ``level``, by name (one of five negatives read p=0.011,
+    unsaid: hostile round 69, 5). None without the check (one slide)."""
+    loso = cal.get("leave_one_slide_out")
+    if not loso:
+        return None
+    rows = loso.get("per_slide") or []
+    excess = [
+        f"{r.get('slide') or f'slide {i + 1}'} p={r['slide_p_value']:.2g}"
+        for i, r in enumerate(rows)
+        if r.get("slide_p_value") is not None and r["slide_p_value"] <= level
+    ]
+    over = loso["slides_with_false_flags"] / loso["slides"] > loso["alpha"]
+    return (
+        f"leave one slide out: BH at {loso['alpha']} flagged cells on "
+        f"{loso['slides_with_false_flags']}/{loso['slides']} normal slides (all flags false; "
+        f"expected at most {loso['alpha']:.0%} of slides"
+        + ("; more here: chance on few slides, or a slide unlike the others" if over else "")
+        + f"), burden interval held 0 on {loso['burden_interval_holds_zero']}/"
+        f"{loso['slides_with_a_burden']}; the slide test at {level:g} would call "
+        f"{len(excess)}/{len(rows)} normal slides an excess"
+        + (f" ({', '.join(excess)})" if excess else "")
+    )
 
 
 def leave_one_slide_out(
