@@ -64,7 +64,12 @@ def test_no_partial_folder_left_behind(tmp_path, monkeypatch):
 
 
 def test_config_validation():
-    with pytest.raises(ConfigError, match="n_normal"):
+    from cyto.flags import python_words
+
+    # in the caller's words: the command line's flags, a Python call's keywords (round 69, 8)
+    with pytest.raises(ConfigError, match="^--n-normal must be >= 1 and --n-abnormal >= 0"):
+        PatchSynthConfig(n_normal=0)
+    with python_words("synth_patches"), pytest.raises(ConfigError, match="^n_normal= must be"):
         PatchSynthConfig(n_normal=0)
     with pytest.raises(ConfigError, match="at least 32"):
         PatchSynthConfig(size=8)
