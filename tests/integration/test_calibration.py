@@ -210,6 +210,11 @@ def test_calibrate_then_score_gives_p_values_flags_and_burden(cohort, tmp_path):
     assert "scored unlike the calibration slides (--patch-size 192 -> 160" in proc.stdout
     s2 = json.loads((tmp_path / "p" / "pos" / "summary.json").read_text())
     assert any("--patch-size" in d for d in s2["burden"]["scored_unlike_calibration"])
+    # --rescale only brings a slide to the model's scale, which the calibration assumes of its
+    # own: no "calibrate again" (round 69, 4: told so, its scores unchanged at the model's scale)
+    proc = score_cli(cohort["negs"][0], model, tmp_path / "r", "--mosaic", "0", "--rescale")
+    assert proc.returncode == 0, proc.stderr
+    assert "scored unlike the calibration slides" not in proc.stdout + proc.stderr, proc.stdout
 
 
 def test_calibrate_takes_a_scored_folder_only_through_its_seal(cohort, tmp_path):

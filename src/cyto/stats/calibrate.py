@@ -194,7 +194,7 @@ class Calibration:
         options = {
             k: v
             for k, v in json.loads(json.dumps(result_key, default=str)).items()
-            if k in calibrated and k != "precision"
+            if k in calibrated and k not in ("precision", *READ_AT_MODEL_SCALE)
         }
         recorded = {k: valid[k] for k in now if k in valid}
         recorded["options"] = {k: calibrated[k] for k in options}
@@ -238,6 +238,12 @@ def ranking_words(column: str, rank_by: str) -> str | None:
         f"FDR flags and burden follow {column!r}, not the ranking; calibrate again (cyto "
         "calibrate --overwrite) on slide-negative slides scored with this ranking"
     )
+
+
+#: options that only bring a slide to the model's scale, which a calibration assumes of its
+#: slides: not a way of scoring that differs from theirs (`--rescale` on a case was told to
+#: "calibrate again", though on slides at the model's scale it changes no score: round 69, 4)
+READ_AT_MODEL_SCALE = ("rescale",)
 
 
 def calibration_key_names() -> dict[str, str]:
