@@ -15,35 +15,26 @@ METHOD_NAMES = ("fs-sil", "ws-sil", "dsvdd", "droc", "its2clr")
 REQUIRED = "Required unless --print-config."
 
 
+def _required(help: str, **kwargs) -> typer.models.OptionInfo:
+    """An option ``cyto train`` needs but for ``--print-config`` (checked in the command)."""
+    return typer.Option(help=f"{REQUIRED} {help}", show_default=False, **kwargs)
+
+
 @app.command("train")
 def train_cmd(
     ctx: typer.Context,
     method: Annotated[str, typer.Argument(help=f"One of: {', '.join(METHOD_NAMES)}.")],
     # --data, --out and --normal are required but by --print-config, which reads none of them
     # (it asked for a bundle path it never writes: hostile round 66, 3)
-    data: Annotated[
-        Path | None,
-        typer.Option(
-            parser=CELLS_DATA,
-            help=f"{REQUIRED} {CELLS_DATA_HELP}",
-            show_default=False,
-        ),
-    ] = None,
+    data: Annotated[Path | None, _required(CELLS_DATA_HELP, parser=CELLS_DATA)] = None,
     out: Annotated[
         Path | None,
-        typer.Option(
+        _required(
+            "Bundle folder to write, e.g. dsvdd.cyto.",
             parser=LocalPath("out", "the bundle to write: cyto train writes a local folder"),
-            help=f"{REQUIRED} Bundle folder to write, e.g. dsvdd.cyto.",
-            show_default=False,
         ),
     ] = None,
-    normal: Annotated[
-        str | None,
-        typer.Option(
-            help=f"{REQUIRED} Normal class(es), comma-separated.",
-            show_default=False,
-        ),
-    ] = None,
+    normal: Annotated[str | None, _required("Normal class(es), comma-separated.")] = None,
     abnormal: Annotated[
         str | None, typer.Option(help="Abnormal classes (default: every other class).")
     ] = None,

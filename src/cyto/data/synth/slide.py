@@ -309,8 +309,6 @@ def planted_words(fraction: float, n: int, planted: int) -> str | None:
     cells, rounded to ``planted``): a warning where none is planted, a note where the count
     puts the slide's own rate a quarter or more off the one asked (0.008 of 64 cells planted
     1, a slide at 1.6 %, unsaid: hostile round 68, 9); None otherwise."""
-    from cyto.flags import named, passing
-
     if fraction <= 0 or n == 0:
         return None
     asked = passing("abnormal_fraction", float(f"{fraction:g}"))
