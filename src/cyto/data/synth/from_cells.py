@@ -414,9 +414,11 @@ def write_cell_slide(
     return write_pyramid(out, fmt, config, renderer, truth, n_abn, workers)
 
 
+#: the options of every slide, drawn or composed: its container, workers and overwrite
+_EVERY_SLIDE = ("fmt", "workers", "overwrite")
 #: compose_slide's parameters that are no option of a composed slide's own: the slide and
-#: the crops, the options of every slide (container, workers, overwrite) and the plumbing
-_NOT_COMPOSED = frozenset({"out", "cells", "fmt", "overwrite", "workers", "echo", "drawn"})
+#: the crops, the options of every slide and the plumbing
+_NOT_COMPOSED = frozenset({"out", "cells", "echo", "drawn", *_EVERY_SLIDE})
 
 
 def composed_options() -> list[str]:
@@ -443,12 +445,14 @@ def compose_slide(
     from cyto.flags import UM_PER_PX, Placeholder, named, passing, said
 
     crops = passing("cells", Placeholder("DIR"))
-    if drawn:
+    if drawn:  # what it takes, its own and every slide's (round 68: the list read as all)
         *most, last = composed_options()
+        *every, final = (named(f) for f in _EVERY_SLIDE)
         raise ConfigError(
             f"{', '.join(named(f) for f in drawn)}: "
             f"{'options' if len(drawn) > 1 else 'an option'} of a drawn slide; a slide composed "
-            f"from {named('cells')} takes {', '.join(most)} and {last}"
+            f"from {named('cells')} takes {', '.join(most)} and {last}, and every slide's "
+            f"{', '.join(every)} and {final}"
         )
     if not Path(cells).exists() and str(cells).isdigit():
         raise ConfigError(
