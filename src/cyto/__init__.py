@@ -12,6 +12,8 @@ and may change without notice):
 - :func:`export`: export a bundle to ONNX (and reduced precisions, TensorRT engines);
 - :func:`predict`: score a folder of cell patches into a Parquet table;
 - :func:`info`: what a model bundle is and what ``rank_by="auto"`` ranks by (``cyto info``);
+- :func:`calibrate`: calibrate a bundle on slide-negative slides, for p-values, FDR flags and
+  burden (``cyto calibrate``);
 - :func:`evaluate`: the paper's metrics of a score table, per class too (``cyto eval scores``);
 - :func:`synth_slide`: a slide with its truth, composed from real cell crops or drawn;
 - :func:`cache_dir` and ``__version__``.
@@ -39,6 +41,7 @@ _API = (
     "export",
     "predict",
     "info",
+    "calibrate",
     "evaluate",
     "synth_slide",
 )

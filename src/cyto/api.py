@@ -1,9 +1,9 @@
 """The public Python API: the calls for notebooks and scripts, re-exported by :mod:`cyto`.
 
 ``cyto.load_model``, ``cyto.score_slide``, ``cyto.train``, ``cyto.export``, ``cyto.predict``,
-``cyto.info``, ``cyto.evaluate`` and ``cyto.synth_slide`` are the stable names; the ``cyto``
-commands call the same library functions underneath. Each call imports what it needs when it
-runs, so ``import cyto`` stays light.
+``cyto.info``, ``cyto.calibrate``, ``cyto.evaluate`` and ``cyto.synth_slide`` are the stable
+names; the ``cyto`` commands call the same library functions underneath. Each call imports what
+it needs when it runs, so ``import cyto`` stays light.
 """
 
 from __future__ import annotations
@@ -739,6 +739,66 @@ def info(model: Annotated[str | Path | Scorer, BUNDLE]) -> dict[str, Any]:
         path = Path(model)
         manifest = verify_bundle(path)
     return {"path": str(path.resolve()), "manifest": manifest, **ranking_said(manifest)}
+
+
+@_front_door
+def calibrate(
+    model: Annotated[str | Path, BUNDLE],
+    tables: str | Path | Sequence[str | Path],
+    *,
+    normalize: str = "median",
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    echo: Callable[[str], None] | None = print,
+) -> dict[str, Any]:
+    """Calibrate a model on slides known to be negative (``cyto calibrate``): every score of
+    those slides kept in the bundle, for p-values, FDR flags and the abnormal burden of the
+    slides :func:`score_slide` scores with it afterwards.
+
+    Args:
+        model: the bundle folder to calibrate (``NAME.cyto``); the bundle the slides were
+            scored with.
+        tables: the slide-negative slides' ``scores.parquet``, or their :func:`score_slide`
+            folders: one per slide, a path or a URL (``s3://BUCKET/OUT/SLIDE``, ``gs://...``),
+            one or a list. Never a cohort's folder: every slide given is taken as negative.
+        normalize: how each slide's scores are centred: ``median`` (its own median: absorbs
+            stain shifts between slides), ``median-iqr`` (also divided by its IQR) or
+            ``none`` (raw scores).
+        overwrite: replace the bundle's calibration if it has one.
+        storage_options: fsspec's options of the stores of tables given by URL
+            (``--storage-option``).
+        echo: where the lines ``cyto calibrate`` prints go (None: nowhere).
+
+    Returns:
+        The calibration the bundle now records (its manifest's ``calibration``): ``n`` (cells
+        held), ``normalization``, ``column`` (the score held), ``slides`` (each slide's cells,
+        median and IQR), ``quantiles``, ``leave_one_slide_out`` (each normal slide tested
+        against the others), ``valid_for`` (the model, graph and options it holds for), ...,
+        and ``lines``: what ``cyto calibrate`` prints (each a line, said to ``echo`` too).
+
+    Example:
+        >>> import cyto
+        >>> for name in ("n1", "n2", "n3"):
+        ...     cyto.score_slide(f"negatives/{name}.ndpi", "dsvdd.cyto", f"neg/{name}")
+        >>> cal = cyto.calibrate("dsvdd.cyto", ["neg/n1", "neg/n2", "neg/n3"])
+        >>> cyto.score_slide("case.ndpi", "dsvdd.cyto", "scored/case", fdr_alpha=0.1)
+    """
+    from cyto.slides.remote import refuse_unknown_options
+    from cyto.stats.calibrate import calibrate_from_tables, calibrated_lines
+
+    refuse_unknown_options(storage_options or {})
+    given = [tables] if isinstance(tables, (str, Path)) else list(tables)
+    cal = calibrate_from_tables(
+        Path(model),
+        given,
+        normalization=normalize,
+        overwrite=overwrite,
+        storage_options=storage_options or None,
+    )
+    lines, say = calibrated_lines(model, cal), _said(echo)
+    for line in lines:
+        say(line)
+    return {**cal, "lines": lines}
 
 
 @_front_door

@@ -308,6 +308,50 @@ def test_calibrate_refuses_what_cannot_calibrate(cohort, tmp_path):
     assert conf.returncode == 2 and "--fdr-confidence must be between 0 and 1" in conf.stderr
 
 
+def test_the_python_calibrate_is_cyto_calibrate(cohort, tmp_path, capsys):
+    """A notebook had no way to calibrate but a shell (train, export, score_slide: calls;
+    calibrate: the command only): cyto.calibrate stores the calibration cyto calibrate stores,
+    says its lines, and refuses as it does, in a Python caller's words."""
+    import cyto
+    from cyto.errors import ConfigError, InputPathError
+
+    root = cohort["root"]
+    tables = [root / "negs" / f"neg{i}" for i in range(3)]
+    by = {how: tmp_path / f"{how}.cyto" for how in ("cli", "api")}
+    for path in by.values():
+        shutil.copytree(cohort["model"], path)
+    proc = run_cyto("calibrate", str(by["cli"]), *map(str, tables), "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    said: list[str] = []
+    cal = cyto.calibrate(by["api"], [str(t) for t in tables], overwrite=True, echo=said.append)
+    records = {
+        h: json.loads((p / "manifest.json").read_text())["calibration"] for h, p in by.items()
+    }
+    assert records["api"] == records["cli"] == {k: v for k, v in cal.items() if k != "lines"}
+    for name in ("scores", "slide", "evaluable"):
+        a, b = (np.load(p / "calibration.npz")[name] for p in by.values())
+        assert np.array_equal(a, b), name
+    assert said == cal["lines"] and [x.replace(str(by["api"]), "M") for x in said] == [
+        x.replace(str(by["cli"]), "M") for x in proc.stdout.strip().splitlines()
+    ]
+    assert said[0].startswith(f"calibrated {by['api']} on ") and said[-1].startswith("assumes: ")
+    # one table, a string; echo=None says nothing; the calibration is replaced only when asked
+    cyto.calibrate(str(by["api"]), str(tables[0]), overwrite=True, echo=None)
+    assert capsys.readouterr().out == ""
+    with pytest.raises(InputPathError, match=r"exists \(pass overwrite=True to replace it"):
+        cyto.calibrate(by["api"], tables, echo=None)
+    # refused as the command refuses, named as a Python caller writes it
+    same = run_cyto("calibrate", str(by["cli"]), str(tables[0]), str(tables[0]), "--overwrite")
+    with pytest.raises(ConfigError) as err:
+        cyto.calibrate(by["api"], [tables[0], tables[0]], overwrite=True, echo=None)
+    # (after the slides' adequacy warnings)
+    assert same.returncode == 2 and same.stderr.strip().splitlines()[-1] == f"error: {err.value}"
+    with pytest.raises(ConfigError, match="^normalize= must be one of median, median-iqr, none"):
+        cyto.calibrate(by["api"], tables, normalize="zscore", overwrite=True)
+    with pytest.raises(InputPathError, match="never the whole folder"):
+        cyto.calibrate(by["api"], root / "negs", overwrite=True)
+
+
 def test_a_slide_unlike_the_calibration_slides_gets_no_burden(cohort, tmp_path):
     """Calibration slides whose scores all sit 10 IQRs higher (as another stain would put
     them): a slide of this lab is called a mismatch, with no burden and no flags, and the console

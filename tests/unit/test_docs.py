@@ -117,7 +117,7 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert (tmp_path / "html" / "reference" / "api.html").is_file()
     api = (tmp_path / "html" / "reference" / "api.html").read_text()
-    for name in ("load_model", "score_slide", "train", "export", "predict"):
+    for name in ("load_model", "score_slide", "train", "export", "predict", "calibrate"):
         assert f'id="cyto.{name}"' in api, name  # autodoc found each public call
 
 

@@ -25,7 +25,7 @@ PROBE = """
 import json, sys
 import cyto
 names = [cyto.load_model, cyto.score_slide, cyto.train, cyto.export, cyto.predict, cyto.info,
-         cyto.evaluate, cyto.synth_slide]
+         cyto.calibrate, cyto.evaluate, cyto.synth_slide]
 print("@@" + json.dumps([m for m in {heavy!r} if m in sys.modules]))
 """
 
@@ -52,6 +52,7 @@ def test_the_public_names_are_listed_and_documented():
         "export",
         "predict",
         "info",
+        "calibrate",
         "evaluate",
         "synth_slide",
     }
@@ -193,6 +194,13 @@ KINDS = {
         "weights": "path?",
     },
     "info": {"model": "path"},
+    "calibrate": {
+        "model": "path",
+        "normalize": "str",
+        "overwrite": "bool",
+        "storage_options": "dict?",
+        "echo": "callable?",
+    },
     "evaluate": {
         "table": "path",
         "score_column": "str",
@@ -338,12 +346,13 @@ def _call(name: str, tmp: Path, **given):
         "predict": {"model": tmp / "m.cyto", "data": tmp / "d", "out": tmp / "p.parquet"},
         "train": {"method": "dsvdd", "data": tmp / "d", "out": tmp / "t.cyto"},
         "info": {"model": tmp / "m.cyto"},
+        "calibrate": {"model": tmp / "m.cyto", "tables": [tmp / "t.parquet"]},
         "evaluate": {"table": tmp / "t.parquet"},
         "synth_slide": {"out": tmp / "s.tif"},
     }[name]
     quiet = (
         {"echo": None}
-        if name in ("score_slide", "export", "predict", "evaluate", "synth_slide")
+        if name in ("score_slide", "export", "predict", "calibrate", "evaluate", "synth_slide")
         else {}
     )
     return getattr(cyto, name)(**{**needs, **quiet, **given})

@@ -42,13 +42,7 @@ def calibrate_cmd(
     part of the interval, and each slide is checked against the others (leave one out).
     """
     from cyto.slides.remote import parse_options
-    from cyto.stats.calibrate import (
-        burden_counts_words,
-        calibrate_from_tables,
-        held_words,
-        loso_words,
-        quantile_words,
-    )
+    from cyto.stats.calibrate import calibrate_from_tables, calibrated_lines
 
     cal = calibrate_from_tables(
         model,
@@ -57,12 +51,5 @@ def calibrate_cmd(
         overwrite=overwrite,
         storage_options=parse_options(storage_option),
     )
-    typer.echo(
-        f"calibrated {model} on {cal['source']} ({cal['normalization']} normalization), holding "
-        f"{held_words(cal)}: {quantile_words(cal)}"
-    )
-    loso = loso_words(cal)
-    if loso:
-        typer.echo(loso)
-    typer.echo(burden_counts_words(cal))
-    typer.echo(f"assumes: {cal['assumes']}")
+    for line in calibrated_lines(model, cal):
+        typer.echo(line)

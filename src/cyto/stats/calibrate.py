@@ -681,9 +681,11 @@ def calibrate_from_tables(
     folder, with fsspec ``storage_options``): it is read through its seal, as a local one.
     A bundle's calibration is replaced only with ``overwrite``; a table whose slide was scored
     with truth holding abnormal cells is refused (:func:`refuse_planted`)."""
+    from cyto.flags import said
+
     if normalization not in conformal.NORMALIZATIONS:
         raise ConfigError(
-            f"--normalize must be one of {', '.join(conformal.NORMALIZATIONS)}, "
+            f"{said('normalize')} must be one of {', '.join(conformal.NORMALIZATIONS)}, "
             f"got {normalization!r}"
         )
     from cyto.bundle import rewriting
@@ -717,7 +719,8 @@ def calibrate_from_tables(
         other = next(i for i, c in enumerate(columns) if c != columns[0])
         raise ConfigError(
             f"{tables[0]} is ranked by {rankings[0]} and {tables[other]} by {rankings[other]}: "
-            "a calibration holds one score; score the slide-negative slides with one --rank-by"
+            "a calibration holds one score; score the slide-negative slides with one "
+            f"{said('rank_by').rstrip('=')}"
         )
     n = sum(len(p) for p in parts)
     if n < min_cells:
@@ -792,6 +795,20 @@ def calibrate_from_tables(
 
         warn_caller(f"{bundle.path}: {other}", CytoWarning)
     return record
+
+
+def calibrated_lines(model: Path | str, cal: dict) -> list[str]:
+    """What ``cyto calibrate`` says of the calibration ``cal`` it stored in ``model``, each a
+    line: where it is and what it holds, the leave-one-slide-out check, what the burden counts
+    and what it assumes; :func:`cyto.calibrate` returns and echoes the same lines."""
+    lines = [
+        f"calibrated {model} on {cal['source']} ({cal['normalization']} normalization), "
+        f"holding {held_words(cal)}: {quantile_words(cal)}"
+    ]
+    loso = loso_words(cal)
+    if loso:
+        lines.append(loso)
+    return [*lines, burden_counts_words(cal), f"assumes: {cal['assumes']}"]
 
 
 def _against(
