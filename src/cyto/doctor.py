@@ -560,12 +560,13 @@ def diagnose(models: list[Path], device: str = "auto", precision: str | None = N
 
     NUMBA_MOVE_SAID_ELSEWHERE.add(numba_cache_dir())  # a move of the kernels: in its row alone
     from cyto.bundle import PRECISIONS
-    from cyto.errors import ConfigError
     from cyto.runtime.devices import cuda_available, parse_device
 
     kind, _ = parse_device(device)
-    if precision is not None and precision not in PRECISIONS:
-        raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision is not None:
+        from cyto.flags import check_choice
+
+        check_choice("precision", precision, PRECISIONS)
     report = Report()
     report.checks = cpu_checks() + slide_checks() + runtime_checks(device)
     for c in report.checks:

@@ -133,6 +133,17 @@ def said(field: str) -> str:
     return f"{field}=" if python_call() else flag(field)
 
 
+def check_choice(field: str, value: Any, choices: Sequence[str]) -> Any:
+    """``value`` when it is one of ``choices``; otherwise one :class:`ConfigError` line naming
+    ``field`` in the caller's words: the one rule of every named choice (a backend, a precision,
+    a ranking). ``load_model(backend="onnxx")`` said "unknown backend" and
+    ``precision must be ...`` where ``score_slide`` said ``backend= must be one of ...``
+    (hostile round 70, 1)."""
+    if value not in choices:
+        raise ConfigError(f"{said(field)} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 def ran(field: str) -> str:
     """A setting ``auto`` resolves (the precision), named in a list of what changed as what ran,
     never as a flag the caller may not have passed: "the precision run (auto's choice, or

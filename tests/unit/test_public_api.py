@@ -223,7 +223,12 @@ KINDS = {
 }
 #: values out of each option's range (the range is the option's, at the CLI and in Python alike)
 OUT_OF_RANGE = {
-    "load_model": {"threads": st.one_of(st.integers(max_value=-1), st.integers(min_value=1025))},
+    "load_model": {
+        "threads": st.one_of(st.integers(max_value=-1), st.integers(min_value=1025)),
+        # a named choice is refused as score_slide refuses it (round 70, 1: "unknown backend")
+        "backend": st.sampled_from(["onnxx", "ONNX", ""]),
+        "precision": st.sampled_from(["int4", "float32", ""]),
+    },
     "score_slide": {
         "top_k": st.integers(max_value=0),
         "batch_size": st.integers(max_value=0),
@@ -248,6 +253,9 @@ OUT_OF_RANGE = {
         "qupath": st.sampled_from(["cells,tiles", "geojson"]),
     },
     "predict": {
+        "backend": st.sampled_from(["tensorflow", "ONNX", ""]),
+        "precision": st.sampled_from(["fp8", "float32", ""]),
+        "rank_by": st.sampled_from(["size", "score", ""]),
         "batch_size": st.integers(max_value=0),
         "chunk": st.integers(max_value=0),
         "patch_mpp": st.floats(max_value=0.0),

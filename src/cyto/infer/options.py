@@ -12,7 +12,17 @@ from cyto.bundle import PRECISIONS
 from cyto.data.morphometry import RANK_BY, RANK_BY_ALIASES
 from cyto.detect import NucleusParams
 from cyto.errors import ConfigError
-from cyto.flags import Local, Range, check_mpp, check_value, comma_list, hints_of, passing, said
+from cyto.flags import (
+    Local,
+    Range,
+    check_choice,
+    check_mpp,
+    check_value,
+    comma_list,
+    hints_of,
+    passing,
+    said,
+)
 from cyto.runtime.backends import CHOICES
 from cyto.stats.calibrate import BURDEN_CELLS, FDR_ALPHA, TRIAGE_LEVEL
 
@@ -113,28 +123,15 @@ class ScoreOptions:
         comma_list(self.qupath, "qupath", fold=True)
         if self.batch_size < 1:
             raise ConfigError(f"{said('batch_size')} must be >= 1, got {self.batch_size}")
-        if self.backend not in CHOICES:
-            raise ConfigError(
-                f"{said('backend')} must be one of {', '.join(CHOICES)}, got {self.backend!r}"
-            )
-        if self.precision not in (*PRECISIONS, "auto"):
-            raise ConfigError(
-                f"{said('precision')} must be one of {', '.join(PRECISIONS)} or auto, got "
-                f"{self.precision!r}"
-            )
+        check_choice("backend", self.backend, CHOICES)
+        check_choice("precision", self.precision, (*PRECISIONS, "auto"))
         if self.decode not in DECODERS:
             raise ConfigError(
                 f"{said('decode')} must be {' or '.join(DECODERS)}, got {self.decode!r}"
             )
-        if self.overlap not in OVERLAP:
-            raise ConfigError(
-                f"{said('overlap')} must be one of {', '.join(OVERLAP)}, got {self.overlap!r}"
-            )
+        check_choice("overlap", self.overlap, OVERLAP)
         object.__setattr__(self, "rank_by", RANK_BY_ALIASES.get(self.rank_by, self.rank_by))
-        if self.rank_by not in RANK_BY:
-            raise ConfigError(
-                f"{said('rank_by')} must be one of {', '.join(RANK_BY)}, got {self.rank_by!r}"
-            )
+        check_choice("rank_by", self.rank_by, RANK_BY)
         if self.top_k < 1:
             raise ConfigError(f"{said('top_k')} must be >= 1, got {self.top_k}")
         if self.mosaic < 0:
@@ -295,10 +292,7 @@ def detection_for(kind: str, model, detector: str = "scipy") -> NucleusParams:
     from cyto.detect import detection_preset
     from cyto.detect.params import DETECTION_CHOICES, DETECTION_OF_STAIN
 
-    if kind not in DETECTION_CHOICES:  # every value it takes, auto (the default) too
-        raise ConfigError(
-            f"{said('detection')} must be one of {', '.join(DETECTION_CHOICES)}, got {kind!r}"
-        )
+    check_choice("detection", kind, DETECTION_CHOICES)  # every value it takes, auto too
     if kind == "auto":
         kind = DETECTION_OF_STAIN.get(model_spec(model).stain, "smear")
     return replace(detection_preset(kind), detector=detector)

@@ -55,8 +55,9 @@ Eta = Annotated[
 
 def review_examples(review: Path, agree: str = "any") -> dict:
     """Hard normals and known abnormal cells from the finished cases of a review."""
-    if agree not in AGREE:
-        raise ConfigError(f"--agree must be one of {', '.join(AGREE)}, got {agree!r}")
+    from cyto.flags import check_choice
+
+    check_choice("agree", agree, AGREE)
     session = open_session(review)
     store = MarkStore(session.root, session.session_id)
     try:

@@ -697,14 +697,11 @@ def load_scorer(
     machine's record is run again rather than read (``cyto doctor``).
     """
     from cyto.errors import VerificationError
+    from cyto.flags import check_choice
     from cyto.runtime.verify import Verification, read_golden, verify_scorer
 
-    if backend not in CHOICES:
-        raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(CHOICES)}")
-    if precision not in (*PRECISIONS, "auto"):
-        raise ConfigError(
-            f"precision must be one of {', '.join(PRECISIONS)} or auto, got {precision!r}"
-        )
+    check_choice("backend", backend, CHOICES)
+    check_choice("precision", precision, (*PRECISIONS, "auto"))
     loaded_here = not isinstance(model, Bundle)
     bundle = load_bundle(Path(model), weights=False, for_scoring=True) if loaded_here else model
     device = resolve_device(device)

@@ -681,13 +681,9 @@ def calibrate_from_tables(
     folder, with fsspec ``storage_options``): it is read through its seal, as a local one.
     A bundle's calibration is replaced only with ``overwrite``; a table whose slide was scored
     with truth holding abnormal cells is refused (:func:`refuse_planted`)."""
-    from cyto.flags import said
+    from cyto.flags import check_choice, said
 
-    if normalization not in conformal.NORMALIZATIONS:
-        raise ConfigError(
-            f"{said('normalize')} must be one of {', '.join(conformal.NORMALIZATIONS)}, "
-            f"got {normalization!r}"
-        )
+    check_choice("normalize", normalization, conformal.NORMALIZATIONS)
     from cyto.bundle import rewriting
 
     # --overwrite replaces the calibration: a damaged or missing one is what it repairs
