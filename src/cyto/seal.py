@@ -294,6 +294,20 @@ def read_sealed(folder: Path, summary_only: bool = False) -> Sealed:
     )
 
 
+def refuse_unfinished(folder: Path) -> None:
+    """A scored slide's folder that a run is writing now, or one a run left unfinished (its
+    :data:`PARTIAL` folder, no seal), refused in one line that says so and how to finish it.
+    Asked before a reader says what the folder lacks: a run stopped before its first chunk
+    left no table, and ``cyto eval scores`` called it "a folder without scores.parquet"
+    where one stopped later was told to finish with ``--resume`` (hostile round 70, 2)."""
+    from cyto.errors import ConfigError
+
+    refuse_being_written(folder)
+    why = unfinished(folder)
+    if why:
+        raise ConfigError(f"{folder}: {why}, then read its table")
+
+
 def check_sealed_table(table: Path) -> None:
     """A table in a scored slide's folder is trusted only through its seal (the one door of
     :func:`read_sealed`): an edited folder is refused in one line, and so is one that holds an
@@ -304,10 +318,7 @@ def check_sealed_table(table: Path) -> None:
     from cyto.errors import ConfigError
 
     folder = Path(table).parent
-    refuse_being_written(folder)
-    why = unfinished(folder)
-    if why:
-        raise ConfigError(f"{folder}: {why}, then read its table")
+    refuse_unfinished(folder)
     if not ((folder / SEAL).exists() or (folder / SUMMARY).exists()):
         return
     sealed = read_sealed(folder)

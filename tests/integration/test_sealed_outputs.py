@@ -543,6 +543,46 @@ def test_a_folder_of_a_run_stopped_as_it_wrote_its_outputs_is_refused_by_its_rea
         calibrate_from_tables(bundle, [folder / "scores.parquet"], min_cells=50)
 
 
+def test_a_folder_of_a_run_stopped_before_its_first_chunk_is_said_to_be_unfinished(
+    calibrated, tmp_path, monkeypatch
+):
+    """Hostile round 70, 2: `cyto score` stopped before it kept a chunk leaves its .partial
+    folder and no table; `cyto eval scores` called it "a folder without scores.parquet: give a
+    score table" where a run stopped later was told to finish with --resume. Every reader of a
+    slide's folder says it is unfinished, and how to finish it."""
+    from cyto.eval.scores import evaluate_table
+    from cyto.infer import score_slide
+    from cyto.infer.store import ChunkStore
+    from cyto.review.session import find_scored
+    from cyto.stats.calibrate import calibrate_from_tables
+    from cyto.view.folder import ViewSlide
+
+    model, slide, _, _ = calibrated
+
+    def stopped(self, *args, **kwargs):
+        raise KeyboardInterrupt  # as a SIGTERM before the first chunk was kept
+
+    monkeypatch.setattr(ChunkStore, "write", stopped)
+    folder = tmp_path / "s1"
+    with pytest.raises(KeyboardInterrupt):
+        score_slide(slide, model, folder, _opts(resume=False), echo=QUIET)
+    monkeypatch.undo()
+    assert (folder / ".partial").is_dir() and not list(folder.glob("*.parquet"))
+    unfinished = r"s1: it holds an unfinished cyto score run .*finish it with cyto score --resume"
+    with pytest.raises(ConfigError, match=unfinished):
+        evaluate_table(folder, [10])
+    bundle = tmp_path / "m.cyto"
+    shutil.copytree(model, bundle)
+    with pytest.raises(ConfigError, match=unfinished):
+        calibrate_from_tables(bundle, [folder], min_cells=50)
+    with pytest.raises(ConfigError, match=unfinished):
+        ViewSlide(folder)
+    with pytest.raises(InputPathError, match=unfinished):
+        find_scored([folder])
+    score_slide(slide, model, folder, _opts(resume=True), echo=QUIET)  # finished, it is read
+    assert ViewSlide(folder).folder == folder
+
+
 def test_a_folder_a_run_is_writing_now_is_read_by_no_reader(calibrated, tmp_path):
     """Hostile round 47, 3: while `cyto score --overwrite` rewrote a slide's folder (its lock
     held, the earlier run's outputs and seal still there), `cyto review` built a session from

@@ -44,7 +44,7 @@ def read_score_table(
     name of the column judged, (scores, labels, column)."""
     import pyarrow as pa
 
-    from cyto.seal import check_rows, check_sealed_table
+    from cyto.seal import check_rows, check_sealed_table, refuse_unfinished
 
     path = Path(path)
     if path.is_dir() and (path / "scores.parquet").is_file():  # a slide's cyto score folder
@@ -56,6 +56,7 @@ def read_score_table(
                 f"{path} is a cohort's folder (a folder per slide: {', '.join(slides[:3])}"
                 f"{', ...' if len(slides) > 3 else ''}): give one slide's, e.g. {path / slides[0]}"
             )
+        refuse_unfinished(path)  # a slide's run stopped before its first table
         raise InputPathError(f"{path} is a folder without scores.parquet: give a score table")
     if path.name == "cohort.csv":  # a row per slide, not per cell
         raise InputPathError(

@@ -297,6 +297,9 @@ def _table_of(path: Path) -> Path:
             f"{path} holds the scores of {len(slides)} slide(s) ({names}): give the "
             f"slide-negative ones by name (e.g. {path / slides[0]}), never the whole folder"
         )
+    from cyto.seal import refuse_unfinished
+
+    refuse_unfinished(path)  # a slide's run stopped before its first table
     raise InputPathError(f"{path} is a folder without scores.parquet: give cyto score's tables")
 
 

@@ -163,12 +163,13 @@ class ViewSlide:
         from cyto.infer.outputs import output_artifacts
         from cyto.infer.store import identity_name, slide_key
         from cyto.reuse import check_reuse
-        from cyto.seal import SCORE_AGAIN, read_sealed, refuse_being_written
+        from cyto.seal import SCORE_AGAIN, read_sealed, refuse_unfinished
         from cyto.slides import find_planes
 
         self.folder = Path(folder)
         self.name = self.folder.name
-        refuse_being_written(self.folder)
+        # said as every reader says it, never told to score again after --resume (round 70, 2)
+        refuse_unfinished(self.folder)
         sealed = read_sealed(self.folder)  # the one door to a finished folder's outputs
         summary = sealed.summary
         if not sealed.ok or summary is None:
