@@ -156,6 +156,12 @@ def test_torch_backend_gives_the_same_ranking(model, slide, tmp_path):
     sb = np.asarray(pq.read_table(tmp_path / "b" / "scores.parquet")["score"])
     assert a["cells_scored"] == b["cells_scored"]
     np.testing.assert_allclose(sa, sb, rtol=1e-4, atol=1e-6)
+    # what scored, named alike in the summary and the table (summary.json said null for the
+    # PyTorch network where the table said pytorch: hostile round 70, 3)
+    for run, folder in ((a, "a"), (b, "b")):
+        meta = pq.read_schema(tmp_path / folder / "scores.parquet").metadata
+        assert run["graph"] == meta[b"cyto.graph"].decode()
+    assert (a["graph"], b["graph"]) == ("encoder.onnx", "pytorch")
 
 
 def test_crops_are_exact(slide):

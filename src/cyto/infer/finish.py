@@ -340,7 +340,7 @@ def _finish(table, run: _Run) -> dict:
         "backend": run.scorer.backend.name,
         "device": run.scorer.device,
         "precision": run.scorer.precision,
-        "graph": run.scorer.graph_file,
+        "graph": run.scorer.graph_ran,  # the table's cyto.graph
         # the check of this graph on the golden cells here ("skipped": the user's override)
         "verification": (
             run.scorer.verification.as_json() if run.scorer.verification is not None else None

@@ -264,7 +264,7 @@ def table_metadata(
         "cyto.backend": scorer.backend.name,
         "cyto.device": scorer.device,
         "cyto.precision": scorer.precision,
-        "cyto.graph": scorer.graph_file or "pytorch",
+        "cyto.graph": scorer.graph_ran,
         # the graph's check on the golden cells here: status and its numbers
         "cyto.verification": json_text(
             scorer.verification.as_json() if scorer.verification is not None else None

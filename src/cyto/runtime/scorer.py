@@ -212,6 +212,13 @@ class Scorer:
         graph = getattr(self.backend, "graph", None)
         return graph.file if graph is not None else None
 
+    @property
+    def graph_ran(self) -> str:
+        """What scores, as every record of a run names it: the exported graph's file, or
+        ``pytorch`` for the PyTorch network (summary.json said null where the table's metadata
+        said ``pytorch``: hostile round 70, 3)."""
+        return self.graph_file or "pytorch"
+
     @_open_method
     def score(
         self, images: ArrayLike, batch_size: BatchSize = 64, progress: str | None = None

@@ -188,7 +188,7 @@ class Calibration:
         now = {
             "model": scorer.bundle.scoring_id,
             "precision": scorer.precision,
-            "graph": scorer.graph_file or "pytorch",
+            "graph": scorer.graph_ran,
         }
         calibrated = valid.get("options") or {}
         options = {
