@@ -1194,7 +1194,7 @@ def test_a_scale_no_resampling_bridges_is_said_so_in_one_measure():
 
 
 def test_a_cohort_table_says_which_model_scored_each_slide_and_warns_of_two(
-    exported_dsvdd, slides, tmp_path
+    exported_dsvdd, exported_bundles, slides, tmp_path
 ):
     """Hostile round 54, 1: two bundles of one name scored slides into one --out, and cohort.csv
     held their rows side by side, with no model column and not a word; --resume with the other
@@ -1202,13 +1202,12 @@ def test_a_cohort_table_says_which_model_scored_each_slide_and_warns_of_two(
     comes to hold two says so in one warning, of the table as the run leaves it."""
     import warnings
 
-    from cyto.bundle import add_files, load_bundle
+    from cyto.bundle import load_bundle
 
     a = slides[0].paths[0]
     b = shutil.copy(slides[1].paths[0], tmp_path / "b.tif")  # its own name, its own folder
-    other = tmp_path / "B" / exported_dsvdd.name
-    shutil.copytree(exported_dsvdd, other)
-    add_files(other, {}, {"description": "the same network, another bundle"})
+    other = tmp_path / "B" / exported_dsvdd.name  # another Deep SVDD network, of one name
+    shutil.copytree(exported_bundles["dsvdd"], other)
     out = tmp_path / "co"
     with warnings.catch_warnings(record=True) as first:
         warnings.simplefilter("always")
@@ -1226,7 +1225,8 @@ def test_a_cohort_table_says_which_model_scored_each_slide_and_warns_of_two(
     }
     [said] = [str(w.message) for w in second if "models" in str(w.message)]
     assert f"{out / 'cohort.csv'} holds slides scored by 2 models" in said, said
-    assert all(sha[:12] in said for sha in shas), said
+    scales = {r["scale_sha256"] for r in rows.values()}
+    assert len(scales) == 2 and all(s[:12] in said for s in scales), said
     # said of the table as a run leaves it: a run that resumes both with the one model (b kept,
     # a scored again) is mixed after its first slide only (it was said so there: round 55, 1)
     again = ScoreOptions(**{**OPTS.__dict__, "resume": True})
@@ -1236,3 +1236,51 @@ def test_a_cohort_table_says_which_model_scored_each_slide_and_warns_of_two(
     assert not [str(w.message) for w in third if "models" in str(w.message)]
     with open(out / "cohort.csv", newline="") as fh:
         assert {r["model"] for r in csv.DictReader(fh)} == {str(other.resolve())}
+
+
+def test_a_bundle_exported_again_is_one_scale_and_one_calibrated_again_is_not(
+    exported_dsvdd, slides, tmp_path
+):
+    """Hostile round 69, 10: a bundle exported again (to add a form: the same graphs, byte for
+    byte) made the cohort table warn that its slides were scored by "2 models or versions of
+    one ... not on one scale": the manifest's sha256 changed, what scores did not. The table
+    compares what the scores, flags and burden depend on (scale_sha256): the same after an
+    export into the same graphs, another after a calibration."""
+    import warnings
+
+    from cyto.export.onnx import export_onnx
+    from cyto.stats.calibrate import calibrate_from_tables
+
+    a = slides[0].paths[0]
+    b = shutil.copy(slides[1].paths[0], tmp_path / "b.tif")
+    c = shutil.copy(slides[1].paths[0], tmp_path / "c.tif")
+    model = tmp_path / "m.cyto"
+    shutil.copytree(exported_dsvdd, model)
+    out = tmp_path / "co"
+
+    def run(slide) -> list[str]:
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            score_cohort([slide], model, out, OPTS, lambda m: None)
+        return [str(w.message) for w in got if "models or versions" in str(w.message)]
+
+    assert run(a) == []
+    before = (model / "manifest.json").read_bytes()
+    export_onnx(model)  # again: the same graph
+    assert (model / "manifest.json").read_bytes() != before
+    assert run(b) == []
+    with open(out / "cohort.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert (
+        len({r["model_sha256"] for r in rows}) == 2 and len({r["scale_sha256"] for r in rows}) == 1
+    )
+    from cyto.data.synth.slide import SlideSynthConfig, write_slide
+
+    neg = write_slide(
+        tmp_path / "neg.tif",
+        SlideSynthConfig(width=1024, height=1024, n_cells=120, abnormal_fraction=0.0, seed=5),
+    ).paths[0]
+    score_cohort([neg], model, tmp_path / "negs", OPTS, lambda m: None)
+    calibrate_from_tables(model, [tmp_path / "negs" / "neg"], min_cells=10)
+    [said] = run(c)
+    assert "holds slides scored by 2 models or versions of one" in said and "calibration" in said

@@ -26,6 +26,10 @@ COHORT_COLUMNS = (
     # model in one table were not said apart (hostile round 54, 1)
     "model",
     "model_sha256",
+    # what its scores, flags and burden depend on (the trained arrays, the graph that scored,
+    # the calibration): rows of one value are on one scale (a bundle exported again into the
+    # same graphs is; one calibrated again is not: round 69, 10)
+    "scale_sha256",
     "cells",
     "seconds",
     "cells_per_s",
@@ -108,6 +112,7 @@ def cohort_row(
             "calibration": b.get("status", ""),
             "model": summary.get("model", ""),
             "model_sha256": summary.get("model_sha256", ""),
+            "scale_sha256": summary.get("scale_sha256", ""),
         }
     )
     a = summary.get("adequacy")
@@ -278,7 +283,8 @@ def _say_rows(path: str, dropped: list[str], redrawn: list[str]) -> None:
 
 def say_models(path: Path) -> None:
     """One line where the cohort table at ``path`` holds scored slides of more than one model
-    (or of one bundle calibrated or exported again between runs): their scores, flags and
+    (or of one bundle calibrated again, or exported into other graphs, between runs: rows of
+    more than one ``scale_sha256``, :attr:`Scorer.scale_sha256`): their scores, flags and
     burden are not on one scale, and the table said nothing of it (hostile round 54, 1). Called
     when a run's slides are all in the table (a watch: after each), so it is the table as the
     run leaves it (said after each slide, it named mixes a run then replaced: round 55, 1);
@@ -287,8 +293,8 @@ def say_models(path: Path) -> None:
     models: dict[str, str] = {}
     levels: set[str] = set()
     rows = read_cohort_table(path) if path.is_file() else []
-    for row in rows:
-        sha = _text(row.get("model_sha256"))
+    for row in rows:  # a row of a cyto before scale_sha256: its manifest's
+        sha = _text(row.get("scale_sha256")) or _text(row.get("model_sha256"))
         if row.get("status") == "scored" and sha:
             models.setdefault(sha, _text(row.get("model")) or "a model")
         if row.get("status") == "scored" and _text(row.get("fdr_alpha")):
@@ -307,11 +313,12 @@ def say_models(path: Path) -> None:
         return
     _SAID_MODELS[str(path)] = set(models)
 
-    shown_models = "; ".join(f"{m} (manifest {sha[:12]})" for sha, m in models.items())
+    shown_models = "; ".join(f"{m} (scale {sha[:12]})" for sha, m in models.items())
     warn_caller(
         f"{shown(path)} holds slides scored by {len(models)} models or versions of one "
-        f"({shown_models}): their scores, flags and burden are not on one scale (its model "
-        "columns say which is which); give each model its own --out",
+        f"({shown_models}: another network, graph or calibration): their scores, flags and "
+        "burden are not on one scale (its model and scale_sha256 columns say which is which); "
+        "give each model its own --out",
         CytoWarning,
     )
 

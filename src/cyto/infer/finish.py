@@ -336,6 +336,7 @@ def _finish(table, run: _Run) -> dict:
         "slide_identity": run.identity,
         "model": bundle.recorded_path,
         "model_sha256": bundle.manifest_hash,
+        "scale_sha256": run.scorer.scale_sha256,  # one value: one scale (the cohort check)
         "method": bundle.method,
         "backend": run.scorer.backend.name,
         "device": run.scorer.device,

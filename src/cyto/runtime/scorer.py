@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 
-from cyto.bundle import PRECISIONS, Bundle, GraphSpec, ModelSpec, load_bundle, of_precision
+from cyto.bundle import (
+    CALIBRATION_FILE,
+    PRECISIONS,
+    Bundle,
+    GraphSpec,
+    ModelSpec,
+    load_bundle,
+    of_precision,
+)
 from cyto.data.images import MIN_CELL_SIDE, resize_rgb
 from cyto.errors import ConfigError, CytoError, ScaleWarning, as_arg, warn_caller
 from cyto.flags import Range, passing, said
@@ -218,6 +226,30 @@ class Scorer:
         ``pytorch`` for the PyTorch network (summary.json said null where the table's metadata
         said ``pytorch``: hostile round 70, 3)."""
         return self.graph_file or "pytorch"
+
+    @property
+    def scale_sha256(self) -> str:
+        """What a slide's scores, flags and burden depend on in the bundle, as a sha256: its
+        trained arrays (:attr:`Bundle.scoring_id`), the graph that scores (its file's sha256)
+        at its precision, and the calibration it loaded. Slides of one value are on one
+        scale; unlike the manifest's sha256 it stays the same when the bundle is exported
+        again into the same graphs (a cohort table then warned of "2 models or versions of
+        one": hostile round 69, 10), and changes when it is calibrated again."""
+        import hashlib
+        import json
+
+        files = self.bundle.manifest.get("files", {})
+        text = json.dumps(
+            {
+                "model": self.bundle.scoring_id,
+                "graph": self.graph_ran,
+                "graph_sha256": files.get(self.graph_file) if self.graph_file else None,
+                "precision": self.precision,
+                "calibration": files.get(CALIBRATION_FILE),
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(text.encode()).hexdigest()
 
     @_open_method
     def score(
