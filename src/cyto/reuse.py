@@ -258,6 +258,52 @@ def check_reuse(
     return Reuse(differs=differs, broken=broken)
 
 
+#: the field of a kept record that holds the sha256 of the rest of it (:func:`sealed_record`)
+RECORD_SHA = "record_sha256"
+
+
+def _record_digest(record: Mapping[str, Any]) -> str:
+    rest = {k: v for k, v in record.items() if k != RECORD_SHA}
+    return key_sha256(json.loads(json.dumps(rest, sort_keys=True, default=str)))
+
+
+def sealed_record(record: Mapping[str, Any]) -> dict:
+    """``record`` with the sha256 of its own contents (:data:`RECORD_SHA`), as a kept record is
+    written: one edited by hand, or damaged so that it still reads as JSON, no longer matches
+    (:func:`record_intact`). Not a guard against forgery (a forger computes it again): an fp32
+    verification record edited to Spearman 0.5 was read and shown as "passed ... Spearman
+    0.5000" (hostile round 70, 4)."""
+    body = json.loads(json.dumps(dict(record), sort_keys=True, default=str))
+    return {**body, RECORD_SHA: _record_digest(body)}
+
+
+def record_intact(record: Mapping[str, Any]) -> bool:
+    """Whether a kept record is as it was written: its :data:`RECORD_SHA` matches its contents
+    (a record of a cyto before the field is taken as it reads)."""
+    return RECORD_SHA not in record or record[RECORD_SHA] == _record_digest(record)
+
+
+#: the kept records said to be damaged, in this process (:func:`say_damaged_record`)
+_SAID_DAMAGED: set[str] = set()
+
+
+def say_damaged_record(path: Path, what: str, then: str) -> None:
+    """One line, once per record and process, for a kept record that is there but not as cyto
+    wrote it (unreadable, cut short, filed under another's name, its numbers missing) and is
+    made again (``then``): it was redone without a word, where a damaged file it vouches for
+    was said, so a workstation's keeper was never told its cache was damaged (hostile round
+    71, 2). ``what`` names the record: ``the verification record``."""
+    from cyto.errors import CytoWarning, warn_caller
+
+    if str(path) in _SAID_DAMAGED:
+        return
+    _SAID_DAMAGED.add(str(path))
+    warn_caller(
+        f"{what} {path} is not as cyto wrote it (damaged or edited, or another cyto's): {then}",
+        CytoWarning,
+    )
+
+
 def read_record(path: Path) -> dict | None:
     """A JSON object written by earlier work, or None when it is absent or does not read back
     (a record that cannot be read is no record: the work is redone)."""

@@ -108,6 +108,51 @@ def test_each_backend_passes_here_and_the_result_is_cached(bundle, monkeypatch, 
     assert len(list((bundle / "verified").glob("*.json"))) == 3
 
 
+@pytest.mark.parametrize(
+    "damage", ["cut", "garbage", "another key", "no numbers", "edited key", "edited numbers"]
+)
+def test_a_damaged_verification_record_is_said_and_checked_again(bundle, damage):
+    """Hostile round 71, 2: a kept verification record cut short, or another's filed under its
+    name, was checked again without a word (a damaged numba kernel was said): the keeper of a
+    shared workstation was never told its cache was damaged; an fp32 record edited to Spearman
+    0.5 was read and shown as "passed ... Spearman 0.5000" (round 70, 4). Said in one line,
+    then checked again; the record written anew is read the next time, unsaid."""
+    import warnings
+
+    from cyto.errors import CytoWarning
+    from cyto.reuse import _SAID_DAMAGED
+
+    load_scorer(bundle, "onnx", "cpu")
+    (record,) = (bundle / "verified").glob("*.json")
+    text = record.read_text()
+    body = json.loads(text)
+    record.write_text(
+        {
+            "cut": text[: len(text) // 2],
+            "garbage": "\x00\xff not json",
+            "another key": json.dumps({**body, "key_sha256": "0" * 64}),
+            "no numbers": json.dumps({**body, "parity": {"spearman": 1.0}}),
+            "edited key": json.dumps({**body, "key": {**body["key"], "precision": "int8"}}),
+            "edited numbers": json.dumps({**body, "parity": {**body["parity"], "spearman": 0.5}}),
+        }[damage]
+    )
+    _SAID_DAMAGED.clear()  # a new process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = load_scorer(bundle, "onnx", "cpu")
+        after = load_scorer(bundle, "onnx", "cpu")
+    said = [str(w.message) for w in caught if issubclass(w.category, CytoWarning)]
+    assert said == [
+        f"the verification record {record} is not as cyto wrote it (damaged or edited, or "
+        "another cyto's): checked again"
+    ]
+    assert again.verification.passed and not again.verification.cached
+    assert (
+        after.verification.cached
+        and json.loads(record.read_text())["key_sha256"] == (body["key_sha256"])
+    )
+
+
 def test_a_read_only_bundle_keeps_its_results_in_the_user_cache(bundle, tmp_path, monkeypatch):
     import os
 

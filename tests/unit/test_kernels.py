@@ -64,6 +64,8 @@ def test_a_damaged_kept_kernel_is_removed_and_said_and_the_others_kept(
 
 
 def test_files_no_process_recorded_are_removed_quietly_and_a_recorded_folder_kept(tmp_path):
+    """A damaged record is said (hostile round 71, 2: every kernel it vouched for was compiled
+    anew without a word, where one damaged kernel file was said)."""
     _write(tmp_path)
     assert _guard(tmp_path) == ([], [])  # written by a process that never got to record them
     assert not any((tmp_path / name).exists() for name in FILES)
@@ -74,8 +76,12 @@ def test_files_no_process_recorded_are_removed_quietly_and_a_recorded_folder_kep
     record = json.loads((tmp_path / kernels.RECORD).read_text())
     assert sorted(record["files"]) == sorted(FILES)
     (tmp_path / kernels.RECORD).write_text("{not json")  # a record that does not read back
-    assert _guard(tmp_path) == ([], [])
-    assert not any((tmp_path / name).exists() for name in FILES)
+    changed, said = _guard(tmp_path)
+    assert changed == [] and not any((tmp_path / name).exists() for name in FILES)
+    assert len(said) == 1 and said[0].startswith(
+        f"the record of numba's kept kernels {tmp_path / kernels.RECORD} is not as cyto wrote it"
+    ), said
+    assert said[0].endswith("compiled anew")
 
 
 SCORE = """

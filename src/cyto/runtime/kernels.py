@@ -80,6 +80,25 @@ def _read(folder: Path) -> dict[str, dict]:
     return files if isinstance(files, dict) else {}
 
 
+def _damaged(folder: Path) -> bool:
+    """Whether ``folder``'s record is there but does not read as one (:func:`_read` takes it
+    for none)."""
+    path = folder / RECORD
+    if not path.is_file():
+        return False
+    try:
+        record = json.loads(path.read_text())
+    except OSError:
+        return False
+    except ValueError:
+        return True
+    return not (
+        isinstance(record, dict)
+        and record.get("format") == RECORD_FORMAT
+        and isinstance(record.get("files"), dict)
+    )
+
+
 def _lock(folder: Path):
     from cyto.locks import file_lock
 
@@ -109,6 +128,12 @@ def guard(folder: Path | None = None) -> list[str]:
     try:
         with _lock(folder):
             files = _read(folder)
+            if _damaged(folder) and _kept(folder):  # every kept kernel goes: said so
+                from cyto.reuse import say_damaged_record
+
+                say_damaged_record(
+                    folder / RECORD, "the record of numba's kept kernels", "compiled anew"
+                )
             # something else under a kernel file's name (a folder): numba's load would end in
             # a raw IsADirectoryError; it is no kernel, and goes
             for odd in [p for p in folder.rglob("*") if p.suffix in SUFFIXES and p.is_dir()]:

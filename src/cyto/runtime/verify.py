@@ -315,14 +315,24 @@ def _read_cached(bundle_path: Path, key: dict, golden: Golden) -> dict | None:
     """The kept record of ``key`` (:func:`cyto.reuse.check_reuse`: its whole key, field by
     field, not only the name it is filed under) whose numbers read back for this golden set;
     None when there is none, or it was made for anything else."""
-    from cyto.reuse import check_reuse, read_record
+    from cyto.reuse import check_reuse, read_record, record_intact, say_damaged_record
 
     sha = _key_sha(key)
     for folder in cache_dirs(bundle_path):
-        record = read_record(folder / f"{sha[:32]}.json")
-        if record is None or record.get("key_sha256") != sha:
+        path = folder / f"{sha[:32]}.json"
+        record = read_record(path)
+        if record is None and not path.is_file():
             continue
-        if not check_reuse(record.get("key"), key).ok or not _numbers_read(record, golden):
+        # filed under this key's name: one that does not read back, or is another key's or
+        # lacks its numbers, was damaged or edited (said, then checked again)
+        if (
+            record is None
+            or not record_intact(record)
+            or record.get("key_sha256") != sha
+            or not check_reuse(record.get("key"), key).ok
+            or not _numbers_read(record, golden)
+        ):
+            say_damaged_record(path, "the verification record", "checked again")
             continue
         return record
     return None
@@ -343,6 +353,7 @@ def _write_cached(bundle_path: Path, sha: str, record: dict) -> Path | None:
     """Keep ``record``; in the bundle when it is writable, else in the user's cache. A result
     that cannot be kept anywhere is only recomputed next time."""
     from cyto.bundle import atomic_write
+    from cyto.reuse import sealed_record
 
     for folder in cache_dirs(bundle_path):
         try:
@@ -350,7 +361,8 @@ def _write_cached(bundle_path: Path, sha: str, record: dict) -> Path | None:
             if not os.access(folder, os.W_OK):
                 continue
             path = folder / f"{sha[:32]}.json"
-            atomic_write(path, json_text(record, indent=1, sort_keys=True).encode())
+            body = sealed_record(record)  # an edit to its numbers is seen (round 70, 4)
+            atomic_write(path, json_text(body, indent=1, sort_keys=True).encode())
             return path
         except OSError:
             continue
