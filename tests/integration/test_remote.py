@@ -687,6 +687,16 @@ def test_credentials_and_query_strings_are_never_printed(slide, http, exported_d
     assert denied.returncode == 2
     assert "pa55w0rd" not in _everything_written(denied, tmp_path)
     assert f"failed: http://127.0.0.1:{http.port}/forbidden/s.tif: access denied" in denied.stderr
+    # the token comes before the URL's user info, as the how-to says: the two together failed
+    # "cannot read it (ValueError)" (aiohttp refuses both; hostile round 72, 1)
+    both = _score(
+        [f"http://user:pa55w0rd@127.0.0.1:{http.port}/private/s.tif"],
+        exported_dsvdd,
+        tmp_path / "both",
+        env={"CYTO_BEARER_TOKEN": token},
+    )
+    assert both.returncode == 0, both.stderr
+    assert pq.read_table(tmp_path / "both" / "s" / "scores.parquet").equals(table)
 
 
 @pytest.mark.openslide

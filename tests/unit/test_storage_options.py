@@ -51,6 +51,38 @@ def test_a_misspelt_option_is_refused_naming_the_nearest(name, seed):
         options_for("s3", {"endpont_url": "http://x"})
 
 
+@given(
+    st.sampled_from(["client_kwargs", "config_kwargs", "headers"]),
+    st.dictionaries(st.sampled_from(["region_name", "X-Lab", "secret"]),
+                    st.text(max_size=6).map(lambda t: f"s3cr3t{t}"), min_size=1),
+    st.data(),
+)  # fmt: skip
+def test_a_mapping_option_that_is_no_mapping_is_refused_without_its_value(name, mapping, data):
+    """Hostile round 72, 2: `--storage-option 'client_kwargs={"region_name": 5'` (one brace
+    short) was passed on as text, and s3fs failed deep inside: "cannot write --out s3://...:
+    cannot read it (AttributeError)", exit 1. JSON cut short is refused naming the option and
+    the JSON error; a mapping option given no mapping (from Python too) is refused; neither
+    shows the value (a header's may be a secret)."""
+    import json
+
+    text = json.dumps(mapping)
+    cut = text[: data.draw(st.integers(1, len(text) - 1))]
+    with pytest.raises(ConfigError) as err:
+        parse_options([f"{name}={cut}"])
+    line = str(err.value)
+    assert line.startswith(f"--storage-option {name}: its value does not read as JSON (")
+    assert "\n" not in line and "s3cr3t" not in line
+    assert parse_options([f"{name}={text}"]) == {name: mapping}  # whole, it is taken
+    for wrong in ("eu-west-1", 5, ["a"]):
+        with pytest.raises(ConfigError, match=f"^--storage-option {name} takes a mapping"):
+            options_for("s3", {name: wrong})
+    from cyto.flags import python_words
+
+    with python_words("score_slide"), pytest.raises(ConfigError) as err:
+        options_for("s3", {name: "x"})
+    assert str(err.value).startswith(f"storage_options[{name!r}] takes a mapping")
+
+
 def test_the_command_refuses_it_before_any_work(tmp_path, exported_dsvdd):
     out = tmp_path / "out"
     proc = run_cyto(

@@ -49,6 +49,7 @@ from cyto.slides.remote import (
     SlideURL,
     bound_shared,
     claim,
+    has_authorization,
     open_object,
     release,
     share,
@@ -170,7 +171,7 @@ class DicomWebSeries(Requests):
         given = ref.options.get("headers") or {}
         self.headers = {str(k): str(v) for k, v in given.items()} if isinstance(given, dict) else {}
         token = env_text(TOKEN_ENV)
-        if any(k.lower() == "authorization" for k in self.headers):
+        if has_authorization(self.headers):
             pass
         elif token:
             self.headers["Authorization"] = f"Bearer {token}"

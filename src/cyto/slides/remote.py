@@ -32,7 +32,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from cyto.errors import (
     ConfigError,
@@ -105,7 +105,13 @@ def parse_options(pairs: list[str] | None) -> dict:
             raise ConfigError(f"--storage-option {pair.split('=')[0]!r}: give KEY=VALUE")
         try:
             out[key.strip()] = json.loads(value)
-        except ValueError:
+        except ValueError as exc:
+            if value.lstrip()[:1] in ("{", "["):  # meant as JSON: its error, not its text
+                raise ConfigError(
+                    f"--storage-option {key.strip()}: its value does not read as JSON "
+                    f"({exc.msg} at character {exc.pos}); write it as JSON, quoted for the "
+                    """shell: 'client_kwargs={"region_name": "eu-west-1"}'"""
+                ) from None
             out[key.strip()] = value
     refuse_unknown_options(out)  # before any work: a typo is said once, not per slide
     return out
@@ -317,6 +323,11 @@ def options_for(scheme: str, options: dict) -> dict:
     return {k: v for k, v in options.items() if k in mine}
 
 
+#: the storage options that are mappings of settings: of the store's client, its config, HTTP's
+#: headers
+_MAPPINGS = ("client_kwargs", "config_kwargs", "headers")
+
+
 def refuse_unknown_options(options: dict, scheme: str | None = None) -> None:
     """Refuse, in one line naming the nearest, a storage option that no installed store's file
     system takes (a misspelt ``endpont_url`` failed each slide "cannot read it (TypeError)",
@@ -331,7 +342,16 @@ def refuse_unknown_options(options: dict, scheme: str | None = None) -> None:
     # key (gcsfs reads its settings when imported: not for an S3 endpoint)
     order = [scheme] if scheme in SCHEMES else []
     order += [s for s in ("s3", "http", "gs") if s not in order]
-    for key in options:
+    for key, value in options.items():
+        if key in _MAPPINGS and not isinstance(value, dict):
+            # a setting of the store's client (client_kwargs, headers) given as no mapping:
+            # s3fs failed deep inside, said "cannot write --out ...: cannot read it
+            # (AttributeError)" (hostile round 72, 2); its value is never shown (a header's
+            # may be a secret)
+            given = f"storage_options[{key!r}]" if python_call() else f"--storage-option {key}"
+            raise ConfigError(
+                f"{given} takes a mapping (JSON: {key}={{...}}), got {type(value).__name__}"
+            )
         if any(key in (_taken_by(s) or ()) for s in order):
             continue
         known = set().union(*(_taken_by(s) or () for s in order))
@@ -346,6 +366,13 @@ def refuse_unknown_options(options: dict, scheme: str | None = None) -> None:
             f"{given}: no option of {store}{hint}; fsspec's file systems take "
             "endpoint_url, key, secret, anon, client_kwargs (S3), token (GCS), headers (HTTP)"
         )
+
+
+def has_authorization(headers: dict) -> bool:
+    """Whether ``headers`` hold an Authorization header, in any case of its name: one given
+    (``--storage-option headers=...``) or the bearer token's comes before a URL's user info,
+    for an https:// slide and a DICOMweb series alike."""
+    return any(str(k).lower() == "authorization" for k in headers)
 
 
 def _filesystem(ref: SlideURL):
@@ -374,12 +401,16 @@ def _filesystem(ref: SlideURL):
         from cyto.envvars import env_text
 
         token = env_text(TOKEN_ENV)
-        if token and "Authorization" not in headers:
+        url = ref.url
+        if token and not has_authorization(headers):
             headers["Authorization"] = f"Bearer {token}"
+        if has_authorization(headers):  # it comes before the URL's user info, which aiohttp
+            # refuses beside it ("cannot read it (ValueError)": hostile round 72, 1)
+            url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         fs = fsspec.filesystem(
             scheme, client_kwargs=client, headers=headers, skip_instance_cache=True, **opts
         )
-        return fs, ref.url, None
+        return fs, url, None
     if scheme == "s3":
         config = dict(opts.pop("config_kwargs", {}) or {})
         config.setdefault("connect_timeout", t)
