@@ -617,15 +617,48 @@ def test_a_server_that_cannot_be_reached_is_said_so_once_not_a_dropped_connectio
     handler = logging.Handler()
     handler.emit = lambda r: records.append(r.getMessage())
     logging.getLogger("cyto.remote").addHandler(handler)
-    url = f"http://127.0.0.1:{free_port()}/none.tif"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/none.tif"
+    # where it was tried is named (a stale AWS_ENDPOINT_URL went unseen: round 72, 4)
+    reached = f"the server at 127.0.0.1:{port} could not be reached"
     try:
         for _ in range(2):  # two readers of one slide in one process
             with pytest.raises(CytoError) as err:
                 RemoteObject(slide_ref(url)).identity()
-            assert "could not be reached" in str(err.value) and "dropped" not in str(err.value)
+            assert reached in str(err.value) and "dropped" not in str(err.value)
     finally:
         logging.getLogger("cyto.remote").removeHandler(handler)
-    assert len(records) == 1 and "could not be reached" in records[0], records
+    assert len(records) == 1 and reached in records[0], records
+    s3 = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "AKIDLAB", "secret": "s3cr3t"}
+    with pytest.raises(CytoError) as err:
+        RemoteObject(slide_ref("s3://bucket/a.tif", s3)).identity()
+    assert f"the server at http://127.0.0.1:{port} could not be reached" in str(err.value)
+    assert "s3cr3t" not in str(err.value)
+
+
+def test_an_s3_slide_without_credentials_says_where_they_are_looked_for(monkeypatch, tmp_path):
+    """With no key anywhere, botocore refuses before any request; cyto said "cannot read it
+    (NoCredentialsError)" (found by a test of hostile round 72's unreachable endpoint)."""
+    from cyto.errors import InputPathError
+    from cyto.flags import python_words
+    from cyto.slides.remote import RemoteObject, slide_ref
+    from tests.servers import free_port
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.setenv(name, str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    ref = slide_ref("s3://bucket/a.tif", {"endpoint_url": f"http://127.0.0.1:{free_port()}"})
+    with pytest.raises(InputPathError) as err:
+        RemoteObject(ref).identity()
+    assert str(err.value) == (
+        "s3://bucket/a.tif: no credentials for this store were found: set AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY (or a profile, AWS_PROFILE), give --storage-option key=... "
+        "--storage-option secret=..., or anon=true for a public bucket"
+    )
+    with python_words("score_slide"), pytest.raises(InputPathError, match="storage_options key="):
+        RemoteObject(slide_ref("s3://bucket/b.tif", ref.options)).identity()
 
 
 def test_an_http_prefix_lists_its_slides_by_their_own_urls(slide, http):
@@ -638,6 +671,14 @@ def test_an_http_prefix_lists_its_slides_by_their_own_urls(slide, http):
     from tests.servers import free_port
 
     assert slide_files([SlideURL(f"{http.url}/listed/")]) == [SlideURL(f"{http.url}/listed/s.tif")]
+    # a folder the server does not list (nginx's 403) is said to be one, not only a credentials
+    # problem (hostile round 72, 3)
+    with pytest.raises(CytoError) as err:
+        slide_files([SlideURL(f"{http.url}/")])
+    assert "access denied (403)" in str(err.value)
+    assert "or the server lists no folders: an http:// prefix is read from the server's" in str(
+        err.value
+    )
     with pytest.raises(CytoError) as err:
         slide_files([SlideURL(f"http://127.0.0.1:{free_port()}/listed/")])
     assert "could not be reached" in str(err.value), str(err.value)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from cyto.cohort.run import slide_line
 from cyto.infer import ScoreOptions
@@ -34,6 +36,29 @@ def test_a_run_that_only_resumed_and_one_that_scored_are_told_apart():
     assert resumed == "s.ndpi: 40 cells in 1.5 s (all 40 from finished chunks) -> /o/s"
     fresh = slide_line(_summary(cells_scored=40, cells_per_s=26.7, engine_cells_per_s=120.0), "/o")
     assert "(26.7 cells/s, engine 120.0 cells/s)" in fresh, fresh
+
+
+@hypothesis.given(
+    st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=12).filter(
+        lambda t: "/" not in t and t.strip(" ") == t
+    ),
+    st.sampled_from(["http://h:80/a%20b/", "s3://bucket/p/", "https://h/x/"]),
+)
+def test_a_slide_by_url_is_named_by_its_decoded_name_as_its_folder_is(name, prefix):
+    """Hostile round 72, 5: `cyto score 'http://.../%C3%A9%202.tif'` named the slide `é 2` in its
+    progress and folder, and `%C3%A9%202.tif` in its summary line: one name, decoded."""
+    from urllib.parse import quote
+
+    from cyto.slides.remote import SlideURL
+
+    url = prefix + quote(f"{name}.tif")
+    assert SlideURL(url).name == f"{name}.tif"
+    line = slide_line(_summary(slide=url, cells_scored=3, cells_resumed=3), "/o")
+    assert line.startswith(f"{name}.tif: 3 cells in "), line
+    from cyto.cohort.local import REUSED
+
+    kept = slide_line({**_summary(slide=url, cells_scored=3), REUSED: "then"}, "/o")
+    assert kept.startswith(f"{name}.tif: "), kept
 
 
 def test_a_slide_kept_from_an_earlier_run_says_when_not_how_long():

@@ -9,6 +9,7 @@ from cyto.errors import ConfigError, CytoError, InputPathError
 from cyto.infer import ScoreOptions
 from cyto.infer.finish import Metrics
 from cyto.location import OutputLocation
+from cyto.slides.remote import slide_name
 
 
 def run_cohort(
@@ -191,7 +192,7 @@ def slide_line(summary: dict, out: Path) -> str:
     s = as_found(summary, out)
     where = s.get("output") or Path(str(out)) / Path(s["slide"]).stem
     if s.get(REUSED):  # kept from an earlier run: its time is not this run's
-        line = f"{Path(s['slide']).name}: already scored ({s[REUSED]}): {s['cells_scored']} cells"
+        line = f"{slide_name(s['slide'])}: already scored ({s[REUSED]}): {s['cells_scored']} cells"
         return line + f" -> {where}" + _findings(s)
     if s.get("cells_per_s") is not None:
         rate = f"{s['cells_per_s']} cells/s, engine {s.get('engine_cells_per_s')} cells/s"
@@ -199,7 +200,7 @@ def slide_line(summary: dict, out: Path) -> str:
         rate = f"all {s['cells_resumed']} from finished chunks"
     else:
         rate = "no cells found"
-    line = f"{Path(s['slide']).name}: {s['cells_scored']} cells in {s['seconds']} s ({rate}) "
+    line = f"{slide_name(s['slide'])}: {s['cells_scored']} cells in {s['seconds']} s ({rate}) "
     return line + f"-> {where}" + _findings(s)
 
 

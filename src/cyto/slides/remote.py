@@ -84,6 +84,17 @@ def is_url(text: object) -> bool:
     return isinstance(text, SlideURL) or bool(_URL.match(str(text)))
 
 
+def slide_name(slide: object) -> str:
+    """A slide's file name as every line names it: a URL's last part decoded (``é 2.tif`` for
+    ``.../%C3%A9%202.tif``, as its output folder and progress lines name it), a path's name. A
+    run's summary line printed the URL's encoded form (hostile round 72, 5)."""
+    if is_url(slide):
+        return unquote(urlsplit(str(slide)).path.rstrip("/").rpartition("/")[2])
+    from pathlib import Path
+
+    return Path(str(slide)).name
+
+
 def redact(text: str) -> str:
     """Every URL in ``text`` without its user info and query string: what may be printed."""
 
@@ -182,7 +193,7 @@ class SlideURL:
 
     @property
     def name(self) -> str:
-        return unquote(urlsplit(self.url).path.rstrip("/").rpartition("/")[2])
+        return slide_name(self.url)
 
     @property
     def dicomweb(self) -> bool:
@@ -497,7 +508,7 @@ def _transient(exc: BaseException) -> str | None:
         "EndpointConnectionError",  # botocore: the same
         "NewConnectionError",
     }:
-        return "the server could not be reached (no connection was made)"
+        return f"the server{_tried(exc)} could not be reached (no connection was made)"
     if isinstance(exc, ConnectionError) or names & {
         "ClientConnectionError",
         "ClientPayloadError",
@@ -509,6 +520,41 @@ def _transient(exc: BaseException) -> str | None:
     }:
         return "the connection was dropped"
     return None
+
+
+def _chain_names(exc: BaseException | None, seen: set | None = None) -> set[str]:
+    """The class names of ``exc`` and of the errors it was raised from or during."""
+    seen = seen if seen is not None else set()
+    if exc is None or id(exc) in seen:
+        return set()
+    seen.add(id(exc))
+    names = {c.__name__ for c in type(exc).__mro__}
+    return names | _chain_names(exc.__cause__, seen) | _chain_names(exc.__context__, seen)
+
+
+def _tried(exc: BaseException, seen: set | None = None) -> str:
+    """`` at SCHEME://HOST:PORT``: the endpoint a connection that was never made was tried at,
+    where the error names it (botocore's endpoint, aiohttp's host), without user info or path:
+    an s3:// slide's endpoint is the environment's, a profile's or an option's, and a stale
+    ``AWS_ENDPOINT_URL`` went unseen (hostile round 72, 4); '' where none is named."""
+    seen = seen if seen is not None else set()
+    if id(exc) in seen:
+        return ""
+    seen.add(id(exc))
+    kwargs = getattr(exc, "kwargs", None)
+    endpoint = kwargs.get("endpoint_url") if isinstance(kwargs, dict) else None
+    if isinstance(endpoint, str) and "://" in endpoint:
+        parts = urlsplit(endpoint)
+        return f" at {parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    host, port = getattr(exc, "host", None), getattr(exc, "port", None)
+    if isinstance(host, str) and host and isinstance(port, int):
+        return f" at {host}:{port}"
+    for inner in (exc.__cause__, exc.__context__):
+        if inner is not None:
+            found = _tried(inner, seen)
+            if found:
+                return found
+    return ""
 
 
 def _gcsfs_tries() -> int:
@@ -646,6 +692,20 @@ class Requests:
             )
             return InputPathError(
                 f"{self.ref}: access denied ({status or 403}): check the credentials ({where})"
+            )
+        if _chain_names(exc) & {"NoCredentialsError", "PartialCredentialsError"}:
+            # botocore found no key before any request: "cannot read it (NoCredentialsError)"
+            from cyto.flags import python_call
+
+            given = (
+                "storage_options key=, secret="
+                if python_call()
+                else ("--storage-option key=... --storage-option secret=...")
+            )
+            return InputPathError(
+                f"{self.ref}: no credentials for this store were found: set AWS_ACCESS_KEY_ID "
+                f"and AWS_SECRET_ACCESS_KEY (or a profile, AWS_PROFILE), give {given}, or "
+                "anon=true for a public bucket"
             )
         tls = _tls(exc, self.ref)
         if tls is not None:
@@ -1288,7 +1348,14 @@ def list_prefix(ref: SlideURL, suffixes: tuple[str, ...]) -> list[SlideURL]:
     if scheme in ("http", "https"):
         # a server's folder listing: the folder's own URL (without its slash it is a file,
         # 404), and a listing that cannot be read is an error, never an empty folder
-        names = probe._call(lambda: fs.find(path.rstrip("/") + "/", on_error="raise"), "list")
+        try:
+            names = probe._call(lambda: fs.find(path.rstrip("/") + "/", on_error="raise"), "list")
+        except InputPathError as exc:  # 403 or 404 of a folder: a server that lists none
+            # answers so, and was taken for a credentials problem alone (hostile round 72, 3)
+            raise InputPathError(
+                f"{exc}; or the server lists no folders: an {scheme}:// prefix is read from "
+                "the server's folder listing (nginx: autoindex on), else give each slide's URL"
+            ) from None
     else:
         names = probe._call(lambda: fs.find(path.rstrip("/")), "list")
     out = [
