@@ -803,7 +803,7 @@ def calibrate(
 
 @_front_door
 def evaluate(
-    table: Annotated[str | Path, Local("a score table: copy it to this machine first")],
+    table: str | Path,
     *,
     k: int | Sequence[int] = 400,
     score_column: str = "auto",
@@ -812,6 +812,7 @@ def evaluate(
     class_column: str = "class",
     normal: Classes = None,
     echo: Callable[[str], None] | None = print,
+    storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The paper's metrics of a score table (``cyto eval scores``): TP@K, Recall@K,
     Precision@K, nDCG@K, AUTK@K, normalized AUFROC@K and AUROC; and each abnormal class against
@@ -820,7 +821,8 @@ def evaluate(
     Args:
         table: a score table (Parquet or CSV; ``scores.parquet`` of ``cyto score``, the table
             of ``cyto predict``), one row per cell, or a slide's folder of ``cyto score`` (its
-            ``scores.parquet``).
+            ``scores.parquet``); a path, or the URL of a slide's folder or table that ``cyto
+            score --out s3://...`` wrote (``s3://BUCKET/OUT/SLIDE``: read through its seal).
         k: K, or several.
         score_column: the column of scores (higher: more abnormal); ``auto``: what the table's
             ``rank`` follows (the ranking it records).
@@ -832,6 +834,8 @@ def evaluate(
             the classes whose rows are all labelled 0).
         echo: where notes go (which column was judged where the table does not say; None:
             nowhere).
+        storage_options: fsspec's options of the store of a table given by URL
+            (``--storage-option``).
 
     Returns:
         A dict: ``overall`` (one row per K: ``k``, ``n``, ``positives``, ``auroc``,
@@ -853,9 +857,13 @@ def evaluate(
 
     ks = [k] if isinstance(k, int) else list(k)
     notes: list[str] = []  # what the rows do not say (K above a pool, ties), kept with echo=None
+    if storage_options:
+        from cyto.slides.remote import refuse_unknown_options
+
+        refuse_unknown_options(storage_options)
     done = evaluate_scores(
-        Path(table), ks, score_column, label_column, by_class, class_column,
-        _classes("normal", normal), _said(echo, notes),
+        table, ks, score_column, label_column, by_class, class_column,
+        _classes("normal", normal), _said(echo, notes), storage_options or None,
     )  # fmt: skip
     return {**done, "notes": notes}
 

@@ -619,6 +619,25 @@ def scored_here(
     return loc.local, loc
 
 
+def table_here(given, options: dict | None = None) -> tuple[Path, OutputLocation]:
+    """(a local path, its location) of a score table given by a path or a URL: the folder of a
+    URL (a slide's ``scores.parquet`` in object storage, or the slide's folder) is pulled to
+    cyto's cache with its seal (:func:`scored_here`), so it is checked as a local one. The one
+    rule of the commands that read one slide's table (``cyto calibrate``, ``cyto eval scores``:
+    it took no URL of ``--out s3://`` results, hostile round 72, 6)."""
+    from cyto.slides.remote import is_url
+
+    if not is_url(given):
+        here = user_path(given)  # ~ the home folder, as every local path (round 45, 5)
+        return here, output_location(here)
+    url = str(given)
+    name = ""
+    if url.rstrip("/").endswith((".parquet", ".csv")):
+        url, _, name = url.rstrip("/").rpartition("/")
+    folder, where = scored_here(url, options)
+    return (folder / name if name else folder), where
+
+
 def scored_folders(given, options: dict | None = None) -> list[Path]:
     """Scored folders (or cohort folders) given by paths or URLs, as local folders: each URL
     through :func:`scored_here` (pulled to cyto's cache, trusted through its seal), each path

@@ -275,6 +275,15 @@ def test_calibrate_and_view_take_a_scored_folder_by_its_url(
         str(missing.value) == "cannot read s3://nobucket/run3: there is no bucket 'nobucket' (404)"
     )
 
+    # cyto eval scores reads it by URL too, as the local folder (round 72, 6: "TABLE takes a
+    # local path"); these negative slides hold no labels: the same one line of each
+    said = {}
+    for how, table in (("local", str(local / "a")), ("url", "s3://out/run3/a")):
+        proc = run_cyto("eval", "scores", table)
+        assert proc.returncode == 2, proc.stderr
+        said[how] = proc.stderr.strip().replace(table, "A")
+    assert said["url"] == said["local"] and "has no column 'label'" in said["url"], said
+
     client = aws.client()
     other = client.get_object(Bucket="out", Key="run3/b/scores.parquet")["Body"].read()
     client.put_object(Bucket="out", Key="run3/a/scores.parquet", Body=other)  # a forgery
@@ -283,6 +292,12 @@ def test_calibrate_and_view_take_a_scored_folder_by_its_url(
     (line,) = proc.stderr.strip().splitlines()
     assert "s3://out/run3/a" in line and "scores.parquet" in line, line
     assert str(tmp_path / "cache") not in line
+    import cyto
+    from cyto.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:  # so does eval, from Python too
+        cyto.evaluate("s3://out/run3/a", echo=None)
+    assert str(err.value) == line.removeprefix("error: "), (str(err.value), line)
 
 
 def test_the_python_api_writes_to_s3(slides, local, exported_dsvdd, aws):

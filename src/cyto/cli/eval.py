@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cyto.cli._app import eval_app, seed_option
+from cyto.cli._app import StorageOption, eval_app, seed_option
 from cyto.tables import json_text
 
 
@@ -89,10 +89,11 @@ def eval_sweep_cmd(
 )
 def eval_scores_cmd(
     table: Annotated[
-        Path,
+        str,
         typer.Argument(
             help="Score table (Parquet or CSV), one row per cell; or a slide's folder of cyto "
-            "score (its scores.parquet)."
+            "score (its scores.parquet); a path or a URL (s3://BUCKET/OUT/SLIDE, gs://...).",
+            metavar="TABLE",
         ),
     ],
     k: Annotated[
@@ -134,10 +135,12 @@ def eval_scores_cmd(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    storage_option: StorageOption = None,
 ) -> None:
     """TP@K, Recall@K, Precision@K, nDCG@K, AUTK@K, normalized AUFROC@K and AUROC."""
     from cyto.eval.scores import evaluate_scores
     from cyto.flags import comma_list
+    from cyto.slides.remote import parse_options
 
     ks = [kk for text in k for kk in comma_list(text, "k", _k)] if k else [400]
 
@@ -146,8 +149,9 @@ def eval_scores_cmd(
 
     # "also": the overall metrics too, where the table has its 0/1 labels
     both = evaluate_scores(
-        table, ks, score_column, label_column, by_class, class_column, normal, note
-    )
+        table, ks, score_column, label_column, by_class, class_column, normal, note,
+        parse_options(storage_option),
+    )  # fmt: skip
     rows, classes = both["overall"], both["by_class"]
     if as_json:
         done = rows if classes is None else {"overall": rows, "by_class": classes}
@@ -174,7 +178,7 @@ def _k(item: str) -> int:
         raise ConfigError(f"--k takes whole numbers (--k 100,400), got {item!r}") from None
 
 
-def _overall(table: Path, rows: list[dict]) -> None:
+def _overall(table: str, rows: list[dict]) -> None:
     first = rows[0]
     typer.echo(
         f"{table}: {first['n']} cells, {first['positives']} abnormal, AUROC {first['auroc']:.4f} "
@@ -191,7 +195,7 @@ def _overall(table: Path, rows: list[dict]) -> None:
         )
 
 
-def _by_class(table: Path, classes: list[dict], ks: list[int]) -> None:
+def _by_class(table: str, classes: list[dict], ks: list[int]) -> None:
     """Each class's AUROC and Recall@K, headed by the K asked: a class with fewer cells (with the
     normal ones) than K is judged whole, as the note before says (the header named the smallest
     class's pool, which the other rows were not judged at: hostile round 39, 4)."""

@@ -488,10 +488,35 @@ def evaluate_scores(
     class_column: str = "class",
     normal: str | None = None,
     echo=print,
+    storage_options: dict | None = None,
 ) -> dict:
     """``cyto eval scores`` and :func:`cyto.evaluate`: ``overall`` (:func:`evaluate_table`) and
     ``by_class`` (:func:`evaluate_with_classes`; None unless asked). A class option given
-    without ``by_class`` is refused, not ignored (hostile round 28, 8)."""
+    without ``by_class`` is refused, not ignored (hostile round 28, 8). ``path``: a table or a
+    slide's folder, here or by its URL (``s3://BUCKET/OUT/SLIDE``: pulled with its seal,
+    :func:`cyto.location.table_here`; ``storage_options`` its store's)."""
+    from cyto.errors import CytoError
+    from cyto.location import table_here
+
+    local, where = table_here(path, storage_options)
+    try:
+        return _evaluate_scores(
+            local, k, score_column, label_column, by_class, class_column, normal, echo
+        )
+    except CytoError as exc:  # named as the URL given, not cyto's cache
+        raise where.translated(exc) from None
+
+
+def _evaluate_scores(
+    path: Path,
+    k: list[int],
+    score_column: str,
+    label_column: str,
+    by_class: bool,
+    class_column: str,
+    normal: str | None,
+    echo,
+) -> dict:
     if not by_class:
         given = [f for f, v in (("normal", normal), ("class_column", class_column))
                  if v is not None and v != "class"]  # fmt: skip

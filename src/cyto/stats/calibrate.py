@@ -260,26 +260,6 @@ def calibration_key_names() -> dict[str, str]:
     }
 
 
-def _table_here(given, options: dict | None):
-    """(a local path, its location) of a table given by a path or a URL: the folder of a URL
-    (a slide's ``scores.parquet`` in object storage, or the slide's folder) is pulled to cyto's
-    cache with its seal (:func:`cyto.location.scored_here`), so it is checked as a local one."""
-    from cyto.location import output_location, scored_here
-    from cyto.slides.remote import is_url
-
-    if not is_url(given):
-        from cyto.envvars import user_path
-
-        here = user_path(given)  # ~ the home folder, as every local path (round 45, 5)
-        return here, output_location(here)
-    url = str(given)
-    name = ""
-    if url.rstrip("/").endswith(".parquet"):
-        url, _, name = url.rstrip("/").rpartition("/")
-    folder, where = scored_here(url, options)
-    return (folder / name if name else folder), where
-
-
 def _table_of(path: Path) -> Path:
     """``path``'s score table: the file itself, or a slide's cyto score folder (its
     scores.parquet). A cohort's output folder is refused by name: it may hold slides that are
@@ -697,9 +677,11 @@ def calibrate_from_tables(
     check_writable(bundle.path, flag=f"{named_input('MODEL', model)}:")  # before the work
     if not tables:
         raise ConfigError("give at least one scores.parquet of a slide-negative slide")
+    from cyto.location import table_here
+
     parts, evaluable, metas, names, seen = [], [], [], [], []
     for given in tables:
-        t, where = _table_here(given, storage_options)
+        t, where = table_here(given, storage_options)
         try:
             scores, meta, identity, ev = _read_table(Path(t), bundle)
         except CytoError as exc:
