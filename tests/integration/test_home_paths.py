@@ -111,7 +111,7 @@ def test_a_manifests_rows_and_calibrates_tables_take_tilde_as_home(tmp_path, mon
     from PIL import Image
 
     from cyto.data.dataset import read_manifest
-    from cyto.stats.calibrate import _table_here
+    from cyto.location import table_here
 
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))
@@ -125,4 +125,4 @@ def test_a_manifests_rows_and_calibrates_tables_take_tilde_as_home(tmp_path, mon
     manifest.write_text(f"path,label\n{NO_USER}/a.png,n\n")
     with pytest.raises(Exception, match=r"row 2: ~no-such-user-of-cyto/a\.png starts with a ~"):
         read_manifest(manifest)
-    assert _table_here("~/scored/s", None)[0] == home / "scored" / "s"
+    assert table_here("~/scored/s", None)[0] == home / "scored" / "s"

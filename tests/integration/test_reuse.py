@@ -374,8 +374,11 @@ def test_an_export_killed_before_its_golden_cells_leaves_the_bundle_as_it_was(
 
 def test_a_hand_edited_verification_record_is_judged_by_its_numbers(golden_bundle):
     """Example 4a: a record edited by hand (a Spearman of 0.10 recorded as "passed") was
-    trusted: the cached decision was read as a boolean."""
+    trusted: the cached decision was read as a boolean. A record that holds its own sha256 is
+    one cyto wrote (an unsealed edit is said and checked again: test_verify); one whose
+    "passed" its numbers do not bear out is judged by the numbers."""
     from cyto.errors import VerificationError
+    from cyto.reuse import sealed_record
     from cyto.runtime import load_scorer
 
     s = load_scorer(golden_bundle, "onnx", "cpu")
@@ -385,7 +388,7 @@ def test_a_hand_edited_verification_record_is_judged_by_its_numbers(golden_bundl
     record = json.loads(record_file.read_text())
     record["parity"].update(spearman=0.10, top10_overlap=0.2, max_diff_of_range=0.4)
     assert record["passed"] is True
-    record_file.write_text(json.dumps(record))
+    record_file.write_text(json.dumps(sealed_record(record)))
     with pytest.raises(VerificationError, match="Spearman 0.1000"):
         load_scorer(golden_bundle, "onnx", "cpu")
     # a record whose numbers are gone is no record: verified again, here
@@ -399,16 +402,19 @@ def test_a_failure_on_record_says_so_and_doctor_runs_the_check_again(golden_bund
     """Hostile round 9, N6: a record edited to fail (or a stale one) refused a passing graph
     for good; doctor showed it as FAILED with no word that it was read, not run, and nothing
     said how to check again. The refusal now says it was read and names doctor, and doctor
-    runs the check (and keeps what it found); so does auto's note of a choice it passes over."""
+    runs the check (and keeps what it found); so does auto's note of a choice it passes over.
+    The failing records are written as cyto writes one (with their own sha256: a stale failure,
+    not an edit, which is checked again at once)."""
     from cyto.doctor import diagnose, render
     from cyto.errors import VerificationError
+    from cyto.reuse import sealed_record
     from cyto.runtime import load_scorer
 
     load_scorer(golden_bundle, "onnx", "cpu").close()
     [record_file] = (golden_bundle / "verified").glob("*.json")
     record = json.loads(record_file.read_text())
     record["parity"].update(spearman=0.5, top10_overlap=0.2, max_diff_of_range=0.4)
-    record_file.write_text(json.dumps(record))
+    record_file.write_text(json.dumps(sealed_record(record)))
     with pytest.raises(VerificationError, match="not run now") as refused:
         load_scorer(golden_bundle, "onnx", "cpu")
     assert f"cyto doctor {golden_bundle} runs the check again" in str(refused.value)
@@ -429,7 +435,7 @@ def test_a_failure_on_record_says_so_and_doctor_runs_the_check_again(golden_bund
     ]
     record = json.loads(record_file.read_text())
     record["parity"].update(spearman=0.5, top10_overlap=0.2, max_diff_of_range=0.4)
-    record_file.write_text(json.dumps(record))
+    record_file.write_text(json.dumps(sealed_record(record)))
     other = load_scorer(golden_bundle, "auto", "cpu")
     other.close()
     [over] = [n for n in other.notes if n.startswith("failed verification, not used: ")]

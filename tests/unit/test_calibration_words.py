@@ -18,7 +18,7 @@ def test_a_precision_auto_chose_is_not_named_as_a_flag_the_user_passed():
         {"valid_for": {"model": "m", "precision": "bf16", "graph": "encoder.onnx", "options": {}}},
     )
     scorer = SimpleNamespace(
-        bundle=SimpleNamespace(scoring_id="m"), precision="int8", graph_file="encoder.onnx"
+        bundle=SimpleNamespace(scoring_id="m"), precision="int8", graph_ran="encoder.onnx"
     )
     [line] = cal.differences(scorer, {})
     assert "--precision bf16" not in line and "bf16 -> int8" in line, line
