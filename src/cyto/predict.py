@@ -97,6 +97,7 @@ def predict(
     from cyto.data.morphometry import (
         RANK_BY,
         RANK_BY_ALIASES,
+        Morphometric,
         few_abnormal_words,
         resolve_rank_by,
         scorer_rank_by,
@@ -140,7 +141,11 @@ def predict(
     rank_by, morph = scorer_rank_by(scorer, rank_by)
     # auto's choice on too few held-back abnormal cells: said beside the ranking it took
     caution = (
-        few_abnormal_words(scorer.spec.validation)
+        few_abnormal_words(
+            scorer.spec.validation,
+            scorer.spec.stain,
+            Morphometric.of_spec(scorer.spec) is not None,
+        )
         if RANK_BY_ALIASES.get(asked, asked) == "auto"
         else None
     )
@@ -493,12 +498,12 @@ class _Job:
 
 def _say_inputs(job: _Job) -> None:
     """One warning for the images read as grayscale or 16-bit, one for those not square."""
-    from cyto.data.images import mode_words, oblong_words
+    from cyto.data.images import mode_category, mode_words, oblong_words
     from cyto.errors import CytoWarning
 
     said = mode_words(job.modes, job.read)
     if said:
-        warn_caller(said, CytoWarning)
+        warn_caller(said, mode_category(said))
     if job.oblong:
         warn_caller(
             f"{oblong_words(job.oblong, job.read)}: each is padded to a square with its edge "

@@ -279,10 +279,14 @@ def test_a_pap_model_trained_on_normal_cells_alone_is_told_what_was_measured(cri
     """Hostile round 63, 6: a Pap model trained on NILM alone ranks by its network, which ranked
     held-out CRIC crops at AUROC 0.42 against 0.84 by morphometry; `cyto train` said only that
     nothing was held back, and cyto.train nothing at all. Both say what was measured on Pap
-    cells and what to pass, each in its own words."""
+    cells and what to pass, each in its own words. Round 73, 1: said only to echo, it was gone
+    with echo=None, and cyto.predict then ranked by the network unwarned: it is a warning of
+    the bundle (TrainResult.notes, cyto.info's warnings, predict's rank_by caution)."""
     import os
+    import warnings
 
     import cyto
+    from cyto.errors import CytoWarning
     from tests.cli_runner import run_cyto
 
     nilm = tmp_path / "cells" / "NILM"
@@ -290,21 +294,32 @@ def test_a_pap_model_trained_on_normal_cells_alone_is_told_what_was_measured(cri
     for f in sorted((cric / "NILM").glob("*.png"), key=lambda p: int(p.stem))[:40]:
         os.symlink(f, nilm / f.name)
     quick = {"epochs": 1, "ae_epochs": 1, "n_seeds": 1, "input_size": 32, "stain": "pap"}
-    said: list[str] = []
-    cyto.train(
-        "dsvdd", tmp_path / "cells", tmp_path / "a.cyto", normal="NILM", preset="fast",
-        overrides={**quick, "mpp": 0.258}, device="cpu", echo=said.append,
-    )  # fmt: skip
-    (note,) = [line for line in said if "nothing was held back to compare" in line]
-    assert "rank_by='auto' ranks by the model alone; on Pap cells the networks" in note, note
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = cyto.train(
+            "dsvdd", tmp_path / "cells", tmp_path / "a.cyto", normal="NILM", preset="fast",
+            overrides={**quick, "mpp": 0.258}, device="cpu", echo=None,
+        )  # fmt: skip
+    pap = "it was trained on normal cells alone, so nothing held back chose; on Pap cells the"
+    (note,) = [n for n in res.notes if pap in n]
+    assert note.startswith("rank_by='auto' ranks by the model: "), note
     assert "rank by rank_by='morphometry'" in note and "--" not in note, note
+    assert [str(w.message) for w in caught if issubclass(w.category, CytoWarning) and pap in
+            str(w.message)] == [note]  # fmt: skip
+    assert note in cyto.info(res.bundle)["warnings"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        done = cyto.predict(res.bundle, tmp_path / "cells", tmp_path / "p.parquet", echo=None)
+    assert done["rank_by_caution"] == note, done["rank_by_caution"]
+    assert any(pap in str(w.message) for w in caught), [str(w.message) for w in caught]
     sets = [f"--set={k}={v}" for k, v in {**quick, "mpp": 0.258}.items()]
     proc = run_cyto(
         "train", "dsvdd", "--data", str(tmp_path / "cells"), "--out", str(tmp_path / "b.cyto"),
         "--normal", "NILM", "--preset", "fast", "--device", "cpu", *sets,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    (line,) = [x for x in proc.stdout.splitlines() if "nothing was held back to compare" in x]
+    (line,) = [x for x in (proc.stdout + proc.stderr).splitlines() if "nothing held back" in x]
+    assert line.startswith("warning: --rank-by auto ranks by the model: it was trained on"), line
     assert "rank by --rank-by morphometry" in line, line
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_a_precision_auto_chose_is_not_named_as_a_flag_the_user_passed():
     """Hostile round 5 (6.14): after an int8 export, a plain `cyto score` warned "scored unlike
@@ -113,3 +115,19 @@ def test_the_quantiles_said_are_of_the_cells_the_burden_counts():
     assert quantile_words({**record, "normalization": "none"}).startswith("median 0.4133")
     assert _quantiles([np.ones(3)], None) is None
     assert _quantiles([np.ones(3)], [np.zeros(3, bool)]) is None
+
+
+@pytest.mark.parametrize("labelled", [False, True])
+def test_a_planted_slide_is_refused_in_the_callers_words(labelled):
+    """Hostile round 73, 3: cyto.calibrate refused a slide scored with its truth naming
+    `--truth`, where a Python caller wrote `truth=`."""
+    from cyto.errors import ConfigError
+    from cyto.flags import python_words
+    from cyto.stats.calibrate import refuse_planted
+
+    with pytest.raises(ConfigError) as cli:
+        refuse_planted("s.tif", 3, "calibrate", labelled=labelled)
+    with python_words("calibrate"), pytest.raises(ConfigError) as api:
+        refuse_planted("s.tif", 3, "calibrate", labelled=labelled)
+    assert "--truth" in str(cli.value) and "--" not in str(api.value), (cli.value, api.value)
+    assert str(api.value) == str(cli.value).replace("--truth", "truth")

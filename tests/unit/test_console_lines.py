@@ -171,7 +171,8 @@ def test_fdr_confidence_without_a_calibration_is_said_and_recorded_as_ignored():
     burden = _calibrated(np.zeros(3), run)["burden"]
     assert burden["status"] == "not calibrated" and burden["ignored"] == ["--fdr-confidence 0.9"]
     assert said == [
-        "note: s.tif: --fdr-confidence 0.9 does nothing without a calibration (the bundle has none)"
+        "warning: s.tif: --fdr-confidence 0.9 does nothing without a calibration (the bundle "
+        "has none)"
     ]
     run.opts, said[:] = ScoreOptions(), []
     assert "ignored" not in _calibrated(np.zeros(3), run)["burden"] and said == []
@@ -180,7 +181,7 @@ def test_fdr_confidence_without_a_calibration_is_said_and_recorded_as_ignored():
     burden = _calibrated(np.zeros(3), run)["burden"]
     assert burden["ignored"] == ["--fdr-confidence 0.9", "--fdr 0.01"]
     assert said == [
-        "note: s.tif: --fdr-confidence 0.9 and --fdr 0.01 do nothing without a calibration (the "
+        "warning: s.tif: --fdr-confidence 0.9 and --fdr 0.01 do nothing without a calibration (the "
         "bundle has none)"
     ]
     # hostile round 8 (N15): a value given that equals the default was not said (--fdr 0.1,
@@ -194,7 +195,7 @@ def test_fdr_confidence_without_a_calibration_is_said_and_recorded_as_ignored():
     ):
         run.opts, said[:] = ScoreOptions(**given), []
         assert _calibrated(np.zeros(3), run)["burden"]["ignored"] == [words]
-        assert said == [f"note: s.tif: {words} does nothing without a calibration (the bundle "
+        assert said == [f"warning: s.tif: {words} does nothing without a calibration (the bundle "
                         "has none)"]  # fmt: skip
 
 

@@ -110,6 +110,18 @@ def test_grey_crops_among_colour_ones_are_said_when_a_slide_is_composed(tmp_path
                          width=512, height=512, abnormal_fraction=0, echo=None)  # fmt: skip
 
 
+def test_grey_crops_are_said_as_a_stain_warning(tmp_path):
+    """Hostile round 73, 6: grey crops ("they carry no stain colour") were a plain CytoWarning,
+    so a filter on StainWarning (another stain) missed them; a StainWarning is a CytoWarning."""
+    from cyto.data.dataset import PatchDataset
+    from cyto.errors import StainWarning
+
+    for i in range(6):
+        _crop(tmp_path / "c" / "normal" / f"n{i}.png", i, grey=i < 2)
+    with pytest.warns(StainWarning, match=r"^2 of 6 images are grayscale .*no stain colour"):
+        PatchDataset.from_path(tmp_path / "c", normal="normal", size=32)
+
+
 @pytest.mark.parametrize(
     "twin",
     ["LSIL e\u0301", "\uff2c\uff33\uff29\uff2c \u00e9", "LSIL\u200b \u00e9"],

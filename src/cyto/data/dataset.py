@@ -777,7 +777,9 @@ def _decode_all(
             bar.advance(part.n)
     said = mode_words(modes, len(records))
     if said:
-        warn_caller(said, CytoWarning)
+        from cyto.data.images import mode_category
+
+        warn_caller(said, mode_category(said))
     copies = copies_words([records[i].path for i in keep], digests, [records[i].cls for i in keep])
     if copies:
         warn_caller(copies, CytoWarning)

@@ -275,6 +275,10 @@ def resize_rgb(img: np.ndarray, size: int) -> np.ndarray:
     return np.asarray(Image.fromarray(img).resize((size, size), resample), dtype=np.uint8)
 
 
+#: what :func:`mode_words` says of grayscale images (:func:`mode_category` reads it)
+NO_STAIN = "they carry no stain colour"
+
+
 def mode_words(notes: list, total: int) -> str | None:
     """One line for the images of a set that were grayscale or 16-bit (``notes`` from
     :func:`decode_image`), or None: what was done with them, and what it means for a model of
@@ -309,11 +313,20 @@ def mode_words(notes: list, total: int) -> str | None:
         scaled = ", scaled to 8 bits by the bits their values take" if deep else ""
         said.append(
             f"{len(gray)} of {total} images are {what} ({Path(path).name}: mode {mode}): "
-            f"replicated to three channels{scaled}; they carry no stain colour, so a model of "
+            f"replicated to three channels{scaled}; {NO_STAIN}, so a model of "
             "stained cells (and its morphometry) sees them as no real cell looks: convert them "
             "to the RGB they were scanned in, or leave them out"
         )
     return "; ".join(said) or None
+
+
+def mode_category(words: str) -> type:
+    """The warning category of :func:`mode_words`'s line: a :class:`StainWarning` where it
+    says images carry no stain colour (grayscale), as a stain unlike the model's is said (a
+    filter on ``StainWarning`` missed it: hostile round 73, 6), else :class:`CytoWarning`."""
+    from cyto.errors import CytoWarning, StainWarning
+
+    return StainWarning if NO_STAIN in words else CytoWarning
 
 
 def copies_words(paths: list, digests: list, classes: list | None = None) -> str | None:

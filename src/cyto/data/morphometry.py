@@ -447,16 +447,42 @@ def choose_ranking(validation: dict | None) -> tuple[str, str]:
 MIN_ABNORMAL = 20
 
 
-def few_abnormal_words(validation: dict | None) -> str | None:
+#: what was measured of Pap cells, said where nothing chose a Pap bundle's ranking
+PAP_MEASURED = (
+    "on Pap cells the networks of cyto's presets were measured near chance and the morphometric "
+    "score well (CRIC: AUROC 0.84; docs/how-to/pap-cytology.md)"
+)
+
+
+def pap_unchosen_words() -> str:
+    """What to do with a Pap bundle whose ranking nothing held back chose: rank by its
+    morphometric score, or train with abnormal classes beside the normal ones."""
+    return (
+        f"{PAP_MEASURED}: rank by {passing('rank_by', 'morphometry')}, or train with abnormal "
+        "classes beside the normal ones, so held-back cells choose"
+    )
+
+
+def few_abnormal_words(
+    validation: dict | None, stain: str | None = None, morphometry: bool = False
+) -> str | None:
     """One line where ``--rank-by auto``'s choice rests on fewer than :data:`MIN_ABNORMAL`
     held-back abnormal cells (recomputed from the bundle's record each time), or on none
-    where abnormal cells were given but too few normal ones to hold any back, else None."""
+    where abnormal cells were given but too few normal ones to hold any back, or, for a Pap
+    bundle with a morphometric score (``stain``, ``morphometry``), on none because it was
+    trained on normal cells alone: it ranked by a network near chance, said only in a note of
+    its training that ``echo=None`` dropped (hostile round 73, 1); else None."""
     if validation and validation.get("skipped"):
         return (
             f"{passing('rank_by', 'auto')} ranks by the model, never compared with the "
             f"morphometric score (on Pap cells the fast presets rank near chance, the "
             f"morphometric score does not; choose with {said('rank_by')}): abnormal cells were "
             f"given, but nothing was held back to compare them on: {_skipped_words(validation)}"
+        )
+    if not validation and stain == "pap" and morphometry:
+        return (
+            f"{passing('rank_by', 'auto')} ranks by the model: it was trained on normal cells "
+            f"alone, so nothing held back chose; {pap_unchosen_words()}"
         )
     if not validation or not validation.get("auroc"):
         return None
@@ -525,7 +551,9 @@ def ranking_said(manifest: dict) -> dict:
     :func:`cyto.info`'s answer (``rank_by_auto``, ``rank_by_reason``, ``warnings``)."""
     validation = manifest.get("validation")
     how, why = choose_ranking(validation)
-    few = few_abnormal_words(validation)
+    training = manifest.get("training_data") or {}
+    stain = (manifest.get("config") or {}).get("stain")
+    few = few_abnormal_words(validation, stain, bool(training.get("morphometry")))
     warnings = unfitted_words(manifest.get("training_data")) + ([few] if few else [])
     other = held_otherwise(manifest.get("calibration"), validation)
     return {

@@ -121,10 +121,10 @@ def _calibrated(scores: np.ndarray, run: _Run, quality=None, table=None, how="mo
             for name in ("fdr_confidence", "fdr_alpha", "triage_level", "burden_cells")
             if getattr(run.opts, name) is not None
         ]
-        if ignored:
-            burden["ignored"] = ignored
+        if ignored:  # a warning: flags asked for are not there (a Python caller's
+            burden["ignored"] = ignored  # echo=None lost the note: hostile round 73, 2)
             run.echo(
-                f"note: {run.slide.name}: {' and '.join(ignored)} "
+                f"warning: {run.slide.name}: {' and '.join(ignored)} "
                 f"{'does' if len(ignored) == 1 else 'do'} nothing without a calibration (the "
                 "bundle has none)"
             )

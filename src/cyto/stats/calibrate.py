@@ -468,15 +468,19 @@ def refuse_planted(
     is given as normal, and so does ``cyto data cells`` (``use``: what the command does with
     them). Nor is a slide whose own calibrated scoring triaged it ``excess`` (its summary's
     ``burden``): ``cyto data cells`` gives it; ``cyto calibrate`` does not, as a new
-    calibration may be what corrects the one that triaged it."""
+    calibration may be what corrects the one that triaged it. Options in the caller's words
+    (``truth=`` to a Python caller: round 73, 3)."""
+    from cyto.flags import said
+
+    truth = said("truth").rstrip("=")
     if planted and labelled:  # counted from a loose table's label column: detections
         raise ConfigError(
             f"{slide}: its score table marks {planted} detected cell(s) abnormal (its label "
-            f"column, from --truth); {use} from negative slides only"
+            f"column, from {truth}); {use} from negative slides only"
         )
     if planted:
         raise ConfigError(
-            f"{slide}: the slide was scored with --truth holding {planted} abnormal cell(s); "
+            f"{slide}: the slide was scored with {truth} holding {planted} abnormal cell(s); "
             f"{use} from negative slides only"
         )
     beside = truth_beside(slide_path, options) if slide_path is not None else None
@@ -564,11 +568,13 @@ def burden_counts_words(record: dict) -> str:
     """What the burden of slides scored against the calibration ``record`` counts, by the rule
     :meth:`Calibration.counted` applies (evaluable cells where at least :data:`MIN_EVALUABLE`
     of the calibration's are, else every cell), in one line."""
+    from cyto.flags import passing
+
     n, ev = record.get("n"), record.get("evaluable_cells")
     if ev is None:
         return (
             "the burden counts every cell: a table marks no evaluable cells (scored with "
-            "--adequacy none?)"
+            f"{passing('adequacy', 'none')}?)"
         )
     if ev < MIN_EVALUABLE:
         return (
@@ -615,12 +621,13 @@ def warn_unsatisfactory(slide: object, adequacy: dict | str | None, use: str) ->
         adequacy = f"{adequacy.get('result')}: {reasons}"
     if isinstance(adequacy, str) and adequacy.startswith("unsatisfactory"):
         from cyto.errors import CytoWarning
+        from cyto.flags import said
 
         why = adequacy.partition(":")[2].strip() or "unsatisfactory"
         warn_caller(
             f"{slide}: its adequacy is unsatisfactory ({why}): its cells are a poor "
             f"sample of a negative slide's; {use} from satisfactory negative slides (a "
-            "slide read at the wrong scale: score it again with its true --mpp)",
+            f"slide read at the wrong scale: score it again with its true {said('slide_mpp')})",
             CytoWarning,
         )
 

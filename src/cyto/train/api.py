@@ -152,12 +152,9 @@ def nothing_held_back_words(stain: str | None) -> str:
         f"rankings: {passing('rank_by', 'auto')} ranks by the model alone"
     )
     if stain == "pap":
-        words += (
-            "; on Pap cells the networks of cyto's presets were measured near chance and the "
-            "morphometric score well (CRIC: AUROC 0.84; docs/how-to/pap-cytology.md): rank by "
-            f"{passing('rank_by', 'morphometry')}, or train with abnormal classes beside the "
-            "normal ones, so held-back cells choose"
-        )
+        from cyto.data.morphometry import pap_unchosen_words
+
+        words += f"; {pap_unchosen_words()}"
     return words
 
 
@@ -486,16 +483,22 @@ def train(
         if refused and not resume:  # the checkpoints this run started keep nothing of use
             shutil.rmtree(ckpt, ignore_errors=True)  # after the lock: its file is in the folder
         raise
-    from cyto.data.morphometry import few_abnormal_words, unfitted_words
+    from cyto.data.morphometry import PAP_MEASURED, few_abnormal_words, unfitted_words
 
     said_notes = [
         *unfitted_words(manifest["training_data"]),
-        few_abnormal_words(manifest.get("validation")),
+        few_abnormal_words(
+            manifest.get("validation"),
+            cfg.stain,
+            bool(manifest["training_data"].get("morphometry")),
+        ),
     ]
     notes = tuple(n for n in said_notes if n)
     for line in notes if echo is not None else ():
         echo(f"warning: {line}")
-    if echo is not None and cls.one_class and cfg.holdout > 0 and not ds.abnormal:
+    # nothing held back to choose a ranking: a Pap bundle's line is among the warnings above
+    pap_said = any(PAP_MEASURED in n for n in notes)
+    if echo is not None and cls.one_class and cfg.holdout > 0 and not ds.abnormal and not pap_said:
         echo(f"note: {nothing_held_back_words(cfg.stain)}")
     shutil.rmtree(ckpt, ignore_errors=True)  # after the lock: its file is in the folder
     n_used = manifest["training_data"]["n_used"]
