@@ -124,6 +124,13 @@ class GraphSpec:
     float32_ops: tuple[str, ...] = ()
 
 
+def normals_alone(training: dict | None) -> bool:
+    """Whether a manifest's ``training_data`` says the model was trained on normal classes
+    alone (its ``abnormal`` classes recorded, and none)."""
+    training = training or {}
+    return "abnormal" in training and not training["abnormal"]
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What scoring needs to know about a model, read from the manifest once.
@@ -173,6 +180,9 @@ class ModelSpec:
     #: the training patches' own side (px, before any resize): the crop a slide's cells are cut
     #: at (at the model's mpp); None before cyto recorded it
     patch_px: int | None = None
+    #: trained on normal classes alone (no abnormal class given: nothing held back could choose
+    #: its ranking); False where the manifest does not say (an earlier cyto)
+    normals_alone: bool = False
 
     @property
     def folder_scale_reference(self) -> float | None:
@@ -244,6 +254,7 @@ class ModelSpec:
                 validation=manifest.get("validation"),
                 stain_vectors=training.get("stain_vectors"),
                 patch_px=int(training["patch_px"]) if training.get("patch_px") else None,
+                normals_alone=normals_alone(training),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(

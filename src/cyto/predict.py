@@ -145,6 +145,7 @@ def predict(
             scorer.spec.validation,
             scorer.spec.stain,
             Morphometric.of_spec(scorer.spec) is not None,
+            scorer.spec.normals_alone,
         )
         if RANK_BY_ALIASES.get(asked, asked) == "auto"
         else None

@@ -574,3 +574,24 @@ def test_the_nucleus_od_is_in_the_natural_log_units_its_documentation_names():
     assert unit == "OD, natural log" and "x 0.434" in words
     page = Path(__file__).parents[2] / "docs" / "reference" / "outputs.md"
     assert "| `nucleus_od` | OD, natural log |" in page.read_text()
+
+
+@pytest.mark.parametrize(
+    ("training", "stain", "said"),
+    [
+        ({"abnormal": [], "morphometry": {"x": 1}}, "pap", True),
+        ({"abnormal": ["LSIL"], "morphometry": {"x": 1}}, "pap", False),  # FS-SIL, labelled
+        ({"morphometry": {"x": 1}}, "pap", False),  # an earlier cyto: unknown, not said
+        ({"abnormal": [], "morphometry": {"x": 1}}, "mgg", False),
+        ({"abnormal": []}, "pap", False),  # no morphometric score to rank by
+    ],
+)
+def test_a_pap_bundle_of_normals_alone_is_warned_and_no_other(training, stain, said):
+    """Hostile round 73, 1: a Pap bundle trained on NILM alone ranked by its network (near
+    chance on Pap cells) with the advice only in a training note. The warning is the bundle's
+    (cyto info's warnings), for that bundle alone: not one trained with abnormal classes."""
+    from cyto.data.morphometry import ranking_said
+
+    manifest = {"config": {"stain": stain}, "training_data": training, "validation": None}
+    warned = [w for w in ranking_said(manifest)["warnings"] if "normal cells alone" in w]
+    assert bool(warned) is said, warned

@@ -464,13 +464,16 @@ def pap_unchosen_words() -> str:
 
 
 def few_abnormal_words(
-    validation: dict | None, stain: str | None = None, morphometry: bool = False
+    validation: dict | None,
+    stain: str | None = None,
+    morphometry: bool = False,
+    alone: bool = False,
 ) -> str | None:
     """One line where ``--rank-by auto``'s choice rests on fewer than :data:`MIN_ABNORMAL`
     held-back abnormal cells (recomputed from the bundle's record each time), or on none
     where abnormal cells were given but too few normal ones to hold any back, or, for a Pap
     bundle with a morphometric score (``stain``, ``morphometry``), on none because it was
-    trained on normal cells alone: it ranked by a network near chance, said only in a note of
+    trained on normal cells alone (``alone``): it ranked by a network near chance, said in a note of
     its training that ``echo=None`` dropped (hostile round 73, 1); else None."""
     if validation and validation.get("skipped"):
         return (
@@ -479,7 +482,7 @@ def few_abnormal_words(
             f"morphometric score does not; choose with {said('rank_by')}): abnormal cells were "
             f"given, but nothing was held back to compare them on: {_skipped_words(validation)}"
         )
-    if not validation and stain == "pap" and morphometry:
+    if not validation and alone and stain == "pap" and morphometry:
         return (
             f"{passing('rank_by', 'auto')} ranks by the model: it was trained on normal cells "
             f"alone, so nothing held back chose; {pap_unchosen_words()}"
@@ -551,9 +554,13 @@ def ranking_said(manifest: dict) -> dict:
     :func:`cyto.info`'s answer (``rank_by_auto``, ``rank_by_reason``, ``warnings``)."""
     validation = manifest.get("validation")
     how, why = choose_ranking(validation)
+    from cyto.bundle import normals_alone
+
     training = manifest.get("training_data") or {}
     stain = (manifest.get("config") or {}).get("stain")
-    few = few_abnormal_words(validation, stain, bool(training.get("morphometry")))
+    few = few_abnormal_words(
+        validation, stain, bool(training.get("morphometry")), normals_alone(training)
+    )
     warnings = unfitted_words(manifest.get("training_data")) + ([few] if few else [])
     other = held_otherwise(manifest.get("calibration"), validation)
     return {

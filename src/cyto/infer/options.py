@@ -311,7 +311,7 @@ def check_rank_by(model, rank_by: str) -> str | None:
     if RANK_BY_ALIASES.get(rank_by, rank_by) != "auto":
         return None
     morphometric = Morphometric.of_spec(spec) is not None
-    few = few_abnormal_words(spec.validation, spec.stain, morphometric)
+    few = few_abnormal_words(spec.validation, spec.stain, morphometric, spec.normals_alone)
     return None if few is None else f"ranked by {how}: {few}"
 
 

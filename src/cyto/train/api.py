@@ -491,6 +491,7 @@ def train(
             manifest.get("validation"),
             cfg.stain,
             bool(manifest["training_data"].get("morphometry")),
+            not ds.abnormal,
         ),
     ]
     notes = tuple(n for n in said_notes if n)
