@@ -70,33 +70,21 @@ def _digest(path: Path) -> tuple[str, int] | None:
 
 
 def _read(folder: Path) -> dict[str, dict]:
+    return _read_record(folder)[0]
+
+
+def _read_record(folder: Path) -> tuple[dict[str, dict], bool]:
+    """(the files ``folder``'s record vouches for, whether the record is there but does not
+    read as one: not JSON, or not this cyto's format); ({}, False) where there is none."""
     try:
         record = json.loads((folder / RECORD).read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
-        return {}
-    files = record.get("files")
-    return files if isinstance(files, dict) else {}
-
-
-def _damaged(folder: Path) -> bool:
-    """Whether ``folder``'s record is there but does not read as one (:func:`_read` takes it
-    for none)."""
-    path = folder / RECORD
-    if not path.is_file():
-        return False
-    try:
-        record = json.loads(path.read_text())
     except OSError:
-        return False
+        return {}, False
     except ValueError:
-        return True
-    return not (
-        isinstance(record, dict)
-        and record.get("format") == RECORD_FORMAT
-        and isinstance(record.get("files"), dict)
-    )
+        return {}, True
+    ours = isinstance(record, dict) and record.get("format") == RECORD_FORMAT
+    files = record.get("files") if ours else None
+    return (files, False) if isinstance(files, dict) else ({}, True)
 
 
 def _lock(folder: Path):
@@ -127,8 +115,8 @@ def guard(folder: Path | None = None) -> list[str]:
     changed = []
     try:
         with _lock(folder):
-            files = _read(folder)
-            if _damaged(folder) and _kept(folder):  # every kept kernel goes: said so
+            files, damaged = _read_record(folder)
+            if damaged and _kept(folder):  # every kept kernel goes: said so
                 from cyto.reuse import say_damaged_record
 
                 say_damaged_record(

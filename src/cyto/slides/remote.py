@@ -522,38 +522,38 @@ def _transient(exc: BaseException) -> str | None:
     return None
 
 
-def _chain_names(exc: BaseException | None, seen: set | None = None) -> set[str]:
+def _chain(exc: BaseException | None):
+    """``exc`` and the errors it was raised from or during, each once, depth first."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack += [e.__context__, e.__cause__]  # its cause first
+
+
+def _chain_names(exc: BaseException | None) -> set[str]:
     """The class names of ``exc`` and of the errors it was raised from or during."""
-    seen = seen if seen is not None else set()
-    if exc is None or id(exc) in seen:
-        return set()
-    seen.add(id(exc))
-    names = {c.__name__ for c in type(exc).__mro__}
-    return names | _chain_names(exc.__cause__, seen) | _chain_names(exc.__context__, seen)
+    return {c.__name__ for e in _chain(exc) for c in type(e).__mro__}
 
 
-def _tried(exc: BaseException, seen: set | None = None) -> str:
+def _tried(exc: BaseException) -> str:
     """`` at SCHEME://HOST:PORT``: the endpoint a connection that was never made was tried at,
     where the error names it (botocore's endpoint, aiohttp's host), without user info or path:
     an s3:// slide's endpoint is the environment's, a profile's or an option's, and a stale
     ``AWS_ENDPOINT_URL`` went unseen (hostile round 72, 4); '' where none is named."""
-    seen = seen if seen is not None else set()
-    if id(exc) in seen:
-        return ""
-    seen.add(id(exc))
-    kwargs = getattr(exc, "kwargs", None)
-    endpoint = kwargs.get("endpoint_url") if isinstance(kwargs, dict) else None
-    if isinstance(endpoint, str) and "://" in endpoint:
-        parts = urlsplit(endpoint)
-        return f" at {parts.scheme}://{parts.netloc.rpartition('@')[2]}"
-    host, port = getattr(exc, "host", None), getattr(exc, "port", None)
-    if isinstance(host, str) and host and isinstance(port, int):
-        return f" at {host}:{port}"
-    for inner in (exc.__cause__, exc.__context__):
-        if inner is not None:
-            found = _tried(inner, seen)
-            if found:
-                return found
+    for e in _chain(exc):
+        kwargs = getattr(e, "kwargs", None)
+        endpoint = kwargs.get("endpoint_url") if isinstance(kwargs, dict) else None
+        if isinstance(endpoint, str) and "://" in endpoint:
+            parts = urlsplit(endpoint)
+            return f" at {parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+        host, port = getattr(e, "host", None), getattr(e, "port", None)
+        if isinstance(host, str) and host and isinstance(port, int):
+            return f" at {host}:{port}"
     return ""
 
 
