@@ -930,11 +930,9 @@ def synth_slide(
         "out", "cells", "normal", "abnormal", "mpp", "abnormal_fraction", "width", "height",
         "n_cells", "seed", "overwrite", "echo",
     )  # fmt: skip
+    # the guard of a script's top level: at every size, once the arguments are checked
+    # (write_pyramid)
     options = _options("synth_slide", options, make_slide, named)
-    if options.get("workers", None) != 0:  # one rule at every size, not only where a pool starts
-        from cyto.interrupts import refuse_unguarded
-
-        refuse_unguarded()
     # what the slide holds that its numbers do not say (copies of a crop), kept with
     # echo=None too (round 28, 11)
     notes: list[str] = []

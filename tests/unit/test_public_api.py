@@ -662,6 +662,30 @@ def test_an_unguarded_synth_slide_is_refused_at_every_size(tmp_path):
     assert proc.returncode == 0 and (tmp_path / "s.tif").is_file(), proc.stderr
 
 
+def test_an_unguarded_synth_slide_hears_of_its_arguments_before_the_guard(tmp_path):
+    """The guard of a script's top level answered a missing mpp, an unknown class or a .png
+    first, and each came back only with workers=0 (hostile round 73, 4): the arguments are
+    checked first, whatever the workers."""
+    from PIL import Image
+
+    (tmp_path / "cells" / "NILM").mkdir(parents=True)
+    Image.new("RGB", (64, 64), (200, 180, 190)).save(tmp_path / "cells" / "NILM" / "a.png")
+    calls = {
+        "cells='cells', normal='NILM'": "mpp",
+        "cells='cells', normal='NORMAL', mpp=0.25": "NORMAL",
+        "fmt='png'": "png",
+    }
+    script = tmp_path / "bad.py"
+    for args, word in calls.items():
+        out = "s.png" if "png" in args else "s.tif"
+        script.write_text(f"import cyto\ncyto.synth_slide({out!r}, {args}, echo=None)\n")
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)  # fmt: skip
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode != 0 and word in last, (args, proc.stderr)
+        assert "__main__" not in last, (args, last)
+
+
 def test_a_main_guard_is_recognised(tmp_path, monkeypatch):
     from cyto import interrupts
 

@@ -682,6 +682,13 @@ def write_pyramid(
     :class:`SlideSynthConfig`, or one with the same fields)."""
     import pyarrow.parquet as pq
 
+    from cyto.interrupts import refuse_unguarded
+
+    if workers != 0:
+        # a public call from a script's top level is refused at every size, not only where a
+        # pool starts (a script tried on a small slide failed once it grew: round 29, 12), and
+        # only once every argument is checked (the guard answered a missing mpp first: round 73)
+        refuse_unguarded()
     w, h = config.size
     sizes = _level_sizes(config, fmt)
     planes = sorted(config.planes, key=lambda z: (z != 0.0, z))
