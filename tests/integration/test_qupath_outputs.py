@@ -436,10 +436,15 @@ def test_the_qupath_line_of_a_folder_in_object_storage_says_to_copy_it_first():
 
     outputs = {CELLS_GEOJSON: {}, MAP_TIFF: {}}
     remote = qupath_words([{"outputs": outputs, "output": "s3://results/run/s1"}])
+    # the copy said once, with the tool that makes it (said before each file, with none:
+    # hostile round 74, 2)
     assert remote.startswith(
-        "QuPath: in s3://results/run/s1: copy it to this machine, then drag"
+        "QuPath: copy s3://results/run/s1 to this machine (e.g. aws s3 cp --recursive), then in "
+        f"that copy: drag {CELLS_GEOJSON}"
     ), remote
-    assert f"copy it to this machine, then open {MAP_TIFF}" in remote, remote
+    assert remote.count("copy ") == 1 and f"; open {MAP_TIFF}" in remote, remote
+    both = qupath_words([{"outputs": outputs, "output": f"https://h/run/s{i}"} for i in (1, 2)])
+    assert both.startswith("QuPath: copy each slide's folder to this machine, then in"), both
     local = qupath_words([{"outputs": outputs, "output": "/data/out/s1"}])
     assert local.startswith(f"QuPath: in /data/out/s1: drag {CELLS_GEOJSON}"), local
     assert "copy" not in local

@@ -376,14 +376,21 @@ def qupath_words(summaries: list[dict]) -> str | None:
         return None
     folders = sorted({str(s.get("output")) for s in summaries if s.get("output")})
     where = folders[0] if len(folders) == 1 else "each slide's folder"
-    # a folder in object storage holds nothing to drag: its files are fetched first (round 61)
-    fetch = "copy it to this machine, then " if folders and all(map(is_url, folders)) else ""
+    # a folder in object storage holds nothing to drag: its files are fetched first, said once
+    # with the tool that fetches them (round 61, 6; said before each file: round 74, 2)
+    if folders and all(map(is_url, folders)):
+        schemes = {f.split("://", 1)[0] for f in folders}
+        tool = {"s3": "aws s3 cp --recursive", "gs": "gcloud storage cp --recursive"}
+        how = f" (e.g. {tool[schemes.pop()]})" if len(schemes) == 1 and schemes <= set(tool) else ""
+        head = f"QuPath: copy {where} to this machine{how}, then in that copy: "
+    else:
+        head = f"QuPath: in {where}: "
     parts = []
     if CELLS_GEOJSON in names:
         parts.append(
-            f"{fetch}drag {CELLS_GEOJSON} onto the slide open in QuPath (or File > Import "
-            "objects from file...), then Measure > Show measurement maps"
+            f"drag {CELLS_GEOJSON} onto the slide open in QuPath (or File > Import objects from "
+            "file...), then Measure > Show measurement maps"
         )
     if MAP_TIFF in names:
-        parts.append(f"{fetch}open {MAP_TIFF} as an image (one pixel per map window)")
-    return f"QuPath: in {where}: " + "; ".join(parts) + " (docs/how-to/open-in-qupath.md)"
+        parts.append(f"open {MAP_TIFF} as an image (one pixel per map window)")
+    return head + "; ".join(parts) + " (docs/how-to/open-in-qupath.md)"

@@ -280,15 +280,17 @@ def as_scored(slide, identity: str | None, what: str = "its cells", options: dic
     ``options``), and its content identity compared with the summary's ``identity``; a slide
     replaced since it was scored is one line (the cells' places would be read from another
     slide's pixels). ``identity`` None: nothing to compare (as it was)."""
-    from cyto.infer.store import slide_identity
+    from cyto.infer.store import identity_name, slide_identity
     from cyto.slides.remote import pinned_ref, redact
 
     ref = pinned_ref(_scored_ref(slide, options))
     if identity is not None and slide_identity(ref) != identity:
+        # what changed named as cyto view names it: a URL's version, which the same bytes
+        # copied anew change too, was said "its content changed" (hostile round 74, 1)
         raise InputPathError(
-            f"{redact(str(slide))} is not the slide it was scored as (its content changed since, "
-            f"or another file is at its place): {what} would be cut from other pixels; score it "
-            "again"
+            f"{redact(str(slide))} is not the slide it was scored as: {identity_name(ref)} "
+            f"changed since it was scored (or another file is at its place), so {what} would "
+            "be cut from other pixels; score it again"
         )
     return ref
 
