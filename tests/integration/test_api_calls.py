@@ -234,9 +234,9 @@ def test_evaluate_says_what_it_judged_and_refuses_what_it_would_ignore(table, tm
         ({"normal": "normal"}, "normal= names the classes of the by-class rows: add by_class=True"),
         ({"class_column": "cls"}, "class_column= names the classes"),
         ({"by_class": True, "normal": "XYZ"}, "normal= XYZ: no such class"),
-        ({"by_class": True, "class_column": "nope"}, "has no column 'nope' (class_column=)"),
-        ({"score_column": "nope"}, "has no column 'nope' (score_column=)"),
-        ({"label_column": "nope"}, "has no column 'nope' (label_column=)"),
+        ({"by_class": True, "class_column": "nope"}, "has no column 'nope' (class_column='nope')"),
+        ({"score_column": "nope"}, "has no column 'nope' (score_column='nope')"),
+        ({"label_column": "nope"}, "has no column 'nope' (label_column='nope')"),
     ):
         with pytest.raises(CytoError) as err:  # ConfigError, or MetricError of the table
             cyto.evaluate(table, echo=None, **given)

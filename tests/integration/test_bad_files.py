@@ -494,10 +494,10 @@ def test_a_string_score_column_is_one_line_naming_it(tmp_path, suffix):
     proc = run_cyto("eval", "scores", str(path), "--k", "1")
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert "column 'score' (--score-column) holds string values" in proc.stderr
+    assert "column 'score' (--score-column score) holds string values" in proc.stderr
     proc = run_cyto("eval", "scores", str(path), "--k", "1", "--score-column", "label",
                     "--label-column", "score")  # fmt: skip
-    assert proc.returncode == 2 and "column 'score' (--label-column)" in proc.stderr
+    assert proc.returncode == 2 and "column 'score' (--label-column score)" in proc.stderr
 
 
 # --- d. a truncated score table --------------------------------------------------------------

@@ -97,7 +97,7 @@ def read_score_table(
                 else ""
             )
             raise MetricError(
-                f"{path} has no column {col!r} ({said(field)}); columns: "
+                f"{path} has no column {col!r} ({passing(field, col)}); columns: "
                 f"{', '.join(table.column_names)}{per_class}"
             )
     for col, field in fields:
@@ -112,9 +112,8 @@ def read_score_table(
             or pa.types.is_null(kind)
         ):
             raise MetricError(
-                f"{path}: column {col!r} ({said(field)}) holds {kind} values, not numbers; give "
-                "the "
-                "column of numeric scores and 0/1 labels"
+                f"{path}: column {col!r} ({passing(field, col)}) holds {kind} values, not "
+                "numbers; give the column of numeric scores and 0/1 labels"
             )
     scores = np.asarray(table[score_column].to_numpy(zero_copy_only=False), dtype=np.float64)
     scores = _unmeasured_lowest(scores, score_column, echo)
@@ -353,7 +352,8 @@ def evaluate_by_class(
     table = _read(path)
     if class_column not in table.column_names:
         raise MetricError(
-            f"{path} has no column {class_column!r} ({said('class_column')}); columns: "
+            f"{path} has no column {class_column!r} ({passing('class_column', class_column)}); "
+            "columns: "
             f"{', '.join(table.column_names)}"
         )
     classes = np.asarray(table[class_column].cast(pa.string()).to_pylist(), dtype=object)
