@@ -896,13 +896,9 @@ def test_a_gcs_object_replaced_while_read_stops_the_read(slide, gcs):
     assert "\n" not in str(err.value) and "gs://slides/scratch/moving.tif" in str(err.value)
 
 
-def test_an_unreachable_gcs_is_tried_as_gcsfs_tries_it_and_said_in_one_line(
-    exported_dsvdd, monkeypatch, tmp_path
-):
-    """Round 30 (5): a `gs://` store that answers nothing took two and a half minutes and
-    printed gcsfs's tracebacks, six a request, under cyto's own four tries: gcsfs retries each
-    request itself (with its backoff, over half a minute), so cyto sends it once and says the
-    outcome in one line. (gcsfs's backoff is cut to nothing here; the requests are counted.)"""
+def _unreachable_gcs(exported_dsvdd, monkeypatch, tmp_path, wait: float):
+    """``cyto score gs://slides/a.tif`` against a store that hangs up every connection, gcsfs's
+    backoff cut to ``wait`` s a retry: (the run, the requests that reached the store)."""
     import asyncio
     import logging
     import socket
@@ -910,10 +906,10 @@ def test_an_unreachable_gcs_is_tried_as_gcsfs_tries_it_and_said_in_one_line(
 
     import gcsfs.retry
 
-    async def no_wait(_seconds):
-        await asyncio.sleep(0)
+    async def short_wait(_seconds):
+        await asyncio.sleep(wait)
 
-    monkeypatch.setattr(gcsfs.retry, "asyncio", types.SimpleNamespace(sleep=no_wait))
+    monkeypatch.setattr(gcsfs.retry, "asyncio", types.SimpleNamespace(sleep=short_wait))
     # logging as in a user's process, where nothing set it up (pytest's capture is a handler)
     monkeypatch.setattr(logging.root, "handlers", [])
     listener = socket.create_server(("127.0.0.1", 0))
@@ -935,6 +931,17 @@ def test_an_unreachable_gcs_is_tried_as_gcsfs_tries_it_and_said_in_one_line(
                       "token=anon")  # fmt: skip
     finally:
         listener.close()
+    return proc, tries
+
+
+def test_an_unreachable_gcs_is_tried_as_gcsfs_tries_it_and_said_in_one_line(
+    exported_dsvdd, monkeypatch, tmp_path
+):
+    """Round 30 (5): a `gs://` store that answers nothing took two and a half minutes and
+    printed gcsfs's tracebacks, six a request, under cyto's own four tries: gcsfs retries each
+    request itself (with its backoff, over half a minute), so cyto sends it once and says the
+    outcome in one line. (gcsfs's backoff is cut to nothing here; the requests are counted.)"""
+    proc, tries = _unreachable_gcs(exported_dsvdd, monkeypatch, tmp_path, 0.0)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "gs://slides" in line]
@@ -942,9 +949,28 @@ def test_an_unreachable_gcs_is_tried_as_gcsfs_tries_it_and_said_in_one_line(
         line.endswith("gs://slides/a.tif: the connection was dropped (6 tries by gcsfs); giving up")
         for line in lines
     ), lines
+    assert not any("not answered after" in line for line in lines), lines  # it was not long
     # one open of the object: gcsfs asks for it as an object and as a folder, six tries each
     # (24 requests); never those under each of four tries of cyto's (96)
     assert 0 < len(tries) <= 24, len(tries)
+
+
+def test_gcsfs_retrying_a_while_is_said_once_before_it_gives_up(
+    exported_dsvdd, monkeypatch, tmp_path
+):
+    """Hostile round 74, 2: an unreachable `gs://` store was silent for 36-53 s (gcsfs's own
+    tries, unseen by cyto) before its one line, where S3 and HTTP say their first retry. A
+    request not answered after a while is said once per slide, as a retry is."""
+    from cyto.slides import remote
+
+    monkeypatch.setattr(remote, "GCSFS_SAY_AFTER_S", 0.3)
+    proc, _ = _unreachable_gcs(exported_dsvdd, monkeypatch, tmp_path, 0.1)  # 0.5 s a request
+    said = [x for x in (proc.stdout + proc.stderr).splitlines() if "not answered after" in x]
+    assert said == [
+        "note: gs://slides/a.tif: not answered after 0.3 s: gcsfs tries each request up to 6 "
+        "times, over about half a minute, before it gives up (said once per slide)"
+    ], proc.stderr
+    assert proc.stderr.rstrip().endswith("giving up") or "giving up" in proc.stdout, proc.stderr
 
 
 @pytest.mark.parametrize("scheme", ["https", "dicomweb+https"])

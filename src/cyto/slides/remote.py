@@ -59,6 +59,8 @@ TOKEN_ENV = "CYTO_BEARER_TOKEN"
 TIMEOUT_ENV = "CYTO_REMOTE_TIMEOUT"
 DEFAULT_TIMEOUT = 30.0
 TRIES = 4  # one request and three retries, 0.25 s, 0.5 s and 1 s apart
+#: a gs:// request (which gcsfs retries itself, unseen) said to take long after this many s
+GCSFS_SAY_AFTER_S = 5.0
 BLOCK = 256 << 10  # bytes fetched per block: a few tiles of a JPEG-tiled slide
 CACHE_BYTES = 64 << 20  # the block cache of one open slide (per process)
 #: the blocks shared by the processes that read one slide (the plan and the tile workers),
@@ -623,6 +625,8 @@ class Requests:
         tries = self._tries()
         for attempt in range(tries):
             try:
+                if tries == 1:  # gcsfs's own tries, unseen from here: said once they take long
+                    return self._said_if_long(fn)
                 return fn()
             except CytoError:
                 raise
@@ -640,6 +644,29 @@ class Requests:
                 time.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
+
+    def _said_if_long(self, fn):
+        """``fn()``, and a note (once per slide, as a retry is) when it has not returned after
+        :data:`GCSFS_SAY_AFTER_S`: gcsfs retries a failed request itself, six tries over about
+        half a minute, and an unreachable store was silent for 36-53 s before its one line
+        (hostile round 74, 2)."""
+        import threading
+
+        def say() -> None:
+            if self._first_to_say_retry():
+                log.warning(
+                    "note: %s: not answered after %g s: gcsfs tries each request up to %d "
+                    "times, over about half a minute, before it gives up (%s)",
+                    self.said_as(), GCSFS_SAY_AFTER_S, _gcsfs_tries(), self.said_once,
+                )  # fmt: skip
+
+        timer = threading.Timer(GCSFS_SAY_AFTER_S, say)
+        timer.daemon = True
+        timer.start()
+        try:
+            return fn()
+        finally:
+            timer.cancel()
 
     def _first_to_say_retry(self) -> bool:
         """Whether a retry of this slide is said here: once for every reader of it in this
