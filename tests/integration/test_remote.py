@@ -270,6 +270,31 @@ def test_an_object_whose_server_states_no_version_is_known_by_its_bytes(
     assert f"the content of {url} (its size and sampled bytes" in changed.stdout, changed.stdout
 
 
+@pytest.mark.parametrize("size", [254_000, 3 << 20])
+def test_an_unversioned_objects_sampled_bytes_come_once_and_hash_as_a_local_files(size):
+    """Hostile round 74, 3: the sampled ranges of an object under 2 MiB overlap (its first and
+    last MiB), and a 254 KB object came over 5x in a run. Each byte is fetched once a sampling;
+    the identity is the hash of every range's bytes, as before."""
+    import hashlib
+
+    from cyto.slides.base import sampled_ranges
+    from cyto.slides.remote import RemoteObject, SlideURL, forget
+
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    want = hashlib.sha256(b"cyto-slide-identity-v1:remote-bytes")
+    for start, n in sampled_ranges(size):
+        want.update(data[start : start + n])
+    with fault_server(data, "no-version") as server:
+        ref = SlideURL(f"{server.url}/u{size}.tif")
+        forget(ref)
+        before = server.sent
+        obj = RemoteObject(ref)
+        obj.identity()
+        assert obj._sampled() == f"sampled:{want.hexdigest()}"
+        fetched = server.sent - before
+    assert fetched <= min(size, 3 << 20) + (64 << 10), (fetched, size)
+
+
 def test_a_region_read_after_the_object_changed_is_refused_never_half_decoded(big_slide):
     """Hostile round 62, 1: after the object was replaced, a viewer's tile came back mostly
     black, served as the slide: libvips' TIFF loader decoded a tile whose reads had failed
