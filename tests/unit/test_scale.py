@@ -324,10 +324,13 @@ def test_a_detection_other_than_the_models_stains_is_named_as_the_cause():
     lines = []
     opts = ScoreOptions(patch_size=96, detection=detection_preset("tissue"))
     check = check_scale(shares, plan, scorer, opts, lines.append)
+    # conditional: the crowding check advises --detection tissue for a section, and an H&E
+    # section so scored was told only to leave it out (hostile round 75, 3)
     assert lines == [
         "warning: s.tif: --detection tissue is not the detection of the model's pap-stained "
-        "training cells (pap): it finds and measures their nuclei otherwise; leave out "
-        "--detection (auto takes pap)"
+        "training cells (pap): it finds and measures their nuclei otherwise; if the slide is a "
+        "smear, leave out --detection (auto takes pap); if a section, the model never saw a "
+        "section's cells: train one on normal cells of such slides"
     ]
     assert check["detection_differs"] == {"detection": "tissue", "model": "pap"}
     # where the slide's stain warning, said just before, names it as its cause, not again (an

@@ -127,11 +127,20 @@ def detection_cause(scorer, opts) -> str | None:
     model_kind = DETECTION_OF_STAIN.get(stain)
     if not model_kind or opts.detection.kind == model_kind:
         return None
-    return (
+    said_so = (
         f"{passing('detection', opts.detection.kind)} is not the detection of the model's "
         f"{stain}-stained training cells ({model_kind}): it finds and measures their nuclei "
-        f"otherwise; leave out {said('detection')} (auto takes {model_kind})"
+        f"otherwise; "
     )
+    if opts.detection.kind == "tissue" and model_kind != "tissue":
+        # chosen for a section, as the crowding check advises: leaving it out (smear) was said
+        # of an H&E section the crowding check had told to pass it (hostile round 75, 3)
+        return (
+            said_so + f"if the slide is a smear, leave out {said('detection')} (auto takes "
+            f"{model_kind}); if a section, the model never saw a section's cells: train one on "
+            "normal cells of such slides"
+        )
+    return said_so + f"leave out {said('detection')} (auto takes {model_kind})"
 
 
 def check_scale(
