@@ -434,3 +434,22 @@ def test_scoring_the_reviewed_slide_into_another_folder_says_no_review_is_cut(tm
     )
     [line] = rescoring_words([reviewed])
     assert line.startswith(f"{reviewed} is being scored again under an open review (")
+
+
+def test_a_scored_folder_that_is_not_there_is_said_so_from_where_it_was_looked_for(
+    tmp_path, monkeypatch
+):
+    """Hostile round 75, 15: `cyto view scored/demo` from another folder was told "is not a
+    folder"; the path does not exist there at all. A file stays "not a folder"."""
+    from cyto.review.session import find_scored
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputPathError) as err:
+        find_scored([Path("scored/demo")])
+    assert str(err.value) == (
+        f"scored/demo does not exist (looked for in {tmp_path}) (give the output folder of "
+        "cyto score)"
+    )
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(InputPathError, match=r"^f is not a folder \(give"):
+        find_scored([Path("f")])

@@ -132,7 +132,16 @@ def find_scored(folders: list[Path]) -> list[Path]:
     for folder in folders:
         folder = Path(folder)
         if not folder.is_dir():
-            raise InputPathError(f"{folder} is not a folder (give the output folder of cyto score)")
+            # a path that is not there said so, from where it was looked for (a relative path
+            # given from another folder was told "is not a folder": hostile round 75, 15)
+            there = (
+                "is not a folder"
+                if folder.exists()
+                else f"does not exist (looked for in {Path.cwd()})"
+                if not folder.is_absolute()
+                else "does not exist"
+            )
+            raise InputPathError(f"{folder} {there} (give the output folder of cyto score)")
         if _is_scored(folder):
             found.append(folder.resolve())
             continue
