@@ -4,6 +4,7 @@ folder it was made of, wherever its --session folder is."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -330,6 +331,15 @@ def test_data_cells_says_when_a_slide_its_adequacy_rule_judged_unsatisfactory(tm
         harvest_cells([folder], tmp_path / "ds")
     [w] = [w for w in said if "adequacy" in str(w.message)]
     assert "\n" not in str(w.message) and str(folder) in str(w.message)
+    # run again onto cells already cut: refused first, with no slide's warning before it
+    # (hostile round 75, 6: each slide's adequacy at length, then "exists")
+    (tmp_path / "ds" / "normal").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "ds" / "normal" / "mine.png").write_bytes(b"x")
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        with pytest.raises(InputPathError, match="cyto did not write"):
+            harvest_cells([folder], tmp_path / "ds")
+    assert not [str(w.message) for w in again if "adequacy" in str(w.message)]
 
 
 @pytest.mark.parametrize("onto", ["model", "marks", "data"])

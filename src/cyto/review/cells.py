@@ -55,6 +55,11 @@ def harvest_cells(
     seed = check_seed(seed)
     sources = [read_source(f, options) for f in find_scored(scored)]
     refuse_repeated_slides([(s.identity, s.folder) for s in sources])  # its cells twice
+    # an output there already refused before the slides' warnings (a second run said each
+    # slide's adequacy at length, then that it exists: hostile round 75, 6); again under the
+    # lock, where it holds
+    out = Path(out)
+    _refuse_target(sources, out, label, overwrite)
     for s in sources:
         refuse_planted(
             s.folder,
@@ -65,7 +70,6 @@ def harvest_cells(
             options=s.options,
         )
         warn_unsatisfactory(s.folder, s.adequacy, f"harvest {label} cells")
-    out = Path(out)
     with OutputLock(out, "cyto data cells"):
         # what a killed run (SIGKILL, power loss) left half cut: every writer holds the lock
         clear_temp_dirs_beside(out / label)
@@ -85,14 +89,21 @@ def own_cells(out: Path, label: str) -> list[str]:
     return [Path(p).name for p in paths if p and Path(p).parent == target]
 
 
+def _refuse_target(sources, out: Path, label: str, overwrite: bool) -> None:
+    """``out/label`` refused as the folder written: a scored folder read is never it (it was
+    called files "cyto did not write"), and what is there is replaced only with ``overwrite``,
+    only where cyto wrote it."""
+    target = out / label
+    for s in sources:
+        refuse_input_as_output(target, str(target), {"SCORED": s.folder})
+    refuse_to_replace(target, overwrite, name=str(target), known=own_cells(out, label))
+
+
 def _harvest(sources, out: Path, label: str, per_slide, seed: int, overwrite: bool, echo) -> dict:
     import pyarrow.parquet as pq
 
     target = out / label
-    # a scored folder read is never the one written (it was called files "cyto did not write")
-    for s in sources:
-        refuse_input_as_output(target, str(target), {"SCORED": s.folder})
-    refuse_to_replace(target, overwrite, name=str(target), known=own_cells(out, label))
+    _refuse_target(sources, out, label, overwrite)
     rng = np.random.default_rng(seed)
     plan = []  # (source, file-name prefix, the cells' ids, x, y)
     for k, s in enumerate(sources):
