@@ -844,8 +844,13 @@ def test_s3_slide_reads_as_the_file_with_storage_options(slide, s3, monkeypatch)
     finally:
         remote.close()
         local.close()
-    with pytest.raises(InputPathError, match=r"s3://slides/cohort/gone.tif: not found \(404\)"):
+    with pytest.raises(InputPathError, match=r"s3://slides/cohort/gone.tif: not found \(404\)$"):
         open_slide(SlideURL("s3://slides/cohort/gone.tif", options))
+    # a bucket that is not there said so, as --out says it (it read as a missing object:
+    # hostile round 74, 6)
+    with pytest.raises(InputPathError) as err:
+        open_slide(SlideURL("s3://nosuchbucket/a.tif", options))
+    assert str(err.value) == "s3://nosuchbucket/a.tif: there is no bucket 'nosuchbucket' (404)"
     s3.client().put_object(Bucket="slides", Key="scratch/moving.tif", Body=slide.read_bytes())
     moving = RemoteObject(SlideURL("s3://slides/scratch/moving.tif", options))
     assert moving.read(0, 4) == slide.read_bytes()[:4]  # its first block, then replaced:

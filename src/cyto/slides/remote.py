@@ -537,6 +537,21 @@ def _chain(exc: BaseException | None):
         stack += [e.__context__, e.__cause__]  # its cause first
 
 
+def _no_bucket(exc: BaseException) -> bool:
+    """Whether a 404 is of the bucket itself (S3's ``NoSuchBucket``; GCS's "bucket does not
+    exist"), not of an object in it."""
+    for e in _chain(exc):
+        response = getattr(e, "response", None)
+        code = (
+            ((response or {}).get("Error") or {}).get("Code")
+            if isinstance(response, dict)
+            else None
+        )
+        if code == "NoSuchBucket" or "bucket does not exist" in str(e).lower():
+            return True
+    return False
+
+
 def _chain_names(exc: BaseException | None) -> set[str]:
     """The class names of ``exc`` and of the errors it was raised from or during."""
     return {c.__name__ for e in _chain(exc) for c in type(e).__mro__}
@@ -710,6 +725,10 @@ class Requests:
                 f"{value}); nothing of this run of it is kept: score it again"
             )
         if isinstance(exc, FileNotFoundError) or status == 404:
+            if _no_bucket(exc):  # the bucket, not the object: said by its name, as --out is
+                # (an S3 slide of a missing bucket read as a missing object: round 74, 6)
+                bucket = self.ref.url.split("://", 1)[1].split("/", 1)[0].rpartition("@")[2]
+                return InputPathError(f"{self.ref}: there is no bucket {bucket!r} (404)")
             return InputPathError(f"{self.ref}: not found (404)")
         if isinstance(exc, PermissionError) or status in (401, 403):
             where = (
