@@ -671,3 +671,12 @@ def test_a_given_mpp_against_the_files_own_the_models_names_both_ways_out():
     lines.clear()  # a file that records another resolution than the model's: one way out
     resolution(0.5, None, 0.12, 96, False, lines.append, recorded_mpp=0.25)
     assert "leave out --mpp" not in " ".join(lines)
+    # where the first tiles' cells will be checked, the advice says a verdict follows (two
+    # warnings read as opposite advice on rescale=: hostile round 73, 5)
+    lines.clear()
+    resolution(0.5, None, 0.258, 96, False, lines.append, cells_checked=True)
+    assert lines == [
+        "warning: slide at 0.5 um/px but the model was trained at 0.258 um/px; cells will look "
+        "1.94x smaller than in training. If 0.5 um/px is its true resolution, pass --rescale "
+        "to resample the crops; the first tiles' cells, checked against it, say whether it is"
+    ]

@@ -156,6 +156,10 @@ class SlidePlan:
             opts.rescale,
             echo,
             recorded_mpp=info.mpp if opts.slide_mpp else None,
+            # what check_scale will weigh it against: the bundle's training share, under a
+            # detection whose nucleus share it reads
+            cells_checked=scorer.spec.centre_nucleus_fraction is not None
+            and opts.detection.kind in ("smear", "pap"),
         )
         top = info.properties.get(BITS_KEY)
         if top is not None:  # said as a crop's 16 bits are (hostile round 51, 3)

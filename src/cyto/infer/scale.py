@@ -48,9 +48,12 @@ def resolution(
     rescale: bool,
     echo,
     recorded_mpp: float | None = None,
+    cells_checked: bool = False,
 ) -> Resolution:
     """The level-0 crop size, after comparing the slide's mpp with the model's training mpp.
-    ``recorded_mpp``: the slide file's own, where ``slide_mpp`` was given otherwise (said)."""
+    ``recorded_mpp``: the slide file's own, where ``slide_mpp`` was given otherwise (said).
+    ``cells_checked``: the first tiles' cells will be checked against it (:func:`check_scale`),
+    and the advice says a verdict follows."""
     echo = warning_echo(echo, ScaleWarning)
     src, ratio = patch, None
     if recorded_mpp and slide_mpp and abs(slide_mpp / recorded_mpp - 1.0) > 0.1:
@@ -97,6 +100,14 @@ def resolution(
                     + (
                         f"If {slide_mpp:.3g} um/px is its true resolution, pass "
                         f"{passing('rescale')} to resample the crops"
+                        # the cells' check may then say the resolution is wrong: the advice
+                        # waits on it in words (two warnings read as opposite advice: hostile
+                        # round 73, 5)
+                        + (
+                            "; the first tiles' cells, checked against it, say whether it is"
+                            if cells_checked
+                            else ""
+                        )
                         if helps
                         else "No resampling bridges that: check that this is a slide and its "
                         f"pixel size ({said('slide_mpp')})"
