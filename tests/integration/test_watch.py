@@ -131,6 +131,53 @@ def test_watch_takes_folders_on_this_machine_only(made, exported_dsvdd, tmp_path
     res = run_cyto("score", str(made.parent), "--model", str(exported_dsvdd), "--out",
                    str(tmp_path), "--watch", "--poll", "0")  # fmt: skip
     assert res.returncode == 2 and "--poll must be seconds > 0" in res.stderr, res.stderr
+    # taken and not done before: "already scored ... skipping" (hostile round 76, 5)
+    res = run_cyto("score", str(made.parent), "--model", str(exported_dsvdd), "--out",
+                   str(tmp_path), "--watch", "--overwrite")  # fmt: skip
+    assert res.returncode == 2 and "--overwrite would score them all again" in res.stderr
+
+
+def test_a_slide_whose_output_failed_is_tried_again_and_a_folder_gone_is_said(
+    made, exported_dsvdd, tmp_path, monkeypatch
+):
+    """Hostile round 76, 1 and 4: a slide whose output could not be written (a full disk)
+    stayed failed until the watch was restarted, as it is tried again only when its files
+    change; a watched folder unmounted or moved away was not said (the watch looked healthy).
+    The write failure is tried again after a while; the folder gone, and back, is said."""
+    from cyto.cohort import watch as watch_module
+    from cyto.errors import OutputWriteError
+
+    monkeypatch.setattr(watch_module, "RETRY_WRITE_S", 0.5)
+    real, full = watch_module.score_one, {"on": True}
+
+    def score_one(*args, **kwargs):
+        if full["on"]:
+            raise OutputWriteError("cannot write out/a/.partial: the disk is full")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(watch_module, "score_one", score_one)
+    folder, out = tmp_path / "scanner", tmp_path / "out"
+    folder.mkdir()
+    shutil.copy(made, folder / "a.tif")
+    watch = _Watch(folder, exported_dsvdd, out)
+    try:
+        watch.wait_for(lambda: any(m.startswith("failed: ") for m in watch.said))
+        full["on"] = False  # room freed: tried again, the slide's files unchanged
+        watch.wait_for(lambda: len(watch.finished) == 1)
+        folder.rename(tmp_path / "away")
+        watch.wait_for(lambda: any("is gone" in m for m in watch.said))
+        time.sleep(0.5)  # said once, not each poll
+        (tmp_path / "away").rename(folder)
+        watch.wait_for(lambda: any(m.endswith("is back") for m in watch.said))
+    finally:
+        done, failed = watch.close()
+    [line] = [m for m in watch.said if m.startswith("failed: ")]
+    assert line.endswith("(this watch tries it again in 0.5 s)"), line
+    assert not failed and len(done) == 1, watch.said
+    assert [m for m in watch.said if "is gone" in m] == [
+        f"watch: {folder} is gone (unmounted or moved?): looked for every poll"
+    ]
+    assert ",scored," in (out / "cohort.csv").read_text()
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])

@@ -426,6 +426,12 @@ def score_cmd(
             raise ConfigError("--watch scores on this machine; it does not take --ray")
         if any(is_url(s) for s in [*slides, out]):
             raise ConfigError("--watch reads and writes local folders; give URLs without --watch")
+        if overwrite:  # it was taken and not done: "already scored ... skipping" (round 76, 5)
+            raise ConfigError(
+                "--watch keeps the slides already scored (as --resume does); --overwrite would "
+                "score them all again at each start: score them again with cyto score FOLDER "
+                "--out OUT --overwrite, then watch"
+            )
         watch_cohort(
             [Path(s) for s in slides],
             model,

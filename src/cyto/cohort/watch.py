@@ -6,7 +6,8 @@ slide is scored once it has stayed unchanged (the sizes and times of change of i
 slide goes to ``OUT/NAME`` as in a plain run (a name taken by another slide's results gets a
 folder of its own) and ``OUT/cohort.csv`` gains its row. Slides scored before, by this watch or
 an earlier run with the same model and settings, are kept, not scored again (``--resume``); a
-slide that fails is reported and tried again only once its files change; a slide another run
+slide that fails is reported and tried again only once its files change (one whose output
+could not be written, a full disk, after five minutes too); a slide another run
 is scoring (two watches of one folder) is left to it and looked at again later, when it is
 found scored (or free, if that run stopped). Ctrl-C stops the watch;
 a slide being scored then keeps its finished chunks for the next run.
@@ -33,7 +34,7 @@ from cyto.cohort.local import (
 )
 from cyto.cohort.run import slide_line
 from cyto.cohort.table import cohort_row, failure_words, say_models, write_cohort_table
-from cyto.errors import ConfigError, CytoError, InputPathError, OutputBusyError
+from cyto.errors import ConfigError, CytoError, InputPathError, OutputBusyError, OutputWriteError
 from cyto.infer import ScoreOptions
 from cyto.infer.finish import Metrics
 from cyto.locks import OutputLock
@@ -61,9 +62,20 @@ def stamp(slide: Path) -> Stamp | None:
 
 def _listed(folders: list[Path], warned: set[str], echo) -> list[Path]:
     """The slides in ``folders`` now; a folder without one yet is not an error here, and a
-    folder that cannot be used (two DICOM series in it) is said once."""
+    folder that cannot be used (two DICOM series in it) is said once; one gone (unmounted,
+    moved) is said once, and again when it is back (the watch looked healthy and scored
+    nothing: hostile round 76, 4)."""
     found: list[Path] = []
     for folder in folders:
+        gone = f"gone:{folder}"
+        if not folder.is_dir():
+            if gone not in warned:
+                warned.add(gone)
+                echo(f"watch: {folder} is gone (unmounted or moved?): looked for every poll")
+            continue
+        if gone in warned:
+            warned.discard(gone)
+            echo(f"watch: {folder} is back")
         try:
             found += slide_files([folder])
         except InputPathError as exc:
@@ -75,6 +87,8 @@ def _listed(folders: list[Path], warned: set[str], echo) -> list[Path]:
 
 #: the longest --poll (seconds)
 DAY = 86_400.0
+#: seconds after which a slide whose output could not be written (a full disk) is tried again
+RETRY_WRITE_S = 300.0
 
 
 def watch_cohort(
@@ -117,6 +131,9 @@ def watch_cohort(
     stop = stop or threading.Event()
     seen: dict[Path, tuple[Stamp, float]] = {}  # slide -> (its stamp, when first seen so)
     handled: dict[Path, Stamp] = {}  # slide -> the stamp it was scored (or failed) at
+    # slide -> when its output, not the slide, failed (a full disk): tried again after
+    # RETRY_WRITE_S whatever its files do (it stayed failed until a restart: round 76, 1)
+    write_failed: dict[Path, float] = {}
     done: list[dict] = []
     # slide -> its last outcome: "scored" (by this watch), "kept" (already scored) or the
     # error of its last try; a slide that failed and was scored once whole counts as scored
@@ -134,6 +151,9 @@ def watch_cohort(
             now = time.monotonic()
             for slide in _listed(folders, warned, echo):
                 st = stamp(slide)
+                if slide in write_failed and now - write_failed[slide] >= RETRY_WRITE_S:
+                    del write_failed[slide]
+                    handled.pop(slide, None)  # its output may be written now
                 if st is None or handled.get(slide) == st:
                     continue
                 if seen.get(slide, (None, 0.0))[0] != st:
@@ -168,7 +188,11 @@ def watch_cohort(
                         exc = unforeseen(real, exc)
                     outcome[real] = exc
                     row = cohort_row(real, target, None, str(exc))
-                    echo(f"failed: {failure_words(real, exc)}")
+                    again = ""
+                    if isinstance(exc, OutputWriteError):  # not the slide's fault: tried again
+                        write_failed[slide] = now
+                        again = f" (this watch tries it again in {RETRY_WRITE_S:g} s)"
+                    echo(f"failed: {failure_words(real, exc)}{again}")
                 else:
                     done.append(summary)
                     # kept from a run before: a slide this watch scored stays scored
