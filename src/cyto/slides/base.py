@@ -37,6 +37,14 @@ class SlideReader(Protocol):
     def close(self) -> None: ...
 
 
+def listed_slide_name(name: str) -> bool:
+    """Whether a name in a listed folder (or under a prefix) may be a slide: not a hidden one
+    (``.x.tif``, macOS's ``._x.tif`` resource forks), which a folder's listing passes over as
+    ``ls`` does (a ``._`` file was a failed slide at each look of a watch: hostile round 76,
+    7). Named on its own, a hidden file is read as given."""
+    return not name.startswith(".")
+
+
 def sampled_ranges(size: int, block: int = 1 << 16, samples: int = 32) -> list[tuple[int, int]]:
     """The (start, length) byte ranges whose bytes identify an object of ``size`` bytes, fast
     on 10 GB slides: its first and last MiB and ``samples`` blocks spread evenly between them

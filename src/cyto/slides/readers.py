@@ -32,6 +32,7 @@ from cyto.slides.base import (
     _to_rgb,
     check_pixels,
     in_slide,
+    listed_slide_name,
     padded,
     sixteen_bit_top,
 )
@@ -433,10 +434,9 @@ def slide_files(paths: Sequence[Path | str | SlideURL]) -> list[Path | SlideURL]
         if not path.is_dir():
             out.append(path)
             continue
-        found = sorted(
-            f for f in path.iterdir() if f.suffix.lower() in SLIDE_SUFFIXES and f.is_file()
-        )
-        subs = sorted(d for d in path.iterdir() if d.is_dir())
+        listed = [f for f in path.iterdir() if listed_slide_name(f.name)]
+        found = sorted(f for f in listed if f.suffix.lower() in SLIDE_SUFFIXES and f.is_file())
+        subs = sorted(d for d in listed if d.is_dir())
         found = [d for d in [path, *subs] if _holds_dicom_slide(d)] + found
         if not found:
             raise InputPathError(

@@ -1404,7 +1404,10 @@ def remote_identity(ref: SlideURL) -> str:
 
 
 def list_prefix(ref: SlideURL, suffixes: tuple[str, ...]) -> list[SlideURL]:
-    """The slides under a prefix ``s3://bucket/slides/``: its objects ending in ``suffixes``."""
+    """The slides under a prefix ``s3://bucket/slides/``: its objects ending in ``suffixes``,
+    hidden names passed over as a folder's are (:func:`cyto.slides.base.listed_slide_name`)."""
+    from cyto.slides.base import listed_slide_name
+
     fs, path, _ = _filesystem(ref)
     probe = RemoteObject.__new__(RemoteObject)
     probe.ref, probe._said_retry = ref, False
@@ -1426,7 +1429,7 @@ def list_prefix(ref: SlideURL, suffixes: tuple[str, ...]) -> list[SlideURL]:
         # HTTP lists full URLs, object stores bucket/key
         SlideURL(n if "://" in n else f"{scheme}://{n}", ref.options, ref.download)
         for n in sorted(names)
-        if n.lower().endswith(suffixes)
+        if n.lower().endswith(suffixes) and listed_slide_name(n.rstrip("/").rsplit("/", 1)[-1])
     ]
     if not out:
         raise InputPathError(f"{ref} holds no slide (looked for {', '.join(suffixes)})")
