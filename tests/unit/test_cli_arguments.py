@@ -75,3 +75,17 @@ def test_a_refusal_at_the_command_line_names_no_python_value():
     made = run_cyto("synth", "patches", "p", "--n-normal", "-5", "--n-abnormal", "2")
     assert made.returncode == 2
     assert "error: --n-normal must be >= 1 and --n-abnormal >= 0, got -5 and 2" in made.stderr
+
+
+def test_a_command_that_is_an_option_of_another_says_which():
+    """Hostile round 76, 11: `cyto watch FOLDER` said only "No such command 'watch'"; watching
+    is `cyto score FOLDER --watch`. Every such name is an option of the command it names."""
+    from cyto.cli import AS_OPTIONS
+
+    for name, words in AS_OPTIONS.items():
+        proc = run_cyto(name, "folder")
+        assert proc.returncode == 2, proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last == f"error: No such command '{name}': {name} is {words}", last
+        command = words.split("cyto ", 2)[2].split()[0]  # "... of cyto score: cyto score F"
+        assert f"--{name}" in run_cyto(command, "--help").stdout

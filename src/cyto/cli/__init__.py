@@ -182,6 +182,10 @@ def _click_app():
     return typer.main.get_command(app)
 
 
+#: what a user may type as a command that is an option of another command
+AS_OPTIONS = {"watch": "an option of cyto score: cyto score FOLDER --model MODEL --out OUT --watch"}
+
+
 def _run_app() -> None:
     """The app as click's standalone mode runs it, but a usage error is said in cyto's words:
     click's usage and hint, then ``error: MESSAGE`` as every other refusal of cyto (click wrote
@@ -199,6 +203,10 @@ def _run_app() -> None:
         if exc.exit_code == 2 and (words := _argument_given_as_flag(sys.argv[1:])):
             # click's line named no argument ("No such option: --model"): say which one it is
             text = re.sub(r"(?ms)^error: .*", lambda _m: f"error: {words}\n", text)
+        asked = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+        if exc.exit_code == 2 and asked in AS_OPTIONS and "No such command" in text:
+            # a command that is an option of another: said which (round 76, 11)
+            text = text.rstrip("\n").rstrip(".") + f": {asked} is {AS_OPTIONS[asked]}\n"
         sys.stderr.write(text if text.endswith("\n") else text + "\n")
         sys.exit(exc.exit_code)
     except typer.Abort:
