@@ -442,7 +442,7 @@ def test_report_cli_and_its_errors(tmp_path, session):
     proc = run_cyto("review", str(session.root), "--reviewer", "../../etc")
     assert proc.returncode == 2 and "reviewer name" in proc.stderr
     proc = run_cyto("review", str(tmp_path / "missing"), "--reviewer", "ann")
-    assert proc.returncode == 2 and "is not a folder" in proc.stderr
+    assert proc.returncode == 2 and "missing does not exist (give the output" in proc.stderr
 
 
 # --- a real browser against real servers --------------------------------------------------------
