@@ -97,10 +97,9 @@ def predict(
     from cyto.data.morphometry import (
         RANK_BY,
         RANK_BY_ALIASES,
-        Morphometric,
-        few_abnormal_words,
         resolve_rank_by,
         scorer_rank_by,
+        spec_caution,
     )
     from cyto.runtime import Scorer, load_scorer
 
@@ -140,16 +139,7 @@ def predict(
     asked = rank_by
     rank_by, morph = scorer_rank_by(scorer, rank_by)
     # auto's choice on too few held-back abnormal cells: said beside the ranking it took
-    caution = (
-        few_abnormal_words(
-            scorer.spec.validation,
-            scorer.spec.stain,
-            Morphometric.of_spec(scorer.spec) is not None,
-            scorer.spec.normals_alone,
-        )
-        if RANK_BY_ALIASES.get(asked, asked) == "auto"
-        else None
-    )
+    caution = spec_caution(scorer.spec) if RANK_BY_ALIASES.get(asked, asked) == "auto" else None
     records, labels, left_out = _chosen(Path(data), normal, abnormal, echo)
     sides = refuse_mixed_sizes(records, data)  # the rule every reader of a crop folder holds to
     size = scorer.load_size  # the one rule of Scorer.score (round 64, 4)

@@ -548,6 +548,13 @@ def calibrated_column(rank_by: str | None) -> str:
     return "morphometry_score" if rank_by == "morphometry" else "score"
 
 
+def spec_caution(spec) -> str | None:
+    """:func:`few_abnormal_words` of a loaded bundle's model spec (:class:`cyto.bundle.ModelSpec`):
+    the one caller's form of ``cyto score`` and ``cyto predict`` alike."""
+    morphometric = Morphometric.of_spec(spec) is not None
+    return few_abnormal_words(spec.validation, spec.stain, morphometric, spec.normals_alone)
+
+
 def ranking_said(manifest: dict) -> dict:
     """What ``--rank-by auto`` ranks a bundle's cells by and why, and the warnings of what its
     training could not fit or rests on too few cells: one record for ``cyto info``'s lines and

@@ -302,7 +302,7 @@ def check_rank_by(model, rank_by: str) -> str | None:
     """A --rank-by the bundle cannot take, refused before any slide (every cohort path).
     Returns the line to say where ``auto``'s choice rests on too few held-back abnormal cells
     (:func:`cyto.data.morphometry.few_abnormal_words`), else None."""
-    from cyto.data.morphometry import Morphometric, few_abnormal_words, resolve_rank_by
+    from cyto.data.morphometry import Morphometric, resolve_rank_by, spec_caution
 
     spec = model_spec(model)
     how = resolve_rank_by(
@@ -310,8 +310,7 @@ def check_rank_by(model, rank_by: str) -> str | None:
     )
     if RANK_BY_ALIASES.get(rank_by, rank_by) != "auto":
         return None
-    morphometric = Morphometric.of_spec(spec) is not None
-    few = few_abnormal_words(spec.validation, spec.stain, morphometric, spec.normals_alone)
+    few = spec_caution(spec)
     return None if few is None else f"ranked by {how}: {few}"
 
 

@@ -727,7 +727,7 @@ class Requests:
         if isinstance(exc, FileNotFoundError) or status == 404:
             if _no_bucket(exc):  # the bucket, not the object: said by its name, as --out is
                 # (an S3 slide of a missing bucket read as a missing object: round 74, 6)
-                bucket = self.ref.url.split("://", 1)[1].split("/", 1)[0].rpartition("@")[2]
+                bucket = urlsplit(self.ref.url).netloc.rpartition("@")[2]  # as _filesystem
                 return InputPathError(f"{self.ref}: there is no bucket {bucket!r} (404)")
             return InputPathError(f"{self.ref}: not found (404)")
         if isinstance(exc, PermissionError) or status in (401, 403):
