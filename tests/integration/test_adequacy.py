@@ -179,15 +179,16 @@ def test_cyto_score_prints_and_tables_the_result_and_reasons_of_every_slide(
     assert bad["adequacy"] == "unsatisfactory" and "out of focus" in bad["adequacy_reasons"]
     assert float(bad["out_of_focus_share"]) > 0.75 and int(bad["cells_evaluable"]) >= 0
     assert bad["adequacy_preset"] == "general" and bad["glass_or_skipped_share"] == "0.0"
-    # another rule is another output: the finished slide is not reused under it
+    # another rule is another output: the finished slide is not reused under it, but its cells
+    # (their sharpness measured) are kept and judged by the rule
     again = score_cli(
         slides["normal"], model, out, "--workers", "0", "--mosaic", "0", "--resume",
         "--patch-size", str(PATCH), "--adequacy", "lbc-cervical",
     )  # fmt: skip
     assert again.returncode == 0, again.stderr
-    assert "--adequacy" in again.stdout and "scoring it again" in again.stdout
+    assert "--adequacy" in again.stdout and "its cells are kept" in again.stdout
     s = json.loads((out / "normal" / "summary.json").read_text())
-    assert s["adequacy"]["preset"] == "lbc-cervical"
+    assert s["adequacy"]["preset"] == "lbc-cervical" and s["cells_this_run"] == 0
 
 
 def test_an_unsatisfactory_slide_is_never_triaged_negative(model, slides, tmp_path):

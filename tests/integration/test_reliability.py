@@ -1083,7 +1083,7 @@ def test_resume_scores_again_when_the_settings_changed(exported_dsvdd, slides, t
     said.clear()
     fewer = ScoreOptions(mosaic=0, workers=0, tile=512, resume=True, top_k=3)
     [again], _ = score_cohort([slide], exported_dsvdd, out, fewer, said.append)
-    assert not any("already scored" in m for m in said), said
+    assert not any("; skipping" in m for m in said), "\n".join(said)
     assert any("other settings or inputs (--top-k 5 -> 3)" in m for m in said), said
     assert pq.read_table(out / "s" / "topk.parquet").num_rows == 3
     assert json.loads((out / "s" / "summary.json").read_text())["options"]["top_k"] == 3
@@ -1102,6 +1102,54 @@ def test_resume_scores_again_when_the_settings_changed(exported_dsvdd, slides, t
     )
     assert plain["cells_scored"] == first["cells_scored"] > third["cells_scored"] > 0
     assert third["cells_scored"] == pq.read_table(out / "s" / "scores.parquet").num_rows
+
+
+def test_a_restart_with_other_outputs_keeps_the_cells_and_writes_the_outputs_again(
+    exported_dsvdd, slides, tmp_path
+):
+    """A lab restarts `cyto score --resume` (a watch) with another top-K, an error rate the
+    bundle has no calibration for, a ranking or an adequacy rule: every finished slide was
+    scored again, cell by cell (hostile round 76, 9). Where only what is drawn from the table
+    differs, the cells are kept and the outputs written again from them: the tables and the
+    adequacy are a fresh run's with those options, and no cell is scored. A setting that shapes
+    the rows (the tile; a rule that needs the crops' sharpness a run under `--adequacy none` did
+    not keep) still scores the slide again, said."""
+    slide = slides[0].paths[0]
+    out = tmp_path / "o"
+    said: list[str] = []
+
+    def run(opts):
+        said.clear()
+        done, failed = score_cohort([slide], exported_dsvdd, out, opts, said.append)
+        assert not failed and len(done) == 1, "\n".join(said)
+        return done[0]
+
+    first = ScoreOptions(mosaic=0, workers=0, tile=512, resume=True, top_k=5)
+    n = run(first)["cells_scored"]
+    later = replace(
+        first, top_k=3, mosaic=4, fdr_alpha=0.05, rank_by="morphometry", adequacy="lbc-cervical"
+    )
+    again = run(later)
+    assert again["cells_this_run"] == 0 and again["cells_resumed"] == n, "\n".join(said)
+    assert any("(--top-k 5 -> 3" in m and "its cells are kept" in m for m in said), said
+    assert not any("scoring it again" in m or "scored again" in m for m in said), said
+    fresh = score_slide(
+        slide, load_scorer(exported_dsvdd), tmp_path / "fresh", replace(later, resume=False)
+    )
+    for name in ("scores.parquet", "topk.parquet"):
+        assert same_table(pq.read_table(out / "s" / name), pq.read_table(tmp_path / "fresh" / name))
+    summary = json.loads((out / "s" / "summary.json").read_text())
+    assert summary["rank_by"] == fresh["rank_by"] == "morphometry" and summary["mosaic"]
+    for key in ("cell_scale", "adequacy", "burden"):
+        assert summary[key] == fresh[key], key
+    assert run(later).get("reused_from"), said  # these settings again: reused as they are
+    assert any("already scored" in m and "; skipping" in m for m in said), said
+    # a table under --adequacy none keeps no sharpness: kept for none, scored again for a rule
+    assert run(replace(later, adequacy="none"))["cells_this_run"] == 0
+    for changed in (later, replace(later, tile=256)):
+        assert run(changed)["cells_this_run"] > 0, said
+        assert any("scoring it again" in m for m in said), said
+        assert not any("its cells are kept" in m for m in said), said
 
 
 def test_a_console_closed_by_its_reader_is_not_an_output_error(exported_dsvdd, slides, tmp_path):

@@ -237,14 +237,14 @@ def test_a_slide_finished_by_another_run_while_waiting_for_its_lock_is_reused(
     target = tmp_path / "out" / "a"
     score_slide(made, exported_dsvdd, target, OPTS, echo=lambda _: None)  # the other run's
     scores = (target / "scores.parquet").read_bytes()
-    real = local.finished_summary
+    real = local.judge_finished
     looks: list[bool] = []
 
     def not_yet_then_real(*args, **kwargs):  # the first look: before the other run finished
         looks.append(True)
-        return None if len(looks) == 1 else real(*args, **kwargs)
+        return (None, None) if len(looks) == 1 else real(*args, **kwargs)
 
-    monkeypatch.setattr(local, "finished_summary", not_yet_then_real)
+    monkeypatch.setattr(local, "judge_finished", not_yet_then_real)
     said: list[str] = []
     scorer = load_scorer(exported_dsvdd, "auto", "cpu", "auto")
     opts = ScoreOptions(**{**OPTS.__dict__, "resume": True})

@@ -29,7 +29,7 @@ from cyto.infer.finish import Metrics
 from cyto.infer.options import as_cut, rank_by_line
 from cyto.infer.outputs import read_truth
 from cyto.infer.plan import check_model_mpp, no_model_mpp
-from cyto.infer.store import PARTIAL, slide_identity
+from cyto.infer.store import KEPT_ROWS, PARTIAL, slide_identity
 from cyto.location import OutputLocation, output_location
 from cyto.locks import OutputLock
 from cyto.outputs_check import check_writable
@@ -58,15 +58,27 @@ def score_key_names(slide) -> dict[str, str]:
 def finished_summary(
     target: Path, scorer: Scorer, slide: Path, opts: ScoreOptions, echo
 ) -> dict | None:
-    """The summary of a finished run of this model on this very slide in ``target`` with these
-    options, if its outputs are still what it wrote: its seal holds (:func:`cyto.seal.read_sealed`:
-    every file it wrote has the bytes it wrote, none was added under an output's name), and
+    """The summary of the finished run in ``target`` that a run reuses (:func:`judge_finished`),
+    else None."""
+    return judge_finished(target, scorer, slide, opts, echo)[0]
+
+
+def judge_finished(
+    target: Path, scorer: Scorer, slide: Path, opts: ScoreOptions, echo
+) -> tuple[dict | None, dict | None]:
+    """What a ``--resume`` run does with the finished run in ``target``, said once: (its summary
+    to reuse, None) when this model scored this very slide there with these options and its
+    outputs are still what it wrote: its seal holds (:func:`cyto.seal.read_sealed`: every file it
+    wrote has the bytes it wrote, none was added under an output's name) and
     :func:`cyto.reuse.check_reuse` passes (the model, the slide's and side files' content, every
-    option that shapes the outputs, and the tables and mosaics read back with their rows); None,
-    said once, when anything differs: the slide is then scored again. When only its QuPath
-    outputs differ (``--qupath``, ``--map-um``, or such a file changed, missing or added), they
-    are written again from its sealed table, said once, and the summary that lists them is
-    returned."""
+    option that shapes the outputs, the tables and mosaics read back with their rows). When only
+    its QuPath outputs differ (``--qupath``, ``--map-um``, or such a file changed, missing or
+    added), they are written again from its sealed table and the summary that lists them is
+    reused. (None, its summary) when only what is drawn from its table differs (the top-K,
+    mosaics, the ranking, error rates, truth, the adequacy rule) and its table holds the cells
+    this run would score (:func:`_rows_serve`): the run keeps them
+    (:data:`cyto.infer.store.KEPT_ROWS`) and writes the outputs again. (None, None): the slide
+    is scored again."""
     from cyto.infer.finish import QUPATH_KEYS, rewrite_qupath
     from cyto.infer.outputs import output_artifacts
     from cyto.infer.qupath import QUPATH_FILES
@@ -74,9 +86,9 @@ def finished_summary(
     from cyto.seal import SEAL, read_sealed
 
     if (target / PARTIAL).exists():
-        return None
+        return None, None
     if not (target / "summary.json").is_file() and not (target / SEAL).is_file():
-        return None  # never finished here (a sealed folder that lost its summary is said)
+        return None, None  # never finished here (a sealed folder that lost its summary is said)
     # the crop side as a run cuts it (--patch-size, else the model's), as the summary records
     # it: compared as given, every --resume read '--patch-size 192 -> default' and scored again
     opts = as_cut(opts, scorer.spec)
@@ -84,10 +96,10 @@ def finished_summary(
     data = sealed.summary
     if data is None:
         echo(f"{slide.name}: {target}: {sealed.words()}; scoring it again")
-        return None
+        return None, None
     if not isinstance(data.get("output_key"), dict):
         echo(f"{slide.name}: {target} records no settings (an older cyto); scoring it again")
-        return None
+        return None, None
     was = (data.get("verification") or {}).get("status")
     now = scorer.verification.status if scorer.verification is not None else None
     if now == "passed" and was != "passed":
@@ -96,7 +108,7 @@ def finished_summary(
             f"{slide.name}: {target}: its scores were not verified when it was scored "
             f"({was or 'no record'}); scoring it again with the graph verified here"
         )
-        return None
+        return None, None
     ran = (data.get("backend"), data.get("precision"))
     if ran[1] is not None and not _as_exact(ran[1], scorer.precision):
         # scores of a coarser precision than this run's engine has are not kept (`--backend
@@ -107,7 +119,7 @@ def finished_summary(
             f"{slide.name}: {target}: scored on {ran[0]} at {ran[1]}, this run's engine is "
             f"{scorer.backend.name} at {scorer.precision}; scoring it again"
         )
-        return None
+        return None, None
     recorded = {
         "model": data.get("model_sha256"),
         "slide": data.get("slide_identity"),
@@ -121,7 +133,7 @@ def finished_summary(
     artifacts = output_artifacts(target, data)
     reuse = check_reuse(recorded, current, artifacts, score_key_names(slide))
     if reuse.ok and sealed.ok:
-        return data
+        return data, None
     # all that differs is the QuPath outputs (other ones asked for, or a file changed, missing
     # or added): they are drawn again from the sealed table, the cells not scored again
     qupath_files = set(QUPATH_FILES.values())
@@ -142,7 +154,7 @@ def finished_summary(
             f"{slide.name}: {target}: QuPath outputs written again from its table "
             f"({'; '.join(dict.fromkeys(because))})"
         )
-        return data
+        return data, None
     why = []
     if not sealed.ok:
         why.append(sealed.words())
@@ -150,10 +162,42 @@ def finished_summary(
         why.append(f"it was scored with other settings or inputs ({'; '.join(reuse.differs)})")
     if reuse.broken and sealed.ok:
         why.append(f"it does not hold what it wrote ({'; '.join(reuse.broken)})")
+    if _rows_serve(data, sealed, recorded, current, artifacts, scorer, opts):
+        echo(
+            f"{slide.name}: {target}: {' and '.join(why)}; its cells are kept, and its outputs "
+            "written again from them"
+        )
+        return None, data
     # a warning: --resume (resume=True) was asked to keep what it finds, and this replaces it
     # (from Python with echo=None it was nowhere: hostile round 26, 4)
     echo(f"warning: {slide.name}: {target}: {' and '.join(why)}; scoring it again")
-    return None
+    return None, None
+
+
+def _rows_serve(data, sealed, recorded, current, artifacts, scorer, opts) -> bool:
+    """Whether a finished run's table holds the cells this run would score: its model, slide and
+    the options that shape rows are this run's, it was scored on this engine (backend, device,
+    precision, graph: what its table says scored it), its table is as it was written, and it
+    records the key of its rows (checked against the slide's plan when the run starts:
+    :func:`cyto.infer.store.rows_differ`). Only what is drawn from the table may differ."""
+    from cyto.reuse import check_reuse
+
+    rows = ("model", "slide", "nuclei_file", *opts.result_key())
+    ran = ("backend", "device", "precision", "graph")
+    table = [a for a in artifacts if Path(a.path).name == "scores.parquet"]
+    # crops' sharpness is measured only under an adequacy rule: none then, none to judge by now
+    measured = opts.adequacy_rule() is None or (data.get("rows_key") or {}).get("sharpness")
+    return (
+        isinstance(data.get("rows_key"), dict)
+        and bool(measured)
+        and len(table) == 1
+        and "scores.parquet" not in sealed.changed_names
+        and check_reuse(
+            {f: recorded.get(f) for f in rows}, {f: current.get(f) for f in rows}, table
+        ).ok
+        and [data.get(f) for f in ran]
+        == [scorer.backend.name, scorer.device, scorer.precision, scorer.graph_ran]
+    )
 
 
 def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, echo, metrics) -> dict:
@@ -169,19 +213,30 @@ def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, ech
                 said.add(line)
                 echo(line)
 
-        previous = _reused(target, scorer, slide, opts, once)
+        previous, kept = _reused(target, scorer, slide, opts, once)
         if previous is not None:
             return previous
         token = UNFINISHED_AT_START.set(True)  # finished by another run meanwhile: reused
         try:
-            return score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics)
+            return _score_keeping(kept, slide, target, scorer, opts, echo, metrics)
         except FinishedMeanwhile:
-            previous = _reused(target, scorer, slide, opts, once)
+            previous, kept = _reused(target, scorer, slide, opts, once)
             if previous is not None:
                 return previous
         finally:
             UNFINISHED_AT_START.reset(token)
+        return _score_keeping(kept, slide, target, scorer, opts, echo, metrics)
     return score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics)
+
+
+def _score_keeping(kept: dict | None, slide, target, scorer, opts, echo, metrics) -> dict:
+    """:func:`score_slide`, starting from the cells of the finished run ``kept`` summarises,
+    when :func:`judge_finished` found they serve (:data:`~cyto.infer.store.KEPT_ROWS`)."""
+    rows = KEPT_ROWS.set(None if kept is None else (target, kept))
+    try:
+        return score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics)
+    finally:
+        KEPT_ROWS.reset(rows)
 
 
 #: how exact each precision's scores are: a finished run's are kept by a run whose engine's
@@ -194,11 +249,14 @@ def _as_exact(was: str, now: str) -> bool:
     return was == now or _EXACTNESS.get(was, 0) > _EXACTNESS.get(now, 0)
 
 
-def _reused(target: Path, scorer: Scorer, slide: Path, opts: ScoreOptions, echo) -> dict | None:
-    """The summary of the finished run in ``target`` that this one reuses (said), else None."""
-    previous = finished_summary(target, scorer, slide, opts, echo)
+def _reused(
+    target: Path, scorer: Scorer, slide: Path, opts: ScoreOptions, echo
+) -> tuple[dict | None, dict | None]:
+    """(the summary of the finished run in ``target`` that this one reuses (said), the summary
+    whose cells it keeps): :func:`judge_finished`."""
+    previous, kept = judge_finished(target, scorer, slide, opts, echo)
     if previous is None:
-        return None
+        return None, kept
     # when it was scored, not how long that took: the report says nothing ran now
     when = scored_when(target)
     # scored by another engine (another backend at this precision, the same scores within
@@ -210,7 +268,7 @@ def _reused(target: Path, scorer: Scorer, slide: Path, opts: ScoreOptions, echo)
         else ""
     )
     echo(f"{slide.name}: already scored ({when}{by}) in {target}; skipping")
-    return {**previous, REUSED: when}
+    return {**previous, REUSED: when}, None
 
 
 #: the key a reused slide's summary gets in a run's report (when its outputs were written);

@@ -68,6 +68,7 @@ def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_star
             "decode": plan.decode,
             "engine_lane": engine_lane(runs, scorer.device),
             "tiles": {"total": len(plan.jobs), "resumed_from": runs[0].resumed_tiles},
+            "rows_key": plan.store_key(scorer, opts, len(plan.jobs)),  # what its rows are of
         }
     )
     if len(runs) > 1:

@@ -32,6 +32,7 @@ from cyto.errors import (
     OutputWriteError,
     StainWarning,
     WarningLine,
+    first_line,
     os_error_path,
 )
 from cyto.flags import passing, said
@@ -41,7 +42,7 @@ from cyto.infer.memory import trim_malloc
 from cyto.infer.options import ScoreOptions, as_cut
 from cyto.infer.plan import SlidePlan, ThresholdAhead, TileRun, check_model_mpp
 from cyto.infer.scale import Resolution, check_scale, detection_cause
-from cyto.infer.store import PARTIAL, ChunkStore, kept_words
+from cyto.infer.store import KEPT_ROWS, PARTIAL, ChunkStore, kept_words, rows_differ
 from cyto.infer.tiling import TileFeed, broken_worker_error, start_workers
 from cyto.locks import OutputLock
 from cyto.progress import progress
@@ -288,6 +289,7 @@ def _score_locked(
     """:func:`score_slide` once the output folder is ours."""
     plan = SlidePlan(slide, reader, planes, scorer, opts, echo, ahead)
     store = ChunkStore(out_dir, plan.store_key(scorer, opts, len(plan.jobs)))
+    _keep_rows(store, out_dir, plan.slide, opts, echo)
     tiles = score_tiles(plan, plan.jobs, store, scorer, opts, echo, pool=pool)
     tiles.timings["mask"] = plan.mask_s
     summary = finish_slide(
@@ -295,6 +297,34 @@ def _score_locked(
     )
     store.remove()
     return summary
+
+
+def _keep_rows(store: ChunkStore, out_dir: Path, slide: Path, opts, echo) -> None:
+    """The finished run's table as the store's chunk, when ``score_one`` found that only what
+    is drawn from it differs (:data:`~cyto.infer.store.KEPT_ROWS`) and its rows are those this
+    run would score (:func:`~cyto.infer.store.rows_differ`, said when they are not): the run
+    resumes with every tile done, and writes the outputs again from those cells."""
+    from cyto.tables import read_table
+
+    kept = KEPT_ROWS.get()
+    if kept is None or kept[0] != out_dir or not opts.resume or (out_dir / PARTIAL).exists():
+        return
+    summary = kept[1]
+    why = rows_differ(summary.get("rows_key"), store.key)
+    if summary.get("detection_crowding") is None:
+        why.append("its first tiles' checks are not recorded")
+    if not why:
+        checks = {"crowd": summary["detection_crowding"], "scale": summary.get("cell_scale")}
+        checks["stain"] = summary.get("cell_stain")
+        try:
+            missing = store.keep(read_table(out_dir / "scores.parquet"), checks)
+            why = [f"its table lacks {', '.join(missing)}"] if missing else []
+        except (OSError, ValueError) as exc:  # gone or damaged since it was judged
+            why = [f"its table cannot be read ({first_line(exc)})"]
+        if not why:
+            return
+        store.remove()
+    echo(f"{slide.name}: {out_dir}: its cells are scored again after all ({'; '.join(why)})")
 
 
 #: seconds between two malloc trims of the scoring loop: about one per tile on 2 CPU cores (a

@@ -233,11 +233,16 @@ class SlidePlan:
                     self.ctx = replace(self.ctx, keep_on_device=True)
         self.overlap = opts.overlaps(scorer.device)
         self.identity = ""  # the slide's identity, once a store has read it
+        self._slide_key: dict | None = None
 
     def store_key(self, scorer: Scorer, opts: ScoreOptions, jobs: int) -> dict:
+        """What the rows of ``jobs`` tiles depend on: a chunk store's key, and the summary's
+        ``rows_key`` (the slide's identity read once a plan: the one its rows were cut from)."""
+        if self._slide_key is None:
+            self._slide_key = slide_key(self.slide, self.planes)
         return {
             "model": scorer.bundle.manifest_hash,
-            "slide": slide_key(self.slide, self.planes),
+            "slide": self._slide_key,
             "options": {**opts.result_key(), "precision": scorer.precision},
             "nuclei_file": opts.side_files_key()["nuclei_file"],
             "tiles": jobs,

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+from contextvars import ContextVar
 from pathlib import Path
 
 from cyto.bundle import atomic_write, sha256_file
@@ -147,6 +148,33 @@ def slide_key(slide: Path, planes: list[tuple[float, str]]) -> dict:
     """The identity of the slide and of its plane files (what a resumed run must find again)."""
     files = [slide_ref(slide)] + sorted({Path(p.split(PLANE_SEP)[0]) for _, p in planes})
     return {str(f): slide_identity(f) for f in files}
+
+
+#: (the folder, the summary of its finished run) whose cells serve the run now starting there:
+#: only what is drawn from its table differs (top-K, mosaics, ranking, error rates, truth,
+#: QuPath outputs). Set by :func:`cyto.cohort.local.score_one` around the run, which then
+#: starts from that table (:meth:`ChunkStore.keep`) rather than score every cell again.
+KEPT_ROWS: ContextVar[tuple[Path, dict] | None] = ContextVar("cyto_kept_rows", default=None)
+
+
+def rows_differ(recorded, key: dict) -> list[str]:
+    """What keeps a finished run's rows, recorded under the key ``recorded`` (its summary's
+    ``rows_key``), from serving a store of ``key``: the model, the slide's identity, the options
+    that shape rows, their precision, the tile list and table layout must match; the ranking
+    is drawn at the finish from rows that carry every score (``rank_by``); crops' sharpness is
+    a column only a run with an adequacy rule measured (``sharpness``: needed now, missing
+    then). Empty: they serve. A run of an older cyto recorded no key, and serves nothing."""
+    if not isinstance(recorded, dict):
+        return ["the finished run recorded no key of its rows (an older cyto)"]
+    names = store_key_names(key)
+    rest = ("rank_by", "sharpness")
+    was = {k: v for k, v in recorded.items() if k not in rest}
+    differs = list(
+        check_reuse(was, {k: v for k, v in key.items() if k not in rest}, names=names).differs
+    )
+    if key.get("sharpness") and not recorded.get("sharpness"):
+        differs.append("its crops' sharpness, measured only under an adequacy rule, is missing")
+    return differs
 
 
 def kept_words(store_dir: Path, then: str = "") -> str:
@@ -307,6 +335,28 @@ class ChunkStore:
         # record of a chunk that is not there (nothing reads it), never a chunk without one
         self._write_record({**self._record(), name: written})
         os.replace(tmp, self.dir / name)
+
+    def keep(self, table, checks: dict) -> list[str]:
+        """Start the store anew with a finished run's ``table`` of these very rows
+        (:func:`rows_differ` found none) as its one chunk, of every tile, and the first tiles'
+        ``checks`` that run made: a resumed run then only finishes the slide. Returns the
+        columns the table lacks, and keeps nothing, when it lacks any."""
+        import numpy as np
+        import pyarrow as pa
+
+        if "sharpness" not in table.column_names and not self.key.get("sharpness"):
+            # not measured (no adequacy rule): the table leaves out the NaN the chunks held
+            table = table.append_column("sharpness", pa.array(np.full(table.num_rows, np.nan)))
+        missing = [c for c in schema().names if c not in table.column_names]
+        if missing:
+            return missing
+        self.start(False, lambda _m: None)
+        rows = pa.Table.from_batches(
+            table.select(schema().names).cast(schema()).to_batches(), schema=schema()
+        )
+        self.write(rows, 0, self.key["tiles"])
+        self.save_checks(checks)
+        return []
 
     def save_checks(self, checks: dict) -> None:
         """The first tiles' crowding and cell-scale checks (``checks.json``): a resumed run
