@@ -1152,6 +1152,39 @@ def test_a_restart_with_other_outputs_keeps_the_cells_and_writes_the_outputs_aga
         assert not any("its cells are kept" in m for m in said), said
 
 
+def test_a_slide_removed_while_it_is_scored_stops_and_leaves_nothing(exported_dsvdd, big, tmp_path):
+    """A slide deleted while it was scored was read to its end through the open files, then
+    failed, its chunks left in OUT for a slide that is gone (hostile round 76, 6). Its removal is
+    found within a second: the slide fails in one line, before its last tiles, and its folder
+    goes (this run made it)."""
+    import threading
+
+    from cyto.infer.store import PARTIAL
+
+    slide = tmp_path / "in" / "gone.tif"
+    slide.parent.mkdir()
+    shutil.copy(big.paths[0], slide)
+    out = tmp_path / "o"
+    opts = replace(OPTS, tile=256)
+    removed = threading.Event()
+
+    def remove_once_scoring() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (out / "gone" / PARTIAL).is_dir():
+            time.sleep(0.01)
+        slide.unlink()
+        removed.set()
+
+    threading.Thread(target=remove_once_scoring, daemon=True).start()
+    said: list[str] = []
+    done, failed = score_cohort([slide], exported_dsvdd, out, opts, said.append)
+    assert removed.is_set() and not done and len(failed) == 1, said
+    assert "gone.tif was removed while it was scored: nothing scored of it is kept" in str(
+        failed[0][1]
+    )
+    assert not (out / "gone").exists() and not any("96/96" in m for m in said), said
+
+
 def test_a_console_closed_by_its_reader_is_not_an_output_error(exported_dsvdd, slides, tmp_path):
     """`cyto score ... 2>&1 | head`: the reader goes, and the slide was recorded "failed ...
     cannot write o/s: Broken pipe" (hostile round 9, N4). A closed console is no error of the

@@ -155,3 +155,38 @@ def test_a_slide_another_run_holds_is_said_once_and_one_removed_is_no_failure(
                for line in said), said  # fmt: skip
     assert failed == [] and said[-1].endswith(", 0 failed"), said
     assert [Path(r["slide"]).name for r in rows] == ["held.tif"], rows
+
+
+def test_a_restart_says_each_slide_kept_as_it_was_in_one_line(tmp_path, monkeypatch):
+    """A watch restarted over a folder already scored printed three lines a slide (its header,
+    "already scored ... skipping" and its report: 128 lines for 40 slides, hostile round 76,
+    10). A slide kept as it was is said by its report line alone; one scored has its header
+    before what is said of it."""
+    from cyto.cohort.local import SkippedLine
+
+    folder = tmp_path / "wd"
+    folder.mkdir()
+    for name in ("new.tif", "old.tif"):
+        (folder / name).write_bytes(b"II*\0" + b"\0" * 100)
+
+    def score_one(slide, target, scorer, opts, echo, metrics):
+        slide = Path(slide)
+        summary = {"slide": str(slide), "cells_scored": 258, "seconds": 1.0, "cells_per_s": 258}
+        if slide.name == "old.tif":  # as score_one says a slide reused as it was
+            echo(
+                SkippedLine(
+                    f"{slide.name}: already scored (2026-12-01 10:00) in {target}; skipping"
+                )
+            )
+            summary[REUSED] = "2026-12-01 10:00"
+        else:  # as a scoring starts
+            echo("resume: no unfinished run here; starting from the beginning")
+            echo(f"warning: {slide.name}: a warning of its own")
+        return {**summary, "output": str(target)}
+
+    _, _, said, _ = _watch(monkeypatch, tmp_path, folder, score_one, 2)
+    old = [line for line in said if "old.tif" in line]
+    assert len(old) == 1 and old[0].startswith("old.tif: already scored (2026-12-01 10:00)"), said
+    new = [line for line in said if "new.tif" in line]
+    assert new[0] == f"slide {folder / 'new.tif'}" and "a warning of its own" in new[1], said
+    assert len(new) == 3 and not any(line.startswith("resume:") for line in said), said

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from cyto.cohort.local import (
     REUSED,
+    SkippedLine,
     check_inputs,
     once_per_cohort,
     open_model,
@@ -166,14 +167,25 @@ def watch_cohort(
                     # that run let it go (stopped, or finished it): this watch takes it up, and
                     # says so (the slide was scored here unannounced: hostile round 42, 3)
                     busy.discard(slide)
-                if slide not in busy:  # (a slide another run holds: said once, not each poll)
-                    echo(f"slide {real}")
+                # (a slide another run holds: said once, not each poll)
+                header = [] if slide in busy else [f"slide {real}"]
+
+                def said_of_it(message: str, header: list[str] = header) -> None:
+                    """The slide's header first, once anything is said of it; a slide kept as
+                    it was is said by its report line alone."""
+                    if not isinstance(message, SkippedLine):
+                        while header:
+                            echo(header.pop())
+                        if message:
+                            said(message)
+
                 try:
-                    summary = score_one(real, target, scorer, opts, said, metrics)
+                    summary = score_one(real, target, scorer, opts, said_of_it, metrics)
                 except OutputBusyError as exc:  # another run (another watch) is scoring it
                     del handled[slide]  # looked at again: then it is found scored, or free
                     if slide not in busy:
                         busy.add(slide)
+                        said_of_it("")
                         echo(f"{slide.name}: left to the run that holds {target} ({exc})")
                     continue
                 except Exception as exc:  # whatever one slide does, the watch goes on
@@ -182,6 +194,7 @@ def watch_cohort(
                         # hostile round 41, 14); scored again if it comes back
                         handled.pop(slide, None)
                         seen.pop(slide, None)
+                        said_of_it("")
                         echo(f"{real} was removed while it was scored: not counted")
                         continue
                     if not isinstance(exc, CytoError):
@@ -192,6 +205,7 @@ def watch_cohort(
                     if isinstance(exc, OutputWriteError):  # not the slide's fault: tried again
                         write_failed[slide] = now
                         again = f" (this watch tries it again in {RETRY_WRITE_S:g} s)"
+                    said_of_it("")
                     echo(f"failed: {failure_words(real, exc)}{again}")
                 else:
                     done.append(summary)
@@ -199,6 +213,8 @@ def watch_cohort(
                     kept = summary.get(REUSED) and outcome.get(real) != "scored"
                     outcome[real] = "kept" if kept else "scored"
                     row = cohort_row(real, target, summary)
+                    if not summary.get(REUSED):
+                        said_of_it("")
                     echo(slide_line(summary, out))
                     if on_slide is not None:
                         on_slide(summary)

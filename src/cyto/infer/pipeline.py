@@ -252,6 +252,7 @@ def score_tiles(
                 if tile["final"] and time.perf_counter() - trimmed >= TRIM_SECONDS:
                     trim_malloc()  # the crops' fragments, left in the threads' malloc arenas
                     trimmed = time.perf_counter()
+                    _refuse_removed(slide)
                 bar.advance(int(tile["final"]))
                 # the cells found so far (the engine lane keeps up to two batches out, so on
                 # a small slide the scored count stayed 0 until the last tiles)
@@ -268,7 +269,11 @@ def score_tiles(
         echo(f"interrupted: {kept_words(store.dir)}")
         raise
     except BrokenProcessPool as exc:
+        _refuse_removed(slide)
         raise broken_worker_error(slide, store.dir, exc) from exc
+    except Exception:  # whatever a removed slide's reading raised first, it is said as removed
+        _refuse_removed(slide)
+        raise
     finally:
         cells.close()
         feed.close()
@@ -325,6 +330,20 @@ def _keep_rows(store: ChunkStore, out_dir: Path, slide: Path, opts, echo) -> Non
             return
         store.remove()
     echo(f"{slide.name}: {out_dir}: its cells are scored again after all ({'; '.join(why)})")
+
+
+def _refuse_removed(slide) -> None:
+    """A slide file (or DICOM folder) on this machine removed while it is scored: the open files
+    still read, and it was scored to its end only to fail there, its chunks left behind for a
+    slide that is gone (hostile round 76, 6). Looked at once a second, and when reading it
+    fails (a tile reader opening it anew finds no file); its rows are not kept
+    (:class:`~cyto.errors.SlideChangedError`, as for a remote slide replaced while read)."""
+    import os
+
+    if not isinstance(slide, SlideURL) and not os.path.lexists(slide):
+        raise SlideChangedError(
+            f"{slide} was removed while it was scored: nothing scored of it is kept"
+        )
 
 
 #: seconds between two malloc trims of the scoring loop: about one per tile on 2 CPU cores (a
