@@ -1185,6 +1185,25 @@ def test_a_slide_removed_while_it_is_scored_stops_and_leaves_nothing(exported_ds
     assert not (out / "gone").exists() and not any("96/96" in m for m in said), said
 
 
+def test_a_slide_copied_in_under_two_names_is_said(exported_dsvdd, slides, tmp_path):
+    """The same scan copied into a folder twice was scored twice, two rows in cohort.csv and no
+    word (hostile round 76, 8): said in a note naming both, once; another slide is not."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("a.tif", "b.tif"):
+        shutil.copy(slides[0].paths[0], folder / name)
+    shutil.copy(slides[1].paths[0], folder / "c.tif")
+    said: list[str] = []
+    done, failed = score_cohort(sorted(folder.iterdir()), exported_dsvdd, tmp_path / "o", OPTS,
+                                said.append)  # fmt: skip
+    assert len(done) == 3 and not failed, said
+    notes = [m for m in said if "holds the same slide" in m]
+    assert notes == [
+        "note: b.tif holds the same slide as a.tif (the same content): both are scored, and "
+        "each counts in cohort.csv; remove the copy if it is one"
+    ], said
+
+
 def test_a_console_closed_by_its_reader_is_not_an_output_error(exported_dsvdd, slides, tmp_path):
     """`cyto score ... 2>&1 | head`: the reader goes, and the slide was recorded "failed ...
     cannot write o/s: Broken pipe" (hostile round 9, N4). A closed console is no error of the

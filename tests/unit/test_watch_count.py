@@ -166,12 +166,13 @@ def test_a_restart_says_each_slide_kept_as_it_was_in_one_line(tmp_path, monkeypa
 
     folder = tmp_path / "wd"
     folder.mkdir()
-    for name in ("new.tif", "old.tif"):
+    for name in ("new.tif", "old.tif", "old copy.tif"):
         (folder / name).write_bytes(b"II*\0" + b"\0" * 100)
 
     def score_one(slide, target, scorer, opts, echo, metrics):
         slide = Path(slide)
         summary = {"slide": str(slide), "cells_scored": 258, "seconds": 1.0, "cells_per_s": 258}
+        summary["slide_identity"] = slide.stem.split()[0]  # a copy holds the same content
         if slide.name == "old.tif":  # as score_one says a slide reused as it was
             echo(
                 SkippedLine(
@@ -185,6 +186,12 @@ def test_a_restart_says_each_slide_kept_as_it_was_in_one_line(tmp_path, monkeypa
         return {**summary, "output": str(target)}
 
     _, _, said, _ = _watch(monkeypatch, tmp_path, folder, score_one, 2)
+    # a copy of a slide under another name is said (hostile round 76, 8)
+    assert [line for line in said if "holds the same slide" in line] == [
+        "note: old.tif holds the same slide as old copy.tif (the same content): both are "
+        "scored, and each counts in cohort.csv; remove the copy if it is one"
+    ], said
+    said = [line for line in said if "holds the same slide" not in line and "copy" not in line]
     old = [line for line in said if "old.tif" in line]
     assert len(old) == 1 and old[0].startswith("old.tif: already scored (2026-12-01 10:00)"), said
     new = [line for line in said if "new.tif" in line]

@@ -612,6 +612,29 @@ def once_per_cohort(echo):
     return say
 
 
+def twins_said(echo):
+    """``say(slide, summary)``: a note when a slide of this run (a cohort, a watch) holds the
+    content of one before it under another name (their content identity,
+    :func:`cyto.infer.store.slide_identity`): both were scored and counted in cohort.csv with
+    no word (a scan copied in twice: hostile round 76, 8). Slides on this machine only: a
+    server's version of an object (its time of change) is no content identity."""
+    first: dict[str, Path] = {}
+
+    def say(slide: Path, summary: dict) -> None:
+        identity = summary.get("slide_identity")
+        if not identity or isinstance(slide_ref(slide), SlideURL):
+            return
+        earlier = first.setdefault(identity, Path(slide))
+        if earlier != Path(slide):
+            echo(
+                f"note: {Path(slide).name} holds the same slide as {earlier.name} (the same "
+                "content): both are scored, and each counts in cohort.csv; remove the copy if "
+                "it is one"
+            )
+
+    return say
+
+
 def open_model(model: Path, opts: ScoreOptions, echo) -> Scorer:
     """The cohort's scorer, loaded (and verified) once; the console says which engine and why."""
     scorer = load_scorer(model, opts.backend, opts.device, opts.precision, verify=opts.verify)
@@ -682,11 +705,13 @@ def score_cohort(
     if len(pairs) < len(slides):
         echo(f"note: {len(slides) - len(pairs)} slide(s) listed twice are scored once")
     said = once_per_cohort(echo)
+    twins = twins_said(echo)
     for i, (slide, target) in enumerate(pairs, 1):
         if len(pairs) > 1:  # which slide the warnings and the progress bar below are about
             echo(f"slide {i}/{len(pairs)}: {slide}")
         try:
             summary = score_at(slide, where.child(target.name), scorer, opts, said, metrics)
+            twins(slide, summary)
             done.append(summary)
             rows.append(cohort_row(slide, target, summary))
         except KeyboardInterrupt:

@@ -31,6 +31,7 @@ from cyto.cohort.local import (
     refuse_slide_folder,
     score_one,
     slide_folders,
+    twins_said,
     unforeseen,
 )
 from cyto.cohort.run import slide_line
@@ -142,6 +143,7 @@ def watch_cohort(
     warned: set[str] = set()
     busy: set[Path] = set()  # slides another run was scoring when last looked at
     once = once_per_cohort(echo)
+    twins = twins_said(echo)
 
     def said(message: str) -> None:  # every new slide is a fresh start: not news in a watch
         if not message.startswith("resume: no unfinished run here"):
@@ -216,6 +218,7 @@ def watch_cohort(
                     if not summary.get(REUSED):
                         said_of_it("")
                     echo(slide_line(summary, out))
+                    twins(real, summary)
                     if on_slide is not None:
                         on_slide(summary)
                 write_cohort_table([row], Path(out) / "cohort.csv")
