@@ -1152,6 +1152,26 @@ def test_a_restart_with_other_outputs_keeps_the_cells_and_writes_the_outputs_aga
         assert not any("its cells are kept" in m for m in said), said
 
 
+def test_a_ray_engine_keeps_the_cells_of_a_slide_it_would_split(exported_dsvdd, slides, tmp_path):
+    """On a Ray cluster a slide of more tiles than ``split_tiles`` is scored in parts unless its
+    finished run is reused: its cells kept for other outputs were instead sent out in parts
+    and scored again (after a line saying they were kept). The engine actor's own call, without
+    a cluster."""
+    from cyto.cohort.ray import SlideWorker
+
+    slide = slides[0].paths[0]
+    out = tmp_path / "o" / "s"
+    first = ScoreOptions(mosaic=0, workers=0, tile=256, top_k=5)
+    n = score_slide(slide, exported_dsvdd, out, first)["cells_scored"]
+    worker = object.__new__(SlideWorker)  # as the actor holds it, its engine loaded
+    worker.node, worker.scorer = "here", load_scorer(exported_dsvdd)
+    worker.opts = replace(first, top_k=3)
+    got = worker.score(str(slide), str(out), True, None, split=2)  # 16 tiles: in parts otherwise
+    summary = got["result"].get("summary")
+    assert summary is not None and summary["cells_resumed"] == n, got
+    assert sum("its cells are kept" in m for m in got["messages"]) == 1, got["messages"]
+
+
 def test_a_slide_removed_while_it_is_scored_stops_and_leaves_nothing(exported_dsvdd, big, tmp_path):
     """A slide deleted while it was scored was read to its end through the open files, then
     failed, its chunks left in OUT for a slide that is gone (hostile round 76, 6). Its removal is

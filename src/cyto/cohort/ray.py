@@ -245,7 +245,7 @@ class SlideWorker:
     def score(self, slide: str, target: str, resume: bool, metrics, split: int | None) -> dict:
         """The slide's summary; or, when it has more than ``split`` tiles, ``{"tiles": n}``
         (the driver then sends its tiles out in parts)."""
-        from cyto.cohort.local import finished_summary, score_at
+        from cyto.cohort.local import judge_finished, score_at
         from cyto.cohort.parts import tiles_beyond
         from cyto.location import output_location
 
@@ -254,14 +254,23 @@ class SlideWorker:
         target_p = where.local
 
         def run(opts, echo):
-            # a finished slide is reused by score_one, however many tiles it has
-            if split and not (
-                opts.resume and finished_summary(target_p, self.scorer, slide_p, opts, echo)
-            ):
+            said: set[str] = set()
+
+            def once(line: str) -> None:  # the judgement below is made again by score_one
+                if line not in said:
+                    said.add(line)
+                    echo(line)
+
+            # a finished slide is reused by score_one, however many tiles it has, and so are
+            # its cells when only what is drawn from its table differs
+            judged = (None, None)
+            if split and opts.resume:
+                judged = judge_finished(target_p, self.scorer, slide_p, opts, once)
+            if split and judged == (None, None):
                 n = tiles_beyond(slide_p, self.scorer, opts, split)
                 if n is not None:
                     return {"tiles": n}
-            return {"summary": score_at(slide_p, where, self.scorer, opts, echo, metrics)}
+            return {"summary": score_at(slide_p, where, self.scorer, opts, once, metrics)}
 
         return self._call(run, resume)
 
