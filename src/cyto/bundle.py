@@ -396,6 +396,19 @@ class Bundle:
         return self._manifest_sha256
 
     @property
+    def rows_id(self) -> str:
+        """What a slide's scored rows depend on in the bundle: its manifest (read at load) less
+        its calibration and the manifest's own seal. A bundle calibrated after slides were
+        scored keeps their cells (its p-values, flags and burden are drawn from the table);
+        anything else written into it (weights, graphs, training records) is another bundle."""
+        body = {k: v for k, v in self.manifest.items() if k not in ("calibration", SEAL)}
+        files = body.get("files")
+        if isinstance(files, dict):
+            body["files"] = {k: v for k, v in files.items() if k != CALIBRATION_FILE}
+        text = json.dumps(body, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    @property
     def scoring_id(self) -> str:
         """What a cell's score depends on: the method and the trained arrays (weights,
         scorer.npz). Unlike :attr:`manifest_hash` it stays the same when the bundle is calibrated

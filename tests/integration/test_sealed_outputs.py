@@ -10,8 +10,10 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import settings as hsettings
@@ -377,7 +379,8 @@ def test_a_bundle_calibrated_while_a_run_scores_is_recorded_as_it_was_loaded(cal
     """Hostile round 5 (WS 7.4): a bundle calibrated again while `cyto score` ran left a result
     scored with the old calibration under the new manifest's hash, and `--resume` kept it
     ("already scored"). The run records the manifest it loaded; a resume then sees the model
-    changed and scores the slide again."""
+    changed, and writes the outputs again with the new calibration from the cells it keeps
+    (the calibration does not shape a cell's scores), as a fresh run would write them."""
     import hashlib
 
     from cyto.cohort.local import finished_summary, open_model
@@ -397,7 +400,19 @@ def test_a_bundle_calibrated_while_a_run_scores_is_recorded_as_it_was_loaded(cal
     said: list[str] = []
     fresh = open_model(copy, opts, QUIET)
     assert finished_summary(tmp_path / "s1", fresh, slide, opts, said.append) is None
-    assert "MODEL (its manifest)" in said[0] and "scoring it again" in said[0], said
+    assert "MODEL (its manifest)" in said[0] and "its cells are kept" in said[0], said
+    from cyto.cohort.local import score_one
+    from tests.tables import same_table
+
+    said.clear()
+    again = score_one(slide, tmp_path / "s1", fresh, replace(opts, resume=True), said.append, None)
+    assert again["cells_this_run"] == 0 and again["model_sha256"] != loaded, said
+    new = score_slide(slide, fresh, tmp_path / "fresh", opts, echo=QUIET)
+    assert again["burden"] == new["burden"] and again["burden"] != summary["burden"]
+    for name in ("scores.parquet", "topk.parquet"):
+        assert same_table(
+            pq.read_table(tmp_path / "s1" / name), pq.read_table(tmp_path / "fresh" / name)
+        )
 
 
 def _edit_column(src: Path, dst: Path, column: str, how) -> None:

@@ -175,20 +175,23 @@ def judge_finished(
 
 
 def _rows_serve(data, sealed, recorded, current, artifacts, scorer, opts) -> bool:
-    """Whether a finished run's table holds the cells this run would score: its model, slide and
-    the options that shape rows are this run's, it was scored on this engine (backend, device,
+    """Whether a finished run's table holds the cells this run would score: its model (its
+    calibration aside: :attr:`cyto.bundle.Bundle.rows_id`), slide and the options that shape
+    rows are this run's, it was scored on this engine (backend, device,
     precision, graph: what its table says scored it), its table is as it was written, and it
     records the key of its rows (checked against the slide's plan when the run starts:
     :func:`cyto.infer.store.rows_differ`). Only what is drawn from the table may differ."""
     from cyto.reuse import check_reuse
 
-    rows = ("model", "slide", "nuclei_file", *opts.result_key())
+    rows = ("slide", "nuclei_file", *opts.result_key())
     ran = ("backend", "device", "precision", "graph")
     table = [a for a in artifacts if Path(a.path).name == "scores.parquet"]
+    key = data.get("rows_key") if isinstance(data.get("rows_key"), dict) else {}
     # crops' sharpness is measured only under an adequacy rule: none then, none to judge by now
-    measured = opts.adequacy_rule() is None or (data.get("rows_key") or {}).get("sharpness")
+    measured = opts.adequacy_rule() is None or key.get("sharpness")
     return (
-        isinstance(data.get("rows_key"), dict)
+        # the bundle less its calibration (one calibrated since keeps them)
+        key.get("model") == scorer.bundle.rows_id
         and bool(measured)
         and len(table) == 1
         and "scores.parquet" not in sealed.changed_names

@@ -241,7 +241,7 @@ class SlidePlan:
         if self._slide_key is None:
             self._slide_key = slide_key(self.slide, self.planes)
         return {
-            "model": scorer.bundle.manifest_hash,
+            "model": scorer.bundle.rows_id,  # a calibration added since keeps the rows
             "slide": self._slide_key,
             "options": {**opts.result_key(), "precision": scorer.precision},
             "nuclei_file": opts.side_files_key()["nuclei_file"],
