@@ -1146,10 +1146,50 @@ def test_a_restart_with_other_outputs_keeps_the_cells_and_writes_the_outputs_aga
     assert any("already scored" in m and "; skipping" in m for m in said), said
     # a table under --adequacy none keeps no sharpness: kept for none, scored again for a rule
     assert run(replace(later, adequacy="none"))["cells_this_run"] == 0
-    for changed in (later, replace(later, tile=256)):
+    # each said with why the cells are not kept (the engine, the sharpness: hostile round 77, 5)
+    for changed, why in (
+        (later, "sharpness, which the adequacy rule judges, was not measured"),
+        (replace(later, tile=256), "--tile 512 -> 256"),
+        (replace(later, backend="onnx", top_k=4), "this run's engine is onnx/cpu"),
+    ):
         assert run(changed)["cells_this_run"] > 0, said
-        assert any("scoring it again" in m for m in said), said
+        assert any("scoring it again" in m and why in m for m in said), said
         assert not any("its cells are kept" in m for m in said), said
+
+
+def test_a_resume_finds_focal_planes_added_since_and_a_slide_moved_with_its_planes(
+    exported_dsvdd, tmp_path
+):
+    """A slide scored with `--planes auto` before its focal-plane files were beside it was
+    reused by a plain `--resume` once they were, its table without them (hostile round 77, 3);
+    and a slide moved to another folder had its cells "kept", then "scored again after all
+    (... the same content ...)" (round 77, 4). Planes added since: scored again, said; the
+    slide and its planes moved: its cells kept, said once."""
+    made = write_slide(
+        tmp_path / "a" / "p.tif",
+        SlideSynthConfig(width=1024, height=768, seed=6, planes=(-1.0, 0.0, 1.0)),
+    )
+    slide, planes = made.paths[0], made.paths[1:]
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for f in planes:
+        shutil.move(f, aside / f.name)
+    out, said = tmp_path / "o", []
+    opts = replace(OPTS, resume=True)
+    [first], _ = score_cohort([slide], exported_dsvdd, out, opts, said.append)
+    for f in planes:
+        shutil.move(aside / f.name, f)
+    said.clear()
+    [again], _ = score_cohort([slide], exported_dsvdd, out, opts, said.append)
+    assert again["cells_this_run"] > 0 and again.get("reused_from") is None, said
+    assert any("the slide's files (its focal planes)" in m for m in said), said
+    moved = tmp_path / "b"
+    shutil.copytree(slide.parent, moved)
+    said.clear()
+    [kept], _ = score_cohort([moved / slide.name], exported_dsvdd, out, replace(opts, top_k=5),
+                             said.append)  # fmt: skip
+    assert kept["cells_this_run"] == 0, said
+    assert not any("after all" in m for m in said), said
 
 
 def test_a_ray_engine_keeps_the_cells_of_a_slide_it_would_split(exported_dsvdd, slides, tmp_path):

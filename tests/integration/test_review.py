@@ -9,9 +9,11 @@ import os
 import re
 import shutil
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -170,15 +172,48 @@ def test_the_folder_is_reused_and_refuses_other_scored_folders(scored, session):
     with pytest.raises(ConfigError, match="scored more than once by model"):
         build_session([scored["outs"]["dsvdd"], dup], scored["root"] / "r3", echo=lambda _: None)
     assert not (scored["root"] / "r3").exists()
-    # scored again after the review was built: its cells may differ from the key's
+    # scored again after the review was built: the review holds while the top cells it was
+    # cut from are the same, and is refused once they are not
     again_root = scored["root"] / "again"
     shutil.copytree(scored["outs"]["dsvdd"], again_root)
     build_session([again_root], scored["root"] / "r4", k=K, echo=lambda _: None)
     summary = again_root / "slide0" / "summary.json"
     summary.write_text(summary.read_text().replace('"seconds"', '"seconds" ', 1))
     seal_outputs(summary.parent, json.loads(summary.read_text())["outputs"])  # as a run seals
-    with pytest.raises(ConfigError, match="scored again"):
+    build_session([again_root], scored["root"] / "r4", k=K, echo=lambda _: None)
+    table = pq.read_table(summary.parent / "scores.parquet")
+    rank = table["rank"].to_numpy()
+    swapped = np.where(rank == 1, 2, np.where(rank == 2, 1, rank))  # its top two ranked otherwise
+    table = table.set_column(table.schema.get_field_index("rank"), "rank", pa.array(swapped))
+    pq.write_table(table, summary.parent / "scores.parquet")
+    seal_outputs(summary.parent, json.loads(summary.read_text())["outputs"])
+    with pytest.raises(ConfigError, match=f"scored again .* and the top {K} cells it was cut from"):
         build_session([again_root], scored["root"] / "r4", k=K, echo=lambda _: None)
+
+
+def test_a_review_holds_while_a_resume_keeps_the_cells_it_was_cut_from(scored, tmp_path):
+    """A `--resume` that changed only `--fdr` kept the slide's cells and wrote its outputs
+    again, and the blinded review part way through was refused on reopening, "scored again ...
+    its cells may differ" (hostile round 77, 1): it holds; a resume ranking the cells
+    otherwise (`--rank-by`) changes the cells it was cut from, and is refused."""
+    from cyto.cohort.local import score_one
+    from cyto.runtime import load_scorer
+
+    folder = tmp_path / "out" / "slide0"
+    shutil.copytree(scored["outs"]["dsvdd"] / "slide0", folder)
+    slide = scored["slides"][0]
+    review = build_session([folder.parent], tmp_path / "r", k=K, echo=lambda _: None)
+    opts = ScoreOptions(mosaic=0, workers=0, top_k=K, truth=slide.ground_truth, resume=True)
+    scorer, said = load_scorer(scored["dsvdd"]), []
+    for change, holds in (({"fdr_alpha": 0.2}, True), ({"rank_by": "morphometry"}, False)):
+        done = score_one(slide.paths[0], folder, scorer, replace(opts, **change), said.append, None)
+        assert done["cells_this_run"] == 0, said  # its cells kept, its outputs written again
+        if holds:
+            again = build_session([folder.parent], review.root, k=K, echo=lambda _: None)
+            assert again.key["created"] == review.key["created"]
+        else:
+            with pytest.raises(ConfigError, match="cells it was cut from changed"):
+                build_session([folder.parent], review.root, k=K, echo=lambda _: None)
 
 
 def test_the_marks_log_is_append_only(tmp_path):

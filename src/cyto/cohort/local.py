@@ -29,7 +29,7 @@ from cyto.infer.finish import Metrics
 from cyto.infer.options import as_cut, rank_by_line
 from cyto.infer.outputs import read_truth
 from cyto.infer.plan import check_model_mpp, no_model_mpp
-from cyto.infer.store import KEPT_ROWS, PARTIAL, slide_identity
+from cyto.infer.store import KEPT_ROWS, PARTIAL, files_by_name, slide_identity, slide_key
 from cyto.location import OutputLocation, output_location
 from cyto.locks import OutputLock
 from cyto.outputs_check import check_writable
@@ -49,6 +49,7 @@ def score_key_names(slide) -> dict[str, str]:
     return {
         "model": f"{'model=' if python_call() else 'MODEL'} (its manifest)",
         "slide": identity_name(slide),
+        "slide_files": "the slide's files (its focal planes)",
         "nuclei_file": f"the {named('nuclei')} file's content",
         "truth_file": f"the {named('truth')} file's content",
         "adequacy": f"{named('adequacy')} (the rule, or its file's content)",
@@ -76,7 +77,7 @@ def judge_finished(
     added), they are written again from its sealed table and the summary that lists them is
     reused. (None, its summary) when only what is drawn from its table differs (the top-K,
     mosaics, the ranking, error rates, truth, the adequacy rule) and its table holds the cells
-    this run would score (:func:`_rows_serve`): the run keeps them
+    this run would score (:func:`_rows_not_kept`): the run keeps them
     (:data:`cyto.infer.store.KEPT_ROWS`) and writes the outputs again. (None, None): the slide
     is scored again."""
     from cyto.infer.finish import QUPATH_KEYS, rewrite_qupath
@@ -130,6 +131,9 @@ def judge_finished(
         "slide": slide_identity(slide),
         **opts.output_key(),
     }
+    if isinstance(data.get("rows_key"), dict):  # and its focal planes' files, as found now
+        recorded["slide_files"] = files_by_name(data["rows_key"].get("slide"))
+        current["slide_files"] = _slide_files(slide, opts)
     artifacts = output_artifacts(target, data)
     reuse = check_reuse(recorded, current, artifacts, score_key_names(slide))
     if reuse.ok and sealed.ok:
@@ -162,45 +166,74 @@ def judge_finished(
         why.append(f"it was scored with other settings or inputs ({'; '.join(reuse.differs)})")
     if reuse.broken and sealed.ok:
         why.append(f"it does not hold what it wrote ({'; '.join(reuse.broken)})")
-    if _rows_serve(data, sealed, recorded, current, artifacts, scorer, opts):
+    not_kept = _rows_not_kept(data, sealed, recorded, current, artifacts, scorer, opts)
+    if not not_kept:
         echo(
             f"{slide.name}: {target}: {' and '.join(why)}; its cells are kept, and its outputs "
             "written again from them"
         )
         return None, data
+    why += [w for w in not_kept if w]
     # a warning: --resume (resume=True) was asked to keep what it finds, and this replaces it
     # (from Python with echo=None it was nowhere: hostile round 26, 4)
     echo(f"warning: {slide.name}: {target}: {' and '.join(why)}; scoring it again")
     return None, None
 
 
-def _rows_serve(data, sealed, recorded, current, artifacts, scorer, opts) -> bool:
-    """Whether a finished run's table holds the cells this run would score: its model (its
-    calibration aside: :attr:`cyto.bundle.Bundle.rows_id`), slide and the options that shape
-    rows are this run's, it was scored on this engine (backend, device,
-    precision, graph: what its table says scored it), its table is as it was written, and it
-    records the key of its rows (checked against the slide's plan when the run starts:
-    :func:`cyto.infer.store.rows_differ`). Only what is drawn from the table may differ."""
+def _slide_files(slide, opts: ScoreOptions) -> dict | None:
+    """The slide's files as a run now finds them (the slide, and its focal planes by
+    ``--planes``: sibling files that appeared since it was scored change its cells; a plain
+    resume reused a table scored without them, hostile round 77, 3), by name and content;
+    None where they cannot be found (the run then says why)."""
+    from cyto.slides.planes import find_planes
+
+    try:
+        return files_by_name(slide_key(slide, find_planes(slide, opts.planes)))
+    except Exception:  # noqa: BLE001 - said by the run, in its words
+        return None
+
+
+def _rows_not_kept(data, sealed, recorded, current, artifacts, scorer, opts) -> list[str]:
+    """Why a finished run's table does not hold the cells this run would score (none: it does,
+    and only what is drawn from the table differs): its model (its calibration aside:
+    :attr:`cyto.bundle.Bundle.rows_id`), slide and the options that shape rows must be this
+    run's, it scored on this engine (backend, device, precision, graph: what its table says
+    scored it), its table is as it was written, and it records the key of its rows (checked
+    against the slide's plan when the run starts: :func:`cyto.infer.store.rows_differ`). The
+    reasons the caller's line does not give already (the engine, the crops' sharpness, an
+    older cyto's table) are said; the rest are among the settings and files it names."""
+    from cyto.flags import passing
     from cyto.reuse import check_reuse
 
-    rows = ("slide", "nuclei_file", *opts.result_key())
-    ran = ("backend", "device", "precision", "graph")
+    rows = ("slide", "slide_files", "nuclei_file", *opts.result_key())
     table = [a for a in artifacts if Path(a.path).name == "scores.parquet"]
-    key = data.get("rows_key") if isinstance(data.get("rows_key"), dict) else {}
-    # crops' sharpness is measured only under an adequacy rule: none then, none to judge by now
-    measured = opts.adequacy_rule() is None or key.get("sharpness")
-    return (
-        # the bundle less its calibration (one calibrated since keeps them)
-        key.get("model") == scorer.bundle.rows_id
-        and bool(measured)
-        and len(table) == 1
-        and "scores.parquet" not in sealed.changed_names
-        and check_reuse(
+    key = data.get("rows_key")
+    if not isinstance(key, dict):
+        return ["its table records no key of its rows (an older cyto)"]
+    why = []
+    if (
+        key.get("model") != scorer.bundle.rows_id
+        or len(table) != 1
+        or "scores.parquet" in sealed.changed_names
+        or not check_reuse(
             {f: recorded.get(f) for f in rows}, {f: current.get(f) for f in rows}, table
         ).ok
-        and [data.get(f) for f in ran]
-        == [scorer.backend.name, scorer.device, scorer.precision, scorer.graph_ran]
-    )
+    ):
+        why.append("")  # said by the caller: a setting, the model or the table
+    was = [data.get(f) for f in ("backend", "device", "precision")]
+    now = [scorer.backend.name, scorer.device, scorer.precision]
+    if was != now:
+        why.append(f"its cells were scored on {'/'.join(map(str, was))}, this run's engine is "
+                   f"{'/'.join(now)}")  # fmt: skip
+    elif data.get("graph") != scorer.graph_ran:
+        why.append(f"its cells were scored by another graph ({data.get('graph')})")
+    if opts.adequacy_rule() is not None and not key.get("sharpness"):
+        # crops' sharpness is measured only under an adequacy rule: none then, none to judge by
+        why.append(
+            "its crops' sharpness, which the adequacy rule judges, was not measured "
+            f"({passing('adequacy', 'none')})"
+        )
+    return why
 
 
 def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, echo, metrics) -> dict:

@@ -252,6 +252,8 @@ class SlidePlan:
             "rank_by": scorer_rank_by(scorer, opts.rank_by)[0],
             # chunks without their crops' sharpness (--adequacy none) cannot serve a rule
             "sharpness": self.ctx.sharpness,
+            # torch's decoder gives the same pixels, not the same crops' sharpness to the bit
+            "decode": self.ctx.decode,
         }
 
 

@@ -169,12 +169,29 @@ def rows_differ(recorded, key: dict) -> list[str]:
     names = store_key_names(key)
     rest = ("rank_by", "sharpness")
     was = {k: v for k, v in recorded.items() if k not in rest}
+    # the slide and its planes by name and content: the same files moved elsewhere serve
+    was["slide"], key = (
+        files_by_name(was.get("slide")),
+        {**key, "slide": files_by_name(key["slide"])},
+    )
     differs = list(
         check_reuse(was, {k: v for k, v in key.items() if k not in rest}, names=names).differs
     )
     if key.get("sharpness") and not recorded.get("sharpness"):
         differs.append("its crops' sharpness, measured only under an adequacy rule, is missing")
     return differs
+
+
+def files_by_name(files) -> dict | None:
+    """A slide key's files (:func:`slide_key`: path -> content identity, the slide first) with
+    the slide as ``slide`` and its planes by their names: a slide moved or renamed, its planes
+    moved with it, holds the same files."""
+    if not isinstance(files, dict):
+        return None
+    return {
+        "slide" if i == 0 else slide_ref(f).name: identity
+        for i, (f, identity) in enumerate(files.items())
+    }
 
 
 def kept_words(store_dir: Path, then: str = "") -> str:

@@ -316,10 +316,24 @@ def _slide_path(slide: Path, folder: Path) -> Path:
 
 
 def _top_cells(src: Source, k: int) -> list[dict]:
+    return _top_of(src.folder, src.model, k)
+
+
+def _cut(folder: Path, k: int) -> str:
+    """The identity of the cells a review cuts from a scored folder: its top ``k`` (id, place,
+    rank, score, truth label). Outputs written again from the same cells and ranking (another
+    ``--fdr`` or top-K on ``--resume``) leave it as it was; another ranking or other cells do
+    not."""
+    cells = [{n: c[n] for n in ("cell_id", "x", "y", "rank", "score", "label")}
+             for c in _top_of(Path(folder), "", k)]  # fmt: skip
+    return hashlib.sha256(json_text(cells, sort_keys=True).encode()).hexdigest()
+
+
+def _top_of(folder: Path, model: str, k: int) -> list[dict]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = src.folder / "scores.parquet"
+    path = folder / "scores.parquet"
     try:
         names = pq.read_schema(path).names
         cols = ["cell_id", "x", "y", "score", "rank"] + (["label"] if "label" in names else [])
@@ -331,7 +345,7 @@ def _top_cells(src: Source, k: int) -> list[dict]:
         ) from exc
     cells = [
         {
-            "model": src.model,
+            "model": model,
             "cell_id": int(t["cell_id"][i]),
             "x": float(t["x"][i]),
             "y": float(t["y"][i]),
@@ -425,14 +439,21 @@ def build_session(
                 f"{root} is a review of other scored folders ({', '.join(session.key['scored'])});"
                 " give those, or another --session folder for a new review"
             )
+        # a folder whose outputs were written again since: the review holds while the cells it
+        # cut are those of the folder's top (a resume that kept its cells for another --fdr
+        # refused a review part way through, "its cells may differ": hostile round 77, 1)
+        cut, n = session.key.get("cut") or {}, session.key.get("k")
         changed = [
-            f for f in folders if session.key.get("fingerprints", {}).get(str(f)) != _fingerprint(f)
+            f
+            for f in folders
+            if session.key.get("fingerprints", {}).get(str(f)) != _fingerprint(f)
+            and not (str(f) in cut and isinstance(n, int) and cut[str(f)] == _cut(f, n))
         ]
         if changed:
             raise ConfigError(
-                f"{changed[0]} was scored again after the review in {root} was built: its cells "
-                "may differ. Start a new review with --session NEW_FOLDER (the old one keeps its "
-                "marks and its key)"
+                f"{changed[0]} was scored again after the review in {root} was built, and the "
+                f"top {n} cells it was cut from changed (other cells, or ranked otherwise). Start "
+                "a new review with --session NEW_FOLDER (the old one keeps its marks and its key)"
             )
         # the settings asked for again (only those given), against those it was built with;
         # the seed is the blinding's secret: that it differs is said, never its value
@@ -521,6 +542,7 @@ def _build(folders, root: Path, groups, rng, k: int, merge_um: float, seed: int,
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "scored": sorted(map(str, folders)),
                     "fingerprints": {str(f): _fingerprint(f) for f in folders},
+                    "cut": {str(f): _cut(f, k) for f in folders},  # the cells it was cut from
                     # the models whose top-K was reviewed (refine checks it is given one)
                     "scoring_ids": {str(f): scoring_id_of(f) for f in folders},
                     "cases": key_cases,
