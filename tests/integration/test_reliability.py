@@ -1133,6 +1133,9 @@ def test_a_restart_with_other_outputs_keeps_the_cells_and_writes_the_outputs_aga
     assert again["cells_this_run"] == 0 and again["cells_resumed"] == n, "\n".join(said)
     assert any("(--top-k 5 -> 3" in m and "its cells are kept" in m for m in said), said
     assert not any("scoring it again" in m or "scored again" in m for m in said), said
+    # a rule said by its name, not its fields and sources (hostile round 77, 6)
+    [line] = [m for m in said if "its cells are kept" in m]
+    assert "general -> lbc-cervical" in line and len(line) < 600, line
     fresh = score_slide(
         slide, load_scorer(exported_dsvdd), tmp_path / "fresh", replace(later, resume=False)
     )

@@ -134,6 +134,9 @@ def judge_finished(
     if isinstance(data.get("rows_key"), dict):  # and its focal planes' files, as found now
         recorded["slide_files"] = files_by_name(data["rows_key"].get("slide"))
         current["slide_files"] = _slide_files(slide, opts)
+    recorded["adequacy"], current["adequacy"] = _rules_said(
+        recorded.get("adequacy"), current.get("adequacy")
+    )
     artifacts = output_artifacts(target, data)
     reuse = check_reuse(recorded, current, artifacts, score_key_names(slide))
     if reuse.ok and sealed.ok:
@@ -178,6 +181,22 @@ def judge_finished(
     # (from Python with echo=None it was nowhere: hostile round 26, 4)
     echo(f"warning: {slide.name}: {target}: {' and '.join(why)}; scoring it again")
     return None, None
+
+
+def _rules_said(was, now) -> tuple:
+    """Two adequacy rules (their fields, as keys record them; None: none) as a change is said:
+    by name when the names differ or one side has none ("general -> none"), field by field
+    when one rule's fields changed (an edited rule file). Equal ones stay equal: the rules were
+    said as their fields, sources and all, in lines of 1-2 kB (hostile round 77, 6)."""
+    if was == now:
+        return was, now
+    if isinstance(was, dict) and isinstance(now, dict) and was.get("name") == now.get("name"):
+        return was, now
+
+    def name(rule):
+        return "none" if rule is None else rule.get("name") if isinstance(rule, dict) else rule
+
+    return name(was), name(now)
 
 
 def _slide_files(slide, opts: ScoreOptions) -> dict | None:
