@@ -77,7 +77,7 @@ def judge_finished(
     added), they are written again from its sealed table and the summary that lists them is
     reused. (None, its summary) when only what is drawn from its table differs (the top-K,
     mosaics, the ranking, error rates, truth, the adequacy rule) and its table holds the cells
-    this run would score (:func:`_rows_not_kept`): the run keeps them
+    this run would score (:func:`_rows_kept`): the run keeps them
     (:data:`cyto.infer.store.KEPT_ROWS`) and writes the outputs again. (None, None): the slide
     is scored again."""
     from cyto.infer.finish import QUPATH_KEYS, rewrite_qupath
@@ -126,14 +126,16 @@ def judge_finished(
         "slide": data.get("slide_identity"),
         **data["output_key"],
     }
+    files = _slide_files(slide, opts) if isinstance(data.get("rows_key"), dict) else None
     current = {
         "model": scorer.bundle.manifest_hash,
-        "slide": slide_identity(slide),
+        # read once: the first of its files' identities when they were read
+        "slide": files["slide"] if files else slide_identity(slide),
         **opts.output_key(),
     }
     if isinstance(data.get("rows_key"), dict):  # and its focal planes' files, as found now
         recorded["slide_files"] = files_by_name(data["rows_key"].get("slide"))
-        current["slide_files"] = _slide_files(slide, opts)
+        current["slide_files"] = files
     recorded["adequacy"], current["adequacy"] = _rules_said(
         recorded.get("adequacy"), current.get("adequacy")
     )
@@ -169,14 +171,14 @@ def judge_finished(
         why.append(f"it was scored with other settings or inputs ({'; '.join(reuse.differs)})")
     if reuse.broken and sealed.ok:
         why.append(f"it does not hold what it wrote ({'; '.join(reuse.broken)})")
-    not_kept = _rows_not_kept(data, sealed, recorded, current, artifacts, scorer, opts)
-    if not not_kept:
+    kept, unsaid = _rows_kept(data, sealed, recorded, current, artifacts, scorer, opts)
+    if kept:
         echo(
             f"{slide.name}: {target}: {' and '.join(why)}; its cells are kept, and its outputs "
             "written again from them"
         )
         return None, data
-    why += [w for w in not_kept if w]
+    why += unsaid
     # a warning: --resume (resume=True) was asked to keep what it finds, and this replaces it
     # (from Python with echo=None it was nowhere: hostile round 26, 4)
     echo(f"warning: {slide.name}: {target}: {' and '.join(why)}; scoring it again")
@@ -212,15 +214,16 @@ def _slide_files(slide, opts: ScoreOptions) -> dict | None:
         return None
 
 
-def _rows_not_kept(data, sealed, recorded, current, artifacts, scorer, opts) -> list[str]:
-    """Why a finished run's table does not hold the cells this run would score (none: it does,
-    and only what is drawn from the table differs): its model (its calibration aside:
+def _rows_kept(data, sealed, recorded, current, artifacts, scorer, opts) -> tuple[bool, list]:
+    """(whether a finished run's table holds the cells this run would score, so that only what
+    is drawn from it differs; why not, where the caller's line does not say it): its model (its
+    calibration aside:
     :attr:`cyto.bundle.Bundle.rows_id`), slide and the options that shape rows must be this
     run's, it scored on this engine (backend, device, precision, graph: what its table says
     scored it), its table is as it was written, and it records the key of its rows (checked
     against the slide's plan when the run starts: :func:`cyto.infer.store.rows_differ`). The
-    reasons the caller's line does not give already (the engine, the crops' sharpness, an
-    older cyto's table) are said; the rest are among the settings and files it names."""
+    reasons returned are those the caller's line does not give (the engine, the crops'
+    sharpness, an older cyto's table); the others are among the settings and files it names."""
     from cyto.flags import passing
     from cyto.reuse import check_reuse
 
@@ -228,17 +231,16 @@ def _rows_not_kept(data, sealed, recorded, current, artifacts, scorer, opts) -> 
     table = [a for a in artifacts if Path(a.path).name == "scores.parquet"]
     key = data.get("rows_key")
     if not isinstance(key, dict):
-        return ["its table records no key of its rows (an older cyto)"]
+        return False, ["its table records no key of its rows (an older cyto)"]
     why = []
-    if (
+    named = (  # said by the caller: a setting, the model or the table
         key.get("model") != scorer.bundle.rows_id
         or len(table) != 1
         or "scores.parquet" in sealed.changed_names
         or not check_reuse(
             {f: recorded.get(f) for f in rows}, {f: current.get(f) for f in rows}, table
         ).ok
-    ):
-        why.append("")  # said by the caller: a setting, the model or the table
+    )
     was = [data.get(f) for f in ("backend", "device", "precision")]
     now = [scorer.backend.name, scorer.device, scorer.precision]
     if was != now:
@@ -252,7 +254,7 @@ def _rows_not_kept(data, sealed, recorded, current, artifacts, scorer, opts) -> 
             "its crops' sharpness, which the adequacy rule judges, was not measured "
             f"({passing('adequacy', 'none')})"
         )
-    return why
+    return not (named or why), why
 
 
 def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, echo, metrics) -> dict:
@@ -261,13 +263,7 @@ def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, ech
     from cyto.outputs_check import UNFINISHED_AT_START, FinishedMeanwhile
 
     if slide.exists() and opts.resume:  # a file, or a DICOM slide's folder
-        said: set[str] = set()
-
-        def once(line: str) -> None:  # why a finished run is not reused, said at one look
-            if line not in said:
-                said.add(line)
-                echo(line)
-
+        once = said_once(echo)  # why a finished run is not reused, said at one look
         previous, kept = _reused(target, scorer, slide, opts, once)
         if previous is not None:
             return previous
@@ -282,6 +278,19 @@ def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, ech
             UNFINISHED_AT_START.reset(token)
         return _score_keeping(kept, slide, target, scorer, opts, echo, metrics)
     return score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics)
+
+
+def said_once(echo):
+    """``echo`` that says each line once: a finished run is judged again when the run holds its
+    folder's lock (or by a Ray engine before it), saying the same."""
+    said: set[str] = set()
+
+    def once(line: str) -> None:
+        if line not in said:
+            said.add(line)
+            echo(line)
+
+    return once
 
 
 def _score_keeping(kept: dict | None, slide, target, scorer, opts, echo, metrics) -> dict:

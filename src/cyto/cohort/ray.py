@@ -245,7 +245,7 @@ class SlideWorker:
     def score(self, slide: str, target: str, resume: bool, metrics, split: int | None) -> dict:
         """The slide's summary; or, when it has more than ``split`` tiles, ``{"tiles": n}``
         (the driver then sends its tiles out in parts)."""
-        from cyto.cohort.local import judge_finished, score_at
+        from cyto.cohort.local import judge_finished, said_once, score_at
         from cyto.cohort.parts import tiles_beyond
         from cyto.location import output_location
 
@@ -254,13 +254,7 @@ class SlideWorker:
         target_p = where.local
 
         def run(opts, echo):
-            said: set[str] = set()
-
-            def once(line: str) -> None:  # the judgement below is made again by score_one
-                if line not in said:
-                    said.add(line)
-                    echo(line)
-
+            once = said_once(echo)  # the judgement below is made again by score_one
             # a finished slide is reused by score_one, however many tiles it has, and so are
             # its cells when only what is drawn from its table differs
             judged = (None, None)

@@ -172,14 +172,16 @@ def watch_cohort(
                 # (a slide another run holds: said once, not each poll)
                 header = [] if slide in busy else [f"slide {real}"]
 
-                def said_of_it(message: str, header: list[str] = header) -> None:
-                    """The slide's header first, once anything is said of it; a slide kept as
-                    it was is said by its report line alone."""
+                def header_out(header: list[str] = header) -> None:
+                    """The slide's header, once, before anything is said of it: a slide kept
+                    as it was is said by its report line alone."""
+                    while header:
+                        echo(header.pop())
+
+                def said_of_it(message: str, header_out=header_out) -> None:
                     if not isinstance(message, SkippedLine):
-                        while header:
-                            echo(header.pop())
-                        if message:
-                            said(message)
+                        header_out()
+                        said(message)
 
                 try:
                     summary = score_one(real, target, scorer, opts, said_of_it, metrics)
@@ -187,7 +189,7 @@ def watch_cohort(
                     del handled[slide]  # looked at again: then it is found scored, or free
                     if slide not in busy:
                         busy.add(slide)
-                        said_of_it("")
+                        header_out()
                         echo(f"{slide.name}: left to the run that holds {target} ({exc})")
                     continue
                 except Exception as exc:  # whatever one slide does, the watch goes on
@@ -196,7 +198,7 @@ def watch_cohort(
                         # hostile round 41, 14); scored again if it comes back
                         handled.pop(slide, None)
                         seen.pop(slide, None)
-                        said_of_it("")
+                        header_out()
                         echo(f"{real} was removed while it was scored: not counted")
                         continue
                     if not isinstance(exc, CytoError):
@@ -207,7 +209,7 @@ def watch_cohort(
                     if isinstance(exc, OutputWriteError):  # not the slide's fault: tried again
                         write_failed[slide] = now
                         again = f" (this watch tries it again in {RETRY_WRITE_S:g} s)"
-                    said_of_it("")
+                    header_out()
                     echo(f"failed: {failure_words(real, exc)}{again}")
                 else:
                     done.append(summary)
@@ -216,7 +218,7 @@ def watch_cohort(
                     outcome[real] = "kept" if kept else "scored"
                     row = cohort_row(real, target, summary)
                     if not summary.get(REUSED):
-                        said_of_it("")
+                        header_out()
                     echo(slide_line(summary, out))
                     twins(real, summary)
                     if on_slide is not None:
