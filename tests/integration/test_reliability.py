@@ -1162,6 +1162,31 @@ def test_a_restart_with_other_outputs_keeps_the_cells_and_writes_the_outputs_aga
         assert not any("its cells are kept" in m for m in said), said
 
 
+def test_a_kept_restart_reads_as_kept_not_as_a_resumed_crash(exported_dsvdd, slides, tmp_path):
+    """Hostile round 77, 7: a restart that kept a slide's cells said "resuming: 4 tiles and 258
+    cells already scored", drew a tile bar at 0 cells/s and ended "(all 258 from finished
+    chunks)", as a run resumed after a crash: it says the cells were kept, once, and no bar."""
+    args = ("score", str(slides[0].paths[0]), "--model", str(exported_dsvdd), "--out")
+    args += (str(tmp_path / "o"), "--workers", "0", "--tile", "512", "--mosaic", "0")
+    env = {"CYTO_PROGRESS": "1"}
+    assert run_cyto(*args, env=env).returncode == 0
+    proc = run_cyto(*args, "--resume", "--top-k", "3", env=env)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "its cells are kept" in said, said
+    for crash in ("resuming:", "finished chunks", "tiles/s", "cells/s"):
+        assert crash not in said, said
+    summary = json.loads((tmp_path / "o" / "s" / "summary.json").read_text())
+    assert summary["rows_kept"] and summary["cells_this_run"] == 0
+    line = slide_line(summary, tmp_path / "o")
+    assert "kept from the finished run" in line and "its outputs written again" in line, line
+    # the precision `auto` took, asked for by name, scores the same cells: kept (round 77, 8)
+    ran = summary["precision"]
+    proc = run_cyto(*args, "--resume", "--top-k", "3", "--precision", ran)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and f"--precision auto -> {ran}" in said, said
+    assert "its cells are kept" in said and "scoring it again" not in said, said
+
+
 def test_a_resume_finds_focal_planes_added_since_and_a_slide_moved_with_its_planes(
     exported_dsvdd, tmp_path
 ):

@@ -227,7 +227,9 @@ def _rows_kept(data, sealed, recorded, current, artifacts, scorer, opts) -> tupl
     from cyto.flags import passing
     from cyto.reuse import check_reuse
 
-    rows = ("slide", "slide_files", "nuclei_file", *opts.result_key())
+    # the precision asked for aside: the one the engine ran at is compared below (`auto` that
+    # took fp32 scored the cells `--precision fp32` scores: hostile round 77, 8)
+    rows = ("slide", "slide_files", "nuclei_file", *opts.result_key().keys() - {"precision"})
     table = [a for a in artifacts if Path(a.path).name == "scores.parquet"]
     key = data.get("rows_key")
     if not isinstance(key, dict):

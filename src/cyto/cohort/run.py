@@ -196,6 +196,8 @@ def slide_line(summary: dict, out: Path) -> str:
         return line + f" -> {where}" + _findings(s)
     if s.get("cells_per_s") is not None:
         rate = f"{s['cells_per_s']} cells/s, engine {s.get('engine_cells_per_s')} cells/s"
+    elif s.get("rows_kept"):  # the cells of a finished run, kept: only its outputs written
+        rate = "its cells kept from the finished run; its outputs written again"
     elif s.get("cells_resumed"):  # this run scored nothing: every cell came from its chunks
         rate = f"all {s['cells_resumed']} from finished chunks"
     else:

@@ -49,8 +49,7 @@ def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_star
     run.resumed_cells = sum(r.resumed_cells for r in runs)
     run.plan, run.scale, run.stain = plan, runs[0].scale, getattr(runs[0], "stain", None)
     summary = _finish(table, run)
-    few = few_cells_words(table.num_rows, len(plan.jobs), plan.slide_mpp, opts)
-    if few:
+    if few := few_cells_words(table.num_rows, len(plan.jobs), plan.slide_mpp, opts):
         echo(f"warning: {plan.slide.name}: {few}")
     rss = [r.worker_rss_mb for r in runs if r.worker_rss_mb is not None]
     summary.update(
@@ -68,6 +67,7 @@ def finish_slide(table, plan, runs, out_dir, scorer, opts, echo, metrics, t_star
             "decode": plan.decode,
             "engine_lane": engine_lane(runs, scorer.device),
             "tiles": {"total": len(plan.jobs), "resumed_from": runs[0].resumed_tiles},
+            "rows_kept": runs[0].kept,  # its cells are a finished run's, kept (--resume)
             "rows_key": plan.store_key(scorer, opts, len(plan.jobs)),  # what its rows are of
         }
     )

@@ -45,7 +45,7 @@ from cyto.infer.scale import Resolution, check_scale, detection_cause
 from cyto.infer.store import KEPT_ROWS, PARTIAL, ChunkStore, kept_words, rows_differ
 from cyto.infer.tiling import TileFeed, broken_worker_error, start_workers
 from cyto.locks import OutputLock
-from cyto.progress import progress
+from cyto.progress import progress, quiet
 from cyto.runtime import Scorer, devices, load_scorer
 from cyto.slides import open_slide, open_with_planes
 from cyto.slides.base import printable
@@ -217,7 +217,7 @@ def score_tiles(
     slide = plan.slide
     out = TileRun()
     done_tiles, n_done = store.start(opts.resume, echo)
-    out.resumed_tiles, out.resumed_cells = done_tiles, n_done
+    out.resumed_tiles, out.resumed_cells, out.kept = done_tiles, n_done, store.kept
     feed = TileFeed(plan.ctx, jobs[done_tiles:], plan.workers, plan.queue, pool=pool)
     cells = CellBatcher(
         scorer, store, printable(slide.stem), opts, n_done, done_tiles, plan.overlap
@@ -234,7 +234,10 @@ def score_tiles(
     if kept is not None:  # the first tiles' checks, made by the run this one resumes
         crowd, out.scale, out.stain = kept["crowd"], kept.get("scale"), kept.get("stain")
     try:
-        with progress(f"score {slide.name}", total=len(jobs), unit="tiles", done=done_tiles) as bar:
+        with (
+            quiet(store.kept),
+            progress(f"score {slide.name}", len(jobs), "tiles", done_tiles) as bar,
+        ):
             for tile in feed:
                 for stage, seconds in tile["times"].items():
                     out.timings[stage] += seconds

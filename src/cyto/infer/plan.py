@@ -264,6 +264,7 @@ class TileRun:
         self.timings = dict.fromkeys(STAGES, 0.0)
         self.resumed_cells = 0
         self.resumed_tiles = 0
+        self.kept = False  # every cell from the finished run's table (--resume), none scored
         self.crowd: dict | None = None
         self.scale: dict | None = None  # the first cells' size against the model's
         self.stain: dict | None = None  # and their stain

@@ -228,6 +228,7 @@ class ChunkStore:
         self.dir = Path(out_dir) / PARTIAL
         self.key = key
         self.unit, self.rows = unit, rows
+        self.kept = False  # its one chunk is a finished run's table (keep): resumed unsaid
         self._chunks: dict | None = None  # chunks.json as this writer last read or wrote it
 
     def start(self, resume: bool, echo) -> tuple[int, int]:
@@ -246,7 +247,9 @@ class ChunkStore:
                 done = f"{done_tiles} {self.unit}"
                 if self.rows:
                     done += f" and {done_cells} {self.rows}"
-                if done_tiles:
+                if self.kept:  # a finished table, not a stopped run's chunks: said by its keeper
+                    pass
+                elif done_tiles:
                     echo(f"resuming: {done} already scored")
                 else:  # "resuming: 0 tiles and 0 cells already scored" (hostile round 59, 11)
                     echo(
@@ -373,6 +376,7 @@ class ChunkStore:
         )
         self.write(rows, 0, self.key["tiles"])
         self.save_checks(checks)
+        self.kept = True
         return []
 
     def save_checks(self, checks: dict) -> None:
