@@ -405,6 +405,11 @@ def score_slide(
                 raise
             raise unforeseen(Path(str(slide)), exc) from exc
         table = pq.read_table(where.local / "scores.parquet")
+        if opts.resume and not where.is_remote:  # a review whose cells this run changed
+            from cyto.view.folder import replaced_words
+
+            for line in replaced_words([where.local]):
+                warn_caller(line, CytoWarning)
         # what the slide's summary records of auto's choice, warned as cyto score says it
         summary = json.loads((where.local / "summary.json").read_text())
     uploaded = where.uploaded_words(Path(str(slide)).name)

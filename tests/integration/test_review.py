@@ -20,12 +20,13 @@ import torch
 from PIL import Image
 
 from cyto.data.synth.slide import SlideSynthConfig, write_slide
-from cyto.errors import ConfigError, InputPathError, OutputBusyError
+from cyto.errors import ConfigError, CytoWarning, InputPathError, OutputBusyError
 from cyto.infer import ScoreOptions, score_slide
 from cyto.locks import OutputLock
 from cyto.review.session import build_session, open_session
 from cyto.review.store import MarkStore
 from cyto.seal import seal_outputs
+from cyto.view.folder import replaced_words
 from tests.cli_runner import run_cyto
 from tests.raw_http import raw_get
 
@@ -205,15 +206,30 @@ def test_a_review_holds_while_a_resume_keeps_the_cells_it_was_cut_from(scored, t
     review = build_session([folder.parent], tmp_path / "r", k=K, echo=lambda _: None)
     opts = ScoreOptions(mosaic=0, workers=0, top_k=K, truth=slide.ground_truth, resume=True)
     scorer, said = load_scorer(scored["dsvdd"]), []
-    for change, holds in (({"fdr_alpha": 0.2}, True), ({"rank_by": "morphometry"}, False)):
-        done = score_one(slide.paths[0], folder, scorer, replace(opts, **change), said.append, None)
-        assert done["cells_this_run"] == 0, said  # its cells kept, its outputs written again
-        if holds:
-            again = build_session([folder.parent], review.root, k=K, echo=lambda _: None)
-            assert again.key["created"] == review.key["created"]
-        else:
-            with pytest.raises(ConfigError, match="cells it was cut from changed"):
-                build_session([folder.parent], review.root, k=K, echo=lambda _: None)
+    done = score_one(
+        slide.paths[0], folder, scorer, replace(opts, fdr_alpha=0.2), said.append, None
+    )
+    assert done["cells_this_run"] == 0, said  # its cells kept, its outputs written again
+    again = build_session([folder.parent], review.root, k=K, echo=lambda _: None)
+    assert again.key["created"] == review.key["created"]
+    assert replaced_words([folder]) == []  # nothing to say: the review holds
+    # ranked otherwise: said by the run that did it, from Python and from the CLI (it was said
+    # first when the review was reopened: hostile round 77)
+    import cyto
+
+    changed = "was written again under the open review .* cells its cases were cut from changed"
+    kw = {"mosaic": 0, "workers": 0, "top_k": K, "truth": slide.ground_truth, "resume": True}
+    with pytest.warns(CytoWarning, match=changed):
+        cyto.score_slide(slide.paths[0], scorer, folder, echo=None, rank_by="morphometry", **kw)
+    assert json.loads((folder / "summary.json").read_text())["cells_this_run"] == 0
+    args = ("score", str(slide.paths[0]), "--model", str(scored["dsvdd"]), "--out")
+    args += (str(folder.parent), "--resume", "--workers", "0", "--mosaic", "0", "--top-k", str(K))
+    proc = run_cyto(*args, "--truth", str(slide.ground_truth), "--rank-by", "model+morphometry")
+    said_cli = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and str(review.root) in said_cli, said_cli
+    assert re.search(f"warning: {folder} {changed}", said_cli), said_cli
+    with pytest.raises(ConfigError, match="cells it was cut from changed"):
+        build_session([folder.parent], review.root, k=K, echo=lambda _: None)
 
 
 def test_the_marks_log_is_append_only(tmp_path):

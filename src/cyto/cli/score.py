@@ -371,6 +371,7 @@ def score_cmd(
     --fdr-confidence 0.9 holds it for this calibration with probability 0.9.
     """
 
+    from cyto.cohort.local import REUSED
     from cyto.cohort.run import as_found, refuse_resume_and_overwrite, run_cohort, slide_line
     from cyto.cohort.table import failure_words
     from cyto.infer import ScoreOptions
@@ -379,7 +380,7 @@ def score_cmd(
     from cyto.location import output_location
     from cyto.slides import slide_files
     from cyto.slides.remote import is_url, parse_options, slide_ref
-    from cyto.view.folder import view_words
+    from cyto.view.folder import replaced_words, view_words
 
     refuse_resume_and_overwrite(resume, overwrite)  # before the model is read; a watch too
     opts = ScoreOptions(
@@ -480,6 +481,9 @@ def score_cmd(
     done = [as_found(s, out) for s in done]  # a reused slide's: where it is now
     for s in done:
         typer.echo(slide_line(s, out))
+    written = [Path(s["output"]) for s in done if not s.get(REUSED) and "://" not in s["output"]]
+    for line in [] if overwrite else replaced_words(written):  # --overwrite said it before
+        typer.echo(f"warning: {line}")
     opened = qupath_words(done)
     if opened:
         typer.echo(opened)

@@ -329,6 +329,29 @@ def _cut(folder: Path, k: int) -> str:
     return hashlib.sha256(json_text(cells, sort_keys=True).encode()).hexdigest()
 
 
+def cut_changed(folder: Path) -> list[tuple[Path, int]]:
+    """The reviews made of the scored ``folder`` (recorded by it, registered by its slide, or
+    beside it) whose cases are no longer cut from its top cells: the folder was written again
+    since, and its top ``k`` (the cells their key records, ``cut``) changed. (review, k) each:
+    reopened, each is refused (:func:`build_session`)."""
+    from cyto.reuse import read_record
+
+    folder = Path(folder).resolve()
+    places = [*recorded_reviews(folder), *registered_reviews(folder)]
+    places += [folder / "review", folder.parent / "review"]
+    out = []
+    for review in dict.fromkeys(p.resolve() for p in places):
+        key = read_record(review / KEY_FILE)
+        if key is None or str(folder) not in map(str, key.get("scored") or []):
+            continue
+        k = key.get("k")
+        if (key.get("fingerprints") or {}).get(str(folder)) == _fingerprint(folder):
+            continue  # not written since
+        if not isinstance(k, int) or (key.get("cut") or {}).get(str(folder)) != _cut(folder, k):
+            out.append((review, k))
+    return out
+
+
 def _top_of(folder: Path, model: str, k: int) -> list[dict]:
     import pyarrow as pa
     import pyarrow.parquet as pq

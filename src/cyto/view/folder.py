@@ -534,6 +534,31 @@ def view_words(summaries: list[dict], out: Path) -> str | None:
     )
 
 
+def replaced_words(folders: list[Path]) -> list[str]:
+    """Warnings for slide folders a run has just written (a resume that scored a slide again,
+    or ranked its kept cells otherwise) that an unfinished blinded review was cut from, where
+    the top cells its cases were cut from changed: reopened, that review is refused. Said by the
+    run that changed them, as ``--overwrite`` says it before (a resume said nothing, and the
+    review's refusal came first when it was reopened: hostile round 77)."""
+    from cyto.review.session import cut_changed
+
+    out = []
+    for folder in map(Path, folders):
+        try:
+            if not review_blocking([folder.resolve()], [folder.resolve()], cut_from=True):
+                continue
+            changed = cut_changed(folder)
+        except (CytoError, OSError):
+            continue
+        out += [
+            f"{folder} was written again under the open review {review}, and the top {k} cells "
+            "its cases were cut from changed (other cells, or ranked otherwise): reopened, it "
+            "is refused; rebuild the review (cyto review with a new --session)"
+            for review, k in changed
+        ]
+    return out
+
+
 def rescoring_words(folders: list[Path]) -> list[str]:
     """Warnings for slide folders about to be scored again (``--overwrite``, or a resume that
     scores again) that an unfinished blinded review was cut from: the review's cases come from
