@@ -4,6 +4,7 @@ asserted."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 
@@ -59,6 +60,19 @@ def test_bench_engine(exported_dsvdd, tmp_path):
         assert r["patches_per_s"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0
         assert r["repeats"] >= 3 and r["precision"] == "fp32"
         assert r["vs_torch_eager_fp32"] > 0
+        assert r["repeats_asked"] == 3 and r["spread_pct"] >= 0
+    # what a reader of the table needs to trust a row (hostile round 78, 5 and 6): how many
+    # calls it rests on and how far apart they were, every engine's version, the instruction
+    # sets that pick the kernels
+    [md] = tmp_path.glob("engine_*.md")
+    text = md.read_text()
+    assert "| timed calls | spread % |" in text and "cut by --budget" in text, text
+    assert (
+        f"CPU instruction sets: {' '.join(_result(tmp_path, 'engine')['meta']['cpu_flags'])}"
+        in text
+    )
+    if importlib.util.find_spec("openvino") is not None:
+        assert "openvino" in _result(tmp_path, "engine")["meta"]["libraries"]
     missing = {(r["backend"], r["precision"]): r["reason"] for r in rows if not r["available"]}
     # a missing graph says how to make it
     assert "no int8 ONNX graph: make one with cyto export" in missing[("onnx", "int8")]

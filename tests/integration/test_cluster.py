@@ -113,6 +113,23 @@ def test_a_local_ray_cohort_equals_the_plain_run(
     assert rows["s1"]["cells"] == str(by_slide["s1"]["cells_scored"])
     assert rows["s1"]["node"].startswith(socket.gethostname() + ":")
     assert "broken.tif" in rows["broken"]["error"]
+    # a second run that began before these were finished (no --resume, no --overwrite: its
+    # check found none) refuses each where its engine takes it, whole or in parts, as a run on
+    # one machine does: two Ray runs into one --out scored them twice (hostile round 78, 1)
+    from cyto.outputs_check import FRESH_ONLY
+
+    sealed = {n: (out / n / "seal.json").read_bytes() for n in ("s0", "s1")}
+    token = FRESH_ONLY.set(True)
+    try:
+        done, failed = score_cohort_ray(
+            slides[:2], exported_dsvdd, out, OPTS, "local", said.append, split_tiles=8, num_cpus=2
+        )
+    finally:
+        FRESH_ONLY.reset(token)
+    assert done == [] and len(failed) == 2, said
+    for _, exc in failed:
+        assert "was finished by another run after this one began" in str(exc), exc
+    assert {n: (out / n / "seal.json").read_bytes() for n in sealed} == sealed
 
 
 def _free_port() -> int:
@@ -286,3 +303,73 @@ def test_cli_on_a_cluster_reports_a_bad_slide_and_scores_the_rest(
     run = run_cyto(*args, "--ray", "127.0.0.1:1", "--overwrite")  # s1's results are there
     assert run.returncode == 2 and "nothing answers there" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_a_ray_run_stopped_by_ctrl_c_says_how_to_go_on_and_rows_what_its_engines_finished(
+    cohort, plain, tmp_path
+):
+    """Hostile round 78, 2 and 4: Ctrl-C of a `cyto score --ray` run said only "interrupted"
+    (a run here says how many slides were finished and to rerun with --resume), and a slide an
+    engine had sealed just before had no row in cohort.csv (the driver writes a row when it
+    collects the result). The driver, stopped with one slide collected and one sealed but not
+    yet collected, says both and rows both; one sealed before it began is not its work."""
+    import shutil
+
+    from cyto.cohort.ray import _Cohort, _Slide, _Task
+    from cyto.location import output_location
+
+    slides, _ = cohort
+    out = tmp_path / "o"
+    for name in ("s0", "s1", "s2"):
+        shutil.copytree(plain / name, out / name)
+    earlier = time.time()
+    os.utime(out / "s1" / "seal.json", (earlier + 1, earlier + 1))  # sealed by its engine
+    os.utime(out / "s2" / "seal.json", (earlier - 60, earlier - 60))  # by an earlier run
+
+    class Engines:  # one engine, started at once
+        starting, idle, lost = ["ref"], [], []
+
+        def started(self, ref):
+            self.starting = []
+            return {"node": "n", "engine": "openvino on cpu"}
+
+        def __len__(self):
+            return 1
+
+    class Ray:
+        @staticmethod
+        def wait(refs, num_returns=1):
+            return refs[:1], []
+
+    said: list[str] = []
+    driver = _Cohort(Ray(), Engines(), output_location(out), OPTS, said.append, None, None)
+    pairs = [(s, out / s.stem) for s in slides]
+
+    def loop(_pairs):  # s0 collected; s1 sealed by its engine, s2 before: both still out
+        import json
+
+        class Bar:
+            def advance(self, n):
+                pass
+
+            def set_postfix(self, text):
+                pass
+
+        driver.bar = Bar()
+        driver._finish(
+            _Slide(slides[0], out / "s0"), json.loads((out / "s0" / "summary.json").read_text())
+        )
+        for s in slides[1:]:
+            item = _Slide(s, out / s.stem, started=earlier)
+            driver.running[f"ref-{s.stem}"] = (None, None, _Task("score", item, False))
+        raise KeyboardInterrupt
+
+    driver._loop = loop
+    with pytest.raises(KeyboardInterrupt):
+        driver.run(pairs)
+    assert said[-1] == (
+        f"interrupted after 2 of 3 slides were finished in {out}: rerun with --resume to keep "
+        "them and continue"
+    ), said
+    rows = _rows(out)
+    assert {k: r["status"] for k, r in rows.items()} == {"s0": "scored", "s1": "scored"}

@@ -20,6 +20,7 @@ LIBRARIES = (
     "torchvision",
     "onnxruntime",
     "onnxruntime-gpu",
+    "openvino",
     "tensorrt",
     "numba",
     "numpy",

@@ -237,6 +237,9 @@ def _measure(runner: Runner, x: np.ndarray, base: dict, warmup, repeats, budget,
             "p50_ms": round(1000 * med, 2),
             "p99_ms": round(1000 * float(np.percentile(times, 99)), 2),
             "repeats": len(times),
+            "repeats_asked": repeats,  # fewer timed: the time budget ran out first
+            # how far apart its own calls were: rows closer than this are not told apart
+            "spread_pct": round(100 * (max(times) - min(times)) / med, 1),
             "host_rss_mb": host_rss_mb(),
         }
     )

@@ -85,10 +85,17 @@ def header(title: str, meta: dict) -> list[str]:
             f"CUDA {gpu.get('cuda_runtime')})"
         )
     libs = ", ".join(f"{k} {v}" for k, v in meta.get("libraries", {}).items())
+    # what picks the engines' kernels (VNNI, AMX, BF16) and how many threads ran them
+    flags = " ".join(meta.get("cpu_flags") or []) or "unknown"
+    threads = f"; {meta['affinity']} cores this process may use" if meta.get("affinity") else ""
+    if meta.get("torch_threads"):
+        threads += f", torch threads {meta['torch_threads']}"
     return [
         f"# {title}",
         "",
         f"Host `{meta['host']}`, {meta['date']}: {where}.",
+        "",
+        f"CPU instruction sets: {flags}{threads}.",
         "",
         f"Libraries: {libs}.",
         "",

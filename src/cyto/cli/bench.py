@@ -79,6 +79,9 @@ def bench_engine_cmd(
     meta = machine(" ".join(["cyto bench engine", *sys.argv[3:]]))
     meta["model"] = str(model)
     ok = [r for r in rows if r.get("available")]
+    for r in ok:  # how many timed calls a row rests on: the budget may have cut them
+        asked = r.get("repeats_asked") or r["repeats"]
+        r["calls"] = str(r["repeats"]) if r["repeats"] >= asked else f"{r['repeats']} of {asked}"
     missing = [r for r in rows if not r.get("available")]
     lines = header("cyto bench engine", meta)
     lines += markdown_table(
@@ -92,12 +95,20 @@ def bench_engine_cmd(
             ("patches_per_s", "patches/s"),
             ("p50_ms", "p50 ms"),
             ("p99_ms", "p99 ms"),
+            ("calls", "timed calls"),
+            ("spread_pct", "spread %"),
             ("vs_torch_eager_fp32", "vs eager fp32"),
             ("gpu_used_mb", "GPU MB held"),
             ("gpu_peak_mb", "torch peak MB"),
             ("host_rss_mb", "host RSS MB"),
         ],
     )
+    lines += [
+        "",
+        "Each row: the median of its timed calls (after warm-up calls); p99 of fewer than 100 "
+        "calls is about the slowest; spread: (slowest - fastest) / median. Rows closer than "
+        "their spread are not told apart; a row of fewer calls than asked was cut by --budget.",
+    ]
     if missing:
         lines += ["", "Not measured here:", ""]
         lines += markdown_table(

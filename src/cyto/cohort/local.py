@@ -282,6 +282,19 @@ def score_one(slide: Path, target: Path, scorer: Scorer, opts: ScoreOptions, ech
     return score_slide(slide, scorer, target, opts, echo=echo, metrics=metrics)
 
 
+def say_interrupted(echo, done: int, total: int, where) -> None:
+    """A cohort stopped by Ctrl-C after ``done`` of ``total`` slides were finished in
+    ``where``: how to go on, said by a run here and on Ray alike (a plain rerun refuses their
+    folders: hostile round 10, N41; a Ray run said only "interrupted": round 78, 2)."""
+    from cyto.flags import passing
+
+    if done:
+        echo(
+            f"interrupted after {done} of {total} slides were finished in {where}: rerun with "
+            f"{passing('resume')} to keep them and continue"
+        )
+
+
 def said_once(echo):
     """``echo`` that says each line once: a finished run is judged again when the run holds its
     folder's lock (or by a Ray engine before it), saying the same."""
@@ -753,8 +766,6 @@ def score_cohort(
     """Score several slides with one model load; a slide that fails is reported, the next goes
     on. Returns (summaries, failures as (slide, error)). ``out``: a folder, or a prefix in
     object storage (:class:`~cyto.location.OutputLocation`)."""
-    from cyto.flags import passing
-
     where = output_location(out)
     echo = echo_for(where, echo)
     check_inputs(where.local, opts, model)
@@ -781,11 +792,7 @@ def score_cohort(
             done.append(summary)
             rows.append(cohort_row(slide, target, summary))
         except KeyboardInterrupt:
-            if done:  # a plain rerun refuses their folders (hostile round 10, N41)
-                echo(
-                    f"interrupted after {len(done)} of {len(pairs)} slides were finished in "
-                    f"{where}: rerun with {passing('resume')} to keep them and continue"
-                )
+            say_interrupted(echo, len(done), len(pairs), where)
             raise
         except CytoError as exc:
             failed.append((slide, exc))

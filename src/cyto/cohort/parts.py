@@ -22,7 +22,7 @@ import numpy as np
 from cyto.errors import CytoError
 from cyto.infer.finish import finish_slide
 from cyto.infer.options import ScoreOptions
-from cyto.infer.pipeline import score_tiles, write_error
+from cyto.infer.pipeline import refuse_finished_since, score_tiles, write_error
 from cyto.infer.plan import SlidePlan, TileRun
 from cyto.infer.store import ChunkStore
 from cyto.locks import OutputLock
@@ -130,6 +130,7 @@ def merge_parts(
     t_start = time.perf_counter() - (time.time() - started if started else 0.0)
     try:
         with _planned(slide, scorer, opts, echo) as plan, OutputLock(out_dir):
+            refuse_finished_since(slide, out_dir)  # by another run, since this one began
             expect = 0
             tables, runs = [], []
             for start, stop in ranges:

@@ -233,20 +233,32 @@ class SlideWorker:
             "verification": v.words() if v is not None else None,
         }
 
-    def _call(self, fn, resume: bool) -> dict:
+    def _call(self, fn, resume: bool, fresh: bool = False) -> dict:
+        """``fn(opts, echo)``'s result; ``fresh``: the driver's run found none of its slides
+        finished before it began (:data:`cyto.outputs_check.FRESH_ONLY`), so a slide another
+        run has finished since is refused here, as a run on one machine refuses it (two Ray
+        runs into one --out scored the slides the first had finished again: round 78, 1)."""
+        from cyto.outputs_check import FRESH_ONLY
+
         messages: list[str] = []
         out = {"node": self.node, "pid": os.getpid(), "messages": messages}
+        token = FRESH_ONLY.set(fresh)
         try:
             out["result"] = fn(replace(self.opts, resume=resume), messages.append)
         except CytoError as exc:
             out.update(error=str(exc), exit_code=exc.exit_code, another_run=exc.another_run)
+        finally:
+            FRESH_ONLY.reset(token)
         return out
 
-    def score(self, slide: str, target: str, resume: bool, metrics, split: int | None) -> dict:
+    def score(
+        self, slide: str, target: str, resume: bool, metrics, split: int | None, fresh: bool = False
+    ) -> dict:
         """The slide's summary; or, when it has more than ``split`` tiles, ``{"tiles": n}``
         (the driver then sends its tiles out in parts)."""
         from cyto.cohort.local import judge_finished, said_once, score_at
         from cyto.cohort.parts import tiles_beyond
+        from cyto.infer.pipeline import refuse_finished_since
         from cyto.location import output_location
 
         # a slide by URL, or a path; a folder, or a slide's folder under a prefix
@@ -261,12 +273,13 @@ class SlideWorker:
             if split and opts.resume:
                 judged = judge_finished(target_p, self.scorer, slide_p, opts, once)
             if split and judged == (None, None):
+                refuse_finished_since(slide_p, target_p)  # before its parts are scored
                 n = tiles_beyond(slide_p, self.scorer, opts, split)
                 if n is not None:
                     return {"tiles": n}
             return {"summary": score_at(slide_p, where, self.scorer, opts, once, metrics)}
 
-        return self._call(run, resume)
+        return self._call(run, resume, fresh)
 
     def part(self, slide: str, target: str, resume: bool, start: int, stop: int) -> dict:
         from cyto.cohort.parts import score_part
@@ -278,7 +291,9 @@ class SlideWorker:
             resume,
         )
 
-    def merge(self, slide: str, target: str, ranges: list, metrics, started: float) -> dict:
+    def merge(
+        self, slide: str, target: str, ranges: list, metrics, started: float, fresh: bool = False
+    ) -> dict:
         from cyto.cohort.parts import merge_parts
 
         return self._call(
@@ -295,6 +310,7 @@ class SlideWorker:
                 )
             },
             True,
+            fresh,
         )
 
 
@@ -465,6 +481,18 @@ class _Cohort:
         )
         self.todo.extend(_Task("score", _Slide(s, t), self.opts.resume) for s, t in pairs)
         self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            self._loop(pairs)
+        except KeyboardInterrupt:
+            self._finished_unsaid()
+            from cyto.cohort.local import say_interrupted
+
+            say_interrupted(self.echo, len(self.done), len(pairs), self.where)
+            raise
+        say_models(self.out / "cohort.csv")  # the table as this run leaves it
+        return self.done, self.failed
+
+    def _loop(self, pairs) -> None:
         with progress(f"cohort of {len(pairs)} slides", total=len(pairs), unit="slides") as bar:
             self.bar = bar
             while self.todo or self.running:
@@ -478,8 +506,26 @@ class _Cohort:
                     self.engines.started(ready[0])
                 else:
                     self._collect(ready[0])
-        say_models(self.out / "cohort.csv")  # the table as this run leaves it
-        return self.done, self.failed
+
+    def _finished_unsaid(self) -> None:
+        """Stopped (Ctrl-C): the slides an engine finished whose result the driver had not
+        collected yet get their rows of cohort.csv from their sealed folders (a sealed slide's
+        row was missing after an interrupt: hostile round 78, 4)."""
+        from cyto.seal import SEAL, read_sealed
+
+        for _, _, task in list(self.running.values()):
+            item = task.item
+            if item.failed or task.kind == "part" or self.where.is_remote:
+                continue
+            try:  # sealed since this run sent it out: its engine's work, not an earlier run's
+                if (item.target / SEAL).stat().st_mtime < item.started:
+                    continue
+            except OSError:
+                continue
+            sealed = read_sealed(item.target, summary_only=True)
+            if sealed.ok and sealed.summary is not None:
+                self.running = {r: v for r, v in self.running.items() if v[2].item is not item}
+                self._finish(item, sealed.summary)
 
     def _give_up(self) -> None:
         why = "; ".join(self.engines.lost) or "every engine died"
@@ -490,6 +536,8 @@ class _Cohort:
         self.todo.clear()
 
     def _dispatch(self) -> None:
+        from cyto.outputs_check import FRESH_ONLY
+
         while self.todo and self.engines.idle:
             task = self.todo.popleft()
             if task.item.failed:
@@ -502,12 +550,14 @@ class _Cohort:
                 t = self.where.child(task.item.target.name)
             if task.kind == "score":
                 task.item.started = task.item.started or time.time()
-                ref = actor.score.remote(s, t, task.resume, self.metrics, self.split)
+                fresh = FRESH_ONLY.get() and not task.resume  # a retry resumes its own
+                ref = actor.score.remote(s, t, task.resume, self.metrics, self.split, fresh)
             elif task.kind == "part":
                 ref = actor.part.remote(s, t, task.resume, *task.part)
             else:
                 ranges = task.item.ranges
-                ref = actor.merge.remote(s, t, ranges, self.metrics, task.item.started)
+                fresh = FRESH_ONLY.get() and task.attempt == 1  # not a merge's own output
+                ref = actor.merge.remote(s, t, ranges, self.metrics, task.item.started, fresh)
             self.running[ref] = (actor, place, task)
 
     def _collect(self, ref) -> None:

@@ -46,20 +46,19 @@ def run_cohort(
         except CytoError as exc:
             where.translated(exc)
             raise
-    out = where
-    if ray is None:
-        from cyto.outputs_check import FRESH_ONLY
+    from cyto.outputs_check import FRESH_ONLY
 
-        token = FRESH_ONLY.set(not (opts.resume or overwrite))
-        try:
-            return score_cohort(slides, model, out, opts, echo=echo, metrics=metrics)
-        finally:
-            FRESH_ONLY.reset(token)
-    from cyto.cohort.ray import score_cohort_ray
+    token = FRESH_ONLY.set(not (opts.resume or overwrite))  # a Ray cohort's engines too
+    try:
+        if ray is None:
+            return score_cohort(slides, model, where, opts, echo=echo, metrics=metrics)
+        from cyto.cohort.ray import score_cohort_ray
 
-    if part_tiles < 0:
-        raise ConfigError(f"--ray-part-tiles must be >= 0, got {part_tiles}")
-    return score_cohort_ray(slides, model, out, opts, ray, echo, metrics, part_tiles or None)
+        if part_tiles < 0:
+            raise ConfigError(f"--ray-part-tiles must be >= 0, got {part_tiles}")
+        return score_cohort_ray(slides, model, where, opts, ray, echo, metrics, part_tiles or None)
+    finally:
+        FRESH_ONLY.reset(token)
 
 
 def refuse_resume_and_overwrite(resume: bool, overwrite: bool) -> None:

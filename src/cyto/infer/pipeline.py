@@ -152,7 +152,7 @@ def _score_slide(slide: Path, model, out_dir: Path, opts, echo, metrics, pool, a
     made = not out_dir.exists()
     try:
         with OutputLock(out_dir):
-            _refuse_finished_since(slide, out_dir)
+            refuse_finished_since(slide, out_dir)
             return _score_locked(
                 slide, reader, planes, scorer, out_dir, opts, echo, metrics, t_start, pool, ahead
             )
@@ -413,7 +413,7 @@ def _some_crops(tile: dict) -> np.ndarray:
     return crops.cpu().numpy() if hasattr(crops, "cpu") else np.asarray(crops)
 
 
-def _refuse_finished_since(slide, out_dir: Path) -> None:
+def refuse_finished_since(slide, out_dir: Path) -> None:
     """Under the folder's lock: a run that found no finished results before it began
     (:data:`cyto.outputs_check.FRESH_ONLY`) refuses the folder another run has finished since,
     in the words of the check it passed: two `cyto score` into one --out 3 s apart replaced the
