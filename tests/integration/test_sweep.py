@@ -58,7 +58,10 @@ def test_miniature_sweep_and_resume(tmp_path, synth_patches):
             proc.stdout,
         )
         train, share, test, held, test_share = (float(g) for g in said.groups())
-        assert abs(share - wr) <= 0.5 * 100 / (train / (share / 100)), said[0]
+        if "the floor: one in each positive bag" in said[0]:  # few cells: one per bag at least
+            assert train == 5 and share >= wr, said[0]
+        else:
+            assert abs(share - wr) <= 0.5 * 100 / (train / (share / 100)), said[0]
         assert test_share < share  # about half of it, as the paper's pools hold
     assert "fs-sil (upper bound)" in proc.stdout
     with open(out / "results.csv", newline="") as f:

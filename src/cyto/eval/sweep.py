@@ -395,7 +395,9 @@ def _sweep(spec: SweepSpec, out: Path, configs: dict, echo) -> Path:
     )
     for wr, c in counts.items():
         echo(
-            f"WR {wr:g}%: train {c.train} abnormal in 5 of 10 bags (effective "
+            f"WR {wr:g}%: train {c.train} abnormal in 5 of 10 bags"
+            + (" (the floor: one in each positive bag)" if c.floored else "")
+            + " (effective "
             f"{c.effective_train_wr:.3g}% of all bags, {c.positive_bag_wr:.3g}% of the positive "
             f"bags), test {c.test} abnormal among {len(protocol.test_normals)} normal (effective "
             f"{c.effective_test_wr:.3g}%)"
