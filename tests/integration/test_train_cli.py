@@ -358,10 +358,44 @@ def test_a_refused_training_says_no_resume_and_leaves_no_checkpoint_folder(
     args = ["--data", str(synth_patches), "--normal", "normal", "--out", str(out)]
     proc = run_cyto("train", method, *args, "--preset", "fast", "--set", "epochs=1")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "needs" in proc.stderr and "bag" in proc.stderr
+    assert "learns from bags" in proc.stderr and "bag_label" in proc.stderr
     assert "stopped" not in proc.stdout + proc.stderr and "resume" not in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     said: list[str] = []
     with pytest.raises(DatasetError):
         train(method, synth_patches, out, normal="normal", preset="fast", echo=said.append)
     assert not any("stopped" in line for line in said) and not list(tmp_path.iterdir())
+
+
+def test_a_supervised_method_without_its_supervision_is_one_line_naming_what_is_missing(
+    tmp_path, synth_patches, monkeypatch
+):
+    """Hostile round 79, 2 and 4: `cyto train fs-sil` on a folder of the normal class only said
+    "fs-sil needs both classes in its training labels; got only 0", and `cyto train ws-sil` (or
+    its2clr) on a class folder read every image before saying it needs bags. Each says what is
+    missing in one line: the bags before any image is read, the abnormal class with the
+    classes found."""
+    import shutil
+
+    from cyto.data import dataset
+
+    only = tmp_path / "only"
+    shutil.copytree(synth_patches / "normal", only / "normal")
+    out = tmp_path / "m.cyto"
+    proc = run_cyto("train", "fs-sil", "--data", str(only), "--normal", "normal", "--out", str(out))
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert "holds only the normal class(es) normal" in line and "dsvdd" in line, line
+
+    def no_reading(*a, **k):
+        raise AssertionError("images read before the missing bags were said")
+
+    monkeypatch.setattr(dataset.PatchDataset, "from_path", no_reading)
+    for method in ("ws-sil", "its2clr"):
+        proc = run_cyto(
+            "train", method, "--data", str(synth_patches), "--normal", "normal", "--out", str(out)
+        )
+        assert proc.returncode == 2, proc.stderr
+        [line] = proc.stderr.strip().splitlines()
+        assert f"{method} learns from bags" in line and "bag_label" in line, line
+    assert not out.exists()

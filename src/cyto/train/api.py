@@ -123,6 +123,28 @@ def patch_px(ds: PatchDataset) -> int | None:
 MIN_NORMAL_IMAGES = 2
 
 
+def refuse_missing_supervision(cls, data, ds=None) -> None:
+    """One line where the method's supervision is not in ``data``: bags for WS-SIL and ItS2CLR
+    (a manifest's ``bag`` and ``bag_label`` columns), said before any image is read where
+    ``data`` is a class folder, which has none (they were refused after every image was read);
+    abnormal cells for FS-SIL, once the dataset ``ds`` is read (it said "got only 0": hostile
+    round 79, 2 and 4)."""
+    if cls.one_class:
+        return
+    if ds is None and not cls.instance_labels and Path(data).is_dir():
+        raise DatasetError(
+            f"{data}: {cls.name} learns from bags (a slide's cells, labelled by the slide) and a "
+            "class folder has none: give a manifest CSV with path, bag (slide_id) and bag_label "
+            "columns (docs/reference/inputs.md)"
+        )
+    if ds is not None and cls.instance_labels and not (np.asarray(ds.labels) == 1).any():
+        raise DatasetError(
+            f"{data}: {cls.name} learns normal against abnormal cells, and {data} holds only the "
+            f"normal class(es) {', '.join(ds.normal)}: add abnormal classes (every class but "
+            "--normal's is abnormal), or train a one-class method (dsvdd, droc) on the normals"
+        )
+
+
 def refuse_too_few_normals(cls, train_data, normal: Sequence[str], data) -> None:
     """One line where a one-class method is given fewer than :data:`MIN_NORMAL_IMAGES` normal
     images, naming the class and its count, before any training."""
@@ -359,6 +381,7 @@ def train(
     if resume and not ckpt.is_dir():
         raise ConfigError(f"{passing('resume')}: no interrupted run to continue at {ckpt}")
     dev = resolve_device(device)
+    refuse_missing_supervision(cls, data)
     ds = PatchDataset.from_path(
         data,
         normal=normal,
@@ -370,6 +393,7 @@ def train(
     empty = empty_class_words(data, ds.normal + ds.abnormal, abnormal)
     if empty and echo is not None:
         echo(empty)
+    refuse_missing_supervision(cls, data, ds)
     train_data = TrainData.from_dataset(ds)
     refuse_too_few_normals(cls, train_data, ds.normal, data)
     held = np.zeros(0, dtype=np.int64)
