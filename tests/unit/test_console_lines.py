@@ -267,7 +267,7 @@ def test_a_folder_finished_by_another_run_after_the_check_is_refused_under_the_l
 
     import cyto.cohort.run as run
     from cyto.errors import InputPathError
-    from cyto.infer.pipeline import _refuse_finished_since
+    from cyto.infer.pipeline import refuse_finished_since
     from cyto.outputs_check import FRESH_ONLY
 
     seen = []
@@ -283,12 +283,12 @@ def test_a_folder_finished_by_another_run_after_the_check_is_refused_under_the_l
     token = FRESH_ONLY.set(True)
     try:
         with pytest.raises(InputPathError) as err:
-            _refuse_finished_since(Path("s1.tif"), folder)
+            refuse_finished_since(Path("s1.tif"), folder)
     finally:
         FRESH_ONLY.reset(token)
     assert "was finished by another run after this one began" in str(err.value)
     assert "--overwrite" in str(err.value) and "\n" not in str(err.value)
-    _refuse_finished_since(Path("s1.tif"), folder)  # not a fresh-only run: nothing to refuse
+    refuse_finished_since(Path("s1.tif"), folder)  # not a fresh-only run: nothing to refuse
 
 
 def test_a_summary_with_undefined_numbers_reads_back_and_is_told():
