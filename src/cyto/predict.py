@@ -611,7 +611,7 @@ def _chosen(
     """The records to score and, with ``normal``, their labels (1 = abnormal): the classes in
     neither ``normal`` nor ``abnormal`` are left out, as in training, and said (40 LSIL crops
     went from the table without a word: hostile round 28, 8)."""
-    records = load_records(data)
+    records = load_records(data, flat=not normal)  # unlabelled cells in one folder: scored
     if not normal:
         return records, None, {}
     known = {r.cls for r in records}

@@ -464,6 +464,17 @@ def test_predict_without_labels(bundles, tiny, tmp_path):
     backend = table.schema.metadata[b"cyto.backend"].decode()
     assert backend in ("onnx", "openvino")  # ONNX Runtime or OpenVINO, as measured fastest
     assert f"backend choice: chose {backend} on cpu" in proc.stdout, proc.stdout
+    # the folder of cells itself, no class folder to invent (hostile round 79, 3): the same
+    # scores, the class column empty; with --normal, a folder without classes is refused
+    flat = tmp_path / "s2.parquet"
+    args = ("predict", str(bundles["dsvdd"]), "--data", str(folder), "--out", str(flat))
+    proc = run_cyto(*args)
+    assert proc.returncode == 0, proc.stderr
+    flat_table = pq.read_table(flat)
+    assert flat_table["score"].to_pylist() == table["score"].to_pylist()
+    assert set(flat_table["class"].to_pylist()) == {""}
+    proc = run_cyto(*args, "--normal", "normal", "--overwrite")
+    assert proc.returncode == 2 and "holds 5 images but no class sub-folders" in proc.stderr
 
 
 def test_predict_streams_a_folder_in_bounded_memory(exported_dsvdd, tiny, tmp_path):

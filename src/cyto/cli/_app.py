@@ -46,7 +46,15 @@ BUNDLE = LocalPath("model", "a model bundle folder: copy it to this machine firs
 #: ``--data``: a folder of cells or a manifest on this machine (cyto train, cyto predict)
 CELLS_DATA = LocalPath("data", "a folder of cells or a manifest: copy it here first")
 CELLS_DATA_HELP = "Folder of class sub-folders, or a manifest."
-CellsData = Annotated[Path, typer.Option(parser=CELLS_DATA, help=CELLS_DATA_HELP)]
+#: cyto predict's: cells of unknown class to score may come as one folder of images
+PredictData = Annotated[
+    Path,
+    typer.Option(
+        parser=CELLS_DATA,
+        help="Folder of class sub-folders, a manifest, or (without --normal) a folder of cells "
+        "of unknown class.",
+    ),
+]
 
 
 app = _typer(

@@ -11,9 +11,9 @@ import typer
 from cyto.cli._app import (
     BACKEND,
     BUNDLE,
-    CellsData,
     Download,
     LocalPath,
+    PredictData,
     RankBy,
     SkipVerify,
     StorageOption,
@@ -26,7 +26,7 @@ def predict_cmd(
     model: Annotated[
         Path, typer.Argument(parser=BUNDLE, help="A model bundle folder (NAME.cyto).")
     ],
-    data: CellsData,
+    data: PredictData,
     out: Annotated[
         Path,
         typer.Option(

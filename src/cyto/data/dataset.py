@@ -89,8 +89,10 @@ _OTHER_IMAGES = frozenset(
 )  # fmt: skip
 
 
-def scan_folder(root: Path) -> list[PatchRecord]:
-    """Records of a folder whose sub-folders are classes (``root/LYT/LYT_00001.jpg``)."""
+def scan_folder(root: Path, flat: bool = False) -> list[PatchRecord]:
+    """Records of a folder whose sub-folders are classes (``root/LYT/LYT_00001.jpg``);
+    ``flat``: a folder of images and no class folders is taken too, each of no class (``""``:
+    cells of unknown class to score, `cyto predict` without --normal)."""
     root = Path(root)
     records = []
     below: list[Path] = []  # the class folders' own sub-folders (links to folders not followed)
@@ -116,6 +118,8 @@ def scan_folder(root: Path) -> list[PatchRecord]:
     # sub-folders (a class folder is listed once, not walked again)
     deeper = next((found for d in below if (found := _image_in(d)) is not None), None)
     loose = [f for f in root.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES]
+    if flat and not records and loose:
+        return [PatchRecord(path=f, cls="") for f in sorted(loose) if not f.name.startswith(".")]
     if not records and loose:  # "no images found" in a folder of 300 images misled
         raise InputPathError(
             f"{root} holds {len(loose)} images but no class sub-folders: put them in a "
@@ -350,8 +354,9 @@ def refuse_listed_output(out: Path, source: Path, field: str = "data") -> None:
             )
 
 
-def load_records(source: Path) -> list[PatchRecord]:
-    """Records of a class folder or a manifest file, with a clear error for anything else."""
+def load_records(source: Path, flat: bool = False) -> list[PatchRecord]:
+    """Records of a class folder or a manifest file, with a clear error for anything else
+    (``flat``: a folder of images of no class too, :func:`scan_folder`)."""
     source = Path(source)
     if not source.exists():
         raise InputPathError(
@@ -361,7 +366,7 @@ def load_records(source: Path) -> list[PatchRecord]:
     if source.is_dir():
         if not any(source.iterdir()):
             raise InputPathError(f"{source} is an empty folder: expected class sub-folders")
-        records = scan_folder(source)
+        records = scan_folder(source, flat)
         _refuse_case_twins(f"class folders {{}} of {source}", {r.cls for r in records}, source)
         return records
     if source.suffix.lower() in MANIFEST_SUFFIXES:
