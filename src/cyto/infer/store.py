@@ -248,8 +248,8 @@ class ChunkStore:
                 if self.rows:
                     done += f" and {done_cells} {self.rows}"
                 if self.kept:  # a finished table, not a stopped run's chunks: said by its keeper
-                    pass
-                elif done_tiles:
+                    return done_tiles, done_cells
+                if done_tiles:
                     echo(f"resuming: {done} already scored")
                 else:  # "resuming: 0 tiles and 0 cells already scored" (hostile round 59, 11)
                     echo(

@@ -329,6 +329,17 @@ def _cut(folder: Path, k: int) -> str:
     return hashlib.sha256(json_text(cells, sort_keys=True).encode()).hexdigest()
 
 
+def _holds(key: dict, folder: Path) -> bool:
+    """Whether a review (its ``key``) still holds the scored ``folder`` it lists: not written
+    again since (its summary's fingerprint), or written again with the top ``k`` cells it was
+    cut from (``cut``) the same. The one rule of reopening (:func:`build_session`) and of the
+    warning a run gives (:func:`cut_changed`)."""
+    if (key.get("fingerprints") or {}).get(str(folder)) == _fingerprint(folder):
+        return True
+    cut, k = key.get("cut") or {}, key.get("k")
+    return str(folder) in cut and isinstance(k, int) and cut[str(folder)] == _cut(folder, k)
+
+
 def cut_changed(folder: Path) -> list[tuple[Path, int]]:
     """The reviews made of the scored ``folder`` (recorded by it, registered by its slide, or
     beside it) whose cases are no longer cut from its top cells: the folder was written again
@@ -344,11 +355,8 @@ def cut_changed(folder: Path) -> list[tuple[Path, int]]:
         key = read_record(review / KEY_FILE)
         if key is None or str(folder) not in map(str, key.get("scored") or []):
             continue
-        k = key.get("k")
-        if (key.get("fingerprints") or {}).get(str(folder)) == _fingerprint(folder):
-            continue  # not written since
-        if not isinstance(k, int) or (key.get("cut") or {}).get(str(folder)) != _cut(folder, k):
-            out.append((review, k))
+        if not _holds(key, folder):
+            out.append((review, key.get("k")))
     return out
 
 
@@ -465,13 +473,8 @@ def build_session(
         # a folder whose outputs were written again since: the review holds while the cells it
         # cut are those of the folder's top (a resume that kept its cells for another --fdr
         # refused a review part way through, "its cells may differ": hostile round 77, 1)
-        cut, n = session.key.get("cut") or {}, session.key.get("k")
-        changed = [
-            f
-            for f in folders
-            if session.key.get("fingerprints", {}).get(str(f)) != _fingerprint(f)
-            and not (str(f) in cut and isinstance(n, int) and cut[str(f)] == _cut(f, n))
-        ]
+        n = session.key.get("k")
+        changed = [f for f in folders if not _holds(session.key, f)]
         if changed:
             raise ConfigError(
                 f"{changed[0]} was scored again after the review in {root} was built, and the "
