@@ -129,6 +129,8 @@ def refuse_missing_supervision(cls, data, ds=None) -> None:
     ``data`` is a class folder, which has none (they were refused after every image was read);
     abnormal cells for FS-SIL, once the dataset ``ds`` is read (it said "got only 0": hostile
     round 79, 2 and 4)."""
+    from cyto.flags import passing
+
     if cls.one_class:
         return
     if ds is None and not cls.instance_labels and Path(data).is_dir():
@@ -140,8 +142,9 @@ def refuse_missing_supervision(cls, data, ds=None) -> None:
     if ds is not None and cls.instance_labels and not (np.asarray(ds.labels) == 1).any():
         raise DatasetError(
             f"{data}: {cls.name} learns normal against abnormal cells, and {data} holds only the "
-            f"normal class(es) {', '.join(ds.normal)}: add abnormal classes (every class but "
-            "--normal's is abnormal), or train a one-class method (dsvdd, droc) on the normals"
+            f"normal class(es) {', '.join(ds.normal)}: add abnormal classes (every class not in "
+            f"{passing('normal')} is abnormal), or train a one-class method (dsvdd, droc) on "
+            "the normals"
         )
 
 
